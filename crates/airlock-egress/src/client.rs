@@ -1,0 +1,471 @@
+//! The guarded HTTP client: the only code in Airlock that opens a connection
+//! on behalf of a sandbox.
+//!
+//! It never resolves a name itself: every hop goes through [`Guard::admit`],
+//! and the TCP connection is opened to one of the addresses the guard
+//! returned (resolve-and-pin), while the original name is kept for SNI and the
+//! `Host` header. A DNS answer that changes between the check and the connect
+//! (rebinding) therefore changes nothing. Proxy environment variables are not
+//! read. Redirects are followed here, one hop at a time, each hop judged in
+//! full as if it were a new request.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::error::{EgressCode, EgressError, GuardStep};
+use crate::policy::{Admitted, CallRules, Guard};
+use crate::target::{Target, TargetHost};
+
+/// Limits of the client. Defaults: connect 10 s, whole exchange 60 s,
+/// responses up to 10 MiB, at most 10 redirects.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub connect_timeout: Duration,
+    /// Covers every hop, from the first connect to the last body byte.
+    pub total_timeout: Duration,
+    pub max_response_bytes: usize,
+    pub max_redirects: u32,
+    /// Trust anchors added to (or, with `use_webpki_roots = false`, used instead of) the Mozilla roots.
+    pub extra_root_certs: Vec<CertificateDer<'static>>,
+    pub use_webpki_roots: bool,
+    /// Idle keep-alive connections kept per origin.
+    pub max_idle_per_origin: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(10),
+            total_timeout: Duration::from_secs(60),
+            max_response_bytes: 10 * 1024 * 1024,
+            max_redirects: 10,
+            extra_root_certs: Vec::new(),
+            use_webpki_roots: true,
+            max_idle_per_origin: 8,
+        }
+    }
+}
+
+/// Opens TCP connections. The real one is [`TcpDialer`]; tests substitute
+/// one that records (and may redirect) what is dialled.
+pub trait Dial: Send + Sync + 'static {
+    fn dial(&self, addr: SocketAddr) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>>;
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct TcpDialer;
+
+impl Dial for TcpDialer {
+    fn dial(&self, addr: SocketAddr) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>> {
+        Box::pin(async move {
+            let s = TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            Ok(s)
+        })
+    }
+}
+
+/// One outbound request, before the guard has seen it.
+#[derive(Debug, Clone)]
+pub struct OutboundRequest {
+    pub method: Method,
+    pub url: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// Headers that carry a credential: dropped on a cross-origin redirect
+    /// (with `Authorization`, `Cookie` and `Proxy-Authorization`, always).
+    pub credential_headers: Vec<HeaderName>,
+}
+
+impl OutboundRequest {
+    pub fn get(url: impl Into<String>) -> Self {
+        OutboundRequest {
+            method: Method::GET,
+            url: url.into(),
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            credential_headers: Vec::new(),
+        }
+    }
+}
+
+/// A complete response, after redirects.
+#[derive(Debug, Clone)]
+pub struct GuardedResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub final_url: Target,
+    pub redirects: u32,
+    pub remote_addr: SocketAddr,
+    /// The credential and the body were dropped on a cross-origin redirect.
+    pub credential_stripped: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    https: bool,
+    host: TargetHost,
+    port: u16,
+}
+
+struct Idle {
+    addr: SocketAddr,
+    sender: http1::SendRequest<Full<Bytes>>,
+}
+
+/// The guarded client. Cheap to clone; clones share the connection pool.
+#[derive(Clone)]
+pub struct GuardedClient {
+    guard: Guard,
+    tls: TlsConnector,
+    dialer: Arc<dyn Dial>,
+    cfg: Arc<ClientConfig>,
+    pool: Arc<Mutex<HashMap<PoolKey, Vec<Idle>>>>,
+}
+
+/// Hop-by-hop headers and headers the client sets itself; never taken from the caller.
+const CLIENT_OWNED: &[HeaderName] = &[
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+];
+
+impl GuardedClient {
+    pub fn new(guard: Guard, cfg: ClientConfig) -> Result<Self, EgressError> {
+        Self::with_dialer(guard, cfg, Arc::new(TcpDialer))
+    }
+
+    pub fn with_dialer(guard: Guard, cfg: ClientConfig, dialer: Arc<dyn Dial>) -> Result<Self, EgressError> {
+        let mut roots = rustls::RootCertStore::empty();
+        if cfg.use_webpki_roots {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        }
+        for cert in &cfg.extra_root_certs {
+            roots
+                .add(cert.clone())
+                .map_err(|e| EgressError::upstream("-", format!("bad extra root certificate: {e}")))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| EgressError::upstream("-", format!("TLS setup: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(GuardedClient {
+            guard,
+            tls: TlsConnector::from(Arc::new(tls)),
+            dialer,
+            cfg: Arc::new(cfg),
+            pool: Arc::default(),
+        })
+    }
+
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// Sends `req` under `rules`, following redirects. Every refusal and
+    /// failure is a typed [`EgressError`].
+    pub async fn send(&self, req: OutboundRequest, rules: &CallRules<'_>) -> Result<GuardedResponse, EgressError> {
+        let host_hint = Target::parse(&req.url).map(|t| t.host().bare()).unwrap_or_else(|_| "-".into());
+        match tokio::time::timeout(self.cfg.total_timeout, self.send_inner(req, rules)).await {
+            Ok(r) => r,
+            Err(_) => Err(EgressError::upstream(
+                &host_hint,
+                format!("no complete response within {:?}", self.cfg.total_timeout),
+            )),
+        }
+    }
+
+    async fn send_inner(&self, req: OutboundRequest, rules: &CallRules<'_>) -> Result<GuardedResponse, EgressError> {
+        let OutboundRequest { mut method, url, headers, mut body, credential_headers } = req;
+        let mut target = Target::parse(&url)?;
+        let mut headers = sanitize(headers);
+        let mut stripped = false;
+        let mut redirects = 0u32;
+        loop {
+            let hop_rules = CallRules {
+                authorized: rules.authorized,
+                // Once the credential is gone the hop no longer carries one,
+                // but it still has to be an authorized destination.
+                allow_all_uris: rules.allow_all_uris && !rules.credentialed,
+                credentialed: rules.credentialed && !stripped,
+            };
+            let admitted = match self.guard.admit(&target, &hop_rules).await {
+                Ok(a) => a,
+                Err(e) if redirects > 0 => return Err(redirect_refusal(e, redirects)),
+                Err(e) => return Err(e),
+            };
+            let (resp, remote_addr) = self.exchange(&admitted, &method, &headers, &body).await?;
+            let (parts, resp_body) = resp;
+            let location = parts.headers.get(header::LOCATION).cloned();
+            let status = parts.status;
+            let is_redirect = matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308);
+            let Some(location) = location.filter(|_| is_redirect) else {
+                return Ok(GuardedResponse {
+                    status,
+                    headers: parts.headers,
+                    body: resp_body,
+                    final_url: target,
+                    redirects,
+                    remote_addr,
+                    credential_stripped: stripped,
+                });
+            };
+            redirects += 1;
+            let host = target.host().bare();
+            if redirects > self.cfg.max_redirects {
+                return Err(EgressError::new(
+                    EgressCode::TooManyRedirects,
+                    GuardStep::Redirects,
+                    Some(&host),
+                    format!("more than {} redirects", self.cfg.max_redirects),
+                ));
+            }
+            let location = location.to_str().map_err(|_| {
+                EgressError::new(EgressCode::RedirectBlocked, GuardStep::Redirects, Some(&host), "redirect Location is not visible ASCII")
+            })?;
+            let next = target.join(location).map_err(|e| redirect_refusal(e, redirects))?;
+            if target.is_https() && !next.is_https() {
+                return Err(EgressError::new(
+                    EgressCode::RedirectBlocked,
+                    GuardStep::Redirects,
+                    Some(&next.host().bare()),
+                    format!("redirect from {target} downgrades to {next}"),
+                ));
+            }
+            let cross_origin = !target.same_origin(&next);
+            if cross_origin && !stripped {
+                for h in [header::AUTHORIZATION, header::COOKIE, header::PROXY_AUTHORIZATION].iter().chain(&credential_headers) {
+                    headers.remove(h);
+                }
+                stripped = true;
+            }
+            let drop_body = match status.as_u16() {
+                303 => {
+                    if method != Method::HEAD {
+                        method = Method::GET;
+                    }
+                    true
+                }
+                301 | 302 if method == Method::POST => {
+                    method = Method::GET;
+                    true
+                }
+                _ => cross_origin || stripped,
+            };
+            if drop_body {
+                body = Bytes::new();
+                headers.remove(header::CONTENT_TYPE);
+                headers.remove(header::CONTENT_ENCODING);
+            }
+            tracing::debug!(from = %target, to = %next, status = status.as_u16(), cross_origin, "following redirect");
+            target = next;
+        }
+    }
+
+    /// One request/response on a pinned connection; returns the collected body.
+    async fn exchange(
+        &self,
+        admitted: &Admitted,
+        method: &Method,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<((http::response::Parts, Bytes), SocketAddr), EgressError> {
+        let target = &admitted.target;
+        let host = target.host().bare();
+        let key = PoolKey { https: target.is_https(), host: target.host().clone(), port: target.port_or_default() };
+        let build = || -> Result<Request<Full<Bytes>>, EgressError> {
+            let mut b = Request::builder().method(method.clone()).uri(target.path_and_query());
+            if let Some(h) = b.headers_mut() {
+                h.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+                let authority = HeaderValue::from_str(&target.authority())
+                    .map_err(|_| EgressError::invalid_url("host is not a valid header value"))?;
+                h.insert(header::HOST, authority);
+                if !body.is_empty() || matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+                    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                }
+            }
+            b.body(Full::new(body.clone()))
+                .map_err(|e| EgressError::invalid_url(format!("request cannot be built: {e}")))
+        };
+
+        // A kept-alive connection is reused only if it goes to an address this
+        // hop's guard decision validated.
+        let mut request = build()?;
+        if let Some(mut idle) = self.take_idle(&key, &admitted.addrs) {
+            match idle.sender.try_send_request(request).await {
+                Ok(resp) => {
+                    let collected = self.collect(resp, &host).await?;
+                    let addr = idle.addr;
+                    self.put_idle(key, idle, &collected.0);
+                    return Ok((collected, addr));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(r) => request = r, // never sent: use a new connection
+                    None => return Err(EgressError::upstream(&host, format!("request failed: {}", e.error()))),
+                },
+            }
+        }
+        let (mut sender, addr) = self.connect(admitted).await?;
+        let resp = sender
+            .send_request(request)
+            .await
+            .map_err(|e| EgressError::upstream(&host, format!("request to {addr} failed: {e}")))?;
+        let collected = self.collect(resp, &host).await?;
+        self.put_idle(key, Idle { addr, sender }, &collected.0);
+        Ok((collected, addr))
+    }
+
+    fn take_idle(&self, key: &PoolKey, allowed: &[IpAddr]) -> Option<Idle> {
+        let mut pool = self.pool.lock().ok()?;
+        let list = pool.get_mut(key)?;
+        while let Some(idle) = list.pop() {
+            if !idle.sender.is_closed() && idle.sender.is_ready() && allowed.contains(&idle.addr.ip()) {
+                return Some(idle);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, key: PoolKey, idle: Idle, parts: &http::response::Parts) {
+        let close = parts
+            .headers
+            .get(header::CONNECTION)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        if close || idle.sender.is_closed() {
+            return;
+        }
+        if let Ok(mut pool) = self.pool.lock() {
+            let list = pool.entry(key).or_default();
+            if list.len() < self.cfg.max_idle_per_origin {
+                list.push(idle);
+            }
+        }
+    }
+
+    async fn connect(&self, admitted: &Admitted) -> Result<(http1::SendRequest<Full<Bytes>>, SocketAddr), EgressError> {
+        let target = &admitted.target;
+        let host = target.host().bare();
+        let port = target.port_or_default();
+        let mut errors = Vec::new();
+        let mut stream = None;
+        for ip in &admitted.addrs {
+            let addr = SocketAddr::new(*ip, port);
+            match tokio::time::timeout(self.cfg.connect_timeout, self.dialer.dial(addr)).await {
+                Ok(Ok(s)) => {
+                    stream = Some((s, addr));
+                    break;
+                }
+                Ok(Err(e)) => errors.push(format!("{addr}: {e}")),
+                Err(_) => errors.push(format!("{addr}: connect timed out after {:?}", self.cfg.connect_timeout)),
+            }
+        }
+        let Some((tcp, addr)) = stream else {
+            return Err(EgressError::upstream(&host, format!("could not connect: {}", errors.join("; "))));
+        };
+        let handshake_err = |e: hyper::Error| EgressError::upstream(&host, format!("HTTP handshake with {addr} failed: {e}"));
+        if target.is_https() {
+            let name = match target.host() {
+                TargetHost::Domain(d) => ServerName::try_from(d.clone())
+                    .map_err(|e| EgressError::invalid_url(format!("{d} is not a TLS server name: {e}")))?,
+                TargetHost::Ip(ip) => ServerName::IpAddress((*ip).into()),
+            };
+            let tls = tokio::time::timeout(self.cfg.connect_timeout, self.tls.connect(name, tcp))
+                .await
+                .map_err(|_| EgressError::upstream(&host, format!("TLS handshake with {addr} timed out")))?
+                .map_err(|e| EgressError::upstream(&host, format!("TLS handshake with {addr} failed: {e}")))?;
+            let (sender, conn) = http1::handshake(TokioIo::new(tls)).await.map_err(handshake_err)?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Ok((sender, addr))
+        } else {
+            let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(handshake_err)?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Ok((sender, addr))
+        }
+    }
+
+    /// Reads the whole body, refusing past `max_response_bytes`.
+    async fn collect(
+        &self,
+        resp: http::Response<hyper::body::Incoming>,
+        host: &str,
+    ) -> Result<(http::response::Parts, Bytes), EgressError> {
+        let cap = self.cfg.max_response_bytes;
+        let (parts, mut incoming) = resp.into_parts();
+        let too_big = || EgressError::upstream(host, format!("response body is larger than the {cap}-byte limit"));
+        if let Some(len) = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
+            if len > cap as u64 {
+                return Err(too_big());
+            }
+        }
+        let mut buf = BytesMut::new();
+        while let Some(frame) = incoming.frame().await {
+            let frame = frame.map_err(|e| EgressError::upstream(host, format!("reading the response body failed: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > cap {
+                    return Err(too_big());
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok((parts, buf.freeze()))
+    }
+}
+
+/// Drops headers the client owns (hop-by-hop, `Host`, framing) and any
+/// header named in the caller's own `Connection` header.
+fn sanitize(mut headers: HeaderMap) -> HeaderMap {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for h in CLIENT_OWNED.iter().chain(&named) {
+        headers.remove(h);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    headers
+}
+
+/// A refusal of a redirect hop: leaving `authorized_uris` is `redirect_blocked`;
+/// SSRF refusals keep their own code. The message names the hop.
+fn redirect_refusal(e: EgressError, hop: u32) -> EgressError {
+    let code = match e.code {
+        EgressCode::NotAuthorized | EgressCode::CredentialExfiltrationRefused | EgressCode::InvalidUrl => {
+            EgressCode::RedirectBlocked
+        }
+        other => other,
+    };
+    EgressError { code, guard: GuardStep::Redirects, host: e.host, detail: format!("redirect hop {hop} refused: {}", e.detail) }
+}

@@ -1,0 +1,139 @@
+//! The guard's typed refusals. Codes and HTTP statuses are a stable contract
+//! (DESIGN.md §3): callers map them to tool errors, proxy responses and log
+//! entries without parsing messages.
+
+use std::fmt;
+
+/// Stable, machine-readable refusal codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EgressCode {
+    InvalidUrl,
+    NotAuthorized,
+    CredentialExfiltrationRefused,
+    BlockedHost,
+    BlockedAddress,
+    RedirectBlocked,
+    Unresolvable,
+    UpstreamFailed,
+    TooManyRedirects,
+}
+
+impl EgressCode {
+    pub const ALL: [EgressCode; 9] = [
+        EgressCode::InvalidUrl,
+        EgressCode::NotAuthorized,
+        EgressCode::CredentialExfiltrationRefused,
+        EgressCode::BlockedHost,
+        EgressCode::BlockedAddress,
+        EgressCode::RedirectBlocked,
+        EgressCode::Unresolvable,
+        EgressCode::UpstreamFailed,
+        EgressCode::TooManyRedirects,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressCode::InvalidUrl => "invalid_url",
+            EgressCode::NotAuthorized => "not_authorized",
+            EgressCode::CredentialExfiltrationRefused => "credential_exfiltration_refused",
+            EgressCode::BlockedHost => "blocked_host",
+            EgressCode::BlockedAddress => "blocked_address",
+            EgressCode::RedirectBlocked => "redirect_blocked",
+            EgressCode::Unresolvable => "unresolvable",
+            EgressCode::UpstreamFailed => "upstream_failed",
+            EgressCode::TooManyRedirects => "too_many_redirects",
+        }
+    }
+
+    /// The HTTP status a refusal with this code is reported as.
+    pub fn http_status(self) -> u16 {
+        match self {
+            EgressCode::InvalidUrl => 400,
+            EgressCode::NotAuthorized
+            | EgressCode::CredentialExfiltrationRefused
+            | EgressCode::BlockedHost
+            | EgressCode::BlockedAddress
+            | EgressCode::RedirectBlocked => 403,
+            EgressCode::Unresolvable | EgressCode::UpstreamFailed | EgressCode::TooManyRedirects => {
+                502
+            }
+        }
+    }
+
+    /// SSRF refusals (where the request would have gone) versus policy
+    /// refusals (what the integration is allowed to do); the log line differs.
+    pub fn is_ssrf(self) -> bool {
+        matches!(
+            self,
+            EgressCode::BlockedHost | EgressCode::BlockedAddress | EgressCode::Unresolvable
+        )
+    }
+}
+
+impl fmt::Display for EgressCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which check tripped; named in every refusal message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardStep {
+    UrlParser,
+    AuthorizedUris,
+    CredentialRules,
+    BlockedNames,
+    Resolver,
+    AddressTable,
+    Redirects,
+    Upstream,
+}
+
+impl GuardStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardStep::UrlParser => "url parser",
+            GuardStep::AuthorizedUris => "authorized_uris",
+            GuardStep::CredentialRules => "credential rules",
+            GuardStep::BlockedNames => "blocked names",
+            GuardStep::Resolver => "resolver",
+            GuardStep::AddressTable => "address table",
+            GuardStep::Redirects => "redirect check",
+            GuardStep::Upstream => "upstream",
+        }
+    }
+}
+
+/// A refusal or failure of an outbound request.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{code}: {detail} (guard: {}, host: {})", guard.as_str(), host.as_deref().unwrap_or("-"))]
+pub struct EgressError {
+    pub code: EgressCode,
+    pub guard: GuardStep,
+    /// The host the refusal is about, when there is one.
+    pub host: Option<String>,
+    pub detail: String,
+}
+
+impl EgressError {
+    pub fn new(
+        code: EgressCode,
+        guard: GuardStep,
+        host: Option<&str>,
+        detail: impl Into<String>,
+    ) -> Self {
+        EgressError { code, guard, host: host.map(str::to_owned), detail: detail.into() }
+    }
+
+    pub fn invalid_url(detail: impl Into<String>) -> Self {
+        Self::new(EgressCode::InvalidUrl, GuardStep::UrlParser, None, detail)
+    }
+
+    pub fn upstream(host: &str, detail: impl Into<String>) -> Self {
+        Self::new(EgressCode::UpstreamFailed, GuardStep::Upstream, Some(host), detail)
+    }
+
+    pub fn http_status(&self) -> u16 {
+        self.code.http_status()
+    }
+}

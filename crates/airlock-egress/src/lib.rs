@@ -1,0 +1,32 @@
+//! Airlock's egress guard: what may leave a sandbox, and the only HTTP client
+//! that sends it.
+//!
+//! Every outbound request of a run (an `api_call`, a forward-proxy tunnel, an
+//! LLM relay call, every redirect hop of each) goes through the same steps, in
+//! this order, and a step that refuses stops the request before any later step
+//! runs (so a refused target is never even looked up):
+//!
+//! 1. parse and canonicalise ([`Target`], `invalid_url`);
+//! 2. the call's `authorized_uris` and the credential rules ([`policy`],
+//!    `not_authorized`, `credential_exfiltration_refused`);
+//! 3. blocked names (`blocked_host`);
+//! 4. the operator's internal-host exemption (`EGRESS_ALLOW_INTERNAL_HOSTS`);
+//! 5. resolution through a pluggable [`Resolve`] (`unresolvable`);
+//! 6. every answer against the block table ([`addr`], `blocked_address`);
+//! 7. dial only a validated address ([`GuardedClient`]).
+
+pub mod addr;
+mod client;
+mod error;
+mod glob;
+pub mod pattern;
+pub mod policy;
+mod resolve;
+mod target;
+
+pub use client::{ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, TcpDialer};
+pub use error::{EgressCode, EgressError, GuardStep};
+pub use pattern::{AuthorizedUris, Diagnostic, PatternError, UriPattern};
+pub use policy::{Admitted, CallRules, EgressPolicy, Guard};
+pub use resolve::{DnsServerResolver, Resolve, ResolveError, StaticResolver, SystemResolver};
+pub use target::{Target, TargetHost};

@@ -1,0 +1,377 @@
+//! The decision: may this request leave, and to which addresses?
+//!
+//! [`Guard::admit`] runs the checks of DESIGN.md §3 in their fixed order and
+//! returns the addresses the client may dial. The order matters for safety,
+//! not only for error codes: policy and blocked names are judged before any
+//! lookup, so a refused target never even causes a DNS query, and the
+//! internal-host exemption comes *after* the blocked names, so no operator
+//! setting can ever open `localhost` or `metadata.google.internal`.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::addr;
+use crate::error::{EgressCode, EgressError, GuardStep};
+use crate::pattern::AuthorizedUris;
+use crate::resolve::{Resolve, SystemResolver};
+use crate::target::{Target, TargetHost};
+
+/// Names refused on every call, whatever they resolve to.
+const BLOCKED_NAMES: &[&str] = &[
+    "localhost",
+    "sidecar",
+    "agent",
+    "host.docker.internal",
+    "metadata.google.internal",
+    "metadata.azure.internal",
+];
+
+/// What one call is allowed to reach.
+#[derive(Debug, Clone, Copy)]
+pub struct CallRules<'a> {
+    pub authorized: &'a AuthorizedUris,
+    /// Any destination that passes the SSRF checks. Ignored when the call
+    /// carries a credential (rule 2).
+    pub allow_all_uris: bool,
+    /// The call carries a credential (rules 2–4 apply).
+    pub credentialed: bool,
+}
+
+/// Operator-level settings shared by every call of a process.
+#[derive(Debug, Clone, Default)]
+pub struct EgressPolicy {
+    internal_hosts: HashSet<String>,
+    extra_blocked_names: HashSet<String>,
+}
+
+impl EgressPolicy {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads `EGRESS_ALLOW_INTERNAL_HOSTS` from the environment.
+    pub fn from_env() -> Self {
+        let mut p = Self::new();
+        if let Ok(v) = std::env::var("EGRESS_ALLOW_INTERNAL_HOSTS") {
+            p.allow_internal_hosts(v.split(','));
+        }
+        p
+    }
+
+    /// Adds operator-trusted internal hosts (host names or IP addresses).
+    pub fn allow_internal_hosts<'a>(&mut self, hosts: impl IntoIterator<Item = &'a str>) {
+        for h in hosts {
+            let h = h.trim().to_ascii_lowercase();
+            let h = h.trim_start_matches('[').trim_end_matches(']');
+            let h = h.strip_suffix('.').unwrap_or(h);
+            if h.is_empty() {
+                continue;
+            }
+            let canonical = h.parse::<IpAddr>().map(|ip| ip.to_string()).unwrap_or_else(|_| h.to_owned());
+            self.internal_hosts.insert(canonical);
+        }
+    }
+
+    /// Adds names refused on every call (the run's own container names).
+    pub fn block_names<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        for n in names {
+            self.extra_blocked_names.insert(n.trim().to_ascii_lowercase());
+        }
+    }
+
+    /// Steps 2–4: the synchronous part of the decision. Returns whether the
+    /// target is an operator-trusted internal host.
+    pub fn check(&self, target: &Target, rules: &CallRules<'_>) -> Result<bool, EgressError> {
+        check_authorization(target, rules)?;
+        let host = target.host();
+        if let TargetHost::Domain(d) = host {
+            if self.is_blocked_name(d) {
+                return Err(EgressError::new(
+                    EgressCode::BlockedHost,
+                    GuardStep::BlockedNames,
+                    Some(d),
+                    format!("{d} is a blocked name (loopback, metadata or the run's own containers)"),
+                ));
+            }
+        }
+        let bare = host.bare();
+        Ok(self.internal_hosts.contains(&bare) && rules.authorized.names_host_literally(&bare))
+    }
+
+    fn is_blocked_name(&self, d: &str) -> bool {
+        BLOCKED_NAMES.contains(&d) || d.ends_with(".localhost") || self.extra_blocked_names.contains(d)
+    }
+}
+
+/// Step 2: `authorized_uris` and the credential rules.
+fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), EgressError> {
+    let host = target.host().bare();
+    let refuse = |code, guard, detail: String| Err(EgressError::new(code, guard, Some(&host), detail));
+    if !rules.credentialed {
+        if rules.allow_all_uris || rules.authorized.entries().iter().any(|p| p.matches(target)) {
+            return Ok(());
+        }
+        return refuse(
+            EgressCode::NotAuthorized,
+            GuardStep::AuthorizedUris,
+            format!("{target} matches no authorized_uris entry"),
+        );
+    }
+    if target.had_userinfo() {
+        return Err(EgressError::invalid_url(
+            "a target with user:password@ is refused for calls that carry a credential",
+        ));
+    }
+    let mut matched_but_too_wide = None;
+    for p in rules.authorized.entries() {
+        if p.matches(target) {
+            if p.carries_credential_to(target) {
+                return Ok(());
+            }
+            matched_but_too_wide.get_or_insert(p.source());
+        }
+    }
+    if let Some(entry) = matched_but_too_wide {
+        return refuse(
+            EgressCode::CredentialExfiltrationRefused,
+            GuardStep::CredentialRules,
+            format!(
+                "{target} matches {entry:?}, but that entry may not carry a credential to {host} \
+                 (the host is chosen by the caller or lies outside the entry's registrable domain)"
+            ),
+        );
+    }
+    if rules.allow_all_uris {
+        return refuse(
+            EgressCode::CredentialExfiltrationRefused,
+            GuardStep::CredentialRules,
+            format!("allow_all_uris is ignored for calls that carry a credential, and {target} matches no authorized_uris entry"),
+        );
+    }
+    let detail = if rules.authorized.is_empty() {
+        "the integration's authorized_uris is empty, which authorizes nothing".to_owned()
+    } else {
+        format!("{target} matches no authorized_uris entry")
+    };
+    refuse(EgressCode::NotAuthorized, GuardStep::AuthorizedUris, detail)
+}
+
+/// A target the guard let through, with the only addresses it may be dialled at.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    pub target: Target,
+    pub addrs: Vec<IpAddr>,
+    /// Reached through the operator's internal-host exemption (addresses not judged).
+    pub internal: bool,
+}
+
+/// The policy plus a resolver: the full decision for one request or hop.
+#[derive(Clone)]
+pub struct Guard {
+    policy: Arc<EgressPolicy>,
+    resolver: Arc<dyn Resolve>,
+}
+
+impl Guard {
+    pub fn new(policy: EgressPolicy, resolver: Arc<dyn Resolve>) -> Self {
+        Guard { policy: Arc::new(policy), resolver }
+    }
+
+    /// The system resolver and `EGRESS_ALLOW_INTERNAL_HOSTS` from the environment.
+    pub fn from_env() -> Self {
+        Self::new(EgressPolicy::from_env(), Arc::new(SystemResolver))
+    }
+
+    pub fn policy(&self) -> &EgressPolicy {
+        &self.policy
+    }
+
+    /// Steps 2–6 for a parsed target. Logs and returns the refusal, if any.
+    pub async fn admit(&self, target: &Target, rules: &CallRules<'_>) -> Result<Admitted, EgressError> {
+        let result = self.admit_inner(target, rules).await;
+        if let Err(e) = &result {
+            log_refusal(e);
+        }
+        result
+    }
+
+    /// Step 1 too: parse, then admit.
+    pub async fn admit_url(&self, url: &str, rules: &CallRules<'_>) -> Result<Admitted, EgressError> {
+        match Target::parse(url) {
+            Ok(t) => self.admit(&t, rules).await,
+            Err(e) => {
+                log_refusal(&e);
+                Err(e)
+            }
+        }
+    }
+
+    async fn admit_inner(&self, target: &Target, rules: &CallRules<'_>) -> Result<Admitted, EgressError> {
+        let internal = self.policy.check(target, rules)?;
+        let host = target.host();
+        let addrs = match host {
+            TargetHost::Ip(ip) => vec![*ip],
+            TargetHost::Domain(d) => {
+                let answers = self.resolver.lookup(d).await.map_err(|e| {
+                    EgressError::new(
+                        EgressCode::Unresolvable,
+                        GuardStep::Resolver,
+                        Some(d),
+                        format!("target host could not be resolved: {e}"),
+                    )
+                })?;
+                if answers.is_empty() {
+                    return Err(EgressError::new(
+                        EgressCode::Unresolvable,
+                        GuardStep::Resolver,
+                        Some(d),
+                        "target host could not be resolved: no A or AAAA answer",
+                    ));
+                }
+                answers
+            }
+        };
+        if !internal {
+            // Refuse if ANY answer is blocked: picking the "good" answer would
+            // leave the choice of address to whoever controls the zone.
+            for ip in &addrs {
+                if let Some(why) = addr::blocked_reason(*ip) {
+                    return Err(EgressError::new(
+                        EgressCode::BlockedAddress,
+                        GuardStep::AddressTable,
+                        Some(&host.bare()),
+                        format!("{} resolves to {ip}, which is blocked: {why}", host.bare()),
+                    ));
+                }
+            }
+        }
+        Ok(Admitted { target: target.clone(), addrs, internal })
+    }
+}
+
+fn log_refusal(e: &EgressError) {
+    let host = e.host.as_deref().unwrap_or("-");
+    if e.code.is_ssrf() {
+        tracing::warn!(host, code = e.code.as_str(), guard = e.guard.as_str(), "Target refused (SSRF): {}", e.detail);
+    } else {
+        tracing::warn!(host, code = e.code.as_str(), guard = e.guard.as_str(), "Target refused (policy): {}", e.detail);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resolve::StaticResolver;
+
+    fn rules(list: &AuthorizedUris, credentialed: bool) -> CallRules<'_> {
+        CallRules { authorized: list, allow_all_uris: false, credentialed }
+    }
+
+    fn guard(static_answers: &[(&str, &str)], internal: &[&str]) -> Guard {
+        let mut r = StaticResolver::new();
+        for (h, ip) in static_answers {
+            r.insert_spec(&format!("{h}={ip}")).unwrap();
+        }
+        let mut p = EgressPolicy::new();
+        p.allow_internal_hosts(internal.iter().copied());
+        Guard::new(p, Arc::new(r))
+    }
+
+    async fn code(g: &Guard, url: &str, list: &AuthorizedUris, cred: bool) -> Option<EgressCode> {
+        g.admit_url(url, &rules(list, cred)).await.err().map(|e| e.code)
+    }
+
+    #[tokio::test]
+    async fn credential_rules() {
+        use EgressCode::*;
+        let g = guard(&[("api.github.com", "140.82.112.6"), ("sts.amazonaws.com", "52.94.0.1"), ("dynamodb.us-east-1.amazonaws.com", "52.94.0.2"), ("evil.com", "93.184.216.34")], &[]);
+        let empty = AuthorizedUris::default();
+        assert_eq!(code(&g, "https://api.github.com/", &empty, true).await, Some(NotAuthorized), "rule 1");
+        assert_eq!(code(&g, "https://api.github.com/", &empty, false).await, Some(NotAuthorized), "rule 1 uncredentialed");
+        let all = CallRules { authorized: &empty, allow_all_uris: true, credentialed: true };
+        assert_eq!(g.admit_url("https://evil.com/", &all).await.unwrap_err().code, CredentialExfiltrationRefused, "rule 2");
+        let all_uncred = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
+        assert!(g.admit_url("https://evil.com/", &all_uncred).await.is_ok());
+        let wide = AuthorizedUris::parse(&["https://**", "https://*.com/**"]);
+        assert_eq!(code(&g, "https://evil.com/x", &wide, true).await, Some(CredentialExfiltrationRefused), "rule 3");
+        assert_eq!(code(&g, "https://evil.com/x", &wide, false).await, None, "rule 3 is only for credentials");
+        let aws = AuthorizedUris::parse(&["https://*.amazonaws.com/**"]);
+        assert_eq!(code(&g, "https://sts.amazonaws.com/", &aws, true).await, None, "rule 4 inside");
+        assert_eq!(code(&g, "https://dynamodb.us-east-1.amazonaws.com/", &aws, true).await, Some(CredentialExfiltrationRefused), "rule 4 outside");
+        let gh = AuthorizedUris::parse(&["https://api.github.com/**"]);
+        assert_eq!(code(&g, "https://api.github.com/repos", &gh, true).await, None);
+        assert_eq!(code(&g, "https://evil.com/", &gh, true).await, Some(NotAuthorized));
+        assert_eq!(code(&g, "https://x:y@api.github.com/", &gh, true).await, Some(InvalidUrl), "userinfo with a credential");
+    }
+
+    #[tokio::test]
+    async fn blocked_names_come_before_any_exemption() {
+        let g = guard(&[], &["localhost", "metadata.google.internal", "sidecar"]);
+        for host in ["localhost", "a.localhost", "sidecar", "agent", "host.docker.internal", "metadata.google.internal", "metadata.azure.internal", "LOCALHOST.", "x.LocalHost"] {
+            let url = format!("http://{host}/x");
+            let list = AuthorizedUris::parse(&[format!("http://{}/**", host.to_ascii_lowercase().trim_end_matches('.'))]);
+            assert_eq!(code(&g, &url, &list, false).await, Some(EgressCode::BlockedHost), "{host}");
+        }
+        let mut p = EgressPolicy::new();
+        p.block_names(["run-42-agent"]);
+        let g = Guard::new(p, Arc::new(StaticResolver::new()));
+        let list = AuthorizedUris::parse(&["http://run-42-agent/**"]);
+        assert_eq!(code(&g, "http://run-42-agent/", &list, false).await, Some(EgressCode::BlockedHost));
+    }
+
+    #[tokio::test]
+    async fn internal_hosts_need_both_sides() {
+        let answers = [("api.internal", "10.0.0.5")];
+        let literal = AuthorizedUris::parse(&["http://api.internal:8080/**"]);
+        let wildcard = AuthorizedUris::parse(&["http://*.internal:8080/**"]);
+        // Operator opt-in + literal entry: allowed, addresses not judged.
+        let both = guard(&answers, &["api.internal"]);
+        let ok = both.admit_url("http://api.internal:8080/x", &rules(&literal, true)).await.unwrap();
+        assert!(ok.internal);
+        assert_eq!(ok.addrs, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
+        // Only the operator: a wildcard entry is not naming the host.
+        assert_eq!(code(&both, "http://api.internal:8080/x", &wildcard, false).await, Some(EgressCode::BlockedAddress));
+        // Only the entry.
+        let entry_only = guard(&answers, &[]);
+        assert_eq!(code(&entry_only, "http://api.internal:8080/x", &literal, true).await, Some(EgressCode::BlockedAddress));
+        // IP literals work the same way.
+        let ip = guard(&[], &["127.0.0.1"]);
+        let l = AuthorizedUris::parse(&["http://127.0.0.1:9/**"]);
+        assert!(ip.admit_url("http://127.0.0.1:9/", &rules(&l, true)).await.unwrap().internal);
+        assert_eq!(code(&ip, "http://127.0.0.2:9/", &AuthorizedUris::parse(&["http://127.0.0.2:9/**"]), true).await, Some(EgressCode::BlockedAddress));
+    }
+
+    #[tokio::test]
+    async fn any_blocked_answer_refuses() {
+        let g = guard(&[("mixed.example", "93.184.216.34,127.0.0.1"), ("v6.example", "2606:4700::1,fd00::1"), ("ok.example", "93.184.216.34,2606:4700::1")], &[]);
+        let all = AuthorizedUris::parse(&["https://*.example/**"]);
+        assert_eq!(code(&g, "https://mixed.example/", &all, false).await, Some(EgressCode::BlockedAddress));
+        assert_eq!(code(&g, "https://v6.example/", &all, false).await, Some(EgressCode::BlockedAddress));
+        assert_eq!(code(&g, "https://ok.example/", &all, false).await, None);
+        assert_eq!(code(&g, "https://none.example/", &all, false).await, Some(EgressCode::Unresolvable));
+    }
+
+    /// A resolver that records every lookup, to prove refused targets are
+    /// never looked up.
+    struct Recording(std::sync::Mutex<Vec<String>>);
+    impl Resolve for Recording {
+        fn lookup<'a>(&'a self, host: &'a str) -> crate::resolve::LookupFuture<'a> {
+            self.0.lock().unwrap().push(host.to_owned());
+            Box::pin(async { Ok(vec!["93.184.216.34".parse().unwrap()]) })
+        }
+    }
+
+    #[tokio::test]
+    async fn no_lookup_for_a_target_refused_earlier() {
+        let rec = Arc::new(Recording(Default::default()));
+        let g = Guard::new(EgressPolicy::new(), rec.clone());
+        let list = AuthorizedUris::parse(&["https://api.x.com/**"]);
+        for url in ["https://evil.com/", "https://localhost/", "ftp://api.x.com/", "https://api.x.com:8443/"] {
+            assert!(g.admit_url(url, &rules(&list, true)).await.is_err(), "{url}");
+        }
+        assert!(rec.0.lock().unwrap().is_empty(), "refused targets were looked up: {:?}", rec.0.lock().unwrap());
+        g.admit_url("https://api.x.com/", &rules(&list, true)).await.unwrap();
+        assert_eq!(*rec.0.lock().unwrap(), vec!["api.x.com".to_owned()]);
+    }
+}

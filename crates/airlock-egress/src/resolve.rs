@@ -1,0 +1,166 @@
+//! Name resolution behind a small trait, so the guard can use the system
+//! resolver in production, a given nameserver (`AIRLOCK_DNS_SERVER`), or
+//! static answers in tests, without changing what it checks.
+//!
+//! A resolver only answers; it never judges. The guard checks every answer
+//! it returns against the block table and refuses when *any* is blocked.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_resolver::config::{
+    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::TokioResolver;
+
+/// A lookup that produced no usable answer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ResolveError(pub String);
+
+pub type LookupFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, ResolveError>> + Send + 'a>>;
+
+/// Resolves a canonical host name to all of its A and AAAA answers.
+pub trait Resolve: Send + Sync + 'static {
+    fn lookup<'a>(&'a self, host: &'a str) -> LookupFuture<'a>;
+}
+
+/// The operating system's resolver (`getaddrinfo`, A and AAAA).
+#[derive(Debug, Default, Clone)]
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn lookup<'a>(&'a self, host: &'a str) -> LookupFuture<'a> {
+        Box::pin(async move {
+            let addrs = tokio::net::lookup_host((host, 0))
+                .await
+                .map_err(|e| ResolveError(format!("system resolver: {e}")))?;
+            let mut ips: Vec<IpAddr> = addrs.map(|a| a.ip()).collect();
+            ips.sort();
+            ips.dedup();
+            Ok(ips)
+        })
+    }
+}
+
+/// Asks one nameserver directly (UDP, then TCP), A and AAAA, no cache, no
+/// hosts file: what the nameserver says is what the guard judges.
+#[derive(Clone)]
+pub struct DnsServerResolver {
+    inner: Arc<TokioResolver>,
+}
+
+impl DnsServerResolver {
+    pub fn new(server: SocketAddr) -> Result<Self, ResolveError> {
+        let mut udp = ConnectionConfig::udp();
+        udp.port = server.port();
+        let mut tcp = ConnectionConfig::tcp();
+        tcp.port = server.port();
+        let ns = NameServerConfig::new(server.ip(), true, vec![udp, tcp]);
+        let mut opts = ResolverOpts::default();
+        opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+        opts.cache_size = 0;
+        opts.use_hosts_file = ResolveHosts::Never;
+        opts.timeout = Duration::from_secs(2);
+        opts.attempts = 1;
+        opts.ndots = 0;
+        let inner = TokioResolver::builder_with_config(
+            ResolverConfig::from_name_servers(vec![ns]),
+            TokioRuntimeProvider::default(),
+        )
+        .with_options(opts)
+        .build()
+        .map_err(|e| ResolveError(format!("cannot build resolver for {server}: {e}")))?;
+        Ok(DnsServerResolver { inner: Arc::new(inner) })
+    }
+
+    /// Reads `AIRLOCK_DNS_SERVER` (`ip` or `ip:port`).
+    pub fn parse_addr(s: &str) -> Result<SocketAddr, ResolveError> {
+        s.parse::<SocketAddr>()
+            .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+            .map_err(|_| ResolveError(format!("{s:?} is not a nameserver address (ip or ip:port)")))
+    }
+}
+
+impl Resolve for DnsServerResolver {
+    fn lookup<'a>(&'a self, host: &'a str) -> LookupFuture<'a> {
+        Box::pin(async move {
+            // A trailing dot makes the name fully qualified: no search list.
+            let fqdn = format!("{host}.");
+            let answer = self
+                .inner
+                .lookup_ip(fqdn.as_str())
+                .await
+                .map_err(|e| ResolveError(format!("nameserver lookup: {e}")))?;
+            let mut ips: Vec<IpAddr> = answer.iter().collect();
+            ips.sort();
+            ips.dedup();
+            Ok(ips)
+        })
+    }
+}
+
+/// Fixed answers for some hosts (`--resolve HOST=IP,…`); other hosts go to
+/// the fallback resolver, or resolve to nothing when there is none.
+#[derive(Clone, Default)]
+pub struct StaticResolver {
+    answers: HashMap<String, Vec<IpAddr>>,
+    fallback: Option<Arc<dyn Resolve>>,
+}
+
+impl StaticResolver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_fallback(mut self, fallback: Arc<dyn Resolve>) -> Self {
+        self.fallback = Some(fallback);
+        self
+    }
+
+    /// Adds answers for `host` (lowercased, one trailing dot stripped).
+    pub fn insert(&mut self, host: &str, ips: impl IntoIterator<Item = IpAddr>) {
+        let h = host.to_ascii_lowercase();
+        let h = h.strip_suffix('.').unwrap_or(&h).to_owned();
+        self.answers.entry(h).or_default().extend(ips);
+    }
+
+    /// Parses `HOST=IP[,IP…]`.
+    pub fn insert_spec(&mut self, spec: &str) -> Result<(), ResolveError> {
+        let (host, ips) = spec
+            .split_once('=')
+            .ok_or_else(|| ResolveError(format!("{spec:?} is not HOST=IP[,IP…]")))?;
+        if host.is_empty() {
+            return Err(ResolveError(format!("{spec:?} has an empty host")));
+        }
+        let mut parsed = Vec::new();
+        for ip in ips.split(',') {
+            let ip = ip.trim().trim_start_matches('[').trim_end_matches(']');
+            parsed.push(
+                ip.parse::<IpAddr>()
+                    .map_err(|_| ResolveError(format!("{ip:?} in {spec:?} is not an IP address")))?,
+            );
+        }
+        self.insert(host, parsed);
+        Ok(())
+    }
+}
+
+impl Resolve for StaticResolver {
+    fn lookup<'a>(&'a self, host: &'a str) -> LookupFuture<'a> {
+        Box::pin(async move {
+            if let Some(ips) = self.answers.get(host) {
+                return Ok(ips.clone());
+            }
+            match &self.fallback {
+                Some(f) => f.lookup(host).await,
+                None => Err(ResolveError(format!("no answer configured for {host}"))),
+            }
+        })
+    }
+}

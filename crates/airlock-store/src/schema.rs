@@ -1,0 +1,175 @@
+//! Migrations, one list per backend, applied in order at open.
+//!
+//! Hand-rolled rather than `sqlx::migrate!` (which needs sqlx's proc macros): a version table,
+//! each migration in its own transaction, the version row inserted first so that two processes
+//! migrating at once cannot both apply one (the second hits the primary key and backs off).
+
+pub(crate) struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+}
+
+pub(crate) const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS airlock_schema_migrations (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    applied_at BIGINT NOT NULL
+)";
+
+pub(crate) const SQLITE: &[Migration] = &[Migration {
+    version: 1,
+    description: "initial schema",
+    sql: r#"
+CREATE TABLE connections (
+    name TEXT PRIMARY KEY,
+    integration TEXT NOT NULL,
+    auth_type TEXT NOT NULL,
+    kid TEXT NOT NULL,
+    envelope TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
+CREATE INDEX connections_kid ON connections (kid);
+
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    status TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    model TEXT,
+    created_at BIGINT NOT NULL,
+    started_at BIGINT,
+    ended_at BIGINT,
+    last_heartbeat_at BIGINT,
+    exit_code BIGINT,
+    error TEXT,
+    tokens_in BIGINT NOT NULL DEFAULT 0,
+    tokens_out BIGINT NOT NULL DEFAULT 0,
+    cost_microusd BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX runs_created ON runs (created_at DESC);
+CREATE INDEX runs_status ON runs (status);
+
+CREATE TABLE run_events (
+    id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    at BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL
+);
+CREATE INDEX run_events_run ON run_events (run_id, id);
+
+CREATE TABLE egress_log (
+    id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    at BIGINT NOT NULL,
+    source TEXT NOT NULL,
+    integration TEXT,
+    method TEXT NOT NULL,
+    url TEXT NOT NULL,
+    host TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT,
+    status BIGINT,
+    duration_ms BIGINT
+);
+CREATE INDEX egress_log_run ON egress_log (run_id, id);
+
+CREATE TABLE memories (
+    id INTEGER PRIMARY KEY,
+    agent TEXT NOT NULL,
+    run_id TEXT,
+    content TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX memories_agent ON memories (agent, id);
+
+CREATE TABLE results (
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    id TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    body BLOB NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (run_id, id)
+);
+"#,
+}];
+
+pub(crate) const POSTGRES: &[Migration] = &[Migration {
+    version: 1,
+    description: "initial schema",
+    sql: r#"
+CREATE TABLE connections (
+    name TEXT PRIMARY KEY,
+    integration TEXT NOT NULL,
+    auth_type TEXT NOT NULL,
+    kid TEXT NOT NULL,
+    envelope TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
+CREATE INDEX connections_kid ON connections (kid);
+
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    status TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    model TEXT,
+    created_at BIGINT NOT NULL,
+    started_at BIGINT,
+    ended_at BIGINT,
+    last_heartbeat_at BIGINT,
+    exit_code BIGINT,
+    error TEXT,
+    tokens_in BIGINT NOT NULL DEFAULT 0,
+    tokens_out BIGINT NOT NULL DEFAULT 0,
+    cost_microusd BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX runs_created ON runs (created_at DESC);
+CREATE INDEX runs_status ON runs (status);
+
+CREATE TABLE run_events (
+    id BIGSERIAL PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    at BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL
+);
+CREATE INDEX run_events_run ON run_events (run_id, id);
+
+CREATE TABLE egress_log (
+    id BIGSERIAL PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    at BIGINT NOT NULL,
+    source TEXT NOT NULL,
+    integration TEXT,
+    method TEXT NOT NULL,
+    url TEXT NOT NULL,
+    host TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT,
+    status BIGINT,
+    duration_ms BIGINT
+);
+CREATE INDEX egress_log_run ON egress_log (run_id, id);
+
+CREATE TABLE memories (
+    id BIGSERIAL PRIMARY KEY,
+    agent TEXT NOT NULL,
+    run_id TEXT,
+    content TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX memories_agent ON memories (agent, id);
+
+CREATE TABLE results (
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    id TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    body BYTEA NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (run_id, id)
+);
+"#,
+}];

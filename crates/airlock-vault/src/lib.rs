@@ -1,0 +1,34 @@
+//! `airlock-vault`: everything Airlock does with secrets.
+//!
+//! - [`Keyring`]: the connection-encryption keyring (`CONNECTION_ENCRYPTION_KEY`,
+//!   `CONNECTION_ENCRYPTION_KEY_ID`, `CONNECTION_ENCRYPTION_KEYS`) and the
+//!   `v1:<kid>:<base64(iv ‖ tag ‖ ciphertext)>` AES-256-GCM envelope (DESIGN.md §4).
+//! - [`SigningKeyring`]: comma-separated HMAC-SHA256 keyrings (`RUN_TOKEN_SECRET`,
+//!   `UPLOAD_SIGNING_SECRET`, `CONNECT_SESSION_SECRET`): the first secret signs, all verify.
+//! - [`RunTokens`]: `<runId>.<lowercase hex HMAC-SHA256(secret, runId)>`.
+//! - [`generate_sidecar_token`]: 32 bytes from the OS CSPRNG, hex.
+//! - [`ct_eq`]: the one constant-time comparison every secret comparison goes through.
+//!
+//! Secret values are held in [`secrecy`] / [`zeroize`] types: they are wiped on drop and
+//! never print through `Debug` or `Display`.
+
+mod envelope;
+mod error;
+mod keyring;
+mod signing;
+mod token;
+
+pub use envelope::{Envelope, ENVELOPE_VERSION, IV_LEN, TAG_LEN, is_valid_kid};
+pub use error::{KeyError, SigningError, VaultError};
+pub use keyring::{
+    DEFAULT_KEY_ID, ENV_KEY, ENV_KEY_ID, ENV_RETIRED_KEYS, KEY_LEN, Keyring, generate_key,
+};
+pub use secrecy::{ExposeSecret, SecretBox, SecretString};
+pub use signing::{
+    ENV_CONNECT_SESSION_SECRET, ENV_RUN_TOKEN_SECRET, ENV_UPLOAD_SIGNING_SECRET,
+    MIN_SIGNING_SECRET_LEN, SigningKeyring,
+};
+pub use token::{RunTokens, ct_eq, generate_sidecar_token, random_bytes};
+
+/// Decrypted secret bytes: zeroized on drop, redacted in `Debug`, no `Display`.
+pub type SecretBytes = SecretBox<[u8]>;
