@@ -315,7 +315,7 @@ impl GuardedClient {
         // A kept-alive connection is reused only if it goes to an address this
         // hop's guard decision validated.
         let mut request = build()?;
-        if let Some(mut idle) = self.take_idle(&key, &admitted.addrs) {
+        if let Some(mut idle) = self.take_idle(&key, &admitted.addrs).await {
             match idle.sender.try_send_request(request).await {
                 Ok(resp) => {
                     let collected = self.collect(resp, &host).await?;
@@ -339,15 +339,21 @@ impl GuardedClient {
         Ok((collected, addr))
     }
 
-    fn take_idle(&self, key: &PoolKey, allowed: &[IpAddr]) -> Option<Idle> {
-        let mut pool = self.pool.lock().ok()?;
-        let list = pool.get_mut(key)?;
-        while let Some(idle) = list.pop() {
-            if !idle.sender.is_closed() && idle.sender.is_ready() && allowed.contains(&idle.addr.ip()) {
+    /// A kept-alive connection to one of `allowed`, waited on until it can
+    /// take a request; closed or foreign-address connections are dropped.
+    async fn take_idle(&self, key: &PoolKey, allowed: &[IpAddr]) -> Option<Idle> {
+        loop {
+            let mut idle = {
+                let mut pool = self.pool.lock().ok()?;
+                pool.get_mut(key)?.pop()?
+            };
+            if idle.sender.is_closed() || !allowed.contains(&idle.addr.ip()) {
+                continue;
+            }
+            if idle.sender.ready().await.is_ok() {
                 return Some(idle);
             }
         }
-        None
     }
 
     fn put_idle(&self, key: PoolKey, idle: Idle, parts: &http::response::Parts) {

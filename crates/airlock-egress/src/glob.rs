@@ -28,6 +28,8 @@ pub struct Glob {
     literal: Option<String>,
     /// Set when the glob is `literal` followed by one trailing `**`.
     prefix: Option<String>,
+    /// Host globs of the form `*` + literal: one or more bytes, then the literal.
+    suffix: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +73,12 @@ impl Glob {
             .strip_suffix("**")
             .filter(|p| !p.contains('*') && kind == Kind::Path)
             .map(str::to_owned);
-        Ok(Glob { els, literal, prefix })
+        let suffix = src
+            .strip_prefix("**")
+            .or_else(|| src.strip_prefix('*'))
+            .filter(|rest| !rest.contains('*') && kind == Kind::Host)
+            .map(str::to_owned);
+        Ok(Glob { els, literal, prefix, suffix })
     }
 
     pub fn matches(&self, text: &str) -> bool {
@@ -80,6 +87,12 @@ impl Glob {
         }
         if let Some(p) = &self.prefix {
             return text.starts_with(p.as_str());
+        }
+        if let Some(sfx) = &self.suffix {
+            return text.len() > sfx.len() && text.ends_with(sfx.as_str());
+        }
+        if self.els.len() < 64 {
+            return self.simulate_small(text.as_bytes());
         }
         self.simulate(text.as_bytes())
     }
@@ -111,6 +124,41 @@ impl Glob {
             std::mem::swap(&mut cur, &mut next);
         }
         cur.get(n)
+    }
+
+    /// The same automaton in one machine word, for patterns under 64 elements.
+    fn simulate_small(&self, text: &[u8]) -> bool {
+        let n = self.els.len();
+        let close = |mut bits: u64| {
+            for (i, el) in self.els.iter().enumerate() {
+                if bits & (1 << i) != 0 && matches!(el, El::SegStar | El::AnyStar) {
+                    bits |= 1 << (i + 1);
+                }
+            }
+            bits
+        };
+        let mut cur = close(1);
+        for &c in text {
+            let sep = c == b'/' || c == b'?';
+            let mut next = 0u64;
+            let mut live = cur & !(1 << n);
+            while live != 0 {
+                let i = live.trailing_zeros() as usize;
+                live &= live - 1;
+                next |= match self.els[i] {
+                    El::Byte(b) if b == c => 1 << (i + 1),
+                    El::One if !sep => 1 << (i + 1),
+                    El::SegStar if !sep => 1 << i,
+                    El::AnyStar => 1 << i,
+                    _ => 0,
+                };
+            }
+            if next == 0 {
+                return false;
+            }
+            cur = close(next);
+        }
+        cur & (1 << n) != 0
     }
 
     /// Epsilon closure: a star may match nothing.
@@ -160,7 +208,12 @@ mod tests {
         Glob::compile(p, Kind::Host).unwrap().matches(t)
     }
     fn path(p: &str, t: &str) -> bool {
-        Glob::compile(p, Kind::Path).unwrap().matches(t)
+        let g = Glob::compile(p, Kind::Path).unwrap();
+        if g.els.len() < 64 {
+            let (small, big) = (g.simulate_small(t.as_bytes()), g.simulate(t.as_bytes()));
+            assert_eq!(small, big, "{p} vs {t}: the two automata disagree");
+        }
+        g.matches(t)
     }
 
     #[test]

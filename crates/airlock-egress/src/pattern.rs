@@ -380,7 +380,11 @@ impl AuthorizedUris {
 
     /// True when an entry names `host` literally (internal-host exemption).
     pub fn names_host_literally(&self, host: &str) -> bool {
-        self.entries.iter().any(|p| p.literal_host().as_deref() == Some(host))
+        self.entries.iter().any(|p| match &p.host {
+            HostPattern::Domain(d) => d == host,
+            HostPattern::Ip(ip) => host.parse::<IpAddr>().is_ok_and(|h| h == *ip),
+            _ => false,
+        })
     }
 }
 

@@ -95,19 +95,25 @@ impl EgressPolicy {
                 ));
             }
         }
+        if self.internal_hosts.is_empty() {
+            return Ok(false);
+        }
         let bare = host.bare();
         Ok(self.internal_hosts.contains(&bare) && rules.authorized.names_host_literally(&bare))
     }
 
     fn is_blocked_name(&self, d: &str) -> bool {
-        BLOCKED_NAMES.contains(&d) || d.ends_with(".localhost") || self.extra_blocked_names.contains(d)
+        BLOCKED_NAMES.contains(&d)
+            || d.ends_with(".localhost")
+            || (!self.extra_blocked_names.is_empty() && self.extra_blocked_names.contains(d))
     }
 }
 
 /// Step 2: `authorized_uris` and the credential rules.
 fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), EgressError> {
-    let host = target.host().bare();
-    let refuse = |code, guard, detail: String| Err(EgressError::new(code, guard, Some(&host), detail));
+    let refuse = |code, guard, detail: String| {
+        Err(EgressError::new(code, guard, Some(&target.host().bare()), detail))
+    };
     if !rules.credentialed {
         if rules.allow_all_uris || rules.authorized.entries().iter().any(|p| p.matches(target)) {
             return Ok(());
@@ -137,8 +143,9 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
             EgressCode::CredentialExfiltrationRefused,
             GuardStep::CredentialRules,
             format!(
-                "{target} matches {entry:?}, but that entry may not carry a credential to {host} \
-                 (the host is chosen by the caller or lies outside the entry's registrable domain)"
+                "{target} matches {entry:?}, but that entry may not carry a credential to {} \
+                 (the host is chosen by the caller or lies outside the entry's registrable domain)",
+                target.host()
             ),
         );
     }

@@ -101,10 +101,14 @@ impl Target {
             None => return Err(EgressError::invalid_url("target has no host")),
         };
         let had_userinfo = !url.username().is_empty() || url.password().is_some();
-        // Cannot fail for http(s) URLs that have a host.
-        let _ = url.set_username("");
-        let _ = url.set_password(None);
-        url.set_fragment(None);
+        if had_userinfo {
+            // Cannot fail for http(s) URLs that have a host.
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+        }
+        if url.fragment().is_some() {
+            url.set_fragment(None);
+        }
         if let TargetHost::Domain(d) = &host {
             if url.host_str() != Some(d.as_str()) {
                 url.set_host(Some(d))
@@ -162,10 +166,7 @@ impl Target {
 
     /// Path and query as sent on the request line (`/a/b?c`).
     pub fn path_and_query(&self) -> &str {
-        let s = self.url.as_str();
-        let start = s.find("://").map(|i| i + 3).unwrap_or(0);
-        let after = &s[start..];
-        after.find('/').map(|i| &after[i..]).unwrap_or("/")
+        &self.url[url::Position::BeforePath..url::Position::AfterQuery]
     }
 
     /// The value of the `Host` header: host, plus the port when not default.

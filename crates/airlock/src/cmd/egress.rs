@@ -88,7 +88,11 @@ fn check(args: CheckArgs) -> ExitCode {
     policy.allow_internal_hosts(args.allow_internal_hosts.iter().map(String::as_str));
     let authorized = AuthorizedUris::parse(&args.authorized_uris);
     for d in authorized.diagnostics() {
-        let what = if d.matches_nothing { "matches nothing" } else { "warning" };
+        let what = if d.matches_nothing {
+            "matches nothing"
+        } else {
+            "warning"
+        };
         eprintln!("authorized_uris entry {:?} {what}: {}", d.entry, d.reason);
     }
     let rules = CallRules {
@@ -97,7 +101,10 @@ fn check(args: CheckArgs) -> ExitCode {
         credentialed: !args.uncredentialed,
     };
     let guard = Guard::new(policy, Arc::new(resolver));
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => return usage_error(format!("cannot start the async runtime: {e}")),
     };
@@ -108,7 +115,10 @@ fn check(args: CheckArgs) -> ExitCode {
                 decision: "allow",
                 code: None,
                 message: if a.internal {
-                    format!("{} is allowed (operator-trusted internal host; addresses not judged)", a.target)
+                    format!(
+                        "{} is allowed (operator-trusted internal host; addresses not judged)",
+                        a.target
+                    )
                 } else {
                     format!("{} is allowed", a.target)
                 },
@@ -123,7 +133,10 @@ fn check(args: CheckArgs) -> ExitCode {
                 message: format!(
                     "refused by the {} guard{}: {}",
                     e.guard.as_str(),
-                    e.host.as_deref().map(|h| format!(" for host {h}")).unwrap_or_default(),
+                    e.host
+                        .as_deref()
+                        .map(|h| format!(" for host {h}"))
+                        .unwrap_or_default(),
                     e.detail
                 ),
                 addresses: Vec::new(),
@@ -143,7 +156,14 @@ fn check(args: CheckArgs) -> ExitCode {
         }
         println!("message:   {}", decision.message);
         let addrs: Vec<String> = decision.addresses.iter().map(ToString::to_string).collect();
-        println!("addresses: {}", if addrs.is_empty() { "-".into() } else { addrs.join(", ") });
+        println!(
+            "addresses: {}",
+            if addrs.is_empty() {
+                "-".into()
+            } else {
+                addrs.join(", ")
+            }
+        );
     }
     exit
 }
