@@ -1,1 +1,1009 @@
-//! placeholder
+//! `airlock-store`: the platform's state.
+//!
+//! SQLite by default (`$AIRLOCK_HOME/airlock.db`, WAL), PostgreSQL when
+//! `DATABASE_URL=postgres://…`. Migrations run at [`Store::open`]. Every query is written once
+//! (`$n` placeholders, which both backends accept) and dispatched to the backend's own pool, so
+//! both get their native types and the same test suite runs on both.
+//!
+//! Tables: `connections` (encrypted credentials: only envelopes are stored), `runs` (with the
+//! columns a run list needs), `run_events`, `egress_log`, `memories`, `results`.
+//! Timestamps are Unix milliseconds (`i64`).
+
+mod error;
+mod model;
+mod schema;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_vault::{Envelope, Keyring};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Connection as _, Row as _};
+
+pub use error::StoreError;
+pub use model::*;
+
+/// Where the default SQLite database lives, below `AIRLOCK_HOME`.
+pub const DB_FILE: &str = "airlock.db";
+
+#[derive(Clone)]
+enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs the same code against whichever pool the store has. The body is compiled once per
+/// backend, so it sees concrete types.
+macro_rules! on_pool {
+    ($self:expr, $p:ident => $body:expr) => {
+        match &$self.pool {
+            Pool::Sqlite($p) => $body,
+            Pool::Postgres($p) => $body,
+        }
+    };
+}
+
+/// Maps a connections row (without envelope) to [`ConnectionInfo`].
+macro_rules! connection_info {
+    ($r:expr, $s:expr) => {{
+        let auth: String = $r.try_get("auth_type").map_err(|e| $s.err(e))?;
+        ConnectionInfo {
+            name: $r.try_get("name").map_err(|e| $s.err(e))?,
+            integration: $r.try_get("integration").map_err(|e| $s.err(e))?,
+            auth_type: AuthType::parse(&auth)
+                .ok_or_else(|| StoreError::Corrupt(format!("connection auth_type {auth:?}")))?,
+            kid: $r.try_get("kid").map_err(|e| $s.err(e))?,
+            created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
+            updated_at: $r.try_get("updated_at").map_err(|e| $s.err(e))?,
+        }
+    }};
+}
+
+macro_rules! run_columns {
+    () => {
+        "id, agent, status, backend, model, created_at, started_at, ended_at, \
+         last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd"
+    };
+}
+
+/// Maps a runs row (selected with `run_columns!`) to [`Run`].
+macro_rules! run_row {
+    ($r:expr, $s:expr) => {{
+        let status: String = $r.try_get("status").map_err(|e| $s.err(e))?;
+        Run {
+            id: $r.try_get("id").map_err(|e| $s.err(e))?,
+            agent: $r.try_get("agent").map_err(|e| $s.err(e))?,
+            status: RunStatus::parse(&status)
+                .ok_or_else(|| StoreError::Corrupt(format!("run status {status:?}")))?,
+            backend: $r.try_get("backend").map_err(|e| $s.err(e))?,
+            model: $r.try_get("model").map_err(|e| $s.err(e))?,
+            created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
+            started_at: $r.try_get("started_at").map_err(|e| $s.err(e))?,
+            ended_at: $r.try_get("ended_at").map_err(|e| $s.err(e))?,
+            last_heartbeat_at: $r.try_get("last_heartbeat_at").map_err(|e| $s.err(e))?,
+            exit_code: $r.try_get("exit_code").map_err(|e| $s.err(e))?,
+            error: $r.try_get("error").map_err(|e| $s.err(e))?,
+            tokens_in: $r.try_get("tokens_in").map_err(|e| $s.err(e))?,
+            tokens_out: $r.try_get("tokens_out").map_err(|e| $s.err(e))?,
+            cost_microusd: $r.try_get("cost_microusd").map_err(|e| $s.err(e))?,
+        }
+    }};
+}
+
+/// Which database a store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file.
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// How long SQLite waits for another writer before reporting [`StoreError::Locked`].
+    pub busy_timeout: Duration,
+    /// How long to wait for a pooled connection (PostgreSQL: also for the server).
+    pub acquire_timeout: Duration,
+    /// Pool size.
+    pub max_connections: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+            acquire_timeout: Duration::from_secs(10),
+            max_connections: 5,
+        }
+    }
+}
+
+/// A handle on the database: cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    display: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("database", &self.display)
+            .finish()
+    }
+}
+
+/// Current time in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// `$AIRLOCK_HOME`, default `~/.local/share/airlock`.
+pub fn airlock_home() -> Result<PathBuf, StoreError> {
+    if let Some(h) = std::env::var_os("AIRLOCK_HOME").filter(|h| !h.is_empty()) {
+        return Ok(PathBuf::from(h));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .ok_or(StoreError::NoHome)?;
+    Ok(PathBuf::from(home).join(".local/share/airlock"))
+}
+
+/// A URL safe to print: any password replaced by `***`.
+fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<unparseable database URL>".to_owned(),
+    }
+}
+
+impl Store {
+    /// Opens the store the process environment asks for: `DATABASE_URL` when set, else SQLite
+    /// at `$AIRLOCK_HOME/airlock.db`.
+    pub async fn open_default() -> Result<Self, StoreError> {
+        match std::env::var("DATABASE_URL").ok().filter(|v| !v.is_empty()) {
+            Some(url) => Self::open(&url, &StoreOptions::default()).await,
+            None => {
+                let path = airlock_home()?.join(DB_FILE);
+                Self::open_sqlite(&path, &StoreOptions::default()).await
+            }
+        }
+    }
+
+    /// Opens `postgres://…` / `postgresql://…` or `sqlite://PATH` / `sqlite:PATH`.
+    pub async fn open(url: &str, opts: &StoreOptions) -> Result<Self, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Self::open_postgres(url, opts).await
+        } else if let Some(path) = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+        {
+            let path = path.split('?').next().unwrap_or(path);
+            Self::open_sqlite(Path::new(path), opts).await
+        } else {
+            Err(StoreError::UnsupportedUrl(redact_url(url)))
+        }
+    }
+
+    /// Opens (creating if needed) a SQLite database file, in WAL mode. A new file and its
+    /// directory are made private to the user (0600 / 0700).
+    pub async fn open_sqlite(path: &Path, opts: &StoreOptions) -> Result<Self, StoreError> {
+        let display = path.display().to_string();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            create_private_dir(dir).map_err(|source| StoreError::Io {
+                path: dir.display().to_string(),
+                source,
+            })?;
+        }
+        create_private_file(path).map_err(|source| StoreError::Io {
+            path: display.clone(),
+            source,
+        })?;
+        let connect = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(false)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(opts.busy_timeout)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(opts.max_connections.max(1))
+            .acquire_timeout(opts.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| StoreError::from_sqlx(&display, e))?;
+        let store = Self {
+            pool: Pool::Sqlite(pool),
+            display,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Connects to PostgreSQL.
+    pub async fn open_postgres(url: &str, opts: &StoreOptions) -> Result<Self, StoreError> {
+        let display = redact_url(url);
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|_| StoreError::UnsupportedUrl(display.clone()))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.max_connections.max(1))
+            .acquire_timeout(opts.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| StoreError::from_sqlx(&display, e))?;
+        let store = Self {
+            pool: Pool::Postgres(pool),
+            display,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Which backend this store uses.
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Sqlite(_) => Backend::Sqlite,
+            Pool::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// The database, printable (passwords redacted).
+    pub fn display_name(&self) -> &str {
+        &self.display
+    }
+
+    /// Closes every pooled connection (SQLite: checkpoints the WAL).
+    pub async fn close(&self) {
+        on_pool!(self, p => p.close().await)
+    }
+
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        StoreError::from_sqlx(&self.display, e)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let migrations = match self.backend() {
+            Backend::Sqlite => schema::SQLITE,
+            Backend::Postgres => schema::POSTGRES,
+        };
+        on_pool!(self, p => {
+            sqlx::raw_sql(schema::VERSION_TABLE)
+                .execute(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            let applied: Option<i64> =
+                sqlx::query_scalar("SELECT MAX(version) FROM airlock_schema_migrations")
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            let known = migrations.last().map_or(0, |m| m.version);
+            if let Some(found) = applied.filter(|v| *v > known) {
+                return Err(StoreError::SchemaTooNew { found, known });
+            }
+            for m in migrations.iter().filter(|m| applied.is_none_or(|a| m.version > a)) {
+                let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+                let claimed = sqlx::query(
+                    "INSERT INTO airlock_schema_migrations (version, description, applied_at) \
+                     VALUES ($1, $2, $3)",
+                )
+                .bind(m.version)
+                .bind(m.description)
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await;
+                match claimed {
+                    Ok(_) => {}
+                    Err(e) if is_unique_violation(&e) => continue, // another process applied it
+                    Err(e) => return Err(self.err(e)),
+                }
+                sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(|source| {
+                    StoreError::Migration { version: m.version, detail: source.to_string() }
+                })?;
+                tx.commit().await.map_err(|e| self.err(e))?;
+                tracing::info!(version = m.version, database = %self.display, "applied migration");
+            }
+            Ok(())
+        })
+    }
+
+    /// The schema version in force.
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        on_pool!(self, p => {
+            let v: Option<i64> =
+                sqlx::query_scalar("SELECT MAX(version) FROM airlock_schema_migrations")
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            Ok(v.unwrap_or(0))
+        })
+    }
+
+    // ---- connections ----
+
+    /// Stores a new connection. The envelope must be a `v1:` envelope (its kid is recorded so
+    /// re-encryption can find what is left to do). Fails if the name is taken.
+    pub async fn insert_connection(&self, c: &NewConnection<'_>) -> Result<(), StoreError> {
+        validate_name("connection name", c.name)?;
+        validate_name("integration", c.integration)?;
+        let kid = Envelope::kid_of(c.envelope).map_err(StoreError::BadEnvelope)?;
+        let now = now_ms();
+        let res = on_pool!(self, p => {
+            sqlx::query(
+                "INSERT INTO connections \
+                 (name, integration, auth_type, kid, envelope, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $6)",
+            )
+            .bind(c.name)
+            .bind(c.integration)
+            .bind(c.auth_type.as_str())
+            .bind(kid)
+            .bind(c.envelope)
+            .bind(now)
+            .execute(p)
+            .await
+            .map(|_| ())
+        });
+        match res {
+            Err(e) if is_unique_violation(&e) => {
+                Err(StoreError::ConnectionExists(c.name.to_owned()))
+            }
+            other => other.map_err(|e| self.err(e)),
+        }
+    }
+
+    /// One connection, envelope included (still encrypted).
+    pub async fn get_connection(&self, name: &str) -> Result<Option<ConnectionRecord>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT name, integration, auth_type, kid, envelope, created_at, updated_at \
+                 FROM connections WHERE name = $1",
+            )
+            .bind(name)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| -> Result<ConnectionRecord, StoreError> {
+                Ok(ConnectionRecord {
+                    info: connection_info!(r, self),
+                    envelope: r.try_get("envelope").map_err(|e| self.err(e))?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    /// Every connection, by name, without envelopes.
+    pub async fn list_connections(&self) -> Result<Vec<ConnectionInfo>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT name, integration, auth_type, kid, created_at, updated_at \
+                 FROM connections ORDER BY name",
+            )
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(|r| Ok(connection_info!(r, self))).collect()
+        })
+    }
+
+    /// Removes a connection; `false` if there was none.
+    pub async fn delete_connection(&self, name: &str) -> Result<bool, StoreError> {
+        on_pool!(self, p => {
+            let r = sqlx::query("DELETE FROM connections WHERE name = $1")
+                .bind(name)
+                .execute(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(r.rows_affected() > 0)
+        })
+    }
+
+    /// How many envelopes each key id holds, by kid.
+    pub async fn envelope_counts_by_kid(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT kid, COUNT(*) AS n FROM connections GROUP BY kid ORDER BY kid",
+            )
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    let kid: String = r.try_get("kid").map_err(|e| self.err(e))?;
+                    let n: i64 = r.try_get("n").map_err(|e| self.err(e))?;
+                    Ok((kid, u64::try_from(n).unwrap_or(0)))
+                })
+                .collect()
+        })
+    }
+
+    /// How many envelopes are not yet under `kid`.
+    pub async fn count_envelopes_not_under(&self, kid: &str) -> Result<u64, StoreError> {
+        on_pool!(self, p => {
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM connections WHERE kid <> $1")
+                .bind(kid)
+                .fetch_one(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    /// Re-encrypts up to `batch` envelopes that are not under the keyring's active kid, in one
+    /// transaction: either the whole batch is rewritten or none of it. Returns how many rows
+    /// were rewritten; `0` means nothing is left. Safe to interrupt at any point and to run
+    /// again (each row is rewritten only if it still holds the envelope that was read).
+    pub async fn reencrypt_batch(&self, ring: &Keyring, batch: usize) -> Result<usize, StoreError> {
+        Ok(self.reencrypt_batch_after(ring, batch, "").await?.rewritten)
+    }
+
+    /// Like [`Store::reencrypt_batch`], but only over connections named after `after` (a
+    /// cursor: pass the previous outcome's `last`, or `""` to start). Keeps each batch's cost
+    /// independent of how much is already done. `scanned == 0` means nothing is left past
+    /// the cursor.
+    pub async fn reencrypt_batch_after(
+        &self,
+        ring: &Keyring,
+        batch: usize,
+        after: &str,
+    ) -> Result<BatchOutcome, StoreError> {
+        let limit = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let active = ring.active_kid();
+        let now = now_ms();
+        match &self.pool {
+            Pool::Sqlite(p) => {
+                let mut conn = p.acquire().await.map_err(|e| self.err(e))?;
+                // BEGIN IMMEDIATE: take the write lock before reading, so the read and the
+                // writes see one snapshot and a second writer waits (busy_timeout) or fails.
+                let mut tx = conn
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .map_err(|e| self.err(e))?;
+                let rows = sqlx::query(
+                    "SELECT name, envelope FROM connections WHERE name > $3 AND kid <> $1 \
+                     ORDER BY name LIMIT $2",
+                )
+                .bind(active)
+                .bind(limit)
+                .bind(after)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+                let mut triples = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let name: String = r.try_get("name").map_err(|e| self.err(e))?;
+                    let old: String = r.try_get("envelope").map_err(|e| self.err(e))?;
+                    let new = reencrypt_one(ring, &name, &old)?;
+                    triples.push([name, old, new]);
+                }
+                let Some(last) = triples.last().map(|t| t[0].clone()) else {
+                    tx.commit().await.map_err(|e| self.err(e))?;
+                    return Ok(BatchOutcome::default());
+                };
+                // One statement for the whole batch: the rows go in as one JSON array of
+                // [name, old envelope, new envelope] (envelopes only: no plaintext).
+                let batch_json = serde_json::to_string(&triples)
+                    .map_err(|e| StoreError::Corrupt(format!("batch encoding: {e}")))?;
+                let res = sqlx::query(
+                    "UPDATE connections SET envelope = u.new, kid = $1, updated_at = $2 \
+                     FROM (SELECT value ->> 0 AS name, value ->> 1 AS old, value ->> 2 AS new \
+                           FROM json_each($3)) AS u \
+                     WHERE connections.name = u.name AND connections.envelope = u.old",
+                )
+                .bind(active)
+                .bind(now)
+                .bind(&batch_json)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+                tx.commit().await.map_err(|e| self.err(e))?;
+                Ok(BatchOutcome {
+                    rewritten: usize::try_from(res.rows_affected()).unwrap_or(0),
+                    scanned: triples.len(),
+                    last,
+                })
+            }
+            Pool::Postgres(p) => {
+                let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+                let rows = sqlx::query(
+                    "SELECT name, envelope FROM connections WHERE name > $3 AND kid <> $1 \
+                     ORDER BY name LIMIT $2 FOR UPDATE SKIP LOCKED",
+                )
+                .bind(active)
+                .bind(limit)
+                .bind(after)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+                let mut names = Vec::with_capacity(rows.len());
+                let mut olds = Vec::with_capacity(rows.len());
+                let mut news = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let name: String = r.try_get("name").map_err(|e| self.err(e))?;
+                    let old: String = r.try_get("envelope").map_err(|e| self.err(e))?;
+                    news.push(reencrypt_one(ring, &name, &old)?);
+                    names.push(name);
+                    olds.push(old);
+                }
+                let Some(last) = names.last().cloned() else {
+                    return Ok(BatchOutcome::default());
+                };
+                // One statement for the whole batch.
+                let res = sqlx::query(
+                    "UPDATE connections AS c SET envelope = u.new, kid = $1, updated_at = $2 \
+                     FROM UNNEST($3::text[], $4::text[], $5::text[]) AS u(name, old, new) \
+                     WHERE c.name = u.name AND c.envelope = u.old",
+                )
+                .bind(active)
+                .bind(now)
+                .bind(&names)
+                .bind(&olds)
+                .bind(&news)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+                tx.commit().await.map_err(|e| self.err(e))?;
+                Ok(BatchOutcome {
+                    rewritten: usize::try_from(res.rows_affected()).unwrap_or(0),
+                    scanned: names.len(),
+                    last,
+                })
+            }
+        }
+    }
+
+    // ---- runs ----
+
+    /// Records a new run (status `queued` unless given).
+    pub async fn insert_run(&self, r: &NewRun<'_>) -> Result<(), StoreError> {
+        validate_name("run id", r.id)?;
+        let res = on_pool!(self, p => {
+            sqlx::query(
+                "INSERT INTO runs (id, agent, status, backend, model, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(r.id)
+            .bind(r.agent)
+            .bind(r.status.as_str())
+            .bind(r.backend)
+            .bind(r.model)
+            .bind(r.created_at.unwrap_or_else(now_ms))
+            .execute(p)
+            .await
+            .map(|_| ())
+        });
+        match res {
+            Err(e) if is_unique_violation(&e) => Err(StoreError::RunExists(r.id.to_owned())),
+            other => other.map_err(|e| self.err(e)),
+        }
+    }
+
+    /// One run.
+    pub async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(concat!("SELECT ", run_columns!(), " FROM runs WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            row.map(|r| Ok(run_row!(r, self))).transpose()
+        })
+    }
+
+    /// Runs, newest first, optionally only those with `status`, at most `limit`, created before
+    /// `before` (Unix ms) for paging.
+    pub async fn list_runs(&self, q: &RunQuery<'_>) -> Result<Vec<Run>, StoreError> {
+        let limit = i64::from(q.limit.unwrap_or(100));
+        let status = q.status.map(RunStatus::as_str);
+        let agent = q.agent;
+        let before = q.before.unwrap_or(i64::MAX);
+        on_pool!(self, p => {
+            let rows = sqlx::query(concat!(
+                "SELECT ", run_columns!(), " FROM runs \
+                 WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR agent = $2) \
+                 AND created_at < $3 ORDER BY created_at DESC, id DESC LIMIT $4"
+            ))
+            .bind(status)
+            .bind(agent)
+            .bind(before)
+            .bind(limit)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(|r| Ok(run_row!(r, self))).collect()
+        })
+    }
+
+    /// Marks a run started (status `running`, `started_at`, first heartbeat).
+    pub async fn mark_run_started(&self, id: &str, at: i64) -> Result<(), StoreError> {
+        self.update_run(
+            id,
+            "UPDATE runs SET status = 'running', started_at = $2, last_heartbeat_at = $2 \
+             WHERE id = $1",
+            at,
+        )
+        .await
+    }
+
+    /// Records a heartbeat.
+    pub async fn record_heartbeat(&self, id: &str, at: i64) -> Result<(), StoreError> {
+        self.update_run(
+            id,
+            "UPDATE runs SET last_heartbeat_at = $2 WHERE id = $1",
+            at,
+        )
+        .await
+    }
+
+    async fn update_run(&self, id: &str, sql: &'static str, at: i64) -> Result<(), StoreError> {
+        let n = on_pool!(self, p => sqlx::query(sql)
+            .bind(id)
+            .bind(at)
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected());
+        if n == 0 {
+            return Err(StoreError::RunNotFound(id.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Ends a run: final status, exit code, error, end time. A run already ended is left as
+    /// it is (`false`).
+    pub async fn finish_run(&self, id: &str, end: &RunEnd<'_>) -> Result<bool, StoreError> {
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE runs SET status = $2, exit_code = $3, error = $4, ended_at = $5 \
+             WHERE id = $1 AND ended_at IS NULL",
+        )
+        .bind(id)
+        .bind(end.status.as_str())
+        .bind(end.exit_code)
+        .bind(end.error)
+        .bind(end.at)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        if n == 0 && self.get_run(id).await?.is_none() {
+            return Err(StoreError::RunNotFound(id.to_owned()));
+        }
+        Ok(n > 0)
+    }
+
+    /// Adds metered usage to a run's totals.
+    pub async fn add_run_usage(&self, id: &str, u: &Usage) -> Result<(), StoreError> {
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE runs SET tokens_in = tokens_in + $2, tokens_out = tokens_out + $3, \
+             cost_microusd = cost_microusd + $4 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(u.tokens_in)
+        .bind(u.tokens_out)
+        .bind(u.cost_microusd)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        if n == 0 {
+            return Err(StoreError::RunNotFound(id.to_owned()));
+        }
+        Ok(())
+    }
+
+    // ---- run events ----
+
+    /// Appends an event; returns its id (increasing per database).
+    pub async fn append_event(&self, e: &NewEvent<'_>) -> Result<i64, StoreError> {
+        on_pool!(self, p => sqlx::query_scalar(
+            "INSERT INTO run_events (run_id, at, kind, payload) VALUES ($1, $2, $3, $4) \
+             RETURNING id",
+        )
+        .bind(e.run_id)
+        .bind(e.at)
+        .bind(e.kind)
+        .bind(e.payload)
+        .fetch_one(p)
+        .await
+        .map_err(|err| self.run_fk(err, e.run_id)))
+    }
+
+    /// A run's events with id greater than `after`, oldest first, at most `limit`.
+    pub async fn list_events(
+        &self,
+        run_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT id, run_id, at, kind, payload FROM run_events \
+                 WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            )
+            .bind(run_id)
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(Event {
+                        id: r.try_get("id").map_err(|e| self.err(e))?,
+                        run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
+                        at: r.try_get("at").map_err(|e| self.err(e))?,
+                        kind: r.try_get("kind").map_err(|e| self.err(e))?,
+                        payload: r.try_get("payload").map_err(|e| self.err(e))?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    // ---- egress log ----
+
+    /// Appends one outbound decision.
+    pub async fn append_egress(&self, e: &NewEgress<'_>) -> Result<i64, StoreError> {
+        on_pool!(self, p => sqlx::query_scalar(
+            "INSERT INTO egress_log (run_id, at, source, integration, method, url, host, \
+             decision, reason, status, duration_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+        )
+        .bind(e.run_id)
+        .bind(e.at)
+        .bind(e.source)
+        .bind(e.integration)
+        .bind(e.method)
+        .bind(e.url)
+        .bind(e.host)
+        .bind(e.decision.as_str())
+        .bind(e.reason)
+        .bind(e.status)
+        .bind(e.duration_ms)
+        .fetch_one(p)
+        .await
+        .map_err(|err| self.run_fk(err, e.run_id)))
+    }
+
+    /// A run's egress log, oldest first.
+    pub async fn list_egress(
+        &self,
+        run_id: &str,
+        limit: u32,
+    ) -> Result<Vec<EgressEntry>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT id, run_id, at, source, integration, method, url, host, decision, \
+                 reason, status, duration_ms FROM egress_log WHERE run_id = $1 ORDER BY id \
+                 LIMIT $2",
+            )
+            .bind(run_id)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    let decision: String = r.try_get("decision").map_err(|e| self.err(e))?;
+                    Ok(EgressEntry {
+                        id: r.try_get("id").map_err(|e| self.err(e))?,
+                        run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
+                        at: r.try_get("at").map_err(|e| self.err(e))?,
+                        source: r.try_get("source").map_err(|e| self.err(e))?,
+                        integration: r.try_get("integration").map_err(|e| self.err(e))?,
+                        method: r.try_get("method").map_err(|e| self.err(e))?,
+                        url: r.try_get("url").map_err(|e| self.err(e))?,
+                        host: r.try_get("host").map_err(|e| self.err(e))?,
+                        decision: EgressDecision::parse(&decision)
+                            .ok_or_else(|| StoreError::Corrupt(format!("egress decision {decision:?}")))?,
+                        reason: r.try_get("reason").map_err(|e| self.err(e))?,
+                        status: r.try_get("status").map_err(|e| self.err(e))?,
+                        duration_ms: r.try_get("duration_ms").map_err(|e| self.err(e))?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    // ---- memories ----
+
+    /// Stores a memory for an agent.
+    pub async fn add_memory(
+        &self,
+        agent: &str,
+        run_id: Option<&str>,
+        content: &str,
+    ) -> Result<i64, StoreError> {
+        on_pool!(self, p => sqlx::query_scalar(
+            "INSERT INTO memories (agent, run_id, content, created_at) VALUES ($1, $2, $3, $4) \
+             RETURNING id",
+        )
+        .bind(agent)
+        .bind(run_id)
+        .bind(content)
+        .bind(now_ms())
+        .fetch_one(p)
+        .await
+        .map_err(|e| self.err(e)))
+    }
+
+    /// An agent's memories, newest first.
+    pub async fn list_memories(&self, agent: &str, limit: u32) -> Result<Vec<Memory>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT id, agent, run_id, content, created_at FROM memories WHERE agent = $1 \
+                 ORDER BY id DESC LIMIT $2",
+            )
+            .bind(agent)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(Memory {
+                        id: r.try_get("id").map_err(|e| self.err(e))?,
+                        agent: r.try_get("agent").map_err(|e| self.err(e))?,
+                        run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
+                        content: r.try_get("content").map_err(|e| self.err(e))?,
+                        created_at: r.try_get("created_at").map_err(|e| self.err(e))?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    // ---- stored results ----
+
+    /// Stores a large result body for a run under `id`.
+    pub async fn put_result(
+        &self,
+        run_id: &str,
+        id: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<(), StoreError> {
+        validate_name("result id", id)?;
+        let res = on_pool!(self, p => sqlx::query(
+            "INSERT INTO results (run_id, id, content_type, body, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(run_id)
+        .bind(id)
+        .bind(content_type)
+        .bind(body)
+        .bind(now_ms())
+        .execute(p)
+        .await
+        .map(|_| ()));
+        match res {
+            Err(e) if is_unique_violation(&e) => Err(StoreError::ResultExists {
+                run_id: run_id.to_owned(),
+                id: id.to_owned(),
+            }),
+            other => other.map_err(|e| self.run_fk(e, run_id)),
+        }
+    }
+
+    /// A stored result, only for the run that stored it.
+    pub async fn get_result(
+        &self,
+        run_id: &str,
+        id: &str,
+    ) -> Result<Option<StoredResult>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT content_type, body, created_at FROM results WHERE run_id = $1 AND id = $2",
+            )
+            .bind(run_id)
+            .bind(id)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| {
+                Ok(StoredResult {
+                    run_id: run_id.to_owned(),
+                    id: id.to_owned(),
+                    content_type: r.try_get("content_type").map_err(|e| self.err(e))?,
+                    body: r.try_get("body").map_err(|e| self.err(e))?,
+                    created_at: r.try_get("created_at").map_err(|e| self.err(e))?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    /// Total bytes of results stored for a run (for per-run caps).
+    pub async fn result_bytes(&self, run_id: &str) -> Result<u64, StoreError> {
+        on_pool!(self, p => {
+            let n: Option<i64> = sqlx::query_scalar(
+                "SELECT CAST(SUM(LENGTH(body)) AS BIGINT) FROM results WHERE run_id = $1",
+            )
+            .bind(run_id)
+            .fetch_one(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            Ok(n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
+        })
+    }
+
+    fn run_fk(&self, e: sqlx::Error, run_id: &str) -> StoreError {
+        if e.as_database_error()
+            .is_some_and(|d| d.is_foreign_key_violation())
+        {
+            StoreError::RunNotFound(run_id.to_owned())
+        } else {
+            self.err(e)
+        }
+    }
+}
+
+fn reencrypt_one(ring: &Keyring, name: &str, old: &str) -> Result<String, StoreError> {
+    let wrap = |source| StoreError::Reencrypt {
+        name: name.to_owned(),
+        source,
+    };
+    match ring.reencrypt(old).map_err(wrap)? {
+        Some(new) => Ok(new),
+        // kid column and envelope disagree: write the envelope back with its real kid.
+        None => Ok(old.to_owned()),
+    }
+}
+
+fn is_unique_violation(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .is_some_and(|d| d.is_unique_violation())
+}
+
+/// Names (connections, integrations, run ids, result ids): 1–128 printable characters, no
+/// control characters.
+fn validate_name(what: &'static str, v: &str) -> Result<(), StoreError> {
+    if v.is_empty() || v.chars().count() > 128 || v.chars().any(char::is_control) {
+        return Err(StoreError::Invalid {
+            what,
+            reason: "must be 1-128 characters with no control characters",
+        });
+    }
+    Ok(())
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(dir)
+}
+
+fn create_private_file(path: &Path) -> std::io::Result<()> {
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).append(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        o.mode(0o600);
+    }
+    o.open(path).map(|_| ())
+}

@@ -16,7 +16,12 @@ fn bench(c: &mut Criterion) {
             b.iter(|| ring.encrypt(black_box(pt)).expect("encrypt"))
         });
         g.bench_with_input(BenchmarkId::new("decrypt", size), &env, |b, env| {
-            b.iter(|| ring.decrypt(black_box(env)).expect("decrypt").expose_secret().len())
+            b.iter(|| {
+                ring.decrypt(black_box(env))
+                    .expect("decrypt")
+                    .expose_secret()
+                    .len()
+            })
         });
         g.bench_with_input(BenchmarkId::new("encrypt+decrypt", size), &pt, |b, pt| {
             b.iter(|| {

@@ -131,16 +131,31 @@ mod tests {
 
     #[test]
     fn parse_errors() {
-        assert_eq!(Envelope::parse("v2:k1:AAAA"), Err(VaultError::MissingPrefix));
+        assert_eq!(
+            Envelope::parse("v2:k1:AAAA"),
+            Err(VaultError::MissingPrefix)
+        );
         assert_eq!(Envelope::parse(""), Err(VaultError::MissingPrefix));
         assert_eq!(Envelope::parse("k1:AAAA"), Err(VaultError::MissingPrefix));
         assert_eq!(Envelope::parse("v1:k1"), Err(VaultError::Malformed));
-        assert!(matches!(Envelope::parse("v1::AAAA"), Err(VaultError::BadKid(_))));
-        assert!(matches!(Envelope::parse("v1:k/1:AAAA"), Err(VaultError::BadKid(_))));
+        assert!(matches!(
+            Envelope::parse("v1::AAAA"),
+            Err(VaultError::BadKid(_))
+        ));
+        assert!(matches!(
+            Envelope::parse("v1:k/1:AAAA"),
+            Err(VaultError::BadKid(_))
+        ));
         let long = format!("v1:{}:AAAA", "a".repeat(33));
         assert!(matches!(Envelope::parse(&long), Err(VaultError::BadKid(_))));
         // not base64 / not padded / whitespace / url-safe alphabet / non-canonical bits
-        for bad in ["v1:k1:@@@@", "v1:k1:AAA", "v1:k1:AA AA", "v1:k1:AA-_", "v1:k1:AB=="] {
+        for bad in [
+            "v1:k1:@@@@",
+            "v1:k1:AAA",
+            "v1:k1:AA AA",
+            "v1:k1:AA-_",
+            "v1:k1:AB==",
+        ] {
             assert_eq!(Envelope::parse(bad), Err(VaultError::BadBase64), "{bad}");
         }
         // 27 bytes decoded: too short

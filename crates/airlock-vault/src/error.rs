@@ -85,7 +85,9 @@ pub enum KeyError {
 #[non_exhaustive]
 pub enum SigningError {
     /// The variable is unset or holds no secret.
-    #[error("{var} is not set: set it to one or more comma-separated secrets of at least 16 characters")]
+    #[error(
+        "{var} is not set: set it to one or more comma-separated secrets of at least 16 characters"
+    )]
     Missing { var: &'static str },
     /// An entry is empty (e.g. `a,,b` or a trailing comma).
     #[error("{var}: secret #{index} is empty (check for stray commas)")]

@@ -50,7 +50,11 @@ pub fn generate_key() -> Result<SecretString, VaultError> {
     Ok(SecretString::from(STANDARD.encode(*raw)))
 }
 
-fn decode_key(var: &'static str, kid: &str, b64: &str) -> Result<Zeroizing<[u8; KEY_LEN]>, KeyError> {
+fn decode_key(
+    var: &'static str,
+    kid: &str,
+    b64: &str,
+) -> Result<Zeroizing<[u8; KEY_LEN]>, KeyError> {
     let bytes = Zeroizing::new(STANDARD.decode(b64).map_err(|_| KeyError::KeyBase64 {
         var,
         kid: kid.to_owned(),
@@ -58,7 +62,11 @@ fn decode_key(var: &'static str, kid: &str, b64: &str) -> Result<Zeroizing<[u8; 
     raw_key(var, kid, &bytes)
 }
 
-fn raw_key(var: &'static str, kid: &str, bytes: &[u8]) -> Result<Zeroizing<[u8; KEY_LEN]>, KeyError> {
+fn raw_key(
+    var: &'static str,
+    kid: &str,
+    bytes: &[u8],
+) -> Result<Zeroizing<[u8; KEY_LEN]>, KeyError> {
     let mut raw = Zeroizing::new([0u8; KEY_LEN]);
     if bytes.len() != KEY_LEN {
         return Err(KeyError::KeyLength {
@@ -149,8 +157,10 @@ impl Keyring {
                 KeyError::RetiredJson(format!("{what} at line {} column {}", e.line(), e.column()))
             })?;
             // Move every value into a zeroizing holder before anything can fail.
-            let map: Vec<(String, Zeroizing<String>)> =
-                map.into_iter().map(|(k, v)| (k, Zeroizing::new(v))).collect();
+            let map: Vec<(String, Zeroizing<String>)> = map
+                .into_iter()
+                .map(|(k, v)| (k, Zeroizing::new(v)))
+                .collect();
             for (rkid, rkey) in &map {
                 check_kid(ENV_RETIRED_KEYS, rkid)?;
                 let raw = decode_key(ENV_RETIRED_KEYS, rkid, rkey)?;

@@ -18,7 +18,7 @@ mod keyring;
 mod signing;
 mod token;
 
-pub use envelope::{Envelope, ENVELOPE_VERSION, IV_LEN, TAG_LEN, is_valid_kid};
+pub use envelope::{ENVELOPE_VERSION, Envelope, IV_LEN, TAG_LEN, is_valid_kid};
 pub use error::{KeyError, SigningError, VaultError};
 pub use keyring::{
     DEFAULT_KEY_ID, ENV_KEY, ENV_KEY_ID, ENV_RETIRED_KEYS, KEY_LEN, Keyring, generate_key,

@@ -1,8 +1,8 @@
 //! Envelope and keyring behaviour, including the cross-implementation fixture.
 
 use airlock_vault::{
-    ExposeSecret, KeyError, Keyring, VaultError, generate_key, ENV_KEY, ENV_KEY_ID,
-    ENV_RETIRED_KEYS,
+    ENV_KEY, ENV_KEY_ID, ENV_RETIRED_KEYS, ExposeSecret, KeyError, Keyring, VaultError,
+    generate_key,
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -55,7 +55,10 @@ fn flip(env: &str, byte: usize, bit: u8) -> String {
 fn any_flipped_bit_fails() {
     let r = ring();
     let env = r.encrypt(b"a credential value").unwrap();
-    let len = STANDARD.decode(env.rsplit_once(':').unwrap().1).unwrap().len();
+    let len = STANDARD
+        .decode(env.rsplit_once(':').unwrap().1)
+        .unwrap()
+        .len();
     // every bit of iv (0..12), tag (12..28) and ciphertext (28..)
     for byte in 0..len {
         for bit in 0..8 {
@@ -76,7 +79,10 @@ fn truncated_or_extended_fails() {
     let raw = STANDARD.decode(env.rsplit_once(':').unwrap().1).unwrap();
     for cut in 28..raw.len() {
         let bad = format!("v1:k1:{}", b64(&raw[..cut]));
-        assert_eq!(r.decrypt(&bad).unwrap_err(), VaultError::AuthenticationFailed("k1".into()));
+        assert_eq!(
+            r.decrypt(&bad).unwrap_err(),
+            VaultError::AuthenticationFailed("k1".into())
+        );
     }
     for cut in 0..28 {
         let bad = format!("v1:k1:{}", b64(&raw[..cut]));
@@ -85,9 +91,15 @@ fn truncated_or_extended_fails() {
     let mut longer = raw.clone();
     longer.push(0);
     let bad = format!("v1:k1:{}", b64(&longer));
-    assert_eq!(r.decrypt(&bad).unwrap_err(), VaultError::AuthenticationFailed("k1".into()));
+    assert_eq!(
+        r.decrypt(&bad).unwrap_err(),
+        VaultError::AuthenticationFailed("k1".into())
+    );
     // chopping characters off the text form breaks the base64
-    assert_eq!(r.decrypt(&env[..env.len() - 1]).unwrap_err(), VaultError::BadBase64);
+    assert_eq!(
+        r.decrypt(&env[..env.len() - 1]).unwrap_err(),
+        VaultError::BadBase64
+    );
 }
 
 #[test]
@@ -102,17 +114,26 @@ fn wrong_key_with_right_kid_fails() {
 #[test]
 fn swapping_kid_fails() {
     // an envelope relabelled with another kid the ring holds does not authenticate
-    let r = Keyring::new("k1", &K1).unwrap().with_retired("k0", &K0).unwrap();
+    let r = Keyring::new("k1", &K1)
+        .unwrap()
+        .with_retired("k0", &K0)
+        .unwrap();
     let env = r.encrypt(b"secret").unwrap();
     let relabelled = env.replacen("v1:k1:", "v1:k0:", 1);
-    assert_eq!(r.decrypt(&relabelled).unwrap_err(), VaultError::AuthenticationFailed("k0".into()));
+    assert_eq!(
+        r.decrypt(&relabelled).unwrap_err(),
+        VaultError::AuthenticationFailed("k0".into())
+    );
 }
 
 #[test]
 fn retired_kid_decrypts_and_reencrypts() {
     let old = Keyring::new("k0", &K0).unwrap();
     let env = old.encrypt(b"legacy").unwrap();
-    let new = Keyring::new("k1", &K1).unwrap().with_retired("k0", &K0).unwrap();
+    let new = Keyring::new("k1", &K1)
+        .unwrap()
+        .with_retired("k0", &K0)
+        .unwrap();
     assert_eq!(new.decrypt(&env).unwrap().expose_secret(), b"legacy");
     assert!(!new.is_current(&env));
     let re = new.reencrypt(&env).unwrap().unwrap();
@@ -131,7 +152,10 @@ fn unknown_kid_names_the_variable() {
     let err = ring().decrypt(&env).unwrap_err();
     assert_eq!(err, VaultError::UnknownKid("k7".into()));
     let msg = err.to_string();
-    assert!(msg.contains("CONNECTION_ENCRYPTION_KEYS") && msg.contains("k7"), "{msg}");
+    assert!(
+        msg.contains("CONNECTION_ENCRYPTION_KEYS") && msg.contains("k7"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -146,7 +170,10 @@ fn every_parse_error() {
         ("v1:k 1:AAAA", VaultError::BadKid("k 1".into())),
         ("v1:k1:not base64!", VaultError::BadBase64),
         ("v1:k1:AAAAAA", VaultError::BadBase64),
-        ("v1:k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==\n", VaultError::BadBase64),
+        (
+            "v1:k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==\n",
+            VaultError::BadBase64,
+        ),
         ("v1:k1:AAAA", VaultError::TooShort(3)),
     ];
     for (input, want) in cases {
@@ -160,8 +187,10 @@ fn every_parse_error() {
 }
 
 fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let map: HashMap<String, String> =
-        vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     move |name| map.get(name).cloned()
 }
 
@@ -184,7 +213,10 @@ fn keyring_from_values() {
     assert_eq!(r.decrypt(&old).unwrap().expose_secret(), b"v");
     // Debug shows kids, never keys
     let dbg = format!("{r:?}");
-    assert!(dbg.contains("k2") && !dbg.contains(&k1) && !dbg.contains("7, 7"), "{dbg}");
+    assert!(
+        dbg.contains("k2") && !dbg.contains(&k1) && !dbg.contains("7, 7"),
+        "{dbg}"
+    );
 }
 
 #[test]
@@ -197,23 +229,48 @@ fn keyring_config_errors() {
     // not 32 bytes
     let short = b64(&[1u8; 16]);
     let err = e(&[(ENV_KEY, &short)]);
-    assert_eq!(err, KeyError::KeyLength { var: ENV_KEY, kid: "k1".into(), len: 16 });
+    assert_eq!(
+        err,
+        KeyError::KeyLength {
+            var: ENV_KEY,
+            kid: "k1".into(),
+            len: 16
+        }
+    );
     assert!(err.to_string().contains("32"));
     let long = b64(&[1u8; 33]);
-    assert!(matches!(e(&[(ENV_KEY, &long)]), KeyError::KeyLength { len: 33, .. }));
+    assert!(matches!(
+        e(&[(ENV_KEY, &long)]),
+        KeyError::KeyLength { len: 33, .. }
+    ));
     // strict base64: no missing padding, no whitespace, no url-safe alphabet
     let unpadded = k1.trim_end_matches('=').to_string();
-    assert!(matches!(e(&[(ENV_KEY, &unpadded)]), KeyError::KeyBase64 { .. }));
+    assert!(matches!(
+        e(&[(ENV_KEY, &unpadded)]),
+        KeyError::KeyBase64 { .. }
+    ));
     let spaced = format!("{k1}\n");
-    assert!(matches!(e(&[(ENV_KEY, &spaced)]), KeyError::KeyBase64 { .. }));
+    assert!(matches!(
+        e(&[(ENV_KEY, &spaced)]),
+        KeyError::KeyBase64 { .. }
+    ));
     let urlsafe = b64(&[0xfb; 32]).replace('+', "-").replace('/', "_");
-    assert!(matches!(e(&[(ENV_KEY, &urlsafe)]), KeyError::KeyBase64 { .. }));
+    assert!(matches!(
+        e(&[(ENV_KEY, &urlsafe)]),
+        KeyError::KeyBase64 { .. }
+    ));
     // bad kid
-    assert!(matches!(e(&[(ENV_KEY, &k1), (ENV_KEY_ID, "k.1")]), KeyError::BadKid { .. }));
+    assert!(matches!(
+        e(&[(ENV_KEY, &k1), (ENV_KEY_ID, "k.1")]),
+        KeyError::BadKid { .. }
+    ));
     let bad_json_kid = format!(r#"{{"bad kid": "{k1}"}}"#);
     assert!(matches!(
         e(&[(ENV_KEY, &k1), (ENV_RETIRED_KEYS, &bad_json_kid)]),
-        KeyError::BadKid { var: ENV_RETIRED_KEYS, .. }
+        KeyError::BadKid {
+            var: ENV_RETIRED_KEYS,
+            ..
+        }
     ));
     // retired JSON: wrong shape, syntax; the message must not quote the value
     let secretish = "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=";
@@ -231,7 +288,11 @@ fn keyring_config_errors() {
     let short_retired = format!(r#"{{"k0": "{short}"}}"#);
     assert!(matches!(
         e(&[(ENV_KEY, &k1), (ENV_RETIRED_KEYS, &short_retired)]),
-        KeyError::KeyLength { var: ENV_RETIRED_KEYS, len: 16, .. }
+        KeyError::KeyLength {
+            var: ENV_RETIRED_KEYS,
+            len: 16,
+            ..
+        }
     ));
     // the active kid again with another key
     let conflict = format!(r#"{{"k1": "{}"}}"#, b64(&K0));
@@ -279,8 +340,7 @@ fn fixture() -> Fixture {
 }
 
 fn fixture_ring(f: &Fixture) -> Keyring {
-    let retired: HashMap<_, _> =
-        f.keys.iter().filter(|(k, _)| **k != f.active_kid).collect();
+    let retired: HashMap<_, _> = f.keys.iter().filter(|(k, _)| **k != f.active_kid).collect();
     Keyring::from_values(
         Some(&f.keys[&f.active_kid]),
         Some(&f.active_kid),
@@ -296,13 +356,18 @@ fn we_decrypt_python_envelopes() {
     assert!(f.cases.len() >= 8);
     for c in &f.cases {
         assert!(c.envelope.starts_with(&format!("v1:{}:", c.kid)));
-        let raw = STANDARD.decode(c.envelope.rsplit_once(':').unwrap().1).unwrap();
+        let raw = STANDARD
+            .decode(c.envelope.rsplit_once(':').unwrap().1)
+            .unwrap();
         assert_eq!(b64(&raw[..12]), c.iv_b64, "iv comes first");
         let pt = r.decrypt(&c.envelope).unwrap();
         assert_eq!(b64(pt.expose_secret()), c.plaintext_b64);
         // and a flipped bit in their envelope fails here too
         let bad = flip(&c.envelope, 12, 0);
-        assert!(matches!(r.decrypt(&bad), Err(VaultError::AuthenticationFailed(_))));
+        assert!(matches!(
+            r.decrypt(&bad),
+            Err(VaultError::AuthenticationFailed(_))
+        ));
     }
 }
 
@@ -342,10 +407,18 @@ fn python_decrypts_our_envelopes() {
     // one envelope under the retired key too
     let retired_kid = f.keys.keys().find(|k| **k != f.active_kid).unwrap();
     let key = STANDARD.decode(&f.keys[retired_kid]).unwrap();
-    envelopes.push(Keyring::new(retired_kid, &key).unwrap().encrypt(b"old").unwrap());
+    envelopes.push(
+        Keyring::new(retired_kid, &key)
+            .unwrap()
+            .encrypt(b"old")
+            .unwrap(),
+    );
     plaintexts.push(b"old".to_vec());
 
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/decrypt_envelope.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/decrypt_envelope.py"
+    );
     let mut child = std::process::Command::new("python3")
         .arg(script)
         .stdin(std::process::Stdio::piped())
@@ -354,9 +427,18 @@ fn python_decrypts_our_envelopes() {
         .spawn()
         .unwrap();
     let req = serde_json::json!({ "keys": f.keys, "envelopes": envelopes });
-    child.stdin.take().unwrap().write_all(req.to_string().as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(req.to_string().as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let resp: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let got: Vec<String> = serde_json::from_value(resp["plaintexts_b64"].clone()).unwrap();
     let want: Vec<String> = plaintexts.iter().map(|p| b64(p)).collect();
@@ -371,7 +453,12 @@ fn python_decrypts_our_envelopes() {
         .spawn()
         .unwrap();
     let req = serde_json::json!({ "keys": f.keys, "envelopes": [flip(&envelopes[1], 30, 3)] });
-    child.stdin.take().unwrap().write_all(req.to_string().as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(req.to_string().as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }

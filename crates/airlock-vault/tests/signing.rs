@@ -36,10 +36,16 @@ fn rotation_old_verifies_new_signs() {
     let old_token = before.issue("run-1");
     let rotated = tokens(&format!("{NEW},{OLD}"));
     // old key still verifies
-    assert_eq!(rotated.verify(old_token.expose_secret()).as_deref(), Some("run-1"));
+    assert_eq!(
+        rotated.verify(old_token.expose_secret()).as_deref(),
+        Some("run-1")
+    );
     // new key signs
     let new_token = rotated.issue("run-1");
-    assert_eq!(new_token.expose_secret(), tokens(NEW).issue("run-1").expose_secret());
+    assert_eq!(
+        new_token.expose_secret(),
+        tokens(NEW).issue("run-1").expose_secret()
+    );
     assert_ne!(new_token.expose_secret(), old_token.expose_secret());
     assert_eq!(before.verify(new_token.expose_secret()), None);
     // once the old key is dropped, its tokens stop verifying
@@ -53,7 +59,11 @@ fn tampered_tokens_fail() {
     let t = tokens(NEW);
     let good = t.issue("run-1").expose_secret().to_string();
     let (id, sig) = good.rsplit_once('.').unwrap();
-    assert_eq!(t.verify(&format!("{id}.{}", sig.to_uppercase())), None, "uppercase hex");
+    assert_eq!(
+        t.verify(&format!("{id}.{}", sig.to_uppercase())),
+        None,
+        "uppercase hex"
+    );
     assert_eq!(t.verify(&format!("run-2.{sig}")), None, "other run id");
     assert_eq!(t.verify(&format!("{id}.{}", &sig[..63])), None, "short");
     assert_eq!(t.verify(&format!("{id}.{sig}0")), None, "long");
@@ -72,15 +82,29 @@ fn tampered_tokens_fail() {
 #[test]
 fn keyring_parse_errors() {
     let v = "RUN_TOKEN_SECRET";
-    assert_eq!(SigningKeyring::parse(v, "").unwrap_err(), SigningError::Missing { var: v });
-    assert_eq!(SigningKeyring::parse(v, "  ").unwrap_err(), SigningError::Missing { var: v });
+    assert_eq!(
+        SigningKeyring::parse(v, "").unwrap_err(),
+        SigningError::Missing { var: v }
+    );
+    assert_eq!(
+        SigningKeyring::parse(v, "  ").unwrap_err(),
+        SigningError::Missing { var: v }
+    );
     assert_eq!(
         SigningKeyring::parse(v, "short").unwrap_err(),
-        SigningError::TooShort { var: v, index: 1, len: 5 }
+        SigningError::TooShort {
+            var: v,
+            index: 1,
+            len: 5
+        }
     );
     assert_eq!(
         SigningKeyring::parse(v, &format!("{NEW},fifteen-chars!!")).unwrap_err(),
-        SigningError::TooShort { var: v, index: 2, len: 15 }
+        SigningError::TooShort {
+            var: v,
+            index: 2,
+            len: 15
+        }
     );
     assert_eq!(
         SigningKeyring::parse(v, &format!("{NEW},,{OLD}")).unwrap_err(),
@@ -91,7 +115,10 @@ fn keyring_parse_errors() {
         SigningError::Empty { var: v, index: 2 }
     );
     let err = SigningKeyring::parse(v, "short").unwrap_err().to_string();
-    assert!(err.contains("RUN_TOKEN_SECRET") && err.contains("16"), "{err}");
+    assert!(
+        err.contains("RUN_TOKEN_SECRET") && err.contains("16"),
+        "{err}"
+    );
     assert!(!err.contains("short\""), "the secret is not echoed: {err}");
     let ring = SigningKeyring::parse(v, &format!(" {NEW} , {OLD} ")).unwrap();
     assert_eq!(ring.len(), 2);
@@ -107,10 +134,23 @@ fn sidecar_tokens() {
     let a = generate_sidecar_token().unwrap();
     let b = generate_sidecar_token().unwrap();
     assert_eq!(a.expose_secret().len(), 64);
-    assert!(a.expose_secret().bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+    assert!(
+        a.expose_secret()
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    );
     assert_ne!(a.expose_secret(), b.expose_secret());
-    assert!(ct_eq(a.expose_secret().as_bytes(), a.expose_secret().as_bytes()));
-    assert!(!ct_eq(a.expose_secret().as_bytes(), b.expose_secret().as_bytes()));
-    assert!(!ct_eq(a.expose_secret().as_bytes(), &a.expose_secret().as_bytes()[..63]));
+    assert!(ct_eq(
+        a.expose_secret().as_bytes(),
+        a.expose_secret().as_bytes()
+    ));
+    assert!(!ct_eq(
+        a.expose_secret().as_bytes(),
+        b.expose_secret().as_bytes()
+    ));
+    assert!(!ct_eq(
+        a.expose_secret().as_bytes(),
+        &a.expose_secret().as_bytes()[..63]
+    ));
     assert!(!format!("{a:?}").contains(a.expose_secret()));
 }

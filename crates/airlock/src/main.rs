@@ -2,6 +2,7 @@
 //! arguments and calls a library crate.
 
 mod cmd;
+mod logging;
 
 use clap::{Parser, Subcommand};
 
@@ -17,11 +18,22 @@ enum Command {
     /// Inspect the egress guard (URL policy, SSRF protection).
     #[command(subcommand)]
     Egress(cmd::egress::EgressCommand),
+    /// Run one run's sidecar (configuration as JSON on stdin).
+    Sidecar,
+    /// Manage stored connections (encrypted credentials).
+    #[command(subcommand)]
+    Connections(cmd::connections::ConnectionsCommand),
+    /// Manage the connection-encryption keys.
+    #[command(subcommand)]
+    Keys(cmd::keys::KeysCommand),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Egress(c) => cmd::egress::run(c),
+        Command::Sidecar => cmd::sidecar::run(),
+        Command::Connections(c) => cmd::connections::run(c),
+        Command::Keys(c) => cmd::keys::run(c),
     }
 }

@@ -1,0 +1,161 @@
+//! The internal API's wire protocol: HTTP/1.1 + JSON over a unix socket.
+//!
+//! Every request carries `Authorization: Bearer <run token>`
+//! (`<runId>.<hex HMAC-SHA256>`). The platform derives the run from the token
+//! itself; nothing in a path or body can name another run. Errors are
+//! `{"error": "<code>", "message": "…"}` with 401 (missing/invalid token),
+//! 403 (the run is not running, or the integration is not the run's),
+//! 404 (unknown integration, result or run), 400 (bad request).
+//!
+//! | method | path | body | answer |
+//! |---|---|---|---|
+//! | GET  | `/internal/v1/credentials/{integration}` | – | [`CredentialResponse`] |
+//! | GET  | `/internal/v1/history?limit=N&fields=checkpoint,result` | – | [`HistoryResponse`] |
+//! | GET  | `/internal/v1/memories?q=TEXT&limit=N` | – | [`MemoriesResponse`] |
+//! | POST | `/internal/v1/events` | [`EventBatch`] | [`Accepted`] |
+//! | POST | `/internal/v1/results` | raw bytes, `content-type` kept | [`StoredResultRef`] |
+//! | GET  | `/internal/v1/results/{id}` | – | the raw bytes, with their `content-type` |
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const PREFIX: &str = "/internal/v1";
+
+/// A connection's credential, decrypted by the platform for this request
+/// only. Field values are secrets: the sidecar keeps them in memory for the
+/// one outbound call and never logs them.
+#[derive(Deserialize, Serialize)]
+pub struct CredentialResponse {
+    pub integration: String,
+    pub connection: String,
+    /// `api_key`, `bearer`, `basic`, `oauth2`, `custom`.
+    pub auth_type: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for CredentialResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialResponse")
+            .field("integration", &self.integration)
+            .field("connection", &self.connection)
+            .field("auth_type", &self.auth_type)
+            .field("fields", &self.fields.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct HistoryEntry {
+    pub run_id: String,
+    pub status: String,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct HistoryResponse {
+    pub runs: Vec<HistoryEntry>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct MemoryEntry {
+    pub id: i64,
+    pub content: String,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct MemoriesResponse {
+    pub memories: Vec<MemoryEntry>,
+}
+
+/// What a run reports. Times are Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RunEvent {
+    /// The runtime is alive.
+    Heartbeat { at: i64 },
+    /// A line the agent wrote (`stream` is `stdout` or `stderr`).
+    Log { at: i64, stream: String, line: String },
+    /// The agent finished: its exit code and optional result document.
+    Result {
+        at: i64,
+        exit_code: i32,
+        #[serde(default)]
+        result: Option<serde_json::Value>,
+        #[serde(default)]
+        checkpoint: Option<serde_json::Value>,
+    },
+    /// One model call, metered by the sidecar.
+    Cost(CostRecord),
+    /// One outbound decision (allowed or refused).
+    Egress(EgressRecord),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct CostRecord {
+    pub at: i64,
+    pub provider: String,
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Millionths of a US dollar, when the price of the model is known.
+    #[serde(default)]
+    pub cost_microusd: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct EgressRecord {
+    pub at: i64,
+    /// `api_call`, `proxy` or `llm`.
+    pub source: String,
+    #[serde(default)]
+    pub integration: Option<String>,
+    pub method: String,
+    /// Without userinfo, query or fragment: never a credential.
+    pub url: String,
+    pub host: String,
+    /// `allowed` or `refused`.
+    pub decision: String,
+    /// The refusal code (DESIGN.md §3), if refused.
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub status: Option<u16>,
+    #[serde(default)]
+    pub bytes_out: u64,
+    #[serde(default)]
+    pub bytes_in: u64,
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+pub struct EventBatch {
+    pub events: Vec<RunEvent>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Accepted {
+    pub accepted: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct StoredResultRef {
+    pub id: String,
+    /// `airlock://result/<runId>/<id>`
+    pub uri: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(default)]
+    pub message: String,
+}

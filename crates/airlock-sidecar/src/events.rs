@@ -1,0 +1,45 @@
+//! `POST /events`: what the runtime reports (heartbeats, log lines, the
+//! result), forwarded to the platform. Cost and egress events are the
+//! sidecar's own and are refused from the agent side: it could forge them.
+
+use std::sync::Arc;
+
+use airlock_platform::wire::{EventBatch, RunEvent};
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::json;
+
+use crate::state::Sidecar;
+
+/// Most events in one request.
+pub const MAX_EVENTS_PER_REQUEST: usize = 1000;
+
+pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Response {
+    let batch: EventBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return bad_request(format!("body is not an event batch: {e}")),
+    };
+    if batch.events.len() > MAX_EVENTS_PER_REQUEST {
+        return bad_request(format!("more than {MAX_EVENTS_PER_REQUEST} events in one request"));
+    }
+    if let Some(bad) = batch.events.iter().find(|e| matches!(e, RunEvent::Cost(_) | RunEvent::Egress(_))) {
+        let kind = if matches!(bad, RunEvent::Cost(_)) { "cost" } else { "egress" };
+        return (
+            StatusCode::FORBIDDEN,
+            Json(json!({"error": "forbidden_event", "message": format!("{kind} events are recorded by the sidecar, not reported by the runtime")})),
+        )
+            .into_response();
+    }
+    let n = batch.events.len();
+    for e in batch.events {
+        sidecar.events.send(e);
+    }
+    (StatusCode::ACCEPTED, Json(json!({"accepted": n}))).into_response()
+}
+
+fn bad_request(message: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({"error": "bad_request", "message": message}))).into_response()
+}

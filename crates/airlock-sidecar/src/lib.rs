@@ -1,0 +1,28 @@
+//! The per-run sidecar: the only way out of a sandbox.
+//!
+//! One process per run. It receives its configuration and secrets as one JSON
+//! document on stdin ([`SidecarConfig`]), makes itself non-dumpable, and
+//! serves, behind the run's sidecar token:
+//!
+//! - `/mcp`: the agent's tools (`{namespace}__api_call`, `run_history`,
+//!   `recall_memory`), with credentials injected here and never returned;
+//! - `/llm/…`: the model relay, metered here where the agent cannot forge it;
+//! - `/events`: heartbeats, logs and the result from the runtime;
+//! - the forward proxy, on its own listener;
+//!
+//! and `GET /health` without a token. Every outbound decision goes through
+//! the egress guard and is written to the run's egress log.
+
+pub mod auth;
+pub mod config;
+pub mod events;
+pub mod llm;
+pub mod mcp;
+pub mod proxy;
+pub mod server;
+pub mod state;
+mod sys;
+
+pub use config::SidecarConfig;
+pub use server::{SidecarError, run};
+pub use state::Sidecar;

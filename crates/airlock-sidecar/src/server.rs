@@ -1,0 +1,166 @@
+//! Wiring: the router, the listeners, readiness and shutdown.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::config::{ConfigError, SidecarConfig};
+use crate::state::Sidecar;
+use crate::{auth, events, llm, mcp, proxy, sys};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot make the sidecar non-dumpable: {0}")]
+    Hardening(std::io::Error),
+    #[error("egress guard setup failed: {0}")]
+    Egress(#[from] airlock_egress::EgressError),
+    #[error("cannot listen on {what}: {source}")]
+    Listen { what: String, source: std::io::Error },
+}
+
+/// The full router: `/health` open, everything else behind the token.
+pub fn router(sidecar: Arc<Sidecar>) -> Router {
+    let limit = sidecar.limits.max_request_bytes;
+    let protected: Router<Arc<Sidecar>> = Router::new()
+        .route("/events", post(events::ingest))
+        .nest_service("/mcp", mcp::router(sidecar.clone()))
+        .nest_service("/llm", llm::router(sidecar.clone()))
+        .layer(middleware::from_fn_with_state(sidecar.clone(), require_token))
+        .layer(middleware::from_fn(move |req: Request, next: Next| body_limit(limit, req, next)));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .with_state(sidecar)
+}
+
+async fn health(State(sidecar): State<Arc<Sidecar>>) -> Response {
+    axum::Json(json!({"status": "ok", "run_id": sidecar.run_id})).into_response()
+}
+
+pub fn unauthorized() -> Response {
+    (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "unauthorized"}))).into_response()
+}
+
+async fn require_token(State(sidecar): State<Arc<Sidecar>>, mut req: Request, next: Next) -> Response {
+    if !auth::is_authorized(req.headers(), &sidecar.token) {
+        return unauthorized();
+    }
+    auth::strip_token_headers(req.headers_mut());
+    next.run(req).await
+}
+
+/// Refuses a declared body over the limit with 413 naming the limit; a
+/// chunked body is cut at the limit by the handlers' own readers.
+async fn body_limit(limit: usize, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            axum::Json(json!({"error": "payload_too_large", "message": format!("request body exceeds the {limit}-byte limit")})),
+        )
+            .into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let body = axum::body::Body::new(http_body_util::Limited::new(body, limit));
+    next.run(Request::from_parts(parts, body)).await
+}
+
+fn bind_unix(path: &Path) -> Result<UnixListener, SidecarError> {
+    // A stale socket from a crashed sidecar of the same run is replaced; any
+    // other kind of file is left alone and reported.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_socket() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    UnixListener::bind(path).map_err(|source| SidecarError::Listen { what: path.display().to_string(), source })
+}
+
+/// Runs the sidecar until SIGTERM or SIGINT. Prints one JSON readiness line
+/// on stdout once every listener is bound.
+pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
+    sys::make_non_dumpable().map_err(SidecarError::Hardening)?;
+    let listen = std::mem::take(&mut cfg.listen);
+    let sidecar = Sidecar::new(cfg)?;
+    let app = router(sidecar.clone());
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut sockets = Vec::new();
+    let mut ready = serde_json::Map::new();
+    if let Some(path) = &listen.unix {
+        let l = bind_unix(path)?;
+        sockets.push(path.clone());
+        ready.insert("unix".into(), json!(path));
+        let app = app.clone();
+        tasks.spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+    }
+    if let Some(addr) = listen.tcp {
+        let l = TcpListener::bind(addr).await.map_err(|source| SidecarError::Listen { what: addr.to_string(), source })?;
+        ready.insert("tcp".into(), json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()));
+        let app = app.clone();
+        tasks.spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+    }
+    if let Some(path) = &listen.proxy_unix {
+        let l = bind_unix(path)?;
+        sockets.push(path.clone());
+        ready.insert("proxy_unix".into(), json!(path));
+        let sc = sidecar.clone();
+        tasks.spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(proxy::serve_connection(s, sc.clone()));
+            }
+        });
+    }
+    if let Some(addr) = listen.proxy_tcp {
+        let l = TcpListener::bind(addr).await.map_err(|source| SidecarError::Listen { what: addr.to_string(), source })?;
+        ready.insert("proxy_tcp".into(), json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()));
+        let sc = sidecar.clone();
+        tasks.spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(proxy::serve_connection(s, sc.clone()));
+            }
+        });
+    }
+    println!("{}", json!({"ready": true, "run_id": sidecar.run_id, "listen": ready}));
+    tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
+    shutdown_signal().await;
+    tracing::info!("sidecar stopping");
+    tasks.abort_all();
+    sidecar.events.flush().await;
+    for s in sockets {
+        let _ = std::fs::remove_file(s);
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers, run until the process is killed.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,206 @@
+//! The sidecar's shared state: configuration, the guarded client, the
+//! platform client and the event sink. One per run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use airlock_egress::{
+    AuthorizedUris, ClientConfig, DnsServerResolver, EgressError, EgressPolicy, Guard, GuardedClient,
+    Resolve, StaticResolver, SystemResolver,
+};
+use airlock_platform::PlatformClient;
+use airlock_platform::wire::{EgressRecord, RunEvent};
+use secrecy::SecretString;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::config::{Integration, Limits, Model, NetworkEgress, SidecarConfig};
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub struct Sidecar {
+    pub run_id: String,
+    pub(crate) token: SecretString,
+    pub platform: PlatformClient,
+    pub client: GuardedClient,
+    pub integrations: HashMap<String, Integration>,
+    pub model: Option<Model>,
+    /// The forward proxy's network policy: `(patterns, allow_all)`.
+    pub network: (AuthorizedUris, bool),
+    pub limits: Limits,
+    pub proxy_url: Option<SecretString>,
+    /// Bounds concurrent `api_call`s of the run.
+    pub api_calls: Semaphore,
+    pub events: EventSink,
+}
+
+impl Sidecar {
+    /// Builds the state (the guard, its resolver and TLS roots) from the configuration.
+    pub fn new(cfg: SidecarConfig) -> Result<Arc<Sidecar>, EgressError> {
+        let mut policy = EgressPolicy::new();
+        policy.allow_internal_hosts(cfg.egress.allow_internal_hosts.iter().map(String::as_str));
+        policy.block_names(cfg.egress.blocked_names.iter().map(String::as_str));
+        let fallback: Arc<dyn Resolve> = match &cfg.egress.dns_server {
+            Some(s) => Arc::new(
+                DnsServerResolver::parse_addr(s)
+                    .and_then(DnsServerResolver::new)
+                    .map_err(|e| EgressError::upstream("-", format!("dns_server: {e}")))?,
+            ),
+            None => Arc::new(SystemResolver),
+        };
+        let mut resolver = StaticResolver::new().with_fallback(fallback);
+        for (host, ips) in &cfg.egress.resolve {
+            resolver.insert(host, ips.iter().copied());
+        }
+        let mut extra_root_certs = Vec::new();
+        if let Some(pem) = &cfg.egress.extra_ca_pem {
+            use rustls_pki_types::pem::PemObject;
+            for cert in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                extra_root_certs.push(cert.map_err(|e| EgressError::upstream("-", format!("extra_ca_pem: {e}")))?);
+            }
+        }
+        let client_cfg = ClientConfig {
+            max_response_bytes: cfg.limits.max_response_bytes,
+            total_timeout: Duration::from_secs(cfg.limits.upstream_timeout_secs),
+            extra_root_certs,
+            ..ClientConfig::default()
+        };
+        let client = GuardedClient::new(Guard::new(policy, Arc::new(resolver)), client_cfg)?;
+        let network = match &cfg.network.egress {
+            NetworkEgress::Mode(m) if m == "public" => (AuthorizedUris::default(), true),
+            NetworkEgress::Mode(_) => (AuthorizedUris::default(), false),
+            NetworkEgress::Patterns(p) => {
+                let list = AuthorizedUris::parse(p);
+                for d in list.diagnostics().iter().filter(|d| d.matches_nothing) {
+                    tracing::warn!(entry = %d.entry, "network.egress entry matches nothing: {}", d.reason);
+                }
+                (list, false)
+            }
+        };
+        let platform = PlatformClient::new(&cfg.platform_socket, cfg.run_token);
+        let events = EventSink::start(platform.clone());
+        Ok(Arc::new(Sidecar {
+            run_id: cfg.run_id,
+            token: cfg.sidecar_token,
+            platform,
+            client,
+            integrations: cfg.integrations.into_iter().map(|i| (i.namespace.clone(), i)).collect(),
+            model: cfg.model,
+            network,
+            api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
+            limits: cfg.limits,
+            proxy_url: cfg.proxy_url,
+            events,
+        }))
+    }
+
+    /// Appends one outbound decision to the run's egress log (and the sidecar log).
+    pub fn record_egress(&self, rec: EgressRecord) {
+        tracing::info!(
+            target: "airlock::egress",
+            source = %rec.source,
+            decision = %rec.decision,
+            code = rec.code.as_deref().unwrap_or("-"),
+            host = %rec.host,
+            method = %rec.method,
+            status = rec.status.unwrap_or(0),
+            "egress"
+        );
+        self.events.send(RunEvent::Egress(rec));
+    }
+}
+
+/// Strips userinfo, query and fragment: what the egress log may keep of a URL.
+pub fn loggable_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "<unparsable>".to_owned(),
+    }
+}
+
+enum SinkMsg {
+    Event(RunEvent),
+    Flush(oneshot::Sender<()>),
+}
+
+/// Forwards events to the platform in batches, off the request path.
+#[derive(Clone)]
+pub struct EventSink {
+    tx: mpsc::Sender<SinkMsg>,
+}
+
+const SINK_CAPACITY: usize = 16 * 1024;
+const BATCH: usize = 256;
+
+impl EventSink {
+    pub fn start(platform: PlatformClient) -> Self {
+        let (tx, mut rx) = mpsc::channel::<SinkMsg>(SINK_CAPACITY);
+        tokio::spawn(async move {
+            let mut batch = Vec::new();
+            let mut waiters = Vec::new();
+            while let Some(msg) = rx.recv().await {
+                let push = |m: SinkMsg, batch: &mut Vec<RunEvent>, waiters: &mut Vec<oneshot::Sender<()>>| match m {
+                    SinkMsg::Event(e) => batch.push(e),
+                    SinkMsg::Flush(w) => waiters.push(w),
+                };
+                push(msg, &mut batch, &mut waiters);
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(m) => push(m, &mut batch, &mut waiters),
+                        Err(_) => break,
+                    }
+                }
+                if !batch.is_empty() {
+                    let events = std::mem::take(&mut batch);
+                    let n = events.len();
+                    let mut attempt = 0;
+                    loop {
+                        match platform.events(events.clone()).await {
+                            Ok(_) => break,
+                            Err(e) if attempt < 3 => {
+                                attempt += 1;
+                                tracing::warn!("event sink: platform refused {n} events (attempt {attempt}): {e}");
+                                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                            }
+                            Err(e) => {
+                                tracing::error!("event sink: dropped {n} events: {e}");
+                                break;
+                            }
+                        }
+                    }
+                }
+                for w in waiters.drain(..) {
+                    let _ = w.send(());
+                }
+            }
+        });
+        EventSink { tx }
+    }
+
+    /// Queues an event; never blocks the request path.
+    pub fn send(&self, event: RunEvent) {
+        if self.tx.try_send(SinkMsg::Event(event)).is_err() {
+            tracing::error!("event sink is full or closed: an event was dropped");
+        }
+    }
+
+    /// Waits until every event queued before this call was handed to the platform.
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(SinkMsg::Flush(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}

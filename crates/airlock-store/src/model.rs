@@ -1,0 +1,297 @@
+//! Row types and inputs.
+
+/// How a connection's credential is presented upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuthType {
+    /// An API key (a header or a query parameter).
+    ApiKey,
+    /// `Authorization: Bearer <token>`.
+    Bearer,
+    /// HTTP basic: `username` and `password`.
+    Basic,
+    /// OAuth 2 tokens.
+    OAuth2,
+    /// Any set of fields, used through `{{field}}` placeholders.
+    Custom,
+}
+
+impl AuthType {
+    /// Every type, in the order the CLI lists them.
+    pub const ALL: [AuthType; 5] = [
+        AuthType::ApiKey,
+        AuthType::Bearer,
+        AuthType::Basic,
+        AuthType::OAuth2,
+        AuthType::Custom,
+    ];
+
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthType::ApiKey => "api_key",
+            AuthType::Bearer => "bearer",
+            AuthType::Basic => "basic",
+            AuthType::OAuth2 => "oauth2",
+            AuthType::Custom => "custom",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for AuthType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A connection to store. `envelope` is a `v1:` envelope: the store never sees plaintext.
+#[derive(Debug, Clone, Copy)]
+pub struct NewConnection<'a> {
+    pub name: &'a str,
+    pub integration: &'a str,
+    pub auth_type: AuthType,
+    pub envelope: &'a str,
+}
+
+/// A connection without its envelope (what listings show).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    pub name: String,
+    pub integration: String,
+    pub auth_type: AuthType,
+    /// The key id its envelope is under.
+    pub kid: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A connection with its (encrypted) envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionRecord {
+    pub info: ConnectionInfo,
+    pub envelope: String,
+}
+
+/// A run's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 6] = [
+        RunStatus::Queued,
+        RunStatus::Running,
+        RunStatus::Succeeded,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+        RunStatus::TimedOut,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::TimedOut => "timed_out",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// Whether the run has ended.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, RunStatus::Queued | RunStatus::Running)
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A run to record.
+#[derive(Debug, Clone, Copy)]
+pub struct NewRun<'a> {
+    pub id: &'a str,
+    pub agent: &'a str,
+    pub backend: &'a str,
+    pub model: Option<&'a str>,
+    pub status: RunStatus,
+    /// Defaults to now.
+    pub created_at: Option<i64>,
+}
+
+/// A run, with the denormalised columns a run list shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub id: String,
+    pub agent: String,
+    pub status: RunStatus,
+    pub backend: String,
+    pub model: Option<String>,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub last_heartbeat_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    /// Cost in millionths of a US dollar.
+    pub cost_microusd: i64,
+}
+
+/// Filters for [`crate::Store::list_runs`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunQuery<'a> {
+    pub status: Option<RunStatus>,
+    pub agent: Option<&'a str>,
+    /// Only runs created strictly before this (Unix ms): for paging.
+    pub before: Option<i64>,
+    /// Default 100.
+    pub limit: Option<u32>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy)]
+pub struct RunEnd<'a> {
+    pub status: RunStatus,
+    pub exit_code: Option<i64>,
+    pub error: Option<&'a str>,
+    pub at: i64,
+}
+
+/// Metered usage to add to a run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    pub cost_microusd: i64,
+}
+
+/// An event to append.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEvent<'a> {
+    pub run_id: &'a str,
+    pub at: i64,
+    /// e.g. `heartbeat`, `log`, `result`, `cost`.
+    pub kind: &'a str,
+    /// JSON text.
+    pub payload: &'a str,
+}
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub id: i64,
+    pub run_id: String,
+    pub at: i64,
+    pub kind: String,
+    pub payload: String,
+}
+
+/// Whether an outbound request was let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EgressDecision {
+    Allowed,
+    Refused,
+}
+
+impl EgressDecision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressDecision::Allowed => "allowed",
+            EgressDecision::Refused => "refused",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "allowed" => Some(EgressDecision::Allowed),
+            "refused" => Some(EgressDecision::Refused),
+            _ => None,
+        }
+    }
+}
+
+/// An outbound decision to log. `url` must already be free of credentials.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEgress<'a> {
+    pub run_id: &'a str,
+    pub at: i64,
+    /// `api_call`, `proxy`, `llm`, …
+    pub source: &'a str,
+    pub integration: Option<&'a str>,
+    pub method: &'a str,
+    pub url: &'a str,
+    pub host: &'a str,
+    pub decision: EgressDecision,
+    /// The refusal code, or a note.
+    pub reason: Option<&'a str>,
+    /// Upstream HTTP status, when there was one.
+    pub status: Option<i64>,
+    pub duration_ms: Option<i64>,
+}
+
+/// A logged outbound decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressEntry {
+    pub id: i64,
+    pub run_id: String,
+    pub at: i64,
+    pub source: String,
+    pub integration: Option<String>,
+    pub method: String,
+    pub url: String,
+    pub host: String,
+    pub decision: EgressDecision,
+    pub reason: Option<String>,
+    pub status: Option<i64>,
+    pub duration_ms: Option<i64>,
+}
+
+/// An agent's memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Memory {
+    pub id: i64,
+    pub agent: String,
+    pub run_id: Option<String>,
+    pub content: String,
+    pub created_at: i64,
+}
+
+/// A result body stored for a run (above the inline cap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResult {
+    pub run_id: String,
+    pub id: String,
+    pub content_type: String,
+    pub body: Vec<u8>,
+    pub created_at: i64,
+}
+
+/// What one re-encryption batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Rows rewritten under the active key.
+    pub rewritten: usize,
+    /// Rows read (rows changed by someone else meanwhile are read but not rewritten).
+    pub scanned: usize,
+    /// The last name read: the cursor for the next batch.
+    pub last: String,
+}

@@ -1,0 +1,650 @@
+//! The store suite: every test runs on SQLite and on PostgreSQL.
+//!
+//! PostgreSQL comes from `AIRLOCK_TEST_DATABASE_URL` (`.ci/postgres.sh` starts one); each test
+//! gets its own schema. Unset: a failure in CI, a loud skip elsewhere.
+
+use airlock_store::*;
+use airlock_vault::{ExposeSecret as _, Keyring, VaultError};
+use std::time::Duration;
+
+async fn sqlite() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_sqlite(&dir.path().join("airlock.db"), &StoreOptions::default())
+        .await
+        .unwrap();
+    (dir, store)
+}
+
+fn pg_url() -> Option<String> {
+    match std::env::var("AIRLOCK_TEST_DATABASE_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            if std::env::var_os("CI").is_some() {
+                panic!("AIRLOCK_TEST_DATABASE_URL is not set in CI: PostgreSQL tests cannot run");
+            }
+            eprintln!(
+                "\n*** SKIPPED: PostgreSQL not available (set AIRLOCK_TEST_DATABASE_URL) ***\n"
+            );
+            None
+        }
+    }
+}
+
+/// A store on a fresh PostgreSQL schema.
+async fn postgres() -> Option<Store> {
+    use sqlx::Connection as _;
+    let url = pg_url()?;
+    let schema = format!(
+        "t_{}_{}",
+        std::process::id(),
+        airlock_vault::random_bytes::<6>()
+            .unwrap()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut c)
+        .await
+        .unwrap();
+    c.close().await.unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{sep}options[search_path]={schema}");
+    Some(
+        Store::open(&scoped, &StoreOptions::default())
+            .await
+            .unwrap(),
+    )
+}
+
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                let (_dir, s) = super::sqlite().await;
+                assert_eq!(s.backend(), super::Backend::Sqlite);
+                super::$name(&s).await;
+            }
+            #[tokio::test]
+            async fn postgres() {
+                let Some(s) = super::postgres().await else { return };
+                assert_eq!(s.backend(), super::Backend::Postgres);
+                super::$name(&s).await;
+                s.close().await;
+            }
+        }
+    )*};
+}
+
+on_both!(
+    migrations_are_idempotent,
+    connections_crud,
+    reencrypt_in_batches,
+    reencrypt_failure_rolls_back_the_batch,
+    runs,
+    events,
+    egress_log,
+    memories,
+    results,
+);
+
+fn ring(kid: &str, byte: u8) -> Keyring {
+    Keyring::new(kid, &[byte; 32]).unwrap()
+}
+
+async fn migrations_are_idempotent(s: &Store) {
+    assert_eq!(s.schema_version().await.unwrap(), 1);
+    // opening again over the same database applies nothing and fails nothing
+    if s.backend() == Backend::Sqlite {
+        let again = Store::open(
+            &format!("sqlite://{}", s.display_name()),
+            &StoreOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(again.schema_version().await.unwrap(), 1);
+    }
+}
+
+async fn connections_crud(s: &Store) {
+    let r = ring("k1", 1);
+    let env = r.encrypt(br#"{"token":"abc"}"#).unwrap();
+    let c = NewConnection {
+        name: "github",
+        integration: "github",
+        auth_type: AuthType::Bearer,
+        envelope: &env,
+    };
+    s.insert_connection(&c).await.unwrap();
+    assert!(matches!(
+        s.insert_connection(&c).await.unwrap_err(),
+        StoreError::ConnectionExists(n) if n == "github"
+    ));
+    let env2 = r.encrypt(b"{}").unwrap();
+    s.insert_connection(&NewConnection {
+        name: "aws",
+        integration: "aws",
+        auth_type: AuthType::Custom,
+        envelope: &env2,
+    })
+    .await
+    .unwrap();
+    let got = s.get_connection("github").await.unwrap().unwrap();
+    assert_eq!(got.envelope, env);
+    assert_eq!(got.info.auth_type, AuthType::Bearer);
+    assert_eq!(got.info.kid, "k1");
+    assert_eq!(
+        r.decrypt_string(&got.envelope).unwrap().expose_secret(),
+        r#"{"token":"abc"}"#
+    );
+    assert!(s.get_connection("nope").await.unwrap().is_none());
+    let list = s.list_connections().await.unwrap();
+    assert_eq!(
+        list.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["aws", "github"]
+    );
+    assert_eq!(
+        s.envelope_counts_by_kid().await.unwrap(),
+        [("k1".to_string(), 2)]
+    );
+    // only envelopes go in
+    let err = s
+        .insert_connection(&NewConnection {
+            envelope: "plaintext!",
+            ..c
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::BadEnvelope(VaultError::MissingPrefix)),
+        "{err}"
+    );
+    let err = s
+        .insert_connection(&NewConnection { name: "", ..c })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
+    let err = s
+        .insert_connection(&NewConnection { name: "a\nb", ..c })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
+    assert!(s.delete_connection("github").await.unwrap());
+    assert!(!s.delete_connection("github").await.unwrap());
+    assert_eq!(s.list_connections().await.unwrap().len(), 1);
+}
+
+async fn reencrypt_in_batches(s: &Store) {
+    let old = ring("k0", 1);
+    let mut want = Vec::new();
+    for i in 0..250 {
+        let name = format!("conn-{i:04}");
+        let value = format!("secret-value-{i}");
+        let env = old.encrypt(value.as_bytes()).unwrap();
+        s.insert_connection(&NewConnection {
+            name: &name,
+            integration: "ns",
+            auth_type: AuthType::ApiKey,
+            envelope: &env,
+        })
+        .await
+        .unwrap();
+        want.push((name, value));
+    }
+    let new = ring("k1", 2).with_retired("k0", &[1; 32]).unwrap();
+    assert_eq!(s.count_envelopes_not_under("k1").await.unwrap(), 250);
+    let mut done = Vec::new();
+    loop {
+        let n = s.reencrypt_batch(&new, 100).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        done.push(n);
+    }
+    assert_eq!(done, [100, 100, 50]);
+    assert_eq!(
+        s.envelope_counts_by_kid().await.unwrap(),
+        [("k1".to_string(), 250)]
+    );
+    let only_new = ring("k1", 2);
+    for (name, value) in &want {
+        let c = s.get_connection(name).await.unwrap().unwrap();
+        assert_eq!(c.info.kid, "k1");
+        assert_eq!(
+            only_new
+                .decrypt_string(&c.envelope)
+                .unwrap()
+                .expose_secret(),
+            value
+        );
+    }
+    // a second run has nothing to do
+    assert_eq!(s.reencrypt_batch(&new, 100).await.unwrap(), 0);
+}
+
+async fn reencrypt_failure_rolls_back_the_batch(s: &Store) {
+    let old = ring("k0", 1);
+    let stranger = ring("kx", 9);
+    for i in 0..10 {
+        let r = if i == 5 { &stranger } else { &old };
+        let env = r.encrypt(format!("v{i}").as_bytes()).unwrap();
+        s.insert_connection(&NewConnection {
+            name: &format!("c{i}"),
+            integration: "ns",
+            auth_type: AuthType::ApiKey,
+            envelope: &env,
+        })
+        .await
+        .unwrap();
+    }
+    let before: Vec<_> = futures_snapshot(s).await;
+    let new = ring("k1", 2).with_retired("k0", &[1; 32]).unwrap();
+    let err = s.reencrypt_batch(&new, 100).await.unwrap_err();
+    match &err {
+        StoreError::Reencrypt { name, source } => {
+            assert_eq!(name, "c5");
+            assert_eq!(source, &VaultError::UnknownKid("kx".into()));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(chain.contains("CONNECTION_ENCRYPTION_KEYS"), "{chain}");
+    // nothing of that batch was written
+    assert_eq!(futures_snapshot(s).await, before);
+    // a batch that stops before the bad row goes through
+    assert_eq!(s.reencrypt_batch(&new, 5).await.unwrap(), 5);
+}
+
+async fn futures_snapshot(s: &Store) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for c in s.list_connections().await.unwrap() {
+        let r = s.get_connection(&c.name).await.unwrap().unwrap();
+        out.push((c.name, r.envelope));
+    }
+    out
+}
+
+async fn runs(s: &Store) {
+    for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
+        s.insert_run(&NewRun {
+            id,
+            agent: if i == 2 { "other" } else { "triage" },
+            backend: "process",
+            model: Some("gpt-x"),
+            status: RunStatus::Queued,
+            created_at: Some(1_000 + i as i64),
+        })
+        .await
+        .unwrap();
+    }
+    let dup = NewRun {
+        id: "r1",
+        agent: "a",
+        backend: "process",
+        model: None,
+        status: RunStatus::Queued,
+        created_at: None,
+    };
+    assert!(matches!(
+        s.insert_run(&dup).await.unwrap_err(),
+        StoreError::RunExists(_)
+    ));
+    s.mark_run_started("r1", 2_000).await.unwrap();
+    s.record_heartbeat("r1", 2_500).await.unwrap();
+    s.add_run_usage(
+        "r1",
+        &Usage {
+            tokens_in: 10,
+            tokens_out: 5,
+            cost_microusd: 300,
+        },
+    )
+    .await
+    .unwrap();
+    s.add_run_usage(
+        "r1",
+        &Usage {
+            tokens_in: 1,
+            tokens_out: 1,
+            cost_microusd: 1,
+        },
+    )
+    .await
+    .unwrap();
+    let end = RunEnd {
+        status: RunStatus::Failed,
+        exit_code: Some(3),
+        error: Some("agent exited 3"),
+        at: 3_000,
+    };
+    assert!(s.finish_run("r1", &end).await.unwrap());
+    // a run ends once
+    assert!(
+        !s.finish_run(
+            "r1",
+            &RunEnd {
+                status: RunStatus::Succeeded,
+                ..end
+            }
+        )
+        .await
+        .unwrap()
+    );
+    let r = s.get_run("r1").await.unwrap().unwrap();
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.started_at, Some(2_000));
+    assert_eq!(r.last_heartbeat_at, Some(2_500));
+    assert_eq!(r.ended_at, Some(3_000));
+    assert_eq!(r.exit_code, Some(3));
+    assert_eq!(r.error.as_deref(), Some("agent exited 3"));
+    assert_eq!((r.tokens_in, r.tokens_out, r.cost_microusd), (11, 6, 301));
+    assert_eq!(r.model.as_deref(), Some("gpt-x"));
+
+    let all = s.list_runs(&RunQuery::default()).await.unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["r3", "r2", "r1"]
+    );
+    let queued = s
+        .list_runs(&RunQuery {
+            status: Some(RunStatus::Queued),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        queued.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["r3", "r2"]
+    );
+    let triage = s
+        .list_runs(&RunQuery {
+            agent: Some("triage"),
+            limit: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        triage.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["r2"]
+    );
+    let page = s
+        .list_runs(&RunQuery {
+            before: Some(1_002),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["r2", "r1"]
+    );
+
+    assert!(matches!(
+        s.record_heartbeat("zz", 1).await.unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
+    assert!(matches!(
+        s.finish_run("zz", &end).await.unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
+    assert!(s.get_run("zz").await.unwrap().is_none());
+}
+
+async fn new_run(s: &Store, id: &str) {
+    s.insert_run(&NewRun {
+        id,
+        agent: "a",
+        backend: "process",
+        model: None,
+        status: RunStatus::Running,
+        created_at: None,
+    })
+    .await
+    .unwrap();
+}
+
+async fn events(s: &Store) {
+    new_run(s, "r1").await;
+    new_run(s, "r2").await;
+    let mut ids = Vec::new();
+    for (run, kind) in [
+        ("r1", "heartbeat"),
+        ("r2", "log"),
+        ("r1", "log"),
+        ("r1", "result"),
+    ] {
+        let payload = format!(r#"{{"kind":"{kind}"}}"#);
+        ids.push(
+            s.append_event(&NewEvent {
+                run_id: run,
+                at: 5,
+                kind,
+                payload: &payload,
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    let ev = s.list_events("r1", 0, 100).await.unwrap();
+    assert_eq!(
+        ev.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+        ["heartbeat", "log", "result"]
+    );
+    let after = s.list_events("r1", ev[0].id, 1).await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].kind, "log");
+    assert_eq!(after[0].payload, r#"{"kind":"log"}"#);
+    let err = s
+        .append_event(&NewEvent {
+            run_id: "ghost",
+            at: 1,
+            kind: "log",
+            payload: "{}",
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
+        "{err}"
+    );
+}
+
+async fn egress_log(s: &Store) {
+    new_run(s, "r1").await;
+    let allowed = NewEgress {
+        run_id: "r1",
+        at: 10,
+        source: "api_call",
+        integration: Some("github"),
+        method: "GET",
+        url: "https://api.github.com/user",
+        host: "api.github.com",
+        decision: EgressDecision::Allowed,
+        reason: None,
+        status: Some(200),
+        duration_ms: Some(42),
+    };
+    s.append_egress(&allowed).await.unwrap();
+    s.append_egress(&NewEgress {
+        integration: None,
+        source: "proxy",
+        url: "http://169.254.169.254/",
+        host: "169.254.169.254",
+        decision: EgressDecision::Refused,
+        reason: Some("blocked_address"),
+        status: None,
+        duration_ms: None,
+        ..allowed
+    })
+    .await
+    .unwrap();
+    let log = s.list_egress("r1", 100).await.unwrap();
+    assert_eq!(log.len(), 2);
+    assert_eq!(log[0].decision, EgressDecision::Allowed);
+    assert_eq!(log[0].status, Some(200));
+    assert_eq!(log[0].integration.as_deref(), Some("github"));
+    assert_eq!(log[1].decision, EgressDecision::Refused);
+    assert_eq!(log[1].reason.as_deref(), Some("blocked_address"));
+    assert_eq!(log[1].status, None);
+    assert!(s.list_egress("r2", 100).await.unwrap().is_empty());
+    assert!(matches!(
+        s.append_egress(&NewEgress {
+            run_id: "ghost",
+            ..allowed
+        })
+        .await
+        .unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
+}
+
+async fn memories(s: &Store) {
+    s.add_memory("triage", None, "first").await.unwrap();
+    s.add_memory("triage", Some("r1"), "second ✓")
+        .await
+        .unwrap();
+    s.add_memory("other", None, "x").await.unwrap();
+    let m = s.list_memories("triage", 10).await.unwrap();
+    assert_eq!(
+        m.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(),
+        ["second ✓", "first"]
+    );
+    assert_eq!(m[0].run_id.as_deref(), Some("r1"));
+    assert_eq!(s.list_memories("triage", 1).await.unwrap().len(), 1);
+    assert!(s.list_memories("nobody", 10).await.unwrap().is_empty());
+}
+
+async fn results(s: &Store) {
+    new_run(s, "r1").await;
+    new_run(s, "r2").await;
+    let body: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    s.put_result("r1", "res-1", "application/json", &body)
+        .await
+        .unwrap();
+    s.put_result("r1", "res-2", "text/plain", b"hi")
+        .await
+        .unwrap();
+    let got = s.get_result("r1", "res-1").await.unwrap().unwrap();
+    assert_eq!(got.body, body);
+    assert_eq!(got.content_type, "application/json");
+    // only the run that stored it can read it
+    assert!(s.get_result("r2", "res-1").await.unwrap().is_none());
+    assert_eq!(s.result_bytes("r1").await.unwrap(), 300_002);
+    assert_eq!(s.result_bytes("r2").await.unwrap(), 0);
+    assert!(matches!(
+        s.put_result("r1", "res-1", "x", b"").await.unwrap_err(),
+        StoreError::ResultExists { .. }
+    ));
+    assert!(matches!(
+        s.put_result("ghost", "res-1", "x", b"").await.unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
+}
+
+// ---- backend-specific failure modes ----
+
+#[tokio::test]
+async fn sqlite_file_is_private_and_wal() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let s = Store::open_sqlite(&home.join("airlock.db"), &StoreOptions::default())
+        .await
+        .unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&home), 0o700);
+    assert_eq!(mode(&home.join("airlock.db")), 0o600);
+    assert!(home.join("airlock.db-wal").exists(), "WAL mode");
+    s.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("airlock.db");
+    let opts = StoreOptions {
+        busy_timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let s = Store::open_sqlite(&path, &opts).await.unwrap();
+    let old = ring("k0", 1);
+    let env = old.encrypt(b"v").unwrap();
+    s.insert_connection(&NewConnection {
+        name: "c",
+        integration: "ns",
+        auth_type: AuthType::ApiKey,
+        envelope: &env,
+    })
+    .await
+    .unwrap();
+    // another process holds the write lock
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let new = ring("k1", 2).with_retired("k0", &[1; 32]).unwrap();
+    let err = s.reencrypt_batch(&new, 10).await.unwrap_err();
+    assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
+    assert!(err.to_string().contains("locked"), "{err}");
+    let err = s
+        .insert_connection(&NewConnection {
+            name: "d",
+            integration: "ns",
+            auth_type: AuthType::ApiKey,
+            envelope: &env,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
+    sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
+    assert_eq!(s.get_connection("c").await.unwrap().unwrap().envelope, env);
+    assert!(s.get_connection("d").await.unwrap().is_none());
+    assert_eq!(s.reencrypt_batch(&new, 10).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn sqlite_gone_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let err = Store::open_sqlite(&file.join("airlock.db"), &StoreOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Io { .. }), "{err:?}");
+    // a file that is not a database
+    let junk = dir.path().join("junk.db");
+    std::fs::write(&junk, vec![0x42u8; 8192]).unwrap();
+    let err = Store::open_sqlite(&junk, &StoreOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(err.to_string().contains("junk.db"), "{err}");
+}
+
+#[tokio::test]
+async fn bad_urls_and_unreachable_postgres() {
+    let err = Store::open("mysql://x", &StoreOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::UnsupportedUrl(_)), "{err:?}");
+    // nothing listens on port 1 of loopback; the password never shows
+    let opts = StoreOptions {
+        acquire_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let err = Store::open("postgres://u:hunter2hunter2@127.0.0.1:1/db", &opts)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(!msg.contains("hunter2"), "{msg}");
+    assert!(msg.contains("127.0.0.1:1"), "{msg}");
+}

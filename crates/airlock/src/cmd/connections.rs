@@ -1,0 +1,319 @@
+//! `airlock connections add|list|remove`: encrypted credentials in the store.
+//!
+//! Secret field values are read from standard input (a JSON object of string fields) or, when
+//! standard input is a terminal, prompted for without echo. They never come from argv or the
+//! environment, are held in zeroizing buffers, and reach the store only as a `v1:` envelope.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal as _, Read as _, Write as _};
+use std::process::ExitCode;
+
+use airlock_store::{AuthType, NewConnection, Store};
+use airlock_vault::Keyring;
+use anyhow::{Context as _, Result, bail};
+use clap::{Subcommand, ValueEnum};
+use zeroize::Zeroizing;
+
+/// Largest accepted stdin document (a credential, not a file).
+const MAX_STDIN: u64 = 1024 * 1024;
+
+#[derive(Subcommand, Debug)]
+pub enum ConnectionsCommand {
+    /// Store a credential, encrypted. Fields come from stdin as a JSON object of strings
+    /// (e.g. `{"token": "…"}`), or are prompted for without echo on a terminal.
+    Add {
+        /// Name the manifest refers to (`connection = "NAME"`).
+        name: String,
+        /// The integration namespace this credential is for.
+        #[arg(long)]
+        integration: String,
+        /// How the credential is presented upstream.
+        #[arg(long = "type", value_enum)]
+        auth_type: AuthTypeArg,
+    },
+    /// List stored connections (names, integrations, types, key ids; never a secret).
+    List {
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a stored connection.
+    Remove {
+        /// The connection's name.
+        name: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum AuthTypeArg {
+    #[value(name = "api_key")]
+    ApiKey,
+    Bearer,
+    Basic,
+    Oauth2,
+    Custom,
+}
+
+impl From<AuthTypeArg> for AuthType {
+    fn from(a: AuthTypeArg) -> Self {
+        match a {
+            AuthTypeArg::ApiKey => AuthType::ApiKey,
+            AuthTypeArg::Bearer => AuthType::Bearer,
+            AuthTypeArg::Basic => AuthType::Basic,
+            AuthTypeArg::Oauth2 => AuthType::OAuth2,
+            AuthTypeArg::Custom => AuthType::Custom,
+        }
+    }
+}
+
+/// Fields each type needs (others may be given too).
+fn required_fields(t: AuthType) -> &'static [&'static str] {
+    match t {
+        AuthType::ApiKey => &["key"],
+        AuthType::Bearer => &["token"],
+        AuthType::Basic => &["username", "password"],
+        AuthType::OAuth2 => &["access_token"],
+        AuthType::Custom => &[],
+    }
+}
+
+/// Installs a stderr log subscriber (RUST_LOG) unless one is installed already.
+pub(crate) fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Reports an error (with its causes) and returns the failure exit code.
+pub(crate) fn report(result: Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn run(cmd: ConnectionsCommand) -> ExitCode {
+    init_logging();
+    report(runtime().and_then(|rt| rt.block_on(run_async(cmd))))
+}
+
+async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
+    match cmd {
+        ConnectionsCommand::Add {
+            name,
+            integration,
+            auth_type,
+        } => {
+            let auth_type = AuthType::from(auth_type);
+            // Check the key before asking for secrets.
+            let ring = Keyring::from_env().context("connection encryption keyring")?;
+            let fields = read_fields(auth_type)?;
+            let plaintext = fields_json(&fields)?;
+            let envelope = ring.encrypt(plaintext.as_bytes())?;
+            let store = Store::open_default().await?;
+            store
+                .insert_connection(&NewConnection {
+                    name: &name,
+                    integration: &integration,
+                    auth_type,
+                    envelope: &envelope,
+                })
+                .await?;
+            store.close().await;
+            tracing::info!(connection = %name, integration = %integration, kid = ring.active_kid(), "stored connection");
+            let names: Vec<&str> = fields.keys().map(String::as_str).collect();
+            println!(
+                "stored connection {name:?} ({auth_type}, integration {integration:?}, fields: {}) under key {}",
+                names.join(", "),
+                ring.active_kid()
+            );
+            Ok(())
+        }
+        ConnectionsCommand::List { json } => {
+            let store = Store::open_default().await?;
+            let list = store.list_connections().await?;
+            store.close().await;
+            let mut out = std::io::stdout().lock();
+            if json {
+                for c in &list {
+                    let v = serde_json::json!({
+                        "name": c.name,
+                        "integration": c.integration,
+                        "type": c.auth_type.as_str(),
+                        "kid": c.kid,
+                        "created_at": c.created_at,
+                        "updated_at": c.updated_at,
+                    });
+                    writeln!(out, "{v}")?;
+                }
+            } else if list.is_empty() {
+                writeln!(out, "no connections")?;
+            } else {
+                let w = list.iter().map(|c| c.name.len()).max().unwrap_or(4).max(4);
+                let wi = list
+                    .iter()
+                    .map(|c| c.integration.len())
+                    .max()
+                    .unwrap_or(11)
+                    .max(11);
+                writeln!(
+                    out,
+                    "{:<w$}  {:<wi$}  {:<8}  KID",
+                    "NAME", "INTEGRATION", "TYPE"
+                )?;
+                for c in &list {
+                    writeln!(
+                        out,
+                        "{:<w$}  {:<wi$}  {:<8}  {}",
+                        c.name,
+                        c.integration,
+                        c.auth_type.as_str(),
+                        c.kid
+                    )?;
+                }
+            }
+            Ok(())
+        }
+        ConnectionsCommand::Remove { name } => {
+            let store = Store::open_default().await?;
+            let removed = store.delete_connection(&name).await?;
+            store.close().await;
+            if !removed {
+                bail!(airlock_store::StoreError::ConnectionNotFound(name));
+            }
+            println!("removed connection {name:?}");
+            Ok(())
+        }
+    }
+}
+
+type Fields = BTreeMap<String, Zeroizing<String>>;
+
+fn fields_json(fields: &Fields) -> Result<Zeroizing<String>> {
+    let map: BTreeMap<&str, &str> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    Ok(Zeroizing::new(serde_json::to_string(&map)?))
+}
+
+fn read_fields(t: AuthType) -> Result<Fields> {
+    let stdin = std::io::stdin();
+    let fields = if stdin.is_terminal() {
+        prompt_fields(t)?
+    } else {
+        let mut raw = Zeroizing::new(Vec::new());
+        stdin
+            .lock()
+            .take(MAX_STDIN + 1)
+            .read_to_end(&mut raw)
+            .context("cannot read the credential fields from stdin")?;
+        if raw.len() as u64 > MAX_STDIN {
+            bail!(
+                "stdin holds more than {MAX_STDIN} bytes: expected a small JSON object of fields"
+            );
+        }
+        parse_fields(&raw)?
+    };
+    check_fields(t, &fields)?;
+    Ok(fields)
+}
+
+/// Parses `{"field": "value", …}`. Errors say where and what, never quoting a value.
+fn parse_fields(raw: &[u8]) -> Result<Fields> {
+    if raw.iter().all(u8::is_ascii_whitespace) {
+        bail!(
+            "no credential fields on stdin: pipe a JSON object of string fields, e.g. \
+             {{\"token\": \"…\"}}"
+        );
+    }
+    let map: BTreeMap<String, String> = serde_json::from_slice(raw).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Syntax => "is not valid JSON",
+            serde_json::error::Category::Eof => "ends before the JSON object does",
+            serde_json::error::Category::Data => {
+                "must be a JSON object whose values are all strings"
+            }
+            serde_json::error::Category::Io => "could not be read",
+        };
+        anyhow::anyhow!(
+            "credential fields on stdin {what} (line {}, column {})",
+            e.line(),
+            e.column()
+        )
+    })?;
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| (k, Zeroizing::new(v)))
+        .collect())
+}
+
+fn check_fields(t: AuthType, fields: &Fields) -> Result<()> {
+    if fields.is_empty() {
+        bail!("no credential fields given");
+    }
+    for (k, v) in fields {
+        if k.is_empty()
+            || k.len() > 64
+            || !k
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            bail!("field name {k:?} must be 1-64 characters of A-Z a-z 0-9 _ -");
+        }
+        if v.is_empty() {
+            bail!("field {k:?} is empty");
+        }
+    }
+    let missing: Vec<&str> = required_fields(t)
+        .iter()
+        .copied()
+        .filter(|f| !fields.contains_key(*f))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "a {t} connection needs the field(s): {}",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn prompt_secret(prompt: &str) -> Result<Zeroizing<String>> {
+    Ok(Zeroizing::new(
+        rpassword::prompt_password(prompt).context("cannot read from the terminal")?,
+    ))
+}
+
+fn prompt_fields(t: AuthType) -> Result<Fields> {
+    let mut fields = Fields::new();
+    for f in required_fields(t) {
+        fields.insert((*f).to_owned(), prompt_secret(&format!("{f}: "))?);
+    }
+    eprintln!("more fields? enter a field name, or an empty line to finish");
+    loop {
+        eprint!("field name: ");
+        std::io::stderr().flush().ok();
+        let mut name = String::new();
+        std::io::stdin().read_line(&mut name)?;
+        let name = name.trim();
+        if name.is_empty() {
+            break;
+        }
+        let value = prompt_secret(&format!("{name}: "))?;
+        fields.insert(name.to_owned(), value);
+    }
+    Ok(fields)
+}

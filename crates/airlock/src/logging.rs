@@ -1,0 +1,8 @@
+//! Log setup for the long-running subcommands: to stderr, filtered by
+//! `AIRLOCK_LOG` (`RUST_LOG` syntax), `info` by default.
+
+pub fn init() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
