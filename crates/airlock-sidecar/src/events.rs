@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use airlock_platform::wire::{EventBatch, RunEvent};
+use airlock_platform_api::wire::{EventBatch, RunEvent};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -9,8 +9,8 @@ use airlock_egress::{
     AuthorizedUris, ClientConfig, DnsServerResolver, EgressError, EgressPolicy, Guard, GuardedClient,
     Resolve, StaticResolver, SystemResolver,
 };
-use airlock_platform::PlatformClient;
-use airlock_platform::wire::{EgressRecord, RunEvent};
+use airlock_platform_api::PlatformClient;
+use airlock_platform_api::wire::{EgressRecord, RunEvent};
 use secrecy::SecretString;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 

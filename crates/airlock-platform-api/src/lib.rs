@@ -1,0 +1,10 @@
+//! The internal API a sidecar calls with its run token (credentials at
+//! request time, run history, memories, the event, cost and egress-log sink,
+//! stored results): [`wire`] fixes the protocol, [`client::PlatformClient`]
+//! is what a sidecar uses. The server side lives in `airlock-platform`; this
+//! crate stays small so the sidecar does not link the store.
+
+pub mod client;
+pub mod wire;
+
+pub use client::{PlatformClient, PlatformError};
