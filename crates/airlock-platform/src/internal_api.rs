@@ -1,0 +1,360 @@
+//! The internal API server (protocol: `airlock_platform_api::wire`).
+//!
+//! Authentication is the run token alone: the platform verifies its HMAC,
+//! takes the run id from it, and then answers only about that run. A token of
+//! a run the platform does not host is 404, a run that is not `running` is
+//! 403, and an integration the run was not granted is 403, so a sidecar
+//! cannot fetch another run's credentials even with a valid token of its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use airlock_platform_api::wire::{
+    Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse, MemoriesResponse,
+    MemoryEntry, RunEvent, StoredResultRef,
+};
+use airlock_store::{EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage};
+use airlock_vault::{ExposeSecret, Keyring, RunTokens};
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use serde::Deserialize;
+use tokio::net::UnixListener;
+
+/// What one run may ask for.
+#[derive(Debug, Clone, Default)]
+pub struct Grant {
+    /// The agent the run belongs to (history and memories are the agent's).
+    pub agent: String,
+    /// integration namespace (or `@model`) → stored connection name.
+    pub connections: HashMap<String, String>,
+}
+
+struct Inner {
+    store: Store,
+    keyring: Arc<Keyring>,
+    tokens: RunTokens,
+    grants: RwLock<HashMap<String, Grant>>,
+}
+
+/// The server's state. Cheap to clone.
+#[derive(Clone)]
+pub struct InternalApi {
+    inner: Arc<Inner>,
+}
+
+/// Largest body accepted on the internal API (stored results included).
+pub const MAX_BODY: usize = 64 * 1024 * 1024;
+
+#[derive(Clone)]
+struct RunId(String);
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (status, axum::Json(ErrorBody { error: code.to_owned(), message: message.into() })).into_response()
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::error!("internal API: {e}");
+    error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the platform failed; see its log")
+}
+
+impl InternalApi {
+    pub fn new(store: Store, keyring: Arc<Keyring>, tokens: RunTokens) -> Self {
+        InternalApi { inner: Arc::new(Inner { store, keyring, tokens, grants: RwLock::default() }) }
+    }
+
+    /// Lets `run_id` use the API with `grant` (called when a run starts).
+    pub fn grant(&self, run_id: &str, grant: Grant) {
+        if let Ok(mut g) = self.inner.grants.write() {
+            g.insert(run_id.to_owned(), grant);
+        }
+    }
+
+    /// Withdraws a run's grant (called when the run ends).
+    pub fn revoke(&self, run_id: &str) {
+        if let Ok(mut g) = self.inner.grants.write() {
+            g.remove(run_id);
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/internal/v1/credentials/{integration}", get(credential))
+            .route("/internal/v1/history", get(history))
+            .route("/internal/v1/memories", get(memories))
+            .route("/internal/v1/events", post(events))
+            .route("/internal/v1/results", post(put_result))
+            .route("/internal/v1/results/{id}", get(get_result))
+            .layer(middleware::from_fn_with_state(self.clone(), authenticate))
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+            .with_state(self.clone())
+    }
+
+    /// Serves the API on a unix socket until the task is dropped.
+    pub async fn serve(self, listener: UnixListener) -> std::io::Result<()> {
+        axum::serve(listener, self.router()).await
+    }
+
+    /// Serves until the task is dropped, logging a failure instead of returning it.
+    pub async fn serve_forever(self, listener: UnixListener) {
+        if let Err(e) = self.serve(listener).await {
+            tracing::error!("internal API stopped: {e}");
+        }
+    }
+
+    /// The grant of a run, if it has one.
+    pub fn grant_of_run(&self, run_id: &str) -> Option<Grant> {
+        self.grant_of(run_id)
+    }
+
+    fn grant_of(&self, run_id: &str) -> Option<Grant> {
+        self.inner.grants.read().ok()?.get(run_id).cloned()
+    }
+}
+
+async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Next) -> Response {
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(run_id) = token.and_then(|t| api.inner.tokens.verify(t)) else {
+        return error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid run token");
+    };
+    if api.grant_of(&run_id).is_none() {
+        return error(StatusCode::NOT_FOUND, "unknown_run", "this platform hosts no such run");
+    }
+    match api.inner.store.get_run(&run_id).await {
+        Ok(Some(run)) if run.status == RunStatus::Running => {}
+        Ok(Some(run)) => {
+            return error(StatusCode::FORBIDDEN, "run_not_running", format!("the run is {}", run.status));
+        }
+        Ok(None) => return error(StatusCode::NOT_FOUND, "unknown_run", "no such run"),
+        Err(e) => return internal(e),
+    }
+    req.extensions_mut().insert(RunId(run_id));
+    next.run(req).await
+}
+
+fn run_of(req_ext: &axum::http::Extensions) -> Option<String> {
+    req_ext.get::<RunId>().map(|r| r.0.clone())
+}
+
+async fn credential(State(api): State<InternalApi>, Path(integration): Path<String>, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    let grant = api.grant_of(&run_id).unwrap_or_default();
+    let Some(connection) = grant.connections.get(&integration) else {
+        return error(StatusCode::FORBIDDEN, "integration_not_granted", format!("the run has no connection for {integration:?}"));
+    };
+    let record = match api.inner.store.get_connection(connection).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return error(StatusCode::NOT_FOUND, "unknown_connection", format!("connection {connection:?} does not exist")),
+        Err(e) => return internal(e),
+    };
+    let plain = match api.inner.keyring.decrypt_string(&record.envelope) {
+        Ok(p) => p,
+        Err(e) => return internal(format!("connection {connection:?} cannot be decrypted: {e}")),
+    };
+    let fields: std::collections::BTreeMap<String, String> = match serde_json::from_str(plain.expose_secret()) {
+        Ok(f) => f,
+        Err(_) => return internal(format!("connection {connection:?} does not hold a JSON object of string fields")),
+    };
+    tracing::debug!(run_id, integration, connection, "credential handed to the sidecar");
+    axum::Json(CredentialResponse {
+        integration,
+        connection: connection.clone(),
+        auth_type: record.info.auth_type.as_str().to_owned(),
+        fields,
+    })
+    .into_response()
+}
+
+#[derive(Deserialize)]
+struct HistoryQuery {
+    limit: Option<u32>,
+    fields: Option<String>,
+}
+
+async fn history(State(api): State<InternalApi>, Query(q): Query<HistoryQuery>, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    let limit = q.limit.unwrap_or(10);
+    if !(1..=50).contains(&limit) {
+        return error(StatusCode::BAD_REQUEST, "bad_request", "limit must be 1..50");
+    }
+    let fields: Vec<&str> = q.fields.as_deref().unwrap_or("").split(',').filter(|f| !f.is_empty()).collect();
+    if let Some(bad) = fields.iter().find(|f| !matches!(**f, "checkpoint" | "result")) {
+        return error(StatusCode::BAD_REQUEST, "bad_request", format!("unknown field {bad:?} (checkpoint, result)"));
+    }
+    let agent = api.grant_of(&run_id).unwrap_or_default().agent;
+    let runs = match api.inner.store.list_runs(&RunQuery { agent: Some(&agent), limit: Some(limit + 1), ..Default::default() }).await {
+        Ok(r) => r,
+        Err(e) => return internal(e),
+    };
+    let mut out = Vec::new();
+    for run in runs.into_iter().filter(|r| r.id != run_id).take(limit as usize) {
+        let mut entry = HistoryEntry {
+            run_id: run.id.clone(),
+            status: run.status.to_string(),
+            started_at: run.started_at,
+            ended_at: run.ended_at,
+            checkpoint: None,
+            result: None,
+        };
+        if !fields.is_empty() {
+            if let Some(RunEvent::Result { result, checkpoint, .. }) = last_result(&api.inner.store, &run.id).await {
+                if fields.contains(&"result") {
+                    entry.result = result;
+                }
+                if fields.contains(&"checkpoint") {
+                    entry.checkpoint = checkpoint;
+                }
+            }
+        }
+        out.push(entry);
+    }
+    axum::Json(HistoryResponse { runs: out }).into_response()
+}
+
+async fn last_result(store: &Store, run_id: &str) -> Option<RunEvent> {
+    let mut after = 0;
+    let mut last = None;
+    loop {
+        let page = store.list_events(run_id, after, 500).await.ok()?;
+        let Some(tail) = page.last() else { break };
+        after = tail.id;
+        for e in &page {
+            if e.kind == "result" {
+                last = serde_json::from_str::<RunEvent>(&e.payload).ok();
+            }
+        }
+        if page.len() < 500 {
+            break;
+        }
+    }
+    last
+}
+
+#[derive(Deserialize)]
+struct MemoriesQuery {
+    q: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn memories(State(api): State<InternalApi>, Query(q): Query<MemoriesQuery>, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    let limit = q.limit.unwrap_or(10).clamp(1, 100);
+    let agent = api.grant_of(&run_id).unwrap_or_default().agent;
+    let all = match api.inner.store.list_memories(&agent, 1000).await {
+        Ok(m) => m,
+        Err(e) => return internal(e),
+    };
+    let needle = q.q.unwrap_or_default().to_lowercase();
+    let memories = all
+        .into_iter()
+        .filter(|m| needle.is_empty() || m.content.to_lowercase().contains(&needle))
+        .take(limit as usize)
+        .map(|m| MemoryEntry { id: m.id, content: m.content, created_at: m.created_at })
+        .collect();
+    axum::Json(MemoriesResponse { memories }).into_response()
+}
+
+async fn events(State(api): State<InternalApi>, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    let body = match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("cannot read the body: {e}")),
+    };
+    let batch: EventBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("not an event batch: {e}")),
+    };
+    let store = &api.inner.store;
+    let n = batch.events.len();
+    for event in batch.events {
+        if let Err(e) = record(store, &run_id, event).await {
+            return internal(e);
+        }
+    }
+    axum::Json(Accepted { accepted: n }).into_response()
+}
+
+async fn record(store: &Store, run_id: &str, event: RunEvent) -> Result<(), airlock_store::StoreError> {
+    let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
+    let (kind, at) = match &event {
+        RunEvent::Heartbeat { at } => {
+            store.record_heartbeat(run_id, *at).await?;
+            ("heartbeat", *at)
+        }
+        RunEvent::Log { at, .. } => ("log", *at),
+        RunEvent::Result { at, .. } => ("result", *at),
+        RunEvent::Cost(c) => {
+            let usage = Usage {
+                tokens_in: c.input_tokens as i64,
+                tokens_out: c.output_tokens as i64,
+                cost_microusd: c.cost_microusd.unwrap_or(0) as i64,
+            };
+            store.add_run_usage(run_id, &usage).await?;
+            ("cost", c.at)
+        }
+        RunEvent::Egress(e) => {
+            store
+                .append_egress(&NewEgress {
+                    run_id,
+                    at: e.at,
+                    source: &e.source,
+                    integration: e.integration.as_deref(),
+                    method: &e.method,
+                    url: &e.url,
+                    host: &e.host,
+                    decision: if e.decision == "allowed" { EgressDecision::Allowed } else { EgressDecision::Refused },
+                    reason: e.code.as_deref(),
+                    status: e.status.map(i64::from),
+                    duration_ms: e.duration_ms.map(|d| d as i64),
+                })
+                .await?;
+            return Ok(());
+        }
+    };
+    store.append_event(&NewEvent { run_id, at, kind, payload: &payload }).await?;
+    Ok(())
+}
+
+async fn put_result(State(api): State<InternalApi>, headers: HeaderMap, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_owned();
+    let body: Bytes = match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => return error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("results are limited to {MAX_BODY} bytes")),
+    };
+    let id = match airlock_vault::random_bytes::<12>() {
+        Ok(b) => b.iter().map(|x| format!("{x:02x}")).collect::<String>(),
+        Err(e) => return internal(e),
+    };
+    if let Err(e) = api.inner.store.put_result(&run_id, &id, &content_type, &body).await {
+        return internal(e);
+    }
+    axum::Json(StoredResultRef { uri: format!("airlock://result/{run_id}/{id}"), id, bytes: body.len() as u64 }).into_response()
+}
+
+async fn get_result(State(api): State<InternalApi>, Path(id): Path<String>, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    match api.inner.store.get_result(&run_id, &id).await {
+        Ok(Some(r)) => ([(header::CONTENT_TYPE, r.content_type)], r.body).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such result for this run"),
+        Err(airlock_store::StoreError::Invalid { .. }) => error(StatusCode::NOT_FOUND, "not_found", "no such result for this run"),
+        Err(e) => internal(e),
+    }
+}

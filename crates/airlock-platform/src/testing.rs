@@ -1,0 +1,125 @@
+//! A real platform for tests: a temporary SQLite store, a fresh keyring, a
+//! `running` run, and the internal API on a unix socket. Sidecar tests start
+//! the real `airlock sidecar` against it and read back what it recorded.
+
+use std::path::PathBuf;
+
+use airlock_platform_api::wire::RunEvent;
+use airlock_store::{AuthType, EgressEntry, NewConnection, NewRun, RunStatus, Store, StoreOptions};
+use airlock_vault::{ExposeSecret, Keyring, RunTokens, SecretString, SigningKeyring};
+use serde_json::{Value, json};
+use tokio::net::UnixListener;
+
+use crate::internal_api::{Grant, InternalApi};
+
+pub struct TestPlatform {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub run_id: String,
+    pub run_token: SecretString,
+    pub sidecar_token: SecretString,
+    pub api: InternalApi,
+    keyring: std::sync::Arc<Keyring>,
+    tokens: RunTokens,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestPlatform {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl TestPlatform {
+    /// A platform with one `running` run of `agent`.
+    pub async fn start(agent: &str) -> TestPlatform {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_sqlite(&dir.path().join("airlock.db"), &StoreOptions::default())
+            .await
+            .expect("open store");
+        let key = airlock_vault::random_bytes::<32>().expect("key");
+        let keyring = std::sync::Arc::new(Keyring::new("k1", &key).expect("keyring"));
+        let secret = hex(&airlock_vault::random_bytes::<24>().expect("secret"));
+        let tokens = RunTokens::new(SigningKeyring::parse("RUN_TOKEN_SECRET", &secret).expect("signing keyring"));
+        let run_id = format!("run_{}", hex(&airlock_vault::random_bytes::<6>().expect("id")));
+        store
+            .insert_run(&NewRun { id: &run_id, agent, backend: "test", model: None, status: RunStatus::Running, created_at: None })
+            .await
+            .expect("insert run");
+        let api = InternalApi::new(store, keyring.clone(), tokens.clone());
+        api.grant(&run_id, Grant { agent: agent.to_owned(), ..Default::default() });
+        let socket = dir.path().join("platform.sock");
+        let listener = UnixListener::bind(&socket).expect("bind platform socket");
+        let task = tokio::spawn(api.clone().serve_forever(listener));
+        let run_token = tokens.issue(&run_id);
+        let sidecar_token = airlock_vault::generate_sidecar_token().expect("sidecar token");
+        TestPlatform { dir, socket, run_id, run_token, sidecar_token, api, keyring, tokens, task }
+    }
+
+    pub fn store(&self) -> &Store {
+        self.api.store()
+    }
+
+    /// A second run of the same platform (for cross-run checks): its id and run token.
+    pub async fn another_run(&self, agent: &str) -> (String, SecretString) {
+        let id = format!("run_{}", hex(&airlock_vault::random_bytes::<6>().expect("id")));
+        self.store()
+            .insert_run(&NewRun { id: &id, agent, backend: "test", model: None, status: RunStatus::Running, created_at: None })
+            .await
+            .expect("insert run");
+        self.api.grant(&id, Grant { agent: agent.to_owned(), ..Default::default() });
+        (id.clone(), self.tokens.issue(&id))
+    }
+
+    /// Stores an encrypted connection for `integration` (or `@model`) and
+    /// grants it to the main run.
+    pub async fn add_connection(&self, integration: &str, auth_type: AuthType, fields: &[(&str, &str)]) {
+        let map: serde_json::Map<String, Value> = fields.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+        let envelope = self.keyring.encrypt(Value::Object(map).to_string().as_bytes()).expect("encrypt");
+        let name = format!("{}-conn", integration.trim_start_matches('@'));
+        self.store()
+            .insert_connection(&NewConnection { name: &name, integration, auth_type, envelope: &envelope })
+            .await
+            .expect("insert connection");
+        let mut grant = Grant { agent: String::new(), connections: Default::default() };
+        if let Some(existing) = self.api.grant_of_run(&self.run_id) {
+            grant = existing;
+        }
+        grant.connections.insert(integration.to_owned(), name);
+        self.api.grant(&self.run_id, grant);
+    }
+
+    /// Every event the run recorded so far (the sidecar's sink is asynchronous:
+    /// poll or flush before asserting).
+    pub async fn events(&self) -> Vec<RunEvent> {
+        let mut out = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.store().list_events(&self.run_id, after, 500).await.expect("events");
+            let Some(last) = page.last() else { break };
+            after = last.id;
+            out.extend(page.iter().filter_map(|e| serde_json::from_str::<RunEvent>(&e.payload).ok()));
+        }
+        out
+    }
+
+    pub async fn egress_log(&self) -> Vec<EgressEntry> {
+        self.store().list_egress(&self.run_id, 10_000).await.expect("egress log")
+    }
+
+    /// A base sidecar configuration for the main run, with the given listen
+    /// section; merge integrations, model, network and egress into it.
+    pub fn sidecar_config(&self, listen: Value) -> Value {
+        json!({
+            "run_id": self.run_id,
+            "sidecar_token": self.sidecar_token.expose_secret(),
+            "run_token": self.run_token.expose_secret(),
+            "platform_socket": self.socket,
+            "listen": listen,
+        })
+    }
+}

@@ -1,0 +1,206 @@
+//! Shared helpers for the end-to-end tests that drive the real `airlock`
+//! binary: start a sidecar against a test platform, talk plain HTTP to it,
+//! and check for the Python test clients.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+
+/// Deep-merges `b` into `a` (objects merge, everything else replaces).
+pub fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+/// A running `airlock sidecar`. SIGTERM then SIGKILL on drop.
+pub struct SidecarProcess {
+    pub child: Child,
+    /// The readiness line.
+    pub ready: Value,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl SidecarProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    pub fn tcp(&self) -> SocketAddr {
+        self.ready["listen"]["tcp"].as_str().and_then(|s| s.parse().ok()).expect("sidecar has no tcp listener")
+    }
+    pub fn proxy_tcp(&self) -> SocketAddr {
+        self.ready["listen"]["proxy_tcp"].as_str().and_then(|s| s.parse().ok()).expect("sidecar has no proxy listener")
+    }
+    pub fn unix(&self) -> PathBuf {
+        PathBuf::from(self.ready["listen"]["unix"].as_str().expect("sidecar has no unix listener"))
+    }
+    /// Everything the sidecar logged so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+    /// Stops it with SIGTERM (so it flushes its events) and waits.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SidecarProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}
+
+/// Starts `airlock sidecar` with `config` on stdin and waits for readiness.
+/// `log` sets `AIRLOCK_LOG` (e.g. `trace` for the canary tests).
+pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
+    let mut child = Command::new(AIRLOCK)
+        .arg("sidecar")
+        .env("AIRLOCK_LOG", log)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start airlock sidecar");
+    {
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(config.to_string().as_bytes()).expect("write config");
+    }
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let err_pipe = child.stderr.take().expect("stderr");
+    let sink = stderr.clone();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(err_pipe);
+        let mut line = String::new();
+        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+            sink.lock().unwrap().push_str(&line);
+            line.clear();
+        }
+    });
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send(line);
+        // Keep draining so the sidecar never blocks on a full pipe.
+        let mut rest = Vec::new();
+        let _ = r.read_to_end(&mut rest);
+    });
+    let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
+    let ready: Value = serde_json::from_str(line.trim()).unwrap_or(Value::Null);
+    if ready["ready"] != Value::Bool(true) {
+        let _ = child.kill();
+        std::thread::sleep(Duration::from_millis(200));
+        panic!("sidecar did not become ready: stdout {line:?}, stderr:\n{}", stderr.lock().unwrap());
+    }
+    SidecarProcess { child, ready, stderr }
+}
+
+pub fn spawn_sidecar(config: &Value) -> SidecarProcess {
+    spawn_sidecar_with_log(config, "info")
+}
+
+/// A plain HTTP/1.1 exchange (`Connection: close`). Returns status, headers
+/// (lowercased names) and body.
+pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).expect("connect to sidecar");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse_response(&raw)
+}
+
+pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("no header end in response");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")) {
+        body = dechunk(&body);
+    }
+    (status, headers, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else { break };
+        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = eol + 2;
+        out.extend_from_slice(&b[start..start + size]);
+        b = &b[start + size + 2..];
+    }
+    out
+}
+
+/// True when `python3` can import every module. Missing under CI is a
+/// failure; elsewhere the caller should skip, loudly.
+pub fn python_has(modules: &[&str]) -> bool {
+    let code = modules.iter().map(|m| format!("import {m}")).collect::<Vec<_>>().join("; ");
+    let ok = Command::new("python3").args(["-c", &code]).status().map(|s| s.success()).unwrap_or(false);
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!("python modules {modules:?} are missing under CI: .ci/run must install them (.ci/requirements.txt)");
+        }
+        eprintln!("\n*** SKIPPED: python modules {modules:?} are not installed (pip install -r .ci/requirements.txt) ***\n");
+    }
+    ok
+}
+
+/// Polls `f` until it returns `Some`, for up to `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
