@@ -1,0 +1,130 @@
+//! Sandboxes for runs: one [`Backend`] trait, several backends.
+//!
+//! A backend starts one command (normally `airlock runtime -- AGENT…`) in an
+//! isolated environment and hands back a [`Sandbox`] to wait on or kill.
+//! Everything the sandbox needs from outside is in [`SandboxSpec`]: the
+//! sidecar is reached through a unix socket in `run_dir`, which is the only
+//! host directory the sandbox can write to.
+
+use std::path::PathBuf;
+use std::process::ExitStatus;
+
+/// What to start, and within which limits.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub run_id: String,
+    /// argv[0] must be an absolute path visible inside the sandbox.
+    pub command: Vec<String>,
+    /// The complete environment of the command (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Written to the command's stdin, then stdin is closed (the runtime's secrets).
+    pub stdin: Vec<u8>,
+    /// Host directory of the run (sockets, prompt, result file). Visible at
+    /// the same path inside the sandbox, read-write.
+    pub run_dir: PathBuf,
+    /// Extra host paths visible read-only at the same path (the airlock
+    /// binary, the agent's directory).
+    pub ro_paths: Vec<PathBuf>,
+    /// The agent's working directory inside the sandbox (a tmpfs in the
+    /// namespace backend).
+    pub workspace: PathBuf,
+    pub workspace_size_mb: u64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids_max: u64,
+}
+
+/// Why a backend cannot run here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("the {backend} backend is not available here: {reason}")]
+    Unavailable { backend: &'static str, reason: String },
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+    #[error("sandbox I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A started sandbox: the host-side handle of its first process.
+pub struct Sandbox {
+    child: tokio::process::Child,
+    /// Host PID of the sandbox's first process.
+    pub pid: u32,
+    /// Kills everything the sandbox started (not only the first process).
+    killer: Box<dyn Fn() + Send + Sync>,
+    /// Removes what the backend created on the host (cgroups, mounts, …).
+    cleaner: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Sandbox {
+    /// Wraps a started child. `killer` must kill every process of the
+    /// sandbox; `cleaner` runs once, after the sandbox is gone.
+    pub fn new(
+        child: tokio::process::Child,
+        killer: Box<dyn Fn() + Send + Sync>,
+        cleaner: Option<Box<dyn FnOnce() + Send>>,
+    ) -> Result<Sandbox, SandboxError> {
+        let pid = child.id().ok_or_else(|| SandboxError::Setup("the sandbox exited before it started".into()))?;
+        Ok(Sandbox { child, pid, killer, cleaner })
+    }
+
+    /// The command's stdout and stderr (the runtime's own diagnostics).
+    pub fn take_output(&mut self) -> (Option<tokio::process::ChildStdout>, Option<tokio::process::ChildStderr>) {
+        (self.child.stdout.take(), self.child.stderr.take())
+    }
+
+    /// Waits for the first process to exit.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Kills every process of the sandbox. Safe to call more than once.
+    pub fn kill(&self) {
+        (self.killer)();
+    }
+
+    /// Kills what is left and removes what the backend created on the host.
+    pub async fn cleanup(mut self) {
+        self.kill();
+        let _ = self.child.wait().await;
+        if let Some(clean) = self.cleaner.take() {
+            clean();
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        (self.killer)();
+        if let Some(clean) = self.cleaner.take() {
+            clean();
+        }
+    }
+}
+
+/// A way to build sandboxes.
+pub trait Backend: Send + Sync {
+    /// `process`, `namespace`, …
+    fn name(&self) -> &'static str;
+    /// Whether the backend works on this host, and why not.
+    fn check(&self) -> Result<(), Unavailable>;
+    /// Whether the backend isolates anything at all.
+    fn isolates(&self) -> bool;
+    /// Starts `spec.command`. Must not block for long.
+    fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError>;
+}
+
+pub mod process;
+
+/// The backend for a `RUN_ADAPTER` value: `process`, `namespace`, or `auto`
+/// (`namespace` where it works here, else `process`).
+pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
+    match name {
+        "process" => Ok(Box::new(process::ProcessBackend)),
+        "auto" => Ok(Box::new(process::ProcessBackend)),
+        other => Err(SandboxError::Unavailable { backend: "unknown", reason: format!("no backend named {other:?} (process, namespace, auto)") }),
+    }
+}

@@ -1,0 +1,60 @@
+//! The `process` backend: the command runs as a plain host process. It
+//! isolates NOTHING (network, files, other processes): credentials still stay
+//! in the sidecar, but the agent can reach anything the host can. For solo
+//! development and trusted evaluation only; every run says so loudly.
+
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+
+use crate::{Backend, Sandbox, SandboxError, SandboxSpec, Unavailable};
+
+pub struct ProcessBackend;
+
+pub const WARNING: &str = "the process backend isolates NOTHING: the agent runs as a host process and can reach the network, the files and the processes of this user; credentials still stay in the sidecar";
+
+impl Backend for ProcessBackend {
+    fn name(&self) -> &'static str {
+        "process"
+    }
+
+    fn check(&self) -> Result<(), Unavailable> {
+        Ok(())
+    }
+
+    fn isolates(&self) -> bool {
+        false
+    }
+
+    fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
+        tracing::warn!("{WARNING}");
+        let (program, args) = spec.command.split_first().ok_or_else(|| SandboxError::Setup("empty command".into()))?;
+        std::fs::create_dir_all(&spec.workspace)?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&spec.workspace)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so the whole tree can be killed.
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn()?;
+        let pid = child.id().ok_or_else(|| SandboxError::Setup("the command exited at once".into()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let data = spec.stdin.clone();
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&data).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
+        let killer = Box::new(move || {
+            if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+            }
+        });
+        Sandbox::new(child, killer, None)
+    }
+}
