@@ -199,6 +199,70 @@ impl GuardedClient {
         }
     }
 
+    /// Sends `req` under `rules` and returns as soon as the response head
+    /// has arrived, with the body still streaming ([`StreamingBody`]): for
+    /// relays that must pass a body through as it comes (server-sent events).
+    ///
+    /// The guard checks, resolve-and-pin, TLS and connection reuse are the
+    /// same as [`GuardedClient::send`]. Differences, by design:
+    /// - redirects are **not** followed: a 3xx comes back as it is, with its
+    ///   `Location`, and the caller decides (the model relay refuses it);
+    /// - `total_timeout` bounds the exchange up to the response head; the
+    ///   body is then bounded by an *idle* timeout of the same length between
+    ///   two body frames (a long stream that keeps talking is not cut), and
+    ///   the caller adds an overall deadline if it wants one;
+    /// - `max_response_bytes` is enforced while streaming: a declared
+    ///   `Content-Length` above it fails before the body is read, and the body
+    ///   ends with an `upstream_failed` error once it has yielded more.
+    ///
+    /// The connection goes back to the pool only when the body was read to
+    /// its end; a body dropped early closes its connection.
+    pub async fn send_streaming(
+        &self,
+        req: OutboundRequest,
+        rules: &CallRules<'_>,
+    ) -> Result<StreamingResponse, EgressError> {
+        let host_hint = Target::parse(&req.url).map(|t| t.host().bare()).unwrap_or_else(|_| "-".into());
+        let head = async {
+            let OutboundRequest { method, url, headers, body, credential_headers: _ } = req;
+            let target = Target::parse(&url)?;
+            let headers = sanitize(headers);
+            let admitted = self.guard.admit(&target, rules).await?;
+            let host = target.host().bare();
+            let (resp, idle, key) = self.exchange_head(&admitted, &method, &headers, &body).await?;
+            let (parts, incoming) = resp.into_parts();
+            let cap = self.cfg.max_response_bytes;
+            let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if declared.is_some_and(|len| len > cap as u64) {
+                return Err(EgressError::upstream(&host, format!("response body is larger than the {cap}-byte limit")));
+            }
+            let keep_alive = !parts
+                .headers
+                .get(header::CONNECTION)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+            let remote_addr = idle.addr;
+            let body = StreamingBody {
+                incoming,
+                host,
+                cap,
+                read: 0,
+                idle_timeout: self.cfg.total_timeout,
+                idle_sleep: None,
+                done: false,
+                pool: keep_alive.then(|| (self.clone(), key, idle)),
+            };
+            Ok(StreamingResponse { status: parts.status, headers: parts.headers, body, final_url: admitted.target, remote_addr })
+        };
+        match tokio::time::timeout(self.cfg.total_timeout, head).await {
+            Ok(r) => r,
+            Err(_) => Err(EgressError::upstream(
+                &host_hint,
+                format!("no response head within {:?}", self.cfg.total_timeout),
+            )),
+        }
+    }
+
     async fn send_inner(&self, req: OutboundRequest, rules: &CallRules<'_>) -> Result<GuardedResponse, EgressError> {
         let OutboundRequest { mut method, url, headers, mut body, credential_headers } = req;
         let mut target = Target::parse(&url)?;
@@ -253,7 +317,7 @@ impl GuardedClient {
                     EgressCode::RedirectBlocked,
                     GuardStep::Redirects,
                     Some(&next.host().bare()),
-                    format!("redirect from {target} downgrades to {next}"),
+                    format!("redirect from {} downgrades to {}", target.loggable(), next.loggable()),
                 ));
             }
             let cross_origin = !target.same_origin(&next);
@@ -281,7 +345,7 @@ impl GuardedClient {
                 headers.remove(header::CONTENT_TYPE);
                 headers.remove(header::CONTENT_ENCODING);
             }
-            tracing::debug!(from = %target, to = %next, status = status.as_u16(), cross_origin, "following redirect");
+            tracing::debug!(from = %target.loggable(), to = %next.loggable(), status = status.as_u16(), cross_origin, "following redirect");
             target = next;
         }
     }
@@ -294,6 +358,25 @@ impl GuardedClient {
         headers: &HeaderMap,
         body: &Bytes,
     ) -> Result<((http::response::Parts, Bytes), SocketAddr), EgressError> {
+        let host = admitted.target.host().bare();
+        let (resp, idle, key) = self.exchange_head(admitted, method, headers, body).await?;
+        let collected = self.collect(resp, &host).await?;
+        let addr = idle.addr;
+        self.put_idle(key, idle, &collected.0);
+        Ok((collected, addr))
+    }
+
+    /// Sends one request on a pinned connection (a kept-alive one to a
+    /// validated address, or a new one) and returns the response head with
+    /// its unread body, and the connection to return to the pool once that
+    /// body has been read to the end.
+    async fn exchange_head(
+        &self,
+        admitted: &Admitted,
+        method: &Method,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<(http::Response<hyper::body::Incoming>, Idle, PoolKey), EgressError> {
         let target = &admitted.target;
         let host = target.host().bare();
         let key = PoolKey { https: target.is_https(), host: target.host().clone(), port: target.port_or_default() };
@@ -317,12 +400,7 @@ impl GuardedClient {
         let mut request = build()?;
         if let Some(mut idle) = self.take_idle(&key, &admitted.addrs).await {
             match idle.sender.try_send_request(request).await {
-                Ok(resp) => {
-                    let collected = self.collect(resp, &host).await?;
-                    let addr = idle.addr;
-                    self.put_idle(key, idle, &collected.0);
-                    return Ok((collected, addr));
-                }
+                Ok(resp) => return Ok((resp, idle, key)),
                 Err(mut e) => match e.take_message() {
                     Some(r) => request = r, // never sent: use a new connection
                     None => return Err(EgressError::upstream(&host, format!("request failed: {}", e.error()))),
@@ -334,9 +412,7 @@ impl GuardedClient {
             .send_request(request)
             .await
             .map_err(|e| EgressError::upstream(&host, format!("request to {addr} failed: {e}")))?;
-        let collected = self.collect(resp, &host).await?;
-        self.put_idle(key, Idle { addr, sender }, &collected.0);
-        Ok((collected, addr))
+        Ok((resp, Idle { addr, sender }, key))
     }
 
     /// A kept-alive connection to one of `allowed`, waited on until it can
@@ -443,6 +519,118 @@ impl GuardedClient {
             }
         }
         Ok((parts, buf.freeze()))
+    }
+}
+
+/// A response whose body is still arriving; see [`GuardedClient::send_streaming`].
+pub struct StreamingResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: StreamingBody,
+    /// The target that answered (no redirect is followed).
+    pub final_url: Target,
+    pub remote_addr: SocketAddr,
+}
+
+impl std::fmt::Debug for StreamingResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamingResponse")
+            .field("status", &self.status)
+            .field("final_url", &self.final_url.to_string())
+            .field("remote_addr", &self.remote_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The body of a [`StreamingResponse`]: yields upstream frames as they
+/// arrive, fails with `upstream_failed` past the response cap, on a read
+/// error, or when no frame arrives within the idle timeout. Implements
+/// [`hyper::body::Body`], so it can be handed to a server response as is.
+pub struct StreamingBody {
+    incoming: hyper::body::Incoming,
+    host: String,
+    cap: usize,
+    read: usize,
+    idle_timeout: Duration,
+    idle_sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    done: bool,
+    /// Returned to the pool once the body has been read to its end.
+    pool: Option<(GuardedClient, PoolKey, Idle)>,
+}
+
+impl StreamingBody {
+    /// Bytes of body yielded so far.
+    pub fn bytes_read(&self) -> usize {
+        self.read
+    }
+
+    fn fail(&mut self, detail: String) -> EgressError {
+        self.done = true;
+        self.pool = None;
+        EgressError::upstream(&self.host, detail)
+    }
+}
+
+impl hyper::body::Body for StreamingBody {
+    type Data = Bytes;
+    type Error = EgressError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, EgressError>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.incoming).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.idle_sleep = None;
+                if let Some(data) = frame.data_ref() {
+                    this.read = this.read.saturating_add(data.len());
+                    if this.read > this.cap {
+                        let cap = this.cap;
+                        return Poll::Ready(Some(Err(this.fail(format!("response body is larger than the {cap}-byte limit")))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(this.fail(format!("reading the response body failed: {e}"))))),
+            Poll::Ready(None) => {
+                this.done = true;
+                this.idle_sleep = None;
+                if let Some((client, key, idle)) = this.pool.take() {
+                    if !idle.sender.is_closed() {
+                        if let Ok(mut pool) = client.pool.lock() {
+                            let list = pool.entry(key).or_default();
+                            if list.len() < client.cfg.max_idle_per_origin {
+                                list.push(idle);
+                            }
+                        }
+                    }
+                }
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                let timeout = this.idle_timeout;
+                let sleep = this.idle_sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        Poll::Ready(Some(Err(this.fail(format!("no response data for {timeout:?}")))))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.incoming.size_hint()
     }
 }
 

@@ -24,7 +24,9 @@ pub mod policy;
 mod resolve;
 mod target;
 
-pub use client::{ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, TcpDialer};
+pub use client::{
+    ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody, StreamingResponse, TcpDialer,
+};
 pub use error::{EgressCode, EgressError, GuardStep};
 pub use pattern::{AuthorizedUris, Diagnostic, PatternError, UriPattern};
 pub use policy::{Admitted, CallRules, EgressPolicy, Guard};

@@ -121,7 +121,7 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
         return refuse(
             EgressCode::NotAuthorized,
             GuardStep::AuthorizedUris,
-            format!("{target} matches no authorized_uris entry"),
+            format!("{} matches no authorized_uris entry", target.loggable()),
         );
     }
     if target.had_userinfo() {
@@ -143,8 +143,9 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
             EgressCode::CredentialExfiltrationRefused,
             GuardStep::CredentialRules,
             format!(
-                "{target} matches {entry:?}, but that entry may not carry a credential to {} \
+                "{} matches {entry:?}, but that entry may not carry a credential to {} \
                  (the host is chosen by the caller or lies outside the entry's registrable domain)",
+                target.loggable(),
                 target.host()
             ),
         );
@@ -153,13 +154,13 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
         return refuse(
             EgressCode::CredentialExfiltrationRefused,
             GuardStep::CredentialRules,
-            format!("allow_all_uris is ignored for calls that carry a credential, and {target} matches no authorized_uris entry"),
+            format!("allow_all_uris is ignored for calls that carry a credential, and {} matches no authorized_uris entry", target.loggable()),
         );
     }
     let detail = if rules.authorized.is_empty() {
         "the integration's authorized_uris is empty, which authorizes nothing".to_owned()
     } else {
-        format!("{target} matches no authorized_uris entry")
+        format!("{} matches no authorized_uris entry", target.loggable())
     };
     refuse(EgressCode::NotAuthorized, GuardStep::AuthorizedUris, detail)
 }
@@ -310,6 +311,19 @@ mod tests {
         assert_eq!(code(&g, "https://api.github.com/repos", &gh, true).await, None);
         assert_eq!(code(&g, "https://evil.com/", &gh, true).await, Some(NotAuthorized));
         assert_eq!(code(&g, "https://x:y@api.github.com/", &gh, true).await, Some(InvalidUrl), "userinfo with a credential");
+    }
+
+    #[tokio::test]
+    async fn refusal_messages_never_carry_the_query() {
+        let g = guard(&[], &[]);
+        let list = AuthorizedUris::parse(&["https://*.com/**", "https://api.x.com/**"]);
+        for url in ["https://evil.com/steal?key=sk-canary-1", "https://evil.org/steal?key=sk-canary-1"] {
+            let e = g.admit_url(url, &rules(&list, true)).await.unwrap_err();
+            assert!(!e.to_string().contains("sk-canary-1"), "{e}");
+        }
+        let all = CallRules { authorized: &list, allow_all_uris: true, credentialed: true };
+        let e = g.admit_url("https://evil.org/?key=sk-canary-1", &all).await.unwrap_err();
+        assert!(!e.to_string().contains("sk-canary-1"), "{e}");
     }
 
     #[tokio::test]

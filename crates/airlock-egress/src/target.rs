@@ -177,6 +177,16 @@ impl Target {
         }
     }
 
+    /// What messages and logs may show: scheme, host, port and path, never
+    /// the query (where a substituted credential may sit).
+    pub fn loggable(&self) -> String {
+        let path = self.url.path();
+        match self.url.query() {
+            Some(_) => format!("{}://{}{path}?…", self.scheme(), self.authority()),
+            None => format!("{}://{}{path}", self.scheme(), self.authority()),
+        }
+    }
+
     /// True when the original input carried `user:pass@`.
     pub fn had_userinfo(&self) -> bool {
         self.had_userinfo
@@ -327,6 +337,13 @@ mod tests {
         for bad in ["example.com", "example.com:", "example.com:x", "a@b:443", "a/b:443", "", "evil.com:443#"] {
             assert_eq!(Target::from_authority(bad).unwrap_err().code, EgressCode::InvalidUrl, "{bad}");
         }
+    }
+
+    #[test]
+    fn loggable_form_drops_the_query() {
+        let t = Target::parse("https://u:p@api.example.com:8443/v1/x?key=sk-secret#f").unwrap();
+        assert_eq!(t.loggable(), "https://api.example.com:8443/v1/x?…");
+        assert!(!t.loggable().contains("sk-secret"));
     }
 
     #[test]

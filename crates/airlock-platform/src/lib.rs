@@ -3,6 +3,9 @@
 //! run token.
 
 pub mod internal_api;
+pub mod manifest;
+pub mod orchestrator;
+pub mod settings;
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -18,22 +18,54 @@ enum Command {
     /// Inspect the egress guard (URL policy, SSRF protection).
     #[command(subcommand)]
     Egress(cmd::egress::EgressCommand),
+    /// Run an agent in a sandbox beside its sidecar, then print the run report.
+    Run(cmd::run::RunArgs),
+    /// Inspect recorded runs.
+    #[command(subcommand)]
+    Runs(cmd::runs::RunsCommand),
+    /// Which backends and isolation features work on this host.
+    Doctor,
+    /// Airlock's main job end to end with a local example API and model.
+    Demo {
+        /// process | namespace | auto (default: RUN_ADAPTER, else auto).
+        #[arg(long)]
+        backend: Option<String>,
+    },
     /// Run one run's sidecar (configuration as JSON on stdin).
     Sidecar,
+    /// The in-sandbox launcher (run secrets as JSON on stdin).
+    #[command(hide = true)]
+    Runtime {
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Manage stored connections (encrypted credentials).
     #[command(subcommand)]
     Connections(cmd::connections::ConnectionsCommand),
     /// Manage the connection-encryption keys.
     #[command(subcommand)]
     Keys(cmd::keys::KeysCommand),
+    /// The namespace sandbox's setup process (started by the backend only).
+    #[command(hide = true)]
+    SandboxInit,
+    /// Inside a sandbox: try to escape, report what worked as JSON.
+    #[command(hide = true)]
+    Probe(cmd::probe::ProbeArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Egress(c) => cmd::egress::run(c),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Runs(c) => cmd::runs::run(c),
+        Command::Doctor => cmd::doctor::run(),
+        Command::Demo { backend } => cmd::demo::run(backend),
         Command::Sidecar => cmd::sidecar::run(),
+        Command::Runtime { command } => cmd::runtime::run(command),
         Command::Connections(c) => cmd::connections::run(c),
         Command::Keys(c) => cmd::keys::run(c),
+        Command::SandboxInit => cmd::sandbox_init::run(),
+        Command::Probe(a) => cmd::probe::run(a),
     }
 }

@@ -1,6 +1,13 @@
 //! One module per subcommand family.
 
 pub mod connections;
+pub mod demo;
+pub mod doctor;
 pub mod egress;
+pub mod run;
+pub mod runs;
+pub mod runtime;
 pub mod sidecar;
 pub mod keys;
+pub mod probe;
+pub mod sandbox_init;

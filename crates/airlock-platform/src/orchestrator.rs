@@ -1,0 +1,358 @@
+//! Runs: start the sidecar and the sandbox in parallel, watch the run
+//! (timeout, boot deadline, heartbeats), end it with one of four statuses,
+//! and remove everything it created, whatever happened.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::{Backend, SandboxSpec};
+use airlock_store::{NewRun, RunEnd, RunStatus, Store};
+use airlock_vault::{ExposeSecret, RunTokens};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::watch;
+
+use crate::internal_api::{Grant, InternalApi};
+use crate::manifest::Manifest;
+use crate::settings::Settings;
+
+/// What the operator asked for.
+pub struct RunRequest {
+    pub manifest: Manifest,
+    /// The manifest's directory: the agent's working directory (read-only).
+    pub agent_dir: PathBuf,
+    pub prompt: Option<String>,
+    /// Replaces `agent.command`.
+    pub command: Option<Vec<String>>,
+}
+
+/// Milestones, for a live view.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    Starting { run_id: String, backend: &'static str, isolates: bool },
+    SidecarUp { after: Duration },
+    SandboxUp { after: Duration },
+    Running { elapsed: Duration },
+    Ending { status: RunStatus },
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub run_id: String,
+    pub status: RunStatus,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+    pub duration: Duration,
+    pub backend: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Store(#[from] airlock_store::StoreError),
+    #[error(transparent)]
+    Sandbox(#[from] airlock_sandbox::SandboxError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// The embedded platform of `airlock run` (and, later, `airlock serve`).
+pub struct Orchestrator {
+    pub home: PathBuf,
+    pub store: Store,
+    pub api: InternalApi,
+    pub api_socket: PathBuf,
+    pub tokens: RunTokens,
+    pub settings: Settings,
+    pub backend: Box<dyn Backend>,
+    /// The `airlock` binary (sidecar and runtime are subcommands of it).
+    pub exe: PathBuf,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn now_ms() -> i64 {
+    airlock_store::now_ms()
+}
+
+impl Orchestrator {
+    /// Runs one agent to its end. `cancel` turning true cancels the run.
+    pub async fn run(&self, req: RunRequest, mut cancel: watch::Receiver<bool>, progress: &(dyn Fn(Progress) + Send + Sync)) -> Result<RunOutcome, RunError> {
+        let started = Instant::now();
+        let run_id = format!("run_{}", hex(&airlock_vault::random_bytes::<6>().map_err(|e| RunError::Setup(e.to_string()))?));
+        let m = &req.manifest;
+        let (memory_mb, cpus, timeout_secs) = self.settings.effective(m.agent.memory_mb, m.agent.cpus, m.agent.timeout);
+        let model_name = m.model.as_ref().map(|x| x.provider.clone());
+        self.store
+            .insert_run(&NewRun { id: &run_id, agent: &m.agent.name, backend: self.backend.name(), model: model_name.as_deref(), status: RunStatus::Running, created_at: None })
+            .await?;
+        self.store.mark_run_started(&run_id, now_ms()).await?;
+        progress(Progress::Starting { run_id: run_id.clone(), backend: self.backend.name(), isolates: self.backend.isolates() });
+
+        let run_dir = self.home.join("runs").join(&run_id);
+        let result = self.run_inner(&run_id, &run_dir, &req, (memory_mb, cpus, timeout_secs), &mut cancel, progress, started).await;
+        let (status, exit_code, error) = match result {
+            Ok(end) => end,
+            Err(e) => (RunStatus::Failed, None, Some(e.to_string())),
+        };
+        progress(Progress::Ending { status });
+        self.api.revoke(&run_id);
+        let _ = std::fs::remove_dir_all(&run_dir);
+        self.store.finish_run(&run_id, &RunEnd { status, exit_code, error: error.as_deref(), at: now_ms() }).await?;
+        Ok(RunOutcome { run_id, status, exit_code, error, duration: started.elapsed(), backend: self.backend.name() })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_inner(
+        &self,
+        run_id: &str,
+        run_dir: &Path,
+        req: &RunRequest,
+        (memory_mb, cpus, timeout_secs): (u64, f64, u64),
+        cancel: &mut watch::Receiver<bool>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+        started: Instant,
+    ) -> Result<(RunStatus, Option<i64>, Option<String>), RunError> {
+        let m = &req.manifest;
+        create_private_dir(run_dir).map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
+        std::fs::write(run_dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| RunError::Setup(e.to_string()))?;
+        let sidecar_socket = run_dir.join("sidecar.sock");
+        let proxy_socket = run_dir.join("proxy.sock");
+        let workspace = run_dir.join("workspace");
+        std::fs::create_dir_all(&workspace).map_err(|e| RunError::Setup(e.to_string()))?;
+
+        // What the run may fetch from the platform.
+        let mut grant = Grant { agent: m.agent.name.clone(), connections: Default::default() };
+        for i in &m.integrations {
+            if let Some(c) = &i.connection {
+                grant.connections.insert(i.namespace.clone(), c.clone());
+            }
+        }
+        if let Some(model) = &m.model {
+            grant.connections.insert("@model".into(), model.connection.clone());
+        }
+        self.api.grant(run_id, grant);
+
+        let sidecar_token = airlock_vault::generate_sidecar_token().map_err(|e| RunError::Setup(e.to_string()))?;
+        let run_token = self.tokens.issue(run_id);
+        let network = m.network.as_ref().map(|n| n.egress.clone()).unwrap_or(json!("none"));
+        let sidecar_cfg = json!({
+            "run_id": run_id,
+            "sidecar_token": sidecar_token.expose_secret(),
+            "run_token": run_token.expose_secret(),
+            "platform_socket": self.api_socket,
+            "listen": {"unix": sidecar_socket, "proxy_unix": proxy_socket},
+            "integrations": m.integrations.iter().map(|i| json!({
+                "namespace": i.namespace,
+                "authorized_uris": i.authorized_uris,
+                "allow_all_uris": i.allow_all_uris,
+                "has_connection": i.connection.is_some(),
+                "delivery": i.delivery.as_ref().map(|d| json!({"header": d.header, "prefix": d.prefix, "field": d.field})),
+            })).collect::<Vec<_>>(),
+            "model": m.model.as_ref().map(|x| json!({"provider": x.provider, "base_url": x.base_url, "price_in_per_mtok_usd": x.price_in_per_mtok_usd, "price_out_per_mtok_usd": x.price_out_per_mtok_usd})),
+            "network": {"egress": network},
+            "egress": {"allow_internal_hosts": self.settings.allow_internal_hosts, "dns_server": self.settings.dns_server},
+        });
+
+        // Sidecar and sandbox start in parallel; the runtime waits for the
+        // sidecar's socket.
+        let mut sidecar = self.spawn_sidecar(&sidecar_cfg).await?;
+        let mut command = vec![self.exe.display().to_string(), "runtime".into(), "--".into()];
+        command.extend(req.command.clone().unwrap_or_else(|| m.agent.command.clone()));
+        let secrets = json!({
+            "run_id": run_id,
+            "sidecar_socket": sidecar_socket,
+            "proxy_socket": proxy_socket,
+            "sidecar_token": sidecar_token.expose_secret(),
+            "heartbeat_interval_secs": self.settings.heartbeat_interval_secs,
+            "workspace": workspace,
+            "cwd": req.agent_dir,
+            "prompt": req.prompt,
+        });
+        let mut ro_paths = vec![req.agent_dir.clone()];
+        if let Some(dir) = self.exe.parent() {
+            ro_paths.push(dir.to_owned());
+        }
+        let spec = SandboxSpec {
+            run_id: run_id.to_owned(),
+            command,
+            env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()), ("AIRLOCK_LOG".into(), "warn".into())],
+            stdin: secrets.to_string().into_bytes(),
+            run_dir: run_dir.to_owned(),
+            ro_paths,
+            workspace: workspace.clone(),
+            workspace_size_mb: self.settings.workspace_tmpfs_mb,
+            memory_mb,
+            cpus,
+            pids_max: 256,
+        };
+        let mut sandbox = self.backend.spawn(&spec)?;
+        progress(Progress::SandboxUp { after: started.elapsed() });
+        let sidecar_ready = tokio::time::timeout(Duration::from_secs(30), read_ready(&mut sidecar)).await;
+        match sidecar_ready {
+            Ok(Ok(())) => progress(Progress::SidecarUp { after: started.elapsed() }),
+            Ok(Err(e)) => {
+                sandbox.cleanup().await;
+                stop_child(&mut sidecar).await;
+                return Err(RunError::Setup(format!("the sidecar did not start: {e}")));
+            }
+            Err(_) => {
+                sandbox.cleanup().await;
+                stop_child(&mut sidecar).await;
+                return Err(RunError::Setup("the sidecar did not start within 30 s".into()));
+            }
+        }
+        // Forward the runtime's own output (the agent's lines are echoed by it).
+        let (out, err) = sandbox.take_output();
+        if let Some(out) = out {
+            tokio::spawn(pump(out, false));
+        }
+        if let Some(err) = err {
+            tokio::spawn(pump(err, true));
+        }
+
+        let deadline = tokio::time::sleep(Duration::from_secs(timeout_secs));
+        tokio::pin!(deadline);
+        let mut sweep = tokio::time::interval(Duration::from_secs(1));
+        let watchdog_every = Duration::from_secs(self.settings.watchdog_interval_secs);
+        let mut last_sweep = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let outcome = loop {
+            tokio::select! {
+                status = sandbox.wait() => {
+                    let code = status.ok().and_then(|s| {
+                        use std::os::unix::process::ExitStatusExt;
+                        s.code().or_else(|| s.signal().map(|sig| 128 + sig))
+                    }).map(i64::from);
+                    break match code {
+                        Some(0) => (RunStatus::Succeeded, code, None),
+                        Some(c) => (RunStatus::Failed, code, Some(format!("the agent exited with code {c}"))),
+                        None => (RunStatus::Failed, None, Some("the sandbox ended without an exit status".into())),
+                    };
+                }
+                _ = &mut deadline => break (RunStatus::TimedOut, None, Some(format!("the run hit its {timeout_secs} s timeout"))),
+                _ = cancel.changed() => {
+                    if *cancel.borrow() {
+                        break (RunStatus::Cancelled, None, Some("cancelled by the operator".into()));
+                    }
+                }
+                _ = tick.tick() => progress(Progress::Running { elapsed: started.elapsed() }),
+                _ = sweep.tick() => {
+                    if last_sweep.elapsed() >= watchdog_every {
+                        last_sweep = Instant::now();
+                        if let Some(reason) = self.stalled(run_id, started).await {
+                            break (RunStatus::Failed, None, Some(reason));
+                        }
+                    }
+                }
+            }
+        };
+        sandbox.cleanup().await;
+        stop_child(&mut sidecar).await;
+        Ok(outcome)
+    }
+
+    /// The watchdog's judgement of a run: `Some(reason)` when it must stop.
+    async fn stalled(&self, run_id: &str, started: Instant) -> Option<String> {
+        let run = self.store.get_run(run_id).await.ok()??;
+        match run.last_heartbeat_at {
+            None if started.elapsed() > Duration::from_secs(self.settings.boot_deadline_secs) => {
+                Some(format!("no sign of life within the {} s boot deadline", self.settings.boot_deadline_secs))
+            }
+            Some(at) if now_ms() - at > (self.settings.stall_threshold_secs * 1000) as i64 => {
+                Some(format!("no heartbeat for more than {} s (stalled)", self.settings.stall_threshold_secs))
+            }
+            _ => None,
+        }
+    }
+
+    async fn spawn_sidecar(&self, cfg: &Value) -> Result<tokio::process::Child, RunError> {
+        let mut child = tokio::process::Command::new(&self.exe)
+            .arg("sidecar")
+            .env_clear()
+            .env("AIRLOCK_LOG", std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| RunError::Setup(format!("cannot start the sidecar: {e}")))?;
+        let mut stdin = child.stdin.take().ok_or_else(|| RunError::Setup("sidecar stdin".into()))?;
+        stdin.write_all(cfg.to_string().as_bytes()).await.map_err(|e| RunError::Setup(format!("sidecar config: {e}")))?;
+        drop(stdin);
+        Ok(child)
+    }
+}
+
+async fn read_ready(child: &mut tokio::process::Child) -> Result<(), String> {
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = BufReader::new(out).lines();
+    match lines.next_line().await {
+        Ok(Some(line)) if line.contains("\"ready\":true") => Ok(()),
+        Ok(Some(line)) => Err(format!("unexpected output {line:?}")),
+        Ok(None) => Err("it exited".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn stop_child(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+async fn pump<R: tokio::io::AsyncRead + Unpin>(r: R, err: bool) {
+    let mut lines = BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if err {
+            eprintln!("  │ {line}");
+        } else {
+            println!("  │ {line}");
+        }
+    }
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Boot reclaim: run directories whose owner process is gone are removed,
+/// and runs the store still has as `running` with no live owner are failed.
+pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError> {
+    let mut reclaimed = Vec::new();
+    let runs = home.join("runs");
+    if let Ok(entries) = std::fs::read_dir(&runs) {
+        for e in entries.flatten() {
+            let owner = std::fs::read_to_string(e.path().join("owner.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok());
+            let alive = owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists() && pid != std::process::id() as i32);
+            if !alive {
+                let _ = std::fs::remove_dir_all(e.path());
+                reclaimed.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let live: Vec<String> = std::fs::read_dir(&runs)
+        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let running = store.list_runs(&airlock_store::RunQuery { status: Some(RunStatus::Running), limit: Some(10_000), ..Default::default() }).await?;
+    for run in running.into_iter().filter(|r| !live.contains(&r.id)) {
+        store
+            .finish_run(&run.id, &RunEnd { status: RunStatus::Failed, exit_code: None, error: Some("the platform stopped while this run was running; reclaimed at the next start"), at: now_ms() })
+            .await?;
+        if !reclaimed.contains(&run.id) {
+            reclaimed.push(run.id);
+        }
+    }
+    Ok(reclaimed)
+}
+
+/// Shared state for several concurrent runs.
+pub type SharedOrchestrator = Arc<Orchestrator>;

@@ -1,0 +1,201 @@
+//! `airlock runtime -- CMD…`: the first process of a sandbox.
+//!
+//! It receives the run's secrets on stdin ([`RuntimeSecrets`]), makes itself
+//! non-dumpable, and starts the agent command with an environment that holds
+//! no secret: the agent sees ordinary local endpoints (`AIRLOCK_MCP_URL`,
+//! `OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`, `HTTP_PROXY`) served by this
+//! process on 127.0.0.1, which relays them to the sidecar's unix sockets and
+//! adds the sidecar token on the way, so the agent's own code never holds it.
+//! Meanwhile it sends heartbeats, turns the agent's output into log events,
+//! and reports the exit code and the optional result file as the result.
+
+mod relay;
+mod report;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use airlock_platform_api::wire::RunEvent;
+use secrecy::SecretString;
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+pub use relay::{proxy_relay, sidecar_relay};
+use report::Reporter;
+
+/// Largest secrets document read from stdin.
+pub const MAX_SECRETS_BYTES: usize = 64 * 1024;
+
+/// What the orchestrator hands the runtime on stdin.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSecrets {
+    pub run_id: String,
+    /// The sidecar's API socket (`/mcp`, `/llm`, `/events`).
+    pub sidecar_socket: PathBuf,
+    /// The sidecar's forward-proxy socket.
+    #[serde(default)]
+    pub proxy_socket: Option<PathBuf>,
+    pub sidecar_token: SecretString,
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_interval_secs: u64,
+    /// The agent's working directory.
+    pub workspace: PathBuf,
+    /// The agent's working directory (default: the workspace).
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// The prompt, written to `$AIRLOCK_WORKSPACE/.airlock/prompt.txt`.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// Extra non-secret environment for the agent.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+}
+
+fn default_heartbeat() -> u64 {
+    15
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("runtime secrets: {0}")]
+    Secrets(String),
+    #[error("cannot make the runtime non-dumpable: {0}")]
+    Hardening(std::io::Error),
+    #[error("cannot start the local relays: {0}")]
+    Relay(std::io::Error),
+    #[error("cannot start the agent {cmd:?}: {source}")]
+    Spawn { cmd: String, source: std::io::Error },
+    #[error("the sidecar at {0} did not come up")]
+    SidecarDown(String),
+    #[error("workspace: {0}")]
+    Workspace(std::io::Error),
+}
+
+impl RuntimeSecrets {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, RuntimeError> {
+        if bytes.len() > MAX_SECRETS_BYTES {
+            return Err(RuntimeError::Secrets(format!("larger than {MAX_SECRETS_BYTES} bytes")));
+        }
+        serde_json::from_slice(bytes).map_err(|e| RuntimeError::Secrets(e.to_string()))
+    }
+}
+
+/// The placeholder key the agent's model SDK holds. Not a secret: the
+/// sidecar replaces it with the provider key.
+pub const PLACEHOLDER_KEY: &str = "airlock-placeholder-key";
+
+/// Runs the agent to completion; returns its exit code (128+signal if killed).
+pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, RuntimeError> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| RuntimeError::Hardening(e.into()))?;
+    let (program, args) = command.split_first().ok_or_else(|| RuntimeError::Spawn { cmd: String::new(), source: std::io::Error::other("empty command") })?;
+    let token = secrets.sidecar_token.clone();
+    let heartbeat_every = Duration::from_secs(secrets.heartbeat_interval_secs.max(1));
+    wait_for_socket(&secrets.sidecar_socket).await?;
+
+    let reporter = Reporter::start(secrets.sidecar_socket.clone(), token.clone());
+    let api = relay::sidecar_relay(secrets.sidecar_socket.clone(), token.clone()).await.map_err(RuntimeError::Relay)?;
+    let proxy = match &secrets.proxy_socket {
+        Some(p) => Some(relay::proxy_relay(p.clone(), token.clone()).await.map_err(RuntimeError::Relay)?),
+        None => None,
+    };
+
+    let ws = &secrets.workspace;
+    let meta = ws.join(".airlock");
+    std::fs::create_dir_all(&meta).map_err(RuntimeError::Workspace)?;
+    let prompt_file = meta.join("prompt.txt");
+    std::fs::write(&prompt_file, secrets.prompt.as_deref().unwrap_or("")).map_err(RuntimeError::Workspace)?;
+    let result_file = meta.join("result.json");
+    let _ = std::fs::remove_file(&result_file);
+
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOME".into(), ws.display().to_string()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("AIRLOCK_RUN_ID".into(), secrets.run_id.clone()),
+        ("AIRLOCK_WORKSPACE".into(), ws.display().to_string()),
+        ("AIRLOCK_PROMPT_FILE".into(), prompt_file.display().to_string()),
+        ("AIRLOCK_RESULT_FILE".into(), result_file.display().to_string()),
+        ("AIRLOCK_MCP_URL".into(), format!("http://{api}/mcp")),
+        ("OPENAI_BASE_URL".into(), format!("http://{api}/llm/v1")),
+        ("OPENAI_API_KEY".into(), PLACEHOLDER_KEY.into()),
+        ("ANTHROPIC_BASE_URL".into(), format!("http://{api}/llm")),
+        ("ANTHROPIC_API_KEY".into(), PLACEHOLDER_KEY.into()),
+        ("NO_PROXY".into(), "127.0.0.1,localhost".into()),
+        ("no_proxy".into(), "127.0.0.1,localhost".into()),
+    ];
+    if let Some(p) = proxy {
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.push((k.into(), format!("http://{p}")));
+        }
+    }
+    env.extend(secrets.env.iter().cloned());
+
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .current_dir(secrets.cwd.as_deref().unwrap_or(ws))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?;
+    drop(secrets);
+
+    let heartbeat = {
+        let reporter = reporter.clone();
+        tokio::spawn(async move {
+            loop {
+                reporter.send(RunEvent::Heartbeat { at: report::now_ms() });
+                tokio::time::sleep(heartbeat_every).await;
+            }
+        })
+    };
+    let mut pumps = Vec::new();
+    for (stream, pipe) in [("stdout", child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>)), ("stderr", child.stderr.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>))] {
+        let Some(pipe) = pipe else { continue };
+        let reporter = reporter.clone();
+        pumps.push(tokio::spawn(async move {
+            let mut lines = BufReader::new(pipe).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                // Echo for the operator's live view, then report.
+                if stream == "stdout" {
+                    println!("{line}");
+                } else {
+                    eprintln!("{line}");
+                }
+                reporter.send(RunEvent::Log { at: report::now_ms(), stream: stream.to_owned(), line });
+            }
+        }));
+    }
+    let status = child.wait().await.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?;
+    for p in pumps {
+        let _ = p.await;
+    }
+    heartbeat.abort();
+    let exit_code = exit_code(status);
+    let result = std::fs::read(&result_file).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    reporter.send(RunEvent::Result { at: report::now_ms(), exit_code, result, checkpoint: None });
+    reporter.flush().await;
+    Ok(exit_code)
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+async fn wait_for_socket(path: &std::path::Path) -> Result<(), RuntimeError> {
+    // The sidecar starts in parallel with the sandbox: wait for its socket.
+    for _ in 0..600 {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(RuntimeError::SidecarDown(path.display().to_string()))
+}

@@ -1,0 +1,220 @@
+//! `airlock run`: one agent, in a sandbox beside its sidecar, with the
+//! embedded platform and store; live progress, then a run report.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use airlock_platform::InternalApi;
+use airlock_platform::manifest::Manifest;
+use airlock_platform::orchestrator::{Orchestrator, Progress, RunOutcome, RunRequest, reclaim};
+use airlock_platform::settings::Settings;
+use airlock_store::{EgressDecision, RunStatus, Store};
+use airlock_vault::{Keyring, RunTokens, SigningKeyring};
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The agent manifest.
+    #[arg(short = 'f', long = "file", default_value = "airlock.toml")]
+    pub manifest: PathBuf,
+    /// process | namespace | auto (default: RUN_ADAPTER, else auto).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// The prompt handed to the agent (a file in its workspace).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Run this command instead of the manifest's `agent.command`.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The embedded platform of one `airlock` process, configured from the environment.
+pub async fn platform(backend: Option<&str>) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
+    let settings = Settings::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let home = airlock_store::airlock_home()?;
+    std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
+    let store = Store::open_default().await?;
+    let keyring = match Keyring::from_env() {
+        Ok(k) => k,
+        // Without a key no stored connection can be decrypted; runs without
+        // connections still work, and a credential fetch says what is missing.
+        Err(_) => Keyring::new("ephemeral", &airlock_vault::random_bytes::<32>()?)?,
+    };
+    let tokens = match std::env::var("RUN_TOKEN_SECRET").ok().filter(|v| !v.is_empty()) {
+        Some(_) => RunTokens::new(SigningKeyring::from_env("RUN_TOKEN_SECRET")?),
+        None => ephemeral_tokens()?,
+    };
+    platform_with(home, store, Arc::new(keyring), tokens, settings, backend).await
+}
+
+/// Run tokens for an embedded platform that verifies only what it issued itself.
+pub fn ephemeral_tokens() -> Result<RunTokens> {
+    Ok(RunTokens::new(SigningKeyring::parse("RUN_TOKEN_SECRET", &hex(&airlock_vault::random_bytes::<32>()?))?))
+}
+
+/// The embedded platform from explicit parts.
+pub async fn platform_with(
+    home: PathBuf,
+    store: Store,
+    keyring: Arc<Keyring>,
+    tokens: RunTokens,
+    settings: Settings,
+    backend: Option<&str>,
+) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
+    let reclaimed = reclaim(&home, &store).await?;
+    if !reclaimed.is_empty() {
+        eprintln!("airlock: reclaimed {} leftover run(s) of a previous platform: {}", reclaimed.len(), reclaimed.join(", "));
+    }
+    let sock_dir = home.join("sockets");
+    std::fs::create_dir_all(&sock_dir)?;
+    let api_socket = sock_dir.join(format!("platform-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&api_socket);
+    let listener = tokio::net::UnixListener::bind(&api_socket).with_context(|| format!("binding {}", api_socket.display()))?;
+    let api = InternalApi::new(store.clone(), keyring, tokens.clone());
+    let server = tokio::spawn(api.clone().serve_forever(listener));
+    let adapter = backend.map(str::to_owned).unwrap_or_else(|| settings.run_adapter.clone());
+    let backend = airlock_sandbox::select(&adapter)?;
+    let exe = std::env::current_exe().context("locating the airlock binary")?;
+    Ok((Orchestrator { home, store, api, api_socket, tokens, settings, backend, exe }, server))
+}
+
+/// Prints milestones to stderr (nothing when `quiet`).
+pub fn progress_printer(quiet: bool) -> impl Fn(Progress) + Send + Sync {
+    move |p: Progress| {
+        if quiet {
+            return;
+        }
+        match p {
+            Progress::Starting { run_id, backend, isolates } => {
+                eprintln!("▸ run {run_id} on the {backend} backend");
+                if !isolates {
+                    eprintln!("  ⚠ WARNING: {}", airlock_sandbox::process::WARNING);
+                }
+            }
+            Progress::SandboxUp { after } => eprintln!("▸ sandbox up          {:>7.1} ms", after.as_secs_f64() * 1000.0),
+            Progress::SidecarUp { after } => eprintln!("▸ sidecar up          {:>7.1} ms", after.as_secs_f64() * 1000.0),
+            Progress::Running { elapsed } => {
+                if elapsed.as_secs() % 5 == 0 {
+                    eprintln!("▸ running             {:>7.1} s", elapsed.as_secs_f64());
+                }
+            }
+            Progress::Ending { status } => eprintln!("▸ {status}"),
+        }
+    }
+}
+
+/// Ctrl-C cancels the run.
+pub fn cancel_on_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
+    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\nairlock: cancelling the run (Ctrl-C)…");
+            let _ = cancel_tx.send(true);
+        }
+    });
+    cancel_rx
+}
+
+pub fn run(args: RunArgs) -> ExitCode {
+    crate::logging::init_quiet();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run_async(args)) {
+        Ok(outcome) if outcome.status == RunStatus::Succeeded => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run_async(args: RunArgs) -> Result<RunOutcome> {
+    let manifest = Manifest::load(&args.manifest)?;
+    let agent_dir = args.manifest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).canonicalize()?;
+    let (orch, server) = platform(args.backend.as_deref()).await?;
+    let cancel_rx = cancel_on_ctrl_c();
+    let progress = progress_printer(args.json);
+    let req = RunRequest {
+        manifest,
+        agent_dir,
+        prompt: args.prompt.clone(),
+        command: (!args.command.is_empty()).then(|| args.command.clone()),
+    };
+    let outcome = orch.run(req, cancel_rx, &progress).await?;
+    report(&orch.store, &outcome, args.json).await?;
+    server.abort();
+    let _ = std::fs::remove_file(&orch.api_socket);
+    Ok(outcome)
+}
+
+/// The run report: status, duration, exit code, egress by decision and code, model usage.
+pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Result<()> {
+    let run = store.get_run(&outcome.run_id).await?.context("the run vanished from the store")?;
+    let egress = store.list_egress(&outcome.run_id, 100_000).await?;
+    let mut by: std::collections::BTreeMap<(String, String), usize> = Default::default();
+    for e in &egress {
+        let code = e.reason.clone().unwrap_or_else(|| "-".into());
+        *by.entry((e.decision.as_str().to_owned(), code)).or_default() += 1;
+    }
+    if json_out {
+        let summary: Vec<_> = by.iter().map(|((d, c), n)| json!({"decision": d, "code": c, "count": n})).collect();
+        let entries: Vec<_> = egress
+            .iter()
+            .map(|e| json!({"source": e.source, "integration": e.integration, "method": e.method, "url": e.url, "host": e.host, "decision": e.decision.as_str(), "code": e.reason, "status": e.status, "duration_ms": e.duration_ms}))
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "run_id": outcome.run_id, "status": outcome.status.as_str(), "backend": outcome.backend,
+                "duration_ms": outcome.duration.as_millis() as u64, "exit_code": outcome.exit_code, "error": outcome.error,
+                "egress": {"summary": summary, "entries": entries},
+                "model": {"tokens_in": run.tokens_in, "tokens_out": run.tokens_out, "cost_usd": run.cost_microusd as f64 / 1e6},
+            })
+        );
+        return Ok(());
+    }
+    eprintln!();
+    eprintln!("Run {}  {}", outcome.run_id, outcome.status.as_str().to_uppercase());
+    eprintln!("  backend     {}", outcome.backend);
+    eprintln!("  duration    {:.2} s", outcome.duration.as_secs_f64());
+    eprintln!("  exit code   {}", outcome.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()));
+    if let Some(err) = &outcome.error {
+        eprintln!("  error       {err}");
+    }
+    eprintln!("  egress      {} decision(s)", egress.len());
+    for e in &egress {
+        let mark = if e.decision == EgressDecision::Allowed { "✓ allowed" } else { "✗ refused" };
+        let detail = match (&e.reason, e.status) {
+            (Some(code), _) if e.decision == EgressDecision::Refused => code.clone(),
+            (_, Some(s)) => format!("HTTP {s}"),
+            _ => String::new(),
+        };
+        eprintln!("    {mark}  {:<8} {:<6} {:<40} {detail}", e.source, e.method, truncate(&e.url, 40));
+    }
+    for ((d, c), n) in &by {
+        eprintln!("    {n} × {d}{}", if c == "-" { String::new() } else { format!(" ({c})") });
+    }
+    eprintln!("  model       {} tokens in, {} tokens out, ${:.6}", run.tokens_in, run.tokens_out, run.cost_microusd as f64 / 1e6);
+    Ok(())
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n { s.to_owned() } else { format!("{}…", s.chars().take(n - 1).collect::<String>()) }
+}
+
