@@ -209,10 +209,10 @@ impl Orchestrator {
         // Forward the runtime's own output (the agent's lines are echoed by it).
         let (out, err) = sandbox.take_output();
         if let Some(out) = out {
-            tokio::spawn(pump(out, false));
+            tokio::spawn(pump(out));
         }
         if let Some(err) = err {
-            tokio::spawn(pump(err, true));
+            tokio::spawn(pump(err));
         }
 
         let deadline = tokio::time::sleep(Duration::from_secs(timeout_secs));
@@ -308,14 +308,12 @@ async fn stop_child(child: &mut tokio::process::Child) {
     }
 }
 
-async fn pump<R: tokio::io::AsyncRead + Unpin>(r: R, err: bool) {
+/// The agent's output, for the operator's live view. On stderr: stdout is
+/// kept for the run report (`--json`).
+async fn pump<R: tokio::io::AsyncRead + Unpin>(r: R) {
     let mut lines = BufReader::new(r).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        if err {
-            eprintln!("  │ {line}");
-        } else {
-            println!("  │ {line}");
-        }
+        eprintln!("  │ {line}");
     }
 }
 

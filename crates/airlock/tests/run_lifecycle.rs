@@ -1,0 +1,168 @@
+//! `airlock run` end to end on the process backend: the four end states,
+//! the watchdog, limits validation, boot reclaim and cleanup. Each test has
+//! its own AIRLOCK_HOME.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+
+fn manifest(dir: &Path, command: &str, timeout: u64) -> std::path::PathBuf {
+    let p = dir.join("airlock.toml");
+    std::fs::write(
+        &p,
+        format!("[agent]\nname = \"t\"\ncommand = [\"/bin/sh\", \"-c\", {command:?}]\ntimeout = {timeout}\n\n[network]\negress = \"none\"\n"),
+    )
+    .unwrap();
+    p
+}
+
+fn run(home: &Path, manifest: &Path, env: &[(&str, &str)]) -> (Output, Value) {
+    let mut cmd = Command::new(AIRLOCK);
+    cmd.args(["run", "--backend", "process", "--json", "-f"]).arg(manifest).env("AIRLOCK_HOME", home).env_remove("DATABASE_URL");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out, json)
+}
+
+fn no_leftovers(home: &Path) {
+    let runs: Vec<_> = std::fs::read_dir(home.join("runs")).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    assert!(runs.is_empty(), "run directories left behind: {runs:?}");
+}
+
+#[test]
+fn a_successful_run_reports_and_cleans_up() {
+    let home = tempfile::tempdir().unwrap();
+    let m = manifest(home.path(), "echo hello from the agent; echo '{\"ok\":true}' > \"$AIRLOCK_RESULT_FILE\"; env", 30);
+    let (out, json) = run(home.path(), &m, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json["status"], "succeeded");
+    assert_eq!(json["exit_code"], 0);
+    assert_eq!(json["backend"], "process");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("isolates NOTHING"), "the process backend must say so: {stderr}");
+    // The agent's environment holds no secret: no token, no key.
+    let env = String::from_utf8_lossy(&out.stderr);
+    for forbidden in ["sidecar_token", "RUN_TOKEN", "CONNECTION_ENCRYPTION_KEY", "AIRLOCK_SIDECAR"] {
+        assert!(!env.contains(forbidden), "{forbidden} in the agent's environment");
+    }
+    // The sidecar token is 64 hex characters: nothing like it may be visible.
+    let hexrun = env.split(|c: char| !c.is_ascii_hexdigit()).any(|w| w.len() >= 64);
+    assert!(!hexrun, "a token-like value is in the agent's environment");
+    assert!(env.contains("AIRLOCK_MCP_URL=http://127.0.0.1:"));
+    assert!(env.contains("OPENAI_API_KEY=airlock-placeholder-key"));
+    no_leftovers(home.path());
+    // runs list / show / logs read the same run back.
+    let id = json["run_id"].as_str().unwrap();
+    let logs = Command::new(AIRLOCK).args(["runs", "logs", id]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("hello from the agent"));
+    let list = Command::new(AIRLOCK).args(["runs", "list"]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    assert!(String::from_utf8_lossy(&list.stdout).contains(id));
+    let show = Command::new(AIRLOCK).args(["runs", "show", id]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    assert!(String::from_utf8_lossy(&show.stdout).contains("succeeded"));
+}
+
+#[test]
+fn failure_and_timeout() {
+    let home = tempfile::tempdir().unwrap();
+    let m = manifest(home.path(), "exit 3", 30);
+    let (out, json) = run(home.path(), &m, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json["status"], "failed");
+    assert_eq!(json["exit_code"], 3);
+    let m = manifest(home.path(), "sleep 30", 1);
+    let started = std::time::Instant::now();
+    let (_, json) = run(home.path(), &m, &[]);
+    assert_eq!(json["status"], "timed_out", "{json}");
+    assert!(started.elapsed().as_secs() < 15);
+    no_leftovers(home.path());
+}
+
+#[test]
+fn a_stalled_run_is_stopped_by_the_watchdog() {
+    let home = tempfile::tempdir().unwrap();
+    // The agent freezes its parent, the runtime: heartbeats stop.
+    let m = manifest(home.path(), "kill -STOP $PPID; sleep 30", 60);
+    let env = [("RUN_HEARTBEAT_INTERVAL_SECONDS", "1"), ("RUN_STALL_THRESHOLD_SECONDS", "3"), ("RUN_WATCHDOG_INTERVAL_SECONDS", "1")];
+    let (_, json) = run(home.path(), &m, &env);
+    assert_eq!(json["status"], "failed", "{json}");
+    assert!(json["error"].as_str().unwrap_or("").contains("no heartbeat"), "{json}");
+    no_leftovers(home.path());
+}
+
+#[test]
+fn bad_operator_settings_stop_the_start() {
+    let home = tempfile::tempdir().unwrap();
+    let m = manifest(home.path(), "true", 30);
+    for (env, var) in [
+        (vec![("RUN_HEARTBEAT_INTERVAL_SECONDS", "10"), ("RUN_STALL_THRESHOLD_SECONDS", "20")], "RUN_STALL_THRESHOLD_SECONDS"),
+        (vec![("PLATFORM_RUN_LIMITS", "{\"agent_memory_ceiling\": 1}")], "PLATFORM_RUN_LIMITS"),
+        (vec![("RUN_ADAPTER", "vm")], "RUN_ADAPTER"),
+    ] {
+        let mut cmd = Command::new(AIRLOCK);
+        cmd.args(["run", "-f"]).arg(&m).env("AIRLOCK_HOME", home.path());
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{env:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(var), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn leftovers_of_a_crashed_platform_are_reclaimed() {
+    let home = tempfile::tempdir().unwrap();
+    let m = manifest(home.path(), "sleep 30", 60);
+    let mut child = Command::new(AIRLOCK)
+        .args(["run", "--backend", "process", "-f"])
+        .arg(&m)
+        .env("AIRLOCK_HOME", home.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the run directory, then crash the platform.
+    for _ in 0..100 {
+        if std::fs::read_dir(home.path().join("runs")).map(|r| r.count() > 0).unwrap_or(false) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let m2 = manifest(home.path(), "true", 30);
+    let (out, json) = run(home.path(), &m2, &[]);
+    assert_eq!(json["status"], "succeeded", "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reclaimed 1 leftover run"), "{}", String::from_utf8_lossy(&out.stderr));
+    let list = Command::new(AIRLOCK).args(["runs", "list"]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert_eq!(text.matches("failed").count(), 1, "{text}");
+    no_leftovers(home.path());
+}
+
+#[test]
+fn ctrl_c_cancels_cleanly() {
+    let home = tempfile::tempdir().unwrap();
+    let m = manifest(home.path(), "sleep 30", 60);
+    let child = Command::new(AIRLOCK)
+        .args(["run", "--backend", "process", "--json", "-f"])
+        .arg(&m)
+        .env("AIRLOCK_HOME", home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(json["status"], "cancelled", "{}", String::from_utf8_lossy(&out.stderr));
+    no_leftovers(home.path());
+}
