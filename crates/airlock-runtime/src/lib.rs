@@ -141,10 +141,18 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group, so what it leaves behind can be killed with it.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?;
     drop(secrets);
+    let agent_group = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
+    let kill_group = move || {
+        if let Some(pgid) = agent_group {
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        }
+    };
 
     let heartbeat = {
         let reporter = reporter.clone();
@@ -172,7 +180,17 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             }
         }));
     }
-    let status = child.wait().await.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?;
+    let status = tokio::select! {
+        status = child.wait() => status.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?,
+        _ = parent_gone() => {
+            // The platform died (SIGKILL, crash): take the agent down with us.
+            kill_group();
+            let _ = child.wait().await;
+            return Ok(137);
+        }
+    };
+    // Background processes the agent left in its group end with it.
+    kill_group();
     for p in pumps {
         let _ = p.await;
     }
@@ -187,6 +205,22 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Resolves when our parent is gone (we were re-parented). As PID 1 of a
+/// pid namespace the parent is invisible (0) and this never fires: there the
+/// sandbox's own death signal does the job.
+async fn parent_gone() {
+    let parent = rustix::process::getppid();
+    if parent.is_none() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if rustix::process::getppid() != parent {
+            return;
+        }
+    }
 }
 
 async fn wait_for_socket(path: &std::path::Path) -> Result<(), RuntimeError> {

@@ -152,6 +152,18 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     Ok(())
 }
 
+/// Resolves when the process that started us is gone (we were re-parented):
+/// a sidecar must not outlive its platform, even one killed with SIGKILL.
+pub async fn parent_gone() {
+    let parent = rustix::process::getppid();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        if rustix::process::getppid() != parent {
+            return;
+        }
+    }
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
@@ -162,5 +174,6 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+        _ = parent_gone() => tracing::warn!("the platform that started this sidecar is gone"),
     }
 }

@@ -135,8 +135,33 @@ fn leftovers_of_a_crashed_platform_are_reclaimed() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
+    let platform_pid = child.id();
     child.kill().unwrap();
     child.wait().unwrap();
+    // Its sidecar, runtime and agent notice and go away too.
+    let orphans = || -> Vec<String> {
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else { continue };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+            let ours = String::from_utf8_lossy(&env).contains(&home.path().display().to_string()) || cmdline.contains(&home.path().display().to_string());
+            if ours && (cmdline.contains("airlock") || cmdline.contains("sleep 30")) {
+                found.push(format!("{}: {cmdline}", e.file_name().to_string_lossy()));
+            }
+        }
+        found
+    };
+    let _ = platform_pid;
+    let mut left = orphans();
+    for _ in 0..40 {
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        left = orphans();
+    }
+    assert!(left.is_empty(), "processes outlived the killed platform: {left:?}");
     let m2 = manifest(home.path(), "true", 30);
     let (out, json) = run(home.path(), &m2, &[]);
     assert_eq!(json["status"], "succeeded", "{}", String::from_utf8_lossy(&out.stderr));
