@@ -998,12 +998,22 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 fn create_private_file(path: &Path) -> std::io::Result<()> {
+    // Never open an existing database file here: closing any descriptor of a file drops every
+    // POSIX lock this process holds on it, which would break SQLite's locking for connections
+    // still open (or closing) in this process.
+    if path.exists() {
+        return Ok(());
+    }
     let mut o = std::fs::OpenOptions::new();
-    o.create(true).append(true);
+    o.write(true).create_new(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt as _;
         o.mode(0o600);
     }
-    o.open(path).map(|_| ())
+    match o.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
 }

@@ -30,8 +30,8 @@ fn pg_url() -> Option<String> {
     }
 }
 
-/// A store on a fresh PostgreSQL schema.
-async fn postgres() -> Option<Store> {
+/// A store on a fresh PostgreSQL schema (dropped by [`drop_schema`] when the test passes).
+async fn postgres() -> Option<(Store, String, String)> {
     use sqlx::Connection as _;
     let url = pg_url()?;
     let schema = format!(
@@ -51,11 +51,20 @@ async fn postgres() -> Option<Store> {
     c.close().await.unwrap();
     let sep = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{sep}options[search_path]={schema}");
-    Some(
-        Store::open(&scoped, &StoreOptions::default())
-            .await
-            .unwrap(),
-    )
+    let store = Store::open(&scoped, &StoreOptions::default())
+        .await
+        .unwrap();
+    Some((store, url, schema))
+}
+
+async fn drop_schema(url: &str, schema: &str) {
+    use sqlx::Connection as _;
+    let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut c)
+        .await
+        .unwrap();
+    c.close().await.unwrap();
 }
 
 macro_rules! on_both {
@@ -69,10 +78,11 @@ macro_rules! on_both {
             }
             #[tokio::test]
             async fn postgres() {
-                let Some(s) = super::postgres().await else { return };
+                let Some((s, url, schema)) = super::postgres().await else { return };
                 assert_eq!(s.backend(), super::Backend::Postgres);
                 super::$name(&s).await;
                 s.close().await;
+                super::drop_schema(&url, &schema).await;
             }
         }
     )*};
@@ -222,6 +232,26 @@ async fn reencrypt_in_batches(s: &Store) {
     }
     // a second run has nothing to do
     assert_eq!(s.reencrypt_batch(&new, 100).await.unwrap(), 0);
+
+    // the cursor form walks the names once, batch by batch, and says where it stopped
+    let newer = ring("k2", 3).with_retired("k1", &[2; 32]).unwrap();
+    let first = s.reencrypt_batch_after(&newer, 100, "").await.unwrap();
+    assert_eq!((first.rewritten, first.scanned), (100, 100));
+    assert_eq!(first.last, "conn-0099");
+    let second = s
+        .reencrypt_batch_after(&newer, 200, &first.last)
+        .await
+        .unwrap();
+    assert_eq!((second.rewritten, second.last.as_str()), (150, "conn-0249"));
+    let done = s
+        .reencrypt_batch_after(&newer, 200, &second.last)
+        .await
+        .unwrap();
+    assert_eq!(done, BatchOutcome::default());
+    assert_eq!(
+        s.envelope_counts_by_kid().await.unwrap(),
+        [("k2".to_string(), 250)]
+    );
 }
 
 async fn reencrypt_failure_rolls_back_the_batch(s: &Store) {

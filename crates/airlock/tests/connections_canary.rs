@@ -15,6 +15,7 @@ fn airlock(home: &Path, key: &[u8; 32], kid: &str, retired: Option<(&str, &[u8; 
     c.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("AIRLOCK_HOME", home)
+        .env("AIRLOCK_LOG", "trace")
         .env("RUST_LOG", "trace")
         .env("CONNECTION_ENCRYPTION_KEY", STANDARD.encode(key))
         .env("CONNECTION_ENCRYPTION_KEY_ID", kid);
@@ -92,8 +93,12 @@ fn canary_never_leaks() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_clean("connections add", &out);
-    // trace logging really was on
-    assert!(String::from_utf8_lossy(&out.stderr).contains("TRACE") || !out.stderr.is_empty());
+    // trace logging really was on (sqlx logs each statement)
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("DEBUG") && log.contains("INSERT INTO connections"),
+        "{log}"
+    );
 
     // files while a second process has the database open and after
     let files: Vec<_> = std::fs::read_dir(home)

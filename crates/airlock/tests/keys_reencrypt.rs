@@ -87,21 +87,23 @@ async fn sigkill_half_way_then_rerun_loses_nothing() {
         let mut child = airlock(home)
             .args(["keys", "reencrypt", "--batch", batch])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let c = counts(home).await;
             let done = c.get("k2").copied().unwrap_or(0);
-            if done > 0 && (done as usize) < total - 1000 {
+            if (done as usize) >= total / 3 && (done as usize) < total - 1000 {
                 child.kill().unwrap(); // SIGKILL on Unix
                 child.wait().unwrap();
                 killed_mid_way = true;
                 break;
             }
             if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success());
+                let mut err = String::new();
+                std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+                assert!(status.success(), "reencrypt failed: {err}");
                 break;
             }
             assert!(Instant::now() < deadline, "reencrypt made no progress");

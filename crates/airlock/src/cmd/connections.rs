@@ -77,13 +77,9 @@ fn required_fields(t: AuthType) -> &'static [&'static str] {
     }
 }
 
-/// Installs a stderr log subscriber (RUST_LOG) unless one is installed already.
+/// Logs go to stderr, filtered by `AIRLOCK_LOG` (warnings by default).
 pub(crate) fn init_logging() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+    crate::logging::init_quiet();
 }
 
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
