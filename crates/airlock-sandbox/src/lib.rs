@@ -41,7 +41,10 @@ pub struct Unavailable(pub String);
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("the {backend} backend is not available here: {reason}")]
-    Unavailable { backend: &'static str, reason: String },
+    Unavailable {
+        backend: &'static str,
+        reason: String,
+    },
     #[error("sandbox setup failed: {0}")]
     Setup(String),
     #[error("sandbox I/O: {0}")]
@@ -67,12 +70,24 @@ impl Sandbox {
         killer: Box<dyn Fn() + Send + Sync>,
         cleaner: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<Sandbox, SandboxError> {
-        let pid = child.id().ok_or_else(|| SandboxError::Setup("the sandbox exited before it started".into()))?;
-        Ok(Sandbox { child, pid, killer, cleaner })
+        let pid = child
+            .id()
+            .ok_or_else(|| SandboxError::Setup("the sandbox exited before it started".into()))?;
+        Ok(Sandbox {
+            child,
+            pid,
+            killer,
+            cleaner,
+        })
     }
 
     /// The command's stdout and stderr (the runtime's own diagnostics).
-    pub fn take_output(&mut self) -> (Option<tokio::process::ChildStdout>, Option<tokio::process::ChildStderr>) {
+    pub fn take_output(
+        &mut self,
+    ) -> (
+        Option<tokio::process::ChildStdout>,
+        Option<tokio::process::ChildStderr>,
+    ) {
         (self.child.stdout.take(), self.child.stderr.take())
     }
 
@@ -117,14 +132,44 @@ pub trait Backend: Send + Sync {
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError>;
 }
 
+pub mod diagnose;
+pub mod namespace;
+pub mod probe;
 pub mod process;
 
+pub use diagnose::{Diagnosis, diagnose};
+
 /// The backend for a `RUN_ADAPTER` value: `process`, `namespace`, or `auto`
-/// (`namespace` where it works here, else `process`).
+/// (`namespace` where it works here, else `process` with a loud warning).
+/// `namespace` uses the running executable (the `airlock` binary) as the
+/// sandbox init; see [`namespace::NamespaceBackend::with_exe`] for another.
 pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
     match name {
         "process" => Ok(Box::new(process::ProcessBackend)),
-        "auto" => Ok(Box::new(process::ProcessBackend)),
-        other => Err(SandboxError::Unavailable { backend: "unknown", reason: format!("no backend named {other:?} (process, namespace, auto)") }),
+        "namespace" => {
+            let ns = namespace::NamespaceBackend::current()?;
+            ns.check().map_err(|u| SandboxError::Unavailable {
+                backend: "namespace",
+                reason: u.0,
+            })?;
+            Ok(Box::new(ns))
+        }
+        "auto" => {
+            let ns = namespace::NamespaceBackend::current()?;
+            match ns.check() {
+                Ok(()) => Ok(Box::new(ns)),
+                Err(Unavailable(why)) => {
+                    tracing::warn!(
+                        "the namespace sandbox is not available here ({why}); falling back to the process backend: {}",
+                        process::WARNING
+                    );
+                    Ok(Box::new(process::ProcessBackend))
+                }
+            }
+        }
+        other => Err(SandboxError::Unavailable {
+            backend: "unknown",
+            reason: format!("no backend named {other:?} (process, namespace, auto)"),
+        }),
     }
 }

@@ -28,7 +28,10 @@ impl Backend for ProcessBackend {
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         tracing::warn!("{WARNING}");
-        let (program, args) = spec.command.split_first().ok_or_else(|| SandboxError::Setup("empty command".into()))?;
+        let (program, args) = spec
+            .command
+            .split_first()
+            .ok_or_else(|| SandboxError::Setup("empty command".into()))?;
         std::fs::create_dir_all(&spec.workspace)?;
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
@@ -42,7 +45,9 @@ impl Backend for ProcessBackend {
             .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd.spawn()?;
-        let pid = child.id().ok_or_else(|| SandboxError::Setup("the command exited at once".into()))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| SandboxError::Setup("the command exited at once".into()))?;
         if let Some(mut stdin) = child.stdin.take() {
             let data = spec.stdin.clone();
             tokio::spawn(async move {

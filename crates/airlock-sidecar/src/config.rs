@@ -167,6 +167,8 @@ pub struct Limits {
     pub max_response_bytes: usize,
     /// Whole outbound exchange (60 s).
     pub upstream_timeout_secs: u64,
+    /// A forward-proxy tunnel with no bytes either way for this long is closed (120 s).
+    pub proxy_idle_timeout_secs: u64,
 }
 
 impl Default for Limits {
@@ -178,6 +180,7 @@ impl Default for Limits {
             max_request_bytes: 10 * 1024 * 1024,
             max_response_bytes: 32 * 1024 * 1024,
             upstream_timeout_secs: 60,
+            proxy_idle_timeout_secs: 120,
         }
     }
 }

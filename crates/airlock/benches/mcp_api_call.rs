@@ -28,10 +28,13 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
 const API: &str = "api.internal.test";
-const BODY: &str = r#"{"ok":true,"items":[1,2,3],"note":"a small JSON answer like most API calls get"}"#;
+const BODY: &str =
+    r#"{"ok":true,"items":[1,2,3],"note":"a small JSON answer like most API calls get"}"#;
 
 async fn upstream() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+    let l = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind upstream");
     let addr = l.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
@@ -45,7 +48,9 @@ async fn upstream() -> SocketAddr {
                             .expect("response"),
                     )
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
             });
         }
     });
@@ -55,7 +60,9 @@ async fn upstream() -> SocketAddr {
 async fn client(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
     let s = TcpStream::connect(addr).await.expect("connect");
     let _ = s.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.expect("handshake");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .expect("handshake");
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -69,7 +76,12 @@ async fn direct(c: &mut SendRequest<Full<Bytes>>, addr: SocketAddr) -> usize {
         .body(Full::new(Bytes::new()))
         .expect("request");
     let resp = c.send_request(req).await.expect("direct request");
-    resp.into_body().collect().await.expect("body").to_bytes().len()
+    resp.into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .len()
 }
 
 fn call_body(tool: &str, target: &str, id: u64) -> String {
@@ -87,7 +99,12 @@ fn call_body(tool: &str, target: &str, id: u64) -> String {
     .to_string()
 }
 
-async fn via_sidecar(c: &mut SendRequest<Full<Bytes>>, token: &str, tool: &str, body: String) -> usize {
+async fn via_sidecar(
+    c: &mut SendRequest<Full<Bytes>>,
+    token: &str,
+    tool: &str,
+    body: String,
+) -> usize {
     let req = hyper::Request::post("/mcp")
         .header("host", "127.0.0.1")
         .header("authorization", format!("Bearer {token}"))
@@ -104,7 +121,10 @@ async fn via_sidecar(c: &mut SendRequest<Full<Bytes>>, token: &str, tool: &str, 
     let needle: &[u8] = b"\"isError\":false";
     let ok = bytes.windows(needle.len()).any(|w| w == needle);
     if status != 200 || !ok {
-        panic!("api_call failed: {status} {}", String::from_utf8_lossy(&bytes));
+        panic!(
+            "api_call failed: {status} {}",
+            String::from_utf8_lossy(&bytes)
+        );
     }
     bytes.len()
 }
@@ -149,7 +169,12 @@ fn spawn(cfg: &Value) -> Sidecar {
         .stderr(Stdio::null())
         .spawn()
         .expect("start airlock sidecar");
-    child.stdin.take().expect("stdin").write_all(cfg.to_string().as_bytes()).expect("config");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(cfg.to_string().as_bytes())
+        .expect("config");
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     out.read_line(&mut line).expect("readiness line");
@@ -158,19 +183,33 @@ fn spawn(cfg: &Value) -> Sidecar {
         let _ = out.read_to_end(&mut rest);
     });
     let ready: Value = serde_json::from_str(line.trim()).expect("readiness JSON");
-    let tcp = ready["listen"]["tcp"].as_str().and_then(|s| s.parse().ok()).expect("tcp listener");
+    let tcp = ready["listen"]["tcp"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("tcp listener");
     Sidecar { child, tcp }
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(run());
 }
 
 async fn run() {
-    let n: usize = std::env::var("MCP_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(3000);
+    let n: usize = std::env::var("MCP_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000);
     let p = TestPlatform::start("bench-agent").await;
-    p.add_connection("svc", AuthType::Bearer, &[("api_key", "bench-credential-value")]).await;
+    p.add_connection(
+        "svc",
+        AuthType::Bearer,
+        &[("api_key", "bench-credential-value")],
+    )
+    .await;
     let up = upstream().await;
     let port = up.port();
     let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
@@ -197,13 +236,29 @@ async fn run() {
     let mut s = client(sc.tcp).await;
     for i in 0..200 {
         direct(&mut d, up).await;
-        via_sidecar(&mut s, &token, "svc__api_call", call_body("svc__api_call", &target, i)).await;
-        via_sidecar(&mut s, &token, "anon__api_call", call_body("anon__api_call", &target, i)).await;
+        via_sidecar(
+            &mut s,
+            &token,
+            "svc__api_call",
+            call_body("svc__api_call", &target, i),
+        )
+        .await;
+        via_sidecar(
+            &mut s,
+            &token,
+            "anon__api_call",
+            call_body("anon__api_call", &target, i),
+        )
+        .await;
     }
     let after_warmup_kib = proc_kib(pid, "VmRSS:");
 
     // Interleaved so drift affects all three alike.
-    let (mut t_direct, mut t_cred, mut t_anon) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut t_direct, mut t_cred, mut t_anon) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
     for i in 0..n as u64 {
         let t = Instant::now();
         direct(&mut d, up).await;
@@ -221,9 +276,19 @@ async fn run() {
         v.sort();
     }
     let (d50, d99) = (percentile(&t_direct, 0.5), percentile(&t_direct, 0.99));
-    println!("mcp api_call latency, {n} sequential calls each (loopback upstream, keep-alive, 2026-07-28 stateless JSON):");
-    println!("  {:<44} p50 {:>8.1} µs   p99 {:>8.1} µs", "direct to upstream (baseline)", us(d50), us(d99));
-    for (label, t) in [("via sidecar, credential fetched per call", &t_cred), ("via sidecar, no connection (guard + MCP)", &t_anon)] {
+    println!(
+        "mcp api_call latency, {n} sequential calls each (loopback upstream, keep-alive, 2026-07-28 stateless JSON):"
+    );
+    println!(
+        "  {:<44} p50 {:>8.1} µs   p99 {:>8.1} µs",
+        "direct to upstream (baseline)",
+        us(d50),
+        us(d99)
+    );
+    for (label, t) in [
+        ("via sidecar, credential fetched per call", &t_cred),
+        ("via sidecar, no connection (guard + MCP)", &t_anon),
+    ] {
         let (p50, p99) = (percentile(t, 0.5), percentile(t, 0.99));
         println!(
             "  {label:<44} p50 {:>8.1} µs   p99 {:>8.1} µs   added p50 {:>7.1} µs  p99 {:>7.1} µs",
@@ -244,7 +309,13 @@ async fn run() {
         tasks.spawn(async move {
             let mut s = client(addr).await;
             for i in 0..20 {
-                via_sidecar(&mut s, &token, "svc__api_call", call_body("svc__api_call", &target, c * 100 + i)).await;
+                via_sidecar(
+                    &mut s,
+                    &token,
+                    "svc__api_call",
+                    call_body("svc__api_call", &target, c * 100 + i),
+                )
+                .await;
             }
         });
     }
@@ -255,13 +326,22 @@ async fn run() {
     let peak_kib = proc_kib(pid, "VmHWM:");
     let after_kib = proc_kib(pid, "VmRSS:");
     println!("sidecar memory (pid {pid}):");
-    println!("  idle after start              VmRSS {:>7.2} MiB", idle_kib as f64 / 1024.0);
-    println!("  idle after warm-up            VmRSS {:>7.2} MiB", after_warmup_kib as f64 / 1024.0);
+    println!(
+        "  idle after start              VmRSS {:>7.2} MiB",
+        idle_kib as f64 / 1024.0
+    );
+    println!(
+        "  idle after warm-up            VmRSS {:>7.2} MiB",
+        after_warmup_kib as f64 / 1024.0
+    );
     println!(
         "  100 concurrent api_calls      VmHWM {:>7.2} MiB (peak; 2000 calls in {:.2} s, {:.0} calls/s)",
         peak_kib as f64 / 1024.0,
         elapsed.as_secs_f64(),
         2000.0 / elapsed.as_secs_f64()
     );
-    println!("  after the burst               VmRSS {:>7.2} MiB", after_kib as f64 / 1024.0);
+    println!(
+        "  after the burst               VmRSS {:>7.2} MiB",
+        after_kib as f64 / 1024.0
+    );
 }

@@ -40,13 +40,23 @@ impl SidecarProcess {
         self.child.id()
     }
     pub fn tcp(&self) -> SocketAddr {
-        self.ready["listen"]["tcp"].as_str().and_then(|s| s.parse().ok()).expect("sidecar has no tcp listener")
+        self.ready["listen"]["tcp"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("sidecar has no tcp listener")
     }
     pub fn proxy_tcp(&self) -> SocketAddr {
-        self.ready["listen"]["proxy_tcp"].as_str().and_then(|s| s.parse().ok()).expect("sidecar has no proxy listener")
+        self.ready["listen"]["proxy_tcp"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("sidecar has no proxy listener")
     }
     pub fn unix(&self) -> PathBuf {
-        PathBuf::from(self.ready["listen"]["unix"].as_str().expect("sidecar has no unix listener"))
+        PathBuf::from(
+            self.ready["listen"]["unix"]
+                .as_str()
+                .expect("sidecar has no unix listener"),
+        )
     }
     /// Everything the sidecar logged so far.
     pub fn stderr(&self) -> String {
@@ -54,7 +64,10 @@ impl SidecarProcess {
     }
     /// Stops it with SIGTERM (so it flushes its events) and waits.
     pub fn stop(&mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.pid().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
         for _ in 0..100 {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
@@ -87,7 +100,9 @@ pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
         .expect("start airlock sidecar");
     {
         let mut stdin = child.stdin.take().expect("stdin");
-        stdin.write_all(config.to_string().as_bytes()).expect("write config");
+        stdin
+            .write_all(config.to_string().as_bytes())
+            .expect("write config");
     }
     let stderr = Arc::new(Mutex::new(String::new()));
     let err_pipe = child.stderr.take().expect("stderr");
@@ -116,9 +131,16 @@ pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
     if ready["ready"] != Value::Bool(true) {
         let _ = child.kill();
         std::thread::sleep(Duration::from_millis(200));
-        panic!("sidecar did not become ready: stdout {line:?}, stderr:\n{}", stderr.lock().unwrap());
+        panic!(
+            "sidecar did not become ready: stdout {line:?}, stderr:\n{}",
+            stderr.lock().unwrap()
+        );
     }
-    SidecarProcess { child, ready, stderr }
+    SidecarProcess {
+        child,
+        ready,
+        stderr,
+    }
 }
 
 pub fn spawn_sidecar(config: &Value) -> SidecarProcess {
@@ -127,10 +149,19 @@ pub fn spawn_sidecar(config: &Value) -> SidecarProcess {
 
 /// A plain HTTP/1.1 exchange (`Connection: close`). Returns status, headers
 /// (lowercased names) and body.
-pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let mut s = TcpStream::connect(addr).expect("connect to sidecar");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -143,16 +174,26 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]
 }
 
 pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("no header end in response");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no header end in response");
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let mut lines = head.split("\r\n");
-    let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
     let mut body = raw[split + 4..].to_vec();
-    if headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")) {
+    if headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"))
+    {
         body = dechunk(&body);
     }
     (status, headers, body)
@@ -161,8 +202,18 @@ pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else { break };
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&b[..eol])
+                .split(';')
+                .next()
+                .unwrap_or("0")
+                .trim(),
+            16,
+        )
+        .unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -176,13 +227,25 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 /// True when `python3` can import every module. Missing under CI is a
 /// failure; elsewhere the caller should skip, loudly.
 pub fn python_has(modules: &[&str]) -> bool {
-    let code = modules.iter().map(|m| format!("import {m}")).collect::<Vec<_>>().join("; ");
-    let ok = Command::new("python3").args(["-c", &code]).status().map(|s| s.success()).unwrap_or(false);
+    let code = modules
+        .iter()
+        .map(|m| format!("import {m}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let ok = Command::new("python3")
+        .args(["-c", &code])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
     if !ok {
         if std::env::var_os("CI").is_some() {
-            panic!("python modules {modules:?} are missing under CI: .ci/run must install them (.ci/requirements.txt)");
+            panic!(
+                "python modules {modules:?} are missing under CI: .ci/run must install them (.ci/requirements.txt)"
+            );
         }
-        eprintln!("\n*** SKIPPED: python modules {modules:?} are not installed (pip install -r .ci/requirements.txt) ***\n");
+        eprintln!(
+            "\n*** SKIPPED: python modules {modules:?} are not installed (pip install -r .ci/requirements.txt) ***\n"
+        );
     }
     ok
 }

@@ -1,0 +1,355 @@
+//! Memory, CPU and PID limits through cgroups: plain files, no crate.
+//!
+//! Layout: `<mount>/airlock/airlock-<runId>` in the cgroup v2 hierarchy when
+//! it offers the memory and pids controllers, else in each cgroup v1
+//! hierarchy (memory, pids, cpu). Sandbox init joins them itself (it writes
+//! its PID to `cgroup.procs` before unsharing), so every process of the run
+//! is in them from its first instruction.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const PARENT: &str = "airlock";
+pub const PREFIX: &str = "airlock-";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error(
+        "no writable cgroup hierarchy with the memory and pids controllers (cgroup v2 with them enabled, or v1 memory+pids)"
+    )]
+    NoHierarchy,
+    #[error("cgroup {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+fn io_at(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layout {
+    /// The cgroup2 mount point.
+    V2(PathBuf),
+    /// One mount point per controller: memory, pids, cpu (if mounted).
+    V1(Vec<(String, PathBuf)>),
+}
+
+struct MountEntry {
+    path: PathBuf,
+    fstype: String,
+    options: Vec<String>,
+}
+
+fn mounts() -> Vec<MountEntry> {
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            // id parent major:minor root mountpoint options ... - fstype source superoptions
+            let (left, right) = l.split_once(" - ")?;
+            let mountpoint = left.split(' ').nth(4)?;
+            let mut r = right.split(' ');
+            let fstype = r.next()?.to_string();
+            let _source = r.next();
+            let options = r
+                .next()
+                .unwrap_or("")
+                .split(',')
+                .map(str::to_string)
+                .collect();
+            Some(MountEntry {
+                path: PathBuf::from(mountpoint.replace("\\040", " ")),
+                fstype,
+                options,
+            })
+        })
+        .collect()
+}
+
+/// Where limits can go on this host, if anywhere.
+pub fn layout() -> Option<Layout> {
+    let ms = mounts();
+    if let Some(v2) = ms.iter().find(|m| m.fstype == "cgroup2") {
+        let ctrl = fs::read_to_string(v2.path.join("cgroup.controllers")).unwrap_or_default();
+        let ctrl: Vec<&str> = ctrl.split_whitespace().collect();
+        if ctrl.contains(&"memory") && ctrl.contains(&"pids") {
+            return Some(Layout::V2(v2.path.clone()));
+        }
+    }
+    let mut v1 = vec![];
+    for c in ["memory", "pids", "cpu"] {
+        if let Some(m) = ms
+            .iter()
+            .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == c))
+        {
+            v1.push((c.to_string(), m.path.clone()));
+        }
+    }
+    let has = |c: &str| v1.iter().any(|(n, _)| n == c);
+    if has("memory") && has("pids") {
+        Some(Layout::V1(v1))
+    } else {
+        None
+    }
+}
+
+impl Layout {
+    /// The `airlock` parent directories (one per hierarchy).
+    pub fn parents(&self) -> Vec<PathBuf> {
+        match self {
+            Layout::V2(m) => vec![m.join(PARENT)],
+            Layout::V1(v) => v.iter().map(|(_, m)| m.join(PARENT)).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids_max: u64,
+}
+
+/// The cgroups of one run.
+#[derive(Debug, Clone)]
+pub struct RunCgroups {
+    pub dirs: Vec<PathBuf>,
+    v2: bool,
+}
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(io_at(path))
+}
+
+fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
+    let avail = fs::read_to_string(dir.join("cgroup.controllers")).map_err(io_at(dir))?;
+    let want: Vec<String> = avail
+        .split_whitespace()
+        .filter(|c| ["memory", "pids", "cpu"].contains(c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    write(&dir.join("cgroup.subtree_control"), &want.join(" "))
+}
+
+impl RunCgroups {
+    pub fn create(
+        layout: &Layout,
+        run_id: &str,
+        limits: Limits,
+    ) -> Result<RunCgroups, CgroupError> {
+        let name = format!("{PREFIX}{run_id}");
+        let mib = limits.memory_mb.saturating_mul(1024 * 1024);
+        let quota = (limits.cpus > 0.0).then(|| ((limits.cpus * 100_000.0) as u64).max(1000));
+        let mut made = RunCgroups {
+            dirs: vec![],
+            v2: matches!(layout, Layout::V2(_)),
+        };
+        let r = (|| {
+            match layout {
+                Layout::V2(root) => {
+                    let parent = root.join(PARENT);
+                    fs::create_dir_all(&parent).map_err(io_at(&parent))?;
+                    enable_v2_controllers(root)?;
+                    enable_v2_controllers(&parent)?;
+                    let dir = parent.join(&name);
+                    fs::create_dir(&dir).map_err(io_at(&dir))?;
+                    made.dirs.push(dir.clone());
+                    if limits.memory_mb > 0 {
+                        write(&dir.join("memory.max"), &mib.to_string())?;
+                        let _ = fs::write(dir.join("memory.swap.max"), "0");
+                    }
+                    if limits.pids_max > 0 {
+                        write(&dir.join("pids.max"), &limits.pids_max.to_string())?;
+                    }
+                    if let Some(q) = quota.filter(|_| dir.join("cpu.max").exists()) {
+                        write(&dir.join("cpu.max"), &format!("{q} 100000"))?;
+                    }
+                }
+                Layout::V1(ctrls) => {
+                    for (ctrl, mount) in ctrls {
+                        let dir = mount.join(PARENT).join(&name);
+                        fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+                        made.dirs.push(dir.clone());
+                        match ctrl.as_str() {
+                            "memory" if limits.memory_mb > 0 => {
+                                write(&dir.join("memory.limit_in_bytes"), &mib.to_string())?;
+                                // No swap beyond the limit (absent without swap accounting).
+                                let _ = fs::write(
+                                    dir.join("memory.memsw.limit_in_bytes"),
+                                    mib.to_string(),
+                                );
+                            }
+                            "pids" if limits.pids_max > 0 => {
+                                write(&dir.join("pids.max"), &limits.pids_max.to_string())?
+                            }
+                            "cpu" => {
+                                if let Some(q) = quota {
+                                    write(&dir.join("cpu.cfs_period_us"), "100000")?;
+                                    write(&dir.join("cpu.cfs_quota_us"), &q.to_string())?;
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => Ok(made),
+            Err(e) => {
+                made.remove(Duration::from_millis(100));
+                Err(e)
+            }
+        }
+    }
+
+    /// The files the init process writes its PID to.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    pub fn pids(&self) -> Vec<i32> {
+        let mut out: Vec<i32> = self.dirs.iter().flat_map(|d| pids_in(d)).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// SIGKILLs every process of the run (cgroup.kill on v2, else one by one
+    /// until the cgroup is empty; PIDs cannot escape a cgroup they cannot
+    /// write, and a pids limit bounds the work).
+    pub fn kill(&self) {
+        if self.v2 {
+            for d in &self.dirs {
+                let _ = fs::write(d.join("cgroup.kill"), "1");
+            }
+        }
+        for _ in 0..64 {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            for p in pids {
+                if let Some(pid) = rustix::process::Pid::from_raw(p) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+    }
+
+    /// Kills what is left and removes the directories, waiting up to
+    /// `patience` for the kernel to let go of exiting processes.
+    pub fn remove(&self, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        for d in &self.dirs {
+            loop {
+                self.kill();
+                match fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    Err(e) => {
+                        tracing::warn!(cgroup = %d.display(), "could not remove the run's cgroup: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn pids_in(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A run's cgroups left on this host (`airlock-<runId>` under the
+/// `airlock` parents, one per hierarchy).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Leftover {
+    pub name: String,
+    pub dirs: Vec<PathBuf>,
+    /// Whether a process still lives in any of them.
+    pub live: bool,
+}
+
+pub fn leftovers() -> Vec<Leftover> {
+    let Some(layout) = layout() else {
+        return vec![];
+    };
+    let mut out: Vec<Leftover> = vec![];
+    for parent in layout.parents() {
+        let Ok(rd) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(PREFIX) || !e.path().is_dir() {
+                continue;
+            }
+            let live = !pids_in(&e.path()).is_empty();
+            match out.iter_mut().find(|l| l.name == name) {
+                Some(l) => {
+                    l.dirs.push(e.path());
+                    l.live |= live;
+                }
+                None => out.push(Leftover {
+                    name,
+                    dirs: vec![e.path()],
+                    live,
+                }),
+            }
+        }
+    }
+    out
+}
+
+/// Removes the run cgroups a crashed run left behind, only those whose
+/// processes are all gone. Returns what was removed. Call it at boot,
+/// before any run starts: a run's cgroup is empty for an instant between
+/// its creation and init joining it.
+pub fn reclaim() -> Vec<PathBuf> {
+    reclaim_matching(|_| true)
+}
+
+/// [`reclaim`] restricted to the runs whose cgroup name (`airlock-<runId>`) passes `select`.
+pub fn reclaim_matching(select: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    leftovers()
+        .into_iter()
+        .filter(|l| !l.live && select(&l.name))
+        .flat_map(|l| l.dirs)
+        .filter(|d| fs::remove_dir(d).is_ok())
+        .collect()
+}
+
+/// Whether run cgroups can be created here, and why not.
+pub fn probe() -> Result<Layout, String> {
+    let Some(layout) = layout() else {
+        return Err(CgroupError::NoHierarchy.to_string());
+    };
+    for parent in layout.parents() {
+        if let Err(e) = fs::create_dir_all(&parent) {
+            return Err(format!(
+                "{}: {e} (rootless without a delegated cgroup tree: memory/CPU/pids limits are skipped)",
+                parent.display()
+            ));
+        }
+        if rustix::fs::access(&parent, rustix::fs::Access::WRITE_OK).is_err() {
+            return Err(format!(
+                "{} is not writable (rootless without a delegated cgroup tree: limits are skipped)",
+                parent.display()
+            ));
+        }
+    }
+    Ok(layout)
+}

@@ -1,0 +1,227 @@
+//! What the host side hands `airlock sandbox-init`: the non-secret part of
+//! the [`SandboxSpec`], as a length-prefixed JSON header on the init's stdin.
+//! The bytes after the header are the command's stdin (the run's secrets):
+//! they are never parsed, only passed through on the same file descriptor.
+
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::SandboxSpec;
+
+/// Upper bound of the header, so a garbled stream cannot make init allocate much.
+pub const MAX_HEADER: usize = 1 << 20;
+/// Size of the private `/tmp`.
+pub const TMP_SIZE_MB: u64 = 64;
+pub const HOSTNAME: &str = "airlock";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InitConfig {
+    /// Host PID of the process that spawned init: init stops if it is gone.
+    pub parent_pid: i32,
+    /// `cgroup.procs` files init writes its own PID to before unsharing.
+    pub cgroup_procs: Vec<PathBuf>,
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub run_dir: PathBuf,
+    pub ro_paths: Vec<PathBuf>,
+    pub workspace: PathBuf,
+    pub workspace_size_mb: u64,
+    pub tmp_size_mb: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "{what} {path:?} must be an absolute, normalised path outside /proc, /dev and /oldroot"
+    )]
+    BadPath { what: &'static str, path: PathBuf },
+    #[error("the command is empty or its program {0:?} is not an absolute path")]
+    BadCommand(String),
+    #[error("the workspace size must be at least 1 MiB")]
+    BadSize,
+    #[error("the run id {0:?} must be 1-64 characters of [A-Za-z0-9_-]")]
+    BadRunId(String),
+    #[error("environment entry {0:?} is not a valid variable name")]
+    BadEnv(String),
+    #[error("sandbox config header: {0}")]
+    Header(String),
+}
+
+/// A path we will create or mount at inside the sandbox: absolute, no `..`,
+/// not the root, and not inside the directories init builds itself.
+pub fn check_path(what: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let bad = || ConfigError::BadPath {
+        what,
+        path: path.to_path_buf(),
+    };
+    if !path.is_absolute() || path == Path::new("/") {
+        return Err(bad());
+    }
+    if path
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Err(bad());
+    }
+    if ["/proc", "/dev", "/oldroot"]
+        .iter()
+        .any(|p| path.starts_with(p))
+    {
+        return Err(bad());
+    }
+    if path.to_str().is_none_or(|s| s.contains('\0')) {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+pub fn check_run_id(id: &str) -> Result<(), ConfigError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::BadRunId(id.to_string()))
+    }
+}
+
+impl InitConfig {
+    pub fn from_spec(
+        spec: &SandboxSpec,
+        parent_pid: i32,
+        cgroup_procs: Vec<PathBuf>,
+    ) -> Result<InitConfig, ConfigError> {
+        let cfg = InitConfig {
+            parent_pid,
+            cgroup_procs,
+            command: spec.command.clone(),
+            env: spec.env.clone(),
+            run_dir: spec.run_dir.clone(),
+            ro_paths: spec.ro_paths.clone(),
+            workspace: spec.workspace.clone(),
+            workspace_size_mb: spec.workspace_size_mb,
+            tmp_size_mb: TMP_SIZE_MB,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checked on both sides: the host before spawning, init before using it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self.command.first() {
+            Some(p) if p.starts_with('/') && !p.contains('\0') => {}
+            other => return Err(ConfigError::BadCommand(other.cloned().unwrap_or_default())),
+        }
+        if self.command.iter().any(|a| a.contains('\0')) {
+            return Err(ConfigError::BadCommand(self.command[0].clone()));
+        }
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(ConfigError::BadEnv(k.clone()));
+            }
+        }
+        check_path("run_dir", &self.run_dir)?;
+        check_path("workspace", &self.workspace)?;
+        for p in &self.ro_paths {
+            check_path("ro_path", p)?;
+        }
+        if self.workspace_size_mb == 0 || self.tmp_size_mb == 0 {
+            return Err(ConfigError::BadSize);
+        }
+        Ok(())
+    }
+
+    /// `u32 little-endian length ‖ JSON`.
+    pub fn encode(&self) -> Vec<u8> {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let mut out = Vec::with_capacity(4 + json.len());
+        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        out.extend_from_slice(&json);
+        out
+    }
+
+    /// Reads exactly one header from `r` (which must not buffer beyond it:
+    /// the rest of the stream belongs to the command).
+    pub fn decode(mut r: impl Read) -> Result<InitConfig, ConfigError> {
+        let mut len = [0u8; 4];
+        r.read_exact(&mut len)
+            .map_err(|e| ConfigError::Header(format!("length: {e}")))?;
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_HEADER {
+            return Err(ConfigError::Header(format!("{len} bytes is too long")));
+        }
+        let mut buf = vec![0u8; len];
+        r.read_exact(&mut buf)
+            .map_err(|e| ConfigError::Header(format!("body: {e}")))?;
+        let cfg: InitConfig =
+            serde_json::from_slice(&buf).map_err(|e| ConfigError::Header(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> InitConfig {
+        InitConfig {
+            parent_pid: 1,
+            cgroup_procs: vec![],
+            command: vec!["/bin/true".into()],
+            env: vec![("A".into(), "b".into())],
+            run_dir: "/tmp/run".into(),
+            ro_paths: vec!["/opt/agent".into()],
+            workspace: "/workspace".into(),
+            workspace_size_mb: 8,
+            tmp_size_mb: 8,
+        }
+    }
+
+    #[test]
+    fn round_trip_leaves_the_rest_of_the_stream() {
+        let mut bytes = cfg().encode();
+        bytes.extend_from_slice(b"SECRET");
+        let mut cur = std::io::Cursor::new(bytes);
+        assert_eq!(InitConfig::decode(&mut cur).unwrap(), cfg());
+        let mut rest = String::new();
+        cur.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "SECRET");
+    }
+
+    #[test]
+    fn refuses_bad_input() {
+        for p in [
+            "relative",
+            "/",
+            "/a/../b",
+            "/proc/x",
+            "/dev",
+            "/oldroot/etc",
+        ] {
+            let mut c = cfg();
+            c.workspace = p.into();
+            assert!(c.validate().is_err(), "{p}");
+        }
+        let mut c = cfg();
+        c.command = vec!["true".into()];
+        assert!(c.validate().is_err());
+        c.command = vec![];
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.env = vec![("A=B".into(), "x".into())];
+        assert!(c.validate().is_err());
+        assert!(InitConfig::decode(&[0xff, 0xff, 0xff, 0xff][..]).is_err());
+        assert!(InitConfig::decode(&[3, 0, 0, 0, b'{', b'}', b'x'][..]).is_err());
+        assert!(InitConfig::decode(&[1, 0][..]).is_err());
+        for id in ["", "a/b", "..", &"x".repeat(65)] {
+            assert!(check_run_id(id).is_err());
+        }
+        check_run_id("run-123_ab").unwrap();
+    }
+}

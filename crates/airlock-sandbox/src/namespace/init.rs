@@ -1,0 +1,187 @@
+//! `airlock sandbox-init`: the sandbox's setup, run by the `airlock` binary
+//! itself (single-threaded: no runtime, no threads).
+//!
+//! Stage A (host PID namespace): reads the [`InitConfig`] header from stdin,
+//! dies with its parent, joins the run's cgroups, unshares the user, mount,
+//! PID, network, IPC, UTS and cgroup namespaces, maps its own uid/gid, and
+//! forks stage B; it then only waits and passes B's exit code on.
+//!
+//! Stage B (PID 1 of the new namespace): builds the filesystem
+//! ([`super::plan`]), brings up loopback, names the host, then drops every
+//! capability, sets `no_new_privs`, applies Landlock and seccomp, and
+//! starts the command with the rest of stdin (the secrets), the given
+//! environment only, in the workspace. It reaps orphans and exits with the
+//! command's code (128+signal when killed); its death kills the namespace.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::Command;
+
+use rustix::process::{Pid, Signal, WaitOptions};
+
+use super::config::{HOSTNAME, InitConfig};
+use super::{fs_rules, plan, seccomp, sys};
+
+/// Exit code of a setup failure (before the command ran).
+pub const SETUP_FAILED: i32 = 125;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{step}: {detail}")]
+pub struct InitError {
+    step: &'static str,
+    detail: String,
+}
+
+fn at<E: std::fmt::Display>(step: &'static str) -> impl FnOnce(E) -> InitError {
+    move |e| InitError {
+        step,
+        detail: e.to_string(),
+    }
+}
+
+/// Reads fd 0 without buffering, so the bytes after the header stay there.
+struct RawStdin;
+
+impl std::io::Read for RawStdin {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let stdin = std::io::stdin();
+        Ok(rustix::io::read(stdin.as_fd(), buf)?)
+    }
+}
+
+/// Entry point of `airlock sandbox-init`; returns the process exit code.
+pub fn main() -> i32 {
+    match stage_a() {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "airlock sandbox-init: {e}");
+            SETUP_FAILED
+        }
+    }
+}
+
+fn stage_a() -> Result<i32, InitError> {
+    let cfg = InitConfig::decode(RawStdin).map_err(at("config"))?;
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(at("PR_SET_PDEATHSIG"))?;
+    if rustix::process::getppid()
+        .map(Pid::as_raw_nonzero)
+        .map(|p| p.get())
+        != Some(cfg.parent_pid)
+    {
+        return Err(InitError {
+            step: "parent",
+            detail: "the spawning process is gone".into(),
+        });
+    }
+    sys::cloexec_from_3().map_err(at("close_range"))?;
+    let me = rustix::process::getpid().as_raw_nonzero().get().to_string();
+    for f in &cfg.cgroup_procs {
+        std::fs::write(f, &me).map_err(|e| InitError {
+            step: "join cgroup",
+            detail: format!("{}: {e}", f.display()),
+        })?;
+    }
+    let uid = rustix::process::getuid().as_raw();
+    let gid = rustix::process::getgid().as_raw();
+    sys::unshare_namespaces(sys::sandbox_namespaces()).map_err(at("unshare"))?;
+    std::fs::write("/proc/self/setgroups", "deny").map_err(at("setgroups"))?;
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")).map_err(at("uid_map"))?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")).map_err(at("gid_map"))?;
+    // B learns that A died (and must stop) from EOF on this pipe.
+    let (alive_r, alive_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(at("pipe"))?;
+    match sys::fork_single_threaded().map_err(at("fork"))? {
+        sys::Forked::Child => {
+            drop(alive_w);
+            let code = match stage_b(&cfg, alive_r) {
+                Ok(code) => code,
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr(), "airlock sandbox-init: {e}");
+                    SETUP_FAILED
+                }
+            };
+            std::process::exit(code);
+        }
+        sys::Forked::Parent(child) => {
+            drop(alive_r);
+            let status = loop {
+                match rustix::process::waitpid(Some(child), WaitOptions::empty()) {
+                    Ok(Some((_, st))) => break st,
+                    Ok(None) => continue,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(at("wait")(e)),
+                }
+            };
+            drop(alive_w);
+            Ok(exit_code(status))
+        }
+    }
+}
+
+fn exit_code(st: rustix::process::WaitStatus) -> i32 {
+    if let Some(c) = st.exit_status() {
+        c
+    } else if let Some(sig) = st.terminating_signal() {
+        128 + sig
+    } else {
+        SETUP_FAILED
+    }
+}
+
+fn stage_b(cfg: &InitConfig, alive: OwnedFd) -> Result<i32, InitError> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(at("PR_SET_PDEATHSIG"))?;
+    rustix::io::ioctl_fionbio(&alive, true).map_err(at("alive pipe"))?;
+    let mut b = [0u8; 1];
+    if matches!(rustix::io::read(&alive, &mut b), Ok(0)) {
+        return Err(InitError {
+            step: "parent",
+            detail: "stage A is gone".into(),
+        });
+    }
+    drop(alive);
+
+    plan::build_root(&mut sys::Real, cfg).map_err(at("filesystem"))?;
+    rustix::system::sethostname(HOSTNAME.as_bytes()).map_err(at("sethostname"))?;
+    sys::loopback_up().map_err(at("loopback"))?;
+
+    // Capabilities: the bounding set first (needs CAP_SETPCAP), then the rest.
+    caps::clear(None, caps::CapSet::Bounding).map_err(at("drop bounding capabilities"))?;
+    caps::clear(None, caps::CapSet::Ambient).map_err(at("drop ambient capabilities"))?;
+    rustix::thread::set_no_new_privs(true).map_err(at("no_new_privs"))?;
+    fs_rules::apply(cfg.workspace.clone(), cfg.run_dir.clone()).map_err(at("landlock"))?;
+    for set in [
+        caps::CapSet::Inheritable,
+        caps::CapSet::Effective,
+        caps::CapSet::Permitted,
+    ] {
+        caps::clear(None, set).map_err(at("drop capabilities"))?;
+    }
+    seccomp::install().map_err(at("seccomp"))?;
+
+    let (prog, args) = cfg.command.split_first().ok_or_else(|| InitError {
+        step: "command",
+        detail: "empty".into(),
+    })?;
+    let child = Command::new(prog)
+        .args(args)
+        .env_clear()
+        .envs(cfg.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&cfg.workspace)
+        .spawn()
+        .map_err(|e| InitError {
+            step: "exec",
+            detail: format!("{prog}: {e}"),
+        })?;
+    let main = child.id() as i32;
+    drop(child);
+    // PID 1: reap everything until the command itself exits.
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, st))) if pid.as_raw_nonzero().get() == main => return Ok(exit_code(st)),
+            Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(at("wait")(e)),
+        }
+    }
+}

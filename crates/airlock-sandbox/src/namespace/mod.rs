@@ -1,0 +1,216 @@
+//! The `namespace` backend: Airlock's own sandbox from Linux namespaces,
+//! rootless where the kernel allows user namespaces.
+//!
+//! The host side ([`NamespaceBackend::spawn`]) creates the run's cgroups and
+//! starts `airlock sandbox-init` ([`init`]) with the non-secret spec as a
+//! header on its stdin, followed by the command's stdin bytes. Everything
+//! the sandbox boundary consists of is in this directory:
+//! [`plan`] (the filesystem), [`init`] (the sequence), [`seccomp`],
+//! [`fs_rules`] (Landlock), [`cgroup`], and [`sys`] (all `unsafe`).
+
+pub mod cgroup;
+pub mod config;
+pub mod fs_rules;
+pub mod init;
+pub mod plan;
+pub mod seccomp;
+pub mod sys;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use crate::{Backend, Sandbox, SandboxError, SandboxSpec, Unavailable};
+use config::InitConfig;
+
+/// The hidden subcommand of the `airlock` binary that runs [`init::main`].
+pub const INIT_SUBCOMMAND: &str = "sandbox-init";
+
+pub struct NamespaceBackend {
+    /// The `airlock` binary (it runs `sandbox-init`).
+    pub init_exe: PathBuf,
+    /// Fail a spawn when cgroups cannot be created (default: when root).
+    pub require_limits: bool,
+}
+
+impl NamespaceBackend {
+    /// Uses the running executable as the init (the platform runs inside `airlock`).
+    pub fn current() -> Result<NamespaceBackend, SandboxError> {
+        let exe = std::env::current_exe()
+            .map_err(|e| SandboxError::Setup(format!("cannot locate the airlock binary: {e}")))?;
+        Ok(NamespaceBackend::with_exe(exe))
+    }
+
+    pub fn with_exe(init_exe: PathBuf) -> NamespaceBackend {
+        NamespaceBackend {
+            init_exe,
+            require_limits: rustix::process::geteuid().is_root(),
+        }
+    }
+}
+
+/// Why user namespaces do not work here, in words an operator can act on.
+pub fn userns_diagnosis() -> Result<(), String> {
+    let Some(f) = sys::probe_userns(sys::sandbox_namespaces()) else {
+        return Ok(());
+    };
+    let errno = std::io::Error::from_raw_os_error(f.errno);
+    let sysctl = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let root = rustix::process::geteuid().is_root();
+    let apparmor = sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
+        == Some("1")
+        && !root;
+    let why = match (f.step, f.errno) {
+        (sys::ProbeStep::Fork, _) => format!("cannot fork a probe process: {errno}"),
+        (sys::ProbeStep::Unshare, libc::ENOSPC | libc::EUSERS) => {
+            format!("user namespaces are disabled or exhausted (user.max_user_namespaces = {})", sysctl("/proc/sys/user/max_user_namespaces").unwrap_or_else(|| "?".into()))
+        }
+        (sys::ProbeStep::Unshare, libc::EINVAL) => "this kernel has no user namespaces (CONFIG_USER_NS off)".into(),
+        (sys::ProbeStep::Unshare, libc::EPERM) if sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") && !root => {
+            "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)".into()
+        }
+        (sys::ProbeStep::Unshare, libc::EPERM) if apparmor => {
+            "AppArmor forbids unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1): add an AppArmor profile granting `userns` to the airlock binary, or use the docker backend".into()
+        }
+        (sys::ProbeStep::Unshare, libc::EPERM) => {
+            "creating namespaces is forbidden (EPERM): typically a container's seccomp profile (Docker's default blocks unshare/clone of namespaces) or an LSM; run the container with a seccomp profile that allows them, or use the docker backend".into()
+        }
+        (sys::ProbeStep::UidMap, _) => format!("the new user namespace's uid/gid map cannot be written: {errno}"),
+        (sys::ProbeStep::Mount, libc::EPERM | libc::EACCES) if apparmor => {
+            "AppArmor lets user namespaces be created but strips their capabilities (kernel.apparmor_restrict_unprivileged_userns = 1): mounting fails; add an AppArmor profile for airlock, or use the docker backend".into()
+        }
+        (sys::ProbeStep::Mount, _) => format!("mounting inside a new user+mount namespace fails: {errno} (an LSM or a container policy forbids it)"),
+        (sys::ProbeStep::Unshare, _) => format!("unshare of the sandbox namespaces fails: {errno}"),
+    };
+    Err(why)
+}
+
+impl Backend for NamespaceBackend {
+    fn name(&self) -> &'static str {
+        "namespace"
+    }
+
+    fn check(&self) -> Result<(), Unavailable> {
+        if !cfg!(target_os = "linux") {
+            return Err(Unavailable("namespaces are Linux only".into()));
+        }
+        if !self.init_exe.is_file() {
+            return Err(Unavailable(format!(
+                "the init binary {} does not exist",
+                self.init_exe.display()
+            )));
+        }
+        userns_diagnosis().map_err(Unavailable)?;
+        if !std::path::Path::new("/proc/self/ns/cgroup").exists() {
+            return Err(Unavailable("this kernel lacks cgroup namespaces".into()));
+        }
+        Ok(())
+    }
+
+    fn isolates(&self) -> bool {
+        true
+    }
+
+    fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
+        config::check_run_id(&spec.run_id).map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let cgroups = match cgroup::layout() {
+            Some(layout) => {
+                let limits = cgroup::Limits {
+                    memory_mb: spec.memory_mb,
+                    cpus: spec.cpus,
+                    pids_max: spec.pids_max,
+                };
+                match cgroup::RunCgroups::create(&layout, &spec.run_id, limits) {
+                    Ok(c) => Some(c),
+                    Err(e) if self.require_limits => {
+                        return Err(SandboxError::Setup(format!("resource limits: {e}")));
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "the namespace sandbox runs WITHOUT memory/CPU/pids limits: {e}"
+                        );
+                        None
+                    }
+                }
+            }
+            None if self.require_limits => {
+                return Err(SandboxError::Setup(
+                    cgroup::CgroupError::NoHierarchy.to_string(),
+                ));
+            }
+            None => {
+                tracing::warn!(
+                    "the namespace sandbox runs WITHOUT memory/CPU/pids limits: {}",
+                    cgroup::CgroupError::NoHierarchy
+                );
+                None
+            }
+        };
+        let cgroups = cgroups.map(Arc::new);
+        let procs = cgroups
+            .as_ref()
+            .map(|c| c.procs_files())
+            .unwrap_or_default();
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        let cfg = match InitConfig::from_spec(spec, me, procs) {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &cgroups {
+                    c.remove(Duration::from_millis(100));
+                }
+                return Err(SandboxError::Setup(e.to_string()));
+            }
+        };
+        let mut cmd = tokio::process::Command::new(&self.init_exe);
+        cmd.arg(INIT_SUBCOMMAND)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &cgroups {
+                    c.remove(Duration::from_millis(100));
+                }
+                return Err(e.into());
+            }
+        };
+        let pid = child
+            .id()
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+        // A pidfd makes the kill race-free against PID reuse.
+        let pidfd = pid.and_then(|p| {
+            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+        });
+        if let Some(mut stdin) = child.stdin.take() {
+            let mut data = cfg.encode();
+            data.extend_from_slice(&spec.stdin);
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&data).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
+        let kill_cg = cgroups.clone();
+        let killer = Box::new(move || {
+            if let Some(fd) = &pidfd {
+                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+            }
+            if let Some(c) = &kill_cg {
+                c.kill();
+            }
+        });
+        let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
+            Box::new(move || c.remove(Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
+        });
+        Sandbox::new(child, killer, cleaner)
+    }
+}

@@ -1,0 +1,484 @@
+//! The ONE module with `unsafe` code and raw syscalls of the sandbox.
+//!
+//! [`Sys`] is what the filesystem setup ([`super::plan`]) needs; [`Real`]
+//! performs it, a recorder in the plan's tests replays it without root.
+//! The free functions below are the few process-level calls that no safe
+//! wrapper covers (fork, mount_setattr, the loopback ioctl, the probe's
+//! attack attempts). Each `unsafe` block says why it is sound.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+
+/// Mount attributes for [`Sys::set_attrs`] (linux/mount.h `MOUNT_ATTR_*`).
+pub const ATTR_RDONLY: u64 = 0x1;
+pub const ATTR_NOSUID: u64 = 0x2;
+pub const ATTR_NODEV: u64 = 0x4;
+pub const ATTR_NOEXEC: u64 = 0x8;
+
+/// Filesystem operations of the sandbox setup, in the order the plan issues them.
+pub trait Sys {
+    fn make_private(&mut self, target: &Path) -> io::Result<()>;
+    fn mount_tmpfs(&mut self, target: &Path, size_mb: u64, mode: u32, attrs: u64)
+    -> io::Result<()>;
+    /// Recursive bind mount.
+    fn bind(&mut self, source: &Path, target: &Path) -> io::Result<()>;
+    /// Sets `attrs` on the mount at `target` (and every mount under it when `recursive`).
+    fn set_attrs(&mut self, target: &Path, attrs: u64, recursive: bool) -> io::Result<()>;
+    fn mount_proc(&mut self, target: &Path) -> io::Result<()>;
+    fn pivot_root(&mut self, new_root: &Path, put_old: &Path) -> io::Result<()>;
+    fn detach(&mut self, target: &Path) -> io::Result<()>;
+    fn mkdir_all(&mut self, path: &Path) -> io::Result<()>;
+    fn rmdir(&mut self, path: &Path) -> io::Result<()>;
+    fn touch(&mut self, path: &Path) -> io::Result<()>;
+    fn symlink(&mut self, target: &Path, link: &Path) -> io::Result<()>;
+    fn chdir(&mut self, path: &Path) -> io::Result<()>;
+    /// What is at `path` (not following a final symlink).
+    fn kind(&self, path: &Path) -> Kind;
+    fn read_link(&self, path: &Path) -> io::Result<std::path::PathBuf>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Missing,
+    Dir,
+    File,
+    Symlink,
+}
+
+/// The real thing.
+pub struct Real;
+
+impl Sys for Real {
+    fn make_private(&mut self, target: &Path) -> io::Result<()> {
+        Ok(rustix::mount::mount_change(
+            target,
+            MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+        )?)
+    }
+
+    fn mount_tmpfs(
+        &mut self,
+        target: &Path,
+        size_mb: u64,
+        mode: u32,
+        attrs: u64,
+    ) -> io::Result<()> {
+        let data =
+            CString::new(format!("size={size_mb}m,mode={mode:o}")).map_err(io::Error::other)?;
+        let mut flags = MountFlags::empty();
+        if attrs & ATTR_NOSUID != 0 {
+            flags |= MountFlags::NOSUID;
+        }
+        if attrs & ATTR_NODEV != 0 {
+            flags |= MountFlags::NODEV;
+        }
+        if attrs & ATTR_NOEXEC != 0 {
+            flags |= MountFlags::NOEXEC;
+        }
+        Ok(rustix::mount::mount(
+            "tmpfs",
+            target,
+            "tmpfs",
+            flags,
+            data.as_c_str(),
+        )?)
+    }
+
+    fn bind(&mut self, source: &Path, target: &Path) -> io::Result<()> {
+        Ok(rustix::mount::mount_bind_recursive(source, target)?)
+    }
+
+    fn set_attrs(&mut self, target: &Path, attrs: u64, recursive: bool) -> io::Result<()> {
+        mount_setattr(target, attrs, recursive)
+    }
+
+    fn mount_proc(&mut self, target: &Path) -> io::Result<()> {
+        let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+        Ok(rustix::mount::mount("proc", target, "proc", flags, None)?)
+    }
+
+    fn pivot_root(&mut self, new_root: &Path, put_old: &Path) -> io::Result<()> {
+        Ok(rustix::process::pivot_root(new_root, put_old)?)
+    }
+
+    fn detach(&mut self, target: &Path) -> io::Result<()> {
+        Ok(rustix::mount::unmount(target, UnmountFlags::DETACH)?)
+    }
+
+    fn mkdir_all(&mut self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+
+    fn rmdir(&mut self, path: &Path) -> io::Result<()> {
+        std::fs::remove_dir(path)
+    }
+
+    fn touch(&mut self, path: &Path) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map(drop)
+    }
+
+    fn symlink(&mut self, target: &Path, link: &Path) -> io::Result<()> {
+        std::os::unix::fs::symlink(target, link)
+    }
+
+    fn chdir(&mut self, path: &Path) -> io::Result<()> {
+        std::env::set_current_dir(path)
+    }
+
+    fn kind(&self, path: &Path) -> Kind {
+        match std::fs::symlink_metadata(path) {
+            Err(_) => Kind::Missing,
+            Ok(m) if m.file_type().is_symlink() => Kind::Symlink,
+            Ok(m) if m.is_dir() => Kind::Dir,
+            Ok(_) => Kind::File,
+        }
+    }
+
+    fn read_link(&self, path: &Path) -> io::Result<std::path::PathBuf> {
+        std::fs::read_link(path)
+    }
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `mount_setattr(2)` (Linux 5.12): rustix does not wrap it.
+fn mount_setattr(target: &Path, attrs: u64, recursive: bool) -> io::Result<()> {
+    let path = CString::new(target.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { libc::AT_RECURSIVE } else { 0 } | libc::AT_NO_AUTOMOUNT;
+    // SAFETY: `path` is a valid NUL-terminated string and `attr` a properly
+    // sized `struct mount_attr` that both outlive the call; the kernel only
+    // reads them.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Every namespace the sandbox gets.
+pub fn sandbox_namespaces() -> rustix::thread::UnshareFlags {
+    use rustix::thread::UnshareFlags as F;
+    F::NEWUSER | F::NEWNS | F::NEWPID | F::NEWNET | F::NEWIPC | F::NEWUTS | F::NEWCGROUP
+}
+
+/// `unshare(2)` of namespaces only.
+pub fn unshare_namespaces(flags: rustix::thread::UnshareFlags) -> io::Result<()> {
+    use rustix::thread::UnshareFlags as F;
+    if flags.intersects(F::FILES | F::FS | F::SYSVSEM) {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: only namespace flags reach here (checked above); unsharing
+    // namespaces does not invalidate anything this process holds (the
+    // `unshare_unsafe` hazard is CLONE_FILES, excluded).
+    Ok(unsafe { rustix::thread::unshare_unsafe(flags) }?)
+}
+
+pub enum Forked {
+    Child,
+    Parent(rustix::process::Pid),
+}
+
+/// `fork(2)`. Only called by `sandbox-init`, which is single-threaded (no
+/// runtime, no threads spawned before), so the child may do anything.
+pub fn fork_single_threaded() -> io::Result<Forked> {
+    // SAFETY: the caller is single-threaded (sandbox-init starts no thread and
+    // no async runtime), so no lock can be held by another thread across the
+    // fork, and the child owns a consistent copy of the address space.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        p => Ok(Forked::Parent(
+            rustix::process::Pid::from_raw(p)
+                .ok_or_else(|| io::Error::other("fork returned pid 0"))?,
+        )),
+    }
+}
+
+/// Marks every descriptor from 3 on close-on-exec, so nothing the platform
+/// leaked reaches the command.
+pub fn cloexec_from_3() -> io::Result<()> {
+    // SAFETY: CLOSE_RANGE_CLOEXEC only sets a flag on descriptors; it closes
+    // none, so no owner is invalidated.
+    let r = unsafe {
+        libc::close_range(
+            3,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Brings `lo` up in the current network namespace (SIOCSIFFLAGS).
+pub fn loopback_up() -> io::Result<()> {
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )?;
+    let mut req = IfReqFlags {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    req.name[..2].copy_from_slice(b"lo");
+    // SAFETY: `req` is a correctly sized, initialised `struct ifreq` (name +
+    // flags union member) that lives across both calls; the socket is open.
+    unsafe {
+        if libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCGIFFLAGS,
+            &mut req as *mut IfReqFlags,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        req.flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(
+            sock.as_raw_fd(),
+            libc::SIOCSIFFLAGS,
+            &mut req as *mut IfReqFlags,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's Landlock ABI version (`landlock_create_ruleset(NULL, 0, VERSION)`).
+pub fn landlock_abi() -> io::Result<i64> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attribute pointer, size 0 and the VERSION flag the
+    // call reads no memory and only returns a number.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Which step of [`probe_userns`] failed, and the errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeFailure {
+    pub step: ProbeStep,
+    pub errno: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeStep {
+    Fork,
+    Unshare,
+    UidMap,
+    Mount,
+}
+
+/// Forks a child that unshares every namespace the sandbox uses, maps its
+/// IDs and mounts a tmpfs in its private mount namespace, then exits: the
+/// real test of "user namespaces work here" (AppArmor's restriction lets
+/// unshare succeed and only fails the mount). Safe to call from a
+/// multi-threaded process: the child only issues raw syscalls on buffers
+/// prepared before the fork and never allocates.
+pub fn probe_userns(flags: rustix::thread::UnshareFlags) -> Option<ProbeFailure> {
+    let uid = rustix::process::getuid().as_raw();
+    let gid = rustix::process::getgid().as_raw();
+    let uid_map = format!("{uid} {uid} 1");
+    let gid_map = format!("{gid} {gid} 1");
+    let (rd, wr) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => {
+            return Some(ProbeFailure {
+                step: ProbeStep::Fork,
+                errno: e.raw_os_error(),
+            });
+        }
+    };
+    // SAFETY: the child runs only async-signal-safe raw syscalls (rustix
+    // calls on pre-built strings, no allocation, no locks) and ends with
+    // `_exit`, so forking a multi-threaded parent is sound.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let fail = |step: u8, e: rustix::io::Errno| -> ! {
+            let b = e.raw_os_error().to_le_bytes();
+            let _ = rustix::io::write(&wr, &[step, b[0], b[1], b[2], b[3]]);
+            // SAFETY: `_exit` ends the forked child without running atexit
+            // handlers or destructors that belong to the parent.
+            unsafe { libc::_exit(1) }
+        };
+        // SAFETY: namespace flags only (no CLONE_FILES), see unshare_namespaces.
+        if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
+            fail(1, e);
+        }
+        if flags.contains(rustix::thread::UnshareFlags::NEWUSER) {
+            for (file, data) in [
+                (c"/proc/self/setgroups", &b"deny"[..]),
+                (c"/proc/self/uid_map", uid_map.as_bytes()),
+                (c"/proc/self/gid_map", gid_map.as_bytes()),
+            ] {
+                let r =
+                    rustix::fs::open(file, rustix::fs::OFlags::WRONLY, rustix::fs::Mode::empty())
+                        .and_then(|fd| rustix::io::write(&fd, data));
+                if let Err(e) = r {
+                    fail(2, e);
+                }
+            }
+        }
+        if flags.contains(rustix::thread::UnshareFlags::NEWNS) {
+            if let Err(e) = rustix::mount::mount_change(
+                c"/",
+                MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+            ) {
+                fail(3, e);
+            }
+            if let Err(e) =
+                rustix::mount::mount(c"tmpfs", c"/tmp", c"tmpfs", MountFlags::empty(), c"size=1m")
+            {
+                fail(3, e);
+            }
+        }
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) }
+    }
+    drop(wr);
+    if pid < 0 {
+        return Some(ProbeFailure {
+            step: ProbeStep::Fork,
+            errno: io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        });
+    }
+    let mut buf = [0u8; 5];
+    let n = read_full(&rd, &mut buf);
+    if let Some(p) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
+    }
+    if n < 5 {
+        return None;
+    }
+    let errno = i32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]);
+    let step = match buf[0] {
+        1 => ProbeStep::Unshare,
+        2 => ProbeStep::UidMap,
+        _ => ProbeStep::Mount,
+    };
+    Some(ProbeFailure { step, errno })
+}
+
+fn read_full(fd: &OwnedFd, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match rustix::io::read(fd, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => break,
+        }
+    }
+    n
+}
+
+// ---- the probe's attack attempts (they are expected to fail) ----
+
+/// `ptrace(PTRACE_ATTACH, pid)`; detaches again if it worked.
+pub fn try_ptrace_attach(pid: i32) -> io::Result<()> {
+    // SAFETY: PTRACE_ATTACH with null addr/data touches no memory of ours.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_ATTACH,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    if r == 0 {
+        // SAFETY: as above.
+        unsafe {
+            libc::ptrace(
+                libc::PTRACE_DETACH,
+                pid,
+                std::ptr::null_mut::<libc::c_void>(),
+                std::ptr::null_mut::<libc::c_void>(),
+            )
+        };
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `process_vm_readv` of 8 bytes at `addr` of `pid` into a local buffer.
+pub fn try_process_vm_readv(pid: i32, addr: usize) -> io::Result<usize> {
+    let mut buf = [0u8; 8];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` describes our own live 8-byte buffer; `remote` is only
+    // interpreted in the other process by the kernel, never dereferenced here.
+    let r = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Tries to create a new user namespace (the probe checks seccomp denies it).
+pub fn try_unshare_user() -> io::Result<()> {
+    unshare_namespaces(rustix::thread::UnshareFlags::NEWUSER)
+}

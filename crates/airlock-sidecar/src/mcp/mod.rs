@@ -1,0 +1,407 @@
+//! `/mcp`: the agent's tools over MCP (Streamable HTTP), served with the
+//! official `rmcp` SDK. rmcp is used only inside this module.
+//!
+//! Both protocol revisions are answered on the same endpoint: a client that
+//! starts with `initialize` (2025-11-25 and older) gets an rmcp session
+//! (`Mcp-Session-Id`); a request that carries its protocol version in
+//! `_meta` (2026-07-28, no handshake) is served statelessly. rmcp routes
+//! each POST by what it carries.
+//!
+//! Before rmcp sees a POST, [`entry`] reads the body within
+//! `limits.max_request_bytes` (413 naming the limit) and checks the JSON-RPC
+//! envelope ([`args::check_envelope`]) so malformed input gets a JSON-RPC
+//! error rather than rmcp's plain-text 415.
+
+pub mod api_call;
+pub mod args;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use http_body_util::BodyExt;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    Implementation, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResourceContents,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::{Value, json};
+
+use crate::state::Sidecar;
+use args::{ToolCall, ToolError};
+
+/// `Host` values accepted on `/mcp` (rmcp's DNS-rebinding check). The agent
+/// reaches the sidecar on a unix socket (clients send `localhost`), on
+/// 127.0.0.1/::1, or, on a docker run network, as `sidecar`. Every request
+/// also needs the sidecar token, which a rebinding page cannot have.
+pub const ALLOWED_HOSTS: &[&str] = &["localhost", "127.0.0.1", "::1", "sidecar"];
+
+/// A JSON-RPC message from the client, as rmcp parses it (for the fuzz target).
+pub type ClientMessage = rmcp::model::ClientJsonRpcMessage;
+
+/// The URI of a stored result: `airlock://result/<runId>/<id>`.
+pub fn result_uri(run_id: &str, id: &str) -> String {
+    format!("airlock://result/{run_id}/{id}")
+}
+
+/// The result id of `uri` when it names a result of `run_id`.
+pub fn parse_result_uri<'a>(uri: &'a str, run_id: &str) -> Option<&'a str> {
+    let rest = uri.strip_prefix("airlock://result/")?;
+    let (run, id) = rest.split_once('/')?;
+    let ok = run == run_id
+        && !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    ok.then_some(id)
+}
+
+/// Per-run state of the MCP service, shared by every session.
+pub struct McpState {
+    pub sidecar: Arc<Sidecar>,
+    tools: Vec<Tool>,
+    /// Bytes stored through `put_result` by this run (`limits.run_result_bytes`).
+    stored_bytes: AtomicU64,
+}
+
+impl McpState {
+    pub fn new(sidecar: Arc<Sidecar>) -> Self {
+        let mut tools: Vec<Tool> = sidecar
+            .integrations
+            .keys()
+            .map(|ns| api_call_tool(ns))
+            .collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        tools.push(run_history_tool());
+        tools.push(recall_memory_tool());
+        McpState {
+            sidecar,
+            tools,
+            stored_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+
+    /// Parses and runs one tool call.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<&serde_json::Map<String, Value>>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let limit = self.sidecar.limits.max_request_bytes;
+        let call = match args::parse_tool_call(
+            name,
+            arguments,
+            |ns| self.sidecar.integrations.contains_key(ns),
+            limit,
+        ) {
+            Ok(c) => c,
+            Err(ToolError::UnknownTool(n)) => {
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool {n:?}"),
+                    None,
+                ));
+            }
+            Err(ToolError::Invalid(e)) => return Ok(api_call::arg_error(&e)),
+        };
+        Ok(match call {
+            ToolCall::ApiCall { namespace, args } => {
+                match self.sidecar.integrations.get(&namespace) {
+                    Some(integration) => api_call::run(self, integration, args).await,
+                    None => {
+                        return Err(ErrorData::invalid_params(
+                            format!("unknown tool {name:?}"),
+                            None,
+                        ));
+                    }
+                }
+            }
+            ToolCall::RunHistory { limit, fields } => {
+                match self.sidecar.platform.history(limit, &fields).await {
+                    Ok(h) => json_result(&h),
+                    Err(e) => api_call::error_result(
+                        "platform_error",
+                        &format!("run history is unavailable: {e}"),
+                        502,
+                    ),
+                }
+            }
+            ToolCall::RecallMemory { q, limit } => {
+                match self.sidecar.platform.memories(&q, limit).await {
+                    Ok(m) => json_result(&m),
+                    Err(e) => api_call::error_result(
+                        "platform_error",
+                        &format!("memories are unavailable: {e}"),
+                        502,
+                    ),
+                }
+            }
+        })
+    }
+
+    /// `resources/read` of a stored result of this run.
+    pub async fn read(&self, uri: &str) -> Result<ReadResourceResult, ErrorData> {
+        let not_found = || {
+            ErrorData::resource_not_found(
+                format!(
+                    "resource not found: {}",
+                    uri.chars().take(300).collect::<String>()
+                ),
+                None,
+            )
+        };
+        let id = parse_result_uri(uri, &self.sidecar.run_id).ok_or_else(not_found)?;
+        match self.sidecar.platform.get_result(id).await {
+            Ok((ct, body)) => {
+                let contents = match String::from_utf8(body.to_vec()) {
+                    Ok(text) => ResourceContents::text(text, uri).with_mime_type(ct),
+                    Err(_) => ResourceContents::blob(
+                        base64::engine::general_purpose::STANDARD.encode(&body),
+                        uri,
+                    )
+                    .with_mime_type(ct),
+                };
+                Ok(ReadResourceResult::new(vec![contents]))
+            }
+            Err(e) if e.status() == Some(404) || e.status() == Some(403) => Err(not_found()),
+            Err(e) => Err(ErrorData::internal_error(
+                format!("the platform could not read the result: {e}"),
+                None,
+            )),
+        }
+    }
+}
+
+fn json_result<T: serde::Serialize>(v: &T) -> CallToolResult {
+    let value = serde_json::to_value(v).unwrap_or(Value::Null);
+    let mut r = CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
+    r.structured_content = Some(value);
+    r
+}
+
+fn schema(v: Value) -> Arc<serde_json::Map<String, Value>> {
+    match v {
+        Value::Object(o) => Arc::new(o),
+        _ => Arc::default(),
+    }
+}
+
+fn api_call_tool(ns: &str) -> Tool {
+    Tool::new(
+        format!("{ns}{}", args::API_CALL_SUFFIX),
+        format!(
+            "Call the {ns} API with the connection's credential injected by the sidecar (you never see it). \
+             Use {{{{field}}}} placeholders for credential fields in the target and header values \
+             (and in the body with substituteBody). Only the integration's authorized URLs are reachable."
+        ),
+        schema(json!({
+            "type": "object",
+            "properties": {
+                "target": {"type": "string", "description": "Absolute URL; may hold {{field}} placeholders"},
+                "method": {"type": "string", "enum": ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"], "default": "GET"},
+                "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                "body": {
+                    "description": "A string, a JSON object or array, or {\"fromBytes\": \"<base64>\", \"encoding\": \"base64\"}",
+                    "anyOf": [
+                        {"type": "string"},
+                        {"type": "array"},
+                        {"type": "object"}
+                    ]
+                },
+                "substituteBody": {"type": "boolean", "default": false, "description": "Fill {{field}} placeholders in the body too"}
+            },
+            "required": ["target"],
+            "additionalProperties": false
+        })),
+    )
+}
+
+fn run_history_tool() -> Tool {
+    Tool::new(
+        args::RUN_HISTORY,
+        "Earlier runs of this agent, newest first.",
+        schema(json!({
+            "type": "object",
+            "properties": {
+                "limit": {"type": "integer", "minimum": 1, "maximum": args::MAX_LIMIT, "default": 10},
+                "fields": {"type": "array", "items": {"type": "string", "enum": ["checkpoint", "result"]}}
+            },
+            "additionalProperties": false
+        })),
+    )
+}
+
+fn recall_memory_tool() -> Tool {
+    Tool::new(
+        args::RECALL_MEMORY,
+        "Search this agent's memories.",
+        schema(json!({
+            "type": "object",
+            "properties": {
+                "q": {"type": "string", "maxLength": args::MAX_QUERY_CHARS},
+                "limit": {"type": "integer", "minimum": 1, "maximum": args::MAX_LIMIT, "default": 10}
+            },
+            "required": ["q"],
+            "additionalProperties": false
+        })),
+    )
+}
+
+/// The rmcp handler: one per session or stateless request, all sharing [`McpState`].
+#[derive(Clone)]
+pub struct AirlockMcp {
+    state: Arc<McpState>,
+}
+
+impl ServerHandler for AirlockMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_resources().build())
+            .with_server_info(Implementation::new("airlock-sidecar", env!("CARGO_PKG_VERSION")))
+            .with_instructions("Airlock sidecar: integration API calls with injected credentials, run history and memories.")
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.state.tools.clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.state.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.state
+            .call(&request.name, request.arguments.as_ref())
+            .await
+            .map(CallToolResponse::from)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        // Stored results are reachable through the links in tool results only.
+        Ok(ListResourcesResult::with_all_items(Vec::new()))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        self.state
+            .read(&request.uri)
+            .await
+            .map(ReadResourceResponse::from)
+    }
+}
+
+type McpService = StreamableHttpService<AirlockMcp, LocalSessionManager>;
+
+/// The `/mcp` router (nested by `server::router`, behind the token check).
+pub fn router(sidecar: Arc<Sidecar>) -> Router {
+    let limit = sidecar.limits.max_request_bytes;
+    let state = Arc::new(McpState::new(sidecar));
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
+        .with_max_request_body_bytes(limit)
+        .with_json_response(true);
+    let service: McpService = StreamableHttpService::new(
+        move || {
+            Ok(AirlockMcp {
+                state: state.clone(),
+            })
+        },
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Router::new().fallback(move |req: Request| entry(service.clone(), limit, req))
+}
+
+fn too_large(limit: usize) -> Response {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        axum::Json(json!({"error": "payload_too_large", "message": format!("request body exceeds the {limit}-byte limit")})),
+    )
+        .into_response()
+}
+
+/// Reads a POST body within `limit`, answers a malformed envelope with a
+/// JSON-RPC error, and hands the rest to rmcp.
+async fn entry(service: McpService, limit: usize, req: Request) -> Response {
+    if req.method() != Method::POST {
+        return service.handle(req).await.map(Body::new);
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            // The outer body limit (server.rs) surfaces as a boxed error too.
+            if e.is::<http_body_util::LengthLimitError>()
+                || e.to_string().contains("length limit exceeded")
+            {
+                return too_large(limit);
+            }
+            return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": "bad_request", "message": "the request body could not be read"})))
+                .into_response();
+        }
+    };
+    if let Err(e) = args::check_envelope(&bytes) {
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            e.to_json().to_string(),
+        )
+            .into_response();
+    }
+    service
+        .handle(Request::from_parts(parts, Body::from(bytes)))
+        .await
+        .map(Body::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_uris() {
+        assert_eq!(result_uri("r1", "abc"), "airlock://result/r1/abc");
+        assert_eq!(
+            parse_result_uri("airlock://result/r1/abc", "r1"),
+            Some("abc")
+        );
+        for bad in [
+            "airlock://result/r2/abc",
+            "airlock://result/r1/",
+            "airlock://result/r1/a/b",
+            "airlock://result/r1/../x",
+            "airlock://result/r1",
+            "https://result/r1/abc",
+        ] {
+            assert_eq!(parse_result_uri(bad, "r1"), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,634 @@
+//! Escape tests for the `namespace` backend, driven from the attacker's side:
+//! the real `airlock` binary runs `airlock probe` (or python3) inside a
+//! sandbox and tries to get out; each test asserts the attempt FAILED and
+//! that the legitimate path still works.
+//!
+//! Network rule: nothing here sends a packet anywhere but loopback or the
+//! sandbox's own namespace; "the host" is represented by listeners this test
+//! binds on this machine's own addresses.
+//!
+//! Needs root or unprivileged user namespaces: under `CI` a missing
+//! capability fails loudly, elsewhere the tests print SKIPPED.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpListener};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::namespace::NamespaceBackend;
+use airlock_sandbox::{Backend, Sandbox, SandboxSpec};
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+
+const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+
+fn backend() -> Option<NamespaceBackend> {
+    let b = NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));
+    match b.check() {
+        Ok(()) => Some(b),
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("the namespace backend must work under CI: {}", why.0)
+        }
+        Err(why) => {
+            eprintln!(
+                "\n*** SKIPPED: the namespace backend is not available here: {} ***\n",
+                why.0
+            );
+            None
+        }
+    }
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn run_id() -> String {
+    format!(
+        "t{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+struct Run {
+    spec: SandboxSpec,
+    _dir: tempfile::TempDir,
+}
+
+fn spec(command: Vec<String>) -> Run {
+    let dir = tempfile::Builder::new()
+        .prefix("airlock-sbx-")
+        .tempdir()
+        .unwrap();
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    Run {
+        spec: SandboxSpec {
+            run_id: run_id(),
+            command,
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("HOME".into(), "/workspace".into()),
+            ],
+            stdin: vec![],
+            run_dir,
+            ro_paths: vec![PathBuf::from(AIRLOCK)],
+            workspace: PathBuf::from("/workspace"),
+            workspace_size_mb: 16,
+            memory_mb: 256,
+            cpus: 1.0,
+            pids_max: 64,
+        },
+        _dir: dir,
+    }
+}
+
+fn probe_cmd(args: &[&str]) -> Vec<String> {
+    let mut v = vec![AIRLOCK.to_string(), "probe".into()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+struct Outcome {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Outcome {
+    fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "probe output is not JSON ({e}): {}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+async fn finish(mut sb: Sandbox, timeout: Duration) -> Outcome {
+    let (out, err) = sb.take_output();
+    let (mut out, mut err) = (out.unwrap(), err.unwrap());
+    let reader = tokio::spawn(async move {
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let _ = tokio::join!(out.read_to_end(&mut o), err.read_to_end(&mut e));
+        (o, e)
+    });
+    let status = match tokio::time::timeout(timeout, sb.wait()).await {
+        Ok(s) => s.unwrap(),
+        Err(_) => {
+            sb.kill();
+            sb.wait().await.unwrap()
+        }
+    };
+    sb.cleanup().await;
+    let (o, e) = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .expect("output pipes closed")
+        .unwrap();
+    Outcome {
+        status,
+        stdout: String::from_utf8_lossy(&o).into_owned(),
+        stderr: String::from_utf8_lossy(&e).into_owned(),
+    }
+}
+
+async fn run(b: &NamespaceBackend, spec: &SandboxSpec) -> Outcome {
+    let sb = b.spawn(spec).expect("spawn");
+    finish(sb, Duration::from_secs(60)).await
+}
+
+fn cgroup_dirs(run_id: &str) -> Vec<PathBuf> {
+    let mut v = vec![];
+    for root in [
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/cpu",
+    ] {
+        let p = Path::new(root)
+            .join("airlock")
+            .join(format!("airlock-{run_id}"));
+        if p.exists() {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// Host processes whose argv[0] is `marker`.
+fn host_cmdlines_containing(marker: &str) -> Vec<i32> {
+    let mut hits = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(b) = std::fs::read(e.path().join("cmdline"))
+            && b.split(|c| *c == 0).next() == Some(marker.as_bytes())
+        {
+            hits.push(pid);
+        }
+    }
+    hits
+}
+
+fn failed(v: &Value) -> bool {
+    v.get("ok") == Some(&Value::Bool(false))
+}
+
+#[tokio::test]
+async fn legit_path_stdin_workspace_unix_socket_and_python() {
+    let Some(b) = backend() else { return };
+    let mut r = spec(vec![]);
+    let sock = r.spec.run_dir.join("sidecar.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut line = String::new();
+        s.read_to_string(&mut line).unwrap();
+        s.write_all(format!("pong:{}", line.trim()).as_bytes())
+            .unwrap();
+    });
+    let out_file = r.spec.run_dir.join("result.txt");
+    r.spec.stdin = b"the-run-secrets".to_vec();
+    r.spec.command = probe_cmd(&[
+        "--stdin",
+        "--unix",
+        sock.to_str().unwrap(),
+        "--write",
+        "/workspace/notes.txt",
+        "--write",
+        out_file.to_str().unwrap(),
+    ]);
+    let o = run(&b, &r.spec).await;
+    assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
+    let j = o.json();
+    assert_eq!(j["stdin"]["value"], "the-run-secrets", "{j}");
+    assert_eq!(j["unix"]["value"], "pong:ping", "{j}");
+    assert_eq!(j["write"]["/workspace/notes.txt"]["ok"], true, "{j}");
+    assert_eq!(j["write"][out_file.to_str().unwrap()]["ok"], true, "{j}");
+    assert_eq!(
+        std::fs::read_to_string(&out_file).unwrap(),
+        "escaped\n",
+        "run_dir is shared with the host"
+    );
+    assert_eq!(j["cwd"], "/workspace");
+    assert_eq!(
+        j["env"].as_object().unwrap().len(),
+        2,
+        "only the given environment: {}",
+        j["env"]
+    );
+    assert_eq!(j["hostname"], "airlock");
+    server.join().unwrap();
+
+    // /usr/bin/python3 works inside, and stdin reaches it.
+    let mut r = spec(vec![
+        "/usr/bin/python3".into(),
+        "-c".into(),
+        "import sys,os; print(sys.stdin.read().upper(), os.getcwd())".into(),
+    ]);
+    r.spec.stdin = b"secret".to_vec();
+    let o = run(&b, &r.spec).await;
+    assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.stdout.trim(), "SECRET /workspace");
+    assert!(cgroup_dirs(&r.spec.run_id).is_empty(), "cgroups removed");
+}
+
+#[tokio::test]
+async fn sees_no_host_process_and_cannot_touch_one() {
+    let Some(b) = backend() else { return };
+    let canary = format!("airlock-canary-{}", run_id());
+    let mut victim = std::process::Command::new("/bin/sleep")
+        .arg("60")
+        .env("AIRLOCK_CANARY", &canary)
+        .spawn()
+        .unwrap();
+    let vpid = victim.id() as i32;
+    let r = spec(probe_cmd(&[
+        "--pid",
+        &vpid.to_string(),
+        "--canary",
+        &canary,
+    ]));
+    let o = run(&b, &r.spec).await;
+    victim.kill().unwrap();
+    let _ = victim.wait();
+    let j = o.json();
+    let pids: Vec<i64> = j["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert!(
+        pids.len() <= 3 && pids.contains(&1),
+        "only the sandbox's own processes: {pids:?}"
+    );
+    assert!(!pids.contains(&(vpid as i64)) || vpid <= 3, "{pids:?}");
+    assert!(failed(&j["environ_pid"]), "{j}");
+    assert!(failed(&j["ptrace_pid"]), "{j}");
+    assert!(failed(&j["process_vm_readv_pid"]), "{j}");
+    assert!(failed(&j["kill_pid"]), "{j}");
+    assert!(
+        failed(&j["ptrace_init"]),
+        "ptrace of its own init is denied too: {j}"
+    );
+    assert_eq!(j["canary_hits"], serde_json::json!([]), "{j}");
+    assert!(!o.stdout.contains(&format!("AIRLOCK_CANARY={canary}")));
+}
+
+#[tokio::test]
+async fn writes_nothing_outside_the_workspace_and_run_dir() {
+    let Some(b) = backend() else { return };
+    let mut r = spec(vec![]);
+    let id = r.spec.run_id.clone();
+    let sibling = r
+        .spec
+        .run_dir
+        .parent()
+        .unwrap()
+        .join(format!("sibling-{id}"));
+    let host_tmp = PathBuf::from(format!("/tmp/airlock-escape-{id}"));
+    let targets: Vec<PathBuf> = vec![
+        format!("/usr/airlock-escape-{id}").into(),
+        format!("/usr/bin/airlock-escape-{id}").into(),
+        format!("/etc/airlock-escape-{id}").into(),
+        format!("/airlock-escape-{id}").into(),
+        format!("/root/airlock-escape-{id}").into(),
+        format!("/var/tmp/airlock-escape-{id}").into(),
+        format!("/dev/airlock-escape-{id}").into(),
+        "/proc/sys/kernel/hostname".into(),
+        "/proc/sysrq-trigger".into(),
+        PathBuf::from(AIRLOCK),
+    ];
+    // Inside the sandbox these land in its private /tmp; they must not reach the host.
+    let private = [host_tmp.clone(), sibling.clone()];
+    let mut args: Vec<String> = vec![];
+    for t in targets
+        .iter()
+        .chain(&private)
+        .chain([&PathBuf::from("/workspace/ok")])
+    {
+        args.push("--write".into());
+        args.push(t.display().to_string());
+    }
+    r.spec.command = probe_cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(&b, &r.spec).await;
+    let j = o.json();
+    for t in &targets {
+        assert!(
+            failed(&j["write"][t.display().to_string()]),
+            "{} must not be writable: {}",
+            t.display(),
+            j["write"]
+        );
+    }
+    assert_eq!(j["write"]["/workspace/ok"]["ok"], true, "{}", j["write"]);
+    assert_eq!(
+        j["write"][host_tmp.display().to_string()]["ok"],
+        true,
+        "the private /tmp is writable"
+    );
+    for t in targets.iter().chain(&private) {
+        if t.starts_with("/proc") || t == Path::new(AIRLOCK) {
+            continue;
+        }
+        assert!(!t.exists(), "{} appeared on the host", t.display());
+    }
+    assert_ne!(
+        std::fs::read(AIRLOCK).unwrap().get(..8),
+        Some(&b"escaped\n"[..])
+    );
+}
+
+fn host_addresses() -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()];
+    // The host's own non-loopback addresses, from its interfaces.
+    if let Ok(o) = std::process::Command::new("hostname").arg("-I").output() {
+        v.extend(
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .filter_map(|s| s.parse::<IpAddr>().ok()),
+        );
+    }
+    if let Ok(t) = std::fs::read_to_string("/proc/net/if_inet6") {
+        for l in t.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() >= 6
+                && f[3] == "00"
+                && f[5] != "lo"
+                && let Ok(x) = u128::from_str_radix(f[0], 16)
+            {
+                v.push(IpAddr::V6(x.into()));
+            }
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[tokio::test]
+async fn reaches_no_server_on_the_host() {
+    let Some(b) = backend() else { return };
+    let mut listeners = vec![];
+    let mut args: Vec<String> = vec![];
+    for ip in host_addresses() {
+        let Ok(l) = TcpListener::bind((ip, 0)) else {
+            continue;
+        };
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        args.push("--connect".into());
+        args.push(addr.to_string());
+        listeners.push((addr, l));
+    }
+    assert!(listeners.len() >= 2, "at least the loopback listeners");
+    let r = spec(probe_cmd(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    let o = run(&b, &r.spec).await;
+    let j = o.json();
+    for (addr, l) in &listeners {
+        let c = &j["connect"][addr.to_string()];
+        assert!(failed(c), "{addr} was reached from the sandbox: {c}");
+        match l.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("the listener on {addr} saw a connection: {other:?}"),
+        }
+    }
+    assert_eq!(
+        j["interfaces"],
+        serde_json::json!(["lo"]),
+        "only loopback in the sandbox"
+    );
+}
+
+#[tokio::test]
+async fn no_raw_sockets_no_namespaces_no_mounts() {
+    let Some(b) = backend() else { return };
+    let r = spec(probe_cmd(&[]));
+    let o = run(&b, &r.spec).await;
+    let j = o.json();
+    for k in ["inet_raw_icmp", "inet6_raw", "packet_raw", "packet_dgram"] {
+        assert!(failed(&j["raw_sockets"][k]), "{k}: {}", j["raw_sockets"]);
+    }
+    assert!(failed(&j["unshare_user"]), "{j}");
+    assert!(failed(&j["mount_tmpfs"]), "{j}");
+}
+
+fn assert_no_privileges(status: &Value) {
+    for k in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(status[k], "0000000000000000", "{k} must be empty: {status}");
+    }
+    assert_eq!(status["NoNewPrivs"], "1", "{status}");
+    assert_eq!(status["Seccomp"], "2", "{status}");
+}
+
+#[tokio::test]
+async fn no_capabilities_no_new_privs_and_setuid_grants_nothing() {
+    let Some(b) = backend() else { return };
+    let mut r = spec(vec![]);
+    // A setuid copy of the probe, owned by whoever runs the test (root in CI).
+    let suid_dir = tempfile::Builder::new()
+        .prefix("airlock-suid-")
+        .tempdir()
+        .unwrap();
+    let suid = suid_dir.path().join("probe-suid");
+    std::fs::copy(AIRLOCK, &suid).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    r.spec.ro_paths.push(suid_dir.path().to_path_buf());
+    r.spec.command = probe_cmd(&["--setuid", suid.to_str().unwrap()]);
+    let o = run(&b, &r.spec).await;
+    let j = o.json();
+    assert_no_privileges(&j["status"]);
+    let nested = &j["setuid"];
+    assert_no_privileges(&nested["status"]);
+    assert_eq!(
+        nested["euid"], j["uid"],
+        "the setuid bit changed nothing: {nested}"
+    );
+}
+
+#[tokio::test]
+async fn fork_bomb_is_contained() {
+    let Some(b) = backend() else { return };
+    // Bounded: forks until the pids limit refuses, reports, exits.
+    let script = "import os,time,sys\nn=0\ntry:\n    while n < 1000:\n        p=os.fork()\n        if p==0:\n            time.sleep(60); os._exit(0)\n        n+=1\nexcept OSError as e:\n    print(n, e.errno); sys.exit(3)\nprint(n, 0)";
+    let mut r = spec(vec!["/usr/bin/python3".into(), "-c".into(), script.into()]);
+    r.spec.pids_max = 64;
+    let t0 = Instant::now();
+    let o = run(&b, &r.spec).await;
+    assert_eq!(o.status.code(), Some(3), "{} {}", o.stdout, o.stderr);
+    let mut f = o.stdout.split_whitespace();
+    let n: u32 = f.next().unwrap().parse().unwrap();
+    assert!(n < 64, "forked {n} times");
+    assert_eq!(f.next(), Some("11"), "EAGAIN");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    assert!(cgroup_dirs(&r.spec.run_id).is_empty());
+
+    // An unbounded shell fork bomb: killed at the deadline, nothing survives.
+    let mut r = spec(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "f() { f | f & }; f; sleep 30".into(),
+    ]);
+    r.spec.pids_max = 64;
+    let sb = b.spawn(&r.spec).unwrap();
+    let o = finish(sb, Duration::from_secs(3)).await;
+    assert!(!o.status.success());
+    let t = Instant::now();
+    let ok = std::process::Command::new("/bin/true").status().unwrap();
+    assert!(
+        ok.success() && t.elapsed() < Duration::from_secs(2),
+        "the host stays responsive"
+    );
+    assert!(
+        cgroup_dirs(&r.spec.run_id).is_empty(),
+        "cgroups removed, so no process of the run is left"
+    );
+}
+
+#[tokio::test]
+async fn memory_hog_is_contained() {
+    let Some(b) = backend() else { return };
+    let mut r = spec(vec![
+        "/usr/bin/python3".into(),
+        "-c".into(),
+        "b=[]\nfor i in range(64):\n    b.append(bytearray(16<<20))\nprint('allocated 1 GiB')"
+            .into(),
+    ]);
+    r.spec.memory_mb = 64;
+    let o = finish(b.spawn(&r.spec).unwrap(), Duration::from_secs(30)).await;
+    assert!(
+        !o.status.success(),
+        "the hog must not get 1 GiB: {} {}",
+        o.stdout,
+        o.stderr
+    );
+    assert!(!o.stdout.contains("allocated"));
+    assert!(cgroup_dirs(&r.spec.run_id).is_empty());
+}
+
+#[tokio::test]
+async fn a_daemon_does_not_outlive_the_sandbox() {
+    let Some(b) = backend() else { return };
+    let marker = format!("airlock-daemon-{}", run_id());
+    let script = format!(
+        "import os,time,sys\nif os.fork()==0:\n    os.setsid()\n    if os.fork()==0:\n        os.execv('/bin/sleep', ['{marker}', '300'])\n    os._exit(0)\ntime.sleep(0.3)\nprint('ready', flush=True)\ntime.sleep(1.5)"
+    );
+    let r = spec(vec!["/usr/bin/python3".into(), "-c".into(), script]);
+    let mut sb = b.spawn(&r.spec).unwrap();
+    let (out, _) = sb.take_output();
+    let mut out = out.unwrap();
+    let mut buf = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(20), out.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"ready\n");
+    assert_eq!(
+        host_cmdlines_containing(&marker).len(),
+        1,
+        "the daemon runs while the sandbox does"
+    );
+    let st = tokio::time::timeout(Duration::from_secs(20), sb.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(st.success());
+    sb.cleanup().await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !host_cmdlines_containing(&marker).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        host_cmdlines_containing(&marker).is_empty(),
+        "the daemon outlived the sandbox"
+    );
+}
+
+#[tokio::test]
+async fn writing_past_the_workspace_cap_fails_with_enospc() {
+    let Some(b) = backend() else { return };
+    let mut r = spec(probe_cmd(&["--fill", "/workspace/big"]));
+    r.spec.workspace_size_mb = 4;
+    let o = run(&b, &r.spec).await;
+    let j = o.json();
+    assert_eq!(j["fill"]["errno"], 28, "ENOSPC: {}", j["fill"]);
+    assert!(j["fill"]["written"].as_u64().unwrap() <= 4 << 20);
+}
+
+#[tokio::test]
+async fn fifty_concurrent_sandboxes_all_succeed_and_leave_nothing() {
+    let Some(b) = backend() else { return };
+    let b = std::sync::Arc::new(b);
+    let runs: Vec<Run> = (0..50)
+        .map(|i| spec(vec!["/bin/sh".into(), "-c".into(), format!("echo run-{i}")]))
+        .collect();
+    let mut handles = vec![];
+    for (i, r) in runs.iter().enumerate() {
+        let sb = b.spawn(&r.spec).unwrap();
+        handles.push(tokio::spawn(async move {
+            (i, finish(sb, Duration::from_secs(60)).await)
+        }));
+    }
+    for h in handles {
+        let (i, o) = h.await.unwrap();
+        assert!(o.status.success(), "run {i}: {}", o.stderr);
+        assert_eq!(o.stdout.trim(), format!("run-{i}"));
+    }
+    for r in &runs {
+        assert!(
+            cgroup_dirs(&r.spec.run_id).is_empty(),
+            "cgroups of {} left",
+            r.spec.run_id
+        );
+        let entries: Vec<_> = std::fs::read_dir(&r.spec.run_dir).unwrap().collect();
+        assert!(entries.is_empty(), "the backend leaves nothing in run_dir");
+    }
+}
+
+#[tokio::test]
+async fn leftover_cgroups_are_reclaimed_only_when_dead() {
+    let Some(_b) = backend() else { return };
+    let Some(layout) = airlock_sandbox::namespace::cgroup::layout() else {
+        eprintln!("SKIPPED: no cgroup hierarchy");
+        return;
+    };
+    let id = run_id();
+    let limits = airlock_sandbox::namespace::cgroup::Limits {
+        memory_mb: 64,
+        cpus: 1.0,
+        pids_max: 16,
+    };
+    let Ok(cg) = airlock_sandbox::namespace::cgroup::RunCgroups::create(&layout, &id, limits)
+    else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "cgroups must be writable under CI"
+        );
+        eprintln!("SKIPPED: cgroups not writable");
+        return;
+    };
+    // A live leftover (a process in it) stays; a dead one goes.
+    let mut live = std::process::Command::new("/bin/sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    std::fs::write(&cg.procs_files()[0], live.id().to_string()).unwrap();
+    airlock_sandbox::namespace::cgroup::reclaim_matching(|n| n.ends_with(&id));
+    assert!(cg.dirs.iter().all(|d| d.exists()), "a live cgroup is kept");
+    live.kill().unwrap();
+    live.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let removed = airlock_sandbox::namespace::cgroup::reclaim_matching(|n| n.ends_with(&id));
+    assert!(
+        cg.dirs.iter().all(|d| !d.exists()),
+        "a dead cgroup is reclaimed: {removed:?}"
+    );
+}

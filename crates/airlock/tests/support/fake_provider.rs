@@ -1,0 +1,286 @@
+//! A fake model provider on 127.0.0.1 for the `/llm` relay tests and bench.
+//!
+//! It speaks the real wire formats, usage included: OpenAI chat completions
+//! (JSON and SSE, with the usage-only chunk when `stream_options.include_usage`
+//! is set), the Responses API (JSON and SSE), Anthropic messages (JSON and
+//! SSE) and model listings. Streams are sent one event per write with a
+//! configurable delay between events, so a test can tell a relay that streams
+//! from one that buffers. Every request is recorded with its headers, so a
+//! test can check which key reached the provider. To prove the relay filters
+//! what comes back, every answer also carries headers the agent must never
+//! see: `set-cookie` and `x-upstream-auth`, both echoing the key received.
+//!
+//! A minimal HTTP/1.1 server over tokio (keep-alive, content-length request
+//! bodies, chunked streaming answers): enough for the Python SDKs and the
+//! relay, and fully under the test's control.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Usage the fake reports (each test compares the metered numbers with these).
+pub const CHAT_USAGE: (u64, u64) = (17, 5);
+pub const RESPONSES_USAGE: (u64, u64) = (13, 6);
+pub const ANTHROPIC_USAGE: (u64, u64) = (23, 9);
+pub const CHAT_MODEL: &str = "gpt-fake-2026-01-01";
+pub const ANTHROPIC_MODEL: &str = "claude-fake-2026-01-01";
+/// Text pieces streamed (one event each).
+pub const PIECES: [&str; 5] = ["Hel", "lo", ", ", "wor", "ld"];
+
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    /// Lowercased names.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+#[derive(Clone)]
+pub struct FakeProvider {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// Unix ms at which the last event of each stream was written.
+    pub last_event_sent_ms: Arc<Mutex<Vec<f64>>>,
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FakeProvider {
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
+/// Starts the fake on 127.0.0.1 with `delay` between stream events.
+pub async fn start(delay: Duration) -> FakeProvider {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake provider");
+    let addr = listener.local_addr().unwrap();
+    let fake = FakeProvider {
+        addr,
+        seen: Arc::default(),
+        last_event_sent_ms: Arc::default(),
+        connections: Arc::default(),
+    };
+    let f = fake.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let _ = s.set_nodelay(true);
+            f.connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(serve(s, f.clone(), delay));
+        }
+    });
+    fake
+}
+
+async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p;
+        }
+        let mut b = [0u8; 8192];
+        let n = s.read(&mut b).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&b[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next()?.split(' ');
+    let method = first.next()?.to_owned();
+    let path = first.next()?.to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let len: usize = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let start = head_end + 4;
+    while buf.len() < start + len {
+        let mut b = [0u8; 8192];
+        let n = s.read(&mut b).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&b[..n]);
+    }
+    let body = buf[start..start + len].to_vec();
+    buf.drain(..start + len);
+    Some(Seen { method, path, headers, body })
+}
+
+async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
+    let mut buf = Vec::new();
+    while let Some(req) = read_request(&mut s, &mut buf).await {
+        fake.seen.lock().unwrap().push(req.clone());
+        let key = req.header("authorization").or(req.header("x-api-key")).unwrap_or("").to_owned();
+        let echo = format!("set-cookie: session={key}\r\nx-upstream-auth: {key}\r\nx-request-id: req_fake_1\r\nx-ratelimit-remaining-tokens: 999\r\n");
+        let body = req.json();
+        let stream = body["stream"] == Value::Bool(true);
+        let path = req.path.split('?').next().unwrap_or("").to_owned();
+        let ok = if path.ends_with("/chat/completions") && stream {
+            let usage = body["stream_options"]["include_usage"] == Value::Bool(true);
+            sse(&mut s, &echo, chat_events(usage), delay, &fake).await
+        } else if path.ends_with("/chat/completions") {
+            json_answer(&mut s, &echo, 200, &chat_json()).await
+        } else if path.ends_with("/responses") && stream {
+            sse(&mut s, &echo, responses_events(), delay, &fake).await
+        } else if path.ends_with("/responses") {
+            json_answer(&mut s, &echo, 200, &responses_json()).await
+        } else if path == "/v1/messages" && stream {
+            sse(&mut s, &echo, anthropic_events(), delay, &fake).await
+        } else if path == "/v1/messages" {
+            json_answer(&mut s, &echo, 200, &anthropic_json()).await
+        } else if path.ends_with("/models") {
+            let list = json!({"object": "list", "data": [{"id": CHAT_MODEL, "object": "model", "created": 1, "owned_by": "fake"}]});
+            json_answer(&mut s, &echo, 200, &list).await
+        } else {
+            json_answer(&mut s, &echo, 404, &json!({"error": {"message": "no such path", "type": "invalid_request_error"}})).await
+        };
+        if !ok {
+            return;
+        }
+    }
+}
+
+async fn json_answer(s: &mut TcpStream, extra: &str, status: u16, v: &Value) -> bool {
+    let body = v.to_string();
+    let head = format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.is_ok() && s.write_all(body.as_bytes()).await.is_ok()
+}
+
+/// Writes each event as one chunk, `delay` apart.
+async fn sse(s: &mut TcpStream, extra: &str, events: Vec<String>, delay: Duration, fake: &FakeProvider) -> bool {
+    let head = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n{extra}\r\n");
+    if s.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    let n = events.len();
+    for (i, ev) in events.into_iter().enumerate() {
+        if i > 0 && !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let chunk = format!("{:x}\r\n{ev}\r\n", ev.len());
+        if s.write_all(chunk.as_bytes()).await.is_err() {
+            return false;
+        }
+        if i + 1 == n {
+            fake.last_event_sent_ms.lock().unwrap().push(now_ms());
+        }
+    }
+    s.write_all(b"0\r\n\r\n").await.is_ok()
+}
+
+fn data(v: Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+pub fn chat_events(include_usage: bool) -> Vec<String> {
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": CHAT_MODEL,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], "usage": null})
+    };
+    let mut out = vec![data(chunk(json!({"role": "assistant", "content": ""}), Value::Null))];
+    for p in PIECES {
+        out.push(data(chunk(json!({"content": p}), Value::Null)));
+    }
+    out.push(data(chunk(json!({}), json!("stop"))));
+    if include_usage {
+        out.push(data(json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": CHAT_MODEL,
+            "choices": [], "usage": {"prompt_tokens": CHAT_USAGE.0, "completion_tokens": CHAT_USAGE.1, "total_tokens": CHAT_USAGE.0 + CHAT_USAGE.1}})));
+    }
+    out.push("data: [DONE]\n\n".into());
+    out
+}
+
+pub fn chat_json() -> Value {
+    json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1, "model": CHAT_MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": PIECES.concat()}, "finish_reason": "stop", "logprobs": null}],
+        "usage": {"prompt_tokens": CHAT_USAGE.0, "completion_tokens": CHAT_USAGE.1, "total_tokens": CHAT_USAGE.0 + CHAT_USAGE.1}})
+}
+
+fn response_obj(status: &str, with_output: bool) -> Value {
+    let output = if with_output {
+        json!([{"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": PIECES.concat(), "annotations": []}]}])
+    } else {
+        json!([])
+    };
+    let usage = if status == "completed" {
+        json!({"input_tokens": RESPONSES_USAGE.0, "input_tokens_details": {"cached_tokens": 0},
+               "output_tokens": RESPONSES_USAGE.1, "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": RESPONSES_USAGE.0 + RESPONSES_USAGE.1})
+    } else {
+        Value::Null
+    };
+    json!({"id": "resp_fake", "object": "response", "created_at": 1, "status": status, "model": CHAT_MODEL,
+           "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [], "usage": usage})
+}
+
+pub fn responses_json() -> Value {
+    response_obj("completed", true)
+}
+
+pub fn responses_events() -> Vec<String> {
+    let ev = |kind: &str, v: Value| format!("event: {kind}\ndata: {v}\n\n");
+    let mut out = vec![ev("response.created", json!({"type": "response.created", "sequence_number": 0, "response": response_obj("in_progress", false)}))];
+    for (i, p) in PIECES.iter().enumerate() {
+        out.push(ev(
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_fake", "output_index": 0, "content_index": 0, "delta": p, "logprobs": []}),
+        ));
+    }
+    out.push(ev("response.completed", json!({"type": "response.completed", "sequence_number": PIECES.len() + 1, "response": response_obj("completed", true)})));
+    out
+}
+
+pub fn anthropic_json() -> Value {
+    json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": ANTHROPIC_MODEL,
+        "content": [{"type": "text", "text": PIECES.concat()}], "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": ANTHROPIC_USAGE.0, "output_tokens": ANTHROPIC_USAGE.1}})
+}
+
+pub fn anthropic_events() -> Vec<String> {
+    let ev = |kind: &str, v: Value| format!("event: {kind}\ndata: {v}\n\n");
+    let mut out = vec![ev(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message", "role": "assistant", "model": ANTHROPIC_MODEL,
+            "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": ANTHROPIC_USAGE.0, "output_tokens": 1}}}),
+    )];
+    out.push(ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+    out.push(ev("ping", json!({"type": "ping"})));
+    for p in PIECES {
+        out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})));
+    }
+    out.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+    out.push(ev(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": ANTHROPIC_USAGE.1}}),
+    ));
+    out.push(ev("message_stop", json!({"type": "message_stop"})));
+    out
+}
