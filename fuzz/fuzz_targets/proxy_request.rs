@@ -14,17 +14,29 @@ use airlock_sidecar::proxy::head::{BodyFraming, MAX_HEAD_BYTES, RequestTarget, p
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(Some(head)) = parse_head(data) else { return };
+    let Ok(Some(head)) = parse_head(data) else {
+        return;
+    };
     assert!(head.len <= data.len());
     assert!(data[..head.len].ends_with(b"\r\n\r\n"));
     for (_, v) in &head.headers {
-        assert!(!v.as_bytes().iter().any(|&b| b == b'\r' || b == b'\n' || b == 0));
+        assert!(
+            !v.as_bytes()
+                .iter()
+                .any(|&b| b == b'\r' || b == b'\n' || b == 0)
+        );
     }
-    assert!(!(head.headers.contains_key("content-length") && head.headers.contains_key("transfer-encoding")));
+    assert!(
+        !(head.headers.contains_key("content-length")
+            && head.headers.contains_key("transfer-encoding"))
+    );
     assert!(head.headers.get_all("host").iter().count() <= 1);
     match (&head.target, head.method.as_str() == "CONNECT") {
         (RequestTarget::Authority(_), true) => {
-            assert!(matches!(head.body, BodyFraming::None | BodyFraming::Length(0)))
+            assert!(matches!(
+                head.body,
+                BodyFraming::None | BodyFraming::Length(0)
+            ))
         }
         (RequestTarget::Absolute(t), false) => {
             let l = t.to_ascii_lowercase();
@@ -37,7 +49,9 @@ fuzz_target!(|data: &[u8]| {
         // Canonical spacing can grow a head that was just under the limit.
         return;
     }
-    let again = parse_head(&canon).expect("canonical head re-parses").expect("canonical head is complete");
+    let again = parse_head(&canon)
+        .expect("canonical head re-parses")
+        .expect("canonical head is complete");
     assert_eq!(again.method, head.method);
     assert_eq!(again.target, head.target);
     assert_eq!(again.http10, head.http10);

@@ -349,6 +349,15 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             reclaimed.push(run.id);
         }
     }
+    // Cgroups of those runs (only theirs: another live platform's new run
+    // may have an empty cgroup for a moment).
+    let dead = reclaimed.clone();
+    let cgroups = airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
+        name.strip_prefix("airlock-").is_some_and(|id| dead.iter().any(|d| d == id))
+    });
+    if !cgroups.is_empty() {
+        tracing::info!("reclaimed {} cgroup(s) of crashed runs", cgroups.len());
+    }
     Ok(reclaimed)
 }
 

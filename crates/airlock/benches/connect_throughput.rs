@@ -57,7 +57,11 @@ fn push(mut s: TcpStream, total: u64) -> Duration {
     let mut count = [0u8; 8];
     s.read_exact(&mut count).unwrap();
     let elapsed = start.elapsed();
-    assert_eq!(u64::from_be_bytes(count), total, "the sink did not receive every byte");
+    assert_eq!(
+        u64::from_be_bytes(count),
+        total,
+        "the sink did not receive every byte"
+    );
     elapsed
 }
 
@@ -70,7 +74,11 @@ fn through_proxy(proxy: SocketAddr, token: &str, port: u16) -> TcpStream {
         assert_eq!(s.read(&mut b).unwrap(), 1, "proxy closed during CONNECT");
         head.push(b[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     s
 }
 
@@ -84,13 +92,24 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let mb: u64 = std::env::var("MB").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
-    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let mb: u64 = std::env::var("MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
     let total = mb * 1_000_000;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let platform = rt.block_on(TestPlatform::start("bench"));
     let sink_addr = sink();
-    let mut cfg = platform.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
+    let mut cfg =
+        platform.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
     support::merge(
         &mut cfg,
         json!({
@@ -108,18 +127,36 @@ fn main() {
 
     let (mut direct, mut proxied) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        direct.push(mbps(total, push(TcpStream::connect(sink_addr).unwrap(), total)));
-        proxied.push(mbps(total, push(through_proxy(proxy, &token, sink_addr.port()), total)));
+        direct.push(mbps(
+            total,
+            push(TcpStream::connect(sink_addr).unwrap(), total),
+        ));
+        proxied.push(mbps(
+            total,
+            push(through_proxy(proxy, &token, sink_addr.port()), total),
+        ));
     }
     let (d, p) = (median(direct.clone()), median(proxied.clone()));
     println!("connect_throughput: {mb} MB per transfer, {rounds} alternating rounds, loopback");
-    println!("  direct            median {d:8.1} MB/s   (rounds: {})", fmt(&direct));
-    println!("  through the proxy median {p:8.1} MB/s   (rounds: {})", fmt(&proxied));
-    println!("  ratio proxy/direct: {:.1}% (target >= 80%)", 100.0 * p / d);
+    println!(
+        "  direct            median {d:8.1} MB/s   (rounds: {})",
+        fmt(&direct)
+    );
+    println!(
+        "  through the proxy median {p:8.1} MB/s   (rounds: {})",
+        fmt(&proxied)
+    );
+    println!(
+        "  ratio proxy/direct: {:.1}% (target >= 80%)",
+        100.0 * p / d
+    );
     drop(sc);
     drop(platform);
 }
 
 fn fmt(v: &[f64]) -> String {
-    v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ")
+    v.iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -23,15 +23,27 @@ use tokio::net::TcpStream;
 
 /// One keep-alive connection; each call sends a streaming chat request and
 /// returns (time to the first `data:` event, time to the end of the stream).
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 struct Conn {
-    s: TcpStream,
+    s: Box<dyn Io>,
     req: Vec<u8>,
 }
 
 impl Conn {
-    async fn new(addr: SocketAddr, path: &str, auth: Option<&str>) -> Conn {
+    async fn tcp(addr: SocketAddr, path: &str, auth: Option<&str>) -> Conn {
         let s = TcpStream::connect(addr).await.unwrap();
         s.set_nodelay(true).unwrap();
+        Self::over(Box::new(s), path, auth)
+    }
+
+    async fn unix(path_: &std::path::Path, path: &str, auth: Option<&str>) -> Conn {
+        let s = tokio::net::UnixStream::connect(path_).await.unwrap();
+        Self::over(Box::new(s), path, auth)
+    }
+
+    fn over(s: Box<dyn Io>, path: &str, auth: Option<&str>) -> Conn {
         let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string();
         let auth = auth.map(|a| format!("authorization: Bearer {a}\r\n")).unwrap_or_default();
         let req = format!(
@@ -76,7 +88,7 @@ fn main() {
         let p = TestPlatform::start("bench-llm").await;
         p.add_connection("@model", AuthType::ApiKey, &[("api_key", "sk-bench-key")]).await;
         let fake = fake_provider::start(Duration::ZERO).await;
-        let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
+        let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "unix": p.dir.path().join("sidecar.sock")}));
         support::merge(
             &mut cfg,
             json!({
@@ -86,29 +98,37 @@ fn main() {
         );
         let sc = tokio::task::spawn_blocking(move || support::spawn_sidecar_with_log(&cfg, "warn")).await.unwrap();
         let token = p.sidecar_token.expose_secret().to_owned();
-        let mut direct = Conn::new(fake.addr, "/v1/chat/completions", None).await;
-        let mut relay = Conn::new(sc.tcp(), "/llm/v1/chat/completions", Some(&token)).await;
+        let mut conns = [
+            ("direct (tcp)", Conn::tcp(fake.addr, "/v1/chat/completions", None).await),
+            ("relay (unix socket)", Conn::unix(&sc.unix(), "/llm/v1/chat/completions", Some(&token)).await),
+            ("relay (tcp)", Conn::tcp(sc.tcp(), "/llm/v1/chat/completions", Some(&token)).await),
+        ];
         for _ in 0..50 {
-            direct.once().await;
-            relay.once().await;
+            for (_, c) in conns.iter_mut() {
+                c.once().await;
+            }
         }
-        let (mut d_first, mut d_total, mut r_first, mut r_total) = (vec![], vec![], vec![], vec![]);
+        let mut first: Vec<Vec<Duration>> = vec![vec![]; conns.len()];
+        let mut total: Vec<Vec<Duration>> = vec![vec![]; conns.len()];
         for _ in 0..iters {
-            let (f, t) = direct.once().await;
-            d_first.push(f);
-            d_total.push(t);
-            let (f, t) = relay.once().await;
-            r_first.push(f);
-            r_total.push(t);
+            for (i, (_, c)) in conns.iter_mut().enumerate() {
+                let (f, t) = c.once().await;
+                first[i].push(f);
+                total[i].push(t);
+            }
         }
-        let (df, dt, rf, rt_) = (stats(d_first), stats(d_total), stats(r_first), stats(r_total));
-        println!("llm_ttfb: OpenAI-style streaming chat completion, {iters} iterations, keep-alive, 127.0.0.1");
-        println!("                        median      p90      p99   (µs)");
-        println!("direct   first event  {:>8.0} {:>8.0} {:>8.0}", df.0, df.1, df.2);
-        println!("relay    first event  {:>8.0} {:>8.0} {:>8.0}", rf.0, rf.1, rf.2);
-        println!("added    first event  {:>8.0} {:>8.0} {:>8.0}", rf.0 - df.0, rf.1 - df.1, rf.2 - df.2);
-        println!("direct   whole stream {:>8.0} {:>8.0} {:>8.0}", dt.0, dt.1, dt.2);
-        println!("relay    whole stream {:>8.0} {:>8.0} {:>8.0}", rt_.0, rt_.1, rt_.2);
+        println!("llm_ttfb: OpenAI-style streaming chat completion (8 events), {iters} iterations each, keep-alive, loopback");
+        println!("{:<22} {:>24} {:>24}", "", "first event (µs)", "whole stream (µs)");
+        println!("{:<22} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7}", "", "median", "p90", "p99", "median", "p90", "p99");
+        let base = stats(first[0].clone());
+        for (i, (name, _)) in conns.iter().enumerate() {
+            let f = stats(first[i].clone());
+            let t = stats(total[i].clone());
+            println!("{name:<22} {:>8.0} {:>7.0} {:>7.0} {:>8.0} {:>7.0} {:>7.0}", f.0, f.1, f.2, t.0, t.1, t.2);
+            if i > 0 {
+                println!("{:<22} {:>8.0} {:>7.0} {:>7.0}", "  added vs direct", f.0 - base.0, f.1 - base.1, f.2 - base.2);
+            }
+        }
         println!("(the relay path includes the per-call credential fetch from the platform and a cost event)");
         drop(sc);
     });

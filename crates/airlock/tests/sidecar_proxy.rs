@@ -62,9 +62,16 @@ async fn read_head<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<(String
 }
 
 /// Reads a request body framed by Content-Length or chunked encoding.
-async fn read_body<S: tokio::io::AsyncRead + Unpin>(s: &mut S, head: &str, mut have: Vec<u8>) -> Vec<u8> {
+async fn read_body<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    head: &str,
+    mut have: Vec<u8>,
+) -> Vec<u8> {
     let lower = head.to_ascii_lowercase();
-    if let Some(cl) = lower.lines().find_map(|l| l.strip_prefix("content-length:")) {
+    if let Some(cl) = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+    {
         let n: usize = cl.trim().parse().unwrap_or(0);
         while have.len() < n {
             let mut b = [0u8; 4096];
@@ -87,7 +94,9 @@ async fn read_body<S: tokio::io::AsyncRead + Unpin>(s: &mut S, head: &str, mut h
         let mut out = Vec::new();
         let mut rest = &have[..];
         while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap_or("0").trim(), 16).unwrap_or(0);
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap_or("0").trim(), 16)
+                    .unwrap_or(0);
             if size == 0 {
                 break;
             }
@@ -110,7 +119,9 @@ async fn http_server() -> (u16, Seen) {
             s2.conns.fetch_add(1, Ordering::SeqCst);
             let seen = s2.clone();
             tokio::spawn(async move {
-                let Some((head, rest)) = read_head(&mut s).await else { return };
+                let Some((head, rest)) = read_head(&mut s).await else {
+                    return;
+                };
                 let body = read_body(&mut s, &head, rest).await;
                 seen.heads.lock().unwrap().push(head.clone());
                 seen.bodies.lock().unwrap().push(body);
@@ -119,7 +130,10 @@ async fn http_server() -> (u16, Seen) {
                     "HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/latest/meta-data/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
                 } else {
                     let body = format!("plain:{path}");
-                    format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Upstream: yes\r\nConnection: close, X-Hop\r\nX-Hop: drop-me\r\nKeep-Alive: timeout=5\r\n\r\n{body}", body.len())
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nX-Upstream: yes\r\nConnection: close, X-Hop\r\nX-Hop: drop-me\r\nKeep-Alive: timeout=5\r\n\r\n{body}",
+                        body.len()
+                    )
                 };
                 let _ = s.write_all(resp.as_bytes()).await;
                 let _ = s.shutdown().await;
@@ -137,12 +151,14 @@ async fn tls_server(dir: &std::path::Path) -> (u16, std::path::PathBuf, Seen) {
     let ca = dir.join("ca.pem");
     std::fs::write(&ca, ck.cert.pem()).unwrap();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![ck.cert.der().clone()], key)
-        .unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key)
+    .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
@@ -154,12 +170,19 @@ async fn tls_server(dir: &std::path::Path) -> (u16, std::path::PathBuf, Seen) {
             let acceptor = acceptor.clone();
             let seen = s2.clone();
             tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(s).await else { return };
-                let Some((head, _)) = read_head(&mut tls).await else { return };
+                let Ok(mut tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let Some((head, _)) = read_head(&mut tls).await else {
+                    return;
+                };
                 seen.heads.lock().unwrap().push(head.clone());
                 let path = head.split(' ').nth(1).unwrap_or("").to_owned();
                 let body = format!("tls:{path}");
-                let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
                 let _ = tls.write_all(resp.as_bytes()).await;
                 let _ = tls.shutdown().await;
             });
@@ -198,23 +221,33 @@ async fn upstream_proxy() -> (u16, Seen) {
             s2.conns.fetch_add(1, Ordering::SeqCst);
             let seen = s2.clone();
             tokio::spawn(async move {
-                let Some((head, rest)) = read_head(&mut s).await else { return };
+                let Some((head, rest)) = read_head(&mut s).await else {
+                    return;
+                };
                 seen.heads.lock().unwrap().push(head.clone());
                 let target = head.split(' ').nth(1).unwrap_or("").to_owned();
                 let Ok(addr) = target.parse::<SocketAddr>() else {
-                    let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n").await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                        .await;
                     return;
                 };
                 // The test's own upstream proxy only tunnels to loopback (network rule).
                 if !addr.ip().is_loopback() {
-                    let _ = s.write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n").await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+                        .await;
                     return;
                 }
                 let Ok(mut up) = TcpStream::connect(addr).await else {
-                    let _ = s.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n").await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                        .await;
                     return;
                 };
-                let _ = s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await;
                 let _ = up.write_all(&rest).await;
                 let _ = tokio::io::copy_bidirectional(&mut s, &mut up).await;
             });
@@ -246,7 +279,15 @@ impl Curl {
 async fn curl(args: Vec<String>) -> Curl {
     tokio::task::spawn_blocking(move || {
         let out = Command::new("curl")
-            .args(["-sS", "--max-time", "20", "--noproxy", "", "-w", "\n%{http_code} %{http_connect}"])
+            .args([
+                "-sS",
+                "--max-time",
+                "20",
+                "--noproxy",
+                "",
+                "-w",
+                "\n%{http_code} %{http_connect}",
+            ])
             .args(&args)
             .env_remove("http_proxy")
             .env_remove("https_proxy")
@@ -279,7 +320,12 @@ impl Env {
     }
     /// curl through the proxy with the token.
     async fn curl(&self, extra: &[&str]) -> Curl {
-        let mut args = vec!["-x".to_owned(), self.proxy(), "--proxy-user".to_owned(), self.user()];
+        let mut args = vec![
+            "-x".to_owned(),
+            self.proxy(),
+            "--proxy-user".to_owned(),
+            self.user(),
+        ];
         args.extend(extra.iter().map(|s| s.to_string()));
         curl(args).await
     }
@@ -313,7 +359,12 @@ async fn connect_to_an_opted_in_internal_host_works_and_loopback_does_not() {
     let dir = tempfile::tempdir().unwrap();
     let (tls_port, ca, tls_seen) = tls_server(dir.path()).await;
     let ca = ca.to_string_lossy().into_owned();
-    let mut e = env("proxy-a", json!([format!("https://{HOST}:{tls_port}/**")]), json!({})).await;
+    let mut e = env(
+        "proxy-a",
+        json!([format!("https://{HOST}:{tls_port}/**")]),
+        json!({}),
+    )
+    .await;
 
     // The legitimate path: a CONNECT tunnel to the internal host, TLS end to end.
     let url = format!("https://{HOST}:{tls_port}/hello");
@@ -338,16 +389,30 @@ async fn connect_to_an_opted_in_internal_host_works_and_loopback_does_not() {
     assert_eq!(tls_seen.conns(), 1, "a refused CONNECT reached the server");
 
     let log = e.egress().await;
-    let allowed: Vec<_> = log.iter().filter(|l| l.decision == EgressDecision::Allowed).collect();
+    let allowed: Vec<_> = log
+        .iter()
+        .filter(|l| l.decision == EgressDecision::Allowed)
+        .collect();
     assert_eq!(allowed.len(), 1, "{log:?}");
     assert_eq!(allowed[0].source, "proxy");
     assert_eq!(allowed[0].method, "CONNECT");
     assert_eq!(allowed[0].host, HOST);
     assert!(allowed[0].duration_ms.is_some());
-    let refused: Vec<_> = log.iter().filter(|l| l.decision == EgressDecision::Refused).collect();
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|l| l.decision == EgressDecision::Refused)
+        .collect();
     assert_eq!(refused.len(), 5, "{log:?}");
-    let reasons: Vec<_> = refused.iter().map(|l| l.reason.clone().unwrap_or_default()).collect();
-    assert!(reasons.iter().all(|r| r == "not_authorized" || r == "blocked_address" || r == "blocked_host"), "{reasons:?}");
+    let reasons: Vec<_> = refused
+        .iter()
+        .map(|l| l.reason.clone().unwrap_or_default())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .all(|r| r == "not_authorized" || r == "blocked_address" || r == "blocked_host"),
+        "{reasons:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -373,7 +438,11 @@ async fn public_policy_refuses_every_internal_spelling() {
         assert_eq!(r.codes().0, 403, "{url}: {}", r.stdout);
         assert!(r.body().contains("blocked_"), "{url}: {}", r.body());
     }
-    for target in [format!("127.0.0.1:{port}"), format!("0x7f.1:{port}"), format!("localhost:{port}")] {
+    for target in [
+        format!("127.0.0.1:{port}"),
+        format!("0x7f.1:{port}"),
+        format!("localhost:{port}"),
+    ] {
         let r = e.curl(&["-p", &format!("http://{target}/")]).await;
         assert_eq!(r.codes().1, 403, "CONNECT {target}: {}", r.stderr);
     }
@@ -383,38 +452,79 @@ async fn public_policy_refuses_every_internal_spelling() {
 #[tokio::test(flavor = "multi_thread")]
 async fn absolute_form_get_is_forwarded_without_hop_headers_or_the_token() {
     let (port, seen) = http_server().await;
-    let mut e = env("proxy-c", json!([format!("http://{HOST}:{port}/**")]), json!({})).await;
+    let mut e = env(
+        "proxy-c",
+        json!([format!("http://{HOST}:{port}/**")]),
+        json!({}),
+    )
+    .await;
     let url = format!("http://{HOST}:{port}/path?q=1");
     let token = e.p.sidecar_token.expose_secret().to_owned();
     let r = e
-        .curl(&["-i", "-H", "Connection: close, X-Secret-Hop", "-H", "X-Secret-Hop: nope", "-H", "X-Keep: yes", "-H", "Proxy-Foo: bar", &url])
+        .curl(&[
+            "-i",
+            "-H",
+            "Connection: close, X-Secret-Hop",
+            "-H",
+            "X-Secret-Hop: nope",
+            "-H",
+            "X-Keep: yes",
+            "-H",
+            "Proxy-Foo: bar",
+            &url,
+        ])
         .await;
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.codes().0, 200);
     assert!(r.stdout.contains("plain:/path?q=1"), "{}", r.stdout);
     assert!(r.stdout.to_ascii_lowercase().contains("x-upstream: yes"));
-    assert!(!r.stdout.to_ascii_lowercase().contains("x-hop"), "hop header of the response was forwarded: {}", r.stdout);
+    assert!(
+        !r.stdout.to_ascii_lowercase().contains("x-hop"),
+        "hop header of the response was forwarded: {}",
+        r.stdout
+    );
     let heads = seen.heads();
     assert_eq!(heads.len(), 1);
     let h = heads[0].to_ascii_lowercase();
-    assert!(h.starts_with("get /path?q=1 http/1.1\r\n"), "not origin-form: {h}");
+    assert!(
+        h.starts_with("get /path?q=1 http/1.1\r\n"),
+        "not origin-form: {h}"
+    );
     assert!(h.contains(&format!("host: {HOST}:{port}")), "{h}");
     assert!(h.contains("x-keep: yes"), "{h}");
-    for gone in ["proxy-authorization", "proxy-foo", "x-secret-hop", "proxy-connection", &token.to_ascii_lowercase()] {
+    for gone in [
+        "proxy-authorization",
+        "proxy-foo",
+        "x-secret-hop",
+        "proxy-connection",
+        &token.to_ascii_lowercase(),
+    ] {
         assert!(!h.contains(gone), "{gone:?} travelled upstream: {h}");
     }
 
     // Redirects are the client's business: the 302 comes back as is, and
     // its Location (the metadata address) is not contacted.
-    let r = e.curl(&["-i", &format!("http://{HOST}:{port}/redirect")]).await;
+    let r = e
+        .curl(&["-i", &format!("http://{HOST}:{port}/redirect")])
+        .await;
     assert_eq!(r.codes().0, 302, "{}", r.stdout);
     assert!(r.stdout.contains("169.254.169.254"));
     // curl following it goes back through the proxy, which refuses it.
-    let r = e.curl(&["-L", &format!("http://{HOST}:{port}/redirect")]).await;
+    let r = e
+        .curl(&["-L", &format!("http://{HOST}:{port}/redirect")])
+        .await;
     assert_eq!(r.codes().0, 403, "{}", r.stdout);
 
     // A body (chunked, then sized) reaches the upstream intact.
-    let r = e.curl(&["-H", "Transfer-Encoding: chunked", "--data-binary", "chunked-body", &url]).await;
+    let r = e
+        .curl(&[
+            "-H",
+            "Transfer-Encoding: chunked",
+            "--data-binary",
+            "chunked-body",
+            &url,
+        ])
+        .await;
     assert_eq!(r.codes().0, 200, "{}", r.stderr);
     let r = e.curl(&["--data-binary", "sized-body", &url]).await;
     assert_eq!(r.codes().0, 200, "{}", r.stderr);
@@ -423,10 +533,21 @@ async fn absolute_form_get_is_forwarded_without_hop_headers_or_the_token() {
     assert!(bodies.contains(&b"sized-body".to_vec()), "{bodies:?}");
 
     let log = e.egress().await;
-    let get = log.iter().find(|l| l.method == "GET" && l.status == Some(200)).expect("the GET is logged");
+    let get = log
+        .iter()
+        .find(|l| l.method == "GET" && l.status == Some(200))
+        .expect("the GET is logged");
     assert_eq!(get.decision, EgressDecision::Allowed);
-    assert!(!get.url.contains("q=1"), "the query is not logged: {}", get.url);
-    assert!(log.iter().any(|l| l.decision == EgressDecision::Refused && l.host == "169.254.169.254"), "{log:?}");
+    assert!(
+        !get.url.contains("q=1"),
+        "the query is not logged: {}",
+        get.url
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.decision == EgressDecision::Refused && l.host == "169.254.169.254"),
+        "{log:?}"
+    );
 }
 
 /// Sends raw bytes to the proxy and returns the response.
@@ -437,41 +558,92 @@ fn raw(addr: SocketAddr, bytes: &[u8]) -> (u16, String) {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     (status, text)
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn smuggling_shapes_and_missing_tokens_are_refused() {
     let (port, seen) = http_server().await;
-    let e = env("proxy-d", json!([format!("http://{HOST}:{port}/**")]), json!({})).await;
+    let e = env(
+        "proxy-d",
+        json!([format!("http://{HOST}:{port}/**")]),
+        json!({}),
+    )
+    .await;
     let addr = e.sc.proxy_tcp();
     let tok = e.p.sidecar_token.expose_secret().to_owned();
     let auth = format!("Proxy-Authorization: Bearer {tok}\r\n");
     let target = format!("http://{HOST}:{port}/x");
     let cases: Vec<(String, u16)> = vec![
         // CRLF smuggled into a header value (bare LF, bare CR).
-        (format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\nGET /admin HTTP/1.1\r\n\r\n"), 400),
-        (format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\rInjected: 1\r\n\r\n"), 400),
-        (format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\0b\r\n\r\n"), 400),
+        (
+            format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\nGET /admin HTTP/1.1\r\n\r\n"),
+            400,
+        ),
+        (
+            format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\rInjected: 1\r\n\r\n"),
+            400,
+        ),
+        (
+            format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\0b\r\n\r\n"),
+            400,
+        ),
         // Framing ambiguities.
-        (format!("POST {target} HTTP/1.1\r\n{auth}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), 400),
-        (format!("POST {target} HTTP/1.1\r\n{auth}Content-Length: 4\r\nContent-Length: 5\r\n\r\nabcde"), 400),
-        (format!("POST {target} HTTP/1.1\r\n{auth}Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n"), 400),
-        (format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\r\n folded\r\n\r\n"), 400),
+        (
+            format!(
+                "POST {target} HTTP/1.1\r\n{auth}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            ),
+            400,
+        ),
+        (
+            format!(
+                "POST {target} HTTP/1.1\r\n{auth}Content-Length: 4\r\nContent-Length: 5\r\n\r\nabcde"
+            ),
+            400,
+        ),
+        (
+            format!(
+                "POST {target} HTTP/1.1\r\n{auth}Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n"
+            ),
+            400,
+        ),
+        (
+            format!("GET {target} HTTP/1.1\r\n{auth}X-A: a\r\n folded\r\n\r\n"),
+            400,
+        ),
         // Not a proxy request.
-        (format!("GET /x HTTP/1.1\r\n{auth}Host: {HOST}:{port}\r\n\r\n"), 400),
+        (
+            format!("GET /x HTTP/1.1\r\n{auth}Host: {HOST}:{port}\r\n\r\n"),
+            400,
+        ),
         // No token, a wrong token, the token in the wrong header.
         (format!("GET {target} HTTP/1.1\r\n\r\n"), 407),
-        (format!("GET {target} HTTP/1.1\r\nProxy-Authorization: Bearer {}\r\n\r\n", "0".repeat(tok.len())), 407),
-        (format!("GET {target} HTTP/1.1\r\nAuthorization: Bearer {tok}\r\n\r\n"), 407),
+        (
+            format!(
+                "GET {target} HTTP/1.1\r\nProxy-Authorization: Bearer {}\r\n\r\n",
+                "0".repeat(tok.len())
+            ),
+            407,
+        ),
+        (
+            format!("GET {target} HTTP/1.1\r\nAuthorization: Bearer {tok}\r\n\r\n"),
+            407,
+        ),
         (format!("CONNECT {HOST}:{port} HTTP/1.1\r\n\r\n"), 407),
     ];
     for (req, want) in &cases {
         let (status, text) = raw(addr, req.as_bytes());
         assert_eq!(status, *want, "{req:?} -> {text}");
         if *want == 407 {
-            assert!(text.contains("Proxy-Authenticate: Basic realm=\"airlock\""), "{text}");
+            assert!(
+                text.contains("Proxy-Authenticate: Basic realm=\"airlock\""),
+                "{text}"
+            );
             assert!(!text.contains(&tok));
         }
     }
@@ -480,7 +652,10 @@ async fn smuggling_shapes_and_missing_tokens_are_refused() {
     assert_eq!(r.codes().0, 407);
     assert_eq!(seen.conns(), 0, "a refused request reached the upstream");
     // The legitimate request on the same proxy works (the refusals were not vacuous).
-    let (status, text) = raw(addr, format!("GET {target} HTTP/1.1\r\n{auth}\r\n").as_bytes());
+    let (status, text) = raw(
+        addr,
+        format!("GET {target} HTTP/1.1\r\n{auth}\r\n").as_bytes(),
+    );
     assert_eq!(status, 200, "{text}");
     assert_eq!(seen.conns(), 1);
 }
@@ -489,7 +664,10 @@ async fn smuggling_shapes_and_missing_tokens_are_refused() {
 async fn none_refuses_everything_and_a_list_only_its_hosts() {
     let (port, seen) = http_server().await;
     let e = env("proxy-e", json!("none"), json!({})).await;
-    for url in [format!("http://{HOST}:{port}/"), format!("http://{OTHER}:{port}/")] {
+    for url in [
+        format!("http://{HOST}:{port}/"),
+        format!("http://{OTHER}:{port}/"),
+    ] {
         let r = e.curl(&[&url]).await;
         assert_eq!(r.codes().0, 403, "{url}");
         assert!(r.body().contains("not_authorized"), "{}", r.body());
@@ -499,14 +677,32 @@ async fn none_refuses_everything_and_a_list_only_its_hosts() {
     assert_eq!(seen.conns(), 0);
     drop(e);
 
-    let e = env("proxy-f", json!([format!("http://{HOST}:{port}/allowed/**")]), json!({})).await;
+    let e = env(
+        "proxy-f",
+        json!([format!("http://{HOST}:{port}/allowed/**")]),
+        json!({}),
+    )
+    .await;
     let r = e.curl(&[&format!("http://{HOST}:{port}/allowed/x")]).await;
     assert_eq!(r.codes().0, 200, "{}", r.stderr);
-    for url in [format!("http://{HOST}:{port}/other"), format!("http://{OTHER}:{port}/allowed/x"), format!("https://{HOST}:{port}/allowed/x")] {
+    for url in [
+        format!("http://{HOST}:{port}/other"),
+        format!("http://{OTHER}:{port}/allowed/x"),
+        format!("https://{HOST}:{port}/allowed/x"),
+    ] {
         let r = e.curl(&[&url]).await;
-        assert!(r.codes().0 == 403 || r.codes().1 == 403, "{url}: {} {}", r.stdout, r.stderr);
+        assert!(
+            r.codes().0 == 403 || r.codes().1 == 403,
+            "{url}: {} {}",
+            r.stdout,
+            r.stderr
+        );
     }
-    assert_eq!(seen.conns(), 1, "only the matching request reached the server");
+    assert_eq!(
+        seen.conns(),
+        1,
+        "only the matching request reached the server"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -514,19 +710,37 @@ async fn connect_back_into_the_sidecar_is_refused() {
     let (echo_port, echo_seen) = echo_server().await;
     // The operator opted the host in on every port: the sidecar's own
     // listeners are still out of reach.
-    let e = env("proxy-g", json!([format!("https://{HOST}:*/**")]), json!({})).await;
+    let e = env(
+        "proxy-g",
+        json!([format!("https://{HOST}:*/**")]),
+        json!({}),
+    )
+    .await;
     let proxy_port = e.sc.proxy_tcp().port();
     let api_port = e.sc.tcp().port();
     let tok = e.p.sidecar_token.expose_secret().to_owned();
     for port in [proxy_port, api_port] {
-        let (status, text) = raw(e.sc.proxy_tcp(), format!("CONNECT {HOST}:{port} HTTP/1.1\r\nProxy-Authorization: Bearer {tok}\r\n\r\n").as_bytes());
+        let (status, text) = raw(
+            e.sc.proxy_tcp(),
+            format!("CONNECT {HOST}:{port} HTTP/1.1\r\nProxy-Authorization: Bearer {tok}\r\n\r\n")
+                .as_bytes(),
+        );
         assert_eq!(status, 403, "CONNECT to the sidecar's port {port}: {text}");
-        let (status, _) = raw(e.sc.proxy_tcp(), format!("CONNECT sidecar:{port} HTTP/1.1\r\nProxy-Authorization: Bearer {tok}\r\n\r\n").as_bytes());
+        let (status, _) = raw(
+            e.sc.proxy_tcp(),
+            format!("CONNECT sidecar:{port} HTTP/1.1\r\nProxy-Authorization: Bearer {tok}\r\n\r\n")
+                .as_bytes(),
+        );
         assert_eq!(status, 403);
     }
     // Another port of the same host is reachable (the refusal is about the sidecar).
     let mut s = TcpStream::connect(e.sc.proxy_tcp()).await.unwrap();
-    s.write_all(format!("CONNECT {HOST}:{echo_port} HTTP/1.1\r\nProxy-Authorization: Bearer {tok}\r\n\r\n").as_bytes()).await.unwrap();
+    s.write_all(
+        format!("CONNECT {HOST}:{echo_port} HTTP/1.1\r\nProxy-Authorization: Bearer {tok}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
     let (head, _) = read_head(&mut s).await.unwrap();
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     s.write_all(b"ping").await.unwrap();
@@ -539,13 +753,24 @@ async fn connect_back_into_the_sidecar_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_tunnel_is_closed() {
     let (echo_port, _) = echo_server().await;
-    let mut e = env("proxy-h", json!([format!("https://{HOST}:{echo_port}/**")]), json!({"limits": {"proxy_idle_timeout_secs": 1}})).await;
+    let mut e = env(
+        "proxy-h",
+        json!([format!("https://{HOST}:{echo_port}/**")]),
+        json!({"limits": {"proxy_idle_timeout_secs": 1}}),
+    )
+    .await;
     let tok = e.p.sidecar_token.expose_secret().to_owned();
     let mut s = TcpStream::connect(e.sc.proxy_tcp()).await.unwrap();
     // The first bytes of the tunnel ride right behind the CONNECT head.
-    s.write_all(format!("CONNECT {HOST}:{echo_port} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\nearly", b64(&format!("run:{tok}"))).as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!(
+            "CONNECT {HOST}:{echo_port} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\nearly",
+            b64(&format!("run:{tok}"))
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
     let (head, mut rest) = read_head(&mut s).await.unwrap();
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     while rest.len() < 5 {
@@ -565,11 +790,23 @@ async fn an_idle_tunnel_is_closed() {
     // ...silence past it closes it.
     let started = std::time::Instant::now();
     let mut b = [0u8; 1];
-    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b)).await.expect("idle tunnel not closed").unwrap_or(0);
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+        .await
+        .expect("idle tunnel not closed")
+        .unwrap_or(0);
     assert_eq!(n, 0);
-    assert!(started.elapsed() >= Duration::from_millis(900), "closed too early: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "closed too early: {:?}",
+        started.elapsed()
+    );
     let log = e.egress().await;
-    assert!(log.iter().any(|l| l.method == "CONNECT" && l.decision == EgressDecision::Allowed && l.duration_ms.unwrap_or(0) >= 2000), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.method == "CONNECT"
+            && l.decision == EgressDecision::Allowed
+            && l.duration_ms.unwrap_or(0) >= 2000),
+        "{log:?}"
+    );
 }
 
 fn b64(s: &str) -> String {
@@ -586,29 +823,43 @@ async fn chaining_through_proxy_url_keeps_the_guard_and_the_pin() {
     let ca = ca.to_string_lossy().into_owned();
     let e = env(
         "proxy-i",
-        json!([format!("https://{HOST}:{tls_port}/**"), format!("http://{HOST}:{http_port}/**")]),
+        json!([
+            format!("https://{HOST}:{tls_port}/**"),
+            format!("http://{HOST}:{http_port}/**")
+        ]),
         json!({"proxy_url": format!("http://op%40corp:s3cret@127.0.0.1:{up_port}")}),
     )
     .await;
-    let r = e.curl(&["--cacert", &ca, &format!("https://{HOST}:{tls_port}/via")]).await;
+    let r = e
+        .curl(&["--cacert", &ca, &format!("https://{HOST}:{tls_port}/via")])
+        .await;
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.body(), "tls:/via");
     let r = e.curl(&[&format!("http://{HOST}:{http_port}/plain")]).await;
     assert_eq!(r.codes().0, 200, "{} {}", r.stdout, r.stderr);
     assert_eq!(r.body(), "plain:/plain");
     // Refusals never reach the upstream proxy.
-    let r = e.curl(&["-p", &format!("http://127.0.0.1:{tls_port}/")]).await;
+    let r = e
+        .curl(&["-p", &format!("http://127.0.0.1:{tls_port}/")])
+        .await;
     assert_eq!(r.codes().1, 403);
     let heads = up_seen.heads();
     assert_eq!(heads.len(), 2, "{heads:?}");
-    let expected_auth = format!("proxy-authorization: basic {}", b64("op@corp:s3cret")).to_ascii_lowercase();
+    let expected_auth =
+        format!("proxy-authorization: basic {}", b64("op@corp:s3cret")).to_ascii_lowercase();
     for (h, port) in heads.iter().zip([tls_port, http_port]) {
         // The upstream proxy is asked for the validated address, never the name.
-        assert!(h.starts_with(&format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n")), "{h}");
+        assert!(
+            h.starts_with(&format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n")),
+            "{h}"
+        );
         assert!(h.to_ascii_lowercase().contains(&expected_auth), "{h}");
         assert!(!h.contains(e.p.sidecar_token.expose_secret()));
     }
     assert_eq!(tls_seen.conns(), 1);
     assert_eq!(http_seen.conns(), 1);
-    assert!(!e.sc.stderr().contains("s3cret"), "the PROXY_URL password was logged");
+    assert!(
+        !e.sc.stderr().contains("s3cret"),
+        "the PROXY_URL password was logged"
+    );
 }

@@ -79,7 +79,11 @@ impl RequestHead {
         out.extend_from_slice(self.method.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(target.as_bytes());
-        out.extend_from_slice(if self.http10 { b" HTTP/1.0\r\n" } else { b" HTTP/1.1\r\n" });
+        out.extend_from_slice(if self.http10 {
+            b" HTTP/1.0\r\n"
+        } else {
+            b" HTTP/1.1\r\n"
+        });
         for (k, v) in &self.headers {
             out.extend_from_slice(k.as_str().as_bytes());
             out.extend_from_slice(b": ");
@@ -157,7 +161,14 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
     if headers.get_all(HOST).iter().count() > 1 {
         return Err(malformed("more than one Host header"));
     }
-    Ok(Some(RequestHead { method, target, http10, headers, body, len }))
+    Ok(Some(RequestHead {
+        method,
+        target,
+        http10,
+        headers,
+        body,
+        len,
+    }))
 }
 
 fn early_error(window: &[u8]) -> Option<HeadError> {
@@ -176,7 +187,9 @@ fn early_error(window: &[u8]) -> Option<HeadError> {
 
 fn parse_request_line(line: &[u8]) -> Result<(Method, RequestTarget, bool), HeadError> {
     let mut parts = line.split(|&b| b == b' ');
-    let (Some(m), Some(t), Some(v), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+    let (Some(m), Some(t), Some(v), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return Err(malformed("request line is not METHOD SP TARGET SP VERSION"));
     };
     if m.is_empty() || !m.iter().all(|&b| is_tchar(b)) {
@@ -192,13 +205,17 @@ fn parse_request_line(line: &[u8]) -> Result<(Method, RequestTarget, bool), Head
         return Err(malformed("bad request-target"));
     }
     // Checked ASCII above, so this cannot fail; no panic either way.
-    let t = std::str::from_utf8(t).map_err(|_| malformed("bad request-target"))?.to_owned();
+    let t = std::str::from_utf8(t)
+        .map_err(|_| malformed("bad request-target"))?
+        .to_owned();
     let target = if method == Method::CONNECT {
         RequestTarget::Authority(t)
     } else {
         let lower = t.get(..8).map(str::to_ascii_lowercase).unwrap_or_default();
         if !(lower.starts_with("http://") || lower.starts_with("https://")) {
-            return Err(malformed("a proxy request needs an absolute http:// target (or CONNECT)"));
+            return Err(malformed(
+                "a proxy request needs an absolute http:// target (or CONNECT)",
+            ));
         }
         RequestTarget::Absolute(t)
     };
@@ -209,7 +226,10 @@ fn parse_header_line(line: &[u8]) -> Result<(HeaderName, HeaderValue), HeadError
     if line.first().is_some_and(|&b| b == b' ' || b == b'\t') {
         return Err(malformed("obsolete line folding"));
     }
-    let colon = line.iter().position(|&b| b == b':').ok_or(malformed("header line without a colon"))?;
+    let colon = line
+        .iter()
+        .position(|&b| b == b':')
+        .ok_or(malformed("header line without a colon"))?;
     let (name, rest) = line.split_at(colon);
     if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
         return Err(malformed("bad header name"));
@@ -265,7 +285,8 @@ fn framing(method: &Method, http10: bool, headers: &HeaderMap) -> Result<BodyFra
         ([], _) => return Err(malformed("more than one Content-Length")),
         _ => return Err(malformed("more than one Transfer-Encoding")),
     };
-    if *method == Method::CONNECT && !matches!(framing, BodyFraming::None | BodyFraming::Length(0)) {
+    if *method == Method::CONNECT && !matches!(framing, BodyFraming::None | BodyFraming::Length(0))
+    {
         return Err(malformed("CONNECT with a body"));
     }
     Ok(framing)
@@ -285,23 +306,37 @@ mod tests {
 
     #[test]
     fn connect_and_absolute_form() {
-        let h = ok("CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\nProxy-Authorization: Bearer x\r\n\r\nTLS");
+        let h = ok(
+            "CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\nProxy-Authorization: Bearer x\r\n\r\nTLS",
+        );
         assert_eq!(h.method, Method::CONNECT);
         assert_eq!(h.target, RequestTarget::Authority("api.example:443".into()));
         assert_eq!(h.len, "CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\nProxy-Authorization: Bearer x\r\n\r\n".len());
         assert_eq!(h.headers.get("proxy-authorization").unwrap(), "Bearer x");
-        let h = ok("POST http://a.example/x?y HTTP/1.0\r\nContent-Length: 3\r\nX-A:  v v \t\r\n\r\n");
-        assert_eq!(h.target, RequestTarget::Absolute("http://a.example/x?y".into()));
+        let h =
+            ok("POST http://a.example/x?y HTTP/1.0\r\nContent-Length: 3\r\nX-A:  v v \t\r\n\r\n");
+        assert_eq!(
+            h.target,
+            RequestTarget::Absolute("http://a.example/x?y".into())
+        );
         assert_eq!(h.body, BodyFraming::Length(3));
         assert_eq!(h.headers.get("x-a").unwrap(), "v v");
         assert!(h.http10);
-        assert_eq!(ok("GET http://a/ HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n").body, BodyFraming::Chunked);
+        assert_eq!(
+            ok("GET http://a/ HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n").body,
+            BodyFraming::Chunked
+        );
         assert_eq!(ok("GET HTTP://a/ HTTP/1.1\r\n\r\n").body, BodyFraming::None);
     }
 
     #[test]
     fn incomplete_heads_wait() {
-        for raw in ["", "GET", "GET http://a/ HTTP/1.1\r\n", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r"] {
+        for raw in [
+            "",
+            "GET",
+            "GET http://a/ HTTP/1.1\r\n",
+            "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r",
+        ] {
             assert!(parse_head(raw.as_bytes()).unwrap().is_none(), "{raw:?}");
         }
     }
@@ -340,13 +375,20 @@ mod tests {
             b"GET http://a/ HTTP/1.1\r\nX: a\x7f\r\n\r\n",
         ];
         for raw in cases {
-            assert!(matches!(bad(raw), HeadError::Malformed(_)), "{:?}", String::from_utf8_lossy(raw));
+            assert!(
+                matches!(bad(raw), HeadError::Malformed(_)),
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
         }
     }
 
     #[test]
     fn early_refusal_without_terminator() {
-        assert!(matches!(bad(b"GET http://a/ HTTP/1.1\nX: y"), HeadError::Malformed(_)));
+        assert!(matches!(
+            bad(b"GET http://a/ HTTP/1.1\nX: y"),
+            HeadError::Malformed(_)
+        ));
         assert!(matches!(bad(b"GET http://a/\0"), HeadError::Malformed(_)));
     }
 

@@ -102,10 +102,10 @@ static OWN_LISTENERS: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
 /// (a loop back into the sidecar), even when the guard would allow it through
 /// the operator's internal-host exemption.
 pub fn register_own_listener(addr: SocketAddr) {
-    if let Ok(mut l) = OWN_LISTENERS.lock() {
-        if !l.contains(&addr) {
-            l.push(addr);
-        }
+    if let Ok(mut l) = OWN_LISTENERS.lock()
+        && !l.contains(&addr)
+    {
+        l.push(addr);
     }
 }
 
@@ -119,34 +119,50 @@ fn own_ports() -> Vec<SocketAddr> {
 /// like the API's, count too).
 fn is_own_listener(addr: SocketAddr) -> bool {
     let registered = own_ports().iter().any(|own| {
-        own.port() == addr.port() && (own.ip() == addr.ip() || addr.ip().is_loopback() || addr.ip().is_unspecified())
+        own.port() == addr.port()
+            && (own.ip() == addr.ip() || addr.ip().is_loopback() || addr.ip().is_unspecified())
     });
-    registered || ((addr.ip().is_loopback() || addr.ip().is_unspecified()) && process_listens_on(addr.port()))
+    registered
+        || ((addr.ip().is_loopback() || addr.ip().is_unspecified())
+            && process_listens_on(addr.port()))
 }
 
 /// True when a TCP socket of this process listens on `port` (Linux `/proc`;
 /// elsewhere only the registry is consulted).
 fn process_listens_on(port: u16) -> bool {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else { return false };
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return false;
+    };
     let inodes: std::collections::HashSet<String> = fds
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
         .filter_map(|l| {
             let l = l.to_string_lossy().into_owned();
-            l.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_owned)
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
         })
         .collect();
     if inodes.is_empty() {
         return false;
     }
-    ["/proc/self/net/tcp", "/proc/self/net/tcp6"].iter().any(|table| {
-        let Ok(text) = std::fs::read_to_string(table) else { return false };
-        text.lines().skip(1).any(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else { return false };
-            let p = local.rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
-            *state == "0A" && p == Some(port) && inodes.contains(*inode)
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .any(|table| {
+            let Ok(text) = std::fs::read_to_string(table) else {
+                return false;
+            };
+            text.lines().skip(1).any(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
+                    return false;
+                };
+                let p = local
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok());
+                *state == "0A" && p == Some(port) && inodes.contains(*inode)
+            })
         })
-    })
 }
 
 /// Serves the proxy on an accepted stream (one request per connection).
@@ -156,20 +172,38 @@ pub async fn serve_connection<S: ProxyStream>(stream: S, sidecar: Arc<Sidecar>) 
 }
 
 /// [`serve_connection`] with explicit timeouts.
-pub async fn serve_connection_with<S: ProxyStream>(mut stream: S, sidecar: Arc<Sidecar>, settings: ProxySettings) {
+pub async fn serve_connection_with<S: ProxyStream>(
+    mut stream: S,
+    sidecar: Arc<Sidecar>,
+    settings: ProxySettings,
+) {
     if let Some(addr) = stream.listener_addr() {
         register_own_listener(addr);
     }
-    let (head, buf) = match tokio::time::timeout(settings.head_timeout, read_head(&mut stream)).await {
+    let (head, buf) = match tokio::time::timeout(settings.head_timeout, read_head(&mut stream))
+        .await
+    {
         Ok(Ok(Some(v))) => v,
         Ok(Ok(None)) => return, // closed before a full head: nothing to answer
         Ok(Err(e)) => {
             let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-            let _ = respond(&mut stream, status, &[], &error_body("bad_request", &e.to_string())).await;
+            let _ = respond(
+                &mut stream,
+                status,
+                &[],
+                &error_body("bad_request", &e.to_string()),
+            )
+            .await;
             return;
         }
         Err(_) => {
-            let _ = respond(&mut stream, StatusCode::REQUEST_TIMEOUT, &[], &error_body("request_timeout", "request head not received in time")).await;
+            let _ = respond(
+                &mut stream,
+                StatusCode::REQUEST_TIMEOUT,
+                &[],
+                &error_body("request_timeout", "request head not received in time"),
+            )
+            .await;
             return;
         }
     };
@@ -179,7 +213,10 @@ pub async fn serve_connection_with<S: ProxyStream>(mut stream: S, sidecar: Arc<S
             &mut stream,
             StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             &[("Proxy-Authenticate", "Basic realm=\"airlock\"")],
-            &error_body("proxy_authentication_required", "the sidecar token is required in Proxy-Authorization"),
+            &error_body(
+                "proxy_authentication_required",
+                "the sidecar token is required in Proxy-Authorization",
+            ),
         )
         .await;
         return;
@@ -193,7 +230,11 @@ pub async fn serve_connection_with<S: ProxyStream>(mut stream: S, sidecar: Arc<S
             return;
         }
     };
-    let rules = CallRules { authorized: &sidecar.network.0, allow_all_uris: sidecar.network.1, credentialed: false };
+    let rules = CallRules {
+        authorized: &sidecar.network.0,
+        allow_all_uris: sidecar.network.1,
+        credentialed: false,
+    };
     let admitted = match sidecar.client.guard().admit(&target, &rules).await {
         Ok(a) => a,
         Err(e) => {
@@ -224,8 +265,15 @@ pub async fn serve_connection_with<S: ProxyStream>(mut stream: S, sidecar: Arc<S
     };
     let rest = buf.freeze().slice(head.len..);
     match head.target {
-        RequestTarget::Authority(_) => tunnel(stream, upstream, rest, sidecar, rec, started, &settings).await,
-        RequestTarget::Absolute(_) => forward(stream, upstream, rest, head, admitted, sidecar, rec, started, &settings).await,
+        RequestTarget::Authority(_) => {
+            tunnel(stream, upstream, rest, sidecar, rec, started, &settings).await
+        }
+        RequestTarget::Absolute(_) => {
+            forward(
+                stream, upstream, rest, head, admitted, sidecar, rec, started, &settings,
+            )
+            .await
+        }
     }
 }
 
@@ -243,7 +291,12 @@ fn target_of(head: &RequestHead) -> Result<(Target, String), (EgressError, Strin
             let log = loggable_url(u);
             let t = Target::parse(u).map_err(|e| (e, log.clone()))?;
             if t.is_https() {
-                return Err((EgressError::invalid_url("https:// targets go through CONNECT, not absolute-form requests"), log));
+                return Err((
+                    EgressError::invalid_url(
+                        "https:// targets go through CONNECT, not absolute-form requests",
+                    ),
+                    log,
+                ));
             }
             Ok((t, log))
         }
@@ -252,22 +305,37 @@ fn target_of(head: &RequestHead) -> Result<(Target, String), (EgressError, Strin
 
 /// Reads until a full head has arrived; `Ok(None)` if the peer closed first.
 /// Scans only the newly arrived bytes for the terminator (no quadratic rescans).
-async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Option<(RequestHead, BytesMut)>, HeadError> {
+async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<Option<(RequestHead, BytesMut)>, HeadError> {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     loop {
         let old = buf.len();
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(8 * 1024);
         }
-        let n = stream.read_buf(&mut buf).await.map_err(|_| HeadError::Malformed("read error"))?;
+        let n = stream
+            .read_buf(&mut buf)
+            .await
+            .map_err(|_| HeadError::Malformed("read error"))?;
         if n == 0 {
             return Ok(None);
         }
         let from = old.saturating_sub(3);
         let new = buf.get(from..).unwrap_or_default();
-        let prev = if from == 0 { None } else { buf.get(from - 1).copied() };
-        let bare_lf = std::iter::once(prev).chain(new.iter().map(|&b| Some(b))).zip(new.iter()).any(|(p, &b)| b == b'\n' && p != Some(b'\r'));
-        let done = new.windows(4).any(|w| w == b"\r\n\r\n") || new.contains(&0) || bare_lf || buf.len() >= MAX_HEAD_BYTES;
+        let prev = if from == 0 {
+            None
+        } else {
+            buf.get(from - 1).copied()
+        };
+        let bare_lf = std::iter::once(prev)
+            .chain(new.iter().map(|&b| Some(b)))
+            .zip(new.iter())
+            .any(|(p, &b)| b == b'\n' && p != Some(b'\r'));
+        let done = new.windows(4).any(|w| w == b"\r\n\r\n")
+            || new.contains(&0)
+            || bare_lf
+            || buf.len() >= MAX_HEAD_BYTES;
         if done {
             return match parse_head(&buf)? {
                 Some(h) => Ok(Some((h, buf))),
@@ -282,8 +350,17 @@ fn error_body(code: &str, message: &str) -> String {
 }
 
 /// Writes a complete response and closes the write side.
-async fn respond<W: AsyncWrite + Unpin>(w: &mut W, status: StatusCode, extra: &[(&str, &str)], body: &str) -> std::io::Result<()> {
-    let mut out = format!("HTTP/1.1 {} {}\r\n", status.as_u16(), status.canonical_reason().unwrap_or("Error"));
+async fn respond<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    status: StatusCode,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> std::io::Result<()> {
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Error")
+    );
     for (k, v) in extra {
         out.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -296,7 +373,13 @@ async fn respond<W: AsyncWrite + Unpin>(w: &mut W, status: StatusCode, extra: &[
     w.shutdown().await
 }
 
-async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, sidecar: &Sidecar, method: &str, url: &str, e: &EgressError) {
+async fn refuse<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    sidecar: &Sidecar,
+    method: &str,
+    url: &str,
+    e: &EgressError,
+) {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
     sidecar.record_egress(EgressRecord {
         at: now_ms(),
@@ -326,7 +409,11 @@ async fn tunnel<S: ProxyStream>(
     started: Instant,
     settings: &ProxySettings,
 ) {
-    if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
+    if client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+    {
         return;
     }
     // Bytes the client sent right behind its CONNECT head (a TLS hello that
@@ -352,9 +439,16 @@ async fn tunnel<S: ProxyStream>(
 type ProxyBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 fn json_response(status: StatusCode, code: &str, message: &str) -> Response<ProxyBody> {
-    let mut r = Response::new(Full::new(Bytes::from(error_body(code, message))).map_err(|e| match e {}).boxed());
+    let mut r = Response::new(
+        Full::new(Bytes::from(error_body(code, message)))
+            .map_err(|e| match e {})
+            .boxed(),
+    );
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -389,7 +483,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(*h);
     }
     // Any other Proxy-* header is for this hop too.
-    let proxy_named: Vec<HeaderName> = headers.keys().filter(|k| k.as_str().starts_with("proxy-")).cloned().collect();
+    let proxy_named: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("proxy-"))
+        .cloned()
+        .collect();
     for n in proxy_named {
         headers.remove(n);
     }
@@ -407,7 +505,9 @@ struct Meter {
 
 impl Meter {
     fn finish(&self, status: Option<u16>, code: Option<&str>) {
-        let Ok(mut slot) = self.rec.lock() else { return };
+        let Ok(mut slot) = self.rec.lock() else {
+            return;
+        };
         if let Some(mut rec) = slot.take() {
             if rec.status.is_none() {
                 rec.status = status;
@@ -441,11 +541,15 @@ where
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let r = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Ok(f))) = &r {
-            if let Some(d) = f.data_ref() {
-                let c = if self.inbound { &self.meter.inb } else { &self.meter.out };
-                c.fetch_add(d.len() as u64, Ordering::Relaxed);
-            }
+        if let std::task::Poll::Ready(Some(Ok(f))) = &r
+            && let Some(d) = f.data_ref()
+        {
+            let c = if self.inbound {
+                &self.meter.inb
+            } else {
+                &self.meter.out
+            };
+            c.fetch_add(d.len() as u64, Ordering::Relaxed);
         }
         r.map(|o| o.map(|res| res.map_err(Into::into)))
     }
@@ -482,7 +586,13 @@ async fn forward<S: ProxyStream>(
     started: Instant,
     settings: &ProxySettings,
 ) {
-    let meter = Arc::new(Meter { sidecar, rec: Mutex::new(Some(rec)), out: AtomicU64::new(0), inb: AtomicU64::new(0), started });
+    let meter = Arc::new(Meter {
+        sidecar,
+        rec: Mutex::new(Some(rec)),
+        out: AtomicU64::new(0),
+        inb: AtomicU64::new(0),
+        started,
+    });
     let mut headers = head.headers.clone();
     strip_hop_by_hop(&mut headers);
     headers.remove(header::CONTENT_LENGTH);
@@ -508,14 +618,27 @@ async fn forward<S: ProxyStream>(
         async move {
             let taken = state.lock().ok().and_then(|mut s| s.take());
             let Some((upstream, headers, path, method)) = taken else {
-                return Ok::<_, std::convert::Infallible>(json_response(StatusCode::BAD_REQUEST, "bad_request", "one request per proxy connection"));
+                return Ok::<_, std::convert::Infallible>(json_response(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "one request per proxy connection",
+                ));
             };
             let fail = |detail: String| {
-                let e = EgressError::new(EgressCode::UpstreamFailed, GuardStep::Upstream, Some(&host_bare), detail);
+                let e = EgressError::new(
+                    EgressCode::UpstreamFailed,
+                    GuardStep::Upstream,
+                    Some(&host_bare),
+                    detail,
+                );
                 meter.finish(Some(502), Some(e.code.as_str()));
                 json_response(StatusCode::BAD_GATEWAY, e.code.as_str(), &e.to_string())
             };
-            let body = Counted { inner: req.into_body(), meter: meter.clone(), inbound: false };
+            let body = Counted {
+                inner: req.into_body(),
+                meter: meter.clone(),
+                inbound: false,
+            };
             let mut out = Request::new(body);
             *out.method_mut() = method;
             *out.uri_mut() = match path.parse() {
@@ -523,29 +646,42 @@ async fn forward<S: ProxyStream>(
                 Err(_) => return Ok(fail("target path is not a valid request-target".into())),
             };
             *out.headers_mut() = headers;
-            let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
-                Ok(v) => v,
-                Err(e) => return Ok(fail(format!("HTTP handshake failed: {e}"))),
-            };
+            let (mut sender, conn) =
+                match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
+                    Ok(v) => v,
+                    Err(e) => return Ok(fail(format!("HTTP handshake failed: {e}"))),
+                };
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            let resp = match tokio::time::timeout(response_timeout, sender.send_request(out)).await {
+            let resp = match tokio::time::timeout(response_timeout, sender.send_request(out)).await
+            {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => return Ok(fail(format!("upstream request failed: {e}"))),
-                Err(_) => return Ok(fail(format!("no response head within {response_timeout:?}"))),
+                Err(_) => {
+                    return Ok(fail(format!(
+                        "no response head within {response_timeout:?}"
+                    )));
+                }
             };
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                return Ok(fail("upstream switched protocols, which the proxy does not relay".into()));
+                return Ok(fail(
+                    "upstream switched protocols, which the proxy does not relay".into(),
+                ));
             }
             let (mut parts, incoming) = resp.into_parts();
-            if let Ok(mut slot) = meter.rec.lock() {
-                if let Some(r) = slot.as_mut() {
-                    r.status = Some(parts.status.as_u16());
-                }
+            if let Ok(mut slot) = meter.rec.lock()
+                && let Some(r) = slot.as_mut()
+            {
+                r.status = Some(parts.status.as_u16());
             }
             strip_hop_by_hop(&mut parts.headers);
-            let body = Counted { inner: incoming, meter: meter.clone(), inbound: true }.boxed();
+            let body = Counted {
+                inner: incoming,
+                meter: meter.clone(),
+                inbound: true,
+            }
+            .boxed();
             Ok(Response::from_parts(parts, body))
         }
     });

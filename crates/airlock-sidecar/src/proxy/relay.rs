@@ -27,7 +27,8 @@ impl Activity {
         if let Some(c) = self.read.get(side) {
             c.fetch_add(n as u64, Ordering::Relaxed);
         }
-        self.last_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 }
 
@@ -39,7 +40,11 @@ struct Tracked<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len().saturating_sub(before);
@@ -51,7 +56,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -60,7 +69,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
@@ -84,9 +97,21 @@ where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let activity = Arc::new(Activity { start: Instant::now(), last_ms: AtomicU64::new(0), read: [AtomicU64::new(0), AtomicU64::new(0)] });
-    let mut a = Tracked { inner: client, activity: activity.clone(), side: 0 };
-    let mut b = Tracked { inner: upstream, activity: activity.clone(), side: 1 };
+    let activity = Arc::new(Activity {
+        start: Instant::now(),
+        last_ms: AtomicU64::new(0),
+        read: [AtomicU64::new(0), AtomicU64::new(0)],
+    });
+    let mut a = Tracked {
+        inner: client,
+        activity: activity.clone(),
+        side: 0,
+    };
+    let mut b = Tracked {
+        inner: upstream,
+        activity: activity.clone(),
+        side: 1,
+    };
     let idle_hit = tokio::select! {
         _ = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, buf, buf) => false,
         _ = idle_watch(&activity, idle) => true,
@@ -122,7 +147,11 @@ impl<S> Rewind<S> {
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
             let chunk = self.prefix.split_to(n);
@@ -134,7 +163,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -144,7 +177,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -167,7 +199,14 @@ mod tests {
         drop(client_peer);
         drop(upstream_peer);
         let stats = task.await.unwrap();
-        assert_eq!(stats, RelayStats { client_to_upstream: 5, upstream_to_client: 6, idle: false });
+        assert_eq!(
+            stats,
+            RelayStats {
+                client_to_upstream: 5,
+                upstream_to_client: 6,
+                idle: false
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -181,7 +220,10 @@ mod tests {
             let mut b = [0u8; 1];
             upstream_peer.read_exact(&mut b).await.unwrap();
         }
-        assert!(!task.is_finished(), "traffic every 100 s keeps a 120 s tunnel open");
+        assert!(
+            !task.is_finished(),
+            "traffic every 100 s keeps a 120 s tunnel open"
+        );
         tokio::time::sleep(Duration::from_secs(121)).await;
         let stats = task.await.unwrap();
         assert!(stats.idle);

@@ -53,9 +53,16 @@ impl UpstreamProxy {
             let user = percent_decode(url.username());
             let pass = percent_decode(url.password().unwrap_or(""));
             let pair = format!("{user}:{pass}");
-            Some(secrecy::SecretString::from(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))))
+            Some(secrecy::SecretString::from(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            )))
         };
-        Ok(UpstreamProxy { host, port, authorization })
+        Ok(UpstreamProxy {
+            host,
+            port,
+            authorization,
+        })
     }
 }
 
@@ -65,7 +72,10 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
         if b == b'%' {
-            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
             if let Some(v) = hex {
                 out.push(v);
                 i += 3;
@@ -79,13 +89,22 @@ fn percent_decode(s: &str) -> String {
 }
 
 fn failed(admitted: &Admitted, detail: String) -> EgressError {
-    EgressError::new(EgressCode::UpstreamFailed, GuardStep::Upstream, Some(&admitted.target.host().bare()), detail)
+    EgressError::new(
+        EgressCode::UpstreamFailed,
+        GuardStep::Upstream,
+        Some(&admitted.target.host().bare()),
+        detail,
+    )
 }
 
 /// Opens a connection to the admitted target: the first pinned address that
 /// answers within the connect timeout. Addresses of the sidecar's own
 /// listeners are refused (`blocked_address`).
-pub(crate) async fn dial(sidecar: &Sidecar, admitted: &Admitted, settings: &ProxySettings) -> Result<TcpStream, EgressError> {
+pub(crate) async fn dial(
+    sidecar: &Sidecar,
+    admitted: &Admitted,
+    settings: &ProxySettings,
+) -> Result<TcpStream, EgressError> {
     let port = admitted.target.port_or_default();
     let host = admitted.target.host().bare();
     let loop_refusal = |addr: SocketAddr| {
@@ -103,7 +122,9 @@ pub(crate) async fn dial(sidecar: &Sidecar, admitted: &Admitted, settings: &Prox
         }
     }
     let via = match &sidecar.proxy_url {
-        Some(raw) => Some(UpstreamProxy::parse(raw.expose_secret()).map_err(|e| failed(admitted, e))?),
+        Some(raw) => {
+            Some(UpstreamProxy::parse(raw.expose_secret()).map_err(|e| failed(admitted, e))?)
+        }
         None => None,
     };
     let mut last = String::from("no address to dial");
@@ -111,26 +132,33 @@ pub(crate) async fn dial(sidecar: &Sidecar, admitted: &Admitted, settings: &Prox
         let addr = SocketAddr::new(*ip, port);
         let attempt = async {
             match &via {
-                None => TcpStream::connect(addr).await.map_err(|e| format!("connect to {addr} failed: {e}")),
+                None => TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("connect to {addr} failed: {e}")),
                 Some(p) => connect_via(p, addr).await,
             }
         };
         match tokio::time::timeout(settings.connect_timeout, attempt).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
-                if via.is_none() {
-                    // The same host (peer address = our own address) on one of
-                    // our ports is a loop too, whatever address named it.
-                    if let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) {
-                        if peer.ip() == local.ip() && (is_own_listener(peer) || super::process_listens_on(peer.port())) {
-                            return Err(loop_refusal(peer));
-                        }
-                    }
+                // The same host (peer address = our own address) on one of
+                // our ports is a loop too, whatever address named it.
+                if via.is_none()
+                    && let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr())
+                    && peer.ip() == local.ip()
+                    && (is_own_listener(peer) || super::process_listens_on(peer.port()))
+                {
+                    return Err(loop_refusal(peer));
                 }
                 return Ok(stream);
             }
             Ok(Err(e)) => last = e,
-            Err(_) => last = format!("connect to {addr} timed out after {:?}", settings.connect_timeout),
+            Err(_) => {
+                last = format!(
+                    "connect to {addr} timed out after {:?}",
+                    settings.connect_timeout
+                )
+            }
         }
     }
     Err(failed(admitted, last))
@@ -159,11 +187,15 @@ async fn connect_via(p: &UpstreamProxy, addr: SocketAddr) -> Result<TcpStream, S
             req.push_str("\r\n");
         }
         req.push_str("\r\n");
-        s.write_all(req.as_bytes()).await.map_err(|e| format!("upstream proxy write failed: {e}"))?;
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| format!("upstream proxy write failed: {e}"))?;
         drop(req);
         let status = read_response_head(&mut s).await?;
         if !(200..300).contains(&status) {
-            return Err(format!("the upstream proxy answered CONNECT {addr} with status {status}"));
+            return Err(format!(
+                "the upstream proxy answered CONNECT {addr} with status {status}"
+            ));
         }
         return Ok(s);
     }
@@ -179,7 +211,10 @@ async fn read_response_head(s: &mut TcpStream) -> Result<u16, String> {
         if head.len() >= MAX_UPSTREAM_HEAD {
             return Err("the upstream proxy's response head is too large".into());
         }
-        let n = s.read(&mut byte).await.map_err(|e| format!("upstream proxy read failed: {e}"))?;
+        let n = s
+            .read(&mut byte)
+            .await
+            .map_err(|e| format!("upstream proxy read failed: {e}"))?;
         if n == 0 {
             return Err("the upstream proxy closed the connection during CONNECT".into());
         }
@@ -211,19 +246,27 @@ mod tests {
         let p = UpstreamProxy::parse("http://us%40r:p%3Ass@proxy.corp:3128").unwrap();
         assert_eq!((p.host.as_str(), p.port), ("proxy.corp", 3128));
         use base64::Engine;
-        let expected = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("us@r:p:ss"));
+        let expected = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("us@r:p:ss")
+        );
         assert_eq!(p.authorization.unwrap().expose_secret(), expected);
         let p = UpstreamProxy::parse("http://10.0.0.1").unwrap();
         assert_eq!(p.port, 80);
         assert!(p.authorization.is_none());
-        let e = UpstreamProxy::parse("https://u:secretpw@p:1").err().unwrap();
+        let e = UpstreamProxy::parse("https://u:secretpw@p:1")
+            .err()
+            .unwrap();
         assert!(!e.contains("secretpw"));
         assert!(UpstreamProxy::parse("not a url").is_err());
     }
 
     #[test]
     fn status_line() {
-        assert_eq!(parse_status(b"HTTP/1.1 200 Connection established\r\n\r\n"), Some(200));
+        assert_eq!(
+            parse_status(b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            Some(200)
+        );
         assert_eq!(parse_status(b"HTTP/1.0 407 Auth\r\n\r\n"), Some(407));
         assert_eq!(parse_status(b"SSH-2.0\r\n\r\n"), None);
         assert_eq!(parse_status(b"HTTP/1.1 2000 x\r\n\r\n"), None);

@@ -18,5 +18,9 @@ pub fn run() -> ExitCode {
         Ok(b) => println!("  → RUN_ADAPTER=auto picks {}", b.name()),
         Err(e) => println!("  → RUN_ADAPTER=auto: {e}"),
     }
+    println!("Isolation features");
+    for d in airlock_sandbox::diagnose() {
+        println!("  {} {:<28} {}", if d.works { "✓" } else { "✗" }, d.feature, d.detail);
+    }
     ExitCode::SUCCESS
 }
