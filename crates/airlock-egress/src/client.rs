@@ -600,14 +600,13 @@ impl hyper::body::Body for StreamingBody {
             Poll::Ready(None) => {
                 this.done = true;
                 this.idle_sleep = None;
-                if let Some((client, key, idle)) = this.pool.take() {
-                    if !idle.sender.is_closed() {
-                        if let Ok(mut pool) = client.pool.lock() {
-                            let list = pool.entry(key).or_default();
-                            if list.len() < client.cfg.max_idle_per_origin {
-                                list.push(idle);
-                            }
-                        }
+                if let Some((client, key, idle)) = this.pool.take()
+                    && !idle.sender.is_closed()
+                    && let Ok(mut pool) = client.pool.lock()
+                {
+                    let list = pool.entry(key).or_default();
+                    if list.len() < client.cfg.max_idle_per_origin {
+                        list.push(idle);
                     }
                 }
                 Poll::Ready(None)

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use airlock_egress::{
-    AuthorizedUris, CallRules, ClientConfig, EgressCode, EgressPolicy, Guard, GuardedClient, OutboundRequest,
-    StaticResolver,
+    AuthorizedUris, CallRules, ClientConfig, EgressCode, EgressPolicy, Guard, GuardedClient,
+    OutboundRequest, StaticResolver,
 };
 use http_body_util::BodyExt;
 use support::*;
@@ -23,11 +23,20 @@ fn client(cfg: ClientConfig) -> GuardedClient {
     r.insert(HOST, ["127.0.0.1".parse().unwrap()]);
     let mut p = EgressPolicy::new();
     p.allow_internal_hosts([HOST]);
-    GuardedClient::with_dialer(Guard::new(p, Arc::new(r)), cfg, Arc::new(TestNet::default())).unwrap()
+    GuardedClient::with_dialer(
+        Guard::new(p, Arc::new(r)),
+        cfg,
+        Arc::new(TestNet::default()),
+    )
+    .unwrap()
 }
 
 fn rules(list: &AuthorizedUris) -> CallRules<'_> {
-    CallRules { authorized: list, allow_all_uris: false, credentialed: true }
+    CallRules {
+        authorized: list,
+        allow_all_uris: false,
+        credentialed: true,
+    }
 }
 
 async fn read_head(s: &mut tokio::net::TcpStream) {
@@ -65,7 +74,10 @@ async fn first_chunk_arrives_before_the_second_is_sent() {
     let list = AuthorizedUris::parse(&[format!("http://{HOST}:{}/**", addr.port())]);
     let mut resp = tokio::time::timeout(
         Duration::from_secs(10),
-        c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/v1/stream", addr.port())), &rules(&list)),
+        c.send_streaming(
+            OutboundRequest::get(format!("http://{HOST}:{}/v1/stream", addr.port())),
+            &rules(&list),
+        ),
     )
     .await
     .expect("head did not arrive")
@@ -86,21 +98,56 @@ async fn first_chunk_arrives_before_the_second_is_sent() {
 #[tokio::test]
 async fn the_connection_is_reused_after_a_full_read() {
     install_crypto();
-    let srv = server(handler(|_| respond(200, &[("content-type", "application/json")], "{\"ok\":true}")), None).await;
+    let srv = server(
+        handler(|_| {
+            respond(
+                200,
+                &[("content-type", "application/json")],
+                "{\"ok\":true}",
+            )
+        }),
+        None,
+    )
+    .await;
     let c = client(ClientConfig::default());
     let list = AuthorizedUris::parse(&[format!("http://{HOST}:{}/**", srv.port())]);
     for _ in 0..3 {
-        let resp = c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/x", srv.port())), &rules(&list)).await.unwrap();
+        let resp = c
+            .send_streaming(
+                OutboundRequest::get(format!("http://{HOST}:{}/x", srv.port())),
+                &rules(&list),
+            )
+            .await
+            .unwrap();
         let body = resp.body.collect().await.unwrap().to_bytes();
         assert_eq!(body, "{\"ok\":true}");
     }
     assert_eq!(srv.request_count(), 3);
-    assert_eq!(srv.connection_count(), 1, "a fully read streaming body returns its connection to the pool");
+    assert_eq!(
+        srv.connection_count(),
+        1,
+        "a fully read streaming body returns its connection to the pool"
+    );
     // A body dropped before its end closes its connection instead.
-    let resp = c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/x", srv.port())), &rules(&list)).await.unwrap();
+    let resp = c
+        .send_streaming(
+            OutboundRequest::get(format!("http://{HOST}:{}/x", srv.port())),
+            &rules(&list),
+        )
+        .await
+        .unwrap();
     drop(resp);
-    let resp = c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/x", srv.port())), &rules(&list)).await.unwrap();
-    assert_eq!(resp.body.collect().await.unwrap().to_bytes(), "{\"ok\":true}");
+    let resp = c
+        .send_streaming(
+            OutboundRequest::get(format!("http://{HOST}:{}/x", srv.port())),
+            &rules(&list),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.body.collect().await.unwrap().to_bytes(),
+        "{\"ok\":true}"
+    );
 }
 
 #[tokio::test]
@@ -108,10 +155,23 @@ async fn redirects_are_returned_not_followed() {
     install_crypto();
     let other = server(handler(|_| respond(200, &[], "other")), None).await;
     let loc = format!("http://{HOST}:{}/elsewhere", other.port());
-    let srv = server(handler(move |_| respond(307, &[("location", loc.as_str())], "")), None).await;
+    let srv = server(
+        handler(move |_| respond(307, &[("location", loc.as_str())], "")),
+        None,
+    )
+    .await;
     let c = client(ClientConfig::default());
-    let list = AuthorizedUris::parse(&[format!("http://{HOST}:{}/**", srv.port()), format!("http://{HOST}:{}/**", other.port())]);
-    let resp = c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/v1", srv.port())), &rules(&list)).await.unwrap();
+    let list = AuthorizedUris::parse(&[
+        format!("http://{HOST}:{}/**", srv.port()),
+        format!("http://{HOST}:{}/**", other.port()),
+    ]);
+    let resp = c
+        .send_streaming(
+            OutboundRequest::get(format!("http://{HOST}:{}/v1", srv.port())),
+            &rules(&list),
+        )
+        .await
+        .unwrap();
     assert_eq!(resp.status, 307);
     assert!(resp.headers.contains_key("location"));
     assert_eq!(other.request_count(), 0, "the redirect was followed");
@@ -121,18 +181,40 @@ async fn redirects_are_returned_not_followed() {
 async fn the_response_cap_is_enforced_while_streaming() {
     install_crypto();
     let endless = raw(endless_body).await;
-    let cfg = ClientConfig { max_response_bytes: 64 * 1024, ..ClientConfig::default() };
+    let cfg = ClientConfig {
+        max_response_bytes: 64 * 1024,
+        ..ClientConfig::default()
+    };
     let c = client(cfg);
     let list = AuthorizedUris::parse(&[format!("http://{HOST}:{}/**", endless.port())]);
-    let resp = c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/", endless.port())), &rules(&list)).await.unwrap();
-    let e = tokio::time::timeout(Duration::from_secs(10), resp.body.collect()).await.expect("cap not enforced").unwrap_err();
+    let resp = c
+        .send_streaming(
+            OutboundRequest::get(format!("http://{HOST}:{}/", endless.port())),
+            &rules(&list),
+        )
+        .await
+        .unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), resp.body.collect())
+        .await
+        .expect("cap not enforced")
+        .unwrap_err();
     assert_eq!(e.code, EgressCode::UpstreamFailed);
     assert!(e.detail.contains("limit"), "{e}");
 
     // A declared length above the cap fails before any body is read.
-    let big = server(handler(|_| respond(200, &[], &"y".repeat(100 * 1024))), None).await;
+    let big = server(
+        handler(|_| respond(200, &[], &"y".repeat(100 * 1024))),
+        None,
+    )
+    .await;
     let list = AuthorizedUris::parse(&[format!("http://{HOST}:{}/**", big.port())]);
-    let e = c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/", big.port())), &rules(&list)).await.unwrap_err();
+    let e = c
+        .send_streaming(
+            OutboundRequest::get(format!("http://{HOST}:{}/", big.port())),
+            &rules(&list),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code, EgressCode::UpstreamFailed);
 }
 
@@ -141,17 +223,32 @@ async fn a_silent_stream_hits_the_idle_timeout() {
     install_crypto();
     let addr = raw(|mut s| async move {
         read_head(&mut s).await;
-        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n").await;
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            .await;
         tokio::time::sleep(Duration::from_secs(30)).await;
     })
     .await;
-    let cfg = ClientConfig { total_timeout: Duration::from_millis(300), ..ClientConfig::default() };
+    let cfg = ClientConfig {
+        total_timeout: Duration::from_millis(300),
+        ..ClientConfig::default()
+    };
     let c = client(cfg);
     let list = AuthorizedUris::parse(&[format!("http://{HOST}:{}/**", addr.port())]);
-    let mut resp = c.send_streaming(OutboundRequest::get(format!("http://{HOST}:{}/", addr.port())), &rules(&list)).await.unwrap();
+    let mut resp = c
+        .send_streaming(
+            OutboundRequest::get(format!("http://{HOST}:{}/", addr.port())),
+            &rules(&list),
+        )
+        .await
+        .unwrap();
     let first = resp.body.frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap(), "hello");
-    let e = tokio::time::timeout(Duration::from_secs(10), resp.body.frame()).await.expect("no idle timeout").unwrap().unwrap_err();
+    let e = tokio::time::timeout(Duration::from_secs(10), resp.body.frame())
+        .await
+        .expect("no idle timeout")
+        .unwrap()
+        .unwrap_err();
     assert_eq!(e.code, EgressCode::UpstreamFailed);
 }
 
@@ -164,7 +261,12 @@ async fn guard_refusals_happen_before_any_connection() {
     let mut r = StaticResolver::new();
     r.insert("sneaky.internal.test", ["127.0.0.1".parse().unwrap()]);
     let net = Arc::new(TestNet::default());
-    let c = GuardedClient::with_dialer(Guard::new(EgressPolicy::new(), Arc::new(r)), ClientConfig::default(), net.clone()).unwrap();
+    let c = GuardedClient::with_dialer(
+        Guard::new(EgressPolicy::new(), Arc::new(r)),
+        ClientConfig::default(),
+        net.clone(),
+    )
+    .unwrap();
     let list = AuthorizedUris::parse(&[
         format!("http://sneaky.internal.test:{port}/**"),
         format!("http://127.0.0.1:{port}/**"),
@@ -172,15 +274,40 @@ async fn guard_refusals_happen_before_any_connection() {
         format!("http://localhost:{port}/**"),
     ]);
     for (url, code) in [
-        (format!("http://sneaky.internal.test:{port}/v1"), EgressCode::BlockedAddress),
-        (format!("http://127.0.0.1:{port}/v1"), EgressCode::BlockedAddress),
-        ("http://169.254.169.254/latest/meta-data".to_owned(), EgressCode::BlockedAddress),
-        (format!("http://localhost:{port}/v1"), EgressCode::BlockedHost),
-        (format!("http://unlisted.internal.test:{port}/v1"), EgressCode::NotAuthorized),
+        (
+            format!("http://sneaky.internal.test:{port}/v1"),
+            EgressCode::BlockedAddress,
+        ),
+        (
+            format!("http://127.0.0.1:{port}/v1"),
+            EgressCode::BlockedAddress,
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data".to_owned(),
+            EgressCode::BlockedAddress,
+        ),
+        (
+            format!("http://localhost:{port}/v1"),
+            EgressCode::BlockedHost,
+        ),
+        (
+            format!("http://unlisted.internal.test:{port}/v1"),
+            EgressCode::NotAuthorized,
+        ),
     ] {
-        let e = c.send_streaming(OutboundRequest::get(&url), &rules(&list)).await.unwrap_err();
+        let e = c
+            .send_streaming(OutboundRequest::get(&url), &rules(&list))
+            .await
+            .unwrap_err();
         assert_eq!(e.code, code, "{url}: {e}");
     }
-    assert!(net.dialled().is_empty(), "refused targets were dialled: {:?}", net.dialled());
-    assert_eq!(victim.connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(
+        net.dialled().is_empty(),
+        "refused targets were dialled: {:?}",
+        net.dialled()
+    );
+    assert_eq!(
+        victim.connections.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
 }

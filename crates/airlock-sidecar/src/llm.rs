@@ -60,7 +60,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressCode, EgressError, OutboundRequest, StreamingBody};
+use airlock_egress::{
+    AuthorizedUris, CallRules, EgressCode, EgressError, OutboundRequest, StreamingBody,
+};
 use airlock_platform_api::wire::{CostRecord, EgressRecord, RunEvent};
 use axum::Router;
 use axum::extract::{Request, State};
@@ -131,7 +133,11 @@ impl Upstream {
             }
         }
         let authorized = AuthorizedUris::parse(&[format!("{base}/**")]);
-        for d in authorized.diagnostics().iter().filter(|d| d.matches_nothing) {
+        for d in authorized
+            .diagnostics()
+            .iter()
+            .filter(|d| d.matches_nothing)
+        {
             tracing::warn!(entry = %d.entry, "model.base_url cannot be authorized: {}", d.reason);
         }
         Upstream {
@@ -174,9 +180,12 @@ enum Endpoint {
 
 fn route(provider: Provider, method: &Method, path: &str) -> Option<Endpoint> {
     let model_path = path == "/v1/models"
-        || path
-            .strip_prefix("/v1/models/")
-            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._:@".contains(&b)));
+        || path.strip_prefix("/v1/models/").is_some_and(|id| {
+            !id.is_empty()
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._:@".contains(&b))
+        });
     if *method == Method::GET {
         return model_path.then_some(Endpoint::Plain);
     }
@@ -184,11 +193,15 @@ fn route(provider: Provider, method: &Method, path: &str) -> Option<Endpoint> {
         return None;
     }
     match (provider, path) {
-        (Provider::Openai, "/v1/chat/completions" | "/v1/completions") => {
-            Some(Endpoint::Metered { chat_stream_usage: true })
-        }
-        (Provider::Openai, "/v1/responses" | "/v1/embeddings") => Some(Endpoint::Metered { chat_stream_usage: false }),
-        (Provider::Anthropic, "/v1/messages") => Some(Endpoint::Metered { chat_stream_usage: false }),
+        (Provider::Openai, "/v1/chat/completions" | "/v1/completions") => Some(Endpoint::Metered {
+            chat_stream_usage: true,
+        }),
+        (Provider::Openai, "/v1/responses" | "/v1/embeddings") => Some(Endpoint::Metered {
+            chat_stream_usage: false,
+        }),
+        (Provider::Anthropic, "/v1/messages") => Some(Endpoint::Metered {
+            chat_stream_usage: false,
+        }),
         (Provider::Anthropic, "/v1/messages/count_tokens") => Some(Endpoint::Plain),
         _ => None,
     }
@@ -207,16 +220,37 @@ struct Prepared {
 /// asks for it. A body that is not a JSON object is sent as it is.
 fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
-        return Prepared { body, model: None, drop_usage_chunk: false };
+        return Prepared {
+            body,
+            model: None,
+            drop_usage_chunk: false,
+        };
     };
     let model = obj.get("model").and_then(Value::as_str).map(str::to_owned);
     let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
-    if !(streaming && endpoint == (Endpoint::Metered { chat_stream_usage: true })) {
-        return Prepared { body, model, drop_usage_chunk: false };
+    if !(streaming
+        && endpoint
+            == (Endpoint::Metered {
+                chat_stream_usage: true,
+            }))
+    {
+        return Prepared {
+            body,
+            model,
+            drop_usage_chunk: false,
+        };
     }
-    let asked = obj.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true);
+    let asked = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true);
     if asked {
-        return Prepared { body, model, drop_usage_chunk: false };
+        return Prepared {
+            body,
+            model,
+            drop_usage_chunk: false,
+        };
     }
     match obj.get_mut("stream_options") {
         Some(Value::Object(o)) => {
@@ -227,8 +261,16 @@ fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
         }
     }
     match serde_json::to_vec(&Value::Object(obj)) {
-        Ok(v) => Prepared { body: Bytes::from(v), model, drop_usage_chunk: true },
-        Err(_) => Prepared { body, model, drop_usage_chunk: false },
+        Ok(v) => Prepared {
+            body: Bytes::from(v),
+            model,
+            drop_usage_chunk: true,
+        },
+        Err(_) => Prepared {
+            body,
+            model,
+            drop_usage_chunk: false,
+        },
     }
 }
 
@@ -236,16 +278,28 @@ fn error(status: StatusCode, kind: &str, code: &str, message: impl Into<String>)
     let message = message.into();
     (
         status,
-        axum::Json(json!({"type": "error", "error": {"type": kind, "code": code, "message": message}})),
+        axum::Json(
+            json!({"type": "error", "error": {"type": kind, "code": code, "message": message}}),
+        ),
     )
         .into_response()
 }
 
 fn egress_error(e: &EgressError) -> Response {
     if e.http_status() == 403 {
-        error(StatusCode::FORBIDDEN, "blocked", e.code.as_str(), format!("the model provider is not reachable: {e}"))
+        error(
+            StatusCode::FORBIDDEN,
+            "blocked",
+            e.code.as_str(),
+            format!("the model provider is not reachable: {e}"),
+        )
     } else {
-        error(StatusCode::BAD_GATEWAY, "upstream_error", e.code.as_str(), format!("the model provider failed: {e}"))
+        error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            e.code.as_str(),
+            format!("the model provider failed: {e}"),
+        )
     }
 }
 
@@ -256,54 +310,75 @@ struct Llm {
 
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
     let upstream = sidecar.model.as_ref().map(Upstream::new);
-    Router::new().fallback(relay).with_state(Arc::new(Llm { sidecar, upstream }))
+    Router::new()
+        .fallback(relay)
+        .with_state(Arc::new(Llm { sidecar, upstream }))
 }
 
 /// The model key, fetched from the platform for this call only.
-async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Response> {
+async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Box<Response>> {
     match sidecar.platform.credential(MODEL_CREDENTIAL).await {
         Ok(c) => match c.fields.get("api_key").filter(|k| !k.is_empty()) {
             Some(k) => Ok(SecretString::from(k.clone())),
-            None => Err(error(
+            None => Err(Box::new(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_configured",
                 "model_credential_missing",
                 "the model credential has no api_key field",
-            )),
+            ))),
         },
-        Err(e) if matches!(e.status(), Some(403 | 404)) => Err(error(
+        Err(e) if matches!(e.status(), Some(403 | 404)) => Err(Box::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_configured",
             "model_credential_missing",
             "no model credential is available to this run",
-        )),
+        ))),
         Err(e) => {
             tracing::warn!("model relay: credential fetch failed: {e}");
-            Err(error(StatusCode::BAD_GATEWAY, "upstream_error", "platform_unavailable", "the platform did not provide the model credential"))
+            Err(Box::new(error(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "platform_unavailable",
+                "the platform did not provide the model credential",
+            )))
         }
     }
 }
 
 /// The headers sent upstream: the safe list from the agent, then the key.
-fn upstream_headers(agent: &HeaderMap, provider: Provider, key: &SecretString) -> Result<HeaderMap, Response> {
+fn upstream_headers(
+    agent: &HeaderMap,
+    provider: Provider,
+    key: &SecretString,
+) -> Result<HeaderMap, Box<Response>> {
     let mut out = HeaderMap::new();
     for name in FORWARDED_REQUEST_HEADERS {
         for v in agent.get_all(*name) {
             out.append(HeaderName::from_static(name), v.clone());
         }
     }
-    out.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    out.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
     let bad_key = || {
-        error(StatusCode::SERVICE_UNAVAILABLE, "not_configured", "model_credential_invalid", "the model credential is not a valid header value")
+        Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_configured",
+            "model_credential_invalid",
+            "the model credential is not a valid header value",
+        ))
     };
     let (name, mut value) = match provider {
         Provider::Openai => (
             header::AUTHORIZATION,
-            HeaderValue::from_str(&format!("Bearer {}", key.expose_secret())).map_err(|_| bad_key())?,
+            HeaderValue::from_str(&format!("Bearer {}", key.expose_secret()))
+                .map_err(|_| bad_key())?,
         ),
-        Provider::Anthropic => {
-            (HeaderName::from_static("x-api-key"), HeaderValue::from_str(key.expose_secret()).map_err(|_| bad_key())?)
-        }
+        Provider::Anthropic => (
+            HeaderName::from_static("x-api-key"),
+            HeaderValue::from_str(key.expose_secret()).map_err(|_| bad_key())?,
+        ),
     };
     value.set_sensitive(true);
     out.insert(name, value);
@@ -314,7 +389,9 @@ fn safe_response_headers(upstream: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in upstream {
         let n = name.as_str();
-        if SAFE_RESPONSE_HEADERS.contains(&n) || SAFE_RESPONSE_PREFIXES.iter().any(|p| n.starts_with(p)) {
+        if SAFE_RESPONSE_HEADERS.contains(&n)
+            || SAFE_RESPONSE_PREFIXES.iter().any(|p| n.starts_with(p))
+        {
             out.append(name.clone(), value.clone());
         }
     }
@@ -324,7 +401,12 @@ fn safe_response_headers(upstream: &HeaderMap) -> HeaderMap {
 async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
     let started = Instant::now();
     let Some(up) = &llm.upstream else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "not_configured", "model_not_configured", "no model is configured for this run");
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_configured",
+            "model_not_configured",
+            "no model is configured for this run",
+        );
     };
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
@@ -333,7 +415,11 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             StatusCode::NOT_FOUND,
             "not_found",
             "unknown_endpoint",
-            format!("{} {path} is not relayed for the {} provider", parts.method, provider_name(up.provider)),
+            format!(
+                "{} {path} is not relayed for the {} provider",
+                parts.method,
+                provider_name(up.provider)
+            ),
         );
     };
     let limit = llm.sidecar.limits.max_request_bytes;
@@ -349,20 +435,29 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         }
     };
     if body.len() > limit {
-        return error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large", format!("request body exceeds the {limit}-byte limit"));
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "payload_too_large",
+            format!("request body exceeds the {limit}-byte limit"),
+        );
     }
     let prepared = match endpoint {
         Endpoint::Metered { .. } => prepare(endpoint, body),
-        Endpoint::Plain => Prepared { body, model: None, drop_usage_chunk: false },
+        Endpoint::Plain => Prepared {
+            body,
+            model: None,
+            drop_usage_chunk: false,
+        },
     };
     let url = up.url_for(path, parts.uri.query());
     let key = match model_key(&llm.sidecar).await {
         Ok(k) => k,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let headers = match upstream_headers(&parts.headers, up.provider, &key) {
         Ok(h) => h,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     drop(key);
     let bytes_out = prepared.body.len() as u64;
@@ -373,14 +468,21 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         body: prepared.body,
         credential_headers: vec![header::AUTHORIZATION, HeaderName::from_static("x-api-key")],
     };
-    let rules = CallRules { authorized: &up.authorized, allow_all_uris: false, credentialed: true };
+    let rules = CallRules {
+        authorized: &up.authorized,
+        allow_all_uris: false,
+        credentialed: true,
+    };
     let mut record = EgressRecord {
         at: now_ms(),
         source: "llm".into(),
         integration: Some(MODEL_CREDENTIAL.into()),
         method: parts.method.to_string(),
         url: loggable_url(&url),
-        host: url::Url::parse(&url).ok().and_then(|u| u.host_str().map(str::to_owned)).unwrap_or_else(|| "-".into()),
+        host: url::Url::parse(&url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_else(|| "-".into()),
         decision: "allowed".into(),
         code: None,
         status: None,
@@ -394,7 +496,11 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             if e.code != EgressCode::UpstreamFailed {
                 record.decision = "refused".into();
                 let kind = if e.code.is_ssrf() { "SSRF" } else { "policy" };
-                tracing::warn!(host = e.host.as_deref().unwrap_or("-"), code = e.code.as_str(), "Target refused ({kind})");
+                tracing::warn!(
+                    host = e.host.as_deref().unwrap_or("-"),
+                    code = e.code.as_str(),
+                    "Target refused ({kind})"
+                );
             }
             record.code = Some(e.code.as_str().into());
             record.duration_ms = Some(started.elapsed().as_millis() as u64);
@@ -411,10 +517,18 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             StatusCode::BAD_GATEWAY,
             "upstream_error",
             EgressCode::UpstreamFailed.as_str(),
-            format!("the model provider answered with a redirect ({}), which the relay does not follow", resp.status.as_u16()),
+            format!(
+                "the model provider answered with a redirect ({}), which the relay does not follow",
+                resp.status.as_u16()
+            ),
         );
     }
-    let content_type = resp.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+    let content_type = resp
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
     let encoded = resp
         .headers
         .get(header::CONTENT_ENCODING)
@@ -423,21 +537,32 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
     let metered = matches!(endpoint, Endpoint::Metered { .. }) && resp.status.is_success();
     let mode = if !metered || encoded {
         if metered {
-            tracing::warn!("model relay: the provider sent an encoded answer; it cannot be metered");
+            tracing::warn!(
+                "model relay: the provider sent an encoded answer; it cannot be metered"
+            );
         }
         Mode::Plain
     } else if content_type.starts_with("text/event-stream") {
-        Mode::Sse { splitter: SseSplitter::default(), drop_usage_chunk: prepared.drop_usage_chunk }
+        Mode::Sse {
+            splitter: SseSplitter::default(),
+            drop_usage_chunk: prepared.drop_usage_chunk,
+        }
     } else {
         Mode::Json(BytesMut::new())
     };
-    let cost = metered.then(|| CostDraft {
+    let cost = metered.then_some(CostDraft {
         provider: up.provider,
         model: prepared.model,
         price_in: up.price_in,
         price_out: up.price_out,
     });
-    let filtering = matches!(mode, Mode::Sse { drop_usage_chunk: true, .. });
+    let filtering = matches!(
+        mode,
+        Mode::Sse {
+            drop_usage_chunk: true,
+            ..
+        }
+    );
     let mut builder = Response::builder().status(resp.status);
     if let Some(h) = builder.headers_mut() {
         *h = safe_response_headers(&resp.headers);
@@ -454,10 +579,20 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         cost,
         started,
     };
-    let body = RelayBody { relay: Some(relay), ended: false };
+    let body = RelayBody {
+        relay: Some(relay),
+        ended: false,
+    };
     builder
         .body(axum::body::Body::new(body))
-        .unwrap_or_else(|_| error(StatusCode::BAD_GATEWAY, "upstream_error", "upstream_failed", "the answer could not be relayed"))
+        .unwrap_or_else(|_| {
+            error(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "upstream_failed",
+                "the answer could not be relayed",
+            )
+        })
 }
 
 /// What a cost event needs besides the usage.
@@ -482,7 +617,9 @@ impl Usage {
     fn merge_usage(&mut self, u: &Value) {
         let n = |k: &str| u.get(k).and_then(Value::as_u64);
         if let Some(input) = n("prompt_tokens").or_else(|| n("input_tokens")) {
-            let cache = n("cache_creation_input_tokens").unwrap_or(0).saturating_add(n("cache_read_input_tokens").unwrap_or(0));
+            let cache = n("cache_creation_input_tokens")
+                .unwrap_or(0)
+                .saturating_add(n("cache_read_input_tokens").unwrap_or(0));
             self.input = Some(input.saturating_add(cache));
         }
         if let Some(output) = n("completion_tokens").or_else(|| n("output_tokens")) {
@@ -492,12 +629,26 @@ impl Usage {
 
     /// One JSON answer or one SSE event's data.
     fn observe(&mut self, v: &Value) {
-        for usage in [v.get("usage"), v.pointer("/response/usage"), v.pointer("/message/usage")].into_iter().flatten() {
+        for usage in [
+            v.get("usage"),
+            v.pointer("/response/usage"),
+            v.pointer("/message/usage"),
+        ]
+        .into_iter()
+        .flatten()
+        {
             if usage.is_object() {
                 self.merge_usage(usage);
             }
         }
-        for model in [v.get("model"), v.pointer("/response/model"), v.pointer("/message/model")].into_iter().flatten() {
+        for model in [
+            v.get("model"),
+            v.pointer("/response/model"),
+            v.pointer("/message/model"),
+        ]
+        .into_iter()
+        .flatten()
+        {
             if let Some(m) = model.as_str().filter(|m| !m.is_empty()) {
                 self.model = Some(m.to_owned());
             }
@@ -508,7 +659,10 @@ impl Usage {
 /// An OpenAI chunk that carries only the usage the relay asked for:
 /// `choices` empty, `usage` an object.
 fn is_usage_only_chunk(v: &Value) -> bool {
-    v.get("choices").and_then(Value::as_array).is_some_and(|c| c.is_empty()) && v.get("usage").is_some_and(Value::is_object)
+    v.get("choices")
+        .and_then(Value::as_array)
+        .is_some_and(|c| c.is_empty())
+        && v.get("usage").is_some_and(Value::is_object)
 }
 
 /// Splits a server-sent-event stream into events at blank lines, whatever
@@ -539,7 +693,10 @@ impl SseSplitter {
             };
             self.line_start += i + term;
             if i == 0 {
-                let event = self.buf.split_to(self.line_start.min(self.buf.len())).freeze();
+                let event = self
+                    .buf
+                    .split_to(self.line_start.min(self.buf.len()))
+                    .freeze();
                 self.line_start = 0;
                 return Some(event);
             }
@@ -581,7 +738,10 @@ enum Mode {
     /// A JSON answer: a copy is kept and parsed at the end.
     Json(BytesMut),
     /// An SSE stream, split into events as it passes.
-    Sse { splitter: SseSplitter, drop_usage_chunk: bool },
+    Sse {
+        splitter: SseSplitter,
+        drop_usage_chunk: bool,
+    },
 }
 
 /// The state of one relayed answer.
@@ -598,8 +758,12 @@ struct Relay {
 impl Relay {
     /// Meters one event; returns whether it is forwarded.
     fn on_event(usage: &mut Usage, raw: &[u8], drop_usage_chunk: bool) -> bool {
-        let Some(data) = event_data(raw) else { return true };
-        let Ok(v) = serde_json::from_str::<Value>(&data) else { return true };
+        let Some(data) = event_data(raw) else {
+            return true;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+            return true;
+        };
         usage.observe(&v);
         !(drop_usage_chunk && is_usage_only_chunk(&v))
     }
@@ -614,14 +778,20 @@ impl Relay {
                 }
                 data
             }
-            Mode::Sse { splitter, drop_usage_chunk: false } => {
+            Mode::Sse {
+                splitter,
+                drop_usage_chunk: false,
+            } => {
                 splitter.push(&data);
                 while let Some(ev) = splitter.next_event() {
                     Self::on_event(&mut self.usage, &ev, false);
                 }
                 data
             }
-            Mode::Sse { splitter, drop_usage_chunk: true } => {
+            Mode::Sse {
+                splitter,
+                drop_usage_chunk: true,
+            } => {
                 splitter.push(&data);
                 let mut out = BytesMut::new();
                 while let Some(ev) = splitter.next_event() {
@@ -644,12 +814,19 @@ impl Relay {
                 }
                 Bytes::new()
             }
-            Mode::Sse { splitter, drop_usage_chunk } => {
+            Mode::Sse {
+                splitter,
+                drop_usage_chunk,
+            } => {
                 let filtering = *drop_usage_chunk;
                 match splitter.finish() {
                     Some(rest) => {
                         let keep = Self::on_event(&mut self.usage, &rest, filtering);
-                        if filtering && keep { rest } else { Bytes::new() }
+                        if filtering && keep {
+                            rest
+                        } else {
+                            Bytes::new()
+                        }
                     }
                     None => Bytes::new(),
                 }
@@ -659,7 +836,9 @@ impl Relay {
 
     /// Writes the egress record and the cost event (once).
     fn finish(&mut self, failure: Option<&EgressError>) {
-        let Some(mut record) = self.record.take() else { return };
+        let Some(mut record) = self.record.take() else {
+            return;
+        };
         record.bytes_in = self.inner.bytes_read() as u64;
         record.duration_ms = Some(self.started.elapsed().as_millis() as u64);
         if let Some(e) = failure {
@@ -668,16 +847,24 @@ impl Relay {
         self.sidecar.record_egress(record);
         let Some(cost) = self.cost.take() else { return };
         if self.usage.input.is_none() && self.usage.output.is_none() {
-            tracing::warn!("model relay: the provider reported no usage for a call; metered as 0 tokens");
+            tracing::warn!(
+                "model relay: the provider reported no usage for a call; metered as 0 tokens"
+            );
         }
         let input = self.usage.input.unwrap_or(0);
         let output = self.usage.output.unwrap_or(0);
         let cost_microusd = (cost.price_in.is_some() || cost.price_out.is_some()).then(|| {
             // A price per million tokens in USD is a price per token in µUSD.
-            let c = input as f64 * cost.price_in.unwrap_or(0.0) + output as f64 * cost.price_out.unwrap_or(0.0);
+            let c = input as f64 * cost.price_in.unwrap_or(0.0)
+                + output as f64 * cost.price_out.unwrap_or(0.0);
             c.round().max(0.0) as u64
         });
-        let model = self.usage.model.take().or(cost.model).unwrap_or_else(|| "unknown".into());
+        let model = self
+            .usage
+            .model
+            .take()
+            .or(cost.model)
+            .unwrap_or_else(|| "unknown".into());
         self.sidecar.events.send(RunEvent::Cost(CostRecord {
             at: now_ms(),
             provider: provider_name(cost.provider).into(),
@@ -708,7 +895,10 @@ impl Relay {
         };
         let failure = match tokio::time::timeout(DRAIN_DEADLINE, read_all).await {
             Ok(f) => f,
-            Err(_) => Some(EgressError::upstream("-", "stream abandoned by the client did not end in time")),
+            Err(_) => Some(EgressError::upstream(
+                "-",
+                "stream abandoned by the client did not end in time",
+            )),
         };
         self.finish(failure.as_ref());
     }
@@ -724,12 +914,17 @@ impl Body for RelayBody {
     type Data = Bytes;
     type Error = EgressError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, EgressError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, EgressError>>> {
         let this = self.get_mut();
         if this.ended {
             return Poll::Ready(None);
         }
-        let Some(relay) = this.relay.as_mut() else { return Poll::Ready(None) };
+        let Some(relay) = this.relay.as_mut() else {
+            return Poll::Ready(None);
+        };
         loop {
             match Pin::new(&mut relay.inner).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -763,7 +958,17 @@ impl Body for RelayBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.relay {
-            Some(r) if !matches!(r.mode, Mode::Sse { drop_usage_chunk: true, .. }) => r.inner.size_hint(),
+            Some(r)
+                if !matches!(
+                    r.mode,
+                    Mode::Sse {
+                        drop_usage_chunk: true,
+                        ..
+                    }
+                ) =>
+            {
+                r.inner.size_hint()
+            }
             _ => SizeHint::default(),
         }
     }
@@ -771,7 +976,9 @@ impl Body for RelayBody {
 
 impl Drop for RelayBody {
     fn drop(&mut self) {
-        let Some(relay) = self.relay.take() else { return };
+        let Some(relay) = self.relay.take() else {
+            return;
+        };
         if relay.record.is_none() {
             return; // already recorded
         }
@@ -835,7 +1042,10 @@ mod tests {
 
     #[test]
     fn event_data_joins_lines_and_ignores_other_fields() {
-        assert_eq!(event_data(b"event: x\ndata: a\ndata:b\nid: 3\n\n").as_deref(), Some("a\nb"));
+        assert_eq!(
+            event_data(b"event: x\ndata: a\ndata:b\nid: 3\n\n").as_deref(),
+            Some("a\nb")
+        );
         assert_eq!(event_data(b": only a comment\n\n"), None);
         assert_eq!(event_data(b"data\n\n").as_deref(), Some(""));
     }
@@ -844,18 +1054,29 @@ mod tests {
     fn usage_from_every_format() {
         let mut u = Usage::default();
         u.observe(&json!({"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}));
-        assert_eq!((u.input, u.output, u.model.as_deref()), (Some(11), Some(7), Some("gpt-x")));
+        assert_eq!(
+            (u.input, u.output, u.model.as_deref()),
+            (Some(11), Some(7), Some("gpt-x"))
+        );
 
         let mut u = Usage::default();
-        u.observe(&json!({"type": "response.created", "response": {"model": "gpt-r", "usage": null}}));
+        u.observe(
+            &json!({"type": "response.created", "response": {"model": "gpt-r", "usage": null}}),
+        );
         u.observe(&json!({"type": "response.completed", "response": {"model": "gpt-r", "usage": {"input_tokens": 5, "output_tokens": 9}}}));
-        assert_eq!((u.input, u.output, u.model.as_deref()), (Some(5), Some(9), Some("gpt-r")));
+        assert_eq!(
+            (u.input, u.output, u.model.as_deref()),
+            (Some(5), Some(9), Some("gpt-r"))
+        );
 
         let mut u = Usage::default();
         u.observe(&json!({"type": "message_start", "message": {"model": "claude-x", "usage": {"input_tokens": 25, "output_tokens": 1, "cache_read_input_tokens": 3}}}));
         u.observe(&json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}}));
         u.observe(&json!({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 15}}));
-        assert_eq!((u.input, u.output, u.model.as_deref()), (Some(28), Some(15), Some("claude-x")));
+        assert_eq!(
+            (u.input, u.output, u.model.as_deref()),
+            (Some(28), Some(15), Some("claude-x"))
+        );
 
         // Chunks without usage change nothing.
         let before = u.clone();
@@ -866,36 +1087,64 @@ mod tests {
 
     #[test]
     fn only_the_usage_only_chunk_is_dropped() {
-        assert!(is_usage_only_chunk(&json!({"choices": [], "usage": {"prompt_tokens": 1}})));
-        assert!(!is_usage_only_chunk(&json!({"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})));
+        assert!(is_usage_only_chunk(
+            &json!({"choices": [], "usage": {"prompt_tokens": 1}})
+        ));
+        assert!(!is_usage_only_chunk(
+            &json!({"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})
+        ));
         assert!(!is_usage_only_chunk(&json!({"choices": [], "usage": null})));
         assert!(!is_usage_only_chunk(&json!({"choices": []})));
     }
 
     #[test]
     fn chat_streams_are_asked_for_usage_once() {
-        let chat = Endpoint::Metered { chat_stream_usage: true };
-        let p = prepare(chat, Bytes::from_static(br#"{"model":"m","stream":true,"messages":[]}"#));
+        let chat = Endpoint::Metered {
+            chat_stream_usage: true,
+        };
+        let p = prepare(
+            chat,
+            Bytes::from_static(br#"{"model":"m","stream":true,"messages":[]}"#),
+        );
         assert!(p.drop_usage_chunk);
         assert_eq!(p.model.as_deref(), Some("m"));
         let v: Value = serde_json::from_slice(&p.body).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
 
-        let p = prepare(chat, Bytes::from_static(br#"{"model":"m","stream":true,"stream_options":{"include_obfuscation":false}}"#));
+        let p = prepare(
+            chat,
+            Bytes::from_static(
+                br#"{"model":"m","stream":true,"stream_options":{"include_obfuscation":false}}"#,
+            ),
+        );
         let v: Value = serde_json::from_slice(&p.body).unwrap();
         assert!(p.drop_usage_chunk);
-        assert_eq!(v["stream_options"], json!({"include_obfuscation": false, "include_usage": true}));
+        assert_eq!(
+            v["stream_options"],
+            json!({"include_obfuscation": false, "include_usage": true})
+        );
 
-        let asked = Bytes::from_static(br#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#);
+        let asked = Bytes::from_static(
+            br#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#,
+        );
         let p = prepare(chat, asked.clone());
         assert!(!p.drop_usage_chunk);
         assert_eq!(p.body, asked, "the client's own request is sent unchanged");
 
         let not_stream = Bytes::from_static(br#"{"model":"m"}"#);
         assert_eq!(prepare(chat, not_stream.clone()).body, not_stream);
-        let other = Endpoint::Metered { chat_stream_usage: false };
+        let other = Endpoint::Metered {
+            chat_stream_usage: false,
+        };
         let msgs = Bytes::from_static(br#"{"model":"c","stream":true}"#);
-        assert_eq!(prepare(other, msgs.clone()), Prepared { body: msgs, model: Some("c".into()), drop_usage_chunk: false });
+        assert_eq!(
+            prepare(other, msgs.clone()),
+            Prepared {
+                body: msgs,
+                model: Some("c".into()),
+                drop_usage_chunk: false
+            }
+        );
         let junk = Bytes::from_static(b"\xff not json");
         assert_eq!(prepare(chat, junk.clone()).body, junk);
     }
@@ -909,20 +1158,54 @@ mod tests {
             price_out_per_mtok_usd: None,
         };
         let o = Upstream::new(&m(Provider::Openai, "https://api.openai.com/v1/"));
-        assert_eq!(o.url_for("/v1/chat/completions", None), "https://api.openai.com/v1/chat/completions");
-        assert_eq!(o.url_for("/v1/models", Some("limit=2")), "https://api.openai.com/v1/models?limit=2");
+        assert_eq!(
+            o.url_for("/v1/chat/completions", None),
+            "https://api.openai.com/v1/chat/completions"
+        );
+        assert_eq!(
+            o.url_for("/v1/models", Some("limit=2")),
+            "https://api.openai.com/v1/models?limit=2"
+        );
         let a = Upstream::new(&m(Provider::Anthropic, "https://api.anthropic.com"));
-        assert_eq!(a.url_for("/v1/messages", Some("beta=true")), "https://api.anthropic.com/v1/messages?beta=true");
+        assert_eq!(
+            a.url_for("/v1/messages", Some("beta=true")),
+            "https://api.anthropic.com/v1/messages?beta=true"
+        );
         let a2 = Upstream::new(&m(Provider::Anthropic, "https://api.anthropic.com/v1"));
-        assert_eq!(a2.url_for("/v1/messages", None), "https://api.anthropic.com/v1/messages");
+        assert_eq!(
+            a2.url_for("/v1/messages", None),
+            "https://api.anthropic.com/v1/messages"
+        );
 
         let post = Method::POST;
-        assert!(matches!(route(Provider::Openai, &post, "/v1/chat/completions"), Some(Endpoint::Metered { chat_stream_usage: true })));
-        assert!(matches!(route(Provider::Openai, &post, "/v1/responses"), Some(Endpoint::Metered { chat_stream_usage: false })));
-        assert_eq!(route(Provider::Openai, &Method::GET, "/v1/models"), Some(Endpoint::Plain));
-        assert_eq!(route(Provider::Openai, &Method::GET, "/v1/models/gpt-4o"), Some(Endpoint::Plain));
-        assert!(matches!(route(Provider::Anthropic, &post, "/v1/messages"), Some(Endpoint::Metered { .. })));
-        assert_eq!(route(Provider::Anthropic, &post, "/v1/messages/count_tokens"), Some(Endpoint::Plain));
+        assert!(matches!(
+            route(Provider::Openai, &post, "/v1/chat/completions"),
+            Some(Endpoint::Metered {
+                chat_stream_usage: true
+            })
+        ));
+        assert!(matches!(
+            route(Provider::Openai, &post, "/v1/responses"),
+            Some(Endpoint::Metered {
+                chat_stream_usage: false
+            })
+        ));
+        assert_eq!(
+            route(Provider::Openai, &Method::GET, "/v1/models"),
+            Some(Endpoint::Plain)
+        );
+        assert_eq!(
+            route(Provider::Openai, &Method::GET, "/v1/models/gpt-4o"),
+            Some(Endpoint::Plain)
+        );
+        assert!(matches!(
+            route(Provider::Anthropic, &post, "/v1/messages"),
+            Some(Endpoint::Metered { .. })
+        ));
+        assert_eq!(
+            route(Provider::Anthropic, &post, "/v1/messages/count_tokens"),
+            Some(Endpoint::Plain)
+        );
         for (p, method, path) in [
             (Provider::Openai, &post, "/v1/messages"),
             (Provider::Anthropic, &post, "/v1/chat/completions"),
@@ -940,7 +1223,10 @@ mod tests {
     #[test]
     fn the_agents_keys_never_go_upstream() {
         let mut agent = HeaderMap::new();
-        agent.insert("authorization", HeaderValue::from_static("Bearer sidecar-token-or-placeholder"));
+        agent.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer sidecar-token-or-placeholder"),
+        );
         agent.insert("x-api-key", HeaderValue::from_static("placeholder"));
         agent.insert("cookie", HeaderValue::from_static("c=1"));
         agent.insert("x-airlock-sidecar-auth", HeaderValue::from_static("t"));
@@ -952,7 +1238,11 @@ mod tests {
         let h = upstream_headers(&agent, Provider::Anthropic, &key).unwrap();
         assert_eq!(h["x-api-key"], "sk-real");
         assert!(h["x-api-key"].is_sensitive());
-        assert!(!h.contains_key("authorization") && !h.contains_key("cookie") && !h.contains_key("x-airlock-sidecar-auth"));
+        assert!(
+            !h.contains_key("authorization")
+                && !h.contains_key("cookie")
+                && !h.contains_key("x-airlock-sidecar-auth")
+        );
         assert_eq!(h["anthropic-version"], "2023-06-01");
         assert_eq!(h["anthropic-beta"], "tools-2024");
         assert_eq!(h["accept-encoding"], "identity");

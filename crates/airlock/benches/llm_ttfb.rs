@@ -8,7 +8,6 @@
 #[path = "../tests/support/fake_provider.rs"]
 mod fake_provider;
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code, unused_imports)]
 mod support;
 
 use std::net::SocketAddr;
@@ -44,13 +43,20 @@ impl Conn {
     }
 
     fn over(s: Box<dyn Io>, path: &str, auth: Option<&str>) -> Conn {
-        let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-        let auth = auth.map(|a| format!("authorization: Bearer {a}\r\n")).unwrap_or_default();
+        let body =
+            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+                .to_string();
+        let auth = auth
+            .map(|a| format!("authorization: Bearer {a}\r\n"))
+            .unwrap_or_default();
         let req = format!(
             "POST {path} HTTP/1.1\r\nhost: bench\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
-        Conn { s, req: req.into_bytes() }
+        Conn {
+            s,
+            req: req.into_bytes(),
+        }
     }
 
     async fn once(&mut self) -> (Duration, Duration) {
@@ -77,13 +83,24 @@ impl Conn {
 fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     v.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    (us(v[v.len() / 2]), us(v[v.len() * 9 / 10]), us(v[v.len() * 99 / 100]))
+    (
+        us(v[v.len() / 2]),
+        us(v[v.len() * 9 / 10]),
+        us(v[v.len() * 99 / 100]),
+    )
 }
 
 fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let iters: usize = std::env::var("LLM_TTFB_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let iters: usize = std::env::var("LLM_TTFB_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let p = TestPlatform::start("bench-llm").await;
         p.add_connection("@model", AuthType::ApiKey, &[("api_key", "sk-bench-key")]).await;
@@ -129,6 +146,17 @@ fn main() {
                 println!("{:<22} {:>8.0} {:>7.0} {:>7.0}", "  added vs direct", f.0 - base.0, f.1 - base.1, f.2 - base.2);
             }
         }
+        // The part of the added time that is the per-call key fetch (platform
+        // internal API over its unix socket: store read + decrypt).
+        let platform = airlock_platform_api::PlatformClient::new(&p.socket, p.run_token.clone());
+        let mut fetch = vec![];
+        for _ in 0..iters {
+            let t0 = Instant::now();
+            platform.credential("@model").await.unwrap();
+            fetch.push(t0.elapsed());
+        }
+        let f = stats(fetch);
+        println!("{:<22} {:>8.0} {:>7.0} {:>7.0}", "  of which key fetch", f.0, f.1, f.2);
         println!("(the relay path includes the per-call credential fetch from the platform and a cost event)");
         drop(sc);
     });

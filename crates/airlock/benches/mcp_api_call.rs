@@ -75,6 +75,7 @@ async fn direct(c: &mut SendRequest<Full<Bytes>>, addr: SocketAddr) -> usize {
         .header("authorization", "Bearer bench-credential-value")
         .body(Full::new(Bytes::new()))
         .expect("request");
+    c.ready().await.expect("upstream connection");
     let resp = c.send_request(req).await.expect("direct request");
     resp.into_body()
         .collect()
@@ -115,6 +116,7 @@ async fn via_sidecar(
         .header("mcp-name", tool)
         .body(Full::new(Bytes::from(body)))
         .expect("request");
+    c.ready().await.expect("sidecar connection");
     let resp = c.send_request(req).await.expect("sidecar request");
     let status = resp.status();
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();

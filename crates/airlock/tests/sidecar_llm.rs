@@ -8,9 +8,9 @@
 //! the agent's placeholder; the agent never sees the key; refusals and
 //! failures are typed (503 / 403 / 502) and reach nothing.
 
-mod support;
 #[path = "support/fake_provider.rs"]
 mod fake_provider;
+mod support;
 
 use std::process::Command;
 use std::time::Duration;
@@ -47,40 +47,80 @@ fn config(p: &TestPlatform, provider: &str, base_url: &str) -> Value {
 }
 
 async fn run_python(args: Vec<String>) -> Value {
-    let out = tokio::task::spawn_blocking(move || Command::new("python3").args(&args).output().expect("run python3"))
-        .await
-        .unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .args(&args)
+            .output()
+            .expect("run python3")
+    })
+    .await
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "python failed: {}\nstdout: {stdout}\nstderr: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("python output is not JSON ({e}): {stdout}"))
+    assert!(
+        out.status.success(),
+        "python failed: {}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("python output is not JSON ({e}): {stdout}"))
 }
 
 fn costs(events: &[RunEvent]) -> Vec<CostRecord> {
-    events.iter().filter_map(|e| if let RunEvent::Cost(c) = e { Some(c.clone()) } else { None }).collect()
+    events
+        .iter()
+        .filter_map(|e| {
+            if let RunEvent::Cost(c) = e {
+                Some(c.clone())
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// The key never reached the agent; neither token nor placeholder reached the provider.
 fn assert_no_leaks(fake: &FakeProvider, agent_saw: &Value, token: &str, placeholder: Option<&str>) {
     let agent_text = agent_saw.to_string();
-    assert!(!agent_text.contains(PROVIDER_KEY), "the provider key reached the agent: {agent_text}");
-    assert!(!agent_text.contains("x-upstream-auth") && !agent_text.contains("set-cookie"), "unsafe headers reached the agent");
+    assert!(
+        !agent_text.contains(PROVIDER_KEY),
+        "the provider key reached the agent: {agent_text}"
+    );
+    assert!(
+        !agent_text.contains("x-upstream-auth") && !agent_text.contains("set-cookie"),
+        "unsafe headers reached the agent"
+    );
     let reqs = fake.requests();
     assert!(!reqs.is_empty());
     for r in &reqs {
         for (k, v) in &r.headers {
-            assert!(!v.contains(token), "the sidecar token reached the provider in {k}");
+            assert!(
+                !v.contains(token),
+                "the sidecar token reached the provider in {k}"
+            );
             if let Some(ph) = placeholder {
-                assert!(!v.contains(ph), "the agent's placeholder reached the provider in {k}");
+                assert!(
+                    !v.contains(ph),
+                    "the agent's placeholder reached the provider in {k}"
+                );
             }
             assert_ne!(k, "x-airlock-sidecar-auth");
         }
-        assert!(!String::from_utf8_lossy(&r.body).contains(token), "the sidecar token reached the provider in a body");
+        assert!(
+            !String::from_utf8_lossy(&r.body).contains(token),
+            "the sidecar token reached the provider in a body"
+        );
     }
 }
 
 /// The first chunk reached the agent well before the provider sent the last.
 fn assert_streamed(name: &str, arrivals: &Value, last_sent_ms: f64) {
-    let arrivals: Vec<f64> = arrivals.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let arrivals: Vec<f64> = arrivals
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert!(arrivals.len() >= 5, "{name}: {arrivals:?}");
     let first = arrivals[0];
     // The provider spaces its events EVENT_DELAY apart: a relay that
@@ -90,7 +130,10 @@ fn assert_streamed(name: &str, arrivals: &Value, last_sent_ms: f64) {
         "{name}: first chunk at {first}, last sent at {last_sent_ms}: the stream was buffered"
     );
     let spread = arrivals.last().unwrap() - first;
-    assert!(spread >= 3.0 * EVENT_DELAY.as_millis() as f64, "{name}: all chunks arrived within {spread} ms");
+    assert!(
+        spread >= 3.0 * EVENT_DELAY.as_millis() as f64,
+        "{name}: all chunks arrived within {spread} ms"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -99,9 +142,14 @@ async fn openai_sdk_through_the_relay() {
         return;
     }
     let p = TestPlatform::start("agent-llm-openai").await;
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)]).await;
+    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
+        .await;
     let fake = fake_provider::start(EVENT_DELAY).await;
-    let mut sc = spawn_sidecar(&config(&p, "openai", &format!("http://{HOST}:{}/v1", fake.port())));
+    let mut sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
     let token = p.sidecar_token.expose_secret().to_owned();
     let base = format!("http://{}/llm/v1", sc.tcp());
     let out = run_python(vec![script("llm_openai.py"), base, token.clone()]).await;
@@ -112,18 +160,33 @@ async fn openai_sdk_through_the_relay() {
     assert_eq!(out["chat"]["usage"], json!([CHAT_USAGE.0, CHAT_USAGE.1]));
     // The relay asked for usage but the client did not: it sees no usage chunk.
     assert_eq!(out["stream"]["content"], text.as_str());
-    assert_eq!(out["stream"]["usage_only_chunks"], 0, "the relay's usage chunk reached the client");
+    assert_eq!(
+        out["stream"]["usage_only_chunks"], 0,
+        "the relay's usage chunk reached the client"
+    );
     assert_eq!(out["stream"]["usage"], Value::Null);
     // The client asked: it gets it, unchanged.
     assert_eq!(out["stream_with_usage"]["content"], text.as_str());
     assert_eq!(out["stream_with_usage"]["usage_only_chunks"], 1);
-    assert_eq!(out["stream_with_usage"]["usage"], json!([CHAT_USAGE.0, CHAT_USAGE.1]));
+    assert_eq!(
+        out["stream_with_usage"]["usage"],
+        json!([CHAT_USAGE.0, CHAT_USAGE.1])
+    );
     assert_eq!(out["responses"]["text"], text.as_str());
-    assert_eq!(out["responses"]["usage"], json!([RESPONSES_USAGE.0, RESPONSES_USAGE.1]));
+    assert_eq!(
+        out["responses"]["usage"],
+        json!([RESPONSES_USAGE.0, RESPONSES_USAGE.1])
+    );
     assert_eq!(out["responses_stream"]["content"], text.as_str());
-    assert_eq!(out["responses_stream"]["usage"], json!([RESPONSES_USAGE.0, RESPONSES_USAGE.1]));
+    assert_eq!(
+        out["responses_stream"]["usage"],
+        json!([RESPONSES_USAGE.0, RESPONSES_USAGE.1])
+    );
     assert_eq!(out["models"], json!([CHAT_MODEL]));
-    assert_eq!(out["files"], 404, "an endpoint outside the relay's list was served");
+    assert_eq!(
+        out["files"], 404,
+        "an endpoint outside the relay's list was served"
+    );
     // Safe headers came through.
     assert_eq!(out["headers"][0]["x-request-id"], "req_fake_1");
     assert_eq!(out["headers"][0]["x-ratelimit-remaining-tokens"], "999");
@@ -131,29 +194,66 @@ async fn openai_sdk_through_the_relay() {
     let sent = fake.last_event_sent_ms.lock().unwrap().clone();
     assert_eq!(sent.len(), 3, "three streams reached the provider");
     assert_streamed("chat stream", &out["stream"]["arrivals"], sent[0]);
-    assert_streamed("chat stream with usage", &out["stream_with_usage"]["arrivals"], sent[1]);
-    assert_streamed("responses stream", &out["responses_stream"]["arrivals"], sent[2]);
+    assert_streamed(
+        "chat stream with usage",
+        &out["stream_with_usage"]["arrivals"],
+        sent[1],
+    );
+    assert_streamed(
+        "responses stream",
+        &out["responses_stream"]["arrivals"],
+        sent[2],
+    );
 
     // What the provider saw: the real key, paths mapped onto base_url, usage asked for.
     let reqs = fake.requests();
     let paths: Vec<&str> = reqs.iter().map(|r| r.path.as_str()).collect();
-    assert_eq!(paths, ["/v1/chat/completions", "/v1/chat/completions", "/v1/chat/completions", "/v1/responses", "/v1/responses", "/v1/models"]);
+    assert_eq!(
+        paths,
+        [
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/responses",
+            "/v1/responses",
+            "/v1/models"
+        ]
+    );
     for r in &reqs {
-        assert_eq!(r.header("authorization"), Some(format!("Bearer {PROVIDER_KEY}").as_str()), "{}", r.path);
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {PROVIDER_KEY}").as_str()),
+            "{}",
+            r.path
+        );
         assert_eq!(r.header("x-api-key"), None);
-        assert_eq!(r.header("host"), Some(format!("{HOST}:{}", fake.port()).as_str()));
+        assert_eq!(
+            r.header("host"),
+            Some(format!("{HOST}:{}", fake.port()).as_str())
+        );
     }
-    assert_eq!(reqs[1].json()["stream_options"]["include_usage"], true, "the relay did not ask for usage");
+    assert_eq!(
+        reqs[1].json()["stream_options"]["include_usage"],
+        true,
+        "the relay did not ask for usage"
+    );
     assert_eq!(reqs[1].json()["messages"][0]["content"], "say hello");
     assert_no_leaks(&fake, &out, &token, None);
 
     sc.stop();
     let events = p.events().await;
     let c = costs(&events);
-    let metered: Vec<(String, u64, u64)> = c.iter().map(|c| (c.model.clone(), c.input_tokens, c.output_tokens)).collect();
+    let metered: Vec<(String, u64, u64)> = c
+        .iter()
+        .map(|c| (c.model.clone(), c.input_tokens, c.output_tokens))
+        .collect();
     let chat = (CHAT_MODEL.to_owned(), CHAT_USAGE.0, CHAT_USAGE.1);
     let resp = (CHAT_MODEL.to_owned(), RESPONSES_USAGE.0, RESPONSES_USAGE.1);
-    assert_eq!(metered, [chat.clone(), chat.clone(), chat, resp.clone(), resp], "one cost event per generation call, as reported");
+    assert_eq!(
+        metered,
+        [chat.clone(), chat.clone(), chat, resp.clone(), resp],
+        "one cost event per generation call, as reported"
+    );
     for c in &c {
         assert_eq!(c.provider, "openai");
         let expect = (c.input_tokens as f64 * 2.5 + c.output_tokens as f64 * 10.0).round() as u64;
@@ -162,9 +262,17 @@ async fn openai_sdk_through_the_relay() {
     let log = p.egress_log().await;
     let llm: Vec<_> = log.iter().filter(|e| e.source == "llm").collect();
     assert_eq!(llm.len(), 6, "{log:?}");
-    assert!(llm.iter().all(|e| e.decision == EgressDecision::Allowed && e.host == HOST && e.status == Some(200)), "{llm:?}");
+    assert!(
+        llm.iter().all(|e| e.decision == EgressDecision::Allowed
+            && e.host == HOST
+            && e.status == Some(200)),
+        "{llm:?}"
+    );
     assert!(!format!("{log:?}").contains(PROVIDER_KEY));
-    assert!(!sc.stderr().contains(PROVIDER_KEY) && !sc.stderr().contains(&token), "a secret reached the sidecar log");
+    assert!(
+        !sc.stderr().contains(PROVIDER_KEY) && !sc.stderr().contains(&token),
+        "a secret reached the sidecar log"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -173,9 +281,14 @@ async fn anthropic_sdk_through_the_relay() {
         return;
     }
     let p = TestPlatform::start("agent-llm-anthropic").await;
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)]).await;
+    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
+        .await;
     let fake = fake_provider::start(EVENT_DELAY).await;
-    let mut sc = spawn_sidecar(&config(&p, "anthropic", &format!("http://{HOST}:{}", fake.port())));
+    let mut sc = spawn_sidecar(&config(
+        &p,
+        "anthropic",
+        &format!("http://{HOST}:{}", fake.port()),
+    ));
     let token = p.sidecar_token.expose_secret().to_owned();
     let base = format!("http://{}/llm", sc.tcp());
     let out = run_python(vec![script("llm_anthropic.py"), base, token.clone()]).await;
@@ -183,11 +296,20 @@ async fn anthropic_sdk_through_the_relay() {
     let text = PIECES.concat();
     assert_eq!(out["message"]["content"], text.as_str());
     assert_eq!(out["message"]["model"], ANTHROPIC_MODEL);
-    assert_eq!(out["message"]["usage"], json!([ANTHROPIC_USAGE.0, ANTHROPIC_USAGE.1]));
+    assert_eq!(
+        out["message"]["usage"],
+        json!([ANTHROPIC_USAGE.0, ANTHROPIC_USAGE.1])
+    );
     assert_eq!(out["stream"]["content"], text.as_str());
-    assert_eq!(out["stream"]["usage"], json!([ANTHROPIC_USAGE.0, ANTHROPIC_USAGE.1]));
+    assert_eq!(
+        out["stream"]["usage"],
+        json!([ANTHROPIC_USAGE.0, ANTHROPIC_USAGE.1])
+    );
     assert_eq!(out["stream_helper"]["content"], text.as_str());
-    assert_eq!(out["stream_helper"]["usage"], json!([ANTHROPIC_USAGE.0, ANTHROPIC_USAGE.1]));
+    assert_eq!(
+        out["stream_helper"]["usage"],
+        json!([ANTHROPIC_USAGE.0, ANTHROPIC_USAGE.1])
+    );
     let sent = fake.last_event_sent_ms.lock().unwrap().clone();
     assert_eq!(sent.len(), 2);
     assert_streamed("messages stream", &out["stream"]["arrivals"], sent[0]);
@@ -197,8 +319,15 @@ async fn anthropic_sdk_through_the_relay() {
     for r in &reqs {
         assert_eq!(r.path, "/v1/messages");
         assert_eq!(r.header("x-api-key"), Some(PROVIDER_KEY));
-        assert_eq!(r.header("authorization"), None, "the agent's Authorization was forwarded");
-        assert!(r.header("anthropic-version").is_some(), "anthropic-version was dropped");
+        assert_eq!(
+            r.header("authorization"),
+            None,
+            "the agent's Authorization was forwarded"
+        );
+        assert!(
+            r.header("anthropic-version").is_some(),
+            "anthropic-version was dropped"
+        );
     }
     assert_no_leaks(&fake, &out, &token, Some("sk-ant-placeholder-not-a-key"));
 
@@ -206,7 +335,10 @@ async fn anthropic_sdk_through_the_relay() {
     let c = costs(&p.events().await);
     assert_eq!(c.len(), 3, "{c:?}");
     for c in &c {
-        assert_eq!((c.provider.as_str(), c.model.as_str()), ("anthropic", ANTHROPIC_MODEL));
+        assert_eq!(
+            (c.provider.as_str(), c.model.as_str()),
+            ("anthropic", ANTHROPIC_MODEL)
+        );
         assert_eq!((c.input_tokens, c.output_tokens), ANTHROPIC_USAGE);
     }
 }
@@ -217,9 +349,14 @@ async fn anthropic_sdk_through_the_relay() {
 async fn a_client_that_hangs_up_early_is_still_metered() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let p = TestPlatform::start("agent-llm-hangup").await;
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)]).await;
+    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
+        .await;
     let fake = fake_provider::start(Duration::from_millis(50)).await;
-    let mut sc = spawn_sidecar(&config(&p, "openai", &format!("http://{HOST}:{}/v1", fake.port())));
+    let mut sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
     let token = p.sidecar_token.expose_secret().to_owned();
     let body = json!({"model": "m", "stream": true, "messages": []}).to_string();
     let mut s = tokio::net::TcpStream::connect(sc.tcp()).await.unwrap();
@@ -238,7 +375,10 @@ async fn a_client_that_hangs_up_early_is_still_metered() {
     })
     .await
     .expect("no cost event after the client hung up");
-    assert_eq!((recorded[0].input_tokens, recorded[0].output_tokens), CHAT_USAGE);
+    assert_eq!(
+        (recorded[0].input_tokens, recorded[0].output_tokens),
+        CHAT_USAGE
+    );
     sc.stop();
 }
 
@@ -247,39 +387,84 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
     let p = TestPlatform::start("agent-llm-errors").await;
     let token = p.sidecar_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");
-    let h = [("authorization", auth.as_str()), ("content-type", "application/json")];
+    let h = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
     let err = |b: &[u8]| -> Value { serde_json::from_slice(b).unwrap_or(Value::Null) };
 
     // No model configured: 503.
     let sc = spawn_sidecar(&p.sidecar_config(json!({"tcp": "127.0.0.1:0"})));
-    let (status, _, b) = http(sc.tcp(), "POST", "/llm/v1/chat/completions", &h, body.as_bytes());
+    let (status, _, b) = http(
+        sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &h,
+        body.as_bytes(),
+    );
     assert_eq!(status, 503, "{}", String::from_utf8_lossy(&b));
     assert_eq!(err(&b)["error"]["code"], "model_not_configured");
     drop(sc);
 
     // A model but no credential for it: 503, and the provider saw nothing.
     let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(&p, "openai", &format!("http://{HOST}:{}/v1", fake.port())));
-    let (status, _, b) = http(sc.tcp(), "POST", "/llm/v1/chat/completions", &h, body.as_bytes());
+    let sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let (status, _, b) = http(
+        sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &h,
+        body.as_bytes(),
+    );
     assert_eq!(status, 503, "{}", String::from_utf8_lossy(&b));
     assert_eq!(err(&b)["error"]["code"], "model_credential_missing");
     assert_eq!(fake.requests().len(), 0);
     drop(sc);
 
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)]).await;
+    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
+        .await;
     // Wrong token: 401 before anything else.
-    let sc = spawn_sidecar(&config(&p, "openai", &format!("http://{HOST}:{}/v1", fake.port())));
-    let (status, _, _) = http(sc.tcp(), "POST", "/llm/v1/chat/completions", &[("authorization", "Bearer sk-placeholder")], body.as_bytes());
+    let sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let (status, _, _) = http(
+        sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &[("authorization", "Bearer sk-placeholder")],
+        body.as_bytes(),
+    );
     assert_eq!(status, 401);
     // Paths outside the relay's list, and the other provider's API: 404.
-    for (method, path) in [("POST", "/llm/v1/files"), ("POST", "/llm/v1/messages"), ("GET", "/llm/v1/../v1/files"), ("DELETE", "/llm/v1/models/x")] {
+    for (method, path) in [
+        ("POST", "/llm/v1/files"),
+        ("POST", "/llm/v1/messages"),
+        ("GET", "/llm/v1/../v1/files"),
+        ("DELETE", "/llm/v1/models/x"),
+    ] {
         let (status, _, _) = http(sc.tcp(), method, path, &h, body.as_bytes());
         assert_eq!(status, 404, "{method} {path}");
     }
-    assert_eq!(fake.requests().len(), 0, "a refused path reached the provider");
+    assert_eq!(
+        fake.requests().len(),
+        0,
+        "a refused path reached the provider"
+    );
     // The legitimate path works with the same sidecar.
-    let (status, _, b) = http(sc.tcp(), "POST", "/llm/v1/chat/completions", &h, body.as_bytes());
+    let (status, _, b) = http(
+        sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &h,
+        body.as_bytes(),
+    );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
     assert_eq!(err(&b)["usage"]["prompt_tokens"], CHAT_USAGE.0);
     assert_eq!(fake.requests().len(), 1);
@@ -287,23 +472,51 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
 
     // The provider on a loopback address the operator did not opt in: 403, nothing reached.
     let victim = fake_provider::start(Duration::ZERO).await;
-    for base in [format!("http://blocked.internal.test:{}/v1", victim.port()), format!("http://127.0.0.1:{}/v1", victim.port())] {
+    for base in [
+        format!("http://blocked.internal.test:{}/v1", victim.port()),
+        format!("http://127.0.0.1:{}/v1", victim.port()),
+    ] {
         let sc = spawn_sidecar(&config(&p, "openai", &base));
-        let (status, _, b) = http(sc.tcp(), "POST", "/llm/v1/chat/completions", &h, body.as_bytes());
+        let (status, _, b) = http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &h,
+            body.as_bytes(),
+        );
         assert_eq!(status, 403, "{base}: {}", String::from_utf8_lossy(&b));
         assert_eq!(err(&b)["error"]["type"], "blocked");
         assert_eq!(err(&b)["error"]["code"], "blocked_address");
     }
     // The metadata address and `localhost` are refused before any connection.
-    for (base, code) in [("http://169.254.169.254/v1", "blocked_address"), (&*format!("http://localhost:{}/v1", victim.port()), "blocked_host")] {
+    for (base, code) in [
+        ("http://169.254.169.254/v1", "blocked_address"),
+        (
+            &*format!("http://localhost:{}/v1", victim.port()),
+            "blocked_host",
+        ),
+    ] {
         let sc = spawn_sidecar(&config(&p, "openai", base));
-        let (status, _, b) = http(sc.tcp(), "POST", "/llm/v1/chat/completions", &h, body.as_bytes());
+        let (status, _, b) = http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &h,
+            body.as_bytes(),
+        );
         assert_eq!(status, 403, "{base}: {}", String::from_utf8_lossy(&b));
         assert_eq!(err(&b)["error"]["code"], code);
         assert!(!String::from_utf8_lossy(&b).contains(PROVIDER_KEY));
     }
-    assert_eq!(victim.requests().len(), 0, "a blocked provider address was reached");
-    assert_eq!(victim.connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(
+        victim.requests().len(),
+        0,
+        "a blocked provider address was reached"
+    );
+    assert_eq!(
+        victim.connections.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
 
     // The provider is down: 502.
     let port = {
@@ -311,7 +524,13 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
         l.local_addr().unwrap().port()
     };
     let mut sc = spawn_sidecar(&config(&p, "openai", &format!("http://{HOST}:{port}/v1")));
-    let (status, _, b) = http(sc.tcp(), "POST", "/llm/v1/chat/completions", &h, body.as_bytes());
+    let (status, _, b) = http(
+        sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &h,
+        body.as_bytes(),
+    );
     assert_eq!(status, 502, "{}", String::from_utf8_lossy(&b));
     assert_eq!(err(&b)["error"]["code"], "upstream_failed");
     // An oversized request: 413.
@@ -331,7 +550,14 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
     sc.stop();
 
     let log = p.egress_log().await;
-    let refused: Vec<_> = log.iter().filter(|e| e.source == "llm" && e.decision == EgressDecision::Refused).collect();
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|e| e.source == "llm" && e.decision == EgressDecision::Refused)
+        .collect();
     assert_eq!(refused.len(), 4, "{log:?}");
-    assert!(log.iter().any(|e| e.source == "llm" && e.reason.as_deref() == Some("upstream_failed")), "{log:?}");
+    assert!(
+        log.iter()
+            .any(|e| e.source == "llm" && e.reason.as_deref() == Some("upstream_failed")),
+        "{log:?}"
+    );
 }

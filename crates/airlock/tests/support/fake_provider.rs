@@ -44,7 +44,10 @@ pub struct Seen {
 
 impl Seen {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or(Value::Null)
@@ -70,12 +73,17 @@ impl FakeProvider {
 }
 
 fn now_ms() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
 }
 
 /// Starts the fake on 127.0.0.1 with `delay` between stream events.
 pub async fn start(delay: Duration) -> FakeProvider {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake provider");
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind fake provider");
     let addr = listener.local_addr().unwrap();
     let fake = FakeProvider {
         addr,
@@ -87,7 +95,8 @@ pub async fn start(delay: Duration) -> FakeProvider {
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
             let _ = s.set_nodelay(true);
-            f.connections.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            f.connections
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tokio::spawn(serve(s, f.clone(), delay));
         }
     });
@@ -115,7 +124,11 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
-    let len: usize = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
     let start = head_end + 4;
     while buf.len() < start + len {
         let mut b = [0u8; 8192];
@@ -127,15 +140,26 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
     }
     let body = buf[start..start + len].to_vec();
     buf.drain(..start + len);
-    Some(Seen { method, path, headers, body })
+    Some(Seen {
+        method,
+        path,
+        headers,
+        body,
+    })
 }
 
 async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
     let mut buf = Vec::new();
     while let Some(req) = read_request(&mut s, &mut buf).await {
         fake.seen.lock().unwrap().push(req.clone());
-        let key = req.header("authorization").or(req.header("x-api-key")).unwrap_or("").to_owned();
-        let echo = format!("set-cookie: session={key}\r\nx-upstream-auth: {key}\r\nx-request-id: req_fake_1\r\nx-ratelimit-remaining-tokens: 999\r\n");
+        let key = req
+            .header("authorization")
+            .or(req.header("x-api-key"))
+            .unwrap_or("")
+            .to_owned();
+        let echo = format!(
+            "set-cookie: session={key}\r\nx-upstream-auth: {key}\r\nx-request-id: req_fake_1\r\nx-ratelimit-remaining-tokens: 999\r\n"
+        );
         let body = req.json();
         let stream = body["stream"] == Value::Bool(true);
         let path = req.path.split('?').next().unwrap_or("").to_owned();
@@ -156,7 +180,13 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
             let list = json!({"object": "list", "data": [{"id": CHAT_MODEL, "object": "model", "created": 1, "owned_by": "fake"}]});
             json_answer(&mut s, &echo, 200, &list).await
         } else {
-            json_answer(&mut s, &echo, 404, &json!({"error": {"message": "no such path", "type": "invalid_request_error"}})).await
+            json_answer(
+                &mut s,
+                &echo,
+                404,
+                &json!({"error": {"message": "no such path", "type": "invalid_request_error"}}),
+            )
+            .await
         };
         if !ok {
             return;
@@ -174,8 +204,16 @@ async fn json_answer(s: &mut TcpStream, extra: &str, status: u16, v: &Value) -> 
 }
 
 /// Writes each event as one chunk, `delay` apart.
-async fn sse(s: &mut TcpStream, extra: &str, events: Vec<String>, delay: Duration, fake: &FakeProvider) -> bool {
-    let head = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n{extra}\r\n");
+async fn sse(
+    s: &mut TcpStream,
+    extra: &str,
+    events: Vec<String>,
+    delay: Duration,
+    fake: &FakeProvider,
+) -> bool {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n{extra}\r\n"
+    );
     if s.write_all(head.as_bytes()).await.is_err() {
         return false;
     }
@@ -204,7 +242,10 @@ pub fn chat_events(include_usage: bool) -> Vec<String> {
         json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": CHAT_MODEL,
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], "usage": null})
     };
-    let mut out = vec![data(chunk(json!({"role": "assistant", "content": ""}), Value::Null))];
+    let mut out = vec![data(chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    ))];
     for p in PIECES {
         out.push(data(chunk(json!({"content": p}), Value::Null)));
     }
@@ -247,7 +288,10 @@ pub fn responses_json() -> Value {
 
 pub fn responses_events() -> Vec<String> {
     let ev = |kind: &str, v: Value| format!("event: {kind}\ndata: {v}\n\n");
-    let mut out = vec![ev("response.created", json!({"type": "response.created", "sequence_number": 0, "response": response_obj("in_progress", false)}))];
+    let mut out = vec![ev(
+        "response.created",
+        json!({"type": "response.created", "sequence_number": 0, "response": response_obj("in_progress", false)}),
+    )];
     for (i, p) in PIECES.iter().enumerate() {
         out.push(ev(
             "response.output_text.delta",
@@ -276,7 +320,10 @@ pub fn anthropic_events() -> Vec<String> {
     for p in PIECES {
         out.push(ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})));
     }
-    out.push(ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+    out.push(ev(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
     out.push(ev(
         "message_delta",
         json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": ANTHROPIC_USAGE.1}}),
