@@ -87,13 +87,24 @@ impl Orchestrator {
         let m = &req.manifest;
         let (memory_mb, cpus, timeout_secs) = self.settings.effective(m.agent.memory_mb, m.agent.cpus, m.agent.timeout);
         let model_name = m.model.as_ref().map(|x| x.provider.clone());
-        self.store
-            .insert_run(&NewRun { id: &run_id, agent: &m.agent.name, backend: self.backend.name(), model: model_name.as_deref(), status: RunStatus::Running, created_at: None })
-            .await?;
-        self.store.mark_run_started(&run_id, now_ms()).await?;
+        // The run directory and its owner file exist before the run is in the
+        // store, so a concurrent platform's boot reclaim never mistakes a
+        // starting run for a crashed one.
+        let run_dir = self.home.join("runs").join(&run_id);
+        create_private_dir(&run_dir).map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
+        std::fs::write(run_dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| RunError::Setup(e.to_string()))?;
+        let recorded = async {
+            self.store
+                .insert_run(&NewRun { id: &run_id, agent: &m.agent.name, backend: self.backend.name(), model: model_name.as_deref(), status: RunStatus::Running, created_at: None })
+                .await?;
+            self.store.mark_run_started(&run_id, now_ms()).await
+        };
+        if let Err(e) = recorded.await {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(e.into());
+        }
         progress(Progress::Starting { run_id: run_id.clone(), backend: self.backend.name(), isolates: self.backend.isolates() });
 
-        let run_dir = self.home.join("runs").join(&run_id);
         let result = self.run_inner(&run_id, &run_dir, &req, (memory_mb, cpus, timeout_secs), &mut cancel, progress, started).await;
         let (status, exit_code, error) = match result {
             Ok(end) => end,
@@ -118,8 +129,6 @@ impl Orchestrator {
         started: Instant,
     ) -> Result<(RunStatus, Option<i64>, Option<String>), RunError> {
         let m = &req.manifest;
-        create_private_dir(run_dir).map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
-        std::fs::write(run_dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| RunError::Setup(e.to_string()))?;
         let sidecar_socket = run_dir.join("sidecar.sock");
         let proxy_socket = run_dir.join("proxy.sock");
         let workspace = run_dir.join("workspace");
@@ -330,7 +339,12 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
     if let Ok(entries) = std::fs::read_dir(&runs) {
         for e in entries.flatten() {
             let owner = std::fs::read_to_string(e.path().join("owner.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok());
-            let alive = owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists() && pid != std::process::id() as i32);
+            let alive = match owner {
+                Some(pid) => Path::new(&format!("/proc/{pid}")).exists() && pid != std::process::id() as i32,
+                // Being created right now by another platform (the owner file
+                // follows the directory within microseconds).
+                None => e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() < 60)),
+            };
             if !alive {
                 let _ = std::fs::remove_dir_all(e.path());
                 reclaimed.push(e.file_name().to_string_lossy().into_owned());
