@@ -53,7 +53,9 @@ fn report(name: &str, ns: &[f64]) {
 }
 
 fn twenty_entries() -> Vec<String> {
-    let mut v: Vec<String> = (0..17).map(|i| format!("https://api{i}.service{i}.com/v{i}/**")).collect();
+    let mut v: Vec<String> = (0..17)
+        .map(|i| format!("https://api{i}.service{i}.com/v{i}/**"))
+        .collect();
     v.push("https://*.amazonaws.com/**".into());
     v.push("https://uploads.github.com/repos/*/releases/**".into());
     v.push("https://api.github.com/repos/**".into());
@@ -64,7 +66,11 @@ fn policy_bench() {
     let list = AuthorizedUris::parse(&twenty_entries());
     assert_eq!(list.entries().len(), 20);
     let policy = EgressPolicy::new();
-    let rules = CallRules { authorized: &list, allow_all_uris: false, credentialed: true };
+    let rules = CallRules {
+        authorized: &list,
+        allow_all_uris: false,
+        credentialed: true,
+    };
     let url = "https://api.github.com/repos/airlock/airlock/issues?state=open&per_page=50";
     let target = Target::parse(url).unwrap();
     let miss = Target::parse("https://evil.example.com/exfil?token=x").unwrap();
@@ -92,8 +98,14 @@ async fn loopback_server() -> SocketAddr {
         while let Ok((s, _)) = listener.accept().await {
             s.set_nodelay(true).unwrap();
             tokio::spawn(async move {
-                let svc = service_fn(|_req| async { Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"ok")))) });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+                let svc = service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        Bytes::from_static(b"ok"),
+                    )))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
             });
         }
     });
@@ -101,13 +113,20 @@ async fn loopback_server() -> SocketAddr {
 }
 
 fn client_bench() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let addr = rt.block_on(loopback_server());
     // Plain hyper, one kept-alive connection.
     let mut sender = rt.block_on(async {
         let s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.set_nodelay(true).unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(s)).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(s))
+                .await
+                .unwrap();
         tokio::spawn(conn);
         sender
     });
@@ -121,11 +140,18 @@ fn client_bench() {
     let client = GuardedClient::new(Guard::new(p, Arc::new(r)), ClientConfig::default()).unwrap();
     let list = AuthorizedUris::parse(&[format!("http://bench.internal:{}/**", addr.port())]);
     let url = format!("http://bench.internal:{}/v1/items?x=1", addr.port());
-    let rules = CallRules { authorized: &list, allow_all_uris: false, credentialed: true };
+    let rules = CallRules {
+        authorized: &list,
+        allow_all_uris: false,
+        credentialed: true,
+    };
 
     let mut plain_once = || {
         rt.block_on(async {
-            let req = hyper::Request::get("/v1/items?x=1").header("host", &host).body(Full::new(Bytes::new())).unwrap();
+            let req = hyper::Request::get("/v1/items?x=1")
+                .header("host", &host)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
             sender.ready().await.unwrap();
             let resp = sender.send_request(req).await.unwrap();
             let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -134,7 +160,10 @@ fn client_bench() {
     };
     let guarded_once = || {
         rt.block_on(async {
-            let resp = client.send(OutboundRequest::get(url.as_str()), &rules).await.unwrap();
+            let resp = client
+                .send(OutboundRequest::get(url.as_str()), &rules)
+                .await
+                .unwrap();
             assert_eq!(&resp.body[..], b"ok");
         })
     };

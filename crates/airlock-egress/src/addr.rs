@@ -20,23 +20,63 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 const V4_BLOCKED: &[(Ipv4Addr, u8, &str)] = &[
     (Ipv4Addr::new(0, 0, 0, 0), 8, "\"this network\" (0/8)"),
     (Ipv4Addr::new(10, 0, 0, 0), 8, "private (10/8)"),
-    (Ipv4Addr::new(100, 64, 0, 0), 10, "carrier-grade NAT (100.64/10)"),
+    (
+        Ipv4Addr::new(100, 64, 0, 0),
+        10,
+        "carrier-grade NAT (100.64/10)",
+    ),
     (Ipv4Addr::new(127, 0, 0, 0), 8, "loopback (127/8)"),
-    (Ipv4Addr::new(169, 254, 0, 0), 16, "link-local / cloud metadata (169.254/16)"),
+    (
+        Ipv4Addr::new(169, 254, 0, 0),
+        16,
+        "link-local / cloud metadata (169.254/16)",
+    ),
     (Ipv4Addr::new(172, 16, 0, 0), 12, "private (172.16/12)"),
-    (Ipv4Addr::new(192, 0, 0, 0), 24, "IETF protocol assignments (192.0.0/24)"),
-    (Ipv4Addr::new(192, 0, 2, 0), 24, "documentation (192.0.2/24)"),
+    (
+        Ipv4Addr::new(192, 0, 0, 0),
+        24,
+        "IETF protocol assignments (192.0.0/24)",
+    ),
+    (
+        Ipv4Addr::new(192, 0, 2, 0),
+        24,
+        "documentation (192.0.2/24)",
+    ),
     (Ipv4Addr::new(192, 31, 196, 0), 24, "AS112 (192.31.196/24)"),
     (Ipv4Addr::new(192, 52, 193, 0), 24, "AMT (192.52.193/24)"),
-    (Ipv4Addr::new(192, 88, 99, 0), 24, "6to4 relay anycast (192.88.99/24)"),
+    (
+        Ipv4Addr::new(192, 88, 99, 0),
+        24,
+        "6to4 relay anycast (192.88.99/24)",
+    ),
     (Ipv4Addr::new(192, 168, 0, 0), 16, "private (192.168/16)"),
-    (Ipv4Addr::new(192, 175, 48, 0), 24, "AS112 direct delegation (192.175.48/24)"),
+    (
+        Ipv4Addr::new(192, 175, 48, 0),
+        24,
+        "AS112 direct delegation (192.175.48/24)",
+    ),
     (Ipv4Addr::new(198, 18, 0, 0), 15, "benchmarking (198.18/15)"),
-    (Ipv4Addr::new(198, 51, 100, 0), 24, "documentation (198.51.100/24)"),
-    (Ipv4Addr::new(203, 0, 113, 0), 24, "documentation (203.0.113/24)"),
+    (
+        Ipv4Addr::new(198, 51, 100, 0),
+        24,
+        "documentation (198.51.100/24)",
+    ),
+    (
+        Ipv4Addr::new(203, 0, 113, 0),
+        24,
+        "documentation (203.0.113/24)",
+    ),
     (Ipv4Addr::new(224, 0, 0, 0), 4, "multicast (224/4)"),
-    (Ipv4Addr::new(240, 0, 0, 0), 4, "reserved / broadcast (240/4)"),
-    (Ipv4Addr::new(168, 63, 129, 16), 32, "Azure WireServer (168.63.129.16)"),
+    (
+        Ipv4Addr::new(240, 0, 0, 0),
+        4,
+        "reserved / broadcast (240/4)",
+    ),
+    (
+        Ipv4Addr::new(168, 63, 129, 16),
+        32,
+        "Azure WireServer (168.63.129.16)",
+    ),
 ];
 
 /// IPv6 ranges, as (network, prefix length, reason). `::ffff:0:0/96` is not
@@ -45,31 +85,83 @@ const V6_BLOCKED: &[(Ipv6Addr, u8, &str)] = &[
     (Ipv6Addr::UNSPECIFIED, 128, "unspecified (::)"),
     (Ipv6Addr::LOCALHOST, 128, "loopback (::1)"),
     (Ipv6Addr::UNSPECIFIED, 96, "IPv4-compatible (::/96)"),
-    (Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96, "NAT64 (64:ff9b::/96)"),
-    (Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0), 48, "local NAT64 (64:ff9b:1::/48)"),
-    (Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0), 64, "discard-only (100::/64)"),
+    (
+        Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0),
+        96,
+        "NAT64 (64:ff9b::/96)",
+    ),
+    (
+        Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0),
+        48,
+        "local NAT64 (64:ff9b:1::/48)",
+    ),
+    (
+        Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0),
+        64,
+        "discard-only (100::/64)",
+    ),
     (
         Ipv6Addr::new(0x2001, 0, 0, 0, 0, 0, 0, 0),
         23,
         "IETF protocol assignments incl. Teredo, benchmarking, ORCHID (2001::/23)",
     ),
-    (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0), 32, "documentation (2001:db8::/32)"),
-    (Ipv6Addr::new(0x2002, 0, 0, 0, 0, 0, 0, 0), 16, "6to4 (2002::/16)"),
-    (Ipv6Addr::new(0x3fff, 0, 0, 0, 0, 0, 0, 0), 20, "documentation (3fff::/20)"),
-    (Ipv6Addr::new(0x5f00, 0, 0, 0, 0, 0, 0, 0), 16, "SRv6 SIDs (5f00::/16)"),
-    (Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0), 7, "unique-local (fc00::/7)"),
-    (Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10, "link-local (fe80::/10)"),
-    (Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0), 10, "site-local (fec0::/10)"),
-    (Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8, "multicast (ff00::/8)"),
+    (
+        Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0),
+        32,
+        "documentation (2001:db8::/32)",
+    ),
+    (
+        Ipv6Addr::new(0x2002, 0, 0, 0, 0, 0, 0, 0),
+        16,
+        "6to4 (2002::/16)",
+    ),
+    (
+        Ipv6Addr::new(0x3fff, 0, 0, 0, 0, 0, 0, 0),
+        20,
+        "documentation (3fff::/20)",
+    ),
+    (
+        Ipv6Addr::new(0x5f00, 0, 0, 0, 0, 0, 0, 0),
+        16,
+        "SRv6 SIDs (5f00::/16)",
+    ),
+    (
+        Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0),
+        7,
+        "unique-local (fc00::/7)",
+    ),
+    (
+        Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0),
+        10,
+        "link-local (fe80::/10)",
+    ),
+    (
+        Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0),
+        10,
+        "site-local (fec0::/10)",
+    ),
+    (
+        Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0),
+        8,
+        "multicast (ff00::/8)",
+    ),
 ];
 
 fn v4_in(ip: Ipv4Addr, net: Ipv4Addr, len: u8) -> bool {
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+    let mask = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len))
+    };
     u32::from(ip) & mask == u32::from(net) & mask
 }
 
 fn v6_in(ip: Ipv6Addr, net: Ipv6Addr, len: u8) -> bool {
-    let mask = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) };
+    let mask = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len))
+    };
     u128::from(ip) & mask == u128::from(net) & mask
 }
 
@@ -81,13 +173,19 @@ pub fn blocked_reason(ip: IpAddr) -> Option<&'static str> {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return blocked_v4(v4).map(|_| "IPv4-mapped address of a blocked IPv4 range");
             }
-            V6_BLOCKED.iter().find(|(net, len, _)| v6_in(v6, *net, *len)).map(|(_, _, why)| *why)
+            V6_BLOCKED
+                .iter()
+                .find(|(net, len, _)| v6_in(v6, *net, *len))
+                .map(|(_, _, why)| *why)
         }
     }
 }
 
 fn blocked_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    V4_BLOCKED.iter().find(|(net, len, _)| v4_in(ip, *net, *len)).map(|(_, _, why)| *why)
+    V4_BLOCKED
+        .iter()
+        .find(|(net, len, _)| v4_in(ip, *net, *len))
+        .map(|(_, _, why)| *why)
 }
 
 /// True when `ip` may not be dialled.
@@ -160,9 +258,18 @@ mod tests {
         assert!(is_blocked(ip("::ffff:127.0.0.1")));
         assert!(is_blocked(ip("::ffff:169.254.169.254")));
         assert!(is_blocked(ip("::127.0.0.1")));
-        assert!(is_blocked(ip("::8.8.8.8")), "IPv4-compatible is refused whatever it embeds");
-        assert!(is_blocked(ip("64:ff9b::8.8.8.8")), "NAT64 is refused whatever it embeds");
+        assert!(
+            is_blocked(ip("::8.8.8.8")),
+            "IPv4-compatible is refused whatever it embeds"
+        );
+        assert!(
+            is_blocked(ip("64:ff9b::8.8.8.8")),
+            "NAT64 is refused whatever it embeds"
+        );
         assert!(is_blocked(ip("2002:7f00:1::")), "6to4 of 127.0.0.1");
-        assert!(is_blocked(ip("2001:0:4136:e378:8000:63bf:80ff:fffe")), "Teredo");
+        assert!(
+            is_blocked(ip("2001:0:4136:e378:8000:63bf:80ff:fffe")),
+            "Teredo"
+        );
     }
 }

@@ -64,14 +64,20 @@ impl Default for ClientConfig {
 /// Opens TCP connections. The real one is [`TcpDialer`]; tests substitute
 /// one that records (and may redirect) what is dialled.
 pub trait Dial: Send + Sync + 'static {
-    fn dial(&self, addr: SocketAddr) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>>;
+    fn dial(
+        &self,
+        addr: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>>;
 }
 
 #[derive(Debug, Default, Clone)]
 pub struct TcpDialer;
 
 impl Dial for TcpDialer {
-    fn dial(&self, addr: SocketAddr) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>> {
+    fn dial(
+        &self,
+        addr: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>> {
         Box::pin(async move {
             let s = TcpStream::connect(addr).await?;
             s.set_nodelay(true)?;
@@ -156,15 +162,19 @@ impl GuardedClient {
         Self::with_dialer(guard, cfg, Arc::new(TcpDialer))
     }
 
-    pub fn with_dialer(guard: Guard, cfg: ClientConfig, dialer: Arc<dyn Dial>) -> Result<Self, EgressError> {
+    pub fn with_dialer(
+        guard: Guard,
+        cfg: ClientConfig,
+        dialer: Arc<dyn Dial>,
+    ) -> Result<Self, EgressError> {
         let mut roots = rustls::RootCertStore::empty();
         if cfg.use_webpki_roots {
             roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         }
         for cert in &cfg.extra_root_certs {
-            roots
-                .add(cert.clone())
-                .map_err(|e| EgressError::upstream("-", format!("bad extra root certificate: {e}")))?;
+            roots.add(cert.clone()).map_err(|e| {
+                EgressError::upstream("-", format!("bad extra root certificate: {e}"))
+            })?;
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut tls = rustls::ClientConfig::builder_with_provider(provider)
@@ -188,8 +198,14 @@ impl GuardedClient {
 
     /// Sends `req` under `rules`, following redirects. Every refusal and
     /// failure is a typed [`EgressError`].
-    pub async fn send(&self, req: OutboundRequest, rules: &CallRules<'_>) -> Result<GuardedResponse, EgressError> {
-        let host_hint = Target::parse(&req.url).map(|t| t.host().bare()).unwrap_or_else(|_| "-".into());
+    pub async fn send(
+        &self,
+        req: OutboundRequest,
+        rules: &CallRules<'_>,
+    ) -> Result<GuardedResponse, EgressError> {
+        let host_hint = Target::parse(&req.url)
+            .map(|t| t.host().bare())
+            .unwrap_or_else(|_| "-".into());
         match tokio::time::timeout(self.cfg.total_timeout, self.send_inner(req, rules)).await {
             Ok(r) => r,
             Err(_) => Err(EgressError::upstream(
@@ -222,19 +238,35 @@ impl GuardedClient {
         req: OutboundRequest,
         rules: &CallRules<'_>,
     ) -> Result<StreamingResponse, EgressError> {
-        let host_hint = Target::parse(&req.url).map(|t| t.host().bare()).unwrap_or_else(|_| "-".into());
+        let host_hint = Target::parse(&req.url)
+            .map(|t| t.host().bare())
+            .unwrap_or_else(|_| "-".into());
         let head = async {
-            let OutboundRequest { method, url, headers, body, credential_headers: _ } = req;
+            let OutboundRequest {
+                method,
+                url,
+                headers,
+                body,
+                credential_headers: _,
+            } = req;
             let target = Target::parse(&url)?;
             let headers = sanitize(headers);
             let admitted = self.guard.admit(&target, rules).await?;
             let host = target.host().bare();
-            let (resp, idle, key) = self.exchange_head(&admitted, &method, &headers, &body).await?;
+            let (resp, idle, key) = self
+                .exchange_head(&admitted, &method, &headers, &body)
+                .await?;
             let (parts, incoming) = resp.into_parts();
             let cap = self.cfg.max_response_bytes;
-            let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let declared = parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
             if declared.is_some_and(|len| len > cap as u64) {
-                return Err(EgressError::upstream(&host, format!("response body is larger than the {cap}-byte limit")));
+                return Err(EgressError::upstream(
+                    &host,
+                    format!("response body is larger than the {cap}-byte limit"),
+                ));
             }
             let keep_alive = !parts
                 .headers
@@ -252,7 +284,13 @@ impl GuardedClient {
                 done: false,
                 pool: keep_alive.then(|| (self.clone(), key, idle)),
             };
-            Ok(StreamingResponse { status: parts.status, headers: parts.headers, body, final_url: admitted.target, remote_addr })
+            Ok(StreamingResponse {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+                final_url: admitted.target,
+                remote_addr,
+            })
         };
         match tokio::time::timeout(self.cfg.total_timeout, head).await {
             Ok(r) => r,
@@ -263,8 +301,18 @@ impl GuardedClient {
         }
     }
 
-    async fn send_inner(&self, req: OutboundRequest, rules: &CallRules<'_>) -> Result<GuardedResponse, EgressError> {
-        let OutboundRequest { mut method, url, headers, mut body, credential_headers } = req;
+    async fn send_inner(
+        &self,
+        req: OutboundRequest,
+        rules: &CallRules<'_>,
+    ) -> Result<GuardedResponse, EgressError> {
+        let OutboundRequest {
+            mut method,
+            url,
+            headers,
+            mut body,
+            credential_headers,
+        } = req;
         let mut target = Target::parse(&url)?;
         let mut headers = sanitize(headers);
         let mut stripped = false;
@@ -309,20 +357,38 @@ impl GuardedClient {
                 ));
             }
             let location = location.to_str().map_err(|_| {
-                EgressError::new(EgressCode::RedirectBlocked, GuardStep::Redirects, Some(&host), "redirect Location is not visible ASCII")
+                EgressError::new(
+                    EgressCode::RedirectBlocked,
+                    GuardStep::Redirects,
+                    Some(&host),
+                    "redirect Location is not visible ASCII",
+                )
             })?;
-            let next = target.join(location).map_err(|e| redirect_refusal(e, redirects))?;
+            let next = target
+                .join(location)
+                .map_err(|e| redirect_refusal(e, redirects))?;
             if target.is_https() && !next.is_https() {
                 return Err(EgressError::new(
                     EgressCode::RedirectBlocked,
                     GuardStep::Redirects,
                     Some(&next.host().bare()),
-                    format!("redirect from {} downgrades to {}", target.loggable(), next.loggable()),
+                    format!(
+                        "redirect from {} downgrades to {}",
+                        target.loggable(),
+                        next.loggable()
+                    ),
                 ));
             }
             let cross_origin = !target.same_origin(&next);
             if cross_origin && !stripped {
-                for h in [header::AUTHORIZATION, header::COOKIE, header::PROXY_AUTHORIZATION].iter().chain(&credential_headers) {
+                for h in [
+                    header::AUTHORIZATION,
+                    header::COOKIE,
+                    header::PROXY_AUTHORIZATION,
+                ]
+                .iter()
+                .chain(&credential_headers)
+                {
                     headers.remove(h);
                 }
                 stripped = true;
@@ -379,15 +445,22 @@ impl GuardedClient {
     ) -> Result<(http::Response<hyper::body::Incoming>, Idle, PoolKey), EgressError> {
         let target = &admitted.target;
         let host = target.host().bare();
-        let key = PoolKey { https: target.is_https(), host: target.host().clone(), port: target.port_or_default() };
+        let key = PoolKey {
+            https: target.is_https(),
+            host: target.host().clone(),
+            port: target.port_or_default(),
+        };
         let build = || -> Result<Request<Full<Bytes>>, EgressError> {
-            let mut b = Request::builder().method(method.clone()).uri(target.path_and_query());
+            let mut b = Request::builder()
+                .method(method.clone())
+                .uri(target.path_and_query());
             if let Some(h) = b.headers_mut() {
                 h.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
                 let authority = HeaderValue::from_str(&target.authority())
                     .map_err(|_| EgressError::invalid_url("host is not a valid header value"))?;
                 h.insert(header::HOST, authority);
-                if !body.is_empty() || matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+                if !body.is_empty() || matches!(*method, Method::POST | Method::PUT | Method::PATCH)
+                {
                     h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                 }
             }
@@ -403,7 +476,12 @@ impl GuardedClient {
                 Ok(resp) => return Ok((resp, idle, key)),
                 Err(mut e) => match e.take_message() {
                     Some(r) => request = r, // never sent: use a new connection
-                    None => return Err(EgressError::upstream(&host, format!("request failed: {}", e.error()))),
+                    None => {
+                        return Err(EgressError::upstream(
+                            &host,
+                            format!("request failed: {}", e.error()),
+                        ));
+                    }
                 },
             }
         }
@@ -449,7 +527,10 @@ impl GuardedClient {
         }
     }
 
-    async fn connect(&self, admitted: &Admitted) -> Result<(http1::SendRequest<Full<Bytes>>, SocketAddr), EgressError> {
+    async fn connect(
+        &self,
+        admitted: &Admitted,
+    ) -> Result<(http1::SendRequest<Full<Bytes>>, SocketAddr), EgressError> {
         let target = &admitted.target;
         let host = target.host().bare();
         let port = target.port_or_default();
@@ -463,30 +544,47 @@ impl GuardedClient {
                     break;
                 }
                 Ok(Err(e)) => errors.push(format!("{addr}: {e}")),
-                Err(_) => errors.push(format!("{addr}: connect timed out after {:?}", self.cfg.connect_timeout)),
+                Err(_) => errors.push(format!(
+                    "{addr}: connect timed out after {:?}",
+                    self.cfg.connect_timeout
+                )),
             }
         }
         let Some((tcp, addr)) = stream else {
-            return Err(EgressError::upstream(&host, format!("could not connect: {}", errors.join("; "))));
+            return Err(EgressError::upstream(
+                &host,
+                format!("could not connect: {}", errors.join("; ")),
+            ));
         };
-        let handshake_err = |e: hyper::Error| EgressError::upstream(&host, format!("HTTP handshake with {addr} failed: {e}"));
+        let handshake_err = |e: hyper::Error| {
+            EgressError::upstream(&host, format!("HTTP handshake with {addr} failed: {e}"))
+        };
         if target.is_https() {
             let name = match target.host() {
-                TargetHost::Domain(d) => ServerName::try_from(d.clone())
-                    .map_err(|e| EgressError::invalid_url(format!("{d} is not a TLS server name: {e}")))?,
+                TargetHost::Domain(d) => ServerName::try_from(d.clone()).map_err(|e| {
+                    EgressError::invalid_url(format!("{d} is not a TLS server name: {e}"))
+                })?,
                 TargetHost::Ip(ip) => ServerName::IpAddress((*ip).into()),
             };
             let tls = tokio::time::timeout(self.cfg.connect_timeout, self.tls.connect(name, tcp))
                 .await
-                .map_err(|_| EgressError::upstream(&host, format!("TLS handshake with {addr} timed out")))?
-                .map_err(|e| EgressError::upstream(&host, format!("TLS handshake with {addr} failed: {e}")))?;
-            let (sender, conn) = http1::handshake(TokioIo::new(tls)).await.map_err(handshake_err)?;
+                .map_err(|_| {
+                    EgressError::upstream(&host, format!("TLS handshake with {addr} timed out"))
+                })?
+                .map_err(|e| {
+                    EgressError::upstream(&host, format!("TLS handshake with {addr} failed: {e}"))
+                })?;
+            let (sender, conn) = http1::handshake(TokioIo::new(tls))
+                .await
+                .map_err(handshake_err)?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
             Ok((sender, addr))
         } else {
-            let (sender, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(handshake_err)?;
+            let (sender, conn) = http1::handshake(TokioIo::new(tcp))
+                .await
+                .map_err(handshake_err)?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
@@ -502,15 +600,25 @@ impl GuardedClient {
     ) -> Result<(http::response::Parts, Bytes), EgressError> {
         let cap = self.cfg.max_response_bytes;
         let (parts, mut incoming) = resp.into_parts();
-        let too_big = || EgressError::upstream(host, format!("response body is larger than the {cap}-byte limit"));
-        if let Some(len) = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
-            if len > cap as u64 {
-                return Err(too_big());
-            }
+        let too_big = || {
+            EgressError::upstream(
+                host,
+                format!("response body is larger than the {cap}-byte limit"),
+            )
+        };
+        if let Some(len) = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            && len > cap as u64
+        {
+            return Err(too_big());
         }
         let mut buf = BytesMut::new();
         while let Some(frame) = incoming.frame().await {
-            let frame = frame.map_err(|e| EgressError::upstream(host, format!("reading the response body failed: {e}")))?;
+            let frame = frame.map_err(|e| {
+                EgressError::upstream(host, format!("reading the response body failed: {e}"))
+            })?;
             if let Ok(data) = frame.into_data() {
                 if buf.len() + data.len() > cap {
                     return Err(too_big());
@@ -591,12 +699,16 @@ impl hyper::body::Body for StreamingBody {
                     this.read = this.read.saturating_add(data.len());
                     if this.read > this.cap {
                         let cap = this.cap;
-                        return Poll::Ready(Some(Err(this.fail(format!("response body is larger than the {cap}-byte limit")))));
+                        return Poll::Ready(Some(Err(
+                            this.fail(format!("response body is larger than the {cap}-byte limit"))
+                        )));
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(this.fail(format!("reading the response body failed: {e}"))))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(
+                this.fail(format!("reading the response body failed: {e}"))
+            ))),
             Poll::Ready(None) => {
                 this.done = true;
                 this.idle_sleep = None;
@@ -613,11 +725,13 @@ impl hyper::body::Body for StreamingBody {
             }
             Poll::Pending => {
                 let timeout = this.idle_timeout;
-                let sleep = this.idle_sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                let sleep = this
+                    .idle_sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                 match sleep.as_mut().poll(cx) {
-                    Poll::Ready(()) => {
-                        Poll::Ready(Some(Err(this.fail(format!("no response data for {timeout:?}")))))
-                    }
+                    Poll::Ready(()) => Poll::Ready(Some(Err(
+                        this.fail(format!("no response data for {timeout:?}"))
+                    ))),
                     Poll::Pending => Poll::Pending,
                 }
             }
@@ -655,10 +769,15 @@ fn sanitize(mut headers: HeaderMap) -> HeaderMap {
 /// SSRF refusals keep their own code. The message names the hop.
 fn redirect_refusal(e: EgressError, hop: u32) -> EgressError {
     let code = match e.code {
-        EgressCode::NotAuthorized | EgressCode::CredentialExfiltrationRefused | EgressCode::InvalidUrl => {
-            EgressCode::RedirectBlocked
-        }
+        EgressCode::NotAuthorized
+        | EgressCode::CredentialExfiltrationRefused
+        | EgressCode::InvalidUrl => EgressCode::RedirectBlocked,
         other => other,
     };
-    EgressError { code, guard: GuardStep::Redirects, host: e.host, detail: format!("redirect hop {hop} refused: {}", e.detail) }
+    EgressError {
+        code,
+        guard: GuardStep::Redirects,
+        host: e.host,
+        detail: format!("redirect hop {hop} refused: {}", e.detail),
+    }
 }

@@ -54,9 +54,9 @@ impl EgressCode {
             | EgressCode::BlockedHost
             | EgressCode::BlockedAddress
             | EgressCode::RedirectBlocked => 403,
-            EgressCode::Unresolvable | EgressCode::UpstreamFailed | EgressCode::TooManyRedirects => {
-                502
-            }
+            EgressCode::Unresolvable
+            | EgressCode::UpstreamFailed
+            | EgressCode::TooManyRedirects => 502,
         }
     }
 
@@ -122,7 +122,12 @@ impl EgressError {
         host: Option<&str>,
         detail: impl Into<String>,
     ) -> Self {
-        EgressError { code, guard, host: host.map(str::to_owned), detail: detail.into() }
+        EgressError {
+            code,
+            guard,
+            host: host.map(str::to_owned),
+            detail: detail.into(),
+        }
     }
 
     pub fn invalid_url(detail: impl Into<String>) -> Self {
@@ -130,7 +135,12 @@ impl EgressError {
     }
 
     pub fn upstream(host: &str, detail: impl Into<String>) -> Self {
-        Self::new(EgressCode::UpstreamFailed, GuardStep::Upstream, Some(host), detail)
+        Self::new(
+            EgressCode::UpstreamFailed,
+            GuardStep::Upstream,
+            Some(host),
+            detail,
+        )
     }
 
     pub fn http_status(&self) -> u16 {

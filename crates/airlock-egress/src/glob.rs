@@ -78,7 +78,12 @@ impl Glob {
             .or_else(|| src.strip_prefix('*'))
             .filter(|rest| !rest.contains('*') && kind == Kind::Host)
             .map(str::to_owned);
-        Ok(Glob { els, literal, prefix, suffix })
+        Ok(Glob {
+            els,
+            literal,
+            prefix,
+            suffix,
+        })
     }
 
     pub fn matches(&self, text: &str) -> bool {
@@ -186,17 +191,21 @@ impl Bits {
         self.0 = [0; MAX_ELEMENTS / 64 + 1];
     }
     fn iter(&self, n: usize) -> impl Iterator<Item = usize> + '_ {
-        self.0.iter().enumerate().flat_map(move |(w, &word)| {
-            let mut word = word;
-            std::iter::from_fn(move || {
-                if word == 0 {
-                    return None;
-                }
-                let bit = word.trailing_zeros() as usize;
-                word &= word - 1;
-                Some(w * 64 + bit)
+        self.0
+            .iter()
+            .enumerate()
+            .flat_map(move |(w, &word)| {
+                let mut word = word;
+                std::iter::from_fn(move || {
+                    if word == 0 {
+                        return None;
+                    }
+                    let bit = word.trailing_zeros() as usize;
+                    word &= word - 1;
+                    Some(w * 64 + bit)
+                })
             })
-        }).filter(move |&i| i < n)
+            .filter(move |&i| i < n)
     }
 }
 
@@ -254,6 +263,9 @@ mod tests {
 
     #[test]
     fn too_long_is_refused() {
-        assert_eq!(Glob::compile(&"a".repeat(MAX_ELEMENTS + 1), Kind::Path), Err(TooLong));
+        assert_eq!(
+            Glob::compile(&"a".repeat(MAX_ELEMENTS + 1), Kind::Path),
+            Err(TooLong)
+        );
     }
 }

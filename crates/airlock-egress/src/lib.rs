@@ -25,7 +25,8 @@ mod resolve;
 mod target;
 
 pub use client::{
-    ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody, StreamingResponse, TcpDialer,
+    ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody,
+    StreamingResponse, TcpDialer,
 };
 pub use error::{EgressCode, EgressError, GuardStep};
 pub use pattern::{AuthorizedUris, Diagnostic, PatternError, UriPattern};

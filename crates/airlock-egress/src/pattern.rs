@@ -40,7 +40,9 @@ pub enum PatternError {
     TooLong,
     #[error("template {{$credential.{0}}} names a field the connection does not have")]
     UnknownTemplateField(String),
-    #[error("template {{$credential.{0}}} renders to a value with characters that would change the pattern")]
+    #[error(
+        "template {{$credential.{0}}} renders to a value with characters that would change the pattern"
+    )]
     UnsafeTemplateValue(String),
     #[error("unterminated template")]
     BadTemplate,
@@ -112,7 +114,10 @@ impl UriPattern {
         if !authority.is_ascii() {
             return Err(PatternError::NonAsciiAuthority);
         }
-        if let Some(c) = authority.chars().find(|c| "%\\@?# \t".contains(*c) || c.is_ascii_control()) {
+        if let Some(c) = authority
+            .chars()
+            .find(|c| "%\\@?# \t".contains(*c) || c.is_ascii_control())
+        {
             return Err(PatternError::ForbiddenCharInAuthority(c));
         }
         let (host_src, port_src) = split_port(authority);
@@ -276,11 +281,18 @@ fn looks_numeric(host: &str) -> bool {
 fn check_ldh(host: &str, allow_star: bool) -> Result<(), PatternError> {
     for label in host.split('.') {
         let ok = !label.is_empty()
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || (allow_star && b == b'*'));
+            && label.bytes().all(|b| {
+                b.is_ascii_lowercase()
+                    || b.is_ascii_digit()
+                    || b == b'-'
+                    || b == b'_'
+                    || (allow_star && b == b'*')
+            });
         if !ok {
-            return Err(PatternError::NonCanonicalHost(host.to_owned(), "letters, digits, '-', '_' and '*' in non-empty labels".into()));
+            return Err(PatternError::NonCanonicalHost(
+                host.to_owned(),
+                "letters, digits, '-', '_' and '*' in non-empty labels".into(),
+            ));
         }
     }
     Ok(())
@@ -294,10 +306,14 @@ fn canonical_path_pattern(path: &str) -> Result<String, PatternError> {
         Some((p, q)) => (p, Some(q)),
         None => (path, None),
     };
-    if p.split('/').any(|s| s == "." || s == ".." || s.eq_ignore_ascii_case("%2e") || s.eq_ignore_ascii_case("%2e%2e")) {
+    if p.split('/').any(|s| {
+        s == "." || s == ".." || s.eq_ignore_ascii_case("%2e") || s.eq_ignore_ascii_case("%2e%2e")
+    }) {
         return Err(PatternError::DotSegment(path.to_owned()));
     }
-    if let Some(c) = path.chars().find(|c| !c.is_ascii_graphic() || matches!(c, '"' | '<' | '>' | '`' | '{' | '}' | '#' | '\\')) {
+    if let Some(c) = path.chars().find(|c| {
+        !c.is_ascii_graphic() || matches!(c, '"' | '<' | '>' | '`' | '{' | '}' | '#' | '\\')
+    }) {
         return Err(PatternError::ForbiddenCharInPath(c));
     }
     Ok(match q {
@@ -340,7 +356,10 @@ impl AuthorizedUris {
     /// Renders `{$credential.field}` templates with a connection's fields,
     /// then parses. A value is substituted only if it cannot change the
     /// pattern's structure (no wildcard, separator or authority character).
-    pub fn render<S: AsRef<str>>(entries: &[S], fields: &BTreeMap<String, String>) -> AuthorizedUris {
+    pub fn render<S: AsRef<str>>(
+        entries: &[S],
+        fields: &BTreeMap<String, String>,
+    ) -> AuthorizedUris {
         let mut out = AuthorizedUris::default();
         for e in entries {
             let e = e.as_ref();
@@ -399,12 +418,16 @@ fn render_template(src: &str, fields: &BTreeMap<String, String>) -> Result<Strin
         let after = &rest[i + 2..];
         let end = after.find('}').ok_or(PatternError::BadTemplate)?;
         let expr = &after[..end];
-        let field = expr.strip_prefix("credential.").ok_or(PatternError::BadTemplate)?;
+        let field = expr
+            .strip_prefix("credential.")
+            .ok_or(PatternError::BadTemplate)?;
         let value = fields
             .get(field)
             .ok_or_else(|| PatternError::UnknownTemplateField(field.to_owned()))?;
         let safe = !value.is_empty()
-            && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
         if !safe || value.contains("..") {
             return Err(PatternError::UnsafeTemplateValue(field.to_owned()));
         }
@@ -448,8 +471,16 @@ mod tests {
         assert!(p("http://a.com:80/**").matches(&t("http://a.com/")));
         assert!(p("https://**").matches(&t("https://x.y:9/z?q")));
         assert!(!p("https://**").matches(&t("http://x.y/")));
-        for bad in ["https://a.com:0/", "https://a.com:99999/", "https://a.com:x/", "https://a.com:+1/"] {
-            assert!(matches!(UriPattern::parse(bad), Err(PatternError::BadPort(_))), "{bad}");
+        for bad in [
+            "https://a.com:0/",
+            "https://a.com:99999/",
+            "https://a.com:x/",
+            "https://a.com:+1/",
+        ] {
+            assert!(
+                matches!(UriPattern::parse(bad), Err(PatternError::BadPort(_))),
+                "{bad}"
+            );
         }
     }
 
@@ -457,10 +488,24 @@ mod tests {
     fn ip_hosts_must_be_canonical() {
         assert!(p("http://127.0.0.1:8080/**").matches(&t("http://127.0.0.1:8080/x")));
         assert!(p("http://[::1]:8080/**").matches(&t("http://[::1]:8080/x")));
-        for bad in ["http://0x7f.1/**", "http://127.1/**", "http://2130706433/**", "http://0177.0.0.1/**"] {
-            assert!(matches!(UriPattern::parse(bad), Err(PatternError::NonCanonicalHost(..))), "{bad}");
+        for bad in [
+            "http://0x7f.1/**",
+            "http://127.1/**",
+            "http://2130706433/**",
+            "http://0177.0.0.1/**",
+        ] {
+            assert!(
+                matches!(
+                    UriPattern::parse(bad),
+                    Err(PatternError::NonCanonicalHost(..))
+                ),
+                "{bad}"
+            );
         }
-        assert!(matches!(UriPattern::parse("http://10.*.0.1/**"), Err(PatternError::WildcardIp(_))));
+        assert!(matches!(
+            UriPattern::parse("http://10.*.0.1/**"),
+            Err(PatternError::WildcardIp(_))
+        ));
     }
 
     #[test]
@@ -490,16 +535,46 @@ mod tests {
     #[test]
     fn credential_scopes() {
         use CredentialScope::*;
-        assert_eq!(p("https://api.github.com/**").credential_scope(), &ExactHost);
-        assert!(matches!(p("https://**").credential_scope(), CallerChosen(_)));
-        assert!(matches!(p("https://*/**").credential_scope(), CallerChosen(_)));
-        assert!(matches!(p("https://*.com/**").credential_scope(), CallerChosen(_)));
-        assert!(matches!(p("https://api*.io/**").credential_scope(), CallerChosen(_)));
-        assert!(matches!(p("https://*.co.uk/**").credential_scope(), CallerChosen(_)));
-        assert!(matches!(p("https://*.vercel.app/**").credential_scope(), CallerChosen(_)));
-        assert_eq!(p("https://*.example.co.uk/**").credential_scope(), &RegistrableDomain("example.co.uk".into()));
-        assert_eq!(p("https://*.amazonaws.com/**").credential_scope(), &RegistrableDomain("amazonaws.com".into()));
-        assert_eq!(p("https://*.myapp.vercel.app/**").credential_scope(), &RegistrableDomain("myapp.vercel.app".into()));
+        assert_eq!(
+            p("https://api.github.com/**").credential_scope(),
+            &ExactHost
+        );
+        assert!(matches!(
+            p("https://**").credential_scope(),
+            CallerChosen(_)
+        ));
+        assert!(matches!(
+            p("https://*/**").credential_scope(),
+            CallerChosen(_)
+        ));
+        assert!(matches!(
+            p("https://*.com/**").credential_scope(),
+            CallerChosen(_)
+        ));
+        assert!(matches!(
+            p("https://api*.io/**").credential_scope(),
+            CallerChosen(_)
+        ));
+        assert!(matches!(
+            p("https://*.co.uk/**").credential_scope(),
+            CallerChosen(_)
+        ));
+        assert!(matches!(
+            p("https://*.vercel.app/**").credential_scope(),
+            CallerChosen(_)
+        ));
+        assert_eq!(
+            p("https://*.example.co.uk/**").credential_scope(),
+            &RegistrableDomain("example.co.uk".into())
+        );
+        assert_eq!(
+            p("https://*.amazonaws.com/**").credential_scope(),
+            &RegistrableDomain("amazonaws.com".into())
+        );
+        assert_eq!(
+            p("https://*.myapp.vercel.app/**").credential_scope(),
+            &RegistrableDomain("myapp.vercel.app".into())
+        );
     }
 
     #[test]
@@ -520,8 +595,16 @@ mod tests {
         f.insert("star".to_owned(), "*".to_owned());
         let l = AuthorizedUris::render(&["https://{$credential.subdomain}.zendesk.com/api/**"], &f);
         assert!(l.entries()[0].matches(&t("https://acme.zendesk.com/api/v2")));
-        assert_eq!(l.entries()[0].credential_scope(), &CredentialScope::ExactHost);
-        for bad in ["https://{$credential.evil}/**", "https://{$credential.star}.a.com/**", "https://{$credential.nope}.a.com/", "https://{$credential.subdomain/"] {
+        assert_eq!(
+            l.entries()[0].credential_scope(),
+            &CredentialScope::ExactHost
+        );
+        for bad in [
+            "https://{$credential.evil}/**",
+            "https://{$credential.star}.a.com/**",
+            "https://{$credential.nope}.a.com/",
+            "https://{$credential.subdomain/",
+        ] {
             let l = AuthorizedUris::render(&[bad], &f);
             assert!(l.is_empty(), "{bad}");
             assert!(l.diagnostics()[0].matches_nothing);

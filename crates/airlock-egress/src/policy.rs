@@ -68,7 +68,10 @@ impl EgressPolicy {
             if h.is_empty() {
                 continue;
             }
-            let canonical = h.parse::<IpAddr>().map(|ip| ip.to_string()).unwrap_or_else(|_| h.to_owned());
+            let canonical = h
+                .parse::<IpAddr>()
+                .map(|ip| ip.to_string())
+                .unwrap_or_else(|_| h.to_owned());
             self.internal_hosts.insert(canonical);
         }
     }
@@ -76,7 +79,8 @@ impl EgressPolicy {
     /// Adds names refused on every call (the run's own container names).
     pub fn block_names<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
         for n in names {
-            self.extra_blocked_names.insert(n.trim().to_ascii_lowercase());
+            self.extra_blocked_names
+                .insert(n.trim().to_ascii_lowercase());
         }
     }
 
@@ -85,15 +89,15 @@ impl EgressPolicy {
     pub fn check(&self, target: &Target, rules: &CallRules<'_>) -> Result<bool, EgressError> {
         check_authorization(target, rules)?;
         let host = target.host();
-        if let TargetHost::Domain(d) = host {
-            if self.is_blocked_name(d) {
-                return Err(EgressError::new(
-                    EgressCode::BlockedHost,
-                    GuardStep::BlockedNames,
-                    Some(d),
-                    format!("{d} is a blocked name (loopback, metadata or the run's own containers)"),
-                ));
-            }
+        if let TargetHost::Domain(d) = host
+            && self.is_blocked_name(d)
+        {
+            return Err(EgressError::new(
+                EgressCode::BlockedHost,
+                GuardStep::BlockedNames,
+                Some(d),
+                format!("{d} is a blocked name (loopback, metadata or the run's own containers)"),
+            ));
         }
         if self.internal_hosts.is_empty() {
             return Ok(false);
@@ -112,7 +116,12 @@ impl EgressPolicy {
 /// Step 2: `authorized_uris` and the credential rules.
 fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), EgressError> {
     let refuse = |code, guard, detail: String| {
-        Err(EgressError::new(code, guard, Some(&target.host().bare()), detail))
+        Err(EgressError::new(
+            code,
+            guard,
+            Some(&target.host().bare()),
+            detail,
+        ))
     };
     if !rules.credentialed {
         if rules.allow_all_uris || rules.authorized.entries().iter().any(|p| p.matches(target)) {
@@ -154,7 +163,10 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
         return refuse(
             EgressCode::CredentialExfiltrationRefused,
             GuardStep::CredentialRules,
-            format!("allow_all_uris is ignored for calls that carry a credential, and {} matches no authorized_uris entry", target.loggable()),
+            format!(
+                "allow_all_uris is ignored for calls that carry a credential, and {} matches no authorized_uris entry",
+                target.loggable()
+            ),
         );
     }
     let detail = if rules.authorized.is_empty() {
@@ -183,7 +195,10 @@ pub struct Guard {
 
 impl Guard {
     pub fn new(policy: EgressPolicy, resolver: Arc<dyn Resolve>) -> Self {
-        Guard { policy: Arc::new(policy), resolver }
+        Guard {
+            policy: Arc::new(policy),
+            resolver,
+        }
     }
 
     /// The system resolver and `EGRESS_ALLOW_INTERNAL_HOSTS` from the environment.
@@ -196,7 +211,11 @@ impl Guard {
     }
 
     /// Steps 2–6 for a parsed target. Logs and returns the refusal, if any.
-    pub async fn admit(&self, target: &Target, rules: &CallRules<'_>) -> Result<Admitted, EgressError> {
+    pub async fn admit(
+        &self,
+        target: &Target,
+        rules: &CallRules<'_>,
+    ) -> Result<Admitted, EgressError> {
         let result = self.admit_inner(target, rules).await;
         if let Err(e) = &result {
             log_refusal(e);
@@ -205,7 +224,11 @@ impl Guard {
     }
 
     /// Step 1 too: parse, then admit.
-    pub async fn admit_url(&self, url: &str, rules: &CallRules<'_>) -> Result<Admitted, EgressError> {
+    pub async fn admit_url(
+        &self,
+        url: &str,
+        rules: &CallRules<'_>,
+    ) -> Result<Admitted, EgressError> {
         match Target::parse(url) {
             Ok(t) => self.admit(&t, rules).await,
             Err(e) => {
@@ -215,7 +238,11 @@ impl Guard {
         }
     }
 
-    async fn admit_inner(&self, target: &Target, rules: &CallRules<'_>) -> Result<Admitted, EgressError> {
+    async fn admit_inner(
+        &self,
+        target: &Target,
+        rules: &CallRules<'_>,
+    ) -> Result<Admitted, EgressError> {
         let internal = self.policy.check(target, rules)?;
         let host = target.host();
         let addrs = match host {
@@ -254,16 +281,32 @@ impl Guard {
                 }
             }
         }
-        Ok(Admitted { target: target.clone(), addrs, internal })
+        Ok(Admitted {
+            target: target.clone(),
+            addrs,
+            internal,
+        })
     }
 }
 
 fn log_refusal(e: &EgressError) {
     let host = e.host.as_deref().unwrap_or("-");
     if e.code.is_ssrf() {
-        tracing::warn!(host, code = e.code.as_str(), guard = e.guard.as_str(), "Target refused (SSRF): {}", e.detail);
+        tracing::warn!(
+            host,
+            code = e.code.as_str(),
+            guard = e.guard.as_str(),
+            "Target refused (SSRF): {}",
+            e.detail
+        );
     } else {
-        tracing::warn!(host, code = e.code.as_str(), guard = e.guard.as_str(), "Target refused (policy): {}", e.detail);
+        tracing::warn!(
+            host,
+            code = e.code.as_str(),
+            guard = e.guard.as_str(),
+            "Target refused (policy): {}",
+            e.detail
+        );
     }
 }
 
@@ -273,7 +316,11 @@ mod tests {
     use crate::resolve::StaticResolver;
 
     fn rules(list: &AuthorizedUris, credentialed: bool) -> CallRules<'_> {
-        CallRules { authorized: list, allow_all_uris: false, credentialed }
+        CallRules {
+            authorized: list,
+            allow_all_uris: false,
+            credentialed,
+        }
     }
 
     fn guard(static_answers: &[(&str, &str)], internal: &[&str]) -> Guard {
@@ -287,58 +334,148 @@ mod tests {
     }
 
     async fn code(g: &Guard, url: &str, list: &AuthorizedUris, cred: bool) -> Option<EgressCode> {
-        g.admit_url(url, &rules(list, cred)).await.err().map(|e| e.code)
+        g.admit_url(url, &rules(list, cred))
+            .await
+            .err()
+            .map(|e| e.code)
     }
 
     #[tokio::test]
     async fn credential_rules() {
         use EgressCode::*;
-        let g = guard(&[("api.github.com", "140.82.112.6"), ("sts.amazonaws.com", "52.94.0.1"), ("dynamodb.us-east-1.amazonaws.com", "52.94.0.2"), ("evil.com", "93.184.216.34")], &[]);
+        let g = guard(
+            &[
+                ("api.github.com", "140.82.112.6"),
+                ("sts.amazonaws.com", "52.94.0.1"),
+                ("dynamodb.us-east-1.amazonaws.com", "52.94.0.2"),
+                ("evil.com", "93.184.216.34"),
+            ],
+            &[],
+        );
         let empty = AuthorizedUris::default();
-        assert_eq!(code(&g, "https://api.github.com/", &empty, true).await, Some(NotAuthorized), "rule 1");
-        assert_eq!(code(&g, "https://api.github.com/", &empty, false).await, Some(NotAuthorized), "rule 1 uncredentialed");
-        let all = CallRules { authorized: &empty, allow_all_uris: true, credentialed: true };
-        assert_eq!(g.admit_url("https://evil.com/", &all).await.unwrap_err().code, CredentialExfiltrationRefused, "rule 2");
-        let all_uncred = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
+        assert_eq!(
+            code(&g, "https://api.github.com/", &empty, true).await,
+            Some(NotAuthorized),
+            "rule 1"
+        );
+        assert_eq!(
+            code(&g, "https://api.github.com/", &empty, false).await,
+            Some(NotAuthorized),
+            "rule 1 uncredentialed"
+        );
+        let all = CallRules {
+            authorized: &empty,
+            allow_all_uris: true,
+            credentialed: true,
+        };
+        assert_eq!(
+            g.admit_url("https://evil.com/", &all)
+                .await
+                .unwrap_err()
+                .code,
+            CredentialExfiltrationRefused,
+            "rule 2"
+        );
+        let all_uncred = CallRules {
+            authorized: &empty,
+            allow_all_uris: true,
+            credentialed: false,
+        };
         assert!(g.admit_url("https://evil.com/", &all_uncred).await.is_ok());
         let wide = AuthorizedUris::parse(&["https://**", "https://*.com/**"]);
-        assert_eq!(code(&g, "https://evil.com/x", &wide, true).await, Some(CredentialExfiltrationRefused), "rule 3");
-        assert_eq!(code(&g, "https://evil.com/x", &wide, false).await, None, "rule 3 is only for credentials");
+        assert_eq!(
+            code(&g, "https://evil.com/x", &wide, true).await,
+            Some(CredentialExfiltrationRefused),
+            "rule 3"
+        );
+        assert_eq!(
+            code(&g, "https://evil.com/x", &wide, false).await,
+            None,
+            "rule 3 is only for credentials"
+        );
         let aws = AuthorizedUris::parse(&["https://*.amazonaws.com/**"]);
-        assert_eq!(code(&g, "https://sts.amazonaws.com/", &aws, true).await, None, "rule 4 inside");
-        assert_eq!(code(&g, "https://dynamodb.us-east-1.amazonaws.com/", &aws, true).await, Some(CredentialExfiltrationRefused), "rule 4 outside");
+        assert_eq!(
+            code(&g, "https://sts.amazonaws.com/", &aws, true).await,
+            None,
+            "rule 4 inside"
+        );
+        assert_eq!(
+            code(&g, "https://dynamodb.us-east-1.amazonaws.com/", &aws, true).await,
+            Some(CredentialExfiltrationRefused),
+            "rule 4 outside"
+        );
         let gh = AuthorizedUris::parse(&["https://api.github.com/**"]);
-        assert_eq!(code(&g, "https://api.github.com/repos", &gh, true).await, None);
-        assert_eq!(code(&g, "https://evil.com/", &gh, true).await, Some(NotAuthorized));
-        assert_eq!(code(&g, "https://x:y@api.github.com/", &gh, true).await, Some(InvalidUrl), "userinfo with a credential");
+        assert_eq!(
+            code(&g, "https://api.github.com/repos", &gh, true).await,
+            None
+        );
+        assert_eq!(
+            code(&g, "https://evil.com/", &gh, true).await,
+            Some(NotAuthorized)
+        );
+        assert_eq!(
+            code(&g, "https://x:y@api.github.com/", &gh, true).await,
+            Some(InvalidUrl),
+            "userinfo with a credential"
+        );
     }
 
     #[tokio::test]
     async fn refusal_messages_never_carry_the_query() {
         let g = guard(&[], &[]);
         let list = AuthorizedUris::parse(&["https://*.com/**", "https://api.x.com/**"]);
-        for url in ["https://evil.com/steal?key=sk-canary-1", "https://evil.org/steal?key=sk-canary-1"] {
+        for url in [
+            "https://evil.com/steal?key=sk-canary-1",
+            "https://evil.org/steal?key=sk-canary-1",
+        ] {
             let e = g.admit_url(url, &rules(&list, true)).await.unwrap_err();
             assert!(!e.to_string().contains("sk-canary-1"), "{e}");
         }
-        let all = CallRules { authorized: &list, allow_all_uris: true, credentialed: true };
-        let e = g.admit_url("https://evil.org/?key=sk-canary-1", &all).await.unwrap_err();
+        let all = CallRules {
+            authorized: &list,
+            allow_all_uris: true,
+            credentialed: true,
+        };
+        let e = g
+            .admit_url("https://evil.org/?key=sk-canary-1", &all)
+            .await
+            .unwrap_err();
         assert!(!e.to_string().contains("sk-canary-1"), "{e}");
     }
 
     #[tokio::test]
     async fn blocked_names_come_before_any_exemption() {
         let g = guard(&[], &["localhost", "metadata.google.internal", "sidecar"]);
-        for host in ["localhost", "a.localhost", "sidecar", "agent", "host.docker.internal", "metadata.google.internal", "metadata.azure.internal", "LOCALHOST.", "x.LocalHost"] {
+        for host in [
+            "localhost",
+            "a.localhost",
+            "sidecar",
+            "agent",
+            "host.docker.internal",
+            "metadata.google.internal",
+            "metadata.azure.internal",
+            "LOCALHOST.",
+            "x.LocalHost",
+        ] {
             let url = format!("http://{host}/x");
-            let list = AuthorizedUris::parse(&[format!("http://{}/**", host.to_ascii_lowercase().trim_end_matches('.'))]);
-            assert_eq!(code(&g, &url, &list, false).await, Some(EgressCode::BlockedHost), "{host}");
+            let list = AuthorizedUris::parse(&[format!(
+                "http://{}/**",
+                host.to_ascii_lowercase().trim_end_matches('.')
+            )]);
+            assert_eq!(
+                code(&g, &url, &list, false).await,
+                Some(EgressCode::BlockedHost),
+                "{host}"
+            );
         }
         let mut p = EgressPolicy::new();
         p.block_names(["run-42-agent"]);
         let g = Guard::new(p, Arc::new(StaticResolver::new()));
         let list = AuthorizedUris::parse(&["http://run-42-agent/**"]);
-        assert_eq!(code(&g, "http://run-42-agent/", &list, false).await, Some(EgressCode::BlockedHost));
+        assert_eq!(
+            code(&g, "http://run-42-agent/", &list, false).await,
+            Some(EgressCode::BlockedHost)
+        );
     }
 
     #[tokio::test]
@@ -348,29 +485,68 @@ mod tests {
         let wildcard = AuthorizedUris::parse(&["http://*.internal:8080/**"]);
         // Operator opt-in + literal entry: allowed, addresses not judged.
         let both = guard(&answers, &["api.internal"]);
-        let ok = both.admit_url("http://api.internal:8080/x", &rules(&literal, true)).await.unwrap();
+        let ok = both
+            .admit_url("http://api.internal:8080/x", &rules(&literal, true))
+            .await
+            .unwrap();
         assert!(ok.internal);
         assert_eq!(ok.addrs, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
         // Only the operator: a wildcard entry is not naming the host.
-        assert_eq!(code(&both, "http://api.internal:8080/x", &wildcard, false).await, Some(EgressCode::BlockedAddress));
+        assert_eq!(
+            code(&both, "http://api.internal:8080/x", &wildcard, false).await,
+            Some(EgressCode::BlockedAddress)
+        );
         // Only the entry.
         let entry_only = guard(&answers, &[]);
-        assert_eq!(code(&entry_only, "http://api.internal:8080/x", &literal, true).await, Some(EgressCode::BlockedAddress));
+        assert_eq!(
+            code(&entry_only, "http://api.internal:8080/x", &literal, true).await,
+            Some(EgressCode::BlockedAddress)
+        );
         // IP literals work the same way.
         let ip = guard(&[], &["127.0.0.1"]);
         let l = AuthorizedUris::parse(&["http://127.0.0.1:9/**"]);
-        assert!(ip.admit_url("http://127.0.0.1:9/", &rules(&l, true)).await.unwrap().internal);
-        assert_eq!(code(&ip, "http://127.0.0.2:9/", &AuthorizedUris::parse(&["http://127.0.0.2:9/**"]), true).await, Some(EgressCode::BlockedAddress));
+        assert!(
+            ip.admit_url("http://127.0.0.1:9/", &rules(&l, true))
+                .await
+                .unwrap()
+                .internal
+        );
+        assert_eq!(
+            code(
+                &ip,
+                "http://127.0.0.2:9/",
+                &AuthorizedUris::parse(&["http://127.0.0.2:9/**"]),
+                true
+            )
+            .await,
+            Some(EgressCode::BlockedAddress)
+        );
     }
 
     #[tokio::test]
     async fn any_blocked_answer_refuses() {
-        let g = guard(&[("mixed.example", "93.184.216.34,127.0.0.1"), ("v6.example", "2606:4700::1,fd00::1"), ("ok.example", "93.184.216.34,2606:4700::1")], &[]);
+        let g = guard(
+            &[
+                ("mixed.example", "93.184.216.34,127.0.0.1"),
+                ("v6.example", "2606:4700::1,fd00::1"),
+                ("ok.example", "93.184.216.34,2606:4700::1"),
+            ],
+            &[],
+        );
         let all = AuthorizedUris::parse(&["https://*.example/**"]);
-        assert_eq!(code(&g, "https://mixed.example/", &all, false).await, Some(EgressCode::BlockedAddress));
-        assert_eq!(code(&g, "https://v6.example/", &all, false).await, Some(EgressCode::BlockedAddress));
+        assert_eq!(
+            code(&g, "https://mixed.example/", &all, false).await,
+            Some(EgressCode::BlockedAddress)
+        );
+        assert_eq!(
+            code(&g, "https://v6.example/", &all, false).await,
+            Some(EgressCode::BlockedAddress)
+        );
         assert_eq!(code(&g, "https://ok.example/", &all, false).await, None);
-        assert_eq!(code(&g, "https://none.example/", &all, false).await, Some(EgressCode::Unresolvable));
+        assert_eq!(
+            code(&g, "https://none.example/", &all, false).await,
+            Some(EgressCode::Unresolvable)
+        );
     }
 
     /// A resolver that records every lookup, to prove refused targets are
@@ -388,11 +564,25 @@ mod tests {
         let rec = Arc::new(Recording(Default::default()));
         let g = Guard::new(EgressPolicy::new(), rec.clone());
         let list = AuthorizedUris::parse(&["https://api.x.com/**"]);
-        for url in ["https://evil.com/", "https://localhost/", "ftp://api.x.com/", "https://api.x.com:8443/"] {
-            assert!(g.admit_url(url, &rules(&list, true)).await.is_err(), "{url}");
+        for url in [
+            "https://evil.com/",
+            "https://localhost/",
+            "ftp://api.x.com/",
+            "https://api.x.com:8443/",
+        ] {
+            assert!(
+                g.admit_url(url, &rules(&list, true)).await.is_err(),
+                "{url}"
+            );
         }
-        assert!(rec.0.lock().unwrap().is_empty(), "refused targets were looked up: {:?}", rec.0.lock().unwrap());
-        g.admit_url("https://api.x.com/", &rules(&list, true)).await.unwrap();
+        assert!(
+            rec.0.lock().unwrap().is_empty(),
+            "refused targets were looked up: {:?}",
+            rec.0.lock().unwrap()
+        );
+        g.admit_url("https://api.x.com/", &rules(&list, true))
+            .await
+            .unwrap();
         assert_eq!(*rec.0.lock().unwrap(), vec!["api.x.com".to_owned()]);
     }
 }

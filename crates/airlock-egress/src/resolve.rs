@@ -12,18 +12,20 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{
-    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig,
+    ResolverOpts,
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
-use hickory_resolver::TokioResolver;
 
 /// A lookup that produced no usable answer.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct ResolveError(pub String);
 
-pub type LookupFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, ResolveError>> + Send + 'a>>;
+pub type LookupFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, ResolveError>> + Send + 'a>>;
 
 /// Resolves a canonical host name to all of its A and AAAA answers.
 pub trait Resolve: Send + Sync + 'static {
@@ -76,7 +78,9 @@ impl DnsServerResolver {
         .with_options(opts)
         .build()
         .map_err(|e| ResolveError(format!("cannot build resolver for {server}: {e}")))?;
-        Ok(DnsServerResolver { inner: Arc::new(inner) })
+        Ok(DnsServerResolver {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Reads `AIRLOCK_DNS_SERVER` (`ip` or `ip:port`).
@@ -142,8 +146,9 @@ impl StaticResolver {
         for ip in ips.split(',') {
             let ip = ip.trim().trim_start_matches('[').trim_end_matches(']');
             parsed.push(
-                ip.parse::<IpAddr>()
-                    .map_err(|_| ResolveError(format!("{ip:?} in {spec:?} is not an IP address")))?,
+                ip.parse::<IpAddr>().map_err(|_| {
+                    ResolveError(format!("{ip:?} in {spec:?} is not an IP address"))
+                })?,
             );
         }
         self.insert(host, parsed);

@@ -109,13 +109,17 @@ impl Target {
         if url.fragment().is_some() {
             url.set_fragment(None);
         }
-        if let TargetHost::Domain(d) = &host {
-            if url.host_str() != Some(d.as_str()) {
-                url.set_host(Some(d))
-                    .map_err(|e| EgressError::invalid_url(format!("host rewrite failed: {e}")))?;
-            }
+        if let TargetHost::Domain(d) = &host
+            && url.host_str() != Some(d.as_str())
+        {
+            url.set_host(Some(d))
+                .map_err(|e| EgressError::invalid_url(format!("host rewrite failed: {e}")))?;
         }
-        Ok(Target { url, host, had_userinfo })
+        Ok(Target {
+            url,
+            host,
+            had_userinfo,
+        })
     }
 
     /// Builds the target of a CONNECT request (`host:port`) as
@@ -134,7 +138,9 @@ impl Target {
             .rsplit_once(':')
             .ok_or_else(|| EgressError::invalid_url("CONNECT authority has no port"))?;
         if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(EgressError::invalid_url(format!("CONNECT port {port:?} is not a number")));
+            return Err(EgressError::invalid_url(format!(
+                "CONNECT port {port:?} is not a number"
+            )));
         }
         Self::parse(&format!("https://{authority}/"))
     }
@@ -161,7 +167,9 @@ impl Target {
     }
 
     pub fn port_or_default(&self) -> u16 {
-        self.url.port_or_known_default().unwrap_or(if self.is_https() { 443 } else { 80 })
+        self.url
+            .port_or_known_default()
+            .unwrap_or(if self.is_https() { 443 } else { 80 })
     }
 
     /// Path and query as sent on the request line (`/a/b?c`).
@@ -207,10 +215,9 @@ impl Target {
                 c as u32
             )));
         }
-        let next = self
-            .url
-            .join(location)
-            .map_err(|e| EgressError::invalid_url(format!("redirect location does not parse: {e}")))?;
+        let next = self.url.join(location).map_err(|e| {
+            EgressError::invalid_url(format!("redirect location does not parse: {e}"))
+        })?;
         Self::parse(next.as_str())
     }
 }
@@ -229,7 +236,10 @@ fn check_raw_host(input: &str) -> Result<(), EgressError> {
     };
     let end = rest.find(['/', '\\', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..end];
-    let host_port = authority.rsplit_once('@').map(|(_, h)| h).unwrap_or(authority);
+    let host_port = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
     if host_port.is_empty() {
         return Err(EgressError::invalid_url("target has an empty host"));
     }
@@ -248,7 +258,9 @@ fn check_raw_host(input: &str) -> Result<(), EgressError> {
 fn canonical_domain(d: &str) -> Result<String, EgressError> {
     let d = d.strip_suffix('.').unwrap_or(d);
     if d.is_empty() || d.len() > 253 {
-        return Err(EgressError::invalid_url("host is empty or longer than 253 bytes"));
+        return Err(EgressError::invalid_url(
+            "host is empty or longer than 253 bytes",
+        ));
     }
     for label in d.split('.') {
         if label.is_empty() || label.len() > 63 {
@@ -256,7 +268,9 @@ fn canonical_domain(d: &str) -> Result<String, EgressError> {
                 "host {d:?} has an empty or over-long label"
             )));
         }
-        if !label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         {
             return Err(EgressError::invalid_url(format!(
                 "host {d:?} contains a character outside letters, digits, '-' and '_'"
@@ -282,29 +296,86 @@ mod tests {
 
     #[test]
     fn canonical_forms() {
-        assert_eq!(canon("HTTPS://API.Example.COM:443/a/./b/../c?q=1#frag"), "https://api.example.com/a/c?q=1");
+        assert_eq!(
+            canon("HTTPS://API.Example.COM:443/a/./b/../c?q=1#frag"),
+            "https://api.example.com/a/c?q=1"
+        );
         assert_eq!(canon("http://example.com:80"), "http://example.com/");
-        assert_eq!(canon("https://example.com.:8443/X"), "https://example.com:8443/X");
-        assert_eq!(canon("https://user:pw@example.com/"), "https://example.com/");
-        assert!(Target::parse("https://user:pw@example.com/").unwrap().had_userinfo());
-        assert_eq!(canon("https://bücher.example/"), "https://xn--bcher-kva.example/");
-        assert_eq!(canon("https://ｅｘａｍｐｌｅ．com/"), "https://example.com/", "full-width forms");
+        assert_eq!(
+            canon("https://example.com.:8443/X"),
+            "https://example.com:8443/X"
+        );
+        assert_eq!(
+            canon("https://user:pw@example.com/"),
+            "https://example.com/"
+        );
+        assert!(
+            Target::parse("https://user:pw@example.com/")
+                .unwrap()
+                .had_userinfo()
+        );
+        assert_eq!(
+            canon("https://bücher.example/"),
+            "https://xn--bcher-kva.example/"
+        );
+        assert_eq!(
+            canon("https://ｅｘａｍｐｌｅ．com/"),
+            "https://example.com/",
+            "full-width forms"
+        );
     }
 
     #[test]
     fn ipv4_spellings_normalise() {
-        for s in ["http://2130706433/", "http://0177.0.0.1/", "http://0x7f.1/", "http://127.1/", "http://0x7f000001/"] {
-            assert_eq!(*Target::parse(s).unwrap().host(), TargetHost::Ip("127.0.0.1".parse().unwrap()), "{s}");
+        for s in [
+            "http://2130706433/",
+            "http://0177.0.0.1/",
+            "http://0x7f.1/",
+            "http://127.1/",
+            "http://0x7f000001/",
+        ] {
+            assert_eq!(
+                *Target::parse(s).unwrap().host(),
+                TargetHost::Ip("127.0.0.1".parse().unwrap()),
+                "{s}"
+            );
         }
-        assert_eq!(*Target::parse("http://[::ffff:127.0.0.1]/").unwrap().host(), TargetHost::Ip("::ffff:7f00:1".parse().unwrap()));
+        assert_eq!(
+            *Target::parse("http://[::ffff:127.0.0.1]/").unwrap().host(),
+            TargetHost::Ip("::ffff:7f00:1".parse().unwrap())
+        );
     }
 
     #[test]
     fn parser_confusion_yields_the_real_host() {
-        assert_eq!(Target::parse("https://evil.com\\@good.com/").unwrap().host().bare(), "evil.com");
-        assert_eq!(Target::parse("https://evil.com#@good.com/").unwrap().host().bare(), "evil.com");
-        assert_eq!(Target::parse("https://good.com@evil.com/").unwrap().host().bare(), "evil.com");
-        assert_eq!(Target::parse("https://good.com?@evil.com/").unwrap().host().bare(), "good.com");
+        assert_eq!(
+            Target::parse("https://evil.com\\@good.com/")
+                .unwrap()
+                .host()
+                .bare(),
+            "evil.com"
+        );
+        assert_eq!(
+            Target::parse("https://evil.com#@good.com/")
+                .unwrap()
+                .host()
+                .bare(),
+            "evil.com"
+        );
+        assert_eq!(
+            Target::parse("https://good.com@evil.com/")
+                .unwrap()
+                .host()
+                .bare(),
+            "evil.com"
+        );
+        assert_eq!(
+            Target::parse("https://good.com?@evil.com/")
+                .unwrap()
+                .host()
+                .bare(),
+            "good.com"
+        );
     }
 
     #[test]
@@ -333,9 +404,24 @@ mod tests {
     fn authority_form() {
         let t = Target::from_authority("example.com:443").unwrap();
         assert_eq!(t.to_string(), "https://example.com/");
-        assert_eq!(Target::from_authority("[::1]:8443").unwrap().host().bare(), "::1");
-        for bad in ["example.com", "example.com:", "example.com:x", "a@b:443", "a/b:443", "", "evil.com:443#"] {
-            assert_eq!(Target::from_authority(bad).unwrap_err().code, EgressCode::InvalidUrl, "{bad}");
+        assert_eq!(
+            Target::from_authority("[::1]:8443").unwrap().host().bare(),
+            "::1"
+        );
+        for bad in [
+            "example.com",
+            "example.com:",
+            "example.com:x",
+            "a@b:443",
+            "a/b:443",
+            "",
+            "evil.com:443#",
+        ] {
+            assert_eq!(
+                Target::from_authority(bad).unwrap_err().code,
+                EgressCode::InvalidUrl,
+                "{bad}"
+            );
         }
     }
 
@@ -351,6 +437,9 @@ mod tests {
         let t = Target::parse("https://example.com:8443/a/b?c=d").unwrap();
         assert_eq!(t.path_and_query(), "/a/b?c=d");
         assert_eq!(t.authority(), "example.com:8443");
-        assert_eq!(Target::parse("http://[::1]:80").unwrap().authority(), "[::1]");
+        assert_eq!(
+            Target::parse("http://[::1]:80").unwrap().authority(),
+            "[::1]"
+        );
     }
 }

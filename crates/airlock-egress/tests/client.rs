@@ -35,17 +35,27 @@ fn internal_client(hosts: &[&str], net: Arc<TestNet>, cfg: ClientConfig) -> Guar
 }
 
 fn rules(list: &AuthorizedUris, credentialed: bool) -> CallRules<'_> {
-    CallRules { authorized: list, allow_all_uris: false, credentialed }
+    CallRules {
+        authorized: list,
+        allow_all_uris: false,
+        credentialed,
+    }
 }
 
 fn credentialed_post(url: String) -> OutboundRequest {
     let mut req = OutboundRequest::get(url);
     req.method = Method::POST;
     req.body = bytes::Bytes::from_static(b"{\"secret\":\"body\"}");
-    req.headers.insert("authorization", HeaderValue::from_static("Bearer sk-canary-1234"));
-    req.headers.insert("cookie", HeaderValue::from_static("session=canary"));
-    req.headers.insert("x-api-key", HeaderValue::from_static("canary-key"));
-    req.headers.insert("content-type", HeaderValue::from_static("application/json"));
+    req.headers.insert(
+        "authorization",
+        HeaderValue::from_static("Bearer sk-canary-1234"),
+    );
+    req.headers
+        .insert("cookie", HeaderValue::from_static("session=canary"));
+    req.headers
+        .insert("x-api-key", HeaderValue::from_static("canary-key"));
+    req.headers
+        .insert("content-type", HeaderValue::from_static("application/json"));
     req.credential_headers = vec![HeaderName::from_static("x-api-key")];
     req
 }
@@ -58,10 +68,12 @@ async fn dns_rebinding_never_reaches_loopback() {
     let victim = silent().await;
     let public = server(handler(|_| respond(200, &[], "public")), None).await;
     let port = victim.addr.port();
-    let dns = dns(Arc::new(|name: &str, v6: bool, nth: usize| match (name, v6, nth) {
-        ("rebind.test", false, 0) => vec![ip(PUBLIC_IP)],
-        ("rebind.test", false, _) => vec![ip("127.0.0.1")],
-        _ => vec![],
+    let dns = dns(Arc::new(|name: &str, v6: bool, nth: usize| {
+        match (name, v6, nth) {
+            ("rebind.test", false, 0) => vec![ip(PUBLIC_IP)],
+            ("rebind.test", false, _) => vec![ip("127.0.0.1")],
+            _ => vec![],
+        }
     }))
     .await;
     let net = Arc::new(TestNet::default());
@@ -75,16 +87,36 @@ async fn dns_rebinding_never_reaches_loopback() {
     .unwrap();
     let list = AuthorizedUris::parse(&[format!("http://rebind.test:{port}/**")]);
     let url = format!("http://rebind.test:{port}/x");
-    let first = client.send(OutboundRequest::get(&url), &rules(&list, false)).await.unwrap();
+    let first = client
+        .send(OutboundRequest::get(&url), &rules(&list, false))
+        .await
+        .unwrap();
     assert_eq!(&first.body[..], b"public");
     assert_eq!(first.remote_addr, SocketAddr::new(ip(PUBLIC_IP), port));
     // The same name now answers loopback: refused, even with a kept-alive
     // connection to the validated address in the pool.
-    let second = client.send(OutboundRequest::get(&url), &rules(&list, false)).await.unwrap_err();
+    let second = client
+        .send(OutboundRequest::get(&url), &rules(&list, false))
+        .await
+        .unwrap_err();
     assert_eq!(second.code, EgressCode::BlockedAddress, "{second}");
-    assert_eq!(victim.connections.load(std::sync::atomic::Ordering::SeqCst), 0, "the loopback victim was reached");
-    assert!(net.dialled().iter().all(|a| a.ip() == ip(PUBLIC_IP)), "dialled {:?}", net.dialled());
-    assert!(dns.queries.lock().unwrap().iter().any(|q| q == "rebind.test A"));
+    assert_eq!(
+        victim.connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the loopback victim was reached"
+    );
+    assert!(
+        net.dialled().iter().all(|a| a.ip() == ip(PUBLIC_IP)),
+        "dialled {:?}",
+        net.dialled()
+    );
+    assert!(
+        dns.queries
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|q| q == "rebind.test A")
+    );
 }
 
 #[tokio::test]
@@ -104,23 +136,51 @@ async fn mixed_answers_are_refused_before_any_connection() {
     let public = server(handler(|_| respond(204, &[], "")), None).await;
     net.route(SocketAddr::new(ip(PUBLIC_IP), port), public.addr);
     let client = GuardedClient::with_dialer(
-        Guard::new(EgressPolicy::new(), Arc::new(DnsServerResolver::new(dns.addr).unwrap())),
+        Guard::new(
+            EgressPolicy::new(),
+            Arc::new(DnsServerResolver::new(dns.addr).unwrap()),
+        ),
         ClientConfig::default(),
         net.clone(),
     )
     .unwrap();
     let list = AuthorizedUris::parse(&[format!("http://*.test:{port}/**")]);
     for host in ["mixed.test", "v6mixed.test"] {
-        let e = client.send(OutboundRequest::get(format!("http://{host}:{port}/")), &rules(&list, false)).await.unwrap_err();
+        let e = client
+            .send(
+                OutboundRequest::get(format!("http://{host}:{port}/")),
+                &rules(&list, false),
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.code, EgressCode::BlockedAddress, "{host}: {e}");
     }
-    let e = client.send(OutboundRequest::get(format!("http://nxdomain.test:{port}/")), &rules(&list, false)).await.unwrap_err();
+    let e = client
+        .send(
+            OutboundRequest::get(format!("http://nxdomain.test:{port}/")),
+            &rules(&list, false),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code, EgressCode::Unresolvable);
     assert_eq!(e.http_status(), 502);
-    assert!(net.dialled().is_empty(), "refused targets were dialled: {:?}", net.dialled());
-    assert_eq!(victim.connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(
+        net.dialled().is_empty(),
+        "refused targets were dialled: {:?}",
+        net.dialled()
+    );
+    assert_eq!(
+        victim.connections.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
     // Legitimate path through the same resolver.
-    let ok = client.send(OutboundRequest::get(format!("http://ok.test:{port}/")), &rules(&list, false)).await.unwrap();
+    let ok = client
+        .send(
+            OutboundRequest::get(format!("http://ok.test:{port}/")),
+            &rules(&list, false),
+        )
+        .await
+        .unwrap();
     assert_eq!(ok.status, 204);
 }
 
@@ -135,9 +195,19 @@ async fn same_origin_redirect_keeps_headers_and_body() {
         None,
     )
     .await;
-    let client = internal_client(&["api.internal.test"], Arc::new(TestNet::default()), ClientConfig::default());
+    let client = internal_client(
+        &["api.internal.test"],
+        Arc::new(TestNet::default()),
+        ClientConfig::default(),
+    );
     let list = AuthorizedUris::parse(&[format!("http://api.internal.test:{}/**", a.port())]);
-    let resp = client.send(credentialed_post(format!("http://api.internal.test:{}/start", a.port())), &rules(&list, true)).await.unwrap();
+    let resp = client
+        .send(
+            credentialed_post(format!("http://api.internal.test:{}/start", a.port())),
+            &rules(&list, true),
+        )
+        .await
+        .unwrap();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.redirects, 1);
     assert!(!resp.credential_stripped);
@@ -147,7 +217,10 @@ async fn same_origin_redirect_keeps_headers_and_body() {
     assert_eq!(last.headers["authorization"], "Bearer sk-canary-1234");
     assert_eq!(last.headers["x-api-key"], "canary-key");
     assert_eq!(last.headers["cookie"], "session=canary");
-    assert_eq!(last.headers["host"], format!("api.internal.test:{}", a.port()).as_str());
+    assert_eq!(
+        last.headers["host"],
+        format!("api.internal.test:{}", a.port()).as_str()
+    );
     assert_eq!(&last.body[..], b"{\"secret\":\"body\"}");
 }
 
@@ -156,19 +229,50 @@ async fn cross_origin_redirect_strips_credential_cookie_and_body() {
     install_crypto();
     let b = server(handler(|_| respond(200, &[], "other")), None).await;
     let b_port = b.port();
-    let a = server(handler(move |_| respond(307, &[("location", &format!("http://other.internal.test:{b_port}/landing"))], "")), None).await;
-    let client = internal_client(&["api.internal.test", "other.internal.test"], Arc::new(TestNet::default()), ClientConfig::default());
+    let a = server(
+        handler(move |_| {
+            respond(
+                307,
+                &[(
+                    "location",
+                    &format!("http://other.internal.test:{b_port}/landing"),
+                )],
+                "",
+            )
+        }),
+        None,
+    )
+    .await;
+    let client = internal_client(
+        &["api.internal.test", "other.internal.test"],
+        Arc::new(TestNet::default()),
+        ClientConfig::default(),
+    );
     let list = AuthorizedUris::parse(&[
         format!("http://api.internal.test:{}/**", a.port()),
         format!("http://other.internal.test:{b_port}/**"),
     ]);
-    let resp = client.send(credentialed_post(format!("http://api.internal.test:{}/", a.port())), &rules(&list, true)).await.unwrap();
+    let resp = client
+        .send(
+            credentialed_post(format!("http://api.internal.test:{}/", a.port())),
+            &rules(&list, true),
+        )
+        .await
+        .unwrap();
     assert_eq!(&resp.body[..], b"other");
     assert!(resp.credential_stripped);
-    assert_eq!(a.last().headers["authorization"], "Bearer sk-canary-1234", "the first hop carried it");
+    assert_eq!(
+        a.last().headers["authorization"],
+        "Bearer sk-canary-1234",
+        "the first hop carried it"
+    );
     let landed = b.last();
     for h in ["authorization", "cookie", "x-api-key", "content-type"] {
-        assert!(!landed.headers.contains_key(h), "{h} crossed origins: {:?}", landed.headers);
+        assert!(
+            !landed.headers.contains_key(h),
+            "{h} crossed origins: {:?}",
+            landed.headers
+        );
     }
     assert!(landed.body.is_empty(), "body crossed origins");
     assert_eq!(landed.method, "POST", "307 keeps the method");
@@ -188,15 +292,28 @@ async fn see_other_and_post_301_become_get() {
         None,
     )
     .await;
-    let client = internal_client(&["api.internal.test"], Arc::new(TestNet::default()), ClientConfig::default());
+    let client = internal_client(
+        &["api.internal.test"],
+        Arc::new(TestNet::default()),
+        ClientConfig::default(),
+    );
     let list = AuthorizedUris::parse(&[format!("http://api.internal.test:{}/**", a.port())]);
     for p in ["/303", "/301"] {
-        client.send(credentialed_post(format!("http://api.internal.test:{}{p}", a.port())), &rules(&list, true)).await.unwrap();
+        client
+            .send(
+                credentialed_post(format!("http://api.internal.test:{}{p}", a.port())),
+                &rules(&list, true),
+            )
+            .await
+            .unwrap();
         let last = a.last();
         assert_eq!(last.method, "GET", "{p}");
         assert!(last.body.is_empty(), "{p}");
         assert!(!last.headers.contains_key("content-type"), "{p}");
-        assert_eq!(last.headers["authorization"], "Bearer sk-canary-1234", "same origin keeps the credential");
+        assert_eq!(
+            last.headers["authorization"], "Bearer sk-canary-1234",
+            "same origin keeps the credential"
+        );
     }
 }
 
@@ -226,7 +343,11 @@ async fn redirects_to_blocked_or_unlisted_hosts_are_refused_before_sending() {
     let net = Arc::new(TestNet::default());
     // unlisted.internal.test resolves to loopback and is even operator-trusted,
     // but the integration does not name it.
-    let client = internal_client(&["api.internal.test", "unlisted.internal.test"], net.clone(), ClientConfig::default());
+    let client = internal_client(
+        &["api.internal.test", "unlisted.internal.test"],
+        net.clone(),
+        ClientConfig::default(),
+    );
     let list = AuthorizedUris::parse(&[format!("http://api.internal.test:{}/**", a.port())]);
     // Policy is judged before names: an unlisted host is redirect_blocked.
     let cases = [
@@ -238,18 +359,51 @@ async fn redirects_to_blocked_or_unlisted_hosts_are_refused_before_sending() {
         ("/to-ftp", EgressCode::RedirectBlocked),
     ];
     for (path, want) in cases {
-        let e = client.send(credentialed_post(format!("http://api.internal.test:{}{path}", a.port())), &rules(&list, true)).await.unwrap_err();
+        let e = client
+            .send(
+                credentialed_post(format!("http://api.internal.test:{}{path}", a.port())),
+                &rules(&list, true),
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.code, want, "{path}: {e}");
     }
     // Uncredentialed and allow-all: the SSRF guards still refuse every hop.
-    let open = CallRules { authorized: &list, allow_all_uris: true, credentialed: false };
-    for (path, want) in [("/to-localhost", EgressCode::BlockedHost), ("/to-loopback-ip", EgressCode::BlockedAddress), ("/to-metadata", EgressCode::BlockedAddress), ("/to-hex-loopback", EgressCode::BlockedAddress)] {
-        let e = client.send(OutboundRequest::get(format!("http://api.internal.test:{}{path}", a.port())), &open).await.unwrap_err();
+    let open = CallRules {
+        authorized: &list,
+        allow_all_uris: true,
+        credentialed: false,
+    };
+    for (path, want) in [
+        ("/to-localhost", EgressCode::BlockedHost),
+        ("/to-loopback-ip", EgressCode::BlockedAddress),
+        ("/to-metadata", EgressCode::BlockedAddress),
+        ("/to-hex-loopback", EgressCode::BlockedAddress),
+    ] {
+        let e = client
+            .send(
+                OutboundRequest::get(format!("http://api.internal.test:{}{path}", a.port())),
+                &open,
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.code, want, "allow-all {path}: {e}");
     }
-    assert_eq!(victim.connection_count(), 0, "a blocked redirect target was contacted");
-    assert_eq!(unlisted.connection_count(), 0, "an unlisted redirect target was contacted");
-    assert!(net.dialled().iter().all(|d| d.port() == a.port()), "dialled {:?}", net.dialled());
+    assert_eq!(
+        victim.connection_count(),
+        0,
+        "a blocked redirect target was contacted"
+    );
+    assert_eq!(
+        unlisted.connection_count(),
+        0,
+        "an unlisted redirect target was contacted"
+    );
+    assert!(
+        net.dialled().iter().all(|d| d.port() == a.port()),
+        "dialled {:?}",
+        net.dialled()
+    );
 }
 
 #[tokio::test]
@@ -259,17 +413,33 @@ async fn https_to_http_downgrade_is_refused() {
     let pp = plain.port();
     let pki = pki(&["api.internal.test"]);
     let secure = server(
-        handler(move |_| respond(301, &[("location", &format!("http://api.internal.test:{pp}/"))], "")),
+        handler(move |_| {
+            respond(
+                301,
+                &[("location", &format!("http://api.internal.test:{pp}/"))],
+                "",
+            )
+        }),
         Some(pki.server_config.clone()),
     )
     .await;
-    let cfg = ClientConfig { extra_root_certs: vec![pki.ca_der.clone()], use_webpki_roots: false, ..Default::default() };
+    let cfg = ClientConfig {
+        extra_root_certs: vec![pki.ca_der.clone()],
+        use_webpki_roots: false,
+        ..Default::default()
+    };
     let client = internal_client(&["api.internal.test"], Arc::new(TestNet::default()), cfg);
     let list = AuthorizedUris::parse(&[
         format!("https://api.internal.test:{}/**", secure.port()),
         format!("http://api.internal.test:{pp}/**"),
     ]);
-    let e = client.send(OutboundRequest::get(format!("https://api.internal.test:{}/", secure.port())), &rules(&list, true)).await.unwrap_err();
+    let e = client
+        .send(
+            OutboundRequest::get(format!("https://api.internal.test:{}/", secure.port())),
+            &rules(&list, true),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code, EgressCode::RedirectBlocked, "{e}");
     assert_eq!(secure.request_count(), 1, "the HTTPS hop itself worked");
     assert_eq!(plain.connection_count(), 0);
@@ -290,31 +460,68 @@ async fn the_eleventh_redirect_is_refused() {
         None,
     )
     .await;
-    let client = internal_client(&["api.internal.test"], Arc::new(TestNet::default()), ClientConfig::default());
+    let client = internal_client(
+        &["api.internal.test"],
+        Arc::new(TestNet::default()),
+        ClientConfig::default(),
+    );
     let list = AuthorizedUris::parse(&[format!("http://api.internal.test:{}/**", a.port())]);
     // /r/90 .. /r/100 is ten redirects, then /r/100 answers 200: allowed.
-    let ok = client.send(OutboundRequest::get(format!("http://api.internal.test:{}/r/90", a.port())), &rules(&list, true)).await.unwrap();
+    let ok = client
+        .send(
+            OutboundRequest::get(format!("http://api.internal.test:{}/r/90", a.port())),
+            &rules(&list, true),
+        )
+        .await
+        .unwrap();
     assert_eq!(ok.redirects, 10);
     assert_eq!(&ok.body[..], b"end");
     let before = a.request_count();
-    let e = client.send(OutboundRequest::get(format!("http://api.internal.test:{}/r/0", a.port())), &rules(&list, true)).await.unwrap_err();
+    let e = client
+        .send(
+            OutboundRequest::get(format!("http://api.internal.test:{}/r/0", a.port())),
+            &rules(&list, true),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.code, EgressCode::TooManyRedirects);
     assert_eq!(e.http_status(), 502);
-    assert_eq!(a.request_count() - before, 11, "the original request and ten followed hops, then refusal");
+    assert_eq!(
+        a.request_count() - before,
+        11,
+        "the original request and ten followed hops, then refusal"
+    );
 }
 
 #[tokio::test]
 async fn https_with_pinned_address_keeps_sni_and_host() {
     install_crypto();
     let pki = pki(&["secure.internal.test"]);
-    let s = server(handler(|r| respond(200, &[], r.headers["host"].to_str().unwrap())), Some(pki.server_config.clone())).await;
-    let cfg = ClientConfig { extra_root_certs: vec![pki.ca_der.clone()], use_webpki_roots: false, ..Default::default() };
+    let s = server(
+        handler(|r| respond(200, &[], r.headers["host"].to_str().unwrap())),
+        Some(pki.server_config.clone()),
+    )
+    .await;
+    let cfg = ClientConfig {
+        extra_root_certs: vec![pki.ca_der.clone()],
+        use_webpki_roots: false,
+        ..Default::default()
+    };
     let net = Arc::new(TestNet::default());
     let client = internal_client(&["secure.internal.test"], net.clone(), cfg);
     let list = AuthorizedUris::parse(&[format!("https://secure.internal.test:{}/**", s.port())]);
     for _ in 0..3 {
-        let r = client.send(OutboundRequest::get(format!("https://secure.internal.test:{}/", s.port())), &rules(&list, true)).await.unwrap();
-        assert_eq!(String::from_utf8_lossy(&r.body), format!("secure.internal.test:{}", s.port()));
+        let r = client
+            .send(
+                OutboundRequest::get(format!("https://secure.internal.test:{}/", s.port())),
+                &rules(&list, true),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&r.body),
+            format!("secure.internal.test:{}", s.port())
+        );
         assert_eq!(r.remote_addr.ip(), ip("127.0.0.1"));
     }
     assert_eq!(s.connection_count(), 1, "keep-alive connection reused");
@@ -324,12 +531,16 @@ async fn https_with_pinned_address_keeps_sni_and_host() {
 #[tokio::test]
 async fn hostile_upstreams_fail_cleanly() {
     install_crypto();
-    let endless = raw(|s| endless_body(s)).await;
-    let drip = raw(|s| slow_drip(s)).await;
-    let garbage = raw(|s| garbage_tls(s)).await;
+    let endless = raw(endless_body).await;
+    let drip = raw(slow_drip).await;
+    let garbage = raw(garbage_tls).await;
     let stall = silent().await;
     let wrong_ca = pki(&["api.internal.test"]);
-    let untrusted = server(handler(|_| respond(200, &[], "")), Some(wrong_ca.server_config.clone())).await;
+    let untrusted = server(
+        handler(|_| respond(200, &[], "")),
+        Some(wrong_ca.server_config.clone()),
+    )
+    .await;
     let closed_port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -341,21 +552,49 @@ async fn hostile_upstreams_fail_cleanly() {
         ..Default::default()
     };
     let client = internal_client(&["api.internal.test"], Arc::new(TestNet::default()), cfg);
-    let list = AuthorizedUris::parse(&["http://api.internal.test:*/**", "https://api.internal.test:*/**"]);
+    let list = AuthorizedUris::parse(&[
+        "http://api.internal.test:*/**",
+        "https://api.internal.test:*/**",
+    ]);
     let cases = [
-        (format!("http://api.internal.test:{}/", endless.port()), "larger than"),
-        (format!("http://api.internal.test:{}/", drip.port()), "no complete response"),
-        (format!("http://api.internal.test:{}/", stall.addr.port()), "no complete response"),
-        (format!("https://api.internal.test:{}/", garbage.port()), "TLS handshake"),
-        (format!("https://api.internal.test:{}/", untrusted.port()), "TLS handshake"),
-        (format!("http://api.internal.test:{closed_port}/"), "could not connect"),
+        (
+            format!("http://api.internal.test:{}/", endless.port()),
+            "larger than",
+        ),
+        (
+            format!("http://api.internal.test:{}/", drip.port()),
+            "no complete response",
+        ),
+        (
+            format!("http://api.internal.test:{}/", stall.addr.port()),
+            "no complete response",
+        ),
+        (
+            format!("https://api.internal.test:{}/", garbage.port()),
+            "TLS handshake",
+        ),
+        (
+            format!("https://api.internal.test:{}/", untrusted.port()),
+            "TLS handshake",
+        ),
+        (
+            format!("http://api.internal.test:{closed_port}/"),
+            "could not connect",
+        ),
     ];
     for (url, why) in cases {
         let started = std::time::Instant::now();
-        let e = client.send(OutboundRequest::get(&url), &rules(&list, false)).await.unwrap_err();
+        let e = client
+            .send(OutboundRequest::get(&url), &rules(&list, false))
+            .await
+            .unwrap_err();
         assert_eq!(e.code, EgressCode::UpstreamFailed, "{url}: {e}");
         assert!(e.detail.contains(why), "{url}: {e}");
-        assert!(started.elapsed() < Duration::from_secs(5), "{url} took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url} took {:?}",
+            started.elapsed()
+        );
     }
     assert_eq!(untrusted.request_count(), 0);
 }
@@ -365,8 +604,20 @@ async fn invalid_input_is_typed_never_a_panic() {
     install_crypto();
     let client = internal_client(&[], Arc::new(TestNet::default()), ClientConfig::default());
     let list = AuthorizedUris::parse(&["https://api.example.com/**"]);
-    for url in ["", "::", "http://", "https://[::1", "https://a.com:99999/", "javascript:alert(1)", "https://exa\u{0}mple.com/", "http://a.com/\r\nX: y"] {
-        let e = client.send(OutboundRequest::get(url), &rules(&list, true)).await.unwrap_err();
+    for url in [
+        "",
+        "::",
+        "http://",
+        "https://[::1",
+        "https://a.com:99999/",
+        "javascript:alert(1)",
+        "https://exa\u{0}mple.com/",
+        "http://a.com/\r\nX: y",
+    ] {
+        let e = client
+            .send(OutboundRequest::get(url), &rules(&list, true))
+            .await
+            .unwrap_err();
         assert_eq!(e.code, EgressCode::InvalidUrl, "{url:?}: {e}");
         assert_eq!(e.http_status(), 400);
     }

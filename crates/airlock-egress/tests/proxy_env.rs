@@ -8,12 +8,19 @@ mod support;
 
 use std::sync::Arc;
 
-use airlock_egress::{AuthorizedUris, CallRules, ClientConfig, EgressPolicy, Guard, GuardedClient, OutboundRequest, StaticResolver};
+use airlock_egress::{
+    AuthorizedUris, CallRules, ClientConfig, EgressPolicy, Guard, GuardedClient, OutboundRequest,
+    StaticResolver,
+};
 use support::*;
 
 #[test]
 fn proxy_variables_are_ignored() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let (proxy, origin) = rt.block_on(async {
         (
             server(handler(|_| respond(200, &[], "from the proxy")), None).await,
@@ -21,7 +28,14 @@ fn proxy_variables_are_ignored() {
         )
     });
     let proxy_url = format!("http://127.0.0.1:{}", proxy.port());
-    for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+    for var in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
         // SAFETY: this test binary has a single test and sets the variables
         // before any thread that could read the environment concurrently is
         // doing so (the runtime's worker only runs the servers' accept loops).
@@ -33,12 +47,28 @@ fn proxy_variables_are_ignored() {
         r.insert("api.internal.test", ["127.0.0.1".parse().unwrap()]);
         let mut p = EgressPolicy::new();
         p.allow_internal_hosts(["api.internal.test"]);
-        let client = GuardedClient::new(Guard::new(p, Arc::new(r)), ClientConfig::default()).unwrap();
-        let list = AuthorizedUris::parse(&[format!("http://api.internal.test:{}/**", origin.port())]);
-        let rules = CallRules { authorized: &list, allow_all_uris: false, credentialed: true };
-        let resp = client.send(OutboundRequest::get(format!("http://api.internal.test:{}/", origin.port())), &rules).await.unwrap();
+        let client =
+            GuardedClient::new(Guard::new(p, Arc::new(r)), ClientConfig::default()).unwrap();
+        let list =
+            AuthorizedUris::parse(&[format!("http://api.internal.test:{}/**", origin.port())]);
+        let rules = CallRules {
+            authorized: &list,
+            allow_all_uris: false,
+            credentialed: true,
+        };
+        let resp = client
+            .send(
+                OutboundRequest::get(format!("http://api.internal.test:{}/", origin.port())),
+                &rules,
+            )
+            .await
+            .unwrap();
         assert_eq!(&resp.body[..], b"from the origin");
     });
-    assert_eq!(proxy.connection_count(), 0, "the proxy from the environment was used");
+    assert_eq!(
+        proxy.connection_count(),
+        0,
+        "the proxy from the environment was used"
+    );
     assert_eq!(origin.request_count(), 1);
 }

@@ -22,11 +22,18 @@ const MAX_ANSWER: usize = 64 * 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum PlatformError {
     #[error("cannot reach the platform at {path}: {source}")]
-    Unreachable { path: PathBuf, source: std::io::Error },
+    Unreachable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("platform request failed: {0}")]
     Transport(String),
     #[error("platform refused the request ({status}): {code}: {message}")]
-    Refused { status: u16, code: String, message: String },
+    Refused {
+        status: u16,
+        code: String,
+        message: String,
+    },
     #[error("platform answered with something unexpected: {0}")]
     BadAnswer(String),
 }
@@ -50,7 +57,9 @@ pub struct PlatformClient {
 
 impl std::fmt::Debug for PlatformClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlatformClient").field("socket", &self.socket).finish_non_exhaustive()
+        f.debug_struct("PlatformClient")
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
     }
 }
 
@@ -68,17 +77,29 @@ fn encode(s: &str) -> String {
 
 impl PlatformClient {
     pub fn new(socket: impl AsRef<Path>, run_token: SecretString) -> Self {
-        PlatformClient { socket: socket.as_ref().to_owned(), run_token }
+        PlatformClient {
+            socket: socket.as_ref().to_owned(),
+            run_token,
+        }
     }
 
     pub fn socket(&self) -> &Path {
         &self.socket
     }
 
-    async fn request(&self, method: Method, path_and_query: &str, content_type: Option<&str>, body: Bytes) -> Result<(StatusCode, http::HeaderMap, Bytes), PlatformError> {
-        let stream = UnixStream::connect(&self.socket)
-            .await
-            .map_err(|source| PlatformError::Unreachable { path: self.socket.clone(), source })?;
+    async fn request(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+    ) -> Result<(StatusCode, http::HeaderMap, Bytes), PlatformError> {
+        let stream = UnixStream::connect(&self.socket).await.map_err(|source| {
+            PlatformError::Unreachable {
+                path: self.socket.clone(),
+                source,
+            }
+        })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| PlatformError::Transport(e.to_string()))?;
@@ -89,63 +110,124 @@ impl PlatformClient {
             .method(method)
             .uri(path_and_query)
             .header(header::HOST, "platform")
-            .header(header::AUTHORIZATION, format!("Bearer {}", self.run_token.expose_secret()));
+            .header(
+                header::AUTHORIZATION,
+                format!("Bearer {}", self.run_token.expose_secret()),
+            );
         if let Some(ct) = content_type {
             req = req.header(header::CONTENT_TYPE, ct);
         }
-        let req = req.body(Full::new(body)).map_err(|e| PlatformError::Transport(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(|e| PlatformError::Transport(e.to_string()))?;
+        let req = req
+            .body(Full::new(body))
+            .map_err(|e| PlatformError::Transport(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| PlatformError::Transport(e.to_string()))?;
         let (parts, body) = resp.into_parts();
         let limited = http_body_util::Limited::new(body, MAX_ANSWER);
-        let bytes = limited.collect().await.map_err(|e| PlatformError::Transport(e.to_string()))?.to_bytes();
+        let bytes = limited
+            .collect()
+            .await
+            .map_err(|e| PlatformError::Transport(e.to_string()))?
+            .to_bytes();
         if !parts.status.is_success() {
             let err: ErrorBody = serde_json::from_slice(&bytes).unwrap_or(ErrorBody {
                 error: "unknown".into(),
                 message: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
             });
-            return Err(PlatformError::Refused { status: parts.status.as_u16(), code: err.error, message: err.message });
+            return Err(PlatformError::Refused {
+                status: parts.status.as_u16(),
+                code: err.error,
+                message: err.message,
+            });
         }
         Ok((parts.status, parts.headers, bytes))
     }
 
-    async fn get_json<T: DeserializeOwned>(&self, path_and_query: &str) -> Result<T, PlatformError> {
-        let (_, _, body) = self.request(Method::GET, path_and_query, None, Bytes::new()).await?;
+    async fn get_json<T: DeserializeOwned>(
+        &self,
+        path_and_query: &str,
+    ) -> Result<T, PlatformError> {
+        let (_, _, body) = self
+            .request(Method::GET, path_and_query, None, Bytes::new())
+            .await?;
         serde_json::from_slice(&body).map_err(|e| PlatformError::BadAnswer(e.to_string()))
     }
 
     /// The credential of `integration`'s connection, decrypted for this request.
     pub async fn credential(&self, integration: &str) -> Result<CredentialResponse, PlatformError> {
-        self.get_json(&format!("{PREFIX}/credentials/{}", encode(integration))).await
+        self.get_json(&format!("{PREFIX}/credentials/{}", encode(integration)))
+            .await
     }
 
     /// Earlier runs of this run's agent, newest first.
-    pub async fn history(&self, limit: u32, fields: &[&str]) -> Result<HistoryResponse, PlatformError> {
+    pub async fn history(
+        &self,
+        limit: u32,
+        fields: &[&str],
+    ) -> Result<HistoryResponse, PlatformError> {
         let fields: Vec<String> = fields.iter().map(|f| encode(f)).collect();
-        self.get_json(&format!("{PREFIX}/history?limit={limit}&fields={}", fields.join(","))).await
+        self.get_json(&format!(
+            "{PREFIX}/history?limit={limit}&fields={}",
+            fields.join(",")
+        ))
+        .await
     }
 
     /// Memories of this run's agent matching `q`.
     pub async fn memories(&self, q: &str, limit: u32) -> Result<MemoriesResponse, PlatformError> {
-        self.get_json(&format!("{PREFIX}/memories?q={}&limit={limit}", encode(q))).await
+        self.get_json(&format!("{PREFIX}/memories?q={}&limit={limit}", encode(q)))
+            .await
     }
 
     /// Appends events (heartbeats, logs, result, cost, egress) to the run.
     pub async fn events(&self, events: Vec<RunEvent>) -> Result<Accepted, PlatformError> {
-        let body = serde_json::to_vec(&EventBatch { events }).map_err(|e| PlatformError::Transport(e.to_string()))?;
-        let (_, _, answer) = self.request(Method::POST, &format!("{PREFIX}/events"), Some("application/json"), body.into()).await?;
+        let body = serde_json::to_vec(&EventBatch { events })
+            .map_err(|e| PlatformError::Transport(e.to_string()))?;
+        let (_, _, answer) = self
+            .request(
+                Method::POST,
+                &format!("{PREFIX}/events"),
+                Some("application/json"),
+                body.into(),
+            )
+            .await?;
         serde_json::from_slice(&answer).map_err(|e| PlatformError::BadAnswer(e.to_string()))
     }
 
     /// Stores a large result for the run.
-    pub async fn put_result(&self, content_type: &str, body: Bytes) -> Result<StoredResultRef, PlatformError> {
-        let (_, _, answer) = self.request(Method::POST, &format!("{PREFIX}/results"), Some(content_type), body).await?;
+    pub async fn put_result(
+        &self,
+        content_type: &str,
+        body: Bytes,
+    ) -> Result<StoredResultRef, PlatformError> {
+        let (_, _, answer) = self
+            .request(
+                Method::POST,
+                &format!("{PREFIX}/results"),
+                Some(content_type),
+                body,
+            )
+            .await?;
         serde_json::from_slice(&answer).map_err(|e| PlatformError::BadAnswer(e.to_string()))
     }
 
     /// Reads a stored result of this run: `(content type, body)`.
     pub async fn get_result(&self, id: &str) -> Result<(String, Bytes), PlatformError> {
-        let (_, headers, body) = self.request(Method::GET, &format!("{PREFIX}/results/{}", encode(id)), None, Bytes::new()).await?;
-        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/octet-stream").to_owned();
+        let (_, headers, body) = self
+            .request(
+                Method::GET,
+                &format!("{PREFIX}/results/{}", encode(id)),
+                None,
+                Bytes::new(),
+            )
+            .await?;
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/octet-stream")
+            .to_owned();
         Ok((ct, body))
     }
 }

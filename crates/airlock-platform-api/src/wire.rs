@@ -81,7 +81,11 @@ pub enum RunEvent {
     /// The runtime is alive.
     Heartbeat { at: i64 },
     /// A line the agent wrote (`stream` is `stdout` or `stderr`).
-    Log { at: i64, stream: String, line: String },
+    Log {
+        at: i64,
+        stream: String,
+        line: String,
+    },
     /// The agent finished: its exit code and optional result document.
     Result {
         at: i64,

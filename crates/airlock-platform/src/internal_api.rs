@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use airlock_platform_api::wire::{
-    Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse, MemoriesResponse,
-    MemoryEntry, RunEvent, StoredResultRef,
+    Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
+    MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
 use airlock_store::{EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage};
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
@@ -54,17 +54,35 @@ pub const MAX_BODY: usize = 64 * 1024 * 1024;
 struct RunId(String);
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (status, axum::Json(ErrorBody { error: code.to_owned(), message: message.into() })).into_response()
+    (
+        status,
+        axum::Json(ErrorBody {
+            error: code.to_owned(),
+            message: message.into(),
+        }),
+    )
+        .into_response()
 }
 
 fn internal(e: impl std::fmt::Display) -> Response {
     tracing::error!("internal API: {e}");
-    error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the platform failed; see its log")
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "the platform failed; see its log",
+    )
 }
 
 impl InternalApi {
     pub fn new(store: Store, keyring: Arc<Keyring>, tokens: RunTokens) -> Self {
-        InternalApi { inner: Arc::new(Inner { store, keyring, tokens, grants: RwLock::default() }) }
+        InternalApi {
+            inner: Arc::new(Inner {
+                store,
+                keyring,
+                tokens,
+                grants: RwLock::default(),
+            }),
+        }
     }
 
     /// Lets `run_id` use the API with `grant` (called when a run starts).
@@ -128,15 +146,27 @@ async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Ne
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let Some(run_id) = token.and_then(|t| api.inner.tokens.verify(t)) else {
-        return error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or invalid run token");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or invalid run token",
+        );
     };
     if api.grant_of(&run_id).is_none() {
-        return error(StatusCode::NOT_FOUND, "unknown_run", "this platform hosts no such run");
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_run",
+            "this platform hosts no such run",
+        );
     }
     match api.inner.store.get_run(&run_id).await {
         Ok(Some(run)) if run.status == RunStatus::Running => {}
         Ok(Some(run)) => {
-            return error(StatusCode::FORBIDDEN, "run_not_running", format!("the run is {}", run.status));
+            return error(
+                StatusCode::FORBIDDEN,
+                "run_not_running",
+                format!("the run is {}", run.status),
+            );
         }
         Ok(None) => return error(StatusCode::NOT_FOUND, "unknown_run", "no such run"),
         Err(e) => return internal(e),
@@ -149,26 +179,56 @@ fn run_of(req_ext: &axum::http::Extensions) -> Option<String> {
     req_ext.get::<RunId>().map(|r| r.0.clone())
 }
 
-async fn credential(State(api): State<InternalApi>, Path(integration): Path<String>, req: Request) -> Response {
-    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+async fn credential(
+    State(api): State<InternalApi>,
+    Path(integration): Path<String>,
+    req: Request,
+) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
     let grant = api.grant_of(&run_id).unwrap_or_default();
     let Some(connection) = grant.connections.get(&integration) else {
-        return error(StatusCode::FORBIDDEN, "integration_not_granted", format!("the run has no connection for {integration:?}"));
+        return error(
+            StatusCode::FORBIDDEN,
+            "integration_not_granted",
+            format!("the run has no connection for {integration:?}"),
+        );
     };
     let record = match api.inner.store.get_connection(connection).await {
         Ok(Some(r)) => r,
-        Ok(None) => return error(StatusCode::NOT_FOUND, "unknown_connection", format!("connection {connection:?} does not exist")),
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "unknown_connection",
+                format!("connection {connection:?} does not exist"),
+            );
+        }
         Err(e) => return internal(e),
     };
     let plain = match api.inner.keyring.decrypt_string(&record.envelope) {
         Ok(p) => p,
-        Err(e) => return internal(format!("connection {connection:?} cannot be decrypted: {e}")),
+        Err(e) => {
+            return internal(format!(
+                "connection {connection:?} cannot be decrypted: {e}"
+            ));
+        }
     };
-    let fields: std::collections::BTreeMap<String, String> = match serde_json::from_str(plain.expose_secret()) {
-        Ok(f) => f,
-        Err(_) => return internal(format!("connection {connection:?} does not hold a JSON object of string fields")),
-    };
-    tracing::debug!(run_id, integration, connection, "credential handed to the sidecar");
+    let fields: std::collections::BTreeMap<String, String> =
+        match serde_json::from_str(plain.expose_secret()) {
+            Ok(f) => f,
+            Err(_) => {
+                return internal(format!(
+                    "connection {connection:?} does not hold a JSON object of string fields"
+                ));
+            }
+        };
+    tracing::debug!(
+        run_id,
+        integration,
+        connection,
+        "credential handed to the sidecar"
+    );
     axum::Json(CredentialResponse {
         integration,
         connection: connection.clone(),
@@ -184,23 +244,59 @@ struct HistoryQuery {
     fields: Option<String>,
 }
 
-async fn history(State(api): State<InternalApi>, Query(q): Query<HistoryQuery>, req: Request) -> Response {
-    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+async fn history(
+    State(api): State<InternalApi>,
+    Query(q): Query<HistoryQuery>,
+    req: Request,
+) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
     let limit = q.limit.unwrap_or(10);
     if !(1..=50).contains(&limit) {
-        return error(StatusCode::BAD_REQUEST, "bad_request", "limit must be 1..50");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "limit must be 1..50",
+        );
     }
-    let fields: Vec<&str> = q.fields.as_deref().unwrap_or("").split(',').filter(|f| !f.is_empty()).collect();
-    if let Some(bad) = fields.iter().find(|f| !matches!(**f, "checkpoint" | "result")) {
-        return error(StatusCode::BAD_REQUEST, "bad_request", format!("unknown field {bad:?} (checkpoint, result)"));
+    let fields: Vec<&str> = q
+        .fields
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|f| !f.is_empty())
+        .collect();
+    if let Some(bad) = fields
+        .iter()
+        .find(|f| !matches!(**f, "checkpoint" | "result"))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("unknown field {bad:?} (checkpoint, result)"),
+        );
     }
     let agent = api.grant_of(&run_id).unwrap_or_default().agent;
-    let runs = match api.inner.store.list_runs(&RunQuery { agent: Some(&agent), limit: Some(limit + 1), ..Default::default() }).await {
+    let runs = match api
+        .inner
+        .store
+        .list_runs(&RunQuery {
+            agent: Some(&agent),
+            limit: Some(limit + 1),
+            ..Default::default()
+        })
+        .await
+    {
         Ok(r) => r,
         Err(e) => return internal(e),
     };
     let mut out = Vec::new();
-    for run in runs.into_iter().filter(|r| r.id != run_id).take(limit as usize) {
+    for run in runs
+        .into_iter()
+        .filter(|r| r.id != run_id)
+        .take(limit as usize)
+    {
         let mut entry = HistoryEntry {
             run_id: run.id.clone(),
             status: run.status.to_string(),
@@ -209,14 +305,16 @@ async fn history(State(api): State<InternalApi>, Query(q): Query<HistoryQuery>, 
             checkpoint: None,
             result: None,
         };
-        if !fields.is_empty() {
-            if let Some(RunEvent::Result { result, checkpoint, .. }) = last_result(&api.inner.store, &run.id).await {
-                if fields.contains(&"result") {
-                    entry.result = result;
-                }
-                if fields.contains(&"checkpoint") {
-                    entry.checkpoint = checkpoint;
-                }
+        if !fields.is_empty()
+            && let Some(RunEvent::Result {
+                result, checkpoint, ..
+            }) = last_result(&api.inner.store, &run.id).await
+        {
+            if fields.contains(&"result") {
+                entry.result = result;
+            }
+            if fields.contains(&"checkpoint") {
+                entry.checkpoint = checkpoint;
             }
         }
         out.push(entry);
@@ -249,8 +347,14 @@ struct MemoriesQuery {
     limit: Option<u32>,
 }
 
-async fn memories(State(api): State<InternalApi>, Query(q): Query<MemoriesQuery>, req: Request) -> Response {
-    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+async fn memories(
+    State(api): State<InternalApi>,
+    Query(q): Query<MemoriesQuery>,
+    req: Request,
+) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
     let limit = q.limit.unwrap_or(10).clamp(1, 100);
     let agent = api.grant_of(&run_id).unwrap_or_default().agent;
     let all = match api.inner.store.list_memories(&agent, 1000).await {
@@ -262,20 +366,38 @@ async fn memories(State(api): State<InternalApi>, Query(q): Query<MemoriesQuery>
         .into_iter()
         .filter(|m| needle.is_empty() || m.content.to_lowercase().contains(&needle))
         .take(limit as usize)
-        .map(|m| MemoryEntry { id: m.id, content: m.content, created_at: m.created_at })
+        .map(|m| MemoryEntry {
+            id: m.id,
+            content: m.content,
+            created_at: m.created_at,
+        })
         .collect();
     axum::Json(MemoriesResponse { memories }).into_response()
 }
 
 async fn events(State(api): State<InternalApi>, req: Request) -> Response {
-    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
     let body = match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("cannot read the body: {e}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("cannot read the body: {e}"),
+            );
+        }
     };
     let batch: EventBatch = match serde_json::from_slice(&body) {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("not an event batch: {e}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("not an event batch: {e}"),
+            );
+        }
     };
     let store = &api.inner.store;
     let n = batch.events.len();
@@ -287,7 +409,11 @@ async fn events(State(api): State<InternalApi>, req: Request) -> Response {
     axum::Json(Accepted { accepted: n }).into_response()
 }
 
-async fn record(store: &Store, run_id: &str, event: RunEvent) -> Result<(), airlock_store::StoreError> {
+async fn record(
+    store: &Store,
+    run_id: &str,
+    event: RunEvent,
+) -> Result<(), airlock_store::StoreError> {
     let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
     let (kind, at) = match &event {
         RunEvent::Heartbeat { at } => {
@@ -315,7 +441,11 @@ async fn record(store: &Store, run_id: &str, event: RunEvent) -> Result<(), airl
                     method: &e.method,
                     url: &e.url,
                     host: &e.host,
-                    decision: if e.decision == "allowed" { EgressDecision::Allowed } else { EgressDecision::Refused },
+                    decision: if e.decision == "allowed" {
+                        EgressDecision::Allowed
+                    } else {
+                        EgressDecision::Refused
+                    },
                     reason: e.code.as_deref(),
                     status: e.status.map(i64::from),
                     duration_ms: e.duration_ms.map(|d| d as i64),
@@ -324,12 +454,21 @@ async fn record(store: &Store, run_id: &str, event: RunEvent) -> Result<(), airl
             return Ok(());
         }
     };
-    store.append_event(&NewEvent { run_id, at, kind, payload: &payload }).await?;
+    store
+        .append_event(&NewEvent {
+            run_id,
+            at,
+            kind,
+            payload: &payload,
+        })
+        .await?;
     Ok(())
 }
 
 async fn put_result(State(api): State<InternalApi>, headers: HeaderMap, req: Request) -> Response {
-    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -337,24 +476,54 @@ async fn put_result(State(api): State<InternalApi>, headers: HeaderMap, req: Req
         .to_owned();
     let body: Bytes = match axum::body::to_bytes(req.into_body(), MAX_BODY).await {
         Ok(b) => b,
-        Err(_) => return error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("results are limited to {MAX_BODY} bytes")),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("results are limited to {MAX_BODY} bytes"),
+            );
+        }
     };
     let id = match airlock_vault::random_bytes::<12>() {
         Ok(b) => b.iter().map(|x| format!("{x:02x}")).collect::<String>(),
         Err(e) => return internal(e),
     };
-    if let Err(e) = api.inner.store.put_result(&run_id, &id, &content_type, &body).await {
+    if let Err(e) = api
+        .inner
+        .store
+        .put_result(&run_id, &id, &content_type, &body)
+        .await
+    {
         return internal(e);
     }
-    axum::Json(StoredResultRef { uri: format!("airlock://result/{run_id}/{id}"), id, bytes: body.len() as u64 }).into_response()
+    axum::Json(StoredResultRef {
+        uri: format!("airlock://result/{run_id}/{id}"),
+        id,
+        bytes: body.len() as u64,
+    })
+    .into_response()
 }
 
-async fn get_result(State(api): State<InternalApi>, Path(id): Path<String>, req: Request) -> Response {
-    let Some(run_id) = run_of(req.extensions()) else { return internal("no run id") };
+async fn get_result(
+    State(api): State<InternalApi>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
     match api.inner.store.get_result(&run_id, &id).await {
         Ok(Some(r)) => ([(header::CONTENT_TYPE, r.content_type)], r.body).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such result for this run"),
-        Err(airlock_store::StoreError::Invalid { .. }) => error(StatusCode::NOT_FOUND, "not_found", "no such result for this run"),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such result for this run",
+        ),
+        Err(airlock_store::StoreError::Invalid { .. }) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such result for this run",
+        ),
         Err(e) => internal(e),
     }
 }

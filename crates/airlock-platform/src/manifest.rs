@@ -74,7 +74,10 @@ pub struct IntegrationSection {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("cannot read {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path} is not a valid manifest: {message}")]
     Parse { path: String, message: String },
     #[error("{0}")]
@@ -83,8 +86,14 @@ pub enum ManifestError {
 
 impl Manifest {
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read { path: path.display().to_string(), source })?;
-        let m: Manifest = toml::from_str(&text).map_err(|e| ManifestError::Parse { path: path.display().to_string(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let m: Manifest = toml::from_str(&text).map_err(|e| ManifestError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
         m.validate()?;
         Ok(m)
     }
@@ -93,10 +102,14 @@ impl Manifest {
         if self.agent.command.is_empty() {
             return Err(ManifestError::Invalid("agent.command is empty".into()));
         }
-        if let Some(m) = &self.model {
-            if m.provider != "openai" && m.provider != "anthropic" {
-                return Err(ManifestError::Invalid(format!("model.provider {:?} is not openai or anthropic", m.provider)));
-            }
+        if let Some(m) = &self.model
+            && m.provider != "openai"
+            && m.provider != "anthropic"
+        {
+            return Err(ManifestError::Invalid(format!(
+                "model.provider {:?} is not openai or anthropic",
+                m.provider
+            )));
         }
         Ok(())
     }

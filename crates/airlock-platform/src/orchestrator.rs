@@ -31,11 +31,23 @@ pub struct RunRequest {
 /// Milestones, for a live view.
 #[derive(Debug, Clone)]
 pub enum Progress {
-    Starting { run_id: String, backend: &'static str, isolates: bool },
-    SidecarUp { after: Duration },
-    SandboxUp { after: Duration },
-    Running { elapsed: Duration },
-    Ending { status: RunStatus },
+    Starting {
+        run_id: String,
+        backend: &'static str,
+        isolates: bool,
+    },
+    SidecarUp {
+        after: Duration,
+    },
+    SandboxUp {
+        after: Duration,
+    },
+    Running {
+        elapsed: Duration,
+    },
+    Ending {
+        status: RunStatus,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -81,21 +93,40 @@ fn now_ms() -> i64 {
 
 impl Orchestrator {
     /// Runs one agent to its end. `cancel` turning true cancels the run.
-    pub async fn run(&self, req: RunRequest, mut cancel: watch::Receiver<bool>, progress: &(dyn Fn(Progress) + Send + Sync)) -> Result<RunOutcome, RunError> {
+    pub async fn run(
+        &self,
+        req: RunRequest,
+        mut cancel: watch::Receiver<bool>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<RunOutcome, RunError> {
         let started = Instant::now();
-        let run_id = format!("run_{}", hex(&airlock_vault::random_bytes::<6>().map_err(|e| RunError::Setup(e.to_string()))?));
+        let run_id = format!(
+            "run_{}",
+            hex(&airlock_vault::random_bytes::<6>().map_err(|e| RunError::Setup(e.to_string()))?)
+        );
         let m = &req.manifest;
-        let (memory_mb, cpus, timeout_secs) = self.settings.effective(m.agent.memory_mb, m.agent.cpus, m.agent.timeout);
+        let (memory_mb, cpus, timeout_secs) =
+            self.settings
+                .effective(m.agent.memory_mb, m.agent.cpus, m.agent.timeout);
         let model_name = m.model.as_ref().map(|x| x.provider.clone());
         // The run directory and its owner file exist before the run is in the
         // store, so a concurrent platform's boot reclaim never mistakes a
         // starting run for a crashed one.
         let run_dir = self.home.join("runs").join(&run_id);
-        create_private_dir(&run_dir).map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
-        std::fs::write(run_dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| RunError::Setup(e.to_string()))?;
+        create_private_dir(&run_dir)
+            .map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
+        std::fs::write(run_dir.join("owner.pid"), std::process::id().to_string())
+            .map_err(|e| RunError::Setup(e.to_string()))?;
         let recorded = async {
             self.store
-                .insert_run(&NewRun { id: &run_id, agent: &m.agent.name, backend: self.backend.name(), model: model_name.as_deref(), status: RunStatus::Running, created_at: None })
+                .insert_run(&NewRun {
+                    id: &run_id,
+                    agent: &m.agent.name,
+                    backend: self.backend.name(),
+                    model: model_name.as_deref(),
+                    status: RunStatus::Running,
+                    created_at: None,
+                })
                 .await?;
             self.store.mark_run_started(&run_id, now_ms()).await
         };
@@ -103,9 +134,23 @@ impl Orchestrator {
             let _ = std::fs::remove_dir_all(&run_dir);
             return Err(e.into());
         }
-        progress(Progress::Starting { run_id: run_id.clone(), backend: self.backend.name(), isolates: self.backend.isolates() });
+        progress(Progress::Starting {
+            run_id: run_id.clone(),
+            backend: self.backend.name(),
+            isolates: self.backend.isolates(),
+        });
 
-        let result = self.run_inner(&run_id, &run_dir, &req, (memory_mb, cpus, timeout_secs), &mut cancel, progress, started).await;
+        let result = self
+            .run_inner(
+                &run_id,
+                &run_dir,
+                &req,
+                (memory_mb, cpus, timeout_secs),
+                &mut cancel,
+                progress,
+                started,
+            )
+            .await;
         let (status, exit_code, error) = match result {
             Ok(end) => end,
             Err(e) => (RunStatus::Failed, None, Some(e.to_string())),
@@ -113,8 +158,25 @@ impl Orchestrator {
         progress(Progress::Ending { status });
         self.api.revoke(&run_id);
         let _ = std::fs::remove_dir_all(&run_dir);
-        self.store.finish_run(&run_id, &RunEnd { status, exit_code, error: error.as_deref(), at: now_ms() }).await?;
-        Ok(RunOutcome { run_id, status, exit_code, error, duration: started.elapsed(), backend: self.backend.name() })
+        self.store
+            .finish_run(
+                &run_id,
+                &RunEnd {
+                    status,
+                    exit_code,
+                    error: error.as_deref(),
+                    at: now_ms(),
+                },
+            )
+            .await?;
+        Ok(RunOutcome {
+            run_id,
+            status,
+            exit_code,
+            error,
+            duration: started.elapsed(),
+            backend: self.backend.name(),
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -135,20 +197,30 @@ impl Orchestrator {
         std::fs::create_dir_all(&workspace).map_err(|e| RunError::Setup(e.to_string()))?;
 
         // What the run may fetch from the platform.
-        let mut grant = Grant { agent: m.agent.name.clone(), connections: Default::default() };
+        let mut grant = Grant {
+            agent: m.agent.name.clone(),
+            connections: Default::default(),
+        };
         for i in &m.integrations {
             if let Some(c) = &i.connection {
                 grant.connections.insert(i.namespace.clone(), c.clone());
             }
         }
         if let Some(model) = &m.model {
-            grant.connections.insert("@model".into(), model.connection.clone());
+            grant
+                .connections
+                .insert("@model".into(), model.connection.clone());
         }
         self.api.grant(run_id, grant);
 
-        let sidecar_token = airlock_vault::generate_sidecar_token().map_err(|e| RunError::Setup(e.to_string()))?;
+        let sidecar_token =
+            airlock_vault::generate_sidecar_token().map_err(|e| RunError::Setup(e.to_string()))?;
         let run_token = self.tokens.issue(run_id);
-        let network = m.network.as_ref().map(|n| n.egress.clone()).unwrap_or(json!("none"));
+        let network = m
+            .network
+            .as_ref()
+            .map(|n| n.egress.clone())
+            .unwrap_or(json!("none"));
         let sidecar_cfg = json!({
             "run_id": run_id,
             "sidecar_token": sidecar_token.expose_secret(),
@@ -170,8 +242,16 @@ impl Orchestrator {
         // Sidecar and sandbox start in parallel; the runtime waits for the
         // sidecar's socket.
         let mut sidecar = self.spawn_sidecar(&sidecar_cfg).await?;
-        let mut command = vec![self.exe.display().to_string(), "runtime".into(), "--".into()];
-        command.extend(req.command.clone().unwrap_or_else(|| m.agent.command.clone()));
+        let mut command = vec![
+            self.exe.display().to_string(),
+            "runtime".into(),
+            "--".into(),
+        ];
+        command.extend(
+            req.command
+                .clone()
+                .unwrap_or_else(|| m.agent.command.clone()),
+        );
         let secrets = json!({
             "run_id": run_id,
             "sidecar_socket": sidecar_socket,
@@ -189,7 +269,10 @@ impl Orchestrator {
         let spec = SandboxSpec {
             run_id: run_id.to_owned(),
             command,
-            env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()), ("AIRLOCK_LOG".into(), "warn".into())],
+            env: vec![
+                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+                ("AIRLOCK_LOG".into(), "warn".into()),
+            ],
             stdin: secrets.to_string().into_bytes(),
             run_dir: run_dir.to_owned(),
             ro_paths,
@@ -200,10 +283,15 @@ impl Orchestrator {
             pids_max: 256,
         };
         let mut sandbox = self.backend.spawn(&spec)?;
-        progress(Progress::SandboxUp { after: started.elapsed() });
-        let sidecar_ready = tokio::time::timeout(Duration::from_secs(30), read_ready(&mut sidecar)).await;
+        progress(Progress::SandboxUp {
+            after: started.elapsed(),
+        });
+        let sidecar_ready =
+            tokio::time::timeout(Duration::from_secs(30), read_ready(&mut sidecar)).await;
         match sidecar_ready {
-            Ok(Ok(())) => progress(Progress::SidecarUp { after: started.elapsed() }),
+            Ok(Ok(())) => progress(Progress::SidecarUp {
+                after: started.elapsed(),
+            }),
             Ok(Err(e)) => {
                 sandbox.cleanup().await;
                 stop_child(&mut sidecar).await;
@@ -212,7 +300,9 @@ impl Orchestrator {
             Err(_) => {
                 sandbox.cleanup().await;
                 stop_child(&mut sidecar).await;
-                return Err(RunError::Setup("the sidecar did not start within 30 s".into()));
+                return Err(RunError::Setup(
+                    "the sidecar did not start within 30 s".into(),
+                ));
             }
         }
         // Forward the runtime's own output (the agent's lines are echoed by it).
@@ -270,10 +360,16 @@ impl Orchestrator {
         let run = self.store.get_run(run_id).await.ok()??;
         match run.last_heartbeat_at {
             None if started.elapsed() > Duration::from_secs(self.settings.boot_deadline_secs) => {
-                Some(format!("no sign of life within the {} s boot deadline", self.settings.boot_deadline_secs))
+                Some(format!(
+                    "no sign of life within the {} s boot deadline",
+                    self.settings.boot_deadline_secs
+                ))
             }
             Some(at) if now_ms() - at > (self.settings.stall_threshold_secs * 1000) as i64 => {
-                Some(format!("no heartbeat for more than {} s (stalled)", self.settings.stall_threshold_secs))
+                Some(format!(
+                    "no heartbeat for more than {} s (stalled)",
+                    self.settings.stall_threshold_secs
+                ))
             }
             _ => None,
         }
@@ -283,15 +379,24 @@ impl Orchestrator {
         let mut child = tokio::process::Command::new(&self.exe)
             .arg("sidecar")
             .env_clear()
-            .env("AIRLOCK_LOG", std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "AIRLOCK_LOG",
+                std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| RunError::Setup(format!("cannot start the sidecar: {e}")))?;
-        let mut stdin = child.stdin.take().ok_or_else(|| RunError::Setup("sidecar stdin".into()))?;
-        stdin.write_all(cfg.to_string().as_bytes()).await.map_err(|e| RunError::Setup(format!("sidecar config: {e}")))?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| RunError::Setup("sidecar stdin".into()))?;
+        stdin
+            .write_all(cfg.to_string().as_bytes())
+            .await
+            .map_err(|e| RunError::Setup(format!("sidecar config: {e}")))?;
         drop(stdin);
         Ok(child)
     }
@@ -309,10 +414,16 @@ async fn read_ready(child: &mut tokio::process::Child) -> Result<(), String> {
 }
 
 async fn stop_child(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+    if let Some(pid) = child
+        .id()
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+    {
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     }
-    if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
         let _ = child.kill().await;
     }
 }
@@ -328,7 +439,10 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(r: R) {
 
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 /// Boot reclaim: run directories whose owner process is gone are removed,
@@ -338,12 +452,19 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
     let runs = home.join("runs");
     if let Ok(entries) = std::fs::read_dir(&runs) {
         for e in entries.flatten() {
-            let owner = std::fs::read_to_string(e.path().join("owner.pid")).ok().and_then(|s| s.trim().parse::<i32>().ok());
+            let owner = std::fs::read_to_string(e.path().join("owner.pid"))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok());
             let alive = match owner {
-                Some(pid) => Path::new(&format!("/proc/{pid}")).exists() && pid != std::process::id() as i32,
+                Some(pid) => {
+                    Path::new(&format!("/proc/{pid}")).exists() && pid != std::process::id() as i32
+                }
                 // Being created right now by another platform (the owner file
                 // follows the directory within microseconds).
-                None => e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() < 60)),
+                None => e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() < 60)),
             };
             if !alive {
                 let _ = std::fs::remove_dir_all(e.path());
@@ -352,9 +473,19 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
         }
     }
     let live: Vec<String> = std::fs::read_dir(&runs)
-        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
-    let running = store.list_runs(&airlock_store::RunQuery { status: Some(RunStatus::Running), limit: Some(10_000), ..Default::default() }).await?;
+    let running = store
+        .list_runs(&airlock_store::RunQuery {
+            status: Some(RunStatus::Running),
+            limit: Some(10_000),
+            ..Default::default()
+        })
+        .await?;
     for run in running.into_iter().filter(|r| !live.contains(&r.id)) {
         store
             .finish_run(&run.id, &RunEnd { status: RunStatus::Failed, exit_code: None, error: Some("the platform stopped while this run was running; reclaimed at the next start"), at: now_ms() })
@@ -367,7 +498,8 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
     // may have an empty cgroup for a moment).
     let dead = reclaimed.clone();
     let cgroups = airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
-        name.strip_prefix("airlock-").is_some_and(|id| dead.iter().any(|d| d == id))
+        name.strip_prefix("airlock-")
+            .is_some_and(|id| dead.iter().any(|d| d == id))
     });
     if !cgroups.is_empty() {
         tracing::info!("reclaimed {} cgroup(s) of crashed runs", cgroups.len());

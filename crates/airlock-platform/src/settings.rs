@@ -17,7 +17,12 @@ pub struct RunLimits {
 
 impl Default for RunLimits {
     fn default() -> Self {
-        RunLimits { agent_memory_ceiling_mb: 1536, agent_cpu_ceiling: 2.0, timeout_ceiling_seconds: 1800, max_concurrent_runs: None }
+        RunLimits {
+            agent_memory_ceiling_mb: 1536,
+            agent_cpu_ceiling: 2.0,
+            timeout_ceiling_seconds: 1800,
+            max_concurrent_runs: None,
+        }
     }
 }
 
@@ -56,12 +61,18 @@ impl Settings {
         let num = |var: &'static str, default: u64| -> Result<u64, SettingsError> {
             match get(var) {
                 None => Ok(default),
-                Some(v) => v.parse::<u64>().map_err(|_| SettingsError { var, message: format!("{v:?} is not a whole number of seconds") }),
+                Some(v) => v.parse::<u64>().map_err(|_| SettingsError {
+                    var,
+                    message: format!("{v:?} is not a whole number of seconds"),
+                }),
             }
         };
         let limits = match get("PLATFORM_RUN_LIMITS") {
             None => RunLimits::default(),
-            Some(v) => serde_json::from_str(v).map_err(|e| SettingsError { var: "PLATFORM_RUN_LIMITS", message: e.to_string() })?,
+            Some(v) => serde_json::from_str(v).map_err(|e| SettingsError {
+                var: "PLATFORM_RUN_LIMITS",
+                message: e.to_string(),
+            })?,
         };
         let s = Settings {
             run_adapter: get("RUN_ADAPTER").unwrap_or("auto").to_owned(),
@@ -72,12 +83,20 @@ impl Settings {
             watchdog_interval_secs: num("RUN_WATCHDOG_INTERVAL_SECONDS", 15)?,
             workspace_tmpfs_mb: num("WORKSPACE_TMPFS_SIZE_MB", 512)?,
             allow_internal_hosts: get("EGRESS_ALLOW_INTERNAL_HOSTS")
-                .map(|v| v.split(',').map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()).collect())
+                .map(|v| {
+                    v.split(',')
+                        .map(|h| h.trim().to_owned())
+                        .filter(|h| !h.is_empty())
+                        .collect()
+                })
                 .unwrap_or_default(),
             dns_server: get("AIRLOCK_DNS_SERVER").map(str::to_owned),
         };
         if s.heartbeat_interval_secs == 0 {
-            return Err(SettingsError { var: "RUN_HEARTBEAT_INTERVAL_SECONDS", message: "must be at least 1".into() });
+            return Err(SettingsError {
+                var: "RUN_HEARTBEAT_INTERVAL_SECONDS",
+                message: "must be at least 1".into(),
+            });
         }
         if s.stall_threshold_secs < 3 * s.heartbeat_interval_secs {
             return Err(SettingsError {
@@ -88,20 +107,42 @@ impl Settings {
                 ),
             });
         }
-        if !["auto", "process", "namespace", "docker", "firecracker"].contains(&s.run_adapter.as_str()) {
-            return Err(SettingsError { var: "RUN_ADAPTER", message: format!("{:?} is not auto, process, namespace, docker or firecracker", s.run_adapter) });
+        if !["auto", "process", "namespace", "docker", "firecracker"]
+            .contains(&s.run_adapter.as_str())
+        {
+            return Err(SettingsError {
+                var: "RUN_ADAPTER",
+                message: format!(
+                    "{:?} is not auto, process, namespace, docker or firecracker",
+                    s.run_adapter
+                ),
+            });
         }
         if s.watchdog_interval_secs == 0 {
-            return Err(SettingsError { var: "RUN_WATCHDOG_INTERVAL_SECONDS", message: "must be at least 1".into() });
+            return Err(SettingsError {
+                var: "RUN_WATCHDOG_INTERVAL_SECONDS",
+                message: "must be at least 1".into(),
+            });
         }
         Ok(s)
     }
 
     /// A manifest hint within the operator's ceilings.
-    pub fn effective(&self, memory_mb: Option<u64>, cpus: Option<f64>, timeout: Option<u64>) -> (u64, f64, u64) {
-        let mem = memory_mb.unwrap_or(DEFAULT_MEMORY_MB).min(self.limits.agent_memory_ceiling_mb);
-        let cpu = cpus.unwrap_or(DEFAULT_CPUS).min(self.limits.agent_cpu_ceiling);
-        let t = timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).min(self.limits.timeout_ceiling_seconds);
+    pub fn effective(
+        &self,
+        memory_mb: Option<u64>,
+        cpus: Option<f64>,
+        timeout: Option<u64>,
+    ) -> (u64, f64, u64) {
+        let mem = memory_mb
+            .unwrap_or(DEFAULT_MEMORY_MB)
+            .min(self.limits.agent_memory_ceiling_mb);
+        let cpu = cpus
+            .unwrap_or(DEFAULT_CPUS)
+            .min(self.limits.agent_cpu_ceiling);
+        let t = timeout
+            .unwrap_or(DEFAULT_TIMEOUT_SECS)
+            .min(self.limits.timeout_ceiling_seconds);
         (mem, cpu, t)
     }
 }
@@ -111,27 +152,61 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     #[test]
     fn defaults_and_ceilings() {
         let s = Settings::from_vars(&vars(&[])).unwrap();
         assert_eq!(s.effective(None, None, None), (1536, 2.0, 300));
-        let s = Settings::from_vars(&vars(&[("PLATFORM_RUN_LIMITS", r#"{"agent_memory_ceiling_mb": 512, "timeout_ceiling_seconds": 60}"#)])).unwrap();
-        assert_eq!(s.effective(Some(4096), Some(8.0), Some(3600)), (512, 2.0, 60));
+        let s = Settings::from_vars(&vars(&[(
+            "PLATFORM_RUN_LIMITS",
+            r#"{"agent_memory_ceiling_mb": 512, "timeout_ceiling_seconds": 60}"#,
+        )]))
+        .unwrap();
+        assert_eq!(
+            s.effective(Some(4096), Some(8.0), Some(3600)),
+            (512, 2.0, 60)
+        );
     }
 
     #[test]
     fn strict_limits_and_watchdog_checks() {
-        let e = Settings::from_vars(&vars(&[("PLATFORM_RUN_LIMITS", r#"{"agent_memory_ceilling_mb": 1}"#)])).unwrap_err();
+        let e = Settings::from_vars(&vars(&[(
+            "PLATFORM_RUN_LIMITS",
+            r#"{"agent_memory_ceilling_mb": 1}"#,
+        )]))
+        .unwrap_err();
         assert_eq!(e.var, "PLATFORM_RUN_LIMITS");
         assert!(e.message.contains("unknown field"), "{e}");
         assert!(Settings::from_vars(&vars(&[("PLATFORM_RUN_LIMITS", "not json")])).is_err());
-        let e = Settings::from_vars(&vars(&[("RUN_STALL_THRESHOLD_SECONDS", "20"), ("RUN_HEARTBEAT_INTERVAL_SECONDS", "10")])).unwrap_err();
+        let e = Settings::from_vars(&vars(&[
+            ("RUN_STALL_THRESHOLD_SECONDS", "20"),
+            ("RUN_HEARTBEAT_INTERVAL_SECONDS", "10"),
+        ]))
+        .unwrap_err();
         assert_eq!(e.var, "RUN_STALL_THRESHOLD_SECONDS");
-        assert!(Settings::from_vars(&vars(&[("RUN_STALL_THRESHOLD_SECONDS", "30"), ("RUN_HEARTBEAT_INTERVAL_SECONDS", "10")])).is_ok());
-        assert_eq!(Settings::from_vars(&vars(&[("RUN_ADAPTER", "vm")])).unwrap_err().var, "RUN_ADAPTER");
-        assert_eq!(Settings::from_vars(&vars(&[("RUN_BOOT_DEADLINE_SECONDS", "-1")])).unwrap_err().var, "RUN_BOOT_DEADLINE_SECONDS");
+        assert!(
+            Settings::from_vars(&vars(&[
+                ("RUN_STALL_THRESHOLD_SECONDS", "30"),
+                ("RUN_HEARTBEAT_INTERVAL_SECONDS", "10")
+            ]))
+            .is_ok()
+        );
+        assert_eq!(
+            Settings::from_vars(&vars(&[("RUN_ADAPTER", "vm")]))
+                .unwrap_err()
+                .var,
+            "RUN_ADAPTER"
+        );
+        assert_eq!(
+            Settings::from_vars(&vars(&[("RUN_BOOT_DEADLINE_SECONDS", "-1")]))
+                .unwrap_err()
+                .var,
+            "RUN_BOOT_DEADLINE_SECONDS"
+        );
     }
 }

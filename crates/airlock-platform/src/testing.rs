@@ -44,20 +44,48 @@ impl TestPlatform {
         let key = airlock_vault::random_bytes::<32>().expect("key");
         let keyring = std::sync::Arc::new(Keyring::new("k1", &key).expect("keyring"));
         let secret = hex(&airlock_vault::random_bytes::<24>().expect("secret"));
-        let tokens = RunTokens::new(SigningKeyring::parse("RUN_TOKEN_SECRET", &secret).expect("signing keyring"));
-        let run_id = format!("run_{}", hex(&airlock_vault::random_bytes::<6>().expect("id")));
+        let tokens = RunTokens::new(
+            SigningKeyring::parse("RUN_TOKEN_SECRET", &secret).expect("signing keyring"),
+        );
+        let run_id = format!(
+            "run_{}",
+            hex(&airlock_vault::random_bytes::<6>().expect("id"))
+        );
         store
-            .insert_run(&NewRun { id: &run_id, agent, backend: "test", model: None, status: RunStatus::Running, created_at: None })
+            .insert_run(&NewRun {
+                id: &run_id,
+                agent,
+                backend: "test",
+                model: None,
+                status: RunStatus::Running,
+                created_at: None,
+            })
             .await
             .expect("insert run");
         let api = InternalApi::new(store, keyring.clone(), tokens.clone());
-        api.grant(&run_id, Grant { agent: agent.to_owned(), ..Default::default() });
+        api.grant(
+            &run_id,
+            Grant {
+                agent: agent.to_owned(),
+                ..Default::default()
+            },
+        );
         let socket = dir.path().join("platform.sock");
         let listener = UnixListener::bind(&socket).expect("bind platform socket");
         let task = tokio::spawn(api.clone().serve_forever(listener));
         let run_token = tokens.issue(&run_id);
         let sidecar_token = airlock_vault::generate_sidecar_token().expect("sidecar token");
-        TestPlatform { dir, socket, run_id, run_token, sidecar_token, api, keyring, tokens, task }
+        TestPlatform {
+            dir,
+            socket,
+            run_id,
+            run_token,
+            sidecar_token,
+            api,
+            keyring,
+            tokens,
+            task,
+        }
     }
 
     pub fn store(&self) -> &Store {
@@ -66,26 +94,61 @@ impl TestPlatform {
 
     /// A second run of the same platform (for cross-run checks): its id and run token.
     pub async fn another_run(&self, agent: &str) -> (String, SecretString) {
-        let id = format!("run_{}", hex(&airlock_vault::random_bytes::<6>().expect("id")));
+        let id = format!(
+            "run_{}",
+            hex(&airlock_vault::random_bytes::<6>().expect("id"))
+        );
         self.store()
-            .insert_run(&NewRun { id: &id, agent, backend: "test", model: None, status: RunStatus::Running, created_at: None })
+            .insert_run(&NewRun {
+                id: &id,
+                agent,
+                backend: "test",
+                model: None,
+                status: RunStatus::Running,
+                created_at: None,
+            })
             .await
             .expect("insert run");
-        self.api.grant(&id, Grant { agent: agent.to_owned(), ..Default::default() });
+        self.api.grant(
+            &id,
+            Grant {
+                agent: agent.to_owned(),
+                ..Default::default()
+            },
+        );
         (id.clone(), self.tokens.issue(&id))
     }
 
     /// Stores an encrypted connection for `integration` (or `@model`) and
     /// grants it to the main run.
-    pub async fn add_connection(&self, integration: &str, auth_type: AuthType, fields: &[(&str, &str)]) {
-        let map: serde_json::Map<String, Value> = fields.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
-        let envelope = self.keyring.encrypt(Value::Object(map).to_string().as_bytes()).expect("encrypt");
+    pub async fn add_connection(
+        &self,
+        integration: &str,
+        auth_type: AuthType,
+        fields: &[(&str, &str)],
+    ) {
+        let map: serde_json::Map<String, Value> = fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect();
+        let envelope = self
+            .keyring
+            .encrypt(Value::Object(map).to_string().as_bytes())
+            .expect("encrypt");
         let name = format!("{}-conn", integration.trim_start_matches('@'));
         self.store()
-            .insert_connection(&NewConnection { name: &name, integration, auth_type, envelope: &envelope })
+            .insert_connection(&NewConnection {
+                name: &name,
+                integration,
+                auth_type,
+                envelope: &envelope,
+            })
             .await
             .expect("insert connection");
-        let mut grant = Grant { agent: String::new(), connections: Default::default() };
+        let mut grant = Grant {
+            agent: String::new(),
+            connections: Default::default(),
+        };
         if let Some(existing) = self.api.grant_of_run(&self.run_id) {
             grant = existing;
         }
@@ -99,16 +162,26 @@ impl TestPlatform {
         let mut out = Vec::new();
         let mut after = 0;
         loop {
-            let page = self.store().list_events(&self.run_id, after, 500).await.expect("events");
+            let page = self
+                .store()
+                .list_events(&self.run_id, after, 500)
+                .await
+                .expect("events");
             let Some(last) = page.last() else { break };
             after = last.id;
-            out.extend(page.iter().filter_map(|e| serde_json::from_str::<RunEvent>(&e.payload).ok()));
+            out.extend(
+                page.iter()
+                    .filter_map(|e| serde_json::from_str::<RunEvent>(&e.payload).ok()),
+            );
         }
         out
     }
 
     pub async fn egress_log(&self) -> Vec<EgressEntry> {
-        self.store().list_egress(&self.run_id, 10_000).await.expect("egress log")
+        self.store()
+            .list_egress(&self.run_id, 10_000)
+            .await
+            .expect("egress log")
     }
 
     /// A base sidecar configuration for the main run, with the given listen

@@ -76,7 +76,9 @@ pub enum RuntimeError {
 impl RuntimeSecrets {
     pub fn from_json(bytes: &[u8]) -> Result<Self, RuntimeError> {
         if bytes.len() > MAX_SECRETS_BYTES {
-            return Err(RuntimeError::Secrets(format!("larger than {MAX_SECRETS_BYTES} bytes")));
+            return Err(RuntimeError::Secrets(format!(
+                "larger than {MAX_SECRETS_BYTES} bytes"
+            )));
         }
         serde_json::from_slice(bytes).map_err(|e| RuntimeError::Secrets(e.to_string()))
     }
@@ -90,15 +92,24 @@ pub const PLACEHOLDER_KEY: &str = "airlock-placeholder-key";
 pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, RuntimeError> {
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(|e| RuntimeError::Hardening(e.into()))?;
-    let (program, args) = command.split_first().ok_or_else(|| RuntimeError::Spawn { cmd: String::new(), source: std::io::Error::other("empty command") })?;
+    let (program, args) = command.split_first().ok_or_else(|| RuntimeError::Spawn {
+        cmd: String::new(),
+        source: std::io::Error::other("empty command"),
+    })?;
     let token = secrets.sidecar_token.clone();
     let heartbeat_every = Duration::from_secs(secrets.heartbeat_interval_secs.max(1));
     wait_for_socket(&secrets.sidecar_socket).await?;
 
     let reporter = Reporter::start(secrets.sidecar_socket.clone(), token.clone());
-    let api = relay::sidecar_relay(secrets.sidecar_socket.clone(), token.clone()).await.map_err(RuntimeError::Relay)?;
+    let api = relay::sidecar_relay(secrets.sidecar_socket.clone(), token.clone())
+        .await
+        .map_err(RuntimeError::Relay)?;
     let proxy = match &secrets.proxy_socket {
-        Some(p) => Some(relay::proxy_relay(p.clone(), token.clone()).await.map_err(RuntimeError::Relay)?),
+        Some(p) => Some(
+            relay::proxy_relay(p.clone(), token.clone())
+                .await
+                .map_err(RuntimeError::Relay)?,
+        ),
         None => None,
     };
 
@@ -106,7 +117,8 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let meta = ws.join(".airlock");
     std::fs::create_dir_all(&meta).map_err(RuntimeError::Workspace)?;
     let prompt_file = meta.join("prompt.txt");
-    std::fs::write(&prompt_file, secrets.prompt.as_deref().unwrap_or("")).map_err(RuntimeError::Workspace)?;
+    std::fs::write(&prompt_file, secrets.prompt.as_deref().unwrap_or(""))
+        .map_err(RuntimeError::Workspace)?;
     let result_file = meta.join("result.json");
     let _ = std::fs::remove_file(&result_file);
 
@@ -116,8 +128,14 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         ("LANG".into(), "C.UTF-8".into()),
         ("AIRLOCK_RUN_ID".into(), secrets.run_id.clone()),
         ("AIRLOCK_WORKSPACE".into(), ws.display().to_string()),
-        ("AIRLOCK_PROMPT_FILE".into(), prompt_file.display().to_string()),
-        ("AIRLOCK_RESULT_FILE".into(), result_file.display().to_string()),
+        (
+            "AIRLOCK_PROMPT_FILE".into(),
+            prompt_file.display().to_string(),
+        ),
+        (
+            "AIRLOCK_RESULT_FILE".into(),
+            result_file.display().to_string(),
+        ),
         ("AIRLOCK_MCP_URL".into(), format!("http://{api}/mcp")),
         ("OPENAI_BASE_URL".into(), format!("http://{api}/llm/v1")),
         ("OPENAI_API_KEY".into(), PLACEHOLDER_KEY.into()),
@@ -145,9 +163,14 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         .process_group(0)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?;
+        .map_err(|source| RuntimeError::Spawn {
+            cmd: program.clone(),
+            source,
+        })?;
     drop(secrets);
-    let agent_group = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32));
+    let agent_group = child
+        .id()
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32));
     let kill_group = move || {
         if let Some(pgid) = agent_group {
             let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
@@ -158,13 +181,30 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         let reporter = reporter.clone();
         tokio::spawn(async move {
             loop {
-                reporter.send(RunEvent::Heartbeat { at: report::now_ms() });
+                reporter.send(RunEvent::Heartbeat {
+                    at: report::now_ms(),
+                });
                 tokio::time::sleep(heartbeat_every).await;
             }
         })
     };
     let mut pumps = Vec::new();
-    for (stream, pipe) in [("stdout", child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>)), ("stderr", child.stderr.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>))] {
+    for (stream, pipe) in [
+        (
+            "stdout",
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        ),
+        (
+            "stderr",
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        ),
+    ] {
         let Some(pipe) = pipe else { continue };
         let reporter = reporter.clone();
         pumps.push(tokio::spawn(async move {
@@ -176,7 +216,11 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
                 } else {
                     eprintln!("{line}");
                 }
-                reporter.send(RunEvent::Log { at: report::now_ms(), stream: stream.to_owned(), line });
+                reporter.send(RunEvent::Log {
+                    at: report::now_ms(),
+                    stream: stream.to_owned(),
+                    line,
+                });
             }
         }));
     }
@@ -196,15 +240,24 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     }
     heartbeat.abort();
     let exit_code = exit_code(status);
-    let result = std::fs::read(&result_file).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-    reporter.send(RunEvent::Result { at: report::now_ms(), exit_code, result, checkpoint: None });
+    let result = std::fs::read(&result_file)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    reporter.send(RunEvent::Result {
+        at: report::now_ms(),
+        exit_code,
+        result,
+        checkpoint: None,
+    });
     reporter.flush().await;
     Ok(exit_code)
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// Resolves when our parent is gone (we were re-parented). As PID 1 of a

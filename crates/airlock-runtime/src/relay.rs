@@ -21,15 +21,21 @@ const SIDECAR_AUTH_HEADER: &str = "x-airlock-sidecar-auth";
 type RelayBody = BoxBody<Bytes, hyper::Error>;
 
 fn bad_gateway(msg: &str) -> Response<RelayBody> {
-    let body = Full::new(Bytes::from(format!("{{\"error\":\"sidecar_unavailable\",\"message\":{msg:?}}}")))
-        .map_err(|never| match never {})
-        .boxed();
+    let body = Full::new(Bytes::from(format!(
+        "{{\"error\":\"sidecar_unavailable\",\"message\":{msg:?}}}"
+    )))
+    .map_err(|never| match never {})
+    .boxed();
     let mut r = Response::new(body);
     *r.status_mut() = StatusCode::BAD_GATEWAY;
     r
 }
 
-async fn forward(socket: PathBuf, token: SecretString, mut req: Request<Incoming>) -> Response<RelayBody> {
+async fn forward(
+    socket: PathBuf,
+    token: SecretString,
+    mut req: Request<Incoming>,
+) -> Response<RelayBody> {
     let Ok(value) = HeaderValue::from_str(token.expose_secret()) else {
         return bad_gateway("token is not a header value");
     };
@@ -38,7 +44,8 @@ async fn forward(socket: PathBuf, token: SecretString, mut req: Request<Incoming
         Ok(s) => s,
         Err(e) => return bad_gateway(&format!("cannot reach the sidecar: {e}")),
     };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
         Ok(x) => x,
         Err(e) => return bad_gateway(&e.to_string()),
     };
@@ -65,7 +72,9 @@ pub async fn sidecar_relay(socket: PathBuf, token: SecretString) -> std::io::Res
                     let (socket, token) = (socket.clone(), token.clone());
                     async move { Ok::<_, std::convert::Infallible>(forward(socket, token, req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc).await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
             });
         }
     });
@@ -89,7 +98,9 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
                 let mut head = Vec::with_capacity(1024);
                 let mut buf = [0u8; 4096];
                 let end = loop {
-                    let Ok(n) = tcp.read(&mut buf).await else { return };
+                    let Ok(n) = tcp.read(&mut buf).await else {
+                        return;
+                    };
                     if n == 0 {
                         return;
                     }
@@ -109,13 +120,21 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
                 let is_connect = text.starts_with("CONNECT ");
                 for line in text.split("\r\n") {
                     let lower = line.to_ascii_lowercase();
-                    if !first && (lower.starts_with("proxy-authorization:") || (!is_connect && (lower.starts_with("connection:") || lower.starts_with("proxy-connection:")))) {
+                    if !first
+                        && (lower.starts_with("proxy-authorization:")
+                            || (!is_connect
+                                && (lower.starts_with("connection:")
+                                    || lower.starts_with("proxy-connection:"))))
+                    {
                         continue;
                     }
                     out.push_str(line);
                     out.push_str("\r\n");
                     if first {
-                        out.push_str(&format!("Proxy-Authorization: Bearer {}\r\n", token.expose_secret()));
+                        out.push_str(&format!(
+                            "Proxy-Authorization: Bearer {}\r\n",
+                            token.expose_secret()
+                        ));
                         if !is_connect {
                             out.push_str("Connection: close\r\n");
                         }
@@ -126,7 +145,9 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
                     let _ = tcp.write_all(b"HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").await;
                     return;
                 };
-                if upstream.write_all(out.as_bytes()).await.is_err() || upstream.write_all(rest).await.is_err() {
+                if upstream.write_all(out.as_bytes()).await.is_err()
+                    || upstream.write_all(rest).await.is_err()
+                {
                     return;
                 }
                 let _ = tokio::io::copy_bidirectional(&mut tcp, &mut upstream).await;

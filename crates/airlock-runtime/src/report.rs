@@ -13,11 +13,14 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 enum Msg {
-    Event(RunEvent),
+    Event(Box<RunEvent>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -33,10 +36,13 @@ impl Reporter {
             while let Some(first) = rx.recv().await {
                 let mut events = Vec::new();
                 let mut waiters = Vec::new();
-                let take = |m: Msg, events: &mut Vec<RunEvent>, waiters: &mut Vec<oneshot::Sender<()>>| match m {
-                    Msg::Event(e) => events.push(e),
-                    Msg::Flush(w) => waiters.push(w),
-                };
+                let take =
+                    |m: Msg, events: &mut Vec<RunEvent>, waiters: &mut Vec<oneshot::Sender<()>>| {
+                        match m {
+                            Msg::Event(e) => events.push(*e),
+                            Msg::Flush(w) => waiters.push(w),
+                        }
+                    };
                 take(first, &mut events, &mut waiters);
                 // Gather what arrives in the next few milliseconds into one request.
                 let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
@@ -46,10 +52,10 @@ impl Reporter {
                         break;
                     }
                 }
-                if !events.is_empty() {
-                    if let Err(e) = post(&socket, &token, events).await {
-                        eprintln!("airlock runtime: events not delivered: {e}");
-                    }
+                if !events.is_empty()
+                    && let Err(e) = post(&socket, &token, events).await
+                {
+                    eprintln!("airlock runtime: events not delivered: {e}");
                 }
                 for w in waiters {
                     let _ = w.send(());
@@ -60,7 +66,7 @@ impl Reporter {
     }
 
     pub fn send(&self, e: RunEvent) {
-        let _ = self.tx.try_send(Msg::Event(e));
+        let _ = self.tx.try_send(Msg::Event(Box::new(e)));
     }
 
     pub async fn flush(&self) {
@@ -73,8 +79,12 @@ impl Reporter {
 
 async fn post(socket: &PathBuf, token: &SecretString, events: Vec<RunEvent>) -> Result<(), String> {
     let body = serde_json::to_vec(&EventBatch { events }).map_err(|e| e.to_string())?;
-    let stream = UnixStream::connect(socket).await.map_err(|e| e.to_string())?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

@@ -25,7 +25,11 @@ fn bearer(v: &str) -> Option<&str> {
 /// True when any of the accepted token headers carries the run's token.
 pub fn is_authorized(headers: &HeaderMap, token: &SecretString) -> bool {
     let mut ok = false;
-    for v in headers.get_all(SIDECAR_AUTH_HEADER).iter().chain(headers.get_all(API_KEY_HEADER).iter()) {
+    for v in headers
+        .get_all(SIDECAR_AUTH_HEADER)
+        .iter()
+        .chain(headers.get_all(API_KEY_HEADER).iter())
+    {
         if let Ok(s) = v.to_str() {
             ok |= eq(s.trim(), token);
         }
@@ -47,16 +51,13 @@ pub fn is_proxy_authorized(headers: &HeaderMap, token: &SecretString) -> bool {
         let Ok(s) = v.to_str() else { continue };
         if let Some(b) = bearer(s) {
             ok |= eq(b, token);
-        } else if let Some((scheme, rest)) = s.split_once(' ') {
-            if scheme.eq_ignore_ascii_case("basic") {
-                if let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(rest.trim()) {
-                    if let Ok(pair) = String::from_utf8(raw) {
-                        if let Some((_, pw)) = pair.split_once(':') {
-                            ok |= eq(pw, token);
-                        }
-                    }
-                }
-            }
+        } else if let Some((scheme, rest)) = s.split_once(' ')
+            && scheme.eq_ignore_ascii_case("basic")
+            && let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(rest.trim())
+            && let Ok(pair) = String::from_utf8(raw)
+            && let Some((_, pw)) = pair.split_once(':')
+        {
+            ok |= eq(pw, token);
         }
     }
     ok
@@ -112,13 +113,23 @@ mod tests {
     fn proxy_headers() {
         use base64::Engine;
         let mut h = HeaderMap::new();
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("run:{}", "a".repeat(64)));
-        h.insert("proxy-authorization", HeaderValue::from_str(&format!("Basic {basic}")).unwrap());
+        let basic =
+            base64::engine::general_purpose::STANDARD.encode(format!("run:{}", "a".repeat(64)));
+        h.insert(
+            "proxy-authorization",
+            HeaderValue::from_str(&format!("Basic {basic}")).unwrap(),
+        );
         assert!(is_proxy_authorized(&h, &token()));
-        h.insert("proxy-authorization", HeaderValue::from_str(&format!("Bearer {}", "a".repeat(64))).unwrap());
+        h.insert(
+            "proxy-authorization",
+            HeaderValue::from_str(&format!("Bearer {}", "a".repeat(64))).unwrap(),
+        );
         assert!(is_proxy_authorized(&h, &token()));
         h.insert("proxy-authorization", HeaderValue::from_static("Basic !!!"));
         assert!(!is_proxy_authorized(&h, &token()));
-        assert!(!is_authorized(&h, &token()), "the proxy header is not accepted on the API");
+        assert!(
+            !is_authorized(&h, &token()),
+            "the proxy header is not accepted on the API"
+        );
     }
 }

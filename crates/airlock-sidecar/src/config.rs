@@ -127,7 +127,9 @@ pub struct Network {
 
 impl Default for Network {
     fn default() -> Self {
-        Network { egress: NetworkEgress::Mode("none".into()) }
+        Network {
+            egress: NetworkEgress::Mode("none".into()),
+        }
     }
 }
 
@@ -200,7 +202,8 @@ impl SidecarConfig {
         if bytes.len() > MAX_CONFIG_BYTES {
             return Err(ConfigError::TooLarge);
         }
-        let cfg: SidecarConfig = serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let cfg: SidecarConfig =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -208,7 +211,9 @@ impl SidecarConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         use secrecy::ExposeSecret;
         if self.sidecar_token.expose_secret().len() < 32 {
-            return Err(ConfigError::Invalid("sidecar_token is shorter than 32 characters".into()));
+            return Err(ConfigError::Invalid(
+                "sidecar_token is shorter than 32 characters".into(),
+            ));
         }
         if self.listen.unix.is_none() && self.listen.tcp.is_none() {
             return Err(ConfigError::Invalid("listen needs unix or tcp".into()));
@@ -217,17 +222,27 @@ impl SidecarConfig {
         for i in &self.integrations {
             let ok = !i.namespace.is_empty()
                 && i.namespace.len() <= 64
-                && i.namespace.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+                && i.namespace.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
             if !ok {
-                return Err(ConfigError::Invalid(format!("integration namespace {:?} must be [a-z0-9_-]{{1,64}}", i.namespace)));
+                return Err(ConfigError::Invalid(format!(
+                    "integration namespace {:?} must be [a-z0-9_-]{{1,64}}",
+                    i.namespace
+                )));
             }
             if !seen.insert(&i.namespace) {
-                return Err(ConfigError::Invalid(format!("integration {:?} is listed twice", i.namespace)));
+                return Err(ConfigError::Invalid(format!(
+                    "integration {:?} is listed twice",
+                    i.namespace
+                )));
             }
         }
         match &self.network.egress {
             NetworkEgress::Mode(m) if m != "public" && m != "none" => {
-                return Err(ConfigError::Invalid(format!("network.egress {m:?} is not \"public\", \"none\" or a list")));
+                return Err(ConfigError::Invalid(format!(
+                    "network.egress {m:?} is not \"public\", \"none\" or a list"
+                )));
             }
             _ => {}
         }

@@ -23,10 +23,20 @@ pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Respons
         Err(e) => return bad_request(format!("body is not an event batch: {e}")),
     };
     if batch.events.len() > MAX_EVENTS_PER_REQUEST {
-        return bad_request(format!("more than {MAX_EVENTS_PER_REQUEST} events in one request"));
+        return bad_request(format!(
+            "more than {MAX_EVENTS_PER_REQUEST} events in one request"
+        ));
     }
-    if let Some(bad) = batch.events.iter().find(|e| matches!(e, RunEvent::Cost(_) | RunEvent::Egress(_))) {
-        let kind = if matches!(bad, RunEvent::Cost(_)) { "cost" } else { "egress" };
+    if let Some(bad) = batch
+        .events
+        .iter()
+        .find(|e| matches!(e, RunEvent::Cost(_) | RunEvent::Egress(_)))
+    {
+        let kind = if matches!(bad, RunEvent::Cost(_)) {
+            "cost"
+        } else {
+            "egress"
+        };
         return (
             StatusCode::FORBIDDEN,
             Json(json!({"error": "forbidden_event", "message": format!("{kind} events are recorded by the sidecar, not reported by the runtime")})),
@@ -41,5 +51,9 @@ pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Respons
 }
 
 fn bad_request(message: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({"error": "bad_request", "message": message}))).into_response()
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({"error": "bad_request", "message": message})),
+    )
+        .into_response()
 }

@@ -127,10 +127,10 @@ struct Upstream {
 impl Upstream {
     fn new(m: &Model) -> Upstream {
         let mut base = m.base_url.trim_end_matches('/').to_owned();
-        if m.provider == Provider::Anthropic {
-            if let Some(root) = base.strip_suffix("/v1") {
-                base = root.to_owned();
-            }
+        if m.provider == Provider::Anthropic
+            && let Some(root) = base.strip_suffix("/v1")
+        {
+            base = root.to_owned();
         }
         let authorized = AuthorizedUris::parse(&[format!("{base}/**")]);
         for d in authorized

@@ -25,7 +25,10 @@ pub enum SidecarError {
     #[error("egress guard setup failed: {0}")]
     Egress(#[from] airlock_egress::EgressError),
     #[error("cannot listen on {what}: {source}")]
-    Listen { what: String, source: std::io::Error },
+    Listen {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 /// The full router: `/health` open, everything else behind the token.
@@ -35,8 +38,13 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
         .route("/events", post(events::ingest))
         .nest_service("/mcp", mcp::router(sidecar.clone()))
         .nest_service("/llm", llm::router(sidecar.clone()))
-        .layer(middleware::from_fn_with_state(sidecar.clone(), require_token))
-        .layer(middleware::from_fn(move |req: Request, next: Next| body_limit(limit, req, next)));
+        .layer(middleware::from_fn_with_state(
+            sidecar.clone(),
+            require_token,
+        ))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            body_limit(limit, req, next)
+        }));
     Router::new()
         .route("/health", get(health))
         .merge(protected)
@@ -48,10 +56,18 @@ async fn health(State(sidecar): State<Arc<Sidecar>>) -> Response {
 }
 
 pub fn unauthorized() -> Response {
-    (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "unauthorized"}))).into_response()
+    (
+        StatusCode::UNAUTHORIZED,
+        axum::Json(json!({"error": "unauthorized"})),
+    )
+        .into_response()
 }
 
-async fn require_token(State(sidecar): State<Arc<Sidecar>>, mut req: Request, next: Next) -> Response {
+async fn require_token(
+    State(sidecar): State<Arc<Sidecar>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     if !auth::is_authorized(req.headers(), &sidecar.token) {
         return unauthorized();
     }
@@ -88,7 +104,10 @@ fn bind_unix(path: &Path) -> Result<UnixListener, SidecarError> {
             let _ = std::fs::remove_file(path);
         }
     }
-    UnixListener::bind(path).map_err(|source| SidecarError::Listen { what: path.display().to_string(), source })
+    UnixListener::bind(path).map_err(|source| SidecarError::Listen {
+        what: path.display().to_string(),
+        source,
+    })
 }
 
 /// Runs the sidecar until SIGTERM or SIGINT. Prints one JSON readiness line
@@ -111,8 +130,16 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         });
     }
     if let Some(addr) = listen.tcp {
-        let l = TcpListener::bind(addr).await.map_err(|source| SidecarError::Listen { what: addr.to_string(), source })?;
-        ready.insert("tcp".into(), json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()));
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| SidecarError::Listen {
+                what: addr.to_string(),
+                source,
+            })?;
+        ready.insert(
+            "tcp".into(),
+            json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()),
+        );
         let app = app.clone();
         tasks.spawn(async move {
             let _ = axum::serve(l, app).await;
@@ -130,8 +157,16 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         });
     }
     if let Some(addr) = listen.proxy_tcp {
-        let l = TcpListener::bind(addr).await.map_err(|source| SidecarError::Listen { what: addr.to_string(), source })?;
-        ready.insert("proxy_tcp".into(), json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()));
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| SidecarError::Listen {
+                what: addr.to_string(),
+                source,
+            })?;
+        ready.insert(
+            "proxy_tcp".into(),
+            json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()),
+        );
         let sc = sidecar.clone();
         tasks.spawn(async move {
             while let Ok((s, _)) = l.accept().await {
@@ -140,7 +175,10 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
             }
         });
     }
-    println!("{}", json!({"ready": true, "run_id": sidecar.run_id, "listen": ready}));
+    println!(
+        "{}",
+        json!({"ready": true, "run_id": sidecar.run_id, "listen": ready})
+    );
     tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
     shutdown_signal().await;
     tracing::info!("sidecar stopping");
@@ -166,7 +204,10 @@ pub async fn parent_gone() {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         // Without signal handlers, run until the process is killed.
         std::future::pending::<()>().await;
         return;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use airlock_egress::{
-    AuthorizedUris, ClientConfig, DnsServerResolver, EgressError, EgressPolicy, Guard, GuardedClient,
-    Resolve, StaticResolver, SystemResolver,
+    AuthorizedUris, ClientConfig, DnsServerResolver, EgressError, EgressPolicy, Guard,
+    GuardedClient, Resolve, StaticResolver, SystemResolver,
 };
 use airlock_platform_api::PlatformClient;
 use airlock_platform_api::wire::{EgressRecord, RunEvent};
@@ -62,7 +62,9 @@ impl Sidecar {
         if let Some(pem) = &cfg.egress.extra_ca_pem {
             use rustls_pki_types::pem::PemObject;
             for cert in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                extra_root_certs.push(cert.map_err(|e| EgressError::upstream("-", format!("extra_ca_pem: {e}")))?);
+                extra_root_certs.push(
+                    cert.map_err(|e| EgressError::upstream("-", format!("extra_ca_pem: {e}")))?,
+                );
             }
         }
         let client_cfg = ClientConfig {
@@ -90,7 +92,11 @@ impl Sidecar {
             token: cfg.sidecar_token,
             platform,
             client,
-            integrations: cfg.integrations.into_iter().map(|i| (i.namespace.clone(), i)).collect(),
+            integrations: cfg
+                .integrations
+                .into_iter()
+                .map(|i| (i.namespace.clone(), i))
+                .collect(),
             model: cfg.model,
             network,
             api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
@@ -131,7 +137,7 @@ pub fn loggable_url(url: &str) -> String {
 }
 
 enum SinkMsg {
-    Event(RunEvent),
+    Event(Box<RunEvent>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -151,10 +157,13 @@ impl EventSink {
             let mut batch = Vec::new();
             let mut waiters = Vec::new();
             while let Some(msg) = rx.recv().await {
-                let push = |m: SinkMsg, batch: &mut Vec<RunEvent>, waiters: &mut Vec<oneshot::Sender<()>>| match m {
-                    SinkMsg::Event(e) => batch.push(e),
-                    SinkMsg::Flush(w) => waiters.push(w),
-                };
+                let push =
+                    |m: SinkMsg,
+                     batch: &mut Vec<RunEvent>,
+                     waiters: &mut Vec<oneshot::Sender<()>>| match m {
+                        SinkMsg::Event(e) => batch.push(*e),
+                        SinkMsg::Flush(w) => waiters.push(w),
+                    };
                 push(msg, &mut batch, &mut waiters);
                 while batch.len() < BATCH {
                     match rx.try_recv() {
@@ -171,7 +180,9 @@ impl EventSink {
                             Ok(_) => break,
                             Err(e) if attempt < 3 => {
                                 attempt += 1;
-                                tracing::warn!("event sink: platform refused {n} events (attempt {attempt}): {e}");
+                                tracing::warn!(
+                                    "event sink: platform refused {n} events (attempt {attempt}): {e}"
+                                );
                                 tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
                             }
                             Err(e) => {
@@ -191,7 +202,7 @@ impl EventSink {
 
     /// Queues an event; never blocks the request path.
     pub fn send(&self, event: RunEvent) {
-        if self.tx.try_send(SinkMsg::Event(event)).is_err() {
+        if self.tx.try_send(SinkMsg::Event(Box::new(event))).is_err() {
             tracing::error!("event sink is full or closed: an event was dropped");
         }
     }

@@ -38,10 +38,17 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let backend = std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_else(|| "auto".into());
+    let backend = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_else(|| "auto".into());
     let home = tempfile::tempdir().unwrap();
     let manifest = home.path().join("airlock.toml");
-    std::fs::write(&manifest, "[agent]\nname = \"trivial\"\ncommand = [\"/bin/true\"]\n").unwrap();
+    std::fs::write(
+        &manifest,
+        "[agent]\nname = \"trivial\"\ncommand = [\"/bin/true\"]\n",
+    )
+    .unwrap();
     one(home.path(), &manifest, &backend);
     let (mut wall, mut inner) = (Vec::new(), Vec::new());
     for _ in 0..30 {
@@ -50,8 +57,16 @@ fn main() {
         wall.push(w);
         inner.push(i);
     }
-    println!("trivial agent, backend {backend}: `airlock run` wall  p50 {:7.1} ms  p99 {:7.1} ms", pct(&mut wall, 0.5), pct(&mut wall, 0.99));
-    println!("trivial agent, backend {backend}: run (orchestrator) p50 {:7.1} ms  p99 {:7.1} ms", pct(&mut inner, 0.5), pct(&mut inner, 0.99));
+    println!(
+        "trivial agent, backend {backend}: `airlock run` wall  p50 {:7.1} ms  p99 {:7.1} ms",
+        pct(&mut wall, 0.5),
+        pct(&mut wall, 0.99)
+    );
+    println!(
+        "trivial agent, backend {backend}: run (orchestrator) p50 {:7.1} ms  p99 {:7.1} ms",
+        pct(&mut inner, 0.5),
+        pct(&mut inner, 0.99)
+    );
 
     let t = Instant::now();
     let handles: Vec<_> = (0..50)
@@ -60,7 +75,16 @@ fn main() {
             std::thread::spawn(move || one(&h, &m, &b).2)
         })
         .collect();
-    let ok = handles.into_iter().map(|h| h.join().unwrap_or(false)).filter(|ok| *ok).count();
-    let left = std::fs::read_dir(home.path().join("runs")).map(|r| r.count()).unwrap_or(0);
-    println!("50 concurrent runs, backend {backend}: {ok}/50 succeeded in {:.1} s; run directories left: {left}", t.elapsed().as_secs_f64());
+    let ok = handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or(false))
+        .filter(|ok| *ok)
+        .count();
+    let left = std::fs::read_dir(home.path().join("runs"))
+        .map(|r| r.count())
+        .unwrap_or(0);
+    println!(
+        "50 concurrent runs, backend {backend}: {ok}/50 succeeded in {:.1} s; run directories left: {left}",
+        t.elapsed().as_secs_f64()
+    );
 }

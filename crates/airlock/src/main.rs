@@ -7,7 +7,11 @@ mod logging;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "airlock", version, about = "Run untrusted agent code in a sandbox whose only way out is its sidecar")]
+#[command(
+    name = "airlock",
+    version,
+    about = "Run untrusted agent code in a sandbox whose only way out is its sidecar"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -21,7 +21,10 @@ fn manifest(dir: &Path, command: &str, timeout: u64) -> std::path::PathBuf {
 
 fn run(home: &Path, manifest: &Path, env: &[(&str, &str)]) -> (Output, Value) {
     let mut cmd = Command::new(AIRLOCK);
-    cmd.args(["run", "--backend", "process", "--json", "-f"]).arg(manifest).env("AIRLOCK_HOME", home).env_remove("DATABASE_URL");
+    cmd.args(["run", "--backend", "process", "--json", "-f"])
+        .arg(manifest)
+        .env("AIRLOCK_HOME", home)
+        .env_remove("DATABASE_URL");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -31,39 +34,74 @@ fn run(home: &Path, manifest: &Path, env: &[(&str, &str)]) -> (Output, Value) {
 }
 
 fn no_leftovers(home: &Path) {
-    let runs: Vec<_> = std::fs::read_dir(home.join("runs")).map(|r| r.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let runs: Vec<_> = std::fs::read_dir(home.join("runs"))
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
     assert!(runs.is_empty(), "run directories left behind: {runs:?}");
 }
 
 #[test]
 fn a_successful_run_reports_and_cleans_up() {
     let home = tempfile::tempdir().unwrap();
-    let m = manifest(home.path(), "echo hello from the agent; echo '{\"ok\":true}' > \"$AIRLOCK_RESULT_FILE\"; env", 30);
+    let m = manifest(
+        home.path(),
+        "echo hello from the agent; echo '{\"ok\":true}' > \"$AIRLOCK_RESULT_FILE\"; env",
+        30,
+    );
     let (out, json) = run(home.path(), &m, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(json["status"], "succeeded");
     assert_eq!(json["exit_code"], 0);
     assert_eq!(json["backend"], "process");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("isolates NOTHING"), "the process backend must say so: {stderr}");
+    assert!(
+        stderr.contains("isolates NOTHING"),
+        "the process backend must say so: {stderr}"
+    );
     // The agent's environment holds no secret: no token, no key.
     let env = String::from_utf8_lossy(&out.stderr);
-    for forbidden in ["sidecar_token", "RUN_TOKEN", "CONNECTION_ENCRYPTION_KEY", "AIRLOCK_SIDECAR"] {
-        assert!(!env.contains(forbidden), "{forbidden} in the agent's environment");
+    for forbidden in [
+        "sidecar_token",
+        "RUN_TOKEN",
+        "CONNECTION_ENCRYPTION_KEY",
+        "AIRLOCK_SIDECAR",
+    ] {
+        assert!(
+            !env.contains(forbidden),
+            "{forbidden} in the agent's environment"
+        );
     }
     // The sidecar token is 64 hex characters: nothing like it may be visible.
-    let hexrun = env.split(|c: char| !c.is_ascii_hexdigit()).any(|w| w.len() >= 64);
+    let hexrun = env
+        .split(|c: char| !c.is_ascii_hexdigit())
+        .any(|w| w.len() >= 64);
     assert!(!hexrun, "a token-like value is in the agent's environment");
     assert!(env.contains("AIRLOCK_MCP_URL=http://127.0.0.1:"));
     assert!(env.contains("OPENAI_API_KEY=airlock-placeholder-key"));
     no_leftovers(home.path());
     // runs list / show / logs read the same run back.
     let id = json["run_id"].as_str().unwrap();
-    let logs = Command::new(AIRLOCK).args(["runs", "logs", id]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    let logs = Command::new(AIRLOCK)
+        .args(["runs", "logs", id])
+        .env("AIRLOCK_HOME", home.path())
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&logs.stdout).contains("hello from the agent"));
-    let list = Command::new(AIRLOCK).args(["runs", "list"]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    let list = Command::new(AIRLOCK)
+        .args(["runs", "list"])
+        .env("AIRLOCK_HOME", home.path())
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&list.stdout).contains(id));
-    let show = Command::new(AIRLOCK).args(["runs", "show", id]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    let show = Command::new(AIRLOCK)
+        .args(["runs", "show", id])
+        .env("AIRLOCK_HOME", home.path())
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&show.stdout).contains("succeeded"));
 }
 
@@ -88,10 +126,20 @@ fn a_stalled_run_is_stopped_by_the_watchdog() {
     let home = tempfile::tempdir().unwrap();
     // The agent freezes its parent, the runtime: heartbeats stop.
     let m = manifest(home.path(), "kill -STOP $PPID; sleep 30", 60);
-    let env = [("RUN_HEARTBEAT_INTERVAL_SECONDS", "1"), ("RUN_STALL_THRESHOLD_SECONDS", "3"), ("RUN_WATCHDOG_INTERVAL_SECONDS", "1")];
+    let env = [
+        ("RUN_HEARTBEAT_INTERVAL_SECONDS", "1"),
+        ("RUN_STALL_THRESHOLD_SECONDS", "3"),
+        ("RUN_WATCHDOG_INTERVAL_SECONDS", "1"),
+    ];
     let (_, json) = run(home.path(), &m, &env);
     assert_eq!(json["status"], "failed", "{json}");
-    assert!(json["error"].as_str().unwrap_or("").contains("no heartbeat"), "{json}");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no heartbeat"),
+        "{json}"
+    );
     no_leftovers(home.path());
 }
 
@@ -100,18 +148,33 @@ fn bad_operator_settings_stop_the_start() {
     let home = tempfile::tempdir().unwrap();
     let m = manifest(home.path(), "true", 30);
     for (env, var) in [
-        (vec![("RUN_HEARTBEAT_INTERVAL_SECONDS", "10"), ("RUN_STALL_THRESHOLD_SECONDS", "20")], "RUN_STALL_THRESHOLD_SECONDS"),
-        (vec![("PLATFORM_RUN_LIMITS", "{\"agent_memory_ceiling\": 1}")], "PLATFORM_RUN_LIMITS"),
+        (
+            vec![
+                ("RUN_HEARTBEAT_INTERVAL_SECONDS", "10"),
+                ("RUN_STALL_THRESHOLD_SECONDS", "20"),
+            ],
+            "RUN_STALL_THRESHOLD_SECONDS",
+        ),
+        (
+            vec![("PLATFORM_RUN_LIMITS", "{\"agent_memory_ceiling\": 1}")],
+            "PLATFORM_RUN_LIMITS",
+        ),
         (vec![("RUN_ADAPTER", "vm")], "RUN_ADAPTER"),
     ] {
         let mut cmd = Command::new(AIRLOCK);
-        cmd.args(["run", "-f"]).arg(&m).env("AIRLOCK_HOME", home.path());
+        cmd.args(["run", "-f"])
+            .arg(&m)
+            .env("AIRLOCK_HOME", home.path());
         for (k, v) in &env {
             cmd.env(k, v);
         }
         let out = cmd.output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{env:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains(var), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(var),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -129,7 +192,10 @@ fn leftovers_of_a_crashed_platform_are_reclaimed() {
         .unwrap();
     // Wait for the run directory, then crash the platform.
     for _ in 0..100 {
-        if std::fs::read_dir(home.path().join("runs")).map(|r| r.count() > 0).unwrap_or(false) {
+        if std::fs::read_dir(home.path().join("runs"))
+            .map(|r| r.count() > 0)
+            .unwrap_or(false)
+        {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -142,10 +208,13 @@ fn leftovers_of_a_crashed_platform_are_reclaimed() {
     let orphans = || -> Vec<String> {
         let mut found = Vec::new();
         for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else { continue };
+            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
-            let ours = String::from_utf8_lossy(&env).contains(&home.path().display().to_string()) || cmdline.contains(&home.path().display().to_string());
+            let ours = String::from_utf8_lossy(&env).contains(&home.path().display().to_string())
+                || cmdline.contains(&home.path().display().to_string());
             if ours && (cmdline.contains("airlock") || cmdline.contains("sleep 30")) {
                 found.push(format!("{}: {cmdline}", e.file_name().to_string_lossy()));
             }
@@ -161,12 +230,28 @@ fn leftovers_of_a_crashed_platform_are_reclaimed() {
         std::thread::sleep(std::time::Duration::from_millis(100));
         left = orphans();
     }
-    assert!(left.is_empty(), "processes outlived the killed platform: {left:?}");
+    assert!(
+        left.is_empty(),
+        "processes outlived the killed platform: {left:?}"
+    );
     let m2 = manifest(home.path(), "true", 30);
     let (out, json) = run(home.path(), &m2, &[]);
-    assert_eq!(json["status"], "succeeded", "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("reclaimed 1 leftover run"), "{}", String::from_utf8_lossy(&out.stderr));
-    let list = Command::new(AIRLOCK).args(["runs", "list"]).env("AIRLOCK_HOME", home.path()).output().unwrap();
+    assert_eq!(
+        json["status"],
+        "succeeded",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reclaimed 1 leftover run"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = Command::new(AIRLOCK)
+        .args(["runs", "list"])
+        .env("AIRLOCK_HOME", home.path())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&list.stdout);
     assert_eq!(text.matches("failed").count(), 1, "{text}");
     no_leftovers(home.path());
@@ -185,9 +270,17 @@ fn ctrl_c_cancels_cleanly() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(json["status"], "cancelled", "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        json["status"],
+        "cancelled",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     no_leftovers(home.path());
 }

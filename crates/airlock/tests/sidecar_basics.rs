@@ -37,13 +37,26 @@ async fn health_is_open_everything_else_needs_the_token() {
         for path in ["/events", "/mcp", "/llm/v1/chat/completions"] {
             let (status, _, body) = http(sc.tcp(), "POST", path, &h, b"{}");
             assert_eq!(status, 401, "{path} with {headers:?}");
-            assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap(), json!({"error": "unauthorized"}));
+            assert_eq!(
+                serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+                json!({"error": "unauthorized"})
+            );
         }
     }
     for header in ["authorization", "x-api-key", "x-airlock-sidecar-auth"] {
-        let value = if header == "authorization" { format!("Bearer {token}") } else { token.clone() };
+        let value = if header == "authorization" {
+            format!("Bearer {token}")
+        } else {
+            token.clone()
+        };
         let batch = json!({"events": [{"type": "heartbeat", "at": 1}]}).to_string();
-        let (status, _, _) = http(sc.tcp(), "POST", "/events", &[(header, &value), ("content-type", "application/json")], batch.as_bytes());
+        let (status, _, _) = http(
+            sc.tcp(),
+            "POST",
+            "/events",
+            &[(header, &value), ("content-type", "application/json")],
+            batch.as_bytes(),
+        );
         assert_eq!(status, 202, "{header}");
     }
 }
@@ -53,31 +66,65 @@ async fn events_reach_the_platform_and_forged_ones_are_refused() {
     let p = TestPlatform::start("agent-b").await;
     let mut sc = spawn_sidecar(&p.sidecar_config(listen_tcp()));
     let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
-    let h = [("authorization", auth.as_str()), ("content-type", "application/json")];
+    let h = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
     let batch = json!({"events": [
         {"type": "heartbeat", "at": 1000},
         {"type": "log", "at": 1001, "stream": "stdout", "line": "hello from the agent"},
         {"type": "result", "at": 1002, "exit_code": 0, "result": {"answer": 42}}
     ]});
-    let (status, _, body) = http(sc.tcp(), "POST", "/events", &h, batch.to_string().as_bytes());
+    let (status, _, body) = http(
+        sc.tcp(),
+        "POST",
+        "/events",
+        &h,
+        batch.to_string().as_bytes(),
+    );
     assert_eq!(status, 202, "{}", String::from_utf8_lossy(&body));
     for forged in [
         json!({"events": [{"type": "cost", "at": 1, "provider": "openai", "model": "m", "input_tokens": 0, "output_tokens": 0}]}),
         json!({"events": [{"type": "egress", "at": 1, "source": "api_call", "method": "GET", "url": "x", "host": "x", "decision": "allowed"}]}),
     ] {
-        let (status, _, _) = http(sc.tcp(), "POST", "/events", &h, forged.to_string().as_bytes());
+        let (status, _, _) = http(
+            sc.tcp(),
+            "POST",
+            "/events",
+            &h,
+            forged.to_string().as_bytes(),
+        );
         assert_eq!(status, 403, "{forged}");
     }
-    for bad in [&b"not json"[..], b"{\"events\": [{\"type\": \"nope\"}]}", b"{\"events\": 3}", b"{\"events\": [{\"type\": \"log\""] {
+    for bad in [
+        &b"not json"[..],
+        b"{\"events\": [{\"type\": \"nope\"}]}",
+        b"{\"events\": 3}",
+        b"{\"events\": [{\"type\": \"log\"",
+    ] {
         let (status, _, _) = http(sc.tcp(), "POST", "/events", &h, bad);
         assert_eq!(status, 400, "{}", String::from_utf8_lossy(bad));
     }
     sc.stop();
     let events = p.events().await;
-    assert!(events.contains(&RunEvent::Heartbeat { at: 1000 }), "{events:?}");
-    assert!(events.iter().any(|e| matches!(e, RunEvent::Log { line, .. } if line == "hello from the agent")));
-    assert!(events.iter().any(|e| matches!(e, RunEvent::Result { exit_code: 0, .. })));
-    assert!(!events.iter().any(|e| matches!(e, RunEvent::Cost(_))), "a forged cost event was recorded");
+    assert!(
+        events.contains(&RunEvent::Heartbeat { at: 1000 }),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, RunEvent::Log { line, .. } if line == "hello from the agent"))
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, RunEvent::Result { exit_code: 0, .. }))
+    );
+    assert!(
+        !events.iter().any(|e| matches!(e, RunEvent::Cost(_))),
+        "a forged cost event was recorded"
+    );
     let run = p.store().get_run(&p.run_id).await.unwrap().unwrap();
     assert_eq!(run.last_heartbeat_at, Some(1000));
 }
@@ -90,9 +137,19 @@ async fn oversized_bodies_get_413_naming_the_limit_and_the_sidecar_keeps_serving
     let sc = spawn_sidecar(&cfg);
     let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
     let big = vec![b'x'; 10_000];
-    let (status, _, body) = http(sc.tcp(), "POST", "/events", &[("authorization", &auth)], &big);
+    let (status, _, body) = http(
+        sc.tcp(),
+        "POST",
+        "/events",
+        &[("authorization", &auth)],
+        &big,
+    );
     assert_eq!(status, 413);
-    assert!(String::from_utf8_lossy(&body).contains("4096"), "{}", String::from_utf8_lossy(&body));
+    assert!(
+        String::from_utf8_lossy(&body).contains("4096"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     let (status, _, _) = http(sc.tcp(), "GET", "/health", &[], b"");
     assert_eq!(status, 200);
 }
@@ -103,7 +160,10 @@ async fn bad_configuration_is_refused_clearly() {
     for (cfg, want) in [
         ("not json", "not valid JSON"),
         ("{\"run_id\": \"r\"}", "missing field"),
-        ("{\"run_id\":\"r\",\"sidecar_token\":\"short\",\"run_token\":\"r.x\",\"platform_socket\":\"/nonexistent\",\"listen\":{\"tcp\":\"127.0.0.1:0\"}}", "shorter than 32"),
+        (
+            "{\"run_id\":\"r\",\"sidecar_token\":\"short\",\"run_token\":\"r.x\",\"platform_socket\":\"/nonexistent\",\"listen\":{\"tcp\":\"127.0.0.1:0\"}}",
+            "shorter than 32",
+        ),
     ] {
         let mut child = std::process::Command::new(AIRLOCK)
             .arg("sidecar")
@@ -112,7 +172,12 @@ async fn bad_configuration_is_refused_clearly() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(cfg.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(cfg.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{cfg}");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -128,7 +193,15 @@ async fn the_token_is_not_in_the_sidecars_environment_or_command_line() {
     let token = p.sidecar_token.expose_secret().to_owned();
     let run_token = p.run_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");
-    let (status, _, _) = http(sc.tcp(), "POST", "/events", &[("authorization", &auth)], json!({"events": [{"type": "heartbeat", "at": 5}]}).to_string().as_bytes());
+    let (status, _, _) = http(
+        sc.tcp(),
+        "POST",
+        "/events",
+        &[("authorization", &auth)],
+        json!({"events": [{"type": "heartbeat", "at": 5}]})
+            .to_string()
+            .as_bytes(),
+    );
     assert_eq!(status, 202);
     for file in ["environ", "cmdline"] {
         let raw = std::fs::read(format!("/proc/{}/{file}", sc.pid())).unwrap();
@@ -138,7 +211,10 @@ async fn the_token_is_not_in_the_sidecars_environment_or_command_line() {
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
     let log = sc.stderr();
-    assert!(log.contains("sidecar ready"), "trace log was captured: {log}");
+    assert!(
+        log.contains("sidecar ready"),
+        "trace log was captured: {log}"
+    );
     assert!(!log.contains(&token), "sidecar token in the sidecar log");
     assert!(!log.contains(&run_token), "run token in the sidecar log");
 }

@@ -3,8 +3,8 @@
 //!
 //! Every upstream is a server this test runs on 127.0.0.1; the ones the guard
 //! should let through are named `api.internal.test` / `other.internal.test`
-//! and reached through the operator's internal-host opt-in (`egress.resolve`
-//! + `egress.allow_internal_hosts` + a literal pattern). Each refusal also
+//! and reached through the operator's internal-host opt-in (`egress.resolve`,
+//! `egress.allow_internal_hosts` and a literal pattern). Each refusal also
 //! checks that the target server saw no connection at all.
 
 mod support;

@@ -54,7 +54,12 @@ impl TestServer {
         self.connections.load(Ordering::SeqCst)
     }
     pub fn last(&self) -> Recorded {
-        self.requests.lock().unwrap().last().cloned().expect("no request reached the server")
+        self.requests
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("no request reached the server")
     }
 }
 
@@ -94,7 +99,10 @@ pub fn pki(names: &[&str]) -> TestPki {
         .with_no_client_auth()
         .with_single_cert(vec![leaf.der().clone()], key)
         .unwrap();
-    TestPki { ca_der: ca.der().clone(), server_config: Arc::new(server_config) }
+    TestPki {
+        ca_der: ca.der().clone(),
+        server_config: Arc::new(server_config),
+    }
 }
 
 async fn serve_one<S>(io: S, h: Handler, log: Arc<Mutex<Vec<Recorded>>>)
@@ -106,7 +114,11 @@ where
         let log = log.clone();
         async move {
             let (parts, body) = req.into_parts();
-            let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            let body = body
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
             let rec = Recorded {
                 method: parts.method.to_string(),
                 path: parts.uri.to_string(),
@@ -117,7 +129,9 @@ where
             Ok::<_, Infallible>(h(&rec))
         }
     });
-    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc).await;
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
 }
 
 /// An HTTP/1.1 server on 127.0.0.1 (or `tls`: HTTPS) answering with `h`.
@@ -125,7 +139,11 @@ pub async fn server(h: Handler, tls: Option<Arc<rustls::ServerConfig>>) -> TestS
     server_on("127.0.0.1:0".parse().unwrap(), h, tls).await
 }
 
-pub async fn server_on(bind: SocketAddr, h: Handler, tls: Option<Arc<rustls::ServerConfig>>) -> TestServer {
+pub async fn server_on(
+    bind: SocketAddr,
+    h: Handler,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> TestServer {
     let listener = TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(Mutex::new(Vec::new()));
@@ -133,7 +151,9 @@ pub async fn server_on(bind: SocketAddr, h: Handler, tls: Option<Arc<rustls::Ser
     let (log, conns) = (requests.clone(), connections.clone());
     tokio::spawn(async move {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
             conns.fetch_add(1, Ordering::SeqCst);
             let (h, log) = (h.clone(), log.clone());
             match &tls {
@@ -151,7 +171,11 @@ pub async fn server_on(bind: SocketAddr, h: Handler, tls: Option<Arc<rustls::Ser
             }
         }
     });
-    TestServer { addr, requests, connections }
+    TestServer {
+        addr,
+        requests,
+        connections,
+    }
 }
 
 /// A listener that counts connections and never answers (a victim that must
@@ -197,7 +221,10 @@ where
 pub async fn endless_body(mut s: TcpStream) {
     let mut buf = [0u8; 4096];
     let _ = s.read(&mut buf).await;
-    if s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await.is_err() {
+    if s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        .await
+        .is_err()
+    {
         return;
     }
     let chunk = format!("{:x}\r\n{}\r\n", 8192, "x".repeat(8192));
@@ -221,7 +248,9 @@ pub async fn slow_drip(mut s: TcpStream) {
 pub async fn garbage_tls(mut s: TcpStream) {
     let mut buf = [0u8; 4096];
     let _ = s.read(&mut buf).await;
-    let _ = s.write_all(b"\x15\x03\x03\x00\x02\x02\x28garbage that is not TLS at all\r\n\r\n").await;
+    let _ = s
+        .write_all(b"\x15\x03\x03\x00\x02\x02\x28garbage that is not TLS at all\r\n\r\n")
+        .await;
 }
 
 /// A dialer for tests. Loopback is dialled as is; a few "public" addresses
@@ -244,7 +273,11 @@ impl TestNet {
 }
 
 impl Dial for TestNet {
-    fn dial(&self, addr: SocketAddr) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<TcpStream>> + Send + '_>> {
+    fn dial(
+        &self,
+        addr: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<TcpStream>> + Send + '_>>
+    {
         self.dialled.lock().unwrap().push(addr);
         let routed = self.routes.lock().unwrap().get(&addr).copied();
         Box::pin(async move {
@@ -284,8 +317,12 @@ pub async fn dns(script: DnsScript) -> TestDns {
         let mut counts: HashMap<(String, bool), usize> = HashMap::new();
         let mut buf = vec![0u8; 4096];
         loop {
-            let Ok((n, peer)) = sock.recv_from(&mut buf).await else { return };
-            let Ok(req) = Message::from_vec(&buf[..n]) else { continue };
+            let Ok((n, peer)) = sock.recv_from(&mut buf).await else {
+                return;
+            };
+            let Ok(req) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
             let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
             resp.metadata.recursion_desired = req.metadata.recursion_desired;
             resp.metadata.recursion_available = true;
@@ -300,14 +337,20 @@ pub async fn dns(script: DnsScript) -> TestDns {
                     RecordType::AAAA => true,
                     _ => continue,
                 };
-                q.lock().unwrap().push(format!("{name} {}", if v6 { "AAAA" } else { "A" }));
+                q.lock()
+                    .unwrap()
+                    .push(format!("{name} {}", if v6 { "AAAA" } else { "A" }));
                 let nth = counts.entry((name.clone(), v6)).or_default();
                 let answers = script(&name, v6, *nth);
                 *nth += 1;
                 for ip in answers {
                     if ip.is_ipv6() == v6 {
                         any = true;
-                        resp.add_answer(Record::from_rdata(query.name().clone(), 0, RData::from(ip)));
+                        resp.add_answer(Record::from_rdata(
+                            query.name().clone(),
+                            0,
+                            RData::from(ip),
+                        ));
                     }
                 }
                 if !any && script(&name, !v6, 0).is_empty() {

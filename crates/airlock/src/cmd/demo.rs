@@ -27,7 +27,11 @@ const AGENT: &str = include_str!("../../../../examples/demo/agent.py");
 
 pub fn run(backend: Option<String>) -> ExitCode {
     crate::logging::init_quiet();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -61,11 +65,17 @@ async fn serve(h: Handler) -> Result<SocketAddr> {
                     let h = h.clone();
                     async move {
                         let (parts, body) = req.into_parts();
-                        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                        let body = body
+                            .collect()
+                            .await
+                            .map(|c| c.to_bytes())
+                            .unwrap_or_default();
                         Ok::<_, std::convert::Infallible>(h(http::Request::from_parts(parts, body)))
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
             });
         }
     });
@@ -81,7 +91,10 @@ fn json_response(status: u16, v: serde_json::Value) -> http::Response<Full<Bytes
 }
 
 async fn demo(backend: Option<String>) -> Result<bool> {
-    let home = std::env::temp_dir().join(format!("airlock-demo-{}", hex(&airlock_vault::random_bytes::<4>()?)));
+    let home = std::env::temp_dir().join(format!(
+        "airlock-demo-{}",
+        hex(&airlock_vault::random_bytes::<4>()?)
+    ));
     std::fs::create_dir_all(&home)?;
     let result = demo_in(&home, backend).await;
     let _ = std::fs::remove_dir_all(&home);
@@ -95,9 +108,16 @@ async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool
     // The example API: answers only with the right bearer token.
     let expected = format!("Bearer {api_token}");
     let api = serve(Arc::new(move |req: http::Request<Bytes>| {
-        let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        let auth = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         if auth == expected {
-            json_response(200, json!({"user": "demo-user", "authenticated": true, "path": req.uri().path()}))
+            json_response(
+                200,
+                json!({"user": "demo-user", "authenticated": true, "path": req.uri().path()}),
+            )
         } else {
             json_response(401, json!({"error": "missing or wrong token"}))
         }
@@ -122,11 +142,28 @@ async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool
     let keyring = Arc::new(Keyring::new("demo", &key)?);
     let store = Store::open_sqlite(&home.join("airlock.db"), &StoreOptions::default()).await?;
     for (name, integration, auth_type, fields) in [
-        ("demo-api", "demo", AuthType::Bearer, json!({"token": api_token})),
-        ("demo-model", "openai", AuthType::ApiKey, json!({"api_key": model_key})),
+        (
+            "demo-api",
+            "demo",
+            AuthType::Bearer,
+            json!({"token": api_token}),
+        ),
+        (
+            "demo-model",
+            "openai",
+            AuthType::ApiKey,
+            json!({"api_key": model_key}),
+        ),
     ] {
         let envelope = keyring.encrypt(fields.to_string().as_bytes())?;
-        store.insert_connection(&NewConnection { name, integration, auth_type, envelope: &envelope }).await?;
+        store
+            .insert_connection(&NewConnection {
+                name,
+                integration,
+                auth_type,
+                envelope: &envelope,
+            })
+            .await?;
     }
 
     let agent_dir = home.join("agent");
@@ -160,25 +197,50 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
     let manifest_path = agent_dir.join("airlock.toml");
     std::fs::write(&manifest_path, &manifest_text)?;
     let manifest = Manifest::load(&manifest_path)?;
-    eprintln!("Airlock demo: example API on {api} (wants a bearer token), fake model on {provider}.");
-    eprintln!("The demo credential and the model key are stored encrypted in {}; the agent gets neither.", home.join("airlock.db").display());
+    eprintln!(
+        "Airlock demo: example API on {api} (wants a bearer token), fake model on {provider}."
+    );
+    eprintln!(
+        "The demo credential and the model key are stored encrypted in {}; the agent gets neither.",
+        home.join("airlock.db").display()
+    );
     eprintln!("Manifest: {}\n", manifest_path.display());
 
     let mut vars: std::collections::HashMap<String, String> = std::env::vars().collect();
     // The operator's opt-in for the local example API and fake model (both on loopback).
     vars.insert("EGRESS_ALLOW_INTERNAL_HOSTS".into(), "127.0.0.1".into());
     let settings = Settings::from_vars(&vars).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (orch, server) = super::run::platform_with(home.to_owned(), store.clone(), keyring, super::run::ephemeral_tokens()?, settings, backend.as_deref()).await?;
+    let (orch, server) = super::run::platform_with(
+        home.to_owned(),
+        store.clone(),
+        keyring,
+        super::run::ephemeral_tokens()?,
+        settings,
+        backend.as_deref(),
+    )
+    .await?;
     let progress = super::run::progress_printer(false);
     let outcome = orch
-        .run(RunRequest { manifest, agent_dir: agent_dir.clone(), prompt: Some("Show what Airlock lets out.".into()), command: None }, super::run::cancel_on_ctrl_c(), &progress)
+        .run(
+            RunRequest {
+                manifest,
+                agent_dir: agent_dir.clone(),
+                prompt: Some("Show what Airlock lets out.".into()),
+                command: None,
+            },
+            super::run::cancel_on_ctrl_c(),
+            &progress,
+        )
         .await?;
     super::run::report(&store, &outcome, false).await?;
     server.abort();
 
     // The checks: what the store recorded, compared with what should have happened.
     let egress = store.list_egress(&outcome.run_id, 10_000).await?;
-    let run = store.get_run(&outcome.run_id).await?.context("run missing")?;
+    let run = store
+        .get_run(&outcome.run_id)
+        .await?
+        .context("run missing")?;
     let mut logs = String::new();
     let mut after = 0;
     loop {
@@ -195,12 +257,43 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
     let api_host = api.to_string();
     let checks = [
         ("the run succeeded", outcome.status.as_str() == "succeeded"),
-        ("(a) api_call reached the example API with the credential injected (HTTP 200)", egress.iter().any(|e| e.source == "api_call" && e.decision == EgressDecision::Allowed && e.status == Some(200) && e.url.contains(&api_host))),
-        ("(b) sending the credential to another host was refused", egress.iter().any(|e| e.source == "api_call" && e.decision == EgressDecision::Refused && e.host.contains("evil.example"))),
-        ("(c) the cloud metadata address was refused by the proxy", egress.iter().any(|e| e.source == "proxy" && e.decision == EgressDecision::Refused && e.host.contains("169.254.169.254"))),
-        ("(d) a direct connection to the host found no route", logs.contains("(d) connect straight to a host server: no route")),
-        ("(e) the model answered through the relay and its usage was metered", logs.contains("Hello, Airlock!") && run.tokens_in == 12 && run.tokens_out == 9),
-        ("the agent's output never contained the API token or the model key", !logs.contains(&api_token) && !logs.contains(&model_key)),
+        (
+            "(a) api_call reached the example API with the credential injected (HTTP 200)",
+            egress.iter().any(|e| {
+                e.source == "api_call"
+                    && e.decision == EgressDecision::Allowed
+                    && e.status == Some(200)
+                    && e.url.contains(&api_host)
+            }),
+        ),
+        (
+            "(b) sending the credential to another host was refused",
+            egress.iter().any(|e| {
+                e.source == "api_call"
+                    && e.decision == EgressDecision::Refused
+                    && e.host.contains("evil.example")
+            }),
+        ),
+        (
+            "(c) the cloud metadata address was refused by the proxy",
+            egress.iter().any(|e| {
+                e.source == "proxy"
+                    && e.decision == EgressDecision::Refused
+                    && e.host.contains("169.254.169.254")
+            }),
+        ),
+        (
+            "(d) a direct connection to the host found no route",
+            logs.contains("(d) connect straight to a host server: no route"),
+        ),
+        (
+            "(e) the model answered through the relay and its usage was metered",
+            logs.contains("Hello, Airlock!") && run.tokens_in == 12 && run.tokens_out == 9,
+        ),
+        (
+            "the agent's output never contained the API token or the model key",
+            !logs.contains(&api_token) && !logs.contains(&model_key),
+        ),
     ];
     eprintln!("\nDemo checks (from the store's records of this run):");
     let mut all = true;

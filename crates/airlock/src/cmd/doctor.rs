@@ -8,7 +8,14 @@ pub fn run() -> ExitCode {
     for name in ["namespace", "process"] {
         match airlock_sandbox::select(name) {
             Ok(b) => match b.check() {
-                Ok(()) => println!("  ✓ {name:<10} works{}", if b.isolates() { "" } else { " (isolates NOTHING)" }),
+                Ok(()) => println!(
+                    "  ✓ {name:<10} works{}",
+                    if b.isolates() {
+                        ""
+                    } else {
+                        " (isolates NOTHING)"
+                    }
+                ),
                 Err(why) => println!("  ✗ {name:<10} {}", why.0),
             },
             Err(e) => println!("  ✗ {name:<10} {e}"),
@@ -20,7 +27,12 @@ pub fn run() -> ExitCode {
     }
     println!("Isolation features");
     for d in airlock_sandbox::diagnose() {
-        println!("  {} {:<28} {}", if d.works { "✓" } else { "✗" }, d.feature, d.detail);
+        println!(
+            "  {} {:<28} {}",
+            if d.works { "✓" } else { "✗" },
+            d.feature,
+            d.detail
+        );
     }
     ExitCode::SUCCESS
 }

@@ -39,7 +39,9 @@ fn hex(b: &[u8]) -> String {
 }
 
 /// The embedded platform of one `airlock` process, configured from the environment.
-pub async fn platform(backend: Option<&str>) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
+pub async fn platform(
+    backend: Option<&str>,
+) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
     let settings = Settings::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
     let home = airlock_store::airlock_home()?;
     std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
@@ -50,7 +52,10 @@ pub async fn platform(backend: Option<&str>) -> Result<(Orchestrator, tokio::tas
         // connections still work, and a credential fetch says what is missing.
         Err(_) => Keyring::new("ephemeral", &airlock_vault::random_bytes::<32>()?)?,
     };
-    let tokens = match std::env::var("RUN_TOKEN_SECRET").ok().filter(|v| !v.is_empty()) {
+    let tokens = match std::env::var("RUN_TOKEN_SECRET")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
         Some(_) => RunTokens::new(SigningKeyring::from_env("RUN_TOKEN_SECRET")?),
         None => ephemeral_tokens()?,
     };
@@ -59,7 +64,10 @@ pub async fn platform(backend: Option<&str>) -> Result<(Orchestrator, tokio::tas
 
 /// Run tokens for an embedded platform that verifies only what it issued itself.
 pub fn ephemeral_tokens() -> Result<RunTokens> {
-    Ok(RunTokens::new(SigningKeyring::parse("RUN_TOKEN_SECRET", &hex(&airlock_vault::random_bytes::<32>()?))?))
+    Ok(RunTokens::new(SigningKeyring::parse(
+        "RUN_TOKEN_SECRET",
+        &hex(&airlock_vault::random_bytes::<32>()?),
+    )?))
 }
 
 /// The embedded platform from explicit parts.
@@ -73,19 +81,38 @@ pub async fn platform_with(
 ) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
     let reclaimed = reclaim(&home, &store).await?;
     if !reclaimed.is_empty() {
-        eprintln!("airlock: reclaimed {} leftover run(s) of a previous platform: {}", reclaimed.len(), reclaimed.join(", "));
+        eprintln!(
+            "airlock: reclaimed {} leftover run(s) of a previous platform: {}",
+            reclaimed.len(),
+            reclaimed.join(", ")
+        );
     }
     let sock_dir = home.join("sockets");
     std::fs::create_dir_all(&sock_dir)?;
     let api_socket = sock_dir.join(format!("platform-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&api_socket);
-    let listener = tokio::net::UnixListener::bind(&api_socket).with_context(|| format!("binding {}", api_socket.display()))?;
+    let listener = tokio::net::UnixListener::bind(&api_socket)
+        .with_context(|| format!("binding {}", api_socket.display()))?;
     let api = InternalApi::new(store.clone(), keyring, tokens.clone());
     let server = tokio::spawn(api.clone().serve_forever(listener));
-    let adapter = backend.map(str::to_owned).unwrap_or_else(|| settings.run_adapter.clone());
+    let adapter = backend
+        .map(str::to_owned)
+        .unwrap_or_else(|| settings.run_adapter.clone());
     let backend = airlock_sandbox::select(&adapter)?;
     let exe = std::env::current_exe().context("locating the airlock binary")?;
-    Ok((Orchestrator { home, store, api, api_socket, tokens, settings, backend, exe }, server))
+    Ok((
+        Orchestrator {
+            home,
+            store,
+            api,
+            api_socket,
+            tokens,
+            settings,
+            backend,
+            exe,
+        },
+        server,
+    ))
 }
 
 /// Prints milestones to stderr (nothing when `quiet`).
@@ -95,14 +122,24 @@ pub fn progress_printer(quiet: bool) -> impl Fn(Progress) + Send + Sync {
             return;
         }
         match p {
-            Progress::Starting { run_id, backend, isolates } => {
+            Progress::Starting {
+                run_id,
+                backend,
+                isolates,
+            } => {
                 eprintln!("▸ run {run_id} on the {backend} backend");
                 if !isolates {
                     eprintln!("  ⚠ WARNING: {}", airlock_sandbox::process::WARNING);
                 }
             }
-            Progress::SandboxUp { after } => eprintln!("▸ sandbox up          {:>7.1} ms", after.as_secs_f64() * 1000.0),
-            Progress::SidecarUp { after } => eprintln!("▸ sidecar up          {:>7.1} ms", after.as_secs_f64() * 1000.0),
+            Progress::SandboxUp { after } => eprintln!(
+                "▸ sandbox up          {:>7.1} ms",
+                after.as_secs_f64() * 1000.0
+            ),
+            Progress::SidecarUp { after } => eprintln!(
+                "▸ sidecar up          {:>7.1} ms",
+                after.as_secs_f64() * 1000.0
+            ),
             Progress::Running { elapsed } => {
                 if elapsed.as_secs() % 5 == 0 {
                     eprintln!("▸ running             {:>7.1} s", elapsed.as_secs_f64());
@@ -127,7 +164,11 @@ pub fn cancel_on_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
 
 pub fn run(args: RunArgs) -> ExitCode {
     crate::logging::init_quiet();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -146,7 +187,12 @@ pub fn run(args: RunArgs) -> ExitCode {
 
 async fn run_async(args: RunArgs) -> Result<RunOutcome> {
     let manifest = Manifest::load(&args.manifest)?;
-    let agent_dir = args.manifest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).canonicalize()?;
+    let agent_dir = args
+        .manifest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .canonicalize()?;
     let (orch, server) = platform(args.backend.as_deref()).await?;
     let cancel_rx = cancel_on_ctrl_c();
     let progress = progress_printer(args.json);
@@ -165,15 +211,22 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
 
 /// The run report: status, duration, exit code, egress by decision and code, model usage.
 pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Result<()> {
-    let run = store.get_run(&outcome.run_id).await?.context("the run vanished from the store")?;
+    let run = store
+        .get_run(&outcome.run_id)
+        .await?
+        .context("the run vanished from the store")?;
     let egress = store.list_egress(&outcome.run_id, 100_000).await?;
     let mut by: std::collections::BTreeMap<(String, String), usize> = Default::default();
     for e in &egress {
         let code = e.reason.clone().unwrap_or_else(|| "-".into());
-        *by.entry((e.decision.as_str().to_owned(), code)).or_default() += 1;
+        *by.entry((e.decision.as_str().to_owned(), code))
+            .or_default() += 1;
     }
     if json_out {
-        let summary: Vec<_> = by.iter().map(|((d, c), n)| json!({"decision": d, "code": c, "count": n})).collect();
+        let summary: Vec<_> = by
+            .iter()
+            .map(|((d, c), n)| json!({"decision": d, "code": c, "count": n}))
+            .collect();
         let entries: Vec<_> = egress
             .iter()
             .map(|e| json!({"source": e.source, "integration": e.integration, "method": e.method, "url": e.url, "host": e.host, "decision": e.decision.as_str(), "code": e.reason, "status": e.status, "duration_ms": e.duration_ms}))
@@ -190,31 +243,65 @@ pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Resu
         return Ok(());
     }
     eprintln!();
-    eprintln!("Run {}  {}", outcome.run_id, outcome.status.as_str().to_uppercase());
+    eprintln!(
+        "Run {}  {}",
+        outcome.run_id,
+        outcome.status.as_str().to_uppercase()
+    );
     eprintln!("  backend     {}", outcome.backend);
     eprintln!("  duration    {:.2} s", outcome.duration.as_secs_f64());
-    eprintln!("  exit code   {}", outcome.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()));
+    eprintln!(
+        "  exit code   {}",
+        outcome
+            .exit_code
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "-".into())
+    );
     if let Some(err) = &outcome.error {
         eprintln!("  error       {err}");
     }
     eprintln!("  egress      {} decision(s)", egress.len());
     for e in &egress {
-        let mark = if e.decision == EgressDecision::Allowed { "✓ allowed" } else { "✗ refused" };
+        let mark = if e.decision == EgressDecision::Allowed {
+            "✓ allowed"
+        } else {
+            "✗ refused"
+        };
         let detail = match (&e.reason, e.status) {
             (Some(code), _) if e.decision == EgressDecision::Refused => code.clone(),
             (_, Some(s)) => format!("HTTP {s}"),
             _ => String::new(),
         };
-        eprintln!("    {mark}  {:<8} {:<6} {:<40} {detail}", e.source, e.method, truncate(&e.url, 40));
+        eprintln!(
+            "    {mark}  {:<8} {:<6} {:<40} {detail}",
+            e.source,
+            e.method,
+            truncate(&e.url, 40)
+        );
     }
     for ((d, c), n) in &by {
-        eprintln!("    {n} × {d}{}", if c == "-" { String::new() } else { format!(" ({c})") });
+        eprintln!(
+            "    {n} × {d}{}",
+            if c == "-" {
+                String::new()
+            } else {
+                format!(" ({c})")
+            }
+        );
     }
-    eprintln!("  model       {} tokens in, {} tokens out, ${:.6}", run.tokens_in, run.tokens_out, run.cost_microusd as f64 / 1e6);
+    eprintln!(
+        "  model       {} tokens in, {} tokens out, ${:.6}",
+        run.tokens_in,
+        run.tokens_out,
+        run.cost_microusd as f64 / 1e6
+    );
     Ok(())
 }
 
 fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n { s.to_owned() } else { format!("{}…", s.chars().take(n - 1).collect::<String>()) }
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        format!("{}…", s.chars().take(n - 1).collect::<String>())
+    }
 }
-

@@ -27,7 +27,10 @@ pub enum RunsCommand {
 
 pub fn run(cmd: RunsCommand) -> ExitCode {
     crate::logging::init_quiet();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
@@ -44,15 +47,24 @@ pub fn run(cmd: RunsCommand) -> ExitCode {
 }
 
 fn when(ms: Option<i64>) -> String {
-    ms.map(|m| format!("{:.3}", m as f64 / 1000.0)).unwrap_or_else(|| "-".into())
+    ms.map(|m| format!("{:.3}", m as f64 / 1000.0))
+        .unwrap_or_else(|| "-".into())
 }
 
 async fn run_async(cmd: RunsCommand) -> Result<()> {
     let store = Store::open_default().await?;
     match cmd {
         RunsCommand::List { limit } => {
-            let runs = store.list_runs(&RunQuery { limit: Some(limit), ..Default::default() }).await?;
-            println!("{:<18} {:<10} {:<10} {:<16} {:>9} {:>6} {:>8} {:>8}", "RUN", "STATUS", "BACKEND", "AGENT", "DURATION", "EXIT", "TOK_IN", "TOK_OUT");
+            let runs = store
+                .list_runs(&RunQuery {
+                    limit: Some(limit),
+                    ..Default::default()
+                })
+                .await?;
+            println!(
+                "{:<18} {:<10} {:<10} {:<16} {:>9} {:>6} {:>8} {:>8}",
+                "RUN", "STATUS", "BACKEND", "AGENT", "DURATION", "EXIT", "TOK_IN", "TOK_OUT"
+            );
             for r in runs {
                 let dur = match (r.started_at, r.ended_at) {
                     (Some(s), Some(e)) => format!("{:.2}s", (e - s) as f64 / 1000.0),
@@ -60,13 +72,24 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                 };
                 println!(
                     "{:<18} {:<10} {:<10} {:<16} {:>9} {:>6} {:>8} {:>8}",
-                    r.id, r.status.as_str(), r.backend, r.agent, dur,
-                    r.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()), r.tokens_in, r.tokens_out
+                    r.id,
+                    r.status.as_str(),
+                    r.backend,
+                    r.agent,
+                    dur,
+                    r.exit_code
+                        .map(|c| c.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    r.tokens_in,
+                    r.tokens_out
                 );
             }
         }
         RunsCommand::Show { id } => {
-            let r = store.get_run(&id).await?.with_context(|| format!("no run {id}"))?;
+            let r = store
+                .get_run(&id)
+                .await?
+                .with_context(|| format!("no run {id}"))?;
             println!("run          {}", r.id);
             println!("agent        {}", r.agent);
             println!("status       {}", r.status.as_str());
@@ -75,7 +98,12 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
             println!("started      {}", when(r.started_at));
             println!("ended        {}", when(r.ended_at));
             println!("heartbeat    {}", when(r.last_heartbeat_at));
-            println!("exit code    {}", r.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()));
+            println!(
+                "exit code    {}",
+                r.exit_code
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "-".into())
+            );
             println!("error        {}", r.error.as_deref().unwrap_or("-"));
             println!("tokens       {} in, {} out", r.tokens_in, r.tokens_out);
             println!("cost         ${:.6}", r.cost_microusd as f64 / 1e6);
@@ -83,8 +111,15 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
             for e in store.list_egress(&id, 100_000).await? {
                 println!(
                     "  {} {:<8} {:<9} {:<6} {} {}",
-                    e.at, e.source, e.decision.as_str(), e.method, e.url,
-                    e.reason.as_deref().or(e.status.map(|_| "").filter(|_| false)).unwrap_or(&e.status.map(|s| s.to_string()).unwrap_or_default())
+                    e.at,
+                    e.source,
+                    e.decision.as_str(),
+                    e.method,
+                    e.url,
+                    e.reason
+                        .as_deref()
+                        .or(e.status.map(|_| "").filter(|_| false))
+                        .unwrap_or(&e.status.map(|s| s.to_string()).unwrap_or_default())
                 );
             }
         }
@@ -94,7 +129,9 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                 let page = store.list_events(&id, after, 500).await?;
                 for e in &page {
                     after = e.id;
-                    if let Ok(RunEvent::Log { stream, line, .. }) = serde_json::from_str::<RunEvent>(&e.payload) {
+                    if let Ok(RunEvent::Log { stream, line, .. }) =
+                        serde_json::from_str::<RunEvent>(&e.payload)
+                    {
                         if stream == "stderr" {
                             eprintln!("{line}");
                         } else {
@@ -106,7 +143,10 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                     break;
                 }
                 if page.is_empty() {
-                    let run = store.get_run(&id).await?.with_context(|| format!("no run {id}"))?;
+                    let run = store
+                        .get_run(&id)
+                        .await?
+                        .with_context(|| format!("no run {id}"))?;
                     if run.status.is_terminal() {
                         break;
                     }

@@ -8,7 +8,10 @@ use airlock_runtime::{MAX_SECRETS_BYTES, RuntimeSecrets};
 pub fn run(command: Vec<String>) -> ExitCode {
     crate::logging::init();
     let mut buf = Vec::new();
-    if let Err(e) = std::io::stdin().take(MAX_SECRETS_BYTES as u64 + 1).read_to_end(&mut buf) {
+    if let Err(e) = std::io::stdin()
+        .take(MAX_SECRETS_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+    {
         eprintln!("airlock runtime: cannot read the run secrets from stdin: {e}");
         return ExitCode::from(125);
     }
@@ -20,7 +23,11 @@ pub fn run(command: Vec<String>) -> ExitCode {
         }
     };
     buf.iter_mut().for_each(|b| *b = 0);
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("airlock runtime: {e}");

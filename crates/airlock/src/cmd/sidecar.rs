@@ -11,7 +11,9 @@ use airlock_sidecar::config::MAX_CONFIG_BYTES;
 pub fn run() -> ExitCode {
     crate::logging::init();
     let mut buf = Vec::new();
-    let read = std::io::stdin().take(MAX_CONFIG_BYTES as u64 + 1).read_to_end(&mut buf);
+    let read = std::io::stdin()
+        .take(MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut buf);
     if let Err(e) = read {
         eprintln!("airlock sidecar: cannot read the configuration from stdin: {e}");
         return ExitCode::from(2);
@@ -26,7 +28,11 @@ pub fn run() -> ExitCode {
     // Zero the raw document (it held the tokens) now that it is parsed.
     buf.iter_mut().for_each(|b| *b = 0);
     drop(buf);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("airlock sidecar: cannot start the async runtime: {e}");

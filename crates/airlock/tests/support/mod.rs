@@ -201,10 +201,7 @@ pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
         let size = usize::from_str_radix(
             String::from_utf8_lossy(&b[..eol])
                 .split(';')
@@ -218,8 +215,11 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
             break;
         }
         let start = eol + 2;
-        out.extend_from_slice(&b[start..start + size]);
-        b = &b[start + size + 2..];
+        let Some(chunk) = b.get(start..start + size) else {
+            break;
+        };
+        out.extend_from_slice(chunk);
+        b = b.get(start + size + 2..).unwrap_or_default();
     }
     out
 }
