@@ -142,6 +142,12 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         );
         let app = app.clone();
         tasks.spawn(async move {
+            use axum::serve::ListenerExt;
+            // Without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms to small
+            // streamed writes (model streams).
+            let l = l.tap_io(|s| {
+                let _ = s.set_nodelay(true);
+            });
             let _ = axum::serve(l, app).await;
         });
     }
