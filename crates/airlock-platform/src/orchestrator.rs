@@ -157,8 +157,10 @@ impl Orchestrator {
         };
         progress(Progress::Ending { status });
         self.api.revoke(&run_id);
-        let _ = std::fs::remove_dir_all(&run_dir);
-        self.store
+        // Recorded as ended before its directory goes: a concurrent boot
+        // reclaim never sees it `running` without a directory.
+        let finished = self
+            .store
             .finish_run(
                 &run_id,
                 &RunEnd {
@@ -168,7 +170,9 @@ impl Orchestrator {
                     at: now_ms(),
                 },
             )
-            .await?;
+            .await;
+        let _ = std::fs::remove_dir_all(&run_dir);
+        finished?;
         Ok(RunOutcome {
             run_id,
             status,
@@ -472,13 +476,9 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             }
         }
     }
-    let live: Vec<String> = std::fs::read_dir(&runs)
-        .map(|r| {
-            r.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    // The store first, then the directories: a run is recorded only after
+    // its directory exists, so every run in this snapshot that is alive has
+    // its directory in the listing below.
     let running = store
         .list_runs(&airlock_store::RunQuery {
             status: Some(RunStatus::Running),
@@ -486,6 +486,13 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             ..Default::default()
         })
         .await?;
+    let live: Vec<String> = std::fs::read_dir(&runs)
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
     for run in running.into_iter().filter(|r| !live.contains(&r.id)) {
         store
             .finish_run(&run.id, &RunEnd { status: RunStatus::Failed, exit_code: None, error: Some("the platform stopped while this run was running; reclaimed at the next start"), at: now_ms() })
