@@ -2,10 +2,12 @@
 //! unix socket, authenticated with the run token.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
@@ -47,12 +49,20 @@ impl PlatformError {
     }
 }
 
-/// Cheap to clone; opens one connection per request (a unix socket connect
-/// costs microseconds, and it keeps the client free of pooled state).
+/// Idle keep-alive connections kept for reuse.
+const MAX_IDLE: usize = 8;
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// Cheap to clone (clones share the pool). Keeps up to [`MAX_IDLE`] idle
+/// keep-alive connections to the platform's socket: a credential fetch on
+/// the request path then costs one round trip, not a connect, a handshake
+/// and a new server task.
 #[derive(Clone)]
 pub struct PlatformClient {
     socket: PathBuf,
     run_token: SecretString,
+    idle: Arc<Mutex<Vec<Sender>>>,
 }
 
 impl std::fmt::Debug for PlatformClient {
@@ -80,6 +90,7 @@ impl PlatformClient {
         PlatformClient {
             socket: socket.as_ref().to_owned(),
             run_token,
+            idle: Arc::default(),
         }
     }
 
@@ -94,18 +105,6 @@ impl PlatformClient {
         content_type: Option<&str>,
         body: Bytes,
     ) -> Result<(StatusCode, http::HeaderMap, Bytes), PlatformError> {
-        let stream = UnixStream::connect(&self.socket).await.map_err(|source| {
-            PlatformError::Unreachable {
-                path: self.socket.clone(),
-                source,
-            }
-        })?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| PlatformError::Transport(e.to_string()))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
         let mut req = Request::builder()
             .method(method)
             .uri(path_and_query)
@@ -120,10 +119,7 @@ impl PlatformClient {
         let req = req
             .body(Full::new(body))
             .map_err(|e| PlatformError::Transport(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| PlatformError::Transport(e.to_string()))?;
+        let (mut sender, resp) = self.send(req).await?;
         let (parts, body) = resp.into_parts();
         let limited = http_body_util::Limited::new(body, MAX_ANSWER);
         let bytes = limited
@@ -131,6 +127,10 @@ impl PlatformClient {
             .await
             .map_err(|e| PlatformError::Transport(e.to_string()))?
             .to_bytes();
+        // The answer is read whole, so the connection is free again.
+        if sender.ready().await.is_ok() {
+            self.put_idle(sender);
+        }
         if !parts.status.is_success() {
             let err: ErrorBody = serde_json::from_slice(&bytes).unwrap_or(ErrorBody {
                 error: "unknown".into(),
@@ -143,6 +143,66 @@ impl PlatformClient {
             });
         }
         Ok((parts.status, parts.headers, bytes))
+    }
+
+    async fn connect(&self) -> Result<Sender, PlatformError> {
+        let stream = UnixStream::connect(&self.socket).await.map_err(|source| {
+            PlatformError::Unreachable {
+                path: self.socket.clone(),
+                source,
+            }
+        })?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| PlatformError::Transport(e.to_string()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    fn take_idle(&self) -> Option<Sender> {
+        let mut idle = self.idle.lock().ok()?;
+        while let Some(s) = idle.pop() {
+            if s.is_ready() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn put_idle(&self, sender: Sender) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(sender);
+        }
+    }
+
+    /// Sends on an idle connection, or a new one. A request an idle
+    /// connection could not take (the platform closed it meanwhile) comes
+    /// back unsent and goes out once more on a fresh connection, so no
+    /// request is ever sent twice.
+    async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<(Sender, http::Response<hyper::body::Incoming>), PlatformError> {
+        let req = match self.take_idle() {
+            Some(mut s) => match s.try_send_request(req).await {
+                Ok(resp) => return Ok((s, resp)),
+                Err(mut e) => match e.take_message() {
+                    Some(req) => req,
+                    None => return Err(PlatformError::Transport(e.into_error().to_string())),
+                },
+            },
+            None => req,
+        };
+        let mut s = self.connect().await?;
+        let resp = s
+            .send_request(req)
+            .await
+            .map_err(|e| PlatformError::Transport(e.to_string()))?;
+        Ok((s, resp))
     }
 
     async fn get_json<T: DeserializeOwned>(

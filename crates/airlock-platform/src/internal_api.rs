@@ -152,24 +152,25 @@ async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Ne
             "missing or invalid run token",
         );
     };
+    // The grant is the authority on whether the run may still fetch: the
+    // orchestrator grants it before the sidecar starts and revokes it before
+    // the run's end is recorded, so a granted run is running and the request
+    // path needs no store query. Without a grant the store only picks the
+    // answer (an ended run gets 403, a stranger 404).
     if api.grant_of(&run_id).is_none() {
-        return error(
-            StatusCode::NOT_FOUND,
-            "unknown_run",
-            "this platform hosts no such run",
-        );
-    }
-    match api.inner.store.get_run(&run_id).await {
-        Ok(Some(run)) if run.status == RunStatus::Running => {}
-        Ok(Some(run)) => {
-            return error(
+        return match api.inner.store.get_run(&run_id).await {
+            Ok(Some(run)) if run.status != RunStatus::Running => error(
                 StatusCode::FORBIDDEN,
                 "run_not_running",
                 format!("the run is {}", run.status),
-            );
-        }
-        Ok(None) => return error(StatusCode::NOT_FOUND, "unknown_run", "no such run"),
-        Err(e) => return internal(e),
+            ),
+            Ok(_) => error(
+                StatusCode::NOT_FOUND,
+                "unknown_run",
+                "this platform hosts no such run",
+            ),
+            Err(e) => internal(e),
+        };
     }
     req.extensions_mut().insert(RunId(run_id));
     next.run(req).await

@@ -119,6 +119,29 @@ impl TestPlatform {
         (id.clone(), self.tokens.issue(&id))
     }
 
+    /// A run token for any run id (the platform may not know the run).
+    pub fn token_for(&self, run_id: &str) -> SecretString {
+        self.tokens.issue(run_id)
+    }
+
+    /// Ends a run the way the orchestrator does: the grant goes, then the
+    /// end is recorded.
+    pub async fn end_run(&self, run_id: &str, status: RunStatus) {
+        self.api.revoke(run_id);
+        self.store()
+            .finish_run(
+                run_id,
+                &airlock_store::RunEnd {
+                    status,
+                    exit_code: Some(0),
+                    error: None,
+                    at: 1,
+                },
+            )
+            .await
+            .expect("finish run");
+    }
+
     /// Stores an encrypted connection for `integration` (or `@model`) and
     /// grants it to the main run.
     pub async fn add_connection(

@@ -149,6 +149,8 @@ pub struct EventSink {
 
 const SINK_CAPACITY: usize = 16 * 1024;
 const BATCH: usize = 256;
+/// How long the sink waits for more events before sending a batch.
+const LINGER: Duration = Duration::from_millis(5);
 
 impl EventSink {
     pub fn start(platform: PlatformClient) -> Self {
@@ -165,10 +167,14 @@ impl EventSink {
                         SinkMsg::Flush(w) => waiters.push(w),
                     };
                 push(msg, &mut batch, &mut waiters);
-                while batch.len() < BATCH {
-                    match rx.try_recv() {
-                        Ok(m) => push(m, &mut batch, &mut waiters),
-                        Err(_) => break,
+                // Gather what arrives within LINGER (a flush request cuts it
+                // short), so a busy run costs the platform one request per
+                // batch rather than one per event.
+                let deadline = tokio::time::Instant::now() + LINGER;
+                while batch.len() < BATCH && waiters.is_empty() {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(m)) => push(m, &mut batch, &mut waiters),
+                        Ok(None) | Err(_) => break,
                     }
                 }
                 if !batch.is_empty() {

@@ -84,14 +84,25 @@ pub trait ProxyStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn listener_addr(&self) -> Option<SocketAddr> {
         None
     }
+    /// The socket, when a tunnel can splice it.
+    fn splice_socket(&self) -> Option<relay::SpliceSocket<'_>> {
+        None
+    }
 }
 
 impl ProxyStream for TcpStream {
     fn listener_addr(&self) -> Option<SocketAddr> {
         self.local_addr().ok()
     }
+    fn splice_socket(&self) -> Option<relay::SpliceSocket<'_>> {
+        Some(relay::SpliceSocket::Tcp(self))
+    }
 }
-impl ProxyStream for tokio::net::UnixStream {}
+impl ProxyStream for tokio::net::UnixStream {
+    fn splice_socket(&self) -> Option<relay::SpliceSocket<'_>> {
+        Some(relay::SpliceSocket::Unix(self))
+    }
+}
 impl ProxyStream for tokio::io::DuplexStream {}
 
 /// Addresses this process serves on (the proxy learns its own from accepted
@@ -425,7 +436,20 @@ async fn tunnel<S: ProxyStream>(
         }
         early_out = early.len() as u64;
     }
-    let stats = relay::relay(client, upstream, settings.idle_timeout, RELAY_BUF).await;
+    let spliced = match client.splice_socket() {
+        Some(c) => relay::relay_spliced(
+            c,
+            relay::SpliceSocket::Tcp(&upstream),
+            settings.idle_timeout,
+        )
+        .await
+        .ok(),
+        None => None,
+    };
+    let stats = match spliced {
+        Some(stats) => stats,
+        None => relay::relay(client, upstream, settings.idle_timeout, RELAY_BUF).await,
+    };
     rec.status = Some(200);
     rec.bytes_out = stats.client_to_upstream + early_out;
     rec.bytes_in = stats.upstream_to_client;

@@ -1,0 +1,144 @@
+//! The platform's internal API from the sidecar's side: `PlatformClient`
+//! against the real server (SQLite store, real keyring, run tokens).
+//!
+//! Every refusal is tried from the caller's side (a forged token, a token of
+//! an ended run, of a run this platform does not host, a foreign
+//! integration) next to the legitimate fetch; and the client's keep-alive
+//! pool is shown to survive the platform closing its connections.
+
+use airlock_platform::testing::TestPlatform;
+use airlock_platform_api::{PlatformClient, PlatformError};
+use airlock_store::{AuthType, RunStatus};
+use airlock_vault::SecretString;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixListener;
+
+fn refused(r: Result<impl std::fmt::Debug, PlatformError>) -> (u16, String) {
+    match r {
+        Err(PlatformError::Refused { status, code, .. }) => (status, code),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn run_tokens_are_checked_and_each_refusal_is_typed() {
+    let p = TestPlatform::start("agent-a").await;
+    p.add_connection("svc", AuthType::Bearer, &[("api_key", "canary-value-1")])
+        .await;
+
+    // The legitimate path, several times over one pooled connection.
+    let client = PlatformClient::new(&p.socket, p.run_token.clone());
+    for _ in 0..5 {
+        let c = client.credential("svc").await.expect("credential");
+        assert_eq!(c.fields["api_key"], "canary-value-1");
+        assert_eq!(c.connection, "svc-conn");
+    }
+
+    // An integration the run was not granted.
+    assert_eq!(
+        refused(client.credential("other").await),
+        (403, "integration_not_granted".into())
+    );
+
+    // A forged token, a token with its MAC altered, no token at all.
+    for forged in [
+        "run_x.0000".to_owned(),
+        format!("{}0", "a".repeat(10)),
+        String::new(),
+    ] {
+        let c = PlatformClient::new(&p.socket, SecretString::from(forged.clone()));
+        assert_eq!(
+            refused(c.credential("svc").await),
+            (401, "unauthorized".into()),
+            "{forged:?}"
+        );
+    }
+    let mut tampered = airlock_vault::ExposeSecret::expose_secret(&p.run_token).to_owned();
+    let last = tampered.pop().expect("token");
+    tampered.push(if last == '0' { '1' } else { '0' });
+    let c = PlatformClient::new(&p.socket, SecretString::from(tampered));
+    assert_eq!(refused(c.credential("svc").await).0, 401);
+
+    // A well-signed token of a run this platform does not host.
+    let stranger = PlatformClient::new(&p.socket, p.token_for("run_notours"));
+    assert_eq!(
+        refused(stranger.credential("svc").await),
+        (404, "unknown_run".into())
+    );
+
+    // Another running run of the same platform cannot use the first run's grant.
+    let (other_id, other_token) = p.another_run("agent-b").await;
+    let other = PlatformClient::new(&p.socket, other_token);
+    assert_eq!(
+        refused(other.credential("svc").await),
+        (403, "integration_not_granted".into())
+    );
+
+    // Once the run has ended its token fetches nothing, even on a pooled connection.
+    p.end_run(&other_id, RunStatus::Succeeded).await;
+    assert_eq!(
+        refused(other.credential("svc").await),
+        (403, "run_not_running".into())
+    );
+    p.end_run(&p.run_id, RunStatus::Cancelled).await;
+    assert_eq!(
+        refused(client.credential("svc").await),
+        (403, "run_not_running".into())
+    );
+}
+
+/// A platform that answers one request per connection and then closes it
+/// without saying so: the client's pooled connection is dead by the next
+/// call, which must still succeed, once, on a new connection.
+#[tokio::test]
+async fn a_connection_the_platform_closed_is_replaced_and_nothing_is_sent_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("platform.sock");
+    let listener = UnixListener::bind(&socket).expect("bind");
+    let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen_tx.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).to_string();
+                let _ = seen.send(head.lines().next().unwrap_or("").to_owned());
+                let body = br#"{"integration":"svc","connection":"c","auth_type":"bearer","fields":{"k":"v"}}"#;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.write_all(body).await;
+                // Closed without `connection: close`.
+            });
+        }
+    });
+    let client = PlatformClient::new(&socket, SecretString::from("run_a.00".to_owned()));
+    for i in 0..4 {
+        let c = client.credential("svc").await.unwrap_or_else(|e| {
+            panic!("call {i} failed after the platform closed the pooled connection: {e}")
+        });
+        assert_eq!(c.fields["k"], "v");
+        // Let the close reach the client before the next call half the time.
+        if i % 2 == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let mut requests = 0;
+    while let Ok(line) = seen_rx.try_recv() {
+        assert!(
+            line.starts_with("GET /internal/v1/credentials/svc "),
+            "{line}"
+        );
+        requests += 1;
+    }
+    assert_eq!(requests, 4, "each call reached the platform exactly once");
+}
