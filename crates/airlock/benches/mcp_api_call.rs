@@ -301,6 +301,22 @@ async fn run() {
         );
     }
 
+    // The platform round trip alone (what a credentialed call adds at least).
+    let platform = airlock_platform_api::PlatformClient::new(&p.socket, p.run_token.clone());
+    let mut t_fetch = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        platform.credential("svc").await.expect("credential");
+        t_fetch.push(t.elapsed());
+    }
+    t_fetch.sort();
+    println!(
+        "  {:<44} p50 {:>8.1} µs   p99 {:>8.1} µs",
+        "platform credential fetch alone",
+        us(percentile(&t_fetch, 0.5)),
+        us(percentile(&t_fetch, 0.99))
+    );
+
     // 100 concurrent api_calls, 20 rounds, each on its own connection.
     let mut tasks = tokio::task::JoinSet::new();
     let started = Instant::now();

@@ -673,6 +673,9 @@ async fn malformed_input_gets_clear_errors_and_the_sidecar_keeps_serving() {
             b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"tools/call\",\"params\":[1]}",
             -32602,
         ),
+        // Right shape, but rmcp's typed parse refuses it (rmcp alone would
+        // answer a plain-text 415).
+        (b"{\"jsonrpc\":\"2.0\",\"id\":6,\"error\":5}", -32600),
     ] {
         let (status, _, resp) = post(body);
         assert_eq!(status, 400, "{}", String::from_utf8_lossy(body));

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject, Resource};
 use serde_json::{Map, Value, json};
 
-use super::McpState;
 use super::args::{self, ApiCallArgs, ArgError, Redactor};
+use super::{CredentialPrefetch, McpState};
 use crate::config::Integration;
 use crate::state::{loggable_url, now_ms};
 
@@ -31,7 +31,12 @@ pub fn arg_error(e: &ArgError) -> CallToolResult {
 
 /// Runs one `api_call` of `integration`. Never fails at the protocol level:
 /// every refusal is an `isError` result.
-pub async fn run(state: &McpState, integration: &Integration, args: ApiCallArgs) -> CallToolResult {
+pub async fn run(
+    state: &McpState,
+    integration: &Integration,
+    args: ApiCallArgs,
+    prefetch: Option<&CredentialPrefetch>,
+) -> CallToolResult {
     let sidecar = &state.sidecar;
     let Ok(_permit) = sidecar.api_calls.acquire().await else {
         return error_result("unavailable", "the sidecar is shutting down", 503);
@@ -39,7 +44,15 @@ pub async fn run(state: &McpState, integration: &Integration, args: ApiCallArgs)
     let ns = integration.namespace.as_str();
     // The credential lives for this call only; `fields` is dropped on return.
     let fields: BTreeMap<String, String> = if integration.has_connection {
-        match sidecar.platform.credential(ns).await {
+        let fetched = match prefetch {
+            Some(p) => p.take(ns).await,
+            None => None,
+        };
+        let fetched = match fetched {
+            Some(f) => f,
+            None => sidecar.platform.credential(ns).await,
+        };
+        match fetched {
             Ok(c) => c.fields,
             Err(e) => {
                 tracing::warn!(
@@ -69,9 +82,16 @@ pub async fn run(state: &McpState, integration: &Integration, args: ApiCallArgs)
         Ok(p) => p,
         Err(e) => return error_result(e.code, &redactor.str(&e.message), e.status),
     };
-    let authorized = AuthorizedUris::render(&integration.authorized_uris, &fields);
+    let rendered;
+    let authorized = match state.static_uris.get(ns) {
+        Some(parsed) => parsed,
+        None => {
+            rendered = AuthorizedUris::render(&integration.authorized_uris, &fields);
+            &rendered
+        }
+    };
     let rules = CallRules {
-        authorized: &authorized,
+        authorized,
         allow_all_uris: integration.allow_all_uris,
         credentialed: integration.has_connection,
     };

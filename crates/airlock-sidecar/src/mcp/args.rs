@@ -86,8 +86,47 @@ pub const INVALID_REQUEST: i32 = -32600;
 pub const INVALID_PARAMS: i32 = -32602;
 
 /// Checks a POST body before rmcp parses it, so malformed input gets a
-/// proper JSON-RPC error (rmcp answers those with a plain-text 415).
+/// proper JSON-RPC error (rmcp answers those with a plain-text 415): the
+/// shape ([`check_shape`]) and then rmcp's own typed parse.
 pub fn check_envelope(bytes: &[u8]) -> Result<(), EnvelopeError> {
+    check_shape(bytes)?;
+    typed_check(bytes)
+}
+
+/// What the shape check learnt of an accepted message.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shape {
+    /// `params.name` of a `tools/call` request.
+    pub tool_call: Option<String>,
+}
+
+/// rmcp's typed parse of a message that passed [`check_shape`], as a
+/// JSON-RPC error. The request path runs it only when rmcp refused the
+/// message (so a good message is typed once, by rmcp).
+pub fn typed_check(bytes: &[u8]) -> Result<(), EnvelopeError> {
+    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(bytes) else {
+        return check_shape(bytes).map(drop);
+    };
+    let id = match obj.get("id") {
+        Some(v @ (Value::String(_) | Value::Number(_))) => v.clone(),
+        _ => Value::Null,
+    };
+    let is_request = obj.get("method").is_some() && obj.contains_key("id");
+    if let Err(e) = serde_json::from_value::<rmcp::model::ClientJsonRpcMessage>(Value::Object(obj))
+    {
+        let (code, what) = if is_request {
+            (INVALID_PARAMS, "Invalid params")
+        } else {
+            (INVALID_REQUEST, "Invalid Request")
+        };
+        return Err(EnvelopeError::new(code, format!("{what}: {e}"), id));
+    }
+    Ok(())
+}
+
+/// The JSON-RPC shape of a POST body: one object, `jsonrpc` "2.0", a string
+/// or integer id, a method or a result/error, object params.
+pub fn check_shape(bytes: &[u8]) -> Result<Shape, EnvelopeError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         EnvelopeError::new(
             PARSE_ERROR,
@@ -156,17 +195,10 @@ pub fn check_envelope(bytes: &[u8]) -> Result<(), EnvelopeError> {
             id,
         ));
     }
-    let is_request = has_method && obj.contains_key("id");
-    if let Err(e) = serde_json::from_value::<rmcp::model::ClientJsonRpcMessage>(Value::Object(obj))
-    {
-        let (code, what) = if is_request {
-            (INVALID_PARAMS, "Invalid params")
-        } else {
-            (INVALID_REQUEST, "Invalid Request")
-        };
-        return Err(EnvelopeError::new(code, format!("{what}: {e}"), id));
-    }
-    Ok(())
+    let tool_call = (obj.get("method").and_then(Value::as_str) == Some("tools/call"))
+        .then(|| obj.get("params")?.get("name")?.as_str().map(str::to_owned))
+        .flatten();
+    Ok(Shape { tool_call })
 }
 
 /// A tool call, parsed.

@@ -73,6 +73,9 @@ pub struct McpState {
     tools: Vec<Tool>,
     /// Bytes stored through `put_result` by this run (`limits.run_result_bytes`).
     stored_bytes: AtomicU64,
+    /// Parsed `authorized_uris` of the integrations without
+    /// `{$credential.…}` templates (the others are rendered per call).
+    static_uris: std::collections::HashMap<String, airlock_egress::AuthorizedUris>,
 }
 
 impl McpState {
@@ -85,10 +88,22 @@ impl McpState {
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools.push(run_history_tool());
         tools.push(recall_memory_tool());
+        let static_uris = sidecar
+            .integrations
+            .iter()
+            .filter(|(_, i)| !i.authorized_uris.iter().any(|u| u.contains("{$")))
+            .map(|(ns, i)| {
+                (
+                    ns.clone(),
+                    airlock_egress::AuthorizedUris::parse(&i.authorized_uris),
+                )
+            })
+            .collect();
         McpState {
             sidecar,
             tools,
             stored_bytes: AtomicU64::new(0),
+            static_uris,
         }
     }
 
@@ -101,6 +116,7 @@ impl McpState {
         &self,
         name: &str,
         arguments: Option<&serde_json::Map<String, Value>>,
+        prefetch: Option<&CredentialPrefetch>,
     ) -> Result<CallToolResult, ErrorData> {
         let limit = self.sidecar.limits.max_request_bytes;
         let call = match args::parse_tool_call(
@@ -121,7 +137,7 @@ impl McpState {
         Ok(match call {
             ToolCall::ApiCall { namespace, args } => {
                 match self.sidecar.integrations.get(&namespace) {
-                    Some(integration) => api_call::run(self, integration, args).await,
+                    Some(integration) => api_call::run(self, integration, args, prefetch).await,
                     None => {
                         return Err(ErrorData::invalid_params(
                             format!("unknown tool {name:?}"),
@@ -289,10 +305,14 @@ impl ServerHandler for AirlockMcp {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let prefetch = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<CredentialPrefetch>());
         self.state
-            .call(&request.name, request.arguments.as_ref())
+            .call(&request.name, request.arguments.as_ref(), prefetch)
             .await
             .map(CallToolResponse::from)
     }
@@ -324,6 +344,7 @@ type McpService = StreamableHttpService<AirlockMcp, LocalSessionManager>;
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
     let limit = sidecar.limits.max_request_bytes;
     let state = Arc::new(McpState::new(sidecar));
+    let entry_state = state.clone();
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
         .with_max_request_body_bytes(limit)
@@ -337,7 +358,8 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    Router::new().fallback(move |req: Request| entry(service.clone(), limit, req))
+    Router::new()
+        .fallback(move |req: Request| entry(service.clone(), entry_state.clone(), limit, req))
 }
 
 fn too_large(limit: usize) -> Response {
@@ -348,9 +370,57 @@ fn too_large(limit: usize) -> Response {
         .into_response()
 }
 
+/// The credential fetch of an `api_call`, started when the envelope named
+/// the tool: the platform round trip then overlaps rmcp's parsing and
+/// dispatch instead of following it. Still one fetch per call, at request
+/// time; a fetch nobody takes (rmcp refused the message, the arguments were
+/// bad) is aborted with the request, and its answer dropped unread.
+#[derive(Clone)]
+pub struct CredentialPrefetch {
+    namespace: String,
+    fetch: Arc<PendingFetch>,
+}
+
+type FetchResult =
+    Result<airlock_platform_api::wire::CredentialResponse, airlock_platform_api::PlatformError>;
+
+struct PendingFetch(std::sync::Mutex<Option<tokio::task::JoinHandle<FetchResult>>>);
+
+impl Drop for PendingFetch {
+    fn drop(&mut self) {
+        if let Ok(mut h) = self.0.lock()
+            && let Some(h) = h.take()
+        {
+            h.abort();
+        }
+    }
+}
+
+impl CredentialPrefetch {
+    fn start(sidecar: &Arc<Sidecar>, namespace: &str) -> Self {
+        let sc = sidecar.clone();
+        let ns = namespace.to_owned();
+        let handle = tokio::spawn(async move { sc.platform.credential(&ns).await });
+        CredentialPrefetch {
+            namespace: namespace.to_owned(),
+            fetch: Arc::new(PendingFetch(std::sync::Mutex::new(Some(handle)))),
+        }
+    }
+
+    /// The fetched credential of `namespace`, if this prefetch is for it
+    /// and was not taken yet.
+    pub(crate) async fn take(&self, namespace: &str) -> Option<FetchResult> {
+        if self.namespace != namespace {
+            return None;
+        }
+        let handle = self.fetch.0.lock().ok()?.take()?;
+        handle.await.ok()
+    }
+}
+
 /// Reads a POST body within `limit`, answers a malformed envelope with a
 /// JSON-RPC error, and hands the rest to rmcp.
-async fn entry(service: McpService, limit: usize, req: Request) -> Response {
+async fn entry(service: McpService, state: Arc<McpState>, limit: usize, req: Request) -> Response {
     if req.method() != Method::POST {
         return service.handle(req).await.map(Body::new);
     }
@@ -368,18 +438,55 @@ async fn entry(service: McpService, limit: usize, req: Request) -> Response {
                 .into_response();
         }
     };
-    if let Err(e) = args::check_envelope(&bytes) {
-        return (
+    let envelope_error = |e: args::EnvelopeError| {
+        (
             StatusCode::BAD_REQUEST,
             [(header::CONTENT_TYPE, "application/json")],
             e.to_json().to_string(),
         )
-            .into_response();
+            .into_response()
+    };
+    let shape = match args::check_shape(&bytes) {
+        Ok(shape) => shape,
+        Err(e) => return envelope_error(e),
+    };
+    let mut parts = parts;
+    if let Some(ns) = shape
+        .tool_call
+        .as_deref()
+        .and_then(|n| n.strip_suffix(args::API_CALL_SUFFIX))
+        && state
+            .sidecar
+            .integrations
+            .get(ns)
+            .is_some_and(|i| i.has_connection)
+    {
+        parts
+            .extensions
+            .insert(CredentialPrefetch::start(&state.sidecar, ns));
     }
-    service
-        .handle(Request::from_parts(parts, Body::from(bytes)))
+    let json_body = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    let response = service
+        .handle(Request::from_parts(parts, Body::from(bytes.clone())))
         .await
-        .map(Body::new)
+        .map(Body::new);
+    // rmcp answers a JSON body its typed parse refuses with a plain-text
+    // 415; give the client the JSON-RPC error instead.
+    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE
+        && json_body
+        && let Err(e) = args::typed_check(&bytes)
+    {
+        return envelope_error(e);
+    }
+    response
 }
 
 #[cfg(test)]
