@@ -301,6 +301,27 @@ async fn run() {
         );
     }
 
+    // One extra loopback hop with no work: the sidecar's `GET /health`.
+    let mut t_health = Vec::with_capacity(n);
+    for _ in 0..n {
+        let req = hyper::Request::get("/health")
+            .header("host", "127.0.0.1")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let t = Instant::now();
+        s.ready().await.expect("sidecar connection");
+        let resp = s.send_request(req).await.expect("health");
+        let _ = resp.into_body().collect().await.expect("body");
+        t_health.push(t.elapsed());
+    }
+    t_health.sort();
+    println!(
+        "  {:<44} p50 {:>8.1} µs   p99 {:>8.1} µs",
+        "sidecar GET /health (the hop alone)",
+        us(percentile(&t_health, 0.5)),
+        us(percentile(&t_health, 0.99))
+    );
+
     // The platform round trip alone (what a credentialed call adds at least).
     let platform = airlock_platform_api::PlatformClient::new(&p.socket, p.run_token.clone());
     let mut t_fetch = Vec::with_capacity(n);

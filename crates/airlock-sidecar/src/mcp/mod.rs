@@ -464,6 +464,9 @@ async fn entry(service: McpService, state: Arc<McpState>, limit: usize, req: Req
         parts
             .extensions
             .insert(CredentialPrefetch::start(&state.sidecar, ns));
+        // Let the fetch send its request now (the sidecar runs one thread):
+        // rmcp's work below then overlaps the platform's.
+        tokio::task::yield_now().await;
     }
     let json_body = parts
         .headers
