@@ -450,6 +450,8 @@ async fn record(
                     reason: e.code.as_deref(),
                     status: e.status.map(i64::from),
                     duration_ms: e.duration_ms.map(|d| d as i64),
+                    bytes_out: i64::try_from(e.bytes_out).unwrap_or(i64::MAX),
+                    bytes_in: i64::try_from(e.bytes_in).unwrap_or(i64::MAX),
                 })
                 .await?;
             return Ok(());

@@ -760,8 +760,8 @@ impl Store {
     pub async fn append_egress(&self, e: &NewEgress<'_>) -> Result<i64, StoreError> {
         on_pool!(self, p => sqlx::query_scalar(
             "INSERT INTO egress_log (run_id, at, source, integration, method, url, host, \
-             decision, reason, status, duration_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+             decision, reason, status, duration_ms, bytes_out, bytes_in) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
         )
         .bind(e.run_id)
         .bind(e.at)
@@ -774,6 +774,8 @@ impl Store {
         .bind(e.reason)
         .bind(e.status)
         .bind(e.duration_ms)
+        .bind(e.bytes_out)
+        .bind(e.bytes_in)
         .fetch_one(p)
         .await
         .map_err(|err| self.run_fk(err, e.run_id)))
@@ -788,7 +790,8 @@ impl Store {
         on_pool!(self, p => {
             let rows = sqlx::query(
                 "SELECT id, run_id, at, source, integration, method, url, host, decision, \
-                 reason, status, duration_ms FROM egress_log WHERE run_id = $1 ORDER BY id \
+                 reason, status, duration_ms, bytes_out, bytes_in FROM egress_log \
+                 WHERE run_id = $1 ORDER BY id \
                  LIMIT $2",
             )
             .bind(run_id)
@@ -813,6 +816,8 @@ impl Store {
                         reason: r.try_get("reason").map_err(|e| self.err(e))?,
                         status: r.try_get("status").map_err(|e| self.err(e))?,
                         duration_ms: r.try_get("duration_ms").map_err(|e| self.err(e))?,
+                        bytes_out: r.try_get("bytes_out").map_err(|e| self.err(e))?,
+                        bytes_in: r.try_get("bytes_in").map_err(|e| self.err(e))?,
                     })
                 })
                 .collect()

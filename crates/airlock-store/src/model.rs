@@ -246,6 +246,10 @@ pub struct NewEgress<'a> {
     /// Upstream HTTP status, when there was one.
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
+    /// Bytes sent upstream (request body, or what a tunnel carried out).
+    pub bytes_out: i64,
+    /// Bytes received from upstream.
+    pub bytes_in: i64,
 }
 
 /// A logged outbound decision.
@@ -263,6 +267,8 @@ pub struct EgressEntry {
     pub reason: Option<String>,
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
+    pub bytes_out: i64,
+    pub bytes_in: i64,
 }
 
 /// An agent's memory.

@@ -16,10 +16,11 @@ pub(crate) const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS airlock_schem
     applied_at BIGINT NOT NULL
 )";
 
-pub(crate) const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    description: "initial schema",
-    sql: r#"
+pub(crate) const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "initial schema",
+        sql: r#"
 CREATE TABLE connections (
     name TEXT PRIMARY KEY,
     integration TEXT NOT NULL,
@@ -93,12 +94,22 @@ CREATE TABLE results (
     PRIMARY KEY (run_id, id)
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "egress log byte counts",
+        sql: r#"
+ALTER TABLE egress_log ADD COLUMN bytes_out BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE egress_log ADD COLUMN bytes_in BIGINT NOT NULL DEFAULT 0;
+"#,
+    },
+];
 
-pub(crate) const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    description: "initial schema",
-    sql: r#"
+pub(crate) const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "initial schema",
+        sql: r#"
 CREATE TABLE connections (
     name TEXT PRIMARY KEY,
     integration TEXT NOT NULL,
@@ -172,4 +183,13 @@ CREATE TABLE results (
     PRIMARY KEY (run_id, id)
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "egress log byte counts",
+        sql: r#"
+ALTER TABLE egress_log ADD COLUMN bytes_out BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE egress_log ADD COLUMN bytes_in BIGINT NOT NULL DEFAULT 0;
+"#,
+    },
+];

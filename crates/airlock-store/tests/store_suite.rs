@@ -105,7 +105,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 1);
+    assert_eq!(s.schema_version().await.unwrap(), 2);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -114,7 +114,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 1);
+        assert_eq!(again.schema_version().await.unwrap(), 2);
     }
 }
 
@@ -497,6 +497,8 @@ async fn egress_log(s: &Store) {
         reason: None,
         status: Some(200),
         duration_ms: Some(42),
+        bytes_out: 120,
+        bytes_in: 5_000_000_000,
     };
     s.append_egress(&allowed).await.unwrap();
     s.append_egress(&NewEgress {
@@ -508,6 +510,8 @@ async fn egress_log(s: &Store) {
         reason: Some("blocked_address"),
         status: None,
         duration_ms: None,
+        bytes_out: 0,
+        bytes_in: 0,
         ..allowed
     })
     .await
@@ -517,6 +521,8 @@ async fn egress_log(s: &Store) {
     assert_eq!(log[0].decision, EgressDecision::Allowed);
     assert_eq!(log[0].status, Some(200));
     assert_eq!(log[0].integration.as_deref(), Some("github"));
+    assert_eq!((log[0].bytes_out, log[0].bytes_in), (120, 5_000_000_000));
+    assert_eq!((log[1].bytes_out, log[1].bytes_in), (0, 0));
     assert_eq!(log[1].decision, EgressDecision::Refused);
     assert_eq!(log[1].reason.as_deref(), Some("blocked_address"));
     assert_eq!(log[1].status, None);
@@ -638,6 +644,47 @@ async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
     assert_eq!(s.get_connection("c").await.unwrap().unwrap().envelope, env);
     assert!(s.get_connection("d").await.unwrap().is_none());
     assert_eq!(s.reencrypt_batch(&new, 10).await.unwrap(), 1);
+}
+
+/// A database written by the first schema (no byte counts in the egress
+/// log) is upgraded in place when opened: its rows survive and read back
+/// with zero bytes.
+#[tokio::test]
+async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("airlock.db");
+    let s = Store::open_sqlite(&path, &StoreOptions::default())
+        .await
+        .unwrap();
+    new_run(&s, "r1").await;
+    s.close().await;
+    // Turn it back into what version 1 wrote.
+    let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "ALTER TABLE egress_log DROP COLUMN bytes_out; \
+         ALTER TABLE egress_log DROP COLUMN bytes_in; \
+         DELETE FROM airlock_schema_migrations WHERE version = 2; \
+         INSERT INTO egress_log (run_id, at, source, integration, method, url, host, decision, \
+           reason, status, duration_ms) \
+         VALUES ('r1', 5, 'proxy', NULL, 'CONNECT', 'https://a.example/', 'a.example', \
+           'allowed', NULL, 200, 7)",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    c.close().await.unwrap();
+
+    let s = Store::open_sqlite(&path, &StoreOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), 2);
+    let log = s.list_egress("r1", 10).await.unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].host, "a.example");
+    assert_eq!((log[0].bytes_out, log[0].bytes_in), (0, 0));
 }
 
 #[tokio::test]

@@ -804,7 +804,10 @@ async fn an_idle_tunnel_is_closed() {
     assert!(
         log.iter().any(|l| l.method == "CONNECT"
             && l.decision == EgressDecision::Allowed
-            && l.duration_ms.unwrap_or(0) >= 2000),
+            && l.duration_ms.unwrap_or(0) >= 2000
+            // "early" and three "x" out, their echo back.
+            && l.bytes_out == 8
+            && l.bytes_in == 8),
         "{log:?}"
     );
 }

@@ -109,17 +109,25 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
             println!("cost         ${:.6}", r.cost_microusd as f64 / 1e6);
             println!("egress log:");
             for e in store.list_egress(&id, 100_000).await? {
+                // The refusal code, else the upstream status.
+                let outcome = match (&e.reason, e.status) {
+                    (Some(code), _) => code.clone(),
+                    (None, Some(status)) => status.to_string(),
+                    (None, None) => "-".into(),
+                };
                 println!(
-                    "  {} {:<8} {:<9} {:<6} {} {}",
+                    "  {} {:<8} {:<9} {:<7} {} {} out={}B in={}B {}",
                     e.at,
                     e.source,
                     e.decision.as_str(),
                     e.method,
                     e.url,
-                    e.reason
-                        .as_deref()
-                        .or(e.status.map(|_| "").filter(|_| false))
-                        .unwrap_or(&e.status.map(|s| s.to_string()).unwrap_or_default())
+                    outcome,
+                    e.bytes_out,
+                    e.bytes_in,
+                    e.duration_ms
+                        .map(|d| format!("{d}ms"))
+                        .unwrap_or_else(|| "-".into())
                 );
             }
         }
