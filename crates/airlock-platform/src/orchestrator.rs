@@ -83,10 +83,6 @@ pub struct Orchestrator {
     pub exe: PathBuf,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn now_ms() -> i64 {
     airlock_store::now_ms()
 }
@@ -102,7 +98,7 @@ impl Orchestrator {
         let started = Instant::now();
         let run_id = format!(
             "run_{}",
-            hex(&airlock_vault::random_bytes::<6>().map_err(|e| RunError::Setup(e.to_string()))?)
+            airlock_vault::random_hex::<6>().map_err(|e| RunError::Setup(e.to_string()))?
         );
         let m = &req.manifest;
         let (memory_mb, cpus, timeout_secs) =

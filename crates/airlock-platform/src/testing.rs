@@ -30,10 +30,6 @@ impl Drop for TestPlatform {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 impl TestPlatform {
     /// A platform with one `running` run of `agent`.
     pub async fn start(agent: &str) -> TestPlatform {
@@ -43,14 +39,11 @@ impl TestPlatform {
             .expect("open store");
         let key = airlock_vault::random_bytes::<32>().expect("key");
         let keyring = std::sync::Arc::new(Keyring::new("k1", &key).expect("keyring"));
-        let secret = hex(&airlock_vault::random_bytes::<24>().expect("secret"));
+        let secret = airlock_vault::random_hex::<24>().expect("secret");
         let tokens = RunTokens::new(
             SigningKeyring::parse("RUN_TOKEN_SECRET", &secret).expect("signing keyring"),
         );
-        let run_id = format!(
-            "run_{}",
-            hex(&airlock_vault::random_bytes::<6>().expect("id"))
-        );
+        let run_id = format!("run_{}", airlock_vault::random_hex::<6>().expect("id"));
         store
             .insert_run(&NewRun {
                 id: &run_id,
@@ -94,10 +87,7 @@ impl TestPlatform {
 
     /// A second run of the same platform (for cross-run checks): its id and run token.
     pub async fn another_run(&self, agent: &str) -> (String, SecretString) {
-        let id = format!(
-            "run_{}",
-            hex(&airlock_vault::random_bytes::<6>().expect("id"))
-        );
+        let id = format!("run_{}", airlock_vault::random_hex::<6>().expect("id"));
         self.store()
             .insert_run(&NewRun {
                 id: &id,

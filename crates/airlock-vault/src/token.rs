@@ -16,6 +16,12 @@ pub fn random_bytes<const N: usize>() -> Result<[u8; N], VaultError> {
     Ok(out)
 }
 
+/// `N` random bytes as lowercase hex (`2N` characters): run ids, test and
+/// demo secrets.
+pub fn random_hex<const N: usize>() -> Result<String, VaultError> {
+    Ok(hex::encode(random_bytes::<N>()?))
+}
+
 /// A per-run sidecar token: 32 bytes from the OS CSPRNG, lowercase hex (64 characters).
 pub fn generate_sidecar_token() -> Result<SecretString, VaultError> {
     let raw = Zeroizing::new(random_bytes::<32>()?);

@@ -154,3 +154,15 @@ fn sidecar_tokens() {
     ));
     assert!(!format!("{a:?}").contains(a.expose_secret()));
 }
+
+#[test]
+fn random_hex_is_lowercase_hex_of_the_asked_length_and_fresh() {
+    let a = airlock_vault::random_hex::<6>().unwrap();
+    let b = airlock_vault::random_hex::<6>().unwrap();
+    assert_eq!(a.len(), 12);
+    assert!(
+        a.bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    );
+    assert_ne!(a, b);
+}

@@ -48,10 +48,6 @@ pub fn run(backend: Option<String>) -> ExitCode {
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 type Handler = Arc<dyn Fn(http::Request<Bytes>) -> http::Response<Full<Bytes>> + Send + Sync>;
 
 async fn serve(h: Handler) -> Result<SocketAddr> {
@@ -93,7 +89,7 @@ fn json_response(status: u16, v: serde_json::Value) -> http::Response<Full<Bytes
 async fn demo(backend: Option<String>) -> Result<bool> {
     let home = std::env::temp_dir().join(format!(
         "airlock-demo-{}",
-        hex(&airlock_vault::random_bytes::<4>()?)
+        airlock_vault::random_hex::<4>()?
     ));
     std::fs::create_dir_all(&home)?;
     let result = demo_in(&home, backend).await;
@@ -102,8 +98,8 @@ async fn demo(backend: Option<String>) -> Result<bool> {
 }
 
 async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool> {
-    let api_token = format!("demo-token-{}", hex(&airlock_vault::random_bytes::<16>()?));
-    let model_key = format!("sk-demo-{}", hex(&airlock_vault::random_bytes::<16>()?));
+    let api_token = format!("demo-token-{}", airlock_vault::random_hex::<16>()?);
+    let model_key = format!("sk-demo-{}", airlock_vault::random_hex::<16>()?);
 
     // The example API: answers only with the right bearer token.
     let expected = format!("Bearer {api_token}");

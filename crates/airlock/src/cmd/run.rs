@@ -34,10 +34,6 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// The embedded platform of one `airlock` process, configured from the environment.
 pub async fn platform(
     backend: Option<&str>,
@@ -66,7 +62,7 @@ pub async fn platform(
 pub fn ephemeral_tokens() -> Result<RunTokens> {
     Ok(RunTokens::new(SigningKeyring::parse(
         "RUN_TOKEN_SECRET",
-        &hex(&airlock_vault::random_bytes::<32>()?),
+        &airlock_vault::random_hex::<32>()?,
     )?))
 }
 
