@@ -171,6 +171,11 @@ pub struct Limits {
     pub upstream_timeout_secs: u64,
     /// A forward-proxy tunnel with no bytes either way for this long is closed (120 s).
     pub proxy_idle_timeout_secs: u64,
+    /// Open forward-proxy connections per run (256); more wait to be accepted.
+    pub max_proxy_connections: usize,
+    /// Open MCP sessions (2025-11-25 mode) per run (32): opening one more
+    /// closes the oldest. Stateless calls open none.
+    pub max_mcp_sessions: usize,
 }
 
 impl Default for Limits {
@@ -183,6 +188,8 @@ impl Default for Limits {
             max_response_bytes: 32 * 1024 * 1024,
             upstream_timeout_secs: 60,
             proxy_idle_timeout_secs: 120,
+            max_proxy_connections: 256,
+            max_mcp_sessions: 32,
         }
     }
 }

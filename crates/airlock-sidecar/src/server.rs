@@ -10,7 +10,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::sync::Semaphore;
 
 use crate::config::{ConfigError, SidecarConfig};
 use crate::state::Sidecar;
@@ -114,6 +115,7 @@ fn bind_unix(path: &Path) -> Result<UnixListener, SidecarError> {
 /// on stdout once every listener is bound.
 pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     sys::make_non_dumpable().map_err(SidecarError::Hardening)?;
+    sys::raise_open_files_limit();
     let listen = std::mem::take(&mut cfg.listen);
     let sidecar = Sidecar::new(cfg)?;
     let app = router(sidecar.clone());
@@ -155,12 +157,7 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         let l = bind_unix(path)?;
         sockets.push(path.clone());
         ready.insert("proxy_unix".into(), json!(path));
-        let sc = sidecar.clone();
-        tasks.spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(proxy::serve_connection(s, sc.clone()));
-            }
-        });
+        tasks.spawn(proxy_accept_loop(l, sidecar.clone(), |_| ()));
     }
     if let Some(addr) = listen.proxy_tcp {
         let l = TcpListener::bind(addr)
@@ -173,13 +170,9 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
             "proxy_tcp".into(),
             json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()),
         );
-        let sc = sidecar.clone();
-        tasks.spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                let _ = s.set_nodelay(true);
-                tokio::spawn(proxy::serve_connection(s, sc.clone()));
-            }
-        });
+        tasks.spawn(proxy_accept_loop(l, sidecar.clone(), |s: &TcpStream| {
+            let _ = s.set_nodelay(true);
+        }));
     }
     println!(
         "{}",
@@ -194,6 +187,31 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         let _ = std::fs::remove_file(s);
     }
     Ok(())
+}
+
+/// Serves forward-proxy connections, at most `limits.max_proxy_connections`
+/// at once: further clients wait in the listen backlog (an agent cannot run
+/// the sidecar out of descriptors). Accept errors (such as running out of
+/// descriptors anyway) are retried after a pause by axum's `Listener`, never
+/// ending the loop.
+async fn proxy_accept_loop<L>(mut l: L, sidecar: Arc<Sidecar>, prepare: impl Fn(&L::Io))
+where
+    L: axum::serve::Listener,
+    L::Io: proxy::ProxyStream,
+{
+    let slots = Arc::new(Semaphore::new(sidecar.limits.max_proxy_connections.max(1)));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (s, _) = l.accept().await;
+        prepare(&s);
+        let sc = sidecar.clone();
+        tokio::spawn(async move {
+            proxy::serve_connection(s, sc).await;
+            drop(slot);
+        });
+    }
 }
 
 /// Resolves when the process that started us is gone (we were re-parented):

@@ -14,6 +14,21 @@ pub fn make_non_dumpable() -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
+/// Raises the soft limit on open files to the hard limit: a spliced tunnel
+/// holds six descriptors (two sockets, two pipes).
+pub fn raise_open_files_limit() {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if limit.current < limit.maximum {
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        );
+    }
+}
+
 /// A non-blocking pipe, the kernel-side buffer of a spliced tunnel direction.
 pub struct Pipe {
     pub read: OwnedFd,

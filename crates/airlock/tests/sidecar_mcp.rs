@@ -829,3 +829,62 @@ async fn canary_never_reaches_the_agent_or_the_log() {
         "the sidecar token is in the sidecar log"
     );
 }
+
+/// An agent that opens 2025-11-25 sessions without end cannot grow the
+/// sidecar without bound: past `limits.max_mcp_sessions` the oldest session
+/// is closed (its id then gets rmcp's 404) and the newer ones keep working.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_past_the_cap_close_the_oldest() {
+    let p = TestPlatform::start("mcp-sessions").await;
+    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
+    merge(&mut cfg, json!({"limits": {"max_mcp_sessions": 2}}));
+    let sc = spawn_sidecar_with_log(&cfg, "info");
+    let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
+    let base = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let open = |n: u64| -> String {
+        let init = json!({"jsonrpc": "2.0", "id": n, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "cap-test", "version": "1"}}});
+        let (status, headers, body) =
+            http(sc.tcp(), "POST", "/mcp", &base, init.to_string().as_bytes());
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let id = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
+            .map(|(_, v)| v.clone())
+            .expect("a session id");
+        let mut h = base.to_vec();
+        h.push(("mcp-session-id", id.as_str()));
+        h.push(("mcp-protocol-version", "2025-11-25"));
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let (status, _, _) = http(sc.tcp(), "POST", "/mcp", &h, note.to_string().as_bytes());
+        assert_eq!(status, 202);
+        id
+    };
+    let list = |id: &str| -> u16 {
+        let mut h = base.to_vec();
+        h.push(("mcp-session-id", id));
+        h.push(("mcp-protocol-version", "2025-11-25"));
+        let req = json!({"jsonrpc": "2.0", "id": 50, "method": "tools/list"});
+        http(sc.tcp(), "POST", "/mcp", &h, req.to_string().as_bytes()).0
+    };
+    let a = open(1);
+    let b = open(2);
+    assert_eq!((list(&a), list(&b)), (200, 200));
+    let c = open(3);
+    assert_eq!(list(&a), 404, "the oldest session was closed to make room");
+    assert_eq!((list(&b), list(&c)), (200, 200));
+    // Many more: never more than two live, the newest always usable.
+    let mut last = c;
+    for n in 4..40 {
+        last = open(n);
+    }
+    assert_eq!(list(&last), 200);
+    assert_eq!(list(&b), 404);
+    let (status, _, _) = http(sc.tcp(), "GET", "/health", &[], b"");
+    assert_eq!(status, 200);
+}

@@ -866,3 +866,52 @@ async fn chaining_through_proxy_url_keeps_the_guard_and_the_pin() {
         "the PROXY_URL password was logged"
     );
 }
+
+/// Past `limits.max_proxy_connections` open connections the proxy accepts no
+/// more (they wait in the backlog) and serves them as soon as one closes; the
+/// sidecar's other routes keep answering meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn proxy_connections_past_the_cap_wait_for_a_free_slot() {
+    let (echo_port, _) = echo_server().await;
+    let e = env(
+        "proxy-cap",
+        json!([format!("https://{HOST}:{echo_port}/**")]),
+        json!({"limits": {"max_proxy_connections": 2}}),
+    )
+    .await;
+    let tok = e.p.sidecar_token.expose_secret().to_owned();
+    let connect = format!(
+        "CONNECT {HOST}:{echo_port} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\n",
+        b64(&format!("run:{tok}"))
+    );
+    let mut tunnels = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(e.sc.proxy_tcp()).await.unwrap();
+        s.write_all(connect.as_bytes()).await.unwrap();
+        let (head, _) = read_head(&mut s).await.unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        tunnels.push(s);
+    }
+    let mut third = TcpStream::connect(e.sc.proxy_tcp()).await.unwrap();
+    third.write_all(connect.as_bytes()).await.unwrap();
+    let mut b = [0u8; 1];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), third.read(&mut b))
+            .await
+            .is_err(),
+        "a third connection was served while two were open"
+    );
+    let (status, _, _) = http(e.sc.tcp(), "GET", "/health", &[], b"");
+    assert_eq!(status, 200);
+    // A tunnel closes: the waiting connection is served.
+    drop(tunnels.remove(0));
+    let (head, _) = tokio::time::timeout(Duration::from_secs(5), read_head(&mut third))
+        .await
+        .expect("the waiting connection was never served")
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    third.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    third.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+}

@@ -98,6 +98,8 @@ pub fn check_envelope(bytes: &[u8]) -> Result<(), EnvelopeError> {
 pub struct Shape {
     /// `params.name` of a `tools/call` request.
     pub tool_call: Option<String>,
+    /// An `initialize` request (it opens a session in 2025-11-25 mode).
+    pub initialize: bool,
 }
 
 /// rmcp's typed parse of a message that passed [`check_shape`], as a
@@ -198,7 +200,11 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, EnvelopeError> {
     let tool_call = (obj.get("method").and_then(Value::as_str) == Some("tools/call"))
         .then(|| obj.get("params")?.get("name")?.as_str().map(str::to_owned))
         .flatten();
-    Ok(Shape { tool_call })
+    let initialize = obj.get("method").and_then(Value::as_str) == Some("initialize");
+    Ok(Shape {
+        tool_call,
+        initialize,
+    })
 }
 
 /// A tool call, parsed.

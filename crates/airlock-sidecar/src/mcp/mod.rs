@@ -15,6 +15,7 @@
 pub mod api_call;
 pub mod args;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -33,7 +34,9 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::transport::streamable_http_server::{
+    SessionId, SessionManager, StreamableHttpServerConfig, StreamableHttpService,
+};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
@@ -349,17 +352,24 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
         .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
         .with_max_request_body_bytes(limit)
         .with_json_response(true);
+    let sessions = Arc::new(LocalSessionManager::default());
     let service: McpService = StreamableHttpService::new(
         move || {
             Ok(AirlockMcp {
                 state: state.clone(),
             })
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
-    Router::new()
-        .fallback(move |req: Request| entry(service.clone(), entry_state.clone(), limit, req))
+    let mcp = Mcp {
+        service,
+        state: entry_state,
+        sessions,
+        opened: Arc::default(),
+        limit,
+    };
+    Router::new().fallback(move |req: Request| entry(mcp.clone(), req))
 }
 
 fn too_large(limit: usize) -> Response {
@@ -418,9 +428,57 @@ impl CredentialPrefetch {
     }
 }
 
+/// What [`entry`] needs: rmcp's service, the run's state, the session map
+/// (to cap it) and the body limit.
+#[derive(Clone)]
+struct Mcp {
+    service: McpService,
+    state: Arc<McpState>,
+    sessions: Arc<LocalSessionManager>,
+    /// Session ids in the order they were opened.
+    opened: Arc<std::sync::Mutex<VecDeque<SessionId>>>,
+    limit: usize,
+}
+
+/// Closes the oldest sessions until fewer than `max` are open.
+async fn make_room_for_a_session(
+    sessions: &LocalSessionManager,
+    opened: &std::sync::Mutex<VecDeque<SessionId>>,
+    max: usize,
+) {
+    loop {
+        let live: Vec<SessionId> = sessions.sessions.read().await.keys().cloned().collect();
+        if live.len() < max.max(1) {
+            return;
+        }
+        let oldest = opened.lock().ok().and_then(|mut o| {
+            o.retain(|id| live.contains(id));
+            o.pop_front()
+        });
+        // Every session is opened through here, so `opened` knows them all;
+        // should it not, any session will do.
+        let Some(victim) = oldest.or_else(|| live.first().cloned()) else {
+            return;
+        };
+        tracing::info!(session = %victim, max, "MCP session cap reached: closing the oldest session");
+        if sessions.close_session(&victim).await.is_err() {
+            // Make sure the loop ends even if rmcp could not close it.
+            sessions.sessions.write().await.remove(&victim);
+        }
+    }
+}
+
 /// Reads a POST body within `limit`, answers a malformed envelope with a
-/// JSON-RPC error, and hands the rest to rmcp.
-async fn entry(service: McpService, state: Arc<McpState>, limit: usize, req: Request) -> Response {
+/// JSON-RPC error, refuses a session past the run's cap, and hands the rest
+/// to rmcp.
+async fn entry(mcp: Mcp, req: Request) -> Response {
+    let Mcp {
+        service,
+        state,
+        sessions,
+        opened,
+        limit,
+    } = mcp;
     if req.method() != Method::POST {
         return service.handle(req).await.map(Body::new);
     }
@@ -450,6 +508,14 @@ async fn entry(service: McpService, state: Arc<McpState>, limit: usize, req: Req
         Ok(shape) => shape,
         Err(e) => return envelope_error(e),
     };
+    // Each 2025-11-25 session keeps a worker until the client deletes it, and
+    // rmcp keeps even an idle-expired one in its map: without a cap an agent
+    // could open sessions until the sidecar (outside the sandbox's memory
+    // limit) runs out of memory. At the cap the oldest session is closed.
+    let opens_session = shape.initialize && !parts.headers.contains_key("mcp-session-id");
+    if opens_session {
+        make_room_for_a_session(&sessions, &opened, state.sidecar.limits.max_mcp_sessions).await;
+    }
     let mut parts = parts;
     if let Some(ns) = shape
         .tool_call
@@ -481,6 +547,15 @@ async fn entry(service: McpService, state: Arc<McpState>, limit: usize, req: Req
         .handle(Request::from_parts(parts, Body::from(bytes.clone())))
         .await
         .map(Body::new);
+    if opens_session
+        && let Some(id) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        && let Ok(mut opened) = opened.lock()
+    {
+        opened.push_back(SessionId::from(id));
+    }
     // rmcp answers a JSON body its typed parse refuses with a plain-text
     // 415; give the client the JSON-RPC error instead.
     if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE

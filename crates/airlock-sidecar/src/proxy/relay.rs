@@ -163,7 +163,9 @@ impl SpliceSocket<'_> {
     }
 }
 
-/// Capacity asked for each direction's pipe.
+/// Capacity asked for each direction's pipe: what one tunnel direction can
+/// hold in the kernel while its destination is slow (a TCP socket buffer
+/// can hold several times more; 256 KiB measured about a quarter slower here).
 const PIPE_BYTES: usize = 1024 * 1024;
 
 /// [`relay`] for two sockets, with splice(2): each direction moves bytes
