@@ -5,7 +5,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use airlock_tunnel::SpliceSocket;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -14,7 +16,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use secrecy::{ExposeSecret, SecretString};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 
 const SIDECAR_AUTH_HEADER: &str = "x-airlock-sidecar-auth";
 
@@ -64,7 +66,10 @@ pub async fn sidecar_relay(socket: PathBuf, token: SecretString) -> std::io::Res
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
+        loop {
+            let Some(tcp) = accept(&listener).await else {
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let (socket, token) = (socket.clone(), token.clone());
             tokio::spawn(async move {
@@ -81,6 +86,18 @@ pub async fn sidecar_relay(socket: PathBuf, token: SecretString) -> std::io::Res
     Ok(addr)
 }
 
+/// The next connection; after an accept error (out of descriptors, say) a
+/// short pause, so a relay never stops listening.
+async fn accept(listener: &TcpListener) -> Option<TcpStream> {
+    match listener.accept().await {
+        Ok((tcp, _)) => Some(tcp),
+        Err(_) => {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
+    }
+}
+
 /// Largest proxy request head the relay reads.
 const MAX_HEAD: usize = 64 * 1024;
 
@@ -91,7 +108,10 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
+        loop {
+            let Some(mut tcp) = accept(&listener).await else {
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
             let (socket, token) = (socket.clone(), token.clone());
             tokio::spawn(async move {
@@ -113,7 +133,10 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
                         return;
                     }
                 };
-                let (lines, rest) = head.split_at(end);
+                // `lines` without the blank line; `rest` is what came after
+                // the head (tunnel bytes or a body), sent on untouched.
+                let lines = &head[..end];
+                let rest = head.get(end + 4..).unwrap_or_default();
                 let text = String::from_utf8_lossy(lines);
                 let mut out = String::with_capacity(text.len() + 128);
                 let mut first = true;
@@ -145,14 +168,162 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
                     let _ = tcp.write_all(b"HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").await;
                     return;
                 };
+                out.push_str("\r\n");
                 if upstream.write_all(out.as_bytes()).await.is_err()
                     || upstream.write_all(rest).await.is_err()
                 {
                     return;
                 }
-                let _ = tokio::io::copy_bidirectional(&mut tcp, &mut upstream).await;
+                // The bytes move inside the kernel; copied only if no pipe
+                // can be opened. The sidecar enforces the idle timeout.
+                let spliced = airlock_tunnel::relay_spliced(
+                    SpliceSocket::Tcp(&tcp),
+                    SpliceSocket::Unix(&upstream),
+                    Duration::from_secs(24 * 3600),
+                )
+                .await;
+                if spliced.is_err() {
+                    let _ = tokio::io::copy_bidirectional(&mut tcp, &mut upstream).await;
+                }
             });
         }
     });
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::UnixListener;
+
+    /// A stand-in for the sidecar's proxy socket: records the request head,
+    /// answers 200, then echoes the tunnel until the client half-closes.
+    async fn fake_proxy(path: &std::path::Path) -> tokio::sync::oneshot::Receiver<String> {
+        let l = UnixListener::bind(path).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut b = [0u8; 1];
+            while !got.ends_with(b"\r\n\r\n") {
+                assert_eq!(s.read(&mut b).await.unwrap(), 1);
+                got.push(b[0]);
+            }
+            let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
+            s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .unwrap();
+            let (mut r, mut w) = s.split();
+            tokio::io::copy(&mut r, &mut w).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        rx
+    }
+
+    #[tokio::test]
+    async fn connect_gets_the_token_and_a_spliced_tunnel_both_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("proxy.sock");
+        let seen = fake_proxy(&sock).await;
+        let token = SecretString::from("0123abcd".repeat(8));
+        let addr = proxy_relay(sock, token).await.unwrap();
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        // A forged Proxy-Authorization, and tunnel bytes right behind the head.
+        c.write_all(
+            b"CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\nProxy-Authorization: Basic Zm9yZ2Vk\r\n\r\nearly",
+        )
+        .await
+        .unwrap();
+        let head = seen.await.unwrap();
+        assert!(
+            head.starts_with("CONNECT api.example:443 HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains(&format!(
+            "Proxy-Authorization: Bearer {}\r\n",
+            "0123abcd".repeat(8)
+        )));
+        assert!(
+            !head.contains("Zm9yZ2Vk"),
+            "the agent's own credential header went through"
+        );
+        let mut answer = vec![0u8; 39];
+        c.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 200 Connection established\r\n\r\n");
+        // 2 MiB more each way, in order, then the half-close reaches the end.
+        let (mut r, mut w) = c.into_split();
+        let data: Vec<u8> = (0..2 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect();
+        let mut expect = b"early".to_vec();
+        expect.extend_from_slice(&data);
+        let writer = tokio::spawn(async move {
+            w.write_all(&data).await.unwrap();
+            w.shutdown().await.unwrap();
+        });
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).await.unwrap();
+        writer.await.unwrap();
+        assert!(
+            back == expect,
+            "the echo came back different ({} bytes)",
+            back.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn absolute_form_post_keeps_its_body_exact_and_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("proxy.sock");
+        let l = UnixListener::bind(&sock).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<(String, Vec<u8>)>();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut b = [0u8; 1];
+            while !got.ends_with(b"\r\n\r\n") {
+                assert_eq!(s.read(&mut b).await.unwrap(), 1);
+                got.push(b[0]);
+            }
+            let head = String::from_utf8_lossy(&got).into_owned();
+            let mut body = vec![0u8; 11];
+            s.read_exact(&mut body).await.unwrap();
+            s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .await
+                .unwrap();
+            // Nothing may follow the body the head announced.
+            let mut extra = Vec::new();
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_millis(200),
+                s.read_to_end(&mut extra),
+            )
+            .await;
+            body.extend_from_slice(&extra);
+            let _ = tx.send((head, body));
+        });
+        let addr = proxy_relay(sock, SecretString::from("t0k3n".repeat(4)))
+            .await
+            .unwrap();
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"POST http://api.example/x HTTP/1.1\r\nHost: api.example\r\nProxy-Connection: keep-alive\r\nContent-Length: 11\r\n\r\nhello world")
+            .await
+            .unwrap();
+        let mut answer = vec![0u8; 27];
+        c.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 204 No Content\r\n\r\n");
+        drop(c);
+        let (head, body) = rx.await.unwrap();
+        assert!(
+            head.starts_with("POST http://api.example/x HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("Connection: close\r\n"), "{head}");
+        assert!(
+            !head.to_ascii_lowercase().contains("proxy-connection"),
+            "{head}"
+        );
+        assert!(head.contains(&format!(
+            "Proxy-Authorization: Bearer {}\r\n",
+            "t0k3n".repeat(4)
+        )));
+        assert_eq!(body, b"hello world");
+    }
 }

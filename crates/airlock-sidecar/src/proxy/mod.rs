@@ -21,7 +21,7 @@
 //! with their byte counts and duration when they close.
 
 pub mod head;
-mod relay;
+use airlock_tunnel as relay;
 mod upstream;
 
 use std::net::SocketAddr;

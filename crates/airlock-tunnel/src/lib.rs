@@ -1,6 +1,11 @@
-//! Byte relays: the CONNECT tunnel (both directions, with an idle timeout and
-//! byte counts) and [`Rewind`], which replays bytes already read in front of
-//! a stream.
+//! Byte tunnels between two streams, as the sidecar's forward proxy and the
+//! runtime's in-sandbox proxy relay need them: both directions, half-close
+//! passed on, an idle timeout and byte counts. Between two sockets the bytes
+//! move with splice(2) and never enter user space ([`relay_spliced`]);
+//! other streams are copied ([`relay`]). [`Rewind`] replays bytes already
+//! read in front of a stream.
+
+mod sys;
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -14,8 +19,6 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
-
-use crate::sys;
 
 /// Last activity and byte counts of one tunnel.
 struct Activity {
