@@ -196,6 +196,17 @@ mod tests {
     use super::*;
     use tokio::net::UnixListener;
 
+    /// Reads a request head byte by byte (nothing past it).
+    async fn read_head(s: &mut tokio::net::UnixStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut b = [0u8; 1];
+        while !got.ends_with(b"\r\n\r\n") {
+            assert_eq!(s.read(&mut b).await.unwrap(), 1, "the head ended early");
+            got.push(b[0]);
+        }
+        got
+    }
+
     /// A stand-in for the sidecar's proxy socket: records the request head,
     /// answers 200, then echoes the tunnel until the client half-closes.
     async fn fake_proxy(path: &std::path::Path) -> tokio::sync::oneshot::Receiver<String> {
@@ -203,12 +214,7 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            let mut got = Vec::new();
-            let mut b = [0u8; 1];
-            while !got.ends_with(b"\r\n\r\n") {
-                assert_eq!(s.read(&mut b).await.unwrap(), 1);
-                got.push(b[0]);
-            }
+            let got = read_head(&mut s).await;
             let _ = tx.send(String::from_utf8_lossy(&got).into_owned());
             s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 .await
@@ -277,12 +283,7 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<(String, Vec<u8>)>();
         tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
-            let mut got = Vec::new();
-            let mut b = [0u8; 1];
-            while !got.ends_with(b"\r\n\r\n") {
-                assert_eq!(s.read(&mut b).await.unwrap(), 1);
-                got.push(b[0]);
-            }
+            let got = read_head(&mut s).await;
             let head = String::from_utf8_lossy(&got).into_owned();
             let mut body = vec![0u8; 11];
             s.read_exact(&mut body).await.unwrap();
