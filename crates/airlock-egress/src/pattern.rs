@@ -385,6 +385,12 @@ impl AuthorizedUris {
         out
     }
 
+    /// True when some entry holds a `{$credential.…}` template: such a list
+    /// must be rendered with each call's credential; any other parses once.
+    pub fn has_templates<S: AsRef<str>>(entries: &[S]) -> bool {
+        entries.iter().any(|e| e.as_ref().contains(TEMPLATE_OPEN))
+    }
+
     pub fn entries(&self) -> &[UriPattern] {
         &self.entries
     }
@@ -407,13 +413,16 @@ impl AuthorizedUris {
     }
 }
 
+/// Opens a `{$credential.field}` template in an `authorized_uris` entry.
+const TEMPLATE_OPEN: &str = "{$";
+
 fn render_template(src: &str, fields: &BTreeMap<String, String>) -> Result<String, PatternError> {
-    if !src.contains("{$") {
+    if !src.contains(TEMPLATE_OPEN) {
         return Ok(src.to_owned());
     }
     let mut out = String::with_capacity(src.len());
     let mut rest = src;
-    while let Some(i) = rest.find("{$") {
+    while let Some(i) = rest.find(TEMPLATE_OPEN) {
         out.push_str(&rest[..i]);
         let after = &rest[i + 2..];
         let end = after.find('}').ok_or(PatternError::BadTemplate)?;
@@ -593,6 +602,13 @@ mod tests {
         f.insert("subdomain".to_owned(), "acme".to_owned());
         f.insert("evil".to_owned(), "x.com/**".to_owned());
         f.insert("star".to_owned(), "*".to_owned());
+        assert!(AuthorizedUris::has_templates(&[
+            "https://api.github.com/**",
+            "https://{$credential.subdomain}.zendesk.com/api/**"
+        ]));
+        assert!(!AuthorizedUris::has_templates(&[
+            "https://api.github.com/**"
+        ]));
         let l = AuthorizedUris::render(&["https://{$credential.subdomain}.zendesk.com/api/**"], &f);
         assert!(l.entries()[0].matches(&t("https://acme.zendesk.com/api/v2")));
         assert_eq!(

@@ -64,6 +64,22 @@ struct Activity {
 }
 
 impl Activity {
+    fn new() -> Self {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            read: [AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    fn stats(&self, idle: bool) -> RelayStats {
+        RelayStats {
+            client_to_upstream: self.read[0].load(Ordering::Relaxed),
+            upstream_to_client: self.read[1].load(Ordering::Relaxed),
+            idle,
+        }
+    }
+
     fn touch(&self, side: usize, n: usize) {
         if let Some(c) = self.read.get(side) {
             c.fetch_add(n as u64, Ordering::Relaxed);
@@ -114,11 +130,7 @@ where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-        read: [AtomicU64::new(0), AtomicU64::new(0)],
-    });
+    let activity = Arc::new(Activity::new());
     let mut a = Tracked {
         inner: client,
         activity: activity.clone(),
@@ -133,11 +145,7 @@ where
         _ = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, buf, buf) => false,
         _ = idle_watch(&activity, idle) => true,
     };
-    RelayStats {
-        client_to_upstream: activity.read[0].load(Ordering::Relaxed),
-        upstream_to_client: activity.read[1].load(Ordering::Relaxed),
-        idle: idle_hit,
-    }
+    activity.stats(idle_hit)
 }
 
 /// A socket end of a tunnel that can be spliced: readiness comes from tokio,
@@ -193,11 +201,7 @@ pub async fn relay_spliced(
     idle: Duration,
 ) -> io::Result<RelayStats> {
     let (up, down) = (sys::pipe(PIPE_BYTES)?, sys::pipe(PIPE_BYTES)?);
-    let activity = Activity {
-        start: Instant::now(),
-        last_ms: AtomicU64::new(0),
-        read: [AtomicU64::new(0), AtomicU64::new(0)],
-    };
+    let activity = Activity::new();
     let idle_hit = tokio::select! {
         _ = async {
             tokio::try_join!(
@@ -207,11 +211,7 @@ pub async fn relay_spliced(
         } => false,
         _ = idle_watch(&activity, idle) => true,
     };
-    Ok(RelayStats {
-        client_to_upstream: activity.read[0].load(Ordering::Relaxed),
-        upstream_to_client: activity.read[1].load(Ordering::Relaxed),
-        idle: idle_hit,
-    })
+    Ok(activity.stats(idle_hit))
 }
 
 /// One direction until `from` ends (then `to` is half-closed) or fails.

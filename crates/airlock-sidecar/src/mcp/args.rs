@@ -197,13 +197,13 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, EnvelopeError> {
             id,
         ));
     }
-    let tool_call = (obj.get("method").and_then(Value::as_str) == Some("tools/call"))
+    let method = obj.get("method").and_then(Value::as_str);
+    let tool_call = (method == Some("tools/call"))
         .then(|| obj.get("params")?.get("name")?.as_str().map(str::to_owned))
         .flatten();
-    let initialize = obj.get("method").and_then(Value::as_str) == Some("initialize");
     Ok(Shape {
         tool_call,
-        initialize,
+        initialize: method == Some("initialize"),
     })
 }
 

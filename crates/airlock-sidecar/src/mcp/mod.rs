@@ -94,7 +94,7 @@ impl McpState {
         let static_uris = sidecar
             .integrations
             .iter()
-            .filter(|(_, i)| !i.authorized_uris.iter().any(|u| u.contains("{$")))
+            .filter(|(_, i)| !airlock_egress::AuthorizedUris::has_templates(&i.authorized_uris))
             .map(|(ns, i)| {
                 (
                     ns.clone(),
@@ -469,8 +469,8 @@ async fn make_room_for_a_session(
 }
 
 /// Reads a POST body within `limit`, answers a malformed envelope with a
-/// JSON-RPC error, refuses a session past the run's cap, and hands the rest
-/// to rmcp.
+/// JSON-RPC error, keeps the run's sessions under their cap, starts an
+/// `api_call`'s credential fetch, and hands the rest to rmcp.
 async fn entry(mcp: Mcp, req: Request) -> Response {
     let Mcp {
         service,

@@ -83,10 +83,7 @@ pub(crate) fn init_logging() {
 }
 
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
+    super::current_thread_runtime().context("cannot start the async runtime")
 }
 
 /// Reports an error (with its causes) and returns the failure exit code.

@@ -27,11 +27,7 @@ const AGENT: &str = include_str!("../../../../examples/demo/agent.py");
 
 pub fn run(backend: Option<String>) -> ExitCode {
     crate::logging::init_quiet();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match super::multi_thread_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");

@@ -101,10 +101,7 @@ fn check(args: CheckArgs) -> ExitCode {
         credentialed: !args.uncredentialed,
     };
     let guard = Guard::new(policy, Arc::new(resolver));
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::current_thread_runtime() {
         Ok(r) => r,
         Err(e) => return usage_error(format!("cannot start the async runtime: {e}")),
     };

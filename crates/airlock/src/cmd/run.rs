@@ -160,11 +160,7 @@ pub fn cancel_on_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
 
 pub fn run(args: RunArgs) -> ExitCode {
     crate::logging::init_quiet();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match super::multi_thread_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");

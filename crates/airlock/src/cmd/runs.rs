@@ -27,10 +27,7 @@ pub enum RunsCommand {
 
 pub fn run(cmd: RunsCommand) -> ExitCode {
     crate::logging::init_quiet();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match super::current_thread_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");

@@ -23,11 +23,7 @@ pub fn run(command: Vec<String>) -> ExitCode {
         }
     };
     buf.iter_mut().for_each(|b| *b = 0);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match super::multi_thread_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("airlock runtime: {e}");

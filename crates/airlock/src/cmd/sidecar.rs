@@ -31,10 +31,7 @@ pub fn run() -> ExitCode {
     // One thread: a sidecar serves one run, its work is I/O (tunnels are
     // spliced in the kernel), and a single thread saves the cross-thread
     // wake-ups that dominated the api_call latency on two cores.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match super::current_thread_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("airlock sidecar: cannot start the async runtime: {e}");
