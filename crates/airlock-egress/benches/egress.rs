@@ -7,6 +7,7 @@
 //!    parse + decide from the raw string.
 //! 2. Keep-alive GET to a loopback server through the guarded client, beside
 //!    a plain hyper client on the same server (target: added median ≤ 50 µs).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::hint::black_box;
 use std::net::SocketAddr;

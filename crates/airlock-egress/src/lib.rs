@@ -15,6 +15,8 @@
 //! 6. every answer against the block table ([`addr`], `blocked_address`);
 //! 7. dial only a validated address ([`GuardedClient`]).
 
+#![forbid(unsafe_code)]
+
 pub mod addr;
 mod client;
 mod error;

@@ -3,6 +3,7 @@
 //! image, a CI runner) must not silently route around it.
 //!
 //! One test in its own binary, because it sets process environment variables.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod support;
 

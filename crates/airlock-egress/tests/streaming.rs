@@ -1,6 +1,7 @@
 //! `GuardedClient::send_streaming`: the same guard as `send`, the body handed
 //! over frame by frame as it arrives, the response cap enforced while
 //! streaming, no redirect followed. Every server here listens on 127.0.0.1.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod support;
 

@@ -4,6 +4,8 @@
 //! is what a sidecar uses. The server side lives in `airlock-platform`; this
 //! crate stays small so the sidecar does not link the store.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod wire;
 

@@ -2,6 +2,8 @@
 //! a sidecar asks, and serves the internal API that sidecars call with their
 //! run token.
 
+#![forbid(unsafe_code)]
+
 pub mod internal_api;
 pub mod manifest;
 pub mod orchestrator;

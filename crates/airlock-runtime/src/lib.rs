@@ -9,6 +9,8 @@
 //! Meanwhile it sends heartbeats, turns the agent's output into log events,
 //! and reports the exit code and the optional result file as the result.
 
+#![forbid(unsafe_code)]
+
 mod relay;
 mod report;
 

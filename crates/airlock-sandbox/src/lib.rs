@@ -6,6 +6,8 @@
 //! sidecar is reached through a unix socket in `run_dir`, which is the only
 //! host directory the sandbox can write to.
 
+#![deny(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitStatus;
 

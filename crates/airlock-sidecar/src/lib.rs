@@ -13,6 +13,8 @@
 //! and `GET /health` without a token. Every outbound decision goes through
 //! the egress guard and is written to the run's egress log.
 
+#![forbid(unsafe_code)]
+
 pub mod auth;
 pub mod config;
 pub mod events;

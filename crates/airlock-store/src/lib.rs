@@ -9,6 +9,8 @@
 //! columns a run list needs), `run_events`, `egress_log`, `memories`, `results`.
 //! Timestamps are Unix milliseconds (`i64`).
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod model;
 mod schema;

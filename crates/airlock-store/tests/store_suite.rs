@@ -2,6 +2,7 @@
 //!
 //! PostgreSQL comes from `AIRLOCK_TEST_DATABASE_URL` (`.ci/postgres.sh` starts one); each test
 //! gets its own schema. Unset: a failure in CI, a loud skip elsewhere.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use airlock_store::*;
 use airlock_vault::{ExposeSecret as _, Keyring, VaultError};

@@ -5,6 +5,8 @@
 //! other streams are copied ([`relay`]). [`Rewind`] replays bytes already
 //! read in front of a stream.
 
+#![forbid(unsafe_code)]
+
 mod sys;
 
 use std::io;

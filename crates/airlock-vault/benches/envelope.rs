@@ -1,5 +1,6 @@
 //! Envelope encrypt + decrypt per operation.
 //! Run: `cargo bench -p airlock-vault --bench envelope`
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use airlock_vault::{ExposeSecret as _, Keyring};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};

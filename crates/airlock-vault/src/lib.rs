@@ -12,6 +12,8 @@
 //! Secret values are held in [`secrecy`] / [`zeroize`] types: they are wiped on drop and
 //! never print through `Debug` or `Display`.
 
+#![forbid(unsafe_code)]
+
 mod envelope;
 mod error;
 mod keyring;

@@ -1,4 +1,5 @@
 //! Envelope and keyring behaviour, including the cross-implementation fixture.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use airlock_vault::{
     ENV_KEY, ENV_KEY_ID, ENV_RETIRED_KEYS, ExposeSecret, KeyError, Keyring, VaultError,

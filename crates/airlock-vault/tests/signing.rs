@@ -1,4 +1,5 @@
 //! Signing keyrings, run tokens, sidecar tokens.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use airlock_vault::{
     ExposeSecret, RunTokens, SigningError, SigningKeyring, ct_eq, generate_sidecar_token,

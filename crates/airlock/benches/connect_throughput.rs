@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p airlock --bench connect_throughput` (env `MB` changes the
 //! size, `ROUNDS` the number of alternating rounds).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -4,6 +4,7 @@
 //! `cargo bench -p airlock --bench llm_ttfb` (env `LLM_TTFB_ITERS`, default 400).
 //! Everything runs on 127.0.0.1: the fake provider in this process, the real
 //! `airlock sidecar` binary against a real test platform.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 #[path = "../tests/support/fake_provider.rs"]
 mod fake_provider;

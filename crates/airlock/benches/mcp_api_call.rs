@@ -9,6 +9,7 @@
 //!
 //! Run: `cargo bench -p airlock --bench mcp_api_call` (`MCP_BENCH_N` sets
 //! the sequential sample count, default 3000). Loopback traffic only.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Read, Write};

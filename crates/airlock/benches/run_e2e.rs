@@ -7,6 +7,7 @@
 //! run's own duration as the orchestrator measured it (request to end), p50
 //! and p99 over 30 runs; then 50 concurrent runs on one store: how many
 //! succeeded and whether anything was left behind.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::Path;
 use std::process::Command;

@@ -7,6 +7,7 @@
 //! The baseline: `bwrap --unshare-all --die-with-parent` with the same view
 //! (read-only /usr and /etc, the /bin,/lib* links, fresh /proc, minimal /dev,
 //! tmpfs /tmp), which is what a bare `bwrap --unshare-all true` needs to run at all.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

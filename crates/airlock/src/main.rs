@@ -1,6 +1,8 @@
 //! `airlock`: the command-line entry point. Thin: every subcommand parses its
 //! arguments and calls a library crate.
 
+#![forbid(unsafe_code)]
+
 mod cmd;
 mod logging;
 

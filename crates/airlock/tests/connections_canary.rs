@@ -1,5 +1,6 @@
 //! A stored secret's value appears in no log line (trace level), no CLI output and no file
 //! under AIRLOCK_HOME (the database, its -wal and -shm included): only its envelope is stored.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::io::Write as _;
 use std::path::Path;

@@ -1,6 +1,7 @@
 //! `airlock egress check` driven as an operator or an external suite would:
 //! the real binary, its JSON and its exit codes. DNS comes from `--resolve`
 //! or from a nameserver this test runs on loopback.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::net::UdpSocket;
 use std::process::Command;

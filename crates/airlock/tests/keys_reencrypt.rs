@@ -1,4 +1,5 @@
 //! `airlock keys reencrypt` against the real binary: SIGKILL half-way, run again, lose nothing.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,6 +5,7 @@
 //! an ended run, of a run this platform does not host, a foreign
 //! integration) next to the legitimate fetch; and the client's keep-alive
 //! pool is shown to survive the platform closing its connections.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use airlock_platform::testing::TestPlatform;
 use airlock_platform_api::{PlatformClient, PlatformError};

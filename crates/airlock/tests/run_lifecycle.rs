@@ -1,6 +1,7 @@
 //! `airlock run` end to end on the process backend: the four end states,
 //! the watchdog, limits validation, boot reclaim and cleanup. Each test has
 //! its own AIRLOCK_HOME.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -9,6 +9,7 @@
 //!
 //! Needs root or unprivileged user namespaces: under `CI` a missing
 //! capability fails loudly, elsewhere the tests print SKIPPED.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener};

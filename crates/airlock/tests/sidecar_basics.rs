@@ -1,5 +1,6 @@
 //! The sidecar's front door, driven as the runtime and an attacker would:
 //! the real `airlock sidecar` against a real platform (SQLite, internal API).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod support;
 

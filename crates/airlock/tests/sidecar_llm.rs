@@ -7,6 +7,7 @@
 //! reported; the provider sees the real key and never the sidecar token or
 //! the agent's placeholder; the agent never sees the key; refusals and
 //! failures are typed (503 / 403 / 502) and reach nothing.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 #[path = "support/fake_provider.rs"]
 mod fake_provider;

@@ -3,6 +3,7 @@
 //! HTTP, with a local upstream reached through the internal-host opt-in.
 //! Every attack is checked from the attacker's side: the call fails with the
 //! right code and the upstream saw nothing.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod support;
 

@@ -6,6 +6,7 @@
 //! and reached through the operator's internal-host opt-in (`egress.resolve`,
 //! `egress.allow_internal_hosts` and a literal pattern). Each refusal also
 //! checks that the target server saw no connection at all.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod support;
 

@@ -14,6 +14,7 @@ pub mod fs_rules;
 pub mod init;
 pub mod plan;
 pub mod seccomp;
+#[allow(unsafe_code)]
 pub mod sys;
 
 use std::path::PathBuf;
