@@ -324,22 +324,8 @@ async fn history(
 }
 
 async fn last_result(store: &Store, run_id: &str) -> Option<RunEvent> {
-    let mut after = 0;
-    let mut last = None;
-    loop {
-        let page = store.list_events(run_id, after, 500).await.ok()?;
-        let Some(tail) = page.last() else { break };
-        after = tail.id;
-        for e in &page {
-            if e.kind == "result" {
-                last = serde_json::from_str::<RunEvent>(&e.payload).ok();
-            }
-        }
-        if page.len() < 500 {
-            break;
-        }
-    }
-    last
+    let e = store.last_event_of_kind(run_id, "result").await.ok()??;
+    serde_json::from_str::<RunEvent>(&e.payload).ok()
 }
 
 #[derive(Deserialize)]

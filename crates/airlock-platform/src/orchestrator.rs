@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use airlock_platform_api::wire::RunEvent;
 use airlock_sandbox::{Backend, SandboxSpec};
 use airlock_store::{NewRun, RunEnd, RunStatus, Store};
 use airlock_vault::{ExposeSecret, RunTokens};
@@ -111,7 +112,7 @@ impl Orchestrator {
         let run_dir = self.home.join("runs").join(&run_id);
         create_private_dir(&run_dir)
             .map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
-        std::fs::write(run_dir.join("owner.pid"), std::process::id().to_string())
+        std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string())
             .map_err(|e| RunError::Setup(e.to_string()))?;
         let recorded = async {
             self.store
@@ -191,10 +192,19 @@ impl Orchestrator {
         started: Instant,
     ) -> Result<(RunStatus, Option<i64>, Option<String>), RunError> {
         let m = &req.manifest;
-        let sidecar_socket = run_dir.join("sidecar.sock");
-        let proxy_socket = run_dir.join("proxy.sock");
-        let workspace = run_dir.join("workspace");
-        std::fs::create_dir_all(&workspace).map_err(|e| RunError::Setup(e.to_string()))?;
+        // The run directory stays the platform's (owner file, 0700); the
+        // sandbox sees only the sockets' directory, read-only.
+        let paths = self.backend.paths(run_dir);
+        create_sockets_dir(&paths.sockets_host).map_err(|e| {
+            RunError::Setup(format!(
+                "sockets directory {}: {e}",
+                paths.sockets_host.display()
+            ))
+        })?;
+        let (sidecar_socket, proxy_socket) = (
+            paths.sockets_host.join(SIDECAR_SOCKET),
+            paths.sockets_host.join(PROXY_SOCKET),
+        );
 
         // What the run may fetch from the platform.
         let mut grant = Grant {
@@ -254,11 +264,11 @@ impl Orchestrator {
         );
         let secrets = json!({
             "run_id": run_id,
-            "sidecar_socket": sidecar_socket,
-            "proxy_socket": proxy_socket,
+            "sidecar_socket": paths.sockets.join(SIDECAR_SOCKET),
+            "proxy_socket": paths.sockets.join(PROXY_SOCKET),
             "sidecar_token": sidecar_token.expose_secret(),
             "heartbeat_interval_secs": self.settings.heartbeat_interval_secs,
-            "workspace": workspace,
+            "workspace": paths.workspace,
             "cwd": req.agent_dir,
             "prompt": req.prompt,
         });
@@ -274,24 +284,38 @@ impl Orchestrator {
                 ("AIRLOCK_LOG".into(), "warn".into()),
             ],
             stdin: secrets.to_string().into_bytes(),
-            run_dir: run_dir.to_owned(),
+            sockets_dir: paths.sockets_host.clone(),
             ro_paths,
-            workspace: workspace.clone(),
+            workspace: paths.workspace.clone(),
             workspace_size_mb: self.settings.workspace_tmpfs_mb,
             memory_mb,
             cpus,
             pids_max: 256,
         };
         let mut sandbox = self.backend.spawn(&spec)?;
+        let mut output = SandboxOutput::start(&mut sandbox);
         progress(Progress::SandboxUp {
             after: started.elapsed(),
         });
         let sidecar_ready =
             tokio::time::timeout(Duration::from_secs(30), read_ready(&mut sidecar)).await;
         match sidecar_ready {
-            Ok(Ok(())) => progress(Progress::SidecarUp {
-                after: started.elapsed(),
-            }),
+            Ok(Ok(())) => {
+                // The sandbox's uid is not the platform's: it may connect to
+                // the sockets (their directory is the platform's, 0711, and
+                // read-only inside the sandbox).
+                for s in [&sidecar_socket, &proxy_socket] {
+                    if let Err(e) = std::fs::set_permissions(
+                        s,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+                    ) {
+                        tracing::warn!("{}: {e}", s.display());
+                    }
+                }
+                progress(Progress::SidecarUp {
+                    after: started.elapsed(),
+                })
+            }
             Ok(Err(e)) => {
                 sandbox.cleanup().await;
                 stop_child(&mut sidecar).await;
@@ -305,38 +329,20 @@ impl Orchestrator {
                 ));
             }
         }
-        // Forward the runtime's own output (the agent's lines are echoed by it).
-        let (out, err) = sandbox.take_output();
-        if let Some(out) = out {
-            tokio::spawn(pump(out));
-        }
-        if let Some(err) = err {
-            tokio::spawn(pump(err));
-        }
-
         let deadline = tokio::time::sleep(Duration::from_secs(timeout_secs));
         tokio::pin!(deadline);
         let mut sweep = tokio::time::interval(Duration::from_secs(1));
         let watchdog_every = Duration::from_secs(self.settings.watchdog_interval_secs);
         let mut last_sweep = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let outcome = loop {
+        let ended = loop {
             tokio::select! {
-                status = sandbox.wait() => {
-                    let code = status.ok().and_then(|s| {
-                        use std::os::unix::process::ExitStatusExt;
-                        s.code().or_else(|| s.signal().map(|sig| 128 + sig))
-                    }).map(i64::from);
-                    break match code {
-                        Some(0) => (RunStatus::Succeeded, code, None),
-                        Some(c) => (RunStatus::Failed, code, Some(format!("the agent exited with code {c}"))),
-                        None => (RunStatus::Failed, None, Some("the sandbox ended without an exit status".into())),
-                    };
-                }
-                _ = &mut deadline => break (RunStatus::TimedOut, None, Some(format!("the run hit its {timeout_secs} s timeout"))),
+                status = sandbox.wait() => break Ended::Sandbox(status.ok()),
+                status = sidecar.wait() => break Ended::Sidecar(status.ok()),
+                _ = &mut deadline => break Ended::Stopped(RunStatus::TimedOut, format!("the run hit its {timeout_secs} s timeout")),
                 _ = cancel.changed() => {
                     if *cancel.borrow() {
-                        break (RunStatus::Cancelled, None, Some("cancelled by the operator".into()));
+                        break Ended::Stopped(RunStatus::Cancelled, "cancelled by the operator".into());
                     }
                 }
                 _ = tick.tick() => progress(Progress::Running { elapsed: started.elapsed() }),
@@ -344,15 +350,77 @@ impl Orchestrator {
                     if last_sweep.elapsed() >= watchdog_every {
                         last_sweep = Instant::now();
                         if let Some(reason) = self.stalled(run_id, started).await {
-                            break (RunStatus::Failed, None, Some(reason));
+                            break Ended::Stopped(RunStatus::Failed, reason);
                         }
                     }
                 }
             }
         };
         sandbox.cleanup().await;
+        // Stopped after the sandbox, so every event the runtime handed it
+        // (the agent's end among them) is in the store when it exits.
         stop_child(&mut sidecar).await;
-        Ok(outcome)
+        output.finish().await;
+        Ok(match ended {
+            Ended::Stopped(status, reason) => (status, None, Some(reason)),
+            Ended::Sidecar(status) => (
+                RunStatus::Failed,
+                None,
+                Some(format!(
+                    "the sidecar stopped unexpectedly ({}); the sandbox was stopped",
+                    describe_exit(status)
+                )),
+            ),
+            Ended::Sandbox(status) => self.judge_sandbox_end(run_id, status, &output).await,
+        })
+    }
+
+    /// How a run whose sandbox ended by itself ends: the agent's exit code
+    /// as the runtime reported it, or — when the runtime never reported the
+    /// agent's end — the runtime's or sandbox setup's own words.
+    async fn judge_sandbox_end(
+        &self,
+        run_id: &str,
+        status: Option<std::process::ExitStatus>,
+        output: &SandboxOutput,
+    ) -> (RunStatus, Option<i64>, Option<String>) {
+        let reported = self
+            .store
+            .last_event_of_kind(run_id, "result")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|e| serde_json::from_str::<RunEvent>(&e.payload).ok());
+        if let Some(RunEvent::Result { exit_code, .. }) = reported {
+            let code = i64::from(exit_code);
+            return match exit_code {
+                0 => (RunStatus::Succeeded, Some(code), None),
+                c if c > 128 && c <= 128 + 64 => (
+                    RunStatus::Failed,
+                    Some(code),
+                    Some(format!(
+                        "the agent was killed by signal {} (exit code {c})",
+                        c - 128
+                    )),
+                ),
+                c => (
+                    RunStatus::Failed,
+                    Some(code),
+                    Some(format!("the agent exited with code {c}")),
+                ),
+            };
+        }
+        let reason = match output.last_diagnostic() {
+            Some(line) => format!(
+                "the agent did not run to its end: {line} (sandbox {})",
+                describe_exit(status)
+            ),
+            None => format!(
+                "the runtime in the sandbox ended without reporting the agent's end ({})",
+                describe_exit(status)
+            ),
+        };
+        (RunStatus::Failed, None, Some(reason))
     }
 
     /// The watchdog's judgement of a run: `Some(reason)` when it must stop.
@@ -428,12 +496,89 @@ async fn stop_child(child: &mut tokio::process::Child) {
     }
 }
 
-/// The agent's output, for the operator's live view. On stderr: stdout is
-/// kept for the run report (`--json`).
-async fn pump<R: tokio::io::AsyncRead + Unpin>(r: R) {
-    let mut lines = BufReader::new(r).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        eprintln!("  │ {line}");
+/// Why the run loop stopped.
+enum Ended {
+    Sandbox(Option<std::process::ExitStatus>),
+    Sidecar(Option<std::process::ExitStatus>),
+    Stopped(RunStatus, String),
+}
+
+fn describe_exit(status: Option<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => "no exit status".into(),
+        },
+        None => "no exit status".into(),
+    }
+}
+
+/// The sandbox's two streams, shown live to the operator (on stderr: stdout
+/// is kept for the run report, `--json`), written out safely so an agent's
+/// escape sequences never reach the operator's terminal. Stdout carries the
+/// agent's lines; stderr only the runtime's and the sandbox setup's own
+/// diagnostics (the agent holds no descriptor of it), whose last lines are
+/// kept: they are the reason of a run that failed before the agent's end.
+struct SandboxOutput {
+    pumps: Vec<tokio::task::JoinHandle<()>>,
+    diagnostics: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+}
+
+/// Diagnostic lines kept per run.
+const KEPT_DIAGNOSTICS: usize = 16;
+
+impl SandboxOutput {
+    fn start(sandbox: &mut airlock_sandbox::Sandbox) -> SandboxOutput {
+        let diagnostics: Arc<std::sync::Mutex<std::collections::VecDeque<String>>> = Arc::default();
+        let (out, err) = sandbox.take_output();
+        let mut pumps = Vec::new();
+        if let Some(out) = out {
+            pumps.push(tokio::spawn(pump(out, "│", None)));
+        }
+        if let Some(err) = err {
+            pumps.push(tokio::spawn(pump(err, "!", Some(diagnostics.clone()))));
+        }
+        SandboxOutput { pumps, diagnostics }
+    }
+
+    /// Waits (briefly) for the streams to end: the sandbox is gone.
+    async fn finish(&mut self) {
+        for p in self.pumps.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
+        }
+    }
+
+    /// The last line the runtime or the sandbox setup wrote about itself.
+    fn last_diagnostic(&self) -> Option<String> {
+        let d = self.diagnostics.lock().ok()?;
+        d.iter()
+            .rev()
+            .find(|l| l.starts_with("airlock runtime:") || l.starts_with("airlock sandbox-init:"))
+            .or(d.back())
+            .cloned()
+    }
+}
+
+async fn pump<R: tokio::io::AsyncRead + Unpin>(
+    r: R,
+    mark: &'static str,
+    keep: Option<Arc<std::sync::Mutex<std::collections::VecDeque<String>>>>,
+) {
+    use airlock_sandbox::terminal;
+    let mut r = BufReader::new(r);
+    while let Ok(Some(line)) = terminal::next_line(&mut r, terminal::MAX_LINE).await {
+        let line = terminal::safe(&line).into_owned();
+        eprintln!("  {mark} {line}");
+        if let Some(keep) = &keep
+            && let Ok(mut k) = keep.lock()
+        {
+            if k.len() == KEPT_DIAGNOSTICS {
+                k.pop_front();
+            }
+            k.push_back(line);
+        }
     }
 }
 
@@ -445,6 +590,26 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// The sockets' directory: the platform's, searchable (not listable or
+/// writable) by the sandbox's unprivileged uid.
+fn create_sockets_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(dir)?;
+    // The umask may have taken bits the mode asked for.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+}
+
+/// In a run directory: the PID of the platform that owns the run.
+pub const OWNER_FILE: &str = "owner.pid";
+/// In the sockets' directory: the sidecar's API and proxy sockets.
+pub const SIDECAR_SOCKET: &str = "sidecar.sock";
+pub const PROXY_SOCKET: &str = "proxy.sock";
+/// Largest owner file reclaim reads (a PID).
+const MAX_OWNER_FILE: u64 = 32;
+
 /// Boot reclaim: run directories whose owner process is gone are removed,
 /// and runs the store still has as `running` with no live owner are failed.
 pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError> {
@@ -452,9 +617,11 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
     let runs = home.join("runs");
     if let Ok(entries) = std::fs::read_dir(&runs) {
         for e in entries.flatten() {
-            let owner = std::fs::read_to_string(e.path().join("owner.pid"))
-                .ok()
-                .and_then(|s| s.trim().parse::<i32>().ok());
+            // Never trusted, followed or read whole: no symlink, no FIFO, a few bytes.
+            let owner =
+                airlock_sandbox::untrusted::read_file(&e.path().join(OWNER_FILE), MAX_OWNER_FILE)
+                    .ok()
+                    .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse::<i32>().ok());
             let alive = match owner {
                 Some(pid) => {
                     Path::new(&format!("/proc/{pid}")).exists() && pid != std::process::id() as i32

@@ -8,6 +8,11 @@
 //! adds the sidecar token on the way, so the agent's own code never holds it.
 //! Meanwhile it sends heartbeats, turns the agent's output into log events,
 //! and reports the exit code and the optional result file as the result.
+//!
+//! Its two output streams mean different things to the platform: stdout
+//! carries the agent's lines (both of the agent's streams, for the
+//! operator's live view), stderr only the runtime's own diagnostics — the
+//! agent has no descriptor of it, so what arrives there is the runtime's.
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +33,8 @@ use report::Reporter;
 
 /// Largest secrets document read from stdin.
 pub const MAX_SECRETS_BYTES: usize = 64 * 1024;
+/// Largest result document (`$AIRLOCK_RESULT_FILE`) reported.
+pub const MAX_RESULT_BYTES: u64 = 1 << 20;
 
 /// What the orchestrator hands the runtime on stdin.
 #[derive(Deserialize)]
@@ -212,12 +219,9 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         pumps.push(tokio::spawn(async move {
             let mut lines = BufReader::new(pipe).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                // Echo for the operator's live view, then report.
-                if stream == "stdout" {
-                    println!("{line}");
-                } else {
-                    eprintln!("{line}");
-                }
+                // Echo for the operator's live view (on stdout, whichever
+                // stream: stderr is the runtime's own), then report.
+                println!("{line}");
                 reporter.send(RunEvent::Log {
                     at: report::now_ms(),
                     stream: stream.to_owned(),
@@ -242,9 +246,25 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     }
     heartbeat.abort();
     let exit_code = exit_code(status);
-    let result = std::fs::read(&result_file)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    // The agent wrote (or replaced) this file: no symlink, no FIFO, bounded.
+    let result = match airlock_sandbox::untrusted::read_file(&result_file, MAX_RESULT_BYTES) {
+        Ok(b) => match serde_json::from_slice::<serde_json::Value>(&b) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                eprintln!("airlock runtime: the result file is not JSON ({e}); no result reported");
+                None
+            }
+        },
+        Err(airlock_sandbox::untrusted::UntrustedFileError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            None
+        }
+        Err(e) => {
+            eprintln!("airlock runtime: result file refused: {e}");
+            None
+        }
+    };
     reporter.send(RunEvent::Result {
         at: report::now_ms(),
         exit_code,

@@ -33,11 +33,25 @@ fn bad_gateway(msg: &str) -> Response<RelayBody> {
     r
 }
 
+fn not_found() -> Response<RelayBody> {
+    let body = Full::new(Bytes::from_static(b"{\"error\":\"not_found\"}"))
+        .map_err(|never| match never {})
+        .boxed();
+    let mut r = Response::new(body);
+    *r.status_mut() = StatusCode::NOT_FOUND;
+    r
+}
+
 async fn forward(
     socket: PathBuf,
     token: SecretString,
     mut req: Request<Incoming>,
 ) -> Response<RelayBody> {
+    // `/events` is the runtime's own channel (heartbeats, logs, the result):
+    // the agent must not be able to speak on it with the runtime's token.
+    if req.uri().path().starts_with("/events") {
+        return not_found();
+    }
     let Ok(value) = HeaderValue::from_str(token.expose_secret()) else {
         return bad_gateway("token is not a header value");
     };

@@ -3,12 +3,14 @@
 //! A backend starts one command (normally `airlock runtime -- AGENT…`) in an
 //! isolated environment and hands back a [`Sandbox`] to wait on or kill.
 //! Everything the sandbox needs from outside is in [`SandboxSpec`]: the
-//! sidecar is reached through a unix socket in `run_dir`, which is the only
-//! host directory the sandbox can write to.
-
+//! sidecar is reached through the unix sockets in `sockets_dir`, which the
+//! sandbox sees read-only (`connect(2)` works on a read-only mount, nothing
+//! else does); the sandbox writes nowhere on the host disk: every write
+//! lands on a capped tmpfs. [`Backend::paths`] says where the sandbox sees
+//! the sockets and its workspace.
 #![deny(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 /// What to start, and within which limits.
@@ -21,19 +23,54 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Written to the command's stdin, then stdin is closed (the runtime's secrets).
     pub stdin: Vec<u8>,
-    /// Host directory of the run (sockets, prompt, result file). Visible at
-    /// the same path inside the sandbox, read-write.
-    pub run_dir: PathBuf,
+    /// Host directory holding the sidecar's sockets (and nothing else). The
+    /// sandbox sees it read-only at [`RunPaths::sockets`].
+    pub sockets_dir: PathBuf,
     /// Extra host paths visible read-only at the same path (the airlock
     /// binary, the agent's directory).
     pub ro_paths: Vec<PathBuf>,
-    /// The agent's working directory inside the sandbox (a tmpfs in the
-    /// namespace backend).
+    /// The agent's working directory inside the sandbox ([`RunPaths::workspace`]:
+    /// a tmpfs in the namespace backend, a host directory in the process backend).
     pub workspace: PathBuf,
     pub workspace_size_mb: u64,
     pub memory_mb: u64,
     pub cpus: f64,
     pub pids_max: u64,
+}
+
+/// Where a sandbox sees what the platform prepares for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPaths {
+    /// Host directory the platform creates for the sidecar's sockets.
+    pub sockets_host: PathBuf,
+    /// The same directory as the sandbox sees it (read-only there).
+    pub sockets: PathBuf,
+    /// The agent's working directory as the sandbox sees it.
+    pub workspace: PathBuf,
+}
+
+/// What a backend guarantees, as a program can read it (the run report
+/// carries it, not only a warning on stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Isolation {
+    /// Whether the agent is isolated from the host at all.
+    pub isolates: bool,
+    /// What the operator must know, when it does not.
+    pub warning: Option<&'static str>,
+}
+
+/// The isolation of the backend named `name` (as stored with a run).
+pub fn isolation_of(name: &str) -> Isolation {
+    match name {
+        "process" => Isolation {
+            isolates: false,
+            warning: Some(process::WARNING),
+        },
+        _ => Isolation {
+            isolates: true,
+            warning: None,
+        },
+    }
 }
 
 /// Why a backend cannot run here.
@@ -129,15 +166,21 @@ pub trait Backend: Send + Sync {
     /// Whether the backend works on this host, and why not.
     fn check(&self) -> Result<(), Unavailable>;
     /// Whether the backend isolates anything at all.
-    fn isolates(&self) -> bool;
+    fn isolates(&self) -> bool {
+        isolation_of(self.name()).isolates
+    }
+    /// Where the sandbox of the run whose host directory is `run_dir` sees
+    /// the sidecar's sockets and its workspace.
+    fn paths(&self, run_dir: &Path) -> RunPaths;
     /// Starts `spec.command`. Must not block for long.
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError>;
 }
 
 pub mod diagnose;
 pub mod namespace;
-pub mod probe;
 pub mod process;
+pub mod terminal;
+pub mod untrusted;
 
 pub use diagnose::{Diagnosis, diagnose};
 

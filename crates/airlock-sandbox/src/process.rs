@@ -7,7 +7,9 @@ use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt;
 
-use crate::{Backend, Sandbox, SandboxError, SandboxSpec, Unavailable};
+use std::path::Path;
+
+use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxSpec, Unavailable};
 
 pub struct ProcessBackend;
 
@@ -22,8 +24,14 @@ impl Backend for ProcessBackend {
         Ok(())
     }
 
-    fn isolates(&self) -> bool {
-        false
+    fn paths(&self, run_dir: &Path) -> RunPaths {
+        // The host's own paths: this backend has no view of its own.
+        let sockets = run_dir.join("sock");
+        RunPaths {
+            sockets_host: sockets.clone(),
+            sockets,
+            workspace: run_dir.join("workspace"),
+        }
     }
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
@@ -41,9 +49,11 @@ impl Backend for ProcessBackend {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Its own process group, so the whole tree can be killed.
-            .process_group(0)
             .kill_on_drop(true);
+        // Its own session (so its own process group, and the whole tree can be
+        // killed) without a controlling terminal: `/dev/tty` does not reach
+        // the operator's terminal. (This backend isolates nothing else.)
+        crate::namespace::sys::new_session_on_spawn(&mut cmd);
         let mut child = cmd.spawn()?;
         let pid = child
             .id()

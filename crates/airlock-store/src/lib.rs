@@ -756,6 +756,35 @@ impl Store {
         })
     }
 
+    /// A run's latest event of `kind` (e.g. `result`), if any.
+    pub async fn last_event_of_kind(
+        &self,
+        run_id: &str,
+        kind: &str,
+    ) -> Result<Option<Event>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT id, run_id, at, kind, payload FROM run_events \
+                 WHERE run_id = $1 AND kind = $2 ORDER BY id DESC LIMIT 1",
+            )
+            .bind(run_id)
+            .bind(kind)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| {
+                Ok(Event {
+                    id: r.try_get("id").map_err(|e| self.err(e))?,
+                    run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
+                    at: r.try_get("at").map_err(|e| self.err(e))?,
+                    kind: r.try_get("kind").map_err(|e| self.err(e))?,
+                    payload: r.try_get("payload").map_err(|e| self.err(e))?,
+                })
+            })
+            .transpose()
+        })
+    }
+
     // ---- egress log ----
 
     /// Appends one outbound decision.

@@ -24,7 +24,7 @@ fn spec(i: usize, run_dir: &std::path::Path) -> SandboxSpec {
         command: vec!["/usr/bin/true".into()],
         env: vec![],
         stdin: vec![],
-        run_dir: run_dir.to_path_buf(),
+        sockets_dir: run_dir.to_path_buf(),
         ro_paths: vec![],
         workspace: PathBuf::from("/workspace"),
         workspace_size_mb: 16,

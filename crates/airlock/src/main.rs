@@ -54,9 +54,6 @@ enum Command {
     /// The namespace sandbox's setup process (started by the backend only).
     #[command(hide = true)]
     SandboxInit,
-    /// Inside a sandbox: try to escape, report what worked as JSON.
-    #[command(hide = true)]
-    Probe(cmd::probe::ProbeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -72,6 +69,5 @@ fn main() -> std::process::ExitCode {
         Command::Connections(c) => cmd::connections::run(c),
         Command::Keys(c) => cmd::keys::run(c),
         Command::SandboxInit => cmd::sandbox_init::run(),
-        Command::Probe(a) => cmd::probe::run(a),
     }
 }

@@ -24,7 +24,9 @@ use airlock_sandbox::{Backend, Sandbox, SandboxSpec};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
-const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+mod support;
+
+use support::{AIRLOCK, probe_exe};
 
 fn backend() -> Option<NamespaceBackend> {
     let b = NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));
@@ -63,8 +65,9 @@ fn spec(command: Vec<String>) -> Run {
         .prefix("airlock-sbx-")
         .tempdir()
         .unwrap();
-    let run_dir = dir.path().join("run");
-    std::fs::create_dir(&run_dir).unwrap();
+    let sockets_dir = dir.path().join("sock");
+    std::fs::create_dir(&sockets_dir).unwrap();
+    std::fs::set_permissions(&sockets_dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     Run {
         spec: SandboxSpec {
             run_id: run_id(),
@@ -74,8 +77,8 @@ fn spec(command: Vec<String>) -> Run {
                 ("HOME".into(), "/workspace".into()),
             ],
             stdin: vec![],
-            run_dir,
-            ro_paths: vec![PathBuf::from(AIRLOCK)],
+            sockets_dir,
+            ro_paths: vec![probe_exe()],
             workspace: PathBuf::from("/workspace"),
             workspace_size_mb: 16,
             memory_mb: 256,
@@ -87,7 +90,7 @@ fn spec(command: Vec<String>) -> Run {
 }
 
 fn probe_cmd(args: &[&str]) -> Vec<String> {
-    let mut v = vec![AIRLOCK.to_string(), "probe".into()];
+    let mut v = vec![probe_exe().display().to_string()];
     v.extend(args.iter().map(|s| s.to_string()));
     v
 }
@@ -184,8 +187,10 @@ fn failed(v: &Value) -> bool {
 async fn legit_path_stdin_workspace_unix_socket_and_python() {
     let Some(b) = backend() else { return };
     let mut r = spec(vec![]);
-    let sock = r.spec.run_dir.join("sidecar.sock");
+    let sock = r.spec.sockets_dir.join("sidecar.sock");
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // The sandbox's uid is not ours: the socket is for anyone who reaches it.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         let mut line = String::new();
@@ -193,29 +198,30 @@ async fn legit_path_stdin_workspace_unix_socket_and_python() {
         s.write_all(format!("pong:{}", line.trim()).as_bytes())
             .unwrap();
     });
-    let out_file = r.spec.run_dir.join("result.txt");
     r.spec.stdin = b"the-run-secrets".to_vec();
     r.spec.command = probe_cmd(&[
         "--stdin",
         "--unix",
-        sock.to_str().unwrap(),
+        "/run/airlock/sidecar.sock",
         "--write",
         "/workspace/notes.txt",
         "--write",
-        out_file.to_str().unwrap(),
+        "/run/airlock/planted",
     ]);
     let o = run(&b, &r.spec).await;
     assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
     let j = o.json();
     assert_eq!(j["stdin"]["value"], "the-run-secrets", "{j}");
-    assert_eq!(j["unix"]["value"], "pong:ping", "{j}");
-    assert_eq!(j["write"]["/workspace/notes.txt"]["ok"], true, "{j}");
-    assert_eq!(j["write"][out_file.to_str().unwrap()]["ok"], true, "{j}");
     assert_eq!(
-        std::fs::read_to_string(&out_file).unwrap(),
-        "escaped\n",
-        "run_dir is shared with the host"
+        j["unix"]["value"], "pong:ping",
+        "the sidecar's socket is reachable, read-only: {j}"
     );
+    assert_eq!(j["write"]["/workspace/notes.txt"]["ok"], true, "{j}");
+    assert!(
+        failed(&j["write"]["/run/airlock/planted"]),
+        "the sockets' directory is read-only: {j}"
+    );
+    assert!(!r.spec.sockets_dir.join("planted").exists());
     assert_eq!(j["cwd"], "/workspace");
     assert_eq!(
         j["env"].as_object().unwrap().len(),
@@ -283,13 +289,13 @@ async fn sees_no_host_process_and_cannot_touch_one() {
 }
 
 #[tokio::test]
-async fn writes_nothing_outside_the_workspace_and_run_dir() {
+async fn writes_nothing_outside_its_tmpfs() {
     let Some(b) = backend() else { return };
     let mut r = spec(vec![]);
     let id = r.spec.run_id.clone();
     let sibling = r
         .spec
-        .run_dir
+        .sockets_dir
         .parent()
         .unwrap()
         .join(format!("sibling-{id}"));
@@ -304,7 +310,8 @@ async fn writes_nothing_outside_the_workspace_and_run_dir() {
         format!("/dev/airlock-escape-{id}").into(),
         "/proc/sys/kernel/hostname".into(),
         "/proc/sysrq-trigger".into(),
-        PathBuf::from(AIRLOCK),
+        format!("/run/airlock/airlock-escape-{id}").into(),
+        probe_exe(),
     ];
     // Inside the sandbox these land in its private /tmp; they must not reach the host.
     let private = [host_tmp.clone(), sibling.clone()];
@@ -335,13 +342,13 @@ async fn writes_nothing_outside_the_workspace_and_run_dir() {
         "the private /tmp is writable"
     );
     for t in targets.iter().chain(&private) {
-        if t.starts_with("/proc") || t == Path::new(AIRLOCK) {
+        if t.starts_with("/proc") || *t == probe_exe() {
             continue;
         }
         assert!(!t.exists(), "{} appeared on the host", t.display());
     }
     assert_ne!(
-        std::fs::read(AIRLOCK).unwrap().get(..8),
+        std::fs::read(probe_exe()).unwrap().get(..8),
         Some(&b"escaped\n"[..])
     );
 }
@@ -439,8 +446,10 @@ async fn no_capabilities_no_new_privs_and_setuid_grants_nothing() {
         .prefix("airlock-suid-")
         .tempdir()
         .unwrap();
+    // Shared with the sandbox, whose host uid is not ours.
+    std::fs::set_permissions(suid_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let suid = suid_dir.path().join("probe-suid");
-    std::fs::copy(AIRLOCK, &suid).unwrap();
+    std::fs::copy(probe_exe(), &suid).unwrap();
     std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
     r.spec.ro_paths.push(suid_dir.path().to_path_buf());
     r.spec.command = probe_cmd(&["--setuid", suid.to_str().unwrap()]);
@@ -589,8 +598,8 @@ async fn fifty_concurrent_sandboxes_all_succeed_and_leave_nothing() {
             "cgroups of {} left",
             r.spec.run_id
         );
-        let entries: Vec<_> = std::fs::read_dir(&r.spec.run_dir).unwrap().collect();
-        assert!(entries.is_empty(), "the backend leaves nothing in run_dir");
+        let entries: Vec<_> = std::fs::read_dir(&r.spec.sockets_dir).unwrap().collect();
+        assert!(entries.is_empty(), "the backend leaves nothing on the host");
     }
 }
 

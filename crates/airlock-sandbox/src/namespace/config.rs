@@ -12,9 +12,58 @@ use crate::SandboxSpec;
 
 /// Upper bound of the header, so a garbled stream cannot make init allocate much.
 pub const MAX_HEADER: usize = 1 << 20;
-/// Size of the private `/tmp`.
-pub const TMP_SIZE_MB: u64 = 64;
+/// Largest workspace tmpfs (1 TiB: a typo, not a size).
+pub const MAX_WORKSPACE_MB: u64 = 1 << 20;
 pub const HOSTNAME: &str = "airlock";
+/// Where the sandbox sees the sidecar's sockets (read-only).
+pub const SOCKETS_INSIDE: &str = "/run/airlock";
+/// The agent's workspace inside the sandbox.
+pub const WORKSPACE_INSIDE: &str = "/workspace";
+/// The uid and gid the agent has inside the sandbox (never 0: nothing in
+/// the sandbox looks or acts like root).
+pub const SANDBOX_UID: u32 = 1000;
+pub const SANDBOX_GID: u32 = 1000;
+/// When the platform is root, each run's sandbox is a dedicated unprivileged
+/// host uid/gid in `[HOST_ID_BASE, HOST_ID_BASE + HOST_ID_SPAN)`, picked from
+/// the run id. Far above the ranges distributions give users and
+/// `/etc/subuid` (100000+), below 2^31.
+pub const HOST_ID_BASE: u32 = 0x5A00_0000;
+pub const HOST_ID_SPAN: u32 = 0x0100_0000;
+
+/// Who the sandbox is on the host.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostIds {
+    pub uid: u32,
+    pub gid: u32,
+    /// Init must switch to `uid`/`gid` before creating the namespaces (the
+    /// platform is root); otherwise they are the platform's own.
+    pub switch: bool,
+}
+
+impl HostIds {
+    /// The host ids of `run_id`'s sandbox: a dedicated unprivileged uid/gid
+    /// when the platform is root, else the platform's own (rootless).
+    pub fn for_run(run_id: &str) -> HostIds {
+        if rustix::process::geteuid().is_root() {
+            // FNV-1a of the run id: stable for a run, spread over the span.
+            let h = run_id.bytes().fold(0x811c_9dc5u32, |h, b| {
+                (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+            });
+            let id = HOST_ID_BASE + h % HOST_ID_SPAN;
+            HostIds {
+                uid: id,
+                gid: id,
+                switch: true,
+            }
+        } else {
+            HostIds {
+                uid: rustix::process::getuid().as_raw(),
+                gid: rustix::process::getgid().as_raw(),
+                switch: false,
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct InitConfig {
@@ -24,22 +73,26 @@ pub struct InitConfig {
     pub cgroup_procs: Vec<PathBuf>,
     pub command: Vec<String>,
     pub env: Vec<(String, String)>,
-    pub run_dir: PathBuf,
+    /// Host directory of the sidecar's sockets, bound read-only at
+    /// [`SOCKETS_INSIDE`].
+    pub sockets_dir: PathBuf,
     pub ro_paths: Vec<PathBuf>,
     pub workspace: PathBuf,
+    /// The one tmpfs that takes every write of the sandbox (workspace,
+    /// `/tmp`, `/dev/shm`).
     pub workspace_size_mb: u64,
-    pub tmp_size_mb: u64,
+    pub ids: HostIds,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(
-        "{what} {path:?} must be an absolute, normalised path outside /proc, /dev and /oldroot"
+        "{what} {path:?} must be an absolute, normalised path outside /proc, /dev, /oldroot, /.rw and /run/airlock"
     )]
     BadPath { what: &'static str, path: PathBuf },
     #[error("the command is empty or its program {0:?} is not an absolute path")]
     BadCommand(String),
-    #[error("the workspace size must be at least 1 MiB")]
+    #[error("the workspace size must be between 1 and {MAX_WORKSPACE_MB} MiB")]
     BadSize,
     #[error("the run id {0:?} must be 1-64 characters of [A-Za-z0-9_-]")]
     BadRunId(String),
@@ -65,7 +118,7 @@ pub fn check_path(what: &'static str, path: &Path) -> Result<(), ConfigError> {
     {
         return Err(bad());
     }
-    if ["/proc", "/dev", "/oldroot"]
+    if ["/proc", "/dev", "/oldroot", "/run/airlock", "/.rw"]
         .iter()
         .any(|p| path.starts_with(p))
     {
@@ -101,11 +154,11 @@ impl InitConfig {
             cgroup_procs,
             command: spec.command.clone(),
             env: spec.env.clone(),
-            run_dir: spec.run_dir.clone(),
+            sockets_dir: spec.sockets_dir.clone(),
             ro_paths: spec.ro_paths.clone(),
             workspace: spec.workspace.clone(),
             workspace_size_mb: spec.workspace_size_mb,
-            tmp_size_mb: TMP_SIZE_MB,
+            ids: HostIds::for_run(&spec.run_id),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -125,12 +178,18 @@ impl InitConfig {
                 return Err(ConfigError::BadEnv(k.clone()));
             }
         }
-        check_path("run_dir", &self.run_dir)?;
+        check_path("sockets_dir", &self.sockets_dir)?;
         check_path("workspace", &self.workspace)?;
+        if self.workspace.starts_with("/tmp") || self.workspace.starts_with("/run") {
+            return Err(ConfigError::BadPath {
+                what: "workspace",
+                path: self.workspace.clone(),
+            });
+        }
         for p in &self.ro_paths {
             check_path("ro_path", p)?;
         }
-        if self.workspace_size_mb == 0 || self.tmp_size_mb == 0 {
+        if self.workspace_size_mb == 0 || self.workspace_size_mb > MAX_WORKSPACE_MB {
             return Err(ConfigError::BadSize);
         }
         Ok(())
@@ -175,11 +234,15 @@ mod tests {
             cgroup_procs: vec![],
             command: vec!["/bin/true".into()],
             env: vec![("A".into(), "b".into())],
-            run_dir: "/tmp/run".into(),
+            sockets_dir: "/tmp/run/sock".into(),
             ro_paths: vec!["/opt/agent".into()],
             workspace: "/workspace".into(),
             workspace_size_mb: 8,
-            tmp_size_mb: 8,
+            ids: HostIds {
+                uid: HOST_ID_BASE + 7,
+                gid: HOST_ID_BASE + 7,
+                switch: true,
+            },
         }
     }
 
@@ -203,6 +266,8 @@ mod tests {
             "/proc/x",
             "/dev",
             "/oldroot/etc",
+            "/run/airlock/x",
+            "/tmp/ws",
         ] {
             let mut c = cfg();
             c.workspace = p.into();
@@ -223,5 +288,28 @@ mod tests {
             assert!(check_run_id(id).is_err());
         }
         check_run_id("run-123_ab").unwrap();
+        let mut c = cfg();
+        c.workspace_size_mb = 0;
+        assert!(c.validate().is_err());
+        c.workspace_size_mb = MAX_WORKSPACE_MB + 1;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_root_platform_gives_each_run_an_unprivileged_host_id() {
+        let a = HostIds::for_run("run_aaaaaaaaaaaa");
+        if rustix::process::geteuid().is_root() {
+            let b = HostIds::for_run("run_bbbbbbbbbbbb");
+            for ids in [a, b] {
+                assert!(ids.switch);
+                assert!((HOST_ID_BASE..HOST_ID_BASE + HOST_ID_SPAN).contains(&ids.uid));
+                assert_eq!(ids.uid, ids.gid);
+            }
+            assert_ne!(a.uid, b.uid, "two runs, two uids");
+            assert_eq!(a, HostIds::for_run("run_aaaaaaaaaaaa"), "stable per run");
+        } else {
+            assert!(!a.switch);
+            assert_eq!(a.uid, rustix::process::getuid().as_raw());
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Landlock, best effort: on top of the read-only mounts, the sandbox may
-//! write only under the workspace, `run_dir`, `/tmp`, `/dev/shm` and to the
-//! writable devices; it may not reach abstract unix sockets or signal
+//! write only under the workspace, `/tmp`, `/dev/shm` (the three views of
+//! the one capped tmpfs) and to the writable devices; it may not reach abstract unix sockets or signal
 //! processes outside its Landlock domain (ABI 6). On kernels without
 //! Landlock this is a no-op and [`apply`] says so.
 
@@ -27,14 +27,9 @@ pub enum Enforced {
     None,
 }
 
-pub fn apply(workspace: PathBuf, run_dir: PathBuf) -> Result<Enforced, LandlockError> {
+pub fn apply(workspace: PathBuf) -> Result<Enforced, LandlockError> {
     let abi = ABI::V6;
-    let rw_dirs = [
-        workspace,
-        run_dir,
-        PathBuf::from("/tmp"),
-        PathBuf::from("/dev/shm"),
-    ];
+    let rw_dirs = [workspace, PathBuf::from("/tmp"), PathBuf::from("/dev/shm")];
     let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"];
     let dev_rw = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
     let status = Ruleset::default()

@@ -1,25 +1,32 @@
 //! `airlock sandbox-init`: the sandbox's setup, run by the `airlock` binary
 //! itself (single-threaded: no runtime, no threads).
 //!
-//! Stage A (host PID namespace): reads the [`InitConfig`] header from stdin,
-//! dies with its parent, joins the run's cgroups, unshares the user, mount,
-//! PID, network, IPC, UTS and cgroup namespaces, maps its own uid/gid, and
-//! forks stage B; it then only waits and passes B's exit code on.
+//! Stage A (host PID namespace): leaves the operator's session (a new
+//! session has no controlling terminal, so `/dev/tty` reaches nothing),
+//! reads the [`InitConfig`] header from stdin, dies with its parent, joins
+//! the run's cgroups, becomes the run's unprivileged host uid/gid when the
+//! platform is root ([`super::config::HostIds`]), unshares the user, mount,
+//! PID, network, IPC, UTS and cgroup namespaces (so the user namespace is
+//! owned by that uid and its kernel quotas are the run's, not root's), maps
+//! [`SANDBOX_UID`]/[`SANDBOX_GID`] to it, and forks stage B; it then only
+//! waits and passes B's exit code on.
 //!
-//! Stage B (PID 1 of the new namespace): builds the filesystem
-//! ([`super::plan`]), brings up loopback, names the host, then drops every
-//! capability, sets `no_new_privs`, applies Landlock and seccomp, and
-//! starts the command with the rest of stdin (the secrets), the given
-//! environment only, in the workspace. It reaps orphans and exits with the
-//! command's code (128+signal when killed); its death kills the namespace.
+//! Stage B (PID 1 of the new namespace, not dumpable): builds the
+//! filesystem ([`super::plan`]), brings up loopback, names the host, then
+//! drops every capability, sets `no_new_privs`, applies Landlock and
+//! seccomp, and starts the command with the rest of stdin (the secrets),
+//! the given environment only, in the workspace. It reaps orphans and exits
+//! with the command's code (128+signal when killed); its death kills the
+//! namespace.
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
 use std::process::Command;
 
 use rustix::process::{Pid, Signal, WaitOptions};
 
-use super::config::{HOSTNAME, InitConfig};
+use super::config::{HOSTNAME, InitConfig, SANDBOX_GID, SANDBOX_UID};
 use super::{fs_rules, plan, seccomp, sys};
 
 /// Exit code of a setup failure (before the command ran).
@@ -61,19 +68,10 @@ pub fn main() -> i32 {
 }
 
 fn stage_a() -> Result<i32, InitError> {
+    // First of all: out of the operator's session and away from its terminal.
+    rustix::process::setsid().map_err(at("setsid"))?;
     let cfg = InitConfig::decode(RawStdin).map_err(at("config"))?;
-    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
-        .map_err(at("PR_SET_PDEATHSIG"))?;
-    if rustix::process::getppid()
-        .map(Pid::as_raw_nonzero)
-        .map(|p| p.get())
-        != Some(cfg.parent_pid)
-    {
-        return Err(InitError {
-            step: "parent",
-            detail: "the spawning process is gone".into(),
-        });
-    }
+    die_with_parent(cfg.parent_pid)?;
     sys::cloexec_from_3().map_err(at("close_range"))?;
     let me = rustix::process::getpid().as_raw_nonzero().get().to_string();
     for f in &cfg.cgroup_procs {
@@ -82,19 +80,42 @@ fn stage_a() -> Result<i32, InitError> {
             detail: format!("{}: {e}", f.display()),
         })?;
     }
-    let uid = rustix::process::getuid().as_raw();
-    let gid = rustix::process::getgid().as_raw();
+    // What the sandbox shares of the host, taken while still root (see
+    // `plan::Trees`); a rootless init reaches the same paths as itself.
+    let trees = if cfg.ids.switch {
+        let mut paths = vec![cfg.sockets_dir.as_path()];
+        paths.extend(cfg.ro_paths.iter().map(PathBuf::as_path));
+        plan::Trees::detach(&sys::Real, &paths).map_err(at("share"))?
+    } else {
+        plan::Trees::default()
+    };
+    if cfg.ids.switch {
+        become_host_ids(cfg.ids.uid, cfg.ids.gid)?;
+        // A credential change clears the parent-death signal.
+        die_with_parent(cfg.parent_pid)?;
+    }
     sys::unshare_namespaces(sys::sandbox_namespaces()).map_err(at("unshare"))?;
     std::fs::write("/proc/self/setgroups", "deny").map_err(at("setgroups"))?;
-    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")).map_err(at("uid_map"))?;
-    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")).map_err(at("gid_map"))?;
+    std::fs::write(
+        "/proc/self/uid_map",
+        format!("{SANDBOX_UID} {} 1", cfg.ids.uid),
+    )
+    .map_err(at("uid_map"))?;
+    std::fs::write(
+        "/proc/self/gid_map",
+        format!("{SANDBOX_GID} {} 1", cfg.ids.gid),
+    )
+    .map_err(at("gid_map"))?;
+    // Nothing of A or B (PID 1 inside) may be read through /proc.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(at("non-dumpable"))?;
     // B learns that A died (and must stop) from EOF on this pipe.
     let (alive_r, alive_w) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(at("pipe"))?;
     match sys::fork_single_threaded().map_err(at("fork"))? {
         sys::Forked::Child => {
             drop(alive_w);
-            let code = match stage_b(&cfg, alive_r) {
+            let code = match stage_b(&cfg, alive_r, &trees) {
                 Ok(code) => code,
                 Err(e) => {
                     let _ = writeln!(std::io::stderr(), "airlock sandbox-init: {e}");
@@ -119,6 +140,45 @@ fn stage_a() -> Result<i32, InitError> {
     }
 }
 
+/// Dies with the spawning process, and checks it has not died already.
+fn die_with_parent(parent_pid: i32) -> Result<(), InitError> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(at("PR_SET_PDEATHSIG"))?;
+    if rustix::process::getppid()
+        .map(Pid::as_raw_nonzero)
+        .map(|p| p.get())
+        != Some(parent_pid)
+    {
+        return Err(InitError {
+            step: "parent",
+            detail: "the spawning process is gone".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The platform is root: become the run's own unprivileged host uid/gid,
+/// with no supplementary group, before any namespace exists.
+fn become_host_ids(uid: u32, gid: u32) -> Result<(), InitError> {
+    use rustix::process::{Gid, Uid};
+    // rustix changes the calling thread only: sandbox-init is single-threaded.
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    rustix::thread::set_thread_groups(&[]).map_err(at("setgroups"))?;
+    rustix::thread::set_thread_res_gid(gid, gid, gid).map_err(at("setresgid"))?;
+    rustix::thread::set_thread_res_uid(uid, uid, uid).map_err(at("setresuid"))?;
+    if rustix::process::geteuid() != uid || rustix::process::getegid() != gid {
+        return Err(InitError {
+            step: "setresuid",
+            detail: "the credentials did not change".into(),
+        });
+    }
+    // The change made the process non-dumpable, which gives /proc/self to
+    // root: it must own it again to write its own uid_map.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+        .map_err(at("dumpable"))?;
+    Ok(())
+}
+
 fn exit_code(st: rustix::process::WaitStatus) -> i32 {
     if let Some(c) = st.exit_status() {
         c
@@ -129,9 +189,11 @@ fn exit_code(st: rustix::process::WaitStatus) -> i32 {
     }
 }
 
-fn stage_b(cfg: &InitConfig, alive: OwnedFd) -> Result<i32, InitError> {
+fn stage_b(cfg: &InitConfig, alive: OwnedFd, trees: &plan::Trees) -> Result<i32, InitError> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(at("PR_SET_PDEATHSIG"))?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(at("non-dumpable"))?;
     rustix::io::ioctl_fionbio(&alive, true).map_err(at("alive pipe"))?;
     let mut b = [0u8; 1];
     if matches!(rustix::io::read(&alive, &mut b), Ok(0)) {
@@ -142,7 +204,7 @@ fn stage_b(cfg: &InitConfig, alive: OwnedFd) -> Result<i32, InitError> {
     }
     drop(alive);
 
-    plan::build_root(&mut sys::Real, cfg).map_err(at("filesystem"))?;
+    plan::build_root(&mut sys::Real, cfg, trees).map_err(at("filesystem"))?;
     rustix::system::sethostname(HOSTNAME.as_bytes()).map_err(at("sethostname"))?;
     sys::loopback_up().map_err(at("loopback"))?;
 
@@ -150,7 +212,7 @@ fn stage_b(cfg: &InitConfig, alive: OwnedFd) -> Result<i32, InitError> {
     caps::clear(None, caps::CapSet::Bounding).map_err(at("drop bounding capabilities"))?;
     caps::clear(None, caps::CapSet::Ambient).map_err(at("drop ambient capabilities"))?;
     rustix::thread::set_no_new_privs(true).map_err(at("no_new_privs"))?;
-    fs_rules::apply(cfg.workspace.clone(), cfg.run_dir.clone()).map_err(at("landlock"))?;
+    fs_rules::apply(cfg.workspace.clone()).map_err(at("landlock"))?;
     for set in [
         caps::CapSet::Inheritable,
         caps::CapSet::Effective,

@@ -17,14 +17,14 @@ pub mod seccomp;
 #[allow(unsafe_code)]
 pub mod sys;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
-use crate::{Backend, Sandbox, SandboxError, SandboxSpec, Unavailable};
+use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxSpec, Unavailable};
 use config::InitConfig;
 
 /// The hidden subcommand of the `airlock` binary that runs [`init::main`].
@@ -51,6 +51,49 @@ impl NamespaceBackend {
             require_limits: rustix::process::geteuid().is_root(),
         }
     }
+}
+
+/// Refuses, before anything starts, a read-only path the sandbox's host uid
+/// could not use: with a root platform the sandbox is an unprivileged uid,
+/// so the operator's private directories are closed to it (as they should
+/// be to an agent), and the run would fail later with a bare EACCES.
+fn readable_by(path: &Path, ids: config::HostIds) -> Result<(), SandboxError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| {
+        SandboxError::Setup(format!(
+            "{} cannot be shared with the sandbox: {e}",
+            path.display()
+        ))
+    })?;
+    let mode = m.mode();
+    let bits = if m.uid() == ids.uid {
+        (mode >> 6) & 0o7
+    } else if m.gid() == ids.gid {
+        (mode >> 3) & 0o7
+    } else {
+        mode & 0o7
+    };
+    let need = if m.is_dir() { 0o5 } else { 0o4 };
+    if bits & need == need {
+        return Ok(());
+    }
+    Err(SandboxError::Setup(format!(
+        "{} (mode {:o}, owner uid {}) is not {} by the sandbox's host uid {}{}: make it so (chmod o+rX), or keep the agent in a directory others may read",
+        path.display(),
+        mode & 0o7777,
+        m.uid(),
+        if m.is_dir() {
+            "readable and searchable"
+        } else {
+            "readable"
+        },
+        ids.uid,
+        if ids.switch {
+            " (the platform is root, so each sandbox runs as a dedicated unprivileged uid)"
+        } else {
+            ""
+        }
+    )))
 }
 
 /// Why user namespaces do not work here, in words an operator can act on.
@@ -115,12 +158,20 @@ impl Backend for NamespaceBackend {
         Ok(())
     }
 
-    fn isolates(&self) -> bool {
-        true
+    fn paths(&self, run_dir: &Path) -> RunPaths {
+        RunPaths {
+            sockets_host: run_dir.join("sock"),
+            sockets: PathBuf::from(config::SOCKETS_INSIDE),
+            workspace: PathBuf::from(config::WORKSPACE_INSIDE),
+        }
     }
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         config::check_run_id(&spec.run_id).map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let ids = config::HostIds::for_run(&spec.run_id);
+        for p in &spec.ro_paths {
+            readable_by(p, ids)?;
+        }
         let cgroups = match cgroup::layout() {
             Some(layout) => {
                 let limits = cgroup::Limits {

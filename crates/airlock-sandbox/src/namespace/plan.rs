@@ -6,26 +6,34 @@
 //!   `/usr` on merged-usr hosts) read-only, nosuid, nodev: programs and
 //!   their libraries, the loader cache, passwd/nsswitch, CA certificates.
 //!   Host secrets in `/etc` that root could read (shadow, gshadow, sudoers,
-//!   SSH host keys, ssl/private) are masked. No `/home`, `/root`, `/var`,
-//!   `/run` (host daemons' sockets), `/sys`, `/boot`, host `/tmp`.
+//!   SSH host keys, ssl/private) are masked (the sandbox's host uid is not
+//!   root either). No `/home`, `/root`, `/var`, `/run` (host daemons'
+//!   sockets), `/sys`, `/boot`, host `/tmp`.
+//! - ONE tmpfs capped at `workspace_size_mb` takes every write of the
+//!   sandbox: it is seen at the workspace, at `/tmp` and at `/dev/shm`, so
+//!   their sum is capped (no host disk is writable from inside).
 //! - `/proc` fresh for the new PID namespace, with `sys`, `sysrq-trigger`,
-//!   `irq`, `bus`, `fs` read-only.
+//!   `irq`, `bus`, `fs` read-only and the kernel-information entries runc
+//!   and Docker mask ([`PROC_MASKED_FILES`], [`PROC_MASKED_DIRS`]) masked.
 //! - `/dev`: a read-only tmpfs with null, zero, full, random, urandom, tty,
-//!   the fd symlinks and a small `/dev/shm`.
-//! - `/tmp`: a private tmpfs.
-//! - `run_dir` read-write at the same path, `ro_paths` read-only at the same
-//!   path, `workspace` a tmpfs capped at `workspace_size_mb`.
+//!   the fd symlinks and `/dev/shm`.
+//! - the sidecar's sockets directory read-only at [`SOCKETS_INSIDE`]
+//!   (`connect(2)` works on a read-only mount; nothing can be renamed,
+//!   replaced or created there); `ro_paths` read-only at the same path.
 //! - `/` itself: a read-only tmpfs holding the mount points.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use super::config::InitConfig;
+use super::config::{InitConfig, SOCKETS_INSIDE};
 use super::sys::{ATTR_NODEV, ATTR_NOEXEC, ATTR_NOSUID, ATTR_RDONLY, Kind, Sys};
 
 /// Where the host's root sits while the new root is populated.
 const OLD: &str = "/oldroot";
 /// The mount point turned into the new root (only inside our mount namespace).
 const BASE: &str = "/tmp";
+/// Where the writable tmpfs is mounted while its three views are bound.
+const RW: &str = "/.rw";
 
 pub const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
@@ -47,6 +55,42 @@ const PROC_READONLY: &[&str] = &[
     "/proc/bus",
     "/proc/fs",
 ];
+/// Kernel information a sandbox has no use for (runc's and Docker's masked
+/// paths, and the memory-layout files): each is replaced by `/dev/null`.
+pub const PROC_MASKED_FILES: &[&str] = &[
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/slabinfo",
+    "/proc/vmallocinfo",
+    "/proc/pagetypeinfo",
+    "/proc/kallsyms",
+    "/proc/kmsg",
+    "/proc/kpagecount",
+    "/proc/kpageflags",
+    "/proc/kpagecgroup",
+    "/proc/iomem",
+    "/proc/ioports",
+    "/proc/modules",
+];
+/// Directories of kernel information, each replaced by an empty read-only tmpfs.
+pub const PROC_MASKED_DIRS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/scsi",
+    "/proc/driver",
+    "/proc/dynamic_debug",
+];
+
+/// Files a tmpfs of `size_mb` may hold: generous for real trees
+/// (`node_modules`), bounded so empty files cannot pin kernel memory.
+pub fn tmpfs_inodes(size_mb: u64) -> u64 {
+    size_mb.saturating_mul(256).max(4096)
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("{step}: {source}")]
@@ -73,13 +117,59 @@ fn old(p: &Path) -> PathBuf {
     Path::new(OLD).join(p.strip_prefix("/").unwrap_or(p))
 }
 
+/// Binds `source` at `target` (a file over an empty file, a directory over
+/// a directory) with `attrs`.
+fn mask(sys: &mut impl Sys, source: &Path, target: &Path, attrs: u64) -> Result<(), PlanError> {
+    sys.bind(source, target)
+        .step(|| format!("mask {}", target.display()))?;
+    sys.set_attrs(target, attrs, false)
+        .step(|| format!("mask {}", target.display()))
+}
+
+/// Copies of the host paths a root platform shares with the sandbox (the
+/// sockets' directory, the `ro_paths`), taken while init is still root: the
+/// sandbox's unprivileged uid could not reach them through the operator's
+/// private directories (`/root`, a 0700 `$AIRLOCK_HOME`), and only their own
+/// permissions should decide what it may read. Empty for a rootless
+/// platform, whose uid reaches them by path.
+#[derive(Default)]
+pub struct Trees(Vec<(PathBuf, Kind, OwnedFd)>);
+
+impl Trees {
+    /// `open_tree(OPEN_TREE_CLONE)` of each path (a detached bind mount).
+    pub fn detach(sys: &impl Sys, paths: &[&Path]) -> Result<Trees, PlanError> {
+        let mut v = Vec::with_capacity(paths.len());
+        for p in paths {
+            let kind = sys.kind(p);
+            if !matches!(kind, Kind::Dir | Kind::File) {
+                return Err(PlanError {
+                    step: format!("{} on the host", p.display()),
+                    source: std::io::ErrorKind::NotFound.into(),
+                });
+            }
+            let fd = sys
+                .clone_tree(p)
+                .step(|| format!("open_tree {}", p.display()))?;
+            v.push((p.to_path_buf(), kind, fd));
+        }
+        Ok(Trees(v))
+    }
+
+    fn get(&self, host: &Path) -> Option<(Kind, &OwnedFd)> {
+        self.0
+            .iter()
+            .find(|(p, _, _)| p == host)
+            .map(|(_, k, fd)| (*k, fd))
+    }
+}
+
 /// Builds the sandbox's root and leaves the process in the workspace.
 /// Runs as PID 1 of the new PID namespace, inside the new mount namespace.
-pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig) -> Result<(), PlanError> {
+pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result<(), PlanError> {
     let ro = ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV;
     sys.make_private(Path::new("/"))
         .step(|| "make / private".into())?;
-    sys.mount_tmpfs(Path::new(BASE), 1, 0o755, ATTR_NOSUID | ATTR_NODEV)
+    sys.mount_tmpfs(Path::new(BASE), 1, None, 0o755, ATTR_NOSUID | ATTR_NODEV)
         .step(|| "new root tmpfs".into())?;
     sys.chdir(Path::new(BASE))
         .step(|| "chdir new root".into())?;
@@ -112,13 +202,11 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig) -> Result<(), PlanError>
             Kind::File | Kind::Missing => {}
         }
     }
+    let host_null = old(Path::new("/dev/null"));
     for f in MASKED_FILES {
         let f = Path::new(f);
         if sys.kind(&old(f)) == Kind::File {
-            sys.bind(&old(Path::new("/dev/null")), f)
-                .step(|| format!("mask {}", f.display()))?;
-            sys.set_attrs(f, ro, false)
-                .step(|| format!("mask {}", f.display()))?;
+            mask(sys, &host_null, f, ro)?;
         }
     }
     let mut masked_dirs: Vec<PathBuf> = MASKED_DIRS.iter().map(PathBuf::from).collect();
@@ -127,37 +215,46 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig) -> Result<(), PlanError>
         for e in keys.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("ssh_host_") && name.ends_with("_key") {
-                let f = Path::new("/etc/ssh").join(name);
-                sys.bind(&old(Path::new("/dev/null")), &f)
-                    .step(|| format!("mask {}", f.display()))?;
-                sys.set_attrs(&f, ro, false)
-                    .step(|| format!("mask {}", f.display()))?;
+                mask(sys, &host_null, &Path::new("/etc/ssh").join(name), ro)?;
             }
         }
     }
     masked_dirs.retain(|d| sys.kind(&old(d)) == Kind::Dir);
     for d in &masked_dirs {
-        sys.mount_tmpfs(d, 1, 0o700, ro)
+        sys.mount_tmpfs(d, 1, Some(16), 0o700, ro)
             .step(|| format!("mask {}", d.display()))?;
         sys.set_attrs(d, ro, false)
             .step(|| format!("mask {}", d.display()))?;
     }
 
-    // Private /tmp.
-    sys.mkdir_all(Path::new("/tmp"))
-        .step(|| "mkdir /tmp".into())?;
+    // The one writable tmpfs, and its three views.
+    let rw = Path::new(RW);
+    sys.mkdir_all(rw).step(|| "mkdir /.rw".into())?;
     sys.mount_tmpfs(
-        Path::new("/tmp"),
-        cfg.tmp_size_mb,
-        0o1777,
+        rw,
+        cfg.workspace_size_mb,
+        Some(tmpfs_inodes(cfg.workspace_size_mb)),
+        0o755,
         ATTR_NOSUID | ATTR_NODEV,
     )
-    .step(|| "tmpfs /tmp".into())?;
+    .step(|| "writable tmpfs".into())?;
+    for (dir, mode) in [("workspace", 0o755), ("tmp", 0o1777), ("shm", 0o1777)] {
+        let d = rw.join(dir);
+        sys.mkdir_all(&d)
+            .step(|| format!("mkdir {}", d.display()))?;
+        sys.chmod(&d, mode)
+            .step(|| format!("chmod {}", d.display()))?;
+    }
+    let tmp = Path::new("/tmp");
+    sys.mkdir_all(tmp).step(|| "mkdir /tmp".into())?;
+    sys.bind(&rw.join("tmp"), tmp).step(|| "bind /tmp".into())?;
+    sys.set_attrs(tmp, ATTR_NOSUID | ATTR_NODEV, false)
+        .step(|| "attrs /tmp".into())?;
 
     // Minimal /dev.
     let dev = Path::new("/dev");
     sys.mkdir_all(dev).step(|| "mkdir /dev".into())?;
-    sys.mount_tmpfs(dev, 1, 0o755, ATTR_NOSUID | ATTR_NOEXEC)
+    sys.mount_tmpfs(dev, 1, Some(64), 0o755, ATTR_NOSUID | ATTR_NOEXEC)
         .step(|| "tmpfs /dev".into())?;
     for d in DEVICES {
         let node = dev.join(d);
@@ -183,13 +280,10 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig) -> Result<(), PlanError>
     }
     let shm = dev.join("shm");
     sys.mkdir_all(&shm).step(|| "mkdir /dev/shm".into())?;
-    sys.mount_tmpfs(
-        &shm,
-        cfg.tmp_size_mb,
-        0o1777,
-        ATTR_NOSUID | ATTR_NODEV | ATTR_NOEXEC,
-    )
-    .step(|| "tmpfs /dev/shm".into())?;
+    sys.bind(&rw.join("shm"), &shm)
+        .step(|| "bind /dev/shm".into())?;
+    sys.set_attrs(&shm, ATTR_NOSUID | ATTR_NODEV | ATTR_NOEXEC, false)
+        .step(|| "attrs /dev/shm".into())?;
     sys.set_attrs(dev, ATTR_RDONLY | ATTR_NOSUID | ATTR_NOEXEC, false)
         .step(|| "read-only /dev".into())?;
 
@@ -207,66 +301,86 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig) -> Result<(), PlanError>
         sys.set_attrs(p, ro, true)
             .step(|| format!("read-only {}", p.display()))?;
     }
+    for f in PROC_MASKED_FILES {
+        let f = Path::new(f);
+        if sys.kind(f) == Kind::File {
+            mask(sys, &host_null, f, ro)?;
+        }
+    }
+    for d in PROC_MASKED_DIRS {
+        let d = Path::new(d);
+        if sys.kind(d) == Kind::Dir {
+            sys.mount_tmpfs(d, 1, Some(16), 0o555, ro)
+                .step(|| format!("mask {}", d.display()))?;
+            sys.set_attrs(d, ro, false)
+                .step(|| format!("mask {}", d.display()))?;
+        }
+    }
 
     // The run's own paths, parents before children.
     enum What {
         Workspace,
-        RunDir,
+        Sockets,
         Ro,
     }
-    let mut paths: Vec<(&Path, What)> = vec![
-        (&cfg.workspace, What::Workspace),
-        (&cfg.run_dir, What::RunDir),
-    ];
+    let sockets = Path::new(SOCKETS_INSIDE);
+    let mut paths: Vec<(&Path, What)> =
+        vec![(&cfg.workspace, What::Workspace), (sockets, What::Sockets)];
     paths.extend(cfg.ro_paths.iter().map(|p| (p.as_path(), What::Ro)));
     paths.sort_by_key(|(p, _)| p.components().count());
     for (path, what) in paths {
-        match what {
-            What::Workspace => {
-                sys.mkdir_all(path)
-                    .step(|| format!("mkdir workspace {}", path.display()))?;
-                sys.mount_tmpfs(path, cfg.workspace_size_mb, 0o755, ATTR_NOSUID | ATTR_NODEV)
-                    .step(|| format!("tmpfs workspace {}", path.display()))?;
-            }
-            What::RunDir | What::Ro => {
-                let host = old(path);
-                match sys.kind(&host) {
-                    Kind::Dir => sys
-                        .mkdir_all(path)
-                        .step(|| format!("mkdir {}", path.display()))?,
-                    Kind::File => {
-                        if let Some(parent) = path.parent() {
-                            sys.mkdir_all(parent)
-                                .step(|| format!("mkdir {}", parent.display()))?;
-                        }
-                        if sys.kind(path) == Kind::Missing {
-                            sys.touch(path)
-                                .step(|| format!("create {}", path.display()))?;
-                        }
-                    }
-                    Kind::Symlink | Kind::Missing => {
-                        return Err(PlanError {
-                            step: format!("{} on the host", path.display()),
-                            source: std::io::ErrorKind::NotFound.into(),
-                        });
-                    }
+        let (host, attrs) = match what {
+            What::Workspace => (None, ATTR_NOSUID | ATTR_NODEV),
+            What::Sockets => (Some(cfg.sockets_dir.as_path()), ro | ATTR_NOEXEC),
+            What::Ro => (Some(path), ro),
+        };
+        let tree = host.and_then(|h| trees.get(h));
+        let source = match host {
+            None => rw.join("workspace"),
+            Some(h) => old(h),
+        };
+        let kind = match tree {
+            Some((kind, _)) => kind,
+            None => sys.kind(&source),
+        };
+        match kind {
+            Kind::Dir => sys
+                .mkdir_all(path)
+                .step(|| format!("mkdir {}", path.display()))?,
+            Kind::File => {
+                if let Some(parent) = path.parent() {
+                    sys.mkdir_all(parent)
+                        .step(|| format!("mkdir {}", parent.display()))?;
                 }
-                sys.bind(&host, path)
-                    .step(|| format!("bind {}", path.display()))?;
-                let attrs = if matches!(what, What::Ro) {
-                    ro
-                } else {
-                    ATTR_NOSUID | ATTR_NODEV
-                };
-                sys.set_attrs(path, attrs, true)
-                    .step(|| format!("attrs {}", path.display()))?;
+                if sys.kind(path) == Kind::Missing {
+                    sys.touch(path)
+                        .step(|| format!("create {}", path.display()))?;
+                }
+            }
+            Kind::Symlink | Kind::Missing => {
+                return Err(PlanError {
+                    step: format!("{} on the host", source.display()),
+                    source: std::io::ErrorKind::NotFound.into(),
+                });
             }
         }
+        match tree {
+            Some((_, fd)) => sys
+                .attach(fd, path)
+                .step(|| format!("attach {}", path.display()))?,
+            None => sys
+                .bind(&source, path)
+                .step(|| format!("bind {}", path.display()))?,
+        }
+        sys.set_attrs(path, attrs, true)
+            .step(|| format!("attrs {}", path.display()))?;
     }
 
     sys.detach(Path::new(OLD))
         .step(|| "detach oldroot".into())?;
     sys.rmdir(Path::new(OLD)).step(|| "rmdir oldroot".into())?;
+    sys.detach(rw).step(|| "detach /.rw".into())?;
+    sys.rmdir(rw).step(|| "rmdir /.rw".into())?;
     sys.set_attrs(Path::new("/"), ro, false)
         .step(|| "read-only /".into())?;
     sys.chdir(&cfg.workspace)
@@ -294,9 +408,19 @@ mod tests {
             self.ops.push(format!("private {}", t.display()));
             Ok(())
         }
-        fn mount_tmpfs(&mut self, t: &Path, size: u64, mode: u32, attrs: u64) -> io::Result<()> {
-            self.ops
-                .push(format!("tmpfs {} {size}m {mode:o} {attrs:x}", t.display()));
+        fn mount_tmpfs(
+            &mut self,
+            t: &Path,
+            size: u64,
+            inodes: Option<u64>,
+            mode: u32,
+            attrs: u64,
+        ) -> io::Result<()> {
+            let inodes = inodes.map(|n| format!(" {n}i")).unwrap_or_default();
+            self.ops.push(format!(
+                "tmpfs {} {size}m{inodes} {mode:o} {attrs:x}",
+                t.display()
+            ));
             Ok(())
         }
         fn bind(&mut self, s: &Path, t: &Path) -> io::Result<()> {
@@ -346,8 +470,27 @@ mod tests {
             self.ops.push(format!("chdir {}", p.display()));
             Ok(())
         }
+        fn chmod(&mut self, p: &Path, mode: u32) -> io::Result<()> {
+            self.ops.push(format!("chmod {} {mode:o}", p.display()));
+            Ok(())
+        }
+        fn clone_tree(&self, _: &Path) -> io::Result<OwnedFd> {
+            Ok(std::fs::File::open("/dev/null")?.into())
+        }
+        fn attach(&mut self, _: &OwnedFd, t: &Path) -> io::Result<()> {
+            self.ops.push(format!("attach {}", t.display()));
+            Ok(())
+        }
         fn kind(&self, p: &Path) -> Kind {
             if p.starts_with("/proc") {
+                let s = p.to_str().unwrap_or_default();
+                return if PROC_MASKED_FILES.contains(&s) || s == "/proc/sysrq-trigger" {
+                    Kind::File
+                } else {
+                    Kind::Dir
+                };
+            }
+            if p.starts_with("/.rw") {
                 return Kind::Dir;
             }
             self.host.get(p).copied().unwrap_or(Kind::Missing)
@@ -366,11 +509,15 @@ mod tests {
             cgroup_procs: vec![],
             command: vec!["/usr/bin/true".into()],
             env: vec![],
-            run_dir: "/tmp/runs/r1".into(),
+            sockets_dir: "/var/lib/airlock/runs/r1/sock".into(),
             ro_paths: vec!["/opt/airlock/bin/airlock".into()],
-            workspace: "/tmp/runs/r1/ws".into(),
+            workspace: "/workspace".into(),
             workspace_size_mb: 16,
-            tmp_size_mb: 8,
+            ids: super::super::config::HostIds {
+                uid: 1,
+                gid: 1,
+                switch: false,
+            },
         }
     }
 
@@ -384,7 +531,7 @@ mod tests {
             ("/oldroot/etc/shadow", Kind::File),
             ("/oldroot/dev/null", Kind::File),
             ("/oldroot/dev/urandom", Kind::File),
-            ("/oldroot/tmp/runs/r1", Kind::Dir),
+            ("/oldroot/var/lib/airlock/runs/r1/sock", Kind::Dir),
             ("/oldroot/opt/airlock/bin/airlock", Kind::File),
         ] {
             r.host.insert(p.into(), k);
@@ -403,7 +550,7 @@ mod tests {
     #[test]
     fn builds_the_documented_root_in_order() {
         let mut r = host();
-        build_root(&mut r, &cfg()).unwrap();
+        build_root(&mut r, &cfg(), &Trees::default()).unwrap();
         let ops = &r.ops;
         // pivot first, into a tmpfs, keeping the host at /oldroot
         assert_eq!(ops[0], "private /");
@@ -421,23 +568,46 @@ mod tests {
         );
         // secrets masked
         assert!(pos(ops, "bind /oldroot/dev/null /etc/shadow") < pos(ops, "attrs /etc/shadow 7"));
+        // ONE capped tmpfs takes every write: workspace, /tmp and /dev/shm are views of it
+        let rw = pos(ops, "tmpfs /.rw 16m 4096i 755 6");
+        pos(ops, "chmod /.rw/tmp 1777");
+        pos(ops, "chmod /.rw/shm 1777");
+        assert!(rw < pos(ops, "bind /.rw/tmp /tmp"));
+        assert!(rw < pos(ops, "bind /.rw/shm /dev/shm"));
+        assert!(rw < pos(ops, "bind /.rw/workspace /workspace"));
+        assert_eq!(
+            ops.iter()
+                .filter(|o| o.starts_with("tmpfs") && !o.contains(" 1m "))
+                .count(),
+            1,
+            "no other sizeable tmpfs: {ops:#?}"
+        );
+        pos(ops, "attrs /workspace 6 rec");
         // devices: only those that exist on the host, not nodev
         pos(ops, "bind /oldroot/dev/null /dev/null");
         pos(ops, "attrs /dev/null a");
         assert!(!ops.iter().any(|o| o.contains("/dev/zero")));
         pos(ops, "attrs /dev b");
-        // proc before the host's root goes away, its sysctl tree read-only
+        // proc before the host's root goes away, its sysctl tree read-only,
+        // the kernel-information files masked
         assert!(pos(ops, "proc /proc") < pos(ops, "detach /oldroot"));
         assert!(pos(ops, "bind /proc/sys /proc/sys") < pos(ops, "attrs /proc/sys 7 rec"));
-        // /tmp tmpfs before run_dir (which lives under /tmp), run_dir before the workspace inside it
-        let tmp = pos(ops, "tmpfs /tmp 8m 1777 6");
-        let run = pos(ops, "bind /oldroot/tmp/runs/r1 /tmp/runs/r1");
-        let ws = pos(ops, "tmpfs /tmp/runs/r1/ws 16m 755 6");
-        assert!(tmp < run && run < ws);
-        assert!(
-            run < pos(ops, "attrs /tmp/runs/r1 6 rec"),
-            "run_dir read-write but nosuid/nodev"
+        for f in [
+            "/proc/keys",
+            "/proc/timer_list",
+            "/proc/kcore",
+            "/proc/slabinfo",
+        ] {
+            let b = pos(ops, &format!("bind /oldroot/dev/null {f}"));
+            assert!(pos(ops, "proc /proc") < b && b < pos(ops, &format!("attrs {f} 7")));
+        }
+        pos(ops, "tmpfs /proc/acpi 1m 16i 555 7");
+        // the sockets: read-only (and noexec) at the fixed path, never the run directory
+        let socks = pos(
+            ops,
+            "bind /oldroot/var/lib/airlock/runs/r1/sock /run/airlock",
         );
+        assert!(socks < pos(ops, "attrs /run/airlock f rec"));
         // ro_path: a file, bound read-only over a created mount point
         let f = pos(ops, "touch /opt/airlock/bin/airlock");
         assert!(
@@ -447,18 +617,21 @@ mod tests {
             )
         );
         pos(ops, "attrs /opt/airlock/bin/airlock 7 rec");
-        // the end: host gone, root read-only, in the workspace
+        // the end: host gone, staging mount gone, root read-only, in the workspace
         let n = ops.len();
         assert_eq!(
-            &ops[n - 4..],
+            &ops[n - 6..],
             [
                 "detach /oldroot",
                 "rmdir /oldroot",
+                "detach /.rw",
+                "rmdir /.rw",
                 "attrs / 7",
-                "chdir /tmp/runs/r1/ws"
+                "chdir /workspace"
             ]
         );
-        // no host directory other than those asked for is ever bound
+        // no host directory other than those asked for is ever bound, and
+        // nothing of the host is bound writable
         for o in ops.iter().filter(|o| o.starts_with("bind /oldroot")) {
             let src = o.split(' ').nth(1).unwrap();
             assert!(
@@ -466,13 +639,28 @@ mod tests {
                     "/oldroot/usr",
                     "/oldroot/etc",
                     "/oldroot/dev/",
-                    "/oldroot/tmp/runs/r1",
+                    "/oldroot/var/lib/airlock/runs/r1/sock",
                     "/oldroot/opt/airlock/bin/airlock"
                 ]
                 .iter()
                 .any(|a| src.starts_with(a)),
                 "unexpected bind {o}"
             );
+        }
+        for (i, o) in ops.iter().enumerate() {
+            let Some(rest) = o.strip_prefix("bind /oldroot/") else {
+                continue;
+            };
+            if rest.starts_with("dev/") {
+                continue; // device nodes: their own permission checks
+            }
+            let target = o.split(' ').nth(2).unwrap();
+            let attrs = ops[i + 1..]
+                .iter()
+                .find(|a| a.starts_with(&format!("attrs {target} ")))
+                .unwrap_or_else(|| panic!("no attrs for {o}"));
+            let bits = u64::from_str_radix(attrs.split(' ').nth(2).unwrap(), 16).unwrap();
+            assert!(bits & ATTR_RDONLY != 0, "{o} is writable: {attrs}");
         }
     }
 
@@ -481,7 +669,33 @@ mod tests {
         let mut r = host();
         let mut c = cfg();
         c.ro_paths = vec!["/nope".into()];
-        let e = build_root(&mut r, &c).unwrap_err();
+        let e = build_root(&mut r, &c, &Trees::default()).unwrap_err();
         assert!(e.step.contains("/nope"), "{e}");
+    }
+
+    #[test]
+    fn a_root_platform_attaches_copies_taken_while_root() {
+        let mut r = host();
+        let c = cfg();
+        let shared = [c.sockets_dir.as_path(), c.ro_paths[0].as_path()];
+        // taken from the host paths themselves (init is still root, in the host's view)
+        r.host.insert(c.sockets_dir.clone(), Kind::Dir);
+        r.host.insert(c.ro_paths[0].clone(), Kind::File);
+        let trees = Trees::detach(&r, &shared).unwrap();
+        build_root(&mut r, &c, &trees).unwrap();
+        let ops = &r.ops;
+        let a = pos(ops, "attach /run/airlock");
+        assert!(a < pos(ops, "attrs /run/airlock f rec"));
+        let f = pos(ops, "mkdir /opt/airlock/bin");
+        assert!(f < pos(ops, "attach /opt/airlock/bin/airlock"));
+        assert!(
+            !ops.iter()
+                .any(|o| o.starts_with("bind /oldroot/var/lib/airlock")
+                    || o.starts_with("bind /oldroot/opt")),
+            "no path-based bind of a shared path: {ops:#?}"
+        );
+        // a symlink is never shared
+        r.host.insert("/evil".into(), Kind::Symlink);
+        assert!(Trees::detach(&r, &[Path::new("/evil")]).is_err());
     }
 }

@@ -5,6 +5,11 @@
 //! Three filters are stacked (the kernel takes the strictest verdict, and the
 //! errno of the most recent filter among equals):
 //! 1. deny list → `EPERM`, foreign architectures (i386 via `int 0x80`) → kill;
+//!    with argument checks: `clone` with namespace flags, `socket` and
+//!    `socketpair` of any family but [`ALLOWED_FAMILIES`] (vsock reaches the
+//!    host whatever the network namespace) and raw/packet sockets, and the
+//!    terminal ioctls that inject input or talk to the console
+//!    ([`DENIED_IOCTLS`]: refused whatever the kernel's `legacy_tiocsti`);
 //! 2. `clone3` → `ENOSYS`: its flags sit behind a pointer seccomp cannot
 //!    read, and libc falls back to `clone`, whose flags filter 1 checks;
 //! 3. the x32 syscall range (`nr ≥ 0x4000_0000`) → `ENOSYS`.
@@ -75,6 +80,22 @@ pub const DENIED: &[(&str, i64)] = &[
     ("nfsservctl", libc::SYS_nfsservctl),
 ];
 
+/// The only socket families a sandboxed agent gets: unix sockets and TCP/UDP
+/// on its own loopback-only network namespace.
+pub const ALLOWED_FAMILIES: &[(&str, i32)] = &[
+    ("AF_UNIX", libc::AF_UNIX),
+    ("AF_INET", libc::AF_INET),
+    ("AF_INET6", libc::AF_INET6),
+];
+
+/// `ioctl` requests refused whatever the file: `TIOCSTI` pushes input into a
+/// terminal (CVE-2017-5226's class), `TIOCLINUX` reaches the console.
+#[allow(clippy::unnecessary_cast)] // the request's type differs between targets (c_ulong, c_int)
+pub const DENIED_IOCTLS: &[(&str, u64)] = &[
+    ("TIOCSTI", libc::TIOCSTI as u64),
+    ("TIOCLINUX", libc::TIOCLINUX as u64),
+];
+
 const NAMESPACE_FLAGS: &[u64] = &[
     libc::CLONE_NEWUSER as u64,
     libc::CLONE_NEWNS as u64,
@@ -100,7 +121,7 @@ fn arch() -> Result<TargetArch, SeccompError> {
 }
 
 /// Filter 1: the deny list, with argument checks for `clone` (namespace
-/// flags) and `socket` (AF_PACKET, raw sockets of any family).
+/// flags), `socket`/`socketpair` (families, raw sockets) and `ioctl`.
 pub fn deny_filter() -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|(_, nr)| (*nr, vec![])).collect();
@@ -109,10 +130,19 @@ pub fn deny_filter() -> Result<BpfProgram, SeccompError> {
         .map(|f| rule(vec![cond(0, SeccompCmpOp::MaskedEq(*f), *f)?]))
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_clone, clone_rules);
+    // Any family but the allowed ones (all conditions of a rule must hold).
+    let foreign_family = || -> Result<SeccompRule, SeccompError> {
+        rule(
+            ALLOWED_FAMILIES
+                .iter()
+                .map(|(_, f)| cond(0, SeccompCmpOp::Ne, *f as u64))
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+    };
     rules.insert(
         libc::SYS_socket,
         vec![
-            rule(vec![cond(0, SeccompCmpOp::Eq, libc::AF_PACKET as u64)?])?,
+            foreign_family()?,
             rule(vec![cond(
                 1,
                 SeccompCmpOp::MaskedEq(0xf),
@@ -120,6 +150,16 @@ pub fn deny_filter() -> Result<BpfProgram, SeccompError> {
             )?])?,
             rule(vec![cond(1, SeccompCmpOp::MaskedEq(0xf), 10)?])?, // SOCK_PACKET (obsolete packet socket type)
         ],
+    );
+    rules.insert(libc::SYS_socketpair, vec![foreign_family()?]);
+    // The request is an `unsigned int`: the kernel ignores the upper half,
+    // and so does the comparison (a 32-bit argument check).
+    rules.insert(
+        libc::SYS_ioctl,
+        DENIED_IOCTLS
+            .iter()
+            .map(|(_, req)| rule(vec![cond(1, SeccompCmpOp::Eq, *req)?]))
+            .collect::<Result<Vec<_>, _>>()?,
     );
     let f = SeccompFilter::new(
         rules,

@@ -3,8 +3,9 @@
 //! [`Sys`] is what the filesystem setup ([`super::plan`]) needs; [`Real`]
 //! performs it, a recorder in the plan's tests replays it without root.
 //! The free functions below are the few process-level calls that no safe
-//! wrapper covers (fork, mount_setattr, the loopback ioctl, the probe's
-//! attack attempts). Each `unsafe` block says why it is sound.
+//! wrapper covers (fork, mount_setattr, the loopback ioctl, a new session
+//! at spawn). Each `unsafe` block says why it is sound. (The isolation
+//! probe's attack attempts live in the test-only `airlock-probe` crate.)
 
 use std::ffi::CString;
 use std::io;
@@ -23,8 +24,15 @@ pub const ATTR_NOEXEC: u64 = 0x8;
 /// Filesystem operations of the sandbox setup, in the order the plan issues them.
 pub trait Sys {
     fn make_private(&mut self, target: &Path) -> io::Result<()>;
-    fn mount_tmpfs(&mut self, target: &Path, size_mb: u64, mode: u32, attrs: u64)
-    -> io::Result<()>;
+    /// A tmpfs of `size_mb` MiB (and at most `inodes` files when given).
+    fn mount_tmpfs(
+        &mut self,
+        target: &Path,
+        size_mb: u64,
+        inodes: Option<u64>,
+        mode: u32,
+        attrs: u64,
+    ) -> io::Result<()>;
     /// Recursive bind mount.
     fn bind(&mut self, source: &Path, target: &Path) -> io::Result<()>;
     /// Sets `attrs` on the mount at `target` (and every mount under it when `recursive`).
@@ -37,6 +45,12 @@ pub trait Sys {
     fn touch(&mut self, path: &Path) -> io::Result<()>;
     fn symlink(&mut self, target: &Path, link: &Path) -> io::Result<()>;
     fn chdir(&mut self, path: &Path) -> io::Result<()>;
+    fn chmod(&mut self, path: &Path, mode: u32) -> io::Result<()>;
+    /// A detached copy of the mount tree at `path` (`open_tree(2)` with
+    /// `OPEN_TREE_CLONE`), to be attached later with [`Sys::attach`].
+    fn clone_tree(&self, path: &Path) -> io::Result<OwnedFd>;
+    /// Attaches a tree from [`Sys::clone_tree`] at `target` (`move_mount(2)`).
+    fn attach(&mut self, tree: &OwnedFd, target: &Path) -> io::Result<()>;
     /// What is at `path` (not following a final symlink).
     fn kind(&self, path: &Path) -> Kind;
     fn read_link(&self, path: &Path) -> io::Result<std::path::PathBuf>;
@@ -65,11 +79,15 @@ impl Sys for Real {
         &mut self,
         target: &Path,
         size_mb: u64,
+        inodes: Option<u64>,
         mode: u32,
         attrs: u64,
     ) -> io::Result<()> {
-        let data =
-            CString::new(format!("size={size_mb}m,mode={mode:o}")).map_err(io::Error::other)?;
+        let inodes = inodes
+            .map(|n| format!(",nr_inodes={n}"))
+            .unwrap_or_default();
+        let data = CString::new(format!("size={size_mb}m,mode={mode:o}{inodes}"))
+            .map_err(io::Error::other)?;
         let mut flags = MountFlags::empty();
         if attrs & ATTR_NOSUID != 0 {
             flags |= MountFlags::NOSUID;
@@ -133,6 +151,30 @@ impl Sys for Real {
 
     fn chdir(&mut self, path: &Path) -> io::Result<()> {
         std::env::set_current_dir(path)
+    }
+
+    fn clone_tree(&self, path: &Path) -> io::Result<OwnedFd> {
+        use rustix::mount::OpenTreeFlags as F;
+        Ok(rustix::mount::open_tree(
+            rustix::fs::CWD,
+            path,
+            F::OPEN_TREE_CLONE | F::OPEN_TREE_CLOEXEC | F::AT_RECURSIVE | F::AT_SYMLINK_NOFOLLOW,
+        )?)
+    }
+
+    fn attach(&mut self, tree: &OwnedFd, target: &Path) -> io::Result<()> {
+        Ok(rustix::mount::move_mount(
+            tree,
+            "",
+            rustix::fs::CWD,
+            target,
+            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )?)
+    }
+
+    fn chmod(&mut self, path: &Path, mode: u32) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
     }
 
     fn kind(&self, path: &Path) -> Kind {
@@ -428,57 +470,16 @@ fn read_full(fd: &OwnedFd, buf: &mut [u8]) -> usize {
     n
 }
 
-// ---- the probe's attack attempts (they are expected to fail) ----
-
-/// `ptrace(PTRACE_ATTACH, pid)`; detaches again if it worked.
-pub fn try_ptrace_attach(pid: i32) -> io::Result<()> {
-    // SAFETY: PTRACE_ATTACH with null addr/data touches no memory of ours.
-    let r = unsafe {
-        libc::ptrace(
-            libc::PTRACE_ATTACH,
-            pid,
-            std::ptr::null_mut::<libc::c_void>(),
-            std::ptr::null_mut::<libc::c_void>(),
-        )
-    };
-    if r == 0 {
-        // SAFETY: as above.
-        unsafe {
-            libc::ptrace(
-                libc::PTRACE_DETACH,
-                pid,
-                std::ptr::null_mut::<libc::c_void>(),
-                std::ptr::null_mut::<libc::c_void>(),
-            )
-        };
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+/// Makes the spawned command the leader of a new session, with no
+/// controlling terminal (the process backend; `sandbox-init` calls
+/// `setsid` itself).
+pub fn new_session_on_spawn(cmd: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // setsid(2), which is async-signal-safe, allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::setsid()?;
+            Ok(())
+        });
     }
-}
-
-/// `process_vm_readv` of 8 bytes at `addr` of `pid` into a local buffer.
-pub fn try_process_vm_readv(pid: i32, addr: usize) -> io::Result<usize> {
-    let mut buf = [0u8; 8];
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: `local` describes our own live 8-byte buffer; `remote` is only
-    // interpreted in the other process by the kernel, never dereferenced here.
-    let r = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
-}
-
-/// Tries to create a new user namespace (the probe checks seccomp denies it).
-pub fn try_unshare_user() -> io::Result<()> {
-    unshare_namespaces(rustix::thread::UnshareFlags::NEWUSER)
 }

@@ -5,7 +5,6 @@ pub mod demo;
 pub mod doctor;
 pub mod egress;
 pub mod keys;
-pub mod probe;
 pub mod run;
 pub mod runs;
 pub mod runtime;

@@ -267,3 +267,33 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The test-only isolation probe (`crates/airlock-probe`), beside the
+/// `airlock` binary in the same target directory. `cargo test --workspace`
+/// builds it; a narrower `cargo test -p airlock` builds it here on demand.
+pub fn probe_exe() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = std::path::Path::new(AIRLOCK)
+                .parent()
+                .expect("the airlock binary has a directory");
+            let exe = dir.join("airlock-probe");
+            if !exe.exists() {
+                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let profile_dir = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+                let target = dir.parent().expect("a target directory");
+                let mut cmd = Command::new(cargo);
+                cmd.args(["build", "-q", "-p", "airlock-probe", "--target-dir"])
+                    .arg(target);
+                if profile_dir == "release" {
+                    cmd.arg("--release");
+                }
+                let st = cmd.status().expect("run cargo build -p airlock-probe");
+                assert!(st.success(), "cargo build -p airlock-probe failed");
+            }
+            assert!(exe.exists(), "{} is missing", exe.display());
+            exe
+        })
+        .clone()
+}

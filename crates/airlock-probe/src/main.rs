@@ -1,11 +1,21 @@
-//! `airlock probe` (hidden): run inside a sandbox, tries to escape and prints
-//! what it could do as JSON. Used by the escape tests.
+//! `airlock-probe`: the isolation probe of the escape tests. It runs inside
+//! a sandbox, tries what an escaping agent would try, and prints what it
+//! could do as one JSON object. A test-only binary: the `airlock` release
+//! binary carries none of this attack code.
+#![deny(unsafe_code)]
+
+mod probe;
+#[allow(unsafe_code)]
+mod sys;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct ProbeArgs {
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "airlock-probe")]
+struct Args {
     /// host:port to try a TCP connect to (repeatable).
     #[arg(long)]
     connect: Vec<String>,
@@ -24,7 +34,7 @@ pub struct ProbeArgs {
     /// A file to fill until writing fails.
     #[arg(long)]
     fill: Option<PathBuf>,
-    /// A setuid binary to run as `<path> probe --quick`.
+    /// A setuid copy of this probe, run as `<path> --quick`.
     #[arg(long)]
     setuid: Option<PathBuf>,
     /// Read stdin and report it.
@@ -35,8 +45,9 @@ pub struct ProbeArgs {
     quick: bool,
 }
 
-pub fn run(a: ProbeArgs) -> ExitCode {
-    let args = airlock_sandbox::probe::ProbeArgs {
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let args = probe::ProbeArgs {
         connect: a.connect,
         write: a.write,
         pid: a.pid,
@@ -47,6 +58,6 @@ pub fn run(a: ProbeArgs) -> ExitCode {
         stdin: a.stdin,
         quick: a.quick,
     };
-    println!("{}", airlock_sandbox::probe::run(&args));
+    println!("{}", probe::run(&args));
     ExitCode::SUCCESS
 }

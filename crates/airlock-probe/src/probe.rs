@@ -1,6 +1,5 @@
-//! The in-sandbox probe (`airlock probe`): tries what an escaping agent
-//! would try and reports, as JSON, what it could do. The escape tests run it
-//! inside a sandbox and assert every attempt failed.
+//! The attempts: each one what an escaping agent would try, each reported
+//! as `{"ok": …}` so a test can assert that it failed.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -10,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::namespace::sys;
+use crate::sys;
 
 #[derive(Debug, Default, Clone)]
 pub struct ProbeArgs {
@@ -26,7 +25,7 @@ pub struct ProbeArgs {
     pub unix: Option<PathBuf>,
     /// A file to fill until the write fails.
     pub fill: Option<PathBuf>,
-    /// A setuid binary to run as `<path> probe --quick`; its report is embedded.
+    /// A setuid copy of this probe, run as `<path> --quick`; its report is embedded.
     pub setuid: Option<PathBuf>,
     /// Read stdin to the end and report its length and content.
     pub stdin: bool,
@@ -258,9 +257,7 @@ pub fn run(a: &ProbeArgs) -> Value {
         r.insert("fill".into(), fill(p));
     }
     if let Some(p) = &a.setuid {
-        let out = std::process::Command::new(p)
-            .args(["probe", "--quick"])
-            .output();
+        let out = std::process::Command::new(p).arg("--quick").output();
         r.insert(
             "setuid".into(),
             match out {
