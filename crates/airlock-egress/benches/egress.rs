@@ -5,18 +5,19 @@
 //! 1. Policy decision for one URL against a 20-entry `authorized_uris` list
 //!    (target ≤ 1 µs median): the synchronous decision on a parsed target, and
 //!    parse + decide from the raw string.
-//! 2. Keep-alive GET to a loopback server through the guarded client, beside
+//! 2. The address block table, judged once per resolved answer.
+//! 3. Keep-alive GET to a loopback server through the guarded client, beside
 //!    a plain hyper client on the same server (target: added median ≤ 50 µs).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::hint::black_box;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock_egress::{
     AuthorizedUris, CallRules, ClientConfig, EgressPolicy, Guard, GuardedClient, OutboundRequest,
-    StaticResolver, Target,
+    StaticResolver, Target, addr,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -90,6 +91,28 @@ fn policy_bench() {
         black_box(policy.check(&t, &rules).is_ok());
     });
     report("parse + canonicalise + decide, 20 entries", &parsed);
+}
+
+/// The block table, judged per resolved answer: a public IPv4 and IPv6
+/// answer (the full scan) and a blocked one.
+fn address_table_bench() {
+    let public: [IpAddr; 2] = [
+        "93.184.216.34".parse().unwrap(),
+        "2606:4700:4700::1111".parse().unwrap(),
+    ];
+    let blocked: IpAddr = "fe80::1".parse().unwrap();
+    assert!(public.iter().all(|ip| !addr::is_blocked(*ip)));
+    assert!(addr::is_blocked(blocked));
+    let pass = measure(300, 2000, || {
+        for ip in &public {
+            black_box(addr::is_blocked(black_box(*ip)));
+        }
+    });
+    report("address table, public IPv4 + IPv6 (both pass)", &pass);
+    let refused = measure(300, 2000, || {
+        black_box(addr::is_blocked(black_box(blocked)));
+    });
+    report("address table, blocked IPv6", &refused);
 }
 
 async fn loopback_server() -> SocketAddr {
@@ -194,5 +217,6 @@ fn main() {
         return;
     }
     policy_bench();
+    address_table_bench();
     client_bench();
 }

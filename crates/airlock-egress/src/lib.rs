@@ -26,6 +26,7 @@ pub mod policy;
 mod resolve;
 mod target;
 
+pub use addr::{BlockedRange, Treatment, blocked_ranges};
 pub use client::{
     ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody,
     StreamingResponse, TcpDialer,
@@ -33,5 +34,7 @@ pub use client::{
 pub use error::{EgressCode, EgressError, GuardStep};
 pub use pattern::{AuthorizedUris, Diagnostic, PatternError, UriPattern};
 pub use policy::{Admitted, CallRules, EgressPolicy, Guard};
-pub use resolve::{DnsServerResolver, Resolve, ResolveError, StaticResolver, SystemResolver};
+pub use resolve::{
+    DnsServerResolver, LookupFuture, Resolve, ResolveError, StaticResolver, SystemResolver,
+};
 pub use target::{Target, TargetHost};

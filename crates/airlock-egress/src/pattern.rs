@@ -3,7 +3,8 @@
 //!
 //! A pattern is `scheme://host[:port][/path]`. Its literal parts are
 //! canonicalised like a target (lowercase scheme and host, trailing dot
-//! stripped, `:443` on https is no port). Entries that could never match, or
+//! stripped, `:443` on https is no port, the path and query percent-encoded
+//! as the URL parser encodes a target's). Entries that could never match, or
 //! that would be ambiguous to a human reader, are not "fixed up": they match
 //! nothing and are reported with the reason when the list is loaded.
 
@@ -36,6 +37,8 @@ pub enum PatternError {
     DotSegment(String),
     #[error("path contains {0:?}, which no canonical target path has")]
     ForbiddenCharInPath(char),
+    #[error("path {0:?} does not parse as a URL path")]
+    BadPath(String),
     #[error("pattern is too long")]
     TooLong,
     #[error("template {{$credential.{0}}} names a field the connection does not have")]
@@ -298,28 +301,39 @@ fn check_ldh(host: &str, allow_star: bool) -> Result<(), PatternError> {
     Ok(())
 }
 
-/// Path patterns are compared with canonical paths, so they must be written
-/// the way the parser writes paths: no dot segments, no characters it would
-/// percent-encode.
+/// Path patterns are compared with canonical paths, so their literal parts
+/// are canonicalised exactly as the WHATWG parser canonicalises a target's
+/// path and query: the pattern's path is run through the same parser, which
+/// percent-encodes what it encodes in a target (`a b` becomes `a%20b`, `{id}`
+/// becomes `%7Bid%7D`, non-ASCII becomes UTF-8 percent-encoded) and leaves
+/// `*` alone, so wildcards keep their meaning. What the parser would
+/// *reinterpret* rather than encode is refused instead, since the entry
+/// would not mean what it says: dot segments (also spelled `%2e`), `\`
+/// (a `/` to the parser), `#` (a fragment), control characters (dropped or
+/// refused in targets) and a trailing space (trimmed).
 fn canonical_path_pattern(path: &str) -> Result<String, PatternError> {
-    let (p, q) = match path.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path, None),
-    };
-    if p.split('/').any(|s| {
-        s == "." || s == ".." || s.eq_ignore_ascii_case("%2e") || s.eq_ignore_ascii_case("%2e%2e")
-    }) {
-        return Err(PatternError::DotSegment(path.to_owned()));
-    }
-    if let Some(c) = path.chars().find(|c| {
-        !c.is_ascii_graphic() || matches!(c, '"' | '<' | '>' | '`' | '{' | '}' | '#' | '\\')
-    }) {
+    if let Some(c) = path
+        .chars()
+        .find(|c| c.is_control() || matches!(c, '#' | '\\'))
+    {
         return Err(PatternError::ForbiddenCharInPath(c));
     }
-    Ok(match q {
-        Some(q) => format!("{p}?{q}"),
-        None => p.to_owned(),
-    })
+    if path.ends_with(' ') {
+        return Err(PatternError::ForbiddenCharInPath(' '));
+    }
+    let p = path.split_once('?').map_or(path, |(p, _)| p);
+    if p.split('/').any(is_dot_segment) {
+        return Err(PatternError::DotSegment(path.to_owned()));
+    }
+    let url = url::Url::parse(&format!("https://pattern.invalid{path}"))
+        .map_err(|_| PatternError::BadPath(path.to_owned()))?;
+    Ok(url[url::Position::BeforePath..url::Position::AfterQuery].to_owned())
+}
+
+/// `.` or `..`, in any spelling the parser treats as one (`%2e`, `.%2E`, …).
+fn is_dot_segment(s: &str) -> bool {
+    let decoded = s.replace("%2e", ".").replace("%2E", ".");
+    decoded == "." || decoded == ".."
 }
 
 /// The registrable domain (eTLD+1) of a canonical host, per the Public Suffix
@@ -531,7 +545,12 @@ mod tests {
             ("https://a .com/**", "space"),
             ("https://bücher.de/**", "non-ASCII"),
             ("https://a.com/../x", "dot segment"),
-            ("https://a.com/x y", "space in path"),
+            ("https://a.com/.%2e/x", "dot segment spelled with %2e"),
+            ("https://a.com/x/%2E.", "dot segment spelled with %2E"),
+            ("https://a.com/x#y", "# in path"),
+            ("https://a.com/x\\y", "backslash in path"),
+            ("https://a.com/x\ty", "tab in path"),
+            ("https://a.com/x ", "trailing space"),
         ];
         for (src, why) in cases {
             let list = AuthorizedUris::parse(&[src]);
@@ -625,6 +644,59 @@ mod tests {
             assert!(l.is_empty(), "{bad}");
             assert!(l.diagnostics()[0].matches_nothing);
         }
+    }
+
+    /// Issue 10, item 19: literal path parts are canonicalised the way the
+    /// WHATWG parser canonicalises a target's path and query.
+    #[test]
+    fn literal_path_parts_are_canonicalised_like_targets() {
+        for (pattern, targets) in [
+            (
+                "https://a.com/v1/a b",
+                &["https://a.com/v1/a%20b", "https://a.com/v1/a b"][..],
+            ),
+            (
+                "https://a.com/v1/{id}",
+                &["https://a.com/v1/%7Bid%7D", "https://a.com/v1/{id}"][..],
+            ),
+            (
+                "https://a.com/v1/{x}/*/y z/**",
+                &["https://a.com/v1/%7Bx%7D/abc/y%20z/q?r=1"][..],
+            ),
+            (
+                "https://a.com/q\"\u{60}<>",
+                &["https://a.com/q%22%60%3C%3E"][..],
+            ),
+            (
+                "https://a.com/caf\u{e9}/*",
+                &["https://a.com/caf%C3%A9/x", "https://a.com/caf\u{e9}/x"][..],
+            ),
+            (
+                "https://a.com/s?q=a b&w=*",
+                &["https://a.com/s?q=a b&w=x", "https://a.com/s?q=a%20b&w=x"][..],
+            ),
+            ("https://a.com/v1/a%20b", &["https://a.com/v1/a b"][..]),
+        ] {
+            let pat = p(pattern);
+            for target in targets {
+                assert!(pat.matches(&t(target)), "{pattern} should match {target}");
+            }
+        }
+        for (pattern, target) in [
+            ("https://a.com/v1/a b", "https://a.com/v1/a+b"),
+            ("https://a.com/v1/a b", "https://a.com/v1/a%2520b"),
+            ("https://a.com/v1/{id}", "https://a.com/v1/id"),
+            ("https://a.com/v1/{x}/*", "https://a.com/v1/%7Bx%7D/a/b"),
+        ] {
+            assert!(!p(pattern).matches(&t(target)), "{pattern} vs {target}");
+        }
+        // Templates are rendered first; literal braces around them stay literal.
+        let mut f = BTreeMap::new();
+        f.insert("team".to_owned(), "acme".to_owned());
+        let l = AuthorizedUris::render(&["https://a.com/t/{$credential.team}/{id}/**"], &f);
+        assert!(l.diagnostics().is_empty(), "{:?}", l.diagnostics());
+        assert!(l.entries()[0].matches(&t("https://a.com/t/acme/%7Bid%7D/x")));
+        assert!(!l.entries()[0].matches(&t("https://a.com/t/other/%7Bid%7D/x")));
     }
 
     #[test]

@@ -248,7 +248,15 @@ impl Guard {
         let addrs = match host {
             TargetHost::Ip(ip) => vec![*ip],
             TargetHost::Domain(d) => {
-                let answers = self.resolver.lookup(d).await.map_err(|e| {
+                // A trusted internal host is resolved the way the system
+                // resolves it (DESIGN §3, "Internal hosts"); every other
+                // host by the guard's own resolver.
+                let lookup = if internal {
+                    self.resolver.lookup_internal(d)
+                } else {
+                    self.resolver.lookup(d)
+                };
+                let answers = lookup.await.map_err(|e| {
                     EgressError::new(
                         EgressCode::Unresolvable,
                         GuardStep::Resolver,

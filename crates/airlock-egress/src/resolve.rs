@@ -4,6 +4,11 @@
 //!
 //! A resolver only answers; it never judges. The guard checks every answer
 //! it returns against the block table and refuses when *any* is blocked.
+//!
+//! Operator-trusted internal hosts (DESIGN.md §3, "Internal hosts") are
+//! asked through [`Resolve::lookup_internal`]: the system's view of the name
+//! (`/etc/hosts`, a container network's DNS), even when the guard's own
+//! lookups go to a given nameserver.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,6 +23,7 @@ use hickory_resolver::config::{
     ResolverOpts,
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::Name;
 
 /// A lookup that produced no usable answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -30,9 +36,19 @@ pub type LookupFuture<'a> =
 /// Resolves a canonical host name to all of its A and AAAA answers.
 pub trait Resolve: Send + Sync + 'static {
     fn lookup<'a>(&'a self, host: &'a str) -> LookupFuture<'a>;
+
+    /// Resolves an operator-trusted internal host the way the system does
+    /// (hosts file, a container network's DNS). The default is
+    /// [`Resolve::lookup`]: right for a resolver that *is* the system's view
+    /// or that answers fixed names; a resolver that bypasses the system
+    /// ([`DnsServerResolver`]) overrides it.
+    fn lookup_internal<'a>(&'a self, host: &'a str) -> LookupFuture<'a> {
+        self.lookup(host)
+    }
 }
 
-/// The operating system's resolver (`getaddrinfo`, A and AAAA).
+/// The operating system's resolver (`getaddrinfo`, A and AAAA), run on
+/// tokio's blocking pool (`lookup_host`), never on an async worker thread.
 #[derive(Debug, Default, Clone)]
 pub struct SystemResolver;
 
@@ -52,9 +68,15 @@ impl Resolve for SystemResolver {
 
 /// Asks one nameserver directly (UDP, then TCP), A and AAAA, no cache, no
 /// hosts file: what the nameserver says is what the guard judges.
+///
+/// Operator-trusted internal hosts are the exception: they go to the system
+/// resolver ([`SystemResolver`] unless replaced with
+/// [`DnsServerResolver::with_system_resolver`]), since a name only
+/// `/etc/hosts` or a container's DNS knows must stay reachable.
 #[derive(Clone)]
 pub struct DnsServerResolver {
     inner: Arc<TokioResolver>,
+    system: Arc<dyn Resolve>,
 }
 
 impl DnsServerResolver {
@@ -80,7 +102,15 @@ impl DnsServerResolver {
         .map_err(|e| ResolveError(format!("cannot build resolver for {server}: {e}")))?;
         Ok(DnsServerResolver {
             inner: Arc::new(inner),
+            system: Arc::new(SystemResolver),
         })
+    }
+
+    /// Replaces the resolver asked for operator-trusted internal hosts (the
+    /// system resolver by default), e.g. with a test double.
+    pub fn with_system_resolver(mut self, system: Arc<dyn Resolve>) -> Self {
+        self.system = system;
+        self
     }
 
     /// Reads `AIRLOCK_DNS_SERVER` (`ip` or `ip:port`).
@@ -94,11 +124,10 @@ impl DnsServerResolver {
 impl Resolve for DnsServerResolver {
     fn lookup<'a>(&'a self, host: &'a str) -> LookupFuture<'a> {
         Box::pin(async move {
-            // A trailing dot makes the name fully qualified: no search list.
-            let fqdn = format!("{host}.");
+            let name = query_name(host)?;
             let answer = self
                 .inner
-                .lookup_ip(fqdn.as_str())
+                .lookup_ip(name)
                 .await
                 .map_err(|e| ResolveError(format!("nameserver lookup: {e}")))?;
             let mut ips: Vec<IpAddr> = answer.iter().collect();
@@ -107,6 +136,36 @@ impl Resolve for DnsServerResolver {
             Ok(ips)
         })
     }
+
+    fn lookup_internal<'a>(&'a self, host: &'a str) -> LookupFuture<'a> {
+        self.system.lookup_internal(host)
+    }
+}
+
+/// The query name for a canonical host, label by label as written.
+///
+/// Not through `&str` into `Name`: hickory would run the text through IDNA
+/// with STD3 rules, which refuses `_` (`llm_svc`, `foo_bar.example.com`)
+/// before asking anything. The guard's hosts are already canonical (the URL
+/// parser did IDNA: letters, digits, `-`, `_`), so the labels are
+/// taken as they are, after checking they are that. The name is fully
+/// qualified: no search list applies.
+fn query_name(host: &str) -> Result<Name, ResolveError> {
+    let canonical = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if !canonical {
+        return Err(ResolveError(format!(
+            "{host:?} is not a canonical host name (letters, digits, '-', '_')"
+        )));
+    }
+    Name::from_labels(host.split('.').map(str::as_bytes))
+        .map_err(|e| ResolveError(format!("{host:?} is not a DNS name: {e}")))
 }
 
 /// Fixed answers for some hosts (`--resolve HOST=IP,…`); other hosts go to
@@ -167,5 +226,41 @@ impl Resolve for StaticResolver {
                 None => Err(ResolveError(format!("no answer configured for {host}"))),
             }
         })
+    }
+
+    /// Fixed answers win here too (`--resolve`: no other lookup is made for
+    /// the host); otherwise the fallback's internal-host lookup.
+    fn lookup_internal<'a>(&'a self, host: &'a str) -> LookupFuture<'a> {
+        Box::pin(async move {
+            if let Some(ips) = self.answers.get(host) {
+                return Ok(ips.clone());
+            }
+            match &self.fallback {
+                Some(f) => f.lookup_internal(host).await,
+                None => Err(ResolveError(format!("no answer configured for {host}"))),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_names_keep_underscores_and_are_fully_qualified() {
+        for host in [
+            "llm_svc",
+            "foo_bar.example.com",
+            "_svc._tcp.example.com",
+            "a-b.c",
+        ] {
+            let name = query_name(host).unwrap();
+            assert!(name.is_fqdn(), "{host}");
+            assert_eq!(name.to_ascii(), format!("{host}."));
+        }
+        for bad in ["", "a..b", "a b.com", "a.com.", "caf\u{e9}.com", "a/b"] {
+            assert!(query_name(bad).is_err(), "{bad:?}");
+        }
     }
 }

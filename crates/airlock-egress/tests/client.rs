@@ -623,3 +623,169 @@ async fn invalid_input_is_typed_never_a_panic() {
         assert_eq!(e.http_status(), 400);
     }
 }
+
+/// Issue 10, item 17: host names with `_` in a label are asked of the
+/// nameserver (not refused by the resolver library first) and their answers
+/// judged like any other: a public answer is dialled, a loopback one refused.
+#[tokio::test]
+async fn nameserver_names_with_underscores_resolve_and_are_judged() {
+    install_crypto();
+    let public = server(handler(|_| respond(200, &[], "public")), None).await;
+    let victim = silent().await;
+    let port = public.port();
+    let dns = dns(Arc::new(|name: &str, v6: bool, _| match (name, v6) {
+        ("llm_svc" | "foo_bar.example.com", false) => vec![ip(PUBLIC_IP)],
+        ("evil_rebind.example.com", false) => vec![ip("127.0.0.1")],
+        _ => vec![],
+    }))
+    .await;
+    let net = Arc::new(TestNet::default());
+    net.route(SocketAddr::new(ip(PUBLIC_IP), port), public.addr);
+    let client = GuardedClient::with_dialer(
+        Guard::new(
+            EgressPolicy::new(),
+            Arc::new(DnsServerResolver::new(dns.addr).unwrap()),
+        ),
+        ClientConfig::default(),
+        net.clone(),
+    )
+    .unwrap();
+    for host in ["llm_svc", "foo_bar.example.com"] {
+        let list = AuthorizedUris::parse(&[format!("http://{host}:{port}/**")]);
+        let resp = client
+            .send(
+                OutboundRequest::get(format!("http://{host}:{port}/v1")),
+                &rules(&list, true),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{host}: {e}"));
+        assert_eq!(&resp.body[..], b"public", "{host}");
+        assert_eq!(resp.remote_addr, SocketAddr::new(ip(PUBLIC_IP), port));
+        assert!(
+            dns.queries.lock().unwrap().contains(&format!("{host} A")),
+            "{host} was not asked of the nameserver"
+        );
+    }
+    let vport = victim.addr.port();
+    let list = AuthorizedUris::parse(&[format!("http://evil_rebind.example.com:{vport}/**")]);
+    let e = client
+        .send(
+            OutboundRequest::get(format!("http://evil_rebind.example.com:{vport}/")),
+            &rules(&list, false),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, EgressCode::BlockedAddress, "{e}");
+    assert_eq!(
+        victim.connections.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    assert!(net.dialled().iter().all(|a| a.ip() == ip(PUBLIC_IP)));
+}
+
+/// A stand-in for the system resolver (getaddrinfo): fixed answers, and a
+/// record of every name it was asked.
+struct FakeSystemResolver {
+    answers: Vec<(&'static str, IpAddr)>,
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl airlock_egress::Resolve for FakeSystemResolver {
+    fn lookup<'a>(&'a self, host: &'a str) -> airlock_egress::LookupFuture<'a> {
+        self.asked.lock().unwrap().push(host.to_owned());
+        let ips: Vec<IpAddr> = self
+            .answers
+            .iter()
+            .filter(|(h, _)| *h == host)
+            .map(|(_, ip)| *ip)
+            .collect();
+        Box::pin(async move {
+            if ips.is_empty() {
+                Err(airlock_egress::ResolveError(format!("{host}: not found")))
+            } else {
+                Ok(ips)
+            }
+        })
+    }
+}
+
+/// Issue 10, item 18: with a nameserver configured, an operator-trusted
+/// internal host is still resolved by the system resolver, its (loopback)
+/// address is not judged, and the connection is pinned to that answer, not
+/// to what the nameserver says. A host without both the opt-in and a
+/// literal entry never reaches the system resolver.
+#[tokio::test]
+async fn trusted_internal_hosts_are_resolved_by_the_system_resolver() {
+    install_crypto();
+    let internal = server(handler(|_| respond(200, &[], "internal")), None).await;
+    let decoy = server(handler(|_| respond(200, &[], "decoy")), None).await;
+    let port = internal.port();
+    // The nameserver's view: db.corp is a public address (routed to the
+    // decoy), the other names do not exist.
+    let dns = dns(Arc::new(|name: &str, v6: bool, _| match (name, v6) {
+        ("db.corp", false) => vec![ip(PUBLIC_IP)],
+        _ => vec![],
+    }))
+    .await;
+    let system = Arc::new(FakeSystemResolver {
+        answers: vec![
+            ("db.corp", ip("127.0.0.1")),
+            ("other.corp", ip("127.0.0.1")),
+        ],
+        asked: Default::default(),
+    });
+    let net = Arc::new(TestNet::default());
+    net.route(SocketAddr::new(ip(PUBLIC_IP), port), decoy.addr);
+    let resolver = DnsServerResolver::new(dns.addr)
+        .unwrap()
+        .with_system_resolver(system.clone());
+    let mut policy = EgressPolicy::new();
+    policy.allow_internal_hosts(["db.corp", "other.corp"]);
+    let client = GuardedClient::with_dialer(
+        Guard::new(policy, Arc::new(resolver)),
+        ClientConfig::default(),
+        net.clone(),
+    )
+    .unwrap();
+
+    let literal = AuthorizedUris::parse(&[format!("http://db.corp:{port}/**")]);
+    let resp = client
+        .send(
+            OutboundRequest::get(format!("http://db.corp:{port}/x")),
+            &rules(&literal, true),
+        )
+        .await
+        .unwrap();
+    assert_eq!(&resp.body[..], b"internal");
+    assert_eq!(resp.remote_addr, SocketAddr::new(ip("127.0.0.1"), port));
+    assert_eq!(*system.asked.lock().unwrap(), vec!["db.corp".to_owned()]);
+    assert!(
+        dns.queries.lock().unwrap().is_empty(),
+        "the nameserver was asked: {:?}",
+        dns.queries.lock().unwrap()
+    );
+
+    // The opt-in without a literal entry: the guard's own resolver answers
+    // (the decoy's public address), the system resolver is not asked.
+    let wildcard = AuthorizedUris::parse(&[format!("http://*.corp:{port}/**")]);
+    let resp = client
+        .send(
+            OutboundRequest::get(format!("http://db.corp:{port}/x")),
+            &rules(&wildcard, false),
+        )
+        .await
+        .unwrap();
+    assert_eq!(&resp.body[..], b"decoy");
+    // other.corp, known only to the system resolver: through the wildcard
+    // it is the nameserver's to answer, and it does not know it.
+    let e = client
+        .send(
+            OutboundRequest::get(format!("http://other.corp:{port}/x")),
+            &rules(&wildcard, false),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, EgressCode::Unresolvable, "{e}");
+    assert_eq!(*system.asked.lock().unwrap(), vec!["db.corp".to_owned()]);
+    assert_eq!(internal.request_count(), 1);
+}

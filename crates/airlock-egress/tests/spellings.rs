@@ -1,6 +1,6 @@
 //! Property tests: a blocked address is never allowed, however it is spelled
 //! (decimal, octal, hex, short forms, IPv4-mapped, -compatible, NAT64, 6to4,
-//! Teredo), and a public address in the same spellings is allowed and pinned
+//! Teredo, SIIT, anything outside global unicast), and a public address in the same spellings is allowed and pinned
 //! to exactly that address. The ranges here are written out from DESIGN.md §3
 //! independently of the crate's own table.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
@@ -31,6 +31,15 @@ const V4_RANGES: &[(u32, u8)] = &[
     (0xE000_0000, 4),
     (0xF000_0000, 4),
     (0xA83F_8110, 32),
+];
+
+/// The DESIGN §3 IPv6 ranges inside global unicast `2000::/3`.
+const V6_GLOBAL_BLOCKED: &[(u128, u8)] = &[
+    (0x2001_0000 << 96, 23),
+    (0x2001_0db8 << 96, 32),
+    (0x2002 << 112, 16),
+    (0x2620_004f_8000 << 80, 48),
+    (0x3fff << 112, 20),
 ];
 
 fn in_table(ip: u32) -> bool {
@@ -117,7 +126,7 @@ proptest! {
     }
 
     #[test]
-    fn ipv6_embeddings_are_refused_whatever_they_embed(ip in any::<u32>(), which in 0u8..5, salt in any::<u16>()) {
+    fn ipv6_embeddings_are_refused_whatever_they_embed(ip in any::<u32>(), which in 0u8..6, salt in any::<u16>()) {
         let [a, b, c, d] = ip.to_be_bytes();
         let hi = ip >> 16;
         let lo = ip & 0xffff;
@@ -126,6 +135,7 @@ proptest! {
             1 => format!("[64:ff9b::{a}.{b}.{c}.{d}]"),              // NAT64
             2 => format!("[64:ff9b:1:{salt:x}::{hi:x}:{lo:x}]"),      // local-use NAT64
             3 => format!("[2002:{hi:x}:{lo:x}:{salt:x}::1]"),          // 6to4
+            4 => format!("[::ffff:0:{a}.{b}.{c}.{d}]"),               // SIIT IPv4-translated
             _ => format!("[2001:0:{salt:x}:0:8000:{salt:x}:{:x}:{:x}]", !hi & 0xffff, !lo & 0xffff), // Teredo
         };
         let url = format!("https://{host}/");
@@ -133,6 +143,34 @@ proptest! {
         let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
         let e = runtime().block_on(guard().admit_url(&url, &rules)).expect_err(&url);
         prop_assert_eq!(e.code, EgressCode::BlockedAddress, "{}: {}", url, e);
+    }
+
+    /// Only global unicast `2000::/3` may be dialled (mapped addresses are
+    /// judged by the IPv4 table, see above).
+    #[test]
+    fn ipv6_outside_global_unicast_is_refused(bits in any::<u128>()) {
+        let top3 = (bits >> 125) as u8;
+        prop_assume!(top3 != 0b001);
+        let v6 = std::net::Ipv6Addr::from(bits);
+        prop_assume!(v6.to_ipv4_mapped().is_none());
+        let url = format!("https://[{v6}]/");
+        let empty = AuthorizedUris::default();
+        let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
+        let e = runtime().block_on(guard().admit_url(&url, &rules)).expect_err(&url);
+        prop_assert_eq!(e.code, EgressCode::BlockedAddress, "{}: {}", url, e);
+    }
+
+    /// A global unicast IPv6 address outside every listed range is allowed
+    /// and pinned to exactly itself.
+    #[test]
+    fn public_ipv6_is_allowed_and_pinned(bits in any::<u128>()) {
+        let v6 = std::net::Ipv6Addr::from((bits & (u128::MAX >> 3)) | (1u128 << 125));
+        prop_assume!(!V6_GLOBAL_BLOCKED.iter().any(|&(net, len)| (u128::from(v6) ^ net) >> (128 - len) == 0));
+        let url = format!("https://[{v6}]/");
+        let empty = AuthorizedUris::default();
+        let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
+        let a = runtime().block_on(guard().admit_url(&url, &rules)).map_err(|e| TestCaseError::fail(format!("{url}: {e}")))?;
+        prop_assert_eq!(a.addrs, vec![IpAddr::V6(v6)]);
     }
 
     /// The URL policy never panics and never lets a credential through a

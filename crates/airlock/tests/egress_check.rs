@@ -305,3 +305,169 @@ fn nameserver_answers_are_judged() {
     assert_eq!(exit, 0, "{json}");
     assert_eq!(json["addresses"], serde_json::json!(["93.184.216.35"]));
 }
+
+/// Issue 10, item 16: SIIT, the dummy prefix, AS112 and IPv6 outside global
+/// unicast are refused before any lookup or connection; a global unicast
+/// neighbour is still allowed.
+#[test]
+fn siit_and_non_global_ipv6_are_refused() {
+    for url in [
+        "http://[::ffff:0:169.254.169.254]/latest/meta-data/",
+        "http://[::ffff:0:a9fe:a9fe]/",
+        "http://[100:0:0:1::1]/",
+        "http://[2620:4f:8000::1]/",
+        "http://[4000::1]/",
+        "http://[fe00::1]/",
+    ] {
+        let (exit, code) = code_of(&["--uncredentialed", "--allow-all-uris", url]);
+        assert_eq!((exit, code.as_str()), (1, "blocked_address"), "{url}");
+    }
+    let (exit, json, _) = airlock(&[
+        "--uncredentialed",
+        "--allow-all-uris",
+        "http://[2620:4f:8001::1]/",
+    ]);
+    assert_eq!(exit, 0, "{json}");
+    assert_eq!(json["addresses"], serde_json::json!(["2620:4f:8001::1"]));
+}
+
+/// Issue 10, item 17: a name with `_` in a label is asked of the nameserver
+/// and its answers judged like any other.
+#[test]
+fn nameserver_resolves_names_with_underscores() {
+    for name in ["llm_svc", "foo_bar.example.com"] {
+        let good = nameserver(name, "93.184.216.34".parse().unwrap());
+        let url = format!("https://{name}/v1");
+        let entry = format!("https://{name}/**");
+        let (exit, json, _) = airlock(&[
+            "--authorized-uri",
+            &entry,
+            "--dns-server",
+            &good.to_string(),
+            &url,
+        ]);
+        assert_eq!(exit, 0, "{name}: {json}");
+        assert_eq!(json["addresses"], serde_json::json!(["93.184.216.34"]));
+        let bad = nameserver(name, "169.254.169.254".parse().unwrap());
+        let (exit, code) = code_of(&[
+            "--authorized-uri",
+            &entry,
+            "--dns-server",
+            &bad.to_string(),
+            &url,
+        ]);
+        assert_eq!((exit, code.as_str()), (1, "blocked_address"), "{name}");
+    }
+}
+
+/// The machine's own host name, when `/etc/hosts` lists it: the system
+/// resolver then answers it from that file, without any network.
+fn hostname_in_etc_hosts() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_ascii_lowercase();
+    let hosts = std::fs::read_to_string("/etc/hosts").unwrap();
+    let listed = hosts.lines().any(|l| {
+        let l = l.split('#').next().unwrap_or("");
+        l.split_whitespace()
+            .skip(1)
+            .any(|n| n.eq_ignore_ascii_case(&name))
+    });
+    assert!(
+        listed && !name.is_empty() && name != "localhost",
+        "this test needs the machine's host name ({name:?}) in /etc/hosts, so that the \
+         system resolver answers it without the network"
+    );
+    name
+}
+
+/// Issue 10, item 18: an operator-trusted internal host is resolved by the
+/// system resolver (here: /etc/hosts) even with --dns-server, its addresses
+/// are not judged, and they are the ones pinned; without the operator's
+/// opt-in the same name goes to the nameserver and is judged.
+#[test]
+fn trusted_internal_host_uses_the_system_resolver() {
+    use std::net::ToSocketAddrs;
+    let host = hostname_in_etc_hosts();
+    let mut want: Vec<String> = (host.as_str(), 0)
+        .to_socket_addrs()
+        .unwrap()
+        .map(|a| a.ip().to_string())
+        .collect();
+    want.sort();
+    want.dedup();
+    assert!(!want.is_empty());
+    // The nameserver knows only another name: it answers NXDOMAIN for host.
+    let ns = nameserver("other.example.com", "93.184.216.34".parse().unwrap());
+    let entry = format!("http://{host}:5000/**");
+    let url = format!("http://{host}:5000/x");
+    let (exit, json, _) = airlock(&[
+        "--allow-internal-host",
+        &host,
+        "--authorized-uri",
+        &entry,
+        "--dns-server",
+        &ns.to_string(),
+        &url,
+    ]);
+    assert_eq!(exit, 0, "{json}");
+    let mut got: Vec<String> = json["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+    // Without the opt-in: the guard's own resolver, which does not know it.
+    let (exit, code) = code_of(&[
+        "--authorized-uri",
+        &entry,
+        "--dns-server",
+        &ns.to_string(),
+        &url,
+    ]);
+    assert_eq!((exit, code.as_str()), (1, "unresolvable"));
+    // Opt-in, but the entry does not name the host literally.
+    let (exit, code) = code_of(&[
+        "--allow-internal-host",
+        &host,
+        "--authorized-uri",
+        "http://*:5000/**",
+        "--uncredentialed",
+        "--dns-server",
+        &ns.to_string(),
+        &url,
+    ]);
+    assert_eq!((exit, code.as_str()), (1, "unresolvable"));
+}
+
+/// Issue 10, item 19: literal path parts of a pattern are canonicalised the
+/// way the parser canonicalises a target's path.
+#[test]
+fn pattern_paths_are_canonicalised_like_targets() {
+    let resolve = ["--resolve", "a.com=93.184.216.34"];
+    for (entry, url) in [
+        ("https://a.com/v1/{id}", "https://a.com/v1/%7Bid%7D"),
+        ("https://a.com/v1/{id}", "https://a.com/v1/{id}"),
+        ("https://a.com/v1/a b", "https://a.com/v1/a%20b"),
+        ("https://a.com/v1/a b/*/**", "https://a.com/v1/a%20b/x/y?z"),
+    ] {
+        let (exit, json, stderr) =
+            airlock(&[&resolve[..], &["--authorized-uri", entry, url]].concat());
+        assert_eq!(exit, 0, "{entry} vs {url}: {json} {stderr}");
+    }
+    for (entry, url) in [
+        ("https://a.com/v1/{id}", "https://a.com/v1/id"),
+        ("https://a.com/v1/a b", "https://a.com/v1/a+b"),
+        ("https://a.com/v1/a b", "https://a.com/v1/a%2520b"),
+    ] {
+        let (exit, code) = code_of(&[&resolve[..], &["--authorized-uri", entry, url]].concat());
+        assert_eq!(
+            (exit, code.as_str()),
+            (1, "not_authorized"),
+            "{entry} vs {url}"
+        );
+    }
+}
