@@ -7,6 +7,7 @@
 pub mod internal_api;
 pub mod manifest;
 pub mod orchestrator;
+pub mod report;
 pub mod settings;
 
 #[cfg(feature = "testing")]

@@ -619,19 +619,29 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
         for e in entries.flatten() {
             // Never trusted, followed or read whole: no symlink, no FIFO, a few bytes.
             let owner =
-                airlock_sandbox::untrusted::read_file(&e.path().join(OWNER_FILE), MAX_OWNER_FILE)
-                    .ok()
-                    .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse::<i32>().ok());
+                airlock_sandbox::untrusted::read_file(&e.path().join(OWNER_FILE), MAX_OWNER_FILE);
             let alive = match owner {
-                Some(pid) => {
-                    Path::new(&format!("/proc/{pid}")).exists() && pid != std::process::id() as i32
-                }
+                Ok(b) => match std::str::from_utf8(&b)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<i32>().ok())
+                {
+                    Some(pid) => {
+                        Path::new(&format!("/proc/{pid}")).exists()
+                            && pid != std::process::id() as i32
+                    }
+                    None => false,
+                },
                 // Being created right now by another platform (the owner file
                 // follows the directory within microseconds).
-                None => e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() < 60)),
+                Err(airlock_sandbox::untrusted::UntrustedFileError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    e.metadata()
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() < 60))
+                }
+                // A FIFO, a symlink, a device, a huge file: not an owner.
+                Err(_) => false,
             };
             if !alive {
                 let _ = std::fs::remove_dir_all(e.path());

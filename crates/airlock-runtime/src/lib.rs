@@ -26,7 +26,7 @@ use std::time::Duration;
 use airlock_platform_api::wire::RunEvent;
 use secrecy::SecretString;
 use serde::Deserialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 
 pub use relay::{proxy_relay, sidecar_relay};
 use report::Reporter;
@@ -217,8 +217,11 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         let Some(pipe) = pipe else { continue };
         let reporter = reporter.clone();
         pumps.push(tokio::spawn(async move {
-            let mut lines = BufReader::new(pipe).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            // Bounded lines, invalid UTF-8 replaced: binary or endless output
+            // never stalls the agent nor grows a buffer without limit.
+            let mut pipe = BufReader::new(pipe);
+            use airlock_sandbox::terminal;
+            while let Ok(Some(line)) = terminal::next_line(&mut pipe, terminal::MAX_LINE).await {
                 // Echo for the operator's live view (on stdout, whichever
                 // stream: stderr is the runtime's own), then report.
                 println!("{line}");

@@ -30,7 +30,11 @@ enum Command {
     #[command(subcommand)]
     Runs(cmd::runs::RunsCommand),
     /// Which backends and isolation features work on this host.
-    Doctor,
+    Doctor {
+        /// (Internal) run inside a sandbox by the doctor: report what it sees.
+        #[arg(long, hide = true)]
+        inside: bool,
+    },
     /// Airlock's main job end to end with a local example API and model.
     Demo {
         /// process | namespace | auto (default: RUN_ADAPTER, else auto).
@@ -62,7 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Egress(c) => cmd::egress::run(c),
         Command::Run(a) => cmd::run::run(a),
         Command::Runs(c) => cmd::runs::run(c),
-        Command::Doctor => cmd::doctor::run(),
+        Command::Doctor { inside } => cmd::doctor::run(inside),
         Command::Demo { backend } => cmd::demo::run(backend),
         Command::Sidecar => cmd::sidecar::run(),
         Command::Runtime { command } => cmd::runtime::run(command),

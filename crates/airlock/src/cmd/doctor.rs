@@ -1,9 +1,20 @@
 //! `airlock doctor`: which backends and isolation features work on this
-//! host, and why not.
+//! host, and why not — and what a real namespace sandbox looks like from
+//! inside (its uid mapping, its session, the socket families and terminal
+//! ioctls its seccomp filter refuses), checked by starting one.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
-pub fn run() -> ExitCode {
+use airlock_sandbox::namespace::{NamespaceBackend, config, seccomp};
+use airlock_sandbox::{Backend, SandboxSpec};
+use serde_json::{Value, json};
+
+pub fn run(inside: bool) -> ExitCode {
+    if inside {
+        println!("{}", inside_report());
+        return ExitCode::SUCCESS;
+    }
     println!("Backends");
     for name in ["namespace", "process"] {
         match airlock_sandbox::select(name) {
@@ -27,12 +38,176 @@ pub fn run() -> ExitCode {
     }
     println!("Isolation features");
     for d in airlock_sandbox::diagnose() {
-        println!(
-            "  {} {:<28} {}",
-            if d.works { "✓" } else { "✗" },
-            d.feature,
-            d.detail
-        );
+        line(d.works, &d.feature, &d.detail);
+    }
+    println!("A namespace sandbox, seen from inside");
+    match seen_from_inside() {
+        Ok(v) => describe_inside(&v),
+        Err(e) => line(false, "sandbox started", &e),
     }
     ExitCode::SUCCESS
+}
+
+fn line(works: bool, feature: &str, detail: &str) {
+    println!(
+        "  {} {:<28} {}",
+        if works { "✓" } else { "✗" },
+        feature,
+        detail
+    );
+}
+
+fn errno_of(r: std::io::Result<()>) -> Value {
+    match r {
+        Ok(()) => json!("ok"),
+        Err(e) => json!(e.raw_os_error().unwrap_or(-1)),
+    }
+}
+
+/// What the process sees of itself, as JSON (run by [`seen_from_inside`]).
+fn inside_report() -> Value {
+    use rustix::net::{AddressFamily, SocketType};
+    let sock = |f: AddressFamily, t: SocketType| {
+        errno_of(
+            rustix::net::socket(f, t, None)
+                .map(drop)
+                .map_err(std::io::Error::from),
+        )
+    };
+    let tty = errno_of(std::fs::File::open("/dev/tty").map(drop));
+    json!({
+        "uid_map": std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default().trim(),
+        "gid_map": std::fs::read_to_string("/proc/self/gid_map").unwrap_or_default().trim(),
+        "uid": rustix::process::getuid().as_raw(),
+        "dev_tty": tty,
+        "seccomp": std::fs::read_to_string("/proc/self/status").unwrap_or_default().lines()
+            .find_map(|l| l.strip_prefix("Seccomp:")).map(str::trim).unwrap_or("?").to_string(),
+        "af_unix": sock(AddressFamily::UNIX, SocketType::STREAM),
+        "af_inet": sock(AddressFamily::INET, SocketType::STREAM),
+        "af_inet6": sock(AddressFamily::INET6, SocketType::STREAM),
+        "af_vsock": sock(AddressFamily::VSOCK, SocketType::STREAM),
+        "af_netlink": sock(AddressFamily::NETLINK, SocketType::DGRAM),
+    })
+}
+
+/// Starts one namespace sandbox running `airlock doctor --inside`.
+fn seen_from_inside() -> Result<Value, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let backend = NamespaceBackend::with_exe(exe.clone());
+    backend.check().map_err(|u| u.0)?;
+    let dir = std::env::temp_dir().join(format!(
+        "airlock-doctor-{}",
+        airlock_vault::random_hex::<6>().map_err(|e| e.to_string())?
+    ));
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let spec = SandboxSpec {
+        run_id: format!("doctor-{}", std::process::id()),
+        command: vec![
+            exe.display().to_string(),
+            "doctor".into(),
+            "--inside".into(),
+        ],
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        stdin: vec![],
+        sockets_dir: dir.clone(),
+        ro_paths: exe.parent().map(|p| vec![p.to_owned()]).unwrap_or_default(),
+        workspace: config::WORKSPACE_INSIDE.into(),
+        workspace_size_mb: 16,
+        memory_mb: 256,
+        cpus: 1.0,
+        pids_max: 32,
+    };
+    let rt = super::current_thread_runtime().map_err(|e| e.to_string())?;
+    let out = rt.block_on(async {
+        let mut sb = backend.spawn(&spec).map_err(|e| e.to_string())?;
+        let (out, err) = sb.take_output();
+        let read = async {
+            use tokio::io::AsyncReadExt;
+            let (mut o, mut e) = (Vec::new(), Vec::new());
+            if let Some(mut out) = out {
+                let _ = out.read_to_end(&mut o).await;
+            }
+            if let Some(mut err) = err {
+                let _ = err.read_to_end(&mut e).await;
+            }
+            (o, e)
+        };
+        let r = tokio::time::timeout(Duration::from_secs(20), read).await;
+        sb.cleanup().await;
+        let (o, e) = r.map_err(|_| "the sandbox did not answer within 20 s".to_string())?;
+        serde_json::from_slice::<Value>(&o).map_err(|_| {
+            format!(
+                "the sandbox did not report: {}",
+                airlock_sandbox::terminal::safe(String::from_utf8_lossy(&e).trim())
+            )
+        })
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+fn describe_inside(v: &Value) {
+    let root = rustix::process::geteuid().is_root();
+    let map = v["uid_map"].as_str().unwrap_or_default();
+    let host_uid = map
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u32>().ok());
+    line(
+        host_uid.is_some_and(|u| u != 0),
+        "uid mapping",
+        &format!(
+            "uid {} inside is host uid {} ({})",
+            v["uid"],
+            host_uid.map_or("?".into(), |u| u.to_string()),
+            if root {
+                format!(
+                    "the platform is root: each run gets its own unprivileged uid in {}..{}",
+                    config::HOST_ID_BASE,
+                    config::HOST_ID_BASE + config::HOST_ID_SPAN
+                )
+            } else {
+                "rootless: the platform's own uid".into()
+            }
+        ),
+    );
+    let no_tty = v["dev_tty"] != json!("ok");
+    line(
+        no_tty,
+        "session",
+        &format!(
+            "a new session without a controlling terminal (/dev/tty: errno {})",
+            v["dev_tty"]
+        ),
+    );
+    let allowed: Vec<&str> = seccomp::ALLOWED_FAMILIES.iter().map(|(n, _)| *n).collect();
+    let foreign_refused =
+        v["af_vsock"] == json!(libc_eperm()) && v["af_netlink"] == json!(libc_eperm());
+    let own_ok = ["af_unix", "af_inet", "af_inet6"]
+        .iter()
+        .all(|k| v[*k] == json!("ok"));
+    line(
+        foreign_refused && own_ok,
+        "seccomp socket families",
+        &format!(
+            "only {} (AF_VSOCK: errno {}, AF_NETLINK: errno {})",
+            allowed.join(", "),
+            v["af_vsock"],
+            v["af_netlink"]
+        ),
+    );
+    let ioctls: Vec<&str> = seccomp::DENIED_IOCTLS.iter().map(|(n, _)| *n).collect();
+    line(
+        v["seccomp"] == json!("2"),
+        "seccomp terminal ioctls",
+        &format!(
+            "{} refused whatever the kernel's legacy_tiocsti says (filter mode {})",
+            ioctls.join(", "),
+            v["seccomp"]
+        ),
+    );
+}
+
+fn libc_eperm() -> i64 {
+    i64::from(rustix::io::Errno::PERM.raw_os_error())
 }

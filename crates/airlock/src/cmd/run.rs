@@ -8,12 +8,12 @@ use std::sync::Arc;
 use airlock_platform::InternalApi;
 use airlock_platform::manifest::Manifest;
 use airlock_platform::orchestrator::{Orchestrator, Progress, RunOutcome, RunRequest, reclaim};
+use airlock_platform::report::RunReport;
 use airlock_platform::settings::Settings;
 use airlock_store::{EgressDecision, RunStatus, Store};
 use airlock_vault::{Keyring, RunTokens, SigningKeyring};
 use anyhow::{Context, Result};
 use clap::Args;
-use serde_json::json;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -201,93 +201,76 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
     Ok(outcome)
 }
 
-/// The run report: status, duration, exit code, egress by decision and code, model usage.
+/// The run report: status, duration, exit code, egress by decision and code,
+/// model usage; as JSON ([`RunReport`]) or as text for the operator.
 pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Result<()> {
-    let run = store
-        .get_run(&outcome.run_id)
+    let r = airlock_platform::report::run_report(store, &outcome.run_id)
         .await?
         .context("the run vanished from the store")?;
-    let egress = store.list_egress(&outcome.run_id, 100_000).await?;
-    let mut by: std::collections::BTreeMap<(String, String), usize> = Default::default();
-    for e in &egress {
-        let code = e.reason.clone().unwrap_or_else(|| "-".into());
-        *by.entry((e.decision.as_str().to_owned(), code))
-            .or_default() += 1;
-    }
     if json_out {
-        let summary: Vec<_> = by
-            .iter()
-            .map(|((d, c), n)| json!({"decision": d, "code": c, "count": n}))
-            .collect();
-        let entries: Vec<_> = egress
-            .iter()
-            .map(|e| json!({"source": e.source, "integration": e.integration, "method": e.method, "url": e.url, "host": e.host, "decision": e.decision.as_str(), "code": e.reason, "status": e.status, "duration_ms": e.duration_ms}))
-            .collect();
-        println!(
-            "{}",
-            json!({
-                "run_id": outcome.run_id, "status": outcome.status.as_str(), "backend": outcome.backend,
-                "duration_ms": outcome.duration.as_millis() as u64, "exit_code": outcome.exit_code, "error": outcome.error,
-                "egress": {"summary": summary, "entries": entries},
-                "model": {"tokens_in": run.tokens_in, "tokens_out": run.tokens_out, "cost_usd": run.cost_microusd as f64 / 1e6},
-            })
-        );
+        println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
     eprintln!();
-    eprintln!(
-        "Run {}  {}",
-        outcome.run_id,
-        outcome.status.as_str().to_uppercase()
-    );
-    eprintln!("  backend     {}", outcome.backend);
-    eprintln!("  duration    {:.2} s", outcome.duration.as_secs_f64());
+    print_report(&r, outcome.duration);
+    Ok(())
+}
+
+/// The text report of a run, on stderr. Everything an agent could have
+/// chosen (URLs, hosts, the error) is written out terminal-safe.
+pub fn print_report(r: &RunReport, duration: std::time::Duration) {
+    use airlock_sandbox::terminal::safe;
+    eprintln!("Run {}  {}", r.run_id, r.status.to_uppercase());
+    eprintln!("  backend     {}", r.backend);
+    if let Some(w) = r.isolation.warning {
+        eprintln!("  isolation   NONE: {w}");
+    }
+    eprintln!("  duration    {:.2} s", duration.as_secs_f64());
     eprintln!(
         "  exit code   {}",
-        outcome
-            .exit_code
+        r.exit_code
             .map(|c| c.to_string())
             .unwrap_or_else(|| "-".into())
     );
-    if let Some(err) = &outcome.error {
-        eprintln!("  error       {err}");
+    if let Some(err) = &r.error {
+        eprintln!("  error       {}", safe(err));
     }
-    eprintln!("  egress      {} decision(s)", egress.len());
-    for e in &egress {
-        let mark = if e.decision == EgressDecision::Allowed {
+    eprintln!("  egress      {} decision(s)", r.egress.entries.len());
+    for e in &r.egress.entries {
+        let mark = if e.decision == EgressDecision::Allowed.as_str() {
             "✓ allowed"
         } else {
             "✗ refused"
         };
-        let detail = match (&e.reason, e.status) {
-            (Some(code), _) if e.decision == EgressDecision::Refused => code.clone(),
+        let detail = match (&e.code, e.status) {
+            (Some(code), _) if e.decision != EgressDecision::Allowed.as_str() => code.clone(),
             (_, Some(s)) => format!("HTTP {s}"),
             _ => String::new(),
         };
         eprintln!(
-            "    {mark}  {:<8} {:<6} {:<40} {detail}",
-            e.source,
-            e.method,
-            truncate(&e.url, 40)
+            "    {mark}  {:<8} {:<6} {:<40} {}",
+            safe(&e.source),
+            safe(&e.method),
+            truncate(&safe(&e.url), 40),
+            safe(&detail)
         );
     }
-    for ((d, c), n) in &by {
+    for c in &r.egress.summary {
         eprintln!(
-            "    {n} × {d}{}",
-            if c == "-" {
+            "    {} × {}{}",
+            c.count,
+            c.decision,
+            if c.code == "-" {
                 String::new()
             } else {
-                format!(" ({c})")
+                format!(" ({})", safe(&c.code))
             }
         );
     }
     eprintln!(
         "  model       {} tokens in, {} tokens out, ${:.6}",
-        run.tokens_in,
-        run.tokens_out,
-        run.cost_microusd as f64 / 1e6
+        r.model.tokens_in, r.model.tokens_out, r.model.cost_usd
     );
-    Ok(())
 }
 
 fn truncate(s: &str, n: usize) -> String {

@@ -16,12 +16,22 @@ pub enum RunsCommand {
         limit: u32,
     },
     /// One run: its columns and its egress log.
-    Show { id: String },
+    Show {
+        id: String,
+        /// Print the run report as one JSON object (the one `airlock run --json` prints).
+        #[arg(long)]
+        json: bool,
+    },
     /// A run's log lines (`--follow` waits for more until the run ends).
+    /// Control characters are written out as escapes (`\x1b`): an agent's
+    /// output never drives the terminal; `--json` prints each line exactly,
+    /// as a JSON string.
     Logs {
         id: String,
         #[arg(long)]
         follow: bool,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -82,7 +92,14 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                 );
             }
         }
-        RunsCommand::Show { id } => {
+        RunsCommand::Show { id, json: true } => {
+            let r = airlock_platform::report::run_report(&store, &id)
+                .await?
+                .with_context(|| format!("no run {id}"))?;
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        RunsCommand::Show { id, json: false } => {
+            use airlock_sandbox::terminal::safe;
             let r = store
                 .get_run(&id)
                 .await?
@@ -101,7 +118,7 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                     .map(|c| c.to_string())
                     .unwrap_or_else(|| "-".into())
             );
-            println!("error        {}", r.error.as_deref().unwrap_or("-"));
+            println!("error        {}", safe(r.error.as_deref().unwrap_or("-")));
             println!("tokens       {} in, {} out", r.tokens_in, r.tokens_out);
             println!("cost         ${:.6}", r.cost_microusd as f64 / 1e6);
             println!("egress log:");
@@ -115,11 +132,11 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                 println!(
                     "  {} {:<8} {:<9} {:<7} {} {} out={}B in={}B {}",
                     e.at,
-                    e.source,
+                    safe(&e.source),
                     e.decision.as_str(),
-                    e.method,
-                    e.url,
-                    outcome,
+                    safe(&e.method),
+                    safe(&e.url),
+                    safe(&outcome),
                     e.bytes_out,
                     e.bytes_in,
                     e.duration_ms
@@ -128,19 +145,24 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                 );
             }
         }
-        RunsCommand::Logs { id, follow } => {
+        RunsCommand::Logs { id, follow, json } => {
             let mut after = 0;
             loop {
                 let page = store.list_events(&id, after, 500).await?;
                 for e in &page {
                     after = e.id;
-                    if let Ok(RunEvent::Log { stream, line, .. }) =
+                    if let Ok(RunEvent::Log { stream, line, at }) =
                         serde_json::from_str::<RunEvent>(&e.payload)
                     {
-                        if stream == "stderr" {
-                            eprintln!("{line}");
+                        if json {
+                            println!(
+                                "{}",
+                                serde_json::json!({"at": at, "stream": stream, "line": line})
+                            );
+                        } else if stream == "stderr" {
+                            eprintln!("{}", airlock_sandbox::terminal::safe(&line));
                         } else {
-                            println!("{line}");
+                            println!("{}", airlock_sandbox::terminal::safe(&line));
                         }
                     }
                 }

@@ -297,3 +297,101 @@ pub fn probe_exe() -> PathBuf {
         })
         .clone()
 }
+
+/// Whether the namespace backend works here: under `CI` it must, elsewhere a
+/// test that needs it prints a loud SKIPPED.
+pub fn namespace_available() -> bool {
+    let b = airlock_sandbox::namespace::NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));
+    match airlock_sandbox::Backend::check(&b) {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("the namespace backend must work under CI: {}", why.0)
+        }
+        Err(why) => {
+            eprintln!(
+                "\n*** SKIPPED: the namespace backend is not available here: {} ***\n",
+                why.0
+            );
+            false
+        }
+    }
+}
+
+/// A real `airlock run` of an agent: its own `AIRLOCK_HOME`, an agent
+/// directory the sandbox may read (0755), a manifest.
+pub struct RealRun {
+    pub home: tempfile::TempDir,
+    pub agent_dir: PathBuf,
+    pub manifest: PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+impl RealRun {
+    /// `script` becomes `agent.py`, run by Debian's python3 with `timeout` seconds.
+    pub fn python(script: &str, timeout: u64) -> RealRun {
+        Self::with_manifest(
+            script,
+            &format!(
+                "[agent]\nname = \"hostile\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = {timeout}\n\n[network]\negress = \"none\"\n"
+            ),
+        )
+    }
+
+    pub fn with_manifest(script: &str, manifest: &str) -> RealRun {
+        use std::os::unix::fs::PermissionsExt;
+        let home = tempfile::Builder::new()
+            .prefix("airlock-home-")
+            .tempdir()
+            .expect("home");
+        let agent_dir = home.path().join("agent");
+        std::fs::create_dir(&agent_dir).expect("agent dir");
+        std::fs::set_permissions(&agent_dir, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::write(agent_dir.join("agent.py"), script).expect("agent.py");
+        let manifest_path = agent_dir.join("airlock.toml");
+        std::fs::write(&manifest_path, manifest).expect("manifest");
+        RealRun {
+            home,
+            agent_dir,
+            manifest: manifest_path,
+            env: vec![],
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> RealRun {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// `airlock run --json -f agent/airlock.toml --backend B EXTRA…`, not yet started.
+    pub fn command(&self, backend: &str, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(AIRLOCK);
+        cmd.args(["run", "--json", "--backend", backend, "-f"])
+            .arg(&self.manifest)
+            .args(extra)
+            .env("AIRLOCK_HOME", self.home.path())
+            .env_remove("DATABASE_URL")
+            .env_remove("RUN_ADAPTER");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Runs it to its end: the process output and the JSON report.
+    pub fn run(&self, backend: &str) -> (std::process::Output, Value) {
+        let out = self.command(backend, &[]).output().expect("airlock run");
+        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out, json)
+    }
+
+    /// Another `airlock` command on this run's home.
+    pub fn airlock(&self, args: &[&str]) -> std::process::Output {
+        Command::new(AIRLOCK)
+            .args(args)
+            .env("AIRLOCK_HOME", self.home.path())
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("airlock")
+    }
+}

@@ -1,0 +1,142 @@
+//! The report of one run, as a program reads it: the one object `airlock
+//! run --json` and `airlock runs show RUN --json` print (and the text
+//! reports render).
+
+use airlock_platform_api::wire::RunEvent;
+use airlock_sandbox::Isolation;
+use airlock_store::{EgressEntry, Store, StoreError};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub run_id: String,
+    pub agent: String,
+    pub status: &'static str,
+    pub backend: String,
+    /// What the backend isolated: `isolates: false` for the process backend.
+    pub isolation: Isolation,
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub duration_ms: Option<i64>,
+    pub exit_code: Option<i64>,
+    /// Why it did not succeed, in words.
+    pub error: Option<String>,
+    /// The agent's result document (`$AIRLOCK_RESULT_FILE`), if it wrote one.
+    pub result: Option<serde_json::Value>,
+    pub egress: EgressReport,
+    pub model: ModelUsage,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EgressReport {
+    /// Counts by decision and code.
+    pub summary: Vec<EgressCount>,
+    pub entries: Vec<EgressLine>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EgressCount {
+    pub decision: String,
+    pub code: String,
+    pub count: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EgressLine {
+    pub at: i64,
+    pub source: String,
+    pub integration: Option<String>,
+    pub method: String,
+    pub url: String,
+    pub host: String,
+    pub decision: &'static str,
+    pub code: Option<String>,
+    pub status: Option<i64>,
+    pub duration_ms: Option<i64>,
+    pub bytes_out: i64,
+    pub bytes_in: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelUsage {
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    pub cost_usd: f64,
+}
+
+/// Largest egress log a report carries.
+const MAX_ENTRIES: u32 = 100_000;
+
+impl From<&EgressEntry> for EgressLine {
+    fn from(e: &EgressEntry) -> Self {
+        EgressLine {
+            at: e.at,
+            source: e.source.clone(),
+            integration: e.integration.clone(),
+            method: e.method.clone(),
+            url: e.url.clone(),
+            host: e.host.clone(),
+            decision: e.decision.as_str(),
+            code: e.reason.clone(),
+            status: e.status,
+            duration_ms: e.duration_ms,
+            bytes_out: e.bytes_out,
+            bytes_in: e.bytes_in,
+        }
+    }
+}
+
+/// The report of `run_id` from the store; `None` when there is no such run.
+pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>, StoreError> {
+    let Some(run) = store.get_run(run_id).await? else {
+        return Ok(None);
+    };
+    let egress = store.list_egress(run_id, MAX_ENTRIES).await?;
+    let mut by: std::collections::BTreeMap<(String, String), usize> = Default::default();
+    for e in &egress {
+        let code = e.reason.clone().unwrap_or_else(|| "-".into());
+        *by.entry((e.decision.as_str().to_owned(), code))
+            .or_default() += 1;
+    }
+    let result = match store.last_event_of_kind(run_id, "result").await? {
+        Some(e) => match serde_json::from_str::<RunEvent>(&e.payload) {
+            Ok(RunEvent::Result { result, .. }) => result,
+            _ => None,
+        },
+        None => None,
+    };
+    Ok(Some(RunReport {
+        isolation: airlock_sandbox::isolation_of(&run.backend),
+        duration_ms: match (run.started_at, run.ended_at) {
+            (Some(s), Some(e)) => Some(e - s),
+            _ => None,
+        },
+        run_id: run.id,
+        agent: run.agent,
+        status: run.status.as_str(),
+        backend: run.backend,
+        created_at: run.created_at,
+        started_at: run.started_at,
+        ended_at: run.ended_at,
+        exit_code: run.exit_code,
+        error: run.error,
+        result,
+        egress: EgressReport {
+            summary: by
+                .into_iter()
+                .map(|((decision, code), count)| EgressCount {
+                    decision,
+                    code,
+                    count,
+                })
+                .collect(),
+            entries: egress.iter().map(EgressLine::from).collect(),
+        },
+        model: ModelUsage {
+            tokens_in: run.tokens_in,
+            tokens_out: run.tokens_out,
+            cost_usd: run.cost_microusd as f64 / 1e6,
+        },
+    }))
+}

@@ -1,0 +1,65 @@
+# A hostile agent going for the kernel beyond its namespaces: socket families
+# that no network namespace isolates (vsock reaches the host), netlink and
+# packet sockets, the kernel-information files of /proc, and the memory of
+# the sandbox's PID 1. Then the legitimate socket families, used for real.
+import json, os, socket
+
+r = {}
+
+def attempt(name, f):
+    try:
+        v = f()
+        r[name] = "ok" if v is None else v
+    except OSError as e:
+        r[name] = e.errno
+
+def sock(family, kind, proto=0):
+    return lambda: socket.socket(family, kind, proto).close()
+
+attempt("af_vsock", sock(socket.AF_VSOCK, socket.SOCK_STREAM))
+attempt("af_netlink", sock(socket.AF_NETLINK, socket.SOCK_DGRAM))
+attempt("af_packet", sock(socket.AF_PACKET, socket.SOCK_DGRAM))
+attempt("af_alg", sock(socket.AF_ALG, socket.SOCK_SEQPACKET))
+attempt("af_key", sock(socket.AF_KEY, socket.SOCK_RAW, 2))
+attempt("socketpair_vsock", lambda: socket.socketpair(socket.AF_VSOCK, socket.SOCK_STREAM))
+
+# the legitimate families: a real exchange on each
+def unix_pair():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.sendall(b"ping")
+    return b.recv(4).decode()
+def tcp(family, host):
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    srv.bind((host, 0))
+    srv.listen(1)
+    c = socket.create_connection((host, srv.getsockname()[1]), timeout=5)
+    s, _ = srv.accept()
+    c.sendall(b"pong")
+    return s.recv(4).decode()
+attempt("af_unix", unix_pair)
+attempt("af_inet", lambda: tcp(socket.AF_INET, "127.0.0.1"))
+attempt("af_inet6", lambda: tcp(socket.AF_INET6, "::1"))
+
+def read(path, n=4096):
+    with open(path, "rb") as f:
+        return {"bytes": len(f.read(n))}
+for p in ("keys", "key-users", "timer_list", "slabinfo", "vmallocinfo", "pagetypeinfo",
+          "kcore", "sched_debug", "kallsyms", "iomem", "ioports", "modules", "kmsg"):
+    if os.path.exists("/proc/" + p):
+        attempt("proc_" + p, lambda p=p: read("/proc/" + p))
+for d in ("acpi", "scsi", "asound", "driver"):
+    if os.path.exists("/proc/" + d):
+        attempt("procdir_" + d, lambda d=d: {"entries": len(os.listdir("/proc/" + d))})
+# ordinary /proc still works
+attempt("proc_self_status", lambda: read("/proc/self/status"))
+attempt("proc_meminfo", lambda: read("/proc/meminfo"))
+
+# PID 1 of the sandbox (sandbox-init): not dumpable, nothing of it readable
+attempt("pid1_mem", lambda: read("/proc/1/mem", 8))
+attempt("pid1_environ", lambda: read("/proc/1/environ"))
+attempt("pid1_fd", lambda: len(os.listdir("/proc/1/fd")))
+attempt("pid1_maps", lambda: read("/proc/1/maps"))
+r["pid1_dumpable_status"] = [l for l in open("/proc/1/status") if l.startswith(("Uid", "Name"))]
+json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+print("RESULT " + json.dumps(r), flush=True)
+print("done", flush=True)
