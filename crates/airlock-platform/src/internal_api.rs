@@ -74,6 +74,11 @@ fn internal(e: impl std::fmt::Display) -> Response {
 }
 
 impl InternalApi {
+    /// The keys connections are decrypted with (their ids, for checks before a run).
+    pub fn keyring(&self) -> &Keyring {
+        &self.inner.keyring
+    }
+
     pub fn new(store: Store, keyring: Arc<Keyring>, tokens: RunTokens) -> Self {
         InternalApi {
             inner: Arc::new(Inner {

@@ -1,8 +1,23 @@
-//! The agent manifest (`airlock.toml`, DESIGN.md §7).
+//! The agent manifest (`airlock.toml`; every key is in `docs/manifest.md`).
+//!
+//! Parsed into validated types ([`airlock_platform_api::types`]) and then
+//! checked as a whole ([`Manifest::validate`]): a bad value is refused with
+//! the key and the reason before anything starts.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
+use airlock_platform_api::types::{
+    AgentName, ConnectionName, HeaderName, HeaderText, Namespace, NetworkEgress, Provider,
+};
 use serde::Deserialize;
+
+/// Smallest memory a run may ask for (MiB): below it nothing starts.
+pub const MIN_MEMORY_MB: u64 = 16;
+/// Most CPUs a manifest may ask for (a typo, not a machine).
+pub const MAX_CPUS: f64 = 1024.0;
+/// Largest manifest file read.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,7 +34,7 @@ pub struct Manifest {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Agent {
-    pub name: String,
+    pub name: AgentName,
     pub command: Vec<String>,
     /// Seconds.
     #[serde(default)]
@@ -33,9 +48,9 @@ pub struct Agent {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    pub provider: String,
+    pub provider: Provider,
     pub base_url: String,
-    pub connection: String,
+    pub connection: ConnectionName,
     #[serde(default)]
     pub price_in_per_mtok_usd: Option<f64>,
     #[serde(default)]
@@ -45,24 +60,24 @@ pub struct ModelSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkSection {
-    pub egress: serde_json::Value,
+    pub egress: NetworkEgress,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Delivery {
-    pub header: String,
+    pub header: HeaderName,
     #[serde(default)]
-    pub prefix: String,
+    pub prefix: HeaderText,
     pub field: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IntegrationSection {
-    pub namespace: String,
+    pub namespace: Namespace,
     #[serde(default)]
-    pub connection: Option<String>,
+    pub connection: Option<ConnectionName>,
     #[serde(default)]
     pub authorized_uris: Vec<String>,
     #[serde(default)]
@@ -78,39 +93,279 @@ pub enum ManifestError {
         path: String,
         source: std::io::Error,
     },
+    #[error("{path} is larger than {MAX_MANIFEST_BYTES} bytes")]
+    TooLarge { path: String },
     #[error("{path} is not a valid manifest: {message}")]
     Parse { path: String, message: String },
-    #[error("{0}")]
-    Invalid(String),
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ManifestError {
+    ManifestError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
 }
 
 impl Manifest {
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
-            path: path.display().to_string(),
-            source,
+        use std::io::Read;
+        let name = || path.display().to_string();
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_MANIFEST_BYTES + 1).read_to_string(&mut text))
+            .map_err(|source| ManifestError::Read {
+                path: name(),
+                source,
+            })?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::TooLarge { path: name() });
+        }
+        let m = Self::parse(&text).map_err(|e| match e {
+            ManifestError::Parse { message, .. } => ManifestError::Parse {
+                path: name(),
+                message,
+            },
+            ManifestError::Invalid { key, message } => ManifestError::Parse {
+                path: name(),
+                message: format!("{key}: {message}"),
+            },
+            other => other,
         })?;
-        let m: Manifest = toml::from_str(&text).map_err(|e| ManifestError::Parse {
-            path: path.display().to_string(),
+        Ok(m)
+    }
+
+    /// Parses and validates manifest text.
+    pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        let m: Manifest = toml::from_str(text).map_err(|e| ManifestError::Parse {
+            path: "airlock.toml".into(),
             message: e.to_string(),
         })?;
         m.validate()?;
         Ok(m)
     }
 
+    /// The checks no single type can make.
     pub fn validate(&self) -> Result<(), ManifestError> {
-        if self.agent.command.is_empty() {
-            return Err(ManifestError::Invalid("agent.command is empty".into()));
+        let a = &self.agent;
+        if a.command.is_empty() || a.command[0].is_empty() {
+            return Err(invalid("agent.command", "is empty: name the program to run"));
         }
-        if let Some(m) = &self.model
-            && m.provider != "openai"
-            && m.provider != "anthropic"
+        for (i, arg) in a.command.iter().enumerate() {
+            if let Some(at) = arg.find('\0') {
+                return Err(invalid(
+                    format!("agent.command[{i}]"),
+                    format!("holds a NUL byte at byte {at}: a command line cannot carry one"),
+                ));
+            }
+        }
+        if a.timeout == Some(0) {
+            return Err(invalid("agent.timeout", "must be at least 1 second"));
+        }
+        if let Some(m) = a.memory_mb
+            && m < MIN_MEMORY_MB
         {
-            return Err(ManifestError::Invalid(format!(
-                "model.provider {:?} is not openai or anthropic",
-                m.provider
-            )));
+            return Err(invalid(
+                "agent.memory_mb",
+                format!("{m} is below the minimum of {MIN_MEMORY_MB} MiB (0 is not \"unlimited\")"),
+            ));
+        }
+        if let Some(c) = a.cpus
+            && !(c.is_finite() && c > 0.0 && c <= MAX_CPUS)
+        {
+            return Err(invalid(
+                "agent.cpus",
+                format!("{c} must be a number of CPUs above 0 and at most {MAX_CPUS} (0 is not \"unlimited\")"),
+            ));
+        }
+        if let Some(model) = &self.model {
+            check_http_url("model.base_url", &model.base_url)?;
+            for (k, v) in [
+                ("model.price_in_per_mtok_usd", model.price_in_per_mtok_usd),
+                ("model.price_out_per_mtok_usd", model.price_out_per_mtok_usd),
+            ] {
+                if let Some(p) = v
+                    && !(p.is_finite() && p >= 0.0)
+                {
+                    return Err(invalid(k, format!("{p} must be a price of 0 or more")));
+                }
+            }
+        }
+        if let Some(NetworkSection {
+            egress: NetworkEgress::Allow(patterns),
+        }) = &self.network
+        {
+            check_patterns("network.egress", patterns)?;
+        }
+        let mut seen = BTreeSet::new();
+        for (i, integ) in self.integrations.iter().enumerate() {
+            let key = format!("integrations[{i}] ({})", integ.namespace);
+            if !seen.insert(&integ.namespace) {
+                return Err(invalid(
+                    key,
+                    format!("namespace {:?} is declared twice", integ.namespace.as_str()),
+                ));
+            }
+            check_patterns(&format!("{key}.authorized_uris"), &integ.authorized_uris)?;
+            if let Some(d) = &integ.delivery {
+                if integ.connection.is_none() {
+                    return Err(invalid(
+                        format!("{key}.delivery"),
+                        "delivers a credential, but the integration has no connection",
+                    ));
+                }
+                if d.field.is_empty() || d.field.chars().any(char::is_control) {
+                    return Err(invalid(
+                        format!("{key}.delivery.field"),
+                        "must name a field of the connection's credential",
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Every stored connection the run needs: `(what needs it, name)`.
+    pub fn connections(&self) -> Vec<(String, &ConnectionName)> {
+        let mut v: Vec<(String, &ConnectionName)> = self
+            .integrations
+            .iter()
+            .filter_map(|i| {
+                i.connection
+                    .as_ref()
+                    .map(|c| (format!("integration {}", i.namespace), c))
+            })
+            .collect();
+        if let Some(m) = &self.model {
+            v.push(("model".into(), &m.connection));
+        }
+        v
+    }
+}
+
+fn check_http_url(key: &str, url: &str) -> Result<(), ManifestError> {
+    match airlock_egress::Target::parse(url) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(invalid(key, format!("{url:?} is not a usable http(s) URL: {e}"))),
+    }
+}
+
+/// Every entry must mean something: one that matches nothing (a typo such as
+/// `http://[::1/**`, `https://127.1/**`, `https://a@b.com/**`) is refused here,
+/// with the egress guard's own reason, rather than silently never matching.
+/// Entries with `{$credential.…}` templates are rendered per call and checked then.
+fn check_patterns(key: &str, entries: &[String]) -> Result<(), ManifestError> {
+    let plain: Vec<&String> = entries
+        .iter()
+        .filter(|e| !airlock_egress::AuthorizedUris::has_templates(&[e.as_str()]))
+        .collect();
+    let parsed = airlock_egress::AuthorizedUris::parse(&plain);
+    if let Some(d) = parsed.diagnostics().iter().find(|d| d.matches_nothing) {
+        return Err(invalid(
+            key,
+            format!("entry {:?} matches nothing: {}", d.entry, d.reason),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(extra: &str) -> Result<Manifest, ManifestError> {
+        Manifest::parse(&format!(
+            "[agent]\nname = \"t\"\ncommand = [\"/bin/true\"]\n{extra}"
+        ))
+    }
+
+    fn err(text: &str) -> String {
+        match Manifest::parse(text) {
+            Ok(_) => panic!("accepted: {text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_good_manifest_loads_with_typed_values() {
+        let m = with(
+            "timeout = 60\nmemory_mb = 256\ncpus = 0.5\n[model]\nprovider = \"anthropic\"\nbase_url = \"https://api.anthropic.com\"\nconnection = \"claude\"\n[network]\negress = [\"https://pypi.org/**\"]\n[[integrations]]\nnamespace = \"github\"\nconnection = \"gh\"\nauthorized_uris = [\"https://api.github.com/**\", \"https://a.com/v1/{id}\"]\ndelivery = { header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }\n",
+        )
+        .unwrap();
+        assert_eq!(m.model.as_ref().unwrap().provider, Provider::Anthropic);
+        assert_eq!(
+            m.network.as_ref().unwrap().egress,
+            NetworkEgress::Allow(vec!["https://pypi.org/**".into()])
+        );
+        assert_eq!(m.integrations[0].namespace.as_str(), "github");
+        assert_eq!(m.connections().len(), 2);
+    }
+
+    #[test]
+    fn every_bad_value_is_refused_with_its_key() {
+        let agent = |name: &str| format!("[agent]\nname = {name:?}\ncommand = [\"/bin/true\"]\n");
+        for (text, must) in [
+            (agent(""), "agent.name"),
+            (agent("two\nlines"), "agent.name"),
+            (agent(&"n".repeat(200_000)), "agent.name"),
+            (
+                "[agent]\nname = \"t\"\ncommand = [\"/bin/sh\", \"a\\u0000b\"]\n".into(),
+                "agent.command[1]: holds a NUL byte at byte 1",
+            ),
+            ("[agent]\nname = \"t\"\ncommand = []\n".into(), "agent.command"),
+            (agent("t") + "memory_mb = 0\n", "agent.memory_mb"),
+            (agent("t") + "cpus = 0\n", "agent.cpus"),
+            (agent("t") + "cpus = -1\n", "agent.cpus"),
+            (agent("t") + "cpus = nan\n", "agent.cpus"),
+            (agent("t") + "timeout = 0\n", "agent.timeout"),
+            (agent("t") + "[network]\negress = 42\n", "\"public\", \"none\" or a list"),
+            (agent("t") + "[network]\negress = \"sometimes\"\n", "\"sometimes\" is not"),
+            (
+                agent("t") + "[network]\negress = [\"http://[::1/**\"]\n",
+                "network.egress: entry \"http://[::1/**\" matches nothing",
+            ),
+            (
+                agent("t") + "[model]\nprovider = \"ollama\"\nbase_url = \"http://x\"\nconnection = \"c\"\n",
+                "unknown variant",
+            ),
+            (
+                agent("t") + "[model]\nprovider = \"openai\"\nbase_url = \"ftp://x/\"\nconnection = \"c\"\n",
+                "model.base_url",
+            ),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(must), "{must:?} not in {e:?}");
+        }
+        let integ = |body: &str| format!("{}[[integrations]]\n{body}\n", agent("t"));
+        for (body, must) in [
+            ("namespace = \"\"", "namespace \"\""),
+            ("namespace = \"a b/../c\"", "namespace \"a b/../c\""),
+            ("namespace = \"x\"\nauthorized_uris = [\"https://127.1/**\"]", "matches nothing"),
+            ("namespace = \"x\"\nauthorized_uris = [\"https://a@b.com/**\"]", "matches nothing"),
+            ("namespace = \"x\"\nauthorized_uris = [\"http://[::1/**\"]", "matches nothing"),
+            (
+                "namespace = \"x\"\nconnection = \"c\"\ndelivery = { header = \"X-Key\\r\\nEvil: 1\", field = \"k\" }",
+                "header name",
+            ),
+            (
+                "namespace = \"x\"\nconnection = \"c\"\ndelivery = { header = \"X-Key\", prefix = \"a\\r\\nb\", field = \"k\" }",
+                "header value",
+            ),
+            (
+                "namespace = \"x\"\ndelivery = { header = \"X-Key\", field = \"k\" }",
+                "has no connection",
+            ),
+            ("namespace = \"x\"\nconnection = \"\"", "connection \"\""),
+        ] {
+            let e = err(&integ(body));
+            assert!(e.contains(must), "{must:?} not in {e:?}");
+        }
+        let dup = format!(
+            "{}[[integrations]]\nnamespace = \"x\"\n[[integrations]]\nnamespace = \"x\"\n",
+            agent("t")
+        );
+        assert!(err(&dup).contains("declared twice"));
+        assert!(err(&(agent("t") + "colour = \"red\"\n")).contains("unknown field"));
     }
 }

@@ -46,6 +46,11 @@ pub enum Progress {
     Running {
         elapsed: Duration,
     },
+    /// Waiting for one of the `max_concurrent_runs` slots shared by every
+    /// platform on this store.
+    Queued {
+        limit: u32,
+    },
     Ending {
         status: RunStatus,
     },
@@ -69,6 +74,11 @@ pub enum RunError {
     Sandbox(#[from] airlock_sandbox::SandboxError),
     #[error("{0}")]
     Setup(String),
+    /// Found before anything started: nothing was recorded.
+    #[error("{0}")]
+    Refused(String),
+    #[error("cancelled while waiting for a free run slot")]
+    CancelledWhileQueued,
 }
 
 /// The embedded platform of `airlock run` (and, later, `airlock serve`).
@@ -102,10 +112,11 @@ impl Orchestrator {
             airlock_vault::random_hex::<6>().map_err(|e| RunError::Setup(e.to_string()))?
         );
         let m = &req.manifest;
+        self.preflight(m).await?;
         let (memory_mb, cpus, timeout_secs) =
             self.settings
                 .effective(m.agent.memory_mb, m.agent.cpus, m.agent.timeout);
-        let model_name = m.model.as_ref().map(|x| x.provider.clone());
+        let model_name = m.model.as_ref().map(|x| x.provider.as_str());
         // The run directory and its owner file exist before the run is in the
         // store, so a concurrent platform's boot reclaim never mistakes a
         // starting run for a crashed one.
@@ -114,22 +125,43 @@ impl Orchestrator {
             .map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
         std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string())
             .map_err(|e| RunError::Setup(e.to_string()))?;
+        let new_run = NewRun {
+            id: &run_id,
+            agent: m.agent.name.as_str(),
+            backend: self.backend.name(),
+            model: model_name,
+            status: RunStatus::Running,
+            created_at: None,
+        };
         let recorded = async {
-            self.store
-                .insert_run(&NewRun {
-                    id: &run_id,
-                    agent: &m.agent.name,
-                    backend: self.backend.name(),
-                    model: model_name.as_deref(),
-                    status: RunStatus::Running,
-                    created_at: None,
-                })
-                .await?;
-            self.store.mark_run_started(&run_id, now_ms()).await
+            match self.settings.limits.max_concurrent_runs {
+                None => self.store.insert_run(&new_run).await?,
+                Some(limit) => {
+                    // Wait, in the open, for a slot (every platform on this
+                    // store shares them); Ctrl-C gives up.
+                    let mut told = false;
+                    while !self.store.insert_run_within_limit(&new_run, limit).await? {
+                        if !told {
+                            progress(Progress::Queued { limit });
+                            told = true;
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                            _ = cancel.changed() => {
+                                if *cancel.borrow() {
+                                    return Err(RunError::CancelledWhileQueued);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            self.store.mark_run_started(&run_id, now_ms()).await?;
+            Ok::<(), RunError>(())
         };
         if let Err(e) = recorded.await {
             let _ = std::fs::remove_dir_all(&run_dir);
-            return Err(e.into());
+            return Err(e);
         }
         progress(Progress::Starting {
             run_id: run_id.clone(),
@@ -208,18 +240,20 @@ impl Orchestrator {
 
         // What the run may fetch from the platform.
         let mut grant = Grant {
-            agent: m.agent.name.clone(),
+            agent: m.agent.name.to_string(),
             connections: Default::default(),
         };
         for i in &m.integrations {
             if let Some(c) = &i.connection {
-                grant.connections.insert(i.namespace.clone(), c.clone());
+                grant
+                    .connections
+                    .insert(i.namespace.to_string(), c.to_string());
             }
         }
         if let Some(model) = &m.model {
             grant
                 .connections
-                .insert("@model".into(), model.connection.clone());
+                .insert("@model".into(), model.connection.to_string());
         }
         self.api.grant(run_id, grant);
 
@@ -230,7 +264,7 @@ impl Orchestrator {
             .network
             .as_ref()
             .map(|n| n.egress.clone())
-            .unwrap_or(json!("none"));
+            .unwrap_or(airlock_platform_api::types::NetworkEgress::None);
         let sidecar_cfg = json!({
             "run_id": run_id,
             "sidecar_token": sidecar_token.expose_secret(),
@@ -251,7 +285,7 @@ impl Orchestrator {
 
         // Sidecar and sandbox start in parallel; the runtime waits for the
         // sidecar's socket.
-        let mut sidecar = self.spawn_sidecar(&sidecar_cfg).await?;
+        let (mut sidecar, mut sidecar_log) = self.spawn_sidecar(&sidecar_cfg).await?;
         let mut command = vec![
             self.exe.display().to_string(),
             "runtime".into(),
@@ -319,7 +353,10 @@ impl Orchestrator {
             Ok(Err(e)) => {
                 sandbox.cleanup().await;
                 stop_child(&mut sidecar).await;
-                return Err(RunError::Setup(format!("the sidecar did not start: {e}")));
+                // Its own last words are the reason (it reads its config
+                // before it says it is ready).
+                let why = sidecar_log.finish().await.unwrap_or(e);
+                return Err(RunError::Setup(format!("the sidecar did not start: {why}")));
             }
             Err(_) => {
                 sandbox.cleanup().await;
@@ -410,17 +447,53 @@ impl Orchestrator {
                 ),
             };
         }
-        let reason = match output.last_diagnostic() {
-            Some(line) => format!(
-                "the agent did not run to its end: {line} (sandbox {})",
-                describe_exit(status)
+        let line = output.last_diagnostic();
+        let reason = match line.as_deref() {
+            Some(l) if l.starts_with("airlock sandbox-init: ") => format!(
+                "the sandbox could not be set up: {}",
+                &l["airlock sandbox-init: ".len()..]
             ),
-            None => format!(
+            Some(l) if l.starts_with("airlock runtime: ") => {
+                format!("the runtime failed: {}", &l["airlock runtime: ".len()..])
+            }
+            _ => format!(
                 "the runtime in the sandbox ended without reporting the agent's end ({})",
                 describe_exit(status)
             ),
         };
         (RunStatus::Failed, None, Some(reason))
+    }
+
+    /// What can be checked before anything starts: every connection the run
+    /// needs is stored and can be decrypted with a configured key.
+    async fn preflight(&self, m: &Manifest) -> Result<(), RunError> {
+        let ring = self.api.keyring();
+        for (who, name) in m.connections() {
+            let Some(rec) = self.store.get_connection(name.as_str()).await? else {
+                return Err(RunError::Refused(format!(
+                    "{who}: connection {:?} is not stored (store it with `airlock connections add {} …`)",
+                    name.as_str(),
+                    name.as_str()
+                )));
+            };
+            let kid = airlock_vault::Envelope::kid_of(&rec.envelope)
+                .map_err(|e| RunError::Refused(format!("{who}: connection {:?}: {e}", name.as_str())))?;
+            if !ring.kids().any(|k| k == kid) {
+                let hint = if ring.active_kid() == EPHEMERAL_KID {
+                    "CONNECTION_ENCRYPTION_KEY is not set".to_string()
+                } else {
+                    format!(
+                        "the configured key ids are {}; an older key belongs in CONNECTION_ENCRYPTION_KEYS",
+                        ring.kids().collect::<Vec<_>>().join(", ")
+                    )
+                };
+                return Err(RunError::Refused(format!(
+                    "{who}: connection {:?} is encrypted under key id {kid:?}, which is not configured ({hint})",
+                    name.as_str()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The watchdog's judgement of a run: `Some(reason)` when it must stop.
@@ -443,7 +516,10 @@ impl Orchestrator {
         }
     }
 
-    async fn spawn_sidecar(&self, cfg: &Value) -> Result<tokio::process::Child, RunError> {
+    async fn spawn_sidecar(
+        &self,
+        cfg: &Value,
+    ) -> Result<(tokio::process::Child, SidecarLog), RunError> {
         let mut child = tokio::process::Command::new(&self.exe)
             .arg("sidecar")
             .env_clear()
@@ -453,10 +529,14 @@ impl Orchestrator {
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| RunError::Setup(format!("cannot start the sidecar: {e}")))?;
+        let mut log = SidecarLog::default();
+        if let Some(err) = child.stderr.take() {
+            log.pump = Some(tokio::spawn(pump(err, "sidecar:", Some(log.lines.clone()))));
+        }
         let mut stdin = child
             .stdin
             .take()
@@ -466,7 +546,7 @@ impl Orchestrator {
             .await
             .map_err(|e| RunError::Setup(format!("sidecar config: {e}")))?;
         drop(stdin);
-        Ok(child)
+        Ok((child, log))
     }
 }
 
@@ -493,6 +573,23 @@ async fn stop_child(child: &mut tokio::process::Child) {
         .is_err()
     {
         let _ = child.kill().await;
+    }
+}
+
+/// The sidecar's stderr, shown to the operator and kept (its last lines).
+#[derive(Default)]
+struct SidecarLog {
+    lines: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    pump: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SidecarLog {
+    /// Its last line, once its stderr has ended (it has exited).
+    async fn finish(&mut self) -> Option<String> {
+        if let Some(p) = self.pump.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
+        }
+        self.lines.lock().ok()?.back().cloned()
     }
 }
 
@@ -550,7 +647,9 @@ impl SandboxOutput {
         }
     }
 
-    /// The last line the runtime or the sandbox setup wrote about itself.
+    /// The last line the runtime or the sandbox setup wrote about itself (a
+    /// fatal error starts `airlock runtime: ` or `airlock sandbox-init: `;
+    /// warnings start `airlock runtime warning:`).
     fn last_diagnostic(&self) -> Option<String> {
         let d = self.diagnostics.lock().ok()?;
         d.iter()
@@ -601,6 +700,10 @@ fn create_sockets_dir(dir: &Path) -> std::io::Result<()> {
     // The umask may have taken bits the mode asked for.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
 }
+
+/// The key id of the throwaway key an embedded platform uses when no
+/// `CONNECTION_ENCRYPTION_KEY` is set (it decrypts nothing stored).
+pub const EPHEMERAL_KID: &str = "ephemeral";
 
 /// In a run directory: the PID of the platform that owns the run.
 pub const OWNER_FILE: &str = "owner.pid";
@@ -674,6 +777,11 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             reclaimed.push(run.id);
         }
     }
+    // The internal-API sockets of platforms that are gone.
+    let stale = reclaim_platform_sockets(&home.join("sockets"));
+    if stale > 0 {
+        tracing::info!("removed {stale} socket(s) of stopped platforms");
+    }
     // Cgroups of those runs (only theirs: another live platform's new run
     // may have an empty cgroup for a moment).
     let dead = reclaimed.clone();
@@ -685,6 +793,35 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
         tracing::info!("reclaimed {} cgroup(s) of crashed runs", cgroups.len());
     }
     Ok(reclaimed)
+}
+
+/// The name of a platform's internal-API socket in `$AIRLOCK_HOME/sockets`.
+pub fn platform_socket_name(pid: u32) -> String {
+    format!("platform-{pid}.sock")
+}
+
+/// Removes `platform-<pid>.sock` files whose platform process is gone;
+/// returns how many.
+fn reclaim_platform_sockets(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("platform-")?.strip_suffix(".sock"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !alive && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Shared state for several concurrent runs.

@@ -26,6 +26,40 @@ impl Default for RunLimits {
     }
 }
 
+impl RunLimits {
+    /// Strict JSON: an object, no unknown key, every ceiling above 0 (a 0
+    /// is refused: it does not mean "no limit").
+    pub fn parse(v: &str) -> Result<RunLimits, String> {
+        let raw: serde_json::Value = serde_json::from_str(v).map_err(|e| e.to_string())?;
+        if !raw.is_object() {
+            return Err(format!(
+                "must be a JSON object such as {{\"agent_memory_ceiling_mb\": 1536}}, not {raw}"
+            ));
+        }
+        let l: RunLimits = serde_json::from_value(raw).map_err(|e| e.to_string())?;
+        if l.agent_memory_ceiling_mb < crate::manifest::MIN_MEMORY_MB {
+            return Err(format!(
+                "agent_memory_ceiling_mb {} is below the minimum of {} MiB",
+                l.agent_memory_ceiling_mb,
+                crate::manifest::MIN_MEMORY_MB
+            ));
+        }
+        if !(l.agent_cpu_ceiling.is_finite() && l.agent_cpu_ceiling > 0.0) {
+            return Err(format!(
+                "agent_cpu_ceiling {} must be a number of CPUs above 0",
+                l.agent_cpu_ceiling
+            ));
+        }
+        if l.timeout_ceiling_seconds == 0 {
+            return Err("timeout_ceiling_seconds must be at least 1".into());
+        }
+        if l.max_concurrent_runs == Some(0) {
+            return Err("max_concurrent_runs must be at least 1 (leave it out for no limit)".into());
+        }
+        Ok(l)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub run_adapter: String,
@@ -47,6 +81,8 @@ pub struct SettingsError {
 }
 
 pub const DEFAULT_MEMORY_MB: u64 = 1536;
+/// Largest workspace tmpfs (1 TiB: a typo, not a size).
+pub const MAX_WORKSPACE_TMPFS_MB: u64 = 1 << 20;
 pub const DEFAULT_CPUS: f64 = 2.0;
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
 
@@ -69,9 +105,9 @@ impl Settings {
         };
         let limits = match get("PLATFORM_RUN_LIMITS") {
             None => RunLimits::default(),
-            Some(v) => serde_json::from_str(v).map_err(|e| SettingsError {
+            Some(v) => RunLimits::parse(v).map_err(|message| SettingsError {
                 var: "PLATFORM_RUN_LIMITS",
-                message: e.to_string(),
+                message,
             })?,
         };
         let s = Settings {
@@ -92,6 +128,38 @@ impl Settings {
                 .unwrap_or_default(),
             dns_server: get("AIRLOCK_DNS_SERVER").map(str::to_owned),
         };
+        if let Some(d) = &s.dns_server
+            && d.parse::<std::net::SocketAddr>().is_err()
+            && d.parse::<std::net::IpAddr>().is_err()
+        {
+            return Err(SettingsError {
+                var: "AIRLOCK_DNS_SERVER",
+                message: format!("{d:?} is not a nameserver address (an IP, or IP:port)"),
+            });
+        }
+        for h in &s.allow_internal_hosts {
+            if let Err(e) = airlock_egress::Target::parse(&format!("http://{h}/")) {
+                return Err(SettingsError {
+                    var: "EGRESS_ALLOW_INTERNAL_HOSTS",
+                    message: format!("{h:?} is not a host name or address: {e}"),
+                });
+            }
+            if h.contains(['/', '@', ':', '?', '#']) && h.parse::<std::net::IpAddr>().is_err() {
+                return Err(SettingsError {
+                    var: "EGRESS_ALLOW_INTERNAL_HOSTS",
+                    message: format!("{h:?} must be a bare host name (no scheme, port or path)"),
+                });
+            }
+        }
+        if s.workspace_tmpfs_mb == 0 || s.workspace_tmpfs_mb > MAX_WORKSPACE_TMPFS_MB {
+            return Err(SettingsError {
+                var: "WORKSPACE_TMPFS_SIZE_MB",
+                message: format!(
+                    "{} must be between 1 and {MAX_WORKSPACE_TMPFS_MB}",
+                    s.workspace_tmpfs_mb
+                ),
+            });
+        }
         if s.heartbeat_interval_secs == 0 {
             return Err(SettingsError {
                 var: "RUN_HEARTBEAT_INTERVAL_SECONDS",
@@ -183,6 +251,34 @@ mod tests {
         assert_eq!(e.var, "PLATFORM_RUN_LIMITS");
         assert!(e.message.contains("unknown field"), "{e}");
         assert!(Settings::from_vars(&vars(&[("PLATFORM_RUN_LIMITS", "not json")])).is_err());
+        for bad in [
+            "[1024]",
+            "1024",
+            r#"{"agent_memory_ceiling_mb": 0}"#,
+            r#"{"agent_cpu_ceiling": 0}"#,
+            r#"{"agent_cpu_ceiling": -1}"#,
+            r#"{"timeout_ceiling_seconds": 0}"#,
+            r#"{"max_concurrent_runs": 0}"#,
+        ] {
+            let e = Settings::from_vars(&vars(&[("PLATFORM_RUN_LIMITS", bad)])).unwrap_err();
+            assert_eq!(e.var, "PLATFORM_RUN_LIMITS", "{bad}");
+        }
+        for (var, bad) in [
+            ("AIRLOCK_DNS_SERVER", "not-an-address"),
+            ("AIRLOCK_DNS_SERVER", "10.0.0.1:99999"),
+            ("EGRESS_ALLOW_INTERNAL_HOSTS", "http://db.internal/"),
+            ("EGRESS_ALLOW_INTERNAL_HOSTS", "a b"),
+            ("WORKSPACE_TMPFS_SIZE_MB", "0"),
+        ] {
+            let e = Settings::from_vars(&vars(&[(var, bad)])).unwrap_err();
+            assert_eq!(e.var, var, "{bad}: {e}");
+        }
+        let ok = Settings::from_vars(&vars(&[
+            ("AIRLOCK_DNS_SERVER", "127.0.0.1:5353"),
+            ("EGRESS_ALLOW_INTERNAL_HOSTS", "db.internal, llm_svc,10.0.0.7"),
+        ]))
+        .unwrap();
+        assert_eq!(ok.allow_internal_hosts, ["db.internal", "llm_svc", "10.0.0.7"]);
         let e = Settings::from_vars(&vars(&[
             ("RUN_STALL_THRESHOLD_SECONDS", "20"),
             ("RUN_HEARTBEAT_INTERVAL_SECONDS", "10"),

@@ -55,7 +55,7 @@ impl Reporter {
                 if !events.is_empty()
                     && let Err(e) = post(&socket, &token, events).await
                 {
-                    eprintln!("airlock runtime: events not delivered: {e}");
+                    eprintln!("airlock runtime warning: events not delivered: {e}");
                 }
                 for w in waiters {
                     let _ = w.send(());

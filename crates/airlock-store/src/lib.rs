@@ -594,6 +594,77 @@ impl Store {
         }
     }
 
+    /// Inserts `r` as `running` only while fewer than `max` runs are
+    /// `running` in this store (every platform sharing it counts): `false`
+    /// when the limit is reached. Counting and inserting are one atomic step
+    /// (SQLite: an immediate transaction, which takes the write lock first;
+    /// PostgreSQL: a transaction-scoped advisory lock).
+    pub async fn insert_run_within_limit(
+        &self,
+        r: &NewRun<'_>,
+        max: u32,
+    ) -> Result<bool, StoreError> {
+        validate_name("run id", r.id)?;
+        let count_sql = "SELECT COUNT(*) FROM runs WHERE status = 'running'";
+        let insert_sql = "INSERT INTO runs (id, agent, status, backend, model, created_at) \
+                          VALUES ($1, $2, 'running', $3, $4, $5)";
+        let res: Result<bool, sqlx::Error> = match &self.pool {
+            Pool::Sqlite(p) => {
+                let mut c = p.acquire().await.map_err(|e| self.err(e))?;
+                async {
+                    sqlx::query("BEGIN IMMEDIATE").execute(&mut *c).await?;
+                    let body = async {
+                        let n: i64 = sqlx::query_scalar(count_sql).fetch_one(&mut *c).await?;
+                        if n >= i64::from(max) {
+                            return Ok(false);
+                        }
+                        sqlx::query(insert_sql)
+                            .bind(r.id)
+                            .bind(r.agent)
+                            .bind(r.backend)
+                            .bind(r.model)
+                            .bind(r.created_at.unwrap_or_else(now_ms))
+                            .execute(&mut *c)
+                            .await?;
+                        Ok(true)
+                    }
+                    .await;
+                    let end = if matches!(body, Ok(true)) { "COMMIT" } else { "ROLLBACK" };
+                    sqlx::query(end).execute(&mut *c).await?;
+                    body
+                }
+                .await
+            }
+            Pool::Postgres(p) => {
+                async {
+                    let mut tx = p.begin().await?;
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('airlock.run_slots'))")
+                        .execute(&mut *tx)
+                        .await?;
+                    let n: i64 = sqlx::query_scalar(count_sql).fetch_one(&mut *tx).await?;
+                    if n >= i64::from(max) {
+                        return Ok(false);
+                    }
+                    sqlx::query(insert_sql)
+                        .bind(r.id)
+                        .bind(r.agent)
+                        .bind(r.backend)
+                        .bind(r.model)
+                        .bind(r.created_at.unwrap_or_else(now_ms))
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(true)
+                }
+                .await
+            }
+        };
+        match res {
+            Err(e) if is_unique_violation(&e) => Err(StoreError::RunExists(r.id.to_owned())),
+            other => other.map_err(|e| self.err(e)),
+        }
+    }
+
     /// One run.
     pub async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
         on_pool!(self, p => {

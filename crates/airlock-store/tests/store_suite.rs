@@ -99,7 +99,66 @@ on_both!(
     egress_log,
     memories,
     results,
+    run_slots_are_claimed_atomically,
 );
+
+/// `max_concurrent_runs`: of many platforms claiming at once, exactly the
+/// limit gets a slot; a slot frees when a run ends.
+async fn run_slots_are_claimed_atomically(s: &Store) {
+    let tries = (0..12).map(|i| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let id = format!("slot-{i}");
+            let r = NewRun {
+                id: &id,
+                agent: "a",
+                backend: "process",
+                model: None,
+                status: RunStatus::Running,
+                created_at: None,
+            };
+            s.insert_run_within_limit(&r, 3).await.unwrap()
+        })
+    });
+    let mut got = 0;
+    for t in tries.collect::<Vec<_>>() {
+        got += usize::from(t.await.unwrap());
+    }
+    assert_eq!(got, 3, "exactly the limit claims a slot");
+    let running = s
+        .list_runs(&RunQuery {
+            status: Some(RunStatus::Running),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(running.len(), 3);
+    let late = NewRun {
+        id: "slot-late",
+        agent: "a",
+        backend: "process",
+        model: None,
+        status: RunStatus::Running,
+        created_at: None,
+    };
+    assert!(!s.insert_run_within_limit(&late, 3).await.unwrap());
+    s.finish_run(
+        &running[0].id,
+        &RunEnd {
+            status: RunStatus::Succeeded,
+            exit_code: Some(0),
+            error: None,
+            at: now_ms(),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(s.insert_run_within_limit(&late, 3).await.unwrap());
+    assert!(matches!(
+        s.insert_run_within_limit(&late, 10).await,
+        Err(StoreError::RunExists(_))
+    ));
+}
 
 fn ring(kid: &str, byte: u8) -> Keyring {
     Keyring::new(kid, &[byte; 32]).unwrap()

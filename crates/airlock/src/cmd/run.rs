@@ -42,11 +42,18 @@ pub async fn platform(
     let home = airlock_store::airlock_home()?;
     std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
     let store = Store::open_default().await?;
-    let keyring = match Keyring::from_env() {
-        Ok(k) => k,
-        // Without a key no stored connection can be decrypted; runs without
-        // connections still work, and a credential fetch says what is missing.
-        Err(_) => Keyring::new("ephemeral", &airlock_vault::random_bytes::<32>()?)?,
+    let keyring = if std::env::var_os("CONNECTION_ENCRYPTION_KEY").is_some_and(|v| !v.is_empty())
+    {
+        // Set: it must be right (a typo never falls back to another key).
+        Keyring::from_env().context("CONNECTION_ENCRYPTION_KEY")?
+    } else {
+        // Not set: no stored connection can be decrypted; runs that need
+        // none still work, and a run that needs one is refused before it
+        // starts, saying so.
+        Keyring::new(
+            airlock_platform::orchestrator::EPHEMERAL_KID,
+            &airlock_vault::random_bytes::<32>()?,
+        )?
     };
     let tokens = match std::env::var("RUN_TOKEN_SECRET")
         .ok()
@@ -85,7 +92,9 @@ pub async fn platform_with(
     }
     let sock_dir = home.join("sockets");
     std::fs::create_dir_all(&sock_dir)?;
-    let api_socket = sock_dir.join(format!("platform-{}.sock", std::process::id()));
+    let api_socket = sock_dir.join(airlock_platform::orchestrator::platform_socket_name(
+        std::process::id(),
+    ));
     let _ = std::fs::remove_file(&api_socket);
     let listener = tokio::net::UnixListener::bind(&api_socket)
         .with_context(|| format!("binding {}", api_socket.display()))?;
@@ -114,7 +123,8 @@ pub async fn platform_with(
 /// Prints milestones to stderr (nothing when `quiet`).
 pub fn progress_printer(quiet: bool) -> impl Fn(Progress) + Send + Sync {
     move |p: Progress| {
-        if quiet {
+        // Waiting is always said: a run that does not start must say why.
+        if quiet && !matches!(p, Progress::Queued { .. }) {
             return;
         }
         match p {
@@ -141,6 +151,9 @@ pub fn progress_printer(quiet: bool) -> impl Fn(Progress) + Send + Sync {
                     eprintln!("▸ running             {:>7.1} s", elapsed.as_secs_f64());
                 }
             }
+            Progress::Queued { limit } => eprintln!(
+                "▸ waiting for a free run slot: {limit} run(s) already running on this store (PLATFORM_RUN_LIMITS max_concurrent_runs); Ctrl-C gives up"
+            ),
             Progress::Ending { status } => eprintln!("▸ {status}"),
         }
     }

@@ -1,0 +1,277 @@
+//! Validated values that cross Airlock's process boundaries (the manifest,
+//! the sidecar's configuration): each type checks its value when it is
+//! built or deserialized, so a bad one is refused with a message naming it
+//! before anything starts, never found later by the process that uses it.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+/// Why a value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?} {why}")]
+pub struct InvalidValue {
+    pub what: &'static str,
+    /// The value, shortened to 80 characters.
+    pub value: String,
+    pub why: String,
+}
+
+fn invalid(what: &'static str, value: &str, why: impl Into<String>) -> InvalidValue {
+    let mut v: String = value.chars().take(80).collect();
+    if value.chars().count() > 80 {
+        v.push('…');
+    }
+    InvalidValue {
+        what,
+        value: v,
+        why: why.into(),
+    }
+}
+
+macro_rules! validated_string {
+    ($(#[$m:meta])* $name:ident, $what:literal, $check:expr) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn parse(s: &str) -> Result<Self, InvalidValue> {
+                let check: fn(&str) -> Result<(), String> = $check;
+                check(s).map_err(|why| invalid($what, s, why))?;
+                Ok($name(s.to_owned()))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                $name::parse(&s).map_err(de::Error::custom)
+            }
+        }
+    };
+}
+
+/// Longest namespace: its tools are `{namespace}__api_call`, and MCP tool
+/// names are short.
+pub const MAX_NAMESPACE: usize = 32;
+
+validated_string!(
+    /// An integration's namespace: 1–32 of `[a-z0-9_-]`, starting with a
+    /// letter or digit, without `__` (which separates it from the tool name).
+    Namespace,
+    "namespace",
+    |s| {
+        if s.is_empty() || s.len() > MAX_NAMESPACE {
+            return Err(format!("must be 1-{MAX_NAMESPACE} characters"));
+        }
+        if !s
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        {
+            return Err("may hold only lowercase letters, digits, '_' and '-'".into());
+        }
+        if !s.as_bytes()[0].is_ascii_alphanumeric() {
+            return Err("must start with a letter or a digit".into());
+        }
+        if s.contains("__") {
+            return Err("must not contain \"__\" (it separates the namespace from the tool name)".into());
+        }
+        Ok(())
+    }
+);
+
+validated_string!(
+    /// An agent's name: one line of 1–128 printable characters.
+    AgentName,
+    "agent.name",
+    |s| {
+        if s.trim().is_empty() {
+            return Err("must not be empty".into());
+        }
+        if s.chars().count() > 128 {
+            return Err("must be at most 128 characters".into());
+        }
+        if let Some(c) = s.chars().find(|c| c.is_control()) {
+            return Err(format!("must be one line of printable characters (it holds {c:?})"));
+        }
+        Ok(())
+    }
+);
+
+validated_string!(
+    /// A stored connection's name (the store's rule: 1–128 characters, no
+    /// control characters).
+    ConnectionName,
+    "connection",
+    |s| {
+        if s.is_empty() || s.chars().count() > 128 {
+            return Err("must be 1-128 characters".into());
+        }
+        if let Some(c) = s.chars().find(|c| c.is_control()) {
+            return Err(format!("must not hold a control character ({c:?})"));
+        }
+        Ok(())
+    }
+);
+
+validated_string!(
+    /// An HTTP header name (an RFC 9110 token).
+    HeaderName,
+    "header name",
+    |s| {
+        let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if s.is_empty() || s.len() > 256 || !s.bytes().all(tchar) {
+            return Err("is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, no spaces, no CR/LF)".into());
+        }
+        Ok(())
+    }
+);
+
+validated_string!(
+    /// Text that may sit in an HTTP header value (no CR, LF, NUL or other
+    /// control character but tab).
+    HeaderText,
+    "header value",
+    |s| {
+        if s.len() > 1024 {
+            return Err("must be at most 1024 bytes".into());
+        }
+        if let Some(c) = s.chars().find(|c| c.is_control() && *c != '\t') {
+            return Err(format!("must not hold a control character ({c:?}): it would split the header"));
+        }
+        Ok(())
+    }
+);
+
+impl Default for HeaderText {
+    /// The empty text (always valid).
+    fn default() -> Self {
+        HeaderText(String::new())
+    }
+}
+
+/// The model provider a run's `/llm` relay speaks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    Openai,
+    Anthropic,
+}
+
+impl Provider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// A run's network policy for its forward proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetworkEgress {
+    /// Any destination that passes the egress guard.
+    Public,
+    /// No destination.
+    None,
+    /// Only destinations matching one of these `authorized_uris`-style patterns.
+    Allow(Vec<String>),
+}
+
+impl Serialize for NetworkEgress {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            NetworkEgress::Public => s.serialize_str("public"),
+            NetworkEgress::None => s.serialize_str("none"),
+            NetworkEgress::Allow(p) => p.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NetworkEgress {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = NetworkEgress;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"public\", \"none\" or a list of URL patterns")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<NetworkEgress, E> {
+                match v {
+                    "public" => Ok(NetworkEgress::Public),
+                    "none" => Ok(NetworkEgress::None),
+                    other => Err(E::custom(format!(
+                        "{other:?} is not \"public\", \"none\" or a list of URL patterns"
+                    ))),
+                }
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut a: A) -> Result<NetworkEgress, A::Error> {
+                let mut v = Vec::new();
+                while let Some(p) = a.next_element::<String>()? {
+                    v.push(p);
+                }
+                Ok(NetworkEgress::Allow(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces() {
+        for ok in ["github", "a", "gh-2", "my_api", "x1"] {
+            Namespace::parse(ok).unwrap();
+        }
+        for bad in ["", "a b/../c", "GitHub", "_x", "-x", "a__b", &"x".repeat(33), "ns\0"] {
+            assert!(Namespace::parse(bad).is_err(), "{bad:?}");
+        }
+        let e = Namespace::parse("a b/../c").unwrap_err().to_string();
+        assert!(e.contains("namespace \"a b/../c\""), "{e}");
+    }
+
+    #[test]
+    fn names_headers_and_egress() {
+        assert!(AgentName::parse("").is_err());
+        assert!(AgentName::parse("two\nlines").is_err());
+        assert!(AgentName::parse(&"n".repeat(200_000)).is_err());
+        let long = AgentName::parse(&"n".repeat(200_000)).unwrap_err();
+        assert!(long.value.chars().count() <= 81, "{long}");
+        AgentName::parse("triage bot ✓").unwrap();
+        assert!(HeaderName::parse("Authorization").is_ok());
+        for bad in ["X-A\r\nInjected", "a b", "", "Auth:"] {
+            assert!(HeaderName::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(HeaderText::parse("Bearer ").is_ok());
+        assert!(HeaderText::parse("x\r\nEvil: 1").is_err());
+        let p: NetworkEgress = serde_json::from_str("\"public\"").unwrap();
+        assert_eq!(p, NetworkEgress::Public);
+        let l: NetworkEgress = serde_json::from_str("[\"https://pypi.org/**\"]").unwrap();
+        assert_eq!(l, NetworkEgress::Allow(vec!["https://pypi.org/**".into()]));
+        for bad in ["42", "\"sometimes\"", "{}", "[1]"] {
+            assert!(serde_json::from_str::<NetworkEgress>(bad).is_err(), "{bad}");
+        }
+        assert_eq!(serde_json::to_string(&l).unwrap(), "[\"https://pypi.org/**\"]");
+        assert!(serde_json::from_str::<Provider>("\"ollama\"").is_err());
+    }
+}

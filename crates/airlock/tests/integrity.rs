@@ -1,0 +1,280 @@
+//! Runs end with their real reason, limits and settings are checked before
+//! anything starts, and what crashed platforms leave is reclaimed (issue 10:
+//! runs and limits, bad input). Real `airlock run`s, on the process backend
+//! (and the namespace backend where it matters).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+mod support;
+
+use std::io::{BufRead, Read};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{RealRun, namespace_available};
+
+fn backends() -> Vec<&'static str> {
+    let mut v = vec!["process"];
+    if namespace_available() {
+        v.push("namespace");
+    }
+    v
+}
+
+/// The children of `pid` whose command line starts with `argv`.
+fn children_with(pid: u32, argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.join("\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').nth(1))
+                .and_then(|s| s.parse::<u32>().ok());
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            ppid == Some(pid) && cmd.split(|b| *b == 0).next().is_some_and(|a0| a0.ends_with(b"airlock"))
+                && cmd.windows(want.len()).any(|w| w == want.as_slice())
+        })
+        .collect()
+}
+
+/// Starts the run and waits until the agent printed `marker` (live view).
+fn start_until(run: &RealRun, backend: &str, marker: &str) -> (std::process::Child, String) {
+    let mut child = run
+        .command(backend, &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("the run ended before {marker:?}: {seen}");
+        }
+        seen.push_str(&line);
+        if line.contains(marker) {
+            break;
+        }
+    }
+    // keep draining the live view
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+    });
+    (child, seen)
+}
+
+fn finish(mut child: std::process::Child) -> Value {
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let _ = child.wait();
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
+    for backend in backends() {
+        let run = RealRun::python("import time\nprint('ready', flush=True)\ntime.sleep(60)\n", 120);
+        let (child, _) = start_until(&run, backend, "ready");
+        let sidecars = children_with(child.id(), &["sidecar"]);
+        assert_eq!(sidecars.len(), 1, "{backend}: one sidecar");
+        let t = Instant::now();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(sidecars[0] as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        let report = finish(child);
+        assert!(t.elapsed() < Duration::from_secs(20), "{backend}: the run went on");
+        assert_eq!(report["status"], "failed", "{backend}: {report}");
+        let err = report["error"].as_str().unwrap();
+        assert!(
+            err.contains("the sidecar stopped unexpectedly") && err.contains("signal 9"),
+            "{backend}: {err}"
+        );
+        assert!(report["exit_code"].is_null(), "{backend}: {report}");
+    }
+}
+
+#[test]
+fn a_killed_runtime_and_a_missing_agent_are_named_as_such() {
+    for backend in backends() {
+        // The agent kills the runtime (its parent): not "the agent exited with 137".
+        let run = RealRun::python(
+            "import os, time\nos.kill(os.getppid(), 9)\ntime.sleep(30)\n",
+            60,
+        );
+        let (_, report) = run.run(backend);
+        assert_eq!(report["status"], "failed", "{backend}: {report}");
+        let err = report["error"].as_str().unwrap();
+        assert!(
+            err.contains("the runtime in the sandbox ended without reporting the agent's end"),
+            "{backend}: {err}"
+        );
+        assert!(!err.contains("the agent exited"), "{backend}: {err}");
+
+        // A program that does not exist: the runtime's own words, not "code 125".
+        let run = RealRun::with_manifest(
+            "",
+            "[agent]\nname = \"t\"\ncommand = [\"/nope/agent\"]\n",
+        );
+        let (_, report) = run.run(backend);
+        assert_eq!(report["status"], "failed", "{backend}: {report}");
+        let err = report["error"].as_str().unwrap();
+        assert!(
+            err.contains("cannot start the agent") && err.contains("/nope/agent"),
+            "{backend}: {err}"
+        );
+        assert!(report["exit_code"].is_null(), "{backend}: {report}");
+        assert!(!err.contains("code 125"), "{backend}: {err}");
+
+        // The legitimate path: the agent's own exit code, said as such.
+        let run = RealRun::python("import sys\nsys.exit(3)\n", 30);
+        let (_, report) = run.run(backend);
+        assert_eq!(report["exit_code"], 3, "{backend}: {report}");
+        assert_eq!(report["error"], "the agent exited with code 3", "{backend}");
+    }
+}
+
+#[test]
+fn bad_limits_and_settings_are_refused_before_anything_starts() {
+    let agent = "[agent]\nname = \"t\"\ncommand = [\"/bin/true\"]\n";
+    for (manifest_extra, env, must) in [
+        ("memory_mb = 0\n", None, "agent.memory_mb"),
+        ("cpus = 0\n", None, "agent.cpus"),
+        ("cpus = -1\n", None, "agent.cpus"),
+        ("", Some(("PLATFORM_RUN_LIMITS", "[1024]")), "PLATFORM_RUN_LIMITS"),
+        ("", Some(("PLATFORM_RUN_LIMITS", r#"{"agent_memory_ceiling_mb": 0}"#)), "PLATFORM_RUN_LIMITS"),
+        ("", Some(("PLATFORM_RUN_LIMITS", r#"{"max_concurrent_runs": 0}"#)), "max_concurrent_runs"),
+        ("", Some(("AIRLOCK_DNS_SERVER", "dns.example")), "AIRLOCK_DNS_SERVER"),
+        ("", Some(("CONNECTION_ENCRYPTION_KEY", "c2hvcnQ=")), "CONNECTION_ENCRYPTION_KEY"),
+        (
+            "[[integrations]]\nnamespace = \"gh\"\nconnection = \"github\"\nauthorized_uris = [\"https://api.github.com/**\"]\n",
+            None,
+            "connection \"github\" is not stored",
+        ),
+        ("[network]\negress = 42\n", None, "\"public\", \"none\" or a list"),
+        ("[[integrations]]\nnamespace = \"a b/../c\"\n", None, "namespace \"a b/../c\""),
+    ] {
+        let manifest = if manifest_extra.starts_with('[') {
+            format!("{agent}{manifest_extra}")
+        } else {
+            agent.replacen("]\n", &format!("]\n{manifest_extra}"), 1)
+        };
+        let mut run = RealRun::with_manifest("", &manifest);
+        if let Some((k, v)) = env {
+            run = run.env(k, v);
+        }
+        let (out, _) = run.run("process");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{must}: {stderr}");
+        assert!(stderr.contains(must), "{must:?} not in {stderr}");
+        // Nothing started, nothing recorded.
+        let list = run.airlock(&["runs", "list"]);
+        assert_eq!(
+            String::from_utf8_lossy(&list.stdout).lines().count(),
+            1,
+            "{must}: a run was recorded: {}",
+            String::from_utf8_lossy(&list.stdout)
+        );
+    }
+}
+
+#[test]
+fn a_stored_connection_needs_its_key() {
+    let run = RealRun::with_manifest(
+        "",
+        "[agent]\nname = \"t\"\ncommand = [\"/bin/true\"]\n[[integrations]]\nnamespace = \"gh\"\nconnection = \"github\"\nauthorized_uris = [\"https://api.github.com/**\"]\ndelivery = { header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }\n",
+    );
+    let key = String::from_utf8(run.airlock(&["keys", "generate"]).stdout).unwrap();
+    let mut add = std::process::Command::new(support::AIRLOCK)
+        .args(["connections", "add", "github", "--integration", "gh", "--type", "bearer"])
+        .env("AIRLOCK_HOME", run.home.path())
+        .env("CONNECTION_ENCRYPTION_KEY", key.trim())
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(add.stdin.as_mut().unwrap(), br#"{"token":"ghp_x"}"#).unwrap();
+    drop(add.stdin.take());
+    assert!(add.wait().unwrap().success());
+    // Without the key: refused before the start, saying which key is missing.
+    let (out, _) = run.run("process");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("CONNECTION_ENCRYPTION_KEY is not set") && stderr.contains("github"),
+        "{stderr}"
+    );
+    // With it: the run starts and succeeds.
+    let (out, report) = run.env("CONNECTION_ENCRYPTION_KEY", key.trim()).run("process");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(report["status"], "succeeded");
+}
+
+#[test]
+fn max_concurrent_runs_holds_across_platforms_sharing_a_store() {
+    let run = RealRun::python("import time\ntime.sleep(1.5)\nprint('done')\n", 60)
+        .env("PLATFORM_RUN_LIMITS", r#"{"max_concurrent_runs": 2}"#);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            run.command("process", &[])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut waited = 0;
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        if String::from_utf8_lossy(&o.stderr).contains("waiting for a free run slot") {
+            waited += 1;
+        }
+    }
+    assert!(waited >= 2, "the queued runs said so: {waited}");
+    // From the store: never more than two running at once.
+    let list = run.airlock(&["runs", "list", "--limit", "10"]);
+    let ids: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 4);
+    let mut spans = vec![];
+    for id in &ids {
+        let r: Value =
+            serde_json::from_slice(&run.airlock(&["runs", "show", id, "--json"]).stdout).unwrap();
+        spans.push((r["started_at"].as_i64().unwrap(), r["ended_at"].as_i64().unwrap()));
+    }
+    for (s, _) in &spans {
+        let overlapping = spans.iter().filter(|(a, b)| a <= s && s < b).count();
+        assert!(overlapping <= 2, "{overlapping} runs at once: {spans:?}");
+    }
+}
+
+#[test]
+fn sockets_of_stopped_platforms_are_reclaimed() {
+    let run = RealRun::python("print('hi')\n", 30);
+    let sockets = run.home.path().join("sockets");
+    std::fs::create_dir_all(&sockets).unwrap();
+    // A PID that is not running (the highest ones are never reached here).
+    let dead = (4_000_000u32..4_194_304)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let stale = sockets.join(format!("platform-{dead}.sock"));
+    let live = sockets.join(format!("platform-{}.sock", std::process::id()));
+    let _l1 = std::os::unix::net::UnixListener::bind(&stale).unwrap();
+    let _l2 = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let (out, _) = run.run("process");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!stale.exists(), "the dead platform's socket is reclaimed");
+    assert!(live.exists(), "a live platform's socket is kept");
+    let left: Vec<_> = std::fs::read_dir(&sockets).unwrap().flatten().collect();
+    assert_eq!(left.len(), 1, "the run's own socket is removed at its end: {left:?}");
+}
