@@ -243,7 +243,16 @@ mod tests {
         for ok in ["github", "a", "gh-2", "my_api", "x1"] {
             Namespace::parse(ok).unwrap();
         }
-        for bad in ["", "a b/../c", "GitHub", "_x", "-x", "a__b", &"x".repeat(33), "ns\0"] {
+        for bad in [
+            "",
+            "a b/../c",
+            "GitHub",
+            "_x",
+            "-x",
+            "a__b",
+            &"x".repeat(33),
+            "ns\0",
+        ] {
             assert!(Namespace::parse(bad).is_err(), "{bad:?}");
         }
         let e = Namespace::parse("a b/../c").unwrap_err().to_string();
@@ -271,7 +280,10 @@ mod tests {
         for bad in ["42", "\"sometimes\"", "{}", "[1]"] {
             assert!(serde_json::from_str::<NetworkEgress>(bad).is_err(), "{bad}");
         }
-        assert_eq!(serde_json::to_string(&l).unwrap(), "[\"https://pypi.org/**\"]");
+        assert_eq!(
+            serde_json::to_string(&l).unwrap(),
+            "[\"https://pypi.org/**\"]"
+        );
         assert!(serde_json::from_str::<Provider>("\"ollama\"").is_err());
     }
 }

@@ -150,7 +150,10 @@ impl Manifest {
     pub fn validate(&self) -> Result<(), ManifestError> {
         let a = &self.agent;
         if a.command.is_empty() || a.command[0].is_empty() {
-            return Err(invalid("agent.command", "is empty: name the program to run"));
+            return Err(invalid(
+                "agent.command",
+                "is empty: name the program to run",
+            ));
         }
         for (i, arg) in a.command.iter().enumerate() {
             if let Some(at) = arg.find('\0') {
@@ -176,7 +179,9 @@ impl Manifest {
         {
             return Err(invalid(
                 "agent.cpus",
-                format!("{c} must be a number of CPUs above 0 and at most {MAX_CPUS} (0 is not \"unlimited\")"),
+                format!(
+                    "{c} must be a number of CPUs above 0 and at most {MAX_CPUS} (0 is not \"unlimited\")"
+                ),
             ));
         }
         if let Some(model) = &self.model {
@@ -247,7 +252,10 @@ impl Manifest {
 fn check_http_url(key: &str, url: &str) -> Result<(), ManifestError> {
     match airlock_egress::Target::parse(url) {
         Ok(_) => Ok(()),
-        Err(e) => Err(invalid(key, format!("{url:?} is not a usable http(s) URL: {e}"))),
+        Err(e) => Err(invalid(
+            key,
+            format!("{url:?} is not a usable http(s) URL: {e}"),
+        )),
     }
 }
 
@@ -313,24 +321,35 @@ mod tests {
                 "[agent]\nname = \"t\"\ncommand = [\"/bin/sh\", \"a\\u0000b\"]\n".into(),
                 "agent.command[1]: holds a NUL byte at byte 1",
             ),
-            ("[agent]\nname = \"t\"\ncommand = []\n".into(), "agent.command"),
+            (
+                "[agent]\nname = \"t\"\ncommand = []\n".into(),
+                "agent.command",
+            ),
             (agent("t") + "memory_mb = 0\n", "agent.memory_mb"),
             (agent("t") + "cpus = 0\n", "agent.cpus"),
             (agent("t") + "cpus = -1\n", "agent.cpus"),
             (agent("t") + "cpus = nan\n", "agent.cpus"),
             (agent("t") + "timeout = 0\n", "agent.timeout"),
-            (agent("t") + "[network]\negress = 42\n", "\"public\", \"none\" or a list"),
-            (agent("t") + "[network]\negress = \"sometimes\"\n", "\"sometimes\" is not"),
+            (
+                agent("t") + "[network]\negress = 42\n",
+                "\"public\", \"none\" or a list",
+            ),
+            (
+                agent("t") + "[network]\negress = \"sometimes\"\n",
+                "\"sometimes\" is not",
+            ),
             (
                 agent("t") + "[network]\negress = [\"http://[::1/**\"]\n",
                 "network.egress: entry \"http://[::1/**\" matches nothing",
             ),
             (
-                agent("t") + "[model]\nprovider = \"ollama\"\nbase_url = \"http://x\"\nconnection = \"c\"\n",
+                agent("t")
+                    + "[model]\nprovider = \"ollama\"\nbase_url = \"http://x\"\nconnection = \"c\"\n",
                 "unknown variant",
             ),
             (
-                agent("t") + "[model]\nprovider = \"openai\"\nbase_url = \"ftp://x/\"\nconnection = \"c\"\n",
+                agent("t")
+                    + "[model]\nprovider = \"openai\"\nbase_url = \"ftp://x/\"\nconnection = \"c\"\n",
                 "model.base_url",
             ),
         ] {
@@ -341,9 +360,18 @@ mod tests {
         for (body, must) in [
             ("namespace = \"\"", "namespace \"\""),
             ("namespace = \"a b/../c\"", "namespace \"a b/../c\""),
-            ("namespace = \"x\"\nauthorized_uris = [\"https://127.1/**\"]", "matches nothing"),
-            ("namespace = \"x\"\nauthorized_uris = [\"https://a@b.com/**\"]", "matches nothing"),
-            ("namespace = \"x\"\nauthorized_uris = [\"http://[::1/**\"]", "matches nothing"),
+            (
+                "namespace = \"x\"\nauthorized_uris = [\"https://127.1/**\"]",
+                "matches nothing",
+            ),
+            (
+                "namespace = \"x\"\nauthorized_uris = [\"https://a@b.com/**\"]",
+                "matches nothing",
+            ),
+            (
+                "namespace = \"x\"\nauthorized_uris = [\"http://[::1/**\"]",
+                "matches nothing",
+            ),
             (
                 "namespace = \"x\"\nconnection = \"c\"\ndelivery = { header = \"X-Key\\r\\nEvil: 1\", field = \"k\" }",
                 "header name",

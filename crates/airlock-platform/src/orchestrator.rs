@@ -476,8 +476,9 @@ impl Orchestrator {
                     name.as_str()
                 )));
             };
-            let kid = airlock_vault::Envelope::kid_of(&rec.envelope)
-                .map_err(|e| RunError::Refused(format!("{who}: connection {:?}: {e}", name.as_str())))?;
+            let kid = airlock_vault::Envelope::kid_of(&rec.envelope).map_err(|e| {
+                RunError::Refused(format!("{who}: connection {:?}: {e}", name.as_str()))
+            })?;
             if !ring.kids().any(|k| k == kid) {
                 let hint = if ring.active_kid() == EPHEMERAL_KID {
                     "CONNECTION_ENCRYPTION_KEY is not set".to_string()

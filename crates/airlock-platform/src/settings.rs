@@ -54,7 +54,9 @@ impl RunLimits {
             return Err("timeout_ceiling_seconds must be at least 1".into());
         }
         if l.max_concurrent_runs == Some(0) {
-            return Err("max_concurrent_runs must be at least 1 (leave it out for no limit)".into());
+            return Err(
+                "max_concurrent_runs must be at least 1 (leave it out for no limit)".into(),
+            );
         }
         Ok(l)
     }
@@ -275,10 +277,16 @@ mod tests {
         }
         let ok = Settings::from_vars(&vars(&[
             ("AIRLOCK_DNS_SERVER", "127.0.0.1:5353"),
-            ("EGRESS_ALLOW_INTERNAL_HOSTS", "db.internal, llm_svc,10.0.0.7"),
+            (
+                "EGRESS_ALLOW_INTERNAL_HOSTS",
+                "db.internal, llm_svc,10.0.0.7",
+            ),
         ]))
         .unwrap();
-        assert_eq!(ok.allow_internal_hosts, ["db.internal", "llm_svc", "10.0.0.7"]);
+        assert_eq!(
+            ok.allow_internal_hosts,
+            ["db.internal", "llm_svc", "10.0.0.7"]
+        );
         let e = Settings::from_vars(&vars(&[
             ("RUN_STALL_THRESHOLD_SECONDS", "20"),
             ("RUN_HEARTBEAT_INTERVAL_SECONDS", "10"),

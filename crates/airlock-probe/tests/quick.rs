@@ -13,5 +13,8 @@ fn quick_reports_identity_and_capabilities() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["uid"], rustix::process::getuid().as_raw());
     assert!(v["status"]["CapEff"].is_string(), "{v}");
-    assert!(v.get("pids").is_none(), "--quick is only the identity part: {v}");
+    assert!(
+        v.get("pids").is_none(),
+        "--quick is only the identity part: {v}"
+    );
 }

@@ -254,7 +254,9 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         Ok(b) => match serde_json::from_slice::<serde_json::Value>(&b) {
             Ok(v) => Some(v),
             Err(e) => {
-                eprintln!("airlock runtime warning: the result file is not JSON ({e}); no result reported");
+                eprintln!(
+                    "airlock runtime warning: the result file is not JSON ({e}); no result reported"
+                );
                 None
             }
         },

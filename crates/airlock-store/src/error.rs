@@ -61,6 +61,14 @@ pub enum StoreError {
         source: airlock_vault::VaultError,
     },
     /// A stored value is not what this version writes.
+    #[error(
+        "the key given for key id {kid:?} is not the key this store's {kid:?} envelopes were written with: check CONNECTION_ENCRYPTION_KEY (and CONNECTION_ENCRYPTION_KEY_ID, CONNECTION_ENCRYPTION_KEYS); nothing was written"
+    )]
+    KeyMismatch { kid: String },
+    #[error(
+        "the store at {path} is damaged ({detail}): restore it from a backup, or move it aside to start an empty one"
+    )]
+    Damaged { path: String, detail: String },
     #[error("corrupt row: {0}")]
     Corrupt(String),
     /// Any other database error.
@@ -83,8 +91,15 @@ impl StoreError {
             if matches!(primary, Some(5 | 6)) || code == "55P03" {
                 return StoreError::Locked(database);
             }
-            // SQLite: 14 CANTOPEN, 10 IOERR, 26 NOTADB, 11 CORRUPT, 8 READONLY.
-            if matches!(primary, Some(8 | 10 | 11 | 14 | 26)) {
+            // SQLite: 11 CORRUPT, 26 NOTADB: the file itself is damaged.
+            if matches!(primary, Some(11 | 26)) {
+                return StoreError::Damaged {
+                    path: database,
+                    detail: db.message().to_owned(),
+                };
+            }
+            // SQLite: 14 CANTOPEN, 10 IOERR, 8 READONLY.
+            if matches!(primary, Some(8 | 10 | 14)) {
                 return StoreError::Unavailable {
                     database,
                     detail: db.message().to_owned(),

@@ -232,8 +232,44 @@ impl Store {
             pool: Pool::Sqlite(pool),
             display,
         };
+        // SQLite's check reads the whole file (~1.3 ms per MiB here): up to
+        // QUICK_CHECK_MAX_BYTES it runs before the store is used; a larger
+        // store is checked in the background and a damage found is logged
+        // as an error (a large store belongs on PostgreSQL anyway).
+        let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        if size <= QUICK_CHECK_MAX_BYTES {
+            store.check_sqlite_structure().await?;
+        } else {
+            let bg = store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = bg.check_sqlite_structure().await {
+                    tracing::error!("{e}");
+                }
+            });
+        }
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// SQLite's own check of every b-tree and page of the file (`PRAGMA
+    /// quick_check`): a damaged store is refused with a clear error, never
+    /// used. (It cannot see a flipped byte inside a value: SQLite keeps no
+    /// per-row checksum.)
+    pub async fn check_sqlite_structure(&self) -> Result<(), StoreError> {
+        let Pool::Sqlite(p) = &self.pool else {
+            return Ok(());
+        };
+        let rows: Vec<String> = sqlx::query_scalar("PRAGMA quick_check(8)")
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+        if rows.len() == 1 && rows[0] == "ok" {
+            return Ok(());
+        }
+        Err(StoreError::Damaged {
+            path: self.display.clone(),
+            detail: rows.join("; "),
+        })
     }
 
     /// Connects to PostgreSQL.
@@ -414,6 +450,101 @@ impl Store {
         })
     }
 
+    /// Checks that `ring`'s key for `kid` is the key this store's `kid`
+    /// envelopes were written with: against the key-check value the store
+    /// keeps for `kid`, or — for a store written before it kept them — by
+    /// decrypting one of its `kid` envelopes (then the value is kept). A key
+    /// id the store has never used passes. [`StoreError::KeyMismatch`] when
+    /// the key differs.
+    pub async fn check_key(&self, ring: &Keyring, kid: &str) -> Result<(), StoreError> {
+        let Some(check) = ring.key_check(kid) else {
+            return Ok(());
+        };
+        let known: Option<String> = on_pool!(self, p => sqlx::query_scalar(
+            "SELECT check_value FROM key_checks WHERE kid = $1",
+        )
+        .bind(kid)
+        .fetch_optional(p)
+        .await
+        .map_err(|e| self.err(e))?);
+        if let Some(known) = known {
+            return if airlock_vault::ct_eq(known.as_bytes(), check.as_bytes()) {
+                Ok(())
+            } else {
+                Err(StoreError::KeyMismatch {
+                    kid: kid.to_owned(),
+                })
+            };
+        }
+        let sample: Option<String> = on_pool!(self, p => sqlx::query_scalar(
+            "SELECT envelope FROM connections WHERE kid = $1 LIMIT 1",
+        )
+        .bind(kid)
+        .fetch_optional(p)
+        .await
+        .map_err(|e| self.err(e))?);
+        let Some(sample) = sample else {
+            return Ok(());
+        };
+        match ring.decrypt(&sample) {
+            Ok(_) => self.keep_key_check(kid, &check).await,
+            Err(airlock_vault::VaultError::AuthenticationFailed(_)) => {
+                Err(StoreError::KeyMismatch {
+                    kid: kid.to_owned(),
+                })
+            }
+            Err(e) => Err(StoreError::BadEnvelope(e)),
+        }
+    }
+
+    /// [`Store::check_key`] for every key of `ring`.
+    pub async fn check_keyring(&self, ring: &Keyring) -> Result<(), StoreError> {
+        for kid in ring.kids() {
+            self.check_key(ring, kid).await?;
+        }
+        Ok(())
+    }
+
+    /// Before writing envelopes under `ring`'s active key: checks it, and
+    /// keeps its key-check value so a different key under the same id is
+    /// refused from now on.
+    pub async fn record_active_key(&self, ring: &Keyring) -> Result<(), StoreError> {
+        let kid = ring.active_kid();
+        self.check_key(ring, kid).await?;
+        match ring.key_check(kid) {
+            Some(check) => self.keep_key_check(kid, &check).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn keep_key_check(&self, kid: &str, check: &str) -> Result<(), StoreError> {
+        on_pool!(self, p => sqlx::query(
+            "INSERT INTO key_checks (kid, check_value, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (kid) DO NOTHING",
+        )
+        .bind(kid)
+        .bind(check)
+        .bind(now_ms())
+        .execute(p)
+        .await
+        .map(|_| ())
+        .map_err(|e| self.err(e)))?;
+        // Two writers at once: whichever value won must be this one.
+        let kept: Option<String> = on_pool!(self, p => sqlx::query_scalar(
+            "SELECT check_value FROM key_checks WHERE kid = $1",
+        )
+        .bind(kid)
+        .fetch_optional(p)
+        .await
+        .map_err(|e| self.err(e))?);
+        match kept {
+            Some(k) if k != check => Err(StoreError::KeyMismatch {
+                kid: kid.to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// How many envelopes each key id holds, by kid.
     pub async fn envelope_counts_by_kid(&self) -> Result<Vec<(String, u64)>, StoreError> {
         on_pool!(self, p => {
@@ -463,6 +594,10 @@ impl Store {
         batch: usize,
         after: &str,
     ) -> Result<BatchOutcome, StoreError> {
+        // Every key it decrypts with must be the store's, and the one it
+        // writes with is kept.
+        self.check_keyring(ring).await?;
+        self.record_active_key(ring).await?;
         let limit = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
         let active = ring.active_kid();
         let now = now_ms();
@@ -629,7 +764,11 @@ impl Store {
                         Ok(true)
                     }
                     .await;
-                    let end = if matches!(body, Ok(true)) { "COMMIT" } else { "ROLLBACK" };
+                    let end = if matches!(body, Ok(true)) {
+                        "COMMIT"
+                    } else {
+                        "ROLLBACK"
+                    };
                     sqlx::query(end).execute(&mut *c).await?;
                     body
                 }
@@ -1075,6 +1214,9 @@ fn is_unique_violation(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .is_some_and(|d| d.is_unique_violation())
 }
+
+/// Largest SQLite store checked in full before it is used ([`Store::open_sqlite`]).
+pub const QUICK_CHECK_MAX_BYTES: u64 = 64 << 20;
 
 /// Names (connections, integrations, run ids, result ids): 1–128 printable characters, no
 /// control characters.

@@ -103,6 +103,17 @@ ALTER TABLE egress_log ADD COLUMN bytes_out BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE egress_log ADD COLUMN bytes_in BIGINT NOT NULL DEFAULT 0;
 "#,
     },
+    Migration {
+        version: 4,
+        description: "key-check values per key id",
+        sql: r#"
+CREATE TABLE key_checks (
+    kid TEXT PRIMARY KEY,
+    check_value TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+"#,
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -190,6 +201,17 @@ CREATE TABLE results (
         sql: r#"
 ALTER TABLE egress_log ADD COLUMN bytes_out BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE egress_log ADD COLUMN bytes_in BIGINT NOT NULL DEFAULT 0;
+"#,
+    },
+    Migration {
+        version: 4,
+        description: "key-check values per key id",
+        sql: r#"
+CREATE TABLE key_checks (
+    kid TEXT PRIMARY KEY,
+    check_value TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
 "#,
     },
 ];

@@ -100,7 +100,105 @@ on_both!(
     memories,
     results,
     run_slots_are_claimed_atomically,
+    a_different_key_under_a_known_key_id_is_refused,
 );
+
+/// A key id names one key for the life of a store: another key under the
+/// same id (a typo, another machine's key) is refused before it writes or
+/// reads anything, also on a store written before key-check values.
+async fn a_different_key_under_a_known_key_id_is_refused(s: &Store) {
+    let a = ring("k1", 1);
+    let b = ring("k1", 2);
+    let put = |name: &'static str, r: &Keyring| {
+        let env = r.encrypt(b"{\"token\":\"t\"}").unwrap();
+        let s = s.clone();
+        async move {
+            s.insert_connection(&NewConnection {
+                name,
+                integration: "gh",
+                auth_type: AuthType::Bearer,
+                envelope: &env,
+            })
+            .await
+        }
+    };
+    // A store that predates key checks: envelopes under k1, no check value.
+    put("old", &a).await.unwrap();
+    assert!(matches!(
+        s.check_key(&b, "k1").await,
+        Err(StoreError::KeyMismatch { kid }) if kid == "k1"
+    ));
+    s.check_key(&a, "k1").await.unwrap();
+    // From now on the check value decides, without decrypting anything.
+    assert!(matches!(
+        s.record_active_key(&b).await,
+        Err(StoreError::KeyMismatch { .. })
+    ));
+    s.record_active_key(&a).await.unwrap();
+    assert!(matches!(
+        s.check_keyring(&b).await,
+        Err(StoreError::KeyMismatch { .. })
+    ));
+    // A new key id is learnt on first write.
+    let c = ring("k2", 3);
+    s.check_key(&c, "k2").await.unwrap();
+    s.record_active_key(&c).await.unwrap();
+    assert!(matches!(
+        s.record_active_key(&ring("k2", 4)).await,
+        Err(StoreError::KeyMismatch { .. })
+    ));
+    // Re-encryption checks the ring before it touches a row.
+    assert!(matches!(
+        s.reencrypt_batch_after(&b, 10, "").await,
+        Err(StoreError::KeyMismatch { .. })
+    ));
+    assert_eq!(
+        s.envelope_counts_by_kid().await.unwrap(),
+        [("k1".to_string(), 1)]
+    );
+}
+
+#[tokio::test]
+async fn a_damaged_sqlite_file_is_refused_at_open() {
+    let (dir, s) = sqlite().await;
+    for i in 0..400 {
+        let id = format!("run-{i:04}");
+        new_run(&s, &id).await;
+        s.append_event(&NewEvent {
+            run_id: &id,
+            at: 1,
+            kind: "log",
+            payload: &"x".repeat(200),
+        })
+        .await
+        .unwrap();
+    }
+    s.close().await;
+    let path = dir.path().join("airlock.db");
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len > 16 * 4096, "several pages: {len}");
+    // Flip bytes in the page headers of a few pages in the middle.
+    let mut bytes = std::fs::read(&path).unwrap();
+    for page in [len / 4096 / 2, len / 4096 / 2 + 1, len / 4096 / 2 + 2] {
+        let off = (page * 4096) as usize;
+        for b in &mut bytes[off..off + 12] {
+            *b ^= 0xa5;
+        }
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let Err(e) = Store::open_sqlite(&path, &StoreOptions::default()).await else {
+        panic!("a damaged store opened");
+    };
+    assert!(matches!(e, StoreError::Damaged { .. }), "{e}");
+    assert!(e.to_string().contains("damaged"), "{e}");
+    // A file that is not a database at all.
+    bytes[..16].copy_from_slice(b"not a database!!");
+    std::fs::write(&path, &bytes).unwrap();
+    let Err(e) = Store::open_sqlite(&path, &StoreOptions::default()).await else {
+        panic!("garbage opened");
+    };
+    assert!(matches!(e, StoreError::Damaged { .. }), "{e}");
+}
 
 /// `max_concurrent_runs`: of many platforms claiming at once, exactly the
 /// limit gets a slot; a slot frees when a run ends.
@@ -165,7 +263,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 2);
+    assert_eq!(s.schema_version().await.unwrap(), 4);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -174,7 +272,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 2);
+        assert_eq!(again.schema_version().await.unwrap(), 4);
     }
 }
 
@@ -726,7 +824,8 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     sqlx::raw_sql(
         "ALTER TABLE egress_log DROP COLUMN bytes_out; \
          ALTER TABLE egress_log DROP COLUMN bytes_in; \
-         DELETE FROM airlock_schema_migrations WHERE version = 2; \
+         DROP TABLE key_checks; \
+         DELETE FROM airlock_schema_migrations WHERE version >= 2; \
          INSERT INTO egress_log (run_id, at, source, integration, method, url, host, decision, \
            reason, status, duration_ms) \
          VALUES ('r1', 5, 'proxy', NULL, 'CONNECT', 'https://a.example/', 'a.example', \
@@ -740,7 +839,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 2);
+    assert_eq!(s.schema_version().await.unwrap(), 4);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -762,7 +861,7 @@ async fn sqlite_gone_is_a_typed_error() {
     let err = Store::open_sqlite(&junk, &StoreOptions::default())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(matches!(err, StoreError::Damaged { .. }), "{err:?}");
     assert!(err.to_string().contains("junk.db"), "{err}");
 }
 

@@ -24,6 +24,9 @@ pub const DEFAULT_KEY_ID: &str = "k1";
 /// AES-256 key length.
 pub const KEY_LEN: usize = 32;
 
+/// What a key-check value authenticates ([`Keyring::key_check`]).
+const KEY_CHECK_LABEL: &[u8] = b"airlock key-check v1";
+
 struct KeyEntry {
     cipher: Aes256Gcm,
     raw: Zeroizing<[u8; KEY_LEN]>,
@@ -193,6 +196,19 @@ impl Keyring {
         &self.active
     }
 
+    /// The key-check value of `kid`'s key: lowercase hex of
+    /// HMAC-SHA256(key, "airlock key-check v1"). A store keeps one per key id
+    /// it holds envelopes under, so a different key given under the same id
+    /// is recognised before anything is written or run. It reveals nothing
+    /// of the key.
+    pub fn key_check(&self, kid: &str) -> Option<String> {
+        use hmac::{KeyInit as _, Mac as _};
+        let entry = self.keys.get(kid)?;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(entry.raw.as_slice()).ok()?;
+        mac.update(KEY_CHECK_LABEL);
+        Some(hex::encode(mac.finalize().into_bytes()))
+    }
+
     /// Every key id this keyring can decrypt.
     pub fn kids(&self) -> impl Iterator<Item = &str> {
         self.keys.keys().map(String::as_str)
@@ -261,5 +277,22 @@ impl KeyEntry {
     fn new(raw: Zeroizing<[u8; KEY_LEN]>) -> Self {
         let cipher = Aes256Gcm::new(&aes_gcm::Key::<Aes256Gcm>::from(*raw));
         Self { cipher, raw }
+    }
+}
+
+#[cfg(test)]
+mod key_check_tests {
+    use super::*;
+
+    #[test]
+    fn a_key_check_tells_keys_apart_and_hides_them() {
+        let a = Keyring::new("k1", &[1u8; KEY_LEN]).unwrap();
+        let b = Keyring::new("k1", &[2u8; KEY_LEN]).unwrap();
+        let ca = a.key_check("k1").unwrap();
+        assert_eq!(ca, a.key_check("k1").unwrap(), "stable");
+        assert_ne!(ca, b.key_check("k1").unwrap(), "another key, another value");
+        assert_eq!(ca.len(), 64);
+        assert!(!ca.contains(&hex::encode([1u8; KEY_LEN])));
+        assert!(a.key_check("k2").is_none());
     }
 }

@@ -35,7 +35,11 @@ fn children_with(pid: u32, argv: &[&str]) -> Vec<u32> {
                 .and_then(|(_, rest)| rest.split(' ').nth(1))
                 .and_then(|s| s.parse::<u32>().ok());
             let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            ppid == Some(pid) && cmd.split(|b| *b == 0).next().is_some_and(|a0| a0.ends_with(b"airlock"))
+            ppid == Some(pid)
+                && cmd
+                    .split(|b| *b == 0)
+                    .next()
+                    .is_some_and(|a0| a0.ends_with(b"airlock"))
                 && cmd.windows(want.len()).any(|w| w == want.as_slice())
         })
         .collect()
@@ -71,7 +75,12 @@ fn start_until(run: &RealRun, backend: &str, marker: &str) -> (std::process::Chi
 
 fn finish(mut child: std::process::Child) -> Value {
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     let _ = child.wait();
     serde_json::from_str(&out).unwrap_or(Value::Null)
 }
@@ -79,7 +88,10 @@ fn finish(mut child: std::process::Child) -> Value {
 #[test]
 fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
     for backend in backends() {
-        let run = RealRun::python("import time\nprint('ready', flush=True)\ntime.sleep(60)\n", 120);
+        let run = RealRun::python(
+            "import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
+            120,
+        );
         let (child, _) = start_until(&run, backend, "ready");
         let sidecars = children_with(child.id(), &["sidecar"]);
         assert_eq!(sidecars.len(), 1, "{backend}: one sidecar");
@@ -90,7 +102,10 @@ fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
         )
         .unwrap();
         let report = finish(child);
-        assert!(t.elapsed() < Duration::from_secs(20), "{backend}: the run went on");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{backend}: the run went on"
+        );
         assert_eq!(report["status"], "failed", "{backend}: {report}");
         let err = report["error"].as_str().unwrap();
         assert!(
@@ -119,10 +134,8 @@ fn a_killed_runtime_and_a_missing_agent_are_named_as_such() {
         assert!(!err.contains("the agent exited"), "{backend}: {err}");
 
         // A program that does not exist: the runtime's own words, not "code 125".
-        let run = RealRun::with_manifest(
-            "",
-            "[agent]\nname = \"t\"\ncommand = [\"/nope/agent\"]\n",
-        );
+        let run =
+            RealRun::with_manifest("", "[agent]\nname = \"t\"\ncommand = [\"/nope/agent\"]\n");
         let (_, report) = run.run(backend);
         assert_eq!(report["status"], "failed", "{backend}: {report}");
         let err = report["error"].as_str().unwrap();
@@ -148,18 +161,46 @@ fn bad_limits_and_settings_are_refused_before_anything_starts() {
         ("memory_mb = 0\n", None, "agent.memory_mb"),
         ("cpus = 0\n", None, "agent.cpus"),
         ("cpus = -1\n", None, "agent.cpus"),
-        ("", Some(("PLATFORM_RUN_LIMITS", "[1024]")), "PLATFORM_RUN_LIMITS"),
-        ("", Some(("PLATFORM_RUN_LIMITS", r#"{"agent_memory_ceiling_mb": 0}"#)), "PLATFORM_RUN_LIMITS"),
-        ("", Some(("PLATFORM_RUN_LIMITS", r#"{"max_concurrent_runs": 0}"#)), "max_concurrent_runs"),
-        ("", Some(("AIRLOCK_DNS_SERVER", "dns.example")), "AIRLOCK_DNS_SERVER"),
-        ("", Some(("CONNECTION_ENCRYPTION_KEY", "c2hvcnQ=")), "CONNECTION_ENCRYPTION_KEY"),
+        (
+            "",
+            Some(("PLATFORM_RUN_LIMITS", "[1024]")),
+            "PLATFORM_RUN_LIMITS",
+        ),
+        (
+            "",
+            Some(("PLATFORM_RUN_LIMITS", r#"{"agent_memory_ceiling_mb": 0}"#)),
+            "PLATFORM_RUN_LIMITS",
+        ),
+        (
+            "",
+            Some(("PLATFORM_RUN_LIMITS", r#"{"max_concurrent_runs": 0}"#)),
+            "max_concurrent_runs",
+        ),
+        (
+            "",
+            Some(("AIRLOCK_DNS_SERVER", "dns.example")),
+            "AIRLOCK_DNS_SERVER",
+        ),
+        (
+            "",
+            Some(("CONNECTION_ENCRYPTION_KEY", "c2hvcnQ=")),
+            "CONNECTION_ENCRYPTION_KEY",
+        ),
         (
             "[[integrations]]\nnamespace = \"gh\"\nconnection = \"github\"\nauthorized_uris = [\"https://api.github.com/**\"]\n",
             None,
             "connection \"github\" is not stored",
         ),
-        ("[network]\negress = 42\n", None, "\"public\", \"none\" or a list"),
-        ("[[integrations]]\nnamespace = \"a b/../c\"\n", None, "namespace \"a b/../c\""),
+        (
+            "[network]\negress = 42\n",
+            None,
+            "\"public\", \"none\" or a list",
+        ),
+        (
+            "[[integrations]]\nnamespace = \"a b/../c\"\n",
+            None,
+            "namespace \"a b/../c\"",
+        ),
     ] {
         let manifest = if manifest_extra.starts_with('[') {
             format!("{agent}{manifest_extra}")
@@ -193,7 +234,15 @@ fn a_stored_connection_needs_its_key() {
     );
     let key = String::from_utf8(run.airlock(&["keys", "generate"]).stdout).unwrap();
     let mut add = std::process::Command::new(support::AIRLOCK)
-        .args(["connections", "add", "github", "--integration", "gh", "--type", "bearer"])
+        .args([
+            "connections",
+            "add",
+            "github",
+            "--integration",
+            "gh",
+            "--type",
+            "bearer",
+        ])
         .env("AIRLOCK_HOME", run.home.path())
         .env("CONNECTION_ENCRYPTION_KEY", key.trim())
         .stdin(Stdio::piped())
@@ -211,8 +260,14 @@ fn a_stored_connection_needs_its_key() {
         "{stderr}"
     );
     // With it: the run starts and succeeds.
-    let (out, report) = run.env("CONNECTION_ENCRYPTION_KEY", key.trim()).run("process");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (out, report) = run
+        .env("CONNECTION_ENCRYPTION_KEY", key.trim())
+        .run("process");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(report["status"], "succeeded");
 }
 
@@ -250,7 +305,10 @@ fn max_concurrent_runs_holds_across_platforms_sharing_a_store() {
     for id in &ids {
         let r: Value =
             serde_json::from_slice(&run.airlock(&["runs", "show", id, "--json"]).stdout).unwrap();
-        spans.push((r["started_at"].as_i64().unwrap(), r["ended_at"].as_i64().unwrap()));
+        spans.push((
+            r["started_at"].as_i64().unwrap(),
+            r["ended_at"].as_i64().unwrap(),
+        ));
     }
     for (s, _) in &spans {
         let overlapping = spans.iter().filter(|(a, b)| a <= s && s < b).count();
@@ -272,9 +330,97 @@ fn sockets_of_stopped_platforms_are_reclaimed() {
     let _l1 = std::os::unix::net::UnixListener::bind(&stale).unwrap();
     let _l2 = std::os::unix::net::UnixListener::bind(&live).unwrap();
     let (out, _) = run.run("process");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!stale.exists(), "the dead platform's socket is reclaimed");
     assert!(live.exists(), "a live platform's socket is kept");
     let left: Vec<_> = std::fs::read_dir(&sockets).unwrap().flatten().collect();
-    assert_eq!(left.len(), 1, "the run's own socket is removed at its end: {left:?}");
+    assert_eq!(
+        left.len(),
+        1,
+        "the run's own socket is removed at its end: {left:?}"
+    );
+}
+
+fn add_connection(run: &RealRun, name: &str, key: &str) -> std::process::Output {
+    let mut add = std::process::Command::new(support::AIRLOCK)
+        .args([
+            "connections",
+            "add",
+            name,
+            "--integration",
+            "gh",
+            "--type",
+            "bearer",
+        ])
+        .env("AIRLOCK_HOME", run.home.path())
+        .env("CONNECTION_ENCRYPTION_KEY", key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(add.stdin.as_mut().unwrap(), br#"{"token":"ghp_x"}"#).unwrap();
+    drop(add.stdin.take());
+    add.wait_with_output().unwrap()
+}
+
+#[test]
+fn another_key_under_the_same_key_id_is_refused() {
+    let run = RealRun::python("print('hi')\n", 30);
+    let key = |r: &RealRun| String::from_utf8(r.airlock(&["keys", "generate"]).stdout).unwrap();
+    let (a, b) = (key(&run), key(&run));
+    assert!(add_connection(&run, "one", a.trim()).status.success());
+    let o = add_connection(&run, "two", b.trim());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a second key under k1 was accepted");
+    assert!(
+        stderr.contains("is not the key this store's \"k1\" envelopes were written with"),
+        "{stderr}"
+    );
+    let list = String::from_utf8(run.airlock(&["connections", "list"]).stdout).unwrap();
+    assert!(list.contains("one") && !list.contains("two"), "{list}");
+    // A run with the wrong key is refused too; the right one works.
+    let (out, _) = run.run("process");
+    assert!(out.status.success());
+    let wrong = RealRun {
+        env: vec![("CONNECTION_ENCRYPTION_KEY".into(), b.trim().into())],
+        ..run
+    };
+    let (out, _) = wrong.run("process");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not the key"));
+    assert!(add_connection(&wrong, "three", a.trim()).status.success());
+}
+
+#[test]
+fn a_damaged_store_is_refused_with_a_clear_error() {
+    let run = RealRun::python("print('x' * 100)\n", 30);
+    for _ in 0..3 {
+        let (out, _) = run.run("process");
+        assert!(out.status.success());
+    }
+    let db = run.home.path().join("airlock.db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    let pages = bytes.len() / 4096;
+    assert!(pages >= 4, "{pages} pages");
+    for page in 2..pages {
+        let off = page * 4096;
+        for b in &mut bytes[off..off + 8] {
+            *b ^= 0x5a;
+        }
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    for args in [&["runs", "list"][..], &["connections", "list"][..]] {
+        let o = run.airlock(args);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} used a damaged store");
+        assert!(stderr.contains("is damaged"), "{args:?}: {stderr}");
+    }
+    let (out, _) = run.run("process");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is damaged"));
 }

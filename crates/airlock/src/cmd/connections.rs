@@ -116,6 +116,8 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             let plaintext = fields_json(&fields)?;
             let envelope = ring.encrypt(plaintext.as_bytes())?;
             let store = Store::open_default().await?;
+            // A different key under an id the store already uses is refused.
+            store.record_active_key(&ring).await?;
             store
                 .insert_connection(&NewConnection {
                     name: &name,

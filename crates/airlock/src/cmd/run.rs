@@ -42,8 +42,7 @@ pub async fn platform(
     let home = airlock_store::airlock_home()?;
     std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
     let store = Store::open_default().await?;
-    let keyring = if std::env::var_os("CONNECTION_ENCRYPTION_KEY").is_some_and(|v| !v.is_empty())
-    {
+    let keyring = if std::env::var_os("CONNECTION_ENCRYPTION_KEY").is_some_and(|v| !v.is_empty()) {
         // Set: it must be right (a typo never falls back to another key).
         Keyring::from_env().context("CONNECTION_ENCRYPTION_KEY")?
     } else {
@@ -55,6 +54,9 @@ pub async fn platform(
             &airlock_vault::random_bytes::<32>()?,
         )?
     };
+    // A key that is not the one the store's envelopes were written with is
+    // refused here, not found out by a sidecar mid-run.
+    store.check_keyring(&keyring).await?;
     let tokens = match std::env::var("RUN_TOKEN_SECRET")
         .ok()
         .filter(|v| !v.is_empty())
