@@ -1,4 +1,4 @@
-//! The address block table (DESIGN.md §3).
+//! The address block table (docs/egress.md).
 //!
 //! Written by hand on purpose: `std`'s `is_global` is unstable and is not an
 //! SSRF policy, and no crate carries exactly this table. Every IPv4 spelling
@@ -79,8 +79,8 @@ const OUTSIDE_GLOBAL_UNICAST: &str = "outside global unicast 2000::/3";
 const IPV6_ADDRESS_SPACE: &str = "RFC 4291 §2.4; IANA Internet Protocol Version 6 Address Space \
      (only 2000::/3 is allocated as global unicast)";
 
-/// The table: IPv4 rows, then IPv6 rows, in DESIGN.md §3 order, the
-/// catch-all rows for IPv6 outside `2000::/3` last.
+/// The table: IPv4 rows, then IPv6 rows, in the design's order (docs/egress.md
+/// is generated from it), the catch-all rows for IPv6 outside `2000::/3` last.
 const TABLE: &[BlockedRange] = &[
     v4(
         [0, 0, 0, 0],
@@ -425,7 +425,7 @@ mod tests {
         }
     }
 
-    /// DESIGN.md §3, "Blocked destinations", transcribed: the table holds
+    /// The design's list of blocked destinations, transcribed: the table holds
     /// exactly these ranges, no more, no fewer. `outside 2000::/3` is the
     /// complement of global unicast: `::/3`, `4000::/2`, `8000::/1`.
     #[test]
@@ -494,7 +494,7 @@ mod tests {
         assert!(!is_blocked(ip("2001:200::1")));
     }
 
-    /// Issue 10, item 16: ranges of DESIGN §3 that peers block.
+    /// Issue 10, item 16: ranges of the design that peers block.
     #[test]
     fn siit_dummy_as112_and_non_global_ipv6_are_blocked() {
         for s in [

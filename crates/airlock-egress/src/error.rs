@@ -1,5 +1,5 @@
 //! The guard's typed refusals. Codes and HTTP statuses are a stable contract
-//! (DESIGN.md §3): callers map them to tool errors, proxy responses and log
+//! (docs/egress.md): callers map them to tool errors, proxy responses and log
 //! entries without parsing messages.
 
 use std::fmt;

@@ -1,6 +1,6 @@
 //! The wildcard matcher behind `authorized_uris` hosts and paths.
 //!
-//! Hand-written because the semantics are ours (DESIGN.md §3): in a host, `*`
+//! Hand-written because the semantics are ours (docs/egress.md): in a host, `*`
 //! and `**` match one or more characters (one or more labels); in a path, `*`
 //! matches within one segment (never `/` or `?`) and `**` matches anything,
 //! including `/` and the query. Matching simulates the pattern as an NFA over

@@ -33,7 +33,7 @@ pub use client::{
 };
 pub use error::{EgressCode, EgressError, GuardStep};
 pub use pattern::{AuthorizedUris, Diagnostic, PatternError, UriPattern};
-pub use policy::{Admitted, CallRules, EgressPolicy, Guard};
+pub use policy::{Admitted, BLOCKED_NAMES, CallRules, EgressPolicy, Guard};
 pub use resolve::{
     DnsServerResolver, LookupFuture, Resolve, ResolveError, StaticResolver, SystemResolver,
 };

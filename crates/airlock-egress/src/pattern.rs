@@ -1,5 +1,5 @@
 //! `authorized_uris` patterns: parsing, load-time diagnostics, templates and
-//! matching against canonical targets (DESIGN.md §3).
+//! matching against canonical targets (docs/egress.md).
 //!
 //! A pattern is `scheme://host[:port][/path]`. Its literal parts are
 //! canonicalised like a target (lowercase scheme and host, trailing dot

@@ -1,6 +1,6 @@
 //! The decision: may this request leave, and to which addresses?
 //!
-//! [`Guard::admit`] runs the checks of DESIGN.md §3 in their fixed order and
+//! [`Guard::admit`] runs the checks of docs/egress.md in their fixed order and
 //! returns the addresses the client may dial. The order matters for safety,
 //! not only for error codes: policy and blocked names are judged before any
 //! lookup, so a refused target never even causes a DNS query, and the
@@ -18,7 +18,7 @@ use crate::resolve::{Resolve, SystemResolver};
 use crate::target::{Target, TargetHost};
 
 /// Names refused on every call, whatever they resolve to.
-const BLOCKED_NAMES: &[&str] = &[
+pub const BLOCKED_NAMES: &[&str] = &[
     "localhost",
     "sidecar",
     "agent",
@@ -249,7 +249,7 @@ impl Guard {
             TargetHost::Ip(ip) => vec![*ip],
             TargetHost::Domain(d) => {
                 // A trusted internal host is resolved the way the system
-                // resolves it (DESIGN §3, "Internal hosts"); every other
+                // resolves it (docs/egress.md, "Internal hosts"); every other
                 // host by the guard's own resolver.
                 let lookup = if internal {
                     self.resolver.lookup_internal(d)

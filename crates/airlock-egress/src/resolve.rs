@@ -5,7 +5,7 @@
 //! A resolver only answers; it never judges. The guard checks every answer
 //! it returns against the block table and refuses when *any* is blocked.
 //!
-//! Operator-trusted internal hosts (DESIGN.md §3, "Internal hosts") are
+//! Operator-trusted internal hosts (docs/egress.md, "Internal hosts") are
 //! asked through [`Resolve::lookup_internal`]: the system's view of the name
 //! (`/etc/hosts`, a container network's DNS), even when the guard's own
 //! lookups go to a given nameserver.

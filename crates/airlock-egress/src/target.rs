@@ -1,4 +1,4 @@
-//! Parsing and canonicalising outbound targets (DESIGN.md §3, "URL handling").
+//! Parsing and canonicalising outbound targets (docs/egress.md, "URL handling").
 //!
 //! The WHATWG parser (`url`) is the single source of truth for what a URL
 //! means: the host it yields is the host we judge, resolve and dial, so the

@@ -1,7 +1,7 @@
 //! Property tests: a blocked address is never allowed, however it is spelled
 //! (decimal, octal, hex, short forms, IPv4-mapped, -compatible, NAT64, 6to4,
 //! Teredo, SIIT, anything outside global unicast), and a public address in the same spellings is allowed and pinned
-//! to exactly that address. The ranges here are written out from DESIGN.md §3
+//! to exactly that address. The ranges here are written out from docs/egress.md
 //! independently of the crate's own table.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
@@ -33,7 +33,7 @@ const V4_RANGES: &[(u32, u8)] = &[
     (0xA83F_8110, 32),
 ];
 
-/// The DESIGN §3 IPv6 ranges inside global unicast `2000::/3`.
+/// The docs/egress.md IPv6 ranges inside global unicast `2000::/3`.
 const V6_GLOBAL_BLOCKED: &[(u128, u8)] = &[
     (0x2001_0000 << 96, 23),
     (0x2001_0db8 << 96, 32),

@@ -126,7 +126,7 @@ pub struct EgressRecord {
     pub host: String,
     /// `allowed` or `refused`.
     pub decision: String,
-    /// The refusal code (DESIGN.md §3), if refused.
+    /// The refusal code (docs/egress.md), if refused.
     #[serde(default)]
     pub code: Option<String>,
     #[serde(default)]

@@ -2,7 +2,7 @@
 //!
 //! - [`Keyring`]: the connection-encryption keyring (`CONNECTION_ENCRYPTION_KEY`,
 //!   `CONNECTION_ENCRYPTION_KEY_ID`, `CONNECTION_ENCRYPTION_KEYS`) and the
-//!   `v1:<kid>:<base64(iv ‖ tag ‖ ciphertext)>` AES-256-GCM envelope (DESIGN.md §4).
+//!   `v1:<kid>:<base64(iv ‖ tag ‖ ciphertext)>` AES-256-GCM envelope (docs/security.md).
 //! - [`SigningKeyring`]: comma-separated HMAC-SHA256 keyrings (`RUN_TOKEN_SECRET`,
 //!   `UPLOAD_SIGNING_SECRET`, `CONNECT_SESSION_SECRET`): the first secret signs, all verify.
 //! - [`RunTokens`]: `<runId>.<lowercase hex HMAC-SHA256(secret, runId)>`.

@@ -1,6 +1,6 @@
 //! The forward proxy: `CONNECT host:port` tunnels and absolute-form
 //! `GET http://host/path` requests, on the proxy listener (`:8081` or its
-//! unix socket), under the run's network policy (DESIGN.md §3, §5).
+//! unix socket), under the run's network policy (docs/egress.md, docs/architecture.md).
 //!
 //! Every request:
 //! 1. its head is read (bounded in size and time) and validated by the strict

@@ -1,0 +1,308 @@
+//! The documentation in `docs/` agrees with the code: the manifest keys
+//! the parser accepts, the environment variables the code reads, and the
+//! egress guard's own tables (blocked names, address ranges, codes), which
+//! are generated into `docs/egress.md` from the code
+//! (`AIRLOCK_BLESS_DOCS=1 cargo test -p airlock --test docs` rewrites them).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use airlock_platform::manifest::{
+    Agent, Delivery, IntegrationSection, Manifest, ModelSection, NetworkSection,
+};
+use serde::de::{self, Deserialize, Deserializer, Visitor};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn doc(name: &str) -> String {
+    std::fs::read_to_string(root().join("docs").join(name))
+        .unwrap_or_else(|e| panic!("docs/{name}: {e}"))
+}
+
+/// The field names serde's derive gives `T` (what the parser accepts).
+fn fields<'de, T: Deserialize<'de>>() -> Vec<&'static str> {
+    struct Recorder<'a>(&'a mut Vec<&'static str>);
+    impl<'de> Deserializer<'de> for Recorder<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0.extend_from_slice(fields);
+            Err(de::Error::custom("recorded"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut out = Vec::new();
+    let _ = T::deserialize(Recorder(&mut out));
+    assert!(
+        !out.is_empty(),
+        "{} has no fields",
+        std::any::type_name::<T>()
+    );
+    out
+}
+
+#[test]
+fn every_manifest_key_the_parser_accepts_is_documented() {
+    let text = doc("manifest.md");
+    let mut keys = vec![];
+    for f in fields::<Manifest>() {
+        keys.push(f.to_string());
+    }
+    for (prefix, fs) in [
+        ("agent", fields::<Agent>()),
+        ("model", fields::<ModelSection>()),
+        ("network", fields::<NetworkSection>()),
+        ("integrations[]", fields::<IntegrationSection>()),
+        ("integrations[].delivery", fields::<Delivery>()),
+    ] {
+        for f in fs {
+            keys.push(format!("{prefix}.{f}"));
+        }
+    }
+    let missing: Vec<_> = keys
+        .iter()
+        .filter(|k| {
+            let sections = ["agent", "model", "network", "integrations"];
+            if sections.contains(&k.as_str()) {
+                return !text.contains(&format!("[{k}]")) && !text.contains(&format!("[[{k}]]"));
+            }
+            !text.contains(&format!("| `{k}` |"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/manifest.md does not document {missing:?}"
+    );
+}
+
+#[test]
+fn the_documented_example_manifest_is_valid() {
+    let text = doc("manifest.md");
+    let start = text.find("```toml\n").unwrap() + "```toml\n".len();
+    let end = start + text[start..].find("```").unwrap();
+    let m = Manifest::parse(&text[start..end]).unwrap();
+    assert_eq!(m.integrations.len(), 1);
+    assert!(m.model.is_some() && m.network.is_some());
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The string literal that starts right after `at` in `line`.
+fn literal_after(line: &str, at: usize) -> Option<&str> {
+    let rest = &line[at..];
+    let end = rest.find('"')?;
+    Some(&rest[..end])
+}
+
+fn is_env_name(s: &str) -> bool {
+    s.len() >= 3
+        && s.contains('_') | (s == "HOME")
+        && s.bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// The environment variables the code reads: literals passed to the
+/// functions that read the environment, and the `ENV_*` name constants.
+fn variables_read() -> BTreeSet<String> {
+    let readers = [
+        "env::var(\"",
+        "env::var_os(\"",
+        "try_from_env(\"",
+        "from_env(\"",
+        " num(\"",
+        " get(\"",
+    ];
+    let mut files = vec![];
+    for c in std::fs::read_dir(root().join("crates")).unwrap().flatten() {
+        let src = c.path().join("src");
+        if src.is_dir() {
+            sources(&src, &mut files);
+        }
+    }
+    let mut found = BTreeSet::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        // Test modules read whatever they like (the CI variables, …).
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for line in text.lines() {
+            let t = line.trim_start();
+            if t.starts_with("//") {
+                continue;
+            }
+            for r in readers {
+                let mut from = 0;
+                while let Some(i) = line[from..].find(r) {
+                    let at = from + i + r.len();
+                    if let Some(name) = literal_after(line, at)
+                        && is_env_name(name)
+                    {
+                        found.insert(name.to_owned());
+                    }
+                    from = at;
+                }
+            }
+            if t.starts_with("pub const ENV_") || t.starts_with("const ENV_") {
+                if let Some(i) = line.find("= \"")
+                    && let Some(name) = literal_after(line, i + 3)
+                {
+                    found.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_environment_variable_the_code_reads_is_documented_and_no_other() {
+    let text = doc("configuration.md");
+    let documented: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|n| is_env_name(n))
+        .map(str::to_owned)
+        .collect();
+    let read = variables_read();
+    assert!(
+        read.len() >= 15,
+        "the scan finds the variables it should: {read:?}"
+    );
+    let undocumented: Vec<_> = read.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "read by the code, missing from docs/configuration.md: {undocumented:?}"
+    );
+    let stale: Vec<_> = documented.difference(&read).collect();
+    assert!(
+        stale.is_empty(),
+        "in docs/configuration.md, read by no code: {stale:?}"
+    );
+}
+
+/// Replaces the text between `<!-- NAME:start … -->` and `<!-- NAME:end -->`.
+fn section(text: &str, name: &str) -> (usize, usize) {
+    let open = format!("<!-- {name}:start");
+    let s = text.find(&open).unwrap_or_else(|| panic!("no {open}"));
+    let s = s + text[s..].find("-->\n").unwrap() + 4;
+    let e = text.find(&format!("<!-- {name}:end -->")).unwrap();
+    (s, e)
+}
+
+fn generated_egress_sections() -> Vec<(&'static str, String)> {
+    use airlock_egress::{EgressCode, Treatment};
+    let names: String = airlock_egress::BLOCKED_NAMES
+        .iter()
+        .map(|n| format!("- `{n}`\n"))
+        .collect();
+    let mut ranges =
+        String::from("| range | what it is | source | treatment |\n|---|---|---|---|\n");
+    for r in airlock_egress::blocked_ranges() {
+        ranges.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            r.net,
+            r.why,
+            r.source,
+            match r.treatment {
+                Treatment::Block => "refused",
+                Treatment::JudgeEmbeddedIpv4 => "the embedded IPv4 address is judged",
+            }
+        ));
+    }
+    let mut codes = String::from("| code | HTTP status | kind |\n|---|---|---|\n");
+    for c in EgressCode::ALL {
+        codes.push_str(&format!(
+            "| `{}` | {} | {} |\n",
+            c.as_str(),
+            c.http_status(),
+            if c.is_ssrf() {
+                "SSRF (where it would have gone)"
+            } else {
+                "policy (what the call may do)"
+            }
+        ));
+    }
+    vec![
+        ("blocked-names", names),
+        ("blocked-ranges", ranges),
+        ("codes", codes),
+    ]
+}
+
+#[test]
+fn the_egress_doc_is_generated_from_the_guards_own_tables() {
+    let path = root().join("docs/egress.md");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    let mut stale = vec![];
+    for (name, want) in generated_egress_sections() {
+        let (s, e) = section(&text, name);
+        if text[s..e] != want {
+            stale.push(name);
+            text.replace_range(s..e, &want);
+        }
+    }
+    if std::env::var_os("AIRLOCK_BLESS_DOCS").is_some() {
+        std::fs::write(&path, &text).unwrap();
+        return;
+    }
+    assert!(
+        stale.is_empty(),
+        "docs/egress.md is out of date in {stale:?}: run `AIRLOCK_BLESS_DOCS=1 cargo test -p airlock --test docs`"
+    );
+}
+
+#[test]
+fn code_comments_cite_the_docs_not_a_file_outside_the_repository() {
+    let mut files = vec![];
+    for c in std::fs::read_dir(root().join("crates")).unwrap().flatten() {
+        sources(&c.path(), &mut files);
+    }
+    let citing: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .contains(concat!("DESIGN", ".md"))
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(citing.is_empty(), "cite docs/ instead: {citing:?}");
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    for d in [
+        "manifest",
+        "configuration",
+        "egress",
+        "security",
+        "architecture",
+    ] {
+        assert!(
+            readme.contains(&format!("docs/{d}.md")),
+            "the README links docs/{d}.md"
+        );
+        assert!(root().join(format!("docs/{d}.md")).exists());
+    }
+}
