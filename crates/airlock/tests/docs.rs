@@ -165,12 +165,11 @@ fn variables_read() -> BTreeSet<String> {
                     from = at;
                 }
             }
-            if t.starts_with("pub const ENV_") || t.starts_with("const ENV_") {
-                if let Some(i) = line.find("= \"")
-                    && let Some(name) = literal_after(line, i + 3)
-                {
-                    found.insert(name.to_owned());
-                }
+            if (t.starts_with("pub const ENV_") || t.starts_with("const ENV_"))
+                && let Some(i) = line.find("= \"")
+                && let Some(name) = literal_after(line, i + 3)
+            {
+                found.insert(name.to_owned());
             }
         }
     }
