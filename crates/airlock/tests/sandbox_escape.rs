@@ -503,6 +503,105 @@ async fn fork_bomb_is_contained() {
     );
 }
 
+/// Host PIDs of `root` and all its descendants.
+fn process_tree(root: i32) -> Vec<i32> {
+    let mut parent = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces, so after the last ')'.
+        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat"))
+            && let Some((_, rest)) = stat.rsplit_once(')')
+            && let Some(ppid) = rest.split_whitespace().nth(1)
+            && let Ok(ppid) = ppid.parse::<i32>()
+        {
+            parent.push((pid, ppid));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
+#[tokio::test]
+async fn every_process_and_thread_of_the_run_is_in_its_cgroups() {
+    let Some(b) = backend() else { return };
+    let layout = match airlock_sandbox::namespace::cgroup::probe() {
+        Ok(l) => l,
+        Err(why) => {
+            assert!(std::env::var_os("CI").is_none(), "cgroups under CI: {why}");
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    // A shell, two children, and a python with a second thread.
+    let r = spec(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "sleep 30 & /usr/bin/python3 -c 'import threading,time,sys; threading.Thread(target=time.sleep,args=(30,)).start(); print(\"ready\", flush=True); time.sleep(30)' & wait".into(),
+    ]);
+    let mut sb = b.spawn(&r.spec).unwrap();
+    let (out, _) = sb.take_output();
+    let mut out = out.unwrap();
+    let mut buf = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(20), out.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"ready\n");
+    let want = format!("/airlock/airlock-{}", r.spec.run_id);
+    // Host view, one line per hierarchy: `id:controllers:path`.
+    let controllers: Vec<String> = match &layout {
+        airlock_sandbox::namespace::cgroup::Layout::V2(_) => vec![String::new()],
+        airlock_sandbox::namespace::cgroup::Layout::V1(v) => {
+            v.iter().map(|(c, _)| c.clone()).collect()
+        }
+    };
+    let pids = process_tree(sb.pid as i32);
+    // init's two stages, sh, sleep, python.
+    assert!(pids.len() >= 5, "the run's processes: {pids:?}");
+    let mut threads = 0;
+    for pid in &pids {
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+        {
+            threads += 1;
+            let cg = std::fs::read_to_string(t.path().join("cgroup")).unwrap();
+            for c in &controllers {
+                let line = cg
+                    .lines()
+                    .find(|l| {
+                        l.split(':')
+                            .nth(1)
+                            .is_some_and(|cs| cs == c || cs.split(',').any(|x| x == c))
+                    })
+                    .unwrap_or_else(|| panic!("no {c:?} hierarchy in {cg}"));
+                assert!(
+                    line.ends_with(&format!(":{want}")),
+                    "thread {} of pid {pid} is outside the run's {c:?} cgroup: {line}",
+                    t.file_name().to_string_lossy()
+                );
+            }
+        }
+    }
+    assert!(threads > pids.len(), "python's second thread was checked");
+    sb.kill();
+    let st = tokio::time::timeout(Duration::from_secs(10), sb.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!st.success());
+    sb.cleanup().await;
+    assert!(cgroup_dirs(&r.spec.run_id).is_empty());
+}
+
 #[tokio::test]
 async fn memory_hog_is_contained() {
     let Some(b) = backend() else { return };

@@ -69,8 +69,9 @@ impl HostIds {
 pub struct InitConfig {
     /// Host PID of the process that spawned init: init stops if it is gone.
     pub parent_pid: i32,
-    /// `cgroup.procs` files init writes its own PID to before unsharing.
-    pub cgroup_procs: Vec<PathBuf>,
+    /// The run's cgroups, which init joins before unsharing
+    /// ([`super::cgroup::join_self`]).
+    pub cgroups: Vec<super::cgroup::Join>,
     pub command: Vec<String>,
     pub env: Vec<(String, String)>,
     /// Host directory of the sidecar's sockets, bound read-only at
@@ -147,11 +148,11 @@ impl InitConfig {
     pub fn from_spec(
         spec: &SandboxSpec,
         parent_pid: i32,
-        cgroup_procs: Vec<PathBuf>,
+        cgroups: Vec<super::cgroup::Join>,
     ) -> Result<InitConfig, ConfigError> {
         let cfg = InitConfig {
             parent_pid,
-            cgroup_procs,
+            cgroups,
             command: spec.command.clone(),
             env: spec.env.clone(),
             sockets_dir: spec.sockets_dir.clone(),
@@ -231,7 +232,7 @@ mod tests {
     fn cfg() -> InitConfig {
         InitConfig {
             parent_pid: 1,
-            cgroup_procs: vec![],
+            cgroups: vec![],
             command: vec!["/bin/true".into()],
             env: vec![("A".into(), "b".into())],
             sockets_dir: "/tmp/run/sock".into(),

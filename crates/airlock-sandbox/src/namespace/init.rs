@@ -4,7 +4,9 @@
 //! Stage A (host PID namespace): leaves the operator's session (a new
 //! session has no controlling terminal, so `/dev/tty` reaches nothing),
 //! reads the [`InitConfig`] header from stdin, dies with its parent, joins
-//! the run's cgroups, becomes the run's unprivileged host uid/gid when the
+//! the run's cgroups ([`cgroup::join_self`]: on cgroup v1 by moving its one
+//! thread, which takes no global lock and waits for no RCU grace period),
+//! becomes the run's unprivileged host uid/gid when the
 //! platform is root ([`super::config::HostIds`]), unshares the user, mount,
 //! PID, network, IPC, UTS and cgroup namespaces (so the user namespace is
 //! owned by that uid and its kernel quotas are the run's, not root's), maps
@@ -27,7 +29,7 @@ use std::process::Command;
 use rustix::process::{Pid, Signal, WaitOptions};
 
 use super::config::{HOSTNAME, InitConfig, SANDBOX_GID, SANDBOX_UID};
-use super::{fs_rules, plan, seccomp, sys};
+use super::{cgroup, fs_rules, plan, seccomp, sys};
 
 /// Exit code of a setup failure (before the command ran).
 pub const SETUP_FAILED: i32 = 125;
@@ -73,13 +75,9 @@ fn stage_a() -> Result<i32, InitError> {
     let cfg = InitConfig::decode(RawStdin).map_err(at("config"))?;
     die_with_parent(cfg.parent_pid)?;
     sys::cloexec_from_3().map_err(at("close_range"))?;
-    let me = rustix::process::getpid().as_raw_nonzero().get().to_string();
-    for f in &cfg.cgroup_procs {
-        std::fs::write(f, &me).map_err(|e| InitError {
-            step: "join cgroup",
-            detail: format!("{}: {e}", f.display()),
-        })?;
-    }
+    // Still single-threaded and in the host's namespaces: into the run's
+    // cgroups before anything else of the run exists.
+    cgroup::join_self(&cfg.cgroups).map_err(at("join cgroup"))?;
     // What the sandbox shares of the host, taken while still root (see
     // `plan::Trees`); a rootless init reaches the same paths as itself.
     let trees = if cfg.ids.switch {

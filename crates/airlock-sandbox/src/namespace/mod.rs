@@ -206,12 +206,9 @@ impl Backend for NamespaceBackend {
             }
         };
         let cgroups = cgroups.map(Arc::new);
-        let procs = cgroups
-            .as_ref()
-            .map(|c| c.procs_files())
-            .unwrap_or_default();
+        let joins = cgroups.as_ref().map(|c| c.joins()).unwrap_or_default();
         let me = rustix::process::getpid().as_raw_nonzero().get();
-        let cfg = match InitConfig::from_spec(spec, me, procs) {
+        let cfg = match InitConfig::from_spec(spec, me, joins) {
             Ok(c) => c,
             Err(e) => {
                 if let Some(c) = &cgroups {

@@ -506,7 +506,7 @@ mod tests {
     fn cfg() -> InitConfig {
         InitConfig {
             parent_pid: 1,
-            cgroup_procs: vec![],
+            cgroups: vec![],
             command: vec!["/usr/bin/true".into()],
             env: vec![],
             sockets_dir: "/var/lib/airlock/runs/r1/sock".into(),
