@@ -27,7 +27,7 @@ mod resolve;
 mod target;
 
 pub use client::{
-    ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody,
+    Admission, ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody,
     StreamingResponse, TcpDialer,
 };
 pub use error::{EgressCode, EgressError, GuardStep};

@@ -2,6 +2,7 @@
 //! platform client and the event sink. One per run.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,11 +11,12 @@ use airlock_egress::{
     GuardedClient, Resolve, StaticResolver, SystemResolver,
 };
 use airlock_platform_api::PlatformClient;
-use airlock_platform_api::wire::{EgressRecord, RunEvent};
+use airlock_platform_api::wire::RunEvent;
 use secrecy::SecretString;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::config::{Integration, Limits, Model, NetworkEgress, SidecarConfig};
+use crate::egress::Recorder;
 
 /// Unix milliseconds now.
 pub fn now_ms() -> i64 {
@@ -38,14 +40,22 @@ pub struct Sidecar {
     /// Bounds concurrent `api_call`s of the run.
     pub api_calls: Semaphore,
     pub events: EventSink,
+    /// The egress log: every outbound request of every site.
+    pub egress: Recorder,
 }
 
 impl Sidecar {
-    /// Builds the state (the guard, its resolver and TLS roots) from the configuration.
-    pub fn new(cfg: SidecarConfig) -> Result<Arc<Sidecar>, EgressError> {
+    /// Builds the state (the guard, its resolver and TLS roots) from the
+    /// configuration. `own_listeners` are the TCP addresses this sidecar
+    /// serves on: the guard refuses them to every egress site.
+    pub fn new(
+        cfg: SidecarConfig,
+        own_listeners: &[SocketAddr],
+    ) -> Result<Arc<Sidecar>, EgressError> {
         let mut policy = EgressPolicy::new();
         policy.allow_internal_hosts(cfg.egress.allow_internal_hosts.iter().map(String::as_str));
         policy.block_names(cfg.egress.blocked_names.iter().map(String::as_str));
+        policy.refuse_own_listeners(own_listeners.iter().copied());
         let fallback: Arc<dyn Resolve> = match &cfg.egress.dns_server {
             Some(s) => Arc::new(
                 DnsServerResolver::parse_addr(s)
@@ -90,7 +100,6 @@ impl Sidecar {
         Ok(Arc::new(Sidecar {
             run_id: cfg.run_id,
             token: cfg.sidecar_token,
-            platform,
             client,
             integrations: cfg
                 .integrations
@@ -102,43 +111,16 @@ impl Sidecar {
             api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
             limits: cfg.limits,
             proxy_url: cfg.proxy_url,
+            egress: Recorder::new(events.clone(), platform.clone()),
             events,
+            platform,
         }))
-    }
-
-    /// Appends one outbound decision to the run's egress log (and the sidecar log).
-    pub fn record_egress(&self, rec: EgressRecord) {
-        tracing::info!(
-            target: "airlock::egress",
-            source = %rec.source,
-            decision = %rec.decision,
-            code = rec.code.as_deref().unwrap_or("-"),
-            host = %rec.host,
-            method = %rec.method,
-            status = rec.status.unwrap_or(0),
-            "egress"
-        );
-        self.events.send(RunEvent::Egress(rec));
-    }
-}
-
-/// Strips userinfo, query and fragment: what the egress log may keep of a URL.
-pub fn loggable_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            let _ = u.set_username("");
-            let _ = u.set_password(None);
-            u.set_query(None);
-            u.set_fragment(None);
-            u.to_string()
-        }
-        Err(_) => "<unparsable>".to_owned(),
     }
 }
 
 enum SinkMsg {
     Event(Box<RunEvent>),
-    Flush(oneshot::Sender<()>),
+    Flush(oneshot::Sender<bool>),
 }
 
 /// Forwards events to the platform in batches, off the request path.
@@ -149,7 +131,8 @@ pub struct EventSink {
 
 const SINK_CAPACITY: usize = 16 * 1024;
 const BATCH: usize = 256;
-/// How long the sink waits for more events before sending a batch.
+/// How long the sink waits for more events before sending a batch (not
+/// when a flush waits).
 const LINGER: Duration = Duration::from_millis(5);
 
 impl EventSink {
@@ -157,19 +140,19 @@ impl EventSink {
         let (tx, mut rx) = mpsc::channel::<SinkMsg>(SINK_CAPACITY);
         tokio::spawn(async move {
             let mut batch = Vec::new();
-            let mut waiters = Vec::new();
+            let mut waiters: Vec<oneshot::Sender<bool>> = Vec::new();
             while let Some(msg) = rx.recv().await {
                 let push =
                     |m: SinkMsg,
                      batch: &mut Vec<RunEvent>,
-                     waiters: &mut Vec<oneshot::Sender<()>>| match m {
+                     waiters: &mut Vec<oneshot::Sender<bool>>| match m {
                         SinkMsg::Event(e) => batch.push(*e),
                         SinkMsg::Flush(w) => waiters.push(w),
                     };
                 push(msg, &mut batch, &mut waiters);
-                // Gather what arrives within LINGER (a flush request cuts it
-                // short), so a busy run costs the platform one request per
-                // batch rather than one per event.
+                // Gather what arrives within LINGER (a flush cuts it short),
+                // so a busy run costs the platform one request per batch
+                // rather than one per event.
                 let deadline = tokio::time::Instant::now() + LINGER;
                 while batch.len() < BATCH && waiters.is_empty() {
                     match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -177,6 +160,7 @@ impl EventSink {
                         Ok(None) | Err(_) => break,
                     }
                 }
+                let mut delivered = true;
                 if !batch.is_empty() {
                     let events = std::mem::take(&mut batch);
                     let n = events.len();
@@ -193,13 +177,14 @@ impl EventSink {
                             }
                             Err(e) => {
                                 tracing::error!("event sink: dropped {n} events: {e}");
+                                delivered = false;
                                 break;
                             }
                         }
                     }
                 }
                 for w in waiters.drain(..) {
-                    let _ = w.send(());
+                    let _ = w.send(delivered);
                 }
             }
         });
@@ -213,11 +198,13 @@ impl EventSink {
         }
     }
 
-    /// Waits until every event queued before this call was handed to the platform.
-    pub async fn flush(&self) {
+    /// Waits until every event queued before this call was handed to the
+    /// platform; `false` if some of them could not be.
+    pub async fn flush(&self) -> bool {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(SinkMsg::Flush(tx)).await.is_ok() {
-            let _ = rx.await;
+        if self.tx.send(SinkMsg::Flush(tx)).await.is_err() {
+            return false;
         }
+        rx.await.unwrap_or(false)
     }
 }

@@ -214,6 +214,11 @@ pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Resu
         *by.entry((e.decision.as_str().to_owned(), code))
             .or_default() += 1;
     }
+    // Model calls whose provider usage never arrived (counted with what was seen).
+    let unmetered = egress
+        .iter()
+        .filter(|e| e.metering == Some(airlock_store::EgressMetering::Unmetered))
+        .count();
     if json_out {
         let summary: Vec<_> = by
             .iter()
@@ -221,7 +226,7 @@ pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Resu
             .collect();
         let entries: Vec<_> = egress
             .iter()
-            .map(|e| json!({"source": e.source, "integration": e.integration, "method": e.method, "url": e.url, "host": e.host, "decision": e.decision.as_str(), "code": e.reason, "status": e.status, "duration_ms": e.duration_ms}))
+            .map(|e| json!({"source": e.source, "integration": e.integration, "method": e.method, "url": e.url, "host": e.host, "decision": e.decision.as_str(), "code": e.reason, "outcome": e.outcome.map(|o| o.as_str()), "status": e.status, "duration_ms": e.duration_ms, "metering": e.metering.map(|m| m.as_str())}))
             .collect();
         println!(
             "{}",
@@ -229,7 +234,7 @@ pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Resu
                 "run_id": outcome.run_id, "status": outcome.status.as_str(), "backend": outcome.backend,
                 "duration_ms": outcome.duration.as_millis() as u64, "exit_code": outcome.exit_code, "error": outcome.error,
                 "egress": {"summary": summary, "entries": entries},
-                "model": {"tokens_in": run.tokens_in, "tokens_out": run.tokens_out, "cost_usd": run.cost_microusd as f64 / 1e6},
+                "model": {"tokens_in": run.tokens_in, "tokens_out": run.tokens_out, "cost_usd": run.cost_microusd as f64 / 1e6, "unmetered_calls": unmetered},
             })
         );
         return Ok(());
@@ -259,9 +264,12 @@ pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Resu
         } else {
             "✗ refused"
         };
-        let detail = match (&e.reason, e.status) {
-            (Some(code), _) if e.decision == EgressDecision::Refused => code.clone(),
-            (_, Some(s)) => format!("HTTP {s}"),
+        let detail = match (&e.reason, e.status, e.outcome) {
+            (Some(code), _, _) if e.decision == EgressDecision::Refused => code.clone(),
+            (_, Some(s), Some(airlock_store::EgressOutcome::Completed) | None) => {
+                format!("HTTP {s}")
+            }
+            (_, _, Some(o)) => o.as_str().to_owned(),
             _ => String::new(),
         };
         eprintln!(
@@ -287,6 +295,11 @@ pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Resu
         run.tokens_out,
         run.cost_microusd as f64 / 1e6
     );
+    if unmetered > 0 {
+        eprintln!(
+            "  unmetered   {unmetered} model call(s): the provider's usage never arrived; counted with the tokens seen"
+        );
+    }
     Ok(())
 }
 
