@@ -42,10 +42,10 @@ struct Inner {
     keyring: Arc<Keyring>,
     tokens: RunTokens,
     grants: RwLock<HashMap<String, Grant>>,
-    /// Event batches are written one at a time: concurrent writers to
-    /// SQLite would otherwise meet its busy handler, which sleeps (1 ms and
-    /// up) where this lock hands over at once. A sidecar waits for the write
-    /// of an egress record before its request leaves.
+    /// Events are written one write at a time: concurrent writers to SQLite
+    /// would otherwise meet its busy handler, which sleeps (1 ms and up)
+    /// where this lock hands over at once. A sidecar waits for the write of
+    /// an egress record before its request leaves.
     writes: tokio::sync::Mutex<()>,
 }
 
@@ -424,16 +424,21 @@ async fn events(State(api): State<InternalApi>, req: Request) -> Response {
             _ => None,
         })
         .collect();
-    let _writing = api.inner.writes.lock().await;
-    let written = match records.as_slice() {
-        [] => Ok(()),
-        [one] => store.append_egress(one).await.map(|_| ()),
-        many => store.append_egress_batch(many).await,
+    // One write at a time, each under the lock (not the whole batch): a
+    // sidecar's start record waits for at most one statement of a batch.
+    let written = {
+        let _writing = api.inner.writes.lock().await;
+        match records.as_slice() {
+            [] => Ok(()),
+            [one] => store.append_egress(one).await.map(|_| ()),
+            many => store.append_egress_batch(many).await,
+        }
     };
     if let Err(e) = written {
         return internal(e);
     }
     for event in others {
+        let _writing = api.inner.writes.lock().await;
         if let Err(e) = record(store, &run_id, event).await {
             return internal(e);
         }

@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_egress::{EgressError, Target};
-use airlock_platform_api::PlatformClient;
 use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering, RunEvent};
 use tokio::sync::{Notify, watch};
 
@@ -189,8 +188,6 @@ struct Open {
 
 struct Inner {
     events: EventSink,
-    /// Starts go straight to the platform, not behind the sink's batches.
-    platform: PlatformClient,
     seq: AtomicU64,
     open: Mutex<HashMap<u64, Open>>,
     idle: Notify,
@@ -244,11 +241,10 @@ fn log_completion(rec: &EgressRecord) {
 }
 
 impl Recorder {
-    pub fn new(events: EventSink, platform: PlatformClient) -> Self {
+    pub fn new(events: EventSink) -> Self {
         Recorder {
             inner: Arc::new(Inner {
                 events,
-                platform,
                 // Unique within the run even if another sidecar of the same
                 // run recorded before this one: its start time in ms, times a
                 // million, then counting.
@@ -353,21 +349,13 @@ impl Recorder {
             settled: false,
         };
         tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
-        // Its own request on the platform client's pool: the start waits for
-        // no batch of other events (its completion is sent after it returns,
-        // so the two stay in order).
-        match self
-            .inner
-            .platform
-            .events(vec![RunEvent::Egress(rec)])
-            .await
-        {
-            Ok(_) => Ok(flight),
-            Err(e) => {
-                tracing::error!(target: "airlock::egress", "the platform did not store an egress record: {e}");
-                flight.forget();
-                Err(RecordError::Unacknowledged)
-            }
+        // At once, taking along what the sink holds (the completions of
+        // earlier requests: one platform write for both).
+        if self.inner.events.send_acked(RunEvent::Egress(rec)).await {
+            Ok(flight)
+        } else {
+            flight.forget();
+            Err(RecordError::Unacknowledged)
         }
     }
 
