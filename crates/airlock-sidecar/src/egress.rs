@@ -210,6 +210,42 @@ fn loggable_url(mut u: url::Url) -> String {
     u.to_string()
 }
 
+/// The record of a refusal: the target without userinfo, query or fragment,
+/// and every credential value redacted (the host included).
+fn refusal_record(
+    req: &Refused<'_>,
+    e: &EgressError,
+    redactor: &Redactor,
+    seq: u64,
+) -> EgressRecord {
+    let url = match url::Url::parse(req.url) {
+        Ok(u) => redactor.str(&loggable_url(u)),
+        Err(_) => "<unparsable>".to_owned(),
+    };
+    let host = e
+        .host
+        .as_deref()
+        .map(|h| redactor.str(h))
+        .unwrap_or_else(|| "-".to_owned());
+    EgressRecord {
+        at: now_ms(),
+        source: req.source.as_str().into(),
+        integration: req.integration.map(str::to_owned),
+        method: req.method.to_owned(),
+        url,
+        host,
+        decision: "refused".into(),
+        code: Some(e.code.as_str().into()),
+        status: None,
+        bytes_out: 0,
+        bytes_in: 0,
+        duration_ms: None,
+        seq: Some(seq),
+        outcome: None,
+        metering: None,
+    }
+}
+
 fn log_refusal(rec: &EgressRecord) {
     let code = rec.code.as_deref().unwrap_or("-");
     let ssrf = airlock_egress::EgressCode::ALL
@@ -267,32 +303,7 @@ impl Recorder {
 
     /// Records a refusal by the guard (nothing was sent) and logs it once.
     pub fn refused(&self, req: &Refused<'_>, e: &EgressError, redactor: &Redactor) {
-        let url = match url::Url::parse(req.url) {
-            Ok(u) => redactor.str(&loggable_url(u)),
-            Err(_) => "<unparsable>".to_owned(),
-        };
-        let host = e
-            .host
-            .as_deref()
-            .map(|h| redactor.str(h))
-            .unwrap_or_else(|| "-".to_owned());
-        let rec = EgressRecord {
-            at: now_ms(),
-            source: req.source.as_str().into(),
-            integration: req.integration.map(str::to_owned),
-            method: req.method.to_owned(),
-            url,
-            host,
-            decision: "refused".into(),
-            code: Some(e.code.as_str().into()),
-            status: None,
-            bytes_out: 0,
-            bytes_in: 0,
-            duration_ms: None,
-            seq: Some(self.next_seq()),
-            outcome: None,
-            metering: None,
-        };
+        let rec = refusal_record(req, e, redactor, self.next_seq());
         log_refusal(&rec);
         self.inner.events.send(RunEvent::Egress(rec));
     }
@@ -304,6 +315,18 @@ impl Recorder {
         &self,
         req: &Allowed<'_>,
         redactor: &Redactor,
+    ) -> Result<InFlight, RecordError> {
+        self.begin_as(req, redactor, None).await
+    }
+
+    /// [`Recorder::begin`] of a request that may yet not be sent: dropped
+    /// uncompleted (or while it is being recorded) it completes as
+    /// `dropped_as` instead of `aborted`, until [`InFlight::will_send`].
+    pub async fn begin_as(
+        &self,
+        req: &Allowed<'_>,
+        redactor: &Redactor,
+        dropped_as: Option<EgressOutcome>,
     ) -> Result<InFlight, RecordError> {
         if self.inner.draining.load(Ordering::Acquire) {
             return Err(RecordError::Stopping);
@@ -347,6 +370,7 @@ impl Recorder {
             seq,
             progress,
             settled: false,
+            dropped_as: dropped_as.unwrap_or(EgressOutcome::Aborted),
         };
         tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
         // At once, taking along what the sink holds (the completions of
@@ -462,9 +486,16 @@ pub struct InFlight {
     seq: u64,
     progress: Arc<Progress>,
     settled: bool,
+    /// What a drop without completion records.
+    dropped_as: EgressOutcome,
 }
 
 impl InFlight {
+    /// The request is about to be sent: a drop from now on means `aborted`.
+    pub fn will_send(&mut self) {
+        self.dropped_as = EgressOutcome::Aborted;
+    }
+
     /// The counters an `aborted` completion reports.
     pub fn progress(&self) -> &Arc<Progress> {
         &self.progress
@@ -491,8 +522,7 @@ impl Drop for InFlight {
         if !self.settled
             && let Some(open) = self.recorder.take(self.seq)
         {
-            self.recorder
-                .emit(open, Outcome::new(EgressOutcome::Aborted));
+            self.recorder.emit(open, Outcome::new(self.dropped_as));
         }
     }
 }
@@ -500,5 +530,77 @@ impl Drop for InFlight {
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight").field("seq", &self.seq).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_egress::{EgressCode, GuardStep};
+
+    #[test]
+    fn a_refusal_record_holds_no_credential() {
+        let secret = "Sekr3t-Value-42";
+        let redactor = Redactor::new([secret]);
+        let req = Refused {
+            source: Source::ApiCall,
+            integration: Some("svc"),
+            method: "GET",
+            url: "http://u:p@sekr3t-value-42.evil.test/a/Sekr3t-Value-42?k=Sekr3t-Value-42#f",
+        };
+        let e = EgressError::new(
+            EgressCode::NotAuthorized,
+            GuardStep::AuthorizedUris,
+            Some("sekr3t-value-42.evil.test"),
+            "x",
+        );
+        let rec = refusal_record(&req, &e, &redactor, 7);
+        let all = format!("{rec:?}").to_ascii_lowercase();
+        assert!(!all.contains(&secret.to_ascii_lowercase()), "{rec:?}");
+        assert_eq!(rec.url, "http://[REDACTED].evil.test/a/[REDACTED]");
+        assert_eq!(rec.host, "[REDACTED].evil.test");
+        assert_eq!(
+            (
+                rec.decision.as_str(),
+                rec.code.as_deref(),
+                rec.outcome,
+                rec.seq
+            ),
+            ("refused", Some("not_authorized"), None, Some(7))
+        );
+        let bad = Refused {
+            url: "not a url Sekr3t-Value-42",
+            ..req
+        };
+        assert_eq!(refusal_record(&bad, &e, &redactor, 8).url, "<unparsable>");
+    }
+
+    #[test]
+    fn outcomes_of_a_failed_send() {
+        let failed = EgressError::upstream("h", "connection refused");
+        let o = Outcome::of_error(&failed);
+        assert_eq!(
+            (o.kind, o.refused),
+            (Some(EgressOutcome::UpstreamFailed), None)
+        );
+        let redirect = EgressError::new(
+            EgressCode::RedirectBlocked,
+            GuardStep::Redirects,
+            Some("h"),
+            "x",
+        );
+        let o = Outcome::of_error(&redirect);
+        assert_eq!(
+            (o.kind, o.refused),
+            (Some(EgressOutcome::Completed), Some("redirect_blocked"))
+        );
+        let looped = EgressError::new(
+            EgressCode::BlockedAddress,
+            GuardStep::AddressTable,
+            Some("h"),
+            "x",
+        );
+        let o = Outcome::of_error(&looped);
+        assert_eq!((o.kind, o.refused), (None, Some("blocked_address")));
     }
 }
