@@ -110,6 +110,27 @@ impl OutboundRequest {
     }
 }
 
+/// A first hop the guard has allowed. Only [`GuardedClient::admit`] makes
+/// one, so a request sent with [`GuardedClient::send_admitted`] still goes
+/// only where the guard said it may: callers use the gap between the two to
+/// record the request before any byte of it leaves.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    admitted: Admitted,
+}
+
+impl Admission {
+    /// The canonical target.
+    pub fn target(&self) -> &Target {
+        &self.admitted.target
+    }
+
+    /// The addresses it may be dialled at.
+    pub fn addrs(&self) -> &[IpAddr] {
+        &self.admitted.addrs
+    }
+}
+
 /// A complete response, after redirects.
 #[derive(Debug, Clone)]
 pub struct GuardedResponse {
@@ -203,10 +224,38 @@ impl GuardedClient {
         req: OutboundRequest,
         rules: &CallRules<'_>,
     ) -> Result<GuardedResponse, EgressError> {
-        let host_hint = Target::parse(&req.url)
-            .map(|t| t.host().bare())
-            .unwrap_or_else(|_| "-".into());
-        match tokio::time::timeout(self.cfg.total_timeout, self.send_inner(req, rules)).await {
+        let first = self.admit(&req.url, rules).await?;
+        self.send_admitted(first, req, rules).await
+    }
+
+    /// The guard's decision on the first hop of a request to `url`: parse,
+    /// policy, names, resolution and addresses (bounded by `total_timeout`).
+    pub async fn admit(&self, url: &str, rules: &CallRules<'_>) -> Result<Admission, EgressError> {
+        let target = Target::parse(url)?;
+        let host = target.host().bare();
+        match tokio::time::timeout(self.cfg.total_timeout, self.guard.admit(&target, rules)).await {
+            Ok(r) => r.map(|admitted| Admission { admitted }),
+            Err(_) => Err(EgressError::new(
+                EgressCode::Unresolvable,
+                GuardStep::Resolver,
+                Some(&host),
+                format!("no decision within {:?}", self.cfg.total_timeout),
+            )),
+        }
+    }
+
+    /// [`GuardedClient::send`] of a request whose first hop `first` the guard
+    /// already allowed (`req.url` is not read again: the request goes to
+    /// `first`'s target). Redirect hops are judged as in `send`.
+    pub async fn send_admitted(
+        &self,
+        first: Admission,
+        req: OutboundRequest,
+        rules: &CallRules<'_>,
+    ) -> Result<GuardedResponse, EgressError> {
+        let host_hint = first.target().host().bare();
+        match tokio::time::timeout(self.cfg.total_timeout, self.send_inner(first, req, rules)).await
+        {
             Ok(r) => r,
             Err(_) => Err(EgressError::upstream(
                 &host_hint,
@@ -238,20 +287,29 @@ impl GuardedClient {
         req: OutboundRequest,
         rules: &CallRules<'_>,
     ) -> Result<StreamingResponse, EgressError> {
-        let host_hint = Target::parse(&req.url)
-            .map(|t| t.host().bare())
-            .unwrap_or_else(|_| "-".into());
+        let first = self.admit(&req.url, rules).await?;
+        self.send_streaming_admitted(first, req).await
+    }
+
+    /// [`GuardedClient::send_streaming`] of a request whose only hop `first`
+    /// the guard already allowed (`req.url` is not read again).
+    pub async fn send_streaming_admitted(
+        &self,
+        first: Admission,
+        req: OutboundRequest,
+    ) -> Result<StreamingResponse, EgressError> {
+        let host_hint = first.target().host().bare();
         let head = async {
             let OutboundRequest {
                 method,
-                url,
+                url: _,
                 headers,
                 body,
                 credential_headers: _,
             } = req;
-            let target = Target::parse(&url)?;
+            let admitted = first.admitted;
+            let target = &admitted.target;
             let headers = sanitize(headers);
-            let admitted = self.guard.admit(&target, rules).await?;
             let host = target.host().bare();
             let (resp, idle, key) = self
                 .exchange_head(&admitted, &method, &headers, &body)
@@ -303,17 +361,19 @@ impl GuardedClient {
 
     async fn send_inner(
         &self,
+        first: Admission,
         req: OutboundRequest,
         rules: &CallRules<'_>,
     ) -> Result<GuardedResponse, EgressError> {
         let OutboundRequest {
             mut method,
-            url,
+            url: _,
             headers,
             mut body,
             credential_headers,
         } = req;
-        let mut target = Target::parse(&url)?;
+        let mut target = first.admitted.target.clone();
+        let mut first = Some(first.admitted);
         let mut headers = sanitize(headers);
         let mut stripped = false;
         let mut redirects = 0u32;
@@ -325,10 +385,12 @@ impl GuardedClient {
                 allow_all_uris: rules.allow_all_uris && !rules.credentialed,
                 credentialed: rules.credentialed && !stripped,
             };
-            let admitted = match self.guard.admit(&target, &hop_rules).await {
-                Ok(a) => a,
-                Err(e) if redirects > 0 => return Err(redirect_refusal(e, redirects)),
-                Err(e) => return Err(e),
+            let admitted = match first.take() {
+                Some(a) => a,
+                None => match self.guard.admit(&target, &hop_rules).await {
+                    Ok(a) => a,
+                    Err(e) => return Err(redirect_refusal(e, redirects)),
+                },
             };
             let (resp, remote_addr) = self.exchange(&admitted, &method, &headers, &body).await?;
             let (parts, resp_body) = resp;
@@ -411,7 +473,14 @@ impl GuardedClient {
                 headers.remove(header::CONTENT_TYPE);
                 headers.remove(header::CONTENT_ENCODING);
             }
-            tracing::debug!(from = %target.loggable(), to = %next.loggable(), status = status.as_u16(), cross_origin, "following redirect");
+            // No URL or host here: either may hold a substituted credential,
+            // which only the caller can redact.
+            tracing::debug!(
+                status = status.as_u16(),
+                hop = redirects,
+                cross_origin,
+                "following a redirect"
+            );
             target = next;
         }
     }
@@ -556,6 +625,21 @@ impl GuardedClient {
                 format!("could not connect: {}", errors.join("; ")),
             ));
         };
+        // The guard refused the registered listeners by address; a host's own
+        // address on a listener's port (one bound to every address) only
+        // shows once connected.
+        let policy = self.guard.policy();
+        if policy.has_own_listeners()
+            && let (Ok(local), Ok(peer)) = (tcp.local_addr(), tcp.peer_addr())
+            && policy.is_loop(local, peer)
+        {
+            return Err(EgressError::new(
+                EgressCode::BlockedAddress,
+                GuardStep::AddressTable,
+                Some(&host),
+                format!("{peer} is the sidecar's own listener"),
+            ));
+        }
         let handshake_err = |e: hyper::Error| {
             EgressError::upstream(&host, format!("HTTP handshake with {addr} failed: {e}"))
         };

@@ -28,7 +28,7 @@ mod target;
 
 pub use addr::{BlockedRange, Treatment, blocked_ranges};
 pub use client::{
-    ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody,
+    Admission, ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody,
     StreamingResponse, TcpDialer,
 };
 pub use error::{EgressCode, EgressError, GuardStep};

@@ -6,9 +6,13 @@
 //! lookup, so a refused target never even causes a DNS query, and the
 //! internal-host exemption comes *after* the blocked names, so no operator
 //! setting can ever open `localhost` or `metadata.google.internal`.
+//!
+//! The guard never logs: a refused target may hold a credential substituted
+//! into it, and only the caller knows what to redact. Callers record (and
+//! log) the decision with the credential removed.
 
 use std::collections::HashSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::addr;
@@ -43,6 +47,9 @@ pub struct CallRules<'a> {
 pub struct EgressPolicy {
     internal_hosts: HashSet<String>,
     extra_blocked_names: HashSet<String>,
+    /// Addresses this process listens on: never dialled (a loop back into
+    /// the process), whatever exemption applies.
+    own_listeners: Vec<SocketAddr>,
 }
 
 impl EgressPolicy {
@@ -82,6 +89,46 @@ impl EgressPolicy {
             self.extra_blocked_names
                 .insert(n.trim().to_ascii_lowercase());
         }
+    }
+
+    /// Refuses every address that reaches one of these listeners of this
+    /// process (`blocked_address`), even through the internal-host exemption:
+    /// the sidecar registers the addresses it bound, so a loop back into it
+    /// is refused for every egress site by the same step, without a lookup.
+    pub fn refuse_own_listeners(&mut self, addrs: impl IntoIterator<Item = SocketAddr>) {
+        for a in addrs {
+            let a = SocketAddr::new(a.ip().to_canonical(), a.port());
+            if !self.own_listeners.contains(&a) {
+                self.own_listeners.push(a);
+            }
+        }
+    }
+
+    /// True when dialling `addr` reaches one of the registered listeners: the
+    /// same address and port, or a loopback or unspecified address on the
+    /// port of a listener bound to loopback or to every address.
+    pub fn is_own_listener(&self, addr: SocketAddr) -> bool {
+        let ip = addr.ip().to_canonical();
+        let local = |ip: IpAddr| ip.is_loopback() || ip.is_unspecified();
+        self.own_listeners.iter().any(|own| {
+            own.port() == addr.port() && (own.ip() == ip || (local(own.ip()) && local(ip)))
+        })
+    }
+
+    /// True when an open connection from `local` to `peer` loops back into
+    /// this process: a registered listener, or this host itself (peer and
+    /// local address equal) on the port of one (a listener bound to every
+    /// address is reachable at each of the host's own addresses).
+    pub fn is_loop(&self, local: SocketAddr, peer: SocketAddr) -> bool {
+        !self.own_listeners.is_empty()
+            && (self.is_own_listener(peer)
+                || (peer.ip().to_canonical() == local.ip().to_canonical()
+                    && self.own_listeners.iter().any(|o| o.port() == peer.port())))
+    }
+
+    /// True when listeners are registered ([`EgressPolicy::refuse_own_listeners`]).
+    pub fn has_own_listeners(&self) -> bool {
+        !self.own_listeners.is_empty()
     }
 
     /// Steps 2–4: the synchronous part of the decision. Returns whether the
@@ -210,17 +257,14 @@ impl Guard {
         &self.policy
     }
 
-    /// Steps 2–6 for a parsed target. Logs and returns the refusal, if any.
+    /// Steps 2–6 for a parsed target: the addresses it may be dialled at, or
+    /// the refusal (never logged here; see the module docs).
     pub async fn admit(
         &self,
         target: &Target,
         rules: &CallRules<'_>,
     ) -> Result<Admitted, EgressError> {
-        let result = self.admit_inner(target, rules).await;
-        if let Err(e) = &result {
-            log_refusal(e);
-        }
-        result
+        self.admit_inner(target, rules).await
     }
 
     /// Step 1 too: parse, then admit.
@@ -229,13 +273,7 @@ impl Guard {
         url: &str,
         rules: &CallRules<'_>,
     ) -> Result<Admitted, EgressError> {
-        match Target::parse(url) {
-            Ok(t) => self.admit(&t, rules).await,
-            Err(e) => {
-                log_refusal(&e);
-                Err(e)
-            }
-        }
+        self.admit(&Target::parse(url)?, rules).await
     }
 
     async fn admit_inner(
@@ -275,6 +313,23 @@ impl Guard {
                 answers
             }
         };
+        if !self.policy.own_listeners.is_empty() {
+            let port = target.port_or_default();
+            if let Some(ip) = addrs
+                .iter()
+                .find(|ip| self.policy.is_own_listener(SocketAddr::new(**ip, port)))
+            {
+                return Err(EgressError::new(
+                    EgressCode::BlockedAddress,
+                    GuardStep::AddressTable,
+                    Some(&host.bare()),
+                    format!(
+                        "{} resolves to {ip}, where port {port} is the sidecar's own listener",
+                        host.bare()
+                    ),
+                ));
+            }
+        }
         if !internal {
             // Refuse if ANY answer is blocked: picking the "good" answer would
             // leave the choice of address to whoever controls the zone.
@@ -294,27 +349,6 @@ impl Guard {
             addrs,
             internal,
         })
-    }
-}
-
-fn log_refusal(e: &EgressError) {
-    let host = e.host.as_deref().unwrap_or("-");
-    if e.code.is_ssrf() {
-        tracing::warn!(
-            host,
-            code = e.code.as_str(),
-            guard = e.guard.as_str(),
-            "Target refused (SSRF): {}",
-            e.detail
-        );
-    } else {
-        tracing::warn!(
-            host,
-            code = e.code.as_str(),
-            guard = e.guard.as_str(),
-            "Target refused (policy): {}",
-            e.detail
-        );
     }
 }
 
@@ -555,6 +589,50 @@ mod tests {
             code(&g, "https://none.example/", &all, false).await,
             Some(EgressCode::Unresolvable)
         );
+    }
+
+    #[tokio::test]
+    async fn own_listeners_are_refused_even_for_internal_hosts() {
+        let answers = [("api.internal", "127.0.0.1"), ("wide.internal", "0.0.0.0")];
+        let mut r = StaticResolver::new();
+        for (h, ip) in answers {
+            r.insert_spec(&format!("{h}={ip}")).unwrap();
+        }
+        let mut p = EgressPolicy::new();
+        p.allow_internal_hosts(["api.internal", "wide.internal", "127.0.0.2"]);
+        p.refuse_own_listeners([
+            "127.0.0.1:8080".parse().unwrap(),
+            "[::]:8081".parse().unwrap(),
+        ]);
+        let g = Guard::new(p, Arc::new(r));
+        let list = AuthorizedUris::parse(&[
+            "http://api.internal:*/**",
+            "http://wide.internal:*/**",
+            "http://127.0.0.2:*/**",
+        ]);
+        for url in [
+            "http://api.internal:8080/mcp",
+            "http://api.internal:8081/",
+            "http://wide.internal:8080/",
+            "http://127.0.0.2:8081/",
+        ] {
+            assert_eq!(
+                code(&g, url, &list, true).await,
+                Some(EgressCode::BlockedAddress),
+                "{url}"
+            );
+        }
+        // Other ports of the same opted-in hosts are reachable.
+        assert_eq!(
+            code(&g, "http://api.internal:9000/", &list, true).await,
+            None
+        );
+        assert_eq!(code(&g, "http://127.0.0.2:9000/", &list, true).await, None);
+        assert!(
+            g.policy()
+                .is_own_listener("[::ffff:127.0.0.1]:8080".parse().unwrap())
+        );
+        assert!(!g.policy().is_own_listener("10.0.0.1:8080".parse().unwrap()));
     }
 
     /// A resolver that records every lookup, to prove refused targets are

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod connection_types;
 pub mod types;
 pub mod wire;
 

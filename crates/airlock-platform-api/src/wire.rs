@@ -111,8 +111,20 @@ pub struct CostRecord {
     /// Millionths of a US dollar, when the price of the model is known.
     #[serde(default)]
     pub cost_microusd: Option<u64>,
+    /// The provider's usage never arrived (the answer was cut, failed, or
+    /// carried none): the tokens are what the relay saw, possibly none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unmetered: bool,
 }
 
+/// One outbound request in the run's egress log (DESIGN.md §5).
+///
+/// The sidecar sends a request's record twice: when the guard has allowed it
+/// and before a byte of it leaves (`outcome: incomplete`, acknowledged by the
+/// platform before the request is sent), then when it is over, with the
+/// same `seq` and its final outcome. A record the platform holds as
+/// `incomplete` after the run is a request that left and whose end nobody
+/// saw (the sidecar was killed). A refusal is one record, sent once.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct EgressRecord {
     pub at: i64,
@@ -121,14 +133,15 @@ pub struct EgressRecord {
     #[serde(default)]
     pub integration: Option<String>,
     pub method: String,
-    /// Without userinfo, query or fragment: never a credential.
+    /// Without userinfo, query or fragment, credentials redacted.
     pub url: String,
     pub host: String,
-    /// `allowed` or `refused`.
+    /// The guard's decision: `allowed` or `refused`.
     pub decision: String,
-    /// The refusal code (docs/egress.md), if refused.
+    /// The guard's refusal code (docs/egress.md), only when refused.
     #[serde(default)]
     pub code: Option<String>,
+    /// Upstream HTTP status, when there was one.
     #[serde(default)]
     pub status: Option<u16>,
     #[serde(default)]
@@ -137,6 +150,91 @@ pub struct EgressRecord {
     pub bytes_in: u64,
     #[serde(default)]
     pub duration_ms: Option<u64>,
+    /// The record's number, unique within the run (the sidecar's start in
+    /// Unix ms × 10⁶, then counting): a later record with the same `seq`
+    /// completes an earlier one. (Absent from older sidecars.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// What became of an allowed request (absent when refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<EgressOutcome>,
+    /// Model calls only: whether the provider's usage was metered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metering: Option<Metering>,
+}
+
+/// What became of a request the guard allowed. Separate from the decision:
+/// a connection refused by the upstream is `allowed` + `upstream_failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressOutcome {
+    /// Recorded before it was sent; not (yet) completed.
+    Incomplete,
+    /// The upstream answered (see `status`) and the exchange ended.
+    Completed,
+    /// The upstream could not be reached, or failed or timed out mid-answer.
+    UpstreamFailed,
+    /// The sidecar stopped waiting: the agent went away, or the run ended
+    /// while the request was in flight.
+    Aborted,
+    /// The upstream answered but the answer was not passed on (an encoded
+    /// body that could not be checked for the credential).
+    Withheld,
+    /// Recorded, then not sent after all: the sidecar could not finish the
+    /// request (no model key, an argument the credential could not fill).
+    NotSent,
+}
+
+impl EgressOutcome {
+    pub const ALL: [EgressOutcome; 6] = [
+        EgressOutcome::Incomplete,
+        EgressOutcome::Completed,
+        EgressOutcome::UpstreamFailed,
+        EgressOutcome::Aborted,
+        EgressOutcome::Withheld,
+        EgressOutcome::NotSent,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressOutcome::Incomplete => "incomplete",
+            EgressOutcome::Completed => "completed",
+            EgressOutcome::UpstreamFailed => "upstream_failed",
+            EgressOutcome::Aborted => "aborted",
+            EgressOutcome::Withheld => "withheld",
+            EgressOutcome::NotSent => "not_sent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+}
+
+/// Whether a model call's usage was metered from the provider's report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metering {
+    Metered,
+    /// The provider's usage never arrived; the cost event holds what was seen.
+    Unmetered,
+}
+
+impl Metering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metering::Metered => "metered",
+            Metering::Unmetered => "unmetered",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "metered" => Some(Metering::Metered),
+            "unmetered" => Some(Metering::Unmetered),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

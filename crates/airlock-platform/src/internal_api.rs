@@ -13,7 +13,10 @@ use airlock_platform_api::wire::{
     Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
     MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
-use airlock_store::{EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage};
+use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering};
+use airlock_store::{
+    EgressDecision, EgressMetering, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
+};
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
@@ -39,6 +42,11 @@ struct Inner {
     keyring: Arc<Keyring>,
     tokens: RunTokens,
     grants: RwLock<HashMap<String, Grant>>,
+    /// Events are written one write at a time: concurrent writers to SQLite
+    /// would otherwise meet its busy handler, which sleeps (1 ms and up)
+    /// where this lock hands over at once. A sidecar waits for the write of
+    /// an egress record before its request leaves.
+    writes: tokio::sync::Mutex<()>,
 }
 
 /// The server's state. Cheap to clone.
@@ -86,6 +94,7 @@ impl InternalApi {
                 keyring,
                 tokens,
                 grants: RwLock::default(),
+                writes: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -393,7 +402,34 @@ async fn events(State(api): State<InternalApi>, req: Request) -> Response {
     };
     let store = &api.inner.store;
     let n = batch.events.len();
-    for event in batch.events {
+    // The egress records of a batch go in as one write (they are their own
+    // table: their order against the other events does not matter).
+    let (egress, others): (Vec<RunEvent>, Vec<RunEvent>) = batch
+        .events
+        .into_iter()
+        .partition(|e| matches!(e, RunEvent::Egress(_)));
+    let records: Vec<NewEgress<'_>> = egress
+        .iter()
+        .filter_map(|e| match e {
+            RunEvent::Egress(r) => Some(new_egress(&run_id, r)),
+            _ => None,
+        })
+        .collect();
+    // One write at a time, each under the lock (not the whole batch): a
+    // sidecar's start record waits for at most one statement of a batch.
+    let written = {
+        let _writing = api.inner.writes.lock().await;
+        match records.as_slice() {
+            [] => Ok(()),
+            [one] => store.append_egress(one).await.map(|_| ()),
+            many => store.append_egress_batch(many).await,
+        }
+    };
+    if let Err(e) = written {
+        return internal(e);
+    }
+    for event in others {
+        let _writing = api.inner.writes.lock().await;
         if let Err(e) = record(store, &run_id, event).await {
             return internal(e);
         }
@@ -401,12 +437,39 @@ async fn events(State(api): State<InternalApi>, req: Request) -> Response {
     axum::Json(Accepted { accepted: n }).into_response()
 }
 
+fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<'a> {
+    NewEgress {
+        run_id,
+        at: e.at,
+        source: &e.source,
+        integration: e.integration.as_deref(),
+        method: &e.method,
+        url: &e.url,
+        host: &e.host,
+        decision: if e.decision == "allowed" {
+            EgressDecision::Allowed
+        } else {
+            EgressDecision::Refused
+        },
+        reason: e.code.as_deref(),
+        status: e.status.map(i64::from),
+        duration_ms: e.duration_ms.map(|d| d as i64),
+        bytes_out: i64::try_from(e.bytes_out).unwrap_or(i64::MAX),
+        bytes_in: i64::try_from(e.bytes_in).unwrap_or(i64::MAX),
+        seq: e.seq.and_then(|s| i64::try_from(s).ok()),
+        outcome: e.outcome.map(store_outcome),
+        metering: e.metering.map(|m| match m {
+            Metering::Metered => EgressMetering::Metered,
+            Metering::Unmetered => EgressMetering::Unmetered,
+        }),
+    }
+}
+
 async fn record(
     store: &Store,
     run_id: &str,
     event: RunEvent,
 ) -> Result<(), airlock_store::StoreError> {
-    let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
     let (kind, at) = match &event {
         RunEvent::Heartbeat { at } => {
             store.record_heartbeat(run_id, *at).await?;
@@ -424,30 +487,11 @@ async fn record(
             ("cost", c.at)
         }
         RunEvent::Egress(e) => {
-            store
-                .append_egress(&NewEgress {
-                    run_id,
-                    at: e.at,
-                    source: &e.source,
-                    integration: e.integration.as_deref(),
-                    method: &e.method,
-                    url: &e.url,
-                    host: &e.host,
-                    decision: if e.decision == "allowed" {
-                        EgressDecision::Allowed
-                    } else {
-                        EgressDecision::Refused
-                    },
-                    reason: e.code.as_deref(),
-                    status: e.status.map(i64::from),
-                    duration_ms: e.duration_ms.map(|d| d as i64),
-                    bytes_out: i64::try_from(e.bytes_out).unwrap_or(i64::MAX),
-                    bytes_in: i64::try_from(e.bytes_in).unwrap_or(i64::MAX),
-                })
-                .await?;
+            store.append_egress(&new_egress(run_id, e)).await?;
             return Ok(());
         }
     };
+    let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
     store
         .append_event(&NewEvent {
             run_id,
@@ -457,6 +501,18 @@ async fn record(
         })
         .await?;
     Ok(())
+}
+
+fn store_outcome(o: EgressOutcome) -> airlock_store::EgressOutcome {
+    use airlock_store::EgressOutcome as S;
+    match o {
+        EgressOutcome::Incomplete => S::Incomplete,
+        EgressOutcome::Completed => S::Completed,
+        EgressOutcome::UpstreamFailed => S::UpstreamFailed,
+        EgressOutcome::Aborted => S::Aborted,
+        EgressOutcome::Withheld => S::Withheld,
+        EgressOutcome::NotSent => S::NotSent,
+    }
 }
 
 async fn put_result(State(api): State<InternalApi>, headers: HeaderMap, req: Request) -> Response {

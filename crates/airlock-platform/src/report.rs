@@ -50,8 +50,15 @@ pub struct EgressLine {
     pub method: String,
     pub url: String,
     pub host: String,
+    /// The guard's decision: `allowed` or `refused`.
     pub decision: &'static str,
+    /// The refusal code, when refused.
     pub code: Option<String>,
+    /// What the upstream did: `completed`, `upstream_failed`, `incomplete`,
+    /// `aborted`, `withheld`, `not_sent` (none for a refusal).
+    pub outcome: Option<&'static str>,
+    /// Model calls: `metered`, or `unmetered` when the provider's usage never arrived.
+    pub metering: Option<&'static str>,
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
     pub bytes_out: i64,
@@ -63,6 +70,8 @@ pub struct ModelUsage {
     pub tokens_in: i64,
     pub tokens_out: i64,
     pub cost_usd: f64,
+    /// Model calls whose provider usage never arrived (counted with what was seen).
+    pub unmetered_calls: usize,
 }
 
 /// Largest egress log a report carries.
@@ -79,6 +88,8 @@ impl From<&EgressEntry> for EgressLine {
             host: e.host.clone(),
             decision: e.decision.as_str(),
             code: e.reason.clone(),
+            outcome: e.outcome.map(|o| o.as_str()),
+            metering: e.metering.map(|m| m.as_str()),
             status: e.status,
             duration_ms: e.duration_ms,
             bytes_out: e.bytes_out,
@@ -134,6 +145,10 @@ pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>
             entries: egress.iter().map(EgressLine::from).collect(),
         },
         model: ModelUsage {
+            unmetered_calls: egress
+                .iter()
+                .filter(|e| e.metering == Some(airlock_store::EgressMetering::Unmetered))
+                .count(),
             tokens_in: run.tokens_in,
             tokens_out: run.tokens_out,
             cost_usd: run.cost_microusd as f64 / 1e6,

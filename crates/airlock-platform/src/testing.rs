@@ -20,6 +20,8 @@ pub struct TestPlatform {
     pub sidecar_token: SecretString,
     pub api: InternalApi,
     keyring: std::sync::Arc<Keyring>,
+    /// The keyring's key (kid `k1`), for driving the CLI against this store.
+    key: [u8; 32],
     tokens: RunTokens,
     task: tokio::task::JoinHandle<()>,
 }
@@ -76,9 +78,34 @@ impl TestPlatform {
             sidecar_token,
             api,
             keyring,
+            key,
             tokens,
             task,
         }
+    }
+
+    /// The store's connection key (`CONNECTION_ENCRYPTION_KEY` is its
+    /// base64, with kid `k1`): a test can store connections with the real
+    /// CLI (`AIRLOCK_HOME` = [`TestPlatform::dir`]).
+    pub fn connection_key(&self) -> &[u8; 32] {
+        &self.key
+    }
+
+    /// Grants the main run the stored connection `name` for `integration`.
+    pub fn grant_connection(&self, integration: &str, name: &str) {
+        let mut grant = self.api.grant_of_run(&self.run_id).unwrap_or_default();
+        grant
+            .connections
+            .insert(integration.to_owned(), name.to_owned());
+        self.api.grant(&self.run_id, grant);
+    }
+
+    /// Stops serving the internal API, as a killed platform would: its
+    /// socket goes away and nothing answers there any more (the store and
+    /// what it holds stay readable).
+    pub fn stop_serving(&self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.socket);
     }
 
     pub fn store(&self) -> &Store {

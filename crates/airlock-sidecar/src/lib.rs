@@ -10,17 +10,20 @@
 //! - `/events`: heartbeats, logs and the result from the runtime;
 //! - the forward proxy, on its own listener;
 //!
-//! and `GET /health` without a token. Every outbound decision goes through
-//! the egress guard and is written to the run's egress log.
+//! and `GET /health` without a token. Every outbound request goes through
+//! the egress guard and is written to the run's egress log by one recorder
+//! ([`egress`]) before it is sent.
 
 #![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod config;
+pub mod egress;
 pub mod events;
 pub mod llm;
 pub mod mcp;
 pub mod proxy;
+pub mod redact;
 pub mod server;
 pub mod state;
 mod sys;

@@ -58,12 +58,13 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use airlock_egress::{
     AuthorizedUris, CallRules, EgressCode, EgressError, OutboundRequest, StreamingBody,
 };
-use airlock_platform_api::wire::{CostRecord, EgressRecord, RunEvent};
+use airlock_platform_api::connection_types::ConnectionType;
+use airlock_platform_api::wire::{CostRecord, EgressOutcome, Metering, RunEvent};
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -77,7 +78,9 @@ use serde_json::{Value, json};
 use std::pin::Pin;
 
 use crate::config::{MODEL_CREDENTIAL, Model, Provider};
-use crate::state::{Sidecar, loggable_url, now_ms};
+use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
+use crate::redact::Redactor;
+use crate::state::{Sidecar, now_ms};
 
 /// Request headers taken from the agent.
 const FORWARDED_REQUEST_HEADERS: &[&str] = &[
@@ -107,12 +110,10 @@ const SAFE_RESPONSE_HEADERS: &[&str] = &[
 /// Response header prefixes passed back (rate-limit information).
 const SAFE_RESPONSE_PREFIXES: &[&str] = &["x-ratelimit-", "anthropic-ratelimit-"];
 
-/// Most bytes of a JSON answer kept for metering (the answer itself is
-/// forwarded whatever its size, up to the response cap).
-const MAX_METERED_JSON: usize = 16 * 1024 * 1024;
-
-/// A client that went away mid-stream: the rest is read for metering for at most this long.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(600);
+/// A client that went away mid-stream: the rest is read for metering for at
+/// most this long (or until the sidecar stops: then what was seen is
+/// recorded as unmetered).
+const ABANDONED_STREAM_DEADLINE: Duration = Duration::from_secs(600);
 
 struct Upstream {
     provider: Provider,
@@ -315,18 +316,38 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
         .with_state(Arc::new(Llm { sidecar, upstream }))
 }
 
-/// The model key, fetched from the platform for this call only.
+/// The model key, fetched from the platform for this call only, from the
+/// field its connection type keeps a key in (`api_key`: `key`, `bearer`:
+/// `token`, `oauth2`: `access_token`; see
+/// [`airlock_platform_api::connection_types`]).
 async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Box<Response>> {
     match sidecar.platform.credential(MODEL_CREDENTIAL).await {
-        Ok(c) => match c.fields.get("api_key").filter(|k| !k.is_empty()) {
-            Some(k) => Ok(SecretString::from(k.clone())),
-            None => Err(Box::new(error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "not_configured",
-                "model_credential_missing",
-                "the model credential has no api_key field",
-            ))),
-        },
+        Ok(c) => {
+            let Some(field) = ConnectionType::named(&c.auth_type).and_then(|t| t.key_field) else {
+                return Err(Box::new(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not_configured",
+                    "model_credential_missing",
+                    format!(
+                        "the model connection is of type {:?}, which holds no single key: store it \
+                         as --type api_key with the field key",
+                        c.auth_type
+                    ),
+                )));
+            };
+            match c.fields.get(field).filter(|k| !k.is_empty()) {
+                Some(k) => Ok(SecretString::from(k.clone())),
+                None => Err(Box::new(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not_configured",
+                    "model_credential_missing",
+                    format!(
+                        "the model connection ({}) has no {field} field",
+                        c.auth_type
+                    ),
+                ))),
+            }
+        }
         Err(e) if matches!(e.status(), Some(403 | 404)) => Err(Box::new(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_configured",
@@ -399,7 +420,6 @@ fn safe_response_headers(upstream: &HeaderMap) -> HeaderMap {
 }
 
 async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
-    let started = Instant::now();
     let Some(up) = &llm.upstream else {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -451,68 +471,79 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         },
     };
     let url = up.url_for(path, parts.uri.query());
-    let key = match model_key(&llm.sidecar).await {
-        Ok(k) => k,
-        Err(r) => return *r,
-    };
-    let headers = match upstream_headers(&parts.headers, up.provider, &key) {
-        Ok(h) => h,
-        Err(r) => return *r,
-    };
-    drop(key);
-    let bytes_out = prepared.body.len() as u64;
-    let out = OutboundRequest {
-        method: parts.method.clone(),
-        url: url.clone(),
-        headers,
-        body: prepared.body,
-        credential_headers: vec![header::AUTHORIZATION, HeaderName::from_static("x-api-key")],
-    };
     let rules = CallRules {
         authorized: &up.authorized,
         allow_all_uris: false,
         credentialed: true,
     };
-    let mut record = EgressRecord {
-        at: now_ms(),
-        source: "llm".into(),
-        integration: Some(MODEL_CREDENTIAL.into()),
-        method: parts.method.to_string(),
-        url: loggable_url(&url),
-        host: url::Url::parse(&url)
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_owned))
-            .unwrap_or_else(|| "-".into()),
-        decision: "allowed".into(),
-        code: None,
-        status: None,
-        bytes_out,
-        bytes_in: 0,
-        duration_ms: None,
+    let sidecar = &llm.sidecar;
+    let method = parts.method.as_str();
+    let bytes_out = prepared.body.len() as u64;
+    // The key fetch and the guard's decision (then the egress record) do not
+    // depend on each other: the two platform round trips overlap.
+    let decide_and_record = async {
+        let admission = sidecar.client.admit(&url, &rules).await?;
+        let allowed = Allowed {
+            source: Source::Llm,
+            integration: Some(MODEL_CREDENTIAL),
+            method,
+            target: admission.target(),
+            bytes_out,
+        };
+        // The key travels in a header only: nothing in the URL to redact.
+        let flight = sidecar.egress.begin(&allowed, &Redactor::none()).await;
+        Ok::<_, EgressError>((admission, flight))
     };
-    let resp = match llm.sidecar.client.send_streaming(out, &rules).await {
-        Ok(r) => r,
+    let (key, decided) = tokio::join!(model_key(sidecar), decide_and_record);
+    let (admission, flight) = match decided {
+        Ok(d) => d,
         Err(e) => {
-            if e.code != EgressCode::UpstreamFailed {
-                record.decision = "refused".into();
-                let kind = if e.code.is_ssrf() { "SSRF" } else { "policy" };
-                tracing::warn!(
-                    host = e.host.as_deref().unwrap_or("-"),
-                    code = e.code.as_str(),
-                    "Target refused ({kind})"
-                );
-            }
-            record.code = Some(e.code.as_str().into());
-            record.duration_ms = Some(started.elapsed().as_millis() as u64);
-            llm.sidecar.record_egress(record);
+            let refused = Refused {
+                source: Source::Llm,
+                integration: Some(MODEL_CREDENTIAL),
+                method,
+                url: &url,
+            };
+            sidecar.egress.refused(&refused, &e, &Redactor::none());
             return egress_error(&e);
         }
     };
-    record.status = Some(resp.status.as_u16());
+    let flight = match flight {
+        Ok(f) => f,
+        Err(e) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upstream_error",
+                "egress_log_unavailable",
+                e.to_string(),
+            );
+        }
+    };
+    let headers = match key.and_then(|k| upstream_headers(&parts.headers, up.provider, &k)) {
+        Ok(h) => h,
+        Err(r) => {
+            flight.complete(Outcome::new(EgressOutcome::NotSent));
+            return *r;
+        }
+    };
+    let out = OutboundRequest {
+        method: parts.method.clone(),
+        url,
+        headers,
+        body: prepared.body,
+        credential_headers: vec![header::AUTHORIZATION, HeaderName::from_static("x-api-key")],
+    };
+    let resp = match sidecar.client.send_streaming_admitted(admission, out).await {
+        Ok(r) => r,
+        Err(e) => {
+            flight.complete(Outcome::of_error(&e));
+            return egress_error(&e);
+        }
+    };
     if resp.status.is_redirection() {
-        record.code = Some(EgressCode::UpstreamFailed.as_str().into());
-        record.duration_ms = Some(started.elapsed().as_millis() as u64);
-        llm.sidecar.record_egress(record);
+        // The provider answered; the relay does not follow (the answer is
+        // the upstream's, the 502 the agent gets is the relay's).
+        flight.complete(Outcome::completed(resp.status.as_u16()));
         return error(
             StatusCode::BAD_GATEWAY,
             "upstream_error",
@@ -538,7 +569,7 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
     let mode = if !metered || encoded {
         if metered {
             tracing::warn!(
-                "model relay: the provider sent an encoded answer; it cannot be metered"
+                "model relay: the provider sent an encoded answer; it is recorded as unmetered"
             );
         }
         Mode::Plain
@@ -548,13 +579,14 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             drop_usage_chunk: prepared.drop_usage_chunk,
         }
     } else {
-        Mode::Json(BytesMut::new())
+        Mode::Json(Box::default())
     };
     let cost = metered.then_some(CostDraft {
         provider: up.provider,
         model: prepared.model,
         price_in: up.price_in,
         price_out: up.price_out,
+        readable: !encoded,
     });
     let filtering = matches!(
         mode,
@@ -575,13 +607,14 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         mode,
         usage: Usage::default(),
         sidecar: llm.sidecar.clone(),
-        record: Some(record),
+        flight: Some(flight),
+        status: resp.status.as_u16(),
         cost,
-        started,
     };
     let body = RelayBody {
         relay: Some(relay),
         ended: false,
+        stop: Box::pin(sidecar.egress.stop_requested()),
     };
     builder
         .body(axum::body::Body::new(body))
@@ -601,6 +634,8 @@ struct CostDraft {
     model: Option<String>,
     price_in: Option<f64>,
     price_out: Option<f64>,
+    /// The answer is one the relay can read (not content-encoded).
+    readable: bool,
 }
 
 /// Tokens and model as the provider reported them.
@@ -732,11 +767,233 @@ fn event_data(raw: &[u8]) -> Option<String> {
     data
 }
 
+/// Reads `usage` and `model` out of one JSON answer as it streams past,
+/// keeping only those two top-level values (bounded), never the answer: an
+/// answer of any size up to the response cap is metered in constant memory.
+/// Hand-written: it needs only the two values of an object's top level, and
+/// the streaming JSON crates would parse (and allocate for) all of it.
+#[derive(Default)]
+struct JsonUsage {
+    /// Open objects and arrays.
+    depth: u32,
+    in_str: bool,
+    esc: bool,
+    state: Top,
+    key: Vec<u8>,
+    /// The top-level value being kept (its key is `usage` or `model`).
+    capture: Option<Vec<u8>>,
+    capture_is_usage: bool,
+    usage: Option<Vec<u8>>,
+    model: Option<Vec<u8>>,
+    /// Not an object, or not JSON: nothing to meter.
+    broken: bool,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+enum Top {
+    /// Before the opening `{`.
+    #[default]
+    Start,
+    /// Expecting a key or `}`.
+    Key,
+    InKey,
+    Colon,
+    /// Expecting a value.
+    Value,
+    /// Inside a value (a scalar, a string, or a container at depth > 1).
+    InValue,
+    /// After a value: `,` or `}`.
+    After,
+    Done,
+}
+
+/// Longest top-level value kept (a `usage` object is a few hundred bytes).
+const MAX_USAGE_VALUE: usize = 64 * 1024;
+/// Longest key compared (longer keys are not `usage` or `model`).
+const MAX_KEY: usize = 16;
+
+impl JsonUsage {
+    fn push(&mut self, data: &[u8]) {
+        let mut i = 0;
+        while let Some(&b) = data.get(i) {
+            if self.broken || self.state == Top::Done {
+                return;
+            }
+            i += 1;
+            if self.in_str {
+                // Fast path through a string nobody keeps.
+                if self.capture.is_none() && self.state != Top::InKey && !self.esc {
+                    let rest = data.get(i - 1..).unwrap_or_default();
+                    match rest.iter().position(|&c| c == b'"' || c == b'\\') {
+                        Some(p) => {
+                            i = i - 1 + p;
+                            let Some(&c) = data.get(i) else { return };
+                            i += 1;
+                            self.string_byte(c);
+                        }
+                        None => return,
+                    }
+                    continue;
+                }
+                self.keep(b);
+                if self.state == Top::InKey && self.key.len() <= MAX_KEY && (b != b'"' || self.esc)
+                {
+                    self.key.push(b);
+                }
+                self.string_byte(b);
+                continue;
+            }
+            if b.is_ascii_whitespace() {
+                if self.state == Top::InValue && self.depth == 1 && self.capture.is_some() {
+                    // A scalar ends at whitespace too; `,`/`}` confirms it.
+                    self.end_value();
+                    self.state = Top::After;
+                } else if self.depth > 1 {
+                    self.keep(b);
+                }
+                continue;
+            }
+            match (self.depth, self.state) {
+                (0, Top::Start) => {
+                    if b == b'{' {
+                        self.depth = 1;
+                        self.state = Top::Key;
+                    } else {
+                        self.broken = true;
+                    }
+                }
+                (1, Top::Key) => match b {
+                    b'"' => {
+                        self.in_str = true;
+                        self.key.clear();
+                        self.state = Top::InKey;
+                    }
+                    b'}' => self.close_top(),
+                    _ => self.broken = true,
+                },
+                (1, Top::Colon) => {
+                    if b == b':' {
+                        self.state = Top::Value;
+                        let k = self.key.as_slice();
+                        if k == b"usage" || k == b"model" {
+                            self.capture = Some(Vec::new());
+                            self.capture_is_usage = k == b"usage";
+                        }
+                    } else {
+                        self.broken = true;
+                    }
+                }
+                (1, Top::Value) => {
+                    self.keep(b);
+                    self.state = Top::InValue;
+                    match b {
+                        b'"' => self.in_str = true,
+                        b'{' | b'[' => self.depth = 2,
+                        _ => {}
+                    }
+                }
+                (1, Top::InValue) => match b {
+                    b',' => {
+                        self.end_value();
+                        self.state = Top::Key;
+                    }
+                    b'}' => {
+                        self.end_value();
+                        self.close_top();
+                    }
+                    _ => self.keep(b),
+                },
+                (1, Top::After) => match b {
+                    b',' => self.state = Top::Key,
+                    b'}' => self.close_top(),
+                    _ => self.broken = true,
+                },
+                (d, Top::InValue) if d > 1 => {
+                    self.keep(b);
+                    match b {
+                        b'"' => self.in_str = true,
+                        b'{' | b'[' => self.depth = d.saturating_add(1),
+                        b'}' | b']' => {
+                            self.depth = d - 1;
+                            if self.depth == 1 {
+                                self.end_value();
+                                self.state = Top::After;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                _ => self.broken = true,
+            }
+        }
+    }
+
+    /// One byte inside a string (after it was kept).
+    fn string_byte(&mut self, b: u8) {
+        if self.esc {
+            self.esc = false;
+        } else if b == b'\\' {
+            self.esc = true;
+        } else if b == b'"' {
+            self.in_str = false;
+            match self.state {
+                Top::InKey => self.state = Top::Colon,
+                Top::InValue if self.depth == 1 => {
+                    self.end_value();
+                    self.state = Top::After;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn keep(&mut self, b: u8) {
+        if let Some(c) = &mut self.capture {
+            if c.len() < MAX_USAGE_VALUE {
+                c.push(b);
+            } else {
+                self.capture = None;
+            }
+        }
+    }
+
+    fn end_value(&mut self) {
+        if let Some(c) = self.capture.take() {
+            if self.capture_is_usage {
+                self.usage = Some(c);
+            } else {
+                self.model = Some(c);
+            }
+        }
+    }
+
+    fn close_top(&mut self) {
+        self.depth = 0;
+        self.state = Top::Done;
+    }
+
+    /// The answer ended: what it said about usage and model.
+    fn finish(&mut self, usage: &mut Usage) {
+        if self.broken || self.state != Top::Done {
+            return;
+        }
+        let mut v = serde_json::Map::new();
+        for (name, raw) in [("usage", &self.usage), ("model", &self.model)] {
+            if let Some(raw) = raw
+                && let Ok(value) = serde_json::from_slice::<Value>(raw)
+            {
+                v.insert(name.into(), value);
+            }
+        }
+        usage.observe(&Value::Object(v));
+    }
+}
+
 enum Mode {
     /// Not metered: bytes pass through.
     Plain,
-    /// A JSON answer: a copy is kept and parsed at the end.
-    Json(BytesMut),
+    /// A JSON answer: its usage is read as it passes.
+    Json(Box<JsonUsage>),
     /// An SSE stream, split into events as it passes.
     Sse {
         splitter: SseSplitter,
@@ -750,9 +1007,21 @@ struct Relay {
     mode: Mode,
     usage: Usage,
     sidecar: Arc<Sidecar>,
-    record: Option<EgressRecord>,
+    /// The egress record, completed once by [`Relay::finish`].
+    flight: Option<InFlight>,
+    status: u16,
     cost: Option<CostDraft>,
-    started: Instant,
+}
+
+/// How a relayed answer ended.
+enum End {
+    /// Read to its end.
+    Whole,
+    /// The upstream failed mid-answer.
+    Failed,
+    /// The relay stopped reading (the client left and the rest did not come
+    /// in time, or the sidecar stopped).
+    Cut(&'static str),
 }
 
 impl Relay {
@@ -772,10 +1041,8 @@ impl Relay {
     fn on_data(&mut self, data: Bytes) -> Bytes {
         match &mut self.mode {
             Mode::Plain => data,
-            Mode::Json(buf) => {
-                if buf.len() + data.len() <= MAX_METERED_JSON {
-                    buf.extend_from_slice(&data);
-                }
+            Mode::Json(scan) => {
+                scan.push(&data);
                 data
             }
             Mode::Sse {
@@ -808,10 +1075,8 @@ impl Relay {
     fn on_end(&mut self) -> Bytes {
         match &mut self.mode {
             Mode::Plain => Bytes::new(),
-            Mode::Json(buf) => {
-                if let Ok(v) = serde_json::from_slice::<Value>(buf) {
-                    self.usage.observe(&v);
-                }
+            Mode::Json(scan) => {
+                scan.finish(&mut self.usage);
                 Bytes::new()
             }
             Mode::Sse {
@@ -834,21 +1099,46 @@ impl Relay {
         }
     }
 
-    /// Writes the egress record and the cost event (once).
-    fn finish(&mut self, failure: Option<&EgressError>) {
-        let Some(mut record) = self.record.take() else {
+    /// Completes the egress record and writes the cost event (once). A
+    /// metered call whose usage did not arrive whole (the answer was cut or
+    /// failed, carried none, or could not be read) is recorded as unmetered,
+    /// with the tokens that were seen.
+    fn finish(&mut self, end: End) {
+        let Some(flight) = self.flight.take() else {
             return;
         };
-        record.bytes_in = self.inner.bytes_read() as u64;
-        record.duration_ms = Some(self.started.elapsed().as_millis() as u64);
-        if let Some(e) = failure {
-            record.code = Some(e.code.as_str().into());
-        }
-        self.sidecar.record_egress(record);
+        let reported = self.usage.input.is_some() || self.usage.output.is_some();
+        let metering = self.cost.as_ref().map(|c| {
+            if matches!(end, End::Whole) && reported && c.readable {
+                Metering::Metered
+            } else {
+                Metering::Unmetered
+            }
+        });
+        let kind = match end {
+            End::Whole => EgressOutcome::Completed,
+            End::Failed => EgressOutcome::UpstreamFailed,
+            End::Cut(_) => EgressOutcome::Aborted,
+        };
+        flight.complete(
+            Outcome::new(kind)
+                .status(Some(self.status))
+                .bytes_in(self.inner.bytes_read() as u64)
+                .metering(metering),
+        );
         let Some(cost) = self.cost.take() else { return };
-        if self.usage.input.is_none() && self.usage.output.is_none() {
+        let unmetered = metering == Some(Metering::Unmetered);
+        if unmetered {
+            let why = match end {
+                End::Whole if !cost.readable => "the answer was content-encoded",
+                End::Whole => "the provider reported no usage",
+                End::Failed => "the answer failed before its usage",
+                End::Cut(why) => why,
+            };
             tracing::warn!(
-                "model relay: the provider reported no usage for a call; metered as 0 tokens"
+                input = self.usage.input.unwrap_or(0),
+                output = self.usage.output.unwrap_or(0),
+                "model relay: a call is recorded as unmetered ({why}), with the tokens seen"
             );
         }
         let input = self.usage.input.unwrap_or(0);
@@ -872,35 +1162,46 @@ impl Relay {
             input_tokens: input,
             output_tokens: output,
             cost_microusd,
+            unmetered,
         }));
     }
 
-    /// The client went away before the end: read the rest for metering.
-    async fn drain(mut self) {
-        let read_all = async {
-            loop {
-                match self.inner.frame().await {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            let _ = self.on_data(data);
-                        }
-                    }
-                    Some(Err(e)) => return Some(e),
-                    None => {
-                        let _ = self.on_end();
-                        return None;
+    /// Reads (and meters) the rest of the answer; `Some` if it failed.
+    async fn read_rest(&mut self) -> Option<EgressError> {
+        loop {
+            match self.inner.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        let _ = self.on_data(data);
                     }
                 }
+                Some(Err(e)) => return Some(e),
+                None => {
+                    let _ = self.on_end();
+                    return None;
+                }
             }
+        }
+    }
+
+    /// The client went away before the end: read the rest for metering,
+    /// until it ends, [`ABANDONED_STREAM_DEADLINE`] passes, or the sidecar
+    /// stops (then what was seen is recorded as unmetered).
+    async fn drain(mut self) {
+        let stop = self.sidecar.egress.stop_requested();
+        let read = tokio::time::timeout(ABANDONED_STREAM_DEADLINE, self.read_rest());
+        let ended = tokio::select! {
+            r = read => Some(r),
+            _ = stop => None,
         };
-        let failure = match tokio::time::timeout(DRAIN_DEADLINE, read_all).await {
-            Ok(f) => f,
-            Err(_) => Some(EgressError::upstream(
-                "-",
-                "stream abandoned by the client did not end in time",
+        match ended {
+            Some(Ok(None)) => self.finish(End::Whole),
+            Some(Ok(Some(_))) => self.finish(End::Failed),
+            Some(Err(_)) => self.finish(End::Cut(
+                "the stream abandoned by the client did not end in time",
             )),
-        };
-        self.finish(failure.as_ref());
+            None => self.finish(End::Cut("the sidecar stopped before the answer ended")),
+        }
     }
 }
 
@@ -908,6 +1209,9 @@ impl Relay {
 struct RelayBody {
     relay: Option<Relay>,
     ended: bool,
+    /// Resolves when the sidecar stops: a body still being read then ends,
+    /// recorded with what was seen (its client is gone with the sandbox).
+    stop: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 }
 
 impl Body for RelayBody {
@@ -925,6 +1229,11 @@ impl Body for RelayBody {
         let Some(relay) = this.relay.as_mut() else {
             return Poll::Ready(None);
         };
+        if this.stop.as_mut().poll(cx).is_ready() {
+            relay.finish(End::Cut("the sidecar stopped before the answer ended"));
+            this.ended = true;
+            return Poll::Ready(None);
+        }
         loop {
             match Pin::new(&mut relay.inner).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -938,13 +1247,13 @@ impl Body for RelayBody {
                     Err(frame) => return Poll::Ready(Some(Ok(frame))),
                 },
                 Poll::Ready(Some(Err(e))) => {
-                    relay.finish(Some(&e));
+                    relay.finish(End::Failed);
                     this.ended = true;
                     return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(None) => {
                     let rest = relay.on_end();
-                    relay.finish(None);
+                    relay.finish(End::Whole);
                     this.ended = true;
                     return Poll::Ready((!rest.is_empty()).then(|| Ok(Frame::data(rest))));
                 }
@@ -976,21 +1285,20 @@ impl Body for RelayBody {
 
 impl Drop for RelayBody {
     fn drop(&mut self) {
-        let Some(relay) = self.relay.take() else {
+        let Some(mut relay) = self.relay.take() else {
             return;
         };
-        if relay.record.is_none() {
+        if relay.flight.is_none() {
             return; // already recorded
         }
         match tokio::runtime::Handle::try_current() {
+            // A metered answer is read to its end in the background, so an
+            // agent cannot skip its cost by hanging up. The drain's record
+            // is in flight meanwhile: a stopping sidecar waits for it.
             Ok(h) if relay.cost.is_some() => {
                 h.spawn(relay.drain());
             }
-            _ => {
-                let mut relay = relay;
-                let e = EgressError::upstream("-", "the client closed the stream early");
-                relay.finish(Some(&e));
-            }
+            _ => relay.finish(End::Cut("the client closed the stream early")),
         }
     }
 }
@@ -1083,6 +1391,66 @@ mod tests {
         u.observe(&json!({"type": "content_block_delta", "delta": {"text": "hi"}}));
         u.observe(&json!({"usage": "not an object", "model": 3}));
         assert_eq!(u, before);
+    }
+
+    fn scan(chunks: &[&[u8]]) -> Usage {
+        let mut j = JsonUsage::default();
+        for c in chunks {
+            j.push(c);
+        }
+        let mut u = Usage::default();
+        j.finish(&mut u);
+        u
+    }
+
+    #[test]
+    fn json_usage_is_read_as_it_streams_at_every_chunk_edge() {
+        let doc = br#"{"object":"list","data":[{"embedding":"a\"b}{[","index":0},[1,2,{"usage":{"prompt_tokens":999}}]],"usage" : {"prompt_tokens": 12, "total_tokens": 12},"model":"emb-\"x","n":-1.5e3,"t":true}"#;
+        let whole = scan(&[doc]);
+        assert_eq!(
+            (whole.input, whole.output, whole.model.as_deref()),
+            (Some(12), None, Some("emb-\"x"))
+        );
+        for i in 0..doc.len() {
+            for j in i..doc.len() {
+                assert_eq!(scan(&[&doc[..i], &doc[i..j], &doc[j..]]), whole, "{i},{j}");
+            }
+        }
+        // The same as parsing the whole answer, for the providers' formats.
+        for v in [
+            json!({"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}}),
+            json!({"id": "msg", "model": "claude-x", "usage": {"input_tokens": 5, "output_tokens": 9, "cache_read_input_tokens": 2}}),
+            json!({"object": "response", "model": "gpt-r", "output": [{"content": [{"text": "usage"}]}], "usage": {"input_tokens": 1, "output_tokens": 2}}),
+        ] {
+            let mut parsed = Usage::default();
+            parsed.observe(&v);
+            let pretty = serde_json::to_vec_pretty(&v).unwrap();
+            assert_eq!(scan(&[&pretty]), parsed, "{v}");
+        }
+    }
+
+    #[test]
+    fn json_usage_ignores_what_is_not_a_whole_object() {
+        for bad in [
+            &b"[{\"usage\":{\"prompt_tokens\":1}}]"[..],
+            b"{\"usage\":{\"prompt_tokens\":1}",
+            b"\"usage\"",
+            b"{\"usage\" {\"prompt_tokens\":1}}",
+            b"\xff\xfe{",
+            b"",
+        ] {
+            assert_eq!(
+                scan(&[bad]),
+                Usage::default(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // A huge usage value is dropped rather than kept.
+        let mut big = b"{\"usage\":{\"pad\":\"".to_vec();
+        big.extend(std::iter::repeat_n(b'x', MAX_USAGE_VALUE + 10));
+        big.extend(b"\",\"prompt_tokens\":3}}");
+        assert_eq!(scan(&[&big]).input, None);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::{ConfigError, SidecarConfig};
 use crate::state::Sidecar;
-use crate::{auth, events, llm, mcp, proxy, sys};
+use crate::{auth, egress, events, llm, mcp, proxy, sys};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SidecarError {
@@ -112,36 +112,54 @@ fn bind_unix(path: &Path) -> Result<UnixListener, SidecarError> {
 }
 
 /// Runs the sidecar until SIGTERM or SIGINT. Prints one JSON readiness line
-/// on stdout once every listener is bound.
+/// on stdout once every listener is bound. On the way out the egress log is
+/// drained within [`egress::DRAIN_DEADLINE`]: requests in flight finish (or
+/// are recorded as aborted) and every record reaches the platform.
 pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     sys::make_non_dumpable().map_err(SidecarError::Hardening)?;
     sys::raise_open_files_limit();
     let listen = std::mem::take(&mut cfg.listen);
-    let sidecar = Sidecar::new(cfg)?;
-    let app = router(sidecar.clone());
-    let mut tasks = tokio::task::JoinSet::new();
+    // Bound first: the guard refuses the sidecar's own addresses to every
+    // egress site, so it must know them.
     let mut sockets = Vec::new();
     let mut ready = serde_json::Map::new();
-    if let Some(path) = &listen.unix {
-        let l = bind_unix(path)?;
-        sockets.push(path.clone());
-        ready.insert("unix".into(), json!(path));
+    let mut own = Vec::new();
+    let api_unix = match &listen.unix {
+        Some(path) => {
+            let l = bind_unix(path)?;
+            sockets.push(path.clone());
+            ready.insert("unix".into(), json!(path));
+            Some(l)
+        }
+        None => None,
+    };
+    let api_tcp = match listen.tcp {
+        Some(addr) => Some(bind_tcp(addr, "tcp", &mut ready, &mut own).await?),
+        None => None,
+    };
+    let proxy_unix = match &listen.proxy_unix {
+        Some(path) => {
+            let l = bind_unix(path)?;
+            sockets.push(path.clone());
+            ready.insert("proxy_unix".into(), json!(path));
+            Some(l)
+        }
+        None => None,
+    };
+    let proxy_tcp = match listen.proxy_tcp {
+        Some(addr) => Some(bind_tcp(addr, "proxy_tcp", &mut ready, &mut own).await?),
+        None => None,
+    };
+    let sidecar = Sidecar::new(cfg, &own)?;
+    let app = router(sidecar.clone());
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(l) = api_unix {
         let app = app.clone();
         tasks.spawn(async move {
             let _ = axum::serve(l, app).await;
         });
     }
-    if let Some(addr) = listen.tcp {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| SidecarError::Listen {
-                what: addr.to_string(),
-                source,
-            })?;
-        ready.insert(
-            "tcp".into(),
-            json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()),
-        );
+    if let Some(l) = api_tcp {
         let app = app.clone();
         tasks.spawn(async move {
             use axum::serve::ListenerExt;
@@ -153,23 +171,10 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
             let _ = axum::serve(l, app).await;
         });
     }
-    if let Some(path) = &listen.proxy_unix {
-        let l = bind_unix(path)?;
-        sockets.push(path.clone());
-        ready.insert("proxy_unix".into(), json!(path));
+    if let Some(l) = proxy_unix {
         tasks.spawn(proxy_accept_loop(l, sidecar.clone(), |_| ()));
     }
-    if let Some(addr) = listen.proxy_tcp {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| SidecarError::Listen {
-                what: addr.to_string(),
-                source,
-            })?;
-        ready.insert(
-            "proxy_tcp".into(),
-            json!(l.local_addr().map(|a| a.to_string()).unwrap_or_default()),
-        );
+    if let Some(l) = proxy_tcp {
         tasks.spawn(proxy_accept_loop(l, sidecar.clone(), |s: &TcpStream| {
             let _ = s.set_nodelay(true);
         }));
@@ -181,12 +186,37 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
     shutdown_signal().await;
     tracing::info!("sidecar stopping");
+    // No new connections; those open keep being served while the egress log
+    // drains (a request in flight completes, a model stream the agent left
+    // is read to its end for metering), within the deadline.
     tasks.abort_all();
-    sidecar.events.flush().await;
+    // (The drain's last step flushes every queued event, not only egress.)
+    sidecar.egress.drain(egress::DRAIN_DEADLINE).await;
     for s in sockets {
         let _ = std::fs::remove_file(s);
     }
     Ok(())
+}
+
+async fn bind_tcp(
+    addr: std::net::SocketAddr,
+    name: &str,
+    ready: &mut serde_json::Map<String, serde_json::Value>,
+    own: &mut Vec<std::net::SocketAddr>,
+) -> Result<TcpListener, SidecarError> {
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| SidecarError::Listen {
+            what: addr.to_string(),
+            source,
+        })?;
+    let local = l.local_addr().map_err(|source| SidecarError::Listen {
+        what: addr.to_string(),
+        source,
+    })?;
+    own.push(local);
+    ready.insert(name.into(), json!(local.to_string()));
+    Ok(l)
 }
 
 /// Serves forward-proxy connections, at most `limits.max_proxy_connections`

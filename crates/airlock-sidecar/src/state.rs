@@ -2,6 +2,7 @@
 //! platform client and the event sink. One per run.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,11 +11,12 @@ use airlock_egress::{
     GuardedClient, Resolve, StaticResolver, SystemResolver,
 };
 use airlock_platform_api::PlatformClient;
-use airlock_platform_api::wire::{EgressRecord, RunEvent};
+use airlock_platform_api::wire::RunEvent;
 use secrecy::SecretString;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::config::{Integration, Limits, Model, NetworkEgress, SidecarConfig};
+use crate::egress::Recorder;
 
 /// Unix milliseconds now.
 pub fn now_ms() -> i64 {
@@ -38,14 +40,22 @@ pub struct Sidecar {
     /// Bounds concurrent `api_call`s of the run.
     pub api_calls: Semaphore,
     pub events: EventSink,
+    /// The egress log: every outbound request of every site.
+    pub egress: Recorder,
 }
 
 impl Sidecar {
-    /// Builds the state (the guard, its resolver and TLS roots) from the configuration.
-    pub fn new(cfg: SidecarConfig) -> Result<Arc<Sidecar>, EgressError> {
+    /// Builds the state (the guard, its resolver and TLS roots) from the
+    /// configuration. `own_listeners` are the TCP addresses this sidecar
+    /// serves on: the guard refuses them to every egress site.
+    pub fn new(
+        cfg: SidecarConfig,
+        own_listeners: &[SocketAddr],
+    ) -> Result<Arc<Sidecar>, EgressError> {
         let mut policy = EgressPolicy::new();
         policy.allow_internal_hosts(cfg.egress.allow_internal_hosts.iter().map(String::as_str));
         policy.block_names(cfg.egress.blocked_names.iter().map(String::as_str));
+        policy.refuse_own_listeners(own_listeners.iter().copied());
         let fallback: Arc<dyn Resolve> = match &cfg.egress.dns_server {
             Some(s) => Arc::new(
                 DnsServerResolver::parse_addr(s)
@@ -90,7 +100,6 @@ impl Sidecar {
         Ok(Arc::new(Sidecar {
             run_id: cfg.run_id,
             token: cfg.sidecar_token,
-            platform,
             client,
             integrations: cfg
                 .integrations
@@ -102,43 +111,17 @@ impl Sidecar {
             api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
             limits: cfg.limits,
             proxy_url: cfg.proxy_url,
+            egress: Recorder::new(events.clone()),
             events,
+            platform,
         }))
-    }
-
-    /// Appends one outbound decision to the run's egress log (and the sidecar log).
-    pub fn record_egress(&self, rec: EgressRecord) {
-        tracing::info!(
-            target: "airlock::egress",
-            source = %rec.source,
-            decision = %rec.decision,
-            code = rec.code.as_deref().unwrap_or("-"),
-            host = %rec.host,
-            method = %rec.method,
-            status = rec.status.unwrap_or(0),
-            "egress"
-        );
-        self.events.send(RunEvent::Egress(rec));
-    }
-}
-
-/// Strips userinfo, query and fragment: what the egress log may keep of a URL.
-pub fn loggable_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            let _ = u.set_username("");
-            let _ = u.set_password(None);
-            u.set_query(None);
-            u.set_fragment(None);
-            u.to_string()
-        }
-        Err(_) => "<unparsable>".to_owned(),
     }
 }
 
 enum SinkMsg {
-    Event(Box<RunEvent>),
-    Flush(oneshot::Sender<()>),
+    /// An event, and who waits to learn whether the platform stored it.
+    Event(Box<RunEvent>, Option<oneshot::Sender<bool>>),
+    Flush(oneshot::Sender<bool>),
 }
 
 /// Forwards events to the platform in batches, off the request path.
@@ -149,57 +132,97 @@ pub struct EventSink {
 
 const SINK_CAPACITY: usize = 16 * 1024;
 const BATCH: usize = 256;
-/// How long the sink waits for more events before sending a batch.
+/// How long the sink waits for more events before sending a batch (not
+/// when someone waits for it: a flush, or an egress record whose request
+/// is held until the platform has it).
 const LINGER: Duration = Duration::from_millis(5);
 
+/// Sends `events`, retrying a refusal a few times; `false` if they were dropped.
+async fn deliver(platform: &PlatformClient, events: Vec<RunEvent>) -> bool {
+    let n = events.len();
+    let mut attempt = 0;
+    loop {
+        match platform.events(events.clone()).await {
+            Ok(_) => return true,
+            Err(e) if attempt < 3 => {
+                attempt += 1;
+                tracing::warn!("event sink: platform refused {n} events (attempt {attempt}): {e}");
+                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            }
+            Err(e) => {
+                tracing::error!("event sink: dropped {n} events: {e}");
+                return false;
+            }
+        }
+    }
+}
+
 impl EventSink {
+    /// Events are gathered for up to [`LINGER`] (or [`BATCH`] of them), so a
+    /// busy run costs the platform one request per batch, not per event. A
+    /// flush sends at once. So does an egress record the sidecar waits for
+    /// (its request is held until the platform has it): it takes along the
+    /// egress records queued before it (one write for all), while the other
+    /// events keep lingering.
     pub fn start(platform: PlatformClient) -> Self {
         let (tx, mut rx) = mpsc::channel::<SinkMsg>(SINK_CAPACITY);
         tokio::spawn(async move {
-            let mut batch = Vec::new();
-            let mut waiters = Vec::new();
-            while let Some(msg) = rx.recv().await {
-                let push =
-                    |m: SinkMsg,
-                     batch: &mut Vec<RunEvent>,
-                     waiters: &mut Vec<oneshot::Sender<()>>| match m {
-                        SinkMsg::Event(e) => batch.push(*e),
-                        SinkMsg::Flush(w) => waiters.push(w),
-                    };
-                push(msg, &mut batch, &mut waiters);
-                // Gather what arrives within LINGER (a flush request cuts it
-                // short), so a busy run costs the platform one request per
-                // batch rather than one per event.
-                let deadline = tokio::time::Instant::now() + LINGER;
-                while batch.len() < BATCH && waiters.is_empty() {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(m)) => push(m, &mut batch, &mut waiters),
-                        Ok(None) | Err(_) => break,
+            let mut pending: Vec<RunEvent> = Vec::new();
+            let mut due_at: Option<tokio::time::Instant> = None;
+            let mut closed = false;
+            while !(closed && pending.is_empty()) {
+                let mut acks: Vec<oneshot::Sender<bool>> = Vec::new();
+                let mut flushes: Vec<oneshot::Sender<bool>> = Vec::new();
+                let next = match due_at {
+                    _ if closed => None,
+                    Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok(),
+                    None => Some(rx.recv().await),
+                };
+                let mut take = |m: SinkMsg, pending: &mut Vec<RunEvent>| match m {
+                    SinkMsg::Event(e, ack) => {
+                        pending.push(*e);
+                        acks.extend(ack);
                     }
-                }
-                if !batch.is_empty() {
-                    let events = std::mem::take(&mut batch);
-                    let n = events.len();
-                    let mut attempt = 0;
-                    loop {
-                        match platform.events(events.clone()).await {
-                            Ok(_) => break,
-                            Err(e) if attempt < 3 => {
-                                attempt += 1;
-                                tracing::warn!(
-                                    "event sink: platform refused {n} events (attempt {attempt}): {e}"
-                                );
-                                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-                            }
-                            Err(e) => {
-                                tracing::error!("event sink: dropped {n} events: {e}");
-                                break;
-                            }
+                    SinkMsg::Flush(w) => flushes.push(w),
+                };
+                match next {
+                    Some(Some(m)) => {
+                        take(m, &mut pending);
+                        while let Ok(m) = rx.try_recv() {
+                            take(m, &mut pending);
                         }
                     }
+                    Some(None) => closed = true,
+                    None => {}
                 }
-                for w in waiters.drain(..) {
-                    let _ = w.send(());
+                let now = tokio::time::Instant::now();
+                if due_at.is_none() && !pending.is_empty() {
+                    due_at = Some(now + LINGER);
+                }
+                let due = closed
+                    || !flushes.is_empty()
+                    || pending.len() >= BATCH
+                    || due_at.is_some_and(|at| at <= now);
+                if due {
+                    let delivered = pending.is_empty()
+                        || deliver(&platform, std::mem::take(&mut pending)).await;
+                    due_at = None;
+                    for w in acks.into_iter().chain(flushes) {
+                        let _ = w.send(delivered);
+                    }
+                } else if !acks.is_empty() {
+                    let (egress, rest): (Vec<RunEvent>, Vec<RunEvent>) =
+                        std::mem::take(&mut pending)
+                            .into_iter()
+                            .partition(|e| matches!(e, RunEvent::Egress(_)));
+                    pending = rest;
+                    if pending.is_empty() {
+                        due_at = None;
+                    }
+                    let delivered = deliver(&platform, egress).await;
+                    for w in acks {
+                        let _ = w.send(delivered);
+                    }
                 }
             }
         });
@@ -208,16 +231,37 @@ impl EventSink {
 
     /// Queues an event; never blocks the request path.
     pub fn send(&self, event: RunEvent) {
-        if self.tx.try_send(SinkMsg::Event(Box::new(event))).is_err() {
+        if self
+            .tx
+            .try_send(SinkMsg::Event(Box::new(event), None))
+            .is_err()
+        {
             tracing::error!("event sink is full or closed: an event was dropped");
         }
     }
 
-    /// Waits until every event queued before this call was handed to the platform.
-    pub async fn flush(&self) {
+    /// Sends `event` now, with whatever is queued before it, and waits until
+    /// the platform has stored them: `false` if it did not.
+    pub async fn send_acked(&self, event: RunEvent) -> bool {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(SinkMsg::Flush(tx)).await.is_ok() {
-            let _ = rx.await;
+        if self
+            .tx
+            .send(SinkMsg::Event(Box::new(event), Some(tx)))
+            .await
+            .is_err()
+        {
+            return false;
         }
+        rx.await.unwrap_or(false)
+    }
+
+    /// Waits until every event queued before this call was handed to the
+    /// platform; `false` if some of them could not be.
+    pub async fn flush(&self) -> bool {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(SinkMsg::Flush(tx)).await.is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
     }
 }

@@ -997,12 +997,22 @@ impl Store {
 
     // ---- egress log ----
 
-    /// Appends one outbound decision.
+    /// Appends one outbound request to its run's log, or, when `e.seq` names
+    /// a request already logged, completes it (see [`NewEgress`]). Returns
+    /// the row id.
     pub async fn append_egress(&self, e: &NewEgress<'_>) -> Result<i64, StoreError> {
-        on_pool!(self, p => sqlx::query_scalar(
+        let inserted: Option<i64> = on_pool!(self, p => sqlx::query_scalar(
             "INSERT INTO egress_log (run_id, at, source, integration, method, url, host, \
-             decision, reason, status, duration_ms, bytes_out, bytes_in) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id",
+             decision, reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             ON CONFLICT (run_id, seq) DO UPDATE SET source = excluded.source, \
+             integration = excluded.integration, method = excluded.method, url = excluded.url, \
+             host = excluded.host, decision = excluded.decision, reason = excluded.reason, \
+             status = excluded.status, duration_ms = excluded.duration_ms, \
+             bytes_out = excluded.bytes_out, bytes_in = excluded.bytes_in, \
+             outcome = excluded.outcome, metering = excluded.metering \
+             WHERE excluded.outcome IS NULL OR excluded.outcome <> 'incomplete' \
+             RETURNING id",
         )
         .bind(e.run_id)
         .bind(e.at)
@@ -1017,9 +1027,97 @@ impl Store {
         .bind(e.duration_ms)
         .bind(e.bytes_out)
         .bind(e.bytes_in)
+        .bind(e.seq)
+        .bind(e.outcome.map(EgressOutcome::as_str))
+        .bind(e.metering.map(EgressMetering::as_str))
+        .fetch_optional(p)
+        .await
+        .map_err(|err| self.run_fk(err, e.run_id)))?;
+        if let Some(id) = inserted {
+            return Ok(id);
+        }
+        // A repeated start of a request already completed: nothing changed.
+        on_pool!(self, p => sqlx::query_scalar(
+            "SELECT id FROM egress_log WHERE run_id = $1 AND seq = $2",
+        )
+        .bind(e.run_id)
+        .bind(e.seq)
         .fetch_one(p)
         .await
-        .map_err(|err| self.run_fk(err, e.run_id)))
+        .map_err(|err| self.err(err)))
+    }
+
+    /// [`Store::append_egress`] for many records at once, in one statement
+    /// per 64 records: how a batch of completions costs one write, not one
+    /// per record. A batch naming one `(run_id, seq)` twice keeps its last
+    /// record (a start never replaces a completion).
+    pub async fn append_egress_batch(&self, records: &[NewEgress<'_>]) -> Result<(), StoreError> {
+        const COLUMNS: &str = "(run_id, at, source, integration, method, url, host, decision, \
+             reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering)";
+        const PER_STATEMENT: usize = 64;
+        let mut unique: Vec<&NewEgress<'_>> = Vec::with_capacity(records.len());
+        for r in records {
+            let same = r.seq.is_some().then(|| {
+                unique
+                    .iter()
+                    .position(|u| u.seq == r.seq && u.run_id == r.run_id)
+            });
+            match same.flatten() {
+                Some(i) if r.outcome != Some(EgressOutcome::Incomplete) => unique[i] = r,
+                Some(_) => {}
+                None => unique.push(r),
+            }
+        }
+        for chunk in unique.chunks(PER_STATEMENT) {
+            let mut sql = format!("INSERT INTO egress_log {COLUMNS} VALUES ");
+            for i in 0..chunk.len() {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push('(');
+                for c in 0..16 {
+                    if c > 0 {
+                        sql.push_str(", ");
+                    }
+                    sql.push_str(&format!("${}", i * 16 + c + 1));
+                }
+                sql.push(')');
+            }
+            sql.push_str(
+                " ON CONFLICT (run_id, seq) DO UPDATE SET source = excluded.source, \
+                 integration = excluded.integration, method = excluded.method, url = excluded.url, \
+                 host = excluded.host, decision = excluded.decision, reason = excluded.reason, \
+                 status = excluded.status, duration_ms = excluded.duration_ms, \
+                 bytes_out = excluded.bytes_out, bytes_in = excluded.bytes_in, \
+                 outcome = excluded.outcome, metering = excluded.metering \
+                 WHERE excluded.outcome IS NULL OR excluded.outcome <> 'incomplete'",
+            );
+            let run_id = chunk.first().map_or("", |e| e.run_id);
+            on_pool!(self, p => {
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.clone()));
+                for e in chunk {
+                    q = q
+                        .bind(e.run_id)
+                        .bind(e.at)
+                        .bind(e.source)
+                        .bind(e.integration)
+                        .bind(e.method)
+                        .bind(e.url)
+                        .bind(e.host)
+                        .bind(e.decision.as_str())
+                        .bind(e.reason)
+                        .bind(e.status)
+                        .bind(e.duration_ms)
+                        .bind(e.bytes_out)
+                        .bind(e.bytes_in)
+                        .bind(e.seq)
+                        .bind(e.outcome.map(EgressOutcome::as_str))
+                        .bind(e.metering.map(EgressMetering::as_str));
+                }
+                q.execute(p).await.map_err(|err| self.run_fk(err, run_id))?;
+            });
+        }
+        Ok(())
     }
 
     /// A run's egress log, oldest first.
@@ -1031,8 +1129,8 @@ impl Store {
         on_pool!(self, p => {
             let rows = sqlx::query(
                 "SELECT id, run_id, at, source, integration, method, url, host, decision, \
-                 reason, status, duration_ms, bytes_out, bytes_in FROM egress_log \
-                 WHERE run_id = $1 ORDER BY id \
+                 reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering \
+                 FROM egress_log WHERE run_id = $1 ORDER BY id \
                  LIMIT $2",
             )
             .bind(run_id)
@@ -1043,6 +1141,8 @@ impl Store {
             rows.iter()
                 .map(|r| {
                     let decision: String = r.try_get("decision").map_err(|e| self.err(e))?;
+                    let outcome: Option<String> = r.try_get("outcome").map_err(|e| self.err(e))?;
+                    let metering: Option<String> = r.try_get("metering").map_err(|e| self.err(e))?;
                     Ok(EgressEntry {
                         id: r.try_get("id").map_err(|e| self.err(e))?,
                         run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
@@ -1059,6 +1159,15 @@ impl Store {
                         duration_ms: r.try_get("duration_ms").map_err(|e| self.err(e))?,
                         bytes_out: r.try_get("bytes_out").map_err(|e| self.err(e))?,
                         bytes_in: r.try_get("bytes_in").map_err(|e| self.err(e))?,
+                        seq: r.try_get("seq").map_err(|e| self.err(e))?,
+                        outcome: outcome
+                            .map(|o| EgressOutcome::parse(&o)
+                                .ok_or_else(|| StoreError::Corrupt(format!("egress outcome {o:?}"))))
+                            .transpose()?,
+                        metering: metering
+                            .map(|m| EgressMetering::parse(&m)
+                                .ok_or_else(|| StoreError::Corrupt(format!("egress metering {m:?}"))))
+                            .transpose()?,
                     })
                 })
                 .collect()

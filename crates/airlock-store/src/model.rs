@@ -229,7 +229,81 @@ impl EgressDecision {
     }
 }
 
-/// An outbound decision to log. `url` must already be free of credentials.
+/// What became of an allowed request (the wire's `EgressOutcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EgressOutcome {
+    /// Recorded before it was sent and never completed (the sidecar was
+    /// killed, or the run is still going).
+    Incomplete,
+    /// The upstream answered and the exchange ended (`status` holds the answer).
+    Completed,
+    /// The upstream could not be reached, or failed mid-answer.
+    UpstreamFailed,
+    /// The sidecar stopped waiting (the agent went away or the run ended).
+    Aborted,
+    /// The answer arrived but was not passed on (it could not be redacted).
+    Withheld,
+    /// Recorded, then not sent after all (the sidecar could not finish it).
+    NotSent,
+}
+
+impl EgressOutcome {
+    pub const ALL: [EgressOutcome; 6] = [
+        EgressOutcome::Incomplete,
+        EgressOutcome::Completed,
+        EgressOutcome::UpstreamFailed,
+        EgressOutcome::Aborted,
+        EgressOutcome::Withheld,
+        EgressOutcome::NotSent,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressOutcome::Incomplete => "incomplete",
+            EgressOutcome::Completed => "completed",
+            EgressOutcome::UpstreamFailed => "upstream_failed",
+            EgressOutcome::Aborted => "aborted",
+            EgressOutcome::Withheld => "withheld",
+            EgressOutcome::NotSent => "not_sent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+}
+
+/// Whether a model call was metered from the provider's own usage report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EgressMetering {
+    Metered,
+    /// The provider's usage never arrived; the run's usage holds what was seen.
+    Unmetered,
+}
+
+impl EgressMetering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressMetering::Metered => "metered",
+            EgressMetering::Unmetered => "unmetered",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "metered" => Some(EgressMetering::Metered),
+            "unmetered" => Some(EgressMetering::Unmetered),
+            _ => None,
+        }
+    }
+}
+
+/// An outbound request to log. `url` must already be free of credentials.
+///
+/// With a `seq`, [`crate::Store::append_egress`] is an upsert on
+/// `(run_id, seq)`: the first write of a request (`outcome: Incomplete`)
+/// inserts its row, the completion updates it, and a repeated start never
+/// undoes a completion.
 #[derive(Debug, Clone, Copy)]
 pub struct NewEgress<'a> {
     pub run_id: &'a str,
@@ -240,8 +314,9 @@ pub struct NewEgress<'a> {
     pub method: &'a str,
     pub url: &'a str,
     pub host: &'a str,
+    /// The guard's decision.
     pub decision: EgressDecision,
-    /// The refusal code, or a note.
+    /// The guard's refusal code, when refused.
     pub reason: Option<&'a str>,
     /// Upstream HTTP status, when there was one.
     pub status: Option<i64>,
@@ -250,9 +325,15 @@ pub struct NewEgress<'a> {
     pub bytes_out: i64,
     /// Bytes received from upstream.
     pub bytes_in: i64,
+    /// The record's number within the run (the sidecar's), if any.
+    pub seq: Option<i64>,
+    /// What became of an allowed request; `None` for a refusal.
+    pub outcome: Option<EgressOutcome>,
+    /// Model calls: whether the usage was metered.
+    pub metering: Option<EgressMetering>,
 }
 
-/// A logged outbound decision.
+/// A logged outbound request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressEntry {
     pub id: i64,
@@ -263,12 +344,18 @@ pub struct EgressEntry {
     pub method: String,
     pub url: String,
     pub host: String,
+    /// The guard's decision.
     pub decision: EgressDecision,
+    /// The guard's refusal code.
     pub reason: Option<String>,
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
     pub bytes_out: i64,
     pub bytes_in: i64,
+    pub seq: Option<i64>,
+    /// `None` for refusals (nothing was sent).
+    pub outcome: Option<EgressOutcome>,
+    pub metering: Option<EgressMetering>,
 }
 
 /// An agent's memory.

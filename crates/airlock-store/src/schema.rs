@@ -104,6 +104,23 @@ ALTER TABLE egress_log ADD COLUMN bytes_in BIGINT NOT NULL DEFAULT 0;
 "#,
     },
     Migration {
+        version: 3,
+        description: "egress log outcome, record sequence and metering",
+        sql: r#"
+ALTER TABLE egress_log ADD COLUMN seq BIGINT;
+ALTER TABLE egress_log ADD COLUMN outcome TEXT;
+ALTER TABLE egress_log ADD COLUMN metering TEXT;
+CREATE UNIQUE INDEX egress_log_run_seq ON egress_log (run_id, seq);
+-- Older rows in today's terms: a dial or upstream failure was logged with
+-- the code upstream_failed (as refused by api_call and the proxy, allowed by
+-- /llm); the guard had allowed each of them. Every other allowed row was
+-- written once the request was over.
+UPDATE egress_log SET decision = 'allowed', reason = NULL, outcome = 'upstream_failed'
+    WHERE reason = 'upstream_failed';
+UPDATE egress_log SET outcome = 'completed' WHERE decision = 'allowed' AND outcome IS NULL;
+"#,
+    },
+    Migration {
         version: 4,
         description: "key-check values per key id",
         sql: r#"
@@ -201,6 +218,23 @@ CREATE TABLE results (
         sql: r#"
 ALTER TABLE egress_log ADD COLUMN bytes_out BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE egress_log ADD COLUMN bytes_in BIGINT NOT NULL DEFAULT 0;
+"#,
+    },
+    Migration {
+        version: 3,
+        description: "egress log outcome, record sequence and metering",
+        sql: r#"
+ALTER TABLE egress_log ADD COLUMN seq BIGINT;
+ALTER TABLE egress_log ADD COLUMN outcome TEXT;
+ALTER TABLE egress_log ADD COLUMN metering TEXT;
+CREATE UNIQUE INDEX egress_log_run_seq ON egress_log (run_id, seq);
+-- Older rows in today's terms: a dial or upstream failure was logged with
+-- the code upstream_failed (as refused by api_call and the proxy, allowed by
+-- /llm); the guard had allowed each of them. Every other allowed row was
+-- written once the request was over.
+UPDATE egress_log SET decision = 'allowed', reason = NULL, outcome = 'upstream_failed'
+    WHERE reason = 'upstream_failed';
+UPDATE egress_log SET outcome = 'completed' WHERE decision = 'allowed' AND outcome IS NULL;
 "#,
     },
     Migration {

@@ -97,6 +97,8 @@ on_both!(
     runs,
     events,
     egress_log,
+    egress_records_are_started_then_completed,
+    egress_batches_are_one_write_with_the_same_meaning,
     memories,
     results,
     run_slots_are_claimed_atomically,
@@ -657,6 +659,9 @@ async fn egress_log(s: &Store) {
         duration_ms: Some(42),
         bytes_out: 120,
         bytes_in: 5_000_000_000,
+        seq: None,
+        outcome: Some(EgressOutcome::Completed),
+        metering: None,
     };
     s.append_egress(&allowed).await.unwrap();
     s.append_egress(&NewEgress {
@@ -670,12 +675,15 @@ async fn egress_log(s: &Store) {
         duration_ms: None,
         bytes_out: 0,
         bytes_in: 0,
+        outcome: None,
         ..allowed
     })
     .await
     .unwrap();
     let log = s.list_egress("r1", 100).await.unwrap();
     assert_eq!(log.len(), 2);
+    assert_eq!(log[0].outcome, Some(EgressOutcome::Completed));
+    assert_eq!(log[1].outcome, None);
     assert_eq!(log[0].decision, EgressDecision::Allowed);
     assert_eq!(log[0].status, Some(200));
     assert_eq!(log[0].integration.as_deref(), Some("github"));
@@ -690,6 +698,151 @@ async fn egress_log(s: &Store) {
             run_id: "ghost",
             ..allowed
         })
+        .await
+        .unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
+}
+
+/// A request is written when it starts and completed later under the same
+/// `seq`: one row, whose start survives if the completion never comes and
+/// which a repeated start (a retried batch) never reverts.
+async fn egress_records_are_started_then_completed(s: &Store) {
+    new_run(s, "r1").await;
+    new_run(s, "r2").await;
+    let start = NewEgress {
+        run_id: "r1",
+        at: 10,
+        source: "llm",
+        integration: Some("@model"),
+        method: "POST",
+        url: "https://api.example/v1/chat/completions",
+        host: "api.example",
+        decision: EgressDecision::Allowed,
+        reason: None,
+        status: None,
+        duration_ms: None,
+        bytes_out: 99,
+        bytes_in: 0,
+        seq: Some(7),
+        outcome: Some(EgressOutcome::Incomplete),
+        metering: None,
+    };
+    let id = s.append_egress(&start).await.unwrap();
+    // Another run's record 7 is another row.
+    let other = s
+        .append_egress(&NewEgress {
+            run_id: "r2",
+            ..start
+        })
+        .await
+        .unwrap();
+    assert_ne!(id, other);
+    let log = s.list_egress("r1", 10).await.unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].outcome, Some(EgressOutcome::Incomplete));
+    assert_eq!(log[0].seq, Some(7));
+    let done = NewEgress {
+        status: Some(200),
+        duration_ms: Some(1500),
+        bytes_in: 4096,
+        outcome: Some(EgressOutcome::Completed),
+        metering: Some(EgressMetering::Unmetered),
+        ..start
+    };
+    assert_eq!(s.append_egress(&done).await.unwrap(), id);
+    // The start again (a batch sent twice): the completion stays.
+    assert_eq!(s.append_egress(&start).await.unwrap(), id);
+    let log = s.list_egress("r1", 10).await.unwrap();
+    assert_eq!(log.len(), 1, "{log:?}");
+    let e = &log[0];
+    assert_eq!(
+        (e.id, e.at, e.status, e.duration_ms, e.bytes_out, e.bytes_in),
+        (id, 10, Some(200), Some(1500), 99, 4096)
+    );
+    assert_eq!(e.outcome, Some(EgressOutcome::Completed));
+    assert_eq!(e.metering, Some(EgressMetering::Unmetered));
+    // A completion whose start was lost is a row of its own.
+    s.append_egress(&NewEgress {
+        seq: Some(8),
+        ..done
+    })
+    .await
+    .unwrap();
+    assert_eq!(s.list_egress("r1", 10).await.unwrap().len(), 2);
+    // Rows without a seq never collide.
+    for _ in 0..2 {
+        s.append_egress(&NewEgress { seq: None, ..done })
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.list_egress("r1", 10).await.unwrap().len(), 4);
+}
+
+/// A batch of records (more than one statement's worth) means what the same
+/// records written one by one mean.
+async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
+    new_run(s, "r1").await;
+    let rec = |seq: i64, outcome: EgressOutcome| NewEgress {
+        run_id: "r1",
+        at: seq,
+        source: "proxy",
+        integration: None,
+        method: "CONNECT",
+        url: "https://a.example/",
+        host: "a.example",
+        decision: EgressDecision::Allowed,
+        reason: None,
+        status: (outcome == EgressOutcome::Completed).then_some(200),
+        duration_ms: None,
+        bytes_out: seq,
+        bytes_in: 0,
+        seq: Some(seq),
+        outcome: Some(outcome),
+        metering: None,
+    };
+    // Starts written first (as the sidecar does, one by one).
+    for seq in 0..150 {
+        s.append_egress(&rec(seq, EgressOutcome::Incomplete))
+            .await
+            .unwrap();
+    }
+    // Then completions of all but the last ten, a new record completed in
+    // the same batch it starts in, a refusal without a seq, and a stale
+    // start of one being completed.
+    let mut batch: Vec<NewEgress<'_>> = (0..140)
+        .map(|seq| rec(seq, EgressOutcome::Completed))
+        .collect();
+    batch.push(rec(500, EgressOutcome::Incomplete));
+    batch.push(rec(500, EgressOutcome::Aborted));
+    batch.push(rec(3, EgressOutcome::Incomplete));
+    batch.push(NewEgress {
+        decision: EgressDecision::Refused,
+        reason: Some("blocked_address"),
+        seq: None,
+        outcome: None,
+        ..rec(0, EgressOutcome::Completed)
+    });
+    s.append_egress_batch(&batch).await.unwrap();
+    let log = s.list_egress("r1", 1000).await.unwrap();
+    assert_eq!(log.len(), 152, "one row per request");
+    let by_seq = |seq: i64| log.iter().find(|e| e.seq == Some(seq)).unwrap();
+    assert_eq!(by_seq(0).outcome, Some(EgressOutcome::Completed));
+    assert_eq!(by_seq(3).outcome, Some(EgressOutcome::Completed));
+    assert_eq!(by_seq(139).status, Some(200));
+    assert_eq!(by_seq(140).outcome, Some(EgressOutcome::Incomplete));
+    assert_eq!(by_seq(500).outcome, Some(EgressOutcome::Aborted));
+    assert_eq!(
+        log.iter()
+            .filter(|e| e.decision == EgressDecision::Refused)
+            .count(),
+        1
+    );
+    assert!(matches!(
+        s.append_egress_batch(&[NewEgress {
+            run_id: "ghost",
+            ..rec(1, EgressOutcome::Completed)
+        }])
         .await
         .unwrap_err(),
         StoreError::RunNotFound(_)
@@ -822,7 +975,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
         .await
         .unwrap();
     sqlx::raw_sql(
-        "ALTER TABLE egress_log DROP COLUMN bytes_out; \
+        "DROP INDEX egress_log_run_seq; \
+         ALTER TABLE egress_log DROP COLUMN seq; \
+         ALTER TABLE egress_log DROP COLUMN outcome; \
+         ALTER TABLE egress_log DROP COLUMN metering; \
+         ALTER TABLE egress_log DROP COLUMN bytes_out; \
          ALTER TABLE egress_log DROP COLUMN bytes_in; \
          DROP TABLE key_checks; \
          DELETE FROM airlock_schema_migrations WHERE version >= 2; \
@@ -844,6 +1001,148 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
     assert_eq!((log[0].bytes_out, log[0].bytes_in), (0, 0));
+    assert_eq!(log[0].outcome, Some(EgressOutcome::Completed));
+}
+
+/// Turns a version-3 database back into what version 2 wrote, with the
+/// rows version 2 wrote for each kind of request.
+const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
+     ALTER TABLE egress_log DROP COLUMN seq; \
+     ALTER TABLE egress_log DROP COLUMN outcome; \
+     ALTER TABLE egress_log DROP COLUMN metering; \
+     DROP TABLE key_checks; \
+     DELETE FROM airlock_schema_migrations WHERE version >= 3; \
+     INSERT INTO egress_log (run_id, at, source, integration, method, url, host, decision, \
+       reason, status, duration_ms, bytes_out, bytes_in) VALUES \
+     ('r1', 1, 'api_call', 'svc', 'GET', 'http://a.example:1/', 'a.example', 'refused', \
+       'upstream_failed', 502, 3, 0, 0), \
+     ('r1', 2, 'llm', '@model', 'POST', 'http://m.example/v1/x', 'm.example', 'allowed', \
+       'upstream_failed', NULL, 4, 10, 0), \
+     ('r1', 3, 'proxy', NULL, 'CONNECT', 'https://b.example/', 'b.example', 'allowed', \
+       NULL, 200, 7, 300, 4000), \
+     ('r1', 4, 'proxy', NULL, 'GET', 'http://169.254.169.254/', '169.254.169.254', \
+       'refused', 'blocked_address', 403, NULL, 0, 0)";
+
+/// What version 3 makes of version 2's rows: the guard's decision apart
+/// from the upstream's outcome, every row in the same terms as new ones
+/// (and version 4 after it).
+async fn check_upgraded_to_3(s: &Store) {
+    assert_eq!(s.schema_version().await.unwrap(), 4);
+    let log = s.list_egress("r1", 10).await.unwrap();
+    let got: Vec<_> = log
+        .iter()
+        .map(|e| {
+            (
+                e.source.as_str(),
+                e.decision,
+                e.reason.as_deref(),
+                e.outcome,
+                e.bytes_in,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "api_call",
+                EgressDecision::Allowed,
+                None,
+                Some(EgressOutcome::UpstreamFailed),
+                0
+            ),
+            (
+                "llm",
+                EgressDecision::Allowed,
+                None,
+                Some(EgressOutcome::UpstreamFailed),
+                0
+            ),
+            (
+                "proxy",
+                EgressDecision::Allowed,
+                None,
+                Some(EgressOutcome::Completed),
+                4000
+            ),
+            (
+                "proxy",
+                EgressDecision::Refused,
+                Some("blocked_address"),
+                None,
+                0
+            ),
+        ]
+    );
+    assert!(log.iter().all(|e| e.seq.is_none() && e.metering.is_none()));
+    // The upgraded table takes started-then-completed records.
+    let start = NewEgress {
+        run_id: "r1",
+        at: 9,
+        source: "proxy",
+        integration: None,
+        method: "CONNECT",
+        url: "https://c.example/",
+        host: "c.example",
+        decision: EgressDecision::Allowed,
+        reason: None,
+        status: None,
+        duration_ms: None,
+        bytes_out: 0,
+        bytes_in: 0,
+        seq: Some(1),
+        outcome: Some(EgressOutcome::Incomplete),
+        metering: None,
+    };
+    let id = s.append_egress(&start).await.unwrap();
+    let done = NewEgress {
+        outcome: Some(EgressOutcome::Aborted),
+        ..start
+    };
+    assert_eq!(s.append_egress(&done).await.unwrap(), id);
+    assert_eq!(s.list_egress("r1", 10).await.unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn a_version_2_database_is_upgraded_on_sqlite() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("airlock.db");
+    let s = Store::open_sqlite(&path, &StoreOptions::default())
+        .await
+        .unwrap();
+    new_run(&s, "r1").await;
+    s.close().await;
+    let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::raw_sql(TO_VERSION_2).execute(&mut c).await.unwrap();
+    c.close().await.unwrap();
+    let s = Store::open_sqlite(&path, &StoreOptions::default())
+        .await
+        .unwrap();
+    check_upgraded_to_3(&s).await;
+}
+
+#[tokio::test]
+async fn a_version_2_database_is_upgraded_on_postgres() {
+    use sqlx::Connection as _;
+    let Some((s, url, schema)) = postgres().await else {
+        return;
+    };
+    new_run(&s, "r1").await;
+    s.close().await;
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{sep}options[search_path]={schema}");
+    let mut c = sqlx::PgConnection::connect(&scoped).await.unwrap();
+    sqlx::raw_sql(TO_VERSION_2).execute(&mut c).await.unwrap();
+    c.close().await.unwrap();
+    let s = Store::open(&scoped, &StoreOptions::default())
+        .await
+        .unwrap();
+    check_upgraded_to_3(&s).await;
+    s.close().await;
+    drop_schema(&url, &schema).await;
 }
 
 #[tokio::test]

@@ -104,7 +104,7 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         let p = TestPlatform::start("bench-llm").await;
-        p.add_connection("@model", AuthType::ApiKey, &[("api_key", "sk-bench-key")]).await;
+        p.add_connection("@model", AuthType::ApiKey, &[("key", "sk-bench-key")]).await;
         let fake = fake_provider::start(Duration::ZERO).await;
         let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "unix": p.dir.path().join("sidecar.sock")}));
         support::merge(

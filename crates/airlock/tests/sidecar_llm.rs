@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use airlock_platform::testing::TestPlatform;
 use airlock_platform_api::wire::{CostRecord, RunEvent};
-use airlock_store::{AuthType, EgressDecision};
+use airlock_store::EgressDecision;
 use airlock_vault::ExposeSecret;
 use fake_provider::*;
 use serde_json::{Value, json};
@@ -143,8 +143,7 @@ async fn openai_sdk_through_the_relay() {
         return;
     }
     let p = TestPlatform::start("agent-llm-openai").await;
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
-        .await;
+    add_model_key(&p, PROVIDER_KEY).await;
     let fake = fake_provider::start(EVENT_DELAY).await;
     let mut sc = spawn_sidecar(&config(
         &p,
@@ -282,8 +281,7 @@ async fn anthropic_sdk_through_the_relay() {
         return;
     }
     let p = TestPlatform::start("agent-llm-anthropic").await;
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
-        .await;
+    add_model_key(&p, PROVIDER_KEY).await;
     let fake = fake_provider::start(EVENT_DELAY).await;
     let mut sc = spawn_sidecar(&config(
         &p,
@@ -350,8 +348,7 @@ async fn anthropic_sdk_through_the_relay() {
 async fn a_client_that_hangs_up_early_is_still_metered() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let p = TestPlatform::start("agent-llm-hangup").await;
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
-        .await;
+    add_model_key(&p, PROVIDER_KEY).await;
     let fake = fake_provider::start(Duration::from_millis(50)).await;
     let mut sc = spawn_sidecar(&config(
         &p,
@@ -427,8 +424,7 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
     assert_eq!(fake.requests().len(), 0);
     drop(sc);
 
-    p.add_connection("@model", AuthType::ApiKey, &[("api_key", PROVIDER_KEY)])
-        .await;
+    add_model_key(&p, PROVIDER_KEY).await;
     // Wrong token: 401 before anything else.
     let sc = spawn_sidecar(&config(
         &p,
@@ -556,9 +552,245 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
         .filter(|e| e.source == "llm" && e.decision == EgressDecision::Refused)
         .collect();
     assert_eq!(refused.len(), 4, "{log:?}");
+    // The provider down: the guard allowed it, the upstream failed.
     assert!(
-        log.iter()
-            .any(|e| e.source == "llm" && e.reason.as_deref() == Some("upstream_failed")),
+        log.iter().any(|e| e.source == "llm"
+            && e.decision == EgressDecision::Allowed
+            && e.reason.is_none()
+            && outcome(e) == Some("upstream_failed")),
         "{log:?}"
+    );
+}
+
+/// The model key stored the way the README says (`airlock connections add
+/// … --type api_key` with the field `key`, by the real CLI) is the key the
+/// relay sends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_key_stored_as_the_readme_says_reaches_the_provider() {
+    use base64::Engine as _;
+    use std::io::Write as _;
+    let p = TestPlatform::start("agent-llm-cli-key").await;
+    let mut child = Command::new(AIRLOCK)
+        .args([
+            "connections",
+            "add",
+            "openai-key",
+            "--integration",
+            "openai",
+            "--type",
+            "api_key",
+        ])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("AIRLOCK_HOME", p.dir.path())
+        .env(
+            "CONNECTION_ENCRYPTION_KEY",
+            base64::engine::general_purpose::STANDARD.encode(p.connection_key()),
+        )
+        .env("CONNECTION_ENCRYPTION_KEY_ID", "k1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!(r#"{{"key": "{PROVIDER_KEY}"}}"#).as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "connections add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    p.grant_connection("@model", "openai-key");
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let auth = format!("Bearer {token}");
+    let (status, _, b) = http(
+        sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        reqs[0].header("authorization"),
+        Some(format!("Bearer {PROVIDER_KEY}").as_str())
+    );
+    assert!(!String::from_utf8_lossy(&b).contains(PROVIDER_KEY));
+}
+
+/// A sidecar for an Anthropic-style fake with `delay` between events.
+async fn anthropic_env(
+    agent: &str,
+    delay: Duration,
+) -> (TestPlatform, FakeProvider, SidecarProcess) {
+    let p = TestPlatform::start(agent).await;
+    add_model_key(&p, PROVIDER_KEY).await;
+    let fake = fake_provider::start(delay).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        "anthropic",
+        &format!("http://{HOST}:{}", fake.port()),
+    ));
+    (p, fake, sc)
+}
+
+/// An agent opens a model stream, reads two events, closes it and exits;
+/// the run ends at once (SIGTERM). The sidecar reads the rest before it
+/// exits: the call is metered in full and in the egress log.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_that_leaves_a_stream_and_exits_still_pays() {
+    if !python_has(&["anthropic"]) {
+        return;
+    }
+    let (p, _fake, mut sc) = anthropic_env("agent-llm-leaves", Duration::from_millis(100)).await;
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let base = format!("http://{}/llm", sc.tcp());
+    let out = run_python(vec![
+        script("llm_hangup.py"),
+        base,
+        token,
+        ANTHROPIC_MODEL.into(),
+        "2".into(),
+    ])
+    .await;
+    assert_eq!(
+        out["events"],
+        json!(["message_start", "content_block_start"])
+    );
+    terminate(&mut sc);
+    let c = costs(&p.events().await);
+    assert_eq!(
+        c.len(),
+        1,
+        "no cost event for the stream the agent left: {c:?}"
+    );
+    assert_eq!((c[0].input_tokens, c[0].output_tokens), ANTHROPIC_USAGE);
+    assert!(!unmetered(&c[0]), "{c:?}");
+    let log = p.egress_log().await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(
+        (
+            log[0].source.as_str(),
+            log[0].status,
+            outcome(&log[0]),
+            metering(&log[0])
+        ),
+        ("llm", Some(200), Some("completed"), Some("metered")),
+        "{log:?}"
+    );
+    assert!(log[0].bytes_in > 0);
+}
+
+/// The same, but the provider's stream never ends (its usage never comes):
+/// the sidecar does not wait past its drain deadline, and the call is
+/// recorded as unmetered with the tokens it saw (the input, from
+/// `message_start`).
+#[tokio::test(flavor = "multi_thread")]
+async fn usage_that_never_arrives_is_recorded_as_unmetered() {
+    if !python_has(&["anthropic"]) {
+        return;
+    }
+    let (p, _fake, mut sc) = anthropic_env("agent-llm-stalls", Duration::from_millis(20)).await;
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let base = format!("http://{}/llm", sc.tcp());
+    let out = run_python(vec![
+        script("llm_hangup.py"),
+        base,
+        token,
+        STALL_MODEL.into(),
+        "2".into(),
+    ])
+    .await;
+    assert_eq!(out["events"].as_array().map(Vec::len), Some(2), "{out}");
+    let took = terminate(&mut sc);
+    assert!(took < Duration::from_secs(4), "the drain took {took:?}");
+    let c = costs(&p.events().await);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert!(unmetered(&c[0]), "{c:?}");
+    assert_eq!(
+        c[0].input_tokens, ANTHROPIC_USAGE.0,
+        "the tokens seen: {c:?}"
+    );
+    let log = p.egress_log().await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(
+        (outcome(&log[0]), metering(&log[0])),
+        (Some("aborted"), Some("unmetered")),
+        "{log:?}"
+    );
+    let run = p.store().get_run(&p.run_id).await.unwrap().unwrap();
+    assert_eq!(run.tokens_in, ANTHROPIC_USAGE.0 as i64);
+}
+
+/// A full embeddings batch (2,048 inputs) whose answer is larger than
+/// 16 MiB arrives intact through the official SDK and is metered.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_past_16_mib_is_metered() {
+    if !python_has(&["openai"]) {
+        return;
+    }
+    let p = TestPlatform::start("agent-llm-embeddings").await;
+    add_model_key(&p, PROVIDER_KEY).await;
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let mut sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let (n, dims) = (2048usize, 2000usize);
+    let out = run_python(vec![
+        script("llm_embeddings.py"),
+        format!("http://{}/llm/v1", sc.tcp()),
+        token,
+        n.to_string(),
+        dims.to_string(),
+    ])
+    .await;
+    let expected_sum: f64 = (0..n)
+        .map(|i| {
+            (0..dims)
+                .map(|j| f64::from(((i * 31 + j) % 1000) as f32 / 1000.0))
+                .sum::<f64>()
+        })
+        .sum();
+    let tokens = n as u64 * EMBED_TOKENS_PER_INPUT;
+    assert_eq!(out["count"], json!(n));
+    assert_eq!(out["dims"], json!([dims]));
+    assert!(
+        (out["checksum"].as_f64().unwrap() - expected_sum).abs() < 1.0,
+        "{out} vs {expected_sum}"
+    );
+    assert_eq!(out["usage"], json!([tokens, tokens]));
+    sc.stop();
+    let log = p.egress_log().await;
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert!(
+        log[0].bytes_in > 16 * 1024 * 1024,
+        "the answer is past the old metering copy: {} bytes",
+        log[0].bytes_in
+    );
+    let c = costs(&p.events().await);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(
+        (c[0].input_tokens, c[0].output_tokens),
+        (tokens, 0),
+        "{c:?}"
     );
 }

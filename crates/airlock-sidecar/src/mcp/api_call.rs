@@ -2,11 +2,11 @@
 //! send through the egress guard, and return the answer without it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
-use airlock_egress::{AuthorizedUris, CallRules, OutboundRequest, Target};
-use airlock_platform_api::wire::EgressRecord;
+use airlock_egress::{Admission, AuthorizedUris, CallRules, EgressError, OutboundRequest};
+use airlock_platform_api::wire::EgressOutcome;
 use base64::Engine;
 use bytes::Bytes;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject, Resource};
@@ -15,7 +15,8 @@ use serde_json::{Map, Value, json};
 use super::args::{self, ApiCallArgs, ArgError, Redactor};
 use super::{CredentialPrefetch, McpState};
 use crate::config::Integration;
-use crate::state::{loggable_url, now_ms};
+use crate::egress::{Allowed, InFlight, Outcome, RecordError, Refused, Source};
+use crate::state::Sidecar;
 
 /// An `isError` result: `{"error": code, "message": …, "status": n}`.
 pub fn error_result(code: &str, message: &str, status: u16) -> CallToolResult {
@@ -29,6 +30,179 @@ pub fn arg_error(e: &ArgError) -> CallToolResult {
     error_result(e.code, &e.message, e.status)
 }
 
+/// Why an `api_call` was not sent.
+pub(crate) enum Stop {
+    /// The guard refused it (to be recorded by the caller, with the
+    /// call's redactor).
+    Refused(EgressError),
+    /// The egress log could not record it.
+    Unrecorded(RecordError),
+}
+
+/// The guard's decision on `url` and, when it allows it, the request's
+/// record, stored before anything is sent.
+async fn decide_and_record(
+    sidecar: &Sidecar,
+    rules: &CallRules<'_>,
+    ns: &str,
+    method: &str,
+    url: &str,
+    bytes_out: u64,
+    redactor: &Redactor,
+) -> Result<(Admission, InFlight), Stop> {
+    let admission = sidecar
+        .client
+        .admit(url, rules)
+        .await
+        .map_err(Stop::Refused)?;
+    let allowed = Allowed {
+        source: Source::ApiCall,
+        integration: Some(ns),
+        method,
+        target: admission.target(),
+        bytes_out,
+    };
+    // Until the request is on its way, a drop means it was not sent.
+    let flight = sidecar
+        .egress
+        .begin_as(&allowed, redactor, Some(EgressOutcome::NotSent))
+        .await
+        .map_err(Stop::Unrecorded)?;
+    Ok((admission, flight))
+}
+
+type Decision = Result<(Admission, InFlight), Stop>;
+
+/// The guard's decision on an `api_call` and its egress record, started when
+/// the envelope named the tool and its target (as [`CredentialPrefetch`]
+/// starts the credential fetch): the record's platform round trip then
+/// overlaps rmcp's parsing and dispatch and the credential fetch. Only for
+/// targets the credential plays no part in (no placeholder, no template in
+/// `authorized_uris`). The tool call takes it only if its parsed arguments
+/// name the same target and method; a decision nobody takes is recorded as
+/// `not_sent`.
+#[derive(Clone)]
+pub struct DecisionPrefetch {
+    namespace: String,
+    target: String,
+    method: http::Method,
+    pending: Arc<PendingDecision>,
+}
+
+struct PendingDecision(std::sync::Mutex<Option<tokio::task::JoinHandle<Decision>>>);
+
+impl Drop for PendingDecision {
+    fn drop(&mut self) {
+        if let Ok(mut h) = self.0.lock()
+            && let Some(h) = h.take()
+        {
+            h.abort();
+        }
+    }
+}
+
+impl DecisionPrefetch {
+    pub(crate) fn start(
+        state: &Arc<McpState>,
+        ns: &str,
+        target: Option<&str>,
+        method: Option<&str>,
+    ) -> Option<Self> {
+        let target = target.filter(|t| !t.is_empty() && !t.contains("{{"))?;
+        let method = match method.map(str::to_ascii_uppercase).as_deref() {
+            None | Some("GET") => http::Method::GET,
+            Some("POST") => http::Method::POST,
+            Some("PUT") => http::Method::PUT,
+            Some("PATCH") => http::Method::PATCH,
+            Some("DELETE") => http::Method::DELETE,
+            Some("HEAD") => http::Method::HEAD,
+            Some(_) => return None,
+        };
+        if !state.static_uris.contains_key(ns) {
+            return None;
+        }
+        let st = state.clone();
+        let (n, t, m) = (ns.to_owned(), target.to_owned(), method.clone());
+        let handle = tokio::spawn(async move {
+            let integration = st.sidecar.integrations.get(&n);
+            let (Some(authorized), Some(integration)) = (st.static_uris.get(&n), integration)
+            else {
+                return Err(Stop::Refused(EgressError::invalid_url(
+                    "no such integration",
+                )));
+            };
+            let rules = CallRules {
+                authorized,
+                allow_all_uris: integration.allow_all_uris,
+                credentialed: integration.has_connection,
+            };
+            decide_and_record(
+                &st.sidecar,
+                &rules,
+                &n,
+                m.as_str(),
+                &t,
+                0,
+                &Redactor::none(),
+            )
+            .await
+        });
+        Some(DecisionPrefetch {
+            namespace: ns.to_owned(),
+            target: target.to_owned(),
+            method,
+            pending: Arc::new(PendingDecision(std::sync::Mutex::new(Some(handle)))),
+        })
+    }
+
+    /// The decision, if it is this call's and was not taken yet.
+    async fn take(&self, ns: &str, target: &str, method: &http::Method) -> Option<Decision> {
+        if self.namespace != ns || self.target != target || self.method != method {
+            return None;
+        }
+        let handle = self.pending.0.lock().ok()?.take()?;
+        handle.await.ok()
+    }
+}
+
+/// The call's credential fields, fetched for this call only.
+async fn credential_fields(
+    sidecar: &Sidecar,
+    integration: &Integration,
+    prefetch: Option<&CredentialPrefetch>,
+) -> Result<BTreeMap<String, String>, CallToolResult> {
+    if !integration.has_connection {
+        return Ok(BTreeMap::new());
+    }
+    let ns = integration.namespace.as_str();
+    let fetched = match prefetch {
+        Some(p) => p.take(ns).await,
+        None => None,
+    };
+    let fetched = match fetched {
+        Some(f) => f,
+        None => sidecar.platform.credential(ns).await,
+    };
+    match fetched {
+        Ok(c) => Ok(c.fields),
+        Err(e) => {
+            tracing::warn!(
+                integration = ns,
+                status = e.status().unwrap_or(0),
+                "credential unavailable"
+            );
+            Err(error_result(
+                "credential_unavailable",
+                &format!(
+                    "the platform did not provide the {ns} credential ({})",
+                    e.status().map_or("unreachable".into(), |s| s.to_string())
+                ),
+                502,
+            ))
+        }
+    }
+}
+
 /// Runs one `api_call` of `integration`. Never fails at the protocol level:
 /// every refusal is an `isError` result.
 pub async fn run(
@@ -36,51 +210,95 @@ pub async fn run(
     integration: &Integration,
     args: ApiCallArgs,
     prefetch: Option<&CredentialPrefetch>,
+    decided: Option<&DecisionPrefetch>,
 ) -> CallToolResult {
     let sidecar = &state.sidecar;
     let Ok(_permit) = sidecar.api_calls.acquire().await else {
         return error_result("unavailable", "the sidecar is shutting down", 503);
     };
     let ns = integration.namespace.as_str();
-    // The credential lives for this call only; `fields` is dropped on return.
-    let fields: BTreeMap<String, String> = if integration.has_connection {
-        let fetched = match prefetch {
-            Some(p) => p.take(ns).await,
-            None => None,
+    let method = args.method.clone();
+    let refused = |e: &EgressError, url: &str, redactor: &Redactor| {
+        let what = Refused {
+            source: Source::ApiCall,
+            integration: Some(ns),
+            method: method.as_str(),
+            url,
         };
-        let fetched = match fetched {
-            Some(f) => f,
-            None => sidecar.platform.credential(ns).await,
-        };
-        match fetched {
-            Ok(c) => c.fields,
-            Err(e) => {
-                tracing::warn!(
-                    integration = ns,
-                    status = e.status().unwrap_or(0),
-                    "credential unavailable"
-                );
-                return error_result(
-                    "credential_unavailable",
-                    &format!(
-                        "the platform did not provide the {ns} credential ({})",
-                        e.status().map_or("unreachable".into(), |s| s.to_string())
-                    ),
-                    502,
-                );
-            }
+        sidecar.egress.refused(&what, e, redactor);
+        error_result(
+            e.code.as_str(),
+            &redactor.str(&e.to_string()),
+            e.http_status(),
+        )
+    };
+    // When neither the target nor authorized_uris depends on the credential,
+    // the guard decides and the request is recorded while the credential is
+    // fetched: the two platform round trips overlap. (Nothing of the
+    // credential is in that target to redact.)
+    let early_rules = state
+        .static_uris
+        .get(ns)
+        .filter(|_| !args.target.contains("{{"))
+        .map(|authorized| CallRules {
+            authorized,
+            allow_all_uris: integration.allow_all_uris,
+            credentialed: integration.has_connection,
+        });
+    let early = async {
+        if let Some(p) = decided
+            && let Some(d) = p.take(ns, &args.target, &args.method).await
+        {
+            return Some(d);
         }
-    } else {
-        BTreeMap::new()
+        match &early_rules {
+            Some(rules) => Some(
+                decide_and_record(
+                    sidecar,
+                    rules,
+                    ns,
+                    method.as_str(),
+                    &args.target,
+                    args.body_len() as u64,
+                    &Redactor::none(),
+                )
+                .await,
+            ),
+            None => None,
+        }
+    };
+    let (fields, early) = tokio::join!(credential_fields(sidecar, integration, prefetch), early);
+    let not_sent = |early: Option<Result<(Admission, InFlight), Stop>>| {
+        if let Some(Ok((_, flight))) = early {
+            flight.complete(Outcome::new(EgressOutcome::NotSent));
+        }
+    };
+    // The credential lives for this call only; `fields` is dropped on return.
+    let fields = match fields {
+        Ok(f) => f,
+        Err(result) => {
+            not_sent(early);
+            return result;
+        }
     };
     let redactor = Redactor::new(fields.values().map(String::as_str));
+    let early = match early {
+        Some(Err(Stop::Refused(e))) => return refused(&e, &args.target, &redactor),
+        Some(Err(Stop::Unrecorded(e))) => {
+            return error_result("egress_log_unavailable", &e.to_string(), 503);
+        }
+        other => other,
+    };
     let delivery = integration
         .delivery
         .as_ref()
         .filter(|_| integration.has_connection);
     let prepared = match args::prepare(&args, &fields, delivery) {
         Ok(p) => p,
-        Err(e) => return error_result(e.code, &redactor.str(&e.message), e.status),
+        Err(e) => {
+            not_sent(early);
+            return error_result(e.code, &redactor.str(&e.message), e.status);
+        }
     };
     let rendered;
     let authorized = match state.static_uris.get(ns) {
@@ -95,51 +313,47 @@ pub async fn run(
         allow_all_uris: integration.allow_all_uris,
         credentialed: integration.has_connection,
     };
-    let method = prepared.method.clone();
-    let log_url = redactor.str(&loggable_url(&redactor.str(&prepared.url)));
-    let req_host = Target::parse(&prepared.url)
-        .map(|t| t.host().bare())
-        .unwrap_or_else(|_| "-".into());
-    let bytes_out = prepared.body.len() as u64;
+    let (admission, flight) = match early {
+        Some(Ok(decided)) => decided,
+        _ => match decide_and_record(
+            sidecar,
+            &rules,
+            ns,
+            method.as_str(),
+            &prepared.url,
+            prepared.body.len() as u64,
+            &redactor,
+        )
+        .await
+        {
+            Ok(decided) => decided,
+            Err(Stop::Refused(e)) => return refused(&e, &prepared.url, &redactor),
+            Err(Stop::Unrecorded(e)) => {
+                return error_result("egress_log_unavailable", &e.to_string(), 503);
+            }
+        },
+    };
+    let mut flight = flight;
+    flight.will_send();
+    let sent_bytes = prepared.body.len() as u64;
+    let mut headers = prepared.headers;
+    // Only an answer the sidecar can read is redacted: never ask for an
+    // encoded one, whatever the agent asked for.
+    headers.insert(
+        http::header::ACCEPT_ENCODING,
+        http::HeaderValue::from_static("identity"),
+    );
     let req = OutboundRequest {
         method: prepared.method,
         url: prepared.url,
-        headers: prepared.headers,
+        headers,
         body: prepared.body,
         credential_headers: prepared.credential_headers,
     };
-    let started = Instant::now();
-    let sent = sidecar.client.send(req, &rules).await;
-    let duration_ms = Some(started.elapsed().as_millis() as u64);
-    let mut record = EgressRecord {
-        at: now_ms(),
-        source: "api_call".into(),
-        integration: Some(ns.to_owned()),
-        method: method.to_string(),
-        url: log_url,
-        host: req_host,
-        decision: "allowed".into(),
-        code: None,
-        status: None,
-        bytes_out,
-        bytes_in: 0,
-        duration_ms,
-    };
-    let resp = match sent {
+    let resp = match sidecar.client.send_admitted(admission, req, &rules).await {
         Ok(r) => r,
         Err(e) => {
-            let level_ssrf = e.code.is_ssrf();
-            record.decision = "refused".into();
-            record.code = Some(e.code.as_str().to_owned());
-            if let Some(h) = &e.host {
-                record.host = redactor.str(h);
-            }
-            if level_ssrf {
-                tracing::warn!(code = e.code.as_str(), host = %record.host, "Target refused (SSRF)");
-            } else {
-                tracing::info!(code = e.code.as_str(), host = %record.host, "Target refused (policy)");
-            }
-            sidecar.record_egress(record);
+            flight.complete(Outcome::of_error(&e).bytes_out(sent_bytes));
             return error_result(
                 e.code.as_str(),
                 &redactor.str(&e.to_string()),
@@ -147,10 +361,58 @@ pub async fn run(
             );
         }
     };
-    record.status = Some(resp.status.as_u16());
-    record.bytes_in = resp.body.len() as u64;
-    sidecar.record_egress(record);
+    let answered = Outcome::completed(resp.status.as_u16())
+        .bytes_out(sent_bytes)
+        .bytes_in(resp.body.len() as u64);
+    if !redactor.is_empty()
+        && let Some(coding) = unreadable_coding(&resp.headers)
+    {
+        // An encoded body cannot be searched for the credential: it might
+        // carry it (an upstream that reflects the request), so it stays here.
+        flight.complete(Outcome {
+            kind: Some(EgressOutcome::Withheld),
+            ..answered
+        });
+        return error_result(
+            "unredactable_response",
+            &format!(
+                "the upstream answered {} with a body encoded as {coding:?} although the sidecar \
+                 asked for identity; an encoded answer cannot be checked for the credential, so \
+                 it is withheld",
+                resp.status.as_u16()
+            ),
+            502,
+        );
+    }
+    flight.complete(answered);
     success(state, &redactor, resp).await
+}
+
+/// The content or transfer coding of an answer that the sidecar cannot read
+/// as it is (anything but `identity`, and `chunked`, which hyper decodes).
+fn unreadable_coding(headers: &http::HeaderMap) -> Option<String> {
+    let codings = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .flat_map(|v| {
+                v.to_str()
+                    .unwrap_or("\u{fffd}")
+                    .split(',')
+                    .map(|c| c.trim().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|c| !c.is_empty())
+            .collect::<Vec<_>>()
+    };
+    codings(http::header::CONTENT_ENCODING)
+        .into_iter()
+        .find(|c| c != "identity")
+        .or_else(|| {
+            codings(http::header::TRANSFER_ENCODING)
+                .into_iter()
+                .find(|c| c != "chunked" && c != "identity")
+        })
 }
 
 async fn success(

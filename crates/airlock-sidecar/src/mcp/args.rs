@@ -30,10 +30,7 @@ pub const MAX_QUERY_CHARS: usize = 1000;
 pub const MAX_HEADERS: usize = 100;
 /// Longest target URL (after substitution).
 pub const MAX_TARGET_BYTES: usize = 16 * 1024;
-/// Credential values shorter than this are not redacted (they would blank
-/// out ordinary text); a credential that short is no secret anyway.
-pub const MIN_REDACT_LEN: usize = 4;
-pub const REDACTED: &str = "[REDACTED]";
+pub use crate::redact::{MIN_REDACT_LEN, REDACTED, Redactor, percent_encode};
 
 /// Caller headers refused on `api_call`: hop-by-hop and framing headers the
 /// client owns, and the sidecar's own token header.
@@ -100,6 +97,10 @@ pub struct Shape {
     pub tool_call: Option<String>,
     /// An `initialize` request (it opens a session in 2025-11-25 mode).
     pub initialize: bool,
+    /// An `api_call`'s `target` and `method` arguments as given (strings
+    /// only, unvalidated: the tool call is parsed and checked later).
+    pub api_target: Option<String>,
+    pub api_method: Option<String>,
 }
 
 /// rmcp's typed parse of a message that passed [`check_shape`], as a
@@ -201,7 +202,19 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, EnvelopeError> {
     let tool_call = (method == Some("tools/call"))
         .then(|| obj.get("params")?.get("name")?.as_str().map(str::to_owned))
         .flatten();
+    let arguments = tool_call
+        .as_deref()
+        .filter(|n| n.ends_with(API_CALL_SUFFIX))
+        .and_then(|_| obj.get("params")?.get("arguments"));
+    let arg = |k: &str| {
+        arguments
+            .and_then(|a| a.get(k))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
     Ok(Shape {
+        api_target: arg("target"),
+        api_method: arg("method"),
         tool_call,
         initialize: method == Some("initialize"),
     })
@@ -393,6 +406,11 @@ fn has_ctl(s: &str) -> bool {
 }
 
 impl ApiCallArgs {
+    /// Bytes of the body as given (before any substitution).
+    pub fn body_len(&self) -> usize {
+        self.body.as_ref().map_or(0, |b| b.bytes().len())
+    }
+
     pub fn parse(
         args: &Map<String, Value>,
         max_body_bytes: usize,
@@ -632,20 +650,6 @@ fn placeholder_at(s: &[u8]) -> Option<(&str, usize)> {
     ok.then_some((inner, end + 4))
 }
 
-/// Percent-encodes everything but RFC 3986 unreserved characters, so a
-/// credential value substituted into a URL cannot change its structure.
-pub fn percent_encode(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for b in v.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// The outbound request, ready for the guarded client.
 #[derive(Debug)]
 pub struct Prepared {
@@ -750,80 +754,6 @@ pub fn prepare(
         body,
         credential_headers,
     })
-}
-
-// ---------------------------------------------------------------------------
-// Redaction
-
-/// Replaces credential values (raw, percent-encoded and JSON-escaped) with
-/// `[REDACTED]` in anything returned to the agent or logged.
-#[derive(Default)]
-pub struct Redactor {
-    needles: Vec<Vec<u8>>,
-}
-
-impl Redactor {
-    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut needles: Vec<Vec<u8>> = Vec::new();
-        for s in secrets {
-            if s.len() < MIN_REDACT_LEN {
-                continue;
-            }
-            let json = serde_json::to_string(s).unwrap_or_default();
-            let json = json
-                .get(1..json.len().saturating_sub(1))
-                .unwrap_or_default()
-                .to_owned();
-            for v in [s.to_owned(), percent_encode(s), json] {
-                if v.len() >= MIN_REDACT_LEN && !needles.iter().any(|n| n == v.as_bytes()) {
-                    needles.push(v.into_bytes());
-                }
-            }
-        }
-        needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
-        Redactor { needles }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.needles.is_empty()
-    }
-
-    pub fn bytes(&self, input: &[u8]) -> Vec<u8> {
-        let mut cur = input.to_vec();
-        for n in &self.needles {
-            cur = replace_all(&cur, n, REDACTED.as_bytes());
-        }
-        cur
-    }
-
-    pub fn str(&self, input: &str) -> String {
-        if self.needles.is_empty() {
-            return input.to_owned();
-        }
-        // Replacing whole UTF-8 needles with ASCII keeps the text UTF-8.
-        String::from_utf8(self.bytes(input.as_bytes()))
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-    }
-}
-
-fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
-    let Some(&first) = needle.first() else {
-        return hay.to_vec();
-    };
-    let mut out = Vec::with_capacity(hay.len());
-    let mut i = 0;
-    while i < hay.len() {
-        if hay.get(i) == Some(&first) && hay.get(i..i + needle.len()) == Some(needle) {
-            out.extend_from_slice(with);
-            i += needle.len();
-        } else {
-            if let Some(b) = hay.get(i) {
-                out.push(*b);
-            }
-            i += 1;
-        }
-    }
-    out
 }
 
 /// Response headers shown to the agent; everything else (cookies, auth

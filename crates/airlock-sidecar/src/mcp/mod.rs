@@ -120,6 +120,7 @@ impl McpState {
         name: &str,
         arguments: Option<&serde_json::Map<String, Value>>,
         prefetch: Option<&CredentialPrefetch>,
+        decision: Option<&api_call::DecisionPrefetch>,
     ) -> Result<CallToolResult, ErrorData> {
         let limit = self.sidecar.limits.max_request_bytes;
         let call = match args::parse_tool_call(
@@ -140,7 +141,9 @@ impl McpState {
         Ok(match call {
             ToolCall::ApiCall { namespace, args } => {
                 match self.sidecar.integrations.get(&namespace) {
-                    Some(integration) => api_call::run(self, integration, args, prefetch).await,
+                    Some(integration) => {
+                        api_call::run(self, integration, args, prefetch, decision).await
+                    }
                     None => {
                         return Err(ErrorData::invalid_params(
                             format!("unknown tool {name:?}"),
@@ -310,12 +313,16 @@ impl ServerHandler for AirlockMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let prefetch = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|p| p.extensions.get::<CredentialPrefetch>());
+        let parts = context.extensions.get::<http::request::Parts>();
+        let prefetch = parts.and_then(|p| p.extensions.get::<CredentialPrefetch>());
+        let decision = parts.and_then(|p| p.extensions.get::<api_call::DecisionPrefetch>());
         self.state
-            .call(&request.name, request.arguments.as_ref(), prefetch)
+            .call(
+                &request.name,
+                request.arguments.as_ref(),
+                prefetch,
+                decision,
+            )
             .await
             .map(CallToolResponse::from)
     }
@@ -521,18 +528,29 @@ async fn entry(mcp: Mcp, req: Request) -> Response {
         .tool_call
         .as_deref()
         .and_then(|n| n.strip_suffix(args::API_CALL_SUFFIX))
-        && state
-            .sidecar
-            .integrations
-            .get(ns)
-            .is_some_and(|i| i.has_connection)
+        && let Some(integration) = state.sidecar.integrations.get(ns)
     {
-        parts
-            .extensions
-            .insert(CredentialPrefetch::start(&state.sidecar, ns));
-        // Let the fetch send its request now (the sidecar runs one thread):
-        // rmcp's work below then overlaps the platform's.
-        tokio::task::yield_now().await;
+        let mut started = false;
+        if integration.has_connection {
+            parts
+                .extensions
+                .insert(CredentialPrefetch::start(&state.sidecar, ns));
+            started = true;
+        }
+        if let Some(d) = api_call::DecisionPrefetch::start(
+            &state,
+            ns,
+            shape.api_target.as_deref(),
+            shape.api_method.as_deref(),
+        ) {
+            parts.extensions.insert(d);
+            started = true;
+        }
+        if started {
+            // Let the fetches send their requests now (the sidecar runs one
+            // thread): rmcp's work below then overlaps the platform's.
+            tokio::task::yield_now().await;
+        }
     }
     let json_body = parts
         .headers

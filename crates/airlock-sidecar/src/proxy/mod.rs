@@ -11,8 +11,10 @@
 //!    an absolute URL via [`Target::parse`], then [`Guard::admit`] with the
 //!    run's network policy, uncredentialed: `public` is any destination that
 //!    passes the guard, `none` nothing, a list its patterns;
-//! 4. is dialled only at an address the guard returned (resolve-and-pin),
-//!    never at the sidecar's own listeners, directly or through `PROXY_URL`.
+//! 4. is recorded in the egress log (before it is dialled), then dialled
+//!    only at an address the guard returned (resolve-and-pin), never at the
+//!    sidecar's own listeners (a guard step shared by every egress site),
+//!    directly or through `PROXY_URL`.
 //!
 //! No credential is injected here; the token headers never travel upstream.
 //! Each connection serves one request (responses say `Connection: close`):
@@ -24,13 +26,12 @@ pub mod head;
 use airlock_tunnel as relay;
 mod upstream;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use airlock_egress::{Admitted, CallRules, EgressCode, EgressError, GuardStep, Target};
-use airlock_platform_api::wire::EgressRecord;
+use airlock_platform_api::wire::EgressOutcome;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
@@ -43,7 +44,9 @@ use tokio::net::TcpStream;
 
 use self::head::{HeadError, RequestHead, RequestTarget};
 use crate::auth;
-use crate::state::{Sidecar, loggable_url, now_ms};
+use crate::egress::{Allowed, InFlight, Outcome, Progress, Refused, Source};
+use crate::redact::Redactor;
+use crate::state::Sidecar;
 
 pub use self::head::{MAX_HEAD_BYTES, parse_head};
 
@@ -77,13 +80,8 @@ impl ProxySettings {
     }
 }
 
-/// A stream the proxy listeners accept. TCP streams report the address they
-/// were accepted on, so the proxy can refuse to dial its own listener.
+/// A stream the proxy listeners accept.
 pub trait ProxyStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
-    /// The local address of an accepted TCP connection.
-    fn listener_addr(&self) -> Option<SocketAddr> {
-        None
-    }
     /// The socket, when a tunnel can splice it.
     fn splice_socket(&self) -> Option<relay::SpliceSocket<'_>> {
         None
@@ -91,9 +89,6 @@ pub trait ProxyStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 }
 
 impl ProxyStream for TcpStream {
-    fn listener_addr(&self) -> Option<SocketAddr> {
-        self.local_addr().ok()
-    }
     fn splice_socket(&self) -> Option<relay::SpliceSocket<'_>> {
         Some(relay::SpliceSocket::Tcp(self))
     }
@@ -104,77 +99,6 @@ impl ProxyStream for tokio::net::UnixStream {
     }
 }
 impl ProxyStream for tokio::io::DuplexStream {}
-
-/// Addresses this process serves on (the proxy learns its own from accepted
-/// connections; other listeners register theirs with [`register_own_listener`]).
-static OWN_LISTENERS: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
-
-/// Records an address this process listens on: the proxy refuses to dial it
-/// (a loop back into the sidecar), even when the guard would allow it through
-/// the operator's internal-host exemption.
-pub fn register_own_listener(addr: SocketAddr) {
-    if let Ok(mut l) = OWN_LISTENERS.lock()
-        && !l.contains(&addr)
-    {
-        l.push(addr);
-    }
-}
-
-fn own_ports() -> Vec<SocketAddr> {
-    OWN_LISTENERS.lock().map(|l| l.clone()).unwrap_or_default()
-}
-
-/// True when dialling `addr` could reach one of this process's listeners:
-/// a registered listener address, or a loopback address on a port this
-/// process listens on (found in `/proc`, so listeners nobody registered,
-/// like the API's, count too).
-fn is_own_listener(addr: SocketAddr) -> bool {
-    let registered = own_ports().iter().any(|own| {
-        own.port() == addr.port()
-            && (own.ip() == addr.ip() || addr.ip().is_loopback() || addr.ip().is_unspecified())
-    });
-    registered
-        || ((addr.ip().is_loopback() || addr.ip().is_unspecified())
-            && process_listens_on(addr.port()))
-}
-
-/// True when a TCP socket of this process listens on `port` (Linux `/proc`;
-/// elsewhere only the registry is consulted).
-fn process_listens_on(port: u16) -> bool {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
-        return false;
-    };
-    let inodes: std::collections::HashSet<String> = fds
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|l| {
-            let l = l.to_string_lossy().into_owned();
-            l.strip_prefix("socket:[")?
-                .strip_suffix(']')
-                .map(str::to_owned)
-        })
-        .collect();
-    if inodes.is_empty() {
-        return false;
-    }
-    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
-        .iter()
-        .any(|table| {
-            let Ok(text) = std::fs::read_to_string(table) else {
-                return false;
-            };
-            text.lines().skip(1).any(|line| {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
-                    return false;
-                };
-                let p = local
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| u16::from_str_radix(p, 16).ok());
-                *state == "0A" && p == Some(port) && inodes.contains(*inode)
-            })
-        })
-}
 
 /// Serves the proxy on an accepted stream (one request per connection).
 pub async fn serve_connection<S: ProxyStream>(stream: S, sidecar: Arc<Sidecar>) {
@@ -188,9 +112,6 @@ pub async fn serve_connection_with<S: ProxyStream>(
     sidecar: Arc<Sidecar>,
     settings: ProxySettings,
 ) {
-    if let Some(addr) = stream.listener_addr() {
-        register_own_listener(addr);
-    }
     let (head, buf) = match tokio::time::timeout(settings.head_timeout, read_head(&mut stream))
         .await
     {
@@ -232,12 +153,11 @@ pub async fn serve_connection_with<S: ProxyStream>(
         .await;
         return;
     }
-    let started = Instant::now();
     let method = head.method.to_string();
-    let (target, log_url) = match target_of(&head) {
+    let target = match target_of(&head) {
         Ok(t) => t,
-        Err((e, log_url)) => {
-            refuse(&mut stream, &sidecar, &method, &log_url, &e).await;
+        Err((e, url)) => {
+            refuse(&mut stream, &sidecar, &method, &url, &e).await;
             return;
         }
     };
@@ -249,67 +169,84 @@ pub async fn serve_connection_with<S: ProxyStream>(
     let admitted = match sidecar.client.guard().admit(&target, &rules).await {
         Ok(a) => a,
         Err(e) => {
-            refuse(&mut stream, &sidecar, &method, &log_url, &e).await;
+            refuse(&mut stream, &sidecar, &method, target.url().as_str(), &e).await;
+            return;
+        }
+    };
+    let allowed = Allowed {
+        source: Source::Proxy,
+        integration: None,
+        method: &method,
+        target: &admitted.target,
+        bytes_out: 0,
+    };
+    // Recorded before the upstream is even dialled.
+    let flight = match sidecar.egress.begin(&allowed, &Redactor::none()).await {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = respond(
+                &mut stream,
+                StatusCode::SERVICE_UNAVAILABLE,
+                &[],
+                &error_body("egress_log_unavailable", &e.to_string()),
+            )
+            .await;
             return;
         }
     };
     let upstream = match upstream::dial(&sidecar, &admitted, &settings).await {
         Ok(u) => u,
         Err(e) => {
-            refuse(&mut stream, &sidecar, &method, &log_url, &e).await;
+            flight.complete(Outcome::of_error(&e));
+            let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let _ = respond(
+                &mut stream,
+                status,
+                &[],
+                &error_body(e.code.as_str(), &e.to_string()),
+            )
+            .await;
             return;
         }
     };
-    let rec = EgressRecord {
-        at: now_ms(),
-        source: "proxy".into(),
-        integration: None,
-        method,
-        url: log_url,
-        host: admitted.target.host().bare(),
-        decision: "allowed".into(),
-        code: None,
-        status: None,
-        bytes_out: 0,
-        bytes_in: 0,
-        duration_ms: None,
-    };
     let rest = buf.freeze().slice(head.len..);
+    let stop = sidecar.egress.stop_requested();
+    // A stopping sidecar asks for the end: the record then says `aborted`
+    // (the flight completes itself when dropped) with the bytes counted so far.
     match head.target {
         RequestTarget::Authority(_) => {
-            tunnel(stream, upstream, rest, sidecar, rec, started, &settings).await
+            tokio::select! {
+                _ = tunnel(stream, upstream, rest, flight, &settings) => {}
+                _ = stop => {}
+            }
         }
         RequestTarget::Absolute(_) => {
-            forward(
-                stream, upstream, rest, head, admitted, sidecar, rec, started, &settings,
-            )
-            .await
+            tokio::select! {
+                _ = forward(stream, upstream, rest, head, admitted, flight, &settings) => {}
+                _ = stop => {}
+            }
         }
     }
 }
 
-/// The canonical target of the request and the URL the egress log keeps.
-fn target_of(head: &RequestHead) -> Result<(Target, String), (EgressError, String)> {
+/// The canonical target of the request, or the refusal and the target as
+/// the client wrote it (for the egress log).
+fn target_of(head: &RequestHead) -> Result<Target, (EgressError, String)> {
     match &head.target {
-        RequestTarget::Authority(a) => match Target::from_authority(a) {
-            Ok(t) => {
-                let log = loggable_url(t.url().as_str());
-                Ok((t, log))
-            }
-            Err(e) => Err((e, "<invalid authority>".to_owned())),
-        },
+        RequestTarget::Authority(a) => {
+            Target::from_authority(a).map_err(|e| (e, "<invalid authority>".to_owned()))
+        }
         RequestTarget::Absolute(u) => {
-            let log = loggable_url(u);
-            let t = Target::parse(u).map_err(|e| (e, log.clone()))?;
+            let t = Target::parse(u).map_err(|e| (e, u.clone()))?;
             if t.is_https() {
                 return Err((
                     EgressError::invalid_url(
                         "https:// targets go through CONNECT, not absolute-form requests",
                     ),
-                    log,
+                    u.clone(),
                 ));
             }
-            Ok((t, log))
+            Ok(t)
         }
     }
 }
@@ -392,20 +329,13 @@ async fn refuse<W: AsyncWrite + Unpin>(
     e: &EgressError,
 ) {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
-    sidecar.record_egress(EgressRecord {
-        at: now_ms(),
-        source: "proxy".into(),
+    let refused = Refused {
+        source: Source::Proxy,
         integration: None,
-        method: method.to_owned(),
-        url: url.to_owned(),
-        host: e.host.clone().unwrap_or_else(|| "-".into()),
-        decision: "refused".into(),
-        code: Some(e.code.as_str().to_owned()),
-        status: Some(status.as_u16()),
-        bytes_out: 0,
-        bytes_in: 0,
-        duration_ms: None,
-    });
+        method,
+        url,
+    };
+    sidecar.egress.refused(&refused, e, &Redactor::none());
     let _ = respond(w, status, &[], &error_body(e.code.as_str(), &e.to_string())).await;
 }
 
@@ -415,9 +345,7 @@ async fn tunnel<S: ProxyStream>(
     mut client: S,
     mut upstream: TcpStream,
     early: Bytes,
-    sidecar: Arc<Sidecar>,
-    mut rec: EgressRecord,
-    started: Instant,
+    flight: InFlight,
     settings: &ProxySettings,
 ) {
     if client
@@ -425,6 +353,7 @@ async fn tunnel<S: ProxyStream>(
         .await
         .is_err()
     {
+        flight.complete(Outcome::new(EgressOutcome::Aborted).status(Some(200)));
         return;
     }
     // Bytes the client sent right behind its CONNECT head (a TLS hello that
@@ -432,9 +361,14 @@ async fn tunnel<S: ProxyStream>(
     let mut early_out = 0;
     if !early.is_empty() {
         if upstream.write_all(&early).await.is_err() {
+            flight.complete(Outcome::new(EgressOutcome::UpstreamFailed).status(Some(200)));
             return;
         }
         early_out = early.len() as u64;
+        flight
+            .progress()
+            .bytes_out
+            .store(early_out, Ordering::Relaxed);
     }
     let spliced = match client.splice_socket() {
         Some(c) => relay::relay_spliced(
@@ -450,14 +384,17 @@ async fn tunnel<S: ProxyStream>(
         Some(stats) => stats,
         None => relay::relay(client, upstream, settings.idle_timeout, RELAY_BUF).await,
     };
-    rec.status = Some(200);
-    rec.bytes_out = stats.client_to_upstream + early_out;
-    rec.bytes_in = stats.upstream_to_client;
-    rec.duration_ms = Some(started.elapsed().as_millis() as u64);
     if stats.idle {
-        tracing::info!(host = %rec.host, "proxy tunnel closed after {:?} without traffic", settings.idle_timeout);
+        tracing::info!(
+            "proxy tunnel closed after {:?} without traffic",
+            settings.idle_timeout
+        );
     }
-    sidecar.record_egress(rec);
+    flight.complete(
+        Outcome::completed(200)
+            .bytes_out(stats.client_to_upstream + early_out)
+            .bytes_in(stats.upstream_to_client),
+    );
 }
 
 type ProxyBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -518,30 +455,24 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Shared between the request and response bodies of one forwarded request;
-/// records the egress entry once, when the response body is done or dropped.
+/// completes the egress record once, when the response body is done or
+/// dropped.
 struct Meter {
-    sidecar: Arc<Sidecar>,
-    rec: Mutex<Option<EgressRecord>>,
-    out: AtomicU64,
-    inb: AtomicU64,
-    started: Instant,
+    flight: Mutex<Option<InFlight>>,
+    progress: Arc<Progress>,
+    status: Mutex<Option<u16>>,
 }
 
 impl Meter {
-    fn finish(&self, status: Option<u16>, code: Option<&str>) {
-        let Ok(mut slot) = self.rec.lock() else {
+    fn finish(&self, outcome: Option<Outcome>) {
+        let Some(flight) = self.flight.lock().ok().and_then(|mut f| f.take()) else {
             return;
         };
-        if let Some(mut rec) = slot.take() {
-            if rec.status.is_none() {
-                rec.status = status;
-            }
-            rec.code = code.map(str::to_owned).or(rec.code);
-            rec.bytes_out = self.out.load(Ordering::Relaxed);
-            rec.bytes_in = self.inb.load(Ordering::Relaxed);
-            rec.duration_ms = Some(self.started.elapsed().as_millis() as u64);
-            self.sidecar.record_egress(rec);
-        }
+        let status = self.status.lock().ok().and_then(|s| *s);
+        flight.complete(outcome.unwrap_or_else(|| match status {
+            Some(s) => Outcome::completed(s),
+            None => Outcome::new(EgressOutcome::Aborted),
+        }));
     }
 }
 
@@ -569,9 +500,9 @@ where
             && let Some(d) = f.data_ref()
         {
             let c = if self.inbound {
-                &self.meter.inb
+                &self.meter.progress.bytes_in
             } else {
-                &self.meter.out
+                &self.meter.progress.bytes_out
             };
             c.fetch_add(d.len() as u64, Ordering::Relaxed);
         }
@@ -590,7 +521,7 @@ where
 impl<B> Drop for Counted<B> {
     fn drop(&mut self) {
         if self.inbound {
-            self.meter.finish(None, None);
+            self.meter.finish(None);
         }
     }
 }
@@ -605,17 +536,13 @@ async fn forward<S: ProxyStream>(
     rest: Bytes,
     head: RequestHead,
     admitted: Admitted,
-    sidecar: Arc<Sidecar>,
-    rec: EgressRecord,
-    started: Instant,
+    flight: InFlight,
     settings: &ProxySettings,
 ) {
     let meter = Arc::new(Meter {
-        sidecar,
-        rec: Mutex::new(Some(rec)),
-        out: AtomicU64::new(0),
-        inb: AtomicU64::new(0),
-        started,
+        progress: flight.progress().clone(),
+        flight: Mutex::new(Some(flight)),
+        status: Mutex::new(None),
     });
     let mut headers = head.headers.clone();
     strip_hop_by_hop(&mut headers);
@@ -655,7 +582,7 @@ async fn forward<S: ProxyStream>(
                     Some(&host_bare),
                     detail,
                 );
-                meter.finish(Some(502), Some(e.code.as_str()));
+                meter.finish(Some(Outcome::of_error(&e)));
                 json_response(StatusCode::BAD_GATEWAY, e.code.as_str(), &e.to_string())
             };
             let body = Counted {
@@ -694,10 +621,8 @@ async fn forward<S: ProxyStream>(
                 ));
             }
             let (mut parts, incoming) = resp.into_parts();
-            if let Ok(mut slot) = meter.rec.lock()
-                && let Some(r) = slot.as_mut()
-            {
-                r.status = Some(parts.status.as_u16());
+            if let Ok(mut slot) = meter.status.lock() {
+                *slot = Some(parts.status.as_u16());
             }
             strip_hop_by_hop(&mut parts.headers);
             let body = Counted {

@@ -17,7 +17,7 @@ use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{ProxySettings, is_own_listener};
+use super::ProxySettings;
 use crate::state::Sidecar;
 
 /// Largest response head accepted from the upstream proxy.
@@ -98,8 +98,10 @@ fn failed(admitted: &Admitted, detail: String) -> EgressError {
 }
 
 /// Opens a connection to the admitted target: the first pinned address that
-/// answers within the connect timeout. Addresses of the sidecar's own
-/// listeners are refused (`blocked_address`).
+/// answers within the connect timeout. (The guard already refused the
+/// sidecar's own listeners by address; a connection that still turns out to
+/// loop back into it, through one of the host's own addresses, is refused
+/// with `blocked_address`.)
 pub(crate) async fn dial(
     sidecar: &Sidecar,
     admitted: &Admitted,
@@ -115,12 +117,7 @@ pub(crate) async fn dial(
             format!("{addr} is the sidecar's own listener"),
         )
     };
-    for ip in &admitted.addrs {
-        let addr = SocketAddr::new(*ip, port);
-        if is_own_listener(addr) {
-            return Err(loop_refusal(addr));
-        }
-    }
+    let policy = sidecar.client.guard().policy();
     let via = match &sidecar.proxy_url {
         Some(raw) => {
             Some(UpstreamProxy::parse(raw.expose_secret()).map_err(|e| failed(admitted, e))?)
@@ -144,9 +141,9 @@ pub(crate) async fn dial(
                 // The same host (peer address = our own address) on one of
                 // our ports is a loop too, whatever address named it.
                 if via.is_none()
+                    && policy.has_own_listeners()
                     && let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr())
-                    && peer.ip() == local.ip()
-                    && (is_own_listener(peer) || super::process_listens_on(peer.port()))
+                    && policy.is_loop(local, peer)
                 {
                     return Err(loop_refusal(peer));
                 }

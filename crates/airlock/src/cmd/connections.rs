@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::process::ExitCode;
 
+use airlock_platform_api::connection_types::ConnectionType;
 use airlock_store::{AuthType, NewConnection, Store};
 use airlock_vault::Keyring;
 use anyhow::{Context as _, Result, bail};
@@ -66,15 +67,39 @@ impl From<AuthTypeArg> for AuthType {
     }
 }
 
-/// Fields each type needs (others may be given too).
+/// Fields each type needs (others may be given too): the one schema the
+/// relay and docs/configuration.md use too.
 fn required_fields(t: AuthType) -> &'static [&'static str] {
-    match t {
-        AuthType::ApiKey => &["key"],
-        AuthType::Bearer => &["token"],
-        AuthType::Basic => &["username", "password"],
-        AuthType::OAuth2 => &["access_token"],
-        AuthType::Custom => &[],
-    }
+    ConnectionType::named(t.as_str()).map_or(&[], |c| c.required)
+}
+
+/// Stores a connection the way `airlock connections add` does: the fields
+/// are checked against the type's schema, encrypted under the active key and
+/// stored as an envelope. Every writer of a connection (the CLI, the demo)
+/// goes through here.
+pub(crate) async fn store_connection(
+    store: &Store,
+    ring: &Keyring,
+    name: &str,
+    integration: &str,
+    auth_type: AuthType,
+    fields: &Fields,
+) -> Result<()> {
+    check_fields(auth_type, fields)?;
+    let plaintext = fields_json(fields)?;
+    let envelope = ring.encrypt(plaintext.as_bytes())?;
+    // A different key under an id the store already uses is refused.
+    store.record_active_key(ring).await?;
+    store
+        .insert_connection(&NewConnection {
+            name,
+            integration,
+            auth_type,
+            envelope: &envelope,
+        })
+        .await?;
+    tracing::info!(connection = %name, integration = %integration, kid = ring.active_kid(), "stored connection");
+    Ok(())
 }
 
 /// Logs go to stderr, filtered by `AIRLOCK_LOG` (warnings by default).
@@ -113,21 +138,11 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             // Check the key before asking for secrets.
             let ring = Keyring::from_env().context("connection encryption keyring")?;
             let fields = read_fields(auth_type)?;
-            let plaintext = fields_json(&fields)?;
-            let envelope = ring.encrypt(plaintext.as_bytes())?;
             let store = Store::open_default().await?;
-            // A different key under an id the store already uses is refused.
-            store.record_active_key(&ring).await?;
-            store
-                .insert_connection(&NewConnection {
-                    name: &name,
-                    integration: &integration,
-                    auth_type,
-                    envelope: &envelope,
-                })
-                .await?;
+            let stored =
+                store_connection(&store, &ring, &name, &integration, auth_type, &fields).await;
             store.close().await;
-            tracing::info!(connection = %name, integration = %integration, kid = ring.active_kid(), "stored connection");
+            stored?;
             let names: Vec<&str> = fields.keys().map(String::as_str).collect();
             println!(
                 "stored connection {name:?} ({auth_type}, integration {integration:?}, fields: {}) under key {}",
@@ -194,7 +209,7 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
     }
 }
 
-type Fields = BTreeMap<String, Zeroizing<String>>;
+pub(crate) type Fields = BTreeMap<String, Zeroizing<String>>;
 
 fn fields_json(fields: &Fields) -> Result<Zeroizing<String>> {
     let map: BTreeMap<&str, &str> = fields
@@ -311,4 +326,38 @@ fn prompt_fields(t: AuthType) -> Result<Fields> {
         fields.insert(name.to_owned(), value);
     }
     Ok(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_platform_api::connection_types::{CONNECTION_TYPES, types_summary};
+
+    #[test]
+    fn every_stored_type_has_its_schema() {
+        for t in AuthType::ALL {
+            assert!(ConnectionType::named(t.as_str()).is_some(), "{t}");
+        }
+        assert_eq!(CONNECTION_TYPES.len(), AuthType::ALL.len());
+        let fields = |pairs: &[(&str, &str)]| -> Fields {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Zeroizing::new((*v).to_owned())))
+                .collect()
+        };
+        // The model key as docs/configuration.md tells a user to store it.
+        assert!(check_fields(AuthType::ApiKey, &fields(&[("key", "sk-1")])).is_ok());
+        assert!(check_fields(AuthType::ApiKey, &fields(&[("api_key", "sk-1")])).is_err());
+    }
+
+    #[test]
+    fn the_configuration_doc_lists_the_schema() {
+        let readme = include_str!("../../../../docs/configuration.md");
+        let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+        let line = types_summary();
+        assert!(
+            flat.contains(&line),
+            "docs/configuration.md must list the connection types as the schema does:\n{line}"
+        );
+    }
 }

@@ -14,7 +14,7 @@ use airlock_platform::manifest::Manifest;
 use airlock_platform::orchestrator::RunRequest;
 use airlock_platform::settings::Settings;
 use airlock_platform_api::wire::RunEvent;
-use airlock_store::{AuthType, EgressDecision, NewConnection, Store, StoreOptions};
+use airlock_store::{AuthType, EgressDecision, Store, StoreOptions};
 use airlock_vault::Keyring;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
@@ -133,29 +133,23 @@ async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool
     let key = airlock_vault::random_bytes::<32>()?;
     let keyring = Arc::new(Keyring::new("demo", &key)?);
     let store = Store::open_sqlite(&home.join("airlock.db"), &StoreOptions::default()).await?;
-    for (name, integration, auth_type, fields) in [
-        (
-            "demo-api",
-            "demo",
-            AuthType::Bearer,
-            json!({"token": api_token}),
-        ),
-        (
-            "demo-model",
-            "openai",
-            AuthType::ApiKey,
-            json!({"api_key": model_key}),
-        ),
+    // Stored the way a user stores them (`airlock connections add`).
+    for (name, integration, auth_type, field, value) in [
+        ("demo-api", "demo", AuthType::Bearer, "token", &api_token),
+        ("demo-model", "openai", AuthType::ApiKey, "key", &model_key),
     ] {
-        let envelope = keyring.encrypt(fields.to_string().as_bytes())?;
-        store
-            .insert_connection(&NewConnection {
-                name,
-                integration,
-                auth_type,
-                envelope: &envelope,
-            })
-            .await?;
+        let fields = [(field.to_owned(), zeroize::Zeroizing::new(value.clone()))]
+            .into_iter()
+            .collect();
+        super::connections::store_connection(
+            &store,
+            &keyring,
+            name,
+            integration,
+            auth_type,
+            &fields,
+        )
+        .await?;
     }
 
     let agent_dir = home.join("agent");

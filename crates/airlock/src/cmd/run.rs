@@ -257,9 +257,10 @@ pub fn print_report(r: &RunReport, duration: std::time::Duration) {
         } else {
             "✗ refused"
         };
-        let detail = match (&e.code, e.status) {
-            (Some(code), _) if e.decision != EgressDecision::Allowed.as_str() => code.clone(),
-            (_, Some(s)) => format!("HTTP {s}"),
+        let detail = match (&e.code, e.status, e.outcome) {
+            (Some(code), _, _) if e.decision != EgressDecision::Allowed.as_str() => code.clone(),
+            (_, Some(s), Some("completed") | None) => format!("HTTP {s}"),
+            (_, _, Some(o)) => o.to_owned(),
             _ => String::new(),
         };
         eprintln!(
@@ -286,6 +287,12 @@ pub fn print_report(r: &RunReport, duration: std::time::Duration) {
         "  model       {} tokens in, {} tokens out, ${:.6}",
         r.model.tokens_in, r.model.tokens_out, r.model.cost_usd
     );
+    if r.model.unmetered_calls > 0 {
+        eprintln!(
+            "  unmetered   {} model call(s): the provider's usage never arrived; counted with the tokens seen",
+            r.model.unmetered_calls
+        );
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {

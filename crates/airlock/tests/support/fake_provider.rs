@@ -32,6 +32,10 @@ pub const CHAT_MODEL: &str = "gpt-fake-2026-01-01";
 pub const ANTHROPIC_MODEL: &str = "claude-fake-2026-01-01";
 /// Text pieces streamed (one event each).
 pub const PIECES: [&str; 5] = ["Hel", "lo", ", ", "wor", "ld"];
+/// A model whose streams start and then never end (no usage ever comes).
+pub const STALL_MODEL: &str = "fake-stall";
+/// Tokens the fake counts per embeddings input.
+pub const EMBED_TOKENS_PER_INPUT: u64 = 3;
 
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -172,10 +176,16 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
             sse(&mut s, &echo, responses_events(), delay, &fake).await
         } else if path.ends_with("/responses") {
             json_answer(&mut s, &echo, 200, &responses_json()).await
+        } else if path == "/v1/messages" && stream && body["model"] == STALL_MODEL {
+            let mut events = anthropic_events();
+            events.truncate(4);
+            stalled_sse(&mut s, &echo, events, delay).await
         } else if path == "/v1/messages" && stream {
             sse(&mut s, &echo, anthropic_events(), delay, &fake).await
         } else if path == "/v1/messages" {
             json_answer(&mut s, &echo, 200, &anthropic_json()).await
+        } else if path.ends_with("/embeddings") {
+            json_answer(&mut s, &echo, 200, &embeddings_json(&body)).await
         } else if path.ends_with("/models") {
             let list = json!({"object": "list", "data": [{"id": CHAT_MODEL, "object": "model", "created": 1, "owned_by": "fake"}]});
             json_answer(&mut s, &echo, 200, &list).await
@@ -231,6 +241,62 @@ async fn sse(
         }
     }
     s.write_all(b"0\r\n\r\n").await.is_ok()
+}
+
+/// Writes `events` like [`sse`], then keeps the stream open without a word
+/// until the client goes away.
+async fn stalled_sse(s: &mut TcpStream, extra: &str, events: Vec<String>, delay: Duration) -> bool {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n{extra}\r\n"
+    );
+    if s.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    for (i, ev) in events.into_iter().enumerate() {
+        if i > 0 && !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let chunk = format!("{:x}\r\n{ev}\r\n", ev.len());
+        if s.write_all(chunk.as_bytes()).await.is_err() {
+            return false;
+        }
+    }
+    let mut b = [0u8; 1024];
+    while let Ok(n) = s.read(&mut b).await {
+        if n == 0 {
+            break;
+        }
+    }
+    false
+}
+
+/// An embeddings answer for `request`: one vector of `dimensions` (default
+/// 8) per input, base64 float32 unless `encoding_format` is `float`.
+pub fn embeddings_json(request: &Value) -> Value {
+    use base64::Engine as _;
+    let inputs = match &request["input"] {
+        Value::Array(a) => a.len(),
+        _ => 1,
+    };
+    let dims = request["dimensions"].as_u64().unwrap_or(8) as usize;
+    let float = request["encoding_format"] == "float";
+    let data: Vec<Value> = (0..inputs)
+        .map(|i| {
+            let v: Vec<f32> = (0..dims)
+                .map(|j| ((i * 31 + j) % 1000) as f32 / 1000.0)
+                .collect();
+            let embedding = if float {
+                json!(v)
+            } else {
+                let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let tokens = inputs as u64 * EMBED_TOKENS_PER_INPUT;
+    json!({"object": "list", "data": data, "model": request["model"],
+           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 }
 
 fn data(v: Value) -> String {

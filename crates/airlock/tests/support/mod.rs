@@ -395,3 +395,60 @@ impl RealRun {
             .expect("airlock")
     }
 }
+
+/// Stores the model key as a user does (`api_key`, field `key`) and grants
+/// it to the run.
+pub async fn add_model_key(p: &airlock_platform::testing::TestPlatform, key: &str) {
+    p.add_connection("@model", airlock_store::AuthType::ApiKey, &[("key", key)])
+        .await;
+}
+
+/// The cost event says the provider's usage never arrived.
+pub fn unmetered(c: &airlock_platform_api::wire::CostRecord) -> bool {
+    c.unmetered
+}
+
+/// What became of a logged request (`None` for a refusal), as the store spells it.
+pub fn outcome(e: &airlock_store::EgressEntry) -> Option<&'static str> {
+    e.outcome.map(|o| o.as_str())
+}
+
+/// Whether a logged model call was metered, as the store spells it.
+pub fn metering(e: &airlock_store::EgressEntry) -> Option<&'static str> {
+    e.metering.map(|m| m.as_str())
+}
+
+/// How many lines of `log` say a target was refused.
+pub fn refusal_lines(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("Target refused")).count()
+}
+
+/// Sends SIGKILL to `sc` and waits for it: nothing of it runs afterwards.
+pub fn kill(sc: &mut SidecarProcess) {
+    let _ = sc.child.kill();
+    let _ = sc.child.wait();
+}
+
+/// Sends SIGTERM (what the orchestrator does when the sandbox has ended) and
+/// waits for the sidecar to exit by itself, returning how long that took.
+/// Panics if it is still running after 5 s (the orchestrator's SIGKILL).
+pub fn terminate(sc: &mut SidecarProcess) -> Duration {
+    let started = std::time::Instant::now();
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(sc.pid().to_string())
+        .status();
+    loop {
+        if let Ok(Some(_)) = sc.child.try_wait() {
+            return started.elapsed();
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            let _ = sc.child.kill();
+            panic!(
+                "the sidecar did not exit within 5 s of SIGTERM:\n{}",
+                sc.stderr()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

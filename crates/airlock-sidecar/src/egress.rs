@@ -1,0 +1,606 @@
+//! The egress log's one recorder, for every site that sends something out of
+//! the sandbox (`api_call`, `/llm`, the forward proxy, and any later one).
+//!
+//! A site asks the guard first. A refusal is recorded with
+//! [`Recorder::refused`]: one record, one log line (`Target refused (SSRF)` /
+//! `Target refused (policy)`). An allowed request is recorded with
+//! [`Recorder::begin`] *before any byte of it leaves*: the record goes to the
+//! platform at once and the site waits for its acknowledgement, so a request
+//! that left is in the store even if the sidecar or the platform is killed a
+//! moment later (it then stays `incomplete`). The returned [`InFlight`] is
+//! completed with the upstream's [`Outcome`]; dropped uncompleted (the agent
+//! went away, the task was cancelled) it completes as `aborted`.
+//!
+//! The decision is the guard's alone (`allowed`, or `refused` with its code);
+//! what the upstream did (status, `upstream_failed`, bytes, duration) is the
+//! record's outcome.
+//!
+//! Redaction lives here, by construction: sites hand the recorder the URL as
+//! it was sent and the call's [`Redactor`]; the recorder strips userinfo,
+//! query and fragment, redacts, and is the only code that logs an outbound
+//! request. The guard never logs (a refused URL may hold a substituted
+//! credential that only the caller can recognise).
+//!
+//! When the sidecar stops, [`Recorder::drain`] waits for the requests in
+//! flight within [`DRAIN_DEADLINE`], asks the rest to stop (a model stream
+//! then records what it saw), completes what is still open as `aborted` and
+//! hands every record to the platform.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use airlock_egress::{EgressError, Target};
+use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering, RunEvent};
+use tokio::sync::{Notify, watch};
+
+use crate::redact::Redactor;
+use crate::state::{EventSink, now_ms};
+
+/// The whole budget of a stopping sidecar for the egress log: requests in
+/// flight finish within it and every record reaches the platform. The
+/// orchestrator sends SIGTERM and waits 5 s before SIGKILL; this stays well
+/// under that.
+pub const DRAIN_DEADLINE: Duration = Duration::from_millis(2500);
+/// The end of the drain kept for handing the last records to the platform.
+const FINAL_FLUSH: Duration = Duration::from_millis(700);
+/// How long sites asked to stop get to record themselves.
+const STOP_GRACE: Duration = Duration::from_millis(250);
+
+/// Where an outbound request comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    ApiCall,
+    Llm,
+    Proxy,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::ApiCall => "api_call",
+            Source::Llm => "llm",
+            Source::Proxy => "proxy",
+        }
+    }
+}
+
+/// A request the guard refused: what the site knows of it.
+pub struct Refused<'a> {
+    pub source: Source,
+    pub integration: Option<&'a str>,
+    pub method: &'a str,
+    /// The target as the site had it (it may hold a substituted credential).
+    pub url: &'a str,
+}
+
+/// A request the guard allowed.
+pub struct Allowed<'a> {
+    pub source: Source,
+    pub integration: Option<&'a str>,
+    pub method: &'a str,
+    /// The admitted target (it may hold a substituted credential).
+    pub target: &'a Target,
+    /// Request body bytes, when known up front.
+    pub bytes_out: u64,
+}
+
+/// Why an allowed request could not be recorded, so was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("the platform did not acknowledge the egress record, so the request was not sent")]
+    Unacknowledged,
+    #[error("the sidecar is stopping")]
+    Stopping,
+}
+
+/// Byte counters a long transfer updates as it goes: what an `aborted`
+/// record reports.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+}
+
+/// How an allowed request ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// `None` only with `refused`: nothing reached the upstream after all.
+    pub kind: Option<EgressOutcome>,
+    pub status: Option<u16>,
+    /// `None`: the [`Progress`] counters (or what `begin` was told).
+    pub bytes_out: Option<u64>,
+    pub bytes_in: Option<u64>,
+    pub metering: Option<Metering>,
+    /// A later hop (a redirect) was refused by the guard, or a connection
+    /// turned out to loop back into the sidecar: the record's decision
+    /// becomes this refusal.
+    pub refused: Option<&'static str>,
+}
+
+impl Outcome {
+    pub fn new(kind: EgressOutcome) -> Self {
+        Outcome {
+            kind: Some(kind),
+            status: None,
+            bytes_out: None,
+            bytes_in: None,
+            metering: None,
+            refused: None,
+        }
+    }
+
+    /// The upstream answered with `status`; the exchange is over.
+    pub fn completed(status: u16) -> Self {
+        Outcome {
+            status: Some(status),
+            ..Outcome::new(EgressOutcome::Completed)
+        }
+    }
+
+    /// The outcome of a failed send after the first hop was allowed: the
+    /// upstream failing, the guard refusing a redirect (the first hop was
+    /// answered), or the connection looping back into the sidecar (nothing
+    /// was sent).
+    pub fn of_error(e: &EgressError) -> Self {
+        use airlock_egress::{EgressCode, GuardStep};
+        match (e.code, e.guard) {
+            (EgressCode::UpstreamFailed, _) => Outcome::new(EgressOutcome::UpstreamFailed),
+            (code, GuardStep::Redirects) => Outcome {
+                refused: Some(code.as_str()),
+                ..Outcome::new(EgressOutcome::Completed)
+            },
+            (code, _) => Outcome {
+                kind: None,
+                refused: Some(code.as_str()),
+                ..Outcome::new(EgressOutcome::Completed)
+            },
+        }
+    }
+
+    pub fn status(mut self, s: Option<u16>) -> Self {
+        self.status = s;
+        self
+    }
+
+    pub fn bytes_in(mut self, n: u64) -> Self {
+        self.bytes_in = Some(n);
+        self
+    }
+
+    pub fn bytes_out(mut self, n: u64) -> Self {
+        self.bytes_out = Some(n);
+        self
+    }
+
+    pub fn metering(mut self, m: Option<Metering>) -> Self {
+        self.metering = m;
+        self
+    }
+}
+
+struct Open {
+    rec: EgressRecord,
+    started: Instant,
+    progress: Arc<Progress>,
+}
+
+struct Inner {
+    events: EventSink,
+    seq: AtomicU64,
+    open: Mutex<HashMap<u64, Open>>,
+    idle: Notify,
+    draining: AtomicBool,
+    stop: watch::Sender<bool>,
+}
+
+/// The recorder. Cheap to clone.
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Arc<Inner>,
+}
+
+/// What the egress log may keep of a URL: no userinfo, query or fragment.
+fn loggable_url(mut u: url::Url) -> String {
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.set_query(None);
+    u.set_fragment(None);
+    u.to_string()
+}
+
+/// The record of a refusal: the target without userinfo, query or fragment,
+/// and every credential value redacted (the host included).
+fn refusal_record(
+    req: &Refused<'_>,
+    e: &EgressError,
+    redactor: &Redactor,
+    seq: u64,
+) -> EgressRecord {
+    let url = match url::Url::parse(req.url) {
+        Ok(u) => redactor.str(&loggable_url(u)),
+        Err(_) => "<unparsable>".to_owned(),
+    };
+    let host = e
+        .host
+        .as_deref()
+        .map(|h| redactor.str(h))
+        .unwrap_or_else(|| "-".to_owned());
+    EgressRecord {
+        at: now_ms(),
+        source: req.source.as_str().into(),
+        integration: req.integration.map(str::to_owned),
+        method: req.method.to_owned(),
+        url,
+        host,
+        decision: "refused".into(),
+        code: Some(e.code.as_str().into()),
+        status: None,
+        bytes_out: 0,
+        bytes_in: 0,
+        duration_ms: None,
+        seq: Some(seq),
+        outcome: None,
+        metering: None,
+    }
+}
+
+fn log_refusal(rec: &EgressRecord) {
+    let code = rec.code.as_deref().unwrap_or("-");
+    let ssrf = airlock_egress::EgressCode::ALL
+        .iter()
+        .any(|c| c.as_str() == code && c.is_ssrf());
+    let (source, host, method, url) = (&rec.source, &rec.host, &rec.method, &rec.url);
+    if ssrf {
+        tracing::warn!(target: "airlock::egress", source = %source, code, host = %host, method = %method, url = %url, "Target refused (SSRF)");
+    } else {
+        tracing::warn!(target: "airlock::egress", source = %source, code, host = %host, method = %method, url = %url, "Target refused (policy)");
+    }
+}
+
+fn log_completion(rec: &EgressRecord) {
+    tracing::info!(
+        target: "airlock::egress",
+        source = %rec.source,
+        outcome = rec.outcome.map_or("-", EgressOutcome::as_str),
+        status = rec.status.unwrap_or(0),
+        host = %rec.host,
+        method = %rec.method,
+        url = %rec.url,
+        bytes_out = rec.bytes_out,
+        bytes_in = rec.bytes_in,
+        duration_ms = rec.duration_ms.unwrap_or(0),
+        metering = rec.metering.map_or("-", Metering::as_str),
+        "egress"
+    );
+}
+
+impl Recorder {
+    pub fn new(events: EventSink) -> Self {
+        Recorder {
+            inner: Arc::new(Inner {
+                events,
+                // Unique within the run even if another sidecar of the same
+                // run recorded before this one: its start time in ms, times a
+                // million, then counting.
+                seq: AtomicU64::new(
+                    u64::try_from(now_ms())
+                        .unwrap_or(0)
+                        .saturating_mul(1_000_000),
+                ),
+                open: Mutex::default(),
+                idle: Notify::new(),
+                draining: AtomicBool::new(false),
+                stop: watch::Sender::new(false),
+            }),
+        }
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Records a refusal by the guard (nothing was sent) and logs it once.
+    pub fn refused(&self, req: &Refused<'_>, e: &EgressError, redactor: &Redactor) {
+        let rec = refusal_record(req, e, redactor, self.next_seq());
+        log_refusal(&rec);
+        self.inner.events.send(RunEvent::Egress(rec));
+    }
+
+    /// Records an allowed request before it is sent: returns once the
+    /// platform has stored the record. A request whose record could not be
+    /// stored must not be sent.
+    pub async fn begin(
+        &self,
+        req: &Allowed<'_>,
+        redactor: &Redactor,
+    ) -> Result<InFlight, RecordError> {
+        self.begin_as(req, redactor, None).await
+    }
+
+    /// [`Recorder::begin`] of a request that may yet not be sent: dropped
+    /// uncompleted (or while it is being recorded) it completes as
+    /// `dropped_as` instead of `aborted`, until [`InFlight::will_send`].
+    pub async fn begin_as(
+        &self,
+        req: &Allowed<'_>,
+        redactor: &Redactor,
+        dropped_as: Option<EgressOutcome>,
+    ) -> Result<InFlight, RecordError> {
+        if self.inner.draining.load(Ordering::Acquire) {
+            return Err(RecordError::Stopping);
+        }
+        let seq = self.next_seq();
+        let rec = EgressRecord {
+            at: now_ms(),
+            source: req.source.as_str().into(),
+            integration: req.integration.map(str::to_owned),
+            method: req.method.to_owned(),
+            url: redactor.str(&loggable_url(req.target.url().clone())),
+            host: redactor.str(&req.target.host().bare()),
+            decision: "allowed".into(),
+            code: None,
+            status: None,
+            bytes_out: req.bytes_out,
+            bytes_in: 0,
+            duration_ms: None,
+            seq: Some(seq),
+            outcome: Some(EgressOutcome::Incomplete),
+            metering: None,
+        };
+        let progress = Arc::new(Progress::default());
+        progress.bytes_out.store(req.bytes_out, Ordering::Relaxed);
+        let started = Instant::now();
+        if let Ok(mut open) = self.inner.open.lock() {
+            open.insert(
+                seq,
+                Open {
+                    rec: rec.clone(),
+                    started,
+                    progress: progress.clone(),
+                },
+            );
+        }
+        // From here on the record is owned by the flight: completing or
+        // dropping it settles the entry (`aborted` when nothing was sent is
+        // never written: an unacknowledged start is forgotten below).
+        let flight = InFlight {
+            recorder: self.clone(),
+            seq,
+            progress,
+            settled: false,
+            dropped_as: dropped_as.unwrap_or(EgressOutcome::Aborted),
+        };
+        tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
+        // At once, taking along what the sink holds (the completions of
+        // earlier requests: one platform write for both).
+        if self.inner.events.send_acked(RunEvent::Egress(rec)).await {
+            Ok(flight)
+        } else {
+            flight.forget();
+            Err(RecordError::Unacknowledged)
+        }
+    }
+
+    /// Resolves once the sidecar asks the requests still in flight to stop
+    /// (near the end of [`Recorder::drain`]).
+    pub fn stop_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.inner.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    /// Requests recorded and not completed yet.
+    pub fn in_flight(&self) -> usize {
+        self.inner.open.lock().map(|o| o.len()).unwrap_or(0)
+    }
+
+    async fn wait_idle_until(&self, until: tokio::time::Instant) -> bool {
+        loop {
+            let notified = self.inner.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.in_flight() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                return self.in_flight() == 0;
+            }
+        }
+    }
+
+    /// Finishes the egress log of a stopping sidecar within `deadline`:
+    /// waits for the requests in flight, asks the rest to stop, completes
+    /// what is still open as `aborted`, and hands every record to the
+    /// platform. No request is recorded after this has started.
+    pub async fn drain(&self, deadline: Duration) {
+        self.inner.draining.store(true, Ordering::Release);
+        let end = tokio::time::Instant::now() + deadline;
+        let ask_at = end
+            .checked_sub(FINAL_FLUSH + STOP_GRACE)
+            .unwrap_or_else(tokio::time::Instant::now);
+        let open = self.in_flight();
+        if open > 0 {
+            tracing::info!(target: "airlock::egress", open, "waiting for the requests in flight");
+        }
+        if !self.wait_idle_until(ask_at).await {
+            self.inner.stop.send_replace(true);
+            self.wait_idle_until(ask_at + STOP_GRACE).await;
+        }
+        let left: Vec<(u64, Open)> = match self.inner.open.lock() {
+            Ok(mut o) => o.drain().collect(),
+            Err(_) => Vec::new(),
+        };
+        for (_, open) in left {
+            self.emit(open, Outcome::new(EgressOutcome::Aborted));
+        }
+        if tokio::time::timeout_at(end, self.inner.events.flush())
+            .await
+            .is_err()
+        {
+            tracing::error!(target: "airlock::egress", "the platform did not take the last records in time");
+        }
+    }
+
+    fn emit(&self, open: Open, outcome: Outcome) {
+        let Open {
+            mut rec,
+            started,
+            progress,
+        } = open;
+        rec.outcome = outcome.kind;
+        rec.status = outcome.status;
+        rec.bytes_out = outcome
+            .bytes_out
+            .unwrap_or_else(|| progress.bytes_out.load(Ordering::Relaxed));
+        rec.bytes_in = outcome
+            .bytes_in
+            .unwrap_or_else(|| progress.bytes_in.load(Ordering::Relaxed));
+        rec.duration_ms = Some(started.elapsed().as_millis() as u64);
+        rec.metering = outcome.metering;
+        if let Some(code) = outcome.refused {
+            rec.decision = "refused".into();
+            rec.code = Some(code.into());
+            log_refusal(&rec);
+        } else {
+            log_completion(&rec);
+        }
+        self.inner.events.send(RunEvent::Egress(rec));
+    }
+
+    fn take(&self, seq: u64) -> Option<Open> {
+        let mut open = self.inner.open.lock().ok()?;
+        let o = open.remove(&seq);
+        if open.is_empty() {
+            self.inner.idle.notify_waiters();
+        }
+        o
+    }
+}
+
+/// An allowed request on its way: complete it with its [`Outcome`].
+pub struct InFlight {
+    recorder: Recorder,
+    seq: u64,
+    progress: Arc<Progress>,
+    settled: bool,
+    /// What a drop without completion records.
+    dropped_as: EgressOutcome,
+}
+
+impl InFlight {
+    /// The request is about to be sent: a drop from now on means `aborted`.
+    pub fn will_send(&mut self) {
+        self.dropped_as = EgressOutcome::Aborted;
+    }
+
+    /// The counters an `aborted` completion reports.
+    pub fn progress(&self) -> &Arc<Progress> {
+        &self.progress
+    }
+
+    /// Completes the record (once; a record the drain already completed is
+    /// left as it is).
+    pub fn complete(mut self, outcome: Outcome) {
+        self.settled = true;
+        if let Some(open) = self.recorder.take(self.seq) {
+            self.recorder.emit(open, outcome);
+        }
+    }
+
+    /// The start was never stored, and the request is not sent.
+    fn forget(mut self) {
+        self.settled = true;
+        self.recorder.take(self.seq);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.settled
+            && let Some(open) = self.recorder.take(self.seq)
+        {
+            self.recorder.emit(open, Outcome::new(self.dropped_as));
+        }
+    }
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight").field("seq", &self.seq).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_egress::{EgressCode, GuardStep};
+
+    #[test]
+    fn a_refusal_record_holds_no_credential() {
+        let secret = "Sekr3t-Value-42";
+        let redactor = Redactor::new([secret]);
+        let req = Refused {
+            source: Source::ApiCall,
+            integration: Some("svc"),
+            method: "GET",
+            url: "http://u:p@sekr3t-value-42.evil.test/a/Sekr3t-Value-42?k=Sekr3t-Value-42#f",
+        };
+        let e = EgressError::new(
+            EgressCode::NotAuthorized,
+            GuardStep::AuthorizedUris,
+            Some("sekr3t-value-42.evil.test"),
+            "x",
+        );
+        let rec = refusal_record(&req, &e, &redactor, 7);
+        let all = format!("{rec:?}").to_ascii_lowercase();
+        assert!(!all.contains(&secret.to_ascii_lowercase()), "{rec:?}");
+        assert_eq!(rec.url, "http://[REDACTED].evil.test/a/[REDACTED]");
+        assert_eq!(rec.host, "[REDACTED].evil.test");
+        assert_eq!(
+            (
+                rec.decision.as_str(),
+                rec.code.as_deref(),
+                rec.outcome,
+                rec.seq
+            ),
+            ("refused", Some("not_authorized"), None, Some(7))
+        );
+        let bad = Refused {
+            url: "not a url Sekr3t-Value-42",
+            ..req
+        };
+        assert_eq!(refusal_record(&bad, &e, &redactor, 8).url, "<unparsable>");
+    }
+
+    #[test]
+    fn outcomes_of_a_failed_send() {
+        let failed = EgressError::upstream("h", "connection refused");
+        let o = Outcome::of_error(&failed);
+        assert_eq!(
+            (o.kind, o.refused),
+            (Some(EgressOutcome::UpstreamFailed), None)
+        );
+        let redirect = EgressError::new(
+            EgressCode::RedirectBlocked,
+            GuardStep::Redirects,
+            Some("h"),
+            "x",
+        );
+        let o = Outcome::of_error(&redirect);
+        assert_eq!(
+            (o.kind, o.refused),
+            (Some(EgressOutcome::Completed), Some("redirect_blocked"))
+        );
+        let looped = EgressError::new(
+            EgressCode::BlockedAddress,
+            GuardStep::AddressTable,
+            Some("h"),
+            "x",
+        );
+        let o = Outcome::of_error(&looped);
+        assert_eq!((o.kind, o.refused), (None, Some("blocked_address")));
+    }
+}

@@ -1,0 +1,101 @@
+//! Credential redaction: what the sidecar returns to the agent and what it
+//! writes to its log and the egress log passes through a [`Redactor`] holding
+//! the call's credential values.
+
+/// Credential values shorter than this are not redacted (they would blank
+/// out ordinary text); a credential that short is no secret anyway.
+pub const MIN_REDACT_LEN: usize = 4;
+pub const REDACTED: &str = "[REDACTED]";
+
+/// Percent-encodes everything but RFC 3986 unreserved characters, so a
+/// credential value substituted into a URL cannot change its structure.
+pub fn percent_encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Replaces credential values (raw, percent-encoded and JSON-escaped) with
+/// `[REDACTED]` in anything returned to the agent or logged.
+#[derive(Default)]
+pub struct Redactor {
+    needles: Vec<Vec<u8>>,
+}
+
+impl Redactor {
+    /// Redacts nothing: for requests that carry no credential of the
+    /// sidecar's (the proxy) or carry it only in a header (the model relay).
+    pub fn none() -> Self {
+        Redactor::default()
+    }
+
+    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut needles: Vec<Vec<u8>> = Vec::new();
+        for s in secrets {
+            if s.len() < MIN_REDACT_LEN {
+                continue;
+            }
+            let json = serde_json::to_string(s).unwrap_or_default();
+            let json = json
+                .get(1..json.len().saturating_sub(1))
+                .unwrap_or_default()
+                .to_owned();
+            // A value that lands in a host name is lowercased there.
+            let lower = s.to_ascii_lowercase();
+            for v in [s.to_owned(), percent_encode(s), json, lower] {
+                if v.len() >= MIN_REDACT_LEN && !needles.iter().any(|n| n == v.as_bytes()) {
+                    needles.push(v.into_bytes());
+                }
+            }
+        }
+        needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        Redactor { needles }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.needles.is_empty()
+    }
+
+    pub fn bytes(&self, input: &[u8]) -> Vec<u8> {
+        let mut cur = input.to_vec();
+        for n in &self.needles {
+            cur = replace_all(&cur, n, REDACTED.as_bytes());
+        }
+        cur
+    }
+
+    pub fn str(&self, input: &str) -> String {
+        if self.needles.is_empty() {
+            return input.to_owned();
+        }
+        // Replacing whole UTF-8 needles with ASCII keeps the text UTF-8.
+        String::from_utf8(self.bytes(input.as_bytes()))
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    }
+}
+
+fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let Some(&first) = needle.first() else {
+        return hay.to_vec();
+    };
+    let mut out = Vec::with_capacity(hay.len());
+    let mut i = 0;
+    while i < hay.len() {
+        if hay.get(i) == Some(&first) && hay.get(i..i + needle.len()) == Some(needle) {
+            out.extend_from_slice(with);
+            i += needle.len();
+        } else {
+            if let Some(b) = hay.get(i) {
+                out.push(*b);
+            }
+            i += 1;
+        }
+    }
+    out
+}

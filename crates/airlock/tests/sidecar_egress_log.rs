@@ -1,0 +1,476 @@
+//! The egress log, end to end, across its three sites (`api_call` through
+//! the official MCP Python SDK, `/llm`, the forward proxy through curl), the
+//! real `airlock sidecar` against a real platform:
+//!
+//! - every request that left is in the log, also when the agent walks away
+//!   from it, the run ends while it is in flight, or the sidecar is killed
+//!   (then it stays `incomplete`); with the platform gone, nothing leaves;
+//! - one failure means one thing at every site: a dial failure is the
+//!   guard's `allowed` with the upstream's `upstream_failed`, and each
+//!   refusal is one log line;
+//! - a loop back into the sidecar is refused at every site.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use airlock_platform::testing::TestPlatform;
+use airlock_store::{AuthType, EgressDecision, EgressEntry};
+use airlock_vault::ExposeSecret;
+use serde_json::{Value, json};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const CANARY: &str = "canary-Egr3ssL0g-9xQ2";
+const HOST: &str = "api.internal.test";
+
+/// A loopback upstream that records each request's path as soon as its head
+/// arrives, then answers `/ok` at once and `/hang` never.
+struct Upstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let rec = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let rec = rec.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut tmp = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut tmp).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&buf).to_string();
+                    let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+                    rec.lock().unwrap().push(path.clone());
+                    if path.starts_with("/hang") {
+                        // Never answers; holds the connection until the peer goes.
+                        while let Ok(n) = s.read(&mut tmp).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        return;
+                    }
+                    let body = b"{\"ok\":true}";
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(resp.as_bytes()).await;
+                    let _ = s.write_all(body).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+        Upstream { addr, seen }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{HOST}:{}{path}", self.addr.port())
+    }
+
+    /// Waits until the upstream has received `n` requests for `path`.
+    async fn wait_for(&self, path: &str, n: usize) {
+        eventually(20, || async {
+            (self.seen().iter().filter(|p| p.as_str() == path).count() >= n).then_some(())
+        })
+        .await
+        .unwrap_or_else(|| panic!("the upstream never saw {n} × {path}: {:?}", self.seen()));
+    }
+}
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+struct Env {
+    p: TestPlatform,
+    up: Upstream,
+    sc: SidecarProcess,
+}
+
+impl Env {
+    fn token(&self) -> String {
+        self.p.sidecar_token.expose_secret().to_owned()
+    }
+    fn mcp_url(&self) -> String {
+        format!("http://{}/mcp", self.sc.tcp())
+    }
+    fn proxy(&self) -> String {
+        format!("http://{}", self.sc.proxy_tcp())
+    }
+    fn egress_of(log: &[EgressEntry], source: &str) -> Vec<EgressEntry> {
+        log.iter().filter(|e| e.source == source).cloned().collect()
+    }
+}
+
+/// A sidecar on TCP (API and proxy) whose integrations, model and network
+/// policy all reach `api.internal.test` (= 127.0.0.1) on any port.
+async fn setup(model_port: u16, listen: Value) -> Env {
+    let p = TestPlatform::start("egress-log-agent").await;
+    p.add_connection("svc", AuthType::Bearer, &[("token", CANARY)])
+        .await;
+    add_model_key(&p, "sk-egress-log-model").await;
+    let up = Upstream::start().await;
+    let mut cfg = p.sidecar_config(listen);
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": [
+                {
+                    "namespace": "svc",
+                    "authorized_uris": [format!("http://{HOST}:*/**")],
+                    "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"}
+                },
+                {"namespace": "open", "authorized_uris": [format!("http://{HOST}:*/**")], "has_connection": false}
+            ],
+            "model": {"provider": "openai", "base_url": format!("http://{HOST}:{model_port}/v1")},
+            "network": {"egress": [format!("http://{HOST}:*/**"), format!("https://{HOST}:*/**")]},
+            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
+        }),
+    );
+    let sc = spawn_sidecar(&cfg);
+    Env { p, up, sc }
+}
+
+fn default_listen() -> Value {
+    json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"})
+}
+
+/// Starts the MCP Python SDK with `ops` and returns the running process.
+fn spawn_agent(url: &str, token: &str, ops: Value) -> Child {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_client.py");
+    let input = json!({"url": url, "token": token, "mode": "2026-07-28", "uds": null, "ops": ops});
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.to_string().as_bytes())
+        .unwrap();
+    child
+}
+
+fn agent_output(child: Child) -> Value {
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "mcp_client.py printed no JSON: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// curl through the proxy, left running.
+fn spawn_curl(proxy: &str, token: &str, url: &str) -> Child {
+    Command::new("curl")
+        .args(["-sS", "--max-time", "60", "--noproxy", "", "-x", proxy])
+        .args(["--proxy-user", &format!("run:{token}"), url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("curl must be installed (.ci/run installs it)")
+}
+
+fn curl_status(proxy: &str, token: &str, url: &str) -> u16 {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--noproxy", "", "-x", proxy])
+        .args(["--proxy-user", &format!("run:{token}")])
+        .args(["-o", "/dev/null", "-w", "%{http_code}", url])
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+fn kill_child(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// The agent starts a slow `api_call` and a slow proxy request, then exits
+/// while both are in flight, and the run ends (SIGTERM): both reached the
+/// upstream, so both are in the egress log, completed (the sidecar stopped
+/// waiting: `aborted`), none left `incomplete`, within the drain deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_in_flight_when_the_agent_exits_are_in_the_log() {
+    if !python_has(&["mcp", "httpx2"]) {
+        return;
+    }
+    let mut env = setup(closed_port(), default_listen()).await;
+    let token = env.token();
+    let agent = spawn_agent(
+        &env.mcp_url(),
+        &token,
+        json!([{"op": "call", "name": "svc__api_call", "args": {"target": env.up.url("/hang?k={{token}}")}}]),
+    );
+    let curl = spawn_curl(&env.proxy(), &token, &env.up.url("/hang"));
+    eventually(20, || async {
+        (env.up
+            .seen()
+            .iter()
+            .filter(|p| p.starts_with("/hang"))
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await
+    .expect("both requests reached the upstream");
+    kill_child(agent);
+    kill_child(curl);
+    let took = terminate(&mut env.sc);
+    assert!(
+        took < std::time::Duration::from_secs(4),
+        "the drain took {took:?}"
+    );
+
+    let log = env.p.egress_log().await;
+    let api = Env::egress_of(&log, "api_call");
+    assert_eq!(
+        api.len(),
+        1,
+        "the api_call that reached the upstream: {log:?}"
+    );
+    assert_eq!(api[0].decision, EgressDecision::Allowed);
+    assert!(api[0].url.ends_with("/hang"), "{:?}", api[0]);
+    assert_eq!(outcome(&api[0]), Some("aborted"), "{:?}", api[0]);
+    let proxy = Env::egress_of(&log, "proxy");
+    assert_eq!(
+        proxy.len(),
+        1,
+        "the proxy request that reached the upstream: {log:?}"
+    );
+    assert_eq!(proxy[0].method, "GET");
+    assert_eq!(outcome(&proxy[0]), Some("aborted"), "{:?}", proxy[0]);
+    assert!(!format!("{log:?}").contains(CANARY));
+}
+
+/// The sidecar is killed (SIGKILL) with requests in flight: they were
+/// recorded before they were sent, so they are in the store, marked
+/// `incomplete`.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_in_flight_when_the_sidecar_is_killed_stay_incomplete() {
+    if !python_has(&["mcp", "httpx2"]) {
+        return;
+    }
+    let mut env = setup(closed_port(), default_listen()).await;
+    let token = env.token();
+    let agent = spawn_agent(
+        &env.mcp_url(),
+        &token,
+        json!([{"op": "call", "name": "svc__api_call", "args": {"target": env.up.url("/hang")}}]),
+    );
+    let curl = spawn_curl(&env.proxy(), &token, &env.up.url("/hang"));
+    env.up.wait_for("/hang", 2).await;
+    kill(&mut env.sc);
+    kill_child(agent);
+    kill_child(curl);
+
+    let log = env.p.egress_log().await;
+    for source in ["api_call", "proxy"] {
+        let e = Env::egress_of(&log, source);
+        assert_eq!(e.len(), 1, "{source}: {log:?}");
+        assert_eq!(e[0].decision, EgressDecision::Allowed, "{source}");
+        assert_eq!(outcome(&e[0]), Some("incomplete"), "{source}: {:?}", e[0]);
+        assert!(e[0].url.ends_with("/hang"), "{:?}", e[0]);
+    }
+}
+
+/// With the platform gone, a request could not be recorded, so it does not
+/// leave: refused with `egress_log_unavailable`, the upstream sees nothing.
+/// (The legitimate path works before.)
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_platform_gone_nothing_leaves() {
+    if !python_has(&["mcp", "httpx2"]) {
+        return;
+    }
+    let env = setup(closed_port(), default_listen()).await;
+    let token = env.token();
+    let ops =
+        json!([{"op": "call", "name": "open__api_call", "args": {"target": env.up.url("/ok")}}]);
+    let before = agent_output(spawn_agent(&env.mcp_url(), &token, ops.clone()));
+    assert_eq!(before["results"][0]["isError"], json!(false), "{before}");
+    assert_eq!(curl_status(&env.proxy(), &token, &env.up.url("/ok")), 200);
+    assert_eq!(env.up.seen().len(), 2);
+
+    env.p.stop_serving();
+    let after = agent_output(spawn_agent(&env.mcp_url(), &token, ops));
+    let text = after["results"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("");
+    assert_eq!(after["results"][0]["isError"], json!(true), "{after}");
+    assert!(text.contains("egress_log_unavailable"), "{after}");
+    assert_eq!(curl_status(&env.proxy(), &token, &env.up.url("/ok")), 503);
+    assert_eq!(
+        env.up.seen().len(),
+        2,
+        "a request left although it could not be recorded"
+    );
+}
+
+/// A connection refused by the upstream at each site: the guard allowed it
+/// (`allowed`, no code) and the upstream failed (`upstream_failed`), the
+/// same at all three. A refusal is one log line; a dial failure none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_dial_means_the_same_at_every_site_and_each_refusal_is_one_line() {
+    if !python_has(&["mcp", "httpx2"]) {
+        return;
+    }
+    let closed = closed_port();
+    let mut env = setup(closed, default_listen()).await;
+    let token = env.token();
+    let dead = format!("http://{HOST}:{closed}/x");
+    let out = agent_output(spawn_agent(
+        &env.mcp_url(),
+        &token,
+        json!([
+            {"op": "call", "name": "svc__api_call", "args": {"target": dead}},
+            {"op": "call", "name": "svc__api_call", "args": {"target": "http://elsewhere.test/"}},
+        ]),
+    ));
+    assert_eq!(out["results"][0]["isError"], json!(true), "{out}");
+    assert!(out.to_string().contains("upstream_failed"), "{out}");
+    let auth = format!("Bearer {token}");
+    let (status, _, _) = http(
+        env.sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        br#"{"model":"m","messages":[]}"#,
+    );
+    assert_eq!(status, 502);
+    assert_eq!(curl_status(&env.proxy(), &token, &dead), 502);
+    terminate(&mut env.sc);
+
+    let log = env.p.egress_log().await;
+    for source in ["api_call", "llm", "proxy"] {
+        let failed: Vec<_> = Env::egress_of(&log, source)
+            .into_iter()
+            .filter(|e| e.url.contains(&closed.to_string()))
+            .collect();
+        assert_eq!(failed.len(), 1, "{source}: {log:?}");
+        let e = &failed[0];
+        assert_eq!(
+            (e.decision, e.reason.as_deref(), outcome(e)),
+            (EgressDecision::Allowed, None, Some("upstream_failed")),
+            "{source}: {e:?}"
+        );
+    }
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|e| e.decision == EgressDecision::Refused)
+        .collect();
+    assert_eq!(refused.len(), 1, "{log:?}");
+    assert_eq!(refused[0].reason.as_deref(), Some("not_authorized"));
+    assert_eq!(outcome(refused[0]), None);
+    let stderr = env.sc.stderr();
+    assert_eq!(
+        refusal_lines(&stderr),
+        1,
+        "one refusal, one line:\n{stderr}"
+    );
+}
+
+/// The operator opted the host in on every port, and the sidecar listens on
+/// it: `api_call`, `/llm` and the proxy all refuse to loop back into the
+/// sidecar (`blocked_address`), while another port of the host is reachable.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_loop_back_into_the_sidecar_is_refused_at_every_site() {
+    if !python_has(&["mcp", "httpx2"]) {
+        return;
+    }
+    // The model is the sidecar itself: its port is chosen up front.
+    let api_port = closed_port();
+    let mut env = setup(
+        api_port,
+        json!({"tcp": format!("127.0.0.1:{api_port}"), "proxy_tcp": "127.0.0.1:0"}),
+    )
+    .await;
+    let token = env.token();
+    let proxy_port = env.sc.proxy_tcp().port();
+    let own = |port: u16, path: &str| format!("http://{HOST}:{port}{path}");
+    let out = agent_output(spawn_agent(
+        &env.mcp_url(),
+        &token,
+        json!([
+            {"op": "call", "name": "svc__api_call", "args": {"target": own(api_port, "/health")}},
+            {"op": "call", "name": "open__api_call", "args": {"target": own(api_port, "/health")}},
+            {"op": "call", "name": "open__api_call", "args": {"target": own(proxy_port, "/")}},
+            {"op": "call", "name": "svc__api_call", "args": {"target": env.up.url("/ok")}},
+        ]),
+    ));
+    let results = out["results"].as_array().unwrap();
+    for r in &results[..3] {
+        assert_eq!(r["isError"], json!(true), "{r}");
+        assert!(r.to_string().contains("blocked_address"), "{r}");
+    }
+    assert_eq!(results[3]["isError"], json!(false), "{}", results[3]);
+    let auth = format!("Bearer {token}");
+    let (status, _, body) = http(
+        env.sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+        br#"{"model":"m","messages":[]}"#,
+    );
+    assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("blocked_address"));
+    for port in [api_port, proxy_port] {
+        assert_eq!(
+            curl_status(&env.proxy(), &token, &own(port, "/health")),
+            403
+        );
+    }
+    assert_eq!(curl_status(&env.proxy(), &token, &env.up.url("/ok")), 200);
+    terminate(&mut env.sc);
+
+    let log = env.p.egress_log().await;
+    let loops: Vec<_> = log
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("blocked_address"))
+        .map(|e| e.source.as_str())
+        .collect();
+    assert_eq!(
+        loops,
+        ["api_call", "api_call", "api_call", "llm", "proxy", "proxy"],
+        "{log:?}"
+    );
+    // The sidecar served nothing to itself: every request it saw came from here.
+    assert_eq!(env.up.seen(), ["/ok", "/ok"]);
+}
