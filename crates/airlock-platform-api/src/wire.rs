@@ -117,7 +117,7 @@ pub struct CostRecord {
     pub unmetered: bool,
 }
 
-/// One outbound request in the run's egress log (DESIGN.md §5).
+/// One outbound request in the run's egress log (docs/security.md, "What the egress log records").
 ///
 /// The sidecar sends a request's record twice: when the guard has allowed it
 /// and before a byte of it leaves (`outcome: incomplete`, acknowledged by the
