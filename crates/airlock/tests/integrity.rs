@@ -404,6 +404,15 @@ fn a_damaged_store_is_refused_with_a_clear_error() {
         assert!(out.status.success());
     }
     let db = run.home.path().join("airlock.db");
+    // Everything in the main file first (no page left only in the WAL).
+    std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()",
+        ])
+        .arg(&db)
+        .status()
+        .unwrap();
     let mut bytes = std::fs::read(&db).unwrap();
     let pages = bytes.len() / 4096;
     assert!(pages >= 4, "{pages} pages");

@@ -185,7 +185,10 @@ async fn wrong_key_fails_and_writes_nothing() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("failed authentication"), "{err}");
+    assert!(
+        err.contains("is not the key this store's \"k1\" envelopes were written with"),
+        "{err}"
+    );
     assert_eq!(counts(home).await, before);
     // No key for k1 at all: the message names the variable.
     let out = airlock(home)
