@@ -7,6 +7,7 @@ pub fn init() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour())
         .try_init();
 }
 
@@ -17,5 +18,13 @@ pub fn init_quiet() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour())
         .try_init();
+}
+
+/// Colours only on a terminal (and not with `NO_COLOR`): a sidecar's log is
+/// read through a pipe by its platform.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
