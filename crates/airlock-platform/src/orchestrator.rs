@@ -163,6 +163,9 @@ impl Orchestrator {
             let _ = std::fs::remove_dir_all(&run_dir);
             return Err(e);
         }
+        // The run starts now (a wait for a slot is not part of it: the boot
+        // deadline and the duration count from here).
+        let started = Instant::now();
         progress(Progress::Starting {
             run_id: run_id.clone(),
             backend: self.backend.name(),
