@@ -106,7 +106,6 @@ impl Orchestrator {
         mut cancel: watch::Receiver<bool>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<RunOutcome, RunError> {
-        let started = Instant::now();
         let run_id = format!(
             "run_{}",
             airlock_vault::random_hex::<6>().map_err(|e| RunError::Setup(e.to_string()))?
