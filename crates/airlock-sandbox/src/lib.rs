@@ -448,6 +448,13 @@ pub trait Backend: Send + Sync {
         let _ = run_id;
         host_sidecar_placement(paths, platform_socket)
     }
+    /// Once, when a platform starts with this backend: reclaims what dead
+    /// platforms left and makes sure what every run needs is there (docker:
+    /// its images, kept present; the egress network). Tells `say` what it does.
+    fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
+        let _ = say;
+        Ok(())
+    }
     /// Starts the run's sidecar where [`Backend::sidecar_placement`] put it.
     /// Must not block for long.
     fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {

@@ -496,6 +496,7 @@ pub async fn build_sidecar(
     let stage = Staging::new()?;
     let bin = stripped_binary(&cfg.exe, &stage.0)?;
     let mut b = tar::Builder::new(Vec::new());
+    let mut dirs = std::collections::BTreeSet::new();
     for dir in [
         "usr",
         "usr/local",
@@ -505,6 +506,7 @@ pub async fn build_sidecar(
         "run",
         "run/airlock",
     ] {
+        dirs.insert(dir.to_owned());
         tar_dir(&mut b, dir, if dir == "tmp" { 0o1777 } else { 0o755 })?;
     }
     tar_file(
@@ -526,7 +528,9 @@ pub async fn build_sidecar(
                 parent.push('/');
             }
             parent.push_str(&c.as_os_str().to_string_lossy());
-            tar_dir(&mut b, &parent, 0o755)?;
+            if dirs.insert(parent.clone()) {
+                tar_dir(&mut b, &parent, 0o755)?;
+            }
         }
         tar_file(&mut b, &at, &data, 0o755)?;
     }

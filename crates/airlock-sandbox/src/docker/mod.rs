@@ -956,6 +956,25 @@ impl Backend for DockerBackend {
         }
     }
 
+    fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
+        let cfg = self.cfg.clone();
+        let r = block_on(async move {
+            let d = connect(&cfg.host).await?;
+            let r = reclaim::reclaim(&d).await?;
+            if !r.runs.is_empty() {
+                say(&format!(
+                    "reclaimed the docker leftovers of {} run(s) of stopped platforms: {} container(s), {} network(s)",
+                    r.runs.len(),
+                    r.containers.len(),
+                    r.networks.len()
+                ));
+            }
+            images::ensure(&d, &cfg.images, say).await?;
+            ensure_egress_network(&d).await.map_err(SandboxError::Setup)
+        });
+        r.unwrap_or_else(|| Err(SandboxError::Setup("cannot start a thread to reach the daemon".into())))
+    }
+
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         let body = self.agent_body(spec)?;
         self.launch(&spec.run_id, "agent", body, spec.stdin.clone(), false)
