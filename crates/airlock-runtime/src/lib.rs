@@ -123,8 +123,8 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
                 Dial::resolve(p).await.map_err(RuntimeError::Relay)?,
                 token.clone(),
             )
-                .await
-                .map_err(RuntimeError::Relay)?,
+            .await
+            .map_err(RuntimeError::Relay)?,
         ),
         None => None,
     };

@@ -81,7 +81,11 @@ impl Conn {
 }
 
 impl AsyncRead for Conn {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
@@ -90,7 +94,11 @@ impl AsyncRead for Conn {
 }
 
 impl AsyncWrite for Conn {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),

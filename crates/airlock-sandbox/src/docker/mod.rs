@@ -308,6 +308,8 @@ impl DockerBackend {
         let name = container_name(run_id, role);
         let net = self.run_net(run_id);
         let (out_r, out_w) = tokio::io::simplex(64 * 1024);
+        // (A simplex's reader sees its end only when the writer shuts down.)
+        let mut out_w = Some(out_w);
         let (err_r, mut err_w) = tokio::io::simplex(16 * 1024);
         // Stderr has two writers (the container, and this backend's own
         // words when a start fails): one task owns it.
@@ -349,9 +351,13 @@ impl DockerBackend {
                     egress,
                     killed: &task_shared.killed,
                 };
-                start.run(&d, body, stdin, out_w, err_tx.clone()).await
+                start.run(&d, body, stdin, &mut out_w, err_tx.clone()).await
             }
             .await;
+            // A start that failed never handed stdout to its pump: end it here.
+            if let Some(mut w) = out_w.take() {
+                let _ = w.shutdown().await;
+            }
             if let Err(e) = &r {
                 let _ = err_tx
                     .send(bytes::Bytes::from(format!(
@@ -398,7 +404,7 @@ impl Start<'_> {
         d: &Docker,
         body: ContainerCreateBody,
         stdin: Vec<u8>,
-        mut out_w: tokio::io::WriteHalf<tokio::io::SimplexStream>,
+        out_w: &mut Option<tokio::io::WriteHalf<tokio::io::SimplexStream>>,
         err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
     ) -> Result<(), String> {
         let name = self.name;
@@ -456,6 +462,7 @@ impl Start<'_> {
             .map_err(|e| api_err(&format!("starting {name}"), e))?;
         let mut input = attached.input;
         let mut output = attached.output;
+        let mut out_w = out_w.take().ok_or("stdout taken twice")?;
         // The streams, demultiplexed, until the container ends.
         tokio::spawn(async move {
             let mut reading = true;
@@ -586,6 +593,25 @@ pub async fn ensure_egress_network(d: &Docker) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// This host's address on [`EGRESS_NETWORK`] (its bridge gateway): where a
+/// sidecar reaches a service of the host (the demo's example API). Creates
+/// the network if missing.
+pub async fn egress_gateway(d: &Docker) -> Result<std::net::IpAddr, SandboxError> {
+    ensure_egress_network(d)
+        .await
+        .map_err(SandboxError::Setup)?;
+    let n = d
+        .inspect_network(EGRESS_NETWORK, None::<q::InspectNetworkOptions>)
+        .await
+        .map_err(|e| SandboxError::Setup(api_err("inspecting the egress network", e)))?;
+    n.ipam
+        .and_then(|i| i.config)
+        .into_iter()
+        .flatten()
+        .find_map(|c| c.gateway?.parse().ok())
+        .ok_or_else(|| SandboxError::Setup(format!("{EGRESS_NETWORK} has no IPv4 gateway")))
 }
 
 /// A container of a run, as [`Sandbox`] holds it.
@@ -972,7 +998,11 @@ impl Backend for DockerBackend {
             images::ensure(&d, &cfg.images, say).await?;
             ensure_egress_network(&d).await.map_err(SandboxError::Setup)
         });
-        r.unwrap_or_else(|| Err(SandboxError::Setup("cannot start a thread to reach the daemon".into())))
+        r.unwrap_or_else(|| {
+            Err(SandboxError::Setup(
+                "cannot start a thread to reach the daemon".into(),
+            ))
+        })
     }
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
