@@ -684,3 +684,98 @@ fn boot_reclaim_spares_a_live_platforms_run_and_takes_a_dead_ones() {
         "{shown}"
     );
 }
+
+const GVISOR_AGENT: &str = r#"
+import json, os, socket, urllib.request
+r = {"release": os.uname().release, "version": open("/proc/version").read()[:80]}
+targets = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().split()
+for l in open("/proc/net/route").read().splitlines()[1:]:
+    f = l.split()
+    if f[1] == "00000000":
+        targets.append(socket.inet_ntoa(int(f[2], 16).to_bytes(4, "little")) + ":" + targets[0].rsplit(":", 1)[1])
+r["connect"] = {}
+for t in targets:
+    h, p = t.rsplit(":", 1)
+    try:
+        socket.create_connection((h, int(p)), timeout=5).close()
+        r["connect"][t] = "CONNECTED"
+    except OSError as e:
+        r["connect"][t] = str(e)
+h = {"content-type": "application/json", "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
+body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "g", "version": "1"}}}
+req = urllib.request.Request(os.environ["AIRLOCK_MCP_URL"], data=json.dumps(body).encode(), headers=h)
+with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=20) as resp:
+    r["mcp"] = resp.status
+json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+"#;
+
+/// The gVisor runtime the operator registered (`.ci/run` registers
+/// `runsc-host`: gVisor with the container's own network namespace, the
+/// only networking of Debian's runsc that works on this kernel).
+fn gvisor_runtime() -> Option<String> {
+    let name = std::env::var("AIRLOCK_TEST_GVISOR_RUNTIME").unwrap_or_else(|_| "runsc-host".into());
+    let out = docker(&["info", "--format", "{{json .Runtimes}}"]);
+    let known: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    if known.get(&name).is_some() {
+        return Some(name);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("the gVisor runtime {name} must be registered with dockerd under CI (.ci/run)");
+    }
+    eprintln!("\n*** SKIPPED: no gVisor runtime {name} registered with dockerd ***\n");
+    None
+}
+
+#[test]
+fn under_gvisor_the_agent_sees_gvisors_kernel_and_still_reaches_only_its_sidecar() {
+    if !docker_available() {
+        return;
+    }
+    let Some(runtime) = gvisor_runtime() else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let out = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .unwrap();
+    let targets: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|a| !a.contains(':'))
+        .map(|a| format!("{a}:{port}"))
+        .collect();
+    assert!(!targets.is_empty());
+    let run = RealRun::python(GVISOR_AGENT, 120).env("DOCKER_RUNTIME", &runtime);
+    let out = run
+        .command("docker", &["--prompt", &targets.join(" ")])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = result_of(&report);
+    let host_release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    assert_ne!(
+        r["release"],
+        host_release.as_str(),
+        "the host's kernel answered: {r}"
+    );
+    assert_eq!(r["mcp"], 200, "the sidecar is reached: {r}");
+    for (t, v) in r["connect"].as_object().unwrap() {
+        assert_ne!(v, "CONNECTED", "{t} was reached under gVisor: {r}");
+    }
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the host listener saw a connection: {other:?}"),
+    }
+    assert_clean(&run, &report);
+}

@@ -31,6 +31,7 @@
 //! in a task; a failure shows on the handle's stderr as
 //! `airlock sandbox-init: docker: …` and as exit status 125.
 
+pub mod diagnose;
 pub mod images;
 pub mod profile;
 pub mod reclaim;
