@@ -134,7 +134,9 @@ impl ImagesConfig {
     ) -> Result<ImagesConfig, SandboxError> {
         let get = |k: &str| vars.get(k).map(String::as_str).filter(|v| !v.is_empty());
         let tag = default_tag(exe);
-        let sidecar_var = match (get("SIDECAR_IMAGE"), get("PI_IMAGE")) {
+        let sidecar_image = get("SIDECAR_IMAGE");
+        let pi_image = get("PI_IMAGE");
+        let sidecar_var = match (sidecar_image, pi_image) {
             (Some(a), Some(b)) if a != b => {
                 return Err(SandboxError::Config {
                     var: "SIDECAR_IMAGE",
