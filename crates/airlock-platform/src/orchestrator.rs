@@ -105,7 +105,6 @@ impl Orchestrator {
         mut cancel: watch::Receiver<bool>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<RunOutcome, RunError> {
-        let started = Instant::now();
         let run_id = format!(
             "run_{}",
             airlock_vault::random_hex::<6>().map_err(|e| RunError::Setup(e.to_string()))?
@@ -162,6 +161,9 @@ impl Orchestrator {
             let _ = std::fs::remove_dir_all(&run_dir);
             return Err(e);
         }
+        // The run starts now (a wait for a slot is not part of it: the boot
+        // deadline and the duration count from here).
+        let started = Instant::now();
         progress(Progress::Starting {
             run_id: run_id.clone(),
             backend: self.backend.name(),
