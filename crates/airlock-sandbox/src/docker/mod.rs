@@ -226,6 +226,11 @@ struct RunNet {
     name: String,
     created: tokio::sync::OnceCell<Result<(), String>>,
     users: AtomicUsize,
+    /// Set when the run's sidecar is launched; turns true once its start is
+    /// over (either way). The agent starts after it: `sidecar` is then in
+    /// the network's DNS from the agent's first lookup (a lookup before it
+    /// is forwarded outside, where it has no route, and costs a timeout).
+    sidecar_started: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
 }
 
 type Nets = Arc<Mutex<HashMap<String, Arc<RunNet>>>>;
@@ -286,6 +291,7 @@ impl DockerBackend {
                     name: network_name(run_id),
                     created: tokio::sync::OnceCell::new(),
                     users: AtomicUsize::new(0),
+                    sidecar_started: Mutex::new(None),
                 })
             })
             .clone();
@@ -308,6 +314,17 @@ impl DockerBackend {
             .map_err(|_| SandboxError::Setup("the docker backend needs a tokio runtime".into()))?;
         let name = container_name(run_id, role);
         let net = self.run_net(run_id);
+        // The sidecar says when it has started; the agent waits for that.
+        let (started_tx, after) = if egress {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            if let Ok(mut s) = net.sidecar_started.lock() {
+                *s = Some(rx);
+            }
+            (Some(tx), None)
+        } else {
+            let rx = net.sidecar_started.lock().ok().and_then(|s| s.clone());
+            (None, rx)
+        };
         let (out_r, out_w) = tokio::io::simplex(64 * 1024);
         // (A simplex's reader sees its end only when the writer shuts down.)
         let mut out_w = Some(out_w);
@@ -351,6 +368,8 @@ impl DockerBackend {
                     name: &task_name,
                     egress,
                     killed: &task_shared.killed,
+                    after,
+                    started: started_tx.as_ref(),
                 };
                 start.run(&d, body, stdin, &mut out_w, err_tx.clone()).await
             }
@@ -397,6 +416,10 @@ struct Start<'a> {
     name: &'a str,
     egress: bool,
     killed: &'a AtomicBool,
+    /// Start only once this turns true (the agent after its sidecar).
+    after: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Turned true once this start is over (the sidecar's).
+    started: Option<&'a tokio::sync::watch::Sender<bool>>,
 }
 
 impl Start<'_> {
@@ -455,12 +478,20 @@ impl Start<'_> {
             )
             .await
             .map_err(|e| api_err(&format!("attaching to {name}"), e))?;
+        if let Some(mut after) = self.after {
+            // A sidecar that never starts fails the run anyway: bounded.
+            let _ = tokio::time::timeout(Duration::from_secs(30), after.wait_for(|s| *s)).await;
+        }
         if self.killed.load(Ordering::SeqCst) {
             return Err("stopped before it started".into());
         }
-        d.start_container(name, None::<q::StartContainerOptions>)
-            .await
-            .map_err(|e| api_err(&format!("starting {name}"), e))?;
+        let started = d
+            .start_container(name, None::<q::StartContainerOptions>)
+            .await;
+        if let Some(tx) = self.started {
+            let _ = tx.send(true);
+        }
+        started.map_err(|e| api_err(&format!("starting {name}"), e))?;
         let mut input = attached.input;
         let mut output = attached.output;
         let mut out_w = out_w.take().ok_or("stdout taken twice")?;
