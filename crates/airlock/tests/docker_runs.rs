@@ -779,3 +779,74 @@ fn under_gvisor_the_agent_sees_gvisors_kernel_and_still_reaches_only_its_sidecar
     }
     assert_clean(&run, &report);
 }
+
+/// A TCP front for the daemon's unix socket, as a remote `DOCKER_HOST`
+/// would be: counts the connections it carries.
+fn tcp_front_for_the_daemon() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let Ok(u) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock") else {
+                continue;
+            };
+            let (mut c2, mut u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
+            let (mut c, mut u) = (c, u);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut u2);
+                let _ = u2.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut u, &mut c);
+                let _ = c.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn a_tcp_docker_host_works_and_doctor_reports_the_daemon() {
+    if !docker_available() {
+        return;
+    }
+    let (port, seen) = tcp_front_for_the_daemon();
+    let host = format!("tcp://127.0.0.1:{port}");
+    let run = RealRun::python("print('over tcp')\n", 60).env("DOCKER_HOST", &host);
+    let (out, report) = run.run("docker");
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        seen.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "the run went through DOCKER_HOST"
+    );
+    assert_clean(&run, &report);
+    let doctor = std::process::Command::new(support::AIRLOCK)
+        .arg("doctor")
+        .env("DOCKER_HOST", &host)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    for (feature, must) in [
+        ("docker daemon", format!("at {host}, API 1.")),
+        ("runtime runc", "starts containers, with and without a network".into()),
+        ("agent image", "present".into()),
+        ("sidecar image", "present".into()),
+        ("image tag contract", "agree".into()),
+        ("egress network", "inter-container traffic off".into()),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(feature))
+            .unwrap_or_else(|| panic!("doctor says nothing of {feature}: {text}"));
+        assert!(line.contains('✓') && line.contains(&must), "{line}");
+    }
+    assert!(text.contains("✓ docker "), "{text}");
+}
