@@ -3,16 +3,15 @@
 //! and remove everything it created, whatever happened.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock_platform_api::wire::RunEvent;
-use airlock_sandbox::{Backend, SandboxSpec};
+use airlock_sandbox::{Backend, OutputStream, Sandbox, SandboxSpec, SidecarSpec};
 use airlock_store::{NewRun, RunEnd, RunStatus, Store};
 use airlock_vault::{ExposeSecret, RunTokens};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
 use crate::internal_api::{Grant, InternalApi};
@@ -235,10 +234,10 @@ impl Orchestrator {
                 paths.sockets_host.display()
             ))
         })?;
-        let (sidecar_socket, proxy_socket) = (
-            paths.sockets_host.join(SIDECAR_SOCKET),
-            paths.sockets_host.join(PROXY_SOCKET),
-        );
+        // Where the sidecar runs and how the sandbox reaches it: the backend's call.
+        let placement = self
+            .backend
+            .sidecar_placement(run_id, &paths, &self.api_socket);
 
         // What the run may fetch from the platform.
         let mut grant = Grant {
@@ -271,8 +270,8 @@ impl Orchestrator {
             "run_id": run_id,
             "sidecar_token": sidecar_token.expose_secret(),
             "run_token": run_token.expose_secret(),
-            "platform_socket": self.api_socket,
-            "listen": {"unix": sidecar_socket, "proxy_unix": proxy_socket},
+            "platform_socket": placement.platform_socket,
+            "listen": placement.listen_config(),
             "integrations": m.integrations.iter().map(|i| json!({
                 "namespace": i.namespace,
                 "authorized_uris": i.authorized_uris,
@@ -282,14 +281,15 @@ impl Orchestrator {
             })).collect::<Vec<_>>(),
             "model": m.model.as_ref().map(|x| json!({"provider": x.provider, "base_url": x.base_url, "price_in_per_mtok_usd": x.price_in_per_mtok_usd, "price_out_per_mtok_usd": x.price_out_per_mtok_usd})),
             "network": {"egress": network},
-            "egress": {"allow_internal_hosts": self.settings.allow_internal_hosts, "dns_server": self.settings.dns_server},
+            "egress": {"allow_internal_hosts": self.settings.allow_internal_hosts, "dns_server": self.settings.dns_server, "blocked_names": placement.blocked_names},
         });
 
         // Sidecar and sandbox start in parallel; the runtime waits for the
         // sidecar's socket.
-        let (mut sidecar, mut sidecar_log) = self.spawn_sidecar(&sidecar_cfg).await?;
+        let (mut sidecar, mut sidecar_log) = self.spawn_sidecar(run_id, &sidecar_cfg)?;
+        let runtime_exe = self.backend.runtime_exe(&self.exe);
         let mut command = vec![
-            self.exe.display().to_string(),
+            runtime_exe.display().to_string(),
             "runtime".into(),
             "--".into(),
         ];
@@ -300,8 +300,8 @@ impl Orchestrator {
         );
         let secrets = json!({
             "run_id": run_id,
-            "sidecar_socket": paths.sockets.join(SIDECAR_SOCKET),
-            "proxy_socket": paths.sockets.join(PROXY_SOCKET),
+            "sidecar": placement.reach.0,
+            "proxy": placement.reach.1,
             "sidecar_token": sidecar_token.expose_secret(),
             "heartbeat_interval_secs": self.settings.heartbeat_interval_secs,
             "workspace": paths.workspace,
@@ -309,7 +309,9 @@ impl Orchestrator {
             "prompt": req.prompt,
         });
         let mut ro_paths = vec![req.agent_dir.clone()];
-        if let Some(dir) = self.exe.parent() {
+        if runtime_exe == self.exe
+            && let Some(dir) = self.exe.parent()
+        {
             ro_paths.push(dir.to_owned());
         }
         let spec = SandboxSpec {
@@ -334,13 +336,14 @@ impl Orchestrator {
             after: started.elapsed(),
         });
         let sidecar_ready =
-            tokio::time::timeout(Duration::from_secs(30), read_ready(&mut sidecar)).await;
+            tokio::time::timeout(Duration::from_secs(30), read_ready(&mut sidecar_log.stdout))
+                .await;
         match sidecar_ready {
             Ok(Ok(())) => {
                 // The sandbox's uid is not the platform's: it may connect to
                 // the sockets (their directory is the platform's, 0711, and
                 // read-only inside the sandbox).
-                for s in [&sidecar_socket, &proxy_socket] {
+                for s in placement.host_sockets() {
                     if let Err(e) = std::fs::set_permissions(
                         s,
                         std::os::unix::fs::PermissionsExt::from_mode(0o666),
@@ -354,7 +357,7 @@ impl Orchestrator {
             }
             Ok(Err(e)) => {
                 sandbox.cleanup().await;
-                stop_child(&mut sidecar).await;
+                sidecar.stop(SIDECAR_GRACE).await;
                 // Its own last words are the reason (it reads its config
                 // before it says it is ready).
                 let why = sidecar_log.finish().await.unwrap_or(e);
@@ -362,7 +365,7 @@ impl Orchestrator {
             }
             Err(_) => {
                 sandbox.cleanup().await;
-                stop_child(&mut sidecar).await;
+                sidecar.stop(SIDECAR_GRACE).await;
                 return Err(RunError::Setup(
                     "the sidecar did not start within 30 s".into(),
                 ));
@@ -398,7 +401,7 @@ impl Orchestrator {
         sandbox.cleanup().await;
         // Stopped after the sandbox, so every event the runtime handed it
         // (the agent's end among them) is in the store when it exits.
-        stop_child(&mut sidecar).await;
+        sidecar.stop(SIDECAR_GRACE).await;
         output.finish().await;
         Ok(match ended {
             Ended::Stopped(status, reason) => (status, None, Some(reason)),
@@ -519,42 +522,31 @@ impl Orchestrator {
         }
     }
 
-    async fn spawn_sidecar(
-        &self,
-        cfg: &Value,
-    ) -> Result<(tokio::process::Child, SidecarLog), RunError> {
-        let mut child = tokio::process::Command::new(&self.exe)
-            .arg("sidecar")
-            .env_clear()
-            .env(
-                "AIRLOCK_LOG",
-                std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| RunError::Setup(format!("cannot start the sidecar: {e}")))?;
-        let mut log = SidecarLog::default();
-        if let Some(err) = child.stderr.take() {
+    fn spawn_sidecar(&self, run_id: &str, cfg: &Value) -> Result<(Sandbox, SidecarLog), RunError> {
+        let mut sidecar = self.backend.spawn_sidecar(&SidecarSpec {
+            run_id: run_id.to_owned(),
+            exe: self.exe.clone(),
+            log: std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()),
+            config: cfg.to_string().into_bytes(),
+            platform_socket: self.api_socket.clone(),
+        })?;
+        let (stdout, stderr) = sidecar.take_output();
+        let mut log = SidecarLog {
+            stdout,
+            ..Default::default()
+        };
+        if let Some(err) = stderr {
             log.pump = Some(tokio::spawn(pump(err, "sidecar:", Some(log.lines.clone()))));
         }
-        let mut stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| RunError::Setup("sidecar stdin".into()))?;
-        stdin
-            .write_all(cfg.to_string().as_bytes())
-            .await
-            .map_err(|e| RunError::Setup(format!("sidecar config: {e}")))?;
-        drop(stdin);
-        Ok((child, log))
+        Ok((sidecar, log))
     }
 }
 
-async fn read_ready(child: &mut tokio::process::Child) -> Result<(), String> {
-    let out = child.stdout.take().ok_or("no stdout")?;
+/// How long a sidecar has to drain its events after SIGTERM.
+const SIDECAR_GRACE: Duration = Duration::from_secs(5);
+
+async fn read_ready(stdout: &mut Option<OutputStream>) -> Result<(), String> {
+    let out = stdout.take().ok_or("no stdout")?;
     let mut lines = BufReader::new(out).lines();
     match lines.next_line().await {
         Ok(Some(line)) if line.contains("\"ready\":true") => Ok(()),
@@ -564,24 +556,11 @@ async fn read_ready(child: &mut tokio::process::Child) -> Result<(), String> {
     }
 }
 
-async fn stop_child(child: &mut tokio::process::Child) {
-    if let Some(pid) = child
-        .id()
-        .and_then(|p| rustix::process::Pid::from_raw(p as i32))
-    {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
-    if tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .is_err()
-    {
-        let _ = child.kill().await;
-    }
-}
-
 /// The sidecar's stderr, shown to the operator and kept (its last lines).
 #[derive(Default)]
 struct SidecarLog {
+    /// Its stdout, until the readiness line is read.
+    stdout: Option<OutputStream>,
     lines: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
     pump: Option<tokio::task::JoinHandle<()>>,
 }
@@ -711,8 +690,7 @@ pub const EPHEMERAL_KID: &str = "ephemeral";
 /// In a run directory: the PID of the platform that owns the run.
 pub const OWNER_FILE: &str = "owner.pid";
 /// In the sockets' directory: the sidecar's API and proxy sockets.
-pub const SIDECAR_SOCKET: &str = "sidecar.sock";
-pub const PROXY_SOCKET: &str = "proxy.sock";
+pub use airlock_sandbox::{PROXY_SOCKET, SIDECAR_SOCKET};
 /// Largest owner file reclaim reads (a PID).
 const MAX_OWNER_FILE: u64 = 32;
 

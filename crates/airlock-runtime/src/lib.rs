@@ -4,8 +4,9 @@
 //! non-dumpable, and starts the agent command with an environment that holds
 //! no secret: the agent sees ordinary local endpoints (`AIRLOCK_MCP_URL`,
 //! `OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`, `HTTP_PROXY`) served by this
-//! process on 127.0.0.1, which relays them to the sidecar's unix sockets and
-//! adds the sidecar token on the way, so the agent's own code never holds it.
+//! process on 127.0.0.1, which relays them to the sidecar ([`Endpoint`]: its
+//! unix sockets, or its TCP listeners on a docker run's network) and adds
+//! the sidecar token on the way, so the agent's own code never holds it.
 //! Meanwhile it sends heartbeats, turns the agent's output into log events,
 //! and reports the exit code and the optional result file as the result.
 //!
@@ -21,6 +22,8 @@ mod report;
 
 use std::path::PathBuf;
 use std::process::Stdio;
+
+use airlock_sandbox::Endpoint;
 use std::time::Duration;
 
 use airlock_platform_api::wire::RunEvent;
@@ -28,7 +31,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use tokio::io::BufReader;
 
-pub use relay::{proxy_relay, sidecar_relay};
+pub use relay::{Dial, proxy_relay, sidecar_relay};
 use report::Reporter;
 
 /// Largest secrets document read from stdin.
@@ -41,11 +44,12 @@ pub const MAX_RESULT_BYTES: u64 = 1 << 20;
 #[serde(deny_unknown_fields)]
 pub struct RuntimeSecrets {
     pub run_id: String,
-    /// The sidecar's API socket (`/mcp`, `/llm`, `/events`).
-    pub sidecar_socket: PathBuf,
-    /// The sidecar's forward-proxy socket.
+    /// The sidecar's API (`/mcp`, `/llm`, `/events`): `{"unix": path}` or
+    /// `{"tcp": "host:port"}`.
+    pub sidecar: Endpoint,
+    /// The sidecar's forward proxy.
     #[serde(default)]
-    pub proxy_socket: Option<PathBuf>,
+    pub proxy: Option<Endpoint>,
     pub sidecar_token: SecretString,
     #[serde(default = "default_heartbeat")]
     pub heartbeat_interval_secs: u64,
@@ -107,17 +111,20 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     })?;
     let token = secrets.sidecar_token.clone();
     let heartbeat_every = Duration::from_secs(secrets.heartbeat_interval_secs.max(1));
-    wait_for_socket(&secrets.sidecar_socket).await?;
+    let sidecar = wait_for_sidecar(&secrets.sidecar).await?;
 
-    let reporter = Reporter::start(secrets.sidecar_socket.clone(), token.clone());
-    let api = relay::sidecar_relay(secrets.sidecar_socket.clone(), token.clone())
+    let reporter = Reporter::start(sidecar.clone(), token.clone());
+    let api = relay::sidecar_relay(sidecar, token.clone())
         .await
         .map_err(RuntimeError::Relay)?;
-    let proxy = match &secrets.proxy_socket {
+    let proxy = match &secrets.proxy {
         Some(p) => Some(
-            relay::proxy_relay(p.clone(), token.clone())
-                .await
-                .map_err(RuntimeError::Relay)?,
+            relay::proxy_relay(
+                Dial::resolve(p).await.map_err(RuntimeError::Relay)?,
+                token.clone(),
+            )
+            .await
+            .map_err(RuntimeError::Relay)?,
         ),
         None => None,
     };
@@ -303,13 +310,28 @@ async fn parent_gone() {
     }
 }
 
-async fn wait_for_socket(path: &std::path::Path) -> Result<(), RuntimeError> {
-    // The sidecar starts in parallel with the sandbox: wait for its socket.
-    for _ in 0..600 {
-        if tokio::net::UnixStream::connect(path).await.is_ok() {
-            return Ok(());
+/// The sidecar starts in parallel with the sandbox: waits (up to 30 s, the
+/// platform's own patience with a sidecar) until it accepts a connection,
+/// and returns where to dial it.
+async fn wait_for_sidecar(ep: &Endpoint) -> Result<Dial, RuntimeError> {
+    let down = |why: String| {
+        RuntimeError::SidecarDown(match ep {
+            Endpoint::Unix(p) => format!("{} ({why})", p.display()),
+            Endpoint::Tcp(h) => format!("{h} ({why})"),
+        })
+    };
+    let mut last = String::from("not tried");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < deadline {
+        // A name (docker: `sidecar`) resolves once its container is on the network.
+        match Dial::resolve(ep).await {
+            Ok(dial) => match dial.connect().await {
+                Ok(_) => return Ok(dial),
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Err(RuntimeError::SidecarDown(path.display().to_string()))
+    Err(down(last))
 }

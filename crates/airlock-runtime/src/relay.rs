@@ -1,11 +1,16 @@
-//! Local endpoints for the agent, relayed to the sidecar's unix sockets with
-//! the sidecar token added. They listen on 127.0.0.1 inside the sandbox's
-//! own network namespace (in the process backend: the host's loopback, which
-//! is why that backend isolates nothing).
+//! Local endpoints for the agent, relayed to the sidecar (its unix sockets,
+//! or — docker — its TCP listeners on the run's network) with the sidecar
+//! token added. They listen on 127.0.0.1 inside the sandbox's own network
+//! namespace (in the process backend: the host's loopback, which is why
+//! that backend isolates nothing).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use airlock_sandbox::Endpoint;
 
 use airlock_tunnel::SpliceSocket;
 use bytes::Bytes;
@@ -15,8 +20,103 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use secrecy::{ExposeSecret, SecretString};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
+
+/// Where the runtime dials the sidecar: a unix socket, or a TCP address
+/// resolved once (the sidecar's address is fixed for the run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dial {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl Dial {
+    /// Resolves `ep` (a `sidecar:8080` name through the sandbox's resolver).
+    pub async fn resolve(ep: &Endpoint) -> std::io::Result<Dial> {
+        match ep {
+            Endpoint::Unix(p) => Ok(Dial::Unix(p.clone())),
+            Endpoint::Tcp(h) => tokio::net::lookup_host((h.host(), h.port()))
+                .await?
+                .next()
+                .map(Dial::Tcp)
+                .ok_or_else(|| std::io::Error::other(format!("{h} has no address"))),
+        }
+    }
+
+    pub async fn connect(&self) -> std::io::Result<Conn> {
+        match self {
+            Dial::Unix(p) => UnixStream::connect(p).await.map(Conn::Unix),
+            Dial::Tcp(a) => {
+                let s = TcpStream::connect(a).await?;
+                let _ = s.set_nodelay(true);
+                Ok(Conn::Tcp(s))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Dial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dial::Unix(p) => write!(f, "{}", p.display()),
+            Dial::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// A connection to the sidecar.
+pub enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn splice(&self) -> SpliceSocket<'_> {
+        match self {
+            Conn::Unix(s) => SpliceSocket::Unix(s),
+            Conn::Tcp(s) => SpliceSocket::Tcp(s),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tcp(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 const SIDECAR_AUTH_HEADER: &str = "x-airlock-sidecar-auth";
 
@@ -43,7 +143,7 @@ fn not_found() -> Response<RelayBody> {
 }
 
 async fn forward(
-    socket: PathBuf,
+    socket: Dial,
     token: SecretString,
     mut req: Request<Incoming>,
 ) -> Response<RelayBody> {
@@ -56,7 +156,7 @@ async fn forward(
         return bad_gateway("token is not a header value");
     };
     req.headers_mut().insert(SIDECAR_AUTH_HEADER, value);
-    let stream = match UnixStream::connect(&socket).await {
+    let stream = match socket.connect().await {
         Ok(s) => s,
         Err(e) => return bad_gateway(&format!("cannot reach the sidecar: {e}")),
     };
@@ -76,7 +176,7 @@ async fn forward(
 
 /// `/mcp`, `/llm/…` and anything else, streamed both ways (model streams
 /// stay incremental).
-pub async fn sidecar_relay(socket: PathBuf, token: SecretString) -> std::io::Result<SocketAddr> {
+pub async fn sidecar_relay(socket: Dial, token: SecretString) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -118,7 +218,7 @@ const MAX_HEAD: usize = 64 * 1024;
 /// The forward proxy: adds `Proxy-Authorization` to the request head, then
 /// splices the two connections. One request per connection for absolute-form
 /// HTTP (`Connection: close`), so every request carries the token.
-pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Result<SocketAddr> {
+pub async fn proxy_relay(socket: Dial, token: SecretString) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -178,7 +278,7 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
                         first = false;
                     }
                 }
-                let Ok(mut upstream) = UnixStream::connect(&socket).await else {
+                let Ok(mut upstream) = socket.connect().await else {
                     let _ = tcp.write_all(b"HTTP/1.1 502 Bad Gateway\r\nconnection: close\r\ncontent-length: 0\r\n\r\n").await;
                     return;
                 };
@@ -192,7 +292,7 @@ pub async fn proxy_relay(socket: PathBuf, token: SecretString) -> std::io::Resul
                 // can be opened. The sidecar enforces the idle timeout.
                 let spliced = airlock_tunnel::relay_spliced(
                     SpliceSocket::Tcp(&tcp),
-                    SpliceSocket::Unix(&upstream),
+                    upstream.splice(),
                     Duration::from_secs(24 * 3600),
                 )
                 .await;
@@ -246,7 +346,7 @@ mod tests {
         let sock = dir.path().join("proxy.sock");
         let seen = fake_proxy(&sock).await;
         let token = SecretString::from("0123abcd".repeat(8));
-        let addr = proxy_relay(sock, token).await.unwrap();
+        let addr = proxy_relay(Dial::Unix(sock), token).await.unwrap();
         let mut c = TcpStream::connect(addr).await.unwrap();
         // A forged Proxy-Authorization, and tunnel bytes right behind the head.
         c.write_all(
@@ -314,7 +414,7 @@ mod tests {
             body.extend_from_slice(&extra);
             let _ = tx.send((head, body));
         });
-        let addr = proxy_relay(sock, SecretString::from("t0k3n".repeat(4)))
+        let addr = proxy_relay(Dial::Unix(sock), SecretString::from("t0k3n".repeat(4)))
             .await
             .unwrap();
         let mut c = TcpStream::connect(addr).await.unwrap();

@@ -1,6 +1,5 @@
 //! Heartbeats, log lines and the result, batched to the sidecar's `/events`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use airlock_platform_api::wire::{EventBatch, RunEvent};
@@ -9,7 +8,8 @@ use http::Request;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use secrecy::{ExposeSecret, SecretString};
-use tokio::net::UnixStream;
+
+use crate::relay::Dial;
 use tokio::sync::{mpsc, oneshot};
 
 pub fn now_ms() -> i64 {
@@ -30,7 +30,7 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    pub fn start(socket: PathBuf, token: SecretString) -> Reporter {
+    pub fn start(socket: Dial, token: SecretString) -> Reporter {
         let (tx, mut rx) = mpsc::channel::<Msg>(4096);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -77,11 +77,9 @@ impl Reporter {
     }
 }
 
-async fn post(socket: &PathBuf, token: &SecretString, events: Vec<RunEvent>) -> Result<(), String> {
+async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Result<(), String> {
     let body = serde_json::to_vec(&EventBatch { events }).map_err(|e| e.to_string())?;
-    let stream = UnixStream::connect(socket)
-        .await
-        .map_err(|e| e.to_string())?;
+    let stream = socket.connect().await.map_err(|e| e.to_string())?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| e.to_string())?;

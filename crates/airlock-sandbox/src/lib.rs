@@ -7,7 +7,9 @@
 //! sandbox sees read-only (`connect(2)` works on a read-only mount, nothing
 //! else does); the sandbox writes nowhere on the host disk: every write
 //! lands on a capped tmpfs. [`Backend::paths`] says where the sandbox sees
-//! the sockets and its workspace.
+//! the sockets and its workspace; [`Backend::sidecar_placement`] where the
+//! run's sidecar runs (a host process on unix sockets, or — docker — a
+//! container of its own on the run's network, reached over TCP).
 #![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -49,6 +51,194 @@ pub struct RunPaths {
     pub workspace: PathBuf,
 }
 
+/// `host:port`: a name or an address the other end resolves, and a port.
+/// Checked when made, so a typo never reaches a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HostPort {
+    host: String,
+    port: u16,
+}
+
+impl HostPort {
+    pub fn new(host: &str, port: u16) -> Result<HostPort, SandboxError> {
+        let name_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+        if port == 0 || !(name_ok || host.parse::<std::net::IpAddr>().is_ok()) {
+            return Err(SandboxError::Setup(format!(
+                "{host:?}:{port} is not a host name or address and a port"
+            )));
+        }
+        Ok(HostPort {
+            host: host.to_owned(),
+            port,
+        })
+    }
+
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl TryFrom<String> for HostPort {
+    type Error = SandboxError;
+    fn try_from(s: String) -> Result<HostPort, SandboxError> {
+        let bad = || SandboxError::Setup(format!("{s:?} is not host:port"));
+        let (host, port) = match s.strip_prefix('[') {
+            // [v6]:port
+            Some(rest) => {
+                let (h, p) = rest.split_once("]:").ok_or_else(bad)?;
+                (h, p)
+            }
+            None => s.rsplit_once(':').ok_or_else(bad)?,
+        };
+        HostPort::new(host, port.parse().map_err(|_| bad())?)
+    }
+}
+
+impl From<HostPort> for String {
+    fn from(h: HostPort) -> String {
+        h.to_string()
+    }
+}
+
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// One of the sidecar's two listeners (its API, its forward proxy): where it
+/// listens, or how the sandbox's runtime reaches it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Endpoint {
+    /// A unix socket (process and namespace backends: the run's sockets directory).
+    Unix(PathBuf),
+    /// TCP (the docker backend: `sidecar:8080` on the run's own network).
+    Tcp(HostPort),
+}
+
+/// Where a run's sidecar runs and how the two sides meet: a backend's
+/// decision ([`Backend::sidecar_placement`]), not the orchestrator's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarPlacement {
+    /// Where the sidecar listens, as the sidecar sees it: API, proxy.
+    pub listen: (Endpoint, Endpoint),
+    /// How the runtime in the sandbox reaches them: API, proxy.
+    pub reach: (Endpoint, Endpoint),
+    /// The platform's internal-API socket, as the sidecar sees it.
+    pub platform_socket: PathBuf,
+    /// Names the sidecar refuses on every egress call besides the built-in
+    /// ones (the run's own containers).
+    pub blocked_names: Vec<String>,
+}
+
+impl SidecarPlacement {
+    /// The sidecar configuration's `listen` object.
+    pub fn listen_config(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (ep, unix, tcp) in [
+            (&self.listen.0, "unix", "tcp"),
+            (&self.listen.1, "proxy_unix", "proxy_tcp"),
+        ] {
+            match ep {
+                Endpoint::Unix(p) => m.insert(unix.into(), serde_json::json!(p)),
+                Endpoint::Tcp(h) => m.insert(tcp.into(), serde_json::json!(h.to_string())),
+            };
+        }
+        serde_json::Value::Object(m)
+    }
+
+    /// The unix sockets the sidecar creates on the host (the platform opens
+    /// them to the sandbox's uid once they exist).
+    pub fn host_sockets(&self) -> Vec<&Path> {
+        [&self.listen.0, &self.listen.1]
+            .into_iter()
+            .filter_map(|e| match e {
+                Endpoint::Unix(p) => Some(p.as_path()),
+                Endpoint::Tcp(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// What a backend needs to start a run's sidecar.
+#[derive(Debug, Clone)]
+pub struct SidecarSpec {
+    pub run_id: String,
+    /// The `airlock` binary on the host (a host-process sidecar runs it).
+    pub exe: PathBuf,
+    /// `AIRLOCK_LOG` of the sidecar.
+    pub log: String,
+    /// The configuration document, written to its stdin (then closed).
+    pub config: Vec<u8>,
+    /// The platform's internal-API socket on the host.
+    pub platform_socket: PathBuf,
+}
+
+/// The unix-socket placement of the process and namespace backends: the
+/// sidecar is a host process listening in the run's sockets directory.
+pub fn host_sidecar_placement(paths: &RunPaths, platform_socket: &Path) -> SidecarPlacement {
+    SidecarPlacement {
+        listen: (
+            Endpoint::Unix(paths.sockets_host.join(SIDECAR_SOCKET)),
+            Endpoint::Unix(paths.sockets_host.join(PROXY_SOCKET)),
+        ),
+        reach: (
+            Endpoint::Unix(paths.sockets.join(SIDECAR_SOCKET)),
+            Endpoint::Unix(paths.sockets.join(PROXY_SOCKET)),
+        ),
+        platform_socket: platform_socket.to_owned(),
+        blocked_names: vec![],
+    }
+}
+
+/// In the sockets' directory: the sidecar's API and proxy sockets.
+pub const SIDECAR_SOCKET: &str = "sidecar.sock";
+pub const PROXY_SOCKET: &str = "proxy.sock";
+
+/// Starts `airlock sidecar` as a host process (the process and namespace
+/// backends' placement).
+pub fn spawn_host_sidecar(spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(&spec.exe)
+        .arg("sidecar")
+        .env_clear()
+        .env("AIRLOCK_LOG", &spec.log)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| SandboxError::Setup(format!("cannot start the sidecar: {e}")))?;
+    let pid = child.id();
+    if let Some(mut stdin) = child.stdin.take() {
+        let data = spec.config.clone();
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&data).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+    let killer = Box::new(move || {
+        if let Some(p) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    });
+    Sandbox::new(child, killer, None)
+}
+
 /// What a backend guarantees, as a program can read it (the run report
 /// carries it, not only a warning on stderr).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -86,75 +276,143 @@ pub enum SandboxError {
     },
     #[error("sandbox setup failed: {0}")]
     Setup(String),
+    /// An operator setting that cannot work: found before anything starts.
+    #[error("{var}: {message}")]
+    Config { var: &'static str, message: String },
     #[error("sandbox I/O: {0}")]
     Io(#[from] std::io::Error),
 }
 
-/// A started sandbox: the host-side handle of its first process.
+/// What a started sandbox's streams are read through.
+pub type OutputStream = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+
+/// A started sandbox (or a backend-placed sidecar): the host-side handle of
+/// its first process, or of its container.
 pub struct Sandbox {
-    child: tokio::process::Child,
-    /// Host PID of the sandbox's first process.
+    /// Host PID of the sandbox's first process (0 for a container: its
+    /// processes are the container runtime's, not ours).
     pub pid: u32,
-    /// Kills everything the sandbox started (not only the first process).
-    killer: Box<dyn Fn() + Send + Sync>,
-    /// Removes what the backend created on the host (cgroups, mounts, …).
-    cleaner: Option<Box<dyn FnOnce() + Send>>,
+    stdout: Option<OutputStream>,
+    stderr: Option<OutputStream>,
+    inner: Inner,
+}
+
+enum Inner {
+    Child {
+        child: tokio::process::Child,
+        /// Kills everything the sandbox started (not only the first process).
+        killer: Box<dyn Fn() + Send + Sync>,
+        /// Removes what the backend created on the host (cgroups, mounts, …).
+        cleaner: Option<Box<dyn FnOnce() + Send>>,
+    },
+    Container(docker::Container),
 }
 
 impl Sandbox {
     /// Wraps a started child. `killer` must kill every process of the
     /// sandbox; `cleaner` runs once, after the sandbox is gone.
     pub fn new(
-        child: tokio::process::Child,
+        mut child: tokio::process::Child,
         killer: Box<dyn Fn() + Send + Sync>,
         cleaner: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<Sandbox, SandboxError> {
         let pid = child
             .id()
             .ok_or_else(|| SandboxError::Setup("the sandbox exited before it started".into()))?;
+        let stdout = child.stdout.take().map(|s| Box::new(s) as OutputStream);
+        let stderr = child.stderr.take().map(|s| Box::new(s) as OutputStream);
         Ok(Sandbox {
-            child,
             pid,
-            killer,
-            cleaner,
+            stdout,
+            stderr,
+            inner: Inner::Child {
+                child,
+                killer,
+                cleaner,
+            },
         })
     }
 
+    pub(crate) fn container(
+        c: docker::Container,
+        stdout: OutputStream,
+        stderr: OutputStream,
+    ) -> Sandbox {
+        Sandbox {
+            pid: 0,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            inner: Inner::Container(c),
+        }
+    }
+
     /// The command's stdout and stderr (the runtime's own diagnostics).
-    pub fn take_output(
-        &mut self,
-    ) -> (
-        Option<tokio::process::ChildStdout>,
-        Option<tokio::process::ChildStderr>,
-    ) {
-        (self.child.stdout.take(), self.child.stderr.take())
+    pub fn take_output(&mut self) -> (Option<OutputStream>, Option<OutputStream>) {
+        (self.stdout.take(), self.stderr.take())
     }
 
     /// Waits for the first process to exit.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        self.child.wait().await
+        match &mut self.inner {
+            Inner::Child { child, .. } => child.wait().await,
+            Inner::Container(c) => c.wait().await,
+        }
     }
 
     /// Kills every process of the sandbox. Safe to call more than once.
     pub fn kill(&self) {
-        (self.killer)();
+        match &self.inner {
+            Inner::Child { killer, .. } => killer(),
+            Inner::Container(c) => c.kill(),
+        }
+    }
+
+    /// Asks the first process to stop (SIGTERM), waits up to `grace` for it
+    /// to exit by itself, then kills what is left and cleans up. A sidecar
+    /// is stopped this way, so every event it holds reaches the platform.
+    pub async fn stop(mut self, grace: std::time::Duration) {
+        match &mut self.inner {
+            Inner::Child { child, .. } => {
+                if let Some(pid) = child
+                    .id()
+                    .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+                {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                }
+                let _ = tokio::time::timeout(grace, child.wait()).await;
+            }
+            Inner::Container(c) => c.terminate(grace).await,
+        }
+        self.cleanup().await;
     }
 
     /// Kills what is left and removes what the backend created on the host.
     pub async fn cleanup(mut self) {
         self.kill();
-        let _ = self.child.wait().await;
-        if let Some(clean) = self.cleaner.take() {
-            clean();
+        match &mut self.inner {
+            Inner::Child { child, cleaner, .. } => {
+                let _ = child.wait().await;
+                if let Some(clean) = cleaner.take() {
+                    clean();
+                }
+            }
+            Inner::Container(c) => c.remove().await,
         }
     }
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        (self.killer)();
-        if let Some(clean) = self.cleaner.take() {
-            clean();
+        match &mut self.inner {
+            Inner::Child {
+                killer, cleaner, ..
+            } => {
+                killer();
+                if let Some(clean) = cleaner.take() {
+                    clean();
+                }
+            }
+            Inner::Container(c) => c.forget(),
         }
     }
 }
@@ -174,9 +432,38 @@ pub trait Backend: Send + Sync {
     fn paths(&self, run_dir: &Path) -> RunPaths;
     /// Starts `spec.command`. Must not block for long.
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError>;
+    /// The `airlock` binary as the sandbox sees it (it runs `airlock
+    /// runtime`): the host's own by default, bound read-only.
+    fn runtime_exe(&self, host_exe: &Path) -> PathBuf {
+        host_exe.to_owned()
+    }
+    /// Where the run's sidecar runs, and how the sandbox reaches it. By
+    /// default a host process on the run's unix sockets.
+    fn sidecar_placement(
+        &self,
+        run_id: &str,
+        paths: &RunPaths,
+        platform_socket: &Path,
+    ) -> SidecarPlacement {
+        let _ = run_id;
+        host_sidecar_placement(paths, platform_socket)
+    }
+    /// Once, when a platform starts with this backend: reclaims what dead
+    /// platforms left and makes sure what every run needs is there (docker:
+    /// its images, kept present; the egress network). Tells `say` what it does.
+    fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
+        let _ = say;
+        Ok(())
+    }
+    /// Starts the run's sidecar where [`Backend::sidecar_placement`] put it.
+    /// Must not block for long.
+    fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
+        spawn_host_sidecar(spec)
+    }
 }
 
 pub mod diagnose;
+pub mod docker;
 pub mod namespace;
 pub mod process;
 pub mod terminal;
@@ -184,8 +471,10 @@ pub mod untrusted;
 
 pub use diagnose::{Diagnosis, diagnose};
 
-/// The backend for a `RUN_ADAPTER` value: `process`, `namespace`, or `auto`
-/// (`namespace` where it works here, else `process` with a loud warning).
+/// The backend for a `RUN_ADAPTER` value: `process`, `namespace`, `docker`,
+/// or `auto` (`namespace` where it works here, else `process` with a loud
+/// warning; `auto` never picks `docker`: the Docker socket is root on the
+/// host, an operator opts into it by name).
 /// `namespace` uses the running executable (the `airlock` binary) as the
 /// sandbox init; see [`namespace::NamespaceBackend::with_exe`] for another.
 pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
@@ -212,9 +501,17 @@ pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
                 }
             }
         }
+        "docker" => {
+            let d = docker::DockerBackend::from_env()?;
+            d.check().map_err(|u| SandboxError::Unavailable {
+                backend: "docker",
+                reason: u.0,
+            })?;
+            Ok(Box::new(d))
+        }
         other => Err(SandboxError::Unavailable {
             backend: "unknown",
-            reason: format!("no backend named {other:?} (process, namespace, auto)"),
+            reason: format!("no backend named {other:?} (process, namespace, docker, auto)"),
         }),
     }
 }

@@ -37,7 +37,7 @@ enum Command {
     },
     /// Airlock's main job end to end with a local example API and model.
     Demo {
-        /// process | namespace | auto (default: RUN_ADAPTER, else auto).
+        /// process | namespace | docker | auto (default: RUN_ADAPTER, else auto).
         #[arg(long)]
         backend: Option<String>,
     },
@@ -55,6 +55,9 @@ enum Command {
     /// Manage the connection-encryption keys.
     #[command(subcommand)]
     Keys(cmd::keys::KeysCommand),
+    /// The docker backend's images (built locally, no registry).
+    #[command(subcommand)]
+    Images(cmd::images::ImagesCommand),
     /// The namespace sandbox's setup process (started by the backend only).
     #[command(hide = true)]
     SandboxInit,
@@ -72,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Runtime { command } => cmd::runtime::run(command),
         Command::Connections(c) => cmd::connections::run(c),
         Command::Keys(c) => cmd::keys::run(c),
+        Command::Images(c) => cmd::images::run(c),
         Command::SandboxInit => cmd::sandbox_init::run(),
     }
 }

@@ -57,7 +57,7 @@ impl NamespaceBackend {
 /// could not use: with a root platform the sandbox is an unprivileged uid,
 /// so the operator's private directories are closed to it (as they should
 /// be to an agent), and the run would fail later with a bare EACCES.
-fn readable_by(path: &Path, ids: config::HostIds) -> Result<(), SandboxError> {
+pub(crate) fn readable_by(path: &Path, ids: config::HostIds) -> Result<(), SandboxError> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).map_err(|e| {
         SandboxError::Setup(format!(

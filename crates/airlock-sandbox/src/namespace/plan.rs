@@ -48,7 +48,7 @@ const MASKED_FILES: &[&str] = &[
 ];
 const MASKED_DIRS: &[&str] = &["/etc/sudoers.d", "/etc/ssl/private"];
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
-const PROC_READONLY: &[&str] = &[
+pub const PROC_READONLY: &[&str] = &[
     "/proc/sys",
     "/proc/sysrq-trigger",
     "/proc/irq",

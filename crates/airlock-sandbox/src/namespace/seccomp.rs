@@ -96,7 +96,7 @@ pub const DENIED_IOCTLS: &[(&str, u64)] = &[
     ("TIOCLINUX", libc::TIOCLINUX as u64),
 ];
 
-const NAMESPACE_FLAGS: &[u64] = &[
+pub const NAMESPACE_FLAGS: &[u64] = &[
     libc::CLONE_NEWUSER as u64,
     libc::CLONE_NEWNS as u64,
     libc::CLONE_NEWPID as u64,

@@ -46,8 +46,8 @@ pub fn run(backend: Option<String>) -> ExitCode {
 
 type Handler = Arc<dyn Fn(http::Request<Bytes>) -> http::Response<Full<Bytes>> + Send + Sync>;
 
-async fn serve(h: Handler) -> Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+async fn serve(ip: std::net::IpAddr, h: Handler) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
@@ -93,31 +93,52 @@ async fn demo(backend: Option<String>) -> Result<bool> {
     result
 }
 
+/// Where the example API and the model listen: loopback, where the sidecar
+/// is a host process; for the docker backend, this host's address on the
+/// shared egress network (the sidecar's container reaches the host there;
+/// the agent's container does not).
+async fn servers_ip(backend: Option<&str>) -> Result<std::net::IpAddr> {
+    let adapter = backend
+        .map(str::to_owned)
+        .or_else(|| std::env::var("RUN_ADAPTER").ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "auto".into());
+    if adapter != "docker" {
+        return Ok(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let cfg = airlock_sandbox::docker::DockerConfig::from_env()?;
+    let d = airlock_sandbox::docker::connect(&cfg.host).await?;
+    Ok(airlock_sandbox::docker::egress_gateway(&d).await?)
+}
+
 async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool> {
+    let ip = servers_ip(backend.as_deref()).await?;
     let api_token = format!("demo-token-{}", airlock_vault::random_hex::<16>()?);
     let model_key = format!("sk-demo-{}", airlock_vault::random_hex::<16>()?);
 
     // The example API: answers only with the right bearer token.
     let expected = format!("Bearer {api_token}");
-    let api = serve(Arc::new(move |req: http::Request<Bytes>| {
-        let auth = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if auth == expected {
-            json_response(
-                200,
-                json!({"user": "demo-user", "authenticated": true, "path": req.uri().path()}),
-            )
-        } else {
-            json_response(401, json!({"error": "missing or wrong token"}))
-        }
-    }))
+    let api = serve(
+        ip,
+        Arc::new(move |req: http::Request<Bytes>| {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if auth == expected {
+                json_response(
+                    200,
+                    json!({"user": "demo-user", "authenticated": true, "path": req.uri().path()}),
+                )
+            } else {
+                json_response(401, json!({"error": "missing or wrong token"}))
+            }
+        }),
+    )
     .await?;
     // The fake model provider: OpenAI's chat-completions JSON, usage included.
     let expected_key = format!("Bearer {model_key}");
-    let provider = serve(Arc::new(move |req: http::Request<Bytes>| {
+    let provider = serve(ip, Arc::new(move |req: http::Request<Bytes>| {
         let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
         if auth != expected_key {
             return json_response(401, json!({"error": {"message": "invalid api key", "type": "invalid_request_error"}}));
@@ -193,8 +214,9 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
     eprintln!("Manifest: {}\n", manifest_path.display());
 
     let mut vars: std::collections::HashMap<String, String> = std::env::vars().collect();
-    // The operator's opt-in for the local example API and fake model (both on loopback).
-    vars.insert("EGRESS_ALLOW_INTERNAL_HOSTS".into(), "127.0.0.1".into());
+    // The operator's opt-in for the local example API and fake model (both on
+    // loopback, or on this host's egress-network address for docker).
+    vars.insert("EGRESS_ALLOW_INTERNAL_HOSTS".into(), ip.to_string());
     let settings = Settings::from_vars(&vars).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (orch, server) = super::run::platform_with(
         home.to_owned(),

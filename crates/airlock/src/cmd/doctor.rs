@@ -16,7 +16,7 @@ pub fn run(inside: bool) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!("Backends");
-    for name in ["namespace", "process"] {
+    for name in ["namespace", "docker", "process"] {
         match airlock_sandbox::select(name) {
             Ok(b) => match b.check() {
                 Ok(()) => println!(
@@ -33,8 +33,23 @@ pub fn run(inside: bool) -> ExitCode {
         }
     }
     match airlock_sandbox::select("auto") {
-        Ok(b) => println!("  → RUN_ADAPTER=auto picks {}", b.name()),
+        Ok(b) => println!(
+            "  → RUN_ADAPTER=auto picks {} (never docker: the Docker socket is root on the host, so it is chosen by name)",
+            b.name()
+        ),
         Err(e) => println!("  → RUN_ADAPTER=auto: {e}"),
+    }
+    println!("Docker");
+    match airlock_sandbox::docker::DockerConfig::from_env() {
+        Ok(cfg) => match super::current_thread_runtime() {
+            Ok(rt) => {
+                for d in rt.block_on(airlock_sandbox::docker::diagnose::diagnose(&cfg)) {
+                    line(d.works, &d.feature, &d.detail);
+                }
+            }
+            Err(e) => line(false, "docker", &e.to_string()),
+        },
+        Err(e) => line(false, "settings", &e.to_string()),
     }
     println!("Isolation features");
     for d in airlock_sandbox::diagnose() {

@@ -4,6 +4,7 @@ pub mod connections;
 pub mod demo;
 pub mod doctor;
 pub mod egress;
+pub mod images;
 pub mod keys;
 pub mod run;
 pub mod runs;

@@ -20,7 +20,7 @@ pub struct RunArgs {
     /// The agent manifest.
     #[arg(short = 'f', long = "file", default_value = "airlock.toml")]
     pub manifest: PathBuf,
-    /// process | namespace | auto (default: RUN_ADAPTER, else auto).
+    /// process | namespace | docker | auto (default: RUN_ADAPTER, else auto).
     #[arg(long)]
     pub backend: Option<String>,
     /// The prompt handed to the agent (a file in its workspace).
@@ -106,6 +106,7 @@ pub async fn platform_with(
         .map(str::to_owned)
         .unwrap_or_else(|| settings.run_adapter.clone());
     let backend = airlock_sandbox::select(&adapter)?;
+    backend.boot(&|s| eprintln!("airlock: {s}"))?;
     let exe = std::env::current_exe().context("locating the airlock binary")?;
     Ok((
         Orchestrator {

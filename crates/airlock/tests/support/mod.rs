@@ -452,3 +452,87 @@ pub fn terminate(sc: &mut SidecarProcess) -> Duration {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Whether a Docker daemon answers here (and the docker backend's images
+/// are present, built once per test process from this `airlock`): under
+/// `CI` it must, elsewhere a test that needs it prints a loud SKIPPED.
+pub fn docker_available() -> bool {
+    static READY: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let r = READY.get_or_init(|| {
+        let b = docker_backend().map_err(|e| e.to_string())?;
+        airlock_sandbox::Backend::check(&b).map_err(|u| u.0)?;
+        // Boot builds what is missing (kept warm); once here, not in every run.
+        let out = Command::new(AIRLOCK)
+            .args(["images", "check"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            let built = Command::new(AIRLOCK)
+                .args(["images", "build"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !built.status.success() {
+                return Err(format!(
+                    "airlock images build failed: {}",
+                    String::from_utf8_lossy(&built.stderr)
+                ));
+            }
+        }
+        Ok(())
+    });
+    match r {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("CI").is_some() => {
+            panic!("the docker backend must work under CI (.ci/run starts dockerd): {why}")
+        }
+        Err(why) => {
+            eprintln!("\n*** SKIPPED: no usable Docker daemon here: {why} ***\n");
+            false
+        }
+    }
+}
+
+/// The docker backend as a run of this `airlock` would configure it.
+pub fn docker_backend()
+-> Result<airlock_sandbox::docker::DockerBackend, airlock_sandbox::SandboxError> {
+    let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let cfg =
+        airlock_sandbox::docker::DockerConfig::from_vars(&vars, std::path::Path::new(AIRLOCK))?;
+    Ok(airlock_sandbox::docker::DockerBackend::new(cfg))
+}
+
+/// The docker CLI (tests inspect and start their own containers with it).
+pub fn docker(args: &[&str]) -> std::process::Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("the docker CLI (docker.io)")
+}
+
+/// `docker inspect` of one object, as JSON (`None` when it does not exist).
+pub fn docker_inspect(kind: &str, name: &str) -> Option<Value> {
+    let out = docker(&[kind, "inspect", name]);
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v.as_array()?.first().cloned()
+}
+
+/// Names of the containers and networks of `run_id` still on the daemon.
+pub fn docker_leftovers(run_id: &str) -> Vec<String> {
+    let mut v = vec![];
+    let filter = format!("label=airlock.run={run_id}");
+    for (kind, format) in [("ps -a", "{{.Names}}"), ("network ls", "{{.Name}}")] {
+        let mut args: Vec<&str> = kind.split(' ').collect();
+        args.extend(["--filter", &filter, "--format", format]);
+        let out = docker(&args);
+        v.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned),
+        );
+    }
+    v
+}

@@ -1,0 +1,1058 @@
+//! The `docker` backend: each run is two containers on a network of its own.
+//!
+//! ```text
+//!  airlock-exec-<run>  (internal bridge, no IPv4 address on the host side)
+//!    agent    airlock-<run>-agent    `airlock runtime -- AGENT…`, AGENT_IMAGE
+//!    sidecar  airlock-<run>-sidecar  `airlock sidecar`, SIDECAR_IMAGE, :8080 :8081
+//!               └── also on airlock-egress (shared, created once, never deleted)
+//! ```
+//!
+//! The agent's only peer is its sidecar (`sidecar:8080`, `sidecar:8081`).
+//! The run network is `--internal` and its bridge has no IPv4 address on the
+//! host (`com.docker.network.bridge.inhibit_ipv4`), so the host is not
+//! reachable through the bridge gateway either: every address off the run's
+//! subnet has no next hop. The sidecar reaches the platform through the
+//! platform's unix socket, bound read-only into its container.
+//!
+//! The agent container: `CapDrop: ALL`, `no-new-privileges`, the namespace
+//! backend's seccomp deny list as a Docker profile ([`profile`]), the
+//! namespace backend's masked `/proc` entries, a read-only root, a dedicated
+//! unprivileged uid per run, memory/CPU/pids limits, tmpfs workspace and
+//! `/tmp` capped at `WORKSPACE_TMPFS_SIZE_MB`, no `/dev/shm`, no log file on
+//! the host (`LogConfig: none`; output is read through attach).
+//!
+//! Talks to the Engine API with `bollard` (version negotiated: Docker 20.10
+//! speaks 1.41); `DOCKER_HOST` may be `unix://` or `tcp://`. Bind mounts
+//! (the agent's directory, the platform socket) name paths of the machine the
+//! daemon runs on: a remote daemon needs them there too.
+//!
+//! The trait's calls are synchronous and must not block: `spawn` and
+//! `spawn_sidecar` return at once and the containers are created and started
+//! in a task; a failure shows on the handle's stderr as
+//! `airlock sandbox-init: docker: …` and as exit status 125.
+
+pub mod diagnose;
+pub mod images;
+pub mod profile;
+pub mod reclaim;
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, EndpointSettings, HostConfig, HostConfigLogConfig, NetworkConnectRequest,
+    NetworkCreateRequest, NetworkingConfig,
+};
+use bollard::query_parameters as q;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use crate::{
+    Backend, Endpoint, HostPort, RunPaths, Sandbox, SandboxError, SandboxSpec, SidecarPlacement,
+    SidecarSpec, Unavailable,
+};
+
+pub use images::{ImageRef, ImagesConfig};
+
+/// The API version Airlock asks for at least (Docker 20.10).
+pub const MIN_API_VERSION: &str = "1.41";
+/// The shared egress network: created once, never deleted (several platforms
+/// may share one daemon).
+pub const EGRESS_NETWORK: &str = "airlock-egress";
+/// Where the sidecar listens inside its container, and how the agent names it.
+pub const SIDECAR_HOST: &str = "sidecar";
+pub const SIDECAR_API_PORT: u16 = 8080;
+pub const SIDECAR_PROXY_PORT: u16 = 8081;
+/// The platform's socket inside the sidecar's container.
+pub const PLATFORM_SOCKET_INSIDE: &str = "/run/airlock/platform.sock";
+/// The `airlock` binary inside both images.
+pub const AIRLOCK_IN_IMAGE: &str = "/usr/local/bin/airlock";
+/// The agent's workspace inside its container.
+pub const WORKSPACE: &str = "/workspace";
+
+/// Labels every object Airlock creates carries.
+pub const LABEL_MANAGED: &str = "airlock.managed";
+pub const LABEL_RUN: &str = "airlock.run";
+pub const LABEL_ROLE: &str = "airlock.role";
+/// Who owns a run's objects: `<boot id>:<pid>:<start time>` of the platform.
+pub const LABEL_OWNER: &str = "airlock.owner";
+
+/// The name of a run's network.
+pub fn network_name(run_id: &str) -> String {
+    format!("airlock-exec-{run_id}")
+}
+
+/// The name of a run's container of `role` (`agent`, `sidecar`).
+pub fn container_name(run_id: &str, role: &str) -> String {
+    format!("airlock-{run_id}-{role}")
+}
+
+/// The operator's settings of the docker backend, read from the environment
+/// and checked before anything starts.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// `DOCKER_HOST` (`unix:///var/run/docker.sock` when unset).
+    pub host: String,
+    pub images: ImagesConfig,
+    /// `DOCKER_RUNTIME` for the agent container (`runc` when unset; `runsc`
+    /// for gVisor).
+    pub runtime: Option<String>,
+}
+
+impl DockerConfig {
+    pub fn from_env() -> Result<DockerConfig, SandboxError> {
+        let vars: HashMap<String, String> = std::env::vars().collect();
+        Self::from_vars(&vars, &std::env::current_exe()?)
+    }
+
+    /// From explicit variables; `exe` is the `airlock` binary the default
+    /// image tags are derived from.
+    pub fn from_vars(
+        vars: &HashMap<String, String>,
+        exe: &Path,
+    ) -> Result<DockerConfig, SandboxError> {
+        let get = |k: &str| vars.get(k).map(String::as_str).filter(|v| !v.is_empty());
+        let host = get("DOCKER_HOST")
+            .unwrap_or("unix:///var/run/docker.sock")
+            .to_owned();
+        let host_ok = host
+            .strip_prefix("unix://")
+            .is_some_and(|p| p.starts_with('/'))
+            || ["tcp://", "http://"].iter().any(|s| {
+                host.strip_prefix(s)
+                    .is_some_and(|a| HostPort::try_from(a.trim_end_matches('/').to_owned()).is_ok())
+            });
+        if !host_ok {
+            return Err(SandboxError::Config {
+                var: "DOCKER_HOST",
+                message: format!("{host:?} is not unix:///path or tcp://host:port"),
+            });
+        }
+        let runtime = get("DOCKER_RUNTIME").map(str::to_owned);
+        if let Some(r) = &runtime
+            && !(r.len() <= 64
+                && r.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)))
+        {
+            return Err(SandboxError::Config {
+                var: "DOCKER_RUNTIME",
+                message: format!("{r:?} is not a runtime name (runc, runsc, …)"),
+            });
+        }
+        let images = ImagesConfig::from_vars(vars, exe)?;
+        Ok(DockerConfig {
+            host,
+            images,
+            runtime,
+        })
+    }
+}
+
+/// Connects to the daemon of `host` and negotiates the API version (never
+/// above what the daemon speaks; at least [`MIN_API_VERSION`]).
+pub async fn connect(host: &str) -> Result<Docker, SandboxError> {
+    let d = Docker::connect_with_host(host)
+        .map_err(|e| SandboxError::Setup(format!("docker at {host}: {e}")))?
+        .with_timeout(Duration::from_secs(300));
+    let d = d.negotiate_version().await.map_err(|e| {
+        SandboxError::Setup(format!("the docker daemon at {host} does not answer: {e}"))
+    })?;
+    let v = d.client_version();
+    if (v.major_version, v.minor_version) < (1, 41) {
+        return Err(SandboxError::Setup(format!(
+            "the docker daemon at {host} speaks API {}.{}; Airlock needs {MIN_API_VERSION} (Docker 20.10) or later",
+            v.major_version, v.minor_version
+        )));
+    }
+    Ok(d)
+}
+
+/// Runs `f` to completion on a thread of its own (a current-thread runtime):
+/// for the trait's synchronous calls made from inside another runtime.
+pub(crate) fn block_on<T: Send>(f: impl std::future::Future<Output = T> + Send) -> Option<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()
+                .map(|rt| rt.block_on(f))
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
+}
+
+fn api_err(what: &str, e: bollard::errors::Error) -> String {
+    match e {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code,
+            message,
+        } => format!("{what}: the daemon answered {status_code}: {message}"),
+        other => format!("{what}: {other}"),
+    }
+}
+
+fn not_found(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+fn conflict(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 409,
+            ..
+        }
+    )
+}
+
+/// A run's network, shared by its two containers: created by whichever
+/// starts first, removed when the last is removed.
+struct RunNet {
+    name: String,
+    created: tokio::sync::OnceCell<Result<(), String>>,
+    users: AtomicUsize,
+    /// Set when the run's sidecar is launched; turns true once its start is
+    /// over (either way). The agent starts after it: `sidecar` is then in
+    /// the network's DNS from the agent's first lookup (a lookup before it
+    /// is forwarded outside, where it has no route, and costs a timeout).
+    sidecar_started: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
+}
+
+type Nets = Arc<Mutex<HashMap<String, Arc<RunNet>>>>;
+
+pub struct DockerBackend {
+    pub cfg: DockerConfig,
+    docker: tokio::sync::OnceCell<Docker>,
+    nets: Nets,
+    /// The platform that owns what this backend creates ([`LABEL_OWNER`]).
+    owner: String,
+}
+
+impl DockerBackend {
+    pub fn from_env() -> Result<DockerBackend, SandboxError> {
+        Ok(DockerBackend::new(DockerConfig::from_env()?))
+    }
+
+    pub fn new(cfg: DockerConfig) -> DockerBackend {
+        DockerBackend {
+            cfg,
+            docker: tokio::sync::OnceCell::new(),
+            nets: Arc::default(),
+            owner: reclaim::owner_label(),
+        }
+    }
+
+    /// The daemon (connected once, in the runtime of the first caller).
+    pub async fn docker(&self) -> Result<Docker, SandboxError> {
+        self.docker
+            .get_or_try_init(|| connect(&self.cfg.host))
+            .await
+            .cloned()
+    }
+
+    /// The shared egress network, created if missing. Several platforms may
+    /// race here: API 1.41 has no atomic create-if-absent, so a duplicate
+    /// name is settled by keeping the oldest.
+    pub async fn ensure_egress_network(&self) -> Result<(), SandboxError> {
+        let d = self.docker().await?;
+        ensure_egress_network(&d).await.map_err(SandboxError::Setup)
+    }
+
+    fn labels(&self, run_id: &str, role: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (LABEL_MANAGED.into(), "true".into()),
+            (LABEL_RUN.into(), run_id.into()),
+            (LABEL_ROLE.into(), role.into()),
+            (LABEL_OWNER.into(), self.owner.clone()),
+        ])
+    }
+
+    fn run_net(&self, run_id: &str) -> Arc<RunNet> {
+        let mut nets = self.nets.lock().unwrap_or_else(|p| p.into_inner());
+        let net = nets
+            .entry(run_id.to_owned())
+            .or_insert_with(|| {
+                Arc::new(RunNet {
+                    name: network_name(run_id),
+                    created: tokio::sync::OnceCell::new(),
+                    users: AtomicUsize::new(0),
+                    sidecar_started: Mutex::new(None),
+                })
+            })
+            .clone();
+        net.users.fetch_add(1, Ordering::SeqCst);
+        net
+    }
+
+    /// Starts a container in a task: network, create, attach, start, stdin.
+    fn launch(
+        &self,
+        run_id: &str,
+        role: &'static str,
+        body: ContainerCreateBody,
+        stdin: Vec<u8>,
+        egress: bool,
+    ) -> Result<Sandbox, SandboxError> {
+        crate::namespace::config::check_run_id(run_id)
+            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| SandboxError::Setup("the docker backend needs a tokio runtime".into()))?;
+        let name = container_name(run_id, role);
+        let net = self.run_net(run_id);
+        // The sidecar says when it has started; the agent waits for that.
+        let (started_tx, after) = if egress {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            if let Ok(mut s) = net.sidecar_started.lock() {
+                *s = Some(rx);
+            }
+            (Some(tx), None)
+        } else {
+            let rx = net.sidecar_started.lock().ok().and_then(|s| s.clone());
+            (None, rx)
+        };
+        let (out_r, out_w) = tokio::io::simplex(64 * 1024);
+        // (A simplex's reader sees its end only when the writer shuts down.)
+        let mut out_w = Some(out_w);
+        let (err_r, mut err_w) = tokio::io::simplex(16 * 1024);
+        // Stderr has two writers (the container, and this backend's own
+        // words when a start fails): one task owns it.
+        let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+        handle.spawn(async move {
+            while let Some(m) = err_rx.recv().await {
+                if err_w.write_all(&m).await.is_err() {
+                    continue;
+                }
+            }
+            let _ = err_w.shutdown().await;
+        });
+        let shared = Arc::new(Shared {
+            client: std::sync::OnceLock::new(),
+            killed: AtomicBool::new(false),
+        });
+        if let Some(d) = self.docker.get() {
+            let _ = shared.client.set(d.clone());
+        }
+        let (tx, rx) = tokio::sync::watch::channel::<Option<Result<(), String>>>(None);
+        let host = self.cfg.host.clone();
+        let labels = self.labels(run_id, "network");
+        let (task_name, task_net, task_shared) = (name.clone(), net.clone(), shared.clone());
+        handle.spawn(async move {
+            let r = async {
+                if task_shared.client.get().is_none() {
+                    let d = connect(&host).await.map_err(|e| e.to_string())?;
+                    let _ = task_shared.client.set(d);
+                }
+                let d = task_shared
+                    .client
+                    .get()
+                    .cloned()
+                    .ok_or("no docker client")?;
+                let start = Start {
+                    net: &task_net,
+                    net_labels: labels,
+                    name: &task_name,
+                    egress,
+                    killed: &task_shared.killed,
+                    after,
+                    started: started_tx.as_ref(),
+                };
+                start.run(&d, body, stdin, &mut out_w, err_tx.clone()).await
+            }
+            .await;
+            // A start that failed never handed stdout to its pump: end it here.
+            if let Some(mut w) = out_w.take() {
+                let _ = w.shutdown().await;
+            }
+            if let Err(e) = &r {
+                let _ = err_tx
+                    .send(bytes::Bytes::from(format!(
+                        "airlock sandbox-init: docker: {e}\n"
+                    )))
+                    .await;
+            }
+            let _ = tx.send(Some(r));
+        });
+        let c = Container {
+            name,
+            host: self.cfg.host.clone(),
+            started: rx,
+            net: Some(net),
+            nets: self.nets.clone(),
+            shared,
+            handle,
+            removed: false,
+        };
+        Ok(Sandbox::container(c, Box::new(out_r), Box::new(err_r)))
+    }
+}
+
+/// What a container's handle shares with its start task.
+struct Shared {
+    client: std::sync::OnceLock<Docker>,
+    /// Set by `kill`/`remove`: a start not yet made is not made.
+    killed: AtomicBool,
+}
+
+/// One container's start: the network, the container, its streams, its
+/// start and its stdin.
+struct Start<'a> {
+    net: &'a RunNet,
+    net_labels: HashMap<String, String>,
+    name: &'a str,
+    egress: bool,
+    killed: &'a AtomicBool,
+    /// Start only once this turns true (the agent after its sidecar).
+    after: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Turned true once this start is over (the sidecar's).
+    started: Option<&'a tokio::sync::watch::Sender<bool>>,
+}
+
+impl Start<'_> {
+    async fn run(
+        self,
+        d: &Docker,
+        body: ContainerCreateBody,
+        stdin: Vec<u8>,
+        out_w: &mut Option<tokio::io::WriteHalf<tokio::io::SimplexStream>>,
+        err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    ) -> Result<(), String> {
+        let name = self.name;
+        self.net
+            .created
+            .get_or_init(|| create_run_network(d, &self.net.name, self.net_labels.clone()))
+            .await
+            .clone()?;
+        if self.egress {
+            ensure_egress_network(d).await?;
+        }
+        if self.killed.load(Ordering::SeqCst) {
+            return Err("stopped before it started".into());
+        }
+        d.create_container(
+            Some(
+                q::CreateContainerOptionsBuilder::default()
+                    .name(name)
+                    .build(),
+            ),
+            body,
+        )
+        .await
+        .map_err(|e| api_err(&format!("creating {name}"), e))?;
+        if self.egress {
+            d.connect_network(
+                EGRESS_NETWORK,
+                NetworkConnectRequest {
+                    container: name.to_owned(),
+                    endpoint_config: None,
+                },
+            )
+            .await
+            .map_err(|e| api_err(&format!("connecting {name} to {EGRESS_NETWORK}"), e))?;
+        }
+        let attached = d
+            .attach_container(
+                name,
+                Some(
+                    q::AttachContainerOptionsBuilder::default()
+                        .stdin(true)
+                        .stdout(true)
+                        .stderr(true)
+                        .stream(true)
+                        .build(),
+                ),
+            )
+            .await
+            .map_err(|e| api_err(&format!("attaching to {name}"), e))?;
+        if let Some(mut after) = self.after {
+            // A sidecar that never starts fails the run anyway: bounded.
+            let _ = tokio::time::timeout(Duration::from_secs(30), after.wait_for(|s| *s)).await;
+        }
+        if self.killed.load(Ordering::SeqCst) {
+            return Err("stopped before it started".into());
+        }
+        let started = d
+            .start_container(name, None::<q::StartContainerOptions>)
+            .await;
+        if let Some(tx) = self.started {
+            let _ = tx.send(true);
+        }
+        started.map_err(|e| api_err(&format!("starting {name}"), e))?;
+        let mut input = attached.input;
+        let mut output = attached.output;
+        let mut out_w = out_w.take().ok_or("stdout taken twice")?;
+        // The streams, demultiplexed, until the container ends.
+        tokio::spawn(async move {
+            let mut reading = true;
+            while let Some(frame) = output.next().await {
+                match frame {
+                    Ok(bollard::container::LogOutput::StdOut { message })
+                    | Ok(bollard::container::LogOutput::Console { message }) => {
+                        // Nobody reads any more: keep draining, so the
+                        // container never blocks on its output.
+                        if reading && out_w.write_all(&message).await.is_err() {
+                            reading = false;
+                        }
+                    }
+                    Ok(bollard::container::LogOutput::StdErr { message }) => {
+                        let _ = err_tx.send(message).await;
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = out_w.shutdown().await;
+        });
+        // Stdin: the document, then end-of-file (the daemon closes the
+        // container's stdin: `StdinOnce`).
+        let wrote = input.write_all(&stdin).await;
+        let _ = input.shutdown().await;
+        drop(input);
+        wrote.map_err(|e| format!("writing to {name}'s stdin: {e}"))?;
+        if self.killed.load(Ordering::SeqCst) {
+            kill_now(d, name).await;
+        }
+        Ok(())
+    }
+}
+
+async fn kill_now(d: &Docker, name: &str) {
+    let _ = d
+        .kill_container(
+            name,
+            Some(
+                q::KillContainerOptionsBuilder::default()
+                    .signal("KILL")
+                    .build(),
+            ),
+        )
+        .await;
+}
+
+async fn create_run_network(
+    d: &Docker,
+    name: &str,
+    labels: HashMap<String, String>,
+) -> Result<(), String> {
+    let req = NetworkCreateRequest {
+        name: name.to_owned(),
+        driver: Some("bridge".into()),
+        internal: Some(true),
+        options: Some(HashMap::from([
+            // No IPv4 address on the host's side of the bridge: the host is
+            // not reachable through the gateway of an internal network.
+            (
+                "com.docker.network.bridge.inhibit_ipv4".into(),
+                "true".into(),
+            ),
+            ("com.docker.network.bridge.enable_icc".into(), "true".into()),
+        ])),
+        labels: Some(labels),
+        ..Default::default()
+    };
+    match d.create_network(req).await {
+        Ok(_) => Ok(()),
+        Err(e) if conflict(&e) => Ok(()),
+        Err(e) => Err(api_err(&format!("creating network {name}"), e)),
+    }
+}
+
+/// Creates [`EGRESS_NETWORK`] if missing; of duplicates a race made, the
+/// oldest stays.
+pub async fn ensure_egress_network(d: &Docker) -> Result<(), String> {
+    let list = |d: Docker| async move {
+        let filters = HashMap::from([("name", vec![EGRESS_NETWORK])]);
+        d.list_networks(Some(
+            q::ListNetworksOptionsBuilder::default()
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .map(|v| {
+            v.into_iter()
+                .filter(|n| n.name.as_deref() == Some(EGRESS_NETWORK))
+                .collect::<Vec<_>>()
+        })
+        .map_err(|e| api_err("listing networks", e))
+    };
+    let found = list(d.clone()).await?;
+    if found.len() == 1 {
+        return Ok(());
+    }
+    if found.is_empty() {
+        let req = NetworkCreateRequest {
+            name: EGRESS_NETWORK.into(),
+            driver: Some("bridge".into()),
+            internal: Some(false),
+            options: Some(HashMap::from([
+                // Sidecars of different runs cannot reach one another.
+                (
+                    "com.docker.network.bridge.enable_icc".into(),
+                    "false".into(),
+                ),
+            ])),
+            labels: Some(HashMap::from([
+                (LABEL_MANAGED.into(), "true".into()),
+                (LABEL_ROLE.into(), "egress".into()),
+            ])),
+            ..Default::default()
+        };
+        d.create_network(req)
+            .await
+            .map_err(|e| api_err(&format!("creating network {EGRESS_NETWORK}"), e))?;
+    }
+    let mut found = list(d.clone()).await?;
+    if found.len() > 1 {
+        found.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
+        for extra in found.iter().skip(1) {
+            if let Some(id) = &extra.id {
+                let _ = d.remove_network(id).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// This host's address on [`EGRESS_NETWORK`] (its bridge gateway): where a
+/// sidecar reaches a service of the host (the demo's example API). Creates
+/// the network if missing.
+pub async fn egress_gateway(d: &Docker) -> Result<std::net::IpAddr, SandboxError> {
+    ensure_egress_network(d)
+        .await
+        .map_err(SandboxError::Setup)?;
+    let n = d
+        .inspect_network(EGRESS_NETWORK, None::<q::InspectNetworkOptions>)
+        .await
+        .map_err(|e| SandboxError::Setup(api_err("inspecting the egress network", e)))?;
+    n.ipam
+        .and_then(|i| i.config)
+        .into_iter()
+        .flatten()
+        .find_map(|c| c.gateway?.parse().ok())
+        .ok_or_else(|| SandboxError::Setup(format!("{EGRESS_NETWORK} has no IPv4 gateway")))
+}
+
+/// A container of a run, as [`Sandbox`] holds it.
+pub(crate) struct Container {
+    name: String,
+    host: String,
+    /// The start's outcome, once it has one.
+    started: tokio::sync::watch::Receiver<Option<Result<(), String>>>,
+    net: Option<Arc<RunNet>>,
+    nets: Nets,
+    shared: Arc<Shared>,
+    handle: tokio::runtime::Handle,
+    removed: bool,
+}
+
+/// The status a container that never ran reports (as `docker run` does).
+const NOT_STARTED: i32 = 125;
+
+impl Container {
+    /// The daemon, once the container has started; `None` if it never will.
+    async fn started(&mut self) -> Option<Docker> {
+        let ok = match self.started.wait_for(|v| v.is_some()).await {
+            Ok(v) => matches!(&*v, Some(Ok(()))),
+            Err(_) => false,
+        };
+        if ok {
+            self.shared.client.get().cloned()
+        } else {
+            None
+        }
+    }
+
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        let Some(d) = self.started().await else {
+            return Ok(ExitStatus::from_raw(NOT_STARTED << 8));
+        };
+        let mut s = d.wait_container(
+            &self.name,
+            Some(
+                q::WaitContainerOptionsBuilder::default()
+                    .condition("not-running")
+                    .build(),
+            ),
+        );
+        let code = match s.next().await {
+            Some(Ok(r)) => r.status_code,
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+            Some(Err(e)) => {
+                return Err(std::io::Error::other(api_err(
+                    &format!("waiting for {}", self.name),
+                    e,
+                )));
+            }
+            None => {
+                return Err(std::io::Error::other(format!(
+                    "waiting for {}: no answer",
+                    self.name
+                )));
+            }
+        };
+        Ok(ExitStatus::from_raw(((code & 0xff) as i32) << 8))
+    }
+
+    pub(crate) fn kill(&self) {
+        self.shared.killed.store(true, Ordering::SeqCst);
+        // Not connected yet: the start task sees `killed` before it starts.
+        let Some(d) = self.shared.client.get().cloned() else {
+            return;
+        };
+        let name = self.name.clone();
+        self.handle.spawn(async move { kill_now(&d, &name).await });
+    }
+
+    /// SIGTERM, `grace` to exit, then SIGKILL (the daemon's `stop`).
+    pub(crate) async fn terminate(&mut self, grace: Duration) {
+        if let Some(d) = self.started().await {
+            let t = grace.as_secs().clamp(1, i32::MAX as u64) as i32;
+            let _ = d
+                .stop_container(
+                    &self.name,
+                    Some(q::StopContainerOptionsBuilder::default().t(t).build()),
+                )
+                .await;
+        }
+    }
+
+    /// Removes the container (killed first) and, with the run's last
+    /// container, its network.
+    pub(crate) async fn remove(&mut self) {
+        self.shared.killed.store(true, Ordering::SeqCst);
+        // Whatever the start became, it is over before anything is removed.
+        let _ = self.started.wait_for(|v| v.is_some()).await;
+        let d = match self.shared.client.get().cloned() {
+            Some(d) => d,
+            None => match connect(&self.host).await {
+                Ok(d) => d,
+                Err(_) => return,
+            },
+        };
+        let _ = d
+            .remove_container(
+                &self.name,
+                Some(
+                    q::RemoveContainerOptionsBuilder::default()
+                        .force(true)
+                        .build(),
+                ),
+            )
+            .await;
+        self.removed = true;
+        if let Some(net) = self.net.take()
+            && net.users.fetch_sub(1, Ordering::SeqCst) == 1
+        {
+            if let Ok(mut nets) = self.nets.lock() {
+                nets.retain(|_, n| !Arc::ptr_eq(n, &net));
+            }
+            if net.created.get().is_some() {
+                remove_network(&d, &net.name).await;
+            }
+        }
+    }
+
+    /// Dropped without `cleanup`: killed and removed in the background.
+    pub(crate) fn forget(&mut self) {
+        if self.removed {
+            return;
+        }
+        self.removed = true;
+        self.shared.killed.store(true, Ordering::SeqCst);
+        let mut me = Container {
+            name: self.name.clone(),
+            host: self.host.clone(),
+            started: self.started.clone(),
+            net: self.net.take(),
+            nets: self.nets.clone(),
+            shared: self.shared.clone(),
+            handle: self.handle.clone(),
+            removed: false,
+        };
+        self.handle.spawn(async move { me.remove().await });
+    }
+}
+
+/// Removes a network; a container the daemon is still tearing down holds
+/// it for a moment, so a refusal is retried (briefly).
+pub(crate) async fn remove_network(d: &Docker, name: &str) {
+    for _ in 0..100 {
+        match d.remove_network(name).await {
+            Ok(()) => return,
+            Err(e) if not_found(&e) => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+fn tmpfs_opts(size_mb: u64, uid: u32, gid: u32) -> String {
+    format!(
+        "rw,nosuid,nodev,size={size_mb}m,nr_inodes={},mode=0700,uid={uid},gid={gid}",
+        crate::namespace::plan::tmpfs_inodes(size_mb)
+    )
+}
+
+impl DockerBackend {
+    /// The agent container of `spec`.
+    fn agent_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
+        let ids = agent_ids(&spec.run_id);
+        let net = network_name(&spec.run_id);
+        let mut binds = Vec::new();
+        for p in &spec.ro_paths {
+            crate::namespace::readable_by(p, ids)?;
+            let s = p.to_str().filter(|s| !s.contains(':')).ok_or_else(|| {
+                SandboxError::Setup(format!("{} cannot be bound into a container", p.display()))
+            })?;
+            binds.push(format!("{s}:{s}:ro"));
+        }
+        let cap = spec.workspace_size_mb;
+        Ok(ContainerCreateBody {
+            image: Some(self.cfg.images.agent.to_string()),
+            cmd: Some(spec.command.clone()),
+            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            user: Some(format!("{}:{}", ids.uid, ids.gid)),
+            working_dir: Some(spec.workspace.display().to_string()),
+            hostname: Some(crate::namespace::config::HOSTNAME.into()),
+            labels: Some(self.labels(&spec.run_id, "agent")),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            networking_config: Some(NetworkingConfig {
+                endpoints_config: Some(HashMap::from([(
+                    net.clone(),
+                    EndpointSettings {
+                        aliases: Some(vec!["agent".into()]),
+                        ..Default::default()
+                    },
+                )])),
+            }),
+            host_config: Some(HostConfig {
+                network_mode: Some(net),
+                binds: Some(binds),
+                readonly_rootfs: Some(true),
+                tmpfs: Some(HashMap::from([
+                    (
+                        spec.workspace.display().to_string(),
+                        tmpfs_opts(cap, ids.uid, ids.gid),
+                    ),
+                    ("/tmp".into(), tmpfs_opts(cap, ids.uid, ids.gid)),
+                ])),
+                ipc_mode: Some("none".into()),
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec![
+                    "no-new-privileges:true".into(),
+                    format!("seccomp={}", profile::seccomp_profile()),
+                ]),
+                masked_paths: Some(profile::masked_paths()),
+                readonly_paths: Some(profile::readonly_paths()),
+                pids_limit: Some(spec.pids_max as i64),
+                memory: Some((spec.memory_mb as i64) << 20),
+                memory_swap: Some((spec.memory_mb as i64) << 20),
+                nano_cpus: Some((spec.cpus * 1e9) as i64),
+                init: Some(true),
+                runtime: self.cfg.runtime.clone(),
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("none".into()),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    fn sidecar_body(&self, spec: &SidecarSpec) -> Result<ContainerCreateBody, SandboxError> {
+        let net = network_name(&spec.run_id);
+        let sock = spec
+            .platform_socket
+            .to_str()
+            .filter(|s| !s.contains(':'))
+            .ok_or_else(|| SandboxError::Setup("the platform socket cannot be bound".into()))?;
+        // The platform's own uid: the one its socket admits.
+        let (uid, gid) = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        Ok(ContainerCreateBody {
+            image: Some(self.cfg.images.sidecar.to_string()),
+            cmd: Some(vec![AIRLOCK_IN_IMAGE.into(), "sidecar".into()]),
+            env: Some(vec![format!("AIRLOCK_LOG={}", spec.log)]),
+            user: Some(format!("{uid}:{gid}")),
+            labels: Some(self.labels(&spec.run_id, "sidecar")),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            networking_config: Some(NetworkingConfig {
+                endpoints_config: Some(HashMap::from([(
+                    net.clone(),
+                    EndpointSettings {
+                        aliases: Some(vec![SIDECAR_HOST.into()]),
+                        ..Default::default()
+                    },
+                )])),
+            }),
+            host_config: Some(HostConfig {
+                network_mode: Some(net),
+                binds: Some(vec![format!("{sock}:{PLATFORM_SOCKET_INSIDE}:ro")]),
+                readonly_rootfs: Some(true),
+                tmpfs: Some(HashMap::from([(
+                    "/tmp".into(),
+                    "rw,nosuid,nodev,size=64m".into(),
+                )])),
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec!["no-new-privileges:true".into()]),
+                pids_limit: Some(512),
+                memory: Some(1 << 30),
+                memory_swap: Some(1 << 30),
+                init: Some(true),
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("none".into()),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+}
+
+/// The agent's uid/gid: a dedicated unprivileged host id per run, whoever
+/// the platform is (there is no user namespace: the container's uid is the
+/// host's).
+pub fn agent_ids(run_id: &str) -> crate::namespace::config::HostIds {
+    let h = run_id.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let id = crate::namespace::config::HOST_ID_BASE + h % crate::namespace::config::HOST_ID_SPAN;
+    crate::namespace::config::HostIds {
+        uid: id,
+        gid: id,
+        switch: true,
+    }
+}
+
+impl Backend for DockerBackend {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    fn check(&self) -> Result<(), Unavailable> {
+        let host = self.cfg.host.clone();
+        let r = block_on(async move {
+            let d = connect(&host).await?;
+            d.ping()
+                .await
+                .map_err(|e| SandboxError::Setup(format!("ping: {e}")))?;
+            Ok::<(), SandboxError>(())
+        });
+        match r {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(Unavailable(e.to_string())),
+            None => Err(Unavailable(
+                "cannot start a thread to reach the daemon".into(),
+            )),
+        }
+    }
+
+    fn paths(&self, run_dir: &Path) -> RunPaths {
+        RunPaths {
+            // Unused by this backend (the sidecar is reached over TCP); kept
+            // so the run directory has the same shape in every backend.
+            sockets_host: run_dir.join("sock"),
+            sockets: PathBuf::from("/run/airlock"),
+            workspace: PathBuf::from(WORKSPACE),
+        }
+    }
+
+    fn runtime_exe(&self, _host_exe: &Path) -> PathBuf {
+        PathBuf::from(AIRLOCK_IN_IMAGE)
+    }
+
+    fn sidecar_placement(
+        &self,
+        run_id: &str,
+        _paths: &RunPaths,
+        _platform_socket: &Path,
+    ) -> SidecarPlacement {
+        let any = |port| {
+            Endpoint::Tcp(HostPort {
+                host: "0.0.0.0".into(),
+                port,
+            })
+        };
+        let named = |port| {
+            Endpoint::Tcp(HostPort {
+                host: SIDECAR_HOST.into(),
+                port,
+            })
+        };
+        SidecarPlacement {
+            listen: (any(SIDECAR_API_PORT), any(SIDECAR_PROXY_PORT)),
+            reach: (named(SIDECAR_API_PORT), named(SIDECAR_PROXY_PORT)),
+            platform_socket: PathBuf::from(PLATFORM_SOCKET_INSIDE),
+            blocked_names: run_container_names(run_id),
+        }
+    }
+
+    fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
+        let cfg = self.cfg.clone();
+        let r = block_on(async move {
+            let d = connect(&cfg.host).await?;
+            let r = reclaim::reclaim(&d).await?;
+            if !r.runs.is_empty() {
+                say(&format!(
+                    "reclaimed the docker leftovers of {} run(s) of stopped platforms: {} container(s), {} network(s)",
+                    r.runs.len(),
+                    r.containers.len(),
+                    r.networks.len()
+                ));
+            }
+            images::ensure(&d, &cfg.images, say).await?;
+            ensure_egress_network(&d).await.map_err(SandboxError::Setup)
+        });
+        r.unwrap_or_else(|| {
+            Err(SandboxError::Setup(
+                "cannot start a thread to reach the daemon".into(),
+            ))
+        })
+    }
+
+    fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
+        let body = self.agent_body(spec)?;
+        self.launch(&spec.run_id, "agent", body, spec.stdin.clone(), false)
+    }
+
+    fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
+        let body = self.sidecar_body(spec)?;
+        self.launch(&spec.run_id, "sidecar", body, spec.config.clone(), true)
+    }
+}
+
+/// The names of a run's own containers (refused by its sidecar's guard on
+/// every egress call, beside the built-in `sidecar` and `agent`).
+pub fn run_container_names(run_id: &str) -> Vec<String> {
+    vec![
+        container_name(run_id, "agent"),
+        container_name(run_id, "sidecar"),
+    ]
+}

@@ -1,0 +1,256 @@
+//! The docker backend, each figure beside its peer measured in the same run
+//! and the same loop (alternating, so both see the same load):
+//!
+//! 1. **container start**: the backend's `spawn` of `/bin/true` in the agent
+//!    image (its run network created first, as for every run) until it has
+//!    exited, and until everything is removed — beside `docker run --rm
+//!    --network none IMG true` (the CLI: create, attach, start, wait, remove).
+//! 2. **a trivial run end to end**: `airlock run --backend docker` of a
+//!    python agent that prints one line — beside the same run on the
+//!    namespace backend.
+//! 3. **20 concurrent runs**: all must succeed and leave nothing — beside 20
+//!    concurrent `docker run --rm --network none IMG true`.
+//!
+//! `cargo bench -p airlock --bench docker`; `AIRLOCK_BENCH_N` samples per
+//! side in loop 1 (default 20), loop 2 uses half. Needs a Docker daemon
+//! (the images are built first if missing).
+#![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::docker::{DockerBackend, DockerConfig};
+use airlock_sandbox::{Backend, SandboxSpec};
+
+const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn pcts(v: &[Duration]) -> [Duration; 3] {
+    let mut v = v.to_vec();
+    v.sort();
+    [0.50, 0.90, 0.99].map(|p| v[((v.len() as f64 - 1.0) * p).round() as usize])
+}
+
+fn line(name: &str, v: &[Duration]) {
+    let [p50, p90, p99] = pcts(v);
+    println!(
+        "  {name:<52} p50 {:8.1} ms  p90 {:8.1} ms  p99 {:8.1} ms  (n={})",
+        ms(p50),
+        ms(p90),
+        ms(p99),
+        v.len()
+    );
+}
+
+fn spec(i: usize) -> SandboxSpec {
+    SandboxSpec {
+        run_id: format!("bench{}-{i}", std::process::id()),
+        command: vec!["/bin/true".into()],
+        env: vec![],
+        stdin: vec![],
+        sockets_dir: PathBuf::from("/nonexistent"),
+        ro_paths: vec![],
+        workspace: PathBuf::from("/workspace"),
+        workspace_size_mb: 16,
+        memory_mb: 256,
+        cpus: 1.0,
+        pids_max: 64,
+    }
+}
+
+fn docker_run_true(image: &str) -> Duration {
+    docker_run_true_on(image, "none")
+}
+
+fn docker_run_true_on(image: &str, network: &str) -> Duration {
+    let t = Instant::now();
+    let st = Command::new("docker")
+        .args(["run", "--rm", "--network", network, image, "/bin/true"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    t.elapsed()
+}
+
+fn trivial_run(home: &Path, manifest: &Path, backend: &str) -> (Duration, bool) {
+    let t = Instant::now();
+    let out = Command::new(AIRLOCK)
+        .args(["run", "--json", "--backend", backend, "-f"])
+        .arg(manifest)
+        .env("AIRLOCK_HOME", home)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    (t.elapsed(), out.status.success())
+}
+
+fn main() {
+    let n: usize = std::env::var("AIRLOCK_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let vars = std::env::vars().collect();
+    let cfg = DockerConfig::from_vars(&vars, Path::new(AIRLOCK)).unwrap();
+    let image = cfg.images.agent.to_string();
+    let built = Command::new(AIRLOCK)
+        .args(["images", "check"])
+        .output()
+        .unwrap();
+    if !built.status.success() {
+        assert!(
+            Command::new(AIRLOCK)
+                .args(["images", "build"])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = DockerBackend::new(cfg);
+    rt.block_on(backend.ensure_egress_network()).unwrap();
+
+    println!("docker: container start ({image})");
+    let (mut exited, mut removed, mut cli, mut cli_net) = (vec![], vec![], vec![], vec![]);
+    // For scale: the CLI on an internal network like a run's (made once here).
+    let bench_net = format!("airlock-bench-{}", std::process::id());
+    assert!(
+        Command::new("docker")
+            .args([
+                "network",
+                "create",
+                "--internal",
+                "-o",
+                "com.docker.network.bridge.inhibit_ipv4=true",
+                &bench_net
+            ])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    );
+    // One of each first: warm the daemon's caches, not counted.
+    rt.block_on(async {
+        let mut sb = backend.spawn(&spec(usize::MAX)).unwrap();
+        sb.wait().await.unwrap();
+        sb.cleanup().await;
+    });
+    docker_run_true(&image);
+    for i in 0..n {
+        let (e, r) = rt.block_on(async {
+            let t = Instant::now();
+            let mut sb = backend.spawn(&spec(i)).unwrap();
+            let st = sb.wait().await.unwrap();
+            assert!(st.success());
+            let e = t.elapsed();
+            sb.cleanup().await;
+            (e, t.elapsed())
+        });
+        exited.push(e);
+        removed.push(r);
+        cli.push(docker_run_true(&image));
+        cli_net.push(docker_run_true_on(&image, &bench_net));
+    }
+    let _ = Command::new("docker")
+        .args(["network", "rm", &bench_net])
+        .output();
+    line("backend spawn → exited (network, create, start)", &exited);
+    line("backend spawn → removed (container and network)", &removed);
+    line("peer: docker run --rm --network none IMG true", &cli);
+    line("scale: the same on an existing internal network", &cli_net);
+    let ratio = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli)[0]);
+    println!(
+        "  ratio p50: exited {:.2}×, removed {:.2}× the CLI (goal ≤ 1.2×)",
+        ratio(&exited),
+        ratio(&removed)
+    );
+
+    println!("docker: a trivial run end to end (`airlock run`, one line of python)");
+    let home = tempfile::tempdir().unwrap();
+    let agent = home.path().join("agent");
+    std::fs::create_dir(&agent).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = agent.join("airlock.toml");
+    std::fs::write(
+        &manifest,
+        "[agent]\nname = \"bench\"\ncommand = [\"/usr/bin/python3\", \"-c\", \"print('hi')\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n",
+    )
+    .unwrap();
+    let ns = airlock_sandbox::namespace::NamespaceBackend::with_exe(PathBuf::from(AIRLOCK))
+        .check()
+        .is_ok();
+    trivial_run(home.path(), &manifest, "docker");
+    let (mut dk, mut nsv) = (vec![], vec![]);
+    for _ in 0..n.div_ceil(2) {
+        let (d, ok) = trivial_run(home.path(), &manifest, "docker");
+        assert!(ok);
+        dk.push(d);
+        if ns {
+            let (d, ok) = trivial_run(home.path(), &manifest, "namespace");
+            assert!(ok);
+            nsv.push(d);
+        }
+    }
+    line("airlock run --backend docker", &dk);
+    if ns {
+        line("peer: airlock run --backend namespace", &nsv);
+    } else {
+        println!("  (peer: the namespace backend is not available here)");
+    }
+
+    println!("docker: 20 concurrent runs");
+    let t = Instant::now();
+    let handles: Vec<_> = (0..20)
+        .map(|_| {
+            let (h, m) = (home.path().to_owned(), manifest.clone());
+            std::thread::spawn(move || trivial_run(&h, &m, "docker").1)
+        })
+        .collect();
+    let ok = handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .filter(|ok| *ok)
+        .count();
+    let runs_wall = t.elapsed();
+    let left = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            "label=airlock.managed=true",
+            "--filter",
+            "label=airlock.role=agent",
+        ])
+        .output()
+        .unwrap();
+    let t = Instant::now();
+    let peers: Vec<_> = (0..20)
+        .map(|_| {
+            let image = image.clone();
+            std::thread::spawn(move || docker_run_true(&image))
+        })
+        .collect();
+    for p in peers {
+        p.join().unwrap();
+    }
+    let cli_wall = t.elapsed();
+    println!(
+        "  20 × airlock run --backend docker: {ok}/20 succeeded in {:.1} s; agent containers left: {}",
+        runs_wall.as_secs_f64(),
+        String::from_utf8_lossy(&left.stdout).lines().count()
+    );
+    println!(
+        "  peer: 20 × docker run --rm --network none IMG true: {:.1} s",
+        cli_wall.as_secs_f64()
+    );
+    assert_eq!(ok, 20);
+}

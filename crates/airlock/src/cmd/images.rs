@@ -1,0 +1,60 @@
+//! `airlock images build|check`: the docker backend's two images, made on
+//! this machine without a registry (see `airlock_sandbox::docker::images`).
+
+use std::process::ExitCode;
+
+use airlock_sandbox::docker::{self, DockerConfig, images};
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum ImagesCommand {
+    /// Build the agent and sidecar images (and the agent's base, if missing).
+    Build,
+    /// Say whether both images are present and keep the tag contract.
+    Check,
+}
+
+pub fn run(c: ImagesCommand) -> ExitCode {
+    crate::logging::init_quiet();
+    let rt = match super::current_thread_runtime() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(images_async(c)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn images_async(c: ImagesCommand) -> Result<bool> {
+    let cfg = DockerConfig::from_env()?;
+    let d = docker::connect(&cfg.host).await?;
+    let say = |s: &str| eprintln!("▸ {s}");
+    match c {
+        ImagesCommand::Build => {
+            let t0 = std::time::Instant::now();
+            images::build_all(&d, &cfg.images, &say).await?;
+            println!("{}", cfg.images.agent);
+            println!("{}", cfg.images.sidecar);
+            eprintln!("▸ both images built in {:.1} s", t0.elapsed().as_secs_f64());
+            Ok(true)
+        }
+        ImagesCommand::Check => {
+            let mut all = true;
+            for image in [&cfg.images.agent, &cfg.images.sidecar] {
+                let here = images::present(&d, image).await?;
+                println!("{} {image}", if here { "✓" } else { "✗ missing:" });
+                all &= here;
+            }
+            Ok(all)
+        }
+    }
+}

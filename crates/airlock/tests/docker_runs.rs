@@ -1,0 +1,852 @@
+//! Real `airlock run --backend docker` runs, attacked from inside: the
+//! hostile agents of `tests/agents/*.py` (terminal, run directory, identity,
+//! kernel), the sidecar as the only way out (and not a way back to itself),
+//! the run's end with its real reason, bad settings refused before anything
+//! starts, and boot reclaim across two platforms sharing one daemon.
+//!
+//! Network rule: the only servers reached are this test's own, on this
+//! host's address on the egress network (a Docker bridge of this host); the
+//! cloud metadata address is refused by the sidecar's guard before any
+//! connection is made (the egress log says so).
+//!
+//! Needs a Docker daemon: under `CI` a missing one fails loudly, elsewhere
+//! the tests print SKIPPED.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+mod support;
+
+use std::io::{BufRead, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{RealRun, docker, docker_available, docker_leftovers};
+
+const EPERM: i64 = 1;
+const ENXIO: i64 = 6;
+const EACCES: i64 = 13;
+const EADDRNOTAVAIL: i64 = 99;
+
+fn result_of(report: &Value) -> &Value {
+    &report["result"]
+}
+
+fn assert_clean(run: &RealRun, report: &Value) {
+    let id = report["run_id"].as_str().unwrap_or_default();
+    assert!(!id.is_empty(), "{report}");
+    let left = docker_leftovers(id);
+    assert!(left.is_empty(), "left on the daemon: {left:?}");
+    let runs: Vec<_> = std::fs::read_dir(run.home.path().join("runs"))
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(runs.is_empty(), "run directories left: {runs:?}");
+}
+
+/// Starts the run; waits until the agent printed `marker` (live view);
+/// returns the process, the run id and what was seen.
+fn start_until(run: &RealRun, marker: &str) -> (std::process::Child, String, String) {
+    let mut child = run
+        .command("docker", &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("the run ended before {marker:?}: {seen}");
+        }
+        seen.push_str(&line);
+        if line.contains(marker) {
+            break;
+        }
+    }
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+    });
+    // (`--json` keeps the live view quiet: the store names the run.)
+    let listed = run.airlock(&["runs", "list"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    let id = text
+        .split_whitespace()
+        .find(|w| w.starts_with("run_"))
+        .unwrap_or_else(|| panic!("no run listed: {text}"))
+        .to_owned();
+    (child, id, seen)
+}
+
+fn finish(mut child: std::process::Child) -> Value {
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let _ = child.wait();
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
+
+#[test]
+fn the_agent_cannot_reach_or_type_into_the_operators_terminal() {
+    if !docker_available() {
+        return;
+    }
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let run = RealRun::python(include_str!("agents/terminal.py"), 60);
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let slave: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NOCTTY.bits() as i32)
+        .open(name.to_str().unwrap())
+        .unwrap()
+        .into();
+    let mut t = rustix::termios::tcgetattr(&slave).unwrap();
+    t.make_raw();
+    rustix::termios::tcsetattr(&slave, rustix::termios::OptionalActions::Now, &t).unwrap();
+    // `setsid --ctty`: the operator typed `airlock run` on this terminal.
+    let cmd = run.command("docker", &[]);
+    let mut setsid = std::process::Command::new("setsid");
+    setsid
+        .arg("--ctty")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => setsid.env(k, v),
+            None => setsid.env_remove(k),
+        };
+    }
+    let dup = |fd: &OwnedFd| -> Stdio { fd.try_clone().unwrap().into() };
+    let mut child = setsid
+        .stdin(dup(&slave))
+        .stderr(dup(&slave))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(setsid);
+    drop(cmd);
+    let mut m = std::fs::File::from(master.try_clone().unwrap());
+    let screen = std::thread::spawn(move || {
+        let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+        while let Ok(n) = m.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        seen
+    });
+    let mut stdout = Vec::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    let status = child.wait().unwrap();
+    rustix::fs::fcntl_setfl(
+        &slave,
+        rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::RDWR,
+    )
+    .unwrap();
+    let mut injected = [0u8; 64];
+    let pending = rustix::io::read(slave.as_fd(), &mut injected);
+    assert_eq!(
+        pending.err(),
+        Some(rustix::io::Errno::AGAIN),
+        "the agent typed into the operator's terminal"
+    );
+    drop((slave, master));
+    let screen = String::from_utf8_lossy(&screen.join().unwrap()).into_owned();
+    let report: Value = serde_json::from_slice(&stdout).unwrap_or(Value::Null);
+    assert!(status.success(), "{screen}\n{report}");
+    let r = result_of(&report);
+    assert_eq!(
+        r["open_dev_tty"],
+        json!(ENXIO),
+        "no controlling terminal: {r}"
+    );
+    for k in [
+        "tiocsti_fd0",
+        "tiocsti_fd1",
+        "tiocsti_fd2",
+        "tiocsti_devnull",
+        "tiocsti_high_bits",
+        "tioclinux_devnull",
+    ] {
+        assert_eq!(r[k], json!(EPERM), "{k} must be refused by seccomp: {r}");
+    }
+    assert!(screen.contains("agent says hello"), "{screen}");
+    assert!(
+        screen.contains("\\x1b]0;pwned-title\\x07\\x1b[2K\\r"),
+        "the forged sequence is shown as text: {screen}"
+    );
+    for raw in ["\x1b]0;pwned", "\x1b[2K", "\x1b[31m", "\u{202e}"] {
+        assert!(!screen.contains(raw), "{raw:?} reached the terminal");
+    }
+    assert_clean(&run, &report);
+}
+
+#[test]
+fn the_run_directory_is_out_of_reach_and_every_write_lands_on_a_capped_tmpfs() {
+    if !docker_available() {
+        return;
+    }
+    let run = RealRun::python(include_str!("agents/run_dir.py"), 120)
+        .env("WORKSPACE_TMPFS_SIZE_MB", "16");
+    let home = run.home.path().display().to_string();
+    let out = run
+        .command("docker", &["--prompt", &home])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let r = result_of(&report);
+    // No socket of the platform's is in a docker agent's view at all: the
+    // sidecar is a container of its own, reached over the run's network.
+    assert_eq!(r["sockets_present"], json!([false, false]), "{r}");
+    for d in r["sock_dirs"].as_array().unwrap() {
+        let d = d.as_str().unwrap();
+        for k in ["create", "chmod"] {
+            assert_ne!(r[format!("{k}:{d}")], json!("ok"), "{k}:{d} worked: {r}");
+        }
+    }
+    assert_eq!(r["runs_visible"], json!(false), "{r}");
+    assert_eq!(r["home_listing"], json!(["agent"]), "{r}");
+    assert_eq!(r["owner_files"], json!([]), "{r}");
+    // Writes land on the workspace and /tmp, two tmpfs of 16 MiB each (and
+    // in the run's memory limit); nowhere else, not on the host disk.
+    let written = r["written"].as_object().unwrap();
+    for (t, n) in written {
+        assert!(
+            n.as_u64().unwrap() <= 16 << 20,
+            "{t}: {} MiB past the 16 MiB cap",
+            n.as_u64().unwrap() >> 20
+        );
+        if !["/workspace", "/tmp"].contains(&t.as_str()) {
+            assert_eq!(n, 0, "{t} took writes: {written:?}");
+        }
+    }
+    assert!(
+        written["/workspace"].as_u64().unwrap() >= 8 << 20,
+        "{written:?}"
+    );
+    assert_eq!(r["mcp_tools"], json!(true), "{r}");
+    assert_eq!(r["events_via_relay"], json!(404), "{r}");
+    assert_clean(&run, &report);
+}
+
+#[test]
+fn the_agent_is_a_dedicated_unprivileged_host_uid_with_its_own_kernel_quotas() {
+    if !docker_available() {
+        return;
+    }
+    let run = RealRun::python(include_str!("agents/identity.py"), 120);
+    let secret = run.agent_dir.join("root-only.txt");
+    std::fs::write(&secret, "operator secret").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(run.agent_dir.join("public.txt"), "shared").unwrap();
+    std::fs::set_permissions(
+        run.agent_dir.join("public.txt"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let mut child = run
+        .command("docker", &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("the run ended before the agent held its instances: {seen}");
+        }
+        seen.push_str(&line);
+        if line.contains("HOLDING") {
+            break;
+        }
+    }
+    let mine = rustix::fs::inotify::init(rustix::fs::inotify::CreateFlags::CLOEXEC);
+    let host_uids: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.starts_with(b"/usr/bin/python3\0agent.py"))
+        })
+        .filter_map(|e| {
+            std::fs::read_to_string(e.path().join("status"))
+                .ok()?
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(str::to_owned)
+        })
+        .collect();
+    std::fs::write(run.agent_dir.join("release"), "").unwrap();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let _ = err.read_to_string(&mut seen);
+    assert!(child.wait().unwrap().success(), "{seen}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let r = result_of(&report);
+    let uid = r["uid"].as_u64().unwrap();
+    assert!(
+        uid >= 0x5A00_0000,
+        "a dedicated uid, not a real user's: {r}"
+    );
+    assert_eq!(r["gid"], uid, "{r}");
+    assert_eq!(
+        uid,
+        u64::from(airlock_sandbox::docker::agent_ids(report["run_id"].as_str().unwrap()).uid)
+    );
+    assert!(
+        host_uids
+            .iter()
+            .any(|l| l.split_whitespace().skip(1).all(|u| u == uid.to_string())),
+        "the agent runs as host uid {uid}: {host_uids:?}"
+    );
+    assert_eq!(r["root-only.txt"], json!(EACCES), "{r}");
+    assert_eq!(r["public.txt"], "shared", "{r}");
+    assert!(r["inotify_instances"].as_u64().unwrap() > 0, "{r}");
+    if rustix::process::geteuid().is_root() {
+        assert!(
+            mine.is_ok(),
+            "host root could not create an inotify instance while the agent held its quota"
+        );
+    }
+    assert_clean(&run, &report);
+}
+
+#[test]
+fn foreign_socket_families_kernel_information_and_the_runtime_are_closed() {
+    if !docker_available() {
+        return;
+    }
+    let run = RealRun::python(include_str!("agents/kernel.py"), 60);
+    let (out, report) = run.run("docker");
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = result_of(&report);
+    for k in [
+        "af_vsock",
+        "af_netlink",
+        "af_packet",
+        "af_alg",
+        "af_key",
+        "socketpair_vsock",
+    ] {
+        assert_eq!(r[k], json!(EPERM), "{k} must be refused: {r}");
+    }
+    assert_eq!(r["af_unix"], "ping", "{r}");
+    assert_eq!(r["af_inet"], "pong", "{r}");
+    // No IPv6 in a docker run (no address, loopback included).
+    assert_eq!(r["af_inet6"], json!(EADDRNOTAVAIL), "{r}");
+    let mut checked = 0;
+    for (k, v) in r.as_object().unwrap() {
+        if k.starts_with("proc_") && k != "proc_self_status" && k != "proc_meminfo" {
+            assert!(
+                v.is_i64() || v == &json!({"bytes": 0}),
+                "{k} must read as nothing: {v}"
+            );
+            checked += 1;
+        }
+        if k.starts_with("procdir_") {
+            assert!(
+                v.is_i64() || v == &json!({"entries": 0}),
+                "{k} must be empty: {v}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "the masked entries exist on this kernel: {r}");
+    assert_eq!(r["runtime_pids"], 1, "{r}");
+    for k in [
+        "runtime_mem",
+        "runtime_environ",
+        "runtime_fd",
+        "runtime_maps",
+    ] {
+        assert_eq!(
+            r[k],
+            json!(EACCES),
+            "{k}: the runtime must not be readable: {r}"
+        );
+    }
+    assert_clean(&run, &report);
+}
+
+/// A server of the test's own on this host's egress-network address: counts
+/// the requests that reach it.
+fn egress_server() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let gw = rt.block_on(async {
+        let b = support::docker_backend().unwrap();
+        let d = b.docker().await.unwrap();
+        airlock_sandbox::docker::egress_gateway(&d).await.unwrap()
+    });
+    let l = std::net::TcpListener::bind((gw, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut s = s;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = std::io::Write::write_all(
+                &mut s,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\nconnection: close\r\n\r\nhello agent",
+            );
+        }
+    });
+    (addr, hits)
+}
+
+const OUTBOUND: &str = r#"
+import json, os, socket, urllib.request, urllib.error
+target = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
+host, port = target.split(":")
+r = {}
+def via_proxy(url):
+    try:
+        with urllib.request.urlopen(url, timeout=20) as resp:
+            return [resp.status, resp.read().decode()]
+    except urllib.error.HTTPError as e:
+        return [e.code, json.loads(e.read() or b"{}").get("error")]
+    except Exception as e:
+        return ["error", repr(e)]
+r["allowed"] = via_proxy("http://%s/hello" % target)
+r["metadata"] = via_proxy("http://169.254.169.254/latest/meta-data/")
+r["sidecar_by_name"] = via_proxy("http://sidecar:8080/health")
+r["own_container"] = via_proxy("http://airlock-%s-sidecar:8080/health" % os.environ["AIRLOCK_RUN_ID"])
+r["agent_by_name"] = via_proxy("http://agent:1/")
+try:
+    socket.create_connection((host, int(port)), timeout=8).close()
+    r["direct"] = "CONNECTED"
+except OSError as e:
+    r["direct"] = e.errno
+json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+"#;
+
+#[test]
+fn the_sidecar_is_the_only_way_out_and_no_way_back_to_itself() {
+    if !docker_available() {
+        return;
+    }
+    let (addr, hits) = egress_server();
+    let run = RealRun::with_manifest(
+        OUTBOUND,
+        &format!(
+            "[agent]\nname = \"out\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n[network]\negress = [\"http://{addr}/**\", \"http://169.254.169.254/**\", \"http://sidecar:8080/**\", \"http://agent:1/**\", \"http://*:8080/**\"]\n"
+        ),
+    )
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", &addr.ip().to_string());
+    let out = run
+        .command("docker", &["--prompt", &addr.to_string()])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = result_of(&report);
+    assert_eq!(
+        r["allowed"],
+        json!([200, "hello agent"]),
+        "through the proxy: {r}"
+    );
+    assert_eq!(r["metadata"], json!([403, "blocked_address"]), "{r}");
+    assert_eq!(r["sidecar_by_name"], json!([403, "blocked_host"]), "{r}");
+    assert_eq!(r["own_container"], json!([403, "blocked_host"]), "{r}");
+    assert_eq!(r["agent_by_name"], json!([403, "blocked_host"]), "{r}");
+    assert_ne!(r["direct"], "CONNECTED", "straight to the host: {r}");
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the proxied request reached the server"
+    );
+    // The metadata refusal was the guard's, before any connection: recorded.
+    let entries = report["egress"]["entries"].as_array().unwrap();
+    assert!(
+        entries.iter().any(|e| e["host"] == "169.254.169.254"
+            && e["decision"] == "refused"
+            && e["code"] == "blocked_address"),
+        "{entries:?}"
+    );
+    assert_clean(&run, &report);
+}
+
+#[test]
+fn runs_end_with_their_real_reason_and_leave_nothing() {
+    if !docker_available() {
+        return;
+    }
+    // The sidecar's container dies: the run fails, the agent is stopped.
+    let run = RealRun::python(
+        "import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
+        120,
+    );
+    let (child, id, _) = start_until(&run, "ready");
+    let t = Instant::now();
+    let k = docker(&[
+        "kill",
+        &airlock_sandbox::docker::container_name(&id, "sidecar"),
+    ]);
+    assert!(k.status.success(), "{}", String::from_utf8_lossy(&k.stderr));
+    let report = finish(child);
+    assert!(t.elapsed() < Duration::from_secs(20), "the run went on");
+    assert_eq!(report["status"], "failed", "{report}");
+    assert!(
+        report["error"]
+            .as_str()
+            .unwrap()
+            .contains("the sidecar stopped unexpectedly"),
+        "{report}"
+    );
+    assert_clean(&run, &report);
+
+    // The agent kills the runtime: named as such, not as the agent's exit.
+    let run = RealRun::python(
+        "import os, time\nos.kill(os.getppid(), 9)\ntime.sleep(30)\n",
+        60,
+    );
+    let (_, report) = run.run("docker");
+    assert_eq!(report["status"], "failed", "{report}");
+    let err = report["error"].as_str().unwrap();
+    assert!(
+        err.contains("the runtime in the sandbox ended without reporting the agent's end"),
+        "{err}"
+    );
+    assert_clean(&run, &report);
+
+    // A program that does not exist in the image: the runtime's own words.
+    let run = RealRun::with_manifest("", "[agent]\nname = \"t\"\ncommand = [\"/nope/agent\"]\n");
+    let (_, report) = run.run("docker");
+    let err = report["error"].as_str().unwrap();
+    assert!(
+        err.contains("cannot start the agent") && err.contains("/nope/agent"),
+        "{err}"
+    );
+    assert_clean(&run, &report);
+
+    // The agent's own exit code; then the timeout.
+    let run = RealRun::python("import sys\nsys.exit(3)\n", 30);
+    let (_, report) = run.run("docker");
+    assert_eq!(report["exit_code"], 3, "{report}");
+    assert_eq!(report["error"], "the agent exited with code 3");
+    assert_clean(&run, &report);
+    let run = RealRun::python("import time\ntime.sleep(60)\n", 2);
+    let (_, report) = run.run("docker");
+    assert_eq!(report["status"], "timed_out", "{report}");
+    assert_clean(&run, &report);
+}
+
+#[test]
+fn bad_docker_settings_are_refused_before_anything_starts() {
+    if !docker_available() {
+        return;
+    }
+    for (env, must) in [
+        (vec![("DOCKER_HOST", "ftp://nowhere")], "DOCKER_HOST"),
+        (vec![("DOCKER_RUNTIME", "run c")], "DOCKER_RUNTIME"),
+        (
+            vec![
+                ("AGENT_IMAGE", "x/agent:1.0.0"),
+                ("SIDECAR_IMAGE", "x/sidecar:1.0.1"),
+            ],
+            "different tags",
+        ),
+        (vec![("AGENT_IMAGE", "Not An Image")], "AGENT_IMAGE"),
+        (
+            vec![
+                ("AGENT_IMAGE", "airlock-test-missing/a:7"),
+                ("PI_IMAGE", "airlock-test-missing/s:7"),
+            ],
+            "not on the docker daemon",
+        ),
+    ] {
+        let mut run = RealRun::python("print('never')\n", 30);
+        for (k, v) in &env {
+            run = run.env(k, v);
+        }
+        let (out, _) = run.run("docker");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert!(stderr.contains(must), "{env:?}: {stderr}");
+        assert!(!stderr.contains("never"), "{stderr}");
+        let listed = run.airlock(&["runs", "list", "--json"]);
+        let text = String::from_utf8_lossy(&listed.stdout);
+        assert!(!text.contains("run_"), "a run was recorded: {text}");
+    }
+}
+
+#[test]
+fn boot_reclaim_spares_a_live_platforms_run_and_takes_a_dead_ones() {
+    if !docker_available() {
+        return;
+    }
+    // Platform A: a run that waits for the test.
+    let a = RealRun::python(
+        "import os, time\nprint('ready', flush=True)\nwhile not os.path.exists('release'):\n    time.sleep(0.05)\n",
+        300,
+    );
+    let (mut a_proc, a_run, _) = start_until(&a, "ready");
+    let a_objects = docker_leftovers(&a_run);
+    assert_eq!(
+        a_objects.len(),
+        3,
+        "two containers and a network: {a_objects:?}"
+    );
+
+    // Platform B boots (and reclaims) while A lives: A's run is untouched.
+    let b = RealRun::python("print('b ran')\n", 60);
+    let (out, report) = b.run("docker");
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        docker_leftovers(&a_run),
+        a_objects,
+        "B's boot touched A's live run"
+    );
+    let running = docker(&[
+        "inspect",
+        "-f",
+        "{{.State.Running}}",
+        &airlock_sandbox::docker::container_name(&a_run, "agent"),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&running.stdout).trim(), "true");
+
+    // A dies without cleaning up (SIGKILL): its containers outlive it.
+    a_proc.kill().unwrap();
+    a_proc.wait().unwrap();
+    assert_eq!(docker_leftovers(&a_run), a_objects, "the daemon keeps them");
+
+    // The next platform to boot (another home) reclaims them.
+    let c = RealRun::python("print('c ran')\n", 60);
+    let (out, report) = c.run("docker");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(report["status"], "succeeded", "{stderr}");
+    assert!(
+        stderr.contains("reclaimed the docker leftovers"),
+        "{stderr}"
+    );
+    assert_eq!(docker_leftovers(&a_run), Vec::<String>::new(), "{stderr}");
+
+    // And A's own store learns the run's end at its next boot.
+    std::fs::write(a.agent_dir.join("release"), "").unwrap();
+    let (_, report) = a.run("docker");
+    assert_eq!(report["status"], "succeeded");
+    let shown: Value =
+        serde_json::from_slice(&a.airlock(&["runs", "show", &a_run, "--json"]).stdout).unwrap();
+    assert_eq!(shown["status"], "failed", "{shown}");
+    assert!(
+        shown["error"]
+            .as_str()
+            .unwrap()
+            .contains("the platform stopped while this run was running"),
+        "{shown}"
+    );
+}
+
+const GVISOR_AGENT: &str = r#"
+import json, os, socket, urllib.request
+r = {"release": os.uname().release, "version": open("/proc/version").read()[:80]}
+targets = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().split()
+for l in open("/proc/net/route").read().splitlines()[1:]:
+    f = l.split()
+    if f[1] == "00000000":
+        targets.append(socket.inet_ntoa(int(f[2], 16).to_bytes(4, "little")) + ":" + targets[0].rsplit(":", 1)[1])
+r["connect"] = {}
+for t in targets:
+    h, p = t.rsplit(":", 1)
+    try:
+        socket.create_connection((h, int(p)), timeout=5).close()
+        r["connect"][t] = "CONNECTED"
+    except OSError as e:
+        r["connect"][t] = str(e)
+h = {"content-type": "application/json", "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"}
+body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "g", "version": "1"}}}
+req = urllib.request.Request(os.environ["AIRLOCK_MCP_URL"], data=json.dumps(body).encode(), headers=h)
+with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=20) as resp:
+    r["mcp"] = resp.status
+json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+"#;
+
+/// The gVisor runtime the operator registered (`.ci/run` registers
+/// `runsc-host`: gVisor with the container's own network namespace, the
+/// only networking of Debian's runsc that works on this kernel).
+fn gvisor_runtime() -> Option<String> {
+    let name = std::env::var("AIRLOCK_TEST_GVISOR_RUNTIME").unwrap_or_else(|_| "runsc-host".into());
+    let out = docker(&["info", "--format", "{{json .Runtimes}}"]);
+    let known: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    if known.get(&name).is_some() {
+        return Some(name);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("the gVisor runtime {name} must be registered with dockerd under CI (.ci/run)");
+    }
+    eprintln!("\n*** SKIPPED: no gVisor runtime {name} registered with dockerd ***\n");
+    None
+}
+
+#[test]
+fn under_gvisor_the_agent_sees_gvisors_kernel_and_still_reaches_only_its_sidecar() {
+    if !docker_available() {
+        return;
+    }
+    let Some(runtime) = gvisor_runtime() else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let out = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .unwrap();
+    let targets: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|a| !a.contains(':'))
+        .map(|a| format!("{a}:{port}"))
+        .collect();
+    assert!(!targets.is_empty());
+    let run = RealRun::python(GVISOR_AGENT, 120).env("DOCKER_RUNTIME", &runtime);
+    let out = run
+        .command("docker", &["--prompt", &targets.join(" ")])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = result_of(&report);
+    let host_release = rustix::system::uname()
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    assert_ne!(
+        r["release"],
+        host_release.as_str(),
+        "the host's kernel answered: {r}"
+    );
+    assert_eq!(r["mcp"], 200, "the sidecar is reached: {r}");
+    for (t, v) in r["connect"].as_object().unwrap() {
+        assert_ne!(v, "CONNECTED", "{t} was reached under gVisor: {r}");
+    }
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the host listener saw a connection: {other:?}"),
+    }
+    assert_clean(&run, &report);
+}
+
+/// A TCP front for the daemon's unix socket, as a remote `DOCKER_HOST`
+/// would be: counts the connections it carries.
+fn tcp_front_for_the_daemon() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let Ok(u) = std::os::unix::net::UnixStream::connect("/var/run/docker.sock") else {
+                continue;
+            };
+            let (mut c2, mut u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
+            let (mut c, mut u) = (c, u);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut u2);
+                let _ = u2.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut u, &mut c);
+                let _ = c.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn a_tcp_docker_host_works_and_doctor_reports_the_daemon() {
+    if !docker_available() {
+        return;
+    }
+    let (port, seen) = tcp_front_for_the_daemon();
+    let host = format!("tcp://127.0.0.1:{port}");
+    let run = RealRun::python("print('over tcp')\n", 60).env("DOCKER_HOST", &host);
+    let (out, report) = run.run("docker");
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        seen.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "the run went through DOCKER_HOST"
+    );
+    assert_clean(&run, &report);
+    let doctor = std::process::Command::new(support::AIRLOCK)
+        .arg("doctor")
+        .env("DOCKER_HOST", &host)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    for (feature, must) in [
+        ("docker daemon", format!("at {host}, API 1.")),
+        ("runtime runc", "starts containers, with and without a network".into()),
+        ("agent image", "present".into()),
+        ("sidecar image", "present".into()),
+        ("image tag contract", "agree".into()),
+        ("egress network", "inter-container traffic off".into()),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(feature))
+            .unwrap_or_else(|| panic!("doctor says nothing of {feature}: {text}"));
+        assert!(line.contains('✓') && line.contains(&must), "{line}");
+    }
+    assert!(text.contains("✓ docker "), "{text}");
+}
