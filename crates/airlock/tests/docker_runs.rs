@@ -836,7 +836,10 @@ fn a_tcp_docker_host_works_and_doctor_reports_the_daemon() {
     let text = String::from_utf8_lossy(&doctor.stdout);
     for (feature, must) in [
         ("docker daemon", format!("at {host}, API 1.")),
-        ("runtime runc", "starts containers, with and without a network".into()),
+        (
+            "runtime runc",
+            "starts containers, with and without a network".into(),
+        ),
         ("agent image", "present".into()),
         ("sidecar image", "present".into()),
         ("image tag contract", "agree".into()),
