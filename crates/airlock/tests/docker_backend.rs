@@ -626,7 +626,7 @@ async fn writing_past_the_workspace_cap_fails_with_enospc() {
 async fn the_containers_are_hardened_as_configured() {
     let Some(b) = backend() else { return };
     let r = spec(python("import time; time.sleep(60)"));
-    let mut sb = b.spawn(&r.spec).unwrap();
+    let sb = b.spawn(&r.spec).unwrap();
     let name = airlock_sandbox::docker::container_name(&r.spec.run_id, "agent");
     let t = Instant::now();
     let c = loop {
