@@ -9,24 +9,32 @@
 set -euo pipefail
 
 daemon_json=/etc/docker/daemon.json
-want='{"runtimes": {"runsc": {"path": "/usr/bin/runsc"}, "runsc-host": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host"]}}}'
 mkdir -p /etc/docker
-if [ -x /usr/bin/runsc ] && ! grep -q '"runsc-host"' "$daemon_json" 2>/dev/null; then
-  if [ -s "$daemon_json" ]; then
-    # Keep what the operator configured; add the two runtimes.
-    python3 - "$daemon_json" <<'PY'
-import json, sys
+# Keep what the operator configured; add the two runtimes (when runsc is
+# installed) and small address pools: one network per run, 4096 of them, not
+# Docker's default ~30. Prints "changed" when the file had to change.
+changed=$(python3 - "$daemon_json" <<'PY'
+import json, os, sys
 p = sys.argv[1]
-cfg = json.load(open(p))
-rt = cfg.setdefault("runtimes", {})
-rt.setdefault("runsc", {"path": "/usr/bin/runsc"})
-rt["runsc-host"] = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host"]}
-json.dump(cfg, open(p, "w"))
+cfg = json.load(open(p)) if os.path.exists(p) and os.path.getsize(p) > 0 else {}
+before = json.dumps(cfg, sort_keys=True)
+if os.access("/usr/bin/runsc", os.X_OK):
+    rt = cfg.setdefault("runtimes", {})
+    rt.setdefault("runsc", {"path": "/usr/bin/runsc"})
+    rt["runsc-host"] = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host"]}
+cfg.setdefault("default-address-pools", [{"base": "10.200.0.0/16", "size": 28}])
+if json.dumps(cfg, sort_keys=True) != before:
+    json.dump(cfg, open(p, "w"))
+    print("changed")
 PY
-  else
-    echo "$want" > "$daemon_json"
-  fi
-  reload=1
+)
+
+if [ "$changed" = changed ] && docker version >/dev/null 2>&1; then
+  # Address pools are read at start only: restart the daemon.
+  echo "docker.sh: $daemon_json changed, restarting dockerd"
+  pid=$(pidof dockerd)
+  kill "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
 fi
 
 if ! docker version >/dev/null 2>&1; then
@@ -37,12 +45,5 @@ if ! docker version >/dev/null 2>&1; then
     sleep 0.2
   done
   docker version >/dev/null 2>&1 || { echo "docker.sh: dockerd did not start:"; tail -20 /var/log/dockerd.log; exit 1; }
-elif [ "${reload:-0}" = 1 ]; then
-  # A running daemon re-reads its runtimes on SIGHUP.
-  kill -HUP "$(pidof dockerd)"
-  for _ in $(seq 1 50); do
-    docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q runsc-host && break
-    sleep 0.1
-  done
 fi
 echo "docker.sh: $(docker version --format 'Docker {{.Server.Version}}, API {{.Server.APIVersion}}'); runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')"

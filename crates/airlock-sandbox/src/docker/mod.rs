@@ -567,8 +567,25 @@ async fn create_run_network(
     match d.create_network(req).await {
         Ok(_) => Ok(()),
         Err(e) if conflict(&e) => Ok(()),
+        Err(e) if out_of_address_pools(&e) => Err(format!(
+            "creating network {name}: the Docker daemon has no free address pool left for another \
+             network (each run has one; with Docker's defaults about 30 networks fit in all). \
+             Remove stale networks (`airlock run` reclaims those of stopped platforms at boot) or give \
+             the daemon smaller pools in /etc/docker/daemon.json, e.g. \
+             \"default-address-pools\": [{{\"base\": \"10.200.0.0/16\", \"size\": 28}}] (4096 networks)"
+        )),
         Err(e) => Err(api_err(&format!("creating network {name}"), e)),
     }
+}
+
+/// The daemon's answer when every address pool it may carve networks from
+/// is taken.
+fn out_of_address_pools(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { message, .. }
+            if message.contains("non-overlapping IPv4 address pool")
+    )
 }
 
 /// Creates [`EGRESS_NETWORK`] if missing; of duplicates a race made, the

@@ -478,6 +478,12 @@ pub fn docker_available() -> bool {
                 ));
             }
         }
+        // What a platform does at boot: the leftovers of stopped platforms
+        // (an earlier test process killed mid-run) are reclaimed, so their
+        // networks do not use up the daemon's address pools; the live runs
+        // of other test processes are spared (reclaim judges by owner).
+        airlock_sandbox::Backend::boot(&b, &|m| eprintln!("docker boot: {m}"))
+            .map_err(|e| e.to_string())?;
         Ok(())
     });
     match r {
