@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use airlock_platform_api::launch;
 use airlock_platform_api::wire::RunEvent;
 use airlock_sandbox::{Backend, OutputStream, Sandbox, SandboxSpec, SidecarSpec};
 use airlock_store::{NewRun, RunEnd, RunStatus, Store};
-use airlock_vault::{ExposeSecret, RunTokens};
-use serde_json::{Value, json};
+use airlock_vault::RunTokens;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
@@ -266,23 +266,45 @@ impl Orchestrator {
             .as_ref()
             .map(|n| n.egress.clone())
             .unwrap_or(airlock_platform_api::types::NetworkEgress::None);
-        let sidecar_cfg = json!({
-            "run_id": run_id,
-            "sidecar_token": sidecar_token.expose_secret(),
-            "run_token": run_token.expose_secret(),
-            "platform_socket": placement.platform_socket,
-            "listen": placement.listen_config(),
-            "integrations": m.integrations.iter().map(|i| json!({
-                "namespace": i.namespace,
-                "authorized_uris": i.authorized_uris,
-                "allow_all_uris": i.allow_all_uris,
-                "has_connection": i.connection.is_some(),
-                "delivery": i.delivery.as_ref().map(|d| json!({"header": d.header, "prefix": d.prefix, "field": d.field})),
-            })).collect::<Vec<_>>(),
-            "model": m.model.as_ref().map(|x| json!({"provider": x.provider, "base_url": x.base_url, "price_in_per_mtok_usd": x.price_in_per_mtok_usd, "price_out_per_mtok_usd": x.price_out_per_mtok_usd})),
-            "network": {"egress": network},
-            "egress": {"allow_internal_hosts": self.settings.allow_internal_hosts, "dns_server": self.settings.dns_server, "blocked_names": placement.blocked_names},
-        });
+        let listen = launch::Listen::from_endpoints(&placement.listen.0, &placement.listen.1)
+            .map_err(|e| RunError::Setup(e.to_string()))?;
+        let sidecar_cfg = launch::SidecarConfig {
+            run_id: run_id.to_owned(),
+            sidecar_token: sidecar_token.clone(),
+            run_token,
+            platform_socket: placement.platform_socket.clone(),
+            listen,
+            integrations: m
+                .integrations
+                .iter()
+                .map(|i| launch::Integration {
+                    namespace: i.namespace.to_string(),
+                    authorized_uris: i.authorized_uris.clone(),
+                    allow_all_uris: i.allow_all_uris,
+                    has_connection: i.connection.is_some(),
+                    delivery: i.delivery.as_ref().map(|d| launch::Delivery {
+                        header: d.header.to_string(),
+                        prefix: d.prefix.to_string(),
+                        field: d.field.clone(),
+                    }),
+                })
+                .collect(),
+            model: m.model.as_ref().map(|x| launch::Model {
+                provider: x.provider,
+                base_url: x.base_url.clone(),
+                price_in_per_mtok_usd: x.price_in_per_mtok_usd,
+                price_out_per_mtok_usd: x.price_out_per_mtok_usd,
+            }),
+            network: launch::Network { egress: network },
+            egress: launch::EgressSettings {
+                allow_internal_hosts: self.settings.allow_internal_hosts.clone(),
+                dns_server: self.settings.dns_server.clone(),
+                blocked_names: placement.blocked_names.clone(),
+                ..Default::default()
+            },
+            limits: launch::Limits::default(),
+            proxy_url: None,
+        };
 
         // Sidecar and sandbox start in parallel; the runtime waits for the
         // sidecar's socket.
@@ -298,16 +320,17 @@ impl Orchestrator {
                 .clone()
                 .unwrap_or_else(|| m.agent.command.clone()),
         );
-        let secrets = json!({
-            "run_id": run_id,
-            "sidecar": placement.reach.0,
-            "proxy": placement.reach.1,
-            "sidecar_token": sidecar_token.expose_secret(),
-            "heartbeat_interval_secs": self.settings.heartbeat_interval_secs,
-            "workspace": paths.workspace,
-            "cwd": req.agent_dir,
-            "prompt": req.prompt,
-        });
+        let secrets = launch::RuntimeSecrets {
+            run_id: run_id.to_owned(),
+            sidecar: placement.reach.0.clone(),
+            proxy: Some(placement.reach.1.clone()),
+            sidecar_token,
+            heartbeat_interval_secs: self.settings.heartbeat_interval_secs,
+            workspace: paths.workspace.clone(),
+            cwd: Some(req.agent_dir.clone()),
+            prompt: req.prompt.clone(),
+            env: vec![],
+        };
         let mut ro_paths = vec![req.agent_dir.clone()];
         if runtime_exe == self.exe
             && let Some(dir) = self.exe.parent()
@@ -321,7 +344,7 @@ impl Orchestrator {
                 ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
                 ("AIRLOCK_LOG".into(), "warn".into()),
             ],
-            stdin: secrets.to_string().into_bytes(),
+            stdin: secrets.to_json(),
             sockets_dir: paths.sockets_host.clone(),
             ro_paths,
             workspace: paths.workspace.clone(),
@@ -522,12 +545,16 @@ impl Orchestrator {
         }
     }
 
-    fn spawn_sidecar(&self, run_id: &str, cfg: &Value) -> Result<(Sandbox, SidecarLog), RunError> {
+    fn spawn_sidecar(
+        &self,
+        run_id: &str,
+        cfg: &launch::SidecarConfig,
+    ) -> Result<(Sandbox, SidecarLog), RunError> {
         let mut sidecar = self.backend.spawn_sidecar(&SidecarSpec {
             run_id: run_id.to_owned(),
             exe: self.exe.clone(),
             log: std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()),
-            config: cfg.to_string().into_bytes(),
+            config: cfg.to_json(),
             platform_socket: self.api_socket.clone(),
         })?;
         let (stdout, stderr) = sidecar.take_output();

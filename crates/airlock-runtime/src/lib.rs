@@ -20,55 +20,20 @@
 mod relay;
 mod report;
 
-use std::path::PathBuf;
 use std::process::Stdio;
 
-use airlock_sandbox::Endpoint;
 use std::time::Duration;
 
 use airlock_platform_api::wire::RunEvent;
-use secrecy::SecretString;
-use serde::Deserialize;
 use tokio::io::BufReader;
 
 pub use relay::{Dial, proxy_relay, sidecar_relay};
 use report::Reporter;
 
-/// Largest secrets document read from stdin.
-pub const MAX_SECRETS_BYTES: usize = 64 * 1024;
+pub use airlock_platform_api::launch::{Endpoint, MAX_SECRETS_BYTES, RuntimeSecrets};
+
 /// Largest result document (`$AIRLOCK_RESULT_FILE`) reported.
 pub const MAX_RESULT_BYTES: u64 = 1 << 20;
-
-/// What the orchestrator hands the runtime on stdin.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuntimeSecrets {
-    pub run_id: String,
-    /// The sidecar's API (`/mcp`, `/llm`, `/events`): `{"unix": path}` or
-    /// `{"tcp": "host:port"}`.
-    pub sidecar: Endpoint,
-    /// The sidecar's forward proxy.
-    #[serde(default)]
-    pub proxy: Option<Endpoint>,
-    pub sidecar_token: SecretString,
-    #[serde(default = "default_heartbeat")]
-    pub heartbeat_interval_secs: u64,
-    /// The agent's working directory.
-    pub workspace: PathBuf,
-    /// The agent's working directory (default: the workspace).
-    #[serde(default)]
-    pub cwd: Option<PathBuf>,
-    /// The prompt, written to `$AIRLOCK_WORKSPACE/.airlock/prompt.txt`.
-    #[serde(default)]
-    pub prompt: Option<String>,
-    /// Extra non-secret environment for the agent.
-    #[serde(default)]
-    pub env: Vec<(String, String)>,
-}
-
-fn default_heartbeat() -> u64 {
-    15
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -84,17 +49,6 @@ pub enum RuntimeError {
     SidecarDown(String),
     #[error("workspace: {0}")]
     Workspace(std::io::Error),
-}
-
-impl RuntimeSecrets {
-    pub fn from_json(bytes: &[u8]) -> Result<Self, RuntimeError> {
-        if bytes.len() > MAX_SECRETS_BYTES {
-            return Err(RuntimeError::Secrets(format!(
-                "larger than {MAX_SECRETS_BYTES} bytes"
-            )));
-        }
-        serde_json::from_slice(bytes).map_err(|e| RuntimeError::Secrets(e.to_string()))
-    }
 }
 
 /// The placeholder key the agent's model SDK holds. Not a secret: the

@@ -51,84 +51,7 @@ pub struct RunPaths {
     pub workspace: PathBuf,
 }
 
-/// `host:port`: a name or an address the other end resolves, and a port.
-/// Checked when made, so a typo never reaches a sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct HostPort {
-    host: String,
-    port: u16,
-}
-
-impl HostPort {
-    pub fn new(host: &str, port: u16) -> Result<HostPort, SandboxError> {
-        let name_ok = !host.is_empty()
-            && host.len() <= 253
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
-        if port == 0 || !(name_ok || host.parse::<std::net::IpAddr>().is_ok()) {
-            return Err(SandboxError::Setup(format!(
-                "{host:?}:{port} is not a host name or address and a port"
-            )));
-        }
-        Ok(HostPort {
-            host: host.to_owned(),
-            port,
-        })
-    }
-
-    pub fn host(&self) -> &str {
-        &self.host
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
-
-impl TryFrom<String> for HostPort {
-    type Error = SandboxError;
-    fn try_from(s: String) -> Result<HostPort, SandboxError> {
-        let bad = || SandboxError::Setup(format!("{s:?} is not host:port"));
-        let (host, port) = match s.strip_prefix('[') {
-            // [v6]:port
-            Some(rest) => {
-                let (h, p) = rest.split_once("]:").ok_or_else(bad)?;
-                (h, p)
-            }
-            None => s.rsplit_once(':').ok_or_else(bad)?,
-        };
-        HostPort::new(host, port.parse().map_err(|_| bad())?)
-    }
-}
-
-impl From<HostPort> for String {
-    fn from(h: HostPort) -> String {
-        h.to_string()
-    }
-}
-
-impl std::fmt::Display for HostPort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
-    }
-}
-
-/// One of the sidecar's two listeners (its API, its forward proxy): where it
-/// listens, or how the sandbox's runtime reaches it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-pub enum Endpoint {
-    /// A unix socket (process and namespace backends: the run's sockets directory).
-    Unix(PathBuf),
-    /// TCP (the docker backend: `sidecar:8080` on the run's own network).
-    Tcp(HostPort),
-}
+pub use airlock_platform_api::launch::{BadHostPort, Endpoint, HostPort};
 
 /// Where a run's sidecar runs and how the two sides meet: a backend's
 /// decision ([`Backend::sidecar_placement`]), not the orchestrator's.
@@ -146,21 +69,6 @@ pub struct SidecarPlacement {
 }
 
 impl SidecarPlacement {
-    /// The sidecar configuration's `listen` object.
-    pub fn listen_config(&self) -> serde_json::Value {
-        let mut m = serde_json::Map::new();
-        for (ep, unix, tcp) in [
-            (&self.listen.0, "unix", "tcp"),
-            (&self.listen.1, "proxy_unix", "proxy_tcp"),
-        ] {
-            match ep {
-                Endpoint::Unix(p) => m.insert(unix.into(), serde_json::json!(p)),
-                Endpoint::Tcp(h) => m.insert(tcp.into(), serde_json::json!(h.to_string())),
-            };
-        }
-        serde_json::Value::Object(m)
-    }
-
     /// The unix sockets the sidecar creates on the host (the platform opens
     /// them to the sandbox's uid once they exist).
     pub fn host_sockets(&self) -> Vec<&Path> {

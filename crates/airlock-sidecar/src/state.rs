@@ -85,9 +85,9 @@ impl Sidecar {
         };
         let client = GuardedClient::new(Guard::new(policy, Arc::new(resolver)), client_cfg)?;
         let network = match &cfg.network.egress {
-            NetworkEgress::Mode(m) if m == "public" => (AuthorizedUris::default(), true),
-            NetworkEgress::Mode(_) => (AuthorizedUris::default(), false),
-            NetworkEgress::Patterns(p) => {
+            NetworkEgress::Public => (AuthorizedUris::default(), true),
+            NetworkEgress::None => (AuthorizedUris::default(), false),
+            NetworkEgress::Allow(p) => {
                 let list = AuthorizedUris::parse(p);
                 for d in list.diagnostics().iter().filter(|d| d.matches_nothing) {
                     tracing::warn!(entry = %d.entry, "network.egress entry matches nothing: {}", d.reason);

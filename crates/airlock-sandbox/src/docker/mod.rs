@@ -1011,18 +1011,8 @@ impl Backend for DockerBackend {
         _paths: &RunPaths,
         _platform_socket: &Path,
     ) -> SidecarPlacement {
-        let any = |port| {
-            Endpoint::Tcp(HostPort {
-                host: "0.0.0.0".into(),
-                port,
-            })
-        };
-        let named = |port| {
-            Endpoint::Tcp(HostPort {
-                host: SIDECAR_HOST.into(),
-                port,
-            })
-        };
+        let any = |port| Endpoint::Tcp(HostPort::any(port));
+        let named = |port| Endpoint::Tcp(HostPort::fixed(SIDECAR_HOST, port));
         SidecarPlacement {
             listen: (any(SIDECAR_API_PORT), any(SIDECAR_PROXY_PORT)),
             reach: (named(SIDECAR_API_PORT), named(SIDECAR_PROXY_PORT)),

@@ -1,0 +1,564 @@
+//! What the platform hands the two processes of a run on their stdin: the
+//! sidecar its configuration ([`SidecarConfig`]) and the runtime in the
+//! sandbox its secrets ([`RuntimeSecrets`]). One typed definition for both
+//! ends: the platform serialises these structs and the sidecar and the
+//! runtime parse them (`deny_unknown_fields`), so a key one side spells
+//! differently is a compile error, not a run that fails at start. Secrets
+//! are [`SecretString`]s: `Debug` never prints them, and they are exposed
+//! only when the document is written to the child's stdin.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize, Serializer};
+
+pub use crate::types::{NetworkEgress, Provider};
+
+/// Largest configuration document the sidecar accepts on stdin.
+pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+/// Largest secrets document the runtime accepts on stdin.
+pub const MAX_SECRETS_BYTES: usize = 64 * 1024;
+
+fn expose<S: Serializer>(s: &SecretString, ser: S) -> Result<S::Ok, S::Error> {
+    ser.serialize_str(s.expose_secret())
+}
+
+fn expose_opt<S: Serializer>(s: &Option<SecretString>, ser: S) -> Result<S::Ok, S::Error> {
+    match s {
+        Some(s) => ser.serialize_some(s.expose_secret()),
+        None => ser.serialize_none(),
+    }
+}
+
+/// `host:port`: a name or an address the other end resolves, and a port.
+/// Checked when made, so a typo never reaches a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HostPort {
+    host: String,
+    port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadHostPort(String);
+
+impl HostPort {
+    pub fn new(host: &str, port: u16) -> Result<HostPort, BadHostPort> {
+        let name_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+        if port == 0 || !(name_ok || host.parse::<std::net::IpAddr>().is_ok()) {
+            return Err(BadHostPort(format!(
+                "{host:?}:{port} is not a host name or address and a port"
+            )));
+        }
+        Ok(HostPort {
+            host: host.to_owned(),
+            port,
+        })
+    }
+
+    /// Every address of the host, `port` (a listener's bind address).
+    pub fn any(port: u16) -> HostPort {
+        HostPort {
+            host: "0.0.0.0".into(),
+            port,
+        }
+    }
+
+    /// A name fixed in the code (a container's network alias): no check.
+    pub fn fixed(host: &'static str, port: u16) -> HostPort {
+        HostPort {
+            host: host.to_owned(),
+            port,
+        }
+    }
+
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl TryFrom<String> for HostPort {
+    type Error = BadHostPort;
+    fn try_from(s: String) -> Result<HostPort, BadHostPort> {
+        let bad = || BadHostPort(format!("{s:?} is not host:port"));
+        let (host, port) = match s.strip_prefix('[') {
+            // [v6]:port
+            Some(rest) => rest.split_once("]:").ok_or_else(bad)?,
+            None => s.rsplit_once(':').ok_or_else(bad)?,
+        };
+        HostPort::new(host, port.parse().map_err(|_| bad())?)
+    }
+}
+
+impl From<HostPort> for String {
+    fn from(h: HostPort) -> String {
+        h.to_string()
+    }
+}
+
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// One of the sidecar's two listeners (its API, its forward proxy): where it
+/// listens, or how the sandbox's runtime reaches it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Endpoint {
+    /// A unix socket (process and namespace backends: the run's sockets directory).
+    Unix(PathBuf),
+    /// TCP (the docker backend: `sidecar:8080` on the run's own network).
+    Tcp(HostPort),
+}
+
+/// What the orchestrator hands the runtime on stdin.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSecrets {
+    pub run_id: String,
+    /// The sidecar's API (`/mcp`, `/llm`, `/events`): `{"unix": path}` or
+    /// `{"tcp": "host:port"}`.
+    pub sidecar: Endpoint,
+    /// The sidecar's forward proxy.
+    #[serde(default)]
+    pub proxy: Option<Endpoint>,
+    #[serde(serialize_with = "expose")]
+    pub sidecar_token: SecretString,
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_interval_secs: u64,
+    /// The agent's working directory.
+    pub workspace: PathBuf,
+    /// The agent's working directory (default: the workspace).
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// The prompt, written to `$AIRLOCK_WORKSPACE/.airlock/prompt.txt`.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// Extra non-secret environment for the agent.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+}
+
+fn default_heartbeat() -> u64 {
+    15
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretsError {
+    #[error("runtime secrets: larger than {MAX_SECRETS_BYTES} bytes")]
+    TooLarge,
+    #[error("runtime secrets: {0}")]
+    Parse(String),
+}
+
+impl RuntimeSecrets {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, SecretsError> {
+        if bytes.len() > MAX_SECRETS_BYTES {
+            return Err(SecretsError::TooLarge);
+        }
+        serde_json::from_slice(bytes).map_err(|e| SecretsError::Parse(e.to_string()))
+    }
+
+    /// The document written to the runtime's stdin (secrets exposed here only).
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarConfig {
+    pub run_id: String,
+    /// What the agent side presents (hex, 32 random bytes).
+    #[serde(serialize_with = "expose")]
+    pub sidecar_token: SecretString,
+    /// What the sidecar presents to the platform (`<runId>.<hmac>`).
+    #[serde(serialize_with = "expose")]
+    pub run_token: SecretString,
+    /// The platform's internal API socket.
+    pub platform_socket: PathBuf,
+    pub listen: Listen,
+    #[serde(default)]
+    pub integrations: Vec<Integration>,
+    #[serde(default)]
+    pub model: Option<Model>,
+    #[serde(default)]
+    pub network: Network,
+    #[serde(default)]
+    pub egress: EgressSettings,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Upstream HTTP proxy for the forward proxy (`http://user:pass@host:port`).
+    #[serde(default, serialize_with = "expose_opt")]
+    pub proxy_url: Option<SecretString>,
+}
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    /// `/mcp`, `/llm`, `/events`, `/health` on a unix socket.
+    #[serde(default)]
+    pub unix: Option<PathBuf>,
+    /// The same on TCP (the docker backend: `:8080`).
+    #[serde(default)]
+    pub tcp: Option<SocketAddr>,
+    /// The forward proxy on a unix socket.
+    #[serde(default)]
+    pub proxy_unix: Option<PathBuf>,
+    /// The forward proxy on TCP (the docker backend: `:8081`).
+    #[serde(default)]
+    pub proxy_tcp: Option<SocketAddr>,
+}
+
+impl Listen {
+    /// The `listen` object of a backend's placement (API, proxy): a TCP
+    /// listener must be an address.
+    pub fn from_endpoints(api: &Endpoint, proxy: &Endpoint) -> Result<Listen, BadHostPort> {
+        let addr = |h: &HostPort| {
+            h.to_string()
+                .parse::<SocketAddr>()
+                .map_err(|_| BadHostPort(format!("{h} is not an address to listen on")))
+        };
+        let mut l = Listen::default();
+        match api {
+            Endpoint::Unix(p) => l.unix = Some(p.clone()),
+            Endpoint::Tcp(h) => l.tcp = Some(addr(h)?),
+        }
+        match proxy {
+            Endpoint::Unix(p) => l.proxy_unix = Some(p.clone()),
+            Endpoint::Tcp(h) => l.proxy_tcp = Some(addr(h)?),
+        }
+        Ok(l)
+    }
+}
+
+/// How the credential travels in the outbound request.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delivery {
+    /// Header name, e.g. `Authorization`.
+    pub header: String,
+    #[serde(default)]
+    pub prefix: String,
+    /// The credential field whose value is delivered.
+    pub field: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Integration {
+    pub namespace: String,
+    #[serde(default)]
+    pub authorized_uris: Vec<String>,
+    #[serde(default)]
+    pub allow_all_uris: bool,
+    #[serde(default)]
+    pub delivery: Option<Delivery>,
+    /// The integration has a stored connection (almost always): the call
+    /// carries a credential and the credential rules apply.
+    #[serde(default = "yes")]
+    pub has_connection: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    pub provider: Provider,
+    /// e.g. `https://api.openai.com/v1`, `https://api.anthropic.com`.
+    pub base_url: String,
+    /// Prices per million tokens, for the cost events (optional).
+    #[serde(default)]
+    pub price_in_per_mtok_usd: Option<f64>,
+    #[serde(default)]
+    pub price_out_per_mtok_usd: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    pub egress: NetworkEgress,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            egress: NetworkEgress::None,
+        }
+    }
+}
+
+/// Operator egress settings that travel with the run.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSettings {
+    /// `EGRESS_ALLOW_INTERNAL_HOSTS`.
+    #[serde(default)]
+    pub allow_internal_hosts: Vec<String>,
+    /// `AIRLOCK_DNS_SERVER` (`ip` or `ip:port`).
+    #[serde(default)]
+    pub dns_server: Option<String>,
+    /// Static answers (`host -> [ip]`), consulted before any resolver.
+    #[serde(default)]
+    pub resolve: BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// Extra trust anchors (PEM), beside the Mozilla roots.
+    #[serde(default)]
+    pub extra_ca_pem: Option<String>,
+    /// Names refused on every call (the run's own containers).
+    #[serde(default)]
+    pub blocked_names: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest result returned inline to the agent (256 KiB).
+    pub inline_result_bytes: usize,
+    /// Total stored results per run (64 MiB).
+    pub run_result_bytes: u64,
+    /// Concurrent `api_call`s per run (16).
+    pub max_concurrent_calls: usize,
+    /// Largest request body the sidecar accepts from the agent (10 MiB).
+    pub max_request_bytes: usize,
+    /// Largest upstream response (32 MiB).
+    pub max_response_bytes: usize,
+    /// Whole outbound exchange (60 s).
+    pub upstream_timeout_secs: u64,
+    /// A forward-proxy tunnel with no bytes either way for this long is closed (120 s).
+    pub proxy_idle_timeout_secs: u64,
+    /// Open forward-proxy connections per run (256); more wait to be accepted.
+    pub max_proxy_connections: usize,
+    /// Open MCP sessions (2025-11-25 mode) per run (32): opening one more
+    /// closes the oldest. Stateless calls open none.
+    pub max_mcp_sessions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            inline_result_bytes: 256 * 1024,
+            run_result_bytes: 64 * 1024 * 1024,
+            max_concurrent_calls: 16,
+            max_request_bytes: 10 * 1024 * 1024,
+            max_response_bytes: 32 * 1024 * 1024,
+            upstream_timeout_secs: 60,
+            proxy_idle_timeout_secs: 120,
+            max_proxy_connections: 256,
+            max_mcp_sessions: 32,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("sidecar configuration is larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge,
+    #[error("sidecar configuration is not valid JSON for this version: {0}")]
+    Parse(String),
+    #[error("sidecar configuration is invalid: {0}")]
+    Invalid(String),
+}
+
+impl SidecarConfig {
+    /// The document written to the sidecar's stdin (secrets exposed here only).
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        if bytes.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge);
+        }
+        let cfg: SidecarConfig =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.sidecar_token.expose_secret().len() < 32 {
+            return Err(ConfigError::Invalid(
+                "sidecar_token is shorter than 32 characters".into(),
+            ));
+        }
+        if self.listen.unix.is_none() && self.listen.tcp.is_none() {
+            return Err(ConfigError::Invalid("listen needs unix or tcp".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for i in &self.integrations {
+            let ok = !i.namespace.is_empty()
+                && i.namespace.len() <= 64
+                && i.namespace.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
+            if !ok {
+                return Err(ConfigError::Invalid(format!(
+                    "integration namespace {:?} must be [a-z0-9_-]{{1,64}}",
+                    i.namespace
+                )));
+            }
+            if !seen.insert(&i.namespace) {
+                return Err(ConfigError::Invalid(format!(
+                    "integration {:?} is listed twice",
+                    i.namespace
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(s: &str) -> SecretString {
+        SecretString::from(s.to_owned())
+    }
+
+    fn sidecar() -> SidecarConfig {
+        SidecarConfig {
+            run_id: "run_1".into(),
+            sidecar_token: secret(&"s".repeat(64)),
+            run_token: secret("run_1.RUN-TOKEN-MAC"),
+            platform_socket: "/run/p.sock".into(),
+            listen: Listen::from_endpoints(
+                &Endpoint::Tcp(HostPort::any(8080)),
+                &Endpoint::Unix("/run/proxy.sock".into()),
+            )
+            .unwrap(),
+            integrations: vec![Integration {
+                namespace: "github".into(),
+                authorized_uris: vec!["https://api.github.com/**".into()],
+                allow_all_uris: false,
+                delivery: Some(Delivery {
+                    header: "Authorization".into(),
+                    prefix: "Bearer ".into(),
+                    field: "token".into(),
+                }),
+                has_connection: true,
+            }],
+            model: Some(Model {
+                provider: Provider::Anthropic,
+                base_url: "https://api.anthropic.com".into(),
+                price_in_per_mtok_usd: Some(3.0),
+                price_out_per_mtok_usd: None,
+            }),
+            network: Network {
+                egress: NetworkEgress::Allow(vec!["https://pypi.org/**".into()]),
+            },
+            egress: EgressSettings {
+                allow_internal_hosts: vec!["db.internal".into()],
+                dns_server: Some("127.0.0.1:5353".into()),
+                blocked_names: vec!["sidecar".into()],
+                ..Default::default()
+            },
+            limits: Limits::default(),
+            proxy_url: Some(secret("http://u:PROXY-PASS@proxy:3128")),
+        }
+    }
+
+    #[test]
+    fn what_the_platform_writes_the_sidecar_reads_back_whole() {
+        let cfg = sidecar();
+        let bytes = cfg.to_json();
+        let back = SidecarConfig::from_json(&bytes).unwrap();
+        assert_eq!(back.run_token.expose_secret(), "run_1.RUN-TOKEN-MAC");
+        assert_eq!(back.sidecar_token.expose_secret(), "s".repeat(64));
+        assert_eq!(
+            back.proxy_url
+                .as_ref()
+                .map(|s| s.expose_secret().to_owned()),
+            Some("http://u:PROXY-PASS@proxy:3128".into())
+        );
+        assert_eq!(back.listen.tcp, Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(back.listen.proxy_unix, Some("/run/proxy.sock".into()));
+        assert_eq!(
+            back.integrations[0].delivery.as_ref().unwrap().prefix,
+            "Bearer "
+        );
+        assert_eq!(back.model.as_ref().unwrap().provider, Provider::Anthropic);
+        assert_eq!(back.network.egress, cfg.network.egress);
+        assert_eq!(back.egress.blocked_names, ["sidecar"]);
+        // Written again, the same document: nothing dropped on the way.
+        assert_eq!(back.to_json(), bytes);
+    }
+
+    #[test]
+    fn secrets_never_appear_in_debug_output() {
+        let text = format!("{:?}", sidecar());
+        for s in ["RUN-TOKEN-MAC", "PROXY-PASS", &"s".repeat(64)] {
+            assert!(!text.contains(s), "{s} in {text}");
+        }
+        let r = RuntimeSecrets {
+            run_id: "run_1".into(),
+            sidecar: Endpoint::Tcp(HostPort::fixed("sidecar", 8080)),
+            proxy: None,
+            sidecar_token: secret("SIDECAR-TOKEN-VALUE"),
+            heartbeat_interval_secs: 15,
+            workspace: "/workspace".into(),
+            cwd: None,
+            prompt: None,
+            env: vec![],
+        };
+        let bytes = r.to_json();
+        let back = RuntimeSecrets::from_json(&bytes).unwrap();
+        assert_eq!(back.sidecar_token.expose_secret(), "SIDECAR-TOKEN-VALUE");
+        assert_eq!(back.sidecar, r.sidecar);
+        assert_eq!(back.to_json(), bytes);
+    }
+
+    #[test]
+    fn a_key_either_side_does_not_know_is_refused() {
+        let mut v: serde_json::Value = serde_json::from_slice(&sidecar().to_json()).unwrap();
+        v["listen"]["tpc"] = "0.0.0.0:1".into();
+        let e = SidecarConfig::from_json(v.to_string().as_bytes())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("unknown field `tpc`"), "{e}");
+        let e = RuntimeSecrets::from_json(br#"{"run_id":"r","sidecar":{"unix":"/s"},"sidecar_token":"t","workspace":"/w","heartbeat":1}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.starts_with("runtime secrets: unknown field `heartbeat`"),
+            "{e}"
+        );
+        assert!(RuntimeSecrets::from_json(&vec![b' '; MAX_SECRETS_BYTES + 1]).is_err());
+        assert!(matches!(
+            SidecarConfig::from_json(&vec![b' '; MAX_CONFIG_BYTES + 1]),
+            Err(ConfigError::TooLarge)
+        ));
+    }
+
+    #[test]
+    fn a_listener_must_be_an_address() {
+        let e = Listen::from_endpoints(
+            &Endpoint::Tcp(HostPort::fixed("sidecar", 8080)),
+            &Endpoint::Unix("/p".into()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("not an address to listen on"), "{e}");
+    }
+}
