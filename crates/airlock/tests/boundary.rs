@@ -60,15 +60,27 @@ fn result_of(report: &Value) -> &Value {
 
 #[test]
 fn the_agent_cannot_reach_or_type_into_the_operators_terminal() {
-    if !namespace_available() {
-        return;
+    if namespace_available() {
+        attack_the_operators_terminal("namespace");
     }
+}
+
+/// The same attack on the docker backend: the sandbox differs, the
+/// operator's terminal and what Airlock prints of an agent do not.
+#[test]
+fn on_docker_the_agent_cannot_reach_or_type_into_the_operators_terminal() {
+    if support::docker_available() {
+        attack_the_operators_terminal("docker");
+    }
+}
+
+fn attack_the_operators_terminal(backend: &str) {
     let run = RealRun::python(include_str!("agents/terminal.py"), 60);
     let t = pty();
     // `setsid --ctty`: `airlock run` leads a session whose controlling
     // terminal is the pty, as when the operator types the command.
     let dup = |fd: &OwnedFd| -> Stdio { fd.try_clone().unwrap().into() };
-    let cmd = run.command("namespace", &[]);
+    let cmd = run.command(backend, &[]);
     let argv: Vec<_> = std::iter::once(cmd.get_program().to_owned())
         .chain(cmd.get_args().map(|a| a.to_owned()))
         .collect();
