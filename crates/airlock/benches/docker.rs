@@ -171,6 +171,13 @@ fn main() {
         ratio(&exited),
         ratio(&removed)
     );
+    // The shape of a run has a network; the CLI with one is the floor of that shape.
+    let ratio_net = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli_net)[0]);
+    println!(
+        "  ratio p50 to the CLI on an internal network: exited {:.2}×, removed {:.2}×",
+        ratio_net(&exited),
+        ratio_net(&removed)
+    );
 
     println!("docker: a trivial run end to end (`airlock run`, one line of python)");
     let home = tempfile::tempdir().unwrap();

@@ -129,6 +129,19 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
             super::MIN_API_VERSION
         )),
     ));
+    if let Some(ver) = version.as_ref().and_then(|v| v.version.as_deref()) {
+        // The daemon reads the resolvers of its own host: judged only when
+        // that host is this one.
+        let resolv = cfg
+            .host
+            .starts_with("unix://")
+            .then(|| std::fs::read_to_string("/etc/resolv.conf").ok())
+            .flatten();
+        out.push(d(
+            "internal networks' DNS",
+            internal_dns_verdict(ver, resolv.as_deref()),
+        ));
+    }
     if cfg.host.starts_with("unix://") {
         let path = cfg.host.trim_start_matches("unix://");
         if let Ok(m) = std::fs::metadata(path) {
@@ -324,4 +337,82 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
         ));
     }
     out
+}
+
+/// Whether an agent on a run's internal network can resolve external names
+/// through the daemon's embedded DNS (CVE-2024-29018, a DNS exfiltration
+/// channel): daemons before 26.0.0, 25.0.5 and 23.0.11 forward such a query
+/// from the host's own network namespace when the host's resolver is on a
+/// loopback address; otherwise from the container's, where an internal
+/// network has no route. Distributions may have backported the fix: an old
+/// version with a loopback resolver is reported as a risk, not a proof.
+fn internal_dns_verdict(version: &str, resolv_conf: Option<&str>) -> Result<String, String> {
+    let nums: Vec<u32> = version
+        .split(|c: char| !c.is_ascii_digit())
+        .take(3)
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    let v = (
+        nums.first().copied().unwrap_or(0),
+        nums.get(1).copied().unwrap_or(0),
+        nums.get(2).copied().unwrap_or(0),
+    );
+    let fixed = v >= (26, 0, 0) || (v.0 == 25 && v >= (25, 0, 5)) || (v.0 == 23 && v >= (23, 0, 11));
+    if fixed {
+        return Ok(format!(
+            "Docker {version} does not forward an internal network's queries (CVE-2024-29018 fixed)"
+        ));
+    }
+    let Some(conf) = resolv_conf else {
+        return Err(format!(
+            "Docker {version} predates the CVE-2024-29018 fix and its host's resolvers are unknown here: \
+             if they are on a loopback address, agents can send data out in DNS names"
+        ));
+    };
+    let loopback: Vec<&str> = conf
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .map(str::trim)
+        .filter(|a| {
+            a.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+        })
+        .collect();
+    if loopback.is_empty() {
+        Ok(format!(
+            "Docker {version} predates the CVE-2024-29018 fix, but no resolver of this host is on loopback: \
+             an internal network's queries go out of the run's own namespace, where they have no route"
+        ))
+    } else {
+        Err(format!(
+            "Docker {version} predates the CVE-2024-29018 fix and this host resolves through {}: \
+             the daemon may forward an agent's queries there from the host's namespace, so agents can \
+             send data out in DNS names. Upgrade Docker (26.0.0, 25.0.5, 23.0.11 or later) or point \
+             /etc/resolv.conf at a resolver that is not on loopback",
+            loopback.join(", ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::internal_dns_verdict;
+
+    #[test]
+    fn an_old_daemon_with_a_loopback_resolver_is_a_dns_channel() {
+        let local = "# managed\nnameserver 127.0.0.1\noptions edns0\n";
+        let remote = "nameserver 10.255.255.53\n";
+        let e = internal_dns_verdict("20.10.24+dfsg1", Some(local)).unwrap_err();
+        assert!(e.contains("127.0.0.1") && e.contains("CVE-2024-29018"), "{e}");
+        assert!(internal_dns_verdict("20.10.24+dfsg1", Some("nameserver ::1\n")).is_err());
+        let ok = internal_dns_verdict("20.10.24+dfsg1", Some(remote)).unwrap();
+        assert!(ok.contains("no route"), "{ok}");
+        assert!(internal_dns_verdict("20.10.24", None).is_err());
+        for fixed in ["26.0.0", "27.3.1", "25.0.5", "23.0.11", "28.0.0-rc1"] {
+            assert!(internal_dns_verdict(fixed, Some(local)).is_ok(), "{fixed}");
+        }
+        for old in ["25.0.4", "23.0.10", "24.0.9"] {
+            assert!(internal_dns_verdict(old, Some(local)).is_err(), "{old}");
+        }
+    }
 }
