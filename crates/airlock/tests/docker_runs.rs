@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{RealRun, docker, docker_available, docker_leftovers};
+use support::{RealRun, docker, docker_available, docker_inspect, docker_leftovers};
 
 const EPERM: i64 = 1;
 const EACCES: i64 = 13;
@@ -466,6 +466,89 @@ fn runs_end_with_their_real_reason_and_leave_nothing() {
     let (_, report) = run.run("docker");
     assert_eq!(report["status"], "timed_out", "{report}");
     assert_clean(&run, &report);
+}
+
+/// Every build of Airlock tags its images with its build id: `airlock images
+/// prune` removes the tags of other builds, keeps this build's two and any a
+/// container still uses.
+#[test]
+fn images_of_other_builds_are_pruned_and_those_in_use_kept() {
+    if !docker_available() {
+        return;
+    }
+    let check = std::process::Command::new(support::AIRLOCK)
+        .args(["images", "check"])
+        .output()
+        .unwrap();
+    assert!(check.status.success());
+    let current: Vec<String> = String::from_utf8_lossy(&check.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("✓ "))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(current.len(), 2, "{current:?}");
+    let pid = std::process::id();
+    let old_agent = format!("airlock-agent:0.0.0-prune{pid}");
+    let old_sidecar = format!("airlock-sidecar:0.0.0-prune{pid}");
+    let used = format!("airlock-agent:0.0.0-used{pid}");
+    // Images of their own (as another build's are), built on this build's.
+    for (from, to) in [
+        (&current[0], &old_agent),
+        (&current[1], &old_sidecar),
+        (&current[0], &used),
+    ] {
+        let mut b = std::process::Command::new("docker")
+            .args(["build", "-q", "-t", to, "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(
+            b.stdin.as_mut().unwrap(),
+            format!("FROM {from}\nLABEL airlock.test-prune={to}\n").as_bytes(),
+        )
+        .unwrap();
+        drop(b.stdin.take());
+        assert!(b.wait().unwrap().success(), "docker build {to}");
+    }
+    let holder = format!("airlock-prune-test-{pid}");
+    assert!(
+        docker(&["create", "--name", &holder, &used, "true"])
+            .status
+            .success()
+    );
+    let out = std::process::Command::new(support::AIRLOCK)
+        .args(["images", "prune"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = docker(&["rm", "-f", &holder]);
+    let still_used = docker_inspect("image", &used).is_some();
+    let _ = docker(&["rmi", &used]);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&format!("removed {old_agent}")), "{text}");
+    assert!(text.contains(&format!("removed {old_sidecar}")), "{text}");
+    assert!(
+        text.contains(&format!("kept {used} (a container uses it)")),
+        "{text}"
+    );
+    assert!(still_used, "the image a container uses is still there");
+    for gone in [&old_agent, &old_sidecar] {
+        assert!(
+            docker_inspect("image", gone).is_none(),
+            "{gone} is still there"
+        );
+    }
+    for here in &current {
+        assert!(
+            docker_inspect("image", here).is_some(),
+            "this build's {here} was removed"
+        );
+    }
 }
 
 #[test]

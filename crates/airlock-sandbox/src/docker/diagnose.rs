@@ -357,7 +357,8 @@ fn internal_dns_verdict(version: &str, resolv_conf: Option<&str>) -> Result<Stri
         nums.get(1).copied().unwrap_or(0),
         nums.get(2).copied().unwrap_or(0),
     );
-    let fixed = v >= (26, 0, 0) || (v.0 == 25 && v >= (25, 0, 5)) || (v.0 == 23 && v >= (23, 0, 11));
+    let fixed =
+        v >= (26, 0, 0) || (v.0 == 25 && v >= (25, 0, 5)) || (v.0 == 23 && v >= (23, 0, 11));
     if fixed {
         return Ok(format!(
             "Docker {version} does not forward an internal network's queries (CVE-2024-29018 fixed)"
@@ -403,7 +404,10 @@ mod tests {
         let local = "# managed\nnameserver 127.0.0.1\noptions edns0\n";
         let remote = "nameserver 10.255.255.53\n";
         let e = internal_dns_verdict("20.10.24+dfsg1", Some(local)).unwrap_err();
-        assert!(e.contains("127.0.0.1") && e.contains("CVE-2024-29018"), "{e}");
+        assert!(
+            e.contains("127.0.0.1") && e.contains("CVE-2024-29018"),
+            "{e}"
+        );
         assert!(internal_dns_verdict("20.10.24+dfsg1", Some("nameserver ::1\n")).is_err());
         let ok = internal_dns_verdict("20.10.24+dfsg1", Some(remote)).unwrap();
         assert!(ok.contains("no route"), "{ok}");

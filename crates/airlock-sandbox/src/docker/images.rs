@@ -341,6 +341,73 @@ pub async fn ensure(
     Ok(built)
 }
 
+/// What [`prune`] did.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    /// Tags removed (with their images, once no tag is left).
+    pub removed: Vec<String>,
+    /// Tags kept because a container (running or not) still uses them.
+    pub in_use: Vec<String>,
+}
+
+/// `airlock images prune`: every agent and sidecar image Airlock built
+/// (its `airlock.image` label) under a tag other than this platform's two is
+/// removed, unless a container still uses it (the daemon refuses that, and it
+/// is kept). Each build of Airlock tags its images with its own build id, so
+/// without this every upgrade leaves two images behind. The agent's base
+/// root filesystem is kept (the next build starts from it); images Airlock
+/// did not build are never touched.
+pub async fn prune(d: &Docker, cfg: &ImagesConfig) -> Result<Pruned, SandboxError> {
+    let filters = HashMap::from([("label", vec![LABEL_IMAGE])]);
+    let list = d
+        .list_images(Some(
+            q::ListImagesOptionsBuilder::default()
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .map_err(|e| err(super::api_err("listing images", e)))?;
+    // An image a container uses keeps every tag (untagging it would leave
+    // the container's image nameless).
+    let used: std::collections::HashSet<String> = d
+        .list_containers(Some(
+            q::ListContainersOptionsBuilder::default().all(true).build(),
+        ))
+        .await
+        .map_err(|e| err(super::api_err("listing containers", e)))?
+        .into_iter()
+        .filter_map(|c| c.image_id)
+        .collect();
+    let keep = [cfg.agent.to_string(), cfg.sidecar.to_string()];
+    let mut out = Pruned::default();
+    for image in list {
+        let kind = image.labels.get(LABEL_IMAGE).map(String::as_str);
+        if !matches!(kind, Some("agent" | "sidecar")) {
+            continue;
+        }
+        let in_use = used.contains(&image.id);
+        for tag in image.repo_tags {
+            if keep.contains(&tag) || tag == "<none>:<none>" {
+                continue;
+            }
+            if in_use {
+                out.in_use.push(tag);
+                continue;
+            }
+            match d
+                .remove_image(&tag, None::<q::RemoveImageOptions>, None)
+                .await
+            {
+                Ok(_) => out.removed.push(tag),
+                Err(e) if super::not_found(&e) => {}
+                Err(e) if super::conflict(&e) => out.in_use.push(tag),
+                Err(e) => return Err(err(super::api_err(&format!("removing {tag}"), e))),
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// `airlock images build`: both images (and the agent's base, if missing).
 pub async fn build_all(
     d: &Docker,

@@ -1,4 +1,4 @@
-//! `airlock images build|check`: the docker backend's two images, made on
+//! `airlock images build|check|prune`: the docker backend's two images, made on
 //! this machine without a registry (see `airlock_sandbox::docker::images`).
 
 use std::process::ExitCode;
@@ -13,6 +13,8 @@ pub enum ImagesCommand {
     Build,
     /// Say whether both images are present and keep the tag contract.
     Check,
+    /// Remove the images other builds of Airlock made (unless a container uses them).
+    Prune,
 }
 
 pub fn run(c: ImagesCommand) -> ExitCode {
@@ -55,6 +57,23 @@ async fn images_async(c: ImagesCommand) -> Result<bool> {
                 all &= here;
             }
             Ok(all)
+        }
+        ImagesCommand::Prune => {
+            let p = images::prune(&d, &cfg.images).await?;
+            for tag in &p.removed {
+                println!("removed {tag}");
+            }
+            for tag in &p.in_use {
+                println!("kept {tag} (a container uses it)");
+            }
+            eprintln!(
+                "▸ {} removed, {} in use, kept: {} and {}",
+                p.removed.len(),
+                p.in_use.len(),
+                cfg.images.agent,
+                cfg.images.sidecar
+            );
+            Ok(true)
         }
     }
 }
