@@ -14,15 +14,14 @@
 //! the tests print SKIPPED.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
+use crate::support;
 use std::io::{BufRead, Read};
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::support::{RealRun, docker, docker_available, docker_inspect, docker_leftovers};
 use serde_json::{Value, json};
-use support::{RealRun, docker, docker_available, docker_inspect, docker_leftovers};
 
 const EPERM: i64 = 1;
 const EACCES: i64 = 13;
@@ -96,7 +95,7 @@ fn the_run_directory_is_out_of_reach_and_every_write_lands_on_a_capped_tmpfs() {
     if !docker_available() {
         return;
     }
-    let run = RealRun::python(include_str!("agents/run_dir.py"), 120)
+    let run = RealRun::python(include_str!("../agents/run_dir.py"), 120)
         .env("WORKSPACE_TMPFS_SIZE_MB", "16");
     let home = run.home.path().display().to_string();
     let out = run
@@ -146,7 +145,7 @@ fn the_agent_is_a_dedicated_unprivileged_host_uid_with_its_own_kernel_quotas() {
     if !docker_available() {
         return;
     }
-    let run = RealRun::python(include_str!("agents/identity.py"), 120);
+    let run = RealRun::python(include_str!("../agents/identity.py"), 120);
     let secret = run.agent_dir.join("root-only.txt");
     std::fs::write(&secret, "operator secret").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -235,7 +234,7 @@ fn foreign_socket_families_kernel_information_and_the_runtime_are_closed() {
     if !docker_available() {
         return;
     }
-    let run = RealRun::python(include_str!("agents/kernel.py"), 60);
+    let run = RealRun::python(include_str!("../agents/kernel.py"), 60);
     let (out, report) = run.run("docker");
     assert_eq!(
         report["status"],

@@ -3,17 +3,15 @@
 //! streaming, no redirect followed. Every server here listens on 127.0.0.1.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use airlock_egress::{
     AuthorizedUris, CallRules, ClientConfig, EgressCode, EgressPolicy, Guard, GuardedClient,
     OutboundRequest, StaticResolver,
 };
 use http_body_util::BodyExt;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 

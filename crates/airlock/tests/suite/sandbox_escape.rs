@@ -24,9 +24,7 @@ use airlock_sandbox::{Backend, Sandbox, SandboxSpec};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
-mod support;
-
-use support::{AIRLOCK, probe_exe};
+use crate::support::{AIRLOCK, probe_exe};
 
 fn backend() -> Option<NamespaceBackend> {
     let b = NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));

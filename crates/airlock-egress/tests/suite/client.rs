@@ -4,18 +4,16 @@
 //! nothing; each family also proves the legitimate path works.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use airlock_egress::{
     AuthorizedUris, CallRules, ClientConfig, DnsServerResolver, EgressCode, EgressPolicy, Guard,
     GuardedClient, OutboundRequest, StaticResolver,
 };
 use http::{HeaderName, HeaderValue, Method};
-use support::*;
 
 const PUBLIC_IP: &str = "93.184.216.34";
 

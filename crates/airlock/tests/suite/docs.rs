@@ -2,7 +2,7 @@
 //! the parser accepts, the environment variables the code reads, and the
 //! egress guard's own tables (blocked names, address ranges, codes), which
 //! are generated into `docs/egress.md` from the code
-//! (`AIRLOCK_BLESS_DOCS=1 cargo test -p airlock --test docs` rewrites them).
+//! (`AIRLOCK_BLESS_DOCS=1 cargo test -p airlock --test suite -- docs::` rewrites them).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::collections::BTreeSet;
@@ -270,7 +270,7 @@ fn the_egress_doc_is_generated_from_the_guards_own_tables() {
     }
     assert!(
         stale.is_empty(),
-        "docs/egress.md is out of date in {stale:?}: run `AIRLOCK_BLESS_DOCS=1 cargo test -p airlock --test docs`"
+        "docs/egress.md is out of date in {stale:?}: run `AIRLOCK_BLESS_DOCS=1 cargo test -p airlock --test suite -- docs::`"
     );
 }
 

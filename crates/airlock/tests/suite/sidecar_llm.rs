@@ -9,20 +9,19 @@
 //! failures are typed (503 / 403 / 502) and reach nothing.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-#[path = "support/fake_provider.rs"]
+#[path = "../support/fake_provider.rs"]
 mod fake_provider;
-mod support;
 
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::*;
 use airlock_platform::testing::TestPlatform;
 use airlock_platform_api::wire::{CostRecord, RunEvent};
 use airlock_store::EgressDecision;
 use airlock_vault::ExposeSecret;
 use fake_provider::*;
 use serde_json::{Value, json};
-use support::*;
 
 const PROVIDER_KEY: &str = "sk-live-provider-key-7f3a9c";
 const HOST: &str = "api.internal.test";

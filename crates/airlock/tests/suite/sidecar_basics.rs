@@ -2,13 +2,11 @@
 //! the real `airlock sidecar` against a real platform (SQLite, internal API).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
+use crate::support::*;
 use airlock_platform::testing::TestPlatform;
 use airlock_platform_api::wire::RunEvent;
 use airlock_vault::ExposeSecret;
 use serde_json::json;
-use support::*;
 
 fn listen_tcp() -> serde_json::Value {
     json!({"tcp": "127.0.0.1:0"})

@@ -8,8 +8,6 @@
 //! checks that the target server saw no connection at all.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::process::Command;
@@ -17,11 +15,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use airlock_platform::testing::TestPlatform;
 use airlock_store::EgressDecision;
 use airlock_vault::ExposeSecret;
 use serde_json::{Value, json};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -5,17 +5,15 @@
 //! right code and the upstream saw nothing.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
+use crate::support::*;
 use airlock_platform::testing::TestPlatform;
 use airlock_store::AuthType;
 use airlock_vault::ExposeSecret;
 use serde_json::{Value, json};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

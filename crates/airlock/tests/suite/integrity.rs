@@ -4,14 +4,13 @@
 //! (and the namespace backend where it matters).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
+use crate::support;
 use std::io::{BufRead, Read};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::support::{RealRun, namespace_available};
 use serde_json::Value;
-use support::{RealRun, namespace_available};
 
 fn backends() -> Vec<&'static str> {
     let mut v = vec!["process"];

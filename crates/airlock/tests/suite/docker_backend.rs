@@ -15,8 +15,7 @@
 //! the tests print SKIPPED.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
+use crate::support;
 use std::net::{IpAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -29,7 +28,7 @@ use airlock_sandbox::{Backend, Sandbox, SandboxSpec};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
-use support::{docker, docker_available, docker_inspect, docker_leftovers, probe_exe};
+use crate::support::{docker, docker_available, docker_inspect, docker_leftovers, probe_exe};
 
 fn backend() -> Option<DockerBackend> {
     docker_available().then(|| support::docker_backend().unwrap())

@@ -7,16 +7,15 @@
 //! sandbox's own namespace.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-mod support;
-
+use crate::support;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::support::{RealRun, namespace_available};
 use serde_json::{Value, json};
-use support::{RealRun, namespace_available};
 
 const EPERM: i64 = 1;
 const ENXIO: i64 = 6;
@@ -75,7 +74,7 @@ fn on_docker_the_agent_cannot_reach_or_type_into_the_operators_terminal() {
 }
 
 fn attack_the_operators_terminal(backend: &str) {
-    let run = RealRun::python(include_str!("agents/terminal.py"), 60);
+    let run = RealRun::python(include_str!("../agents/terminal.py"), 60);
     let t = pty();
     // `setsid --ctty`: `airlock run` leads a session whose controlling
     // terminal is the pty, as when the operator types the command.
@@ -208,7 +207,7 @@ fn the_run_directory_is_out_of_reach_and_every_write_lands_on_the_capped_tmpfs()
     if !namespace_available() {
         return;
     }
-    let run = RealRun::python(include_str!("agents/run_dir.py"), 120)
+    let run = RealRun::python(include_str!("../agents/run_dir.py"), 120)
         .env("WORKSPACE_TMPFS_SIZE_MB", "16");
     let home = run.home.path().display().to_string();
     let out = run
@@ -382,7 +381,7 @@ fn the_agent_is_an_unprivileged_host_uid_with_its_own_kernel_quotas() {
         return;
     }
     let root = rustix::process::geteuid().is_root();
-    let run = RealRun::python(include_str!("agents/identity.py"), 120);
+    let run = RealRun::python(include_str!("../agents/identity.py"), 120);
     let secret = run.agent_dir.join("root-only.txt");
     std::fs::write(&secret, "operator secret").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -487,7 +486,7 @@ fn foreign_socket_families_kernel_information_and_pid1_are_closed() {
     if !namespace_available() {
         return;
     }
-    let run = RealRun::python(include_str!("agents/kernel.py"), 60);
+    let run = RealRun::python(include_str!("../agents/kernel.py"), 60);
     let (out, report) = run.run("namespace");
     assert_eq!(
         report["status"],

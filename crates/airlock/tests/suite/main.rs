@@ -1,0 +1,25 @@
+//! The `airlock` crate's one test binary: end-to-end suites that drive the
+//! real `airlock` binary (a module a suite), sharing `tests/support`, and
+//! the hostile agents of `tests/agents`. `cargo test -p airlock --test suite
+//! -- boundary::` runs one suite.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod boundary;
+mod connections_canary;
+mod docker_backend;
+mod docker_runs;
+mod docs;
+mod egress_check;
+mod integrity;
+mod keys_reencrypt;
+mod platform_api;
+mod run_lifecycle;
+mod sandbox_escape;
+mod sidecar_basics;
+mod sidecar_egress_log;
+mod sidecar_llm;
+mod sidecar_mcp;
+mod sidecar_proxy;
