@@ -232,7 +232,7 @@ fn generate_prints_a_fresh_32_byte_key() {
 }
 
 /// `keys reencrypt` throughput on SQLite. Run with
-/// `cargo test --release -p airlock --test keys_reencrypt -- --ignored --nocapture`
+/// `cargo test --release -p airlock --test suite -- keys_reencrypt:: --ignored --nocapture`
 /// (AIRLOCK_BENCH_ROWS, default 100000).
 #[tokio::test]
 #[ignore]
@@ -260,7 +260,7 @@ async fn bench_reencrypt_sqlite() {
 }
 
 /// `keys reencrypt` throughput on PostgreSQL (needs AIRLOCK_TEST_DATABASE_URL). Run with
-/// `cargo test --release -p airlock --test keys_reencrypt -- --ignored --nocapture`.
+/// `cargo test --release -p airlock --test suite -- keys_reencrypt:: --ignored --nocapture`.
 #[tokio::test]
 #[ignore]
 async fn bench_reencrypt_postgres() {
