@@ -1,0 +1,376 @@
+//! The benches' real peers, started by the bench itself on loopback:
+//! `nginx` (one keep-alive reverse-proxy hop) and `squid` (a forward
+//! proxy), from Debian's packages (`.ci/run` installs them). A missing peer
+//! is said loudly and its figures are left out; nothing else is started.
+//!
+//! Also what every bench here needs to put a figure beside its peer's:
+//! percentiles, CPU time of a process tree (from `/proc/PID/schedstat`,
+//! nanoseconds), memory, the machine's load.
+#![allow(dead_code)] // each bench uses part of it
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `AIRLOCK_BENCH_BASELINE=/path/to/older/airlock`: measure that build
+/// instead (a change's "before"), beside the same peer.
+pub fn airlock_exe() -> PathBuf {
+    std::env::var_os("AIRLOCK_BENCH_BASELINE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_airlock")))
+}
+
+/// The sidecar under test, as the platform starts it.
+pub fn sidecar_command() -> (PathBuf, &'static [&'static str]) {
+    (airlock_exe(), &["sidecar"])
+}
+
+/// The machine's load average, for the header of every bench.
+pub fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// `median [min–max]` of repetitions.
+pub fn spread(v: &[f64], digits: usize) -> String {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:.d$} [{:.d$}–{:.d$}]",
+        median(v.to_vec()),
+        min,
+        max,
+        d = digits
+    )
+}
+
+/// Nanoseconds on CPU of `pid` and every descendant still alive.
+pub fn cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    for p in tree(pid) {
+        for t in std::fs::read_dir(format!("/proc/{p}/task"))
+            .map(|r| r.flatten().collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            total += std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// `pid` and its descendants.
+pub fn tree(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    let procs: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|r| {
+            r.flatten()
+                .filter_map(|e| {
+                    let p = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+                    let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                    let ppid = stat
+                        .rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse()
+                        .ok()?;
+                    Some((p, ppid))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    while i < all.len() {
+        let parent = all[i];
+        all.extend(
+            procs
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    all
+}
+
+/// A `/proc/PID/status` field in KiB, summed over the tree (`VmRSS:`, `VmHWM:`).
+pub fn kib(pid: u32, field: &str) -> u64 {
+    tree(pid)
+        .iter()
+        .map(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> bool {
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        if TcpStream::connect(addr).is_ok() {
+            return true;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            eprintln!("!!! {what} exited before it listened ({status})");
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("!!! {what} did not listen on {addr} within 20 s");
+    false
+}
+
+/// A peer server process, stopped when dropped.
+pub struct Peer {
+    pub name: &'static str,
+    pub child: Child,
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn find(bin: &str) -> Option<PathBuf> {
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(bin))
+        .find(|p| p.exists())
+}
+
+fn missing(name: &str) {
+    eprintln!();
+    eprintln!("!!! ------------------------------------------------------------------");
+    eprintln!("!!! PEER MISSING: `{name}` is not installed: its figures are left out.");
+    eprintln!("!!! apt-get install -y --no-install-recommends {name}   (.ci/run does)");
+    eprintln!("!!! ------------------------------------------------------------------");
+    eprintln!();
+}
+
+/// nginx as one keep-alive reverse-proxy hop to `upstream` (one process, no
+/// master: its CPU is that process's).
+pub fn nginx(upstream: SocketAddr) -> Option<Peer> {
+    let Some(bin) = find("nginx") else {
+        missing("nginx");
+        return None;
+    };
+    let dir = tempfile::tempdir().ok()?;
+    let port = free_port();
+    let d = dir.path().display();
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+           fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+           keepalive_requests 1000000;\n\
+           upstream up {{ server {upstream}; keepalive 64; }}\n\
+           server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://up;\n\
+               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
+    );
+    let conf_path = dir.path().join("nginx.conf");
+    std::fs::write(&conf_path, conf).ok()?;
+    let mut child = Command::new(bin)
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-p")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    if !wait_listening(addr, &mut child, "nginx") {
+        let _ = child.kill();
+        return None;
+    }
+    Some(Peer {
+        name: "nginx",
+        child,
+        addr,
+        _dir: dir,
+    })
+}
+
+/// squid as a forward proxy on loopback: no cache, no logs, any destination
+/// (the bench sends only to 127.0.0.1), CONNECT to any port.
+pub fn squid() -> Option<Peer> {
+    let Some(bin) = find("squid") else {
+        missing("squid");
+        return None;
+    };
+    let dir = tempfile::tempdir().ok()?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777));
+    }
+    let port = free_port();
+    let d = dir.path().display();
+    let conf = format!(
+        "http_port 127.0.0.1:{port}\nhttp_access allow all\n\
+         cache deny all\ncache_mem 8 MB\naccess_log none\ncache_store_log none\ncache_log {d}/cache.log\n\
+         pid_filename none\ncoredump_dir {d}\nshutdown_lifetime 0 seconds\nvia off\nforwarded_for delete\n\
+         dns_nameservers 127.0.0.1\nhosts_file none\nclient_persistent_connections on\nserver_persistent_connections on\n\
+         max_filedescriptors 4096\nworkers 1\n"
+    );
+    let conf_path = dir.path().join("squid.conf");
+    std::fs::write(&conf_path, conf).ok()?;
+    let mut child = Command::new(bin)
+        .args(["-N", "-f"])
+        .arg(&conf_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    if !wait_listening(addr, &mut child, "squid") {
+        let _ = child.kill();
+        eprintln!(
+            "!!! squid's log: {}",
+            std::fs::read_to_string(dir.path().join("cache.log")).unwrap_or_default()
+        );
+        return None;
+    }
+    Some(Peer {
+        name: "squid",
+        child,
+        addr,
+        _dir: dir,
+    })
+}
+
+/// The sidecar under test ([`airlock_exe`]), stopped when dropped.
+pub struct Sidecar {
+    pub child: Child,
+    pub ready: serde_json::Value,
+}
+
+impl Sidecar {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn addr(&self, key: &str) -> SocketAddr {
+        self.ready["listen"][key]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("the sidecar has no {key} listener: {}", self.ready))
+    }
+}
+
+impl Drop for Sidecar {
+    /// SIGTERM (a profiler around it writes its profile), then SIGKILL.
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the sidecar with `cfg` on stdin and waits for its readiness line.
+pub fn spawn_sidecar(cfg: &serde_json::Value) -> Sidecar {
+    use std::io::{BufRead, BufReader, Read, Write};
+    // `AIRLOCK_BENCH_WRAP="valgrind --tool=callgrind …"`: the sidecar runs
+    // under that command (for its instruction profile).
+    let wrap: Vec<String> = std::env::var("AIRLOCK_BENCH_WRAP")
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let (program, args) = sidecar_command();
+    let mut cmd = match wrap.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    let mut child = cmd
+        .args(args)
+        .env("AIRLOCK_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start airlock sidecar");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(cfg.to_string().as_bytes())
+        .expect("config");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("readiness line");
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = out.read_to_end(&mut rest);
+    });
+    let ready: serde_json::Value = serde_json::from_str(line.trim())
+        .unwrap_or_else(|_| panic!("the sidecar did not start: {line:?}"));
+    Sidecar { child, ready }
+}
+
+/// What is measured: the sidecar's command line.
+pub fn describe() -> String {
+    let (program, args) = sidecar_command();
+    format!(
+        "sidecar under test: {} {}",
+        program.display(),
+        args.join(" ")
+    )
+}
