@@ -9,14 +9,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
     Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
     MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
-use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering};
-use airlock_store::{
-    EgressDecision, EgressMetering, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
-};
+use airlock_store::{EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage};
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
@@ -457,11 +455,8 @@ fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<'a> {
         bytes_out: i64::try_from(e.bytes_out).unwrap_or(i64::MAX),
         bytes_in: i64::try_from(e.bytes_in).unwrap_or(i64::MAX),
         seq: e.seq.and_then(|s| i64::try_from(s).ok()),
-        outcome: e.outcome.map(store_outcome),
-        metering: e.metering.map(|m| match m {
-            Metering::Metered => EgressMetering::Metered,
-            Metering::Unmetered => EgressMetering::Unmetered,
-        }),
+        outcome: e.outcome,
+        metering: e.metering,
     }
 }
 
@@ -501,18 +496,6 @@ async fn record(
         })
         .await?;
     Ok(())
-}
-
-fn store_outcome(o: EgressOutcome) -> airlock_store::EgressOutcome {
-    use airlock_store::EgressOutcome as S;
-    match o {
-        EgressOutcome::Incomplete => S::Incomplete,
-        EgressOutcome::Completed => S::Completed,
-        EgressOutcome::UpstreamFailed => S::UpstreamFailed,
-        EgressOutcome::Aborted => S::Aborted,
-        EgressOutcome::Withheld => S::Withheld,
-        EgressOutcome::NotSent => S::NotSent,
-    }
 }
 
 async fn put_result(State(api): State<InternalApi>, headers: HeaderMap, req: Request) -> Response {

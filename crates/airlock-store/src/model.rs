@@ -229,74 +229,13 @@ impl EgressDecision {
     }
 }
 
-/// What became of an allowed request (the wire's `EgressOutcome`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EgressOutcome {
-    /// Recorded before it was sent and never completed (the sidecar was
-    /// killed, or the run is still going).
-    Incomplete,
-    /// The upstream answered and the exchange ended (`status` holds the answer).
-    Completed,
-    /// The upstream could not be reached, or failed mid-answer.
-    UpstreamFailed,
-    /// The sidecar stopped waiting (the agent went away or the run ended).
-    Aborted,
-    /// The answer arrived but was not passed on (it could not be redacted).
-    Withheld,
-    /// Recorded, then not sent after all (the sidecar could not finish it).
-    NotSent,
-}
+/// What became of an allowed request: the wire's type, one definition for
+/// the sidecar that reports it and the store that keeps it.
+pub use airlock_platform_api::wire::EgressOutcome;
 
-impl EgressOutcome {
-    pub const ALL: [EgressOutcome; 6] = [
-        EgressOutcome::Incomplete,
-        EgressOutcome::Completed,
-        EgressOutcome::UpstreamFailed,
-        EgressOutcome::Aborted,
-        EgressOutcome::Withheld,
-        EgressOutcome::NotSent,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EgressOutcome::Incomplete => "incomplete",
-            EgressOutcome::Completed => "completed",
-            EgressOutcome::UpstreamFailed => "upstream_failed",
-            EgressOutcome::Aborted => "aborted",
-            EgressOutcome::Withheld => "withheld",
-            EgressOutcome::NotSent => "not_sent",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s)
-    }
-}
-
-/// Whether a model call was metered from the provider's own usage report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EgressMetering {
-    Metered,
-    /// The provider's usage never arrived; the run's usage holds what was seen.
-    Unmetered,
-}
-
-impl EgressMetering {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EgressMetering::Metered => "metered",
-            EgressMetering::Unmetered => "unmetered",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "metered" => Some(EgressMetering::Metered),
-            "unmetered" => Some(EgressMetering::Unmetered),
-            _ => None,
-        }
-    }
-}
+/// Whether a model call was metered from the provider's own usage report
+/// (the wire's `Metering`).
+pub use airlock_platform_api::wire::Metering as EgressMetering;
 
 /// An outbound request to log. `url` must already be free of credentials.
 ///
