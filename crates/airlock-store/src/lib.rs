@@ -49,6 +49,50 @@ macro_rules! on_pool {
     };
 }
 
+/// The egress log's columns, in the order [`bind_egress!`] binds them.
+macro_rules! egress_columns {
+    () => {
+        "(run_id, at, source, integration, method, url, host, decision, \
+         reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering)"
+    };
+}
+
+/// How a record meets the row its `(run_id, seq)` already has: a
+/// completion replaces a start, a repeated start never undoes a completion.
+macro_rules! egress_upsert {
+    () => {
+        " ON CONFLICT (run_id, seq) DO UPDATE SET source = excluded.source, \
+         integration = excluded.integration, method = excluded.method, url = excluded.url, \
+         host = excluded.host, decision = excluded.decision, reason = excluded.reason, \
+         status = excluded.status, duration_ms = excluded.duration_ms, \
+         bytes_out = excluded.bytes_out, bytes_in = excluded.bytes_in, \
+         outcome = excluded.outcome, metering = excluded.metering \
+         WHERE excluded.outcome IS NULL OR excluded.outcome <> 'incomplete'"
+    };
+}
+
+/// Binds one [`NewEgress`] to a query, in [`egress_columns!`]'s order.
+macro_rules! bind_egress {
+    ($q:expr, $e:expr) => {
+        $q.bind($e.run_id)
+            .bind($e.at)
+            .bind($e.source)
+            .bind($e.integration)
+            .bind($e.method)
+            .bind($e.url)
+            .bind($e.host)
+            .bind($e.decision.as_str())
+            .bind($e.reason)
+            .bind($e.status)
+            .bind($e.duration_ms)
+            .bind($e.bytes_out)
+            .bind($e.bytes_in)
+            .bind($e.seq)
+            .bind($e.outcome.map(EgressOutcome::as_str))
+            .bind($e.metering.map(EgressMetering::as_str))
+    };
+}
+
 /// Maps a connections row (without envelope) to [`ConnectionInfo`].
 macro_rules! connection_info {
     ($r:expr, $s:expr) => {{
@@ -1001,35 +1045,15 @@ impl Store {
     /// a request already logged, completes it (see [`NewEgress`]). Returns
     /// the row id.
     pub async fn append_egress(&self, e: &NewEgress<'_>) -> Result<i64, StoreError> {
-        let inserted: Option<i64> = on_pool!(self, p => sqlx::query_scalar(
-            "INSERT INTO egress_log (run_id, at, source, integration, method, url, host, \
-             decision, reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
-             ON CONFLICT (run_id, seq) DO UPDATE SET source = excluded.source, \
-             integration = excluded.integration, method = excluded.method, url = excluded.url, \
-             host = excluded.host, decision = excluded.decision, reason = excluded.reason, \
-             status = excluded.status, duration_ms = excluded.duration_ms, \
-             bytes_out = excluded.bytes_out, bytes_in = excluded.bytes_in, \
-             outcome = excluded.outcome, metering = excluded.metering \
-             WHERE excluded.outcome IS NULL OR excluded.outcome <> 'incomplete' \
-             RETURNING id",
-        )
-        .bind(e.run_id)
-        .bind(e.at)
-        .bind(e.source)
-        .bind(e.integration)
-        .bind(e.method)
-        .bind(e.url)
-        .bind(e.host)
-        .bind(e.decision.as_str())
-        .bind(e.reason)
-        .bind(e.status)
-        .bind(e.duration_ms)
-        .bind(e.bytes_out)
-        .bind(e.bytes_in)
-        .bind(e.seq)
-        .bind(e.outcome.map(EgressOutcome::as_str))
-        .bind(e.metering.map(EgressMetering::as_str))
+        let inserted: Option<i64> = on_pool!(self, p => bind_egress!(sqlx::query_scalar(
+            concat!(
+                "INSERT INTO egress_log ",
+                egress_columns!(),
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+                egress_upsert!(),
+                " RETURNING id"
+            ),
+        ), e)
         .fetch_optional(p)
         .await
         .map_err(|err| self.run_fk(err, e.run_id)))?;
@@ -1052,8 +1076,6 @@ impl Store {
     /// per record. A batch naming one `(run_id, seq)` twice keeps its last
     /// record (a start never replaces a completion).
     pub async fn append_egress_batch(&self, records: &[NewEgress<'_>]) -> Result<(), StoreError> {
-        const COLUMNS: &str = "(run_id, at, source, integration, method, url, host, decision, \
-             reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering)";
         const PER_STATEMENT: usize = 64;
         let mut unique: Vec<&NewEgress<'_>> = Vec::with_capacity(records.len());
         for r in records {
@@ -1069,7 +1091,7 @@ impl Store {
             }
         }
         for chunk in unique.chunks(PER_STATEMENT) {
-            let mut sql = format!("INSERT INTO egress_log {COLUMNS} VALUES ");
+            let mut sql = format!("INSERT INTO egress_log {} VALUES ", egress_columns!());
             for i in 0..chunk.len() {
                 if i > 0 {
                     sql.push_str(", ");
@@ -1083,36 +1105,12 @@ impl Store {
                 }
                 sql.push(')');
             }
-            sql.push_str(
-                " ON CONFLICT (run_id, seq) DO UPDATE SET source = excluded.source, \
-                 integration = excluded.integration, method = excluded.method, url = excluded.url, \
-                 host = excluded.host, decision = excluded.decision, reason = excluded.reason, \
-                 status = excluded.status, duration_ms = excluded.duration_ms, \
-                 bytes_out = excluded.bytes_out, bytes_in = excluded.bytes_in, \
-                 outcome = excluded.outcome, metering = excluded.metering \
-                 WHERE excluded.outcome IS NULL OR excluded.outcome <> 'incomplete'",
-            );
+            sql.push_str(egress_upsert!());
             let run_id = chunk.first().map_or("", |e| e.run_id);
             on_pool!(self, p => {
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.clone()));
                 for e in chunk {
-                    q = q
-                        .bind(e.run_id)
-                        .bind(e.at)
-                        .bind(e.source)
-                        .bind(e.integration)
-                        .bind(e.method)
-                        .bind(e.url)
-                        .bind(e.host)
-                        .bind(e.decision.as_str())
-                        .bind(e.reason)
-                        .bind(e.status)
-                        .bind(e.duration_ms)
-                        .bind(e.bytes_out)
-                        .bind(e.bytes_in)
-                        .bind(e.seq)
-                        .bind(e.outcome.map(EgressOutcome::as_str))
-                        .bind(e.metering.map(EgressMetering::as_str));
+                    q = bind_egress!(q, e);
                 }
                 q.execute(p).await.map_err(|err| self.run_fk(err, run_id))?;
             });
