@@ -132,14 +132,9 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
     if let Some(ver) = version.as_ref().and_then(|v| v.version.as_deref()) {
         // The daemon reads the resolvers of its own host: judged only when
         // that host is this one.
-        let resolv = cfg
-            .host
-            .starts_with("unix://")
-            .then(|| std::fs::read_to_string("/etc/resolv.conf").ok())
-            .flatten();
         out.push(d(
             "internal networks' DNS",
-            internal_dns_verdict(ver, resolv.as_deref()),
+            internal_dns_verdict(ver, host_resolv_conf(&cfg.host).as_deref()),
         ));
     }
     if cfg.host.starts_with("unix://") {
@@ -339,6 +334,14 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
     out
 }
 
+/// The resolvers of the daemon's host, when that host is this one.
+pub(crate) fn host_resolv_conf(docker_host: &str) -> Option<String> {
+    docker_host
+        .starts_with("unix://")
+        .then(|| std::fs::read_to_string("/etc/resolv.conf").ok())
+        .flatten()
+}
+
 /// Whether an agent on a run's internal network can resolve external names
 /// through the daemon's embedded DNS (CVE-2024-29018, a DNS exfiltration
 /// channel): daemons before 26.0.0, 25.0.5 and 23.0.11 forward such a query
@@ -346,7 +349,10 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
 /// loopback address; otherwise from the container's, where an internal
 /// network has no route. Distributions may have backported the fix: an old
 /// version with a loopback resolver is reported as a risk, not a proof.
-fn internal_dns_verdict(version: &str, resolv_conf: Option<&str>) -> Result<String, String> {
+pub(crate) fn internal_dns_verdict(
+    version: &str,
+    resolv_conf: Option<&str>,
+) -> Result<String, String> {
     let nums: Vec<u32> = version
         .split(|c: char| !c.is_ascii_digit())
         .take(3)

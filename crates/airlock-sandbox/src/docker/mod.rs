@@ -1035,6 +1035,16 @@ impl Backend for DockerBackend {
                 ));
             }
             images::ensure(&d, &cfg.images, say).await?;
+            // Said at every boot, not only by `airlock doctor`: a channel
+            // out of every run that Airlock cannot close from here.
+            if let Some(v) = d.version().await.ok().and_then(|v| v.version)
+                && let Err(risk) = diagnose::internal_dns_verdict(
+                    &v,
+                    diagnose::host_resolv_conf(&cfg.host).as_deref(),
+                )
+            {
+                say(&format!("warning: {risk}"));
+            }
             ensure_egress_network(&d).await.map_err(SandboxError::Setup)
         });
         r.unwrap_or_else(|| {
