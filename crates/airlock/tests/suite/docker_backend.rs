@@ -19,16 +19,17 @@ use crate::support;
 use std::net::{IpAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use airlock_sandbox::docker::DockerBackend;
-use airlock_sandbox::{Backend, Sandbox, SandboxSpec};
+use airlock_sandbox::{Backend, SandboxSpec};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
-use crate::support::{docker, docker_available, docker_inspect, docker_leftovers, probe_exe};
+use crate::support::{
+    Outcome, docker, docker_available, docker_inspect, docker_leftovers, finish_sandbox, probe_exe,
+};
 
 fn backend() -> Option<DockerBackend> {
     docker_available().then(|| support::docker_backend().unwrap())
@@ -88,56 +89,9 @@ fn python(script: &str) -> Vec<String> {
     vec!["/usr/bin/python3".into(), "-c".into(), script.into()]
 }
 
-struct Outcome {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Outcome {
-    fn json(&self) -> Value {
-        let last = self.stdout.lines().last().unwrap_or_default();
-        serde_json::from_str(last).unwrap_or_else(|e| {
-            panic!(
-                "output is not JSON ({e}): {}\nstderr: {}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-}
-
-async fn finish(mut sb: Sandbox, timeout: Duration) -> Outcome {
-    let (out, err) = sb.take_output();
-    // (A stream the caller took already reads as empty here.)
-    let empty = || Box::new(tokio::io::empty()) as airlock_sandbox::OutputStream;
-    let (mut out, mut err) = (out.unwrap_or_else(empty), err.unwrap_or_else(empty));
-    let reader = tokio::spawn(async move {
-        let (mut o, mut e) = (Vec::new(), Vec::new());
-        let _ = tokio::join!(out.read_to_end(&mut o), err.read_to_end(&mut e));
-        (o, e)
-    });
-    let status = match tokio::time::timeout(timeout, sb.wait()).await {
-        Ok(s) => s.unwrap(),
-        Err(_) => {
-            sb.kill();
-            sb.wait().await.unwrap()
-        }
-    };
-    sb.cleanup().await;
-    let (o, e) = tokio::time::timeout(Duration::from_secs(10), reader)
-        .await
-        .expect("output streams ended")
-        .unwrap();
-    Outcome {
-        status,
-        stdout: String::from_utf8_lossy(&o).into_owned(),
-        stderr: String::from_utf8_lossy(&e).into_owned(),
-    }
-}
-
 async fn run(b: &DockerBackend, spec: &SandboxSpec) -> Outcome {
     let sb = b.spawn(spec).expect("spawn");
-    finish(sb, Duration::from_secs(60)).await
+    finish_sandbox(sb, Duration::from_secs(60)).await
 }
 
 fn failed(v: &Value) -> bool {
@@ -466,7 +420,7 @@ async fn the_agent_reaches_its_own_network_and_nothing_else() {
     let peer_reached = accepted(&peer);
     let egress_reached = accepted(&egress_victim);
     let _ = docker(&["rm", "-f", &peer]);
-    let o = finish(sb, Duration::from_secs(30)).await;
+    let o = finish_sandbox(sb, Duration::from_secs(30)).await;
     let o = Outcome { stdout: text, ..o };
     let j = o.json();
     let c = &j["connect"];
@@ -552,7 +506,7 @@ async fn fork_bomb_and_memory_hog_are_contained() {
         "b=[]\nfor i in range(64):\n    b.append(bytearray(16<<20))\nprint('allocated 1 GiB')",
     ));
     r.spec.memory_mb = 64;
-    let o = finish(b.spawn(&r.spec).unwrap(), Duration::from_secs(60)).await;
+    let o = finish_sandbox(b.spawn(&r.spec).unwrap(), Duration::from_secs(60)).await;
     assert!(
         !o.status.success(),
         "the hog must not get 1 GiB: {}",
@@ -682,7 +636,7 @@ async fn the_containers_are_hardened_as_configured() {
     );
     assert_eq!(n["EnableIPv6"], false, "{n}");
     sb.kill();
-    let o = finish(sb, Duration::from_secs(30)).await;
+    let o = finish_sandbox(sb, Duration::from_secs(30)).await;
     assert!(!o.status.success());
     assert_gone(&r.spec.run_id);
 }
@@ -726,7 +680,7 @@ async fn twenty_concurrent_containers_all_succeed_and_leave_nothing() {
     for (i, r) in runs.iter().enumerate() {
         let sb = b.spawn(&r.spec).unwrap();
         handles.push(tokio::spawn(async move {
-            (i, finish(sb, Duration::from_secs(120)).await)
+            (i, finish_sandbox(sb, Duration::from_secs(120)).await)
         }));
     }
     for h in handles {

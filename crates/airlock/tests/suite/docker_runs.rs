@@ -42,31 +42,10 @@ fn assert_clean(run: &RealRun, report: &Value) {
     assert!(runs.is_empty(), "run directories left: {runs:?}");
 }
 
-/// Starts the run; waits until the agent printed `marker` (live view);
-/// returns the process, the run id and what was seen.
-fn start_until(run: &RealRun, marker: &str) -> (std::process::Child, String, String) {
-    let mut child = run
-        .command("docker", &[])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap() == 0 {
-            panic!("the run ended before {marker:?}: {seen}");
-        }
-        seen.push_str(&line);
-        if line.contains(marker) {
-            break;
-        }
-    }
-    std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = err.read_to_string(&mut rest);
-    });
+/// Starts a docker run; waits until the agent printed `marker` (live
+/// view); returns the process, the run id and what was seen.
+fn start_docker_until(run: &RealRun, marker: &str) -> (std::process::Child, String, String) {
+    let (child, seen) = support::start_until(run, "docker", marker);
     // (`--json` keeps the live view quiet: the store names the run.)
     let listed = run.airlock(&["runs", "list"]);
     let text = String::from_utf8_lossy(&listed.stdout);
@@ -76,18 +55,6 @@ fn start_until(run: &RealRun, marker: &str) -> (std::process::Child, String, Str
         .unwrap_or_else(|| panic!("no run listed: {text}"))
         .to_owned();
     (child, id, seen)
-}
-
-fn finish(mut child: std::process::Child) -> Value {
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let _ = child.wait();
-    serde_json::from_str(&out).unwrap_or(Value::Null)
 }
 
 #[test]
@@ -412,14 +379,14 @@ fn runs_end_with_their_real_reason_and_leave_nothing() {
         "import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
         120,
     );
-    let (child, id, _) = start_until(&run, "ready");
+    let (child, id, _) = start_docker_until(&run, "ready");
     let t = Instant::now();
     let k = docker(&[
         "kill",
         &airlock_sandbox::docker::container_name(&id, "sidecar"),
     ]);
     assert!(k.status.success(), "{}", String::from_utf8_lossy(&k.stderr));
-    let report = finish(child);
+    let report = support::finish_run(child);
     assert!(t.elapsed() < Duration::from_secs(20), "the run went on");
     assert_eq!(report["status"], "failed", "{report}");
     assert!(
@@ -599,7 +566,7 @@ fn boot_reclaim_spares_a_live_platforms_run_and_takes_a_dead_ones() {
         "import os, time\nprint('ready', flush=True)\nwhile not os.path.exists('release'):\n    time.sleep(0.05)\n",
         300,
     );
-    let (mut a_proc, a_run, _) = start_until(&a, "ready");
+    let (mut a_proc, a_run, _) = start_docker_until(&a, "ready");
     let a_objects = docker_leftovers(&a_run);
     assert_eq!(
         a_objects.len(),

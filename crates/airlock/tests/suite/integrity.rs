@@ -5,11 +5,10 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use crate::support;
-use std::io::{BufRead, Read};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::support::{RealRun, namespace_available};
+use crate::support::{RealRun, finish_run, namespace_available, start_until};
 use serde_json::Value;
 
 fn backends() -> Vec<&'static str> {
@@ -44,46 +43,6 @@ fn children_with(pid: u32, argv: &[&str]) -> Vec<u32> {
         .collect()
 }
 
-/// Starts the run and waits until the agent printed `marker` (live view).
-fn start_until(run: &RealRun, backend: &str, marker: &str) -> (std::process::Child, String) {
-    let mut child = run
-        .command(backend, &[])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        if err.read_line(&mut line).unwrap() == 0 {
-            panic!("the run ended before {marker:?}: {seen}");
-        }
-        seen.push_str(&line);
-        if line.contains(marker) {
-            break;
-        }
-    }
-    // keep draining the live view
-    std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = err.read_to_string(&mut rest);
-    });
-    (child, seen)
-}
-
-fn finish(mut child: std::process::Child) -> Value {
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let _ = child.wait();
-    serde_json::from_str(&out).unwrap_or(Value::Null)
-}
-
 #[test]
 fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
     for backend in backends() {
@@ -100,7 +59,7 @@ fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
             rustix::process::Signal::KILL,
         )
         .unwrap();
-        let report = finish(child);
+        let report = finish_run(child);
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "{backend}: the run went on"

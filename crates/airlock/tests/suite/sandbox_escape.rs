@@ -15,16 +15,15 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use airlock_sandbox::namespace::NamespaceBackend;
-use airlock_sandbox::{Backend, Sandbox, SandboxSpec};
+use airlock_sandbox::{Backend, SandboxSpec};
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
-use crate::support::{AIRLOCK, probe_exe};
+use crate::support::{AIRLOCK, Outcome, finish_sandbox, probe_exe};
 
 fn backend() -> Option<NamespaceBackend> {
     let b = NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));
@@ -93,53 +92,9 @@ fn probe_cmd(args: &[&str]) -> Vec<String> {
     v
 }
 
-struct Outcome {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Outcome {
-    fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
-            panic!(
-                "probe output is not JSON ({e}): {}\nstderr: {}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-}
-
-async fn finish(mut sb: Sandbox, timeout: Duration) -> Outcome {
-    let (out, err) = sb.take_output();
-    let (mut out, mut err) = (out.unwrap(), err.unwrap());
-    let reader = tokio::spawn(async move {
-        let (mut o, mut e) = (Vec::new(), Vec::new());
-        let _ = tokio::join!(out.read_to_end(&mut o), err.read_to_end(&mut e));
-        (o, e)
-    });
-    let status = match tokio::time::timeout(timeout, sb.wait()).await {
-        Ok(s) => s.unwrap(),
-        Err(_) => {
-            sb.kill();
-            sb.wait().await.unwrap()
-        }
-    };
-    sb.cleanup().await;
-    let (o, e) = tokio::time::timeout(Duration::from_secs(10), reader)
-        .await
-        .expect("output pipes closed")
-        .unwrap();
-    Outcome {
-        status,
-        stdout: String::from_utf8_lossy(&o).into_owned(),
-        stderr: String::from_utf8_lossy(&e).into_owned(),
-    }
-}
-
 async fn run(b: &NamespaceBackend, spec: &SandboxSpec) -> Outcome {
     let sb = b.spawn(spec).expect("spawn");
-    finish(sb, Duration::from_secs(60)).await
+    finish_sandbox(sb, Duration::from_secs(60)).await
 }
 
 fn cgroup_dirs(run_id: &str) -> Vec<PathBuf> {
@@ -487,7 +442,7 @@ async fn fork_bomb_is_contained() {
     ]);
     r.spec.pids_max = 64;
     let sb = b.spawn(&r.spec).unwrap();
-    let o = finish(sb, Duration::from_secs(3)).await;
+    let o = finish_sandbox(sb, Duration::from_secs(3)).await;
     assert!(!o.status.success());
     let t = Instant::now();
     let ok = std::process::Command::new("/bin/true").status().unwrap();
@@ -610,7 +565,7 @@ async fn memory_hog_is_contained() {
             .into(),
     ]);
     r.spec.memory_mb = 64;
-    let o = finish(b.spawn(&r.spec).unwrap(), Duration::from_secs(30)).await;
+    let o = finish_sandbox(b.spawn(&r.spec).unwrap(), Duration::from_secs(30)).await;
     assert!(
         !o.status.success(),
         "the hog must not get 1 GiB: {} {}",
@@ -681,7 +636,7 @@ async fn fifty_concurrent_sandboxes_all_succeed_and_leave_nothing() {
     for (i, r) in runs.iter().enumerate() {
         let sb = b.spawn(&r.spec).unwrap();
         handles.push(tokio::spawn(async move {
-            (i, finish(sb, Duration::from_secs(60)).await)
+            (i, finish_sandbox(sb, Duration::from_secs(60)).await)
         }));
     }
     for h in handles {

@@ -542,3 +542,98 @@ pub fn docker_leftovers(run_id: &str) -> Vec<String> {
     }
     v
 }
+
+/// What a sandbox printed and how it ended (the backend-level suites).
+pub struct Outcome {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Outcome {
+    /// The sandbox's JSON answer: all of stdout, or else its last line.
+    pub fn json(&self) -> Value {
+        let whole = self.stdout.trim();
+        serde_json::from_str(whole)
+            .or_else(|_| serde_json::from_str(whole.lines().last().unwrap_or_default()))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "output is not JSON ({e}): {}\nstderr: {}",
+                    self.stdout, self.stderr
+                )
+            })
+    }
+}
+
+/// Waits for a sandbox (killed past `timeout`), removes it, and returns
+/// what it printed. A stream the caller took already reads as empty.
+pub async fn finish_sandbox(mut sb: airlock_sandbox::Sandbox, timeout: Duration) -> Outcome {
+    use tokio::io::AsyncReadExt;
+    let (out, err) = sb.take_output();
+    let empty = || Box::new(tokio::io::empty()) as airlock_sandbox::OutputStream;
+    let (mut out, mut err) = (out.unwrap_or_else(empty), err.unwrap_or_else(empty));
+    let reader = tokio::spawn(async move {
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let _ = tokio::join!(out.read_to_end(&mut o), err.read_to_end(&mut e));
+        (o, e)
+    });
+    let status = match tokio::time::timeout(timeout, sb.wait()).await {
+        Ok(s) => s.unwrap(),
+        Err(_) => {
+            sb.kill();
+            sb.wait().await.unwrap()
+        }
+    };
+    sb.cleanup().await;
+    let (o, e) = tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .expect("output streams ended")
+        .unwrap();
+    Outcome {
+        status,
+        stdout: String::from_utf8_lossy(&o).into_owned(),
+        stderr: String::from_utf8_lossy(&e).into_owned(),
+    }
+}
+
+/// Starts `airlock run` on `backend` and waits until the agent printed
+/// `marker` (live view, on stderr, drained from then on); returns the
+/// process and what was seen.
+pub fn start_until(run: &RealRun, backend: &str, marker: &str) -> (Child, String) {
+    let mut child = run
+        .command(backend, &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("the run ended before {marker:?}: {seen}");
+        }
+        seen.push_str(&line);
+        if line.contains(marker) {
+            break;
+        }
+    }
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+    });
+    (child, seen)
+}
+
+/// Waits for a run started by [`start_until`] and returns its `--json` report.
+pub fn finish_run(mut child: Child) -> Value {
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let _ = child.wait();
+    serde_json::from_str(&out).unwrap_or(Value::Null)
+}
