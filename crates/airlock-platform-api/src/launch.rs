@@ -208,6 +208,12 @@ pub struct SidecarConfig {
     /// Upstream HTTP proxy for the forward proxy (`http://user:pass@host:port`).
     #[serde(default, serialize_with = "expose_opt")]
     pub proxy_url: Option<SecretString>,
+    /// The run's egress journal, created by the platform (a regular file,
+    /// 0600, in the run's directory): every egress record is appended to it
+    /// before the request leaves. Without one, each start record waits for
+    /// the platform's acknowledgement instead.
+    #[serde(default)]
+    pub egress_journal: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -351,6 +357,8 @@ pub struct Limits {
     /// Open MCP sessions (2025-11-25 mode) per run (32): opening one more
     /// closes the oldest. Stateless calls open none.
     pub max_mcp_sessions: usize,
+    /// Largest egress journal (64 MiB): past it, no further request is sent.
+    pub egress_journal_bytes: u64,
 }
 
 impl Default for Limits {
@@ -365,6 +373,7 @@ impl Default for Limits {
             proxy_idle_timeout_secs: 120,
             max_proxy_connections: 256,
             max_mcp_sessions: 32,
+            egress_journal_bytes: crate::wire::EGRESS_JOURNAL_MAX_BYTES,
         }
     }
 }
@@ -475,6 +484,7 @@ mod tests {
             },
             limits: Limits::default(),
             proxy_url: Some(secret("http://u:PROXY-PASS@proxy:3128")),
+            egress_journal: Some("/var/lib/airlock/runs/r1/egress.journal".into()),
         }
     }
 

@@ -22,6 +22,14 @@ use serde::{Deserialize, Serialize};
 
 pub const PREFIX: &str = "/internal/v1";
 
+/// Largest egress journal of one run (docs/security.md, "What the egress
+/// log records"): the sidecar refuses a request whose record would take
+/// its journal past this, and the platform reads at most this much of it.
+pub const EGRESS_JOURNAL_MAX_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The egress journal's file name in a run's directory.
+pub const EGRESS_JOURNAL_FILE: &str = "egress.journal";
+
 /// A connection's credential, decrypted by the platform for this request
 /// only. Field values are secrets: the sidecar keeps them in memory for the
 /// one outbound call and never logs them.
@@ -120,9 +128,11 @@ pub struct CostRecord {
 /// One outbound request in the run's egress log (docs/security.md, "What the egress log records").
 ///
 /// The sidecar sends a request's record twice: when the guard has allowed it
-/// and before a byte of it leaves (`outcome: incomplete`, acknowledged by the
-/// platform before the request is sent), then when it is over, with the
-/// same `seq` and its final outcome. A record the platform holds as
+/// and before a byte of it leaves (`outcome: incomplete`, appended to the
+/// run's egress journal — or, for a sidecar started without one,
+/// acknowledged by the platform — before the request is sent), then when
+/// it is over, with the same `seq` and its final outcome. The journal holds
+/// the same records, one JSON object per line. A record the platform holds as
 /// `incomplete` after the run is a request that left and whose end nobody
 /// saw (the sidecar was killed). A refusal is one record, sent once.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -7,6 +7,7 @@
 //! cannot fetch another run's credentials even with a valid token of its own.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 use airlock_platform_api::wire::EgressRecord;
@@ -14,7 +15,11 @@ use airlock_platform_api::wire::{
     Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
     MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
-use airlock_store::{EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage};
+use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering};
+use airlock_store::{
+    ConnectionRecord, EgressDecision, EgressMetering, NewEgress, NewEvent, RunQuery, RunStatus,
+    Store, Usage,
+};
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
@@ -43,8 +48,73 @@ struct Inner {
     /// Events are written one write at a time: concurrent writers to SQLite
     /// would otherwise meet its busy handler, which sleeps (1 ms and up)
     /// where this lock hands over at once. A sidecar waits for the write of
-    /// an egress record before its request leaves.
+    /// an egress record before its request leaves (a sidecar without a
+    /// journal).
     writes: tokio::sync::Mutex<()>,
+    /// Connection rows (still encrypted) the request path has read, so a
+    /// credential fetch is a map lookup and a decrypt, not a store query.
+    connections: ConnectionCache,
+}
+
+/// Stored connections as read from the store, envelopes still encrypted.
+/// Used only while [`InternalApi::serve`] runs its watcher, which clears it
+/// whenever the store's connections change (any process: a connection
+/// added, removed, replaced or re-encrypted), within [`WATCH_EVERY`].
+#[derive(Default)]
+struct ConnectionCache {
+    rows: RwLock<HashMap<String, ConnectionRecord>>,
+    /// Bumped by every clear: a row read before a clear is not kept after it.
+    generation: std::sync::atomic::AtomicU64,
+    watching: std::sync::atomic::AtomicBool,
+    /// Off: every fetch reads the store (to measure what the cache saves).
+    disabled: std::sync::atomic::AtomicBool,
+}
+
+/// How often the connection cache's watcher asks the store whether the
+/// connections changed.
+pub const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl ConnectionCache {
+    fn usable(&self) -> bool {
+        self.watching.load(Ordering::Acquire) && !self.disabled.load(Ordering::Acquire)
+    }
+
+    fn get(&self, name: &str) -> Option<ConnectionRecord> {
+        if !self.usable() {
+            return None;
+        }
+        self.rows.read().ok()?.get(name).cloned()
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Keeps `rec`, read when the cache was at `generation`.
+    fn put(&self, generation: u64, rec: &ConnectionRecord) {
+        if !self.usable() {
+            return;
+        }
+        if let Ok(mut rows) = self.rows.write()
+            && self.generation() == generation
+        {
+            rows.insert(rec.info.name.clone(), rec.clone());
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        if let Ok(mut rows) = self.rows.write() {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            rows.remove(name);
+        }
+    }
+
+    fn clear(&self) {
+        if let Ok(mut rows) = self.rows.write() {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            rows.clear();
+        }
+    }
 }
 
 /// The server's state. Cheap to clone.
@@ -93,8 +163,19 @@ impl InternalApi {
                 tokens,
                 grants: RwLock::default(),
                 writes: tokio::sync::Mutex::new(()),
+                connections: ConnectionCache::default(),
             }),
         }
+    }
+
+    /// Turns the in-memory cache of connection rows off (every credential
+    /// fetch then reads the store, as before it existed) or back on.
+    pub fn set_connection_cache(&self, on: bool) {
+        self.inner
+            .connections
+            .disabled
+            .store(!on, Ordering::Release);
+        self.inner.connections.clear();
     }
 
     /// Lets `run_id` use the API with `grant` (called when a run starts).
@@ -128,9 +209,44 @@ impl InternalApi {
             .with_state(self.clone())
     }
 
-    /// Serves the API on a unix socket until the task is dropped.
+    /// Serves the API on a unix socket until the task is dropped, with the
+    /// watcher that keeps the connection cache in step with the store.
     pub async fn serve(self, listener: UnixListener) -> std::io::Result<()> {
-        axum::serve(listener, self.router()).await
+        let watcher = self.clone();
+        let watch = async move {
+            watcher.watch_connections().await;
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            served = axum::serve(listener, self.router()) => served,
+            () = watch => Ok(()),
+        }
+    }
+
+    /// Clears the connection cache whenever the store's connections change
+    /// (asked every [`WATCH_EVERY`]); the cache is used only while this runs.
+    async fn watch_connections(&self) {
+        let cache = &self.inner.connections;
+        let mut last = None;
+        loop {
+            match self.inner.store.connections_signature().await {
+                Ok(sig) => {
+                    if last != Some(sig) {
+                        cache.clear();
+                        last = Some(sig);
+                    }
+                    cache.watching.store(true, Ordering::Release);
+                }
+                Err(e) => {
+                    // Unsure what the store holds: read it on every fetch.
+                    cache.watching.store(false, Ordering::Release);
+                    cache.clear();
+                    last = None;
+                    tracing::warn!("internal API: cannot check the stored connections: {e}");
+                }
+            }
+            tokio::time::sleep(WATCH_EVERY).await;
+        }
     }
 
     /// Serves until the task is dropped, logging a failure instead of returning it.
@@ -208,19 +324,55 @@ async fn credential(
             format!("the run has no connection for {integration:?}"),
         );
     };
-    let record = match api.inner.store.get_connection(connection).await {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "unknown_connection",
-                format!("connection {connection:?} does not exist"),
-            );
+    let cache = &api.inner.connections;
+    let cached = cache.get(connection);
+    let from_cache = cached.is_some();
+    let record = match cached {
+        Some(r) => r,
+        None => {
+            let generation = cache.generation();
+            match api.inner.store.get_connection(connection).await {
+                Ok(Some(r)) => {
+                    cache.put(generation, &r);
+                    r
+                }
+                Ok(None) => {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_connection",
+                        format!("connection {connection:?} does not exist"),
+                    );
+                }
+                Err(e) => return internal(e),
+            }
         }
-        Err(e) => return internal(e),
     };
     let plain = match api.inner.keyring.decrypt_string(&record.envelope) {
         Ok(p) => p,
+        Err(_) if from_cache => {
+            // Re-encrypted meanwhile under a key this platform has, and the
+            // watcher has not noticed yet: read the row again.
+            cache.forget(connection);
+            let fresh = match api.inner.store.get_connection(connection).await {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_connection",
+                        format!("connection {connection:?} does not exist"),
+                    );
+                }
+                Err(e) => return internal(e),
+            };
+            match api.inner.keyring.decrypt_string(&fresh.envelope) {
+                Ok(p) => p,
+                Err(e) => {
+                    return internal(format!(
+                        "connection {connection:?} cannot be decrypted: {e}"
+                    ));
+                }
+            }
+        }
         Err(e) => {
             return internal(format!(
                 "connection {connection:?} cannot be decrypted: {e}"
@@ -435,7 +587,7 @@ async fn events(State(api): State<InternalApi>, req: Request) -> Response {
     axum::Json(Accepted { accepted: n }).into_response()
 }
 
-fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<'a> {
+pub(crate) fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<'a> {
     NewEgress {
         run_id,
         at: e.at,

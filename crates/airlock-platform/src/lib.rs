@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod internal_api;
+pub mod journal;
 pub mod manifest;
 pub mod orchestrator;
 pub mod report;

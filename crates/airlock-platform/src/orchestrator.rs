@@ -187,6 +187,10 @@ impl Orchestrator {
         };
         progress(Progress::Ending { status });
         self.api.revoke(&run_id);
+        // The sidecar has exited: what it journalled (every request that
+        // left, and how each ended) goes into the store before the run's
+        // end is recorded and its directory removed.
+        crate::journal::ingest_run_dir(&self.store, &run_id, &run_dir).await;
         // Recorded as ended before its directory goes: a concurrent boot
         // reclaim never sees it `running` without a directory.
         let finished = self
@@ -238,6 +242,11 @@ impl Orchestrator {
         let placement = self
             .backend
             .sidecar_placement(run_id, &paths, &self.api_socket);
+        // The egress journal: the platform's file in the run's directory
+        // (never in the sandbox's view), appended to by the sidecar.
+        let journal = crate::journal::create(run_dir).map_err(|e| {
+            RunError::Setup(format!("egress journal in {}: {e}", run_dir.display()))
+        })?;
 
         // What the run may fetch from the platform.
         let mut grant = Grant {
@@ -304,11 +313,17 @@ impl Orchestrator {
             },
             limits: launch::Limits::default(),
             proxy_url: None,
+            egress_journal: Some(
+                placement
+                    .egress_journal_inside
+                    .clone()
+                    .unwrap_or_else(|| journal.clone()),
+            ),
         };
 
         // Sidecar and sandbox start in parallel; the runtime waits for the
         // sidecar's socket.
-        let (mut sidecar, mut sidecar_log) = self.spawn_sidecar(run_id, &sidecar_cfg)?;
+        let (mut sidecar, mut sidecar_log) = self.spawn_sidecar(run_id, &sidecar_cfg, &journal)?;
         let runtime_exe = self.backend.runtime_exe(&self.exe);
         let mut command = vec![
             runtime_exe.display().to_string(),
@@ -549,6 +564,7 @@ impl Orchestrator {
         &self,
         run_id: &str,
         cfg: &launch::SidecarConfig,
+        egress_journal: &Path,
     ) -> Result<(Sandbox, SidecarLog), RunError> {
         let mut sidecar = self.backend.spawn_sidecar(&SidecarSpec {
             run_id: run_id.to_owned(),
@@ -556,6 +572,7 @@ impl Orchestrator {
             log: std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()),
             config: cfg.to_json(),
             platform_socket: self.api_socket.clone(),
+            egress_journal: egress_journal.to_owned(),
         })?;
         let (stdout, stderr) = sidecar.take_output();
         let mut log = SidecarLog {
@@ -721,8 +738,9 @@ pub use airlock_sandbox::{PROXY_SOCKET, SIDECAR_SOCKET};
 /// Largest owner file reclaim reads (a PID).
 const MAX_OWNER_FILE: u64 = 32;
 
-/// Boot reclaim: run directories whose owner process is gone are removed,
-/// and runs the store still has as `running` with no live owner are failed.
+/// Boot reclaim: run directories whose owner process is gone are removed
+/// (their egress journal read into the store first), and runs the store
+/// still has as `running` with no live owner are failed.
 pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError> {
     let mut reclaimed = Vec::new();
     let runs = home.join("runs");
@@ -755,6 +773,10 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
                 Err(_) => false,
             };
             if !alive {
+                // What its sidecar journalled reaches the store before the
+                // run is failed (below) and its directory goes.
+                let run_id = e.file_name().to_string_lossy().into_owned();
+                crate::journal::ingest_run_dir(store, &run_id, &e.path()).await;
                 let _ = std::fs::remove_dir_all(e.path());
                 reclaimed.push(e.file_name().to_string_lossy().into_owned());
             }

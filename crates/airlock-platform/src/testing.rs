@@ -15,6 +15,9 @@ use crate::internal_api::{Grant, InternalApi};
 pub struct TestPlatform {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
+    /// The main run's egress journal (created empty, 0600), named in
+    /// [`TestPlatform::sidecar_config`] as the orchestrator names it.
+    pub journal: PathBuf,
     pub run_id: String,
     pub run_token: SecretString,
     pub sidecar_token: SecretString,
@@ -66,6 +69,7 @@ impl TestPlatform {
             },
         );
         let socket = dir.path().join("platform.sock");
+        let journal = crate::journal::create(dir.path()).expect("egress journal");
         let listener = UnixListener::bind(&socket).expect("bind platform socket");
         let task = tokio::spawn(api.clone().serve_forever(listener));
         let run_token = tokens.issue(&run_id);
@@ -73,6 +77,7 @@ impl TestPlatform {
         TestPlatform {
             dir,
             socket,
+            journal,
             run_id,
             run_token,
             sidecar_token,
@@ -217,7 +222,25 @@ impl TestPlatform {
         out
     }
 
+    /// Reads the main run's egress journal into the store, as the
+    /// orchestrator does when a run ends (idempotent).
+    pub async fn ingest_journal(&self) -> usize {
+        crate::journal::ingest(self.store(), &self.run_id, &self.journal)
+            .await
+            .expect("ingest the egress journal")
+    }
+
+    /// The main run's egress log as the store has it once the run has
+    /// ended: the journal is read in first (a record already stored stays
+    /// as it is unless the journal completes it).
     pub async fn egress_log(&self) -> Vec<EgressEntry> {
+        self.ingest_journal().await;
+        self.stored_egress_log().await
+    }
+
+    /// The main run's egress log as the store has it now (what the sidecar's
+    /// events brought; the journal not read).
+    pub async fn stored_egress_log(&self) -> Vec<EgressEntry> {
         self.store()
             .list_egress(&self.run_id, 10_000)
             .await
@@ -225,8 +248,18 @@ impl TestPlatform {
     }
 
     /// A base sidecar configuration for the main run, with the given listen
-    /// section; merge integrations, model, network and egress into it.
+    /// section and the run's egress journal; merge integrations, model,
+    /// network and egress into it.
     pub fn sidecar_config(&self, listen: Value) -> Value {
+        let mut cfg = self.sidecar_config_without_journal(listen);
+        cfg["egress_journal"] = json!(self.journal);
+        cfg
+    }
+
+    /// [`TestPlatform::sidecar_config`] without a journal (an older
+    /// platform's configuration): each start record is acknowledged by the
+    /// platform before its request leaves.
+    pub fn sidecar_config_without_journal(&self, listen: Value) -> Value {
         json!({
             "run_id": self.run_id,
             "sidecar_token": self.sidecar_token.expose_secret(),

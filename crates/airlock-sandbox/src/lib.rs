@@ -66,6 +66,9 @@ pub struct SidecarPlacement {
     /// Names the sidecar refuses on every egress call besides the built-in
     /// ones (the run's own containers).
     pub blocked_names: Vec<String>,
+    /// Where the sidecar opens the run's egress journal when that is not
+    /// its host path (a sidecar in a container: a bind mount).
+    pub egress_journal_inside: Option<PathBuf>,
 }
 
 impl SidecarPlacement {
@@ -94,6 +97,9 @@ pub struct SidecarSpec {
     pub config: Vec<u8>,
     /// The platform's internal-API socket on the host.
     pub platform_socket: PathBuf,
+    /// The run's egress journal on the host (the platform's file, which
+    /// the sidecar appends to).
+    pub egress_journal: PathBuf,
 }
 
 /// The unix-socket placement of the process and namespace backends: the
@@ -110,6 +116,7 @@ pub fn host_sidecar_placement(paths: &RunPaths, platform_socket: &Path) -> Sidec
         ),
         platform_socket: platform_socket.to_owned(),
         blocked_names: vec![],
+        egress_journal_inside: None,
     }
 }
 

@@ -4,10 +4,15 @@
 //! A site asks the guard first. A refusal is recorded with
 //! [`Recorder::refused`]: one record, one log line (`Target refused (SSRF)` /
 //! `Target refused (policy)`). An allowed request is recorded with
-//! [`Recorder::begin`] *before any byte of it leaves*: the record goes to the
-//! platform at once and the site waits for its acknowledgement, so a request
-//! that left is in the store even if the sidecar or the platform is killed a
-//! moment later (it then stays `incomplete`). The returned [`InFlight`] is
+//! [`Recorder::begin`] *before any byte of it leaves*: the record is
+//! appended to the run's egress [`Journal`] (one `write(2)`, no round trip),
+//! then handed to the platform with the other events, batched. The platform
+//! reads the journal into the store when the run ends (or at the next
+//! start's reclaim), so a request that left is in the store even if the
+//! sidecar or the platform is killed a moment later (it then stays
+//! `incomplete`). A sidecar started without a journal (an older platform, a
+//! bare test sidecar) sends the start record to the platform at once and
+//! waits for its acknowledgement instead. The returned [`InFlight`] is
 //! completed with the upstream's [`Outcome`]; dropped uncompleted (the agent
 //! went away, the task was cancelled) it completes as `aborted`.
 //!
@@ -35,6 +40,7 @@ use airlock_egress::{EgressError, Target};
 use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering, RunEvent};
 use tokio::sync::{Notify, watch};
 
+use crate::journal::{Journal, JournalError};
 use crate::redact::Redactor;
 use crate::state::{EventSink, now_ms};
 
@@ -91,8 +97,21 @@ pub struct Allowed<'a> {
 pub enum RecordError {
     #[error("the platform did not acknowledge the egress record, so the request was not sent")]
     Unacknowledged,
+    #[error("{0}; the request was not sent")]
+    Journal(#[from] JournalError),
     #[error("the sidecar is stopping")]
     Stopping,
+}
+
+impl RecordError {
+    /// The refusal code an agent sees (`egress_log_unavailable`, or
+    /// `egress_journal_full` once the run's journal is at its bound).
+    pub fn code(&self) -> &'static str {
+        match self {
+            RecordError::Journal(e) => e.code(),
+            _ => "egress_log_unavailable",
+        }
+    }
 }
 
 /// Byte counters a long transfer updates as it goes: what an `aborted`
@@ -188,6 +207,8 @@ struct Open {
 
 struct Inner {
     events: EventSink,
+    /// The write-ahead journal (absent: starts are acknowledged by the platform).
+    journal: Option<Journal>,
     seq: AtomicU64,
     open: Mutex<HashMap<u64, Open>>,
     idle: Notify,
@@ -277,10 +298,11 @@ fn log_completion(rec: &EgressRecord) {
 }
 
 impl Recorder {
-    pub fn new(events: EventSink) -> Self {
+    pub fn new(events: EventSink, journal: Option<Journal>) -> Self {
         Recorder {
             inner: Arc::new(Inner {
                 events,
+                journal,
                 // Unique within the run even if another sidecar of the same
                 // run recorded before this one: its start time in ms, times a
                 // million, then counting.
@@ -305,12 +327,24 @@ impl Recorder {
     pub fn refused(&self, req: &Refused<'_>, e: &EgressError, redactor: &Redactor) {
         let rec = refusal_record(req, e, redactor, self.next_seq());
         log_refusal(&rec);
+        self.journal_after(&rec);
         self.inner.events.send(RunEvent::Egress(rec));
     }
 
+    /// Journals a record of something that already happened (a refusal, a
+    /// completion): a failure cannot unsend it, so it is only reported (the
+    /// record still goes to the platform with the events).
+    fn journal_after(&self, rec: &EgressRecord) {
+        if let Some(j) = &self.inner.journal
+            && let Err(e) = j.append(rec)
+        {
+            tracing::error!(target: "airlock::egress", seq = rec.seq.unwrap_or(0), "egress journal: {e}");
+        }
+    }
+
     /// Records an allowed request before it is sent: returns once the
-    /// platform has stored the record. A request whose record could not be
-    /// stored must not be sent.
+    /// record is in the journal (or, without one, once the platform has
+    /// stored it). A request whose record could not be kept must not be sent.
     pub async fn begin(
         &self,
         req: &Allowed<'_>,
@@ -373,6 +407,22 @@ impl Recorder {
             dropped_as: dropped_as.unwrap_or(EgressOutcome::Aborted),
         };
         tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
+        if let Some(journal) = &self.inner.journal {
+            // Written ahead: once this returns the record survives a kill of
+            // the sidecar or the platform; the platform gets it with the
+            // next batch of events.
+            return match journal.append(&rec) {
+                Ok(()) => {
+                    self.inner.events.send(RunEvent::Egress(rec));
+                    Ok(flight)
+                }
+                Err(e) => {
+                    tracing::error!(target: "airlock::egress", seq, "egress journal: {e}");
+                    flight.forget();
+                    Err(RecordError::Journal(e))
+                }
+            };
+        }
         // At once, taking along what the sink holds (the completions of
         // earlier requests: one platform write for both).
         if self.inner.events.send_acked(RunEvent::Egress(rec)).await {
@@ -467,6 +517,7 @@ impl Recorder {
         } else {
             log_completion(&rec);
         }
+        self.journal_after(&rec);
         self.inner.events.send(RunEvent::Egress(rec));
     }
 

@@ -12,7 +12,7 @@
 //!
 //! and `GET /health` without a token. Every outbound request goes through
 //! the egress guard and is written to the run's egress log by one recorder
-//! ([`egress`]) before it is sent.
+//! ([`egress`]) before it is sent (ahead, to the run's [`journal`]).
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +20,7 @@ pub mod auth;
 pub mod config;
 pub mod egress;
 pub mod events;
+pub mod journal;
 pub mod llm;
 pub mod mcp;
 pub mod proxy;

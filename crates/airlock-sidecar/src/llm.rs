@@ -514,7 +514,7 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "upstream_error",
-                "egress_log_unavailable",
+                e.code(),
                 e.to_string(),
             );
         }

@@ -25,6 +25,8 @@ pub enum SidecarError {
     Hardening(std::io::Error),
     #[error("egress guard setup failed: {0}")]
     Egress(#[from] airlock_egress::EgressError),
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
     #[error("cannot listen on {what}: {source}")]
     Listen {
         what: String,
@@ -150,7 +152,14 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         Some(addr) => Some(bind_tcp(addr, "proxy_tcp", &mut ready, &mut own).await?),
         None => None,
     };
-    let sidecar = Sidecar::new(cfg, &own)?;
+    let journal = match &cfg.egress_journal {
+        Some(path) => Some(crate::journal::Journal::open(
+            path,
+            cfg.limits.egress_journal_bytes,
+        )?),
+        None => None,
+    };
+    let sidecar = Sidecar::new(cfg, &own, journal)?;
     let app = router(sidecar.clone());
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(l) = api_unix {

@@ -17,6 +17,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::config::{Integration, Limits, Model, NetworkEgress, SidecarConfig};
 use crate::egress::Recorder;
+use crate::journal::Journal;
 
 /// Unix milliseconds now.
 pub fn now_ms() -> i64 {
@@ -51,6 +52,7 @@ impl Sidecar {
     pub fn new(
         cfg: SidecarConfig,
         own_listeners: &[SocketAddr],
+        journal: Option<Journal>,
     ) -> Result<Arc<Sidecar>, EgressError> {
         let mut policy = EgressPolicy::new();
         policy.allow_internal_hosts(cfg.egress.allow_internal_hosts.iter().map(String::as_str));
@@ -111,7 +113,7 @@ impl Sidecar {
             api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
             limits: cfg.limits,
             proxy_url: cfg.proxy_url,
-            egress: Recorder::new(events.clone()),
+            egress: Recorder::new(events.clone(), journal),
             events,
             platform,
         }))

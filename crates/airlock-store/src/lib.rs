@@ -468,6 +468,25 @@ impl Store {
         })
     }
 
+    /// A value that changes whenever a connection is added, removed,
+    /// re-encrypted or replaced, by any process sharing the store: how many
+    /// there are and the latest `updated_at`. (What a cache of connection
+    /// rows checks, off the request path.)
+    pub async fn connections_signature(&self) -> Result<(i64, i64), StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT COUNT(*) AS n, COALESCE(MAX(updated_at), 0) AS at FROM connections",
+            )
+            .fetch_one(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            Ok((
+                row.try_get("n").map_err(|e| self.err(e))?,
+                row.try_get("at").map_err(|e| self.err(e))?,
+            ))
+        })
+    }
+
     /// Every connection, by name, without envelopes.
     pub async fn list_connections(&self) -> Result<Vec<ConnectionInfo>, StoreError> {
         on_pool!(self, p => {
@@ -1078,16 +1097,21 @@ impl Store {
     pub async fn append_egress_batch(&self, records: &[NewEgress<'_>]) -> Result<(), StoreError> {
         const PER_STATEMENT: usize = 64;
         let mut unique: Vec<&NewEgress<'_>> = Vec::with_capacity(records.len());
+        // (run_id, seq) → its place in `unique`: a run's whole journal can
+        // come in one call.
+        let mut seen: std::collections::HashMap<(&str, i64), usize> =
+            std::collections::HashMap::with_capacity(records.len());
         for r in records {
-            let same = r.seq.is_some().then(|| {
-                unique
-                    .iter()
-                    .position(|u| u.seq == r.seq && u.run_id == r.run_id)
-            });
-            match same.flatten() {
+            let same = r.seq.and_then(|s| seen.get(&(r.run_id, s)).copied());
+            match same {
                 Some(i) if r.outcome != Some(EgressOutcome::Incomplete) => unique[i] = r,
                 Some(_) => {}
-                None => unique.push(r),
+                None => {
+                    if let Some(s) = r.seq {
+                        seen.insert((r.run_id, s), unique.len());
+                    }
+                    unique.push(r);
+                }
             }
         }
         for chunk in unique.chunks(PER_STATEMENT) {

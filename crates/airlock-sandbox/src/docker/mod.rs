@@ -71,6 +71,9 @@ pub const SIDECAR_API_PORT: u16 = 8080;
 pub const SIDECAR_PROXY_PORT: u16 = 8081;
 /// The platform's socket inside the sidecar's container.
 pub const PLATFORM_SOCKET_INSIDE: &str = "/run/airlock/platform.sock";
+/// The run's egress journal in the sidecar's container (a bind mount of
+/// the platform's file; nothing else of the run directory is mounted).
+pub const EGRESS_JOURNAL_INSIDE: &str = "/run/airlock/egress.journal";
 /// The `airlock` binary inside both images.
 pub const AIRLOCK_IN_IMAGE: &str = "/usr/local/bin/airlock";
 /// The agent's workspace inside its container.
@@ -902,6 +905,11 @@ impl DockerBackend {
             .to_str()
             .filter(|s| !s.contains(':'))
             .ok_or_else(|| SandboxError::Setup("the platform socket cannot be bound".into()))?;
+        let journal = spec
+            .egress_journal
+            .to_str()
+            .filter(|s| !s.contains(':'))
+            .ok_or_else(|| SandboxError::Setup("the egress journal cannot be bound".into()))?;
         // The platform's own uid: the one its socket admits.
         let (uid, gid) = (
             rustix::process::geteuid().as_raw(),
@@ -930,7 +938,10 @@ impl DockerBackend {
             }),
             host_config: Some(HostConfig {
                 network_mode: Some(net),
-                binds: Some(vec![format!("{sock}:{PLATFORM_SOCKET_INSIDE}:ro")]),
+                binds: Some(vec![
+                    format!("{sock}:{PLATFORM_SOCKET_INSIDE}:ro"),
+                    format!("{journal}:{EGRESS_JOURNAL_INSIDE}:rw"),
+                ]),
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([(
                     "/tmp".into(),
@@ -1018,6 +1029,7 @@ impl Backend for DockerBackend {
             reach: (named(SIDECAR_API_PORT), named(SIDECAR_PROXY_PORT)),
             platform_socket: PathBuf::from(PLATFORM_SOCKET_INSIDE),
             blocked_names: run_container_names(run_id),
+            egress_journal_inside: Some(PathBuf::from(EGRESS_JOURNAL_INSIDE)),
         }
     }
 

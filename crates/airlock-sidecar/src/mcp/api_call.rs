@@ -285,7 +285,7 @@ pub async fn run(
     let early = match early {
         Some(Err(Stop::Refused(e))) => return refused(&e, &args.target, &redactor),
         Some(Err(Stop::Unrecorded(e))) => {
-            return error_result("egress_log_unavailable", &e.to_string(), 503);
+            return error_result(e.code(), &e.to_string(), 503);
         }
         other => other,
     };
@@ -329,7 +329,7 @@ pub async fn run(
             Ok(decided) => decided,
             Err(Stop::Refused(e)) => return refused(&e, &prepared.url, &redactor),
             Err(Stop::Unrecorded(e)) => {
-                return error_result("egress_log_unavailable", &e.to_string(), 503);
+                return error_result(e.code(), &e.to_string(), 503);
             }
         },
     };

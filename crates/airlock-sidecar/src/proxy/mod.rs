@@ -188,7 +188,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
                 &mut stream,
                 StatusCode::SERVICE_UNAVAILABLE,
                 &[],
-                &error_body("egress_log_unavailable", &e.to_string()),
+                &error_body(e.code(), &e.to_string()),
             )
             .await;
             return;

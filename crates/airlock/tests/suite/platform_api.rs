@@ -143,3 +143,59 @@ async fn a_connection_the_platform_closed_is_replaced_and_nothing_is_sent_twice(
     }
     assert_eq!(requests, 4, "each call reached the platform exactly once");
 }
+
+/// Connection rows are kept in memory by the platform (a fetch is then a
+/// lookup and a decrypt), yet a connection replaced or removed in the
+/// store — by this process or another one sharing it — is what the next
+/// fetches get once the platform has noticed (it checks every 500 ms):
+/// never the old value for long, never a removed one.
+#[tokio::test]
+async fn a_changed_connection_is_what_the_next_fetches_get() {
+    let p = TestPlatform::start("agent-cache").await;
+    p.add_connection("svc", AuthType::Bearer, &[("api_key", "first-value")])
+        .await;
+    let client = PlatformClient::new(&p.socket, p.run_token.clone());
+    for _ in 0..3 {
+        assert_eq!(
+            client.credential("svc").await.unwrap().fields["api_key"],
+            "first-value"
+        );
+    }
+    // Replaced, as `airlock connections rm` and `add` do.
+    assert!(p.store().delete_connection("svc-conn").await.unwrap());
+    p.add_connection("svc", AuthType::Bearer, &[("api_key", "second-value")])
+        .await;
+    let seen = eventually_value(&client, "second-value").await;
+    assert!(seen, "the replaced connection was never served");
+    for _ in 0..3 {
+        assert_eq!(
+            client.credential("svc").await.unwrap().fields["api_key"],
+            "second-value"
+        );
+    }
+    // Removed.
+    assert!(p.store().delete_connection("svc-conn").await.unwrap());
+    let mut gone = false;
+    for _ in 0..100 {
+        if let Err(PlatformError::Refused { status: 404, .. }) = client.credential("svc").await {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(gone, "a removed connection was still served after 2 s");
+}
+
+async fn eventually_value(client: &PlatformClient, want: &str) -> bool {
+    for _ in 0..100 {
+        if client
+            .credential("svc")
+            .await
+            .is_ok_and(|c| c.fields["api_key"] == want)
+        {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    false
+}

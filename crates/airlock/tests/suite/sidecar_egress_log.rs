@@ -4,7 +4,12 @@
 //!
 //! - every request that left is in the log, also when the agent walks away
 //!   from it, the run ends while it is in flight, or the sidecar is killed
-//!   (then it stays `incomplete`); with the platform gone, nothing leaves;
+//!   (then it stays `incomplete`): each record is written ahead to the run's
+//!   egress journal before its request leaves, and the journal reaches the
+//!   store when the run ends — or, when the platform itself was killed, at
+//!   the next start's reclaim; a request whose record cannot be journalled
+//!   does not leave; without a journal (an older platform), a request the
+//!   platform did not acknowledge does not leave;
 //! - one failure means one thing at every site: a dial failure is the
 //!   guard's `allowed` with the upstream's `upstream_failed`, and each
 //!   refusal is one log line;
@@ -273,9 +278,12 @@ async fn requests_in_flight_when_the_agent_exits_are_in_the_log() {
     assert!(!format!("{log:?}").contains(CANARY));
 }
 
-/// The sidecar is killed (SIGKILL) with requests in flight: they were
-/// recorded before they were sent, so they are in the store, marked
-/// `incomplete`.
+/// The platform stops answering, then the agent sends a slow `api_call`
+/// and a slow proxy request, and the sidecar is killed (SIGKILL) while both
+/// are in flight: both left (their records were journalled, no platform
+/// round trip needed), nothing reached the store through the events, and
+/// once the platform reads the journal (as at the run's end) both are
+/// there, `incomplete`.
 #[tokio::test(flavor = "multi_thread")]
 async fn requests_in_flight_when_the_sidecar_is_killed_stay_incomplete() {
     if !python_has(&["mcp", "httpx2"]) {
@@ -283,10 +291,11 @@ async fn requests_in_flight_when_the_sidecar_is_killed_stay_incomplete() {
     }
     let mut env = setup(closed_port(), default_listen()).await;
     let token = env.token();
+    env.p.stop_serving();
     let agent = spawn_agent(
         &env.mcp_url(),
         &token,
-        json!([{"op": "call", "name": "svc__api_call", "args": {"target": env.up.url("/hang")}}]),
+        json!([{"op": "call", "name": "open__api_call", "args": {"target": env.up.url("/hang")}}]),
     );
     let curl = spawn_curl(&env.proxy(), &token, &env.up.url("/hang"));
     env.up.wait_for("/hang", 2).await;
@@ -294,6 +303,11 @@ async fn requests_in_flight_when_the_sidecar_is_killed_stay_incomplete() {
     kill_child(agent);
     kill_child(curl);
 
+    assert_eq!(
+        env.p.stored_egress_log().await,
+        [],
+        "the platform was not answering: only the journal can hold these"
+    );
     let log = env.p.egress_log().await;
     for source in ["api_call", "proxy"] {
         let e = Env::egress_of(&log, source);
@@ -304,36 +318,211 @@ async fn requests_in_flight_when_the_sidecar_is_killed_stay_incomplete() {
     }
 }
 
-/// With the platform gone, a request could not be recorded, so it does not
-/// leave: refused with `egress_log_unavailable`, the upstream sees nothing.
-/// (The legitimate path works before.)
+/// A run's journal is bounded: once a record would take it past its bound,
+/// the request is not sent (`egress_journal_full` at every site) and the
+/// upstream sees nothing more; what was sent before is all in the log.
 #[tokio::test(flavor = "multi_thread")]
-async fn with_the_platform_gone_nothing_leaves() {
+async fn past_the_journal_bound_nothing_leaves() {
     if !python_has(&["mcp", "httpx2"]) {
         return;
     }
-    let env = setup(closed_port(), default_listen()).await;
-    let token = env.token();
-    let ops =
-        json!([{"op": "call", "name": "open__api_call", "args": {"target": env.up.url("/ok")}}]);
-    let before = agent_output(spawn_agent(&env.mcp_url(), &token, ops.clone()));
-    assert_eq!(before["results"][0]["isError"], json!(false), "{before}");
-    assert_eq!(curl_status(&env.proxy(), &token, &env.up.url("/ok")), 200);
-    assert_eq!(env.up.seen().len(), 2);
+    let p = TestPlatform::start("egress-journal-bound").await;
+    let up = Upstream::start().await;
+    let mut cfg = p.sidecar_config(default_listen());
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": [{"namespace": "open", "authorized_uris": [format!("http://{HOST}:*/**")], "has_connection": false}],
+            "network": {"egress": [format!("http://{HOST}:*/**")]},
+            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
+            // Room for a few records (start + completion are ~0.6 KiB a request).
+            "limits": {"egress_journal_bytes": 2048},
+        }),
+    );
+    let mut sc = spawn_sidecar(&cfg);
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let proxy = format!("http://{}", sc.proxy_tcp());
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(curl_status(&proxy, &token, &up.url("/ok")));
+    }
+    let sent = statuses.iter().filter(|s| **s == 200).count();
+    assert!(sent >= 1, "{statuses:?}");
+    assert!(
+        statuses[sent..].iter().all(|s| *s == 503),
+        "once full, every request is refused: {statuses:?}"
+    );
+    assert_eq!(
+        up.seen().len(),
+        sent,
+        "a request left although it could not be journalled"
+    );
+    let out = agent_output(spawn_agent(
+        &format!("http://{}/mcp", sc.tcp()),
+        &token,
+        json!([{"op": "call", "name": "open__api_call", "args": {"target": up.url("/ok")}}]),
+    ));
+    assert_eq!(out["results"][0]["isError"], json!(true), "{out}");
+    assert!(out.to_string().contains("egress_journal_full"), "{out}");
+    assert_eq!(up.seen().len(), sent);
+    terminate(&mut sc);
+    assert!(std::fs::metadata(&p.journal).unwrap().len() <= 2048);
+    let log = p.egress_log().await;
+    let allowed: Vec<_> = log
+        .iter()
+        .filter(|e| e.decision == EgressDecision::Allowed)
+        .collect();
+    assert_eq!(allowed.len(), sent, "{log:?}");
+    assert!(
+        allowed.iter().all(|e| outcome(e) == Some("completed")),
+        "{log:?}"
+    );
+}
 
-    env.p.stop_serving();
-    let after = agent_output(spawn_agent(&env.mcp_url(), &token, ops));
+/// Without a journal (a configuration from an older platform), each start
+/// record waits for the platform: with the platform gone a request could
+/// not be recorded, so it does not leave (`egress_log_unavailable`), and
+/// the upstream sees nothing. (The legitimate path works before.)
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_journal_nothing_leaves_with_the_platform_gone() {
+    if !python_has(&["mcp", "httpx2"]) {
+        return;
+    }
+    let p = TestPlatform::start("egress-log-agent").await;
+    let up = Upstream::start().await;
+    let mut cfg = p.sidecar_config_without_journal(default_listen());
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": [{"namespace": "open", "authorized_uris": [format!("http://{HOST}:*/**")], "has_connection": false}],
+            "network": {"egress": [format!("http://{HOST}:*/**")]},
+            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
+        }),
+    );
+    let sc = spawn_sidecar(&cfg);
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let mcp = format!("http://{}/mcp", sc.tcp());
+    let proxy = format!("http://{}", sc.proxy_tcp());
+    let ops = json!([{"op": "call", "name": "open__api_call", "args": {"target": up.url("/ok")}}]);
+    let before = agent_output(spawn_agent(&mcp, &token, ops.clone()));
+    assert_eq!(before["results"][0]["isError"], json!(false), "{before}");
+    assert_eq!(curl_status(&proxy, &token, &up.url("/ok")), 200);
+    assert_eq!(up.seen().len(), 2);
+
+    p.stop_serving();
+    let after = agent_output(spawn_agent(&mcp, &token, ops));
     let text = after["results"][0]["content"][0]["text"]
         .as_str()
         .unwrap_or("");
     assert_eq!(after["results"][0]["isError"], json!(true), "{after}");
     assert!(text.contains("egress_log_unavailable"), "{after}");
-    assert_eq!(curl_status(&env.proxy(), &token, &env.up.url("/ok")), 503);
+    assert_eq!(curl_status(&proxy, &token, &up.url("/ok")), 503);
     assert_eq!(
-        env.up.seen().len(),
+        up.seen().len(),
         2,
         "a request left although it could not be recorded"
     );
+    assert_eq!(std::fs::metadata(&p.journal).unwrap().len(), 0);
+}
+
+/// The PIDs of `parent`'s children whose command line holds `word`.
+fn children_of(parent: u32, word: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ppid …`: comm may hold spaces, so count from its end.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if ppid == Some(parent) && cmdline.contains(word) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The platform itself (a real `airlock run`) is killed with SIGKILL while
+/// the agent's slow request is in flight through the proxy. Its sidecar
+/// notices, records the request's end (`aborted`: the agent went with the
+/// platform) in the run's journal — there is no platform left to send it to
+/// — and exits. The next start's reclaim reads the journal into the store
+/// before failing the run: `airlock runs show` has the request, completed.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_left_before_the_platform_was_killed_reaches_the_store_at_the_next_start() {
+    let up = Upstream::start().await;
+    let port = up.addr.port();
+    let target = format!("http://127.0.0.1:{port}/hang");
+    let run = RealRun::with_manifest(
+        "",
+        &format!(
+            // Through the sidecar's proxy (the process backend could reach
+            // loopback directly, and NO_PROXY names 127.0.0.1 for the relays).
+            "[agent]\nname = \"journal\"\ncommand = [\"/bin/sh\", \"-c\", \"exec curl -sS --max-time 60 --noproxy '' -x \\\"$HTTP_PROXY\\\" {target}\"]\ntimeout = 120\n\n[network]\negress = [\"http://127.0.0.1:{port}/**\"]\n"
+        ),
+    )
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "127.0.0.1");
+    let mut platform = run
+        .command("process", &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    up.wait_for("/hang", 1).await;
+    let sidecars = children_of(platform.id(), "sidecar");
+    assert_eq!(sidecars.len(), 1, "the run's sidecar");
+    let run_dirs: Vec<String> = std::fs::read_dir(run.home.path().join("runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(run_dirs.len(), 1, "{run_dirs:?}");
+    let run_id = run_dirs[0].clone();
+    platform.kill().unwrap();
+    platform.wait().unwrap();
+    // The sidecar sees its platform go, records what it still had, exits.
+    eventually(20, || async {
+        (!std::path::Path::new(&format!("/proc/{}", sidecars[0])).exists()).then_some(())
+    })
+    .await
+    .expect("the sidecar outlived its platform");
+
+    let next = RealRun::with_manifest(
+        "",
+        "[agent]\nname = \"next\"\ncommand = [\"true\"]\ntimeout = 30\n\n[network]\negress = \"none\"\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .args(["run", "--json", "--backend", "process", "-f"])
+        .arg(&next.manifest)
+        .env("AIRLOCK_HOME", run.home.path())
+        .env_remove("DATABASE_URL")
+        .env_remove("RUN_ADAPTER")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reclaimed 1 leftover run"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = run.airlock(&["runs", "show", &run_id, "--json"]);
+    let report: Value = serde_json::from_slice(&shown.stdout)
+        .unwrap_or_else(|_| panic!("runs show: {}", String::from_utf8_lossy(&shown.stderr)));
+    assert_eq!(report["status"], "failed", "{report}");
+    let entries = report["egress"]["entries"].as_array().unwrap();
+    let hang: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["url"].as_str().is_some_and(|u| u.ends_with("/hang")))
+        .collect();
+    assert_eq!(hang.len(), 1, "{report}");
+    assert_eq!(hang[0]["source"], "proxy", "{report}");
+    assert_eq!(hang[0]["decision"], "allowed", "{report}");
+    // Its end was recorded after the platform was gone: only the journal had it.
+    assert_eq!(hang[0]["outcome"], "aborted", "{report}");
 }
 
 /// A connection refused by the upstream at each site: the guard allowed it
