@@ -15,10 +15,8 @@ use airlock_platform_api::wire::{
     Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
     MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
-use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering};
 use airlock_store::{
-    ConnectionRecord, EgressDecision, EgressMetering, NewEgress, NewEvent, RunQuery, RunStatus,
-    Store, Usage,
+    ConnectionRecord, EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
 };
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 use axum::Router;

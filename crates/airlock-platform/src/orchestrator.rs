@@ -91,6 +91,9 @@ pub struct Orchestrator {
     pub backend: Box<dyn Backend>,
     /// The `airlock` binary (sidecar and runtime are subcommands of it).
     pub exe: PathBuf,
+    /// `airlock-sidecar` beside it, of the same build, when there is one
+    /// ([`airlock_sandbox::own_sidecar_binary`]): what host sidecars run.
+    pub sidecar_exe: Option<PathBuf>,
 }
 
 fn now_ms() -> i64 {
@@ -569,6 +572,7 @@ impl Orchestrator {
         let mut sidecar = self.backend.spawn_sidecar(&SidecarSpec {
             run_id: run_id.to_owned(),
             exe: self.exe.clone(),
+            own_binary: self.sidecar_exe.clone(),
             log: std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into()),
             config: cfg.to_json(),
             platform_socket: self.api_socket.clone(),

@@ -89,8 +89,11 @@ impl SidecarPlacement {
 #[derive(Debug, Clone)]
 pub struct SidecarSpec {
     pub run_id: String,
-    /// The `airlock` binary on the host (a host-process sidecar runs it).
+    /// The `airlock` binary on the host (a host-process sidecar runs
+    /// `airlock sidecar`)…
     pub exe: PathBuf,
+    /// …or this `airlock-sidecar` of the same build ([`own_sidecar_binary`]).
+    pub own_binary: Option<PathBuf>,
     /// `AIRLOCK_LOG` of the sidecar.
     pub log: String,
     /// The configuration document, written to its stdin (then closed).
@@ -124,12 +127,53 @@ pub fn host_sidecar_placement(paths: &RunPaths, platform_socket: &Path) -> Sidec
 pub const SIDECAR_SOCKET: &str = "sidecar.sock";
 pub const PROXY_SOCKET: &str = "proxy.sock";
 
-/// Starts `airlock sidecar` as a host process (the process and namespace
-/// backends' placement).
+/// The sidecar's own binary, `airlock-sidecar`, when it sits next to `exe`
+/// (the `airlock` binary) and is of the same build: it holds only the
+/// sidecar's code, so a run's sidecar maps less memory than `airlock
+/// sidecar`, the same program. A binary that does not answer `--build` with
+/// `build` (one left from another build, or anything else by that name) is
+/// never used: `None`, and the platform starts `airlock sidecar`.
+pub fn own_sidecar_binary(exe: &Path, build: &str) -> Option<PathBuf> {
+    let own = exe.with_file_name(SIDECAR_EXE);
+    if !std::fs::metadata(&own).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let out = std::process::Command::new(&own)
+        .arg("--build")
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && said.trim_end() == build {
+        Some(own)
+    } else {
+        tracing::warn!(
+            binary = %own.display(),
+            "not starting this sidecar binary: it is not of this build of airlock (rebuild both: cargo build); using `airlock sidecar`"
+        );
+        None
+    }
+}
+
+/// The sidecar's own binary's name (beside `airlock`).
+pub const SIDECAR_EXE: &str = "airlock-sidecar";
+
+/// Starts the sidecar as a host process (the process and namespace
+/// backends' placement): its own binary where [`own_sidecar_binary`] found
+/// one, else `airlock sidecar`.
 pub fn spawn_host_sidecar(spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
     use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(&spec.exe)
-        .arg("sidecar")
+    let mut command = match &spec.own_binary {
+        Some(own) => tokio::process::Command::new(own),
+        None => {
+            let mut c = tokio::process::Command::new(&spec.exe);
+            c.arg("sidecar");
+            c
+        }
+    };
+    let mut child = command
         .env_clear()
         .env("AIRLOCK_LOG", &spec.log)
         .stdin(std::process::Stdio::piped())
@@ -428,5 +472,43 @@ pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
             backend: "unknown",
             reason: format!("no backend named {other:?} (process, namespace, docker, auto)"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A script named `airlock-sidecar` beside a (pretend) `airlock`.
+    fn beside(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
+        let own = dir.join(super::SIDECAR_EXE);
+        std::fs::write(&own, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir.join("airlock")
+    }
+
+    /// Only a sidecar binary that says it is of this very build is started
+    /// in place of `airlock sidecar`: one left from another build, one that
+    /// fails, or one that is not there is not.
+    #[test]
+    fn only_a_sidecar_binary_of_the_same_build_is_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("airlock");
+        assert_eq!(super::own_sidecar_binary(&exe, "0.1.0-abc"), None);
+        let exe = beside(dir.path(), r#"[ "$1" = --build ] && echo 0.1.0-abc"#);
+        assert_eq!(
+            super::own_sidecar_binary(&exe, "0.1.0-abc"),
+            Some(dir.path().join(super::SIDECAR_EXE))
+        );
+        assert_eq!(super::own_sidecar_binary(&exe, "0.1.0-def"), None);
+        let exe = beside(dir.path(), "echo 0.1.0-abc; exit 3");
+        assert_eq!(super::own_sidecar_binary(&exe, "0.1.0-abc"), None);
+        // A directory by that name is not a binary.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(other.path().join(super::SIDECAR_EXE)).unwrap();
+        assert_eq!(
+            super::own_sidecar_binary(&other.path().join("airlock"), "0.1.0-abc"),
+            None
+        );
     }
 }

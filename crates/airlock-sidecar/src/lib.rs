@@ -30,5 +30,10 @@ pub mod state;
 mod sys;
 
 pub use config::SidecarConfig;
+
+/// This build of the sidecar (a fingerprint of its sources, `build.rs`):
+/// what `airlock-sidecar --build` prints, and what the platform expects of
+/// an `airlock-sidecar` binary before it starts one.
+pub const BUILD: &str = env!("AIRLOCK_SIDECAR_BUILD");
 pub use server::{SidecarError, run};
 pub use state::Sidecar;

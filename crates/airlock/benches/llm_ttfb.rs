@@ -1,13 +1,17 @@
-//! `/llm` streaming: time to the first SSE event through the sidecar's relay
-//! versus directly from the same fake provider, measured in the same run.
+//! `/llm` streaming: time to the first SSE event through the sidecar's relay,
+//! beside its peer (one `nginx` reverse-proxy hop, unbuffered, to the same
+//! fake provider) and directly from the provider, in the same run:
+//! alternating request by request, three repetitions, a fresh sidecar each.
 //!
-//! `cargo bench -p airlock --bench llm_ttfb` (env `LLM_TTFB_ITERS`, default 400).
+//! `cargo bench -p airlock --bench llm_ttfb` (env `LLM_TTFB_ITERS`, default
+//! 400; `LLM_TTFB_REPS`, default 3).
 //! Everything runs on 127.0.0.1: the fake provider in this process, the real
 //! `airlock sidecar` binary against a real test platform.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 #[path = "../tests/support/fake_provider.rs"]
 mod fake_provider;
+mod peers;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -97,6 +101,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(400);
+    let reps: usize = std::env::var("LLM_TTFB_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -104,51 +112,80 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         let p = TestPlatform::start("bench-llm").await;
+        peers::platform_like_the_build(&p);
         p.add_connection("@model", AuthType::ApiKey, &[("key", "sk-bench-key")]).await;
         let fake = fake_provider::start(Duration::ZERO).await;
-        let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "unix": p.dir.path().join("sidecar.sock")}));
-        support::merge(
-            &mut cfg,
-            json!({
-                "model": {"provider": "openai", "base_url": format!("http://api.internal.test:{}/v1", fake.port())},
-                "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
-            }),
-        );
-        let sc = tokio::task::spawn_blocking(move || support::spawn_sidecar_with_log(&cfg, "warn")).await.unwrap();
+        let nginx = peers::nginx(fake.addr);
         let token = p.sidecar_token.expose_secret().to_owned();
-        let mut conns = [
-            ("direct (tcp)", Conn::tcp(fake.addr, "/v1/chat/completions", None).await),
-            ("relay (unix socket)", Conn::unix(&sc.unix(), "/llm/v1/chat/completions", Some(&token)).await),
-            ("relay (tcp)", Conn::tcp(sc.tcp(), "/llm/v1/chat/completions", Some(&token)).await),
-        ];
-        for _ in 0..50 {
-            for (_, c) in conns.iter_mut() {
-                c.once().await;
-            }
+        println!("llm_ttfb: OpenAI-style streaming chat completion (8 events), {iters} iterations per figure, {reps} repetitions, alternating, keep-alive, loopback; load {}", peers::load());
+        println!("  {}", peers::describe());
+        // (label, per-rep medians of first event, of the whole stream)
+        let mut names: Vec<&'static str> = vec!["direct (tcp)"];
+        if nginx.is_some() {
+            names.push("nginx hop (peer)");
         }
-        let mut first: Vec<Vec<Duration>> = vec![vec![]; conns.len()];
-        let mut total: Vec<Vec<Duration>> = vec![vec![]; conns.len()];
-        for _ in 0..iters {
-            for (i, (_, c)) in conns.iter_mut().enumerate() {
-                let (f, t) = c.once().await;
-                first[i].push(f);
-                total[i].push(t);
+        names.push("relay (unix socket)");
+        names.push("relay (tcp)");
+        let mut first_by: Vec<Vec<f64>> = vec![vec![]; names.len()];
+        let mut p99_by: Vec<Vec<f64>> = vec![vec![]; names.len()];
+        let mut cpu_by: Vec<f64> = vec![];
+        for rep in 0..reps {
+            let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "unix": p.dir.path().join(format!("sidecar-{rep}.sock"))}));
+            support::merge(
+                &mut cfg,
+                json!({
+                    "model": {"provider": "openai", "base_url": format!("http://api.internal.test:{}/v1", fake.port())},
+                    "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
+                }),
+            );
+            let sc = peers::spawn_sidecar(&cfg);
+            let unix: std::path::PathBuf = sc.ready["listen"]["unix"].as_str().unwrap().into();
+            let mut conns: Vec<Conn> = vec![Conn::tcp(fake.addr, "/v1/chat/completions", None).await];
+            if let Some(n) = &nginx {
+                conns.push(Conn::tcp(n.addr, "/v1/chat/completions", None).await);
             }
-        }
-        println!("llm_ttfb: OpenAI-style streaming chat completion (8 events), {iters} iterations each, keep-alive, loopback");
-        println!("{:<22} {:>24} {:>24}", "", "first event (µs)", "whole stream (µs)");
-        println!("{:<22} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7}", "", "median", "p90", "p99", "median", "p90", "p99");
-        let base = stats(first[0].clone());
-        for (i, (name, _)) in conns.iter().enumerate() {
-            let f = stats(first[i].clone());
-            let t = stats(total[i].clone());
-            println!("{name:<22} {:>8.0} {:>7.0} {:>7.0} {:>8.0} {:>7.0} {:>7.0}", f.0, f.1, f.2, t.0, t.1, t.2);
-            if i > 0 {
-                println!("{:<22} {:>8.0} {:>7.0} {:>7.0}", "  added vs direct", f.0 - base.0, f.1 - base.1, f.2 - base.2);
+            conns.push(Conn::unix(&unix, "/llm/v1/chat/completions", Some(&token)).await);
+            conns.push(Conn::tcp(sc.addr("tcp"), "/llm/v1/chat/completions", Some(&token)).await);
+            for _ in 0..50 {
+                for c in conns.iter_mut() {
+                    c.once().await;
+                }
             }
+            let mut first: Vec<Vec<Duration>> = vec![vec![]; conns.len()];
+            let mut total: Vec<Vec<Duration>> = vec![vec![]; conns.len()];
+            let relay_tcp = conns.len() - 1;
+            let mut cpu = 0u64;
+            for _ in 0..iters {
+                for (i, c) in conns.iter_mut().enumerate() {
+                    let c0 = if i == relay_tcp { peers::cpu_ns(sc.pid()) } else { 0 };
+                    let (f, t) = c.once().await;
+                    if i == relay_tcp {
+                        cpu += peers::cpu_ns(sc.pid()) - c0;
+                    }
+                    first[i].push(f);
+                    total[i].push(t);
+                }
+            }
+            println!("  rep {rep}: {:<22} {:>24} {:>24}", "", "first event (µs)", "whole stream (µs)");
+            println!("         {:<22} {:>8} {:>7} {:>7} {:>8} {:>7} {:>7}", "", "median", "p90", "p99", "median", "p90", "p99");
+            let base = stats(first[0].clone());
+            for (i, name) in names.iter().enumerate() {
+                let f = stats(first[i].clone());
+                let t = stats(total[i].clone());
+                println!("         {name:<22} {:>8.0} {:>7.0} {:>7.0} {:>8.0} {:>7.0} {:>7.0}", f.0, f.1, f.2, t.0, t.1, t.2);
+                if i > 0 {
+                    println!("         {:<22} {:>8.0} {:>7.0} {:>7.0}", "  added vs direct", f.0 - base.0, f.1 - base.1, f.2 - base.2);
+                }
+                first_by[i].push(f.0 - base.0);
+                p99_by[i].push(f.2 - base.2);
+            }
+            cpu_by.push(cpu as f64 / iters as f64 / 1000.0);
+            println!("         sidecar CPU per streamed call (tcp): {:.0} µs", cpu as f64 / iters as f64 / 1000.0);
+            drop(conns);
+            drop(sc);
         }
         // The part of the added time that is the per-call key fetch (platform
-        // internal API over its unix socket: store read + decrypt).
+        // internal API over its unix socket).
         let platform = airlock_platform_api::PlatformClient::new(&p.socket, p.run_token.clone());
         let mut fetch = vec![];
         for _ in 0..iters {
@@ -157,8 +194,18 @@ fn main() {
             fetch.push(t0.elapsed());
         }
         let f = stats(fetch);
-        println!("{:<22} {:>8.0} {:>7.0} {:>7.0}", "  of which key fetch", f.0, f.1, f.2);
-        println!("(the relay path includes the per-call credential fetch from the platform and a cost event)");
-        drop(sc);
+        println!("summary (median [min–max] of {reps} repetitions), time to first event added vs direct:");
+        for (i, name) in names.iter().enumerate().skip(1) {
+            println!("  {name:<22} p50 {:<22} p99 {}", peers::spread(&first_by[i], 0), peers::spread(&p99_by[i], 0));
+        }
+        if nginx.is_some() {
+            let ng = &first_by[1];
+            for (i, name) in names.iter().enumerate().skip(2) {
+                let ratio: Vec<f64> = first_by[i].iter().zip(ng).map(|(a, n)| a / n).collect();
+                println!("  {name:<22} added p50 / nginx's: {}", peers::spread(&ratio, 2));
+            }
+        }
+        println!("  sidecar CPU per streamed call (tcp): {} µs", peers::spread(&cpu_by, 0));
+        println!("  of which key fetch (platform round trip): p50 {:.0} µs p90 {:.0} µs p99 {:.0} µs", f.0, f.1, f.2);
     });
 }

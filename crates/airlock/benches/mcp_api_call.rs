@@ -1,20 +1,25 @@
-//! `api_call` through the real `airlock sidecar` versus the same request
-//! straight to the loopback upstream, measured in the same run.
+//! `api_call` through the real `airlock sidecar` beside its peer, one
+//! keep-alive `nginx` reverse-proxy hop to the same loopback upstream, and
+//! the request straight to the upstream, in the same run: alternating call
+//! by call, three repetitions, a fresh sidecar for each (as a run starts
+//! one).
 //!
-//! Prints: p50/p99 of both and the added latency, for an integration whose
-//! credential is fetched from the platform on every call (the normal case)
-//! and for one without a connection (guard + MCP overhead only); the
-//! sidecar's RSS when idle (VmRSS of the process) and its peak (VmHWM) under
-//! 100 concurrent `api_call`s.
+//! Prints per repetition and as medians [min–max]: p50/p99 and the latency
+//! each adds to the direct request, for an integration whose credential is
+//! fetched from the platform on every call (the normal case) and for one
+//! without a connection (guard + MCP), as ratios to the nginx hop; CPU per
+//! call of the sidecar and of nginx; the sidecar's RSS idle (VmRSS) and its
+//! peak (VmHWM) under 100 concurrent `api_call`s.
 //!
 //! Run: `cargo bench -p airlock --bench mcp_api_call` (`MCP_BENCH_N` sets
-//! the sequential sample count, default 3000). Loopback traffic only.
+//! the sequential sample count, default 2000; `MCP_BENCH_REPS`, default 3).
+//! Loopback traffic only.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
+mod peers;
+
 use std::convert::Infallible;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use airlock_platform::testing::TestPlatform;
@@ -71,6 +76,11 @@ async fn client(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
 }
 
 async fn direct(c: &mut SendRequest<Full<Bytes>>, addr: SocketAddr) -> usize {
+    get_data(c, addr).await
+}
+
+/// `GET /data` on `c` (to the upstream, or to nginx in front of it).
+async fn get_data(c: &mut SendRequest<Full<Bytes>>, addr: SocketAddr) -> usize {
     let req = hyper::Request::get("/data")
         .header("host", format!("{API}:{}", addr.port()))
         .header("authorization", "Bearer bench-credential-value")
@@ -132,66 +142,7 @@ async fn via_sidecar(
     bytes.len()
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(i).copied().unwrap_or_default()
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn proc_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-struct Sidecar {
-    child: std::process::Child,
-    tcp: SocketAddr,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(cfg: &Value) -> Sidecar {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
-        .arg("sidecar")
-        .env("AIRLOCK_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start airlock sidecar");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(cfg.to_string().as_bytes())
-        .expect("config");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("readiness line");
-    std::thread::spawn(move || {
-        let mut rest = Vec::new();
-        let _ = out.read_to_end(&mut rest);
-    });
-    let ready: Value = serde_json::from_str(line.trim()).expect("readiness JSON");
-    let tcp = ready["listen"]["tcp"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("tcp listener");
-    Sidecar { child, tcp }
-}
+use peers::{percentile, us};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -201,11 +152,34 @@ fn main() {
     rt.block_on(run());
 }
 
+struct Rep {
+    direct: (f64, f64),
+    nginx: Option<(f64, f64)>,
+    cred: (f64, f64),
+    anon: (f64, f64),
+    cpu_cred_us: f64,
+    cpu_anon_us: f64,
+    cpu_nginx_us: Option<f64>,
+    idle_mib: f64,
+    warm_mib: f64,
+    peak_mib: f64,
+    burst_cps: f64,
+}
+
+fn p50_99(mut v: Vec<Duration>) -> (f64, f64) {
+    v.sort();
+    (us(percentile(&v, 0.5)), us(percentile(&v, 0.99)))
+}
+
 async fn run() {
     let n: usize = std::env::var("MCP_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3000);
+        .unwrap_or(2000);
+    let reps: usize = std::env::var("MCP_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     let p = TestPlatform::start("bench-agent").await;
     p.add_connection(
         "svc",
@@ -213,115 +187,182 @@ async fn run() {
         &[("api_key", "bench-credential-value")],
     )
     .await;
+    peers::platform_like_the_build(&p);
     let up = upstream().await;
     let port = up.port();
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-    let patch = json!({
-        "integrations": [
-            {"namespace": "svc", "authorized_uris": [format!("http://{API}:{port}/**")],
-             "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}},
-            {"namespace": "anon", "authorized_uris": [format!("http://{API}:{port}/**")], "has_connection": false}
-        ],
-        "egress": {"allow_internal_hosts": [API], "resolve": {API: ["127.0.0.1"]}},
-        "limits": {"max_concurrent_calls": 128}
-    });
-    if let (Value::Object(a), Value::Object(b)) = (&mut cfg, patch) {
-        a.extend(b);
-    }
-    let sc = spawn(&cfg);
-    let pid = sc.child.id();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let idle_kib = proc_kib(pid, "VmRSS:");
+    let nginx = peers::nginx(up);
+    println!(
+        "mcp api_call, {n} sequential calls per figure, {reps} repetitions, alternating (loopback upstream, keep-alive, 2026-07-28 stateless JSON); load {}",
+        peers::load()
+    );
+    println!("  {}", peers::describe());
     let token = p.sidecar_token.expose_secret().to_owned();
     let target = format!("http://{API}:{port}/data");
+    let mut results = Vec::new();
+    for rep in 0..reps {
+        let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
+        let patch = json!({
+            "integrations": [
+                {"namespace": "svc", "authorized_uris": [format!("http://{API}:{port}/**")],
+                 "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}},
+                {"namespace": "anon", "authorized_uris": [format!("http://{API}:{port}/**")], "has_connection": false}
+            ],
+            "egress": {"allow_internal_hosts": [API], "resolve": {API: ["127.0.0.1"]}},
+            "limits": {"max_concurrent_calls": 128}
+        });
+        if let (Value::Object(a), Value::Object(b)) = (&mut cfg, patch) {
+            a.extend(b);
+        }
+        let sc = peers::spawn_sidecar(&cfg);
+        let pid = sc.pid();
+        let sc_addr = sc.addr("tcp");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let idle_kib = peers::kib(pid, "VmRSS:");
 
-    let mut d = client(up).await;
-    let mut s = client(sc.tcp).await;
-    for i in 0..200 {
-        direct(&mut d, up).await;
-        via_sidecar(
-            &mut s,
-            &token,
-            "svc__api_call",
-            call_body("svc__api_call", &target, i),
-        )
-        .await;
-        via_sidecar(
-            &mut s,
-            &token,
-            "anon__api_call",
-            call_body("anon__api_call", &target, i),
-        )
-        .await;
-    }
-    let after_warmup_kib = proc_kib(pid, "VmRSS:");
+        let mut d = client(up).await;
+        let mut s = client(sc_addr).await;
+        let mut ng = match &nginx {
+            Some(n) => Some((client(n.addr).await, n.addr, n.pid())),
+            None => None,
+        };
+        for i in 0..200 {
+            direct(&mut d, up).await;
+            if let Some((c, a, _)) = &mut ng {
+                get_data(c, *a).await;
+            }
+            via_sidecar(
+                &mut s,
+                &token,
+                "svc__api_call",
+                call_body("svc__api_call", &target, i),
+            )
+            .await;
+            via_sidecar(
+                &mut s,
+                &token,
+                "anon__api_call",
+                call_body("anon__api_call", &target, i),
+            )
+            .await;
+        }
+        let warm_kib = peers::kib(pid, "VmRSS:");
 
-    // Interleaved so drift affects all three alike.
-    let (mut t_direct, mut t_cred, mut t_anon) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for i in 0..n as u64 {
-        let t = Instant::now();
-        direct(&mut d, up).await;
-        t_direct.push(t.elapsed());
-        let body = call_body("svc__api_call", &target, i);
-        let t = Instant::now();
-        via_sidecar(&mut s, &token, "svc__api_call", body).await;
-        t_cred.push(t.elapsed());
-        let body = call_body("anon__api_call", &target, i);
-        let t = Instant::now();
-        via_sidecar(&mut s, &token, "anon__api_call", body).await;
-        t_anon.push(t.elapsed());
-    }
-    for v in [&mut t_direct, &mut t_cred, &mut t_anon] {
-        v.sort();
-    }
-    let (d50, d99) = (percentile(&t_direct, 0.5), percentile(&t_direct, 0.99));
-    println!(
-        "mcp api_call latency, {n} sequential calls each (loopback upstream, keep-alive, 2026-07-28 stateless JSON):"
-    );
-    println!(
-        "  {:<44} p50 {:>8.1} µs   p99 {:>8.1} µs",
-        "direct to upstream (baseline)",
-        us(d50),
-        us(d99)
-    );
-    for (label, t) in [
-        ("via sidecar, credential fetched per call", &t_cred),
-        ("via sidecar, no connection (guard + MCP)", &t_anon),
-    ] {
-        let (p50, p99) = (percentile(t, 0.5), percentile(t, 0.99));
-        println!(
-            "  {label:<44} p50 {:>8.1} µs   p99 {:>8.1} µs   added p50 {:>7.1} µs  p99 {:>7.1} µs",
-            us(p50),
-            us(p99),
-            us(p50) - us(d50),
-            us(p99) - us(d99)
+        // Interleaved so drift affects every path alike.
+        let (mut t_direct, mut t_nginx, mut t_cred, mut t_anon) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
         );
-    }
+        let (mut cpu_cred, mut cpu_anon, mut cpu_nginx) = (0u64, 0u64, 0u64);
+        for i in 0..n as u64 {
+            let t = Instant::now();
+            direct(&mut d, up).await;
+            t_direct.push(t.elapsed());
+            if let Some((c, a, npid)) = &mut ng {
+                let c0 = peers::cpu_ns(*npid);
+                let t = Instant::now();
+                get_data(c, *a).await;
+                t_nginx.push(t.elapsed());
+                cpu_nginx += peers::cpu_ns(*npid) - c0;
+            }
+            let body = call_body("svc__api_call", &target, i);
+            let c0 = peers::cpu_ns(pid);
+            let t = Instant::now();
+            via_sidecar(&mut s, &token, "svc__api_call", body).await;
+            t_cred.push(t.elapsed());
+            cpu_cred += peers::cpu_ns(pid) - c0;
+            let body = call_body("anon__api_call", &target, i);
+            let c0 = peers::cpu_ns(pid);
+            let t = Instant::now();
+            via_sidecar(&mut s, &token, "anon__api_call", body).await;
+            t_anon.push(t.elapsed());
+            cpu_anon += peers::cpu_ns(pid) - c0;
+        }
 
-    // One extra loopback hop with no work: the sidecar's `GET /health`.
-    let mut t_health = Vec::with_capacity(n);
-    for _ in 0..n {
-        let req = hyper::Request::get("/health")
-            .header("host", "127.0.0.1")
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let t = Instant::now();
-        s.ready().await.expect("sidecar connection");
-        let resp = s.send_request(req).await.expect("health");
-        let _ = resp.into_body().collect().await.expect("body");
-        t_health.push(t.elapsed());
+        // 100 concurrent api_calls, 20 rounds, each on its own connection.
+        let mut tasks = tokio::task::JoinSet::new();
+        let started = Instant::now();
+        for c in 0..100u64 {
+            let token = token.clone();
+            let target = target.clone();
+            tasks.spawn(async move {
+                let mut s = client(sc_addr).await;
+                for i in 0..20 {
+                    via_sidecar(
+                        &mut s,
+                        &token,
+                        "svc__api_call",
+                        call_body("svc__api_call", &target, c * 100 + i),
+                    )
+                    .await;
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.expect("concurrent client");
+        }
+        let elapsed = started.elapsed();
+        let per = |ns: u64| ns as f64 / n as f64 / 1000.0;
+        let r = Rep {
+            direct: p50_99(t_direct),
+            nginx: ng.as_ref().map(|_| p50_99(t_nginx.clone())),
+            cred: p50_99(t_cred),
+            anon: p50_99(t_anon),
+            cpu_cred_us: per(cpu_cred),
+            cpu_anon_us: per(cpu_anon),
+            cpu_nginx_us: ng.as_ref().map(|_| per(cpu_nginx)),
+            idle_mib: idle_kib as f64 / 1024.0,
+            warm_mib: warm_kib as f64 / 1024.0,
+            peak_mib: peers::kib(pid, "VmHWM:") as f64 / 1024.0,
+            burst_cps: 2000.0 / elapsed.as_secs_f64(),
+        };
+        let added = |x: (f64, f64)| (x.0 - r.direct.0, x.1 - r.direct.1);
+        println!("  rep {rep}:");
+        println!(
+            "    {:<40} p50 {:>7.1} µs  p99 {:>7.1} µs",
+            "direct to upstream", r.direct.0, r.direct.1
+        );
+        if let Some(nx) = r.nginx {
+            let a = added(nx);
+            println!(
+                "    {:<40} p50 {:>7.1} µs  p99 {:>7.1} µs  added p50 {:>6.1} p99 {:>6.1}  CPU/call {:>5.1} µs",
+                "nginx hop (peer)",
+                nx.0,
+                nx.1,
+                a.0,
+                a.1,
+                r.cpu_nginx_us.unwrap_or(0.0)
+            );
+        }
+        for (label, x, cpu) in [
+            ("airlock, no connection", r.anon, r.cpu_anon_us),
+            (
+                "airlock, credential fetched per call",
+                r.cred,
+                r.cpu_cred_us,
+            ),
+        ] {
+            let a = added(x);
+            let ratio = r
+                .nginx
+                .map(|nx| {
+                    let na = added(nx);
+                    format!("  ×nginx p50 {:.2} p99 {:.2}", a.0 / na.0, a.1 / na.1)
+                })
+                .unwrap_or_default();
+            println!(
+                "    {label:<40} p50 {:>7.1} µs  p99 {:>7.1} µs  added p50 {:>6.1} p99 {:>6.1}  CPU/call {:>5.1} µs{ratio}",
+                x.0, x.1, a.0, a.1, cpu
+            );
+        }
+        println!(
+            "    sidecar memory: idle {:.2} MiB, after warm-up {:.2} MiB, peak under 100 concurrent api_calls {:.2} MiB ({:.0} calls/s)",
+            r.idle_mib, r.warm_mib, r.peak_mib, r.burst_cps
+        );
+        results.push(r);
+        drop(sc);
     }
-    t_health.sort();
-    println!(
-        "  {:<44} p50 {:>8.1} µs   p99 {:>8.1} µs",
-        "sidecar GET /health (the hop alone)",
-        us(percentile(&t_health, 0.5)),
-        us(percentile(&t_health, 0.99))
-    );
 
     // The platform round trip alone (what a credentialed call adds at least).
     let platform = airlock_platform_api::PlatformClient::new(&p.socket, p.run_token.clone());
@@ -331,57 +372,70 @@ async fn run() {
         platform.credential("svc").await.expect("credential");
         t_fetch.push(t.elapsed());
     }
-    t_fetch.sort();
-    println!(
-        "  {:<44} p50 {:>8.1} µs   p99 {:>8.1} µs",
-        "platform credential fetch alone",
-        us(percentile(&t_fetch, 0.5)),
-        us(percentile(&t_fetch, 0.99))
-    );
+    let fetch = p50_99(t_fetch);
 
-    // 100 concurrent api_calls, 20 rounds, each on its own connection.
-    let mut tasks = tokio::task::JoinSet::new();
-    let started = Instant::now();
-    for c in 0..100u64 {
-        let token = token.clone();
-        let target = target.clone();
-        let addr = sc.tcp;
-        tasks.spawn(async move {
-            let mut s = client(addr).await;
-            for i in 0..20 {
-                via_sidecar(
-                    &mut s,
-                    &token,
-                    "svc__api_call",
-                    call_body("svc__api_call", &target, c * 100 + i),
-                )
-                .await;
-            }
-        });
+    println!("summary (median [min–max] of {reps} repetitions):");
+    let col = |f: &dyn Fn(&Rep) -> f64| -> Vec<f64> { results.iter().map(f).collect() };
+    let line = |label: &str, v: Vec<f64>| println!("  {label:<52} {}", peers::spread(&v, 1));
+    line("direct p50 (µs)", col(&|r| r.direct.0));
+    if nginx.is_some() {
+        line(
+            "nginx hop added p50 (µs)",
+            col(&|r| r.nginx.map_or(f64::NAN, |x| x.0 - r.direct.0)),
+        );
+        line(
+            "nginx hop added p99 (µs)",
+            col(&|r| r.nginx.map_or(f64::NAN, |x| x.1 - r.direct.1)),
+        );
+        line(
+            "nginx CPU per call (µs)",
+            col(&|r| r.cpu_nginx_us.unwrap_or(f64::NAN)),
+        );
     }
-    while let Some(r) = tasks.join_next().await {
-        r.expect("concurrent client");
+    for (label, get, cpu) in [
+        (
+            "no connection",
+            (|r: &Rep| r.anon) as fn(&Rep) -> (f64, f64),
+            (|r: &Rep| r.cpu_anon_us) as fn(&Rep) -> f64,
+        ),
+        (
+            "credential per call",
+            |r: &Rep| r.cred,
+            |r: &Rep| r.cpu_cred_us,
+        ),
+    ] {
+        line(
+            &format!("airlock {label}: added p50 (µs)"),
+            col(&|r| get(r).0 - r.direct.0),
+        );
+        line(
+            &format!("airlock {label}: added p99 (µs)"),
+            col(&|r| get(r).1 - r.direct.1),
+        );
+        line(
+            &format!("airlock {label}: CPU per call (µs)"),
+            col(&|r| cpu(r)),
+        );
+        if nginx.is_some() {
+            line(
+                &format!("airlock {label}: added p50 / nginx's"),
+                col(&|r| (get(r).0 - r.direct.0) / r.nginx.map_or(f64::NAN, |x| x.0 - r.direct.0)),
+            );
+            line(
+                &format!("airlock {label}: added p99 / nginx's"),
+                col(&|r| (get(r).1 - r.direct.1) / r.nginx.map_or(f64::NAN, |x| x.1 - r.direct.1)),
+            );
+        }
     }
-    let elapsed = started.elapsed();
-    let peak_kib = proc_kib(pid, "VmHWM:");
-    let after_kib = proc_kib(pid, "VmRSS:");
-    println!("sidecar memory (pid {pid}):");
-    println!(
-        "  idle after start              VmRSS {:>7.2} MiB",
-        idle_kib as f64 / 1024.0
+    line("sidecar RSS idle (MiB)", col(&|r| r.idle_mib));
+    line("sidecar RSS after warm-up (MiB)", col(&|r| r.warm_mib));
+    line(
+        "sidecar peak RSS, 100 concurrent api_calls (MiB)",
+        col(&|r| r.peak_mib),
     );
+    line("100 concurrent api_calls (calls/s)", col(&|r| r.burst_cps));
     println!(
-        "  idle after warm-up            VmRSS {:>7.2} MiB",
-        after_warmup_kib as f64 / 1024.0
-    );
-    println!(
-        "  100 concurrent api_calls      VmHWM {:>7.2} MiB (peak; 2000 calls in {:.2} s, {:.0} calls/s)",
-        peak_kib as f64 / 1024.0,
-        elapsed.as_secs_f64(),
-        2000.0 / elapsed.as_secs_f64()
-    );
-    println!(
-        "  after the burst               VmRSS {:>7.2} MiB",
-        after_kib as f64 / 1024.0
+        "  platform credential fetch alone: p50 {:.1} µs p99 {:.1} µs",
+        fetch.0, fetch.1
     );
 }

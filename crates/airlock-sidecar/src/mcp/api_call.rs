@@ -2,7 +2,6 @@
 //! send through the egress guard, and return the answer without it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use airlock_egress::{Admission, AuthorizedUris, CallRules, EgressError, OutboundRequest};
@@ -71,100 +70,6 @@ async fn decide_and_record(
     Ok((admission, flight))
 }
 
-type Decision = Result<(Admission, InFlight), Stop>;
-
-/// The guard's decision on an `api_call` and its egress record, started when
-/// the envelope named the tool and its target (as [`CredentialPrefetch`]
-/// starts the credential fetch): the record's platform round trip then
-/// overlaps rmcp's parsing and dispatch and the credential fetch. Only for
-/// targets the credential plays no part in (no placeholder, no template in
-/// `authorized_uris`). The tool call takes it only if its parsed arguments
-/// name the same target and method; a decision nobody takes is recorded as
-/// `not_sent`.
-#[derive(Clone)]
-pub struct DecisionPrefetch {
-    namespace: String,
-    target: String,
-    method: http::Method,
-    pending: Arc<PendingDecision>,
-}
-
-struct PendingDecision(std::sync::Mutex<Option<tokio::task::JoinHandle<Decision>>>);
-
-impl Drop for PendingDecision {
-    fn drop(&mut self) {
-        if let Ok(mut h) = self.0.lock()
-            && let Some(h) = h.take()
-        {
-            h.abort();
-        }
-    }
-}
-
-impl DecisionPrefetch {
-    pub(crate) fn start(
-        state: &Arc<McpState>,
-        ns: &str,
-        target: Option<&str>,
-        method: Option<&str>,
-    ) -> Option<Self> {
-        let target = target.filter(|t| !t.is_empty() && !t.contains("{{"))?;
-        let method = match method.map(str::to_ascii_uppercase).as_deref() {
-            None | Some("GET") => http::Method::GET,
-            Some("POST") => http::Method::POST,
-            Some("PUT") => http::Method::PUT,
-            Some("PATCH") => http::Method::PATCH,
-            Some("DELETE") => http::Method::DELETE,
-            Some("HEAD") => http::Method::HEAD,
-            Some(_) => return None,
-        };
-        if !state.static_uris.contains_key(ns) {
-            return None;
-        }
-        let st = state.clone();
-        let (n, t, m) = (ns.to_owned(), target.to_owned(), method.clone());
-        let handle = tokio::spawn(async move {
-            let integration = st.sidecar.integrations.get(&n);
-            let (Some(authorized), Some(integration)) = (st.static_uris.get(&n), integration)
-            else {
-                return Err(Stop::Refused(EgressError::invalid_url(
-                    "no such integration",
-                )));
-            };
-            let rules = CallRules {
-                authorized,
-                allow_all_uris: integration.allow_all_uris,
-                credentialed: integration.has_connection,
-            };
-            decide_and_record(
-                &st.sidecar,
-                &rules,
-                &n,
-                m.as_str(),
-                &t,
-                0,
-                &Redactor::none(),
-            )
-            .await
-        });
-        Some(DecisionPrefetch {
-            namespace: ns.to_owned(),
-            target: target.to_owned(),
-            method,
-            pending: Arc::new(PendingDecision(std::sync::Mutex::new(Some(handle)))),
-        })
-    }
-
-    /// The decision, if it is this call's and was not taken yet.
-    async fn take(&self, ns: &str, target: &str, method: &http::Method) -> Option<Decision> {
-        if self.namespace != ns || self.target != target || self.method != method {
-            return None;
-        }
-        let handle = self.pending.0.lock().ok()?.take()?;
-        handle.await.ok()
-    }
-}
-
 /// The call's credential fields, fetched for this call only.
 async fn credential_fields(
     sidecar: &Sidecar,
@@ -210,7 +115,6 @@ pub async fn run(
     integration: &Integration,
     args: ApiCallArgs,
     prefetch: Option<&CredentialPrefetch>,
-    decided: Option<&DecisionPrefetch>,
 ) -> CallToolResult {
     let sidecar = &state.sidecar;
     let Ok(_permit) = sidecar.api_calls.acquire().await else {
@@ -233,9 +137,9 @@ pub async fn run(
         )
     };
     // When neither the target nor authorized_uris depends on the credential,
-    // the guard decides and the request is recorded while the credential is
-    // fetched: the two platform round trips overlap. (Nothing of the
-    // credential is in that target to redact.)
+    // the guard decides and the request is recorded (journalled) while the
+    // credential is fetched. (Nothing of the credential is in that target
+    // to redact.)
     let early_rules = state
         .static_uris
         .get(ns)
@@ -246,11 +150,6 @@ pub async fn run(
             credentialed: integration.has_connection,
         });
     let early = async {
-        if let Some(p) = decided
-            && let Some(d) = p.take(ns, &args.target, &args.method).await
-        {
-            return Some(d);
-        }
         match &early_rules {
             Some(rules) => Some(
                 decide_and_record(

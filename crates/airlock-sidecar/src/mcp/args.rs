@@ -97,10 +97,6 @@ pub struct Shape {
     pub tool_call: Option<String>,
     /// An `initialize` request (it opens a session in 2025-11-25 mode).
     pub initialize: bool,
-    /// An `api_call`'s `target` and `method` arguments as given (strings
-    /// only, unvalidated: the tool call is parsed and checked later).
-    pub api_target: Option<String>,
-    pub api_method: Option<String>,
 }
 
 /// rmcp's typed parse of a message that passed [`check_shape`], as a
@@ -202,19 +198,7 @@ pub fn check_shape(bytes: &[u8]) -> Result<Shape, EnvelopeError> {
     let tool_call = (method == Some("tools/call"))
         .then(|| obj.get("params")?.get("name")?.as_str().map(str::to_owned))
         .flatten();
-    let arguments = tool_call
-        .as_deref()
-        .filter(|n| n.ends_with(API_CALL_SUFFIX))
-        .and_then(|_| obj.get("params")?.get("arguments"));
-    let arg = |k: &str| {
-        arguments
-            .and_then(|a| a.get(k))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
     Ok(Shape {
-        api_target: arg("target"),
-        api_method: arg("method"),
         tool_call,
         initialize: method == Some("initialize"),
     })

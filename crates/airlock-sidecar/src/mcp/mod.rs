@@ -10,10 +10,13 @@
 //! Before rmcp sees a POST, [`entry`] reads the body within
 //! `limits.max_request_bytes` (413 naming the limit) and checks the JSON-RPC
 //! envelope ([`args::check_envelope`]) so malformed input gets a JSON-RPC
-//! error rather than rmcp's plain-text 415.
+//! error rather than rmcp's plain-text 415. The hot request, a stateless
+//! `tools/call` of an `api_call` tool, is answered by [`lean`] with rmcp's
+//! own types, exactly as rmcp would answer it.
 
 pub mod api_call;
 pub mod args;
+mod lean;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -79,6 +82,8 @@ pub struct McpState {
     /// Parsed `authorized_uris` of the integrations without
     /// `{$credential.…}` templates (the others are rendered per call).
     static_uris: std::collections::HashMap<String, airlock_egress::AuthorizedUris>,
+    /// Stateless `api_call`s bypass rmcp's per-request machinery ([`lean`]).
+    lean: bool,
 }
 
 impl McpState {
@@ -107,6 +112,7 @@ impl McpState {
             tools,
             stored_bytes: AtomicU64::new(0),
             static_uris,
+            lean: true,
         }
     }
 
@@ -120,7 +126,6 @@ impl McpState {
         name: &str,
         arguments: Option<&serde_json::Map<String, Value>>,
         prefetch: Option<&CredentialPrefetch>,
-        decision: Option<&api_call::DecisionPrefetch>,
     ) -> Result<CallToolResult, ErrorData> {
         let limit = self.sidecar.limits.max_request_bytes;
         let call = match args::parse_tool_call(
@@ -141,9 +146,7 @@ impl McpState {
         Ok(match call {
             ToolCall::ApiCall { namespace, args } => {
                 match self.sidecar.integrations.get(&namespace) {
-                    Some(integration) => {
-                        api_call::run(self, integration, args, prefetch, decision).await
-                    }
+                    Some(integration) => api_call::run(self, integration, args, prefetch).await,
                     None => {
                         return Err(ErrorData::invalid_params(
                             format!("unknown tool {name:?}"),
@@ -315,16 +318,16 @@ impl ServerHandler for AirlockMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let parts = context.extensions.get::<http::request::Parts>();
         let prefetch = parts.and_then(|p| p.extensions.get::<CredentialPrefetch>());
-        let decision = parts.and_then(|p| p.extensions.get::<api_call::DecisionPrefetch>());
-        self.state
-            .call(
-                &request.name,
-                request.arguments.as_ref(),
-                prefetch,
-                decision,
-            )
-            .await
-            .map(CallToolResponse::from)
+        // Boxed: rmcp keeps the handler's future inside the per-request
+        // task it spawns, and moves it (memcpy) on the way; the call's own
+        // state machine (the guarded client, TLS, hyper) is large, the box
+        // is one pointer.
+        Box::pin(
+            self.state
+                .call(&request.name, request.arguments.as_ref(), prefetch),
+        )
+        .await
+        .map(CallToolResponse::from)
     }
 
     async fn list_resources(
@@ -341,8 +344,7 @@ impl ServerHandler for AirlockMcp {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        self.state
-            .read(&request.uri)
+        Box::pin(self.state.read(&request.uri))
             .await
             .map(ReadResourceResponse::from)
     }
@@ -352,8 +354,16 @@ type McpService = StreamableHttpService<AirlockMcp, LocalSessionManager>;
 
 /// The `/mcp` router (nested by `server::router`, behind the token check).
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
+    router_with(sidecar, true)
+}
+
+/// [`router`], with or without the lean path for stateless `api_call`s
+/// (without: rmcp serves every request, as the tests compare).
+pub fn router_with(sidecar: Arc<Sidecar>, lean: bool) -> Router {
     let limit = sidecar.limits.max_request_bytes;
-    let state = Arc::new(McpState::new(sidecar));
+    let mut state = McpState::new(sidecar);
+    state.lean = lean;
+    let state = Arc::new(state);
     let entry_state = state.clone();
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
@@ -529,28 +539,18 @@ async fn entry(mcp: Mcp, req: Request) -> Response {
         .as_deref()
         .and_then(|n| n.strip_suffix(args::API_CALL_SUFFIX))
         && let Some(integration) = state.sidecar.integrations.get(ns)
+        && integration.has_connection
     {
-        let mut started = false;
-        if integration.has_connection {
-            parts
-                .extensions
-                .insert(CredentialPrefetch::start(&state.sidecar, ns));
-            started = true;
-        }
-        if let Some(d) = api_call::DecisionPrefetch::start(
-            &state,
-            ns,
-            shape.api_target.as_deref(),
-            shape.api_method.as_deref(),
-        ) {
-            parts.extensions.insert(d);
-            started = true;
-        }
-        if started {
-            // Let the fetches send their requests now (the sidecar runs one
-            // thread): rmcp's work below then overlaps the platform's.
-            tokio::task::yield_now().await;
-        }
+        parts
+            .extensions
+            .insert(CredentialPrefetch::start(&state.sidecar, ns));
+        // Let the fetch send its request now (the sidecar runs one thread):
+        // the parsing below then overlaps the platform's work.
+        tokio::task::yield_now().await;
+    }
+    if let Some(call) = lean::take(&parts, &bytes, &state) {
+        let prefetch = parts.extensions.get::<CredentialPrefetch>().cloned();
+        return lean::serve(call, &state, prefetch.as_ref()).await;
     }
     let json_body = parts
         .headers

@@ -14,16 +14,35 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// `AIRLOCK_BENCH_BASELINE=/path/to/older/airlock`: measure that build
-/// instead (a change's "before"), beside the same peer.
-pub fn airlock_exe() -> PathBuf {
-    std::env::var_os("AIRLOCK_BENCH_BASELINE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_airlock")))
+/// instead (a change's "before", beside the same peer), with what it had:
+/// no egress journal in the sidecar's configuration, no connection cache in
+/// the platform.
+pub fn baseline() -> Option<PathBuf> {
+    std::env::var_os("AIRLOCK_BENCH_BASELINE").map(PathBuf::from)
 }
 
-/// The sidecar under test, as the platform starts it.
+/// The `airlock` binary under test.
+pub fn airlock_exe() -> PathBuf {
+    baseline().unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_airlock")))
+}
+
+/// The sidecar under test, as the platform starts it (`airlock-sidecar`
+/// where the build has it, else `airlock sidecar`).
 pub fn sidecar_command() -> (PathBuf, &'static [&'static str]) {
-    (airlock_exe(), &["sidecar"])
+    match airlock_sandbox::own_sidecar_binary(&airlock_exe(), airlock_sidecar::BUILD) {
+        Some(own) => (own, &[]),
+        None => (airlock_exe(), &["sidecar"]),
+    }
+}
+
+/// Whether the sidecar under test gets an egress journal.
+pub fn with_journal() -> bool {
+    baseline().is_none()
+}
+
+/// The test platform as the build under test had it.
+pub fn platform_like_the_build(p: &airlock_platform::testing::TestPlatform) {
+    p.api.set_connection_cache(baseline().is_none());
 }
 
 /// The machine's load average, for the header of every bench.
@@ -322,9 +341,16 @@ impl Drop for Sidecar {
     }
 }
 
-/// Starts the sidecar with `cfg` on stdin and waits for its readiness line.
+/// Starts the sidecar with `cfg` on stdin (the journal left out when
+/// [`with_journal`] says so) and waits for its readiness line.
 pub fn spawn_sidecar(cfg: &serde_json::Value) -> Sidecar {
     use std::io::{BufRead, BufReader, Read, Write};
+    let mut cfg = cfg.clone();
+    if !with_journal()
+        && let Some(o) = cfg.as_object_mut()
+    {
+        o.remove("egress_journal");
+    }
     // `AIRLOCK_BENCH_WRAP="valgrind --tool=callgrind …"`: the sidecar runs
     // under that command (for its instruction profile).
     let wrap: Vec<String> = std::env::var("AIRLOCK_BENCH_WRAP")

@@ -84,6 +84,14 @@ pub async fn platform_with(
     settings: Settings,
     backend: Option<&str>,
 ) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
+    let exe = std::env::current_exe().context("locating the airlock binary")?;
+    // Asked beside the reclaim and the backend's boot (it starts a process).
+    let sidecar_exe = {
+        let exe = exe.clone();
+        std::thread::spawn(move || {
+            airlock_sandbox::own_sidecar_binary(&exe, airlock_sidecar::BUILD)
+        })
+    };
     let reclaimed = reclaim(&home, &store).await?;
     if !reclaimed.is_empty() {
         eprintln!(
@@ -107,7 +115,7 @@ pub async fn platform_with(
         .unwrap_or_else(|| settings.run_adapter.clone());
     let backend = airlock_sandbox::select(&adapter)?;
     backend.boot(&|s| eprintln!("airlock: {s}"))?;
-    let exe = std::env::current_exe().context("locating the airlock binary")?;
+    let sidecar_exe = sidecar_exe.join().unwrap_or(None);
     Ok((
         Orchestrator {
             home,
@@ -118,6 +126,7 @@ pub async fn platform_with(
             settings,
             backend,
             exe,
+            sidecar_exe,
         },
         server,
     ))

@@ -8,7 +8,7 @@ use crate::support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::support::{RealRun, finish_run, namespace_available, start_until};
+use crate::support::{RealRun, finish_run, namespace_available, sidecars_of, start_until};
 use serde_json::Value;
 
 fn backends() -> Vec<&'static str> {
@@ -19,30 +19,6 @@ fn backends() -> Vec<&'static str> {
     v
 }
 
-/// The children of `pid` whose command line starts with `argv`.
-fn children_with(pid: u32, argv: &[&str]) -> Vec<u32> {
-    let want: Vec<u8> = argv.join("\0").into_bytes();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.split(' ').nth(1))
-                .and_then(|s| s.parse::<u32>().ok());
-            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            ppid == Some(pid)
-                && cmd
-                    .split(|b| *b == 0)
-                    .next()
-                    .is_some_and(|a0| a0.ends_with(b"airlock"))
-                && cmd.windows(want.len()).any(|w| w == want.as_slice())
-        })
-        .collect()
-}
-
 #[test]
 fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
     for backend in backends() {
@@ -51,7 +27,7 @@ fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
             120,
         );
         let (child, _) = start_until(&run, backend, "ready");
-        let sidecars = children_with(child.id(), &["sidecar"]);
+        let sidecars = sidecars_of(child.id());
         assert_eq!(sidecars.len(), 1, "{backend}: one sidecar");
         let t = Instant::now();
         rustix::process::kill_process(

@@ -425,28 +425,6 @@ async fn without_a_journal_nothing_leaves_with_the_platform_gone() {
     assert_eq!(std::fs::metadata(&p.journal).unwrap().len(), 0);
 }
 
-/// The PIDs of `parent`'s children whose command line holds `word`.
-fn children_of(parent: u32, word: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        // `pid (comm) state ppid …`: comm may hold spaces, so count from its end.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if ppid == Some(parent) && cmdline.contains(word) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
 /// The platform itself (a real `airlock run`) is killed with SIGKILL while
 /// the agent's slow request is in flight through the proxy. Its sidecar
 /// notices, records the request's end (`aborted`: the agent went with the
@@ -474,7 +452,7 @@ async fn what_left_before_the_platform_was_killed_reaches_the_store_at_the_next_
         .spawn()
         .unwrap();
     up.wait_for("/hang", 1).await;
-    let sidecars = children_of(platform.id(), "sidecar");
+    let sidecars = sidecars_of(platform.id());
     assert_eq!(sidecars.len(), 1, "the run's sidecar");
     let run_dirs: Vec<String> = std::fs::read_dir(run.home.path().join("runs"))
         .unwrap()

@@ -637,3 +637,31 @@ pub fn finish_run(mut child: Child) -> Value {
     let _ = child.wait();
     serde_json::from_str(&out).unwrap_or(Value::Null)
 }
+
+/// The sidecars a platform (`parent`) started: its children that are
+/// `airlock-sidecar`, or `airlock sidecar` where that binary is absent.
+pub fn sidecars_of(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ppid …`: comm may hold spaces, so count from its end.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let mut argv = cmdline.split(|b| *b == 0);
+        let a0 = argv.next().unwrap_or_default();
+        let base = a0.rsplit(|b| *b == b'/').next().unwrap_or_default();
+        if base == b"airlock-sidecar" || (base == b"airlock" && argv.next() == Some(b"sidecar")) {
+            found.push(pid);
+        }
+    }
+    found
+}

@@ -1,0 +1,503 @@
+//! The hot request, served without rmcp's per-request machinery: a
+//! stateless (2026-07-28) `tools/call` of an `{namespace}__api_call` tool.
+//!
+//! rmcp answers such a request by spawning a one-shot service (a task, two
+//! channels, a cancellation token), serialising the parsed message back to a
+//! `Value` to check the SEP-2243 headers, and parsing the body through its
+//! flattened model; a profile of the sidecar put that at about half of the
+//! instructions of an `api_call`. Here the same request is parsed once into
+//! rmcp's own parameter type, run by the same [`McpState::call`] the rmcp
+//! handler runs, and answered with rmcp's own response type serialised the
+//! way rmcp does (`application/json`, status 200).
+//!
+//! Only a request that rmcp would serve the same way takes this path: every
+//! header and field is checked strictly (a subset of what rmcp accepts), and
+//! anything else — another method or tool, a session, an `Origin`, weighted
+//! `Accept` ranges, `Mcp-Param-*` headers, a missing or contradicting
+//! standard header, unknown envelope fields, missing `_meta` keys — goes to
+//! rmcp, which accepts or refuses it as before. `lean_and_rmcp_answer_alike`
+//! (below) checks both paths byte for byte.
+
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, NumberOrString, ServerJsonRpcMessage, ServerResult,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{ALLOWED_HOSTS, CredentialPrefetch, McpState, args};
+
+const PROTOCOL: &str = "2026-07-28";
+const META_PROTOCOL: &str = "io.modelcontextprotocol/protocolVersion";
+const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
+/// A request for the lean path.
+pub(crate) struct LeanCall {
+    id: NumberOrString,
+    params: CallToolRequestParams,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    jsonrpc: String,
+    id: Value,
+    method: String,
+    params: Params,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    name: String,
+    #[serde(default)]
+    arguments: Option<serde_json::Map<String, Value>>,
+    #[serde(rename = "_meta")]
+    meta: serde_json::Map<String, Value>,
+}
+
+/// The single value of header `name`, if it has exactly one.
+fn one<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut all = headers.get_all(name).iter();
+    let first = all.next()?;
+    if all.next().is_some() {
+        return None;
+    }
+    first.to_str().ok()
+}
+
+fn host_allowed(headers: &HeaderMap) -> bool {
+    let Some(host) = one(headers, "host") else {
+        return false;
+    };
+    let bare = match host.rsplit_once(':') {
+        Some((h, port))
+            if !h.is_empty()
+                && !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.len() <= 5 =>
+        {
+            h
+        }
+        _ => host,
+    };
+    ALLOWED_HOSTS.iter().any(|a| {
+        if *a == "::1" {
+            bare == "[::1]"
+        } else {
+            bare == *a
+        }
+    })
+}
+
+/// `Accept` names both media types, with no parameters (no weights).
+fn accepts_both(headers: &HeaderMap) -> bool {
+    let (mut json, mut sse) = (false, false);
+    for v in headers.get_all(header::ACCEPT) {
+        let Ok(v) = v.to_str() else { return false };
+        for item in v.split(',') {
+            let item = item.trim();
+            if item.contains(';') || item.contains('"') {
+                return false;
+            }
+            json |= item.eq_ignore_ascii_case("application/json");
+            sse |= item.eq_ignore_ascii_case("text/event-stream");
+        }
+    }
+    json && sse
+}
+
+fn headers_fit(headers: &HeaderMap) -> bool {
+    let plain_json = one(headers, header::CONTENT_TYPE.as_str())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    plain_json
+        && host_allowed(headers)
+        && accepts_both(headers)
+        && !headers.contains_key("mcp-session-id")
+        && !headers.contains_key(header::ORIGIN)
+        && !headers.contains_key("last-event-id")
+        && one(headers, "mcp-protocol-version") == Some(PROTOCOL)
+        && one(headers, "mcp-method") == Some("tools/call")
+        && !headers.keys().any(|k| k.as_str().starts_with("mcp-param-"))
+}
+
+/// The request, when it is one the lean path answers exactly as rmcp would.
+pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanCall> {
+    if !state.lean || !headers_fit(&parts.headers) {
+        return None;
+    }
+    let env: Envelope = serde_json::from_slice(body).ok()?;
+    if env.jsonrpc != "2.0" || env.method != "tools/call" {
+        return None;
+    }
+    let id = match env.id {
+        Value::String(s) => NumberOrString::String(s.into()),
+        Value::Number(n) => NumberOrString::Number(n.as_i64()?),
+        _ => return None,
+    };
+    let p = env.params;
+    if one(&parts.headers, "mcp-name") != Some(p.name.as_str()) {
+        return None;
+    }
+    let ns = p.name.strip_suffix(args::API_CALL_SUFFIX)?;
+    if !state.sidecar.integrations.contains_key(ns) {
+        return None;
+    }
+    let protocol_ok = p.meta.get(META_PROTOCOL).and_then(Value::as_str) == Some(PROTOCOL);
+    let capabilities_ok = p.meta.get(META_CAPABILITIES).is_some_and(Value::is_object);
+    if !protocol_ok || !capabilities_ok {
+        return None;
+    }
+    // rmcp's own parameter type, from the same fields (its parse of the
+    // `_meta` object included).
+    let params: CallToolRequestParams = serde_json::from_value(serde_json::json!({
+        "name": p.name,
+        "arguments": p.arguments,
+        "_meta": p.meta,
+    }))
+    .ok()?;
+    Some(LeanCall { id, params })
+}
+
+/// Runs the call and answers as rmcp's stateless JSON mode does.
+pub(crate) async fn serve(
+    call: LeanCall,
+    state: &McpState,
+    prefetch: Option<&CredentialPrefetch>,
+) -> Response {
+    let LeanCall { id, params } = call;
+    let message = match state
+        .call(&params.name, params.arguments.as_ref(), prefetch)
+        .await
+    {
+        Ok(result) => {
+            ServerJsonRpcMessage::response(ServerResult::from(CallToolResponse::from(result)), id)
+        }
+        // (Only an unknown tool fails here, and the tool was checked.)
+        Err(e) => ServerJsonRpcMessage::error(e, Some(id)),
+    };
+    match serde_json::to_vec(&message) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
+
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// An upstream with a fixed answer (no `date`: both paths see the same bytes).
+    async fn upstream() -> u16 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut tmp = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut tmp).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
+                    }
+                    let body = br#"{"ok":true,"n":[1,2,3]}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: r-1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(head.as_bytes()).await;
+                    let _ = s.write_all(body).await;
+                });
+            }
+        });
+        port
+    }
+
+    fn sidecar(port: u16, journal: &std::path::Path) -> Arc<crate::Sidecar> {
+        let cfg = serde_json::json!({
+            "run_id": "run_lean",
+            "sidecar_token": TOKEN,
+            "run_token": "run_lean.00",
+            "platform_socket": "/nonexistent/platform.sock",
+            "listen": {"tcp": "127.0.0.1:0"},
+            "integrations": [
+                {"namespace": "open", "authorized_uris": [format!("http://api.internal.test:{port}/**")], "has_connection": false}
+            ],
+            "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
+        });
+        let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
+        let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
+        crate::Sidecar::new(cfg, &[], Some(journal)).unwrap()
+    }
+
+    fn request(headers: &[(&str, &str)], body: &str) -> axum::http::Request<axum::body::Body> {
+        let mut b = axum::http::Request::post("/");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(axum::body::Body::from(body.to_owned())).unwrap()
+    }
+
+    async fn answer(
+        router: &axum::Router,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, Option<String>, Vec<u8>) {
+        let resp = router
+            .clone()
+            .oneshot(request(headers, body))
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        (status, ct, bytes)
+    }
+
+    fn call(id: &str, name: &str, arguments: &str, meta: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{name}","arguments":{arguments},"_meta":{meta}}}}}"#
+        )
+    }
+
+    const META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+
+    /// Every request, sent to the router with the lean path and to the one
+    /// without (rmcp alone), gets the same status, type and bytes; the
+    /// requests the lean path takes are the ones meant for it.
+    #[tokio::test]
+    async fn lean_and_rmcp_answer_alike() {
+        let port = upstream().await;
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("egress.journal");
+        std::fs::write(&j, b"").unwrap();
+        let sc = sidecar(port, &j);
+        let lean = super::super::router_with(sc.clone(), true);
+        let rmcp_only = super::super::router_with(sc.clone(), false);
+        let state = McpState::new(sc.clone());
+        let target = format!("http://api.internal.test:{port}/data?q=1");
+        let args = format!(r#"{{"target":"{target}"}}"#);
+        let post = format!(
+            r#"{{"target":"{target}","method":"POST","headers":{{"x-a":"b"}},"body":{{"k":[1,"two"]}}}}"#
+        );
+        let refused = r#"{"target":"http://elsewhere.test/"}"#;
+        let bad_args = r#"{"target":"http://api.internal.test/","method":"BREW"}"#;
+        let std_headers: Vec<(&'static str, &'static str)> = vec![
+            ("host", "127.0.0.1"),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "open__api_call"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)], drop: &[&str]| {
+            let mut h: Vec<(&'static str, &'static str)> = std_headers
+                .iter()
+                .filter(|(k, _)| !drop.contains(k))
+                .copied()
+                .collect();
+            h.extend_from_slice(extra);
+            h
+        };
+        // (headers, body, taken by the lean path)
+        type Case<'a> = (Vec<(&'a str, &'a str)>, String, bool);
+        let cases: Vec<Case> = vec![
+            (
+                with(&[], &[]),
+                call("1", "open__api_call", &args, META),
+                true,
+            ),
+            (
+                with(&[], &[]),
+                call("\"a-\\u0041\"", "open__api_call", &args, META),
+                true,
+            ),
+            (
+                with(&[], &[]),
+                call("-7", "open__api_call", &post, META),
+                true,
+            ),
+            (
+                with(&[], &[]),
+                call("2", "open__api_call", refused, META),
+                true,
+            ),
+            (
+                with(&[], &[]),
+                call("3", "open__api_call", bad_args, META),
+                true,
+            ),
+            (
+                with(&[("host", "localhost:8080")], &["host"]),
+                call("4", "open__api_call", &args, META),
+                true,
+            ),
+            (
+                with(&[], &[]),
+                call(
+                    "5",
+                    "open__api_call",
+                    &args,
+                    r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"x":{}},"io.modelcontextprotocol/clientInfo":{"name":"c","version":"1"}}"#,
+                ),
+                true,
+            ),
+            // Everything else is rmcp's.
+            (
+                with(&[("mcp-name", "other")], &["mcp-name"]),
+                call("6", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[], &["mcp-method"]),
+                call("7", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[], &["mcp-name"]),
+                call("8", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(
+                    &[("accept", "application/json;q=0, text/event-stream")],
+                    &["accept"],
+                ),
+                call("9", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[("accept", "application/json")], &["accept"]),
+                call("10", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[("mcp-param-target", "x")], &[]),
+                call("11", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[("origin", "http://evil.test")], &[]),
+                call("12", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[("host", "evil.test")], &["host"]),
+                call("13", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[], &[]),
+                call(
+                    "14",
+                    "open__api_call",
+                    &args,
+                    r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}"#,
+                ),
+                false,
+            ),
+            (
+                with(&[], &[]),
+                call("15", "open__api_call", &args, r#"{}"#),
+                false,
+            ),
+            (
+                with(&[], &[]),
+                call("1.5", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[], &[]),
+                call("null", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[("mcp-name", "nope__api_call")], &["mcp-name"]),
+                call("16", "nope__api_call", &args, META),
+                false,
+            ),
+            (
+                with(&[("mcp-name", "run_history")], &["mcp-name"]),
+                call("17", "run_history", "{}", META),
+                false,
+            ),
+            (
+                with(&[], &[]),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":18,"method":"tools/call","params":{{"name":"open__api_call","arguments":{args},"_meta":{META}}},"extra":1}}"#
+                ),
+                false,
+            ),
+            (
+                with(
+                    &[("mcp-protocol-version", "2025-11-25")],
+                    &["mcp-protocol-version"],
+                ),
+                call("19", "open__api_call", &args, META),
+                false,
+            ),
+            (
+                with(
+                    &[("content-type", "application/json; charset=utf-8")],
+                    &["content-type"],
+                ),
+                call("20", "open__api_call", &args, META),
+                false,
+            ),
+        ];
+        for (i, (headers, body, lean_takes)) in cases.iter().enumerate() {
+            let req = request(headers, body);
+            let (parts, _) = req.into_parts();
+            assert_eq!(
+                take(&parts, body.as_bytes(), &state).is_some(),
+                *lean_takes,
+                "case {i}: {headers:?} {body}"
+            );
+            let a = answer(&lean, headers, body).await;
+            let b = answer(&rmcp_only, headers, body).await;
+            assert_eq!(
+                (a.0, &a.1, String::from_utf8_lossy(&a.2)),
+                (b.0, &b.1, String::from_utf8_lossy(&b.2)),
+                "case {i}: {headers:?} {body}"
+            );
+            if *lean_takes {
+                assert_eq!(a.0, 200, "case {i}: {}", String::from_utf8_lossy(&a.2));
+            }
+            let text = String::from_utf8_lossy(&a.2);
+            match i {
+                // The upstream's answer, passed on.
+                0 => assert!(
+                    text.contains(r#"{\"ok\":true,\"n\":[1,2,3]}"#)
+                        && text.contains(r#""isError":false"#),
+                    "{text}"
+                ),
+                3 => assert!(text.contains("not_authorized"), "{text}"),
+                _ => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! `airlock-sidecar`: the sidecar alone, the same as `airlock sidecar`
+//! (configuration as one JSON document on stdin, readiness line on stdout,
+//! logs on stderr), in a binary that holds nothing else: a run's sidecar
+//! maps and faults in only its own code, so its resident memory is about
+//! two thirds of what the whole `airlock` binary costs. The platform starts
+//! it when it sits next to `airlock` and says it is of the same build
+//! (`--build`), else `airlock sidecar`.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use airlock_sidecar::SidecarConfig;
+use airlock_sidecar::config::MAX_CONFIG_BYTES;
+
+fn main() -> ExitCode {
+    // What the platform asks before it starts this binary: which build.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "--build") {
+        println!("{}", airlock_sidecar::BUILD);
+        return ExitCode::SUCCESS;
+    }
+    // `AIRLOCK_LOG` as `target=level` directives (`info`, `warn`,
+    // `airlock::egress=debug,info`): the sidecar needs no span-field
+    // filters, and the plain parser keeps a regex engine out of its memory.
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = std::env::var("AIRLOCK_LOG")
+        .ok()
+        .and_then(|v| v.parse::<tracing_subscriber::filter::Targets>().ok())
+        .unwrap_or_else(|| {
+            tracing_subscriber::filter::Targets::new()
+                .with_default(tracing::level_filters::LevelFilter::INFO)
+        });
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .try_init();
+    let mut buf = Vec::new();
+    if let Err(e) = std::io::stdin()
+        .take(MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut buf)
+    {
+        eprintln!("airlock sidecar: cannot read the configuration from stdin: {e}");
+        return ExitCode::from(2);
+    }
+    let cfg = match SidecarConfig::from_json(&buf) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("airlock sidecar: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Zero the raw document (it held the tokens) now that it is parsed.
+    buf.iter_mut().for_each(|b| *b = 0);
+    drop(buf);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("airlock sidecar: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(airlock_sidecar::run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock sidecar: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
