@@ -617,11 +617,15 @@ async fn record(
 ) -> Result<(), airlock_store::StoreError> {
     let (kind, at) = match &event {
         RunEvent::Heartbeat { at } => {
+            tracing::debug!(target: "airlock::phase", "event: heartbeat");
             store.record_heartbeat(run_id, *at).await?;
             ("heartbeat", *at)
         }
         RunEvent::Log { at, .. } => ("log", *at),
-        RunEvent::Result { at, .. } => ("result", *at),
+        RunEvent::Result { at, .. } => {
+            tracing::debug!(target: "airlock::phase", "event: result");
+            ("result", *at)
+        }
         RunEvent::Cost(c) => {
             let usage = Usage {
                 tokens_in: c.input_tokens as i64,

@@ -108,6 +108,9 @@ impl Orchestrator {
         mut cancel: watch::Receiver<bool>,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<RunOutcome, RunError> {
+        // Whatever the backend can start before the spec is known starts
+        // now, beside the checks and the store's records.
+        self.backend.prepare();
         let run_id = format!(
             "run_{}",
             airlock_vault::random_hex::<6>().map_err(|e| RunError::Setup(e.to_string()))?
@@ -164,6 +167,7 @@ impl Orchestrator {
             let _ = std::fs::remove_dir_all(&run_dir);
             return Err(e);
         }
+        tracing::debug!(target: "airlock::phase", "run recorded");
         // The run starts now (a wait for a slot is not part of it: the boot
         // deadline and the duration count from here).
         let started = Instant::now();
@@ -188,6 +192,7 @@ impl Orchestrator {
             Ok(end) => end,
             Err(e) => (RunStatus::Failed, None, Some(e.to_string())),
         };
+        tracing::debug!(target: "airlock::phase", "run judged");
         progress(Progress::Ending { status });
         self.api.revoke(&run_id);
         // The sidecar has exited: what it journalled (every request that
@@ -208,7 +213,9 @@ impl Orchestrator {
                 },
             )
             .await;
+        tracing::debug!(target: "airlock::phase", "end recorded");
         let _ = std::fs::remove_dir_all(&run_dir);
+        tracing::debug!(target: "airlock::phase", "run directory removed");
         finished?;
         Ok(RunOutcome {
             run_id,
@@ -324,9 +331,10 @@ impl Orchestrator {
             ),
         };
 
-        // Sidecar and sandbox start in parallel; the runtime waits for the
-        // sidecar's socket.
+        // Sidecar and sandbox start in parallel; the runtime gets its secrets
+        // (and so starts the agent) once the sidecar is ready.
         let (mut sidecar, mut sidecar_log) = self.spawn_sidecar(run_id, &sidecar_cfg, &journal)?;
+        tracing::debug!(target: "airlock::phase", "sidecar spawned");
         let runtime_exe = self.backend.runtime_exe(&self.exe);
         let mut command = vec![
             runtime_exe.display().to_string(),
@@ -360,9 +368,16 @@ impl Orchestrator {
             command,
             env: vec![
                 ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-                ("AIRLOCK_LOG".into(), "warn".into()),
+                (
+                    "AIRLOCK_LOG".into(),
+                    std::env::var("AIRLOCK_RUNTIME_LOG").unwrap_or_else(|_| "warn".into()),
+                ),
             ],
             stdin: secrets.to_json(),
+            // Released once the sidecar is ready (below): the runtime's
+            // first connection to it succeeds, and a run whose sidecar never
+            // came up never hands the runtime its secrets.
+            hold_stdin: true,
             sockets_dir: paths.sockets_host.clone(),
             ro_paths,
             workspace: paths.workspace.clone(),
@@ -372,6 +387,7 @@ impl Orchestrator {
             pids_max: 256,
         };
         let mut sandbox = self.backend.spawn(&spec)?;
+        tracing::debug!(target: "airlock::phase", "sandbox spawned");
         let mut output = SandboxOutput::start(&mut sandbox);
         progress(Progress::SandboxUp {
             after: started.elapsed(),
@@ -381,6 +397,7 @@ impl Orchestrator {
                 .await;
         match sidecar_ready {
             Ok(Ok(())) => {
+                tracing::debug!(target: "airlock::phase", "sidecar ready");
                 // The sandbox's uid is not the platform's: it may connect to
                 // the sockets (their directory is the platform's, 0711, and
                 // read-only inside the sandbox).
@@ -392,6 +409,7 @@ impl Orchestrator {
                         tracing::warn!("{}: {e}", s.display());
                     }
                 }
+                sandbox.release_stdin();
                 progress(Progress::SidecarUp {
                     after: started.elapsed(),
                 })
@@ -439,10 +457,13 @@ impl Orchestrator {
                 }
             }
         };
+        tracing::debug!(target: "airlock::phase", "sandbox exited");
         sandbox.cleanup().await;
+        tracing::debug!(target: "airlock::phase", "sandbox cleaned up");
         // Stopped after the sandbox, so every event the runtime handed it
         // (the agent's end among them) is in the store when it exits.
         sidecar.stop(SIDECAR_GRACE).await;
+        tracing::debug!(target: "airlock::phase", "sidecar exited");
         output.finish().await;
         Ok(match ended {
             Ended::Stopped(status, reason) => (status, None, Some(reason)),
@@ -817,14 +838,16 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
         tracing::info!("removed {stale} socket(s) of stopped platforms");
     }
     // Cgroups of those runs (only theirs: another live platform's new run
-    // may have an empty cgroup for a moment).
-    let dead = reclaimed.clone();
-    let cgroups = airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
-        name.strip_prefix("airlock-")
-            .is_some_and(|id| dead.iter().any(|d| d == id))
-    });
-    if !cgroups.is_empty() {
-        tracing::info!("reclaimed {} cgroup(s) of crashed runs", cgroups.len());
+    // may have an empty cgroup for a moment), when there are any.
+    if !reclaimed.is_empty() {
+        let dead = reclaimed.clone();
+        let cgroups = airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
+            name.strip_prefix("airlock-")
+                .is_some_and(|id| dead.iter().any(|d| d == id))
+        });
+        if !cgroups.is_empty() {
+            tracing::info!("reclaimed {} cgroup(s) of crashed runs", cgroups.len());
+        }
     }
     Ok(reclaimed)
 }

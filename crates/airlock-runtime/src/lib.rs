@@ -66,6 +66,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let token = secrets.sidecar_token.clone();
     let heartbeat_every = Duration::from_secs(secrets.heartbeat_interval_secs.max(1));
     let sidecar = wait_for_sidecar(&secrets.sidecar).await?;
+    tracing::debug!(target: "airlock::phase", "runtime: sidecar reachable");
 
     let reporter = Reporter::start(sidecar.clone(), token.clone());
     let api = relay::sidecar_relay(sidecar, token.clone())
@@ -138,6 +139,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             source,
         })?;
     drop(secrets);
+    tracing::debug!(target: "airlock::phase", "runtime: agent started");
     let agent_group = child
         .id()
         .and_then(|p| rustix::process::Pid::from_raw(p as i32));
@@ -203,6 +205,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             return Ok(137);
         }
     };
+    tracing::debug!(target: "airlock::phase", "runtime: agent exited");
     // Background processes the agent left in its group end with it.
     kill_group();
     for p in pumps {
@@ -238,6 +241,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         checkpoint: None,
     });
     reporter.flush().await;
+    tracing::debug!(target: "airlock::phase", "runtime: result delivered");
     Ok(exit_code)
 }
 
@@ -264,9 +268,11 @@ async fn parent_gone() {
     }
 }
 
-/// The sidecar starts in parallel with the sandbox: waits (up to 30 s, the
-/// platform's own patience with a sidecar) until it accepts a connection,
-/// and returns where to dial it.
+/// The sidecar starts in parallel with the sandbox. The platform hands the
+/// secrets over once it is ready, so the first attempt succeeds; a launcher
+/// that handed them earlier is waited for here (up to 30 s, the platform's
+/// own patience with a sidecar) until it accepts a connection. Returns where
+/// to dial it.
 async fn wait_for_sidecar(ep: &Endpoint) -> Result<Dial, RuntimeError> {
     let down = |why: String| {
         RuntimeError::SidecarDown(match ep {

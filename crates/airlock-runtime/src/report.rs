@@ -19,6 +19,11 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// How long the reporter waits for more events before sending a batch.
+const LINGER: Duration = Duration::from_millis(20);
+/// Most events in one request.
+const MAX_BATCH: usize = 500;
+
 enum Msg {
     Event(Box<RunEvent>),
     Flush(oneshot::Sender<()>),
@@ -31,6 +36,10 @@ pub struct Reporter {
 
 impl Reporter {
     pub fn start(socket: Dial, token: SecretString) -> Reporter {
+        Reporter::with_linger(socket, token, LINGER)
+    }
+
+    fn with_linger(socket: Dial, token: SecretString, linger: Duration) -> Reporter {
         let (tx, mut rx) = mpsc::channel::<Msg>(4096);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -44,12 +53,13 @@ impl Reporter {
                         }
                     };
                 take(first, &mut events, &mut waiters);
-                // Gather what arrives in the next few milliseconds into one request.
-                let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
-                while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-                    take(m, &mut events, &mut waiters);
-                    if events.len() >= 500 {
-                        break;
+                // Gather what arrives in the next few milliseconds into one
+                // request; a flush cuts it short (the agent's end is waiting).
+                let deadline = tokio::time::Instant::now() + linger;
+                while waiters.is_empty() && events.len() < MAX_BATCH {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(m)) => take(m, &mut events, &mut waiters),
+                        Ok(None) | Err(_) => break,
                     }
                 }
                 if !events.is_empty()
@@ -97,4 +107,58 @@ async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Res
         return Err(format!("sidecar answered {}", resp.status()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::UnixListener;
+
+    use super::*;
+
+    /// One request's body, answered 202.
+    async fn accept_one(l: UnixListener) -> String {
+        let (s, _) = l.accept().await.unwrap();
+        let mut s = BufReader::new(s);
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            s.read_line(&mut line).await.unwrap();
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0; len];
+        s.read_exact(&mut body).await.unwrap();
+        s.get_mut()
+            .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        String::from_utf8(body).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_flush_sends_what_is_queued_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("sidecar.sock");
+        let server = tokio::spawn(accept_one(UnixListener::bind(&sock).unwrap()));
+        // A linger no run waits out: only the flush can send the batch.
+        let r = Reporter::with_linger(
+            Dial::Unix(sock),
+            SecretString::from("t"),
+            Duration::from_secs(3600),
+        );
+        r.send(RunEvent::Heartbeat { at: 7 });
+        tokio::time::timeout(Duration::from_secs(30), r.flush())
+            .await
+            .expect("the flush waited for the linger");
+        let body = tokio::time::timeout(Duration::from_secs(30), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(body.contains("heartbeat"), "{body}");
+    }
 }

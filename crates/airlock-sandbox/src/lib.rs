@@ -25,6 +25,12 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Written to the command's stdin, then stdin is closed (the runtime's secrets).
     pub stdin: Vec<u8>,
+    /// Keeps `stdin` back until [`Sandbox::release_stdin`]: the sandbox
+    /// starts meanwhile and its command blocks reading it. The orchestrator
+    /// releases the runtime's secrets once the sidecar is ready, so the
+    /// runtime's first connection to it succeeds (nothing polls), and a run
+    /// whose sidecar never came up never hands its secrets over.
+    pub hold_stdin: bool,
     /// Host directory holding the sidecar's sockets (and nothing else). The
     /// sandbox sees it read-only at [`RunPaths::sockets`].
     pub sockets_dir: PathBuf,
@@ -254,6 +260,8 @@ pub struct Sandbox {
     stdout: Option<OutputStream>,
     stderr: Option<OutputStream>,
     inner: Inner,
+    /// Lets the held stdin through ([`SandboxSpec::hold_stdin`]).
+    stdin_gate: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 enum Inner {
@@ -289,19 +297,63 @@ impl Sandbox {
                 killer,
                 cleaner,
             },
+            stdin_gate: None,
         })
     }
 
+    /// `stdin_gate` holds the container's stdin back until
+    /// [`Sandbox::release_stdin`] ([`SandboxSpec::hold_stdin`]).
     pub(crate) fn container(
         c: docker::Container,
         stdout: OutputStream,
         stderr: OutputStream,
+        stdin_gate: Option<tokio::sync::oneshot::Sender<()>>,
     ) -> Sandbox {
         Sandbox {
             pid: 0,
             stdout: Some(stdout),
             stderr: Some(stderr),
             inner: Inner::Container(c),
+            stdin_gate,
+        }
+    }
+
+    /// Writes `head`, then `body` (once released when `hold` is set), to
+    /// the child's stdin, then closes it; in the background. Dropping the
+    /// sandbox (or cleaning it up) before the release closes stdin without
+    /// `body`.
+    pub(crate) fn feed_stdin(&mut self, head: Vec<u8>, body: Vec<u8>, hold: bool) {
+        use tokio::io::AsyncWriteExt;
+        let Inner::Child { child, .. } = &mut self.inner else {
+            return;
+        };
+        let Some(mut stdin) = child.stdin.take() else {
+            return;
+        };
+        let gate = hold.then(|| {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            self.stdin_gate = Some(tx);
+            rx
+        });
+        tokio::spawn(async move {
+            if stdin.write_all(&head).await.is_err() {
+                return;
+            }
+            if let Some(gate) = gate
+                && gate.await.is_err()
+            {
+                return;
+            }
+            let _ = stdin.write_all(&body).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+
+    /// Lets the held stdin ([`SandboxSpec::hold_stdin`]) through to the
+    /// command. Does nothing when it was not held, or once released.
+    pub fn release_stdin(&mut self) {
+        if let Some(gate) = self.stdin_gate.take() {
+            let _ = gate.send(());
         }
     }
 
@@ -330,6 +382,8 @@ impl Sandbox {
     /// to exit by itself, then kills what is left and cleans up. A sidecar
     /// is stopped this way, so every event it holds reaches the platform.
     pub async fn stop(mut self, grace: std::time::Duration) {
+        // A stdin still held is closed, never released.
+        self.stdin_gate = None;
         match &mut self.inner {
             Inner::Child { child, .. } => {
                 if let Some(pid) = child
@@ -347,6 +401,9 @@ impl Sandbox {
 
     /// Kills what is left and removes what the backend created on the host.
     pub async fn cleanup(mut self) {
+        // A stdin still held is closed, never released (a container's start
+        // is over only once its stdin is).
+        self.stdin_gate = None;
         self.kill();
         match &mut self.inner {
             Inner::Child { child, cleaner, .. } => {
@@ -389,7 +446,10 @@ pub trait Backend: Send + Sync {
     /// Where the sandbox of the run whose host directory is `run_dir` sees
     /// the sidecar's sockets and its workspace.
     fn paths(&self, run_dir: &Path) -> RunPaths;
-    /// Starts `spec.command`. Must not block for long.
+    /// Starts `spec.command`. Must not block for long. Call it from a
+    /// thread that outlives the run (a runtime's worker, or the thread
+    /// blocking on the runtime; not `spawn_blocking`, whose threads come and
+    /// go): a sandbox dies with the thread that started it.
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError>;
     /// The `airlock` binary as the sandbox sees it (it runs `airlock
     /// runtime`): the host's own by default, bound read-only.
@@ -419,6 +479,13 @@ pub trait Backend: Send + Sync {
     fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
         spawn_host_sidecar(spec)
     }
+    /// A spawn is coming: start, in the background, what can be started
+    /// before its spec is known (the namespace backend starts its init,
+    /// which waits for the spec holding nothing of any run). At most one is
+    /// kept; the next spawn takes it, and a spawn without one starts cold.
+    /// From the same kind of thread as [`Backend::spawn`]. Nothing by
+    /// default (the process and docker backends).
+    fn prepare(&self) {}
 }
 
 pub mod diagnose;

@@ -5,8 +5,6 @@
 
 use std::process::Stdio;
 
-use tokio::io::AsyncWriteExt;
-
 use std::path::Path;
 
 use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxSpec, Unavailable};
@@ -54,22 +52,17 @@ impl Backend for ProcessBackend {
         // killed) without a controlling terminal: `/dev/tty` does not reach
         // the operator's terminal. (This backend isolates nothing else.)
         crate::namespace::sys::new_session_on_spawn(&mut cmd);
-        let mut child = cmd.spawn()?;
+        let child = cmd.spawn()?;
         let pid = child
             .id()
             .ok_or_else(|| SandboxError::Setup("the command exited at once".into()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            let data = spec.stdin.clone();
-            tokio::spawn(async move {
-                let _ = stdin.write_all(&data).await;
-                let _ = stdin.shutdown().await;
-            });
-        }
         let killer = Box::new(move || {
             if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
             }
         });
-        Sandbox::new(child, killer, None)
+        let mut sb = Sandbox::new(child, killer, None)?;
+        sb.feed_stdin(vec![], spec.stdin.clone(), spec.hold_stdin);
+        Ok(sb)
     }
 }

@@ -195,12 +195,14 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
     shutdown_signal().await;
     tracing::info!("sidecar stopping");
+    tracing::debug!(target: "airlock::phase", "sidecar: stopping");
     // No new connections; those open keep being served while the egress log
     // drains (a request in flight completes, a model stream the agent left
     // is read to its end for metering), within the deadline.
     tasks.abort_all();
     // (The drain's last step flushes every queued event, not only egress.)
     sidecar.egress.drain(egress::DRAIN_DEADLINE).await;
+    tracing::debug!(target: "airlock::phase", "sidecar: events flushed");
     for s in sockets {
         let _ = std::fs::remove_file(s);
     }

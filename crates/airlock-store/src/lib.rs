@@ -272,6 +272,7 @@ impl Store {
             .connect_with(connect)
             .await
             .map_err(|e| StoreError::from_sqlx(&display, e))?;
+        tracing::debug!(target: "airlock::phase", "store connected");
         let store = Self {
             pool: Pool::Sqlite(pool),
             display,
@@ -291,6 +292,7 @@ impl Store {
                 }
             });
         }
+        tracing::debug!(target: "airlock::phase", "store checked");
         store.migrate().await?;
         Ok(store)
     }

@@ -52,6 +52,7 @@ fn spec(i: usize) -> SandboxSpec {
         command: vec!["/bin/true".into()],
         env: vec![],
         stdin: vec![],
+        hold_stdin: false,
         sockets_dir: PathBuf::from("/nonexistent"),
         ro_paths: vec![],
         workspace: PathBuf::from("/workspace"),

@@ -4,6 +4,11 @@
 //! backend for scale; then 50 concurrent namespace sandboxes (all must
 //! succeed and leave nothing behind).
 //!
+//! The namespace backend twice: **prepared**, as the platform starts every
+//! run (`Backend::prepare` when the run is asked for, here before the idle:
+//! its init is started ahead and waits for the spawn), and **cold** (no
+//! init waiting: the spawn starts it).
+//!
 //! Two loops, because the host's state between starts matters:
 //! - **spaced** (the figure that counts): every start follows at least
 //!   `AIRLOCK_BENCH_IDLE_MS` (default 150) ms of idle, as real runs are
@@ -36,6 +41,7 @@ fn spec(i: usize, run_dir: &Path) -> SandboxSpec {
         command: vec!["/usr/bin/true".into()],
         env: vec![],
         stdin: vec![],
+        hold_stdin: false,
         sockets_dir: run_dir.to_path_buf(),
         ro_paths: vec![],
         workspace: PathBuf::from("/workspace"),
@@ -68,10 +74,10 @@ fn line(name: &str, v: &[Duration]) {
     );
 }
 
-/// Both lines, the ratios, and the tail of each (starts over 2× bwrap's
-/// p50: the RCU-wait mode of the old cgroup join showed here, while the
-/// host's own noise shows on both sides alike).
-fn compare(title: &str, ns: &[Duration], bw: &[Duration]) {
+/// Every line, the ratios to bwrap, and the tail of each (starts over 2×
+/// bwrap's p50: the RCU-wait mode of the old cgroup join showed here, while
+/// the host's own noise shows on every side alike).
+fn compare(title: &str, prepared: &[Duration], cold: &[Duration], bw: &[Duration]) {
     println!("{title}");
     if std::env::var_os("AIRLOCK_BENCH_DUMP").is_some() {
         let dump = |v: &[Duration]| {
@@ -80,30 +86,37 @@ fn compare(title: &str, ns: &[Duration], bw: &[Duration]) {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        println!("  namespace: {}", dump(ns));
-        println!("  bwrap:     {}", dump(bw));
+        println!("  prepared: {}", dump(prepared));
+        println!("  cold:     {}", dump(cold));
+        println!("  bwrap:    {}", dump(bw));
     }
-    line("namespace (with cgroups)", ns);
+    line("namespace, prepared", prepared);
+    line("namespace, cold", cold);
     line("bwrap --unshare-all (peer)", bw);
-    let (n, b) = (pcts(ns), pcts(bw));
-    let r = |i: usize| n[i].as_secs_f64() / b[i].as_secs_f64();
+    let b = pcts(bw);
     let over = |v: &[Duration]| {
         v.iter()
             .filter(|d| d.as_secs_f64() > 2.0 * b[0].as_secs_f64())
             .count()
     };
+    for (name, v) in [("prepared", prepared), ("cold", cold)] {
+        let n = pcts(v);
+        let r = |i: usize| n[i].as_secs_f64() / b[i].as_secs_f64();
+        println!(
+            "  {:<30}        p50 {:>7.2}x     p90 {:>7.2}x     p99 {:>7.2}x   (target p50 ≤ 1.0x)",
+            format!("ratio {name} / bwrap"),
+            r(0),
+            r(1),
+            r(2),
+        );
+    }
     println!(
-        "  {:<30}        p50 {:>7.2}x     p90 {:>7.2}x     p99 {:>7.2}x   (target p50 ≤ 1.0x)",
-        "ratio namespace / bwrap",
-        r(0),
-        r(1),
-        r(2),
-    );
-    println!(
-        "  {:<30} namespace {}/{}, bwrap {}/{}",
+        "  {:<30} prepared {}/{}, cold {}/{}, bwrap {}/{}",
         "starts over 2× bwrap p50",
-        over(ns),
-        ns.len(),
+        over(prepared),
+        prepared.len(),
+        over(cold),
+        cold.len(),
         over(bw),
         bw.len()
     );
@@ -131,8 +144,9 @@ async fn bwrap_once(args: &[String]) -> Duration {
     took
 }
 
-/// `n` namespace starts and `n` bwrap starts, alternating (and alternating
-/// which goes first), each after `idle` of doing nothing.
+/// `n` prepared namespace starts, `n` cold ones and `n` bwrap starts,
+/// alternating (the order turning every round), each after `idle` of doing
+/// nothing. A prepared start's `prepare` comes before its idle.
 async fn alternate(
     ns: &NamespaceBackend,
     args: &[String],
@@ -140,21 +154,25 @@ async fn alternate(
     idle: Duration,
     first: usize,
     run_dir: &Path,
-) -> (Vec<Duration>, Vec<Duration>) {
-    let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
+) -> [Vec<Duration>; 3] {
+    let mut out: [Vec<Duration>; 3] = Default::default();
     for i in 0..n {
-        for turn in [i % 2, 1 - i % 2] {
+        for turn in 0..3 {
+            let kind = (i + turn) % 3;
+            if kind == 0 {
+                ns.prepare();
+            }
             if !idle.is_zero() {
                 tokio::time::sleep(idle).await;
             }
-            if turn == 0 {
-                a.push(start_once(ns, &spec(first + i, run_dir)).await);
-            } else {
-                b.push(bwrap_once(args).await);
-            }
+            let s = spec(2 * (first + i) + usize::from(kind == 1), run_dir);
+            out[kind].push(match kind {
+                2 => bwrap_once(args).await,
+                _ => start_once(ns, &s).await,
+            });
         }
     }
-    (a, b)
+    out
 }
 
 fn bwrap_args() -> Vec<String> {
@@ -232,19 +250,21 @@ async fn main() {
     start_once(&ns, &spec(usize::MAX / 2, dir.path())).await;
     bwrap_once(&args).await;
 
-    let (a, b) = alternate(&ns, &args, n, idle, 0, dir.path()).await;
+    let [p, c, b] = alternate(&ns, &args, n, idle, 0, dir.path()).await;
     compare(
         &format!(
-            "spaced: {} ms idle before every start, namespace and bwrap alternating:",
+            "spaced: {} ms idle before every start, namespace (prepared, cold) and bwrap alternating:",
             idle.as_millis()
         ),
-        &a,
+        &p,
+        &c,
         &b,
     );
-    let (a, b) = alternate(&ns, &args, 2 * n, Duration::ZERO, n, dir.path()).await;
+    let [p, c, b] = alternate(&ns, &args, 2 * n, Duration::ZERO, n, dir.path()).await;
     compare(
-        "back to back: no idle, namespace and bwrap alternating:",
-        &a,
+        "back to back: no idle (a prepared start's init is started just before it), alternating:",
+        &p,
+        &c,
         &b,
     );
 

@@ -64,6 +64,15 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // The sandbox's init starts for every run, on its critical path: straight
+    // to it, without building the parser of the whole command line (it takes
+    // no argument).
+    let mut args = std::env::args_os().skip(1);
+    if let (Some(sub), None) = (args.next(), args.next())
+        && sub == airlock_sandbox::namespace::INIT_SUBCOMMAND
+    {
+        return cmd::sandbox_init::run();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Egress(c) => cmd::egress::run(c),

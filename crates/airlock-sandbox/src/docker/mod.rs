@@ -302,13 +302,15 @@ impl DockerBackend {
         net
     }
 
-    /// Starts a container in a task: network, create, attach, start, stdin.
+    /// Starts a container in a task: network, create, attach, start, stdin
+    /// (`hold`: once [`Sandbox::release_stdin`]).
     fn launch(
         &self,
         run_id: &str,
         role: &'static str,
         body: ContainerCreateBody,
         stdin: Vec<u8>,
+        hold: bool,
         egress: bool,
     ) -> Result<Sandbox, SandboxError> {
         crate::namespace::config::check_run_id(run_id)
@@ -351,6 +353,12 @@ impl DockerBackend {
             let _ = shared.client.set(d.clone());
         }
         let (tx, rx) = tokio::sync::watch::channel::<Option<Result<(), String>>>(None);
+        let (gate_tx, gate) = if hold {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
         let host = self.cfg.host.clone();
         let labels = self.labels(run_id, "network");
         let (task_name, task_net, task_shared) = (name.clone(), net.clone(), shared.clone());
@@ -373,6 +381,7 @@ impl DockerBackend {
                     killed: &task_shared.killed,
                     after,
                     started: started_tx.as_ref(),
+                    gate,
                 };
                 start.run(&d, body, stdin, &mut out_w, err_tx.clone()).await
             }
@@ -400,7 +409,12 @@ impl DockerBackend {
             handle,
             removed: false,
         };
-        Ok(Sandbox::container(c, Box::new(out_r), Box::new(err_r)))
+        Ok(Sandbox::container(
+            c,
+            Box::new(out_r),
+            Box::new(err_r),
+            gate_tx,
+        ))
     }
 }
 
@@ -423,6 +437,9 @@ struct Start<'a> {
     after: Option<tokio::sync::watch::Receiver<bool>>,
     /// Turned true once this start is over (the sidecar's).
     started: Option<&'a tokio::sync::watch::Sender<bool>>,
+    /// Stdin is held until this fires ([`crate::SandboxSpec::hold_stdin`]);
+    /// dropped unfired, stdin closes without it.
+    gate: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl Start<'_> {
@@ -498,6 +515,7 @@ impl Start<'_> {
         let mut input = attached.input;
         let mut output = attached.output;
         let mut out_w = out_w.take().ok_or("stdout taken twice")?;
+        let stdin_err = err_tx.clone();
         // The streams, demultiplexed, until the container ends.
         tokio::spawn(async move {
             let mut reading = true;
@@ -520,6 +538,28 @@ impl Start<'_> {
             }
             let _ = out_w.shutdown().await;
         });
+        if let Some(gate) = self.gate {
+            // Held (the runtime's secrets, once the sidecar is ready): the
+            // start is over, stdin follows in the background. The container
+            // waits for it, reading.
+            let who = name.to_owned();
+            tokio::spawn(async move {
+                if gate.await.is_ok()
+                    && let Err(e) = input.write_all(&stdin).await
+                {
+                    let _ = stdin_err
+                        .send(bytes::Bytes::from(format!(
+                            "airlock sandbox-init: docker: writing to {who}'s stdin: {e}\n"
+                        )))
+                        .await;
+                }
+                let _ = input.shutdown().await;
+            });
+            if self.killed.load(Ordering::SeqCst) {
+                kill_now(d, name).await;
+            }
+            return Ok(());
+        }
         // Stdin: the document, then end-of-file (the daemon closes the
         // container's stdin: `StdinOnce`).
         let wrote = input.write_all(&stdin).await;
@@ -1068,12 +1108,26 @@ impl Backend for DockerBackend {
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         let body = self.agent_body(spec)?;
-        self.launch(&spec.run_id, "agent", body, spec.stdin.clone(), false)
+        self.launch(
+            &spec.run_id,
+            "agent",
+            body,
+            spec.stdin.clone(),
+            spec.hold_stdin,
+            false,
+        )
     }
 
     fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
         let body = self.sidecar_body(spec)?;
-        self.launch(&spec.run_id, "sidecar", body, spec.config.clone(), true)
+        self.launch(
+            &spec.run_id,
+            "sidecar",
+            body,
+            spec.config.clone(),
+            false,
+            true,
+        )
     }
 }
 

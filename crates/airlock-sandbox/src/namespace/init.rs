@@ -3,7 +3,10 @@
 //!
 //! Stage A (host PID namespace): leaves the operator's session (a new
 //! session has no controlling terminal, so `/dev/tty` reaches nothing),
-//! reads the [`InitConfig`] header from stdin, dies with its parent, joins
+//! does what concerns no run (dies with its parent, marks every inherited
+//! descriptor close-on-exec, compiles the seccomp filters: an init started
+//! ahead of its run waits after this, holding nothing), reads the
+//! [`InitConfig`] header from stdin, checks its parent is the platform, joins
 //! the run's cgroups ([`cgroup::join_self`]: on cgroup v1 by moving its one
 //! thread, which takes no global lock and waits for no RCU grace period),
 //! becomes the run's unprivileged host uid/gid when the
@@ -72,9 +75,15 @@ pub fn main() -> i32 {
 fn stage_a() -> Result<i32, InitError> {
     // First of all: out of the operator's session and away from its terminal.
     rustix::process::setsid().map_err(at("setsid"))?;
-    let cfg = InitConfig::decode(RawStdin).map_err(at("config"))?;
-    die_with_parent(cfg.parent_pid)?;
+    // Nothing of any run yet (a standby init waits below for its run): only
+    // what concerns none. It dies with whoever started it, from now on.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(at("PR_SET_PDEATHSIG"))?;
     sys::cloexec_from_3().map_err(at("close_range"))?;
+    let filters = seccomp::Filters::compile().map_err(at("seccomp"))?;
+    let cfg = InitConfig::decode(RawStdin).map_err(at("config"))?;
+    // The one who started it is the platform (and still there).
+    die_with_parent(cfg.parent_pid)?;
     // Still single-threaded and in the host's namespaces: into the run's
     // cgroups before anything else of the run exists.
     cgroup::join_self(&cfg.cgroups).map_err(at("join cgroup"))?;
@@ -113,7 +122,7 @@ fn stage_a() -> Result<i32, InitError> {
     match sys::fork_single_threaded().map_err(at("fork"))? {
         sys::Forked::Child => {
             drop(alive_w);
-            let code = match stage_b(&cfg, alive_r, &trees) {
+            let code = match stage_b(&cfg, alive_r, &trees, &filters) {
                 Ok(code) => code,
                 Err(e) => {
                     let _ = writeln!(std::io::stderr(), "airlock sandbox-init: {e}");
@@ -187,7 +196,12 @@ fn exit_code(st: rustix::process::WaitStatus) -> i32 {
     }
 }
 
-fn stage_b(cfg: &InitConfig, alive: OwnedFd, trees: &plan::Trees) -> Result<i32, InitError> {
+fn stage_b(
+    cfg: &InitConfig,
+    alive: OwnedFd,
+    trees: &plan::Trees,
+    filters: &seccomp::Filters,
+) -> Result<i32, InitError> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(at("PR_SET_PDEATHSIG"))?;
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
@@ -218,7 +232,7 @@ fn stage_b(cfg: &InitConfig, alive: OwnedFd, trees: &plan::Trees) -> Result<i32,
     ] {
         caps::clear(None, set).map_err(at("drop capabilities"))?;
     }
-    seccomp::install().map_err(at("seccomp"))?;
+    filters.install().map_err(at("seccomp"))?;
 
     let (prog, args) = cfg.command.split_first().ok_or_else(|| InitError {
         step: "command",

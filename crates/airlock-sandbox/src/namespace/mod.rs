@@ -2,11 +2,13 @@
 //! rootless where the kernel allows user namespaces.
 //!
 //! The host side ([`NamespaceBackend::spawn`]) creates the run's cgroups and
-//! starts `airlock sandbox-init` ([`init`]) with the non-secret spec as a
-//! header on its stdin, followed by the command's stdin bytes. Everything
-//! the sandbox boundary consists of is in this directory:
-//! [`plan`] (the filesystem), [`init`] (the sequence), [`seccomp`],
-//! [`fs_rules`] (Landlock), [`cgroup`], and [`sys`] (all `unsafe`).
+//! starts `airlock sandbox-init` ([`init`]) — or takes the one
+//! [`Backend::prepare`] started ahead, which waits holding nothing — with
+//! the non-secret spec as a header on its stdin, followed by the command's
+//! stdin bytes. Everything the sandbox boundary consists of is in this
+//! directory: [`plan`] (the filesystem), [`init`] (the sequence),
+//! [`seccomp`], [`fs_rules`] (Landlock), [`cgroup`], and [`sys`] (all
+//! `unsafe`).
 
 pub mod cgroup;
 pub mod config;
@@ -22,8 +24,6 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
-
 use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxSpec, Unavailable};
 use config::InitConfig;
 
@@ -35,6 +35,11 @@ pub struct NamespaceBackend {
     pub init_exe: PathBuf,
     /// Fail a spawn when cgroups cannot be created (default: when root).
     pub require_limits: bool,
+    /// An init started ahead of the next spawn ([`Backend::prepare`]): it
+    /// has done what concerns no run and waits on its stdin for a run's
+    /// header, holding nothing. At most one; each serves one run; killed
+    /// with the backend (and, as every init, with the platform).
+    standby: std::sync::Mutex<Option<tokio::process::Child>>,
 }
 
 impl NamespaceBackend {
@@ -49,7 +54,32 @@ impl NamespaceBackend {
         NamespaceBackend {
             init_exe,
             require_limits: rustix::process::geteuid().is_root(),
+            standby: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Starts `airlock sandbox-init`, which then waits for its header.
+    fn start_init(&self) -> std::io::Result<tokio::process::Child> {
+        tokio::process::Command::new(&self.init_exe)
+            .arg(INIT_SUBCOMMAND)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+    }
+
+    /// The PID of the init started ahead ([`Backend::prepare`]), if one waits.
+    pub fn standby_pid(&self) -> Option<u32> {
+        self.standby.lock().ok()?.as_ref()?.id()
+    }
+
+    /// The init started ahead, if there is one and it is still alive.
+    fn take_standby(&self) -> Option<tokio::process::Child> {
+        let mut init = self.standby.lock().ok()?.take()?;
+        // One that died meanwhile is reaped here and replaced by a cold start.
+        matches!(init.try_wait(), Ok(None)).then_some(init)
     }
 }
 
@@ -217,14 +247,7 @@ impl Backend for NamespaceBackend {
                 return Err(SandboxError::Setup(e.to_string()));
             }
         };
-        let mut cmd = tokio::process::Command::new(&self.init_exe);
-        cmd.arg(INIT_SUBCOMMAND)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = match cmd.spawn() {
+        let child = match self.take_standby().map_or_else(|| self.start_init(), Ok) {
             Ok(c) => c,
             Err(e) => {
                 if let Some(c) = &cgroups {
@@ -240,14 +263,6 @@ impl Backend for NamespaceBackend {
         let pidfd = pid.and_then(|p| {
             rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
         });
-        if let Some(mut stdin) = child.stdin.take() {
-            let mut data = cfg.encode();
-            data.extend_from_slice(&spec.stdin);
-            tokio::spawn(async move {
-                let _ = stdin.write_all(&data).await;
-                let _ = stdin.shutdown().await;
-            });
-        }
         let kill_cg = cgroups.clone();
         let killer = Box::new(move || {
             if let Some(fd) = &pidfd {
@@ -260,6 +275,27 @@ impl Backend for NamespaceBackend {
         let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
             Box::new(move || c.remove(Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
         });
-        Sandbox::new(child, killer, cleaner)
+        let mut sandbox = Sandbox::new(child, killer, cleaner)?;
+        sandbox.feed_stdin(cfg.encode(), spec.stdin.clone(), spec.hold_stdin);
+        Ok(sandbox)
+    }
+
+    fn prepare(&self) {
+        let Ok(mut slot) = self.standby.lock() else {
+            return;
+        };
+        if let Some(init) = slot.as_mut()
+            && matches!(init.try_wait(), Ok(None))
+        {
+            return;
+        }
+        *slot = match self.start_init() {
+            Ok(init) => Some(init),
+            Err(e) => {
+                // The spawn will try again, and say why if it fails too.
+                tracing::debug!("cannot start a sandbox init ahead: {e}");
+                None
+            }
+        };
     }
 }

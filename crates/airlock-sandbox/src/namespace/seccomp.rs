@@ -222,14 +222,24 @@ pub fn x32_filter() -> Option<BpfProgram> {
     ])
 }
 
-/// Installs the three filters on the calling thread. Needs `no_new_privs`.
-pub fn install() -> Result<(), SeccompError> {
-    let mut progs = vec![deny_filter()?, clone3_filter()?];
-    progs.extend(x32_filter());
-    for p in &progs {
-        seccompiler::apply_filter(p).map_err(|e| SeccompError(e.to_string()))?;
+/// The three filters, compiled (they depend on no run: init compiles them
+/// before its header comes, and installs them last).
+pub struct Filters(Vec<BpfProgram>);
+
+impl Filters {
+    pub fn compile() -> Result<Filters, SeccompError> {
+        let mut progs = vec![deny_filter()?, clone3_filter()?];
+        progs.extend(x32_filter());
+        Ok(Filters(progs))
     }
-    Ok(())
+
+    /// Installs them on the calling thread. Needs `no_new_privs`.
+    pub fn install(&self) -> Result<(), SeccompError> {
+        for p in &self.0 {
+            seccompiler::apply_filter(p).map_err(|e| SeccompError(e.to_string()))?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -30,10 +30,21 @@ fn main() -> ExitCode {
             tracing_subscriber::filter::Targets::new()
                 .with_default(tracing::level_filters::LevelFilter::INFO)
         });
+    // Colours only on a terminal, as `airlock`'s own logs: a run's sidecar
+    // writes to its platform's pipe.
+    let ansi = {
+        use std::io::IsTerminal;
+        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+    };
     let _ = tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(ansi),
+        )
         .with(filter)
         .try_init();
+    tracing::debug!(target: "airlock::phase", "sidecar: main");
     let mut buf = Vec::new();
     if let Err(e) = std::io::stdin()
         .take(MAX_CONFIG_BYTES as u64 + 1)

@@ -124,6 +124,7 @@ fn seen_from_inside() -> Result<Value, String> {
         ],
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         stdin: vec![],
+        hold_stdin: false,
         sockets_dir: dir.clone(),
         ro_paths: exe.parent().map(|p| vec![p.to_owned()]).unwrap_or_default(),
         workspace: config::WORKSPACE_INSIDE.into(),

@@ -41,7 +41,13 @@ pub async fn platform(
     let settings = Settings::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
     let home = airlock_store::airlock_home()?;
     std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
-    let store = Store::open_default().await?;
+    // The store opens (on its own threads) while the backend is checked
+    // and gets ready for the run (the namespace backend starts its init).
+    let store = tokio::spawn(Store::open_default());
+    let backend = select_backend(backend, &settings);
+    let store = store.await.context("opening the store")??;
+    let backend = backend?;
+    tracing::debug!(target: "airlock::phase", "store opened");
     let keyring = if std::env::var_os("CONNECTION_ENCRYPTION_KEY").is_some_and(|v| !v.is_empty()) {
         // Set: it must be right (a typo never falls back to another key).
         Keyring::from_env().context("CONNECTION_ENCRYPTION_KEY")?
@@ -57,6 +63,7 @@ pub async fn platform(
     // A key that is not the one the store's envelopes were written with is
     // refused here, not found out by a sidecar mid-run.
     store.check_keyring(&keyring).await?;
+    tracing::debug!(target: "airlock::phase", "keyring checked");
     let tokens = match std::env::var("RUN_TOKEN_SECRET")
         .ok()
         .filter(|v| !v.is_empty())
@@ -64,7 +71,20 @@ pub async fn platform(
         Some(_) => RunTokens::new(SigningKeyring::from_env("RUN_TOKEN_SECRET")?),
         None => ephemeral_tokens()?,
     };
-    platform_with(home, store, Arc::new(keyring), tokens, settings, backend).await
+    platform_with_backend(home, store, Arc::new(keyring), tokens, settings, backend).await
+}
+
+/// The backend `backend` names (default: the settings' `RUN_ADAPTER`),
+/// checked, and getting ready for a run ([`airlock_sandbox::Backend::prepare`]).
+fn select_backend(
+    backend: Option<&str>,
+    settings: &Settings,
+) -> Result<Box<dyn airlock_sandbox::Backend>> {
+    let adapter = backend.unwrap_or(&settings.run_adapter);
+    let backend = airlock_sandbox::select(adapter)?;
+    backend.prepare();
+    tracing::debug!(target: "airlock::phase", "backend checked");
+    Ok(backend)
 }
 
 /// Run tokens for an embedded platform that verifies only what it issued itself.
@@ -84,6 +104,18 @@ pub async fn platform_with(
     settings: Settings,
     backend: Option<&str>,
 ) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
+    let backend = select_backend(backend, &settings)?;
+    platform_with_backend(home, store, keyring, tokens, settings, backend).await
+}
+
+async fn platform_with_backend(
+    home: PathBuf,
+    store: Store,
+    keyring: Arc<Keyring>,
+    tokens: RunTokens,
+    settings: Settings,
+    backend: Box<dyn airlock_sandbox::Backend>,
+) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
     let exe = std::env::current_exe().context("locating the airlock binary")?;
     // Asked beside the reclaim and the backend's boot (it starts a process).
     let sidecar_exe = {
@@ -93,6 +125,7 @@ pub async fn platform_with(
         })
     };
     let reclaimed = reclaim(&home, &store).await?;
+    tracing::debug!(target: "airlock::phase", "reclaimed");
     if !reclaimed.is_empty() {
         eprintln!(
             "airlock: reclaimed {} leftover run(s) of a previous platform: {}",
@@ -110,11 +143,9 @@ pub async fn platform_with(
         .with_context(|| format!("binding {}", api_socket.display()))?;
     let api = InternalApi::new(store.clone(), keyring, tokens.clone());
     let server = tokio::spawn(api.clone().serve_forever(listener));
-    let adapter = backend
-        .map(str::to_owned)
-        .unwrap_or_else(|| settings.run_adapter.clone());
-    let backend = airlock_sandbox::select(&adapter)?;
+    tracing::debug!(target: "airlock::phase", "internal API listening");
     backend.boot(&|s| eprintln!("airlock: {s}"))?;
+    tracing::debug!(target: "airlock::phase", "backend booted");
     let sidecar_exe = sidecar_exe.join().unwrap_or(None);
     Ok((
         Orchestrator {
@@ -185,6 +216,9 @@ pub fn cancel_on_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
 
 pub fn run(args: RunArgs) -> ExitCode {
     crate::logging::init_quiet();
+    // Milestones of `airlock run` (`AIRLOCK_LOG=airlock::phase=debug`; the
+    // run_e2e bench prints them as a per-phase breakdown).
+    tracing::debug!(target: "airlock::phase", "main");
     let rt = match super::multi_thread_runtime() {
         Ok(r) => r,
         Err(e) => {
@@ -192,7 +226,10 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run_async(args)) {
+    let done = rt.block_on(run_async(args));
+    drop(rt);
+    tracing::debug!(target: "airlock::phase", "exit");
+    match done {
         Ok(outcome) if outcome.status == RunStatus::Succeeded => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(1),
         Err(e) => {
@@ -204,6 +241,7 @@ pub fn run(args: RunArgs) -> ExitCode {
 
 async fn run_async(args: RunArgs) -> Result<RunOutcome> {
     let manifest = Manifest::load(&args.manifest)?;
+    tracing::debug!(target: "airlock::phase", "manifest loaded");
     let agent_dir = args
         .manifest
         .parent()
@@ -221,6 +259,7 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
     };
     let outcome = orch.run(req, cancel_rx, &progress).await?;
     report(&orch.store, &outcome, args.json).await?;
+    tracing::debug!(target: "airlock::phase", "report printed");
     server.abort();
     let _ = std::fs::remove_file(&orch.api_socket);
     Ok(outcome)

@@ -7,6 +7,16 @@ use airlock_runtime::{MAX_SECRETS_BYTES, RuntimeSecrets};
 
 pub fn run(command: Vec<String>) -> ExitCode {
     crate::logging::init();
+    tracing::debug!(target: "airlock::phase", "runtime: main");
+    // Built first: the secrets arrive once the sidecar is ready, which may
+    // be later than this process.
+    let rt = match super::multi_thread_runtime() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("airlock runtime: {e}");
+            return ExitCode::from(125);
+        }
+    };
     let mut buf = Vec::new();
     if let Err(e) = std::io::stdin()
         .take(MAX_SECRETS_BYTES as u64 + 1)
@@ -23,13 +33,6 @@ pub fn run(command: Vec<String>) -> ExitCode {
         }
     };
     buf.iter_mut().for_each(|b| *b = 0);
-    let rt = match super::multi_thread_runtime() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("airlock runtime: {e}");
-            return ExitCode::from(125);
-        }
-    };
     match rt.block_on(airlock_runtime::run(secrets, command)) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {

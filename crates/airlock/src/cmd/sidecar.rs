@@ -10,6 +10,7 @@ use airlock_sidecar::config::MAX_CONFIG_BYTES;
 
 pub fn run() -> ExitCode {
     crate::logging::init();
+    tracing::debug!(target: "airlock::phase", "sidecar: main");
     let mut buf = Vec::new();
     let read = std::io::stdin()
         .take(MAX_CONFIG_BYTES as u64 + 1)

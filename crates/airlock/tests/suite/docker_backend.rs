@@ -67,6 +67,7 @@ fn spec(command: Vec<String>) -> Run {
                 ("HOME".into(), "/workspace".into()),
             ],
             stdin: vec![],
+            hold_stdin: false,
             sockets_dir: dir.path().join("unused"),
             ro_paths: vec![probe_exe(), dir.path().to_owned()],
             workspace: PathBuf::from("/workspace"),

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use crate::support;
+use std::io::BufRead;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -248,6 +249,48 @@ fn max_concurrent_runs_holds_across_platforms_sharing_a_store() {
         let overlapping = spans.iter().filter(|(a, b)| a <= s && s < b).count();
         assert!(overlapping <= 2, "{overlapping} runs at once: {spans:?}");
     }
+}
+
+#[test]
+fn the_init_a_waiting_platform_started_ahead_dies_with_it() {
+    if !support::namespace_available() {
+        return;
+    }
+    let run = RealRun::python(
+        "import time\nprint('holding', flush=True)\ntime.sleep(60)\n",
+        120,
+    )
+    .env("PLATFORM_RUN_LIMITS", r#"{"max_concurrent_runs": 1}"#);
+    let start = |what: &str| {
+        let mut c = run
+            .command("namespace", &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(c.stderr.take().unwrap()).lines();
+        let seen = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|l| l.contains(what));
+        assert!(seen, "no {what:?} from the platform");
+        (c, lines)
+    };
+    // One platform holds the only slot; the next waits for it, with the
+    // init it started for its run.
+    let (mut holder, _h) = start("holding");
+    let (mut waiter, _w) = start("waiting for a free run slot");
+    let inits = support::inits_of(waiter.id());
+    assert_eq!(inits.len(), 1, "one init started ahead: {inits:?}");
+    let fd = support::pidfd(inits[0]).expect("it is alive");
+    waiter.kill().unwrap();
+    waiter.wait().unwrap();
+    assert!(
+        support::exits_within(&fd, Duration::from_secs(10)),
+        "the init started ahead outlived its killed platform"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
 }
 
 #[test]

@@ -74,6 +74,7 @@ fn spec(command: Vec<String>) -> Run {
                 ("HOME".into(), "/workspace".into()),
             ],
             stdin: vec![],
+            hold_stdin: false,
             sockets_dir,
             ro_paths: vec![probe_exe()],
             workspace: PathBuf::from("/workspace"),
@@ -653,6 +654,61 @@ async fn fifty_concurrent_sandboxes_all_succeed_and_leave_nothing() {
         let entries: Vec<_> = std::fs::read_dir(&r.spec.sockets_dir).unwrap().collect();
         assert!(entries.is_empty(), "the backend leaves nothing on the host");
     }
+}
+
+#[tokio::test]
+async fn an_init_started_ahead_holds_nothing_serves_one_run_and_dies_with_its_backend() {
+    let Some(b) = backend() else { return };
+    assert_eq!(b.standby_pid(), None, "nothing is started ahead unasked");
+    b.prepare();
+    let first = b.standby_pid().expect("an init waits for the next spawn");
+    b.prepare();
+    assert_eq!(b.standby_pid(), Some(first), "at most one waits");
+    // It holds nothing of any run: no environment, no run's cgroup, the
+    // platform's own uid (a run's uid comes with the run's header).
+    let environ = std::fs::read(format!("/proc/{first}/environ")).unwrap();
+    assert!(environ.is_empty(), "{}", String::from_utf8_lossy(&environ));
+    let cgroups = std::fs::read_to_string(format!("/proc/{first}/cgroup")).unwrap();
+    assert!(!cgroups.contains("airlock-"), "{cgroups}");
+    let status = std::fs::read_to_string(format!("/proc/{first}/status")).unwrap();
+    let uid = rustix::process::getuid().as_raw();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&uid.to_string())),
+        "{status}"
+    );
+    // Each serves one run: the next spawn takes it, the one after starts cold.
+    let one = spec(vec!["/bin/sh".into(), "-c".into(), "echo one".into()]);
+    let two = spec(vec!["/bin/sh".into(), "-c".into(), "echo two".into()]);
+    let sb1 = b.spawn(&one.spec).unwrap();
+    assert_eq!(sb1.pid, first, "the spawn took the init started ahead");
+    assert_eq!(b.standby_pid(), None);
+    let sb2 = b.spawn(&two.spec).unwrap();
+    let cold = sb2.pid;
+    assert_ne!(cold, first);
+    let (o1, o2) = tokio::join!(
+        finish_sandbox(sb1, Duration::from_secs(60)),
+        finish_sandbox(sb2, Duration::from_secs(60))
+    );
+    for (o, want) in [(&o1, "one"), (&o2, "two")] {
+        assert!(o.status.success(), "{}", o.stderr);
+        assert_eq!(o.stdout.trim(), want);
+    }
+    for r in [&one, &two] {
+        assert!(cgroup_dirs(&r.spec.run_id).is_empty());
+    }
+    // The next run's init is a new process, never a used one.
+    b.prepare();
+    let next = b.standby_pid().unwrap();
+    assert!(next != first && next != cold);
+    // It dies with its backend (and, like every init, with the platform).
+    let fd = crate::support::pidfd(next).expect("the init started ahead is alive");
+    drop(b);
+    assert!(
+        crate::support::exits_within(&fd, Duration::from_secs(10)),
+        "the init started ahead outlived its backend"
+    );
 }
 
 #[tokio::test]

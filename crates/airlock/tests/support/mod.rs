@@ -665,3 +665,58 @@ pub fn sidecars_of(parent: u32) -> Vec<u32> {
     }
     found
 }
+
+/// A handle on process `pid` that tells when it has exited (a pidfd:
+/// race-free against PID reuse). `None` when it is gone already.
+pub fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+}
+
+/// Whether the process of `fd` ([`pidfd`]) exits within `timeout` (its
+/// pidfd turns readable when it does).
+pub fn exits_within(fd: &std::os::fd::OwnedFd, timeout: Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let t = Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&t)) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) => return false,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Host processes whose parent is `ppid` and whose command line is
+/// `airlock sandbox-init` (a namespace sandbox's init, or one waiting for its run).
+pub fn inits_of(ppid: u32) -> Vec<u32> {
+    let mut found = vec![];
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let parent = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse()
+                    .ok()
+            });
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|c| *c == 0).collect();
+        if parent == Some(ppid) && args.get(1) == Some(&&b"sandbox-init"[..]) {
+            found.push(pid);
+        }
+    }
+    found
+}
