@@ -331,10 +331,9 @@ impl Orchestrator {
             ),
         };
 
-        // Sidecar and sandbox start in parallel; the runtime gets its secrets
-        // (and so starts the agent) once the sidecar is ready.
-        let (mut sidecar, mut sidecar_log) = self.spawn_sidecar(run_id, &sidecar_cfg, &journal)?;
-        tracing::debug!(target: "airlock::phase", "sidecar spawned");
+        // Sandbox and sidecar start in parallel, the sandbox first (its start
+        // is the longer); the runtime gets its secrets (and so starts the
+        // agent) once the sidecar is ready.
         let runtime_exe = self.backend.runtime_exe(&self.exe);
         let mut command = vec![
             runtime_exe.display().to_string(),
@@ -389,6 +388,16 @@ impl Orchestrator {
         let mut sandbox = self.backend.spawn(&spec)?;
         tracing::debug!(target: "airlock::phase", "sandbox spawned");
         let mut output = SandboxOutput::start(&mut sandbox);
+        let (mut sidecar, mut sidecar_log) =
+            match self.spawn_sidecar(run_id, &sidecar_cfg, &journal) {
+                Ok(s) => s,
+                Err(e) => {
+                    sandbox.cleanup().await;
+                    output.finish().await;
+                    return Err(e);
+                }
+            };
+        tracing::debug!(target: "airlock::phase", "sidecar spawned");
         progress(Progress::SandboxUp {
             after: started.elapsed(),
         });

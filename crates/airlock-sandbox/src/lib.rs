@@ -319,10 +319,13 @@ impl Sandbox {
     }
 
     /// Writes `head`, then `body` (once released when `hold` is set), to
-    /// the child's stdin, then closes it; in the background. Dropping the
-    /// sandbox (or cleaning it up) before the release closes stdin without
-    /// `body`.
+    /// the child's stdin, then closes it. What the pipe takes of `head` at
+    /// once is written here (all of a small one: the child reads it without
+    /// waiting for a task to be scheduled), the rest in the background.
+    /// Dropping the sandbox (or cleaning it up) before the release closes
+    /// stdin without `body`.
     pub(crate) fn feed_stdin(&mut self, head: Vec<u8>, body: Vec<u8>, hold: bool) {
+        use std::os::fd::AsFd;
         use tokio::io::AsyncWriteExt;
         let Inner::Child { child, .. } = &mut self.inner else {
             return;
@@ -330,13 +333,22 @@ impl Sandbox {
         let Some(mut stdin) = child.stdin.take() else {
             return;
         };
+        let mut sent = 0;
+        while sent < head.len() {
+            match rustix::io::write(stdin.as_fd(), &head[sent..]) {
+                Ok(n) => sent += n,
+                Err(rustix::io::Errno::INTR) => {}
+                // Full (or gone): the task below takes it from here.
+                Err(_) => break,
+            }
+        }
         let gate = hold.then(|| {
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             self.stdin_gate = Some(tx);
             rx
         });
         tokio::spawn(async move {
-            if stdin.write_all(&head).await.is_err() {
+            if stdin.write_all(&head[sent..]).await.is_err() {
                 return;
             }
             if let Some(gate) = gate

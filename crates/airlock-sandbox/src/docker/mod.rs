@@ -230,9 +230,13 @@ struct RunNet {
     created: tokio::sync::OnceCell<Result<(), String>>,
     users: AtomicUsize,
     /// Set when the run's sidecar is launched; turns true once its start is
-    /// over (either way). The agent starts after it: `sidecar` is then in
-    /// the network's DNS from the agent's first lookup (a lookup before it
-    /// is forwarded outside, where it has no route, and costs a timeout).
+    /// over (either way). An agent launched after it starts after it:
+    /// `sidecar` is then in the network's DNS from the agent's first lookup
+    /// (a lookup before it is forwarded outside, where it has no route, and
+    /// costs a timeout). An agent launched before it (the orchestrator's,
+    /// which starts the sandbox first) holds its stdin instead
+    /// ([`crate::SandboxSpec::hold_stdin`]): its runtime looks nothing up
+    /// before its secrets come, once the sidecar is ready.
     sidecar_started: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
 }
 
@@ -319,7 +323,8 @@ impl DockerBackend {
             .map_err(|_| SandboxError::Setup("the docker backend needs a tokio runtime".into()))?;
         let name = container_name(run_id, role);
         let net = self.run_net(run_id);
-        // The sidecar says when it has started; the agent waits for that.
+        // The sidecar says when it has started; an agent launched after it
+        // waits for that.
         let (started_tx, after) = if egress {
             let (tx, rx) = tokio::sync::watch::channel(false);
             if let Ok(mut s) = net.sidecar_started.lock() {

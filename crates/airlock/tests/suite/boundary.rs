@@ -412,10 +412,10 @@ fn the_agent_is_an_unprivileged_host_uid_with_its_own_kernel_quotas() {
     };
     // Meanwhile, the host's root (this test, in CI) still gets its own.
     let mine = rustix::fs::inotify::init(rustix::fs::inotify::CreateFlags::CLOEXEC);
-    let agent_pids: Vec<u32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    // This run's (another run of agent.py on a shared host is not).
+    let agent_pids: Vec<u32> = support::process_tree(child.id() as i32)
+        .into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
         .filter(|p| {
             std::fs::read(format!("/proc/{p}/cmdline"))
                 .is_ok_and(|c| c.starts_with(b"/usr/bin/python3\0agent.py"))

@@ -457,32 +457,6 @@ async fn fork_bomb_is_contained() {
     );
 }
 
-/// Host PIDs of `root` and all its descendants.
-fn process_tree(root: i32) -> Vec<i32> {
-    let mut parent = vec![];
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        // `pid (comm) state ppid …`: comm may hold spaces, so after the last ')'.
-        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat"))
-            && let Some((_, rest)) = stat.rsplit_once(')')
-            && let Some(ppid) = rest.split_whitespace().nth(1)
-            && let Ok(ppid) = ppid.parse::<i32>()
-        {
-            parent.push((pid, ppid));
-        }
-    }
-    let mut tree = vec![root];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    tree
-}
-
 #[tokio::test]
 async fn every_process_and_thread_of_the_run_is_in_its_cgroups() {
     let Some(b) = backend() else { return };
@@ -517,7 +491,7 @@ async fn every_process_and_thread_of_the_run_is_in_its_cgroups() {
             v.iter().map(|(c, _)| c.clone()).collect()
         }
     };
-    let pids = process_tree(sb.pid as i32);
+    let pids = crate::support::process_tree(sb.pid as i32);
     // init's two stages, sh, sleep, python.
     assert!(pids.len() >= 5, "the run's processes: {pids:?}");
     let mut threads = 0;

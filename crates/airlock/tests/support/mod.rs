@@ -720,3 +720,29 @@ pub fn inits_of(ppid: u32) -> Vec<u32> {
     }
     found
 }
+
+/// Host PIDs of `root` and all its descendants.
+pub fn process_tree(root: i32) -> Vec<i32> {
+    let mut parent = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces, so after the last ')'.
+        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat"))
+            && let Some((_, rest)) = stat.rsplit_once(')')
+            && let Some(ppid) = rest.split_whitespace().nth(1)
+            && let Ok(ppid) = ppid.parse::<i32>()
+        {
+            parent.push((pid, ppid));
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
