@@ -425,7 +425,7 @@ impl Orchestrator {
             }
             Ok(Err(e)) => {
                 sandbox.cleanup().await;
-                sidecar.stop(SIDECAR_GRACE).await;
+                sidecar.stop(SIDECAR_STOP_GRACE).await;
                 // Its own last words are the reason (it reads its config
                 // before it says it is ready).
                 let why = sidecar_log.finish().await.unwrap_or(e);
@@ -433,7 +433,7 @@ impl Orchestrator {
             }
             Err(_) => {
                 sandbox.cleanup().await;
-                sidecar.stop(SIDECAR_GRACE).await;
+                sidecar.stop(SIDECAR_STOP_GRACE).await;
                 return Err(RunError::Setup(
                     "the sidecar did not start within 30 s".into(),
                 ));
@@ -471,7 +471,7 @@ impl Orchestrator {
         tracing::debug!(target: "airlock::phase", "sandbox cleaned up");
         // Stopped after the sandbox, so every event the runtime handed it
         // (the agent's end among them) is in the store when it exits.
-        sidecar.stop(SIDECAR_GRACE).await;
+        sidecar.stop(SIDECAR_STOP_GRACE).await;
         tracing::debug!(target: "airlock::phase", "sidecar exited");
         output.finish().await;
         Ok(match ended {
@@ -620,8 +620,12 @@ impl Orchestrator {
     }
 }
 
-/// How long a sidecar has to drain its events after SIGTERM.
-const SIDECAR_GRACE: Duration = Duration::from_secs(5);
+/// How long a stopped sidecar has to exit after SIGTERM before it is killed
+/// ([`Sandbox::stop`](airlock_sandbox::Sandbox::stop)). The platform waits
+/// for its exit (not a fixed time): this must outlast the sidecar's own
+/// deadline for draining what is in flight (events, egress records, model
+/// streams), or its last records are lost.
+pub const SIDECAR_STOP_GRACE: Duration = Duration::from_secs(5);
 
 async fn read_ready(stdout: &mut Option<OutputStream>) -> Result<(), String> {
     let out = stdout.take().ok_or("no stdout")?;
