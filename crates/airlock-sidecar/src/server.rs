@@ -42,12 +42,9 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
         .nest_service("/mcp", mcp::router(sidecar.clone()))
         .nest_service("/llm", llm::router(sidecar.clone()))
         .layer(middleware::from_fn_with_state(
-            sidecar.clone(),
-            require_token,
-        ))
-        .layer(middleware::from_fn(move |req: Request, next: Next| {
-            body_limit(limit, req, next)
-        }));
+            (sidecar.clone(), limit),
+            admit_request,
+        ));
     Router::new()
         .route("/health", get(health))
         .merge(protected)
@@ -66,21 +63,16 @@ pub fn unauthorized() -> Response {
         .into_response()
 }
 
-async fn require_token(
-    State(sidecar): State<Arc<Sidecar>>,
-    mut req: Request,
+/// Every request to a protected route, in one layer: a declared body over
+/// the limit is refused with 413 naming the limit (before the token is
+/// looked at, as before), then a request without the sidecar token with 401;
+/// the token headers are stripped, and a chunked body is cut at the limit by
+/// the handlers' own readers.
+async fn admit_request(
+    State((sidecar, limit)): State<(Arc<Sidecar>, usize)>,
+    req: Request,
     next: Next,
 ) -> Response {
-    if !auth::is_authorized(req.headers(), &sidecar.token) {
-        return unauthorized();
-    }
-    auth::strip_token_headers(req.headers_mut());
-    next.run(req).await
-}
-
-/// Refuses a declared body over the limit with 413 naming the limit; a
-/// chunked body is cut at the limit by the handlers' own readers.
-async fn body_limit(limit: usize, req: Request, next: Next) -> Response {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -93,7 +85,11 @@ async fn body_limit(limit: usize, req: Request, next: Next) -> Response {
         )
             .into_response();
     }
-    let (parts, body) = req.into_parts();
+    if !auth::is_authorized(req.headers(), &sidecar.token) {
+        return unauthorized();
+    }
+    let (mut parts, body) = req.into_parts();
+    auth::strip_token_headers(&mut parts.headers);
     let body = axum::body::Body::new(http_body_util::Limited::new(body, limit));
     next.run(Request::from_parts(parts, body)).await
 }
