@@ -379,14 +379,18 @@ pub fn router_with(sidecar: Arc<Sidecar>, lean: bool) -> Router {
         sessions.clone(),
         config,
     );
-    let mcp = Mcp {
+    // Shared, not cloned per request (rmcp's service clones its config).
+    let mcp = Arc::new(Mcp {
         service,
         state: entry_state,
         sessions,
         opened: Arc::default(),
         limit,
-    };
-    Router::new().fallback(move |req: Request| entry(mcp.clone(), req))
+    });
+    Router::new().fallback(move |req: Request| {
+        let mcp = mcp.clone();
+        async move { entry(&mcp, req).await }
+    })
 }
 
 fn too_large(limit: usize) -> Response {
@@ -447,7 +451,6 @@ impl CredentialPrefetch {
 
 /// What [`entry`] needs: rmcp's service, the run's state, the session map
 /// (to cap it) and the body limit.
-#[derive(Clone)]
 struct Mcp {
     service: McpService,
     state: Arc<McpState>,
@@ -488,7 +491,7 @@ async fn make_room_for_a_session(
 /// Reads a POST body within `limit`, answers a malformed envelope with a
 /// JSON-RPC error, keeps the run's sessions under their cap, starts an
 /// `api_call`'s credential fetch, and hands the rest to rmcp.
-async fn entry(mcp: Mcp, req: Request) -> Response {
+async fn entry(mcp: &Mcp, req: Request) -> Response {
     let Mcp {
         service,
         state,
@@ -496,6 +499,7 @@ async fn entry(mcp: Mcp, req: Request) -> Response {
         opened,
         limit,
     } = mcp;
+    let limit = *limit;
     if req.method() != Method::POST {
         return service.handle(req).await.map(Body::new);
     }
@@ -531,7 +535,7 @@ async fn entry(mcp: Mcp, req: Request) -> Response {
     // limit) runs out of memory. At the cap the oldest session is closed.
     let opens_session = shape.initialize && !parts.headers.contains_key("mcp-session-id");
     if opens_session {
-        make_room_for_a_session(&sessions, &opened, state.sidecar.limits.max_mcp_sessions).await;
+        make_room_for_a_session(sessions, opened, state.sidecar.limits.max_mcp_sessions).await;
     }
     let mut parts = parts;
     if let Some(ns) = shape
@@ -548,9 +552,9 @@ async fn entry(mcp: Mcp, req: Request) -> Response {
         // the parsing below then overlaps the platform's work.
         tokio::task::yield_now().await;
     }
-    if let Some(call) = lean::take(&parts, &bytes, &state) {
+    if let Some(call) = lean::take(&parts, &bytes, state) {
         let prefetch = parts.extensions.get::<CredentialPrefetch>().cloned();
-        return lean::serve(call, &state, prefetch.as_ref()).await;
+        return lean::serve(call, state, prefetch.as_ref()).await;
     }
     let json_body = parts
         .headers
