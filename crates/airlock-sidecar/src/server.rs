@@ -279,3 +279,51 @@ async fn shutdown_signal() {
         _ = parent_gone() => tracing::warn!("the platform that started this sidecar is gone"),
     }
 }
+
+/// The sidecar as a program (`airlock sidecar` and `airlock-sidecar` alike,
+/// once each has set up its logging): reads the configuration from stdin
+/// (within [`MAX_CONFIG_BYTES`](crate::config::MAX_CONFIG_BYTES)), zeroes the
+/// raw document, and serves on one thread until stopped. Exit code 2: the
+/// configuration is unreadable or invalid; 1: the sidecar failed.
+pub fn main_from_stdin() -> std::process::ExitCode {
+    use std::io::Read;
+    use std::process::ExitCode;
+    let mut buf = Vec::new();
+    let read = std::io::stdin()
+        .take(crate::config::MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut buf);
+    if let Err(e) = read {
+        eprintln!("airlock sidecar: cannot read the configuration from stdin: {e}");
+        return ExitCode::from(2);
+    }
+    let cfg = match crate::SidecarConfig::from_json(&buf) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("airlock sidecar: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Zero the raw document (it held the tokens) now that it is parsed.
+    buf.iter_mut().for_each(|b| *b = 0);
+    drop(buf);
+    // One thread: a sidecar serves one run, its work is I/O (tunnels are
+    // spliced in the kernel), and a single thread saves the cross-thread
+    // wake-ups that dominated the api_call latency on two cores.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("airlock sidecar: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock sidecar: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -6,11 +6,7 @@
 //! it when it sits next to `airlock` and says it is of the same build
 //! (`--build`), else `airlock sidecar`.
 
-use std::io::Read;
 use std::process::ExitCode;
-
-use airlock_sidecar::SidecarConfig;
-use airlock_sidecar::config::MAX_CONFIG_BYTES;
 
 fn main() -> ExitCode {
     // What the platform asks before it starts this binary: which build.
@@ -45,39 +41,5 @@ fn main() -> ExitCode {
         .with(filter)
         .try_init();
     tracing::debug!(target: "airlock::phase", "sidecar: main");
-    let mut buf = Vec::new();
-    if let Err(e) = std::io::stdin()
-        .take(MAX_CONFIG_BYTES as u64 + 1)
-        .read_to_end(&mut buf)
-    {
-        eprintln!("airlock sidecar: cannot read the configuration from stdin: {e}");
-        return ExitCode::from(2);
-    }
-    let cfg = match SidecarConfig::from_json(&buf) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("airlock sidecar: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    // Zero the raw document (it held the tokens) now that it is parsed.
-    buf.iter_mut().for_each(|b| *b = 0);
-    drop(buf);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("airlock sidecar: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(airlock_sidecar::run(cfg)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("airlock sidecar: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    airlock_sidecar::server::main_from_stdin()
 }
