@@ -323,25 +323,30 @@ async fn credential(
         );
     };
     let cache = &api.inner.connections;
+    // The stored row, or the answer to give when there is none.
+    let read_row = || async {
+        match api.inner.store.get_connection(connection).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => Err(error(
+                StatusCode::NOT_FOUND,
+                "unknown_connection",
+                format!("connection {connection:?} does not exist"),
+            )),
+            Err(e) => Err(internal(e)),
+        }
+    };
     let cached = cache.get(connection);
     let from_cache = cached.is_some();
     let record = match cached {
         Some(r) => r,
         None => {
             let generation = cache.generation();
-            match api.inner.store.get_connection(connection).await {
-                Ok(Some(r)) => {
+            match read_row().await {
+                Ok(r) => {
                     cache.put(generation, &r);
                     r
                 }
-                Ok(None) => {
-                    return error(
-                        StatusCode::NOT_FOUND,
-                        "unknown_connection",
-                        format!("connection {connection:?} does not exist"),
-                    );
-                }
-                Err(e) => return internal(e),
+                Err(answer) => return answer,
             }
         }
     };
@@ -351,16 +356,9 @@ async fn credential(
             // Re-encrypted meanwhile under a key this platform has, and the
             // watcher has not noticed yet: read the row again.
             cache.forget(connection);
-            let fresh = match api.inner.store.get_connection(connection).await {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    return error(
-                        StatusCode::NOT_FOUND,
-                        "unknown_connection",
-                        format!("connection {connection:?} does not exist"),
-                    );
-                }
-                Err(e) => return internal(e),
+            let fresh = match read_row().await {
+                Ok(r) => r,
+                Err(answer) => return answer,
             };
             match api.inner.keyring.decrypt_string(&fresh.envelope) {
                 Ok(p) => p,
