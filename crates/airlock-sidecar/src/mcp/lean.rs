@@ -22,7 +22,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, NumberOrString, ServerJsonRpcMessage, ServerResult,
+    CallToolResponse, NumberOrString, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -36,7 +36,8 @@ const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 /// A request for the lean path.
 pub(crate) struct LeanCall {
     id: NumberOrString,
-    params: CallToolRequestParams,
+    name: String,
+    arguments: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Deserialize)]
@@ -150,15 +151,14 @@ pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanC
     if !protocol_ok || !capabilities_ok {
         return None;
     }
-    // rmcp's own parameter type, from the same fields (its parse of the
-    // `_meta` object included).
-    let params: CallToolRequestParams = serde_json::from_value(serde_json::json!({
-        "name": p.name,
-        "arguments": p.arguments,
-        "_meta": p.meta,
-    }))
-    .ok()?;
-    Some(LeanCall { id, params })
+    // `_meta` as rmcp's own type parses it (what rmcp would refuse goes to
+    // rmcp); the arguments are taken as they are, never copied.
+    serde_json::from_value::<RequestMetaObject>(Value::Object(p.meta)).ok()?;
+    Some(LeanCall {
+        id,
+        name: p.name,
+        arguments: p.arguments,
+    })
 }
 
 /// Runs the call and answers as rmcp's stateless JSON mode does.
@@ -167,11 +167,12 @@ pub(crate) async fn serve(
     state: &McpState,
     prefetch: Option<&CredentialPrefetch>,
 ) -> Response {
-    let LeanCall { id, params } = call;
-    let message = match state
-        .call(&params.name, params.arguments.as_ref(), prefetch)
-        .await
-    {
+    let LeanCall {
+        id,
+        name,
+        arguments,
+    } = call;
+    let message = match state.call(&name, arguments.as_ref(), prefetch).await {
         Ok(result) => {
             ServerJsonRpcMessage::response(ServerResult::from(CallToolResponse::from(result)), id)
         }
