@@ -32,6 +32,9 @@ use tokio::net::UnixListener;
 /// What one run may ask for.
 #[derive(Debug, Clone, Default)]
 pub struct Grant {
+    /// The organization the run belongs to: its connections, history and
+    /// memories are the only ones the run can reach.
+    pub org: String,
     /// The agent the run belongs to (history and memories are the agent's).
     pub agent: String,
     /// integration namespace (or `@model`) → stored connection name.
@@ -77,11 +80,16 @@ impl ConnectionCache {
         self.watching.load(Ordering::Acquire) && !self.disabled.load(Ordering::Acquire)
     }
 
-    fn get(&self, name: &str) -> Option<ConnectionRecord> {
+    /// Rows are an organization's: the key holds both.
+    fn key(org: &str, name: &str) -> String {
+        format!("{org}\u{1f}{name}")
+    }
+
+    fn get(&self, org: &str, name: &str) -> Option<ConnectionRecord> {
         if !self.usable() {
             return None;
         }
-        self.rows.read().ok()?.get(name).cloned()
+        self.rows.read().ok()?.get(&Self::key(org, name)).cloned()
     }
 
     fn generation(&self) -> u64 {
@@ -96,14 +104,14 @@ impl ConnectionCache {
         if let Ok(mut rows) = self.rows.write()
             && self.generation() == generation
         {
-            rows.insert(rec.info.name.clone(), rec.clone());
+            rows.insert(Self::key(&rec.info.org_id, &rec.info.name), rec.clone());
         }
     }
 
-    fn forget(&self, name: &str) {
+    fn forget(&self, org: &str, name: &str) {
         if let Ok(mut rows) = self.rows.write() {
             self.generation.fetch_add(1, Ordering::AcqRel);
-            rows.remove(name);
+            rows.remove(&Self::key(org, name));
         }
     }
 
@@ -325,7 +333,7 @@ async fn credential(
     let cache = &api.inner.connections;
     // The stored row, or the answer to give when there is none.
     let read_row = || async {
-        match api.inner.store.get_connection(connection).await {
+        match api.inner.store.get_connection(&grant.org, connection).await {
             Ok(Some(r)) => Ok(r),
             Ok(None) => Err(error(
                 StatusCode::NOT_FOUND,
@@ -335,7 +343,7 @@ async fn credential(
             Err(e) => Err(internal(e)),
         }
     };
-    let cached = cache.get(connection);
+    let cached = cache.get(&grant.org, connection);
     let from_cache = cached.is_some();
     let record = match cached {
         Some(r) => r,
@@ -355,7 +363,7 @@ async fn credential(
         Err(_) if from_cache => {
             // Re-encrypted meanwhile under a key this platform has, and the
             // watcher has not noticed yet: read the row again.
-            cache.forget(connection);
+            cache.forget(&grant.org, connection);
             let fresh = match read_row().await {
                 Ok(r) => r,
                 Err(answer) => return answer,
@@ -438,11 +446,12 @@ async fn history(
             format!("unknown field {bad:?} (checkpoint, result)"),
         );
     }
-    let agent = api.grant_of(&run_id).unwrap_or_default().agent;
+    let Grant { org, agent, .. } = api.grant_of(&run_id).unwrap_or_default();
     let runs = match api
         .inner
         .store
         .list_runs(&RunQuery {
+            org: Some(&org),
             agent: Some(&agent),
             limit: Some(limit + 1),
             ..Default::default()
@@ -503,8 +512,8 @@ async fn memories(
         return internal("no run id");
     };
     let limit = q.limit.unwrap_or(10).clamp(1, 100);
-    let agent = api.grant_of(&run_id).unwrap_or_default().agent;
-    let all = match api.inner.store.list_memories(&agent, 1000).await {
+    let Grant { org, agent, .. } = api.grant_of(&run_id).unwrap_or_default();
+    let all = match api.inner.store.list_memories(&org, &agent, 1000).await {
         Ok(m) => m,
         Err(e) => return internal(e),
     };

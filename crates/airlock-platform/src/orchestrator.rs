@@ -20,6 +20,8 @@ use crate::settings::Settings;
 
 /// What the operator asked for.
 pub struct RunRequest {
+    /// The organization the run belongs to ([`airlock_store::LOCAL_ORG`] for `airlock run`).
+    pub org: String,
     pub manifest: Manifest,
     /// The manifest's directory: the agent's working directory (read-only).
     pub agent_dir: PathBuf,
@@ -116,10 +118,7 @@ impl Orchestrator {
             airlock_vault::random_hex::<6>().map_err(|e| RunError::Setup(e.to_string()))?
         );
         let m = &req.manifest;
-        self.preflight(m).await?;
-        let (memory_mb, cpus, timeout_secs) =
-            self.settings
-                .effective(m.agent.memory_mb, m.agent.cpus, m.agent.timeout);
+        self.preflight(&req.org, m).await?;
         let model_name = m.model.as_ref().map(|x| x.provider.as_str());
         // The run directory and its owner file exist before the run is in the
         // store, so a concurrent platform's boot reclaim never mistakes a
@@ -130,6 +129,8 @@ impl Orchestrator {
         std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string())
             .map_err(|e| RunError::Setup(e.to_string()))?;
         let new_run = NewRun {
+            org: &req.org,
+            owner: None,
             id: &run_id,
             agent: m.agent.name.as_str(),
             backend: self.backend.name(),
@@ -168,6 +169,70 @@ impl Orchestrator {
             return Err(e);
         }
         tracing::debug!(target: "airlock::phase", "run recorded");
+        self.execute(run_id, run_dir, req, cancel, progress).await
+    }
+
+    /// Runs a run `airlock serve` queued and this replica has claimed (it is
+    /// `running` in the store, owned by this replica). A run that cannot
+    /// start is failed with the reason, as every other failed run.
+    pub async fn run_claimed(
+        &self,
+        run_id: String,
+        req: RunRequest,
+        cancel: watch::Receiver<bool>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<RunOutcome, RunError> {
+        self.backend.prepare();
+        let fail = |reason: String| async {
+            self.store
+                .finish_run(
+                    &run_id,
+                    &RunEnd {
+                        status: RunStatus::Failed,
+                        exit_code: None,
+                        error: Some(&reason),
+                        at: now_ms(),
+                    },
+                )
+                .await?;
+            Ok::<RunOutcome, RunError>(RunOutcome {
+                run_id: run_id.clone(),
+                status: RunStatus::Failed,
+                exit_code: None,
+                error: Some(reason),
+                duration: Duration::ZERO,
+                backend: self.backend.name(),
+            })
+        };
+        if let Err(e) = self.preflight(&req.org, &req.manifest).await {
+            return fail(e.to_string()).await;
+        }
+        let run_dir = self.home.join("runs").join(&run_id);
+        let made = create_private_dir(&run_dir)
+            .and_then(|()| std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string()));
+        if let Err(e) = made {
+            return fail(format!("run directory {}: {e}", run_dir.display())).await;
+        }
+        if let Err(e) = self.store.mark_run_started(&run_id, now_ms()).await {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(e.into());
+        }
+        self.execute(run_id, run_dir, req, cancel, progress).await
+    }
+
+    /// A recorded run, from its start to its recorded end.
+    async fn execute(
+        &self,
+        run_id: String,
+        run_dir: PathBuf,
+        req: RunRequest,
+        mut cancel: watch::Receiver<bool>,
+        progress: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<RunOutcome, RunError> {
+        let m = &req.manifest;
+        let (memory_mb, cpus, timeout_secs) =
+            self.settings
+                .effective(m.agent.memory_mb, m.agent.cpus, m.agent.timeout);
         // The run starts now (a wait for a slot is not part of it: the boot
         // deadline and the duration count from here).
         let started = Instant::now();
@@ -260,6 +325,7 @@ impl Orchestrator {
 
         // What the run may fetch from the platform.
         let mut grant = Grant {
+            org: req.org.clone(),
             agent: m.agent.name.to_string(),
             connections: Default::default(),
         };
@@ -542,10 +608,10 @@ impl Orchestrator {
 
     /// What can be checked before anything starts: every connection the run
     /// needs is stored and can be decrypted with a configured key.
-    async fn preflight(&self, m: &Manifest) -> Result<(), RunError> {
+    async fn preflight(&self, org: &str, m: &Manifest) -> Result<(), RunError> {
         let ring = self.api.keyring();
         for (who, name) in m.connections() {
-            let Some(rec) = self.store.get_connection(name.as_str()).await? else {
+            let Some(rec) = self.store.get_connection(org, name.as_str()).await? else {
                 return Err(RunError::Refused(format!(
                     "{who}: connection {:?} is not stored (store it with `airlock connections add {} …`)",
                     name.as_str(),
@@ -837,7 +903,14 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
                 .collect()
         })
         .unwrap_or_default();
-    for run in running.into_iter().filter(|r| !live.contains(&r.id)) {
+    // A run an `airlock serve` replica owns is that replica's to end, or,
+    // when the replica is gone, its leader's sweep's
+    // ([`airlock_store::Store::sweep_dead_replicas`]), never another
+    // process's guess from this machine's run directories.
+    for run in running
+        .into_iter()
+        .filter(|r| !live.contains(&r.id) && r.owner.is_none())
+    {
         store
             .finish_run(&run.id, &RunEnd { status: RunStatus::Failed, exit_code: None, error: Some("the platform stopped while this run was running; reclaimed at the next start"), at: now_ms() })
             .await?;

@@ -51,6 +51,8 @@ impl TestPlatform {
         let run_id = format!("run_{}", airlock_vault::random_hex::<6>().expect("id"));
         store
             .insert_run(&NewRun {
+                org: airlock_store::LOCAL_ORG,
+                owner: None,
                 id: &run_id,
                 agent,
                 backend: "test",
@@ -64,6 +66,7 @@ impl TestPlatform {
         api.grant(
             &run_id,
             Grant {
+                org: airlock_store::LOCAL_ORG.to_owned(),
                 agent: agent.to_owned(),
                 ..Default::default()
             },
@@ -122,6 +125,8 @@ impl TestPlatform {
         let id = format!("run_{}", airlock_vault::random_hex::<6>().expect("id"));
         self.store()
             .insert_run(&NewRun {
+                org: airlock_store::LOCAL_ORG,
+                owner: None,
                 id: &id,
                 agent,
                 backend: "test",
@@ -134,6 +139,7 @@ impl TestPlatform {
         self.api.grant(
             &id,
             Grant {
+                org: airlock_store::LOCAL_ORG.to_owned(),
                 agent: agent.to_owned(),
                 ..Default::default()
             },
@@ -183,6 +189,7 @@ impl TestPlatform {
         let name = format!("{}-conn", integration.trim_start_matches('@'));
         self.store()
             .insert_connection(&NewConnection {
+                org: airlock_store::LOCAL_ORG,
                 name: &name,
                 integration,
                 auth_type,
@@ -191,6 +198,7 @@ impl TestPlatform {
             .await
             .expect("insert connection");
         let mut grant = Grant {
+            org: airlock_store::LOCAL_ORG.to_owned(),
             agent: String::new(),
             connections: Default::default(),
         };

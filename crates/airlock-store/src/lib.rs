@@ -29,6 +29,15 @@ use sqlx::{Connection as _, Row as _};
 pub use error::StoreError;
 pub use model::*;
 
+/// Between an organization and a connection name in a re-encryption cursor:
+/// below every character a name may hold (no control characters), so the
+/// cursor orders as the pair `(org_id, name)` does.
+const CURSOR_SEP: &str = "\u{1f}";
+
+/// The organization of everything the embedded platform (`airlock run`, the
+/// CLI) stores; `airlock serve`'s organizations have their own ids.
+pub const LOCAL_ORG: &str = "local";
+
 /// Where the default SQLite database lives, below `AIRLOCK_HOME`.
 pub const DB_FILE: &str = "airlock.db";
 
@@ -98,6 +107,7 @@ macro_rules! connection_info {
     ($r:expr, $s:expr) => {{
         let auth: String = $r.try_get("auth_type").map_err(|e| $s.err(e))?;
         ConnectionInfo {
+            org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
             name: $r.try_get("name").map_err(|e| $s.err(e))?,
             integration: $r.try_get("integration").map_err(|e| $s.err(e))?,
             auth_type: AuthType::parse(&auth)
@@ -112,7 +122,7 @@ macro_rules! connection_info {
 macro_rules! run_columns {
     () => {
         "id, agent, status, backend, model, created_at, started_at, ended_at, \
-         last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd"
+         last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd, org_id, owner"
     };
 }
 
@@ -136,9 +146,15 @@ macro_rules! run_row {
             tokens_in: $r.try_get("tokens_in").map_err(|e| $s.err(e))?,
             tokens_out: $r.try_get("tokens_out").map_err(|e| $s.err(e))?,
             cost_microusd: $r.try_get("cost_microusd").map_err(|e| $s.err(e))?,
+            org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
+            owner: $r.try_get("owner").map_err(|e| $s.err(e))?,
         }
     }};
 }
+
+// After the macros above, which it uses.
+mod tenants;
+pub use tenants::*;
 
 /// Which database a store talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,8 +444,8 @@ impl Store {
         let res = on_pool!(self, p => {
             sqlx::query(
                 "INSERT INTO connections \
-                 (name, integration, auth_type, kid, envelope, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $6)",
+                 (name, integration, auth_type, kid, envelope, created_at, updated_at, org_id) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
             )
             .bind(c.name)
             .bind(c.integration)
@@ -437,6 +453,7 @@ impl Store {
             .bind(kid)
             .bind(c.envelope)
             .bind(now)
+            .bind(c.org)
             .execute(p)
             .await
             .map(|_| ())
@@ -449,13 +466,18 @@ impl Store {
         }
     }
 
-    /// One connection, envelope included (still encrypted).
-    pub async fn get_connection(&self, name: &str) -> Result<Option<ConnectionRecord>, StoreError> {
+    /// One of `org`'s connections, envelope included (still encrypted).
+    pub async fn get_connection(
+        &self,
+        org: &str,
+        name: &str,
+    ) -> Result<Option<ConnectionRecord>, StoreError> {
         on_pool!(self, p => {
             let row = sqlx::query(
-                "SELECT name, integration, auth_type, kid, envelope, created_at, updated_at \
-                 FROM connections WHERE name = $1",
+                "SELECT org_id, name, integration, auth_type, kid, envelope, created_at, updated_at \
+                 FROM connections WHERE org_id = $1 AND name = $2",
             )
+            .bind(org)
             .bind(name)
             .fetch_optional(p)
             .await
@@ -489,13 +511,14 @@ impl Store {
         })
     }
 
-    /// Every connection, by name, without envelopes.
-    pub async fn list_connections(&self) -> Result<Vec<ConnectionInfo>, StoreError> {
+    /// Every connection of `org`, by name, without envelopes.
+    pub async fn list_connections(&self, org: &str) -> Result<Vec<ConnectionInfo>, StoreError> {
         on_pool!(self, p => {
             let rows = sqlx::query(
-                "SELECT name, integration, auth_type, kid, created_at, updated_at \
-                 FROM connections ORDER BY name",
+                "SELECT org_id, name, integration, auth_type, kid, created_at, updated_at \
+                 FROM connections WHERE org_id = $1 ORDER BY name",
             )
+            .bind(org)
             .fetch_all(p)
             .await
             .map_err(|e| self.err(e))?;
@@ -503,10 +526,36 @@ impl Store {
         })
     }
 
-    /// Removes a connection; `false` if there was none.
-    pub async fn delete_connection(&self, name: &str) -> Result<bool, StoreError> {
+    /// Replaces the envelope of one of `org`'s connections (a rotation);
+    /// `false` if there is none.
+    pub async fn replace_connection_envelope(
+        &self,
+        org: &str,
+        name: &str,
+        envelope: &str,
+    ) -> Result<bool, StoreError> {
+        let kid = Envelope::kid_of(envelope).map_err(StoreError::BadEnvelope)?;
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE connections SET envelope = $3, kid = $4, updated_at = $5 \
+             WHERE org_id = $1 AND name = $2",
+        )
+        .bind(org)
+        .bind(name)
+        .bind(envelope)
+        .bind(kid)
+        .bind(now_ms())
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        Ok(n > 0)
+    }
+
+    /// Removes one of `org`'s connections; `false` if there was none.
+    pub async fn delete_connection(&self, org: &str, name: &str) -> Result<bool, StoreError> {
         on_pool!(self, p => {
-            let r = sqlx::query("DELETE FROM connections WHERE name = $1")
+            let r = sqlx::query("DELETE FROM connections WHERE org_id = $1 AND name = $2")
+                .bind(org)
                 .bind(name)
                 .execute(p)
                 .await
@@ -676,23 +725,27 @@ impl Store {
                     .await
                     .map_err(|e| self.err(e))?;
                 let rows = sqlx::query(
-                    "SELECT name, envelope FROM connections WHERE name > $3 AND kid <> $1 \
-                     ORDER BY name LIMIT $2",
+                    "SELECT name, envelope, org_id || $4 || name AS cursor FROM connections \
+                     WHERE org_id || $4 || name > $3 AND kid <> $1 \
+                     ORDER BY org_id, name LIMIT $2",
                 )
                 .bind(active)
                 .bind(limit)
                 .bind(after)
+                .bind(CURSOR_SEP)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?;
                 let mut triples = Vec::with_capacity(rows.len());
+                let mut cursor = None;
                 for r in &rows {
+                    cursor = Some(r.try_get::<String, _>("cursor").map_err(|e| self.err(e))?);
                     let name: String = r.try_get("name").map_err(|e| self.err(e))?;
                     let old: String = r.try_get("envelope").map_err(|e| self.err(e))?;
                     let new = reencrypt_one(ring, &name, &old)?;
                     triples.push([name, old, new]);
                 }
-                let Some(last) = triples.last().map(|t| t[0].clone()) else {
+                let Some(last) = cursor else {
                     tx.commit().await.map_err(|e| self.err(e))?;
                     return Ok(BatchOutcome::default());
                 };
@@ -722,26 +775,30 @@ impl Store {
             Pool::Postgres(p) => {
                 let mut tx = p.begin().await.map_err(|e| self.err(e))?;
                 let rows = sqlx::query(
-                    "SELECT name, envelope FROM connections WHERE name > $3 AND kid <> $1 \
-                     ORDER BY name LIMIT $2 FOR UPDATE SKIP LOCKED",
+                    "SELECT name, envelope, org_id || $4 || name AS cursor FROM connections \
+                     WHERE org_id || $4 || name > $3 AND kid <> $1 \
+                     ORDER BY org_id, name LIMIT $2 FOR UPDATE SKIP LOCKED",
                 )
                 .bind(active)
                 .bind(limit)
                 .bind(after)
+                .bind(CURSOR_SEP)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?;
                 let mut names = Vec::with_capacity(rows.len());
                 let mut olds = Vec::with_capacity(rows.len());
                 let mut news = Vec::with_capacity(rows.len());
+                let mut cursor = None;
                 for r in &rows {
+                    cursor = Some(r.try_get::<String, _>("cursor").map_err(|e| self.err(e))?);
                     let name: String = r.try_get("name").map_err(|e| self.err(e))?;
                     let old: String = r.try_get("envelope").map_err(|e| self.err(e))?;
                     news.push(reencrypt_one(ring, &name, &old)?);
                     names.push(name);
                     olds.push(old);
                 }
-                let Some(last) = names.last().cloned() else {
+                let Some(last) = cursor else {
                     return Ok(BatchOutcome::default());
                 };
                 // One statement for the whole batch.
@@ -775,8 +832,8 @@ impl Store {
         validate_name("run id", r.id)?;
         let res = on_pool!(self, p => {
             sqlx::query(
-                "INSERT INTO runs (id, agent, status, backend, model, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
+                "INSERT INTO runs (id, agent, status, backend, model, created_at, org_id, owner) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .bind(r.id)
             .bind(r.agent)
@@ -784,6 +841,8 @@ impl Store {
             .bind(r.backend)
             .bind(r.model)
             .bind(r.created_at.unwrap_or_else(now_ms))
+            .bind(r.org)
+            .bind(r.owner)
             .execute(p)
             .await
             .map(|_| ())
@@ -806,8 +865,9 @@ impl Store {
     ) -> Result<bool, StoreError> {
         validate_name("run id", r.id)?;
         let count_sql = "SELECT COUNT(*) FROM runs WHERE status = 'running'";
-        let insert_sql = "INSERT INTO runs (id, agent, status, backend, model, created_at) \
-                          VALUES ($1, $2, 'running', $3, $4, $5)";
+        let insert_sql = "INSERT INTO runs \
+                          (id, agent, status, backend, model, created_at, org_id, owner) \
+                          VALUES ($1, $2, 'running', $3, $4, $5, $6, $7)";
         let res: Result<bool, sqlx::Error> = match &self.pool {
             Pool::Sqlite(p) => {
                 let mut c = p.acquire().await.map_err(|e| self.err(e))?;
@@ -824,6 +884,8 @@ impl Store {
                             .bind(r.backend)
                             .bind(r.model)
                             .bind(r.created_at.unwrap_or_else(now_ms))
+                            .bind(r.org)
+                            .bind(r.owner)
                             .execute(&mut *c)
                             .await?;
                         Ok(true)
@@ -855,6 +917,8 @@ impl Store {
                         .bind(r.backend)
                         .bind(r.model)
                         .bind(r.created_at.unwrap_or_else(now_ms))
+                        .bind(r.org)
+                        .bind(r.owner)
                         .execute(&mut *tx)
                         .await?;
                     tx.commit().await?;
@@ -892,12 +956,16 @@ impl Store {
             let rows = sqlx::query(concat!(
                 "SELECT ", run_columns!(), " FROM runs \
                  WHERE ($1 IS NULL OR status = $1) AND ($2 IS NULL OR agent = $2) \
-                 AND created_at < $3 ORDER BY created_at DESC, id DESC LIMIT $4"
+                 AND ($5 IS NULL OR org_id = $5) \
+                 AND (created_at < $3 OR (created_at = $3 AND $6 IS NOT NULL AND id < $6)) \
+                 ORDER BY created_at DESC, id DESC LIMIT $4"
             ))
             .bind(status)
             .bind(agent)
             .bind(before)
             .bind(limit)
+            .bind(q.org)
+            .bind(q.before_id)
             .fetch_all(p)
             .await
             .map_err(|e| self.err(e))?;
@@ -1203,32 +1271,40 @@ impl Store {
     /// Stores a memory for an agent.
     pub async fn add_memory(
         &self,
+        org: &str,
         agent: &str,
         run_id: Option<&str>,
         content: &str,
     ) -> Result<i64, StoreError> {
         on_pool!(self, p => sqlx::query_scalar(
-            "INSERT INTO memories (agent, run_id, content, created_at) VALUES ($1, $2, $3, $4) \
-             RETURNING id",
+            "INSERT INTO memories (agent, run_id, content, created_at, org_id) \
+             VALUES ($1, $2, $3, $4, $5) RETURNING id",
         )
         .bind(agent)
         .bind(run_id)
         .bind(content)
         .bind(now_ms())
+        .bind(org)
         .fetch_one(p)
         .await
         .map_err(|e| self.err(e)))
     }
 
     /// An agent's memories, newest first.
-    pub async fn list_memories(&self, agent: &str, limit: u32) -> Result<Vec<Memory>, StoreError> {
+    pub async fn list_memories(
+        &self,
+        org: &str,
+        agent: &str,
+        limit: u32,
+    ) -> Result<Vec<Memory>, StoreError> {
         on_pool!(self, p => {
             let rows = sqlx::query(
-                "SELECT id, agent, run_id, content, created_at FROM memories WHERE agent = $1 \
-                 ORDER BY id DESC LIMIT $2",
+                "SELECT id, agent, run_id, content, created_at FROM memories \
+                 WHERE agent = $1 AND org_id = $3 ORDER BY id DESC LIMIT $2",
             )
             .bind(agent)
             .bind(i64::from(limit))
+            .bind(org)
             .fetch_all(p)
             .await
             .map_err(|e| self.err(e))?;

@@ -51,6 +51,8 @@ impl std::fmt::Display for AuthType {
 /// A connection to store. `envelope` is a `v1:` envelope: the store never sees plaintext.
 #[derive(Debug, Clone, Copy)]
 pub struct NewConnection<'a> {
+    /// The organization it belongs to ([`crate::LOCAL_ORG`] for the CLI's).
+    pub org: &'a str,
     pub name: &'a str,
     pub integration: &'a str,
     pub auth_type: AuthType,
@@ -60,6 +62,7 @@ pub struct NewConnection<'a> {
 /// A connection without its envelope (what listings show).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
+    pub org_id: String,
     pub name: String,
     pub integration: String,
     pub auth_type: AuthType,
@@ -127,6 +130,10 @@ impl std::fmt::Display for RunStatus {
 /// A run to record.
 #[derive(Debug, Clone, Copy)]
 pub struct NewRun<'a> {
+    /// The organization it belongs to ([`crate::LOCAL_ORG`] for `airlock run`'s).
+    pub org: &'a str,
+    /// The `airlock serve` replica running it (`None`: an embedded platform).
+    pub owner: Option<&'a str>,
     pub id: &'a str,
     pub agent: &'a str,
     pub backend: &'a str,
@@ -154,15 +161,24 @@ pub struct Run {
     pub tokens_out: i64,
     /// Cost in millionths of a US dollar.
     pub cost_microusd: i64,
+    pub org_id: String,
+    /// The `airlock serve` replica that runs it (`None`: an embedded platform or not started).
+    pub owner: Option<String>,
 }
 
 /// Filters for [`crate::Store::list_runs`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunQuery<'a> {
+    /// Only this organization's runs (`None`: every organization's, for the operator).
+    pub org: Option<&'a str>,
     pub status: Option<RunStatus>,
     pub agent: Option<&'a str>,
     /// Only runs created strictly before this (Unix ms): for paging.
     pub before: Option<i64>,
+    /// With `before`: also runs created at `before` whose id sorts before
+    /// this (the last row of the previous page), so a page never splits a
+    /// millisecond and loses rows.
+    pub before_id: Option<&'a str>,
     /// Default 100.
     pub limit: Option<u32>,
 }

@@ -103,7 +103,252 @@ on_both!(
     results,
     run_slots_are_claimed_atomically,
     a_different_key_under_a_known_key_id_is_refused,
+    organizations_see_only_their_own_rows,
+    the_queue_starts_runs_in_order_within_both_limits,
+    cancelling_a_queued_or_running_run,
+    the_leader_lease_is_taken_over_only_when_it_expires,
+    a_dead_replicas_runs_are_failed_and_no_other_runs,
+    webhook_deliveries_are_claimed_once_and_retried,
 );
+
+fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
+    airlock_store::NewQueuedRun {
+        org,
+        id,
+        agent: "a",
+        backend: "process",
+        model: None,
+        prompt: Some("hello"),
+        hints: None,
+    }
+}
+
+/// Every lookup that names an organization finds only that organization's
+/// rows, whatever id is guessed.
+async fn organizations_see_only_their_own_rows(s: &Store) {
+    s.create_org("org_a", "A", None).await.unwrap();
+    s.create_org("org_b", "B", None).await.unwrap();
+    assert!(s.create_org("org_a", "again", None).await.is_err());
+    let r = ring("k1", 1);
+    for org in ["org_a", "org_b"] {
+        let env = r.encrypt(org.as_bytes()).unwrap();
+        // The same name in two organizations: two connections.
+        s.insert_connection(&NewConnection {
+            org,
+            name: "gh",
+            integration: "gh",
+            auth_type: AuthType::Bearer,
+            envelope: &env,
+        })
+        .await
+        .unwrap();
+    }
+    let a = s.get_connection("org_a", "gh").await.unwrap().unwrap();
+    let b = s.get_connection("org_b", "gh").await.unwrap().unwrap();
+    assert_ne!(a.envelope, b.envelope);
+    assert_eq!(r.decrypt_string(&b.envelope).unwrap().expose_secret(), "org_b");
+    assert!(s.get_connection(airlock_store::LOCAL_ORG, "gh").await.unwrap().is_none());
+    assert_eq!(s.list_connections("org_a").await.unwrap().len(), 1);
+    assert!(!s.delete_connection("org_a", "nope").await.unwrap());
+    assert!(s.delete_connection("org_a", "gh").await.unwrap());
+    assert!(s.get_connection("org_b", "gh").await.unwrap().is_some());
+
+    s.enqueue_run(&queued("org_a", "run_a1")).await.unwrap();
+    assert!(s.get_run_in("org_a", "run_a1").await.unwrap().is_some());
+    assert!(s.get_run_in("org_b", "run_a1").await.unwrap().is_none());
+    assert_eq!(
+        s.request_cancel("org_b", "run_a1").await.unwrap(),
+        airlock_store::CancelOutcome::NotFound
+    );
+    assert_eq!(
+        s.get_run("run_a1").await.unwrap().unwrap().status,
+        RunStatus::Queued
+    );
+    let q = |org| RunQuery {
+        org: Some(org),
+        ..Default::default()
+    };
+    assert_eq!(s.list_runs(&q("org_a")).await.unwrap().len(), 1);
+    assert!(s.list_runs(&q("org_b")).await.unwrap().is_empty());
+
+    s.put_agent("org_a", "bot", "[agent]", "{}").await.unwrap();
+    assert!(s.get_agent("org_b", "bot").await.unwrap().is_none());
+    assert!(!s.delete_agent("org_b", "bot").await.unwrap());
+    assert!(s.get_agent("org_a", "bot").await.unwrap().is_some());
+
+    s.insert_api_key("key_a", "org_a", "ci", "h").await.unwrap();
+    assert!(!s.revoke_api_key("org_b", "key_a").await.unwrap());
+    assert!(s.get_api_key("key_a").await.unwrap().unwrap().revoked_at.is_none());
+    assert!(s.revoke_api_key("org_a", "key_a").await.unwrap());
+    assert!(s.get_api_key("key_a").await.unwrap().unwrap().revoked_at.is_some());
+
+    s.add_memory("org_a", "bot", None, "a's").await.unwrap();
+    assert!(s.list_memories("org_b", "bot", 10).await.unwrap().is_empty());
+    assert_eq!(s.list_memories("org_a", "bot", 10).await.unwrap().len(), 1);
+}
+
+/// Queued runs start in the order they were queued, never more than the
+/// platform's limit at once, nor more than an organization's own.
+async fn the_queue_starts_runs_in_order_within_both_limits(s: &Store) {
+    s.create_org("small", "S", Some(1)).await.unwrap();
+    s.create_org("big", "B", None).await.unwrap();
+    for id in ["s1", "s2", "b1", "b2", "b3"] {
+        let org = if id.starts_with('s') { "small" } else { "big" };
+        s.enqueue_run(&queued(org, id)).await.unwrap();
+    }
+    assert_eq!(s.queue_position("s1").await.unwrap(), Some(0));
+    assert_eq!(s.queue_position("b3").await.unwrap(), Some(4));
+    let claim = || async { s.claim_next_run("rep1", Some(3)).await.unwrap().map(|c| c.run.id) };
+    assert_eq!(claim().await.as_deref(), Some("s1"));
+    // s2 waits for its organization's one slot; b1 goes past it.
+    assert_eq!(claim().await.as_deref(), Some("b1"));
+    assert_eq!(claim().await.as_deref(), Some("b2"));
+    // Three running: the platform's limit.
+    assert_eq!(claim().await, None);
+    let c = s.get_run("s1").await.unwrap().unwrap();
+    assert_eq!((c.status, c.owner.as_deref()), (RunStatus::Running, Some("rep1")));
+    s.finish_run(
+        "s1",
+        &RunEnd {
+            status: RunStatus::Succeeded,
+            exit_code: Some(0),
+            error: None,
+            at: 1,
+        },
+    )
+    .await
+    .unwrap();
+    let next = s.claim_next_run("rep2", Some(3)).await.unwrap().unwrap();
+    assert_eq!(next.run.id, "s2");
+    assert_eq!(next.prompt.as_deref(), Some("hello"));
+    assert_eq!(s.queue_position("b3").await.unwrap(), Some(0));
+    assert_eq!(s.queue_position("s2").await.unwrap(), None);
+}
+
+async fn cancelling_a_queued_or_running_run(s: &Store) {
+    s.enqueue_run(&queued("o", "q1")).await.unwrap();
+    s.enqueue_run(&queued("o", "q2")).await.unwrap();
+    use airlock_store::CancelOutcome;
+    assert_eq!(s.request_cancel("o", "q1").await.unwrap(), CancelOutcome::CancelledQueued);
+    assert_eq!(s.get_run("q1").await.unwrap().unwrap().status, RunStatus::Cancelled);
+    // A cancelled run is never claimed.
+    let c = s.claim_next_run("rep", None).await.unwrap().unwrap();
+    assert_eq!(c.run.id, "q2");
+    assert!(s.cancel_requests_of("rep").await.unwrap().is_empty());
+    assert_eq!(s.request_cancel("o", "q2").await.unwrap(), CancelOutcome::Requested);
+    assert_eq!(s.cancel_requests_of("rep").await.unwrap(), vec!["q2".to_owned()]);
+    assert!(s.cancel_requests_of("other").await.unwrap().is_empty());
+    assert_eq!(
+        s.request_cancel("o", "q1").await.unwrap(),
+        CancelOutcome::AlreadyEnded(RunStatus::Cancelled)
+    );
+}
+
+async fn the_leader_lease_is_taken_over_only_when_it_expires(s: &Store) {
+    assert!(s.try_lease("leader", "a", 60_000).await.unwrap());
+    assert!(!s.try_lease("leader", "b", 60_000).await.unwrap());
+    assert!(s.try_lease("leader", "a", 60_000).await.unwrap(), "renewal");
+    // a stops renewing: a lease that has expired is b's.
+    assert!(s.try_lease("leader", "a", -1).await.unwrap());
+    assert!(s.try_lease("leader", "b", 60_000).await.unwrap());
+    assert!(!s.try_lease("leader", "a", 60_000).await.unwrap());
+    s.release_lease("leader", "a").await.unwrap();
+    assert!(!s.try_lease("leader", "a", 60_000).await.unwrap(), "a released nothing");
+    s.release_lease("leader", "b").await.unwrap();
+    assert!(s.try_lease("leader", "a", 60_000).await.unwrap());
+}
+
+async fn a_dead_replicas_runs_are_failed_and_no_other_runs(s: &Store) {
+    s.register_replica("live", "h", 1).await.unwrap();
+    s.register_replica("dead", "h", 2).await.unwrap();
+    for id in ["l1", "d1", "d2", "w1"] {
+        s.enqueue_run(&queued("o", id)).await.unwrap();
+    }
+    for owner in ["live", "dead", "dead"] {
+        s.claim_next_run(owner, None).await.unwrap().unwrap();
+    }
+    new_run(s, "embedded").await;
+    assert!(s.sweep_dead_replicas(60_000).await.unwrap().is_empty());
+    // "dead" stops its heartbeats; "live" keeps them.
+    s.remove_replica("dead").await.unwrap();
+    assert!(s.heartbeat_replica("live").await.unwrap());
+    assert!(!s.heartbeat_replica("dead").await.unwrap(), "a swept replica must stop");
+    let mut failed = s.sweep_dead_replicas(60_000).await.unwrap();
+    failed.sort();
+    assert_eq!(failed, vec!["d1".to_owned(), "d2".to_owned()]);
+    let d1 = s.get_run("d1").await.unwrap().unwrap();
+    assert_eq!(d1.status, RunStatus::Failed);
+    assert_eq!(d1.error.as_deref(), Some(airlock_store::REPLICA_GONE));
+    for (id, st) in [("l1", RunStatus::Running), ("w1", RunStatus::Queued), ("embedded", RunStatus::Running)] {
+        assert_eq!(s.get_run(id).await.unwrap().unwrap().status, st, "{id}");
+    }
+    // A replica silent past the lease is dropped, then its runs failed.
+    assert_eq!(s.sweep_dead_replicas(-1).await.unwrap(), vec!["l1".to_owned()]);
+}
+
+async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
+    let hook = airlock_store::WebhookRow {
+        id: "wh1".into(),
+        org_id: "o".into(),
+        url: "http://127.0.0.1:1/".into(),
+        events: "[\"run.succeeded\"]".into(),
+        secret_envelope: "v1:k1:x".into(),
+        created_at: 1,
+    };
+    s.create_webhook(&hook).await.unwrap();
+    assert!(s.get_webhook("other", "wh1").await.unwrap().is_none());
+    assert_eq!(s.list_webhooks("o").await.unwrap(), vec![hook.clone()]);
+    let d = airlock_store::DeliveryRow {
+        id: "d1".into(),
+        webhook_id: "wh1".into(),
+        org_id: "o".into(),
+        run_id: "r".into(),
+        event: "run.succeeded".into(),
+        payload: "{}".into(),
+        state: "pending".into(),
+        attempts: 0,
+        last_status: None,
+        last_error: None,
+        next_attempt_at: 0,
+        created_at: 1,
+        delivered_at: None,
+    };
+    s.enqueue_delivery(&d).await.unwrap();
+    let got = s.claim_due_deliveries("a", 60_000, 10).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(s.claim_due_deliveries("b", 60_000, 10).await.unwrap().is_empty(), "claimed once");
+    s.record_delivery_attempt(
+        "d1",
+        &airlock_store::DeliveryAttempt {
+            status: Some(500),
+            error: Some("HTTP 500"),
+            delivered: false,
+            retry_at: Some(0),
+        },
+    )
+    .await
+    .unwrap();
+    let again = s.claim_due_deliveries("b", 60_000, 10).await.unwrap();
+    assert_eq!(again[0].attempts, 1);
+    assert_eq!(again[0].last_status, Some(500));
+    s.record_delivery_attempt(
+        "d1",
+        &airlock_store::DeliveryAttempt {
+            status: Some(204),
+            error: None,
+            delivered: true,
+            retry_at: None,
+        },
+    )
+    .await
+    .unwrap();
+    let list = s.list_deliveries("o", "wh1", 10).await.unwrap();
+    assert_eq!((list[0].state.as_str(), list[0].attempts), ("delivered", 2));
+    assert!(s.list_deliveries("other", "wh1", 10).await.unwrap().is_empty());
+    assert!(s.claim_due_deliveries("c", 0, 10).await.unwrap().is_empty());
+    assert!(!s.delete_webhook("other", "wh1").await.unwrap());
+    assert!(s.delete_webhook("o", "wh1").await.unwrap());
+}
 
 /// A key id names one key for the life of a store: another key under the
 /// same id (a typo, another machine's key) is refused before it writes or
@@ -116,6 +361,7 @@ async fn a_different_key_under_a_known_key_id_is_refused(s: &Store) {
         let s = s.clone();
         async move {
             s.insert_connection(&NewConnection {
+                org: airlock_store::LOCAL_ORG,
                 name,
                 integration: "gh",
                 auth_type: AuthType::Bearer,
@@ -210,6 +456,8 @@ async fn run_slots_are_claimed_atomically(s: &Store) {
         tokio::spawn(async move {
             let id = format!("slot-{i}");
             let r = NewRun {
+                org: airlock_store::LOCAL_ORG,
+                owner: None,
                 id: &id,
                 agent: "a",
                 backend: "process",
@@ -234,6 +482,8 @@ async fn run_slots_are_claimed_atomically(s: &Store) {
         .unwrap();
     assert_eq!(running.len(), 3);
     let late = NewRun {
+        org: airlock_store::LOCAL_ORG,
+        owner: None,
         id: "slot-late",
         agent: "a",
         backend: "process",
@@ -265,7 +515,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 4);
+    assert_eq!(s.schema_version().await.unwrap(), 5);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -274,7 +524,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 4);
+        assert_eq!(again.schema_version().await.unwrap(), 5);
     }
 }
 
@@ -282,6 +532,7 @@ async fn connections_crud(s: &Store) {
     let r = ring("k1", 1);
     let env = r.encrypt(br#"{"token":"abc"}"#).unwrap();
     let c = NewConnection {
+        org: airlock_store::LOCAL_ORG,
         name: "github",
         integration: "github",
         auth_type: AuthType::Bearer,
@@ -294,6 +545,7 @@ async fn connections_crud(s: &Store) {
     ));
     let env2 = r.encrypt(b"{}").unwrap();
     s.insert_connection(&NewConnection {
+        org: airlock_store::LOCAL_ORG,
         name: "aws",
         integration: "aws",
         auth_type: AuthType::Custom,
@@ -301,7 +553,7 @@ async fn connections_crud(s: &Store) {
     })
     .await
     .unwrap();
-    let got = s.get_connection("github").await.unwrap().unwrap();
+    let got = s.get_connection(airlock_store::LOCAL_ORG, "github").await.unwrap().unwrap();
     assert_eq!(got.envelope, env);
     assert_eq!(got.info.auth_type, AuthType::Bearer);
     assert_eq!(got.info.kid, "k1");
@@ -309,8 +561,8 @@ async fn connections_crud(s: &Store) {
         r.decrypt_string(&got.envelope).unwrap().expose_secret(),
         r#"{"token":"abc"}"#
     );
-    assert!(s.get_connection("nope").await.unwrap().is_none());
-    let list = s.list_connections().await.unwrap();
+    assert!(s.get_connection(airlock_store::LOCAL_ORG, "nope").await.unwrap().is_none());
+    let list = s.list_connections(airlock_store::LOCAL_ORG).await.unwrap();
     assert_eq!(
         list.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
         ["aws", "github"]
@@ -322,6 +574,7 @@ async fn connections_crud(s: &Store) {
     // only envelopes go in
     let err = s
         .insert_connection(&NewConnection {
+            org: airlock_store::LOCAL_ORG,
             envelope: "plaintext!",
             ..c
         })
@@ -332,18 +585,18 @@ async fn connections_crud(s: &Store) {
         "{err}"
     );
     let err = s
-        .insert_connection(&NewConnection { name: "", ..c })
+        .insert_connection(&NewConnection { org: airlock_store::LOCAL_ORG, name: "", ..c })
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
     let err = s
-        .insert_connection(&NewConnection { name: "a\nb", ..c })
+        .insert_connection(&NewConnection { org: airlock_store::LOCAL_ORG, name: "a\nb", ..c })
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
-    assert!(s.delete_connection("github").await.unwrap());
-    assert!(!s.delete_connection("github").await.unwrap());
-    assert_eq!(s.list_connections().await.unwrap().len(), 1);
+    assert!(s.delete_connection(airlock_store::LOCAL_ORG, "github").await.unwrap());
+    assert!(!s.delete_connection(airlock_store::LOCAL_ORG, "github").await.unwrap());
+    assert_eq!(s.list_connections(airlock_store::LOCAL_ORG).await.unwrap().len(), 1);
 }
 
 async fn reencrypt_in_batches(s: &Store) {
@@ -354,6 +607,7 @@ async fn reencrypt_in_batches(s: &Store) {
         let value = format!("secret-value-{i}");
         let env = old.encrypt(value.as_bytes()).unwrap();
         s.insert_connection(&NewConnection {
+            org: airlock_store::LOCAL_ORG,
             name: &name,
             integration: "ns",
             auth_type: AuthType::ApiKey,
@@ -380,7 +634,7 @@ async fn reencrypt_in_batches(s: &Store) {
     );
     let only_new = ring("k1", 2);
     for (name, value) in &want {
-        let c = s.get_connection(name).await.unwrap().unwrap();
+        let c = s.get_connection(airlock_store::LOCAL_ORG, name).await.unwrap().unwrap();
         assert_eq!(c.info.kid, "k1");
         assert_eq!(
             only_new
@@ -397,12 +651,13 @@ async fn reencrypt_in_batches(s: &Store) {
     let newer = ring("k2", 3).with_retired("k1", &[2; 32]).unwrap();
     let first = s.reencrypt_batch_after(&newer, 100, "").await.unwrap();
     assert_eq!((first.rewritten, first.scanned), (100, 100));
-    assert_eq!(first.last, "conn-0099");
+    // (the cursor is the pair organization, name)
+    assert_eq!(first.last, "local\u{1f}conn-0099");
     let second = s
         .reencrypt_batch_after(&newer, 200, &first.last)
         .await
         .unwrap();
-    assert_eq!((second.rewritten, second.last.as_str()), (150, "conn-0249"));
+    assert_eq!((second.rewritten, second.last.as_str()), (150, "local\u{1f}conn-0249"));
     let done = s
         .reencrypt_batch_after(&newer, 200, &second.last)
         .await
@@ -421,6 +676,7 @@ async fn reencrypt_failure_rolls_back_the_batch(s: &Store) {
         let r = if i == 5 { &stranger } else { &old };
         let env = r.encrypt(format!("v{i}").as_bytes()).unwrap();
         s.insert_connection(&NewConnection {
+            org: airlock_store::LOCAL_ORG,
             name: &format!("c{i}"),
             integration: "ns",
             auth_type: AuthType::ApiKey,
@@ -449,8 +705,8 @@ async fn reencrypt_failure_rolls_back_the_batch(s: &Store) {
 
 async fn futures_snapshot(s: &Store) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for c in s.list_connections().await.unwrap() {
-        let r = s.get_connection(&c.name).await.unwrap().unwrap();
+    for c in s.list_connections(airlock_store::LOCAL_ORG).await.unwrap() {
+        let r = s.get_connection(airlock_store::LOCAL_ORG, &c.name).await.unwrap().unwrap();
         out.push((c.name, r.envelope));
     }
     out
@@ -459,6 +715,8 @@ async fn futures_snapshot(s: &Store) -> Vec<(String, String)> {
 async fn runs(s: &Store) {
     for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
         s.insert_run(&NewRun {
+            org: airlock_store::LOCAL_ORG,
+            owner: None,
             id,
             agent: if i == 2 { "other" } else { "triage" },
             backend: "process",
@@ -470,6 +728,8 @@ async fn runs(s: &Store) {
         .unwrap();
     }
     let dup = NewRun {
+        org: airlock_store::LOCAL_ORG,
+        owner: None,
         id: "r1",
         agent: "a",
         backend: "process",
@@ -585,6 +845,8 @@ async fn runs(s: &Store) {
 
 async fn new_run(s: &Store, id: &str) {
     s.insert_run(&NewRun {
+        org: airlock_store::LOCAL_ORG,
+        owner: None,
         id,
         agent: "a",
         backend: "process",
@@ -850,19 +1112,19 @@ async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
 }
 
 async fn memories(s: &Store) {
-    s.add_memory("triage", None, "first").await.unwrap();
-    s.add_memory("triage", Some("r1"), "second ✓")
+    s.add_memory(airlock_store::LOCAL_ORG, "triage", None, "first").await.unwrap();
+    s.add_memory(airlock_store::LOCAL_ORG, "triage", Some("r1"), "second ✓")
         .await
         .unwrap();
-    s.add_memory("other", None, "x").await.unwrap();
-    let m = s.list_memories("triage", 10).await.unwrap();
+    s.add_memory(airlock_store::LOCAL_ORG, "other", None, "x").await.unwrap();
+    let m = s.list_memories(airlock_store::LOCAL_ORG, "triage", 10).await.unwrap();
     assert_eq!(
         m.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(),
         ["second ✓", "first"]
     );
     assert_eq!(m[0].run_id.as_deref(), Some("r1"));
-    assert_eq!(s.list_memories("triage", 1).await.unwrap().len(), 1);
-    assert!(s.list_memories("nobody", 10).await.unwrap().is_empty());
+    assert_eq!(s.list_memories(airlock_store::LOCAL_ORG, "triage", 1).await.unwrap().len(), 1);
+    assert!(s.list_memories(airlock_store::LOCAL_ORG, "nobody", 10).await.unwrap().is_empty());
 }
 
 async fn results(s: &Store) {
@@ -922,6 +1184,7 @@ async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
     let old = ring("k0", 1);
     let env = old.encrypt(b"v").unwrap();
     s.insert_connection(&NewConnection {
+        org: airlock_store::LOCAL_ORG,
         name: "c",
         integration: "ns",
         auth_type: AuthType::ApiKey,
@@ -943,6 +1206,7 @@ async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
     assert!(err.to_string().contains("locked"), "{err}");
     let err = s
         .insert_connection(&NewConnection {
+            org: airlock_store::LOCAL_ORG,
             name: "d",
             integration: "ns",
             auth_type: AuthType::ApiKey,
@@ -952,8 +1216,8 @@ async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
     sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
-    assert_eq!(s.get_connection("c").await.unwrap().unwrap().envelope, env);
-    assert!(s.get_connection("d").await.unwrap().is_none());
+    assert_eq!(s.get_connection(airlock_store::LOCAL_ORG, "c").await.unwrap().unwrap().envelope, env);
+    assert!(s.get_connection(airlock_store::LOCAL_ORG, "d").await.unwrap().is_none());
     assert_eq!(s.reencrypt_batch(&new, 10).await.unwrap(), 1);
 }
 
@@ -974,6 +1238,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
+    sqlx::raw_sql(UNDO_V5_SQLITE).execute(&mut c).await.unwrap();
     sqlx::raw_sql(
         "DROP INDEX egress_log_run_seq; \
          ALTER TABLE egress_log DROP COLUMN seq; \
@@ -996,7 +1261,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 4);
+    assert_eq!(s.schema_version().await.unwrap(), 5);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -1006,6 +1271,34 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
+/// Undoes version 5 (organizations) on SQLite, for the tests that build an
+/// older database from a new one.
+const UNDO_V5_SQLITE: &str = "DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
+     DROP TABLE api_keys; DROP TABLE organizations; DROP TABLE agents; DROP TABLE replicas; \
+     DROP TABLE leases; DROP INDEX runs_org; DROP INDEX runs_queue; \
+     ALTER TABLE runs DROP COLUMN org_id; ALTER TABLE runs DROP COLUMN owner; \
+     ALTER TABLE runs DROP COLUMN prompt; ALTER TABLE runs DROP COLUMN hints; \
+     ALTER TABLE runs DROP COLUMN queue_seq; ALTER TABLE runs DROP COLUMN cancel_requested; \
+     ALTER TABLE memories DROP COLUMN org_id; \
+     CREATE TABLE c4 (name TEXT PRIMARY KEY, integration TEXT NOT NULL, auth_type TEXT NOT NULL, \
+       kid TEXT NOT NULL, envelope TEXT NOT NULL, created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL); \
+     INSERT INTO c4 SELECT name, integration, auth_type, kid, envelope, created_at, updated_at FROM connections; \
+     DROP TABLE connections; ALTER TABLE c4 RENAME TO connections; \
+     CREATE INDEX connections_kid ON connections (kid); \
+     DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
+
+/// The same on PostgreSQL.
+const UNDO_V5_POSTGRES: &str = "DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
+     DROP TABLE api_keys; DROP TABLE organizations; DROP TABLE agents; DROP TABLE replicas; \
+     DROP TABLE leases; DROP INDEX runs_org; DROP INDEX runs_queue; \
+     ALTER TABLE runs DROP COLUMN org_id; ALTER TABLE runs DROP COLUMN owner; \
+     ALTER TABLE runs DROP COLUMN prompt; ALTER TABLE runs DROP COLUMN hints; \
+     ALTER TABLE runs DROP COLUMN queue_seq; ALTER TABLE runs DROP COLUMN cancel_requested; \
+     ALTER TABLE memories DROP COLUMN org_id; \
+     ALTER TABLE connections DROP CONSTRAINT connections_pkey; \
+     ALTER TABLE connections DROP COLUMN org_id; ALTER TABLE connections ADD PRIMARY KEY (name); \
+     DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
+
 const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
      ALTER TABLE egress_log DROP COLUMN seq; \
      ALTER TABLE egress_log DROP COLUMN outcome; \
@@ -1027,7 +1320,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 4);
+    assert_eq!(s.schema_version().await.unwrap(), 5);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -1116,6 +1409,7 @@ async fn a_version_2_database_is_upgraded_on_sqlite() {
     let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
+    sqlx::raw_sql(UNDO_V5_SQLITE).execute(&mut c).await.unwrap();
     sqlx::raw_sql(TO_VERSION_2).execute(&mut c).await.unwrap();
     c.close().await.unwrap();
     let s = Store::open_sqlite(&path, &StoreOptions::default())
@@ -1135,6 +1429,7 @@ async fn a_version_2_database_is_upgraded_on_postgres() {
     let sep = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{sep}options[search_path]={schema}");
     let mut c = sqlx::PgConnection::connect(&scoped).await.unwrap();
+    sqlx::raw_sql(UNDO_V5_POSTGRES).execute(&mut c).await.unwrap();
     sqlx::raw_sql(TO_VERSION_2).execute(&mut c).await.unwrap();
     c.close().await.unwrap();
     let s = Store::open(&scoped, &StoreOptions::default())

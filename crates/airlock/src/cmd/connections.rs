@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::process::ExitCode;
 
-use airlock_platform_api::connection_types::ConnectionType;
-use airlock_store::{AuthType, NewConnection, Store};
+use airlock_store::{AuthType, Store};
 use airlock_vault::Keyring;
 use anyhow::{Context as _, Result, bail};
 use clap::{Subcommand, ValueEnum};
@@ -67,16 +66,12 @@ impl From<AuthTypeArg> for AuthType {
     }
 }
 
-/// Fields each type needs (others may be given too): the one schema the
-/// relay and docs/configuration.md use too.
 fn required_fields(t: AuthType) -> &'static [&'static str] {
-    ConnectionType::named(t.as_str()).map_or(&[], |c| c.required)
+    airlock_platform::connections::required_fields(t)
 }
 
-/// Stores a connection the way `airlock connections add` does: the fields
-/// are checked against the type's schema, encrypted under the active key and
-/// stored as an envelope. Every writer of a connection (the CLI, the demo)
-/// goes through here.
+/// Stores one of the local organization's connections
+/// ([`airlock_platform::connections::store_connection`]).
 pub(crate) async fn store_connection(
     store: &Store,
     ring: &Keyring,
@@ -85,20 +80,16 @@ pub(crate) async fn store_connection(
     auth_type: AuthType,
     fields: &Fields,
 ) -> Result<()> {
-    check_fields(auth_type, fields)?;
-    let plaintext = fields_json(fields)?;
-    let envelope = ring.encrypt(plaintext.as_bytes())?;
-    // A different key under an id the store already uses is refused.
-    store.record_active_key(ring).await?;
-    store
-        .insert_connection(&NewConnection {
-            name,
-            integration,
-            auth_type,
-            envelope: &envelope,
-        })
-        .await?;
-    tracing::info!(connection = %name, integration = %integration, kid = ring.active_kid(), "stored connection");
+    airlock_platform::connections::store_connection(
+        store,
+        ring,
+        airlock_store::LOCAL_ORG,
+        name,
+        integration,
+        auth_type,
+        fields,
+    )
+    .await?;
     Ok(())
 }
 
@@ -153,7 +144,7 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
         }
         ConnectionsCommand::List { json } => {
             let store = Store::open_default().await?;
-            let list = store.list_connections().await?;
+            let list = store.list_connections(airlock_store::LOCAL_ORG).await?;
             store.close().await;
             let mut out = std::io::stdout().lock();
             if json {
@@ -198,7 +189,7 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
         }
         ConnectionsCommand::Remove { name } => {
             let store = Store::open_default().await?;
-            let removed = store.delete_connection(&name).await?;
+            let removed = store.delete_connection(airlock_store::LOCAL_ORG, &name).await?;
             store.close().await;
             if !removed {
                 bail!(airlock_store::StoreError::ConnectionNotFound(name));
@@ -209,14 +200,10 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
     }
 }
 
-pub(crate) type Fields = BTreeMap<String, Zeroizing<String>>;
+pub(crate) use airlock_platform::connections::Fields;
 
-fn fields_json(fields: &Fields) -> Result<Zeroizing<String>> {
-    let map: BTreeMap<&str, &str> = fields
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    Ok(Zeroizing::new(serde_json::to_string(&map)?))
+fn check_fields(t: AuthType, fields: &Fields) -> Result<()> {
+    Ok(airlock_platform::connections::check_fields(t, fields)?)
 }
 
 fn read_fields(t: AuthType) -> Result<Fields> {
@@ -270,37 +257,6 @@ fn parse_fields(raw: &[u8]) -> Result<Fields> {
         .collect())
 }
 
-fn check_fields(t: AuthType, fields: &Fields) -> Result<()> {
-    if fields.is_empty() {
-        bail!("no credential fields given");
-    }
-    for (k, v) in fields {
-        if k.is_empty()
-            || k.len() > 64
-            || !k
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            bail!("field name {k:?} must be 1-64 characters of A-Z a-z 0-9 _ -");
-        }
-        if v.is_empty() {
-            bail!("field {k:?} is empty");
-        }
-    }
-    let missing: Vec<&str> = required_fields(t)
-        .iter()
-        .copied()
-        .filter(|f| !fields.contains_key(*f))
-        .collect();
-    if !missing.is_empty() {
-        bail!(
-            "a {t} connection needs the field(s): {}",
-            missing.join(", ")
-        );
-    }
-    Ok(())
-}
-
 fn prompt_secret(prompt: &str) -> Result<Zeroizing<String>> {
     Ok(Zeroizing::new(
         rpassword::prompt_password(prompt).context("cannot read from the terminal")?,
@@ -331,7 +287,7 @@ fn prompt_fields(t: AuthType) -> Result<Fields> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_platform_api::connection_types::{CONNECTION_TYPES, types_summary};
+    use airlock_platform_api::connection_types::{CONNECTION_TYPES, ConnectionType, types_summary};
 
     #[test]
     fn every_stored_type_has_its_schema() {

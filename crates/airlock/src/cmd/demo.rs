@@ -231,6 +231,7 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
     let outcome = orch
         .run(
             RunRequest {
+                org: airlock_store::LOCAL_ORG.to_owned(),
                 manifest,
                 agent_dir: agent_dir.clone(),
                 prompt: Some("Show what Airlock lets out.".into()),

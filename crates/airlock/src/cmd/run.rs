@@ -252,6 +252,7 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
     let cancel_rx = cancel_on_ctrl_c();
     let progress = progress_printer(args.json);
     let req = RunRequest {
+                org: airlock_store::LOCAL_ORG.to_owned(),
         manifest,
         agent_dir,
         prompt: args.prompt.clone(),

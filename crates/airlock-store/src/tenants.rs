@@ -1,0 +1,901 @@
+//! What `airlock serve` adds to the store: organizations and their API keys,
+//! registered agents, the run queue shared by every replica, replicas and
+//! the leader lease, webhooks and their deliveries.
+//!
+//! Every row an organization owns carries its `org_id`, and every query here
+//! that reads or changes such a row names the organization: an id guessed
+//! from another organization finds nothing.
+
+use sqlx::Row as _;
+
+use crate::{Pool, Run, RunStatus, Store, StoreError, now_ms, validate_name};
+
+/// An organization (a tenant of `airlock serve`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Organization {
+    pub id: String,
+    pub name: String,
+    /// Its own ceiling on running runs (`None`: only the platform's).
+    pub max_concurrent_runs: Option<i64>,
+    pub created_at: i64,
+}
+
+/// An API key as stored: its hash, never the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRow {
+    pub id: String,
+    pub org_id: String,
+    pub name: String,
+    /// Lowercase hex of the keyed hash of the key's secret part.
+    pub hash: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+/// A registered agent: its manifest and the files of its directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRow {
+    pub org_id: String,
+    pub name: String,
+    /// The manifest's TOML text.
+    pub manifest: String,
+    /// JSON object: relative path → file content (UTF-8 text).
+    pub files: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A run to queue.
+#[derive(Debug, Clone, Copy)]
+pub struct NewQueuedRun<'a> {
+    pub org: &'a str,
+    pub id: &'a str,
+    pub agent: &'a str,
+    pub backend: &'a str,
+    pub model: Option<&'a str>,
+    pub prompt: Option<&'a str>,
+    /// JSON of the limit hints asked for with the run.
+    pub hints: Option<&'a str>,
+}
+
+/// A queued run a replica has claimed: it is now `running` and the replica's.
+#[derive(Debug, Clone)]
+pub struct ClaimedRun {
+    pub run: Run,
+    pub prompt: Option<String>,
+    pub hints: Option<String>,
+}
+
+/// What a cancel request found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// It was queued: it is now `cancelled`.
+    CancelledQueued,
+    /// It is running: its replica stops it.
+    Requested,
+    /// It had already ended.
+    AlreadyEnded(RunStatus),
+    NotFound,
+}
+
+/// A webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookRow {
+    pub id: String,
+    pub org_id: String,
+    pub url: String,
+    /// JSON array of event names.
+    pub events: String,
+    /// Its signing secret, as a `v1:` envelope.
+    pub secret_envelope: String,
+    pub created_at: i64,
+}
+
+/// One event to deliver to one webhook, and how its delivery went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryRow {
+    pub id: String,
+    pub webhook_id: String,
+    pub org_id: String,
+    pub run_id: String,
+    pub event: String,
+    pub payload: String,
+    /// `pending`, `delivered` or `failed` (gave up).
+    pub state: String,
+    pub attempts: i64,
+    pub last_status: Option<i64>,
+    pub last_error: Option<String>,
+    pub next_attempt_at: i64,
+    pub created_at: i64,
+    pub delivered_at: Option<i64>,
+}
+
+/// How one delivery attempt ended.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliveryAttempt<'a> {
+    pub status: Option<i64>,
+    pub error: Option<&'a str>,
+    /// Delivered (a 2xx).
+    pub delivered: bool,
+    /// When to try again (`None`: give up, unless delivered).
+    pub retry_at: Option<i64>,
+}
+
+/// The message a run of a dead replica is failed with.
+pub const REPLICA_GONE: &str = "the platform stopped while this run was running (its airlock serve replica is gone); reclaimed by another replica";
+
+macro_rules! delivery_row {
+    ($r:expr, $s:expr) => {
+        DeliveryRow {
+            id: $r.try_get("id").map_err(|e| $s.err(e))?,
+            webhook_id: $r.try_get("webhook_id").map_err(|e| $s.err(e))?,
+            org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
+            run_id: $r.try_get("run_id").map_err(|e| $s.err(e))?,
+            event: $r.try_get("event").map_err(|e| $s.err(e))?,
+            payload: $r.try_get("payload").map_err(|e| $s.err(e))?,
+            state: $r.try_get("state").map_err(|e| $s.err(e))?,
+            attempts: $r.try_get("attempts").map_err(|e| $s.err(e))?,
+            last_status: $r.try_get("last_status").map_err(|e| $s.err(e))?,
+            last_error: $r.try_get("last_error").map_err(|e| $s.err(e))?,
+            next_attempt_at: $r.try_get("next_attempt_at").map_err(|e| $s.err(e))?,
+            created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
+            delivered_at: $r.try_get("delivered_at").map_err(|e| $s.err(e))?,
+        }
+    };
+}
+
+macro_rules! api_key_row {
+    ($r:expr, $s:expr) => {
+        ApiKeyRow {
+            id: $r.try_get("id").map_err(|e| $s.err(e))?,
+            org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
+            name: $r.try_get("name").map_err(|e| $s.err(e))?,
+            hash: $r.try_get("hash").map_err(|e| $s.err(e))?,
+            created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
+            revoked_at: $r.try_get("revoked_at").map_err(|e| $s.err(e))?,
+        }
+    };
+}
+
+macro_rules! agent_row {
+    ($r:expr, $s:expr) => {
+        AgentRow {
+            org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
+            name: $r.try_get("name").map_err(|e| $s.err(e))?,
+            manifest: $r.try_get("manifest").map_err(|e| $s.err(e))?,
+            files: $r.try_get("files").map_err(|e| $s.err(e))?,
+            created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
+            updated_at: $r.try_get("updated_at").map_err(|e| $s.err(e))?,
+        }
+    };
+}
+
+macro_rules! webhook_row {
+    ($r:expr, $s:expr) => {
+        WebhookRow {
+            id: $r.try_get("id").map_err(|e| $s.err(e))?,
+            org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
+            url: $r.try_get("url").map_err(|e| $s.err(e))?,
+            events: $r.try_get("events").map_err(|e| $s.err(e))?,
+            secret_envelope: $r.try_get("secret_envelope").map_err(|e| $s.err(e))?,
+            created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
+        }
+    };
+}
+
+macro_rules! delivery_columns {
+    () => {
+        "id, webhook_id, org_id, run_id, event, payload, state, attempts, \
+         last_status, last_error, next_attempt_at, created_at, delivered_at"
+    };
+}
+
+/// A strictly increasing position in the run queue for this process
+/// (microseconds, bumped on a tie): runs queued one after another by one
+/// client start in that order.
+fn next_queue_seq() -> i64 {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = now_ms().saturating_mul(1000);
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(prev + 1);
+        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(p) => prev = p,
+        }
+    }
+}
+
+impl Store {
+    // ---- organizations ----
+
+    pub async fn create_org(
+        &self,
+        id: &str,
+        name: &str,
+        max_concurrent_runs: Option<i64>,
+    ) -> Result<Organization, StoreError> {
+        validate_name("organization id", id)?;
+        validate_name("organization name", name)?;
+        let now = now_ms();
+        let res = on_pool!(self, p => sqlx::query(
+            "INSERT INTO organizations (id, name, max_concurrent_runs, created_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(max_concurrent_runs)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|_| ()));
+        match res {
+            Err(e) if crate::is_unique_violation(&e) => Err(StoreError::Invalid {
+                what: "organization id",
+                reason: "already exists",
+            }),
+            Err(e) => Err(self.err(e)),
+            Ok(_) => Ok(Organization {
+                id: id.to_owned(),
+                name: name.to_owned(),
+                max_concurrent_runs,
+                created_at: now,
+            }),
+        }
+    }
+
+    pub async fn get_org(&self, id: &str) -> Result<Option<Organization>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT id, name, max_concurrent_runs, created_at FROM organizations WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| -> Result<Organization, StoreError> {
+                Ok(Organization {
+                    id: r.try_get("id").map_err(|e| self.err(e))?,
+                    name: r.try_get("name").map_err(|e| self.err(e))?,
+                    max_concurrent_runs: r.try_get("max_concurrent_runs").map_err(|e| self.err(e))?,
+                    created_at: r.try_get("created_at").map_err(|e| self.err(e))?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    pub async fn list_orgs(&self) -> Result<Vec<Organization>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT id, name, max_concurrent_runs, created_at FROM organizations ORDER BY created_at, id",
+            )
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(|r| Ok(Organization {
+                id: r.try_get("id").map_err(|e| self.err(e))?,
+                name: r.try_get("name").map_err(|e| self.err(e))?,
+                max_concurrent_runs: r.try_get("max_concurrent_runs").map_err(|e| self.err(e))?,
+                created_at: r.try_get("created_at").map_err(|e| self.err(e))?,
+            })).collect()
+        })
+    }
+
+    // ---- API keys ----
+
+    pub async fn insert_api_key(
+        &self,
+        id: &str,
+        org: &str,
+        name: &str,
+        hash: &str,
+    ) -> Result<ApiKeyRow, StoreError> {
+        validate_name("API key name", name)?;
+        let now = now_ms();
+        on_pool!(self, p => sqlx::query(
+            "INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(id)
+        .bind(org)
+        .bind(name)
+        .bind(hash)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|_| ())
+        .map_err(|e| self.err(e))?);
+        Ok(ApiKeyRow {
+            id: id.to_owned(),
+            org_id: org.to_owned(),
+            name: name.to_owned(),
+            hash: hash.to_owned(),
+            created_at: now,
+            revoked_at: None,
+        })
+    }
+
+    /// A key by its id (the public part of the key), any organization's:
+    /// what authentication looks up before it compares the hash.
+    pub async fn get_api_key(&self, id: &str) -> Result<Option<ApiKeyRow>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT id, org_id, name, hash, created_at, revoked_at FROM api_keys WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| -> Result<ApiKeyRow, StoreError> { Ok(api_key_row!(r, self)) })
+                .transpose()
+        })
+    }
+
+    pub async fn list_api_keys(&self, org: &str) -> Result<Vec<ApiKeyRow>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT id, org_id, name, hash, created_at, revoked_at FROM api_keys \
+                 WHERE org_id = $1 ORDER BY created_at, id",
+            )
+            .bind(org)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(|r| Ok(api_key_row!(r, self))).collect()
+        })
+    }
+
+    /// Revokes one of `org`'s keys; `false` when it has no such live key.
+    pub async fn revoke_api_key(&self, org: &str, id: &str) -> Result<bool, StoreError> {
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE api_keys SET revoked_at = $3 WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL",
+        )
+        .bind(org)
+        .bind(id)
+        .bind(now_ms())
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        Ok(n > 0)
+    }
+
+    // ---- agents ----
+
+    /// Registers (or replaces) one of `org`'s agents.
+    pub async fn put_agent(
+        &self,
+        org: &str,
+        name: &str,
+        manifest: &str,
+        files: &str,
+    ) -> Result<AgentRow, StoreError> {
+        validate_name("agent name", name)?;
+        let now = now_ms();
+        on_pool!(self, p => sqlx::query(
+            "INSERT INTO agents (org_id, name, manifest, files, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $5) \
+             ON CONFLICT (org_id, name) DO UPDATE SET manifest = excluded.manifest, \
+             files = excluded.files, updated_at = excluded.updated_at",
+        )
+        .bind(org)
+        .bind(name)
+        .bind(manifest)
+        .bind(files)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|_| ())
+        .map_err(|e| self.err(e))?);
+        self.get_agent(org, name)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("agent {name:?} vanished after its write")))
+    }
+
+    pub async fn get_agent(&self, org: &str, name: &str) -> Result<Option<AgentRow>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT org_id, name, manifest, files, created_at, updated_at FROM agents \
+                 WHERE org_id = $1 AND name = $2",
+            )
+            .bind(org)
+            .bind(name)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| -> Result<AgentRow, StoreError> { Ok(agent_row!(r, self)) }).transpose()
+        })
+    }
+
+    pub async fn list_agents(&self, org: &str) -> Result<Vec<AgentRow>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT org_id, name, manifest, files, created_at, updated_at FROM agents \
+                 WHERE org_id = $1 ORDER BY name",
+            )
+            .bind(org)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(|r| Ok(agent_row!(r, self))).collect()
+        })
+    }
+
+    pub async fn delete_agent(&self, org: &str, name: &str) -> Result<bool, StoreError> {
+        let n = on_pool!(self, p => sqlx::query("DELETE FROM agents WHERE org_id = $1 AND name = $2")
+            .bind(org)
+            .bind(name)
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected());
+        Ok(n > 0)
+    }
+
+    // ---- the run queue ----
+
+    /// Queues a run (status `queued`); replicas claim queued runs in order.
+    pub async fn enqueue_run(&self, r: &NewQueuedRun<'_>) -> Result<(), StoreError> {
+        validate_name("run id", r.id)?;
+        let res = on_pool!(self, p => sqlx::query(
+            "INSERT INTO runs (id, agent, status, backend, model, created_at, org_id, prompt, \
+             hints, queue_seq) VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(r.id)
+        .bind(r.agent)
+        .bind(r.backend)
+        .bind(r.model)
+        .bind(now_ms())
+        .bind(r.org)
+        .bind(r.prompt)
+        .bind(r.hints)
+        .bind(next_queue_seq())
+        .execute(p)
+        .await
+        .map(|_| ()));
+        match res {
+            Err(e) if crate::is_unique_violation(&e) => Err(StoreError::RunExists(r.id.to_owned())),
+            Err(e) => Err(self.err(e)),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// Claims the oldest queued run that may start now for `owner`: fewer
+    /// than `max_running` runs are running in the store (when set) and fewer
+    /// than its organization's `max_concurrent_runs`. Counting and claiming
+    /// are one atomic step, as in [`Store::insert_run_within_limit`].
+    pub async fn claim_next_run(
+        &self,
+        owner: &str,
+        max_running: Option<u32>,
+    ) -> Result<Option<ClaimedRun>, StoreError> {
+        let max = max_running.map_or(i64::MAX, i64::from);
+        let pick = "SELECT r.id FROM runs r LEFT JOIN organizations o ON o.id = r.org_id \
+             WHERE r.status = 'queued' AND (SELECT COUNT(*) FROM runs a WHERE a.status = 'running') < $1 \
+             AND (o.max_concurrent_runs IS NULL OR (SELECT COUNT(*) FROM runs x \
+                  WHERE x.org_id = r.org_id AND x.status = 'running') < o.max_concurrent_runs) \
+             ORDER BY r.queue_seq, r.id LIMIT 1";
+        let claim = "UPDATE runs SET status = 'running', owner = $2 WHERE id = $1 AND status = 'queued'";
+        let id: Option<String> = match &self.pool {
+            Pool::Sqlite(p) => {
+                let mut c = p.acquire().await.map_err(|e| self.err(e))?;
+                let res: Result<Option<String>, sqlx::Error> = async {
+                    sqlx::query("BEGIN IMMEDIATE").execute(&mut *c).await?;
+                    let body = async {
+                        let id: Option<String> =
+                            sqlx::query_scalar(pick).bind(max).fetch_optional(&mut *c).await?;
+                        if let Some(id) = &id {
+                            sqlx::query(claim).bind(id).bind(owner).execute(&mut *c).await?;
+                        }
+                        Ok::<_, sqlx::Error>(id)
+                    }
+                    .await;
+                    let end = if matches!(body, Ok(Some(_))) { "COMMIT" } else { "ROLLBACK" };
+                    sqlx::query(end).execute(&mut *c).await?;
+                    body
+                }
+                .await;
+                res.map_err(|e| self.err(e))?
+            }
+            Pool::Postgres(p) => {
+                let res: Result<Option<String>, sqlx::Error> = async {
+                    let mut tx = p.begin().await?;
+                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('airlock.run_slots'))")
+                        .execute(&mut *tx)
+                        .await?;
+                    let id: Option<String> =
+                        sqlx::query_scalar(pick).bind(max).fetch_optional(&mut *tx).await?;
+                    if let Some(id) = &id {
+                        sqlx::query(claim).bind(id).bind(owner).execute(&mut *tx).await?;
+                    }
+                    tx.commit().await?;
+                    Ok(id)
+                }
+                .await;
+                res.map_err(|e| self.err(e))?
+            }
+        };
+        let Some(id) = id else { return Ok(None) };
+        let run = self
+            .get_run(&id)
+            .await?
+            .ok_or_else(|| StoreError::RunNotFound(id.clone()))?;
+        let (prompt, hints): (Option<String>, Option<String>) = on_pool!(self, p => {
+            let r = sqlx::query("SELECT prompt, hints FROM runs WHERE id = $1")
+                .bind(&id)
+                .fetch_one(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            (r.try_get("prompt").map_err(|e| self.err(e))?, r.try_get("hints").map_err(|e| self.err(e))?)
+        });
+        Ok(Some(ClaimedRun { run, prompt, hints }))
+    }
+
+    /// How many queued runs are ahead of `id` (`None`: it is not queued).
+    pub async fn queue_position(&self, id: &str) -> Result<Option<i64>, StoreError> {
+        on_pool!(self, p => sqlx::query_scalar(
+            "SELECT (SELECT COUNT(*) FROM runs q WHERE q.status = 'queued' \
+             AND (q.queue_seq < r.queue_seq OR (q.queue_seq = r.queue_seq AND q.id < r.id))) \
+             FROM runs r WHERE r.id = $1 AND r.status = 'queued'",
+        )
+        .bind(id)
+        .fetch_optional(p)
+        .await
+        .map_err(|e| self.err(e)))
+    }
+
+    /// One of `org`'s runs.
+    pub async fn get_run_in(&self, org: &str, id: &str) -> Result<Option<Run>, StoreError> {
+        Ok(self.get_run(id).await?.filter(|r| r.org_id == org))
+    }
+
+    /// Cancels one of `org`'s runs: a queued run ends `cancelled` now; a
+    /// running one is marked for its replica to stop.
+    pub async fn request_cancel(&self, org: &str, id: &str) -> Result<CancelOutcome, StoreError> {
+        let now = now_ms();
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE runs SET status = 'cancelled', ended_at = $3, \
+             error = 'cancelled through the API while queued' \
+             WHERE org_id = $1 AND id = $2 AND status = 'queued'",
+        )
+        .bind(org)
+        .bind(id)
+        .bind(now)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        if n > 0 {
+            return Ok(CancelOutcome::CancelledQueued);
+        }
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE runs SET cancel_requested = 1 \
+             WHERE org_id = $1 AND id = $2 AND status = 'running'",
+        )
+        .bind(org)
+        .bind(id)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        if n > 0 {
+            return Ok(CancelOutcome::Requested);
+        }
+        Ok(match self.get_run_in(org, id).await? {
+            None => CancelOutcome::NotFound,
+            Some(r) if r.status.is_terminal() => CancelOutcome::AlreadyEnded(r.status),
+            // Raced: it started between the two statements.
+            Some(_) => Box::pin(self.request_cancel(org, id)).await?,
+        })
+    }
+
+    /// `owner`'s running runs that were asked to stop.
+    pub async fn cancel_requests_of(&self, owner: &str) -> Result<Vec<String>, StoreError> {
+        on_pool!(self, p => sqlx::query_scalar(
+            "SELECT id FROM runs WHERE owner = $1 AND status = 'running' AND cancel_requested <> 0",
+        )
+        .bind(owner)
+        .fetch_all(p)
+        .await
+        .map_err(|e| self.err(e)))
+    }
+
+    // ---- replicas and the leader lease ----
+
+    pub async fn register_replica(&self, id: &str, host: &str, pid: u32) -> Result<(), StoreError> {
+        let now = now_ms();
+        on_pool!(self, p => sqlx::query(
+            "INSERT INTO replicas (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)",
+        )
+        .bind(id)
+        .bind(host)
+        .bind(i64::from(pid))
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|_| ())
+        .map_err(|e| self.err(e))?);
+        Ok(())
+    }
+
+    /// `false` when the replica's row is gone (another replica judged it
+    /// dead and failed its runs: it must stop taking work).
+    pub async fn heartbeat_replica(&self, id: &str) -> Result<bool, StoreError> {
+        let n = on_pool!(self, p => sqlx::query("UPDATE replicas SET heartbeat_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(now_ms())
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected());
+        Ok(n > 0)
+    }
+
+    pub async fn remove_replica(&self, id: &str) -> Result<(), StoreError> {
+        on_pool!(self, p => sqlx::query("DELETE FROM replicas WHERE id = $1")
+            .bind(id)
+            .execute(p)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.err(e))?);
+        Ok(())
+    }
+
+    /// Takes or renews the lease `name` for `holder` for `ttl_ms`: `true`
+    /// when `holder` holds it now. A lease whose holder stopped renewing is
+    /// taken over once it expires.
+    pub async fn try_lease(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let res = on_pool!(self, p => sqlx::query(
+            "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at \
+             WHERE leases.holder = excluded.holder OR leases.expires_at < $4",
+        )
+        .bind(name)
+        .bind(holder)
+        .bind(now + ttl_ms)
+        .bind(now)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        Ok(res > 0)
+    }
+
+    /// Gives the lease up (a clean shutdown), if `holder` holds it.
+    pub async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        on_pool!(self, p => sqlx::query("DELETE FROM leases WHERE name = $1 AND holder = $2")
+            .bind(name)
+            .bind(holder)
+            .execute(p)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.err(e))?);
+        Ok(())
+    }
+
+    /// The leader's sweep: replicas silent for more than `lease_ms` are
+    /// dropped, and every run still `running` under a replica that is not
+    /// registered is failed with [`REPLICA_GONE`]. Returns those runs' ids.
+    /// Runs of the embedded platform (no owner) are not touched.
+    pub async fn sweep_dead_replicas(&self, lease_ms: i64) -> Result<Vec<String>, StoreError> {
+        let now = now_ms();
+        on_pool!(self, p => sqlx::query("DELETE FROM replicas WHERE heartbeat_at < $1")
+            .bind(now - lease_ms)
+            .execute(p)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.err(e))?);
+        let orphans: Vec<String> = on_pool!(self, p => sqlx::query_scalar(
+            "SELECT id FROM runs WHERE status = 'running' AND owner IS NOT NULL \
+             AND owner NOT IN (SELECT id FROM replicas)",
+        )
+        .fetch_all(p)
+        .await
+        .map_err(|e| self.err(e))?);
+        let mut failed = Vec::new();
+        for id in orphans {
+            let ended = self
+                .finish_run(
+                    &id,
+                    &crate::RunEnd {
+                        status: RunStatus::Failed,
+                        exit_code: None,
+                        error: Some(REPLICA_GONE),
+                        at: now,
+                    },
+                )
+                .await?;
+            if ended {
+                failed.push(id);
+            }
+        }
+        Ok(failed)
+    }
+
+    // ---- webhooks ----
+
+    pub async fn create_webhook(&self, w: &WebhookRow) -> Result<(), StoreError> {
+        on_pool!(self, p => sqlx::query(
+            "INSERT INTO webhooks (id, org_id, url, events, secret_envelope, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&w.id)
+        .bind(&w.org_id)
+        .bind(&w.url)
+        .bind(&w.events)
+        .bind(&w.secret_envelope)
+        .bind(w.created_at)
+        .execute(p)
+        .await
+        .map(|_| ())
+        .map_err(|e| self.err(e))?);
+        Ok(())
+    }
+
+    pub async fn list_webhooks(&self, org: &str) -> Result<Vec<WebhookRow>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT id, org_id, url, events, secret_envelope, created_at FROM webhooks \
+                 WHERE org_id = $1 ORDER BY created_at, id",
+            )
+            .bind(org)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(|r| Ok(webhook_row!(r, self))).collect()
+        })
+    }
+
+    pub async fn get_webhook(&self, org: &str, id: &str) -> Result<Option<WebhookRow>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(
+                "SELECT id, org_id, url, events, secret_envelope, created_at FROM webhooks \
+                 WHERE org_id = $1 AND id = $2",
+            )
+            .bind(org)
+            .bind(id)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| -> Result<WebhookRow, StoreError> { Ok(webhook_row!(r, self)) }).transpose()
+        })
+    }
+
+    pub async fn delete_webhook(&self, org: &str, id: &str) -> Result<bool, StoreError> {
+        let n = on_pool!(self, p => sqlx::query("DELETE FROM webhooks WHERE org_id = $1 AND id = $2")
+            .bind(org)
+            .bind(id)
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected());
+        Ok(n > 0)
+    }
+
+    /// Queues one delivery (due now).
+    pub async fn enqueue_delivery(&self, d: &DeliveryRow) -> Result<(), StoreError> {
+        on_pool!(self, p => sqlx::query(
+            "INSERT INTO webhook_deliveries (id, webhook_id, org_id, run_id, event, payload, state, \
+             attempts, next_attempt_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $8)",
+        )
+        .bind(&d.id)
+        .bind(&d.webhook_id)
+        .bind(&d.org_id)
+        .bind(&d.run_id)
+        .bind(&d.event)
+        .bind(&d.payload)
+        .bind(d.next_attempt_at)
+        .bind(d.created_at)
+        .execute(p)
+        .await
+        .map(|_| ())
+        .map_err(|e| self.err(e))?);
+        Ok(())
+    }
+
+    /// Claims up to `limit` pending deliveries that are due, for `claimer`,
+    /// for `hold_ms` (another replica does not take them meanwhile; if the
+    /// claimer dies they are due again when the hold ends).
+    pub async fn claim_due_deliveries(
+        &self,
+        claimer: &str,
+        hold_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let now = now_ms();
+        let ids: Vec<String> = on_pool!(self, p => sqlx::query_scalar(
+            "SELECT id FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= $1 \
+             AND (claimed_until IS NULL OR claimed_until < $1) ORDER BY next_attempt_at, id LIMIT $2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(p)
+        .await
+        .map_err(|e| self.err(e))?);
+        let mut out = Vec::new();
+        for id in ids {
+            let n = on_pool!(self, p => sqlx::query(
+                "UPDATE webhook_deliveries SET claimed_by = $2, claimed_until = $3 \
+                 WHERE id = $1 AND state = 'pending' AND (claimed_until IS NULL OR claimed_until < $4)",
+            )
+            .bind(&id)
+            .bind(claimer)
+            .bind(now + hold_ms)
+            .bind(now)
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected());
+            if n == 0 {
+                continue;
+            }
+            let row = on_pool!(self, p => {
+                let r = sqlx::query(concat!("SELECT ", delivery_columns!(), " FROM webhook_deliveries WHERE id = $1"))
+                    .bind(&id)
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                delivery_row!(r, self)
+            });
+            out.push(row);
+        }
+        Ok(out)
+    }
+
+    /// Records one attempt's outcome and releases the claim.
+    pub async fn record_delivery_attempt(
+        &self,
+        id: &str,
+        a: &DeliveryAttempt<'_>,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        let state = if a.delivered {
+            "delivered"
+        } else if a.retry_at.is_some() {
+            "pending"
+        } else {
+            "failed"
+        };
+        on_pool!(self, p => sqlx::query(
+            "UPDATE webhook_deliveries SET attempts = attempts + 1, state = $2, last_status = $3, \
+             last_error = $4, next_attempt_at = $5, delivered_at = $6, claimed_by = NULL, \
+             claimed_until = NULL WHERE id = $1",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(a.status)
+        .bind(a.error)
+        .bind(a.retry_at.unwrap_or(now))
+        .bind(a.delivered.then_some(now))
+        .execute(p)
+        .await
+        .map(|_| ())
+        .map_err(|e| self.err(e))?);
+        Ok(())
+    }
+
+    /// One of `org`'s webhook's deliveries, newest first.
+    pub async fn list_deliveries(
+        &self,
+        org: &str,
+        webhook_id: &str,
+        limit: i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(concat!(
+                "SELECT ", delivery_columns!(), " FROM webhook_deliveries \
+                 WHERE org_id = $1 AND webhook_id = $2 ORDER BY created_at DESC, id DESC LIMIT $3"
+            ))
+            .bind(org)
+            .bind(webhook_id)
+            .bind(limit)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(|r| Ok(delivery_row!(r, self))).collect()
+        })
+    }
+}
+
