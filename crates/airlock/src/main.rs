@@ -26,6 +26,11 @@ enum Command {
     Egress(cmd::egress::EgressCommand),
     /// Run an agent in a sandbox beside its sidecar, then print the run report.
     Run(cmd::run::RunArgs),
+    /// The platform as a long-lived HTTP API server (tenants, queued runs, replicas, webhooks).
+    Serve(cmd::serve::ServeArgs),
+    /// Organizations and their API keys for `airlock serve` (the admin's bootstrap).
+    #[command(subcommand)]
+    Orgs(cmd::orgs::OrgsCommand),
     /// Inspect recorded runs.
     #[command(subcommand)]
     Runs(cmd::runs::RunsCommand),
@@ -78,6 +83,8 @@ fn main() -> std::process::ExitCode {
         Command::Egress(c) => cmd::egress::run(c),
         Command::Run(a) => cmd::run::run(a),
         Command::Runs(c) => cmd::runs::run(c),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Orgs(c) => cmd::orgs::run(c),
         Command::Doctor { inside } => cmd::doctor::run(inside),
         Command::Demo { backend } => cmd::demo::run(backend),
         Command::Sidecar => cmd::sidecar::run(),

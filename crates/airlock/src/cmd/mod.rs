@@ -6,9 +6,11 @@ pub mod doctor;
 pub mod egress;
 pub mod images;
 pub mod keys;
+pub mod orgs;
 pub mod run;
 pub mod runs;
 pub mod runtime;
+pub mod serve;
 pub mod sandbox_init;
 pub mod sidecar;
 

@@ -1,0 +1,49 @@
+//! The `/v1` API's handlers. Each takes the caller's [`crate::Tenant`] and
+//! reaches only rows of the tenant's organization: an id from another
+//! organization is a 404, exactly as an id that does not exist.
+
+pub mod agents;
+pub mod connections;
+pub mod health;
+pub mod keys;
+pub mod runs;
+pub mod webhooks;
+
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// `?limit=` for lists: 1–100, default 50.
+pub fn page_limit(l: Option<u32>) -> Result<u32, ApiError> {
+    match l {
+        None => Ok(50),
+        Some(n @ 1..=100) => Ok(n),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "limit {n} is out of range (1-100)"
+        ))),
+    }
+}
+
+/// A name of something a tenant owns (agent, connection, API key name):
+/// 1–64 characters of `A-Z a-z 0-9 _ - .`, starting with a letter or digit.
+pub fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
+    let ok = !v.is_empty()
+        && v.len() <= 64
+        && v.as_bytes()[0].is_ascii_alphanumeric()
+        && v
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "{what} {v:?} must be 1-64 characters of A-Z a-z 0-9 _ - . starting with a letter or digit"
+        )))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    pub limit: Option<u32>,
+}

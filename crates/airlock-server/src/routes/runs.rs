@@ -1,0 +1,477 @@
+//! Runs: queued by `POST /v1/runs`, started in order by whichever replica
+//! has a free slot, followed live through Server-Sent Events.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use airlock_platform::manifest::Manifest;
+use airlock_store::{CancelOutcome, Event, NewQueuedRun, Run, RunQuery, RunStatus};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{self, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
+use serde::Deserialize;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{Json, Path, Query};
+use crate::scheduler::Hints;
+use crate::{AppState, Tenant};
+
+/// Largest prompt accepted.
+pub const MAX_PROMPT: usize = 256 * 1024;
+/// How often a live event stream looks for new events.
+const STREAM_POLL: Duration = Duration::from_millis(150);
+
+/// The API's view of a run.
+pub fn run_json(r: &Run, queue_position: Option<i64>) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "id": r.id,
+        "agent": r.agent,
+        "status": r.status.as_str(),
+        "backend": r.backend,
+        "model": r.model,
+        "created_at": r.created_at,
+        "started_at": r.started_at,
+        "ended_at": r.ended_at,
+        "exit_code": r.exit_code,
+        "error": r.error,
+        "cost": cost_json(r),
+    });
+    if let Some(p) = queue_position {
+        v["queue_position"] = p.into();
+    }
+    v
+}
+
+fn cost_json(r: &Run) -> serde_json::Value {
+    serde_json::json!({
+        "tokens_in": r.tokens_in,
+        "tokens_out": r.tokens_out,
+        "cost_microusd": r.cost_microusd,
+        "cost_usd": r.cost_microusd as f64 / 1e6,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewRun {
+    agent: String,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    limits: Option<Hints>,
+}
+
+pub async fn create(
+    State(app): State<AppState>,
+    t: Tenant,
+    Json(b): Json<NewRun>,
+) -> ApiResult<Response> {
+    if b.prompt.as_ref().is_some_and(|p| p.len() > MAX_PROMPT) {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the prompt is longer than {MAX_PROMPT} bytes"),
+        ));
+    }
+    if let Some(h) = &b.limits {
+        if h.memory_mb == Some(0) || h.timeout_seconds == Some(0) {
+            return Err(ApiError::invalid("limits must be positive"));
+        }
+        if h.cpus.is_some_and(|c| !c.is_finite() || c <= 0.0) {
+            return Err(ApiError::invalid("limits.cpus must be a positive number"));
+        }
+    }
+    let agent = app
+        .store()
+        .get_agent(&t.org_id, &b.agent)
+        .await?
+        .ok_or_else(|| ApiError::not_found("agent"))?;
+    // What can be checked before the run is queued is checked now: the
+    // manifest, and that every connection it names is stored.
+    let m = Manifest::parse(&agent.manifest)
+        .map_err(|e| ApiError::invalid(format!("the agent's manifest: {e}")))?;
+    for (who, name) in m.connections() {
+        if app
+            .store()
+            .get_connection(&t.org_id, name.as_str())
+            .await?
+            .is_none()
+        {
+            return Err(ApiError::invalid(format!(
+                "{who}: connection {:?} is not stored in this organization (POST /v1/connections)",
+                name.as_str()
+            )));
+        }
+    }
+    let id = format!(
+        "run_{}",
+        airlock_vault::random_hex::<8>().map_err(ApiError::internal)?
+    );
+    let hints = b
+        .limits
+        .map(|h| serde_json::to_string(&h))
+        .transpose()
+        .map_err(ApiError::internal)?;
+    app.store()
+        .enqueue_run(&NewQueuedRun {
+            org: &t.org_id,
+            id: &id,
+            agent: &b.agent,
+            backend: app.orch().backend.name(),
+            model: m.model.as_ref().map(|x| x.provider.as_str()),
+            prompt: b.prompt.as_deref(),
+            hints: hints.as_deref(),
+        })
+        .await?;
+    app.kick_scheduler();
+    let run = app
+        .store()
+        .get_run_in(&t.org_id, &id)
+        .await?
+        .ok_or_else(|| ApiError::internal("a queued run vanished"))?;
+    let pos = app.store().queue_position(&id).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(run_json(&run, pos))).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    status: Option<String>,
+    agent: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+pub async fn list(
+    State(app): State<AppState>,
+    t: Tenant,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Response> {
+    let limit = super::page_limit(q.limit)?;
+    let status = q
+        .status
+        .as_deref()
+        .map(|s| {
+            RunStatus::parse(s).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "status {s:?} is not one of {}",
+                    RunStatus::ALL.map(RunStatus::as_str).join(", ")
+                ))
+            })
+        })
+        .transpose()?;
+    // The cursor is the last row of the previous page: `<created_at>.<id>`.
+    let cursor = q
+        .cursor
+        .as_deref()
+        .map(|c| {
+            c.split_once('.')
+                .and_then(|(at, id)| Some((at.parse::<i64>().ok()?, id.to_owned())))
+                .ok_or_else(|| ApiError::bad_request("cursor is not one this API gave"))
+        })
+        .transpose()?;
+    let runs = app
+        .store()
+        .list_runs(&RunQuery {
+            org: Some(&t.org_id),
+            status,
+            agent: q.agent.as_deref(),
+            before: cursor.as_ref().map(|c| c.0),
+            before_id: cursor.as_ref().map(|c| c.1.as_str()),
+            limit: Some(limit),
+        })
+        .await?;
+    let next = (runs.len() == limit as usize)
+        .then(|| runs.last().map(|r| format!("{}.{}", r.created_at, r.id)))
+        .flatten();
+    Ok(axum::Json(serde_json::json!({
+        "runs": runs.iter().map(|r| run_json(r, None)).collect::<Vec<_>>(),
+        "next_cursor": next,
+    }))
+    .into_response())
+}
+
+async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
+    app.store()
+        .get_run_in(&t.org_id, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run"))
+}
+
+pub async fn get(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let run = the_run(&app, &t, &id).await?;
+    let pos = if run.status == RunStatus::Queued {
+        app.store().queue_position(&id).await?
+    } else {
+        None
+    };
+    Ok(axum::Json(run_json(&run, pos)).into_response())
+}
+
+pub async fn cancel(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    match app.store().request_cancel(&t.org_id, &id).await? {
+        CancelOutcome::NotFound => return Err(ApiError::not_found("run")),
+        CancelOutcome::AlreadyEnded(s) => {
+            return Err(ApiError::conflict(format!("the run has already ended ({s})")));
+        }
+        CancelOutcome::CancelledQueued => {
+            if let Ok(Some(run)) = app.store().get_run(&id).await {
+                crate::webhooks::emit(&app, &run).await;
+            }
+        }
+        // Its replica stops it: at once when it is this one, else within
+        // its cancel poll.
+        CancelOutcome::Requested => {
+            app.cancel_local(&id);
+        }
+    }
+    let run = the_run(&app, &t, &id).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(run_json(&run, None))).into_response())
+}
+
+pub async fn cost(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let run = the_run(&app, &t, &id).await?;
+    Ok(axum::Json(cost_json(&run)).into_response())
+}
+
+pub async fn egress(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path(id): Path<String>,
+    Query(q): Query<super::Limit>,
+) -> ApiResult<Response> {
+    let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
+    the_run(&app, &t, &id).await?;
+    let log = app.store().list_egress(&id, limit).await?;
+    Ok(axum::Json(serde_json::json!({
+        "egress": log.iter().map(|e| serde_json::json!({
+            "seq": e.seq,
+            "at": e.at,
+            "source": e.source,
+            "integration": e.integration,
+            "method": e.method,
+            "url": e.url,
+            "host": e.host,
+            "decision": e.decision.as_str(),
+            "reason": e.reason,
+            "status": e.status,
+            "duration_ms": e.duration_ms,
+            "bytes_out": e.bytes_out,
+            "bytes_in": e.bytes_in,
+            "outcome": e.outcome.map(|o| o.as_str()),
+        })).collect::<Vec<_>>()
+    }))
+    .into_response())
+}
+
+pub async fn result(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    the_run(&app, &t, &id).await?;
+    let e = app
+        .store()
+        .last_event_of_kind(&id, "result")
+        .await?
+        .ok_or_else(|| ApiError::not_found("result"))?;
+    let payload: serde_json::Value =
+        serde_json::from_str(&e.payload).map_err(ApiError::internal)?;
+    Ok(axum::Json(payload).into_response())
+}
+
+pub async fn stored_result(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path((id, rid)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    the_run(&app, &t, &id).await?;
+    let r = app
+        .store()
+        .get_result(&id, &rid)
+        .await?
+        .ok_or_else(|| ApiError::not_found("result"))?;
+    let ct = http::HeaderValue::from_str(&r.content_type)
+        .unwrap_or(http::HeaderValue::from_static("application/octet-stream"));
+    Ok((
+        [
+            (header::CONTENT_TYPE, ct),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                http::HeaderValue::from_static("nosniff"),
+            ),
+        ],
+        r.body,
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events after this id (also `Last-Event-ID`).
+    after: Option<i64>,
+    limit: Option<u32>,
+}
+
+fn wants_stream(h: &HeaderMap) -> bool {
+    h.get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+fn last_event_id(h: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    h.get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .ok_or_else(|| ApiError::bad_request("Last-Event-ID is not an event id"))
+        })
+        .transpose()
+}
+
+fn event_json(e: &Event) -> serde_json::Value {
+    let payload: serde_json::Value =
+        serde_json::from_str(&e.payload).unwrap_or(serde_json::Value::String(e.payload.clone()));
+    serde_json::json!({ "id": e.id, "at": e.at, "kind": e.kind, "payload": payload })
+}
+
+/// Which events a view shows: every kind but heartbeats, or only logs.
+#[derive(Clone, Copy)]
+enum View {
+    Events,
+    Logs,
+}
+
+impl View {
+    fn shows(self, kind: &str) -> bool {
+        match self {
+            View::Events => kind != "heartbeat",
+            View::Logs => kind == "log",
+        }
+    }
+}
+
+pub async fn events(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    feed(app, t, id, q, headers, View::Events).await
+}
+
+pub async fn logs(
+    State(app): State<AppState>,
+    t: Tenant,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    feed(app, t, id, q, headers, View::Logs).await
+}
+
+async fn feed(
+    app: AppState,
+    t: Tenant,
+    id: String,
+    q: EventsQuery,
+    headers: HeaderMap,
+    view: View,
+) -> ApiResult<Response> {
+    the_run(&app, &t, &id).await?;
+    let after = last_event_id(&headers)?.or(q.after).unwrap_or(0);
+    if !wants_stream(&headers) {
+        let limit = super::page_limit(q.limit)?;
+        let evs = app.store().list_events(&id, after, limit).await?;
+        let next = evs.last().map_or(after, |e| e.id);
+        return Ok(axum::Json(serde_json::json!({
+            "events": evs.iter().filter(|e| view.shows(&e.kind)).map(event_json).collect::<Vec<_>>(),
+            "next_after": next,
+        }))
+        .into_response());
+    }
+    // A live stream: every stored event after `after`, as it is stored;
+    // once the run has ended and nothing is left, an `end` event with the
+    // run's final state, then the stream closes. Each event's SSE id is its
+    // store id, so a client that reconnects with `Last-Event-ID` resumes.
+    struct S {
+        app: AppState,
+        id: String,
+        after: i64,
+        done: bool,
+    }
+    let st = S {
+        app,
+        id,
+        after,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(st, move |mut st| async move {
+        if st.done {
+            return None;
+        }
+        loop {
+            let evs = match st.app.store().list_events(&st.id, st.after, 200).await {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(run = %st.id, "event stream: {e}");
+                    Vec::new()
+                }
+            };
+            if let Some(last) = evs.last() {
+                st.after = last.id;
+                let out: Vec<sse::Event> = evs
+                    .iter()
+                    .filter(|e| view.shows(&e.kind))
+                    .map(|e| {
+                        sse::Event::default()
+                            .id(e.id.to_string())
+                            .event(e.kind.clone())
+                            .data(event_json(e).to_string())
+                    })
+                    .collect();
+                if !out.is_empty() {
+                    return Some((out, st));
+                }
+                continue;
+            }
+            // Nothing new: has the run ended? (Read after the events: an
+            // event stored before the end is never missed.)
+            if let Ok(Some(run)) = st.app.store().get_run(&st.id).await
+                && run.status.is_terminal()
+            {
+                let tail = st.app.store().list_events(&st.id, st.after, 1).await;
+                if tail.is_ok_and(|t| t.is_empty()) {
+                    st.done = true;
+                    let end = sse::Event::default()
+                        .event("end")
+                        .data(run_json(&run, None).to_string());
+                    return Some((vec![end], st));
+                }
+                continue;
+            }
+            tokio::time::sleep(STREAM_POLL).await;
+        }
+    })
+    .flat_map(|v| futures_util::stream::iter(v.into_iter().map(Ok::<_, Infallible>)));
+    Ok(Sse::new(stream)
+        .keep_alive(sse::KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}

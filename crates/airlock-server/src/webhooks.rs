@@ -1,0 +1,244 @@
+//! Webhooks: run events delivered to an organization's URLs, signed.
+//!
+//! Signing (docs/serve.md): each delivery is a POST of a JSON body with
+//! `Airlock-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`,
+//! `Airlock-Event` and `Airlock-Delivery` (the delivery's id, the same on
+//! every retry: receivers deduplicate on it). A receiver recomputes the MAC
+//! over the exact bytes it received and refuses a timestamp older than its
+//! tolerance (five minutes is usual), which stops replays.
+//!
+//! The URL is judged by the egress guard when the webhook is created and
+//! again at every delivery (resolve-and-pin: the address the guard approved
+//! is the one dialled). Redirects are not followed. A delivery never blocks
+//! a run: events are queued in the store and sent by every replica's
+//! deliverer, each due delivery claimed by one replica at a time; failures
+//! are retried with exponential backoff up to `WEBHOOK_MAX_ATTEMPTS`, and
+//! every attempt is recorded.
+
+use std::time::Duration;
+
+use airlock_egress::{AuthorizedUris, CallRules, OutboundRequest};
+use airlock_store::{DeliveryAttempt, DeliveryRow, Run, RunStatus};
+use hmac::{KeyInit as _, Mac as _};
+use secrecy::ExposeSecret as _;
+
+use crate::AppState;
+
+/// The events a webhook may subscribe to.
+pub const EVENTS: &[&str] = &[
+    "run.started",
+    "run.succeeded",
+    "run.failed",
+    "run.cancelled",
+    "run.timed_out",
+];
+
+/// The event a run's current state is.
+pub fn event_of(status: RunStatus) -> Option<&'static str> {
+    Some(match status {
+        RunStatus::Running => "run.started",
+        RunStatus::Succeeded => "run.succeeded",
+        RunStatus::Failed => "run.failed",
+        RunStatus::Cancelled => "run.cancelled",
+        RunStatus::TimedOut => "run.timed_out",
+        RunStatus::Queued => return None,
+    })
+}
+
+/// The rules a webhook URL is judged by: any destination the SSRF checks
+/// allow, no credential.
+pub fn rules(none: &AuthorizedUris) -> CallRules<'_> {
+    CallRules {
+        authorized: none,
+        allow_all_uris: true,
+        credentialed: false,
+    }
+}
+
+/// `t=…,v1=…` for `body` at `t` (Unix seconds) under `secret`.
+pub fn signature(secret: &[u8], t: i64, body: &[u8]) -> String {
+    let mut mac = match hmac::Hmac::<sha2::Sha256>::new_from_slice(secret) {
+        Ok(m) => m,
+        Err(_) => unreachable!("HMAC takes keys of any length"),
+    };
+    mac.update(t.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Queues the event `run`'s state is, for each of its organization's
+/// webhooks that subscribed to it. Never fails the caller: a store error is
+/// logged.
+pub async fn emit(app: &AppState, run: &Run) {
+    let Some(event) = event_of(run.status) else {
+        return;
+    };
+    let hooks = match app.store().list_webhooks(&run.org_id).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(run = %run.id, "webhooks: {e}");
+            return;
+        }
+    };
+    let now = airlock_store::now_ms();
+    let mut any = false;
+    for h in hooks {
+        let wants: Vec<String> = serde_json::from_str(&h.events).unwrap_or_default();
+        if !wants.iter().any(|e| e == event) {
+            continue;
+        }
+        let Ok(id) = airlock_vault::random_hex::<8>() else {
+            continue;
+        };
+        let id = format!("dlv_{id}");
+        let payload = serde_json::json!({
+            "id": id,
+            "type": event,
+            "created_at": now,
+            "data": { "run": crate::routes::runs::run_json(run, None) },
+        });
+        let d = DeliveryRow {
+            id,
+            webhook_id: h.id.clone(),
+            org_id: run.org_id.clone(),
+            run_id: run.id.clone(),
+            event: event.to_owned(),
+            payload: payload.to_string(),
+            state: "pending".into(),
+            attempts: 0,
+            last_status: None,
+            last_error: None,
+            next_attempt_at: now,
+            created_at: now,
+            delivered_at: None,
+        };
+        match app.store().enqueue_delivery(&d).await {
+            Ok(()) => any = true,
+            Err(e) => tracing::warn!(run = %run.id, webhook = %h.id, "queueing a delivery: {e}"),
+        }
+    }
+    if any {
+        app.kick_deliveries();
+    }
+}
+
+/// How long a replica holds a claimed delivery before another may take it.
+const HOLD: Duration = Duration::from_secs(120);
+/// Deliveries sent at once by one replica.
+const AT_ONCE: usize = 16;
+
+pub async fn deliver_loop(app: AppState) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    loop {
+        let free = slots.available_permits();
+        if free > 0 {
+            match app
+                .store()
+                .claim_due_deliveries(app.replica(), HOLD.as_millis() as i64, free as i64)
+                .await
+            {
+                Ok(due) => {
+                    for d in due {
+                        let Ok(permit) = slots.clone().acquire_owned().await else {
+                            return;
+                        };
+                        let app = app.clone();
+                        tokio::spawn(async move {
+                            deliver(&app, &d).await;
+                            drop(permit);
+                            app.kick_deliveries();
+                        });
+                    }
+                }
+                Err(e) => tracing::warn!("claiming webhook deliveries: {e}"),
+            }
+        }
+        tokio::select! {
+            () = app.inner.deliveries.notified() => {}
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+}
+
+/// One attempt of one delivery, and its record.
+async fn deliver(app: &AppState, d: &DeliveryRow) {
+    let outcome = attempt(app, d).await;
+    let attempts = d.attempts + 1;
+    let (status, error, delivered) = match &outcome {
+        Ok(s) if (200..300).contains(s) => (Some(i64::from(*s)), None, true),
+        Ok(s) => (Some(i64::from(*s)), Some(format!("the receiver answered HTTP {s}")), false),
+        Err(e) => (None, Some(e.clone()), false),
+    };
+    let give_up = outcome.as_ref().is_err_and(|e| e.starts_with("gone:"));
+    let retry_at = (!delivered && !give_up && attempts < i64::from(app.cfg().webhook_max_attempts))
+        .then(|| {
+            let base = app.cfg().webhook_retry_base.as_millis() as i64;
+            let backoff = base.saturating_mul(1i64 << (attempts - 1).clamp(0, 30)).min(3_600_000);
+            airlock_store::now_ms() + backoff
+        });
+    if let Err(e) = app
+        .store()
+        .record_delivery_attempt(
+            &d.id,
+            &DeliveryAttempt {
+                status,
+                error: error.as_deref(),
+                delivered,
+                retry_at,
+            },
+        )
+        .await
+    {
+        tracing::warn!(delivery = %d.id, "recording a delivery attempt: {e}");
+    }
+}
+
+async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
+    let hook = match app.store().get_webhook(&d.org_id, &d.webhook_id).await {
+        Ok(Some(h)) => h,
+        Ok(None) => return Err("gone: the webhook was deleted".into()),
+        Err(e) => return Err(format!("store: {e}")),
+    };
+    let secret = app
+        .keyring()
+        .decrypt_string(&hook.secret_envelope)
+        .map_err(|e| format!("gone: the webhook's secret cannot be decrypted: {e}"))?;
+    let t = airlock_store::now_ms() / 1000;
+    let body = d.payload.as_bytes();
+    let sig = signature(secret.expose_secret().as_bytes(), t, body);
+    let mut req = OutboundRequest::get(hook.url.clone());
+    req.method = http::Method::POST;
+    req.body = bytes::Bytes::copy_from_slice(body);
+    let h = &mut req.headers;
+    let val = |s: &str| http::HeaderValue::from_str(s).map_err(|e| e.to_string());
+    h.insert(http::header::CONTENT_TYPE, val("application/json")?);
+    h.insert("airlock-signature", val(&sig)?);
+    h.insert("airlock-event", val(&d.event)?);
+    h.insert("airlock-delivery", val(&d.id)?);
+    h.insert(http::header::USER_AGENT, val(concat!("airlock-webhooks/", env!("CARGO_PKG_VERSION")))?);
+    let none = AuthorizedUris::default();
+    match app.webhook_client().send(req, &rules(&none)).await {
+        Ok(r) => Ok(r.status.as_u16()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_over_timestamp_and_body() {
+        let s = signature(b"whsec_x", 1700000000, b"{}");
+        assert!(s.starts_with("t=1700000000,v1="));
+        assert_ne!(s, signature(b"whsec_x", 1700000001, b"{}"));
+        assert_ne!(s, signature(b"whsec_x", 1700000000, b"{ }"));
+        assert_ne!(s, signature(b"whsec_y", 1700000000, b"{}"));
+        // RFC 4231-style known answer: HMAC-SHA256("key", "1.x")
+        let known = signature(b"key", 1, b"x");
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(b"key").unwrap();
+        mac.update(b"1.x");
+        assert_eq!(known, format!("t=1,v1={}", hex::encode(mac.finalize().into_bytes())));
+    }
+}
