@@ -163,6 +163,13 @@ pub fn own_sidecar_binary(exe: &Path, build: &str) -> Option<PathBuf> {
     }
 }
 
+/// A pidfd for a child just spawned (not yet waited for, so `pid` is still
+/// its own).
+pub(crate) fn pid_fd(pid: Option<u32>) -> Option<std::os::fd::OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid?).ok()?)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+}
+
 /// The sidecar's own binary's name (beside `airlock`).
 pub const SIDECAR_EXE: &str = "airlock-sidecar";
 
@@ -196,9 +203,13 @@ pub fn spawn_host_sidecar(spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
             let _ = stdin.shutdown().await;
         });
     }
+    // A pidfd names this process and no other: once it has exited and been
+    // reaped, its PID may be another process's (a server starts thousands),
+    // and a kill by number would hit that one.
+    let pidfd = pid_fd(pid);
     let killer = Box::new(move || {
-        if let Some(p) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        if let Some(fd) = &pidfd {
+            let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
         }
     });
     Sandbox::new(child, killer, None)

@@ -56,8 +56,14 @@ impl Backend for ProcessBackend {
         let pid = child
             .id()
             .ok_or_else(|| SandboxError::Setup("the command exited at once".into()))?;
+        // The group is killed by its number only while its leader has not
+        // been reaped (a zombie keeps the number its own): a number freed
+        // can be reused by another process group, which must not be hit.
+        let leader = crate::pid_fd(Some(pid));
         let killer = Box::new(move || {
-            if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
+            let Some(fd) = &leader else { return };
+            let alive = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL).is_ok();
+            if alive && let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
             }
         });

@@ -93,7 +93,7 @@ pub async fn start(app: AppState) -> Result<Work, ServeError> {
             loop {
                 tick.tick().await;
                 match app.store().heartbeat_replica(app.replica()).await {
-                    Ok(true) => {}
+                    Ok(true) => tracing::trace!(replica = app.replica(), "heartbeat"),
                     Ok(false) => {
                         tracing::error!(
                             replica = app.replica(),

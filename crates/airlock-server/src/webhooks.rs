@@ -45,12 +45,23 @@ pub fn event_of(status: RunStatus) -> Option<&'static str> {
     })
 }
 
-/// The rules a webhook URL is judged by: any destination the SSRF checks
-/// allow, no credential.
-pub fn rules(none: &AuthorizedUris) -> CallRules<'_> {
+/// What a webhook URL may reach: its own origin (any path), no credential.
+/// Naming the host literally is what lets an operator's
+/// `EGRESS_ALLOW_INTERNAL_HOSTS` entry apply, as for an integration's
+/// `authorized_uris`; every SSRF check applies as to a sandbox's request.
+pub fn authorized_for(url: &str) -> Result<AuthorizedUris, airlock_egress::EgressError> {
+    let t = airlock_egress::Target::parse(url)?;
+    Ok(AuthorizedUris::parse(&[format!(
+        "{}://{}/**",
+        t.scheme(),
+        t.authority()
+    )]))
+}
+
+pub fn rules(authorized: &AuthorizedUris) -> CallRules<'_> {
     CallRules {
-        authorized: none,
-        allow_all_uris: true,
+        authorized,
+        allow_all_uris: false,
         credentialed: false,
     }
 }
@@ -217,8 +228,8 @@ async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
     h.insert("airlock-event", val(&d.event)?);
     h.insert("airlock-delivery", val(&d.id)?);
     h.insert(http::header::USER_AGENT, val(concat!("airlock-webhooks/", env!("CARGO_PKG_VERSION")))?);
-    let none = AuthorizedUris::default();
-    match app.webhook_client().send(req, &rules(&none)).await {
+    let authorized = authorized_for(&hook.url).map_err(|e| format!("gone: {e}"))?;
+    match app.webhook_client().send(req, &rules(&authorized)).await {
         Ok(r) => Ok(r.status.as_u16()),
         Err(e) => Err(e.to_string()),
     }

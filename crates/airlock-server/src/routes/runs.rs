@@ -37,6 +37,8 @@ pub fn run_json(r: &Run, queue_position: Option<i64>) -> serde_json::Value {
         "exit_code": r.exit_code,
         "error": r.error,
         "cost": cost_json(r),
+        // The `airlock serve` replica that runs (or ran) it.
+        "replica": r.owner,
     });
     if let Some(p) = queue_position {
         v["queue_position"] = p.into();

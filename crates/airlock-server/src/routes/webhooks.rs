@@ -1,7 +1,6 @@
 //! Webhooks: the URL is judged by the egress guard here (and again at every
 //! delivery); the signing secret is shown once, then kept encrypted.
 
-use airlock_egress::AuthorizedUris;
 use airlock_store::WebhookRow;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -56,9 +55,16 @@ pub async fn create(
         }
     }
     // The guard's decision, now: a URL it refuses is never stored.
-    let none = AuthorizedUris::default();
+    let refused = |e: airlock_egress::EgressError| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "url_refused",
+            format!("the egress guard refuses this URL: {e}"),
+        )
+    };
+    let authorized = crate::webhooks::authorized_for(&b.url).map_err(refused)?;
     app.webhook_client()
-        .admit(&b.url, &crate::webhooks::rules(&none))
+        .admit(&b.url, &crate::webhooks::rules(&authorized))
         .await
         .map_err(|e| {
             ApiError::new(

@@ -47,10 +47,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
             "airlock serve stores its tenants' connections and webhook secrets encrypted: set CONNECTION_ENCRYPTION_KEY (base64 of 32 bytes)"
         );
     }
-    let cfg = ServeConfig::from_env(args.listen.as_deref())?;
+    let mut cfg = ServeConfig::from_env(args.listen.as_deref())?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.listen))?;
+    // The address bound (a port 0 becomes the real one): what the webhook
+    // guard refuses as this server itself.
+    cfg.listen = listener.local_addr()?;
     let (orch, _internal_api) = super::run::platform(args.backend.as_deref()).await?;
     let store = orch.store.display_name().to_owned();
     let backend = orch.backend.name();

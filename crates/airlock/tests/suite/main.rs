@@ -18,6 +18,8 @@ mod keys_reencrypt;
 mod platform_api;
 mod run_lifecycle;
 mod sandbox_escape;
+mod serve_api;
+mod serve_runs;
 mod sidecar_basics;
 mod sidecar_egress_log;
 mod sidecar_llm;

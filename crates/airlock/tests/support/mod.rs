@@ -746,3 +746,5 @@ pub fn process_tree(root: i32) -> Vec<i32> {
     }
     tree
 }
+
+pub mod serve;

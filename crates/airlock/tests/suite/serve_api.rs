@@ -1,0 +1,278 @@
+//! `airlock serve`'s API from a client's side: the OpenAPI document against
+//! the routes, typed errors for bad input, rate limits, and the tenants'
+//! isolation, attacked with another organization's key on every route.
+
+use serde_json::{Value, json};
+
+use crate::support::serve::{Server, agent_body, base_env, create_org, wait_for};
+
+struct Two {
+    _home: tempfile::TempDir,
+    s: Server,
+    env: Vec<(String, String)>,
+}
+
+fn start(extra: &[(&str, &str)]) -> Two {
+    let home = tempfile::Builder::new().prefix("airlock-serve-").tempdir().unwrap();
+    let mut env = base_env(home.path(), None);
+    for (k, v) in extra {
+        env.push(((*k).into(), (*v).into()));
+    }
+    // The API tests run no agent that needs isolation: the process backend
+    // keeps them independent of the host's sandbox support.
+    let s = Server::start(&env, "process", home.path().join("serve.log"));
+    Two { _home: home, s, env }
+}
+
+#[test]
+fn the_openapi_document_lists_exactly_the_routes_and_each_answers() {
+    let t = start(&[]);
+    let (st, doc) = t.s.call("GET", "/v1/openapi.json", None, None);
+    assert_eq!(st, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented = Vec::new();
+    for (p, ops) in paths {
+        for m in ops.as_object().unwrap().keys() {
+            documented.push((m.clone(), p.clone()));
+        }
+    }
+    documented.sort();
+    let mut table: Vec<(String, String)> = airlock_server::openapi::ROUTES
+        .iter()
+        .map(|r| (r.method.to_owned(), r.path.to_owned()))
+        .collect();
+    table.sort();
+    assert_eq!(documented, table, "the document and the route table differ");
+    // Every route exists on the server: without a key, a keyed route is a
+    // 401 (never a 404 or 405); an open one answers.
+    for r in airlock_server::openapi::ROUTES {
+        let path = r.path.replace("{id}", "x").replace("{name}", "x").replace("{result_id}", "x");
+        let (st, body) = t.s.call(&r.method.to_uppercase(), &path, None, r.body.map(|_| json!({})).as_ref());
+        if r.auth {
+            assert_eq!(st, 401, "{} {} without a key: {st} {body}", r.method, r.path);
+            assert_eq!(body["error"]["code"], "unauthorized");
+        } else {
+            assert_eq!(st, 200, "{} {}: {st} {body}", r.method, r.path);
+        }
+        // Each documented body schema exists.
+        if let Some(b) = r.body {
+            assert!(doc["components"]["schemas"][b].is_object(), "schema {b}");
+        }
+    }
+    // An unlisted route, or a listed one with another method, is a typed error.
+    let (st, body) = t.s.call("GET", "/v1/nope", None, None);
+    assert_eq!((st, body["error"]["code"].as_str()), (404, Some("not_found")));
+    let (st, body) = t.s.call("PATCH", "/v1/runs", None, None);
+    assert_eq!((st, body["error"]["code"].as_str()), (405, Some("method_not_allowed")));
+}
+
+#[test]
+fn bad_input_gets_a_typed_error_and_changes_nothing() {
+    let t = start(&[]);
+    let (_, key) = create_org(&t.env, "Acme", &[]);
+    let k = Some(key.as_str());
+    let s = &t.s;
+    let code = |(st, v): (u16, Value)| (st, v["error"]["code"].as_str().unwrap_or("").to_owned());
+    // Malformed JSON, a wrong content type, unknown and missing fields.
+    let (st, _, b) = s.raw("POST", "/v1/runs", k, Some("{\"agent\": "), "application/json");
+    assert_eq!(st, 400, "{}", String::from_utf8_lossy(&b));
+    let (st, _, _) = s.raw("POST", "/v1/runs", k, Some("{\"agent\":\"a\"}"), "text/plain");
+    assert_eq!(st, 415);
+    assert_eq!(code(s.call("POST", "/v1/runs", k, Some(&json!({"agnet": "a"})))), (422, "invalid".into()));
+    assert_eq!(code(s.call("POST", "/v1/runs", k, Some(&json!({})))), (422, "invalid".into()));
+    // A manifest with a typo is refused with the reason, nothing stored.
+    let (st, v) = s.call(
+        "POST",
+        "/v1/agents",
+        k,
+        Some(&json!({"manifest": "[agent]\nname = \"a\"\ncommand = [\"true\"]\ntimout = 5\n"})),
+    );
+    assert_eq!(st, 422, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("timout"), "{v}");
+    assert_eq!(s.call("GET", "/v1/agents", k, None).1["agents"], json!([]));
+    // Hostile file paths in a bundle.
+    for p in ["../x", "/etc/passwd", "a/../../b", "a//b", "a\\b", ""] {
+        let mut body = agent_body("a", "print(1)", 5);
+        body["files"] = json!({ p: "x" });
+        let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
+        assert_eq!(st, 422, "path {p:?}: {v}");
+    }
+    // A run of an agent that does not exist; a prompt too large; bad limits.
+    assert_eq!(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "ghost"}))).0, 404);
+    assert_eq!(s.call("POST", "/v1/agents", k, Some(&agent_body("a", "print(1)", 5))).0, 201);
+    let big = "x".repeat(300 * 1024);
+    assert_eq!(code(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "a", "prompt": big})))).0, 413);
+    assert_eq!(
+        code(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "a", "limits": {"cpus": -1}})))),
+        (422, "invalid".into())
+    );
+    assert_eq!(
+        code(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "a", "limits": {"gpus": 1}})))),
+        (422, "invalid".into())
+    );
+    // A body over the route's limit.
+    let huge = json!({"name": "x".repeat(2 << 20)});
+    assert_eq!(s.call("POST", "/v1/api-keys", k, Some(&huge)).0, 413);
+    // A manifest naming a connection the organization does not have: the
+    // run is refused before it is queued.
+    let m = "[agent]\nname = \"needs\"\ncommand = [\"true\"]\n\n[[integrations]]\nnamespace = \"gh\"\nconnection = \"missing\"\nauthorized_uris = [\"https://api.example.com/**\"]\n";
+    assert_eq!(s.call("POST", "/v1/agents", k, Some(&json!({"manifest": m}))).0, 201);
+    let (st, v) = s.call("POST", "/v1/runs", k, Some(&json!({"agent": "needs"})));
+    assert_eq!(st, 422, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("missing"));
+    // Connections: an unknown type, missing fields, a bad name.
+    for body in [
+        json!({"name": "c", "integration": "gh", "type": "token", "fields": {"token": "t"}}),
+        json!({"name": "c", "integration": "gh", "type": "bearer", "fields": {}}),
+        json!({"name": "c", "integration": "gh", "type": "basic", "fields": {"username": "u"}}),
+        json!({"name": "../c", "integration": "gh", "type": "bearer", "fields": {"token": "t"}}),
+    ] {
+        assert_eq!(s.call("POST", "/v1/connections", k, Some(&body)).0, 422, "{body}");
+    }
+    assert_eq!(s.call("GET", "/v1/connections", k, None).1["connections"], json!([]));
+    // List parameters.
+    assert_eq!(s.call("GET", "/v1/runs?limit=0", k, None).0, 400);
+    assert_eq!(s.call("GET", "/v1/runs?limit=abc", k, None).0, 400);
+    assert_eq!(s.call("GET", "/v1/runs?status=done", k, None).0, 400);
+    assert_eq!(s.call("GET", "/v1/runs?cursor=zzz", k, None).0, 400);
+    // Webhooks: a URL the guard refuses, an unknown event.
+    for body in [
+        json!({"url": "http://169.254.169.254/latest", "events": ["run.failed"]}),
+        json!({"url": "http://10.0.0.1/hook", "events": ["run.failed"]}),
+        json!({"url": "file:///etc/passwd", "events": ["run.failed"]}),
+        json!({"url": format!("http://{}/v1/org", s.addr), "events": ["run.failed"]}),
+        json!({"url": "http://127.0.0.1:9/h", "events": ["run.exploded"]}),
+        json!({"url": "http://127.0.0.1:9/h", "events": []}),
+    ] {
+        let (st, v) = s.call("POST", "/v1/webhooks", k, Some(&body));
+        assert_eq!(st, 422, "{body}: {v}");
+    }
+    assert_eq!(s.call("GET", "/v1/webhooks", k, None).1["webhooks"], json!([]));
+    // Keys: garbage, a key of the right shape that does not exist, revoked.
+    for bad in ["alk_", "alk_zz_zz", "Bearer", &format!("{key}x"), &key.replace("alk_", "alk-")] {
+        assert_eq!(s.call("GET", "/v1/org", Some(bad), None).0, 401, "{bad}");
+    }
+    let (st, second) = s.call("POST", "/v1/api-keys", k, Some(&json!({"name": "ci"})));
+    assert_eq!(st, 201);
+    let second_key = second["key"].as_str().unwrap();
+    assert_eq!(s.call("GET", "/v1/org", Some(second_key), None).0, 200);
+    // Listing never shows a key.
+    let listed = s.call("GET", "/v1/api-keys", k, None).1;
+    assert!(!listed.to_string().contains(&second_key[20..]));
+    let id = second["id"].as_str().unwrap();
+    assert_eq!(s.call("DELETE", &format!("/v1/api-keys/{id}"), k, None).0, 204);
+    assert_eq!(s.call("GET", "/v1/org", Some(second_key), None).0, 401);
+    assert_eq!(s.call("DELETE", &format!("/v1/api-keys/{id}"), k, None).0, 404);
+    // Nothing above was a 500, and the server is still up.
+    assert_eq!(s.call("GET", "/healthz", None, None).0, 200);
+    assert!(!t.s.log_text().contains("panicked"), "{}", t.s.log_text());
+}
+
+#[test]
+fn a_key_over_its_rate_gets_429_with_retry_after() {
+    let t = start(&[("API_RATE_PER_SECOND", "1"), ("API_RATE_BURST", "5")]);
+    let (_, a) = create_org(&t.env, "A", &[]);
+    let (_, b) = create_org(&t.env, "B", &[]);
+    for _ in 0..5 {
+        assert_eq!(t.s.call("GET", "/v1/org", Some(&a), None).0, 200);
+    }
+    let (st, headers, body) = t.s.raw("GET", "/v1/org", Some(&a), None, "");
+    assert_eq!(st, 429, "{}", String::from_utf8_lossy(&body));
+    let retry: u64 = headers
+        .iter()
+        .find(|(k, _)| k == "retry-after")
+        .map(|(_, v)| v.parse().unwrap())
+        .expect("Retry-After");
+    assert!((1..=2).contains(&retry), "{retry}");
+    // Another organization's key is not slowed by it.
+    assert_eq!(t.s.call("GET", "/v1/org", Some(&b), None).0, 200);
+}
+
+/// Everything organization A owns, attacked with B's key on every route.
+#[test]
+fn every_route_with_another_organizations_key_finds_nothing() {
+    let t = start(&[]);
+    let s = &t.s;
+    let (org_a, a) = create_org(&t.env, "A", &[]);
+    let (org_b, b) = create_org(&t.env, "B", &[]);
+    let a = Some(a.as_str());
+    let b = Some(b.as_str());
+    const SECRET: &str = "a-secret-token-CANARY-4242";
+    assert_eq!(s.call("POST", "/v1/agents", a, Some(&agent_body("bot", "print('from A')", 10))).0, 201);
+    let (st, conn) = s.call(
+        "POST",
+        "/v1/connections",
+        a,
+        Some(&json!({"name": "gh", "integration": "gh", "type": "bearer", "fields": {"token": SECRET}})),
+    );
+    assert_eq!(st, 201, "{conn}");
+    assert!(!conn.to_string().contains("CANARY"));
+    let (st, run) = s.call("POST", "/v1/runs", a, Some(&json!({"agent": "bot", "prompt": "A's prompt"})));
+    assert_eq!(st, 202, "{run}");
+    let run_id = run["id"].as_str().unwrap().to_owned();
+    let (st, hook) = s.call(
+        "POST",
+        "/v1/webhooks",
+        a,
+        Some(&json!({"url": "http://127.0.0.1:9/a", "events": ["run.succeeded"]})),
+    );
+    assert_eq!(st, 201, "{hook}");
+    let hook_id = hook["id"].as_str().unwrap().to_owned();
+    let key_a = s.call("GET", "/v1/api-keys", a, None).1["api_keys"][0]["id"].as_str().unwrap().to_owned();
+    wait_for(s, &format!("/v1/runs/{run_id}"), a.unwrap(), 60, |v| v["status"] == "succeeded");
+
+    // Every route that names something, with A's ids and B's key.
+    for r in airlock_server::openapi::ROUTES.iter().filter(|r| r.auth && r.path.contains('{')) {
+        let path = r
+            .path
+            .replace("/api-keys/{id}", &format!("/api-keys/{key_a}"))
+            .replace("/runs/{id}", &format!("/runs/{run_id}"))
+            .replace("/webhooks/{id}", &format!("/webhooks/{hook_id}"))
+            .replace("/agents/{name}", "/agents/bot")
+            .replace("/connections/{name}", "/connections/gh")
+            .replace("{result_id}", "r1");
+        let body = match r.body {
+            Some("RotateConnection") => Some(json!({"fields": {"token": "B-overwrites"}})),
+            Some(_) => Some(json!({})),
+            None => None,
+        };
+        let (st, v) = s.call(&r.method.to_uppercase(), &path, b, body.as_ref());
+        assert!(
+            st == 404 || st == 403,
+            "{} {path} with another organization's key: {st} {v}",
+            r.method
+        );
+        for leak in [&run_id, &hook_id, &org_a, "A's prompt", "from A", "CANARY"] {
+            assert!(!v.to_string().contains(leak), "{} {path} leaked {leak:?}: {v}", r.method);
+        }
+    }
+    // Every list, and creating with A's names, stays within B.
+    for p in ["/v1/runs", "/v1/agents", "/v1/connections", "/v1/webhooks", "/v1/api-keys", "/v1/org"] {
+        let (st, v) = s.call("GET", p, b, None);
+        assert_eq!(st, 200, "{p}");
+        for leak in [&run_id, &hook_id, &org_a, &key_a, "bot", "\"gh\""] {
+            assert!(!v.to_string().contains(leak), "{p} leaked {leak:?}: {v}");
+        }
+    }
+    assert_eq!(s.call("GET", "/v1/org", b, None).1["id"], org_b);
+    assert_eq!(s.call("POST", "/v1/runs", b, Some(&json!({"agent": "bot"}))).0, 404);
+    let (st, _) = s.call(
+        "POST",
+        "/v1/connections",
+        b,
+        Some(&json!({"name": "gh", "integration": "gh", "type": "bearer", "fields": {"token": "B's own"}})),
+    );
+    assert_eq!(st, 201, "B has its own namespace of names");
+    // A's rows are as they were.
+    assert_eq!(s.call("GET", "/v1/agents/bot", a, None).0, 200);
+    assert_eq!(s.call("GET", &format!("/v1/webhooks/{hook_id}"), a, None).0, 200);
+    assert_eq!(s.call("GET", &format!("/v1/runs/{run_id}"), a, None).1["status"], "succeeded");
+    assert_eq!(s.call("GET", "/v1/org", a, None).0, 200, "A's key was not revoked by B");
+    let c = s.call("GET", "/v1/connections/gh", a, None).1;
+    assert_eq!(c["created_at"], c["updated_at"], "A's secret was not rotated by B: {c}");
+    // Guessed ids of the right shape find nothing either.
+    for guess in ["run_0000000000000000", "run_ffffffffffffffff"] {
+        assert_eq!(s.call("GET", &format!("/v1/runs/{guess}"), b, None).0, 404);
+    }
+}

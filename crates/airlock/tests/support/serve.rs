@@ -1,0 +1,317 @@
+//! `airlock serve` processes for the tests: started on their own home (and,
+//! for replicas, a shared PostgreSQL schema), reached over plain HTTP on
+//! loopback; a loopback webhook receiver.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::AIRLOCK;
+
+/// The secrets every test server shares (the CLI that makes organizations
+/// must hash keys as the server does).
+pub const API_AUTH_SECRET: &str = "test-api-auth-secret-0123456789";
+pub const CONNECTION_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// What the server and `airlock orgs` run with.
+pub fn base_env(home: &Path, database_url: Option<&str>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("AIRLOCK_HOME".into(), home.display().to_string()),
+        ("API_AUTH_SECRET".into(), API_AUTH_SECRET.into()),
+        ("CONNECTION_ENCRYPTION_KEY".into(), CONNECTION_KEY.into()),
+        ("EGRESS_ALLOW_INTERNAL_HOSTS".into(), "127.0.0.1".into()),
+        ("AIRLOCK_LOG".into(), "info,airlock_server=trace".into()),
+    ];
+    if let Some(u) = database_url {
+        env.push(("DATABASE_URL".into(), u.into()));
+    }
+    env
+}
+
+fn command(env: &[(String, String)]) -> Command {
+    let mut c = Command::new(AIRLOCK);
+    c.env_remove("DATABASE_URL")
+        .env_remove("RUN_ADAPTER")
+        .env_remove("PLATFORM_RUN_LIMITS");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// A running `airlock serve`; SIGKILLed on drop.
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+    pub replica: String,
+}
+
+impl Server {
+    /// Starts one on `127.0.0.1:0` and waits for its "listening" line.
+    pub fn start(env: &[(String, String)], backend: &str, log: PathBuf) -> Server {
+        let file = std::fs::File::create(&log).unwrap();
+        let mut child = command(env)
+            .args(["serve", "--listen", "127.0.0.1:0", "--backend", backend])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("airlock serve");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.contains("listening on http://")) {
+                let addr = line
+                    .split("http://")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|a| a.parse().ok())
+                    .expect("address in the listening line");
+                let replica = line
+                    .split("(replica ")
+                    .nth(1)
+                    .and_then(|r| r.split(',').next())
+                    .unwrap_or_default()
+                    .to_owned();
+                return Server {
+                    child,
+                    addr,
+                    log,
+                    replica,
+                };
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("airlock serve exited ({st}) before listening:\n{text}");
+            }
+            assert!(Instant::now() < deadline, "airlock serve did not start:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// One API call: status and JSON body (`Null` when there is none).
+    pub fn call(&self, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> (u16, Value) {
+        let (status, _, bytes) = self.raw(method, path, key, body.map(|b| b.to_string()).as_deref(), "application/json");
+        let v = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, v)
+    }
+
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&str>,
+        content_type: &str,
+    ) -> (u16, Vec<(String, String)>, Vec<u8>) {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let mut headers: Vec<(&str, &str)> = vec![];
+        if let Some(a) = &auth {
+            headers.push(("authorization", a));
+        }
+        if body.is_some() {
+            headers.push(("content-type", content_type));
+        }
+        super::http(self.addr, method, path, &headers, body.unwrap_or("").as_bytes())
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        );
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+        // A failing test shows every server's log, not only the one it was
+        // talking to.
+        if std::thread::panicking() {
+            let text = self.log_text();
+            let tail: Vec<&str> = text.lines().rev().take(80).collect();
+            eprintln!(
+                "--- log of airlock serve {} ({}), last lines ---\n{}",
+                self.replica,
+                self.log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+/// `airlock orgs create NAME …`: the org id and its first API key.
+pub fn create_org(env: &[(String, String)], name: &str, extra: &[&str]) -> (String, String) {
+    let out = command(env)
+        .args(["orgs", "create", name])
+        .args(extra)
+        .output()
+        .expect("airlock orgs create");
+    assert!(
+        out.status.success(),
+        "airlock orgs create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON from airlock orgs create");
+    (
+        v["org"].as_str().unwrap().to_owned(),
+        v["api_key"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A registered agent: `script` as `agent.py`, run by Debian's python3.
+pub fn agent_body(name: &str, script: &str, timeout: u64) -> Value {
+    json!({
+        "manifest": format!("[agent]\nname = \"{name}\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = {timeout}\n\n[network]\negress = \"none\"\n"),
+        "files": { "agent.py": script },
+    })
+}
+
+/// Polls `GET path` until `pred` holds of the JSON, for up to `secs`.
+pub fn wait_for(s: &Server, path: &str, key: &str, secs: u64, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let (st, v) = s.call("GET", path, Some(key), None);
+        if st == 200 && pred(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GET {path} never reached the state waited for; last {st} {v}\nserver log:\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One request a webhook receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A loopback HTTP server that records every request and answers the
+/// status `answer` gives for the n-th request (0-based).
+pub struct Receiver {
+    pub addr: SocketAddr,
+    pub got: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    pub fn start(answer: impl Fn(usize) -> u16 + Send + 'static) -> Receiver {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let got: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let sink = got.clone();
+        std::thread::spawn(move || {
+            for (n, conn) in l.incoming().enumerate() {
+                let Ok(mut c) = conn else { continue };
+                c.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                let mut r = BufReader::new(c.try_clone().unwrap());
+                let mut headers = Vec::new();
+                let mut line = String::new();
+                if r.read_line(&mut line).is_err() {
+                    continue;
+                }
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some((k, v)) = line.trim_end().split_once(':') {
+                        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                    }
+                }
+                let len: usize = headers
+                    .iter()
+                    .find(|(k, _)| k == "content-length")
+                    .and_then(|(_, v)| v.parse().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0; len];
+                if r.read_exact(&mut body).is_err() {
+                    continue;
+                }
+                let status = answer(n);
+                sink.lock().unwrap().push(Received {
+                    headers,
+                    body,
+                    at: Instant::now(),
+                });
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+            }
+        });
+        Receiver { addr, got }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// Checks a delivery's `Airlock-Signature` as a receiver would: HMAC-SHA256
+/// of `"<t>.<body>"` under the webhook's secret, computed here independently.
+pub fn signature_ok(r: &Received, secret: &str) -> bool {
+    use hmac::{KeyInit as _, Mac as _};
+    let Some(sig) = r.header("airlock-signature") else {
+        return false;
+    };
+    let mut t = None;
+    let mut v1 = None;
+    for part in sig.split(',') {
+        match part.split_once('=') {
+            Some(("t", x)) => t = Some(x),
+            Some(("v1", x)) => v1 = Some(x),
+            _ => {}
+        }
+    }
+    let (Some(t), Some(v1)) = (t, v1) else {
+        return false;
+    };
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(t.as_bytes());
+    mac.update(b".");
+    mac.update(&r.body);
+    let Ok(want) = hex::decode(v1) else {
+        return false;
+    };
+    mac.verify_slice(&want).is_ok()
+}
