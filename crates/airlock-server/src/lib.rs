@@ -45,6 +45,9 @@ pub struct ServeConfig {
     /// leader silent this long loses the lease (`AIRLOCK_REPLICA_LEASE_SECONDS`, 15).
     pub replica_lease: Duration,
     pub rate: ratelimit::RateLimit,
+    /// At most this many runs at once on this replica
+    /// (`AIRLOCK_REPLICA_MAX_RUNS`; unset: only the store-wide limits).
+    pub replica_max_runs: Option<usize>,
     /// `WEBHOOK_MAX_ATTEMPTS` (8).
     pub webhook_max_attempts: u32,
     /// `WEBHOOK_RETRY_BASE_MS` (1000): the n-th retry waits base × 2^(n-1), at most an hour.
@@ -85,10 +88,16 @@ impl ServeConfig {
                 }),
             }
         }
+        let replica_max_runs = env("AIRLOCK_REPLICA_MAX_RUNS")
+            .map(|v| {
+                num("AIRLOCK_REPLICA_MAX_RUNS", Some(v), 0.0, 1.0, 100_000.0).map(|n| n as usize)
+            })
+            .transpose()?;
         let lease = num("AIRLOCK_REPLICA_LEASE_SECONDS", env("AIRLOCK_REPLICA_LEASE_SECONDS"), 15.0, 1.0, 3600.0)?;
         Ok(ServeConfig {
             listen,
             replica_lease: Duration::from_secs_f64(lease),
+            replica_max_runs,
             rate: ratelimit::RateLimit {
                 per_second: num("API_RATE_PER_SECOND", env("API_RATE_PER_SECOND"), 100.0, 0.01, 1e6)?,
                 burst: num("API_RATE_BURST", env("API_RATE_BURST"), 200.0, 1.0, 1e6)?,

@@ -175,6 +175,18 @@ async fn claim_loop(app: AppState) {
         if app.is_stopping() {
             return;
         }
+        // This replica's own capacity, beside the store-wide limits.
+        let full = app
+            .cfg()
+            .replica_max_runs
+            .is_some_and(|cap| app.running_count() >= cap);
+        if full {
+            tokio::select! {
+                () = app.inner.kick.notified() => {}
+                () = tokio::time::sleep(QUEUE_POLL) => {}
+            }
+            continue;
+        }
         match app.store().claim_next_run(app.replica(), limit).await {
             Ok(Some(claimed)) => {
                 spawn_run(app.clone(), claimed);

@@ -25,7 +25,7 @@ pub fn base_env(home: &Path, database_url: Option<&str>) -> Vec<(String, String)
         ("API_AUTH_SECRET".into(), API_AUTH_SECRET.into()),
         ("CONNECTION_ENCRYPTION_KEY".into(), CONNECTION_KEY.into()),
         ("EGRESS_ALLOW_INTERNAL_HOSTS".into(), "127.0.0.1".into()),
-        ("AIRLOCK_LOG".into(), "info,airlock_server=trace".into()),
+        ("AIRLOCK_LOG".into(), "info".into()),
     ];
     if let Some(u) = database_url {
         env.push(("DATABASE_URL".into(), u.into()));
