@@ -208,8 +208,9 @@ impl Orchestrator {
             return fail(e.to_string()).await;
         }
         let run_dir = self.home.join("runs").join(&run_id);
-        let made = create_private_dir(&run_dir)
-            .and_then(|()| std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string()));
+        let made = create_private_dir(&run_dir).and_then(|()| {
+            std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string())
+        });
         if let Err(e) = made {
             return fail(format!("run directory {}: {e}", run_dir.display())).await;
         }

@@ -62,7 +62,8 @@ impl Backend for ProcessBackend {
         let leader = crate::pid_fd(Some(pid));
         let killer = Box::new(move || {
             let Some(fd) = &leader else { return };
-            let alive = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL).is_ok();
+            let alive =
+                rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL).is_ok();
             if alive && let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
             }

@@ -25,7 +25,7 @@ pub struct Tenant {
 }
 
 /// The variable that holds the API auth keyring.
-pub const API_AUTH_SECRET: &str = "API_AUTH_SECRET";
+pub const ENV_API_AUTH_SECRET: &str = "API_AUTH_SECRET";
 const PREFIX: &str = "alk_";
 
 /// Hashes and checks API keys.
@@ -49,7 +49,7 @@ impl ApiAuth {
     }
 
     pub fn from_env() -> Result<Self, airlock_vault::SigningError> {
-        Ok(Self::new(SigningKeyring::from_env(API_AUTH_SECRET)?))
+        Ok(Self::new(SigningKeyring::from_env(ENV_API_AUTH_SECRET)?))
     }
 
     pub fn mint(&self) -> Result<NewKey, airlock_vault::VaultError> {
@@ -98,7 +98,10 @@ impl ApiAuth {
 
 /// The `Authorization: Bearer` key of a request.
 fn bearer(parts: &axum::http::HeaderMap) -> Option<&str> {
-    let v = parts.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let v = parts
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
     let (scheme, rest) = v.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }

@@ -1,5 +1,5 @@
 //! `airlock serve`: the platform as a long-lived, multi-tenant HTTP service
-//! (DESIGN.md §1).
+//! (docs/serve.md).
 //!
 //! - [`routes`]: the `/v1` API; [`openapi`] holds the one table the router
 //!   and the OpenAPI document are both built from.
@@ -69,16 +69,22 @@ pub struct ConfigError {
 impl ServeConfig {
     /// From the environment; `listen` from the command line or `AIRLOCK_LISTEN`.
     pub fn from_env(listen: Option<&str>) -> Result<Self, ConfigError> {
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let listen_s = listen
             .map(str::to_owned)
-            .or_else(|| env("AIRLOCK_LISTEN"))
+            .or_else(|| get("AIRLOCK_LISTEN"))
             .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
         let listen = listen_s.parse().map_err(|_| ConfigError {
             var: "AIRLOCK_LISTEN",
             message: format!("{listen_s:?} is not an address and port, e.g. 127.0.0.1:8420"),
         })?;
-        fn num(var: &'static str, v: Option<String>, default: f64, min: f64, max: f64) -> Result<f64, ConfigError> {
+        fn num(
+            var: &'static str,
+            v: Option<String>,
+            default: f64,
+            min: f64,
+            max: f64,
+        ) -> Result<f64, ConfigError> {
             let Some(v) = v else { return Ok(default) };
             match v.trim().parse::<f64>() {
                 Ok(n) if n.is_finite() && (min..=max).contains(&n) => Ok(n),
@@ -88,27 +94,49 @@ impl ServeConfig {
                 }),
             }
         }
-        let replica_max_runs = env("AIRLOCK_REPLICA_MAX_RUNS")
+        let replica_max_runs = get("AIRLOCK_REPLICA_MAX_RUNS")
             .map(|v| {
                 num("AIRLOCK_REPLICA_MAX_RUNS", Some(v), 0.0, 1.0, 100_000.0).map(|n| n as usize)
             })
             .transpose()?;
-        let lease = num("AIRLOCK_REPLICA_LEASE_SECONDS", env("AIRLOCK_REPLICA_LEASE_SECONDS"), 15.0, 1.0, 3600.0)?;
+        let lease = num(
+            "AIRLOCK_REPLICA_LEASE_SECONDS",
+            get("AIRLOCK_REPLICA_LEASE_SECONDS"),
+            15.0,
+            1.0,
+            3600.0,
+        )?;
         Ok(ServeConfig {
             listen,
             replica_lease: Duration::from_secs_f64(lease),
             replica_max_runs,
             rate: ratelimit::RateLimit {
-                per_second: num("API_RATE_PER_SECOND", env("API_RATE_PER_SECOND"), 100.0, 0.01, 1e6)?,
-                burst: num("API_RATE_BURST", env("API_RATE_BURST"), 200.0, 1.0, 1e6)?,
+                per_second: num(
+                    "API_RATE_PER_SECOND",
+                    get("API_RATE_PER_SECOND"),
+                    100.0,
+                    0.01,
+                    1e6,
+                )?,
+                burst: num("API_RATE_BURST", get("API_RATE_BURST"), 200.0, 1.0, 1e6)?,
             },
-            webhook_max_attempts: num("WEBHOOK_MAX_ATTEMPTS", env("WEBHOOK_MAX_ATTEMPTS"), 8.0, 1.0, 100.0)? as u32,
-            webhook_retry_base: Duration::from_millis(
-                num("WEBHOOK_RETRY_BASE_MS", env("WEBHOOK_RETRY_BASE_MS"), 1000.0, 1.0, 3_600_000.0)? as u64,
-            ),
+            webhook_max_attempts: num(
+                "WEBHOOK_MAX_ATTEMPTS",
+                get("WEBHOOK_MAX_ATTEMPTS"),
+                8.0,
+                1.0,
+                100.0,
+            )? as u32,
+            webhook_retry_base: Duration::from_millis(num(
+                "WEBHOOK_RETRY_BASE_MS",
+                get("WEBHOOK_RETRY_BASE_MS"),
+                1000.0,
+                1.0,
+                3_600_000.0,
+            )? as u64),
             webhook_timeout: Duration::from_secs_f64(num(
                 "WEBHOOK_TIMEOUT_SECONDS",
-                env("WEBHOOK_TIMEOUT_SECONDS"),
+                get("WEBHOOK_TIMEOUT_SECONDS"),
                 10.0,
                 0.1,
                 300.0,
@@ -149,7 +177,12 @@ impl AppState {
         // Webhook URLs meet the same guard as a sandbox's requests: the
         // operator's internal hosts, and never this server itself.
         let mut policy = EgressPolicy::new();
-        policy.allow_internal_hosts(orch.settings.allow_internal_hosts.iter().map(String::as_str));
+        policy.allow_internal_hosts(
+            orch.settings
+                .allow_internal_hosts
+                .iter()
+                .map(String::as_str),
+        );
         policy.refuse_own_listeners([cfg.listen]);
         let guard = airlock_egress::Guard::new(policy, Arc::new(airlock_egress::SystemResolver));
         let webhook_client = GuardedClient::new(

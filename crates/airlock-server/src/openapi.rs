@@ -148,7 +148,10 @@ pub fn spec() -> Value {
         }
         if r.auth {
             responses.insert("401".into(), error_response("no valid API key"));
-            responses.insert("429".into(), error_response("rate limited; see Retry-After"));
+            responses.insert(
+                "429".into(),
+                error_response("rate limited; see Retry-After"),
+            );
         }
         let mut op = json!({
             "summary": r.summary,
@@ -167,9 +170,7 @@ pub fn spec() -> Value {
                 "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{b}") } } }
             });
         }
-        let entry = paths
-            .entry(r.path.to_owned())
-            .or_insert_with(|| json!({}));
+        let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));
         entry[r.method] = op;
     }
     json!({
@@ -189,9 +190,7 @@ pub fn spec() -> Value {
 
 /// The request bodies' schemas (every body refuses unknown fields).
 pub fn schemas() -> Value {
-    let strict = |props: Value, required: &[&str]| {
-        json!({ "type": "object", "additionalProperties": false, "properties": props, "required": required })
-    };
+    let strict = |props: Value, required: &[&str]| json!({ "type": "object", "additionalProperties": false, "properties": props, "required": required });
     json!({
         "Error": strict(json!({ "error": { "type": "object", "properties": { "code": { "type": "string" }, "message": { "type": "string" } } } }), &["error"]),
         "NewApiKey": strict(json!({ "name": { "type": "string" } }), &["name"]),

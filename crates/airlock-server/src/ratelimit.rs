@@ -47,9 +47,7 @@ impl Limiter {
             let full = self.limit.burst / self.limit.per_second;
             b.retain(|_, (_, at)| now.duration_since(*at).as_secs_f64() < full);
         }
-        let (tokens, at) = b
-            .entry(key.to_owned())
-            .or_insert((self.limit.burst, now));
+        let (tokens, at) = b.entry(key.to_owned()).or_insert((self.limit.burst, now));
         let refill = now.duration_since(*at).as_secs_f64() * self.limit.per_second;
         *tokens = (*tokens + refill).min(self.limit.burst);
         *at = now;

@@ -117,7 +117,11 @@ pub async fn start(app: AppState) -> Result<Work, ServeError> {
             let mut leading = false;
             loop {
                 tick.tick().await;
-                match app.store().try_lease(LEADER_LEASE, app.replica(), lease_ms).await {
+                match app
+                    .store()
+                    .try_lease(LEADER_LEASE, app.replica(), lease_ms)
+                    .await
+                {
                     Ok(now) => {
                         if now != leading {
                             tracing::info!(replica = app.replica(), leader = now, "leader lease");
@@ -329,7 +333,10 @@ fn write_bundle(
     files: &BTreeMap<String, String>,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
-    std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
     let write = |rel: &str, body: &str| -> std::io::Result<()> {
         // Paths were checked at registration (relative, no `..`); checked again.
@@ -337,7 +344,10 @@ fn write_bundle(
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.message))?;
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(parent)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)?;
         }
         let mut f = std::fs::OpenOptions::new()
             .write(true)

@@ -178,14 +178,20 @@ async fn deliver(app: &AppState, d: &DeliveryRow) {
     let attempts = d.attempts + 1;
     let (status, error, delivered) = match &outcome {
         Ok(s) if (200..300).contains(s) => (Some(i64::from(*s)), None, true),
-        Ok(s) => (Some(i64::from(*s)), Some(format!("the receiver answered HTTP {s}")), false),
+        Ok(s) => (
+            Some(i64::from(*s)),
+            Some(format!("the receiver answered HTTP {s}")),
+            false,
+        ),
         Err(e) => (None, Some(e.clone()), false),
     };
     let give_up = outcome.as_ref().is_err_and(|e| e.starts_with("gone:"));
     let retry_at = (!delivered && !give_up && attempts < i64::from(app.cfg().webhook_max_attempts))
         .then(|| {
             let base = app.cfg().webhook_retry_base.as_millis() as i64;
-            let backoff = base.saturating_mul(1i64 << (attempts - 1).clamp(0, 30)).min(3_600_000);
+            let backoff = base
+                .saturating_mul(1i64 << (attempts - 1).clamp(0, 30))
+                .min(3_600_000);
             airlock_store::now_ms() + backoff
         });
     if let Err(e) = app
@@ -227,7 +233,10 @@ async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
     h.insert("airlock-signature", val(&sig)?);
     h.insert("airlock-event", val(&d.event)?);
     h.insert("airlock-delivery", val(&d.id)?);
-    h.insert(http::header::USER_AGENT, val(concat!("airlock-webhooks/", env!("CARGO_PKG_VERSION")))?);
+    h.insert(
+        http::header::USER_AGENT,
+        val(concat!("airlock-webhooks/", env!("CARGO_PKG_VERSION")))?,
+    );
     let authorized = authorized_for(&hook.url).map_err(|e| format!("gone: {e}"))?;
     match app.webhook_client().send(req, &rules(&authorized)).await {
         Ok(r) => Ok(r.status.as_u16()),
@@ -250,6 +259,9 @@ mod tests {
         let known = signature(b"key", 1, b"x");
         let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(b"key").unwrap();
         mac.update(b"1.x");
-        assert_eq!(known, format!("t=1,v1={}", hex::encode(mac.finalize().into_bytes())));
+        assert_eq!(
+            known,
+            format!("t=1,v1={}", hex::encode(mac.finalize().into_bytes()))
+        );
     }
 }

@@ -713,6 +713,9 @@ impl Store {
         self.check_keyring(ring).await?;
         self.record_active_key(ring).await?;
         let limit = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        // The cursor is the pair (organization, name) of the last row done,
+        // compared as a row value so the primary key's index serves it.
+        let (after_org, after_name) = after.split_once(CURSOR_SEP).unwrap_or((after, ""));
         let active = ring.active_kid();
         let now = now_ms();
         match &self.pool {
@@ -725,13 +728,14 @@ impl Store {
                     .await
                     .map_err(|e| self.err(e))?;
                 let rows = sqlx::query(
-                    "SELECT name, envelope, org_id || $4 || name AS cursor FROM connections \
-                     WHERE org_id || $4 || name > $3 AND kid <> $1 \
+                    "SELECT org_id, name, envelope, org_id || $5 || name AS cursor FROM connections \
+                     WHERE (org_id, name) > ($3, $4) AND kid <> $1 \
                      ORDER BY org_id, name LIMIT $2",
                 )
                 .bind(active)
                 .bind(limit)
-                .bind(after)
+                .bind(after_org)
+                .bind(after_name)
                 .bind(CURSOR_SEP)
                 .fetch_all(&mut *tx)
                 .await
@@ -740,24 +744,27 @@ impl Store {
                 let mut cursor = None;
                 for r in &rows {
                     cursor = Some(r.try_get::<String, _>("cursor").map_err(|e| self.err(e))?);
+                    let org: String = r.try_get("org_id").map_err(|e| self.err(e))?;
                     let name: String = r.try_get("name").map_err(|e| self.err(e))?;
                     let old: String = r.try_get("envelope").map_err(|e| self.err(e))?;
                     let new = reencrypt_one(ring, &name, &old)?;
-                    triples.push([name, old, new]);
+                    triples.push([org, name, old, new]);
                 }
                 let Some(last) = cursor else {
                     tx.commit().await.map_err(|e| self.err(e))?;
                     return Ok(BatchOutcome::default());
                 };
                 // One statement for the whole batch: the rows go in as one JSON array of
-                // [name, old envelope, new envelope] (envelopes only: no plaintext).
+                // [org, name, old envelope, new envelope] (envelopes only: no plaintext);
+                // each is found by its primary key.
                 let batch_json = serde_json::to_string(&triples)
                     .map_err(|e| StoreError::Corrupt(format!("batch encoding: {e}")))?;
                 let res = sqlx::query(
                     "UPDATE connections SET envelope = u.new, kid = $1, updated_at = $2 \
-                     FROM (SELECT value ->> 0 AS name, value ->> 1 AS old, value ->> 2 AS new \
-                           FROM json_each($3)) AS u \
-                     WHERE connections.name = u.name AND connections.envelope = u.old",
+                     FROM (SELECT value ->> 0 AS org, value ->> 1 AS name, value ->> 2 AS old, \
+                           value ->> 3 AS new FROM json_each($3)) AS u \
+                     WHERE connections.org_id = u.org AND connections.name = u.name \
+                     AND connections.envelope = u.old",
                 )
                 .bind(active)
                 .bind(now)
@@ -775,17 +782,19 @@ impl Store {
             Pool::Postgres(p) => {
                 let mut tx = p.begin().await.map_err(|e| self.err(e))?;
                 let rows = sqlx::query(
-                    "SELECT name, envelope, org_id || $4 || name AS cursor FROM connections \
-                     WHERE org_id || $4 || name > $3 AND kid <> $1 \
+                    "SELECT org_id, name, envelope, org_id || $5 || name AS cursor FROM connections \
+                     WHERE (org_id, name) > ($3, $4) AND kid <> $1 \
                      ORDER BY org_id, name LIMIT $2 FOR UPDATE SKIP LOCKED",
                 )
                 .bind(active)
                 .bind(limit)
-                .bind(after)
+                .bind(after_org)
+                .bind(after_name)
                 .bind(CURSOR_SEP)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?;
+                let mut orgs = Vec::with_capacity(rows.len());
                 let mut names = Vec::with_capacity(rows.len());
                 let mut olds = Vec::with_capacity(rows.len());
                 let mut news = Vec::with_capacity(rows.len());
@@ -795,6 +804,7 @@ impl Store {
                     let name: String = r.try_get("name").map_err(|e| self.err(e))?;
                     let old: String = r.try_get("envelope").map_err(|e| self.err(e))?;
                     news.push(reencrypt_one(ring, &name, &old)?);
+                    orgs.push(r.try_get::<String, _>("org_id").map_err(|e| self.err(e))?);
                     names.push(name);
                     olds.push(old);
                 }
@@ -804,14 +814,15 @@ impl Store {
                 // One statement for the whole batch.
                 let res = sqlx::query(
                     "UPDATE connections AS c SET envelope = u.new, kid = $1, updated_at = $2 \
-                     FROM UNNEST($3::text[], $4::text[], $5::text[]) AS u(name, old, new) \
-                     WHERE c.name = u.name AND c.envelope = u.old",
+                     FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[]) AS u(name, old, new, org) \
+                     WHERE c.org_id = u.org AND c.name = u.name AND c.envelope = u.old",
                 )
                 .bind(active)
                 .bind(now)
                 .bind(&names)
                 .bind(&olds)
                 .bind(&news)
+                .bind(&orgs)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?;

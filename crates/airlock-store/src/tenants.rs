@@ -476,22 +476,33 @@ impl Store {
              AND (o.max_concurrent_runs IS NULL OR (SELECT COUNT(*) FROM runs x \
                   WHERE x.org_id = r.org_id AND x.status = 'running') < o.max_concurrent_runs) \
              ORDER BY r.queue_seq, r.id LIMIT 1";
-        let claim = "UPDATE runs SET status = 'running', owner = $2 WHERE id = $1 AND status = 'queued'";
+        let claim =
+            "UPDATE runs SET status = 'running', owner = $2 WHERE id = $1 AND status = 'queued'";
         let id: Option<String> = match &self.pool {
             Pool::Sqlite(p) => {
                 let mut c = p.acquire().await.map_err(|e| self.err(e))?;
                 let res: Result<Option<String>, sqlx::Error> = async {
                     sqlx::query("BEGIN IMMEDIATE").execute(&mut *c).await?;
                     let body = async {
-                        let id: Option<String> =
-                            sqlx::query_scalar(pick).bind(max).fetch_optional(&mut *c).await?;
+                        let id: Option<String> = sqlx::query_scalar(pick)
+                            .bind(max)
+                            .fetch_optional(&mut *c)
+                            .await?;
                         if let Some(id) = &id {
-                            sqlx::query(claim).bind(id).bind(owner).execute(&mut *c).await?;
+                            sqlx::query(claim)
+                                .bind(id)
+                                .bind(owner)
+                                .execute(&mut *c)
+                                .await?;
                         }
                         Ok::<_, sqlx::Error>(id)
                     }
                     .await;
-                    let end = if matches!(body, Ok(Some(_))) { "COMMIT" } else { "ROLLBACK" };
+                    let end = if matches!(body, Ok(Some(_))) {
+                        "COMMIT"
+                    } else {
+                        "ROLLBACK"
+                    };
                     sqlx::query(end).execute(&mut *c).await?;
                     body
                 }
@@ -504,10 +515,16 @@ impl Store {
                     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('airlock.run_slots'))")
                         .execute(&mut *tx)
                         .await?;
-                    let id: Option<String> =
-                        sqlx::query_scalar(pick).bind(max).fetch_optional(&mut *tx).await?;
+                    let id: Option<String> = sqlx::query_scalar(pick)
+                        .bind(max)
+                        .fetch_optional(&mut *tx)
+                        .await?;
                     if let Some(id) = &id {
-                        sqlx::query(claim).bind(id).bind(owner).execute(&mut *tx).await?;
+                        sqlx::query(claim)
+                            .bind(id)
+                            .bind(owner)
+                            .execute(&mut *tx)
+                            .await?;
                     }
                     tx.commit().await?;
                     Ok(id)
@@ -645,7 +662,12 @@ impl Store {
     /// Takes or renews the lease `name` for `holder` for `ttl_ms`: `true`
     /// when `holder` holds it now. A lease whose holder stopped renewing is
     /// taken over once it expires.
-    pub async fn try_lease(&self, name: &str, holder: &str, ttl_ms: i64) -> Result<bool, StoreError> {
+    pub async fn try_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_ms: i64,
+    ) -> Result<bool, StoreError> {
         let now = now_ms();
         let res = on_pool!(self, p => sqlx::query(
             "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
@@ -898,4 +920,3 @@ impl Store {
         })
     }
 }
-

@@ -146,8 +146,16 @@ async fn organizations_see_only_their_own_rows(s: &Store) {
     let a = s.get_connection("org_a", "gh").await.unwrap().unwrap();
     let b = s.get_connection("org_b", "gh").await.unwrap().unwrap();
     assert_ne!(a.envelope, b.envelope);
-    assert_eq!(r.decrypt_string(&b.envelope).unwrap().expose_secret(), "org_b");
-    assert!(s.get_connection(airlock_store::LOCAL_ORG, "gh").await.unwrap().is_none());
+    assert_eq!(
+        r.decrypt_string(&b.envelope).unwrap().expose_secret(),
+        "org_b"
+    );
+    assert!(
+        s.get_connection(airlock_store::LOCAL_ORG, "gh")
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(s.list_connections("org_a").await.unwrap().len(), 1);
     assert!(!s.delete_connection("org_a", "nope").await.unwrap());
     assert!(s.delete_connection("org_a", "gh").await.unwrap());
@@ -178,12 +186,31 @@ async fn organizations_see_only_their_own_rows(s: &Store) {
 
     s.insert_api_key("key_a", "org_a", "ci", "h").await.unwrap();
     assert!(!s.revoke_api_key("org_b", "key_a").await.unwrap());
-    assert!(s.get_api_key("key_a").await.unwrap().unwrap().revoked_at.is_none());
+    assert!(
+        s.get_api_key("key_a")
+            .await
+            .unwrap()
+            .unwrap()
+            .revoked_at
+            .is_none()
+    );
     assert!(s.revoke_api_key("org_a", "key_a").await.unwrap());
-    assert!(s.get_api_key("key_a").await.unwrap().unwrap().revoked_at.is_some());
+    assert!(
+        s.get_api_key("key_a")
+            .await
+            .unwrap()
+            .unwrap()
+            .revoked_at
+            .is_some()
+    );
 
     s.add_memory("org_a", "bot", None, "a's").await.unwrap();
-    assert!(s.list_memories("org_b", "bot", 10).await.unwrap().is_empty());
+    assert!(
+        s.list_memories("org_b", "bot", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(s.list_memories("org_a", "bot", 10).await.unwrap().len(), 1);
 }
 
@@ -198,7 +225,12 @@ async fn the_queue_starts_runs_in_order_within_both_limits(s: &Store) {
     }
     assert_eq!(s.queue_position("s1").await.unwrap(), Some(0));
     assert_eq!(s.queue_position("b3").await.unwrap(), Some(4));
-    let claim = || async { s.claim_next_run("rep1", Some(3)).await.unwrap().map(|c| c.run.id) };
+    let claim = || async {
+        s.claim_next_run("rep1", Some(3))
+            .await
+            .unwrap()
+            .map(|c| c.run.id)
+    };
     assert_eq!(claim().await.as_deref(), Some("s1"));
     // s2 waits for its organization's one slot; b1 goes past it.
     assert_eq!(claim().await.as_deref(), Some("b1"));
@@ -206,7 +238,10 @@ async fn the_queue_starts_runs_in_order_within_both_limits(s: &Store) {
     // Three running: the platform's limit.
     assert_eq!(claim().await, None);
     let c = s.get_run("s1").await.unwrap().unwrap();
-    assert_eq!((c.status, c.owner.as_deref()), (RunStatus::Running, Some("rep1")));
+    assert_eq!(
+        (c.status, c.owner.as_deref()),
+        (RunStatus::Running, Some("rep1"))
+    );
     s.finish_run(
         "s1",
         &RunEnd {
@@ -229,14 +264,26 @@ async fn cancelling_a_queued_or_running_run(s: &Store) {
     s.enqueue_run(&queued("o", "q1")).await.unwrap();
     s.enqueue_run(&queued("o", "q2")).await.unwrap();
     use airlock_store::CancelOutcome;
-    assert_eq!(s.request_cancel("o", "q1").await.unwrap(), CancelOutcome::CancelledQueued);
-    assert_eq!(s.get_run("q1").await.unwrap().unwrap().status, RunStatus::Cancelled);
+    assert_eq!(
+        s.request_cancel("o", "q1").await.unwrap(),
+        CancelOutcome::CancelledQueued
+    );
+    assert_eq!(
+        s.get_run("q1").await.unwrap().unwrap().status,
+        RunStatus::Cancelled
+    );
     // A cancelled run is never claimed.
     let c = s.claim_next_run("rep", None).await.unwrap().unwrap();
     assert_eq!(c.run.id, "q2");
     assert!(s.cancel_requests_of("rep").await.unwrap().is_empty());
-    assert_eq!(s.request_cancel("o", "q2").await.unwrap(), CancelOutcome::Requested);
-    assert_eq!(s.cancel_requests_of("rep").await.unwrap(), vec!["q2".to_owned()]);
+    assert_eq!(
+        s.request_cancel("o", "q2").await.unwrap(),
+        CancelOutcome::Requested
+    );
+    assert_eq!(
+        s.cancel_requests_of("rep").await.unwrap(),
+        vec!["q2".to_owned()]
+    );
     assert!(s.cancel_requests_of("other").await.unwrap().is_empty());
     assert_eq!(
         s.request_cancel("o", "q1").await.unwrap(),
@@ -253,7 +300,10 @@ async fn the_leader_lease_is_taken_over_only_when_it_expires(s: &Store) {
     assert!(s.try_lease("leader", "b", 60_000).await.unwrap());
     assert!(!s.try_lease("leader", "a", 60_000).await.unwrap());
     s.release_lease("leader", "a").await.unwrap();
-    assert!(!s.try_lease("leader", "a", 60_000).await.unwrap(), "a released nothing");
+    assert!(
+        !s.try_lease("leader", "a", 60_000).await.unwrap(),
+        "a released nothing"
+    );
     s.release_lease("leader", "b").await.unwrap();
     assert!(s.try_lease("leader", "a", 60_000).await.unwrap());
 }
@@ -272,18 +322,28 @@ async fn a_dead_replicas_runs_are_failed_and_no_other_runs(s: &Store) {
     // "dead" stops its heartbeats; "live" keeps them.
     s.remove_replica("dead").await.unwrap();
     assert!(s.heartbeat_replica("live").await.unwrap());
-    assert!(!s.heartbeat_replica("dead").await.unwrap(), "a swept replica must stop");
+    assert!(
+        !s.heartbeat_replica("dead").await.unwrap(),
+        "a swept replica must stop"
+    );
     let mut failed = s.sweep_dead_replicas(60_000).await.unwrap();
     failed.sort();
     assert_eq!(failed, vec!["d1".to_owned(), "d2".to_owned()]);
     let d1 = s.get_run("d1").await.unwrap().unwrap();
     assert_eq!(d1.status, RunStatus::Failed);
     assert_eq!(d1.error.as_deref(), Some(airlock_store::REPLICA_GONE));
-    for (id, st) in [("l1", RunStatus::Running), ("w1", RunStatus::Queued), ("embedded", RunStatus::Running)] {
+    for (id, st) in [
+        ("l1", RunStatus::Running),
+        ("w1", RunStatus::Queued),
+        ("embedded", RunStatus::Running),
+    ] {
         assert_eq!(s.get_run(id).await.unwrap().unwrap().status, st, "{id}");
     }
     // A replica silent past the lease is dropped, then its runs failed.
-    assert_eq!(s.sweep_dead_replicas(-1).await.unwrap(), vec!["l1".to_owned()]);
+    assert_eq!(
+        s.sweep_dead_replicas(-1).await.unwrap(),
+        vec!["l1".to_owned()]
+    );
 }
 
 async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
@@ -316,7 +376,13 @@ async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
     s.enqueue_delivery(&d).await.unwrap();
     let got = s.claim_due_deliveries("a", 60_000, 10).await.unwrap();
     assert_eq!(got.len(), 1);
-    assert!(s.claim_due_deliveries("b", 60_000, 10).await.unwrap().is_empty(), "claimed once");
+    assert!(
+        s.claim_due_deliveries("b", 60_000, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "claimed once"
+    );
     s.record_delivery_attempt(
         "d1",
         &airlock_store::DeliveryAttempt {
@@ -344,7 +410,12 @@ async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
     .unwrap();
     let list = s.list_deliveries("o", "wh1", 10).await.unwrap();
     assert_eq!((list[0].state.as_str(), list[0].attempts), ("delivered", 2));
-    assert!(s.list_deliveries("other", "wh1", 10).await.unwrap().is_empty());
+    assert!(
+        s.list_deliveries("other", "wh1", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(s.claim_due_deliveries("c", 0, 10).await.unwrap().is_empty());
     assert!(!s.delete_webhook("other", "wh1").await.unwrap());
     assert!(s.delete_webhook("o", "wh1").await.unwrap());
@@ -553,7 +624,11 @@ async fn connections_crud(s: &Store) {
     })
     .await
     .unwrap();
-    let got = s.get_connection(airlock_store::LOCAL_ORG, "github").await.unwrap().unwrap();
+    let got = s
+        .get_connection(airlock_store::LOCAL_ORG, "github")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got.envelope, env);
     assert_eq!(got.info.auth_type, AuthType::Bearer);
     assert_eq!(got.info.kid, "k1");
@@ -561,7 +636,12 @@ async fn connections_crud(s: &Store) {
         r.decrypt_string(&got.envelope).unwrap().expose_secret(),
         r#"{"token":"abc"}"#
     );
-    assert!(s.get_connection(airlock_store::LOCAL_ORG, "nope").await.unwrap().is_none());
+    assert!(
+        s.get_connection(airlock_store::LOCAL_ORG, "nope")
+            .await
+            .unwrap()
+            .is_none()
+    );
     let list = s.list_connections(airlock_store::LOCAL_ORG).await.unwrap();
     assert_eq!(
         list.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
@@ -585,18 +665,40 @@ async fn connections_crud(s: &Store) {
         "{err}"
     );
     let err = s
-        .insert_connection(&NewConnection { org: airlock_store::LOCAL_ORG, name: "", ..c })
+        .insert_connection(&NewConnection {
+            org: airlock_store::LOCAL_ORG,
+            name: "",
+            ..c
+        })
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
     let err = s
-        .insert_connection(&NewConnection { org: airlock_store::LOCAL_ORG, name: "a\nb", ..c })
+        .insert_connection(&NewConnection {
+            org: airlock_store::LOCAL_ORG,
+            name: "a\nb",
+            ..c
+        })
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
-    assert!(s.delete_connection(airlock_store::LOCAL_ORG, "github").await.unwrap());
-    assert!(!s.delete_connection(airlock_store::LOCAL_ORG, "github").await.unwrap());
-    assert_eq!(s.list_connections(airlock_store::LOCAL_ORG).await.unwrap().len(), 1);
+    assert!(
+        s.delete_connection(airlock_store::LOCAL_ORG, "github")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.delete_connection(airlock_store::LOCAL_ORG, "github")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.list_connections(airlock_store::LOCAL_ORG)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 async fn reencrypt_in_batches(s: &Store) {
@@ -634,7 +736,11 @@ async fn reencrypt_in_batches(s: &Store) {
     );
     let only_new = ring("k1", 2);
     for (name, value) in &want {
-        let c = s.get_connection(airlock_store::LOCAL_ORG, name).await.unwrap().unwrap();
+        let c = s
+            .get_connection(airlock_store::LOCAL_ORG, name)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(c.info.kid, "k1");
         assert_eq!(
             only_new
@@ -657,7 +763,10 @@ async fn reencrypt_in_batches(s: &Store) {
         .reencrypt_batch_after(&newer, 200, &first.last)
         .await
         .unwrap();
-    assert_eq!((second.rewritten, second.last.as_str()), (150, "local\u{1f}conn-0249"));
+    assert_eq!(
+        (second.rewritten, second.last.as_str()),
+        (150, "local\u{1f}conn-0249")
+    );
     let done = s
         .reencrypt_batch_after(&newer, 200, &second.last)
         .await
@@ -706,7 +815,11 @@ async fn reencrypt_failure_rolls_back_the_batch(s: &Store) {
 async fn futures_snapshot(s: &Store) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for c in s.list_connections(airlock_store::LOCAL_ORG).await.unwrap() {
-        let r = s.get_connection(airlock_store::LOCAL_ORG, &c.name).await.unwrap().unwrap();
+        let r = s
+            .get_connection(airlock_store::LOCAL_ORG, &c.name)
+            .await
+            .unwrap()
+            .unwrap();
         out.push((c.name, r.envelope));
     }
     out
@@ -1112,19 +1225,37 @@ async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
 }
 
 async fn memories(s: &Store) {
-    s.add_memory(airlock_store::LOCAL_ORG, "triage", None, "first").await.unwrap();
+    s.add_memory(airlock_store::LOCAL_ORG, "triage", None, "first")
+        .await
+        .unwrap();
     s.add_memory(airlock_store::LOCAL_ORG, "triage", Some("r1"), "second ✓")
         .await
         .unwrap();
-    s.add_memory(airlock_store::LOCAL_ORG, "other", None, "x").await.unwrap();
-    let m = s.list_memories(airlock_store::LOCAL_ORG, "triage", 10).await.unwrap();
+    s.add_memory(airlock_store::LOCAL_ORG, "other", None, "x")
+        .await
+        .unwrap();
+    let m = s
+        .list_memories(airlock_store::LOCAL_ORG, "triage", 10)
+        .await
+        .unwrap();
     assert_eq!(
         m.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(),
         ["second ✓", "first"]
     );
     assert_eq!(m[0].run_id.as_deref(), Some("r1"));
-    assert_eq!(s.list_memories(airlock_store::LOCAL_ORG, "triage", 1).await.unwrap().len(), 1);
-    assert!(s.list_memories(airlock_store::LOCAL_ORG, "nobody", 10).await.unwrap().is_empty());
+    assert_eq!(
+        s.list_memories(airlock_store::LOCAL_ORG, "triage", 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        s.list_memories(airlock_store::LOCAL_ORG, "nobody", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 async fn results(s: &Store) {
@@ -1216,8 +1347,20 @@ async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
     sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
-    assert_eq!(s.get_connection(airlock_store::LOCAL_ORG, "c").await.unwrap().unwrap().envelope, env);
-    assert!(s.get_connection(airlock_store::LOCAL_ORG, "d").await.unwrap().is_none());
+    assert_eq!(
+        s.get_connection(airlock_store::LOCAL_ORG, "c")
+            .await
+            .unwrap()
+            .unwrap()
+            .envelope,
+        env
+    );
+    assert!(
+        s.get_connection(airlock_store::LOCAL_ORG, "d")
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(s.reencrypt_batch(&new, 10).await.unwrap(), 1);
 }
 
@@ -1429,7 +1572,10 @@ async fn a_version_2_database_is_upgraded_on_postgres() {
     let sep = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{sep}options[search_path]={schema}");
     let mut c = sqlx::PgConnection::connect(&scoped).await.unwrap();
-    sqlx::raw_sql(UNDO_V5_POSTGRES).execute(&mut c).await.unwrap();
+    sqlx::raw_sql(UNDO_V5_POSTGRES)
+        .execute(&mut c)
+        .await
+        .unwrap();
     sqlx::raw_sql(TO_VERSION_2).execute(&mut c).await.unwrap();
     c.close().await.unwrap();
     let s = Store::open(&scoped, &StoreOptions::default())

@@ -32,8 +32,7 @@ enum Command {
     #[command(subcommand)]
     Orgs(cmd::orgs::OrgsCommand),
     /// Inspect recorded runs.
-    #[command(subcommand)]
-    Runs(cmd::runs::RunsCommand),
+    Runs(cmd::runs::RunsArgs),
     /// Which backends and isolation features work on this host.
     Doctor {
         /// (Internal) run inside a sandbox by the doctor: report what it sees.
@@ -55,8 +54,7 @@ enum Command {
         command: Vec<String>,
     },
     /// Manage stored connections (encrypted credentials).
-    #[command(subcommand)]
-    Connections(cmd::connections::ConnectionsCommand),
+    Connections(cmd::connections::ConnectionsArgs),
     /// Manage the connection-encryption keys.
     #[command(subcommand)]
     Keys(cmd::keys::KeysCommand),

@@ -70,7 +70,8 @@ pub async fn register(
     Json(b): Json<Register>,
 ) -> ApiResult<Response> {
     // Every mistake is found here, before anything is stored or started.
-    let m = Manifest::parse(&b.manifest).map_err(|e| ApiError::invalid(format!("manifest: {e}")))?;
+    let m =
+        Manifest::parse(&b.manifest).map_err(|e| ApiError::invalid(format!("manifest: {e}")))?;
     m.validate()
         .map_err(|e| ApiError::invalid(format!("manifest: {e}")))?;
     let name = m.agent.name.as_str().to_owned();

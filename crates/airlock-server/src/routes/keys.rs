@@ -53,7 +53,10 @@ pub async fn create(
     Json(b): Json<NewKey>,
 ) -> ApiResult<Response> {
     super::check_name("API key name", &b.name)?;
-    let (row, key) = app.auth().create_key(app.store(), &t.org_id, &b.name).await?;
+    let (row, key) = app
+        .auth()
+        .create_key(app.store(), &t.org_id, &b.name)
+        .await?;
     let mut v = key_json(&row);
     // Shown once: only its hash is kept.
     v["key"] = serde_json::Value::String(crate::auth::expose(&key).to_owned());

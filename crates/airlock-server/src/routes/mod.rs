@@ -30,8 +30,7 @@ pub fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
     let ok = !v.is_empty()
         && v.len() <= 64
         && v.as_bytes()[0].is_ascii_alphanumeric()
-        && v
-            .bytes()
+        && v.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
     if ok {
         Ok(())

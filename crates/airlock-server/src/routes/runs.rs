@@ -224,7 +224,9 @@ pub async fn cancel(
     match app.store().request_cancel(&t.org_id, &id).await? {
         CancelOutcome::NotFound => return Err(ApiError::not_found("run")),
         CancelOutcome::AlreadyEnded(s) => {
-            return Err(ApiError::conflict(format!("the run has already ended ({s})")));
+            return Err(ApiError::conflict(format!(
+                "the run has already ended ({s})"
+            )));
         }
         CancelOutcome::CancelledQueued => {
             if let Ok(Some(run)) = app.store().get_run(&id).await {

@@ -17,6 +17,17 @@ use zeroize::Zeroizing;
 /// Largest accepted stdin document (a credential, not a file).
 const MAX_STDIN: u64 = 1024 * 1024;
 
+#[derive(clap::Args, Debug)]
+pub struct ConnectionsArgs {
+    /// Manage the connections of the organization whose key is in
+    /// AIRLOCK_API_KEY on an `airlock serve` at this URL (default:
+    /// AIRLOCK_SERVER) instead of the local store.
+    #[arg(long, global = true)]
+    pub server: Option<String>,
+    #[command(subcommand)]
+    pub cmd: ConnectionsCommand,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum ConnectionsCommand {
     /// Store a credential, encrypted. Fields come from stdin as a JSON object of strings
@@ -113,9 +124,61 @@ pub(crate) fn report(result: Result<()>) -> ExitCode {
     }
 }
 
-pub fn run(cmd: ConnectionsCommand) -> ExitCode {
+pub fn run(args: ConnectionsArgs) -> ExitCode {
     init_logging();
-    report(runtime().and_then(|rt| rt.block_on(run_async(cmd))))
+    let cmd = args.cmd;
+    match super::remote::server(args.server.as_deref()) {
+        Some(server) => report(runtime().and_then(|rt| rt.block_on(remote(&server, cmd)))),
+        None => report(runtime().and_then(|rt| rt.block_on(run_async(cmd)))),
+    }
+}
+
+/// The same, on a server (the secret fields are read as locally, and sent
+/// once, in the request that stores them).
+async fn remote(server: &str, cmd: ConnectionsCommand) -> Result<()> {
+    let r = super::remote::Remote::new(server)?;
+    match cmd {
+        ConnectionsCommand::Add {
+            name,
+            integration,
+            auth_type,
+        } => {
+            let auth_type = AuthType::from(auth_type);
+            let fields = read_fields(auth_type)?;
+            let map: serde_json::Map<String, serde_json::Value> = fields
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.as_str().to_owned())))
+                .collect();
+            let body = serde_json::json!({"name": name, "integration": integration, "type": auth_type.as_str(), "fields": map});
+            let c = r.call("POST", "/v1/connections", Some(&body)).await?;
+            println!(
+                "stored connection {name:?} ({auth_type}, integration {integration:?}) on {server} under key {}",
+                c["kid"].as_str().unwrap_or("?")
+            );
+        }
+        ConnectionsCommand::List { json } => {
+            let v = r.call("GET", "/v1/connections", None).await?;
+            for c in v["connections"].as_array().into_iter().flatten() {
+                if json {
+                    println!("{c}");
+                } else {
+                    println!(
+                        "{:<24} {:<16} {:<8} {}",
+                        c["name"].as_str().unwrap_or("-"),
+                        c["integration"].as_str().unwrap_or("-"),
+                        c["type"].as_str().unwrap_or("-"),
+                        c["kid"].as_str().unwrap_or("-")
+                    );
+                }
+            }
+        }
+        ConnectionsCommand::Remove { name } => {
+            r.call("DELETE", &format!("/v1/connections/{name}"), None)
+                .await?;
+            println!("removed connection {name:?} on {server}");
+        }
+    }
+    Ok(())
 }
 
 async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
@@ -189,7 +252,9 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
         }
         ConnectionsCommand::Remove { name } => {
             let store = Store::open_default().await?;
-            let removed = store.delete_connection(airlock_store::LOCAL_ORG, &name).await?;
+            let removed = store
+                .delete_connection(airlock_store::LOCAL_ORG, &name)
+                .await?;
             store.close().await;
             if !removed {
                 bail!(airlock_store::StoreError::ConnectionNotFound(name));

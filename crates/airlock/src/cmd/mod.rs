@@ -7,11 +7,12 @@ pub mod egress;
 pub mod images;
 pub mod keys;
 pub mod orgs;
+pub mod remote;
 pub mod run;
 pub mod runs;
 pub mod runtime;
-pub mod serve;
 pub mod sandbox_init;
+pub mod serve;
 pub mod sidecar;
 
 /// The runtime of a command that hosts a platform or a runtime: two workers

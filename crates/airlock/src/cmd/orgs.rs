@@ -42,7 +42,8 @@ pub fn run(cmd: OrgsCommand) -> ExitCode {
 }
 
 fn auth() -> Result<ApiAuth> {
-    ApiAuth::from_env().context("API keys are hashed with API_AUTH_SECRET: set it as airlock serve has it")
+    ApiAuth::from_env()
+        .context("API keys are hashed with API_AUTH_SECRET: set it as airlock serve has it")
 }
 
 async fn run_async(cmd: OrgsCommand) -> Result<()> {

@@ -29,6 +29,11 @@ pub struct RunArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Run it on an `airlock serve` at this URL (default: AIRLOCK_SERVER;
+    /// the organization's key in AIRLOCK_API_KEY): the manifest's directory
+    /// is registered as the agent, the run queued there and followed here.
+    #[arg(long)]
+    pub server: Option<String>,
     /// Run this command instead of the manifest's `agent.command`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -226,6 +231,27 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(server) = super::remote::server(args.server.as_deref()) {
+        if !args.command.is_empty() || args.backend.is_some() {
+            eprintln!(
+                "error: a run on a server takes the manifest's command and the server's backend (no `-- CMD`, no --backend)"
+            );
+            return ExitCode::from(2);
+        }
+        return match rt.block_on(super::remote::run(
+            &server,
+            &args.manifest,
+            args.prompt.as_deref(),
+            args.json,
+        )) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let done = rt.block_on(run_async(args));
     drop(rt);
     tracing::debug!(target: "airlock::phase", "exit");
@@ -252,7 +278,7 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
     let cancel_rx = cancel_on_ctrl_c();
     let progress = progress_printer(args.json);
     let req = RunRequest {
-                org: airlock_store::LOCAL_ORG.to_owned(),
+        org: airlock_store::LOCAL_ORG.to_owned(),
         manifest,
         agent_dir,
         prompt: args.prompt.clone(),

@@ -8,6 +8,16 @@ use airlock_store::{RunQuery, Store};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 
+#[derive(clap::Args)]
+pub struct RunsArgs {
+    /// Ask an `airlock serve` at this URL (default: AIRLOCK_SERVER; the
+    /// organization's key in AIRLOCK_API_KEY) instead of the local store.
+    #[arg(long, global = true)]
+    pub server: Option<String>,
+    #[command(subcommand)]
+    pub cmd: RunsCommand,
+}
+
 #[derive(Subcommand)]
 pub enum RunsCommand {
     /// Recent runs, newest first.
@@ -35,7 +45,8 @@ pub enum RunsCommand {
     },
 }
 
-pub fn run(cmd: RunsCommand) -> ExitCode {
+pub fn run(args: RunsArgs) -> ExitCode {
+    let cmd = args.cmd;
     crate::logging::init_quiet();
     let rt = match super::current_thread_runtime() {
         Ok(r) => r,
@@ -44,7 +55,11 @@ pub fn run(cmd: RunsCommand) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run_async(cmd)) {
+    let done = match super::remote::server(args.server.as_deref()) {
+        Some(server) => rt.block_on(remote(&server, cmd)),
+        None => rt.block_on(run_async(cmd)),
+    };
+    match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -56,6 +71,112 @@ pub fn run(cmd: RunsCommand) -> ExitCode {
 fn when(ms: Option<i64>) -> String {
     ms.map(|m| format!("{:.3}", m as f64 / 1000.0))
         .unwrap_or_else(|| "-".into())
+}
+
+/// The same, from a server's API.
+async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
+    let r = super::remote::Remote::new(server)?;
+    match cmd {
+        RunsCommand::List { limit } => {
+            let v = r
+                .call(
+                    "GET",
+                    &format!("/v1/runs?limit={}", limit.clamp(1, 100)),
+                    None,
+                )
+                .await?;
+            println!(
+                "{:<22} {:<10} {:<10} {:<16} {:>9} {:>6}",
+                "RUN", "STATUS", "BACKEND", "AGENT", "DURATION", "EXIT"
+            );
+            for r in v["runs"].as_array().into_iter().flatten() {
+                let dur = match (r["started_at"].as_i64(), r["ended_at"].as_i64()) {
+                    (Some(s), Some(e)) => format!("{:.2}s", (e - s) as f64 / 1000.0),
+                    _ => "-".into(),
+                };
+                println!(
+                    "{:<22} {:<10} {:<10} {:<16} {:>9} {:>6}",
+                    r["id"].as_str().unwrap_or("-"),
+                    r["status"].as_str().unwrap_or("-"),
+                    r["backend"].as_str().unwrap_or("-"),
+                    airlock_sandbox::terminal::safe(r["agent"].as_str().unwrap_or("-")),
+                    dur,
+                    r["exit_code"]
+                        .as_i64()
+                        .map(|c| c.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                );
+            }
+        }
+        RunsCommand::Show { id, json } => {
+            let run = r.call("GET", &format!("/v1/runs/{id}"), None).await?;
+            let egress = r
+                .call("GET", &format!("/v1/runs/{id}/egress"), None)
+                .await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"run": run, "egress": egress["egress"]})
+                );
+            } else {
+                for k in [
+                    "id",
+                    "agent",
+                    "status",
+                    "backend",
+                    "replica",
+                    "created_at",
+                    "started_at",
+                    "ended_at",
+                    "exit_code",
+                    "error",
+                ] {
+                    let v = &run[k];
+                    let text = v
+                        .as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| v.to_string());
+                    println!("{k:<12} {}", airlock_sandbox::terminal::safe(&text));
+                }
+                println!("cost         {}", run["cost"]);
+                println!("egress log:");
+                for e in egress["egress"].as_array().into_iter().flatten() {
+                    println!("  {}", airlock_sandbox::terminal::safe(&e.to_string()));
+                }
+            }
+        }
+        RunsCommand::Logs { id, follow, json } => {
+            if follow {
+                r.follow(&format!("/v1/runs/{id}/logs"), |event, data| {
+                    if event != "end" {
+                        super::remote::print_log(data, json);
+                    }
+                })
+                .await?;
+            } else {
+                let mut after = 0;
+                loop {
+                    let v = r
+                        .call(
+                            "GET",
+                            &format!("/v1/runs/{id}/logs?after={after}&limit=100"),
+                            None,
+                        )
+                        .await?;
+                    let page = v["events"].as_array().cloned().unwrap_or_default();
+                    for e in &page {
+                        super::remote::print_log(&e.to_string(), json);
+                    }
+                    let next = v["next_after"].as_i64().unwrap_or(after);
+                    if next == after {
+                        break;
+                    }
+                    after = next;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn run_async(cmd: RunsCommand) -> Result<()> {

@@ -57,7 +57,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let (orch, _internal_api) = super::run::platform(args.backend.as_deref()).await?;
     let store = orch.store.display_name().to_owned();
     let backend = orch.backend.name();
-    let app = AppState::new(Arc::new(orch), auth, cfg.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let app =
+        AppState::new(Arc::new(orch), auth, cfg.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!(
         "airlock serve: listening on http://{} (replica {}, {backend} backend, store {store})",
         listener.local_addr()?,

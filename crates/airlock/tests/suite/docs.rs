@@ -297,6 +297,7 @@ fn code_comments_cite_the_docs_not_a_file_outside_the_repository() {
         "egress",
         "security",
         "architecture",
+        "serve",
     ] {
         assert!(
             readme.contains(&format!("docs/{d}.md")),

@@ -158,10 +158,17 @@ async fn check_all(home: &Path, ring: &Keyring, want: &BTreeMap<String, String>)
     let store = Store::open_sqlite(&home.join("airlock.db"), &StoreOptions::default())
         .await
         .unwrap();
-    let list = store.list_connections(airlock_store::LOCAL_ORG).await.unwrap();
+    let list = store
+        .list_connections(airlock_store::LOCAL_ORG)
+        .await
+        .unwrap();
     assert_eq!(list.len(), want.len());
     for (name, value) in want {
-        let c = store.get_connection(airlock_store::LOCAL_ORG, name).await.unwrap().unwrap();
+        let c = store
+            .get_connection(airlock_store::LOCAL_ORG, name)
+            .await
+            .unwrap()
+            .unwrap();
         let got = ring.decrypt_string(&c.envelope).unwrap();
         assert_eq!(got.expose_secret(), value, "{name}");
     }

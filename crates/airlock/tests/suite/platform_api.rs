@@ -162,7 +162,12 @@ async fn a_changed_connection_is_what_the_next_fetches_get() {
         );
     }
     // Replaced, as `airlock connections rm` and `add` do.
-    assert!(p.store().delete_connection(airlock_store::LOCAL_ORG, "svc-conn").await.unwrap());
+    assert!(
+        p.store()
+            .delete_connection(airlock_store::LOCAL_ORG, "svc-conn")
+            .await
+            .unwrap()
+    );
     p.add_connection("svc", AuthType::Bearer, &[("api_key", "second-value")])
         .await;
     let seen = eventually_value(&client, "second-value").await;
@@ -174,7 +179,12 @@ async fn a_changed_connection_is_what_the_next_fetches_get() {
         );
     }
     // Removed.
-    assert!(p.store().delete_connection(airlock_store::LOCAL_ORG, "svc-conn").await.unwrap());
+    assert!(
+        p.store()
+            .delete_connection(airlock_store::LOCAL_ORG, "svc-conn")
+            .await
+            .unwrap()
+    );
     let mut gone = false;
     for _ in 0..100 {
         if let Err(PlatformError::Refused { status: 404, .. }) = client.credential("svc").await {

@@ -13,7 +13,10 @@ struct Two {
 }
 
 fn start(extra: &[(&str, &str)]) -> Two {
-    let home = tempfile::Builder::new().prefix("airlock-serve-").tempdir().unwrap();
+    let home = tempfile::Builder::new()
+        .prefix("airlock-serve-")
+        .tempdir()
+        .unwrap();
     let mut env = base_env(home.path(), None);
     for (k, v) in extra {
         env.push(((*k).into(), (*v).into()));
@@ -21,7 +24,11 @@ fn start(extra: &[(&str, &str)]) -> Two {
     // The API tests run no agent that needs isolation: the process backend
     // keeps them independent of the host's sandbox support.
     let s = Server::start(&env, "process", home.path().join("serve.log"));
-    Two { _home: home, s, env }
+    Two {
+        _home: home,
+        s,
+        env,
+    }
 }
 
 #[test]
@@ -47,10 +54,23 @@ fn the_openapi_document_lists_exactly_the_routes_and_each_answers() {
     // Every route exists on the server: without a key, a keyed route is a
     // 401 (never a 404 or 405); an open one answers.
     for r in airlock_server::openapi::ROUTES {
-        let path = r.path.replace("{id}", "x").replace("{name}", "x").replace("{result_id}", "x");
-        let (st, body) = t.s.call(&r.method.to_uppercase(), &path, None, r.body.map(|_| json!({})).as_ref());
+        let path = r
+            .path
+            .replace("{id}", "x")
+            .replace("{name}", "x")
+            .replace("{result_id}", "x");
+        let (st, body) = t.s.call(
+            &r.method.to_uppercase(),
+            &path,
+            None,
+            r.body.map(|_| json!({})).as_ref(),
+        );
         if r.auth {
-            assert_eq!(st, 401, "{} {} without a key: {st} {body}", r.method, r.path);
+            assert_eq!(
+                st, 401,
+                "{} {} without a key: {st} {body}",
+                r.method, r.path
+            );
             assert_eq!(body["error"]["code"], "unauthorized");
         } else {
             assert_eq!(st, 200, "{} {}: {st} {body}", r.method, r.path);
@@ -62,9 +82,15 @@ fn the_openapi_document_lists_exactly_the_routes_and_each_answers() {
     }
     // An unlisted route, or a listed one with another method, is a typed error.
     let (st, body) = t.s.call("GET", "/v1/nope", None, None);
-    assert_eq!((st, body["error"]["code"].as_str()), (404, Some("not_found")));
+    assert_eq!(
+        (st, body["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
     let (st, body) = t.s.call("PATCH", "/v1/runs", None, None);
-    assert_eq!((st, body["error"]["code"].as_str()), (405, Some("method_not_allowed")));
+    assert_eq!(
+        (st, body["error"]["code"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
 }
 
 #[test]
@@ -75,12 +101,30 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
     let s = &t.s;
     let code = |(st, v): (u16, Value)| (st, v["error"]["code"].as_str().unwrap_or("").to_owned());
     // Malformed JSON, a wrong content type, unknown and missing fields.
-    let (st, _, b) = s.raw("POST", "/v1/runs", k, Some("{\"agent\": "), "application/json");
+    let (st, _, b) = s.raw(
+        "POST",
+        "/v1/runs",
+        k,
+        Some("{\"agent\": "),
+        "application/json",
+    );
     assert_eq!(st, 400, "{}", String::from_utf8_lossy(&b));
-    let (st, _, _) = s.raw("POST", "/v1/runs", k, Some("{\"agent\":\"a\"}"), "text/plain");
+    let (st, _, _) = s.raw(
+        "POST",
+        "/v1/runs",
+        k,
+        Some("{\"agent\":\"a\"}"),
+        "text/plain",
+    );
     assert_eq!(st, 415);
-    assert_eq!(code(s.call("POST", "/v1/runs", k, Some(&json!({"agnet": "a"})))), (422, "invalid".into()));
-    assert_eq!(code(s.call("POST", "/v1/runs", k, Some(&json!({})))), (422, "invalid".into()));
+    assert_eq!(
+        code(s.call("POST", "/v1/runs", k, Some(&json!({"agnet": "a"})))),
+        (422, "invalid".into())
+    );
+    assert_eq!(
+        code(s.call("POST", "/v1/runs", k, Some(&json!({})))),
+        (422, "invalid".into())
+    );
     // A manifest with a typo is refused with the reason, nothing stored.
     let (st, v) = s.call(
         "POST",
@@ -89,7 +133,10 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
         Some(&json!({"manifest": "[agent]\nname = \"a\"\ncommand = [\"true\"]\ntimout = 5\n"})),
     );
     assert_eq!(st, 422, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("timout"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("timout"),
+        "{v}"
+    );
     assert_eq!(s.call("GET", "/v1/agents", k, None).1["agents"], json!([]));
     // Hostile file paths in a bundle.
     for p in ["../x", "/etc/passwd", "a/../../b", "a//b", "a\\b", ""] {
@@ -99,16 +146,48 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
         assert_eq!(st, 422, "path {p:?}: {v}");
     }
     // A run of an agent that does not exist; a prompt too large; bad limits.
-    assert_eq!(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "ghost"}))).0, 404);
-    assert_eq!(s.call("POST", "/v1/agents", k, Some(&agent_body("a", "print(1)", 5))).0, 201);
-    let big = "x".repeat(300 * 1024);
-    assert_eq!(code(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "a", "prompt": big})))).0, 413);
     assert_eq!(
-        code(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "a", "limits": {"cpus": -1}})))),
+        s.call("POST", "/v1/runs", k, Some(&json!({"agent": "ghost"})))
+            .0,
+        404
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/agents",
+            k,
+            Some(&agent_body("a", "print(1)", 5))
+        )
+        .0,
+        201
+    );
+    let big = "x".repeat(300 * 1024);
+    assert_eq!(
+        code(s.call(
+            "POST",
+            "/v1/runs",
+            k,
+            Some(&json!({"agent": "a", "prompt": big}))
+        ))
+        .0,
+        413
+    );
+    assert_eq!(
+        code(s.call(
+            "POST",
+            "/v1/runs",
+            k,
+            Some(&json!({"agent": "a", "limits": {"cpus": -1}}))
+        )),
         (422, "invalid".into())
     );
     assert_eq!(
-        code(s.call("POST", "/v1/runs", k, Some(&json!({"agent": "a", "limits": {"gpus": 1}})))),
+        code(s.call(
+            "POST",
+            "/v1/runs",
+            k,
+            Some(&json!({"agent": "a", "limits": {"gpus": 1}}))
+        )),
         (422, "invalid".into())
     );
     // A body over the route's limit.
@@ -117,7 +196,11 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
     // A manifest naming a connection the organization does not have: the
     // run is refused before it is queued.
     let m = "[agent]\nname = \"needs\"\ncommand = [\"true\"]\n\n[[integrations]]\nnamespace = \"gh\"\nconnection = \"missing\"\nauthorized_uris = [\"https://api.example.com/**\"]\n";
-    assert_eq!(s.call("POST", "/v1/agents", k, Some(&json!({"manifest": m}))).0, 201);
+    assert_eq!(
+        s.call("POST", "/v1/agents", k, Some(&json!({"manifest": m})))
+            .0,
+        201
+    );
     let (st, v) = s.call("POST", "/v1/runs", k, Some(&json!({"agent": "needs"})));
     assert_eq!(st, 422, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("missing"));
@@ -128,9 +211,16 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
         json!({"name": "c", "integration": "gh", "type": "basic", "fields": {"username": "u"}}),
         json!({"name": "../c", "integration": "gh", "type": "bearer", "fields": {"token": "t"}}),
     ] {
-        assert_eq!(s.call("POST", "/v1/connections", k, Some(&body)).0, 422, "{body}");
+        assert_eq!(
+            s.call("POST", "/v1/connections", k, Some(&body)).0,
+            422,
+            "{body}"
+        );
     }
-    assert_eq!(s.call("GET", "/v1/connections", k, None).1["connections"], json!([]));
+    assert_eq!(
+        s.call("GET", "/v1/connections", k, None).1["connections"],
+        json!([])
+    );
     // List parameters.
     assert_eq!(s.call("GET", "/v1/runs?limit=0", k, None).0, 400);
     assert_eq!(s.call("GET", "/v1/runs?limit=abc", k, None).0, 400);
@@ -148,9 +238,18 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
         let (st, v) = s.call("POST", "/v1/webhooks", k, Some(&body));
         assert_eq!(st, 422, "{body}: {v}");
     }
-    assert_eq!(s.call("GET", "/v1/webhooks", k, None).1["webhooks"], json!([]));
+    assert_eq!(
+        s.call("GET", "/v1/webhooks", k, None).1["webhooks"],
+        json!([])
+    );
     // Keys: garbage, a key of the right shape that does not exist, revoked.
-    for bad in ["alk_", "alk_zz_zz", "Bearer", &format!("{key}x"), &key.replace("alk_", "alk-")] {
+    for bad in [
+        "alk_",
+        "alk_zz_zz",
+        "Bearer",
+        &format!("{key}x"),
+        &key.replace("alk_", "alk-"),
+    ] {
         assert_eq!(s.call("GET", "/v1/org", Some(bad), None).0, 401, "{bad}");
     }
     let (st, second) = s.call("POST", "/v1/api-keys", k, Some(&json!({"name": "ci"})));
@@ -161,9 +260,15 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
     let listed = s.call("GET", "/v1/api-keys", k, None).1;
     assert!(!listed.to_string().contains(&second_key[20..]));
     let id = second["id"].as_str().unwrap();
-    assert_eq!(s.call("DELETE", &format!("/v1/api-keys/{id}"), k, None).0, 204);
+    assert_eq!(
+        s.call("DELETE", &format!("/v1/api-keys/{id}"), k, None).0,
+        204
+    );
     assert_eq!(s.call("GET", "/v1/org", Some(second_key), None).0, 401);
-    assert_eq!(s.call("DELETE", &format!("/v1/api-keys/{id}"), k, None).0, 404);
+    assert_eq!(
+        s.call("DELETE", &format!("/v1/api-keys/{id}"), k, None).0,
+        404
+    );
     // Nothing above was a 500, and the server is still up.
     assert_eq!(s.call("GET", "/healthz", None, None).0, 200);
     assert!(!t.s.log_text().contains("panicked"), "{}", t.s.log_text());
@@ -194,12 +299,21 @@ fn a_key_over_its_rate_gets_429_with_retry_after() {
 fn every_route_with_another_organizations_key_finds_nothing() {
     let t = start(&[]);
     let s = &t.s;
-    let (org_a, a) = create_org(&t.env, "A", &[]);
+    let (org_a, a_key) = create_org(&t.env, "A", &[]);
     let (org_b, b) = create_org(&t.env, "B", &[]);
-    let a = Some(a.as_str());
+    let a = Some(a_key.as_str());
     let b = Some(b.as_str());
     const SECRET: &str = "a-secret-token-CANARY-4242";
-    assert_eq!(s.call("POST", "/v1/agents", a, Some(&agent_body("bot", "print('from A')", 10))).0, 201);
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/agents",
+            a,
+            Some(&agent_body("bot", "print('from A')", 10))
+        )
+        .0,
+        201
+    );
     let (st, conn) = s.call(
         "POST",
         "/v1/connections",
@@ -208,7 +322,12 @@ fn every_route_with_another_organizations_key_finds_nothing() {
     );
     assert_eq!(st, 201, "{conn}");
     assert!(!conn.to_string().contains("CANARY"));
-    let (st, run) = s.call("POST", "/v1/runs", a, Some(&json!({"agent": "bot", "prompt": "A's prompt"})));
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        a,
+        Some(&json!({"agent": "bot", "prompt": "A's prompt"})),
+    );
     assert_eq!(st, 202, "{run}");
     let run_id = run["id"].as_str().unwrap().to_owned();
     let (st, hook) = s.call(
@@ -219,11 +338,19 @@ fn every_route_with_another_organizations_key_finds_nothing() {
     );
     assert_eq!(st, 201, "{hook}");
     let hook_id = hook["id"].as_str().unwrap().to_owned();
-    let key_a = s.call("GET", "/v1/api-keys", a, None).1["api_keys"][0]["id"].as_str().unwrap().to_owned();
-    wait_for(s, &format!("/v1/runs/{run_id}"), a.unwrap(), 60, |v| v["status"] == "succeeded");
+    let key_a = s.call("GET", "/v1/api-keys", a, None).1["api_keys"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_for(s, &format!("/v1/runs/{run_id}"), &a_key, 60, |v| {
+        v["status"] == "succeeded"
+    });
 
     // Every route that names something, with A's ids and B's key.
-    for r in airlock_server::openapi::ROUTES.iter().filter(|r| r.auth && r.path.contains('{')) {
+    for r in airlock_server::openapi::ROUTES
+        .iter()
+        .filter(|r| r.auth && r.path.contains('{'))
+    {
         let path = r
             .path
             .replace("/api-keys/{id}", &format!("/api-keys/{key_a}"))
@@ -244,11 +371,22 @@ fn every_route_with_another_organizations_key_finds_nothing() {
             r.method
         );
         for leak in [&run_id, &hook_id, &org_a, "A's prompt", "from A", "CANARY"] {
-            assert!(!v.to_string().contains(leak), "{} {path} leaked {leak:?}: {v}", r.method);
+            assert!(
+                !v.to_string().contains(leak),
+                "{} {path} leaked {leak:?}: {v}",
+                r.method
+            );
         }
     }
     // Every list, and creating with A's names, stays within B.
-    for p in ["/v1/runs", "/v1/agents", "/v1/connections", "/v1/webhooks", "/v1/api-keys", "/v1/org"] {
+    for p in [
+        "/v1/runs",
+        "/v1/agents",
+        "/v1/connections",
+        "/v1/webhooks",
+        "/v1/api-keys",
+        "/v1/org",
+    ] {
         let (st, v) = s.call("GET", p, b, None);
         assert_eq!(st, 200, "{p}");
         for leak in [&run_id, &hook_id, &org_a, &key_a, "bot", "\"gh\""] {
@@ -256,7 +394,11 @@ fn every_route_with_another_organizations_key_finds_nothing() {
         }
     }
     assert_eq!(s.call("GET", "/v1/org", b, None).1["id"], org_b);
-    assert_eq!(s.call("POST", "/v1/runs", b, Some(&json!({"agent": "bot"}))).0, 404);
+    assert_eq!(
+        s.call("POST", "/v1/runs", b, Some(&json!({"agent": "bot"})))
+            .0,
+        404
+    );
     let (st, _) = s.call(
         "POST",
         "/v1/connections",
@@ -266,13 +408,153 @@ fn every_route_with_another_organizations_key_finds_nothing() {
     assert_eq!(st, 201, "B has its own namespace of names");
     // A's rows are as they were.
     assert_eq!(s.call("GET", "/v1/agents/bot", a, None).0, 200);
-    assert_eq!(s.call("GET", &format!("/v1/webhooks/{hook_id}"), a, None).0, 200);
-    assert_eq!(s.call("GET", &format!("/v1/runs/{run_id}"), a, None).1["status"], "succeeded");
-    assert_eq!(s.call("GET", "/v1/org", a, None).0, 200, "A's key was not revoked by B");
+    assert_eq!(
+        s.call("GET", &format!("/v1/webhooks/{hook_id}"), a, None).0,
+        200
+    );
+    assert_eq!(
+        s.call("GET", &format!("/v1/runs/{run_id}"), a, None).1["status"],
+        "succeeded"
+    );
+    assert_eq!(
+        s.call("GET", "/v1/org", a, None).0,
+        200,
+        "A's key was not revoked by B"
+    );
     let c = s.call("GET", "/v1/connections/gh", a, None).1;
-    assert_eq!(c["created_at"], c["updated_at"], "A's secret was not rotated by B: {c}");
+    assert_eq!(
+        c["created_at"], c["updated_at"],
+        "A's secret was not rotated by B: {c}"
+    );
     // Guessed ids of the right shape find nothing either.
     for guess in ["run_0000000000000000", "run_ffffffffffffffff"] {
         assert_eq!(s.call("GET", &format!("/v1/runs/{guess}"), b, None).0, 404);
     }
+}
+
+/// `airlock run`, `runs` and `connections` against a server, as an
+/// organization's operator would use them.
+#[test]
+fn the_cli_runs_lists_and_stores_through_a_server() {
+    use std::io::Write as _;
+    let t = start(&[]);
+    let (_, key) = create_org(&t.env, "Acme", &[]);
+    let url = format!("http://{}", t.s.addr);
+    let cli = |args: &[&str], key: &str| {
+        let mut c = std::process::Command::new(crate::support::AIRLOCK);
+        c.args(args)
+            .env_remove("DATABASE_URL")
+            .env("AIRLOCK_HOME", "/nonexistent/never-used")
+            .env("AIRLOCK_SERVER", &url)
+            .env("AIRLOCK_API_KEY", key)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("airlock.toml"),
+        "[agent]\nname = \"cli\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 30\n",
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("lib")).unwrap();
+    std::fs::write(dir.path().join("lib/words.txt"), "from a file").unwrap();
+    std::fs::write(
+        dir.path().join("agent.py"),
+        "import os\nprint(open('lib/words.txt').read(), open(os.environ['AIRLOCK_PROMPT_FILE']).read(), flush=True)\n",
+    )
+    .unwrap();
+    let manifest = dir.path().join("airlock.toml");
+    let out = cli(
+        &[
+            "run",
+            "--json",
+            "--prompt",
+            "and a prompt",
+            "-f",
+            manifest.to_str().unwrap(),
+        ],
+        &key,
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let end: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(end["status"], "succeeded", "{end}");
+    let id = end["id"].as_str().unwrap();
+    let out = cli(&["runs", "logs", id], &key).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "from a file and a prompt"
+    );
+    let out = cli(&["runs", "list"], &key).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(id));
+    // A connection stored through the server: its secret never printed.
+    let mut child = cli(
+        &[
+            "connections",
+            "add",
+            "gh",
+            "--integration",
+            "gh",
+            "--type",
+            "bearer",
+        ],
+        &key,
+    )
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"token": "CANARY-cli-secret"}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(&["connections", "list", "--json"], &key)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        listed.contains("\"gh\"") && !listed.contains("CANARY"),
+        "{listed}"
+    );
+    assert_eq!(
+        t.s.call("GET", "/v1/connections/gh", Some(&key), None).1["type"],
+        "bearer"
+    );
+    // A wrong key, an https URL: clear errors, nothing done.
+    let out = cli(&["runs", "list"], "alk_nope").output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(
+        &["runs", "list", "--server", "https://example.invalid"],
+        &key,
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("http:// only"));
+    let out = cli(&["connections", "remove", "gh"], &key)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        t.s.call("GET", "/v1/connections/gh", Some(&key), None).0,
+        404
+    );
 }

@@ -89,18 +89,34 @@ impl Server {
             if let Ok(Some(st)) = child.try_wait() {
                 panic!("airlock serve exited ({st}) before listening:\n{text}");
             }
-            assert!(Instant::now() < deadline, "airlock serve did not start:\n{text}");
+            assert!(
+                Instant::now() < deadline,
+                "airlock serve did not start:\n{text}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
     /// One API call: status and JSON body (`Null` when there is none).
-    pub fn call(&self, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> (u16, Value) {
-        let (status, _, bytes) = self.raw(method, path, key, body.map(|b| b.to_string()).as_deref(), "application/json");
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let (status, _, bytes) = self.raw(
+            method,
+            path,
+            key,
+            body.map(|b| b.to_string()).as_deref(),
+            "application/json",
+        );
         let v = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
         (status, v)
     }
@@ -121,7 +137,13 @@ impl Server {
         if body.is_some() {
             headers.push(("content-type", content_type));
         }
-        super::http(self.addr, method, path, &headers, body.unwrap_or("").as_bytes())
+        super::http(
+            self.addr,
+            method,
+            path,
+            &headers,
+            body.unwrap_or("").as_bytes(),
+        )
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -193,7 +215,13 @@ pub fn agent_body(name: &str, script: &str, timeout: u64) -> Value {
 }
 
 /// Polls `GET path` until `pred` holds of the JSON, for up to `secs`.
-pub fn wait_for(s: &Server, path: &str, key: &str, secs: u64, pred: impl Fn(&Value) -> bool) -> Value {
+pub fn wait_for(
+    s: &Server,
+    path: &str,
+    key: &str,
+    secs: u64,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let (st, v) = s.call("GET", path, Some(key), None);
