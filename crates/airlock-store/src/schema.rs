@@ -16,6 +16,89 @@ pub(crate) const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS airlock_schem
     applied_at BIGINT NOT NULL
 )";
 
+/// Version 5's tables and columns, the same on both backends (each adds
+/// its own way of re-keying `connections`).
+macro_rules! version_5_common {
+    () => {
+        r#"
+CREATE TABLE organizations (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    max_concurrent_runs BIGINT,
+    created_at BIGINT NOT NULL
+);
+CREATE TABLE api_keys (
+    id TEXT PRIMARY KEY,
+    org_id TEXT NOT NULL REFERENCES organizations (id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT,
+    last_used_at BIGINT
+);
+CREATE INDEX api_keys_org ON api_keys (org_id);
+CREATE TABLE agents (
+    org_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    files TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (org_id, name)
+);
+CREATE TABLE webhooks (
+    id TEXT PRIMARY KEY,
+    org_id TEXT NOT NULL,
+    url TEXT NOT NULL,
+    events TEXT NOT NULL,
+    secret_envelope TEXT NOT NULL,
+    created_at BIGINT NOT NULL
+);
+CREATE INDEX webhooks_org ON webhooks (org_id);
+CREATE TABLE webhook_deliveries (
+    id TEXT PRIMARY KEY,
+    webhook_id TEXT NOT NULL REFERENCES webhooks (id) ON DELETE CASCADE,
+    org_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    attempts BIGINT NOT NULL DEFAULT 0,
+    last_status BIGINT,
+    last_error TEXT,
+    next_attempt_at BIGINT NOT NULL,
+    created_at BIGINT NOT NULL,
+    delivered_at BIGINT,
+    claimed_by TEXT,
+    claimed_until BIGINT
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_attempt_at);
+CREATE INDEX webhook_deliveries_hook ON webhook_deliveries (webhook_id, created_at);
+CREATE TABLE replicas (
+    id TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    started_at BIGINT NOT NULL,
+    heartbeat_at BIGINT NOT NULL
+);
+CREATE TABLE leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+ALTER TABLE runs ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
+ALTER TABLE runs ADD COLUMN owner TEXT;
+ALTER TABLE runs ADD COLUMN prompt TEXT;
+ALTER TABLE runs ADD COLUMN hints TEXT;
+ALTER TABLE runs ADD COLUMN queue_seq BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN cancel_requested BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX runs_org ON runs (org_id, created_at);
+CREATE INDEX runs_queue ON runs (status, queue_seq);
+ALTER TABLE memories ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
+"#
+    };
+}
+
 pub(crate) const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
@@ -134,82 +217,9 @@ CREATE TABLE key_checks (
     Migration {
         version: 5,
         description: "organizations, API keys, agents, webhooks, replicas; runs, connections and memories per organization",
-        sql: r#"
-CREATE TABLE organizations (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    max_concurrent_runs BIGINT,
-    created_at BIGINT NOT NULL
-);
-CREATE TABLE api_keys (
-    id TEXT PRIMARY KEY,
-    org_id TEXT NOT NULL REFERENCES organizations (id) ON DELETE CASCADE,
-    name TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    created_at BIGINT NOT NULL,
-    revoked_at BIGINT,
-    last_used_at BIGINT
-);
-CREATE INDEX api_keys_org ON api_keys (org_id);
-CREATE TABLE agents (
-    org_id TEXT NOT NULL,
-    name TEXT NOT NULL,
-    manifest TEXT NOT NULL,
-    files TEXT NOT NULL,
-    created_at BIGINT NOT NULL,
-    updated_at BIGINT NOT NULL,
-    PRIMARY KEY (org_id, name)
-);
-CREATE TABLE webhooks (
-    id TEXT PRIMARY KEY,
-    org_id TEXT NOT NULL,
-    url TEXT NOT NULL,
-    events TEXT NOT NULL,
-    secret_envelope TEXT NOT NULL,
-    created_at BIGINT NOT NULL
-);
-CREATE INDEX webhooks_org ON webhooks (org_id);
-CREATE TABLE webhook_deliveries (
-    id TEXT PRIMARY KEY,
-    webhook_id TEXT NOT NULL REFERENCES webhooks (id) ON DELETE CASCADE,
-    org_id TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    event TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL,
-    attempts BIGINT NOT NULL DEFAULT 0,
-    last_status BIGINT,
-    last_error TEXT,
-    next_attempt_at BIGINT NOT NULL,
-    created_at BIGINT NOT NULL,
-    delivered_at BIGINT,
-    claimed_by TEXT,
-    claimed_until BIGINT
-);
-CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_attempt_at);
-CREATE INDEX webhook_deliveries_hook ON webhook_deliveries (webhook_id, created_at);
-CREATE TABLE replicas (
-    id TEXT PRIMARY KEY,
-    host TEXT NOT NULL,
-    pid BIGINT NOT NULL,
-    started_at BIGINT NOT NULL,
-    heartbeat_at BIGINT NOT NULL
-);
-CREATE TABLE leases (
-    name TEXT PRIMARY KEY,
-    holder TEXT NOT NULL,
-    expires_at BIGINT NOT NULL
-);
-ALTER TABLE runs ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
-ALTER TABLE runs ADD COLUMN owner TEXT;
-ALTER TABLE runs ADD COLUMN prompt TEXT;
-ALTER TABLE runs ADD COLUMN hints TEXT;
-ALTER TABLE runs ADD COLUMN queue_seq BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE runs ADD COLUMN cancel_requested BIGINT NOT NULL DEFAULT 0;
-CREATE INDEX runs_org ON runs (org_id, created_at);
-CREATE INDEX runs_queue ON runs (status, queue_seq);
-ALTER TABLE memories ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
--- Connections are an organization's: the key becomes (org_id, name).
+        sql: concat!(
+            version_5_common!(),
+            r#"-- Connections are an organization's: the key becomes (org_id, name).
 CREATE TABLE connections_v5 (
     org_id TEXT NOT NULL DEFAULT 'local',
     name TEXT NOT NULL,
@@ -226,7 +236,8 @@ INSERT INTO connections_v5 (org_id, name, integration, auth_type, kid, envelope,
 DROP TABLE connections;
 ALTER TABLE connections_v5 RENAME TO connections;
 CREATE INDEX connections_kid ON connections (kid);
-"#,
+"#
+        ),
     },
 ];
 
@@ -348,85 +359,13 @@ CREATE TABLE key_checks (
     Migration {
         version: 5,
         description: "organizations, API keys, agents, webhooks, replicas; runs, connections and memories per organization",
-        sql: r#"
-CREATE TABLE organizations (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    max_concurrent_runs BIGINT,
-    created_at BIGINT NOT NULL
-);
-CREATE TABLE api_keys (
-    id TEXT PRIMARY KEY,
-    org_id TEXT NOT NULL REFERENCES organizations (id) ON DELETE CASCADE,
-    name TEXT NOT NULL,
-    hash TEXT NOT NULL,
-    created_at BIGINT NOT NULL,
-    revoked_at BIGINT,
-    last_used_at BIGINT
-);
-CREATE INDEX api_keys_org ON api_keys (org_id);
-CREATE TABLE agents (
-    org_id TEXT NOT NULL,
-    name TEXT NOT NULL,
-    manifest TEXT NOT NULL,
-    files TEXT NOT NULL,
-    created_at BIGINT NOT NULL,
-    updated_at BIGINT NOT NULL,
-    PRIMARY KEY (org_id, name)
-);
-CREATE TABLE webhooks (
-    id TEXT PRIMARY KEY,
-    org_id TEXT NOT NULL,
-    url TEXT NOT NULL,
-    events TEXT NOT NULL,
-    secret_envelope TEXT NOT NULL,
-    created_at BIGINT NOT NULL
-);
-CREATE INDEX webhooks_org ON webhooks (org_id);
-CREATE TABLE webhook_deliveries (
-    id TEXT PRIMARY KEY,
-    webhook_id TEXT NOT NULL REFERENCES webhooks (id) ON DELETE CASCADE,
-    org_id TEXT NOT NULL,
-    run_id TEXT NOT NULL,
-    event TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL,
-    attempts BIGINT NOT NULL DEFAULT 0,
-    last_status BIGINT,
-    last_error TEXT,
-    next_attempt_at BIGINT NOT NULL,
-    created_at BIGINT NOT NULL,
-    delivered_at BIGINT,
-    claimed_by TEXT,
-    claimed_until BIGINT
-);
-CREATE INDEX webhook_deliveries_due ON webhook_deliveries (state, next_attempt_at);
-CREATE INDEX webhook_deliveries_hook ON webhook_deliveries (webhook_id, created_at);
-CREATE TABLE replicas (
-    id TEXT PRIMARY KEY,
-    host TEXT NOT NULL,
-    pid BIGINT NOT NULL,
-    started_at BIGINT NOT NULL,
-    heartbeat_at BIGINT NOT NULL
-);
-CREATE TABLE leases (
-    name TEXT PRIMARY KEY,
-    holder TEXT NOT NULL,
-    expires_at BIGINT NOT NULL
-);
-ALTER TABLE runs ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
-ALTER TABLE runs ADD COLUMN owner TEXT;
-ALTER TABLE runs ADD COLUMN prompt TEXT;
-ALTER TABLE runs ADD COLUMN hints TEXT;
-ALTER TABLE runs ADD COLUMN queue_seq BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE runs ADD COLUMN cancel_requested BIGINT NOT NULL DEFAULT 0;
-CREATE INDEX runs_org ON runs (org_id, created_at);
-CREATE INDEX runs_queue ON runs (status, queue_seq);
-ALTER TABLE memories ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
--- Connections are an organization's: the key becomes (org_id, name).
+        sql: concat!(
+            version_5_common!(),
+            r#"-- Connections are an organization's: the key becomes (org_id, name).
 ALTER TABLE connections ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
 ALTER TABLE connections DROP CONSTRAINT connections_pkey;
 ALTER TABLE connections ADD PRIMARY KEY (org_id, name);
-"#,
+"#
+        ),
     },
 ];
