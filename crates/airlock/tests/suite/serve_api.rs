@@ -75,9 +75,12 @@ fn the_openapi_document_lists_exactly_the_routes_and_each_answers() {
         } else {
             assert_eq!(st, 200, "{} {}: {st} {body}", r.method, r.path);
         }
-        // Each documented body schema exists.
-        if let Some(b) = r.body {
-            assert!(doc["components"]["schemas"][b].is_object(), "schema {b}");
+        // Each documented body and answer schema exists.
+        for name in r.body.into_iter().chain(r.answer) {
+            assert!(
+                doc["components"]["schemas"][name].is_object(),
+                "schema {name}"
+            );
         }
     }
     // An unlisted route, or a listed one with another method, is a typed error.
@@ -426,6 +429,29 @@ fn every_route_with_another_organizations_key_finds_nothing() {
         c["created_at"], c["updated_at"],
         "A's secret was not rotated by B: {c}"
     );
+    // What the routes answer is what the document says they answer: every
+    // field of each answer is a documented property of its schema.
+    let doc = s.call("GET", "/v1/openapi.json", None, None).1;
+    for (path, schema) in [
+        (format!("/v1/runs/{run_id}"), "Run"),
+        ("/v1/org".to_owned(), "Organization"),
+        ("/v1/agents/bot".to_owned(), "Agent"),
+        ("/v1/connections/gh".to_owned(), "Connection"),
+        (format!("/v1/webhooks/{hook_id}"), "Webhook"),
+        (format!("/v1/runs/{run_id}/cost"), "Cost"),
+    ] {
+        let (st, v) = s.call("GET", &path, a, None);
+        assert_eq!(st, 200, "{path}");
+        let props = doc["components"]["schemas"][schema]["properties"]
+            .as_object()
+            .unwrap();
+        for k in v.as_object().unwrap().keys() {
+            assert!(
+                props.contains_key(k),
+                "{path}: field {k:?} is not in the {schema} schema"
+            );
+        }
+    }
     // Guessed ids of the right shape find nothing either.
     for guess in ["run_0000000000000000", "run_ffffffffffffffff"] {
         assert_eq!(s.call("GET", &format!("/v1/runs/{guess}"), b, None).0, 404);
