@@ -109,12 +109,25 @@ fn bearer(parts: &axum::http::HeaderMap) -> Option<&str> {
 /// Authenticates every `/v1` request but the document itself, and applies
 /// the key's rate limit.
 pub async fn require_key(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+    // A client address that keeps failing gets 429 instead of 401 (a good
+    // key from it still works: one tenant behind a shared address is never
+    // locked out by another's mistakes).
+    let client = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip().to_string());
+    let failed = |e: ApiError| match client.as_deref().map(|c| app.auth_failures().check(c)) {
+        Some(Err(wait)) => ApiError::too_many(wait.as_secs_f64().ceil() as u64).into_response(),
+        _ => e.into_response(),
+    };
     let Some(key) = bearer(req.headers()) else {
-        return ApiError::unauthorized("send an API key as Authorization: Bearer alk_…")
-            .into_response();
+        return failed(ApiError::unauthorized(
+            "send an API key as Authorization: Bearer alk_…",
+        ));
     };
     let tenant = match app.auth().authenticate(app.store(), key).await {
         Ok(t) => t,
+        Err(e) if e.status == axum::http::StatusCode::UNAUTHORIZED => return failed(e),
         Err(e) => return e.into_response(),
     };
     if let Err(wait) = app.limiter().check(&tenant.key_id) {

@@ -45,6 +45,12 @@ pub struct ServeConfig {
     /// leader silent this long loses the lease (`AIRLOCK_REPLICA_LEASE_SECONDS`, 15).
     pub replica_lease: Duration,
     pub rate: ratelimit::RateLimit,
+    /// Failed authentications per client address (`API_AUTH_FAILURE_BURST`,
+    /// 20, then one every two seconds).
+    pub auth_failures: ratelimit::RateLimit,
+    /// Open event streams per organization on this replica
+    /// (`API_MAX_STREAMS`, 64): each polls the store.
+    pub max_streams: usize,
     /// At most this many runs at once on this replica
     /// (`AIRLOCK_REPLICA_MAX_RUNS`; unset: only the store-wide limits).
     pub replica_max_runs: Option<usize>,
@@ -110,6 +116,23 @@ impl ServeConfig {
             listen,
             replica_lease: Duration::from_secs_f64(lease),
             replica_max_runs,
+            max_streams: num(
+                "API_MAX_STREAMS",
+                get("API_MAX_STREAMS"),
+                64.0,
+                1.0,
+                100_000.0,
+            )? as usize,
+            auth_failures: ratelimit::RateLimit {
+                burst: num(
+                    "API_AUTH_FAILURE_BURST",
+                    get("API_AUTH_FAILURE_BURST"),
+                    20.0,
+                    1.0,
+                    1e6,
+                )?,
+                ..ratelimit::AUTH_FAILURES
+            },
             rate: ratelimit::RateLimit {
                 per_second: num(
                     "API_RATE_PER_SECOND",
@@ -155,6 +178,8 @@ struct Inner {
     orch: Arc<Orchestrator>,
     auth: ApiAuth,
     limiter: ratelimit::Limiter,
+    /// Failed authentications per client address.
+    auth_failures: ratelimit::Limiter,
     cfg: ServeConfig,
     replica: String,
     /// Wakes the scheduler (a run was queued or ended).
@@ -162,6 +187,8 @@ struct Inner {
     /// Wakes the webhook deliverer.
     deliveries: Notify,
     webhook_client: GuardedClient,
+    /// Open event streams, per organization.
+    streams: Arc<Mutex<HashMap<String, usize>>>,
     /// This replica's running runs: their cancel switches.
     running: Mutex<HashMap<String, watch::Sender<bool>>>,
     ready: AtomicBool,
@@ -199,6 +226,7 @@ impl AppState {
         Ok(AppState {
             inner: Arc::new(Inner {
                 limiter: ratelimit::Limiter::new(cfg.rate),
+                auth_failures: ratelimit::Limiter::new(cfg.auth_failures),
                 orch,
                 auth,
                 cfg,
@@ -207,6 +235,7 @@ impl AppState {
                 deliveries: Notify::new(),
                 webhook_client,
                 running: Mutex::default(),
+                streams: Arc::default(),
                 ready: AtomicBool::new(false),
                 stopping: AtomicBool::new(false),
             }),
@@ -224,6 +253,9 @@ impl AppState {
     }
     pub fn limiter(&self) -> &ratelimit::Limiter {
         &self.inner.limiter
+    }
+    pub fn auth_failures(&self) -> &ratelimit::Limiter {
+        &self.inner.auth_failures
     }
     pub fn cfg(&self) -> &ServeConfig {
         &self.inner.cfg
@@ -269,8 +301,42 @@ impl AppState {
             .and_then(|r| r.get(run_id).map(|tx| tx.send(true).is_ok()))
             .unwrap_or(false)
     }
+    /// A slot for one more event stream of `org`, held until dropped;
+    /// `None` when the organization has `max_streams` open here.
+    pub fn open_stream(&self, org: &str) -> Option<StreamSlot> {
+        let mut m = self.inner.streams.lock().ok()?;
+        let n = m.entry(org.to_owned()).or_insert(0);
+        if *n >= self.inner.cfg.max_streams {
+            return None;
+        }
+        *n += 1;
+        Some(StreamSlot {
+            streams: self.inner.streams.clone(),
+            org: org.to_owned(),
+        })
+    }
+
     pub fn running_count(&self) -> usize {
         self.inner.running.lock().map(|r| r.len()).unwrap_or(0)
+    }
+}
+
+/// One open event stream, counted until it is dropped.
+pub struct StreamSlot {
+    streams: Arc<Mutex<HashMap<String, usize>>>,
+    org: String,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.streams.lock()
+            && let Some(n) = m.get_mut(&self.org)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.org);
+            }
+        }
     }
 }
 
@@ -290,7 +356,11 @@ pub async fn serve(
     app.inner.ready.store(true, Ordering::Release);
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let dead = work.dead.clone();
-    let server = axum::serve(listener, router(app.clone())).with_graceful_shutdown(async move {
+    let server = axum::serve(
+        listener,
+        router(app.clone()).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
         tokio::select! {
             () = shutdown => {}
             () = dead.notified() => {}

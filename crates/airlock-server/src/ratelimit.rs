@@ -21,6 +21,14 @@ impl Default for RateLimit {
     }
 }
 
+/// Failed authentications allowed per client address: 20 at once, then one
+/// every two seconds. A key is 256 random bits, so this is not what stops a
+/// guess; it stops a flood of failing requests each costing a key lookup.
+pub const AUTH_FAILURES: RateLimit = RateLimit {
+    per_second: 0.5,
+    burst: 20.0,
+};
+
 pub struct Limiter {
     limit: RateLimit,
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
@@ -35,6 +43,17 @@ impl Limiter {
             limit,
             buckets: Mutex::default(),
         }
+    }
+
+    /// How long until `key` has a token again, without taking one (`None`:
+    /// it has one now).
+    pub fn wait_of(&self, key: &str) -> Option<Duration> {
+        let b = self.buckets.lock().ok()?;
+        let (tokens, at) = b.get(key)?;
+        let now = Instant::now();
+        let t = (tokens + now.duration_since(*at).as_secs_f64() * self.limit.per_second)
+            .min(self.limit.burst);
+        (t < 1.0).then(|| Duration::from_secs_f64((1.0 - t) / self.limit.per_second))
     }
 
     /// Takes a token for `key`, or says how long until one is there.
@@ -79,5 +98,9 @@ mod tests {
         assert!(wait > Duration::from_millis(900) && wait <= Duration::from_secs(1));
         // Another key has its own bucket.
         assert!(l.check("other").is_ok());
+        // Looking does not take.
+        assert!(l.wait_of("k").is_some());
+        assert!(l.wait_of("unseen").is_none());
+        assert!(l.wait_of("other").is_none());
     }
 }

@@ -415,17 +415,27 @@ async fn feed(
     // once the run has ended and nothing is left, an `end` event with the
     // run's final state, then the stream closes. Each event's SSE id is its
     // store id, so a client that reconnects with `Last-Event-ID` resumes.
+    let Some(slot) = app.open_stream(&t.org_id) else {
+        let mut e = ApiError::too_many(5);
+        e.message = format!(
+            "this organization has {} event streams open on this server; close one",
+            app.cfg().max_streams
+        );
+        return Err(e);
+    };
     struct S {
         app: AppState,
         id: String,
         after: i64,
         done: bool,
+        _slot: crate::StreamSlot,
     }
     let st = S {
         app,
         id,
         after,
         done: false,
+        _slot: slot,
     };
     let stream = futures_util::stream::unfold(st, move |mut st| async move {
         if st.done {

@@ -297,6 +297,79 @@ fn a_key_over_its_rate_gets_429_with_retry_after() {
     assert_eq!(t.s.call("GET", "/v1/org", Some(&b), None).0, 200);
 }
 
+#[test]
+fn a_client_that_keeps_failing_to_authenticate_is_slowed_down() {
+    let t = start(&[("API_AUTH_FAILURE_BURST", "5")]);
+    let (_, key) = create_org(&t.env, "A", &[]);
+    let bad = format!("alk_{}_{}", "0".repeat(16), "1".repeat(64));
+    for _ in 0..5 {
+        assert_eq!(t.s.call("GET", "/v1/org", Some(&bad), None).0, 401);
+    }
+    let (st, headers, _) = t.s.raw("GET", "/v1/org", Some(&bad), None, "");
+    assert_eq!(st, 429);
+    assert!(headers.iter().any(|(k, _)| k == "retry-after"));
+    // A good key from the same address still works (another tenant behind
+    // a shared address is not locked out).
+    assert_eq!(t.s.call("GET", "/v1/org", Some(&key), None).0, 200);
+    assert_eq!(t.s.call("GET", "/v1/org", None, None).0, 429);
+    // Open routes are not.
+    assert_eq!(t.s.call("GET", "/healthz", None, None).0, 200);
+}
+
+#[test]
+fn an_organization_holds_at_most_its_share_of_event_streams() {
+    use std::io::{Read as _, Write as _};
+    let t = start(&[("API_MAX_STREAMS", "2")]);
+    let (_, a) = create_org(&t.env, "A", &[]);
+    let (_, b) = create_org(&t.env, "B", &[]);
+    let body = agent_body(
+        "sleeper",
+        "import time\nprint('up', flush=True)\ntime.sleep(60)\n",
+        90,
+    );
+    assert_eq!(t.s.call("POST", "/v1/agents", Some(&a), Some(&body)).0, 201);
+    let (_, run) = t.s.call(
+        "POST",
+        "/v1/runs",
+        Some(&a),
+        Some(&json!({"agent": "sleeper"})),
+    );
+    let id = run["id"].as_str().unwrap().to_owned();
+    let open = |key: &str| {
+        let mut s = std::net::TcpStream::connect(t.s.addr).unwrap();
+        write!(
+            s,
+            "GET /v1/runs/{id}/logs HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\naccept: text/event-stream\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).unwrap();
+        (String::from_utf8_lossy(&head).to_string(), s)
+    };
+    let (h1, s1) = open(&a);
+    let (h2, _s2) = open(&a);
+    assert!(h1.ends_with("200") && h2.ends_with("200"), "{h1} {h2}");
+    let (h3, _) = open(&a);
+    assert!(h3.ends_with("429"), "a third stream: {h3}");
+    // Another organization's are its own; a closed stream frees its slot.
+    let (hb, _) = open(&b);
+    assert!(hb.ends_with("404"), "B cannot follow A's run at all: {hb}");
+    drop(s1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (h, _s) = open(&a);
+        if h.ends_with("200") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed stream's slot never came back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    t.s.call("POST", &format!("/v1/runs/{id}/cancel"), Some(&a), None);
+}
+
 /// Everything organization A owns, attacked with B's key on every route.
 #[test]
 fn every_route_with_another_organizations_key_finds_nothing() {
