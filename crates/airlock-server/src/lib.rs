@@ -211,7 +211,16 @@ impl AppState {
                 .map(String::as_str),
         );
         policy.refuse_own_listeners([cfg.listen]);
-        let guard = airlock_egress::Guard::new(policy, Arc::new(airlock_egress::SystemResolver));
+        // Resolved as the sidecars resolve (`AIRLOCK_DNS_SERVER`, else the system's).
+        let resolver: Arc<dyn airlock_egress::Resolve> = match &orch.settings.dns_server {
+            Some(d) => Arc::new(
+                airlock_egress::DnsServerResolver::parse_addr(d)
+                    .and_then(airlock_egress::DnsServerResolver::new)
+                    .map_err(|e| ApiError::internal(format!("AIRLOCK_DNS_SERVER: {e}")))?,
+            ),
+            None => Arc::new(airlock_egress::SystemResolver),
+        };
+        let guard = airlock_egress::Guard::new(policy, resolver);
         let webhook_client = GuardedClient::new(
             guard,
             ClientConfig {

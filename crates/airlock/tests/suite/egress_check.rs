@@ -225,7 +225,7 @@ fn entries_that_match_nothing_are_reported() {
 }
 
 /// A nameserver on loopback: `name` answers `ip`, every other name NXDOMAIN.
-fn nameserver(name: &'static str, ip: std::net::IpAddr) -> std::net::SocketAddr {
+pub(crate) fn nameserver(name: &'static str, ip: std::net::IpAddr) -> std::net::SocketAddr {
     use hickory_proto::op::{Message, ResponseCode};
     use hickory_proto::rr::{RData, Record, RecordType};
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -277,6 +277,62 @@ fn bad_input_gets_a_typed_error_and_changes_nothing() {
     assert!(!t.s.log_text().contains("panicked"), "{}", t.s.log_text());
 }
 
+/// A webhook host is judged by what its name resolves to, through the
+/// resolver the sidecars use (`AIRLOCK_DNS_SERVER`, a nameserver this test
+/// runs on loopback): a name that points at the metadata address or at
+/// loopback is refused before anything is stored, and nothing is sent.
+#[test]
+fn a_webhook_name_that_resolves_to_a_blocked_address_is_refused() {
+    let metadata =
+        crate::egress_check::nameserver("hooks.example.com", "169.254.169.254".parse().unwrap());
+    let t = start(&[("AIRLOCK_DNS_SERVER", &metadata.to_string())]);
+    let (_, key) = create_org(&t.env, "A", &[]);
+    let (st, v) = t.s.call(
+        "POST",
+        "/v1/webhooks",
+        Some(&key),
+        Some(&json!({"url": "https://hooks.example.com/in", "events": ["run.failed"]})),
+    );
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["error"]["code"], "url_refused");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("blocked_address"),
+        "{v}"
+    );
+    let (st, v) = t.s.call(
+        "POST",
+        "/v1/webhooks",
+        Some(&key),
+        Some(&json!({"url": "https://unknown.example.com/in", "events": ["run.failed"]})),
+    );
+    assert_eq!(st, 422, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unresolvable"),
+        "{v}"
+    );
+    assert_eq!(
+        t.s.call("GET", "/v1/webhooks", Some(&key), None).1["webhooks"],
+        json!([])
+    );
+    drop(t);
+    let lo = crate::egress_check::nameserver("hooks.example.com", "127.0.0.1".parse().unwrap());
+    let t = start(&[("AIRLOCK_DNS_SERVER", &lo.to_string())]);
+    let (_, key) = create_org(&t.env, "A", &[]);
+    let (st, v) = t.s.call(
+        "POST",
+        "/v1/webhooks",
+        Some(&key),
+        Some(&json!({"url": "http://hooks.example.com:9/in", "events": ["run.failed"]})),
+    );
+    assert_eq!(st, 422, "a name is not the exempted 127.0.0.1: {v}");
+}
+
 #[test]
 fn a_key_over_its_rate_gets_429_with_retry_after() {
     let t = start(&[("API_RATE_PER_SECOND", "1"), ("API_RATE_BURST", "5")]);
