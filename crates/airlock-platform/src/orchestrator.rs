@@ -184,17 +184,7 @@ impl Orchestrator {
     ) -> Result<RunOutcome, RunError> {
         self.backend.prepare();
         let fail = |reason: String| async {
-            self.store
-                .finish_run(
-                    &run_id,
-                    &RunEnd {
-                        status: RunStatus::Failed,
-                        exit_code: None,
-                        error: Some(&reason),
-                        at: now_ms(),
-                    },
-                )
-                .await?;
+            self.store.fail_run(&run_id, &reason).await?;
             Ok::<RunOutcome, RunError>(RunOutcome {
                 run_id: run_id.clone(),
                 status: RunStatus::Failed,

@@ -55,6 +55,9 @@ impl ApiError {
             format!("no such {what}"),
         )
     }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, "conflict", message)
     }
@@ -130,11 +133,7 @@ impl From<JsonRejection> for ApiError {
                 "send the body as JSON with Content-Type: application/json",
             ),
             JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Self::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    "the request body is larger than this route accepts",
-                )
+                Self::too_large("the request body is larger than this route accepts")
             }
             other => Self::bad_request(other.body_text()),
         }

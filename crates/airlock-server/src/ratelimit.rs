@@ -45,17 +45,6 @@ impl Limiter {
         }
     }
 
-    /// How long until `key` has a token again, without taking one (`None`:
-    /// it has one now).
-    pub fn wait_of(&self, key: &str) -> Option<Duration> {
-        let b = self.buckets.lock().ok()?;
-        let (tokens, at) = b.get(key)?;
-        let now = Instant::now();
-        let t = (tokens + now.duration_since(*at).as_secs_f64() * self.limit.per_second)
-            .min(self.limit.burst);
-        (t < 1.0).then(|| Duration::from_secs_f64((1.0 - t) / self.limit.per_second))
-    }
-
     /// Takes a token for `key`, or says how long until one is there.
     pub fn check(&self, key: &str) -> Result<(), Duration> {
         let now = Instant::now();
@@ -98,9 +87,5 @@ mod tests {
         assert!(wait > Duration::from_millis(900) && wait <= Duration::from_secs(1));
         // Another key has its own bucket.
         assert!(l.check("other").is_ok());
-        // Looking does not take.
-        assert!(l.wait_of("k").is_some());
-        assert!(l.wait_of("unseen").is_none());
-        assert!(l.wait_of("other").is_none());
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use airlock_platform::manifest::Manifest;
 use airlock_platform::orchestrator::RunRequest;
-use airlock_store::{ClaimedRun, RunEnd, RunStatus};
+use airlock_store::ClaimedRun;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
@@ -217,18 +217,7 @@ fn spawn_run(app: AppState, claimed: ClaimedRun) {
         let ended = run_one(&app, claimed, rx).await;
         if let Err(e) = &ended {
             tracing::error!(run = %id, "run: {e}");
-            let _ = app
-                .store()
-                .finish_run(
-                    &id,
-                    &RunEnd {
-                        status: RunStatus::Failed,
-                        exit_code: None,
-                        error: Some(&e.to_string()),
-                        at: airlock_store::now_ms(),
-                    },
-                )
-                .await;
+            let _ = app.store().fail_run(&id, e).await;
         }
         if let Ok(mut r) = app.inner.running.lock() {
             r.remove(&id);
@@ -263,15 +252,7 @@ async fn run_one(
     let orch = app.orch();
     let fail = |reason: String| async move {
         app.store()
-            .finish_run(
-                &run.id,
-                &RunEnd {
-                    status: RunStatus::Failed,
-                    exit_code: None,
-                    error: Some(&reason),
-                    at: airlock_store::now_ms(),
-                },
-            )
+            .fail_run(&run.id, &reason)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -1041,6 +1041,22 @@ impl Store {
         Ok(n > 0)
     }
 
+    /// Ends a run as `failed` now, with `reason` (the one place a run that
+    /// never got going, or whose platform is gone, is failed). `false` if it
+    /// had already ended.
+    pub async fn fail_run(&self, id: &str, reason: &str) -> Result<bool, StoreError> {
+        self.finish_run(
+            id,
+            &RunEnd {
+                status: RunStatus::Failed,
+                exit_code: None,
+                error: Some(reason),
+                at: now_ms(),
+            },
+        )
+        .await
+    }
+
     /// Adds metered usage to a run's totals.
     pub async fn add_run_usage(&self, id: &str, u: &Usage) -> Result<(), StoreError> {
         let n = on_pool!(self, p => sqlx::query(

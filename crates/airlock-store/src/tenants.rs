@@ -718,18 +718,7 @@ impl Store {
         .map_err(|e| self.err(e))?);
         let mut failed = Vec::new();
         for id in orphans {
-            let ended = self
-                .finish_run(
-                    &id,
-                    &crate::RunEnd {
-                        status: RunStatus::Failed,
-                        exit_code: None,
-                        error: Some(REPLICA_GONE),
-                        at: now,
-                    },
-                )
-                .await?;
-            if ended {
+            if self.fail_run(&id, REPLICA_GONE).await? {
                 failed.push(id);
             }
         }

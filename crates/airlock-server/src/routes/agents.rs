@@ -85,11 +85,9 @@ pub async fn register(
         total += body.len();
     }
     if total > MAX_BUNDLE_BYTES {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the files hold more than {MAX_BUNDLE_BYTES} bytes"),
-        ));
+        return Err(ApiError::too_large(format!(
+            "the files hold more than {MAX_BUNDLE_BYTES} bytes"
+        )));
     }
     let files = serde_json::to_string(&b.files).map_err(ApiError::internal)?;
     let existed = app.store().get_agent(&t.org_id, &name).await?.is_some();

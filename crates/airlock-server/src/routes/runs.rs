@@ -71,11 +71,9 @@ pub async fn create(
     Json(b): Json<NewRun>,
 ) -> ApiResult<Response> {
     if b.prompt.as_ref().is_some_and(|p| p.len() > MAX_PROMPT) {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the prompt is longer than {MAX_PROMPT} bytes"),
-        ));
+        return Err(ApiError::too_large(format!(
+            "the prompt is longer than {MAX_PROMPT} bytes"
+        )));
     }
     if let Some(h) = &b.limits {
         if h.memory_mb == Some(0) || h.timeout_seconds == Some(0) {
