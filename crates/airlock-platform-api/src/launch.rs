@@ -281,6 +281,12 @@ pub struct Integration {
     /// carries a credential and the credential rules apply.
     #[serde(default = "yes")]
     pub has_connection: bool,
+    /// A remote MCP server (the manifest's `source = { kind = "remote", url }`):
+    /// the sidecar is its MCP client, through the egress guard under this
+    /// integration's rules and credential, and serves its tools on `/mcp`
+    /// as `{namespace}__{tool}`.
+    #[serde(default)]
+    pub mcp_url: Option<String>,
 }
 
 fn yes() -> bool {

@@ -84,6 +84,30 @@ pub struct IntegrationSection {
     pub allow_all_uris: bool,
     #[serde(default)]
     pub delivery: Option<Delivery>,
+    /// Where the integration's MCP tools come from, besides its `api_call`.
+    #[serde(default)]
+    pub source: Option<IntegrationSource>,
+}
+
+/// `source = { kind = "remote", url = "https://…/mcp" }` or
+/// `source = { kind = "local", command = [...] }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum IntegrationSource {
+    /// A remote MCP server (Streamable HTTP), reached through the egress guard.
+    Remote { url: String },
+    /// A local MCP server started for the run (not in this build: refused).
+    Local { command: Vec<String> },
+}
+
+impl IntegrationSection {
+    /// The URL of the integration's remote MCP server, if it has one.
+    pub fn remote_mcp_url(&self) -> Option<&str> {
+        match &self.source {
+            Some(IntegrationSource::Remote { url }) => Some(url),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +237,20 @@ impl Manifest {
                 ));
             }
             check_patterns(&format!("{key}.authorized_uris"), &integ.authorized_uris)?;
+            match &integ.source {
+                None => {}
+                Some(IntegrationSource::Remote { url }) => {
+                    check_remote_url(&format!("{key}.source.url"), url, integ)?;
+                }
+                Some(IntegrationSource::Local { .. }) => {
+                    return Err(invalid(
+                        format!("{key}.source"),
+                        "kind \"local\" (an MCP server started for the run in its own sandbox) is \
+                         not supported by this version of Airlock: use kind \"remote\" with the \
+                         server's URL, or the integration's api_call",
+                    ));
+                }
+            }
             if let Some(d) = &integ.delivery {
                 if integ.connection.is_none() {
                     return Err(invalid(
@@ -257,6 +295,30 @@ fn check_http_url(key: &str, url: &str) -> Result<(), ManifestError> {
             format!("{url:?} is not a usable http(s) URL: {e}"),
         )),
     }
+}
+
+/// A remote MCP server's URL: an http(s) URL that the integration's own
+/// `authorized_uris` covers (the sidecar reaches it under the same rules as
+/// an `api_call`, so a URL they do not cover could never be reached).
+fn check_remote_url(key: &str, url: &str, integ: &IntegrationSection) -> Result<(), ManifestError> {
+    let target = airlock_egress::Target::parse(url)
+        .map_err(|e| invalid(key, format!("{url:?} is not a usable http(s) URL: {e}")))?;
+    if airlock_egress::AuthorizedUris::has_templates(&integ.authorized_uris) {
+        // Rendered per connection: checked when the sidecar connects.
+        return Ok(());
+    }
+    let authorized = airlock_egress::AuthorizedUris::parse(&integ.authorized_uris);
+    if !authorized.entries().iter().any(|p| p.matches(&target)) {
+        return Err(invalid(
+            key,
+            format!(
+                "{url:?} is not covered by the integration's authorized_uris, so the sidecar \
+                 could never reach it: add an entry such as \"{}\"",
+                target.url().as_str()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Every entry must mean something: one that matches nothing (a typo such as

@@ -363,6 +363,7 @@ impl Orchestrator {
                         prefix: d.prefix.to_string(),
                         field: d.field.clone(),
                     }),
+                    mcp_url: i.remote_mcp_url().map(str::to_owned),
                 })
                 .collect(),
             model: m.model.as_ref().map(|x| launch::Model {

@@ -60,6 +60,8 @@ pub enum Source {
     ApiCall,
     Llm,
     Proxy,
+    /// A remote MCP server's HTTP exchange (the sidecar as its client).
+    Mcp,
 }
 
 impl Source {
@@ -68,6 +70,7 @@ impl Source {
             Source::ApiCall => "api_call",
             Source::Llm => "llm",
             Source::Proxy => "proxy",
+            Source::Mcp => "mcp",
         }
     }
 }

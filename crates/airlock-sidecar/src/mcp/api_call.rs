@@ -289,7 +289,7 @@ pub async fn run(
 
 /// The content or transfer coding of an answer that the sidecar cannot read
 /// as it is (anything but `identity`, and `chunked`, which hyper decodes).
-fn unreadable_coding(headers: &http::HeaderMap) -> Option<String> {
+pub(crate) fn unreadable_coding(headers: &http::HeaderMap) -> Option<String> {
     let codings = |name| {
         headers
             .get_all(name)
@@ -408,7 +408,7 @@ async fn success(
 }
 
 /// Stores a large body for the run within `limits.run_result_bytes`.
-async fn store(
+pub(crate) async fn store(
     state: &McpState,
     content_type: &str,
     body: Bytes,

@@ -645,6 +645,39 @@ pub struct Prepared {
     pub credential_headers: Vec<HeaderName>,
 }
 
+/// The header that carries a connection's credential as the integration's
+/// `delivery` says (`api_call` and a remote MCP server's requests alike).
+pub fn delivery_header(
+    d: &Delivery,
+    fields: &BTreeMap<String, String>,
+) -> Result<(HeaderName, HeaderValue), ArgError> {
+    let name = HeaderName::from_bytes(d.header.as_bytes()).map_err(|_| {
+        ArgError::with(
+            "credential_field_missing",
+            500,
+            "the integration's delivery header is not a valid header name",
+        )
+    })?;
+    let secret = fields.get(&d.field).ok_or_else(|| {
+        ArgError::with(
+            "credential_field_missing",
+            502,
+            format!(
+                "the connection's credential has no field {:?} for the {} header",
+                d.field, d.header
+            ),
+        )
+    })?;
+    let value = HeaderValue::from_str(&format!("{}{}", d.prefix, secret)).map_err(|_| {
+        ArgError::with(
+            "credential_field_missing",
+            502,
+            "the credential is not a valid header value",
+        )
+    })?;
+    Ok((name, value))
+}
+
 /// Fills placeholders, adds the delivery header and builds the request.
 pub fn prepare(
     args: &ApiCallArgs,
@@ -686,30 +719,7 @@ pub fn prepare(
         headers.append(name.clone(), v);
     }
     if let Some(d) = delivery {
-        let name = HeaderName::from_bytes(d.header.as_bytes()).map_err(|_| {
-            ArgError::with(
-                "credential_field_missing",
-                500,
-                "the integration's delivery header is not a valid header name",
-            )
-        })?;
-        let secret = fields.get(&d.field).ok_or_else(|| {
-            ArgError::with(
-                "credential_field_missing",
-                502,
-                format!(
-                    "the connection's credential has no field {:?} for the {} header",
-                    d.field, d.header
-                ),
-            )
-        })?;
-        let value = HeaderValue::from_str(&format!("{}{}", d.prefix, secret)).map_err(|_| {
-            ArgError::with(
-                "credential_field_missing",
-                502,
-                "the credential is not a valid header value",
-            )
-        })?;
+        let (name, value) = delivery_header(d, fields)?;
         headers.remove(&name);
         headers.insert(name.clone(), value);
         if !credential_headers.contains(&name) {

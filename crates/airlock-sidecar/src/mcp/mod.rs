@@ -17,6 +17,7 @@
 pub mod api_call;
 pub mod args;
 mod lean;
+pub mod remote;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -84,6 +85,8 @@ pub struct McpState {
     static_uris: std::collections::HashMap<String, airlock_egress::AuthorizedUris>,
     /// Stateless `api_call`s bypass rmcp's per-request machinery ([`lean`]).
     lean: bool,
+    /// The integrations backed by a remote MCP server ([`remote`]).
+    remotes: Vec<Arc<remote::Remote>>,
 }
 
 impl McpState {
@@ -107,17 +110,51 @@ impl McpState {
                 )
             })
             .collect();
+        let mut remotes: Vec<Arc<remote::Remote>> = sidecar
+            .integrations
+            .iter()
+            .filter_map(|(ns, i)| {
+                i.mcp_url
+                    .as_deref()
+                    .map(|url| Arc::new(remote::Remote::new(ns, url)))
+            })
+            .collect();
+        remotes.sort_by(|a, b| a.namespace().cmp(b.namespace()));
         McpState {
             sidecar,
             tools,
             stored_bytes: AtomicU64::new(0),
             static_uris,
             lean: true,
+            remotes,
         }
     }
 
     pub fn tools(&self) -> &[Tool] {
         &self.tools
+    }
+
+    /// Every tool of the run: the sidecar's own and each remote server's
+    /// (a server that cannot be reached contributes none, and is logged).
+    pub async fn all_tools(&self) -> Vec<Tool> {
+        let mut all = self.tools.clone();
+        let lists = futures::future::join_all(
+            self.remotes
+                .iter()
+                .map(|r| async move { r.tools(&self.sidecar).await }),
+        )
+        .await;
+        for tools in lists.into_iter().flatten() {
+            all.extend(tools.iter().cloned());
+        }
+        all
+    }
+
+    /// The remote server and tool that `name` names, if any.
+    fn remote_tool<'a>(&self, name: &'a str) -> Option<(&Arc<remote::Remote>, &'a str)> {
+        self.remotes
+            .iter()
+            .find_map(|r| r.tool_of(name).map(|t| (r, t)))
     }
 
     /// Parses and runs one tool call.
@@ -127,6 +164,17 @@ impl McpState {
         arguments: Option<&serde_json::Map<String, Value>>,
         prefetch: Option<&CredentialPrefetch>,
     ) -> Result<CallToolResult, ErrorData> {
+        if let Some((server, tool)) = self.remote_tool(name) {
+            let Ok(_permit) = self.sidecar.api_calls.acquire().await else {
+                return Ok(api_call::error_result(
+                    "unavailable",
+                    "the sidecar is shutting down",
+                    503,
+                ));
+            };
+            let result = server.call(&self.sidecar, tool, arguments).await?;
+            return Ok(remote::bound_result(self, result).await);
+        }
         let limit = self.sidecar.limits.max_request_bytes;
         let call = match args::parse_tool_call(
             name,
@@ -304,10 +352,15 @@ impl ServerHandler for AirlockMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.state.tools.clone()))
+        Ok(ListToolsResult::with_all_items(
+            self.state.all_tools().await,
+        ))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
+        if let Some((server, _)) = self.state.remote_tool(name) {
+            return server.cached().iter().find(|t| t.name == name).cloned();
+        }
         self.state.tools.iter().find(|t| t.name == name).cloned()
     }
 

@@ -1,0 +1,577 @@
+//! Remote MCP integrations end to end: the real `airlock sidecar` as the MCP
+//! client (rmcp) of a server the test runs on loopback (the official MCP
+//! Python SDK's, and hand-written hostile ones), reached through the egress
+//! guard with the connection's credential, and the official MCP Python
+//! client as the agent. Checked from the attacker's side: the credential
+//! reaches the server and never the agent, a server outside the
+//! integration's authorized URIs is never contacted, and a hostile server
+//! cannot hurt the sidecar or another integration.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use airlock_platform::testing::TestPlatform;
+use airlock_store::AuthType;
+use airlock_vault::ExposeSecret;
+use serde_json::{Value, json};
+
+const CANARY: &str = "canary-remote-7Hq2Lw9Xp4Zt";
+const HOST: &str = "mcp.internal.test";
+
+/// A test MCP server (`tests/python/mcp_server.py`), killed on drop.
+struct McpServer {
+    child: Child,
+    port: u16,
+}
+
+impl McpServer {
+    fn start(mode: &str, token: &str) -> McpServer {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_server.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(json!({"mode": mode, "token": token}).to_string().as_bytes())
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("mcp_server.py {mode} printed no port: {line:?}"));
+        McpServer { child, port }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Every request the server received (method, path, Authorization…).
+    fn seen(&self) -> Vec<Value> {
+        let (status, _, body) = http(self.addr(), "GET", "/seen", &[], b"");
+        assert_eq!(status, 200);
+        serde_json::from_slice(&body).unwrap()
+    }
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `mcp_client.py` (the official MCP Python client) against the sidecar.
+fn agent(url: &str, token: &str, mode: &str, ops: Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_client.py");
+    let input = json!({"url": url, "token": token, "mode": mode, "ops": ops});
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "mcp_client.py printed no JSON: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn tool_names(list: &Value) -> Vec<String> {
+    list["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not a tool list: {list}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+fn remote_integration(ns: &str, port: u16) -> Value {
+    json!({
+        "namespace": ns,
+        "authorized_uris": [format!("http://{HOST}:{port}/**")],
+        "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
+        "mcp_url": format!("http://{HOST}:{port}/mcp")
+    })
+}
+
+async fn platform_with(namespaces: &[&str]) -> TestPlatform {
+    let p = TestPlatform::start("remote-mcp").await;
+    for ns in namespaces {
+        p.add_connection(ns, AuthType::Bearer, &[("token", CANARY)])
+            .await;
+    }
+    p
+}
+
+fn sidecar_for(p: &TestPlatform, integrations: Value, limits: Value) -> SidecarProcess {
+    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": integrations,
+            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
+            "limits": limits,
+        }),
+    );
+    spawn_sidecar(&cfg)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remote_tools_are_served_with_the_credential_injected_and_never_returned() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) {
+        return;
+    }
+    let server = McpServer::start("good", CANARY);
+    let p = platform_with(&["remote"]).await;
+    let sc = sidecar_for(
+        &p,
+        json!([remote_integration("remote", server.port)]),
+        json!({"inline_result_bytes": 4096}),
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    for mode in ["legacy", "2026-07-28"] {
+        let out = agent(
+            &url,
+            &token,
+            mode,
+            json!([
+                {"op": "list_tools"},
+                {"op": "call", "name": "remote__echo", "args": {"text": "hello through the guard"}},
+                {"op": "call", "name": "remote__add", "args": {"a": 2, "b": 40}},
+                {"op": "call", "name": "remote__whoami", "args": {}},
+                {"op": "call", "name": "remote__big", "args": {"n": 20000}},
+                {"op": "call", "name": "remote__nonexistent", "args": {}},
+            ]),
+        );
+        assert!(out.get("fatal").is_none(), "{mode}: {out}");
+        let r = &out["results"];
+        let names = tool_names(&r[0]);
+        for want in [
+            "remote__add",
+            "remote__big",
+            "remote__echo",
+            "remote__whoami",
+            "remote__api_call",
+            "run_history",
+        ] {
+            assert!(
+                names.iter().any(|n| n == want),
+                "{mode}: no {want} in {names:?}"
+            );
+        }
+        // The server's schemas come through.
+        let echo = r[0]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "remote__echo")
+            .unwrap();
+        assert_eq!(echo["inputSchema"]["properties"]["text"]["type"], "string");
+        assert_eq!(echo["inputSchema"]["required"], json!(["text"]));
+
+        assert_eq!(r[1].get("isError"), Some(&json!(false)), "{mode}: {}", r[1]);
+        assert_eq!(text_of(&r[1]), "hello through the guard");
+        assert_eq!(text_of(&r[2]), "42", "{mode}: {}", r[2]);
+        // A server that reflects the credential: the agent sees it redacted.
+        let who = text_of(&r[3]);
+        assert_eq!(who, "you sent: Bearer [REDACTED]", "{mode}");
+        // A large result becomes a link readable by this run.
+        let big = &r[4];
+        let link = big["content"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{mode}: not a result: {big}"))
+            .iter()
+            .find(|b| b["type"] == "resource_link")
+            .unwrap_or_else(|| panic!("{mode}: no resource link: {big}"));
+        assert!(
+            link["uri"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("airlock://result/{}/", p.run_id))
+        );
+        // An unknown tool is a protocol error, not a call to the server.
+        assert!(r[5].get("exception").is_some(), "{mode}: {}", r[5]);
+        assert!(
+            !out.to_string().contains(CANARY),
+            "{mode}: the credential reached the agent: {out}"
+        );
+    }
+    // Every request the server saw carried the injected credential, and
+    // every exchange is in the run's egress log as an `mcp` request.
+    let seen = server.seen();
+    assert!(seen.len() >= 6, "{seen:?}");
+    for s in &seen {
+        assert_eq!(s["authorization"], json!(format!("Bearer {CANARY}")), "{s}");
+        assert_eq!(s["host"], json!(format!("{HOST}:{}", server.port)), "{s}");
+    }
+    let log = eventually(10, || async {
+        let log: Vec<_> = p
+            .stored_egress_log()
+            .await
+            .into_iter()
+            .filter(|e| e.source == "mcp")
+            .collect();
+        (log.len() >= seen.iter().filter(|s| s["method"] == "POST").count()).then_some(log)
+    })
+    .await
+    .expect("every exchange with the server in the egress log");
+    for e in &log {
+        assert_eq!(e.integration.as_deref(), Some("remote"));
+        assert_eq!(e.host, HOST);
+        assert!(!e.url.contains(CANARY));
+    }
+    assert!(log.iter().any(|e| e.status == Some(200)), "{log:?}");
+    drop(sc);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) {
+        return;
+    }
+    let server = McpServer::start("good", CANARY);
+    let p = platform_with(&["outside", "blocked", "good"]).await;
+    let port = server.port;
+    let sc = sidecar_for(
+        &p,
+        json!([
+            // Its URL is not covered by its own authorized URIs.
+            {"namespace": "outside", "authorized_uris": [format!("http://{HOST}:{port}/other/**")],
+             "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
+             "mcp_url": format!("http://{HOST}:{port}/mcp")},
+            // Loopback by address, not opted in as an internal host.
+            {"namespace": "blocked", "authorized_uris": [format!("http://127.0.0.1:{port}/**")],
+             "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
+             "mcp_url": format!("http://127.0.0.1:{port}/mcp")},
+            remote_integration("good", port),
+        ]),
+        json!({}),
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    let out = agent(
+        &url,
+        &token,
+        "legacy",
+        json!([{"op": "list_tools"}, {"op": "call", "name": "good__echo", "args": {"text": "ok"}}]),
+    );
+    let names = tool_names(&out["results"][0]);
+    assert!(names.iter().any(|n| n == "good__echo"), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("outside__") && n != "outside__api_call"
+                || n.starts_with("blocked__") && n != "blocked__api_call"),
+        "{names:?}"
+    );
+    assert_eq!(text_of(&out["results"][1]), "ok");
+    // Only the good integration's requests reached the server.
+    let seen = server.seen();
+    assert!(!seen.is_empty());
+    let log = p.stored_egress_log().await;
+    let refused = |ns: &str, code: &str| {
+        log.iter().any(|e| {
+            e.source == "mcp"
+                && e.integration.as_deref() == Some(ns)
+                && e.reason.as_deref() == Some(code)
+        })
+    };
+    let codes: Vec<_> = log
+        .iter()
+        .map(|e| (e.integration.clone(), e.reason.clone()))
+        .collect();
+    assert!(refused("outside", "not_authorized"), "{codes:?}");
+    assert!(
+        refused("blocked", "blocked_address") || refused("blocked", "blocked_host"),
+        "{codes:?}"
+    );
+    assert_eq!(
+        log.iter()
+            .filter(|e| e.source == "mcp" && e.integration.as_deref() != Some("good"))
+            .filter(|e| e.reason.is_none())
+            .count(),
+        0,
+        "a refused integration's request was sent: {log:?}"
+    );
+    drop(sc);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_servers_get_bounded_typed_errors_and_hurt_nothing_else() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) {
+        return;
+    }
+    let good = McpServer::start("good", CANARY);
+    let modes = [
+        "hang",
+        "flood",
+        "malformed",
+        "oversized",
+        "cursor_loop",
+        "changing",
+    ];
+    let servers: Vec<McpServer> = modes.iter().map(|m| McpServer::start(m, CANARY)).collect();
+    let mut names = vec!["good"];
+    names.extend(modes.iter().map(|m| {
+        if *m == "cursor_loop" {
+            "cursorloop"
+        } else {
+            *m
+        }
+    }));
+    let p = platform_with(&names).await;
+    let mut integrations = vec![remote_integration("good", good.port)];
+    for (ns, s) in names[1..].iter().zip(&servers) {
+        integrations.push(remote_integration(ns, s.port));
+    }
+    let sc = sidecar_for(
+        &p,
+        Value::Array(integrations),
+        json!({"upstream_timeout_secs": 3, "max_response_bytes": 4194304, "inline_result_bytes": 65536}),
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+
+    let started = Instant::now();
+    let out = agent(
+        &url,
+        &token,
+        "2026-07-28",
+        json!([
+            {"op": "list_tools"},
+            {"op": "call", "name": "good__echo", "args": {"text": "still here"}},
+            {"op": "call", "name": "malformed__ping", "args": {}},
+            {"op": "call", "name": "oversized__ping", "args": {}},
+            {"op": "call", "name": "hang__ping", "args": {}},
+            {"op": "call", "name": "changing__v1", "args": {}},
+            {"op": "list_tools"},
+            {"op": "call", "name": "good__add", "args": {"a": 1, "b": 1}},
+        ]),
+    );
+    let took = started.elapsed();
+    assert!(out.get("fatal").is_none(), "{out}");
+    let r = &out["results"];
+    let listed = tool_names(&r[0]);
+    let count = |prefix: &str| {
+        listed
+            .iter()
+            .filter(|n| n.starts_with(prefix) && !n.ends_with("__api_call"))
+            .count()
+    };
+    // 10,000 tools (and a traversal name, an `api_call`, a 100 KB one) → the cap.
+    assert_eq!(count("flood__"), 256, "{}", listed.len());
+    assert!(!listed.iter().any(|n| n.contains("..") || n == "flood__fat"));
+    assert_eq!(listed.iter().filter(|n| *n == "flood__api_call").count(), 1);
+    // A tool list that pages forever stops at the page cap.
+    assert_eq!(count("cursorloop__"), 16, "{listed:?}");
+    // A server that hangs contributes no tools, and the list still came.
+    assert_eq!(count("hang__"), 0);
+    assert!(listed.iter().any(|n| n == "good__echo"));
+    assert_eq!(count("changing__"), 1);
+
+    assert_eq!(text_of(&r[1]), "still here");
+    for (i, what) in [(2, "malformed"), (3, "oversized"), (4, "hang")] {
+        let res = &r[i];
+        let typed = res.get("isError") == Some(&json!(true)) || res.get("exception").is_some();
+        assert!(typed, "{what}: {res}");
+    }
+    assert!(
+        text_of(&r[3]).contains("limit") || r[3].to_string().contains("limit"),
+        "{}",
+        r[3]
+    );
+    // The changing server said its list changed: the next list shows v2.
+    assert_eq!(text_of(&r[5]), "called v1", "{}", r[5]);
+    let relisted = tool_names(&r[6]);
+    assert!(relisted.iter().any(|n| n == "changing__v2"), "{relisted:?}");
+    assert!(
+        !relisted.iter().any(|n| n == "changing__v1"),
+        "{relisted:?}"
+    );
+    assert_eq!(text_of(&r[7]), "2");
+    // Bounded: the hanging server cost its timeouts (3 s each for the
+    // connection and the call), not the run.
+    assert!(took < Duration::from_secs(40), "took {took:?}");
+    // The sidecar is still healthy.
+    let (status, _, _) = http(sc.tcp(), "GET", "/health", &[], b"");
+    assert_eq!(status, 200);
+    drop(sc);
+}
+
+/// The agent of the real run: the official MCP Python client (vendored into
+/// the agent's directory: the sandbox has only the host's /usr) lists and
+/// calls the remote server's tools through the sidecar, then tries to reach
+/// the server directly.
+const SANDBOXED_AGENT: &str = r#"
+import asyncio, json, os, socket, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+# The server's port comes as the prompt (the agent's environment is Airlock's).
+PORT = int(open(os.path.join(os.environ["AIRLOCK_WORKSPACE"], ".airlock", "prompt.txt")).read())
+
+async def main():
+    r = {}
+    async with Client(streamable_http_client(os.environ["AIRLOCK_MCP_URL"]), mode="2026-07-28") as c:
+        r["tools"] = sorted(t.name for t in (await c.list_tools()).tools)
+        r["echo"] = (await c.call_tool("remote__echo", {"text": "from the sandbox"})).content[0].text
+        r["who"] = (await c.call_tool("remote__whoami", {})).content[0].text
+    try:
+        socket.create_connection(("127.0.0.1", PORT), timeout=3).close()
+        r["direct"] = "connected"
+    except OSError as e:
+        r["direct"] = type(e).__name__
+    r["env_has_canary"] = any("canary-remote" in v for v in os.environ.values())
+    json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+
+asyncio.run(main())
+"#;
+
+#[test]
+fn a_real_run_calls_a_remote_server_through_its_sidecar_and_only_through_it() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) || !namespace_available() {
+        return;
+    }
+    let server = McpServer::start("good", CANARY);
+    let port = server.port;
+    let key = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0x5au8; 32]);
+    let run = RealRun::with_manifest(
+        SANDBOXED_AGENT,
+        &format!(
+            "[agent]\nname = \"remote-mcp\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+             [network]\negress = \"none\"\n\n\
+             [[integrations]]\nnamespace = \"remote\"\nconnection = \"remote\"\n\
+             authorized_uris = [\"http://127.0.0.1:{port}/**\"]\n\
+             delivery = {{ header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }}\n\
+             source = {{ kind = \"remote\", url = \"http://127.0.0.1:{port}/mcp\" }}\n"
+        ),
+    )
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "127.0.0.1")
+    .env("CONNECTION_ENCRYPTION_KEY", &key);
+    let vendor = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/vendor.py"
+        ))
+        .arg("mcp")
+        .arg(run.agent_dir.join("vendor"))
+        .output()
+        .unwrap();
+    assert!(
+        vendor.status.success(),
+        "{}",
+        String::from_utf8_lossy(&vendor.stderr)
+    );
+
+    let mut add = Command::new(env!("CARGO_BIN_EXE_airlock"));
+    add.args([
+        "connections",
+        "add",
+        "remote",
+        "--integration",
+        "remote",
+        "--type",
+        "bearer",
+    ])
+    .env("AIRLOCK_HOME", run.home.path())
+    .env("CONNECTION_ENCRYPTION_KEY", &key)
+    .env_remove("DATABASE_URL")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = add.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json!({"token": CANARY}).to_string().as_bytes())
+        .unwrap();
+    let added = child.wait_with_output().unwrap();
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+
+    let out = run
+        .command("namespace", &["--prompt", &port.to_string()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let r = &report["result"];
+    let tools: Vec<&str> = r["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    for want in ["remote__echo", "remote__whoami", "remote__api_call"] {
+        assert!(tools.contains(&want), "{tools:?}");
+    }
+    assert_eq!(r["echo"], "from the sandbox");
+    assert_eq!(r["who"], "you sent: Bearer [REDACTED]");
+    // The server itself is out of the sandbox's reach.
+    assert_ne!(r["direct"], "connected", "{r}");
+    assert_eq!(r["env_has_canary"], false);
+    // The server got the credential; nothing the operator or agent sees has it.
+    let seen = server.seen();
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter()
+            .all(|s| s["authorization"] == json!(format!("Bearer {CANARY}"))),
+        "{seen:?}"
+    );
+    assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
+    let entries = report["egress"]["entries"].as_array().unwrap();
+    let mcp: Vec<&Value> = entries.iter().filter(|e| e["source"] == "mcp").collect();
+    assert!(
+        mcp.len() >= seen.iter().filter(|s| s["method"] == "POST").count(),
+        "{entries:?}"
+    );
+    assert!(
+        mcp.iter()
+            .all(|e| e["integration"] == "remote" && e["decision"] == "allowed")
+    );
+}
