@@ -373,6 +373,59 @@ mod tests {
     }
 
     #[test]
+    fn a_remote_mcp_source_must_be_reachable_under_its_own_authorized_uris() {
+        let integ = |uris: &str, source: &str| {
+            with(&format!(
+                "[[integrations]]\nnamespace = \"r\"\nconnection = \"c\"\nauthorized_uris = [{uris}]\nsource = {source}\n"
+            ))
+        };
+        let m = integ(
+            "\"https://mcp.example.com/**\"",
+            "{ kind = \"remote\", url = \"https://MCP.example.com:443/mcp\" }",
+        )
+        .unwrap();
+        assert_eq!(
+            m.integrations[0].remote_mcp_url(),
+            Some("https://MCP.example.com:443/mcp")
+        );
+        for (uris, source, must) in [
+            (
+                "\"https://api.example.com/**\"",
+                "{ kind = \"remote\", url = \"https://mcp.example.com/mcp\" }",
+                "integrations[0] (r).source.url: \"https://mcp.example.com/mcp\" is not covered by the integration's authorized_uris",
+            ),
+            (
+                "",
+                "{ kind = \"remote\", url = \"https://mcp.example.com/mcp\" }",
+                "is not covered",
+            ),
+            (
+                "\"https://mcp.example.com/**\"",
+                "{ kind = \"remote\", url = \"ftp://mcp.example.com/mcp\" }",
+                "source.url: \"ftp://mcp.example.com/mcp\" is not a usable http(s) URL",
+            ),
+            (
+                "\"https://mcp.example.com/**\"",
+                "{ kind = \"remote\", uri = \"https://mcp.example.com/mcp\" }",
+                "unknown field `uri`",
+            ),
+            (
+                "\"https://mcp.example.com/**\"",
+                "{ kind = \"remtoe\", url = \"https://mcp.example.com/mcp\" }",
+                "unknown variant `remtoe`",
+            ),
+            (
+                "\"https://mcp.example.com/**\"",
+                "{ kind = \"local\", command = [\"node\", \"server.js\"] }",
+                "kind \"local\" (an MCP server started for the run in its own sandbox) is not supported",
+            ),
+        ] {
+            let e = integ(uris, source).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(must), "{must:?} not in {e:?}");
+        }
+    }
+
+    #[test]
     fn every_bad_value_is_refused_with_its_key() {
         let agent = |name: &str| format!("[agent]\nname = {name:?}\ncommand = [\"/bin/true\"]\n");
         for (text, must) in [
