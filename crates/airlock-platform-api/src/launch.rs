@@ -472,6 +472,7 @@ mod tests {
                     field: "token".into(),
                 }),
                 has_connection: true,
+                mcp_url: Some("https://mcp.github.test/mcp".into()),
             }],
             model: Some(Model {
                 provider: Provider::Anthropic,
