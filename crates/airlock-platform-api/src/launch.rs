@@ -154,6 +154,10 @@ pub struct RuntimeSecrets {
     /// Extra non-secret environment for the agent.
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// The certificate (PEM) of the run's CA, when the sidecar intercepts
+    /// TLS: the runtime makes the agent's tools trust it.
+    #[serde(default)]
+    pub proxy_ca_pem: Option<String>,
 }
 
 fn default_heartbeat() -> u64 {
@@ -214,6 +218,9 @@ pub struct SidecarConfig {
     /// the platform's acknowledgement instead.
     #[serde(default)]
     pub egress_journal: Option<PathBuf>,
+    /// The run's CA, when an integration has `inject = "proxy"`.
+    #[serde(default)]
+    pub proxy_ca: Option<ProxyCa>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -287,6 +294,32 @@ pub struct Integration {
     /// as `{namespace}__{tool}`.
     #[serde(default)]
     pub mcp_url: Option<String>,
+    /// `inject = "proxy"`: the sidecar's intercepting proxy replaces this
+    /// integration's placeholder ([`placeholder`]) with the credential's
+    /// delivery field in a request that `authorized_uris` covers.
+    #[serde(default)]
+    pub inject_proxy: bool,
+}
+
+/// The non-secret stand-in an agent's unmodified tools send where the
+/// credential of integration `namespace` would go (`inject = "proxy"`):
+/// `AIRLOCK_PLACEHOLDER_<NAMESPACE>`, upper case, `-` as `_`.
+pub fn placeholder(namespace: &str) -> String {
+    format!(
+        "AIRLOCK_PLACEHOLDER_{}",
+        namespace.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// The run's own certificate authority, made for this run only by the
+/// platform: the sidecar's intercepting proxy signs its certificates with
+/// it; the sandbox trusts its certificate (never holds its key).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyCa {
+    pub cert_pem: String,
+    #[serde(serialize_with = "expose")]
+    pub key_pem: SecretString,
 }
 
 fn yes() -> bool {
@@ -473,6 +506,7 @@ mod tests {
                 }),
                 has_connection: true,
                 mcp_url: Some("https://mcp.github.test/mcp".into()),
+                inject_proxy: true,
             }],
             model: Some(Model {
                 provider: Provider::Anthropic,
@@ -492,6 +526,10 @@ mod tests {
             limits: Limits::default(),
             proxy_url: Some(secret("http://u:PROXY-PASS@proxy:3128")),
             egress_journal: Some("/var/lib/airlock/runs/r1/egress.journal".into()),
+            proxy_ca: Some(ProxyCa {
+                cert_pem: "-----BEGIN CERTIFICATE-----".into(),
+                key_pem: secret("CA-PRIVATE-KEY"),
+            }),
         }
     }
 
@@ -517,6 +555,10 @@ mod tests {
         assert_eq!(back.model.as_ref().unwrap().provider, Provider::Anthropic);
         assert_eq!(back.network.egress, cfg.network.egress);
         assert_eq!(back.egress.blocked_names, ["sidecar"]);
+        assert_eq!(
+            back.proxy_ca.as_ref().unwrap().key_pem.expose_secret(),
+            "CA-PRIVATE-KEY"
+        );
         // Written again, the same document: nothing dropped on the way.
         assert_eq!(back.to_json(), bytes);
     }
@@ -524,7 +566,12 @@ mod tests {
     #[test]
     fn secrets_never_appear_in_debug_output() {
         let text = format!("{:?}", sidecar());
-        for s in ["RUN-TOKEN-MAC", "PROXY-PASS", &"s".repeat(64)] {
+        for s in [
+            "RUN-TOKEN-MAC",
+            "PROXY-PASS",
+            "CA-PRIVATE-KEY",
+            &"s".repeat(64),
+        ] {
             assert!(!text.contains(s), "{s} in {text}");
         }
         let r = RuntimeSecrets {
@@ -537,6 +584,7 @@ mod tests {
             cwd: None,
             prompt: None,
             env: vec![],
+            proxy_ca_pem: None,
         };
         let bytes = r.to_json();
         let back = RuntimeSecrets::from_json(&bytes).unwrap();

@@ -9,6 +9,7 @@ pub mod internal_api;
 pub mod journal;
 pub mod manifest;
 pub mod orchestrator;
+pub mod proxy_ca;
 pub mod report;
 pub mod settings;
 

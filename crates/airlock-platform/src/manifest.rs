@@ -87,6 +87,19 @@ pub struct IntegrationSection {
     /// Where the integration's MCP tools come from, besides its `api_call`.
     #[serde(default)]
     pub source: Option<IntegrationSource>,
+    /// `inject = "proxy"`: the agent's own tools may use the credential
+    /// through the sidecar's intercepting proxy, by its placeholder.
+    #[serde(default)]
+    pub inject: Option<Inject>,
+}
+
+/// How else than `api_call` the agent may use an integration's credential.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Inject {
+    /// Through the intercepting forward proxy: `AIRLOCK_PLACEHOLDER_<NS>`
+    /// in a request that `authorized_uris` covers becomes the credential.
+    Proxy,
 }
 
 /// `source = { kind = "remote", url = "https://…/mcp" }` or
@@ -251,6 +264,22 @@ impl Manifest {
                     ));
                 }
             }
+            if integ.inject == Some(Inject::Proxy) {
+                if integ.connection.is_none() || integ.delivery.is_none() {
+                    return Err(invalid(
+                        format!("{key}.inject"),
+                        "\"proxy\" replaces the placeholder with the credential's delivery field: \
+                         the integration needs a connection and a delivery",
+                    ));
+                }
+                if airlock_egress::AuthorizedUris::has_templates(&integ.authorized_uris) {
+                    return Err(invalid(
+                        format!("{key}.inject"),
+                        "\"proxy\" needs authorized_uris without {$credential.…} templates (the \
+                         proxy decides before it has a credential)",
+                    ));
+                }
+            }
             if let Some(d) = &integ.delivery {
                 if integ.connection.is_none() {
                     return Err(invalid(
@@ -370,6 +399,41 @@ mod tests {
         );
         assert_eq!(m.integrations[0].namespace.as_str(), "github");
         assert_eq!(m.connections().len(), 2);
+    }
+
+    #[test]
+    fn inject_proxy_needs_a_connection_a_delivery_and_plain_uris() {
+        let base = "[[integrations]]\nnamespace = \"gh\"\nauthorized_uris = [\"https://api.github.com/**\"]\ninject = \"proxy\"\n";
+        let delivery =
+            "delivery = { header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }\n";
+        let m = with(&format!("{base}connection = \"gh\"\n{delivery}")).unwrap();
+        assert_eq!(m.integrations[0].inject, Some(Inject::Proxy));
+        for (extra, must) in [
+            (
+                "connection = \"gh\"\n".to_owned(),
+                "needs a connection and a delivery",
+            ),
+            (
+                delivery.replace("delivery", "x").replace("x =", "# x ="),
+                "needs a connection and a delivery",
+            ),
+        ] {
+            let e = with(&format!("{base}{extra}"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(must), "{must:?} not in {e:?}");
+        }
+        let e = with("[[integrations]]\nnamespace = \"gh\"\nconnection = \"gh\"\nauthorized_uris = [\"https://{$credential.host}/**\"]\ninject = \"proxy\"\ndelivery = { header = \"A\", field = \"t\" }\n")
+            .map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("without {$credential"), "{e}");
+        let e = with(
+            &format!("{base}connection = \"gh\"\n{delivery}").replace("\"proxy\"", "\"header\""),
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown variant `header`"), "{e}");
     }
 
     #[test]

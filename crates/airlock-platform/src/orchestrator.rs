@@ -344,6 +344,28 @@ impl Orchestrator {
             .unwrap_or(airlock_platform_api::types::NetworkEgress::None);
         let listen = launch::Listen::from_endpoints(&placement.listen.0, &placement.listen.1)
             .map_err(|e| RunError::Setup(e.to_string()))?;
+        // A CA of this run's own, only when an integration asks for the
+        // intercepting proxy: its key goes to the sidecar, its certificate
+        // to the sandbox, and neither is kept here.
+        let proxy_ca = if m
+            .integrations
+            .iter()
+            .any(|i| i.inject == Some(crate::manifest::Inject::Proxy))
+        {
+            Some(crate::proxy_ca::generate(run_id).map_err(|e| RunError::Setup(e.to_string()))?)
+        } else {
+            None
+        };
+        let proxy_ca_pem = proxy_ca.as_ref().map(|c| c.cert_pem.clone());
+        let placeholders: Vec<(String, String)> = m
+            .integrations
+            .iter()
+            .filter(|i| i.inject == Some(crate::manifest::Inject::Proxy))
+            .map(|i| {
+                let p = launch::placeholder(i.namespace.as_str());
+                (p.clone(), p)
+            })
+            .collect();
         let sidecar_cfg = launch::SidecarConfig {
             run_id: run_id.to_owned(),
             sidecar_token: sidecar_token.clone(),
@@ -364,6 +386,7 @@ impl Orchestrator {
                         field: d.field.clone(),
                     }),
                     mcp_url: i.remote_mcp_url().map(str::to_owned),
+                    inject_proxy: i.inject == Some(crate::manifest::Inject::Proxy),
                 })
                 .collect(),
             model: m.model.as_ref().map(|x| launch::Model {
@@ -376,6 +399,7 @@ impl Orchestrator {
             egress: launch::EgressSettings {
                 allow_internal_hosts: self.settings.allow_internal_hosts.clone(),
                 dns_server: self.settings.dns_server.clone(),
+                extra_ca_pem: self.settings.extra_ca_pem.clone(),
                 blocked_names: placement.blocked_names.clone(),
                 ..Default::default()
             },
@@ -387,6 +411,7 @@ impl Orchestrator {
                     .clone()
                     .unwrap_or_else(|| journal.clone()),
             ),
+            proxy_ca,
         };
 
         // Sandbox and sidecar start in parallel, the sandbox first (its start
@@ -412,7 +437,8 @@ impl Orchestrator {
             workspace: paths.workspace.clone(),
             cwd: Some(req.agent_dir.clone()),
             prompt: req.prompt.clone(),
-            env: vec![],
+            env: placeholders,
+            proxy_ca_pem,
         };
         let mut ro_paths = vec![req.agent_dir.clone()];
         if runtime_exe == self.exe

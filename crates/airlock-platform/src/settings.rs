@@ -73,6 +73,9 @@ pub struct Settings {
     pub workspace_tmpfs_mb: u64,
     pub allow_internal_hosts: Vec<String>,
     pub dns_server: Option<String>,
+    /// `EGRESS_EXTRA_CA_FILE`: trust anchors (PEM) the sidecars accept for
+    /// upstream TLS beside the Mozilla roots (a private CA), read at start.
+    pub extra_ca_pem: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +90,29 @@ pub const DEFAULT_MEMORY_MB: u64 = 1536;
 pub const MAX_WORKSPACE_TMPFS_MB: u64 = 1 << 20;
 pub const DEFAULT_CPUS: f64 = 2.0;
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
+
+/// Reads a PEM file of CA certificates: at least one, every block valid.
+fn read_ca_file(path: &str) -> Result<String, SettingsError> {
+    let bad = |message: String| SettingsError {
+        var: "EGRESS_EXTRA_CA_FILE",
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
+    if meta.len() > 1 << 20 {
+        return Err(bad(format!("{path} is larger than 1 MiB")));
+    }
+    let pem = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
+    use rustls_pki_types::pem::PemObject;
+    let mut n = 0;
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        cert.map_err(|e| bad(format!("{path}: not a PEM certificate: {e}")))?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(bad(format!("{path} holds no PEM certificate")));
+    }
+    Ok(pem)
+}
 
 impl Settings {
     pub fn from_env() -> Result<Settings, SettingsError> {
@@ -129,6 +155,10 @@ impl Settings {
                 })
                 .unwrap_or_default(),
             dns_server: get("AIRLOCK_DNS_SERVER").map(str::to_owned),
+            extra_ca_pem: match get("EGRESS_EXTRA_CA_FILE") {
+                None => None,
+                Some(path) => Some(read_ca_file(path)?),
+            },
         };
         if let Some(d) = &s.dns_server
             && d.parse::<std::net::SocketAddr>().is_err()

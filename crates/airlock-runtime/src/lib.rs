@@ -32,6 +32,35 @@ use report::Reporter;
 
 pub use airlock_platform_api::launch::{Endpoint, MAX_SECRETS_BYTES, RuntimeSecrets};
 
+/// The system's trust anchors (Debian's bundle), read to build the run's.
+const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Makes the agent's tools trust the run's CA (the sidecar's intercepting
+/// proxy signs with it): `.airlock/ca.pem` (the CA alone, for Node, which
+/// adds it to its own roots) and `.airlock/ca-bundle.pem` (the system's
+/// anchors and the CA, for OpenSSL, curl, Python `requests`, git, which
+/// replace theirs with the file). Only the certificate: the key stays in
+/// the sidecar.
+fn trust_run_ca(meta: &std::path::Path, ca: &str) -> std::io::Result<Vec<(String, String)>> {
+    let ca_file = meta.join("ca.pem");
+    std::fs::write(&ca_file, ca)?;
+    let mut bundle = std::fs::read_to_string(SYSTEM_BUNDLE).unwrap_or_default();
+    if !bundle.is_empty() && !bundle.ends_with('\n') {
+        bundle.push('\n');
+    }
+    bundle.push_str(ca);
+    let bundle_file = meta.join("ca-bundle.pem");
+    std::fs::write(&bundle_file, bundle)?;
+    let b = bundle_file.display().to_string();
+    Ok(vec![
+        ("SSL_CERT_FILE".into(), b.clone()),
+        ("REQUESTS_CA_BUNDLE".into(), b.clone()),
+        ("CURL_CA_BUNDLE".into(), b.clone()),
+        ("GIT_SSL_CAINFO".into(), b),
+        ("NODE_EXTRA_CA_CERTS".into(), ca_file.display().to_string()),
+    ])
+}
+
 /// Largest result document (`$AIRLOCK_RESULT_FILE`) reported.
 pub const MAX_RESULT_BYTES: u64 = 1 << 20;
 
@@ -119,6 +148,9 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
             env.push((k.into(), format!("http://{p}")));
         }
+    }
+    if let Some(ca) = &secrets.proxy_ca_pem {
+        env.extend(trust_run_ca(&meta, ca).map_err(RuntimeError::Workspace)?);
     }
     env.extend(secrets.env.iter().cloned());
 

@@ -43,6 +43,8 @@ pub struct Sidecar {
     pub events: EventSink,
     /// The egress log: every outbound request of every site.
     pub egress: Recorder,
+    /// The intercepting proxy, when an integration has `inject = "proxy"`.
+    pub interceptor: Option<crate::proxy::Interceptor>,
 }
 
 impl Sidecar {
@@ -97,17 +99,23 @@ impl Sidecar {
                 (list, false)
             }
         };
+        let integrations: HashMap<String, Integration> = cfg
+            .integrations
+            .into_iter()
+            .map(|i| (i.namespace.clone(), i))
+            .collect();
+        let interceptor = match &cfg.proxy_ca {
+            Some(ca) => crate::proxy::Interceptor::new(ca, &integrations)
+                .map_err(|e| EgressError::upstream("-", e.to_string()))?,
+            None => None,
+        };
         let platform = PlatformClient::new(&cfg.platform_socket, cfg.run_token);
         let events = EventSink::start(platform.clone());
         Ok(Arc::new(Sidecar {
             run_id: cfg.run_id,
             token: cfg.sidecar_token,
             client,
-            integrations: cfg
-                .integrations
-                .into_iter()
-                .map(|i| (i.namespace.clone(), i))
-                .collect(),
+            integrations,
             model: cfg.model,
             network,
             api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
@@ -116,6 +124,7 @@ impl Sidecar {
             egress: Recorder::new(events.clone(), journal),
             events,
             platform,
+            interceptor,
         }))
     }
 }

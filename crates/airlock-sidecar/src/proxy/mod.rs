@@ -24,7 +24,10 @@
 
 pub mod head;
 use airlock_tunnel as relay;
+mod intercept;
 mod upstream;
+
+pub use intercept::{InterceptError, Interceptor};
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -161,6 +164,12 @@ pub async fn serve_connection_with<S: ProxyStream>(
             return;
         }
     };
+    if sidecar.interceptor.is_some() && matches!(head.target, RequestTarget::Authority(_)) {
+        // Each request inside is judged on its own ([`intercept`]).
+        let rest = buf.freeze().slice(head.len..);
+        intercept::serve(stream, rest, target, method, sidecar, settings).await;
+        return;
+    }
     let rules = CallRules {
         authorized: &sidecar.network.0,
         allow_all_uris: sidecar.network.1,
@@ -216,7 +225,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
     match head.target {
         RequestTarget::Authority(_) => {
             tokio::select! {
-                _ = tunnel(stream, upstream, rest, flight, &settings) => {}
+                _ = tunnel(stream, upstream, rest, flight, &settings, false) => {}
                 _ = stop => {}
             }
         }
@@ -347,11 +356,13 @@ async fn tunnel<S: ProxyStream>(
     early: Bytes,
     flight: InFlight,
     settings: &ProxySettings,
+    answered: bool,
 ) {
-    if client
-        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        .await
-        .is_err()
+    if !answered
+        && client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .is_err()
     {
         flight.complete(Outcome::new(EgressOutcome::Aborted).status(Some(200)));
         return;

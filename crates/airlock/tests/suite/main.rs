@@ -16,6 +16,7 @@ mod egress_check;
 mod integrity;
 mod keys_reencrypt;
 mod platform_api;
+mod proxy_inject;
 mod remote_mcp;
 mod run_lifecycle;
 mod sandbox_escape;

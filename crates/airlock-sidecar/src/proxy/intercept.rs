@@ -1,0 +1,616 @@
+//! The intercepting proxy (`inject = "proxy"`): an agent's unmodified tools
+//! (curl, git over HTTPS, an SDK) use a connection's credential by sending
+//! its non-secret placeholder (`AIRLOCK_PLACEHOLDER_<NS>`), and the upstream
+//! receives the credential.
+//!
+//! When the run has such an integration, a `CONNECT` whose client then
+//! speaks TLS is terminated here with a certificate for the CONNECT host,
+//! signed by the run's own CA (made by the platform for this run; the
+//! sandbox trusts its certificate and never holds its key). Each request
+//! inside is then one decision, as an `api_call` is:
+//! - its URL is `https://<the CONNECT authority><path>` (the `Host` header
+//!   is ignored: it cannot front another host);
+//! - if an `inject = "proxy"` integration's `authorized_uris` cover it under
+//!   the credential rules, that integration's placeholder in a header value
+//!   (also inside `Authorization: Basic`) is replaced by the credential's
+//!   delivery field, fetched for this request; the answer is read whole,
+//!   redacted of the credential and never compressed;
+//! - otherwise it goes out under the run's network policy exactly as the
+//!   client sent it: a placeholder stays a placeholder;
+//! - either way it is admitted by the guard (resolve-and-pin), recorded in
+//!   the egress log (source `proxy`, with the integration whose credential
+//!   it carried), and re-encrypted upstream with the real certificate
+//!   checked. Redirects are the client's: each next hop is a new request.
+//!
+//! A client that does not speak TLS after its CONNECT gets the plain tunnel,
+//! under the network policy, as without interception.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use airlock_egress::{AuthorizedUris, CallRules, EgressError, OutboundRequest, Target};
+use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
+use airlock_platform_api::wire::EgressOutcome;
+use base64::Engine;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use secrecy::ExposeSecret;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{
+    Counted, Meter, ProxyBody, ProxySettings, ProxyStream, json_response, relay, strip_hop_by_hop,
+};
+use crate::egress::{Allowed, Outcome, Refused, Source};
+use crate::redact::Redactor;
+use crate::state::Sidecar;
+
+/// Leaf certificates kept per run (one per CONNECT host); past it the
+/// cache starts again.
+const MAX_CACHED_CERTS: usize = 256;
+
+/// An integration whose credential the proxy may inject.
+struct Injectable {
+    namespace: String,
+    placeholder: String,
+    authorized: AuthorizedUris,
+}
+
+/// The run's CA and what it signed so far.
+pub struct Interceptor {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// One key for every leaf certificate of the run.
+    leaf_key: rcgen::KeyPair,
+    configs: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
+    injectable: Vec<Injectable>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the run's proxy CA is unusable: {0}")]
+pub struct InterceptError(String);
+
+impl Interceptor {
+    /// The interceptor of a run whose configuration has a CA and at least
+    /// one `inject = "proxy"` integration.
+    pub fn new(
+        ca: &ProxyCa,
+        integrations: &HashMap<String, Integration>,
+    ) -> Result<Option<Interceptor>, InterceptError> {
+        let mut injectable: Vec<Injectable> = integrations
+            .values()
+            .filter(|i| i.inject_proxy && i.has_connection && i.delivery.is_some())
+            .map(|i| Injectable {
+                namespace: i.namespace.clone(),
+                placeholder: placeholder(&i.namespace),
+                authorized: AuthorizedUris::parse(&i.authorized_uris),
+            })
+            .collect();
+        if injectable.is_empty() {
+            return Ok(None);
+        }
+        injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+        let err = |e: rcgen::Error| InterceptError(e.to_string());
+        let key = rcgen::KeyPair::from_pem(ca.key_pem.expose_secret()).map_err(err)?;
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, key).map_err(err)?;
+        Ok(Some(Interceptor {
+            issuer,
+            leaf_key: rcgen::KeyPair::generate().map_err(err)?,
+            configs: Mutex::default(),
+            injectable,
+        }))
+    }
+
+    /// The TLS configuration presenting a certificate for `host`.
+    fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
+        if let Some(c) = self.configs.lock().ok().and_then(|c| c.get(host).cloned()) {
+            return Ok(c);
+        }
+        let mut params = rcgen::CertificateParams::new(vec![host.to_owned()])
+            .map_err(|e| format!("certificate for {host}: {e}"))?;
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(2);
+        let leaf = params
+            .signed_by(&self.leaf_key, &self.issuer)
+            .map_err(|e| format!("certificate for {host}: {e}"))?;
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key.serialize_der()));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], key)
+            .map_err(|e| e.to_string())?;
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let cfg = Arc::new(cfg);
+        if let Ok(mut c) = self.configs.lock() {
+            if c.len() >= MAX_CACHED_CERTS {
+                c.clear();
+            }
+            c.insert(host.to_owned(), cfg.clone());
+        }
+        Ok(cfg)
+    }
+
+    /// The integration whose credential a request to `target` may carry.
+    fn injectable_for(&self, sidecar: &Sidecar, target: &Target) -> Option<&Injectable> {
+        self.injectable.iter().find(|i| {
+            let rules = CallRules {
+                authorized: &i.authorized,
+                allow_all_uris: false,
+                credentialed: true,
+            };
+            sidecar
+                .client
+                .guard()
+                .policy()
+                .check(target, &rules)
+                .is_ok()
+        })
+    }
+}
+
+/// Serves a CONNECT of a run that intercepts: answers 200, then terminates
+/// TLS, or relays a tunnel that is not TLS under the network policy.
+pub(super) async fn serve<S: ProxyStream>(
+    mut client: S,
+    early: Bytes,
+    authority: Target,
+    method: String,
+    sidecar: Arc<Sidecar>,
+    settings: ProxySettings,
+) {
+    let Some(icpt) = sidecar.interceptor.as_ref() else {
+        return;
+    };
+    if client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut first = early.to_vec();
+    if first.is_empty() {
+        let mut b = vec![0u8; 4096];
+        match tokio::time::timeout(settings.head_timeout, client.read(&mut b)).await {
+            Ok(Ok(n)) if n > 0 => first.extend_from_slice(&b[..n]),
+            _ => return,
+        }
+    }
+    let prefix = Bytes::from(first);
+    if prefix.first() != Some(&0x16) {
+        // Not a TLS handshake: the plain tunnel, as without interception.
+        plain_tunnel(client, prefix, authority, method, sidecar, settings).await;
+        return;
+    }
+    let host = authority.host().bare();
+    let config = match icpt.server_config(&host) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(host = %host, "intercepting proxy: {e}");
+            return;
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let tls = match tokio::time::timeout(
+        settings.head_timeout,
+        acceptor.accept(relay::Rewind::new(prefix, client)),
+    )
+    .await
+    {
+        Ok(Ok(t)) => t,
+        // The client does not trust the run's CA, or went away.
+        _ => return,
+    };
+    let authority = Arc::new(authority);
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let sidecar = sidecar.clone();
+        let authority = authority.clone();
+        let settings = settings.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(handle(req, &authority, &sidecar, &settings).await)
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+}
+
+/// A CONNECT whose client did not speak TLS: judged under the network
+/// policy after the 200 (a refusal closes the connection and is recorded).
+async fn plain_tunnel<S: ProxyStream>(
+    client: S,
+    prefix: Bytes,
+    authority: Target,
+    method: String,
+    sidecar: Arc<Sidecar>,
+    settings: ProxySettings,
+) {
+    let rules = CallRules {
+        authorized: &sidecar.network.0,
+        allow_all_uris: sidecar.network.1,
+        credentialed: false,
+    };
+    let admitted = match sidecar.client.guard().admit(&authority, &rules).await {
+        Ok(a) => a,
+        Err(e) => {
+            let what = Refused {
+                source: Source::Proxy,
+                integration: None,
+                method: &method,
+                url: authority.url().as_str(),
+            };
+            sidecar.egress.refused(&what, &e, &Redactor::none());
+            return;
+        }
+    };
+    let allowed = Allowed {
+        source: Source::Proxy,
+        integration: None,
+        method: &method,
+        target: &admitted.target,
+        bytes_out: 0,
+    };
+    let Ok(flight) = sidecar.egress.begin(&allowed, &Redactor::none()).await else {
+        return;
+    };
+    let upstream = match super::upstream::dial(&sidecar, &admitted, &settings).await {
+        Ok(u) => u,
+        Err(e) => {
+            flight.complete(Outcome::of_error(&e));
+            return;
+        }
+    };
+    super::tunnel(client, upstream, prefix, flight, &settings, true).await;
+}
+
+/// Replaces `placeholder` by `secret` in a header value, also inside the
+/// base64 of `Basic` credentials. `None` when the value does not hold it.
+fn substitute(value: &HeaderValue, placeholder: &str, secret: &str) -> Option<HeaderValue> {
+    let text = value.to_str().ok()?;
+    if text.contains(placeholder) {
+        return HeaderValue::from_str(&text.replace(placeholder, secret)).ok();
+    }
+    let (scheme, encoded) = text.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let decoded = String::from_utf8(b64.decode(encoded.trim()).ok()?).ok()?;
+    if !decoded.contains(placeholder) {
+        return None;
+    }
+    let replaced = b64.encode(decoded.replace(placeholder, secret));
+    HeaderValue::from_str(&format!("{scheme} {replaced}")).ok()
+}
+
+fn refusal(e: &EgressError) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
+    json_response(status, e.code.as_str(), &e.to_string())
+}
+
+/// One request inside an intercepted tunnel.
+async fn handle(
+    req: Request<Incoming>,
+    authority: &Target,
+    sidecar: &Arc<Sidecar>,
+    settings: &ProxySettings,
+) -> Response<ProxyBody> {
+    let Some(icpt) = sidecar.interceptor.as_ref() else {
+        return json_response(StatusCode::BAD_GATEWAY, "bad_gateway", "not intercepting");
+    };
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    if !path.starts_with('/') {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "inside a tunnel a request names a path, not a URL",
+        );
+    }
+    let url = format!("https://{}{path}", authority.authority());
+    let target = match Target::parse(&url) {
+        Ok(t) => t,
+        Err(e) => return refusal(&e),
+    };
+    let method = req.method().clone();
+    let (parts, body) = req.into_parts();
+    let limit = sidecar.limits.max_request_bytes;
+    let body = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return json_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                &format!("request body exceeds the {limit}-byte limit"),
+            );
+        }
+    };
+    let mut headers: HeaderMap = parts.headers;
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+
+    // Whose credential it may carry, and whether it asks for it.
+    let mut carried: Option<&str> = None;
+    let mut credential_headers: Vec<HeaderName> = Vec::new();
+    let mut redactor = Redactor::none();
+    let injectable = icpt.injectable_for(sidecar, &target);
+    if let Some(inj) = injectable
+        && headers.values().any(|v| {
+            v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
+                || substitute(v, &inj.placeholder, "x").is_some()
+        })
+    {
+        let fields = match sidecar.platform.credential(&inj.namespace).await {
+            Ok(c) => c.fields,
+            Err(e) => {
+                return json_response(
+                    StatusCode::BAD_GATEWAY,
+                    "credential_unavailable",
+                    &format!(
+                        "the platform did not provide the {} credential ({})",
+                        inj.namespace,
+                        e.status().map_or("unreachable".into(), |s| s.to_string())
+                    ),
+                );
+            }
+        };
+        let field = sidecar
+            .integrations
+            .get(&inj.namespace)
+            .and_then(|i| i.delivery.as_ref())
+            .map(|d| d.field.clone())
+            .unwrap_or_default();
+        let Some(secret) = fields.get(&field) else {
+            return json_response(
+                StatusCode::BAD_GATEWAY,
+                "credential_field_missing",
+                &format!("the connection's credential has no field {field:?}"),
+            );
+        };
+        let names: Vec<HeaderName> = headers.keys().cloned().collect();
+        // Besides the credential's fields, a `Basic` value made here is the
+        // credential in base64: an upstream that reflects it gets it redacted.
+        let mut made: Vec<String> = Vec::new();
+        for name in names {
+            let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
+            let mut changed = false;
+            let replaced: Vec<HeaderValue> = values
+                .iter()
+                .map(|v| match substitute(v, &inj.placeholder, secret) {
+                    Some(n) => {
+                        changed = true;
+                        let plain = v.to_str().is_ok_and(|t| t.contains(&inj.placeholder));
+                        if !plain
+                            && let Some((_, encoded)) =
+                                n.to_str().ok().and_then(|t| t.split_once(' '))
+                        {
+                            made.push(encoded.to_owned());
+                        }
+                        n
+                    }
+                    None => v.clone(),
+                })
+                .collect();
+            if changed {
+                headers.remove(&name);
+                for v in replaced {
+                    headers.append(name.clone(), v);
+                }
+                credential_headers.push(name);
+            }
+        }
+        redactor = Redactor::new(
+            fields
+                .values()
+                .map(String::as_str)
+                .chain(made.iter().map(String::as_str)),
+        );
+        // Only an answer the sidecar can read is redacted.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        carried = Some(&inj.namespace);
+    }
+    let rules = match (carried, injectable) {
+        (Some(_), Some(inj)) => CallRules {
+            authorized: &inj.authorized,
+            allow_all_uris: false,
+            credentialed: true,
+        },
+        _ => CallRules {
+            authorized: &sidecar.network.0,
+            allow_all_uris: sidecar.network.1,
+            credentialed: false,
+        },
+    };
+    // A request the integration covers is allowed by it even without the
+    // placeholder (it then carries no credential).
+    let rules = match (carried, injectable) {
+        (None, Some(inj)) => CallRules {
+            authorized: &inj.authorized,
+            allow_all_uris: false,
+            credentialed: false,
+        },
+        _ => rules,
+    };
+    let admission = match sidecar.client.admit(target.url().as_str(), &rules).await {
+        Ok(a) => a,
+        Err(e) => {
+            let what = Refused {
+                source: Source::Proxy,
+                integration: carried,
+                method: method.as_str(),
+                url: target.url().as_str(),
+            };
+            sidecar.egress.refused(&what, &e, &redactor);
+            return refusal(&e);
+        }
+    };
+    let bytes_out = body.len() as u64;
+    let allowed = Allowed {
+        source: Source::Proxy,
+        integration: carried,
+        method: method.as_str(),
+        target: admission.target(),
+        bytes_out,
+    };
+    let mut flight = match sidecar
+        .egress
+        .begin_as(&allowed, &redactor, Some(EgressOutcome::NotSent))
+        .await
+    {
+        Ok(f) => f,
+        Err(e) => {
+            return json_response(StatusCode::SERVICE_UNAVAILABLE, e.code(), &e.to_string());
+        }
+    };
+    flight.will_send();
+    let out = OutboundRequest {
+        method,
+        url: target.url().to_string(),
+        headers,
+        body,
+        credential_headers,
+    };
+    let resp = match tokio::time::timeout(
+        settings.response_timeout,
+        sidecar.client.send_streaming_admitted(admission, out),
+    )
+    .await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
+            let mut e = e;
+            e.detail = redactor.str(&e.detail);
+            return refusal(&e);
+        }
+        Err(_) => {
+            let e = EgressError::upstream(
+                &target.host().bare(),
+                format!("no response head within {:?}", settings.response_timeout),
+            );
+            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
+            return refusal(&e);
+        }
+    };
+    let status = resp.status;
+    let mut resp_headers = resp.headers.clone();
+    strip_hop_by_hop(&mut resp_headers);
+    if carried.is_none() {
+        // Nothing of the sidecar's to redact: the answer streams through.
+        let meter = Arc::new(Meter {
+            progress: flight.progress().clone(),
+            flight: Mutex::new(Some(flight)),
+            status: Mutex::new(Some(status.as_u16())),
+        });
+        meter
+            .progress
+            .bytes_out
+            .store(bytes_out, std::sync::atomic::Ordering::Relaxed);
+        let body = Counted {
+            inner: resp.body,
+            meter,
+            inbound: true,
+        }
+        .boxed();
+        let mut r = Response::new(body);
+        *r.status_mut() = status;
+        *r.headers_mut() = resp_headers;
+        return r;
+    }
+    // Carrying a credential: read whole (bounded), refuse what cannot be
+    // searched, redact body and headers.
+    if let Some(coding) = crate::mcp::api_call::unreadable_coding(&resp.headers) {
+        flight.complete(Outcome {
+            kind: Some(EgressOutcome::Withheld),
+            ..Outcome::completed(status.as_u16()).bytes_out(bytes_out)
+        });
+        return json_response(
+            StatusCode::BAD_GATEWAY,
+            "unredactable_response",
+            &format!(
+                "the upstream answered with a body encoded as {coding:?}; an encoded answer cannot \
+                 be checked for the credential, so it is withheld"
+            ),
+        );
+    }
+    let body = match resp.body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
+            let mut e = e;
+            e.detail = redactor.str(&e.detail);
+            return refusal(&e);
+        }
+    };
+    flight.complete(
+        Outcome::completed(status.as_u16())
+            .bytes_out(bytes_out)
+            .bytes_in(body.len() as u64),
+    );
+    let body = Bytes::from(redactor.bytes(&body));
+    let mut clean = HeaderMap::new();
+    for (name, value) in &resp_headers {
+        if name == header::CONTENT_LENGTH {
+            continue;
+        }
+        let v = match value.to_str() {
+            Ok(t) => HeaderValue::from_str(&redactor.str(t)).unwrap_or_else(|_| value.clone()),
+            Err(_) => continue,
+        };
+        clean.append(name.clone(), v);
+    }
+    let mut r = Response::new(
+        Full::new(body)
+            .map_err(|never| -> Box<dyn std::error::Error + Send + Sync> { match never {} })
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    *r.headers_mut() = clean;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_replaced_in_plain_and_basic_values_only() {
+        let ph = "AIRLOCK_PLACEHOLDER_GH";
+        let v = HeaderValue::from_static("Bearer AIRLOCK_PLACEHOLDER_GH");
+        assert_eq!(substitute(&v, ph, "s3cret").unwrap(), "Bearer s3cret");
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let basic = HeaderValue::from_str(&format!(
+            "Basic {}",
+            b64.encode("x-access-token:AIRLOCK_PLACEHOLDER_GH")
+        ))
+        .unwrap();
+        let got = substitute(&basic, ph, "s3cret").unwrap();
+        let decoded = b64
+            .decode(got.to_str().unwrap().strip_prefix("Basic ").unwrap())
+            .unwrap();
+        assert_eq!(decoded, b"x-access-token:s3cret");
+        for other in [
+            "Basic !!!",
+            "Bearer nothing",
+            "Basic eC1hY2Nlc3MtdG9rZW46b3RoZXI=",
+        ] {
+            let v = HeaderValue::from_str(other).unwrap();
+            assert!(substitute(&v, ph, "s3cret").is_none(), "{other}");
+        }
+        // A value the secret would make invalid is left alone (None).
+        assert!(substitute(&v, ph, "bad\r\nvalue").is_none());
+    }
+}

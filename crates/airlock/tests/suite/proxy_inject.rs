@@ -1,0 +1,346 @@
+//! `inject = "proxy"` in a real run: the agent's unmodified `curl` and
+//! Python `requests` send the integration's placeholder through the
+//! sidecar's intercepting proxy (trusting the run's own CA), and the
+//! upstream the integration covers receives the credential. Checked from
+//! the attacker's side: the placeholder sent to another host arrives as the
+//! placeholder, a path the integration does not cover is refused, an
+//! upstream that reflects the credential is redacted, and the sandbox holds
+//! no CA key and no credential anywhere it can read.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use crate::support::*;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+const CANARY: &str = "canary-inject-Vb7Kq2Xz9Lm4";
+const PLACEHOLDER: &str = "AIRLOCK_PLACEHOLDER_SVC";
+
+/// What an upstream saw: path and Authorization of each request.
+type Log = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
+/// An HTTPS upstream on `ip` with a certificate from `ca` for that address:
+/// records each request and echoes its Authorization header in the body and
+/// in a response header (an upstream that reflects the credential).
+async fn upstream(ip: &str, ca: &TestCa) -> (u16, Log) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![ip.to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca.issuer)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = TcpListener::bind(format!("{ip}:0")).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let log: Log = Arc::default();
+    let log2 = log.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            let log = log2.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let log = log.clone();
+                    async move {
+                        let auth = req
+                            .headers()
+                            .get("authorization")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_owned);
+                        log.lock()
+                            .unwrap()
+                            .push((req.uri().path().to_owned(), auth.clone()));
+                        let body = json!({"path": req.uri().path(), "auth": auth}).to_string();
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .header("content-type", "application/json")
+                                .header("x-echo-auth", auth.unwrap_or_default())
+                                .body(Full::new(Bytes::from(body)))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    (port, log)
+}
+
+struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+fn test_ca() -> TestCa {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    TestCa {
+        issuer: rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+            .unwrap(),
+    }
+}
+
+const AGENT: &str = r#"
+import json, os, subprocess, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
+import requests
+
+main, other = open(os.path.join(os.environ["AIRLOCK_WORKSPACE"], ".airlock", "prompt.txt")).read().split()
+ph = os.environ["AIRLOCK_PLACEHOLDER_SVC"]
+r = {"placeholder": ph}
+
+def curl(url):
+    p = subprocess.run(["curl", "-sS", "--max-time", "20", "-H", "Authorization: Bearer " + ph,
+                        "-D", "-", url], capture_output=True, text=True)
+    return {"code": p.returncode, "out": p.stdout, "err": p.stderr[-300:]}
+
+r["curl_main"] = curl(main + "/api/echo")
+r["curl_other"] = curl(other + "/api/echo")
+r["curl_uncovered"] = curl(main + "/private/echo")
+try:
+    resp = requests.get(main + "/api/py", headers={"Authorization": "Bearer " + ph}, timeout=20)
+    r["requests_main"] = {"status": resp.status_code, "body": resp.text, "echo": resp.headers.get("x-echo-auth")}
+except Exception as e:
+    r["requests_main"] = {"error": repr(e)}
+try:
+    resp = requests.get(main + "/api/basic", auth=("x-access-token", ph), timeout=20)
+    r["requests_basic"] = {"status": resp.status_code, "body": resp.text}
+except Exception as e:
+    r["requests_basic"] = {"error": repr(e)}
+
+# The CA: its certificate is here; its key must be nowhere the agent can read.
+ws = os.environ["AIRLOCK_WORKSPACE"]
+r["ca_cert_present"] = os.path.exists(os.path.join(ws, ".airlock", "ca.pem"))
+found = []
+needles = [b"PRIVATE" + b" KEY", b"canary-" + b"inject"]
+me = os.path.abspath(__file__)
+for root in [ws, "/tmp", os.path.dirname(os.path.abspath(__file__))]:
+    for d, _, files in os.walk(root):
+        if "/vendor" in d:
+            continue
+        for f in files:
+            path = os.path.join(d, f)
+            if path == me:
+                continue
+            try:
+                data = open(path, "rb").read(4 << 20)
+            except OSError:
+                continue
+            if any(n in data for n in needles):
+                found.append(path)
+r["secrets_found"] = found
+r["env_secrets"] = [k for k, v in os.environ.items() if any(n.decode() in v for n in needles)]
+json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_it_is_authorized() {
+    if !python_has(&["requests"]) || !namespace_available() {
+        return;
+    }
+    let ca = test_ca();
+    // Two hosts on loopback addresses (the sandbox's own 127.0.0.1 is its
+    // loopback, and NO_PROXY names it): the integration's and another.
+    let (main_port, main_log) = upstream("127.0.0.2", &ca).await;
+    let (other_port, other_log) = upstream("127.0.0.3", &ca).await;
+    let main = format!("https://127.0.0.2:{main_port}");
+    let other = format!("https://127.0.0.3:{other_port}");
+    let key = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0x6bu8; 32]);
+    let run = RealRun::with_manifest(
+        AGENT,
+        &format!(
+            "[agent]\nname = \"inject\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+             [network]\negress = [\"{other}/**\"]\n\n\
+             [[integrations]]\nnamespace = \"svc\"\nconnection = \"svc\"\n\
+             authorized_uris = [\"{main}/api/**\"]\n\
+             delivery = {{ header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }}\n\
+             inject = \"proxy\"\n"
+        ),
+    )
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "127.0.0.2,127.0.0.3")
+    .env("CONNECTION_ENCRYPTION_KEY", &key);
+    let ca_file = run.home.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
+    let run = run.env("EGRESS_EXTRA_CA_FILE", ca_file.to_str().unwrap());
+    let vendor = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/vendor.py"
+        ))
+        .arg("requests")
+        .arg(run.agent_dir.join("vendor"))
+        .output()
+        .unwrap();
+    assert!(
+        vendor.status.success(),
+        "{}",
+        String::from_utf8_lossy(&vendor.stderr)
+    );
+    let mut add = Command::new(env!("CARGO_BIN_EXE_airlock"));
+    add.args([
+        "connections",
+        "add",
+        "svc",
+        "--integration",
+        "svc",
+        "--type",
+        "bearer",
+    ])
+    .env("AIRLOCK_HOME", run.home.path())
+    .env("CONNECTION_ENCRYPTION_KEY", &key)
+    .env_remove("DATABASE_URL")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = add.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json!({"token": CANARY}).to_string().as_bytes())
+        .unwrap();
+    let added = child.wait_with_output().unwrap();
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+
+    let prompt = format!("{main} {other}");
+    let out = tokio::task::spawn_blocking(move || {
+        let o = run
+            .command("namespace", &["--prompt", &prompt])
+            .output()
+            .unwrap();
+        (run, o)
+    })
+    .await
+    .unwrap();
+    let (_run, out) = out;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let r = &report["result"];
+    assert_eq!(r["placeholder"], PLACEHOLDER);
+
+    // curl and requests: the covered upstream got the credential...
+    let main_seen = main_log.lock().unwrap().clone();
+    let bearer = format!("Bearer {CANARY}");
+    for path in ["/api/echo", "/api/py"] {
+        let got: Vec<_> = main_seen.iter().filter(|(p, _)| p == path).collect();
+        assert_eq!(got.len(), 1, "{path}: {main_seen:?}");
+        assert_eq!(got[0].1.as_deref(), Some(bearer.as_str()), "{path}");
+    }
+    // ...also inside Basic credentials (git's and requests' auth=)...
+    let basic = main_seen.iter().find(|(p, _)| p == "/api/basic").unwrap();
+    let b64 = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("x-access-token:{CANARY}"),
+    );
+    assert_eq!(basic.1.as_deref(), Some(format!("Basic {b64}").as_str()));
+    // ...and the agent saw it come back redacted, body and header.
+    let curl_main = r["curl_main"]["out"].as_str().unwrap();
+    assert!(
+        curl_main.contains("\"auth\":\"Bearer [REDACTED]\""),
+        "{}",
+        r["curl_main"]
+    );
+    assert!(
+        curl_main
+            .to_ascii_lowercase()
+            .contains("x-echo-auth: bearer [redacted]"),
+        "{curl_main}"
+    );
+    assert_eq!(
+        r["requests_main"]["echo"], "Bearer [REDACTED]",
+        "{}",
+        r["requests_main"]
+    );
+    assert_eq!(
+        r["requests_basic"]["status"], 200,
+        "{}",
+        r["requests_basic"]
+    );
+    // Reflected in base64 (the Basic value the sidecar made), still redacted.
+    assert_eq!(
+        r["requests_basic"]["body"],
+        json!({"auth": "Basic [REDACTED]", "path": "/api/basic"}).to_string(),
+        "{}",
+        r["requests_basic"]
+    );
+
+    // The placeholder sent to another host arrives as the placeholder.
+    let other_seen = other_log.lock().unwrap().clone();
+    assert_eq!(other_seen.len(), 1, "{other_seen:?}");
+    assert_eq!(
+        other_seen[0].1.as_deref(),
+        Some(format!("Bearer {PLACEHOLDER}").as_str())
+    );
+    assert!(
+        r["curl_other"]["out"]
+            .as_str()
+            .unwrap()
+            .contains(PLACEHOLDER)
+    );
+    // A path the integration does not cover (and the network policy does
+    // not allow) is refused, and the upstream saw nothing of it.
+    assert!(
+        r["curl_uncovered"]["out"].as_str().unwrap().contains("403"),
+        "{}",
+        r["curl_uncovered"]
+    );
+    assert!(!main_seen.iter().any(|(p, _)| p.starts_with("/private")));
+
+    // The sandbox has the CA's certificate, never its key, nor the credential.
+    assert_eq!(r["ca_cert_present"], true);
+    assert_eq!(r["secrets_found"], json!([]), "{r}");
+    assert_eq!(r["env_secrets"], json!([]), "{r}");
+    assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
+
+    // The egress log: each request, with the integration whose credential it carried.
+    let entries = report["egress"]["entries"].as_array().unwrap();
+    let of = |path: &str| {
+        entries
+            .iter()
+            .filter(|e| e["url"].as_str().is_some_and(|u| u.contains(path)))
+            .collect::<Vec<_>>()
+    };
+    for path in ["/api/echo", "/api/py", "/api/basic"] {
+        let e = of(&format!("127.0.0.2:{main_port}{path}"));
+        assert_eq!(e.len(), 1, "{path}: {entries:?}");
+        assert_eq!(e[0]["integration"], "svc", "{path}");
+        assert_eq!(e[0]["source"], "proxy");
+        assert_eq!(e[0]["decision"], "allowed");
+    }
+    let e = of(&format!("127.0.0.3:{other_port}/api/echo"));
+    assert_eq!(e.len(), 1, "{entries:?}");
+    assert!(e[0]["integration"].is_null(), "{}", e[0]);
+    let e = of("/private/echo");
+    assert_eq!(e.len(), 1, "{entries:?}");
+    assert_eq!(e[0]["decision"], "refused");
+}
