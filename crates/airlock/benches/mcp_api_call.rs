@@ -31,7 +31,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 const API: &str = "api.internal.test";
 const BODY: &str =
@@ -61,18 +61,6 @@ async fn upstream() -> SocketAddr {
         }
     });
     addr
-}
-
-async fn client(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
-    let s = TcpStream::connect(addr).await.expect("connect");
-    let _ = s.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-        .await
-        .expect("handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    sender
 }
 
 async fn direct(c: &mut SendRequest<Full<Bytes>>, addr: SocketAddr) -> usize {
@@ -142,7 +130,7 @@ async fn via_sidecar(
     bytes.len()
 }
 
-use peers::{percentile, us};
+use peers::{client, p50_99};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -164,11 +152,6 @@ struct Rep {
     warm_mib: f64,
     peak_mib: f64,
     burst_cps: f64,
-}
-
-fn p50_99(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    (us(percentile(&v, 0.5)), us(percentile(&v, 0.99)))
 }
 
 async fn run() {

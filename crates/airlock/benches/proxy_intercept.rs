@@ -15,7 +15,7 @@ mod peers;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use airlock_platform::testing::TestPlatform;
 use airlock_store::AuthType;
@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use peers::{percentile, us};
+use peers::p50_99;
 
 const UP_IP: &str = "127.0.0.2";
 const CREDENTIAL: &str = "bench-intercept-credential";
@@ -175,11 +175,6 @@ async fn get(c: &mut SendRequest<Full<Bytes>>, path: &str, placeholder: bool) ->
         }
     }
     n
-}
-
-fn p50_99(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    (us(percentile(&v, 0.5)), us(percentile(&v, 0.99)))
 }
 
 fn main() {

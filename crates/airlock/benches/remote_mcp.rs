@@ -18,7 +18,7 @@ mod peers;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use airlock_platform::testing::TestPlatform;
 use airlock_store::AuthType;
@@ -26,26 +26,12 @@ use airlock_vault::ExposeSecret;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
 
-use peers::{percentile, us};
+use peers::{client, p50_99};
 
 const HOST: &str = "mcp.internal.test";
 const TOKEN: &str = "bench-remote-credential";
-
-async fn client(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
-    let s = TcpStream::connect(addr).await.expect("connect");
-    let _ = s.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
-        .await
-        .expect("handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    sender
-}
 
 /// One stateless `tools/call` of `tool`; panics unless it succeeded.
 async fn call(c: &mut SendRequest<Full<Bytes>>, bearer: &str, tool: &str, id: u64) {
@@ -82,11 +68,6 @@ async fn call(c: &mut SendRequest<Full<Bytes>>, bearer: &str, tool: &str, id: u6
             String::from_utf8_lossy(&bytes)
         );
     }
-}
-
-fn p50_99(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    (us(percentile(&v, 0.5)), us(percentile(&v, 0.99)))
 }
 
 fn main() {

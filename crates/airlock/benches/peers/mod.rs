@@ -13,6 +13,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// p50 and p99 of `v`, in µs.
+pub fn p50_99(mut v: Vec<Duration>) -> (f64, f64) {
+    v.sort();
+    (us(percentile(&v, 0.5)), us(percentile(&v, 0.99)))
+}
+
+/// A keep-alive HTTP/1.1 connection to `addr` (TCP_NODELAY).
+pub async fn client(
+    addr: SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let _ = s.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .expect("handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+}
+
 /// `AIRLOCK_BENCH_BASELINE=/path/to/older/airlock`: measure that build
 /// instead (a change's "before", beside the same peer), with what it had:
 /// no egress journal in the sidecar's configuration, no connection cache in

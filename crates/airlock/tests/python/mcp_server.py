@@ -1,7 +1,7 @@
 """A remote MCP server for the tests, on loopback.
 
 Reads one JSON document on stdin:
-  {"mode": "good" | "hang" | "flood" | "malformed" | "oversized" | "cursor_loop" | "changing",
+  {"mode": "good" | "hang" | "flood" | "malformed" | "oversized" | "cursor_loop" | "changing" | "redirect",
    "token": "<the bearer token every request must carry>"}
 prints the port it listens on (one line), then serves until killed.
 
@@ -12,8 +12,8 @@ prints the port it listens on (one line), then serves until killed.
   GET /seen lists every request's method, path and Authorization header.
 - Every other mode is a hostile server written by hand, answering JSON-RPC
   over plain HTTP POST: it hangs, lists 10,000 tools, answers garbage, answers
-  a body larger than the sidecar accepts, pages its tool list forever, or
-  renames its tools between two lists.
+  a body larger than the sidecar accepts, pages its tool list forever,
+  renames its tools between two lists, or redirects every request elsewhere.
 """
 
 import asyncio
@@ -129,6 +129,14 @@ def hostile(mode, token):
                          "authorization": self.headers.get("Authorization")})
             method = msg.get("method")
             rid = msg.get("id")
+            if mode == "redirect":
+                # Off to a URL the integration does not cover (by address).
+                port = self.server.server_address[1]
+                self.send_response(307)
+                self.send_header("Location", f"http://127.0.0.1:{port}/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if rid is None:
                 return self.reply(202, b"", "text/plain")
             if method == "server/discover":

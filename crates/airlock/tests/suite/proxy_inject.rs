@@ -9,8 +9,7 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::convert::Infallible;
-use std::io::Write;
-use std::process::{Command, Stdio};
+
 use std::sync::{Arc, Mutex};
 
 use crate::support::*;
@@ -188,49 +187,8 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
     let ca_file = run.home.path().join("upstream-ca.pem");
     std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
     let run = run.env("EGRESS_EXTRA_CA_FILE", ca_file.to_str().unwrap());
-    let vendor = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/python/vendor.py"
-        ))
-        .arg("requests")
-        .arg(run.agent_dir.join("vendor"))
-        .output()
-        .unwrap();
-    assert!(
-        vendor.status.success(),
-        "{}",
-        String::from_utf8_lossy(&vendor.stderr)
-    );
-    let mut add = Command::new(env!("CARGO_BIN_EXE_airlock"));
-    add.args([
-        "connections",
-        "add",
-        "svc",
-        "--integration",
-        "svc",
-        "--type",
-        "bearer",
-    ])
-    .env("AIRLOCK_HOME", run.home.path())
-    .env("CONNECTION_ENCRYPTION_KEY", &key)
-    .env_remove("DATABASE_URL")
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = add.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(json!({"token": CANARY}).to_string().as_bytes())
-        .unwrap();
-    let added = child.wait_with_output().unwrap();
-    assert!(
-        added.status.success(),
-        "{}",
-        String::from_utf8_lossy(&added.stderr)
-    );
+    run.vendor("requests");
+    run.add_bearer_connection("svc", &json!({"token": CANARY}), &key);
 
     let prompt = format!("{main} {other}");
     let out = tokio::task::spawn_blocking(move || {

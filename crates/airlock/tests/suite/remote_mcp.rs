@@ -76,29 +76,8 @@ impl Drop for McpServer {
 
 /// Runs `mcp_client.py` (the official MCP Python client) against the sidecar.
 fn agent(url: &str, token: &str, mode: &str, ops: Value) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_client.py");
     let input = json!({"url": url, "token": token, "mode": mode, "ops": ops});
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
-        panic!(
-            "mcp_client.py printed no JSON: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    mcp_client_output(spawn_mcp_client(&input))
 }
 
 fn tool_names(list: &Value) -> Vec<String> {
@@ -347,6 +326,7 @@ async fn hostile_servers_get_bounded_typed_errors_and_hurt_nothing_else() {
         "oversized",
         "cursor_loop",
         "changing",
+        "redirect",
     ];
     let servers: Vec<McpServer> = modes.iter().map(|m| McpServer::start(m, CANARY)).collect();
     let mut names = vec!["good"];
@@ -406,6 +386,18 @@ async fn hostile_servers_get_bounded_typed_errors_and_hurt_nothing_else() {
     assert_eq!(count("hang__"), 0);
     assert!(listed.iter().any(|n| n == "good__echo"));
     assert_eq!(count("changing__"), 1);
+    // A server that redirects elsewhere serves nothing, and the redirect
+    // target was never asked.
+    assert_eq!(count("redirect__"), 0);
+    let redirect = servers
+        .iter()
+        .zip(modes)
+        .find(|(_, m)| *m == "redirect")
+        .unwrap()
+        .0;
+    let asked: Vec<Value> = redirect.seen();
+    assert!(!asked.is_empty());
+    assert!(asked.iter().all(|s| s["path"] == "/mcp"), "{asked:?}");
 
     assert_eq!(text_of(&r[1]), "still here");
     for (i, what) in [(2, "malformed"), (3, "oversized"), (4, "hang")] {
@@ -487,50 +479,8 @@ fn a_real_run_calls_a_remote_server_through_its_sidecar_and_only_through_it() {
     )
     .env("EGRESS_ALLOW_INTERNAL_HOSTS", "127.0.0.1")
     .env("CONNECTION_ENCRYPTION_KEY", &key);
-    let vendor = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/python/vendor.py"
-        ))
-        .arg("mcp")
-        .arg(run.agent_dir.join("vendor"))
-        .output()
-        .unwrap();
-    assert!(
-        vendor.status.success(),
-        "{}",
-        String::from_utf8_lossy(&vendor.stderr)
-    );
-
-    let mut add = Command::new(env!("CARGO_BIN_EXE_airlock"));
-    add.args([
-        "connections",
-        "add",
-        "remote",
-        "--integration",
-        "remote",
-        "--type",
-        "bearer",
-    ])
-    .env("AIRLOCK_HOME", run.home.path())
-    .env("CONNECTION_ENCRYPTION_KEY", &key)
-    .env_remove("DATABASE_URL")
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = add.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(json!({"token": CANARY}).to_string().as_bytes())
-        .unwrap();
-    let added = child.wait_with_output().unwrap();
-    assert!(
-        added.status.success(),
-        "{}",
-        String::from_utf8_lossy(&added.stderr)
-    );
+    run.vendor("mcp");
+    run.add_bearer_connection("remote", &json!({"token": CANARY}), &key);
 
     let out = run
         .command("namespace", &["--prompt", &port.to_string()])

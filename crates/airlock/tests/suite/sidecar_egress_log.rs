@@ -162,34 +162,13 @@ fn default_listen() -> Value {
 
 /// Starts the MCP Python SDK with `ops` and returns the running process.
 fn spawn_agent(url: &str, token: &str, ops: Value) -> Child {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_client.py");
-    let input = json!({"url": url, "token": token, "mode": "2026-07-28", "uds": null, "ops": ops});
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.to_string().as_bytes())
-        .unwrap();
-    child
+    spawn_mcp_client(
+        &json!({"url": url, "token": token, "mode": "2026-07-28", "uds": null, "ops": ops}),
+    )
 }
 
 fn agent_output(child: Child) -> Value {
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
-        panic!(
-            "mcp_client.py printed no JSON: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    mcp_client_output(child)
 }
 
 /// curl through the proxy, left running.

@@ -304,30 +304,8 @@ fn py(
     uds: Option<&std::path::Path>,
     ops: Value,
 ) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_client.py");
     let input = json!({"url": url, "token": token, "mode": mode, "uds": uds, "ops": ops});
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
-        panic!(
-            "mcp_client.py printed no JSON: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    mcp_client_output(spawn_mcp_client(&input))
 }
 
 fn text_of(result: &Value) -> String {

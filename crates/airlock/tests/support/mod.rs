@@ -224,6 +224,38 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Starts `tests/python/mcp_client.py` (the official MCP Python client)
+/// with `input` (`{"url", "token", "mode", "uds", "ops"}`) on its stdin.
+pub fn spawn_mcp_client(input: &Value) -> Child {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_client.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.to_string().as_bytes())
+        .expect("mcp_client.py input");
+    child
+}
+
+/// The JSON document `mcp_client.py` printed.
+pub fn mcp_client_output(child: Child) -> Value {
+    let out = child.wait_with_output().expect("mcp_client.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "mcp_client.py printed no JSON: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
 /// True when `python3` can import every module. Missing under CI is a
 /// failure; elsewhere the caller should skip, loudly.
 pub fn python_has(modules: &[&str]) -> bool {
@@ -383,6 +415,61 @@ impl RealRun {
         let out = self.command(backend, &[]).output().expect("airlock run");
         let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         (out, json)
+    }
+
+    /// Copies the installed Python distribution `dist` and what it requires
+    /// into the agent's `vendor/` (`tests/python/vendor.py`): the sandbox's
+    /// Python is Debian's, which sees only the host's `/usr`.
+    pub fn vendor(&self, dist: &str) {
+        let out = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/python/vendor.py"
+            ))
+            .arg(dist)
+            .arg(self.agent_dir.join("vendor"))
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "vendoring {dist}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `airlock connections add NAME --integration NAME --type bearer` on
+    /// this run's home, the fields on stdin, under `key` (base64).
+    pub fn add_bearer_connection(&self, name: &str, fields: &Value, key: &str) {
+        let mut child = Command::new(AIRLOCK)
+            .args([
+                "connections",
+                "add",
+                name,
+                "--integration",
+                name,
+                "--type",
+                "bearer",
+            ])
+            .env("AIRLOCK_HOME", self.home.path())
+            .env("CONNECTION_ENCRYPTION_KEY", key)
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("airlock connections add");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(fields.to_string().as_bytes())
+            .expect("fields");
+        let out = child.wait_with_output().expect("airlock connections add");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Another `airlock` command on this run's home.
