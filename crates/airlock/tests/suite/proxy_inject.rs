@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::convert::Infallible;
+use std::process::Command;
 
 use std::sync::{Arc, Mutex};
 
@@ -307,4 +308,123 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
     let e = of("/private/echo");
     assert_eq!(e.len(), 1, "{entries:?}");
     assert_eq!(e[0]["decision"], "refused");
+}
+
+/// An echo server on 127.0.0.1 counting its connections.
+async fn echo_server() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c2 = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    (port, conns)
+}
+
+/// A CONNECT through `proxy`, then `bytes`; what came back within 5 s.
+async fn tunnel_bytes(
+    proxy: std::net::SocketAddr,
+    token: &str,
+    port: u16,
+    bytes: &[u8],
+) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    s.write_all(
+        format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Bearer {token}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(n)) => {
+                got.extend_from_slice(&buf[..n]);
+                if got.ends_with(bytes) {
+                    break;
+                }
+            }
+        }
+    }
+    got
+}
+
+/// Under an intercepting sidecar, a tunnel whose client does not speak TLS
+/// is the plain tunnel, judged by the network policy: to an allowed
+/// destination its bytes are relayed; to another the connection is closed,
+/// the refusal recorded, and the destination never dialled. A client that
+/// does not trust the run's CA gets no answer and sends nothing upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_interception_a_tunnel_that_is_not_tls_keeps_the_network_policy() {
+    use airlock_vault::ExposeSecret;
+    let (allowed_port, allowed_conns) = echo_server().await;
+    let (other_port, other_conns) = echo_server().await;
+    let p = airlock_platform::testing::TestPlatform::start("inject-plain").await;
+    p.add_connection("svc", airlock_store::AuthType::Bearer, &[("token", CANARY)])
+        .await;
+    let ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": [{"namespace": "svc", "authorized_uris": ["https://api.inject.test/**"],
+                "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
+                "inject_proxy": true}],
+            "network": {"egress": [format!("https://127.0.0.1:{allowed_port}/**")]},
+            "egress": {"allow_internal_hosts": ["127.0.0.1"]},
+            "proxy_ca": {"cert_pem": ca.cert_pem, "key_pem": ca.key_pem.expose_secret()},
+        }),
+    );
+    let sc = spawn_sidecar(&cfg);
+    let token = p.sidecar_token.expose_secret().to_owned();
+
+    let got = tunnel_bytes(sc.proxy_tcp(), &token, allowed_port, b"plain bytes\n").await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.ends_with("plain bytes\n"), "relayed: {text:?}");
+    assert_eq!(allowed_conns.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    let got = tunnel_bytes(sc.proxy_tcp(), &token, other_port, b"plain bytes\n").await;
+    assert!(
+        !String::from_utf8_lossy(&got).contains("plain bytes"),
+        "{got:?}"
+    );
+    assert_eq!(other_conns.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    // curl speaks TLS but does not trust the run's CA: the handshake fails.
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--noproxy", "", "-x"])
+        .arg(format!("http://{}", sc.proxy_tcp()))
+        .args([
+            "--proxy-header",
+            &format!("Proxy-Authorization: Bearer {token}"),
+        ])
+        .arg(format!("https://127.0.0.1:{other_port}/x"))
+        .output()
+        .expect("curl must be installed (.ci/run installs it)");
+    assert!(!out.status.success());
+    assert_eq!(other_conns.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    let refused = eventually(10, || async {
+        p.stored_egress_log()
+            .await
+            .into_iter()
+            .find(|e| e.url.contains(&format!("127.0.0.1:{other_port}")) && e.reason.is_some())
+    })
+    .await
+    .expect("the refused tunnel is in the egress log");
+    assert_eq!(refused.reason.as_deref(), Some("not_authorized"));
+    drop(sc);
 }
