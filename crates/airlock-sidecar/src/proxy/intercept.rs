@@ -231,40 +231,11 @@ async fn plain_tunnel<S: ProxyStream>(
     sidecar: Arc<Sidecar>,
     settings: ProxySettings,
 ) {
-    let rules = CallRules {
-        authorized: &sidecar.network.0,
-        allow_all_uris: sidecar.network.1,
-        credentialed: false,
-    };
-    let admitted = match sidecar.client.guard().admit(&authority, &rules).await {
-        Ok(a) => a,
-        Err(e) => {
-            let what = Refused {
-                source: Source::Proxy,
-                integration: None,
-                method: &method,
-                url: authority.url().as_str(),
-            };
-            sidecar.egress.refused(&what, &e, &Redactor::none());
-            return;
-        }
-    };
-    let allowed = Allowed {
-        source: Source::Proxy,
-        integration: None,
-        method: &method,
-        target: &admitted.target,
-        bytes_out: 0,
-    };
-    let Ok(flight) = sidecar.egress.begin(&allowed, &Redactor::none()).await else {
+    // Already answered 200: a refusal (recorded) can only close it.
+    let Ok((_, flight, upstream)) =
+        super::admit_under_network_policy(&sidecar, &authority, &method, &settings).await
+    else {
         return;
-    };
-    let upstream = match super::upstream::dial(&sidecar, &admitted, &settings).await {
-        Ok(u) => u,
-        Err(e) => {
-            flight.complete(Outcome::of_error(&e));
-            return;
-        }
     };
     super::tunnel(client, upstream, prefix, flight, &settings, true).await;
 }

@@ -170,54 +170,15 @@ pub async fn serve_connection_with<S: ProxyStream>(
         intercept::serve(stream, rest, target, method, sidecar, settings).await;
         return;
     }
-    let rules = CallRules {
-        authorized: &sidecar.network.0,
-        allow_all_uris: sidecar.network.1,
-        credentialed: false,
-    };
-    let admitted = match sidecar.client.guard().admit(&target, &rules).await {
-        Ok(a) => a,
-        Err(e) => {
-            refuse(&mut stream, &sidecar, &method, target.url().as_str(), &e).await;
-            return;
-        }
-    };
-    let allowed = Allowed {
-        source: Source::Proxy,
-        integration: None,
-        method: &method,
-        target: &admitted.target,
-        bytes_out: 0,
-    };
-    // Recorded before the upstream is even dialled.
-    let flight = match sidecar.egress.begin(&allowed, &Redactor::none()).await {
-        Ok(f) => f,
-        Err(e) => {
-            let _ = respond(
-                &mut stream,
-                StatusCode::SERVICE_UNAVAILABLE,
-                &[],
-                &error_body(e.code(), &e.to_string()),
-            )
-            .await;
-            return;
-        }
-    };
-    let upstream = match upstream::dial(&sidecar, &admitted, &settings).await {
-        Ok(u) => u,
-        Err(e) => {
-            flight.complete(Outcome::of_error(&e));
-            let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
-            let _ = respond(
-                &mut stream,
-                status,
-                &[],
-                &error_body(e.code.as_str(), &e.to_string()),
-            )
-            .await;
-            return;
-        }
-    };
+    let (admitted, flight, upstream) =
+        match admit_under_network_policy(&sidecar, &target, &method, &settings).await {
+            Ok(v) => v,
+            Err(denied) => {
+                let (status, code, message) = denied.answer();
+                let _ = respond(&mut stream, status, &[], &error_body(code, &message)).await;
+                return;
+            }
+        };
     let rest = buf.freeze().slice(head.len..);
     let stop = sidecar.egress.stop_requested();
     // A stopping sidecar asks for the end: the record then says `aborted`
@@ -234,6 +195,86 @@ pub async fn serve_connection_with<S: ProxyStream>(
                 _ = forward(stream, upstream, rest, head, admitted, flight, &settings) => {}
                 _ = stop => {}
             }
+        }
+    }
+}
+
+/// Why a proxy destination was not connected. Each is already in the
+/// egress log when returned (a refusal recorded, a failed dial completed).
+enum Denied {
+    /// The guard refused it under the run's network policy.
+    Refused(EgressError),
+    /// Its record could not be kept, so it was not dialled.
+    Unrecorded(crate::egress::RecordError),
+    /// The dial failed.
+    Dial(EgressError),
+}
+
+impl Denied {
+    /// The status, code and message a client that can still be answered gets.
+    fn answer(&self) -> (StatusCode, &'static str, String) {
+        match self {
+            Denied::Refused(e) => (
+                StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN),
+                e.code.as_str(),
+                e.to_string(),
+            ),
+            Denied::Unrecorded(e) => (StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string()),
+            Denied::Dial(e) => (
+                StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY),
+                e.code.as_str(),
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+/// The proxy's one decision on a destination that carries no credential
+/// (a CONNECT, an absolute-form request, a tunnel that does not speak TLS
+/// under interception): the guard under the run's network policy, the
+/// record before the dial, the dial at a pinned address.
+async fn admit_under_network_policy(
+    sidecar: &Sidecar,
+    target: &Target,
+    method: &str,
+    settings: &ProxySettings,
+) -> Result<(Admitted, InFlight, TcpStream), Denied> {
+    let rules = CallRules {
+        authorized: &sidecar.network.0,
+        allow_all_uris: sidecar.network.1,
+        credentialed: false,
+    };
+    let admitted = match sidecar.client.guard().admit(target, &rules).await {
+        Ok(a) => a,
+        Err(e) => {
+            let refused = Refused {
+                source: Source::Proxy,
+                integration: None,
+                method,
+                url: target.url().as_str(),
+            };
+            sidecar.egress.refused(&refused, &e, &Redactor::none());
+            return Err(Denied::Refused(e));
+        }
+    };
+    let allowed = Allowed {
+        source: Source::Proxy,
+        integration: None,
+        method,
+        target: &admitted.target,
+        bytes_out: 0,
+    };
+    // Recorded before the upstream is even dialled.
+    let flight = sidecar
+        .egress
+        .begin(&allowed, &Redactor::none())
+        .await
+        .map_err(Denied::Unrecorded)?;
+    match upstream::dial(sidecar, &admitted, settings).await {
+        Ok(u) => Ok((admitted, flight, u)),
+        Err(e) => {
+            flight.complete(Outcome::of_error(&e));
+            Err(Denied::Dial(e))
         }
     }
 }
