@@ -756,6 +756,22 @@ impl StreamingBody {
         self.read
     }
 
+    /// The body was read to its end: its connection goes back to the pool
+    /// (the one place a streamed connection is returned).
+    fn end(&mut self) {
+        self.done = true;
+        self.idle_sleep = None;
+        if let Some((client, key, idle)) = self.pool.take()
+            && !idle.sender.is_closed()
+            && let Ok(mut pool) = client.pool.lock()
+        {
+            let list = pool.entry(key).or_default();
+            if list.len() < client.cfg.max_idle_per_origin {
+                list.push(idle);
+            }
+        }
+    }
+
     fn fail(&mut self, detail: String) -> EgressError {
         self.done = true;
         self.pool = None;
@@ -788,23 +804,18 @@ impl hyper::body::Body for StreamingBody {
                         )));
                     }
                 }
+                // A relaying server stops polling once `is_end_stream` says
+                // this was the last frame: the connection is free now.
+                if this.incoming.is_end_stream() {
+                    this.end();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(
                 this.fail(format!("reading the response body failed: {e}"))
             ))),
             Poll::Ready(None) => {
-                this.done = true;
-                this.idle_sleep = None;
-                if let Some((client, key, idle)) = this.pool.take()
-                    && !idle.sender.is_closed()
-                    && let Ok(mut pool) = client.pool.lock()
-                {
-                    let list = pool.entry(key).or_default();
-                    if list.len() < client.cfg.max_idle_per_origin {
-                        list.push(idle);
-                    }
-                }
+                this.end();
                 Poll::Ready(None)
             }
             Poll::Pending => {

@@ -94,6 +94,55 @@ async fn first_chunk_arrives_before_the_second_is_sent() {
     assert_eq!(rest, "data: 2\n");
 }
 
+/// What a server relaying the body does (hyper's, for the model relay and
+/// the intercepting proxy): it stops polling once `is_end_stream` says the
+/// last frame came, never asking for the `None` after it. The connection
+/// must go back to the pool all the same, or every relayed request pays a
+/// new connection (a TLS handshake, on a real provider).
+#[tokio::test]
+async fn the_connection_is_reused_when_the_reader_stops_at_the_end_of_stream() {
+    install_crypto();
+    let srv = server(
+        handler(|_| {
+            respond(
+                200,
+                &[("content-type", "application/json")],
+                "{\"ok\":true}",
+            )
+        }),
+        None,
+    )
+    .await;
+    let c = client(ClientConfig::default());
+    let list = AuthorizedUris::parse(&[format!("http://{HOST}:{}/**", srv.port())]);
+    for _ in 0..3 {
+        let mut resp = c
+            .send_streaming(
+                OutboundRequest::get(format!("http://{HOST}:{}/x", srv.port())),
+                &rules(&list),
+            )
+            .await
+            .unwrap();
+        let mut body = Vec::new();
+        while !hyper::body::Body::is_end_stream(&resp.body) {
+            let Some(frame) = resp.body.frame().await else {
+                break;
+            };
+            if let Ok(d) = frame.unwrap().into_data() {
+                body.extend_from_slice(&d);
+            }
+        }
+        assert_eq!(body, b"{\"ok\":true}");
+        drop(resp);
+    }
+    assert_eq!(srv.request_count(), 3);
+    assert_eq!(
+        srv.connection_count(),
+        1,
+        "one kept-alive connection for the three"
+    );
+}
+
 #[tokio::test]
 async fn the_connection_is_reused_after_a_full_read() {
     install_crypto();
