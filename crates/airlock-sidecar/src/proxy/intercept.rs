@@ -393,27 +393,19 @@ async fn handle(
         );
         carried = Some(&inj.namespace);
     }
-    let rules = match (carried, injectable) {
-        (Some(_), Some(inj)) => CallRules {
+    // A request the integration covers is allowed by it, and carries the
+    // credential only where its placeholder asked for it.
+    let rules = match injectable {
+        Some(inj) => CallRules {
             authorized: &inj.authorized,
             allow_all_uris: false,
-            credentialed: true,
+            credentialed: carried.is_some(),
         },
-        _ => CallRules {
+        None => CallRules {
             authorized: &sidecar.network.0,
             allow_all_uris: sidecar.network.1,
             credentialed: false,
         },
-    };
-    // A request the integration covers is allowed by it even without the
-    // placeholder (it then carries no credential).
-    let rules = match (carried, injectable) {
-        (None, Some(inj)) => CallRules {
-            authorized: &inj.authorized,
-            allow_all_uris: false,
-            credentialed: false,
-        },
-        _ => rules,
     };
     let admission = match sidecar.client.admit(target.url().as_str(), &rules).await {
         Ok(a) => a,

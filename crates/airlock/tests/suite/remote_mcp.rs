@@ -89,18 +89,6 @@ fn tool_names(list: &Value) -> Vec<String> {
         .collect()
 }
 
-fn text_of(result: &Value) -> String {
-    result["content"]
-        .as_array()
-        .map(|c| {
-            c.iter()
-                .filter_map(|b| b["text"].as_str())
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_default()
-}
-
 fn remote_integration(ns: &str, port: u16) -> Value {
     json!({
         "namespace": ns,

@@ -308,18 +308,6 @@ fn py(
     mcp_client_output(spawn_mcp_client(&input))
 }
 
-fn text_of(result: &Value) -> String {
-    result["content"]
-        .as_array()
-        .map(|c| {
-            c.iter()
-                .filter_map(|b| b["text"].as_str())
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_default()
-}
-
 fn error_code(result: &Value) -> Option<String> {
     assert_eq!(
         result["isError"],

@@ -256,6 +256,19 @@ pub fn mcp_client_output(child: Child) -> Value {
     })
 }
 
+/// The text blocks of an MCP tool result, joined by newlines.
+pub fn text_of(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
 /// True when `python3` can import every module. Missing under CI is a
 /// failure; elsewhere the caller should skip, loudly.
 pub fn python_has(modules: &[&str]) -> bool {
