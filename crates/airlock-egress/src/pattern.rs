@@ -174,6 +174,14 @@ impl UriPattern {
 
     /// Whole-target match.
     pub fn matches(&self, t: &Target) -> bool {
+        self.matches_authority(t)
+            && (self.host == HostPattern::CatchAll || self.path.matches(t.path_and_query()))
+    }
+
+    /// Whether some path of `t`'s scheme, host and port matches: what a
+    /// tunnel to that authority may carry (each request in it is then
+    /// matched whole).
+    pub fn matches_authority(&self, t: &Target) -> bool {
         if self.scheme != t.scheme() {
             return false;
         }
@@ -184,15 +192,12 @@ impl UriPattern {
             (HostPattern::Glob(g), TargetHost::Domain(d)) => g.matches(d),
             _ => false,
         };
-        if !host_ok {
-            return false;
-        }
-        let port_ok = match self.port {
-            PortPattern::Any => true,
-            PortPattern::Default => t.port().is_none(),
-            PortPattern::Exact(p) => t.port() == Some(p),
-        };
-        port_ok && self.path.matches(t.path_and_query())
+        host_ok
+            && match self.port {
+                PortPattern::Any => true,
+                PortPattern::Default => t.port().is_none(),
+                PortPattern::Exact(p) => t.port() == Some(p),
+            }
     }
 
     /// Credential rule 4: may a credential reach `t` through this entry?
@@ -415,6 +420,12 @@ impl AuthorizedUris {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// True when some request to `t`'s scheme, host and port could match
+    /// an entry ([`UriPattern::matches_authority`]).
+    pub fn covers_authority(&self, t: &Target) -> bool {
+        self.entries.iter().any(|p| p.matches_authority(t))
     }
 
     /// True when an entry names `host` literally (internal-host exemption).

@@ -299,6 +299,28 @@ pub struct Integration {
     /// delivery field in a request that `authorized_uris` covers.
     #[serde(default)]
     pub inject_proxy: bool,
+    /// A local MCP runner (the manifest's `source = { kind = "local", command }`):
+    /// started by the platform in a sandbox of its own, it speaks MCP to the
+    /// sidecar over [`Runner::mcp`] and reaches the outside only through
+    /// [`Runner::proxy`], bounded by this integration's `authorized_uris`,
+    /// where its placeholder becomes the credential.
+    #[serde(default)]
+    pub runner: Option<Runner>,
+}
+
+/// Where the sidecar listens for one local MCP runner (as the sidecar sees it).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Runner {
+    /// The runner's MCP stream: its bridge connects here once and relays
+    /// the server's stdio (newline-delimited JSON-RPC).
+    pub mcp: Endpoint,
+    /// The runner's forward proxy, its only way out.
+    pub proxy: Endpoint,
+    /// What the runner's bridge presents to [`Runner::proxy`] (the
+    /// runner's own, not the agent's sidecar token).
+    #[serde(serialize_with = "expose")]
+    pub token: SecretString,
 }
 
 /// The non-secret stand-in an agent's unmodified tools send where the
@@ -507,6 +529,11 @@ mod tests {
                 has_connection: true,
                 mcp_url: Some("https://mcp.github.test/mcp".into()),
                 inject_proxy: true,
+                runner: Some(Runner {
+                    mcp: Endpoint::Unix("/run/r0/mcp.sock".into()),
+                    proxy: Endpoint::Unix("/run/r0/proxy.sock".into()),
+                    token: secret("RUNNER-TOKEN"),
+                }),
             }],
             model: Some(Model {
                 provider: Provider::Anthropic,
@@ -559,6 +586,9 @@ mod tests {
             back.proxy_ca.as_ref().unwrap().key_pem.expose_secret(),
             "CA-PRIVATE-KEY"
         );
+        let runner = back.integrations[0].runner.as_ref().unwrap();
+        assert_eq!(runner.token.expose_secret(), "RUNNER-TOKEN");
+        assert_eq!(runner.proxy, Endpoint::Unix("/run/r0/proxy.sock".into()));
         // Written again, the same document: nothing dropped on the way.
         assert_eq!(back.to_json(), bytes);
     }
@@ -570,6 +600,7 @@ mod tests {
             "RUN-TOKEN-MAC",
             "PROXY-PASS",
             "CA-PRIVATE-KEY",
+            "RUNNER-TOKEN",
             &"s".repeat(64),
         ] {
             assert!(!text.contains(s), "{s} in {text}");

@@ -109,7 +109,9 @@ pub enum Inject {
 pub enum IntegrationSource {
     /// A remote MCP server (Streamable HTTP), reached through the egress guard.
     Remote { url: String },
-    /// A local MCP server started for the run (not in this build: refused).
+    /// A local MCP server started for the run in a sandbox of its own (a
+    /// runner), speaking MCP on its stdio; its only way out is a proxy
+    /// bounded by the integration's `authorized_uris`.
     Local { command: Vec<String> },
 }
 
@@ -118,6 +120,14 @@ impl IntegrationSection {
     pub fn remote_mcp_url(&self) -> Option<&str> {
         match &self.source {
             Some(IntegrationSource::Remote { url }) => Some(url),
+            _ => None,
+        }
+    }
+
+    /// The command of the integration's local runner, if it has one.
+    pub fn local_command(&self) -> Option<&[String]> {
+        match &self.source {
+            Some(IntegrationSource::Local { command }) => Some(command),
             _ => None,
         }
     }
@@ -186,20 +196,7 @@ impl Manifest {
     /// The checks no single type can make.
     pub fn validate(&self) -> Result<(), ManifestError> {
         let a = &self.agent;
-        if a.command.is_empty() || a.command[0].is_empty() {
-            return Err(invalid(
-                "agent.command",
-                "is empty: name the program to run",
-            ));
-        }
-        for (i, arg) in a.command.iter().enumerate() {
-            if let Some(at) = arg.find('\0') {
-                return Err(invalid(
-                    format!("agent.command[{i}]"),
-                    format!("holds a NUL byte at byte {at}: a command line cannot carry one"),
-                ));
-            }
-        }
+        check_command("agent.command", &a.command)?;
         if a.timeout == Some(0) {
             return Err(invalid("agent.timeout", "must be at least 1 second"));
         }
@@ -255,13 +252,23 @@ impl Manifest {
                 Some(IntegrationSource::Remote { url }) => {
                     check_remote_url(&format!("{key}.source.url"), url, integ)?;
                 }
-                Some(IntegrationSource::Local { .. }) => {
-                    return Err(invalid(
-                        format!("{key}.source"),
-                        "kind \"local\" (an MCP server started for the run in its own sandbox) is \
-                         not supported by this version of Airlock: use kind \"remote\" with the \
-                         server's URL, or the integration's api_call",
-                    ));
+                Some(IntegrationSource::Local { command }) => {
+                    check_command(&format!("{key}.source.command"), command)?;
+                    if integ.connection.is_some() && integ.delivery.is_none() {
+                        return Err(invalid(
+                            format!("{key}.delivery"),
+                            "a local runner uses its connection by its placeholder, which the \
+                             sidecar replaces with the credential's delivery field: the \
+                             integration needs a delivery",
+                        ));
+                    }
+                    if airlock_egress::AuthorizedUris::has_templates(&integ.authorized_uris) {
+                        return Err(invalid(
+                            format!("{key}.authorized_uris"),
+                            "a local runner's proxy needs authorized_uris without \
+                             {$credential.…} templates (it decides before it has a credential)",
+                        ));
+                    }
                 }
             }
             if integ.inject == Some(Inject::Proxy) {
@@ -314,6 +321,23 @@ impl Manifest {
         }
         v
     }
+}
+
+/// A command line (`agent.command`, a runner's `source.command`): a
+/// program, and no NUL byte anywhere.
+fn check_command(key: &str, command: &[String]) -> Result<(), ManifestError> {
+    if command.first().is_none_or(|p| p.is_empty()) {
+        return Err(invalid(key, "is empty: name the program to run"));
+    }
+    for (i, arg) in command.iter().enumerate() {
+        if let Some(at) = arg.find('\0') {
+            return Err(invalid(
+                format!("{key}[{i}]"),
+                format!("holds a NUL byte at byte {at}: a command line cannot carry one"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_http_url(key: &str, url: &str) -> Result<(), ManifestError> {
@@ -480,13 +504,46 @@ mod tests {
             ),
             (
                 "\"https://mcp.example.com/**\"",
+                "{ kind = \"local\", command = [] }",
+                "integrations[0] (r).source.command: is empty",
+            ),
+            (
+                "\"https://mcp.example.com/**\"",
+                "{ kind = \"local\", command = [\"node\", \"a\\u0000b\"] }",
+                "integrations[0] (r).source.command[1]: holds a NUL byte",
+            ),
+            (
+                "\"https://mcp.example.com/**\"",
+                "{ kind = \"local\", command = [\"node\"], url = \"x\" }",
+                "unknown field `url`",
+            ),
+            (
+                "\"https://mcp.example.com/**\"",
                 "{ kind = \"local\", command = [\"node\", \"server.js\"] }",
-                "kind \"local\" (an MCP server started for the run in its own sandbox) is not supported",
+                "integrations[0] (r).delivery: a local runner uses its connection by its placeholder",
+            ),
+            (
+                "\"https://{$credential.host}/**\"",
+                "{ kind = \"local\", command = [\"node\", \"server.js\"] }",
+                "delivery",
             ),
         ] {
             let e = integ(uris, source).map(|_| ()).unwrap_err().to_string();
             assert!(e.contains(must), "{must:?} not in {e:?}");
         }
+        // A local runner with its delivery; one without a connection needs none.
+        let m = with(
+            "[[integrations]]\nnamespace = \"gh\"\nconnection = \"c\"\nauthorized_uris = [\"https://api.github.com/**\"]\n\
+             delivery = { header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }\n\
+             source = { kind = \"local\", command = [\"/usr/bin/python3\", \"server.py\"] }\n\
+             [[integrations]]\nnamespace = \"open\"\nsource = { kind = \"local\", command = [\"srv\"] }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            m.integrations[0].local_command(),
+            Some(&["/usr/bin/python3".to_owned(), "server.py".to_owned()][..])
+        );
+        assert!(m.integrations[1].local_command().is_some());
     }
 
     #[test]

@@ -347,16 +347,18 @@ impl Orchestrator {
         // A CA of this run's own, only when an integration asks for the
         // intercepting proxy: its key goes to the sidecar, its certificate
         // to the sandbox, and neither is kept here.
-        let proxy_ca = if m
-            .integrations
-            .iter()
-            .any(|i| i.inject == Some(crate::manifest::Inject::Proxy))
-        {
+        let proxy_ca = if m.integrations.iter().any(|i| {
+            i.inject == Some(crate::manifest::Inject::Proxy) || i.local_command().is_some()
+        }) {
             Some(crate::proxy_ca::generate(run_id).map_err(|e| RunError::Setup(e.to_string()))?)
         } else {
             None
         };
         let proxy_ca_pem = proxy_ca.as_ref().map(|c| c.cert_pem.clone());
+        let agent_intercepted = m
+            .integrations
+            .iter()
+            .any(|i| i.inject == Some(crate::manifest::Inject::Proxy));
         let placeholders: Vec<(String, String)> = m
             .integrations
             .iter()
@@ -366,6 +368,32 @@ impl Orchestrator {
                 (p.clone(), p)
             })
             .collect();
+        // Each local runner: its sockets' directory (seen only by its own
+        // sandbox), its token, and where the sidecar listens for it.
+        let mut runners: Vec<RunnerPlan> = Vec::new();
+        for (n, i) in m.integrations.iter().enumerate() {
+            let Some(command) = i.local_command() else {
+                continue;
+            };
+            let dir = run_dir.join(format!("runner-{n}"));
+            create_sockets_dir(&dir).map_err(|e| {
+                RunError::Setup(format!("runner sockets directory {}: {e}", dir.display()))
+            })?;
+            let token = airlock_vault::generate_sidecar_token()
+                .map_err(|e| RunError::Setup(e.to_string()))?;
+            runners.push(RunnerPlan {
+                namespace: i.namespace.to_string(),
+                sandbox_id: format!("{run_id}-r{n}"),
+                command: command.to_vec(),
+                listen: launch::Runner {
+                    mcp: launch::Endpoint::Unix(dir.join(RUNNER_MCP_SOCKET)),
+                    proxy: launch::Endpoint::Unix(dir.join(RUNNER_PROXY_SOCKET)),
+                    token,
+                },
+                dir,
+                credentialed: i.connection.is_some(),
+            });
+        }
         let sidecar_cfg = launch::SidecarConfig {
             run_id: run_id.to_owned(),
             sidecar_token: sidecar_token.clone(),
@@ -387,6 +415,10 @@ impl Orchestrator {
                     }),
                     mcp_url: i.remote_mcp_url().map(str::to_owned),
                     inject_proxy: i.inject == Some(crate::manifest::Inject::Proxy),
+                    runner: runners
+                        .iter()
+                        .find(|r| r.namespace == i.namespace.as_str())
+                        .map(|r| r.listen.clone()),
                 })
                 .collect(),
             model: m.model.as_ref().map(|x| launch::Model {
@@ -438,7 +470,7 @@ impl Orchestrator {
             cwd: Some(req.agent_dir.clone()),
             prompt: req.prompt.clone(),
             env: placeholders,
-            proxy_ca_pem,
+            proxy_ca_pem: proxy_ca_pem.clone().filter(|_| agent_intercepted),
         };
         let mut ro_paths = vec![req.agent_dir.clone()];
         if runtime_exe == self.exe
@@ -471,6 +503,59 @@ impl Orchestrator {
         };
         let mut sandbox = self.backend.spawn(&spec)?;
         tracing::debug!(target: "airlock::phase", "sandbox spawned");
+        // Each runner in a sandbox of its own beside the agent's: its own
+        // sockets (its MCP stream and its proxy), its own uid and cgroup.
+        let mut runner_sandboxes: Vec<Sandbox> = Vec::new();
+        for r in &runners {
+            let mut command = vec![
+                runtime_exe.display().to_string(),
+                "runner".into(),
+                "--".into(),
+            ];
+            command.extend(r.command.iter().cloned());
+            let ph = launch::placeholder(&r.namespace);
+            let secrets = launch::RuntimeSecrets {
+                run_id: run_id.to_owned(),
+                sidecar: launch::Endpoint::Unix(paths.sockets.join(RUNNER_MCP_SOCKET)),
+                proxy: Some(launch::Endpoint::Unix(
+                    paths.sockets.join(RUNNER_PROXY_SOCKET),
+                )),
+                sidecar_token: r.listen.token.clone(),
+                heartbeat_interval_secs: self.settings.heartbeat_interval_secs,
+                workspace: paths.workspace.clone(),
+                cwd: Some(req.agent_dir.clone()),
+                prompt: None,
+                env: if r.credentialed {
+                    vec![(ph.clone(), ph)]
+                } else {
+                    vec![]
+                },
+                proxy_ca_pem: proxy_ca_pem.clone(),
+            };
+            let runner_spec = SandboxSpec {
+                run_id: r.sandbox_id.clone(),
+                command,
+                stdin: secrets.to_json(),
+                sockets_dir: r.dir.clone(),
+                ..spec.clone()
+            };
+            match self.backend.spawn(&runner_spec) {
+                Ok(mut sb) => {
+                    log_runner_output(&r.namespace, &mut sb);
+                    runner_sandboxes.push(sb);
+                }
+                Err(e) => {
+                    sandbox.cleanup().await;
+                    for sb in runner_sandboxes {
+                        sb.cleanup().await;
+                    }
+                    return Err(RunError::Setup(format!(
+                        "the local runner of integration {}: {e}",
+                        r.namespace
+                    )));
+                }
+            }
+        }
         let mut output = SandboxOutput::start(&mut sandbox);
         let (mut sidecar, mut sidecar_log) =
             match self.spawn_sidecar(run_id, &sidecar_cfg, &journal) {
@@ -494,13 +579,24 @@ impl Orchestrator {
                 // The sandbox's uid is not the platform's: it may connect to
                 // the sockets (their directory is the platform's, 0711, and
                 // read-only inside the sandbox).
-                for s in placement.host_sockets() {
+                let runner_sockets = runners.iter().flat_map(|r| {
+                    [&r.listen.mcp, &r.listen.proxy]
+                        .into_iter()
+                        .filter_map(|e| match e {
+                            launch::Endpoint::Unix(p) => Some(p.as_path()),
+                            launch::Endpoint::Tcp(_) => None,
+                        })
+                });
+                for s in placement.host_sockets().into_iter().chain(runner_sockets) {
                     if let Err(e) = std::fs::set_permissions(
                         s,
                         std::os::unix::fs::PermissionsExt::from_mode(0o666),
                     ) {
                         tracing::warn!("{}: {e}", s.display());
                     }
+                }
+                for sb in &mut runner_sandboxes {
+                    sb.release_stdin();
                 }
                 sandbox.release_stdin();
                 progress(Progress::SidecarUp {
@@ -552,6 +648,9 @@ impl Orchestrator {
         };
         tracing::debug!(target: "airlock::phase", "sandbox exited");
         sandbox.cleanup().await;
+        for sb in runner_sandboxes {
+            sb.cleanup().await;
+        }
         tracing::debug!(target: "airlock::phase", "sandbox cleaned up");
         // Stopped after the sandbox, so every event the runtime handed it
         // (the agent's end among them) is in the store when it exits.
@@ -627,6 +726,9 @@ impl Orchestrator {
     /// What can be checked before anything starts: every connection the run
     /// needs is stored and can be decrypted with a configured key.
     async fn preflight(&self, org: &str, m: &Manifest) -> Result<(), RunError> {
+        if let Some(i) = m.integrations.iter().find(|i| i.local_command().is_some()) {
+            refuse_local_runner(self.backend.name(), i.namespace.as_str())?;
+        }
         let ring = self.api.keyring();
         for (who, name) in m.connections() {
             let Some(rec) = self.store.get_connection(org, name.as_str()).await? else {
@@ -710,6 +812,56 @@ impl Orchestrator {
 /// deadline for draining what is in flight (events, egress records, model
 /// streams), or its last records are lost.
 pub const SIDECAR_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// In a runner's sockets' directory: its MCP stream and its proxy.
+const RUNNER_MCP_SOCKET: &str = "mcp.sock";
+const RUNNER_PROXY_SOCKET: &str = "proxy.sock";
+
+/// One local MCP runner of a run, before it starts.
+struct RunnerPlan {
+    namespace: String,
+    /// Its sandbox's id (its cgroup and host uid derive from it).
+    sandbox_id: String,
+    command: Vec<String>,
+    /// Its sockets' directory on the host, seen by its sandbox only.
+    dir: PathBuf,
+    listen: launch::Runner,
+    credentialed: bool,
+}
+
+/// Whether `backend` can start a local MCP runner; the refusal says why not.
+fn refuse_local_runner(backend: &str, namespace: &str) -> Result<(), RunError> {
+    match backend {
+        "namespace" => Ok(()),
+        "process" => Err(RunError::Refused(format!(
+            "integration {namespace}: a local MCP runner (source.kind = \"local\") needs an \
+             isolating backend, and the process backend isolates nothing: the runner would be a \
+             same-user process beside the sidecar, able to read its memory and environment. Run \
+             it with RUN_ADAPTER=namespace (this version has no INTEGRATION_RUNTIME_ADAPTER)"
+        ))),
+        other => Err(RunError::Refused(format!(
+            "integration {namespace}: local MCP runners (source.kind = \"local\") run on the \
+             namespace backend only in this version, not on {other}: use RUN_ADAPTER=namespace, \
+             or the server's URL with kind = \"remote\""
+        ))),
+    }
+}
+
+/// A runner's output (its server's stderr, its own diagnostics) goes to
+/// the platform's log, a bounded line at a time.
+fn log_runner_output(namespace: &str, sandbox: &mut Sandbox) {
+    let (out, err) = sandbox.take_output();
+    for pipe in [out, err].into_iter().flatten() {
+        let namespace = namespace.to_owned();
+        tokio::spawn(async move {
+            use airlock_sandbox::terminal;
+            let mut pipe = tokio::io::BufReader::new(pipe);
+            while let Ok(Some(line)) = terminal::next_line(&mut pipe, terminal::MAX_LINE).await {
+                tracing::info!(target: "airlock::runner", integration = %namespace, "{line}");
+            }
+        });
+    }
+}
 
 async fn read_ready(stdout: &mut Option<OutputStream>) -> Result<(), String> {
     let out = stdout.take().ok_or("no stdout")?;

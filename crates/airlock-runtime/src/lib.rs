@@ -19,6 +19,7 @@
 
 mod relay;
 mod report;
+pub mod runner;
 
 use std::process::Stdio;
 

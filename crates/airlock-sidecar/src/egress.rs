@@ -62,6 +62,9 @@ pub enum Source {
     Proxy,
     /// A remote MCP server's HTTP exchange (the sidecar as its client).
     Mcp,
+    /// A local MCP runner's request through its own proxy listener (the
+    /// record's integration is the runner's).
+    Runner,
 }
 
 impl Source {
@@ -71,6 +74,7 @@ impl Source {
             Source::Llm => "llm",
             Source::Proxy => "proxy",
             Source::Mcp => "mcp",
+            Source::Runner => "runner",
         }
     }
 }

@@ -155,7 +155,33 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         )?),
         None => None,
     };
+    // Each local runner's two listeners: its MCP stream and its proxy.
+    let mut runner_mcp = std::collections::HashMap::new();
+    let mut runner_proxies = Vec::new();
+    for i in &cfg.integrations {
+        let Some(r) = &i.runner else { continue };
+        let unix = |e: &airlock_platform_api::launch::Endpoint, what: &str| match e {
+            airlock_platform_api::launch::Endpoint::Unix(p) => Ok(p.clone()),
+            airlock_platform_api::launch::Endpoint::Tcp(h) => Err(SidecarError::Listen {
+                what: format!("{h} (runner {} {what})", i.namespace),
+                source: std::io::Error::other("a runner's listeners are unix sockets"),
+            }),
+        };
+        let mcp_path = unix(&r.mcp, "mcp")?;
+        let proxy_path = unix(&r.proxy, "proxy")?;
+        runner_mcp.insert(i.namespace.clone(), bind_unix(&mcp_path)?);
+        runner_proxies.push((i.namespace.clone(), bind_unix(&proxy_path)?));
+        ready.insert(
+            format!("runner_{}", i.namespace),
+            json!([mcp_path, proxy_path]),
+        );
+        sockets.push(mcp_path);
+        sockets.push(proxy_path);
+    }
     let sidecar = Sidecar::new(cfg, &own, journal)?;
+    if let Ok(mut slot) = sidecar.runner_mcp.lock() {
+        *slot = runner_mcp;
+    }
     let app = router(sidecar.clone());
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(l) = api_unix {
@@ -177,12 +203,26 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         });
     }
     if let Some(l) = proxy_unix {
-        tasks.spawn(proxy_accept_loop(l, sidecar.clone(), |_| ()));
+        tasks.spawn(proxy_accept_loop(
+            l,
+            sidecar.clone(),
+            proxy::Scope::Agent,
+            |_| (),
+        ));
     }
     if let Some(l) = proxy_tcp {
-        tasks.spawn(proxy_accept_loop(l, sidecar.clone(), |s: &TcpStream| {
-            let _ = s.set_nodelay(true);
-        }));
+        tasks.spawn(proxy_accept_loop(
+            l,
+            sidecar.clone(),
+            proxy::Scope::Agent,
+            |s: &TcpStream| {
+                let _ = s.set_nodelay(true);
+            },
+        ));
+    }
+    for (ns, l) in runner_proxies {
+        let scope = proxy::Scope::Runner(ns.into());
+        tasks.spawn(proxy_accept_loop(l, sidecar.clone(), scope, |_| ()));
     }
     println!(
         "{}",
@@ -231,8 +271,12 @@ async fn bind_tcp(
 /// the sidecar out of descriptors). Accept errors (such as running out of
 /// descriptors anyway) are retried after a pause by axum's `Listener`, never
 /// ending the loop.
-async fn proxy_accept_loop<L>(mut l: L, sidecar: Arc<Sidecar>, prepare: impl Fn(&L::Io))
-where
+async fn proxy_accept_loop<L>(
+    mut l: L,
+    sidecar: Arc<Sidecar>,
+    scope: proxy::Scope,
+    prepare: impl Fn(&L::Io),
+) where
     L: axum::serve::Listener,
     L::Io: proxy::ProxyStream,
 {
@@ -244,8 +288,9 @@ where
         let (s, _) = l.accept().await;
         prepare(&s);
         let sc = sidecar.clone();
+        let scope = scope.clone();
         tokio::spawn(async move {
-            proxy::serve_connection(s, sc).await;
+            proxy::serve_connection(s, sc, scope).await;
             drop(slot);
         });
     }

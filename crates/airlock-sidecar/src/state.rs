@@ -43,8 +43,15 @@ pub struct Sidecar {
     pub events: EventSink,
     /// The egress log: every outbound request of every site.
     pub egress: Recorder,
-    /// The intercepting proxy, when an integration has `inject = "proxy"`.
+    /// The intercepting proxy, when an integration has `inject = "proxy"`
+    /// or a local runner with a credential.
     pub interceptor: Option<crate::proxy::Interceptor>,
+    /// What each local runner's proxy lets out without a credential: its
+    /// integration's `authorized_uris` (and `allow_all_uris`).
+    pub runner_network: HashMap<String, (AuthorizedUris, bool)>,
+    /// The local runners' MCP listeners, bound by [`crate::server::run`]
+    /// and taken by the MCP service when it starts.
+    pub runner_mcp: std::sync::Mutex<HashMap<String, tokio::net::UnixListener>>,
 }
 
 impl Sidecar {
@@ -109,6 +116,16 @@ impl Sidecar {
                 .map_err(|e| EgressError::upstream("-", e.to_string()))?,
             None => None,
         };
+        let runner_network = integrations
+            .values()
+            .filter(|i| i.runner.is_some())
+            .map(|i| {
+                (
+                    i.namespace.clone(),
+                    (AuthorizedUris::parse(&i.authorized_uris), i.allow_all_uris),
+                )
+            })
+            .collect();
         let platform = PlatformClient::new(&cfg.platform_socket, cfg.run_token);
         let events = EventSink::start(platform.clone());
         Ok(Arc::new(Sidecar {
@@ -125,6 +142,8 @@ impl Sidecar {
             events,
             platform,
             interceptor,
+            runner_network,
+            runner_mcp: Default::default(),
         }))
     }
 }

@@ -53,6 +53,12 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// The in-sandbox launcher of a local MCP runner (its secrets as JSON on stdin).
+    #[command(hide = true)]
+    Runner {
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Manage stored connections (encrypted credentials).
     Connections(cmd::connections::ConnectionsArgs),
     /// Manage the connection-encryption keys.
@@ -86,7 +92,8 @@ fn main() -> std::process::ExitCode {
         Command::Doctor { inside } => cmd::doctor::run(inside),
         Command::Demo { backend } => cmd::demo::run(backend),
         Command::Sidecar => cmd::sidecar::run(),
-        Command::Runtime { command } => cmd::runtime::run(command),
+        Command::Runtime { command } => cmd::runtime::run(command, cmd::runtime::Role::Agent),
+        Command::Runner { command } => cmd::runtime::run(command, cmd::runtime::Role::Runner),
         Command::Connections(c) => cmd::connections::run(c),
         Command::Keys(c) => cmd::keys::run(c),
         Command::Images(c) => cmd::images::run(c),

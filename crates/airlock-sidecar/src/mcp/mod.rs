@@ -85,7 +85,7 @@ pub struct McpState {
     static_uris: std::collections::HashMap<String, airlock_egress::AuthorizedUris>,
     /// Stateless `api_call`s bypass rmcp's per-request machinery ([`lean`]).
     lean: bool,
-    /// The integrations backed by a remote MCP server ([`remote`]).
+    /// The integrations backed by an MCP server, remote or a local runner ([`remote`]).
     remotes: Vec<Arc<remote::Remote>>,
 }
 
@@ -110,13 +110,18 @@ impl McpState {
                 )
             })
             .collect();
+        let mut runners = sidecar
+            .runner_mcp
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
         let mut remotes: Vec<Arc<remote::Remote>> = sidecar
             .integrations
             .iter()
-            .filter_map(|(ns, i)| {
-                i.mcp_url
-                    .as_deref()
-                    .map(|url| Arc::new(remote::Remote::new(ns, url)))
+            .filter_map(|(ns, i)| match (&i.mcp_url, runners.remove(ns)) {
+                (Some(url), _) => Some(Arc::new(remote::Remote::new(ns, url))),
+                (None, Some(listener)) => Some(Arc::new(remote::Remote::runner(ns, listener))),
+                (None, None) => None,
             })
             .collect();
         remotes.sort_by(|a, b| a.namespace().cmp(b.namespace()));

@@ -491,11 +491,20 @@ struct Link {
     stale: Arc<AtomicBool>,
 }
 
-/// One remote integration: its client session (opened on first use) and
-/// the tools it serves, renamed `{namespace}__{tool}`.
+/// Where an integration's MCP server is.
+enum Upstream {
+    /// A remote server's Streamable HTTP endpoint, through [`GuardedMcpHttp`].
+    Http(String),
+    /// A local runner ([`runner`](crate::mcp::remote#local-runners)): its
+    /// bridge connects to this listener and relays the server's stdio.
+    Runner(tokio::sync::Mutex<tokio::net::UnixListener>),
+}
+
+/// One integration served by an MCP server: its client session (opened on
+/// first use) and the tools it serves, renamed `{namespace}__{tool}`.
 pub struct Remote {
     namespace: String,
-    url: String,
+    upstream: Upstream,
     link: tokio::sync::Mutex<Option<Link>>,
     /// The last tool list, for `get_tool` (synchronous).
     tools: Mutex<Arc<Vec<Tool>>>,
@@ -504,9 +513,22 @@ pub struct Remote {
 
 impl Remote {
     pub fn new(namespace: &str, url: &str) -> Self {
+        Self::with(namespace, Upstream::Http(url.to_owned()))
+    }
+
+    /// A local runner's server, reached on the connection its bridge makes
+    /// to `listener`.
+    pub fn runner(namespace: &str, listener: tokio::net::UnixListener) -> Self {
+        Self::with(
+            namespace,
+            Upstream::Runner(tokio::sync::Mutex::new(listener)),
+        )
+    }
+
+    fn with(namespace: &str, upstream: Upstream) -> Self {
         Remote {
             namespace: namespace.to_owned(),
-            url: url.to_owned(),
+            upstream,
             link: tokio::sync::Mutex::new(None),
             tools: Mutex::default(),
             failed: Mutex::default(),
@@ -598,26 +620,46 @@ impl Remote {
     }
 
     async fn connect(&self, sidecar: &Arc<Sidecar>) -> Result<Link, String> {
-        let http = GuardedMcpHttp::new(sidecar.clone(), &self.namespace);
-        let mut config = StreamableHttpClientTransportConfig::with_uri(self.url.as_str());
-        config.max_json_response_size = sidecar.limits.max_response_bytes;
-        config.max_sse_event_size = sidecar.limits.max_response_bytes;
-        config.reinit_on_expired_session = true;
-        let transport = StreamableHttpClientTransport::with_client(http, config);
         let stale = Arc::new(AtomicBool::new(true));
         let handler = Handler {
             stale: stale.clone(),
         };
-        let session = handler
-            .serve_with_lifecycle(
-                transport,
-                ClientLifecycleMode::Auto {
-                    preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-                    legacy_version: Some(ProtocolVersion::V_2025_11_25),
-                },
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+        let lifecycle = ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(ProtocolVersion::V_2025_11_25),
+        };
+        let session = match &self.upstream {
+            Upstream::Http(url) => {
+                let http = GuardedMcpHttp::new(sidecar.clone(), &self.namespace);
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                config.max_json_response_size = sidecar.limits.max_response_bytes;
+                config.max_sse_event_size = sidecar.limits.max_response_bytes;
+                config.reinit_on_expired_session = true;
+                let transport = StreamableHttpClientTransport::with_client(http, config);
+                handler.serve_with_lifecycle(transport, lifecycle).await
+            }
+            Upstream::Runner(listener) => {
+                // The bridge connected when the runner started; a later
+                // connection (the runner's server was restarted) replaces
+                // a closed session.
+                let (stream, _) = listener
+                    .lock()
+                    .await
+                    .accept()
+                    .await
+                    .map_err(|e| format!("the runner's connection: {e}"))?;
+                let (read, write) = stream.into_split();
+                // Every message of the runner is one line, bounded like a
+                // remote server's answer.
+                let transport =
+                    rmcp::transport::async_rw::AsyncRwTransport::<RoleClient, _, _>::new(
+                        read, write,
+                    )
+                    .with_max_line_length(sidecar.limits.max_response_bytes);
+                handler.serve_with_lifecycle(transport, lifecycle).await
+            }
+        }
+        .map_err(|e| e.to_string())?;
         if let Some(info) = session.peer_info() {
             tracing::info!(
                 integration = %self.namespace,

@@ -24,6 +24,11 @@
 //!
 //! A client that does not speak TLS after its CONNECT gets the plain tunnel,
 //! under the network policy, as without interception.
+//!
+//! A local MCP runner's own listener ([`Scope::Runner`]) is intercepted the
+//! same way, with its integration as the only candidate and its
+//! `authorized_uris` instead of the network policy for everything else: a
+//! runner holds only its placeholder, never the credential.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,9 +48,10 @@ use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{
-    Counted, Meter, ProxyBody, ProxySettings, ProxyStream, json_response, relay, strip_hop_by_hop,
+    Counted, Meter, ProxyBody, ProxySettings, ProxyStream, Scope, json_response, relay,
+    strip_hop_by_hop,
 };
-use crate::egress::{Allowed, Outcome, Refused, Source};
+use crate::egress::{Allowed, Outcome, Refused};
 use crate::redact::Redactor;
 use crate::state::Sidecar;
 
@@ -58,6 +64,12 @@ struct Injectable {
     namespace: String,
     placeholder: String,
     authorized: AuthorizedUris,
+    /// On the agent's listener (`inject = "proxy"`); a local runner's
+    /// credential is injected on its own listener only.
+    for_agent: bool,
+    /// It has a connection and a delivery (a runner may have neither: its
+    /// requests are then judged here, and carry nothing).
+    carries: bool,
 }
 
 /// The run's CA and what it signed so far.
@@ -75,18 +87,24 @@ pub struct InterceptError(String);
 
 impl Interceptor {
     /// The interceptor of a run whose configuration has a CA and at least
-    /// one `inject = "proxy"` integration.
+    /// one integration with `inject = "proxy"` or a local runner, with a
+    /// connection and a delivery.
     pub fn new(
         ca: &ProxyCa,
         integrations: &HashMap<String, Integration>,
     ) -> Result<Option<Interceptor>, InterceptError> {
         let mut injectable: Vec<Injectable> = integrations
             .values()
-            .filter(|i| i.inject_proxy && i.has_connection && i.delivery.is_some())
+            .filter(|i| {
+                let carries = i.has_connection && i.delivery.is_some();
+                (i.inject_proxy && carries) || i.runner.is_some()
+            })
             .map(|i| Injectable {
                 namespace: i.namespace.clone(),
                 placeholder: placeholder(&i.namespace),
                 authorized: AuthorizedUris::parse(&i.authorized_uris),
+                for_agent: i.inject_proxy,
+                carries: i.has_connection && i.delivery.is_some(),
             })
             .collect();
         if injectable.is_empty() {
@@ -136,13 +154,31 @@ impl Interceptor {
         Ok(cfg)
     }
 
+    /// The integrations whose credentials requests on `scope`'s listener may carry.
+    fn candidates<'a>(&'a self, scope: &'a Scope) -> impl Iterator<Item = &'a Injectable> + 'a {
+        self.injectable.iter().filter(move |i| match scope {
+            Scope::Agent => i.for_agent,
+            Scope::Runner(ns) => i.namespace == ns.as_ref(),
+        })
+    }
+
+    /// Whether the CONNECTs of `scope`'s listener are terminated here.
+    pub(super) fn serves(&self, scope: &Scope) -> bool {
+        self.candidates(scope).next().is_some()
+    }
+
     /// The integration whose credential a request to `target` may carry.
-    fn injectable_for(&self, sidecar: &Sidecar, target: &Target) -> Option<&Injectable> {
-        self.injectable.iter().find(|i| {
+    fn injectable_for<'a>(
+        &'a self,
+        sidecar: &Sidecar,
+        scope: &'a Scope,
+        target: &Target,
+    ) -> Option<&'a Injectable> {
+        self.candidates(scope).find(|i| {
             let rules = CallRules {
                 authorized: &i.authorized,
                 allow_all_uris: false,
-                credentialed: true,
+                credentialed: i.carries,
             };
             sidecar
                 .client
@@ -154,8 +190,9 @@ impl Interceptor {
     }
 }
 
-/// Serves a CONNECT of a run that intercepts: answers 200, then terminates
-/// TLS, or relays a tunnel that is not TLS under the network policy.
+/// Serves a CONNECT of a listener that intercepts: answers 200, then
+/// terminates TLS, or relays a tunnel that is not TLS under the listener's
+/// rules.
 pub(super) async fn serve<S: ProxyStream>(
     mut client: S,
     early: Bytes,
@@ -163,6 +200,7 @@ pub(super) async fn serve<S: ProxyStream>(
     method: String,
     sidecar: Arc<Sidecar>,
     settings: ProxySettings,
+    scope: Scope,
 ) {
     let Some(icpt) = sidecar.interceptor.as_ref() else {
         return;
@@ -185,7 +223,7 @@ pub(super) async fn serve<S: ProxyStream>(
     let prefix = Bytes::from(first);
     if prefix.first() != Some(&0x16) {
         // Not a TLS handshake: the plain tunnel, as without interception.
-        plain_tunnel(client, prefix, authority, method, sidecar, settings).await;
+        plain_tunnel(client, prefix, authority, method, sidecar, settings, scope).await;
         return;
     }
     let host = authority.host().bare();
@@ -212,8 +250,11 @@ pub(super) async fn serve<S: ProxyStream>(
         let sidecar = sidecar.clone();
         let authority = authority.clone();
         let settings = settings.clone();
+        let scope = scope.clone();
         async move {
-            Ok::<_, std::convert::Infallible>(handle(req, &authority, &sidecar, &settings).await)
+            Ok::<_, std::convert::Infallible>(
+                handle(req, &authority, &sidecar, &settings, &scope).await,
+            )
         }
     });
     let _ = hyper::server::conn::http1::Builder::new()
@@ -221,8 +262,8 @@ pub(super) async fn serve<S: ProxyStream>(
         .await;
 }
 
-/// A CONNECT whose client did not speak TLS: judged under the network
-/// policy after the 200 (a refusal closes the connection and is recorded).
+/// A CONNECT whose client did not speak TLS: judged under the listener's
+/// rules after the 200 (a refusal closes the connection and is recorded).
 async fn plain_tunnel<S: ProxyStream>(
     client: S,
     prefix: Bytes,
@@ -230,10 +271,11 @@ async fn plain_tunnel<S: ProxyStream>(
     method: String,
     sidecar: Arc<Sidecar>,
     settings: ProxySettings,
+    scope: Scope,
 ) {
     // Already answered 200: a refusal (recorded) can only close it.
     let Ok((_, flight, upstream)) =
-        super::admit_under_network_policy(&sidecar, &authority, &method, &settings).await
+        super::admit_uncredentialed(&sidecar, &scope, &authority, &method, &settings).await
     else {
         return;
     };
@@ -271,6 +313,7 @@ async fn handle(
     authority: &Target,
     sidecar: &Arc<Sidecar>,
     settings: &ProxySettings,
+    scope: &Scope,
 ) -> Response<ProxyBody> {
     let Some(icpt) = sidecar.interceptor.as_ref() else {
         return json_response(StatusCode::BAD_GATEWAY, "bad_gateway", "not intercepting");
@@ -314,8 +357,9 @@ async fn handle(
     let mut carried: Option<&str> = None;
     let mut credential_headers: Vec<HeaderName> = Vec::new();
     let mut redactor = Redactor::none();
-    let injectable = icpt.injectable_for(sidecar, &target);
+    let injectable = icpt.injectable_for(sidecar, scope, &target);
     if let Some(inj) = injectable
+        && inj.carries
         && headers.values().any(|v| {
             v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
                 || substitute(v, &inj.placeholder, "x").is_some()
@@ -401,18 +445,16 @@ async fn handle(
             allow_all_uris: false,
             credentialed: carried.is_some(),
         },
-        None => CallRules {
-            authorized: &sidecar.network.0,
-            allow_all_uris: sidecar.network.1,
-            credentialed: false,
-        },
+        None => scope.rules(sidecar),
     };
+    let source = scope.source();
+    let recorded = scope.integration(carried);
     let admission = match sidecar.client.admit(target.url().as_str(), &rules).await {
         Ok(a) => a,
         Err(e) => {
             let what = Refused {
-                source: Source::Proxy,
-                integration: carried,
+                source,
+                integration: recorded,
                 method: method.as_str(),
                 url: target.url().as_str(),
             };
@@ -422,8 +464,8 @@ async fn handle(
     };
     let bytes_out = body.len() as u64;
     let allowed = Allowed {
-        source: Source::Proxy,
-        integration: carried,
+        source,
+        integration: recorded,
         method: method.as_str(),
         target: admission.target(),
         bytes_out,

@@ -1,16 +1,20 @@
 //! The forward proxy: `CONNECT host:port` tunnels and absolute-form
-//! `GET http://host/path` requests, on the proxy listener (`:8081` or its
-//! unix socket), under the run's network policy (docs/egress.md, docs/architecture.md).
+//! `GET http://host/path` requests, on the agent's proxy listener (`:8081`
+//! or its unix socket) under the run's network policy, and on each local
+//! MCP runner's own listener under its integration's `authorized_uris`
+//! ([`Scope`]; docs/egress.md, docs/architecture.md).
 //!
 //! Every request:
 //! 1. its head is read (bounded in size and time) and validated by the strict
 //!    parser in [`head`] (smuggling shapes are a 400 before anything else);
-//! 2. must carry the sidecar token in `Proxy-Authorization` (else 407);
+//! 2. must carry the listener's token in `Proxy-Authorization` (else 407):
+//!    the sidecar token, or the runner's own;
 //! 3. its destination goes through the egress guard: a CONNECT authority via
 //!    [`Target::from_authority`] (the raw authority never reaches a resolver),
 //!    an absolute URL via [`Target::parse`], then [`Guard::admit`] with the
-//!    run's network policy, uncredentialed: `public` is any destination that
-//!    passes the guard, `none` nothing, a list its patterns;
+//!    listener's rules ([`Scope::rules`]), uncredentialed: the run's network
+//!    policy (`public` is any destination that passes the guard, `none`
+//!    nothing, a list its patterns), or a runner's `authorized_uris`;
 //! 4. is recorded in the egress log (before it is dialled), then dialled
 //!    only at an address the guard returned (resolve-and-pin), never at the
 //!    sidecar's own listeners (a guard step shared by every egress site),
@@ -103,10 +107,97 @@ impl ProxyStream for tokio::net::UnixStream {
 }
 impl ProxyStream for tokio::io::DuplexStream {}
 
+/// Whose proxy listener a connection came in on, which decides what it may
+/// reach without a credential, the token it must present, and whose
+/// credentials interception may put into its requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// The agent's proxy: the run's `[network] egress`, and interception
+    /// for the integrations with `inject = "proxy"`.
+    Agent,
+    /// A local MCP runner's proxy (`source.kind = "local"`): only the
+    /// destinations its integration's `authorized_uris` cover, and its own
+    /// placeholder replaced by its connection's credential.
+    Runner(Arc<str>),
+}
+
+/// Nothing: what an unknown runner may reach.
+static NOWHERE: std::sync::LazyLock<airlock_egress::AuthorizedUris> =
+    std::sync::LazyLock::new(airlock_egress::AuthorizedUris::default);
+
+impl Scope {
+    /// The rules of a request that carries no credential from this listener.
+    pub(crate) fn rules<'s>(&self, sidecar: &'s Sidecar) -> CallRules<'s> {
+        let (authorized, allow_all_uris) = match self {
+            Scope::Agent => (&sidecar.network.0, sidecar.network.1),
+            Scope::Runner(ns) => match sidecar.runner_network.get(ns.as_ref()) {
+                Some((a, all)) => (a, *all),
+                None => (&*NOWHERE, false),
+            },
+        };
+        CallRules {
+            authorized,
+            allow_all_uris,
+            credentialed: false,
+        }
+    }
+
+    /// Whether a CONNECT to `target` may open at all: on a runner's
+    /// listener only to an authority that some `authorized_uris` entry
+    /// covers (each request inside is then judged whole). The agent's
+    /// tunnels are judged by [`admit_uncredentialed`] or per request.
+    fn may_tunnel_to(&self, sidecar: &Sidecar, target: &Target) -> Result<(), EgressError> {
+        let Scope::Runner(_) = self else {
+            return Ok(());
+        };
+        let rules = self.rules(sidecar);
+        if rules.allow_all_uris || rules.authorized.covers_authority(target) {
+            return Ok(());
+        }
+        Err(EgressError::new(
+            EgressCode::NotAuthorized,
+            GuardStep::AuthorizedUris,
+            Some(&target.host().bare()),
+            format!(
+                "{} is not covered by the runner's authorized_uris",
+                target.authority()
+            ),
+        ))
+    }
+
+    /// The token a client of this listener presents.
+    fn token<'s>(&self, sidecar: &'s Sidecar) -> Option<&'s secrecy::SecretString> {
+        match self {
+            Scope::Agent => Some(&sidecar.token),
+            Scope::Runner(ns) => sidecar
+                .integrations
+                .get(ns.as_ref())
+                .and_then(|i| i.runner.as_ref())
+                .map(|r| &r.token),
+        }
+    }
+
+    /// How its requests are recorded: the source, and the integration
+    /// (a runner's own; on the agent's, whose credential it carried).
+    pub(crate) fn source(&self) -> Source {
+        match self {
+            Scope::Agent => Source::Proxy,
+            Scope::Runner(_) => Source::Runner,
+        }
+    }
+
+    pub(crate) fn integration<'a>(&'a self, carried: Option<&'a str>) -> Option<&'a str> {
+        match self {
+            Scope::Agent => carried,
+            Scope::Runner(ns) => Some(ns),
+        }
+    }
+}
+
 /// Serves the proxy on an accepted stream (one request per connection).
-pub async fn serve_connection<S: ProxyStream>(stream: S, sidecar: Arc<Sidecar>) {
+pub async fn serve_connection<S: ProxyStream>(stream: S, sidecar: Arc<Sidecar>, scope: Scope) {
     let settings = ProxySettings::from_sidecar(&sidecar);
-    serve_connection_with(stream, sidecar, settings).await
+    serve_connection_with(stream, sidecar, settings, scope).await
 }
 
 /// [`serve_connection`] with explicit timeouts.
@@ -114,6 +205,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
     mut stream: S,
     sidecar: Arc<Sidecar>,
     settings: ProxySettings,
+    scope: Scope,
 ) {
     let (head, buf) = match tokio::time::timeout(settings.head_timeout, read_head(&mut stream))
         .await
@@ -142,7 +234,10 @@ pub async fn serve_connection_with<S: ProxyStream>(
             return;
         }
     };
-    if !auth::is_proxy_authorized(&head.headers, &sidecar.token) {
+    if !scope
+        .token(&sidecar)
+        .is_some_and(|t| auth::is_proxy_authorized(&head.headers, t))
+    {
         // No body beyond the fixed error: nothing of the request is echoed.
         let _ = respond(
             &mut stream,
@@ -160,18 +255,37 @@ pub async fn serve_connection_with<S: ProxyStream>(
     let target = match target_of(&head) {
         Ok(t) => t,
         Err((e, url)) => {
-            refuse(&mut stream, &sidecar, &method, &url, &e).await;
+            refuse(&mut stream, &sidecar, &scope, &method, &url, &e).await;
             return;
         }
     };
-    if sidecar.interceptor.is_some() && matches!(head.target, RequestTarget::Authority(_)) {
+    if let RequestTarget::Authority(_) = head.target
+        && let Err(e) = scope.may_tunnel_to(&sidecar, &target)
+    {
+        refuse(
+            &mut stream,
+            &sidecar,
+            &scope,
+            &method,
+            target.url().as_str(),
+            &e,
+        )
+        .await;
+        return;
+    }
+    if sidecar
+        .interceptor
+        .as_ref()
+        .is_some_and(|i| i.serves(&scope))
+        && matches!(head.target, RequestTarget::Authority(_))
+    {
         // Each request inside is judged on its own ([`intercept`]).
         let rest = buf.freeze().slice(head.len..);
-        intercept::serve(stream, rest, target, method, sidecar, settings).await;
+        intercept::serve(stream, rest, target, method, sidecar, settings, scope).await;
         return;
     }
     let (admitted, flight, upstream) =
-        match admit_under_network_policy(&sidecar, &target, &method, &settings).await {
+        match admit_uncredentialed(&sidecar, &scope, &target, &method, &settings).await {
             Ok(v) => v,
             Err(denied) => {
                 let (status, code, message) = denied.answer();
@@ -231,25 +345,24 @@ impl Denied {
 
 /// The proxy's one decision on a destination that carries no credential
 /// (a CONNECT, an absolute-form request, a tunnel that does not speak TLS
-/// under interception): the guard under the run's network policy, the
-/// record before the dial, the dial at a pinned address.
-async fn admit_under_network_policy(
+/// under interception): the guard under the listener's rules
+/// ([`Scope::rules`]: the run's network policy, or a runner's
+/// `authorized_uris`), the record before the dial, the dial at a pinned
+/// address.
+async fn admit_uncredentialed(
     sidecar: &Sidecar,
+    scope: &Scope,
     target: &Target,
     method: &str,
     settings: &ProxySettings,
 ) -> Result<(Admitted, InFlight, TcpStream), Denied> {
-    let rules = CallRules {
-        authorized: &sidecar.network.0,
-        allow_all_uris: sidecar.network.1,
-        credentialed: false,
-    };
+    let rules = scope.rules(sidecar);
     let admitted = match sidecar.client.guard().admit(target, &rules).await {
         Ok(a) => a,
         Err(e) => {
             let refused = Refused {
-                source: Source::Proxy,
-                integration: None,
+                source: scope.source(),
+                integration: scope.integration(None),
                 method,
                 url: target.url().as_str(),
             };
@@ -258,8 +371,8 @@ async fn admit_under_network_policy(
         }
     };
     let allowed = Allowed {
-        source: Source::Proxy,
-        integration: None,
+        source: scope.source(),
+        integration: scope.integration(None),
         method,
         target: &admitted.target,
         bytes_out: 0,
@@ -374,14 +487,15 @@ async fn respond<W: AsyncWrite + Unpin>(
 async fn refuse<W: AsyncWrite + Unpin>(
     w: &mut W,
     sidecar: &Sidecar,
+    scope: &Scope,
     method: &str,
     url: &str,
     e: &EgressError,
 ) {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
     let refused = Refused {
-        source: Source::Proxy,
-        integration: None,
+        source: scope.source(),
+        integration: scope.integration(None),
         method,
         url,
     };

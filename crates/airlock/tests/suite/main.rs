@@ -15,6 +15,7 @@ mod docs;
 mod egress_check;
 mod integrity;
 mod keys_reencrypt;
+mod local_runner;
 mod platform_api;
 mod proxy_inject;
 mod remote_mcp;

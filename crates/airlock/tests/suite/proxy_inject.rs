@@ -8,101 +8,17 @@
 //! no CA key and no credential anywhere it can read.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-use std::convert::Infallible;
 use std::process::Command;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use crate::support::tls::{test_ca, upstream};
 use crate::support::*;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 const CANARY: &str = "canary-inject-Vb7Kq2Xz9Lm4";
 const PLACEHOLDER: &str = "AIRLOCK_PLACEHOLDER_SVC";
-
-/// What an upstream saw: path and Authorization of each request.
-type Log = Arc<Mutex<Vec<(String, Option<String>)>>>;
-
-/// An HTTPS upstream on `ip` with a certificate from `ca` for that address:
-/// records each request and echoes its Authorization header in the body and
-/// in a response header (an upstream that reflects the credential).
-async fn upstream(ip: &str, ca: &TestCa) -> (u16, Log) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec![ip.to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca.issuer)
-        .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let l = TcpListener::bind(format!("{ip}:0")).await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let log: Log = Arc::default();
-    let log2 = log.clone();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            let acceptor = acceptor.clone();
-            let log = log2.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else {
-                    return;
-                };
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let log = log.clone();
-                    async move {
-                        let auth = req
-                            .headers()
-                            .get("authorization")
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_owned);
-                        log.lock()
-                            .unwrap()
-                            .push((req.uri().path().to_owned(), auth.clone()));
-                        let body = json!({"path": req.uri().path(), "auth": auth}).to_string();
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .header("content-type", "application/json")
-                                .header("x-echo-auth", auth.unwrap_or_default())
-                                .body(Full::new(Bytes::from(body)))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
-    (port, log)
-}
-
-struct TestCa {
-    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
-}
-
-fn test_ca() -> TestCa {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    TestCa {
-        issuer: rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
-            .unwrap(),
-    }
-}
 
 const AGENT: &str = r#"
 import json, os, subprocess, sys

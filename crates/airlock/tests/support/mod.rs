@@ -848,3 +848,4 @@ pub fn process_tree(root: i32) -> Vec<i32> {
 }
 
 pub mod serve;
+pub mod tls;

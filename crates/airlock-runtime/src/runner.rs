@@ -1,0 +1,155 @@
+//! `airlock runner -- CMD…`: the first process of a local MCP runner's
+//! sandbox (an integration with `source = { kind = "local", command }`).
+//!
+//! It receives the runner's secrets on stdin (a [`RuntimeSecrets`] whose
+//! `sidecar` is the runner's MCP socket and whose `proxy` is the runner's
+//! own proxy socket), makes itself non-dumpable and starts the server
+//! command with piped stdin and stdout, and:
+//! - relays the server's stdio to the sidecar's MCP socket for this runner
+//!   (newline-delimited JSON-RPC: the sidecar is the client);
+//! - serves `HTTP_PROXY`/`HTTPS_PROXY` on 127.0.0.1, relayed to the
+//!   runner's proxy with the runner's token added: the server's only way
+//!   out, bounded by its integration's `authorized_uris`;
+//! - makes the server's tools trust the run's CA, so that its placeholder
+//!   (`AIRLOCK_PLACEHOLDER_<NS>`, in its environment) becomes the credential
+//!   at the sidecar. The server never holds the credential.
+//!
+//! The server's stderr is this process's stderr (the platform logs it).
+//! The runner ends when the server exits, or when the sidecar closes the
+//! stream (the server is then killed).
+
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+
+use crate::relay::{self, Dial};
+use crate::{RuntimeError, RuntimeSecrets, exit_code, trust_run_ca};
+
+/// Runs the runner's server to completion; returns its exit code.
+pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, RuntimeError> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| RuntimeError::Hardening(e.into()))?;
+    let (program, args) = command.split_first().ok_or_else(|| RuntimeError::Spawn {
+        cmd: String::new(),
+        source: std::io::Error::other("empty command"),
+    })?;
+    // The one connection the sidecar takes as this runner's stream (a
+    // probe connection first would be taken instead).
+    let stream = connect_once(&secrets.sidecar).await?;
+    let proxy = match &secrets.proxy {
+        Some(p) => Some(
+            relay::proxy_relay(
+                Dial::resolve(p).await.map_err(RuntimeError::Relay)?,
+                secrets.sidecar_token.clone(),
+            )
+            .await
+            .map_err(RuntimeError::Relay)?,
+        ),
+        None => None,
+    };
+    let ws = &secrets.workspace;
+    let meta = ws.join(".airlock");
+    std::fs::create_dir_all(&meta).map_err(RuntimeError::Workspace)?;
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOME".into(), ws.display().to_string()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("AIRLOCK_RUN_ID".into(), secrets.run_id.clone()),
+        ("AIRLOCK_WORKSPACE".into(), ws.display().to_string()),
+    ];
+    if let Some(p) = proxy {
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.push((k.into(), format!("http://{p}")));
+        }
+    }
+    if let Some(ca) = &secrets.proxy_ca_pem {
+        env.extend(trust_run_ca(&meta, ca).map_err(RuntimeError::Workspace)?);
+    }
+    env.extend(secrets.env.iter().cloned());
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .current_dir(secrets.cwd.as_deref().unwrap_or(ws))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| RuntimeError::Spawn {
+            cmd: program.clone(),
+            source,
+        })?;
+    drop(secrets);
+    let group = child
+        .id()
+        .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+    let (Some(mut to_server), Some(mut from_server)) = (child.stdin.take(), child.stdout.take())
+    else {
+        return Err(RuntimeError::Spawn {
+            cmd: program.clone(),
+            source: std::io::Error::other("no stdio pipes"),
+        });
+    };
+    let (mut from_sidecar, mut to_sidecar) = match stream {
+        relay::Conn::Unix(s) => {
+            let (r, w) = s.into_split();
+            (
+                Box::new(r) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                Box::new(w) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+            )
+        }
+        relay::Conn::Tcp(s) => {
+            let (r, w) = s.into_split();
+            (
+                Box::new(r) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+                Box::new(w) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+            )
+        }
+    };
+    let down = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_sidecar, &mut to_server).await;
+        let _ = to_server.shutdown().await;
+    });
+    let up = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_server, &mut to_sidecar).await;
+        let _ = to_sidecar.shutdown().await;
+    });
+    let kill_group = move || {
+        if let Some(pgid) = group {
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        }
+    };
+    let status = tokio::select! {
+        status = child.wait() => status.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?,
+        _ = down => {
+            // The sidecar closed the stream: the server has no client left.
+            kill_group();
+            child.wait().await.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?
+        }
+    };
+    kill_group();
+    let _ = up.await;
+    Ok(exit_code(status))
+}
+
+/// Connects to the runner's MCP socket, retrying for up to 30 s (the
+/// platform's patience with a sidecar) while it is not there yet.
+async fn connect_once(
+    ep: &airlock_platform_api::launch::Endpoint,
+) -> Result<relay::Conn, RuntimeError> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut last = String::from("not tried");
+    while tokio::time::Instant::now() < deadline {
+        match Dial::resolve(ep).await {
+            Ok(dial) => match dial.connect().await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Err(RuntimeError::SidecarDown(format!("{ep:?} ({last})")))
+}
