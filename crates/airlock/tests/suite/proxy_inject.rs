@@ -12,7 +12,7 @@ use std::process::Command;
 
 use std::sync::Arc;
 
-use crate::support::tls::{test_ca, upstream};
+use crate::support::tls::{test_ca, upstream, upstream_named};
 use crate::support::*;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -343,4 +343,117 @@ async fn under_interception_a_tunnel_that_is_not_tls_keeps_the_network_policy() 
     .expect("the refused tunnel is in the egress log");
     assert_eq!(refused.reason.as_deref(), Some("not_authorized"));
     drop(sc);
+}
+
+/// The placeholder sent to look-alike hosts (the real host's name as a
+/// prefix, a suffix, with a dash, another port), which the network policy
+/// allows, arrives there as the placeholder; only the covered host gets the
+/// credential. A real sidecar with the run's CA, curl through its proxy.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_placeholder_sent_to_a_look_alike_host_stays_a_placeholder() {
+    let ca = test_ca();
+    const REAL: &str = "api.svc.test";
+    let looks = [
+        "api.svc.test.evil.test",
+        "evil.api.svc.test",
+        "api-svc.test",
+        "api.svc.tes",
+    ];
+    let mut names = vec![REAL];
+    names.extend(looks);
+    let (port, log) = upstream_named("127.0.0.2", &names, &ca).await;
+    let p = airlock_platform::testing::TestPlatform::start("lookalike").await;
+    p.add_connection("svc", airlock_store::AuthType::Bearer, &[("token", CANARY)])
+        .await;
+    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
+    let resolve: serde_json::Map<String, Value> = names
+        .iter()
+        .map(|n| (n.to_string(), json!(["127.0.0.2"])))
+        .collect();
+    let everyone: Vec<String> = names.iter().map(|n| format!("https://{n}:*/**")).collect();
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": [
+                {"namespace": "svc", "authorized_uris": [format!("https://{REAL}:{port}/**")],
+                 "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
+                 "inject_proxy": true}
+            ],
+            "network": {"egress": everyone},
+            "egress": {"allow_internal_hosts": names, "resolve": resolve, "extra_ca_pem": ca.issuer.pem()},
+            "proxy_ca": {"cert_pem": run_ca.cert_pem, "key_pem": airlock_vault::ExposeSecret::expose_secret(&run_ca.key_pem)}
+        }),
+    );
+    let mut sc = spawn_sidecar(&cfg);
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("run-ca.pem");
+    std::fs::write(&ca_file, &run_ca.cert_pem).unwrap();
+    let proxy = format!("http://{}", sc.proxy_tcp());
+    let user = format!(
+        "run:{}",
+        airlock_vault::ExposeSecret::expose_secret(&p.sidecar_token)
+    );
+    let get = |url: String| {
+        let (proxy, user, ca_file) = (proxy.clone(), user.clone(), ca_file.clone());
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new("curl")
+                .args([
+                    "-sS",
+                    "--max-time",
+                    "20",
+                    "--noproxy",
+                    "",
+                    "-x",
+                    &proxy,
+                    "--proxy-user",
+                    &user,
+                ])
+                .arg("--cacert")
+                .arg(&ca_file)
+                .args(["-H", &format!("Authorization: Bearer {PLACEHOLDER}"), &url])
+                .output()
+                .expect("curl");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+    };
+    let real = get(format!("https://{REAL}:{port}/real")).await.unwrap();
+    assert!(real.contains("Bearer [REDACTED]"), "{real}");
+    for (i, host) in looks.iter().enumerate() {
+        let body = get(format!("https://{host}:{port}/look{i}")).await.unwrap();
+        assert!(body.contains(PLACEHOLDER), "{host}: {body}");
+    }
+    // Another port of the real host is another authority, not covered either.
+    let (other_port, other_log) = upstream_named("127.0.0.2", &[REAL], &ca).await;
+    let body = get(format!("https://{REAL}:{other_port}/port"))
+        .await
+        .unwrap();
+    assert!(body.contains(PLACEHOLDER), "{body}");
+    assert_eq!(
+        other_log.lock().unwrap().clone(),
+        [("/port".to_owned(), Some(format!("Bearer {PLACEHOLDER}")))]
+    );
+
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1 + looks.len(), "{seen:?}");
+    for (path, auth) in &seen {
+        let want = if path == "/real" {
+            format!("Bearer {CANARY}")
+        } else {
+            format!("Bearer {PLACEHOLDER}")
+        };
+        assert_eq!(auth.as_deref(), Some(want.as_str()), "{path}");
+    }
+    sc.stop();
+    let entries = p.egress_log().await;
+    let carried: Vec<_> = entries
+        .iter()
+        .filter(|e| e.integration.as_deref() == Some("svc"))
+        .map(|e| e.url.clone())
+        .collect();
+    assert_eq!(
+        carried,
+        [format!("https://{REAL}:{port}/real")],
+        "{entries:?}"
+    );
 }

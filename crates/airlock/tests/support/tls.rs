@@ -20,12 +20,18 @@ pub type Log = Arc<Mutex<Vec<(String, Option<String>)>>>;
 /// records each request and echoes its Authorization header in the body and
 /// in a response header (an upstream that reflects the credential).
 pub async fn upstream(ip: &str, ca: &TestCa) -> (u16, Log) {
+    upstream_named(ip, &[ip], ca).await
+}
+
+/// [`upstream`] with a certificate for each of `names` (DNS names or addresses).
+pub async fn upstream_named(ip: &str, names: &[&str], ca: &TestCa) -> (u16, Log) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec![ip.to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca.issuer)
-        .unwrap();
+    let cert =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap()
+            .signed_by(&key, &ca.issuer)
+            .unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
