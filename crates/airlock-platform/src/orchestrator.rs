@@ -118,7 +118,7 @@ impl Orchestrator {
             airlock_vault::random_hex::<6>().map_err(|e| RunError::Setup(e.to_string()))?
         );
         let m = &req.manifest;
-        self.preflight(&req.org, m).await?;
+        self.preflight(&req.org, m, &req.agent_dir).await?;
         let model_name = m.model.as_ref().map(|x| x.provider.as_str());
         // The run directory and its owner file exist before the run is in the
         // store, so a concurrent platform's boot reclaim never mistakes a
@@ -194,7 +194,10 @@ impl Orchestrator {
                 backend: self.backend.name(),
             })
         };
-        if let Err(e) = self.preflight(&req.org, &req.manifest).await {
+        if let Err(e) = self
+            .preflight(&req.org, &req.manifest, &req.agent_dir)
+            .await
+        {
             return fail(e.to_string()).await;
         }
         let run_dir = self.home.join("runs").join(&run_id);
@@ -725,9 +728,13 @@ impl Orchestrator {
 
     /// What can be checked before anything starts: every connection the run
     /// needs is stored and can be decrypted with a configured key.
-    async fn preflight(&self, org: &str, m: &Manifest) -> Result<(), RunError> {
-        if let Some(i) = m.integrations.iter().find(|i| i.local_command().is_some()) {
+    async fn preflight(&self, org: &str, m: &Manifest, agent_dir: &Path) -> Result<(), RunError> {
+        for i in &m.integrations {
+            let Some(command) = i.local_command() else {
+                continue;
+            };
             refuse_local_runner(self.backend.name(), i.namespace.as_str())?;
+            check_runner_program(i.namespace.as_str(), command, agent_dir)?;
         }
         let ring = self.api.keyring();
         for (who, name) in m.connections() {
@@ -847,8 +854,49 @@ fn refuse_local_runner(backend: &str, namespace: &str) -> Result<(), RunError> {
     }
 }
 
+/// A runner's program must be there before anything starts (a typo in
+/// the manifest is the operator's error now, not a tool that times out
+/// later): an absolute path, a path in the agent's directory, or a name on
+/// the sandbox's `PATH` (the host's `/usr/local/bin:/usr/bin:/bin`, which
+/// the namespace sandbox sees read-only), and executable.
+fn check_runner_program(
+    namespace: &str,
+    command: &[String],
+    agent_dir: &Path,
+) -> Result<(), RunError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(program) = command.first() else {
+        return Ok(());
+    };
+    let candidates: Vec<PathBuf> = if program.contains('/') {
+        vec![agent_dir.join(program)]
+    } else {
+        ["/usr/local/bin", "/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(program))
+            .collect()
+    };
+    let runnable = candidates.iter().any(|p| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    });
+    if runnable {
+        return Ok(());
+    }
+    Err(RunError::Refused(format!(
+        "integration {namespace}: source.command[0] {program:?} is not an executable file \
+         (looked for {}); a relative path is taken in the agent's directory, a bare name on \
+         /usr/local/bin:/usr/bin:/bin",
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
 /// A runner's output (its server's stderr, its own diagnostics) goes to
-/// the platform's log, a bounded line at a time.
+/// the platform's log, a bounded line at a time: its launcher's own
+/// diagnostics (`airlock runner: …`) as warnings, the server's as info.
 fn log_runner_output(namespace: &str, sandbox: &mut Sandbox) {
     let (out, err) = sandbox.take_output();
     for pipe in [out, err].into_iter().flatten() {
@@ -857,7 +905,11 @@ fn log_runner_output(namespace: &str, sandbox: &mut Sandbox) {
             use airlock_sandbox::terminal;
             let mut pipe = tokio::io::BufReader::new(pipe);
             while let Ok(Some(line)) = terminal::next_line(&mut pipe, terminal::MAX_LINE).await {
-                tracing::info!(target: "airlock::runner", integration = %namespace, "{line}");
+                if line.starts_with("airlock runner:") {
+                    tracing::warn!(target: "airlock::runner", integration = %namespace, "{line}");
+                } else {
+                    tracing::info!(target: "airlock::runner", integration = %namespace, "{line}");
+                }
             }
         });
     }

@@ -75,6 +75,8 @@ pub enum RuntimeError {
     Relay(std::io::Error),
     #[error("cannot start the agent {cmd:?}: {source}")]
     Spawn { cmd: String, source: std::io::Error },
+    #[error("cannot start the runner's server {cmd:?}: {source}")]
+    SpawnServer { cmd: String, source: std::io::Error },
     #[error("the sidecar at {0} did not come up")]
     SidecarDown(String),
     #[error("workspace: {0}")]
@@ -102,17 +104,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let api = relay::sidecar_relay(sidecar, token.clone())
         .await
         .map_err(RuntimeError::Relay)?;
-    let proxy = match &secrets.proxy {
-        Some(p) => Some(
-            relay::proxy_relay(
-                Dial::resolve(p).await.map_err(RuntimeError::Relay)?,
-                token.clone(),
-            )
-            .await
-            .map_err(RuntimeError::Relay)?,
-        ),
-        None => None,
-    };
+    let proxy = start_proxy_relay(&secrets).await?;
 
     let ws = &secrets.workspace;
     let meta = ws.join(".airlock");
@@ -123,12 +115,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let result_file = meta.join("result.json");
     let _ = std::fs::remove_file(&result_file);
 
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-        ("HOME".into(), ws.display().to_string()),
-        ("LANG".into(), "C.UTF-8".into()),
-        ("AIRLOCK_RUN_ID".into(), secrets.run_id.clone()),
-        ("AIRLOCK_WORKSPACE".into(), ws.display().to_string()),
+    let own: Vec<(String, String)> = vec![
         (
             "AIRLOCK_PROMPT_FILE".into(),
             prompt_file.display().to_string(),
@@ -145,32 +132,14 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         ("NO_PROXY".into(), "127.0.0.1,localhost".into()),
         ("no_proxy".into(), "127.0.0.1,localhost".into()),
     ];
-    if let Some(p) = proxy {
-        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-            env.push((k.into(), format!("http://{p}")));
-        }
-    }
-    if let Some(ca) = &secrets.proxy_ca_pem {
-        env.extend(trust_run_ca(&meta, ca).map_err(RuntimeError::Workspace)?);
-    }
-    env.extend(secrets.env.iter().cloned());
-
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .env_clear()
-        .envs(env)
-        .current_dir(secrets.cwd.as_deref().unwrap_or(ws))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so what it leaves behind can be killed with it.
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| RuntimeError::Spawn {
-            cmd: program.clone(),
-            source,
-        })?;
+    let env = launch_env(&secrets, &meta, proxy, own)?;
+    let mut child = spawn_command(
+        program,
+        args,
+        env,
+        secrets.cwd.as_deref().unwrap_or(ws),
+        [Stdio::null(), Stdio::piped(), Stdio::piped()],
+    )?;
     drop(secrets);
     tracing::debug!(target: "airlock::phase", "runtime: agent started");
     let agent_group = child
@@ -276,6 +245,79 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     reporter.flush().await;
     tracing::debug!(target: "airlock::phase", "runtime: result delivered");
     Ok(exit_code)
+}
+
+/// The local relay to the sandbox's forward proxy (the sidecar's, or a
+/// runner's own), adding the token the secrets hold; `None` without one.
+async fn start_proxy_relay(
+    secrets: &RuntimeSecrets,
+) -> Result<Option<std::net::SocketAddr>, RuntimeError> {
+    let Some(p) = &secrets.proxy else {
+        return Ok(None);
+    };
+    let dial = Dial::resolve(p).await.map_err(RuntimeError::Relay)?;
+    relay::proxy_relay(dial, secrets.sidecar_token.clone())
+        .await
+        .map(Some)
+        .map_err(RuntimeError::Relay)
+}
+
+/// The environment a launcher gives its command (nothing inherited, no
+/// secret): the system's path, the workspace as home, the run's id, then
+/// the launcher's `own` variables, the proxy relay as `HTTP(S)_PROXY`, the
+/// run CA's trust, and the platform's extra variables (placeholders).
+fn launch_env(
+    secrets: &RuntimeSecrets,
+    meta: &std::path::Path,
+    proxy: Option<std::net::SocketAddr>,
+    own: Vec<(String, String)>,
+) -> Result<Vec<(String, String)>, RuntimeError> {
+    let ws = secrets.workspace.display().to_string();
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOME".into(), ws.clone()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("AIRLOCK_RUN_ID".into(), secrets.run_id.clone()),
+        ("AIRLOCK_WORKSPACE".into(), ws),
+    ];
+    env.extend(own);
+    if let Some(p) = proxy {
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.push((k.into(), format!("http://{p}")));
+        }
+    }
+    if let Some(ca) = &secrets.proxy_ca_pem {
+        env.extend(trust_run_ca(meta, ca).map_err(RuntimeError::Workspace)?);
+    }
+    env.extend(secrets.env.iter().cloned());
+    Ok(env)
+}
+
+/// Starts a launcher's command with `env` only, `stdio` as (stdin,
+/// stdout, stderr), in its own process group (so what it leaves behind
+/// can be killed with it), killed if dropped.
+fn spawn_command(
+    program: &str,
+    args: &[String],
+    env: Vec<(String, String)>,
+    cwd: &std::path::Path,
+    [stdin, stdout, stderr]: [Stdio; 3],
+) -> Result<tokio::process::Child, RuntimeError> {
+    tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .current_dir(cwd)
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(stderr)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| RuntimeError::Spawn {
+            cmd: program.to_owned(),
+            source,
+        })
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {

@@ -23,7 +23,9 @@ use std::process::Stdio;
 use tokio::io::AsyncWriteExt;
 
 use crate::relay::{self, Dial};
-use crate::{RuntimeError, RuntimeSecrets, exit_code, trust_run_ca};
+use crate::{
+    RuntimeError, RuntimeSecrets, exit_code, launch_env, spawn_command, start_proxy_relay,
+};
 
 /// Runs the runner's server to completion; returns its exit code.
 pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, RuntimeError> {
@@ -36,51 +38,22 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     // The one connection the sidecar takes as this runner's stream (a
     // probe connection first would be taken instead).
     let stream = connect_once(&secrets.sidecar).await?;
-    let proxy = match &secrets.proxy {
-        Some(p) => Some(
-            relay::proxy_relay(
-                Dial::resolve(p).await.map_err(RuntimeError::Relay)?,
-                secrets.sidecar_token.clone(),
-            )
-            .await
-            .map_err(RuntimeError::Relay)?,
-        ),
-        None => None,
-    };
+    let proxy = start_proxy_relay(&secrets).await?;
     let ws = &secrets.workspace;
     let meta = ws.join(".airlock");
     std::fs::create_dir_all(&meta).map_err(RuntimeError::Workspace)?;
-    let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-        ("HOME".into(), ws.display().to_string()),
-        ("LANG".into(), "C.UTF-8".into()),
-        ("AIRLOCK_RUN_ID".into(), secrets.run_id.clone()),
-        ("AIRLOCK_WORKSPACE".into(), ws.display().to_string()),
-    ];
-    if let Some(p) = proxy {
-        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-            env.push((k.into(), format!("http://{p}")));
-        }
-    }
-    if let Some(ca) = &secrets.proxy_ca_pem {
-        env.extend(trust_run_ca(&meta, ca).map_err(RuntimeError::Workspace)?);
-    }
-    env.extend(secrets.env.iter().cloned());
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .env_clear()
-        .envs(env)
-        .current_dir(secrets.cwd.as_deref().unwrap_or(ws))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| RuntimeError::Spawn {
-            cmd: program.clone(),
-            source,
-        })?;
+    let env = launch_env(&secrets, &meta, proxy, vec![])?;
+    let mut child = spawn_command(
+        program,
+        args,
+        env,
+        secrets.cwd.as_deref().unwrap_or(ws),
+        [Stdio::piped(), Stdio::piped(), Stdio::inherit()],
+    )
+    .map_err(|e| match e {
+        RuntimeError::Spawn { cmd, source } => RuntimeError::SpawnServer { cmd, source },
+        other => other,
+    })?;
     drop(secrets);
     let group = child
         .id()

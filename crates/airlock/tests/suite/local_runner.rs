@@ -71,25 +71,8 @@ def via_proxy(authority):
 def probe(host_port: int, main_port: int, other_port: int) -> str:
     """What this runner can see and reach."""
     r = {"role": ROLE, "placeholder": PH}
-    needles = [b"canary-" + b"runner", b"PRIVATE" + b" KEY"]
-    r["env_secrets"] = [k for k, v in os.environ.items() if any(n.decode() in v for n in needles)]
-    found = []
-    me = os.path.abspath(__file__)
-    for root in [os.environ["AIRLOCK_WORKSPACE"], "/tmp", os.path.dirname(me)]:
-        for d, _, files in os.walk(root):
-            if "/vendor" in d:
-                continue
-            for f in files:
-                path = os.path.join(d, f)
-                if path == me:
-                    continue
-                try:
-                    data = open(path, "rb").read(4 << 20)
-                except OSError:
-                    continue
-                if any(n in data for n in needles):
-                    found.append(path)
-    r["files_with_secrets"] = found
+    from find_secrets import holders
+    r["files_with_secrets"], r["env_secrets"] = holders([b"canary-" + b"runner", b"PRIVATE" + b" KEY"])
     # Processes: only this sandbox's own (its pid namespace).
     procs = []
     for pid in os.listdir("/proc"):
@@ -253,6 +236,7 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
     std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
     let run = run.env("EGRESS_EXTRA_CA_FILE", ca_file.to_str().unwrap());
     run.vendor("mcp");
+    run.helper("find_secrets.py");
     run.add_bearer_connection("svc", &json!({"token": CANARY}), &key);
 
     let prompt = format!("{host_port} {main} {other}");
@@ -272,12 +256,7 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
     let r = &report["result"];
 
     // Both runners' tools are on /mcp beside the api_calls.
-    let tools: Vec<&str> = r["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t.as_str())
-        .collect();
+    let tools = strings(&r["tools"]);
     for want in [
         "wild__t0",
         "svc__fetch",
@@ -365,12 +344,7 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
             json!({"mcp.sock": true, "proxy.sock": true, "sidecar.sock": false}),
             "{who}"
         );
-        let procs: Vec<&str> = p["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|x| x.as_str())
-            .collect();
+        let procs = strings(&p["processes"]);
         let other_runner = if who == "svc" {
             "runner.py peer"
         } else {
@@ -446,4 +420,36 @@ fn a_local_runner_is_refused_before_anything_starts_where_it_cannot_be_isolated(
         "{said}"
     );
     assert!(!said.contains("never"), "the agent ran: {said}");
+}
+
+#[test]
+fn a_runner_program_that_is_not_there_is_refused_before_anything_starts() {
+    if !namespace_available() {
+        return;
+    }
+    for (program, must) in [
+        (
+            "/usr/bin/pyhton3",
+            "source.command[0] \"/usr/bin/pyhton3\" is not an executable file",
+        ),
+        ("nosuchserver", "looked for /usr/local/bin/nosuchserver"),
+        ("./server.py", "agent/./server.py"),
+    ] {
+        let run = RealRun::with_manifest(
+            "print('never')",
+            &format!(
+                "[agent]\nname = \"runner-typo\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\n\n\
+                 [[integrations]]\nnamespace = \"svc\"\n\
+                 source = {{ kind = \"local\", command = [{program:?}] }}\n"
+            ),
+        );
+        let (out, report) = run.run("namespace");
+        let said = format!("{report}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{said}");
+        assert!(
+            said.contains("integration svc: ") && said.contains(must),
+            "{program}: {said}"
+        );
+        assert!(!said.contains("never"), "the agent ran: {said}");
+    }
 }

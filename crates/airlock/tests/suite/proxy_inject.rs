@@ -53,25 +53,8 @@ except Exception as e:
 # The CA: its certificate is here; its key must be nowhere the agent can read.
 ws = os.environ["AIRLOCK_WORKSPACE"]
 r["ca_cert_present"] = os.path.exists(os.path.join(ws, ".airlock", "ca.pem"))
-found = []
-needles = [b"PRIVATE" + b" KEY", b"canary-" + b"inject"]
-me = os.path.abspath(__file__)
-for root in [ws, "/tmp", os.path.dirname(os.path.abspath(__file__))]:
-    for d, _, files in os.walk(root):
-        if "/vendor" in d:
-            continue
-        for f in files:
-            path = os.path.join(d, f)
-            if path == me:
-                continue
-            try:
-                data = open(path, "rb").read(4 << 20)
-            except OSError:
-                continue
-            if any(n in data for n in needles):
-                found.append(path)
-r["secrets_found"] = found
-r["env_secrets"] = [k for k, v in os.environ.items() if any(n.decode() in v for n in needles)]
+from find_secrets import holders
+r["secrets_found"], r["env_secrets"] = holders([b"PRIVATE" + b" KEY", b"canary-" + b"inject"])
 json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
 "#;
 
@@ -105,6 +88,7 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
     std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
     let run = run.env("EGRESS_EXTRA_CA_FILE", ca_file.to_str().unwrap());
     run.vendor("requests");
+    run.helper("find_secrets.py");
     run.add_bearer_connection("svc", &json!({"token": CANARY}), &key);
 
     let prompt = format!("{main} {other}");

@@ -479,12 +479,7 @@ fn a_real_run_calls_a_remote_server_through_its_sidecar_and_only_through_it() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
     let r = &report["result"];
-    let tools: Vec<&str> = r["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t.as_str())
-        .collect();
+    let tools = strings(&r["tools"]);
     for want in ["remote__echo", "remote__whoami", "remote__api_call"] {
         assert!(tools.contains(&want), "{tools:?}");
     }

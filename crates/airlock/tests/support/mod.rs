@@ -450,6 +450,16 @@ impl RealRun {
         );
     }
 
+    /// Copies `tests/python/NAME` (a helper module the agent imports) into
+    /// the agent's directory.
+    pub fn helper(&self, name: &str) {
+        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/python")
+            .join(name);
+        std::fs::copy(&from, self.agent_dir.join(name))
+            .unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+    }
+
     /// `airlock connections add NAME --integration NAME --type bearer` on
     /// this run's home, the fields on stdin, under `key` (base64).
     pub fn add_bearer_connection(&self, name: &str, fields: &Value, key: &str) {
@@ -845,6 +855,13 @@ pub fn process_tree(root: i32) -> Vec<i32> {
         i += 1;
     }
     tree
+}
+
+/// The strings of a JSON array (`[]` for anything else).
+pub fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 pub mod serve;
