@@ -89,12 +89,7 @@ pub const PLACEHOLDER_KEY: &str = "airlock-placeholder-key";
 
 /// Runs the agent to completion; returns its exit code (128+signal if killed).
 pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, RuntimeError> {
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-        .map_err(|e| RuntimeError::Hardening(e.into()))?;
-    let (program, args) = command.split_first().ok_or_else(|| RuntimeError::Spawn {
-        cmd: String::new(),
-        source: std::io::Error::other("empty command"),
-    })?;
+    let (program, args) = harden_and_split(&command)?;
     let token = secrets.sidecar_token.clone();
     let heartbeat_every = Duration::from_secs(secrets.heartbeat_interval_secs.max(1));
     let sidecar = wait_for_sidecar(&secrets.sidecar).await?;
@@ -245,6 +240,17 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     reporter.flush().await;
     tracing::debug!(target: "airlock::phase", "runtime: result delivered");
     Ok(exit_code)
+}
+
+/// What each launcher does first: makes itself non-dumpable (its memory
+/// holds a token), and splits its command into program and arguments.
+fn harden_and_split(command: &[String]) -> Result<(&String, &[String]), RuntimeError> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| RuntimeError::Hardening(e.into()))?;
+    command.split_first().ok_or_else(|| RuntimeError::Spawn {
+        cmd: String::new(),
+        source: std::io::Error::other("empty command"),
+    })
 }
 
 /// The local relay to the sandbox's forward proxy (the sidecar's, or a

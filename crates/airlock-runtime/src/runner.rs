@@ -24,17 +24,13 @@ use tokio::io::AsyncWriteExt;
 
 use crate::relay::{self, Dial};
 use crate::{
-    RuntimeError, RuntimeSecrets, exit_code, launch_env, spawn_command, start_proxy_relay,
+    RuntimeError, RuntimeSecrets, exit_code, harden_and_split, launch_env, spawn_command,
+    start_proxy_relay,
 };
 
 /// Runs the runner's server to completion; returns its exit code.
 pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, RuntimeError> {
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-        .map_err(|e| RuntimeError::Hardening(e.into()))?;
-    let (program, args) = command.split_first().ok_or_else(|| RuntimeError::Spawn {
-        cmd: String::new(),
-        source: std::io::Error::other("empty command"),
-    })?;
+    let (program, args) = harden_and_split(&command)?;
     // The one connection the sidecar takes as this runner's stream (a
     // probe connection first would be taken instead).
     let stream = connect_once(&secrets.sidecar).await?;

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::support::tls::{test_ca, upstream};
+use crate::support::tls::{TwoHosts, test_ca, two_hosts};
 use crate::support::*;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -205,11 +205,15 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
         return;
     }
     let ca = test_ca();
-    let (main_port, main_log) = upstream("127.0.0.2", &ca).await;
-    let (other_port, other_log) = upstream("127.0.0.3", &ca).await;
+    let TwoHosts {
+        main,
+        main_port,
+        main_log,
+        other,
+        other_log,
+        ..
+    } = two_hosts(&ca).await;
     let (host_port, host_conns) = host_listener().await;
-    let main = format!("https://127.0.0.2:{main_port}");
-    let other = format!("https://127.0.0.3:{other_port}");
     let key = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0x3cu8; 32]);
     // The agent may reach `other`; the runners may not (theirs is their
     // integration's allowlist, not the run's network policy).

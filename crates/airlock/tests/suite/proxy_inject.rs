@@ -12,7 +12,7 @@ use std::process::Command;
 
 use std::sync::Arc;
 
-use crate::support::tls::{test_ca, upstream, upstream_named};
+use crate::support::tls::{TwoHosts, test_ca, two_hosts, upstream_named};
 use crate::support::*;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -64,12 +64,14 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
         return;
     }
     let ca = test_ca();
-    // Two hosts on loopback addresses (the sandbox's own 127.0.0.1 is its
-    // loopback, and NO_PROXY names it): the integration's and another.
-    let (main_port, main_log) = upstream("127.0.0.2", &ca).await;
-    let (other_port, other_log) = upstream("127.0.0.3", &ca).await;
-    let main = format!("https://127.0.0.2:{main_port}");
-    let other = format!("https://127.0.0.3:{other_port}");
+    let TwoHosts {
+        main,
+        main_port,
+        main_log,
+        other,
+        other_port,
+        other_log,
+    } = two_hosts(&ca).await;
     let key = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0x6bu8; 32]);
     let run = RealRun::with_manifest(
         AGENT,

@@ -98,3 +98,28 @@ pub fn test_ca() -> TestCa {
             .unwrap(),
     }
 }
+
+/// The two HTTPS hosts of the placeholder tests, on loopback addresses other
+/// than the sandbox's own 127.0.0.1: `main` (an integration's) on
+/// 127.0.0.2 and `other` on 127.0.0.3, as base URLs with their logs.
+pub struct TwoHosts {
+    pub main: String,
+    pub main_port: u16,
+    pub main_log: Log,
+    pub other: String,
+    pub other_port: u16,
+    pub other_log: Log,
+}
+
+pub async fn two_hosts(ca: &TestCa) -> TwoHosts {
+    let (main_port, main_log) = upstream("127.0.0.2", ca).await;
+    let (other_port, other_log) = upstream("127.0.0.3", ca).await;
+    TwoHosts {
+        main: format!("https://127.0.0.2:{main_port}"),
+        main_port,
+        main_log,
+        other: format!("https://127.0.0.3:{other_port}"),
+        other_port,
+        other_log,
+    }
+}
