@@ -1191,3 +1191,40 @@ fn reclaim_platform_sockets(dir: &Path) -> usize {
 
 /// Shared state for several concurrent runs.
 pub type SharedOrchestrator = Arc<Orchestrator>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_runners_start_only_where_they_are_isolated() {
+        assert!(refuse_local_runner("namespace", "gh").is_ok());
+        for (backend, must) in [
+            ("process", "needs an isolating backend"),
+            ("docker", "not on docker"),
+        ] {
+            let e = refuse_local_runner(backend, "gh").unwrap_err().to_string();
+            assert!(e.contains("integration gh: ") && e.contains(must), "{e}");
+            assert!(e.contains("RUN_ADAPTER=namespace"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_runner_program_is_found_as_the_sandbox_would_find_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("server.sh");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let cmd = |p: &str| vec![p.to_owned()];
+        // Not executable yet: refused; then found relative to the agent's directory.
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(check_runner_program("x", &cmd("./server.sh"), dir.path()).is_err());
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(check_runner_program("x", &cmd("./server.sh"), dir.path()).is_ok());
+        assert!(check_runner_program("x", &cmd(script.to_str().unwrap()), dir.path()).is_ok());
+        // A bare name on the sandbox's PATH; a directory is not a program.
+        assert!(check_runner_program("x", &cmd("sh"), dir.path()).is_ok());
+        let e = check_runner_program("x", &cmd("/usr/bin"), dir.path()).unwrap_err();
+        assert!(e.to_string().contains("is not an executable file"), "{e}");
+    }
+}
