@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
@@ -126,6 +126,16 @@ pub enum Endpoint {
     Unix(PathBuf),
     /// TCP (the docker backend: `sidecar:8080` on the run's own network).
     Tcp(HostPort),
+}
+
+impl Endpoint {
+    /// The socket's path, for a unix endpoint.
+    pub fn unix_path(&self) -> Option<&Path> {
+        match self {
+            Endpoint::Unix(p) => Some(p),
+            Endpoint::Tcp(_) => None,
+        }
+    }
 }
 
 /// What the orchestrator hands the runtime on stdin.

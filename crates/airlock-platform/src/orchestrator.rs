@@ -585,10 +585,7 @@ impl Orchestrator {
                 let runner_sockets = runners.iter().flat_map(|r| {
                     [&r.listen.mcp, &r.listen.proxy]
                         .into_iter()
-                        .filter_map(|e| match e {
-                            launch::Endpoint::Unix(p) => Some(p.as_path()),
-                            launch::Endpoint::Tcp(_) => None,
-                        })
+                        .filter_map(launch::Endpoint::unix_path)
                 });
                 for s in placement.host_sockets().into_iter().chain(runner_sockets) {
                     if let Err(e) = std::fs::set_permissions(

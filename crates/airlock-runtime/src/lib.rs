@@ -92,7 +92,8 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let (program, args) = harden_and_split(&command)?;
     let token = secrets.sidecar_token.clone();
     let heartbeat_every = Duration::from_secs(secrets.heartbeat_interval_secs.max(1));
-    let sidecar = wait_for_sidecar(&secrets.sidecar).await?;
+    let (sidecar, probe) = wait_for_sidecar(&secrets.sidecar).await?;
+    drop(probe);
     tracing::debug!(target: "airlock::phase", "runtime: sidecar reachable");
 
     let reporter = Reporter::start(sidecar.clone(), token.clone());
@@ -353,8 +354,8 @@ async fn parent_gone() {
 /// secrets over once it is ready, so the first attempt succeeds; a launcher
 /// that handed them earlier is waited for here (up to 30 s, the platform's
 /// own patience with a sidecar) until it accepts a connection. Returns where
-/// to dial it.
-async fn wait_for_sidecar(ep: &Endpoint) -> Result<Dial, RuntimeError> {
+/// to dial it, and that first connection (a runner's one MCP stream).
+pub(crate) async fn wait_for_sidecar(ep: &Endpoint) -> Result<(Dial, relay::Conn), RuntimeError> {
     let down = |why: String| {
         RuntimeError::SidecarDown(match ep {
             Endpoint::Unix(p) => format!("{} ({why})", p.display()),
@@ -367,7 +368,7 @@ async fn wait_for_sidecar(ep: &Endpoint) -> Result<Dial, RuntimeError> {
         // A name (docker: `sidecar`) resolves once its container is on the network.
         match Dial::resolve(ep).await {
             Ok(dial) => match dial.connect().await {
-                Ok(_) => return Ok(dial),
+                Ok(conn) => return Ok((dial, conn)),
                 Err(e) => last = e.to_string(),
             },
             Err(e) => last = e.to_string(),

@@ -22,10 +22,9 @@ use std::process::Stdio;
 
 use tokio::io::AsyncWriteExt;
 
-use crate::relay::{self, Dial};
 use crate::{
     RuntimeError, RuntimeSecrets, exit_code, harden_and_split, launch_env, spawn_command,
-    start_proxy_relay,
+    start_proxy_relay, wait_for_sidecar,
 };
 
 /// Runs the runner's server to completion; returns its exit code.
@@ -33,7 +32,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let (program, args) = harden_and_split(&command)?;
     // The one connection the sidecar takes as this runner's stream (a
     // probe connection first would be taken instead).
-    let stream = connect_once(&secrets.sidecar).await?;
+    let (_, stream) = wait_for_sidecar(&secrets.sidecar).await?;
     let proxy = start_proxy_relay(&secrets).await?;
     let ws = &secrets.workspace;
     let meta = ws.join(".airlock");
@@ -61,22 +60,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             source: std::io::Error::other("no stdio pipes"),
         });
     };
-    let (mut from_sidecar, mut to_sidecar) = match stream {
-        relay::Conn::Unix(s) => {
-            let (r, w) = s.into_split();
-            (
-                Box::new(r) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-                Box::new(w) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
-            )
-        }
-        relay::Conn::Tcp(s) => {
-            let (r, w) = s.into_split();
-            (
-                Box::new(r) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-                Box::new(w) as Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
-            )
-        }
-    };
+    let (mut from_sidecar, mut to_sidecar) = tokio::io::split(stream);
     let down = tokio::spawn(async move {
         let _ = tokio::io::copy(&mut from_sidecar, &mut to_server).await;
         let _ = to_server.shutdown().await;
@@ -101,24 +85,4 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     kill_group();
     let _ = up.await;
     Ok(exit_code(status))
-}
-
-/// Connects to the runner's MCP socket, retrying for up to 30 s (the
-/// platform's patience with a sidecar) while it is not there yet.
-async fn connect_once(
-    ep: &airlock_platform_api::launch::Endpoint,
-) -> Result<relay::Conn, RuntimeError> {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut last = String::from("not tried");
-    while tokio::time::Instant::now() < deadline {
-        match Dial::resolve(ep).await {
-            Ok(dial) => match dial.connect().await {
-                Ok(c) => return Ok(c),
-                Err(e) => last = e.to_string(),
-            },
-            Err(e) => last = e.to_string(),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    Err(RuntimeError::SidecarDown(format!("{ep:?} ({last})")))
 }

@@ -83,10 +83,7 @@ impl SidecarPlacement {
     pub fn host_sockets(&self) -> Vec<&Path> {
         [&self.listen.0, &self.listen.1]
             .into_iter()
-            .filter_map(|e| match e {
-                Endpoint::Unix(p) => Some(p.as_path()),
-                Endpoint::Tcp(_) => None,
-            })
+            .filter_map(Endpoint::unix_path)
             .collect()
     }
 }

@@ -160,12 +160,13 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     let mut runner_proxies = Vec::new();
     for i in &cfg.integrations {
         let Some(r) = &i.runner else { continue };
-        let unix = |e: &airlock_platform_api::launch::Endpoint, what: &str| match e {
-            airlock_platform_api::launch::Endpoint::Unix(p) => Ok(p.clone()),
-            airlock_platform_api::launch::Endpoint::Tcp(h) => Err(SidecarError::Listen {
-                what: format!("{h} (runner {} {what})", i.namespace),
-                source: std::io::Error::other("a runner's listeners are unix sockets"),
-            }),
+        let unix = |e: &airlock_platform_api::launch::Endpoint, what: &str| {
+            e.unix_path()
+                .map(Path::to_path_buf)
+                .ok_or_else(|| SidecarError::Listen {
+                    what: format!("{e:?} (runner {} {what})", i.namespace),
+                    source: std::io::Error::other("a runner's listeners are unix sockets"),
+                })
         };
         let mcp_path = unix(&r.mcp, "mcp")?;
         let proxy_path = unix(&r.proxy, "proxy")?;

@@ -44,7 +44,7 @@ pub struct Sidecar {
     /// The egress log: every outbound request of every site.
     pub egress: Recorder,
     /// The intercepting proxy, when an integration has `inject = "proxy"`
-    /// or a local runner with a credential.
+    /// or a local runner.
     pub interceptor: Option<crate::proxy::Interceptor>,
     /// What each local runner's proxy lets out without a credential: its
     /// integration's `authorized_uris` (and `allow_all_uris`).

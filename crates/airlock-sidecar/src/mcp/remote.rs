@@ -495,8 +495,8 @@ struct Link {
 enum Upstream {
     /// A remote server's Streamable HTTP endpoint, through [`GuardedMcpHttp`].
     Http(String),
-    /// A local runner ([`runner`](crate::mcp::remote#local-runners)): its
-    /// bridge connects to this listener and relays the server's stdio.
+    /// A local runner (`source.kind = "local"`): its bridge, `airlock
+    /// runner`, connects to this listener and relays the server's stdio.
     Runner(tokio::sync::Mutex<tokio::net::UnixListener>),
 }
 
