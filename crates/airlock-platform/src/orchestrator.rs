@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use airlock_platform_api::launch;
 use airlock_platform_api::wire::RunEvent;
-use airlock_sandbox::{Backend, OutputStream, Sandbox, SandboxSpec, SidecarSpec};
+use airlock_sandbox::{Backend, OutputStream, Sandbox, SandboxKind, SandboxSpec, SidecarSpec};
 use airlock_store::{NewRun, RunEnd, RunStatus, Store};
 use airlock_vault::RunTokens;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -384,13 +384,15 @@ impl Orchestrator {
             })?;
             let token = airlock_vault::generate_sidecar_token()
                 .map_err(|e| RunError::Setup(e.to_string()))?;
+            // Where the sidecar listens for it: this directory, as it sees it.
+            let inside = placement.runner_dir(&dir);
             runners.push(RunnerPlan {
                 namespace: i.namespace.to_string(),
                 sandbox_id: format!("{run_id}-r{n}"),
                 command: command.to_vec(),
                 listen: launch::Runner {
-                    mcp: launch::Endpoint::Unix(dir.join(RUNNER_MCP_SOCKET)),
-                    proxy: launch::Endpoint::Unix(dir.join(RUNNER_PROXY_SOCKET)),
+                    mcp: launch::Endpoint::Unix(inside.join(RUNNER_MCP_SOCKET)),
+                    proxy: launch::Endpoint::Unix(inside.join(RUNNER_PROXY_SOCKET)),
                     token,
                 },
                 dir,
@@ -503,6 +505,7 @@ impl Orchestrator {
             memory_mb,
             cpus,
             pids_max: 256,
+            kind: SandboxKind::Agent,
         };
         let mut sandbox = self.backend.spawn(&spec)?;
         tracing::debug!(target: "airlock::phase", "sandbox spawned");
@@ -540,6 +543,9 @@ impl Orchestrator {
                 command,
                 stdin: secrets.to_json(),
                 sockets_dir: r.dir.clone(),
+                kind: SandboxKind::Runner {
+                    run: run_id.to_owned(),
+                },
                 ..spec.clone()
             };
             match self.backend.spawn(&runner_spec) {
@@ -561,7 +567,7 @@ impl Orchestrator {
         }
         let mut output = SandboxOutput::start(&mut sandbox);
         let (mut sidecar, mut sidecar_log) =
-            match self.spawn_sidecar(run_id, &sidecar_cfg, &journal) {
+            match self.spawn_sidecar(run_id, &sidecar_cfg, &journal, &runners) {
                 Ok(s) => s,
                 Err(e) => {
                     sandbox.cleanup().await;
@@ -582,11 +588,11 @@ impl Orchestrator {
                 // The sandbox's uid is not the platform's: it may connect to
                 // the sockets (their directory is the platform's, 0711, and
                 // read-only inside the sandbox).
-                let runner_sockets = runners.iter().flat_map(|r| {
-                    [&r.listen.mcp, &r.listen.proxy]
-                        .into_iter()
-                        .filter_map(launch::Endpoint::unix_path)
-                });
+                let runner_sockets: Vec<PathBuf> = runners
+                    .iter()
+                    .flat_map(|r| [RUNNER_MCP_SOCKET, RUNNER_PROXY_SOCKET].map(|s| r.dir.join(s)))
+                    .collect();
+                let runner_sockets = runner_sockets.iter().map(PathBuf::as_path);
                 for s in placement.host_sockets().into_iter().chain(runner_sockets) {
                     if let Err(e) = std::fs::set_permissions(
                         s,
@@ -730,8 +736,13 @@ impl Orchestrator {
             let Some(command) = i.local_command() else {
                 continue;
             };
-            refuse_local_runner(self.backend.name(), i.namespace.as_str())?;
-            check_runner_program(i.namespace.as_str(), command, agent_dir)?;
+            refuse_local_runner(self.backend.as_ref(), i.namespace.as_str())?;
+            check_runner_program(
+                i.namespace.as_str(),
+                command,
+                agent_dir,
+                self.backend.host_programs(),
+            )?;
         }
         let ring = self.api.keyring();
         for (who, name) in m.connections() {
@@ -788,6 +799,7 @@ impl Orchestrator {
         run_id: &str,
         cfg: &launch::SidecarConfig,
         egress_journal: &Path,
+        runners: &[RunnerPlan],
     ) -> Result<(Sandbox, SidecarLog), RunError> {
         let mut sidecar = self.backend.spawn_sidecar(&SidecarSpec {
             run_id: run_id.to_owned(),
@@ -797,6 +809,7 @@ impl Orchestrator {
             config: cfg.to_json(),
             platform_socket: self.api_socket.clone(),
             egress_journal: egress_journal.to_owned(),
+            runner_dirs: runners.iter().map(|r| r.dir.clone()).collect(),
         })?;
         let (stdout, stderr) = sidecar.take_output();
         let mut log = SidecarLog {
@@ -833,38 +846,40 @@ struct RunnerPlan {
     credentialed: bool,
 }
 
-/// Whether `backend` can start a local MCP runner; the refusal says why not.
-fn refuse_local_runner(backend: &str, namespace: &str) -> Result<(), RunError> {
-    match backend {
-        "namespace" => Ok(()),
-        "process" => Err(RunError::Refused(format!(
-            "integration {namespace}: a local MCP runner (source.kind = \"local\") needs an \
-             isolating backend, and the process backend isolates nothing: the runner would be a \
-             same-user process beside the sidecar, able to read its memory and environment. Run \
-             it with RUN_ADAPTER=namespace (this version has no INTEGRATION_RUNTIME_ADAPTER)"
-        ))),
-        other => Err(RunError::Refused(format!(
-            "integration {namespace}: local MCP runners (source.kind = \"local\") run on the \
-             namespace backend only in this version, not on {other}: use RUN_ADAPTER=namespace, \
-             or the server's URL with kind = \"remote\""
-        ))),
-    }
+/// Whether `backend` can start a local MCP runner (the backend's call,
+/// [`airlock_sandbox::Backend::local_runners`]); the refusal says why not.
+fn refuse_local_runner(backend: &dyn Backend, namespace: &str) -> Result<(), RunError> {
+    backend.local_runners().map_err(|why| {
+        RunError::Refused(format!(
+            "integration {namespace}: a local MCP runner (source.kind = \"local\") cannot start \
+             on the {} backend: {why}",
+            backend.name()
+        ))
+    })
 }
 
 /// A runner's program must be there before anything starts (a typo in
 /// the manifest is the operator's error now, not a tool that times out
 /// later): an absolute path, a path in the agent's directory, or a name on
 /// the sandbox's `PATH` (the host's `/usr/local/bin:/usr/bin:/bin`, which
-/// the namespace sandbox sees read-only), and executable.
+/// the namespace sandbox sees read-only), and executable. Where the
+/// sandbox's programs are not the host's (`host_programs` false: docker's
+/// are the agent image's), only one in the agent's directory (bound at the
+/// same path) is checked here.
 fn check_runner_program(
     namespace: &str,
     command: &[String],
     agent_dir: &Path,
+    host_programs: bool,
 ) -> Result<(), RunError> {
     use std::os::unix::fs::PermissionsExt;
     let Some(program) = command.first() else {
         return Ok(());
     };
+    let in_agent_dir = program.contains('/') && agent_dir.join(program).starts_with(agent_dir);
+    if !host_programs && !in_agent_dir {
+        return Ok(());
+    }
     let candidates: Vec<PathBuf> = if program.contains('/') {
         vec![agent_dir.join(program)]
     } else {
@@ -1195,10 +1210,26 @@ mod tests {
 
     #[test]
     fn local_runners_start_only_where_they_are_isolated() {
-        assert!(refuse_local_runner("namespace", "gh").is_ok());
+        use airlock_sandbox::docker::{DockerBackend, DockerConfig};
+        let docker = |runtime: Option<&str>| {
+            let mut vars = std::collections::HashMap::new();
+            if let Some(r) = runtime {
+                vars.insert("DOCKER_RUNTIME".to_owned(), r.to_owned());
+            }
+            DockerBackend::new(
+                DockerConfig::from_vars(&vars, Path::new("/usr/bin/airlock")).unwrap(),
+            )
+        };
+        assert!(refuse_local_runner(&docker(None), "gh").is_ok());
+        assert!(refuse_local_runner(&docker(Some("runc")), "gh").is_ok());
+        let process = airlock_sandbox::process::ProcessBackend;
+        let gvisor = docker(Some("runsc"));
         for (backend, must) in [
-            ("process", "needs an isolating backend"),
-            ("docker", "not on docker"),
+            (
+                &process as &dyn Backend,
+                "the process backend isolates nothing",
+            ),
+            (&gvisor, "DOCKER_RUNTIME=runsc"),
         ] {
             let e = refuse_local_runner(backend, "gh").unwrap_err().to_string();
             assert!(e.contains("integration gh: ") && e.contains(must), "{e}");
@@ -1215,13 +1246,22 @@ mod tests {
         let cmd = |p: &str| vec![p.to_owned()];
         // Not executable yet: refused; then found relative to the agent's directory.
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(check_runner_program("x", &cmd("./server.sh"), dir.path()).is_err());
+        let check = |p: &str, host: bool| check_runner_program("x", &cmd(p), dir.path(), host);
+        assert!(check("./server.sh", true).is_err());
+        // (Docker: the agent's directory is bound at the same path: checked too.)
+        assert!(check("./server.sh", false).is_err());
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(check_runner_program("x", &cmd("./server.sh"), dir.path()).is_ok());
-        assert!(check_runner_program("x", &cmd(script.to_str().unwrap()), dir.path()).is_ok());
+        assert!(check("./server.sh", true).is_ok());
+        assert!(check(script.to_str().unwrap(), true).is_ok());
+        assert!(check(script.to_str().unwrap(), false).is_ok());
         // A bare name on the sandbox's PATH; a directory is not a program.
-        assert!(check_runner_program("x", &cmd("sh"), dir.path()).is_ok());
-        let e = check_runner_program("x", &cmd("/usr/bin"), dir.path()).unwrap_err();
+        assert!(check("sh", true).is_ok());
+        let e = check("/usr/bin", true).unwrap_err();
         assert!(e.to_string().contains("is not an executable file"), "{e}");
+        assert!(check("nosuchserver", true).is_err());
+        assert!(check("./nosuch.py", false).is_err());
+        // Docker: a program of the image is not the host's to judge.
+        assert!(check("nosuchserver", false).is_ok());
+        assert!(check("/usr/bin/pyhton3", false).is_ok());
     }
 }

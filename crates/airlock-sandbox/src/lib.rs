@@ -44,6 +44,21 @@ pub struct SandboxSpec {
     pub memory_mb: u64,
     pub cpus: f64,
     pub pids_max: u64,
+    /// Whose sandbox this is: the agent's, or a local MCP runner's beside it.
+    pub kind: SandboxKind,
+}
+
+/// Whose sandbox a [`SandboxSpec`] describes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxKind {
+    /// The run's agent (`airlock runtime -- AGENT…`).
+    Agent,
+    /// A local MCP runner of run `run` (`airlock runner -- SERVER…`), in a
+    /// sandbox of its own: it reaches its sidecar through `sockets_dir`
+    /// only, and has no network at all (the namespace backend's sandboxes
+    /// never have one; a docker runner's container gets `--network none`,
+    /// not the run's network, where the agent is).
+    Runner { run: String },
 }
 
 /// Where a sandbox sees what the platform prepares for it.
@@ -75,9 +90,22 @@ pub struct SidecarPlacement {
     /// Where the sidecar opens the run's egress journal when that is not
     /// its host path (a sidecar in a container: a bind mount).
     pub egress_journal_inside: Option<PathBuf>,
+    /// Where the sidecar sees the runners' sockets' directories when not at
+    /// their host paths (a sidecar in a container: each bound under this
+    /// directory by its name).
+    pub runner_dirs_inside: Option<PathBuf>,
 }
 
 impl SidecarPlacement {
+    /// A runner's sockets' directory (`host_dir`, on the host) as the
+    /// sidecar sees it: where it listens for that runner.
+    pub fn runner_dir(&self, host_dir: &Path) -> PathBuf {
+        match (&self.runner_dirs_inside, host_dir.file_name()) {
+            (Some(inside), Some(name)) => inside.join(name),
+            _ => host_dir.to_owned(),
+        }
+    }
+
     /// The unix sockets the sidecar creates on the host (the platform opens
     /// them to the sandbox's uid once they exist).
     pub fn host_sockets(&self) -> Vec<&Path> {
@@ -106,6 +134,10 @@ pub struct SidecarSpec {
     /// The run's egress journal on the host (the platform's file, which
     /// the sidecar appends to).
     pub egress_journal: PathBuf,
+    /// The sockets' directories of the run's local runners on the host,
+    /// each the sidecar listens in ([`SidecarPlacement::runner_dir`] says
+    /// where it sees them).
+    pub runner_dirs: Vec<PathBuf>,
 }
 
 /// The unix-socket placement of the process and namespace backends: the
@@ -123,6 +155,7 @@ pub fn host_sidecar_placement(paths: &RunPaths, platform_socket: &Path) -> Sidec
         platform_socket: platform_socket.to_owned(),
         blocked_names: vec![],
         egress_journal_inside: None,
+        runner_dirs_inside: None,
     }
 }
 
@@ -493,6 +526,27 @@ pub trait Backend: Send + Sync {
     fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
         let _ = say;
         Ok(())
+    }
+    /// Whether a sandbox's programs outside the agent's directory are the
+    /// host's own (its `/usr`, read-only), so that the platform can check
+    /// one before anything starts; docker: no, they are the agent image's.
+    fn host_programs(&self) -> bool {
+        true
+    }
+    /// Whether this backend can start a local MCP runner in a sandbox of its
+    /// own ([`SandboxKind::Runner`]) that isolates it from the sidecar, the
+    /// agent and the host; the refusal says why not, and what to do.
+    fn local_runners(&self) -> Result<(), String> {
+        if self.isolates() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the {} backend isolates nothing: the runner would be a same-user process beside the \
+                 sidecar, able to read its memory and environment. Run it with RUN_ADAPTER=namespace \
+                 (this version has no INTEGRATION_RUNTIME_ADAPTER)",
+                self.name()
+            ))
+        }
     }
     /// Starts the run's sidecar where [`Backend::sidecar_placement`] put it.
     /// Must not block for long.

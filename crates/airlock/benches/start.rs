@@ -49,6 +49,7 @@ fn spec(i: usize, run_dir: &Path) -> SandboxSpec {
         memory_mb: 256,
         cpus: 1.0,
         pids_max: 64,
+        kind: airlock_sandbox::SandboxKind::Agent,
     }
 }
 

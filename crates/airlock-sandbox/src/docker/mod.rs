@@ -5,7 +5,17 @@
 //!    agent    airlock-<run>-agent    `airlock runtime -- AGENT…`, AGENT_IMAGE
 //!    sidecar  airlock-<run>-sidecar  `airlock sidecar`, SIDECAR_IMAGE, :8080 :8081
 //!               └── also on airlock-egress (shared, created once, never deleted)
+//!  (no network)
+//!    runner   airlock-<run>-r<N>-runner  `airlock runner -- SERVER…`, AGENT_IMAGE
 //! ```
+//!
+//! A local MCP runner's container has no network at all (`--network none`,
+//! not the run's, where the agent is): it reaches its sidecar only through
+//! the two unix sockets of its own directory (`runs/<id>/runner-<N>/`),
+//! bound read-only at `/run/airlock`; the sidecar's container has each
+//! runner's directory bound at `/run/airlock/runners/runner-<N>`, where it
+//! listens. Unix sockets on a bind mount need both containers on this
+//! host's kernel (runc): a gVisor runner is refused before anything starts.
 //!
 //! The agent's only peer is its sidecar (`sidecar:8080`, `sidecar:8081`).
 //! The run network is `--internal` and its bridge has no IPv4 address on the
@@ -54,8 +64,8 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::{
-    Backend, Endpoint, HostPort, RunPaths, Sandbox, SandboxError, SandboxSpec, SidecarPlacement,
-    SidecarSpec, Unavailable,
+    Backend, Endpoint, HostPort, RunPaths, Sandbox, SandboxError, SandboxKind, SandboxSpec,
+    SidecarPlacement, SidecarSpec, Unavailable,
 };
 
 pub use images::{ImageRef, ImagesConfig};
@@ -74,6 +84,8 @@ pub const PLATFORM_SOCKET_INSIDE: &str = "/run/airlock/platform.sock";
 /// The run's egress journal in the sidecar's container (a bind mount of
 /// the platform's file; nothing else of the run directory is mounted).
 pub const EGRESS_JOURNAL_INSIDE: &str = "/run/airlock/egress.journal";
+/// Where the sidecar's container sees the runners' sockets' directories.
+pub const RUNNERS_INSIDE: &str = "/run/airlock/runners";
 /// The `airlock` binary inside both images.
 pub const AIRLOCK_IN_IMAGE: &str = "/usr/local/bin/airlock";
 /// The agent's workspace inside its container.
@@ -306,34 +318,41 @@ impl DockerBackend {
         net
     }
 
-    /// Starts a container in a task: network, create, attach, start, stdin
-    /// (`hold`: once [`Sandbox::release_stdin`]).
+    /// Starts container `name` of run `run_id` in a task: network (`on_net`:
+    /// the run's; else none), create, attach, start, stdin (`hold`: once
+    /// [`Sandbox::release_stdin`]). `egress`: the sidecar's, also on
+    /// [`EGRESS_NETWORK`].
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         run_id: &str,
-        role: &'static str,
+        name: String,
         body: ContainerCreateBody,
         stdin: Vec<u8>,
         hold: bool,
+        on_net: bool,
         egress: bool,
     ) -> Result<Sandbox, SandboxError> {
         crate::namespace::config::check_run_id(run_id)
             .map_err(|e| SandboxError::Setup(e.to_string()))?;
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| SandboxError::Setup("the docker backend needs a tokio runtime".into()))?;
-        let name = container_name(run_id, role);
-        let net = self.run_net(run_id);
+        let net = on_net.then(|| self.run_net(run_id));
         // The sidecar says when it has started; an agent launched after it
         // waits for that.
-        let (started_tx, after) = if egress {
-            let (tx, rx) = tokio::sync::watch::channel(false);
-            if let Ok(mut s) = net.sidecar_started.lock() {
-                *s = Some(rx);
+        let (started_tx, after) = match &net {
+            Some(net) if egress => {
+                let (tx, rx) = tokio::sync::watch::channel(false);
+                if let Ok(mut s) = net.sidecar_started.lock() {
+                    *s = Some(rx);
+                }
+                (Some(tx), None)
             }
-            (Some(tx), None)
-        } else {
-            let rx = net.sidecar_started.lock().ok().and_then(|s| s.clone());
-            (None, rx)
+            Some(net) => {
+                let rx = net.sidecar_started.lock().ok().and_then(|s| s.clone());
+                (None, rx)
+            }
+            None => (None, None),
         };
         let (out_r, out_w) = tokio::io::simplex(64 * 1024);
         // (A simplex's reader sees its end only when the writer shuts down.)
@@ -379,7 +398,7 @@ impl DockerBackend {
                     .cloned()
                     .ok_or("no docker client")?;
                 let start = Start {
-                    net: &task_net,
+                    net: task_net.as_deref(),
                     net_labels: labels,
                     name: &task_name,
                     egress,
@@ -408,7 +427,7 @@ impl DockerBackend {
             name,
             host: self.cfg.host.clone(),
             started: rx,
-            net: Some(net),
+            net,
             nets: self.nets.clone(),
             shared,
             handle,
@@ -433,7 +452,8 @@ struct Shared {
 /// One container's start: the network, the container, its streams, its
 /// start and its stdin.
 struct Start<'a> {
-    net: &'a RunNet,
+    /// The run's network (`None`: the container has none).
+    net: Option<&'a RunNet>,
     net_labels: HashMap<String, String>,
     name: &'a str,
     egress: bool,
@@ -457,11 +477,12 @@ impl Start<'_> {
         err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
     ) -> Result<(), String> {
         let name = self.name;
-        self.net
-            .created
-            .get_or_init(|| create_run_network(d, &self.net.name, self.net_labels.clone()))
-            .await
-            .clone()?;
+        if let Some(net) = self.net {
+            net.created
+                .get_or_init(|| create_run_network(d, &net.name, self.net_labels.clone()))
+                .await
+                .clone()?;
+        }
         if self.egress {
             ensure_egress_network(d).await?;
         }
@@ -872,18 +893,43 @@ fn tmpfs_opts(size_mb: u64, uid: u32, gid: u32) -> String {
 }
 
 impl DockerBackend {
-    /// The agent container of `spec`.
-    fn agent_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
+    /// The container of `spec`: the agent's, on the run's network, or a
+    /// runner's, with no network and its sockets' directory bound read-only
+    /// at [`RunPaths::sockets`].
+    fn sandbox_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
+        // Each sandbox its own uid: a runner's is not its agent's.
         let ids = agent_ids(&spec.run_id);
-        let net = network_name(&spec.run_id);
         let mut binds = Vec::new();
         for p in &spec.ro_paths {
             crate::namespace::readable_by(p, ids)?;
-            let s = p.to_str().filter(|s| !s.contains(':')).ok_or_else(|| {
-                SandboxError::Setup(format!("{} cannot be bound into a container", p.display()))
-            })?;
-            binds.push(format!("{s}:{s}:ro"));
+            binds.push(format!("{s}:{s}:ro", s = bindable(p)?));
         }
+        let (labels, network_mode, networking_config) = match &spec.kind {
+            SandboxKind::Agent => {
+                let net = network_name(&spec.run_id);
+                (
+                    self.labels(&spec.run_id, "agent"),
+                    net.clone(),
+                    Some(NetworkingConfig {
+                        endpoints_config: Some(HashMap::from([(
+                            net,
+                            EndpointSettings {
+                                aliases: Some(vec!["agent".into()]),
+                                ..Default::default()
+                            },
+                        )])),
+                    }),
+                )
+            }
+            SandboxKind::Runner { run } => {
+                binds.push(format!(
+                    "{}:{}:ro",
+                    bindable(&spec.sockets_dir)?,
+                    self.paths(Path::new("/")).sockets.display()
+                ));
+                (self.labels(run, "runner"), "none".to_owned(), None)
+            }
+        };
         let cap = spec.workspace_size_mb;
         Ok(ContainerCreateBody {
             image: Some(self.cfg.images.agent.to_string()),
@@ -892,24 +938,16 @@ impl DockerBackend {
             user: Some(format!("{}:{}", ids.uid, ids.gid)),
             working_dir: Some(spec.workspace.display().to_string()),
             hostname: Some(crate::namespace::config::HOSTNAME.into()),
-            labels: Some(self.labels(&spec.run_id, "agent")),
+            labels: Some(labels),
             attach_stdin: Some(true),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             open_stdin: Some(true),
             stdin_once: Some(true),
             tty: Some(false),
-            networking_config: Some(NetworkingConfig {
-                endpoints_config: Some(HashMap::from([(
-                    net.clone(),
-                    EndpointSettings {
-                        aliases: Some(vec!["agent".into()]),
-                        ..Default::default()
-                    },
-                )])),
-            }),
+            networking_config,
             host_config: Some(HostConfig {
-                network_mode: Some(net),
+                network_mode: Some(network_mode),
                 binds: Some(binds),
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([
@@ -955,6 +993,20 @@ impl DockerBackend {
             .to_str()
             .filter(|s| !s.contains(':'))
             .ok_or_else(|| SandboxError::Setup("the egress journal cannot be bound".into()))?;
+        let mut binds = vec![
+            format!("{sock}:{PLATFORM_SOCKET_INSIDE}:ro"),
+            format!("{journal}:{EGRESS_JOURNAL_INSIDE}:rw"),
+        ];
+        // Each runner's sockets' directory, where the sidecar listens for it.
+        let placement =
+            self.sidecar_placement(&spec.run_id, &self.paths(Path::new("/")), Path::new("/"));
+        for dir in &spec.runner_dirs {
+            binds.push(format!(
+                "{}:{}:rw",
+                bindable(dir)?,
+                placement.runner_dir(dir).display()
+            ));
+        }
         // The platform's own uid: the one its socket admits.
         let (uid, gid) = (
             rustix::process::geteuid().as_raw(),
@@ -983,10 +1035,7 @@ impl DockerBackend {
             }),
             host_config: Some(HostConfig {
                 network_mode: Some(net),
-                binds: Some(vec![
-                    format!("{sock}:{PLATFORM_SOCKET_INSIDE}:ro"),
-                    format!("{journal}:{EGRESS_JOURNAL_INSIDE}:rw"),
-                ]),
+                binds: Some(binds),
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([(
                     "/tmp".into(),
@@ -1007,6 +1056,13 @@ impl DockerBackend {
             ..Default::default()
         })
     }
+}
+
+/// `p` as a bind mount's source (a path with `:` cannot be one).
+fn bindable(p: &Path) -> Result<&str, SandboxError> {
+    p.to_str().filter(|s| !s.contains(':')).ok_or_else(|| {
+        SandboxError::Setup(format!("{} cannot be bound into a container", p.display()))
+    })
 }
 
 /// The agent's uid/gid: a dedicated unprivileged host id per run, whoever
@@ -1075,6 +1131,7 @@ impl Backend for DockerBackend {
             platform_socket: PathBuf::from(PLATFORM_SOCKET_INSIDE),
             blocked_names: run_container_names(run_id),
             egress_journal_inside: Some(PathBuf::from(EGRESS_JOURNAL_INSIDE)),
+            runner_dirs_inside: Some(PathBuf::from(RUNNERS_INSIDE)),
         }
     }
 
@@ -1112,25 +1169,53 @@ impl Backend for DockerBackend {
     }
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
-        let body = self.agent_body(spec)?;
+        let body = self.sandbox_body(spec)?;
+        let (run, name, on_net) = match &spec.kind {
+            SandboxKind::Agent => (&spec.run_id, container_name(&spec.run_id, "agent"), true),
+            SandboxKind::Runner { run } => {
+                self.local_runners()
+                    .map_err(|message| SandboxError::Config {
+                        var: "DOCKER_RUNTIME",
+                        message,
+                    })?;
+                (run, container_name(&spec.run_id, "runner"), false)
+            }
+        };
         self.launch(
-            &spec.run_id,
-            "agent",
+            run,
+            name,
             body,
             spec.stdin.clone(),
             spec.hold_stdin,
+            on_net,
             false,
         )
+    }
+
+    fn host_programs(&self) -> bool {
+        false
+    }
+
+    fn local_runners(&self) -> Result<(), String> {
+        match self.cfg.runtime.as_deref() {
+            None | Some("runc") => Ok(()),
+            Some(r) => Err(format!(
+                "a runner reaches its sidecar through a unix socket on a bind mount, which a \
+                 container of DOCKER_RUNTIME={r} may not connect to (gVisor refuses host sockets \
+                 by default); unset DOCKER_RUNTIME (runc) for this run, or use RUN_ADAPTER=namespace"
+            )),
+        }
     }
 
     fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
         let body = self.sidecar_body(spec)?;
         self.launch(
             &spec.run_id,
-            "sidecar",
+            container_name(&spec.run_id, "sidecar"),
             body,
             spec.config.clone(),
             false,
+            true,
             true,
         )
     }

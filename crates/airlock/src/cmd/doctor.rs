@@ -132,6 +132,7 @@ fn seen_from_inside() -> Result<Value, String> {
         memory_mb: 256,
         cpus: 1.0,
         pids_max: 32,
+        kind: airlock_sandbox::SandboxKind::Agent,
     };
     let rt = super::current_thread_runtime().map_err(|e| e.to_string())?;
     let out = rt.block_on(async {

@@ -75,6 +75,7 @@ fn spec(command: Vec<String>) -> Run {
             memory_mb: 256,
             cpus: 1.0,
             pids_max: 64,
+            kind: airlock_sandbox::SandboxKind::Agent,
         },
         dir,
     }

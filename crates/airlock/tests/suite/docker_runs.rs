@@ -264,16 +264,7 @@ fn egress_server() -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let gw = rt.block_on(async {
-        let b = support::docker_backend().unwrap();
-        let d = b.docker().await.unwrap();
-        airlock_sandbox::docker::egress_gateway(&d).await.unwrap()
-    });
-    let l = std::net::TcpListener::bind((gw, 0)).unwrap();
+    let l = std::net::TcpListener::bind((support::docker_egress_gateway(), 0)).unwrap();
     let addr = l.local_addr().unwrap();
     let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let h = hits.clone();

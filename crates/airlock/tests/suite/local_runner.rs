@@ -67,10 +67,18 @@ def via_proxy(authority):
     except OSError as e:
         return type(e).__name__
 
+def ip_port(authority):
+    ip, port = authority.rsplit(":", 1)
+    return ip, int(port)
+
 @server.tool()
-def probe(host_port: int, main_port: int, other_port: int) -> str:
-    """What this runner can see and reach."""
+def probe(host: str, main: str, other: str) -> str:
+    """What this runner can see and reach (host: a listener of the test's on
+    the host; main: its integration's upstream; other: a host the agent may
+    reach; each ip:port)."""
     r = {"role": ROLE, "placeholder": PH}
+    # Its network interfaces (its network namespace's, as /proc says).
+    r["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])
     from find_secrets import holders
     r["files_with_secrets"], r["env_secrets"] = holders([b"canary-" + b"runner", b"PRIVATE" + b" KEY"])
     # Processes: only this sandbox's own (its pid namespace).
@@ -83,32 +91,32 @@ def probe(host_port: int, main_port: int, other_port: int) -> str:
                 procs.append("?")
     r["processes"] = procs
     # The memory of every other process it sees (its sandbox's init, its
-    # launcher, which holds the runner's token): none can be read.
+    # launcher, which holds the runner's token): which can be read.
     readable = []
     for pid in os.listdir("/proc"):
         if pid.isdigit() and int(pid) != os.getpid():
             try:
                 with open("/proc/%s/mem" % pid, "rb") as f:
                     f.read(1)
-                readable.append(pid)
+                readable.append(open("/proc/%s/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode().strip())
             except OSError:
                 pass
     r["readable_memory"] = readable
     r["sockets"] = {n: os.path.exists("/run/airlock/" + n) for n in ["mcp.sock", "proxy.sock", "sidecar.sock"]}
     # Direct: its loopback is its own; nothing else is routed.
-    r["direct_host"] = connect("127.0.0.1", host_port)
-    r["direct_main"] = connect("127.0.0.2", main_port)
+    r["direct_host"] = connect(*ip_port(host))
+    r["direct_main"] = connect(*ip_port(main))
     r["direct_metadata"] = connect("169.254.169.254", 80)
     # Through its proxy: only what its integration covers.
-    r["proxy_host"] = via_proxy("127.0.0.1:%d" % host_port)
-    r["proxy_other"] = via_proxy("127.0.0.3:%d" % other_port)
+    r["proxy_host"] = via_proxy(host)
+    r["proxy_other"] = via_proxy(other)
     r["proxy_metadata"] = via_proxy("169.254.169.254:80")
     # Its proxy without the token its launcher adds: refused.
     try:
         s = socket.socket(socket.AF_UNIX)
         s.settimeout(5)
         s.connect("/run/airlock/proxy.sock")
-        s.sendall(b"CONNECT 127.0.0.2:%d HTTP/1.1\r\nHost: x\r\n\r\n" % main_port)
+        s.sendall(("CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n" % main).encode())
         r["proxy_without_token"] = s.recv(200).split(b"\r\n")[0].decode()
         s.close()
     except OSError as e:
@@ -150,13 +158,23 @@ for line in sys.stdin:
 "#;
 
 const AGENT: &str = r#"
-import asyncio, json, os, socket, sys
+import asyncio, json, os, socket, ssl, sys, urllib.error, urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-host_port, main, other = open(os.path.join(os.environ["AIRLOCK_WORKSPACE"], ".airlock", "prompt.txt")).read().split()
-main_port, other_port = int(main.rsplit(":", 1)[1]), int(other.rsplit(":", 1)[1])
+# host: ip:port of the test's host listener; main, other: https base URLs.
+host, main, other = open(os.path.join(os.environ["AIRLOCK_WORKSPACE"], ".airlock", "prompt.txt")).read().split()
+
+def agent_get(url):
+    """The agent's own request, through its proxy (HTTPS_PROXY)."""
+    try:
+        with urllib.request.urlopen(url, timeout=20, context=ssl._create_unverified_context()) as resp:
+            return {"code": resp.status}
+    except urllib.error.HTTPError as e:
+        return {"code": e.code}
+    except Exception as e:
+        return {"error": repr(e)[:300]}
 
 async def main_():
     r = {}
@@ -166,7 +184,7 @@ async def main_():
         r["fetch_main"] = json.loads(text(await c.call_tool("svc__fetch", {"url": main + "/api/echo"})))
         r["fetch_other"] = json.loads(text(await c.call_tool("svc__fetch", {"url": other + "/api/echo"})))
         r["fetch_uncovered"] = json.loads(text(await c.call_tool("svc__fetch", {"url": main + "/private/echo"})))
-        args = {"host_port": int(host_port), "main_port": main_port, "other_port": other_port}
+        args = {"host": host, "main": main.split("//", 1)[1], "other": other.split("//", 1)[1]}
         r["svc"] = json.loads(text(await c.call_tool("svc__probe", args)))
         r["peer"] = json.loads(text(await c.call_tool("peer__probe", args)))
         r["peer_fetch_main"] = json.loads(text(await c.call_tool("peer__fetch", {"url": main + "/api/echo"})))
@@ -176,18 +194,16 @@ async def main_():
         r["after"] = json.loads(text(await c.call_tool("svc__fetch", {"url": main + "/api/echo"})))
     # The agent cannot reach a runner either: none of their sockets is in its view.
     r["agent_sockets"] = {n: os.path.exists("/run/airlock/" + n) for n in ["mcp.sock", "proxy.sock", "sidecar.sock"]}
-    r["agent_other"] = json.loads(__import__("subprocess").run(
-        ["curl", "-sSk", "-o", "/dev/null", "-w", '{"code": %{http_code}}', "--max-time", "20", other + "/api/agent"],
-        capture_output=True, text=True).stdout or "{}")
+    r["agent_other"] = agent_get(other + "/api/agent")
     json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
 
 asyncio.run(main_())
 "#;
 
-/// A TCP listener on the host's loopback counting connections (what "the
+/// A TCP listener on the host's `ip` counting connections (what "the
 /// host" is to a runner that tries to reach it).
-async fn host_listener() -> (u16, Arc<AtomicUsize>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+async fn host_listener(ip: &str) -> (u16, Arc<AtomicUsize>) {
+    let l = TcpListener::bind(format!("{ip}:0")).await.unwrap();
     let port = l.local_addr().unwrap().port();
     let n = Arc::new(AtomicUsize::new(0));
     let n2 = n.clone();
@@ -205,15 +221,58 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
         return;
     }
     let ca = test_ca();
+    let hosts = two_hosts(&ca).await;
+    runners_attacked("namespace", "127.0.0.1", hosts, &ca).await;
+}
+
+/// The same run on the docker backend: each runner is a container with no
+/// network at all (only loopback), its sockets bound from the host; the
+/// hosts are this test's own, on this host's address on the egress network.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_docker_runner_has_no_network_and_reaches_only_its_allowlist() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) || !docker_available() {
+        return;
+    }
+    let gw = tokio::task::spawn_blocking(docker_egress_gateway)
+        .await
+        .unwrap()
+        .to_string();
+    let ca = test_ca();
+    let (main_port, main_log) = crate::support::tls::upstream(&gw, &ca).await;
+    let (other_port, other_log) = crate::support::tls::upstream(&gw, &ca).await;
+    let hosts = TwoHosts {
+        main: format!("https://{gw}:{main_port}"),
+        main_port,
+        main_log,
+        other: format!("https://{gw}:{other_port}"),
+        other_port,
+        other_log,
+    };
+    runners_attacked("docker", &gw, hosts, &ca).await;
+}
+
+/// One run with three runners (`svc` with a connection, `peer` without,
+/// the hostile `wild`) on `backend`, attacked from each runner's side; the
+/// host listener is on `host_ip`.
+async fn runners_attacked(
+    backend: &'static str,
+    host_ip: &str,
+    hosts: TwoHosts,
+    ca: &crate::support::tls::TestCa,
+) {
     let TwoHosts {
         main,
-        main_port,
         main_log,
         other,
         other_log,
         ..
-    } = two_hosts(&ca).await;
-    let (host_port, host_conns) = host_listener().await;
+    } = hosts;
+    let docker = backend == "docker";
+    let (host_port, host_conns) = host_listener(host_ip).await;
+    let internal: Vec<&str> = [&main, &other]
+        .iter()
+        .map(|u| u.trim_start_matches("https://").rsplit_once(':').unwrap().0)
+        .collect();
     let key = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0x3cu8; 32]);
     // The agent may reach `other`; the runners may not (theirs is their
     // integration's allowlist, not the run's network policy).
@@ -232,7 +291,7 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
              source = {{ kind = \"local\", command = [\"/usr/bin/python3\", \"wild.py\"] }}\n"
         ),
     )
-    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "127.0.0.2,127.0.0.3")
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", &internal.join(","))
     .env("CONNECTION_ENCRYPTION_KEY", &key);
     std::fs::write(run.agent_dir.join("runner.py"), RUNNER).unwrap();
     std::fs::write(run.agent_dir.join("wild.py"), WILD).unwrap();
@@ -240,13 +299,16 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
     std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
     let run = run.env("EGRESS_EXTRA_CA_FILE", ca_file.to_str().unwrap());
     run.vendor("mcp");
+    // (`pyjwt[crypto]`, an extra vendor.py leaves out: the host's /usr has
+    // Debian's, the docker agent image does not.)
+    run.vendor("cryptography");
     run.helper("find_secrets.py");
     run.add_bearer_connection("svc", &json!({"token": CANARY}), &key);
 
-    let prompt = format!("{host_port} {main} {other}");
-    let (_run, out) = tokio::task::spawn_blocking(move || {
+    let prompt = format!("{host_ip}:{host_port} {main} {other}");
+    let (run, out) = tokio::task::spawn_blocking(move || {
         let o = run
-            .command("namespace", &["--prompt", &prompt])
+            .command(backend, &["--prompt", &prompt])
             .output()
             .unwrap();
         (run, o)
@@ -325,9 +387,17 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
         let p = &r[who];
         assert_eq!(p["role"], who);
         // Its loopback is its own, nothing else is routed, and its proxy
-        // refuses the host, another host and the metadata address.
-        assert_eq!(p["direct_host"], "ConnectionRefusedError", "{who}: {p}");
-        assert_eq!(p["direct_main"], "ConnectionRefusedError", "{who}: {p}");
+        // refuses the host, another host and the metadata address. (In the
+        // namespace sandbox the 127/8 addresses are its own loopback's,
+        // where nothing listens; a docker runner has no route at all.)
+        assert_eq!(p["interfaces"], json!(["lo"]), "{who}: {p}");
+        let unrouted = if docker {
+            "OSError"
+        } else {
+            "ConnectionRefusedError"
+        };
+        assert_eq!(p["direct_host"], unrouted, "{who}: {p}");
+        assert_eq!(p["direct_main"], unrouted, "{who}: {p}");
         assert_ne!(p["direct_metadata"], "connected", "{who}: {p}");
         for k in ["proxy_host", "proxy_other", "proxy_metadata"] {
             let line = p[k].as_str().unwrap_or_default();
@@ -367,7 +437,17 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
                 && !c.contains(other_runner)),
             "{who}: {procs:?}"
         );
-        assert_eq!(p["readable_memory"], json!([]), "{who}");
+        // Its launcher (which holds its token) is not readable; a docker
+        // runner's init (tini, holding nothing) is its own uid's.
+        let readable = strings(&p["readable_memory"]);
+        if docker {
+            assert!(
+                readable.iter().all(|c| c.contains("docker-init")),
+                "{who}: {readable:?}"
+            );
+        } else {
+            assert!(readable.is_empty(), "{who}: {readable:?}");
+        }
     }
     // The placeholder is in the credentialed runner's environment only.
     assert_eq!(r["svc"]["placeholder"], "AIRLOCK_PLACEHOLDER_SVC");
@@ -378,11 +458,15 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
         "{}",
         r["peer_fetch_main"]
     );
-    // The agent sees none of the runners' sockets.
-    assert_eq!(
-        r["agent_sockets"],
+    // The agent sees none of the runners' sockets (a docker agent has no
+    // socket of the platform's in its view at all: its sidecar is a peer
+    // on its network).
+    let agent_sockets = if docker {
+        json!({"mcp.sock": false, "proxy.sock": false, "sidecar.sock": false})
+    } else {
         json!({"mcp.sock": false, "proxy.sock": true, "sidecar.sock": true})
-    );
+    };
+    assert_eq!(r["agent_sockets"], agent_sockets);
     assert_eq!(host_conns.load(Ordering::SeqCst), 0, "the host was reached");
     assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
 
@@ -399,11 +483,17 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
         allowed[0]["url"]
             .as_str()
             .unwrap()
-            .contains(&format!("127.0.0.2:{main_port}/api/echo"))
+            .contains(&format!("{}/api/echo", main.trim_start_matches("https://")))
     );
     let refused = runner.iter().filter(|e| e["decision"] == "refused").count();
     // fetch other + uncovered, 3 CONNECTs of each runner, the peer's fetch.
     assert!(refused >= 9, "{runner:?}");
+    if docker {
+        let id = report["run_id"].as_str().unwrap();
+        let left = docker_leftovers(id);
+        assert!(left.is_empty(), "left on the daemon: {left:?}");
+    }
+    drop(run);
 }
 
 #[test]
@@ -419,11 +509,38 @@ fn a_local_runner_is_refused_before_anything_starts_where_it_cannot_be_isolated(
     assert!(!out.status.success());
     let said = format!("{report}{stderr}");
     assert!(
-        said.contains("integration svc: a local MCP runner (source.kind = \"local\") needs an isolating backend")
+        said.contains("integration svc: a local MCP runner (source.kind = \"local\") cannot start on the process backend")
             && said.contains("RUN_ADAPTER=namespace"),
         "{said}"
     );
     assert!(!said.contains("never"), "the agent ran: {said}");
+    // Docker under gVisor: its sandbox may not connect to the runner's
+    // host socket (measured: EPERM), so the run is refused before any
+    // container starts, not left with tools that never answer.
+    if !docker_available() {
+        return;
+    }
+    let run = RealRun::with_manifest(
+        "print('never')",
+        "[agent]\nname = \"runner-gvisor\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\n\n\
+         [[integrations]]\nnamespace = \"svc\"\n\
+         source = { kind = \"local\", command = [\"/usr/bin/python3\", \"runner.py\"] }\n",
+    )
+    .env("DOCKER_RUNTIME", "runsc-host");
+    let (out, report) = run.run("docker");
+    let said = format!("{report}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("integration svc: a local MCP runner (source.kind = \"local\") cannot start on the docker backend")
+            && said.contains("DOCKER_RUNTIME=runsc-host")
+            && said.contains("RUN_ADAPTER=namespace"),
+        "{said}"
+    );
+    assert!(!said.contains("never"), "the agent ran: {said}");
+    let id = report["run_id"].as_str().unwrap_or_default();
+    if !id.is_empty() {
+        assert!(docker_leftovers(id).is_empty());
+    }
 }
 
 #[test]

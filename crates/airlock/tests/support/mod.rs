@@ -636,6 +636,20 @@ pub fn docker_inspect(kind: &str, name: &str) -> Option<Value> {
 }
 
 /// Names of the containers and networks of `run_id` still on the daemon.
+/// This host's address on the docker egress network (its bridge gateway):
+/// where a test's own server is reached from a run's sidecar container.
+pub fn docker_egress_gateway() -> std::net::IpAddr {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let b = docker_backend().unwrap();
+        let d = b.docker().await.unwrap();
+        airlock_sandbox::docker::egress_gateway(&d).await.unwrap()
+    })
+}
+
 pub fn docker_leftovers(run_id: &str) -> Vec<String> {
     let mut v = vec![];
     let filter = format!("label=airlock.run={run_id}");
