@@ -512,6 +512,7 @@ impl Orchestrator {
         // Each runner in a sandbox of its own beside the agent's: its own
         // sockets (its MCP stream and its proxy), its own uid and cgroup.
         let mut runner_sandboxes: Vec<Sandbox> = Vec::new();
+        let mut runner_pumps: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         for r in &runners {
             let mut command = vec![
                 runtime_exe.display().to_string(),
@@ -550,7 +551,12 @@ impl Orchestrator {
             };
             match self.backend.spawn(&runner_spec) {
                 Ok(mut sb) => {
-                    log_runner_output(&r.namespace, &mut sb);
+                    runner_pumps.extend(log_runner_output(
+                        &self.store,
+                        run_id,
+                        &r.namespace,
+                        &mut sb,
+                    ));
                     runner_sandboxes.push(sb);
                 }
                 Err(e) => {
@@ -656,6 +662,10 @@ impl Orchestrator {
         sandbox.cleanup().await;
         for sb in runner_sandboxes {
             sb.cleanup().await;
+        }
+        // The runners' last lines are in the run's log before it ends.
+        for p in runner_pumps {
+            let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
         }
         tracing::debug!(target: "airlock::phase", "sandbox cleaned up");
         // Stopped after the sandbox, so every event the runtime handed it
@@ -909,12 +919,23 @@ fn check_runner_program(
 /// A runner's output (its server's stderr, its own diagnostics) goes to
 /// the platform's log, a bounded line at a time: its launcher's own
 /// diagnostics (`airlock runner: …`) as warnings, the server's as info.
-fn log_runner_output(namespace: &str, sandbox: &mut Sandbox) {
+/// The run's log keeps it too (stream `runner:<namespace>`, what `airlock
+/// runs logs` shows), up to [`KEPT_RUNNER_LINES`] lines a stream: a runner
+/// that writes without end fills the platform's log, not the store.
+fn log_runner_output(
+    store: &Store,
+    run_id: &str,
+    namespace: &str,
+    sandbox: &mut Sandbox,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let (out, err) = sandbox.take_output();
+    let mut pumps = Vec::new();
     for pipe in [out, err].into_iter().flatten() {
-        let namespace = namespace.to_owned();
-        tokio::spawn(async move {
+        let (store, run_id, namespace) = (store.clone(), run_id.to_owned(), namespace.to_owned());
+        pumps.push(tokio::spawn(async move {
             use airlock_sandbox::terminal;
+            let stream = runner_stream(&namespace);
+            let mut kept = 0usize;
             let mut pipe = tokio::io::BufReader::new(pipe);
             while let Ok(Some(line)) = terminal::next_line(&mut pipe, terminal::MAX_LINE).await {
                 if line.starts_with("airlock runner:") {
@@ -922,9 +943,43 @@ fn log_runner_output(namespace: &str, sandbox: &mut Sandbox) {
                 } else {
                     tracing::info!(target: "airlock::runner", integration = %namespace, "{line}");
                 }
+                let line = match kept.cmp(&KEPT_RUNNER_LINES) {
+                    std::cmp::Ordering::Less => line,
+                    std::cmp::Ordering::Equal => format!(
+                        "airlock: the runner's further output is not kept in the run's log (past {KEPT_RUNNER_LINES} lines; the platform's log has it)"
+                    ),
+                    std::cmp::Ordering::Greater => continue,
+                };
+                kept += 1;
+                let event = RunEvent::Log {
+                    at: now_ms(),
+                    stream: stream.clone(),
+                    line,
+                };
+                let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
+                let stored = store
+                    .append_event(&airlock_store::NewEvent {
+                        run_id: &run_id,
+                        at: now_ms(),
+                        kind: "log",
+                        payload: &payload,
+                    })
+                    .await;
+                if let Err(e) = stored {
+                    tracing::warn!(target: "airlock::runner", integration = %namespace, "not kept in the run's log: {e}");
+                }
             }
-        });
+        }));
     }
+    pumps
+}
+
+/// Lines of a runner's output kept in the run's log, per stream.
+pub const KEPT_RUNNER_LINES: usize = 10_000;
+
+/// The log stream of the runner of integration `namespace`.
+pub fn runner_stream(namespace: &str) -> String {
+    format!("runner:{namespace}")
 }
 
 async fn read_ready(stdout: &mut Option<OutputStream>) -> Result<(), String> {

@@ -166,16 +166,31 @@ impl Remote {
 pub fn print_log(data: &str, json: bool) {
     let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
     let p = &v["payload"];
-    let line = p["line"].as_str().unwrap_or("");
+    print_log_line(
+        &p["at"],
+        p["stream"].as_str().unwrap_or(""),
+        p["line"].as_str().unwrap_or(""),
+        json,
+    );
+}
+
+/// One stored log line as `airlock runs logs` prints it: the agent's
+/// stdout on stdout; its stderr, and a local runner's lines (stream
+/// `runner:<namespace>`, shown after `[runner <namespace>]`), on stderr;
+/// with `--json`, one object a line. Never a raw control character.
+pub fn print_log_line(at: &Value, stream: &str, line: &str, json: bool) {
+    use airlock_sandbox::terminal::safe;
     if json {
         println!(
             "{}",
-            serde_json::json!({"at": p["at"], "stream": p["stream"], "line": line})
+            serde_json::json!({"at": at, "stream": stream, "line": line})
         );
-    } else if p["stream"] == "stderr" {
-        eprintln!("{}", airlock_sandbox::terminal::safe(line));
+    } else if stream == "stderr" {
+        eprintln!("{}", safe(line));
+    } else if let Some(ns) = stream.strip_prefix("runner:") {
+        eprintln!("[runner {}] {}", safe(ns), safe(line));
     } else {
-        println!("{}", airlock_sandbox::terminal::safe(line));
+        println!("{}", safe(line));
     }
 }
 

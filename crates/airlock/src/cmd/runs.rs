@@ -275,19 +275,11 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                     if let Ok(RunEvent::Log { stream, line, at }) =
                         serde_json::from_str::<RunEvent>(&e.payload)
                     {
-                        if json {
-                            println!(
-                                "{}",
-                                serde_json::json!({"at": at, "stream": stream, "line": line})
-                            );
-                        } else if stream == "stderr" {
-                            eprintln!("{}", airlock_sandbox::terminal::safe(&line));
-                        } else {
-                            println!("{}", airlock_sandbox::terminal::safe(&line));
-                        }
+                        super::remote::print_log_line(&at.into(), &stream, &line, json);
                     }
                 }
-                if !follow {
+                // Without --follow: every page there is, then the end.
+                if !follow && page.is_empty() {
                     break;
                 }
                 if page.is_empty() {

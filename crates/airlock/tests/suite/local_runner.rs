@@ -34,6 +34,8 @@ from mcp.server.mcpserver import MCPServer
 
 ROLE = sys.argv[1]
 server = MCPServer("runner-" + ROLE)
+sys.stderr.write("runner %s up\n" % ROLE)
+sys.stderr.flush()
 PH = os.environ.get("AIRLOCK_PLACEHOLDER_SVC", "")
 
 @server.tool()
@@ -131,6 +133,10 @@ server.run("stdio")
 /// path for a name), and a 3 MiB result.
 const WILD: &str = r#"
 import json, sys
+# Its stderr without end (the run's log keeps a bounded part).
+for k in range(10050):
+    sys.stderr.write("wild noise %d\n" % k)
+sys.stderr.flush()
 def send(obj):
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -488,12 +494,49 @@ async fn runners_attacked(
     let refused = runner.iter().filter(|e| e["decision"] == "refused").count();
     // fetch other + uncovered, 3 CONNECTs of each runner, the peer's fetch.
     assert!(refused >= 9, "{runner:?}");
+    let id = report["run_id"].as_str().unwrap();
     if docker {
-        let id = report["run_id"].as_str().unwrap();
         let left = docker_leftovers(id);
         assert!(left.is_empty(), "left on the daemon: {left:?}");
     }
-    drop(run);
+
+    // Each runner's output is in the run's log, under its own stream; the
+    // hostile one's flood is cut at the cap, with a line saying so.
+    let logs = run.airlock(&["runs", "logs", id, "--json"]);
+    let lines: Vec<Value> = String::from_utf8_lossy(&logs.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let of = |stream: &str| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["stream"] == stream)
+            .map(|l| l["line"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert!(
+        of("runner:svc").contains(&"runner svc up".to_owned()),
+        "{:?}",
+        of("runner:svc")
+    );
+    assert!(of("runner:peer").contains(&"runner peer up".to_owned()));
+    let wild = of("runner:wild");
+    assert_eq!(wild.len(), 10_001, "{:?}", wild.last());
+    assert_eq!(wild[0], "wild noise 0");
+    assert_eq!(wild[9_999], "wild noise 9999");
+    assert!(
+        wild[10_000].contains("not kept in the run's log"),
+        "{}",
+        wild[10_000]
+    );
+    // (More than a page of events: `runs logs` reads them all.)
+    assert!(lines.len() > 10_001, "{}", lines.len());
+    let text = run.airlock(&["runs", "logs", id]);
+    assert!(
+        String::from_utf8_lossy(&text.stderr).contains("[runner svc] runner svc up"),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
 }
 
 #[test]
