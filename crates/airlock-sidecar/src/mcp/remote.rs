@@ -659,7 +659,7 @@ impl Remote {
                 handler.serve_with_lifecycle(transport, lifecycle).await
             }
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| start_failure(&e))?;
         if let Some(info) = session.peer_info() {
             tracing::info!(
                 integration = %self.namespace,
@@ -835,5 +835,16 @@ pub async fn bound_result(state: &super::McpState, result: CallToolResult) -> Ca
             r
         }
         Err(r) => r,
+    }
+}
+
+/// Why a server's MCP start failed, in the operator's words: the
+/// transport's own error, without rmcp's name of the transport's Rust type.
+fn start_failure(e: &rmcp::service::ClientInitializeError) -> String {
+    use rmcp::service::ClientInitializeError as E;
+    match e {
+        E::TransportError { error, context } => format!("{} (while {context})", error.error),
+        E::ConnectionClosed(when) => format!("it closed the connection ({when})"),
+        other => other.to_string(),
     }
 }

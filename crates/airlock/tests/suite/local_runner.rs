@@ -244,16 +244,7 @@ async fn a_docker_runner_has_no_network_and_reaches_only_its_allowlist() {
         .unwrap()
         .to_string();
     let ca = test_ca();
-    let (main_port, main_log) = crate::support::tls::upstream(&gw, &ca).await;
-    let (other_port, other_log) = crate::support::tls::upstream(&gw, &ca).await;
-    let hosts = TwoHosts {
-        main: format!("https://{gw}:{main_port}"),
-        main_port,
-        main_log,
-        other: format!("https://{gw}:{other_port}"),
-        other_port,
-        other_log,
-    };
+    let hosts = crate::support::tls::two_hosts_on(&gw, &gw, &ca).await;
     runners_attacked("docker", &gw, hosts, &ca).await;
 }
 
@@ -616,4 +607,63 @@ fn a_runner_program_that_is_not_there_is_refused_before_anything_starts() {
         );
         assert!(!said.contains("never"), "the agent ran: {said}");
     }
+}
+
+/// An agent that lists the tools and calls `svc__hello`: what it got.
+const CALLS_A_DEAD_RUNNER: &str = r#"
+import asyncio, json, os, sys, time
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+async def main():
+    t = time.time()
+    async with Client(streamable_http_client(os.environ["AIRLOCK_MCP_URL"]), mode="2026-07-28") as c:
+        r = {"tools": sorted(x.name for x in (await c.list_tools()).tools), "list_s": time.time() - t}
+        r["call"] = (await c.call_tool("svc__hello", {})).content[0].text
+    json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+asyncio.run(main())
+"#;
+
+/// A runner whose server cannot start (its interpreter is not there: the
+/// program passes the check before start, its exec fails): the run goes
+/// on, the agent's list answers at once without the runner's tools, a call
+/// to one gets a typed error in plain words, and the launcher's own line is
+/// in the run's log.
+#[test]
+fn a_runner_whose_server_cannot_start_fails_its_tools_and_nothing_else() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) || !namespace_available() {
+        return;
+    }
+    let run = RealRun::with_manifest(
+        CALLS_A_DEAD_RUNNER,
+        "[agent]\nname = \"dead-runner\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n\
+         [[integrations]]\nnamespace = \"svc\"\n\
+         source = { kind = \"local\", command = [\"./server.sh\"] }\n",
+    );
+    let server = run.agent_dir.join("server.sh");
+    std::fs::write(&server, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&server, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    run.vendor("mcp");
+    run.vendor("cryptography");
+    let (out, report) = run.run("namespace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let r = &report["result"];
+    let tools = strings(&r["tools"]);
+    assert!(tools.contains(&"svc__api_call"), "{tools:?}");
+    assert!(!tools.contains(&"svc__hello"), "{tools:?}");
+    assert!(r["list_s"].as_f64().unwrap() < 5.0, "{r}");
+    let call: Value = serde_json::from_str(r["call"].as_str().unwrap()).unwrap();
+    assert_eq!(call["error"], "mcp_server_unavailable", "{call}");
+    let message = call["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the svc MCP server is unavailable: ") && !message.contains("rmcp::"),
+        "{message}"
+    );
+    let id = report["run_id"].as_str().unwrap();
+    let logs = String::from_utf8_lossy(&run.airlock(&["runs", "logs", id]).stderr).into_owned();
+    assert!(
+        logs.contains("[runner svc] airlock runner: cannot start the runner's server"),
+        "{logs}"
+    );
 }

@@ -112,13 +112,19 @@ pub struct TwoHosts {
 }
 
 pub async fn two_hosts(ca: &TestCa) -> TwoHosts {
-    let (main_port, main_log) = upstream("127.0.0.2", ca).await;
-    let (other_port, other_log) = upstream("127.0.0.3", ca).await;
+    two_hosts_on("127.0.0.2", "127.0.0.3", ca).await
+}
+
+/// [`two_hosts`] on addresses of the caller's choice (the same one twice
+/// gives two hosts on two ports).
+pub async fn two_hosts_on(main_ip: &str, other_ip: &str, ca: &TestCa) -> TwoHosts {
+    let (main_port, main_log) = upstream(main_ip, ca).await;
+    let (other_port, other_log) = upstream(other_ip, ca).await;
     TwoHosts {
-        main: format!("https://127.0.0.2:{main_port}"),
+        main: format!("https://{main_ip}:{main_port}"),
         main_port,
         main_log,
-        other: format!("https://127.0.0.3:{other_port}"),
+        other: format!("https://{other_ip}:{other_port}"),
         other_port,
         other_log,
     }
