@@ -386,16 +386,18 @@ impl Orchestrator {
                 .map_err(|e| RunError::Setup(e.to_string()))?;
             // Where the sidecar listens for it: this directory, as it sees it.
             let inside = placement.runner_dir(&dir);
+            let listen = launch::Runner {
+                mcp: launch::Endpoint::Unix(inside.join(RUNNER_MCP_SOCKET)),
+                proxy: launch::Endpoint::Unix(inside.join(RUNNER_PROXY_SOCKET)),
+                token,
+            };
             runners.push(RunnerPlan {
                 namespace: i.namespace.to_string(),
                 sandbox_id: format!("{run_id}-r{n}"),
                 command: command.to_vec(),
-                listen: launch::Runner {
-                    mcp: launch::Endpoint::Unix(inside.join(RUNNER_MCP_SOCKET)),
-                    proxy: launch::Endpoint::Unix(inside.join(RUNNER_PROXY_SOCKET)),
-                    token,
-                },
+                listen,
                 dir,
+                inside,
                 credentialed: i.connection.is_some(),
             });
         }
@@ -819,7 +821,10 @@ impl Orchestrator {
             config: cfg.to_json(),
             platform_socket: self.api_socket.clone(),
             egress_journal: egress_journal.to_owned(),
-            runner_dirs: runners.iter().map(|r| r.dir.clone()).collect(),
+            runner_dirs: runners
+                .iter()
+                .map(|r| (r.dir.clone(), r.inside.clone()))
+                .collect(),
         })?;
         let (stdout, stderr) = sidecar.take_output();
         let mut log = SidecarLog {
@@ -850,8 +855,10 @@ struct RunnerPlan {
     /// Its sandbox's id (its cgroup and host uid derive from it).
     sandbox_id: String,
     command: Vec<String>,
-    /// Its sockets' directory on the host, seen by its sandbox only.
+    /// Its sockets' directory on the host, seen by its sandbox only…
     dir: PathBuf,
+    /// …and by the sidecar, here.
+    inside: PathBuf,
     listen: launch::Runner,
     credentialed: bool,
 }
@@ -951,8 +958,9 @@ fn log_runner_output(
                     std::cmp::Ordering::Greater => continue,
                 };
                 kept += 1;
+                let at = now_ms();
                 let event = RunEvent::Log {
-                    at: now_ms(),
+                    at,
                     stream: stream.clone(),
                     line,
                 };
@@ -960,7 +968,7 @@ fn log_runner_output(
                 let stored = store
                     .append_event(&airlock_store::NewEvent {
                         run_id: &run_id,
-                        at: now_ms(),
+                        at,
                         kind: "log",
                         payload: &payload,
                     })
@@ -977,9 +985,13 @@ fn log_runner_output(
 /// Lines of a runner's output kept in the run's log, per stream.
 pub const KEPT_RUNNER_LINES: usize = 10_000;
 
+/// The log streams of local runners start so (then the integration's
+/// namespace).
+pub const RUNNER_STREAM: &str = "runner:";
+
 /// The log stream of the runner of integration `namespace`.
 pub fn runner_stream(namespace: &str) -> String {
-    format!("runner:{namespace}")
+    format!("{RUNNER_STREAM}{namespace}")
 }
 
 async fn read_ready(stdout: &mut Option<OutputStream>) -> Result<(), String> {

@@ -134,10 +134,10 @@ pub struct SidecarSpec {
     /// The run's egress journal on the host (the platform's file, which
     /// the sidecar appends to).
     pub egress_journal: PathBuf,
-    /// The sockets' directories of the run's local runners on the host,
-    /// each the sidecar listens in ([`SidecarPlacement::runner_dir`] says
-    /// where it sees them).
-    pub runner_dirs: Vec<PathBuf>,
+    /// The sockets' directory of each of the run's local runners, where
+    /// the sidecar listens for it: on the host, and as the sidecar sees it
+    /// ([`SidecarPlacement::runner_dir`]).
+    pub runner_dirs: Vec<(PathBuf, PathBuf)>,
 }
 
 /// The unix-socket placement of the process and namespace backends: the

@@ -84,6 +84,8 @@ pub const PLATFORM_SOCKET_INSIDE: &str = "/run/airlock/platform.sock";
 /// The run's egress journal in the sidecar's container (a bind mount of
 /// the platform's file; nothing else of the run directory is mounted).
 pub const EGRESS_JOURNAL_INSIDE: &str = "/run/airlock/egress.journal";
+/// Where a runner's container sees its sockets' directory ([`RunPaths::sockets`]).
+pub const SOCKETS_INSIDE: &str = "/run/airlock";
 /// Where the sidecar's container sees the runners' sockets' directories.
 pub const RUNNERS_INSIDE: &str = "/run/airlock/runners";
 /// The `airlock` binary inside both images.
@@ -923,9 +925,8 @@ impl DockerBackend {
             }
             SandboxKind::Runner { run } => {
                 binds.push(format!(
-                    "{}:{}:ro",
-                    bindable(&spec.sockets_dir)?,
-                    self.paths(Path::new("/")).sockets.display()
+                    "{}:{SOCKETS_INSIDE}:ro",
+                    bindable(&spec.sockets_dir)?
                 ));
                 (self.labels(run, "runner"), "none".to_owned(), None)
             }
@@ -998,14 +999,8 @@ impl DockerBackend {
             format!("{journal}:{EGRESS_JOURNAL_INSIDE}:rw"),
         ];
         // Each runner's sockets' directory, where the sidecar listens for it.
-        let placement =
-            self.sidecar_placement(&spec.run_id, &self.paths(Path::new("/")), Path::new("/"));
-        for dir in &spec.runner_dirs {
-            binds.push(format!(
-                "{}:{}:rw",
-                bindable(dir)?,
-                placement.runner_dir(dir).display()
-            ));
+        for (host, inside) in &spec.runner_dirs {
+            binds.push(format!("{}:{}:rw", bindable(host)?, inside.display()));
         }
         // The platform's own uid: the one its socket admits.
         let (uid, gid) = (
@@ -1108,7 +1103,7 @@ impl Backend for DockerBackend {
             // Unused by this backend (the sidecar is reached over TCP); kept
             // so the run directory has the same shape in every backend.
             sockets_host: run_dir.join("sock"),
-            sockets: PathBuf::from("/run/airlock"),
+            sockets: PathBuf::from(SOCKETS_INSIDE),
             workspace: PathBuf::from(WORKSPACE),
         }
     }
@@ -1172,14 +1167,7 @@ impl Backend for DockerBackend {
         let body = self.sandbox_body(spec)?;
         let (run, name, on_net) = match &spec.kind {
             SandboxKind::Agent => (&spec.run_id, container_name(&spec.run_id, "agent"), true),
-            SandboxKind::Runner { run } => {
-                self.local_runners()
-                    .map_err(|message| SandboxError::Config {
-                        var: "DOCKER_RUNTIME",
-                        message,
-                    })?;
-                (run, container_name(&spec.run_id, "runner"), false)
-            }
+            SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner"), false),
         };
         self.launch(
             run,

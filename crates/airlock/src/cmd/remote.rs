@@ -187,7 +187,7 @@ pub fn print_log_line(at: &Value, stream: &str, line: &str, json: bool) {
         );
     } else if stream == "stderr" {
         eprintln!("{}", safe(line));
-    } else if let Some(ns) = stream.strip_prefix("runner:") {
+    } else if let Some(ns) = stream.strip_prefix(airlock_platform::orchestrator::RUNNER_STREAM) {
         eprintln!("[runner {}] {}", safe(ns), safe(line));
     } else {
         println!("{}", safe(line));

@@ -571,10 +571,15 @@ fn a_local_runner_is_refused_before_anything_starts_where_it_cannot_be_isolated(
         "{said}"
     );
     assert!(!said.contains("never"), "the agent ran: {said}");
-    let id = report["run_id"].as_str().unwrap_or_default();
-    if !id.is_empty() {
-        assert!(docker_leftovers(id).is_empty());
-    }
+    // Refused before anything starts: the operator's error (status 2), and
+    // no run was even recorded (so no container was made for one).
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    let listed = run.airlock(&["runs", "list"]);
+    assert!(
+        !String::from_utf8_lossy(&listed.stdout).contains("run_"),
+        "{}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
 }
 
 #[test]
