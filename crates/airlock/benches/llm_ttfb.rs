@@ -1,7 +1,8 @@
 //! `/llm` streaming: time to the first SSE event through the sidecar's relay,
 //! beside its peer (one `nginx` reverse-proxy hop, unbuffered, to the same
 //! fake provider) and directly from the provider, in the same run:
-//! alternating request by request, three repetitions, a fresh sidecar each.
+//! alternating request by request (in a fresh random order each round),
+//! three repetitions, a fresh sidecar each.
 //!
 //! `cargo bench -p airlock --bench llm_ttfb` (env `LLM_TTFB_ITERS`, default
 //! 400; `LLM_TTFB_REPS`, default 3).
@@ -155,12 +156,17 @@ fn main() {
             let mut total: Vec<Vec<Duration>> = vec![vec![]; conns.len()];
             let relay_tcp = conns.len() - 1;
             let mut cpu = 0u64;
+            let meter = peers::CpuMeter::of(sc.pid());
+            let mut shuffle = peers::Shuffle::new(0x11f ^ rep as u64);
             for _ in 0..iters {
-                for (i, c) in conns.iter_mut().enumerate() {
-                    let c0 = if i == relay_tcp { peers::cpu_ns(sc.pid()) } else { 0 };
+                // A fresh order each round: a fixed one locks each path to a
+                // phase of the sidecar's event batches.
+                for i in shuffle.order(conns.len()) {
+                    let c = &mut conns[i];
+                    let c0 = if i == relay_tcp { meter.ns() } else { 0 };
                     let (f, t) = c.once().await;
                     if i == relay_tcp {
-                        cpu += peers::cpu_ns(sc.pid()) - c0;
+                        cpu += meter.ns().saturating_sub(c0);
                     }
                     first[i].push(f);
                     total[i].push(t);

@@ -1,7 +1,7 @@
 //! `api_call` through the real `airlock sidecar` beside its peer, one
 //! keep-alive `nginx` reverse-proxy hop to the same loopback upstream, and
 //! the request straight to the upstream, in the same run: alternating call
-//! by call, three repetitions, a fresh sidecar for each (as a run starts
+//! by call (in a fresh random order each round), three repetitions, a fresh sidecar for each (as a run starts
 //! one).
 //!
 //! Prints per repetition and as medians [min–max]: p50/p99 and the latency
@@ -230,7 +230,9 @@ async fn run() {
         }
         let warm_kib = peers::kib(pid, "VmRSS:");
 
-        // Interleaved so drift affects every path alike.
+        // Interleaved so drift affects every path alike, in a fresh order
+        // each round (a fixed one locks each path to a phase of the
+        // sidecar's event batches).
         let (mut t_direct, mut t_nginx, mut t_cred, mut t_anon) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -238,29 +240,44 @@ async fn run() {
             Vec::with_capacity(n),
         );
         let (mut cpu_cred, mut cpu_anon, mut cpu_nginx) = (0u64, 0u64, 0u64);
+        let sidecar_cpu = peers::CpuMeter::of(pid);
+        let nginx_cpu = ng.as_ref().map(|(_, _, npid)| peers::CpuMeter::of(*npid));
+        let mut shuffle = peers::Shuffle::new(0x5eed ^ rep as u64);
         for i in 0..n as u64 {
-            let t = Instant::now();
-            direct(&mut d, up).await;
-            t_direct.push(t.elapsed());
-            if let Some((c, a, npid)) = &mut ng {
-                let c0 = peers::cpu_ns(*npid);
-                let t = Instant::now();
-                get_data(c, *a).await;
-                t_nginx.push(t.elapsed());
-                cpu_nginx += peers::cpu_ns(*npid) - c0;
+            for path in shuffle.order(4) {
+                match path {
+                    0 => {
+                        let t = Instant::now();
+                        direct(&mut d, up).await;
+                        t_direct.push(t.elapsed());
+                    }
+                    1 => {
+                        if let (Some((c, a, _)), Some(meter)) = (&mut ng, &nginx_cpu) {
+                            let c0 = meter.ns();
+                            let t = Instant::now();
+                            get_data(c, *a).await;
+                            t_nginx.push(t.elapsed());
+                            cpu_nginx += meter.ns().saturating_sub(c0);
+                        }
+                    }
+                    2 => {
+                        let body = call_body("svc__api_call", &target, i);
+                        let c0 = sidecar_cpu.ns();
+                        let t = Instant::now();
+                        via_sidecar(&mut s, &token, "svc__api_call", body).await;
+                        t_cred.push(t.elapsed());
+                        cpu_cred += sidecar_cpu.ns().saturating_sub(c0);
+                    }
+                    _ => {
+                        let body = call_body("anon__api_call", &target, i);
+                        let c0 = sidecar_cpu.ns();
+                        let t = Instant::now();
+                        via_sidecar(&mut s, &token, "anon__api_call", body).await;
+                        t_anon.push(t.elapsed());
+                        cpu_anon += sidecar_cpu.ns().saturating_sub(c0);
+                    }
+                }
             }
-            let body = call_body("svc__api_call", &target, i);
-            let c0 = peers::cpu_ns(pid);
-            let t = Instant::now();
-            via_sidecar(&mut s, &token, "svc__api_call", body).await;
-            t_cred.push(t.elapsed());
-            cpu_cred += peers::cpu_ns(pid) - c0;
-            let body = call_body("anon__api_call", &target, i);
-            let c0 = peers::cpu_ns(pid);
-            let t = Instant::now();
-            via_sidecar(&mut s, &token, "anon__api_call", body).await;
-            t_anon.push(t.elapsed());
-            cpu_anon += peers::cpu_ns(pid) - c0;
         }
 
         // 100 concurrent api_calls, 20 rounds, each on its own connection.

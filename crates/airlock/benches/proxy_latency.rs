@@ -249,11 +249,13 @@ fn main() {
         }
         let mut gets: Vec<Vec<Duration>> = vec![vec![]; under.len()];
         let mut cpu: Vec<u64> = vec![0; under.len()];
+        let meters: Vec<peers::CpuMeter> =
+            under.iter().map(|p| peers::CpuMeter::of(p.pid)).collect();
         for _ in 0..n {
             for (i, p) in under.iter().enumerate() {
-                let c0 = peers::cpu_ns(p.pid);
+                let c0 = meters[i].ns();
                 gets[i].push(p.get(up));
-                cpu[i] += peers::cpu_ns(p.pid) - c0;
+                cpu[i] += meters[i].ns().saturating_sub(c0);
             }
         }
         let mut setups: Vec<Vec<Duration>> = vec![vec![]; under.len()];

@@ -4,8 +4,8 @@
 //! is said loudly and its figures are left out; nothing else is started.
 //!
 //! Also what every bench here needs to put a figure beside its peer's:
-//! percentiles, CPU time of a process tree (from `/proc/PID/schedstat`,
-//! nanoseconds), memory, the machine's load.
+//! percentiles, CPU time of a process tree (from `/proc/PID/task/*/schedstat`,
+//! nanoseconds: [`CpuMeter`]), memory, the machine's load.
 #![allow(dead_code)] // each bench uses part of it
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -106,21 +106,79 @@ pub fn spread(v: &[f64], digits: usize) -> String {
     )
 }
 
-/// Nanoseconds on CPU of `pid` and every descendant still alive.
-pub fn cpu_ns(pid: u32) -> u64 {
-    let mut total = 0;
-    for p in tree(pid) {
-        for t in std::fs::read_dir(format!("/proc/{p}/task"))
-            .map(|r| r.flatten().collect::<Vec<_>>())
-            .unwrap_or_default()
-        {
-            total += std::fs::read_to_string(t.path().join("schedstat"))
-                .ok()
-                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-                .unwrap_or(0);
+/// CPU time of a process tree, cheap enough to read around every request:
+/// the tree's threads are listed once (a scan of all of `/proc`, which costs
+/// milliseconds and would load the machine under test if done per request)
+/// and listed again only when one of them is gone.
+pub struct CpuMeter {
+    pid: u32,
+    files: std::cell::RefCell<Vec<PathBuf>>,
+}
+
+impl CpuMeter {
+    pub fn of(pid: u32) -> CpuMeter {
+        CpuMeter {
+            pid,
+            files: std::cell::RefCell::new(Self::list(pid)),
         }
     }
-    total
+
+    fn list(pid: u32) -> Vec<PathBuf> {
+        tree(pid)
+            .into_iter()
+            .flat_map(|p| {
+                std::fs::read_dir(format!("/proc/{p}/task"))
+                    .map(|r| r.flatten().map(|t| t.path().join("schedstat")).collect())
+                    .unwrap_or_else(|_| Vec::new())
+            })
+            .collect()
+    }
+
+    /// Nanoseconds on CPU of the tree's threads so far.
+    pub fn ns(&self) -> u64 {
+        let read = |files: &[PathBuf]| -> Option<u64> {
+            files.iter().try_fold(0u64, |total, f| {
+                let s = std::fs::read_to_string(f).ok()?;
+                Some(total + s.split_whitespace().next()?.parse::<u64>().ok()?)
+            })
+        };
+        if let Some(n) = read(&self.files.borrow()) {
+            return n;
+        }
+        let fresh = Self::list(self.pid);
+        let n = read(&fresh).unwrap_or(0);
+        *self.files.borrow_mut() = fresh;
+        n
+    }
+}
+
+/// A small deterministic generator (xorshift64*), for the order in which a
+/// bench's paths take their turn within a round: a fixed order would lock
+/// each path to the same phase of the sidecar's periodic work (its event
+/// batches), favouring one path and burdening another.
+pub struct Shuffle(u64);
+
+impl Shuffle {
+    pub fn new(seed: u64) -> Shuffle {
+        Shuffle(seed | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// `0..n` in a fresh random order (Fisher–Yates).
+    pub fn order(&mut self, n: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+        v
+    }
 }
 
 /// `pid` and its descendants.
