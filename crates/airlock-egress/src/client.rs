@@ -27,6 +27,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use crate::conn::{Connection, driven};
 use crate::error::{EgressCode, EgressError, GuardStep};
 use crate::policy::{Admitted, CallRules, Guard};
 use crate::target::{Target, TargetHost};
@@ -151,9 +152,12 @@ struct PoolKey {
     port: u16,
 }
 
+/// A connection to a validated address: its request handle and the
+/// connection itself, driven by whoever sends on it ([`crate::conn`]).
 struct Idle {
     addr: SocketAddr,
     sender: http1::SendRequest<Full<Bytes>>,
+    conn: Connection,
 }
 
 /// The guarded client. Cheap to clone; clones share the connection pool.
@@ -340,7 +344,8 @@ impl GuardedClient {
                 idle_timeout: self.cfg.total_timeout,
                 idle_sleep: None,
                 done: false,
-                pool: keep_alive.then(|| (self.clone(), key, idle)),
+                conn: Some(idle),
+                pool: keep_alive.then(|| (self.clone(), key)),
             };
             Ok(StreamingResponse {
                 status: parts.status,
@@ -494,8 +499,12 @@ impl GuardedClient {
         body: &Bytes,
     ) -> Result<((http::response::Parts, Bytes), SocketAddr), EgressError> {
         let host = admitted.target.host().bare();
-        let (resp, idle, key) = self.exchange_head(admitted, method, headers, body).await?;
-        let collected = self.collect(resp, &host).await?;
+        let (resp, mut idle, key) = self.exchange_head(admitted, method, headers, body).await?;
+        let collected = driven(&mut idle.conn, self.collect(resp, &host))
+            .await
+            .map_err(|e| {
+                EgressError::upstream(&host, format!("reading the response body failed: {e}"))
+            })??;
         let addr = idle.addr;
         self.put_idle(key, idle, &collected.0);
         Ok((collected, addr))
@@ -541,7 +550,14 @@ impl GuardedClient {
         // hop's guard decision validated.
         let mut request = build()?;
         if let Some(mut idle) = self.take_idle(&key, &admitted.addrs).await {
-            match idle.sender.try_send_request(request).await {
+            let mut sent = std::pin::pin!(idle.sender.try_send_request(request));
+            let answer = match driven(&mut idle.conn, sent.as_mut()).await {
+                Ok(answer) => answer,
+                // The connection ended first (it then handed back what it
+                // had not sent).
+                Err(_) => sent.await,
+            };
+            match answer {
                 Ok(resp) => return Ok((resp, idle, key)),
                 Err(mut e) => match e.take_message() {
                     Some(r) => request = r, // never sent: use a new connection
@@ -554,12 +570,14 @@ impl GuardedClient {
                 },
             }
         }
-        let (mut sender, addr) = self.connect(admitted).await?;
-        let resp = sender
-            .send_request(request)
+        let mut idle = self.connect(admitted).await?;
+        let addr = idle.addr;
+        let sent = idle.sender.send_request(request);
+        let resp = driven(&mut idle.conn, sent)
             .await
+            .map_err(|e| EgressError::upstream(&host, format!("request to {addr} failed: {e}")))?
             .map_err(|e| EgressError::upstream(&host, format!("request to {addr} failed: {e}")))?;
-        Ok((resp, Idle { addr, sender }, key))
+        Ok((resp, idle, key))
     }
 
     /// A kept-alive connection to one of `allowed`, waited on until it can
@@ -570,10 +588,12 @@ impl GuardedClient {
                 let mut pool = self.pool.lock().ok()?;
                 pool.get_mut(key)?.pop()?
             };
-            if idle.sender.is_closed() || !allowed.contains(&idle.addr.ip()) {
+            if idle.conn.is_ended() || !allowed.contains(&idle.addr.ip()) {
                 continue;
             }
-            if idle.sender.ready().await.is_ok() {
+            let Idle { sender, conn, .. } = &mut idle;
+            if let Ok(Ok(())) = driven(conn, std::future::poll_fn(|cx| sender.poll_ready(cx))).await
+            {
                 return Some(idle);
             }
         }
@@ -585,7 +605,7 @@ impl GuardedClient {
             .get(header::CONNECTION)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        if close || idle.sender.is_closed() {
+        if close || idle.conn.is_ended() {
             return;
         }
         if let Ok(mut pool) = self.pool.lock() {
@@ -596,10 +616,7 @@ impl GuardedClient {
         }
     }
 
-    async fn connect(
-        &self,
-        admitted: &Admitted,
-    ) -> Result<(http1::SendRequest<Full<Bytes>>, SocketAddr), EgressError> {
+    async fn connect(&self, admitted: &Admitted) -> Result<Idle, EgressError> {
         let target = &admitted.target;
         let host = target.host().bare();
         let port = target.port_or_default();
@@ -661,18 +678,20 @@ impl GuardedClient {
             let (sender, conn) = http1::handshake(TokioIo::new(tls))
                 .await
                 .map_err(handshake_err)?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            Ok((sender, addr))
+            Ok(Idle {
+                addr,
+                sender,
+                conn: Connection::new(conn),
+            })
         } else {
             let (sender, conn) = http1::handshake(TokioIo::new(tcp))
                 .await
                 .map_err(handshake_err)?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            Ok((sender, addr))
+            Ok(Idle {
+                addr,
+                sender,
+                conn: Connection::new(conn),
+            })
         }
     }
 
@@ -746,8 +765,11 @@ pub struct StreamingBody {
     idle_timeout: Duration,
     idle_sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
-    /// Returned to the pool once the body has been read to its end.
-    pool: Option<(GuardedClient, PoolKey, Idle)>,
+    /// The connection the body arrives on, driven as the body is read.
+    conn: Option<Idle>,
+    /// Where the connection goes back once the body has been read to its
+    /// end (none: the upstream said it closes it).
+    pool: Option<(GuardedClient, PoolKey)>,
 }
 
 impl StreamingBody {
@@ -761,8 +783,8 @@ impl StreamingBody {
     fn end(&mut self) {
         self.done = true;
         self.idle_sleep = None;
-        if let Some((client, key, idle)) = self.pool.take()
-            && !idle.sender.is_closed()
+        if let (Some((client, key)), Some(idle)) = (self.pool.take(), self.conn.take())
+            && !idle.conn.is_ended()
             && let Ok(mut pool) = client.pool.lock()
         {
             let list = pool.entry(key).or_default();
@@ -775,6 +797,7 @@ impl StreamingBody {
     fn fail(&mut self, detail: String) -> EgressError {
         self.done = true;
         self.pool = None;
+        self.conn = None;
         EgressError::upstream(&self.host, detail)
     }
 }
@@ -791,6 +814,11 @@ impl hyper::body::Body for StreamingBody {
         let this = self.get_mut();
         if this.done {
             return Poll::Ready(None);
+        }
+        // The connection reads what arrived (an end or a failure of it
+        // reaches the body as its end or error).
+        if let Some(idle) = &mut this.conn {
+            let _ = idle.conn.poll_drive(cx);
         }
         match Pin::new(&mut this.incoming).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {

@@ -19,6 +19,7 @@
 
 pub mod addr;
 mod client;
+pub mod conn;
 mod error;
 mod glob;
 pub mod pattern;

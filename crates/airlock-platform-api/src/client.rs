@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use airlock_egress::conn::{Connection, Ended, driven};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
@@ -54,6 +55,30 @@ const MAX_IDLE: usize = 8;
 
 type Sender = SendRequest<Full<Bytes>>;
 
+/// One keep-alive connection to the platform: its request handle and the
+/// connection itself, driven by whoever sends on it
+/// ([`airlock_egress::conn`]): a request is on the wire the moment its
+/// future is first polled, and the answer is read in the caller's task.
+struct Conn {
+    sender: Sender,
+    conn: Connection,
+}
+
+fn ended(e: Ended) -> PlatformError {
+    PlatformError::Transport(e.to_string())
+}
+
+/// The request an idle connection could not take, to send on a fresh one;
+/// an error if it may have been sent.
+fn unsent(
+    mut e: hyper::client::conn::TrySendError<Request<Full<Bytes>>>,
+) -> Result<Request<Full<Bytes>>, PlatformError> {
+    match e.take_message() {
+        Some(req) => Ok(req),
+        None => Err(PlatformError::Transport(e.into_error().to_string())),
+    }
+}
+
 /// Cheap to clone (clones share the pool). Keeps up to [`MAX_IDLE`] idle
 /// keep-alive connections to the platform's socket: a credential fetch on
 /// the request path then costs one round trip, not a connect, a handshake
@@ -62,7 +87,7 @@ type Sender = SendRequest<Full<Bytes>>;
 pub struct PlatformClient {
     socket: PathBuf,
     run_token: SecretString,
-    idle: Arc<Mutex<Vec<Sender>>>,
+    idle: Arc<Mutex<Vec<Conn>>>,
 }
 
 impl std::fmt::Debug for PlatformClient {
@@ -119,17 +144,19 @@ impl PlatformClient {
         let req = req
             .body(Full::new(body))
             .map_err(|e| PlatformError::Transport(e.to_string()))?;
-        let (mut sender, resp) = self.send(req).await?;
+        let (mut c, resp) = self.send(req).await?;
         let (parts, body) = resp.into_parts();
         let limited = http_body_util::Limited::new(body, MAX_ANSWER);
-        let bytes = limited
-            .collect()
+        let bytes = driven(&mut c.conn, limited.collect())
             .await
+            .map_err(ended)?
             .map_err(|e| PlatformError::Transport(e.to_string()))?
             .to_bytes();
-        // The answer is read whole, so the connection is free again.
-        if sender.ready().await.is_ok() {
-            self.put_idle(sender);
+        // The answer is read whole: once the connection says it takes the
+        // next request, it is kept for it.
+        let Conn { sender, conn } = &mut c;
+        if let Ok(Ok(())) = driven(conn, std::future::poll_fn(|cx| sender.poll_ready(cx))).await {
+            self.put_idle(c);
         }
         if !parts.status.is_success() {
             let err: ErrorBody = serde_json::from_slice(&bytes).unwrap_or(ErrorBody {
@@ -145,7 +172,7 @@ impl PlatformClient {
         Ok((parts.status, parts.headers, bytes))
     }
 
-    async fn connect(&self) -> Result<Sender, PlatformError> {
+    async fn connect(&self) -> Result<Conn, PlatformError> {
         let stream = UnixStream::connect(&self.socket).await.map_err(|source| {
             PlatformError::Unreachable {
                 path: self.socket.clone(),
@@ -155,27 +182,27 @@ impl PlatformClient {
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| PlatformError::Transport(e.to_string()))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(sender)
+        Ok(Conn {
+            sender,
+            conn: Connection::new(conn),
+        })
     }
 
-    fn take_idle(&self) -> Option<Sender> {
+    fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().ok()?;
-        while let Some(s) = idle.pop() {
-            if s.is_ready() {
-                return Some(s);
+        while let Some(c) = idle.pop() {
+            if c.sender.is_ready() {
+                return Some(c);
             }
         }
         None
     }
 
-    fn put_idle(&self, sender: Sender) {
+    fn put_idle(&self, c: Conn) {
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < MAX_IDLE
         {
-            idle.push(sender);
+            idle.push(c);
         }
     }
 
@@ -186,23 +213,33 @@ impl PlatformClient {
     async fn send(
         &self,
         req: Request<Full<Bytes>>,
-    ) -> Result<(Sender, http::Response<hyper::body::Incoming>), PlatformError> {
+    ) -> Result<(Conn, http::Response<hyper::body::Incoming>), PlatformError> {
         let req = match self.take_idle() {
-            Some(mut s) => match s.try_send_request(req).await {
-                Ok(resp) => return Ok((s, resp)),
-                Err(mut e) => match e.take_message() {
-                    Some(req) => req,
-                    None => return Err(PlatformError::Transport(e.into_error().to_string())),
-                },
-            },
+            Some(mut c) => {
+                let mut sent = std::pin::pin!(c.sender.try_send_request(req));
+                match driven(&mut c.conn, sent.as_mut()).await {
+                    Ok(Ok(resp)) => return Ok((c, resp)),
+                    Ok(Err(e)) => unsent(e)?,
+                    Err(e) => {
+                        // The connection ended first: dropping it hands back
+                        // what it had not taken.
+                        drop(c);
+                        match sent.await {
+                            Ok(_) => return Err(ended(e)),
+                            Err(e) => unsent(e)?,
+                        }
+                    }
+                }
+            }
             None => req,
         };
-        let mut s = self.connect().await?;
-        let resp = s
-            .send_request(req)
+        let mut c = self.connect().await?;
+        let sent = c.sender.send_request(req);
+        let resp = driven(&mut c.conn, sent)
             .await
+            .map_err(ended)?
             .map_err(|e| PlatformError::Transport(e.to_string()))?;
-        Ok((s, resp))
+        Ok((c, resp))
     }
 
     async fn get_json<T: DeserializeOwned>(
@@ -289,5 +326,106 @@ impl PlatformClient {
             .unwrap_or("application/octet-stream")
             .to_owned();
         Ok((ct, body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::{Notify, mpsc};
+
+    const ANSWER: &str =
+        r#"{"integration":"svc","connection":"c","auth_type":"bearer","fields":{"token":"t"}}"#;
+
+    /// A platform that answers every request it reads (and counts them); on
+    /// `close_idle`, it closes its idle connections and says so on `closed`.
+    struct Platform {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+        seen: Arc<AtomicUsize>,
+        close_idle: Arc<Notify>,
+        closed: mpsc::UnboundedReceiver<()>,
+    }
+
+    async fn platform() -> Platform {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let close_idle = Arc::new(Notify::new());
+        let (closed_tx, closed) = mpsc::unbounded_channel();
+        let (counter, close) = (seen.clone(), close_idle.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (counter, close, closed_tx) =
+                    (counter.clone(), close.clone(), closed_tx.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1024];
+                    loop {
+                        let n = tokio::select! {
+                            r = s.read(&mut b) => match r {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            },
+                            () = close.notified(), if head.is_empty() => {
+                                drop(s);
+                                let _ = closed_tx.send(());
+                                return;
+                            }
+                        };
+                        head.extend_from_slice(&b[..n]);
+                        if !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            continue;
+                        }
+                        head.clear();
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+                            ANSWER.len()
+                        );
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Platform {
+            _dir: dir,
+            path,
+            seen,
+            close_idle,
+            closed,
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn kept_alive_requests_share_one_connection() {
+        let p = platform().await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        for _ in 0..3 {
+            assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+        }
+        assert_eq!(p.seen.load(Ordering::SeqCst), 3);
+        assert_eq!(client.idle.lock().unwrap().len(), 1);
+    }
+
+    /// The platform closed the kept connection meanwhile: the next request
+    /// goes out on a fresh one, once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_the_closed_connection_did_not_take_is_sent_once_on_a_new_one() {
+        let mut p = platform().await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        for i in 1..=3 {
+            assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+            assert_eq!(client.idle.lock().unwrap().len(), 1, "kept for reuse");
+            p.close_idle.notify_one();
+            p.closed.recv().await.unwrap();
+            assert_eq!(p.seen.load(Ordering::SeqCst), i);
+        }
     }
 }
