@@ -1,7 +1,9 @@
 //! The platform's side of a run's egress journal (the sidecar's side and the
 //! format: `airlock_sidecar::journal`): the file is created per run in the
-//! run's own directory, and read into the store at the run's end and at the
-//! boot reclaim of a crashed run.
+//! run's own directory, followed into the store while the run is live
+//! ([`Follower`]: the journal is how every egress record reaches the
+//! platform, the sidecar sends none), read to its end when the run ends, and
+//! read whole at the boot reclaim of a crashed run.
 //!
 //! The journal is the platform's own file (its run directory is 0700 and not
 //! in the sandbox's view), yet it is read the way every file a run could
@@ -99,7 +101,109 @@ pub async fn ingest(store: &Store, run_id: &str, path: &Path) -> Result<usize, J
         }
         Err(e) => return Err(e.into()),
     };
-    let parsed = parse(&bytes);
+    store_lines(store, run_id, &bytes).await
+}
+
+/// How often a live run's journal is read into the store: the run's egress
+/// log is in the store within this of each record being written.
+pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A journal read as it grows: each [`Tail::catch_up`] stores the complete
+/// lines written since the last one. The file is opened once (never through
+/// a symlink, a regular file only) and read at most to its bound.
+pub struct Tail {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    /// Bytes of complete lines already stored.
+    offset: u64,
+}
+
+impl Tail {
+    pub fn new(path: PathBuf) -> Tail {
+        Tail {
+            path,
+            file: None,
+            offset: 0,
+        }
+    }
+
+    /// Stores the records of the complete lines written since the last call
+    /// (a line still being written waits for the next); returns how many
+    /// there were. A journal not created yet holds none.
+    pub async fn catch_up(
+        &mut self,
+        store: &Store,
+        run_id: &str,
+    ) -> Result<usize, JournalIngestError> {
+        let bytes = self.read(false)?;
+        store_lines(store, run_id, &bytes).await
+    }
+
+    /// The last read, once the sidecar has stopped: every line left (a torn
+    /// last one is skipped).
+    pub async fn finish(
+        mut self,
+        store: &Store,
+        run_id: &str,
+    ) -> Result<usize, JournalIngestError> {
+        let bytes = self.read(true)?;
+        store_lines(store, run_id, &bytes).await
+    }
+
+    /// The bytes written since the last read, up to the last newline (or all
+    /// of them, `to_end`).
+    fn read(&mut self, to_end: bool) -> Result<Vec<u8>, JournalIngestError> {
+        use std::os::unix::fs::FileExt;
+        let io = |source: std::io::Error| {
+            JournalIngestError::Read(airlock_sandbox::untrusted::UntrustedFileError::Io {
+                path: self.path.display().to_string(),
+                source,
+            })
+        };
+        if self.file.is_none() {
+            match airlock_sandbox::untrusted::open_regular(&self.path) {
+                Ok(f) => self.file = Some(f),
+                Err(airlock_sandbox::untrusted::UntrustedFileError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    return Ok(Vec::new());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some(file) = &self.file else {
+            return Ok(Vec::new());
+        };
+        let len = file
+            .metadata()
+            .map_err(io)?
+            .len()
+            .min(EGRESS_JOURNAL_MAX_BYTES);
+        let Some(new) = len.checked_sub(self.offset).filter(|n| *n > 0) else {
+            return Ok(Vec::new());
+        };
+        let mut buf = vec![0u8; usize::try_from(new).unwrap_or(usize::MAX)];
+        let n = file.read_at(&mut buf, self.offset).map_err(io)?;
+        buf.truncate(n);
+        if !to_end {
+            let complete = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+            buf.truncate(complete);
+        }
+        self.offset += buf.len() as u64;
+        Ok(buf)
+    }
+}
+
+/// Stores the records of `bytes` (journal lines); returns how many.
+async fn store_lines(
+    store: &Store,
+    run_id: &str,
+    bytes: &[u8],
+) -> Result<usize, JournalIngestError> {
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    let parsed = parse(bytes);
     if parsed.skipped > 0 {
         tracing::warn!(
             run_id,
@@ -120,6 +224,84 @@ pub async fn ingest(store: &Store, run_id: &str, path: &Path) -> Result<usize, J
             source,
         })?;
     Ok(records.len())
+}
+
+/// Follows `path` into the store every [`FOLLOW_EVERY`] until `stop` fires
+/// (or its sender is dropped), then reads what is left.
+pub async fn follow(
+    store: Store,
+    run_id: String,
+    path: PathBuf,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Result<usize, JournalIngestError> {
+    let mut tail = Tail::new(path);
+    let mut stored = 0;
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            () = tokio::time::sleep(FOLLOW_EVERY) => {}
+        }
+        match tail.catch_up(&store, &run_id).await {
+            Ok(n) => stored += n,
+            // Tried again at the next turn, and read whole at the end.
+            Err(e) => tracing::warn!(run_id, "{e}"),
+        }
+    }
+    Ok(stored + tail.finish(&store, &run_id).await?)
+}
+
+/// A live run's journal followed into the store (its egress log is in the
+/// store while the run is live, within [`FOLLOW_EVERY`]).
+pub struct Follower {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<usize, JournalIngestError>>,
+    store: Store,
+    run_id: String,
+    run_dir: PathBuf,
+}
+
+impl Follower {
+    /// Follows the journal of the run in `run_dir` (it may not exist yet).
+    pub fn start(store: &Store, run_id: &str, run_dir: &Path) -> Follower {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(follow(
+            store.clone(),
+            run_id.to_owned(),
+            path_in(run_dir),
+            stopped,
+        ));
+        Follower {
+            stop,
+            task,
+            store: store.clone(),
+            run_id: run_id.to_owned(),
+            run_dir: run_dir.to_owned(),
+        }
+    }
+
+    /// Once the sidecar has stopped: the rest of the journal goes into the
+    /// store. Should following have failed, the journal is read whole.
+    pub async fn finish(self) {
+        let _ = self.stop.send(());
+        match self.task.await {
+            Ok(Ok(n)) => tracing::debug!(
+                run_id = self.run_id,
+                records = n,
+                "egress journal followed into the store"
+            ),
+            Ok(Err(e)) => {
+                tracing::warn!(run_id = self.run_id, "{e}: reading the journal whole");
+                ingest_run_dir(&self.store, &self.run_id, &self.run_dir).await;
+            }
+            Err(e) => {
+                tracing::error!(
+                    run_id = self.run_id,
+                    "following the egress journal failed: {e}"
+                );
+                ingest_run_dir(&self.store, &self.run_id, &self.run_dir).await;
+            }
+        }
+    }
 }
 
 /// [`ingest`] of the journal in a run directory, reporting instead of failing
@@ -186,5 +368,106 @@ mod tests {
         std::os::unix::fs::symlink(other.path().join("x"), path_in(other.path())).unwrap();
         assert!(create(other.path()).is_err());
         assert!(!other.path().join("x").exists());
+    }
+
+    async fn store_with_run(dir: &Path) -> Store {
+        let store = Store::open_sqlite(&dir.join("airlock.db"), &Default::default())
+            .await
+            .unwrap();
+        store
+            .insert_run(&airlock_store::NewRun {
+                org: airlock_store::LOCAL_ORG,
+                owner: None,
+                id: "run_t",
+                agent: "a",
+                backend: "test",
+                model: None,
+                status: airlock_store::RunStatus::Running,
+                created_at: None,
+            })
+            .await
+            .unwrap();
+        store
+    }
+
+    fn append(path: &Path, text: &str) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+    }
+
+    fn outcomes(log: &[airlock_store::EgressEntry]) -> Vec<(Option<i64>, Option<EgressOutcome>)> {
+        log.iter().map(|e| (e.seq, e.outcome)).collect()
+    }
+
+    /// The platform's live view: each catch-up stores the complete lines
+    /// written since the last one, a line still being written waits, a
+    /// completion written later completes its record, and the last read
+    /// skips a torn end.
+    #[tokio::test]
+    async fn a_followed_journal_reaches_the_store_as_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let path = path_in(dir.path());
+        let mut tail = Tail::new(path.clone());
+        // Not created yet: nothing, and no error.
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 0);
+        create(dir.path()).unwrap();
+        let start1 = line(&rec(1, EgressOutcome::Incomplete, None));
+        let start2 = line(&rec(2, EgressOutcome::Incomplete, None));
+        append(&path, &start1);
+        append(&path, &start2[..10]);
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 1);
+        let log = store.list_egress("run_t", 100).await.unwrap();
+        assert_eq!(outcomes(&log), [(Some(1), Some(EgressOutcome::Incomplete))]);
+        append(&path, &start2[10..]);
+        append(&path, &line(&rec(1, EgressOutcome::Completed, Some(200))));
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 2);
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 0);
+        let torn = line(&rec(3, EgressOutcome::Incomplete, None));
+        append(&path, &torn[..torn.len() / 2]);
+        assert_eq!(tail.finish(&store, "run_t").await.unwrap(), 0);
+        let log = store.list_egress("run_t", 100).await.unwrap();
+        assert_eq!(
+            outcomes(&log),
+            [
+                (Some(1), Some(EgressOutcome::Completed)),
+                (Some(2), Some(EgressOutcome::Incomplete))
+            ]
+        );
+        assert_eq!(log[0].status, Some(200));
+    }
+
+    /// A journal replaced by a symlink (to a file that never ends) is not
+    /// read through it.
+    #[tokio::test]
+    async fn a_followed_journal_is_never_read_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        std::os::unix::fs::symlink("/dev/zero", path_in(dir.path())).unwrap();
+        let mut tail = Tail::new(path_in(dir.path()));
+        assert!(tail.catch_up(&store, "run_t").await.is_err());
+        assert!(store.list_egress("run_t", 100).await.unwrap().is_empty());
+    }
+
+    /// The orchestrator's follower: what was written before the run's end
+    /// is in the store once `finish` returns, whether or not a turn of
+    /// following came first.
+    #[tokio::test]
+    async fn the_follower_stores_everything_by_the_time_it_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let follower = Follower::start(&store, "run_t", dir.path());
+        create(dir.path()).unwrap();
+        let path = path_in(dir.path());
+        for seq in 1..=3 {
+            append(&path, &line(&rec(seq, EgressOutcome::Completed, Some(204))));
+        }
+        follower.finish().await;
+        let log = store.list_egress("run_t", 100).await.unwrap();
+        assert_eq!(
+            log.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            [Some(1), Some(2), Some(3)]
+        );
     }
 }

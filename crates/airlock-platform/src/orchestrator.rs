@@ -236,6 +236,9 @@ impl Orchestrator {
             isolates: self.backend.isolates(),
         });
 
+        // Every egress record the sidecar journals reaches the store from
+        // here while the run is live (the sidecar sends none itself).
+        let journal = crate::journal::Follower::start(&self.store, &run_id, &run_dir);
         let result = self
             .run_inner(
                 &run_id,
@@ -254,10 +257,10 @@ impl Orchestrator {
         tracing::debug!(target: "airlock::phase", "run judged");
         progress(Progress::Ending { status });
         self.api.revoke(&run_id);
-        // The sidecar has exited: what it journalled (every request that
-        // left, and how each ended) goes into the store before the run's
-        // end is recorded and its directory removed.
-        crate::journal::ingest_run_dir(&self.store, &run_id, &run_dir).await;
+        // The sidecar has exited: the rest of what it journalled (every
+        // request that left, and how each ended) goes into the store before
+        // the run's end is recorded and its directory removed.
+        journal.finish().await;
         // Recorded as ended before its directory goes: a concurrent boot
         // reclaim never sees it `running` without a directory.
         let finished = self

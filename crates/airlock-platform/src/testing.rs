@@ -74,7 +74,17 @@ impl TestPlatform {
         let socket = dir.path().join("platform.sock");
         let journal = crate::journal::create(dir.path()).expect("egress journal");
         let listener = UnixListener::bind(&socket).expect("bind platform socket");
-        let task = tokio::spawn(api.clone().serve_forever(listener));
+        // The platform serves its API and follows the run's journal, as
+        // the orchestrator does for a live run.
+        let (never, stop) = tokio::sync::oneshot::channel::<()>();
+        let (serving, follow) = (
+            api.clone().serve_forever(listener),
+            crate::journal::follow(api.store().clone(), run_id.clone(), journal.clone(), stop),
+        );
+        let task = tokio::spawn(async move {
+            let _never = never;
+            let _ = tokio::join!(serving, follow);
+        });
         let run_token = tokens.issue(&run_id);
         let sidecar_token = airlock_vault::generate_sidecar_token().expect("sidecar token");
         TestPlatform {
@@ -108,9 +118,9 @@ impl TestPlatform {
         self.api.grant(&self.run_id, grant);
     }
 
-    /// Stops serving the internal API, as a killed platform would: its
-    /// socket goes away and nothing answers there any more (the store and
-    /// what it holds stay readable).
+    /// Stops serving the internal API (and following the journal), as a
+    /// killed platform would: its socket goes away and nothing answers there
+    /// any more (the store and what it holds stay readable).
     pub fn stop_serving(&self) {
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
@@ -246,8 +256,9 @@ impl TestPlatform {
         self.stored_egress_log().await
     }
 
-    /// The main run's egress log as the store has it now (what the sidecar's
-    /// events brought; the journal not read).
+    /// The main run's egress log as the store has it now (what following
+    /// the journal brought so far, or a journal-less sidecar's events; the
+    /// journal not read to its end).
     pub async fn stored_egress_log(&self) -> Vec<EgressEntry> {
         self.store()
             .list_egress(&self.run_id, 10_000)

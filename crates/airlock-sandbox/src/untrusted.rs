@@ -1,7 +1,8 @@
 //! Reading a file that a sandbox could have written (or replaced): never
 //! follow a symlink, never block on a FIFO or a device, never read more
 //! than a bound. The platform's boot reclaim and the runtime's result file
-//! go through [`read_file`].
+//! go through [`read_file`]; a live run's egress journal is followed
+//! through [`open_regular`].
 
 use std::io::Read;
 use std::path::Path;
@@ -21,10 +22,10 @@ pub enum UntrustedFileError {
     TooLarge { path: String, max: u64 },
 }
 
-/// The content of the regular file at `path`, at most `max` bytes. A
-/// symlink anywhere in the path, a FIFO, a socket, a device or a directory
-/// is an error, returned at once.
-pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, UntrustedFileError> {
+/// The regular file at `path`, opened for reading. A symlink anywhere in
+/// the path, a FIFO, a socket, a device or a directory is an error,
+/// returned at once.
+pub fn open_regular(path: &Path) -> Result<std::fs::File, UntrustedFileError> {
     let name = || path.display().to_string();
     let io = |source: std::io::Error| UntrustedFileError::Io {
         path: name(),
@@ -47,13 +48,25 @@ pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, UntrustedFileError> {
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(UntrustedFileError::NotRegular { path: name() });
     }
+    Ok(std::fs::File::from(fd))
+}
+
+/// The content of the regular file at `path` ([`open_regular`]), at most
+/// `max` bytes.
+pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, UntrustedFileError> {
     let mut out = Vec::new();
-    std::fs::File::from(fd)
+    open_regular(path)?
         .take(max.saturating_add(1))
         .read_to_end(&mut out)
-        .map_err(io)?;
+        .map_err(|source| UntrustedFileError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
     if out.len() as u64 > max {
-        return Err(UntrustedFileError::TooLarge { path: name(), max });
+        return Err(UntrustedFileError::TooLarge {
+            path: path.display().to_string(),
+            max,
+        });
     }
     Ok(out)
 }

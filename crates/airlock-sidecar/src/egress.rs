@@ -5,14 +5,17 @@
 //! [`Recorder::refused`]: one record, one log line (`Target refused (SSRF)` /
 //! `Target refused (policy)`). An allowed request is recorded with
 //! [`Recorder::begin`] *before any byte of it leaves*: the record is
-//! appended to the run's egress [`Journal`] (one `write(2)`, no round trip),
-//! then handed to the platform with the other events, batched. The platform
-//! reads the journal into the store when the run ends (or at the next
-//! start's reclaim), so a request that left is in the store even if the
-//! sidecar or the platform is killed a moment later (it then stays
-//! `incomplete`). A sidecar started without a journal (an older platform, a
-//! bare test sidecar) sends the start record to the platform at once and
-//! waits for its acknowledgement instead. The returned [`InFlight`] is
+//! appended to the run's egress [`Journal`] (one `write(2)`, no round trip).
+//! The journal is how the platform gets every record: it follows the file
+//! into the store while the run is live and reads it to its end when the
+//! run ends (or at the next start's reclaim), so a request that left is in
+//! the store even if the sidecar or the platform is killed a moment later
+//! (it then stays `incomplete`), and no record costs a request to the
+//! platform. Only a record the journal could not take (after the fact: a
+//! refusal, a completion) goes with the events instead. A sidecar started
+//! without a journal (an older platform, a bare test sidecar) sends every
+//! record with the events, and a start at once, waiting for the platform's
+//! acknowledgement before its request leaves. The returned [`InFlight`] is
 //! completed with the upstream's [`Outcome`]; dropped uncompleted (the agent
 //! went away, the task was cancelled) it completes as `aborted`.
 //!
@@ -29,7 +32,7 @@
 //! When the sidecar stops, [`Recorder::drain`] waits for the requests in
 //! flight within [`DRAIN_DEADLINE`], asks the rest to stop (a model stream
 //! then records what it saw), completes what is still open as `aborted` and
-//! hands every record to the platform.
+//! hands the platform what the events still hold.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -334,19 +337,23 @@ impl Recorder {
     pub fn refused(&self, req: &Refused<'_>, e: &EgressError, redactor: &Redactor) {
         let rec = refusal_record(req, e, redactor, self.next_seq());
         log_refusal(&rec);
-        self.journal_after(&rec);
-        self.inner.events.send(RunEvent::Egress(rec));
+        self.keep_after(rec);
     }
 
-    /// Journals a record of something that already happened (a refusal, a
-    /// completion): a failure cannot unsend it, so it is only reported (the
-    /// record still goes to the platform with the events).
-    fn journal_after(&self, rec: &EgressRecord) {
-        if let Some(j) = &self.inner.journal
-            && let Err(e) = j.append(rec)
-        {
-            tracing::error!(target: "airlock::egress", seq = rec.seq.unwrap_or(0), "egress journal: {e}");
+    /// Keeps a record of something that already happened (a refusal, a
+    /// completion): in the journal, which the platform follows. A record
+    /// the journal cannot take (a failure cannot unsend anything) is
+    /// reported, and goes to the platform with the events instead.
+    fn keep_after(&self, rec: EgressRecord) {
+        if let Some(j) = &self.inner.journal {
+            match j.append(&rec) {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::error!(target: "airlock::egress", seq = rec.seq.unwrap_or(0), "egress journal: {e}; the record goes with the events");
+                }
+            }
         }
+        self.inner.events.send(RunEvent::Egress(rec));
     }
 
     /// Records an allowed request before it is sent: returns once the
@@ -390,53 +397,54 @@ impl Recorder {
             outcome: Some(EgressOutcome::Incomplete),
             metering: None,
         };
+        tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
+        let Some(journal) = &self.inner.journal else {
+            // At once, taking along what the sink holds (the completions of
+            // earlier requests: one platform write for both).
+            let flight = self.open(rec.clone(), dropped_as);
+            return if self.inner.events.send_acked(RunEvent::Egress(rec)).await {
+                Ok(flight)
+            } else {
+                flight.forget();
+                Err(RecordError::Unacknowledged)
+            };
+        };
+        // Written ahead: once this returns the record survives a kill of the
+        // sidecar or the platform, which follows the journal. A record the
+        // journal did not take is not opened: its request is not sent.
+        match journal.append(&rec) {
+            Ok(()) => Ok(self.open(rec, dropped_as)),
+            Err(e) => {
+                tracing::error!(target: "airlock::egress", seq, "egress journal: {e}");
+                Err(RecordError::Journal(e))
+            }
+        }
+    }
+
+    /// Opens the flight of a started record: from here on the record is
+    /// owned by the flight, and completing or dropping it settles the entry
+    /// (`aborted` when nothing was sent is never written: an unacknowledged
+    /// start is forgotten).
+    fn open(&self, rec: EgressRecord, dropped_as: Option<EgressOutcome>) -> InFlight {
+        let seq = rec.seq.unwrap_or(0);
         let progress = Arc::new(Progress::default());
-        progress.bytes_out.store(req.bytes_out, Ordering::Relaxed);
-        let started = Instant::now();
+        progress.bytes_out.store(rec.bytes_out, Ordering::Relaxed);
         if let Ok(mut open) = self.inner.open.lock() {
             open.insert(
                 seq,
                 Open {
-                    rec: rec.clone(),
-                    started,
+                    rec,
+                    started: Instant::now(),
                     progress: progress.clone(),
                 },
             );
         }
-        // From here on the record is owned by the flight: completing or
-        // dropping it settles the entry (`aborted` when nothing was sent is
-        // never written: an unacknowledged start is forgotten below).
-        let flight = InFlight {
+        InFlight {
             recorder: self.clone(),
             seq,
             progress,
             settled: false,
             dropped_as: dropped_as.unwrap_or(EgressOutcome::Aborted),
-        };
-        tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
-        if let Some(journal) = &self.inner.journal {
-            // Written ahead: once this returns the record survives a kill of
-            // the sidecar or the platform; the platform gets it with the
-            // next batch of events.
-            return match journal.append(&rec) {
-                Ok(()) => {
-                    self.inner.events.send(RunEvent::Egress(rec));
-                    Ok(flight)
-                }
-                Err(e) => {
-                    tracing::error!(target: "airlock::egress", seq, "egress journal: {e}");
-                    flight.forget();
-                    Err(RecordError::Journal(e))
-                }
-            };
-        }
-        // At once, taking along what the sink holds (the completions of
-        // earlier requests: one platform write for both).
-        if self.inner.events.send_acked(RunEvent::Egress(rec)).await {
-            Ok(flight)
-        } else {
-            flight.forget();
-            Err(RecordError::Unacknowledged)
         }
     }
 
@@ -470,8 +478,8 @@ impl Recorder {
 
     /// Finishes the egress log of a stopping sidecar within `deadline`:
     /// waits for the requests in flight, asks the rest to stop, completes
-    /// what is still open as `aborted`, and hands every record to the
-    /// platform. No request is recorded after this has started.
+    /// what is still open as `aborted`, and hands the platform what the
+    /// events hold. No request is recorded after this has started.
     pub async fn drain(&self, deadline: Duration) {
         self.inner.draining.store(true, Ordering::Release);
         let end = tokio::time::Instant::now() + deadline;
@@ -524,8 +532,7 @@ impl Recorder {
         } else {
             log_completion(&rec);
         }
-        self.journal_after(&rec);
-        self.inner.events.send(RunEvent::Egress(rec));
+        self.keep_after(rec);
     }
 
     fn take(&self, seq: u64) -> Option<Open> {

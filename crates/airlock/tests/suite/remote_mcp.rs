@@ -273,7 +273,7 @@ async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
     // Only the good integration's requests reached the server.
     let seen = server.seen();
     assert!(!seen.is_empty());
-    let log = p.stored_egress_log().await;
+    let log = p.egress_log().await;
     let refused = |ns: &str, code: &str| {
         log.iter().any(|e| {
             e.source == "mcp"

@@ -7,7 +7,9 @@
 //!   (then it stays `incomplete`): each record is written ahead to the run's
 //!   egress journal before its request leaves, and the journal reaches the
 //!   store when the run ends — or, when the platform itself was killed, at
-//!   the next start's reclaim; a request whose record cannot be journalled
+//!   the next start's reclaim (while the run is live the platform follows
+//!   the journal, so its log is in the store as it runs); a request whose
+//!   record cannot be journalled
 //!   does not leave; without a journal (an older platform), a request the
 //!   platform did not acknowledge does not leave;
 //! - one failure means one thing at every site: a dial failure is the
@@ -480,6 +482,112 @@ async fn what_left_before_the_platform_was_killed_reaches_the_store_at_the_next_
     assert_eq!(hang[0]["decision"], "allowed", "{report}");
     // Its end was recorded after the platform was gone: only the journal had it.
     assert_eq!(hang[0]["outcome"], "aborted", "{report}");
+}
+
+/// The live view: the platform follows the run's journal into the store
+/// while the run runs, so `airlock runs show` of a live run lists what has
+/// left — a finished request completed, one still in flight `incomplete` —
+/// and the run's end completes it, once (nothing listed twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_runs_egress_log_is_in_the_store_while_it_runs() {
+    // An upstream that answers `/first` at once and `/wait` when released.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let waiting = Arc::new(tokio::sync::Notify::new());
+    let (rel, wai) = (release.clone(), waiting.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let (rel, wai) = (rel.clone(), wai.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut tmp).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                    }
+                }
+                if buf.starts_with(b"GET /wait ") {
+                    wai.notify_one();
+                    rel.notified().await;
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    let curl = |path: &str| {
+        format!(
+            "curl -sS --max-time 60 --noproxy '' -x \\\"$HTTP_PROXY\\\" http://127.0.0.1:{port}{path}"
+        )
+    };
+    let run = RealRun::with_manifest(
+        "",
+        &format!(
+            "[agent]\nname = \"live\"\ncommand = [\"/bin/sh\", \"-c\", \"{} && {}\"]\ntimeout = 120\n\n[network]\negress = [\"http://127.0.0.1:{port}/**\"]\n",
+            curl("/first"),
+            curl("/wait")
+        ),
+    )
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "127.0.0.1");
+    let mut platform = run
+        .command("process", &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(30), waiting.notified())
+        .await
+        .expect("the agent's second request reached the upstream");
+    let run_id = std::fs::read_dir(run.home.path().join("runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+        .expect("the live run's directory");
+    let outcome_of = |report: &Value, path: &str| -> Vec<Value> {
+        report["egress"]["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["url"].as_str().is_some_and(|u| u.ends_with(path)))
+            .map(|e| e["outcome"].clone())
+            .collect()
+    };
+    let live = eventually(10, || async {
+        let shown = run.airlock(&["runs", "show", &run_id, "--json"]);
+        let report: Value = serde_json::from_slice(&shown.stdout).ok()?;
+        (outcome_of(&report, "/wait") == [json!("incomplete")]).then_some(report)
+    })
+    .await
+    .expect("the request in flight is in the store while the run is live");
+    assert_eq!(live["status"], "running", "{live}");
+    assert_eq!(outcome_of(&live, "/first"), [json!("completed")], "{live}");
+
+    release.notify_one();
+    let out = tokio::task::spawn_blocking(move || {
+        let status = platform.wait().unwrap();
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(platform.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+        (status, stdout)
+    })
+    .await
+    .unwrap();
+    assert!(out.0.success(), "{}", out.1);
+    let shown = run.airlock(&["runs", "show", &run_id, "--json"]);
+    let ended: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    assert_eq!(
+        outcome_of(&ended, "/first"),
+        [json!("completed")],
+        "{ended}"
+    );
+    assert_eq!(outcome_of(&ended, "/wait"), [json!("completed")], "{ended}");
 }
 
 /// A connection refused by the upstream at each site: the guard allowed it
