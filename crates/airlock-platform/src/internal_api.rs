@@ -45,7 +45,8 @@ struct Inner {
     store: Store,
     keyring: Arc<Keyring>,
     tokens: RunTokens,
-    grants: RwLock<HashMap<String, Grant>>,
+    /// Shared, not copied, on the request path.
+    grants: RwLock<HashMap<String, Arc<Grant>>>,
     /// Events are written one write at a time: concurrent writers to SQLite
     /// would otherwise meet its busy handler, which sleeps (1 ms and up)
     /// where this lock hands over at once. A sidecar waits for the write of
@@ -187,7 +188,7 @@ impl InternalApi {
     /// Lets `run_id` use the API with `grant` (called when a run starts).
     pub fn grant(&self, run_id: &str, grant: Grant) {
         if let Ok(mut g) = self.inner.grants.write() {
-            g.insert(run_id.to_owned(), grant);
+            g.insert(run_id.to_owned(), Arc::new(grant));
         }
     }
 
@@ -264,10 +265,10 @@ impl InternalApi {
 
     /// The grant of a run, if it has one.
     pub fn grant_of_run(&self, run_id: &str) -> Option<Grant> {
-        self.grant_of(run_id)
+        self.grant_of(run_id).map(|g| (*g).clone())
     }
 
-    fn grant_of(&self, run_id: &str) -> Option<Grant> {
+    fn grant_of(&self, run_id: &str) -> Option<Arc<Grant>> {
         self.inner.grants.read().ok()?.get(run_id).cloned()
     }
 }
@@ -323,6 +324,7 @@ async fn credential(
         return internal("no run id");
     };
     let grant = api.grant_of(&run_id).unwrap_or_default();
+    let grant = &*grant;
     let Some(connection) = grant.connections.get(&integration) else {
         return error(
             StatusCode::FORBIDDEN,
@@ -446,13 +448,14 @@ async fn history(
             format!("unknown field {bad:?} (checkpoint, result)"),
         );
     }
-    let Grant { org, agent, .. } = api.grant_of(&run_id).unwrap_or_default();
+    let grant = api.grant_of(&run_id).unwrap_or_default();
+    let Grant { org, agent, .. } = &*grant;
     let runs = match api
         .inner
         .store
         .list_runs(&RunQuery {
-            org: Some(&org),
-            agent: Some(&agent),
+            org: Some(org),
+            agent: Some(agent),
             limit: Some(limit + 1),
             ..Default::default()
         })
@@ -512,8 +515,9 @@ async fn memories(
         return internal("no run id");
     };
     let limit = q.limit.unwrap_or(10).clamp(1, 100);
-    let Grant { org, agent, .. } = api.grant_of(&run_id).unwrap_or_default();
-    let all = match api.inner.store.list_memories(&org, &agent, 1000).await {
+    let grant = api.grant_of(&run_id).unwrap_or_default();
+    let Grant { org, agent, .. } = &*grant;
+    let all = match api.inner.store.list_memories(org, agent, 1000).await {
         Ok(m) => m,
         Err(e) => return internal(e),
     };

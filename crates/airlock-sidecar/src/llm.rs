@@ -442,82 +442,77 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             ),
         );
     };
-    let limit = llm.sidecar.limits.max_request_bytes;
-    let body = match body.collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(_) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                "payload_too_large",
-                format!("request body exceeds the {limit}-byte limit"),
-            );
-        }
-    };
-    if body.len() > limit {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "payload_too_large",
-            format!("request body exceeds the {limit}-byte limit"),
-        );
-    }
-    let prepared = match endpoint {
-        Endpoint::Metered { .. } => prepare(endpoint, body),
-        Endpoint::Plain => Prepared {
-            body,
-            model: None,
-            drop_usage_chunk: false,
-        },
-    };
+    let sidecar = &llm.sidecar;
+    let method = parts.method.as_str();
     let url = up.url_for(path, parts.uri.query());
     let rules = CallRules {
         authorized: &up.authorized,
         allow_all_uris: false,
         credentialed: true,
     };
-    let sidecar = &llm.sidecar;
-    let method = parts.method.as_str();
-    let bytes_out = prepared.body.len() as u64;
-    // The key fetch and the guard's decision (then the egress record) do not
-    // depend on each other: the two platform round trips overlap.
-    let decide_and_record = async {
-        let admission = sidecar.client.admit(&url, &rules).await?;
+    // The key fetch goes out first (the platform's client writes it when it
+    // is first polled); the body, the guard's decision and the egress
+    // record are done while the platform answers.
+    let admit = async {
+        let limit = sidecar.limits.max_request_bytes;
+        let too_large = || {
+            error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "payload_too_large",
+                format!("request body exceeds the {limit}-byte limit"),
+            )
+        };
+        let body = match body.collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(_) => return Err(too_large()),
+        };
+        if body.len() > limit {
+            return Err(too_large());
+        }
+        let prepared = match endpoint {
+            Endpoint::Metered { .. } => prepare(endpoint, body),
+            Endpoint::Plain => Prepared {
+                body,
+                model: None,
+                drop_usage_chunk: false,
+            },
+        };
+        let admission = match sidecar.client.admit(&url, &rules).await {
+            Ok(a) => a,
+            Err(e) => {
+                let refused = Refused {
+                    source: Source::Llm,
+                    integration: Some(MODEL_CREDENTIAL),
+                    method,
+                    url: &url,
+                };
+                sidecar.egress.refused(&refused, &e, &Redactor::none());
+                return Err(egress_error(&e));
+            }
+        };
         let allowed = Allowed {
             source: Source::Llm,
             integration: Some(MODEL_CREDENTIAL),
             method,
             target: admission.target(),
-            bytes_out,
+            bytes_out: prepared.body.len() as u64,
         };
         // The key travels in a header only: nothing in the URL to redact.
-        let flight = sidecar.egress.begin(&allowed, &Redactor::none()).await;
-        Ok::<_, EgressError>((admission, flight))
-    };
-    let (key, decided) = tokio::join!(model_key(sidecar), decide_and_record);
-    let (admission, flight) = match decided {
-        Ok(d) => d,
-        Err(e) => {
-            let refused = Refused {
-                source: Source::Llm,
-                integration: Some(MODEL_CREDENTIAL),
-                method,
-                url: &url,
-            };
-            sidecar.egress.refused(&refused, &e, &Redactor::none());
-            return egress_error(&e);
-        }
-    };
-    let flight = match flight {
-        Ok(f) => f,
-        Err(e) => {
-            return error(
+        match sidecar.egress.begin(&allowed, &Redactor::none()).await {
+            Ok(flight) => Ok((prepared, admission, flight)),
+            Err(e) => Err(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "upstream_error",
                 e.code(),
                 e.to_string(),
-            );
+            )),
         }
+    };
+    let (key, admitted) = tokio::join!(model_key(sidecar), admit);
+    let (prepared, admission, flight) = match admitted {
+        Ok(a) => a,
+        Err(r) => return r,
     };
     let headers = match key.and_then(|k| upstream_headers(&parts.headers, up.provider, &k)) {
         Ok(h) => h,

@@ -27,7 +27,7 @@ use rmcp::model::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ALLOWED_HOSTS, CredentialPrefetch, McpState, args};
+use super::{ALLOWED_HOSTS, McpState, args};
 
 const PROTOCOL: &str = "2026-07-28";
 const META_PROTOCOL: &str = "io.modelcontextprotocol/protocolVersion";
@@ -162,17 +162,13 @@ pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanC
 }
 
 /// Runs the call and answers as rmcp's stateless JSON mode does.
-pub(crate) async fn serve(
-    call: LeanCall,
-    state: &McpState,
-    prefetch: Option<&CredentialPrefetch>,
-) -> Response {
+pub(crate) async fn serve(call: LeanCall, state: &McpState) -> Response {
     let LeanCall {
         id,
         name,
         arguments,
     } = call;
-    let message = match state.call(&name, arguments.as_ref(), prefetch).await {
+    let message = match state.call(&name, arguments.as_ref(), None).await {
         Ok(result) => {
             ServerJsonRpcMessage::response(ServerResult::from(CallToolResponse::from(result)), id)
         }

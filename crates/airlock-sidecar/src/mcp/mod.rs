@@ -459,9 +459,10 @@ fn too_large(limit: usize) -> Response {
         .into_response()
 }
 
-/// The credential fetch of an `api_call`, started when the envelope named
-/// the tool: the platform round trip then overlaps rmcp's parsing and
-/// dispatch instead of following it. Still one fetch per call, at request
+/// The credential fetch of an `api_call` that rmcp serves, started when the
+/// envelope named the tool: the platform round trip then overlaps rmcp's
+/// parsing and dispatch instead of following it (the lean path needs none:
+/// its call starts at once, with the fetch). Still one fetch per call, at request
 /// time; a fetch nobody takes (rmcp refused the message, the arguments were
 /// bad) is aborted with the request, and its answer dropped unread.
 #[derive(Clone)]
@@ -575,6 +576,12 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
                 .into_response();
         }
     };
+    // The hot request first: a stateless `api_call` the lean path takes is
+    // parsed once, there (its strict parse implies every check below), and
+    // its credential fetch goes out as the call starts.
+    if let Some(call) = lean::take(&parts, &bytes, state) {
+        return lean::serve(call, state).await;
+    }
     let envelope_error = |e: args::EnvelopeError| {
         (
             StatusCode::BAD_REQUEST,
@@ -607,12 +614,8 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
             .extensions
             .insert(CredentialPrefetch::start(&state.sidecar, ns));
         // Let the fetch send its request now (the sidecar runs one thread):
-        // the parsing below then overlaps the platform's work.
+        // rmcp's parsing then overlaps the platform's work.
         tokio::task::yield_now().await;
-    }
-    if let Some(call) = lean::take(&parts, &bytes, state) {
-        let prefetch = parts.extensions.get::<CredentialPrefetch>().cloned();
-        return lean::serve(call, state, prefetch.as_ref()).await;
     }
     let json_body = parts
         .headers
