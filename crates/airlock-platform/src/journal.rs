@@ -114,8 +114,11 @@ pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(5
 pub struct Tail {
     path: PathBuf,
     file: Option<std::fs::File>,
-    /// Bytes of complete lines already stored.
+    /// Bytes read so far.
     offset: u64,
+    /// What was read after the last complete line (a line being written):
+    /// kept, never read again.
+    pending: Vec<u8>,
 }
 
 impl Tail {
@@ -124,6 +127,7 @@ impl Tail {
             path,
             file: None,
             offset: 0,
+            pending: Vec::new(),
         }
     }
 
@@ -150,16 +154,10 @@ impl Tail {
         store_lines(store, run_id, &bytes).await
     }
 
-    /// The bytes written since the last read, up to the last newline (or all
-    /// of them, `to_end`).
+    /// The lines not handed out yet: up to the last newline read so far, or
+    /// (`to_end`) everything.
     fn read(&mut self, to_end: bool) -> Result<Vec<u8>, JournalIngestError> {
         use std::os::unix::fs::FileExt;
-        let io = |source: std::io::Error| {
-            JournalIngestError::Read(airlock_sandbox::untrusted::UntrustedFileError::Io {
-                path: self.path.display().to_string(),
-                source,
-            })
-        };
         if self.file.is_none() {
             match airlock_sandbox::untrusted::open_regular(&self.path) {
                 Ok(f) => self.file = Some(f),
@@ -171,26 +169,39 @@ impl Tail {
                 Err(e) => return Err(e.into()),
             }
         }
-        let Some(file) = &self.file else {
-            return Ok(Vec::new());
-        };
-        let len = file
-            .metadata()
-            .map_err(io)?
-            .len()
-            .min(EGRESS_JOURNAL_MAX_BYTES);
-        let Some(new) = len.checked_sub(self.offset).filter(|n| *n > 0) else {
-            return Ok(Vec::new());
-        };
-        let mut buf = vec![0u8; usize::try_from(new).unwrap_or(usize::MAX)];
-        let n = file.read_at(&mut buf, self.offset).map_err(io)?;
-        buf.truncate(n);
-        if !to_end {
-            let complete = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-            buf.truncate(complete);
+        if let Some(file) = &self.file {
+            let io = |source: std::io::Error| {
+                JournalIngestError::Read(airlock_sandbox::untrusted::UntrustedFileError::Io {
+                    path: self.path.display().to_string(),
+                    source,
+                })
+            };
+            let len = file
+                .metadata()
+                .map_err(io)?
+                .len()
+                .min(EGRESS_JOURNAL_MAX_BYTES);
+            if let Some(new) = len.checked_sub(self.offset).filter(|n| *n > 0) {
+                let start = self.pending.len();
+                self.pending
+                    .resize(start + usize::try_from(new).unwrap_or(usize::MAX), 0);
+                let read = file.read_at(&mut self.pending[start..], self.offset);
+                let n = read.as_ref().map_or(0, |n| *n);
+                self.pending.truncate(start + n);
+                self.offset += n as u64;
+                read.map_err(io)?;
+            }
         }
-        self.offset += buf.len() as u64;
-        Ok(buf)
+        let complete = if to_end {
+            self.pending.len()
+        } else {
+            self.pending
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1)
+        };
+        let rest = self.pending.split_off(complete);
+        Ok(std::mem::replace(&mut self.pending, rest))
     }
 }
 
@@ -418,6 +429,9 @@ mod tests {
         append(&path, &start1);
         append(&path, &start2[..10]);
         assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 1);
+        // The line being written is kept, not read again at the next turn.
+        assert_eq!(tail.offset, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(tail.pending, start2.as_bytes()[..10]);
         let log = store.list_egress("run_t", 100).await.unwrap();
         assert_eq!(outcomes(&log), [(Some(1), Some(EgressOutcome::Incomplete))]);
         append(&path, &start2[10..]);
