@@ -575,6 +575,19 @@ impl InFlight {
         }
     }
 
+    /// [`InFlight::complete`], once the site has handed its answer back:
+    /// the record of what already happened is journalled after the answer
+    /// is written (the site's task writes it before a task spawned now
+    /// runs), not in its way.
+    pub fn complete_after_answer(self, outcome: Outcome) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move { self.complete(outcome) });
+            }
+            Err(_) => self.complete(outcome),
+        }
+    }
+
     /// The start was never stored, and the request is not sent.
     fn forget(mut self) {
         self.settled = true;

@@ -283,8 +283,9 @@ pub async fn run(
             502,
         );
     }
-    flight.complete(answered);
-    success(state, &redactor, resp).await
+    let result = success(state, &redactor, resp).await;
+    flight.complete_after_answer(answered);
+    result
 }
 
 /// The content or transfer coding of an answer that the sidecar cannot read
