@@ -34,10 +34,12 @@ const CANARY: &str = "canary-Egr3ssL0g-9xQ2";
 const HOST: &str = "api.internal.test";
 
 /// A loopback upstream that records each request's path as soon as its head
-/// arrives, then answers `/ok` at once and `/hang` never.
+/// arrives, then answers `/hang` never, `/wait` once released
+/// ([`Upstream::release`]) and anything else at once.
 struct Upstream {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,
+    released: Arc<tokio::sync::Notify>,
 }
 
 impl Upstream {
@@ -45,10 +47,11 @@ impl Upstream {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let rec = seen.clone();
+        let released = Arc::new(tokio::sync::Notify::new());
+        let (rec, release) = (seen.clone(), released.clone());
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
-                let rec = rec.clone();
+                let (rec, release) = (rec.clone(), release.clone());
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut tmp = [0u8; 4096];
@@ -70,6 +73,9 @@ impl Upstream {
                         }
                         return;
                     }
+                    if path.starts_with("/wait") {
+                        release.notified().await;
+                    }
                     let body = b"{\"ok\":true}";
                     let resp = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
@@ -81,7 +87,16 @@ impl Upstream {
                 });
             }
         });
-        Upstream { addr, seen }
+        Upstream {
+            addr,
+            seen,
+            released,
+        }
+    }
+
+    /// Lets one request for `/wait` be answered.
+    fn release(&self) {
+        self.released.notify_one();
     }
 
     fn seen(&self) -> Vec<String> {
@@ -435,11 +450,7 @@ async fn what_left_before_the_platform_was_killed_reaches_the_store_at_the_next_
     up.wait_for("/hang", 1).await;
     let sidecars = sidecars_of(platform.id());
     assert_eq!(sidecars.len(), 1, "the run's sidecar");
-    let run_dirs: Vec<String> = std::fs::read_dir(run.home.path().join("runs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let run_dirs = run.run_dirs();
     assert_eq!(run_dirs.len(), 1, "{run_dirs:?}");
     let run_id = run_dirs[0].clone();
     platform.kill().unwrap();
@@ -490,37 +501,8 @@ async fn what_left_before_the_platform_was_killed_reaches_the_store_at_the_next_
 /// and the run's end completes it, once (nothing listed twice).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_live_runs_egress_log_is_in_the_store_while_it_runs() {
-    // An upstream that answers `/first` at once and `/wait` when released.
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let waiting = Arc::new(tokio::sync::Notify::new());
-    let (rel, wai) = (release.clone(), waiting.clone());
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let (rel, wai) = (rel.clone(), wai.clone());
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut tmp = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut tmp).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                    }
-                }
-                if buf.starts_with(b"GET /wait ") {
-                    wai.notify_one();
-                    rel.notified().await;
-                }
-                let _ = s
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
-                    )
-                    .await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
+    let up = Upstream::start().await;
+    let port = up.addr.port();
     let curl = |path: &str| {
         format!(
             "curl -sS --max-time 60 --noproxy '' -x \\\"$HTTP_PROXY\\\" http://127.0.0.1:{port}{path}"
@@ -541,15 +523,10 @@ async fn a_live_runs_egress_log_is_in_the_store_while_it_runs() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(30), waiting.notified())
-        .await
-        .expect("the agent's second request reached the upstream");
-    let run_id = std::fs::read_dir(run.home.path().join("runs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .next()
-        .expect("the live run's directory");
+    up.wait_for("/wait", 1).await;
+    let run_dirs = run.run_dirs();
+    assert_eq!(run_dirs.len(), 1, "the live run's directory: {run_dirs:?}");
+    let run_id = run_dirs[0].clone();
     let outcome_of = |report: &Value, path: &str| -> Vec<Value> {
         report["egress"]["entries"]
             .as_array()
@@ -569,7 +546,7 @@ async fn a_live_runs_egress_log_is_in_the_store_while_it_runs() {
     assert_eq!(live["status"], "running", "{live}");
     assert_eq!(outcome_of(&live, "/first"), [json!("completed")], "{live}");
 
-    release.notify_one();
+    up.release();
     let out = tokio::task::spawn_blocking(move || {
         let status = platform.wait().unwrap();
         let mut stdout = String::new();

@@ -495,6 +495,18 @@ impl RealRun {
         );
     }
 
+    /// The ids of the runs whose directories are in this home now (a live
+    /// run's, or a crashed platform's).
+    pub fn run_dirs(&self) -> Vec<String> {
+        std::fs::read_dir(self.home.path().join("runs"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Another `airlock` command on this run's home.
     pub fn airlock(&self, args: &[&str]) -> std::process::Output {
         Command::new(AIRLOCK)
