@@ -1115,7 +1115,9 @@ impl Relay {
             End::Failed => EgressOutcome::UpstreamFailed,
             End::Cut(_) => EgressOutcome::Aborted,
         };
-        flight.complete(
+        // Journalled once the last frame is written to the agent (an answer
+        // read whole in one go otherwise waited for this write).
+        flight.complete_after_answer(
             Outcome::new(kind)
                 .status(Some(self.status))
                 .bytes_in(self.inner.bytes_read() as u64)
