@@ -168,7 +168,11 @@ pub(crate) async fn serve(call: LeanCall, state: &McpState) -> Response {
         name,
         arguments,
     } = call;
-    let message = match state.call(&name, arguments.as_ref(), None).await {
+    // Boxed: the call's state machine (the guarded client, hyper, the
+    // journal) is ~7.5 KiB, and every layer above (axum's handler box, the
+    // middleware) would otherwise move it whole (memcpy) on the way; the
+    // box is one pointer.
+    let message = match Box::pin(state.call(&name, arguments.as_ref(), None)).await {
         Ok(result) => {
             ServerJsonRpcMessage::response(ServerResult::from(CallToolResponse::from(result)), id)
         }
@@ -187,7 +191,7 @@ pub(crate) async fn serve(call: LeanCall, state: &McpState) -> Response {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use http_body_util::BodyExt;
     use std::sync::Arc;
@@ -224,7 +228,7 @@ mod tests {
         port
     }
 
-    fn sidecar(port: u16, journal: &std::path::Path) -> Arc<crate::Sidecar> {
+    pub(crate) fn sidecar(port: u16, journal: &std::path::Path) -> Arc<crate::Sidecar> {
         let cfg = serde_json::json!({
             "run_id": "run_lean",
             "sidecar_token": TOKEN,
