@@ -63,11 +63,14 @@ impl Redactor {
     }
 
     pub fn bytes(&self, input: &[u8]) -> Vec<u8> {
-        let mut cur = input.to_vec();
+        // A needle that is not there costs a search, not a copy.
+        let mut cur = std::borrow::Cow::Borrowed(input);
         for n in &self.needles {
-            cur = replace_all(&cur, n, REDACTED.as_bytes());
+            if let Some(replaced) = replace_all(&cur, n, REDACTED.as_bytes()) {
+                cur = std::borrow::Cow::Owned(replaced);
+            }
         }
-        cur
+        cur.into_owned()
     }
 
     pub fn str(&self, input: &str) -> String {
@@ -80,22 +83,53 @@ impl Redactor {
     }
 }
 
-fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
-    let Some(&first) = needle.first() else {
-        return hay.to_vec();
-    };
-    let mut out = Vec::with_capacity(hay.len());
-    let mut i = 0;
-    while i < hay.len() {
-        if hay.get(i) == Some(&first) && hay.get(i..i + needle.len()) == Some(needle) {
-            out.extend_from_slice(with);
-            i += needle.len();
-        } else {
-            if let Some(b) = hay.get(i) {
-                out.push(*b);
-            }
-            i += 1;
-        }
+/// `hay` with every (non-overlapping, leftmost) `needle` replaced by
+/// `with`, or `None` when `needle` is not in it (or is empty).
+fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
+    if needle.is_empty() {
+        return None;
     }
-    out
+    let mut found = memchr::memmem::find_iter(hay, needle).peekable();
+    found.peek()?;
+    let mut out = Vec::with_capacity(hay.len());
+    let mut from = 0;
+    for at in found {
+        out.extend_from_slice(hay.get(from..at).unwrap_or_default());
+        out.extend_from_slice(with);
+        from = at + needle.len();
+    }
+    out.extend_from_slice(hay.get(from..).unwrap_or_default());
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every occurrence goes, overlapping ones leftmost first, at either
+    /// end and back to back; text without a needle comes back unchanged.
+    #[test]
+    fn every_occurrence_is_replaced_and_nothing_else_changes() {
+        let r = Redactor::new(["k3y!"]);
+        assert_eq!(r.str("k3y!"), "[REDACTED]");
+        assert_eq!(r.str("k3y!k3y!"), "[REDACTED][REDACTED]");
+        assert_eq!(r.str("ak3y!bk3y!c"), "a[REDACTED]b[REDACTED]c");
+        assert_eq!(r.str("k3yk3y!"), "k3y[REDACTED]");
+        assert_eq!(r.str("no secret here"), "no secret here");
+        assert_eq!(r.str(""), "");
+        let aa = Redactor::new(["aaaa"]);
+        assert_eq!(aa.str("aaaaaa"), "[REDACTED]aa");
+        assert_eq!(replace_all(b"abc", b"", b"x"), None);
+        assert_eq!(replace_all(b"abc", b"zz", b"x"), None);
+        // A large answer keeps its bytes around the needle.
+        let mut big = vec![b'.'; 100_000];
+        big.splice(50_000..50_000, b"k3y!".iter().copied());
+        let out = r.bytes(&big);
+        assert_eq!(out.len(), 100_000 + REDACTED.len());
+        assert_eq!(
+            out.get(50_000..50_000 + REDACTED.len()),
+            Some(REDACTED.as_bytes())
+        );
+        assert!(!out.windows(4).any(|w| w == b"k3y!"));
+    }
 }
