@@ -257,7 +257,7 @@ impl GuardedClient {
         req: OutboundRequest,
         rules: &CallRules<'_>,
     ) -> Result<GuardedResponse, EgressError> {
-        let host_hint = first.target().host().bare();
+        let host_hint = first.target().host().bare().into_owned();
         match tokio::time::timeout(self.cfg.total_timeout, self.send_inner(first, req, rules)).await
         {
             Ok(r) => r,
@@ -302,7 +302,7 @@ impl GuardedClient {
         first: Admission,
         req: OutboundRequest,
     ) -> Result<StreamingResponse, EgressError> {
-        let host_hint = first.target().host().bare();
+        let host_hint = first.target().host().bare().into_owned();
         let head = async {
             let OutboundRequest {
                 method,
@@ -314,7 +314,7 @@ impl GuardedClient {
             let admitted = first.admitted;
             let target = &admitted.target;
             let headers = sanitize(headers);
-            let host = target.host().bare();
+            let host = target.host().bare().into_owned();
             let (resp, idle, key) = self
                 .exchange_head(&admitted, &method, &headers, &body)
                 .await?;

@@ -150,7 +150,8 @@ impl EgressPolicy {
             return Ok(false);
         }
         let bare = host.bare();
-        Ok(self.internal_hosts.contains(&bare) && rules.authorized.names_host_literally(&bare))
+        Ok(self.internal_hosts.contains(bare.as_ref())
+            && rules.authorized.names_host_literally(&bare))
     }
 
     fn is_blocked_name(&self, d: &str) -> bool {

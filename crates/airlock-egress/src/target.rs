@@ -40,10 +40,12 @@ impl fmt::Display for TargetHost {
 impl TargetHost {
     /// The host as written in an allow-list or in `EGRESS_ALLOW_INTERNAL_HOSTS`
     /// (IPv6 without brackets).
-    pub fn bare(&self) -> String {
+    /// Borrowed for a name (the common case: no copy per check), written out
+    /// for an address.
+    pub fn bare(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            TargetHost::Domain(d) => d.clone(),
-            TargetHost::Ip(ip) => ip.to_string(),
+            TargetHost::Domain(d) => std::borrow::Cow::Borrowed(d),
+            TargetHost::Ip(ip) => std::borrow::Cow::Owned(ip.to_string()),
         }
     }
 }
