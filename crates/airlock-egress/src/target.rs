@@ -39,8 +39,7 @@ impl fmt::Display for TargetHost {
 
 impl TargetHost {
     /// The host as written in an allow-list or in `EGRESS_ALLOW_INTERNAL_HOSTS`
-    /// (IPv6 without brackets).
-    /// Borrowed for a name (the common case: no copy per check), written out
+    /// (IPv6 without brackets). Borrowed for a name (the common case: no copy per check), written out
     /// for an address.
     pub fn bare(&self) -> std::borrow::Cow<'_, str> {
         match self {

@@ -418,33 +418,8 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
 /// [`router`], with or without the lean path for stateless `api_call`s
 /// (without: rmcp serves every request, as the tests compare).
 pub fn router_with(sidecar: Arc<Sidecar>, lean: bool) -> Router {
-    let limit = sidecar.limits.max_request_bytes;
-    let mut state = McpState::new(sidecar);
-    state.lean = lean;
-    let state = Arc::new(state);
-    let entry_state = state.clone();
-    let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
-        .with_max_request_body_bytes(limit)
-        .with_json_response(true);
-    let sessions = Arc::new(LocalSessionManager::default());
-    let service: McpService = StreamableHttpService::new(
-        move || {
-            Ok(AirlockMcp {
-                state: state.clone(),
-            })
-        },
-        sessions.clone(),
-        config,
-    );
     // Shared, not cloned per request (rmcp's service clones its config).
-    let mcp = Arc::new(Mcp {
-        service,
-        state: entry_state,
-        sessions,
-        opened: Arc::default(),
-        limit,
-    });
+    let mcp = Arc::new(Mcp::new(sidecar, lean));
     Router::new().fallback(move |req: Request| {
         let mcp = mcp.clone();
         async move { entry(&mcp, req).await }
@@ -517,6 +492,37 @@ struct Mcp {
     /// Session ids in the order they were opened.
     opened: Arc<std::sync::Mutex<VecDeque<SessionId>>>,
     limit: usize,
+}
+
+impl Mcp {
+    fn new(sidecar: Arc<Sidecar>, lean: bool) -> Mcp {
+        let limit = sidecar.limits.max_request_bytes;
+        let mut state = McpState::new(sidecar);
+        state.lean = lean;
+        let state = Arc::new(state);
+        let for_service = state.clone();
+        let config = StreamableHttpServerConfig::default()
+            .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
+            .with_max_request_body_bytes(limit)
+            .with_json_response(true);
+        let sessions = Arc::new(LocalSessionManager::default());
+        let service: McpService = StreamableHttpService::new(
+            move || {
+                Ok(AirlockMcp {
+                    state: for_service.clone(),
+                })
+            },
+            sessions.clone(),
+            config,
+        );
+        Mcp {
+            service,
+            state,
+            sessions,
+            opened: Arc::default(),
+            limit,
+        }
+    }
 }
 
 /// Closes the oldest sessions until fewer than `max` are open.
@@ -669,25 +675,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = dir.path().join("egress.journal");
         std::fs::write(&j, b"").unwrap();
-        let sidecar = lean::tests::sidecar(1, &j);
-        let state = Arc::new(McpState::new(sidecar));
-        let sessions = Arc::new(LocalSessionManager::default());
-        let for_service = state.clone();
-        let mcp = Mcp {
-            service: StreamableHttpService::new(
-                move || {
-                    Ok(AirlockMcp {
-                        state: for_service.clone(),
-                    })
-                },
-                sessions.clone(),
-                StreamableHttpServerConfig::default(),
-            ),
-            state: state.clone(),
-            sessions,
-            opened: Arc::default(),
-            limit: 1 << 20,
-        };
+        let mcp = Mcp::new(lean::tests::sidecar(1, &j), true);
         let request = || Request::post("/").body(Body::empty()).unwrap();
         let entry = entry(&mcp, request());
         // Measured: the call 7,512 bytes, rmcp's 5,296, the entry 1,288
