@@ -112,7 +112,10 @@ impl Journal {
         if self.broken.load(Ordering::Acquire) {
             return Err(JournalError::Broken);
         }
-        let mut line = serde_json::to_vec(rec)
+        // A record is about 300 bytes: written into room for it, not grown
+        // from serde_json's 128.
+        let mut line = Vec::with_capacity(512);
+        serde_json::to_writer(&mut line, rec)
             .map_err(|e| JournalError::Write(std::io::Error::other(e.to_string())))?;
         line.push(b'\n');
         let len = line.len() as u64;

@@ -56,6 +56,7 @@
 //! from the provider (never followed): 502. Request body over
 //! `limits.max_request_bytes`: 413.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -77,10 +78,13 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 use std::pin::Pin;
 
+mod event;
+
 use crate::config::{MODEL_CREDENTIAL, Model, Provider};
 use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
 use crate::redact::Redactor;
 use crate::state::{Sidecar, now_ms};
+use event::{Counts, EventView, Reported};
 
 /// Request headers taken from the agent.
 const FORWARDED_REQUEST_HEADERS: &[&str] = &[
@@ -644,55 +648,73 @@ struct Usage {
 impl Usage {
     /// Folds one `usage` object in; later reports replace earlier ones
     /// field by field (Anthropic's `message_delta` carries only the output).
-    fn merge_usage(&mut self, u: &Value) {
-        let n = |k: &str| u.get(k).and_then(Value::as_u64);
-        if let Some(input) = n("prompt_tokens").or_else(|| n("input_tokens")) {
-            let cache = n("cache_creation_input_tokens")
+    fn merge_usage(&mut self, u: &Counts) {
+        if let Some(input) = u.prompt_tokens.or(u.input_tokens) {
+            let cache = u
+                .cache_creation_input_tokens
                 .unwrap_or(0)
-                .saturating_add(n("cache_read_input_tokens").unwrap_or(0));
+                .saturating_add(u.cache_read_input_tokens.unwrap_or(0));
             self.input = Some(input.saturating_add(cache));
         }
-        if let Some(output) = n("completion_tokens").or_else(|| n("output_tokens")) {
+        if let Some(output) = u.completion_tokens.or(u.output_tokens) {
             self.output = Some(output);
         }
     }
 
-    /// One JSON answer or one SSE event's data.
+    /// A reported model; an empty one is no report.
+    fn note_model(&mut self, m: &str) {
+        if !m.is_empty() && self.model.as_deref() != Some(m) {
+            self.model = Some(m.to_owned());
+        }
+    }
+
+    /// One JSON answer (its top-level `usage` and `model`).
     fn observe(&mut self, v: &Value) {
-        for usage in [
-            v.get("usage"),
-            v.pointer("/response/usage"),
-            v.pointer("/message/usage"),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if usage.is_object() {
-                self.merge_usage(usage);
+        fn counts(u: &Value) -> Counts {
+            let n = |k: &str| u.get(k).and_then(Value::as_u64);
+            Counts {
+                prompt_tokens: n("prompt_tokens"),
+                input_tokens: n("input_tokens"),
+                completion_tokens: n("completion_tokens"),
+                output_tokens: n("output_tokens"),
+                cache_creation_input_tokens: n("cache_creation_input_tokens"),
+                cache_read_input_tokens: n("cache_read_input_tokens"),
             }
         }
-        for model in [
-            v.get("model"),
-            v.pointer("/response/model"),
-            v.pointer("/message/model"),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if let Some(m) = model.as_str().filter(|m| !m.is_empty()) {
-                self.model = Some(m.to_owned());
+        fn reported(o: &Value) -> Reported<'_> {
+            Reported {
+                usage: o.get("usage").filter(|u| u.is_object()).map(counts),
+                model: o.get("model").and_then(Value::as_str).map(Cow::Borrowed),
+            }
+        }
+        let nested = |k: &str| v.get(k).filter(|o| o.is_object()).map(reported);
+        self.observe_event(&EventView {
+            top: if v.is_object() {
+                reported(v)
+            } else {
+                Reported::default()
+            },
+            response: nested("response"),
+            message: nested("message"),
+            no_choices: false,
+        });
+    }
+
+    /// One SSE event: its `usage` and `model`, then those of its `response`
+    /// and `message`.
+    fn observe_event(&mut self, e: &EventView<'_>) {
+        let all = [Some(&e.top), e.response.as_ref(), e.message.as_ref()];
+        for r in all.iter().flatten() {
+            if let Some(u) = &r.usage {
+                self.merge_usage(u);
+            }
+        }
+        for r in all.iter().flatten() {
+            if let Some(m) = &r.model {
+                self.note_model(m);
             }
         }
     }
-}
-
-/// An OpenAI chunk that carries only the usage the relay asked for:
-/// `choices` empty, `usage` an object.
-fn is_usage_only_chunk(v: &Value) -> bool {
-    v.get("choices")
-        .and_then(Value::as_array)
-        .is_some_and(|c| c.is_empty())
-        && v.get("usage").is_some_and(Value::is_object)
 }
 
 /// Splits a server-sent-event stream into events at blank lines, whatever
@@ -741,10 +763,29 @@ impl SseSplitter {
 }
 
 /// The `data` of one raw event (lines joined with `\n`), if it has any.
-fn event_data(raw: &[u8]) -> Option<String> {
-    let text = String::from_utf8_lossy(raw);
-    let mut data: Option<String> = None;
-    for line in text.split(['\n', '\r']) {
+fn event_data(raw: &[u8]) -> Option<Cow<'_, str>> {
+    match String::from_utf8_lossy(raw) {
+        Cow::Borrowed(text) => data_lines(text),
+        Cow::Owned(text) => data_lines(&text).map(|d| Cow::Owned(d.into_owned())),
+    }
+}
+
+/// The `data` lines of one event, joined by LF (one line: not copied).
+fn data_lines(text: &str) -> Option<Cow<'_, str>> {
+    let mut data: Option<Cow<'_, str>> = None;
+    // Lines end at LF or CR (memchr: a char pattern tests char by char).
+    let mut rest = Some(text);
+    while let Some(r) = rest {
+        let line = match memchr::memchr2(b'\n', b'\r', r.as_bytes()) {
+            Some(i) => {
+                rest = r.get(i + 1..);
+                r.get(..i).unwrap_or_default()
+            }
+            None => {
+                rest = None;
+                r
+            }
+        };
         let (field, value) = match line.split_once(':') {
             Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
             None => (line, ""),
@@ -752,10 +793,11 @@ fn event_data(raw: &[u8]) -> Option<String> {
         if field == "data" {
             match &mut data {
                 Some(d) => {
+                    let d = d.to_mut();
                     d.push('\n');
                     d.push_str(value);
                 }
-                None => data = Some(value.to_owned()),
+                None => data = Some(Cow::Borrowed(value)),
             }
         }
     }
@@ -1025,11 +1067,11 @@ impl Relay {
         let Some(data) = event_data(raw) else {
             return true;
         };
-        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+        let Ok(e) = event::read(&data) else {
             return true;
         };
-        usage.observe(&v);
-        !(drop_usage_chunk && is_usage_only_chunk(&v))
+        usage.observe_event(&e);
+        !(drop_usage_chunk && e.is_usage_only_chunk())
     }
 
     /// Takes one upstream data frame; returns what goes to the client.
@@ -1353,6 +1395,19 @@ mod tests {
         );
         assert_eq!(event_data(b": only a comment\n\n"), None);
         assert_eq!(event_data(b"data\n\n").as_deref(), Some(""));
+        assert_eq!(
+            event_data(b"data: a\r\ndata: b\rdata: c\n\n").as_deref(),
+            Some("a\nb\nc")
+        );
+        // One line is not copied; bytes that are not UTF-8 read as U+FFFD.
+        assert!(matches!(
+            event_data(b"data: x\n\n"),
+            Some(Cow::Borrowed("x"))
+        ));
+        assert_eq!(
+            event_data(b"data: a\xff\ndata: b\n\n").as_deref(),
+            Some("a\u{fffd}\nb")
+        );
     }
 
     #[test]
@@ -1452,14 +1507,54 @@ mod tests {
 
     #[test]
     fn only_the_usage_only_chunk_is_dropped() {
-        assert!(is_usage_only_chunk(
-            &json!({"choices": [], "usage": {"prompt_tokens": 1}})
+        let only = |data: &str| event::read(data).unwrap().is_usage_only_chunk();
+        assert!(only(r#"{"choices": [], "usage": {"prompt_tokens": 1}}"#));
+        assert!(!only(
+            r#"{"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}}"#
         ));
-        assert!(!is_usage_only_chunk(
-            &json!({"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}})
-        ));
-        assert!(!is_usage_only_chunk(&json!({"choices": [], "usage": null})));
-        assert!(!is_usage_only_chunk(&json!({"choices": []})));
+        assert!(!only(r#"{"choices": [], "usage": null}"#));
+        assert!(!only(r#"{"choices": []}"#));
+    }
+
+    /// An event's data read in place meters exactly what the same data
+    /// parsed into a `Value` does, event after event (the model and counts
+    /// carry over), for the providers' formats and for hostile ones:
+    /// repeated keys, values of the wrong type, escapes, nesting.
+    #[test]
+    fn events_read_in_place_meter_as_a_value_would() {
+        let streams: &[&[&str]] = &[
+            &[
+                r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+                r#"{"id":"c","model":"gpt-x","choices":[{"index":0,"delta":{"content":"usage"}}],"usage":null}"#,
+                r#"{"id":"c","model":"gpt-x","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":7,"total_tokens":18}}"#,
+            ],
+            &[
+                r#"{"type":"message_start","message":{"id":"m","model":"claude-x","usage":{"input_tokens":25,"output_tokens":1,"cache_creation_input_tokens":4,"cache_read_input_tokens":3}}}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"{\"usage\":1}"}}"#,
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}"#,
+            ],
+            &[
+                r#"{"type":"response.created","response":{"model":"gpt-r","usage":null}}"#,
+                r#"{"type":"response.completed","response":{"model":"gpt-r","usage":{"input_tokens":5,"output_tokens":9}},"model":""}"#,
+            ],
+            &[
+                r#"{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2},"model":"a","model":"b"}"#,
+                r#"{"usage":"no","model":3,"response":[{"usage":{"input_tokens":9}}],"message":"x"}"#,
+                r#"{"usage":{"prompt_tokens":-4,"completion_tokens":2.0,"output_tokens":"7","input_tokens":18446744073709551615},"model":"mé"}"#,
+                r#"{"message":{"usage":{"input_tokens":1},"usage":null,"model":"x","model":""},"response":{"model":"r"},"model":"t"}"#,
+                r#"[{"usage":{"prompt_tokens":1}}]"#,
+                r#"{"choices":{},"usage":{"prompt_tokens":6,"prompt_tokens":{"n":1}}}"#,
+                "42",
+            ],
+        ];
+        for stream in streams {
+            let (mut as_value, mut in_place) = (Usage::default(), Usage::default());
+            for data in *stream {
+                as_value.observe(&serde_json::from_str::<Value>(data).unwrap());
+                in_place.observe_event(&event::read(data).unwrap());
+                assert_eq!(in_place, as_value, "after {data}");
+            }
+        }
     }
 
     #[test]

@@ -179,8 +179,11 @@ pub(crate) async fn serve(call: LeanCall, state: &McpState) -> Response {
         // (Only an unknown tool fails here, and the tool was checked.)
         Err(e) => ServerJsonRpcMessage::error(e, Some(id)),
     };
-    match serde_json::to_vec(&message) {
-        Ok(body) => (
+    // Room for a small answer (a result holds the body twice: as text and
+    // as structured content), not grown from serde_json's 128 bytes.
+    let mut body = Vec::with_capacity(1024);
+    match serde_json::to_writer(&mut body, &message) {
+        Ok(()) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
             body,
