@@ -8,6 +8,7 @@
 //! 400; `LLM_TTFB_REPS`, default 3).
 //! Everything runs on 127.0.0.1: the fake provider in this process, the real
 //! `airlock sidecar` binary against a real test platform.
+//! Last, the machine's hand-off floor (`peers::handoff_rtt`).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 #[path = "../tests/support/fake_provider.rs"]
@@ -213,5 +214,6 @@ fn main() {
         }
         println!("  sidecar CPU per streamed call (tcp): {} µs", peers::spread(&cpu_by, 0));
         println!("  of which key fetch (platform round trip): p50 {:.0} µs p90 {:.0} µs p99 {:.0} µs", f.0, f.1, f.2);
+        peers::print_handoff_floor();
     });
 }

@@ -10,6 +10,8 @@
 //! without a connection (guard + MCP), as ratios to the nginx hop; CPU per
 //! call of the sidecar and of nginx; the sidecar's RSS idle (VmRSS) and its
 //! peak (VmHWM) under 100 concurrent `api_call`s.
+//! Last, the machine's hand-off floor (`peers::handoff_rtt`): what each
+//! hop between processes costs here before any work is done.
 //!
 //! Run: `cargo bench -p airlock --bench mcp_api_call` (`MCP_BENCH_N` sets
 //! the sequential sample count, default 2000; `MCP_BENCH_REPS`, default 3).
@@ -438,4 +440,5 @@ async fn run() {
         "  platform credential fetch alone: p50 {:.1} µs p99 {:.1} µs",
         fetch.0, fetch.1
     );
+    peers::print_handoff_floor();
 }

@@ -479,3 +479,42 @@ pub fn describe() -> String {
         args.join(" ")
     )
 }
+
+/// This machine's floor for one hand-off between processes: the round trip
+/// of one byte between two threads over a unix socket pair, each blocked in
+/// `read(2)` until the other writes (p50, p99 in µs). Each side sleeps and is
+/// woken once per trip, as a proxy and its peer are. An nginx hop adds two
+/// such hand-offs to a request (client → nginx → upstream and back); a call
+/// that also fetches a credential from the platform adds four.
+pub fn handoff_rtt(n: usize) -> (f64, f64) {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let (mut a, mut b) = UnixStream::pair().expect("socketpair");
+    let echo = std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        while matches!(b.read(&mut byte), Ok(1)) {
+            if b.write_all(&byte).is_err() {
+                break;
+            }
+        }
+    });
+    let mut t = Vec::with_capacity(n);
+    let mut byte = [0u8; 1];
+    for _ in 0..n {
+        let start = Instant::now();
+        a.write_all(b"x").expect("hand-off write");
+        a.read_exact(&mut byte).expect("hand-off read");
+        t.push(start.elapsed());
+    }
+    drop(a);
+    let _ = echo.join();
+    p50_99(t)
+}
+
+/// The line every latency bench prints under its figures.
+pub fn print_handoff_floor() {
+    let (p50, p99) = handoff_rtt(20_000);
+    println!(
+        "  this machine's hand-off floor (one byte there and back between two threads over a unix socket): p50 {p50:.1} µs p99 {p99:.1} µs"
+    );
+}
