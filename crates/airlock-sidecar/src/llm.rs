@@ -84,7 +84,7 @@ use crate::config::{MODEL_CREDENTIAL, Model, Provider};
 use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
 use crate::redact::Redactor;
 use crate::state::{Sidecar, now_ms};
-use event::{Counts, EventView, Reported};
+use event::{Counts, EventView};
 
 /// Request headers taken from the agent.
 const FORWARDED_REQUEST_HEADERS: &[&str] = &[
@@ -668,40 +668,8 @@ impl Usage {
         }
     }
 
-    /// One JSON answer (its top-level `usage` and `model`).
-    fn observe(&mut self, v: &Value) {
-        fn counts(u: &Value) -> Counts {
-            let n = |k: &str| u.get(k).and_then(Value::as_u64);
-            Counts {
-                prompt_tokens: n("prompt_tokens"),
-                input_tokens: n("input_tokens"),
-                completion_tokens: n("completion_tokens"),
-                output_tokens: n("output_tokens"),
-                cache_creation_input_tokens: n("cache_creation_input_tokens"),
-                cache_read_input_tokens: n("cache_read_input_tokens"),
-            }
-        }
-        fn reported(o: &Value) -> Reported<'_> {
-            Reported {
-                usage: o.get("usage").filter(|u| u.is_object()).map(counts),
-                model: o.get("model").and_then(Value::as_str).map(Cow::Borrowed),
-            }
-        }
-        let nested = |k: &str| v.get(k).filter(|o| o.is_object()).map(reported);
-        self.observe_event(&EventView {
-            top: if v.is_object() {
-                reported(v)
-            } else {
-                Reported::default()
-            },
-            response: nested("response"),
-            message: nested("message"),
-            no_choices: false,
-        });
-    }
-
-    /// One SSE event: its `usage` and `model`, then those of its `response`
-    /// and `message`.
+    /// One SSE event or JSON answer: its `usage` and `model`, then those of
+    /// its `response` and `message`.
     fn observe_event(&mut self, e: &EventView<'_>) {
         let all = [Some(&e.top), e.response.as_ref(), e.message.as_ref()];
         for r in all.iter().flatten() {
@@ -1014,15 +982,10 @@ impl JsonUsage {
         if self.broken || self.state != Top::Done {
             return;
         }
-        let mut v = serde_json::Map::new();
-        for (name, raw) in [("usage", &self.usage), ("model", &self.model)] {
-            if let Some(raw) = raw
-                && let Ok(value) = serde_json::from_slice::<Value>(raw)
-            {
-                v.insert(name.into(), value);
-            }
-        }
-        usage.observe(&Value::Object(v));
+        usage.observe_event(&EventView {
+            top: event::read_top(self.usage.as_deref(), self.model.as_deref()),
+            ..EventView::default()
+        });
     }
 }
 
@@ -1410,29 +1373,87 @@ mod tests {
         );
     }
 
+    /// What the meter takes of `v`, sent as one event's data.
+    fn observe(u: &mut Usage, v: &Value) {
+        u.observe_event(&event::read(&v.to_string()).unwrap());
+    }
+
+    /// The meter as it read a `serde_json::Value` before events were read
+    /// in place: the reference the in-place reading must agree with.
+    fn observe_value(u: &mut Usage, v: &Value) {
+        for usage in [
+            v.get("usage"),
+            v.pointer("/response/usage"),
+            v.pointer("/message/usage"),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if usage.is_object() {
+                let n = |k: &str| usage.get(k).and_then(Value::as_u64);
+                u.merge_usage(&Counts {
+                    prompt_tokens: n("prompt_tokens"),
+                    input_tokens: n("input_tokens"),
+                    completion_tokens: n("completion_tokens"),
+                    output_tokens: n("output_tokens"),
+                    cache_creation_input_tokens: n("cache_creation_input_tokens"),
+                    cache_read_input_tokens: n("cache_read_input_tokens"),
+                });
+            }
+        }
+        for model in [
+            v.get("model"),
+            v.pointer("/response/model"),
+            v.pointer("/message/model"),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(m) = model.as_str().filter(|m| !m.is_empty()) {
+                u.model = Some(m.to_owned());
+            }
+        }
+    }
+
     #[test]
     fn usage_from_every_format() {
         let mut u = Usage::default();
-        u.observe(&json!({"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}));
+        observe(
+            &mut u,
+            &json!({"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}),
+        );
         assert_eq!(
             (u.input, u.output, u.model.as_deref()),
             (Some(11), Some(7), Some("gpt-x"))
         );
 
         let mut u = Usage::default();
-        u.observe(
+        observe(
+            &mut u,
             &json!({"type": "response.created", "response": {"model": "gpt-r", "usage": null}}),
         );
-        u.observe(&json!({"type": "response.completed", "response": {"model": "gpt-r", "usage": {"input_tokens": 5, "output_tokens": 9}}}));
+        observe(
+            &mut u,
+            &json!({"type": "response.completed", "response": {"model": "gpt-r", "usage": {"input_tokens": 5, "output_tokens": 9}}}),
+        );
         assert_eq!(
             (u.input, u.output, u.model.as_deref()),
             (Some(5), Some(9), Some("gpt-r"))
         );
 
         let mut u = Usage::default();
-        u.observe(&json!({"type": "message_start", "message": {"model": "claude-x", "usage": {"input_tokens": 25, "output_tokens": 1, "cache_read_input_tokens": 3}}}));
-        u.observe(&json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}}));
-        u.observe(&json!({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 15}}));
+        observe(
+            &mut u,
+            &json!({"type": "message_start", "message": {"model": "claude-x", "usage": {"input_tokens": 25, "output_tokens": 1, "cache_read_input_tokens": 3}}}),
+        );
+        observe(
+            &mut u,
+            &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 4}}),
+        );
+        observe(
+            &mut u,
+            &json!({"type": "message_delta", "delta": {}, "usage": {"output_tokens": 15}}),
+        );
         assert_eq!(
             (u.input, u.output, u.model.as_deref()),
             (Some(28), Some(15), Some("claude-x"))
@@ -1440,8 +1461,11 @@ mod tests {
 
         // Chunks without usage change nothing.
         let before = u.clone();
-        u.observe(&json!({"type": "content_block_delta", "delta": {"text": "hi"}}));
-        u.observe(&json!({"usage": "not an object", "model": 3}));
+        observe(
+            &mut u,
+            &json!({"type": "content_block_delta", "delta": {"text": "hi"}}),
+        );
+        observe(&mut u, &json!({"usage": "not an object", "model": 3}));
         assert_eq!(u, before);
     }
 
@@ -1475,7 +1499,7 @@ mod tests {
             json!({"object": "response", "model": "gpt-r", "output": [{"content": [{"text": "usage"}]}], "usage": {"input_tokens": 1, "output_tokens": 2}}),
         ] {
             let mut parsed = Usage::default();
-            parsed.observe(&v);
+            observe_value(&mut parsed, &v);
             let pretty = serde_json::to_vec_pretty(&v).unwrap();
             assert_eq!(scan(&[&pretty]), parsed, "{v}");
         }
@@ -1550,7 +1574,7 @@ mod tests {
         for stream in streams {
             let (mut as_value, mut in_place) = (Usage::default(), Usage::default());
             for data in *stream {
-                as_value.observe(&serde_json::from_str::<Value>(data).unwrap());
+                observe_value(&mut as_value, &serde_json::from_str::<Value>(data).unwrap());
                 in_place.observe_event(&event::read(data).unwrap());
                 assert_eq!(in_place, as_value, "after {data}");
             }

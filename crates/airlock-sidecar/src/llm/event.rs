@@ -8,6 +8,8 @@
 //! and the lookups after it at about a third of the sidecar's instructions
 //! per streamed answer. Here visitors keep those values and skip the rest
 //! (checked for JSON syntax, never stored).
+//! A whole JSON answer's `usage` and `model`, kept raw by the relay's
+//! streaming scan, are read by the same visitors ([`read_top`]).
 //!
 //! It reads what `Value` would: a key given twice keeps its last value, and a
 //! value of another type than the one wanted reads as absent (a `usage` that
@@ -66,6 +68,21 @@ pub(super) fn read(data: &str) -> Result<EventView<'_>, serde_json::Error> {
     let view = (&mut de).deserialize_any(EventV)?;
     de.end()?;
     Ok(view)
+}
+
+/// A whole JSON answer's top-level `usage` and `model`, given as their raw
+/// values (a value that is not JSON reads as absent).
+pub(super) fn read_top<'a>(usage: Option<&'a [u8]>, model: Option<&'a [u8]>) -> Reported<'a> {
+    fn one<'a, S: DeserializeSeed<'a, Value = Option<T>>, T>(raw: &'a [u8], seed: S) -> Option<T> {
+        let mut de = serde_json::Deserializer::from_slice(raw);
+        let v = seed.deserialize(&mut de).ok()?;
+        de.end().ok()?;
+        v
+    }
+    Reported {
+        usage: usage.and_then(|raw| one(raw, CountsV)),
+        model: model.and_then(|raw| one(raw, ModelV)),
+    }
 }
 
 /// The keys any of the visitors below reads; every other key is `Other`.
