@@ -188,15 +188,7 @@ impl TestPlatform {
         auth_type: AuthType,
         fields: &[(&str, &str)],
     ) {
-        let map: serde_json::Map<String, Value> = fields
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), json!(v)))
-            .collect();
-        let envelope = self
-            .keyring
-            .encrypt(Value::Object(map).to_string().as_bytes())
-            .expect("encrypt");
-        let name = format!("{}-conn", integration.trim_start_matches('@'));
+        let (name, envelope) = self.sealed(integration, fields);
         self.store()
             .insert_connection(&NewConnection {
                 org: airlock_store::LOCAL_ORG,
@@ -217,6 +209,57 @@ impl TestPlatform {
         }
         grant.connections.insert(integration.to_owned(), name);
         self.api.grant(&self.run_id, grant);
+    }
+
+    /// The name [`add_connection`](TestPlatform::add_connection) gives
+    /// `integration`'s connection, and `fields` sealed with the keyring.
+    fn sealed(&self, integration: &str, fields: &[(&str, &str)]) -> (String, String) {
+        let map: serde_json::Map<String, Value> = fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect();
+        let envelope = self
+            .keyring
+            .encrypt(Value::Object(map).to_string().as_bytes())
+            .expect("encrypt");
+        let name = format!("{}-conn", integration.trim_start_matches('@'));
+        (name, envelope)
+    }
+
+    /// Replaces the credential of the connection [`add_connection`] made
+    /// for `integration` (a key rotated on the platform), and returns once
+    /// the internal API serves the new one (its connection cache follows
+    /// the store within [`WATCH_EVERY`](crate::internal_api::WATCH_EVERY)).
+    ///
+    /// [`add_connection`]: TestPlatform::add_connection
+    pub async fn replace_connection(&self, integration: &str, fields: &[(&str, &str)]) {
+        let (name, envelope) = self.sealed(integration, fields);
+        let replaced = self
+            .store()
+            .replace_connection_envelope(airlock_store::LOCAL_ORG, &name, &envelope)
+            .await
+            .expect("replace connection");
+        assert!(replaced, "no connection {name} to replace");
+        let client =
+            airlock_platform_api::PlatformClient::new(&self.socket, self.run_token.clone());
+        let deadline = std::time::Instant::now() + crate::internal_api::WATCH_EVERY * 20;
+        loop {
+            let served = client
+                .credential(integration)
+                .await
+                .expect("credential fetch");
+            if fields
+                .iter()
+                .all(|(k, v)| served.fields.get(*k).map(String::as_str) == Some(*v))
+            {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the platform still serves the old credential of {integration}"
+            );
+            tokio::time::sleep(crate::internal_api::WATCH_EVERY / 10).await;
+        }
     }
 
     /// Every event the run recorded so far (the sidecar's sink is asynchronous:

@@ -1,8 +1,9 @@
 //! `/llm/…`: the model relay.
 //!
 //! The agent's SDK talks to the sidecar as if it were the provider; the
-//! relay swaps the agent's placeholder key for the real one (fetched from the
-//! platform for each call and forgotten after it), sends the call through the
+//! relay swaps the agent's placeholder key for the real one (from the
+//! platform, held between calls for at most a minute: see [`HeldKey`]),
+//! sends the call through the
 //! egress guard, passes the answer back as it arrives (server-sent events are
 //! never buffered), and meters the tokens it reports, here, where the agent
 //! cannot forge them. Each call becomes an egress record (`source: "llm"`)
@@ -59,7 +60,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use airlock_egress::{
     AuthorizedUris, CallRules, EgressCode, EgressError, OutboundRequest, StreamingBody,
@@ -311,13 +312,73 @@ fn egress_error(e: &EgressError) -> Response {
 struct Llm {
     sidecar: Arc<Sidecar>,
     upstream: Option<Upstream>,
+    key: HeldKey,
 }
 
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
     let upstream = sidecar.model.as_ref().map(Upstream::new);
-    Router::new()
-        .fallback(relay)
-        .with_state(Arc::new(Llm { sidecar, upstream }))
+    Router::new().fallback(relay).with_state(Arc::new(Llm {
+        sidecar,
+        upstream,
+        key: HeldKey::default(),
+    }))
+}
+
+/// How long the relay holds the model key after fetching it.
+pub const MODEL_KEY_HOLD: Duration = Duration::from_secs(60);
+
+/// The model key between calls. The sidecar "holds, or fetches, the
+/// provider credential" (spec, Sandbox and Sidecar): the relay fetches it
+/// from the platform on a run's first model call and holds it, in a
+/// [`SecretString`] in this process only (never on disk, in a log or in
+/// the sandbox), for at most [`MODEL_KEY_HOLD`]; a call after that fetches
+/// it again, so a key changed or removed on the platform is in use for at
+/// most that long. A provider that refuses the key (401 or 403) makes the
+/// relay forget it at once: the next call fetches. A fetch in the path of
+/// every call was two process hand-offs and the platform's work before the
+/// first byte could go upstream. `api_call` credentials are not held: they
+/// are fetched for each call (spec: "at request time").
+#[derive(Default)]
+struct HeldKey(std::sync::Mutex<Option<(SecretString, Instant)>>);
+
+impl HeldKey {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(SecretString, Instant)>> {
+        // Nothing that holds this lock can panic; a poisoned lock still
+        // holds a whole value.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The held key if it was fetched less than [`MODEL_KEY_HOLD`] before
+    /// `now`; a stale one is dropped here.
+    fn fresh(&self, now: Instant) -> Option<SecretString> {
+        let mut slot = self.slot();
+        match &*slot {
+            Some((key, at)) if now.saturating_duration_since(*at) < MODEL_KEY_HOLD => {
+                Some(key.clone())
+            }
+            Some(_) => {
+                *slot = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Holds `key`, fetched at `at`.
+    fn keep(&self, key: &SecretString, at: Instant) {
+        *self.slot() = Some((key.clone(), at));
+    }
+
+    /// Forgets `key` if it is the one held (a provider refused it).
+    fn forget(&self, key: &SecretString) {
+        let mut slot = self.slot();
+        if slot
+            .as_ref()
+            .is_some_and(|(held, _)| held.expose_secret() == key.expose_secret())
+        {
+            *slot = None;
+        }
+    }
 }
 
 /// The model key, fetched from the platform for this call only, from the
@@ -513,18 +574,29 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             )),
         }
     };
-    let (key, admitted) = tokio::join!(model_key(sidecar), admit);
+    let started = Instant::now();
+    let (key, admitted) = match llm.key.fresh(started) {
+        Some(k) => (Ok(k), admit.await),
+        None => {
+            let (key, admitted) = tokio::join!(model_key(sidecar), admit);
+            if let Ok(k) = &key {
+                llm.key.keep(k, started);
+            }
+            (key, admitted)
+        }
+    };
     let (prepared, admission, flight) = match admitted {
         Ok(a) => a,
         Err(r) => return r,
     };
-    let headers = match key.and_then(|k| upstream_headers(&parts.headers, up.provider, &k)) {
-        Ok(h) => h,
-        Err(r) => {
-            flight.complete(Outcome::new(EgressOutcome::NotSent));
-            return *r;
-        }
-    };
+    let (key, headers) =
+        match key.and_then(|k| upstream_headers(&parts.headers, up.provider, &k).map(|h| (k, h))) {
+            Ok(kh) => kh,
+            Err(r) => {
+                flight.complete(Outcome::new(EgressOutcome::NotSent));
+                return *r;
+            }
+        };
     let out = OutboundRequest {
         method: parts.method.clone(),
         url,
@@ -539,6 +611,10 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             return egress_error(&e);
         }
     };
+    if matches!(resp.status.as_u16(), 401 | 403) {
+        llm.key.forget(&key);
+    }
+    drop(key);
     if resp.status.is_redirection() {
         // The provider answered; the relay does not follow (the answer is
         // the upstream's, the 502 the agent gets is the relay's).
@@ -1735,6 +1811,39 @@ mod tests {
         assert!(!h.contains_key("x-api-key"));
         let bad = SecretString::from("sk\r\nx-evil: 1".to_owned());
         assert!(upstream_headers(&agent, Provider::Openai, &bad).is_err());
+    }
+
+    #[test]
+    fn the_model_key_is_held_for_a_minute_and_forgotten_when_refused() {
+        let held = HeldKey::default();
+        let t0 = Instant::now();
+        let secret = |k: Option<SecretString>| k.map(|k| k.expose_secret().to_owned());
+        assert_eq!(
+            secret(held.fresh(t0)),
+            None,
+            "nothing is held before a fetch"
+        );
+        let key = SecretString::from("sk-held".to_owned());
+        held.keep(&key, t0);
+        let almost = t0 + MODEL_KEY_HOLD - Duration::from_millis(1);
+        assert_eq!(secret(held.fresh(almost)).as_deref(), Some("sk-held"));
+        assert_eq!(
+            secret(held.fresh(t0 + MODEL_KEY_HOLD)),
+            None,
+            "held too long"
+        );
+        assert_eq!(
+            secret(held.fresh(t0)),
+            None,
+            "a stale key is dropped, not kept"
+        );
+        held.keep(&key, t0);
+        // A refusal of another key (a call that began before a newer fetch)
+        // leaves the held one; a refusal of the held one forgets it.
+        held.forget(&SecretString::from("sk-older".to_owned()));
+        assert_eq!(secret(held.fresh(t0)).as_deref(), Some("sk-held"));
+        held.forget(&key);
+        assert_eq!(secret(held.fresh(t0)), None);
     }
 
     #[test]

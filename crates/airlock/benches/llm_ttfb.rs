@@ -191,8 +191,9 @@ fn main() {
             drop(conns);
             drop(sc);
         }
-        // The part of the added time that is the per-call key fetch (platform
-        // internal API over its unix socket).
+        // The key fetch (platform internal API over its unix socket): in a
+        // call's path only when the relay holds no key (a run's first call,
+        // then once per `MODEL_KEY_HOLD`).
         let platform = airlock_platform_api::PlatformClient::new(&p.socket, p.run_token.clone());
         let mut fetch = vec![];
         for _ in 0..iters {
@@ -213,7 +214,7 @@ fn main() {
             }
         }
         println!("  sidecar CPU per streamed call (tcp): {} µs", peers::spread(&cpu_by, 0));
-        println!("  of which key fetch (platform round trip): p50 {:.0} µs p90 {:.0} µs p99 {:.0} µs", f.0, f.1, f.2);
+        println!("  a model key fetch (platform round trip; in a call's path once per {} s of holding): p50 {:.0} µs p90 {:.0} µs p99 {:.0} µs", airlock_sidecar::llm::MODEL_KEY_HOLD.as_secs(), f.0, f.1, f.2);
         peers::print_handoff_floor();
     });
 }

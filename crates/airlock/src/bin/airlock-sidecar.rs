@@ -8,6 +8,16 @@
 
 use std::process::ExitCode;
 
+/// mimalloc rather than the C library's allocator: a call on the sidecar's
+/// hot paths makes many short-lived allocations, which glibc's malloc and
+/// free served in 18 % of the sidecar's instructions (callgrind of
+/// `mcp_api_call`'s sidecar, 8,400 calls: 1,291M instructions with glibc,
+/// 1,139M with mimalloc). Only this binary:
+/// `airlock` is also the in-sandbox runtime, whose seccomp filter and
+/// memory are left as they are.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // What the platform asks before it starts this binary: which build.
     if std::env::args_os().nth(1).is_some_and(|a| a == "--build") {

@@ -633,6 +633,62 @@ async fn a_model_key_stored_as_the_readme_says_reaches_the_provider() {
     assert!(!String::from_utf8_lossy(&b).contains(PROVIDER_KEY));
 }
 
+/// The relay holds the model key between calls (spec: the sidecar "holds,
+/// or fetches, the provider credential"), and a provider's refusal of it
+/// makes the relay fetch it again: a key rotated on the platform after a
+/// provider revoked the old one is in use from the call after the refusal.
+/// The agent never sees either key, and a refused call is typed as the
+/// provider's 401, not retried behind the agent's back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
+    const OLD: &str = "sk-live-old-key-41d2";
+    const NEW: &str = "sk-live-new-key-9be0";
+    let p = TestPlatform::start("agent-llm-key-rotation").await;
+    add_model_key(&p, OLD).await;
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let auth = format!("Bearer {token}");
+    let call = || {
+        http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+    };
+    let (status, _, b) = call();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+    // The operator rotates the key on the platform; the provider has not
+    // revoked the old one yet: the held key still serves (for at most a
+    // minute, which this test does not wait for).
+    p.replace_connection("@model", &[("key", NEW)]).await;
+    let (status, _, b) = call();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+    // The provider revokes the old key: that call fails as the provider
+    // said, once, and the relay forgets the key.
+    fake.revoke(OLD);
+    let (status, _, b) = call();
+    assert_eq!(status, 401, "{}", String::from_utf8_lossy(&b));
+    let refused = String::from_utf8_lossy(&b).to_string();
+    assert!(refused.contains("invalid_api_key"), "{refused}");
+    // The next call fetches the platform's key of now.
+    let (status, _, b) = call();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(fake.keys(), [OLD, OLD, OLD, NEW]);
+    for answer in [&refused, &String::from_utf8_lossy(&b).to_string()] {
+        assert!(!answer.contains(OLD) && !answer.contains(NEW), "{answer}");
+    }
+}
+
 /// A sidecar for an Anthropic-style fake with `delay` between events.
 async fn anthropic_env(
     agent: &str,

@@ -65,6 +65,8 @@ pub struct FakeProvider {
     /// Unix ms at which the last event of each stream was written.
     pub last_event_sent_ms: Arc<Mutex<Vec<f64>>>,
     pub connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// Keys the provider answers 401 to, as a provider does to a revoked key.
+    pub revoked: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeProvider {
@@ -74,6 +76,23 @@ impl FakeProvider {
     pub fn requests(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
+    /// From now on, a request with `key` gets 401 (and is still recorded).
+    pub fn revoke(&self, key: &str) {
+        self.revoked.lock().unwrap().push(key.to_owned());
+    }
+    /// The key each request carried, in order (`Bearer ` or `x-api-key`).
+    pub fn keys(&self) -> Vec<String> {
+        self.requests().iter().map(key_of).collect()
+    }
+}
+
+/// The key a request carried: `Authorization: Bearer …` or `x-api-key`.
+fn key_of(req: &Seen) -> String {
+    req.header("authorization")
+        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v))
+        .or(req.header("x-api-key"))
+        .unwrap_or("")
+        .to_owned()
 }
 
 fn now_ms() -> f64 {
@@ -94,6 +113,7 @@ pub async fn start(delay: Duration) -> FakeProvider {
         seen: Arc::default(),
         last_event_sent_ms: Arc::default(),
         connections: Arc::default(),
+        revoked: Arc::default(),
     };
     let f = fake.clone();
     tokio::spawn(async move {
@@ -164,6 +184,13 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
         let echo = format!(
             "set-cookie: session={key}\r\nx-upstream-auth: {key}\r\nx-request-id: req_fake_1\r\nx-ratelimit-remaining-tokens: 999\r\n"
         );
+        if fake.revoked.lock().unwrap().contains(&key_of(&req)) {
+            let refusal = json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}});
+            if json_answer(&mut s, &echo, 401, &refusal).await {
+                continue;
+            }
+            return;
+        }
         let body = req.json();
         let stream = body["stream"] == Value::Bool(true);
         let path = req.path.split('?').next().unwrap_or("").to_owned();
