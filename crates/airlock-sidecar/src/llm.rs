@@ -381,7 +381,8 @@ impl HeldKey {
     }
 }
 
-/// The model key, fetched from the platform for this call only, from the
+/// The model key as the platform serves it now (the relay holds it: see
+/// [`HeldKey`]), from the
 /// field its connection type keeps a key in (`api_key`: `key`, `bearer`:
 /// `token`, `oauth2`: `access_token`; see
 /// [`airlock_platform_api::connection_types`]).
