@@ -10,6 +10,8 @@
 //! without a connection (guard + MCP), as ratios to the nginx hop; CPU per
 //! call of the sidecar and of nginx; the sidecar's RSS idle (VmRSS) and its
 //! peak (VmHWM) under 100 concurrent `api_call`s.
+//! Each path's clock runs from sending the request to having read its answer
+//! whole; the bench's own check of a sidecar answer comes after.
 //! Last, the machine's hand-off floor (`peers::handoff_rtt`): what each
 //! hop between processes costs here before any work is done.
 //!
@@ -101,12 +103,34 @@ fn call_body(tool: &str, target: &str, id: u64) -> String {
     .to_string()
 }
 
+/// A sidecar's answer, read whole: checked by [`Answer::expect_ok`] once
+/// the clock has stopped (the check is the bench's work, not the hop's).
+struct Answer {
+    status: hyper::StatusCode,
+    bytes: Bytes,
+}
+
+impl Answer {
+    fn expect_ok(self) -> usize {
+        let needle: &[u8] = b"\"isError\":false";
+        let ok = self.bytes.windows(needle.len()).any(|w| w == needle);
+        if self.status != 200 || !ok {
+            panic!(
+                "api_call failed: {} {}",
+                self.status,
+                String::from_utf8_lossy(&self.bytes)
+            );
+        }
+        self.bytes.len()
+    }
+}
+
 async fn via_sidecar(
     c: &mut SendRequest<Full<Bytes>>,
     token: &str,
     tool: &str,
     body: String,
-) -> usize {
+) -> Answer {
     let req = hyper::Request::post("/mcp")
         .header("host", "127.0.0.1")
         .header("authorization", format!("Bearer {token}"))
@@ -121,15 +145,7 @@ async fn via_sidecar(
     let resp = c.send_request(req).await.expect("sidecar request");
     let status = resp.status();
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    let needle: &[u8] = b"\"isError\":false";
-    let ok = bytes.windows(needle.len()).any(|w| w == needle);
-    if status != 200 || !ok {
-        panic!(
-            "api_call failed: {status} {}",
-            String::from_utf8_lossy(&bytes)
-        );
-    }
-    bytes.len()
+    Answer { status, bytes }
 }
 
 use peers::{client, p50_99};
@@ -221,14 +237,16 @@ async fn run() {
                 "svc__api_call",
                 call_body("svc__api_call", &target, i),
             )
-            .await;
+            .await
+            .expect_ok();
             via_sidecar(
                 &mut s,
                 &token,
                 "anon__api_call",
                 call_body("anon__api_call", &target, i),
             )
-            .await;
+            .await
+            .expect_ok();
         }
         let warm_kib = peers::kib(pid, "VmRSS:");
 
@@ -266,17 +284,19 @@ async fn run() {
                         let body = call_body("svc__api_call", &target, i);
                         let c0 = sidecar_cpu.ns();
                         let t = Instant::now();
-                        via_sidecar(&mut s, &token, "svc__api_call", body).await;
+                        let answer = via_sidecar(&mut s, &token, "svc__api_call", body).await;
                         t_cred.push(t.elapsed());
                         cpu_cred += sidecar_cpu.ns().saturating_sub(c0);
+                        answer.expect_ok();
                     }
                     _ => {
                         let body = call_body("anon__api_call", &target, i);
                         let c0 = sidecar_cpu.ns();
                         let t = Instant::now();
-                        via_sidecar(&mut s, &token, "anon__api_call", body).await;
+                        let answer = via_sidecar(&mut s, &token, "anon__api_call", body).await;
                         t_anon.push(t.elapsed());
                         cpu_anon += sidecar_cpu.ns().saturating_sub(c0);
+                        answer.expect_ok();
                     }
                 }
             }
@@ -297,7 +317,8 @@ async fn run() {
                         "svc__api_call",
                         call_body("svc__api_call", &target, c * 100 + i),
                     )
-                    .await;
+                    .await
+                    .expect_ok();
                 }
             });
         }

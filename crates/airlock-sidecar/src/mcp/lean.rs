@@ -27,7 +27,7 @@ use rmcp::model::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ALLOWED_HOSTS, McpState, args};
+use super::{ALLOWED_HOSTS, CredentialPrefetch, McpState, args};
 
 const PROTOCOL: &str = "2026-07-28";
 const META_PROTOCOL: &str = "io.modelcontextprotocol/protocolVersion";
@@ -162,7 +162,11 @@ pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanC
 }
 
 /// Runs the call and answers as rmcp's stateless JSON mode does.
-pub(crate) async fn serve(call: LeanCall, state: &McpState) -> Response {
+pub(crate) async fn serve(
+    call: LeanCall,
+    state: &McpState,
+    prefetch: Option<&CredentialPrefetch>,
+) -> Response {
     let LeanCall {
         id,
         name,
@@ -172,7 +176,7 @@ pub(crate) async fn serve(call: LeanCall, state: &McpState) -> Response {
     // journal) is ~7.5 KiB, and every layer above (axum's handler box, the
     // middleware) would otherwise move it whole (memcpy) on the way; the
     // box is one pointer.
-    let message = match Box::pin(state.call(&name, arguments.as_ref(), None)).await {
+    let message = match Box::pin(state.call(&name, arguments.as_ref(), prefetch)).await {
         Ok(result) => {
             ServerJsonRpcMessage::response(ServerResult::from(CallToolResponse::from(result)), id)
         }

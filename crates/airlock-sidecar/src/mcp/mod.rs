@@ -434,42 +434,71 @@ fn too_large(limit: usize) -> Response {
         .into_response()
 }
 
-/// The credential fetch of an `api_call` that rmcp serves, started when the
-/// envelope named the tool: the platform round trip then overlaps rmcp's
-/// parsing and dispatch instead of following it (the lean path needs none:
-/// its call starts at once, with the fetch). Still one fetch per call, at request
-/// time; a fetch nobody takes (rmcp refused the message, the arguments were
-/// bad) is aborted with the request, and its answer dropped unread.
+/// The credential fetch of an `api_call`, started as soon as the request
+/// names the tool: from its `Mcp-Name` header, before the body is read
+/// (every request the lean path takes has one), or else from the envelope
+/// rmcp is about to parse. The platform round trip then overlaps the
+/// parsing, the dispatch, the guard and the journal instead of following
+/// them. Still one fetch per call, at request time; a fetch nobody takes
+/// (the body named another tool, rmcp refused the message, the arguments
+/// were bad) is dropped with the request, its answer unread (the
+/// connection closes).
+///
+/// The fetch is polled once where it starts — on a kept-alive connection
+/// the request is on the wire when [`CredentialPrefetch::start`] returns
+/// ([`airlock_egress::conn`] writes on the first poll; a new connection
+/// sends once its connect is seen to complete, when the taker polls) — and
+/// then by the call that takes it, in the call's own task: no task is
+/// spawned and nothing yields for it.
 #[derive(Clone)]
 pub struct CredentialPrefetch {
     namespace: String,
-    fetch: Arc<PendingFetch>,
+    fetch: Arc<std::sync::Mutex<Option<PendingFetch>>>,
 }
 
 type FetchResult =
     Result<airlock_platform_api::wire::CredentialResponse, airlock_platform_api::PlatformError>;
 
-struct PendingFetch(std::sync::Mutex<Option<tokio::task::JoinHandle<FetchResult>>>);
-
-impl Drop for PendingFetch {
-    fn drop(&mut self) {
-        if let Ok(mut h) = self.0.lock()
-            && let Some(h) = h.take()
-        {
-            h.abort();
-        }
-    }
+enum PendingFetch {
+    /// On the wire (or connecting); polled again by whoever takes it.
+    Sent(std::pin::Pin<Box<dyn Future<Output = FetchResult> + Send>>),
+    /// Answered on its first poll (an unreachable platform, typically).
+    Done(FetchResult),
 }
 
 impl CredentialPrefetch {
     fn start(sidecar: &Arc<Sidecar>, namespace: &str) -> Self {
-        let sc = sidecar.clone();
+        let platform = sidecar.platform.clone();
         let ns = namespace.to_owned();
-        let handle = tokio::spawn(async move { sc.platform.credential(&ns).await });
+        let mut fetch: std::pin::Pin<Box<dyn Future<Output = FetchResult> + Send>> =
+            Box::pin(async move { platform.credential(&ns).await });
+        // The first poll sends the request; its waker is never used (the
+        // taker polls again with its own, which replaces it everywhere).
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let pending = match fetch.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(done) => PendingFetch::Done(done),
+            std::task::Poll::Pending => PendingFetch::Sent(fetch),
+        };
         CredentialPrefetch {
             namespace: namespace.to_owned(),
-            fetch: Arc::new(PendingFetch(std::sync::Mutex::new(Some(handle)))),
+            fetch: Arc::new(std::sync::Mutex::new(Some(pending))),
         }
+    }
+
+    /// The fetch of `sidecar`'s integration that `headers` name in
+    /// `Mcp-Name` (`{namespace}__api_call` of an integration with a
+    /// connection), started now.
+    fn named_by(headers: &http::HeaderMap, sidecar: &Arc<Sidecar>) -> Option<Self> {
+        let tool = headers.get("mcp-name")?.to_str().ok()?;
+        Self::for_tool(tool, sidecar)
+    }
+
+    /// The fetch for a call of `tool`, started now, if `tool` is the
+    /// `api_call` of an integration with a connection.
+    fn for_tool(tool: &str, sidecar: &Arc<Sidecar>) -> Option<Self> {
+        let ns = tool.strip_suffix(args::API_CALL_SUFFIX)?;
+        let integration = sidecar.integrations.get(ns)?;
+        integration.has_connection.then(|| Self::start(sidecar, ns))
     }
 
     /// The fetched credential of `namespace`, if this prefetch is for it
@@ -478,8 +507,11 @@ impl CredentialPrefetch {
         if self.namespace != namespace {
             return None;
         }
-        let handle = self.fetch.0.lock().ok()?.take()?;
-        handle.await.ok()
+        let pending = self.fetch.lock().ok()?.take()?;
+        Some(match pending {
+            PendingFetch::Sent(fetch) => fetch.await,
+            PendingFetch::Done(done) => done,
+        })
     }
 }
 
@@ -569,6 +601,8 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
         return Box::pin(service.handle(req)).await.map(Body::new);
     }
     let (parts, body) = req.into_parts();
+    // The credential fetch goes out before the body is even read.
+    let prefetch = CredentialPrefetch::named_by(&parts.headers, &state.sidecar);
     let bytes = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) => {
@@ -583,10 +617,10 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
         }
     };
     // The hot request first: a stateless `api_call` the lean path takes is
-    // parsed once, there (its strict parse implies every check below), and
-    // its credential fetch goes out as the call starts.
+    // parsed once, there (its strict parse implies every check below); its
+    // credential fetch went out with the headers.
     if let Some(call) = lean::take(&parts, &bytes, state) {
-        return lean::serve(call, state).await;
+        return lean::serve(call, state, prefetch.as_ref()).await;
     }
     let envelope_error = |e: args::EnvelopeError| {
         (
@@ -614,19 +648,20 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
         .await;
     }
     let mut parts = parts;
-    if let Some(ns) = shape
-        .tool_call
-        .as_deref()
-        .and_then(|n| n.strip_suffix(args::API_CALL_SUFFIX))
-        && let Some(integration) = state.sidecar.integrations.get(ns)
-        && integration.has_connection
-    {
-        parts
-            .extensions
-            .insert(CredentialPrefetch::start(&state.sidecar, ns));
-        // Let the fetch send its request now (the sidecar runs one thread):
-        // rmcp's parsing then overlaps the platform's work.
-        tokio::task::yield_now().await;
+    // rmcp's call takes the fetch the headers started when the envelope
+    // names the same tool, else one started now.
+    let named = shape.tool_call.as_deref();
+    let prefetch = match prefetch {
+        Some(p)
+            if named.and_then(|n| n.strip_suffix(args::API_CALL_SUFFIX))
+                == Some(p.namespace.as_str()) =>
+        {
+            Some(p)
+        }
+        _ => named.and_then(|n| CredentialPrefetch::for_tool(n, &state.sidecar)),
+    };
+    if let Some(p) = prefetch {
+        parts.extensions.insert(p);
     }
     let json_body = parts
         .headers
@@ -665,6 +700,7 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Every layer above the /mcp entry (axum's handler box, the
     /// middleware) moves its future whole: the large parts (an api_call's
@@ -684,6 +720,198 @@ mod tests {
             std::mem::size_of_val(&entry) <= 2048,
             "the /mcp entry's future is {} bytes",
             std::mem::size_of_val(&entry)
+        );
+    }
+
+    /// A platform on a unix socket that counts the credential requests it
+    /// reads (each count reported on `fetched`, whether or not the sidecar
+    /// still waits for the answer), and an upstream that answers whether the
+    /// request carried that credential.
+    async fn counting_platform(
+        dir: &std::path::Path,
+    ) -> (std::path::PathBuf, tokio::sync::watch::Receiver<usize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sock = dir.join("platform.sock");
+        let l = tokio::net::UnixListener::bind(&sock).unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(0usize);
+        let tx = Arc::new(tx);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut tmp = [0u8; 4096];
+                    loop {
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match s.read(&mut tmp).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                            }
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end + 4);
+                        assert!(
+                            head.starts_with("GET /internal/v1/credentials/svc "),
+                            "{head}"
+                        );
+                        tx.send_modify(|n| *n += 1);
+                        let body = json!({"integration": "svc", "connection": "c1",
+                            "auth_type": "bearer", "fields": {"api_key": "sekrit-value"}})
+                        .to_string();
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (sock, rx)
+    }
+
+    async fn credential_echo() -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut tmp = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut tmp).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    let body = if head.contains("\r\nauthorization: bearer sekrit-value\r\n") {
+                        "injected"
+                    } else {
+                        "absent"
+                    };
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(head.as_bytes()).await;
+                    let _ = s.write_all(body.as_bytes()).await;
+                });
+            }
+        });
+        port
+    }
+
+    fn sidecar_with(
+        port: u16,
+        platform: &std::path::Path,
+        journal: &std::path::Path,
+    ) -> Arc<Sidecar> {
+        let uris = [format!("http://api.internal.test:{port}/**")];
+        let cfg = json!({
+            "run_id": "run_fetch",
+            "sidecar_token": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "run_token": "run_fetch.00",
+            "platform_socket": platform,
+            "listen": {"tcp": "127.0.0.1:0"},
+            "integrations": [
+                {"namespace": "svc", "authorized_uris": uris,
+                 "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}},
+                {"namespace": "open", "authorized_uris": uris, "has_connection": false}
+            ],
+            "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
+        });
+        let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
+        let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
+        Sidecar::new(cfg, &[], Some(journal)).unwrap()
+    }
+
+    /// POSTs a stateless `tools/call` of `tool` with `mcp-name: named`
+    /// (`accept` as given) and returns the answer's status and text.
+    async fn call(router: &Router, named: &str, tool: &str, accept: &str, port: u16) -> String {
+        use tower::ServiceExt;
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": tool, "arguments": {"target": format!("http://api.internal.test:{port}/x")},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {}}}});
+        let req = Request::post("/")
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json")
+            .header("accept", accept)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", named)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        format!("{} {}", status.as_u16(), String::from_utf8_lossy(&bytes))
+    }
+
+    /// The credential fetch starts from the `Mcp-Name` header, before the
+    /// body is read: one fetch per call, on the lean path and on rmcp's; a
+    /// header that names another tool than the body costs one unused fetch
+    /// (on the wire, then dropped) and injects nothing into the call the
+    /// body makes; the next call still gets its credential; an unreachable
+    /// platform is the call's error.
+    #[tokio::test]
+    async fn the_credential_fetch_starts_with_the_headers_and_serves_one_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("egress.journal");
+        std::fs::write(&j, b"").unwrap();
+        let (sock, mut fetched) = counting_platform(dir.path()).await;
+        let port = credential_echo().await;
+        let router = router_with(sidecar_with(port, &sock, &j), true);
+        let plain = "application/json, text/event-stream";
+        let fetches = |rx: &tokio::sync::watch::Receiver<usize>| *rx.borrow();
+
+        // The lean path: one fetch, injected.
+        let a = call(&router, "svc__api_call", "svc__api_call", plain, port).await;
+        assert!(
+            a.contains("injected") && a.contains(r#""isError":false"#),
+            "{a}"
+        );
+        assert_eq!(fetches(&fetched), 1);
+
+        // rmcp's path (weighted Accept ranges are not the lean path's): the
+        // fetch the header started is the one the call takes.
+        let weighted = "application/json;q=1, text/event-stream;q=0.5";
+        let b = call(&router, "svc__api_call", "svc__api_call", weighted, port).await;
+        assert!(
+            b.contains("injected") && b.contains(r#""isError":false"#),
+            "{b}"
+        );
+        assert_eq!(fetches(&fetched), 2);
+
+        // The header names svc, the body calls open: rmcp refuses the
+        // contradiction; svc's fetch went out with the headers and is
+        // dropped unread.
+        let c = call(&router, "svc__api_call", "open__api_call", plain, port).await;
+        assert!(c.starts_with("400 ") && !c.contains("sekrit"), "{c}");
+        tokio::time::timeout(Duration::from_secs(10), fetched.wait_for(|n| *n == 3))
+            .await
+            .expect("the header's fetch reached the platform")
+            .unwrap();
+
+        // The pool recovers from the dropped fetch: the next call is served.
+        let d = call(&router, "svc__api_call", "svc__api_call", plain, port).await;
+        assert!(d.starts_with("200 ") && d.contains("injected"), "{d}");
+        assert_eq!(fetches(&fetched), 4);
+
+        // No platform: the fetch fails where it starts, and the call says so.
+        let gone = dir.path().join("gone.sock");
+        let j2 = dir.path().join("egress2.journal");
+        std::fs::write(&j2, b"").unwrap();
+        let orphan = router_with(sidecar_with(port, &gone, &j2), true);
+        let e = call(&orphan, "svc__api_call", "svc__api_call", plain, port).await;
+        assert!(
+            e.contains("credential_unavailable") && e.contains(r#""isError":true"#),
+            "{e}"
         );
     }
 
