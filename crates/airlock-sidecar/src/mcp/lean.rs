@@ -207,8 +207,9 @@ pub(crate) mod tests {
 
     const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-    /// An upstream with a fixed answer (no `date`: both paths see the same bytes).
-    async fn upstream() -> u16 {
+    /// A loopback upstream that reads each request's head and writes back
+    /// whole what `answer` makes of it (the connection then closes).
+    pub(crate) async fn upstream_answering(answer: fn(&str) -> String) -> u16 {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         tokio::spawn(async move {
@@ -222,17 +223,25 @@ pub(crate) mod tests {
                             Ok(n) => buf.extend_from_slice(&tmp[..n]),
                         }
                     }
-                    let body = br#"{"ok":true,"n":[1,2,3]}"#;
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: r-1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = s.write_all(head.as_bytes()).await;
-                    let _ = s.write_all(body).await;
+                    let _ = s
+                        .write_all(answer(&String::from_utf8_lossy(&buf)).as_bytes())
+                        .await;
                 });
             }
         });
         port
+    }
+
+    /// An upstream with a fixed answer (no `date`: both paths see the same bytes).
+    async fn upstream() -> u16 {
+        upstream_answering(|_| {
+            let body = r#"{"ok":true,"n":[1,2,3]}"#;
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: r-1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        })
+        .await
     }
 
     pub(crate) fn sidecar(port: u16, journal: &std::path::Path) -> Arc<crate::Sidecar> {

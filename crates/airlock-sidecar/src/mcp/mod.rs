@@ -774,36 +774,19 @@ mod tests {
     }
 
     async fn credential_echo() -> u16 {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut tmp = [0u8; 4096];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut tmp).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
-                    let body = if head.contains("\r\nauthorization: bearer sekrit-value\r\n") {
-                        "injected"
-                    } else {
-                        "absent"
-                    };
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = s.write_all(head.as_bytes()).await;
-                    let _ = s.write_all(body.as_bytes()).await;
-                });
-            }
-        });
-        port
+        super::lean::tests::upstream_answering(|head| {
+            let head = head.to_ascii_lowercase();
+            let body = if head.contains("\r\nauthorization: bearer sekrit-value\r\n") {
+                "injected"
+            } else {
+                "absent"
+            };
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        })
+        .await
     }
 
     fn sidecar_with(
