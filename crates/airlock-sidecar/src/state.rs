@@ -40,6 +40,13 @@ pub struct Sidecar {
     pub proxy_url: Option<SecretString>,
     /// Bounds concurrent `api_call`s of the run.
     pub api_calls: Semaphore,
+    /// Bounds the credential fetches started ahead of their call (from a
+    /// request's headers, before its body is read), as `api_calls` bounds
+    /// calls: an agent that opens requests and never finishes their bodies
+    /// holds at most this many fetches open; a request beyond it fetches
+    /// when its call runs. Separate from `api_calls`, which a call takes
+    /// after its early fetch started.
+    pub fetches_ahead: Arc<Semaphore>,
     pub events: EventSink,
     /// The egress log: every outbound request of every site.
     pub egress: Recorder,
@@ -136,6 +143,7 @@ impl Sidecar {
             model: cfg.model,
             network,
             api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
+            fetches_ahead: Arc::new(Semaphore::new(cfg.limits.max_concurrent_calls.max(1))),
             limits: cfg.limits,
             proxy_url: cfg.proxy_url,
             egress: Recorder::new(events.clone(), journal),

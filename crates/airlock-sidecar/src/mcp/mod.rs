@@ -459,7 +459,14 @@ pub struct CredentialPrefetch {
 type FetchResult =
     Result<airlock_platform_api::wire::CredentialResponse, airlock_platform_api::PlatformError>;
 
-enum PendingFetch {
+/// A fetch, with its place among the run's fetches ahead of their calls
+/// ([`Sidecar::fetches_ahead`]), given back when it is taken or dropped.
+struct PendingFetch {
+    state: FetchState,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+enum FetchState {
     /// On the wire (or connecting); polled again by whoever takes it.
     Sent(std::pin::Pin<Box<dyn Future<Output = FetchResult> + Send>>),
     /// Answered on its first poll (an unreachable platform, typically).
@@ -467,7 +474,10 @@ enum PendingFetch {
 }
 
 impl CredentialPrefetch {
-    fn start(sidecar: &Arc<Sidecar>, namespace: &str) -> Self {
+    /// Starts the fetch, unless the run already has as many fetches ahead
+    /// of their calls as it may have calls.
+    fn start(sidecar: &Arc<Sidecar>, namespace: &str) -> Option<Self> {
+        let slot = sidecar.fetches_ahead.clone().try_acquire_owned().ok()?;
         let platform = sidecar.platform.clone();
         let ns = namespace.to_owned();
         let mut fetch: std::pin::Pin<Box<dyn Future<Output = FetchResult> + Send>> =
@@ -475,30 +485,35 @@ impl CredentialPrefetch {
         // The first poll sends the request; its waker is never used (the
         // taker polls again with its own, which replaces it everywhere).
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let pending = match fetch.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(done) => PendingFetch::Done(done),
-            std::task::Poll::Pending => PendingFetch::Sent(fetch),
+        let state = match fetch.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(done) => FetchState::Done(done),
+            std::task::Poll::Pending => FetchState::Sent(fetch),
         };
-        CredentialPrefetch {
+        let pending = PendingFetch { state, _slot: slot };
+        Some(CredentialPrefetch {
             namespace: namespace.to_owned(),
             fetch: Arc::new(std::sync::Mutex::new(Some(pending))),
-        }
+        })
     }
 
     /// The fetch of `sidecar`'s integration that `headers` name in
     /// `Mcp-Name` (`{namespace}__api_call` of an integration with a
-    /// connection), started now.
+    /// connection), started now if the run has room for it.
     fn named_by(headers: &http::HeaderMap, sidecar: &Arc<Sidecar>) -> Option<Self> {
         let tool = headers.get("mcp-name")?.to_str().ok()?;
         Self::for_tool(tool, sidecar)
     }
 
-    /// The fetch for a call of `tool`, started now, if `tool` is the
-    /// `api_call` of an integration with a connection.
+    /// The fetch for a call of `tool`, started now if `tool` is the
+    /// `api_call` of an integration with a connection and the run has room
+    /// for it.
     fn for_tool(tool: &str, sidecar: &Arc<Sidecar>) -> Option<Self> {
         let ns = tool.strip_suffix(args::API_CALL_SUFFIX)?;
         let integration = sidecar.integrations.get(ns)?;
-        integration.has_connection.then(|| Self::start(sidecar, ns))
+        if !integration.has_connection {
+            return None;
+        }
+        Self::start(sidecar, ns)
     }
 
     /// The fetched credential of `namespace`, if this prefetch is for it
@@ -508,9 +523,9 @@ impl CredentialPrefetch {
             return None;
         }
         let pending = self.fetch.lock().ok()?.take()?;
-        Some(match pending {
-            PendingFetch::Sent(fetch) => fetch.await,
-            PendingFetch::Done(done) => done,
+        Some(match pending.state {
+            FetchState::Sent(fetch) => fetch.await,
+            FetchState::Done(done) => done,
         })
     }
 }
@@ -793,6 +808,7 @@ mod tests {
         port: u16,
         platform: &std::path::Path,
         journal: &std::path::Path,
+        calls: usize,
     ) -> Arc<Sidecar> {
         let uris = [format!("http://api.internal.test:{port}/**")];
         let cfg = json!({
@@ -807,6 +823,7 @@ mod tests {
                 {"namespace": "open", "authorized_uris": uris, "has_connection": false}
             ],
             "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
+            "limits": {"max_concurrent_calls": calls},
         });
         let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
         let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
@@ -849,7 +866,7 @@ mod tests {
         std::fs::write(&j, b"").unwrap();
         let (sock, mut fetched) = counting_platform(dir.path()).await;
         let port = credential_echo().await;
-        let router = router_with(sidecar_with(port, &sock, &j), true);
+        let router = router_with(sidecar_with(port, &sock, &j, 8), true);
         let plain = "application/json, text/event-stream";
         let fetches = |rx: &tokio::sync::watch::Receiver<usize>| *rx.borrow();
 
@@ -890,12 +907,50 @@ mod tests {
         let gone = dir.path().join("gone.sock");
         let j2 = dir.path().join("egress2.journal");
         std::fs::write(&j2, b"").unwrap();
-        let orphan = router_with(sidecar_with(port, &gone, &j2), true);
+        let orphan = router_with(sidecar_with(port, &gone, &j2, 8), true);
         let e = call(&orphan, "svc__api_call", "svc__api_call", plain, port).await;
         assert!(
             e.contains("credential_unavailable") && e.contains(r#""isError":true"#),
             "{e}"
         );
+    }
+
+    /// Requests that name an `api_call` in their headers and never finish
+    /// their bodies hold at most as many fetches as the run may have calls;
+    /// a request beyond that still gets its credential, fetched when its
+    /// call runs, and a slot comes back when its fetch is dropped.
+    #[tokio::test]
+    async fn fetches_ahead_of_their_calls_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("egress.journal");
+        std::fs::write(&j, b"").unwrap();
+        let (sock, fetched) = counting_platform(dir.path()).await;
+        let port = credential_echo().await;
+        let sc = sidecar_with(port, &sock, &j, 2);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("mcp-name", "svc__api_call".parse().unwrap());
+        let first = CredentialPrefetch::named_by(&headers, &sc).expect("room for a fetch");
+        let second = CredentialPrefetch::named_by(&headers, &sc).expect("room for two");
+        assert!(
+            CredentialPrefetch::named_by(&headers, &sc).is_none(),
+            "a third fetch ahead of its call was started with room for two calls"
+        );
+
+        // A call beyond the bound fetches for itself.
+        let router = router_with(sc.clone(), true);
+        let plain = "application/json, text/event-stream";
+        let a = call(&router, "svc__api_call", "svc__api_call", plain, port).await;
+        assert!(a.starts_with("200 ") && a.contains("injected"), "{a}");
+
+        // A dropped fetch gives its slot back; a taken one too.
+        drop(first);
+        let third = CredentialPrefetch::named_by(&headers, &sc).expect("a slot came back");
+        let taken = third.take("svc").await.expect("not taken yet").unwrap();
+        assert_eq!(taken.fields["api_key"], "sekrit-value");
+        drop(third);
+        assert!(CredentialPrefetch::named_by(&headers, &sc).is_some());
+        drop(second);
+        assert!(*fetched.borrow() >= 2);
     }
 
     #[test]
