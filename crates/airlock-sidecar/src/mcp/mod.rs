@@ -478,10 +478,10 @@ impl CredentialPrefetch {
     /// of their calls as it may have calls.
     fn start(sidecar: &Arc<Sidecar>, namespace: &str) -> Option<Self> {
         let slot = sidecar.fetches_ahead.clone().try_acquire_owned().ok()?;
-        let platform = sidecar.platform.clone();
+        let sc = sidecar.clone();
         let ns = namespace.to_owned();
         let mut fetch: std::pin::Pin<Box<dyn Future<Output = FetchResult> + Send>> =
-            Box::pin(async move { platform.credential(&ns).await });
+            Box::pin(async move { sc.platform.credential(&ns).await });
         // The first poll sends the request; its waker is never used (the
         // taker polls again with its own, which replaces it everywhere).
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
