@@ -111,7 +111,7 @@ struct Answer {
 }
 
 impl Answer {
-    fn expect_ok(self) -> usize {
+    fn expect_ok(self) {
         let needle: &[u8] = b"\"isError\":false";
         let ok = self.bytes.windows(needle.len()).any(|w| w == needle);
         if self.status != 200 || !ok {
@@ -121,7 +121,6 @@ impl Answer {
                 String::from_utf8_lossy(&self.bytes)
             );
         }
-        self.bytes.len()
     }
 }
 

@@ -504,6 +504,17 @@ impl CredentialPrefetch {
         Self::for_tool(tool, sidecar)
     }
 
+    /// The fetch rmcp's call of `tool` takes: `started` (from the headers)
+    /// when it is for the same integration, else one started now.
+    fn for_call(started: Option<Self>, tool: &str, sidecar: &Arc<Sidecar>) -> Option<Self> {
+        match started {
+            Some(p) if tool.strip_suffix(args::API_CALL_SUFFIX) == Some(p.namespace.as_str()) => {
+                Some(p)
+            }
+            _ => Self::for_tool(tool, sidecar),
+        }
+    }
+
     /// The fetch for a call of `tool`, started now if `tool` is the
     /// `api_call` of an integration with a connection and the run has room
     /// for it.
@@ -663,19 +674,11 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
         .await;
     }
     let mut parts = parts;
-    // rmcp's call takes the fetch the headers started when the envelope
-    // names the same tool, else one started now.
-    let named = shape.tool_call.as_deref();
-    let prefetch = match prefetch {
-        Some(p)
-            if named.and_then(|n| n.strip_suffix(args::API_CALL_SUFFIX))
-                == Some(p.namespace.as_str()) =>
-        {
-            Some(p)
-        }
-        _ => named.and_then(|n| CredentialPrefetch::for_tool(n, &state.sidecar)),
-    };
-    if let Some(p) = prefetch {
+    if let Some(p) = shape
+        .tool_call
+        .as_deref()
+        .and_then(|tool| CredentialPrefetch::for_call(prefetch, tool, &state.sidecar))
+    {
         parts.extensions.insert(p);
     }
     let json_body = parts
@@ -739,9 +742,9 @@ mod tests {
     }
 
     /// A platform on a unix socket that counts the credential requests it
-    /// reads (each count reported on `fetched`, whether or not the sidecar
-    /// still waits for the answer), and an upstream that answers whether the
-    /// request carried that credential.
+    /// reads (each count reported on the receiver, whether or not the
+    /// sidecar still waits for the answer) and answers each with `svc`'s
+    /// credential.
     async fn counting_platform(
         dir: &std::path::Path,
     ) -> (std::path::PathBuf, tokio::sync::watch::Receiver<usize>) {
@@ -788,6 +791,7 @@ mod tests {
         (sock, rx)
     }
 
+    /// An upstream that answers whether the request carried that credential.
     async fn credential_echo() -> u16 {
         super::lean::tests::upstream_answering(|head| {
             let head = head.to_ascii_lowercase();
