@@ -3,13 +3,18 @@
 //! (`Proxy-Authorization` on the proxy). The comparison is constant-time, and
 //! the token headers are removed before anything is forwarded.
 
-use http::HeaderMap;
 use http::header::{AUTHORIZATION, PROXY_AUTHORIZATION};
+use http::{HeaderMap, HeaderName};
 use secrecy::{ExposeSecret, SecretString};
 use subtle::ConstantTimeEq;
 
 pub const SIDECAR_AUTH_HEADER: &str = "x-airlock-sidecar-auth";
 pub const API_KEY_HEADER: &str = "x-api-key";
+
+// The same names as `HeaderName`s: a lookup by `&str` parses the name on
+// every request, one by `HeaderName` only hashes it.
+static SIDECAR_AUTH: HeaderName = HeaderName::from_static(SIDECAR_AUTH_HEADER);
+static API_KEY: HeaderName = HeaderName::from_static(API_KEY_HEADER);
 
 fn eq(a: &str, token: &SecretString) -> bool {
     let t = token.expose_secret().as_bytes();
@@ -26,9 +31,9 @@ fn bearer(v: &str) -> Option<&str> {
 pub fn is_authorized(headers: &HeaderMap, token: &SecretString) -> bool {
     let mut ok = false;
     for v in headers
-        .get_all(SIDECAR_AUTH_HEADER)
+        .get_all(&SIDECAR_AUTH)
         .iter()
-        .chain(headers.get_all(API_KEY_HEADER).iter())
+        .chain(headers.get_all(&API_KEY).iter())
     {
         if let Ok(s) = v.to_str() {
             ok |= eq(s.trim(), token);
@@ -65,7 +70,7 @@ pub fn is_proxy_authorized(headers: &HeaderMap, token: &SecretString) -> bool {
 
 /// Removes every header that may carry the sidecar token.
 pub fn strip_token_headers(headers: &mut HeaderMap) {
-    headers.remove(SIDECAR_AUTH_HEADER);
+    headers.remove(&SIDECAR_AUTH);
     headers.remove(PROXY_AUTHORIZATION);
 }
 

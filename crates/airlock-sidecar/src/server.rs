@@ -39,7 +39,7 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
     let limit = sidecar.limits.max_request_bytes;
     let protected: Router<Arc<Sidecar>> = Router::new()
         .route("/events", post(events::ingest))
-        .nest_service("/mcp", mcp::router(sidecar.clone()))
+        .nest_service("/mcp", mcp::endpoint(sidecar.clone()))
         .nest_service("/llm", llm::router(sidecar.clone()))
         .layer(middleware::from_fn_with_state(
             (sidecar.clone(), limit),

@@ -19,7 +19,7 @@
 //! (below) checks both paths byte for byte.
 
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
     CallToolResponse, NumberOrString, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
@@ -27,11 +27,17 @@ use rmcp::model::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ALLOWED_HOSTS, CredentialPrefetch, McpState, args};
+use super::{ALLOWED_HOSTS, CredentialPrefetch, MCP_NAME, McpState, args};
 
 const PROTOCOL: &str = "2026-07-28";
 const META_PROTOCOL: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
+// Looked up by `HeaderName` (hashed), not by `&str` (parsed, then hashed).
+static MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+static LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// A request for the lean path.
 pub(crate) struct LeanCall {
@@ -55,12 +61,13 @@ struct Params {
     name: String,
     #[serde(default)]
     arguments: Option<serde_json::Map<String, Value>>,
+    /// Parsed as rmcp's own type, once (what rmcp would refuse goes to rmcp).
     #[serde(rename = "_meta")]
-    meta: serde_json::Map<String, Value>,
+    meta: RequestMetaObject,
 }
 
 /// The single value of header `name`, if it has exactly one.
-fn one<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+fn one<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     let mut all = headers.get_all(name).iter();
     let first = all.next()?;
     if all.next().is_some() {
@@ -70,7 +77,7 @@ fn one<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 fn host_allowed(headers: &HeaderMap) -> bool {
-    let Some(host) = one(headers, "host") else {
+    let Some(host) = one(headers, &header::HOST) else {
         return false;
     };
     let bare = match host.rsplit_once(':') {
@@ -111,16 +118,16 @@ fn accepts_both(headers: &HeaderMap) -> bool {
 }
 
 fn headers_fit(headers: &HeaderMap) -> bool {
-    let plain_json = one(headers, header::CONTENT_TYPE.as_str())
+    let plain_json = one(headers, &header::CONTENT_TYPE)
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
     plain_json
         && host_allowed(headers)
         && accepts_both(headers)
-        && !headers.contains_key("mcp-session-id")
+        && !headers.contains_key(&MCP_SESSION_ID)
         && !headers.contains_key(header::ORIGIN)
-        && !headers.contains_key("last-event-id")
-        && one(headers, "mcp-protocol-version") == Some(PROTOCOL)
-        && one(headers, "mcp-method") == Some("tools/call")
+        && !headers.contains_key(&LAST_EVENT_ID)
+        && one(headers, &MCP_PROTOCOL_VERSION) == Some(PROTOCOL)
+        && one(headers, &MCP_METHOD) == Some("tools/call")
         && !headers.keys().any(|k| k.as_str().starts_with("mcp-param-"))
 }
 
@@ -139,21 +146,20 @@ pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanC
         _ => return None,
     };
     let p = env.params;
-    if one(&parts.headers, "mcp-name") != Some(p.name.as_str()) {
+    if one(&parts.headers, &MCP_NAME) != Some(p.name.as_str()) {
         return None;
     }
     let ns = p.name.strip_suffix(args::API_CALL_SUFFIX)?;
     if !state.sidecar.integrations.contains_key(ns) {
         return None;
     }
-    let protocol_ok = p.meta.get(META_PROTOCOL).and_then(Value::as_str) == Some(PROTOCOL);
-    let capabilities_ok = p.meta.get(META_CAPABILITIES).is_some_and(Value::is_object);
+    let meta = &(p.meta.0).0;
+    let protocol_ok = meta.get(META_PROTOCOL).and_then(Value::as_str) == Some(PROTOCOL);
+    let capabilities_ok = meta.get(META_CAPABILITIES).is_some_and(Value::is_object);
     if !protocol_ok || !capabilities_ok {
         return None;
     }
-    // `_meta` as rmcp's own type parses it (what rmcp would refuse goes to
-    // rmcp); the arguments are taken as they are, never copied.
-    serde_json::from_value::<RequestMetaObject>(Value::Object(p.meta)).ok()?;
+    // The arguments are taken as they are, never copied.
     Some(LeanCall {
         id,
         name: p.name,
@@ -270,7 +276,7 @@ pub(crate) mod tests {
     }
 
     async fn answer(
-        router: &axum::Router,
+        router: &super::super::Endpoint,
         headers: &[(&str, &str)],
         body: &str,
     ) -> (u16, Option<String>, Vec<u8>) {
@@ -313,8 +319,8 @@ pub(crate) mod tests {
         let j = dir.path().join("egress.journal");
         std::fs::write(&j, b"").unwrap();
         let sc = sidecar(port, &j);
-        let lean = super::super::router_with(sc.clone(), true);
-        let rmcp_only = super::super::router_with(sc.clone(), false);
+        let lean = super::super::endpoint_with(sc.clone(), true);
+        let rmcp_only = super::super::endpoint_with(sc.clone(), false);
         let state = McpState::new(sc.clone());
         let target = format!("http://api.internal.test:{port}/data?q=1");
         let args = format!(r#"{{"target":"{target}"}}"#);

@@ -23,7 +23,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode, header};
@@ -52,6 +51,9 @@ use args::{ToolCall, ToolError};
 /// 127.0.0.1/::1, or, on a docker run network, as `sidecar`. Every request
 /// also needs the sidecar token, which a rebinding page cannot have.
 pub const ALLOWED_HOSTS: &[&str] = &["localhost", "127.0.0.1", "::1", "sidecar"];
+
+/// The header naming the tool a `tools/call` calls (SEP-2243).
+pub(crate) static MCP_NAME: http::HeaderName = http::HeaderName::from_static("mcp-name");
 
 /// A JSON-RPC message from the client, as rmcp parses it (for the fuzz target).
 pub type ClientMessage = rmcp::model::ClientJsonRpcMessage;
@@ -410,20 +412,42 @@ impl ServerHandler for AirlockMcp {
 
 type McpService = StreamableHttpService<AirlockMcp, LocalSessionManager>;
 
-/// The `/mcp` router (nested by `server::router`, behind the token check).
-pub fn router(sidecar: Arc<Sidecar>) -> Router {
-    router_with(sidecar, true)
+/// The `/mcp` endpoint (nested by `server::router`, behind the token check).
+pub fn endpoint(sidecar: Arc<Sidecar>) -> Endpoint {
+    endpoint_with(sidecar, true)
 }
 
-/// [`router`], with or without the lean path for stateless `api_call`s
+/// [`endpoint`], with or without the lean path for stateless `api_call`s
 /// (without: rmcp serves every request, as the tests compare).
-pub fn router_with(sidecar: Arc<Sidecar>, lean: bool) -> Router {
+pub fn endpoint_with(sidecar: Arc<Sidecar>, lean: bool) -> Endpoint {
     // Shared, not cloned per request (rmcp's service clones its config).
-    let mcp = Arc::new(Mcp::new(sidecar, lean));
-    Router::new().fallback(move |req: Request| {
-        let mcp = mcp.clone();
-        async move { entry(&mcp, req).await }
-    })
+    Endpoint(Arc::new(Mcp::new(sidecar, lean)))
+}
+
+/// `/mcp` as a service: every request, whatever its path below `/mcp` or
+/// its method, goes to [`entry`]. A plain service rather than a router with
+/// one fallback: there is nothing to route, and a second router's matching,
+/// boxing and response mapping sat on every call.
+#[derive(Clone)]
+pub struct Endpoint(Arc<Mcp>);
+
+impl tower_service::Service<Request> for Endpoint {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<Response, std::convert::Infallible>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let mcp = self.0.clone();
+        Box::pin(async move { Ok(entry(&mcp, req).await) })
+    }
 }
 
 fn too_large(limit: usize) -> Response {
@@ -500,7 +524,7 @@ impl CredentialPrefetch {
     /// `Mcp-Name` (`{namespace}__api_call` of an integration with a
     /// connection), started now if the run has room for it.
     fn named_by(headers: &http::HeaderMap, sidecar: &Arc<Sidecar>) -> Option<Self> {
-        let tool = headers.get("mcp-name")?.to_str().ok()?;
+        let tool = headers.get(&MCP_NAME)?.to_str().ok()?;
         Self::for_tool(tool, sidecar)
     }
 
@@ -836,7 +860,7 @@ mod tests {
 
     /// POSTs a stateless `tools/call` of `tool` with `mcp-name: named`
     /// (`accept` as given) and returns the answer's status and text.
-    async fn call(router: &Router, named: &str, tool: &str, accept: &str, port: u16) -> String {
+    async fn call(router: &Endpoint, named: &str, tool: &str, accept: &str, port: u16) -> String {
         use tower::ServiceExt;
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
             "name": tool, "arguments": {"target": format!("http://api.internal.test:{port}/x")},
@@ -870,7 +894,7 @@ mod tests {
         std::fs::write(&j, b"").unwrap();
         let (sock, mut fetched) = counting_platform(dir.path()).await;
         let port = credential_echo().await;
-        let router = router_with(sidecar_with(port, &sock, &j, 8), true);
+        let router = endpoint_with(sidecar_with(port, &sock, &j, 8), true);
         let plain = "application/json, text/event-stream";
         let fetches = |rx: &tokio::sync::watch::Receiver<usize>| *rx.borrow();
 
@@ -911,7 +935,7 @@ mod tests {
         let gone = dir.path().join("gone.sock");
         let j2 = dir.path().join("egress2.journal");
         std::fs::write(&j2, b"").unwrap();
-        let orphan = router_with(sidecar_with(port, &gone, &j2, 8), true);
+        let orphan = endpoint_with(sidecar_with(port, &gone, &j2, 8), true);
         let e = call(&orphan, "svc__api_call", "svc__api_call", plain, port).await;
         assert!(
             e.contains("credential_unavailable") && e.contains(r#""isError":true"#),
@@ -941,7 +965,7 @@ mod tests {
         );
 
         // A call beyond the bound fetches for itself.
-        let router = router_with(sc.clone(), true);
+        let router = endpoint_with(sc.clone(), true);
         let plain = "application/json, text/event-stream";
         let a = call(&router, "svc__api_call", "svc__api_call", plain, port).await;
         assert!(a.starts_with("200 ") && a.contains("injected"), "{a}");

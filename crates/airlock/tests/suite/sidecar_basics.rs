@@ -33,7 +33,15 @@ async fn health_is_open_everything_else_needs_the_token() {
     ];
     for headers in attempts {
         let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        for path in ["/events", "/mcp", "/llm/v1/chat/completions"] {
+        // (`/mcp` and everything below it is one endpoint: no path under it
+        // skips the check.)
+        for path in [
+            "/events",
+            "/mcp",
+            "/mcp/",
+            "/mcp/anything",
+            "/llm/v1/chat/completions",
+        ] {
             let (status, _, body) = http(sc.tcp(), "POST", path, &h, b"{}");
             assert_eq!(status, 401, "{path} with {headers:?}");
             assert_eq!(
