@@ -591,6 +591,14 @@ impl GuardedClient {
             if idle.conn.is_ended() || !allowed.contains(&idle.addr.ip()) {
                 continue;
             }
+            // Ready already (the usual case: the drive that read the last
+            // answer left it wanting a request): taken without polling the
+            // connection. One the peer closed since is noticed when the
+            // request is offered — hyper reads before it writes and hands an
+            // unsent request back, which then goes out on a new connection.
+            if idle.sender.is_ready() {
+                return Some(idle);
+            }
             let Idle { sender, conn, .. } = &mut idle;
             if let Ok(Ok(())) = driven(conn, std::future::poll_fn(|cx| sender.poll_ready(cx))).await
             {

@@ -527,6 +527,65 @@ async fn https_with_pinned_address_keeps_sni_and_host() {
     assert_eq!(net.dialled().len(), 1);
 }
 
+/// An upstream that answers as if it kept the connection (no `Connection:
+/// close`) and then closes it: the pooled connection is dead when the next
+/// request comes. That request must go out once, on a new connection, and
+/// succeed — never fail, never be sent twice.
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_is_replaced_not_reused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    install_crypto();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let close_now = Arc::new(tokio::sync::Notify::new());
+    let (seen, close) = (requests.clone(), close_now.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (seen, closed_tx, close) = (seen.clone(), closed_tx.clone(), close.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                if s.read(&mut buf).await.unwrap_or(0) > 0 {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                }
+                // Closed only once the client holds the connection idle.
+                close.notified().await;
+                drop(s);
+                let _ = closed_tx.send(());
+            });
+        }
+    });
+    let client = internal_client(
+        &["api.internal.test"],
+        Arc::new(TestNet::default()),
+        ClientConfig::default(),
+    );
+    let list = AuthorizedUris::parse(&["http://api.internal.test:*/**"]);
+    let url = format!("http://api.internal.test:{port}/");
+    for round in 1..=3 {
+        let r = client
+            .send(OutboundRequest::get(&url), &rules(&list, false))
+            .await
+            .unwrap_or_else(|e| panic!("request {round}: {e}"));
+        assert_eq!((r.status.as_u16(), &r.body[..]), (200, &b"ok"[..]));
+        // The answer was read whole and the connection pooled; now the
+        // upstream closes it, and the runtime sees the end (its driver runs)
+        // before the next request takes it from the pool.
+        close_now.notify_one();
+        closed.recv().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        requests.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "each request reached the upstream exactly once"
+    );
+}
+
 #[tokio::test]
 async fn hostile_upstreams_fail_cleanly() {
     install_crypto();
