@@ -147,15 +147,24 @@ impl PlatformClient {
         let (mut c, resp) = self.send(req).await?;
         let (parts, body) = resp.into_parts();
         let limited = http_body_util::Limited::new(body, MAX_ANSWER);
-        let bytes = driven(&mut c.conn, limited.collect())
-            .await
-            .map_err(ended)?
+        // The answer read whole, then the connection's readiness for the
+        // next request, in one drive: once it says it takes one, it is kept
+        // for it.
+        let Conn { sender, conn } = &mut c;
+        let (collected, ready) = driven(conn, async {
+            let collected = limited.collect().await;
+            let ready = collected.is_ok()
+                && std::future::poll_fn(|cx| sender.poll_ready(cx))
+                    .await
+                    .is_ok();
+            (collected, ready)
+        })
+        .await
+        .map_err(ended)?;
+        let bytes = collected
             .map_err(|e| PlatformError::Transport(e.to_string()))?
             .to_bytes();
-        // The answer is read whole: once the connection says it takes the
-        // next request, it is kept for it.
-        let Conn { sender, conn } = &mut c;
-        if let Ok(Ok(())) = driven(conn, std::future::poll_fn(|cx| sender.poll_ready(cx))).await {
+        if ready {
             self.put_idle(c);
         }
         if !parts.status.is_success() {
