@@ -27,17 +27,14 @@ use rmcp::model::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ALLOWED_HOSTS, CredentialPrefetch, MCP_NAME, McpState, args};
+use super::{
+    ALLOWED_HOSTS, CredentialPrefetch, LAST_EVENT_ID, MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION,
+    MCP_SESSION_ID, McpState, args,
+};
 
 const PROTOCOL: &str = "2026-07-28";
 const META_PROTOCOL: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
-
-// Looked up by `HeaderName` (hashed), not by `&str` (parsed, then hashed).
-static MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
-static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
-static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
-static LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
 /// A request for the lean path.
 pub(crate) struct LeanCall {

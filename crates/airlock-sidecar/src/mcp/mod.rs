@@ -52,8 +52,18 @@ use args::{ToolCall, ToolError};
 /// also needs the sidecar token, which a rebinding page cannot have.
 pub const ALLOWED_HOSTS: &[&str] = &["localhost", "127.0.0.1", "::1", "sidecar"];
 
-/// The header naming the tool a `tools/call` calls (SEP-2243).
+// The Streamable HTTP headers the sidecar reads or sets itself, as
+// `HeaderName`s: a lookup by `&str` parses the name on every request, one by
+// `HeaderName` only hashes it.
+/// The tool a `tools/call` calls (SEP-2243).
 pub(crate) static MCP_NAME: http::HeaderName = http::HeaderName::from_static("mcp-name");
+/// The request's JSON-RPC method (SEP-2243).
+pub(crate) static MCP_METHOD: http::HeaderName = http::HeaderName::from_static("mcp-method");
+pub(crate) static MCP_PROTOCOL_VERSION: http::HeaderName =
+    http::HeaderName::from_static("mcp-protocol-version");
+pub(crate) static MCP_SESSION_ID: http::HeaderName =
+    http::HeaderName::from_static("mcp-session-id");
+pub(crate) static LAST_EVENT_ID: http::HeaderName = http::HeaderName::from_static("last-event-id");
 
 /// A JSON-RPC message from the client, as rmcp parses it (for the fuzz target).
 pub type ClientMessage = rmcp::model::ClientJsonRpcMessage;
@@ -688,7 +698,7 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
     // rmcp keeps even an idle-expired one in its map: without a cap an agent
     // could open sessions until the sidecar (outside the sandbox's memory
     // limit) runs out of memory. At the cap the oldest session is closed.
-    let opens_session = shape.initialize && !parts.headers.contains_key("mcp-session-id");
+    let opens_session = shape.initialize && !parts.headers.contains_key(&MCP_SESSION_ID);
     if opens_session {
         Box::pin(make_room_for_a_session(
             sessions,
@@ -722,7 +732,7 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
     if opens_session
         && let Some(id) = response
             .headers()
-            .get("mcp-session-id")
+            .get(&MCP_SESSION_ID)
             .and_then(|v| v.to_str().ok())
         && let Ok(mut opened) = opened.lock()
     {

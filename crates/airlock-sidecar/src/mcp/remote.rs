@@ -299,7 +299,7 @@ impl StreamableHttpClient for GuardedMcpHttp {
         if let Some(id) = &session_id {
             let v = HeaderValue::from_str(id)
                 .map_err(|_| unexpected("the server's session id is not a header value".into()))?;
-            headers.insert(HeaderName::from_static("mcp-session-id"), v);
+            headers.insert(super::MCP_SESSION_ID.clone(), v);
         }
         let answer = self
             .exchange(Method::POST, &uri, headers, Bytes::from(body))
@@ -314,7 +314,7 @@ impl StreamableHttpClient for GuardedMcpHttp {
         }
         let session = answer
             .headers
-            .get("mcp-session-id")
+            .get(&super::MCP_SESSION_ID)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let awaits_no_response = matches!(
@@ -399,7 +399,7 @@ impl StreamableHttpClient for GuardedMcpHttp {
             headers.insert(k, v);
         }
         if let Ok(v) = HeaderValue::from_str(&session_id) {
-            headers.insert(HeaderName::from_static("mcp-session-id"), v);
+            headers.insert(super::MCP_SESSION_ID.clone(), v);
         }
         let answer = self
             .exchange(Method::DELETE, &uri, headers, Bytes::new())
