@@ -64,7 +64,9 @@ struct Inner {
 /// added, removed, replaced or re-encrypted), within [`WATCH_EVERY`].
 #[derive(Default)]
 struct ConnectionCache {
-    rows: RwLock<HashMap<String, ConnectionRecord>>,
+    /// organization → connection name → row (shared, not copied, on the
+    /// request path).
+    rows: RwLock<HashMap<String, HashMap<String, Arc<ConnectionRecord>>>>,
     /// Bumped by every clear: a row read before a clear is not kept after it.
     generation: std::sync::atomic::AtomicU64,
     watching: std::sync::atomic::AtomicBool,
@@ -81,16 +83,11 @@ impl ConnectionCache {
         self.watching.load(Ordering::Acquire) && !self.disabled.load(Ordering::Acquire)
     }
 
-    /// Rows are an organization's: the key holds both.
-    fn key(org: &str, name: &str) -> String {
-        format!("{org}\u{1f}{name}")
-    }
-
-    fn get(&self, org: &str, name: &str) -> Option<ConnectionRecord> {
+    fn get(&self, org: &str, name: &str) -> Option<Arc<ConnectionRecord>> {
         if !self.usable() {
             return None;
         }
-        self.rows.read().ok()?.get(&Self::key(org, name)).cloned()
+        self.rows.read().ok()?.get(org)?.get(name).cloned()
     }
 
     fn generation(&self) -> u64 {
@@ -98,21 +95,25 @@ impl ConnectionCache {
     }
 
     /// Keeps `rec`, read when the cache was at `generation`.
-    fn put(&self, generation: u64, rec: &ConnectionRecord) {
+    fn put(&self, generation: u64, rec: &Arc<ConnectionRecord>) {
         if !self.usable() {
             return;
         }
         if let Ok(mut rows) = self.rows.write()
             && self.generation() == generation
         {
-            rows.insert(Self::key(&rec.info.org_id, &rec.info.name), rec.clone());
+            rows.entry(rec.info.org_id.clone())
+                .or_default()
+                .insert(rec.info.name.clone(), rec.clone());
         }
     }
 
     fn forget(&self, org: &str, name: &str) {
         if let Ok(mut rows) = self.rows.write() {
             self.generation.fetch_add(1, Ordering::AcqRel);
-            rows.remove(&Self::key(org, name));
+            if let Some(of_org) = rows.get_mut(org) {
+                of_org.remove(name);
+            }
         }
     }
 
@@ -135,6 +136,10 @@ pub const MAX_BODY: usize = 64 * 1024 * 1024;
 
 #[derive(Clone)]
 struct RunId(String);
+
+/// The grant the request was authenticated under (looked up once).
+#[derive(Clone)]
+struct RunGrant(Arc<Grant>);
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (
@@ -292,7 +297,7 @@ async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Ne
     // the run's end is recorded, so a granted run is running and the request
     // path needs no store query. Without a grant the store only picks the
     // answer (an ended run gets 403, a stranger 404).
-    if api.grant_of(&run_id).is_none() {
+    let Some(grant) = api.grant_of(&run_id) else {
         return match api.inner.store.get_run(&run_id).await {
             Ok(Some(run)) if run.status != RunStatus::Running => error(
                 StatusCode::FORBIDDEN,
@@ -306,8 +311,9 @@ async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Ne
             ),
             Err(e) => internal(e),
         };
-    }
+    };
     req.extensions_mut().insert(RunId(run_id));
+    req.extensions_mut().insert(RunGrant(grant));
     next.run(req).await
 }
 
@@ -320,11 +326,12 @@ async fn credential(
     Path(integration): Path<String>,
     req: Request,
 ) -> Response {
-    let Some(run_id) = run_of(req.extensions()) else {
+    let (Some(run_id), Some(RunGrant(grant))) =
+        (run_of(req.extensions()), req.extensions().get::<RunGrant>())
+    else {
         return internal("no run id");
     };
-    let grant = api.grant_of(&run_id).unwrap_or_default();
-    let grant = &*grant;
+    let grant = &**grant;
     let Some(connection) = grant.connections.get(&integration) else {
         return error(
             StatusCode::FORBIDDEN,
@@ -336,7 +343,7 @@ async fn credential(
     // The stored row, or the answer to give when there is none.
     let read_row = || async {
         match api.inner.store.get_connection(&grant.org, connection).await {
-            Ok(Some(r)) => Ok(r),
+            Ok(Some(r)) => Ok(Arc::new(r)),
             Ok(None) => Err(error(
                 StatusCode::NOT_FOUND,
                 "unknown_connection",

@@ -102,6 +102,55 @@ macro_rules! bind_egress {
     };
 }
 
+/// The row counts of the multi-row egress insert. A batch is cut into
+/// statements of these sizes only, largest first, so each statement's text
+/// is one of a few, prepared once per connection and then reused (a
+/// statement of any other length would be parsed anew every time).
+pub const EGRESS_BATCH_ROWS: [usize; 4] = [64, 16, 4, 1];
+
+/// The statement that inserts the first rows of a batch of `len` records,
+/// and how many rows it takes. SQLite's parameters are anonymous (`?`): it
+/// finds a numbered one's index by a walk of its list of names, so a
+/// statement of a thousand `$N` cost a million string comparisons to bind.
+fn egress_insert(pool: &Pool, len: usize) -> (&'static str, usize) {
+    type Texts = std::sync::OnceLock<[String; EGRESS_BATCH_ROWS.len()]>;
+    static SQLITE: Texts = std::sync::OnceLock::new();
+    static POSTGRES: Texts = std::sync::OnceLock::new();
+    let numbered = matches!(pool, Pool::Postgres(_));
+    let texts = if numbered { &POSTGRES } else { &SQLITE }
+        .get_or_init(|| EGRESS_BATCH_ROWS.map(|rows| egress_insert_sql(rows, numbered)));
+    // The largest that fits (the last, one row, always does).
+    let at = EGRESS_BATCH_ROWS
+        .iter()
+        .position(|rows| *rows <= len)
+        .unwrap_or(EGRESS_BATCH_ROWS.len() - 1);
+    (&texts[at], EGRESS_BATCH_ROWS[at])
+}
+
+fn egress_insert_sql(rows: usize, numbered: bool) -> String {
+    use std::fmt::Write as _;
+    let mut sql = format!("INSERT INTO egress_log {} VALUES ", egress_columns!());
+    for i in 0..rows {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for c in 0..16 {
+            if c > 0 {
+                sql.push_str(", ");
+            }
+            if numbered {
+                let _ = write!(sql, "${}", i * 16 + c + 1);
+            } else {
+                sql.push('?');
+            }
+        }
+        sql.push(')');
+    }
+    sql.push_str(egress_upsert!());
+    sql
+}
+
 /// Maps a connections row (without envelope) to [`ConnectionInfo`].
 macro_rules! connection_info {
     ($r:expr, $s:expr) => {{
@@ -1187,12 +1236,12 @@ impl Store {
         .map_err(|err| self.err(err)))
     }
 
-    /// [`Store::append_egress`] for many records at once, in one statement
-    /// per 64 records: how a batch of completions costs one write, not one
-    /// per record. A batch naming one `(run_id, seq)` twice keeps its last
-    /// record (a start never replaces a completion).
+    /// [`Store::append_egress`] for many records at once, in a few
+    /// statements of [`EGRESS_BATCH_ROWS`] rows each: how a batch of records
+    /// costs a few writes, not one per record. A batch naming one
+    /// `(run_id, seq)` twice keeps its last record (a start never replaces
+    /// a completion).
     pub async fn append_egress_batch(&self, records: &[NewEgress<'_>]) -> Result<(), StoreError> {
-        const PER_STATEMENT: usize = 64;
         let mut unique: Vec<&NewEgress<'_>> = Vec::with_capacity(records.len());
         // (run_id, seq) → its place in `unique`: a run's whole journal can
         // come in one call.
@@ -1211,25 +1260,14 @@ impl Store {
                 }
             }
         }
-        for chunk in unique.chunks(PER_STATEMENT) {
-            let mut sql = format!("INSERT INTO egress_log {} VALUES ", egress_columns!());
-            for i in 0..chunk.len() {
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push('(');
-                for c in 0..16 {
-                    if c > 0 {
-                        sql.push_str(", ");
-                    }
-                    sql.push_str(&format!("${}", i * 16 + c + 1));
-                }
-                sql.push(')');
-            }
-            sql.push_str(egress_upsert!());
-            let run_id = chunk.first().map_or("", |e| e.run_id);
+        let mut rest = unique.as_slice();
+        while let Some(first) = rest.first() {
+            let (sql, rows) = egress_insert(&self.pool, rest.len());
+            let (chunk, tail) = rest.split_at(rows.min(rest.len()));
+            rest = tail;
+            let run_id = first.run_id;
             on_pool!(self, p => {
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.clone()));
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for e in chunk {
                     q = bind_egress!(q, e);
                 }

@@ -17,6 +17,10 @@
 //!
 //! Run: `cargo bench -p airlock --bench mcp_api_call` (`MCP_BENCH_N` sets
 //! the sequential sample count, default 2000; `MCP_BENCH_REPS`, default 3).
+//! `MCP_BENCH_NULL_PLATFORM=1` gives the sidecar, instead of the platform, a
+//! bare hyper server that answers every request at once with the credential:
+//! the credentialed figure is then the round trip alone, the floor of any
+//! fetch per call on this machine.
 //! Loopback traffic only.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
@@ -65,6 +69,34 @@ async fn upstream() -> SocketAddr {
         }
     });
     addr
+}
+
+/// A platform that answers every request at once with the bench's
+/// credential (no token check, no store, no decrypt): what a credentialed
+/// call costs when the platform's own work is nil, i.e. the round trip alone.
+async fn null_platform(dir: &std::path::Path, rep: usize) -> std::path::PathBuf {
+    let path = dir.join(format!("null-platform-{rep}.sock"));
+    let l = tokio::net::UnixListener::bind(&path).expect("bind null platform");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|_req: hyper::Request<hyper::body::Incoming>| async {
+                    Ok::<_, Infallible>(
+                        hyper::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from_static(
+                                br#"{"integration":"svc","connection":"svc","auth_type":"bearer","fields":{"api_key":"bench-credential-value"}}"#,
+                            )))
+                            .expect("response"),
+                    )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    path
 }
 
 async fn direct(c: &mut SendRequest<Full<Bytes>>, addr: SocketAddr) -> usize {
@@ -212,6 +244,9 @@ async fn run() {
         });
         if let (Value::Object(a), Value::Object(b)) = (&mut cfg, patch) {
             a.extend(b);
+        }
+        if std::env::var_os("MCP_BENCH_NULL_PLATFORM").is_some() {
+            cfg["platform_socket"] = json!(null_platform(p.dir.path(), rep).await);
         }
         let sc = peers::spawn_sidecar(&cfg);
         let pid = sc.pid();
