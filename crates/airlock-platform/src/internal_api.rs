@@ -21,12 +21,13 @@ use airlock_store::{
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use serde::Deserialize;
+use std::convert::Infallible;
 use tokio::net::UnixListener;
 
 /// What one run may ask for.
@@ -210,7 +211,7 @@ impl InternalApi {
 
     pub fn router(&self) -> Router {
         Router::new()
-            .route("/internal/v1/credentials/{integration}", get(credential))
+            .route(&format!("{CREDENTIALS}{{integration}}"), get(credential))
             .route("/internal/v1/history", get(history))
             .route("/internal/v1/memories", get(memories))
             .route("/internal/v1/events", post(events))
@@ -219,6 +220,14 @@ impl InternalApi {
             .layer(middleware::from_fn_with_state(self.clone(), authenticate))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
             .with_state(self.clone())
+    }
+
+    /// The API as the socket serves it: [`Endpoint`] in front of [`InternalApi::router`].
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            api: self.clone(),
+            router: self.router(),
+        }
     }
 
     /// Serves the API on a unix socket until the task is dropped, with the
@@ -230,7 +239,7 @@ impl InternalApi {
             std::future::pending::<()>().await;
         };
         tokio::select! {
-            served = axum::serve(listener, self.router()) => served,
+            served = axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(self.endpoint())) => served,
             () = watch => Ok(()),
         }
     }
@@ -278,27 +287,89 @@ impl InternalApi {
     }
 }
 
-async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Next) -> Response {
-    let token = req
-        .headers()
+/// The internal API as one plain service. The credential fetch, which
+/// every credentialed call of every run waits for, is answered here, with
+/// the same check and the same answer as the router's route but without
+/// its matching, middleware and extractors; everything else (a `HEAD`, a
+/// path the route would not match or decode) goes to the router.
+#[derive(Clone)]
+pub struct Endpoint {
+    api: InternalApi,
+    router: Router,
+}
+
+const CREDENTIALS: &str = "/internal/v1/credentials/";
+
+impl tower_service::Service<Request> for Endpoint {
+    type Response = Response;
+    type Error = Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let Some(integration) = credential_fetch(&req) else {
+            return Box::pin(self.router.call(req));
+        };
+        let api = self.api.clone();
+        Box::pin(async move {
+            Ok(match authorize(&api, req.headers()).await {
+                Ok((run_id, grant)) => credential_for(&api, &run_id, &grant, integration).await,
+                Err(refused) => refused,
+            })
+        })
+    }
+}
+
+/// The integration a `GET /internal/v1/credentials/{integration}` names,
+/// percent-decoded as the router's `Path` decodes it.
+fn credential_fetch(req: &Request) -> Option<String> {
+    if req.method() != Method::GET {
+        return None;
+    }
+    let name = req.uri().path().strip_prefix(CREDENTIALS)?;
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    percent_encoding::percent_decode_str(name)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
+}
+
+/// Who is asking: the run its token names, and that run's grant. The one
+/// check of every internal API request (the credential fetch's own path and
+/// the router's middleware).
+async fn authorize(
+    api: &InternalApi,
+    headers: &HeaderMap,
+) -> Result<(String, Arc<Grant>), Response> {
+    let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let Some(run_id) = token.and_then(|t| api.inner.tokens.verify(t)) else {
-        return error(
+        return Err(error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "missing or invalid run token",
-        );
+        ));
     };
     // The grant is the authority on whether the run may still fetch: the
     // orchestrator grants it before the sidecar starts and revokes it before
     // the run's end is recorded, so a granted run is running and the request
     // path needs no store query. Without a grant the store only picks the
     // answer (an ended run gets 403, a stranger 404).
-    let Some(grant) = api.grant_of(&run_id) else {
-        return match api.inner.store.get_run(&run_id).await {
+    match api.grant_of(&run_id) {
+        Some(grant) => Ok((run_id, grant)),
+        None => Err(match api.inner.store.get_run(&run_id).await {
             Ok(Some(run)) if run.status != RunStatus::Running => error(
                 StatusCode::FORBIDDEN,
                 "run_not_running",
@@ -310,7 +381,14 @@ async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Ne
                 "this platform hosts no such run",
             ),
             Err(e) => internal(e),
-        };
+        }),
+    }
+}
+
+async fn authenticate(State(api): State<InternalApi>, mut req: Request, next: Next) -> Response {
+    let (run_id, grant) = match authorize(&api, req.headers()).await {
+        Ok(who) => who,
+        Err(refused) => return refused,
     };
     req.extensions_mut().insert(RunId(run_id));
     req.extensions_mut().insert(RunGrant(grant));
@@ -331,7 +409,16 @@ async fn credential(
     else {
         return internal("no run id");
     };
-    let grant = &**grant;
+    credential_for(&api, &run_id, grant, integration).await
+}
+
+/// The credential of `integration` for `run_id`, decrypted for this answer.
+async fn credential_for(
+    api: &InternalApi,
+    run_id: &str,
+    grant: &Grant,
+    integration: String,
+) -> Response {
     let Some(connection) = grant.connections.get(&integration) else {
         return error(
             StatusCode::FORBIDDEN,

@@ -88,6 +88,91 @@ async fn run_tokens_are_checked_and_each_refusal_is_typed() {
     );
 }
 
+/// The raw answer to `head` (a request without a body) over the platform's
+/// socket: status, content type and body.
+async fn over_the_socket(socket: &std::path::Path, head: &str) -> (u16, String, String) {
+    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let status = head[9..12].parse().unwrap();
+    let content_type = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-type: "))
+        .unwrap_or("")
+        .to_owned();
+    (
+        status,
+        content_type,
+        String::from_utf8_lossy(&raw[split + 4..]).into_owned(),
+    )
+}
+
+/// The credential fetch has a path of its own in front of the router (it
+/// is on every credentialed call); whatever an agent's sidecar sends, it
+/// answers exactly as the router's route does: the legitimate fetch, a
+/// percent-encoded name, names that decode to a slash or to bad UTF-8, a
+/// longer path, other methods, forged and missing tokens.
+#[tokio::test]
+async fn the_credential_fetch_answers_as_the_router_does() {
+    use http_body_util::BodyExt;
+    let p = TestPlatform::start("agent-a").await;
+    p.add_connection("svc", AuthType::Bearer, &[("api_key", "canary-value-2")])
+        .await;
+    let token = airlock_vault::ExposeSecret::expose_secret(&p.run_token).to_owned();
+    let cases: &[(&str, &str, Option<&str>, u16)] = &[
+        ("GET", "svc", Some(&token), 200),
+        ("GET", "%73vc", Some(&token), 200),
+        ("GET", "svc?x=1", Some(&token), 200),
+        ("GET", "other", Some(&token), 403),
+        ("GET", "sv%2Fc", Some(&token), 403),
+        ("GET", "%FF", Some(&token), 400),
+        ("GET", "svc/more", Some(&token), 404),
+        ("GET", "", Some(&token), 404),
+        ("HEAD", "svc", Some(&token), 200),
+        ("POST", "svc", Some(&token), 405),
+        ("GET", "svc", Some("run_x.0000"), 401),
+        ("GET", "svc", None, 401),
+    ];
+    for (method, name, bearer, want) in cases {
+        let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let head = format!(
+            "{method} /internal/v1/credentials/{name} HTTP/1.1\r\nHost: platform\r\n{auth}Connection: close\r\n\r\n"
+        );
+        let socket = over_the_socket(&p.socket, &head).await;
+
+        let mut req = http::Request::builder()
+            .method(*method)
+            .uri(format!("/internal/v1/credentials/{name}"))
+            .header("host", "platform");
+        if let Some(t) = bearer {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let mut router = p.api.router();
+        let resp = tower_service::Service::call(&mut router, req)
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .map_or(String::new(), |v| v.to_str().unwrap().to_ascii_lowercase());
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let routed = (status, content_type, body);
+        assert_eq!(socket, routed, "{method} {name:?}");
+        assert_eq!(socket.0, *want, "{method} {name:?}");
+        if *want == 200 && *method == "GET" {
+            assert!(socket.2.contains("canary-value-2"), "{method} {name:?}");
+        }
+    }
+}
+
 /// A platform that answers one request per connection and then closes it
 /// without saying so: the client's pooled connection is dead by the next
 /// call, which must still succeed, once, on a new connection.
