@@ -36,10 +36,14 @@ pub enum SidecarError {
 
 /// The full router: `/health` open, everything else behind the token.
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
+    router_around(sidecar.clone(), mcp::endpoint(sidecar))
+}
+
+fn router_around(sidecar: Arc<Sidecar>, mcp: mcp::Endpoint) -> Router {
     let limit = sidecar.limits.max_request_bytes;
     let protected: Router<Arc<Sidecar>> = Router::new()
         .route("/events", post(events::ingest))
-        .nest_service("/mcp", mcp::endpoint(sidecar.clone()))
+        .nest_service("/mcp", mcp)
         .nest_service("/llm", llm::router(sidecar.clone()))
         .layer(middleware::from_fn_with_state(
             (sidecar.clone(), limit),
@@ -49,6 +53,53 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
         .route("/health", get(health))
         .merge(protected)
         .with_state(sidecar)
+}
+
+/// What the API listeners serve: [`router`], with `POST /mcp` (every tool
+/// call, the hot request) handed to the MCP endpoint directly, through the
+/// same [`admit`] the router's middleware runs, and with the path the
+/// router's nesting would hand it (`/`). Anything else, `/mcp/…` and other
+/// methods included, goes through the router.
+#[derive(Clone)]
+pub struct App {
+    sidecar: Arc<Sidecar>,
+    mcp: mcp::Endpoint,
+    router: Router,
+}
+
+pub fn app(sidecar: Arc<Sidecar>) -> App {
+    let mcp = mcp::endpoint(sidecar.clone());
+    App {
+        router: router_around(sidecar.clone(), mcp.clone()),
+        sidecar,
+        mcp,
+    }
+}
+
+impl tower_service::Service<Request> for App {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response, std::convert::Infallible>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        if req.method() != axum::http::Method::POST || req.uri() != "/mcp" {
+            return Box::pin(self.router.call(req));
+        }
+        *req.uri_mut() = axum::http::Uri::from_static("/");
+        match admit(&self.sidecar, self.sidecar.limits.max_request_bytes, req) {
+            Admission::Admitted(req) => self.mcp.call(req),
+            Admission::Refused(answer) => Box::pin(std::future::ready(Ok(answer))),
+        }
+    }
 }
 
 async fn health(State(sidecar): State<Arc<Sidecar>>) -> Response {
@@ -73,25 +124,42 @@ async fn admit_request(
     req: Request,
     next: Next,
 ) -> Response {
+    match admit(&sidecar, limit, req) {
+        Admission::Admitted(req) => next.run(req).await,
+        Admission::Refused(answer) => answer,
+    }
+}
+
+/// What [`admit`] decided.
+enum Admission {
+    /// The request as the route gets it.
+    Admitted(Request),
+    Refused(Response),
+}
+
+/// [`admit_request`]'s decision.
+fn admit(sidecar: &Sidecar, limit: usize, req: Request) -> Admission {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            axum::Json(json!({"error": "payload_too_large", "message": format!("request body exceeds the {limit}-byte limit")})),
-        )
-            .into_response();
+        return Admission::Refused(
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                axum::Json(json!({"error": "payload_too_large", "message": format!("request body exceeds the {limit}-byte limit")})),
+            )
+                .into_response(),
+        );
     }
     if !auth::is_authorized(req.headers(), &sidecar.token) {
-        return unauthorized();
+        return Admission::Refused(unauthorized());
     }
     let (mut parts, body) = req.into_parts();
     auth::strip_token_headers(&mut parts.headers);
     let body = axum::body::Body::new(http_body_util::Limited::new(body, limit));
-    next.run(Request::from_parts(parts, body)).await
+    Admission::Admitted(Request::from_parts(parts, body))
 }
 
 fn bind_unix(path: &Path) -> Result<UnixListener, SidecarError> {
@@ -183,7 +251,7 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     if let Ok(mut slot) = sidecar.runner_mcp.lock() {
         *slot = runner_mcp;
     }
-    let app = router(sidecar.clone());
+    let app = axum::ServiceExt::<Request>::into_make_service(app(sidecar.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(l) = api_unix {
         let app = app.clone();

@@ -49,6 +49,14 @@ async fn health_is_open_everything_else_needs_the_token() {
                 json!({"error": "unauthorized"})
             );
         }
+        // (`POST /mcp` has a path of its own to the endpoint; every other
+        // method goes through the router: both check.)
+        for method in ["GET", "DELETE", "PUT"] {
+            for path in ["/mcp", "/mcp/"] {
+                let (status, _, _) = http(sc.tcp(), method, path, &h, b"");
+                assert_eq!(status, 401, "{method} {path} with {headers:?}");
+            }
+        }
     }
     for header in ["authorization", "x-api-key", "x-airlock-sidecar-auth"] {
         let value = if header == "authorization" {
