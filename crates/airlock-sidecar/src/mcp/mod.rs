@@ -422,7 +422,8 @@ impl ServerHandler for AirlockMcp {
 
 type McpService = StreamableHttpService<AirlockMcp, LocalSessionManager>;
 
-/// The `/mcp` endpoint (nested by `server::router`, behind the token check).
+/// The `/mcp` endpoint (nested by `server::router`, and `POST /mcp` served
+/// directly by `server::App`; behind the token check either way).
 pub fn endpoint(sidecar: Arc<Sidecar>) -> Endpoint {
     endpoint_with(sidecar, true)
 }
