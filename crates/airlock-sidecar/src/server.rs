@@ -34,12 +34,9 @@ pub enum SidecarError {
     },
 }
 
-/// The full router: `/health` open, everything else behind the token.
-pub fn router(sidecar: Arc<Sidecar>) -> Router {
-    router_around(sidecar.clone(), mcp::endpoint(sidecar))
-}
-
-fn router_around(sidecar: Arc<Sidecar>, mcp: mcp::Endpoint) -> Router {
+/// The full router around `mcp`: `/health` open, everything else behind
+/// the token.
+fn router(sidecar: Arc<Sidecar>, mcp: mcp::Endpoint) -> Router {
     let limit = sidecar.limits.max_request_bytes;
     let protected: Router<Arc<Sidecar>> = Router::new()
         .route("/events", post(events::ingest))
@@ -70,7 +67,7 @@ pub struct App {
 pub fn app(sidecar: Arc<Sidecar>) -> App {
     let mcp = mcp::endpoint(sidecar.clone());
     App {
-        router: router_around(sidecar.clone(), mcp.clone()),
+        router: router(sidecar.clone(), mcp.clone()),
         sidecar,
         mcp,
     }
