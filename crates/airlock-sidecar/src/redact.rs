@@ -25,7 +25,21 @@ pub fn percent_encode(v: &str) -> String {
 /// `[REDACTED]` in anything returned to the agent or logged.
 #[derive(Default)]
 pub struct Redactor {
-    needles: Vec<Vec<u8>>,
+    /// Longest first, each searcher built once (a call's redactor searches
+    /// its answer, its errors and its records).
+    needles: Vec<memchr::memmem::Finder<'static>>,
+}
+
+/// `true` when `s` is its own percent-encoding (only unreserved bytes).
+fn is_unreserved(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b))
+}
+
+/// `true` when JSON escapes nothing of `s` (no quote, backslash or control
+/// character: what `serde_json` escapes).
+fn json_is_plain(s: &str) -> bool {
+    !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\')
 }
 
 impl Redactor {
@@ -41,21 +55,37 @@ impl Redactor {
             if s.len() < MIN_REDACT_LEN {
                 continue;
             }
-            let json = serde_json::to_string(s).unwrap_or_default();
-            let json = json
-                .get(1..json.len().saturating_sub(1))
-                .unwrap_or_default()
-                .to_owned();
+            // Each form only when it differs from the value itself (a
+            // typical key is its own percent- and JSON-encoding).
+            let encoded = (!is_unreserved(s)).then(|| percent_encode(s));
+            let json = (!json_is_plain(s)).then(|| {
+                let quoted = serde_json::to_string(s).unwrap_or_default();
+                quoted
+                    .get(1..quoted.len().saturating_sub(1))
+                    .unwrap_or_default()
+                    .to_owned()
+            });
             // A value that lands in a host name is lowercased there.
-            let lower = s.to_ascii_lowercase();
-            for v in [s.to_owned(), percent_encode(s), json, lower] {
+            let lower = s
+                .bytes()
+                .any(|b| b.is_ascii_uppercase())
+                .then(|| s.to_ascii_lowercase());
+            for v in [Some(s.to_owned()), encoded, json, lower]
+                .into_iter()
+                .flatten()
+            {
                 if v.len() >= MIN_REDACT_LEN && !needles.iter().any(|n| n == v.as_bytes()) {
                     needles.push(v.into_bytes());
                 }
             }
         }
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
-        Redactor { needles }
+        Redactor {
+            needles: needles
+                .iter()
+                .map(|n| memchr::memmem::Finder::new(n).into_owned())
+                .collect(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -85,18 +115,19 @@ impl Redactor {
 
 /// `hay` with every (non-overlapping, leftmost) `needle` replaced by
 /// `with`, or `None` when `needle` is not in it (or is empty).
-fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
-    if needle.is_empty() {
+fn replace_all(hay: &[u8], needle: &memchr::memmem::Finder<'_>, with: &[u8]) -> Option<Vec<u8>> {
+    let len = needle.needle().len();
+    if len == 0 {
         return None;
     }
-    let mut found = memchr::memmem::find_iter(hay, needle).peekable();
+    let mut found = needle.find_iter(hay).peekable();
     found.peek()?;
     let mut out = Vec::with_capacity(hay.len());
     let mut from = 0;
     for at in found {
         out.extend_from_slice(hay.get(from..at).unwrap_or_default());
         out.extend_from_slice(with);
-        from = at + needle.len();
+        from = at + len;
     }
     out.extend_from_slice(hay.get(from..).unwrap_or_default());
     Some(out)
@@ -105,6 +136,54 @@ fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every form of every value is searched for, whichever encodings
+    /// differ from the value itself: the set is the one built naively (all
+    /// four forms of each value, then duplicates and short ones dropped).
+    #[test]
+    fn every_encoded_form_is_a_needle() {
+        let values = [
+            "plain-key_1.0~x",
+            "UPPER-case",
+            "s3cr3t/v\"al",
+            "tab\there",
+            "spa ce+plus",
+            "back\\slash",
+            "ünïcode-Wert",
+            "ab",
+            "abcd",
+            "ABC",
+        ];
+        let naive = |s: &str| {
+            let json = serde_json::to_string(s).unwrap();
+            let json = json[1..json.len() - 1].to_owned();
+            [
+                s.to_owned(),
+                percent_encode(s),
+                json,
+                s.to_ascii_lowercase(),
+            ]
+        };
+        for v in values {
+            let mut want: Vec<Vec<u8>> = Vec::new();
+            if v.len() >= MIN_REDACT_LEN {
+                for f in naive(v) {
+                    if f.len() >= MIN_REDACT_LEN && !want.contains(&f.clone().into_bytes()) {
+                        want.push(f.into_bytes());
+                    }
+                }
+            }
+            let r = Redactor::new([v]);
+            let mut got: Vec<Vec<u8>> = r.needles.iter().map(|n| n.needle().to_vec()).collect();
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "{v:?}");
+            for form in &want {
+                let text = [b"<".as_slice(), form, b">"].concat();
+                assert_eq!(r.bytes(&text), b"<[REDACTED]>", "{v:?}: {form:?}");
+            }
+        }
+    }
 
     /// Every occurrence goes, overlapping ones leftmost first, at either
     /// end and back to back; text without a needle comes back unchanged.
@@ -119,8 +198,9 @@ mod tests {
         assert_eq!(r.str(""), "");
         let aa = Redactor::new(["aaaa"]);
         assert_eq!(aa.str("aaaaaa"), "[REDACTED]aa");
-        assert_eq!(replace_all(b"abc", b"", b"x"), None);
-        assert_eq!(replace_all(b"abc", b"zz", b"x"), None);
+        let finder = |n: &'static [u8]| memchr::memmem::Finder::new(n);
+        assert_eq!(replace_all(b"abc", &finder(b""), b"x"), None);
+        assert_eq!(replace_all(b"abc", &finder(b"zz"), b"x"), None);
         // A large answer keeps its bytes around the needle.
         let mut big = vec![b'.'; 100_000];
         big.splice(50_000..50_000, b"k3y!".iter().copied());
