@@ -434,6 +434,8 @@ async fn run() {
     println!("summary (median [min–max] of {reps} repetitions):");
     let col = |f: &dyn Fn(&Rep) -> f64| -> Vec<f64> { results.iter().map(f).collect() };
     let line = |label: &str, v: Vec<f64>| println!("  {label:<52} {}", peers::spread(&v, 1));
+    // The goals are ratios at two decimals (1.96 is not "2.0").
+    let ratio = |label: &str, v: Vec<f64>| println!("  {label:<52} {}", peers::spread(&v, 2));
     line("direct p50 (µs)", col(&|r| r.direct.0));
     if nginx.is_some() {
         line(
@@ -474,11 +476,11 @@ async fn run() {
             col(&|r| cpu(r)),
         );
         if nginx.is_some() {
-            line(
+            ratio(
                 &format!("airlock {label}: added p50 / nginx's"),
                 col(&|r| (get(r).0 - r.direct.0) / r.nginx.map_or(f64::NAN, |x| x.0 - r.direct.0)),
             );
-            line(
+            ratio(
                 &format!("airlock {label}: added p99 / nginx's"),
                 col(&|r| (get(r).1 - r.direct.1) / r.nginx.map_or(f64::NAN, |x| x.1 - r.direct.1)),
             );
