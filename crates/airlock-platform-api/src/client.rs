@@ -1,5 +1,7 @@
 //! The sidecar's client for the internal API: HTTP/1.1 over the platform's
-//! unix socket, authenticated with the run token.
+//! unix socket, authenticated with the run token. A `GET` with a JSON answer
+//! (the credential fetch of every credentialed call among them) goes over
+//! the `get` module; the `POST`s and the stored-result read over hyper.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -14,6 +16,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
 use tokio::net::UnixStream;
 
+use crate::get::{self, Exchange, Kept};
 use crate::wire::{
     Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryResponse, MemoriesResponse, PREFIX,
     RunEvent, StoredResultRef,
@@ -79,15 +82,17 @@ fn unsent(
     }
 }
 
-/// Cheap to clone (clones share the pool). Keeps up to [`MAX_IDLE`] idle
-/// keep-alive connections to the platform's socket: a credential fetch on
-/// the request path then costs one round trip, not a connect, a handshake
-/// and a new server task.
+/// Cheap to clone (clones share the pools). Keeps up to [`MAX_IDLE`] idle
+/// keep-alive connections to the platform's socket for each way of asking
+/// (hyper's, the `get` module's): a credential fetch on the request path then
+/// costs one round trip, not a connect, a handshake and a new server task.
 #[derive(Clone)]
 pub struct PlatformClient {
     socket: PathBuf,
     run_token: SecretString,
     idle: Arc<Mutex<Vec<Conn>>>,
+    /// Idle connections of the `GET`s with a JSON answer (the `get` module).
+    kept: Arc<Mutex<Vec<Kept>>>,
 }
 
 impl std::fmt::Debug for PlatformClient {
@@ -95,6 +100,20 @@ impl std::fmt::Debug for PlatformClient {
         f.debug_struct("PlatformClient")
             .field("socket", &self.socket)
             .finish_non_exhaustive()
+    }
+}
+
+/// The error a non-2xx answer carries (its JSON error body, or the start
+/// of whatever it is).
+fn refused(status: u16, body: &[u8]) -> PlatformError {
+    let err: ErrorBody = serde_json::from_slice(body).unwrap_or(ErrorBody {
+        error: "unknown".into(),
+        message: String::from_utf8_lossy(body).chars().take(200).collect(),
+    });
+    PlatformError::Refused {
+        status,
+        code: err.error,
+        message: err.message,
     }
 }
 
@@ -116,6 +135,7 @@ impl PlatformClient {
             socket: socket.as_ref().to_owned(),
             run_token,
             idle: Arc::default(),
+            kept: Arc::default(),
         }
     }
 
@@ -168,15 +188,7 @@ impl PlatformClient {
             self.put_idle(c);
         }
         if !parts.status.is_success() {
-            let err: ErrorBody = serde_json::from_slice(&bytes).unwrap_or(ErrorBody {
-                error: "unknown".into(),
-                message: String::from_utf8_lossy(&bytes).chars().take(200).collect(),
-            });
-            return Err(PlatformError::Refused {
-                status: parts.status.as_u16(),
-                code: err.error,
-                message: err.message,
-            });
+            return Err(refused(parts.status.as_u16(), &bytes));
         }
         Ok((parts.status, parts.headers, bytes))
     }
@@ -251,14 +263,68 @@ impl PlatformClient {
         Ok((c, resp))
     }
 
+    /// `GET path_and_query` and its JSON answer, over the `get` module on a kept
+    /// connection (or a new one). A kept connection found closed before it
+    /// answered (the platform closed it while idle) is replaced by a new
+    /// one, which is sent the request once more: a `GET` changes nothing.
     async fn get_json<T: DeserializeOwned>(
         &self,
         path_and_query: &str,
     ) -> Result<T, PlatformError> {
-        let (_, _, body) = self
-            .request(Method::GET, path_and_query, None, Bytes::new())
-            .await?;
-        serde_json::from_slice(&body).map_err(|e| PlatformError::BadAnswer(e.to_string()))
+        let head =
+            get::request_head(path_and_query, self.run_token.expose_secret()).ok_or_else(|| {
+                PlatformError::Transport(format!(
+                    "{path_and_query:?} or the run token cannot be sent in an HTTP/1.1 request"
+                ))
+            })?;
+        let kept = self.take_kept();
+        let mut fresh = kept.is_none();
+        let mut conn = match kept {
+            Some(c) => c,
+            None => self.connect_kept().await?,
+        };
+        let answer = loop {
+            match get::exchange(&mut conn, &head, MAX_ANSWER).await {
+                Ok(answer) => break answer,
+                Err(Exchange::Closed(_)) if !fresh => {
+                    conn = self.connect_kept().await?;
+                    fresh = true;
+                }
+                Err(Exchange::Closed(e) | Exchange::Io(e)) => {
+                    return Err(PlatformError::Transport(e.to_string()));
+                }
+                Err(Exchange::Bad(why)) => return Err(PlatformError::BadAnswer(why)),
+            }
+        };
+        let body = conn.body(&answer);
+        let parsed = if (200..300).contains(&answer.status) {
+            serde_json::from_slice(body).map_err(|e| PlatformError::BadAnswer(e.to_string()))
+        } else {
+            Err(refused(answer.status, body))
+        };
+        // The answer may be a credential: zeroed now, not when reused.
+        conn.forget();
+        if answer.keep
+            && let Ok(mut kept) = self.kept.lock()
+            && kept.len() < MAX_IDLE
+        {
+            kept.push(conn);
+        }
+        parsed
+    }
+
+    fn take_kept(&self) -> Option<Kept> {
+        self.kept.lock().ok()?.pop()
+    }
+
+    async fn connect_kept(&self) -> Result<Kept, PlatformError> {
+        let stream = UnixStream::connect(&self.socket).await.map_err(|source| {
+            PlatformError::Unreachable {
+                path: self.socket.clone(),
+                source,
+            }
+        })?;
+        Ok(Kept::new(stream))
     }
 
     /// The credential of `integration`'s connection, decrypted for this request.
@@ -420,7 +486,7 @@ mod tests {
             assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
         }
         assert_eq!(p.seen.load(Ordering::SeqCst), 3);
-        assert_eq!(client.idle.lock().unwrap().len(), 1);
+        assert_eq!(client.kept.lock().unwrap().len(), 1);
     }
 
     /// The platform closed the kept connection meanwhile: the next request
@@ -431,10 +497,260 @@ mod tests {
         let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
         for i in 1..=3 {
             assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
-            assert_eq!(client.idle.lock().unwrap().len(), 1, "kept for reuse");
+            assert_eq!(client.kept.lock().unwrap().len(), 1, "kept for reuse");
             p.close_idle.notify_one();
             p.closed.recv().await.unwrap();
             assert_eq!(p.seen.load(Ordering::SeqCst), i);
         }
+    }
+
+    /// A platform that answers the requests it reads, on any connection,
+    /// with `answers` in turn (each written `chunk` bytes at a time, then
+    /// the connection closed if `close_after` says so); it records each
+    /// request head.
+    struct Scripted {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+        heads: Arc<Mutex<Vec<String>>>,
+    }
+
+    async fn scripted(answers: Vec<(Vec<u8>, bool)>, chunk: usize) -> Scripted {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let answers = Arc::new(Mutex::new(std::collections::VecDeque::from(answers)));
+        let seen = heads.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (seen, answers) = (seen.clone(), answers.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1024];
+                    loop {
+                        let n = match s.read(&mut b).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        head.extend_from_slice(&b[..n]);
+                        if !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            continue;
+                        }
+                        seen.lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&head).into_owned());
+                        head.clear();
+                        let Some((answer, close)) = answers.lock().unwrap().pop_front() else {
+                            return;
+                        };
+                        for part in answer.chunks(chunk) {
+                            if s.write_all(part).await.is_err() {
+                                return;
+                            }
+                            s.flush().await.unwrap();
+                            tokio::task::yield_now().await;
+                        }
+                        if close {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Scripted {
+            _dir: dir,
+            path,
+            heads,
+        }
+    }
+
+    fn ok() -> Vec<u8> {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+            ANSWER.len()
+        )
+        .into_bytes()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_answer_written_a_byte_at_a_time_is_read_whole() {
+        let p = scripted(vec![(ok(), false), (ok(), false)], 1).await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        for _ in 0..2 {
+            assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+        }
+        let heads = p.heads.lock().unwrap().clone();
+        assert_eq!(
+            heads,
+            vec![
+                "GET /internal/v1/credentials/svc HTTP/1.1\r\nhost: platform\r\nauthorization: Bearer r.t\r\n\r\n";
+                2
+            ]
+        );
+        assert_eq!(client.kept.lock().unwrap().len(), 1, "one connection, kept");
+    }
+
+    /// A hostile integration name (the agent picks the tool it calls) is
+    /// percent-encoded into the path: it cannot add a header or a request.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_name_cannot_split_the_request() {
+        let p = scripted(vec![(ok(), false)], 4096).await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        client
+            .credential("svc HTTP/1.1\r\nx-run: other\r\n\r\nGET /x")
+            .await
+            .unwrap();
+        let heads = p.heads.lock().unwrap().clone();
+        assert_eq!(heads.len(), 1);
+        assert!(
+            heads[0].starts_with(
+                "GET /internal/v1/credentials/svc%20HTTP%2F1.1%0D%0Ax-run%3A%20other%0D%0A%0D%0AGET%20%2Fx HTTP/1.1\r\n"
+            ),
+            "{:?}",
+            heads[0]
+        );
+        // A run token that would split the head is refused before a byte is sent.
+        let hostile = PlatformClient::new(&p.path, SecretString::from("r.t\r\nx-run: other"));
+        assert!(matches!(
+            hostile.credential("svc").await,
+            Err(PlatformError::Transport(_))
+        ));
+        assert_eq!(p.heads.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_refusal_carries_the_platforms_error_and_keeps_the_connection() {
+        let body = r#"{"error":"integration_not_granted","message":"no connection"}"#;
+        let refusal = format!(
+            "HTTP/1.1 403 Forbidden\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let p = scripted(vec![(refusal.into_bytes(), false), (ok(), false)], 7).await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        match client.credential("svc").await {
+            Err(PlatformError::Refused {
+                status: 403,
+                code,
+                message,
+            }) => {
+                assert_eq!(
+                    (code.as_str(), message.as_str()),
+                    ("integration_not_granted", "no connection")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(client.kept.lock().unwrap().len(), 1);
+        client.credential("svc").await.unwrap();
+        assert_eq!(p.heads.lock().unwrap().len(), 2);
+        assert_eq!(
+            client.kept.lock().unwrap().len(),
+            1,
+            "still the one connection"
+        );
+    }
+
+    /// What this path does not read is a bad answer, never a guess; the
+    /// connection it came on is not kept.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_answer_not_framed_by_its_length_is_refused_and_its_connection_dropped() {
+        let chunked = format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{ANSWER}\r\n0\r\n\r\n",
+            ANSWER.len()
+        );
+        let huge = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+            MAX_ANSWER + 1
+        );
+        let mut trailing = ok();
+        trailing.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        let p = scripted(
+            vec![
+                (chunked.into_bytes(), false),
+                (huge.into_bytes(), false),
+                (b"HTTP/1.1 200 OK\r\n\r\n{}".to_vec(), false),
+                (b"not http\r\n\r\n".to_vec(), false),
+                (trailing, false),
+            ],
+            4096,
+        )
+        .await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        for _ in 0..4 {
+            let e = client.credential("svc").await.unwrap_err();
+            assert!(matches!(e, PlatformError::BadAnswer(_)), "{e:?}");
+            assert!(client.kept.lock().unwrap().is_empty());
+        }
+        // Whole, but followed by bytes nobody asked for: read, not kept.
+        client.credential("svc").await.unwrap();
+        assert!(client.kept.lock().unwrap().is_empty());
+        assert_eq!(p.heads.lock().unwrap().len(), 5, "each sent once");
+    }
+
+    /// The platform ends the connection mid-answer: an error, and the
+    /// request is not sent again. An answer that says `Connection: close`
+    /// is read and its connection not kept.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_answer_cut_short_is_an_error_and_not_retried() {
+        let cut = ok()[..ok().len() - 5].to_vec();
+        let closing = format!(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+            ANSWER.len()
+        );
+        let p = scripted(
+            vec![(ok(), false), (cut, true), (closing.into_bytes(), false)],
+            4096,
+        )
+        .await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        client.credential("svc").await.unwrap();
+        let e = client.credential("svc").await.unwrap_err();
+        assert!(matches!(e, PlatformError::Transport(_)), "{e:?}");
+        assert_eq!(p.heads.lock().unwrap().len(), 2, "not sent again");
+        assert!(client.kept.lock().unwrap().is_empty());
+        client.credential("svc").await.unwrap();
+        assert!(
+            client.kept.lock().unwrap().is_empty(),
+            "the platform said close"
+        );
+        assert_eq!(p.heads.lock().unwrap().len(), 3);
+    }
+
+    /// A large answer is read whole; the buffer it grew is not kept with
+    /// the idle connection.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_answer_is_read_whole_and_its_buffer_not_kept() {
+        let big = "x".repeat(1 << 20);
+        let body = format!(
+            r#"{{"integration":"svc","connection":"c","auth_type":"bearer","fields":{{"token":"{big}"}}}}"#
+        );
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let p = scripted(vec![(answer.into_bytes(), false), (ok(), false)], 64 * 1024).await;
+        let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
+        assert_eq!(client.credential("svc").await.unwrap().fields["token"], big);
+        let kept = client
+            .kept
+            .lock()
+            .unwrap()
+            .iter()
+            .map(Kept::capacity)
+            .collect::<Vec<_>>();
+        assert_eq!(kept.len(), 1);
+        assert!(kept[0] <= 4096, "{kept:?}");
+        assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+    }
+
+    /// No platform listening: the typed error names the socket.
+    #[tokio::test(flavor = "current_thread")]
+    async fn no_platform_is_unreachable() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = PlatformClient::new(dir.path().join("none.sock"), SecretString::from("r.t"));
+        assert!(matches!(
+            client.credential("svc").await,
+            Err(PlatformError::Unreachable { .. })
+        ));
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod connection_types;
+mod get;
 pub mod launch;
 pub mod types;
 pub mod wire;
