@@ -193,13 +193,18 @@ impl PlatformClient {
         Ok((parts.status, parts.headers, bytes))
     }
 
-    async fn connect(&self) -> Result<Conn, PlatformError> {
-        let stream = UnixStream::connect(&self.socket).await.map_err(|source| {
-            PlatformError::Unreachable {
+    /// A new connection to the platform's socket.
+    async fn dial(&self) -> Result<UnixStream, PlatformError> {
+        UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| PlatformError::Unreachable {
                 path: self.socket.clone(),
                 source,
-            }
-        })?;
+            })
+    }
+
+    async fn connect(&self) -> Result<Conn, PlatformError> {
+        let stream = self.dial().await?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| PlatformError::Transport(e.to_string()))?;
@@ -318,13 +323,7 @@ impl PlatformClient {
     }
 
     async fn connect_kept(&self) -> Result<Kept, PlatformError> {
-        let stream = UnixStream::connect(&self.socket).await.map_err(|source| {
-            PlatformError::Unreachable {
-                path: self.socket.clone(),
-                source,
-            }
-        })?;
-        Ok(Kept::new(stream))
+        Ok(Kept::new(self.dial().await?))
     }
 
     /// The credential of `integration`'s connection, decrypted for this request.
