@@ -117,6 +117,15 @@ fn refused(status: u16, body: &[u8]) -> PlatformError {
     }
 }
 
+impl From<Exchange> for PlatformError {
+    fn from(e: Exchange) -> Self {
+        match e {
+            Exchange::Closed(e) | Exchange::Io(e) => PlatformError::Transport(e.to_string()),
+            Exchange::Bad(why) => PlatformError::BadAnswer(why),
+        }
+    }
+}
+
 fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
@@ -282,26 +291,27 @@ impl PlatformClient {
                     "{path_and_query:?} or the run token cannot be sent in an HTTP/1.1 request"
                 ))
             })?;
-        let kept = self.take_kept();
-        let mut fresh = kept.is_none();
-        let mut conn = match kept {
-            Some(c) => c,
-            None => self.connect_kept().await?,
-        };
-        let answer = loop {
+        if let Some(mut conn) = self.take_kept() {
             match get::exchange(&mut conn, &head, MAX_ANSWER).await {
-                Ok(answer) => break answer,
-                Err(Exchange::Closed(_)) if !fresh => {
-                    conn = self.connect_kept().await?;
-                    fresh = true;
-                }
-                Err(Exchange::Closed(e) | Exchange::Io(e)) => {
-                    return Err(PlatformError::Transport(e.to_string()));
-                }
-                Err(Exchange::Bad(why)) => return Err(PlatformError::BadAnswer(why)),
+                Ok(answer) => return self.read_json(conn, &answer),
+                // Closed while idle: the request goes out on a new one.
+                Err(Exchange::Closed(_)) => {}
+                Err(e) => return Err(e.into()),
             }
-        };
-        let body = conn.body(&answer);
+        }
+        let mut conn = self.connect_kept().await?;
+        let answer = get::exchange(&mut conn, &head, MAX_ANSWER).await?;
+        self.read_json(conn, &answer)
+    }
+
+    /// The JSON of `answer` (or the platform's refusal); `conn` is kept for
+    /// the next request if the answer allows.
+    fn read_json<T: DeserializeOwned>(
+        &self,
+        mut conn: Kept,
+        answer: &get::Answer,
+    ) -> Result<T, PlatformError> {
+        let body = conn.body(answer);
         let parsed = if (200..300).contains(&answer.status) {
             serde_json::from_slice(body).map_err(|e| PlatformError::BadAnswer(e.to_string()))
         } else {
@@ -505,8 +515,8 @@ mod tests {
 
     /// A platform that answers the requests it reads, on any connection,
     /// with `answers` in turn (each written `chunk` bytes at a time, then
-    /// the connection closed if `close_after` says so); it records each
-    /// request head.
+    /// the connection closed if its flag says so); it records each request
+    /// head.
     struct Scripted {
         _dir: tempfile::TempDir,
         path: PathBuf,

@@ -94,7 +94,8 @@ pub(crate) async fn exchange(
     head: &[u8],
     max_body: usize,
 ) -> Result<Answer, Exchange> {
-    conn.forget();
+    // (The buffer is empty: a new connection's, or one [`Kept::forget`]
+    // cleared before it was kept.)
     conn.stream
         .write_all(head)
         .await
@@ -149,7 +150,7 @@ impl Kept {
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        self.forget();
+        self.buf.as_mut_slice().zeroize();
     }
 }
 
