@@ -250,7 +250,7 @@ impl InternalApi {
         let cache = &self.inner.connections;
         let mut last = None;
         loop {
-            match self.inner.store.connections_signature().await {
+            match self.inner.store.connections_version().await {
                 Ok(sig) => {
                     if last != Some(sig) {
                         cache.clear();

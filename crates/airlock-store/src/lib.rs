@@ -541,22 +541,19 @@ impl Store {
         })
     }
 
-    /// A value that changes whenever a connection is added, removed,
-    /// re-encrypted or replaced, by any process sharing the store: how many
-    /// there are and the latest `updated_at`. (What a cache of connection
-    /// rows checks, off the request path.)
-    pub async fn connections_signature(&self) -> Result<(i64, i64), StoreError> {
+    /// A number that moves whenever a connection is added, removed,
+    /// re-encrypted or replaced, by any process sharing the store, and never
+    /// comes back: the schema's triggers count every statement that changes
+    /// `connections`, in its transaction. (What a cache of connection rows
+    /// checks, off the request path. A count and the latest `updated_at`
+    /// came back to an earlier value when a connection was added and then
+    /// removed between two checks.)
+    pub async fn connections_version(&self) -> Result<i64, StoreError> {
         on_pool!(self, p => {
-            let row = sqlx::query(
-                "SELECT COUNT(*) AS n, COALESCE(MAX(updated_at), 0) AS at FROM connections",
-            )
-            .fetch_one(p)
-            .await
-            .map_err(|e| self.err(e))?;
-            Ok((
-                row.try_get("n").map_err(|e| self.err(e))?,
-                row.try_get("at").map_err(|e| self.err(e))?,
-            ))
+            sqlx::query_scalar("SELECT n FROM connections_changes WHERE id = 1")
+                .fetch_one(p)
+                .await
+                .map_err(|e| self.err(e))
         })
     }
 

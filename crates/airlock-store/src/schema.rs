@@ -239,6 +239,29 @@ CREATE INDEX connections_kid ON connections (kid);
 "#
         ),
     },
+    Migration {
+        version: 6,
+        description: "a version of the connections that every change moves",
+        sql: r#"
+CREATE TABLE connections_changes (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    n BIGINT NOT NULL
+);
+INSERT INTO connections_changes (id, n) VALUES (1, 0);
+CREATE TRIGGER connections_changed_by_insert AFTER INSERT ON connections
+BEGIN
+    UPDATE connections_changes SET n = n + 1 WHERE id = 1;
+END;
+CREATE TRIGGER connections_changed_by_update AFTER UPDATE ON connections
+BEGIN
+    UPDATE connections_changes SET n = n + 1 WHERE id = 1;
+END;
+CREATE TRIGGER connections_changed_by_delete AFTER DELETE ON connections
+BEGIN
+    UPDATE connections_changes SET n = n + 1 WHERE id = 1;
+END;
+"#,
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -367,5 +390,27 @@ ALTER TABLE connections DROP CONSTRAINT connections_pkey;
 ALTER TABLE connections ADD PRIMARY KEY (org_id, name);
 "#
         ),
+    },
+    Migration {
+        version: 6,
+        description: "a version of the connections that every change moves",
+        sql: r#"
+CREATE TABLE connections_changes (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    n BIGINT NOT NULL
+);
+INSERT INTO connections_changes (id, n) VALUES (1, 0);
+CREATE FUNCTION connections_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE connections_changes SET n = n + 1 WHERE id = 1;
+    RETURN NULL;
+END
+$$;
+-- Per row, as on SQLite: a statement that changes nothing moves nothing.
+CREATE TRIGGER connections_changed AFTER INSERT OR UPDATE OR DELETE ON connections
+    FOR EACH ROW EXECUTE FUNCTION connections_changed();
+CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
+    FOR EACH STATEMENT EXECUTE FUNCTION connections_changed();
+"#,
     },
 ];

@@ -109,6 +109,7 @@ on_both!(
     the_leader_lease_is_taken_over_only_when_it_expires,
     a_dead_replicas_runs_are_failed_and_no_other_runs,
     webhook_deliveries_are_claimed_once_and_retried,
+    every_change_to_the_connections_moves_their_version,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -586,7 +587,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 5);
+    assert_eq!(s.schema_version().await.unwrap(), 6);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -595,7 +596,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 5);
+        assert_eq!(again.schema_version().await.unwrap(), 6);
     }
 }
 
@@ -699,6 +700,70 @@ async fn connections_crud(s: &Store) {
             .len(),
         1
     );
+}
+
+/// What a cache of connection rows checks: the version moves on every
+/// change, also one that brings the rows back to what they were (added
+/// then removed, replaced within one millisecond), which a count and the
+/// latest `updated_at` did not see; a read does not move it.
+async fn every_change_to_the_connections_moves_their_version(s: &Store) {
+    let r = ring("k1", 1);
+    let org = airlock_store::LOCAL_ORG;
+    let mut seen = vec![s.connections_version().await.unwrap()];
+    let mut changed = |v: i64, what: &str| {
+        assert!(
+            !seen.contains(&v),
+            "{what}: version {v} was seen before ({seen:?})"
+        );
+        seen.push(v);
+    };
+    let env = r.encrypt(br#"{"token":"one"}"#).unwrap();
+    let c = NewConnection {
+        org,
+        name: "svc",
+        integration: "svc",
+        auth_type: AuthType::Bearer,
+        envelope: &env,
+    };
+    s.insert_connection(&c).await.unwrap();
+    changed(s.connections_version().await.unwrap(), "added");
+    assert!(s.delete_connection(org, "svc").await.unwrap());
+    changed(
+        s.connections_version().await.unwrap(),
+        "removed (no rows, as at first)",
+    );
+    // Replaced back to back: the same count, and often the same updated_at.
+    s.insert_connection(&c).await.unwrap();
+    changed(s.connections_version().await.unwrap(), "added again");
+    let env2 = r.encrypt(br#"{"token":"two"}"#).unwrap();
+    assert!(s.delete_connection(org, "svc").await.unwrap());
+    s.insert_connection(&NewConnection {
+        envelope: &env2,
+        ..c
+    })
+    .await
+    .unwrap();
+    changed(s.connections_version().await.unwrap(), "replaced");
+    let env3 = r.encrypt(br#"{"token":"three"}"#).unwrap();
+    assert!(
+        s.replace_connection_envelope(org, "svc", &env3)
+            .await
+            .unwrap()
+    );
+    changed(s.connections_version().await.unwrap(), "envelope replaced");
+    let rotated = ring("k2", 2).with_retired("k1", &[1; 32]).unwrap();
+    assert_eq!(s.reencrypt_batch(&rotated, 10).await.unwrap(), 1);
+    changed(s.connections_version().await.unwrap(), "re-encrypted");
+    // What changes nothing moves nothing.
+    let now = s.connections_version().await.unwrap();
+    s.get_connection(org, "svc").await.unwrap().unwrap();
+    s.list_connections(org).await.unwrap();
+    assert!(!s.delete_connection(org, "absent").await.unwrap());
+    assert!(
+        s.insert_connection(&c).await.is_err(),
+        "a second svc is refused"
+    );
+    assert_eq!(s.connections_version().await.unwrap(), now);
 }
 
 async fn reencrypt_in_batches(s: &Store) {
@@ -1404,7 +1469,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 5);
+    assert_eq!(s.schema_version().await.unwrap(), 6);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -1414,9 +1479,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes version 5 (organizations) on SQLite, for the tests that build an
-/// older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
+/// Undoes versions 6 (the connections' version) and 5 (organizations) on
+/// SQLite, for the tests that build an older database from a new one.
+const UNDO_V5_SQLITE: &str = "DROP TRIGGER connections_changed_by_insert; \
+     DROP TRIGGER connections_changed_by_update; DROP TRIGGER connections_changed_by_delete; \
+     DROP TABLE connections_changes; DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
      DROP TABLE api_keys; DROP TABLE organizations; DROP TABLE agents; DROP TABLE replicas; \
      DROP TABLE leases; DROP INDEX runs_org; DROP INDEX runs_queue; \
      ALTER TABLE runs DROP COLUMN org_id; ALTER TABLE runs DROP COLUMN owner; \
@@ -1431,7 +1498,8 @@ const UNDO_V5_SQLITE: &str = "DROP TABLE webhook_deliveries; DROP TABLE webhooks
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
+const UNDO_V5_POSTGRES: &str = "DROP FUNCTION connections_changed() CASCADE; \
+     DROP TABLE connections_changes; DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
      DROP TABLE api_keys; DROP TABLE organizations; DROP TABLE agents; DROP TABLE replicas; \
      DROP TABLE leases; DROP INDEX runs_org; DROP INDEX runs_queue; \
      ALTER TABLE runs DROP COLUMN org_id; ALTER TABLE runs DROP COLUMN owner; \
@@ -1463,7 +1531,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 5);
+    assert_eq!(s.schema_version().await.unwrap(), 6);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()

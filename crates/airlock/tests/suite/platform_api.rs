@@ -7,6 +7,7 @@
 //! pool is shown to survive the platform closing its connections.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
+use airlock_platform::internal_api::WATCH_EVERY;
 use airlock_platform::testing::TestPlatform;
 use airlock_platform_api::{PlatformClient, PlatformError};
 use airlock_store::{AuthType, RunStatus};
@@ -255,8 +256,11 @@ async fn a_changed_connection_is_what_the_next_fetches_get() {
     );
     p.add_connection("svc", AuthType::Bearer, &[("api_key", "second-value")])
         .await;
-    let seen = eventually_value(&client, "second-value").await;
-    assert!(seen, "the replaced connection was never served");
+    until(&client, "the replaced connection is served", |got| {
+        got.as_ref()
+            .is_ok_and(|c| c.fields["api_key"] == "second-value")
+    })
+    .await;
     for _ in 0..3 {
         assert_eq!(
             client.credential("svc").await.unwrap().fields["api_key"],
@@ -270,27 +274,35 @@ async fn a_changed_connection_is_what_the_next_fetches_get() {
             .await
             .unwrap()
     );
-    let mut gone = false;
-    for _ in 0..100 {
-        if let Err(PlatformError::Refused { status: 404, .. }) = client.credential("svc").await {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(gone, "a removed connection was still served after 2 s");
+    until(
+        &client,
+        "the removed connection is refused as unknown",
+        |got| matches!(got, Err(PlatformError::Refused { status: 404, .. })),
+    )
+    .await;
 }
 
-async fn eventually_value(client: &PlatformClient, want: &str) -> bool {
-    for _ in 0..100 {
-        if client
-            .credential("svc")
-            .await
-            .is_ok_and(|c| c.fields["api_key"] == want)
-        {
-            return true;
+/// Fetches `svc` until `done` holds of the answer. The watcher notices a
+/// change within [`WATCH_EVERY`] plus one store query; the deadline is
+/// twenty times that, for a loaded CI machine, and a miss says what was
+/// served last.
+async fn until(
+    client: &PlatformClient,
+    what: &str,
+    done: impl Fn(&Result<airlock_platform_api::wire::CredentialResponse, PlatformError>) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + WATCH_EVERY * 20;
+    loop {
+        let got = client.credential("svc").await;
+        if done(&got) {
+            return;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not after {:?}; last answer {:?}",
+            WATCH_EVERY * 20,
+            got.map(|c| c.fields.get("api_key").cloned())
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    false
 }
