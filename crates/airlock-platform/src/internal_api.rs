@@ -62,7 +62,9 @@ struct Inner {
 /// Stored connections as read from the store, envelopes still encrypted.
 /// Used only while [`InternalApi::serve`] runs its watcher, which clears it
 /// whenever the store's connections change (any process: a connection
-/// added, removed, replaced or re-encrypted), within [`WATCH_EVERY`].
+/// added, removed, replaced or re-encrypted), within [`WATCH_EVERY`]; a
+/// change made through this process's store clears it before the next
+/// fetch reads it ([`ConnectionCache::follow_writes`]).
 #[derive(Default)]
 struct ConnectionCache {
     /// organization → connection name → row (shared, not copied, on the
@@ -71,6 +73,8 @@ struct ConnectionCache {
     /// Bumped by every clear: a row read before a clear is not kept after it.
     generation: std::sync::atomic::AtomicU64,
     watching: std::sync::atomic::AtomicBool,
+    /// The store's [`Store::connection_writes`] when last followed.
+    writes_seen: std::sync::atomic::AtomicU64,
     /// Off: every fetch reads the store (to measure what the cache saves).
     disabled: std::sync::atomic::AtomicBool,
 }
@@ -82,6 +86,15 @@ pub const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50
 impl ConnectionCache {
     fn usable(&self) -> bool {
         self.watching.load(Ordering::Acquire) && !self.disabled.load(Ordering::Acquire)
+    }
+
+    /// Clears the cache if this process wrote connections since the last
+    /// call (`writes` is [`Store::connection_writes`], read now): the write
+    /// is done, so what the next read finds is what it left.
+    fn follow_writes(&self, writes: u64) {
+        if self.writes_seen.swap(writes, Ordering::AcqRel) != writes {
+            self.clear();
+        }
     }
 
     fn get(&self, org: &str, name: &str) -> Option<Arc<ConnectionRecord>> {
@@ -439,6 +452,7 @@ async fn credential_for(
             Err(e) => Err(internal(e)),
         }
     };
+    cache.follow_writes(api.inner.store.connection_writes());
     let cached = cache.get(&grant.org, connection);
     let from_cache = cached.is_some();
     let record = match cached {

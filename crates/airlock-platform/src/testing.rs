@@ -227,9 +227,9 @@ impl TestPlatform {
     }
 
     /// Replaces the credential of the connection [`add_connection`] made
-    /// for `integration` (a key rotated on the platform), and returns once
-    /// the internal API serves the new one (its connection cache follows
-    /// the store within [`WATCH_EVERY`](crate::internal_api::WATCH_EVERY)).
+    /// for `integration` (a key rotated on the platform), and checks that
+    /// the internal API serves the new one from the next fetch on (a change
+    /// through the platform's own store clears its connection cache).
     ///
     /// [`add_connection`]: TestPlatform::add_connection
     pub async fn replace_connection(&self, integration: &str, fields: &[(&str, &str)]) {
@@ -242,24 +242,16 @@ impl TestPlatform {
         assert!(replaced, "no connection {name} to replace");
         let client =
             airlock_platform_api::PlatformClient::new(&self.socket, self.run_token.clone());
-        let deadline = std::time::Instant::now() + crate::internal_api::WATCH_EVERY * 20;
-        loop {
-            let served = client
-                .credential(integration)
-                .await
-                .expect("credential fetch");
-            if fields
+        let served = client
+            .credential(integration)
+            .await
+            .expect("credential fetch");
+        assert!(
+            fields
                 .iter()
-                .all(|(k, v)| served.fields.get(*k).map(String::as_str) == Some(*v))
-            {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the platform still serves the old credential of {integration}"
-            );
-            tokio::time::sleep(crate::internal_api::WATCH_EVERY / 10).await;
-        }
+                .all(|(k, v)| served.fields.get(*k).map(String::as_str) == Some(*v)),
+            "the platform still serves the old credential of {integration}"
+        );
     }
 
     /// Every event the run recorded so far (the sidecar's sink is asynchronous:

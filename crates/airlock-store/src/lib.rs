@@ -240,6 +240,22 @@ impl Default for StoreOptions {
 pub struct Store {
     pool: Pool,
     display: String,
+    /// Connection writes made through this handle or a clone of it: what a
+    /// cache in this process follows at once (another process's writes
+    /// show in [`Store::connections_version`]).
+    connection_writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Held by every method that writes `connections`: counts the write in
+/// [`Store::connection_writes`] when the method is done with the database
+/// (on success, error or drop alike), so that a reader that sees the count
+/// move reads what the write left.
+struct ConnectionsWrite<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for ConnectionsWrite<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -341,6 +357,7 @@ impl Store {
         let store = Self {
             pool: Pool::Sqlite(pool),
             display,
+            connection_writes: Default::default(),
         };
         // SQLite's check reads the whole file (~1.3 ms per MiB here): up to
         // QUICK_CHECK_MAX_BYTES it runs before the store is used; a larger
@@ -397,6 +414,7 @@ impl Store {
         let store = Self {
             pool: Pool::Postgres(pool),
             display,
+            connection_writes: Default::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -486,6 +504,7 @@ impl Store {
     /// Stores a new connection. The envelope must be a `v1:` envelope (its kid is recorded so
     /// re-encryption can find what is left to do). Fails if the name is taken.
     pub async fn insert_connection(&self, c: &NewConnection<'_>) -> Result<(), StoreError> {
+        let _write = self.connections_write();
         validate_name("connection name", c.name)?;
         validate_name("integration", c.integration)?;
         let kid = Envelope::kid_of(c.envelope).map_err(StoreError::BadEnvelope)?;
@@ -541,6 +560,21 @@ impl Store {
         })
     }
 
+    /// How many connection writes this handle and its clones have made (a
+    /// counter, read without touching the database): a cache of connection
+    /// rows in this process drops them when it moves, so a change made here
+    /// is seen by the next read. Moved once the write is done with the
+    /// database; a write whose future is dropped mid-query may commit after
+    /// the move, which [`Store::connections_version`] still shows.
+    pub fn connection_writes(&self) -> u64 {
+        self.connection_writes
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn connections_write(&self) -> ConnectionsWrite<'_> {
+        ConnectionsWrite(&self.connection_writes)
+    }
+
     /// A number that moves whenever a connection is added, removed,
     /// re-encrypted or replaced, by any process sharing the store, and never
     /// comes back: the schema's triggers count every statement that changes
@@ -580,6 +614,7 @@ impl Store {
         name: &str,
         envelope: &str,
     ) -> Result<bool, StoreError> {
+        let _write = self.connections_write();
         let kid = Envelope::kid_of(envelope).map_err(StoreError::BadEnvelope)?;
         let n = on_pool!(self, p => sqlx::query(
             "UPDATE connections SET envelope = $3, kid = $4, updated_at = $5 \
@@ -599,6 +634,7 @@ impl Store {
 
     /// Removes one of `org`'s connections; `false` if there was none.
     pub async fn delete_connection(&self, org: &str, name: &str) -> Result<bool, StoreError> {
+        let _write = self.connections_write();
         on_pool!(self, p => {
             let r = sqlx::query("DELETE FROM connections WHERE org_id = $1 AND name = $2")
                 .bind(org)
@@ -754,6 +790,7 @@ impl Store {
         batch: usize,
         after: &str,
     ) -> Result<BatchOutcome, StoreError> {
+        let _write = self.connections_write();
         // Every key it decrypts with must be the store's, and the one it
         // writes with is kept.
         self.check_keyring(ring).await?;

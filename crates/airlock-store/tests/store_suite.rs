@@ -725,7 +725,12 @@ async fn every_change_to_the_connections_moves_their_version(s: &Store) {
         auth_type: AuthType::Bearer,
         envelope: &env,
     };
+    // This process's writes also show, without a query, in the counter
+    // every clone of the handle shares.
+    let clone = s.clone();
+    let writes = clone.connection_writes();
     s.insert_connection(&c).await.unwrap();
+    assert_eq!(clone.connection_writes(), writes + 1);
     changed(s.connections_version().await.unwrap(), "added");
     assert!(s.delete_connection(org, "svc").await.unwrap());
     changed(
@@ -756,8 +761,10 @@ async fn every_change_to_the_connections_moves_their_version(s: &Store) {
     changed(s.connections_version().await.unwrap(), "re-encrypted");
     // What changes nothing moves nothing.
     let now = s.connections_version().await.unwrap();
+    let writes = s.connection_writes();
     s.get_connection(org, "svc").await.unwrap().unwrap();
     s.list_connections(org).await.unwrap();
+    assert_eq!(s.connection_writes(), writes, "reads are not writes");
     assert!(!s.delete_connection(org, "absent").await.unwrap());
     assert!(
         s.insert_connection(&c).await.is_err(),

@@ -231,23 +231,28 @@ async fn a_connection_the_platform_closed_is_replaced_and_nothing_is_sent_twice(
 }
 
 /// Connection rows are kept in memory by the platform (a fetch is then a
-/// lookup and a decrypt), yet a connection replaced or removed in the
-/// store — by this process or another one sharing it — is what the next
-/// fetches get once the platform has noticed (it checks every 500 ms):
-/// never the old value for long, never a removed one.
+/// lookup and a decrypt), yet a connection replaced or removed is what the
+/// next fetches get: at once when the change went through the platform's
+/// own store (`airlock serve`'s API, the run's platform), within the
+/// watcher's check (every 500 ms) when another process made it (`airlock
+/// connections rm` beside a running server). Never a removed one for long.
 #[tokio::test]
 async fn a_changed_connection_is_what_the_next_fetches_get() {
     let p = TestPlatform::start("agent-cache").await;
     p.add_connection("svc", AuthType::Bearer, &[("api_key", "first-value")])
         .await;
     let client = PlatformClient::new(&p.socket, p.run_token.clone());
+    let value = || async {
+        client
+            .credential("svc")
+            .await
+            .map(|c| c.fields["api_key"].clone())
+    };
     for _ in 0..3 {
-        assert_eq!(
-            client.credential("svc").await.unwrap().fields["api_key"],
-            "first-value"
-        );
+        assert_eq!(value().await.unwrap(), "first-value");
     }
-    // Replaced, as `airlock connections rm` and `add` do.
+    // Replaced in this process, as `airlock serve`'s API does: the very
+    // next fetch has the new value, then the cache serves it.
     assert!(
         p.store()
             .delete_connection(airlock_store::LOCAL_ORG, "svc-conn")
@@ -256,27 +261,46 @@ async fn a_changed_connection_is_what_the_next_fetches_get() {
     );
     p.add_connection("svc", AuthType::Bearer, &[("api_key", "second-value")])
         .await;
-    until(&client, "the replaced connection is served", |got| {
-        got.as_ref()
-            .is_ok_and(|c| c.fields["api_key"] == "second-value")
-    })
-    .await;
     for _ in 0..3 {
-        assert_eq!(
-            client.credential("svc").await.unwrap().fields["api_key"],
-            "second-value"
-        );
+        assert_eq!(value().await.unwrap(), "second-value");
     }
-    // Removed.
+    // Removed in this process: refused from the next fetch on.
     assert!(
         p.store()
             .delete_connection(airlock_store::LOCAL_ORG, "svc-conn")
             .await
             .unwrap()
     );
+    for _ in 0..3 {
+        let got = value().await;
+        assert!(
+            matches!(got, Err(PlatformError::Refused { status: 404, .. })),
+            "a removed connection was served: {got:?}"
+        );
+    }
+
+    // Another process sharing the database: its changes are seen once the
+    // watcher has checked.
+    let other = airlock_store::Store::open_sqlite(
+        &p.dir.path().join("airlock.db"),
+        &airlock_store::StoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    p.add_connection("svc", AuthType::Bearer, &[("api_key", "third-value")])
+        .await;
+    for _ in 0..3 {
+        assert_eq!(value().await.unwrap(), "third-value");
+    }
+    assert!(
+        other
+            .delete_connection(airlock_store::LOCAL_ORG, "svc-conn")
+            .await
+            .unwrap()
+    );
     until(
         &client,
-        "the removed connection is refused as unknown",
+        "removed by another process, refused as unknown",
         |got| matches!(got, Err(PlatformError::Refused { status: 404, .. })),
     )
     .await;
