@@ -95,6 +95,14 @@ async fn try_runtime(dk: &Docker, image: &str, runtime: &str, network: &str) -> 
     r
 }
 
+/// Whether the daemon runs `rt` with gVisor's `runsc`.
+fn is_gvisor(info: Option<&bollard::models::SystemInfo>, rt: &str) -> bool {
+    info.and_then(|i| i.runtimes.as_ref())
+        .and_then(|r| r.get(rt))
+        .and_then(|r| r.path.as_deref())
+        .is_some_and(|p| p.rsplit('/').next() == Some("runsc"))
+}
+
 /// The docker backend's lines of `airlock doctor`.
 pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
     let mut out = vec![];
@@ -194,10 +202,19 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
                 "registered; not tried: {image} is missing (airlock images build)"
             ))
         } else {
-            match (
-                try_runtime(&dk, &image, rt, "none").await,
-                try_runtime(&dk, &image, rt, "bridge").await,
-            ) {
+            // On a bridge only once a start without a network worked: a
+            // failed start may leave something behind (see `leftover`).
+            let none = try_runtime(&dk, &image, rt, "none").await;
+            let bridge = match &none {
+                Ok(()) => try_runtime(&dk, &image, rt, "bridge").await,
+                Err(_) => Ok(()),
+            };
+            let leftover = if is_gvisor(info.as_ref(), rt) {
+                " (gVisor releases before 2023 leave the sandbox of a failed start running, out of Docker's sight: `runsc --root /var/run/docker/runtime-runc/moby list` shows it, `delete --force ID` ends it)"
+            } else {
+                ""
+            };
+            match (none, bridge) {
                 (Ok(()), Ok(())) => Ok(format!(
                     "starts containers, with and without a network{}",
                     if rt == default_rt {
@@ -207,9 +224,9 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
                     }
                 )),
                 (Ok(()), Err(e)) => Err(format!(
-                    "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}"
+                    "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}{leftover}"
                 )),
-                (Err(e), _) => Err(format!("cannot start a container: {e}")),
+                (Err(e), _) => Err(format!("cannot start a container: {e}{leftover}")),
             }
         };
         out.push(d(format!("runtime {rt}"), r));
@@ -403,7 +420,26 @@ pub(crate) fn internal_dns_verdict(
 
 #[cfg(test)]
 mod tests {
-    use super::internal_dns_verdict;
+    use super::{internal_dns_verdict, is_gvisor};
+
+    #[test]
+    fn gvisor_is_told_by_the_runtimes_binary_not_its_name() {
+        let info: bollard::models::SystemInfo = serde_json::from_value(serde_json::json!({
+            "Runtimes": {
+                "runc": {"path": "runc"},
+                "runsc": {"path": "/usr/bin/runsc"},
+                "sandboxed": {"path": "/opt/gvisor/runsc", "runtimeArgs": ["--network=host"]},
+                "runsc-lookalike": {"path": "/usr/local/bin/not-runsc"}
+            }
+        }))
+        .unwrap();
+        assert!(is_gvisor(Some(&info), "runsc"));
+        assert!(is_gvisor(Some(&info), "sandboxed"));
+        assert!(!is_gvisor(Some(&info), "runc"));
+        assert!(!is_gvisor(Some(&info), "runsc-lookalike"));
+        assert!(!is_gvisor(Some(&info), "absent"));
+        assert!(!is_gvisor(None, "runsc"));
+    }
 
     #[test]
     fn an_old_daemon_with_a_loopback_resolver_is_a_dns_channel() {
