@@ -99,6 +99,20 @@ ALTER TABLE memories ADD COLUMN org_id TEXT NOT NULL DEFAULT 'local';
     };
 }
 
+/// Version 6's counter of connection changes, the same on both backends
+/// (each moves it with its own kind of trigger).
+macro_rules! version_6_common {
+    () => {
+        r#"
+CREATE TABLE connections_changes (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    n BIGINT NOT NULL
+);
+INSERT INTO connections_changes (id, n) VALUES (1, 0);
+"#
+    };
+}
+
 pub(crate) const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
@@ -242,13 +256,9 @@ CREATE INDEX connections_kid ON connections (kid);
     Migration {
         version: 6,
         description: "a version of the connections that every change moves",
-        sql: r#"
-CREATE TABLE connections_changes (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    n BIGINT NOT NULL
-);
-INSERT INTO connections_changes (id, n) VALUES (1, 0);
-CREATE TRIGGER connections_changed_by_insert AFTER INSERT ON connections
+        sql: concat!(
+            version_6_common!(),
+            r#"CREATE TRIGGER connections_changed_by_insert AFTER INSERT ON connections
 BEGIN
     UPDATE connections_changes SET n = n + 1 WHERE id = 1;
 END;
@@ -260,7 +270,8 @@ CREATE TRIGGER connections_changed_by_delete AFTER DELETE ON connections
 BEGIN
     UPDATE connections_changes SET n = n + 1 WHERE id = 1;
 END;
-"#,
+"#
+        ),
     },
 ];
 
@@ -394,13 +405,9 @@ ALTER TABLE connections ADD PRIMARY KEY (org_id, name);
     Migration {
         version: 6,
         description: "a version of the connections that every change moves",
-        sql: r#"
-CREATE TABLE connections_changes (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    n BIGINT NOT NULL
-);
-INSERT INTO connections_changes (id, n) VALUES (1, 0);
-CREATE FUNCTION connections_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+        sql: concat!(
+            version_6_common!(),
+            r#"CREATE FUNCTION connections_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE connections_changes SET n = n + 1 WHERE id = 1;
     RETURN NULL;
@@ -411,6 +418,7 @@ CREATE TRIGGER connections_changed AFTER INSERT OR UPDATE OR DELETE ON connectio
     FOR EACH ROW EXECUTE FUNCTION connections_changed();
 CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
     FOR EACH STATEMENT EXECUTE FUNCTION connections_changed();
-"#,
+"#
+        ),
     },
 ];
