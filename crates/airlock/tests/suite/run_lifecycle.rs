@@ -179,6 +179,39 @@ fn bad_operator_settings_stop_the_start() {
     }
 }
 
+/// The processes of the runs under `home` (found by the home's path in
+/// their command line or environment): `airlock` ones and the test agents.
+fn processes_of(home: &Path) -> Vec<String> {
+    let home = home.display().to_string();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        let ours = String::from_utf8_lossy(&env).contains(&home) || cmdline.contains(&home);
+        if ours && (cmdline.contains("airlock") || cmdline.contains("sleep 30")) {
+            found.push(format!("{}: {cmdline}", e.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// Waits (30 s at most) until the agent running `command` under `home` is
+/// a process.
+fn wait_for_agent(home: &Path, command: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !processes_of(home).iter().any(|p| p.contains(command)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent {command:?} never ran: {:?}",
+            processes_of(home)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn leftovers_of_a_crashed_platform_are_reclaimed() {
     let home = tempfile::tempdir().unwrap();
@@ -191,37 +224,13 @@ fn leftovers_of_a_crashed_platform_are_reclaimed() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Wait for the run directory, then crash the platform.
-    for _ in 0..100 {
-        if std::fs::read_dir(home.path().join("runs"))
-            .map(|r| r.count() > 0)
-            .unwrap_or(false)
-        {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Once its agent runs, crash the platform.
+    wait_for_agent(home.path(), "sleep 30");
     let platform_pid = child.id();
     child.kill().unwrap();
     child.wait().unwrap();
     // Its sidecar, runtime and agent notice and go away too.
-    let orphans = || -> Vec<String> {
-        let mut found = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
-            let ours = String::from_utf8_lossy(&env).contains(&home.path().display().to_string())
-                || cmdline.contains(&home.path().display().to_string());
-            if ours && (cmdline.contains("airlock") || cmdline.contains("sleep 30")) {
-                found.push(format!("{}: {cmdline}", e.file_name().to_string_lossy()));
-            }
-        }
-        found
-    };
+    let orphans = || processes_of(home.path());
     let _ = platform_pid;
     let mut left = orphans();
     for _ in 0..40 {
@@ -270,7 +279,7 @@ fn ctrl_c_cancels_cleanly() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    wait_for_agent(home.path(), "sleep 30");
     Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

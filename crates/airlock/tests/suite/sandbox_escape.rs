@@ -718,7 +718,20 @@ async fn leftover_cgroups_are_reclaimed_only_when_dead() {
     assert!(cg.dirs.iter().all(|d| d.exists()), "a live cgroup is kept");
     live.kill().unwrap();
     live.wait().unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    // Reaped; the kernel may still list it for a moment: wait until no
+    // cgroup of the run holds a process.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while cg
+        .procs_files()
+        .iter()
+        .any(|f| std::fs::read_to_string(f).is_ok_and(|s| !s.trim().is_empty()))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed process stayed in its cgroup"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let removed = airlock_sandbox::namespace::cgroup::reclaim_matching(|n| n.ends_with(&id));
     assert!(
         cg.dirs.iter().all(|d| !d.exists()),

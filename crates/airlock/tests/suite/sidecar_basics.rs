@@ -204,7 +204,7 @@ async fn bad_configuration_is_refused_clearly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_token_is_not_in_the_sidecars_environment_or_command_line() {
     let p = TestPlatform::start("agent-d").await;
-    let sc = spawn_sidecar_with_log(&p.sidecar_config(listen_tcp()), "trace");
+    let mut sc = spawn_sidecar_with_log(&p.sidecar_config(listen_tcp()), "trace");
     let token = p.sidecar_token.expose_secret().to_owned();
     let run_token = p.run_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");
@@ -224,7 +224,8 @@ async fn the_token_is_not_in_the_sidecars_environment_or_command_line() {
         assert!(!text.contains(&token), "sidecar token in /proc/PID/{file}");
         assert!(!text.contains(&run_token), "run token in /proc/PID/{file}");
     }
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The whole log, read to its end once the sidecar has exited.
+    sc.stop();
     let log = sc.stderr();
     assert!(
         log.contains("sidecar ready"),

@@ -625,6 +625,7 @@ async fn a_failed_dial_means_the_same_at_every_site_and_each_refusal_is_one_line
     assert_eq!(refused.len(), 1, "{log:?}");
     assert_eq!(refused[0].reason.as_deref(), Some("not_authorized"));
     assert_eq!(outcome(refused[0]), None);
+    env.sc.stop();
     let stderr = env.sc.stderr();
     assert_eq!(
         refusal_lines(&stderr),

@@ -268,6 +268,7 @@ async fn openai_sdk_through_the_relay() {
         "{llm:?}"
     );
     assert!(!format!("{log:?}").contains(PROVIDER_KEY));
+    // Stopped above: the log is whole.
     assert!(
         !sc.stderr().contains(PROVIDER_KEY) && !sc.stderr().contains(&token),
         "a secret reached the sidecar log"

@@ -823,7 +823,7 @@ async fn chaining_through_proxy_url_keeps_the_guard_and_the_pin() {
     let (http_port, http_seen) = http_server().await;
     let (up_port, up_seen) = upstream_proxy().await;
     let ca = ca.to_string_lossy().into_owned();
-    let e = env(
+    let mut e = env(
         "proxy-i",
         json!([
             format!("https://{HOST}:{tls_port}/**"),
@@ -860,6 +860,7 @@ async fn chaining_through_proxy_url_keeps_the_guard_and_the_pin() {
     }
     assert_eq!(tls_seen.conns(), 1);
     assert_eq!(http_seen.conns(), 1);
+    e.sc.stop();
     assert!(
         !e.sc.stderr().contains("s3cret"),
         "the PROXY_URL password was logged"

@@ -33,6 +33,10 @@ pub struct SidecarProcess {
     /// The readiness line.
     pub ready: Value,
     stderr: Arc<Mutex<String>>,
+    /// Told when the log pipe reaches its end (the sidecar has exited).
+    stderr_done: std::sync::mpsc::Receiver<()>,
+    /// The log was read to its end (by an earlier stop).
+    stderr_complete: bool,
 }
 
 impl SidecarProcess {
@@ -58,24 +62,38 @@ impl SidecarProcess {
                 .expect("sidecar has no unix listener"),
         )
     }
-    /// Everything the sidecar logged so far.
+    /// Everything the sidecar logged so far: all of it once
+    /// [`SidecarProcess::stop`] has returned (what a check that a secret is
+    /// *not* in the log must read).
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
-    /// Stops it with SIGTERM (so it flushes its events) and waits.
+    /// Stops it with SIGTERM (so it flushes its events), waits for it to
+    /// exit (SIGKILL after 5 s) and for its log to be read to the end.
     pub fn stop(&mut self) {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.pid().to_string())
             .status();
-        for _ in 0..100 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !matches!(self.child.try_wait(), Ok(Some(_))) {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if !self.stderr_complete {
+            self.stderr_complete = self
+                .stderr_done
+                .recv_timeout(Duration::from_secs(10))
+                .is_ok();
+            assert!(
+                self.stderr_complete || std::thread::panicking(),
+                "the sidecar's log pipe stayed open after it exited"
+            );
+        }
     }
 }
 
@@ -107,6 +125,7 @@ pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
     let stderr = Arc::new(Mutex::new(String::new()));
     let err_pipe = child.stderr.take().expect("stderr");
     let sink = stderr.clone();
+    let (done, stderr_done) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut r = BufReader::new(err_pipe);
         let mut line = String::new();
@@ -114,6 +133,7 @@ pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
             sink.lock().unwrap().push_str(&line);
             line.clear();
         }
+        let _ = done.send(());
     });
     let out = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -130,7 +150,8 @@ pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
     let ready: Value = serde_json::from_str(line.trim()).unwrap_or(Value::Null);
     if ready["ready"] != Value::Bool(true) {
         let _ = child.kill();
-        std::thread::sleep(Duration::from_millis(200));
+        let _ = child.wait();
+        let _ = stderr_done.recv_timeout(Duration::from_secs(10));
         panic!(
             "sidecar did not become ready: stdout {line:?}, stderr:\n{}",
             stderr.lock().unwrap()
@@ -140,6 +161,8 @@ pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
         child,
         ready,
         stderr,
+        stderr_done,
+        stderr_complete: false,
     }
 }
 
