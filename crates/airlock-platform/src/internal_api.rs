@@ -264,10 +264,10 @@ impl InternalApi {
         let mut last = None;
         loop {
             match self.inner.store.connections_version().await {
-                Ok(sig) => {
-                    if last != Some(sig) {
+                Ok(version) => {
+                    if last != Some(version) {
                         cache.clear();
-                        last = Some(sig);
+                        last = Some(version);
                     }
                     cache.watching.store(true, Ordering::Release);
                 }

@@ -577,8 +577,8 @@ impl Store {
 
     /// A number that moves whenever a connection is added, removed,
     /// re-encrypted or replaced, by any process sharing the store, and never
-    /// comes back: the schema's triggers count every statement that changes
-    /// `connections`, in its transaction. (What a cache of connection rows
+    /// comes back: the schema's triggers count every row added to, changed
+    /// in or removed from `connections`, in the change's transaction. (What a cache of connection rows
     /// checks, off the request path. A count and the latest `updated_at`
     /// came back to an earlier value when a connection was added and then
     /// removed between two checks.)
