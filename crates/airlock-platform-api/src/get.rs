@@ -158,7 +158,12 @@ impl Drop for Kept {
 /// ([`Exchange::Closed`] if nothing of the answer had come yet).
 async fn read_more(conn: &mut Kept) -> Result<(), Exchange> {
     if conn.buf.capacity() == conn.buf.len() {
-        conn.buf.reserve(KEPT_BUFFER);
+        // Grown by hand, not by `reserve`: a reallocation would free the
+        // old block (part of an answer, maybe a credential) unzeroed.
+        let mut grown = Vec::with_capacity(conn.buf.len() + KEPT_BUFFER.max(conn.buf.len()));
+        grown.extend_from_slice(&conn.buf);
+        conn.buf.as_mut_slice().zeroize();
+        conn.buf = grown;
     }
     let first = conn.buf.is_empty();
     match conn.stream.read_buf(&mut conn.buf).await {

@@ -92,7 +92,10 @@ impl ConnectionCache {
     /// call (`writes` is [`Store::connection_writes`], read now): the write
     /// is done, so what the next read finds is what it left.
     fn follow_writes(&self, writes: u64) {
-        if self.writes_seen.swap(writes, Ordering::AcqRel) != writes {
+        // Read first: the fetch path writes the shared word only when it moved.
+        if self.writes_seen.load(Ordering::Acquire) != writes
+            && self.writes_seen.swap(writes, Ordering::AcqRel) != writes
+        {
             self.clear();
         }
     }

@@ -202,31 +202,28 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
                 "registered; not tried: {image} is missing (airlock images build)"
             ))
         } else {
-            // On a bridge only once a start without a network worked: a
-            // failed start may leave something behind (see `leftover`).
-            let none = try_runtime(&dk, &image, rt, "none").await;
-            let bridge = match &none {
-                Ok(()) => try_runtime(&dk, &image, rt, "bridge").await,
-                Err(_) => Ok(()),
-            };
+            // A failed start may leave something behind (`leftover`): on a
+            // bridge only once a start without a network worked.
             let leftover = if is_gvisor(info.as_ref(), rt) {
                 " (gVisor releases before 2023 leave the sandbox of a failed start running, out of Docker's sight: `runsc --root /var/run/docker/runtime-runc/moby list` shows it, `delete --force ID` ends it)"
             } else {
                 ""
             };
-            match (none, bridge) {
-                (Ok(()), Ok(())) => Ok(format!(
-                    "starts containers, with and without a network{}",
-                    if rt == default_rt {
-                        " (the daemon's default)"
-                    } else {
-                        ""
-                    }
-                )),
-                (Ok(()), Err(e)) => Err(format!(
-                    "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}{leftover}"
-                )),
-                (Err(e), _) => Err(format!("cannot start a container: {e}{leftover}")),
+            match try_runtime(&dk, &image, rt, "none").await {
+                Err(e) => Err(format!("cannot start a container: {e}{leftover}")),
+                Ok(()) => match try_runtime(&dk, &image, rt, "bridge").await {
+                    Ok(()) => Ok(format!(
+                        "starts containers, with and without a network{}",
+                        if rt == default_rt {
+                            " (the daemon's default)"
+                        } else {
+                            ""
+                        }
+                    )),
+                    Err(e) => Err(format!(
+                        "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}{leftover}"
+                    )),
+                },
             }
         };
         out.push(d(format!("runtime {rt}"), r));
