@@ -1,7 +1,17 @@
-//! The forward proxy's latency, beside squid's, to a destination on this
-//! host (127.0.0.1, opted in as an internal host for the sidecar), in the
-//! same run, alternating sample by sample, three repetitions (a fresh
-//! sidecar each, like a run's):
+//! The forward proxy's latency, beside squid's, in the same run,
+//! alternating sample by sample, three repetitions (a fresh sidecar each,
+//! like a run's), to two destinations in turn:
+//!
+//! - 127.0.0.1, a destination on this host (opted in as an internal host
+//!   for the sidecar);
+//! - 10.231.N.2, an address in a network namespace the bench creates and
+//!   joins to this one by a veth pair (opted in likewise, as a private
+//!   address): an upstream on another host, as far as either proxy can
+//!   tell. This needs root; without it the bench says so and measures the
+//!   first destination only. Before any packet is sent the bench checks
+//!   that the kernel routes the address through its own veth.
+//!
+//! For each destination:
 //!
 //! - GET: a new connection to the proxy, one absolute-form GET, the answer
 //!   read (the clock starts before `connect(2)`);
@@ -11,13 +21,16 @@
 //! - CPU per GET of the proxy process (`/proc/PID/schedstat`).
 //!
 //! `cargo bench -p airlock --bench proxy_latency` (`PROXY_BENCH_N` samples
-//! per figure, default 400; `PROXY_BENCH_REPS`, default 3). Loopback only.
+//! per figure, default 400; `PROXY_BENCH_REPS`, default 3). Traffic goes to
+//! loopback and to the bench's own namespace only.
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
 
 mod peers;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use airlock_platform::testing::TestPlatform;
@@ -26,10 +39,9 @@ use serde_json::json;
 
 const BODY: &[u8] = br#"{"ok":true,"items":[1,2,3],"note":"a small JSON answer"}"#;
 
-/// A keep-alive HTTP/1.1 upstream on 127.0.0.1: a thread per connection,
-/// a fixed small answer to every request.
-fn upstream() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+/// A keep-alive HTTP/1.1 upstream on `l`: a thread per connection, a fixed
+/// small answer to every request.
+fn upstream(l: TcpListener) -> SocketAddr {
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         for s in l.incoming() {
@@ -192,6 +204,125 @@ fn burst(p: &ProxyUnderTest, up: SocketAddr, clients: usize, each: usize) -> f64
     (clients * each) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// Runs `ip ARGS`; its stdout, or what it said on failure.
+fn ip(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `ip`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A network namespace of the bench's own, joined to this one by a veth
+/// pair (`here` on this side, `there` inside, a /30 between them).
+/// Deleted with its veth pair on drop.
+struct VethNamespace {
+    name: String,
+    host_if: String,
+    there: Ipv4Addr,
+}
+
+impl VethNamespace {
+    fn create() -> Result<VethNamespace, String> {
+        if !rustix::process::geteuid().is_root() {
+            return Err("creating a namespace and a veth pair needs root".into());
+        }
+        let pid = std::process::id();
+        let net = u8::try_from(pid % 250).unwrap_or(0) + 1;
+        let here = Ipv4Addr::new(10, 231, net, 1);
+        let there = Ipv4Addr::new(10, 231, net, 2);
+        let (host_if, ns_if) = (format!("alb{pid}h"), format!("alb{pid}n"));
+        let ns = VethNamespace {
+            name: format!("airlock-bench-{pid}"),
+            host_if: host_if.clone(),
+            there,
+        };
+        ip(&["netns", "add", &ns.name])?;
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", &ns.name,
+        ])?;
+        ip(&["addr", "add", &format!("{here}/30"), "dev", &host_if])?;
+        ip(&["link", "set", &host_if, "up"])?;
+        ip(&[
+            "-n",
+            &ns.name,
+            "addr",
+            "add",
+            &format!("{there}/30"),
+            "dev",
+            &ns_if,
+        ])?;
+        ip(&["-n", &ns.name, "link", "set", &ns_if, "up"])?;
+        // Nothing is sent unless the kernel sends `there` through our veth.
+        let route = ip(&["-4", "route", "get", &there.to_string()])?;
+        let words: Vec<&str> = route.split_whitespace().collect();
+        if !words.windows(2).any(|w| w == ["dev", host_if.as_str()]) {
+            return Err(format!(
+                "{there} is not routed through {host_if}: {}",
+                route.trim()
+            ));
+        }
+        Ok(ns)
+    }
+
+    /// A listener on `there`, port chosen by the kernel, bound from a thread
+    /// that joined the namespace (the socket stays in it; the thread ends).
+    fn listen(&self) -> Result<TcpListener, String> {
+        let path = format!("/run/netns/{}", self.name);
+        let there = self.there;
+        std::thread::spawn(move || -> std::io::Result<TcpListener> {
+            let f = std::fs::File::open(&path)?;
+            rustix::thread::move_into_link_name_space(
+                f.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+            TcpListener::bind((there, 0))
+        })
+        .join()
+        .map_err(|_| "the namespace thread panicked".to_owned())?
+        .map_err(|e| format!("cannot listen in the namespace: {e}"))
+    }
+}
+
+impl Drop for VethNamespace {
+    fn drop(&mut self) {
+        // The pair first, at once: a namespace whose sockets are still open
+        // outlives its name, and its veth with it.
+        let pair = ip(&["link", "del", &self.host_if]);
+        let name = ip(&["netns", "del", &self.name]);
+        for e in [pair.err(), name.err()].into_iter().flatten() {
+            eprintln!("proxy_latency: {e}");
+        }
+    }
+}
+
+/// Waits until `up` accepts a connection (the veth's carrier is up).
+fn wait_reachable(up: SocketAddr) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match TcpStream::connect_timeout(&up, Duration::from_millis(500)) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("{up} is not reachable over the veth: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Where the proxies send their requests.
+struct Destination {
+    label: String,
+    up: SocketAddr,
+}
+
 fn main() {
     let n: usize = std::env::var("PROXY_BENCH_N")
         .ok()
@@ -207,12 +338,43 @@ fn main() {
         .build()
         .unwrap();
     let platform = rt.block_on(TestPlatform::start("bench-proxy"));
-    let up = upstream();
     println!(
-        "proxy_latency: to 127.0.0.1 (an internal host for the sidecar), {n} samples per figure, {reps} repetitions, alternating; load {}",
+        "proxy_latency: {n} samples per figure, {reps} repetitions, alternating; load {}",
         peers::load()
     );
     println!("  {}", peers::describe());
+    let mut destinations = vec![Destination {
+        label: "127.0.0.1 (this host, an internal host for the sidecar)".into(),
+        up: upstream(TcpListener::bind("127.0.0.1:0").unwrap()),
+    }];
+    // Kept until the end: dropping it deletes the namespace.
+    let veth = VethNamespace::create().and_then(|ns| {
+        let up = upstream(ns.listen()?);
+        wait_reachable(up)?;
+        Ok((ns, up))
+    });
+    match &veth {
+        Ok((_, up)) => destinations.push(Destination {
+            label: format!(
+                "{} (another namespace over a veth, a private address opted in for the sidecar)",
+                up.ip()
+            ),
+            up: *up,
+        }),
+        Err(e) => println!(
+            "  !! NOT MEASURED: the destination in another namespace over a veth ({e}); run the bench as root"
+        ),
+    }
+    for dest in &destinations {
+        println!("to {}:", dest.label);
+        measure(&platform, dest, n, reps);
+    }
+    drop(veth);
+    drop(platform);
+}
+
+/// The figures of both proxies to `dest`, per repetition and summed up.
+fn measure(platform: &TestPlatform, dest: &Destination, n: usize, reps: usize) {
     let mut all: Vec<(&'static str, Vec<Figures>)> = vec![("airlock", vec![]), ("squid", vec![])];
     for rep in 0..reps {
         // A fresh squid each repetition, as the sidecar is fresh (a run's).
@@ -220,10 +382,14 @@ fn main() {
         let mut cfg =
             platform.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
         if let serde_json::Value::Object(o) = &mut cfg {
-            o.insert("network".into(), json!({"egress": [format!("http://127.0.0.1:{}/**", up.port()), format!("https://127.0.0.1:{}/**", up.port())]}));
+            let (host, port) = (dest.up.ip(), dest.up.port());
+            o.insert(
+                "network".into(),
+                json!({"egress": [format!("http://{host}:{port}/**"), format!("https://{host}:{port}/**")]}),
+            );
             o.insert(
                 "egress".into(),
-                json!({"allow_internal_hosts": ["127.0.0.1"]}),
+                json!({"allow_internal_hosts": [host.to_string()]}),
             );
         }
         let sc = peers::spawn_sidecar(&cfg);
@@ -243,8 +409,8 @@ fn main() {
         }
         for _ in 0..50 {
             for p in &under {
-                p.get(up);
-                p.connect(up);
+                p.get(dest.up);
+                p.connect(dest.up);
             }
         }
         let mut gets: Vec<Vec<Duration>> = vec![vec![]; under.len()];
@@ -254,7 +420,7 @@ fn main() {
         for _ in 0..n {
             for (i, p) in under.iter().enumerate() {
                 let c0 = meters[i].ns();
-                gets[i].push(p.get(up));
+                gets[i].push(p.get(dest.up));
                 cpu[i] += meters[i].ns().saturating_sub(c0);
             }
         }
@@ -262,14 +428,14 @@ fn main() {
         let mut firsts: Vec<Vec<Duration>> = vec![vec![]; under.len()];
         for _ in 0..n {
             for (i, p) in under.iter().enumerate() {
-                let (s, f) = p.connect(up);
+                let (s, f) = p.connect(dest.up);
                 setups[i].push(s);
                 firsts[i].push(f);
             }
         }
         let mut rates = vec![0.0; under.len()];
         for (i, p) in under.iter().enumerate() {
-            rates[i] = burst(p, up, 100, 20);
+            rates[i] = burst(p, dest.up, 100, 20);
         }
         for (i, p) in under.iter().enumerate() {
             for v in [&mut gets[i], &mut setups[i], &mut firsts[i]] {
@@ -295,7 +461,10 @@ fn main() {
         }
         drop(sc);
     }
-    println!("summary (median [min–max] of {reps} repetitions):");
+    println!(
+        "summary, to {} (median [min–max] of {reps} repetitions):",
+        dest.label
+    );
     let col = |name: &str, get: fn(&Figures) -> f64| -> Vec<f64> {
         all.iter()
             .find(|(n, _)| *n == name)
@@ -337,5 +506,4 @@ fn main() {
             }
         );
     }
-    drop(platform);
 }
