@@ -888,11 +888,21 @@ fn sanitize(mut headers: HeaderMap) -> HeaderMap {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for h in CLIENT_OWNED.iter().chain(&named) {
+    // The names present are looked at once (an API call carries a few);
+    // only those to drop are removed.
+    let dropped: Vec<HeaderName> = headers
+        .keys()
+        .filter(|&k| {
+            CLIENT_OWNED.contains(k)
+                || named.contains(k)
+                || *k == "keep-alive"
+                || *k == "proxy-connection"
+        })
+        .cloned()
+        .collect();
+    for h in &dropped {
         headers.remove(h);
     }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
     headers
 }
 
@@ -910,5 +920,47 @@ fn redirect_refusal(e: EgressError, hop: u32) -> EgressError {
         guard: GuardStep::Redirects,
         host: e.host,
         detail: format!("redirect hop {hop} refused: {}", e.detail),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_drops_what_the_client_owns_and_what_connection_names() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("host", "elsewhere.test"),
+            ("content-length", "5"),
+            ("transfer-encoding", "chunked"),
+            ("connection", "close, X-Hop-Only"),
+            ("te", "trailers"),
+            ("trailer", "x-t"),
+            ("upgrade", "websocket"),
+            ("proxy-authenticate", "Basic"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("x-hop-only", "1"),
+            ("authorization", "Bearer t"),
+            ("accept", "*/*"),
+            ("x-custom", "a"),
+            ("x-custom", "b"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let out = sanitize(h);
+        let mut names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["accept", "authorization", "x-custom"]);
+        assert_eq!(
+            out.get_all("x-custom").iter().count(),
+            2,
+            "both values kept"
+        );
+        // Nothing to drop: the map comes back as it was.
+        let mut plain = HeaderMap::new();
+        plain.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        assert_eq!(sanitize(plain.clone()), plain);
     }
 }

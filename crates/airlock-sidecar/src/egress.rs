@@ -34,7 +34,7 @@
 //! then records what it saw), completes what is still open as `aborted` and
 //! hands the platform what the events still hold.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -220,7 +220,7 @@ struct Inner {
     /// The write-ahead journal (absent: starts are acknowledged by the platform).
     journal: Option<Journal>,
     seq: AtomicU64,
-    open: Mutex<HashMap<u64, Open>>,
+    open: Mutex<BTreeMap<u64, Open>>,
     idle: Notify,
     draining: AtomicBool,
     stop: watch::Sender<bool>,
@@ -495,7 +495,7 @@ impl Recorder {
             self.wait_idle_until(ask_at + STOP_GRACE).await;
         }
         let left: Vec<(u64, Open)> = match self.inner.open.lock() {
-            Ok(mut o) => o.drain().collect(),
+            Ok(mut o) => std::mem::take(&mut *o).into_iter().collect(),
             Err(_) => Vec::new(),
         };
         for (_, open) in left {
