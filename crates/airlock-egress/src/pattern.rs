@@ -11,6 +11,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use secrecy::{ExposeSecret, SecretString};
+
 use crate::glob::{Glob, Kind};
 use crate::target::{Target, TargetHost};
 
@@ -377,7 +379,7 @@ impl AuthorizedUris {
     /// pattern's structure (no wildcard, separator or authority character).
     pub fn render<S: AsRef<str>>(
         entries: &[S],
-        fields: &BTreeMap<String, String>,
+        fields: &BTreeMap<String, SecretString>,
     ) -> AuthorizedUris {
         let mut out = AuthorizedUris::default();
         for e in entries {
@@ -441,7 +443,10 @@ impl AuthorizedUris {
 /// Opens a `{$credential.field}` template in an `authorized_uris` entry.
 const TEMPLATE_OPEN: &str = "{$";
 
-fn render_template(src: &str, fields: &BTreeMap<String, String>) -> Result<String, PatternError> {
+fn render_template(
+    src: &str,
+    fields: &BTreeMap<String, SecretString>,
+) -> Result<String, PatternError> {
     if !src.contains(TEMPLATE_OPEN) {
         return Ok(src.to_owned());
     }
@@ -457,7 +462,8 @@ fn render_template(src: &str, fields: &BTreeMap<String, String>) -> Result<Strin
             .ok_or(PatternError::BadTemplate)?;
         let value = fields
             .get(field)
-            .ok_or_else(|| PatternError::UnknownTemplateField(field.to_owned()))?;
+            .ok_or_else(|| PatternError::UnknownTemplateField(field.to_owned()))?
+            .expose_secret();
         let safe = !value.is_empty()
             && value
                 .bytes()
@@ -629,9 +635,9 @@ mod tests {
     #[test]
     fn templates_render_per_connection() {
         let mut f = BTreeMap::new();
-        f.insert("subdomain".to_owned(), "acme".to_owned());
-        f.insert("evil".to_owned(), "x.com/**".to_owned());
-        f.insert("star".to_owned(), "*".to_owned());
+        f.insert("subdomain".to_owned(), SecretString::from("acme"));
+        f.insert("evil".to_owned(), SecretString::from("x.com/**"));
+        f.insert("star".to_owned(), SecretString::from("*"));
         assert!(AuthorizedUris::has_templates(&[
             "https://api.github.com/**",
             "https://{$credential.subdomain}.zendesk.com/api/**"
@@ -703,7 +709,7 @@ mod tests {
         }
         // Templates are rendered first; literal braces around them stay literal.
         let mut f = BTreeMap::new();
-        f.insert("team".to_owned(), "acme".to_owned());
+        f.insert("team".to_owned(), SecretString::from("acme"));
         let l = AuthorizedUris::render(&["https://a.com/t/{$credential.team}/{id}/**"], &f);
         assert!(l.diagnostics().is_empty(), "{:?}", l.diagnostics());
         assert!(l.entries()[0].matches(&t("https://a.com/t/acme/%7Bid%7D/x")));

@@ -492,7 +492,10 @@ mod tests {
         let p = platform().await;
         let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
         for _ in 0..3 {
-            assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+            assert_eq!(
+                client.credential("svc").await.unwrap().fields["token"].expose_secret(),
+                "t"
+            );
         }
         assert_eq!(p.seen.load(Ordering::SeqCst), 3);
         assert_eq!(client.kept.lock().unwrap().len(), 1);
@@ -505,7 +508,10 @@ mod tests {
         let mut p = platform().await;
         let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
         for i in 1..=3 {
-            assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+            assert_eq!(
+                client.credential("svc").await.unwrap().fields["token"].expose_secret(),
+                "t"
+            );
             assert_eq!(client.kept.lock().unwrap().len(), 1, "kept for reuse");
             p.close_idle.notify_one();
             p.closed.recv().await.unwrap();
@@ -586,7 +592,10 @@ mod tests {
         let p = scripted(vec![(ok(), false), (ok(), false)], 1).await;
         let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
         for _ in 0..2 {
-            assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+            assert_eq!(
+                client.credential("svc").await.unwrap().fields["token"].expose_secret(),
+                "t"
+            );
         }
         let heads = p.heads.lock().unwrap().clone();
         assert_eq!(
@@ -739,7 +748,10 @@ mod tests {
         );
         let p = scripted(vec![(answer.into_bytes(), false), (ok(), false)], 64 * 1024).await;
         let client = PlatformClient::new(&p.path, SecretString::from("r.t"));
-        assert_eq!(client.credential("svc").await.unwrap().fields["token"], big);
+        assert_eq!(
+            client.credential("svc").await.unwrap().fields["token"].expose_secret(),
+            big
+        );
         let kept = client
             .kept
             .lock()
@@ -749,7 +761,10 @@ mod tests {
             .collect::<Vec<_>>();
         assert_eq!(kept.len(), 1);
         assert!(kept[0] <= 4096, "{kept:?}");
-        assert_eq!(client.credential("svc").await.unwrap().fields["token"], "t");
+        assert_eq!(
+            client.credential("svc").await.unwrap().fields["token"].expose_secret(),
+            "t"
+        );
     }
 
     /// No platform listening: the typed error names the socket.

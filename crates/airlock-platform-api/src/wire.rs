@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 pub const PREFIX: &str = "/internal/v1";
@@ -30,6 +31,11 @@ pub const EGRESS_JOURNAL_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// The egress journal's file name in a run's directory.
 pub const EGRESS_JOURNAL_FILE: &str = "egress.journal";
 
+/// A credential's fields: names in the clear, values secret (absent from
+/// every `Debug`, zeroed when dropped). Read a value with
+/// [`secrecy::ExposeSecret`] where it is used.
+pub type CredentialFields = BTreeMap<String, SecretString>;
+
 /// A connection's credential, decrypted by the platform for this request
 /// only. Field values are secrets: the sidecar keeps them in memory for the
 /// one outbound call and never logs them.
@@ -39,7 +45,18 @@ pub struct CredentialResponse {
     pub connection: String,
     /// `api_key`, `bearer`, `basic`, `oauth2`, `custom`.
     pub auth_type: String,
-    pub fields: BTreeMap<String, String>,
+    /// Written out by the platform, the one side that sends them.
+    #[serde(serialize_with = "expose_fields")]
+    pub fields: CredentialFields,
+}
+
+fn expose_fields<S: serde::Serializer>(fields: &CredentialFields, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(fields.len()))?;
+    for (name, value) in fields {
+        map.serialize_entry(name, value.expose_secret())?;
+    }
+    map.end()
 }
 
 impl std::fmt::Debug for CredentialResponse {

@@ -496,7 +496,7 @@ async fn credential_for(
             ));
         }
     };
-    let fields: std::collections::BTreeMap<String, String> =
+    let fields: airlock_platform_api::wire::CredentialFields =
         match serde_json::from_str(plain.expose_secret()) {
             Ok(f) => f,
             Err(_) => {

@@ -249,7 +249,7 @@ impl TestPlatform {
         assert!(
             fields
                 .iter()
-                .all(|(k, v)| served.fields.get(*k).map(String::as_str) == Some(*v)),
+                .all(|(k, v)| served.fields.get(*k).map(ExposeSecret::expose_secret) == Some(*v)),
             "the platform still serves the old credential of {integration}"
         );
     }

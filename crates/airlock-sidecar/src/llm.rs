@@ -401,8 +401,12 @@ async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Box<Response>> {
                     ),
                 )));
             };
-            match c.fields.get(field).filter(|k| !k.is_empty()) {
-                Some(k) => Ok(SecretString::from(k.clone())),
+            match c
+                .fields
+                .get(field)
+                .filter(|k| !k.expose_secret().is_empty())
+            {
+                Some(k) => Ok(k.clone()),
                 None => Err(Box::new(error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "not_configured",

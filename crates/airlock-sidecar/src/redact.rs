@@ -2,6 +2,8 @@
 //! writes to its log and the egress log passes through a [`Redactor`] holding
 //! the call's credential values.
 
+use secrecy::zeroize::Zeroizing;
+
 /// Credential values shorter than this are not redacted (they would blank
 /// out ordinary text); a credential that short is no secret anyway.
 pub const MIN_REDACT_LEN: usize = 4;
@@ -38,21 +40,24 @@ impl Redactor {
     }
 
     pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut needles: Vec<Vec<u8>> = Vec::new();
+        // The forms of each secret are zeroed once the finders hold them
+        // (the finders' own copies live as long as the redactor).
+        let mut needles: Vec<Zeroizing<Vec<u8>>> = Vec::new();
         for s in secrets {
             if s.len() < MIN_REDACT_LEN {
                 continue;
             }
-            let json = serde_json::to_string(s).unwrap_or_default();
-            let json = json
-                .get(1..json.len().saturating_sub(1))
+            let quoted = Zeroizing::new(serde_json::to_string(s).unwrap_or_default());
+            let json = quoted
+                .get(1..quoted.len().saturating_sub(1))
                 .unwrap_or_default()
                 .to_owned();
             // A value that lands in a host name is lowercased there.
             let lower = s.to_ascii_lowercase();
             for v in [s.to_owned(), percent_encode(s), json, lower] {
-                if v.len() >= MIN_REDACT_LEN && !needles.iter().any(|n| n == v.as_bytes()) {
-                    needles.push(v.into_bytes());
+                let v = Zeroizing::new(v.into_bytes());
+                if v.len() >= MIN_REDACT_LEN && !needles.iter().any(|n| **n == *v) {
+                    needles.push(v);
                 }
             }
         }
@@ -60,7 +65,7 @@ impl Redactor {
         Redactor {
             needles: needles
                 .iter()
-                .map(|n| memchr::memmem::Finder::new(n).into_owned())
+                .map(|n| memchr::memmem::Finder::new(n.as_slice()).into_owned())
                 .collect(),
         }
     }

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use airlock_egress::{Admission, AuthorizedUris, CallRules, EgressError, OutboundRequest};
-use airlock_platform_api::wire::EgressOutcome;
+use airlock_platform_api::wire::{CredentialFields, EgressOutcome};
 use base64::Engine;
 use bytes::Bytes;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject, Resource};
+use secrecy::ExposeSecret;
 use serde_json::{Map, Value, json};
 
 use super::args::{self, ApiCallArgs, ArgError, Redactor};
@@ -75,7 +76,7 @@ async fn credential_fields(
     sidecar: &Sidecar,
     integration: &Integration,
     prefetch: Option<&CredentialPrefetch>,
-) -> Result<BTreeMap<String, String>, CallToolResult> {
+) -> Result<CredentialFields, CallToolResult> {
     if !integration.has_connection {
         return Ok(BTreeMap::new());
     }
@@ -180,7 +181,7 @@ pub async fn run(
             return result;
         }
     };
-    let redactor = Redactor::new(fields.values().map(String::as_str));
+    let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
     let early = match early {
         Some(Err(Stop::Refused(e))) => return refused(&e, &args.target, &redactor),
         Some(Err(Stop::Unrecorded(e))) => {
@@ -291,6 +292,11 @@ pub async fn run(
 /// The content or transfer coding of an answer that the sidecar cannot read
 /// as it is (anything but `identity`, and `chunked`, which hyper decodes).
 pub(crate) fn unreadable_coding(headers: &http::HeaderMap) -> Option<String> {
+    if !headers.contains_key(http::header::CONTENT_ENCODING)
+        && !headers.contains_key(http::header::TRANSFER_ENCODING)
+    {
+        return None;
+    }
     let codings = |name| {
         headers
             .get_all(name)

@@ -5,13 +5,15 @@
 //! Everything here is driven by the fuzz target `mcp_request`: no function
 //! may panic on any input.
 
-use std::collections::BTreeMap;
-
 use base64::Engine;
 use bytes::Bytes;
 use http::Method;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value};
+
+use airlock_platform_api::wire::CredentialFields;
+use secrecy::ExposeSecret;
+use secrecy::zeroize::Zeroizing;
 
 use crate::config::Delivery;
 
@@ -579,7 +581,7 @@ fn parse_from_bytes(o: &Map<String, Value>) -> Result<BodySpec, ArgError> {
 /// whether anything was substituted.
 fn substitute(
     input: &[u8],
-    fields: &BTreeMap<String, String>,
+    fields: &CredentialFields,
     encode: impl Fn(&str) -> String,
     what: &str,
 ) -> Result<(Vec<u8>, bool), ArgError> {
@@ -592,7 +594,8 @@ fn substitute(
         {
             match fields.get(name) {
                 Some(v) => {
-                    out.extend_from_slice(encode(v).as_bytes());
+                    // (The encoded copy is zeroed; `out` goes on the wire.)
+                    out.extend_from_slice(Zeroizing::new(encode(v.expose_secret())).as_bytes());
                     any = true;
                     i += len;
                     continue;
@@ -649,7 +652,7 @@ pub struct Prepared {
 /// `delivery` says (`api_call` and a remote MCP server's requests alike).
 pub fn delivery_header(
     d: &Delivery,
-    fields: &BTreeMap<String, String>,
+    fields: &CredentialFields,
 ) -> Result<(HeaderName, HeaderValue), ArgError> {
     let name = HeaderName::from_bytes(d.header.as_bytes()).map_err(|_| {
         ArgError::with(
@@ -668,20 +671,23 @@ pub fn delivery_header(
             ),
         )
     })?;
-    let value = HeaderValue::from_str(&format!("{}{}", d.prefix, secret)).map_err(|_| {
+    let joined = Zeroizing::new(format!("{}{}", d.prefix, secret.expose_secret()));
+    let mut value = HeaderValue::from_str(&joined).map_err(|_| {
         ArgError::with(
             "credential_field_missing",
             502,
             "the credential is not a valid header value",
         )
     })?;
+    // Never shown by a `Debug` of the headers, never indexed by HPACK.
+    value.set_sensitive(true);
     Ok((name, value))
 }
 
 /// Fills placeholders, adds the delivery header and builds the request.
 pub fn prepare(
     args: &ApiCallArgs,
-    fields: &BTreeMap<String, String>,
+    fields: &CredentialFields,
     delivery: Option<&Delivery>,
 ) -> Result<Prepared, ArgError> {
     let (url, _) = substitute(args.target.as_bytes(), fields, percent_encode, "target")?;
@@ -701,7 +707,9 @@ pub fn prepare(
             str::to_owned,
             &format!("header {name}"),
         )?;
-        let v = HeaderValue::from_bytes(&v)
+        // The substituted bytes are zeroed once the header value holds them.
+        let v = Zeroizing::new(v);
+        let mut v = HeaderValue::from_bytes(&v)
             .ok()
             .filter(|_| !v.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)))
             .ok_or_else(|| {
@@ -713,8 +721,11 @@ pub fn prepare(
                     ),
                 )
             })?;
-        if substituted && !credential_headers.contains(name) {
-            credential_headers.push(name.clone());
+        if substituted {
+            v.set_sensitive(true);
+            if !credential_headers.contains(name) {
+                credential_headers.push(name.clone());
+            }
         }
         headers.append(name.clone(), v);
     }
@@ -794,10 +805,12 @@ mod tests {
         }
     }
 
-    fn fields() -> BTreeMap<String, String> {
+    use std::collections::BTreeMap;
+
+    fn fields() -> CredentialFields {
         BTreeMap::from([
-            ("api_key".to_owned(), "s3cr3t/v@lue".to_owned()),
-            ("org".to_owned(), "acme".to_owned()),
+            ("api_key".to_owned(), "s3cr3t/v@lue".into()),
+            ("org".to_owned(), "acme".into()),
         ])
     }
 
@@ -1009,6 +1022,12 @@ mod tests {
             "Bearer s3cr3t/v@lue"
         );
         assert_eq!(p.headers.get("x-plain").unwrap(), "{{}}");
+        // Every value that carries the credential is marked sensitive: a
+        // `Debug` of the request's headers does not show it.
+        assert!(p.headers.get("x-key").unwrap().is_sensitive());
+        assert!(p.headers.get("authorization").unwrap().is_sensitive());
+        assert!(!p.headers.get("x-plain").unwrap().is_sensitive());
+        assert!(!format!("{:?}", p.headers).contains("s3cr3t"));
         assert_eq!(&p.body[..], b"org=acme");
         let names: Vec<&str> = p
             .credential_headers
@@ -1040,7 +1059,7 @@ mod tests {
             "credential_field_missing"
         );
         // A credential with a line break cannot be smuggled into a header.
-        let f = BTreeMap::from([("k".to_owned(), "a\r\nX-Evil: 1".to_owned())]);
+        let f: CredentialFields = BTreeMap::from([("k".to_owned(), "a\r\nX-Evil: 1".into())]);
         let args = parse(json!({"target": "https://a/", "headers": {"X-K": "{{k}}"}})).unwrap();
         let e = prepare(&args, &f, None).unwrap_err();
         assert_eq!(e.code, "forbidden_header");

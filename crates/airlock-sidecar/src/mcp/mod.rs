@@ -985,7 +985,10 @@ mod tests {
         drop(first);
         let third = CredentialPrefetch::named_by(&headers, &sc).expect("a slot came back");
         let taken = third.take("svc").await.expect("not taken yet").unwrap();
-        assert_eq!(taken.fields["api_key"], "sekrit-value");
+        assert_eq!(
+            secrecy::ExposeSecret::expose_secret(&taken.fields["api_key"]),
+            "sekrit-value"
+        );
         drop(third);
         assert!(CredentialPrefetch::named_by(&headers, &sc).is_some());
         drop(second);

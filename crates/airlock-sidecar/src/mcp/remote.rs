@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_egress::{AuthorizedUris, CallRules, OutboundRequest};
-use airlock_platform_api::wire::EgressOutcome;
+use airlock_platform_api::wire::{CredentialFields, EgressOutcome};
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
 use http::header::{ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
@@ -44,6 +44,7 @@ use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
+use secrecy::ExposeSecret;
 use serde_json::{Map, Value};
 use sse_stream::Sse;
 
@@ -126,7 +127,7 @@ impl GuardedMcpHttp {
         let Some(integration) = sidecar.integrations.get(ns) else {
             return Err(RemoteError::Delivery(format!("no integration {ns}")));
         };
-        let fields: BTreeMap<String, String> = if integration.has_connection {
+        let fields: CredentialFields = if integration.has_connection {
             match sidecar.platform.credential(ns).await {
                 Ok(c) => c.fields,
                 Err(e) => {
@@ -139,7 +140,7 @@ impl GuardedMcpHttp {
         } else {
             BTreeMap::new()
         };
-        let redactor = Redactor::new(fields.values().map(String::as_str));
+        let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
         let mut credential_headers = Vec::new();
         if let Some(d) = integration
             .delivery

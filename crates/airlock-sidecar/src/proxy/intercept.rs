@@ -401,20 +401,23 @@ async fn handle(
             let mut changed = false;
             let replaced: Vec<HeaderValue> = values
                 .iter()
-                .map(|v| match substitute(v, &inj.placeholder, secret) {
-                    Some(n) => {
-                        changed = true;
-                        let plain = v.to_str().is_ok_and(|t| t.contains(&inj.placeholder));
-                        if !plain
-                            && let Some((_, encoded)) =
-                                n.to_str().ok().and_then(|t| t.split_once(' '))
-                        {
-                            made.push(encoded.to_owned());
+                .map(
+                    |v| match substitute(v, &inj.placeholder, secret.expose_secret()) {
+                        Some(mut n) => {
+                            changed = true;
+                            n.set_sensitive(true);
+                            let plain = v.to_str().is_ok_and(|t| t.contains(&inj.placeholder));
+                            if !plain
+                                && let Some((_, encoded)) =
+                                    n.to_str().ok().and_then(|t| t.split_once(' '))
+                            {
+                                made.push(encoded.to_owned());
+                            }
+                            n
                         }
-                        n
-                    }
-                    None => v.clone(),
-                })
+                        None => v.clone(),
+                    },
+                )
                 .collect();
             if changed {
                 headers.remove(&name);
@@ -427,7 +430,7 @@ async fn handle(
         redactor = Redactor::new(
             fields
                 .values()
-                .map(String::as_str)
+                .map(ExposeSecret::expose_secret)
                 .chain(made.iter().map(String::as_str)),
         );
         // Only an answer the sidecar can read is redacted.

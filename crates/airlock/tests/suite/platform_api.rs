@@ -11,7 +11,7 @@ use airlock_platform::internal_api::WATCH_EVERY;
 use airlock_platform::testing::TestPlatform;
 use airlock_platform_api::{PlatformClient, PlatformError};
 use airlock_store::{AuthType, RunStatus};
-use airlock_vault::SecretString;
+use airlock_vault::{ExposeSecret, SecretString};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
@@ -32,7 +32,7 @@ async fn run_tokens_are_checked_and_each_refusal_is_typed() {
     let client = PlatformClient::new(&p.socket, p.run_token.clone());
     for _ in 0..5 {
         let c = client.credential("svc").await.expect("credential");
-        assert_eq!(c.fields["api_key"], "canary-value-1");
+        assert_eq!(c.fields["api_key"].expose_secret(), "canary-value-1");
         assert_eq!(c.connection, "svc-conn");
     }
 
@@ -213,7 +213,7 @@ async fn a_connection_the_platform_closed_is_replaced_and_nothing_is_sent_twice(
         let c = client.credential("svc").await.unwrap_or_else(|e| {
             panic!("call {i} failed after the platform closed the pooled connection: {e}")
         });
-        assert_eq!(c.fields["k"], "v");
+        assert_eq!(c.fields["k"].expose_secret(), "v");
         // Let the close reach the client before the next call half the time.
         if i % 2 == 0 {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -246,7 +246,7 @@ async fn a_changed_connection_is_what_the_next_fetches_get() {
         client
             .credential("svc")
             .await
-            .map(|c| c.fields["api_key"].clone())
+            .map(|c| c.fields["api_key"].expose_secret().to_owned())
     };
     for _ in 0..3 {
         assert_eq!(value().await.unwrap(), "first-value");
