@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use airlock_sidecar::config::Delivery;
 use airlock_sidecar::mcp::args::{self, Redactor, ToolCall};
 use libfuzzer_sys::fuzz_target;
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 
 const SECRET: &str = "fuzz-s3cret/v@lue\"x";
@@ -43,16 +44,16 @@ fuzz_target!(|data: &[u8]| {
     let ToolCall::ApiCall { args: call, .. } = call else {
         return;
     };
-    let fields = BTreeMap::from([
-        ("api_key".to_owned(), SECRET.to_owned()),
-        ("org".to_owned(), "acme".to_owned()),
+    let fields: BTreeMap<String, SecretString> = BTreeMap::from([
+        ("api_key".to_owned(), SECRET.into()),
+        ("org".to_owned(), "acme".into()),
     ]);
     let delivery = Delivery {
         header: "Authorization".into(),
         prefix: "Bearer ".into(),
         field: "api_key".into(),
     };
-    let redactor = Redactor::new(fields.values().map(String::as_str));
+    let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
     match args::prepare(&call, &fields, Some(&delivery)) {
         Ok(p) => {
             let auth: Vec<_> = p.headers.get_all("authorization").iter().collect();
