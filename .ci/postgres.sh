@@ -5,7 +5,14 @@
 # server as the `postgres` user) and Debian's `postgresql` package.
 set -euo pipefail
 
-AIRLOCK_PG_PORT="${AIRLOCK_PG_PORT:-55432}"
+# Below Linux's ephemeral range (32768-60999 by default): a port inside it can be taken, at
+# the moment the server binds, by any outgoing connection's local end (seen on CI with 55432).
+AIRLOCK_PG_PORT="${AIRLOCK_PG_PORT:-25432}"
+read -r eph_lo eph_hi < /proc/sys/net/ipv4/ip_local_port_range || true
+if [ -n "${eph_lo:-}" ] && [ "$AIRLOCK_PG_PORT" -ge "$eph_lo" ] && [ "$AIRLOCK_PG_PORT" -le "$eph_hi" ]; then
+  echo "postgres.sh: port $AIRLOCK_PG_PORT is in the ephemeral range $eph_lo-$eph_hi; choose another (AIRLOCK_PG_PORT)" >&2
+  return 1 2>/dev/null || exit 1
+fi
 AIRLOCK_PG_DIR="${AIRLOCK_PG_DIR:-/var/tmp/airlock-pg}"
 AIRLOCK_PG_DB="${AIRLOCK_PG_DB:-airlock_test}"
 
@@ -24,6 +31,11 @@ mkdir -p "$AIRLOCK_PG_DIR"
 chown postgres:postgres "$AIRLOCK_PG_DIR"
 chmod 700 "$AIRLOCK_PG_DIR"
 
+# A cluster left running on another port (an older default) is stopped, then started on ours.
+if as_pg "$pg_bin/pg_ctl" -D "$AIRLOCK_PG_DIR/data" status >/dev/null 2>&1 &&
+  ! as_pg psql -h 127.0.0.1 -p "$AIRLOCK_PG_PORT" -U postgres -d postgres -qAt -c 'SELECT 1' >/dev/null 2>&1; then
+  as_pg "$pg_bin/pg_ctl" -D "$AIRLOCK_PG_DIR/data" stop -m fast >/dev/null
+fi
 if ! as_pg "$pg_bin/pg_ctl" -D "$AIRLOCK_PG_DIR/data" status >/dev/null 2>&1; then
   if [ ! -f "$AIRLOCK_PG_DIR/data/PG_VERSION" ]; then
     rm -rf "$AIRLOCK_PG_DIR/data"
