@@ -45,6 +45,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
+use secrecy::zeroize::Zeroizing;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{
@@ -284,22 +285,30 @@ async fn plain_tunnel<S: ProxyStream>(
 
 /// Replaces `placeholder` by `secret` in a header value, also inside the
 /// base64 of `Basic` credentials. `None` when the value does not hold it.
+///
+/// Every copy of the secret made on the way is zeroed; the value returned,
+/// which carries it, is marked sensitive (no `Debug` shows it).
 fn substitute(value: &HeaderValue, placeholder: &str, secret: &str) -> Option<HeaderValue> {
     let text = value.to_str().ok()?;
-    if text.contains(placeholder) {
-        return HeaderValue::from_str(&text.replace(placeholder, secret)).ok();
-    }
-    let (scheme, encoded) = text.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let decoded = String::from_utf8(b64.decode(encoded.trim()).ok()?).ok()?;
-    if !decoded.contains(placeholder) {
-        return None;
-    }
-    let replaced = b64.encode(decoded.replace(placeholder, secret));
-    HeaderValue::from_str(&format!("{scheme} {replaced}")).ok()
+    let made = if text.contains(placeholder) {
+        Zeroizing::new(text.replace(placeholder, secret))
+    } else {
+        let (scheme, encoded) = text.split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("basic") {
+            return None;
+        }
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let decoded = String::from_utf8(b64.decode(encoded.trim()).ok()?).ok()?;
+        if !decoded.contains(placeholder) {
+            return None;
+        }
+        let replaced = Zeroizing::new(decoded.replace(placeholder, secret));
+        let encoded = Zeroizing::new(b64.encode(replaced.as_bytes()));
+        Zeroizing::new(format!("{scheme} {}", encoded.as_str()))
+    };
+    let mut v = HeaderValue::from_str(&made).ok()?;
+    v.set_sensitive(true);
+    Some(v)
 }
 
 fn refusal(e: &EgressError) -> Response<ProxyBody> {
@@ -395,7 +404,7 @@ async fn handle(
         let names: Vec<HeaderName> = headers.keys().cloned().collect();
         // Besides the credential's fields, a `Basic` value made here is the
         // credential in base64: an upstream that reflects it gets it redacted.
-        let mut made: Vec<String> = Vec::new();
+        let mut made: Vec<Zeroizing<String>> = Vec::new();
         for name in names {
             let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
             let mut changed = false;
@@ -403,15 +412,14 @@ async fn handle(
                 .iter()
                 .map(
                     |v| match substitute(v, &inj.placeholder, secret.expose_secret()) {
-                        Some(mut n) => {
+                        Some(n) => {
                             changed = true;
-                            n.set_sensitive(true);
                             let plain = v.to_str().is_ok_and(|t| t.contains(&inj.placeholder));
                             if !plain
                                 && let Some((_, encoded)) =
                                     n.to_str().ok().and_then(|t| t.split_once(' '))
                             {
-                                made.push(encoded.to_owned());
+                                made.push(Zeroizing::new(encoded.to_owned()));
                             }
                             n
                         }
@@ -431,7 +439,7 @@ async fn handle(
             fields
                 .values()
                 .map(ExposeSecret::expose_secret)
-                .chain(made.iter().map(String::as_str)),
+                .chain(made.iter().map(|m| m.as_str())),
         );
         // Only an answer the sidecar can read is redacted.
         headers.insert(
@@ -598,7 +606,11 @@ mod tests {
     fn placeholders_are_replaced_in_plain_and_basic_values_only() {
         let ph = "AIRLOCK_PLACEHOLDER_GH";
         let v = HeaderValue::from_static("Bearer AIRLOCK_PLACEHOLDER_GH");
-        assert_eq!(substitute(&v, ph, "s3cret").unwrap(), "Bearer s3cret");
+        let plain = substitute(&v, ph, "s3cret").unwrap();
+        assert_eq!(plain, "Bearer s3cret");
+        // The value carries the secret: no `Debug` of it shows the secret.
+        assert!(plain.is_sensitive());
+        assert!(!format!("{plain:?}").contains("s3cret"));
         let b64 = base64::engine::general_purpose::STANDARD;
         let basic = HeaderValue::from_str(&format!(
             "Basic {}",
@@ -610,6 +622,7 @@ mod tests {
             .decode(got.to_str().unwrap().strip_prefix("Basic ").unwrap())
             .unwrap();
         assert_eq!(decoded, b"x-access-token:s3cret");
+        assert!(got.is_sensitive());
         for other in [
             "Basic !!!",
             "Bearer nothing",
