@@ -17,6 +17,9 @@
 //!
 //! Run: `cargo bench -p airlock --bench mcp_api_call` (`MCP_BENCH_N` sets
 //! the sequential sample count, default 2000; `MCP_BENCH_REPS`, default 3).
+//! `MCP_BENCH_PROFILE=anon` (or `credential`) makes only that path's calls,
+//! measuring nothing: for the sidecar's profile of one path (with
+//! `AIRLOCK_BENCH_WRAP`).
 //! `MCP_BENCH_NULL_PLATFORM=1` gives the sidecar, instead of the platform, a
 //! bare hyper server that answers every request at once with the credential:
 //! the credentialed figure is then the round trip alone, the floor of any
@@ -229,6 +232,12 @@ async fn run() {
     );
     println!("  {}", peers::describe());
     let token = p.sidecar_token.expose_secret().to_owned();
+    let profile_only = match std::env::var("MCP_BENCH_PROFILE").ok().as_deref() {
+        None => None,
+        Some("anon") => Some("anon__api_call"),
+        Some("credential") => Some("svc__api_call"),
+        Some(other) => panic!("MCP_BENCH_PROFILE={other}: expected anon or credential"),
+    };
     let target = format!("http://{API}:{port}/data");
     let mut results = Vec::new();
     for rep in 0..reps {
@@ -256,6 +265,41 @@ async fn run() {
 
         let mut d = client(up).await;
         let mut s = client(sc_addr).await;
+        if let Some(tool) = &profile_only {
+            // Profile mode: this one path's calls only; the sidecar's user
+            // and kernel time per call (from /proc, in clock ticks).
+            let tick_us = 1e6 / rustix::param::clock_ticks_per_second() as f64;
+            let ticks = || -> (u64, u64) {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let after = stat.rsplit_once(')').map_or("", |x| x.1);
+                let f: Vec<u64> = after
+                    .split_whitespace()
+                    .map(|x| x.parse().unwrap_or(0))
+                    .collect();
+                (
+                    f.get(11).copied().unwrap_or(0),
+                    f.get(12).copied().unwrap_or(0),
+                )
+            };
+            let (u0, s0) = ticks();
+            let t = Instant::now();
+            for i in 0..n as u64 {
+                via_sidecar(&mut s, &token, tool, call_body(tool, &target, i))
+                    .await
+                    .expect_ok();
+            }
+            let wall = t.elapsed();
+            let (u1, s1) = ticks();
+            let per = |t: u64| t as f64 * tick_us / n as f64;
+            println!(
+                "  rep {rep}: {n} calls of {tool} (profile mode), {:.1} µs each; sidecar user {:.1} µs, kernel {:.1} µs per call",
+                wall.as_secs_f64() * 1e6 / n as f64,
+                per(u1 - u0),
+                per(s1 - s0)
+            );
+            drop(sc);
+            continue;
+        }
         let mut ng = match &nginx {
             Some(n) => Some((client(n.addr).await, n.addr, n.pid())),
             None => None,
@@ -421,6 +465,9 @@ async fn run() {
         drop(sc);
     }
 
+    if profile_only.is_some() {
+        return;
+    }
     // The platform round trip alone (what a credentialed call adds at least).
     let platform = airlock_platform_api::PlatformClient::new(&p.socket, p.run_token.clone());
     let mut t_fetch = Vec::with_capacity(n);

@@ -234,6 +234,7 @@ impl VethNamespace {
         if !rustix::process::geteuid().is_root() {
             return Err("creating a namespace and a veth pair needs root".into());
         }
+        Self::remove_stale();
         let pid = std::process::id();
         let net = u8::try_from(pid % 250).unwrap_or(0) + 1;
         let here = Ipv4Addr::new(10, 231, net, 1);
@@ -270,6 +271,39 @@ impl VethNamespace {
             ));
         }
         Ok(ns)
+    }
+
+    /// Removes what an earlier run that did not get to its drop (an
+    /// interrupted bench: Ctrl-C, a kill) left: the namespace and veth of a
+    /// bench whose process is gone. A stale pair could otherwise hold the
+    /// address a later run routes to (which then refuses to measure).
+    fn remove_stale() {
+        let Ok(list) = ip(&["netns", "list"]) else {
+            return;
+        };
+        for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+            let Some(pid) = name
+                .strip_prefix("airlock-bench-")
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // A bench still running (or the pid reused) is not ours to touch;
+            // a killed one whose parent has not reaped it yet is gone.
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+            let zombie = state
+                .as_deref()
+                .and_then(|st| st.rsplit_once(')'))
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            if state.is_some() && !zombie {
+                continue;
+            }
+            let _ = ip(&["link", "del", &format!("alb{pid}h")]);
+            match ip(&["netns", "del", name]) {
+                Ok(_) => eprintln!("proxy_latency: removed {name}, left by an interrupted run"),
+                Err(e) => eprintln!("proxy_latency: {e}"),
+            }
+        }
     }
 
     /// A listener on `there`, port chosen by the kernel, bound from a thread
