@@ -109,6 +109,76 @@ async fn credential_fields(
     }
 }
 
+/// What an `api_call` answers: the common case (an upstream answer returned
+/// inline as text) kept as its parts, so that the lean path can write it
+/// without building rmcp's result first; anything else as the result.
+pub(crate) enum Answer {
+    Text(Box<TextAnswer>),
+    Result(CallToolResult),
+}
+
+impl Answer {
+    pub(crate) fn into_result(self) -> CallToolResult {
+        match self {
+            Answer::Text(t) => t.into_result(),
+            Answer::Result(r) => r,
+        }
+    }
+}
+
+impl From<CallToolResult> for Answer {
+    fn from(r: CallToolResult) -> Self {
+        Answer::Result(r)
+    }
+}
+
+/// An upstream answer returned inline as text: one text block with the body
+/// and `_meta` (status, headers, url, redirects, credentialStripped, bytes,
+/// encoding). [`TextAnswer::into_result`] is the one definition of its
+/// result; the lean path's writer is tested to write exactly its bytes.
+pub(crate) struct TextAnswer {
+    pub(crate) status: u16,
+    /// The safe response headers, redacted, a repeated one joined with
+    /// `", "`, sorted by name (as the result's JSON object has them).
+    pub(crate) headers: Vec<(http::HeaderName, String)>,
+    /// The final URL, redacted.
+    pub(crate) url: String,
+    pub(crate) redirects: u32,
+    pub(crate) credential_stripped: bool,
+    /// The body (redacted); valid UTF-8 in an [`Answer::Text`].
+    pub(crate) body: Bytes,
+}
+
+impl TextAnswer {
+    pub(crate) fn text(&self) -> &str {
+        // Checked before an `Answer::Text` is made; never fails.
+        std::str::from_utf8(&self.body).unwrap_or_default()
+    }
+
+    fn meta(&self, encoding: &str) -> Map<String, Value> {
+        let mut headers = Map::new();
+        for (name, value) in &self.headers {
+            headers.insert(name.as_str().to_owned(), Value::String(value.clone()));
+        }
+        let mut meta = Map::new();
+        meta.insert("status".into(), json!(self.status));
+        meta.insert("headers".into(), Value::Object(headers));
+        meta.insert("url".into(), json!(self.url));
+        meta.insert("redirects".into(), json!(self.redirects));
+        meta.insert("credentialStripped".into(), json!(self.credential_stripped));
+        meta.insert("bytes".into(), json!(self.body.len()));
+        meta.insert("encoding".into(), json!(encoding));
+        meta
+    }
+
+    pub(crate) fn into_result(self) -> CallToolResult {
+        let meta = self.meta("utf-8");
+        let mut result = CallToolResult::success(vec![ContentBlock::text(self.text().to_owned())]);
+        result.meta = Some(MetaObject(meta));
+        result
+    }
+}
+
 /// Runs one `api_call` of `integration`. Never fails at the protocol level:
 /// every refusal is an `isError` result.
 pub async fn run(
@@ -117,9 +187,21 @@ pub async fn run(
     args: ApiCallArgs,
     prefetch: Option<&CredentialPrefetch>,
 ) -> CallToolResult {
+    run_answer(state, integration, args, prefetch)
+        .await
+        .into_result()
+}
+
+/// [`run`], with an inline text answer kept as its parts.
+pub(crate) async fn run_answer(
+    state: &McpState,
+    integration: &Integration,
+    args: ApiCallArgs,
+    prefetch: Option<&CredentialPrefetch>,
+) -> Answer {
     let sidecar = &state.sidecar;
     let Ok(_permit) = sidecar.api_calls.acquire().await else {
-        return error_result("unavailable", "the sidecar is shutting down", 503);
+        return error_result("unavailable", "the sidecar is shutting down", 503).into();
     };
     let ns = integration.namespace.as_str();
     let method = args.method.clone();
@@ -178,14 +260,14 @@ pub async fn run(
         Ok(f) => f,
         Err(result) => {
             not_sent(early);
-            return result;
+            return result.into();
         }
     };
     let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
     let early = match early {
-        Some(Err(Stop::Refused(e))) => return refused(&e, &args.target, &redactor),
+        Some(Err(Stop::Refused(e))) => return refused(&e, &args.target, &redactor).into(),
         Some(Err(Stop::Unrecorded(e))) => {
-            return error_result(e.code(), &e.to_string(), 503);
+            return error_result(e.code(), &e.to_string(), 503).into();
         }
         other => other,
     };
@@ -197,7 +279,7 @@ pub async fn run(
         Ok(p) => p,
         Err(e) => {
             not_sent(early);
-            return error_result(e.code, &redactor.str(&e.message), e.status);
+            return error_result(e.code, &redactor.str(&e.message), e.status).into();
         }
     };
     let rendered;
@@ -227,9 +309,9 @@ pub async fn run(
         .await
         {
             Ok(decided) => decided,
-            Err(Stop::Refused(e)) => return refused(&e, &prepared.url, &redactor),
+            Err(Stop::Refused(e)) => return refused(&e, &prepared.url, &redactor).into(),
             Err(Stop::Unrecorded(e)) => {
-                return error_result(e.code(), &e.to_string(), 503);
+                return error_result(e.code(), &e.to_string(), 503).into();
             }
         },
     };
@@ -258,7 +340,8 @@ pub async fn run(
                 e.code.as_str(),
                 &redactor.str(&e.to_string()),
                 e.http_status(),
-            );
+            )
+            .into();
         }
     };
     let answered = Outcome::completed(resp.status.as_u16())
@@ -282,11 +365,12 @@ pub async fn run(
                 resp.status.as_u16()
             ),
             502,
-        );
+        )
+        .into();
     }
-    let result = success(state, &redactor, resp).await;
+    let answer = success(state, &redactor, resp).await;
     flight.complete_after_answer(answered);
-    result
+    answer
 }
 
 /// The content or transfer coding of an answer that the sidecar cannot read
@@ -325,7 +409,7 @@ async fn success(
     state: &McpState,
     redactor: &Redactor,
     resp: airlock_egress::GuardedResponse,
-) -> CallToolResult {
+) -> Answer {
     let content_type = resp
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -336,44 +420,41 @@ async fn success(
     } else {
         Bytes::from(redactor.bytes(&resp.body))
     };
-    let mut headers = Map::new();
+    let mut headers: Vec<(http::HeaderName, String)> = Vec::new();
     for (name, value) in &resp.headers {
         if !args::is_safe_response_header(name.as_str()) {
             continue;
         }
         if let Ok(v) = value.to_str() {
             let v = redactor.str(v);
-            match headers.get_mut(name.as_str()) {
-                Some(Value::String(prev)) => {
+            match headers.iter_mut().find(|(n, _)| n == name) {
+                Some((_, prev)) => {
                     prev.push_str(", ");
                     prev.push_str(&v);
                 }
-                _ => {
-                    headers.insert(name.as_str().to_owned(), Value::String(v));
-                }
+                None => headers.push((name.clone(), v)),
             }
         }
     }
+    headers.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    let answer = TextAnswer {
+        status: resp.status.as_u16(),
+        headers,
+        url: redactor.str(resp.final_url.url().as_str()),
+        redirects: resp.redirects,
+        credential_stripped: resp.credential_stripped,
+        body,
+    };
     // Valid UTF-8 is returned as text whatever the declared type; anything
     // else is base64 (a textual content type with bad bytes included).
-    let text = std::str::from_utf8(&body).ok();
-    let binary = text.is_none();
-    let mut meta = Map::new();
-    meta.insert("status".into(), json!(resp.status.as_u16()));
-    meta.insert("headers".into(), Value::Object(headers));
-    meta.insert(
-        "url".into(),
-        json!(redactor.str(resp.final_url.url().as_str())),
-    );
-    meta.insert("redirects".into(), json!(resp.redirects));
-    meta.insert("credentialStripped".into(), json!(resp.credential_stripped));
-    meta.insert("bytes".into(), json!(body.len()));
-    meta.insert(
-        "encoding".into(),
-        json!(if binary { "base64" } else { "utf-8" }),
-    );
-
-    let content = if body.len() > state.sidecar.limits.inline_result_bytes {
+    let binary = std::str::from_utf8(&answer.body).is_err();
+    let limit = state.sidecar.limits.inline_result_bytes;
+    if !binary && answer.body.len() <= limit {
+        return Answer::Text(Box::new(answer));
+    }
+    let mut meta = answer.meta(if binary { "base64" } else { "utf-8" });
+    let body = answer.body;
+    let content = if body.len() > limit {
         match store(
             state,
             content_type
@@ -389,16 +470,14 @@ async fn success(
                     ContentBlock::text(format!(
                         "The response body ({} bytes) is larger than the {}-byte inline limit; it was stored for this run. Read it with resources/read on {}.",
                         body.len(),
-                        state.sidecar.limits.inline_result_bytes,
+                        limit,
                         link.uri
                     )),
                     ContentBlock::resource_link(link),
                 ]
             }
-            Err(r) => return r,
+            Err(r) => return r.into(),
         }
-    } else if let Some(t) = text {
-        vec![ContentBlock::text(t.to_owned())]
     } else {
         vec![
             ContentBlock::text(format!(
@@ -411,7 +490,7 @@ async fn success(
     };
     let mut result = CallToolResult::success(content);
     result.meta = Some(MetaObject(meta));
-    result
+    result.into()
 }
 
 /// Stores a large body for the run within `limits.run_result_bytes`.

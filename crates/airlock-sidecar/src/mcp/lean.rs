@@ -27,6 +27,7 @@ use rmcp::model::{
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::api_call::{Answer, TextAnswer};
 use super::{
     ALLOWED_HOSTS, CredentialPrefetch, LAST_EVENT_ID, MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION,
     MCP_SESSION_ID, McpState, args,
@@ -164,6 +165,44 @@ pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanC
     })
 }
 
+/// Writes the JSON-RPC response to `id` whose result is `a`'s: exactly
+/// the bytes of rmcp's serialisation of [`TextAnswer::into_result`]
+/// (`text_answers_are_written_as_rmcp_writes_them` checks it), the
+/// `_meta` keys in the order of serde_json's map (sorted).
+fn write_text_answer(
+    out: &mut Vec<u8>,
+    id: &NumberOrString,
+    a: &TextAnswer,
+) -> serde_json::Result<()> {
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    serde_json::to_writer(&mut *out, id)?;
+    out.extend_from_slice(
+        br#","result":{"resultType":"complete","content":[{"type":"text","text":"#,
+    );
+    serde_json::to_writer(&mut *out, a.text())?;
+    out.extend_from_slice(br#"}],"isError":false,"_meta":{"bytes":"#);
+    serde_json::to_writer(&mut *out, &a.body.len())?;
+    out.extend_from_slice(br#","credentialStripped":"#);
+    serde_json::to_writer(&mut *out, &a.credential_stripped)?;
+    out.extend_from_slice(br#","encoding":"utf-8","headers":{"#);
+    for (i, (name, value)) in a.headers.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, name.as_str())?;
+        out.push(b':');
+        serde_json::to_writer(&mut *out, value)?;
+    }
+    out.extend_from_slice(br#"},"redirects":"#);
+    serde_json::to_writer(&mut *out, &a.redirects)?;
+    out.extend_from_slice(br#","status":"#);
+    serde_json::to_writer(&mut *out, &a.status)?;
+    out.extend_from_slice(br#","url":"#);
+    serde_json::to_writer(&mut *out, &a.url)?;
+    out.extend_from_slice(b"}}}");
+    Ok(())
+}
+
 /// Runs the call and answers as rmcp's stateless JSON mode does.
 pub(crate) async fn serve(
     call: LeanCall,
@@ -179,17 +218,21 @@ pub(crate) async fn serve(
     // journal) is ~7.5 KiB, and every layer above (axum's handler box, the
     // middleware) would otherwise move it whole (memcpy) on the way; the
     // box is one pointer.
-    let message = match Box::pin(state.call(&name, arguments.as_ref(), prefetch)).await {
-        Ok(result) => {
-            ServerJsonRpcMessage::response(ServerResult::from(CallToolResponse::from(result)), id)
-        }
-        // (Only an unknown tool fails here, and the tool was checked.)
-        Err(e) => ServerJsonRpcMessage::error(e, Some(id)),
-    };
-    // Room for a small answer (a result holds the body twice: as text and
-    // as structured content), not grown from serde_json's 128 bytes.
+    let answer = Box::pin(state.call_answer(&name, arguments.as_ref(), prefetch)).await;
+    // Room for a small answer, not grown from serde_json's 128 bytes.
     let mut body = Vec::with_capacity(1024);
-    match serde_json::to_writer(&mut body, &message) {
+    let written = match answer {
+        // The usual answer, written as rmcp would write its result, without
+        // building that result first.
+        Ok(Answer::Text(text)) => write_text_answer(&mut body, &id, &text),
+        Ok(Answer::Result(result)) => serde_json::to_writer(
+            &mut body,
+            &ServerJsonRpcMessage::response(ServerResult::from(CallToolResponse::from(result)), id),
+        ),
+        // (Only an unknown tool fails here, and the tool was checked.)
+        Err(e) => serde_json::to_writer(&mut body, &ServerJsonRpcMessage::error(e, Some(id))),
+    };
+    match written {
         Ok(()) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
@@ -309,6 +352,65 @@ pub(crate) mod tests {
     /// Every request, sent to the router with the lean path and to the one
     /// without (rmcp alone), gets the same status, type and bytes; the
     /// requests the lean path takes are the ones meant for it.
+    /// The lean path's writer of the usual answer against rmcp's own
+    /// serialisation of the same result, byte for byte: texts that need
+    /// escaping (quotes, backslashes, controls, non-ASCII, U+2028), no
+    /// header or several (a repeated one joined), ids of both kinds.
+    #[test]
+    fn text_answers_are_written_as_rmcp_writes_them() {
+        let texts = [
+            "",
+            r#"{"ok":true,"items":[1,2,3]}"#,
+            "quote \" backslash \\ slash / tab \t nl \n cr \r nul \u{0} bell \u{7} del \u{7f}",
+            "é ü 中文 🦀 \u{2028}\u{2029} \u{fffd}",
+        ];
+        let header_sets: Vec<Vec<(http::HeaderName, String)>> = vec![
+            vec![],
+            vec![(header::CONTENT_TYPE, "application/json".into())],
+            vec![
+                (header::CACHE_CONTROL, "no-store".into()),
+                (header::CONTENT_TYPE, "text/plain; charset=\"utf-8\"".into()),
+                (HeaderName::from_static("x-many"), "a, b".into()),
+            ],
+        ];
+        let ids = [
+            NumberOrString::Number(0),
+            NumberOrString::Number(-7),
+            NumberOrString::Number(i64::MAX),
+            NumberOrString::String("".into()),
+            NumberOrString::String("a\"b\\c é".into()),
+        ];
+        let mut checked = 0;
+        for (t, text) in texts.iter().enumerate() {
+            for headers in &header_sets {
+                for id in &ids {
+                    let answer = || TextAnswer {
+                        status: [200, 404, 599][t % 3],
+                        headers: headers.clone(),
+                        url: format!("http://api.internal.test:8/p?q={t}&r=\"é\""),
+                        redirects: t as u32,
+                        credential_stripped: t % 2 == 1,
+                        body: bytes::Bytes::from(text.to_string()),
+                    };
+                    let mut ours = Vec::new();
+                    write_text_answer(&mut ours, id, &answer()).unwrap();
+                    let rmcp = serde_json::to_vec(&ServerJsonRpcMessage::response(
+                        ServerResult::from(CallToolResponse::from(answer().into_result())),
+                        id.clone(),
+                    ))
+                    .unwrap();
+                    assert_eq!(
+                        String::from_utf8_lossy(&ours),
+                        String::from_utf8_lossy(&rmcp),
+                        "text {t}, id {id:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, texts.len() * header_sets.len() * ids.len());
+    }
+
     #[tokio::test]
     async fn lean_and_rmcp_answer_alike() {
         let port = upstream().await;

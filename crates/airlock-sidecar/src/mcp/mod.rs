@@ -181,16 +181,30 @@ impl McpState {
         arguments: Option<&serde_json::Map<String, Value>>,
         prefetch: Option<&CredentialPrefetch>,
     ) -> Result<CallToolResult, ErrorData> {
+        self.call_answer(name, arguments, prefetch)
+            .await
+            .map(api_call::Answer::into_result)
+    }
+
+    /// [`McpState::call`], with an `api_call`'s inline text answer kept as
+    /// its parts (for the lean path to write).
+    pub(crate) async fn call_answer(
+        &self,
+        name: &str,
+        arguments: Option<&serde_json::Map<String, Value>>,
+        prefetch: Option<&CredentialPrefetch>,
+    ) -> Result<api_call::Answer, ErrorData> {
         if let Some((server, tool)) = self.remote_tool(name) {
             let Ok(_permit) = self.sidecar.api_calls.acquire().await else {
                 return Ok(api_call::error_result(
                     "unavailable",
                     "the sidecar is shutting down",
                     503,
-                ));
+                )
+                .into());
             };
             let result = server.call(&self.sidecar, tool, arguments).await?;
-            return Ok(remote::bound_result(self, result).await);
+            return Ok(remote::bound_result(self, result).await.into());
         }
         let limit = self.sidecar.limits.max_request_bytes;
         let call = match args::parse_tool_call(
@@ -206,12 +220,14 @@ impl McpState {
                     None,
                 ));
             }
-            Err(ToolError::Invalid(e)) => return Ok(api_call::arg_error(&e)),
+            Err(ToolError::Invalid(e)) => return Ok(api_call::arg_error(&e).into()),
         };
         Ok(match call {
             ToolCall::ApiCall { namespace, args } => {
                 match self.sidecar.integrations.get(&namespace) {
-                    Some(integration) => api_call::run(self, integration, args, prefetch).await,
+                    Some(integration) => {
+                        api_call::run_answer(self, integration, args, prefetch).await
+                    }
                     None => {
                         return Err(ErrorData::invalid_params(
                             format!("unknown tool {name:?}"),
@@ -229,6 +245,7 @@ impl McpState {
                         502,
                     ),
                 }
+                .into()
             }
             ToolCall::RecallMemory { q, limit } => {
                 match self.sidecar.platform.memories(&q, limit).await {
@@ -239,6 +256,7 @@ impl McpState {
                         502,
                     ),
                 }
+                .into()
             }
         })
     }
