@@ -238,7 +238,7 @@ fn loggable_url(mut u: url::Url) -> String {
     let _ = u.set_password(None);
     u.set_query(None);
     u.set_fragment(None);
-    u.to_string()
+    String::from(u)
 }
 
 /// The record of a refusal: the target without userinfo, query or fragment,
@@ -250,7 +250,7 @@ fn refusal_record(
     seq: u64,
 ) -> EgressRecord {
     let url = match url::Url::parse(req.url) {
-        Ok(u) => redactor.str(&loggable_url(u)),
+        Ok(u) => redactor.string(loggable_url(u)),
         Err(_) => "<unparsable>".to_owned(),
     };
     let host = e
@@ -385,7 +385,7 @@ impl Recorder {
             source: req.source.as_str().into(),
             integration: req.integration.map(str::to_owned),
             method: req.method.to_owned(),
-            url: redactor.str(&loggable_url(req.target.url().clone())),
+            url: redactor.string(loggable_url(req.target.url().clone())),
             host: redactor.str(&req.target.host().bare()),
             decision: "allowed".into(),
             code: None,

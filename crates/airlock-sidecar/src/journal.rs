@@ -115,7 +115,7 @@ impl Journal {
         // A record is about 300 bytes: written into room for it, not grown
         // from serde_json's 128.
         let mut line = Vec::with_capacity(512);
-        serde_json::to_writer(&mut line, rec)
+        rec.write_json(&mut line)
             .map_err(|e| JournalError::Write(std::io::Error::other(e.to_string())))?;
         line.push(b'\n');
         let len = line.len() as u64;

@@ -85,6 +85,15 @@ impl Redactor {
         cur.into_owned()
     }
 
+    /// [`Redactor::str`] of a string the caller owns: kept as it is (no
+    /// copy) when there is nothing to redact.
+    pub fn string(&self, input: String) -> String {
+        if self.needles.is_empty() {
+            return input;
+        }
+        self.str(&input)
+    }
+
     pub fn str(&self, input: &str) -> String {
         if self.needles.is_empty() {
             return input.to_owned();
