@@ -7,8 +7,11 @@
 //! flattened model; a profile of the sidecar put that at about half of the
 //! instructions of an `api_call`. Here the same request is parsed once into
 //! rmcp's own parameter type, run by the same [`McpState::call`] the rmcp
-//! handler runs, and answered with rmcp's own response type serialised the
-//! way rmcp does (`application/json`, status 200).
+//! handler runs (as [`McpState::call_answer`]), and answered as rmcp's
+//! stateless JSON mode answers (`application/json`, status 200): the usual
+//! answer, an upstream body inline as text, written directly
+//! ([`write_text_answer`], byte for byte what rmcp writes for the same
+//! result), any other with rmcp's own response type.
 //!
 //! Only a request that rmcp would serve the same way takes this path: every
 //! header and field is checked strictly (a subset of what rmcp accepts), and
