@@ -180,19 +180,8 @@ impl TextAnswer {
 }
 
 /// Runs one `api_call` of `integration`. Never fails at the protocol level:
-/// every refusal is an `isError` result.
-pub async fn run(
-    state: &McpState,
-    integration: &Integration,
-    args: ApiCallArgs,
-    prefetch: Option<&CredentialPrefetch>,
-) -> CallToolResult {
-    run_answer(state, integration, args, prefetch)
-        .await
-        .into_result()
-}
-
-/// [`run`], with an inline text answer kept as its parts.
+/// every refusal is an `isError` result; an upstream answer returned inline
+/// as text is kept as its parts ([`Answer::into_result`] makes the result).
 pub(crate) async fn run_answer(
     state: &McpState,
     integration: &Integration,
