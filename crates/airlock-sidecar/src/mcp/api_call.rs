@@ -132,11 +132,9 @@ impl From<CallToolResult> for Answer {
     }
 }
 
-/// An upstream answer returned inline as text: one text block with the body
-/// and `_meta` (status, headers, url, redirects, credentialStripped, bytes,
-/// encoding). [`TextAnswer::into_result`] is the one definition of its
-/// result; the lean path's writer is tested to write exactly its bytes.
-pub(crate) struct TextAnswer {
+/// What a successful answer's `_meta` says of the upstream's answer
+/// (besides the body's size and encoding).
+pub(crate) struct AnswerHead {
     pub(crate) status: u16,
     /// The safe response headers, redacted, a repeated one joined with
     /// `", "`, sorted by name (as the result's JSON object has them).
@@ -145,17 +143,10 @@ pub(crate) struct TextAnswer {
     pub(crate) url: String,
     pub(crate) redirects: u32,
     pub(crate) credential_stripped: bool,
-    /// The body (redacted); valid UTF-8 in an [`Answer::Text`].
-    pub(crate) body: Bytes,
 }
 
-impl TextAnswer {
-    pub(crate) fn text(&self) -> &str {
-        // Checked before an `Answer::Text` is made; never fails.
-        std::str::from_utf8(&self.body).unwrap_or_default()
-    }
-
-    fn meta(&self, encoding: &str) -> Map<String, Value> {
+impl AnswerHead {
+    fn meta(&self, bytes: usize, encoding: &str) -> Map<String, Value> {
         let mut headers = Map::new();
         for (name, value) in &self.headers {
             headers.insert(name.as_str().to_owned(), Value::String(value.clone()));
@@ -166,14 +157,26 @@ impl TextAnswer {
         meta.insert("url".into(), json!(self.url));
         meta.insert("redirects".into(), json!(self.redirects));
         meta.insert("credentialStripped".into(), json!(self.credential_stripped));
-        meta.insert("bytes".into(), json!(self.body.len()));
+        meta.insert("bytes".into(), json!(bytes));
         meta.insert("encoding".into(), json!(encoding));
         meta
     }
+}
 
+/// An upstream answer returned inline as text: one text block with the body
+/// and `_meta` (status, headers, url, redirects, credentialStripped, bytes,
+/// encoding). [`TextAnswer::into_result`] is the one definition of its
+/// result; the lean path's writer is tested to write exactly its bytes.
+pub(crate) struct TextAnswer {
+    pub(crate) head: AnswerHead,
+    /// The body, redacted.
+    pub(crate) text: String,
+}
+
+impl TextAnswer {
     pub(crate) fn into_result(self) -> CallToolResult {
-        let meta = self.meta("utf-8");
-        let mut result = CallToolResult::success(vec![ContentBlock::text(self.text().to_owned())]);
+        let meta = self.head.meta(self.text.len(), "utf-8");
+        let mut result = CallToolResult::success(vec![ContentBlock::text(self.text)]);
         result.meta = Some(MetaObject(meta));
         result
     }
@@ -426,23 +429,25 @@ async fn success(
         }
     }
     headers.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-    let answer = TextAnswer {
+    let head = AnswerHead {
         status: resp.status.as_u16(),
         headers,
         url: redactor.str(resp.final_url.url().as_str()),
         redirects: resp.redirects,
         credential_stripped: resp.credential_stripped,
-        body,
     };
     // Valid UTF-8 is returned as text whatever the declared type; anything
-    // else is base64 (a textual content type with bad bytes included).
-    let binary = std::str::from_utf8(&answer.body).is_err();
+    // else is base64 (a textual content type with bad bytes included). The
+    // body is checked once, in its own buffer.
     let limit = state.sidecar.limits.inline_result_bytes;
-    if !binary && answer.body.len() <= limit {
-        return Answer::Text(Box::new(answer));
-    }
-    let mut meta = answer.meta(if binary { "base64" } else { "utf-8" });
-    let body = answer.body;
+    let (body, binary) = match String::from_utf8(Vec::from(body)) {
+        Ok(text) if text.len() <= limit => {
+            return Answer::Text(Box::new(TextAnswer { head, text }));
+        }
+        Ok(text) => (Bytes::from(text), false),
+        Err(e) => (Bytes::from(e.into_bytes()), true),
+    };
+    let mut meta = head.meta(body.len(), if binary { "base64" } else { "utf-8" });
     let content = if body.len() > limit {
         match store(
             state,

@@ -182,13 +182,13 @@ fn write_text_answer(
     out.extend_from_slice(
         br#","result":{"resultType":"complete","content":[{"type":"text","text":"#,
     );
-    serde_json::to_writer(&mut *out, a.text())?;
+    serde_json::to_writer(&mut *out, &a.text)?;
     out.extend_from_slice(br#"}],"isError":false,"_meta":{"bytes":"#);
-    serde_json::to_writer(&mut *out, &a.body.len())?;
+    serde_json::to_writer(&mut *out, &a.text.len())?;
     out.extend_from_slice(br#","credentialStripped":"#);
-    serde_json::to_writer(&mut *out, &a.credential_stripped)?;
+    serde_json::to_writer(&mut *out, &a.head.credential_stripped)?;
     out.extend_from_slice(br#","encoding":"utf-8","headers":{"#);
-    for (i, (name, value)) in a.headers.iter().enumerate() {
+    for (i, (name, value)) in a.head.headers.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -197,11 +197,11 @@ fn write_text_answer(
         serde_json::to_writer(&mut *out, value)?;
     }
     out.extend_from_slice(br#"},"redirects":"#);
-    serde_json::to_writer(&mut *out, &a.redirects)?;
+    serde_json::to_writer(&mut *out, &a.head.redirects)?;
     out.extend_from_slice(br#","status":"#);
-    serde_json::to_writer(&mut *out, &a.status)?;
+    serde_json::to_writer(&mut *out, &a.head.status)?;
     out.extend_from_slice(br#","url":"#);
-    serde_json::to_writer(&mut *out, &a.url)?;
+    serde_json::to_writer(&mut *out, &a.head.url)?;
     out.extend_from_slice(b"}}}");
     Ok(())
 }
@@ -249,6 +249,7 @@ pub(crate) async fn serve(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::mcp::api_call::AnswerHead;
     use http_body_util::BodyExt;
     use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -388,12 +389,14 @@ pub(crate) mod tests {
             for headers in &header_sets {
                 for id in &ids {
                     let answer = || TextAnswer {
-                        status: [200, 404, 599][t % 3],
-                        headers: headers.clone(),
-                        url: format!("http://api.internal.test:8/p?q={t}&r=\"é\""),
-                        redirects: t as u32,
-                        credential_stripped: t % 2 == 1,
-                        body: bytes::Bytes::from(text.to_string()),
+                        head: AnswerHead {
+                            status: [200, 404, 599][t % 3],
+                            headers: headers.clone(),
+                            url: format!("http://api.internal.test:8/p?q={t}&r=\"é\""),
+                            redirects: t as u32,
+                            credential_stripped: t % 2 == 1,
+                        },
+                        text: text.to_string(),
                     };
                     let mut ours = Vec::new();
                     write_text_answer(&mut ours, id, &answer()).unwrap();

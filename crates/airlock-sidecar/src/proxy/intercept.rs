@@ -283,15 +283,23 @@ async fn plain_tunnel<S: ProxyStream>(
     super::tunnel(client, upstream, prefix, flight, &settings, true).await;
 }
 
+/// A header value with the secret in it.
+struct Substituted {
+    value: HeaderValue,
+    /// The base64 made for a `Basic` value: the credential in another form,
+    /// for the redactor (an upstream that reflects it gets it redacted).
+    basic: Option<Zeroizing<String>>,
+}
+
 /// Replaces `placeholder` by `secret` in a header value, also inside the
 /// base64 of `Basic` credentials. `None` when the value does not hold it.
 ///
 /// Every copy of the secret made on the way is zeroed; the value returned,
 /// which carries it, is marked sensitive (no `Debug` shows it).
-fn substitute(value: &HeaderValue, placeholder: &str, secret: &str) -> Option<HeaderValue> {
+fn substitute(value: &HeaderValue, placeholder: &str, secret: &str) -> Option<Substituted> {
     let text = value.to_str().ok()?;
-    let made = if text.contains(placeholder) {
-        Zeroizing::new(text.replace(placeholder, secret))
+    let (made, basic) = if text.contains(placeholder) {
+        (Zeroizing::new(text.replace(placeholder, secret)), None)
     } else {
         let (scheme, encoded) = text.split_once(' ')?;
         if !scheme.eq_ignore_ascii_case("basic") {
@@ -304,11 +312,12 @@ fn substitute(value: &HeaderValue, placeholder: &str, secret: &str) -> Option<He
         }
         let replaced = Zeroizing::new(decoded.replace(placeholder, secret));
         let encoded = Zeroizing::new(b64.encode(replaced.as_bytes()));
-        Zeroizing::new(format!("{scheme} {}", encoded.as_str()))
+        let made = Zeroizing::new(format!("{scheme} {}", encoded.as_str()));
+        (made, Some(encoded))
     };
-    let mut v = HeaderValue::from_str(&made).ok()?;
-    v.set_sensitive(true);
-    Some(v)
+    let mut value = HeaderValue::from_str(&made).ok()?;
+    value.set_sensitive(true);
+    Some(Substituted { value, basic })
 }
 
 fn refusal(e: &EgressError) -> Response<ProxyBody> {
@@ -402,8 +411,7 @@ async fn handle(
             );
         };
         let names: Vec<HeaderName> = headers.keys().cloned().collect();
-        // Besides the credential's fields, a `Basic` value made here is the
-        // credential in base64: an upstream that reflects it gets it redacted.
+        // Besides the credential's fields, the `Basic` values made here.
         let mut made: Vec<Zeroizing<String>> = Vec::new();
         for name in names {
             let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
@@ -412,16 +420,10 @@ async fn handle(
                 .iter()
                 .map(
                     |v| match substitute(v, &inj.placeholder, secret.expose_secret()) {
-                        Some(n) => {
+                        Some(Substituted { value, basic }) => {
                             changed = true;
-                            let plain = v.to_str().is_ok_and(|t| t.contains(&inj.placeholder));
-                            if !plain
-                                && let Some((_, encoded)) =
-                                    n.to_str().ok().and_then(|t| t.split_once(' '))
-                            {
-                                made.push(Zeroizing::new(encoded.to_owned()));
-                            }
-                            n
+                            made.extend(basic);
+                            value
                         }
                         None => v.clone(),
                     },
@@ -607,6 +609,8 @@ mod tests {
         let ph = "AIRLOCK_PLACEHOLDER_GH";
         let v = HeaderValue::from_static("Bearer AIRLOCK_PLACEHOLDER_GH");
         let plain = substitute(&v, ph, "s3cret").unwrap();
+        assert!(plain.basic.is_none(), "nothing made for the redactor");
+        let plain = plain.value;
         assert_eq!(plain, "Bearer s3cret");
         // The value carries the secret: no `Debug` of it shows the secret.
         assert!(plain.is_sensitive());
@@ -617,12 +621,12 @@ mod tests {
             b64.encode("x-access-token:AIRLOCK_PLACEHOLDER_GH")
         ))
         .unwrap();
-        let got = substitute(&basic, ph, "s3cret").unwrap();
-        let decoded = b64
-            .decode(got.to_str().unwrap().strip_prefix("Basic ").unwrap())
-            .unwrap();
-        assert_eq!(decoded, b"x-access-token:s3cret");
+        let Substituted { value: got, basic } = substitute(&basic, ph, "s3cret").unwrap();
+        let encoded = got.to_str().unwrap().strip_prefix("Basic ").unwrap();
+        assert_eq!(b64.decode(encoded).unwrap(), b"x-access-token:s3cret");
         assert!(got.is_sensitive());
+        // The base64 made is handed to the redactor.
+        assert_eq!(basic.as_deref().map(String::as_str), Some(encoded));
         for other in [
             "Basic !!!",
             "Bearer nothing",
