@@ -555,8 +555,10 @@ pub trait Backend: Send + Sync {
     }
     /// A spawn is coming: start, in the background, what can be started
     /// before its spec is known (the namespace backend starts its init,
-    /// which waits for the spec holding nothing of any run). At most one is
-    /// kept; the next spawn takes it, and a spawn without one starts cold.
+    /// which waits for the spec holding nothing of any run, and on cgroup
+    /// v1 makes standby cgroups for it to join meanwhile, which the spawn
+    /// renames to its run's). At most one is kept; the next spawn takes it,
+    /// and a spawn without one starts cold.
     /// From the same kind of thread as [`Backend::spawn`]. Nothing by
     /// default (the process and docker backends).
     fn prepare(&self) {}

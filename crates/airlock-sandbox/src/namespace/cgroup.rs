@@ -18,6 +18,15 @@
 //! moving the process, which [`join_self`] checks. cgroup v2 moves threads
 //! only inside threaded subtrees (which the memory controller is not), so
 //! there init still writes its PID to `cgroup.procs`.
+//!
+//! Making a run's cgroups costs more than joining them (0.4–0.6 ms here: a
+//! memory cgroup's `mkdir` and its limit's first write are the dearest), so
+//! on cgroup v1 they are made ahead with the init started ahead
+//! ([`RunCgroups::create_standby`], `airlock-standby-<tag>`), which joins
+//! them while it waits; the spawn that takes it renames them to its run's
+//! ([`RunCgroups::adopt`], a rename in the same parent: ~10 µs) and writes
+//! only the limits that differ. cgroup v2 refuses renames: there a run's
+//! cgroups are made when it spawns.
 
 use std::fs;
 use std::io;
@@ -28,6 +37,8 @@ use serde::{Deserialize, Serialize};
 
 pub const PARENT: &str = "airlock";
 pub const PREFIX: &str = "airlock-";
+/// After [`PREFIX`]: cgroups made for an init started ahead ([`RunCgroups::create_standby`]).
+pub const STANDBY: &str = "standby-";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -41,6 +52,8 @@ pub enum CgroupError {
         "the process joining its cgroups has {0} threads: moving only the calling thread would leave the others outside the limits"
     )]
     NotSingleThreaded(usize),
+    #[error("only cgroup v1 standby cgroups can be given to a run")]
+    NotStandby,
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
@@ -126,18 +139,84 @@ impl Layout {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A run's limits; 0 is no limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
     pub memory_mb: u64,
     pub cpus: f64,
     pub pids_max: u64,
 }
 
+impl Limits {
+    /// What a new cgroup has.
+    pub const NONE: Limits = Limits {
+        memory_mb: 0,
+        cpus: 0.0,
+        pids_max: 0,
+    };
+
+    fn memory_bytes(self) -> u64 {
+        self.memory_mb.saturating_mul(1024 * 1024)
+    }
+
+    /// CFS quota per 100 ms period, in µs.
+    fn quota(self) -> Option<u64> {
+        (self.cpus > 0.0).then(|| ((self.cpus * 100_000.0) as u64).max(1000))
+    }
+}
+
 /// The cgroups of one run.
 #[derive(Debug, Clone)]
 pub struct RunCgroups {
     pub dirs: Vec<PathBuf>,
+    /// cgroup v1: the controller of each of `dirs`.
+    ctrls: Vec<String>,
+    /// Directories ended with these ([`RunCgroups::absorb`]).
+    spare: Vec<PathBuf>,
     v2: bool,
+}
+
+/// Sets a v1 hierarchy's limits of a run cgroup that has `was`, writing
+/// only what differs (a value, or "no limit" for 0). The swap cap
+/// (`memory.memsw.limit_in_bytes`, absent without swap accounting) may
+/// never be below the memory limit, so it is lifted before a change and
+/// set to the new limit after.
+fn set_v1_limits(ctrl: &str, dir: &Path, new: Limits, was: Limits) -> Result<(), CgroupError> {
+    match ctrl {
+        "memory" if new.memory_mb != was.memory_mb => {
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            if was.memory_mb > 0 {
+                let _ = fs::write(&memsw, "-1");
+            }
+            if new.memory_mb > 0 {
+                let bytes = new.memory_bytes().to_string();
+                write(&dir.join("memory.limit_in_bytes"), &bytes)?;
+                // No swap beyond the limit.
+                let _ = fs::write(&memsw, bytes);
+            } else {
+                write(&dir.join("memory.limit_in_bytes"), "-1")?;
+            }
+        }
+        "pids" if new.pids_max != was.pids_max => {
+            let v = if new.pids_max > 0 {
+                new.pids_max.to_string()
+            } else {
+                "max".into()
+            };
+            write(&dir.join("pids.max"), &v)?
+        }
+        "cpu" if new.quota() != was.quota() => match new.quota() {
+            Some(q) => {
+                if was.quota().is_none() {
+                    write(&dir.join("cpu.cfs_period_us"), "100000")?;
+                }
+                write(&dir.join("cpu.cfs_quota_us"), &q.to_string())?;
+            }
+            None => write(&dir.join("cpu.cfs_quota_us"), "-1")?,
+        },
+        _ => {}
+    }
+    Ok(())
 }
 
 fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
@@ -160,11 +239,39 @@ impl RunCgroups {
         run_id: &str,
         limits: Limits,
     ) -> Result<RunCgroups, CgroupError> {
-        let name = format!("{PREFIX}{run_id}");
-        let mib = limits.memory_mb.saturating_mul(1024 * 1024);
-        let quota = (limits.cpus > 0.0).then(|| ((limits.cpus * 100_000.0) as u64).max(1000));
+        RunCgroups::create_named(layout, &format!("{PREFIX}{run_id}"), Some(limits), false)
+    }
+
+    /// cgroup v1: cgroups made before their run is known, named
+    /// `airlock-standby-<tag>`, with `limits` when given (the previous
+    /// run's, most often the next one's too). An init started ahead joins
+    /// them while it waits, off every run's critical path, and
+    /// [`RunCgroups::adopt`] gives them to the run that takes it. `None` on
+    /// cgroup v2, whose directories cannot be renamed.
+    pub fn create_standby(
+        layout: &Layout,
+        tag: &str,
+        limits: Option<Limits>,
+    ) -> Result<Option<RunCgroups>, CgroupError> {
+        match layout {
+            Layout::V2(_) => Ok(None),
+            Layout::V1(_) => {
+                RunCgroups::create_named(layout, &format!("{PREFIX}{STANDBY}{tag}"), limits, true)
+                    .map(Some)
+            }
+        }
+    }
+
+    fn create_named(
+        layout: &Layout,
+        name: &str,
+        limits: Option<Limits>,
+        standby: bool,
+    ) -> Result<RunCgroups, CgroupError> {
         let mut made = RunCgroups {
             dirs: vec![],
+            ctrls: vec![],
+            spare: vec![],
             v2: matches!(layout, Layout::V2(_)),
         };
         let r = (|| {
@@ -174,44 +281,37 @@ impl RunCgroups {
                     fs::create_dir_all(&parent).map_err(io_at(&parent))?;
                     enable_v2_controllers(root)?;
                     enable_v2_controllers(&parent)?;
-                    let dir = parent.join(&name);
+                    let dir = parent.join(name);
                     fs::create_dir(&dir).map_err(io_at(&dir))?;
                     made.dirs.push(dir.clone());
+                    let Some(limits) = limits else {
+                        return Ok(());
+                    };
                     if limits.memory_mb > 0 {
-                        write(&dir.join("memory.max"), &mib.to_string())?;
+                        write(&dir.join("memory.max"), &limits.memory_bytes().to_string())?;
                         let _ = fs::write(dir.join("memory.swap.max"), "0");
                     }
                     if limits.pids_max > 0 {
                         write(&dir.join("pids.max"), &limits.pids_max.to_string())?;
                     }
-                    if let Some(q) = quota.filter(|_| dir.join("cpu.max").exists()) {
+                    if let Some(q) = limits.quota().filter(|_| dir.join("cpu.max").exists()) {
                         write(&dir.join("cpu.max"), &format!("{q} 100000"))?;
                     }
                 }
                 Layout::V1(ctrls) => {
                     for (ctrl, mount) in ctrls {
-                        let dir = mount.join(PARENT).join(&name);
-                        fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+                        let parent = mount.join(PARENT);
+                        fs::create_dir_all(&parent).map_err(io_at(&parent))?;
+                        let dir = parent.join(name);
+                        match fs::create_dir(&dir) {
+                            // A run's may exist (its id given twice); a standby's is new.
+                            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !standby => {}
+                            r => r.map_err(io_at(&dir))?,
+                        }
                         made.dirs.push(dir.clone());
-                        match ctrl.as_str() {
-                            "memory" if limits.memory_mb > 0 => {
-                                write(&dir.join("memory.limit_in_bytes"), &mib.to_string())?;
-                                // No swap beyond the limit (absent without swap accounting).
-                                let _ = fs::write(
-                                    dir.join("memory.memsw.limit_in_bytes"),
-                                    mib.to_string(),
-                                );
-                            }
-                            "pids" if limits.pids_max > 0 => {
-                                write(&dir.join("pids.max"), &limits.pids_max.to_string())?
-                            }
-                            "cpu" => {
-                                if let Some(q) = quota {
-                                    write(&dir.join("cpu.cfs_period_us"), "100000")?;
-                                    write(&dir.join("cpu.cfs_quota_us"), &q.to_string())?;
-                                }
-                            }
-                            _ => {}
+                        made.ctrls.push(ctrl.clone());
+                        if let Some(limits) = limits {
+                            set_v1_limits(ctrl, &dir, limits, Limits::NONE)?;
                         }
                     }
                 }
@@ -225,6 +325,57 @@ impl RunCgroups {
                 Err(e)
             }
         }
+    }
+
+    /// Gives standby cgroups ([`RunCgroups::create_standby`]) to the run
+    /// `run_id`: renames them `airlock-<runId>` and sets its limits, writing
+    /// only those that differ from `made_with`, all before the run's header
+    /// leaves. On an error the directories keep the names they reached
+    /// (in `dirs`), for [`RunCgroups::remove`].
+    pub fn adopt(
+        &mut self,
+        run_id: &str,
+        made_with: Option<Limits>,
+        limits: Limits,
+    ) -> Result<(), CgroupError> {
+        if self.v2 || self.ctrls.len() != self.dirs.len() {
+            return Err(CgroupError::NotStandby);
+        }
+        let name = format!("{PREFIX}{run_id}");
+        for i in 0..self.dirs.len() {
+            let to = match self.dirs[i].parent() {
+                Some(p) => p.join(&name),
+                None => return Err(CgroupError::NotStandby),
+            };
+            fs::rename(&self.dirs[i], &to).map_err(io_at(&self.dirs[i]))?;
+            self.dirs[i] = to;
+        }
+        let was = made_with.unwrap_or(Limits::NONE);
+        for (ctrl, dir) in self.ctrls.iter().zip(&self.dirs) {
+            set_v1_limits(ctrl, dir, limits, was)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the single-threaded process `pid` has joined these cgroups:
+    /// its thread is in the last one's `tasks` ([`join_self`] joins them in order).
+    pub fn holds(&self, pid: i32) -> bool {
+        let Some(last) = self.dirs.last() else {
+            return false;
+        };
+        let file = if self.v2 { "cgroup.procs" } else { "tasks" };
+        let pid = pid.to_string();
+        fs::read_to_string(last.join(file))
+            .map(|t| t.lines().any(|l| l.trim() == pid))
+            .unwrap_or(false)
+    }
+
+    /// Makes `other`'s directories part of these ones' end: killed with
+    /// them and removed after them (standby cgroups an init may still be
+    /// joining on its way to its run's).
+    pub fn absorb(&mut self, mut other: RunCgroups) {
+        self.spare.append(&mut other.dirs);
+        self.spare.append(&mut other.spare);
     }
 
     /// The `cgroup.procs` files (one per hierarchy).
@@ -247,7 +398,12 @@ impl RunCgroups {
     }
 
     pub fn pids(&self) -> Vec<i32> {
-        let mut out: Vec<i32> = self.dirs.iter().flat_map(|d| pids_in(d)).collect();
+        let mut out: Vec<i32> = self
+            .dirs
+            .iter()
+            .chain(&self.spare)
+            .flat_map(|d| pids_in(d))
+            .collect();
         out.sort_unstable();
         out.dedup();
         out
@@ -279,7 +435,7 @@ impl RunCgroups {
     /// `patience` for the kernel to let go of exiting processes.
     pub fn remove(&self, patience: Duration) {
         let deadline = Instant::now() + patience;
-        for d in &self.dirs {
+        for d in self.dirs.iter().chain(&self.spare) {
             loop {
                 self.kill();
                 match fs::remove_dir(d) {
@@ -460,6 +616,8 @@ mod tests {
     fn v1_cgroups_are_joined_by_thread_and_v2_by_process() {
         let v1 = RunCgroups {
             dirs: vec!["/m/airlock/airlock-r".into(), "/p/airlock/airlock-r".into()],
+            ctrls: vec!["memory".into(), "pids".into()],
+            spare: vec![],
             v2: false,
         };
         assert_eq!(
@@ -471,6 +629,8 @@ mod tests {
         );
         let v2 = RunCgroups {
             dirs: vec!["/u/airlock/airlock-r".into()],
+            ctrls: vec![],
+            spare: vec![],
             v2: true,
         };
         assert_eq!(

@@ -196,6 +196,35 @@ impl InitConfig {
         Ok(())
     }
 
+    /// The run's header ([`Header::Run`]), framed.
+    pub fn encode(&self) -> Vec<u8> {
+        Header::Run(Box::new(self.clone())).encode()
+    }
+
+    /// Reads exactly one header from `r`, which must be the run's (see
+    /// [`Header::decode`]).
+    pub fn decode(r: impl Read) -> Result<InitConfig, ConfigError> {
+        match Header::decode(r)? {
+            Header::Run(cfg) => Ok(*cfg),
+            Header::Standby { .. } => Err(ConfigError::Header("not a run's header".into())),
+        }
+    }
+}
+
+/// What the host writes on init's stdin before the command's bytes: at most
+/// one [`Header::Standby`] (to an init started ahead), then the run's.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Header {
+    /// Standby cgroups to join while waiting for a run
+    /// ([`super::cgroup::RunCgroups::create_standby`]).
+    Standby { cgroups: Vec<super::cgroup::Join> },
+    /// The run: init joins `cgroups` (empty when its standby ones became
+    /// the run's) and goes on.
+    Run(Box<InitConfig>),
+}
+
+impl Header {
     /// `u32 little-endian length ‖ JSON`.
     pub fn encode(&self) -> Vec<u8> {
         let json = serde_json::to_vec(self).unwrap_or_default();
@@ -206,8 +235,8 @@ impl InitConfig {
     }
 
     /// Reads exactly one header from `r` (which must not buffer beyond it:
-    /// the rest of the stream belongs to the command).
-    pub fn decode(mut r: impl Read) -> Result<InitConfig, ConfigError> {
+    /// the rest of the stream belongs to the command); a run's is validated.
+    pub fn decode(mut r: impl Read) -> Result<Header, ConfigError> {
         let mut len = [0u8; 4];
         r.read_exact(&mut len)
             .map_err(|e| ConfigError::Header(format!("length: {e}")))?;
@@ -218,10 +247,12 @@ impl InitConfig {
         let mut buf = vec![0u8; len];
         r.read_exact(&mut buf)
             .map_err(|e| ConfigError::Header(format!("body: {e}")))?;
-        let cfg: InitConfig =
+        let h: Header =
             serde_json::from_slice(&buf).map_err(|e| ConfigError::Header(e.to_string()))?;
-        cfg.validate()?;
-        Ok(cfg)
+        if let Header::Run(cfg) = &h {
+            cfg.validate()?;
+        }
+        Ok(h)
     }
 }
 
@@ -256,6 +287,34 @@ mod tests {
         let mut rest = String::new();
         cur.read_to_string(&mut rest).unwrap();
         assert_eq!(rest, "SECRET");
+    }
+
+    #[test]
+    fn a_standby_header_comes_ahead_of_the_run_and_is_no_run() {
+        let standby = Header::Standby {
+            cgroups: vec![super::super::cgroup::Join::Thread(
+                "/sys/fs/cgroup/memory/airlock/airlock-standby-1-1".into(),
+            )],
+        };
+        let mut bytes = standby.encode();
+        bytes.extend(cfg().encode());
+        bytes.extend_from_slice(b"SECRET");
+        let mut cur = std::io::Cursor::new(bytes);
+        assert_eq!(Header::decode(&mut cur).unwrap(), standby);
+        assert_eq!(
+            Header::decode(&mut cur).unwrap(),
+            Header::Run(Box::new(cfg()))
+        );
+        let mut rest = String::new();
+        cur.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "SECRET");
+        // Where a run's header must come, a standby one is refused.
+        assert!(InitConfig::decode(&standby.encode()[..]).is_err());
+        // A run's header is validated whichever way it is read.
+        let mut bad = cfg();
+        bad.command = vec!["true".into()];
+        let framed = Header::Run(Box::new(bad)).encode();
+        assert!(Header::decode(&framed[..]).is_err());
     }
 
     #[test]

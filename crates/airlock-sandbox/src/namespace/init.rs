@@ -5,9 +5,11 @@
 //! session has no controlling terminal, so `/dev/tty` reaches nothing),
 //! does what concerns no run (dies with its parent, marks every inherited
 //! descriptor close-on-exec, compiles the seccomp filters: an init started
-//! ahead of its run waits after this, holding nothing), reads the
-//! [`InitConfig`] header from stdin, checks its parent is the platform, joins
-//! the run's cgroups ([`cgroup::join_self`]: on cgroup v1 by moving its one
+//! ahead of its run waits after this, holding nothing of any run, in the
+//! standby cgroups it may be given to join ([`Header::Standby`]), which
+//! become its run's), reads the [`InitConfig`] header from stdin, checks its
+//! parent is the platform, joins the run's cgroups unless they are the ones
+//! it joined already ([`cgroup::join_self`]: on cgroup v1 by moving its one
 //! thread, which takes no global lock and waits for no RCU grace period),
 //! becomes the run's unprivileged host uid/gid when the
 //! platform is root ([`super::config::HostIds`]), unshares the user, mount,
@@ -31,7 +33,7 @@ use std::process::Command;
 
 use rustix::process::{Pid, Signal, WaitOptions};
 
-use super::config::{HOSTNAME, InitConfig, SANDBOX_GID, SANDBOX_UID};
+use super::config::{HOSTNAME, Header, InitConfig, SANDBOX_GID, SANDBOX_UID};
 use super::{cgroup, fs_rules, plan, seccomp, sys};
 
 /// Exit code of a setup failure (before the command ran).
@@ -81,7 +83,7 @@ fn stage_a() -> Result<i32, InitError> {
         .map_err(at("PR_SET_PDEATHSIG"))?;
     sys::cloexec_from_3().map_err(at("close_range"))?;
     let filters = seccomp::Filters::compile().map_err(at("seccomp"))?;
-    let cfg = InitConfig::decode(RawStdin).map_err(at("config"))?;
+    let cfg = read_run_header()?;
     // The one who started it is the platform (and still there).
     die_with_parent(cfg.parent_pid)?;
     // Still single-threaded and in the host's namespaces: into the run's
@@ -143,6 +145,27 @@ fn stage_a() -> Result<i32, InitError> {
             };
             drop(alive_w);
             Ok(exit_code(status))
+        }
+    }
+}
+
+/// Reads the run's header; an init started ahead may first be given its
+/// standby cgroups, which it joins at once, still waiting for its run.
+fn read_run_header() -> Result<InitConfig, InitError> {
+    let mut standby = false;
+    loop {
+        match Header::decode(RawStdin).map_err(at("config"))? {
+            Header::Run(cfg) => return Ok(*cfg),
+            Header::Standby { cgroups } if !standby => {
+                cgroup::join_self(&cgroups).map_err(at("join standby cgroup"))?;
+                standby = true;
+            }
+            Header::Standby { .. } => {
+                return Err(InitError {
+                    step: "config",
+                    detail: "a second standby header".into(),
+                });
+            }
         }
     }
 }

@@ -37,9 +37,39 @@ pub struct NamespaceBackend {
     pub require_limits: bool,
     /// An init started ahead of the next spawn ([`Backend::prepare`]): it
     /// has done what concerns no run and waits on its stdin for a run's
-    /// header, holding nothing. At most one; each serves one run; killed
-    /// with the backend (and, as every init, with the platform).
-    standby: std::sync::Mutex<Option<tokio::process::Child>>,
+    /// header, holding nothing of any run. At most one; each serves one
+    /// run; killed with the backend (and, as every init, with the platform).
+    standby: std::sync::Mutex<Option<Standby>>,
+    /// The last spawn's limits: standby cgroups are made with them.
+    last_limits: std::sync::Mutex<Option<cgroup::Limits>>,
+    /// Where cgroups go, read once (`/proc/self/mountinfo`).
+    layout: std::sync::OnceLock<Option<cgroup::Layout>>,
+}
+
+/// An init started ahead and, on cgroup v1, the standby cgroups it was
+/// given to join while it waits, with the limits they were made with.
+struct Standby {
+    init: tokio::process::Child,
+    cgroups: Option<(cgroup::RunCgroups, Option<cgroup::Limits>)>,
+}
+
+impl Standby {
+    /// Kills the init and removes its cgroups (waiting a little for the
+    /// kernel to let it go).
+    fn discard(mut self) {
+        let _ = self.init.start_kill();
+        if let Some((c, _)) = self.cgroups.take() {
+            c.remove(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for NamespaceBackend {
+    fn drop(&mut self) {
+        if let Some(s) = self.standby.get_mut().ok().and_then(Option::take) {
+            s.discard();
+        }
+    }
 }
 
 impl NamespaceBackend {
@@ -55,6 +85,8 @@ impl NamespaceBackend {
             init_exe,
             require_limits: rustix::process::geteuid().is_root(),
             standby: std::sync::Mutex::new(None),
+            last_limits: std::sync::Mutex::new(None),
+            layout: std::sync::OnceLock::new(),
         }
     }
 
@@ -72,14 +104,140 @@ impl NamespaceBackend {
 
     /// The PID of the init started ahead ([`Backend::prepare`]), if one waits.
     pub fn standby_pid(&self) -> Option<u32> {
-        self.standby.lock().ok()?.as_ref()?.id()
+        self.standby.lock().ok()?.as_ref()?.init.id()
+    }
+
+    /// The directories of the standby cgroups of the init started ahead, if any.
+    pub fn standby_cgroups(&self) -> Vec<PathBuf> {
+        let Ok(slot) = self.standby.lock() else {
+            return vec![];
+        };
+        slot.as_ref()
+            .and_then(|s| s.cgroups.as_ref())
+            .map(|(c, _)| c.dirs.clone())
+            .unwrap_or_default()
+    }
+
+    fn layout(&self) -> Option<&cgroup::Layout> {
+        self.layout.get_or_init(cgroup::layout).as_ref()
     }
 
     /// The init started ahead, if there is one and it is still alive.
-    fn take_standby(&self) -> Option<tokio::process::Child> {
-        let mut init = self.standby.lock().ok()?.take()?;
-        // One that died meanwhile is reaped here and replaced by a cold start.
-        matches!(init.try_wait(), Ok(None)).then_some(init)
+    fn take_standby(&self) -> Option<Standby> {
+        let mut s = self.standby.lock().ok()?.take()?;
+        if matches!(s.init.try_wait(), Ok(None)) {
+            return Some(s);
+        }
+        // One that died meanwhile is replaced by a cold start.
+        s.discard();
+        None
+    }
+
+    /// Cgroups for the next run, made before it is known (cgroup v1), with
+    /// the last run's limits; `None` where they cannot be.
+    fn standby_cgroups_now(&self) -> Option<(cgroup::RunCgroups, Option<cgroup::Limits>)> {
+        let layout = self.layout()?;
+        let limits = self.last_limits.lock().ok().and_then(|l| *l);
+        // Unique on this host: this process's PID, and a count shared by
+        // every backend it has.
+        static STANDBYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = STANDBYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("{}-{n}", std::process::id());
+        match cgroup::RunCgroups::create_standby(layout, &tag, limits) {
+            Ok(c) => c.map(|c| (c, limits)),
+            Err(e) => {
+                tracing::debug!("no standby cgroups: {e}");
+                None
+            }
+        }
+    }
+
+    /// The run's cgroups: the standby ones its init has joined, renamed and
+    /// given the run's limits, or new ones (then standby ones the init may
+    /// still be joining end with them). The bool: whether init is in them already.
+    fn run_cgroups(
+        &self,
+        spec: &SandboxSpec,
+        standby: &mut Option<Standby>,
+    ) -> Result<Option<(cgroup::RunCgroups, bool)>, SandboxError> {
+        let limits = cgroup::Limits {
+            memory_mb: spec.memory_mb,
+            cpus: spec.cpus,
+            pids_max: spec.pids_max,
+        };
+        if let Ok(mut l) = self.last_limits.lock() {
+            *l = Some(limits);
+        }
+        let mut spare = None;
+        if let Some(s) = standby.as_mut()
+            && let Some((mut c, made_with)) = s.cgroups.take()
+        {
+            let pid = s.init.id().map_or(0, |p| p as i32);
+            if c.holds(pid) {
+                match c.adopt(&spec.run_id, made_with, limits) {
+                    Ok(()) => return Ok(Some((c, true))),
+                    Err(e) => {
+                        // Its init is in them under whatever names they reached.
+                        tracing::debug!("standby cgroups not adopted: {e}");
+                        if let Some(s) = standby.take() {
+                            s.discard();
+                        }
+                        c.remove(Duration::from_millis(500));
+                    }
+                }
+            } else {
+                spare = Some(c);
+            }
+        }
+        let made = match self.layout() {
+            Some(layout) => match cgroup::RunCgroups::create(layout, &spec.run_id, limits) {
+                Ok(c) => Some(c),
+                Err(e) if self.require_limits => {
+                    if let Some(s) = standby.take() {
+                        s.discard();
+                    }
+                    if let Some(c) = spare {
+                        c.remove(Duration::from_millis(500));
+                    }
+                    return Err(SandboxError::Setup(format!("resource limits: {e}")));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "the namespace sandbox runs WITHOUT memory/CPU/pids limits: {e}"
+                    );
+                    None
+                }
+            },
+            None if self.require_limits => {
+                return Err(SandboxError::Setup(
+                    cgroup::CgroupError::NoHierarchy.to_string(),
+                ));
+            }
+            None => {
+                tracing::warn!(
+                    "the namespace sandbox runs WITHOUT memory/CPU/pids limits: {}",
+                    cgroup::CgroupError::NoHierarchy
+                );
+                None
+            }
+        };
+        Ok(match (made, spare) {
+            (Some(mut c), Some(s)) => {
+                c.absorb(s);
+                Some((c, false))
+            }
+            (Some(c), None) => Some((c, false)),
+            // Limits are not required and none could be made: neither is
+            // the init that was to join the standby ones.
+            (None, Some(c)) => {
+                if let Some(s) = standby.take() {
+                    s.discard();
+                }
+                c.remove(Duration::from_millis(500));
+                None
+            }
+            (None, None) => None,
+        })
     }
 }
 
@@ -202,52 +360,22 @@ impl Backend for NamespaceBackend {
         for p in &spec.ro_paths {
             readable_by(p, ids)?;
         }
-        let cgroups = match cgroup::layout() {
-            Some(layout) => {
-                let limits = cgroup::Limits {
-                    memory_mb: spec.memory_mb,
-                    cpus: spec.cpus,
-                    pids_max: spec.pids_max,
-                };
-                match cgroup::RunCgroups::create(&layout, &spec.run_id, limits) {
-                    Ok(c) => Some(c),
-                    Err(e) if self.require_limits => {
-                        return Err(SandboxError::Setup(format!("resource limits: {e}")));
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "the namespace sandbox runs WITHOUT memory/CPU/pids limits: {e}"
-                        );
-                        None
-                    }
-                }
-            }
-            None if self.require_limits => {
-                return Err(SandboxError::Setup(
-                    cgroup::CgroupError::NoHierarchy.to_string(),
-                ));
-            }
-            None => {
-                tracing::warn!(
-                    "the namespace sandbox runs WITHOUT memory/CPU/pids limits: {}",
-                    cgroup::CgroupError::NoHierarchy
-                );
-                None
-            }
-        };
-        let cgroups = cgroups.map(Arc::new);
-        let joins = cgroups.as_ref().map(|c| c.joins()).unwrap_or_default();
         let me = rustix::process::getpid().as_raw_nonzero().get();
-        let cfg = match InitConfig::from_spec(spec, me, joins) {
-            Ok(c) => c,
-            Err(e) => {
-                if let Some(c) = &cgroups {
-                    c.remove(Duration::from_millis(100));
-                }
-                return Err(SandboxError::Setup(e.to_string()));
+        // Checked before anything is taken or made: a refused spec costs nothing.
+        let mut cfg = InitConfig::from_spec(spec, me, vec![])
+            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let mut standby = self.take_standby();
+        let cgroups = self.run_cgroups(spec, &mut standby)?;
+        let cgroups = cgroups.map(|(c, joined)| {
+            if !joined {
+                cfg.cgroups = c.joins();
             }
-        };
-        let child = match self.take_standby().map_or_else(|| self.start_init(), Ok) {
+            Arc::new(c)
+        });
+        let child = match standby
+            .map(|s| s.init)
+            .map_or_else(|| self.start_init(), Ok)
+        {
             Ok(c) => c,
             Err(e) => {
                 if let Some(c) = &cgroups {
@@ -284,18 +412,40 @@ impl Backend for NamespaceBackend {
         let Ok(mut slot) = self.standby.lock() else {
             return;
         };
-        if let Some(init) = slot.as_mut()
-            && matches!(init.try_wait(), Ok(None))
+        if let Some(s) = slot.as_mut()
+            && matches!(s.init.try_wait(), Ok(None))
         {
             return;
         }
-        *slot = match self.start_init() {
-            Ok(init) => Some(init),
+        if let Some(dead) = slot.take() {
+            dead.discard();
+        }
+        let mut init = match self.start_init() {
+            Ok(init) => init,
             Err(e) => {
                 // The spawn will try again, and say why if it fails too.
                 tracing::debug!("cannot start a sandbox init ahead: {e}");
-                None
+                return;
             }
         };
+        let mut cgroups = self.standby_cgroups_now();
+        if let Some((c, _)) = &cgroups {
+            let head = config::Header::Standby { cgroups: c.joins() }.encode();
+            // A few hundred bytes into an empty pipe: all or nothing.
+            let sent = init
+                .stdin
+                .as_ref()
+                .map(|w| rustix::io::write(w, &head).ok() == Some(head.len()))
+                .unwrap_or(false);
+            if !sent {
+                tracing::debug!("cannot hand standby cgroups to the init started ahead");
+                let _ = init.start_kill();
+                if let Some((c, _)) = cgroups.take() {
+                    c.remove(Duration::from_millis(500));
+                }
+                return;
+            }
+        }
+        *slot = Some(Standby { init, cgroups });
     }
 }

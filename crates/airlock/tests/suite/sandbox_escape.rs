@@ -643,8 +643,16 @@ async fn an_init_started_ahead_holds_nothing_serves_one_run_and_dies_with_its_ba
     // platform's own uid (a run's uid comes with the run's header).
     let environ = std::fs::read(format!("/proc/{first}/environ")).unwrap();
     assert!(environ.is_empty(), "{}", String::from_utf8_lossy(&environ));
+    // Its only cgroups of Airlock's are standby ones (cgroup v1: made ahead
+    // for whichever run takes it; it may not have joined them yet).
     let cgroups = std::fs::read_to_string(format!("/proc/{first}/cgroup")).unwrap();
-    assert!(!cgroups.contains("airlock-"), "{cgroups}");
+    assert!(
+        cgroups
+            .lines()
+            .filter(|l| l.contains("airlock-"))
+            .all(|l| l.contains("/airlock/airlock-standby-")),
+        "{cgroups}"
+    );
     let status = std::fs::read_to_string(format!("/proc/{first}/status")).unwrap();
     let uid = rustix::process::getuid().as_raw();
     assert!(
@@ -677,13 +685,195 @@ async fn an_init_started_ahead_holds_nothing_serves_one_run_and_dies_with_its_ba
     b.prepare();
     let next = b.standby_pid().unwrap();
     assert!(next != first && next != cold);
-    // It dies with its backend (and, like every init, with the platform).
+    // It dies with its backend (and, like every init, with the platform),
+    // and its standby cgroups go with it.
     let fd = crate::support::pidfd(next).expect("the init started ahead is alive");
+    let standby_dirs = b.standby_cgroups();
     drop(b);
     assert!(
         crate::support::exits_within(&fd, Duration::from_secs(10)),
         "the init started ahead outlived its backend"
     );
+    for d in &standby_dirs {
+        assert!(!d.exists(), "{} outlived its backend", d.display());
+    }
+}
+
+/// Waits until the init started ahead is in its standby cgroups (cgroup v1);
+/// returns them (empty where there are none).
+fn standby_joined(b: &NamespaceBackend) -> Vec<PathBuf> {
+    let dirs = b.standby_cgroups();
+    let pid = b.standby_pid().expect("an init waits").to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for d in &dirs {
+        while !std::fs::read_to_string(d.join("tasks"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.trim() == pid)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the init started ahead never joined {}",
+                d.display()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    dirs
+}
+
+fn limit(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join(file).display()))
+        .trim()
+        .to_string()
+}
+
+/// Forks up to `n` sleeping children (after touching `mb` MiB) and exits
+/// with how many it got.
+fn forker(n: u32, mb: u32) -> Vec<String> {
+    let script = format!(
+        "import os,sys,time\nb=b'x'*({mb}<<20)\nn=0\ntry:\n    while n<{n}:\n        p=os.fork()\n        if p==0:\n            time.sleep(30); os._exit(0)\n        n+=1\nexcept OSError:\n    pass\nsys.exit(n)"
+    );
+    vec!["/usr/bin/python3".into(), "-c".into(), script]
+}
+
+/// The run that takes an init started ahead takes its standby cgroups too,
+/// made with the last run's limits: it must get its own, whichever way
+/// they differ (tighter, looser, none).
+#[tokio::test]
+async fn a_run_from_an_init_started_ahead_has_its_own_limits_not_the_last_runs() {
+    let Some(b) = backend() else { return };
+    if let Err(why) = airlock_sandbox::namespace::cgroup::probe() {
+        assert!(std::env::var_os("CI").is_none(), "cgroups under CI: {why}");
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    // A generous run first: the next standby cgroups are made with its limits.
+    let mut generous = spec(vec!["/bin/true".into()]);
+    generous.spec.memory_mb = 512;
+    generous.spec.pids_max = 256;
+    generous.spec.cpus = 2.0;
+    assert!(run(&b, &generous.spec).await.status.success());
+
+    b.prepare();
+    let standby = standby_joined(&b);
+    let v1 = !standby.is_empty();
+    if v1 {
+        let mem = standby
+            .iter()
+            .find(|d| d.starts_with("/sys/fs/cgroup/memory"))
+            .unwrap();
+        assert_eq!(
+            limit(mem, "memory.limit_in_bytes"),
+            (512u64 << 20).to_string()
+        );
+    }
+    // A tight run takes it: the attacker forks as much as it can.
+    let mut tight = spec(forker(100, 0));
+    tight.spec.memory_mb = 64;
+    tight.spec.pids_max = 16;
+    tight.spec.cpus = 0.5;
+    let ahead = b.standby_pid().unwrap();
+    let mut sb = b.spawn(&tight.spec).unwrap();
+    assert_eq!(sb.pid, ahead, "the run took the init started ahead");
+    let dirs = cgroup_dirs(&tight.spec.run_id);
+    assert!(!dirs.is_empty(), "the run's cgroups bear its name");
+    let st = sb.wait().await.unwrap();
+    let forked = st.code().unwrap();
+    assert!(
+        (1..16).contains(&forked),
+        "forked {forked} times under pids.max 16"
+    );
+    for d in &dirs {
+        let path = d.display().to_string();
+        if path.contains("/memory/") {
+            assert_eq!(limit(d, "memory.limit_in_bytes"), (64u64 << 20).to_string());
+        } else if path.contains("/pids/") {
+            assert_eq!(limit(d, "pids.max"), "16");
+        } else if path.contains("/cpu/") {
+            assert_eq!(limit(d, "cpu.cfs_quota_us"), "50000");
+        }
+    }
+    sb.cleanup().await;
+    assert!(cgroup_dirs(&tight.spec.run_id).is_empty());
+    for d in &standby {
+        assert!(!d.exists(), "{} was renamed to the run's", d.display());
+    }
+
+    // A run without limits takes cgroups made with the tight ones: it may
+    // touch 200 MiB and fork past 16.
+    b.prepare();
+    standby_joined(&b);
+    let mut free = spec(forker(40, 200));
+    free.spec.memory_mb = 0;
+    free.spec.pids_max = 0;
+    free.spec.cpus = 0.0;
+    let mut sb = b.spawn(&free.spec).unwrap();
+    let dirs = cgroup_dirs(&free.spec.run_id);
+    let st = sb.wait().await.unwrap();
+    assert_eq!(st.code(), Some(40), "{st}");
+    for d in &dirs {
+        let path = d.display().to_string();
+        if path.contains("/pids/") {
+            assert_eq!(limit(d, "pids.max"), "max");
+        } else if path.contains("/cpu/") {
+            assert_eq!(limit(d, "cpu.cfs_quota_us"), "-1");
+        }
+    }
+    sb.cleanup().await;
+
+    // And a tight one again after it: bounded again.
+    b.prepare();
+    standby_joined(&b);
+    let mut again = spec(forker(100, 0));
+    again.spec.pids_max = 8;
+    let o = run(&b, &again.spec).await;
+    let forked = o.status.code().unwrap();
+    assert!(
+        (1..8).contains(&forked),
+        "forked {forked} times under pids.max 8"
+    );
+    assert!(cgroup_dirs(&again.spec.run_id).is_empty());
+}
+
+/// A spawn may come before the init started ahead has joined its standby
+/// cgroups (prepare and spawn back to back), or after it died: either way
+/// the run is in its own cgroups and nothing is left.
+#[tokio::test]
+async fn an_init_started_ahead_is_usable_however_early_or_dead_and_leaves_nothing() {
+    let Some(b) = backend() else { return };
+    let mut all_standby = vec![];
+    for i in 0..10 {
+        b.prepare();
+        all_standby.extend(b.standby_cgroups());
+        let r = spec(vec!["/bin/sh".into(), "-c".into(), format!("echo {i}")]);
+        let o = run(&b, &r.spec).await;
+        assert!(o.status.success(), "{}", o.stderr);
+        assert_eq!(o.stdout.trim(), i.to_string());
+        assert!(cgroup_dirs(&r.spec.run_id).is_empty());
+    }
+    // The init started ahead is killed before its run comes.
+    b.prepare();
+    let dead = standby_joined(&b);
+    all_standby.extend(dead.iter().cloned());
+    let pid = b.standby_pid().unwrap();
+    let fd = crate::support::pidfd(pid).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    assert!(crate::support::exits_within(&fd, Duration::from_secs(10)));
+    let r = spec(vec!["/bin/sh".into(), "-c".into(), "echo cold".into()]);
+    let sb = b.spawn(&r.spec).unwrap();
+    assert_ne!(sb.pid, pid, "a dead init is not used");
+    let o = finish_sandbox(sb, Duration::from_secs(60)).await;
+    assert_eq!(o.stdout.trim(), "cold", "{}", o.stderr);
+    assert!(cgroup_dirs(&r.spec.run_id).is_empty());
+    for d in &all_standby {
+        assert!(!d.exists(), "{} was left behind", d.display());
+    }
 }
 
 #[tokio::test]
