@@ -317,7 +317,11 @@ async fn main() {
     let wall = t.elapsed();
     let mine: Vec<_> = airlock_sandbox::namespace::cgroup::leftovers()
         .into_iter()
-        .filter(|l| l.name.contains(&format!("bench{}-", std::process::id())))
+        .filter(|l| {
+            let me = std::process::id();
+            l.name.contains(&format!("bench{me}-"))
+                || l.name.starts_with(&format!("airlock-standby-{me}-"))
+        })
         .collect();
     let inits = std::fs::read_dir("/proc")
         .unwrap()

@@ -34,6 +34,8 @@ const OLD: &str = "/oldroot";
 const BASE: &str = "/tmp";
 /// Where the writable tmpfs is mounted while its three views are bound.
 const RW: &str = "/.rw";
+/// The masks' sources while they are bound ([`Masks`]).
+const MASKS: &str = "/.masks";
 
 pub const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
@@ -77,7 +79,7 @@ pub const PROC_MASKED_FILES: &[&str] = &[
     "/proc/ioports",
     "/proc/modules",
 ];
-/// Directories of kernel information, each replaced by an empty read-only tmpfs.
+/// Directories of kernel information, each replaced by an empty read-only directory.
 pub const PROC_MASKED_DIRS: &[&str] = &[
     "/proc/acpi",
     "/proc/asound",
@@ -117,13 +119,48 @@ fn old(p: &Path) -> PathBuf {
     Path::new(OLD).join(p.strip_prefix("/").unwrap_or(p))
 }
 
-/// Binds `source` at `target` (a file over an empty file, a directory over
-/// a directory) with `attrs`.
-fn mask(sys: &mut impl Sys, source: &Path, target: &Path, attrs: u64) -> Result<(), PlanError> {
-    sys.bind(source, target)
-        .step(|| format!("mask {}", target.display()))?;
-    sys.set_attrs(target, attrs, false)
-        .step(|| format!("mask {}", target.display()))
+/// What a mask is bound from, made once per sandbox on a small read-only
+/// tmpfs at [`MASKS`]: the host's `/dev/null` (read-only, nosuid, nodev, so
+/// it opens to nothing) and two empty directories (modes 0700 and 0555).
+/// A bind takes its source mount's flags, so each mask is one bind, not a
+/// bind and a `mount_setattr` (or a tmpfs of its own and one) per path.
+struct Masks {
+    null: PathBuf,
+    private_dir: PathBuf,
+    empty_dir: PathBuf,
+}
+
+impl Masks {
+    fn make(sys: &mut impl Sys, host_null: &Path, ro: u64) -> Result<Masks, PlanError> {
+        let root = Path::new(MASKS);
+        let m = Masks {
+            null: root.join("null"),
+            private_dir: root.join("d700"),
+            empty_dir: root.join("d555"),
+        };
+        sys.mkdir_all(root).step(|| "mkdir /.masks".into())?;
+        sys.mount_tmpfs(root, 1, Some(16), 0o755, ATTR_NOSUID | ATTR_NODEV)
+            .step(|| "tmpfs /.masks".into())?;
+        sys.touch(&m.null).step(|| "create /.masks/null".into())?;
+        for (d, mode) in [(&m.private_dir, 0o700), (&m.empty_dir, 0o555)] {
+            sys.mkdir_all(d).step(|| format!("mkdir {}", d.display()))?;
+            sys.chmod(d, mode)
+                .step(|| format!("chmod {}", d.display()))?;
+        }
+        sys.set_attrs(root, ro, false)
+            .step(|| "read-only /.masks".into())?;
+        sys.bind(host_null, &m.null)
+            .step(|| "bind /.masks/null".into())?;
+        sys.set_attrs(&m.null, ro, false)
+            .step(|| "read-only /.masks/null".into())?;
+        Ok(m)
+    }
+
+    /// Binds `source` (one of the masks) over `target`.
+    fn over(sys: &mut impl Sys, source: &Path, target: &Path) -> Result<(), PlanError> {
+        sys.bind(source, target)
+            .step(|| format!("mask {}", target.display()))
+    }
 }
 
 /// Copies of the host paths a root platform shares with the sandbox (the
@@ -202,11 +239,11 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
             Kind::File | Kind::Missing => {}
         }
     }
-    let host_null = old(Path::new("/dev/null"));
+    let masks = Masks::make(sys, &old(Path::new("/dev/null")), ro)?;
     for f in MASKED_FILES {
         let f = Path::new(f);
         if sys.kind(&old(f)) == Kind::File {
-            mask(sys, &host_null, f, ro)?;
+            Masks::over(sys, &masks.null, f)?;
         }
     }
     let mut masked_dirs: Vec<PathBuf> = MASKED_DIRS.iter().map(PathBuf::from).collect();
@@ -215,16 +252,13 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
         for e in keys.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("ssh_host_") && name.ends_with("_key") {
-                mask(sys, &host_null, &Path::new("/etc/ssh").join(name), ro)?;
+                Masks::over(sys, &masks.null, &Path::new("/etc/ssh").join(name))?;
             }
         }
     }
     masked_dirs.retain(|d| sys.kind(&old(d)) == Kind::Dir);
     for d in &masked_dirs {
-        sys.mount_tmpfs(d, 1, Some(16), 0o700, ro)
-            .step(|| format!("mask {}", d.display()))?;
-        sys.set_attrs(d, ro, false)
-            .step(|| format!("mask {}", d.display()))?;
+        Masks::over(sys, &masks.private_dir, d)?;
     }
 
     // The one writable tmpfs, and its three views.
@@ -304,16 +338,13 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
     for f in PROC_MASKED_FILES {
         let f = Path::new(f);
         if sys.kind(f) == Kind::File {
-            mask(sys, &host_null, f, ro)?;
+            Masks::over(sys, &masks.null, f)?;
         }
     }
     for d in PROC_MASKED_DIRS {
         let d = Path::new(d);
         if sys.kind(d) == Kind::Dir {
-            sys.mount_tmpfs(d, 1, Some(16), 0o555, ro)
-                .step(|| format!("mask {}", d.display()))?;
-            sys.set_attrs(d, ro, false)
-                .step(|| format!("mask {}", d.display()))?;
+            Masks::over(sys, &masks.empty_dir, d)?;
         }
     }
 
@@ -381,6 +412,10 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
     sys.rmdir(Path::new(OLD)).step(|| "rmdir oldroot".into())?;
     sys.detach(rw).step(|| "detach /.rw".into())?;
     sys.rmdir(rw).step(|| "rmdir /.rw".into())?;
+    sys.detach(Path::new(MASKS))
+        .step(|| "detach /.masks".into())?;
+    sys.rmdir(Path::new(MASKS))
+        .step(|| "rmdir /.masks".into())?;
     sys.set_attrs(Path::new("/"), ro, false)
         .step(|| "read-only /".into())?;
     sys.chdir(&cfg.workspace)
@@ -566,8 +601,26 @@ mod tests {
                 .any(|o| o.contains("/sbin") || o.contains("/lib32")),
             "absent host dirs are skipped"
         );
-        // secrets masked
-        assert!(pos(ops, "bind /oldroot/dev/null /etc/shadow") < pos(ops, "attrs /etc/shadow 7"));
+        // secrets masked: one bind each, from a source already read-only
+        // (rdonly|nosuid|nodev: a bind takes its source mount's flags)
+        let null_ro = pos(ops, "attrs /.masks/null 7");
+        assert!(pos(ops, "bind /oldroot/dev/null /.masks/null") < null_ro);
+        assert!(pos(ops, "attrs /.masks 7") < null_ro);
+        assert!(null_ro < pos(ops, "bind /.masks/null /etc/shadow"));
+        pos(ops, "chmod /.masks/d700 700");
+        pos(ops, "chmod /.masks/d555 555");
+        let masks_ro = pos(ops, "attrs /.masks 7");
+        for (i, o) in ops.iter().enumerate() {
+            if o.starts_with("bind /.masks/") {
+                assert!(
+                    i > null_ro && i > masks_ro,
+                    "{o} before its source is read-only"
+                );
+            }
+            if o.starts_with("touch /.masks") || o.starts_with("mkdir /.masks/") {
+                assert!(i < masks_ro, "{o} after /.masks is read-only");
+            }
+        }
         // ONE capped tmpfs takes every write: workspace, /tmp and /dev/shm are views of it
         let rw = pos(ops, "tmpfs /.rw 16m 4096i 755 6");
         pos(ops, "chmod /.rw/tmp 1777");
@@ -598,10 +651,10 @@ mod tests {
             "/proc/kcore",
             "/proc/slabinfo",
         ] {
-            let b = pos(ops, &format!("bind /oldroot/dev/null {f}"));
-            assert!(pos(ops, "proc /proc") < b && b < pos(ops, &format!("attrs {f} 7")));
+            let b = pos(ops, &format!("bind /.masks/null {f}"));
+            assert!(pos(ops, "proc /proc") < b);
         }
-        pos(ops, "tmpfs /proc/acpi 1m 16i 555 7");
+        assert!(pos(ops, "proc /proc") < pos(ops, "bind /.masks/d555 /proc/acpi"));
         // the sockets: read-only (and noexec) at the fixed path, never the run directory
         let socks = pos(
             ops,
@@ -620,12 +673,14 @@ mod tests {
         // the end: host gone, staging mount gone, root read-only, in the workspace
         let n = ops.len();
         assert_eq!(
-            &ops[n - 6..],
+            &ops[n - 8..],
             [
                 "detach /oldroot",
                 "rmdir /oldroot",
                 "detach /.rw",
                 "rmdir /.rw",
+                "detach /.masks",
+                "rmdir /.masks",
                 "attrs / 7",
                 "chdir /workspace"
             ]

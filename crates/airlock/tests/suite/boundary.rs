@@ -536,6 +536,19 @@ fn foreign_socket_families_kernel_information_and_pid1_are_closed() {
     }
     assert!(r["proc_self_status"]["bytes"].as_u64().unwrap() > 0, "{r}");
     assert!(r["proc_meminfo"]["bytes"].as_u64().unwrap() > 0, "{r}");
+    // The host's secrets in /etc: masked, each by a read-only mount of its own.
+    for (host, key, chr) in [
+        ("/etc/shadow", "etc_shadow", true),
+        ("/etc/gshadow", "etc_gshadow", true),
+        ("/etc/ssl/private", "etc_ssl_private", false),
+    ] {
+        if std::path::Path::new(host).exists() {
+            let m = &r[key];
+            assert_eq!(m["own_mount"], true, "{host} must be masked: {r}");
+            assert_eq!(m["chr"], chr, "{host}: {r}");
+            assert!(m["write"].is_i64(), "{host} must refuse writes: {r}");
+        }
+    }
     for k in ["pid1_mem", "pid1_environ", "pid1_fd", "pid1_maps"] {
         assert!(r[k].is_i64(), "{k}: PID 1 must not be readable: {r}");
     }
