@@ -536,6 +536,17 @@ fn foreign_socket_families_kernel_information_and_pid1_are_closed() {
     }
     assert!(r["proc_self_status"]["bytes"].as_u64().unwrap() > 0, "{r}");
     assert!(r["proc_meminfo"]["bytes"].as_u64().unwrap() > 0, "{r}");
+    // System calls by number: clone3 and the x32 range fail as absent (so
+    // libc falls back to clone, whose flags seccomp checks), the deny list
+    // with EPERM, before the kernel looks at their arguments.
+    if cfg!(target_arch = "x86_64") {
+        const ENOSYS: i64 = 38;
+        assert_eq!(r["sys_clone3"], json!(ENOSYS), "{r}");
+        assert_eq!(r["sys_x32_getpid"], json!(ENOSYS), "{r}");
+        assert_eq!(r["sys_io_uring_setup"], json!(EPERM), "{r}");
+        assert_eq!(r["sys_keyctl"], json!(EPERM), "{r}");
+        assert!(r["sys_getpid"]["returned"].as_i64().unwrap() > 0, "{r}");
+    }
     // The host's secrets in /etc: masked, each by a read-only mount of its own.
     for (host, key, chr) in [
         ("/etc/shadow", "etc_shadow", true),
