@@ -1239,6 +1239,14 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             tracing::info!("reclaimed {} cgroup(s) of crashed runs", cgroups.len());
         }
     }
+    // And those made ahead for the next run of a platform that is gone.
+    let standby = airlock_sandbox::namespace::cgroup::reclaim_standby();
+    if !standby.is_empty() {
+        tracing::info!(
+            "removed {} standby cgroup(s) of stopped platforms",
+            standby.len()
+        );
+    }
     Ok(reclaimed)
 }
 

@@ -569,6 +569,43 @@ pub fn reclaim_matching(select: impl Fn(&str) -> bool) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Removes the standby cgroups ([`RunCgroups::create_standby`]) of
+/// platforms that are gone (`airlock-standby-<pid>-<n>` with no process
+/// `<pid>`): they belong to no run, so no run's reclaim finds them. One whose
+/// init somehow lives is kept (the kernel refuses to remove a populated
+/// cgroup). Returns what was removed.
+pub fn reclaim_standby() -> Vec<PathBuf> {
+    let Some(layout) = layout() else {
+        return vec![];
+    };
+    let mut removed = vec![];
+    for parent in layout.parents() {
+        let Ok(rd) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let Some(tag) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(PREFIX))
+                .and_then(|n| n.strip_prefix(STANDBY))
+            else {
+                continue;
+            };
+            let Some(pid) = tag
+                .split_once('-')
+                .and_then(|(pid, _)| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() && fs::remove_dir(e.path()).is_ok() {
+                removed.push(e.path());
+            }
+        }
+    }
+    removed
+}
+
 /// Whether run cgroups can be created here, and why not.
 pub fn probe() -> Result<Layout, String> {
     let Some(layout) = layout() else {

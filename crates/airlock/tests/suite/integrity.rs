@@ -283,6 +283,7 @@ fn the_init_a_waiting_platform_started_ahead_dies_with_it() {
     let inits = support::inits_of(waiter.id());
     assert_eq!(inits.len(), 1, "one init started ahead: {inits:?}");
     let fd = support::pidfd(inits[0]).expect("it is alive");
+    let waiter_pid = waiter.id();
     waiter.kill().unwrap();
     waiter.wait().unwrap();
     assert!(
@@ -291,6 +292,42 @@ fn the_init_a_waiting_platform_started_ahead_dies_with_it() {
     );
     holder.kill().unwrap();
     holder.wait().unwrap();
+    // Both crashed: the holder left its run (and its cgroups), the waiter
+    // the standby cgroups it made for its init (cgroup v1). The next
+    // platform on this home reclaims both.
+    let airlock_cgroups = || -> Vec<String> {
+        let mut v = vec![];
+        for h in ["memory", "pids", "cpu", "unified", ""] {
+            let dir = std::path::Path::new("/sys/fs/cgroup")
+                .join(h)
+                .join("airlock");
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                v.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        v
+    };
+    let standby = format!("airlock-standby-{waiter_pid}-");
+    std::fs::write(run.agent_dir.join("agent.py"), "print('next')\n").unwrap();
+    let (out, report) = run.run("namespace");
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = run.airlock(&["runs", "list", "--limit", "10"]);
+    let ids: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 2, "the crashed run and the next: {ids:?}");
+    let left: Vec<String> = airlock_cgroups()
+        .into_iter()
+        .filter(|n| n.starts_with(&standby) || ids.iter().any(|id| n == &format!("airlock-{id}")))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[test]

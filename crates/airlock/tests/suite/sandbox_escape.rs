@@ -876,6 +876,47 @@ async fn an_init_started_ahead_is_usable_however_early_or_dead_and_leaves_nothin
     }
 }
 
+/// Standby cgroups of a platform that died (its init died with it) are
+/// removed at the next boot; a live platform's are not.
+#[tokio::test]
+async fn standby_cgroups_of_a_gone_platform_are_reclaimed_and_a_live_ones_kept() {
+    let Some(_b) = backend() else { return };
+    let Ok(layout) = airlock_sandbox::namespace::cgroup::probe() else {
+        assert!(std::env::var_os("CI").is_none(), "cgroups under CI");
+        eprintln!("SKIPPED: cgroups not writable");
+        return;
+    };
+    // A pid that was a process and is gone (reaped).
+    let mut gone = std::process::Command::new("/bin/true").spawn().unwrap();
+    let dead_pid = gone.id();
+    gone.wait().unwrap();
+    let seq = SEQ.fetch_add(1, Ordering::SeqCst);
+    let make = |pid: u32| {
+        airlock_sandbox::namespace::cgroup::RunCgroups::create_standby(
+            &layout,
+            &format!("{pid}-{seq}"),
+            None,
+        )
+        .unwrap()
+    };
+    let (Some(dead), Some(live)) = (make(dead_pid), make(std::process::id())) else {
+        eprintln!("cgroup v2: no standby cgroups to reclaim");
+        return;
+    };
+    let removed = airlock_sandbox::namespace::cgroup::reclaim_standby();
+    for d in &dead.dirs {
+        assert!(
+            !d.exists(),
+            "{} outlived its platform: {removed:?}",
+            d.display()
+        );
+    }
+    for d in &live.dirs {
+        assert!(d.exists(), "{} of a live platform was removed", d.display());
+    }
+    live.remove(Duration::from_secs(1));
+}
+
 #[tokio::test]
 async fn leftover_cgroups_are_reclaimed_only_when_dead() {
     let Some(_b) = backend() else { return };
