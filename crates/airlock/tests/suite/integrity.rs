@@ -20,6 +20,16 @@ fn backends() -> Vec<&'static str> {
     v
 }
 
+/// The ids of the (at most 10 latest) runs of `run`'s home, from `runs list`.
+fn run_ids(run: &RealRun) -> Vec<String> {
+    let list = run.airlock(&["runs", "list", "--limit", "10"]);
+    String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
 #[test]
 fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
     for backend in backends() {
@@ -229,12 +239,7 @@ fn max_concurrent_runs_holds_across_platforms_sharing_a_store() {
     }
     assert!(waited >= 2, "the queued runs said so: {waited}");
     // From the store: never more than two running at once.
-    let list = run.airlock(&["runs", "list", "--limit", "10"]);
-    let ids: Vec<String> = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .collect();
+    let ids = run_ids(&run);
     assert_eq!(ids.len(), 4);
     let mut spans = vec![];
     for id in &ids {
@@ -316,12 +321,7 @@ fn the_init_a_waiting_platform_started_ahead_dies_with_it() {
         "{report} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let list = run.airlock(&["runs", "list", "--limit", "10"]);
-    let ids: Vec<String> = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .collect();
+    let ids = run_ids(&run);
     assert_eq!(ids.len(), 2, "the crashed run and the next: {ids:?}");
     let left: Vec<String> = airlock_cgroups()
         .into_iter()
