@@ -173,6 +173,8 @@ pub struct RunCgroups {
     ctrls: Vec<String>,
     /// Directories ended with these ([`RunCgroups::absorb`]).
     spare: Vec<PathBuf>,
+    /// The limits written to them (`None`: none yet).
+    limits: Option<Limits>,
     v2: bool,
 }
 
@@ -272,6 +274,7 @@ impl RunCgroups {
             dirs: vec![],
             ctrls: vec![],
             spare: vec![],
+            limits,
             v2: matches!(layout, Layout::V2(_)),
         };
         let r = (|| {
@@ -329,15 +332,10 @@ impl RunCgroups {
 
     /// Gives standby cgroups ([`RunCgroups::create_standby`]) to the run
     /// `run_id`: renames them `airlock-<runId>` and sets its limits, writing
-    /// only those that differ from `made_with`, all before the run's header
+    /// only those that differ from what they have, all before the run's header
     /// leaves. On an error the directories keep the names they reached
     /// (in `dirs`), for [`RunCgroups::remove`].
-    pub fn adopt(
-        &mut self,
-        run_id: &str,
-        made_with: Option<Limits>,
-        limits: Limits,
-    ) -> Result<(), CgroupError> {
+    pub fn adopt(&mut self, run_id: &str, limits: Limits) -> Result<(), CgroupError> {
         if self.v2 || self.ctrls.len() != self.dirs.len() {
             return Err(CgroupError::NotStandby);
         }
@@ -350,10 +348,11 @@ impl RunCgroups {
             fs::rename(&self.dirs[i], &to).map_err(io_at(&self.dirs[i]))?;
             self.dirs[i] = to;
         }
-        let was = made_with.unwrap_or(Limits::NONE);
+        let was = self.limits.unwrap_or(Limits::NONE);
         for (ctrl, dir) in self.ctrls.iter().zip(&self.dirs) {
             set_v1_limits(ctrl, dir, limits, was)?;
         }
+        self.limits = Some(limits);
         Ok(())
     }
 
@@ -655,6 +654,7 @@ mod tests {
             dirs: vec!["/m/airlock/airlock-r".into(), "/p/airlock/airlock-r".into()],
             ctrls: vec!["memory".into(), "pids".into()],
             spare: vec![],
+            limits: None,
             v2: false,
         };
         assert_eq!(
@@ -668,6 +668,7 @@ mod tests {
             dirs: vec!["/u/airlock/airlock-r".into()],
             ctrls: vec![],
             spare: vec![],
+            limits: None,
             v2: true,
         };
         assert_eq!(

@@ -47,10 +47,10 @@ pub struct NamespaceBackend {
 }
 
 /// An init started ahead and, on cgroup v1, the standby cgroups it was
-/// given to join while it waits, with the limits they were made with.
+/// given to join while it waits.
 struct Standby {
     init: tokio::process::Child,
-    cgroups: Option<(cgroup::RunCgroups, Option<cgroup::Limits>)>,
+    cgroups: Option<cgroup::RunCgroups>,
 }
 
 impl Standby {
@@ -58,9 +58,20 @@ impl Standby {
     /// kernel to let it go).
     fn discard(mut self) {
         let _ = self.init.start_kill();
-        if let Some((c, _)) = self.cgroups.take() {
+        if let Some(c) = self.cgroups.take() {
             c.remove(Duration::from_millis(500));
         }
+    }
+}
+
+/// Gives up the standby taken for a spawn, and `cgroups`, taken out of it.
+fn give_up(standby: &mut Option<Standby>, cgroups: cgroup::RunCgroups) {
+    match standby.take() {
+        Some(mut s) => {
+            s.cgroups = Some(cgroups);
+            s.discard();
+        }
+        None => cgroups.remove(Duration::from_millis(500)),
     }
 }
 
@@ -114,7 +125,7 @@ impl NamespaceBackend {
         };
         slot.as_ref()
             .and_then(|s| s.cgroups.as_ref())
-            .map(|(c, _)| c.dirs.clone())
+            .map(|c| c.dirs.clone())
             .unwrap_or_default()
     }
 
@@ -135,7 +146,7 @@ impl NamespaceBackend {
 
     /// Cgroups for the next run, made before it is known (cgroup v1), with
     /// the last run's limits; `None` where they cannot be.
-    fn standby_cgroups_now(&self) -> Option<(cgroup::RunCgroups, Option<cgroup::Limits>)> {
+    fn standby_cgroups_now(&self) -> Option<cgroup::RunCgroups> {
         let layout = self.layout()?;
         let limits = self.last_limits.lock().ok().and_then(|l| *l);
         // Unique on this host: this process's PID, and a count shared by
@@ -144,7 +155,7 @@ impl NamespaceBackend {
         let n = STANDBYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tag = format!("{}-{n}", std::process::id());
         match cgroup::RunCgroups::create_standby(layout, &tag, limits) {
-            Ok(c) => c.map(|c| (c, limits)),
+            Ok(c) => c,
             Err(e) => {
                 tracing::debug!("no standby cgroups: {e}");
                 None
@@ -170,19 +181,16 @@ impl NamespaceBackend {
         }
         let mut spare = None;
         if let Some(s) = standby.as_mut()
-            && let Some((mut c, made_with)) = s.cgroups.take()
+            && let Some(mut c) = s.cgroups.take()
         {
             let pid = s.init.id().map_or(0, |p| p as i32);
             if c.holds(pid) {
-                match c.adopt(&spec.run_id, made_with, limits) {
+                match c.adopt(&spec.run_id, limits) {
                     Ok(()) => return Ok(Some((c, true))),
                     Err(e) => {
                         // Its init is in them under whatever names they reached.
                         tracing::debug!("standby cgroups not adopted: {e}");
-                        if let Some(s) = standby.take() {
-                            s.discard();
-                        }
-                        c.remove(Duration::from_millis(500));
+                        give_up(standby, c);
                     }
                 }
             } else {
@@ -193,11 +201,8 @@ impl NamespaceBackend {
             Some(layout) => match cgroup::RunCgroups::create(layout, &spec.run_id, limits) {
                 Ok(c) => Some(c),
                 Err(e) if self.require_limits => {
-                    if let Some(s) = standby.take() {
-                        s.discard();
-                    }
                     if let Some(c) = spare {
-                        c.remove(Duration::from_millis(500));
+                        give_up(standby, c);
                     }
                     return Err(SandboxError::Setup(format!("resource limits: {e}")));
                 }
@@ -230,10 +235,7 @@ impl NamespaceBackend {
             // Limits are not required and none could be made: neither is
             // the init that was to join the standby ones.
             (None, Some(c)) => {
-                if let Some(s) = standby.take() {
-                    s.discard();
-                }
-                c.remove(Duration::from_millis(500));
+                give_up(standby, c);
                 None
             }
             (None, None) => None,
@@ -420,7 +422,7 @@ impl Backend for NamespaceBackend {
         if let Some(dead) = slot.take() {
             dead.discard();
         }
-        let mut init = match self.start_init() {
+        let init = match self.start_init() {
             Ok(init) => init,
             Err(e) => {
                 // The spawn will try again, and say why if it fails too.
@@ -428,24 +430,25 @@ impl Backend for NamespaceBackend {
                 return;
             }
         };
-        let mut cgroups = self.standby_cgroups_now();
-        if let Some((c, _)) = &cgroups {
+        let standby = Standby {
+            cgroups: self.standby_cgroups_now(),
+            init,
+        };
+        if let Some(c) = &standby.cgroups {
             let head = config::Header::Standby { cgroups: c.joins() }.encode();
             // A few hundred bytes into an empty pipe: all or nothing.
-            let sent = init
+            let sent = standby
+                .init
                 .stdin
                 .as_ref()
                 .map(|w| rustix::io::write(w, &head).ok() == Some(head.len()))
                 .unwrap_or(false);
             if !sent {
                 tracing::debug!("cannot hand standby cgroups to the init started ahead");
-                let _ = init.start_kill();
-                if let Some((c, _)) = cgroups.take() {
-                    c.remove(Duration::from_millis(500));
-                }
+                standby.discard();
                 return;
             }
         }
-        *slot = Some(Standby { init, cgroups });
+        *slot = Some(standby);
     }
 }
