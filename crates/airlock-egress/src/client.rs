@@ -9,7 +9,6 @@
 //! read. Redirects are followed here, one hop at a time, each hop judged in
 //! full as if it were a new request.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -30,7 +29,7 @@ use tokio_rustls::TlsConnector;
 use crate::conn::{Connection, driven};
 use crate::error::{EgressCode, EgressError, GuardStep};
 use crate::policy::{Admitted, CallRules, Guard};
-use crate::target::{Target, TargetHost};
+use crate::target::{Target, TargetHost, TargetMemo};
 
 /// Limits of the client. Defaults: connect 10 s, whole exchange 60 s,
 /// responses up to 10 MiB, at most 10 redirects.
@@ -167,7 +166,9 @@ pub struct GuardedClient {
     tls: TlsConnector,
     dialer: Arc<dyn Dial>,
     cfg: Arc<ClientConfig>,
-    pool: Arc<Mutex<HashMap<PoolKey, Vec<Idle>>>>,
+    pool: Arc<Mutex<foldhash::HashMap<PoolKey, Vec<Idle>>>>,
+    /// The first hops' targets parsed lately ([`GuardedClient::admit`]).
+    targets: TargetMemo,
 }
 
 /// Hop-by-hop headers and headers the client sets itself; never taken from the caller.
@@ -214,6 +215,7 @@ impl GuardedClient {
             dialer,
             cfg: Arc::new(cfg),
             pool: Arc::default(),
+            targets: TargetMemo::default(),
         })
     }
 
@@ -235,7 +237,7 @@ impl GuardedClient {
     /// The guard's decision on the first hop of a request to `url`: parse,
     /// policy, names, resolution and addresses (bounded by `total_timeout`).
     pub async fn admit(&self, url: &str, rules: &CallRules<'_>) -> Result<Admission, EgressError> {
-        let target = Target::parse(url)?;
+        let target = self.targets.parse(url)?;
         let host = target.host().bare();
         match tokio::time::timeout(self.cfg.total_timeout, self.guard.admit(&target, rules)).await {
             Ok(r) => r.map(|admitted| Admission { admitted }),

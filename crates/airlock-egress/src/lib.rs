@@ -38,4 +38,4 @@ pub use policy::{Admitted, BLOCKED_NAMES, CallRules, EgressPolicy, Guard};
 pub use resolve::{
     DnsServerResolver, LookupFuture, Resolve, ResolveError, StaticResolver, SystemResolver,
 };
-pub use target::{Target, TargetHost};
+pub use target::{Target, TargetHost, TargetMemo};

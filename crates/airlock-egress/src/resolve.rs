@@ -10,7 +10,6 @@
 //! (`/etc/hosts`, a container network's DNS), even when the guard's own
 //! lookups go to a given nameserver.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -172,7 +171,7 @@ fn query_name(host: &str) -> Result<Name, ResolveError> {
 /// the fallback resolver, or resolve to nothing when there is none.
 #[derive(Clone, Default)]
 pub struct StaticResolver {
-    answers: HashMap<String, Vec<IpAddr>>,
+    answers: foldhash::HashMap<String, Vec<IpAddr>>,
     fallback: Option<Arc<dyn Resolve>>,
 }
 

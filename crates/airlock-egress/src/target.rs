@@ -229,6 +229,45 @@ impl fmt::Display for Target {
     }
 }
 
+/// The last few targets parsed, by the exact text they were parsed from.
+///
+/// An agent calls the same few URLs over and over, and a parse (the WHATWG
+/// parser, then the checks above) is the largest piece of the guard's own
+/// work on an `api_call`. [`Target::parse`] is a function of its input
+/// alone, so a target parsed from the same text is the same target: the
+/// memo hands back a copy of it. Only targets that parsed are kept; a
+/// refused input is parsed (and refused) every time. Shared by clones.
+#[derive(Debug, Default, Clone)]
+pub struct TargetMemo {
+    recent: std::sync::Arc<std::sync::Mutex<Recent>>,
+}
+
+/// The memo's targets, newest first, each with the text it was parsed from.
+type Recent = std::collections::VecDeque<(Box<str>, Target)>;
+
+impl TargetMemo {
+    /// How many targets the memo keeps (the oldest goes first).
+    pub const CAPACITY: usize = 16;
+
+    /// [`Target::parse`] of `input`, from the memo when it parsed that text
+    /// recently.
+    pub fn parse(&self, input: &str) -> Result<Target, EgressError> {
+        if let Ok(recent) = self.recent.lock()
+            && let Some((_, t)) = recent.iter().find(|(text, _)| &**text == input)
+        {
+            return Ok(t.clone());
+        }
+        let target = Target::parse(input)?;
+        if let Ok(mut recent) = self.recent.lock() {
+            if recent.len() >= Self::CAPACITY {
+                recent.pop_back();
+            }
+            recent.push_front((input.into(), target.clone()));
+        }
+        Ok(target)
+    }
+}
+
 /// Refuses `%`, spaces and other junk in the host as the caller wrote it,
 /// before the parser percent-decodes it away.
 fn check_raw_host(input: &str) -> Result<(), EgressError> {
@@ -441,6 +480,51 @@ mod tests {
         assert_eq!(
             Target::parse("http://[::1]:80").unwrap().authority(),
             "[::1]"
+        );
+    }
+
+    /// The memo answers exactly what a fresh parse answers, for text it has
+    /// seen, text it has not, text it refused and text it has forgotten;
+    /// texts that differ only in case, userinfo or fragment stay apart.
+    #[test]
+    fn the_memo_answers_what_a_parse_answers() {
+        let memo = TargetMemo::default();
+        let mut inputs: Vec<String> = vec![
+            "https://api.example.com/v1/items?q=1".into(),
+            "HTTPS://API.EXAMPLE.COM/v1/items?q=1".into(),
+            "https://user:pw@api.example.com/v1/items".into(),
+            "https://api.example.com/v1/items#frag".into(),
+            "http://127.0.0.1:8080/x".into(),
+            "http://[::1]:80/".into(),
+            "https://ex%61mple.com/".into(),
+            "ftp://example.com/".into(),
+            "https://exa mple.com/".into(),
+            "not a url".into(),
+        ];
+        // More distinct texts than the memo keeps: the first ones are forgotten.
+        inputs.extend((0..TargetMemo::CAPACITY + 4).map(|i| format!("https://h{i}.example/p")));
+        for round in 0..3 {
+            for input in &inputs {
+                let fresh = Target::parse(input);
+                let memo_says = memo.parse(input);
+                match (fresh, memo_says) {
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(a, b, "round {round}: {input}");
+                        assert_eq!(a.had_userinfo(), b.had_userinfo(), "{input}");
+                    }
+                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{input}"),
+                    (a, b) => panic!("round {round}: {input}: parse {a:?} but memo {b:?}"),
+                }
+            }
+        }
+        assert!(memo.recent.lock().unwrap().len() <= TargetMemo::CAPACITY);
+        // A refused text is never kept.
+        assert!(
+            memo.recent
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|(text, _)| Target::parse(text).is_ok())
         );
     }
 }

@@ -233,7 +233,16 @@ pub struct Recorder {
 }
 
 /// What the egress log may keep of a URL: no userinfo, query or fragment.
-fn loggable_url(mut u: url::Url) -> String {
+fn loggable_url(u: &url::Url) -> String {
+    // The usual URL has none of them: its text as it is (no copy to edit).
+    if u.username().is_empty()
+        && u.password().is_none()
+        && u.query().is_none()
+        && u.fragment().is_none()
+    {
+        return u.as_str().to_owned();
+    }
+    let mut u = u.clone();
     let _ = u.set_username("");
     let _ = u.set_password(None);
     u.set_query(None);
@@ -250,7 +259,7 @@ fn refusal_record(
     seq: u64,
 ) -> EgressRecord {
     let url = match url::Url::parse(req.url) {
-        Ok(u) => redactor.string(loggable_url(u)),
+        Ok(u) => redactor.string(loggable_url(&u)),
         Err(_) => "<unparsable>".to_owned(),
     };
     let host = e
@@ -385,7 +394,7 @@ impl Recorder {
             source: req.source.as_str().into(),
             integration: req.integration.map(str::to_owned),
             method: req.method.to_owned(),
-            url: redactor.string(loggable_url(req.target.url().clone())),
+            url: redactor.string(loggable_url(req.target.url())),
             host: redactor.str(&req.target.host().bare()),
             decision: "allowed".into(),
             code: None,
@@ -615,6 +624,27 @@ impl std::fmt::Debug for InFlight {
 mod tests {
     use super::*;
     use airlock_egress::{EgressCode, GuardStep};
+
+    /// Userinfo, query and fragment are cut, each on its own; a URL with
+    /// none of them is kept as it is.
+    #[test]
+    fn the_loggable_url_has_no_userinfo_query_or_fragment() {
+        let cases = [
+            ("https://api.test/v1/x", "https://api.test/v1/x"),
+            ("https://u@api.test/v1/x", "https://api.test/v1/x"),
+            ("https://u:p@api.test/v1/x", "https://api.test/v1/x"),
+            ("https://:p@api.test/v1/x", "https://api.test/v1/x"),
+            ("https://api.test/v1/x?k=v", "https://api.test/v1/x"),
+            ("https://api.test/v1/x?", "https://api.test/v1/x"),
+            ("https://api.test/v1/x#f", "https://api.test/v1/x"),
+            ("https://api.test/v1/x#", "https://api.test/v1/x"),
+            ("http://u:p@api.test:8080/?k#f", "http://api.test:8080/"),
+        ];
+        for (input, logged) in cases {
+            let u = url::Url::parse(input).unwrap();
+            assert_eq!(loggable_url(&u), logged, "{input}");
+        }
+    }
 
     #[test]
     fn a_refusal_record_holds_no_credential() {

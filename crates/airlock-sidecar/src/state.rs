@@ -32,7 +32,7 @@ pub struct Sidecar {
     pub(crate) token: SecretString,
     pub platform: PlatformClient,
     pub client: GuardedClient,
-    pub integrations: HashMap<String, Integration>,
+    pub integrations: foldhash::HashMap<String, Integration>,
     pub model: Option<Model>,
     /// The forward proxy's network policy: `(patterns, allow_all)`.
     pub network: (AuthorizedUris, bool),
@@ -113,7 +113,7 @@ impl Sidecar {
                 (list, false)
             }
         };
-        let integrations: HashMap<String, Integration> = cfg
+        let integrations: foldhash::HashMap<String, Integration> = cfg
             .integrations
             .into_iter()
             .map(|i| (i.namespace.clone(), i))

@@ -94,7 +94,7 @@ pub struct McpState {
     stored_bytes: AtomicU64,
     /// Parsed `authorized_uris` of the integrations without
     /// `{$credential.…}` templates (the others are rendered per call).
-    static_uris: std::collections::HashMap<String, airlock_egress::AuthorizedUris>,
+    static_uris: foldhash::HashMap<String, airlock_egress::AuthorizedUris>,
     /// Stateless `api_call`s bypass rmcp's per-request machinery ([`lean`]).
     lean: bool,
     /// The integrations backed by an MCP server, remote or a local runner ([`remote`]).

@@ -92,7 +92,7 @@ impl Interceptor {
     /// connection and a delivery.
     pub fn new(
         ca: &ProxyCa,
-        integrations: &HashMap<String, Integration>,
+        integrations: &foldhash::HashMap<String, Integration>,
     ) -> Result<Option<Interceptor>, InterceptError> {
         let mut injectable: Vec<Injectable> = integrations
             .values()
