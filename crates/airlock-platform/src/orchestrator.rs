@@ -1229,25 +1229,38 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
     }
     // Cgroups of those runs (only theirs: another live platform's new run
     // may have an empty cgroup for a moment), when there are any.
-    if !reclaimed.is_empty() {
-        let dead = reclaimed.clone();
-        let cgroups = airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
-            name.strip_prefix("airlock-")
-                .is_some_and(|id| dead.iter().any(|d| d == id))
-        });
-        if !cgroups.is_empty() {
-            tracing::info!("reclaimed {} cgroup(s) of crashed runs", cgroups.len());
-        }
+    let cgroups = reclaim_cgroups_of(&reclaimed);
+    if cgroups > 0 {
+        tracing::info!("reclaimed {cgroups} cgroup(s) of crashed runs");
     }
     // And those made ahead for the next run of a platform that is gone.
-    let standby = airlock_sandbox::namespace::cgroup::reclaim_standby();
-    if !standby.is_empty() {
-        tracing::info!(
-            "removed {} standby cgroup(s) of stopped platforms",
-            standby.len()
-        );
+    let standby = reclaim_standby_cgroups();
+    if standby > 0 {
+        tracing::info!("removed {standby} standby cgroup(s) of stopped platforms");
     }
     Ok(reclaimed)
+}
+
+/// Removes this machine's cgroups of the runs `ids` (ended runs whose
+/// platform is gone) whose processes are all gone; returns how many
+/// directories went. Only those runs': another live platform's new run may
+/// have an empty cgroup for a moment. A cgroup still populated stays (the
+/// next boot on its platform's home reclaims it).
+pub fn reclaim_cgroups_of(ids: &[String]) -> usize {
+    if ids.is_empty() {
+        return 0;
+    }
+    airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
+        name.strip_prefix("airlock-")
+            .is_some_and(|id| ids.iter().any(|d| d == id))
+    })
+    .len()
+}
+
+/// Removes this machine's standby cgroups (made ahead for a platform's next
+/// run) of platforms that are gone; returns how many directories went.
+pub fn reclaim_standby_cgroups() -> usize {
+    airlock_sandbox::namespace::cgroup::reclaim_standby().len()
 }
 
 /// The name of a platform's internal-API socket in `$AIRLOCK_HOME/sockets`.

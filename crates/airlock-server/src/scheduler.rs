@@ -138,6 +138,18 @@ pub async fn start(app: AppState) -> Result<Work, ServeError> {
                 }
                 match app.store().sweep_dead_replicas(lease_ms).await {
                     Ok(failed) => {
+                        // A replica on this machine leaves its runs' cgroups
+                        // behind (its sandboxes died with it), and the
+                        // standby ones it made for its next run: removed
+                        // here, not only when it boots again on its home,
+                        // which may never happen. Elsewhere nothing matches.
+                        let cgroups = airlock_platform::orchestrator::reclaim_cgroups_of(&failed)
+                            + airlock_platform::orchestrator::reclaim_standby_cgroups();
+                        if cgroups > 0 {
+                            tracing::info!(
+                                "removed {cgroups} cgroup(s) of platforms that are gone"
+                            );
+                        }
                         for id in failed {
                             tracing::warn!(run = %id, "failed a run of a replica that is gone");
                             if let Ok(Some(run)) = app.store().get_run(&id).await {

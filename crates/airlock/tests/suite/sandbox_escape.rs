@@ -99,24 +99,7 @@ async fn run(b: &NamespaceBackend, spec: &SandboxSpec) -> Outcome {
     finish_sandbox(sb, Duration::from_secs(60)).await
 }
 
-fn cgroup_dirs(run_id: &str) -> Vec<PathBuf> {
-    let mut v = vec![];
-    for root in [
-        "/sys/fs/cgroup",
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup/memory",
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup/cpu",
-    ] {
-        let p = Path::new(root)
-            .join("airlock")
-            .join(format!("airlock-{run_id}"));
-        if p.exists() {
-            v.push(p);
-        }
-    }
-    v
-}
+use crate::support::run_cgroup_dirs as cgroup_dirs;
 
 /// Host processes whose argv[0] is `marker`.
 fn host_cmdlines_containing(marker: &str) -> Vec<i32> {

@@ -432,6 +432,7 @@ fn two_replicas_share_the_work_and_one_takes_over_when_the_other_is_killed() {
     }
 
     // A is SIGKILLed mid-run.
+    let a_pid = a.child.id();
     a.kill();
     // B (the leader once A's lease lapses) fails A's runs, and only those.
     for id in &on_a {
@@ -440,6 +441,38 @@ fn two_replicas_share_the_work_and_one_takes_over_when_the_other_is_killed() {
         });
         assert_eq!(v["status"], "failed", "{v}");
         assert_eq!(v["error"], airlock_store::REPLICA_GONE, "{v}");
+    }
+    // A's sandboxes died with it; the cgroups they leave on this machine go
+    // with B's sweep, not only once A boots again on its home (it may never).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut left: Vec<_> = on_a
+            .iter()
+            .flat_map(|id| crate::support::run_cgroup_dirs(id))
+            .collect();
+        // and the standby cgroups A made for its next run.
+        for root in ["memory", "pids", "cpu"] {
+            let dir = std::path::Path::new("/sys/fs/cgroup")
+                .join(root)
+                .join("airlock");
+            let standby = format!("airlock-standby-{a_pid}-");
+            left.extend(
+                std::fs::read_dir(&dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&standby))
+                    .map(|e| e.path()),
+            );
+        }
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cgroups of A's failed runs are still here after B's sweep: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
     for id in &on_b {
         assert_eq!(

@@ -366,6 +366,27 @@ pub fn probe_exe() -> PathBuf {
         .clone()
 }
 
+/// The cgroup directories of run `run_id` on this machine (`airlock-<runId>`
+/// under Airlock's parent in every hierarchy that has one).
+pub fn run_cgroup_dirs(run_id: &str) -> Vec<PathBuf> {
+    let mut v = vec![];
+    for root in [
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/cpu",
+    ] {
+        let p = std::path::Path::new(root)
+            .join("airlock")
+            .join(format!("airlock-{run_id}"));
+        if p.exists() {
+            v.push(p);
+        }
+    }
+    v
+}
+
 /// Whether the namespace backend works here: under `CI` it must, elsewhere a
 /// test that needs it prints a loud SKIPPED.
 pub fn namespace_available() -> bool {

@@ -174,6 +174,21 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // Stopped as an operator stops it (SIGTERM: its runs are cancelled
+        // and their sandboxes and cgroups removed), so that a test ending
+        // with runs still going leaves nothing on the machine; killed if it
+        // has not exited within the grace period.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+                rustix::process::Signal::TERM,
+            );
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
         self.kill();
         // A failing test shows every server's log, not only the one it was
         // talking to.
