@@ -248,6 +248,10 @@ type Recent = std::collections::VecDeque<(Box<str>, Target)>;
 impl TargetMemo {
     /// How many targets the memo keeps (the oldest goes first).
     pub const CAPACITY: usize = 16;
+    /// The longest text the memo keeps a target of: at most
+    /// `CAPACITY` × 2 × this many bytes are held (text and target), however
+    /// long the URLs an agent sends.
+    pub const MAX_TEXT: usize = 1024;
 
     /// [`Target::parse`] of `input`, from the memo when it parsed that text
     /// recently.
@@ -258,6 +262,9 @@ impl TargetMemo {
             return Ok(t.clone());
         }
         let target = Target::parse(input)?;
+        if input.len() > Self::MAX_TEXT {
+            return Ok(target);
+        }
         if let Ok(mut recent) = self.recent.lock() {
             if recent.len() >= Self::CAPACITY {
                 recent.pop_back();
@@ -503,6 +510,12 @@ mod tests {
         ];
         // More distinct texts than the memo keeps: the first ones are forgotten.
         inputs.extend((0..TargetMemo::CAPACITY + 4).map(|i| format!("https://h{i}.example/p")));
+        // A text longer than the memo keeps is parsed every time.
+        let long = format!(
+            "https://api.example.com/{}",
+            "a".repeat(TargetMemo::MAX_TEXT)
+        );
+        inputs.push(long.clone());
         for round in 0..3 {
             for input in &inputs {
                 let fresh = Target::parse(input);
@@ -518,6 +531,21 @@ mod tests {
             }
         }
         assert!(memo.recent.lock().unwrap().len() <= TargetMemo::CAPACITY);
+        assert!(
+            memo.recent
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|(text, _)| text.len() <= TargetMemo::MAX_TEXT && **text != *long)
+        );
+        memo.parse(&long).unwrap();
+        assert!(
+            memo.recent
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|(text, _)| **text != *long)
+        );
         // A refused text is never kept.
         assert!(
             memo.recent

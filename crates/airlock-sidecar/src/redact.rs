@@ -12,15 +12,23 @@ pub const REDACTED: &str = "[REDACTED]";
 /// Percent-encodes everything but RFC 3986 unreserved characters, so a
 /// credential value substituted into a URL cannot change its structure.
 pub fn percent_encode(v: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = String::with_capacity(v.len());
     for b in v.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+        if unreserved(b) {
             out.push(b as char);
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            out.push('%');
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 0xf)] as char);
         }
     }
     out
+}
+
+/// An RFC 3986 unreserved character (kept as it is by [`percent_encode`]).
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~".contains(&b)
 }
 
 /// Replaces credential values (raw, percent-encoded and JSON-escaped) with
@@ -43,22 +51,33 @@ impl Redactor {
         // The forms of each secret are zeroed once the finders hold them
         // (the finders' own copies live as long as the redactor).
         let mut needles: Vec<Zeroizing<Vec<u8>>> = Vec::new();
+        let mut add = |v: String| {
+            let v = Zeroizing::new(v.into_bytes());
+            if v.len() >= MIN_REDACT_LEN && !needles.iter().any(|n| **n == *v) {
+                needles.push(v);
+            }
+        };
         for s in secrets {
             if s.len() < MIN_REDACT_LEN {
                 continue;
             }
-            let quoted = Zeroizing::new(serde_json::to_string(s).unwrap_or_default());
-            let json = quoted
-                .get(1..quoted.len().saturating_sub(1))
-                .unwrap_or_default()
-                .to_owned();
+            add(s.to_owned());
+            // Each other form only when it differs from the value (the
+            // usual key is all unreserved, lowercase-free of escapes).
+            if !s.bytes().all(unreserved) {
+                add(percent_encode(s));
+            }
+            // serde_json escapes `"`, `\` and the C0 controls, nothing else.
+            if s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+                let quoted = Zeroizing::new(serde_json::to_string(s).unwrap_or_default());
+                add(quoted
+                    .get(1..quoted.len().saturating_sub(1))
+                    .unwrap_or_default()
+                    .to_owned());
+            }
             // A value that lands in a host name is lowercased there.
-            let lower = s.to_ascii_lowercase();
-            for v in [s.to_owned(), percent_encode(s), json, lower] {
-                let v = Zeroizing::new(v.into_bytes());
-                if v.len() >= MIN_REDACT_LEN && !needles.iter().any(|n| **n == *v) {
-                    needles.push(v);
-                }
+            if s.bytes().any(|b| b.is_ascii_uppercase()) {
+                add(s.to_ascii_lowercase());
             }
         }
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
@@ -144,6 +163,10 @@ mod tests {
             "ab",
             "abcd",
             "ABC",
+            "ctl\u{1}x\u{7f}y",
+            "NEW\nLINE\"Q\\",
+            "\u{1f}\u{0}zero",
+            "%41-already-encoded",
         ];
         let naive = |s: &str| {
             let json = serde_json::to_string(s).unwrap();
@@ -173,6 +196,26 @@ mod tests {
                 let text = [b"<".as_slice(), form, b">"].concat();
                 assert_eq!(r.bytes(&text), b"<[REDACTED]>", "{v:?}: {form:?}");
             }
+        }
+    }
+
+    /// Every byte is encoded as `%XX` with upper-case hex digits, but the
+    /// unreserved ones.
+    #[test]
+    fn percent_encoding_of_every_byte() {
+        for b in 0..=u8::MAX {
+            let s = String::from_utf8_lossy(&[b]).into_owned();
+            let want: String = s
+                .bytes()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                        (c as char).to_string()
+                    } else {
+                        format!("%{c:02X}")
+                    }
+                })
+                .collect();
+            assert_eq!(percent_encode(&s), want, "byte {b}");
         }
     }
 
