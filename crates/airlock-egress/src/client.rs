@@ -223,6 +223,11 @@ impl GuardedClient {
         &self.guard
     }
 
+    /// The targets [`GuardedClient::admit_secret_free`] remembers.
+    pub fn target_memo(&self) -> &TargetMemo {
+        &self.targets
+    }
+
     /// Sends `req` under `rules`, following redirects. Every refusal and
     /// failure is a typed [`EgressError`].
     pub async fn send(
@@ -237,7 +242,27 @@ impl GuardedClient {
     /// The guard's decision on the first hop of a request to `url`: parse,
     /// policy, names, resolution and addresses (bounded by `total_timeout`).
     pub async fn admit(&self, url: &str, rules: &CallRules<'_>) -> Result<Admission, EgressError> {
-        let target = self.targets.parse(url)?;
+        self.admit_target(Target::parse(url)?, rules).await
+    }
+
+    /// [`GuardedClient::admit`] of a URL whose text carries no secret (an
+    /// agent's own target, before any credential is put into it): its parse
+    /// is remembered by that text ([`TargetMemo`]) and not made again for
+    /// the same text. Never for a text a credential was put into: the memo
+    /// outlives the call, and a credential lives for its call only.
+    pub async fn admit_secret_free(
+        &self,
+        url: &str,
+        rules: &CallRules<'_>,
+    ) -> Result<Admission, EgressError> {
+        self.admit_target(self.targets.parse(url)?, rules).await
+    }
+
+    async fn admit_target(
+        &self,
+        target: Target,
+        rules: &CallRules<'_>,
+    ) -> Result<Admission, EgressError> {
         let host = target.host().bare();
         match tokio::time::timeout(self.cfg.total_timeout, self.guard.admit(&target, rules)).await {
             Ok(r) => r.map(|admitted| Admission { admitted }),

@@ -273,6 +273,15 @@ impl TargetMemo {
         }
         Ok(target)
     }
+
+    /// The texts whose targets the memo holds, newest first (what of an
+    /// agent's URLs outlives its calls).
+    pub fn texts(&self) -> Vec<String> {
+        self.recent
+            .lock()
+            .map(|r| r.iter().map(|(text, _)| text.to_string()).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// Refuses `%`, spaces and other junk in the host as the caller wrote it,

@@ -39,6 +39,17 @@ pub(crate) enum Stop {
     Unrecorded(RecordError),
 }
 
+/// What an `api_call`'s URL text may hold.
+#[derive(Clone, Copy)]
+enum UrlText {
+    /// The agent's target as it wrote it (no credential was put into it):
+    /// its parse may be remembered ([`airlock_egress::TargetMemo`]).
+    AsWritten,
+    /// The request's URL once prepared: a credential may be in it (a
+    /// template, a query delivery), so nothing of it outlives the call.
+    Prepared,
+}
+
 /// The guard's decision on `url` and, when it allows it, the request's
 /// record, stored before anything is sent.
 async fn decide_and_record(
@@ -46,15 +57,15 @@ async fn decide_and_record(
     rules: &CallRules<'_>,
     ns: &str,
     method: &str,
-    url: &str,
+    (url, text): (&str, UrlText),
     bytes_out: u64,
     redactor: &Redactor,
 ) -> Result<(Admission, InFlight), Stop> {
-    let admission = sidecar
-        .client
-        .admit(url, rules)
-        .await
-        .map_err(Stop::Refused)?;
+    let admission = match text {
+        UrlText::AsWritten => sidecar.client.admit_secret_free(url, rules).await,
+        UrlText::Prepared => sidecar.client.admit(url, rules).await,
+    }
+    .map_err(Stop::Refused)?;
     let allowed = Allowed {
         source: Source::ApiCall,
         integration: Some(ns),
@@ -232,7 +243,7 @@ pub(crate) async fn run_answer(
                     rules,
                     ns,
                     method.as_str(),
-                    &args.target,
+                    (&args.target, UrlText::AsWritten),
                     args.body_len() as u64,
                     &Redactor::none(),
                 )
@@ -294,7 +305,7 @@ pub(crate) async fn run_answer(
             &rules,
             ns,
             method.as_str(),
-            &prepared.url,
+            (&prepared.url, UrlText::Prepared),
             prepared.body.len() as u64,
             &redactor,
         )

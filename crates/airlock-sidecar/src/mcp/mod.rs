@@ -910,6 +910,45 @@ mod tests {
         format!("{} {}", status.as_u16(), String::from_utf8_lossy(&bytes))
     }
 
+    /// Only an agent's target as it wrote it is remembered by the guarded
+    /// client (its parse, by its text); a target a credential was put into
+    /// (a `{{field}}` template) is parsed for its call and not kept, so the
+    /// credential does not outlive the call in the memo.
+    #[tokio::test]
+    async fn a_target_with_the_credential_in_it_is_not_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("egress.journal");
+        std::fs::write(&j, b"").unwrap();
+        let (sock, _fetched) = counting_platform(dir.path()).await;
+        let port = credential_echo().await;
+        let sidecar = sidecar_with(port, &sock, &j, 8);
+        let state = McpState::new(sidecar.clone());
+        let args = |target: String| {
+            let mut m = serde_json::Map::new();
+            m.insert("target".into(), Value::String(target));
+            m
+        };
+        let templated = format!("http://api.internal.test:{port}/k/{{{{api_key}}}}");
+        let plain = format!("http://api.internal.test:{port}/plain");
+        for target in [&templated, &plain] {
+            let r = state
+                .call("svc__api_call", Some(&args(target.clone())), None)
+                .await
+                .unwrap();
+            assert_eq!(r.is_error, Some(false), "{target}: {r:?}");
+        }
+        let kept = sidecar.client.target_memo().texts();
+        assert!(
+            kept.contains(&plain),
+            "the plain target is remembered: {kept:?}"
+        );
+        assert!(
+            kept.iter()
+                .all(|t| !t.contains("sekrit") && !t.contains("{{")),
+            "no prepared target is remembered: {kept:?}"
+        );
+    }
+
     /// The credential fetch starts from the `Mcp-Name` header, before the
     /// body is read: one fetch per call, on the lean path and on rmcp's; a
     /// header that names another tool than the body costs one unused fetch
