@@ -548,7 +548,10 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
                 drop_usage_chunk: false,
             },
         };
-        let admission = match sidecar.client.admit(&url, &rules).await {
+        // The URL is the configured base and the agent's own path and
+        // query, made before the key exists (the key goes in a header): no
+        // secret of the sidecar's is in its text, so its parse is remembered.
+        let admission = match sidecar.client.admit_secret_free(&url, &rules).await {
             Ok(a) => a,
             Err(e) => {
                 let refused = Refused {
