@@ -887,6 +887,26 @@ mod tests {
         Sidecar::new(cfg, &[], Some(journal)).unwrap()
     }
 
+    /// [`sidecar_with`] `calls` call slots, its journal in a new directory
+    /// (kept while the first value lives), its platform [`counting_platform`]
+    /// (the count of its fetches) and its upstream [`credential_echo`] (the port).
+    async fn fetching_sidecar(
+        calls: usize,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Sidecar>,
+        tokio::sync::watch::Receiver<usize>,
+        u16,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let j = dir.path().join("egress.journal");
+        std::fs::write(&j, b"").unwrap();
+        let (sock, fetched) = counting_platform(dir.path()).await;
+        let port = credential_echo().await;
+        let sidecar = sidecar_with(port, &sock, &j, calls);
+        (dir, sidecar, fetched, port)
+    }
+
     /// POSTs a stateless `tools/call` of `tool` with `mcp-name: named`
     /// (`accept` as given) and returns the answer's status and text.
     async fn call(router: &Endpoint, named: &str, tool: &str, accept: &str, port: u16) -> String {
@@ -916,12 +936,7 @@ mod tests {
     /// credential does not outlive the call in the memo.
     #[tokio::test]
     async fn a_target_with_the_credential_in_it_is_not_remembered() {
-        let dir = tempfile::tempdir().unwrap();
-        let j = dir.path().join("egress.journal");
-        std::fs::write(&j, b"").unwrap();
-        let (sock, _fetched) = counting_platform(dir.path()).await;
-        let port = credential_echo().await;
-        let sidecar = sidecar_with(port, &sock, &j, 8);
+        let (_dir, sidecar, _fetched, port) = fetching_sidecar(8).await;
         let state = McpState::new(sidecar.clone());
         let args = |target: String| {
             let mut m = serde_json::Map::new();
@@ -957,12 +972,8 @@ mod tests {
     /// platform is the call's error.
     #[tokio::test]
     async fn the_credential_fetch_starts_with_the_headers_and_serves_one_call() {
-        let dir = tempfile::tempdir().unwrap();
-        let j = dir.path().join("egress.journal");
-        std::fs::write(&j, b"").unwrap();
-        let (sock, mut fetched) = counting_platform(dir.path()).await;
-        let port = credential_echo().await;
-        let router = endpoint_with(sidecar_with(port, &sock, &j, 8), true);
+        let (dir, sidecar, mut fetched, port) = fetching_sidecar(8).await;
+        let router = endpoint_with(sidecar, true);
         let plain = "application/json, text/event-stream";
         let fetches = |rx: &tokio::sync::watch::Receiver<usize>| *rx.borrow();
 
@@ -1017,12 +1028,7 @@ mod tests {
     /// call runs, and a slot comes back when its fetch is dropped.
     #[tokio::test]
     async fn fetches_ahead_of_their_calls_are_bounded() {
-        let dir = tempfile::tempdir().unwrap();
-        let j = dir.path().join("egress.journal");
-        std::fs::write(&j, b"").unwrap();
-        let (sock, fetched) = counting_platform(dir.path()).await;
-        let port = credential_echo().await;
-        let sc = sidecar_with(port, &sock, &j, 2);
+        let (_dir, sc, fetched, port) = fetching_sidecar(2).await;
         let mut headers = http::HeaderMap::new();
         headers.insert("mcp-name", "svc__api_call".parse().unwrap());
         let first = CredentialPrefetch::named_by(&headers, &sc).expect("room for a fetch");
