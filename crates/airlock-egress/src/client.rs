@@ -167,7 +167,8 @@ pub struct GuardedClient {
     dialer: Arc<dyn Dial>,
     cfg: Arc<ClientConfig>,
     pool: Arc<Mutex<foldhash::HashMap<PoolKey, Vec<Idle>>>>,
-    /// The first hops' targets parsed lately ([`GuardedClient::admit`]).
+    /// The first hops' targets parsed lately, of secret-free texts
+    /// ([`GuardedClient::admit_secret_free`]).
     targets: TargetMemo,
 }
 

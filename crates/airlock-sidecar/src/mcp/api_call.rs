@@ -46,7 +46,7 @@ enum UrlText {
     /// its parse may be remembered ([`airlock_egress::TargetMemo`]).
     AsWritten,
     /// The request's URL once prepared: a credential may be in it (a
-    /// template, a query delivery), so nothing of it outlives the call.
+    /// `{{field}}` template filled in), so nothing of it outlives the call.
     Prepared,
 }
 
