@@ -300,19 +300,6 @@ fn the_init_a_waiting_platform_started_ahead_dies_with_it() {
     // Both crashed: the holder left its run (and its cgroups), the waiter
     // the standby cgroups it made for its init (cgroup v1). The next
     // platform on this home reclaims both.
-    let airlock_cgroups = || -> Vec<String> {
-        let mut v = vec![];
-        for h in ["memory", "pids", "cpu", "unified", ""] {
-            let dir = std::path::Path::new("/sys/fs/cgroup")
-                .join(h)
-                .join("airlock");
-            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                v.push(e.file_name().to_string_lossy().into_owned());
-            }
-        }
-        v
-    };
-    let standby = format!("airlock-standby-{waiter_pid}-");
     std::fs::write(run.agent_dir.join("agent.py"), "print('next')\n").unwrap();
     let (out, report) = run.run("namespace");
     assert_eq!(
@@ -323,10 +310,8 @@ fn the_init_a_waiting_platform_started_ahead_dies_with_it() {
     );
     let ids = run_ids(&run);
     assert_eq!(ids.len(), 2, "the crashed run and the next: {ids:?}");
-    let left: Vec<String> = airlock_cgroups()
-        .into_iter()
-        .filter(|n| n.starts_with(&standby) || ids.iter().any(|id| n == &format!("airlock-{id}")))
-        .collect();
+    let mut left = support::standby_cgroup_dirs(waiter_pid);
+    left.extend(ids.iter().flat_map(|id| support::run_cgroup_dirs(id)));
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 

@@ -451,20 +451,7 @@ fn two_replicas_share_the_work_and_one_takes_over_when_the_other_is_killed() {
             .flat_map(|id| crate::support::run_cgroup_dirs(id))
             .collect();
         // and the standby cgroups A made for its next run.
-        for root in ["memory", "pids", "cpu"] {
-            let dir = std::path::Path::new("/sys/fs/cgroup")
-                .join(root)
-                .join("airlock");
-            let standby = format!("airlock-standby-{a_pid}-");
-            left.extend(
-                std::fs::read_dir(&dir)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(&standby))
-                    .map(|e| e.path()),
-            );
-        }
+        left.extend(crate::support::standby_cgroup_dirs(a_pid));
         if left.is_empty() {
             break;
         }

@@ -366,23 +366,46 @@ pub fn probe_exe() -> PathBuf {
         .clone()
 }
 
+/// Where Airlock's cgroup parent may be: cgroup v2, the hybrid v2 mount,
+/// and the v1 hierarchies it uses.
+const CGROUP_ROOTS: [&str; 5] = [
+    "/sys/fs/cgroup",
+    "/sys/fs/cgroup/unified",
+    "/sys/fs/cgroup/memory",
+    "/sys/fs/cgroup/pids",
+    "/sys/fs/cgroup/cpu",
+];
+
 /// The cgroup directories of run `run_id` on this machine (`airlock-<runId>`
 /// under Airlock's parent in every hierarchy that has one).
 pub fn run_cgroup_dirs(run_id: &str) -> Vec<PathBuf> {
     let mut v = vec![];
-    for root in [
-        "/sys/fs/cgroup",
-        "/sys/fs/cgroup/unified",
-        "/sys/fs/cgroup/memory",
-        "/sys/fs/cgroup/pids",
-        "/sys/fs/cgroup/cpu",
-    ] {
+    for root in CGROUP_ROOTS {
         let p = std::path::Path::new(root)
             .join("airlock")
             .join(format!("airlock-{run_id}"));
         if p.exists() {
             v.push(p);
         }
+    }
+    v
+}
+
+/// The standby cgroup directories (`airlock-standby-<pid>-<n>`) that the
+/// platform process `pid` made on this machine, in every hierarchy.
+pub fn standby_cgroup_dirs(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("airlock-standby-{pid}-");
+    let mut v = vec![];
+    for root in CGROUP_ROOTS {
+        let dir = std::path::Path::new(root).join("airlock");
+        v.extend(
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path()),
+        );
     }
     v
 }

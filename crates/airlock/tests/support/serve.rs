@@ -164,11 +164,15 @@ impl Server {
 
     /// SIGTERM, then waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.sigterm();
+        self.child.wait().unwrap()
+    }
+
+    fn sigterm(&self) {
         let _ = rustix::process::kill_process(
             rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
             rustix::process::Signal::TERM,
         );
-        self.child.wait().unwrap()
     }
 }
 
@@ -179,10 +183,7 @@ impl Drop for Server {
         // with runs still going leaves nothing on the machine; killed if it
         // has not exited within the grace period.
         if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = rustix::process::kill_process(
-                rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
-                rustix::process::Signal::TERM,
-            );
+            self.sigterm();
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
             while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
             {
