@@ -222,9 +222,89 @@ struct Prepared {
     drop_usage_chunk: bool,
 }
 
+/// The top-level members of a request body that [`prepare`] reads; every
+/// other value (the conversation, the tools: nearly all of a body) is
+/// skipped as it is parsed, never built. A repeated member of these three is
+/// an error here: such a body goes the way of [`prepare_by_value`], whose
+/// map keeps the last one.
+#[derive(serde::Deserialize)]
+struct RequestHead {
+    model: Option<Value>,
+    stream: Option<Value>,
+    /// There, whatever its value (`null` included).
+    #[serde(default)]
+    stream_options: Present,
+}
+
+/// Whether a member is there; its value is skipped.
+#[derive(Default)]
+struct Present(bool);
+
+impl<'de> serde::Deserialize<'de> for Present {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
+    }
+}
+
 /// Reads `model` and, for an OpenAI chat stream that did not ask for usage,
 /// asks for it. A body that is not a JSON object is sent as it is.
+///
+/// Reads only the three members it needs ([`RequestHead`]) and, to ask for
+/// usage, writes `"stream_options":{"include_usage":true}` into the body
+/// as the agent sent it, right after its opening brace. A body it cannot
+/// read that way (a repeated member, `stream_options` already there, or no
+/// JSON object at all) goes to [`prepare_by_value`]: the same answer, by way
+/// of the whole parsed tree.
 fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
+    let Ok(head) = serde_json::from_slice::<RequestHead>(&body) else {
+        return prepare_by_value(endpoint, body);
+    };
+    let model = head
+        .model
+        .as_ref()
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let streaming = head.stream.as_ref().and_then(Value::as_bool) == Some(true);
+    if !(streaming
+        && endpoint
+            == (Endpoint::Metered {
+                chat_stream_usage: true,
+            }))
+    {
+        return Prepared {
+            body,
+            model,
+            drop_usage_chunk: false,
+        };
+    }
+    if head.stream_options.0 {
+        return prepare_by_value(endpoint, body);
+    }
+    // The body parsed as an object: its first byte that is not JSON
+    // whitespace is its opening brace.
+    let Some(open) = body
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .filter(|&i| body[i] == b'{')
+    else {
+        return prepare_by_value(endpoint, body);
+    };
+    // The object has a member (`stream`), so the new one is followed by a comma.
+    const ASK: &[u8] = br#""stream_options":{"include_usage":true},"#;
+    let mut asked = Vec::with_capacity(body.len() + ASK.len());
+    asked.extend_from_slice(&body[..=open]);
+    asked.extend_from_slice(ASK);
+    asked.extend_from_slice(&body[open + 1..]);
+    Prepared {
+        body: Bytes::from(asked),
+        model,
+        drop_usage_chunk: true,
+    }
+}
+
+/// [`prepare`] by way of the whole body parsed as a tree: for the bodies
+/// its lean reading leaves (and the oracle its tests compare it with).
+fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
         return Prepared {
             body,
@@ -685,6 +765,7 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
             h.remove(header::CONTENT_LENGTH);
         }
     }
+    let streamed = matches!(mode, Mode::Sse { .. });
     let relay = Relay {
         inner: resp.body,
         mode,
@@ -699,16 +780,19 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         ended: false,
         stop: Box::pin(sidecar.egress.stop_requested()),
     };
-    builder
-        .body(axum::body::Body::new(body))
-        .unwrap_or_else(|_| {
-            error(
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                "upstream_failed",
-                "the answer could not be relayed",
-            )
-        })
+    let body = if streamed {
+        axum::body::Body::new(FlushFirst::new(body))
+    } else {
+        axum::body::Body::new(body)
+    };
+    builder.body(body).unwrap_or_else(|_| {
+        error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            "upstream_failed",
+            "the answer could not be relayed",
+        )
+    })
 }
 
 /// What a cost event needs besides the usage.
@@ -789,7 +873,7 @@ impl SseSplitter {
     fn next_event(&mut self) -> Option<Bytes> {
         loop {
             let rest = self.buf.get(self.line_start..)?;
-            let i = rest.iter().position(|&c| c == b'\n' || c == b'\r')?;
+            let i = memchr::memchr2(b'\n', b'\r', rest)?;
             let term = match (rest.get(i), rest.get(i + 1)) {
                 (Some(b'\r'), Some(b'\n')) => 2,
                 (Some(b'\r'), None) => return None, // a CRLF may be cut here
@@ -816,10 +900,14 @@ impl SseSplitter {
 
 /// The `data` of one raw event (lines joined with `\n`), if it has any.
 fn event_data(raw: &[u8]) -> Option<Cow<'_, str>> {
-    match String::from_utf8_lossy(raw) {
-        Cow::Borrowed(text) => data_lines(text),
-        Cow::Owned(text) => data_lines(&text).map(|d| Cow::Owned(d.into_owned())),
+    // Valid UTF-8 (every event of a well-behaved provider) is checked by
+    // `from_utf8`'s word-at-a-time scan; `from_utf8_lossy` would walk it
+    // chunk by chunk to give the same borrowed text.
+    if let Ok(text) = std::str::from_utf8(raw) {
+        return data_lines(text);
     }
+    let text = String::from_utf8_lossy(raw);
+    data_lines(&text).map(|d| Cow::Owned(d.into_owned()))
 }
 
 /// The `data` lines of one event, joined by LF (one line: not copied).
@@ -1369,6 +1457,71 @@ impl Body for RelayBody {
     }
 }
 
+/// A streamed answer whose first data frame is written to the agent on its
+/// own. hyper writes what a body gives only once the body has nothing more
+/// ready, so when the provider's head and several events arrive in one read
+/// the first event would otherwise wait for the metering of every event
+/// behind it: the time to the first token is the provider's, not the
+/// relay's. After the first data frame the body says once that it has
+/// nothing ready (and wakes its task at once), which makes hyper write;
+/// everything after that is written as it comes. One write more per
+/// streamed answer.
+struct FlushFirst<B> {
+    inner: B,
+    first: FirstFrame,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstFrame {
+    /// No data frame has gone out yet.
+    Awaiting,
+    /// The first data frame went out; the next poll lets hyper write it.
+    Given,
+    /// Written: frames pass as they come.
+    Written,
+}
+
+impl<B> FlushFirst<B> {
+    fn new(inner: B) -> Self {
+        FlushFirst {
+            inner,
+            first: FirstFrame::Awaiting,
+        }
+    }
+}
+
+impl<B: Body + Unpin> Body for FlushFirst<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        if this.first == FirstFrame::Given {
+            this.first = FirstFrame::Written;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if this.first == FirstFrame::Awaiting
+            && matches!(&polled, Poll::Ready(Some(Ok(frame))) if frame.is_data())
+        {
+            this.first = FirstFrame::Given;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl Drop for RelayBody {
     fn drop(&mut self) {
         let Some(mut relay) = self.relay.take() else {
@@ -1392,6 +1545,88 @@ impl Drop for RelayBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body whose frames are all ready at once (as when the provider's
+    /// head and events arrive in one read).
+    struct AllReady(std::collections::VecDeque<Frame<Bytes>>);
+
+    impl Body for AllReady {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(Ok))
+        }
+    }
+
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// What a body gives, poll by poll: `Some(data)` for a data frame,
+    /// `None` for the end, and `Pending` with the wakes seen by then.
+    fn polls<B: Body<Data = Bytes> + Unpin>(mut body: B, n: usize) -> Vec<String>
+    where
+        B::Error: std::fmt::Debug,
+    {
+        let wakes = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        (0..n)
+            .map(|_| match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Pending => format!(
+                    "pending, woken {}",
+                    wakes.0.load(std::sync::atomic::Ordering::SeqCst)
+                ),
+                Poll::Ready(None) => "end".to_owned(),
+                Poll::Ready(Some(f)) => match f.unwrap().into_data() {
+                    Ok(d) => String::from_utf8_lossy(&d).into_owned(),
+                    Err(_) => "not data".to_owned(),
+                },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_event_is_written_before_the_rest_are_read() {
+        let frames = |texts: &[&str]| {
+            AllReady(
+                texts
+                    .iter()
+                    .map(|t| Frame::data(Bytes::copy_from_slice(t.as_bytes())))
+                    .collect(),
+            )
+        };
+        // Everything ready at once: after the first event the body has
+        // nothing ready, once, and its task is woken to go on at once.
+        assert_eq!(
+            polls(FlushFirst::new(frames(&["a", "b", "c"])), 6),
+            ["a", "pending, woken 1", "b", "c", "end", "end"]
+        );
+        // A lone event, then the end.
+        assert_eq!(
+            polls(FlushFirst::new(frames(&["a"])), 3),
+            ["a", "pending, woken 1", "end"]
+        );
+        // Without the wrapper, hyper would get every ready frame in a row.
+        assert_eq!(polls(frames(&["a", "b"]), 3), ["a", "b", "end"]);
+        // A frame that is not data (trailers) does not count as the first event.
+        let mut trailers = frames(&["a", "b"]);
+        trailers
+            .0
+            .push_front(Frame::trailers(http::HeaderMap::new()));
+        assert_eq!(
+            polls(FlushFirst::new(trailers), 5),
+            ["not data", "a", "pending, woken 1", "b", "end"]
+        );
+    }
 
     fn split_all(chunks: &[&[u8]]) -> (Vec<Bytes>, Option<Bytes>) {
         let mut s = SseSplitter::default();
@@ -1715,6 +1950,64 @@ mod tests {
         );
         let junk = Bytes::from_static(b"\xff not json");
         assert_eq!(prepare(chat, junk.clone()).body, junk);
+    }
+
+    /// The lean [`prepare`] answers as [`prepare_by_value`] does (the same
+    /// model and decision, a body that parses to the same JSON), for every
+    /// shape of body an agent can send.
+    #[test]
+    fn the_lean_prepare_answers_as_the_parsed_tree_does() {
+        let bodies: &[&[u8]] = &[
+            br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+            br#"  {"stream":true}"#,
+            br#"{"stream":true,"model":7}"#,
+            br#"{ "stream" : true , "model" : "m" } "#,
+            b"\n\t{\r\n\"stream\":true}\n",
+            br#"{"model":"m","stream":false}"#,
+            br#"{"model":"m","stream":"true"}"#,
+            br#"{"model":"m"}"#,
+            br#"{}"#,
+            br#"{ }"#,
+            br#"{"mod\u0065l":"esc","str\u0065am":true}"#,
+            br#"{"model":"a","model":"b","stream":true}"#,
+            br#"{"stream":false,"stream":true}"#,
+            br#"{"stream":true,"stream_options":{"include_usage":false}}"#,
+            br#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            br#"{"stream":true,"stream_options":{"include_obfuscation":false}}"#,
+            br#"{"stream":true,"stream_options":null}"#,
+            br#"{"stream":true,"stream_options":[1]}"#,
+            br#"{"stream":true,"tools":[{"stream_options":{"x":1},"model":"inner"}]}"#,
+            br#"{"stream":true,"model":"m"} trailing"#,
+            br#"{"stream":true,"model":"m""#,
+            br#"[{"stream":true}]"#,
+            br#""stream""#,
+            b"\xff not json",
+            b"",
+            br#"{"stream":true,"messages":"caf\u00e9 \ud83d\ude00"}"#,
+            "{\"stream\":true,\"model\":\"\u{e9}\u{1F600}\"}".as_bytes(),
+        ];
+        for chat_stream_usage in [true, false] {
+            let endpoint = Endpoint::Metered { chat_stream_usage };
+            for raw in bodies {
+                let body = Bytes::copy_from_slice(raw);
+                let lean = prepare(endpoint, body.clone());
+                let tree = prepare_by_value(endpoint, body.clone());
+                let what = String::from_utf8_lossy(raw);
+                assert_eq!(lean.model, tree.model, "{what}");
+                assert_eq!(lean.drop_usage_chunk, tree.drop_usage_chunk, "{what}");
+                match serde_json::from_slice::<Value>(&tree.body) {
+                    Ok(want) => assert_eq!(
+                        serde_json::from_slice::<Value>(&lean.body).ok(),
+                        Some(want),
+                        "{what}"
+                    ),
+                    Err(_) => assert_eq!(lean.body, tree.body, "{what}"),
+                }
+                if !lean.drop_usage_chunk {
+                    assert_eq!(lean.body, body, "{what}: sent as the agent wrote it");
+                }
+            }
+        }
     }
 
     #[test]
