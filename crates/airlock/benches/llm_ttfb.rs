@@ -5,7 +5,8 @@
 //! three repetitions, a fresh sidecar each.
 //!
 //! `cargo bench -p airlock --bench llm_ttfb` (env `LLM_TTFB_ITERS`, default
-//! 400; `LLM_TTFB_REPS`, default 3).
+//! 400; `LLM_TTFB_REPS`, default 3; `LLM_TTFB_TURNS`, default 1: the turns
+//! of conversation each request carries, 100 for an agent's ~50 KB body).
 //! Everything runs on 127.0.0.1: the fake provider in this process, the real
 //! `airlock sidecar` binary against a real test platform.
 //! Last, the machine's hand-off floor (`peers::handoff_rtt`).
@@ -50,9 +51,7 @@ impl Conn {
     }
 
     fn over(s: Box<dyn Io>, path: &str, auth: Option<&str>) -> Conn {
-        let body =
-            json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
-                .to_string();
+        let body = json!({"model": "m", "stream": true, "messages": conversation()}).to_string();
         let auth = auth
             .map(|a| format!("authorization: Bearer {a}\r\n"))
             .unwrap_or_default();
@@ -97,6 +96,31 @@ fn stats(mut v: Vec<Duration>) -> (f64, f64, f64) {
     )
 }
 
+/// Turns of the conversation each request carries (`LLM_TTFB_TURNS`,
+/// default 1: one "hi"). An agent's request carries its whole history:
+/// 100 turns is a ~50 KB body.
+fn turns() -> usize {
+    std::env::var("LLM_TTFB_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+fn conversation() -> serde_json::Value {
+    let n = turns();
+    if n <= 1 {
+        return json!([{"role": "user", "content": "hi"}]);
+    }
+    let text =
+        "A line of an earlier turn, about as long as the ones agents keep in their history. ";
+    (0..n)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            json!({"role": role, "content": text.repeat(6)})
+        })
+        .collect()
+}
+
 fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let iters: usize = std::env::var("LLM_TTFB_ITERS")
@@ -119,7 +143,8 @@ fn main() {
         let fake = fake_provider::start(Duration::ZERO).await;
         let nginx = peers::nginx(fake.addr);
         let token = p.sidecar_token.expose_secret().to_owned();
-        println!("llm_ttfb: OpenAI-style streaming chat completion (8 events), {iters} iterations per figure, {reps} repetitions, alternating, keep-alive, loopback; load {}", peers::load());
+        let body_len = json!({"model": "m", "stream": true, "messages": conversation()}).to_string().len();
+        println!("llm_ttfb: OpenAI-style streaming chat completion (8 events; request body {body_len} bytes, {} turn(s)), {iters} iterations per figure, {reps} repetitions, alternating, keep-alive, loopback; load {}", turns(), peers::load());
         println!("  {}", peers::describe());
         // (label, per-rep medians of first event, of the whole stream)
         let mut names: Vec<&'static str> = vec!["direct (tcp)"];

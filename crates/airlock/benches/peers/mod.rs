@@ -293,7 +293,9 @@ fn missing(name: &str) {
 }
 
 /// nginx as one keep-alive reverse-proxy hop to `upstream` (one process, no
-/// master: its CPU is that process's).
+/// master: its CPU is that process's), unbuffered both ways: an answer and
+/// a request body pass as they come (a body held in memory, never in a temp
+/// file), as the sidecar passes them.
 pub fn nginx(upstream: SocketAddr) -> Option<Peer> {
     let Some(bin) = find("nginx") else {
         missing("nginx");
@@ -310,7 +312,8 @@ pub fn nginx(upstream: SocketAddr) -> Option<Peer> {
            keepalive_requests 1000000;\n\
            upstream up {{ server {upstream}; keepalive 64; }}\n\
            server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://up;\n\
-               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n"
+               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+               proxy_request_buffering off;\n      client_body_buffer_size 1m;\n    }}\n  }}\n}}\n"
     );
     let conf_path = dir.path().join("nginx.conf");
     std::fs::write(&conf_path, conf).ok()?;
