@@ -264,18 +264,8 @@ fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
         .as_ref()
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let streaming = head.stream.as_ref().and_then(Value::as_bool) == Some(true);
-    if !(streaming
-        && endpoint
-            == (Endpoint::Metered {
-                chat_stream_usage: true,
-            }))
-    {
-        return Prepared {
-            body,
-            model,
-            drop_usage_chunk: false,
-        };
+    if !needs_usage_asked(endpoint, head.stream.as_ref()) {
+        return Prepared::as_sent(body, model);
     }
     if head.stream_options.0 {
         return prepare_by_value(endpoint, body);
@@ -302,29 +292,37 @@ fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
     }
 }
 
+/// Whether the relay asks the provider for the usage of this answer: an
+/// OpenAI chat stream (`stream` is the request's member of that name) does
+/// not report it unless asked.
+fn needs_usage_asked(endpoint: Endpoint, stream: Option<&Value>) -> bool {
+    stream.and_then(Value::as_bool) == Some(true)
+        && endpoint
+            == (Endpoint::Metered {
+                chat_stream_usage: true,
+            })
+}
+
+impl Prepared {
+    /// The body as the agent sent it.
+    fn as_sent(body: Bytes, model: Option<String>) -> Prepared {
+        Prepared {
+            body,
+            model,
+            drop_usage_chunk: false,
+        }
+    }
+}
+
 /// [`prepare`] by way of the whole body parsed as a tree: for the bodies
 /// its lean reading leaves (and the oracle its tests compare it with).
 fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
-        return Prepared {
-            body,
-            model: None,
-            drop_usage_chunk: false,
-        };
+        return Prepared::as_sent(body, None);
     };
     let model = obj.get("model").and_then(Value::as_str).map(str::to_owned);
-    let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
-    if !(streaming
-        && endpoint
-            == (Endpoint::Metered {
-                chat_stream_usage: true,
-            }))
-    {
-        return Prepared {
-            body,
-            model,
-            drop_usage_chunk: false,
-        };
+    if !needs_usage_asked(endpoint, obj.get("stream")) {
+        return Prepared::as_sent(body, model);
     }
     let asked = obj
         .get("stream_options")
@@ -332,11 +330,7 @@ fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
         .and_then(Value::as_bool)
         == Some(true);
     if asked {
-        return Prepared {
-            body,
-            model,
-            drop_usage_chunk: false,
-        };
+        return Prepared::as_sent(body, model);
     }
     match obj.get_mut("stream_options") {
         Some(Value::Object(o)) => {
@@ -352,11 +346,7 @@ fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
             model,
             drop_usage_chunk: true,
         },
-        Err(_) => Prepared {
-            body,
-            model,
-            drop_usage_chunk: false,
-        },
+        Err(_) => Prepared::as_sent(body, model),
     }
 }
 
@@ -622,11 +612,7 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         }
         let prepared = match endpoint {
             Endpoint::Metered { .. } => prepare(endpoint, body),
-            Endpoint::Plain => Prepared {
-                body,
-                model: None,
-                drop_usage_chunk: false,
-            },
+            Endpoint::Plain => Prepared::as_sent(body, None),
         };
         // The URL is the configured base and the agent's own path and
         // query, made before the key exists (the key goes in a header): no
