@@ -252,10 +252,19 @@ impl<'de> serde::Deserialize<'de> for Present {
 /// Reads only the three members it needs ([`RequestHead`]) and, to ask for
 /// usage, writes `"stream_options":{"include_usage":true}` into the body
 /// as the agent sent it, right after its opening brace. A body it cannot
-/// read that way (a repeated member, `stream_options` already there, or no
-/// JSON object at all) goes to [`prepare_by_value`]: the same answer, by way
+/// read that way (not a JSON object, a repeated member, `stream_options`
+/// already there) goes to [`prepare_by_value`]: the same answer, by way
 /// of the whole parsed tree.
 fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
+    // The first byte that is not JSON whitespace opens the object. Checked
+    // first: a derived struct also reads a JSON array, as its fields in order.
+    let Some(open) = body
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .filter(|&i| body[i] == b'{')
+    else {
+        return prepare_by_value(endpoint, body);
+    };
     let Ok(head) = serde_json::from_slice::<RequestHead>(&body) else {
         return prepare_by_value(endpoint, body);
     };
@@ -270,15 +279,6 @@ fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
     if head.stream_options.0 {
         return prepare_by_value(endpoint, body);
     }
-    // The body parsed as an object: its first byte that is not JSON
-    // whitespace is its opening brace.
-    let Some(open) = body
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
-        .filter(|&i| body[i] == b'{')
-    else {
-        return prepare_by_value(endpoint, body);
-    };
     // The object has a member (`stream`), so the new one is followed by a comma.
     const ASK: &[u8] = br#""stream_options":{"include_usage":true},"#;
     let mut asked = Vec::with_capacity(body.len() + ASK.len());
@@ -1966,6 +1966,9 @@ mod tests {
             br#"{"stream":true,"model":"m"} trailing"#,
             br#"{"stream":true,"model":"m""#,
             br#"[{"stream":true}]"#,
+            br#"["m",false]"#,
+            br#"["m",true]"#,
+            br#" ["m",true,null]"#,
             br#""stream""#,
             b"\xff not json",
             b"",
