@@ -8,7 +8,8 @@
 //! 400; `LLM_TTFB_REPS`, default 3; `LLM_TTFB_TURNS`, default 1: the turns
 //! of conversation each request carries, 100 for an agent's ~50 KB body).
 //! Everything runs on 127.0.0.1: the fake provider in this process, the real
-//! `airlock sidecar` binary against a real test platform.
+//! `airlock sidecar` binary against a real test platform, on a runtime of
+//! its own as a deployed platform is a process of its own (`peers::Platform`).
 //! Last, the machine's hand-off floor (`peers::handoff_rtt`).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
@@ -21,7 +22,6 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use airlock_platform::testing::TestPlatform;
 use airlock_store::AuthType;
 use airlock_vault::ExposeSecret;
 use serde_json::json;
@@ -136,16 +136,21 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let p = peers::Platform::start(
+        &rt,
+        "bench-llm",
+        "@model",
+        AuthType::ApiKey,
+        &[("key", "sk-bench-key")],
+    );
+    let p = &p;
     rt.block_on(async move {
-        let p = TestPlatform::start("bench-llm").await;
-        peers::platform_like_the_build(&p);
-        p.add_connection("@model", AuthType::ApiKey, &[("key", "sk-bench-key")]).await;
         let fake = fake_provider::start(Duration::ZERO).await;
         let nginx = peers::nginx(fake.addr);
         let token = p.sidecar_token.expose_secret().to_owned();
         let body_len = json!({"model": "m", "stream": true, "messages": conversation()}).to_string().len();
         println!("llm_ttfb: OpenAI-style streaming chat completion (8 events; request body {body_len} bytes, {} turn(s)), {iters} iterations per figure, {reps} repetitions, alternating, keep-alive, loopback; load {}", turns(), peers::load());
-        println!("  {}", peers::describe());
+        println!("  {}; {}", peers::describe(), p.describe());
         // (label, per-rep medians of first event, of the whole stream)
         let mut names: Vec<&'static str> = vec!["direct (tcp)"];
         if nginx.is_some() {

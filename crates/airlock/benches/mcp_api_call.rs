@@ -12,6 +12,10 @@
 //! peak (VmHWM) under 100 concurrent `api_call`s.
 //! Each path's clock runs from sending the request to having read its answer
 //! whole; the bench's own check of a sidecar answer comes after.
+//! The platform runs on a runtime of its own, as a deployed platform is a
+//! process of its own (`peers::Platform`; `AIRLOCK_BENCH_SHARED_PLATFORM=1`
+//! puts it on the bench's runtime, beside the bench's client and upstream,
+//! where its answers came faster than a deployment's).
 //! Last, the machine's hand-off floor (`peers::handoff_rtt`): what each
 //! hop between processes costs here before any work is done.
 //!
@@ -33,7 +37,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use airlock_platform::testing::TestPlatform;
 use airlock_store::AuthType;
 use airlock_vault::ExposeSecret;
 use bytes::Bytes;
@@ -77,10 +80,13 @@ async fn upstream() -> SocketAddr {
 /// A platform that answers every request at once with the bench's
 /// credential (no token check, no store, no decrypt): what a credentialed
 /// call costs when the platform's own work is nil, i.e. the round trip alone.
-async fn null_platform(dir: &std::path::Path, rep: usize) -> std::path::PathBuf {
-    let path = dir.join(format!("null-platform-{rep}.sock"));
-    let l = tokio::net::UnixListener::bind(&path).expect("bind null platform");
-    tokio::spawn(async move {
+fn null_platform(p: &peers::Platform, rep: usize) -> std::path::PathBuf {
+    let path = p.dir.path().join(format!("null-platform-{rep}.sock"));
+    let l = std::os::unix::net::UnixListener::bind(&path).expect("bind null platform");
+    l.set_nonblocking(true).expect("nonblocking");
+    // Served where the platform is served.
+    p.handle().spawn(async move {
+        let l = tokio::net::UnixListener::from_std(l).expect("null platform listener");
         while let Ok((s, _)) = l.accept().await {
             tokio::spawn(async move {
                 let svc = service_fn(|_req: hyper::Request<hyper::body::Incoming>| async {
@@ -189,7 +195,14 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run());
+    let p = peers::Platform::start(
+        &rt,
+        "bench-agent",
+        "svc",
+        AuthType::Bearer,
+        &[("api_key", "bench-credential-value")],
+    );
+    rt.block_on(run(&p));
 }
 
 struct Rep {
@@ -206,7 +219,7 @@ struct Rep {
     burst_cps: f64,
 }
 
-async fn run() {
+async fn run(p: &peers::Platform) {
     let n: usize = std::env::var("MCP_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -215,14 +228,6 @@ async fn run() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let p = TestPlatform::start("bench-agent").await;
-    p.add_connection(
-        "svc",
-        AuthType::Bearer,
-        &[("api_key", "bench-credential-value")],
-    )
-    .await;
-    peers::platform_like_the_build(&p);
     let up = upstream().await;
     let port = up.port();
     let nginx = peers::nginx(up);
@@ -230,7 +235,7 @@ async fn run() {
         "mcp api_call, {n} sequential calls per figure, {reps} repetitions, alternating (loopback upstream, keep-alive, 2026-07-28 stateless JSON); load {}",
         peers::load()
     );
-    println!("  {}", peers::describe());
+    println!("  {}; {}", peers::describe(), p.describe());
     let token = p.sidecar_token.expose_secret().to_owned();
     let profile_only = match std::env::var("MCP_BENCH_PROFILE").ok().as_deref() {
         None => None,
@@ -255,7 +260,7 @@ async fn run() {
             a.extend(b);
         }
         if std::env::var_os("MCP_BENCH_NULL_PLATFORM").is_some() {
-            cfg["platform_socket"] = json!(null_platform(p.dir.path(), rep).await);
+            cfg["platform_socket"] = json!(null_platform(p, rep));
         }
         let sc = peers::spawn_sidecar(&cfg);
         let pid = sc.pid();

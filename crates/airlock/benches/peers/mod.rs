@@ -66,6 +66,79 @@ pub fn platform_like_the_build(p: &airlock_platform::testing::TestPlatform) {
     p.api.set_connection_cache(baseline().is_none());
 }
 
+/// The bench's platform (the test platform: store, keyring, internal API,
+/// journal follower), as the build under test has it.
+///
+/// It runs on a runtime of its own shaped like the `airlock` binary's (two
+/// workers, `cmd::multi_thread_runtime`): a deployed platform is a process
+/// of its own, and on the runtime that also drives the bench's clients and
+/// upstream every answer it gives would wait behind the bench's own work.
+/// `AIRLOCK_BENCH_SHARED_PLATFORM=1` puts it on the bench's runtime instead
+/// (the arrangement before, for comparison).
+pub struct Platform {
+    // Declared first: dropped (its tasks stopped) before its runtime.
+    p: airlock_platform::testing::TestPlatform,
+    own: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl Platform {
+    /// Starts the platform with one run of `agent` and the connection
+    /// `integration` (one `fields` credential), from outside any runtime;
+    /// `bench` is the bench's runtime.
+    pub fn start(
+        bench: &tokio::runtime::Runtime,
+        agent: &str,
+        integration: &str,
+        auth: airlock_store::AuthType,
+        fields: &[(&str, &str)],
+    ) -> Platform {
+        let own = if std::env::var_os("AIRLOCK_BENCH_SHARED_PLATFORM").is_some() {
+            None
+        } else {
+            Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("bench-platform")
+                    .enable_all()
+                    .build()
+                    .expect("platform runtime"),
+            )
+        };
+        let handle = own
+            .as_ref()
+            .map_or_else(|| bench.handle().clone(), |rt| rt.handle().clone());
+        let p = handle.block_on(async {
+            let p = airlock_platform::testing::TestPlatform::start(agent).await;
+            platform_like_the_build(&p);
+            p.add_connection(integration, auth, fields).await;
+            p
+        });
+        Platform { p, own, handle }
+    }
+
+    /// Where the platform's runtime is: one of its own, or the bench's.
+    pub fn describe(&self) -> &'static str {
+        if self.own.is_some() {
+            "platform on a runtime of its own (2 workers, as the airlock binary's)"
+        } else {
+            "platform on the bench's runtime (AIRLOCK_BENCH_SHARED_PLATFORM)"
+        }
+    }
+
+    /// The platform's runtime, to serve something else as the platform.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl std::ops::Deref for Platform {
+    type Target = airlock_platform::testing::TestPlatform;
+    fn deref(&self) -> &Self::Target {
+        &self.p
+    }
+}
+
 /// The machine's load average, for the header of every bench.
 pub fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
