@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
+use airlock_platform_api::read_interest::ReadInterestListener;
 use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
     Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
@@ -255,7 +256,9 @@ impl InternalApi {
             std::future::pending::<()>().await;
         };
         tokio::select! {
-            served = axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(self.endpoint())) => served,
+            // Connections watched for readability only: a sidecar reading
+            // an answer does not wake the platform (`read_interest`).
+            served = axum::serve(ReadInterestListener(listener), axum::ServiceExt::<Request>::into_make_service(self.endpoint())) => served,
             () = watch => Ok(()),
         }
     }

@@ -253,6 +253,9 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     if let Some(l) = api_unix {
         let app = app.clone();
         tasks.spawn(async move {
+            // Watched for readability only: the runtime reading an answer
+            // (or each event of a stream) does not wake the sidecar.
+            let l = airlock_platform_api::read_interest::ReadInterestListener(l);
             let _ = axum::serve(l, app).await;
         });
     }
