@@ -28,6 +28,10 @@
 //! bare hyper server that answers every request at once with the credential:
 //! the credentialed figure is then the round trip alone, the floor of any
 //! fetch per call on this machine.
+//! `MCP_BENCH_DUMP=/path/prefix` writes every timed call of repetition R
+//! to `/path/prefix.R`, one line each: the path (1 nginx, 2 credential,
+//! 3 without a connection), when it started and how long it took, in µs
+//! since the repetition's first call (to see when the slow calls happen).
 //! Loopback traffic only.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
@@ -346,6 +350,9 @@ async fn run(p: &peers::Platform) {
         let sidecar_cpu = peers::CpuMeter::of(pid);
         let nginx_cpu = ng.as_ref().map(|(_, _, npid)| peers::CpuMeter::of(*npid));
         let mut shuffle = peers::Shuffle::new(0x5eed ^ rep as u64);
+        // (path, start since t0, took), for MCP_BENCH_DUMP.
+        let t0 = Instant::now();
+        let mut dump: Vec<(u8, Duration, Duration)> = Vec::with_capacity(3 * n);
         for i in 0..n as u64 {
             for path in shuffle.order(4) {
                 match path {
@@ -359,7 +366,9 @@ async fn run(p: &peers::Platform) {
                             let c0 = meter.ns();
                             let t = Instant::now();
                             get_data(c, *a).await;
-                            t_nginx.push(t.elapsed());
+                            let took = t.elapsed();
+                            t_nginx.push(took);
+                            dump.push((1, t - t0, took));
                             cpu_nginx += meter.ns().saturating_sub(c0);
                         }
                     }
@@ -368,7 +377,9 @@ async fn run(p: &peers::Platform) {
                         let c0 = sidecar_cpu.ns();
                         let t = Instant::now();
                         let answer = via_sidecar(&mut s, &token, "svc__api_call", body).await;
-                        t_cred.push(t.elapsed());
+                        let took = t.elapsed();
+                        t_cred.push(took);
+                        dump.push((2, t - t0, took));
                         cpu_cred += sidecar_cpu.ns().saturating_sub(c0);
                         answer.expect_ok();
                     }
@@ -377,7 +388,9 @@ async fn run(p: &peers::Platform) {
                         let c0 = sidecar_cpu.ns();
                         let t = Instant::now();
                         let answer = via_sidecar(&mut s, &token, "anon__api_call", body).await;
-                        t_anon.push(t.elapsed());
+                        let took = t.elapsed();
+                        t_anon.push(took);
+                        dump.push((3, t - t0, took));
                         cpu_anon += sidecar_cpu.ns().saturating_sub(c0);
                         answer.expect_ok();
                     }
@@ -385,6 +398,16 @@ async fn run(p: &peers::Platform) {
             }
         }
 
+        if let Some(path) = std::env::var_os("MCP_BENCH_DUMP") {
+            use std::io::Write;
+            let mut f = std::io::BufWriter::new(
+                std::fs::File::create(format!("{}.{rep}", path.to_string_lossy()))
+                    .expect("MCP_BENCH_DUMP: create the dump file"),
+            );
+            for (p, at, took) in &dump {
+                writeln!(f, "{p} {:.1} {:.1}", peers::us(*at), peers::us(*took)).unwrap();
+            }
+        }
         // 100 concurrent api_calls, 20 rounds, each on its own connection.
         let mut tasks = tokio::task::JoinSet::new();
         let started = Instant::now();
