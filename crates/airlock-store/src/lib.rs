@@ -1271,8 +1271,9 @@ impl Store {
     }
 
     /// [`Store::append_egress`] for many records at once, in a few
-    /// statements of [`EGRESS_BATCH_ROWS`] rows each: how a batch of records
-    /// costs a few writes, not one per record. A batch naming one
+    /// statements of [`EGRESS_BATCH_ROWS`] rows each and one transaction:
+    /// how a batch of records costs one commit, not one per record or per
+    /// statement, and is stored whole or not at all. A batch naming one
     /// `(run_id, seq)` twice keeps its last record (a start never replaces
     /// a completion).
     pub async fn append_egress_batch(&self, records: &[NewEgress<'_>]) -> Result<(), StoreError> {
@@ -1294,20 +1295,30 @@ impl Store {
                 }
             }
         }
-        let mut rest = unique.as_slice();
-        while let Some(first) = rest.first() {
-            let (sql, rows) = egress_insert(&self.pool, rest.len());
-            let (chunk, tail) = rest.split_at(rows.min(rest.len()));
-            rest = tail;
-            let run_id = first.run_id;
-            on_pool!(self, p => {
+        if unique.is_empty() {
+            return Ok(());
+        }
+        // One transaction: the pages the rows touch (the table's last, the
+        // indexes') are written to the WAL once per batch, not once per
+        // statement, and the batch is stored whole or not at all.
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            let mut rest = unique.as_slice();
+            while let Some(head) = rest.first() {
+                let run_id = head.run_id;
+                let (sql, rows) = egress_insert(&self.pool, rest.len());
+                let (chunk, tail) = rest.split_at(rows.min(rest.len()));
+                rest = tail;
                 let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                 for e in chunk {
                     q = bind_egress!(q, e);
                 }
-                q.execute(p).await.map_err(|err| self.run_fk(err, run_id))?;
-            });
-        }
+                q.execute(&mut *tx)
+                    .await
+                    .map_err(|err| self.run_fk(err, run_id))?;
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+        });
         Ok(())
     }
 

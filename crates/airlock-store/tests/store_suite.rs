@@ -1294,6 +1294,25 @@ async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
         .unwrap_err(),
         StoreError::RunNotFound(_)
     ));
+    // A batch is stored whole or not at all: 100 new records of r1 (two
+    // statements' worth and more) and, last, one of a run that does not
+    // exist leave r1's log as it was.
+    let mut doomed: Vec<NewEgress<'_>> = (1000..1100)
+        .map(|seq| rec(seq, EgressOutcome::Completed))
+        .collect();
+    doomed.push(NewEgress {
+        run_id: "ghost",
+        ..rec(2000, EgressOutcome::Completed)
+    });
+    assert!(matches!(
+        s.append_egress_batch(&doomed).await.unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
+    assert_eq!(
+        s.list_egress("r1", 1000).await.unwrap().len(),
+        152,
+        "nothing of the failed batch was stored"
+    );
 }
 
 async fn memories(s: &Store) {
