@@ -126,8 +126,7 @@ impl Orchestrator {
         let run_dir = self.home.join("runs").join(&run_id);
         create_private_dir(&run_dir)
             .map_err(|e| RunError::Setup(format!("run directory {}: {e}", run_dir.display())))?;
-        std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string())
-            .map_err(|e| RunError::Setup(e.to_string()))?;
+        write_owner(&run_dir).map_err(|e| RunError::Setup(e.to_string()))?;
         let new_run = NewRun {
             org: &req.org,
             owner: None,
@@ -201,9 +200,7 @@ impl Orchestrator {
             return fail(e.to_string()).await;
         }
         let run_dir = self.home.join("runs").join(&run_id);
-        let made = create_private_dir(&run_dir).and_then(|()| {
-            std::fs::write(run_dir.join(OWNER_FILE), std::process::id().to_string())
-        });
+        let made = create_private_dir(&run_dir).and_then(|()| write_owner(&run_dir));
         if let Err(e) = made {
             return fail(format!("run directory {}: {e}", run_dir.display())).await;
         }
@@ -278,7 +275,15 @@ impl Orchestrator {
         tracing::debug!(target: "airlock::phase", "end recorded");
         let _ = std::fs::remove_dir_all(&run_dir);
         tracing::debug!(target: "airlock::phase", "run directory removed");
-        finished?;
+        // Ended first by someone else (cancelled, or failed by a reclaim):
+        // what the store says is the outcome, not what this platform saw.
+        let (status, exit_code, error) = match finished? {
+            true => (status, exit_code, error),
+            false => match self.store.get_run(&run_id).await? {
+                Some(stored) => (stored.status, stored.exit_code, stored.error),
+                None => (status, exit_code, error),
+            },
+        };
         Ok(RunOutcome {
             run_id,
             status,
@@ -1123,6 +1128,25 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// Writes the owner file of `run_dir`: this process's PID, whole or not at
+/// all (written beside it, then renamed). A concurrent platform's boot
+/// reclaim reads it at any moment: a file caught half-written (empty) read
+/// as no owner, and that reclaim removed a starting run's directory and
+/// failed the run (one in ~150 of 50 concurrent `airlock run`s).
+fn write_owner(run_dir: &Path) -> std::io::Result<()> {
+    let pid = std::process::id().to_string();
+    let partial = run_dir.join(format!("{OWNER_FILE}.partial"));
+    std::fs::write(&partial, pid)?;
+    std::fs::rename(&partial, run_dir.join(OWNER_FILE))
+}
+
+/// The PID an owner file names; `None` if it names none (garbage).
+fn owner_pid(contents: &[u8]) -> Option<i32> {
+    std::str::from_utf8(contents)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+}
+
 /// The sockets' directory: the platform's, searchable (not listable or
 /// writable) by the sandbox's unprivileged uid.
 fn create_sockets_dir(dir: &Path) -> std::io::Result<()> {
@@ -1158,10 +1182,7 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             let owner =
                 airlock_sandbox::untrusted::read_file(&e.path().join(OWNER_FILE), MAX_OWNER_FILE);
             let alive = match owner {
-                Ok(b) => match std::str::from_utf8(&b)
-                    .ok()
-                    .and_then(|s| s.trim().parse::<i32>().ok())
-                {
+                Ok(b) => match owner_pid(&b) {
                     Some(pid) => {
                         Path::new(&format!("/proc/{pid}")).exists()
                             && pid != std::process::id() as i32
@@ -1298,6 +1319,54 @@ pub type SharedOrchestrator = Arc<Orchestrator>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader of the owner file (a concurrent platform's boot reclaim)
+    /// never catches it half-written: it finds no file yet, or the whole
+    /// PID. (Written in place, an empty file was caught and read as no
+    /// owner: the starting run's directory was removed and the run failed.)
+    #[test]
+    fn the_owner_file_is_never_read_half_written() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let dirs: Vec<PathBuf> = (0..1000)
+            .map(|i| home.path().join(format!("run_{i}")))
+            .collect();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (dirs, done) = (dirs.clone(), done.clone());
+            std::thread::spawn(move || {
+                let (mut whole, mut torn) = (0u32, Vec::new());
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    for d in &dirs {
+                        // (Not there yet: a reclaim waits for it.)
+                        let read = airlock_sandbox::untrusted::read_file(
+                            &d.join(OWNER_FILE),
+                            MAX_OWNER_FILE,
+                        );
+                        if let Ok(b) = read {
+                            match owner_pid(&b) {
+                                Some(_) => whole += 1,
+                                None => torn.push(b),
+                            }
+                        }
+                    }
+                }
+                (whole, torn)
+            })
+        };
+        for d in &dirs {
+            create_private_dir(d).expect("run directory");
+            write_owner(d).expect("owner file");
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let (whole, torn) = reader.join().expect("reader");
+        assert!(torn.is_empty(), "owner files read half-written: {torn:?}");
+        assert!(whole > 0, "the reader saw owner files at all");
+        for d in &dirs {
+            let b = std::fs::read(d.join(OWNER_FILE)).expect("owner file");
+            assert_eq!(owner_pid(&b), Some(std::process::id() as i32));
+            assert!(!d.join(format!("{OWNER_FILE}.partial")).exists());
+        }
+    }
 
     #[test]
     fn local_runners_start_only_where_they_are_isolated() {

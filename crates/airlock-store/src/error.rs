@@ -50,6 +50,9 @@ pub enum StoreError {
     /// No run of that id.
     #[error("run {0:?} not found")]
     RunNotFound(String),
+    /// The run had ended (failed, cancelled) before it could be started.
+    #[error("run {id:?} ended before it started: {reason}")]
+    RunEnded { id: String, reason: String },
     /// A result of that id exists for the run.
     #[error("result {id:?} already exists for run {run_id:?}")]
     ResultExists { run_id: String, id: String },

@@ -1069,13 +1069,28 @@ impl Store {
 
     /// Marks a run started (status `running`, `started_at`, first heartbeat).
     pub async fn mark_run_started(&self, id: &str, at: i64) -> Result<(), StoreError> {
-        self.update_run(
-            id,
-            "UPDATE runs SET status = 'running', started_at = $2, last_heartbeat_at = $2 \
-             WHERE id = $1",
-            at,
-        )
-        .await
+        // Never a run that has ended (failed by a reclaim, cancelled):
+        // marking it `running` again would revive it in name only.
+        match self
+            .update_run(
+                id,
+                "UPDATE runs SET status = 'running', started_at = $2, last_heartbeat_at = $2 \
+                 WHERE id = $1 AND ended_at IS NULL",
+                at,
+            )
+            .await
+        {
+            Err(StoreError::RunNotFound(_)) => match self.get_run(id).await? {
+                Some(run) => Err(StoreError::RunEnded {
+                    id: id.to_owned(),
+                    reason: run
+                        .error
+                        .unwrap_or_else(|| format!("it is {}", run.status.as_str())),
+                }),
+                None => Err(StoreError::RunNotFound(id.to_owned())),
+            },
+            other => other,
+        }
     }
 
     /// Records a heartbeat.

@@ -967,6 +967,19 @@ async fn runs(s: &Store) {
         .await
         .unwrap()
     );
+    // An ended run is never marked started again (a platform whose run a
+    // concurrent reclaim failed meanwhile learns why, and starts nothing).
+    match s.mark_run_started("r1", 3_500).await.unwrap_err() {
+        StoreError::RunEnded { id, reason } => {
+            assert_eq!(id, "r1");
+            assert_eq!(reason, "agent exited 3", "the stored reason");
+        }
+        other => panic!("expected RunEnded, got {other:?}"),
+    }
+    assert!(matches!(
+        s.mark_run_started("zz", 1).await.unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
     let r = s.get_run("r1").await.unwrap().unwrap();
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(r.started_at, Some(2_000));
