@@ -60,6 +60,8 @@ struct Run {
     wall: f64,
     inner: f64,
     ok: bool,
+    /// Why a run did not succeed, as `airlock run` said it.
+    failure: Option<String>,
     /// Milestone → ms since the spawn (traced runs only).
     phases: Vec<(String, f64)>,
 }
@@ -94,10 +96,23 @@ fn one(home: &Path, manifest: &Path, backend: &str, traced: bool) -> Run {
     if traced {
         phases.push(("(airlock run exited)".into(), wall));
     }
+    let ok = json["status"] == "succeeded";
+    let failure = (!ok).then(|| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        format!(
+            "{} (status {}, error {}); stderr ends: {}",
+            out.status,
+            json["status"],
+            json["error"],
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        )
+    });
     Run {
         wall,
         inner,
-        ok: json["status"] == "succeeded",
+        ok,
+        failure,
         phases,
     }
 }
@@ -222,14 +237,17 @@ fn main() {
     let handles: Vec<_> = (0..50)
         .map(|_| {
             let (h, m, b) = (home.path().to_owned(), manifest.clone(), backend.clone());
-            std::thread::spawn(move || one(&h, &m, &b, false).ok)
+            std::thread::spawn(move || one(&h, &m, &b, false).failure)
         })
         .collect();
-    let ok = handles
+    let failures: Vec<String> = handles
         .into_iter()
-        .map(|h| h.join().unwrap_or(false))
-        .filter(|ok| *ok)
-        .count();
+        .filter_map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Some("the bench's thread panicked".into()))
+        })
+        .collect();
+    let ok = 50 - failures.len();
     let left = std::fs::read_dir(home.path().join("runs"))
         .map(|r| r.count())
         .unwrap_or(0);
@@ -237,4 +255,7 @@ fn main() {
         "50 concurrent runs, backend {backend}: {ok}/50 succeeded in {:.1} s; run directories left: {left}",
         t.elapsed().as_secs_f64()
     );
+    for f in &failures {
+        println!("  a run that did not succeed: {f}");
+    }
 }
