@@ -43,7 +43,7 @@ fn register(stream: UnixStream, interest: Interest) -> io::Result<AsyncFd<UnixSt
 impl ReadInterest {
     /// Takes over `stream` (it must be in non-blocking mode, as tokio's are);
     /// must be called within a tokio runtime.
-    pub fn new(stream: UnixStream) -> io::Result<ReadInterest> {
+    fn new(stream: UnixStream) -> io::Result<ReadInterest> {
         Ok(ReadInterest {
             io: register(stream, Interest::READABLE)?,
             space: None,
@@ -63,31 +63,27 @@ impl ReadInterest {
         cx: &mut Context<'_>,
         mut write: impl FnMut(&UnixStream) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
-        loop {
-            match write(self.io.get_ref()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                done => {
-                    self.space = None;
-                    return Poll::Ready(done);
+        let done = match write(self.io.get_ref()) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let space = match &mut self.space {
+                    Some(space) => space,
+                    None => self.space.insert(register(
+                        self.io.get_ref().try_clone()?,
+                        Interest::WRITABLE,
+                    )?),
+                };
+                loop {
+                    let mut ready = ready!(space.poll_write_ready(cx))?;
+                    // Not writable after all: readiness cleared, wait again.
+                    if let Ok(done) = ready.try_io(|s| write(s.get_ref())) {
+                        break done;
+                    }
                 }
             }
-            let space = match &mut self.space {
-                Some(space) => space,
-                None => self.space.insert(register(
-                    self.io.get_ref().try_clone()?,
-                    Interest::WRITABLE,
-                )?),
-            };
-            let mut ready = ready!(space.poll_write_ready(cx))?;
-            match ready.try_io(|s| write(s.get_ref())) {
-                Ok(done) => {
-                    self.space = None;
-                    return Poll::Ready(done);
-                }
-                // Not writable after all: readiness cleared, wait again.
-                Err(_would_block) => continue,
-            }
-        }
+            done => done,
+        };
+        self.space = None;
+        Poll::Ready(done)
     }
 }
 

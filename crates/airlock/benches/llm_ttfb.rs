@@ -51,7 +51,7 @@ impl Conn {
     }
 
     fn over(s: Box<dyn Io>, path: &str, auth: Option<&str>) -> Conn {
-        let body = json!({"model": "m", "stream": true, "messages": conversation()}).to_string();
+        let body = request_body();
         let auth = auth
             .map(|a| format!("authorization: Bearer {a}\r\n"))
             .unwrap_or_default();
@@ -106,6 +106,11 @@ fn turns() -> usize {
         .unwrap_or(1)
 }
 
+/// The streamed chat request every path is sent.
+fn request_body() -> String {
+    json!({"model": "m", "stream": true, "messages": conversation()}).to_string()
+}
+
 fn conversation() -> serde_json::Value {
     let n = turns();
     if n <= 1 {
@@ -148,7 +153,7 @@ fn main() {
         let fake = fake_provider::start(Duration::ZERO).await;
         let nginx = peers::nginx(fake.addr);
         let token = p.sidecar_token.expose_secret().to_owned();
-        let body_len = json!({"model": "m", "stream": true, "messages": conversation()}).to_string().len();
+        let body_len = request_body().len();
         println!("llm_ttfb: OpenAI-style streaming chat completion (8 events; request body {body_len} bytes, {} turn(s)), {iters} iterations per figure, {reps} repetitions, alternating, keep-alive, loopback; load {}", turns(), peers::load());
         println!("  {}; {}", peers::describe(), p.describe());
         // (label, per-rep medians of first event, of the whole stream)
