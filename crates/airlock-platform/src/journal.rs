@@ -107,7 +107,8 @@ pub async fn ingest(store: &Store, run_id: &str, path: &Path) -> Result<usize, J
 /// How soon a live run's journal is read again while records flow into it:
 /// each read then stores a few milliseconds of work (one read every 500 ms
 /// stored ~2000 records of a busy run in a 50 ms burst of the store's
-/// thread, which showed in the platform's answers around it).
+/// thread, which showed in the platform's answers around it; the reads are
+/// background work too, [`crate::background`]).
 pub const FOLLOW_BUSY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The longest wait between two reads of a quiet journal (the wait doubles
@@ -246,13 +247,27 @@ async fn store_lines(
 
 /// Follows `path` into the store until `stop` fires (or its sender is
 /// dropped), then reads what is left: every [`FOLLOW_BUSY`] while records
-/// come, backing off to [`FOLLOW_QUIET`] while none do.
+/// come, backing off to [`FOLLOW_QUIET`] while none do. The reads while
+/// the run is live are background work, on [`Store::background`] (run this
+/// with [`crate::background::spawn`]); the last one is not.
 pub async fn follow(
     store: Store,
     run_id: String,
     path: PathBuf,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
+    stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<usize, JournalIngestError> {
+    let (live, tail) = follow_live(store.background(), run_id.clone(), path, stop).await;
+    Ok(live + tail.finish(&store, &run_id).await?)
+}
+
+/// The reads of [`follow`] while the run is live, into `store`: how many
+/// records they stored, and the tail for the last read.
+async fn follow_live(
+    store: Store,
+    run_id: String,
+    path: PathBuf,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> (usize, Tail) {
     let mut tail = Tail::new(path);
     let mut stored = 0;
     let mut wait = FOLLOW_BUSY;
@@ -269,7 +284,7 @@ pub async fn follow(
             Err(e) => tracing::warn!(run_id, "{e}"),
         }
     }
-    Ok(stored + tail.finish(&store, &run_id).await?)
+    (stored, tail)
 }
 
 /// The wait before the next read of a followed journal, given the last wait
@@ -283,10 +298,14 @@ fn next_wait(wait: std::time::Duration, stored: Option<usize>) -> std::time::Dur
 }
 
 /// A live run's journal followed into the store (its egress log is in the
-/// store while the run is live, within [`FOLLOW_QUIET`]).
+/// store while the run is live, within [`FOLLOW_QUIET`]): as background
+/// work while the run is live, the last read by [`Follower::finish`]'s
+/// caller. Dropped unfinished (its run's future was dropped), it stops
+/// following: the run's directory stays, and the boot reclaim reads its
+/// journal whole.
 pub struct Follower {
     stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<usize, JournalIngestError>>,
+    task: tokio::task::JoinHandle<(usize, Tail)>,
     store: Store,
     run_id: String,
     run_dir: PathBuf,
@@ -296,8 +315,8 @@ impl Follower {
     /// Follows the journal of the run in `run_dir` (it may not exist yet).
     pub fn start(store: &Store, run_id: &str, run_dir: &Path) -> Follower {
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(follow(
-            store.clone(),
+        let task = crate::background::spawn(follow_live(
+            store.background(),
             run_id.to_owned(),
             path_in(run_dir),
             stopped,
@@ -316,15 +335,17 @@ impl Follower {
     pub async fn finish(self) {
         let _ = self.stop.send(());
         match self.task.await {
-            Ok(Ok(n)) => tracing::debug!(
-                run_id = self.run_id,
-                records = n,
-                "egress journal followed into the store"
-            ),
-            Ok(Err(e)) => {
-                tracing::warn!(run_id = self.run_id, "{e}: reading the journal whole");
-                ingest_run_dir(&self.store, &self.run_id, &self.run_dir).await;
-            }
+            Ok((live, tail)) => match tail.finish(&self.store, &self.run_id).await {
+                Ok(last) => tracing::debug!(
+                    run_id = self.run_id,
+                    records = live + last,
+                    "egress journal followed into the store"
+                ),
+                Err(e) => {
+                    tracing::warn!(run_id = self.run_id, "{e}: reading the journal whole");
+                    ingest_run_dir(&self.store, &self.run_id, &self.run_dir).await;
+                }
+            },
             Err(e) => {
                 tracing::error!(
                     run_id = self.run_id,

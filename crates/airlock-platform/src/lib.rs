@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod background;
 pub mod connections;
 pub mod internal_api;
 pub mod journal;

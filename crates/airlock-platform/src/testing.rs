@@ -27,10 +27,13 @@ pub struct TestPlatform {
     key: [u8; 32],
     tokens: RunTokens,
     task: tokio::task::JoinHandle<()>,
+    /// Following the run's journal, on the background thread.
+    follow: tokio::task::JoinHandle<Result<usize, crate::journal::JournalIngestError>>,
 }
 
 impl Drop for TestPlatform {
     fn drop(&mut self) {
+        self.follow.abort();
         self.task.abort();
     }
 }
@@ -77,13 +80,16 @@ impl TestPlatform {
         // The platform serves its API and follows the run's journal, as
         // the orchestrator does for a live run.
         let (never, stop) = tokio::sync::oneshot::channel::<()>();
-        let (serving, follow) = (
-            api.clone().serve_forever(listener),
-            crate::journal::follow(api.store().clone(), run_id.clone(), journal.clone(), stop),
-        );
+        let follow = crate::background::spawn(crate::journal::follow(
+            api.store().clone(),
+            run_id.clone(),
+            journal.clone(),
+            stop,
+        ));
+        let serving = api.clone().serve_forever(listener);
         let task = tokio::spawn(async move {
             let _never = never;
-            let _ = tokio::join!(serving, follow);
+            serving.await;
         });
         let run_token = tokens.issue(&run_id);
         let sidecar_token = airlock_vault::generate_sidecar_token().expect("sidecar token");
@@ -99,6 +105,7 @@ impl TestPlatform {
             key,
             tokens,
             task,
+            follow,
         }
     }
 
@@ -122,6 +129,7 @@ impl TestPlatform {
     /// killed platform would: its socket goes away and nothing answers there
     /// any more (the store and what it holds stay readable).
     pub fn stop_serving(&self) {
+        self.follow.abort();
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
     }

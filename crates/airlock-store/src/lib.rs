@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod background;
 mod error;
 mod model;
 mod schema;
@@ -239,6 +240,8 @@ impl Default for StoreOptions {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
+    /// SQLite: the connection for background writes ([`Store::background`]).
+    background: Option<SqlitePool>,
     display: String,
     /// Connection writes made through this handle or a clone of it: what a
     /// cache in this process follows at once (another process's writes
@@ -350,12 +353,14 @@ impl Store {
         let pool = SqlitePoolOptions::new()
             .max_connections(opts.max_connections.max(1))
             .acquire_timeout(opts.acquire_timeout)
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
             .map_err(|e| StoreError::from_sqlx(&display, e))?;
         tracing::debug!(target: "airlock::phase", "store connected");
+        let background = background::sqlite_pool(connect, opts);
         let store = Self {
             pool: Pool::Sqlite(pool),
+            background: Some(background),
             display,
             connection_writes: Default::default(),
         };
@@ -413,6 +418,7 @@ impl Store {
             .map_err(|e| StoreError::from_sqlx(&display, e))?;
         let store = Self {
             pool: Pool::Postgres(pool),
+            background: None,
             display,
             connection_writes: Default::default(),
         };
@@ -435,7 +441,27 @@ impl Store {
 
     /// Closes every pooled connection (SQLite: checkpoints the WAL).
     pub async fn close(&self) {
+        if let Some(bg) = &self.background {
+            bg.close().await;
+        }
         on_pool!(self, p => p.close().await)
+    }
+
+    /// This store for work that no request waits for (a live run's egress
+    /// journal followed into its log): on SQLite, its queries run on one
+    /// connection of their own, opened when first used, whose thread has
+    /// background priority ([`background::NICE`]). PostgreSQL does the work
+    /// in its own server: there it is this store.
+    pub fn background(&self) -> Store {
+        match &self.background {
+            Some(bg) => Store {
+                pool: Pool::Sqlite(bg.clone()),
+                background: None,
+                display: self.display.clone(),
+                connection_writes: self.connection_writes.clone(),
+            },
+            None => self.clone(),
+        }
     }
 
     fn err(&self, e: sqlx::Error) -> StoreError {

@@ -1283,7 +1283,9 @@ async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
         outcome: None,
         ..rec(0, EgressOutcome::Completed)
     });
-    s.append_egress_batch(&batch).await.unwrap();
+    // Written as background work (as a live run's journal is), read as
+    // anything else: the same database.
+    s.background().append_egress_batch(&batch).await.unwrap();
     let log = s.list_egress("r1", 1000).await.unwrap();
     assert_eq!(log.len(), 152, "one row per request");
     let by_seq = |seq: i64| log.iter().find(|e| e.seq == Some(seq)).unwrap();
@@ -1403,6 +1405,78 @@ async fn sqlite_file_is_private_and_wal() {
     assert_eq!(mode(&home), 0o700);
     assert_eq!(mode(&home.join("airlock.db")), 0o600);
     assert!(home.join("airlock.db-wal").exists(), "WAL mode");
+    s.close().await;
+}
+
+/// The nice value and name of each thread of this process.
+fn threads() -> Vec<(String, i32)> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let t = t.ok()?.path();
+            let comm = std::fs::read_to_string(t.join("comm")).ok()?;
+            let stat = std::fs::read_to_string(t.join("stat")).ok()?;
+            // Field 19 of stat, counted after the name's closing parenthesis
+            // (field 2, which may hold spaces).
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            let nice = after_name.split_whitespace().nth(16)?.parse().ok()?;
+            Some((comm.trim_end().to_owned(), nice))
+        })
+        .collect()
+}
+
+/// Background writes go through a connection of their own whose SQLite
+/// thread runs at background priority; the store's other connections keep
+/// the usual one.
+#[tokio::test]
+async fn sqlite_background_writes_run_at_background_priority() {
+    let (_dir, s) = sqlite().await;
+    new_run(&s, "r1").await;
+    let at_bg = |threads: &[(String, i32)]| -> Vec<i32> {
+        threads
+            .iter()
+            .filter(|(name, _)| name.starts_with(background::SQLITE_THREAD_PREFIX))
+            .map(|(_, nice)| *nice)
+            .collect()
+    };
+    let bg = s.background();
+    bg.append_egress(&NewEgress {
+        run_id: "r1",
+        at: 1,
+        source: "proxy",
+        integration: None,
+        method: "GET",
+        url: "http://a.test/",
+        host: "a.test",
+        decision: EgressDecision::Allowed,
+        reason: None,
+        status: Some(200),
+        duration_ms: None,
+        bytes_out: 0,
+        bytes_in: 0,
+        seq: Some(1),
+        outcome: Some(EgressOutcome::Completed),
+        metering: None,
+    })
+    .await
+    .unwrap();
+    assert_eq!(s.list_egress("r1", 10).await.unwrap().len(), 1);
+    let threads = threads();
+    let niced = at_bg(&threads);
+    assert!(
+        !niced.is_empty(),
+        "no background SQLite thread: {threads:?}"
+    );
+    assert!(
+        niced.iter().all(|n| *n == background::NICE),
+        "a background SQLite thread at another priority: {threads:?}"
+    );
+    let foreground: Vec<_> = threads
+        .iter()
+        .filter(|(name, _)| name.starts_with("sqlx-sqlite"))
+        .collect();
+    assert!(!foreground.is_empty(), "{threads:?}");
+    assert!(foreground.iter().all(|(_, nice)| *nice == 0), "{threads:?}");
     s.close().await;
 }
 
