@@ -3,7 +3,9 @@
 //! on loopback: per-request latency on an open tunnel (the plain tunnel,
 //! interception without a credential, interception with the placeholder
 //! replaced), tunnel set-up (CONNECT, TLS, first answer) and the throughput
-//! of a 100 MB download through each. Alternating, three repetitions.
+//! of a 100 MB download through each. Alternating, three repetitions. The
+//! platform runs on a runtime of its own, as a deployed platform is a
+//! process of its own (`peers::Platform`).
 //!
 //! Run: `cargo bench -p airlock --bench proxy_intercept` (`INTERCEPT_BENCH_N`
 //! sets the request count, default 1000; `INTERCEPT_BENCH_MB` the download,
@@ -17,7 +19,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use airlock_platform::testing::TestPlatform;
 use airlock_store::AuthType;
 use airlock_vault::ExposeSecret;
 use bytes::Bytes;
@@ -183,10 +184,17 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run());
+    let p = peers::Platform::start(
+        &rt,
+        "bench-agent",
+        "svc",
+        AuthType::Bearer,
+        &[("token", CREDENTIAL)],
+    );
+    rt.block_on(run(&p));
 }
 
-async fn run() {
+async fn run(p: &peers::Platform) {
     let n: usize = std::env::var("INTERCEPT_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -203,16 +211,12 @@ async fn run() {
     let up = upstream(&up_ca).await;
     let authority = format!("{UP_IP}:{}", up.port());
 
-    let p = TestPlatform::start("bench-agent").await;
-    p.add_connection("svc", AuthType::Bearer, &[("token", CREDENTIAL)])
-        .await;
-    peers::platform_like_the_build(&p);
     let token = p.sidecar_token.expose_secret().to_owned();
     println!(
         "TLS interception (inject = \"proxy\") vs the plain CONNECT tunnel, {n} requests per figure on an open tunnel, {reps} repetitions, alternating; {mb} MiB downloads; load {}",
         peers::load()
     );
-    println!("  {}", peers::describe());
+    println!("  {}; {}", peers::describe(), p.describe());
     let mut sum: Vec<[f64; 8]> = Vec::new();
     for rep in 0..reps {
         let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();

@@ -6,7 +6,9 @@
 //! Python SDK's (`tests/python/mcp_server.py`, uvicorn) on loopback; both
 //! calls are stateless 2026-07-28 `tools/call`s on one keep-alive connection.
 //!
-//! Prints p50/p99 of each path and what the sidecar adds.
+//! Prints p50/p99 of each path and what the sidecar adds. The platform runs
+//! on a runtime of its own, as a deployed platform is a process of its own
+//! (`peers::Platform`).
 //!
 //! Run: `cargo bench -p airlock --bench remote_mcp` (`REMOTE_MCP_BENCH_N`
 //! sets the sample count, default 500; `REMOTE_MCP_BENCH_REPS`, default 3).
@@ -20,7 +22,6 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use airlock_platform::testing::TestPlatform;
 use airlock_store::AuthType;
 use airlock_vault::ExposeSecret;
 use bytes::Bytes;
@@ -75,10 +76,17 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run());
+    let p = peers::Platform::start(
+        &rt,
+        "bench-agent",
+        "remote",
+        AuthType::Bearer,
+        &[("token", TOKEN)],
+    );
+    rt.block_on(run(&p));
 }
 
-async fn run() {
+async fn run(p: &peers::Platform) {
     let n: usize = std::env::var("REMOTE_MCP_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -124,15 +132,11 @@ async fn run() {
     };
     let up = SocketAddr::from(([127, 0, 0, 1], port));
 
-    let p = TestPlatform::start("bench-agent").await;
-    p.add_connection("remote", AuthType::Bearer, &[("token", TOKEN)])
-        .await;
-    peers::platform_like_the_build(&p);
     println!(
         "remote MCP tools/call, {n} sequential calls per figure, {reps} repetitions, alternating (the MCP Python SDK's server on loopback, keep-alive, 2026-07-28 stateless); load {}",
         peers::load()
     );
-    println!("  {}", peers::describe());
+    println!("  {}; {}", peers::describe(), p.describe());
     let token = p.sidecar_token.expose_secret().to_owned();
     let mut added_p50 = Vec::new();
     let mut added_p99 = Vec::new();
