@@ -2,12 +2,16 @@
 //! egress journal followed into the store ([`crate::journal::Follower`]).
 //!
 //! It runs on one thread of its own, `airlock-bg`, with a runtime of its
-//! own, at background priority ([`airlock_store::background`]). On the
-//! runtime that answers the sidecars, a read of a busy journal (parsing
-//! ~150 records, ~0.35 ms) held a worker while a credential fetch that came
-//! in waited behind it: at 2000 sequential credentialed `api_call`s, the
-//! slowest 1 % were the calls made during such reads, 4–5× nginx's added
-//! p99 (2.0–2.7× with the work here).
+//! own, at the lowest CPU priority ([`NICE`]). On the runtime that answers
+//! the sidecars, a read of a busy journal (parsing ~150 records, ~0.35 ms)
+//! held a worker while a credential fetch that came in waited behind it: at
+//! 2000 sequential credentialed `api_call`s, the slowest 1 % were the calls
+//! made during such reads.
+//!
+//! Work here must never hold what others wait for across an await: this
+//! thread may wait long for a CPU on a busy host. Its writes hold the
+//! store's write lock one statement at a time
+//! ([`airlock_store::BatchWrite::ByStatement`]).
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -17,6 +21,16 @@ use tokio::task::JoinHandle;
 
 /// The name of the background thread.
 pub const THREAD: &str = "airlock-bg";
+
+/// The background thread's nice value (the lowest priority).
+pub const NICE: i32 = 19;
+
+/// Gives the calling thread background priority. (On Linux a nice value is
+/// a thread's own, not its process's.)
+fn lower_this_thread() -> std::io::Result<()> {
+    rustix::process::setpriority_process(None, NICE)?;
+    Ok(())
+}
 
 /// Runs `work` on the background thread (on the current runtime should
 /// that thread not start).
@@ -51,7 +65,7 @@ fn start() -> std::io::Result<Handle> {
     std::thread::Builder::new()
         .name(THREAD.to_owned())
         .spawn(move || {
-            if let Err(e) = airlock_store::background::lower_this_thread() {
+            if let Err(e) = lower_this_thread() {
                 tracing::warn!("the background thread keeps its priority: {e}");
             }
             match tokio::runtime::Builder::new_current_thread()
@@ -90,7 +104,7 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(name.as_deref(), Some(THREAD));
-        assert_eq!(nice, airlock_store::background::NICE);
+        assert_eq!(nice, NICE);
         assert_eq!(rustix::process::getpriority_process(None).unwrap(), 0);
     }
 }

@@ -17,7 +17,8 @@ use airlock_platform_api::wire::{
     MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
 use airlock_store::{
-    ConnectionRecord, EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
+    BatchWrite, ConnectionRecord, EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store,
+    Usage,
 };
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 use axum::Router;
@@ -695,7 +696,7 @@ async fn events(State(api): State<InternalApi>, req: Request) -> Response {
         match records.as_slice() {
             [] => Ok(()),
             [one] => store.append_egress(one).await.map(|_| ()),
-            many => store.append_egress_batch(many).await,
+            many => store.append_egress_batch(many, BatchWrite::Whole).await,
         }
     };
     if let Err(e) = written {

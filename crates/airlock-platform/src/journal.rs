@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use airlock_platform_api::wire::EgressOutcome;
 use airlock_platform_api::wire::{EGRESS_JOURNAL_FILE, EGRESS_JOURNAL_MAX_BYTES, EgressRecord};
-use airlock_store::Store;
+use airlock_store::{BatchWrite, Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalIngestError {
@@ -235,8 +235,11 @@ async fn store_lines(
         .iter()
         .map(|r| crate::internal_api::new_egress(run_id, r))
         .collect();
+    // Statement by statement: a follower at background priority never
+    // holds the write lock while it waits for a CPU. (A batch stored in
+    // part and read again is stored once: its records complete by `seq`.)
     store
-        .append_egress_batch(&records)
+        .append_egress_batch(&records, BatchWrite::ByStatement)
         .await
         .map_err(|source| JournalIngestError::Store {
             run_id: run_id.to_owned(),
@@ -248,20 +251,20 @@ async fn store_lines(
 /// Follows `path` into the store until `stop` fires (or its sender is
 /// dropped), then reads what is left: every [`FOLLOW_BUSY`] while records
 /// come, backing off to [`FOLLOW_QUIET`] while none do. The reads while
-/// the run is live are background work, on [`Store::background`] (run this
-/// with [`crate::background::spawn`]); the last one is not.
+/// the run is live are background work (run this with
+/// [`crate::background::spawn`]); the last one is not.
 pub async fn follow(
     store: Store,
     run_id: String,
     path: PathBuf,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<usize, JournalIngestError> {
-    let (live, tail) = follow_live(store.background(), run_id.clone(), path, stop).await;
+    let (live, tail) = follow_live(store.clone(), run_id.clone(), path, stop).await;
     Ok(live + tail.finish(&store, &run_id).await?)
 }
 
-/// The reads of [`follow`] while the run is live, into `store`: how many
-/// records they stored, and the tail for the last read.
+/// The reads of [`follow`] while the run is live: how many records they
+/// stored, and the tail for the last read.
 async fn follow_live(
     store: Store,
     run_id: String,
@@ -316,7 +319,7 @@ impl Follower {
     pub fn start(store: &Store, run_id: &str, run_dir: &Path) -> Follower {
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = crate::background::spawn(follow_live(
-            store.background(),
+            store.clone(),
             run_id.to_owned(),
             path_in(run_dir),
             stopped,

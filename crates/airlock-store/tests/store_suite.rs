@@ -98,7 +98,8 @@ on_both!(
     events,
     egress_log,
     egress_records_are_started_then_completed,
-    egress_batches_are_one_write_with_the_same_meaning,
+    egress_batches_written_whole,
+    egress_batches_written_by_statement,
     memories,
     results,
     run_slots_are_claimed_atomically,
@@ -1241,7 +1242,18 @@ async fn egress_records_are_started_then_completed(s: &Store) {
 
 /// A batch of records (more than one statement's worth) means what the same
 /// records written one by one mean.
-async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
+async fn egress_batches_written_whole(s: &Store) {
+    egress_batches(s, BatchWrite::Whole).await;
+}
+
+async fn egress_batches_written_by_statement(s: &Store) {
+    egress_batches(s, BatchWrite::ByStatement).await;
+}
+
+/// A batch means what its records one by one mean, written either way; a
+/// failed batch is stored whole or not at all, or up to its failed
+/// statement.
+async fn egress_batches(s: &Store, write: BatchWrite) {
     new_run(s, "r1").await;
     let rec = |seq: i64, outcome: EgressOutcome| NewEgress {
         run_id: "r1",
@@ -1283,9 +1295,7 @@ async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
         outcome: None,
         ..rec(0, EgressOutcome::Completed)
     });
-    // Written as background work (as a live run's journal is), read as
-    // anything else: the same database.
-    s.background().append_egress_batch(&batch).await.unwrap();
+    s.append_egress_batch(&batch, write).await.unwrap();
     let log = s.list_egress("r1", 1000).await.unwrap();
     assert_eq!(log.len(), 152, "one row per request");
     let by_seq = |seq: i64| log.iter().find(|e| e.seq == Some(seq)).unwrap();
@@ -1301,17 +1311,21 @@ async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
         1
     );
     assert!(matches!(
-        s.append_egress_batch(&[NewEgress {
-            run_id: "ghost",
-            ..rec(1, EgressOutcome::Completed)
-        }])
+        s.append_egress_batch(
+            &[NewEgress {
+                run_id: "ghost",
+                ..rec(1, EgressOutcome::Completed)
+            }],
+            write
+        )
         .await
         .unwrap_err(),
         StoreError::RunNotFound(_)
     ));
-    // A batch is stored whole or not at all: 100 new records of r1 (two
-    // statements' worth and more) and, last, one of a run that does not
-    // exist leave r1's log as it was.
+    // 100 new records of r1 (statements of 64, 16, 16 and 4 rows) and,
+    // last, in a statement of its own, one of a run that does not exist:
+    // whole, r1's log stays as it was; by statement, the statements before
+    // the failed one are stored.
     let mut doomed: Vec<NewEgress<'_>> = (1000..1100)
         .map(|seq| rec(seq, EgressOutcome::Completed))
         .collect();
@@ -1320,14 +1334,14 @@ async fn egress_batches_are_one_write_with_the_same_meaning(s: &Store) {
         ..rec(2000, EgressOutcome::Completed)
     });
     assert!(matches!(
-        s.append_egress_batch(&doomed).await.unwrap_err(),
+        s.append_egress_batch(&doomed, write).await.unwrap_err(),
         StoreError::RunNotFound(_)
     ));
-    assert_eq!(
-        s.list_egress("r1", 1000).await.unwrap().len(),
-        152,
-        "nothing of the failed batch was stored"
-    );
+    let stored = match write {
+        BatchWrite::Whole => 152,
+        BatchWrite::ByStatement => 252,
+    };
+    assert_eq!(s.list_egress("r1", 1000).await.unwrap().len(), stored);
 }
 
 async fn memories(s: &Store) {
@@ -1408,76 +1422,92 @@ async fn sqlite_file_is_private_and_wal() {
     s.close().await;
 }
 
-/// The nice value and name of each thread of this process.
-fn threads() -> Vec<(String, i32)> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| {
-            let t = t.ok()?.path();
-            let comm = std::fs::read_to_string(t.join("comm")).ok()?;
-            let stat = std::fs::read_to_string(t.join("stat")).ok()?;
-            // Field 19 of stat, counted after the name's closing parenthesis
-            // (field 2, which may hold spaces).
-            let after_name = &stat[stat.rfind(')')? + 1..];
-            let nice = after_name.split_whitespace().nth(16)?.parse().ok()?;
-            Some((comm.trim_end().to_owned(), nice))
-        })
-        .collect()
-}
-
-/// Background writes go through a connection of their own whose SQLite
-/// thread runs at background priority; the store's other connections keep
-/// the usual one.
+/// A batch written by statement holds the write lock only while the
+/// database runs a statement: its caller stopped between two statements
+/// (as a thread at background priority waits for a CPU) holds no other
+/// writer. Written whole, the same pause holds them all.
 #[tokio::test]
-async fn sqlite_background_writes_run_at_background_priority() {
-    let (_dir, s) = sqlite().await;
+async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
+    use sqlx::Connection as _;
+    use std::future::Future as _;
+    let (dir, s) = sqlite().await;
     new_run(&s, "r1").await;
-    let at_bg = |threads: &[(String, i32)]| -> Vec<i32> {
-        threads
-            .iter()
-            .filter(|(name, _)| name.starts_with(background::SQLITE_THREAD_PREFIX))
-            .map(|(_, nice)| *nice)
-            .collect()
-    };
-    let bg = s.background();
-    bg.append_egress(&NewEgress {
-        run_id: "r1",
-        at: 1,
-        source: "proxy",
-        integration: None,
-        method: "GET",
-        url: "http://a.test/",
-        host: "a.test",
-        decision: EgressDecision::Allowed,
-        reason: None,
-        status: Some(200),
-        duration_ms: None,
-        bytes_out: 0,
-        bytes_in: 0,
-        seq: Some(1),
-        outcome: Some(EgressOutcome::Completed),
-        metering: None,
-    })
-    .await
-    .unwrap();
-    assert_eq!(s.list_egress("r1", 10).await.unwrap().len(), 1);
-    let threads = threads();
-    let niced = at_bg(&threads);
-    assert!(
-        !niced.is_empty(),
-        "no background SQLite thread: {threads:?}"
-    );
-    assert!(
-        niced.iter().all(|n| *n == background::NICE),
-        "a background SQLite thread at another priority: {threads:?}"
-    );
-    let foreground: Vec<_> = threads
+    let urls: Vec<String> = (0..640).map(|i| format!("http://a.test/{i}")).collect();
+    let batch: Vec<NewEgress<'_>> = urls
         .iter()
-        .filter(|(name, _)| name.starts_with("sqlx-sqlite"))
+        .enumerate()
+        .map(|(i, url)| NewEgress {
+            run_id: "r1",
+            at: 1,
+            source: "proxy",
+            integration: None,
+            method: "GET",
+            url,
+            host: "a.test",
+            decision: EgressDecision::Allowed,
+            reason: None,
+            status: Some(200),
+            duration_ms: None,
+            bytes_out: 0,
+            bytes_in: 0,
+            seq: Some(i as i64),
+            outcome: Some(EgressOutcome::Completed),
+            metering: None,
+        })
         .collect();
-    assert!(!foreground.is_empty(), "{threads:?}");
-    assert!(foreground.iter().all(|(_, nice)| *nice == 0), "{threads:?}");
-    s.close().await;
+    let url = format!("sqlite://{}", dir.path().join("airlock.db").display());
+    let mut other = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("PRAGMA busy_timeout = 100")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let mut write = Box::pin(s.append_egress_batch(&batch, BatchWrite::ByStatement));
+    // Driven one step at a time until its first statement is stored (ten
+    // statements of 64 rows: it is then mid-batch), then left waiting.
+    loop {
+        let step = std::future::poll_fn(|cx| std::task::Poll::Ready(write.as_mut().poll(cx))).await;
+        assert!(step.is_pending(), "the batch finished before it was paused");
+        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM egress_log")
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+        if stored > 0 {
+            assert!(stored < 640, "{stored} rows: not mid-batch");
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    // Another writer gets the lock while the batch's caller waits.
+    sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    write.await.unwrap();
+    assert_eq!(s.list_egress("r1", 1000).await.unwrap().len(), 640);
+
+    // The same pause in a batch written whole: the other writer is refused.
+    let more: Vec<NewEgress<'_>> = batch
+        .iter()
+        .map(|e| NewEgress {
+            seq: e.seq.map(|n| n + 1000),
+            ..*e
+        })
+        .collect();
+    let mut write = Box::pin(s.append_egress_batch(&more, BatchWrite::Whole));
+    let locked = loop {
+        let step = std::future::poll_fn(|cx| std::task::Poll::Ready(write.as_mut().poll(cx))).await;
+        assert!(step.is_pending(), "the batch finished before it was paused");
+        match sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
+            .execute(&mut other)
+            .await
+        {
+            Ok(_) => tokio::task::yield_now().await,
+            Err(e) => break e,
+        }
+    };
+    assert!(locked.to_string().contains("locked"), "{locked}");
+    write.await.unwrap();
+    assert_eq!(s.list_egress("r1", 2000).await.unwrap().len(), 1280);
 }
 
 #[tokio::test]
