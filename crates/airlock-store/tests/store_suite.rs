@@ -1240,8 +1240,6 @@ async fn egress_records_are_started_then_completed(s: &Store) {
     assert_eq!(s.list_egress("r1", 10).await.unwrap().len(), 4);
 }
 
-/// A batch of records (more than one statement's worth) means what the same
-/// records written one by one mean.
 async fn egress_batches_written_whole(s: &Store) {
     egress_batches(s, BatchWrite::Whole).await;
 }
@@ -1250,9 +1248,9 @@ async fn egress_batches_written_by_statement(s: &Store) {
     egress_batches(s, BatchWrite::ByStatement).await;
 }
 
-/// A batch means what its records one by one mean, written either way; a
-/// failed batch is stored whole or not at all, or up to its failed
-/// statement.
+/// A batch of records (more than one statement's worth) means what the same
+/// records written one by one mean, written either way; a failed batch is
+/// stored whole or not at all, or up to its failed statement.
 async fn egress_batches(s: &Store, write: BatchWrite) {
     new_run(s, "r1").await;
     let rec = |seq: i64, outcome: EgressOutcome| NewEgress {
