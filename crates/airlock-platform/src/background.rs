@@ -2,43 +2,83 @@
 //! egress journal followed into the store ([`crate::journal::Follower`]).
 //!
 //! It runs on one thread of its own, `airlock-bg`, with a runtime of its
-//! own, at the lowest CPU priority ([`NICE`]). On the runtime that answers
+//! own, under `SCHED_IDLE` (and at [`NICE`]). On the runtime that answers
 //! the sidecars, a read of a busy journal (parsing ~150 records, ~0.35 ms)
 //! held a worker while a credential fetch that came in waited behind it: at
 //! 2000 sequential credentialed `api_call`s, the slowest 1 % were the calls
-//! made during such reads.
+//! made during such reads. At nice 19 alone the thread still ran each
+//! parse to its end before a woken request thread got its CPU (the
+//! scheduler lets a running task finish its slice whatever its nice value);
+//! a `SCHED_IDLE` task gives its CPU up the moment any other task wakes.
 //!
 //! Work here must never hold what others wait for across an await: this
-//! thread may wait long for a CPU on a busy host. Its writes hold the
-//! store's write lock one statement at a time
-//! ([`airlock_store::BatchWrite::ByStatement`]).
+//! thread may wait long for a CPU on a busy host. And it must never call
+//! the store itself ([`Foreground`]): a new thread takes the scheduling
+//! policy of the thread that starts it, and each SQLite connection is a
+//! thread (sqlx's worker) started by whichever task opens it, which the
+//! pool does on demand. Opened from here, a connection would serve every
+//! later query of the process, foreground ones too, at idle priority
+//! (seen: three of a bench's five SQLite threads ran `SCHED_IDLE`), and a
+//! query starved there holds the database's write lock.
 
 use std::future::Future;
 use std::sync::OnceLock;
 
 use tokio::runtime::Handle;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinError, JoinHandle};
 
 /// The name of the background thread.
 pub const THREAD: &str = "airlock-bg";
 
-/// The background thread's nice value (the lowest priority).
+/// The background thread's nice value (the lowest), for a kernel that
+/// ignores `SCHED_IDLE`.
 pub const NICE: i32 = 19;
 
-/// Gives the calling thread background priority. (On Linux a nice value is
-/// a thread's own, not its process's.)
+/// Gives the calling thread background priority: `SCHED_IDLE`, at
+/// [`NICE`]. (On Linux both are a thread's own, not its process's.)
 fn lower_this_thread() -> std::io::Result<()> {
+    use thread_priority::{
+        NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+        set_thread_priority_and_policy, thread_native_id,
+    };
+    set_thread_priority_and_policy(
+        thread_native_id(),
+        ThreadPriority::Min,
+        ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
+    )
+    .map_err(|e| std::io::Error::other(format!("SCHED_IDLE: {e}")))?;
     rustix::process::setpriority_process(None, NICE)?;
     Ok(())
 }
 
-/// Runs `work` on the background thread (on the current runtime should
-/// that thread not start).
-pub fn spawn<F>(work: F) -> JoinHandle<F::Output>
+/// The runtime that background work was spawned from, at normal
+/// priority: where that work's calls into the store run (see the module's
+/// doc for why they must not run on the background thread).
+#[derive(Debug, Clone)]
+pub struct Foreground(Handle);
+
+impl Foreground {
+    /// Runs `work` on the foreground runtime and waits for it (an `Err`:
+    /// it panicked, or that runtime has shut down).
+    pub async fn run<F>(&self, work: F) -> Result<F::Output, JoinError>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.0.spawn(work).await
+    }
+}
+
+/// Runs the future `work` makes on the background thread (on the current
+/// runtime should that thread not start), handing it the current runtime
+/// as its [`Foreground`].
+pub fn spawn<W, F>(work: W) -> JoinHandle<F::Output>
 where
+    W: FnOnce(Foreground) -> F,
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
+    let work = work(Foreground(Handle::current()));
     match runtime() {
         Some(bg) => bg.spawn(work),
         None => tokio::spawn(work),
@@ -89,22 +129,111 @@ fn start() -> std::io::Result<Handle> {
 mod tests {
     use super::*;
 
-    /// Background work runs on the background thread, at background
-    /// priority, and the runtime it was spawned from keeps its own.
+    const SCHED_IDLE: u32 = 5;
+
+    /// (scheduling policy, nice value) of each of this process's threads
+    /// whose name starts with `prefix`, from `/proc/self/task`.
+    fn threads(prefix: &str) -> Vec<(u32, i32)> {
+        let mut out = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let dir = task.unwrap().path();
+            let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+                continue; // the thread has ended
+            };
+            let (head, rest) = stat.rsplit_once(") ").unwrap();
+            let name = &head[head.find('(').unwrap() + 1..];
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            // `rest` starts at field 3 (state): nice is field 19, policy 41.
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            out.push((fields[38].parse().unwrap(), fields[16].parse().unwrap()));
+        }
+        out
+    }
+
+    fn this_thread() -> (Option<String>, u32, i32) {
+        let policy = match thread_priority::thread_schedule_policy().unwrap() {
+            thread_priority::ThreadSchedulePolicy::Normal(
+                thread_priority::NormalThreadSchedulePolicy::Idle,
+            ) => SCHED_IDLE,
+            _ => 0,
+        };
+        (
+            std::thread::current().name().map(str::to_owned),
+            policy,
+            rustix::process::getpriority_process(None).unwrap(),
+        )
+    }
+
+    /// Background work runs on the background thread, at idle priority;
+    /// its foreground part runs back on the runtime it was spawned from,
+    /// which keeps its own priority.
     #[tokio::test]
-    async fn work_runs_on_the_background_thread_at_its_priority() {
-        let here = rustix::process::getpriority_process(None).unwrap();
-        assert_eq!(here, 0, "the test's own thread runs at the usual priority");
-        let (name, nice) = spawn(async {
-            (
-                std::thread::current().name().map(str::to_owned),
-                rustix::process::getpriority_process(None).unwrap(),
-            )
+    async fn work_runs_on_the_background_thread_and_its_foreground_part_does_not() {
+        let here = this_thread();
+        assert_eq!((here.1, here.2), (0, 0), "the test's thread runs as usual");
+        let (bg, fg) = spawn(|fg| async move {
+            let bg = this_thread();
+            let fg = fg.run(async { this_thread() }).await.unwrap();
+            (bg, fg)
         })
         .await
         .unwrap();
-        assert_eq!(name.as_deref(), Some(THREAD));
-        assert_eq!(nice, NICE);
-        assert_eq!(rustix::process::getpriority_process(None).unwrap(), 0);
+        assert_eq!(bg, (Some(THREAD.to_owned()), SCHED_IDLE, NICE));
+        assert_eq!(fg, here, "the foreground part ran on the test's runtime");
+        assert_eq!(this_thread(), here);
+    }
+
+    /// The attack on priority: background work makes a store open new
+    /// connections. Through [`Foreground::run`] each connection's thread
+    /// runs at normal priority; called from the background thread itself
+    /// (the control, showing this test sees the hazard), they inherit
+    /// idle priority.
+    #[tokio::test]
+    async fn store_connections_opened_for_background_work_run_at_normal_priority() {
+        use airlock_store::{Store, StoreOptions};
+        async fn five_at_once(store: &Store) {
+            let q = || store.get_run("run_none");
+            let (a, b, c, d, e) = tokio::join!(q(), q(), q(), q(), q());
+            for r in [a, b, c, d, e] {
+                assert!(r.unwrap().is_none());
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let opts = StoreOptions::default();
+        let store = Store::open_sqlite(&dir.path().join("fg.db"), &opts)
+            .await
+            .unwrap();
+        let s = store.clone();
+        spawn(|fg| async move {
+            fg.run(async move { five_at_once(&s).await }).await.unwrap();
+        })
+        .await
+        .unwrap();
+        let workers = threads("sqlx-sqlite");
+        assert!(!workers.is_empty(), "the store's connections are threads");
+        assert!(
+            workers.iter().all(|w| *w == (0, 0)),
+            "every connection's thread at normal priority: {workers:?}"
+        );
+        store.close().await;
+
+        let control = Store::open_sqlite(&dir.path().join("bg.db"), &opts)
+            .await
+            .unwrap();
+        let c = control.clone();
+        spawn(|_| async move { five_at_once(&c).await })
+            .await
+            .unwrap();
+        let inherited = threads("sqlx-sqlite")
+            .into_iter()
+            .filter(|w| *w == (SCHED_IDLE, NICE))
+            .count();
+        control.close().await;
+        assert!(
+            inherited > 0,
+            "connections opened on the background thread run at its priority"
+        );
     }
 }

@@ -21,6 +21,8 @@ use airlock_platform_api::wire::EgressOutcome;
 use airlock_platform_api::wire::{EGRESS_JOURNAL_FILE, EGRESS_JOURNAL_MAX_BYTES, EgressRecord};
 use airlock_store::{BatchWrite, Store};
 
+use crate::background::Foreground;
+
 #[derive(Debug, thiserror::Error)]
 pub enum JournalIngestError {
     #[error("egress journal: {0}")]
@@ -29,6 +31,13 @@ pub enum JournalIngestError {
     Store {
         run_id: String,
         source: airlock_store::StoreError,
+    },
+    /// A live read's records were handed to the foreground to store, and
+    /// that failed (the runtime stopped, or the store call panicked).
+    #[error("egress journal of {run_id}: storing a live read: {source}")]
+    Foreground {
+        run_id: String,
+        source: tokio::task::JoinError,
     },
 }
 
@@ -222,6 +231,11 @@ async fn store_lines(
     if bytes.is_empty() {
         return Ok(0);
     }
+    store_parsed(store, run_id, &parse_reported(run_id, bytes)).await
+}
+
+/// [`parse`], reporting the lines it skipped.
+fn parse_reported(run_id: &str, bytes: &[u8]) -> Parsed {
     let parsed = parse(bytes);
     if parsed.skipped > 0 {
         tracing::warn!(
@@ -230,14 +244,24 @@ async fn store_lines(
             "egress journal: skipped lines that do not parse (a torn last line)"
         );
     }
+    parsed
+}
+
+/// Stores parsed journal records; returns how many.
+async fn store_parsed(
+    store: &Store,
+    run_id: &str,
+    parsed: &Parsed,
+) -> Result<usize, JournalIngestError> {
     let records: Vec<_> = parsed
         .records
         .iter()
         .map(|r| crate::internal_api::new_egress(run_id, r))
         .collect();
-    // Statement by statement: a follower at background priority never
-    // holds the write lock while it waits for a CPU. (A batch stored in
-    // part and read again is stored once: its records complete by `seq`.)
+    // Statement by statement: the write lock is never held while this task
+    // waits for a CPU between two statements, which on a saturated host a
+    // foreground worker does too. (A batch stored in part and read again is
+    // stored once: its records complete by `seq`.)
     store
         .append_egress_batch(&records, BatchWrite::ByStatement)
         .await
@@ -249,23 +273,11 @@ async fn store_lines(
 }
 
 /// Follows `path` into the store until `stop` fires (or its sender is
-/// dropped), then reads what is left: every [`FOLLOW_BUSY`] while records
-/// come, backing off to [`FOLLOW_QUIET`] while none do. The reads while
-/// the run is live are background work (run this with
-/// [`crate::background::spawn`]); the last one is not.
-pub async fn follow(
-    store: Store,
-    run_id: String,
-    path: PathBuf,
-    stop: tokio::sync::oneshot::Receiver<()>,
-) -> Result<usize, JournalIngestError> {
-    let (live, tail) = follow_live(store.clone(), run_id.clone(), path, stop).await;
-    Ok(live + tail.finish(&store, &run_id).await?)
-}
-
-/// The reads of [`follow`] while the run is live: how many records they
-/// stored, and the tail for the last read.
+/// dropped), on the background thread: every [`FOLLOW_BUSY`] while records
+/// come, backing off to [`FOLLOW_QUIET`] while none do. Returns how many
+/// records it stored, and the tail for the last read.
 async fn follow_live(
+    fg: Foreground,
     store: Store,
     run_id: String,
     path: PathBuf,
@@ -279,7 +291,7 @@ async fn follow_live(
             _ = &mut stop => break,
             () = tokio::time::sleep(wait) => {}
         }
-        let read = tail.catch_up(&store, &run_id).await;
+        let read = catch_up_in_background(&mut tail, &fg, &store, &run_id).await;
         wait = next_wait(wait, read.as_ref().ok().copied());
         match read {
             Ok(n) => stored += n,
@@ -288,6 +300,28 @@ async fn follow_live(
         }
     }
     (stored, tail)
+}
+
+/// [`Tail::catch_up`] on the background thread: the lines are read and
+/// parsed there, their records stored from `fg`.
+async fn catch_up_in_background(
+    tail: &mut Tail,
+    fg: &Foreground,
+    store: &Store,
+    run_id: &str,
+) -> Result<usize, JournalIngestError> {
+    let bytes = tail.read(false)?;
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    let parsed = parse_reported(run_id, &bytes);
+    let (store, run) = (store.clone(), run_id.to_owned());
+    fg.run(async move { store_parsed(&store, &run, &parsed).await })
+        .await
+        .map_err(|source| JournalIngestError::Foreground {
+            run_id: run_id.to_owned(),
+            source,
+        })?
 }
 
 /// The wait before the next read of a followed journal, given the last wait
@@ -318,12 +352,15 @@ impl Follower {
     /// Follows the journal of the run in `run_dir` (it may not exist yet).
     pub fn start(store: &Store, run_id: &str, run_dir: &Path) -> Follower {
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = crate::background::spawn(follow_live(
-            store.clone(),
-            run_id.to_owned(),
-            path_in(run_dir),
-            stopped,
-        ));
+        let task = crate::background::spawn(|fg| {
+            follow_live(
+                fg,
+                store.clone(),
+                run_id.to_owned(),
+                path_in(run_dir),
+                stopped,
+            )
+        });
         Follower {
             stop,
             task,

@@ -27,13 +27,12 @@ pub struct TestPlatform {
     key: [u8; 32],
     tokens: RunTokens,
     task: tokio::task::JoinHandle<()>,
-    /// Following the run's journal, on the background thread.
-    follow: tokio::task::JoinHandle<Result<usize, crate::journal::JournalIngestError>>,
+    /// Following the run's journal (until dropped).
+    follow: std::sync::Mutex<Option<crate::journal::Follower>>,
 }
 
 impl Drop for TestPlatform {
     fn drop(&mut self) {
-        self.follow.abort();
         self.task.abort();
     }
 }
@@ -79,18 +78,8 @@ impl TestPlatform {
         let listener = UnixListener::bind(&socket).expect("bind platform socket");
         // The platform serves its API and follows the run's journal, as
         // the orchestrator does for a live run.
-        let (never, stop) = tokio::sync::oneshot::channel::<()>();
-        let follow = crate::background::spawn(crate::journal::follow(
-            api.store().clone(),
-            run_id.clone(),
-            journal.clone(),
-            stop,
-        ));
-        let serving = api.clone().serve_forever(listener);
-        let task = tokio::spawn(async move {
-            let _never = never;
-            serving.await;
-        });
+        let follow = crate::journal::Follower::start(api.store(), &run_id, dir.path());
+        let task = tokio::spawn(api.clone().serve_forever(listener));
         let run_token = tokens.issue(&run_id);
         let sidecar_token = airlock_vault::generate_sidecar_token().expect("sidecar token");
         TestPlatform {
@@ -105,7 +94,7 @@ impl TestPlatform {
             key,
             tokens,
             task,
-            follow,
+            follow: std::sync::Mutex::new(Some(follow)),
         }
     }
 
@@ -129,7 +118,7 @@ impl TestPlatform {
     /// killed platform would: its socket goes away and nothing answers there
     /// any more (the store and what it holds stay readable).
     pub fn stop_serving(&self) {
-        self.follow.abort();
+        drop(self.follow.lock().map(|mut f| f.take()));
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
     }

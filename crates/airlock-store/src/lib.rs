@@ -225,9 +225,10 @@ pub enum BatchWrite {
     Whole,
     /// Each statement its own transaction: the write lock is held only
     /// while the database runs one statement, never while the caller
-    /// prepares the next. For a caller at background priority, which may
-    /// wait long for a CPU on a busy host: holding the lock across that
-    /// wait held every other writer (measured with both CPUs saturated:
+    /// prepares the next. For a caller that may wait long for a CPU (any
+    /// caller on a saturated host, a background one most): holding the
+    /// lock across that wait held every other writer (measured with both
+    /// CPUs saturated:
     /// other writes waited up to 0.4–2.6 s behind batches of 2000 records
     /// written whole by a thread at nice 19, up to 0.15 s written by
     /// statement). A failed batch may be stored in part: for records that
