@@ -160,6 +160,29 @@ impl Tail {
         store_lines(store, run_id, &bytes).await
     }
 
+    /// [`Tail::catch_up`] from the background thread: the lines are read
+    /// and parsed there, their records stored from `fg` (see
+    /// [`crate::background`] for why never from there).
+    async fn catch_up_from_background(
+        &mut self,
+        fg: &Foreground,
+        store: &Store,
+        run_id: &str,
+    ) -> Result<usize, JournalIngestError> {
+        let bytes = self.read(false)?;
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        let parsed = parse_reported(run_id, &bytes);
+        let (store, run) = (store.clone(), run_id.to_owned());
+        fg.run(async move { store_parsed(&store, &run, &parsed).await })
+            .await
+            .map_err(|source| JournalIngestError::Foreground {
+                run_id: run_id.to_owned(),
+                source,
+            })?
+    }
+
     /// The last read, once the sidecar has stopped: every line left (a torn
     /// last one is skipped).
     pub async fn finish(
@@ -291,7 +314,7 @@ async fn follow_live(
             _ = &mut stop => break,
             () = tokio::time::sleep(wait) => {}
         }
-        let read = catch_up_in_background(&mut tail, &fg, &store, &run_id).await;
+        let read = tail.catch_up_from_background(&fg, &store, &run_id).await;
         wait = next_wait(wait, read.as_ref().ok().copied());
         match read {
             Ok(n) => stored += n,
@@ -300,28 +323,6 @@ async fn follow_live(
         }
     }
     (stored, tail)
-}
-
-/// [`Tail::catch_up`] on the background thread: the lines are read and
-/// parsed there, their records stored from `fg`.
-async fn catch_up_in_background(
-    tail: &mut Tail,
-    fg: &Foreground,
-    store: &Store,
-    run_id: &str,
-) -> Result<usize, JournalIngestError> {
-    let bytes = tail.read(false)?;
-    if bytes.is_empty() {
-        return Ok(0);
-    }
-    let parsed = parse_reported(run_id, &bytes);
-    let (store, run) = (store.clone(), run_id.to_owned());
-    fg.run(async move { store_parsed(&store, &run, &parsed).await })
-        .await
-        .map_err(|source| JournalIngestError::Foreground {
-            run_id: run_id.to_owned(),
-            source,
-        })?
 }
 
 /// The wait before the next read of a followed journal, given the last wait

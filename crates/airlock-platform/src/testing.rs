@@ -118,7 +118,11 @@ impl TestPlatform {
     /// killed platform would: its socket goes away and nothing answers there
     /// any more (the store and what it holds stay readable).
     pub fn stop_serving(&self) {
-        drop(self.follow.lock().map(|mut f| f.take()));
+        // Dropping the follower stops it.
+        self.follow
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
     }
