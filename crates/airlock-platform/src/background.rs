@@ -41,14 +41,15 @@ fn lower_this_thread() -> std::io::Result<()> {
         NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
         set_thread_priority_and_policy, thread_native_id,
     };
-    set_thread_priority_and_policy(
+    let idle = set_thread_priority_and_policy(
         thread_native_id(),
         ThreadPriority::Min,
         ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
     )
-    .map_err(|e| std::io::Error::other(format!("SCHED_IDLE: {e}")))?;
+    .map_err(|e| std::io::Error::other(format!("SCHED_IDLE: {e}")));
+    // The nice value even where SCHED_IDLE was refused.
     rustix::process::setpriority_process(None, NICE)?;
-    Ok(())
+    idle
 }
 
 /// The runtime that background work was spawned from, at normal
