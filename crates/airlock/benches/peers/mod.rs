@@ -349,6 +349,31 @@ impl Drop for Peer {
     }
 }
 
+/// The command that starts peer `bin`, which dies with the bench: run
+/// through util-linux's `setpriv --pdeathsig KILL` (the signal survives its
+/// exec of `bin`, and the pid stays the peer's, whose CPU is read by pid), so
+/// a bench killed outright (a timeout, ^C twice, `kill -9`) leaves no nginx
+/// or squid behind holding a port. Peers are started from the bench's main
+/// thread, which lives as long as the bench (the signal follows the thread
+/// that started the child, not the process). Without `setpriv`, `bin`
+/// itself, and a warning.
+fn peer_command(bin: &Path) -> Command {
+    match find("setpriv") {
+        Some(setpriv) => {
+            let mut c = Command::new(setpriv);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(bin);
+            c
+        }
+        None => {
+            eprintln!(
+                "!!! setpriv (util-linux) is missing: {} outlives this bench if the bench is killed",
+                bin.display()
+            );
+            Command::new(bin)
+        }
+    }
+}
+
 fn find(bin: &str) -> Option<PathBuf> {
     ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin"]
         .iter()
@@ -390,7 +415,7 @@ pub fn nginx(upstream: SocketAddr) -> Option<Peer> {
     );
     let conf_path = dir.path().join("nginx.conf");
     std::fs::write(&conf_path, conf).ok()?;
-    let mut child = Command::new(bin)
+    let mut child = peer_command(&bin)
         .arg("-c")
         .arg(&conf_path)
         .arg("-p")
@@ -435,7 +460,7 @@ pub fn squid() -> Option<Peer> {
     );
     let conf_path = dir.path().join("squid.conf");
     std::fs::write(&conf_path, conf).ok()?;
-    let mut child = Command::new(bin)
+    let mut child = peer_command(&bin)
         .args(["-N", "-f"])
         .arg(&conf_path)
         .stdout(Stdio::null())
