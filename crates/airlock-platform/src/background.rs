@@ -59,6 +59,11 @@ fn lower_this_thread() -> std::io::Result<()> {
 pub struct Foreground(Handle);
 
 impl Foreground {
+    /// The runtime this is called on.
+    pub fn current() -> Foreground {
+        Foreground(Handle::current())
+    }
+
     /// Runs `work` on the foreground runtime and waits for it (an `Err`:
     /// it panicked, or that runtime has shut down).
     pub async fn run<F>(&self, work: F) -> Result<F::Output, JoinError>
@@ -79,7 +84,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let work = work(Foreground(Handle::current()));
+    let work = work(Foreground::current());
     match runtime() {
         Some(bg) => bg.spawn(work),
         None => tokio::spawn(work),

@@ -150,20 +150,11 @@ impl Tail {
 
     /// Stores the records of the complete lines written since the last call
     /// (a line still being written waits for the next); returns how many
-    /// there were. A journal not created yet holds none.
+    /// there were. A journal not created yet holds none. Called from the
+    /// background thread: the lines are read and parsed there, their
+    /// records stored from `fg` (see [`crate::background`] for why never
+    /// from there).
     pub async fn catch_up(
-        &mut self,
-        store: &Store,
-        run_id: &str,
-    ) -> Result<usize, JournalIngestError> {
-        let bytes = self.read(false)?;
-        store_lines(store, run_id, &bytes).await
-    }
-
-    /// [`Tail::catch_up`] from the background thread: the lines are read
-    /// and parsed there, their records stored from `fg` (see
-    /// [`crate::background`] for why never from there).
-    async fn catch_up_from_background(
         &mut self,
         fg: &Foreground,
         store: &Store,
@@ -314,7 +305,7 @@ async fn follow_live(
             _ = &mut stop => break,
             () = tokio::time::sleep(wait) => {}
         }
-        let read = tail.catch_up_from_background(&fg, &store, &run_id).await;
+        let read = tail.catch_up(&fg, &store, &run_id).await;
         wait = next_wait(wait, read.as_ref().ok().copied());
         match read {
             Ok(n) => stored += n,
@@ -504,14 +495,15 @@ mod tests {
         let store = store_with_run(dir.path()).await;
         let path = path_in(dir.path());
         let mut tail = Tail::new(path.clone());
+        let fg = Foreground::current();
         // Not created yet: nothing, and no error.
-        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 0);
+        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 0);
         create(dir.path()).unwrap();
         let start1 = line(&rec(1, EgressOutcome::Incomplete, None));
         let start2 = line(&rec(2, EgressOutcome::Incomplete, None));
         append(&path, &start1);
         append(&path, &start2[..10]);
-        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 1);
+        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 1);
         // The line being written is kept, not read again at the next turn.
         assert_eq!(tail.offset, std::fs::metadata(&path).unwrap().len());
         assert_eq!(tail.pending, start2.as_bytes()[..10]);
@@ -519,8 +511,8 @@ mod tests {
         assert_eq!(outcomes(&log), [(Some(1), Some(EgressOutcome::Incomplete))]);
         append(&path, &start2[10..]);
         append(&path, &line(&rec(1, EgressOutcome::Completed, Some(200))));
-        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 2);
-        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 0);
+        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 2);
+        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 0);
         let torn = line(&rec(3, EgressOutcome::Incomplete, None));
         append(&path, &torn[..torn.len() / 2]);
         assert_eq!(tail.finish(&store, "run_t").await.unwrap(), 0);
@@ -543,7 +535,8 @@ mod tests {
         let store = store_with_run(dir.path()).await;
         std::os::unix::fs::symlink("/dev/zero", path_in(dir.path())).unwrap();
         let mut tail = Tail::new(path_in(dir.path()));
-        assert!(tail.catch_up(&store, "run_t").await.is_err());
+        let fg = Foreground::current();
+        assert!(tail.catch_up(&fg, &store, "run_t").await.is_err());
         assert!(store.list_egress("run_t", 100).await.unwrap().is_empty());
     }
 

@@ -228,11 +228,11 @@ pub enum BatchWrite {
     /// prepares the next. For a caller that may wait long for a CPU (any
     /// caller on a saturated host, a background one most): holding the
     /// lock across that wait held every other writer (measured with both
-    /// CPUs saturated:
-    /// other writes waited up to 0.4–2.6 s behind batches of 2000 records
-    /// written whole by a thread at nice 19, up to 0.15 s written by
-    /// statement). A failed batch may be stored in part: for records that
-    /// can be written again (an egress journal's, which complete by `seq`).
+    /// CPUs saturated: other writes waited up to 0.4–2.6 s behind batches
+    /// of 2000 records written whole by a thread at nice 19, up to 0.15 s
+    /// written by statement). A failed batch may be stored in part: for
+    /// records that can be written again (an egress journal's, which
+    /// complete by `seq`).
     ByStatement,
 }
 
