@@ -11,21 +11,35 @@
 //! scheduler lets a running task finish its slice whatever its nice value);
 //! a `SCHED_IDLE` task gives its CPU up the moment any other task wakes.
 //!
-//! Work here must never hold what others wait for across an await: this
-//! thread may wait long for a CPU on a busy host. And it must never call
-//! the store itself ([`Foreground`]): a new thread takes the scheduling
-//! policy of the thread that starts it, and each SQLite connection is a
-//! thread (sqlx's worker) started by whichever task opens it, which the
-//! pool does on demand. Opened from here, a connection would serve every
-//! later query of the process, foreground ones too, at idle priority
-//! (seen: three of a bench's five SQLite threads ran `SCHED_IDLE`), and a
-//! query starved there holds the database's write lock.
+//! Its writes to the store go through the store's own connection
+//! ([`airlock_store::Store::own_connection`]), opened from this thread, never
+//! through the shared pool. Each SQLite connection is a thread (sqlx's
+//! worker), which takes the scheduling policy of the thread that starts
+//! it: the own connection's thread (`sqlx-sqlite-own`) runs at idle
+//! priority too, so storing a busy run's records gives way to every
+//! request on the host. Stored at normal priority (on the platform's
+//! runtime), each read's statements held a CPU for ~1–3 ms every 50 ms,
+//! and every process on the host felt it: the nginx hop beside a bench's
+//! sidecar had its added p99 double. But a pooled connection opened from
+//! here would serve every later query of the process, foreground ones
+//! too, at idle priority (seen: three of a bench's five SQLite threads
+//! ran `SCHED_IDLE`): nothing here may call the shared pool.
+//!
+//! The price: while the own connection runs a statement it holds the
+//! database's write lock, and on a host whose CPUs are all busy it may
+//! wait long for one (it runs only in their idle time, or at a tiny weight
+//! against each busy thread). A foreground writer then waits for that
+//! statement (up to the store's busy timeout, 5 s by default). A statement
+//! is at most 64 rows (~0.25 ms of work), so only a host that stays
+//! saturated for seconds makes that wait long; there everything waits.
+//! Work here must never hold what others wait for across an await
+//! otherwise.
 
 use std::future::Future;
 use std::sync::OnceLock;
 
 use tokio::runtime::Handle;
-use tokio::task::{JoinError, JoinHandle};
+use tokio::task::JoinHandle;
 
 /// The name of the background thread.
 pub const THREAD: &str = "airlock-bg";
@@ -52,39 +66,13 @@ fn lower_this_thread() -> std::io::Result<()> {
     idle
 }
 
-/// The runtime that background work was spawned from, at normal
-/// priority: where that work's calls into the store run (see the module's
-/// doc for why they must not run on the background thread).
-#[derive(Debug, Clone)]
-pub struct Foreground(Handle);
-
-impl Foreground {
-    /// The runtime this is called on.
-    pub fn current() -> Foreground {
-        Foreground(Handle::current())
-    }
-
-    /// Runs `work` on the foreground runtime and waits for it (an `Err`:
-    /// it panicked, or that runtime has shut down).
-    pub async fn run<F>(&self, work: F) -> Result<F::Output, JoinError>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        self.0.spawn(work).await
-    }
-}
-
-/// Runs the future `work` makes on the background thread (on the current
-/// runtime should that thread not start), handing it the current runtime
-/// as its [`Foreground`].
-pub fn spawn<W, F>(work: W) -> JoinHandle<F::Output>
+/// Runs `work` on the background thread (on the current runtime should
+/// that thread not start).
+pub fn spawn<F>(work: F) -> JoinHandle<F::Output>
 where
-    W: FnOnce(Foreground) -> F,
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let work = work(Foreground::current());
     match runtime() {
         Some(bg) => bg.spawn(work),
         None => tokio::spawn(work),
@@ -173,32 +161,26 @@ mod tests {
     }
 
     /// Background work runs on the background thread, at idle priority;
-    /// its foreground part runs back on the runtime it was spawned from,
-    /// which keeps its own priority.
+    /// the thread that spawned it keeps its own.
     #[tokio::test]
-    async fn work_runs_on_the_background_thread_and_its_foreground_part_does_not() {
+    async fn work_runs_on_the_background_thread_at_idle_priority() {
         let here = this_thread();
         assert_eq!((here.1, here.2), (0, 0), "the test's thread runs as usual");
-        let (bg, fg) = spawn(|fg| async move {
-            let bg = this_thread();
-            let fg = fg.run(async { this_thread() }).await.unwrap();
-            (bg, fg)
-        })
-        .await
-        .unwrap();
+        let bg = spawn(async { this_thread() }).await.unwrap();
         assert_eq!(bg, (Some(THREAD.to_owned()), SCHED_IDLE, NICE));
-        assert_eq!(fg, here, "the foreground part ran on the test's runtime");
         assert_eq!(this_thread(), here);
     }
 
-    /// The attack on priority: background work makes a store open new
-    /// connections. Through [`Foreground::run`] each connection's thread
-    /// runs at normal priority; called from the background thread itself
-    /// (the control, showing this test sees the hazard), they inherit
-    /// idle priority.
+    /// The attack on priority: background work writes to the store while
+    /// the foreground opens pooled connections before and after. Its
+    /// writes go through the store's own connection, whose thread runs at
+    /// idle priority; every pooled connection's thread stays at normal
+    /// priority. Calling the shared pool from the background thread (the
+    /// control, showing this test sees the hazard) would make pooled
+    /// connections inherit idle priority.
     #[tokio::test]
-    async fn store_connections_opened_for_background_work_run_at_normal_priority() {
-        use airlock_store::{Store, StoreOptions};
+    async fn background_writes_run_at_idle_priority_and_never_lend_it_to_the_pool() {
+        use airlock_store::{OWN_CONNECTION_THREAD, Store, StoreOptions};
         async fn five_at_once(store: &Store) {
             let q = || store.get_run("run_none");
             let (a, b, c, d, e) = tokio::join!(q(), q(), q(), q(), q());
@@ -211,17 +193,26 @@ mod tests {
         let store = Store::open_sqlite(&dir.path().join("fg.db"), &opts)
             .await
             .unwrap();
+        five_at_once(&store).await;
         let s = store.clone();
-        spawn(|fg| async move {
-            fg.run(async move { five_at_once(&s).await }).await.unwrap();
+        spawn(async move {
+            let own = s.own_connection().await.unwrap();
+            five_at_once(&own).await;
+            five_at_once(&s.own_connection().await.unwrap()).await;
         })
         .await
         .unwrap();
-        let workers = threads("sqlx-sqlite");
+        five_at_once(&store).await;
+        let own = threads(OWN_CONNECTION_THREAD);
+        assert!(
+            own.contains(&(SCHED_IDLE, NICE)),
+            "the own connection opened from the background thread runs at its priority: {own:?}"
+        );
+        let workers = threads("sqlx-sqlite-wor");
         assert!(!workers.is_empty(), "the store's connections are threads");
         assert!(
             workers.iter().all(|w| *w == (0, 0)),
-            "every connection's thread at normal priority: {workers:?}"
+            "every pooled connection's thread at normal priority: {workers:?}"
         );
         store.close().await;
 
@@ -229,9 +220,7 @@ mod tests {
             .await
             .unwrap();
         let c = control.clone();
-        spawn(|_| async move { five_at_once(&c).await })
-            .await
-            .unwrap();
+        spawn(async move { five_at_once(&c).await }).await.unwrap();
         let inherited = threads("sqlx-sqlite")
             .into_iter()
             .filter(|w| *w == (SCHED_IDLE, NICE))

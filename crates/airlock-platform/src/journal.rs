@@ -21,8 +21,6 @@ use airlock_platform_api::wire::EgressOutcome;
 use airlock_platform_api::wire::{EGRESS_JOURNAL_FILE, EGRESS_JOURNAL_MAX_BYTES, EgressRecord};
 use airlock_store::{BatchWrite, Store};
 
-use crate::background::Foreground;
-
 #[derive(Debug, thiserror::Error)]
 pub enum JournalIngestError {
     #[error("egress journal: {0}")]
@@ -31,13 +29,6 @@ pub enum JournalIngestError {
     Store {
         run_id: String,
         source: airlock_store::StoreError,
-    },
-    /// A live read's records were handed to the foreground to store, and
-    /// that failed (the runtime stopped, or the store call panicked).
-    #[error("egress journal of {run_id}: storing a live read: {source}")]
-    Foreground {
-        run_id: String,
-        source: tokio::task::JoinError,
     },
 }
 
@@ -150,28 +141,25 @@ impl Tail {
 
     /// Stores the records of the complete lines written since the last call
     /// (a line still being written waits for the next); returns how many
-    /// there were. A journal not created yet holds none. Called from the
-    /// background thread: the lines are read and parsed there, their
-    /// records stored from `fg` (see [`crate::background`] for why never
-    /// from there).
+    /// there were. A journal not created yet holds none. The records go
+    /// through `store`'s [`Store::own_connection`]: called from the
+    /// background thread, its statements run at that thread's priority
+    /// (see [`crate::background`]). Should that connection not open,
+    /// nothing is read: the lines wait for the next call.
     pub async fn catch_up(
         &mut self,
-        fg: &Foreground,
         store: &Store,
         run_id: &str,
     ) -> Result<usize, JournalIngestError> {
-        let bytes = self.read(false)?;
-        if bytes.is_empty() {
-            return Ok(0);
-        }
-        let parsed = parse_reported(run_id, &bytes);
-        let (store, run) = (store.clone(), run_id.to_owned());
-        fg.run(async move { store_parsed(&store, &run, &parsed).await })
+        let own = store
+            .own_connection()
             .await
-            .map_err(|source| JournalIngestError::Foreground {
+            .map_err(|source| JournalIngestError::Store {
                 run_id: run_id.to_owned(),
                 source,
-            })?
+            })?;
+        let bytes = self.read(false)?;
+        store_lines(&own, run_id, &bytes).await
     }
 
     /// The last read, once the sidecar has stopped: every line left (a torn
@@ -291,7 +279,6 @@ async fn store_parsed(
 /// come, backing off to [`FOLLOW_QUIET`] while none do. Returns how many
 /// records it stored, and the tail for the last read.
 async fn follow_live(
-    fg: Foreground,
     store: Store,
     run_id: String,
     path: PathBuf,
@@ -305,7 +292,7 @@ async fn follow_live(
             _ = &mut stop => break,
             () = tokio::time::sleep(wait) => {}
         }
-        let read = tail.catch_up(&fg, &store, &run_id).await;
+        let read = tail.catch_up(&store, &run_id).await;
         wait = next_wait(wait, read.as_ref().ok().copied());
         match read {
             Ok(n) => stored += n,
@@ -344,15 +331,12 @@ impl Follower {
     /// Follows the journal of the run in `run_dir` (it may not exist yet).
     pub fn start(store: &Store, run_id: &str, run_dir: &Path) -> Follower {
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = crate::background::spawn(|fg| {
-            follow_live(
-                fg,
-                store.clone(),
-                run_id.to_owned(),
-                path_in(run_dir),
-                stopped,
-            )
-        });
+        let task = crate::background::spawn(follow_live(
+            store.clone(),
+            run_id.to_owned(),
+            path_in(run_dir),
+            stopped,
+        ));
         Follower {
             stop,
             task,
@@ -495,15 +479,14 @@ mod tests {
         let store = store_with_run(dir.path()).await;
         let path = path_in(dir.path());
         let mut tail = Tail::new(path.clone());
-        let fg = Foreground::current();
         // Not created yet: nothing, and no error.
-        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 0);
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 0);
         create(dir.path()).unwrap();
         let start1 = line(&rec(1, EgressOutcome::Incomplete, None));
         let start2 = line(&rec(2, EgressOutcome::Incomplete, None));
         append(&path, &start1);
         append(&path, &start2[..10]);
-        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 1);
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 1);
         // The line being written is kept, not read again at the next turn.
         assert_eq!(tail.offset, std::fs::metadata(&path).unwrap().len());
         assert_eq!(tail.pending, start2.as_bytes()[..10]);
@@ -511,8 +494,8 @@ mod tests {
         assert_eq!(outcomes(&log), [(Some(1), Some(EgressOutcome::Incomplete))]);
         append(&path, &start2[10..]);
         append(&path, &line(&rec(1, EgressOutcome::Completed, Some(200))));
-        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 2);
-        assert_eq!(tail.catch_up(&fg, &store, "run_t").await.unwrap(), 0);
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 2);
+        assert_eq!(tail.catch_up(&store, "run_t").await.unwrap(), 0);
         let torn = line(&rec(3, EgressOutcome::Incomplete, None));
         append(&path, &torn[..torn.len() / 2]);
         assert_eq!(tail.finish(&store, "run_t").await.unwrap(), 0);
@@ -535,8 +518,7 @@ mod tests {
         let store = store_with_run(dir.path()).await;
         std::os::unix::fs::symlink("/dev/zero", path_in(dir.path())).unwrap();
         let mut tail = Tail::new(path_in(dir.path()));
-        let fg = Foreground::current();
-        assert!(tail.catch_up(&fg, &store, "run_t").await.is_err());
+        assert!(tail.catch_up(&store, "run_t").await.is_err());
         assert!(store.list_egress("run_t", 100).await.unwrap().is_empty());
     }
 

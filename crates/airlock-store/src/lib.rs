@@ -257,6 +257,11 @@ impl Default for StoreOptions {
     }
 }
 
+/// The name of the thread that runs a SQLite store's
+/// [`Store::own_connection`] (the shared pool's are sqlx's
+/// `sqlx-sqlite-worker-N`).
+pub const OWN_CONNECTION_THREAD: &str = "sqlx-sqlite-own";
+
 /// A handle on the database: cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -266,6 +271,8 @@ pub struct Store {
     /// cache in this process follows at once (another process's writes
     /// show in [`Store::connections_version`]).
     connection_writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// [`Store::own_connection`], once opened: shared by every clone.
+    own: std::sync::Arc<tokio::sync::OnceCell<Store>>,
 }
 
 /// Held by every method that writes `connections`: counts the write in
@@ -380,6 +387,7 @@ impl Store {
             pool: Pool::Sqlite(pool),
             display,
             connection_writes: Default::default(),
+            own: Default::default(),
         };
         // SQLite's check reads the whole file (~1.3 ms per MiB here): up to
         // QUICK_CHECK_MAX_BYTES it runs before the store is used; a larger
@@ -437,6 +445,7 @@ impl Store {
             pool: Pool::Postgres(pool),
             display,
             connection_writes: Default::default(),
+            own: Default::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -457,7 +466,62 @@ impl Store {
 
     /// Closes every pooled connection (SQLite: checkpoints the WAL).
     pub async fn close(&self) {
+        // (A store's own connection has none of its own.)
+        if let Some(own) = self.own.get() {
+            on_pool!(own, p => p.close().await);
+        }
         on_pool!(self, p => p.close().await)
+    }
+
+    /// This store over one connection of its own, apart from the shared
+    /// pool: opened by the first call, on the calling thread, and used by
+    /// every clone of this store that asks after it. It is for work that
+    /// should run at the priority of the thread that asks (work no request
+    /// waits for): SQLite runs each connection's statements on a thread of
+    /// the connection's own, which takes the scheduling policy of the
+    /// thread that opens it, so that work's statements run at its priority
+    /// without ever lending it to a pooled connection that later serves
+    /// requests. (PostgreSQL runs statements in its server; the connection
+    /// is kept apart all the same.) Kept open until [`Store::close`]:
+    /// nothing reopens it from elsewhere (no idle or lifetime limit).
+    pub async fn own_connection(&self) -> Result<Store, StoreError> {
+        self.own
+            .get_or_try_init(|| async {
+                fn own<DB: sqlx::Database>(p: &sqlx::Pool<DB>) -> sqlx::pool::PoolOptions<DB> {
+                    sqlx::pool::PoolOptions::new()
+                        .max_connections(1)
+                        .min_connections(0)
+                        .idle_timeout(None)
+                        .max_lifetime(None)
+                        .acquire_timeout(p.options().get_acquire_timeout())
+                }
+                let pool = match &self.pool {
+                    Pool::Sqlite(p) => Pool::Sqlite(
+                        own(p)
+                            .connect_with(
+                                (*p.connect_options())
+                                    .clone()
+                                    .thread_name(|_| OWN_CONNECTION_THREAD.to_owned()),
+                            )
+                            .await
+                            .map_err(|e| self.err(e))?,
+                    ),
+                    Pool::Postgres(p) => Pool::Postgres(
+                        own(p)
+                            .connect_with((*p.connect_options()).clone())
+                            .await
+                            .map_err(|e| self.err(e))?,
+                    ),
+                };
+                Ok(Store {
+                    pool,
+                    display: self.display.clone(),
+                    connection_writes: self.connection_writes.clone(),
+                    own: Default::default(),
+                })
+            })
+            .await
+            .cloned()
     }
 
     fn err(&self, e: sqlx::Error) -> StoreError {

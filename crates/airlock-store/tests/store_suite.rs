@@ -100,6 +100,7 @@ on_both!(
     egress_records_are_started_then_completed,
     egress_batches_written_whole,
     egress_batches_written_by_statement,
+    the_own_connection_writes_what_the_pool_reads,
     memories,
     results,
     run_slots_are_claimed_atomically,
@@ -1246,6 +1247,34 @@ async fn egress_batches_written_whole(s: &Store) {
 
 async fn egress_batches_written_by_statement(s: &Store) {
     egress_batches(s, BatchWrite::ByStatement).await;
+}
+
+/// Writes through the store's own connection (the platform's background
+/// work makes them) mean what they mean through the pool, and the pool
+/// reads them at once; every clone gets the same connection, and it closes
+/// with the store.
+async fn the_own_connection_writes_what_the_pool_reads(s: &Store) {
+    let own = s.own_connection().await.unwrap();
+    egress_batches(&own, BatchWrite::ByStatement).await;
+    let rows = |log: Vec<airlock_store::EgressEntry>| -> Vec<_> {
+        log.into_iter().map(|e| (e.id, e.seq, e.outcome)).collect()
+    };
+    let through_pool = rows(s.list_egress("r1", 1000).await.unwrap());
+    assert!(through_pool.len() > 100, "{}", through_pool.len());
+    assert_eq!(
+        rows(own.list_egress("r1", 1000).await.unwrap()),
+        through_pool
+    );
+    let again = s.clone().own_connection().await.unwrap();
+    assert_eq!(
+        rows(again.list_egress("r1", 1000).await.unwrap()),
+        through_pool
+    );
+    s.close().await;
+    assert!(
+        own.list_egress("r1", 1).await.is_err(),
+        "the own connection closed with the store"
+    );
 }
 
 /// A batch of records (more than one statement's worth) means what the same
