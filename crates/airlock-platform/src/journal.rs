@@ -113,7 +113,8 @@ pub const FOLLOW_BUSY: std::time::Duration = std::time::Duration::from_millis(50
 
 /// The longest wait between two reads of a quiet journal (the wait doubles
 /// from [`FOLLOW_BUSY`] while nothing new comes): an idle run costs about a
-/// read a second, and a record is in the store within this of being written.
+/// read a second, and a record is in the store within this of being written
+/// (on a host with idle CPU time: the reads are background work).
 pub const FOLLOW_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A journal read as it grows: each [`Tail::catch_up`] stores the complete
