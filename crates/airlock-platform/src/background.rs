@@ -38,6 +38,7 @@
 //! the run ends ([`crate::journal::Follower::finish`] stores the rest at
 //! normal priority). Reading and parsing the journal here always had that
 //! lag; storing adds to the work that waits.
+//!
 //! Work here must never hold what others wait for across an await
 //! otherwise.
 
@@ -126,14 +127,14 @@ fn start() -> std::io::Result<Handle> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const SCHED_IDLE: u32 = 5;
+    pub(crate) const SCHED_IDLE: u32 = 5;
 
     /// (scheduling policy, nice value) of each of this process's threads
     /// whose name starts with `prefix`, from `/proc/self/task`.
-    fn threads(prefix: &str) -> Vec<(u32, i32)> {
+    pub(crate) fn threads(prefix: &str) -> Vec<(u32, i32)> {
         let mut out = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").unwrap() {
             let dir = task.unwrap().path();

@@ -560,4 +560,39 @@ mod tests {
             [Some(1), Some(2), Some(3)]
         );
     }
+    /// The attack on priority through the follower: a live run's records
+    /// reach the store while it runs, written from the background thread
+    /// through the store's own connection (at idle priority), never through
+    /// the shared pool, whose connections all stay at normal priority.
+    #[tokio::test]
+    async fn a_live_read_is_stored_at_idle_priority_and_the_pool_keeps_its_own() {
+        use crate::background::tests::{SCHED_IDLE, threads};
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_run(dir.path()).await;
+        let follower = Follower::start(&store, "run_t", dir.path());
+        create(dir.path()).unwrap();
+        let path = path_in(dir.path());
+        for seq in 1..=3 {
+            append(&path, &line(&rec(seq, EgressOutcome::Completed, Some(204))));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store.list_egress("run_t", 100).await.unwrap().len() < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the live read reached the store"
+            );
+            tokio::time::sleep(FOLLOW_BUSY).await;
+        }
+        let own = threads(airlock_store::OWN_CONNECTION_THREAD);
+        assert!(
+            own.contains(&(SCHED_IDLE, crate::background::NICE)),
+            "the live read's statements ran on an idle-priority connection: {own:?}"
+        );
+        let pooled = threads("sqlx-sqlite-wor");
+        assert!(
+            pooled.iter().all(|w| *w == (0, 0)),
+            "every pooled connection's thread at normal priority: {pooled:?}"
+        );
+        follower.finish().await;
+    }
 }

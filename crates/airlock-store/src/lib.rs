@@ -466,7 +466,7 @@ impl Store {
 
     /// Closes every pooled connection (SQLite: checkpoints the WAL).
     pub async fn close(&self) {
-        // (A store's own connection has none of its own.)
+        // (Nothing asks an own connection for one of its own.)
         if let Some(own) = self.own.get() {
             on_pool!(own, p => p.close().await);
         }
