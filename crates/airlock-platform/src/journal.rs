@@ -546,13 +546,7 @@ mod tests {
     #[tokio::test]
     async fn the_follower_stores_everything_by_the_time_it_finishes() {
         let dir = tempfile::tempdir().unwrap();
-        let store = store_with_run(dir.path()).await;
-        let follower = Follower::start(&store, "run_t", dir.path());
-        create(dir.path()).unwrap();
-        let path = path_in(dir.path());
-        for seq in 1..=3 {
-            append(&path, &line(&rec(seq, EgressOutcome::Completed, Some(204))));
-        }
+        let (store, follower) = following_three_records(dir.path()).await;
         follower.finish().await;
         let log = store.list_egress("run_t", 100).await.unwrap();
         assert_eq!(
@@ -560,6 +554,19 @@ mod tests {
             [Some(1), Some(2), Some(3)]
         );
     }
+    /// A run's store and follower, its journal holding three completed
+    /// records.
+    async fn following_three_records(dir: &Path) -> (Store, Follower) {
+        let store = store_with_run(dir).await;
+        let follower = Follower::start(&store, "run_t", dir);
+        create(dir).unwrap();
+        let path = path_in(dir);
+        for seq in 1..=3 {
+            append(&path, &line(&rec(seq, EgressOutcome::Completed, Some(204))));
+        }
+        (store, follower)
+    }
+
     /// The attack on priority through the follower: a live run's records
     /// reach the store while it runs, written from the background thread
     /// through the store's own connection (at idle priority), never through
@@ -568,13 +575,7 @@ mod tests {
     async fn a_live_read_is_stored_at_idle_priority_and_the_pool_keeps_its_own() {
         use crate::background::tests::{SCHED_IDLE, threads};
         let dir = tempfile::tempdir().unwrap();
-        let store = store_with_run(dir.path()).await;
-        let follower = Follower::start(&store, "run_t", dir.path());
-        create(dir.path()).unwrap();
-        let path = path_in(dir.path());
-        for seq in 1..=3 {
-            append(&path, &line(&rec(seq, EgressOutcome::Completed, Some(204))));
-        }
+        let (store, follower) = following_three_records(dir.path()).await;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while store.list_egress("run_t", 100).await.unwrap().len() < 3 {
             assert!(
