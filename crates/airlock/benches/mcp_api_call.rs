@@ -27,7 +27,9 @@
 //! `MCP_BENCH_NULL_PLATFORM=1` gives the sidecar, instead of the platform, a
 //! bare hyper server that answers every request at once with the credential:
 //! the credentialed figure is then the round trip alone, the floor of any
-//! fetch per call on this machine.
+//! fetch per call on this machine. `MCP_BENCH_NULL_PLATFORM=raw` answers
+//! from a blocking thread per connection with no HTTP library: the floor of
+//! any server answering that fetch, however lean.
 //! `MCP_BENCH_DUMP=/path/prefix` writes every timed call of repetition R
 //! to `/path/prefix.R`, one line each: the path (1 nginx, 2 credential,
 //! 3 without a connection), when it started and how long it took, in µs
@@ -81,12 +83,20 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
+/// What the null platforms answer: the bench's credential.
+const NULL_CREDENTIAL: &[u8] = br#"{"integration":"svc","connection":"svc","auth_type":"bearer","fields":{"api_key":"bench-credential-value"}}"#;
+
 /// A platform that answers every request at once with the bench's
 /// credential (no token check, no store, no decrypt): what a credentialed
 /// call costs when the platform's own work is nil, i.e. the round trip alone.
-fn null_platform(p: &peers::Platform, rep: usize) -> std::path::PathBuf {
+/// With `raw`, no HTTP library and no runtime either: [`raw_platform`].
+fn null_platform(p: &peers::Platform, rep: usize, raw: bool) -> std::path::PathBuf {
     let path = p.dir.path().join(format!("null-platform-{rep}.sock"));
     let l = std::os::unix::net::UnixListener::bind(&path).expect("bind null platform");
+    if raw {
+        std::thread::spawn(move || raw_platform(&l));
+        return path;
+    }
     l.set_nonblocking(true).expect("nonblocking");
     // Served where the platform is served.
     p.handle().spawn(async move {
@@ -97,9 +107,7 @@ fn null_platform(p: &peers::Platform, rep: usize) -> std::path::PathBuf {
                     Ok::<_, Infallible>(
                         hyper::Response::builder()
                             .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from_static(
-                                br#"{"integration":"svc","connection":"svc","auth_type":"bearer","fields":{"api_key":"bench-credential-value"}}"#,
-                            )))
+                            .body(Full::new(Bytes::from_static(NULL_CREDENTIAL)))
                             .expect("response"),
                     )
                 });
@@ -110,6 +118,42 @@ fn null_platform(p: &peers::Platform, rep: usize) -> std::path::PathBuf {
         }
     });
     path
+}
+
+/// Serves `l` with a blocking thread per connection that answers each
+/// request head (the credential fetch is a `GET`: no body) with the bench's
+/// credential, written at once: the least any server can do per fetch here.
+fn raw_platform(l: &std::os::unix::net::UnixListener) {
+    use std::io::{Read, Write};
+    let mut answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        NULL_CREDENTIAL.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(NULL_CREDENTIAL);
+    for s in l.incoming() {
+        let Ok(mut s) = s else { return };
+        let answer = answer.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut have = 0;
+            loop {
+                match s.read(&mut buf[have..]) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => have += n,
+                }
+                // Every complete head gets its answer; a partial one waits.
+                while let Some(end) = buf[..have].windows(4).position(|w| w == b"\r\n\r\n") {
+                    if s.write_all(&answer).is_err() {
+                        return;
+                    }
+                    buf.copy_within(end + 4..have, 0);
+                    have -= end + 4;
+                }
+                assert!(have < buf.len(), "raw platform: request head too large");
+            }
+        });
+    }
 }
 
 async fn direct(c: &mut SendRequest<Full<Bytes>>, addr: SocketAddr) -> usize {
@@ -240,6 +284,15 @@ async fn run(p: &peers::Platform) {
         peers::load()
     );
     println!("  {}; {}", peers::describe(), p.describe());
+    match std::env::var("MCP_BENCH_NULL_PLATFORM").as_deref() {
+        Ok("raw") => println!(
+            "  MCP_BENCH_NULL_PLATFORM=raw: the sidecar fetches from a blocking thread with no HTTP library answering at once"
+        ),
+        Ok(_) => println!(
+            "  MCP_BENCH_NULL_PLATFORM: the sidecar fetches from a bare hyper server answering at once"
+        ),
+        Err(_) => {}
+    }
     let token = p.sidecar_token.expose_secret().to_owned();
     let profile_only = match std::env::var("MCP_BENCH_PROFILE").ok().as_deref() {
         None => None,
@@ -263,8 +316,8 @@ async fn run(p: &peers::Platform) {
         if let (Value::Object(a), Value::Object(b)) = (&mut cfg, patch) {
             a.extend(b);
         }
-        if std::env::var_os("MCP_BENCH_NULL_PLATFORM").is_some() {
-            cfg["platform_socket"] = json!(null_platform(p, rep));
+        if let Some(null) = std::env::var_os("MCP_BENCH_NULL_PLATFORM") {
+            cfg["platform_socket"] = json!(null_platform(p, rep, null == "raw"));
         }
         let sc = peers::spawn_sidecar(&cfg);
         let pid = sc.pid();
