@@ -554,6 +554,7 @@ mod tests {
             [Some(1), Some(2), Some(3)]
         );
     }
+
     /// A run's store and follower, its journal holding three completed
     /// records.
     async fn following_three_records(dir: &Path) -> (Store, Follower) {
