@@ -487,12 +487,8 @@ impl Orchestrator {
             env: placeholders,
             proxy_ca_pem: proxy_ca_pem.clone().filter(|_| agent_intercepted),
         };
-        let mut ro_paths = vec![req.agent_dir.clone()];
-        if runtime_exe == self.exe
-            && let Some(dir) = self.exe.parent()
-        {
-            ro_paths.push(dir.to_owned());
-        }
+        // The agent's directory only: the binary is the backend's to provide.
+        let ro_paths = vec![req.agent_dir.clone()];
         let spec = SandboxSpec {
             run_id: run_id.to_owned(),
             command,

@@ -34,8 +34,9 @@ pub struct SandboxSpec {
     /// Host directory holding the sidecar's sockets (and nothing else). The
     /// sandbox sees it read-only at [`RunPaths::sockets`].
     pub sockets_dir: PathBuf,
-    /// Extra host paths visible read-only at the same path (the airlock
-    /// binary, the agent's directory).
+    /// Extra host paths visible read-only at the same path (the agent's
+    /// directory). The `airlock` binary is the backend's to provide
+    /// ([`Backend::runtime_exe`]), not a path of this list.
     pub ro_paths: Vec<PathBuf>,
     /// The agent's working directory inside the sandbox ([`RunPaths::workspace`]:
     /// a tmpfs in the namespace backend, a host directory in the process backend).
@@ -505,7 +506,9 @@ pub trait Backend: Send + Sync {
     /// go): a sandbox dies with the thread that started it.
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError>;
     /// The `airlock` binary as the sandbox sees it (it runs `airlock
-    /// runtime`): the host's own by default, bound read-only.
+    /// runtime`): the host's own by default (the process backend); the
+    /// namespace backend binds the file alone read-only at a fixed path,
+    /// the docker backend's images hold it.
     fn runtime_exe(&self, host_exe: &Path) -> PathBuf {
         host_exe.to_owned()
     }
@@ -568,6 +571,8 @@ pub mod diagnose;
 pub mod docker;
 pub mod namespace;
 pub mod process;
+pub mod seccomp;
+pub mod syscalls;
 pub mod terminal;
 pub mod untrusted;
 

@@ -70,6 +70,12 @@ enum Command {
     /// The namespace sandbox's setup process (started by the backend only).
     #[command(hide = true)]
     SandboxInit,
+    /// PID 1 of a docker sandbox's container (started by the backend only).
+    #[command(hide = true)]
+    ContainerInit {
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -98,5 +104,6 @@ fn main() -> std::process::ExitCode {
         Command::Keys(c) => cmd::keys::run(c),
         Command::Images(c) => cmd::images::run(c),
         Command::SandboxInit => cmd::sandbox_init::run(),
+        Command::ContainerInit { command } => cmd::sandbox_init::container(&command),
     }
 }

@@ -43,6 +43,7 @@
 
 pub mod diagnose;
 pub mod images;
+pub mod init;
 pub mod profile;
 pub mod reclaim;
 
@@ -887,6 +888,9 @@ pub(crate) async fn remove_network(d: &Docker, name: &str) {
     }
 }
 
+/// An empty read-only tmpfs, mounted over what a container must not see.
+const EMPTY_RO_TMPFS: &str = "ro,nosuid,nodev,noexec,size=4k,nr_inodes=16,mode=0555";
+
 fn tmpfs_opts(size_mb: u64, uid: u32, gid: u32) -> String {
     format!(
         "rw,nosuid,nodev,size={size_mb}m,nr_inodes={},mode=0700,uid={uid},gid={gid}",
@@ -932,9 +936,17 @@ impl DockerBackend {
             }
         };
         let cap = spec.workspace_size_mb;
+        // PID 1 is Airlock's own init (not dumpable, the sandbox's seccomp
+        // filters), not docker-init.
+        let mut cmd = vec![
+            AIRLOCK_IN_IMAGE.to_owned(),
+            init::SUBCOMMAND.into(),
+            "--".into(),
+        ];
+        cmd.extend(spec.command.iter().cloned());
         Ok(ContainerCreateBody {
             image: Some(self.cfg.images.agent.to_string()),
-            cmd: Some(spec.command.clone()),
+            cmd: Some(cmd),
             env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
             user: Some(format!("{}:{}", ids.uid, ids.gid)),
             working_dir: Some(spec.workspace.display().to_string()),
@@ -957,6 +969,12 @@ impl DockerBackend {
                         tmpfs_opts(cap, ids.uid, ids.gid),
                     ),
                     ("/tmp".into(), tmpfs_opts(cap, ids.uid, ids.gid)),
+                    // No pseudo-terminals (the namespace sandbox has none):
+                    // Docker's devpts instance draws on the host's one pool
+                    // (kernel.pty.max less the host's reserve).
+                    ("/dev/pts".into(), EMPTY_RO_TMPFS.into()),
+                    // No host sysfs (hardware, kernel state).
+                    ("/sys".into(), EMPTY_RO_TMPFS.into()),
                 ])),
                 ipc_mode: Some("none".into()),
                 cap_drop: Some(vec!["ALL".into()]),
@@ -970,7 +988,7 @@ impl DockerBackend {
                 memory: Some((spec.memory_mb as i64) << 20),
                 memory_swap: Some((spec.memory_mb as i64) << 20),
                 nano_cpus: Some((spec.cpus * 1e9) as i64),
-                init: Some(true),
+                init: Some(false),
                 runtime: self.cfg.runtime.clone(),
                 log_config: Some(HostConfigLogConfig {
                     typ: Some("none".into()),

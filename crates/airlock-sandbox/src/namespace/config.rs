@@ -19,6 +19,19 @@ pub const HOSTNAME: &str = "airlock";
 pub const SOCKETS_INSIDE: &str = "/run/airlock";
 /// The agent's workspace inside the sandbox.
 pub const WORKSPACE_INSIDE: &str = "/workspace";
+/// Where the sandbox sees the `airlock` binary (read-only; it runs
+/// `airlock runtime`): the file alone, at a path that says nothing of
+/// where it is on the host. Nothing else of its directory is bound.
+pub const EXE_INSIDE: &str = "/.airlock/airlock";
+/// Paths init builds itself: nothing the spec names may be at or under them.
+const RESERVED: &[&str] = &[
+    "/proc",
+    "/dev",
+    "/oldroot",
+    "/run/airlock",
+    "/.rw",
+    "/.airlock",
+];
 /// The uid and gid the agent has inside the sandbox (never 0: nothing in
 /// the sandbox looks or acts like root).
 pub const SANDBOX_UID: u32 = 1000;
@@ -77,6 +90,8 @@ pub struct InitConfig {
     /// Host directory of the sidecar's sockets, bound read-only at
     /// [`SOCKETS_INSIDE`].
     pub sockets_dir: PathBuf,
+    /// Host path of the `airlock` binary, bound read-only at [`EXE_INSIDE`].
+    pub exe: PathBuf,
     pub ro_paths: Vec<PathBuf>,
     pub workspace: PathBuf,
     /// The one tmpfs that takes every write of the sandbox (workspace,
@@ -88,7 +103,7 @@ pub struct InitConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(
-        "{what} {path:?} must be an absolute, normalised path outside /proc, /dev, /oldroot, /.rw and /run/airlock"
+        "{what} {path:?} must be an absolute, normalised path outside /proc, /dev, /oldroot, /.rw, /.airlock and /run/airlock"
     )]
     BadPath { what: &'static str, path: PathBuf },
     #[error("the command is empty or its program {0:?} is not an absolute path")]
@@ -119,10 +134,7 @@ pub fn check_path(what: &'static str, path: &Path) -> Result<(), ConfigError> {
     {
         return Err(bad());
     }
-    if ["/proc", "/dev", "/oldroot", "/run/airlock", "/.rw"]
-        .iter()
-        .any(|p| path.starts_with(p))
-    {
+    if RESERVED.iter().any(|p| path.starts_with(p)) {
         return Err(bad());
     }
     if path.to_str().is_none_or(|s| s.contains('\0')) {
@@ -147,6 +159,7 @@ pub fn check_run_id(id: &str) -> Result<(), ConfigError> {
 impl InitConfig {
     pub fn from_spec(
         spec: &SandboxSpec,
+        exe: &Path,
         parent_pid: i32,
         cgroups: Vec<super::cgroup::Join>,
     ) -> Result<InitConfig, ConfigError> {
@@ -156,6 +169,7 @@ impl InitConfig {
             command: spec.command.clone(),
             env: spec.env.clone(),
             sockets_dir: spec.sockets_dir.clone(),
+            exe: exe.to_owned(),
             ro_paths: spec.ro_paths.clone(),
             workspace: spec.workspace.clone(),
             workspace_size_mb: spec.workspace_size_mb,
@@ -180,6 +194,12 @@ impl InitConfig {
             }
         }
         check_path("sockets_dir", &self.sockets_dir)?;
+        if !self.exe.is_absolute() || self.exe.to_str().is_none_or(|s| s.contains('\0')) {
+            return Err(ConfigError::BadPath {
+                what: "exe",
+                path: self.exe.clone(),
+            });
+        }
         check_path("workspace", &self.workspace)?;
         if self.workspace.starts_with("/tmp") || self.workspace.starts_with("/run") {
             return Err(ConfigError::BadPath {
@@ -267,6 +287,7 @@ mod tests {
             command: vec!["/bin/true".into()],
             env: vec![("A".into(), "b".into())],
             sockets_dir: "/tmp/run/sock".into(),
+            exe: "/usr/local/bin/airlock".into(),
             ro_paths: vec!["/opt/agent".into()],
             workspace: "/workspace".into(),
             workspace_size_mb: 8,
@@ -328,11 +349,18 @@ mod tests {
             "/oldroot/etc",
             "/run/airlock/x",
             "/tmp/ws",
+            "/.airlock",
         ] {
             let mut c = cfg();
             c.workspace = p.into();
             assert!(c.validate().is_err(), "{p}");
         }
+        let mut c = cfg();
+        c.ro_paths = vec!["/.airlock/x".into()];
+        assert!(c.validate().is_err(), "nothing over the binary");
+        let mut c = cfg();
+        c.exe = "airlock".into();
+        assert!(c.validate().is_err());
         let mut c = cfg();
         c.command = vec!["true".into()];
         assert!(c.validate().is_err());

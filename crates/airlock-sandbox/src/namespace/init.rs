@@ -34,7 +34,8 @@ use std::process::Command;
 use rustix::process::{Pid, Signal, WaitOptions};
 
 use super::config::{HOSTNAME, Header, InitConfig, SANDBOX_GID, SANDBOX_UID};
-use super::{cgroup, fs_rules, plan, seccomp, sys};
+use super::{cgroup, fs_rules, plan, sys};
+use crate::seccomp;
 
 /// Exit code of a setup failure (before the command ran).
 pub const SETUP_FAILED: i32 = 125;
@@ -92,7 +93,7 @@ fn stage_a() -> Result<i32, InitError> {
     // What the sandbox shares of the host, taken while still root (see
     // `plan::Trees`); a rootless init reaches the same paths as itself.
     let trees = if cfg.ids.switch {
-        let mut paths = vec![cfg.sockets_dir.as_path()];
+        let mut paths = vec![cfg.sockets_dir.as_path(), cfg.exe.as_path()];
         paths.extend(cfg.ro_paths.iter().map(PathBuf::as_path));
         plan::Trees::detach(&sys::Real, &paths).map_err(at("share"))?
     } else {

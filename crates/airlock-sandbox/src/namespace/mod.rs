@@ -7,15 +7,14 @@
 //! the non-secret spec as a header on its stdin, followed by the command's
 //! stdin bytes. Everything the sandbox boundary consists of is in this
 //! directory: [`plan`] (the filesystem), [`init`] (the sequence),
-//! [`seccomp`], [`fs_rules`] (Landlock), [`cgroup`], and [`sys`] (all
-//! `unsafe`).
+//! [`fs_rules`] (Landlock), [`cgroup`], and [`sys`] (all `unsafe`), but
+//! the seccomp filters, which every backend shares ([`crate::seccomp`]).
 
 pub mod cgroup;
 pub mod config;
 pub mod fs_rules;
 pub mod init;
 pub mod plan;
-pub mod seccomp;
 #[allow(unsafe_code)]
 pub mod sys;
 
@@ -348,6 +347,12 @@ impl Backend for NamespaceBackend {
         Ok(())
     }
 
+    /// The init's own binary, bound read-only at [`config::EXE_INSIDE`]
+    /// (whatever `host_exe` is: the sandbox runs the binary its init is).
+    fn runtime_exe(&self, _host_exe: &Path) -> PathBuf {
+        PathBuf::from(config::EXE_INSIDE)
+    }
+
     fn paths(&self, run_dir: &Path) -> RunPaths {
         RunPaths {
             sockets_host: run_dir.join("sock"),
@@ -359,12 +364,12 @@ impl Backend for NamespaceBackend {
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         config::check_run_id(&spec.run_id).map_err(|e| SandboxError::Setup(e.to_string()))?;
         let ids = config::HostIds::for_run(&spec.run_id);
-        for p in &spec.ro_paths {
+        for p in spec.ro_paths.iter().chain([&self.init_exe]) {
             readable_by(p, ids)?;
         }
         let me = rustix::process::getpid().as_raw_nonzero().get();
         // Checked before anything is taken or made: a refused spec costs nothing.
-        let mut cfg = InitConfig::from_spec(spec, me, vec![])
+        let mut cfg = InitConfig::from_spec(spec, &self.init_exe, me, vec![])
             .map_err(|e| SandboxError::Setup(e.to_string()))?;
         let mut standby = self.take_standby();
         let cgroups = self.run_cgroups(spec, &mut standby)?;

@@ -19,13 +19,16 @@
 //!   the fd symlinks and `/dev/shm`.
 //! - the sidecar's sockets directory read-only at [`SOCKETS_INSIDE`]
 //!   (`connect(2)` works on a read-only mount; nothing can be renamed,
-//!   replaced or created there); `ro_paths` read-only at the same path.
+//!   replaced or created there); the `airlock` binary alone, read-only at
+//!   [`EXE_INSIDE`] (not its directory: nothing else of the host's build
+//!   or install tree); `ro_paths` (the agent's directory) read-only at the
+//!   same path.
 //! - `/` itself: a read-only tmpfs holding the mount points.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use super::config::{InitConfig, SOCKETS_INSIDE};
+use super::config::{EXE_INSIDE, InitConfig, SOCKETS_INSIDE};
 use super::sys::{ATTR_NODEV, ATTR_NOEXEC, ATTR_NOSUID, ATTR_RDONLY, Kind, Sys};
 
 /// Where the host's root sits while the new root is populated.
@@ -352,17 +355,22 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
     enum What {
         Workspace,
         Sockets,
+        Exe,
         Ro,
     }
     let sockets = Path::new(SOCKETS_INSIDE);
-    let mut paths: Vec<(&Path, What)> =
-        vec![(&cfg.workspace, What::Workspace), (sockets, What::Sockets)];
+    let mut paths: Vec<(&Path, What)> = vec![
+        (&cfg.workspace, What::Workspace),
+        (sockets, What::Sockets),
+        (Path::new(EXE_INSIDE), What::Exe),
+    ];
     paths.extend(cfg.ro_paths.iter().map(|p| (p.as_path(), What::Ro)));
     paths.sort_by_key(|(p, _)| p.components().count());
     for (path, what) in paths {
         let (host, attrs) = match what {
             What::Workspace => (None, ATTR_NOSUID | ATTR_NODEV),
             What::Sockets => (Some(cfg.sockets_dir.as_path()), ro | ATTR_NOEXEC),
+            What::Exe => (Some(cfg.exe.as_path()), ro),
             What::Ro => (Some(path), ro),
         };
         let tree = host.and_then(|h| trees.get(h));
@@ -545,7 +553,8 @@ mod tests {
             command: vec!["/usr/bin/true".into()],
             env: vec![],
             sockets_dir: "/var/lib/airlock/runs/r1/sock".into(),
-            ro_paths: vec!["/opt/airlock/bin/airlock".into()],
+            exe: "/opt/airlock/bin/airlock".into(),
+            ro_paths: vec!["/srv/agent".into()],
             workspace: "/workspace".into(),
             workspace_size_mb: 16,
             ids: super::super::config::HostIds {
@@ -568,6 +577,8 @@ mod tests {
             ("/oldroot/dev/urandom", Kind::File),
             ("/oldroot/var/lib/airlock/runs/r1/sock", Kind::Dir),
             ("/oldroot/opt/airlock/bin/airlock", Kind::File),
+            ("/oldroot/opt/airlock/bin/airlock-sidecar", Kind::File),
+            ("/oldroot/srv/agent", Kind::Dir),
         ] {
             r.host.insert(p.into(), k);
         }
@@ -661,15 +672,26 @@ mod tests {
             "bind /oldroot/var/lib/airlock/runs/r1/sock /run/airlock",
         );
         assert!(socks < pos(ops, "attrs /run/airlock f rec"));
-        // ro_path: a file, bound read-only over a created mount point
-        let f = pos(ops, "touch /opt/airlock/bin/airlock");
+        // the binary: the file alone, read-only (not noexec) over a created
+        // mount point at the fixed path, nothing of its host directory
+        let f = pos(ops, "touch /.airlock/airlock");
+        assert!(f > pos(ops, "mkdir /.airlock"));
         assert!(
             f < pos(
                 ops,
-                "bind /oldroot/opt/airlock/bin/airlock /opt/airlock/bin/airlock"
+                "bind /oldroot/opt/airlock/bin/airlock /.airlock/airlock"
             )
         );
-        pos(ops, "attrs /opt/airlock/bin/airlock 7 rec");
+        pos(ops, "attrs /.airlock/airlock 7 rec");
+        assert!(
+            !ops.iter().any(|o| o.contains("airlock-sidecar")
+                || o.ends_with(" /opt/airlock/bin")
+                || o.contains(" /opt")),
+            "nothing of the binary's directory: {ops:#?}"
+        );
+        // ro_path: a directory, bound read-only at its own path
+        pos(ops, "bind /oldroot/srv/agent /srv/agent");
+        pos(ops, "attrs /srv/agent 7 rec");
         // the end: host gone, staging mount gone, root read-only, in the workspace
         let n = ops.len();
         assert_eq!(
@@ -695,7 +717,8 @@ mod tests {
                     "/oldroot/etc",
                     "/oldroot/dev/",
                     "/oldroot/var/lib/airlock/runs/r1/sock",
-                    "/oldroot/opt/airlock/bin/airlock"
+                    "/oldroot/opt/airlock/bin/airlock",
+                    "/oldroot/srv/agent"
                 ]
                 .iter()
                 .any(|a| src.starts_with(a)),
@@ -732,21 +755,28 @@ mod tests {
     fn a_root_platform_attaches_copies_taken_while_root() {
         let mut r = host();
         let c = cfg();
-        let shared = [c.sockets_dir.as_path(), c.ro_paths[0].as_path()];
+        let shared = [
+            c.sockets_dir.as_path(),
+            c.exe.as_path(),
+            c.ro_paths[0].as_path(),
+        ];
         // taken from the host paths themselves (init is still root, in the host's view)
         r.host.insert(c.sockets_dir.clone(), Kind::Dir);
-        r.host.insert(c.ro_paths[0].clone(), Kind::File);
+        r.host.insert(c.exe.clone(), Kind::File);
+        r.host.insert(c.ro_paths[0].clone(), Kind::Dir);
         let trees = Trees::detach(&r, &shared).unwrap();
         build_root(&mut r, &c, &trees).unwrap();
         let ops = &r.ops;
         let a = pos(ops, "attach /run/airlock");
         assert!(a < pos(ops, "attrs /run/airlock f rec"));
-        let f = pos(ops, "mkdir /opt/airlock/bin");
-        assert!(f < pos(ops, "attach /opt/airlock/bin/airlock"));
+        let f = pos(ops, "touch /.airlock/airlock");
+        assert!(f < pos(ops, "attach /.airlock/airlock"));
+        pos(ops, "attach /srv/agent");
         assert!(
             !ops.iter()
                 .any(|o| o.starts_with("bind /oldroot/var/lib/airlock")
-                    || o.starts_with("bind /oldroot/opt")),
+                    || o.starts_with("bind /oldroot/opt")
+                    || o.starts_with("bind /oldroot/srv")),
             "no path-based bind of a shared path: {ops:#?}"
         );
         // a symlink is never shared

@@ -483,3 +483,51 @@ pub fn new_session_on_spawn(cmd: &mut tokio::process::Command) {
         });
     }
 }
+
+/// A set of signals (for [`block_signals`] and [`wait_signal`]).
+fn sigset(signals: &[i32]) -> io::Result<libc::sigset_t> {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initialises the set it is given; sigaddset only
+    // writes into that initialised set.
+    unsafe {
+        if libc::sigemptyset(set.as_mut_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for s in signals {
+            if libc::sigaddset(set.as_mut_ptr(), *s) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(set.assume_init())
+    }
+}
+
+/// Blocks `signals` in the calling thread (the container init, which is
+/// single-threaded): they stay pending until [`wait_signal`] takes them.
+/// A command spawned afterwards starts with an empty mask (std resets it).
+pub fn block_signals(signals: &[i32]) -> io::Result<()> {
+    let set = sigset(signals)?;
+    // SAFETY: `set` is an initialised sigset_t; the old mask is not asked for.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(r))
+    }
+}
+
+/// Waits for one of `signals` (blocked beforehand) and returns it.
+pub fn wait_signal(signals: &[i32]) -> io::Result<i32> {
+    let set = sigset(signals)?;
+    loop {
+        // SAFETY: `set` is an initialised sigset_t; no siginfo is asked for.
+        let r = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+        if r >= 0 {
+            return Ok(r);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}

@@ -6,8 +6,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use airlock_sandbox::namespace::{NamespaceBackend, config, seccomp};
+use airlock_sandbox::namespace::{NamespaceBackend, config};
 use airlock_sandbox::{Backend, SandboxSpec};
+use airlock_sandbox::{seccomp, syscalls};
 use serde_json::{Value, json};
 
 pub fn run(inside: bool) -> ExitCode {
@@ -118,7 +119,7 @@ fn seen_from_inside() -> Result<Value, String> {
     let spec = SandboxSpec {
         run_id: format!("doctor-{}", std::process::id()),
         command: vec![
-            exe.display().to_string(),
+            backend.runtime_exe(&exe).display().to_string(),
             "doctor".into(),
             "--inside".into(),
         ],
@@ -126,7 +127,7 @@ fn seen_from_inside() -> Result<Value, String> {
         stdin: vec![],
         hold_stdin: false,
         sockets_dir: dir.clone(),
-        ro_paths: exe.parent().map(|p| vec![p.to_owned()]).unwrap_or_default(),
+        ro_paths: vec![],
         workspace: config::WORKSPACE_INSIDE.into(),
         workspace_size_mb: 16,
         memory_mb: 256,
@@ -197,7 +198,7 @@ fn describe_inside(v: &Value) {
             v["dev_tty"]
         ),
     );
-    let allowed: Vec<&str> = seccomp::ALLOWED_FAMILIES.iter().map(|(n, _)| *n).collect();
+    let allowed: Vec<&str> = syscalls::SOCKET_FAMILIES.iter().map(|(n, _)| *n).collect();
     let foreign_refused =
         v["af_vsock"] == json!(libc_eperm()) && v["af_netlink"] == json!(libc_eperm());
     let own_ok = ["af_unix", "af_inet", "af_inet6"]
@@ -213,7 +214,7 @@ fn describe_inside(v: &Value) {
             v["af_netlink"]
         ),
     );
-    let ioctls: Vec<&str> = seccomp::DENIED_IOCTLS.iter().map(|(n, _)| *n).collect();
+    let ioctls: Vec<&str> = syscalls::DENIED_IOCTLS.iter().map(|(n, _)| *n).collect();
     line(
         v["seccomp"] == json!("2"),
         "seccomp terminal ioctls",

@@ -1,10 +1,19 @@
-//! `airlock sandbox-init` (hidden): the namespace sandbox's setup process.
-//! Started by the namespace backend only; reads its header from stdin.
+//! `airlock sandbox-init` (hidden): the namespace sandbox's setup process,
+//! started by the namespace backend only, which reads its header from
+//! stdin; and `airlock container-init -- CMD…` (hidden), PID 1 of a docker
+//! sandbox's container.
 
 use std::process::ExitCode;
 
 pub fn run() -> ExitCode {
     // No logging, no runtime, no threads: init forks and must stay single-threaded.
     let code = airlock_sandbox::namespace::init::main();
+    ExitCode::from(u8::try_from(code).unwrap_or(125))
+}
+
+pub fn container(command: &[String]) -> ExitCode {
+    // As above: no logging, no runtime, no threads (its seccomp filters
+    // apply to the thread that installs them).
+    let code = airlock_sandbox::docker::init::main(command);
     ExitCode::from(u8::try_from(code).unwrap_or(125))
 }
