@@ -43,10 +43,40 @@ struct Args {
     /// Identity and capabilities only.
     #[arg(long)]
     quick: bool,
+    /// System call numbers to make (`1,2,5-9`), each in a child of its
+    /// own, every argument -1.
+    #[arg(long)]
+    syscalls: Option<String>,
+    /// Attack the calls whose arguments the filter checks (and use them).
+    #[arg(long)]
+    checked: bool,
+}
+
+/// `1,2,5-9` as numbers.
+fn numbers(s: &str) -> Result<Vec<u32>, String> {
+    let mut v = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let bad = |e: std::num::ParseIntError| format!("{part}: {e}");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().map_err(bad)?, b.parse().map_err(bad)?);
+                v.extend(a..=b);
+            }
+            None => v.push(part.parse().map_err(bad)?),
+        }
+    }
+    Ok(v)
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    let syscalls = match a.syscalls.as_deref().map(numbers).transpose() {
+        Ok(v) => v.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("airlock-probe: --syscalls {e}");
+            return ExitCode::from(2);
+        }
+    };
     let args = probe::ProbeArgs {
         connect: a.connect,
         write: a.write,
@@ -57,7 +87,16 @@ fn main() -> ExitCode {
         setuid: a.setuid,
         stdin: a.stdin,
         quick: a.quick,
+        syscalls,
+        checked: a.checked,
     };
-    println!("{}", probe::run(&args));
+    let report = probe::run(&args).to_string();
+    // In a real run, the report is also the run's result.
+    if let Some(path) = std::env::var_os("AIRLOCK_RESULT_FILE")
+        && let Err(e) = std::fs::write(&path, &report)
+    {
+        eprintln!("airlock-probe: the result file: {e}");
+    }
+    println!("{report}");
     ExitCode::SUCCESS
 }

@@ -31,6 +31,89 @@ pub struct ProbeArgs {
     pub stdin: bool,
     /// Only the identity/capability part (used by --setuid).
     pub quick: bool,
+    /// System call numbers to make, each in a child of its own, with every
+    /// argument `-1` (a bad descriptor, pointer, size and flags: what a
+    /// call reached would refuse, had the filter let it through).
+    pub syscalls: Vec<u32>,
+    /// The calls whose arguments the filter checks, with refused and with
+    /// admitted arguments.
+    pub checked: bool,
+}
+
+fn outcome(o: std::io::Result<sys::Outcome>) -> Value {
+    match o {
+        Ok(sys::Outcome::Returned(v)) => json!({"returned": v}),
+        Ok(sys::Outcome::Errno(e)) => json!({"errno": e}),
+        Ok(sys::Outcome::Signal(s)) => json!({"signal": s}),
+        Ok(sys::Outcome::Exited(c)) => json!({"exited": c}),
+        Err(e) => json!({"probe_error": e.to_string()}),
+    }
+}
+
+/// The argument checks, attacked and used: `(name, nr, args)`.
+fn checked_calls() -> Vec<(&'static str, i64, [u64; 6])> {
+    const SIGCHLD: u64 = 17;
+    let m = u64::MAX;
+    vec![
+        (
+            "clone_newuser",
+            libc::SYS_clone,
+            [0x1000_0000 | SIGCHLD, 0, 0, 0, 0, 0],
+        ),
+        (
+            "clone_newns",
+            libc::SYS_clone,
+            [0x0002_0000 | SIGCHLD, 0, 0, 0, 0, 0],
+        ),
+        (
+            "clone_newnet",
+            libc::SYS_clone,
+            [0x4000_0000 | SIGCHLD, 0, 0, 0, 0, 0],
+        ),
+        ("clone3", libc::SYS_clone3, [0, 0, 0, 0, 0, 0]),
+        (
+            "personality_addr_no_randomize",
+            libc::SYS_personality,
+            [0x0004_0000, 0, 0, 0, 0, 0],
+        ),
+        (
+            "personality_query",
+            libc::SYS_personality,
+            [0xffff_ffff, 0, 0, 0, 0, 0],
+        ),
+        ("ioctl_tiocsti", libc::SYS_ioctl, [0, 0x5412, m, 0, 0, 0]),
+        (
+            "ioctl_tiocsti_high_bits",
+            libc::SYS_ioctl,
+            [0, 0x1_0000_5412, m, 0, 0, 0],
+        ),
+        ("ioctl_tioclinux", libc::SYS_ioctl, [0, 0x541C, m, 0, 0, 0]),
+        (
+            "ioctl_fionread_bad_fd",
+            libc::SYS_ioctl,
+            [m, 0x541B, m, 0, 0, 0],
+        ),
+        ("socket_vsock", libc::SYS_socket, [40, 1, 0, 0, 0, 0]),
+        ("socket_netlink", libc::SYS_socket, [16, 3, 0, 0, 0, 0]),
+        ("socket_packet", libc::SYS_socket, [17, 2, 0, 0, 0, 0]),
+        ("socket_inet_raw", libc::SYS_socket, [2, 3, 1, 0, 0, 0]),
+        ("socket_inet_stream", libc::SYS_socket, [2, 1, 0, 0, 0, 0]),
+        (
+            "socket_inet6_dgram_cloexec",
+            libc::SYS_socket,
+            [10, 2 | 0o2000000, 0, 0, 0, 0],
+        ),
+        (
+            "socket_unix_seqpacket",
+            libc::SYS_socket,
+            [1, 5, 0, 0, 0, 0],
+        ),
+        (
+            "socketpair_vsock",
+            libc::SYS_socketpair,
+            [40, 1, 0, m, 0, 0],
+        ),
+    ]
 }
 
 fn res<T: Into<Value>>(r: std::io::Result<T>) -> Value {
@@ -267,6 +350,27 @@ pub fn run(a: &ProbeArgs) -> Value {
                 Err(e) => json!({"ok": false, "error": e.to_string()}),
             },
         );
+    }
+    if !a.syscalls.is_empty() {
+        let m = u64::MAX;
+        let calls: BTreeMap<String, Value> = a
+            .syscalls
+            .iter()
+            .map(|nr| {
+                (
+                    nr.to_string(),
+                    outcome(sys::syscall_in_child(i64::from(*nr), [m; 6])),
+                )
+            })
+            .collect();
+        r.insert("syscalls".into(), json!(calls));
+    }
+    if a.checked {
+        let calls: BTreeMap<String, Value> = checked_calls()
+            .into_iter()
+            .map(|(name, nr, args)| (name.to_owned(), outcome(sys::syscall_in_child(nr, args))))
+            .collect();
+        r.insert("checked".into(), json!(calls));
     }
     if a.stdin {
         let mut buf = Vec::new();

@@ -57,3 +57,86 @@ pub fn try_unshare_user() -> io::Result<()> {
     // holds is invalidated by a new user namespace.
     Ok(unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER) }?)
 }
+
+/// What became of one system call made in a child of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It returned this value.
+    Returned(i64),
+    /// It failed with this errno.
+    Errno(i32),
+    /// The child was killed by this signal (a filter's kill, or the call's
+    /// own doing).
+    Signal(i32),
+    /// The child ended without a report (the call ended it).
+    Exited(i32),
+}
+
+/// Makes system call `nr` with `args` in a forked child (so whatever it
+/// does, or a filter's kill, stays there; an alarm ends one that blocks)
+/// and reports what became of it. Call from a single-threaded process.
+pub fn syscall_in_child(nr: i64, args: [u64; 6]) -> io::Result<Outcome> {
+    let (r, w) = rustix::pipe::pipe()?;
+    // SAFETY: the probe is single-threaded (no thread is ever spawned), so
+    // the child owns a consistent copy of the address space and takes no
+    // lock another thread holds.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: the child calls only async-signal-safe functions (alarm,
+        // syscall, write, _exit) on values it owns; `syscall` is given the
+        // caller's numbers and arguments, which is the point of the probe:
+        // whatever it does happens in this child only.
+        unsafe {
+            libc::alarm(2);
+            let v = libc::syscall(nr, args[0], args[1], args[2], args[3], args[4], args[5]);
+            let errno = *libc::__errno_location();
+            let report: [i64; 2] = if v == -1 {
+                [1, i64::from(errno)]
+            } else {
+                [0, v]
+            };
+            libc::write(
+                std::os::fd::AsRawFd::as_raw_fd(&w),
+                report.as_ptr().cast(),
+                std::mem::size_of_val(&report),
+            );
+            libc::_exit(0);
+        }
+    }
+    drop(w);
+    let mut buf = [0u8; 16];
+    let mut got = 0;
+    while got < buf.len() {
+        match rustix::io::read(&r, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is a live local.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+    if got == buf.len() {
+        let kind = i64::from_ne_bytes(buf[..8].try_into().unwrap_or_default());
+        let value = i64::from_ne_bytes(buf[8..].try_into().unwrap_or_default());
+        return Ok(if kind == 1 {
+            Outcome::Errno(i32::try_from(value).unwrap_or(-1))
+        } else {
+            Outcome::Returned(value)
+        });
+    }
+    Ok(if libc::WIFSIGNALED(status) {
+        Outcome::Signal(libc::WTERMSIG(status))
+    } else {
+        Outcome::Exited(libc::WEXITSTATUS(status))
+    })
+}

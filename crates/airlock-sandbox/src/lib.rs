@@ -570,6 +570,7 @@ pub trait Backend: Send + Sync {
 pub mod diagnose;
 pub mod docker;
 pub mod namespace;
+pub mod pools;
 pub mod process;
 pub mod seccomp;
 pub mod syscalls;

@@ -32,6 +32,13 @@ pub const DEFAULT_SIDECAR_REPO: &str = "airlock-sidecar";
 pub const DEFAULT_BASE_REPO: &str = "airlock-agent-base";
 /// The Debian suite of the default agent base.
 pub const BASE_SUITE: &str = "bookworm";
+/// What the default agent base holds beyond Debian's essential packages:
+/// Python, the CA certificates, and the C++ runtime (Node and other C++
+/// programs an agent brings in its directory need it).
+pub const BASE_PACKAGES: &str = "python3,ca-certificates,libstdc++6";
+/// The default base's tag: the suite, and a revision moved with
+/// [`BASE_PACKAGES`] (a base built from another list is another image).
+pub const BASE_TAG: &str = "bookworm-2";
 /// Labels on the images Airlock builds.
 pub const LABEL_IMAGE: &str = "airlock.image";
 pub const LABEL_BUILD_ID: &str = "airlock.build-id";
@@ -161,7 +168,7 @@ impl ImagesConfig {
             Some(v) => ImageRef::parse("AGENT_BASE_IMAGE", v)?,
             None => ImageRef::parse(
                 "AGENT_BASE_IMAGE",
-                &format!("{DEFAULT_BASE_REPO}:{BASE_SUITE}"),
+                &format!("{DEFAULT_BASE_REPO}:{BASE_TAG}"),
             )?,
         };
         check_tag_contract(&agent, &sidecar, VERSION).map_err(|message| SandboxError::Config {
@@ -628,8 +635,8 @@ pub async fn build_sidecar(
     Ok(())
 }
 
-/// The agent's base: a Debian root filesystem with python3, made by
-/// `mmdebstrap` from Debian's package archive, imported.
+/// The agent's base: a Debian root filesystem with [`BASE_PACKAGES`], made
+/// by `mmdebstrap` from Debian's package archive, imported.
 pub async fn build_base(
     d: &Docker,
     cfg: &ImagesConfig,
@@ -637,14 +644,14 @@ pub async fn build_base(
 ) -> Result<(), SandboxError> {
     let t0 = std::time::Instant::now();
     say(&format!(
-        "making {} with mmdebstrap ({BASE_SUITE}, python3; a minute or two)",
+        "making {} with mmdebstrap ({BASE_SUITE}, {BASE_PACKAGES}; a minute or two)",
         cfg.base
     ));
     let mut child = tokio::process::Command::new("mmdebstrap")
         .args([
             "--quiet",
             "--variant=essential",
-            "--include=python3,ca-certificates",
+            &format!("--include={BASE_PACKAGES}"),
             "--dpkgopt=path-exclude=/usr/share/doc/*",
             "--dpkgopt=path-exclude=/usr/share/man/*",
             "--dpkgopt=path-exclude=/usr/share/locale/*",

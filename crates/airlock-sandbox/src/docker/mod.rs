@@ -409,6 +409,8 @@ impl DockerBackend {
                     after,
                     started: started_tx.as_ref(),
                     gate,
+                    // Everything but the sidecar (the one on the egress network).
+                    sandbox: !egress,
                 };
                 start.run(&d, body, stdin, &mut out_w, err_tx.clone()).await
             }
@@ -468,6 +470,9 @@ struct Start<'a> {
     /// Stdin is held until this fires ([`crate::SandboxSpec::hold_stdin`]);
     /// dropped unfired, stdin closes without it.
     gate: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// A sandbox's container (an agent's, a runner's): its socket buffers
+    /// are capped once it has started, before its stdin is written.
+    sandbox: bool,
 }
 
 impl Start<'_> {
@@ -541,6 +546,9 @@ impl Start<'_> {
             let _ = tx.send(true);
         }
         started.map_err(|e| api_err(&format!("starting {name}"), e))?;
+        if self.sandbox {
+            cap_socket_buffers(d, name).await;
+        }
         let mut input = attached.input;
         let mut output = attached.output;
         let mut out_w = out_w.take().ok_or("stdout taken twice")?;
@@ -599,6 +607,33 @@ impl Start<'_> {
             kill_now(d, name).await;
         }
         Ok(())
+    }
+}
+
+/// cgroup v1: caps the started container's socket buffers
+/// ([`crate::pools::SOCKET_BUFFER_BYTES`]) in its memory cgroup, which
+/// Docker 20.10's API (`KernelMemoryTCP`) no longer reaches through
+/// today's client. Its command waits on stdin (the runtime's secrets, the
+/// runner's) until this is done, so nothing of it has a socket yet. Needs a
+/// local daemon and a root platform: otherwise said once, and by `airlock
+/// doctor`.
+async fn cap_socket_buffers(d: &Docker, name: &str) {
+    let found = d
+        .inspect_container(name, None::<q::InspectContainerOptions>)
+        .await
+        .ok()
+        .and_then(|c| Some((c.id?, c.state?.pid?)));
+    let done = found.and_then(|(id, pid)| {
+        let dir = crate::namespace::cgroup::memory_cgroup_of(i32::try_from(pid).ok()?, &id)?;
+        Some(crate::namespace::cgroup::cap_socket_buffers(&dir).map_err(|e| e.to_string()))
+    });
+    if let Some(Err(e)) = done {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "the docker sandboxes' socket buffers are not capped (cgroup v1 keeps them out of the memory limit): {e}"
+            )
+        });
     }
 }
 
@@ -985,6 +1020,11 @@ impl DockerBackend {
                 masked_paths: Some(profile::masked_paths()),
                 readonly_paths: Some(profile::readonly_paths()),
                 pids_limit: Some(spec.pids_max as i64),
+                ulimits: Some(vec![bollard::models::ResourcesUlimits {
+                    name: Some("nofile".into()),
+                    soft: Some(crate::pools::OPEN_FILES as i64),
+                    hard: Some(crate::pools::OPEN_FILES as i64),
+                }]),
                 memory: Some((spec.memory_mb as i64) << 20),
                 memory_swap: Some((spec.memory_mb as i64) << 20),
                 nano_cpus: Some((spec.cpus * 1e9) as i64),

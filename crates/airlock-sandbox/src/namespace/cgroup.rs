@@ -221,6 +221,38 @@ fn set_v1_limits(ctrl: &str, dir: &Path, new: Limits, was: Limits) -> Result<(),
     Ok(())
 }
 
+/// cgroup v1: caps the socket buffers of the memory cgroup `dir` at
+/// [`crate::pools::SOCKET_BUFFER_BYTES`] (v1 keeps them out of the memory
+/// limit, in the host's one `tcp_mem` pool). Before anything of the
+/// sandbox has a socket: sockets made before it are not counted.
+pub fn cap_socket_buffers(dir: &Path) -> Result<(), CgroupError> {
+    write(
+        &dir.join("memory.kmem.tcp.limit_in_bytes"),
+        &crate::pools::SOCKET_BUFFER_BYTES.to_string(),
+    )
+}
+
+/// cgroup v1: the memory cgroup of process `pid` (a container's init, as
+/// this host sees it), if its path names `container` (so a process of
+/// another host's daemon is never taken for it). `None` on cgroup v2, or
+/// where the process is not found.
+pub fn memory_cgroup_of(pid: i32, container: &str) -> Option<PathBuf> {
+    let Some(Layout::V1(ctrls)) = layout() else {
+        return None;
+    };
+    let mount = ctrls.iter().find(|(c, _)| c == "memory").map(|(_, m)| m)?;
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let rel = text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        ctrls.split(',').any(|c| c == "memory").then_some(path)
+    })?;
+    if !rel.contains(container) {
+        return None;
+    }
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
 fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     fs::write(path, value).map_err(io_at(path))
 }
@@ -313,6 +345,9 @@ impl RunCgroups {
                         }
                         made.dirs.push(dir.clone());
                         made.ctrls.push(ctrl.clone());
+                        if ctrl == "memory" {
+                            cap_socket_buffers(&dir)?;
+                        }
                         if let Some(limits) = limits {
                             set_v1_limits(ctrl, &dir, limits, Limits::NONE)?;
                         }

@@ -19,9 +19,9 @@
 //! waits and passes B's exit code on.
 //!
 //! Stage B (PID 1 of the new namespace, not dumpable): builds the
-//! filesystem ([`super::plan`]), brings up loopback, names the host, then
-//! drops every capability, sets `no_new_privs`, applies Landlock and
-//! seccomp, and starts the command with the rest of stdin (the secrets),
+//! filesystem ([`super::plan`]), brings up loopback, names the host, caps
+//! its open files ([`crate::pools::OPEN_FILES`]), then drops every
+//! capability, sets `no_new_privs`, applies Landlock and seccomp, and starts the command with the rest of stdin (the secrets),
 //! the given environment only, in the workspace. It reaps orphans and exits
 //! with the command's code (128+signal when killed); its death kills the
 //! namespace.
@@ -244,6 +244,14 @@ fn stage_b(
     rustix::system::sethostname(HOSTNAME.as_bytes()).map_err(at("sethostname"))?;
     sys::loopback_up().map_err(at("loopback"))?;
 
+    // The sandbox's share of the host's open files (every process of it;
+    // none can raise it).
+    let nofile = rustix::process::Rlimit {
+        current: Some(crate::pools::OPEN_FILES),
+        maximum: Some(crate::pools::OPEN_FILES),
+    };
+    rustix::process::setrlimit(rustix::process::Resource::Nofile, nofile)
+        .map_err(at("RLIMIT_NOFILE"))?;
     // Capabilities: the bounding set first (needs CAP_SETPCAP), then the rest.
     caps::clear(None, caps::CapSet::Bounding).map_err(at("drop bounding capabilities"))?;
     caps::clear(None, caps::CapSet::Ambient).map_err(at("drop ambient capabilities"))?;

@@ -352,6 +352,13 @@ pub const REFUSED: &[(&str, &str)] = &[
     ),
 ];
 
+/// Calls the kernel lets through every seccomp filter (Linux 6.11 on,
+/// x86_64): they act only when made from the kernel's own uprobe
+/// trampoline, and anywhere else the kernel refuses them itself
+/// (`uretprobe`: `SIGILL`; `uprobe`: `ENXIO`). Not on [`ALLOWED`]: the
+/// filters refuse them where the kernel asks them.
+pub const SECCOMP_PASSTHROUGH: &[&str] = &["uretprobe", "uprobe"];
+
 /// Calls allowed only with the arguments their [`ArgCheck`] admits.
 pub const CHECKED: &[(&str, ArgCheck)] = &[
     ("clone", ArgCheck::CloneWithoutNamespaces),

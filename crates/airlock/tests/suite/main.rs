@@ -21,6 +21,7 @@ mod proxy_inject;
 mod remote_mcp;
 mod run_lifecycle;
 mod sandbox_escape;
+mod sandbox_host;
 mod serve_api;
 mod serve_runs;
 mod sidecar_basics;
