@@ -278,8 +278,9 @@ impl Filters {
 pub fn summary() -> String {
     let allowed = syscalls::allowed_numbers().len();
     format!(
-        "allow list: {allowed} of this kernel's {} calls ({} with argument checks), everything else refused (EPERM; ENOSYS for clone3 and unknown numbers)",
+        "allow list: {allowed} of the {} calls Linux 6.18 has on {} ({} with argument checks), everything else refused (EPERM; ENOSYS for clone3 and unknown numbers)",
         syscalls::TABLE.len(),
+        std::env::consts::ARCH,
         syscalls::CHECKED.len()
     )
 }

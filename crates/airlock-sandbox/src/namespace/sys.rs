@@ -531,3 +531,18 @@ pub fn wait_signal(signals: &[i32]) -> io::Result<i32> {
         }
     }
 }
+
+/// Tries to make a native AIO context (`io_setup(1, …)`), destroying it if
+/// one was made: `Ok` if the calling process may take from the host's AIO
+/// pool, else why not (`airlock doctor` asks from inside a sandbox).
+pub fn try_native_aio() -> io::Result<()> {
+    let mut ctx: libc::c_ulong = 0;
+    // SAFETY: io_setup writes one context id into `ctx`, a live local.
+    let r = unsafe { libc::syscall(libc::SYS_io_setup, 1 as libc::c_long, &mut ctx) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: destroys the context just made, by its id.
+    unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+    Ok(())
+}

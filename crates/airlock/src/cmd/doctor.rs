@@ -1,8 +1,11 @@
 //! `airlock doctor`: which backends and isolation features work on this
-//! host, and why not — and what a real namespace sandbox looks like from
-//! inside (its uid mapping, its session, the socket families and terminal
-//! ioctls its seccomp filter refuses), checked by starting one.
+//! host, and why not; what each sandbox may take of the host's kernel-wide
+//! pools; and what a real namespace sandbox looks like from inside (its uid
+//! mapping, its session, its seccomp allow list and what it refuses: native
+//! AIO, socket families, terminal ioctls; no pseudo-terminal), checked by
+//! starting one.
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -56,6 +59,10 @@ pub fn run(inside: bool) -> ExitCode {
     for d in airlock_sandbox::diagnose() {
         line(d.works, &d.feature, &d.detail);
     }
+    println!("The host's kernel-wide pools (what each sandbox may take)");
+    for d in airlock_sandbox::pools::decisions() {
+        println!("  · {:<28} {}", d.pool, d.decision);
+    }
     println!("A namespace sandbox, seen from inside");
     match seen_from_inside() {
         Ok(v) => describe_inside(&v),
@@ -91,13 +98,31 @@ fn inside_report() -> Value {
         )
     };
     let tty = errno_of(std::fs::File::open("/dev/tty").map(drop));
+    let ptmx = errno_of(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/ptmx")
+            .map(drop),
+    );
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(str::trim)
+            .unwrap_or("?")
+            .to_string()
+    };
     json!({
+        "io_setup": errno_of(airlock_sandbox::namespace::sys::try_native_aio()),
+        "ptmx": ptmx,
+        "seccomp_filters": field("Seccomp_filters:"),
         "uid_map": std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default().trim(),
         "gid_map": std::fs::read_to_string("/proc/self/gid_map").unwrap_or_default().trim(),
         "uid": rustix::process::getuid().as_raw(),
         "dev_tty": tty,
-        "seccomp": std::fs::read_to_string("/proc/self/status").unwrap_or_default().lines()
-            .find_map(|l| l.strip_prefix("Seccomp:")).map(str::trim).unwrap_or("?").to_string(),
+        "seccomp": field("Seccomp:"),
         "af_unix": sock(AddressFamily::UNIX, SocketType::STREAM),
         "af_inet": sock(AddressFamily::INET, SocketType::STREAM),
         "af_inet6": sock(AddressFamily::INET6, SocketType::STREAM),
@@ -214,6 +239,35 @@ fn describe_inside(v: &Value) {
             v["af_netlink"]
         ),
     );
+    line(
+        v["seccomp"] == json!("2") && v["seccomp_filters"] == json!("2"),
+        "seccomp filter",
+        &format!(
+            "{}; the same in docker and runner sandboxes",
+            seccomp::summary()
+        ),
+    );
+    let aio_refused = v["io_setup"] == json!(libc_eperm());
+    line(
+        aio_refused,
+        "native AIO",
+        &format!(
+            "refused (io_setup inside: errno {}): the host's pool (fs.aio-max-nr = {}, {} in use) is not a sandbox's",
+            v["io_setup"],
+            sysctl("fs/aio-max-nr"),
+            sysctl("fs/aio-nr")
+        ),
+    );
+    line(
+        v["ptmx"] != json!("ok"),
+        "pseudo-terminals",
+        &format!(
+            "none: /dev/ptmx inside: errno {}; docker sandboxes get an empty /dev/pts (kernel.pty.max = {}, {} in use)",
+            v["ptmx"],
+            sysctl("kernel/pty/max"),
+            sysctl("kernel/pty/nr")
+        ),
+    );
     let ioctls: Vec<&str> = syscalls::DENIED_IOCTLS.iter().map(|(n, _)| *n).collect();
     line(
         v["seccomp"] == json!("2"),
@@ -224,6 +278,13 @@ fn describe_inside(v: &Value) {
             v["seccomp"]
         ),
     );
+}
+
+/// A sysctl's value (`/proc/sys/<path>`), or `?`.
+fn sysctl(path: &str) -> String {
+    std::fs::read_to_string(Path::new("/proc/sys").join(path))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn libc_eperm() -> i64 {

@@ -611,11 +611,24 @@ fn doctor_reports_the_uid_mapping_the_session_and_the_socket_family_rule() {
         ("session", "without a controlling terminal"),
         ("seccomp socket families", "only AF_UNIX, AF_INET, AF_INET6"),
         ("seccomp terminal ioctls", "TIOCSTI, TIOCLINUX refused"),
+        ("seccomp filter", "allow list: "),
+        ("native AIO", "refused (io_setup inside: errno 1)"),
+        ("pseudo-terminals", "none: /dev/ptmx inside: errno"),
     ] {
         let line = text
             .lines()
-            .find(|l| l.contains(feature))
+            .find(|l| l.contains(feature) && l.contains(['✓', '✗']))
             .unwrap_or_else(|| panic!("doctor says nothing of {feature}: {text}"));
         assert!(line.contains('✓') && line.contains(must), "{line}");
+    }
+    // The allow list's size, as the code has it; and every pool's decision.
+    let size = airlock_sandbox::syscalls::allowed_numbers().len();
+    assert!(text.contains(&format!("allow list: {size} of ")), "{text}");
+    for d in airlock_sandbox::pools::decisions() {
+        assert!(
+            text.contains(d.pool),
+            "doctor says nothing of {}: {text}",
+            d.pool
+        );
     }
 }
