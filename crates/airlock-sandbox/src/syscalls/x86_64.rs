@@ -1,7 +1,7 @@
-//! The system calls Linux 6.18 implements on x86_64, by number, from
-//! `arch/x86/entry/syscalls/syscall_64.tbl` (its 64-bit entries), without the entries that are `sys_ni_syscall`
-//! or were removed. A number not here is unknown to the kernel
-//! ([`super::Verdict::Unknown`]).
+//! The system calls Linux 6.18 implements on x86_64, by number: from
+//! `arch/x86/entry/syscalls/syscall_64.tbl` (its 64-bit entries),
+//! without the entries that are `sys_ni_syscall` or were removed. A number
+//! not here is unknown to the kernel ([`super::Verdict::Unknown`]).
 
 /// `(name, number)`, by number.
 pub const TABLE: &[(&str, u32)] = &[
