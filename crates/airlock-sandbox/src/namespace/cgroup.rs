@@ -224,12 +224,14 @@ fn set_v1_limits(ctrl: &str, dir: &Path, new: Limits, was: Limits) -> Result<(),
 /// cgroup v1: caps the socket buffers of the memory cgroup `dir` at
 /// [`crate::pools::SOCKET_BUFFER_BYTES`] (v1 keeps them out of the memory
 /// limit, in the host's one `tcp_mem` pool). Before anything of the
-/// sandbox has a socket: sockets made before it are not counted.
+/// sandbox has a socket: sockets made before it are not counted. A kernel
+/// without the file (no socket accounting) has nothing to cap.
 pub fn cap_socket_buffers(dir: &Path) -> Result<(), CgroupError> {
-    write(
-        &dir.join("memory.kmem.tcp.limit_in_bytes"),
-        &crate::pools::SOCKET_BUFFER_BYTES.to_string(),
-    )
+    let path = dir.join("memory.kmem.tcp.limit_in_bytes");
+    match fs::write(&path, crate::pools::SOCKET_BUFFER_BYTES.to_string()) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        r => r.map_err(io_at(&path)),
+    }
 }
 
 /// cgroup v1: the memory cgroup of process `pid` (a container's init, as
