@@ -5,6 +5,9 @@
 //! production), nothing happens. docs/configuration.md lists it as
 //! test-only.
 
+/// The variable that names the fail point.
+pub const ENV_FAIL_POINT: &str = "AIRLOCK_TEST_FAIL_POINT";
+
 /// Where the process may be made to abort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailPoint {
@@ -17,8 +20,6 @@ pub enum FailPoint {
 }
 
 impl FailPoint {
-    pub const VAR: &'static str = "AIRLOCK_TEST_FAIL_POINT";
-
     pub fn parse(v: &str) -> Option<FailPoint> {
         match v {
             "after-run-end" => Some(FailPoint::AfterRunEnd),
@@ -30,7 +31,7 @@ impl FailPoint {
     /// Aborts the process if `set` is this point.
     pub fn hit(self, set: Option<FailPoint>) {
         if set == Some(self) {
-            eprintln!("airlock serve: {} = {self:?}: aborting", Self::VAR);
+            eprintln!("airlock serve: {} = {self:?}: aborting", ENV_FAIL_POINT);
             std::process::abort();
         }
     }

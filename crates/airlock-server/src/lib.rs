@@ -186,10 +186,10 @@ impl ServeConfig {
                 0.0,
                 86_400.0,
             )?),
-            fail_point: get(failpoint::FailPoint::VAR)
+            fail_point: get(failpoint::ENV_FAIL_POINT)
                 .map(|v| {
                     failpoint::FailPoint::parse(v.trim()).ok_or_else(|| ConfigError {
-                        var: failpoint::FailPoint::VAR,
+                        var: failpoint::ENV_FAIL_POINT,
                         message: format!(
                             "{v:?} is not after-run-end or after-delivery-claim (a test-only setting)"
                         ),
@@ -241,6 +241,9 @@ struct Inner {
     stopping: AtomicBool,
     /// The HTTP side is closing: open event streams end.
     closing: AtomicBool,
+    /// Moves whenever a key is revoked through this replica: its open
+    /// event streams check their key at once.
+    revocations: std::sync::atomic::AtomicU64,
 }
 
 /// A fresh replica id (`rep_` and 12 hex digits).
@@ -319,6 +322,7 @@ impl AppState {
                 ready: AtomicBool::new(false),
                 stopping: AtomicBool::new(false),
                 closing: AtomicBool::new(false),
+                revocations: Default::default(),
             }),
         })
     }
@@ -370,6 +374,15 @@ impl AppState {
     }
     pub fn is_stopping(&self) -> bool {
         self.inner.stopping.load(Ordering::Acquire)
+    }
+    /// A key was revoked through this replica.
+    pub fn key_revoked(&self) {
+        self.inner.revocations.fetch_add(1, Ordering::AcqRel);
+    }
+    /// How many keys were revoked through this replica (a stream that sees
+    /// it move checks its key).
+    pub fn revocations(&self) -> u64 {
+        self.inner.revocations.load(Ordering::Acquire)
     }
     /// Whether the HTTP side is closing (open event streams end).
     pub fn is_closing(&self) -> bool {

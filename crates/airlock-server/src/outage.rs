@@ -4,9 +4,11 @@
 //! - A store error is logged with its whole cause chain
 //!   ([`airlock_store::Chain`]): refused, authentication, name resolution,
 //!   a full disk; never only "database … failed".
-//! - An outage is logged when it starts and then at most every
-//!   [`REPEAT`] however many calls fail (with their count), and its end once:
-//!   a loop that retries every 200 ms does not flood the operator's log.
+//! - An outage is logged when it starts, once more when its first cause
+//!   said only that a pooled connection timed out and a later one says why,
+//!   then at most every [`REPEAT`] however many calls fail (with their
+//!   count), and its end once: a loop that retries every 200 ms does not
+//!   flood the operator's log.
 //! - [`public_cause`] is the cause in a few words, without the database's
 //!   name: what `/readyz` may tell an unauthenticated caller.
 
@@ -26,6 +28,8 @@ pub struct StoreWatch {
 struct Down {
     since: Instant,
     cause: String,
+    /// The last cause logged said only that a pooled connection timed out.
+    vague: bool,
     logged_at: Instant,
     failures: u64,
 }
@@ -47,27 +51,32 @@ impl StoreWatch {
     pub fn failed(&self, what: &str, e: &StoreError) {
         let Ok(mut d) = self.down.lock() else { return };
         let cause = e.chain().to_string();
+        let vague = e.is_pool_timeout();
         match d.as_mut() {
             None => {
                 tracing::warn!("{what}: the store failed: {cause}");
                 *d = Some(Down {
                     since: Instant::now(),
                     cause,
+                    vague,
                     logged_at: Instant::now(),
                     failures: 1,
                 });
             }
             Some(down) => {
                 down.failures += 1;
-                if down.logged_at.elapsed() >= REPEAT || down.cause != cause {
+                if down.logged_at.elapsed() >= REPEAT || (down.vague && !vague) {
                     tracing::warn!(
                         "{what}: the store still fails after {:.0} s ({} failed call(s)): {cause}",
                         down.since.elapsed().as_secs_f64(),
                         down.failures
                     );
                     down.logged_at = Instant::now();
+                    down.vague = vague;
                 }
-                down.cause = cause;
+                if !vague {
+                    down.cause = cause;
+                }
             }
         }
     }

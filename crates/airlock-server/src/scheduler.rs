@@ -214,6 +214,13 @@ pub async fn start(app: AppState) -> Work {
                     }
                     Err(e) => {
                         evidence.failed();
+                        // The pool says only that it timed out: a fresh
+                        // connection says why (refused, authentication …).
+                        let e = if e.is_pool_timeout() {
+                            app.store().probe(bound).await.err().unwrap_or(e)
+                        } else {
+                            e
+                        };
                         app.store_watch().failed("replica heartbeat", &e);
                     }
                 }

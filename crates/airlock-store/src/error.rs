@@ -204,6 +204,18 @@ impl StoreError {
         )
     }
 
+    /// Whether this says only that no pooled connection could be had in
+    /// time, not why ([`crate::Store::probe`] finds out).
+    pub fn is_pool_timeout(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable {
+                source: Some(sqlx::Error::PoolTimedOut),
+                ..
+            }
+        )
+    }
+
     /// This error and every cause below it, for a log line.
     pub fn chain(&self) -> Chain<'_> {
         Chain(self)

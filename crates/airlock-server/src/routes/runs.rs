@@ -23,8 +23,10 @@ pub const MAX_PROMPT: usize = 256 * 1024;
 /// How often a live event stream looks for new events.
 const STREAM_POLL: Duration = Duration::from_millis(150);
 /// How often a live event stream checks that its API key is still live: a
-/// key revoked while its stream is open reads nothing more after this.
-const KEY_RECHECK: Duration = Duration::from_millis(500);
+/// key revoked (through another replica, or `airlock orgs revoke-key`)
+/// while its stream is open reads nothing more after this. A key revoked
+/// through this replica is checked at once.
+const KEY_RECHECK: Duration = Duration::from_millis(250);
 
 /// The API's view of a run.
 pub fn run_json(r: &Run, queue_position: Option<i64>) -> serde_json::Value {
@@ -430,9 +432,11 @@ async fn feed(
         after: i64,
         done: bool,
         key_checked: std::time::Instant,
+        revocations: u64,
         _slot: crate::StreamSlot,
     }
     let st = S {
+        revocations: app.revocations(),
         app,
         id,
         key_id: t.key_id,
@@ -455,10 +459,12 @@ async fn feed(
             // The key that opened the stream is checked again at least every
             // KEY_RECHECK: revoked (or its organization gone), the stream
             // ends with a typed error event and sends nothing more.
-            if st.key_checked.elapsed() >= KEY_RECHECK {
+            let revocations = st.app.revocations();
+            if st.key_checked.elapsed() >= KEY_RECHECK || revocations != st.revocations {
                 match st.app.store().get_api_key(&st.key_id).await {
                     Ok(Some(k)) if k.revoked_at.is_none() => {
                         st.key_checked = std::time::Instant::now();
+                        st.revocations = revocations;
                     }
                     Ok(_) => {
                         st.done = true;

@@ -22,6 +22,7 @@ mod remote_mcp;
 mod run_lifecycle;
 mod sandbox_escape;
 mod serve_api;
+mod serve_fleet;
 mod serve_runs;
 mod sidecar_basics;
 mod sidecar_egress_log;

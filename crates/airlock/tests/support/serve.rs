@@ -200,7 +200,8 @@ impl Server {
         self.child.wait().unwrap()
     }
 
-    fn sigterm(&self) {
+    /// Sends SIGTERM (does not wait).
+    pub fn sigterm(&self) {
         let _ = rustix::process::kill_process(
             rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
             rustix::process::Signal::TERM,
