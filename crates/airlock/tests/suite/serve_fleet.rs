@@ -934,7 +934,7 @@ fn a_revoked_keys_event_stream_ends_within_a_second() {
     let env = fleet_env(h.path(), &db, &[]);
     let s = Server::start(&env, "namespace", h.path().join("serve.log"));
     let (org, key) = create_org(&env, "Acme", &[]);
-    let mut new_key = |name: &str| {
+    let new_key = |name: &str| {
         let (st, v) = s.call(
             "POST",
             "/v1/api-keys",
