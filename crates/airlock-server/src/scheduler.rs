@@ -115,12 +115,12 @@ pub struct Evidence {
 }
 
 impl Evidence {
-    /// A heartbeat reached the store at `now`. A gap longer than two
-    /// heartbeats since the last one starts the count again, even if no
-    /// failure was seen (a stalled process).
-    pub fn ok(&self, now: i64, beat_ms: i64) {
+    /// A heartbeat reached the store at `now`. A gap longer than `gap_ms`
+    /// since the last one starts the count again, even if no failure was
+    /// seen (a stalled process).
+    pub fn ok(&self, now: i64, gap_ms: i64) {
         let last = self.last_ok.swap(now, Ordering::AcqRel);
-        if last == 0 || now - last > 2 * beat_ms || self.ok_since.load(Ordering::Acquire) == 0 {
+        if last == 0 || now - last > gap_ms || self.ok_since.load(Ordering::Acquire) == 0 {
             self.ok_since.store(now, Ordering::Release);
         }
     }
@@ -131,10 +131,10 @@ impl Evidence {
     }
 
     /// Whether a sweep at `now` may judge others dead.
-    pub fn may_judge(&self, now: i64, lease_ms: i64, beat_ms: i64) -> bool {
+    pub fn may_judge(&self, now: i64, lease_ms: i64, gap_ms: i64) -> bool {
         let since = self.ok_since.load(Ordering::Acquire);
         let last = self.last_ok.load(Ordering::Acquire);
-        since != 0 && now - since >= lease_ms && now - last <= 2 * beat_ms
+        since != 0 && now - since >= lease_ms && now - last <= gap_ms
     }
 }
 
@@ -166,7 +166,11 @@ pub async fn start(app: AppState) -> Work {
     tracing::info!(replica = app.replica(), "replica registered");
     let evidence = Arc::new(Evidence::default());
     let beat = app.cfg().replica_lease / 5;
-    let beat_ms = i64::try_from(beat.as_millis()).unwrap_or(i64::MAX);
+    // One heartbeat attempt waits at most this.
+    let bound = beat.max(Duration::from_secs(1));
+    // Longer than this between two heartbeats that reached the store is a
+    // gap in the evidence (two attempts' worth).
+    let gap_ms = i64::try_from((2 * bound).as_millis()).unwrap_or(i64::MAX);
     let lease_ms = i64::try_from(app.cfg().replica_lease.as_millis()).unwrap_or(i64::MAX);
     let mut tasks = Vec::new();
     {
@@ -179,7 +183,6 @@ pub async fn start(app: AppState) -> Work {
             loop {
                 tick.tick().await;
                 beats += 1;
-                let bound = beat.max(Duration::from_secs(1));
                 let res = match tokio::time::timeout(
                     bound,
                     app.fleet_store().heartbeat_replica(app.replica()),
@@ -195,12 +198,12 @@ pub async fn start(app: AppState) -> Work {
                 };
                 match res {
                     Ok(true) => {
-                        evidence.ok(now_ms(), beat_ms);
+                        evidence.ok(now_ms(), gap_ms);
                         app.store_watch().ok();
                         // Once a lease: is what the store counts as ours
                         // what runs here?
                         if beats.is_multiple_of(5) {
-                            reconcile(&app).await;
+                            reconcile(&app, false).await;
                         }
                     }
                     Ok(false) => {
@@ -210,7 +213,7 @@ pub async fn start(app: AppState) -> Work {
                             "this replica was judged dead by the leader (its heartbeats did not reach the store for longer than the replica lease); it registers again and keeps the runs the store still counts as its own"
                         );
                         register(&app).await;
-                        reconcile(&app).await;
+                        reconcile(&app, true).await;
                     }
                     Err(e) => {
                         evidence.failed();
@@ -256,7 +259,7 @@ pub async fn start(app: AppState) -> Work {
                 if !leading {
                     continue;
                 }
-                if !evidence.may_judge(now_ms(), lease_ms, beat_ms) {
+                if !evidence.may_judge(now_ms(), lease_ms, gap_ms) {
                     if !waited_said {
                         tracing::info!(
                             "the leader judges no replica until its own heartbeats have reached the store for a whole lease"
@@ -337,15 +340,15 @@ async fn sweep(app: &AppState, lease_ms: i64) {
 }
 
 /// Makes this replica's runs and the store's view of them agree:
-/// - a run still going here that the store has ended (failed by a sweep
-///   while this replica was judged dead), or gives to another owner, is
-///   stopped here (its stored end stands);
 /// - a run the store counts as this replica's, never started and unknown
-///   here (a claim whose answer was lost) goes back to the queue.
+///   here (a claim whose answer was lost) goes back to the queue;
+/// - once `judged_dead` (its row was dropped by a sweep): a run still going
+///   here that the store has ended meanwhile (failed by that sweep), or
+///   gives to another owner, is stopped here (its stored end stands).
 ///
 /// A run the store counts as this replica's that has started and is not
 /// here is left alone: its end is on its way to the store.
-pub async fn reconcile(app: &AppState) {
+pub async fn reconcile(app: &AppState, judged_dead: bool) {
     let _claiming = app.inner.claiming.lock().await;
     let theirs = match app.store().running_runs_of(app.replica()).await {
         Ok(r) => r,
@@ -368,6 +371,9 @@ pub async fn reconcile(app: &AppState) {
                 Err(e) => app.store_watch().failed("requeueing a lost claim", &e),
             }
         }
+    }
+    if !judged_dead {
+        return;
     }
     for id in here.iter().filter(|id| !counted.contains(id.as_str())) {
         match app.store().get_run(id).await {
@@ -611,7 +617,9 @@ async fn run_one(
         .await;
     let _ = std::fs::remove_dir_all(&bundle);
     outcome.map(|_| ()).map_err(|e| match e {
-        airlock_platform::orchestrator::RunError::Store(e) => store_err("the store", e),
+        airlock_platform::orchestrator::RunError::Store(e) => {
+            store_err("the store failed while the run was started or ended", e)
+        }
         e => e.to_string(),
     })
 }
@@ -662,29 +670,29 @@ mod tests {
 
     #[test]
     fn a_leader_judges_only_after_a_whole_lease_of_its_own_heartbeats() {
-        let (lease, beat) = (15_000, 3_000);
+        let (lease, gap) = (15_000, 6_000);
         let e = Evidence::default();
-        assert!(!e.may_judge(0, lease, beat), "no heartbeat yet");
-        e.ok(1_000, beat);
-        assert!(!e.may_judge(10_000, lease, beat));
+        assert!(!e.may_judge(0, lease, gap), "no heartbeat yet");
+        e.ok(1_000, gap);
+        assert!(!e.may_judge(10_000, lease, gap));
         for t in (4_000..=16_000).step_by(3_000) {
-            e.ok(t, beat);
+            e.ok(t, gap);
         }
-        assert!(e.may_judge(16_000, lease, beat));
+        assert!(e.may_judge(16_000, lease, gap));
         // The store goes away: no judgement, and after it returns a whole
         // lease of heartbeats again first.
         e.failed();
-        assert!(!e.may_judge(17_000, lease, beat));
-        e.ok(40_000, beat);
-        assert!(!e.may_judge(41_000, lease, beat));
+        assert!(!e.may_judge(17_000, lease, gap));
+        e.ok(40_000, gap);
+        assert!(!e.may_judge(41_000, lease, gap));
         for t in (43_000..=55_000).step_by(3_000) {
-            e.ok(t, beat);
+            e.ok(t, gap);
         }
-        assert!(e.may_judge(55_000, lease, beat));
+        assert!(e.may_judge(55_000, lease, gap));
         // A gap without a failure seen (the process was stopped): the same.
-        e.ok(90_000, beat);
-        assert!(!e.may_judge(90_000, lease, beat));
+        e.ok(90_000, gap);
+        assert!(!e.may_judge(90_000, lease, gap));
         // Heartbeats that stop without a failure seen (they hang): none.
-        assert!(!e.may_judge(200_000, lease, beat));
+        assert!(!e.may_judge(200_000, lease, gap));
     }
 }

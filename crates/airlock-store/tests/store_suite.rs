@@ -2234,4 +2234,23 @@ async fn bad_urls_and_unreachable_postgres() {
     let msg = err.to_string();
     assert!(!msg.contains("hunter2"), "{msg}");
     assert!(msg.contains("127.0.0.1:1"), "{msg}");
+    // It says why, not only that a connection timed out; the driver's
+    // error is kept below it.
+    assert!(msg.contains("connection refused"), "{msg}");
+    assert!(!msg.contains("timed out"), "{msg}");
+    assert!(err.is_transient());
+    assert!(
+        err.chain().to_string().contains("os error"),
+        "{}",
+        err.chain()
+    );
+    // A role the server does not know: an authentication failure, named.
+    let Some(url) = pg_url() else { return };
+    let mut u = url::Url::parse(&url).unwrap();
+    u.set_username("no_such_role_here").unwrap();
+    let err = Store::open(u.as_str(), &opts).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(msg.contains("authentication failed"), "{msg}");
+    assert!(msg.contains("no_such_role_here"), "{msg}");
 }
