@@ -583,6 +583,114 @@ fn a_crash_between_a_runs_end_and_its_webhook_loses_nothing() {
     drop(pg);
 }
 
+/// A replica paused (SIGSTOP) for longer than the lease is judged dead by
+/// the other, which fails its run. Resumed, it does not exit: it registers
+/// again under its id, stops the run the store ended (its failure stands,
+/// its webhook sent once), and takes new work; the other replica's run is
+/// untouched throughout.
+#[test]
+fn a_replica_judged_dead_registers_again_and_stops_only_what_was_ended() {
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let Some(pg) = OwnPostgres::init() else {
+        return;
+    };
+    pg.start();
+    let (home_a, home_b) = (home("a"), home("b"));
+    let cap = [("AIRLOCK_REPLICA_MAX_RUNS", "1")];
+    let env_a = fleet_env(home_a.path(), &pg.url(), &cap);
+    let env_b = fleet_env(home_b.path(), &pg.url(), &cap);
+    let mut a = Server::start(&env_a, "namespace", home_a.path().join("serve.log"));
+    let mut b = Server::start(&env_b, "namespace", home_b.path().join("serve.log"));
+    let (_, key) = create_org(&env_a, "Acme", &[]);
+    let rx = Receiver::start(|_| 200);
+    let body = json!({"url": format!("http://{}/hook", rx.addr), "events": ["run.succeeded", "run.failed", "run.cancelled"]});
+    assert_eq!(
+        a.call("POST", "/v1/webhooks", Some(&key), Some(&body)).0,
+        201
+    );
+    assert_eq!(
+        a.call(
+            "POST",
+            "/v1/agents",
+            Some(&key),
+            Some(&agent("waiter", WAITER))
+        )
+        .0,
+        201
+    );
+    let (r1, r2) = (queue(&a, &key, "waiter"), queue(&a, &key, "waiter"));
+    let mut on = BTreeMap::new();
+    for id in [&r1, &r2] {
+        let v = wait_for(&a, &format!("/v1/runs/{id}"), &key, 60, |v| {
+            v["status"] == "running"
+        });
+        on.insert(v["replica"].as_str().unwrap().to_owned(), id.clone());
+        wait_until("the run says it waits", 60, || {
+            log_lines(&a, &key, id)
+                .iter()
+                .any(|l| l.contains("waiting"))
+        });
+    }
+    let (on_a, on_b) = (on[&a.replica].clone(), on[&b.replica].clone());
+    // B pauses for longer than the lease: A judges it dead, fails its run.
+    let pid = rustix::process::Pid::from_raw(b.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let v = wait_for(&a, &format!("/v1/runs/{on_b}"), &key, 60, |v| {
+        v["status"] != "running"
+    });
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["error"], airlock_store::REPLICA_GONE, "{v}");
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    // B finds itself judged dead, registers again, stays.
+    wait_until("B registers again", 30, || {
+        b.log_text().contains("it registers again")
+            && pg.query("SELECT id FROM replicas").contains(&b.replica)
+    });
+    b.wait_ready(30);
+    assert!(alive(&mut b), "B exited:\n{}", b.log_text());
+    // The run the store ended is stopped on B, and stays failed.
+    wait_until("B stops the run the store ended", 30, || {
+        b.log_text().contains("stopping a run the store ended")
+    });
+    wait_until("its run directory goes", 30, || {
+        !home_b.path().join("runs").join(&on_b).exists()
+    });
+    assert_eq!(run_of(&a, &key, &on_b)["status"], "failed");
+    assert_eq!(
+        run_of(&a, &key, &on_a)["status"],
+        "running",
+        "A's run untouched"
+    );
+    // B takes new work (A is full).
+    let r3 = queue(&b, &key, "waiter");
+    let v = wait_for(&b, &format!("/v1/runs/{r3}"), &key, 60, |v| {
+        v["status"] == "running"
+    });
+    assert_eq!(v["replica"], b.replica.as_str(), "{v}");
+    go(home_a.path(), &on_a);
+    go(home_b.path(), &r3);
+    for id in [&on_a, &r3] {
+        let v = wait_for(&b, &format!("/v1/runs/{id}"), &key, 60, |v| {
+            v["status"] != "running"
+        });
+        assert_eq!(v["status"], "succeeded", "{v}");
+    }
+    wait_until("three ends' webhooks", 30, || deliveries(&rx).len() == 3);
+    let got = deliveries(&rx);
+    assert_eq!(
+        got[&(on_b.clone(), "run.failed".to_owned())].len(),
+        1,
+        "{got:?}"
+    );
+    assert!(got.values().all(|ids| ids.len() == 1), "{got:?}");
+    assert!(alive(&mut a) && alive(&mut b));
+    drop(a);
+    drop(b);
+    drop(pg);
+}
+
 /// A replica started while its PostgreSQL is down: it answers `/healthz`,
 /// `/readyz` 503 with the cause, logs the cause and retries, and is ready
 /// once the database starts; it never exits.
