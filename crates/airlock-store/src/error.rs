@@ -51,7 +51,12 @@ pub enum StoreError {
     SchemaTooNew { found: i64, known: i64 },
     /// A migration failed (and was rolled back).
     #[error("migration {version} failed and was rolled back: {detail}")]
-    Migration { version: i64, detail: String },
+    Migration {
+        version: i64,
+        detail: String,
+        #[source]
+        source: sqlx::Error,
+    },
     /// An input is not acceptable.
     #[error("invalid {what}: {reason}")]
     Invalid {

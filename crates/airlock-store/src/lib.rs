@@ -654,7 +654,7 @@ impl Store {
                     Err(e) => return Err(self.err(e)),
                 }
                 sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(|source| {
-                    StoreError::Migration { version: m.version, detail: source.to_string() }
+                    StoreError::Migration { version: m.version, detail: source.to_string(), source }
                 })?;
                 tx.commit().await.map_err(|e| self.err(e))?;
                 tracing::info!(version = m.version, database = %self.display, "applied migration");
