@@ -898,7 +898,7 @@ fn sigterm_drains_a_replica_within_its_grace() {
         &pg.url(),
         &[
             ("AIRLOCK_REPLICA_MAX_RUNS", "2"),
-            ("SHUTDOWN_GRACE_SECONDS", "8"),
+            ("SHUTDOWN_GRACE_SECONDS", "12"),
         ],
     );
     let env_b = fleet_env(home_b.path(), &pg.url(), &[]);
