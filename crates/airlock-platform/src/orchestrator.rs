@@ -30,6 +30,11 @@ pub struct RunRequest {
     pub command: Option<Vec<String>>,
 }
 
+/// Stops a run before its end: `None` while it may run; set, the reason
+/// its end records (`airlock run`'s Ctrl-C: "cancelled by the operator";
+/// `airlock serve`: the API key that asked, or its replica's shutdown).
+pub type Cancel = watch::Receiver<Option<String>>;
+
 /// Milestones, for a live view.
 #[derive(Debug, Clone)]
 pub enum Progress {
@@ -103,11 +108,11 @@ fn now_ms() -> i64 {
 }
 
 impl Orchestrator {
-    /// Runs one agent to its end. `cancel` turning true cancels the run.
+    /// Runs one agent to its end. `cancel` set cancels the run, with its reason.
     pub async fn run(
         &self,
         req: RunRequest,
-        mut cancel: watch::Receiver<bool>,
+        mut cancel: Cancel,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<RunOutcome, RunError> {
         // Whatever the backend can start before the spec is known starts
@@ -152,7 +157,7 @@ impl Orchestrator {
                         tokio::select! {
                             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                             _ = cancel.changed() => {
-                                if *cancel.borrow() {
+                                if cancel.borrow().is_some() {
                                     return Err(RunError::CancelledWhileQueued);
                                 }
                             }
@@ -178,7 +183,7 @@ impl Orchestrator {
         &self,
         run_id: String,
         req: RunRequest,
-        cancel: watch::Receiver<bool>,
+        cancel: Cancel,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<RunOutcome, RunError> {
         self.backend.prepare();
@@ -217,7 +222,7 @@ impl Orchestrator {
         run_id: String,
         run_dir: PathBuf,
         req: RunRequest,
-        mut cancel: watch::Receiver<bool>,
+        mut cancel: Cancel,
         progress: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<RunOutcome, RunError> {
         let m = &req.manifest;
@@ -301,7 +306,7 @@ impl Orchestrator {
         run_dir: &Path,
         req: &RunRequest,
         (memory_mb, cpus, timeout_secs): (u64, f64, u64),
-        cancel: &mut watch::Receiver<bool>,
+        cancel: &mut Cancel,
         progress: &(dyn Fn(Progress) + Send + Sync),
         started: Instant,
     ) -> Result<(RunStatus, Option<i64>, Option<String>), RunError> {
@@ -649,8 +654,9 @@ impl Orchestrator {
                 status = sidecar.wait() => break Ended::Sidecar(status.ok()),
                 _ = &mut deadline => break Ended::Stopped(RunStatus::TimedOut, format!("the run hit its {timeout_secs} s timeout")),
                 _ = cancel.changed() => {
-                    if *cancel.borrow() {
-                        break Ended::Stopped(RunStatus::Cancelled, "cancelled by the operator".into());
+                    let why = cancel.borrow().clone();
+                    if let Some(why) = why {
+                        break Ended::Stopped(RunStatus::Cancelled, why);
                     }
                 }
                 _ = tick.tick() => progress(Progress::Running { elapsed: started.elapsed() }),

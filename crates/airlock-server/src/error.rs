@@ -74,7 +74,16 @@ impl ApiError {
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
-    /// The platform failed: logged here, the client gets no detail.
+    /// The store is out of space: nothing was written.
+    pub fn storage_full() -> Self {
+        Self::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "storage_full",
+            "the platform's store is out of space; nothing was written. Try again once space is freed",
+        )
+    }
+    /// The platform failed: logged here (with every cause), the client gets
+    /// no detail.
     pub fn internal(e: impl std::fmt::Display) -> Self {
         tracing::error!("API: {e}");
         Self::new(
@@ -114,10 +123,14 @@ impl From<airlock_store::StoreError> for ApiError {
             E::ConnectionExists(n) => Self::conflict(format!("connection {n:?} already exists")),
             E::RunExists(n) => Self::conflict(format!("run {n:?} already exists")),
             E::Locked(_) | E::Unavailable { .. } => {
-                tracing::warn!("API: store: {e}");
+                tracing::warn!("API: store: {}", e.chain());
                 Self::unavailable("the store is unavailable; try again")
             }
-            other => Self::internal(other),
+            E::Full { .. } => {
+                tracing::error!("API: store: {}", e.chain());
+                Self::storage_full()
+            }
+            other => Self::internal(other.chain()),
         }
     }
 }

@@ -11,13 +11,19 @@
 //!   the runs of replicas that died.
 //! - [`webhooks`]: signed deliveries of run events, judged by the egress
 //!   guard at creation and at every delivery, retried with backoff.
+//! - [`serve`]: the listener answers from the first moment: `/healthz`
+//!   (the process is alive) at once, `/readyz` 503 with the cause while
+//!   the platform boots (the store may not answer yet), the API once it
+//!   has; on the first SIGTERM the replica drains ([`scheduler::drain`]).
 
 #![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod error;
 pub mod extract;
+pub mod failpoint;
 pub mod openapi;
+pub mod outage;
 pub mod ratelimit;
 pub mod routes;
 pub mod scheduler;
@@ -26,13 +32,16 @@ pub mod webhooks;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use airlock_egress::{ClientConfig, EgressPolicy, GuardedClient};
 use airlock_platform::orchestrator::Orchestrator;
 use airlock_store::Store;
+use axum::extract::Request;
+use axum::response::{IntoResponse as _, Response};
 use tokio::sync::{Notify, watch};
+use tower::ServiceExt as _;
 
 pub use auth::{ApiAuth, Tenant};
 pub use error::ApiError;
@@ -60,6 +69,12 @@ pub struct ServeConfig {
     pub webhook_retry_base: Duration,
     /// `WEBHOOK_TIMEOUT_SECONDS` (10): one delivery attempt, connect to last byte.
     pub webhook_timeout: Duration,
+    /// `SHUTDOWN_GRACE_SECONDS` (30): on SIGTERM, how long running runs
+    /// may go on to their end before they are cancelled ("this replica
+    /// shut down").
+    pub shutdown_grace: Duration,
+    /// `AIRLOCK_TEST_FAIL_POINT`: test-only ([`failpoint`]).
+    pub fail_point: Option<failpoint::FailPoint>,
 }
 
 /// The default `--listen` address.
@@ -164,6 +179,23 @@ impl ServeConfig {
                 0.1,
                 300.0,
             )?),
+            shutdown_grace: Duration::from_secs_f64(num(
+                "SHUTDOWN_GRACE_SECONDS",
+                get("SHUTDOWN_GRACE_SECONDS"),
+                30.0,
+                0.0,
+                86_400.0,
+            )?),
+            fail_point: get(failpoint::ENV_FAIL_POINT)
+                .map(|v| {
+                    failpoint::FailPoint::parse(v.trim()).ok_or_else(|| ConfigError {
+                        var: failpoint::ENV_FAIL_POINT,
+                        message: format!(
+                            "{v:?} is not after-run-end or after-delivery-claim (a test-only setting)"
+                        ),
+                    })
+                })
+                .transpose()?,
         })
     }
 }
@@ -182,25 +214,57 @@ struct Inner {
     auth_failures: ratelimit::Limiter,
     cfg: ServeConfig,
     replica: String,
+    /// The store over a small pool of its own, for the replica's heartbeat,
+    /// the leader lease and the sweep: they never queue behind requests.
+    fleet_store: Store,
+    /// What this replica knows of the store's availability.
+    store_watch: outage::StoreWatch,
     /// Wakes the scheduler (a run was queued or ended).
     kick: Notify,
+    /// Notified whenever one of this replica's runs is over (its end
+    /// recorded): a drain waits on it.
+    run_over: Notify,
     /// Wakes the webhook deliverer.
     deliveries: Notify,
     webhook_client: GuardedClient,
     /// Open event streams, per organization.
     streams: Arc<Mutex<HashMap<String, usize>>>,
-    /// This replica's running runs: their cancel switches.
-    running: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// This replica's running runs: their cancel switches (set: the reason
+    /// their end records).
+    running: Mutex<HashMap<String, watch::Sender<Option<String>>>>,
+    /// Held while a claim is made and its run entered in `running`, and
+    /// while the two are compared with the store (a claim is never seen
+    /// half made).
+    claiming: tokio::sync::Mutex<()>,
     ready: AtomicBool,
+    /// Draining: no new claim; `/readyz` 503.
     stopping: AtomicBool,
+    /// The HTTP side is closing: open event streams end.
+    closing: AtomicBool,
+    /// Moves whenever a key is revoked through this replica: its open
+    /// event streams check their key at once.
+    revocations: std::sync::atomic::AtomicU64,
+}
+
+/// A fresh replica id (`rep_` and 12 hex digits).
+pub fn new_replica_id() -> Result<String, airlock_vault::VaultError> {
+    Ok(format!("rep_{}", airlock_vault::random_hex::<6>()?))
 }
 
 impl AppState {
     pub fn new(orch: Arc<Orchestrator>, auth: ApiAuth, cfg: ServeConfig) -> Result<Self, ApiError> {
-        let replica = format!(
-            "rep_{}",
-            airlock_vault::random_hex::<6>().map_err(ApiError::internal)?
-        );
+        let replica = new_replica_id().map_err(ApiError::internal)?;
+        Self::with_replica(orch, auth, cfg, replica)
+    }
+
+    /// As [`AppState::new`], under the replica id `replica` (named before
+    /// the platform booted, in the first log line).
+    pub fn with_replica(
+        orch: Arc<Orchestrator>,
+        auth: ApiAuth,
+        cfg: ServeConfig,
+        replica: String,
+    ) -> Result<Self, ApiError> {
         // Webhook URLs meet the same guard as a sandbox's requests: the
         // operator's internal hosts, and never this server itself.
         let mut policy = EgressPolicy::new();
@@ -232,6 +296,12 @@ impl AppState {
             },
         )
         .map_err(ApiError::internal)?;
+        // Each call waits at most a heartbeat's interval (at least a
+        // second) for a connection: a heartbeat that cannot be made in
+        // time counts as missed, and the next one tries afresh.
+        let fleet_store = orch
+            .store
+            .apart(2, (cfg.replica_lease / 5).max(Duration::from_secs(1)));
         Ok(AppState {
             inner: Arc::new(Inner {
                 limiter: ratelimit::Limiter::new(cfg.rate),
@@ -240,15 +310,29 @@ impl AppState {
                 auth,
                 cfg,
                 replica,
+                fleet_store,
+                store_watch: outage::StoreWatch::default(),
                 kick: Notify::new(),
+                run_over: Notify::new(),
                 deliveries: Notify::new(),
                 webhook_client,
                 running: Mutex::default(),
+                claiming: tokio::sync::Mutex::new(()),
                 streams: Arc::default(),
                 ready: AtomicBool::new(false),
                 stopping: AtomicBool::new(false),
+                closing: AtomicBool::new(false),
+                revocations: Default::default(),
             }),
         })
+    }
+
+    /// The store over the fleet's own pool (heartbeat, lease, sweep).
+    pub fn fleet_store(&self) -> &Store {
+        &self.inner.fleet_store
+    }
+    pub fn store_watch(&self) -> &outage::StoreWatch {
+        &self.inner.store_watch
     }
 
     pub fn store(&self) -> &Store {
@@ -291,24 +375,66 @@ impl AppState {
     pub fn is_stopping(&self) -> bool {
         self.inner.stopping.load(Ordering::Acquire)
     }
-    /// Stops this replica from taking work and cancels its runs.
-    pub fn stop(&self) {
+    /// A key was revoked through this replica.
+    pub fn key_revoked(&self) {
+        self.inner.revocations.fetch_add(1, Ordering::AcqRel);
+    }
+    /// How many keys were revoked through this replica (a stream that sees
+    /// it move checks its key).
+    pub fn revocations(&self) -> u64 {
+        self.inner.revocations.load(Ordering::Acquire)
+    }
+    /// Whether the HTTP side is closing (open event streams end).
+    pub fn is_closing(&self) -> bool {
+        self.inner.closing.load(Ordering::Acquire)
+    }
+    /// Stops this replica from claiming work (its running runs go on).
+    pub fn stop_claiming(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.kick.notify_waiters();
+    }
+    /// Cancels every run of this replica, each ending with `reason`.
+    pub fn cancel_all(&self, reason: &str) {
         if let Ok(r) = self.inner.running.lock() {
             for tx in r.values() {
-                let _ = tx.send(true);
+                tx.send_if_modified(|v| {
+                    let first = v.is_none();
+                    if first {
+                        *v = Some(reason.to_owned());
+                    }
+                    first
+                });
             }
         }
     }
-    /// Cancels one of this replica's runs; `false` if it runs elsewhere (or not at all).
-    pub fn cancel_local(&self, run_id: &str) -> bool {
+    /// Cancels one of this replica's runs, its end recording `reason`;
+    /// `false` if it runs elsewhere (or not at all). A run already being
+    /// cancelled keeps its first reason.
+    pub fn cancel_local(&self, run_id: &str, reason: &str) -> bool {
         self.inner
             .running
             .lock()
             .ok()
-            .and_then(|r| r.get(run_id).map(|tx| tx.send(true).is_ok()))
-            .unwrap_or(false)
+            .and_then(|r| {
+                r.get(run_id).map(|tx| {
+                    tx.send_if_modified(|v| {
+                        let first = v.is_none();
+                        if first {
+                            *v = Some(reason.to_owned());
+                        }
+                        first
+                    });
+                })
+            })
+            .is_some()
+    }
+    /// The ids of this replica's running runs.
+    pub fn running_ids(&self) -> Vec<String> {
+        self.inner
+            .running
+            .lock()
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default()
     }
     /// A slot for one more event stream of `org`, held until dropped;
     /// `None` when the organization has `max_streams` open here.
@@ -354,39 +480,158 @@ pub fn router(app: AppState) -> axum::Router {
     openapi::router(app)
 }
 
-/// Serves until `shutdown` resolves (then stops taking work, cancels this
-/// replica's runs, waits for them to end, and leaves the replica set).
-pub async fn serve(
-    app: AppState,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
-    let work = scheduler::start(app.clone()).await?;
-    app.inner.ready.store(true, Ordering::Release);
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    let dead = work.dead.clone();
-    let server = axum::serve(
-        listener,
-        router(app.clone()).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        tokio::select! {
-            () = shutdown => {}
-            () = dead.notified() => {}
-        }
-        let _ = stop_tx.send(true);
-    });
-    let served = server.await;
-    let _ = stop_rx.changed().await;
-    app.inner.ready.store(false, Ordering::Release);
-    let judged_dead = work.judged_dead();
-    work.finish(&app).await;
-    served.map_err(ServeError::Io)?;
-    if judged_dead {
-        return Err(ServeError::JudgedDead);
-    }
-    Ok(())
+/// Reports how the boot goes while the platform is not up yet: what
+/// `/readyz` answers meanwhile. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Booting {
+    status: Arc<Mutex<String>>,
 }
+
+impl Booting {
+    /// What the replica is waiting for, in a few words naming no database,
+    /// host or file (an unauthenticated `/readyz` shows it).
+    pub fn set(&self, status: impl Into<String>) {
+        if let Ok(mut s) = self.status.lock() {
+            *s = status.into();
+        }
+    }
+    fn get(&self) -> String {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// What answers on the listener: the boot answers until the platform is up,
+/// then the API's router.
+#[derive(Clone)]
+struct Gate {
+    api: Arc<OnceLock<axum::Router>>,
+    booting: Booting,
+}
+
+impl Gate {
+    async fn answer(self, req: Request) -> Response {
+        if let Some(api) = self.api.get() {
+            return match api.clone().oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+        }
+        let status = self.booting.get();
+        match req.uri().path() {
+            "/healthz" => axum::Json(serde_json::json!({ "status": "ok" })).into_response(),
+            "/readyz" => {
+                ApiError::unavailable(format!("this replica is starting: {status}")).into_response()
+            }
+            _ => ApiError::unavailable(format!(
+                "this replica is starting ({status}); try again, or another replica"
+            ))
+            .into_response(),
+        }
+    }
+}
+
+/// How long the HTTP side may take to close once the replica has stopped
+/// (open event streams are told to end; a client that holds on is cut).
+const HTTP_CLOSE: Duration = Duration::from_secs(5);
+
+/// Serves on `listener` from now: `/healthz` answers at once, `/readyz`
+/// 503 with `boot`'s status until `boot` has built the platform, then the
+/// API. Runs until the first signal on `signals` (a count of SIGTERM and
+/// SIGINT received): then it drains (stops claiming, lets its running runs
+/// end within `SHUTDOWN_GRACE_SECONDS`, a second signal cutting the grace
+/// short, cancels the rest with "this replica shut down"; queued runs stay
+/// queued for other replicas), and leaves the replica set. A signal during
+/// the boot ends it at once.
+pub async fn serve<F>(
+    listener: tokio::net::TcpListener,
+    booting: Booting,
+    boot: F,
+    mut signals: watch::Receiver<u32>,
+) -> Result<(), ServeError>
+where
+    F: std::future::Future<Output = Result<AppState, BootError>>,
+{
+    let gate = Gate {
+        api: Arc::default(),
+        booting,
+    };
+    let (close_tx, mut close_rx) = watch::channel(false);
+    let outer = {
+        let gate = gate.clone();
+        axum::Router::new().fallback(move |req: Request| gate.clone().answer(req))
+    };
+    let mut http = tokio::spawn(
+        axum::serve(
+            listener,
+            outer.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = close_rx.wait_for(|c| *c).await;
+        })
+        .into_future(),
+    );
+    let close_http = |http: tokio::task::JoinHandle<std::io::Result<()>>| async move {
+        let _ = close_tx.send(true);
+        let mut http = http;
+        match tokio::time::timeout(HTTP_CLOSE, &mut http).await {
+            Ok(Ok(r)) => r.map_err(ServeError::Io),
+            Ok(Err(_)) => Ok(()),
+            Err(_) => {
+                http.abort();
+                Ok(())
+            }
+        }
+    };
+    let seen = *signals.borrow_and_update();
+    let app = tokio::select! {
+        app = boot => match app {
+            Ok(app) => app,
+            Err(e) => {
+                let _ = close_http(http).await;
+                return Err(ServeError::Boot(e));
+            }
+        },
+        _ = signals.wait_for(|n| *n > seen) => {
+            tracing::warn!("stopped while starting");
+            return close_http(http).await;
+        }
+        r = &mut http => {
+            return match r {
+                Ok(r) => r.map_err(ServeError::Io),
+                Err(e) => Err(ServeError::Io(std::io::Error::other(e))),
+            };
+        }
+    };
+    let _ = gate.api.set(router(app.clone()));
+    let work = tokio::select! {
+        w = scheduler::start(app.clone()) => w,
+        _ = signals.wait_for(|n| *n > seen) => return close_http(http).await,
+    };
+    app.inner.ready.store(true, Ordering::Release);
+    tracing::info!(replica = app.replica(), "ready: taking work");
+    let first = tokio::select! {
+        n = signals.wait_for(|n| *n > seen) => n.map(|n| *n).unwrap_or(u32::MAX),
+        r = &mut http => {
+            // The listener failed: stop as on a signal, without a grace.
+            tracing::error!("the API listener stopped: {r:?}");
+            u32::MAX
+        }
+    };
+    app.inner.ready.store(false, Ordering::Release);
+    scheduler::drain(&app, &mut signals, first).await;
+    app.inner.closing.store(true, Ordering::Release);
+    let served = if http.is_finished() {
+        Ok(())
+    } else {
+        close_http(http).await
+    };
+    work.finish(&app).await;
+    served
+}
+
+/// Why the boot failed for good (a store that does not answer is waited
+/// for; this is what no wait fixes: a bad setting, a damaged store …).
+pub type BootError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -394,8 +639,6 @@ pub enum ServeError {
     Io(std::io::Error),
     #[error(transparent)]
     Store(#[from] airlock_store::StoreError),
-    #[error(
-        "this replica's heartbeat stopped reaching the store for longer than the replica lease: another replica has failed its runs; it stopped"
-    )]
-    JudgedDead,
+    #[error(transparent)]
+    Boot(BootError),
 }

@@ -156,7 +156,15 @@ pub fn spec() -> Value {
         ] {
             responses.insert(code.into(), error_response(d));
         }
+        responses.insert(
+            "503".into(),
+            error_response("the store does not answer (or, /readyz, the replica starts or stops)"),
+        );
         if r.auth {
+            responses.insert(
+                "507".into(),
+                error_response("storage_full: the store is out of space; nothing was written"),
+            );
             responses.insert("401".into(), error_response("no valid API key"));
             responses.insert(
                 "429".into(),

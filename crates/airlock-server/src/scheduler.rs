@@ -1,71 +1,96 @@
 //! This replica's share of the work.
 //!
 //! - It registers in the store's replica set and heartbeats every fifth of
-//!   the lease. If a heartbeat finds its row gone, another replica judged it
-//!   dead and failed its runs: it stops.
+//!   the lease (through a pool of its own, each attempt bounded by that
+//!   interval). A heartbeat that finds its row gone means the leader judged
+//!   it dead (a pause or a partition longer than the lease): it registers
+//!   again under its own id and reconciles ([`reconcile`]) instead of
+//!   exiting: runs the store has meanwhile ended elsewhere are stopped
+//!   here, the others go on.
 //! - Whoever holds the `leader` lease (taken over once its holder stops
-//!   renewing it) sweeps: replicas silent past the lease are dropped and
-//!   their runs failed ([`airlock_store::Store::sweep_dead_replicas`]),
-//!   never a live replica's.
+//!   renewing it) sweeps ([`airlock_store::Store::sweep_dead_replicas`]):
+//!   replicas silent past the lease are dropped, their runs failed (with
+//!   their webhooks, in one transaction) and their claimed deliveries
+//!   released. Never on evidence gathered while the store was unreachable
+//!   ([`Evidence`]): the leader sweeps only once its own heartbeats have
+//!   reached the store without a gap for a full lease, so after an outage
+//!   every live replica has had a whole lease to heartbeat again.
+//! - A replica that cannot reach the store keeps its runs going: a failed
+//!   heartbeat, claim or poll is logged (rate-limited, with its cause) and
+//!   retried, nothing is cancelled for it.
 //! - Queued runs are claimed in order, atomically, within
 //!   `PLATFORM_RUN_LIMITS` `max_concurrent_runs` (shared by every replica and
 //!   every `airlock run` on the store) and each organization's own limit.
 //!   A claimed run is this replica's; its own watchdog, timeout and
-//!   cancellation apply (the orchestrator's).
-//! - Cancel requests for its runs (made through any replica) are polled.
+//!   cancellation apply (the orchestrator's). A claim whose answer was lost
+//!   (the run is this replica's in the store, never started, unknown here)
+//!   is put back in the queue by the reconcile.
+//! - Cancel requests for its runs (made through any replica) are polled;
+//!   each run's end records who asked.
+//! - [`drain`]: on SIGTERM it stops claiming, lets its runs end within the
+//!   grace, then cancels the rest with [`SHUT_DOWN`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use airlock_platform::manifest::Manifest;
 use airlock_platform::orchestrator::RunRequest;
-use airlock_store::ClaimedRun;
-use tokio::sync::{Notify, watch};
+use airlock_store::{ClaimedRun, StoreError, now_ms};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::{AppState, ServeError};
+use crate::AppState;
+use crate::failpoint::FailPoint;
 
 /// The lease the leader holds.
 pub const LEADER_LEASE: &str = "leader";
+/// What a run cancelled by its replica's shutdown records.
+pub const SHUT_DOWN: &str =
+    "this replica shut down (SIGTERM) before the run ended, after SHUTDOWN_GRACE_SECONDS";
+/// What a run still going here records when the store says it has ended
+/// elsewhere (this replica was judged dead meanwhile; its end stands).
+const ENDED_ELSEWHERE: &str =
+    "stopped on its replica: the store had already ended it while the replica was judged dead";
 /// How often an idle scheduler looks at the queue (runs queued through
 /// another replica are seen within this).
 const QUEUE_POLL: Duration = Duration::from_millis(200);
 /// How often cancel requests made through other replicas are looked for.
 const CANCEL_POLL: Duration = Duration::from_millis(300);
+/// How long a drain waits for its cancelled runs to end.
+const CANCELLED_END: Duration = Duration::from_secs(60);
 
 /// The replica's background work.
 pub struct Work {
     tasks: Vec<JoinHandle<()>>,
-    /// Notified when the replica finds itself judged dead.
-    pub dead: Arc<Notify>,
-    dead_flag: Arc<AtomicBool>,
+    deliverer: JoinHandle<()>,
+    deliverer_stop: watch::Sender<bool>,
 }
 
 impl Work {
-    pub fn judged_dead(&self) -> bool {
-        self.dead_flag.load(Ordering::Acquire)
-    }
-
-    /// Stops taking work, cancels this replica's runs, waits for them to
-    /// end, and leaves the replica set (and the lease).
+    /// After [`drain`]: stops the deliverer (its attempts under way end
+    /// first, bounded by the webhook timeout), the other tasks, and leaves
+    /// the replica set and the lease; deliveries it still held are
+    /// released for another replica at once.
     pub async fn finish(self, app: &AppState) {
-        app.stop();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while app.running_count() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::select! {
-                () = app.inner.kick.notified() => {}
-                () = tokio::time::sleep(Duration::from_millis(50)) => {}
-            }
+        let _ = self.deliverer_stop.send(true);
+        let mut deliverer = self.deliverer;
+        let bound = app.cfg().webhook_timeout + Duration::from_secs(2);
+        if tokio::time::timeout(bound, &mut deliverer).await.is_err() {
+            deliverer.abort();
         }
         for t in &self.tasks {
             t.abort();
         }
-        if !self.judged_dead() {
-            let _ = app.store().remove_replica(app.replica()).await;
+        let store = app.fleet_store();
+        if let Err(e) = store.release_delivery_claims(app.replica()).await {
+            tracing::warn!("releasing this replica's deliveries: {}", e.chain());
         }
-        let _ = app.store().release_lease(LEADER_LEASE, app.replica()).await;
+        if let Err(e) = store.remove_replica(app.replica()).await {
+            tracing::warn!("leaving the replica set: {}", e.chain());
+        }
+        let _ = store.release_lease(LEADER_LEASE, app.replica()).await;
     }
 }
 
@@ -75,50 +100,148 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-pub async fn start(app: AppState) -> Result<Work, ServeError> {
-    app.store()
-        .register_replica(app.replica(), &hostname(), std::process::id())
-        .await?;
+/// What this replica's own heartbeats say about its view of the store: the
+/// evidence a sweep needs. A replica is judged dead only by a leader whose
+/// heartbeats have reached the store without a gap for a whole lease: after
+/// a store outage (or a pause of the leader) every live replica has had a
+/// full lease to heartbeat again before anyone is judged.
+#[derive(Default)]
+pub struct Evidence {
+    /// Since when (Unix ms) heartbeats have reached the store without a
+    /// gap; 0 while they fail.
+    ok_since: AtomicI64,
+    /// The last heartbeat that reached it (Unix ms); 0: none yet.
+    last_ok: AtomicI64,
+}
+
+impl Evidence {
+    /// A heartbeat reached the store at `now`. A gap longer than `gap_ms`
+    /// since the last one starts the count again, even if no failure was
+    /// seen (a stalled process).
+    pub fn ok(&self, now: i64, gap_ms: i64) {
+        let last = self.last_ok.swap(now, Ordering::AcqRel);
+        if last == 0 || now - last > gap_ms || self.ok_since.load(Ordering::Acquire) == 0 {
+            self.ok_since.store(now, Ordering::Release);
+        }
+    }
+
+    /// A heartbeat failed (or timed out).
+    pub fn failed(&self) {
+        self.ok_since.store(0, Ordering::Release);
+    }
+
+    /// Whether a sweep at `now` may judge others dead.
+    pub fn may_judge(&self, now: i64, lease_ms: i64, gap_ms: i64) -> bool {
+        let since = self.ok_since.load(Ordering::Acquire);
+        let last = self.last_ok.load(Ordering::Acquire);
+        since != 0 && now - since >= lease_ms && now - last <= gap_ms
+    }
+}
+
+/// Registers this replica, retrying (with its cause logged) until the store
+/// takes it: a store that blinks at this moment does not stop the replica.
+async fn register(app: &AppState) {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match app
+            .fleet_store()
+            .register_replica(app.replica(), &hostname(), std::process::id())
+            .await
+        {
+            Ok(()) => {
+                app.store_watch().ok();
+                return;
+            }
+            Err(e) => {
+                app.store_watch().failed("registering the replica", &e);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+pub async fn start(app: AppState) -> Work {
+    register(&app).await;
     tracing::info!(replica = app.replica(), "replica registered");
-    let dead = Arc::new(Notify::new());
-    let dead_flag = Arc::new(AtomicBool::new(false));
+    let evidence = Arc::new(Evidence::default());
     let beat = app.cfg().replica_lease / 5;
+    // One heartbeat attempt waits at most this.
+    let bound = beat.max(Duration::from_secs(1));
+    // Longer than this between two heartbeats that reached the store is a
+    // gap in the evidence (two attempts' worth).
+    let gap_ms = i64::try_from((2 * bound).as_millis()).unwrap_or(i64::MAX);
+    let lease_ms = i64::try_from(app.cfg().replica_lease.as_millis()).unwrap_or(i64::MAX);
     let mut tasks = Vec::new();
     {
         let app = app.clone();
-        let dead = dead.clone();
-        let flag = dead_flag.clone();
+        let evidence = evidence.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(beat);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut beats: u64 = 0;
             loop {
                 tick.tick().await;
-                match app.store().heartbeat_replica(app.replica()).await {
-                    Ok(true) => tracing::trace!(replica = app.replica(), "heartbeat"),
+                beats += 1;
+                let res = match tokio::time::timeout(
+                    bound,
+                    app.fleet_store().heartbeat_replica(app.replica()),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Unavailable {
+                        database: app.store().display_name().to_owned(),
+                        detail: format!("a heartbeat got no answer within {} s", bound.as_secs_f64()),
+                        source: None,
+                    }),
+                };
+                match res {
+                    Ok(true) => {
+                        evidence.ok(now_ms(), gap_ms);
+                        app.store_watch().ok();
+                        // Once a lease: is what the store counts as ours
+                        // what runs here?
+                        if beats.is_multiple_of(5) {
+                            reconcile(&app, false).await;
+                        }
+                    }
                     Ok(false) => {
+                        evidence.failed();
                         tracing::error!(
                             replica = app.replica(),
-                            "this replica was judged dead by the leader (its heartbeats stopped reaching the store); stopping"
+                            "this replica was judged dead by the leader (its heartbeats did not reach the store for longer than the replica lease); it registers again and keeps the runs the store still counts as its own"
                         );
-                        flag.store(true, Ordering::Release);
-                        app.stop();
-                        dead.notify_one();
-                        return;
+                        register(&app).await;
+                        reconcile(&app, true).await;
                     }
-                    Err(e) => tracing::warn!("replica heartbeat: {e}"),
+                    Err(e) => {
+                        evidence.failed();
+                        // The pool says only that it timed out: a fresh
+                        // connection says why (refused, authentication …).
+                        let e = if e.is_pool_timeout() {
+                            app.store().probe(bound).await.err().unwrap_or(e)
+                        } else {
+                            e
+                        };
+                        app.store_watch().failed("replica heartbeat", &e);
+                    }
                 }
             }
         }));
     }
     {
         let app = app.clone();
+        let evidence = evidence.clone();
         tasks.push(tokio::spawn(async move {
-            let lease_ms = i64::try_from(app.cfg().replica_lease.as_millis()).unwrap_or(i64::MAX);
             let mut tick = tokio::time::interval(beat);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut leading = false;
+            let mut waited_said = false;
             loop {
                 tick.tick().await;
                 match app
-                    .store()
+                    .fleet_store()
                     .try_lease(LEADER_LEASE, app.replica(), lease_ms)
                     .await
                 {
@@ -129,36 +252,24 @@ pub async fn start(app: AppState) -> Result<Work, ServeError> {
                         leading = now;
                     }
                     Err(e) => {
-                        tracing::warn!("leader lease: {e}");
+                        app.store_watch().failed("leader lease", &e);
                         leading = false;
                     }
                 }
                 if !leading {
                     continue;
                 }
-                match app.store().sweep_dead_replicas(lease_ms).await {
-                    Ok(failed) => {
-                        // A replica on this machine leaves its runs' cgroups
-                        // behind (its sandboxes died with it), and the
-                        // standby ones it made for its next run: removed
-                        // here, not only when it boots again on its home,
-                        // which may never happen. Elsewhere nothing matches.
-                        let cgroups = airlock_platform::orchestrator::reclaim_cgroups_of(&failed)
-                            + airlock_platform::orchestrator::reclaim_standby_cgroups();
-                        if cgroups > 0 {
-                            tracing::info!(
-                                "removed {cgroups} cgroup(s) of platforms that are gone"
-                            );
-                        }
-                        for id in failed {
-                            tracing::warn!(run = %id, "failed a run of a replica that is gone");
-                            if let Ok(Some(run)) = app.store().get_run(&id).await {
-                                crate::webhooks::emit(&app, &run).await;
-                            }
-                        }
+                if !evidence.may_judge(now_ms(), lease_ms, gap_ms) {
+                    if !waited_said {
+                        tracing::info!(
+                            "the leader judges no replica until its own heartbeats have reached the store for a whole lease"
+                        );
+                        waited_said = true;
                     }
-                    Err(e) => tracing::warn!("replica sweep: {e}"),
+                    continue;
                 }
+                waited_said = false;
+                sweep(&app, lease_ms).await;
             }
         }));
     }
@@ -166,23 +277,123 @@ pub async fn start(app: AppState) -> Result<Work, ServeError> {
         let app = app.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(CANCEL_POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                if let Ok(ids) = app.store().cancel_requests_of(app.replica()).await {
-                    for id in ids {
-                        app.cancel_local(&id);
+                match app.store().cancel_requests_of(app.replica()).await {
+                    Ok(asked) => {
+                        for (id, reason) in asked {
+                            app.cancel_local(&id, &reason);
+                        }
                     }
+                    Err(e) => app.store_watch().failed("polling cancel requests", &e),
                 }
             }
         }));
     }
     tasks.push(tokio::spawn(claim_loop(app.clone())));
-    tasks.push(tokio::spawn(crate::webhooks::deliver_loop(app.clone())));
-    Ok(Work {
+    let (deliverer_stop, stop_rx) = watch::channel(false);
+    let deliverer = tokio::spawn(crate::webhooks::deliver_loop(app.clone(), stop_rx));
+    Work {
         tasks,
-        dead,
-        dead_flag,
-    })
+        deliverer,
+        deliverer_stop,
+    }
+}
+
+/// The leader's sweep, once it may judge.
+async fn sweep(app: &AppState, lease_ms: i64) {
+    match app
+        .fleet_store()
+        .sweep_dead_replicas(lease_ms, app.replica())
+        .await
+    {
+        Ok(swept) => {
+            for r in &swept.dropped {
+                tracing::warn!(replica = %r, "dropped a replica silent for longer than the lease");
+            }
+            // A replica on this machine leaves its runs' cgroups behind (its
+            // sandboxes died with it), and the standby ones it made for its
+            // next run: removed here, not only when it boots again on its
+            // home, which may never happen. Elsewhere nothing matches.
+            let cgroups = airlock_platform::orchestrator::reclaim_cgroups_of(&swept.failed)
+                + airlock_platform::orchestrator::reclaim_standby_cgroups();
+            if cgroups > 0 {
+                tracing::info!("removed {cgroups} cgroup(s) of platforms that are gone");
+            }
+            for id in &swept.failed {
+                tracing::warn!(run = %id, "failed a run of a replica that is gone");
+            }
+            if swept.released > 0 {
+                tracing::info!(
+                    "released {} webhook deliveries held by replicas that are gone",
+                    swept.released
+                );
+            }
+            if !swept.failed.is_empty() || swept.released > 0 {
+                app.kick_deliveries();
+                app.kick_scheduler();
+            }
+        }
+        Err(e) => app.store_watch().failed("replica sweep", &e),
+    }
+}
+
+/// Makes this replica's runs and the store's view of them agree:
+/// - a run the store counts as this replica's, never started and unknown
+///   here (a claim whose answer was lost) goes back to the queue;
+/// - once `judged_dead` (its row was dropped by a sweep): a run still going
+///   here that the store has ended meanwhile (failed by that sweep), or
+///   gives to another owner, is stopped here (its stored end stands).
+///
+/// A run the store counts as this replica's that has started and is not
+/// here is left alone: its end is on its way to the store.
+pub async fn reconcile(app: &AppState, judged_dead: bool) {
+    let _claiming = app.inner.claiming.lock().await;
+    let theirs = match app.store().running_runs_of(app.replica()).await {
+        Ok(r) => r,
+        Err(e) => {
+            app.store_watch()
+                .failed("reconciling this replica's runs", &e);
+            return;
+        }
+    };
+    let here: HashSet<String> = app.running_ids().into_iter().collect();
+    let counted: HashSet<&str> = theirs.iter().map(|(id, _)| id.as_str()).collect();
+    for (id, started) in &theirs {
+        if !started && !here.contains(id) {
+            match app.store().requeue_unstarted(id, app.replica()).await {
+                Ok(true) => tracing::warn!(
+                    run = %id,
+                    "put back in the queue: claimed by this replica, never started on it"
+                ),
+                Ok(false) => {}
+                Err(e) => app.store_watch().failed("requeueing a lost claim", &e),
+            }
+        }
+    }
+    if !judged_dead {
+        return;
+    }
+    for id in here.iter().filter(|id| !counted.contains(id.as_str())) {
+        match app.store().get_run(id).await {
+            Ok(Some(run))
+                if run.status.is_terminal() || run.owner.as_deref() != Some(app.replica()) =>
+            {
+                if app.cancel_local(id, ENDED_ELSEWHERE) {
+                    tracing::warn!(
+                        run = %id,
+                        status = %run.status,
+                        "stopping a run the store ended while this replica was judged dead"
+                    );
+                }
+            }
+            Ok(_) => {}
+            Err(e) => app
+                .store_watch()
+                .failed("reconciling this replica's runs", &e),
+        }
+    }
 }
 
 async fn claim_loop(app: AppState) {
@@ -196,20 +407,21 @@ async fn claim_loop(app: AppState) {
             .cfg()
             .replica_max_runs
             .is_some_and(|cap| app.running_count() >= cap);
-        if full {
-            tokio::select! {
-                () = app.inner.kick.notified() => {}
-                () = tokio::time::sleep(QUEUE_POLL) => {}
+        if !full {
+            let claiming = app.inner.claiming.lock().await;
+            if app.is_stopping() {
+                return;
             }
-            continue;
-        }
-        match app.store().claim_next_run(app.replica(), limit).await {
-            Ok(Some(claimed)) => {
-                spawn_run(app.clone(), claimed);
-                continue;
+            match app.store().claim_next_run(app.replica(), limit).await {
+                Ok(Some(claimed)) => {
+                    app.store_watch().ok();
+                    spawn_run(app.clone(), claimed);
+                    drop(claiming);
+                    continue;
+                }
+                Ok(None) => app.store_watch().ok(),
+                Err(e) => app.store_watch().failed("claiming a queued run", &e),
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!("claiming a queued run: {e}"),
         }
         tokio::select! {
             () = app.inner.kick.notified() => {}
@@ -220,27 +432,113 @@ async fn claim_loop(app: AppState) {
 
 fn spawn_run(app: AppState, claimed: ClaimedRun) {
     let id = claimed.run.id.clone();
-    let (tx, rx) = watch::channel(false);
+    let (tx, rx) = watch::channel(None);
     if let Ok(mut r) = app.inner.running.lock() {
         r.insert(id.clone(), tx);
     }
     tokio::spawn(async move {
-        crate::webhooks::emit(&app, &claimed.run).await;
+        crate::webhooks::emit_started(&app, &claimed.run).await;
         let ended = run_one(&app, claimed, rx).await;
+        if ended.is_ok() {
+            // Test-only: a crash right after the end is stored.
+            FailPoint::AfterRunEnd.hit(app.cfg().fail_point);
+        }
         if let Err(e) = &ended {
             tracing::error!(run = %id, "run: {e}");
-            let _ = app.store().fail_run(&id, e).await;
+            record_failure(&app, &id, e).await;
         }
         if let Ok(mut r) = app.inner.running.lock() {
             r.remove(&id);
         }
-        if let Ok(Some(run)) = app.store().get_run(&id).await {
-            crate::webhooks::emit(&app, &run).await;
-        }
-        // A slot is free (and `finish` waits on this too).
-        app.inner.kick.notify_waiters();
+        // Its deliveries were queued with its end: send them now.
+        app.kick_deliveries();
+        app.inner.run_over.notify_waiters();
         app.kick_scheduler();
     });
+}
+
+/// Fails a run that could not run, with why, retrying while the store
+/// does not take it (the run stays this replica's meanwhile: it is never
+/// left `running` with nobody to end it).
+async fn record_failure(app: &AppState, id: &str, reason: &str) {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match app.store().fail_run(id, reason).await {
+            Ok(_) => {
+                app.store_watch().ok();
+                return;
+            }
+            Err(e) if e.is_transient() => {
+                app.store_watch().failed("recording a run's failure", &e);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                tracing::error!(run = %id, "recording the run's failure: {}", e.chain());
+                return;
+            }
+        }
+    }
+}
+
+/// On the first SIGTERM: no new claim (queued runs stay queued for other
+/// replicas; `/readyz` answers 503), running runs go on to their end for
+/// up to `SHUTDOWN_GRACE_SECONDS` (a second signal cuts it short), then the
+/// rest are cancelled with [`SHUT_DOWN`] and their ends awaited.
+/// `signals_seen` is the signal count that started the drain.
+pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_seen: u32) {
+    app.stop_claiming();
+    let grace = app.cfg().shutdown_grace;
+    let n = app.running_count();
+    if n > 0 {
+        tracing::warn!(
+            "draining: {n} running run(s) may end within {} s (SHUTDOWN_GRACE_SECONDS); no new run is claimed here, queued runs stay queued for other replicas; a second signal cuts the grace short",
+            grace.as_secs_f64()
+        );
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    while app.running_count() > 0 {
+        let over = app.inner.run_over.notified();
+        tokio::pin!(over);
+        over.as_mut().enable();
+        if app.running_count() == 0 {
+            break;
+        }
+        tokio::select! {
+            () = over => {}
+            () = tokio::time::sleep_until(deadline) => break,
+            _ = signals.wait_for(|n| *n > signals_seen) => {
+                tracing::warn!("a second signal: the shutdown grace is cut short");
+                break;
+            }
+        }
+    }
+    let left = app.running_count();
+    if left == 0 {
+        return;
+    }
+    tracing::warn!("cancelling {left} run(s) still running: {SHUT_DOWN}");
+    app.cancel_all(SHUT_DOWN);
+    let deadline = tokio::time::Instant::now() + CANCELLED_END;
+    while app.running_count() > 0 {
+        let over = app.inner.run_over.notified();
+        tokio::pin!(over);
+        over.as_mut().enable();
+        if app.running_count() == 0 {
+            break;
+        }
+        tokio::select! {
+            () = over => {}
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::error!(
+                    "{} run(s) did not end within {} s of their cancel",
+                    app.running_count(),
+                    CANCELLED_END.as_secs()
+                );
+                return;
+            }
+        }
+    }
 }
 
 /// The limit hints a run was queued with.
@@ -255,25 +553,28 @@ pub struct Hints {
     pub timeout_seconds: Option<u64>,
 }
 
+/// One claimed run, to its recorded end. `Err`: why it could not run (or
+/// its end could not be recorded), with every cause.
 async fn run_one(
     app: &AppState,
     claimed: ClaimedRun,
-    cancel: watch::Receiver<bool>,
+    cancel: airlock_platform::orchestrator::Cancel,
 ) -> Result<(), String> {
     let run = &claimed.run;
     let orch = app.orch();
+    let store_err = |what: &str, e: StoreError| format!("{what}: {}", e.chain());
     let fail = |reason: String| async move {
         app.store()
             .fail_run(&run.id, &reason)
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| store_err("recording the run's failure", e))
     };
     let Some(agent) = app
         .store()
         .get_agent(&run.org_id, &run.agent)
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| store_err("reading the run's agent", e))?
     else {
         return fail(format!(
             "agent {:?} was deleted before the run started",
@@ -315,7 +616,12 @@ async fn run_one(
         .run_claimed(run.id.clone(), req, cancel, &|_p| {})
         .await;
     let _ = std::fs::remove_dir_all(&bundle);
-    outcome.map(|_| ()).map_err(|e| e.to_string())
+    outcome.map(|_| ()).map_err(|e| match e {
+        airlock_platform::orchestrator::RunError::Store(e) => {
+            store_err("the store failed while the run was started or ended", e)
+        }
+        e => e.to_string(),
+    })
 }
 
 /// The agent's directory for one run: its manifest and files, readable by
@@ -356,4 +662,37 @@ fn write_bundle(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Evidence;
+
+    #[test]
+    fn a_leader_judges_only_after_a_whole_lease_of_its_own_heartbeats() {
+        let (lease, gap) = (15_000, 6_000);
+        let e = Evidence::default();
+        assert!(!e.may_judge(0, lease, gap), "no heartbeat yet");
+        e.ok(1_000, gap);
+        assert!(!e.may_judge(10_000, lease, gap));
+        for t in (4_000..=16_000).step_by(3_000) {
+            e.ok(t, gap);
+        }
+        assert!(e.may_judge(16_000, lease, gap));
+        // The store goes away: no judgement, and after it returns a whole
+        // lease of heartbeats again first.
+        e.failed();
+        assert!(!e.may_judge(17_000, lease, gap));
+        e.ok(40_000, gap);
+        assert!(!e.may_judge(41_000, lease, gap));
+        for t in (43_000..=55_000).step_by(3_000) {
+            e.ok(t, gap);
+        }
+        assert!(e.may_judge(55_000, lease, gap));
+        // A gap without a failure seen (the process was stopped): the same.
+        e.ok(90_000, gap);
+        assert!(!e.may_judge(90_000, lease, gap));
+        // Heartbeats that stop without a failure seen (they hang): none.
+        assert!(!e.may_judge(200_000, lease, gap));
+    }
 }

@@ -11,9 +11,17 @@
 //! again at every delivery (resolve-and-pin: the address the guard approved
 //! is the one dialled). Redirects are not followed. A delivery never blocks
 //! a run: events are queued in the store and sent by every replica's
-//! deliverer, each due delivery claimed by one replica at a time; failures
+//! deliverer, each due delivery claimed by one replica at a time ([`hold`]:
+//! released at once when the replica stops or is judged dead); failures
 //! are retried with exponential backoff up to `WEBHOOK_MAX_ATTEMPTS`, and
 //! every attempt is recorded.
+//!
+//! A run's end queues its deliveries in the transaction that stores the
+//! end (the store's outbox), whoever ends it: they are sent even if the
+//! process that ended the run dies at once. Their body is rendered when
+//! first sent (the run has ended: it no longer changes) and kept, so every
+//! retry sends the same bytes. `run.started` is queued here, once the run
+//! is claimed. One run event has one delivery (one id) per webhook.
 
 use std::time::Duration;
 
@@ -35,14 +43,7 @@ pub const EVENTS: &[&str] = &[
 
 /// The event a run's current state is.
 pub fn event_of(status: RunStatus) -> Option<&'static str> {
-    Some(match status {
-        RunStatus::Running => "run.started",
-        RunStatus::Succeeded => "run.succeeded",
-        RunStatus::Failed => "run.failed",
-        RunStatus::Cancelled => "run.cancelled",
-        RunStatus::TimedOut => "run.timed_out",
-        RunStatus::Queued => return None,
-    })
+    airlock_store::run_event(status)
 }
 
 /// What a webhook URL may reach: its own origin (any path), no credential.
@@ -78,17 +79,29 @@ pub fn signature(secret: &[u8], t: i64, body: &[u8]) -> String {
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// Queues the event `run`'s state is, for each of its organization's
-/// webhooks that subscribed to it. Never fails the caller: a store error is
-/// logged.
-pub async fn emit(app: &AppState, run: &Run) {
-    let Some(event) = event_of(run.status) else {
+/// The body of a delivery of `event` about `run`.
+fn payload(id: &str, event: &str, created_at: i64, run: &Run) -> String {
+    serde_json::json!({
+        "id": id,
+        "type": event,
+        "created_at": created_at,
+        "data": { "run": crate::routes::runs::run_json(run, None) },
+    })
+    .to_string()
+}
+
+/// Queues `run.started` for each of the run's organization's webhooks that
+/// subscribed to it (the run as it is now, just claimed). Never fails the
+/// caller: a store error is logged. (A run's end queues its own deliveries,
+/// in the store, with the end.)
+pub async fn emit_started(app: &AppState, run: &Run) {
+    let Some(event) = event_of(run.status).filter(|e| *e == "run.started") else {
         return;
     };
     let hooks = match app.store().list_webhooks(&run.org_id).await {
         Ok(h) => h,
         Err(e) => {
-            tracing::warn!(run = %run.id, "webhooks: {e}");
+            app.store_watch().failed("queueing run.started", &e);
             return;
         }
     };
@@ -99,23 +112,16 @@ pub async fn emit(app: &AppState, run: &Run) {
         if !wants.iter().any(|e| e == event) {
             continue;
         }
-        let Ok(id) = airlock_vault::random_hex::<8>() else {
+        let Ok(id) = airlock_store::new_delivery_id() else {
             continue;
         };
-        let id = format!("dlv_{id}");
-        let payload = serde_json::json!({
-            "id": id,
-            "type": event,
-            "created_at": now,
-            "data": { "run": crate::routes::runs::run_json(run, None) },
-        });
         let d = DeliveryRow {
+            payload: payload(&id, event, now, run),
             id,
             webhook_id: h.id.clone(),
             org_id: run.org_id.clone(),
             run_id: run.id.clone(),
             event: event.to_owned(),
-            payload: payload.to_string(),
             state: "pending".into(),
             attempts: 0,
             last_status: None,
@@ -125,8 +131,8 @@ pub async fn emit(app: &AppState, run: &Run) {
             delivered_at: None,
         };
         match app.store().enqueue_delivery(&d).await {
-            Ok(()) => any = true,
-            Err(e) => tracing::warn!(run = %run.id, webhook = %h.id, "queueing a delivery: {e}"),
+            Ok(queued) => any |= queued,
+            Err(e) => app.store_watch().failed("queueing run.started", &e),
         }
     }
     if any {
@@ -134,47 +140,90 @@ pub async fn emit(app: &AppState, run: &Run) {
     }
 }
 
-/// How long a replica holds a claimed delivery before another may take it.
-const HOLD: Duration = Duration::from_secs(120);
+/// How long a replica holds a delivery it claimed before another may take
+/// it: two minutes, or twice the attempt's timeout if that is longer (an
+/// attempt under way is never sent twice at once). A replica that stops
+/// releases its claims; the leader releases those of a replica it judges
+/// dead; the hold only matters when neither happened (docs/serve.md).
+pub fn hold(webhook_timeout: Duration) -> Duration {
+    Duration::from_secs(120).max(webhook_timeout * 2)
+}
 /// Deliveries sent at once by one replica.
 const AT_ONCE: usize = 16;
 
-pub async fn deliver_loop(app: AppState) {
+/// Claims and sends due deliveries until `stop` turns true; then waits for
+/// the attempts under way to be recorded.
+pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<bool>) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let hold_ms = i64::try_from(hold(app.cfg().webhook_timeout).as_millis()).unwrap_or(i64::MAX);
     loop {
+        if *stop.borrow() {
+            break;
+        }
         let free = slots.available_permits();
         if free > 0 {
             match app
                 .store()
-                .claim_due_deliveries(app.replica(), HOLD.as_millis() as i64, free as i64)
+                .claim_due_deliveries(app.replica(), hold_ms, free as i64)
                 .await
             {
                 Ok(due) => {
+                    if !due.is_empty() {
+                        // Test-only: a crash with deliveries claimed, unsent.
+                        crate::failpoint::FailPoint::AfterDeliveryClaim.hit(app.cfg().fail_point);
+                    }
                     for d in due {
                         let Ok(permit) = slots.clone().acquire_owned().await else {
                             return;
                         };
                         let app = app.clone();
                         tokio::spawn(async move {
-                            deliver(&app, &d).await;
+                            deliver(&app, d).await;
                             drop(permit);
                             app.kick_deliveries();
                         });
                     }
                 }
-                Err(e) => tracing::warn!("claiming webhook deliveries: {e}"),
+                Err(e) => app.store_watch().failed("claiming webhook deliveries", &e),
             }
         }
         tokio::select! {
             () = app.inner.deliveries.notified() => {}
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = stop.changed() => {}
         }
     }
+    let _ = slots.acquire_many(AT_ONCE as u32).await;
+}
+
+/// The body a delivery sends: a run end's is rendered from the ended run
+/// the first time (and kept).
+async fn body_of(app: &AppState, d: &DeliveryRow) -> Result<String, String> {
+    if !d.payload.is_empty() {
+        return Ok(d.payload.clone());
+    }
+    let run = match app.store().get_run_in(&d.org_id, &d.run_id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err("gone: the run was deleted".into()),
+        Err(e) => return Err(format!("store: {}", e.chain())),
+    };
+    let body = payload(&d.id, &d.event, d.created_at, &run);
+    app.store()
+        .render_delivery(&d.id, &body)
+        .await
+        .map_err(|e| format!("store: {}", e.chain()))
 }
 
 /// One attempt of one delivery, and its record.
-async fn deliver(app: &AppState, d: &DeliveryRow) {
-    let outcome = attempt(app, d).await;
+async fn deliver(app: &AppState, mut d: DeliveryRow) {
+    let outcome = match body_of(app, &d).await {
+        Ok(body) => {
+            d.payload = body;
+            attempt(app, &d).await
+        }
+        Err(e) => Err(e),
+    };
+    let d = &d;
     let attempts = d.attempts + 1;
     let (status, error, delivered) = match &outcome {
         Ok(s) if (200..300).contains(s) => (Some(i64::from(*s)), None, true),
@@ -207,7 +256,7 @@ async fn deliver(app: &AppState, d: &DeliveryRow) {
         )
         .await
     {
-        tracing::warn!(delivery = %d.id, "recording a delivery attempt: {e}");
+        tracing::warn!(delivery = %d.id, "recording a delivery attempt: {}", e.chain());
     }
 }
 
@@ -215,7 +264,7 @@ async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
     let hook = match app.store().get_webhook(&d.org_id, &d.webhook_id).await {
         Ok(Some(h)) => h,
         Ok(None) => return Err("gone: the webhook was deleted".into()),
-        Err(e) => return Err(format!("store: {e}")),
+        Err(e) => return Err(format!("store: {}", e.chain())),
     };
     let secret = app
         .keyring()

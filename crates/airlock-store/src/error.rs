@@ -1,6 +1,14 @@
+//! What went wrong talking to the store.
+//!
+//! Contract: every error that came from the database driver or the system
+//! keeps it as its `#[source]`, so a log line that prints the chain
+//! ([`Chain`]) says why (refused, authentication, name resolution, a full
+//! disk), not only which database. Database names in messages have
+//! passwords redacted.
+
 use thiserror::Error;
 
-/// What went wrong talking to the store. Database names in messages have passwords redacted.
+/// What went wrong talking to the store.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -21,14 +29,34 @@ pub enum StoreError {
     #[error("database {0} is locked by another process; nothing was written, try again")]
     Locked(String),
     /// The database cannot be reached, or its file is gone or unreadable.
+    /// `detail` names the cause in a few words; `source` is the driver's
+    /// error, when there is one.
     #[error("database {database} is unavailable: {detail}")]
-    Unavailable { database: String, detail: String },
+    Unavailable {
+        database: String,
+        detail: String,
+        #[source]
+        source: Option<sqlx::Error>,
+    },
+    /// The disk under the database is full (SQLite `SQLITE_FULL`,
+    /// PostgreSQL `53100 disk_full`, `ENOSPC`): nothing was written.
+    #[error("database {database} is out of space (its disk is full); nothing was written")]
+    Full {
+        database: String,
+        #[source]
+        source: sqlx::Error,
+    },
     /// The database was migrated by a newer Airlock.
     #[error("database schema version {found} is newer than this airlock understands ({known})")]
     SchemaTooNew { found: i64, known: i64 },
     /// A migration failed (and was rolled back).
     #[error("migration {version} failed and was rolled back: {detail}")]
-    Migration { version: i64, detail: String },
+    Migration {
+        version: i64,
+        detail: String,
+        #[source]
+        source: sqlx::Error,
+    },
     /// An input is not acceptable.
     #[error("invalid {what}: {reason}")]
     Invalid {
@@ -86,6 +114,11 @@ pub enum StoreError {
 impl StoreError {
     pub(crate) fn from_sqlx(database: &str, e: sqlx::Error) -> Self {
         let database = database.to_owned();
+        let unavailable = |detail: String, e: sqlx::Error| StoreError::Unavailable {
+            database: database.clone(),
+            detail,
+            source: Some(e),
+        };
         if let Some(db) = e.as_database_error() {
             // SQLite: 5 SQLITE_BUSY, 6 SQLITE_LOCKED (and their extended codes, code & 0xff).
             // PostgreSQL: 55P03 lock_not_available.
@@ -93,6 +126,13 @@ impl StoreError {
             let primary = code.parse::<i64>().map(|c| c & 0xff).ok();
             if matches!(primary, Some(5 | 6)) || code == "55P03" {
                 return StoreError::Locked(database);
+            }
+            // SQLite: 13 FULL; PostgreSQL: 53100 disk_full.
+            if primary == Some(13) || code == "53100" {
+                return StoreError::Full {
+                    database,
+                    source: e,
+                };
             }
             // SQLite: 11 CORRUPT, 26 NOTADB: the file itself is damaged.
             if matches!(primary, Some(11 | 26)) {
@@ -103,10 +143,21 @@ impl StoreError {
             }
             // SQLite: 14 CANTOPEN, 10 IOERR, 8 READONLY.
             if matches!(primary, Some(8 | 10 | 14)) {
-                return StoreError::Unavailable {
-                    database,
-                    detail: db.message().to_owned(),
-                };
+                let detail = db.message().to_owned();
+                return unavailable(detail, e);
+            }
+            // PostgreSQL: 28000 invalid_authorization_specification, 28P01
+            // invalid_password, 3D000 invalid_catalog_name (no such
+            // database), 57P01-57P03 the server is shutting down or starting.
+            let why = match code.as_str() {
+                "28000" | "28P01" => Some("authentication failed"),
+                "3D000" => Some("no such database"),
+                "57P01" | "57P02" | "57P03" => Some("the server is shutting down or starting"),
+                _ => None,
+            };
+            if let Some(why) = why {
+                let detail = format!("{why} ({})", db.message());
+                return unavailable(detail, e);
             }
             return StoreError::Database {
                 database,
@@ -114,26 +165,85 @@ impl StoreError {
             };
         }
         match e {
-            sqlx::Error::Io(io) => StoreError::Unavailable {
-                database,
-                detail: io.to_string(),
-            },
-            sqlx::Error::PoolTimedOut => StoreError::Unavailable {
-                database,
-                detail: "timed out waiting for a connection".into(),
-            },
-            sqlx::Error::PoolClosed => StoreError::Unavailable {
-                database,
-                detail: "the store was closed".into(),
-            },
-            sqlx::Error::Tls(t) => StoreError::Unavailable {
-                database,
-                detail: format!("TLS: {t}"),
-            },
+            sqlx::Error::Io(ref io) if io.kind() == std::io::ErrorKind::StorageFull => {
+                StoreError::Full {
+                    database,
+                    source: e,
+                }
+            }
+            sqlx::Error::Io(ref io) => {
+                let detail = match io.kind() {
+                    std::io::ErrorKind::ConnectionRefused => {
+                        "connection refused (is the server running, on that port?)".to_owned()
+                    }
+                    std::io::ErrorKind::TimedOut => "connecting timed out".to_owned(),
+                    // The resolver's failure is an `Other` I/O error.
+                    _ if io.to_string().contains("lookup address") => {
+                        format!("its host name does not resolve ({io})")
+                    }
+                    _ => io.to_string(),
+                };
+                unavailable(detail, e)
+            }
+            sqlx::Error::PoolTimedOut => {
+                unavailable("timed out waiting for a connection".into(), e)
+            }
+            sqlx::Error::PoolClosed => unavailable("the store was closed".into(), e),
+            sqlx::Error::Tls(ref t) => {
+                let detail = format!("TLS: {t}");
+                unavailable(detail, e)
+            }
             other => StoreError::Database {
                 database,
                 source: other,
             },
         }
+    }
+
+    /// Whether waiting and trying again may succeed (the database is
+    /// unreachable, busy or full), as opposed to an error no retry fixes.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::Locked(_) | StoreError::Full { .. }
+        )
+    }
+
+    /// Whether this says only that no pooled connection could be had in
+    /// time, not why ([`crate::Store::probe`] finds out).
+    pub fn is_pool_timeout(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable {
+                source: Some(sqlx::Error::PoolTimedOut),
+                ..
+            }
+        )
+    }
+
+    /// This error and every cause below it, for a log line.
+    pub fn chain(&self) -> Chain<'_> {
+        Chain(self)
+    }
+}
+
+/// An error and its causes, displayed as `error: cause: cause`; a cause
+/// whose text its parent already shows is not repeated.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            let text = e.to_string();
+            if !shown.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            shown = text;
+            next = e.source();
+        }
+        Ok(())
     }
 }

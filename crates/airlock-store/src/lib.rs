@@ -26,7 +26,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Connection as _, Row as _};
 
-pub use error::StoreError;
+pub use error::{Chain, StoreError};
 pub use model::*;
 
 /// Between an organization and a connection name in a re-encryption cursor:
@@ -314,6 +314,19 @@ pub fn airlock_home() -> Result<PathBuf, StoreError> {
     Ok(PathBuf::from(home).join(".local/share/airlock"))
 }
 
+/// The store the process environment names (`DATABASE_URL`, else SQLite
+/// at `$AIRLOCK_HOME/airlock.db`), printable (its password redacted),
+/// without opening it.
+pub fn default_store_name() -> Result<String, StoreError> {
+    match std::env::var("DATABASE_URL").ok().filter(|v| !v.is_empty()) {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Ok(redact_url(&url))
+        }
+        Some(url) => Ok(url),
+        None => Ok(airlock_home()?.join(DB_FILE).display().to_string()),
+    }
+}
+
 /// A URL safe to print: any password replaced by `***`.
 fn redact_url(raw: &str) -> String {
     match url::Url::parse(raw) {
@@ -435,6 +448,27 @@ impl Store {
         let display = redact_url(url);
         let connect = PgConnectOptions::from_str(url)
             .map_err(|_| StoreError::UnsupportedUrl(display.clone()))?;
+        // One connection first, alone: a pool that cannot connect reports
+        // only that it timed out, this says why (refused, authentication,
+        // name resolution).
+        match tokio::time::timeout(
+            opts.acquire_timeout,
+            sqlx::PgConnection::connect_with(&connect),
+        )
+        .await
+        {
+            Ok(Ok(c)) => {
+                let _ = c.close().await;
+            }
+            Ok(Err(e)) => return Err(StoreError::from_sqlx(&display, e)),
+            Err(_) => {
+                return Err(StoreError::Unavailable {
+                    database: display,
+                    detail: format!("no answer within {} s", opts.acquire_timeout.as_secs_f64()),
+                    source: None,
+                });
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections.max(1))
             .acquire_timeout(opts.acquire_timeout)
@@ -524,6 +558,62 @@ impl Store {
             .cloned()
     }
 
+    /// This store over a pool of its own (`max_connections`, each wait for
+    /// a connection bounded by `acquire_timeout`), connected on first use:
+    /// for work that must not queue behind the shared pool's, such as a
+    /// replica's heartbeat.
+    pub fn apart(&self, max_connections: u32, acquire_timeout: Duration) -> Store {
+        fn opts<DB: sqlx::Database>(n: u32, t: Duration) -> sqlx::pool::PoolOptions<DB> {
+            sqlx::pool::PoolOptions::new()
+                .max_connections(n.max(1))
+                .acquire_timeout(t)
+        }
+        let pool = match &self.pool {
+            Pool::Sqlite(p) => Pool::Sqlite(
+                opts(max_connections, acquire_timeout)
+                    .connect_lazy_with((*p.connect_options()).clone()),
+            ),
+            Pool::Postgres(p) => Pool::Postgres(
+                opts(max_connections, acquire_timeout)
+                    .connect_lazy_with((*p.connect_options()).clone()),
+            ),
+        };
+        Store {
+            pool,
+            display: self.display.clone(),
+            connection_writes: self.connection_writes.clone(),
+            own: Default::default(),
+        }
+    }
+
+    /// Why the store does not answer, if it does not: one fresh connection
+    /// and a query, outside the pool (whose own failure says only that it
+    /// timed out). `Ok` when it answers.
+    pub async fn probe(&self, timeout: Duration) -> Result<(), StoreError> {
+        let attempt = async {
+            match &self.pool {
+                Pool::Sqlite(p) => {
+                    let mut c = sqlx::SqliteConnection::connect_with(&p.connect_options()).await?;
+                    sqlx::query("SELECT 1").execute(&mut c).await?;
+                    c.close().await
+                }
+                Pool::Postgres(p) => {
+                    let mut c = sqlx::PgConnection::connect_with(&p.connect_options()).await?;
+                    sqlx::query("SELECT 1").execute(&mut c).await?;
+                    c.close().await
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Ok(r) => r.map_err(|e| self.err(e)),
+            Err(_) => Err(StoreError::Unavailable {
+                database: self.display.clone(),
+                detail: format!("no answer within {} s", timeout.as_secs_f64()),
+                source: None,
+            }),
+        }
+    }
+
     fn err(&self, e: sqlx::Error) -> StoreError {
         StoreError::from_sqlx(&self.display, e)
     }
@@ -564,7 +654,7 @@ impl Store {
                     Err(e) => return Err(self.err(e)),
                 }
                 sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(|source| {
-                    StoreError::Migration { version: m.version, detail: source.to_string() }
+                    StoreError::Migration { version: m.version, detail: source.to_string(), source }
                 })?;
                 tx.commit().await.map_err(|e| self.err(e))?;
                 tracing::info!(version = m.version, database = %self.display, "applied migration");
@@ -1205,24 +1295,16 @@ impl Store {
 
     /// Ends a run: final status, exit code, error, end time. A run already ended is left as
     /// it is (`false`).
+    ///
+    /// The webhook deliveries the end owes (its organization's webhooks
+    /// subscribed to its event) are queued in the same transaction: an end
+    /// is never stored without them, whoever records it.
     pub async fn finish_run(&self, id: &str, end: &RunEnd<'_>) -> Result<bool, StoreError> {
-        let n = on_pool!(self, p => sqlx::query(
-            "UPDATE runs SET status = $2, exit_code = $3, error = $4, ended_at = $5 \
-             WHERE id = $1 AND ended_at IS NULL",
-        )
-        .bind(id)
-        .bind(end.status.as_str())
-        .bind(end.exit_code)
-        .bind(end.error)
-        .bind(end.at)
-        .execute(p)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected());
-        if n == 0 && self.get_run(id).await?.is_none() {
+        let ended = self.end_run(id, end).await?;
+        if !ended && self.get_run(id).await?.is_none() {
             return Err(StoreError::RunNotFound(id.to_owned()));
         }
-        Ok(n > 0)
+        Ok(ended)
     }
 
     /// Ends a run as `failed` now, with `reason` (the one place a run that
@@ -1265,7 +1347,7 @@ impl Store {
 
     /// Appends an event; returns its id (increasing per database).
     pub async fn append_event(&self, e: &NewEvent<'_>) -> Result<i64, StoreError> {
-        on_pool!(self, p => sqlx::query_scalar(
+        let ids: Vec<i64> = on_pool!(self, p => sqlx::query_scalar(
             "INSERT INTO run_events (run_id, at, kind, payload) VALUES ($1, $2, $3, $4) \
              RETURNING id",
         )
@@ -1273,9 +1355,10 @@ impl Store {
         .bind(e.at)
         .bind(e.kind)
         .bind(e.payload)
-        .fetch_one(p)
+        .fetch_all(p)
         .await
-        .map_err(|err| self.run_fk(err, e.run_id)))
+        .map_err(|err| self.run_fk(err, e.run_id)))?;
+        returned_id(ids)
     }
 
     /// A run's events with id greater than `after`, oldest first, at most `limit`.
@@ -1354,9 +1437,11 @@ impl Store {
                 " RETURNING id"
             ),
         ), e)
-        .fetch_optional(p)
+        .fetch_all(p)
         .await
-        .map_err(|err| self.run_fk(err, e.run_id)))?;
+        .map_err(|err| self.run_fk(err, e.run_id)))?
+        .into_iter()
+        .next();
         if let Some(id) = inserted {
             return Ok(id);
         }
@@ -1502,9 +1587,10 @@ impl Store {
         .bind(content)
         .bind(now_ms())
         .bind(org)
-        .fetch_one(p)
+        .fetch_all(p)
         .await
         .map_err(|e| self.err(e)))
+        .and_then(returned_id)
     }
 
     /// An agent's memories, newest first.
@@ -1634,6 +1720,18 @@ fn reencrypt_one(ring: &Keyring, name: &str, old: &str) -> Result<String, StoreE
         // kid column and envelope disagree: write the envelope back with its real kid.
         None => Ok(old.to_owned()),
     }
+}
+
+/// The id an `INSERT … RETURNING id` gave back. Such a statement is always
+/// read with `fetch_all`, never `fetch_one`: SQLite commits a statement
+/// outside a transaction only when it is stepped to its end, and a commit
+/// that fails there (a full disk) is reported only to a reader that gets
+/// that far; `fetch_one` stops at the row and reports a write that was
+/// rolled back as done.
+fn returned_id(ids: Vec<i64>) -> Result<i64, StoreError> {
+    ids.into_iter()
+        .next()
+        .ok_or_else(|| StoreError::Corrupt("an INSERT … RETURNING returned no row".into()))
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {

@@ -113,6 +113,21 @@ INSERT INTO connections_changes (id, n) VALUES (1, 0);
     };
 }
 
+/// Version 7's columns for the fleet, the same on both backends: why a
+/// running run was asked to stop (and by whom), and one delivery per
+/// webhook per run event (`event_key` is `<run id>:<event>`; older rows
+/// have none, and NULLs never collide).
+macro_rules! version_7_common {
+    () => {
+        r#"
+ALTER TABLE runs ADD COLUMN cancel_reason TEXT;
+ALTER TABLE webhook_deliveries ADD COLUMN event_key TEXT;
+CREATE UNIQUE INDEX webhook_deliveries_event ON webhook_deliveries (webhook_id, event_key);
+CREATE INDEX runs_owner ON runs (owner, status);
+"#
+    };
+}
+
 pub(crate) const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
@@ -273,6 +288,11 @@ END;
 "#
         ),
     },
+    Migration {
+        version: 7,
+        description: "cancel reasons; one webhook delivery per run event",
+        sql: version_7_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -420,5 +440,10 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
     FOR EACH STATEMENT EXECUTE FUNCTION connections_changed();
 "#
         ),
+    },
+    Migration {
+        version: 7,
+        description: "cancel reasons; one webhook delivery per run event",
+        sql: version_7_common!(),
     },
 ];

@@ -5,10 +5,16 @@
 //! Every row an organization owns carries its `org_id`, and every query here
 //! that reads or changes such a row names the organization: an id guessed
 //! from another organization finds nothing.
+//!
+//! The outbox: a run's end and the webhook deliveries it owes are written in
+//! one transaction ([`Store::finish_run`], the leader's sweep, a queued
+//! run's cancel), whoever ends the run, so a crash never keeps one without
+//! the other; a run event has at most one delivery per webhook (one id,
+//! whoever sends it).
 
 use sqlx::Row as _;
 
-use crate::{Pool, Run, RunStatus, Store, StoreError, now_ms, validate_name};
+use crate::{Pool, Run, RunEnd, RunStatus, Store, StoreError, now_ms, validate_name};
 
 /// An organization (a tenant of `airlock serve`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +129,128 @@ pub struct DeliveryAttempt<'a> {
 
 /// The message a run of a dead replica is failed with.
 pub const REPLICA_GONE: &str = "the platform stopped while this run was running (its airlock serve replica is gone); reclaimed by another replica";
+
+/// The webhook event a run in `status` is (`None` while queued).
+pub fn run_event(status: RunStatus) -> Option<&'static str> {
+    Some(match status {
+        RunStatus::Running => "run.started",
+        RunStatus::Succeeded => "run.succeeded",
+        RunStatus::Failed => "run.failed",
+        RunStatus::Cancelled => "run.cancelled",
+        RunStatus::TimedOut => "run.timed_out",
+        RunStatus::Queued => return None,
+    })
+}
+
+/// What the leader's sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Replicas dropped (silent for longer than the lease).
+    pub dropped: Vec<String>,
+    /// Runs failed with [`REPLICA_GONE`] (they ran under a replica that is
+    /// not registered).
+    pub failed: Vec<String>,
+    /// Webhook deliveries whose claim by such a replica was released.
+    pub released: u64,
+}
+
+/// Ends run `$id` with `$end` on the transaction `$tx`, and queues its
+/// deliveries ([`queue_deliveries_in`]). `Ok(false)` when the run had
+/// already ended (nothing is queued then).
+macro_rules! end_run_in {
+    ($self:expr, $tx:ident, $id:expr, $end:expr) => {
+        async {
+            let id: &str = $id;
+            let end: &RunEnd<'_> = $end;
+            let n = sqlx::query(
+                "UPDATE runs SET status = $2, exit_code = $3, error = $4, ended_at = $5 \
+                 WHERE id = $1 AND ended_at IS NULL",
+            )
+            .bind(id)
+            .bind(end.status.as_str())
+            .bind(end.exit_code)
+            .bind(end.error)
+            .bind(end.at)
+            .execute(&mut *$tx)
+            .await
+            .map_err(|e| $self.err(e))?
+            .rows_affected();
+            if n > 0 {
+                queue_deliveries_in!($self, $tx, id, end.status, end.at).await?;
+            }
+            Ok::<bool, StoreError>(n > 0)
+        }
+    };
+}
+
+/// Queues, on the transaction `$tx`, a delivery of run `$id`'s event (the
+/// one `$status` is) for each of its organization's webhooks that
+/// subscribed to it, its body rendered when first sent. Written once, for
+/// both backends.
+macro_rules! queue_deliveries_in {
+    ($self:expr, $tx:ident, $id:expr, $status:expr, $at:expr) => {
+        async {
+            let id: &str = $id;
+            let at: i64 = $at;
+            let Some(event) = run_event($status) else {
+                return Ok::<(), StoreError>(());
+            };
+            let org: String = sqlx::query_scalar("SELECT org_id FROM runs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&mut *$tx)
+                .await
+                .map_err(|e| $self.err(e))?;
+            let hooks: Vec<(String, String)> =
+                sqlx::query_as("SELECT id, events FROM webhooks WHERE org_id = $1")
+                    .bind(&org)
+                    .fetch_all(&mut *$tx)
+                    .await
+                    .map_err(|e| $self.err(e))?;
+            for (hook, events) in hooks {
+                if !subscribes(&events, event) {
+                    continue;
+                }
+                sqlx::query(
+                    "INSERT INTO webhook_deliveries (id, webhook_id, org_id, run_id, event, \
+                     payload, state, attempts, next_attempt_at, created_at, event_key) \
+                     VALUES ($1, $2, $3, $4, $5, '', 'pending', 0, $6, $6, $7) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(new_delivery_id()?)
+                .bind(&hook)
+                .bind(&org)
+                .bind(id)
+                .bind(event)
+                .bind(at)
+                .bind(event_key(id, event))
+                .execute(&mut *$tx)
+                .await
+                .map_err(|e| $self.err(e))?;
+            }
+            Ok(())
+        }
+    };
+}
+
+/// Whether a webhook's `events` (a JSON array of names) holds `event`.
+fn subscribes(events: &str, event: &str) -> bool {
+    serde_json::from_str::<Vec<String>>(events).is_ok_and(|v| v.iter().any(|e| e == event))
+}
+
+/// What makes a delivery one of its kind: one per webhook per run event.
+fn event_key(run_id: &str, event: &str) -> String {
+    format!("{run_id}:{event}")
+}
+
+/// A fresh delivery id (`dlv_` and 16 hex digits).
+pub fn new_delivery_id() -> Result<String, StoreError> {
+    airlock_vault::random_hex::<8>()
+        .map(|h| format!("dlv_{h}"))
+        .map_err(|_| StoreError::Invalid {
+            what: "delivery id",
+            reason: "the system's random source failed",
+        })
+}
 
 macro_rules! delivery_row {
     ($r:expr, $s:expr) => {
@@ -567,31 +695,54 @@ impl Store {
         Ok(self.get_run(id).await?.filter(|r| r.org_id == org))
     }
 
-    /// Cancels one of `org`'s runs: a queued run ends `cancelled` now; a
-    /// running one is marked for its replica to stop.
-    pub async fn request_cancel(&self, org: &str, id: &str) -> Result<CancelOutcome, StoreError> {
-        let now = now_ms();
-        let n = on_pool!(self, p => sqlx::query(
-            "UPDATE runs SET status = 'cancelled', ended_at = $3, \
-             error = 'cancelled through the API while queued' \
-             WHERE org_id = $1 AND id = $2 AND status = 'queued'",
-        )
-        .bind(org)
-        .bind(id)
-        .bind(now)
-        .execute(p)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected());
-        if n > 0 {
+    /// Cancels one of `org`'s runs, saying why (`reason`, e.g. which API
+    /// key asked): a queued run ends `cancelled` now, with `reason` (and
+    /// its deliveries, in the same transaction); a running one is marked
+    /// for its replica to stop, which records `reason` as its end.
+    pub async fn request_cancel(
+        &self,
+        org: &str,
+        id: &str,
+        reason: &str,
+    ) -> Result<CancelOutcome, StoreError> {
+        let queued_end = RunEnd {
+            status: RunStatus::Cancelled,
+            exit_code: None,
+            error: Some(reason),
+            at: now_ms(),
+        };
+        let ended = on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            // Only a run of this organization still queued is ended here
+            // (one that a replica claims meanwhile is running: below).
+            let n = sqlx::query(
+                "UPDATE runs SET status = 'cancelled', error = $3, ended_at = $4 \
+                 WHERE org_id = $1 AND id = $2 AND status = 'queued'",
+            )
+            .bind(org)
+            .bind(id)
+            .bind(queued_end.error)
+            .bind(queued_end.at)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+            if n > 0 {
+                queue_deliveries_in!(self, tx, id, queued_end.status, queued_end.at).await?;
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+            n > 0
+        });
+        if ended {
             return Ok(CancelOutcome::CancelledQueued);
         }
         let n = on_pool!(self, p => sqlx::query(
-            "UPDATE runs SET cancel_requested = 1 \
+            "UPDATE runs SET cancel_requested = 1, cancel_reason = $3 \
              WHERE org_id = $1 AND id = $2 AND status = 'running'",
         )
         .bind(org)
         .bind(id)
+        .bind(reason)
         .execute(p)
         .await
         .map_err(|e| self.err(e))?
@@ -603,14 +754,18 @@ impl Store {
             None => CancelOutcome::NotFound,
             Some(r) if r.status.is_terminal() => CancelOutcome::AlreadyEnded(r.status),
             // Raced: it started between the two statements.
-            Some(_) => Box::pin(self.request_cancel(org, id)).await?,
+            Some(_) => Box::pin(self.request_cancel(org, id, reason)).await?,
         })
     }
 
-    /// `owner`'s running runs that were asked to stop.
-    pub async fn cancel_requests_of(&self, owner: &str) -> Result<Vec<String>, StoreError> {
-        on_pool!(self, p => sqlx::query_scalar(
-            "SELECT id FROM runs WHERE owner = $1 AND status = 'running' AND cancel_requested <> 0",
+    /// `owner`'s running runs that were asked to stop, with why.
+    pub async fn cancel_requests_of(
+        &self,
+        owner: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        on_pool!(self, p => sqlx::query_as(
+            "SELECT id, COALESCE(cancel_reason, 'cancelled through the API') FROM runs \
+             WHERE owner = $1 AND status = 'running' AND cancel_requested <> 0",
         )
         .bind(owner)
         .fetch_all(p)
@@ -618,12 +773,45 @@ impl Store {
         .map_err(|e| self.err(e)))
     }
 
+    /// The runs the store counts as `running` under `owner`, each with
+    /// whether it has started (its sandbox was asked for).
+    pub async fn running_runs_of(&self, owner: &str) -> Result<Vec<(String, bool)>, StoreError> {
+        let rows: Vec<(String, Option<i64>)> = on_pool!(self, p => sqlx::query_as(
+            "SELECT id, started_at FROM runs WHERE owner = $1 AND status = 'running'",
+        )
+        .bind(owner)
+        .fetch_all(p)
+        .await
+        .map_err(|e| self.err(e))?);
+        Ok(rows.into_iter().map(|(id, s)| (id, s.is_some())).collect())
+    }
+
+    /// Puts a run `owner` claimed but never started back in the queue, in
+    /// its place (a claim whose answer never reached its replica). `false`
+    /// when it is not such a run.
+    pub async fn requeue_unstarted(&self, id: &str, owner: &str) -> Result<bool, StoreError> {
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE runs SET status = 'queued', owner = NULL \
+             WHERE id = $1 AND owner = $2 AND status = 'running' AND started_at IS NULL",
+        )
+        .bind(id)
+        .bind(owner)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        Ok(n > 0)
+    }
+
     // ---- replicas and the leader lease ----
 
+    /// Registers replica `id` (again, if its row was dropped: a replica
+    /// judged dead that is alive registers under its own id).
     pub async fn register_replica(&self, id: &str, host: &str, pid: u32) -> Result<(), StoreError> {
         let now = now_ms();
         on_pool!(self, p => sqlx::query(
-            "INSERT INTO replicas (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4)",
+            "INSERT INTO replicas (id, host, pid, started_at, heartbeat_at) VALUES ($1, $2, $3, $4, $4) \
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
         )
         .bind(id)
         .bind(host)
@@ -697,32 +885,72 @@ impl Store {
         Ok(())
     }
 
-    /// The leader's sweep: replicas silent for more than `lease_ms` are
-    /// dropped, and every run still `running` under a replica that is not
-    /// registered is failed with [`REPLICA_GONE`]. Returns those runs' ids.
-    /// Runs of the embedded platform (no owner) are not touched.
-    pub async fn sweep_dead_replicas(&self, lease_ms: i64) -> Result<Vec<String>, StoreError> {
+    /// The leader's sweep, in one transaction: replicas other than
+    /// `sweeper` silent for more than `lease_ms` are dropped; every run
+    /// still `running` under a replica that is not registered is failed
+    /// with [`REPLICA_GONE`] (and its deliveries queued); deliveries such a
+    /// replica had claimed are released at once. Runs of the embedded
+    /// platform (no owner) are not touched. The caller judges whether its
+    /// own view of the store is evidence enough to sweep (docs/serve.md).
+    pub async fn sweep_dead_replicas(
+        &self,
+        lease_ms: i64,
+        sweeper: &str,
+    ) -> Result<Sweep, StoreError> {
         let now = now_ms();
-        on_pool!(self, p => sqlx::query("DELETE FROM replicas WHERE heartbeat_at < $1")
+        let end = RunEnd {
+            status: RunStatus::Failed,
+            exit_code: None,
+            error: Some(REPLICA_GONE),
+            at: now,
+        };
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            let dropped: Vec<String> = sqlx::query_scalar(
+                "DELETE FROM replicas WHERE heartbeat_at < $1 AND id <> $2 RETURNING id",
+            )
             .bind(now - lease_ms)
-            .execute(p)
+            .bind(sweeper)
+            .fetch_all(&mut *tx)
             .await
-            .map(|_| ())
-            .map_err(|e| self.err(e))?);
-        let orphans: Vec<String> = on_pool!(self, p => sqlx::query_scalar(
-            "SELECT id FROM runs WHERE status = 'running' AND owner IS NOT NULL \
-             AND owner NOT IN (SELECT id FROM replicas)",
-        )
-        .fetch_all(p)
-        .await
-        .map_err(|e| self.err(e))?);
-        let mut failed = Vec::new();
-        for id in orphans {
-            if self.fail_run(&id, REPLICA_GONE).await? {
-                failed.push(id);
+            .map_err(|e| self.err(e))?;
+            let orphans: Vec<String> = sqlx::query_scalar(
+                "SELECT id FROM runs WHERE status = 'running' AND owner IS NOT NULL \
+                 AND owner NOT IN (SELECT id FROM replicas)",
+            )
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+            let mut failed = Vec::new();
+            for id in orphans {
+                if end_run_in!(self, tx, &id, &end).await? {
+                    failed.push(id);
+                }
             }
-        }
-        Ok(failed)
+            let released = sqlx::query(
+                "UPDATE webhook_deliveries SET claimed_by = NULL, claimed_until = NULL \
+                 WHERE state = 'pending' AND claimed_by IS NOT NULL \
+                 AND claimed_by NOT IN (SELECT id FROM replicas)",
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(Sweep { dropped, failed, released })
+        })
+    }
+
+    /// Ends a run and queues the deliveries its end owes, in one
+    /// transaction (see the module's outbox). `false` if it had already
+    /// ended.
+    pub(crate) async fn end_run(&self, id: &str, end: &RunEnd<'_>) -> Result<bool, StoreError> {
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            let ended = end_run_in!(self, tx, id, end).await?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(ended)
+        })
     }
 
     // ---- webhooks ----
@@ -785,11 +1013,14 @@ impl Store {
         Ok(n > 0)
     }
 
-    /// Queues one delivery (due now).
-    pub async fn enqueue_delivery(&self, d: &DeliveryRow) -> Result<(), StoreError> {
-        on_pool!(self, p => sqlx::query(
+    /// Queues one delivery (due at `next_attempt_at`), unless this run
+    /// event already has one for this webhook: `false` then (one delivery
+    /// id per event, whoever queues it).
+    pub async fn enqueue_delivery(&self, d: &DeliveryRow) -> Result<bool, StoreError> {
+        let n = on_pool!(self, p => sqlx::query(
             "INSERT INTO webhook_deliveries (id, webhook_id, org_id, run_id, event, payload, state, \
-             attempts, next_attempt_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $8)",
+             attempts, next_attempt_at, created_at, event_key) \
+             VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $8, $9) ON CONFLICT DO NOTHING",
         )
         .bind(&d.id)
         .bind(&d.webhook_id)
@@ -799,11 +1030,45 @@ impl Store {
         .bind(&d.payload)
         .bind(d.next_attempt_at)
         .bind(d.created_at)
+        .bind(event_key(&d.run_id, &d.event))
         .execute(p)
         .await
-        .map(|_| ())
-        .map_err(|e| self.err(e))?);
-        Ok(())
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        Ok(n > 0)
+    }
+
+    /// Sets the body of a delivery queued by a run's end (an outbox row is
+    /// queued without one), once: every retry sends the same bytes.
+    /// Returns the body the delivery has now.
+    pub async fn render_delivery(&self, id: &str, payload: &str) -> Result<String, StoreError> {
+        on_pool!(self, p => {
+            sqlx::query("UPDATE webhook_deliveries SET payload = $2 WHERE id = $1 AND payload = ''")
+                .bind(id)
+                .bind(payload)
+                .execute(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            sqlx::query_scalar("SELECT payload FROM webhook_deliveries WHERE id = $1")
+                .bind(id)
+                .fetch_one(p)
+                .await
+                .map_err(|e| self.err(e))
+        })
+    }
+
+    /// Releases every claim `claimer` holds on a pending delivery (a
+    /// replica that stops): another replica may send them at once.
+    pub async fn release_delivery_claims(&self, claimer: &str) -> Result<u64, StoreError> {
+        on_pool!(self, p => sqlx::query(
+            "UPDATE webhook_deliveries SET claimed_by = NULL, claimed_until = NULL \
+             WHERE claimed_by = $1 AND state = 'pending'",
+        )
+        .bind(claimer)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected())
+        .map_err(|e| self.err(e)))
     }
 
     /// Claims up to `limit` pending deliveries that are due, for `claimer`,

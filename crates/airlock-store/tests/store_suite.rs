@@ -112,6 +112,9 @@ on_both!(
     a_dead_replicas_runs_are_failed_and_no_other_runs,
     webhook_deliveries_are_claimed_once_and_retried,
     every_change_to_the_connections_moves_their_version,
+    a_runs_end_queues_its_deliveries_once_whoever_ends_it,
+    a_dead_replicas_claimed_deliveries_are_released_by_the_sweep,
+    a_replica_judged_dead_registers_again_and_a_lost_claim_is_requeued,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -168,7 +171,7 @@ async fn organizations_see_only_their_own_rows(s: &Store) {
     assert!(s.get_run_in("org_a", "run_a1").await.unwrap().is_some());
     assert!(s.get_run_in("org_b", "run_a1").await.unwrap().is_none());
     assert_eq!(
-        s.request_cancel("org_b", "run_a1").await.unwrap(),
+        s.request_cancel("org_b", "run_a1", "test").await.unwrap(),
         airlock_store::CancelOutcome::NotFound
     );
     assert_eq!(
@@ -268,7 +271,9 @@ async fn cancelling_a_queued_or_running_run(s: &Store) {
     s.enqueue_run(&queued("o", "q2")).await.unwrap();
     use airlock_store::CancelOutcome;
     assert_eq!(
-        s.request_cancel("o", "q1").await.unwrap(),
+        s.request_cancel("o", "q1", "cancelled through the API with key k1")
+            .await
+            .unwrap(),
         CancelOutcome::CancelledQueued
     );
     assert_eq!(
@@ -280,16 +285,28 @@ async fn cancelling_a_queued_or_running_run(s: &Store) {
     assert_eq!(c.run.id, "q2");
     assert!(s.cancel_requests_of("rep").await.unwrap().is_empty());
     assert_eq!(
-        s.request_cancel("o", "q2").await.unwrap(),
+        s.request_cancel("o", "q2", "cancelled through the API with key k2")
+            .await
+            .unwrap(),
         CancelOutcome::Requested
     );
     assert_eq!(
         s.cancel_requests_of("rep").await.unwrap(),
-        vec!["q2".to_owned()]
+        vec![(
+            "q2".to_owned(),
+            "cancelled through the API with key k2".to_owned()
+        )]
+    );
+    // Each end says who asked.
+    assert_eq!(
+        s.get_run("q1").await.unwrap().unwrap().error.as_deref(),
+        Some("cancelled through the API with key k1")
     );
     assert!(s.cancel_requests_of("other").await.unwrap().is_empty());
     assert_eq!(
-        s.request_cancel("o", "q1").await.unwrap(),
+        s.request_cancel("o", "q1", "cancelled through the API with key k1")
+            .await
+            .unwrap(),
         CancelOutcome::AlreadyEnded(RunStatus::Cancelled)
     );
 }
@@ -321,7 +338,13 @@ async fn a_dead_replicas_runs_are_failed_and_no_other_runs(s: &Store) {
         s.claim_next_run(owner, None).await.unwrap().unwrap();
     }
     new_run(s, "embedded").await;
-    assert!(s.sweep_dead_replicas(60_000).await.unwrap().is_empty());
+    assert!(
+        s.sweep_dead_replicas(60_000, "live")
+            .await
+            .unwrap()
+            .failed
+            .is_empty()
+    );
     // "dead" stops its heartbeats; "live" keeps them.
     s.remove_replica("dead").await.unwrap();
     assert!(s.heartbeat_replica("live").await.unwrap());
@@ -329,7 +352,7 @@ async fn a_dead_replicas_runs_are_failed_and_no_other_runs(s: &Store) {
         !s.heartbeat_replica("dead").await.unwrap(),
         "a swept replica must stop"
     );
-    let mut failed = s.sweep_dead_replicas(60_000).await.unwrap();
+    let mut failed = s.sweep_dead_replicas(60_000, "live").await.unwrap().failed;
     failed.sort();
     assert_eq!(failed, vec!["d1".to_owned(), "d2".to_owned()]);
     let d1 = s.get_run("d1").await.unwrap().unwrap();
@@ -342,11 +365,11 @@ async fn a_dead_replicas_runs_are_failed_and_no_other_runs(s: &Store) {
     ] {
         assert_eq!(s.get_run(id).await.unwrap().unwrap().status, st, "{id}");
     }
-    // A replica silent past the lease is dropped, then its runs failed.
-    assert_eq!(
-        s.sweep_dead_replicas(-1).await.unwrap(),
-        vec!["l1".to_owned()]
-    );
+    // A replica silent past the lease is dropped, then its runs failed;
+    // never the sweeper itself.
+    let swept = s.sweep_dead_replicas(-1, "sweeper").await.unwrap();
+    assert_eq!(swept.failed, vec!["l1".to_owned()]);
+    assert_eq!(swept.dropped, vec!["live".to_owned()]);
 }
 
 async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
@@ -422,6 +445,353 @@ async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
     assert!(s.claim_due_deliveries("c", 0, 10).await.unwrap().is_empty());
     assert!(!s.delete_webhook("other", "wh1").await.unwrap());
     assert!(s.delete_webhook("o", "wh1").await.unwrap());
+}
+
+fn hook(id: &str, org: &str, events: &[&str]) -> airlock_store::WebhookRow {
+    airlock_store::WebhookRow {
+        id: id.into(),
+        org_id: org.into(),
+        url: "http://127.0.0.1:1/".into(),
+        events: serde_json::to_string(events).unwrap(),
+        secret_envelope: "v1:k1:x".into(),
+        created_at: 1,
+    }
+}
+
+/// The outbox: a run's end queues a delivery for each webhook of its
+/// organization subscribed to its event, in the write that stores the end;
+/// whoever ends it, and however often a second end is tried, one delivery
+/// (one id) per webhook per event; its body is set once.
+async fn a_runs_end_queues_its_deliveries_once_whoever_ends_it(s: &Store) {
+    s.create_webhook(&hook("wh_f", "o", &["run.failed", "run.cancelled"]))
+        .await
+        .unwrap();
+    s.create_webhook(&hook("wh_s", "o", &["run.succeeded"]))
+        .await
+        .unwrap();
+    s.create_webhook(&hook("wh_x", "other", &["run.failed"]))
+        .await
+        .unwrap();
+    s.register_replica("rep", "h", 1).await.unwrap();
+    for id in ["r1", "r2", "q1"] {
+        s.enqueue_run(&queued("o", id)).await.unwrap();
+    }
+    for _ in 0..2 {
+        s.claim_next_run("rep", None).await.unwrap().unwrap();
+    }
+    // r1 ends through its replica's orchestrator …
+    assert!(s.fail_run("r1", "the agent exited 3").await.unwrap());
+    let d = s.list_deliveries("o", "wh_f", 10).await.unwrap();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        (
+            d[0].run_id.as_str(),
+            d[0].event.as_str(),
+            d[0].state.as_str()
+        ),
+        ("r1", "run.failed", "pending")
+    );
+    assert!(d[0].id.starts_with("dlv_"), "{}", d[0].id);
+    assert!(d[0].payload.is_empty(), "rendered when first sent");
+    assert!(s.list_deliveries("o", "wh_s", 10).await.unwrap().is_empty());
+    assert!(
+        s.list_deliveries("other", "wh_x", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // … and a second end (a sweep, a reclaim, a late replica) changes
+    // nothing and queues nothing.
+    assert!(!s.fail_run("r1", airlock_store::REPLICA_GONE).await.unwrap());
+    assert!(
+        !s.finish_run(
+            "r1",
+            &RunEnd {
+                status: RunStatus::Succeeded,
+                exit_code: Some(0),
+                error: None,
+                at: 2,
+            }
+        )
+        .await
+        .unwrap()
+    );
+    // Queueing the same event by hand is refused as well.
+    let mut again = d[0].clone();
+    again.id = "dlv_other".into();
+    assert!(!s.enqueue_delivery(&again).await.unwrap());
+    assert_eq!(s.list_deliveries("o", "wh_f", 10).await.unwrap().len(), 1);
+    let r1 = s.get_run("r1").await.unwrap().unwrap();
+    assert_eq!(r1.error.as_deref(), Some("the agent exited 3"));
+    // The body is set once: every retry sends the same bytes.
+    assert_eq!(
+        s.render_delivery(&d[0].id, "{\"a\":1}").await.unwrap(),
+        "{\"a\":1}"
+    );
+    assert_eq!(
+        s.render_delivery(&d[0].id, "{\"b\":2}").await.unwrap(),
+        "{\"a\":1}"
+    );
+    // r2's replica dies: the sweep's end queues its delivery, once.
+    s.remove_replica("rep").await.unwrap();
+    let swept = s.sweep_dead_replicas(60_000, "leader").await.unwrap();
+    assert_eq!(swept.failed, vec!["r2".to_owned()]);
+    assert!(
+        s.sweep_dead_replicas(60_000, "leader")
+            .await
+            .unwrap()
+            .failed
+            .is_empty()
+    );
+    // A queued run cancelled through the API: its delivery with its end.
+    assert_eq!(
+        s.request_cancel("o", "q1", "cancelled through the API with key k1")
+            .await
+            .unwrap(),
+        CancelOutcome::CancelledQueued
+    );
+    let mut events: Vec<(String, String)> = s
+        .list_deliveries("o", "wh_f", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.run_id, d.event))
+        .collect();
+    events.sort();
+    assert_eq!(
+        events,
+        [
+            ("q1", "run.cancelled"),
+            ("r1", "run.failed"),
+            ("r2", "run.failed")
+        ]
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+}
+
+/// A delivery claimed by a replica that died is due again as soon as the
+/// leader judges it dead, not after the claim's hold.
+async fn a_dead_replicas_claimed_deliveries_are_released_by_the_sweep(s: &Store) {
+    s.create_webhook(&hook("wh1", "o", &["run.succeeded"]))
+        .await
+        .unwrap();
+    s.register_replica("dead", "h", 1).await.unwrap();
+    s.register_replica("live", "h", 2).await.unwrap();
+    s.enqueue_run(&queued("o", "r1")).await.unwrap();
+    s.claim_next_run("live", None).await.unwrap().unwrap();
+    assert!(
+        s.finish_run(
+            "r1",
+            &RunEnd {
+                status: RunStatus::Succeeded,
+                exit_code: Some(0),
+                error: None,
+                at: now_ms(),
+            }
+        )
+        .await
+        .unwrap()
+    );
+    let held = s.claim_due_deliveries("dead", 120_000, 10).await.unwrap();
+    assert_eq!(held.len(), 1);
+    assert!(
+        s.claim_due_deliveries("live", 120_000, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // "dead" stops heartbeating; "live" sweeps (it is never swept itself).
+    s.heartbeat_replica("live").await.unwrap();
+    let swept = s.sweep_dead_replicas(-1, "live").await.unwrap();
+    assert_eq!(swept.dropped, vec!["dead".to_owned()]);
+    assert_eq!(swept.released, 1);
+    let due = s.claim_due_deliveries("live", 120_000, 10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].id, held[0].id, "the same delivery, the same id");
+    // A replica that stops releases its own.
+    assert_eq!(s.release_delivery_claims("live").await.unwrap(), 1);
+    assert_eq!(
+        s.claim_due_deliveries("x", 120_000, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// A replica whose row was dropped registers again under its id; a run it
+/// claimed but never started (the claim's answer lost) goes back to the
+/// queue, in its place; a started one is never requeued.
+async fn a_replica_judged_dead_registers_again_and_a_lost_claim_is_requeued(s: &Store) {
+    s.register_replica("rep", "h", 1).await.unwrap();
+    s.register_replica("rep", "h", 1).await.unwrap();
+    s.remove_replica("rep").await.unwrap();
+    assert!(!s.heartbeat_replica("rep").await.unwrap());
+    s.register_replica("rep", "h", 1).await.unwrap();
+    assert!(s.heartbeat_replica("rep").await.unwrap());
+    for id in ["a", "b"] {
+        s.enqueue_run(&queued("o", id)).await.unwrap();
+    }
+    let a = s.claim_next_run("rep", None).await.unwrap().unwrap();
+    assert_eq!(a.run.id, "a");
+    assert_eq!(
+        s.running_runs_of("rep").await.unwrap(),
+        vec![("a".to_owned(), false)]
+    );
+    assert!(!s.requeue_unstarted("a", "other").await.unwrap());
+    assert!(s.requeue_unstarted("a", "rep").await.unwrap());
+    let a = s.get_run("a").await.unwrap().unwrap();
+    assert_eq!((a.status, a.owner), (RunStatus::Queued, None));
+    // Still first in the queue.
+    let again = s.claim_next_run("rep", None).await.unwrap().unwrap();
+    assert_eq!(again.run.id, "a");
+    s.mark_run_started("a", now_ms()).await.unwrap();
+    assert_eq!(
+        s.running_runs_of("rep").await.unwrap(),
+        vec![("a".to_owned(), true)]
+    );
+    assert!(!s.requeue_unstarted("a", "rep").await.unwrap());
+}
+
+/// The end and its deliveries are one transaction: when the deliveries
+/// cannot be written, the end is not stored either (and is stored, with
+/// them, once they can).
+#[tokio::test]
+async fn sqlite_an_end_is_never_stored_without_its_deliveries() {
+    use sqlx::Connection as _;
+    let (dir, s) = sqlite().await;
+    s.create_webhook(&hook("wh1", "o", &["run.failed"]))
+        .await
+        .unwrap();
+    s.enqueue_run(&queued("o", "r1")).await.unwrap();
+    s.claim_next_run("rep", None).await.unwrap().unwrap();
+    let raw = |sql: &'static str| {
+        let path = dir.path().join("airlock.db");
+        async move {
+            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+                .await
+                .unwrap();
+            sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+            c.close().await.unwrap();
+        }
+    };
+    raw("ALTER TABLE webhook_deliveries RENAME TO webhook_deliveries_away").await;
+    let err = s.fail_run("r1", "boom").await.unwrap_err();
+    assert!(
+        err.chain().to_string().contains("webhook_deliveries"),
+        "{}",
+        err.chain()
+    );
+    let r1 = s.get_run("r1").await.unwrap().unwrap();
+    assert_eq!((r1.status, r1.ended_at), (RunStatus::Running, None));
+    raw("ALTER TABLE webhook_deliveries_away RENAME TO webhook_deliveries").await;
+    assert!(s.fail_run("r1", "boom").await.unwrap());
+    assert_eq!(s.list_deliveries("o", "wh1", 10).await.unwrap().len(), 1);
+}
+
+/// A full disk under a SQLite store is its own error, with the cause kept
+/// as its source (a tmpfs of 1 MiB, mounted here: needs root).
+#[tokio::test]
+async fn sqlite_a_full_disk_is_a_typed_error_with_its_cause() {
+    let Some(mnt) = SmallFs::mount(1) else { return };
+    let s = Store::open_sqlite(&mnt.path().join("airlock.db"), &StoreOptions::default())
+        .await
+        .unwrap();
+    s.enqueue_run(&queued("o", "r1")).await.unwrap();
+    mnt.fill();
+    let big = "x".repeat(256 * 1024);
+    let mut err = None;
+    let mut stored = 0;
+    for i in 0..64 {
+        match s
+            .append_event(&NewEvent {
+                run_id: "r1",
+                at: i,
+                kind: "log",
+                payload: &big,
+            })
+            .await
+        {
+            Ok(_) => stored += 1,
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    // (A write SQLite rolled back at its commit was once reported as done:
+    // 16 MiB "stored" on a full 1 MiB disk.)
+    let err = err.expect("a full disk refuses a write, and says so");
+    assert!(matches!(err, StoreError::Full { .. }), "{err:?}");
+    assert!(err.is_transient());
+    let chain = err.chain().to_string();
+    assert!(chain.contains("full"), "the cause is kept: {chain}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the driver's error is the source"
+    );
+    // Space again: the store works; what it refused is not there, what it
+    // said it stored is.
+    mnt.unfill();
+    s.append_event(&NewEvent {
+        run_id: "r1",
+        at: 99,
+        kind: "log",
+        payload: "after",
+    })
+    .await
+    .unwrap();
+    let evs = s.list_events("r1", 0, 1000).await.unwrap();
+    assert_eq!(evs.last().map(|e| e.payload.as_str()), Some("after"));
+    assert_eq!(evs.len(), stored + 1, "exactly what was said stored");
+    s.close().await;
+}
+
+/// A tmpfs of a few MiB of the test's own, unmounted on drop.
+struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(mib: u32) -> Option<SmallFs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            if std::env::var_os("CI").is_some() {
+                panic!("mounting a tmpfs failed under CI (tests run as root there)");
+            }
+            eprintln!("\n*** SKIPPED: cannot mount a tmpfs (not root?) ***\n");
+            return None;
+        }
+        Some(SmallFs { dir })
+    }
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+    /// Fills what is left with a file.
+    fn fill(&self) {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(self.path().join("filler")).unwrap();
+        let chunk = vec![0u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    fn unfill(&self) {
+        std::fs::remove_file(self.path().join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
 }
 
 /// A key id names one key for the life of a store: another key under the
@@ -589,7 +959,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 6);
+    assert_eq!(s.schema_version().await.unwrap(), 7);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -598,7 +968,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 6);
+        assert_eq!(again.schema_version().await.unwrap(), 7);
     }
 }
 
@@ -1639,7 +2009,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 6);
+    assert_eq!(s.schema_version().await.unwrap(), 7);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -1649,9 +2019,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 6 (the connections' version) and 5 (organizations) on
-/// SQLite, for the tests that build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP TRIGGER connections_changed_by_insert; \
+/// Undoes versions 7 (cancel reasons, one delivery per event), 6 (the
+/// connections' version) and 5 (organizations) on SQLite, for the tests that
+/// build an older database from a new one.
+const UNDO_V5_SQLITE: &str = "DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
+     DROP TRIGGER connections_changed_by_insert; \
      DROP TRIGGER connections_changed_by_update; DROP TRIGGER connections_changed_by_delete; \
      DROP TABLE connections_changes; DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
      DROP TABLE api_keys; DROP TABLE organizations; DROP TABLE agents; DROP TABLE replicas; \
@@ -1668,7 +2040,8 @@ const UNDO_V5_SQLITE: &str = "DROP TRIGGER connections_changed_by_insert; \
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP FUNCTION connections_changed() CASCADE; \
+const UNDO_V5_POSTGRES: &str = "DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
+     DROP FUNCTION connections_changed() CASCADE; \
      DROP TABLE connections_changes; DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
      DROP TABLE api_keys; DROP TABLE organizations; DROP TABLE agents; DROP TABLE replicas; \
      DROP TABLE leases; DROP INDEX runs_org; DROP INDEX runs_queue; \
@@ -1701,7 +2074,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 6);
+    assert_eq!(s.schema_version().await.unwrap(), 7);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -1861,4 +2234,23 @@ async fn bad_urls_and_unreachable_postgres() {
     let msg = err.to_string();
     assert!(!msg.contains("hunter2"), "{msg}");
     assert!(msg.contains("127.0.0.1:1"), "{msg}");
+    // It says why, not only that a connection timed out; the driver's
+    // error is kept below it.
+    assert!(msg.contains("connection refused"), "{msg}");
+    assert!(!msg.contains("timed out"), "{msg}");
+    assert!(err.is_transient());
+    assert!(
+        err.chain().to_string().contains("os error"),
+        "{}",
+        err.chain()
+    );
+    // A role the server does not know: an authentication failure, named.
+    let Some(url) = pg_url() else { return };
+    let mut u = url::Url::parse(&url).unwrap();
+    u.set_username("no_such_role_here").unwrap();
+    let err = Store::open(u.as_str(), &opts).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(msg.contains("authentication failed"), "{msg}");
+    assert!(msg.contains("no_such_role_here"), "{msg}");
 }

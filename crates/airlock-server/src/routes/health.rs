@@ -1,5 +1,10 @@
-//! `/healthz` (the process answers) and `/readyz` (the store answers and
-//! this replica takes work).
+//! `/healthz`: the process is alive (200 as long as it answers at all,
+//! also while it starts or drains). `/readyz`: 200 when the store answers
+//! and this replica takes work; 503 while it starts (the store not reached
+//! yet, with the cause), while the store does not answer (with the cause,
+//! naming no database), and while it drains on SIGTERM.
+
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -8,16 +13,36 @@ use axum::response::{IntoResponse, Response};
 use crate::AppState;
 use crate::error::ApiError;
 
+/// How long `/readyz` waits for the store.
+const STORE_CHECK: Duration = Duration::from_secs(2);
+
 pub async fn healthz() -> Response {
     axum::Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
 pub async fn readyz(State(app): State<AppState>) -> Response {
-    if !app.is_ready() || app.is_stopping() {
-        return ApiError::unavailable("this replica is starting or stopping").into_response();
+    if app.is_stopping() {
+        return ApiError::unavailable(format!(
+            "this replica is stopping: it takes no new run ({} still running)",
+            app.running_count()
+        ))
+        .into_response();
     }
-    match app.store().schema_version().await {
-        Ok(_) => (
+    if !app.is_ready() {
+        return ApiError::unavailable("this replica is starting").into_response();
+    }
+    let answered = tokio::time::timeout(STORE_CHECK, app.store().schema_version()).await;
+    let failed = match answered {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(airlock_store::StoreError::Unavailable {
+            database: app.store().display_name().to_owned(),
+            detail: format!("no answer within {} s", STORE_CHECK.as_secs()),
+            source: None,
+        }),
+    };
+    let Some(e) = failed else {
+        return (
             StatusCode::OK,
             axum::Json(serde_json::json!({
                 "status": "ready",
@@ -26,10 +51,15 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
                 "running": app.running_count(),
             })),
         )
-            .into_response(),
-        Err(e) => {
-            tracing::warn!("readyz: store: {e}");
-            ApiError::unavailable("the store does not answer").into_response()
+            .into_response();
+    };
+    // The pool says only that it timed out: a fresh connection says why.
+    let e = match &e {
+        airlock_store::StoreError::Unavailable { .. } => {
+            app.store().probe(STORE_CHECK).await.err().unwrap_or(e)
         }
-    }
+        _ => e,
+    };
+    app.store_watch().failed("readyz", &e);
+    ApiError::unavailable(crate::outage::public_cause(&e)).into_response()
 }

@@ -69,6 +69,9 @@ pub async fn revoke(
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     if app.store().revoke_api_key(&t.org_id, &id).await? {
+        // This replica's open streams check their key at once (others'
+        // within their recheck interval).
+        app.key_revoked();
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found("API key"))

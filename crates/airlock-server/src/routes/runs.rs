@@ -22,6 +22,11 @@ use crate::{AppState, Tenant};
 pub const MAX_PROMPT: usize = 256 * 1024;
 /// How often a live event stream looks for new events.
 const STREAM_POLL: Duration = Duration::from_millis(150);
+/// How often a live event stream checks that its API key is still live: a
+/// key revoked (through another replica, or `airlock orgs revoke-key`)
+/// while its stream is open reads nothing more after this. A key revoked
+/// through this replica is checked at once.
+const KEY_RECHECK: Duration = Duration::from_millis(250);
 
 /// The API's view of a run.
 pub fn run_json(r: &Run, queue_position: Option<i64>) -> serde_json::Value {
@@ -219,22 +224,21 @@ pub async fn cancel(
     t: Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    match app.store().request_cancel(&t.org_id, &id).await? {
+    // Its end says who asked: the API key, by id (never "the operator").
+    let reason = format!("cancelled through the API with key {}", t.key_id);
+    match app.store().request_cancel(&t.org_id, &id, &reason).await? {
         CancelOutcome::NotFound => return Err(ApiError::not_found("run")),
         CancelOutcome::AlreadyEnded(s) => {
             return Err(ApiError::conflict(format!(
                 "the run has already ended ({s})"
             )));
         }
-        CancelOutcome::CancelledQueued => {
-            if let Ok(Some(run)) = app.store().get_run(&id).await {
-                crate::webhooks::emit(&app, &run).await;
-            }
-        }
+        // Its webhooks were queued with its end.
+        CancelOutcome::CancelledQueued => app.kick_deliveries(),
         // Its replica stops it: at once when it is this one, else within
         // its cancel poll.
         CancelOutcome::Requested => {
-            app.cancel_local(&id);
+            app.cancel_local(&id, &reason);
         }
     }
     let run = the_run(&app, &t, &id).await?;
@@ -424,27 +428,75 @@ async fn feed(
     struct S {
         app: AppState,
         id: String,
+        key_id: String,
         after: i64,
         done: bool,
+        key_checked: std::time::Instant,
+        revocations: u64,
         _slot: crate::StreamSlot,
     }
     let st = S {
+        revocations: app.revocations(),
         app,
         id,
+        key_id: t.key_id,
         after,
         done: false,
+        key_checked: std::time::Instant::now(),
         _slot: slot,
+    };
+    // The stream's last event when it is cut short: the API's error type.
+    let error_event = |code: &str, message: &str| {
+        sse::Event::default()
+            .event("error")
+            .data(serde_json::json!({"error": {"code": code, "message": message}}).to_string())
     };
     let stream = futures_util::stream::unfold(st, move |mut st| async move {
         if st.done {
             return None;
         }
         loop {
+            // The key that opened the stream is checked again at least every
+            // KEY_RECHECK: revoked (or its organization gone), the stream
+            // ends with a typed error event and sends nothing more.
+            let revocations = st.app.revocations();
+            if st.key_checked.elapsed() >= KEY_RECHECK || revocations != st.revocations {
+                match st.app.store().get_api_key(&st.key_id).await {
+                    Ok(Some(k)) if k.revoked_at.is_none() => {
+                        st.key_checked = std::time::Instant::now();
+                        st.revocations = revocations;
+                    }
+                    Ok(_) => {
+                        st.done = true;
+                        let e = error_event(
+                            "unauthorized",
+                            "the API key this stream was opened with was revoked; the stream is closed",
+                        );
+                        return Some((vec![e], st));
+                    }
+                    // Not checked, nothing sent: the store is not answering
+                    // (its events could not be read either).
+                    Err(e) => {
+                        st.app.store_watch().failed("checking a stream's API key", &e);
+                        tokio::time::sleep(STREAM_POLL).await;
+                        continue;
+                    }
+                }
+            }
+            if st.app.is_closing() {
+                st.done = true;
+                let e = error_event(
+                    "unavailable",
+                    "this replica is shutting down; reconnect with Last-Event-ID to resume",
+                );
+                return Some((vec![e], st));
+            }
             let evs = match st.app.store().list_events(&st.id, st.after, 200).await {
                 Ok(e) => e,
                 Err(e) => {
-                    tracing::warn!(run = %st.id, "event stream: {e}");
-                    Vec::new()
+                    st.app.store_watch().failed("an event stream", &e);
+                    tokio::time::sleep(STREAM_POLL).await;
+                    continue;
                 }
             };
             if let Some(last) = evs.last() {

@@ -118,7 +118,8 @@ impl Remote {
     }
 
     /// Follows a Server-Sent Events route to its end: `on(event, data)` for
-    /// each event.
+    /// each event. A stream the server cuts short with an `error` event (the
+    /// key was revoked, the replica shuts down) is an error with its message.
     pub async fn follow(&self, path: &str, mut on: impl FnMut(&str, &str)) -> Result<()> {
         let resp = self.send("GET", path, None).await?;
         if !resp.status().is_success() {
@@ -143,6 +144,14 @@ impl Remote {
                 let line = buf[..i].trim_end_matches('\r').to_owned();
                 buf.drain(..=i);
                 if line.is_empty() {
+                    if event == "error" {
+                        let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                        bail!(
+                            "the server ended the stream ({}): {}",
+                            v["error"]["code"].as_str().unwrap_or("-"),
+                            v["error"]["message"].as_str().unwrap_or("-")
+                        );
+                    }
                     if !data.is_empty() {
                         on(if event.is_empty() { "message" } else { &event }, &data);
                     }

@@ -53,6 +53,17 @@ pub async fn platform(
     let store = store.await.context("opening the store")??;
     let backend = backend?;
     tracing::debug!(target: "airlock::phase", "store opened");
+    platform_on(home, store, settings, backend).await
+}
+
+/// The embedded platform on a store already open, with its backend already
+/// chosen (`airlock serve` waits for its store before this).
+pub async fn platform_on(
+    home: PathBuf,
+    store: Store,
+    settings: Settings,
+    backend: Box<dyn airlock_sandbox::Backend>,
+) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
     let keyring = if std::env::var_os("CONNECTION_ENCRYPTION_KEY").is_some_and(|v| !v.is_empty()) {
         // Set: it must be right (a typo never falls back to another key).
         Keyring::from_env().context("CONNECTION_ENCRYPTION_KEY")?
@@ -81,7 +92,7 @@ pub async fn platform(
 
 /// The backend `backend` names (default: the settings' `RUN_ADAPTER`),
 /// checked, and getting ready for a run ([`airlock_sandbox::Backend::prepare`]).
-fn select_backend(
+pub fn select_backend(
     backend: Option<&str>,
     settings: &Settings,
 ) -> Result<Box<dyn airlock_sandbox::Backend>> {
@@ -208,12 +219,12 @@ pub fn progress_printer(quiet: bool) -> impl Fn(Progress) + Send + Sync {
 }
 
 /// Ctrl-C cancels the run.
-pub fn cancel_on_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
-    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
+pub fn cancel_on_ctrl_c() -> airlock_platform::orchestrator::Cancel {
+    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(None);
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
             eprintln!("\nairlock: cancelling the run (Ctrl-C)…");
-            let _ = cancel_tx.send(true);
+            let _ = cancel_tx.send(Some("cancelled by the operator".into()));
         }
     });
     cancel_rx

@@ -1,11 +1,20 @@
 //! `airlock serve`: the platform as a long-lived API server
 //! ([`airlock_server`]), on the store `DATABASE_URL` names (SQLite under
 //! `AIRLOCK_HOME` by default). Several may share one PostgreSQL.
+//!
+//! Every setting is checked before anything starts (a bad one exits with
+//! status 2's message). Then the listener answers at once: `/healthz` 200,
+//! `/readyz` 503 with the cause while the store is waited for (retried with
+//! backoff, each failure logged with its cause: refused, authentication,
+//! name resolution …), the API once the platform is up. SIGTERM or Ctrl-C
+//! drains (docs/serve.md); a second one cuts the grace short.
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
-use airlock_server::{ApiAuth, AppState, ServeConfig};
+use airlock_server::{ApiAuth, AppState, Booting, ServeConfig};
+use airlock_store::Store;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
@@ -18,6 +27,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub backend: Option<String>,
 }
+
+/// The longest wait between two attempts to reach the store at boot.
+const STORE_RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub fn run(args: ServeArgs) -> ExitCode {
     crate::logging::init();
@@ -48,40 +60,117 @@ async fn serve(args: ServeArgs) -> Result<()> {
         );
     }
     let mut cfg = ServeConfig::from_env(args.listen.as_deref())?;
+    let settings =
+        airlock_platform::settings::Settings::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let home = airlock_store::airlock_home()?;
+    std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
+    let store_name = airlock_store::default_store_name()?;
+    let backend = super::run::select_backend(args.backend.as_deref(), &settings)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.listen))?;
     // The address bound (a port 0 becomes the real one): what the webhook
     // guard refuses as this server itself.
     cfg.listen = listener.local_addr()?;
-    let (orch, _internal_api) = super::run::platform(args.backend.as_deref()).await?;
-    let store = orch.store.display_name().to_owned();
-    let backend = orch.backend.name();
-    let app =
-        AppState::new(Arc::new(orch), auth, cfg.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let replica = airlock_server::new_replica_id()?;
     eprintln!(
-        "airlock serve: listening on http://{} (replica {}, {backend} backend, store {store})",
-        listener.local_addr()?,
-        app.replica()
+        "airlock serve: listening on http://{} (replica {replica}, {} backend, store {store_name})",
+        cfg.listen,
+        backend.name(),
     );
-    airlock_server::serve(app, listener, shutdown_signal()).await?;
+    let booting = Booting::default();
+    booting.set("reaching the store");
+    let boot = {
+        let booting = booting.clone();
+        async move {
+            let store = open_store(&booting).await?;
+            booting.set("booting the platform");
+            let (orch, _internal_api) = super::run::platform_on(home, store, settings, backend)
+                .await
+                .map_err(airlock_server::BootError::from)?;
+            let app = AppState::with_replica(Arc::new(orch), auth, cfg, replica)?;
+            eprintln!("airlock serve: ready");
+            Ok(app)
+        }
+    };
+    airlock_server::serve(listener, booting, boot, signals()).await?;
     eprintln!("airlock serve: stopped");
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Opens the store, waiting for it while it does not answer: each failure
+/// is logged with its cause, `/readyz` says it, and the next attempt comes
+/// after a backoff (0.5 s, doubling, at most [`STORE_RETRY_MAX`]). What no
+/// wait fixes (a bad URL, a damaged or newer store) ends the boot.
+async fn open_store(booting: &Booting) -> Result<Store, airlock_server::BootError> {
+    let mut wait = Duration::from_millis(500);
+    let mut attempt: u32 = 0;
+    loop {
+        attempt += 1;
+        match Store::open_default().await {
+            Ok(s) => {
+                if attempt > 1 {
+                    tracing::warn!("the store answers (attempt {attempt})");
+                }
+                return Ok(s);
             }
-            Err(_) => std::future::pending().await,
+            Err(e) if e.is_transient() => {
+                booting.set(format!(
+                    "waiting for the store: {} (attempt {attempt}; next in {:.1} s)",
+                    airlock_server::outage::public_cause(&e),
+                    wait.as_secs_f64()
+                ));
+                tracing::warn!(
+                    "the store does not answer: {}; trying again in {:.1} s (attempt {attempt}); /readyz answers 503 meanwhile",
+                    e.chain(),
+                    wait.as_secs_f64()
+                );
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(STORE_RETRY_MAX);
+            }
+            Err(e) => return Err(e.into()),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
     }
-    eprintln!("airlock serve: stopping (its runs are cancelled)…");
+}
+
+/// The count of SIGTERM and SIGINT received: the first drains, a second
+/// cuts the drain's grace short.
+fn signals() -> tokio::sync::watch::Receiver<u32> {
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!("SIGTERM cannot be caught: {e}");
+                    None
+                }
+            };
+        loop {
+            let term_recv = async {
+                match term.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = term_recv => {}
+            }
+            let n = *tx.borrow() + 1;
+            if n == 1 {
+                eprintln!(
+                    "airlock serve: stopping: no new run is claimed here; running runs may end within SHUTDOWN_GRACE_SECONDS, then are cancelled (a second signal cuts the grace short)…"
+                );
+            } else {
+                eprintln!("airlock serve: stopping now: the grace is cut short…");
+            }
+            if tx.send(n).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }

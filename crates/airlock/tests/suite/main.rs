@@ -23,6 +23,7 @@ mod run_lifecycle;
 mod sandbox_escape;
 mod sandbox_host;
 mod serve_api;
+mod serve_fleet;
 mod serve_runs;
 mod sidecar_basics;
 mod sidecar_egress_log;

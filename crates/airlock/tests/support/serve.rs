@@ -56,8 +56,40 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts one on `127.0.0.1:0` and waits for its "listening" line.
+    /// Starts one on `127.0.0.1:0` and waits until it is ready (`/readyz`
+    /// 200).
     pub fn start(env: &[(String, String)], backend: &str, log: PathBuf) -> Server {
+        let mut s = Server::spawn(env, backend, log);
+        s.wait_ready(60);
+        s
+    }
+
+    /// Waits until `/readyz` answers 200; panics (with the log) if the
+    /// process exits first or `secs` pass.
+    pub fn wait_ready(&mut self, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if self.call("GET", "/readyz", None, None).0 == 200 {
+                return;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "airlock serve exited ({st}) before it was ready:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "airlock serve was not ready within {secs} s:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts one on `127.0.0.1:0` and returns once it listens (it answers
+    /// `/healthz`; it may not be ready).
+    pub fn spawn(env: &[(String, String)], backend: &str, log: PathBuf) -> Server {
         let file = std::fs::File::create(&log).unwrap();
         let mut child = command(env)
             .args(["serve", "--listen", "127.0.0.1:0", "--backend", backend])
@@ -168,7 +200,8 @@ impl Server {
         self.child.wait().unwrap()
     }
 
-    fn sigterm(&self) {
+    /// Sends SIGTERM (does not wait).
+    pub fn sigterm(&self) {
         let _ = rustix::process::kill_process(
             rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
             rustix::process::Signal::TERM,
