@@ -63,15 +63,17 @@ impl ApiAuth {
         })
     }
 
-    /// Makes a key for `org` and stores its hash.
+    /// Makes a key for `org` and stores its hash, unless `org` already has
+    /// `max` live keys (the operator's own commands pass `None`).
     pub async fn create_key(
         &self,
         store: &Store,
         org: &str,
         name: &str,
+        max: Option<u64>,
     ) -> Result<(airlock_store::ApiKeyRow, SecretString), ApiError> {
         let k = self.mint().map_err(ApiError::internal)?;
-        let row = store.insert_api_key(&k.id, org, name, &k.hash).await?;
+        let row = store.insert_api_key(&k.id, org, name, &k.hash, max).await?;
         Ok((row, k.key))
     }
 

@@ -126,6 +126,9 @@ impl From<airlock_store::StoreError> for ApiError {
                 tracing::warn!("API: store: {}", e.chain());
                 Self::unavailable("the store is unavailable; try again")
             }
+            E::QuotaExceeded { .. } => {
+                Self::new(StatusCode::FORBIDDEN, "quota_exceeded", e.to_string())
+            }
             E::Full { .. } => {
                 tracing::error!("API: store: {}", e.chain());
                 Self::storage_full()

@@ -73,6 +73,13 @@ pub struct ServeConfig {
     /// may go on to their end before they are cancelled ("this replica
     /// shut down").
     pub shutdown_grace: Duration,
+    /// What the store keeps and for how long (`RETENTION_*`), swept by the
+    /// leader every `retention_sweep`.
+    pub retention: airlock_store::Retention,
+    /// `RETENTION_SWEEP_SECONDS` (3600).
+    pub retention_sweep: Duration,
+    /// What one organization may hold (`ORG_MAX_*`).
+    pub quotas: airlock_store::OrgQuotas,
     /// `AIRLOCK_TEST_FAIL_POINT`: test-only ([`failpoint`]).
     pub fail_point: Option<failpoint::FailPoint>,
 }
@@ -115,6 +122,10 @@ impl ServeConfig {
                 }),
             }
         }
+        let setting = |e: airlock_store::SettingError| ConfigError {
+            var: e.var,
+            message: format!("{:?} is not {}", e.value, e.expected),
+        };
         let replica_max_runs = get("AIRLOCK_REPLICA_MAX_RUNS")
             .map(|v| {
                 num("AIRLOCK_REPLICA_MAX_RUNS", Some(v), 0.0, 1.0, 100_000.0).map(|n| n as usize)
@@ -186,6 +197,15 @@ impl ServeConfig {
                 0.0,
                 86_400.0,
             )?),
+            retention: airlock_store::Retention::from_lookup(get).map_err(setting)?,
+            retention_sweep: Duration::from_secs_f64(num(
+                "RETENTION_SWEEP_SECONDS",
+                get("RETENTION_SWEEP_SECONDS"),
+                airlock_store::DEFAULT_SWEEP_INTERVAL.as_secs_f64(),
+                1.0,
+                86_400.0,
+            )?),
+            quotas: airlock_store::OrgQuotas::from_lookup(get).map_err(setting)?,
             fail_point: get(failpoint::ENV_FAIL_POINT)
                 .map(|v| {
                     failpoint::FailPoint::parse(v.trim()).ok_or_else(|| ConfigError {

@@ -166,6 +166,15 @@ pub fn spec() -> Value {
                 error_response("storage_full: the store is out of space; nothing was written"),
             );
             responses.insert("401".into(), error_response("no valid API key"));
+            if r.method == "post" && matches!(r.path, "/v1/runs" | "/v1/api-keys" | "/v1/webhooks")
+            {
+                responses.insert(
+                    "403".into(),
+                    error_response(
+                        "quota_exceeded: the organization is at its quota (ORG_MAX_STORED_BYTES, ORG_MAX_API_KEYS, ORG_MAX_WEBHOOKS); nothing was written",
+                    ),
+                );
+            }
             responses.insert(
                 "429".into(),
                 error_response("rate limited; see Retry-After"),

@@ -238,6 +238,7 @@ pub async fn start(app: AppState) -> Work {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut leading = false;
             let mut waited_said = false;
+            let mut retention = RetentionTimer::default();
             loop {
                 tick.tick().await;
                 match app
@@ -259,6 +260,7 @@ pub async fn start(app: AppState) -> Work {
                 if !leading {
                     continue;
                 }
+                retention.start_if_due(&app);
                 if !evidence.may_judge(now_ms(), lease_ms, gap_ms) {
                     if !waited_said {
                         tracing::info!(
@@ -298,6 +300,55 @@ pub async fn start(app: AppState) -> Work {
         tasks,
         deliverer,
         deliverer_stop,
+    }
+}
+
+/// When the leader last started a retention sweep, and whether one is
+/// still going (one at a time, off the leader's loop: a long sweep never
+/// delays a heartbeat or a judgement, and it uses the shared pool, not the
+/// fleet's small one).
+#[derive(Default)]
+struct RetentionTimer {
+    last: Option<std::time::Instant>,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RetentionTimer {
+    fn start_if_due(&mut self, app: &AppState) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < app.cfg().retention_sweep)
+            || self.busy.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        self.last = Some(std::time::Instant::now());
+        let (app, busy) = (app.clone(), self.busy.clone());
+        tokio::spawn(async move {
+            retention_sweep(&app).await;
+            busy.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Deletes what retention no longer keeps, then measures each
+/// organization's stored bytes (the quota a new run is checked against).
+async fn retention_sweep(app: &AppState) {
+    let now = now_ms();
+    match app.store().sweep_retention(&app.cfg().retention, now).await {
+        Ok(r) if !r.is_empty() => tracing::info!(
+            runs = r.runs,
+            egress = r.egress,
+            results = r.results,
+            deliveries = r.deliveries,
+            freed_pages = r.freed_pages,
+            "retention sweep"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("retention sweep: {}", e.chain()),
+    }
+    if let Err(e) = app.store().measure_org_usage(now).await {
+        tracing::warn!("measuring stored bytes per organization: {}", e.chain());
     }
 }
 

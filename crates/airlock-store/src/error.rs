@@ -57,6 +57,9 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// An organization is at its quota ([`crate::OrgQuotas`]): nothing was written.
+    #[error("the organization is at its quota of {limit} {what}; nothing was written")]
+    QuotaExceeded { what: &'static str, limit: u64 },
     /// An input is not acceptable.
     #[error("invalid {what}: {reason}")]
     Invalid {

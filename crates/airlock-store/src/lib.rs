@@ -204,6 +204,8 @@ macro_rules! run_row {
 // After the macros above, which it uses.
 mod tenants;
 pub use tenants::*;
+mod retention;
+pub use retention::*;
 
 /// Which database a store talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -388,7 +390,10 @@ impl Store {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(opts.busy_timeout)
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // Space a sweep frees goes back to the file system (a store
+            // created before this setting keeps its mode until VACUUM).
+            .auto_vacuum(sqlx::sqlite::SqliteAutoVacuum::Incremental);
         let pool = SqlitePoolOptions::new()
             .max_connections(opts.max_connections.max(1))
             .acquire_timeout(opts.acquire_timeout)

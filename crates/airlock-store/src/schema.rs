@@ -128,6 +128,21 @@ CREATE INDEX runs_owner ON runs (owner, status);
     };
 }
 
+/// Retention and quotas: what the sweep finds by end time, and what it
+/// measures per organization.
+macro_rules! version_11_common {
+    () => {
+        r#"
+CREATE INDEX runs_ended ON runs (ended_at);
+CREATE TABLE org_usage (
+    org_id TEXT PRIMARY KEY,
+    stored_bytes BIGINT NOT NULL,
+    measured_at BIGINT NOT NULL
+);
+"#
+    };
+}
+
 pub(crate) const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
@@ -293,6 +308,11 @@ END;
         description: "cancel reasons; one webhook delivery per run event",
         sql: version_7_common!(),
     },
+    Migration {
+        version: 11,
+        description: "retention by end time; stored bytes per organization",
+        sql: version_11_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -445,5 +465,10 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 7,
         description: "cancel reasons; one webhook delivery per run event",
         sql: version_7_common!(),
+    },
+    Migration {
+        version: 11,
+        description: "retention by end time; stored bytes per organization",
+        sql: version_11_common!(),
     },
 ];

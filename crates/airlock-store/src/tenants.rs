@@ -413,27 +413,35 @@ impl Store {
 
     // ---- API keys ----
 
+    /// Stores a new API key of `org`, unless `org` already has `max` keys
+    /// not revoked ([`StoreError::QuotaExceeded`]).
     pub async fn insert_api_key(
         &self,
         id: &str,
         org: &str,
         name: &str,
         hash: &str,
+        max: Option<u64>,
     ) -> Result<ApiKeyRow, StoreError> {
         validate_name("API key name", name)?;
         let now = now_ms();
-        on_pool!(self, p => sqlx::query(
-            "INSERT INTO api_keys (id, org_id, name, hash, created_at) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(id)
-        .bind(org)
-        .bind(name)
-        .bind(hash)
-        .bind(now)
-        .execute(p)
-        .await
-        .map(|_| ())
-        .map_err(|e| self.err(e))?);
+        let inserted = self
+            .insert_within_quota(
+                org,
+                "INSERT INTO api_keys (id, org_id, name, hash, created_at) \
+                 SELECT $1, $2, $3, $4, $5 WHERE (SELECT COUNT(*) FROM api_keys \
+                 WHERE org_id = $2 AND revoked_at IS NULL) < $6",
+                &[id, org, name, hash],
+                now,
+                max,
+            )
+            .await?;
+        if !inserted {
+            return Err(StoreError::QuotaExceeded {
+                what: "API keys",
+                limit: max.unwrap_or(u64::MAX),
+            });
+        }
         Ok(ApiKeyRow {
             id: id.to_owned(),
             org_id: org.to_owned(),
@@ -955,22 +963,67 @@ impl Store {
 
     // ---- webhooks ----
 
-    pub async fn create_webhook(&self, w: &WebhookRow) -> Result<(), StoreError> {
-        on_pool!(self, p => sqlx::query(
-            "INSERT INTO webhooks (id, org_id, url, events, secret_envelope, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&w.id)
-        .bind(&w.org_id)
-        .bind(&w.url)
-        .bind(&w.events)
-        .bind(&w.secret_envelope)
-        .bind(w.created_at)
-        .execute(p)
-        .await
-        .map(|_| ())
-        .map_err(|e| self.err(e))?);
+    /// Stores a webhook, unless its organization already has `max`
+    /// ([`StoreError::QuotaExceeded`]).
+    pub async fn create_webhook(&self, w: &WebhookRow, max: Option<u64>) -> Result<(), StoreError> {
+        let inserted = self
+            .insert_within_quota(
+                &w.org_id,
+                "INSERT INTO webhooks (id, org_id, url, events, secret_envelope, created_at) \
+                 SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT COUNT(*) FROM webhooks \
+                 WHERE org_id = $2) < $7",
+                &[&w.id, &w.org_id, &w.url, &w.events, &w.secret_envelope],
+                w.created_at,
+                max,
+            )
+            .await?;
+        if !inserted {
+            return Err(StoreError::QuotaExceeded {
+                what: "webhooks",
+                limit: max.unwrap_or(u64::MAX),
+            });
+        }
         Ok(())
+    }
+
+    /// Runs `sql` (an `INSERT … SELECT` of `texts` as `$1…`, then `at`,
+    /// then the quota, that inserts only while the count is under it) for
+    /// `org`; whether it inserted. On PostgreSQL the organization's
+    /// creations are serialised by an advisory lock for the transaction:
+    /// two at the same instant cannot both pass the count (SQLite has one
+    /// writer at a time anyway).
+    async fn insert_within_quota(
+        &self,
+        org: &str,
+        sql: &'static str,
+        texts: &[&str],
+        at: i64,
+        max: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let max = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            if matches!(self.pool, Pool::Postgres(_)) {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                    .bind(org)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            let mut q = sqlx::query(sql);
+            for t in texts {
+                q = q.bind(*t);
+            }
+            let n = q
+                .bind(at)
+                .bind(max)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(n > 0)
+        })
     }
 
     pub async fn list_webhooks(&self, org: &str) -> Result<Vec<WebhookRow>, StoreError> {

@@ -115,6 +115,9 @@ on_both!(
     a_runs_end_queues_its_deliveries_once_whoever_ends_it,
     a_dead_replicas_claimed_deliveries_are_released_by_the_sweep,
     a_replica_judged_dead_registers_again_and_a_lost_claim_is_requeued,
+    retention_sweeps_what_is_over_and_old_and_nothing_else,
+    quotas_bound_keys_and_webhooks_even_when_created_at_once,
+    stored_bytes_are_measured_per_organization_and_refuse_new_runs,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -190,7 +193,9 @@ async fn organizations_see_only_their_own_rows(s: &Store) {
     assert!(!s.delete_agent("org_b", "bot").await.unwrap());
     assert!(s.get_agent("org_a", "bot").await.unwrap().is_some());
 
-    s.insert_api_key("key_a", "org_a", "ci", "h").await.unwrap();
+    s.insert_api_key("key_a", "org_a", "ci", "h", None)
+        .await
+        .unwrap();
     assert!(!s.revoke_api_key("org_b", "key_a").await.unwrap());
     assert!(
         s.get_api_key("key_a")
@@ -381,7 +386,7 @@ async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
         secret_envelope: "v1:k1:x".into(),
         created_at: 1,
     };
-    s.create_webhook(&hook).await.unwrap();
+    s.create_webhook(&hook, None).await.unwrap();
     assert!(s.get_webhook("other", "wh1").await.unwrap().is_none());
     assert_eq!(s.list_webhooks("o").await.unwrap(), vec![hook.clone()]);
     let d = airlock_store::DeliveryRow {
@@ -463,13 +468,13 @@ fn hook(id: &str, org: &str, events: &[&str]) -> airlock_store::WebhookRow {
 /// whoever ends it, and however often a second end is tried, one delivery
 /// (one id) per webhook per event; its body is set once.
 async fn a_runs_end_queues_its_deliveries_once_whoever_ends_it(s: &Store) {
-    s.create_webhook(&hook("wh_f", "o", &["run.failed", "run.cancelled"]))
+    s.create_webhook(&hook("wh_f", "o", &["run.failed", "run.cancelled"]), None)
         .await
         .unwrap();
-    s.create_webhook(&hook("wh_s", "o", &["run.succeeded"]))
+    s.create_webhook(&hook("wh_s", "o", &["run.succeeded"]), None)
         .await
         .unwrap();
-    s.create_webhook(&hook("wh_x", "other", &["run.failed"]))
+    s.create_webhook(&hook("wh_x", "other", &["run.failed"]), None)
         .await
         .unwrap();
     s.register_replica("rep", "h", 1).await.unwrap();
@@ -572,7 +577,7 @@ async fn a_runs_end_queues_its_deliveries_once_whoever_ends_it(s: &Store) {
 /// A delivery claimed by a replica that died is due again as soon as the
 /// leader judges it dead, not after the claim's hold.
 async fn a_dead_replicas_claimed_deliveries_are_released_by_the_sweep(s: &Store) {
-    s.create_webhook(&hook("wh1", "o", &["run.succeeded"]))
+    s.create_webhook(&hook("wh1", "o", &["run.succeeded"]), None)
         .await
         .unwrap();
     s.register_replica("dead", "h", 1).await.unwrap();
@@ -660,7 +665,7 @@ async fn a_replica_judged_dead_registers_again_and_a_lost_claim_is_requeued(s: &
 async fn sqlite_an_end_is_never_stored_without_its_deliveries() {
     use sqlx::Connection as _;
     let (dir, s) = sqlite().await;
-    s.create_webhook(&hook("wh1", "o", &["run.failed"]))
+    s.create_webhook(&hook("wh1", "o", &["run.failed"]), None)
         .await
         .unwrap();
     s.enqueue_run(&queued("o", "r1")).await.unwrap();
@@ -2253,4 +2258,282 @@ async fn bad_urls_and_unreachable_postgres() {
     assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
     assert!(msg.contains("authentication failed"), "{msg}");
     assert!(msg.contains("no_such_role_here"), "{msg}");
+}
+
+// ---- retention and quotas ----
+
+const DAY: i64 = 86_400_000;
+
+/// A run of `LOCAL_ORG` with an event, an egress record and a result;
+/// ended `ended_days_ago` days before `now` (or still running).
+async fn run_with_records(s: &Store, id: &str, now: i64, ended_days_ago: Option<i64>) {
+    new_run(s, id).await;
+    s.append_event(&NewEvent {
+        run_id: id,
+        at: now - 50 * DAY,
+        kind: "log",
+        payload: "{\"line\":\"hello\"}",
+    })
+    .await
+    .unwrap();
+    s.append_egress(&NewEgress {
+        run_id: id,
+        at: now - 50 * DAY,
+        source: "api_call",
+        integration: None,
+        method: "GET",
+        url: "https://example.test/x",
+        host: "example.test",
+        decision: EgressDecision::Allowed,
+        reason: None,
+        status: Some(200),
+        duration_ms: Some(1),
+        bytes_out: 1,
+        bytes_in: 1,
+        seq: None,
+        outcome: Some(EgressOutcome::Completed),
+        metering: None,
+    })
+    .await
+    .unwrap();
+    s.put_result(id, "res", "text/plain", &[7u8; 20_000])
+        .await
+        .unwrap();
+    if let Some(days) = ended_days_ago {
+        assert!(
+            s.finish_run(
+                id,
+                &RunEnd {
+                    status: RunStatus::Succeeded,
+                    exit_code: Some(0),
+                    error: None,
+                    at: now - days * DAY,
+                },
+            )
+            .await
+            .unwrap()
+        );
+    }
+}
+
+/// With the clock the test gives: a run over for longer than `runs` goes
+/// with all of it; a younger one loses only what a shorter kind keeps
+/// less long; a running run and an owed delivery are never touched,
+/// however old; a second sweep finds nothing.
+async fn retention_sweeps_what_is_over_and_old_and_nothing_else(s: &Store) {
+    let now = 1_000 * DAY;
+    run_with_records(s, "r_old", now, Some(40)).await;
+    run_with_records(s, "r_mid", now, Some(10)).await;
+    run_with_records(s, "r_new", now, Some(1)).await;
+    run_with_records(s, "r_live", now, None).await;
+    s.create_webhook(&hook("wh1", "o", &["run.succeeded"]), None)
+        .await
+        .unwrap();
+    for (id, state) in [
+        ("d_done", "delivered"),
+        ("d_gaveup", "failed"),
+        ("d_owed", "pending"),
+    ] {
+        s.enqueue_delivery(&airlock_store::DeliveryRow {
+            id: id.into(),
+            webhook_id: "wh1".into(),
+            org_id: "o".into(),
+            run_id: format!("run_of_{id}"),
+            event: "run.succeeded".into(),
+            payload: "{}".into(),
+            state: "pending".into(),
+            attempts: 0,
+            last_status: None,
+            last_error: None,
+            next_attempt_at: now + DAY,
+            created_at: now - 20 * DAY,
+            delivered_at: None,
+        })
+        .await
+        .unwrap()
+        .then_some(())
+        .expect("queued");
+        if state != "pending" {
+            s.record_delivery_attempt(
+                id,
+                &airlock_store::DeliveryAttempt {
+                    status: Some(200),
+                    error: None,
+                    delivered: state == "delivered",
+                    retry_at: None,
+                },
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let keep = Retention {
+        runs: Some(Duration::from_secs(30 * 86_400)),
+        egress: Some(Duration::from_secs(5 * 86_400)),
+        results: Some(Duration::from_secs(5 * 86_400)),
+        deliveries: Some(Duration::from_secs(7 * 86_400)),
+    };
+    let r = s.sweep_retention(&keep, now).await.unwrap();
+    assert_eq!(
+        (r.runs, r.egress, r.results, r.deliveries),
+        (1, 1, 1, 2),
+        "{r:?}"
+    );
+    assert!(s.get_run("r_old").await.unwrap().is_none());
+    assert!(s.list_events("r_old", 0, 10).await.unwrap().is_empty());
+    assert!(s.list_egress("r_old", 10).await.unwrap().is_empty());
+    // r_mid: the run and its events kept, its egress records and results gone.
+    assert!(s.get_run("r_mid").await.unwrap().is_some());
+    assert_eq!(s.list_events("r_mid", 0, 10).await.unwrap().len(), 1);
+    assert!(s.list_egress("r_mid", 10).await.unwrap().is_empty());
+    assert_eq!(s.result_bytes("r_mid").await.unwrap(), 0);
+    // The young and the running runs keep everything.
+    for id in ["r_new", "r_live"] {
+        assert_eq!(s.list_egress(id, 10).await.unwrap().len(), 1, "{id}");
+        assert_eq!(s.result_bytes(id).await.unwrap(), 20_000, "{id}");
+    }
+    let left: Vec<String> = s
+        .list_deliveries("o", "wh1", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(left, ["d_owed"], "an owed delivery is never swept");
+    if s.backend() == Backend::Sqlite {
+        assert!(r.freed_pages > 0, "SQLite gives the space back: {r:?}");
+    }
+    let again = s.sweep_retention(&keep, now).await.unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    // Kept forever: nothing goes, however old.
+    let forever = Retention {
+        runs: None,
+        egress: None,
+        results: None,
+        deliveries: None,
+    };
+    assert!(
+        s.sweep_retention(&forever, now + 10_000 * DAY)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(s.get_run("r_mid").await.unwrap().is_some());
+}
+
+/// A tenant creating keys and webhooks, twenty at once, gets exactly its
+/// quota and a typed refusal for the rest; a revoked key frees its place;
+/// another organization is not counted against it.
+async fn quotas_bound_keys_and_webhooks_even_when_created_at_once(s: &Store) {
+    s.create_org("org_q", "Q", None).await.unwrap();
+    s.create_org("org_r", "R", None).await.unwrap();
+    let keys = futures_util::future::join_all((0..20).map(|i| async move {
+        s.insert_api_key(&format!("kq{i}"), "org_q", "k", "h", Some(5))
+            .await
+    }))
+    .await;
+    let made = keys.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(made, 5, "{keys:?}");
+    for r in keys.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(
+                r,
+                StoreError::QuotaExceeded {
+                    what: "API keys",
+                    limit: 5
+                }
+            ),
+            "{r}"
+        );
+    }
+    s.insert_api_key("kr", "org_r", "k", "h", Some(5))
+        .await
+        .unwrap();
+    let live = s.list_api_keys("org_q").await.unwrap();
+    assert!(s.revoke_api_key("org_q", &live[0].id).await.unwrap());
+    s.insert_api_key("kq_after", "org_q", "k", "h", Some(5))
+        .await
+        .unwrap();
+    let hooks = futures_util::future::join_all((0..20).map(|i| async move {
+        s.create_webhook(&hook(&format!("wq{i}"), "org_q", &["run.failed"]), Some(3))
+            .await
+    }))
+    .await;
+    assert_eq!(hooks.iter().filter(|r| r.is_ok()).count(), 3, "{hooks:?}");
+    assert_eq!(s.list_webhooks("org_q").await.unwrap().len(), 3);
+    s.create_webhook(&hook("wr", "org_r", &["run.failed"]), Some(3))
+        .await
+        .unwrap();
+}
+
+/// The sweep measures each organization's stored bytes; a run for one at
+/// or over its quota is refused, another organization's is not.
+async fn stored_bytes_are_measured_per_organization_and_refuse_new_runs(s: &Store) {
+    let now = 1_000 * DAY;
+    run_with_records(s, "r1", now, Some(1)).await;
+    assert_eq!(
+        s.org_stored_bytes(LOCAL_ORG).await.unwrap(),
+        0,
+        "never measured"
+    );
+    s.measure_org_usage(now).await.unwrap();
+    let used = s.org_stored_bytes(LOCAL_ORG).await.unwrap();
+    assert!((20_000..21_000).contains(&used), "{used}");
+    s.check_stored_bytes(LOCAL_ORG, Some(used + 1))
+        .await
+        .unwrap();
+    let err = s
+        .check_stored_bytes(LOCAL_ORG, Some(used))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::QuotaExceeded {
+                what: "stored bytes",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    s.check_stored_bytes("org_other", Some(1)).await.unwrap();
+    s.check_stored_bytes(LOCAL_ORG, None).await.unwrap();
+    // Swept away, measured again: back under.
+    let all = Retention {
+        runs: Some(Duration::from_secs(1)),
+        ..Retention::default()
+    };
+    assert_eq!(s.sweep_retention(&all, now).await.unwrap().runs, 1);
+    s.measure_org_usage(now).await.unwrap();
+    assert_eq!(s.org_stored_bytes(LOCAL_ORG).await.unwrap(), 0);
+}
+
+/// Retention and quota settings: defaults, `forever` / `unlimited`, and a
+/// typo refused with the setting's name.
+#[test]
+fn retention_and_quota_settings_are_parsed_strictly() {
+    let none = |_: &str| None;
+    assert_eq!(Retention::from_lookup(none).unwrap(), Retention::default());
+    assert_eq!(OrgQuotas::from_lookup(none).unwrap(), OrgQuotas::default());
+    let r = Retention::from_lookup(|k| match k {
+        "RETENTION_RUNS_DAYS" => Some("forever".into()),
+        "RETENTION_EGRESS_DAYS" => Some("0.5".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(r.runs, None);
+    assert_eq!(r.egress, Some(Duration::from_secs(43_200)));
+    for bad in ["0", "-1", "30d", "1e308", "NaN"] {
+        let e = Retention::from_lookup(|k| (k == "RETENTION_RESULTS_DAYS").then(|| bad.to_owned()))
+            .unwrap_err();
+        assert_eq!(e.var, "RETENTION_RESULTS_DAYS", "{bad}");
+    }
+    let q =
+        OrgQuotas::from_lookup(|k| (k == "ORG_MAX_WEBHOOKS").then(|| "unlimited".into())).unwrap();
+    assert_eq!(q.webhooks, None);
+    for bad in ["0", "-3", "ten", "1.5"] {
+        let e = OrgQuotas::from_lookup(|k| (k == "ORG_MAX_API_KEYS").then(|| bad.to_owned()))
+            .unwrap_err();
+        assert_eq!(e.var, "ORG_MAX_API_KEYS", "{bad}");
+    }
 }

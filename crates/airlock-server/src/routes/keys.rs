@@ -55,7 +55,7 @@ pub async fn create(
     super::check_name("API key name", &b.name)?;
     let (row, key) = app
         .auth()
-        .create_key(app.store(), &t.org_id, &b.name)
+        .create_key(app.store(), &t.org_id, &b.name, app.cfg().quotas.api_keys)
         .await?;
     let mut v = key_json(&row);
     // Shown once: only its hash is kept.

@@ -110,6 +110,11 @@ pub async fn create(
             )));
         }
     }
+    // An organization over its stored-bytes quota (as the leader last
+    // measured it) gets no new run until retention brings it back under.
+    app.store()
+        .check_stored_bytes(&t.org_id, app.cfg().quotas.stored_bytes)
+        .await?;
     let id = format!(
         "run_{}",
         airlock_vault::random_hex::<8>().map_err(ApiError::internal)?

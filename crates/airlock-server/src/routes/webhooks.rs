@@ -92,7 +92,9 @@ pub async fn create(
         secret_envelope: envelope,
         created_at: airlock_store::now_ms(),
     };
-    app.store().create_webhook(&row).await?;
+    app.store()
+        .create_webhook(&row, app.cfg().quotas.webhooks)
+        .await?;
     let mut v = hook_json(&row);
     v["secret"] = serde_json::Value::String(secret);
     Ok((StatusCode::CREATED, axum::Json(v)).into_response())

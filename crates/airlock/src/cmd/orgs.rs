@@ -67,7 +67,7 @@ async fn run_async(cmd: OrgsCommand) -> Result<()> {
                     .create_org(&id, &name, max_concurrent_runs.map(i64::from))
                     .await?;
                 let (key, secret) = auth
-                    .create_key(&store, &org.id, "admin")
+                    .create_key(&store, &org.id, "admin", None)
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 println!(
@@ -95,7 +95,7 @@ async fn run_async(cmd: OrgsCommand) -> Result<()> {
                     anyhow::bail!("no organization {org:?}");
                 }
                 let (key, secret) = auth
-                    .create_key(&store, &org, &name)
+                    .create_key(&store, &org, &name, None)
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 println!(

@@ -44,6 +44,8 @@ pub async fn platform(
     backend: Option<&str>,
 ) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
     let settings = Settings::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let retention = airlock_store::Retention::from_lookup(env)?;
     let home = airlock_store::airlock_home()?;
     std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
     // The store opens (on its own threads) while the backend is checked
@@ -53,7 +55,48 @@ pub async fn platform(
     let store = store.await.context("opening the store")??;
     let backend = backend?;
     tracing::debug!(target: "airlock::phase", "store opened");
+    sweep_local_store(&home, &store, retention);
     platform_on(home, store, settings, backend).await
+}
+
+/// How often a local store is swept.
+const LOCAL_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// A local store is swept by the process that uses it, at most once a day
+/// (`retention-swept` in the home records when), in the background: each
+/// batch is its own transaction, so a process that exits mid-sweep loses
+/// only the sweep's progress.
+fn sweep_local_store(home: &std::path::Path, store: &Store, retention: airlock_store::Retention) {
+    let marker = home.join("retention-swept");
+    let fresh = std::fs::metadata(&marker)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t.elapsed().is_ok_and(|e| e < LOCAL_SWEEP_EVERY));
+    if fresh {
+        return;
+    }
+    let store = store.clone();
+    tokio::spawn(async move {
+        match store
+            .sweep_retention(&retention, airlock_store::now_ms())
+            .await
+        {
+            Ok(r) => {
+                if !r.is_empty() {
+                    tracing::info!(
+                        runs = r.runs,
+                        egress = r.egress,
+                        results = r.results,
+                        freed_pages = r.freed_pages,
+                        "retention sweep of the local store"
+                    );
+                }
+                if let Err(e) = std::fs::write(&marker, b"") {
+                    tracing::debug!("{}: {e}", marker.display());
+                }
+            }
+            Err(e) => tracing::warn!("retention sweep of the local store: {}", e.chain()),
+        }
+    });
 }
 
 /// The embedded platform on a store already open, with its backend already

@@ -24,6 +24,7 @@ mod sandbox_escape;
 mod sandbox_host;
 mod serve_api;
 mod serve_fleet;
+mod serve_retention;
 mod serve_runs;
 mod sidecar_basics;
 mod sidecar_egress_log;

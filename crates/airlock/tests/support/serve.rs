@@ -36,7 +36,7 @@ pub fn base_env(home: &Path, database_url: Option<&str>) -> Vec<(String, String)
     env
 }
 
-fn command(env: &[(String, String)]) -> Command {
+pub fn command(env: &[(String, String)]) -> Command {
     let mut c = Command::new(AIRLOCK);
     c.env_remove("DATABASE_URL")
         .env_remove("RUN_ADAPTER")

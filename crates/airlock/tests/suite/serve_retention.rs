@@ -1,0 +1,221 @@
+//! Retention and quotas from a tenant's side: a tenant that keeps creating
+//! keys, webhooks and runs is held to its quotas (and only it is), old runs
+//! go by themselves, and a retention typo stops the server before it starts.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::serve::{Server, agent_body, base_env, command, create_org, wait_for};
+
+fn start(home: &std::path::Path, extra: &[(&str, &str)]) -> (Server, Vec<(String, String)>) {
+    let mut env = base_env(home, None);
+    for (k, v) in extra {
+        env.push(((*k).into(), (*v).into()));
+    }
+    let s = Server::start(&env, "process", home.join("serve.log"));
+    (s, env)
+}
+
+fn quota_refusal(st: u16, v: &Value) {
+    assert_eq!(st, 403, "{v}");
+    assert_eq!(v["error"]["code"], "quota_exceeded", "{v}");
+}
+
+#[test]
+fn a_tenant_is_held_to_its_quotas_and_no_other_is() {
+    let home = tempfile::tempdir().unwrap();
+    let (s, env) = start(
+        home.path(),
+        &[("ORG_MAX_API_KEYS", "2"), ("ORG_MAX_WEBHOOKS", "2")],
+    );
+    let (_, a) = create_org(&env, "A", &[]);
+    let (_, b) = create_org(&env, "B", &[]);
+    let hook =
+        |n: u32| json!({"url": format!("http://127.0.0.1:9/hook{n}"), "events": ["run.failed"]});
+    // Twenty webhooks asked for: two made, the rest refused, typed.
+    let mut made = 0;
+    for n in 0..20 {
+        let (st, v) = s.call("POST", "/v1/webhooks", Some(&a), Some(&hook(n)));
+        if st == 201 {
+            made += 1;
+        } else {
+            quota_refusal(st, &v);
+        }
+    }
+    assert_eq!(made, 2);
+    let (_, list) = s.call("GET", "/v1/webhooks", Some(&a), None);
+    assert_eq!(list["webhooks"].as_array().map(Vec::len), Some(2), "{list}");
+    // The org's first key counts: one more, then refused; revoking one
+    // frees its place.
+    let (st, k2) = s.call(
+        "POST",
+        "/v1/api-keys",
+        Some(&a),
+        Some(&json!({"name": "ci"})),
+    );
+    assert_eq!(st, 201, "{k2}");
+    let (st, v) = s.call(
+        "POST",
+        "/v1/api-keys",
+        Some(&a),
+        Some(&json!({"name": "more"})),
+    );
+    quota_refusal(st, &v);
+    let k2_id = k2["id"].as_str().unwrap();
+    let (st, v) = s.call("DELETE", &format!("/v1/api-keys/{k2_id}"), Some(&a), None);
+    assert!(st == 200 || st == 204, "{st} {v}");
+    let (st, v) = s.call(
+        "POST",
+        "/v1/api-keys",
+        Some(&a),
+        Some(&json!({"name": "again"})),
+    );
+    assert_eq!(st, 201, "{v}");
+    // Another organization is not counted against A.
+    for n in 0..2 {
+        assert_eq!(
+            s.call("POST", "/v1/webhooks", Some(&b), Some(&hook(n))).0,
+            201
+        );
+    }
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/api-keys",
+            Some(&b),
+            Some(&json!({"name": "ci"}))
+        )
+        .0,
+        201
+    );
+}
+
+const HELLO: &str = "import os\nprint('x' * 4000)\nopen(os.environ['AIRLOCK_RESULT_FILE'], 'w').write('{\"ok\": true}')\n";
+
+fn run_to_end(s: &Server, key: &str) -> String {
+    let (st, v) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(key),
+        Some(&json!({"agent": "hello"})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
+        v["status"] == "succeeded"
+    });
+    id
+}
+
+/// A run over for longer than its retention is gone from the API by
+/// itself, swept by the leader; a run that is younger stays.
+#[test]
+fn old_runs_are_swept_by_the_leader() {
+    let home = tempfile::tempdir().unwrap();
+    // Two seconds of retention (0.0000231 days), a sweep every second.
+    let (s, env) = start(
+        home.path(),
+        &[
+            ("RETENTION_RUNS_DAYS", "0.0000231"),
+            ("RETENTION_SWEEP_SECONDS", "1"),
+        ],
+    );
+    let (_, a) = create_org(&env, "A", &[]);
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/agents",
+            Some(&a),
+            Some(&agent_body("hello", HELLO, 60))
+        )
+        .0,
+        201
+    );
+    let id = run_to_end(&s, &a);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (st, _) = s.call("GET", &format!("/v1/runs/{id}"), Some(&a), None);
+        if st == 404 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run was never swept:\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(s.log_text().contains("retention sweep"), "{}", s.log_text());
+}
+
+/// An organization whose stored runs reach its stored-bytes quota gets
+/// no new run (typed), once the sweep has measured it; another does.
+#[test]
+fn an_organization_over_its_stored_bytes_gets_no_new_run() {
+    let home = tempfile::tempdir().unwrap();
+    let (s, env) = start(
+        home.path(),
+        &[
+            ("ORG_MAX_STORED_BYTES", "2000"),
+            ("RETENTION_SWEEP_SECONDS", "1"),
+        ],
+    );
+    let (_, a) = create_org(&env, "A", &[]);
+    let (_, b) = create_org(&env, "B", &[]);
+    for k in [&a, &b] {
+        assert_eq!(
+            s.call(
+                "POST",
+                "/v1/agents",
+                Some(k),
+                Some(&agent_body("hello", HELLO, 60))
+            )
+            .0,
+            201
+        );
+    }
+    run_to_end(&s, &a);
+    // The next sweep measures A's 4 KB of output: then A is refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (st, v) = s.call(
+            "POST",
+            "/v1/runs",
+            Some(&a),
+            Some(&json!({"agent": "hello"})),
+        );
+        if st == 403 {
+            quota_refusal(st, &v);
+            break;
+        }
+        assert_eq!(st, 202, "{v}");
+        assert!(
+            Instant::now() < deadline,
+            "A was never refused:\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // B has stored little: it still runs.
+    run_to_end(&s, &b);
+}
+
+/// A retention or quota typo is refused before the server starts, naming
+/// the setting.
+#[test]
+fn a_retention_typo_stops_the_server_before_it_starts() {
+    let home = tempfile::tempdir().unwrap();
+    for (var, bad) in [("RETENTION_RUNS_DAYS", "30d"), ("ORG_MAX_WEBHOOKS", "0")] {
+        let mut env = base_env(home.path(), None);
+        env.push((var.into(), bad.into()));
+        let out = command(&env)
+            .args(["serve", "--listen", "127.0.0.1:0", "--backend", "process"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}={bad} was accepted: {err}");
+        assert!(err.contains(var) && err.contains(bad), "{err}");
+    }
+}
