@@ -43,8 +43,8 @@ use airlock_egress::{EgressError, Target};
 use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering, RunEvent};
 use tokio::sync::{Notify, watch};
 
+use crate::credential::Redactor;
 use crate::journal::{Journal, JournalError};
-use crate::redact::Redactor;
 use crate::state::{EventSink, now_ms};
 
 /// The whole budget of a stopping sidecar for the egress log: requests in

@@ -18,13 +18,13 @@
 
 pub mod auth;
 pub mod config;
+pub mod credential;
 pub mod egress;
 pub mod events;
 pub mod journal;
 pub mod llm;
 pub mod mcp;
 pub mod proxy;
-pub mod redact;
 pub mod server;
 pub mod state;
 mod sys;

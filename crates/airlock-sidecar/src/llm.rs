@@ -82,8 +82,8 @@ use std::pin::Pin;
 mod event;
 
 use crate::config::{MODEL_CREDENTIAL, Model, Provider};
+use crate::credential::Redactor;
 use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
-use crate::redact::Redactor;
 use crate::state::{Sidecar, now_ms};
 use event::{Counts, EventView};
 

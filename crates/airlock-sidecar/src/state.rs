@@ -59,6 +59,9 @@ pub struct Sidecar {
     /// The local runners' MCP listeners, bound by [`crate::server::run`]
     /// and taken by the MCP service when it starts.
     pub runner_mcp: std::sync::Mutex<HashMap<String, tokio::net::UnixListener>>,
+    /// Each integration's credential values seen by the run and their
+    /// redactor ([`crate::credential`]).
+    pub credentials: crate::credential::Credentials,
 }
 
 impl Sidecar {
@@ -152,6 +155,7 @@ impl Sidecar {
             interceptor,
             runner_network,
             runner_mcp: Default::default(),
+            credentials: Default::default(),
         }))
     }
 }

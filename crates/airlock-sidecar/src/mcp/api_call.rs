@@ -5,16 +5,16 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use airlock_egress::{Admission, AuthorizedUris, CallRules, EgressError, OutboundRequest};
-use airlock_platform_api::wire::{CredentialFields, EgressOutcome};
+use airlock_platform_api::wire::EgressOutcome;
 use base64::Engine;
 use bytes::Bytes;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject, Resource};
-use secrecy::ExposeSecret;
 use serde_json::{Map, Value, json};
 
 use super::args::{self, ApiCallArgs, ArgError, Redactor};
 use super::{CredentialPrefetch, McpState};
 use crate::config::Integration;
+use crate::credential::fetch::{self, CredentialError, Fetched};
 use crate::egress::{Allowed, InFlight, Outcome, RecordError, Refused, Source};
 use crate::state::Sidecar;
 
@@ -82,42 +82,35 @@ async fn decide_and_record(
     Ok((admission, flight))
 }
 
-/// The call's credential fields, fetched for this call only.
-async fn credential_fields(
+/// The call's credential, fetched for this call only (with the
+/// integration's redactor); nothing to fetch without a connection.
+async fn credential(
     sidecar: &Sidecar,
     integration: &Integration,
     prefetch: Option<&CredentialPrefetch>,
-) -> Result<CredentialFields, CallToolResult> {
+) -> Result<Fetched, CallToolResult> {
     if !integration.has_connection {
-        return Ok(BTreeMap::new());
+        return Ok(Fetched {
+            fields: BTreeMap::new(),
+            redactor: Redactor::none(),
+        });
     }
     let ns = integration.namespace.as_str();
-    let fetched = match prefetch {
+    let started = match prefetch {
         Some(p) => p.take(ns).await,
         None => None,
     };
-    let fetched = match fetched {
-        Some(f) => f,
-        None => sidecar.platform.credential(ns).await,
+    let fetched = match started {
+        Some(outcome) => fetch::fetched(sidecar, ns, outcome),
+        None => fetch::fetch(sidecar, ns).await,
     };
-    match fetched {
-        Ok(c) => Ok(c.fields),
-        Err(e) => {
-            tracing::warn!(
-                integration = ns,
-                status = e.status().unwrap_or(0),
-                "credential unavailable"
-            );
-            Err(error_result(
-                "credential_unavailable",
-                &format!(
-                    "the platform did not provide the {ns} credential ({})",
-                    e.status().map_or("unreachable".into(), |s| s.to_string())
-                ),
-                502,
-            ))
-        }
-    }
+    fetched.map_err(|e| {
+        error_result(
+            CredentialError::CODE,
+            &e.to_string(),
+            CredentialError::STATUS,
+        )
+    })
 }
 
 /// What an `api_call` answers: the common case (an upstream answer returned
@@ -252,21 +245,20 @@ pub(crate) async fn run_answer(
             None => None,
         }
     };
-    let (fields, early) = tokio::join!(credential_fields(sidecar, integration, prefetch), early);
+    let (fetched, early) = tokio::join!(credential(sidecar, integration, prefetch), early);
     let not_sent = |early: Option<Result<(Admission, InFlight), Stop>>| {
         if let Some(Ok((_, flight))) = early {
             flight.complete(Outcome::new(EgressOutcome::NotSent));
         }
     };
     // The credential lives for this call only; `fields` is dropped on return.
-    let fields = match fields {
+    let Fetched { fields, redactor } = match fetched {
         Ok(f) => f,
         Err(result) => {
             not_sent(early);
             return result.into();
         }
     };
-    let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
     let early = match early {
         Some(Err(Stop::Refused(e))) => return refused(&e, &args.target, &redactor).into(),
         Some(Err(Stop::Unrecorded(e))) => {

@@ -32,7 +32,8 @@ pub const MAX_QUERY_CHARS: usize = 1000;
 pub const MAX_HEADERS: usize = 100;
 /// Longest target URL (after substitution).
 pub const MAX_TARGET_BYTES: usize = 16 * 1024;
-pub use crate::redact::{MIN_REDACT_LEN, REDACTED, Redactor, percent_encode};
+pub use crate::credential::deliver::{delivery_header, percent_encode};
+pub use crate::credential::redact::{MIN_REDACT_LEN, REDACTED, Redactor};
 
 /// Caller headers refused on `api_call`: hop-by-hop and framing headers the
 /// client owns, and the sidecar's own token header.
@@ -254,7 +255,7 @@ impl ArgError {
             status: 400,
         }
     }
-    fn with(code: &'static str, status: u16, message: impl Into<String>) -> Self {
+    pub(crate) fn with(code: &'static str, status: u16, message: impl Into<String>) -> Self {
         ArgError {
             code,
             message: message.into(),
@@ -646,42 +647,6 @@ pub struct Prepared {
     pub body: Bytes,
     /// The delivery header and every caller header that had a placeholder.
     pub credential_headers: Vec<HeaderName>,
-}
-
-/// The header that carries a connection's credential as the integration's
-/// `delivery` says (`api_call` and a remote MCP server's requests alike).
-pub fn delivery_header(
-    d: &Delivery,
-    fields: &CredentialFields,
-) -> Result<(HeaderName, HeaderValue), ArgError> {
-    let name = HeaderName::from_bytes(d.header.as_bytes()).map_err(|_| {
-        ArgError::with(
-            "credential_field_missing",
-            500,
-            "the integration's delivery header is not a valid header name",
-        )
-    })?;
-    let secret = fields.get(&d.field).ok_or_else(|| {
-        ArgError::with(
-            "credential_field_missing",
-            502,
-            format!(
-                "the connection's credential has no field {:?} for the {} header",
-                d.field, d.header
-            ),
-        )
-    })?;
-    let joined = Zeroizing::new(format!("{}{}", d.prefix, secret.expose_secret()));
-    let mut value = HeaderValue::from_str(&joined).map_err(|_| {
-        ArgError::with(
-            "credential_field_missing",
-            502,
-            "the credential is not a valid header value",
-        )
-    })?;
-    // Never shown by a `Debug` of the headers, never indexed by HPACK.
-    value.set_sensitive(true);
-    Ok((name, value))
 }
 
 /// Fills placeholders, adds the delivery header and builds the request.

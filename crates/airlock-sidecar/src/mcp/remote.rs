@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_egress::{AuthorizedUris, CallRules, OutboundRequest};
-use airlock_platform_api::wire::{CredentialFields, EgressOutcome};
+use airlock_platform_api::wire::EgressOutcome;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
 use http::header::{ACCEPT, ACCEPT_ENCODING, CONTENT_TYPE};
@@ -44,14 +44,14 @@ use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
-use secrecy::ExposeSecret;
 use serde_json::{Map, Value};
 use sse_stream::Sse;
 
 use super::api_call::{self, error_result};
 use super::args;
+use crate::credential::Redactor;
+use crate::credential::fetch::{self, Fetched};
 use crate::egress::{Allowed, Outcome, Refused, Source};
-use crate::redact::Redactor;
 use crate::state::Sidecar;
 
 /// Most tools taken from one server; the rest are left out (and logged).
@@ -127,20 +127,19 @@ impl GuardedMcpHttp {
         let Some(integration) = sidecar.integrations.get(ns) else {
             return Err(RemoteError::Delivery(format!("no integration {ns}")));
         };
-        let fields: CredentialFields = if integration.has_connection {
-            match sidecar.platform.credential(ns).await {
-                Ok(c) => c.fields,
-                Err(e) => {
-                    return Err(RemoteError::Credential {
-                        namespace: ns.to_owned(),
-                        status: e.status().map_or("unreachable".into(), |s| s.to_string()),
-                    });
-                }
-            }
+        let Fetched { fields, redactor } = if integration.has_connection {
+            fetch::fetch(sidecar, ns)
+                .await
+                .map_err(|e| RemoteError::Credential {
+                    namespace: e.namespace,
+                    status: e.status.map_or("unreachable".into(), |s| s.to_string()),
+                })?
         } else {
-            BTreeMap::new()
+            Fetched {
+                fields: BTreeMap::new(),
+                redactor: Redactor::none(),
+            }
         };
-        let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
         let mut credential_headers = Vec::new();
         if let Some(d) = integration
             .delivery

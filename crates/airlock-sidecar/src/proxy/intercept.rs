@@ -36,24 +36,24 @@ use std::sync::{Arc, Mutex};
 use airlock_egress::{AuthorizedUris, CallRules, EgressError, OutboundRequest, Target};
 use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
 use airlock_platform_api::wire::EgressOutcome;
-use base64::Engine;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
-use secrecy::zeroize::Zeroizing;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{
     Counted, Meter, ProxyBody, ProxySettings, ProxyStream, Scope, json_response, relay,
     strip_hop_by_hop,
 };
+use crate::credential::deliver::{Substituted, substitute};
+use crate::credential::fetch::{self, CredentialError, Fetched};
+use crate::credential::{Redactor, StreamRedactor};
 use crate::egress::{Allowed, Outcome, Refused};
-use crate::redact::Redactor;
 use crate::state::Sidecar;
 
 /// Leaf certificates kept per run (one per CONNECT host); past it the
@@ -283,43 +283,6 @@ async fn plain_tunnel<S: ProxyStream>(
     super::tunnel(client, upstream, prefix, flight, &settings, true).await;
 }
 
-/// A header value with the secret in it.
-struct Substituted {
-    value: HeaderValue,
-    /// The base64 made for a `Basic` value: the credential in another form,
-    /// for the redactor (an upstream that reflects it gets it redacted).
-    basic: Option<Zeroizing<String>>,
-}
-
-/// Replaces `placeholder` by `secret` in a header value, also inside the
-/// base64 of `Basic` credentials. `None` when the value does not hold it.
-///
-/// Every copy of the secret made on the way is zeroed; the value returned,
-/// which carries it, is marked sensitive (no `Debug` shows it).
-fn substitute(value: &HeaderValue, placeholder: &str, secret: &str) -> Option<Substituted> {
-    let text = value.to_str().ok()?;
-    let (made, basic) = if text.contains(placeholder) {
-        (Zeroizing::new(text.replace(placeholder, secret)), None)
-    } else {
-        let (scheme, encoded) = text.split_once(' ')?;
-        if !scheme.eq_ignore_ascii_case("basic") {
-            return None;
-        }
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let decoded = String::from_utf8(b64.decode(encoded.trim()).ok()?).ok()?;
-        if !decoded.contains(placeholder) {
-            return None;
-        }
-        let replaced = Zeroizing::new(decoded.replace(placeholder, secret));
-        let encoded = Zeroizing::new(b64.encode(replaced.as_bytes()));
-        let made = Zeroizing::new(format!("{scheme} {}", encoded.as_str()));
-        (made, Some(encoded))
-    };
-    let mut value = HeaderValue::from_str(&made).ok()?;
-    value.set_sensitive(true);
-    Some(Substituted { value, basic })
-}
-
 fn refusal(e: &EgressError) -> Response<ProxyBody> {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
     json_response(status, e.code.as_str(), &e.to_string())
@@ -371,84 +334,82 @@ async fn handle(
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
 
-    // Whose credential it may carry, and whether it asks for it.
+    // Whose credential it may carry, and whether it asks for it. Every
+    // answer from what an integration with a credential covers is redacted
+    // of it, whether or not this request carried it: an upstream may hand
+    // back later what an earlier request stored (a stored reflection).
     let mut carried: Option<&str> = None;
     let mut credential_headers: Vec<HeaderName> = Vec::new();
     let mut redactor = Redactor::none();
     let injectable = icpt.injectable_for(sidecar, scope, &target);
     if let Some(inj) = injectable
         && inj.carries
-        && headers.values().any(|v| {
-            v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
-                || substitute(v, &inj.placeholder, "x").is_some()
-        })
     {
-        let fields = match sidecar.platform.credential(&inj.namespace).await {
-            Ok(c) => c.fields,
+        let Fetched {
+            fields,
+            redactor: r,
+        } = match fetch::fetch(sidecar, &inj.namespace).await {
+            Ok(f) => f,
             Err(e) => {
                 return json_response(
                     StatusCode::BAD_GATEWAY,
-                    "credential_unavailable",
-                    &format!(
-                        "the platform did not provide the {} credential ({})",
-                        inj.namespace,
-                        e.status().map_or("unreachable".into(), |s| s.to_string())
-                    ),
+                    CredentialError::CODE,
+                    &e.to_string(),
                 );
             }
         };
-        let field = sidecar
-            .integrations
-            .get(&inj.namespace)
-            .and_then(|i| i.delivery.as_ref())
-            .map(|d| d.field.clone())
-            .unwrap_or_default();
-        let Some(secret) = fields.get(&field) else {
-            return json_response(
-                StatusCode::BAD_GATEWAY,
-                "credential_field_missing",
-                &format!("the connection's credential has no field {field:?}"),
-            );
-        };
-        let names: Vec<HeaderName> = headers.keys().cloned().collect();
-        // Besides the credential's fields, the `Basic` values made here.
-        let mut made: Vec<Zeroizing<String>> = Vec::new();
-        for name in names {
-            let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
-            let mut changed = false;
-            let replaced: Vec<HeaderValue> = values
-                .iter()
-                .map(
-                    |v| match substitute(v, &inj.placeholder, secret.expose_secret()) {
-                        Some(Substituted { value, basic }) => {
-                            changed = true;
-                            made.extend(basic);
-                            value
-                        }
-                        None => v.clone(),
-                    },
-                )
-                .collect();
-            if changed {
-                headers.remove(&name);
-                for v in replaced {
-                    headers.append(name.clone(), v);
+        redactor = r;
+        let asks = headers.values().any(|v| {
+            v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
+                || substitute(v, &inj.placeholder, "x").is_some()
+        });
+        if asks {
+            let field = sidecar
+                .integrations
+                .get(&inj.namespace)
+                .and_then(|i| i.delivery.as_ref())
+                .map(|d| d.field.clone())
+                .unwrap_or_default();
+            let Some(secret) = fields.get(&field) else {
+                return json_response(
+                    StatusCode::BAD_GATEWAY,
+                    "credential_field_missing",
+                    &format!("the connection's credential has no field {field:?}"),
+                );
+            };
+            let names: Vec<HeaderName> = headers.keys().cloned().collect();
+            for name in names {
+                let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
+                let mut changed = false;
+                // (A `Basic` value made here is the credential in base64,
+                // which the redactor finds.)
+                let replaced: Vec<HeaderValue> = values
+                    .iter()
+                    .map(
+                        |v| match substitute(v, &inj.placeholder, secret.expose_secret()) {
+                            Some(Substituted { value, .. }) => {
+                                changed = true;
+                                value
+                            }
+                            None => v.clone(),
+                        },
+                    )
+                    .collect();
+                if changed {
+                    headers.remove(&name);
+                    for v in replaced {
+                        headers.append(name.clone(), v);
+                    }
+                    credential_headers.push(name);
                 }
-                credential_headers.push(name);
             }
+            carried = Some(&inj.namespace);
         }
-        redactor = Redactor::new(
-            fields
-                .values()
-                .map(ExposeSecret::expose_secret)
-                .chain(made.iter().map(|m| m.as_str())),
-        );
         // Only an answer the sidecar can read is redacted.
         headers.insert(
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
-        carried = Some(&inj.namespace);
     }
     // A request the integration covers is allowed by it, and carries the
     // credential only where its placeholder asked for it.
@@ -526,31 +487,11 @@ async fn handle(
     let status = resp.status;
     let mut resp_headers = resp.headers.clone();
     strip_hop_by_hop(&mut resp_headers);
-    if carried.is_none() {
-        // Nothing of the sidecar's to redact: the answer streams through.
-        let meter = Arc::new(Meter {
-            progress: flight.progress().clone(),
-            flight: Mutex::new(Some(flight)),
-            status: Mutex::new(Some(status.as_u16())),
-        });
-        meter
-            .progress
-            .bytes_out
-            .store(bytes_out, std::sync::atomic::Ordering::Relaxed);
-        let body = Counted {
-            inner: resp.body,
-            meter,
-            inbound: true,
-        }
-        .boxed();
-        let mut r = Response::new(body);
-        *r.status_mut() = status;
-        *r.headers_mut() = resp_headers;
-        return r;
-    }
-    // Carrying a credential: read whole (bounded), refuse what cannot be
-    // searched, redact body and headers.
-    if let Some(coding) = crate::mcp::api_call::unreadable_coding(&resp.headers) {
+    // Covered by an integration with a credential: refuse what cannot be
+    // searched; the rest streams through the redactor, headers redacted.
+    if !redactor.is_empty()
+        && let Some(coding) = crate::mcp::api_call::unreadable_coding(&resp.headers)
+    {
         flight.complete(Outcome {
             kind: Some(EgressOutcome::Withheld),
             ..Outcome::completed(status.as_u16()).bytes_out(bytes_out)
@@ -564,21 +505,27 @@ async fn handle(
             ),
         );
     }
-    let body = match resp.body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
-            let mut e = e;
-            e.detail = redactor.str(&e.detail);
-            return refusal(&e);
-        }
+    let meter = Arc::new(Meter {
+        progress: flight.progress().clone(),
+        flight: Mutex::new(Some(flight)),
+        status: Mutex::new(Some(status.as_u16())),
+    });
+    meter
+        .progress
+        .bytes_out
+        .store(bytes_out, std::sync::atomic::Ordering::Relaxed);
+    let counted = Counted {
+        inner: resp.body,
+        meter,
+        inbound: true,
     };
-    flight.complete(
-        Outcome::completed(status.as_u16())
-            .bytes_out(bytes_out)
-            .bytes_in(body.len() as u64),
-    );
-    let body = Bytes::from(redactor.bytes(&body));
+    if redactor.is_empty() {
+        // Nothing of the sidecar's to redact: the answer streams through.
+        let mut r = Response::new(counted.boxed());
+        *r.status_mut() = status;
+        *r.headers_mut() = resp_headers;
+        return r;
+    }
     let mut clean = HeaderMap::new();
     for (name, value) in &resp_headers {
         if name == header::CONTENT_LENGTH {
@@ -590,52 +537,66 @@ async fn handle(
         };
         clean.append(name.clone(), v);
     }
-    let mut r = Response::new(
-        Full::new(body)
-            .map_err(|never| -> Box<dyn std::error::Error + Send + Sync> { match never {} })
-            .boxed(),
-    );
+    let body = Redacting {
+        inner: counted,
+        stream: redactor.stream(),
+        done: false,
+    };
+    let mut r = Response::new(body.boxed());
     *r.status_mut() = status;
     *r.headers_mut() = clean;
     r
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// An answer's body let through a [`StreamRedactor`]: a credential split
+/// across its chunks is found all the same.
+struct Redacting<B> {
+    inner: B,
+    stream: StreamRedactor,
+    done: bool,
+}
 
-    #[test]
-    fn placeholders_are_replaced_in_plain_and_basic_values_only() {
-        let ph = "AIRLOCK_PLACEHOLDER_GH";
-        let v = HeaderValue::from_static("Bearer AIRLOCK_PLACEHOLDER_GH");
-        let plain = substitute(&v, ph, "s3cret").unwrap();
-        assert!(plain.basic.is_none(), "nothing made for the redactor");
-        let plain = plain.value;
-        assert_eq!(plain, "Bearer s3cret");
-        // The value carries the secret: no `Debug` of it shows the secret.
-        assert!(plain.is_sensitive());
-        assert!(!format!("{plain:?}").contains("s3cret"));
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let basic = HeaderValue::from_str(&format!(
-            "Basic {}",
-            b64.encode("x-access-token:AIRLOCK_PLACEHOLDER_GH")
-        ))
-        .unwrap();
-        let Substituted { value: got, basic } = substitute(&basic, ph, "s3cret").unwrap();
-        let encoded = got.to_str().unwrap().strip_prefix("Basic ").unwrap();
-        assert_eq!(b64.decode(encoded).unwrap(), b"x-access-token:s3cret");
-        assert!(got.is_sensitive());
-        // The base64 made is handed to the redactor.
-        assert_eq!(basic.as_deref().map(String::as_str), Some(encoded));
-        for other in [
-            "Basic !!!",
-            "Bearer nothing",
-            "Basic eC1hY2Nlc3MtdG9rZW46b3RoZXI=",
-        ] {
-            let v = HeaderValue::from_str(other).unwrap();
-            assert!(substitute(&v, ph, "s3cret").is_none(), "{other}");
+impl<B> hyper::body::Body for Redacting<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                // Trailers are not passed on (they could carry it too).
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        let out = self.stream.push(&data);
+                        if !out.is_empty() {
+                            let frame = hyper::body::Frame::data(Bytes::from(out));
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    self.done = true;
+                    let out = self.stream.finish();
+                    if out.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(out)))));
+                }
+            }
         }
-        // A value the secret would make invalid is left alone (None).
-        assert!(substitute(&v, ph, "bad\r\nvalue").is_none());
     }
 }

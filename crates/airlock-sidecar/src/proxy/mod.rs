@@ -51,8 +51,8 @@ use tokio::net::TcpStream;
 
 use self::head::{HeadError, RequestHead, RequestTarget};
 use crate::auth;
+use crate::credential::Redactor;
 use crate::egress::{Allowed, InFlight, Outcome, Progress, Refused, Source};
-use crate::redact::Redactor;
 use crate::state::Sidecar;
 
 pub use self::head::{MAX_HEAD_BYTES, parse_head};

@@ -9,6 +9,7 @@ mod support;
 
 mod boundary;
 mod connections_canary;
+mod credential_encodings;
 mod docker_backend;
 mod docker_runs;
 mod docs;

@@ -1,0 +1,81 @@
+//! The one credential path of the sidecar: every site that uses a
+//! connection's credential (`api_call`, remote MCP servers, the
+//! intercepting proxy and the local runners' proxies) fetches it through
+//! [`fetch`] (one refusal mapping), delivers it through [`deliver`] and
+//! redacts what comes back with the integration's [`Redactor`], built once
+//! per set of values by the run's [`Credentials`].
+
+pub mod deliver;
+pub mod fetch;
+pub mod redact;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use airlock_platform_api::wire::CredentialFields;
+use secrecy::ExposeSecret;
+use secrecy::zeroize::Zeroizing;
+
+pub use fetch::{CredentialError, Fetched};
+pub use redact::{MIN_REDACT_LEN, REDACTED, Redactor, StreamRedactor};
+
+/// The values of one integration's credential the run has seen, kept so
+/// that an answer is redacted of an earlier value too (a credential
+/// rotated during the run, stored upstream before it was).
+pub const MAX_VALUES_KEPT: usize = 32;
+
+/// Each integration's credential values seen by this run (at most
+/// [`MAX_VALUES_KEPT`] per integration, the oldest forgotten first; one
+/// entry per integration of the run's configuration) and the redactor built
+/// from them, rebuilt only when a value not seen before arrives.
+#[derive(Default)]
+pub struct Credentials {
+    seen: Mutex<foldhash::HashMap<String, Seen>>,
+}
+
+#[derive(Default)]
+struct Seen {
+    values: VecDeque<Zeroizing<String>>,
+    redactor: Redactor,
+}
+
+impl Credentials {
+    /// The redactor of `namespace` once `fields` are among its values.
+    pub fn redactor(&self, namespace: &str, fields: &CredentialFields) -> Redactor {
+        // Nothing that holds this lock can panic; a poisoned lock still
+        // holds a whole value.
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = match seen.get_mut(namespace) {
+            Some(e) => e,
+            None => seen.entry(namespace.to_owned()).or_default(),
+        };
+        let mut changed = false;
+        for v in fields.values() {
+            let v = v.expose_secret();
+            if v.len() < MIN_REDACT_LEN || entry.values.iter().any(|k| k.as_str() == v) {
+                continue;
+            }
+            if entry.values.len() >= MAX_VALUES_KEPT {
+                entry.values.pop_front();
+            }
+            entry.values.push_back(Zeroizing::new(v.to_owned()));
+            changed = true;
+        }
+        if changed {
+            entry.redactor = Redactor::new(entry.values.iter().map(|v| v.as_str()));
+        }
+        entry.redactor.clone()
+    }
+
+    /// The redactor of `namespace` from the values seen so far (none when
+    /// it was never fetched).
+    pub fn known(&self, namespace: &str) -> Redactor {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(namespace)
+            .map(|e| e.redactor.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// A shared handle (the sidecar's state holds one).
+pub type SharedCredentials = Arc<Credentials>;

@@ -1,0 +1,198 @@
+//! Credential redaction: what the sidecar returns to the agent and what it
+//! writes to its log and the egress log passes through a [`Redactor`] holding
+//! the credential values of the integration concerned.
+//!
+//! A redactor is built once per set of values ([`super::Credentials`]) and
+//! recognises a value in every form ordinary encoders write it: one
+//! Aho-Corasick automaton over the values (ASCII case ignored; a value with
+//! a space also with `+` for it) searches the answer and its decoded views
+//! ([`view`]): JSON and JavaScript string escapes (serde, PHP's `\/`, Go's
+//! `\u0026`, `\uXXXX` of any character), percent-encoding in either case,
+//! HTML character references (named, decimal, hex), base64 of either
+//! alphabet, padded or not, wherever the value lies inside a longer base64
+//! text (so `user:password` in Basic too), and each of these views decoded
+//! once more (base64 of a JSON-escaped value, a percent-encoded JSON text).
+//! A value found in a view is replaced, in the answer, by the span of bytes
+//! it was decoded from. A streamed answer goes through a [`StreamRedactor`],
+//! which keeps back the longest span a match can take.
+
+mod forms;
+mod stream;
+#[cfg(test)]
+mod tests;
+mod view;
+
+use std::sync::Arc;
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+pub use forms::MIN_REDACT_LEN;
+pub use stream::StreamRedactor;
+use view::{Decoder, View};
+
+pub const REDACTED: &str = "[REDACTED]";
+
+/// Replaces credential values, in every encoded form ([module docs](self)),
+/// with `[REDACTED]` in anything returned to the agent or logged. Cheap to
+/// clone (the automaton is shared).
+#[derive(Clone, Default)]
+pub struct Redactor {
+    inner: Option<Arc<Searcher>>,
+}
+
+struct Searcher {
+    automaton: AhoCorasick,
+    /// The longest needle, in bytes.
+    longest: usize,
+    /// The shortest base64 run that can hold the shortest needle.
+    min_run: usize,
+}
+
+impl Redactor {
+    /// Redacts nothing: for requests that carry no credential of the
+    /// sidecar's.
+    pub fn none() -> Self {
+        Redactor::default()
+    }
+
+    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Self {
+        // The needles are zeroed once the automaton holds them (its own
+        // copy lives as long as the redactor).
+        let mut needles = Vec::new();
+        for s in secrets {
+            for n in forms::needles(s) {
+                if !needles.contains(&n) {
+                    needles.push(n);
+                }
+            }
+        }
+        let Some(longest) = needles.iter().map(|n| n.len()).max() else {
+            return Redactor::none();
+        };
+        let shortest = needles.iter().map(|n| n.len()).min().unwrap_or(longest);
+        let automaton = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(needles.iter().map(|n| n.as_slice()));
+        match automaton {
+            Ok(automaton) => Redactor {
+                inner: Some(Arc::new(Searcher {
+                    automaton,
+                    longest,
+                    min_run: shortest * 4 / 3,
+                })),
+            },
+            Err(e) => {
+                // Only a needle set beyond the automaton's size limits
+                // fails; a value that long is searched as it is.
+                tracing::error!("credential redactor: {e}");
+                Redactor::none()
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    /// The most bytes of an answer one match may span: a stream keeps that
+    /// much back until it knows what follows.
+    pub(crate) fn longest_span(&self) -> usize {
+        let per_byte = Decoder::ALL
+            .iter()
+            .map(|d| d.max_expansion())
+            .max()
+            .unwrap_or(1);
+        self.inner
+            .as_ref()
+            .map_or(0, |s| s.longest * per_byte * per_byte + 8)
+    }
+
+    /// The spans of `input` that hold a credential value in some form,
+    /// sorted, merged.
+    pub(crate) fn spans(&self, input: &[u8]) -> Vec<(usize, usize)> {
+        let Some(s) = &self.inner else {
+            return Vec::new();
+        };
+        let mut found: Vec<(usize, usize)> = Vec::new();
+        for m in s.automaton.find_iter(input) {
+            found.push((m.start(), m.end()));
+        }
+        let search = |v: &View, found: &mut Vec<(usize, usize)>| {
+            for m in s.automaton.find_iter(&v.bytes) {
+                if let Some(span) = v.span(m.start(), m.end()) {
+                    found.push(span);
+                }
+            }
+        };
+        for d1 in Decoder::ALL {
+            let Some(v1) = d1.view(input, None, s.min_run) else {
+                continue;
+            };
+            search(&v1, &mut found);
+            for d2 in Decoder::ALL {
+                if let Some(v2) = d2.view(&v1.bytes, Some(&v1), s.min_run) {
+                    search(&v2, &mut found);
+                }
+            }
+        }
+        found.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(found.len());
+        for (start, end) in found {
+            match merged.last_mut() {
+                Some(last) if start < last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+    }
+
+    pub fn bytes(&self, input: &[u8]) -> Vec<u8> {
+        render(input, &self.spans(input))
+    }
+
+    /// [`Redactor::str`] of a string the caller owns: kept as it is (no
+    /// copy) when there is nothing to redact.
+    pub fn string(&self, input: String) -> String {
+        if self.is_empty() {
+            return input;
+        }
+        let spans = self.spans(input.as_bytes());
+        if spans.is_empty() {
+            return input;
+        }
+        to_string(render(input.as_bytes(), &spans))
+    }
+
+    pub fn str(&self, input: &str) -> String {
+        if self.is_empty() {
+            return input.to_owned();
+        }
+        to_string(self.bytes(input.as_bytes()))
+    }
+
+    /// A redactor of a streamed answer, for one answer.
+    pub fn stream(&self) -> StreamRedactor {
+        StreamRedactor::new(self.clone())
+    }
+}
+
+fn to_string(bytes: Vec<u8>) -> String {
+    // A span may cut a multi-byte character (a decoded view's span ends on
+    // its escape, not on the text's characters): lossy, never invalid.
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// `input` with each of `spans` (sorted, disjoint) replaced by
+/// [`REDACTED`].
+fn render(input: &[u8], spans: &[(usize, usize)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len() + spans.len() * REDACTED.len());
+    let mut from = 0;
+    for &(start, end) in spans {
+        out.extend_from_slice(input.get(from..start).unwrap_or_default());
+        out.extend_from_slice(REDACTED.as_bytes());
+        from = end;
+    }
+    out.extend_from_slice(input.get(from..).unwrap_or_default());
+    out
+}

@@ -1,0 +1,237 @@
+//! The forms each ordinary encoder writes, written out by hand here (the
+//! suite's `credential_encodings` drives the real encoders).
+
+use base64::Engine;
+
+use super::*;
+
+/// An AWS-style secret with the characters encoders treat differently.
+const SECRET: &str = "wJalr/XUtn+FEMI&K7<MDENG>bPx'R\"fiCY";
+
+fn assert_gone(r: &Redactor, text: &str, what: &str) {
+    let out = r.str(text);
+    assert!(out.contains(REDACTED), "{what}: not redacted: {out}");
+    for probe in ["wJalr", "XUtn", "K7", "MDENG", "fiCY"] {
+        // The secret's pieces are gone (the surrounding text stays).
+        assert!(
+            !out.contains(probe) || text.replace(SECRET, "").contains(probe),
+            "{what}: {probe} left in {out}"
+        );
+    }
+}
+
+#[test]
+fn json_escapes_of_every_encoder() {
+    let r = Redactor::new([SECRET]);
+    let serde = serde_json::to_string(SECRET).unwrap();
+    let php = serde.replace('/', "\\/");
+    let go = serde
+        .replace('&', "\\u0026")
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e");
+    let js_all: String = SECRET
+        .chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect();
+    let js_upper: String = SECRET
+        .chars()
+        .map(|c| format!("\\u{:04X}", c as u32))
+        .collect();
+    let js_x: String = SECRET.bytes().map(|b| format!("\\x{b:02x}")).collect();
+    for (what, enc) in [
+        ("serde", serde),
+        ("php", php),
+        ("go", go),
+        ("js", js_all),
+        ("JS", js_upper),
+        ("\\x", js_x),
+    ] {
+        assert_gone(&r, &format!("{{\"note\":{enc},\"ok\":1}}"), what);
+    }
+    // Non-ASCII as \u escapes, a surrogate pair included.
+    let r = Redactor::new(["clé-😀-secret"]);
+    assert_eq!(
+        r.str(r#"{"a":"cl\u00e9-\ud83d\ude00-secret"}"#),
+        r#"{"a":"[REDACTED]"}"#
+    );
+}
+
+#[test]
+fn percent_encodings_in_both_cases_and_plus_for_space() {
+    let r = Redactor::new([SECRET]);
+    let upper: String = SECRET.bytes().map(|b| format!("%{b:02X}")).collect();
+    let lower: String = SECRET.bytes().map(|b| format!("%{b:02x}")).collect();
+    let mixed = deliver_encode(SECRET).to_ascii_lowercase();
+    for (what, enc) in [("upper", upper), ("lower", lower), ("mixed", mixed)] {
+        assert_gone(&r, &format!("/a?x={enc}&y=2"), what);
+    }
+    let spaced = Redactor::new(["pass word/x"]);
+    assert_eq!(spaced.str("q=pass+word%2Fx&z"), "q=[REDACTED]&z");
+    assert_eq!(spaced.str("q=pass%20word%2fx"), "q=[REDACTED]");
+}
+
+fn deliver_encode(s: &str) -> String {
+    crate::credential::deliver::percent_encode(s)
+}
+
+#[test]
+fn html_named_decimal_and_hex_references() {
+    let r = Redactor::new([SECRET]);
+    let named = SECRET
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#039;");
+    let decimal: String = SECRET.bytes().map(|b| format!("&#{b};")).collect();
+    let hex: String = SECRET.bytes().map(|b| format!("&#x{b:X};")).collect();
+    let slash = named.replace('/', "&#x2F;");
+    let sol = named.replace('/', "&sol;").replace('+', "&plus;");
+    for (what, enc) in [
+        ("named", named),
+        ("decimal", decimal),
+        ("hex", hex),
+        ("slash", slash),
+        ("sol", sol),
+    ] {
+        assert_gone(&r, &format!("<p title=\"{enc}\">hi</p>"), what);
+    }
+}
+
+#[test]
+fn base64_of_both_alphabets_at_every_alignment() {
+    let r = Redactor::new([SECRET]);
+    let engines = [
+        base64::engine::general_purpose::STANDARD,
+        base64::engine::general_purpose::STANDARD_NO_PAD,
+        base64::engine::general_purpose::URL_SAFE,
+        base64::engine::general_purpose::URL_SAFE_NO_PAD,
+    ];
+    for (e, engine) in engines.iter().enumerate() {
+        for lead in 0..6 {
+            for trail in 0..4 {
+                let mut data = vec![b'z'; lead];
+                data.extend_from_slice(SECRET.as_bytes());
+                data.extend(std::iter::repeat_n(b'q', trail));
+                let enc = engine.encode(&data);
+                let text = format!("{{\"blob\":\"{enc}\"}}");
+                let out = r.str(&text);
+                // What is left decodes to nothing of the secret.
+                let left: String = out
+                    .replace(REDACTED, "")
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || "+/-_".contains(*c))
+                    .collect();
+                for skip in 0..4 {
+                    let dec = base64::engine::general_purpose::STANDARD_NO_PAD
+                        .decode(left.get(skip..).unwrap_or("").replace(['-', '_'], "A"));
+                    if let Ok(d) = dec {
+                        assert!(
+                            !String::from_utf8_lossy(&d).contains("XUtn"),
+                            "engine {e}, lead {lead}"
+                        );
+                    }
+                }
+                assert!(out.contains(REDACTED), "engine {e} lead {lead}: {out}");
+            }
+        }
+    }
+    // Basic: `user:password`, and MIME lines (76 characters, CRLF).
+    let b64 = base64::engine::general_purpose::STANDARD;
+    assert_gone(
+        &r,
+        &format!("Basic {}", b64.encode(format!("admin:{SECRET}"))),
+        "basic",
+    );
+    let long = b64.encode(format!("{}{SECRET}{}", "x".repeat(50), "y".repeat(50)));
+    let mime: Vec<String> = long
+        .as_bytes()
+        .chunks(76)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    assert!(r.str(&mime.join("\r\n")).contains(REDACTED));
+}
+
+#[test]
+fn two_encoders_in_a_row() {
+    let r = Redactor::new([SECRET]);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let json = serde_json::to_string(SECRET).unwrap();
+    // base64 of JSON, PHP's `\/` in base64 text, percent-encoded JSON.
+    assert!(r.str(&b64.encode(&json)).contains(REDACTED));
+    let php_b64 = b64.encode(SECRET).replace('/', "\\/");
+    assert!(r.str(&format!("\"{php_b64}\"")).contains(REDACTED));
+    let pct_json: String = json.bytes().map(|b| format!("%{b:02x}")).collect();
+    assert!(r.str(&pct_json).contains(REDACTED));
+    // JSON in an HTML attribute.
+    let html_json = json.replace('&', "&amp;").replace('"', "&quot;");
+    assert!(r.str(&html_json).contains(REDACTED));
+}
+
+#[test]
+fn case_is_ignored_and_nothing_else_changes() {
+    let r = Redactor::new(["k3y!AbCd"]);
+    assert_eq!(r.str("host k3y!abcd.example"), "host [REDACTED].example");
+    assert_eq!(r.str("K3Y!ABCD"), "[REDACTED]");
+    assert_eq!(r.str("k3y!AbCdk3y!AbCd"), "[REDACTED][REDACTED]");
+    assert_eq!(r.str("no secret here"), "no secret here");
+    assert_eq!(r.str(""), "");
+    // Escapes and base64 that hold no secret are left as they were.
+    let plain = r#"{"a":"x\/y\u0026z","b":"aGVsbG8gd29ybGQ=","c":"%41&amp;&#47;"}"#;
+    assert_eq!(r.str(plain), plain);
+    // Short values are not redacted.
+    let short = Redactor::new(["abc"]);
+    assert!(short.is_empty());
+    assert_eq!(short.str("abc"), "abc");
+    assert!(Redactor::new([]).is_empty());
+    // A large answer keeps its bytes around the value.
+    let mut big = vec![b'.'; 100_000];
+    big.splice(50_000..50_000, b"k3y!AbCd".iter().copied());
+    let out = r.bytes(&big);
+    assert_eq!(out.len(), 100_000 + REDACTED.len());
+    assert_eq!(
+        out.get(50_000..50_000 + REDACTED.len()),
+        Some(REDACTED.as_bytes())
+    );
+}
+
+/// Split anywhere, in any chunks, a stream gives what the whole answer
+/// gives.
+#[test]
+fn a_stream_finds_a_value_split_across_chunks() {
+    let r = Redactor::new([SECRET]);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let go = serde_json::to_string(SECRET)
+        .unwrap()
+        .replace('&', "\\u0026");
+    let answers = [
+        format!("data: {{\"a\":{go}}}\n\n"),
+        format!(
+            "{}{}{}",
+            "-".repeat(3000),
+            b64.encode(SECRET),
+            ".".repeat(5000)
+        ),
+        format!("pre {SECRET} mid {} post", SECRET.replace('&', "&amp;")),
+    ];
+    for answer in &answers {
+        let whole = r.bytes(answer.as_bytes());
+        for size in [1, 2, 3, 7, 64, 1000, 4096] {
+            let mut s = r.stream();
+            let mut out = Vec::new();
+            for chunk in answer.as_bytes().chunks(size) {
+                out.extend(s.push(chunk));
+            }
+            out.extend(s.finish());
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&whole),
+                "chunks of {size}"
+            );
+        }
+    }
+    // Nothing to redact: the chunks go through as they are.
+    let mut none = Redactor::none().stream();
+    assert_eq!(none.push(b"abc"), b"abc");
+    assert!(none.finish().is_empty());
+}
