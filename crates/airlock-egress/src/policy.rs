@@ -325,10 +325,11 @@ impl Guard {
                     GuardStep::AddressTable,
                     Some(&host.bare()),
                     format!(
-                        "{} resolves to {ip}, where port {port} is the sidecar's own listener",
+                        "{} resolves to the sidecar's own listener (port {port})",
                         host.bare()
                     ),
-                ));
+                )
+                .at(ip));
             }
         }
         if !internal {
@@ -340,8 +341,9 @@ impl Guard {
                         EgressCode::BlockedAddress,
                         GuardStep::AddressTable,
                         Some(&host.bare()),
-                        format!("{} resolves to {ip}, which is blocked: {why}", host.bare()),
-                    ));
+                        format!("{} resolves to a blocked address: {why}", host.bare()),
+                    )
+                    .at(ip));
                 }
             }
         }
