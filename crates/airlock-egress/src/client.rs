@@ -603,8 +603,8 @@ impl GuardedClient {
         let sent = idle.sender.send_request(request);
         let resp = driven(&mut idle.conn, sent)
             .await
-            .map_err(|e| EgressError::upstream(&host, format!("request to {addr} failed: {e}")))?
-            .map_err(|e| EgressError::upstream(&host, format!("request to {addr} failed: {e}")))?;
+            .map_err(|e| EgressError::upstream(&host, format!("request failed: {e}")).at(addr))?
+            .map_err(|e| EgressError::upstream(&host, format!("request failed: {e}")).at(addr))?;
         Ok((resp, idle, key))
     }
 
@@ -665,18 +665,21 @@ impl GuardedClient {
                     stream = Some((s, addr));
                     break;
                 }
-                Ok(Err(e)) => errors.push(format!("{addr}: {e}")),
-                Err(_) => errors.push(format!(
-                    "{addr}: connect timed out after {:?}",
-                    self.cfg.connect_timeout
+                Ok(Err(e)) => errors.push((addr, e.to_string())),
+                Err(_) => errors.push((
+                    addr,
+                    format!("connect timed out after {:?}", self.cfg.connect_timeout),
                 )),
             }
         }
         let Some((tcp, addr)) = stream else {
+            let why: Vec<&str> = errors.iter().map(|(_, e)| e.as_str()).collect();
+            let addrs: Vec<String> = errors.iter().map(|(a, _)| a.to_string()).collect();
             return Err(EgressError::upstream(
                 &host,
-                format!("could not connect: {}", errors.join("; ")),
-            ));
+                format!("could not connect: {}", why.join("; ")),
+            )
+            .at(addrs.join(", ")));
         };
         // The guard refused the registered listeners by address; a host's own
         // address on a listener's port (one bound to every address) only
@@ -690,11 +693,12 @@ impl GuardedClient {
                 EgressCode::BlockedAddress,
                 GuardStep::AddressTable,
                 Some(&host),
-                format!("{peer} is the sidecar's own listener"),
-            ));
+                "the address is the sidecar's own listener",
+            )
+            .at(peer));
         }
         let handshake_err = |e: hyper::Error| {
-            EgressError::upstream(&host, format!("HTTP handshake with {addr} failed: {e}"))
+            EgressError::upstream(&host, format!("HTTP handshake failed: {e}")).at(addr)
         };
         if target.is_https() {
             let name = match target.host() {
@@ -705,11 +709,9 @@ impl GuardedClient {
             };
             let tls = tokio::time::timeout(self.cfg.connect_timeout, self.tls.connect(name, tcp))
                 .await
-                .map_err(|_| {
-                    EgressError::upstream(&host, format!("TLS handshake with {addr} timed out"))
-                })?
+                .map_err(|_| EgressError::upstream(&host, "TLS handshake timed out").at(addr))?
                 .map_err(|e| {
-                    EgressError::upstream(&host, format!("TLS handshake with {addr} failed: {e}"))
+                    EgressError::upstream(&host, format!("TLS handshake failed: {e}")).at(addr)
                 })?;
             let (sender, conn) = http1::handshake(TokioIo::new(tls))
                 .await
@@ -948,6 +950,7 @@ fn redirect_refusal(e: EgressError, hop: u32) -> EgressError {
         guard: GuardStep::Redirects,
         host: e.host,
         detail: format!("redirect hop {hop} refused: {}", e.detail),
+        address: e.address,
     }
 }
 

@@ -105,14 +105,25 @@ impl GuardStep {
 }
 
 /// A refusal or failure of an outbound request.
+///
+/// Its `Display` is the operator's (and the sandbox's) view: the rule, the
+/// host and the address the decision was about. A tenant-facing answer (the
+/// `/v1` API) uses [`EgressError::tenant_message`], which names the rule and
+/// the host the tenant gave but never an address the guard resolved: the
+/// instance's internal DNS is not an oracle for tenants.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{code}: {detail} (guard: {}, host: {})", guard.as_str(), host.as_deref().unwrap_or("-"))]
+#[error("{}{}", self.tenant_message(), self.address.as_deref().map(|a| format!(" (address: {a})")).unwrap_or_default())]
 pub struct EgressError {
     pub code: EgressCode,
     pub guard: GuardStep,
     /// The host the refusal is about, when there is one.
     pub host: Option<String>,
+    /// What was decided and why. Never holds a resolved address (that goes
+    /// in `address`).
     pub detail: String,
+    /// The address(es) the decision is about (resolved or dialled), for the
+    /// operator's log only.
+    pub address: Option<String>,
 }
 
 impl EgressError {
@@ -127,7 +138,27 @@ impl EgressError {
             guard,
             host: host.map(str::to_owned),
             detail: detail.into(),
+            address: None,
         }
+    }
+
+    /// The same error, about `address` (kept out of tenant messages).
+    #[must_use]
+    pub fn at(mut self, address: impl fmt::Display) -> Self {
+        self.address = Some(address.to_string());
+        self
+    }
+
+    /// The refusal as a tenant may read it: code, rule, guard step and the
+    /// host as given; no resolved or dialled address.
+    pub fn tenant_message(&self) -> String {
+        format!(
+            "{}: {} (guard: {}, host: {})",
+            self.code,
+            self.detail,
+            self.guard.as_str(),
+            self.host.as_deref().unwrap_or("-")
+        )
     }
 
     pub fn invalid_url(detail: impl Into<String>) -> Self {

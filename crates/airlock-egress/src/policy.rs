@@ -190,7 +190,7 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
     for p in rules.authorized.entries() {
         if p.matches(target) {
             if p.carries_credential_to(target) {
-                return Ok(());
+                return check_decoded_path(target, rules.authorized);
             }
             matched_but_too_wide.get_or_insert(p.source());
         }
@@ -223,6 +223,37 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
         format!("{} matches no authorized_uris entry", target.loggable())
     };
     refuse(EgressCode::NotAuthorized, GuardStep::AuthorizedUris, detail)
+}
+
+/// The credential rule for encoded separators (issue 44.3): a credentialed
+/// target must also carry its credential where a server that decodes `%2F`,
+/// `%5C` and `%2E` (and normalises `..`) would route it. `/api/..%2fprivate`
+/// matches `/api/**` as written but is `/private` to many servers: refused
+/// (`invalid_url`, the credential rules), on every path the guard judges.
+/// An encoded separator that stays inside what an entry covers
+/// (`/api/v4/projects/group%2Fproject` under `/api/**`) is admitted.
+fn check_decoded_path(target: &Target, authorized: &AuthorizedUris) -> Result<(), EgressError> {
+    let Some(view) = target.as_decoded_by_servers()? else {
+        return Ok(());
+    };
+    if authorized
+        .entries()
+        .iter()
+        .any(|p| p.matches(&view) && p.carries_credential_to(&view))
+    {
+        return Ok(());
+    }
+    Err(EgressError::new(
+        EgressCode::InvalidUrl,
+        GuardStep::CredentialRules,
+        Some(&target.host().bare()),
+        format!(
+            "{} holds an encoded '/', '\\' or '.' in its path, and decoded ({}) it matches \
+             no authorized_uris entry that may carry the credential",
+            target.loggable(),
+            view.loggable()
+        ),
+    ))
 }
 
 /// A target the guard let through, with the only addresses it may be dialled at.
@@ -325,10 +356,11 @@ impl Guard {
                     GuardStep::AddressTable,
                     Some(&host.bare()),
                     format!(
-                        "{} resolves to {ip}, where port {port} is the sidecar's own listener",
+                        "{} resolves to the sidecar's own listener (port {port})",
                         host.bare()
                     ),
-                ));
+                )
+                .at(ip));
             }
         }
         if !internal {
@@ -340,8 +372,9 @@ impl Guard {
                         EgressCode::BlockedAddress,
                         GuardStep::AddressTable,
                         Some(&host.bare()),
-                        format!("{} resolves to {ip}, which is blocked: {why}", host.bare()),
-                    ));
+                        format!("{} resolves to a blocked address: {why}", host.bare()),
+                    )
+                    .at(ip));
                 }
             }
         }
@@ -671,5 +704,42 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(*rec.0.lock().unwrap(), vec!["api.x.com".to_owned()]);
+    }
+
+    #[tokio::test]
+    async fn an_encoded_separator_may_not_take_a_credential_outside_its_entry() {
+        use EgressCode::*;
+        let g = guard(&[("api.example.com", "93.184.216.34")], &[]);
+        let list = AuthorizedUris::parse(&["https://api.example.com/api/**"]);
+        for escape in [
+            "/api/..%2fprivate/echo",
+            "/api/..%2Fprivate/echo",
+            "/api/%2e%2e%2fprivate",
+            "/api/%2E%2E%5Cprivate",
+            "/api/..%5cprivate",
+            "/api/%252e%252e%252fprivate",
+            "/api/a/..%2f..%2fprivate",
+        ] {
+            let url = format!("https://api.example.com{escape}");
+            assert_eq!(
+                code(&g, &url, &list, true).await,
+                Some(InvalidUrl),
+                "{escape}"
+            );
+            // Without a credential the entry as written decides.
+            assert_eq!(code(&g, &url, &list, false).await, None, "{escape}");
+        }
+        for fine in [
+            "/api/x",
+            "/api/group%2Fproject",
+            "/api/a/..%2fb",
+            "/api/v1%2Ejson",
+            "/api/%41",
+        ] {
+            let url = format!("https://api.example.com{fine}");
+            assert_eq!(code(&g, &url, &list, true).await, None, "{fine}");
+        }
+        let url = format!("https://api.example.com/api/%{}2f", "25".repeat(8));
+        assert_eq!(code(&g, &url, &list, true).await, Some(InvalidUrl));
     }
 }

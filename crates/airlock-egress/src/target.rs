@@ -208,6 +208,46 @@ impl Target {
             && self.port_or_default() == other.port_or_default()
     }
 
+    /// The target as a server that percent-decodes `/`, `\` and `.` in
+    /// the path (`%2F`, `%5C`, `%2E`, and `%25` before them, as a server
+    /// decoding twice would) and then normalises it may route it: `None`
+    /// when decoding changes nothing (the path means the same to every
+    /// server). Refused (`invalid_url`) when the path is still changing after
+    /// [`MAX_DECODE_ROUNDS`] decodings.
+    pub fn as_decoded_by_servers(&self) -> Result<Option<Target>, EgressError> {
+        let raw = self.url.path();
+        if !raw.contains('%') {
+            return Ok(None);
+        }
+        let mut path = raw.to_owned();
+        let mut changed = false;
+        for _ in 0..MAX_DECODE_ROUNDS {
+            match decode_separators(&path) {
+                Some(next) => {
+                    path = next;
+                    changed = true;
+                }
+                None => {
+                    if !changed {
+                        return Ok(None);
+                    }
+                    let mut url = self.url.clone();
+                    // The WHATWG path setter turns `\` into `/` and removes
+                    // dot segments, as the server would.
+                    url.set_path(&path);
+                    return Ok(Some(Target {
+                        url,
+                        host: self.host.clone(),
+                        had_userinfo: self.had_userinfo,
+                    }));
+                }
+            }
+        }
+        Err(EgressError::invalid_url(format!(
+            "the path is percent-encoded more than {MAX_DECODE_ROUNDS} times over"
+        )))
+    }
+
     /// Resolves a `Location` header against this target.
     pub fn join(&self, location: &str) -> Result<Target, EgressError> {
         if let Some(c) = location.chars().find(|c| c.is_control()) {
@@ -282,6 +322,39 @@ impl TargetMemo {
             .map(|r| r.iter().map(|(text, _)| text.to_string()).collect())
             .unwrap_or_default()
     }
+}
+
+/// How many rounds of decoding [`Target::as_decoded_by_servers`] follows.
+pub const MAX_DECODE_ROUNDS: usize = 4;
+
+/// One round of decoding `%2F`, `%5C`, `%2E` and `%25` (either case) in a
+/// path, or `None` when it holds none of them.
+fn decode_separators(path: &str) -> Option<String> {
+    let b = path.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut changed = false;
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let decoded = match (b[i + 1], b[i + 2].to_ascii_uppercase()) {
+                (b'2', b'F') => Some(b'/'),
+                (b'5', b'C') => Some(b'\\'),
+                (b'2', b'E') => Some(b'.'),
+                (b'2', b'5') => Some(b'%'),
+                _ => None,
+            };
+            if let Some(c) = decoded {
+                out.push(c);
+                changed = true;
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    // Only ASCII was replaced by ASCII: still UTF-8.
+    changed.then(|| String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Refuses `%`, spaces and other junk in the host as the caller wrote it,

@@ -286,10 +286,16 @@ async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
         http::header::USER_AGENT,
         val(concat!("airlock-webhooks/", env!("CARGO_PKG_VERSION")))?,
     );
-    let authorized = authorized_for(&hook.url).map_err(|e| format!("gone: {e}"))?;
+    // The error is recorded as the delivery's `last_error`, which the
+    // tenant reads: the rule, never a resolved address (the log keeps it).
+    let authorized =
+        authorized_for(&hook.url).map_err(|e| format!("gone: {}", e.tenant_message()))?;
     match app.webhook_client().send(req, &rules(&authorized)).await {
         Ok(r) => Ok(r.status.as_u16()),
-        Err(e) => Err(e.to_string()),
+        Err(e) => {
+            tracing::info!(delivery = %d.id, "webhook delivery failed: {e}");
+            Err(e.tenant_message())
+        }
     }
 }
 

@@ -54,25 +54,21 @@ pub async fn create(
             events.push(e.clone());
         }
     }
-    // The guard's decision, now: a URL it refuses is never stored.
+    // The guard's decision, now: a URL it refuses is never stored. The
+    // tenant reads the rule; the operator's log also the address.
     let refused = |e: airlock_egress::EgressError| {
+        tracing::info!(org = %t.org_id, "webhook URL refused: {e}");
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "url_refused",
-            format!("the egress guard refuses this URL: {e}"),
+            format!("the egress guard refuses this URL: {}", e.tenant_message()),
         )
     };
     let authorized = crate::webhooks::authorized_for(&b.url).map_err(refused)?;
     app.webhook_client()
         .admit(&b.url, &crate::webhooks::rules(&authorized))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "url_refused",
-                format!("the egress guard refuses this URL: {e}"),
-            )
-        })?;
+        .map_err(refused)?;
     let secret = format!(
         "whsec_{}",
         airlock_vault::random_hex::<32>().map_err(ApiError::internal)?

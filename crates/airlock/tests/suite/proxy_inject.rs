@@ -37,6 +37,8 @@ def curl(url, *extra):
 r["curl_main"] = curl(main + "/api/echo")
 r["curl_other"] = curl(other + "/api/echo")
 r["curl_uncovered"] = curl(main + "/private/echo")
+# A path under /api/ as written that many servers decode to /private/echo.
+r["curl_escape"] = curl(main + "/api/..%2fprivate/echo", "--path-as-is")
 # Fronting: a tunnel to the other host whose request names the covered one.
 r["curl_fronted"] = curl(other + "/api/echo", "-H", "Host: " + main.split("//")[1])
 try:
@@ -182,6 +184,20 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
         r["curl_uncovered"]
     );
     assert!(!main_seen.iter().any(|(p, _)| p.starts_with("/private")));
+    // Nor one that escapes `/api/**` once decoded (issue 44.3): the
+    // integration does not cover it, so it is judged (and refused) by the
+    // network policy, and the credential never went with it.
+    assert!(
+        r["curl_escape"]["out"].as_str().unwrap().contains("403"),
+        "{}",
+        r["curl_escape"]
+    );
+    assert!(
+        !main_seen
+            .iter()
+            .any(|(p, auth)| p.contains("private") && auth.as_deref() == Some(bearer.as_str())),
+        "{main_seen:?}"
+    );
 
     // The sandbox has the CA's certificate, never its key, nor the credential.
     assert_eq!(r["ca_cert_present"], true);
@@ -207,8 +223,11 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
     let e = of(&format!("127.0.0.3:{other_port}/api/echo"));
     assert_eq!(e.len(), 2, "{entries:?}");
     assert!(e.iter().all(|e| e["integration"].is_null()), "{e:?}");
-    let e = of("/private/echo");
+    let e = of("/api/..%2fprivate/echo");
     assert_eq!(e.len(), 1, "{entries:?}");
+    assert_eq!(e[0]["decision"], "refused");
+    let e = of("/private/echo");
+    assert_eq!(e.len(), 2, "{entries:?}");
     assert_eq!(e[0]["decision"], "refused");
 }
 

@@ -333,6 +333,49 @@ fn a_webhook_name_that_resolves_to_a_blocked_address_is_refused() {
     assert_eq!(st, 422, "a name is not the exempted 127.0.0.1: {v}");
 }
 
+/// A refusal is not a DNS oracle (issue 44.12): a tenant registering a
+/// webhook at a name the instance's resolver maps to a private address
+/// learns which rule refused it, never the address; the operator's log keeps
+/// the address. A webhook the guard admits is still created.
+#[test]
+fn a_webhook_refusal_names_the_rule_not_the_resolved_address() {
+    let ns = crate::egress_check::nameserver("db.corp.example.com", "10.20.30.40".parse().unwrap());
+    let t = start(&[("AIRLOCK_DNS_SERVER", &ns.to_string())]);
+    let (_, key) = create_org(&t.env, "A", &[]);
+    let (st, v) = t.s.call(
+        "POST",
+        "/v1/webhooks",
+        Some(&key),
+        Some(&json!({"url": "https://db.corp.example.com/in", "events": ["run.failed"]})),
+    );
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["error"]["code"], "url_refused");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("blocked_address"), "{v}");
+    assert!(message.contains("private"), "the rule is named: {v}");
+    assert!(
+        !v.to_string().contains("10.20.30.40"),
+        "the address leaked: {v}"
+    );
+    // The operator's log has it.
+    assert!(t.s.log_text().contains("10.20.30.40"), "{}", t.s.log_text());
+    // The legitimate path: an admitted URL is stored.
+    let (st, v) = t.s.call(
+        "POST",
+        "/v1/webhooks",
+        Some(&key),
+        Some(&json!({"url": "http://127.0.0.1:9/in", "events": ["run.failed"]})),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(
+        t.s.call("GET", "/v1/webhooks", Some(&key), None).1["webhooks"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
 #[test]
 fn a_key_over_its_rate_gets_429_with_retry_after() {
     let t = start(&[("API_RATE_PER_SECOND", "1"), ("API_RATE_BURST", "5")]);

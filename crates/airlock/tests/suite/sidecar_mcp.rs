@@ -1053,3 +1053,78 @@ async fn sessions_past_the_cap_close_the_oldest() {
     let (status, _, _) = http(sc.tcp(), "GET", "/health", &[], b"");
     assert_eq!(status, 200);
 }
+
+/// Issue 44.3: a path that escapes its pattern once a server decodes it.
+/// `/api/**` matches `/api/..%2fprivate` as written, but a server that
+/// decodes `%2f` and then normalises serves `/private`: the credential must
+/// not go with it, whichever spelling (either case, `%5c`, `%2e`, encoded
+/// twice). The legitimate call under `/api/` still carries it, and so does
+/// an encoded `/` that stays under `/api/`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_encoded_separator_cannot_take_the_credential_outside_its_pattern() {
+    assert!(
+        python_has(&["mcp", "httpx2"]),
+        "the MCP Python SDK is needed"
+    );
+    let p = TestPlatform::start("mcp-agent").await;
+    p.add_connection("narrow", AuthType::Bearer, &[("api_key", CANARY)])
+        .await;
+    let up = Upstream::start().await;
+    let port = up.addr.port();
+    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": [{
+                "namespace": "narrow",
+                "authorized_uris": [format!("http://{API}:{port}/api/**")],
+                "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}
+            }],
+            "egress": {"allow_internal_hosts": [API], "resolve": {API: ["127.0.0.1"]}}
+        }),
+    );
+    let sc = spawn_sidecar_with_log(&cfg, "info");
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    let escapes = [
+        "/api/..%2fprivate/echo",
+        "/api/..%2Fprivate/echo",
+        "/api/%2e%2e%2fprivate/echo",
+        "/api/..%5cprivate/echo",
+        "/api/%252e%252e%252fprivate/echo",
+        "/api/x/..%2f..%2fprivate/echo",
+    ];
+    let legit = ["/api/x", "/api/group%2Fproject"];
+    let ops: Vec<Value> = escapes
+        .iter()
+        .chain(&legit)
+        .map(|path| json!({"op": "call", "name": "narrow__api_call", "args": {"target": up.url(API, path)}}))
+        .collect();
+    let out = py(&url, Some(&token), "legacy", None, json!(ops));
+    assert!(out.get("fatal").is_none(), "{out}");
+    let r = out["results"].as_array().unwrap();
+    for (i, path) in escapes.iter().enumerate() {
+        assert_eq!(
+            error_code(&r[i]).as_deref(),
+            Some("invalid_url"),
+            "{path}: {}",
+            r[i]
+        );
+    }
+    for (i, path) in legit.iter().enumerate() {
+        let res = &r[escapes.len() + i];
+        assert_eq!(res.get("isError"), Some(&json!(false)), "{path}: {res}");
+    }
+    // The upstream never saw an escaping path; the legitimate ones came with
+    // the credential.
+    let seen = up.seen();
+    assert_eq!(seen.len(), legit.len(), "{seen:?}");
+    for (s, path) in seen.iter().zip(legit) {
+        assert_eq!(s.path, path);
+        assert_eq!(
+            s.header("authorization"),
+            Some(format!("Bearer {CANARY}").as_str())
+        );
+    }
+    assert!(!out.to_string().contains(CANARY));
+}
