@@ -21,6 +21,7 @@ pub mod config;
 pub mod egress;
 pub mod events;
 pub mod journal;
+pub mod keep;
 pub mod llm;
 pub mod mcp;
 pub mod proxy;
