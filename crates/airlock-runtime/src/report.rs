@@ -47,8 +47,30 @@ pub struct Reporter {
     tx: mpsc::Sender<Msg>,
     socket: Dial,
     token: SecretString,
-    /// Log lines shed (the queue was full), and their bytes.
-    shed: Arc<(AtomicU64, AtomicU64)>,
+    /// Log lines (and their bytes) handed to [`Reporter::send`], and those
+    /// the sidecar took: the difference is what was shed (the queue was
+    /// full, a request failed, or the end came first).
+    lines: Arc<LineCounts>,
+}
+
+#[derive(Default)]
+struct LineCounts {
+    read: AtomicU64,
+    read_bytes: AtomicU64,
+    delivered: AtomicU64,
+    delivered_bytes: AtomicU64,
+}
+
+impl LineCounts {
+    fn delivered(&self, events: &[RunEvent]) {
+        for e in events {
+            if let RunEvent::Log { line, .. } = e {
+                self.delivered.fetch_add(1, Ordering::AcqRel);
+                self.delivered_bytes
+                    .fetch_add(line.len() as u64, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 impl Reporter {
@@ -59,6 +81,8 @@ impl Reporter {
     fn with_linger(socket: Dial, token: SecretString, linger: Duration) -> Reporter {
         let (tx, mut rx) = mpsc::channel::<Msg>(4096);
         let (sock, tok) = (socket.clone(), token.clone());
+        let lines: Arc<LineCounts> = Arc::default();
+        let counts = lines.clone();
         tokio::spawn(async move {
             let (socket, token) = (sock, tok);
             while let Some(first) = rx.recv().await {
@@ -81,10 +105,14 @@ impl Reporter {
                         Ok(None) | Err(_) => break,
                     }
                 }
-                if !events.is_empty()
-                    && let Err(e) = post(&socket, &token, events).await
-                {
-                    eprintln!("airlock runtime warning: events not delivered: {e}");
+                if !events.is_empty() {
+                    let counted = events.clone();
+                    match post(&socket, &token, events).await {
+                        Ok(()) => counts.delivered(&counted),
+                        Err(e) => {
+                            eprintln!("airlock runtime warning: events not delivered: {e}")
+                        }
+                    }
                 }
                 for w in waiters {
                     let _ = w.send(());
@@ -95,23 +123,20 @@ impl Reporter {
             tx,
             socket,
             token,
-            shed: Default::default(),
+            lines,
         }
     }
 
     /// Queues a heartbeat or a log line; a log line the queue has no room
     /// for is shed and counted.
     pub fn send(&self, e: RunEvent) {
-        let bytes = match &e {
-            RunEvent::Log { line, .. } => Some(line.len() as u64),
-            _ => None,
-        };
-        if self.tx.try_send(Msg::Event(Box::new(e))).is_err()
-            && let Some(bytes) = bytes
-        {
-            self.shed.0.fetch_add(1, Ordering::Relaxed);
-            self.shed.1.fetch_add(bytes, Ordering::Relaxed);
+        if let RunEvent::Log { line, .. } = &e {
+            self.lines.read.fetch_add(1, Ordering::AcqRel);
+            self.lines
+                .read_bytes
+                .fetch_add(line.len() as u64, Ordering::AcqRel);
         }
+        let _ = self.tx.try_send(Msg::Event(Box::new(e)));
     }
 
     /// Sends the agent's end (after what is queued, within the flush's
@@ -120,10 +145,15 @@ impl Reporter {
     pub async fn end(&self, result: RunEvent) -> bool {
         self.flush().await;
         let mut events = Vec::with_capacity(2);
-        let (lines, bytes) = (
-            self.shed.0.load(Ordering::Acquire),
-            self.shed.1.load(Ordering::Acquire),
-        );
+        let c = &self.lines;
+        let lines = c
+            .read
+            .load(Ordering::Acquire)
+            .saturating_sub(c.delivered.load(Ordering::Acquire));
+        let bytes = c
+            .read_bytes
+            .load(Ordering::Acquire)
+            .saturating_sub(c.delivered_bytes.load(Ordering::Acquire));
         if lines > 0 {
             events.push(RunEvent::Shed {
                 at: now_ms(),
