@@ -31,6 +31,60 @@ pub const EGRESS_JOURNAL_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// The egress journal's file name in a run's directory.
 pub const EGRESS_JOURNAL_FILE: &str = "egress.journal";
 
+/// Most bytes of the agent's log lines one run keeps (docs/configuration.md,
+/// "What a run keeps"): each line counts its text and
+/// [`LOG_LINE_OVERHEAD`]. Past it the sidecar journals one truncation
+/// marker, and every later line is shed and counted ([`RunEvent::Shed`]).
+pub const RUN_LOG_MAX_BYTES: u64 = 8 * 1024 * 1024;
+
+/// What one kept log line costs against [`RUN_LOG_MAX_BYTES`] beside its
+/// text (its row, its JSON): a flood of empty lines is bounded too.
+pub const LOG_LINE_OVERHEAD: u64 = 96;
+
+/// Room in a run's journal for what is never shed (the agent's end and
+/// result, model usage, the counts of what was shed): past the egress and
+/// log budgets, these still fit.
+pub const JOURNAL_RESERVE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Largest journal of one run: its egress records, its kept log lines and
+/// the reserve. The platform reads at most this much of it.
+pub const JOURNAL_MAX_BYTES: u64 =
+    EGRESS_JOURNAL_MAX_BYTES + RUN_LOG_MAX_BYTES + JOURNAL_RESERVE_BYTES;
+
+/// Refusals of one code to one host recorded one by one in a run's egress
+/// log; past it (or past [`REFUSALS_RECORDED_MAX`] in all) they are only
+/// counted, per code and host ([`RunEvent::Refusals`]).
+pub const REFUSAL_SAMPLES_PER_KEY: u64 = 20;
+
+/// Refusals recorded one by one in a run, whatever their code and host.
+pub const REFUSALS_RECORDED_MAX: u64 = 200;
+
+/// Distinct (code, host) counts a run keeps; refusals past it are counted
+/// under their code and the host `*`.
+pub const REFUSAL_KEYS_MAX: usize = 256;
+
+/// Longest URL an egress record keeps; a longer one is cut, and ends with
+/// [`TRUNCATED_MARK`].
+pub const LOGGED_URL_MAX_BYTES: usize = 1024;
+
+/// The mark at the end of a cut URL or host in an egress record.
+pub const TRUNCATED_MARK: &str = "…[truncated]";
+
+/// `s` cut to at most `max` bytes (on a character boundary) with
+/// [`TRUNCATED_MARK`] at its end when it was longer.
+pub fn truncate_logged(mut s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max.saturating_sub(TRUNCATED_MARK.len());
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    s.push_str(TRUNCATED_MARK);
+    s
+}
+
 /// A credential's fields: names in the clear, values secret (absent from
 /// every `Debug`, zeroed when dropped). Read a value with
 /// [`secrecy::ExposeSecret`] where it is used.
@@ -124,6 +178,24 @@ pub enum RunEvent {
     Cost(CostRecord),
     /// One outbound decision (allowed or refused).
     Egress(EgressRecord),
+    /// Log lines not kept: shed by the runtime (its queue was full) or past
+    /// the run's log cap ([`RUN_LOG_MAX_BYTES`]). Counted, never silent.
+    Shed { at: i64, lines: u64, bytes: u64 },
+    /// Refusals of one code to one host counted, not recorded one by one
+    /// (past [`REFUSAL_SAMPLES_PER_KEY`] or [`REFUSALS_RECORDED_MAX`]).
+    Refusals {
+        at: i64,
+        code: String,
+        host: String,
+        count: u64,
+    },
+}
+
+/// One line of a run's journal: an egress record (written as it is), or
+/// `{"event": …}` for the other events the journal carries.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct JournalEvent {
+    pub event: RunEvent,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -765,6 +765,8 @@ async fn record(
             store.append_egress(&new_egress(run_id, e)).await?;
             return Ok(());
         }
+        RunEvent::Shed { at, .. } => ("shed", *at),
+        RunEvent::Refusals { at, .. } => ("refusals", *at),
     };
     let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
     store

@@ -13,13 +13,21 @@
 //! records go in with the same upsert by `(run_id, seq)` as the events the
 //! sidecar sent: a record already stored is left as it is unless the
 //! journal completes it, and a repeated start never undoes a completion.
+//!
+//! The journal carries the run's other events that must not be lost too
+//! (`{"event": …}` lines: the agent's end and result, model usage, the
+//! counts of what was shed or aggregated) and its log lines within the
+//! run's cap. Each is stored under its place in the journal (its line's
+//! byte offset, `seq`): reading the journal again stores nothing twice, so
+//! a read the store refused is simply tried again, from the live follower,
+//! at the run's end, or at the boot reclaim.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use airlock_platform_api::wire::EgressOutcome;
-use airlock_platform_api::wire::{EGRESS_JOURNAL_FILE, EGRESS_JOURNAL_MAX_BYTES, EgressRecord};
-use airlock_store::{BatchWrite, Store};
+use airlock_platform_api::wire::{EGRESS_JOURNAL_FILE, EgressRecord, JOURNAL_MAX_BYTES, JournalEvent, RunEvent};
+use airlock_store::{BatchWrite, JournalledEvent, Store, Usage};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalIngestError {
@@ -56,20 +64,44 @@ pub struct Parsed {
     /// One record per `seq` (its last completion, else its start), in the
     /// order they were first seen; records without a `seq` as they came.
     pub records: Vec<EgressRecord>,
+    /// The other events, each with its line's byte offset in the journal.
+    pub events: Vec<(u64, RunEvent)>,
     /// Lines that did not parse (a torn last line among them).
     pub skipped: usize,
 }
 
+impl Parsed {
+    /// The agent's end, as the runtime reported it (the last one).
+    pub fn result(&self) -> Option<&RunEvent> {
+        self.events
+            .iter()
+            .rev()
+            .map(|(_, e)| e)
+            .find(|e| matches!(e, RunEvent::Result { .. }))
+    }
+}
+
 /// Parses a journal's bytes.
 pub fn parse(bytes: &[u8]) -> Parsed {
+    parse_at(bytes, 0)
+}
+
+/// Parses journal bytes that start at byte `base` of the journal.
+pub fn parse_at(bytes: &[u8], base: u64) -> Parsed {
     let mut out = Parsed::default();
     let mut by_seq: HashMap<u64, usize> = HashMap::new();
+    let mut at = base;
     for line in bytes.split(|b| *b == b'\n') {
+        let offset = at;
+        at += line.len() as u64 + 1;
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         let Ok(rec) = serde_json::from_slice::<EgressRecord>(line) else {
-            out.skipped += 1;
+            match serde_json::from_slice::<JournalEvent>(line) {
+                Ok(e) => out.events.push((offset, e.event)),
+                Err(_) => out.skipped += 1,
+            }
             continue;
         };
         match rec.seq.and_then(|s| by_seq.get(&s).copied()) {
@@ -89,19 +121,30 @@ pub fn parse(bytes: &[u8]) -> Parsed {
     out
 }
 
-/// Reads the journal at `path` (if there is one) into `run_id`'s egress log;
-/// returns how many records it held. A missing journal is none.
+/// Reads the journal at `path` (if there is one) into the store; returns
+/// how many records and events it held. A missing journal is none.
 pub async fn ingest(store: &Store, run_id: &str, path: &Path) -> Result<usize, JournalIngestError> {
-    let bytes = match airlock_sandbox::untrusted::read_file(path, EGRESS_JOURNAL_MAX_BYTES) {
+    Ok(ingest_whole(store, run_id, path).await?.0)
+}
+
+/// [`ingest`], with the agent's end the journal held.
+pub async fn ingest_whole(
+    store: &Store,
+    run_id: &str,
+    path: &Path,
+) -> Result<(usize, Option<RunEvent>), JournalIngestError> {
+    let bytes = match airlock_sandbox::untrusted::read_file(path, JOURNAL_MAX_BYTES) {
         Ok(b) => b,
         Err(airlock_sandbox::untrusted::UntrustedFileError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
-            return Ok(0);
+            return Ok((0, None));
         }
         Err(e) => return Err(e.into()),
     };
-    store_lines(store, run_id, &bytes).await
+    let parsed = parse_reported(run_id, &bytes, 0);
+    let result = parsed.result().cloned();
+    Ok((store_parsed(store, run_id, &parsed).await?, result))
 }
 
 /// How soon a live run's journal is read again while records flow into it:
@@ -125,9 +168,13 @@ pub struct Tail {
     file: Option<std::fs::File>,
     /// Bytes read so far.
     offset: u64,
-    /// What was read after the last complete line (a line being written):
-    /// kept, never read again.
+    /// What was read after the last complete line (a line being written),
+    /// or lines the store did not take: kept, never read again.
     pending: Vec<u8>,
+    /// The journal offset of `pending`'s first byte.
+    consumed: u64,
+    /// The agent's end, once a read saw it.
+    result: Option<RunEvent>,
 }
 
 impl Tail {
@@ -137,6 +184,42 @@ impl Tail {
             file: None,
             offset: 0,
             pending: Vec::new(),
+            consumed: 0,
+            result: None,
+        }
+    }
+
+    /// The agent's end, if a read saw it.
+    pub fn result(&self) -> Option<&RunEvent> {
+        self.result.as_ref()
+    }
+
+    /// Parses `bytes` (read from `base`), notes the agent's end, and stores
+    /// them; lines the store did not take are kept for the next call.
+    async fn store_read(
+        &mut self,
+        store: &Store,
+        run_id: &str,
+        base: u64,
+        bytes: Vec<u8>,
+    ) -> Result<usize, JournalIngestError> {
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        let parsed = parse_reported(run_id, &bytes, base);
+        if let Some(r) = parsed.result() {
+            self.result = Some(r.clone());
+        }
+        match store_parsed(store, run_id, &parsed).await {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                // Read again next time (each line is stored once).
+                let mut back = bytes;
+                back.append(&mut self.pending);
+                self.pending = back;
+                self.consumed = base;
+                Err(e)
+            }
         }
     }
 
@@ -159,24 +242,20 @@ impl Tail {
                 run_id: run_id.to_owned(),
                 source,
             })?;
-        let bytes = self.read(false)?;
-        store_lines(&own, run_id, &bytes).await
+        let (base, bytes) = self.read(false)?;
+        self.store_read(&own, run_id, base, bytes).await
     }
 
     /// The last read, once the sidecar has stopped: every line left (a torn
     /// last one is skipped).
-    pub async fn finish(
-        mut self,
-        store: &Store,
-        run_id: &str,
-    ) -> Result<usize, JournalIngestError> {
-        let bytes = self.read(true)?;
-        store_lines(store, run_id, &bytes).await
+    pub async fn finish(&mut self, store: &Store, run_id: &str) -> Result<usize, JournalIngestError> {
+        let (base, bytes) = self.read(true)?;
+        self.store_read(store, run_id, base, bytes).await
     }
 
-    /// The lines not handed out yet: up to the last newline read so far, or
-    /// (`to_end`) everything.
-    fn read(&mut self, to_end: bool) -> Result<Vec<u8>, JournalIngestError> {
+    /// The lines not handed out yet, with the journal offset they start
+    /// at: up to the last newline read so far, or (`to_end`) everything.
+    fn read(&mut self, to_end: bool) -> Result<(u64, Vec<u8>), JournalIngestError> {
         use std::os::unix::fs::FileExt;
         if self.file.is_none() {
             match airlock_sandbox::untrusted::open_regular(&self.path) {
@@ -184,7 +263,7 @@ impl Tail {
                 Err(airlock_sandbox::untrusted::UntrustedFileError::Io { source, .. })
                     if source.kind() == std::io::ErrorKind::NotFound =>
                 {
-                    return Ok(Vec::new());
+                    return Ok((self.consumed, Vec::new()));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -200,7 +279,7 @@ impl Tail {
                 .metadata()
                 .map_err(io)?
                 .len()
-                .min(EGRESS_JOURNAL_MAX_BYTES);
+                .min(JOURNAL_MAX_BYTES);
             if let Some(new) = len.checked_sub(self.offset).filter(|n| *n > 0) {
                 let start = self.pending.len();
                 self.pending
@@ -221,25 +300,15 @@ impl Tail {
                 .map_or(0, |i| i + 1)
         };
         let rest = self.pending.split_off(complete);
-        Ok(std::mem::replace(&mut self.pending, rest))
+        let base = self.consumed;
+        self.consumed += complete as u64;
+        Ok((base, std::mem::replace(&mut self.pending, rest)))
     }
 }
 
-/// Stores the records of `bytes` (journal lines); returns how many.
-async fn store_lines(
-    store: &Store,
-    run_id: &str,
-    bytes: &[u8],
-) -> Result<usize, JournalIngestError> {
-    if bytes.is_empty() {
-        return Ok(0);
-    }
-    store_parsed(store, run_id, &parse_reported(run_id, bytes)).await
-}
-
-/// [`parse`], reporting the lines it skipped.
-fn parse_reported(run_id: &str, bytes: &[u8]) -> Parsed {
-    let parsed = parse(bytes);
+/// [`parse_at`], reporting the lines it skipped.
+fn parse_reported(run_id: &str, bytes: &[u8], base: u64) -> Parsed {
+    let parsed = parse_at(bytes, base);
     if parsed.skipped > 0 {
         tracing::warn!(
             run_id,
@@ -250,7 +319,35 @@ fn parse_reported(run_id: &str, bytes: &[u8]) -> Parsed {
     parsed
 }
 
-/// Stores parsed journal records; returns how many.
+/// How an event from a journal is stored: its kind, and the usage it adds.
+fn journalled(seq: u64, e: &RunEvent) -> JournalledEvent {
+    let (kind, at, usage) = match e {
+        RunEvent::Heartbeat { at } => ("heartbeat", *at, None),
+        RunEvent::Log { at, .. } => ("log", *at, None),
+        RunEvent::Result { at, .. } => ("result", *at, None),
+        RunEvent::Cost(c) => (
+            "cost",
+            c.at,
+            Some(Usage {
+                tokens_in: i64::try_from(c.input_tokens).unwrap_or(i64::MAX),
+                tokens_out: i64::try_from(c.output_tokens).unwrap_or(i64::MAX),
+                cost_microusd: i64::try_from(c.cost_microusd.unwrap_or(0)).unwrap_or(i64::MAX),
+            }),
+        ),
+        RunEvent::Egress(r) => ("egress", r.at, None),
+        RunEvent::Shed { at, .. } => ("shed", *at, None),
+        RunEvent::Refusals { at, .. } => ("refusals", *at, None),
+    };
+    JournalledEvent {
+        seq: i64::try_from(seq).unwrap_or(i64::MAX),
+        at,
+        kind: kind.to_owned(),
+        payload: serde_json::to_string(e).unwrap_or_else(|_| "{}".into()),
+        usage,
+    }
+}
+
+/// Stores parsed journal records and events; returns how many.
 async fn store_parsed(
     store: &Store,
     run_id: &str,
@@ -272,7 +369,19 @@ async fn store_parsed(
             run_id: run_id.to_owned(),
             source,
         })?;
-    Ok(records.len())
+    let events: Vec<JournalledEvent> = parsed
+        .events
+        .iter()
+        .map(|(seq, e)| journalled(*seq, e))
+        .collect();
+    store
+        .append_journal_events(run_id, &events)
+        .await
+        .map_err(|source| JournalIngestError::Store {
+            run_id: run_id.to_owned(),
+            source,
+        })?;
+    Ok(records.len() + events.len())
 }
 
 /// Follows `path` into the store until `stop` fires (or its sender is
@@ -349,38 +458,93 @@ impl Follower {
 
     /// Once the sidecar has stopped: the rest of the journal goes into the
     /// store. Should following have failed, the journal is read whole.
-    pub async fn finish(self) {
+    /// Returns what the run's end needs: the agent's end as the journal
+    /// holds it, and whether everything is stored (not, while the store is
+    /// down: the journal stays on disk, and [`ingest_whole`] reads it again).
+    pub async fn finish(self) -> JournalEnd {
         let _ = self.stop.send(());
         match self.task.await {
-            Ok((live, tail)) => match tail.finish(&self.store, &self.run_id).await {
-                Ok(last) => tracing::debug!(
-                    run_id = self.run_id,
-                    records = live + last,
-                    "egress journal followed into the store"
-                ),
+            Ok((live, mut tail)) => match tail.finish(&self.store, &self.run_id).await {
+                Ok(last) => {
+                    tracing::debug!(
+                        run_id = self.run_id,
+                        records = live + last,
+                        "run journal followed into the store"
+                    );
+                    JournalEnd {
+                        result: tail.result,
+                        stored: true,
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(run_id = self.run_id, "{e}: reading the journal whole");
-                    ingest_run_dir(&self.store, &self.run_id, &self.run_dir).await;
+                    Self::read_whole(&self.store, &self.run_id, &self.run_dir, tail.result).await
                 }
             },
             Err(e) => {
                 tracing::error!(
                     run_id = self.run_id,
-                    "following the egress journal failed: {e}"
+                    "following the run journal failed: {e}"
                 );
-                ingest_run_dir(&self.store, &self.run_id, &self.run_dir).await;
+                Self::read_whole(&self.store, &self.run_id, &self.run_dir, None).await
+            }
+        }
+    }
+
+    async fn read_whole(store: &Store, run_id: &str, run_dir: &Path, seen: Option<RunEvent>) -> JournalEnd {
+        match ingest_whole(store, run_id, &path_in(run_dir)).await {
+            Ok((_, result)) => JournalEnd {
+                result: result.or(seen),
+                stored: true,
+            },
+            Err(e) => {
+                tracing::error!(run_id, "{e}");
+                // What the store did not take is still on disk; the agent's
+                // end is read from there even so.
+                let result = airlock_sandbox::untrusted::read_file(
+                    &path_in(run_dir),
+                    JOURNAL_MAX_BYTES,
+                )
+                .ok()
+                .and_then(|b| parse(&b).result().cloned())
+                .or(seen);
+                JournalEnd {
+                    result,
+                    stored: false,
+                }
             }
         }
     }
 }
 
-/// [`ingest`] of the journal in a run directory, reporting instead of failing
-/// (the caller goes on ending or reclaiming the run either way).
-pub async fn ingest_run_dir(store: &Store, run_id: &str, run_dir: &Path) {
+/// What a run's journal says at its end.
+#[derive(Debug)]
+pub struct JournalEnd {
+    /// The agent's end, as the runtime reported it.
+    pub result: Option<RunEvent>,
+    /// Whether everything in the journal is in the store.
+    pub stored: bool,
+}
+
+/// [`ingest`] of the journal in a run directory, reporting instead of
+/// failing; `false` when the store did not take it (read it again later).
+pub async fn ingest_run_dir(store: &Store, run_id: &str, run_dir: &Path) -> bool {
     match ingest(store, run_id, &path_in(run_dir)).await {
-        Ok(0) => {}
-        Ok(n) => tracing::debug!(run_id, records = n, "egress journal read into the store"),
-        Err(e) => tracing::error!(run_id, "{e}"),
+        Ok(0) => true,
+        Ok(n) => {
+            tracing::debug!(run_id, records = n, "run journal read into the store");
+            true
+        }
+        // Only the store's refusal leaves it to a later read: a journal that
+        // cannot be read never will be.
+        Err(e @ JournalIngestError::Store { .. }) => {
+            tracing::error!(run_id, "{e}");
+            false
+        }
+        Err(e) => {
+            tracing::error!(run_id, "{e}");
+            true
+        }
     }
 }
 

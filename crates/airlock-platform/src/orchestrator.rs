@@ -252,37 +252,62 @@ impl Orchestrator {
                 started,
             )
             .await;
+        self.api.revoke(&run_id);
+        // The sidecar has exited: the rest of what it journalled (every
+        // request that left and how each ended, the agent's end, its usage
+        // and log lines) goes into the store before the run's end is
+        // recorded and its directory removed.
+        let kept = journal.finish().await;
         let (status, exit_code, error) = match result {
-            Ok(end) => end,
+            Ok(Judged::Final(status, exit_code, error)) => (status, exit_code, error),
+            Ok(Judged::BySandbox { status, diagnostic }) => {
+                self.judge_sandbox_end(&run_id, status, diagnostic, kept.result)
+                    .await
+            }
             Err(e) => (RunStatus::Failed, None, Some(e.to_string())),
         };
         tracing::debug!(target: "airlock::phase", "run judged");
         progress(Progress::Ending { status });
-        self.api.revoke(&run_id);
-        // The sidecar has exited: the rest of what it journalled (every
-        // request that left, and how each ended) goes into the store before
-        // the run's end is recorded and its directory removed.
-        journal.finish().await;
+        let end = PendingEnd {
+            status: status.as_str().to_owned(),
+            exit_code,
+            error: error.clone(),
+            at: now_ms(),
+        };
         // Recorded as ended before its directory goes: a concurrent boot
         // reclaim never sees it `running` without a directory.
-        let finished = self
-            .store
-            .finish_run(
-                &run_id,
-                &RunEnd {
+        let finished = match kept.stored {
+            true => self.store.finish_run(&run_id, &end.as_run_end()).await,
+            false => Err(airlock_store::StoreError::Corrupt(
+                "the run's journal is not stored yet".into(),
+            )),
+        };
+        tracing::debug!(target: "airlock::phase", "end recorded");
+        let finished = match finished {
+            Ok(f) => f,
+            Err(e) => {
+                // The store is down (or refused): the run's journal and its
+                // end stay on disk, stored when the store takes them.
+                tracing::warn!(
+                    run_id,
+                    "the run's end is kept on disk until the store takes it: {e}"
+                );
+                keep_end_on_disk(&self.store, &run_id, &run_dir, &end);
+                return Ok(RunOutcome {
+                    run_id,
                     status,
                     exit_code,
-                    error: error.as_deref(),
-                    at: now_ms(),
-                },
-            )
-            .await;
-        tracing::debug!(target: "airlock::phase", "end recorded");
+                    error,
+                    duration: started.elapsed(),
+                    backend: self.backend.name(),
+                });
+            }
+        };
         let _ = std::fs::remove_dir_all(&run_dir);
         tracing::debug!(target: "airlock::phase", "run directory removed");
         // Ended first by someone else (cancelled, or failed by a reclaim):
         // what the store says is the outcome, not what this platform saw.
-        let (status, exit_code, error) = match finished? {
+        let (status, exit_code, error) = match finished {
             true => (status, exit_code, error),
             false => match self.store.get_run(&run_id).await? {
                 Some(stored) => (stored.status, stored.exit_code, stored.error),
@@ -309,7 +334,7 @@ impl Orchestrator {
         cancel: &mut Cancel,
         progress: &(dyn Fn(Progress) + Send + Sync),
         started: Instant,
-    ) -> Result<(RunStatus, Option<i64>, Option<String>), RunError> {
+    ) -> Result<Judged, RunError> {
         let m = &req.manifest;
         // The run directory stays the platform's (owner file, 0700); the
         // sandbox sees only the sockets' directory, read-only.
@@ -686,8 +711,8 @@ impl Orchestrator {
         tracing::debug!(target: "airlock::phase", "sidecar exited");
         output.finish().await;
         Ok(match ended {
-            Ended::Stopped(status, reason) => (status, None, Some(reason)),
-            Ended::Sidecar(status) => (
+            Ended::Stopped(status, reason) => Judged::Final(status, None, Some(reason)),
+            Ended::Sidecar(status) => Judged::Final(
                 RunStatus::Failed,
                 None,
                 Some(format!(
@@ -695,26 +720,38 @@ impl Orchestrator {
                     describe_exit(status)
                 )),
             ),
-            Ended::Sandbox(status) => self.judge_sandbox_end(run_id, status, &output).await,
+            Ended::Sandbox(status) => Judged::BySandbox {
+                status,
+                diagnostic: output.last_diagnostic(),
+            },
         })
     }
 
     /// How a run whose sandbox ended by itself ends: the agent's exit code
     /// as the runtime reported it, or — when the runtime never reported the
     /// agent's end — the runtime's or sandbox setup's own words.
+    ///
+    /// The agent's end is read from the run's journal (`journalled`: the
+    /// sidecar keeps it there before it answers the runtime), so the
+    /// judgement needs no store; the store is asked only when the journal
+    /// had none (a sidecar without a journal).
     async fn judge_sandbox_end(
         &self,
         run_id: &str,
         status: Option<std::process::ExitStatus>,
-        output: &SandboxOutput,
+        diagnostic: Option<String>,
+        journalled: Option<RunEvent>,
     ) -> (RunStatus, Option<i64>, Option<String>) {
-        let reported = self
-            .store
-            .last_event_of_kind(run_id, "result")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|e| serde_json::from_str::<RunEvent>(&e.payload).ok());
+        let reported = match journalled {
+            Some(r) => Some(r),
+            None => self
+                .store
+                .last_event_of_kind(run_id, "result")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|e| serde_json::from_str::<RunEvent>(&e.payload).ok()),
+        };
         if let Some(RunEvent::Result { exit_code, .. }) = reported {
             let code = i64::from(exit_code);
             return match exit_code {
@@ -734,8 +771,7 @@ impl Orchestrator {
                 ),
             };
         }
-        let line = output.last_diagnostic();
-        let reason = match line.as_deref() {
+        let reason = match diagnostic.as_deref() {
             Some(l) if l.starts_with("airlock sandbox-init: ") => format!(
                 "the sandbox could not be set up: {}",
                 &l["airlock sandbox-init: ".len()..]
@@ -1034,6 +1070,109 @@ impl SidecarLog {
     }
 }
 
+/// How the run loop's end is judged: at once, or (the sandbox ended by
+/// itself) by the agent's end in the run's journal.
+enum Judged {
+    Final(RunStatus, Option<i64>, Option<String>),
+    BySandbox {
+        status: Option<std::process::ExitStatus>,
+        diagnostic: Option<String>,
+    },
+}
+
+/// A run's end the store did not take yet, kept in its directory
+/// ([`END_FILE`]) beside its journal until it does.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PendingEnd {
+    pub status: String,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+    pub at: i64,
+}
+
+impl PendingEnd {
+    fn as_run_end(&self) -> RunEnd<'_> {
+        RunEnd {
+            status: RunStatus::parse(&self.status).unwrap_or(RunStatus::Failed),
+            exit_code: self.exit_code,
+            error: self.error.as_deref(),
+            at: self.at,
+        }
+    }
+}
+
+/// In a run directory: the run's end, while the store has not taken it.
+pub const END_FILE: &str = "end.json";
+
+/// Largest end file read back (an error text is short).
+const MAX_END_FILE: u64 = 64 * 1024;
+
+/// How long a run's end kept on disk is offered to the store again, at
+/// most this far apart (from 1 s, doubling).
+const END_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Keeps `end` in the run's directory and stores it, with the rest of the
+/// run's journal, once the store takes them (retried in the background
+/// while this process lives; otherwise the next boot reclaim does it). The
+/// directory is removed once both are stored.
+fn keep_end_on_disk(store: &Store, run_id: &str, run_dir: &Path, end: &PendingEnd) {
+    let written = serde_json::to_vec(end)
+        .map_err(std::io::Error::other)
+        .and_then(|b| write_private(&run_dir.join(END_FILE), &b));
+    if let Err(e) = written {
+        tracing::error!(run_id, "the run's end could not be kept on disk: {e}");
+    }
+    let (store, run_id, run_dir, end) = (
+        store.clone(),
+        run_id.to_owned(),
+        run_dir.to_owned(),
+        end.clone(),
+    );
+    tokio::spawn(async move {
+        let mut wait = Duration::from_secs(1);
+        loop {
+            tokio::time::sleep(wait).await;
+            if store_pending_end(&store, &run_id, &run_dir, &end).await {
+                tracing::info!(run_id, "the run's end kept on disk is stored");
+                return;
+            }
+            wait = (wait * 2).min(END_RETRY_MAX);
+        }
+    });
+}
+
+/// Stores a run's journal and then its kept end; removes its directory
+/// once both are in. `false` while the store does not take them.
+async fn store_pending_end(store: &Store, run_id: &str, run_dir: &Path, end: &PendingEnd) -> bool {
+    if !crate::journal::ingest_run_dir(store, run_id, run_dir).await {
+        return false;
+    }
+    match store.finish_run(run_id, &end.as_run_end()).await {
+        Ok(_) | Err(airlock_store::StoreError::RunNotFound(_)) => {
+            let _ = std::fs::remove_dir_all(run_dir);
+            true
+        }
+        Err(e) => {
+            tracing::debug!(run_id, "the run's end is not stored yet: {e}");
+            false
+        }
+    }
+}
+
+/// Writes a new private file (0600, never through a link).
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
 /// Why the run loop stopped.
 enum Ended {
     Sandbox(Option<std::process::ExitStatus>),
@@ -1205,11 +1344,22 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             };
             if !alive {
                 // What its sidecar journalled reaches the store before the
-                // run is failed (below) and its directory goes.
+                // run is failed (below) and its directory goes; a run that
+                // ended while the store was down is ended as it ended.
                 let run_id = e.file_name().to_string_lossy().into_owned();
-                crate::journal::ingest_run_dir(store, &run_id, &e.path()).await;
+                let end = airlock_sandbox::untrusted::read_file(&e.path().join(END_FILE), MAX_END_FILE)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<PendingEnd>(&b).ok());
+                let stored = match &end {
+                    Some(end) => store_pending_end(store, &run_id, &e.path(), end).await,
+                    None => crate::journal::ingest_run_dir(store, &run_id, &e.path()).await,
+                };
+                if !stored {
+                    // Kept for the next reclaim: the store did not take it.
+                    continue;
+                }
                 let _ = std::fs::remove_dir_all(e.path());
-                reclaimed.push(e.file_name().to_string_lossy().into_owned());
+                reclaimed.push(run_id);
             }
         }
     }

@@ -26,13 +26,33 @@ pub struct RunReport {
     pub result: Option<serde_json::Value>,
     pub egress: EgressReport,
     pub model: ModelUsage,
+    /// The agent's log lines not kept (shed when a queue was full, or past
+    /// the run's log cap): counted, never silent.
+    pub logs_shed: LogsShed,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LogsShed {
+    pub lines: u64,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct EgressReport {
-    /// Counts by decision and code.
+    /// Counts by decision and code (the refusals counted and not recorded
+    /// one by one among them).
     pub summary: Vec<EgressCount>,
     pub entries: Vec<EgressLine>,
+    /// Refusals past the run's bounds, counted per code and host, not
+    /// recorded one by one (their samples are among `entries`).
+    pub refusals_counted: Vec<RefusalCount>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusalCount {
+    pub code: String,
+    pub host: String,
+    pub count: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -74,6 +94,9 @@ pub struct ModelUsage {
     pub unmetered_calls: usize,
 }
 
+/// Most count events (shed lines, counted refusals) a report reads.
+const MAX_COUNT_EVENTS: u32 = 10_000;
+
 /// Largest egress log a report carries.
 const MAX_ENTRIES: u32 = 100_000;
 
@@ -110,6 +133,24 @@ pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>
         *by.entry((e.decision.as_str().to_owned(), code))
             .or_default() += 1;
     }
+    let mut refusals_counted = Vec::new();
+    for e in store.events_of_kind(run_id, "refusals", MAX_COUNT_EVENTS).await? {
+        if let Ok(RunEvent::Refusals {
+            code, host, count, ..
+        }) = serde_json::from_str::<RunEvent>(&e.payload)
+        {
+            *by.entry(("refused".to_owned(), code.clone())).or_default() +=
+                usize::try_from(count).unwrap_or(usize::MAX);
+            refusals_counted.push(RefusalCount { code, host, count });
+        }
+    }
+    let mut logs_shed = LogsShed::default();
+    for e in store.events_of_kind(run_id, "shed", MAX_COUNT_EVENTS).await? {
+        if let Ok(RunEvent::Shed { lines, bytes, .. }) = serde_json::from_str::<RunEvent>(&e.payload) {
+            logs_shed.lines += lines;
+            logs_shed.bytes += bytes;
+        }
+    }
     let result = match store.last_event_of_kind(run_id, "result").await? {
         Some(e) => match serde_json::from_str::<RunEvent>(&e.payload) {
             Ok(RunEvent::Result { result, .. }) => result,
@@ -143,7 +184,9 @@ pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>
                 })
                 .collect(),
             entries: egress.iter().map(EgressLine::from).collect(),
+            refusals_counted,
         },
+        logs_shed,
         model: ModelUsage {
             unmetered_calls: egress
                 .iter()

@@ -255,9 +255,11 @@ impl TestPlatform {
         );
     }
 
-    /// Every event the run recorded so far (the sidecar's sink is asynchronous:
-    /// poll or flush before asserting).
+    /// Every event the run recorded so far, the run's journal read in first
+    /// (idempotent; the sidecar's sink is asynchronous: poll or flush
+    /// before asserting on heartbeats).
     pub async fn events(&self) -> Vec<RunEvent> {
+        self.ingest_journal().await;
         let mut out = Vec::new();
         let mut after = 0;
         loop {

@@ -232,13 +232,14 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             None
         }
     };
-    reporter.send(RunEvent::Result {
-        at: report::now_ms(),
-        exit_code,
-        result,
-        checkpoint: None,
-    });
-    reporter.flush().await;
+    reporter
+        .end(RunEvent::Result {
+            at: report::now_ms(),
+            exit_code,
+            result,
+            checkpoint: None,
+        })
+        .await;
     tracing::debug!(target: "airlock::phase", "runtime: result delivered");
     Ok(exit_code)
 }

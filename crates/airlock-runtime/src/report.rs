@@ -1,4 +1,10 @@
 //! Heartbeats, log lines and the result, batched to the sidecar's `/events`.
+//!
+//! Two paths, by what may be lost: heartbeats and the agent's log lines go
+//! through a bounded queue and are shed when it is full (the agent's output
+//! never waits for the sidecar), each shed line counted; the agent's end
+//! ([`Reporter::end`]) is sent on its own, with the count of what was shed,
+//! and sent again until the sidecar answers that it kept it.
 
 use std::time::Duration;
 
@@ -8,6 +14,9 @@ use http::Request;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use secrecy::{ExposeSecret, SecretString};
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::relay::Dial;
 use tokio::sync::{mpsc, oneshot};
@@ -29,9 +38,39 @@ enum Msg {
     Flush(oneshot::Sender<()>),
 }
 
+/// How long the agent's end is sent again while the sidecar does not keep
+/// it (the platform then judges the run by the runtime's exit).
+const END_PATIENCE: Duration = Duration::from_secs(60);
+
 #[derive(Clone)]
 pub struct Reporter {
     tx: mpsc::Sender<Msg>,
+    socket: Dial,
+    token: SecretString,
+    /// Log lines (and their bytes) handed to [`Reporter::send`], and those
+    /// the sidecar took: the difference is what was shed (the queue was
+    /// full, a request failed, or the end came first).
+    lines: Arc<LineCounts>,
+}
+
+#[derive(Default)]
+struct LineCounts {
+    read: AtomicU64,
+    read_bytes: AtomicU64,
+    delivered: AtomicU64,
+    delivered_bytes: AtomicU64,
+}
+
+impl LineCounts {
+    fn delivered(&self, events: &[RunEvent]) {
+        for e in events {
+            if let RunEvent::Log { line, .. } = e {
+                self.delivered.fetch_add(1, Ordering::AcqRel);
+                self.delivered_bytes
+                    .fetch_add(line.len() as u64, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 impl Reporter {
@@ -41,7 +80,11 @@ impl Reporter {
 
     fn with_linger(socket: Dial, token: SecretString, linger: Duration) -> Reporter {
         let (tx, mut rx) = mpsc::channel::<Msg>(4096);
+        let (sock, tok) = (socket.clone(), token.clone());
+        let lines: Arc<LineCounts> = Arc::default();
+        let counts = lines.clone();
         tokio::spawn(async move {
+            let (socket, token) = (sock, tok);
             while let Some(first) = rx.recv().await {
                 let mut events = Vec::new();
                 let mut waiters = Vec::new();
@@ -62,21 +105,79 @@ impl Reporter {
                         Ok(None) | Err(_) => break,
                     }
                 }
-                if !events.is_empty()
-                    && let Err(e) = post(&socket, &token, events).await
-                {
-                    eprintln!("airlock runtime warning: events not delivered: {e}");
+                if !events.is_empty() {
+                    let counted = events.clone();
+                    match post(&socket, &token, events).await {
+                        Ok(()) => counts.delivered(&counted),
+                        Err(e) => {
+                            eprintln!("airlock runtime warning: events not delivered: {e}")
+                        }
+                    }
                 }
                 for w in waiters {
                     let _ = w.send(());
                 }
             }
         });
-        Reporter { tx }
+        Reporter {
+            tx,
+            socket,
+            token,
+            lines,
+        }
     }
 
+    /// Queues a heartbeat or a log line; a log line the queue has no room
+    /// for is shed and counted.
     pub fn send(&self, e: RunEvent) {
+        if let RunEvent::Log { line, .. } = &e {
+            self.lines.read.fetch_add(1, Ordering::AcqRel);
+            self.lines
+                .read_bytes
+                .fetch_add(line.len() as u64, Ordering::AcqRel);
+        }
         let _ = self.tx.try_send(Msg::Event(Box::new(e)));
+    }
+
+    /// Sends the agent's end (after what is queued, within the flush's
+    /// bound), with the count of the lines shed, until the sidecar keeps it
+    /// (within [`END_PATIENCE`]); `false` if it never did.
+    pub async fn end(&self, result: RunEvent) -> bool {
+        self.flush().await;
+        let mut events = Vec::with_capacity(2);
+        let c = &self.lines;
+        let lines = c
+            .read
+            .load(Ordering::Acquire)
+            .saturating_sub(c.delivered.load(Ordering::Acquire));
+        let bytes = c
+            .read_bytes
+            .load(Ordering::Acquire)
+            .saturating_sub(c.delivered_bytes.load(Ordering::Acquire));
+        if lines > 0 {
+            events.push(RunEvent::Shed {
+                at: now_ms(),
+                lines,
+                bytes,
+            });
+        }
+        events.push(result);
+        let give_up = tokio::time::Instant::now() + END_PATIENCE;
+        let mut wait = Duration::from_millis(50);
+        loop {
+            match post(&self.socket, &self.token, events.clone()).await {
+                Ok(()) => return true,
+                Err(e) if tokio::time::Instant::now() + wait < give_up => {
+                    eprintln!("airlock runtime warning: the agent's end not kept yet: {e}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    eprintln!("airlock runtime warning: the agent's end was not kept: {e}");
+                    return false;
+                }
+            }
+        }
     }
 
     pub async fn flush(&self) {

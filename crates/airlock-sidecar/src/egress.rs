@@ -29,6 +29,14 @@
 //! request. The guard never logs (a refused URL may hold a substituted
 //! credential that only the caller can recognise).
 //!
+//! Refusals are bounded (docs/configuration.md, "What a run keeps"): the
+//! first [`REFUSAL_SAMPLES_PER_KEY`] of each code and host, and at most
+//! [`REFUSALS_RECORDED_MAX`] in all, are recorded and logged one by one;
+//! past that they are counted per code and host ([`Tally`]) and the counts
+//! kept as [`RunEvent::Refusals`] when the sidecar stops. A record keeps at
+//! most [`LOGGED_URL_MAX_BYTES`] of its URL, and the operator's log line
+//! at most [`LOG_LINE_URL_MAX_BYTES`].
+//!
 //! When the sidecar stops, [`Recorder::drain`] waits for the requests in
 //! flight within [`DRAIN_DEADLINE`], asks the rest to stop (a model stream
 //! then records what it saw), completes what is still open as `aborted` and
@@ -40,7 +48,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_egress::{EgressError, Target};
-use airlock_platform_api::wire::{EgressOutcome, EgressRecord, Metering, RunEvent};
+use airlock_platform_api::wire::{
+    EgressOutcome, EgressRecord, LOGGED_URL_MAX_BYTES, Metering, REFUSAL_KEYS_MAX,
+    REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX, RunEvent, truncate_logged,
+};
 use tokio::sync::{Notify, watch};
 
 use crate::credential::Redactor;
@@ -215,10 +226,60 @@ struct Open {
     progress: Arc<Progress>,
 }
 
+/// Most of a URL the operator's log line about a request shows.
+pub const LOG_LINE_URL_MAX_BYTES: usize = 200;
+
+/// Longest host an egress record keeps (a DNS name is at most 253).
+const LOGGED_HOST_MAX_BYTES: usize = 256;
+
+/// The run's refusals: which are recorded one by one, and the counts of
+/// the rest per code and host.
+#[derive(Default)]
+struct Tally {
+    recorded: u64,
+    /// Refusals recorded per (code, host).
+    samples: std::collections::HashMap<(String, String), u64>,
+    /// Refusals counted, not recorded, per (code, host); at most
+    /// [`REFUSAL_KEYS_MAX`] keys, then under the host `*`.
+    counted: BTreeMap<(String, String), u64>,
+    /// Whether the operator was told that refusals are being counted.
+    told: bool,
+}
+
+impl Tally {
+    /// Whether a refusal of `code` to `host` is recorded one by one; if
+    /// not, it is counted.
+    fn admit(&mut self, code: &str, host: &str) -> bool {
+        let key = (code.to_owned(), host.to_owned());
+        let samples = self.samples.get(&key).copied().unwrap_or(0);
+        if self.recorded < REFUSALS_RECORDED_MAX && samples < REFUSAL_SAMPLES_PER_KEY {
+            self.recorded += 1;
+            // Bounded: at most REFUSALS_RECORDED_MAX keys ever get here.
+            self.samples.insert(key, samples + 1);
+            return true;
+        }
+        self.count(code, host);
+        false
+    }
+
+    fn count(&mut self, code: &str, host: &str) {
+        let mut key = (code.to_owned(), host.to_owned());
+        if !self.counted.contains_key(&key) && self.counted.len() >= REFUSAL_KEYS_MAX {
+            key.1 = "*".into();
+        }
+        *self.counted.entry(key).or_default() += 1;
+        if !self.told {
+            self.told = true;
+            tracing::warn!(target: "airlock::egress", "refusals past {REFUSAL_SAMPLES_PER_KEY} per code and host (or {REFUSALS_RECORDED_MAX} in all) are counted, not recorded or logged one by one");
+        }
+    }
+}
+
 struct Inner {
     events: EventSink,
+    tally: Mutex<Tally>,
     /// The write-ahead journal (absent: starts are acknowledged by the platform).
-    journal: Option<Journal>,
+    journal: Option<Arc<Journal>>,
     seq: AtomicU64,
     open: Mutex<BTreeMap<u64, Open>>,
     idle: Notify,
@@ -259,13 +320,13 @@ fn refusal_record(
     seq: u64,
 ) -> EgressRecord {
     let url = match url::Url::parse(req.url) {
-        Ok(u) => redactor.string(loggable_url(&u)),
+        Ok(u) => truncate_logged(redactor.string(loggable_url(&u)), LOGGED_URL_MAX_BYTES),
         Err(_) => "<unparsable>".to_owned(),
     };
     let host = e
         .host
         .as_deref()
-        .map(|h| redactor.str(h))
+        .map(|h| truncate_logged(redactor.str(h), LOGGED_HOST_MAX_BYTES))
         .unwrap_or_else(|| "-".to_owned());
     EgressRecord {
         at: now_ms(),
@@ -291,7 +352,8 @@ fn log_refusal(rec: &EgressRecord) {
     let ssrf = airlock_egress::EgressCode::ALL
         .iter()
         .any(|c| c.as_str() == code && c.is_ssrf());
-    let (source, host, method, url) = (&rec.source, &rec.host, &rec.method, &rec.url);
+    let (source, host, method) = (&rec.source, &rec.host, &rec.method);
+    let url = truncate_logged(rec.url.clone(), LOG_LINE_URL_MAX_BYTES);
     if ssrf {
         tracing::warn!(target: "airlock::egress", source = %source, code, host = %host, method = %method, url = %url, "Target refused (SSRF)");
     } else {
@@ -307,7 +369,7 @@ fn log_completion(rec: &EgressRecord) {
         status = rec.status.unwrap_or(0),
         host = %rec.host,
         method = %rec.method,
-        url = %rec.url,
+        url = %truncate_logged(rec.url.clone(), LOG_LINE_URL_MAX_BYTES),
         bytes_out = rec.bytes_out,
         bytes_in = rec.bytes_in,
         duration_ms = rec.duration_ms.unwrap_or(0),
@@ -317,10 +379,11 @@ fn log_completion(rec: &EgressRecord) {
 }
 
 impl Recorder {
-    pub fn new(events: EventSink, journal: Option<Journal>) -> Self {
+    pub fn new(events: EventSink, journal: Option<Arc<Journal>>) -> Self {
         Recorder {
             inner: Arc::new(Inner {
                 events,
+                tally: Mutex::default(),
                 journal,
                 // Unique within the run even if another sidecar of the same
                 // run recorded before this one: its start time in ms, times a
@@ -342,17 +405,66 @@ impl Recorder {
         self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Records a refusal by the guard (nothing was sent) and logs it once.
+    /// Records a refusal by the guard (nothing was sent) and logs it once;
+    /// past the run's refusal bounds, counts it ([`Tally`]).
     pub fn refused(&self, req: &Refused<'_>, e: &EgressError, redactor: &Redactor) {
+        let code = e.code.as_str();
+        let host = e.host.as_deref().unwrap_or("-");
+        let admitted = match self.inner.tally.lock() {
+            Ok(mut t) => t.admit(code, &truncate_logged(redactor.str(host), LOGGED_HOST_MAX_BYTES)),
+            Err(_) => false,
+        };
+        if !admitted {
+            return;
+        }
         let rec = refusal_record(req, e, redactor, self.next_seq());
         log_refusal(&rec);
-        self.keep_after(rec);
+        // A refusal the journal cannot take is counted, never sent with the
+        // events: a flood of them cannot grow the store past the bounds.
+        if let Some(j) = &self.inner.journal
+            && let Err(err) = j.append(&rec)
+        {
+            tracing::debug!(target: "airlock::egress", "egress journal: {err}; the refusal is counted");
+            if let Ok(mut t) = self.inner.tally.lock() {
+                t.count(code, &rec.host);
+            }
+            return;
+        }
+        if self.inner.journal.is_none() {
+            self.inner.events.send(RunEvent::Egress(rec));
+        }
     }
 
-    /// Keeps a record of something that already happened (a refusal, a
-    /// completion): in the journal, which the platform follows. A record
-    /// the journal cannot take (a failure cannot unsend anything) is
-    /// reported, and goes to the platform with the events instead.
+    /// Keeps the counts of the refusals not recorded one by one (at the
+    /// sidecar's stop): one [`RunEvent::Refusals`] per code and host.
+    fn keep_tally(&self) {
+        let counted = match self.inner.tally.lock() {
+            Ok(mut t) => std::mem::take(&mut t.counted),
+            Err(_) => return,
+        };
+        for ((code, host), count) in counted {
+            let event = RunEvent::Refusals {
+                at: now_ms(),
+                code,
+                host,
+                count,
+            };
+            match &self.inner.journal {
+                Some(j) => {
+                    if let Err(e) = j.append_event(&event, crate::journal::Class::Vital) {
+                        tracing::error!(target: "airlock::egress", "run journal: refusal counts not kept: {e}");
+                    }
+                }
+                None => self.inner.events.send(event),
+            }
+        }
+    }
+
+    /// Keeps a record of something that already happened (a completion):
+    /// in the journal, which the platform follows. A record the journal
+    /// cannot take (a failure cannot unsend anything) is reported, and
+    /// goes to the platform with the events instead (at most one per
+    /// request started).
     fn keep_after(&self, rec: EgressRecord) {
         if let Some(j) = &self.inner.journal {
             match j.append(&rec) {
@@ -394,8 +506,14 @@ impl Recorder {
             source: req.source.as_str().into(),
             integration: req.integration.map(str::to_owned),
             method: req.method.to_owned(),
-            url: redactor.string(loggable_url(req.target.url())),
-            host: redactor.str(&req.target.host().bare()),
+            url: truncate_logged(
+                redactor.string(loggable_url(req.target.url())),
+                LOGGED_URL_MAX_BYTES,
+            ),
+            host: truncate_logged(
+                redactor.str(&req.target.host().bare()),
+                LOGGED_HOST_MAX_BYTES,
+            ),
             decision: "allowed".into(),
             code: None,
             status: None,
@@ -510,6 +628,7 @@ impl Recorder {
         for (_, open) in left {
             self.emit(open, Outcome::new(EgressOutcome::Aborted));
         }
+        self.keep_tally();
         if tokio::time::timeout_at(end, self.inner.events.flush())
             .await
             .is_err()

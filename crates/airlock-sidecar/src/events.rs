@@ -1,6 +1,10 @@
 //! `POST /events`: what the runtime reports (heartbeats, log lines, the
-//! result), forwarded to the platform. Cost and egress events are the
-//! sidecar's own and are refused from the agent side: it could forge them.
+//! result, how many lines it shed), kept as [`crate::keep`] decides. Cost,
+//! egress and refusal counts are the sidecar's own and are refused from the
+//! agent side: it could forge them.
+//!
+//! The agent's end is answered `202` only once it is kept (in the run's
+//! journal): a `503` tells the runtime to send it again.
 
 use std::sync::Arc;
 
@@ -30,12 +34,12 @@ pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Respons
     if let Some(bad) = batch
         .events
         .iter()
-        .find(|e| matches!(e, RunEvent::Cost(_) | RunEvent::Egress(_)))
+        .find(|e| matches!(e, RunEvent::Cost(_) | RunEvent::Egress(_) | RunEvent::Refusals { .. }))
     {
-        let kind = if matches!(bad, RunEvent::Cost(_)) {
-            "cost"
-        } else {
-            "egress"
+        let kind = match bad {
+            RunEvent::Cost(_) => "cost",
+            RunEvent::Egress(_) => "egress",
+            _ => "refusals",
         };
         return (
             StatusCode::FORBIDDEN,
@@ -45,7 +49,22 @@ pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Respons
     }
     let n = batch.events.len();
     for e in batch.events {
-        sidecar.events.send(e);
+        match e {
+            RunEvent::Log { .. } => sidecar.keep.log(e),
+            RunEvent::Shed { lines, bytes, .. } => sidecar.keep.shed(lines, bytes),
+            RunEvent::Result { .. } => {
+                // What was shed before the end is counted before it.
+                sidecar.keep.report_shed();
+                if let Err(e) = sidecar.keep.vital(e) {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        Json(json!({"error": "not_kept", "message": e.to_string()})),
+                    )
+                        .into_response();
+                }
+            }
+            other => sidecar.events.send(other),
+        }
     }
     (StatusCode::ACCEPTED, Json(json!({"accepted": n}))).into_response()
 }

@@ -15,12 +15,22 @@
 //! journal's bound) means the request is not sent: the caller gets a
 //! [`JournalError`]. After a failed or short write the journal refuses
 //! every later line, so a torn line can only be the last one.
+//!
+//! The journal is the run's lossless path for the rest of what must never
+//! be dropped too ([`Journal::append_event`], `{"event": …}` lines): the
+//! agent's end and result, the model calls' usage, the counts of what was
+//! shed; and the agent's log lines up to the run's log cap. Each class has
+//! its own budget: egress records the journal's bound (`max`), log lines
+//! [`RUN_LOG_MAX_BYTES`], and what is never shed the reserve on top
+//! ([`JOURNAL_RESERVE_BYTES`]), so a flood of one never crowds out another.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use airlock_platform_api::wire::EgressRecord;
+use airlock_platform_api::wire::{
+    EgressRecord, JOURNAL_RESERVE_BYTES, LOG_LINE_OVERHEAD, RUN_LOG_MAX_BYTES, RunEvent,
+};
 use rustix::fs::{FileType, Mode, OFlags};
 
 /// Why a record could not be journalled.
@@ -39,6 +49,19 @@ pub enum JournalError {
     Write(std::io::Error),
     #[error("the egress journal failed earlier: no further request is sent in this run")]
     Broken,
+    #[error("the run's log cap ({max} bytes) is reached")]
+    LogFull { max: u64 },
+    #[error("the run's journal is full ({max} bytes)")]
+    ReserveFull { max: u64 },
+}
+
+/// What an event line is, for its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// An agent's log line: within [`RUN_LOG_MAX_BYTES`], else refused.
+    Log,
+    /// What is never shed: bounded only by the whole journal.
+    Vital,
 }
 
 impl JournalError {
@@ -55,9 +78,14 @@ impl JournalError {
 pub struct Journal {
     fd: OwnedFd,
     path: PathBuf,
-    /// Bytes in the file, counting the lines reserved by appends in progress.
+    /// Egress bytes in the file (at open: the whole file), counting the
+    /// lines reserved by appends in progress; bounded by `max`.
     size: AtomicU64,
     max: u64,
+    /// Log bytes kept (each line with [`LOG_LINE_OVERHEAD`]).
+    log_size: AtomicU64,
+    /// Bytes in the whole file; bounded by `max` + the log cap + the reserve.
+    total: AtomicU64,
     broken: AtomicBool,
 }
 
@@ -94,11 +122,14 @@ impl Journal {
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(JournalError::NotRegular { path: name() });
         }
+        let len = u64::try_from(st.st_size).unwrap_or(0);
         Ok(Journal {
             fd,
             path: path.to_owned(),
-            size: AtomicU64::new(u64::try_from(st.st_size).unwrap_or(0)),
+            size: AtomicU64::new(len),
             max,
+            log_size: AtomicU64::new(0),
+            total: AtomicU64::new(len),
             broken: AtomicBool::new(false),
         })
     }
@@ -119,16 +150,64 @@ impl Journal {
             .map_err(|e| JournalError::Write(std::io::Error::other(e.to_string())))?;
         line.push(b'\n');
         let len = line.len() as u64;
-        let reserved = self
-            .size
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                n.checked_add(len).filter(|total| *total <= self.max)
-            });
-        if reserved.is_err() {
-            return Err(JournalError::Full { max: self.max });
+        // A completion follows the start the budget admitted (one each):
+        // it only needs room in the whole journal, so a request that left
+        // always has its end recorded.
+        let completion = rec
+            .outcome
+            .is_some_and(|o| o != airlock_platform_api::wire::EgressOutcome::Incomplete);
+        if completion {
+            if !reserve(&self.total, len, self.hard_max()) {
+                return Err(JournalError::ReserveFull {
+                    max: self.hard_max(),
+                });
+            }
+        } else {
+            if !reserve(&self.size, len, self.max) {
+                return Err(JournalError::Full { max: self.max });
+            }
+            self.total.fetch_add(len, Ordering::AcqRel);
         }
+        self.write_line(&line)
+    }
+
+    /// The whole journal's bound: egress, logs and the reserve.
+    fn hard_max(&self) -> u64 {
+        self.max
+            .saturating_add(RUN_LOG_MAX_BYTES)
+            .saturating_add(JOURNAL_RESERVE_BYTES)
+    }
+
+    /// Appends `event` as one `{"event": …}` line within its class's budget.
+    pub fn append_event(&self, event: &RunEvent, class: Class) -> Result<(), JournalError> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(JournalError::Broken);
+        }
+        let mut line = Vec::with_capacity(256);
+        line.extend_from_slice(br#"{"event":"#);
+        serde_json::to_writer(&mut line, event)
+            .map_err(|e| JournalError::Write(std::io::Error::other(e.to_string())))?;
+        line.extend_from_slice(b"}\n");
+        let len = line.len() as u64;
+        if class == Class::Log
+            && !reserve(&self.log_size, len + LOG_LINE_OVERHEAD, RUN_LOG_MAX_BYTES)
+        {
+            return Err(JournalError::LogFull {
+                max: RUN_LOG_MAX_BYTES,
+            });
+        }
+        if !reserve(&self.total, len, self.hard_max()) {
+            return Err(JournalError::ReserveFull {
+                max: self.hard_max(),
+            });
+        }
+        self.write_line(&line)
+    }
+
+    /// One `write(2)` of a whole line whose room is reserved.
+    fn write_line(&self, line: &[u8]) -> Result<(), JournalError> {
         let written = loop {
-            match rustix::io::write(&self.fd, &line) {
+            match rustix::io::write(&self.fd, line) {
                 Err(rustix::io::Errno::INTR) => continue,
                 other => break other,
             }
@@ -150,6 +229,15 @@ impl Journal {
             }
         }
     }
+}
+
+/// Adds `len` to `counter` if the sum stays within `max`.
+fn reserve(counter: &AtomicU64, len: u64, max: u64) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            n.checked_add(len).filter(|t| *t <= max)
+        })
+        .is_ok()
 }
 
 #[cfg(test)]
@@ -263,6 +351,8 @@ mod tests {
             path: p.clone(),
             size: AtomicU64::new(0),
             max: 1 << 20,
+            log_size: AtomicU64::new(0),
+            total: AtomicU64::new(0),
             broken: AtomicBool::new(false),
         };
         let e = j.append(&record(1)).unwrap_err();

@@ -22,6 +22,7 @@ pub mod credential;
 pub mod egress;
 pub mod events;
 pub mod journal;
+pub mod keep;
 pub mod llm;
 pub mod mcp;
 pub mod proxy;

@@ -1315,7 +1315,8 @@ impl Relay {
             .take()
             .or(cost.model)
             .unwrap_or_else(|| "unknown".into());
-        self.sidecar.events.send(RunEvent::Cost(CostRecord {
+        // Kept, never shed: the run's bill.
+        let _ = self.sidecar.keep.vital(RunEvent::Cost(CostRecord {
             at: now_ms(),
             provider: provider_name(cost.provider).into(),
             model,

@@ -307,6 +307,7 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     tasks.abort_all();
     // (The drain's last step flushes every queued event, not only egress.)
     sidecar.egress.drain(egress::DRAIN_DEADLINE).await;
+    sidecar.keep.report_shed();
     tracing::debug!(target: "airlock::phase", "sidecar: events flushed");
     for s in sockets {
         let _ = std::fs::remove_file(s);

@@ -48,6 +48,8 @@ pub struct Sidecar {
     /// after its early fetch started.
     pub fetches_ahead: Arc<Semaphore>,
     pub events: EventSink,
+    /// What must never be shed, and the log lines within the run's cap.
+    pub keep: crate::keep::Keeper,
     /// The egress log: every outbound request of every site.
     pub egress: Recorder,
     /// The intercepting proxy, when an integration has `inject = "proxy"`
@@ -138,6 +140,7 @@ impl Sidecar {
             .collect();
         let platform = PlatformClient::new(&cfg.platform_socket, cfg.run_token);
         let events = EventSink::start(platform.clone());
+        let journal = journal.map(Arc::new);
         Ok(Arc::new(Sidecar {
             run_id: cfg.run_id,
             token: cfg.sidecar_token,
@@ -149,7 +152,8 @@ impl Sidecar {
             fetches_ahead: Arc::new(Semaphore::new(cfg.limits.max_concurrent_calls.max(1))),
             limits: cfg.limits,
             proxy_url: cfg.proxy_url,
-            egress: Recorder::new(events.clone(), journal),
+            egress: Recorder::new(events.clone(), journal.clone()),
+            keep: crate::keep::Keeper::new(journal, events.clone()),
             events,
             platform,
             interceptor,

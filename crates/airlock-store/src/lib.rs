@@ -1366,6 +1366,140 @@ impl Store {
         returned_id(ids)
     }
 
+    /// Stores a run's journalled events in one transaction: an event whose
+    /// `(run_id, seq)` is stored already is skipped, and so is its usage
+    /// (reading a journal again stores nothing twice). Returns how many
+    /// were new.
+    pub async fn append_journal_events(
+        &self,
+        run_id: &str,
+        events: &[JournalledEvent],
+    ) -> Result<usize, StoreError> {
+        /// Rows in one statement of events without usage (5 values each).
+        const ROWS: usize = 100;
+        if events.is_empty() {
+            return Ok(0);
+        }
+        let numbered = matches!(self.pool, Pool::Postgres(_));
+        let insert_sql = |rows: usize, returning: bool| {
+            use std::fmt::Write as _;
+            let mut sql = String::from("INSERT INTO run_events (run_id, at, kind, payload, seq) VALUES ");
+            for i in 0..rows {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push('(');
+                for c in 0..5 {
+                    if c > 0 {
+                        sql.push_str(", ");
+                    }
+                    if numbered {
+                        let _ = write!(sql, "${}", i * 5 + c + 1);
+                    } else {
+                        sql.push('?');
+                    }
+                }
+                sql.push(')');
+            }
+            sql.push_str(" ON CONFLICT (run_id, seq) DO NOTHING");
+            if returning {
+                sql.push_str(" RETURNING id");
+            }
+            sql
+        };
+        let mut new = 0usize;
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            let mut rest = events;
+            while let Some(head) = rest.first() {
+                if let Some(u) = &head.usage {
+                    let sql = insert_sql(1, true);
+                    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                        .bind(run_id)
+                        .bind(head.at)
+                        .bind(head.kind.as_str())
+                        .bind(head.payload.as_str())
+                        .bind(head.seq)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err(|err| self.run_fk(err, run_id))?;
+                    if !ids.is_empty() {
+                        new += 1;
+                        sqlx::query(
+                            "UPDATE runs SET tokens_in = tokens_in + $2, tokens_out = tokens_out + $3, \
+                             cost_microusd = cost_microusd + $4 WHERE id = $1",
+                        )
+                        .bind(run_id)
+                        .bind(u.tokens_in)
+                        .bind(u.tokens_out)
+                        .bind(u.cost_microusd)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    }
+                    rest = &rest[1..];
+                    continue;
+                }
+                let plain = rest
+                    .iter()
+                    .take(ROWS)
+                    .take_while(|e| e.usage.is_none())
+                    .count();
+                let (chunk, tail) = rest.split_at(plain);
+                rest = tail;
+                let sql = insert_sql(chunk.len(), false);
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for e in chunk {
+                    q = q
+                        .bind(run_id)
+                        .bind(e.at)
+                        .bind(e.kind.as_str())
+                        .bind(e.payload.as_str())
+                        .bind(e.seq);
+                }
+                let done = q
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|err| self.run_fk(err, run_id))?;
+                new += done.rows_affected() as usize;
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+        });
+        Ok(new)
+    }
+
+    /// A run's events of `kind`, oldest first, at most `limit`.
+    pub async fn events_of_kind(
+        &self,
+        run_id: &str,
+        kind: &str,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(
+                "SELECT id, run_id, at, kind, payload FROM run_events \
+                 WHERE run_id = $1 AND kind = $2 ORDER BY id LIMIT $3",
+            )
+            .bind(run_id)
+            .bind(kind)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(Event {
+                        id: r.try_get("id").map_err(|e| self.err(e))?,
+                        run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
+                        at: r.try_get("at").map_err(|e| self.err(e))?,
+                        kind: r.try_get("kind").map_err(|e| self.err(e))?,
+                        payload: r.try_get("payload").map_err(|e| self.err(e))?,
+                    })
+                })
+                .collect()
+        })
+    }
+
     /// A run's events with id greater than `after`, oldest first, at most `limit`.
     pub async fn list_events(
         &self,

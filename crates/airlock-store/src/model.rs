@@ -211,6 +211,20 @@ pub struct NewEvent<'a> {
     pub payload: &'a str,
 }
 
+/// An event read from a run's journal: stored once per `(run_id, seq)`
+/// however often the journal is read, and its usage (a model call's)
+/// added to the run only when the event is stored the first time.
+#[derive(Debug, Clone)]
+pub struct JournalledEvent {
+    /// The event's place in the run's journal (its line's byte offset).
+    pub seq: i64,
+    pub at: i64,
+    pub kind: String,
+    /// JSON text.
+    pub payload: String,
+    pub usage: Option<Usage>,
+}
+
 /// A stored event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {

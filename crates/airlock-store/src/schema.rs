@@ -117,6 +117,18 @@ INSERT INTO connections_changes (id, n) VALUES (1, 0);
 /// running run was asked to stop (and by whom), and one delivery per
 /// webhook per run event (`event_key` is `<run id>:<event>`; older rows
 /// have none, and NULLs never collide).
+/// Version 8: an event read from a run's journal carries its place there
+/// (`seq`, the line's byte offset): reading the journal again (a retry
+/// after the store failed, the boot reclaim) stores each event once.
+macro_rules! version_8_common {
+    () => {
+        r#"
+ALTER TABLE run_events ADD COLUMN seq BIGINT;
+CREATE UNIQUE INDEX run_events_run_seq ON run_events (run_id, seq);
+"#
+    };
+}
+
 macro_rules! version_7_common {
     () => {
         r#"
@@ -309,6 +321,11 @@ END;
         sql: version_7_common!(),
     },
     Migration {
+        version: 8,
+        description: "run events numbered by their place in the run's journal",
+        sql: version_8_common!(),
+    },
+    Migration {
         version: 11,
         description: "retention by end time; stored bytes per organization",
         sql: version_11_common!(),
@@ -465,6 +482,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 7,
         description: "cancel reasons; one webhook delivery per run event",
         sql: version_7_common!(),
+    },
+    Migration {
+        version: 8,
+        description: "run events numbered by their place in the run's journal",
+        sql: version_8_common!(),
     },
     Migration {
         version: 11,

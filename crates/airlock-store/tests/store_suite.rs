@@ -103,6 +103,7 @@ on_both!(
     the_own_connection_writes_what_the_pool_reads,
     memories,
     results,
+    journalled_events_are_stored_once_and_their_usage_added_once,
     run_slots_are_claimed_atomically,
     a_different_key_under_a_known_key_id_is_refused,
     organizations_see_only_their_own_rows,
@@ -964,7 +965,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 7);
+    assert_eq!(s.schema_version().await.unwrap(), 8);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -973,7 +974,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 7);
+        assert_eq!(again.schema_version().await.unwrap(), 8);
     }
 }
 
@@ -1780,6 +1781,38 @@ async fn memories(s: &Store) {
     );
 }
 
+/// The attack on a journal read twice (a retry after the store failed, the
+/// boot reclaim after a crash): each event is stored once and a model
+/// call's usage added once, however often the same lines come.
+async fn journalled_events_are_stored_once_and_their_usage_added_once(s: &Store) {
+    new_run(s, "r1").await;
+    let ev = |seq: i64, kind: &str, usage: Option<Usage>| JournalledEvent {
+        seq,
+        at: seq,
+        kind: kind.to_owned(),
+        payload: format!("{{\"n\":{seq}}}"),
+        usage,
+    };
+    let usage = Usage {
+        tokens_in: 10,
+        tokens_out: 5,
+        cost_microusd: 7,
+    };
+    let mut batch: Vec<JournalledEvent> = (0..250).map(|i| ev(i * 10, "log", None)).collect();
+    batch.insert(100, ev(5, "cost", Some(usage)));
+    batch.push(ev(9999, "result", None));
+    assert_eq!(s.append_journal_events("r1", &batch).await.unwrap(), 252);
+    // The same lines again, and one new.
+    batch.push(ev(10_007, "cost", Some(usage)));
+    assert_eq!(s.append_journal_events("r1", &batch).await.unwrap(), 1);
+    let run = s.get_run("r1").await.unwrap().unwrap();
+    assert_eq!((run.tokens_in, run.tokens_out, run.cost_microusd), (20, 10, 14));
+    assert_eq!(s.list_events("r1", 0, 1000).await.unwrap().len(), 253);
+    assert_eq!(s.events_of_kind("r1", "cost", 10).await.unwrap().len(), 2);
+    // An unknown run is a typed error, and nothing is stored.
+    assert!(s.append_journal_events("nope", &batch[..1]).await.is_err());
+}
+
 async fn results(s: &Store) {
     new_run(s, "r1").await;
     new_run(s, "r2").await;
@@ -2014,7 +2047,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 7);
+    assert_eq!(s.schema_version().await.unwrap(), 8);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2024,10 +2057,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
+const UNDO_V5_SQLITE: &str = "DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
+     DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP TRIGGER connections_changed_by_insert; \
      DROP TRIGGER connections_changed_by_update; DROP TRIGGER connections_changed_by_delete; \
      DROP TABLE connections_changes; DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
@@ -2045,7 +2079,8 @@ const UNDO_V5_SQLITE: &str = "DROP INDEX runs_owner; ALTER TABLE runs DROP COLUM
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
+const UNDO_V5_POSTGRES: &str = "DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
+     DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP FUNCTION connections_changed() CASCADE; \
      DROP TABLE connections_changes; DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
      DROP TABLE api_keys; DROP TABLE organizations; DROP TABLE agents; DROP TABLE replicas; \
@@ -2079,7 +2114,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 7);
+    assert_eq!(s.schema_version().await.unwrap(), 8);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()

@@ -362,7 +362,8 @@ fn event_json(e: &Event) -> serde_json::Value {
     serde_json::json!({ "id": e.id, "at": e.at, "kind": e.kind, "payload": payload })
 }
 
-/// Which events a view shows: every kind but heartbeats, or only logs.
+/// Which events a view shows: every kind but heartbeats, or only logs
+/// (with the counts of the lines shed).
 #[derive(Clone, Copy)]
 enum View {
     Events,
@@ -373,7 +374,8 @@ impl View {
     fn shows(self, kind: &str) -> bool {
         match self {
             View::Events => kind != "heartbeat",
-            View::Logs => kind == "log",
+            // The count of shed lines belongs with the lines kept.
+            View::Logs => kind == "log" || kind == "shed",
         }
     }
 }

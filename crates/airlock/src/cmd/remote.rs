@@ -175,12 +175,28 @@ impl Remote {
 pub fn print_log(data: &str, json: bool) {
     let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
     let p = &v["payload"];
+    if p["type"] == "shed" {
+        let text = shed_text(
+            p["lines"].as_u64().unwrap_or(0),
+            p["bytes"].as_u64().unwrap_or(0),
+        );
+        print_log_line(&p["at"], SHED_STREAM, &text, json);
+        return;
+    }
     print_log_line(
         &p["at"],
         p["stream"].as_str().unwrap_or(""),
         p["line"].as_str().unwrap_or(""),
         json,
     );
+}
+
+/// The stream `airlock runs logs` shows the count of shed lines under.
+pub const SHED_STREAM: &str = "airlock";
+
+/// What `airlock runs logs` says of log lines that were shed.
+pub fn shed_text(lines: u64, bytes: u64) -> String {
+    format!("[airlock: {lines} log lines ({bytes} bytes) were shed: counted, not kept]")
 }
 
 /// One stored log line as `airlock runs logs` prints it: the agent's
@@ -194,7 +210,7 @@ pub fn print_log_line(at: &Value, stream: &str, line: &str, json: bool) {
             "{}",
             serde_json::json!({"at": at, "stream": stream, "line": line})
         );
-    } else if stream == "stderr" {
+    } else if stream == "stderr" || stream == SHED_STREAM {
         eprintln!("{}", safe(line));
     } else if let Some(ns) = stream.strip_prefix(airlock_platform::orchestrator::RUNNER_STREAM) {
         eprintln!("[runner {}] {}", safe(ns), safe(line));

@@ -423,6 +423,20 @@ pub fn print_report(r: &RunReport, duration: std::time::Duration) {
             r.model.unmetered_calls
         );
     }
+    for c in &r.egress.refusals_counted {
+        eprintln!(
+            "    {} more × refused ({}) to {}: counted, not recorded one by one",
+            c.count,
+            safe(&c.code),
+            safe(&c.host)
+        );
+    }
+    if r.logs_shed.lines > 0 {
+        eprintln!(
+            "  logs shed   {} line(s), {} bytes: counted, not kept",
+            r.logs_shed.lines, r.logs_shed.bytes
+        );
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {

@@ -272,10 +272,19 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                 let page = store.list_events(&id, after, 500).await?;
                 for e in &page {
                     after = e.id;
-                    if let Ok(RunEvent::Log { stream, line, at }) =
-                        serde_json::from_str::<RunEvent>(&e.payload)
-                    {
-                        super::remote::print_log_line(&at.into(), &stream, &line, json);
+                    match serde_json::from_str::<RunEvent>(&e.payload) {
+                        Ok(RunEvent::Log { stream, line, at }) => {
+                            super::remote::print_log_line(&at.into(), &stream, &line, json);
+                        }
+                        Ok(RunEvent::Shed { at, lines, bytes }) => {
+                            super::remote::print_log_line(
+                                &at.into(),
+                                super::remote::SHED_STREAM,
+                                &super::remote::shed_text(lines, bytes),
+                                json,
+                            );
+                        }
+                        _ => {}
                     }
                 }
                 // Without --follow: every page there is, then the end.

@@ -21,6 +21,7 @@ mod platform_api;
 mod proxy_inject;
 mod remote_mcp;
 mod run_lifecycle;
+mod run_record;
 mod sandbox_escape;
 mod sandbox_host;
 mod serve_api;

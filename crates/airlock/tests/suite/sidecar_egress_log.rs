@@ -362,7 +362,10 @@ async fn past_the_journal_bound_nothing_leaves() {
     assert!(out.to_string().contains("egress_journal_full"), "{out}");
     assert_eq!(up.seen().len(), sent);
     terminate(&mut sc);
-    assert!(std::fs::metadata(&p.journal).unwrap().len() <= 2048);
+    // The bound admits starts; each admitted start's completion is written
+    // past it (a request that left always has its end recorded).
+    let journal = std::fs::metadata(&p.journal).unwrap().len();
+    assert!(journal <= 2 * 2048 + 512, "{journal}");
     let log = p.egress_log().await;
     let allowed: Vec<_> = log
         .iter()
