@@ -430,6 +430,32 @@ pub struct Limits {
     pub max_mcp_sessions: usize,
     /// Largest egress journal (64 MiB): past it, no further request is sent.
     pub egress_journal_bytes: u64,
+    /// Open connections on each of the sidecar's API listeners (256): past
+    /// it, an idle one (of the client process holding the most) gives way to
+    /// a newcomer, or the newcomer is closed ([`crate::listener_guard`]).
+    pub max_api_connections: usize,
+    /// Time an API connection has to send a request head, from its opening
+    /// or its previous answer's end (10 s).
+    pub api_header_read_timeout_secs: u64,
+    /// An API connection with no byte either way for this long is closed,
+    /// a request in progress included (300 s).
+    pub api_idle_timeout_secs: u64,
+}
+
+impl Limits {
+    /// The rules of the sidecar's API listeners.
+    pub fn api_listener(&self) -> crate::listener_guard::Settings {
+        crate::listener_guard::Settings {
+            max_connections: self.max_api_connections.max(1),
+            // Per client process; the runtime's own connections come from
+            // another process than the agent's, but all the agent's may too.
+            max_connections_per_peer: self.max_api_connections.max(1),
+            header_read_timeout: std::time::Duration::from_secs(
+                self.api_header_read_timeout_secs.max(1),
+            ),
+            idle_timeout: std::time::Duration::from_secs(self.api_idle_timeout_secs.max(1)),
+        }
+    }
 }
 
 impl Default for Limits {
@@ -445,6 +471,9 @@ impl Default for Limits {
             max_proxy_connections: 256,
             max_mcp_sessions: 32,
             egress_journal_bytes: crate::wire::EGRESS_JOURNAL_MAX_BYTES,
+            max_api_connections: 256,
+            api_header_read_timeout_secs: 10,
+            api_idle_timeout_secs: 300,
         }
     }
 }

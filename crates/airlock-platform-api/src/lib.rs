@@ -10,6 +10,7 @@ pub mod client;
 pub mod connection_types;
 mod get;
 pub mod launch;
+pub mod listener_guard;
 #[allow(unsafe_code)] // the one module that needs it: registering a descriptor with tokio
 pub mod read_interest;
 pub mod types;

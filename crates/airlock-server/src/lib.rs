@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use airlock_egress::{ClientConfig, EgressPolicy, GuardedClient};
 use airlock_platform::orchestrator::Orchestrator;
+use airlock_platform_api::listener_guard;
 use airlock_store::Store;
 use axum::extract::Request;
 use axum::response::{IntoResponse as _, Response};
@@ -80,6 +81,11 @@ pub struct ServeConfig {
     pub retention_sweep: Duration,
     /// What one organization may hold (`ORG_MAX_*`).
     pub quotas: airlock_store::OrgQuotas,
+    /// The API listener's timeouts and connection caps
+    /// (`API_MAX_CONNECTIONS` 1024, `API_MAX_CONNECTIONS_PER_ADDRESS` 256,
+    /// `API_HEADER_READ_TIMEOUT_SECONDS` 10, `API_IDLE_TIMEOUT_SECONDS` 60):
+    /// [`listener_guard`].
+    pub listener: listener_guard::Settings,
     /// `AIRLOCK_TEST_FAIL_POINT`: test-only ([`failpoint`]).
     pub fail_point: Option<failpoint::FailPoint>,
 }
@@ -206,6 +212,39 @@ impl ServeConfig {
                 86_400.0,
             )?),
             quotas: airlock_store::OrgQuotas::from_lookup(get).map_err(setting)?,
+            listener: {
+                let d = listener_guard::Settings::API;
+                listener_guard::Settings {
+                    max_connections: num(
+                        "API_MAX_CONNECTIONS",
+                        get("API_MAX_CONNECTIONS"),
+                        d.max_connections as f64,
+                        1.0,
+                        1_000_000.0,
+                    )? as usize,
+                    max_connections_per_peer: num(
+                        "API_MAX_CONNECTIONS_PER_ADDRESS",
+                        get("API_MAX_CONNECTIONS_PER_ADDRESS"),
+                        d.max_connections_per_peer as f64,
+                        1.0,
+                        1_000_000.0,
+                    )? as usize,
+                    header_read_timeout: Duration::from_secs_f64(num(
+                        "API_HEADER_READ_TIMEOUT_SECONDS",
+                        get("API_HEADER_READ_TIMEOUT_SECONDS"),
+                        d.header_read_timeout.as_secs_f64(),
+                        0.1,
+                        3600.0,
+                    )?),
+                    idle_timeout: Duration::from_secs_f64(num(
+                        "API_IDLE_TIMEOUT_SECONDS",
+                        get("API_IDLE_TIMEOUT_SECONDS"),
+                        d.idle_timeout.as_secs_f64(),
+                        0.1,
+                        86_400.0,
+                    )?),
+                }
+            },
             fail_point: get(failpoint::ENV_FAIL_POINT)
                 .map(|v| {
                     failpoint::FailPoint::parse(v.trim()).ok_or_else(|| ConfigError {
@@ -556,7 +595,9 @@ const HTTP_CLOSE: Duration = Duration::from_secs(5);
 
 /// Serves on `listener` from now: `/healthz` answers at once, `/readyz`
 /// 503 with `boot`'s status until `boot` has built the platform, then the
-/// API. Runs until the first signal on `signals` (a count of SIGTERM and
+/// API. The listener admits connections by `guard`'s rules (header-read
+/// and idle timeouts, a connection cap shared fairly between client
+/// addresses: [`listener_guard`]). Runs until the first signal on `signals` (a count of SIGTERM and
 /// SIGINT received): then it drains (stops claiming, lets its running runs
 /// end within `SHUTDOWN_GRACE_SECONDS`, a second signal cutting the grace
 /// short, cancels the rest with "this replica shut down"; queued runs stay
@@ -564,6 +605,7 @@ const HTTP_CLOSE: Duration = Duration::from_secs(5);
 /// the boot ends it at once.
 pub async fn serve<F>(
     listener: tokio::net::TcpListener,
+    guard: listener_guard::Settings,
     booting: Booting,
     boot: F,
     mut signals: watch::Receiver<u32>,
@@ -580,16 +622,18 @@ where
         let gate = gate.clone();
         axum::Router::new().fallback(move |req: Request| gate.clone().answer(req))
     };
-    let mut http = tokio::spawn(
-        axum::serve(
+    let mut http = tokio::spawn(async move {
+        listener_guard::serve(
             listener,
-            outer.into_make_service_with_connect_info::<SocketAddr>(),
+            listener_guard::Guard::new(guard),
+            outer,
+            async move {
+                let _ = close_rx.wait_for(|c| *c).await;
+            },
         )
-        .with_graceful_shutdown(async move {
-            let _ = close_rx.wait_for(|c| *c).await;
-        })
-        .into_future(),
-    );
+        .await;
+        Ok::<(), std::io::Error>(())
+    });
     let close_http = |http: tokio::task::JoinHandle<std::io::Result<()>>| async move {
         let _ = close_tx.send(true);
         let mut http = http;

@@ -13,6 +13,8 @@ use serde_json::json;
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::Semaphore;
 
+use airlock_platform_api::listener_guard::{self, Guard};
+
 use crate::config::{ConfigError, SidecarConfig};
 use crate::state::Sidecar;
 use crate::{auth, egress, events, llm, mcp, proxy, sys};
@@ -248,27 +250,27 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     if let Ok(mut slot) = sidecar.runner_mcp.lock() {
         *slot = runner_mcp;
     }
-    let app = axum::ServiceExt::<Request>::into_make_service(app(sidecar.clone()));
+    let app = app(sidecar.clone());
+    let rules = sidecar.limits.api_listener();
     let mut tasks = tokio::task::JoinSet::new();
+    // Each API listener under its own guard (timeouts, a connection cap
+    // shared fairly between client processes or addresses): an agent
+    // holding connections open cannot grow the sidecar's memory past the
+    // cap, nor keep the runtime's reports out.
     if let Some(l) = api_unix {
         let app = app.clone();
         tasks.spawn(async move {
             // Watched for readability only: the runtime reading an answer
             // (or each event of a stream) does not wake the sidecar.
             let l = airlock_platform_api::read_interest::ReadInterestListener(l);
-            let _ = axum::serve(l, app).await;
+            listener_guard::serve(l, Guard::new(rules), app, std::future::pending()).await;
         });
     }
     if let Some(l) = api_tcp {
         let app = app.clone();
         tasks.spawn(async move {
-            use axum::serve::ListenerExt;
-            // Without TCP_NODELAY, Nagle and delayed ACKs add ~40 ms to small
-            // streamed writes (model streams).
-            let l = l.tap_io(|s| {
-                let _ = s.set_nodelay(true);
-            });
-            let _ = axum::serve(l, app).await;
+            // (TCP_NODELAY is set on each connection by the guard's accept.)
+            listener_guard::serve(l, Guard::new(rules), app, std::future::pending()).await;
         });
     }
     if let Some(l) = proxy_unix {

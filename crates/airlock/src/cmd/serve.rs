@@ -78,6 +78,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         cfg.listen,
         backend.name(),
     );
+    let guard = cfg.listener;
     let booting = Booting::default();
     booting.set("reaching the store");
     let boot = {
@@ -93,7 +94,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             Ok(app)
         }
     };
-    airlock_server::serve(listener, booting, boot, signals()).await?;
+    airlock_server::serve(listener, guard, booting, boot, signals()).await?;
     eprintln!("airlock serve: stopped");
     Ok(())
 }

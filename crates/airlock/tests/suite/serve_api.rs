@@ -756,3 +756,181 @@ fn the_cli_runs_lists_and_stores_through_a_server() {
         404
     );
 }
+
+/// An answer to `GET path` (with `key`) within `within`, from a thread of its
+/// own: `None` when none came in time (the thread is left to its fate).
+fn answered_within(
+    addr: std::net::SocketAddr,
+    path: &'static str,
+    key: Option<String>,
+    within: std::time::Duration,
+) -> Option<u16> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", &a[..])).collect();
+        let (st, _, _) = crate::support::http(addr, "GET", path, &headers, b"");
+        let _ = tx.send(st);
+    });
+    rx.recv_timeout(within).ok()
+}
+
+/// Descriptors the process `pid` holds open.
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Slowloris (issue 45, item 11): far more idle anonymous connections than
+/// the server has descriptors, from one address and from several, and a
+/// client trickling its request head. Another client's `/healthz` and
+/// `GET /v1/org` are still answered in time, the server holds no more than
+/// its cap, and the header-read timeout closes what never sends a request.
+#[test]
+fn thousands_of_idle_connections_keep_no_client_from_its_answer() {
+    use rustix::process::{Resource, Rlimit, getrlimit, prlimit, setrlimit};
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    const ONE_ADDRESS: usize = 1200;
+    const OTHERS: u8 = 8;
+    const EACH: usize = 100;
+    const SERVER_FILES: u64 = 1024;
+    let t = start(&[
+        ("API_MAX_CONNECTIONS", "600"),
+        ("API_MAX_CONNECTIONS_PER_ADDRESS", "200"),
+        ("API_HEADER_READ_TIMEOUT_SECONDS", "3"),
+    ]);
+    let (_, key) = create_org(&t.env, "A", &[]);
+    // The server gets 1,024 descriptors; the attack uses more than that.
+    let pid = t.s.child.id();
+    prlimit(
+        rustix::process::Pid::from_raw(pid as i32),
+        Resource::Nofile,
+        Rlimit {
+            current: Some(SERVER_FILES),
+            maximum: Some(SERVER_FILES),
+        },
+    )
+    .expect("lower the server's open-file limit");
+    let own = getrlimit(Resource::Nofile);
+    let need = (ONE_ADDRESS + usize::from(OTHERS) * EACH + 200) as u64;
+    assert!(
+        own.maximum.is_none_or(|m| m >= need),
+        "this test needs an open-file limit of at least {need} (hard limit {:?})",
+        own.maximum
+    );
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: own.maximum,
+            maximum: own.maximum,
+        },
+    )
+    .expect("raise the test's own open-file limit");
+
+    // A client trickling its head, a header line a second.
+    let mut trickle = std::net::TcpStream::connect(t.s.addr).unwrap();
+    trickle
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    let trickle_from = Instant::now();
+    let trickled = std::thread::spawn(move || {
+        for i in 0..20 {
+            std::thread::sleep(Duration::from_secs(1));
+            if trickle
+                .write_all(format!("x-{i}: y\r\n").as_bytes())
+                .is_err()
+            {
+                break;
+            }
+        }
+        let mut rest = Vec::new();
+        trickle
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        let _ = trickle.read_to_end(&mut rest);
+        (trickle_from.elapsed(), rest)
+    });
+
+    // The flood: connections that never send a byte.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = t.s.addr;
+    let flood = rt.block_on(async move {
+        let open = |from: [u8; 4], n: usize| async move {
+            let mut held = Vec::new();
+            for _ in 0..n {
+                let s = tokio::net::TcpSocket::new_v4().unwrap();
+                s.bind((std::net::Ipv4Addr::from(from), 0).into()).unwrap();
+                if let Ok(Ok(c)) =
+                    tokio::time::timeout(Duration::from_millis(500), s.connect(addr)).await
+                {
+                    held.push(c);
+                }
+            }
+            held
+        };
+        let mut held = open([127, 0, 0, 2], ONE_ADDRESS).await;
+        for i in 0..OTHERS {
+            held.extend(open([127, 0, 0, 3 + i], EACH).await);
+        }
+        held
+    });
+    assert!(
+        flood.len() as u64 > SERVER_FILES,
+        "the flood opened {} connections",
+        flood.len()
+    );
+
+    // A legitimate client is answered, again and again, in time.
+    for _ in 0..5 {
+        assert_eq!(
+            answered_within(t.s.addr, "/healthz", None, Duration::from_secs(3)),
+            Some(200),
+            "/healthz during the flood:\n{}",
+            t.s.log_text()
+        );
+        assert_eq!(
+            answered_within(
+                t.s.addr,
+                "/v1/org",
+                Some(key.clone()),
+                Duration::from_secs(3)
+            ),
+            Some(200),
+            "GET /v1/org during the flood"
+        );
+    }
+    // The server holds its cap, not the flood.
+    let held = open_descriptors(pid);
+    assert!(held < 600 + 100, "the server holds {held} descriptors");
+
+    // The header-read timeout closed the trickling client, long before its
+    // twenty lines.
+    let (after, rest) = trickled.join().unwrap();
+    assert!(
+        after < Duration::from_secs(12),
+        "a trickled head was held {after:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("200 OK"),
+        "a trickled head was answered"
+    );
+    // And closes every idle connection that is left: the descriptors go
+    // back near what an idle server holds.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while open_descriptors(pid) > 100 {
+        assert!(
+            Instant::now() < deadline,
+            "idle connections still open past the header-read timeout: {}",
+            open_descriptors(pid)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(flood);
+    assert_eq!(t.s.call("GET", "/v1/org", Some(&key), None).0, 200);
+}
