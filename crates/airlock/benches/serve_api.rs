@@ -13,8 +13,11 @@
 //!    to the last run's start, and to the last run's end. Beside it, the
 //!    same 40 runs as 40 `airlock run` processes started at once (the
 //!    embedded platform, each its own process).
-//! 3. 200 runs queued at once behind `max_concurrent_runs` 8: all drained,
-//!    each checked (status, its own log line), the drain time.
+//! 3. 500 runs queued at once behind `max_concurrent_runs` 8: all drained,
+//!    each checked (status, its own log line), the drain time; meanwhile,
+//!    on a connection of its own, `GET /v1/runs/{id}` under that load,
+//!    p50/p99, alternating call by call with `GET /healthz` (routing alone,
+//!    under the same load).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
 
 #[path = "peers/mod.rs"]
@@ -461,8 +464,8 @@ fn main() {
         STARTS as f64 / peer_all.as_secs_f64()
     );
 
-    // 3. 200 queued runs drained.
-    const QUEUED: usize = 200;
+    // 3. 500 queued runs drained, and the API's latency under that load.
+    const QUEUED: usize = 500;
     let home = tempfile::Builder::new()
         .prefix("airlock-bench-serve-")
         .tempdir()
@@ -480,8 +483,34 @@ fn main() {
     let posted = t0.elapsed();
     let (_, queued) = c.json("GET", "/v1/runs?status=queued&limit=100", &key, None);
     let queued_now = queued["runs"].as_array().map_or(0, Vec::len);
-    let runs = wait_all_ended(&mut c, &key, &ids, 900);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let prober = {
+        let (stop, addr, key, path) = (
+            stop.clone(),
+            s.addr,
+            key.clone(),
+            format!("/v1/runs/{}", ids[0]),
+        );
+        std::thread::spawn(move || {
+            let (mut api, mut hz) = (Conn::open(addr), Conn::open(addr));
+            let (mut a, mut h) = (Vec::new(), Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                assert_eq!(api.req("GET", &path, Some(&key), None).0, 200);
+                a.push(t.elapsed());
+                let t = Instant::now();
+                assert_eq!(hz.req("GET", "/healthz", None, None).0, 200);
+                h.push(t.elapsed());
+            }
+            a.sort();
+            h.sort();
+            (a, h)
+        })
+    };
+    let runs = wait_all_ended(&mut c, &key, &ids, 1800);
     let drained = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (api, hz) = prober.join().unwrap();
     let ok = runs.iter().filter(|r| r["status"] == "succeeded").count();
     // Nothing lost: every run has its own line, and only its own.
     let mut lines_ok = 0;
@@ -518,6 +547,14 @@ fn main() {
         queued_now,
         drained.as_secs_f64(),
         QUEUED as f64 / drained.as_secs_f64()
+    );
+    println!(
+        "   under that load: GET /v1/runs/{{id}} p50 {:.2} ms, p99 {:.2} ms ({} requests); GET /healthz beside it p50 {:.2} ms, p99 {:.2} ms",
+        peers::us(peers::percentile(&api, 0.5)) / 1000.0,
+        peers::us(peers::percentile(&api, 0.99)) / 1000.0,
+        api.len(),
+        peers::us(peers::percentile(&hz, 0.5)) / 1000.0,
+        peers::us(peers::percentile(&hz, 0.99)) / 1000.0,
     );
     assert_eq!(ok, QUEUED, "runs lost or failed");
     assert_eq!(lines_ok, QUEUED, "log lines lost");

@@ -58,8 +58,14 @@ fn warm_up(run: &RealRun, backend: &str) -> u64 {
         "[agent]\nname = \"warm\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n",
     )
     .unwrap();
-    let out = run
-        .airlock(&["run", "--json", "--backend", backend, "-f", manifest.to_str().unwrap()]);
+    let out = run.airlock(&[
+        "run",
+        "--json",
+        "--backend",
+        backend,
+        "-f",
+        manifest.to_str().unwrap(),
+    ]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(report["status"], "succeeded", "{report}");
     store_bytes(run.home.path())
@@ -289,8 +295,8 @@ json.dump({"tokens": seen}, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
     let (i, o) = fake_provider::CHAT_USAGE;
     let billed = calls * (i + o);
     assert_eq!(report["result"]["tokens"], billed, "what the agent saw");
-    let recorded =
-        report["model"]["tokens_in"].as_u64().unwrap() + report["model"]["tokens_out"].as_u64().unwrap();
+    let recorded = report["model"]["tokens_in"].as_u64().unwrap()
+        + report["model"]["tokens_out"].as_u64().unwrap();
     assert_eq!(recorded, billed, "{}", report["model"]);
     assert_eq!(report["model"]["unmetered_calls"], 0);
     let llm = report["egress"]["entries"]
