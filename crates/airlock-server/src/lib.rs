@@ -70,6 +70,9 @@ pub struct ServeConfig {
     pub webhook_retry_base: Duration,
     /// `WEBHOOK_TIMEOUT_SECONDS` (10): one delivery attempt, connect to last byte.
     pub webhook_timeout: Duration,
+    /// `WEBHOOK_SLOTS_PER_ORG` (4): of a replica's 16 delivery slots, how
+    /// many one organization may hold at once.
+    pub webhook_slots_per_org: usize,
     /// `SHUTDOWN_GRACE_SECONDS` (30): on SIGTERM, how long running runs
     /// may go on to their end before they are cancelled ("this replica
     /// shut down").
@@ -189,6 +192,13 @@ impl ServeConfig {
                 1.0,
                 3_600_000.0,
             )? as u64),
+            webhook_slots_per_org: num(
+                "WEBHOOK_SLOTS_PER_ORG",
+                get("WEBHOOK_SLOTS_PER_ORG"),
+                4.0,
+                1.0,
+                16.0,
+            )? as usize,
             webhook_timeout: Duration::from_secs_f64(num(
                 "WEBHOOK_TIMEOUT_SECONDS",
                 get("WEBHOOK_TIMEOUT_SECONDS"),

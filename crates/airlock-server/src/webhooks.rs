@@ -23,6 +23,8 @@
 //! retry sends the same bytes. `run.started` is queued here, once the run
 //! is claimed. One run event has one delivery (one id) per webhook.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use airlock_egress::{AuthorizedUris, CallRules, OutboundRequest};
@@ -151,10 +153,49 @@ pub fn hold(webhook_timeout: Duration) -> Duration {
 /// Deliveries sent at once by one replica.
 const AT_ONCE: usize = 16;
 
+/// Deliveries under way on this replica, per organization: what each may
+/// still claim of its share (`WEBHOOK_SLOTS_PER_ORG`).
+#[derive(Clone, Default)]
+struct InFlight(Arc<Mutex<HashMap<String, usize>>>);
+
+impl InFlight {
+    fn room(&self, org: &str, share: usize) -> i64 {
+        let held = self
+            .0
+            .lock()
+            .map_or(share, |m| m.get(org).copied().unwrap_or(0));
+        i64::try_from(share.saturating_sub(held)).unwrap_or(0)
+    }
+
+    fn add(&self, org: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            *m.entry(org.to_owned()).or_default() += 1;
+        }
+    }
+
+    fn done(&self, org: &str) {
+        if let Ok(mut m) = self.0.lock()
+            && let Some(n) = m.get_mut(org)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(org);
+            }
+        }
+    }
+}
+
 /// Claims and sends due deliveries until `stop` turns true; then waits for
 /// the attempts under way to be recorded.
+///
+/// Fairness: the replica's [`AT_ONCE`] slots are claimed organization by
+/// organization in turn, and one organization holds at most its share
+/// (`WEBHOOK_SLOTS_PER_ORG`) of them at once: slow or hanging receivers of
+/// one tenant delay only that tenant's deliveries.
 pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let slots = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let in_flight = InFlight::default();
+    let share = app.cfg().webhook_slots_per_org;
     let hold_ms = i64::try_from(hold(app.cfg().webhook_timeout).as_millis()).unwrap_or(i64::MAX);
     loop {
         if *stop.borrow() {
@@ -164,7 +205,12 @@ pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<
         if free > 0 {
             match app
                 .store()
-                .claim_due_deliveries(app.replica(), hold_ms, free as i64)
+                .claim_due_deliveries_fairly(
+                    app.replica(),
+                    hold_ms,
+                    i64::try_from(free).unwrap_or(i64::MAX),
+                    |org| in_flight.room(org, share),
+                )
                 .await
             {
                 Ok(due) => {
@@ -176,9 +222,12 @@ pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<
                         let Ok(permit) = slots.clone().acquire_owned().await else {
                             return;
                         };
-                        let app = app.clone();
+                        let (app, in_flight) = (app.clone(), in_flight.clone());
+                        in_flight.add(&d.org_id);
                         tokio::spawn(async move {
+                            let org = d.org_id.clone();
                             deliver(&app, d).await;
+                            in_flight.done(&org);
                             drop(permit);
                             app.kick_deliveries();
                         });

@@ -1126,23 +1126,56 @@ impl Store {
 
     /// Claims up to `limit` pending deliveries that are due, for `claimer`,
     /// for `hold_ms` (another replica does not take them meanwhile; if the
-    /// claimer dies they are due again when the hold ends).
+    /// claimer dies they are due again when the hold ends). No fairness:
+    /// [`Store::claim_due_deliveries_fairly`] with no bound per organization.
     pub async fn claim_due_deliveries(
         &self,
         claimer: &str,
         hold_ms: i64,
         limit: i64,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
+        self.claim_due_deliveries_fairly(claimer, hold_ms, limit, |_| limit)
+            .await
+    }
+
+    /// As [`Store::claim_due_deliveries`], taken fairly: organizations in
+    /// turn (each one's oldest due first, then each one's second, …), and
+    /// at most `room(org)` of one organization's (the claimer's free share
+    /// for it). One organization's backlog never fills a batch while
+    /// another's delivery is due.
+    pub async fn claim_due_deliveries_fairly(
+        &self,
+        claimer: &str,
+        hold_ms: i64,
+        limit: i64,
+        room: impl Fn(&str) -> i64,
+    ) -> Result<Vec<DeliveryRow>, StoreError> {
         let now = now_ms();
-        let ids: Vec<String> = on_pool!(self, p => sqlx::query_scalar(
-            "SELECT id FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= $1 \
-             AND (claimed_until IS NULL OR claimed_until < $1) ORDER BY next_attempt_at, id LIMIT $2",
+        let candidates: Vec<(String, String)> = on_pool!(self, p => sqlx::query_as(
+            "SELECT id, org_id FROM (SELECT id, org_id, next_attempt_at, \
+             ROW_NUMBER() OVER (PARTITION BY org_id ORDER BY next_attempt_at, id) AS turn \
+             FROM webhook_deliveries WHERE state = 'pending' AND next_attempt_at <= $1 \
+             AND (claimed_until IS NULL OR claimed_until < $1)) due \
+             WHERE turn <= $2 ORDER BY turn, next_attempt_at, id LIMIT $3",
         )
         .bind(now)
         .bind(limit)
+        .bind(limit.saturating_mul(4))
         .fetch_all(p)
         .await
         .map_err(|e| self.err(e))?);
+        let mut taken: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+        let mut ids = Vec::new();
+        for (id, org) in &candidates {
+            if i64::try_from(ids.len()).unwrap_or(i64::MAX) >= limit {
+                break;
+            }
+            let t = taken.entry(org.as_str()).or_default();
+            if *t < room(org) {
+                *t += 1;
+                ids.push(id.clone());
+            }
+        }
         let mut out = Vec::new();
         for id in ids {
             let n = on_pool!(self, p => sqlx::query(

@@ -26,7 +26,7 @@ mod sandbox_escape;
 mod sandbox_host;
 mod serve_api;
 mod serve_fleet;
-mod serve_retention;
+mod serve_tenants;
 mod serve_runs;
 mod sidecar_basics;
 mod sidecar_egress_log;

@@ -1,6 +1,7 @@
-//! Retention and quotas from a tenant's side: a tenant that keeps creating
-//! keys, webhooks and runs is held to its quotas (and only it is), old runs
-//! go by themselves, and a retention typo stops the server before it starts.
+//! What one tenant can do to the others, from its side: a tenant that keeps
+//! creating keys, webhooks and runs is held to its quotas (and only it is),
+//! its hanging webhook receivers delay only its own deliveries; old runs go
+//! by themselves, and a retention typo stops the server before it starts.
 
 use std::time::{Duration, Instant};
 
@@ -218,4 +219,99 @@ fn a_retention_typo_stops_the_server_before_it_starts() {
         assert!(!out.status.success(), "{var}={bad} was accepted: {err}");
         assert!(err.contains(var) && err.contains(bad), "{err}");
     }
+}
+
+/// One tenant's 32 webhooks to a receiver that accepts and never answers
+/// hold at most its share of the delivery slots; another tenant's webhook
+/// is delivered at once meanwhile (with one organization allowed every slot,
+/// as before, it waited 7.8 s behind them here).
+#[test]
+fn a_tenants_hanging_receivers_delay_only_its_own_webhooks() {
+    use crate::support::serve::Receiver;
+    use std::sync::{Arc, Mutex};
+    // The hanging receiver: accepts, reads nothing, answers nothing.
+    let hang = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hang_addr = hang.local_addr().unwrap();
+    let held: Arc<Mutex<Vec<(std::net::TcpStream, Instant)>>> = Arc::default();
+    {
+        let held = held.clone();
+        std::thread::spawn(move || {
+            for c in hang.incoming().flatten() {
+                held.lock().unwrap().push((c, Instant::now()));
+            }
+        });
+    }
+    let fast = Receiver::start(|_| 204);
+    let home = tempfile::tempdir().unwrap();
+    let (s, env) = start(home.path(), &[("WEBHOOK_TIMEOUT_SECONDS", "8")]);
+    let (_, a) = create_org(&env, "A", &[]);
+    let (_, b) = create_org(&env, "B", &[]);
+    for k in [&a, &b] {
+        assert_eq!(
+            s.call(
+                "POST",
+                "/v1/agents",
+                Some(k),
+                Some(&agent_body("hello", HELLO, 60))
+            )
+            .0,
+            201
+        );
+    }
+    for n in 0..32 {
+        let (st, v) = s.call(
+            "POST",
+            "/v1/webhooks",
+            Some(&a),
+            Some(&json!({"url": format!("http://{hang_addr}/h{n}"), "events": ["run.succeeded"]})),
+        );
+        assert_eq!(st, 201, "{v}");
+    }
+    let (st, v) = s.call(
+        "POST",
+        "/v1/webhooks",
+        Some(&b),
+        Some(&json!({"url": format!("http://{}/b", fast.addr), "events": ["run.succeeded"]})),
+    );
+    assert_eq!(st, 201, "{v}");
+    // A's run ends: 32 deliveries, to a receiver that hangs.
+    run_to_end(&s, &a);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while held.lock().unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no delivery of A's reached its receiver"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let first_hang = held.lock().unwrap()[0].1;
+    // B's run ends while A's hang: B's delivery arrives promptly.
+    let b_run = run_to_end(&s, &b);
+    let b_ended = Instant::now();
+    let deadline = b_ended + Duration::from_secs(20);
+    let got = loop {
+        if let Some(r) = fast.received().into_iter().next() {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B's webhook never arrived:\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(String::from_utf8_lossy(&got.body).contains(&b_run));
+    let waited = got.at.saturating_duration_since(b_ended);
+    assert!(
+        waited < Duration::from_secs(3),
+        "B's delivery waited {waited:?} behind A's hanging receivers"
+    );
+    // And A never held more than its share at once (all within the first
+    // attempt's timeout, before any of A's first wave gave up).
+    assert!(got.at.duration_since(first_hang) < Duration::from_secs(8));
+    let open_at_once = held.lock().unwrap().len();
+    assert!(
+        open_at_once <= 4,
+        "A held {open_at_once} of the slots at once"
+    );
 }
