@@ -26,7 +26,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use airlock_platform_api::wire::EgressOutcome;
-use airlock_platform_api::wire::{EGRESS_JOURNAL_FILE, EgressRecord, JOURNAL_MAX_BYTES, JournalEvent, RunEvent};
+use airlock_platform_api::wire::{
+    EGRESS_JOURNAL_FILE, EgressRecord, JOURNAL_MAX_BYTES, JournalEvent, RunEvent,
+};
 use airlock_store::{BatchWrite, JournalledEvent, Store, Usage};
 
 #[derive(Debug, thiserror::Error)]
@@ -248,7 +250,11 @@ impl Tail {
 
     /// The last read, once the sidecar has stopped: every line left (a torn
     /// last one is skipped).
-    pub async fn finish(&mut self, store: &Store, run_id: &str) -> Result<usize, JournalIngestError> {
+    pub async fn finish(
+        &mut self,
+        store: &Store,
+        run_id: &str,
+    ) -> Result<usize, JournalIngestError> {
         let (base, bytes) = self.read(true)?;
         self.store_read(store, run_id, base, bytes).await
     }
@@ -275,11 +281,7 @@ impl Tail {
                     source,
                 })
             };
-            let len = file
-                .metadata()
-                .map_err(io)?
-                .len()
-                .min(JOURNAL_MAX_BYTES);
+            let len = file.metadata().map_err(io)?.len().min(JOURNAL_MAX_BYTES);
             if let Some(new) = len.checked_sub(self.offset).filter(|n| *n > 0) {
                 let start = self.pending.len();
                 self.pending
@@ -491,7 +493,12 @@ impl Follower {
         }
     }
 
-    async fn read_whole(store: &Store, run_id: &str, run_dir: &Path, seen: Option<RunEvent>) -> JournalEnd {
+    async fn read_whole(
+        store: &Store,
+        run_id: &str,
+        run_dir: &Path,
+        seen: Option<RunEvent>,
+    ) -> JournalEnd {
         match ingest_whole(store, run_id, &path_in(run_dir)).await {
             Ok((_, result)) => JournalEnd {
                 result: result.or(seen),
@@ -501,13 +508,11 @@ impl Follower {
                 tracing::error!(run_id, "{e}");
                 // What the store did not take is still on disk; the agent's
                 // end is read from there even so.
-                let result = airlock_sandbox::untrusted::read_file(
-                    &path_in(run_dir),
-                    JOURNAL_MAX_BYTES,
-                )
-                .ok()
-                .and_then(|b| parse(&b).result().cloned())
-                .or(seen);
+                let result =
+                    airlock_sandbox::untrusted::read_file(&path_in(run_dir), JOURNAL_MAX_BYTES)
+                        .ok()
+                        .and_then(|b| parse(&b).result().cloned())
+                        .or(seen);
                 JournalEnd {
                     result,
                     stored: false,

@@ -1347,9 +1347,10 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
                 // run is failed (below) and its directory goes; a run that
                 // ended while the store was down is ended as it ended.
                 let run_id = e.file_name().to_string_lossy().into_owned();
-                let end = airlock_sandbox::untrusted::read_file(&e.path().join(END_FILE), MAX_END_FILE)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<PendingEnd>(&b).ok());
+                let end =
+                    airlock_sandbox::untrusted::read_file(&e.path().join(END_FILE), MAX_END_FILE)
+                        .ok()
+                        .and_then(|b| serde_json::from_slice::<PendingEnd>(&b).ok());
                 let stored = match &end {
                     Some(end) => store_pending_end(store, &run_id, &e.path(), end).await,
                     None => crate::journal::ingest_run_dir(store, &run_id, &e.path()).await,

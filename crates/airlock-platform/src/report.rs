@@ -134,7 +134,10 @@ pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>
             .or_default() += 1;
     }
     let mut refusals_counted = Vec::new();
-    for e in store.events_of_kind(run_id, "refusals", MAX_COUNT_EVENTS).await? {
+    for e in store
+        .events_of_kind(run_id, "refusals", MAX_COUNT_EVENTS)
+        .await?
+    {
         if let Ok(RunEvent::Refusals {
             code, host, count, ..
         }) = serde_json::from_str::<RunEvent>(&e.payload)
@@ -145,8 +148,13 @@ pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>
         }
     }
     let mut logs_shed = LogsShed::default();
-    for e in store.events_of_kind(run_id, "shed", MAX_COUNT_EVENTS).await? {
-        if let Ok(RunEvent::Shed { lines, bytes, .. }) = serde_json::from_str::<RunEvent>(&e.payload) {
+    for e in store
+        .events_of_kind(run_id, "shed", MAX_COUNT_EVENTS)
+        .await?
+    {
+        if let Ok(RunEvent::Shed { lines, bytes, .. }) =
+            serde_json::from_str::<RunEvent>(&e.payload)
+        {
             logs_shed.lines += lines;
             logs_shed.bytes += bytes;
         }

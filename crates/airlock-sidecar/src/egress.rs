@@ -411,7 +411,10 @@ impl Recorder {
         let code = e.code.as_str();
         let host = e.host.as_deref().unwrap_or("-");
         let admitted = match self.inner.tally.lock() {
-            Ok(mut t) => t.admit(code, &truncate_logged(redactor.str(host), LOGGED_HOST_MAX_BYTES)),
+            Ok(mut t) => t.admit(
+                code,
+                &truncate_logged(redactor.str(host), LOGGED_HOST_MAX_BYTES),
+            ),
             Err(_) => false,
         };
         if !admitted {

@@ -31,11 +31,12 @@ pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Respons
             "more than {MAX_EVENTS_PER_REQUEST} events in one request"
         ));
     }
-    if let Some(bad) = batch
-        .events
-        .iter()
-        .find(|e| matches!(e, RunEvent::Cost(_) | RunEvent::Egress(_) | RunEvent::Refusals { .. }))
-    {
+    if let Some(bad) = batch.events.iter().find(|e| {
+        matches!(
+            e,
+            RunEvent::Cost(_) | RunEvent::Egress(_) | RunEvent::Refusals { .. }
+        )
+    }) {
         let kind = match bad {
             RunEvent::Cost(_) => "cost",
             RunEvent::Egress(_) => "egress",

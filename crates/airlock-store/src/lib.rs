@@ -1378,7 +1378,8 @@ impl Store {
         let numbered = matches!(self.pool, Pool::Postgres(_));
         let insert_sql = |rows: usize, returning: bool| {
             use std::fmt::Write as _;
-            let mut sql = String::from("INSERT INTO run_events (run_id, at, kind, payload, seq) VALUES ");
+            let mut sql =
+                String::from("INSERT INTO run_events (run_id, at, kind, payload, seq) VALUES ");
             for i in 0..rows {
                 if i > 0 {
                     sql.push_str(", ");

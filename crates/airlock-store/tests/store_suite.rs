@@ -1801,7 +1801,10 @@ async fn journalled_events_are_stored_once_and_their_usage_added_once(s: &Store)
     batch.push(ev(10_007, "cost", Some(usage)));
     assert_eq!(s.append_journal_events("r1", &batch).await.unwrap(), 1);
     let run = s.get_run("r1").await.unwrap().unwrap();
-    assert_eq!((run.tokens_in, run.tokens_out, run.cost_microusd), (20, 10, 14));
+    assert_eq!(
+        (run.tokens_in, run.tokens_out, run.cost_microusd),
+        (20, 10, 14)
+    );
     assert_eq!(s.list_events("r1", 0, 1000).await.unwrap().len(), 253);
     assert_eq!(s.events_of_kind("r1", "cost", 10).await.unwrap().len(), 2);
     // An unknown run is a typed error, and nothing is stored.

@@ -58,8 +58,14 @@ fn warm_up(run: &RealRun, backend: &str) -> u64 {
         "[agent]\nname = \"warm\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n",
     )
     .unwrap();
-    let out = run
-        .airlock(&["run", "--json", "--backend", backend, "-f", manifest.to_str().unwrap()]);
+    let out = run.airlock(&[
+        "run",
+        "--json",
+        "--backend",
+        backend,
+        "-f",
+        manifest.to_str().unwrap(),
+    ]);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(report["status"], "succeeded", "{report}");
     store_bytes(run.home.path())
@@ -289,8 +295,8 @@ json.dump({"tokens": seen}, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
     let (i, o) = fake_provider::CHAT_USAGE;
     let billed = calls * (i + o);
     assert_eq!(report["result"]["tokens"], billed, "what the agent saw");
-    let recorded =
-        report["model"]["tokens_in"].as_u64().unwrap() + report["model"]["tokens_out"].as_u64().unwrap();
+    let recorded = report["model"]["tokens_in"].as_u64().unwrap()
+        + report["model"]["tokens_out"].as_u64().unwrap();
     assert_eq!(recorded, billed, "{}", report["model"]);
     assert_eq!(report["model"]["unmetered_calls"], 0);
     let llm = report["egress"]["entries"]
@@ -335,4 +341,104 @@ fn add_api_key_connection(run: &RealRun, name: &str, api_key: &str, key: &str) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `airlock ARGS…` on `run`'s home with the store at `url`.
+fn airlock_on(run: &RealRun, url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .args(args)
+        .env("AIRLOCK_HOME", run.home.path())
+        .env("DATABASE_URL", url)
+        .output()
+        .unwrap()
+}
+
+/// The store (PostgreSQL, the test's own cluster) stops while a run is live;
+/// the agent then logs, writes its result and exits 0. Its end and events
+/// stay on disk, bounded, and once the store is back (the next boot's
+/// reclaim) the run is stored as it ended: succeeded, its result and log
+/// lines kept — not failed with "ended without reporting the agent's end".
+#[test]
+fn a_run_that_ends_while_the_store_is_down_is_stored_as_it_ended() {
+    if !namespace_available() {
+        return;
+    }
+    let Some(pg) = crate::serve_fleet::OwnPostgres::init() else {
+        return;
+    };
+    pg.start();
+    let agent = r#"
+import json, os, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+print("ready", flush=True)
+while not os.path.exists(os.path.join(here, "go")):
+    time.sleep(0.05)
+for i in range(500):
+    print("after the outage %d" % i)
+sys.stdout.flush()
+json.dump({"kept": True}, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+"#;
+    let run = RealRun::python(agent, 120).env("DATABASE_URL", &pg.url());
+    let (child, _) = support::start_until(&run, "namespace", "ready");
+    let ids = run.run_dirs();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let run_id = ids[0].clone();
+    pg.stop();
+    std::fs::write(run.agent_dir.join("go"), b"").unwrap();
+    let _ = support::finish_run(child);
+    // Kept on disk while the store is down: the journal and the end.
+    let dir = run.home.path().join("runs").join(&run_id);
+    let end: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("end.json")).expect("the end on disk"))
+            .unwrap();
+    assert_eq!(end["status"], "succeeded", "{end}");
+    pg.start();
+    // The next start's reclaim stores it.
+    let warm = warm_up_on(&run, &pg.url());
+    assert!(
+        String::from_utf8_lossy(&warm.stderr).contains(&run_id),
+        "reclaimed at the next start: {}",
+        String::from_utf8_lossy(&warm.stderr)
+    );
+    assert!(!dir.exists(), "the run's directory goes once stored");
+    let shown = airlock_on(&run, &pg.url(), &["runs", "show", &run_id, "--json"]);
+    let report: Value = serde_json::from_slice(&shown.stdout).unwrap_or(Value::Null);
+    assert_eq!(report["status"], "succeeded", "{report}");
+    assert_eq!(report["exit_code"], 0);
+    assert_eq!(report["error"], Value::Null);
+    assert_eq!(report["result"], serde_json::json!({"kept": true}));
+    let logs = airlock_on(&run, &pg.url(), &["runs", "logs", &run_id]);
+    let text = String::from_utf8_lossy(&logs.stdout);
+    assert!(text.contains("after the outage 499"), "{text}");
+    assert_eq!(
+        text.matches("after the outage").count(),
+        500,
+        "each line once"
+    );
+}
+
+/// [`warm_up`] with the store at `url`: a trivial run whose start reclaims.
+fn warm_up_on(run: &RealRun, url: &str) -> std::process::Output {
+    let dir = run.home.path().join("warm");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(dir.join("agent.py"), "print('warm')\n").unwrap();
+    let manifest = dir.join("airlock.toml");
+    std::fs::write(
+        &manifest,
+        "[agent]\nname = \"warm\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n",
+    )
+    .unwrap();
+    airlock_on(
+        run,
+        url,
+        &[
+            "run",
+            "--json",
+            "--backend",
+            "namespace",
+            "-f",
+            manifest.to_str().unwrap(),
+        ],
+    )
 }
