@@ -10,10 +10,6 @@
 //! requests are refused by the sidecar before any connection is made.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-#[path = "../support/fake_provider.rs"]
-#[allow(dead_code)] // sidecar_llm uses the rest of it
-mod fake_provider;
-
 use std::io::Write as _;
 use std::path::Path;
 use std::process::Stdio;
@@ -21,6 +17,7 @@ use std::process::Stdio;
 use airlock_platform_api::wire::RUN_LOG_MAX_BYTES;
 use serde_json::Value;
 
+use crate::sidecar_llm::fake_provider;
 use crate::support::{self, RealRun, docker_available, namespace_available, python_has};
 
 /// Lines the flooding agent prints before it writes its result.
