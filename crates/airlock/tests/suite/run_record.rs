@@ -104,10 +104,11 @@ fn a_flood_keeps_the_result_and_the_status_and_counts_what_was_shed(backend: &st
     // The flood is past the run's log cap: the rest was counted.
     assert!(shed > 0, "{report}");
     assert!(kept > 1000, "the lines within the cap are kept: {kept}");
-    // The marker says where the log was cut, and `runs logs` shows the count.
+    // `runs logs` shows the count. (Whether the sidecar's cap was reached,
+    // with its marker, or the runtime shed the lines first depends on the
+    // host's load: both are counted.)
     let logs = run.airlock(&["runs", "logs", run_id]);
     let said = String::from_utf8_lossy(&logs.stderr);
-    assert!(said.contains("reached its cap"), "{said}");
     assert!(said.contains("were shed: counted, not kept"), "{said}");
 }
 
