@@ -34,12 +34,25 @@ sys.stdout.flush()
 json.dump({"kept": True}, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
 "#;
 
-/// The store's files of a home (the database and its write-ahead log).
+/// The bytes the store's database uses (its pages in use, what the
+/// write-ahead log holds included), as SQLite counts them: neither the WAL
+/// file's length nor free pages count.
 fn store_bytes(home: &Path) -> u64 {
-    ["airlock.db", "airlock.db-wal"]
-        .iter()
-        .map(|f| std::fs::metadata(home.join(f)).map_or(0, |m| m.len()))
-        .sum()
+    use sqlx::Connection as _;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let url = format!("sqlite://{}?mode=ro", home.join("airlock.db").display());
+        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        let n = |q: &'static str| sqlx::query_scalar::<_, i64>(q);
+        let pages = n("PRAGMA page_count").fetch_one(&mut c).await.unwrap();
+        let free = n("PRAGMA freelist_count").fetch_one(&mut c).await.unwrap();
+        let size = n("PRAGMA page_size").fetch_one(&mut c).await.unwrap();
+        c.close().await.unwrap();
+        ((pages - free) * size) as u64
+    })
 }
 
 /// A trivial run in `run`'s home first (the store exists, its schema and
