@@ -833,4 +833,28 @@ mod tests {
         let o = Outcome::of_error(&looped);
         assert_eq!((o.kind, o.refused), (None, Some("blocked_address")));
     }
+
+    /// The attack on refusals: a flood to one host keeps its first samples
+    /// and counts the rest; floods to ever new hosts stop being recorded
+    /// at the run's bound and their counts stop growing in keys.
+    #[test]
+    fn refusals_past_their_bounds_are_counted_per_code_and_host() {
+        let mut t = Tally::default();
+        let admitted = (0..1000)
+            .filter(|_| t.admit("host_not_allowed", "a.test"))
+            .count();
+        assert_eq!(admitted as u64, REFUSAL_SAMPLES_PER_KEY);
+        assert_eq!(
+            t.counted[&("host_not_allowed".to_owned(), "a.test".to_owned())],
+            1000 - REFUSAL_SAMPLES_PER_KEY
+        );
+        let admitted = (0..10_000)
+            .filter(|i| t.admit("host_not_allowed", &format!("h{i}.test")))
+            .count() as u64;
+        assert_eq!(admitted + REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX);
+        assert!(t.counted.len() <= REFUSAL_KEYS_MAX + 1);
+        let total: u64 = t.counted.values().sum();
+        assert_eq!(total + REFUSALS_RECORDED_MAX, 11_000);
+        assert!(t.samples.len() as u64 <= REFUSALS_RECORDED_MAX);
+    }
 }

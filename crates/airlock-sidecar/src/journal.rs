@@ -340,6 +340,58 @@ mod tests {
         ));
     }
 
+    /// The attack on the budgets: a flood of log lines fills the log cap
+    /// and is refused past it, and neither it nor a full egress budget
+    /// keeps out what must never be shed (the agent's end) or a completion.
+    #[test]
+    fn a_log_flood_stops_at_its_cap_and_never_crowds_out_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = private_file(dir.path());
+        let one = serde_json::to_vec(&record(1)).unwrap().len() as u64 + 1;
+        let j = Journal::open(&p, one).unwrap();
+        j.append(&record(1)).unwrap();
+        assert!(matches!(
+            j.append(&record(2)),
+            Err(JournalError::Full { .. })
+        ));
+        let line = "x".repeat(1000);
+        let mut kept = 0u64;
+        loop {
+            let log = RunEvent::Log {
+                at: 1,
+                stream: "stdout".into(),
+                line: line.clone(),
+            };
+            match j.append_event(&log, Class::Log) {
+                Ok(()) => kept += 1,
+                Err(JournalError::LogFull { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(kept * (1000 + LOG_LINE_OVERHEAD) <= RUN_LOG_MAX_BYTES);
+        assert!((kept + 1) * (1100 + LOG_LINE_OVERHEAD) > RUN_LOG_MAX_BYTES);
+        let end = RunEvent::Result {
+            at: 2,
+            exit_code: 0,
+            result: Some(serde_json::json!({"kept": true})),
+            checkpoint: None,
+        };
+        j.append_event(&end, Class::Vital).unwrap();
+        let mut done = record(1);
+        done.outcome = Some(airlock_platform_api::wire::EgressOutcome::Completed);
+        j.append(&done).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let last: Vec<&str> = text.lines().rev().take(2).collect();
+        assert!(
+            last[1].starts_with(r#"{"event":{"type":"result""#),
+            "{}",
+            last[1]
+        );
+        assert!(last[0].contains(r#""outcome":"completed""#), "{}", last[0]);
+        let size = std::fs::metadata(&p).unwrap().len();
+        assert!(size <= one + RUN_LOG_MAX_BYTES + JOURNAL_RESERVE_BYTES);
+    }
+
     #[test]
     fn a_failed_write_refuses_everything_after() {
         // /dev/full is not a regular file, so test the failure on a

@@ -91,7 +91,7 @@ fn deliveries(rx: &Receiver) -> BTreeMap<(String, String), Vec<String>> {
 /// A PostgreSQL cluster of the test's own: its own data directory and port
 /// (below the ephemeral range), initialised and run as `postgres`, stopped
 /// and started by the test. Never the shared cluster of `.ci/postgres.sh`.
-struct OwnPostgres {
+pub(crate) struct OwnPostgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
@@ -100,7 +100,7 @@ struct OwnPostgres {
 impl OwnPostgres {
     /// Initialised, not started. `None` (loudly) where PostgreSQL's server
     /// binaries are missing; a failure under CI.
-    fn init() -> Option<OwnPostgres> {
+    pub(crate) fn init() -> Option<OwnPostgres> {
         let bin = std::fs::read_dir("/usr/lib/postgresql").ok().and_then(|d| {
             d.flatten()
                 .map(|e| e.path().join("bin"))
@@ -159,7 +159,7 @@ impl OwnPostgres {
         Some(OwnPostgres { dir, bin, port })
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
@@ -180,7 +180,7 @@ impl OwnPostgres {
         );
     }
 
-    fn start(&self) {
+    pub(crate) fn start(&self) {
         let opts = format!(
             "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c max_connections=100",
             self.port,
@@ -199,7 +199,7 @@ impl OwnPostgres {
         ]);
     }
 
-    fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.pg_ctl(&["-m", "fast", "-w", "-t", "60", "stop"]);
     }
 

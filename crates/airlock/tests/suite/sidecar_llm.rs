@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 #[path = "../support/fake_provider.rs"]
-mod fake_provider;
+pub(crate) mod fake_provider;
 
 use std::process::Command;
 use std::time::Duration;
