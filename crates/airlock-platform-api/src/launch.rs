@@ -369,6 +369,14 @@ pub struct Model {
     pub price_in_per_mtok_usd: Option<f64>,
     #[serde(default)]
     pub price_out_per_mtok_usd: Option<f64>,
+    /// Provider-side tools model requests may ask for (the manifest's
+    /// `model.provider_tools`).
+    #[serde(default)]
+    pub provider_tools: Vec<String>,
+    /// URLs model requests may ask the provider to fetch (`authorized_uris`
+    /// patterns; the manifest's `model.provider_fetch_uris`).
+    #[serde(default)]
+    pub provider_fetch_uris: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -578,6 +586,8 @@ mod tests {
                 provider: Provider::Anthropic,
                 base_url: "https://api.anthropic.com".into(),
                 price_in_per_mtok_usd: Some(3.0),
+                provider_tools: vec![],
+                provider_fetch_uris: vec![],
                 price_out_per_mtok_usd: None,
             }),
             network: Network {

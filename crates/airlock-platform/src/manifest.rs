@@ -55,6 +55,17 @@ pub struct ModelSection {
     pub price_in_per_mtok_usd: Option<f64>,
     #[serde(default)]
     pub price_out_per_mtok_usd: Option<f64>,
+    /// Provider-side tools a model request may ask for (`web_search`,
+    /// `mcp`, `web_fetch`, …; a name also covers its dated versions, e.g.
+    /// `web_search_20250305`). None by default: the provider reaching hosts
+    /// on the agent's behalf is egress no policy of the run's would see.
+    #[serde(default)]
+    pub provider_tools: Vec<String>,
+    /// URLs a model request may ask the provider to fetch (an image by URL,
+    /// an MCP server), as `authorized_uris` patterns; each is also judged
+    /// by the guard (blocked names and addresses). `data:` URLs need none.
+    #[serde(default)]
+    pub provider_fetch_uris: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -220,6 +231,20 @@ impl Manifest {
         }
         if let Some(model) = &self.model {
             check_http_url("model.base_url", &model.base_url)?;
+            check_patterns("model.provider_fetch_uris", &model.provider_fetch_uris)?;
+            for t in &model.provider_tools {
+                if t.is_empty()
+                    || t.len() > 64
+                    || !t
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                {
+                    return Err(invalid(
+                        "model.provider_tools",
+                        format!("{t:?} is not a tool type name (lower-case letters, digits and _)"),
+                    ));
+                }
+            }
             for (k, v) in [
                 ("model.price_in_per_mtok_usd", model.price_in_per_mtok_usd),
                 ("model.price_out_per_mtok_usd", model.price_out_per_mtok_usd),
@@ -587,6 +612,16 @@ mod tests {
                 agent("t")
                     + "[model]\nprovider = \"openai\"\nbase_url = \"ftp://x/\"\nconnection = \"c\"\n",
                 "model.base_url",
+            ),
+            (
+                agent("t")
+                    + "[model]\nprovider = \"openai\"\nbase_url = \"https://x/\"\nconnection = \"c\"\nprovider_tools = [\"Web Search\"]\n",
+                "model.provider_tools: \"Web Search\" is not a tool type name",
+            ),
+            (
+                agent("t")
+                    + "[model]\nprovider = \"openai\"\nbase_url = \"https://x/\"\nconnection = \"c\"\nprovider_fetch_uris = [\"http://[::1/**\"]\n",
+                "model.provider_fetch_uris",
             ),
         ] {
             let e = err(&text);

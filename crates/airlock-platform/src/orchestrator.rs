@@ -471,6 +471,8 @@ impl Orchestrator {
                 base_url: x.base_url.clone(),
                 price_in_per_mtok_usd: x.price_in_per_mtok_usd,
                 price_out_per_mtok_usd: x.price_out_per_mtok_usd,
+                provider_tools: x.provider_tools.clone(),
+                provider_fetch_uris: x.provider_fetch_uris.clone(),
             }),
             network: launch::Network { egress: network },
             egress: launch::EgressSettings {

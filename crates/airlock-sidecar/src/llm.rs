@@ -80,6 +80,7 @@ use serde_json::{Value, json};
 use std::pin::Pin;
 
 mod event;
+mod provider_fetch;
 
 use crate::config::{MODEL_CREDENTIAL, Model, Provider};
 use crate::credential::Redactor;
@@ -128,6 +129,8 @@ struct Upstream {
     authorized: AuthorizedUris,
     price_in: Option<f64>,
     price_out: Option<f64>,
+    /// What the provider may be asked to reach ([`provider_fetch`]).
+    fetch: provider_fetch::ProviderFetchPolicy,
 }
 
 impl Upstream {
@@ -152,6 +155,10 @@ impl Upstream {
             authorized,
             price_in: m.price_in_per_mtok_usd,
             price_out: m.price_out_per_mtok_usd,
+            fetch: provider_fetch::ProviderFetchPolicy::new(
+                &m.provider_tools,
+                &m.provider_fetch_uris,
+            ),
         }
     }
 
@@ -348,6 +355,48 @@ fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
         },
         Err(_) => Prepared::as_sent(body, model),
     }
+}
+
+/// Refuses a model request that asks the provider to reach what the run
+/// does not allow ([`provider_fetch`]): a tool the manifest does not name,
+/// a URL its `provider_fetch_uris` do not cover or the guard refuses. Each
+/// refusal is an egress record of source `llm`.
+async fn judge_provider_fetches(
+    sidecar: &Sidecar,
+    up: &Upstream,
+    method: &str,
+    body: &[u8],
+    headers: &HeaderMap,
+) -> Result<(), Response> {
+    let asks = provider_fetch::asks(up.provider, body, headers);
+    if asks.is_empty() {
+        return Ok(());
+    }
+    let refuse = |url: &str, e: &EgressError| {
+        let refused = Refused {
+            source: Source::Llm,
+            integration: Some(MODEL_CREDENTIAL),
+            method,
+            url,
+        };
+        sidecar.egress.refused(&refused, e, &Redactor::none());
+        egress_error(e)
+    };
+    if let Some((what, e)) = up.fetch.refused_tool(&asks) {
+        return Err(refuse(&what, &e));
+    }
+    let rules = CallRules {
+        authorized: &up.fetch.uris,
+        allow_all_uris: false,
+        credentialed: false,
+    };
+    for (url, what) in provider_fetch::urls(&asks) {
+        if let Err(e) = sidecar.client.admit_secret_free(url, &rules).await {
+            tracing::info!(%url, what, "a model request's provider fetch refused: {e}");
+            return Err(refuse(url, &e));
+        }
+    }
+    Ok(())
 }
 
 fn error(status: StatusCode, kind: &str, code: &str, message: impl Into<String>) -> Response {
@@ -610,6 +659,7 @@ async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
         if body.len() > limit {
             return Err(too_large());
         }
+        judge_provider_fetches(sidecar, up, method, &body, &parts.headers).await?;
         let prepared = match endpoint {
             Endpoint::Metered { .. } => prepare(endpoint, body),
             Endpoint::Plain => Prepared::as_sent(body, None),
@@ -2007,6 +2057,8 @@ mod tests {
             base_url: base.into(),
             price_in_per_mtok_usd: None,
             price_out_per_mtok_usd: None,
+            provider_tools: vec![],
+            provider_fetch_uris: vec![],
         };
         let o = Upstream::new(&m(Provider::Openai, "https://api.openai.com/v1/"));
         assert_eq!(

@@ -850,3 +850,154 @@ async fn an_answer_past_16_mib_is_metered() {
         "{c:?}"
     );
 }
+
+/// A hostile agent asks the *provider* to reach hosts for it (an image by
+/// URL, a hosted MCP server, web search and fetch, the betas that enable
+/// them): each is refused before the provider is called, typed, with an
+/// egress record of source `llm`; `data:` images and plain requests go
+/// through, and what the manifest names (a tool, a URL pattern) is allowed,
+/// the URL still judged by the guard (on main all of these reached the
+/// provider unchanged).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
+    let p = TestPlatform::start("agent-llm-provider-fetch").await;
+    add_model_key(&p, PROVIDER_KEY).await;
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let auth = format!("Bearer {token}");
+    let h = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let err = |b: &[u8]| -> Value { serde_json::from_slice(b).unwrap_or(Value::Null) };
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let base = format!("http://{HOST}:{}/v1", fake.port());
+    let image = |url: &str| {
+        json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is in it?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]}]})
+        .to_string()
+    };
+    let mut sc = spawn_sidecar(&config(&p, "openai", &base));
+    let attacks = [
+        image("https://img.test/cat.png"),
+        image("http://169.254.169.254/latest/meta-data/"),
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+               "tools": [{"type": "web_search_preview"}]})
+        .to_string(),
+        json!({"model": "m", "input": "hi",
+               "tools": [{"type": "mcp", "server_label": "x", "server_url": "https://mcp.evil.test/sse", "require_approval": "never"}]})
+        .to_string(),
+    ];
+    for (i, a) in attacks.iter().enumerate() {
+        let path = if i == 3 {
+            "/llm/v1/responses"
+        } else {
+            "/llm/v1/chat/completions"
+        };
+        let (status, _, b) = http(sc.tcp(), "POST", path, &h, a.as_bytes());
+        assert_eq!(status, 403, "attack {i}: {}", String::from_utf8_lossy(&b));
+        assert_eq!(err(&b)["error"]["code"], "not_authorized", "attack {i}");
+    }
+    assert_eq!(fake.requests().len(), 0, "an attack reached the provider");
+    // The legitimate paths: a data: image, a plain request.
+    let data = image("data:image/png;base64,iVBORw0KGgo=");
+    let plain = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    for b in [&data, &plain] {
+        let (status, _, body) = http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &h,
+            b.as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    assert_eq!(fake.requests().len(), 2);
+    sc.stop();
+
+    // Anthropic: hosted MCP servers, the web_fetch server tool, the beta.
+    let mut sc = spawn_sidecar(&config(
+        &p,
+        "anthropic",
+        &format!("http://{HOST}:{}", fake.port()),
+    ));
+    let msg = |extra: Value| {
+        let mut m = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
+        merge(&mut m, extra);
+        m.to_string()
+    };
+    let beta = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+        ("anthropic-beta", "mcp-client-2025-04-04"),
+    ];
+    for (hdrs, body) in [
+        (
+            &h[..],
+            msg(
+                json!({"mcp_servers": [{"type": "url", "url": "https://mcp.evil.test/mcp", "name": "m"}]}),
+            ),
+        ),
+        (
+            &h[..],
+            msg(json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]})),
+        ),
+        (&beta[..], msg(json!({}))),
+    ] {
+        let (status, _, b) = http(sc.tcp(), "POST", "/llm/v1/messages", hdrs, body.as_bytes());
+        assert_eq!(status, 403, "{}", String::from_utf8_lossy(&b));
+    }
+    assert_eq!(
+        fake.requests().len(),
+        2,
+        "an Anthropic attack reached the provider"
+    );
+    sc.stop();
+
+    let log = p.egress_log().await;
+    let refused: Vec<&str> = log
+        .iter()
+        .filter(|e| e.source == "llm" && e.decision == EgressDecision::Refused)
+        .map(|e| e.url.as_str())
+        .collect();
+    assert_eq!(refused.len(), 7, "{log:?}");
+    assert!(refused.contains(&"https://img.test/cat.png"), "{refused:?}");
+    assert!(
+        refused.contains(&"provider-tool:web_search_preview"),
+        "{refused:?}"
+    );
+
+    // Named in the manifest: the tool and the URL go through; a URL the
+    // pattern covers but the guard refuses (a blocked address) does not.
+    let mut cfg = config(&p, "openai", &base);
+    merge(
+        &mut cfg,
+        json!({
+            "model": {"provider_tools": ["web_search_preview"], "provider_fetch_uris": ["https://img.test/**", "https://blocked.internal.test/**"]},
+            "egress": {"resolve": {"img.test": ["93.184.215.14"]}},
+        }),
+    );
+    let mut sc = spawn_sidecar(&cfg);
+    for b in [&attacks[0], &attacks[2]] {
+        let (status, _, body) = http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &h,
+            b.as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    let (status, _, b) = http(
+        sc.tcp(),
+        "POST",
+        "/llm/v1/chat/completions",
+        &h,
+        image("https://blocked.internal.test/x.png").as_bytes(),
+    );
+    assert_eq!(status, 403, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(err(&b)["error"]["code"], "blocked_address");
+    assert_eq!(fake.requests().len(), 4);
+    sc.stop();
+}
