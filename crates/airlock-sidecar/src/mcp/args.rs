@@ -22,6 +22,24 @@ pub const RUN_HISTORY: &str = "run_history";
 pub const RECALL_MEMORY: &str = "recall_memory";
 /// `{namespace}__api_call`.
 pub const API_CALL_SUFFIX: &str = "__api_call";
+/// Between a namespace and its tool's name.
+pub const SEPARATOR: &str = "__";
+
+/// The one reading of a tool name `{namespace}__{tool}`: split at its first
+/// `__`. A namespace holds no `__` and ends with a letter or digit
+/// (`airlock_platform_api::types::Namespace`), so this is the only split
+/// whose left part can be a namespace: every tool name names at most one
+/// integration and one of its tools (`rm___api_call` is `rm`'s `_api_call`,
+/// never an `rm_`'s `api_call`). Routing looks the namespace up exactly.
+pub fn split_tool_name(name: &str) -> Option<(&str, &str)> {
+    name.split_once(SEPARATOR)
+        .filter(|(ns, tool)| !ns.is_empty() && !tool.is_empty())
+}
+
+/// The namespace whose `api_call` `name` is, if it is one.
+pub fn api_call_namespace(name: &str) -> Option<&str> {
+    split_tool_name(name).and_then(|(ns, tool)| (tool == "api_call").then_some(ns))
+}
 
 /// Largest `limit` of `run_history` and `recall_memory`.
 pub const MAX_LIMIT: u32 = 50;
@@ -275,7 +293,7 @@ pub fn parse_tool_call(
     match name {
         RUN_HISTORY => Ok(parse_history(args)?),
         RECALL_MEMORY => Ok(parse_memory(args)?),
-        _ => match name.strip_suffix(API_CALL_SUFFIX) {
+        _ => match api_call_namespace(name) {
             Some(ns) if is_namespace(ns) => Ok(ToolCall::ApiCall {
                 namespace: ns.to_owned(),
                 args: ApiCallArgs::parse(args, max_body_bytes)?,

@@ -150,7 +150,7 @@ pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanC
     if one(&parts.headers, &MCP_NAME) != Some(p.name.as_str()) {
         return None;
     }
-    let ns = p.name.strip_suffix(args::API_CALL_SUFFIX)?;
+    let ns = args::api_call_namespace(&p.name)?;
     if !state.sidecar.integrations.contains_key(ns) {
         return None;
     }
