@@ -317,8 +317,8 @@ fn only_keys(args: &Map<String, Value>, allowed: &[&str]) -> Result<(), ArgError
 fn parse_limit(args: &Map<String, Value>) -> Result<u32, ArgError> {
     match args.get("limit") {
         None | Some(Value::Null) => Ok(DEFAULT_LIMIT),
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=u64::from(MAX_LIMIT)).contains(&n) => Ok(n as u32),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
             _ => Err(ArgError::invalid(format!(
                 "limit must be an integer from 1 to {MAX_LIMIT}"
             ))),

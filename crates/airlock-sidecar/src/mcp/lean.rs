@@ -393,7 +393,7 @@ pub(crate) mod tests {
                             status: [200, 404, 599][t % 3],
                             headers: headers.clone(),
                             url: format!("http://api.internal.test:8/p?q={t}&r=\"é\""),
-                            redirects: t as u32,
+                            redirects: u32::try_from(t).unwrap(),
                             credential_stripped: t % 2 == 1,
                         },
                         text: text.to_string(),
