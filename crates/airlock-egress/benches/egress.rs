@@ -26,7 +26,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    // A rank in 0..len for p in [0, 1]: neither negative nor past usize.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = ((sorted.len() as f64 - 1.0) * p.clamp(0.0, 1.0)).round() as usize;
+    sorted[rank]
 }
 
 /// Per-call nanoseconds: `samples` samples of `batch` calls each.

@@ -363,7 +363,10 @@ pub fn blocking_range(ip: IpAddr) -> Option<&'static BlockedRange> {
             match row.treatment {
                 Treatment::Block => Some(row),
                 // The embedded IPv4 address is the low 32 bits.
-                Treatment::JudgeEmbeddedIpv4 => blocking_v4(Ipv4Addr::from_bits(bits as u32)),
+                Treatment::JudgeEmbeddedIpv4 => {
+                    let [.., a, b, c, d] = v6.octets();
+                    blocking_v4(Ipv4Addr::new(a, b, c, d))
+                }
             }
         }
     }

@@ -523,17 +523,10 @@ impl SidecarConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for i in &self.integrations {
-            let ok = !i.namespace.is_empty()
-                && i.namespace.len() <= 64
-                && i.namespace.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
-                });
-            if !ok {
-                return Err(ConfigError::Invalid(format!(
-                    "integration namespace {:?} must be [a-z0-9_-]{{1,64}}",
-                    i.namespace
-                )));
-            }
+            // The manifest's rule, checked again: every tool name must
+            // name one integration.
+            crate::types::Namespace::parse(&i.namespace)
+                .map_err(|e| ConfigError::Invalid(format!("integration {e}")))?;
             if !seen.insert(&i.namespace) {
                 return Err(ConfigError::Invalid(format!(
                     "integration {:?} is listed twice",

@@ -73,8 +73,12 @@ macro_rules! validated_string {
 pub const MAX_NAMESPACE: usize = 32;
 
 validated_string!(
-    /// An integration's namespace: 1–32 of `[a-z0-9_-]`, starting with a
-    /// letter or digit, without `__` (which separates it from the tool name).
+    /// An integration's namespace: 1–32 of `[a-z0-9_-]`, starting and
+    /// ending with a letter or digit, without `__`. Its tools are
+    /// `{namespace}__{tool}`, and these rules make that name split one way
+    /// only (at its first `__`): `rm_` would make `rm_` + `api_call` and
+    /// `rm` + `_api_call` the same name. Checked here for the manifest and
+    /// for the sidecar's configuration alike.
     Namespace,
     "namespace",
     |s| {
@@ -89,6 +93,9 @@ validated_string!(
         }
         if !s.as_bytes()[0].is_ascii_alphanumeric() {
             return Err("must start with a letter or a digit".into());
+        }
+        if !s.as_bytes()[s.len() - 1].is_ascii_alphanumeric() {
+            return Err("must end with a letter or a digit (a trailing '_' or '-' makes tool names ambiguous)".into());
         }
         if s.contains("__") {
             return Err("must not contain \"__\" (it separates the namespace from the tool name)".into());
@@ -250,6 +257,8 @@ mod tests {
             "_x",
             "-x",
             "a__b",
+            "rm_",
+            "rm-",
             &"x".repeat(33),
             "ns\0",
         ] {

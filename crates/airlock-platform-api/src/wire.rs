@@ -209,9 +209,56 @@ pub struct CostRecord {
     #[serde(default)]
     pub cost_microusd: Option<u64>,
     /// The provider's usage never arrived (the answer was cut, failed, or
-    /// carried none): the tokens are what the relay saw, possibly none.
+    /// carried none): the tokens are what the relay saw, possibly none. Or
+    /// it was past [`MAX_CALL_TOKENS`] / [`MAX_CALL_COST_MICROUSD`]: then
+    /// the numbers are 0.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unmetered: bool,
+    /// Why the call is unmetered, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmetered_reason: Option<String>,
+}
+
+/// The most tokens one model call may report, in or out, and be metered:
+/// far past any model's context, and small enough that no sum of a run's
+/// calls reaches `i64::MAX` in the store (2^31 calls at the bound).
+pub const MAX_CALL_TOKENS: u64 = 1 << 32;
+/// The most one model call may cost and be metered: a million US dollars.
+pub const MAX_CALL_COST_MICROUSD: u64 = 1_000_000_000_000;
+
+impl CostRecord {
+    /// Why this record's numbers are not believable (a provider reporting
+    /// `prompt_tokens = 2^64-1`), or `None`. One decision, made by the relay
+    /// when it writes the record and by the platform when it stores it.
+    pub fn implausible(&self) -> Option<String> {
+        let past = |what: &str, n: u64, bound: u64| {
+            (n > bound)
+                .then(|| format!("the provider reported {n} {what}, past the bound of {bound}"))
+        };
+        past("input tokens", self.input_tokens, MAX_CALL_TOKENS)
+            .or_else(|| past("output tokens", self.output_tokens, MAX_CALL_TOKENS))
+            .or_else(|| {
+                past(
+                    "µUSD of cost",
+                    self.cost_microusd.unwrap_or(0),
+                    MAX_CALL_COST_MICROUSD,
+                )
+            })
+    }
+
+    /// The record with implausible numbers made unmetered: tokens and cost
+    /// 0, and the reason. A believable record is returned as it is.
+    #[must_use]
+    pub fn bounded(mut self) -> Self {
+        if let Some(why) = self.implausible() {
+            self.input_tokens = 0;
+            self.output_tokens = 0;
+            self.cost_microusd = self.cost_microusd.map(|_| 0);
+            self.unmetered = true;
+            self.unmetered_reason = Some(why);
+        }
+        self
+    }
 }
 
 /// One outbound request in the run's egress log (docs/security.md, "What the egress log records").

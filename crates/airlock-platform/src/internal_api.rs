@@ -727,7 +727,7 @@ pub(crate) fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<
         },
         reason: e.code.as_deref(),
         status: e.status.map(i64::from),
-        duration_ms: e.duration_ms.map(|d| d as i64),
+        duration_ms: e.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
         bytes_out: i64::try_from(e.bytes_out).unwrap_or(i64::MAX),
         bytes_in: i64::try_from(e.bytes_in).unwrap_or(i64::MAX),
         seq: e.seq.and_then(|s| i64::try_from(s).ok()),
@@ -741,6 +741,18 @@ async fn record(
     run_id: &str,
     event: RunEvent,
 ) -> Result<(), airlock_store::StoreError> {
+    // The relay bounds a call's numbers; they are bounded again here (a
+    // sidecar of another version), in the event stored as in the run's
+    // totals: never a negative or wrapped count or cost.
+    let event = match event {
+        RunEvent::Cost(c) => {
+            if let Some(why) = c.implausible() {
+                tracing::warn!(run = %run_id, "a model call is recorded as unmetered: {why}");
+            }
+            RunEvent::Cost(c.bounded())
+        }
+        other => other,
+    };
     let (kind, at) = match &event {
         RunEvent::Heartbeat { at } => {
             tracing::debug!(target: "airlock::phase", "event: heartbeat");
@@ -753,10 +765,12 @@ async fn record(
             ("result", *at)
         }
         RunEvent::Cost(c) => {
+            // Bounded above: each number fits an i64.
+            let at_most = |n: u64| i64::try_from(n).unwrap_or(0);
             let usage = Usage {
-                tokens_in: c.input_tokens as i64,
-                tokens_out: c.output_tokens as i64,
-                cost_microusd: c.cost_microusd.unwrap_or(0) as i64,
+                tokens_in: at_most(c.input_tokens),
+                tokens_out: at_most(c.output_tokens),
+                cost_microusd: at_most(c.cost_microusd.unwrap_or(0)),
             };
             store.add_run_usage(run_id, &usage).await?;
             ("cost", c.at)

@@ -55,7 +55,7 @@ pub fn create(run_dir: &Path) -> std::io::Result<PathBuf> {
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits().cast_signed()) // the same flag bits
         .open(&path)?;
     Ok(path)
 }

@@ -844,7 +844,11 @@ impl Orchestrator {
                     self.settings.boot_deadline_secs
                 ))
             }
-            Some(at) if now_ms() - at > (self.settings.stall_threshold_secs * 1000) as i64 => {
+            Some(at)
+                if now_ms() - at
+                    > i64::try_from(self.settings.stall_threshold_secs.saturating_mul(1000))
+                        .unwrap_or(i64::MAX) =>
+            {
                 Some(format!(
                     "no heartbeat for more than {} s (stalled)",
                     self.settings.stall_threshold_secs
@@ -1328,7 +1332,7 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
                 Ok(b) => match owner_pid(&b) {
                     Some(pid) => {
                         Path::new(&format!("/proc/{pid}")).exists()
-                            && pid != std::process::id() as i32
+                            && i32::try_from(std::process::id()).ok() != Some(pid)
                     }
                     None => false,
                 },
@@ -1518,7 +1522,7 @@ mod tests {
         assert!(whole > 0, "the reader saw owner files at all");
         for d in &dirs {
             let b = std::fs::read(d.join(OWNER_FILE)).expect("owner file");
-            assert_eq!(owner_pid(&b), Some(std::process::id() as i32));
+            assert_eq!(owner_pid(&b), i32::try_from(std::process::id()).ok());
             assert!(!d.join(format!("{OWNER_FILE}.partial")).exists());
         }
     }

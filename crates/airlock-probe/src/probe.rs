@@ -219,7 +219,7 @@ fn fill(path: &PathBuf) -> Value {
 
 fn canary_hits(canary: &str) -> Vec<String> {
     let mut hits = vec![];
-    let me = std::process::id() as i32;
+    let me = i32::try_from(std::process::id()).unwrap_or(-1);
     for pid in visible_pids().into_iter().filter(|p| *p != me) {
         for f in ["environ", "cmdline"] {
             if let Ok(b) = std::fs::read(format!("/proc/{pid}/{f}"))

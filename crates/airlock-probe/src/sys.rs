@@ -44,11 +44,8 @@ pub fn try_process_vm_readv(pid: i32, addr: usize) -> io::Result<usize> {
     // SAFETY: `local` describes our own live 8-byte buffer; `remote` is only
     // interpreted in the other process by the kernel, never dereferenced here.
     let r = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
+    // Negative is the error; any other count fits a usize.
+    usize::try_from(r).map_err(|_| io::Error::last_os_error())
 }
 
 /// Tries to create a new user namespace (seccomp must deny it).

@@ -140,7 +140,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     tracing::debug!(target: "airlock::phase", "runtime: agent started");
     let agent_group = child
         .id()
-        .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+        .and_then(|p| rustix::process::Pid::from_raw(i32::try_from(p).ok()?));
     let kill_group = move || {
         if let Some(pgid) = agent_group {
             let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);

@@ -52,7 +52,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     drop(secrets);
     let group = child
         .id()
-        .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+        .and_then(|p| rustix::process::Pid::from_raw(i32::try_from(p).ok()?));
     let (Some(mut to_server), Some(mut from_server)) = (child.stdin.take(), child.stdout.take())
     else {
         return Err(RuntimeError::Spawn {

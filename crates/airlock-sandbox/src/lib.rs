@@ -442,7 +442,7 @@ impl Sandbox {
             Inner::Child { child, .. } => {
                 if let Some(pid) = child
                     .id()
-                    .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+                    .and_then(|p| rustix::process::Pid::from_raw(i32::try_from(p).ok()?))
                 {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                 }
@@ -565,6 +565,19 @@ pub trait Backend: Send + Sync {
     /// From the same kind of thread as [`Backend::spawn`]. Nothing by
     /// default (the process and docker backends).
     fn prepare(&self) {}
+}
+
+/// `x` as a whole number in `0..=max`, rounded down: what a limit
+/// computed in floating point (CPUs × a period) means. A float-to-integer
+/// `as` saturates and maps NaN to 0; the clamp says so.
+pub(crate) fn whole(x: f64, max: u64) -> u64 {
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let n = x.clamp(0.0, max as f64) as u64;
+    n
 }
 
 pub mod diagnose;

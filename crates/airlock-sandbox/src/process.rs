@@ -64,7 +64,11 @@ impl Backend for ProcessBackend {
             let Some(fd) = &leader else { return };
             let alive =
                 rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL).is_ok();
-            if alive && let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
+            if alive
+                && let Some(pgid) = i32::try_from(pid)
+                    .ok()
+                    .and_then(rustix::process::Pid::from_raw)
+            {
                 let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
             }
         });

@@ -108,6 +108,12 @@ fn bearer(parts: &axum::http::HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
+/// Whole seconds to wait, rounded up (a `Retry-After`).
+fn ceil_secs(wait: std::time::Duration) -> u64 {
+    wait.as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0))
+}
+
 /// Authenticates every `/v1` request but the document itself, and applies
 /// the key's rate limit.
 pub async fn require_key(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
@@ -119,7 +125,7 @@ pub async fn require_key(State(app): State<AppState>, mut req: Request, next: Ne
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip().to_string());
     let failed = |e: ApiError| match client.as_deref().map(|c| app.auth_failures().check(c)) {
-        Some(Err(wait)) => ApiError::too_many(wait.as_secs_f64().ceil() as u64).into_response(),
+        Some(Err(wait)) => ApiError::too_many(ceil_secs(wait)).into_response(),
         _ => e.into_response(),
     };
     let Some(key) = bearer(req.headers()) else {
@@ -133,7 +139,7 @@ pub async fn require_key(State(app): State<AppState>, mut req: Request, next: Ne
         Err(e) => return e.into_response(),
     };
     if let Err(wait) = app.limiter().check(&tenant.key_id) {
-        return ApiError::too_many(wait.as_secs_f64().ceil() as u64).into_response();
+        return ApiError::too_many(ceil_secs(wait)).into_response();
     }
     req.extensions_mut().insert(tenant);
     next.run(req).await

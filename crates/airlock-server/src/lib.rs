@@ -115,6 +115,13 @@ impl ServeConfig {
             var: "AIRLOCK_LISTEN",
             message: format!("{listen_s:?} is not an address and port, e.g. 127.0.0.1:8420"),
         })?;
+        /// The whole part of a count `num` read: finite and within bounds
+        /// of at most 3,600,000, so it fits a u32.
+        fn whole(n: f64) -> u32 {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let w = n.trunc().clamp(0.0, f64::from(u32::MAX)) as u32;
+            w
+        }
         fn num(
             var: &'static str,
             v: Option<String>,
@@ -137,7 +144,8 @@ impl ServeConfig {
         };
         let replica_max_runs = get("AIRLOCK_REPLICA_MAX_RUNS")
             .map(|v| {
-                num("AIRLOCK_REPLICA_MAX_RUNS", Some(v), 0.0, 1.0, 100_000.0).map(|n| n as usize)
+                num("AIRLOCK_REPLICA_MAX_RUNS", Some(v), 0.0, 1.0, 100_000.0)
+                    .map(|n| usize::try_from(whole(n)).unwrap_or(usize::MAX))
             })
             .transpose()?;
         let lease = num(
@@ -151,13 +159,14 @@ impl ServeConfig {
             listen,
             replica_lease: Duration::from_secs_f64(lease),
             replica_max_runs,
-            max_streams: num(
+            max_streams: usize::try_from(whole(num(
                 "API_MAX_STREAMS",
                 get("API_MAX_STREAMS"),
                 64.0,
                 1.0,
                 100_000.0,
-            )? as usize,
+            )?))
+            .unwrap_or(usize::MAX),
             auth_failures: ratelimit::RateLimit {
                 burst: num(
                     "API_AUTH_FAILURE_BURST",
@@ -178,27 +187,28 @@ impl ServeConfig {
                 )?,
                 burst: num("API_RATE_BURST", get("API_RATE_BURST"), 200.0, 1.0, 1e6)?,
             },
-            webhook_max_attempts: num(
+            webhook_max_attempts: whole(num(
                 "WEBHOOK_MAX_ATTEMPTS",
                 get("WEBHOOK_MAX_ATTEMPTS"),
                 8.0,
                 1.0,
                 100.0,
-            )? as u32,
-            webhook_retry_base: Duration::from_millis(num(
+            )?),
+            webhook_retry_base: Duration::from_millis(u64::from(whole(num(
                 "WEBHOOK_RETRY_BASE_MS",
                 get("WEBHOOK_RETRY_BASE_MS"),
                 1000.0,
                 1.0,
                 3_600_000.0,
-            )? as u64),
-            webhook_slots_per_org: num(
+            )?))),
+            webhook_slots_per_org: usize::try_from(whole(num(
                 "WEBHOOK_SLOTS_PER_ORG",
                 get("WEBHOOK_SLOTS_PER_ORG"),
                 4.0,
                 1.0,
                 16.0,
-            )? as usize,
+            )?))
+            .unwrap_or(16),
             webhook_timeout: Duration::from_secs_f64(num(
                 "WEBHOOK_TIMEOUT_SECONDS",
                 get("WEBHOOK_TIMEOUT_SECONDS"),

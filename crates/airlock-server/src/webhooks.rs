@@ -151,7 +151,7 @@ pub fn hold(webhook_timeout: Duration) -> Duration {
     Duration::from_secs(120).max(webhook_timeout * 2)
 }
 /// Deliveries sent at once by one replica.
-const AT_ONCE: usize = 16;
+const AT_ONCE: u32 = 16;
 
 /// Deliveries under way on this replica, per organization: what each may
 /// still claim of its share (`WEBHOOK_SLOTS_PER_ORG`).
@@ -193,7 +193,7 @@ impl InFlight {
 /// (`WEBHOOK_SLOTS_PER_ORG`) of them at once: slow or hanging receivers of
 /// one tenant delay only that tenant's deliveries.
 pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let slots = Arc::new(tokio::sync::Semaphore::new(AT_ONCE as usize));
     let in_flight = InFlight::default();
     let share = app.cfg().webhook_slots_per_org;
     let hold_ms = i64::try_from(hold(app.cfg().webhook_timeout).as_millis()).unwrap_or(i64::MAX);
@@ -242,7 +242,7 @@ pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<
             _ = stop.changed() => {}
         }
     }
-    let _ = slots.acquire_many(AT_ONCE as u32).await;
+    let _ = slots.acquire_many(AT_ONCE).await;
 }
 
 /// The body a delivery sends: a run end's is rendered from the ended run
@@ -286,7 +286,7 @@ async fn deliver(app: &AppState, mut d: DeliveryRow) {
     let give_up = outcome.as_ref().is_err_and(|e| e.starts_with("gone:"));
     let retry_at = (!delivered && !give_up && attempts < i64::from(app.cfg().webhook_max_attempts))
         .then(|| {
-            let base = app.cfg().webhook_retry_base.as_millis() as i64;
+            let base = i64::try_from(app.cfg().webhook_retry_base.as_millis()).unwrap_or(i64::MAX);
             let backoff = base
                 .saturating_mul(1i64 << (attempts - 1).clamp(0, 30))
                 .min(3_600_000);

@@ -654,7 +654,7 @@ impl Recorder {
         rec.bytes_in = outcome
             .bytes_in
             .unwrap_or_else(|| progress.bytes_in.load(Ordering::Relaxed));
-        rec.duration_ms = Some(started.elapsed().as_millis() as u64);
+        rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
         rec.metering = outcome.metering;
         if let Some(code) = outcome.refused {
             rec.decision = "refused".into();

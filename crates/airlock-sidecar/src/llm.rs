@@ -889,6 +889,26 @@ impl Usage {
     }
 }
 
+/// What `input` and `output` tokens cost in µUSD at prices per million
+/// tokens in USD (a price per token in µUSD), rounded. A cost past
+/// `u64::MAX` (only from hostile counts or prices) is `u64::MAX`, which
+/// [`CostRecord::bounded`] then records as unmetered.
+fn cost_of(input: u64, output: u64, price_in: Option<f64>, price_out: Option<f64>) -> u64 {
+    #[allow(clippy::cast_precision_loss)] // a cost, not an exact count
+    let c = input as f64 * price_in.unwrap_or(0.0) + output as f64 * price_out.unwrap_or(0.0);
+    let c = c.round();
+    if c.is_nan() || c <= 0.0 {
+        0
+    } else if c >= 18_446_744_073_709_551_615.0 {
+        u64::MAX
+    } else {
+        // In (0, 2^64): the conversion is exact up to f64's precision.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = c as u64;
+        n
+    }
+}
+
 /// Splits a server-sent-event stream into events at blank lines, whatever
 /// the chunk edges (lines end in LF, CRLF or CR). Hand-written: the relay
 /// needs each event's raw bytes to forward them unchanged, which SSE client
@@ -1338,7 +1358,7 @@ impl Relay {
         );
         let Some(cost) = self.cost.take() else { return };
         let unmetered = metering == Some(Metering::Unmetered);
-        if unmetered {
+        let unmetered_reason = unmetered.then(|| {
             let why = match end {
                 End::Whole if !cost.readable => "the answer was content-encoded",
                 End::Whole => "the provider reported no usage",
@@ -1350,23 +1370,19 @@ impl Relay {
                 output = self.usage.output.unwrap_or(0),
                 "model relay: a call is recorded as unmetered ({why}), with the tokens seen"
             );
-        }
+            why.to_owned()
+        });
         let input = self.usage.input.unwrap_or(0);
         let output = self.usage.output.unwrap_or(0);
-        let cost_microusd = (cost.price_in.is_some() || cost.price_out.is_some()).then(|| {
-            // A price per million tokens in USD is a price per token in µUSD.
-            let c = input as f64 * cost.price_in.unwrap_or(0.0)
-                + output as f64 * cost.price_out.unwrap_or(0.0);
-            c.round().max(0.0) as u64
-        });
+        let cost_microusd = (cost.price_in.is_some() || cost.price_out.is_some())
+            .then(|| cost_of(input, output, cost.price_in, cost.price_out));
         let model = self
             .usage
             .model
             .take()
             .or(cost.model)
             .unwrap_or_else(|| "unknown".into());
-        // Kept, never shed: the run's bill.
-        let _ = self.sidecar.keep.vital(RunEvent::Cost(CostRecord {
+        let record = CostRecord {
             at: now_ms(),
             provider: provider_name(cost.provider).into(),
             model,
@@ -1374,7 +1390,15 @@ impl Relay {
             output_tokens: output,
             cost_microusd,
             unmetered,
-        }));
+            unmetered_reason,
+        };
+        // A provider's hostile numbers (2^64-1 tokens) are recorded as
+        // unmetered, never as a count or a cost.
+        if let Some(why) = record.implausible() {
+            tracing::warn!("model relay: a call is recorded as unmetered ({why})");
+        }
+        // Kept, never shed: the run's bill.
+        let _ = self.sidecar.keep.vital(RunEvent::Cost(record.bounded()));
     }
 
     /// Reads (and meters) the rest of the answer; `Some` if it failed.

@@ -878,7 +878,7 @@ async fn a_damaged_sqlite_file_is_refused_at_open() {
     // Flip bytes in the page headers of a few pages in the middle.
     let mut bytes = std::fs::read(&path).unwrap();
     for page in [len / 4096 / 2, len / 4096 / 2 + 1, len / 4096 / 2 + 2] {
-        let off = (page * 4096) as usize;
+        let off = usize::try_from(page * 4096).unwrap();
         for b in &mut bytes[off..off + 12] {
             *b ^= 0xa5;
         }
@@ -1285,7 +1285,7 @@ async fn runs(s: &Store) {
             backend: "process",
             model: Some("gpt-x"),
             status: RunStatus::Queued,
-            created_at: Some(1_000 + i as i64),
+            created_at: Some(1_000 + i64::try_from(i).unwrap()),
         })
         .await
         .unwrap();
@@ -1888,7 +1888,7 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
             duration_ms: None,
             bytes_out: 0,
             bytes_in: 0,
-            seq: Some(i as i64),
+            seq: Some(i64::try_from(i).unwrap()),
             outcome: Some(EgressOutcome::Completed),
             metering: None,
         })

@@ -86,8 +86,10 @@ impl Activity {
         if let Some(c) = self.read.get(side) {
             c.fetch_add(n as u64, Ordering::Relaxed);
         }
-        self.last_ms
-            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.last_ms.store(
+            u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 }
 

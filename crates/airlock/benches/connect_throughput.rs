@@ -50,7 +50,7 @@ fn push(mut s: TcpStream, total: u64) -> Duration {
     let start = Instant::now();
     let mut sent = 0u64;
     while sent < total {
-        let n = (total - sent).min(CHUNK as u64) as usize;
+        let n = usize::try_from((total - sent).min(CHUNK as u64)).unwrap_or(CHUNK);
         s.write_all(&chunk[..n]).unwrap();
         sent += n as u64;
     }

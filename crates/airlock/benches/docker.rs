@@ -32,7 +32,10 @@ fn ms(d: Duration) -> f64 {
 fn pcts(v: &[Duration]) -> [Duration; 3] {
     let mut v = v.to_vec();
     v.sort();
-    [0.50, 0.90, 0.99].map(|p| v[((v.len() as f64 - 1.0) * p).round() as usize])
+    // A rank in 0..len for p in [0, 1].
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = |p: f64| ((v.len() as f64 - 1.0) * p).round() as usize;
+    [0.50, 0.90, 0.99].map(|p| v[rank(p)])
 }
 
 fn line(name: &str, v: &[Duration]) {

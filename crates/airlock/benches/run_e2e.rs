@@ -32,7 +32,10 @@ const PHASES: &str = "warn,airlock::phase=debug";
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
+    // A rank in 0..len for p in [0, 1].
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[rank]
 }
 
 /// Seconds since midnight UTC (what the log lines' timestamps say).

@@ -61,7 +61,10 @@ fn ms(d: Duration) -> f64 {
 fn pcts(v: &[Duration]) -> [Duration; 3] {
     let mut v = v.to_vec();
     v.sort();
-    [0.50, 0.90, 0.99].map(|p| v[((v.len() as f64 - 1.0) * p).round() as usize])
+    // A rank in 0..len for p in [0, 1].
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = |p: f64| ((v.len() as f64 - 1.0) * p).round() as usize;
+    [0.50, 0.90, 0.99].map(|p| v[rank(p)])
 }
 
 fn line(name: &str, v: &[Duration]) {
@@ -214,7 +217,7 @@ fn env_num(name: &str, default: u64) -> u64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n = env_num("AIRLOCK_BENCH_N", 100).max(1) as usize;
+    let n = usize::try_from(env_num("AIRLOCK_BENCH_N", 100).max(1)).unwrap_or(usize::MAX);
     let idle = Duration::from_millis(env_num("AIRLOCK_BENCH_IDLE_MS", 150));
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");

@@ -250,7 +250,7 @@ pub fn build_id(exe: &Path) -> Option<String> {
         if size > 1 << 16 {
             continue;
         }
-        let mut notes = vec![0u8; size as usize];
+        let mut notes = vec![0u8; usize::try_from(size).ok()?];
         f.seek(SeekFrom::Start(off)).ok()?;
         f.read_exact(&mut notes).ok()?;
         let mut at = 0usize;

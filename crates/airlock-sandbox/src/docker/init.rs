@@ -60,7 +60,8 @@ fn run(command: &[String]) -> Result<i32, String> {
         .args(args)
         .spawn()
         .map_err(|e| format!("{prog}: {e}"))?;
-    let main = child.id() as i32;
+    // A pid fits an i32 (pid_max is at most 2^22).
+    let main = i32::try_from(child.id()).map_err(|e| format!("{prog}: pid: {e}"))?;
     drop(child);
     loop {
         let sig = sys::wait_signal(&waited).map_err(|e| format!("sigwaitinfo: {e}"))?;

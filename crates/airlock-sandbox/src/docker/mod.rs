@@ -844,7 +844,7 @@ impl Container {
     /// SIGTERM, `grace` to exit, then SIGKILL (the daemon's `stop`).
     pub(crate) async fn terminate(&mut self, grace: Duration) {
         if let Some(d) = self.started().await {
-            let t = grace.as_secs().clamp(1, i32::MAX as u64) as i32;
+            let t = i32::try_from(grace.as_secs().max(1)).unwrap_or(i32::MAX);
             let _ = d
                 .stop_container(
                     &self.name,
@@ -940,6 +940,8 @@ impl DockerBackend {
     fn sandbox_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
         // Each sandbox its own uid: a runner's is not its agent's.
         let ids = agent_ids(&spec.run_id);
+        let memory_bytes =
+            i64::try_from(spec.memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX);
         let mut binds = Vec::new();
         for p in &spec.ro_paths {
             crate::namespace::readable_by(p, ids)?;
@@ -1019,15 +1021,17 @@ impl DockerBackend {
                 ]),
                 masked_paths: Some(profile::masked_paths()),
                 readonly_paths: Some(profile::readonly_paths()),
-                pids_limit: Some(spec.pids_max as i64),
+                pids_limit: Some(i64::try_from(spec.pids_max).unwrap_or(i64::MAX)),
                 ulimits: Some(vec![bollard::models::ResourcesUlimits {
                     name: Some("nofile".into()),
-                    soft: Some(crate::pools::OPEN_FILES as i64),
-                    hard: Some(crate::pools::OPEN_FILES as i64),
+                    soft: Some(i64::try_from(crate::pools::OPEN_FILES).unwrap_or(i64::MAX)),
+                    hard: Some(i64::try_from(crate::pools::OPEN_FILES).unwrap_or(i64::MAX)),
                 }]),
-                memory: Some((spec.memory_mb as i64) << 20),
-                memory_swap: Some((spec.memory_mb as i64) << 20),
-                nano_cpus: Some((spec.cpus * 1e9) as i64),
+                memory: Some(memory_bytes),
+                memory_swap: Some(memory_bytes),
+                nano_cpus: Some(
+                    i64::try_from(crate::whole(spec.cpus * 1e9, u64::MAX)).unwrap_or(i64::MAX),
+                ),
                 init: Some(false),
                 runtime: self.cfg.runtime.clone(),
                 log_config: Some(HostConfigLogConfig {

@@ -161,7 +161,7 @@ impl Limits {
 
     /// CFS quota per 100 ms period, in µs.
     fn quota(self) -> Option<u64> {
-        (self.cpus > 0.0).then(|| ((self.cpus * 100_000.0) as u64).max(1000))
+        (self.cpus > 0.0).then(|| crate::whole(self.cpus * 100_000.0, u64::MAX).max(1000))
     }
 }
 

@@ -249,7 +249,9 @@ impl Header {
     pub fn encode(&self) -> Vec<u8> {
         let json = serde_json::to_vec(self).unwrap_or_default();
         let mut out = Vec::with_capacity(4 + json.len());
-        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        // A header past 4 GiB is written with a length `decode` refuses.
+        let len = u32::try_from(json.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(&json);
         out
     }

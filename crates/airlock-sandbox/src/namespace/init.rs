@@ -280,7 +280,11 @@ fn stage_b(
             step: "exec",
             detail: format!("{prog}: {e}"),
         })?;
-    let main = child.id() as i32;
+    // A pid fits an i32 (pid_max is at most 2^22).
+    let main = i32::try_from(child.id()).map_err(|e| InitError {
+        step: "exec",
+        detail: format!("{prog}: pid: {e}"),
+    })?;
     drop(child);
     // PID 1: reap everything until the command itself exits.
     loop {

@@ -182,7 +182,7 @@ impl NamespaceBackend {
         if let Some(s) = standby.as_mut()
             && let Some(mut c) = s.cgroups.take()
         {
-            let pid = s.init.id().map_or(0, |p| p as i32);
+            let pid = s.init.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
             if c.holds(pid) {
                 match c.adopt(&spec.run_id, limits) {
                     Ok(()) => return Ok(Some((c, true))),
@@ -393,7 +393,7 @@ impl Backend for NamespaceBackend {
         };
         let pid = child
             .id()
-            .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+            .and_then(|p| rustix::process::Pid::from_raw(i32::try_from(p).ok()?));
         // A pidfd makes the kill race-free against PID reuse.
         let pidfd = pid.and_then(|p| {
             rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()

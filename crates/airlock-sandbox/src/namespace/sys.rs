@@ -217,7 +217,7 @@ fn mount_setattr(target: &Path, attrs: u64, recursive: bool) -> io::Result<()> {
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
             path.as_ptr(),
-            flags as libc::c_uint,
+            flags.cast_unsigned(), // the same flag bits
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
@@ -278,7 +278,7 @@ pub fn cloexec_from_3() -> io::Result<()> {
         libc::close_range(
             3,
             libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
+            libc::CLOSE_RANGE_CLOEXEC.cast_signed(), // the same flag bits
         )
     };
     if r == 0 {
@@ -308,6 +308,7 @@ pub fn loopback_up() -> io::Result<()> {
         _pad: [0; 22],
     };
     req.name[..2].copy_from_slice(b"lo");
+    let up = libc::c_short::try_from(libc::IFF_UP | libc::IFF_RUNNING).map_err(io::Error::other)?;
     // SAFETY: `req` is a correctly sized, initialised `struct ifreq` (name +
     // flags union member) that lives across both calls; the socket is open.
     unsafe {
@@ -319,7 +320,7 @@ pub fn loopback_up() -> io::Result<()> {
         {
             return Err(io::Error::last_os_error());
         }
-        req.flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        req.flags |= up;
         if libc::ioctl(
             sock.as_raw_fd(),
             libc::SIOCSIFFLAGS,

@@ -22,6 +22,24 @@ pub const RUN_HISTORY: &str = "run_history";
 pub const RECALL_MEMORY: &str = "recall_memory";
 /// `{namespace}__api_call`.
 pub const API_CALL_SUFFIX: &str = "__api_call";
+/// Between a namespace and its tool's name.
+pub const SEPARATOR: &str = "__";
+
+/// The one reading of a tool name `{namespace}__{tool}`: split at its first
+/// `__`. A namespace holds no `__` and ends with a letter or digit
+/// (`airlock_platform_api::types::Namespace`), so this is the only split
+/// whose left part can be a namespace: every tool name names at most one
+/// integration and one of its tools (`rm___api_call` is `rm`'s `_api_call`,
+/// never an `rm_`'s `api_call`). Routing looks the namespace up exactly.
+pub fn split_tool_name(name: &str) -> Option<(&str, &str)> {
+    name.split_once(SEPARATOR)
+        .filter(|(ns, tool)| !ns.is_empty() && !tool.is_empty())
+}
+
+/// The namespace whose `api_call` `name` is, if it is one.
+pub fn api_call_namespace(name: &str) -> Option<&str> {
+    split_tool_name(name).and_then(|(ns, tool)| (tool == "api_call").then_some(ns))
+}
 
 /// Largest `limit` of `run_history` and `recall_memory`.
 pub const MAX_LIMIT: u32 = 50;
@@ -276,7 +294,7 @@ pub fn parse_tool_call(
     match name {
         RUN_HISTORY => Ok(parse_history(args)?),
         RECALL_MEMORY => Ok(parse_memory(args)?),
-        _ => match name.strip_suffix(API_CALL_SUFFIX) {
+        _ => match api_call_namespace(name) {
             Some(ns) if is_namespace(ns) => Ok(ToolCall::ApiCall {
                 namespace: ns.to_owned(),
                 args: ApiCallArgs::parse(args, max_body_bytes)?,
@@ -300,8 +318,8 @@ fn only_keys(args: &Map<String, Value>, allowed: &[&str]) -> Result<(), ArgError
 fn parse_limit(args: &Map<String, Value>) -> Result<u32, ArgError> {
     match args.get("limit") {
         None | Some(Value::Null) => Ok(DEFAULT_LIMIT),
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=u64::from(MAX_LIMIT)).contains(&n) => Ok(n as u32),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
             _ => Err(ArgError::invalid(format!(
                 "limit must be an integer from 1 to {MAX_LIMIT}"
             ))),

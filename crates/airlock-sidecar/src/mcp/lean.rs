@@ -150,7 +150,7 @@ pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanC
     if one(&parts.headers, &MCP_NAME) != Some(p.name.as_str()) {
         return None;
     }
-    let ns = p.name.strip_suffix(args::API_CALL_SUFFIX)?;
+    let ns = args::api_call_namespace(&p.name)?;
     if !state.sidecar.integrations.contains_key(ns) {
         return None;
     }
@@ -393,7 +393,7 @@ pub(crate) mod tests {
                             status: [200, 404, 599][t % 3],
                             headers: headers.clone(),
                             url: format!("http://api.internal.test:8/p?q={t}&r=\"é\""),
-                            redirects: t as u32,
+                            redirects: u32::try_from(t).unwrap(),
                             credential_stripped: t % 2 == 1,
                         },
                         text: text.to_string(),

@@ -97,8 +97,11 @@ pub struct McpState {
     static_uris: foldhash::HashMap<String, airlock_egress::AuthorizedUris>,
     /// Stateless `api_call`s bypass rmcp's per-request machinery ([`lean`]).
     lean: bool,
-    /// The integrations backed by an MCP server, remote or a local runner ([`remote`]).
-    remotes: Vec<Arc<remote::Remote>>,
+    /// The integrations backed by an MCP server, remote or a local runner
+    /// ([`remote`]), by namespace: a tool name is routed by an exact lookup
+    /// of the namespace [`args::split_tool_name`] reads from it, never by a
+    /// prefix match.
+    remotes: std::collections::BTreeMap<String, Arc<remote::Remote>>,
 }
 
 impl McpState {
@@ -127,7 +130,7 @@ impl McpState {
             .lock()
             .map(|mut r| std::mem::take(&mut *r))
             .unwrap_or_default();
-        let mut remotes: Vec<Arc<remote::Remote>> = sidecar
+        let remotes = sidecar
             .integrations
             .iter()
             .filter_map(|(ns, i)| match (&i.mcp_url, runners.remove(ns)) {
@@ -135,8 +138,8 @@ impl McpState {
                 (None, Some(listener)) => Some(Arc::new(remote::Remote::runner(ns, listener))),
                 (None, None) => None,
             })
+            .map(|r| (r.namespace().to_owned(), r))
             .collect();
-        remotes.sort_by(|a, b| a.namespace().cmp(b.namespace()));
         McpState {
             sidecar,
             tools,
@@ -152,26 +155,48 @@ impl McpState {
     }
 
     /// Every tool of the run: the sidecar's own and each remote server's
-    /// (a server that cannot be reached contributes none, and is logged).
-    pub async fn all_tools(&self) -> Vec<Tool> {
+    /// (a server that cannot be reached contributes none, and is logged),
+    /// each name once. A remote tool left out for its name (a duplicate, or
+    /// a name another tool has) is logged by its server and listed in the
+    /// second part, the notes `tools/list` carries in its `_meta`.
+    pub async fn all_tools(&self) -> (Vec<Tool>, Vec<remote::Dropped>) {
         let mut all = self.tools.clone();
+        let mut dropped = Vec::new();
         let lists = futures::future::join_all(
             self.remotes
-                .iter()
-                .map(|r| async move { r.tools(&self.sidecar).await }),
+                .values()
+                .map(|r| async move { (r, r.tools(&self.sidecar).await) }),
         )
         .await;
-        for tools in lists.into_iter().flatten() {
-            all.extend(tools.iter().cloned());
+        let mut names: std::collections::HashSet<String> =
+            all.iter().map(|t| t.name.to_string()).collect();
+        for (server, listed) in lists {
+            dropped.extend(server.dropped().iter().cloned());
+            let Ok(tools) = listed else { continue };
+            for t in tools.iter() {
+                if names.insert(t.name.to_string()) {
+                    all.push(t.clone());
+                } else {
+                    // Unreachable while namespaces keep their rules; kept
+                    // so that no name is ever listed twice.
+                    tracing::warn!(integration = %server.namespace(), tool = %t.name,
+                        "a remote tool's name is another tool's: it is not served");
+                    dropped.push(remote::Dropped {
+                        name: t.name.to_string(),
+                        reason: "the name is another tool's",
+                    });
+                }
+            }
         }
-        all
+        (all, dropped)
     }
 
-    /// The remote server and tool that `name` names, if any.
+    /// The remote server and tool that `name` names, if any: the namespace
+    /// looked up exactly.
     fn remote_tool<'a>(&self, name: &'a str) -> Option<(&Arc<remote::Remote>, &'a str)> {
-        self.remotes
-            .iter()
-            .find_map(|r| r.tool_of(name).map(|t| (r, t)))
+        let (ns, tool) = args::split_tool_name(name)?;
+        let server = self.remotes.get(ns)?;
+        (tool != "api_call").then_some((server, tool))
     }
 
     /// Parses and runs one tool call.
@@ -387,9 +412,17 @@ impl ServerHandler for AirlockMcp {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(
-            self.state.all_tools().await,
-        ))
+        let (tools, dropped) = self.state.all_tools().await;
+        let mut list = ListToolsResult::with_all_items(tools);
+        if !dropped.is_empty() {
+            let mut meta = rmcp::model::JsonObject::new();
+            meta.insert(
+                "airlock/dropped_tools".into(),
+                serde_json::to_value(&dropped).unwrap_or(Value::Null),
+            );
+            list.meta = Some(rmcp::model::MetaObject(meta));
+        }
+        Ok(list)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -561,9 +594,7 @@ impl CredentialPrefetch {
     /// when it is for the same integration, else one started now.
     fn for_call(started: Option<Self>, tool: &str, sidecar: &Arc<Sidecar>) -> Option<Self> {
         match started {
-            Some(p) if tool.strip_suffix(args::API_CALL_SUFFIX) == Some(p.namespace.as_str()) => {
-                Some(p)
-            }
+            Some(p) if args::api_call_namespace(tool) == Some(p.namespace.as_str()) => Some(p),
             _ => Self::for_tool(tool, sidecar),
         }
     }
@@ -572,7 +603,7 @@ impl CredentialPrefetch {
     /// `api_call` of an integration with a connection and the run has room
     /// for it.
     fn for_tool(tool: &str, sidecar: &Arc<Sidecar>) -> Option<Self> {
-        let ns = tool.strip_suffix(args::API_CALL_SUFFIX)?;
+        let ns = args::api_call_namespace(tool)?;
         let integration = sidecar.integrations.get(ns)?;
         if !integration.has_connection {
             return None;

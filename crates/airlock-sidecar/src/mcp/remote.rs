@@ -491,6 +491,19 @@ struct Link {
     stale: Arc<AtomicBool>,
 }
 
+/// A remote tool left out for its name: logged, and noted in `tools/list`'s
+/// `_meta` (`airlock/dropped_tools`) so the agent knows why it is missing.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Dropped {
+    /// The full name it would have had.
+    pub name: String,
+    pub reason: &'static str,
+}
+
+/// Most [`Dropped`] notes kept per server (a hostile list may repeat one
+/// name thousands of times).
+const MAX_DROPPED_NOTES: usize = 16;
+
 /// Where an integration's MCP server is.
 enum Upstream {
     /// A remote server's Streamable HTTP endpoint, through [`GuardedMcpHttp`].
@@ -508,6 +521,8 @@ pub struct Remote {
     link: tokio::sync::Mutex<Option<Link>>,
     /// The last tool list, for `get_tool` (synchronous).
     tools: Mutex<Arc<Vec<Tool>>>,
+    /// The tools of the last list left out for their names.
+    dropped: Mutex<Arc<Vec<Dropped>>>,
     failed: Mutex<Option<(Instant, String)>>,
 }
 
@@ -531,6 +546,7 @@ impl Remote {
             upstream,
             link: tokio::sync::Mutex::new(None),
             tools: Mutex::default(),
+            dropped: Mutex::default(),
             failed: Mutex::default(),
         }
     }
@@ -539,12 +555,9 @@ impl Remote {
         &self.namespace
     }
 
-    /// The tool of this server that `name` (`{namespace}__{tool}`) names.
-    pub fn tool_of<'a>(&self, name: &'a str) -> Option<&'a str> {
-        let tool = name
-            .strip_prefix(self.namespace.as_str())?
-            .strip_prefix("__")?;
-        (!tool.is_empty() && tool != "api_call").then_some(tool)
+    /// The tools of the last list left out for their names.
+    pub fn dropped(&self) -> Arc<Vec<Dropped>> {
+        self.dropped.lock().map(|d| d.clone()).unwrap_or_default()
     }
 
     /// The last tool list fetched (possibly empty).
@@ -676,6 +689,7 @@ impl Remote {
         let mut out: Vec<Tool> = Vec::new();
         let mut cursor: Option<String> = None;
         let mut left_out = 0usize;
+        let mut dropped = Vec::new();
         for _ in 0..MAX_LIST_PAGES {
             let params = cursor
                 .take()
@@ -687,8 +701,16 @@ impl Remote {
                 .map_err(|e| format!("tools/list: {e}"))?;
             for tool in page.tools {
                 match self.take_tool(tool, &out) {
-                    Some(t) if out.len() < MAX_TOOLS => out.push(t),
-                    _ => left_out += 1,
+                    Ok(t) if out.len() < MAX_TOOLS => out.push(t),
+                    Ok(_) | Err(None) => left_out += 1,
+                    Err(Some(d)) => {
+                        tracing::warn!(integration = %self.namespace, tool = %d.name,
+                            "the remote MCP server lists a tool whose name another tool has: it is not served");
+                        left_out += 1;
+                        if dropped.len() < MAX_DROPPED_NOTES {
+                            dropped.push(d);
+                        }
+                    }
                 }
             }
             match page.next_cursor {
@@ -711,37 +733,49 @@ impl Remote {
             );
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Ok(mut d) = self.dropped.lock() {
+            *d = Arc::new(dropped);
+        }
         Ok(out)
     }
 
     /// A server's tool as the agent sees it (renamed, without its output
-    /// schema), or `None` when it is unusable:
-    /// a name that is not `[A-Za-z0-9_.-]{1,64}`, `api_call` (the
-    /// integration's own), a duplicate, or a definition over the size cap.
-    fn take_tool(&self, mut tool: Tool, so_far: &[Tool]) -> Option<Tool> {
+    /// schema), or `Err` when it is unusable: a name that is not
+    /// `[A-Za-z0-9_.-]{1,64}` or a definition over the size cap (`None`),
+    /// `api_call` (the integration's own) or a duplicate (a [`Dropped`]
+    /// note: the agent is told).
+    fn take_tool(&self, mut tool: Tool, so_far: &[Tool]) -> Result<Tool, Option<Dropped>> {
         let name = tool.name.as_ref();
         let ok = !name.is_empty()
             && name.len() <= MAX_TOOL_NAME
             && name
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-            && name != "api_call";
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
         if !ok {
-            return None;
+            return Err(None);
         }
         let full = format!("{}__{}", self.namespace, name);
+        if name == "api_call" {
+            return Err(Some(Dropped {
+                name: full,
+                reason: "the integration's own api_call has this name",
+            }));
+        }
         if so_far.iter().any(|t| t.name == full) {
-            return None;
+            return Err(Some(Dropped {
+                name: full,
+                reason: "the server lists this name twice",
+            }));
         }
         if serde_json::to_vec(&tool).map_or(usize::MAX, |v| v.len()) > MAX_TOOL_BYTES {
-            return None;
+            return Err(None);
         }
         tool.name = Cow::Owned(full);
         // A result over the inline cap is replaced by a link
         // ([`bound_result`]), which an output schema would forbid: clients
         // check a tool's structured content against it.
         tool.output_schema = None;
-        Some(tool)
+        Ok(tool)
     }
 
     /// Forwards one call to the server. Never fails at the protocol level

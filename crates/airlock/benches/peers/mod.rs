@@ -150,6 +150,8 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
+    // A rank in 0..len for p in [0, 1].
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -247,7 +249,7 @@ impl Shuffle {
     pub fn order(&mut self, n: usize) -> Vec<usize> {
         let mut v: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
-            let j = (self.next() % (i as u64 + 1)) as usize;
+            let j = usize::try_from(self.next() % (i as u64 + 1)).unwrap_or(0);
             v.swap(i, j);
         }
         v
@@ -506,7 +508,10 @@ impl Sidecar {
 impl Drop for Sidecar {
     /// SIGTERM (a profiler around it writes its profile), then SIGKILL.
     fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+        if let Some(pid) = i32::try_from(self.child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
         let until = Instant::now() + Duration::from_secs(20);

@@ -50,7 +50,7 @@ pub fn run(command: Vec<String>, role: Role) -> ExitCode {
         Role::Runner => rt.block_on(airlock_runtime::runner::run(secrets, command)),
     };
     match ran {
-        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Ok(code) => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(u8::MAX)),
         Err(e) => {
             eprintln!("{me}: {e}");
             ExitCode::from(125)

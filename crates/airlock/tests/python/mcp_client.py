@@ -54,7 +54,7 @@ async def main():
                     try:
                         if op["op"] == "list_tools":
                             r = await client.list_tools()
-                            out["results"].append({"tools": [dump(t) for t in r.tools]})
+                            out["results"].append({"tools": [dump(t) for t in r.tools], "meta": r.meta})
                         elif op["op"] == "call":
                             r = await client.call_tool(op["name"], op.get("args"))
                             out["results"].append(dump(r))

@@ -50,7 +50,7 @@ fn pty() -> Pty {
 }
 
 fn libc_o_noctty() -> i32 {
-    rustix::fs::OFlags::NOCTTY.bits() as i32
+    rustix::fs::OFlags::NOCTTY.bits().cast_signed() // the same flag bits
 }
 
 fn result_of(report: &Value) -> &Value {
@@ -312,11 +312,14 @@ fn boot_reclaim_never_follows_blocks_on_or_reads_whole_what_it_finds() {
     let orphan = runs.join("run_orphan0000");
     std::fs::create_dir(&orphan).unwrap();
     let hour_ago = rustix::fs::Timespec {
-        tv_sec: (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-            - 3600) as _,
+        tv_sec: i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                - 3600,
+        )
+        .unwrap(),
         tv_nsec: 0,
     };
     rustix::fs::utimensat(
@@ -413,7 +416,7 @@ fn the_agent_is_an_unprivileged_host_uid_with_its_own_kernel_quotas() {
     // Meanwhile, the host's root (this test, in CI) still gets its own.
     let mine = rustix::fs::inotify::init(rustix::fs::inotify::CreateFlags::CLOEXEC);
     // This run's (another run of agent.py on a shared host is not).
-    let agent_pids: Vec<u32> = support::process_tree(child.id() as i32)
+    let agent_pids: Vec<u32> = support::process_tree(i32::try_from(child.id()).unwrap())
         .into_iter()
         .filter_map(|p| u32::try_from(p).ok())
         .filter(|p| {

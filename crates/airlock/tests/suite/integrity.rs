@@ -42,7 +42,7 @@ fn a_killed_sidecar_fails_the_run_and_stops_the_sandbox() {
         assert_eq!(sidecars.len(), 1, "{backend}: one sidecar");
         let t = Instant::now();
         rustix::process::kill_process(
-            rustix::process::Pid::from_raw(sidecars[0] as i32).unwrap(),
+            rustix::process::Pid::from_raw(i32::try_from(sidecars[0]).unwrap()).unwrap(),
             rustix::process::Signal::KILL,
         )
         .unwrap();

@@ -95,7 +95,8 @@ async fn sigkill_half_way_then_rerun_loses_nothing() {
         loop {
             let c = counts(home).await;
             let done = c.get("k2").copied().unwrap_or(0);
-            if (done as usize) >= total / 3 && (done as usize) < total - 1000 {
+            let done = usize::try_from(done).unwrap();
+            if done >= total / 3 && done < total - 1000 {
                 child.kill().unwrap(); // SIGKILL on Unix
                 child.wait().unwrap();
                 killed_mid_way = true;

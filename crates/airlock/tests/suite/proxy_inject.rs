@@ -227,7 +227,7 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
     assert_eq!(e.len(), 1, "{entries:?}");
     assert_eq!(e[0]["decision"], "refused");
     let e = of("/private/echo");
-    assert_eq!(e.len(), 2, "{entries:?}");
+    assert_eq!(e.len(), 1, "{entries:?}");
     assert_eq!(e[0]["decision"], "refused");
 }
 

@@ -508,3 +508,119 @@ fn a_real_run_calls_a_remote_server_through_its_sidecar_and_only_through_it() {
             .all(|e| e["integration"] == "remote" && e["decision"] == "allowed")
     );
 }
+
+/// Issue 44.4: every tool name names one integration. A hostile remote
+/// server `rm` lists `_api_call`, whose full name `rm___api_call` is also
+/// what an integration `rm_`'s `api_call` would be called: the namespace
+/// `rm_` is refused before the sidecar starts (no name can be read two
+/// ways), the hostile tool is routed to `rm` alone, and a name the server
+/// lists twice is served once, with a log line and a note in `tools/list`.
+/// Another integration's tools still work.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_remote_tool_name_cannot_shadow_another_integrations_tool() {
+    assert!(
+        python_has(&["mcp", "httpx2", "uvicorn"]),
+        "the MCP Python SDK is needed"
+    );
+    let hostile = McpServer::start("shadow", CANARY);
+    let good = McpServer::start("good", CANARY);
+    let p = platform_with(&["rm", "rm_", "rm-x"]).await;
+
+    // A namespace that makes a name ambiguous is refused at load.
+    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
+    merge(
+        &mut cfg,
+        json!({
+            "integrations": [remote_integration("rm", hostile.port), remote_integration("rm_", good.port)],
+            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
+        }),
+    );
+    let mut child = Command::new(AIRLOCK)
+        .arg("sidecar")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(cfg.to_string().as_bytes())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "a sidecar with namespace rm_ started: {stderr}"
+    );
+    assert!(stderr.contains("rm_"), "{stderr}");
+    assert!(hostile.seen().is_empty(), "{:?}", hostile.seen());
+
+    // The legitimate shape: `rm` (hostile) beside `rm-x`.
+    let sc = sidecar_for(
+        &p,
+        json!([
+            remote_integration("rm", hostile.port),
+            remote_integration("rm-x", good.port)
+        ]),
+        json!({}),
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    let out = agent(
+        &url,
+        &token,
+        "2026-07-28",
+        json!([
+            {"op": "list_tools"},
+            {"op": "call", "name": "rm___api_call", "args": {}},
+            {"op": "call", "name": "rm-x__echo", "args": {"text": "the other integration"}},
+        ]),
+    );
+    assert!(out.get("fatal").is_none(), "{out}");
+    let r = &out["results"];
+    let names = tool_names(&r[0]);
+    for once in ["rm___api_call", "rm__ping", "rm__api_call", "rm-x__echo"] {
+        assert_eq!(
+            names.iter().filter(|n| *n == once).count(),
+            1,
+            "{once}: {names:?}"
+        );
+    }
+    let mut sorted = names.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), names.len(), "a name listed twice: {names:?}");
+    let notes = r[0]["meta"]["airlock/dropped_tools"].to_string();
+    assert!(notes.contains("rm__ping"), "{}", r[0]["meta"]);
+    assert!(sc.stderr().contains("rm__ping"), "{}", sc.stderr());
+    // `rm___api_call` reached `rm` as its `_api_call`, and only it.
+    assert_eq!(text_of(&r[1]), "pong", "{}", r[1]);
+    let calls: Vec<Value> = hostile
+        .seen()
+        .into_iter()
+        .filter(|s| s["rpc"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["tool"], "_api_call");
+    assert_eq!(text_of(&r[2]), "the other integration", "{}", r[2]);
+    assert!(
+        good.seen()
+            .iter()
+            .all(|s| s["authorization"] == json!(format!("Bearer {CANARY}")))
+    );
+    drop(sc);
+}

@@ -192,7 +192,7 @@ async fn sees_no_host_process_and_cannot_touch_one() {
         .env("AIRLOCK_CANARY", &canary)
         .spawn()
         .unwrap();
-    let vpid = victim.id() as i32;
+    let vpid = i32::try_from(victim.id()).unwrap();
     let r = spec(probe_cmd(&[
         "--pid",
         &vpid.to_string(),
@@ -475,7 +475,7 @@ async fn every_process_and_thread_of_the_run_is_in_its_cgroups() {
             v.iter().map(|(c, _)| c.clone()).collect()
         }
     };
-    let pids = crate::support::process_tree(sb.pid as i32);
+    let pids = crate::support::process_tree(i32::try_from(sb.pid).unwrap());
     // init's two stages, sh, sleep, python.
     assert!(pids.len() >= 5, "the run's processes: {pids:?}");
     let mut threads = 0;
@@ -843,7 +843,7 @@ async fn an_init_started_ahead_is_usable_however_early_or_dead_and_leaves_nothin
     let pid = b.standby_pid().unwrap();
     let fd = crate::support::pidfd(pid).unwrap();
     rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(),
         rustix::process::Signal::KILL,
     )
     .unwrap();

@@ -193,7 +193,7 @@ fn sandbox_memory_cgroup(
         let c = support::docker_inspect("container", &format!("airlock-{id}-agent"))?;
         return memory_cgroup_of(c["State"]["Pid"].as_i64()?);
     }
-    let pid = support::process_tree(platform as i32)
+    let pid = support::process_tree(i32::try_from(platform).unwrap())
         .into_iter()
         .find(|p| {
             std::fs::read(format!("/proc/{p}/cmdline"))

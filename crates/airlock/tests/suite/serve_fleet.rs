@@ -151,7 +151,7 @@ impl OwnPostgres {
         );
         // A free port below the ephemeral range (32768-): one an outgoing
         // connection's local end cannot take while the cluster is stopped.
-        let seed = std::process::id() as u64 ^ airlock_store::now_ms() as u64;
+        let seed = u64::from(std::process::id()) ^ airlock_store::now_ms().unsigned_abs();
         let port = (0..200)
             .map(|i| 20_000 + ((seed + i * 7919) % 12_000) as u16)
             .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
@@ -429,7 +429,7 @@ fn postgres_stopped_for_three_leases_under_two_replicas_loses_nothing() {
             || {
                 let beats = pg.query(&format!(
                     "SELECT heartbeat_at FROM replicas WHERE heartbeat_at > {}",
-                    back + 2_000 * LEASE as i64
+                    back + 2_000 * i64::try_from(LEASE).unwrap()
                 ));
                 beats.len() == 2
             },
@@ -635,7 +635,7 @@ fn a_replica_judged_dead_registers_again_and_stops_only_what_was_ended() {
     }
     let (on_a, on_b) = (on[&a.replica].clone(), on[&b.replica].clone());
     // B pauses for longer than the lease: A judges it dead, fails its run.
-    let pid = rustix::process::Pid::from_raw(b.child.id() as i32).unwrap();
+    let pid = rustix::process::Pid::from_raw(i32::try_from(b.child.id()).unwrap()).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
     let v = wait_for(&a, &format!("/v1/runs/{on_b}"), &key, 60, |v| {
         v["status"] != "running"

@@ -38,7 +38,7 @@ fn max_overlap(runs: &[Value]) -> usize {
         now += d;
         most = most.max(now);
     }
-    most as usize
+    usize::try_from(most).unwrap()
 }
 
 #[test]

@@ -255,6 +255,8 @@ async fn openai_sdk_through_the_relay() {
     );
     for c in &c {
         assert_eq!(c.provider, "openai");
+        // Small counts at small prices: a positive whole number of µUSD.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let expect = (c.input_tokens as f64 * 2.5 + c.output_tokens as f64 * 10.0).round() as u64;
         assert_eq!(c.cost_microusd, Some(expect));
     }
@@ -791,7 +793,7 @@ async fn usage_that_never_arrives_is_recorded_as_unmetered() {
         "{log:?}"
     );
     let run = p.store().get_run(&p.run_id).await.unwrap().unwrap();
-    assert_eq!(run.tokens_in, ANTHROPIC_USAGE.0 as i64);
+    assert_eq!(run.tokens_in, i64::try_from(ANTHROPIC_USAGE.0).unwrap());
 }
 
 /// A full embeddings batch (2,048 inputs) whose answer is larger than
@@ -1000,4 +1002,63 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
     assert_eq!(err(&b)["error"]["code"], "blocked_address");
     assert_eq!(fake.requests().len(), 4);
     sc.stop();
+}
+
+/// Issue 44.6: a provider reporting `prompt_tokens = 2^64-1` (and 2^63
+/// out) must not leave the run with negative or wrapped tokens or cost:
+/// the call is recorded as unmetered with a reason, and the run's totals
+/// stay what the believable calls made them. The legitimate call before it
+/// is metered as reported.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
+    let p = TestPlatform::start("agent-llm-huge").await;
+    add_model_key(&p, PROVIDER_KEY).await;
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let auth = format!("Bearer {token}");
+    let h = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    for model in [CHAT_MODEL, HUGE_USAGE_MODEL] {
+        let body =
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+        let (status, _, b) = http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &h,
+            body.as_bytes(),
+        );
+        assert_eq!(status, 200, "{model}: {}", String::from_utf8_lossy(&b));
+    }
+    let c = eventually(10, || async {
+        let c = costs(&p.events().await);
+        (c.len() == 2).then_some(c)
+    })
+    .await
+    .expect("two cost events");
+    assert!(!unmetered(&c[0]), "{c:?}");
+    assert_eq!((c[0].input_tokens, c[0].output_tokens), CHAT_USAGE);
+    assert!(unmetered(&c[1]), "{c:?}");
+    assert_eq!((c[1].input_tokens, c[1].output_tokens), (0, 0), "{c:?}");
+    assert_eq!(c[1].cost_microusd, Some(0), "{c:?}");
+    let why = c[1].unmetered_reason.as_deref().unwrap_or("");
+    assert!(why.contains("18446744073709551615"), "{c:?}");
+    let run = p.store().get_run(&p.run_id).await.unwrap().unwrap();
+    assert_eq!(
+        (run.tokens_in, run.tokens_out),
+        (
+            i64::try_from(CHAT_USAGE.0).unwrap(),
+            i64::try_from(CHAT_USAGE.1).unwrap()
+        ),
+        "{run:?}"
+    );
+    assert!(run.cost_microusd >= 0, "{run:?}");
+    drop(sc);
 }

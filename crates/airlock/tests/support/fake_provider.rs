@@ -34,6 +34,8 @@ pub const ANTHROPIC_MODEL: &str = "claude-fake-2026-01-01";
 pub const PIECES: [&str; 5] = ["Hel", "lo", ", ", "wor", "ld"];
 /// A model whose streams start and then never end (no usage ever comes).
 pub const STALL_MODEL: &str = "fake-stall";
+/// A model whose answers report hostile usage: `u64::MAX` tokens in, 2^63 out.
+pub const HUGE_USAGE_MODEL: &str = "fake-huge-usage";
 /// Tokens the fake counts per embeddings input.
 pub const EMBED_TOKENS_PER_INPUT: u64 = 3;
 
@@ -197,6 +199,10 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
         let ok = if path.ends_with("/chat/completions") && stream {
             let usage = body["stream_options"]["include_usage"] == Value::Bool(true);
             sse(&mut s, &echo, chat_events(usage), delay, &fake).await
+        } else if path.ends_with("/chat/completions") && body["model"] == HUGE_USAGE_MODEL {
+            let mut answer = chat_json();
+            answer["usage"] = json!({"prompt_tokens": u64::MAX, "completion_tokens": 1u64 << 63, "total_tokens": u64::MAX});
+            json_answer(&mut s, &echo, 200, &answer).await
         } else if path.ends_with("/chat/completions") {
             json_answer(&mut s, &echo, 200, &chat_json()).await
         } else if path.ends_with("/responses") && stream {
@@ -305,7 +311,7 @@ pub fn embeddings_json(request: &Value) -> Value {
         Value::Array(a) => a.len(),
         _ => 1,
     };
-    let dims = request["dimensions"].as_u64().unwrap_or(8) as usize;
+    let dims = usize::try_from(request["dimensions"].as_u64().unwrap_or(8)).unwrap();
     let float = request["encoding_format"] == "float";
     let data: Vec<Value> = (0..inputs)
         .map(|i| {

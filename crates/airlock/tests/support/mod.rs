@@ -884,7 +884,7 @@ pub fn exits_within(fd: &std::os::fd::OwnedFd, timeout: Duration) -> bool {
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let t = Timespec {
-            tv_sec: left.as_secs() as i64,
+            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
             tv_nsec: i64::from(left.subsec_nanos()),
         };
         let mut fds = [PollFd::new(fd, PollFlags::IN)];

@@ -203,7 +203,7 @@ impl Server {
     /// Sends SIGTERM (does not wait).
     pub fn sigterm(&self) {
         let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+            rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap(),
             rustix::process::Signal::TERM,
         );
     }
