@@ -235,20 +235,22 @@ impl ServeConfig {
             listener: {
                 let d = listener_guard::Settings::API;
                 listener_guard::Settings {
-                    max_connections: num(
+                    max_connections: usize::try_from(whole(num(
                         "API_MAX_CONNECTIONS",
                         get("API_MAX_CONNECTIONS"),
                         d.max_connections as f64,
                         1.0,
                         1_000_000.0,
-                    )? as usize,
-                    max_connections_per_peer: num(
+                    )?))
+                        .unwrap_or(usize::MAX),
+                    max_connections_per_peer: usize::try_from(whole(num(
                         "API_MAX_CONNECTIONS_PER_ADDRESS",
                         get("API_MAX_CONNECTIONS_PER_ADDRESS"),
                         d.max_connections_per_peer as f64,
                         1.0,
                         1_000_000.0,
-                    )? as usize,
+                    )?))
+                        .unwrap_or(usize::MAX),
                     header_read_timeout: Duration::from_secs_f64(num(
                         "API_HEADER_READ_TIMEOUT_SECONDS",
                         get("API_HEADER_READ_TIMEOUT_SECONDS"),

@@ -1462,7 +1462,7 @@ impl Store {
                     .execute(&mut *tx)
                     .await
                     .map_err(|err| self.run_fk(err, run_id))?;
-                new += done.rows_affected() as usize;
+                new += usize::try_from(done.rows_affected()).unwrap_or(usize::MAX);
             }
             tx.commit().await.map_err(|e| self.err(e))?;
         });

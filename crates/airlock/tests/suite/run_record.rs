@@ -51,7 +51,7 @@ fn store_bytes(home: &Path) -> u64 {
         let free = n("PRAGMA freelist_count").fetch_one(&mut c).await.unwrap();
         let size = n("PRAGMA page_size").fetch_one(&mut c).await.unwrap();
         c.close().await.unwrap();
-        ((pages - free) * size) as u64
+        u64::try_from((pages - free) * size).unwrap_or(0)
     })
 }
 

@@ -806,7 +806,7 @@ fn thousands_of_idle_connections_keep_no_client_from_its_answer() {
     // The server gets 1,024 descriptors; the attack uses more than that.
     let pid = t.s.child.id();
     prlimit(
-        rustix::process::Pid::from_raw(pid as i32),
+        rustix::process::Pid::from_raw(pid.cast_signed()),
         Resource::Nofile,
         Rlimit {
             current: Some(SERVER_FILES),
