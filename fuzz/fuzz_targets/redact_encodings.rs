@@ -15,10 +15,11 @@ use base64::Engine;
 use libfuzzer_sys::fuzz_target;
 
 const SECRET_CHARS: &[char] = &[
-    'a', 'b', 'Q', 'Z', 'k', '0', '7', '/', '+', '&', '<', '>', '"', '\'', '=', '%', ':', ';',
-    ' ', '-', '_', '.', '~', '!', '#', '\\', '?', ',', '{', '}', 'é', '€', '😀', 'x', 'M', '9',
+    'a', 'b', 'Q', 'Z', 'k', '0', '7', '/', '+', '&', '<', '>', '"', '\'', '=', '%', ':', ';', ' ',
+    '-', '_', '.', '~', '!', '#', '\\', '?', ',', '{', '}', 'é', '€', '😀', 'x', 'M', '9',
 ];
-const TEXT_CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:=/+-_";
+const TEXT_CHARS: &[u8] =
+    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:=/+-_";
 
 #[derive(Clone, Copy, Debug)]
 enum Enc {
@@ -78,10 +79,7 @@ fn encode(e: Enc, s: &str) -> String {
             .replace('&', "\\u0026")
             .replace('<', "\\u003c")
             .replace('>', "\\u003e"),
-        Enc::Js => s
-            .encode_utf16()
-            .map(|u| format!("\\u{u:04x}"))
-            .collect(),
+        Enc::Js => s.encode_utf16().map(|u| format!("\\u{u:04x}")).collect(),
         Enc::PctUpper => pct(false, false),
         Enc::PctLower => pct(true, false),
         Enc::Form => pct(false, true),
@@ -117,8 +115,11 @@ fn json_unescape(s: &str) -> String {
                 };
                 if (0xd800..0xdc00).contains(&v) {
                     pending_hi = Some(v);
-                } else if let (Some(hi), true) = (pending_hi.take(), (0xdc00..0xe000).contains(&v)) {
-                    out.extend(char::from_u32(0x10000 + ((hi - 0xd800) << 10) + (v - 0xdc00)));
+                } else if let (Some(hi), true) = (pending_hi.take(), (0xdc00..0xe000).contains(&v))
+                {
+                    out.extend(char::from_u32(
+                        0x10000 + ((hi - 0xd800) << 10) + (v - 0xdc00),
+                    ));
                 } else {
                     out.extend(char::from_u32(v));
                 }
@@ -141,7 +142,9 @@ fn pct_decode(s: &str, plus: bool) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%'
-            && let Some(v) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok())
+            && let Some(v) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
         {
             out.push(v);
             i += 3;
@@ -218,7 +221,9 @@ fn b64_decodings(s: &str) -> Vec<String> {
 fn decode(e: Enc, s: &str) -> Vec<String> {
     match e {
         Enc::Serde | Enc::Php | Enc::Go | Enc::Js => vec![json_unescape(s)],
-        Enc::PctUpper | Enc::PctLower | Enc::Form => vec![pct_decode(s, false), pct_decode(s, true)],
+        Enc::PctUpper | Enc::PctLower | Enc::Form => {
+            vec![pct_decode(s, false), pct_decode(s, true)]
+        }
         Enc::HtmlNamed | Enc::HtmlDec | Enc::HtmlHex => vec![html_unescape(s)],
         Enc::B64 | Enc::B64UrlNoPad => b64_decodings(s),
     }
