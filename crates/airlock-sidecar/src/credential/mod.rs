@@ -79,3 +79,43 @@ impl Credentials {
 
 /// A shared handle (the sidecar's state holds one).
 pub type SharedCredentials = Arc<Credentials>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use secrecy::SecretString;
+
+    fn fields(v: &str) -> CredentialFields {
+        CredentialFields::from([("token".to_owned(), SecretString::from(v.to_owned()))])
+    }
+
+    /// One redactor per set of values: the same values give the same
+    /// automaton; a rotated value is added (the old one still redacted);
+    /// past the bound the oldest is forgotten.
+    #[test]
+    fn a_redactor_is_built_once_per_set_of_values_and_keeps_a_bounded_history() {
+        let c = Credentials::default();
+        assert!(c.known("svc").is_empty());
+        let a = c.redactor("svc", &fields("first-secret"));
+        let again = c.redactor("svc", &fields("first-secret"));
+        assert!(a.shares_automaton_with(&again));
+        let rotated = c.redactor("svc", &fields("second-secret"));
+        assert_eq!(
+            rotated.str("first-secret second-secret"),
+            "[REDACTED] [REDACTED]"
+        );
+        assert_eq!(c.known("svc").str("second-secret"), "[REDACTED]");
+        // Another integration's values are its own.
+        assert_eq!(
+            c.redactor("other", &fields("third-secret"))
+                .str("first-secret"),
+            "first-secret"
+        );
+        for i in 0..MAX_VALUES_KEPT {
+            c.redactor("svc", &fields(&format!("value-{i:04}")));
+        }
+        let last = c.known("svc");
+        assert_eq!(last.str("first-secret"), "first-secret");
+        assert_eq!(last.str("value-0000"), "[REDACTED]");
+    }
+}

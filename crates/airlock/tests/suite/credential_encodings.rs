@@ -4,7 +4,8 @@
 //! `json`, `html`, `urllib.parse` and `base64` — run for real by the
 //! upstream for each answer. Attacked from the agent's side in a real run:
 //! `api_call` with the credential in a header, the query, the path and the
-//! body (`{{token}}`), and `inject = "proxy"` with the placeholder, and a
+//! body (`{{token}}`), `inject = "proxy"` with the placeholder, a local
+//! runner's own proxy with its placeholder, and a
 //! stored reflection (a `POST` stores the credential, a later `GET` without
 //! the placeholder reads it back). The agent decodes every answer every way
 //! it can; the credential is in none of them, and every call still works
@@ -28,6 +29,30 @@ use crate::support::*;
 
 /// An AWS-style secret with the characters encoders treat differently.
 const SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfi&CY<EX>AMPLEKEY'q\"z";
+/// The local runner: an MCP server whose `fetch` GETs a URL through its own
+/// proxy with its placeholder as the bearer token.
+const RUNNER: &str = r#"
+import json, os, ssl, sys, urllib.error, urllib.request
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("reflect-runner")
+PH = os.environ.get("AIRLOCK_PLACEHOLDER_RUN", "")
+
+@server.tool()
+def fetch(url: str) -> str:
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer " + PH})
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context()) as r:
+            return json.dumps({"code": str(r.status), "body": r.read().decode()})
+    except urllib.error.HTTPError as e:
+        return json.dumps({"code": str(e.code), "body": e.read().decode()[:300]})
+    except Exception as e:
+        return json.dumps({"error": repr(e)[:300]})
+
+server.run("stdio")
+"#;
+
 /// Pieces of it that no decoding of a redacted answer may hold.
 const PIECES: [&str; 3] = ["XUtnFEMI", "MDENG", "AMPLEKEY"];
 
@@ -382,6 +407,12 @@ async def main_():
                 d = res.model_dump(by_alias=True, mode="json")
                 body = res.content[0].text if res.content else ""
                 r["api"][e + "/" + place] = {"result": d, "body": body, "decoded": decodings(body)}
+        r["runner"] = {}
+        for e in encoders:
+            res = await c.call_tool("run__fetch", {"url": base + "/r/enc/" + e + "/header"})
+            got = json.loads(res.content[0].text)
+            got["decoded"] = decodings(got.get("body", ""))
+            r["runner"][e] = got
     ph = os.environ["AIRLOCK_PLACEHOLDER_PRX"]
     def curl(url, *extra):
         p = subprocess.run(["curl", "-sS", "--max-time", "30", "-w", "\n%{http_code}", *extra, url],
@@ -455,7 +486,11 @@ async fn no_encoder_carries_the_credential_past_the_sidecar() {
              [[integrations]]\nnamespace = \"prx\"\nconnection = \"prx\"\n\
              authorized_uris = [\"{base}/api/**\"]\n\
              delivery = {{ header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }}\n\
-             inject = \"proxy\"\n"
+             inject = \"proxy\"\n\n\
+             [[integrations]]\nnamespace = \"run\"\nconnection = \"run\"\n\
+             authorized_uris = [\"{base}/r/**\"]\n\
+             delivery = {{ header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }}\n\
+             source = {{ kind = \"local\", command = [\"/usr/bin/python3\", \"runner.py\"] }}\n"
         ),
     )
     .env("EGRESS_ALLOW_INTERNAL_HOSTS", ip)
@@ -466,6 +501,8 @@ async fn no_encoder_carries_the_credential_past_the_sidecar() {
     run.vendor("mcp");
     run.add_bearer_connection("api", &json!({"token": SECRET}), &key);
     run.add_bearer_connection("prx", &json!({"token": SECRET}), &key);
+    run.add_bearer_connection("run", &json!({"token": SECRET}), &key);
+    std::fs::write(run.agent_dir.join("runner.py"), RUNNER).unwrap();
 
     let names: Vec<&str> = ENCODERS.iter().map(|(n, _)| *n).collect();
     let prompt = format!("{base} {}", names.join(" "));
@@ -522,6 +559,20 @@ async fn no_encoder_carries_the_credential_past_the_sidecar() {
         );
         if !body.contains("[REDACTED]") {
             leaks.push(format!("proxy {name}: nothing redacted"));
+        }
+    }
+    // A local runner's own proxy: each encoder.
+    for name in &names {
+        let got = &r["runner"][*name];
+        check_no_piece(got, &format!("runner {name}"), &mut leaks);
+        assert_eq!(got["code"], "200", "{name}: {got}");
+        let body = got["body"].as_str().unwrap();
+        assert!(
+            body.starts_with("BEGIN") && body.ends_with("END tail-ok"),
+            "{name}: {body}"
+        );
+        if !body.contains("[REDACTED]") {
+            leaks.push(format!("runner {name}: nothing redacted"));
         }
     }
     // The stored reflection: read back without the placeholder, redacted.

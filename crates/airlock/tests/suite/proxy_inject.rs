@@ -151,10 +151,15 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
         "{}",
         r["requests_basic"]
     );
-    // Reflected in base64 (the Basic value the sidecar made), still redacted.
+    // Reflected in base64 (the Basic value the sidecar made), still redacted:
+    // the characters that carried the credential go, the user name's stay.
+    let user = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        "x-access-token:",
+    );
     assert_eq!(
         r["requests_basic"]["body"],
-        json!({"auth": "Basic [REDACTED]", "path": "/api/basic"}).to_string(),
+        json!({"auth": format!("Basic {user}[REDACTED]="), "path": "/api/basic"}).to_string(),
         "{}",
         r["requests_basic"]
     );

@@ -91,6 +91,15 @@ impl Redactor {
         }
     }
 
+    /// Whether both search with the one automaton (built once).
+    #[cfg(test)]
+    pub(crate) fn shares_automaton_with(&self, other: &Redactor) -> bool {
+        match (&self.inner, &other.inner) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.inner.is_none()
     }
