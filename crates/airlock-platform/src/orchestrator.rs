@@ -1273,9 +1273,13 @@ pub fn reclaim_cgroups_of(ids: &[String]) -> usize {
     if ids.is_empty() {
         return 0;
     }
+    use airlock_sandbox::namespace::cgroup::{PREFIX, SIDECAR_SUFFIX};
+    // A run's own (`airlock-<runId>`) and its host sidecar's (`…-sidecar`).
     airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
-        name.strip_prefix("airlock-")
-            .is_some_and(|id| ids.iter().any(|d| d == id))
+        name.strip_prefix(PREFIX).is_some_and(|id| {
+            let id = id.strip_suffix(SIDECAR_SUFFIX).unwrap_or(id);
+            ids.iter().any(|d| d == id)
+        })
     })
     .len()
 }
