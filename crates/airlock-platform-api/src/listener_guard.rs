@@ -264,7 +264,7 @@ impl Guard {
             // The peers holding the most first: the one flooding gives way.
             let mut by_size: Vec<(usize, Peer)> =
                 r.peers.iter().map(|(p, q)| (q.len(), *p)).collect();
-            by_size.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            by_size.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
             let found = by_size.into_iter().find_map(|(_, p)| r.take_idle(p));
             match found {
                 Some(v) => Some(v),
