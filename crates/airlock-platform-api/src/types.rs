@@ -241,6 +241,45 @@ impl<'de> Deserialize<'de> for NetworkEgress {
     }
 }
 
+/// Where a page of a `/v1` list (newest first) ended: its last row's
+/// `(created_at, id)`, written `<created_at>.<id>`. The API gives it as
+/// `next_cursor` when a page is full; passed back as `cursor`, the next page
+/// starts after it. Any other text is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageCursor {
+    pub created_at: i64,
+    pub id: String,
+}
+
+impl PageCursor {
+    pub fn after(created_at: i64, id: &str) -> PageCursor {
+        PageCursor {
+            created_at,
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for PageCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.created_at, self.id)
+    }
+}
+
+impl std::str::FromStr for PageCursor {
+    type Err = InvalidValue;
+    fn from_str(s: &str) -> Result<PageCursor, InvalidValue> {
+        s.split_once('.')
+            .and_then(|(at, id)| {
+                let ok = !id.is_empty()
+                    && id.len() <= 64
+                    && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                Some(PageCursor::after(at.parse().ok()?, id)).filter(|_| ok)
+            })
+            .ok_or_else(|| invalid("cursor", s, "is not one this API gave"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

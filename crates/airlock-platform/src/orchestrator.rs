@@ -28,6 +28,21 @@ pub struct RunRequest {
     pub prompt: Option<String>,
     /// Replaces `agent.command`.
     pub command: Option<Vec<String>>,
+    /// Where the sandbox's lines go on this process's stderr.
+    pub echo: Echo,
+}
+
+/// What the platform writes on its own stderr of a run's sandbox (its
+/// agent's lines reach the store either way, as the run's log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// `airlock run`: the operator's live view, every line as it comes.
+    LiveView,
+    /// `airlock serve`: a server's log shared by every run of every
+    /// organization. The agent's lines are left to the store (`runs logs`);
+    /// the runtime's and the sandbox setup's own diagnostics are written,
+    /// each tagged with its run and organization.
+    Tagged,
 }
 
 /// Stops a run before its end: `None` while it may run; set, the reason
@@ -609,9 +624,13 @@ impl Orchestrator {
                 }
             }
         }
-        let mut output = SandboxOutput::start(&mut sandbox);
+        let tag = match req.echo {
+            Echo::LiveView => None,
+            Echo::Tagged => Some(format!("[run {run_id} org {}] ", req.org)),
+        };
+        let mut output = SandboxOutput::start(&mut sandbox, tag.clone());
         let (mut sidecar, mut sidecar_log) =
-            match self.spawn_sidecar(run_id, &sidecar_cfg, &journal, &runners) {
+            match self.spawn_sidecar(run_id, &sidecar_cfg, &journal, &runners, tag.as_deref()) {
                 Ok(s) => s,
                 Err(e) => {
                     sandbox.cleanup().await;
@@ -864,6 +883,7 @@ impl Orchestrator {
         cfg: &launch::SidecarConfig,
         egress_journal: &Path,
         runners: &[RunnerPlan],
+        tag: Option<&str>,
     ) -> Result<(Sandbox, SidecarLog), RunError> {
         let mut sidecar = self.backend.spawn_sidecar(&SidecarSpec {
             run_id: run_id.to_owned(),
@@ -884,7 +904,12 @@ impl Orchestrator {
             ..Default::default()
         };
         if let Some(err) = stderr {
-            log.pump = Some(tokio::spawn(pump(err, "sidecar:", Some(log.lines.clone()))));
+            let prefix = format!("  sidecar: {}", tag.unwrap_or(""));
+            log.pump = Some(tokio::spawn(pump(
+                err,
+                Shown::Echoed(prefix.into()),
+                Some(log.lines.clone()),
+            )));
         }
         Ok((sidecar, log))
     }
@@ -1213,15 +1238,27 @@ struct SandboxOutput {
 const KEPT_DIAGNOSTICS: usize = 16;
 
 impl SandboxOutput {
-    fn start(sandbox: &mut airlock_sandbox::Sandbox) -> SandboxOutput {
+    /// `tag`: [`Echo::Tagged`]'s prefix (the agent's lines are then read
+    /// and dropped, never echoed); `None`: the live view.
+    fn start(sandbox: &mut airlock_sandbox::Sandbox, tag: Option<String>) -> SandboxOutput {
         let diagnostics: Arc<std::sync::Mutex<std::collections::VecDeque<String>>> = Arc::default();
         let (out, err) = sandbox.take_output();
         let mut pumps = Vec::new();
+        let tag: Option<Arc<str>> = tag.map(Into::into);
         if let Some(out) = out {
-            pumps.push(tokio::spawn(pump(out, "│", None)));
+            let shown = match &tag {
+                None => Shown::Echoed("  │ ".into()),
+                Some(_) => Shown::Dropped,
+            };
+            pumps.push(tokio::spawn(pump(out, shown, None)));
         }
         if let Some(err) = err {
-            pumps.push(tokio::spawn(pump(err, "!", Some(diagnostics.clone()))));
+            let prefix = format!("  ! {}", tag.as_deref().unwrap_or(""));
+            pumps.push(tokio::spawn(pump(
+                err,
+                Shown::Echoed(prefix.into()),
+                Some(diagnostics.clone()),
+            )));
         }
         SandboxOutput { pumps, diagnostics }
     }
@@ -1246,16 +1283,27 @@ impl SandboxOutput {
     }
 }
 
+/// What [`pump`] does with a stream's lines on this process's stderr.
+enum Shown {
+    /// Each line after this prefix.
+    Echoed(Arc<str>),
+    /// None (the stream is still read to its end).
+    Dropped,
+}
+
 async fn pump<R: tokio::io::AsyncRead + Unpin>(
     r: R,
-    mark: &'static str,
+    shown: Shown,
     keep: Option<Arc<std::sync::Mutex<std::collections::VecDeque<String>>>>,
 ) {
     use airlock_sandbox::terminal;
     let mut r = BufReader::new(r);
     while let Ok(Some(line)) = terminal::next_line(&mut r, terminal::MAX_LINE).await {
+        let Shown::Echoed(prefix) = &shown else {
+            continue;
+        };
         let line = terminal::safe(&line).into_owned();
-        eprintln!("  {mark} {line}");
+        eprintln!("{prefix}{line}");
         if let Some(keep) = &keep
             && let Ok(mut k) = keep.lock()
         {
@@ -1402,6 +1450,15 @@ pub async fn reclaim(home: &Path, store: &Store) -> Result<Vec<String>, RunError
             reclaimed.push(run.id);
         }
     }
+    // The agents' files of the runs `airlock serve` ran (`bundles/<runId>`,
+    // removed at a run's end): those of the runs just reclaimed, and any
+    // other with no run directory, once older than a minute (a bundle is
+    // written just before its run's directory: a younger one may be a run
+    // that another platform on this home is starting).
+    let bundles = reclaim_bundles(&home.join("bundles"), &reclaimed, &live);
+    if bundles > 0 {
+        tracing::info!("removed the agent files of {bundles} ended run(s)");
+    }
     // The internal-API sockets of platforms that are gone.
     let stale = reclaim_platform_sockets(&home.join("sockets"));
     if stale > 0 {
@@ -1430,9 +1487,13 @@ pub fn reclaim_cgroups_of(ids: &[String]) -> usize {
     if ids.is_empty() {
         return 0;
     }
+    use airlock_sandbox::namespace::cgroup::{PREFIX, SIDECAR_SUFFIX};
+    // A run's own (`airlock-<runId>`) and its host sidecar's (`…-sidecar`).
     airlock_sandbox::namespace::cgroup::reclaim_matching(|name| {
-        name.strip_prefix("airlock-")
-            .is_some_and(|id| ids.iter().any(|d| d == id))
+        name.strip_prefix(PREFIX).is_some_and(|id| {
+            let id = id.strip_suffix(SIDECAR_SUFFIX).unwrap_or(id);
+            ids.iter().any(|d| d == id)
+        })
     })
     .len()
 }
@@ -1441,6 +1502,39 @@ pub fn reclaim_cgroups_of(ids: &[String]) -> usize {
 /// run) of platforms that are gone; returns how many directories went.
 pub fn reclaim_standby_cgroups() -> usize {
     airlock_sandbox::namespace::cgroup::reclaim_standby().len()
+}
+
+/// Removes the directories of `bundles` that belong to no live run (see
+/// [`reclaim`]); returns how many went.
+fn reclaim_bundles(bundles: &Path, reclaimed: &[String], live: &[String]) -> usize {
+    let Ok(entries) = std::fs::read_dir(bundles) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let id = e.file_name().to_string_lossy().into_owned();
+        let dead = reclaimed.contains(&id)
+            || (!live.contains(&id)
+                && e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() >= 60)));
+        // Never followed: a symlink is removed as itself.
+        if dead
+            && std::fs::remove_dir_all(e.path())
+                .or_else(|_| std::fs::remove_file(e.path()))
+                .is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// This process's internal-API socket on `home`: made at its start, removed
+/// at its clean stop (`airlock run`'s end, `airlock serve`'s stop).
+pub fn own_platform_socket(home: &Path) -> PathBuf {
+    home.join("sockets")
+        .join(platform_socket_name(std::process::id()))
 }
 
 /// The name of a platform's internal-API socket in `$AIRLOCK_HOME/sockets`.
@@ -1478,6 +1572,36 @@ pub type SharedOrchestrator = Arc<Orchestrator>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Boot reclaim removes the agent files (`bundles/<runId>`) of the runs
+    /// it reclaims and of any run with no directory left once a minute old;
+    /// a live run's, and a young one (a run starting), stay (issue 45,
+    /// item 13: they were left every time).
+    #[test]
+    fn boot_reclaim_removes_the_bundles_of_dead_runs_only() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let bundles = home.path().join("bundles");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for id in ["run_dead", "run_orphan", "run_young", "run_live"] {
+            let d = bundles.join(id);
+            std::fs::create_dir_all(&d).expect("bundle");
+            std::fs::write(d.join("agent.py"), "print(1)").expect("file");
+            if id != "run_young" {
+                std::fs::File::open(&d)
+                    .and_then(|f| f.set_modified(old))
+                    .expect("mtime");
+            }
+        }
+        let removed = reclaim_bundles(&bundles, &["run_dead".into()], &["run_live".into()]);
+        assert_eq!(removed, 2);
+        let mut left: Vec<String> = std::fs::read_dir(&bundles)
+            .expect("bundles")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["run_live", "run_young"]);
+    }
 
     /// A reader of the owner file (a concurrent platform's boot reclaim)
     /// never catches it half-written: it finds no file yet, or the whole

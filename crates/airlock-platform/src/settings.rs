@@ -36,7 +36,9 @@ impl RunLimits {
                 "must be a JSON object such as {{\"agent_memory_ceiling_mb\": 1536}}, not {raw}"
             ));
         }
-        let l: RunLimits = serde_json::from_value(raw).map_err(|e| e.to_string())?;
+        // From the text, not the parsed value: a key given twice is refused
+        // ("duplicate field"), where a parsed object keeps the last silently.
+        let l: RunLimits = serde_json::from_str(v).map_err(|e| e.to_string())?;
         if l.agent_memory_ceiling_mb < crate::manifest::MIN_MEMORY_MB {
             return Err(format!(
                 "agent_memory_ceiling_mb {} is below the minimum of {} MiB",
@@ -44,12 +46,8 @@ impl RunLimits {
                 crate::manifest::MIN_MEMORY_MB
             ));
         }
-        if !(l.agent_cpu_ceiling.is_finite() && l.agent_cpu_ceiling > 0.0) {
-            return Err(format!(
-                "agent_cpu_ceiling {} must be a number of CPUs above 0",
-                l.agent_cpu_ceiling
-            ));
-        }
+        crate::manifest::check_cpus(l.agent_cpu_ceiling)
+            .map_err(|e| format!("agent_cpu_ceiling {e}"))?;
         if l.timeout_ceiling_seconds == 0 {
             return Err("timeout_ceiling_seconds must be at least 1".into());
         }
@@ -289,6 +287,11 @@ mod tests {
             r#"{"agent_memory_ceiling_mb": 0}"#,
             r#"{"agent_cpu_ceiling": 0}"#,
             r#"{"agent_cpu_ceiling": -1}"#,
+            // Bounded as a manifest's `cpus` is (issue 45, item 13).
+            r#"{"agent_cpu_ceiling": 1e308}"#,
+            r#"{"agent_cpu_ceiling": 1025}"#,
+            // Strict: a key given twice is refused, not the last one kept.
+            r#"{"agent_memory_ceiling_mb": 512, "agent_memory_ceiling_mb": 4096}"#,
             r#"{"timeout_ceiling_seconds": 0}"#,
             r#"{"max_concurrent_runs": 0}"#,
         ] {

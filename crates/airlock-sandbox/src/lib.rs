@@ -208,6 +208,24 @@ pub const SIDECAR_EXE: &str = "airlock-sidecar";
 /// backends' placement): its own binary where [`own_sidecar_binary`] found
 /// one, else `airlock sidecar`.
 pub fn spawn_host_sidecar(spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
+    spawn_host_sidecar_in(spec, None)
+}
+
+/// What a run's sidecar may use, whichever backend runs it: the docker
+/// backend's sidecar container has these limits, and so has the namespace
+/// backend's host sidecar, in cgroups of its own
+/// ([`namespace::cgroup::RunCgroups::create_sidecar`]). Memory in MiB, swap
+/// included; processes and threads.
+pub const SIDECAR_MEMORY_MB: u64 = 1024;
+pub const SIDECAR_PIDS_MAX: u64 = 512;
+
+/// [`spawn_host_sidecar`], the process moved into `cgroups` before it is
+/// given its configuration (so before it listens or allocates for any
+/// client); killed with them, and they are removed after it.
+pub(crate) fn spawn_host_sidecar_in(
+    spec: &SidecarSpec,
+    cgroups: Option<namespace::cgroup::RunCgroups>,
+) -> Result<Sandbox, SandboxError> {
     use tokio::io::AsyncWriteExt;
     let mut command = match &spec.own_binary {
         Some(own) => tokio::process::Command::new(own),
@@ -227,6 +245,21 @@ pub fn spawn_host_sidecar(spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
         .spawn()
         .map_err(|e| SandboxError::Setup(format!("cannot start the sidecar: {e}")))?;
     let pid = child.id();
+    let cgroups = cgroups.map(std::sync::Arc::new);
+    if let Some(c) = &cgroups {
+        let entered = pid
+            .ok_or_else(|| SandboxError::Setup("the sidecar exited at once".into()))
+            .and_then(|pid| {
+                c.enter(pid).map_err(|e| {
+                    SandboxError::Setup(format!("cannot put the sidecar under its limits: {e}"))
+                })
+            });
+        if let Err(e) = entered {
+            let _ = child.start_kill();
+            c.remove(std::time::Duration::from_millis(500));
+            return Err(e);
+        }
+    }
     if let Some(mut stdin) = child.stdin.take() {
         let data = spec.config.clone();
         tokio::spawn(async move {
@@ -238,12 +271,19 @@ pub fn spawn_host_sidecar(spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
     // reaped, its PID may be another process's (a server starts thousands),
     // and a kill by number would hit that one.
     let pidfd = pid_fd(pid);
+    let kill_cg = cgroups.clone();
     let killer = Box::new(move || {
         if let Some(fd) = &pidfd {
             let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
         }
+        if let Some(c) = &kill_cg {
+            c.kill();
+        }
     });
-    Sandbox::new(child, killer, None)
+    let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
+        Box::new(move || c.remove(std::time::Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
+    });
+    Sandbox::new(child, killer, cleaner)
 }
 
 /// What a backend guarantees, as a program can read it (the run report

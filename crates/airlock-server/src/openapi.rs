@@ -77,7 +77,7 @@ pub const ROUTES: &[Route] = &[
     r!("get" "/v1/webhooks" true 200 None => Some("WebhookList"), "The organization's webhooks.", get(webhooks::list)),
     r!("get" "/v1/webhooks/{id}" true 200 None => Some("Webhook"), "One webhook.", get(webhooks::get)),
     r!("delete" "/v1/webhooks/{id}" true 204 None => None, "Removes a webhook.", delete(webhooks::delete)),
-    r!("get" "/v1/webhooks/{id}/deliveries" true 200 None => Some("DeliveryList"), "A webhook's deliveries and how each went.", get(webhooks::deliveries)),
+    r!("get" "/v1/webhooks/{id}/deliveries" true 200 None => Some("DeliveryList"), "A webhook's deliveries and how each went, newest first (limit, cursor).", get(webhooks::deliveries)),
 ];
 
 /// Largest body of every route but agent registration.
@@ -263,10 +263,12 @@ pub fn schemas() -> Value {
         ("AgentList", "agents", "Agent"),
         ("ConnectionList", "connections", "Connection"),
         ("WebhookList", "webhooks", "Webhook"),
-        ("DeliveryList", "deliveries", "Delivery"),
     ] {
         answers[name] = list(key, item);
     }
+    answers["DeliveryList"] = object(
+        json!({ "deliveries": { "type": "array", "items": { "$ref": "#/components/schemas/Delivery" } }, "next_cursor": text_or_null }),
+    );
     let mut all = json!({
         "Error": strict(json!({ "error": { "type": "object", "properties": { "code": { "type": "string" }, "message": { "type": "string" } } } }), &["error"]),
         "NewApiKey": strict(json!({ "name": { "type": "string" } }), &["name"]),
@@ -278,8 +280,8 @@ pub fn schemas() -> Value {
             "agent": { "type": "string" },
             "prompt": { "type": "string" },
             "limits": strict(json!({
-                "memory_mb": { "type": "integer", "minimum": 1 },
-                "cpus": { "type": "number", "exclusiveMinimum": 0 },
+                "memory_mb": { "type": "integer", "minimum": airlock_platform::manifest::MIN_MEMORY_MB },
+                "cpus": { "type": "number", "exclusiveMinimum": 0, "maximum": airlock_platform::manifest::MAX_CPUS },
                 "timeout_seconds": { "type": "integer", "minimum": 1 },
             }), &[]),
         }), &["agent"]),

@@ -662,6 +662,7 @@ async fn run_one(
         agent_dir: bundle.clone(),
         prompt: claimed.prompt.clone(),
         command: None,
+        echo: airlock_platform::orchestrator::Echo::Tagged,
     };
     let outcome = orch
         .run_claimed(run.id.clone(), req, cancel, &|_p| {})

@@ -1238,21 +1238,32 @@ impl Store {
         Ok(())
     }
 
-    /// One of `org`'s webhook's deliveries, newest first.
+    /// One of `org`'s webhook's deliveries, newest first, at most `limit`;
+    /// with `before` (a page's last `(created_at, id)`), those after it in
+    /// that order (the next page).
     pub async fn list_deliveries(
         &self,
         org: &str,
         webhook_id: &str,
         limit: i64,
+        before: Option<(i64, &str)>,
     ) -> Result<Vec<DeliveryRow>, StoreError> {
+        let (before_at, before_id) = match before {
+            Some((at, id)) => (at, Some(id)),
+            None => (i64::MAX, None),
+        };
         on_pool!(self, p => {
             let rows = sqlx::query(concat!(
                 "SELECT ", delivery_columns!(), " FROM webhook_deliveries \
-                 WHERE org_id = $1 AND webhook_id = $2 ORDER BY created_at DESC, id DESC LIMIT $3"
+                 WHERE org_id = $1 AND webhook_id = $2 \
+                 AND (created_at < $4 OR (created_at = $4 AND $5 IS NOT NULL AND id < $5)) \
+                 ORDER BY created_at DESC, id DESC LIMIT $3"
             ))
             .bind(org)
             .bind(webhook_id)
             .bind(limit)
+            .bind(before_at)
+            .bind(before_id)
             .fetch_all(p)
             .await
             .map_err(|e| self.err(e))?;

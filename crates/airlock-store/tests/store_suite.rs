@@ -440,10 +440,10 @@ async fn webhook_deliveries_are_claimed_once_and_retried(s: &Store) {
     )
     .await
     .unwrap();
-    let list = s.list_deliveries("o", "wh1", 10).await.unwrap();
+    let list = s.list_deliveries("o", "wh1", 10, None).await.unwrap();
     assert_eq!((list[0].state.as_str(), list[0].attempts), ("delivered", 2));
     assert!(
-        s.list_deliveries("other", "wh1", 10)
+        s.list_deliveries("other", "wh1", 10, None)
             .await
             .unwrap()
             .is_empty()
@@ -487,7 +487,7 @@ async fn a_runs_end_queues_its_deliveries_once_whoever_ends_it(s: &Store) {
     }
     // r1 ends through its replica's orchestrator …
     assert!(s.fail_run("r1", "the agent exited 3").await.unwrap());
-    let d = s.list_deliveries("o", "wh_f", 10).await.unwrap();
+    let d = s.list_deliveries("o", "wh_f", 10, None).await.unwrap();
     assert_eq!(d.len(), 1, "{d:?}");
     assert_eq!(
         (
@@ -499,9 +499,14 @@ async fn a_runs_end_queues_its_deliveries_once_whoever_ends_it(s: &Store) {
     );
     assert!(d[0].id.starts_with("dlv_"), "{}", d[0].id);
     assert!(d[0].payload.is_empty(), "rendered when first sent");
-    assert!(s.list_deliveries("o", "wh_s", 10).await.unwrap().is_empty());
     assert!(
-        s.list_deliveries("other", "wh_x", 10)
+        s.list_deliveries("o", "wh_s", 10, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.list_deliveries("other", "wh_x", 10, None)
             .await
             .unwrap()
             .is_empty()
@@ -526,7 +531,13 @@ async fn a_runs_end_queues_its_deliveries_once_whoever_ends_it(s: &Store) {
     let mut again = d[0].clone();
     again.id = "dlv_other".into();
     assert!(!s.enqueue_delivery(&again).await.unwrap());
-    assert_eq!(s.list_deliveries("o", "wh_f", 10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.list_deliveries("o", "wh_f", 10, None)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let r1 = s.get_run("r1").await.unwrap().unwrap();
     assert_eq!(r1.error.as_deref(), Some("the agent exited 3"));
     // The body is set once: every retry sends the same bytes.
@@ -557,7 +568,7 @@ async fn a_runs_end_queues_its_deliveries_once_whoever_ends_it(s: &Store) {
         CancelOutcome::CancelledQueued
     );
     let mut events: Vec<(String, String)> = s
-        .list_deliveries("o", "wh_f", 10)
+        .list_deliveries("o", "wh_f", 10, None)
         .await
         .unwrap()
         .into_iter()
@@ -692,7 +703,10 @@ async fn sqlite_an_end_is_never_stored_without_its_deliveries() {
     assert_eq!((r1.status, r1.ended_at), (RunStatus::Running, None));
     raw("ALTER TABLE webhook_deliveries_away RENAME TO webhook_deliveries").await;
     assert!(s.fail_run("r1", "boom").await.unwrap());
-    assert_eq!(s.list_deliveries("o", "wh1", 10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.list_deliveries("o", "wh1", 10, None).await.unwrap().len(),
+        1
+    );
 }
 
 /// A full disk under a SQLite store is its own error, with the cause kept

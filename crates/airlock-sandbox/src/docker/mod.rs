@@ -1100,9 +1100,9 @@ impl DockerBackend {
                 )])),
                 cap_drop: Some(vec!["ALL".into()]),
                 security_opt: Some(vec!["no-new-privileges:true".into()]),
-                pids_limit: Some(512),
-                memory: Some(1 << 30),
-                memory_swap: Some(1 << 30),
+                pids_limit: Some(crate::SIDECAR_PIDS_MAX as i64),
+                memory: Some((crate::SIDECAR_MEMORY_MB as i64) << 20),
+                memory_swap: Some((crate::SIDECAR_MEMORY_MB as i64) << 20),
                 init: Some(true),
                 log_config: Some(HostConfigLogConfig {
                     typ: Some("none".into()),

@@ -39,6 +39,9 @@ pub const PARENT: &str = "airlock";
 pub const PREFIX: &str = "airlock-";
 /// After [`PREFIX`]: cgroups made for an init started ahead ([`RunCgroups::create_standby`]).
 pub const STANDBY: &str = "standby-";
+/// After `airlock-<runId>`: the cgroups of the run's host sidecar
+/// ([`RunCgroups::create_sidecar`]).
+pub const SIDECAR_SUFFIX: &str = "-sidecar";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -276,6 +279,33 @@ impl RunCgroups {
         limits: Limits,
     ) -> Result<RunCgroups, CgroupError> {
         RunCgroups::create_named(layout, &format!("{PREFIX}{run_id}"), Some(limits), false)
+    }
+
+    /// The cgroups of run `run_id`'s sidecar when it is a host process
+    /// (`airlock-<runId>-sidecar`): its memory and processes bounded as the
+    /// docker backend's sidecar container's are. Made empty; the sidecar is
+    /// moved in by [`RunCgroups::enter`] once started.
+    pub fn create_sidecar(
+        layout: &Layout,
+        run_id: &str,
+        limits: Limits,
+    ) -> Result<RunCgroups, CgroupError> {
+        RunCgroups::create_named(
+            layout,
+            &format!("{PREFIX}{run_id}{SIDECAR_SUFFIX}"),
+            Some(limits),
+            false,
+        )
+    }
+
+    /// Moves process `pid`, every thread of it, into each of these cgroups
+    /// (its PID to `cgroup.procs`). What it allocated before stays charged
+    /// where it was; what it allocates from now on is charged here.
+    pub fn enter(&self, pid: u32) -> Result<(), CgroupError> {
+        for d in &self.dirs {
+            write(&d.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
     }
 
     /// cgroup v1: cgroups made before their run is known, named

@@ -361,6 +361,35 @@ impl Backend for NamespaceBackend {
         }
     }
 
+    /// The sidecar is a host process (beside the sandbox, outside its
+    /// limits): it gets cgroups of its own with the limits the docker
+    /// backend's sidecar container has ([`crate::SIDECAR_MEMORY_MB`]), so an
+    /// agent that makes it grow (connections held open, say) meets a bound.
+    /// Without a cgroup hierarchy it runs unbounded with a warning, unless
+    /// limits are required (then the run does not start).
+    fn spawn_sidecar(&self, spec: &crate::SidecarSpec) -> Result<Sandbox, SandboxError> {
+        let limits = cgroup::Limits {
+            memory_mb: crate::SIDECAR_MEMORY_MB,
+            cpus: 0.0,
+            pids_max: crate::SIDECAR_PIDS_MAX,
+        };
+        let made = match self.layout() {
+            Some(layout) => cgroup::RunCgroups::create_sidecar(layout, &spec.run_id, limits),
+            None => Err(cgroup::CgroupError::NoHierarchy),
+        };
+        let cgroups = match made {
+            Ok(c) => Some(c),
+            Err(e) if self.require_limits => {
+                return Err(SandboxError::Setup(format!("the sidecar's limits: {e}")));
+            }
+            Err(e) => {
+                tracing::warn!("the run's sidecar runs WITHOUT a memory limit: {e}");
+                None
+            }
+        };
+        crate::spawn_host_sidecar_in(spec, cgroups)
+    }
+
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         config::check_run_id(&spec.run_id).map_err(|e| SandboxError::Setup(e.to_string()))?;
         let ids = config::HostIds::for_run(&spec.run_id);

@@ -46,3 +46,34 @@ pub fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
 pub struct Limit {
     pub limit: Option<u32>,
 }
+
+/// A paged list's query: `limit`, and `cursor` (a previous page's
+/// `next_cursor`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+/// The `cursor` of a paged list's query, checked: `400` for any text the
+/// API did not give.
+pub fn page_cursor(
+    cursor: Option<&str>,
+) -> Result<Option<airlock_platform_api::types::PageCursor>, ApiError> {
+    cursor
+        .map(|c| c.parse().map_err(|e| ApiError::bad_request(format!("{e}"))))
+        .transpose()
+}
+
+/// A page's `next_cursor`: its last row's, when the page is full (there may
+/// be more); `None` when it is the last.
+pub fn next_cursor<T>(page: &[T], limit: u32, key: impl Fn(&T) -> (i64, &str)) -> Option<String> {
+    if page.len() < limit as usize {
+        return None;
+    }
+    page.last().map(|r| {
+        let (at, id) = key(r);
+        airlock_platform_api::types::PageCursor::after(at, id).to_string()
+    })
+}

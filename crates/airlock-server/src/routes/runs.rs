@@ -81,11 +81,20 @@ pub async fn create(
         )));
     }
     if let Some(h) = &b.limits {
-        if h.memory_mb == Some(0) || h.timeout_seconds == Some(0) {
-            return Err(ApiError::invalid("limits must be positive"));
+        // The manifest's own checks: what a manifest may not ask for, an
+        // API run may not either.
+        if let Some(m) = h.memory_mb {
+            airlock_platform::manifest::check_memory_mb(m)
+                .map_err(|e| ApiError::invalid(format!("limits.memory_mb: {e}")))?;
         }
-        if h.cpus.is_some_and(|c| !c.is_finite() || c <= 0.0) {
-            return Err(ApiError::invalid("limits.cpus must be a positive number"));
+        if let Some(c) = h.cpus {
+            airlock_platform::manifest::check_cpus(c)
+                .map_err(|e| ApiError::invalid(format!("limits.cpus: {e}")))?;
+        }
+        if h.timeout_seconds == Some(0) {
+            return Err(ApiError::invalid(
+                "limits.timeout_seconds must be at least 1",
+            ));
         }
     }
     let agent = app
@@ -172,30 +181,19 @@ pub async fn list(
             })
         })
         .transpose()?;
-    // The cursor is the last row of the previous page: `<created_at>.<id>`.
-    let cursor = q
-        .cursor
-        .as_deref()
-        .map(|c| {
-            c.split_once('.')
-                .and_then(|(at, id)| Some((at.parse::<i64>().ok()?, id.to_owned())))
-                .ok_or_else(|| ApiError::bad_request("cursor is not one this API gave"))
-        })
-        .transpose()?;
+    let cursor = super::page_cursor(q.cursor.as_deref())?;
     let runs = app
         .store()
         .list_runs(&RunQuery {
             org: Some(&t.org_id),
             status,
             agent: q.agent.as_deref(),
-            before: cursor.as_ref().map(|c| c.0),
-            before_id: cursor.as_ref().map(|c| c.1.as_str()),
+            before: cursor.as_ref().map(|c| c.created_at),
+            before_id: cursor.as_ref().map(|c| c.id.as_str()),
             limit: Some(limit),
         })
         .await?;
-    let next = (runs.len() == limit as usize)
-        .then(|| runs.last().map(|r| format!("{}.{}", r.created_at, r.id)))
-        .flatten();
+    let next = super::next_cursor(&runs, limit, |r| (r.created_at, r.id.as_str()));
     Ok(axum::Json(serde_json::json!({
         "runs": runs.iter().map(|r| run_json(r, None)).collect::<Vec<_>>(),
         "next_cursor": next,

@@ -135,14 +135,21 @@ pub async fn deliveries(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-    Query(q): Query<super::Limit>,
+    Query(q): Query<super::Page>,
 ) -> ApiResult<Response> {
     let limit = super::page_limit(q.limit)?;
+    let cursor = super::page_cursor(q.cursor.as_deref())?;
     hook(&app, &t.org_id, &id).await?;
     let list = app
         .store()
-        .list_deliveries(&t.org_id, &id, i64::from(limit))
+        .list_deliveries(
+            &t.org_id,
+            &id,
+            i64::from(limit),
+            cursor.as_ref().map(|c| (c.created_at, c.id.as_str())),
+        )
         .await?;
+    let next = super::next_cursor(&list, limit, |d| (d.created_at, d.id.as_str()));
     Ok(axum::Json(serde_json::json!({
         "deliveries": list.iter().map(|d| serde_json::json!({
             "id": d.id,
@@ -155,7 +162,8 @@ pub async fn deliveries(
             "next_attempt_at": d.next_attempt_at,
             "created_at": d.created_at,
             "delivered_at": d.delivered_at,
-        })).collect::<Vec<_>>()
+        })).collect::<Vec<_>>(),
+        "next_cursor": next,
     }))
     .into_response())
 }

@@ -236,6 +236,7 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
                 agent_dir: agent_dir.clone(),
                 prompt: Some("Show what Airlock lets out.".into()),
                 command: None,
+                echo: airlock_platform::orchestrator::Echo::LiveView,
             },
             super::run::cancel_on_ctrl_c(),
             &progress,

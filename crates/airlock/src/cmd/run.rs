@@ -192,11 +192,8 @@ async fn platform_with_backend(
             reclaimed.join(", ")
         );
     }
-    let sock_dir = home.join("sockets");
-    std::fs::create_dir_all(&sock_dir)?;
-    let api_socket = sock_dir.join(airlock_platform::orchestrator::platform_socket_name(
-        std::process::id(),
-    ));
+    std::fs::create_dir_all(home.join("sockets"))?;
+    let api_socket = airlock_platform::orchestrator::own_platform_socket(&home);
     let _ = std::fs::remove_file(&api_socket);
     let listener = tokio::net::UnixListener::bind(&api_socket)
         .with_context(|| format!("binding {}", api_socket.display()))?;
@@ -337,6 +334,7 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
         agent_dir,
         prompt: args.prompt.clone(),
         command: (!args.command.is_empty()).then(|| args.command.clone()),
+        echo: airlock_platform::orchestrator::Echo::LiveView,
     };
     let outcome = orch.run(req, cancel_rx, &progress).await?;
     report(&orch.store, &outcome, args.json).await?;

@@ -79,6 +79,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         backend.name(),
     );
     let guard = cfg.listener;
+    let home_of_socket = home.clone();
     let booting = Booting::default();
     booting.set("reaching the store");
     let boot = {
@@ -94,7 +95,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
             Ok(app)
         }
     };
-    airlock_server::serve(listener, guard, booting, boot, signals()).await?;
+    let own_socket = airlock_platform::orchestrator::own_platform_socket(&home_of_socket);
+    let served = airlock_server::serve(listener, guard, booting, boot, signals()).await;
+    // Its own internal-API socket goes with it (a crash's is reclaimed by
+    // the next boot on this home).
+    let _ = std::fs::remove_file(&own_socket);
+    served?;
     eprintln!("airlock serve: stopped");
     Ok(())
 }

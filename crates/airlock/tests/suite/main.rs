@@ -33,3 +33,4 @@ mod sidecar_egress_log;
 mod sidecar_llm;
 mod sidecar_mcp;
 mod sidecar_proxy;
+mod slowloris;

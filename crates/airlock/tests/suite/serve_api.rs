@@ -934,3 +934,182 @@ fn thousands_of_idle_connections_keep_no_client_from_its_answer() {
     drop(flood);
     assert_eq!(t.s.call("GET", "/v1/org", Some(&key), None).0, 200);
 }
+
+/// Issue 45, item 13: an API run's `limits` pass the manifest's own checks
+/// (`memory_mb` 1 was accepted through the API while a manifest needs 16;
+/// `cpus` had no upper bound).
+#[test]
+fn a_runs_limits_are_checked_as_a_manifests_are() {
+    let t = start(&[]);
+    let (_, key) = create_org(&t.env, "Acme", &[]);
+    let k = Some(key.as_str());
+    let s = &t.s;
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/agents",
+            k,
+            Some(&agent_body("a", "print(1)", 5))
+        )
+        .0,
+        201
+    );
+    for (limits, names) in [
+        (json!({"memory_mb": 1}), "16 MiB"),
+        (json!({"memory_mb": 15}), "16 MiB"),
+        (json!({"cpus": 1e308}), "at most 1024"),
+        (json!({"cpus": 0.0}), "above 0"),
+        (json!({"timeout_seconds": 0}), "at least 1"),
+    ] {
+        let (st, v) = s.call(
+            "POST",
+            "/v1/runs",
+            k,
+            Some(&json!({"agent": "a", "limits": limits})),
+        );
+        assert_eq!(st, 422, "{limits}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(names), "{limits}: {v}");
+    }
+    // What a manifest may ask for, a run may.
+    let (st, v) = s.call(
+        "POST",
+        "/v1/runs",
+        k,
+        Some(&json!({"agent": "a", "limits": {"memory_mb": 16, "cpus": 1024}})),
+    );
+    assert_eq!(st, 202, "{v}");
+}
+
+/// Issue 45, item 13: a clean stop removes the replica's own internal-API
+/// socket (`$AIRLOCK_HOME/sockets/platform-<pid>.sock`).
+#[test]
+fn a_clean_stop_removes_its_own_socket() {
+    let mut t = start(&[]);
+    let socket = t
+        ._home
+        .path()
+        .join("sockets")
+        .join(format!("platform-{}.sock", t.s.child.id()));
+    assert!(socket.exists(), "{} while serving", socket.display());
+    assert!(t.s.terminate().success(), "{}", t.s.log_text());
+    assert!(
+        !socket.exists(),
+        "{} left after a clean stop",
+        socket.display()
+    );
+}
+
+/// Issue 45, item 13: a server's log is every organization's; an agent's
+/// lines are left to the store (its run's log), never echoed into
+/// `airlock serve`'s stderr untagged.
+#[test]
+fn an_agents_lines_go_to_its_runs_log_not_the_servers() {
+    let t = start(&[]);
+    let (_, key) = create_org(&t.env, "Acme", &[]);
+    let k = Some(key.as_str());
+    let s = &t.s;
+    let script = "print('agent-line-7f3a', flush=True)\n";
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/agents",
+            k,
+            Some(&agent_body("talker", script, 30))
+        )
+        .0,
+        201
+    );
+    let (st, run) = s.call("POST", "/v1/runs", k, Some(&json!({"agent": "talker"})));
+    assert_eq!(st, 202, "{run}");
+    let id = run["id"].as_str().unwrap();
+    let end = wait_for(s, &format!("/v1/runs/{id}"), &key, 60, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(end["status"], "succeeded", "{end}\n{}", s.log_text());
+    let logs = wait_for(s, &format!("/v1/runs/{id}/logs?after=0"), &key, 10, |v| {
+        v.to_string().contains("agent-line-7f3a")
+    });
+    assert!(logs.to_string().contains("agent-line-7f3a"));
+    let log = s.log_text();
+    assert!(
+        !log.contains("agent-line-7f3a"),
+        "the agent's line is in the server's log:\n{log}"
+    );
+}
+
+/// Issue 45, item 13: `GET /v1/webhooks/{id}/deliveries` pages with a
+/// cursor (it showed the newest 100 and no more): full pages give a
+/// `next_cursor`, the pages together are the whole list in order, once
+/// each; a cursor the API did not give is `400`.
+#[test]
+fn a_webhooks_deliveries_page_with_a_cursor() {
+    let t = start(&[]);
+    let (_, key) = create_org(&t.env, "Acme", &[]);
+    let k = Some(key.as_str());
+    let s = &t.s;
+    let rx = crate::support::serve::Receiver::start(|_| 204);
+    let (st, hook) = s.call(
+        "POST",
+        "/v1/webhooks",
+        k,
+        Some(&json!({"url": format!("http://{}/hook", rx.addr), "events": ["run.succeeded"]})),
+    );
+    assert_eq!(st, 201, "{hook}");
+    let hook_id = hook["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/agents",
+            k,
+            Some(&agent_body("a", "print(1)", 30))
+        )
+        .0,
+        201
+    );
+    for _ in 0..5 {
+        let (st, v) = s.call("POST", "/v1/runs", k, Some(&json!({"agent": "a"})));
+        assert_eq!(st, 202, "{v}");
+    }
+    let path = format!("/v1/webhooks/{hook_id}/deliveries");
+    let all = wait_for(s, &path, &key, 120, |v| {
+        v["deliveries"].as_array().is_some_and(|d| d.len() == 5)
+    });
+    assert_eq!(all["next_cursor"], Value::Null, "{all}");
+    let ids = |v: &Value| -> Vec<String> {
+        v["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut paged = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let url = match &cursor {
+            Some(c) => format!("{path}?limit=2&cursor={c}"),
+            None => format!("{path}?limit=2"),
+        };
+        let (st, page) = s.call("GET", &url, k, None);
+        assert_eq!(st, 200, "{page}");
+        paged.extend(ids(&page));
+        pages += 1;
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+        assert!(pages < 10, "paging does not end: {page}");
+    }
+    assert_eq!(
+        paged,
+        ids(&all),
+        "the pages are the list, in order, once each"
+    );
+    assert_eq!(pages, 3);
+    for bad in ["x", "12", "12.", "abc.d_1", "1.a%20b"] {
+        let (st, v) = s.call("GET", &format!("{path}?cursor={bad}"), k, None);
+        assert_eq!(st, 400, "cursor {bad}: {v}");
+    }
+}

@@ -501,6 +501,10 @@ fn two_replicas_share_the_work_and_one_takes_over_when_the_other_is_killed() {
             "A's restart reclaims {id}:\n{log}"
         );
         assert!(!home_a.path().join("runs").join(id).exists());
+        assert!(
+            !home_a.path().join("bundles").join(id).exists(),
+            "A's restart removes the agent files of {id}"
+        );
     }
     // and takes what is still queued.
     let total = (want + queued).min(4);
