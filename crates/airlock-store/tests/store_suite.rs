@@ -2445,7 +2445,7 @@ async fn retention_sweeps_what_is_over_and_old_and_nothing_else(s: &Store) {
         assert_eq!(s.result_bytes(id).await.unwrap(), 20_000, "{id}");
     }
     let left: Vec<String> = s
-        .list_deliveries("o", "wh1", 10)
+        .list_deliveries("o", "wh1", 10, None)
         .await
         .unwrap()
         .into_iter()

@@ -1100,9 +1100,11 @@ impl DockerBackend {
                 )])),
                 cap_drop: Some(vec!["ALL".into()]),
                 security_opt: Some(vec!["no-new-privileges:true".into()]),
-                pids_limit: Some(crate::SIDECAR_PIDS_MAX as i64),
-                memory: Some((crate::SIDECAR_MEMORY_MB as i64) << 20),
-                memory_swap: Some((crate::SIDECAR_MEMORY_MB as i64) << 20),
+                pids_limit: Some(i64::try_from(crate::SIDECAR_PIDS_MAX).unwrap_or(i64::MAX)),
+                memory: Some(i64::try_from(crate::SIDECAR_MEMORY_MB << 20).unwrap_or(i64::MAX)),
+                memory_swap: Some(
+                    i64::try_from(crate::SIDECAR_MEMORY_MB << 20).unwrap_or(i64::MAX),
+                ),
                 init: Some(true),
                 log_config: Some(HostConfigLogConfig {
                     typ: Some("none".into()),
