@@ -128,26 +128,39 @@ fn egress_insert(pool: &Pool, len: usize) -> (&'static str, usize) {
 }
 
 fn egress_insert_sql(rows: usize, numbered: bool) -> String {
+    multi_row_insert(
+        concat!("INSERT INTO egress_log ", egress_columns!(), " VALUES "),
+        16,
+        rows,
+        numbered,
+        egress_upsert!(),
+    )
+}
+
+/// `head`, then `rows` parenthesised lists of `cols` placeholders
+/// (PostgreSQL's `$n`, numbered across rows, or SQLite's `?`), then `tail`:
+/// one statement that writes many rows.
+fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: &str) -> String {
     use std::fmt::Write as _;
-    let mut sql = format!("INSERT INTO egress_log {} VALUES ", egress_columns!());
+    let mut sql = String::from(head);
     for i in 0..rows {
         if i > 0 {
             sql.push_str(", ");
         }
         sql.push('(');
-        for c in 0..16 {
+        for c in 0..cols {
             if c > 0 {
                 sql.push_str(", ");
             }
             if numbered {
-                let _ = write!(sql, "${}", i * 16 + c + 1);
+                let _ = write!(sql, "${}", i * cols + c + 1);
             } else {
                 sql.push('?');
             }
         }
         sql.push(')');
     }
-    sql.push_str(egress_upsert!());
+    sql.push_str(tail);
     sql
 }
 
@@ -1382,31 +1395,17 @@ impl Store {
         }
         let numbered = matches!(self.pool, Pool::Postgres(_));
         let insert_sql = |rows: usize, returning: bool| {
-            use std::fmt::Write as _;
-            let mut sql =
-                String::from("INSERT INTO run_events (run_id, at, kind, payload, seq) VALUES ");
-            for i in 0..rows {
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push('(');
-                for c in 0..5 {
-                    if c > 0 {
-                        sql.push_str(", ");
-                    }
-                    if numbered {
-                        let _ = write!(sql, "${}", i * 5 + c + 1);
-                    } else {
-                        sql.push('?');
-                    }
-                }
-                sql.push(')');
-            }
-            sql.push_str(" ON CONFLICT (run_id, seq) DO NOTHING");
-            if returning {
-                sql.push_str(" RETURNING id");
-            }
-            sql
+            multi_row_insert(
+                "INSERT INTO run_events (run_id, at, kind, payload, seq) VALUES ",
+                5,
+                rows,
+                numbered,
+                if returning {
+                    " ON CONFLICT (run_id, seq) DO NOTHING RETURNING id"
+                } else {
+                    " ON CONFLICT (run_id, seq) DO NOTHING"
+                },
+            )
         };
         let mut new = 0usize;
         on_pool!(self, p => {

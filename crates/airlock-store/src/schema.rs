@@ -142,7 +142,7 @@ CREATE INDEX runs_owner ON runs (owner, status);
 
 /// Retention and quotas: what the sweep finds by end time, and what it
 /// measures per organization.
-macro_rules! version_11_common {
+macro_rules! version_9_common {
     () => {
         r#"
 CREATE INDEX runs_ended ON runs (ended_at);
@@ -326,9 +326,9 @@ END;
         sql: version_8_common!(),
     },
     Migration {
-        version: 11,
+        version: 9,
         description: "retention by end time; stored bytes per organization",
-        sql: version_11_common!(),
+        sql: version_9_common!(),
     },
 ];
 
@@ -489,8 +489,8 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         sql: version_8_common!(),
     },
     Migration {
-        version: 11,
+        version: 9,
         description: "retention by end time; stored bytes per organization",
-        sql: version_11_common!(),
+        sql: version_9_common!(),
     },
 ];

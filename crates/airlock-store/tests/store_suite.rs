@@ -979,7 +979,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 8);
+    assert_eq!(s.schema_version().await.unwrap(), 9);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -988,7 +988,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 8);
+        assert_eq!(again.schema_version().await.unwrap(), 9);
     }
 }
 
@@ -2064,7 +2064,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 8);
+    assert_eq!(s.schema_version().await.unwrap(), 9);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2074,10 +2074,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
+const UNDO_V5_SQLITE: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
+     DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP TRIGGER connections_changed_by_insert; \
      DROP TRIGGER connections_changed_by_update; DROP TRIGGER connections_changed_by_delete; \
@@ -2096,7 +2097,8 @@ const UNDO_V5_SQLITE: &str = "DROP INDEX run_events_run_seq; ALTER TABLE run_eve
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
+const UNDO_V5_POSTGRES: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
+     DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP FUNCTION connections_changed() CASCADE; \
      DROP TABLE connections_changes; DROP TABLE webhook_deliveries; DROP TABLE webhooks; \
@@ -2131,7 +2133,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 8);
+    assert_eq!(s.schema_version().await.unwrap(), 9);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
