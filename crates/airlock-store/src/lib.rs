@@ -164,6 +164,19 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
     sql
 }
 
+/// Maps a `run_events` row (`id, run_id, at, kind, payload`) to [`Event`].
+macro_rules! event_row {
+    ($r:expr, $s:expr) => {
+        Event {
+            id: $r.try_get("id").map_err(|e| $s.err(e))?,
+            run_id: $r.try_get("run_id").map_err(|e| $s.err(e))?,
+            at: $r.try_get("at").map_err(|e| $s.err(e))?,
+            kind: $r.try_get("kind").map_err(|e| $s.err(e))?,
+            payload: $r.try_get("payload").map_err(|e| $s.err(e))?,
+        }
+    };
+}
+
 /// Maps a connections row (without envelope) to [`ConnectionInfo`].
 macro_rules! connection_info {
     ($r:expr, $s:expr) => {{
@@ -1488,13 +1501,7 @@ impl Store {
             .map_err(|e| self.err(e))?;
             rows.iter()
                 .map(|r| {
-                    Ok(Event {
-                        id: r.try_get("id").map_err(|e| self.err(e))?,
-                        run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
-                        at: r.try_get("at").map_err(|e| self.err(e))?,
-                        kind: r.try_get("kind").map_err(|e| self.err(e))?,
-                        payload: r.try_get("payload").map_err(|e| self.err(e))?,
-                    })
+                    Ok(event_row!(r, self))
                 })
                 .collect()
         })
@@ -1520,13 +1527,7 @@ impl Store {
             .map_err(|e| self.err(e))?;
             rows.iter()
                 .map(|r| {
-                    Ok(Event {
-                        id: r.try_get("id").map_err(|e| self.err(e))?,
-                        run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
-                        at: r.try_get("at").map_err(|e| self.err(e))?,
-                        kind: r.try_get("kind").map_err(|e| self.err(e))?,
-                        payload: r.try_get("payload").map_err(|e| self.err(e))?,
-                    })
+                    Ok(event_row!(r, self))
                 })
                 .collect()
         })
@@ -1549,13 +1550,7 @@ impl Store {
             .await
             .map_err(|e| self.err(e))?;
             row.map(|r| {
-                Ok(Event {
-                    id: r.try_get("id").map_err(|e| self.err(e))?,
-                    run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
-                    at: r.try_get("at").map_err(|e| self.err(e))?,
-                    kind: r.try_get("kind").map_err(|e| self.err(e))?,
-                    payload: r.try_get("payload").map_err(|e| self.err(e))?,
-                })
+                Ok(event_row!(r, self))
             })
             .transpose()
         })
