@@ -256,24 +256,7 @@ fn percent_decode(s: &str) -> String {
 /// query, or the body). `POST /api/note` stores its Authorization header;
 /// `GET /api/note` answers it raw and in PHP's and Go's JSON.
 async fn reflector(ip: &str, ca: &TestCa) -> u16 {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec![ip.to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca.issuer)
-        .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let acceptor = crate::support::tls::acceptor_for(&[ip], ca);
     let l = TcpListener::bind(format!("{ip}:0")).await.unwrap();
     let port = l.local_addr().unwrap().port();
     let note: Arc<Mutex<String>> = Arc::default();

@@ -24,7 +24,9 @@ pub async fn upstream(ip: &str, ca: &TestCa) -> (u16, Log) {
 }
 
 /// [`upstream`] with a certificate for each of `names` (DNS names or addresses).
-pub async fn upstream_named(ip: &str, names: &[&str], ca: &TestCa) -> (u16, Log) {
+/// A TLS acceptor (HTTP/1.1) with a certificate for each of `names`, signed
+/// by the test's own CA.
+pub fn acceptor_for(names: &[&str], ca: &TestCa) -> tokio_rustls::TlsAcceptor {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let key = rcgen::KeyPair::generate().unwrap();
     let cert =
@@ -43,7 +45,11 @@ pub async fn upstream_named(ip: &str, names: &[&str], ca: &TestCa) -> (u16, Log)
         )
         .unwrap();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+}
+
+pub async fn upstream_named(ip: &str, names: &[&str], ca: &TestCa) -> (u16, Log) {
+    let acceptor = acceptor_for(names, ca);
     let l = TcpListener::bind(format!("{ip}:0")).await.unwrap();
     let port = l.local_addr().unwrap().port();
     let log: Log = Arc::default();
