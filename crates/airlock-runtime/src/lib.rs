@@ -181,7 +181,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             // Bounded lines, invalid UTF-8 replaced: binary or endless output
             // never stalls the agent nor grows a buffer without limit.
             let mut pipe = BufReader::new(pipe);
-            use airlock_sandbox::terminal;
+            use airlock_untrusted::terminal;
             while let Ok(Some(line)) = terminal::next_line(&mut pipe, terminal::MAX_LINE).await {
                 // Echo for the operator's live view (on stdout, whichever
                 // stream: stderr is the runtime's own), then report.
@@ -212,7 +212,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     heartbeat.abort();
     let exit_code = exit_code(status);
     // The agent wrote (or replaced) this file: no symlink, no FIFO, bounded.
-    let result = match airlock_sandbox::untrusted::read_file(&result_file, MAX_RESULT_BYTES) {
+    let result = match airlock_untrusted::file::read_file(&result_file, MAX_RESULT_BYTES) {
         Ok(b) => match serde_json::from_slice::<serde_json::Value>(&b) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -222,7 +222,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
                 None
             }
         },
-        Err(airlock_sandbox::untrusted::UntrustedFileError::Io { source, .. })
+        Err(airlock_untrusted::file::UntrustedFileError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
             None

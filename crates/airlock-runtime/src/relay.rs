@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use airlock_sandbox::Endpoint;
+use airlock_platform_api::launch::Endpoint;
 
 use airlock_tunnel::SpliceSocket;
 use bytes::Bytes;

@@ -627,10 +627,11 @@ pub mod pools;
 pub mod process;
 pub mod seccomp;
 pub mod syscalls;
-pub mod terminal;
-pub mod untrusted;
 
 pub use diagnose::{Diagnosis, diagnose};
+/// Kept at their old paths for the platform and the CLI: they live in
+/// `airlock-untrusted`, which the in-sandbox runtime links instead of this crate.
+pub use airlock_untrusted::{file as untrusted, terminal};
 
 /// The backend for a `RUN_ADAPTER` value: `process`, `namespace`, `docker`,
 /// or `auto` (`namespace` where it works here, else `process` with a loud
