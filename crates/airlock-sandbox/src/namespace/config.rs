@@ -114,8 +114,16 @@ pub enum ConfigError {
     BadRunId(String),
     #[error("environment entry {0:?} is not a valid variable name")]
     BadEnv(String),
+    #[error("sandbox config header: length: {0}")]
+    HeaderLength(#[source] std::io::Error),
+    #[error("sandbox config header: {0} bytes is too long")]
+    HeaderTooLong(usize),
+    #[error("sandbox config header: body: {0}")]
+    HeaderBody(#[source] std::io::Error),
     #[error("sandbox config header: {0}")]
-    Header(String),
+    HeaderJson(#[source] serde_json::Error),
+    #[error("sandbox config header: not a run's header")]
+    NotARun,
 }
 
 /// A path we will create or mount at inside the sandbox: absolute, no `..`,
@@ -226,7 +234,7 @@ impl InitConfig {
     pub fn decode(r: impl Read) -> Result<InitConfig, ConfigError> {
         match Header::decode(r)? {
             Header::Run(cfg) => Ok(*cfg),
-            Header::Standby { .. } => Err(ConfigError::Header("not a run's header".into())),
+            Header::Standby { .. } => Err(ConfigError::NotARun),
         }
     }
 }
@@ -260,17 +268,14 @@ impl Header {
     /// the rest of the stream belongs to the command); a run's is validated.
     pub fn decode(mut r: impl Read) -> Result<Header, ConfigError> {
         let mut len = [0u8; 4];
-        r.read_exact(&mut len)
-            .map_err(|e| ConfigError::Header(format!("length: {e}")))?;
+        r.read_exact(&mut len).map_err(ConfigError::HeaderLength)?;
         let len = u32::from_le_bytes(len) as usize;
         if len > MAX_HEADER {
-            return Err(ConfigError::Header(format!("{len} bytes is too long")));
+            return Err(ConfigError::HeaderTooLong(len));
         }
         let mut buf = vec![0u8; len];
-        r.read_exact(&mut buf)
-            .map_err(|e| ConfigError::Header(format!("body: {e}")))?;
-        let h: Header =
-            serde_json::from_slice(&buf).map_err(|e| ConfigError::Header(e.to_string()))?;
+        r.read_exact(&mut buf).map_err(ConfigError::HeaderBody)?;
+        let h: Header = serde_json::from_slice(&buf).map_err(ConfigError::HeaderJson)?;
         if let Header::Run(cfg) = &h {
             cfg.validate()?;
         }

@@ -205,8 +205,31 @@ impl Trees {
 
 /// Builds the sandbox's root and leaves the process in the workspace.
 /// Runs as PID 1 of the new PID namespace, inside the new mount namespace.
+/// Each step below is one part of the layout (the module's contract), in
+/// the order the kernel requires: the host's tree stays at [`OLD`] until the
+/// last paths are bound from it and `/proc` is mounted.
 pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result<(), PlanError> {
-    let ro = ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV;
+    pivot_into_tmpfs(sys)?;
+    bind_system_dirs(sys)?;
+    let masks = Masks::make(sys, &old(Path::new("/dev/null")), RO)?;
+    mask_host_secrets(sys, &masks)?;
+    let rw = writable_tmpfs(sys, cfg.workspace_size_mb)?;
+    minimal_dev(sys, rw)?;
+    fresh_proc(sys, &masks)?;
+    bind_run_paths(sys, cfg, trees)?;
+    drop_staging(sys, rw)?;
+    sys.set_attrs(Path::new("/"), RO, false)
+        .step(|| "read-only /".into())?;
+    sys.chdir(&cfg.workspace)
+        .step(|| "chdir workspace".into())?;
+    Ok(())
+}
+
+/// Read-only, nosuid, nodev: what every host path the sandbox sees gets.
+const RO: u64 = ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV;
+
+/// The new root: a small tmpfs pivoted into, the host's root kept at [`OLD`].
+fn pivot_into_tmpfs(sys: &mut impl Sys) -> Result<(), PlanError> {
     sys.make_private(Path::new("/"))
         .step(|| "make / private".into())?;
     sys.mount_tmpfs(Path::new(BASE), 1, None, 0o755, ATTR_NOSUID | ATTR_NODEV)
@@ -217,9 +240,12 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
     sys.mkdir_all(&put_old).step(|| "mkdir oldroot".into())?;
     sys.pivot_root(Path::new(BASE), &put_old)
         .step(|| "pivot_root".into())?;
-    sys.chdir(Path::new("/")).step(|| "chdir /".into())?;
+    sys.chdir(Path::new("/")).step(|| "chdir /".into())
+}
 
-    // System directories, read-only.
+/// [`SYSTEM_DIRS`], read-only; those that are symlinks on the host (merged
+/// `/usr`) are the same symlinks; those absent are skipped.
+fn bind_system_dirs(sys: &mut impl Sys) -> Result<(), PlanError> {
     for dir in SYSTEM_DIRS {
         let dir = Path::new(dir);
         let host = old(dir);
@@ -236,41 +262,48 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
                     .step(|| format!("mkdir {}", dir.display()))?;
                 sys.bind(&host, dir)
                     .step(|| format!("bind {}", dir.display()))?;
-                sys.set_attrs(dir, ro, true)
+                sys.set_attrs(dir, RO, true)
                     .step(|| format!("read-only {}", dir.display()))?;
             }
             Kind::File | Kind::Missing => {}
         }
     }
-    let masks = Masks::make(sys, &old(Path::new("/dev/null")), ro)?;
+    Ok(())
+}
+
+/// The host's secrets in `/etc` ([`MASKED_FILES`], the SSH host keys,
+/// [`MASKED_DIRS`]), each covered by a mask.
+fn mask_host_secrets(sys: &mut impl Sys, masks: &Masks) -> Result<(), PlanError> {
     for f in MASKED_FILES {
         let f = Path::new(f);
         if sys.kind(&old(f)) == Kind::File {
             Masks::over(sys, &masks.null, f)?;
         }
     }
-    let mut masked_dirs: Vec<PathBuf> = MASKED_DIRS.iter().map(PathBuf::from).collect();
-    if let Ok(keys) = std::fs::read_dir(old(Path::new("/etc/ssh"))) {
-        // Host private keys: /etc/ssh/ssh_host_*_key (the .pub files may stay).
-        for e in keys.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("ssh_host_") && name.ends_with("_key") {
-                Masks::over(sys, &masks.null, &Path::new("/etc/ssh").join(name))?;
-            }
+    // Host private keys: /etc/ssh/ssh_host_*_key (the .pub files may stay).
+    for name in sys.list(&old(Path::new("/etc/ssh"))) {
+        if name.starts_with("ssh_host_") && name.ends_with("_key") {
+            Masks::over(sys, &masks.null, &Path::new("/etc/ssh").join(name))?;
         }
     }
+    let mut masked_dirs: Vec<PathBuf> = MASKED_DIRS.iter().map(PathBuf::from).collect();
     masked_dirs.retain(|d| sys.kind(&old(d)) == Kind::Dir);
     for d in &masked_dirs {
         Masks::over(sys, &masks.private_dir, d)?;
     }
+    Ok(())
+}
 
-    // The one writable tmpfs, and its three views.
+/// The one writable tmpfs, capped at `size_mb`, staged at [`RW`] with its
+/// three views' directories (workspace, tmp, shm); `/tmp` is bound from it
+/// here, `/dev/shm` and the workspace later. Returns where it is staged.
+fn writable_tmpfs(sys: &mut impl Sys, size_mb: u64) -> Result<&'static Path, PlanError> {
     let rw = Path::new(RW);
     sys.mkdir_all(rw).step(|| "mkdir /.rw".into())?;
     sys.mount_tmpfs(
         rw,
-        cfg.workspace_size_mb,
-        Some(tmpfs_inodes(cfg.workspace_size_mb)),
+        size_mb,
+        Some(tmpfs_inodes(size_mb)),
         0o755,
         ATTR_NOSUID | ATTR_NODEV,
     )
@@ -287,8 +320,12 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
     sys.bind(&rw.join("tmp"), tmp).step(|| "bind /tmp".into())?;
     sys.set_attrs(tmp, ATTR_NOSUID | ATTR_NODEV, false)
         .step(|| "attrs /tmp".into())?;
+    Ok(rw)
+}
 
-    // Minimal /dev.
+/// `/dev`: a read-only tmpfs with the host's [`DEVICES`] that exist, the fd
+/// symlinks, and `/dev/shm` (a view of the writable tmpfs at `rw`).
+fn minimal_dev(sys: &mut impl Sys, rw: &Path) -> Result<(), PlanError> {
     let dev = Path::new("/dev");
     sys.mkdir_all(dev).step(|| "mkdir /dev".into())?;
     sys.mount_tmpfs(dev, 1, Some(64), 0o755, ATTR_NOSUID | ATTR_NOEXEC)
@@ -322,10 +359,13 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
     sys.set_attrs(&shm, ATTR_NOSUID | ATTR_NODEV | ATTR_NOEXEC, false)
         .step(|| "attrs /dev/shm".into())?;
     sys.set_attrs(dev, ATTR_RDONLY | ATTR_NOSUID | ATTR_NOEXEC, false)
-        .step(|| "read-only /dev".into())?;
+        .step(|| "read-only /dev".into())
+}
 
-    // Fresh /proc (while the host's /proc is still visible under /oldroot,
-    // which the kernel requires of a user namespace mounting proc).
+/// A fresh `/proc` (while the host's is still visible under [`OLD`], which
+/// the kernel requires of a user namespace mounting proc), with
+/// [`PROC_READONLY`] read-only and the kernel-information entries masked.
+fn fresh_proc(sys: &mut impl Sys, masks: &Masks) -> Result<(), PlanError> {
     let proc_ = Path::new("/proc");
     sys.mkdir_all(proc_).step(|| "mkdir /proc".into())?;
     sys.mount_proc(proc_).step(|| "mount /proc".into())?;
@@ -335,7 +375,7 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
             continue;
         }
         sys.bind(p, p).step(|| format!("bind {}", p.display()))?;
-        sys.set_attrs(p, ro, true)
+        sys.set_attrs(p, RO, true)
             .step(|| format!("read-only {}", p.display()))?;
     }
     for f in PROC_MASKED_FILES {
@@ -350,71 +390,96 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
             Masks::over(sys, &masks.empty_dir, d)?;
         }
     }
+    Ok(())
+}
 
-    // The run's own paths, parents before children.
-    enum What {
-        Workspace,
-        Sockets,
-        Exe,
-        Ro,
-    }
+/// One of the run's own paths inside the sandbox.
+enum RunPath {
+    Workspace,
+    Sockets,
+    Exe,
+    Ro,
+}
+
+/// The run's own paths (workspace, sockets, the binary, `ro_paths`),
+/// parents before children.
+fn bind_run_paths(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result<(), PlanError> {
     let sockets = Path::new(SOCKETS_INSIDE);
-    let mut paths: Vec<(&Path, What)> = vec![
-        (&cfg.workspace, What::Workspace),
-        (sockets, What::Sockets),
-        (Path::new(EXE_INSIDE), What::Exe),
+    let mut paths: Vec<(&Path, RunPath)> = vec![
+        (&cfg.workspace, RunPath::Workspace),
+        (sockets, RunPath::Sockets),
+        (Path::new(EXE_INSIDE), RunPath::Exe),
     ];
-    paths.extend(cfg.ro_paths.iter().map(|p| (p.as_path(), What::Ro)));
+    paths.extend(cfg.ro_paths.iter().map(|p| (p.as_path(), RunPath::Ro)));
     paths.sort_by_key(|(p, _)| p.components().count());
     for (path, what) in paths {
         let (host, attrs) = match what {
-            What::Workspace => (None, ATTR_NOSUID | ATTR_NODEV),
-            What::Sockets => (Some(cfg.sockets_dir.as_path()), ro | ATTR_NOEXEC),
-            What::Exe => (Some(cfg.exe.as_path()), ro),
-            What::Ro => (Some(path), ro),
+            RunPath::Workspace => (None, ATTR_NOSUID | ATTR_NODEV),
+            RunPath::Sockets => (Some(cfg.sockets_dir.as_path()), RO | ATTR_NOEXEC),
+            RunPath::Exe => (Some(cfg.exe.as_path()), RO),
+            RunPath::Ro => (Some(path), RO),
         };
-        let tree = host.and_then(|h| trees.get(h));
-        let source = match host {
-            None => rw.join("workspace"),
-            Some(h) => old(h),
-        };
-        let kind = match tree {
-            Some((kind, _)) => kind,
-            None => sys.kind(&source),
-        };
-        match kind {
-            Kind::Dir => sys
-                .mkdir_all(path)
-                .step(|| format!("mkdir {}", path.display()))?,
-            Kind::File => {
-                if let Some(parent) = path.parent() {
-                    sys.mkdir_all(parent)
-                        .step(|| format!("mkdir {}", parent.display()))?;
-                }
-                if sys.kind(path) == Kind::Missing {
-                    sys.touch(path)
-                        .step(|| format!("create {}", path.display()))?;
-                }
-            }
-            Kind::Symlink | Kind::Missing => {
-                return Err(PlanError {
-                    step: format!("{} on the host", source.display()),
-                    source: std::io::ErrorKind::NotFound.into(),
-                });
-            }
-        }
-        match tree {
-            Some((_, fd)) => sys
-                .attach(fd, path)
-                .step(|| format!("attach {}", path.display()))?,
-            None => sys
-                .bind(&source, path)
-                .step(|| format!("bind {}", path.display()))?,
-        }
-        sys.set_attrs(path, attrs, true)
-            .step(|| format!("attrs {}", path.display()))?;
+        bind_run_path(sys, path, host, attrs, trees)?;
     }
+    Ok(())
+}
 
+/// `path` inside the sandbox, from the host path `host` (a copy taken
+/// while root when `trees` holds one) or, for the workspace, the writable
+/// tmpfs; then `attrs` on it, recursively.
+fn bind_run_path(
+    sys: &mut impl Sys,
+    path: &Path,
+    host: Option<&Path>,
+    attrs: u64,
+    trees: &Trees,
+) -> Result<(), PlanError> {
+    let tree = host.and_then(|h| trees.get(h));
+    let source = match host {
+        None => Path::new(RW).join("workspace"),
+        Some(h) => old(h),
+    };
+    let kind = match tree {
+        Some((kind, _)) => kind,
+        None => sys.kind(&source),
+    };
+    match kind {
+        Kind::Dir => sys
+            .mkdir_all(path)
+            .step(|| format!("mkdir {}", path.display()))?,
+        Kind::File => {
+            if let Some(parent) = path.parent() {
+                sys.mkdir_all(parent)
+                    .step(|| format!("mkdir {}", parent.display()))?;
+            }
+            if sys.kind(path) == Kind::Missing {
+                sys.touch(path)
+                    .step(|| format!("create {}", path.display()))?;
+            }
+        }
+        Kind::Symlink | Kind::Missing => {
+            return Err(PlanError {
+                step: format!("{} on the host", source.display()),
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
+    }
+    match tree {
+        Some((_, fd)) => sys
+            .attach(fd, path)
+            .step(|| format!("attach {}", path.display()))?,
+        None => sys
+            .bind(&source, path)
+            .step(|| format!("bind {}", path.display()))?,
+    }
+    sys.set_attrs(path, attrs, true)
+        .step(|| format!("attrs {}", path.display()))?;
+    Ok(())
+}
+
+/// Unmounts what only the setup needed: the host's tree, the writable
+/// tmpfs's staging mount (its views stay), the masks' sources.
+fn drop_staging(sys: &mut impl Sys, rw: &Path) -> Result<(), PlanError> {
     sys.detach(Path::new(OLD))
         .step(|| "detach oldroot".into())?;
     sys.rmdir(Path::new(OLD)).step(|| "rmdir oldroot".into())?;
@@ -422,131 +487,16 @@ pub fn build_root(sys: &mut impl Sys, cfg: &InitConfig, trees: &Trees) -> Result
     sys.rmdir(rw).step(|| "rmdir /.rw".into())?;
     sys.detach(Path::new(MASKS))
         .step(|| "detach /.masks".into())?;
-    sys.rmdir(Path::new(MASKS))
-        .step(|| "rmdir /.masks".into())?;
-    sys.set_attrs(Path::new("/"), ro, false)
-        .step(|| "read-only /".into())?;
-    sys.chdir(&cfg.workspace)
-        .step(|| "chdir workspace".into())?;
-    Ok(())
+    sys.rmdir(Path::new(MASKS)).step(|| "rmdir /.masks".into())
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-    use std::io;
-
+pub(crate) mod tests {
+    use super::super::sys::record::Recorder;
     use super::*;
 
-    /// Records every operation; `host` says what exists under /oldroot.
-    #[derive(Default)]
-    struct Rec {
-        ops: Vec<String>,
-        host: BTreeMap<PathBuf, Kind>,
-        links: BTreeMap<PathBuf, PathBuf>,
-    }
-
-    impl Sys for Rec {
-        fn make_private(&mut self, t: &Path) -> io::Result<()> {
-            self.ops.push(format!("private {}", t.display()));
-            Ok(())
-        }
-        fn mount_tmpfs(
-            &mut self,
-            t: &Path,
-            size: u64,
-            inodes: Option<u64>,
-            mode: u32,
-            attrs: u64,
-        ) -> io::Result<()> {
-            let inodes = inodes.map(|n| format!(" {n}i")).unwrap_or_default();
-            self.ops.push(format!(
-                "tmpfs {} {size}m{inodes} {mode:o} {attrs:x}",
-                t.display()
-            ));
-            Ok(())
-        }
-        fn bind(&mut self, s: &Path, t: &Path) -> io::Result<()> {
-            self.ops
-                .push(format!("bind {} {}", s.display(), t.display()));
-            Ok(())
-        }
-        fn set_attrs(&mut self, t: &Path, attrs: u64, rec: bool) -> io::Result<()> {
-            self.ops.push(format!(
-                "attrs {} {attrs:x}{}",
-                t.display(),
-                if rec { " rec" } else { "" }
-            ));
-            Ok(())
-        }
-        fn mount_proc(&mut self, t: &Path) -> io::Result<()> {
-            self.ops.push(format!("proc {}", t.display()));
-            Ok(())
-        }
-        fn pivot_root(&mut self, n: &Path, o: &Path) -> io::Result<()> {
-            self.ops
-                .push(format!("pivot {} {}", n.display(), o.display()));
-            Ok(())
-        }
-        fn detach(&mut self, t: &Path) -> io::Result<()> {
-            self.ops.push(format!("detach {}", t.display()));
-            Ok(())
-        }
-        fn mkdir_all(&mut self, p: &Path) -> io::Result<()> {
-            self.ops.push(format!("mkdir {}", p.display()));
-            Ok(())
-        }
-        fn rmdir(&mut self, p: &Path) -> io::Result<()> {
-            self.ops.push(format!("rmdir {}", p.display()));
-            Ok(())
-        }
-        fn touch(&mut self, p: &Path) -> io::Result<()> {
-            self.ops.push(format!("touch {}", p.display()));
-            Ok(())
-        }
-        fn symlink(&mut self, t: &Path, l: &Path) -> io::Result<()> {
-            self.ops
-                .push(format!("symlink {} {}", l.display(), t.display()));
-            Ok(())
-        }
-        fn chdir(&mut self, p: &Path) -> io::Result<()> {
-            self.ops.push(format!("chdir {}", p.display()));
-            Ok(())
-        }
-        fn chmod(&mut self, p: &Path, mode: u32) -> io::Result<()> {
-            self.ops.push(format!("chmod {} {mode:o}", p.display()));
-            Ok(())
-        }
-        fn clone_tree(&self, _: &Path) -> io::Result<OwnedFd> {
-            Ok(std::fs::File::open("/dev/null")?.into())
-        }
-        fn attach(&mut self, _: &OwnedFd, t: &Path) -> io::Result<()> {
-            self.ops.push(format!("attach {}", t.display()));
-            Ok(())
-        }
-        fn kind(&self, p: &Path) -> Kind {
-            if p.starts_with("/proc") {
-                let s = p.to_str().unwrap_or_default();
-                return if PROC_MASKED_FILES.contains(&s) || s == "/proc/sysrq-trigger" {
-                    Kind::File
-                } else {
-                    Kind::Dir
-                };
-            }
-            if p.starts_with("/.rw") {
-                return Kind::Dir;
-            }
-            self.host.get(p).copied().unwrap_or(Kind::Missing)
-        }
-        fn read_link(&self, p: &Path) -> io::Result<PathBuf> {
-            self.links
-                .get(p)
-                .cloned()
-                .ok_or_else(|| io::ErrorKind::NotFound.into())
-        }
-    }
-
-    fn cfg() -> InitConfig {
+    /// A rootless run's header.
+    pub(crate) fn cfg() -> InitConfig {
         InitConfig {
             parent_pid: 1,
             cgroups: vec![],
@@ -565,8 +515,9 @@ mod tests {
         }
     }
 
-    fn host() -> Rec {
-        let mut r = Rec::default();
+    /// A merged-usr host holding the run's paths.
+    pub(crate) fn host() -> Recorder {
+        let mut r = Recorder::default();
         for (p, k) in [
             ("/oldroot/usr", Kind::Dir),
             ("/oldroot/etc", Kind::Dir),
@@ -587,7 +538,7 @@ mod tests {
         r
     }
 
-    fn pos(ops: &[String], needle: &str) -> usize {
+    pub(crate) fn pos(ops: &[String], needle: &str) -> usize {
         ops.iter()
             .position(|o| o == needle)
             .unwrap_or_else(|| panic!("missing {needle:?} in {ops:#?}"))
@@ -740,6 +691,28 @@ mod tests {
             let bits = u64::from_str_radix(attrs.split(' ').nth(2).unwrap(), 16).unwrap();
             assert!(bits & ATTR_RDONLY != 0, "{o} is writable: {attrs}");
         }
+    }
+
+    #[test]
+    fn the_host_ssh_private_keys_are_masked_and_their_public_halves_kept() {
+        let mut r = host();
+        r.dirs.insert(
+            "/oldroot/etc/ssh".into(),
+            vec![
+                "ssh_host_ed25519_key".into(),
+                "ssh_host_ed25519_key.pub".into(),
+                "sshd_config".into(),
+            ],
+        );
+        build_root(&mut r, &cfg(), &Trees::default()).unwrap();
+        let ops = &r.ops;
+        let key = pos(ops, "bind /.masks/null /etc/ssh/ssh_host_ed25519_key");
+        assert!(pos(ops, "attrs /.masks/null 7") < key);
+        assert!(
+            !ops.iter()
+                .any(|o| o.contains("ssh_host_ed25519_key.pub") || o.contains("sshd_config")),
+            "{ops:#?}"
+        );
     }
 
     #[test]

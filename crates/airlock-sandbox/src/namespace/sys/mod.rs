@@ -1,11 +1,17 @@
 //! The ONE module with `unsafe` code and raw syscalls of the sandbox.
 //!
-//! [`Sys`] is what the filesystem setup ([`super::plan`]) needs; [`Real`]
-//! performs it, a recorder in the plan's tests replays it without root.
-//! The free functions below are the few process-level calls that no safe
-//! wrapper covers (fork, mount_setattr, the loopback ioctl, a new session
-//! at spawn). Each `unsafe` block says why it is sound. (The isolation
-//! probe's attack attempts live in the test-only `airlock-probe` crate.)
+//! [`Sys`] is every privileged call `sandbox-init` makes, in the order
+//! [`super::init`] and the filesystem plan ([`super::plan`]) issue them;
+//! [`Real`] performs them, and a recorder ([`record`], tests only) replays
+//! the whole sequence without root, so its order is unit-tested. The free
+//! functions below are the process-level calls of the other backends and
+//! of `airlock doctor` that no safe wrapper covers (the user-namespace
+//! probe, a new session at spawn, the container init's signal mask). Each
+//! `unsafe` block says why it is sound. (The isolation probe's attack
+//! attempts live in the test-only `airlock-probe` crate.)
+
+#[cfg(test)]
+pub mod record;
 
 use std::ffi::CString;
 use std::io;
@@ -14,6 +20,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::process::{Signal, WaitOptions};
+
+use super::cgroup::{self, CgroupError};
+use super::config::{ConfigError, Header};
+use super::fs_rules::{self, LandlockError};
+use crate::seccomp::{Filters, SeccompError};
 
 /// Mount attributes for [`Sys::set_attrs`] (linux/mount.h `MOUNT_ATTR_*`).
 pub const ATTR_RDONLY: u64 = 0x1;
@@ -21,8 +33,83 @@ pub const ATTR_NOSUID: u64 = 0x2;
 pub const ATTR_NODEV: u64 = 0x4;
 pub const ATTR_NOEXEC: u64 = 0x8;
 
-/// Filesystem operations of the sandbox setup, in the order the plan issues them.
+/// The capability sets the init clears ([`Sys::clear_caps`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapSet {
+    Bounding,
+    Ambient,
+    Inheritable,
+    Effective,
+    Permitted,
+}
+
+/// The command the init starts last ([`Sys::spawn`]).
+pub struct Command<'a> {
+    pub program: &'a str,
+    pub args: &'a [String],
+    pub env: &'a [(String, String)],
+    pub cwd: &'a Path,
+}
+
+/// Every privileged call of the sandbox's setup: the process steps of
+/// [`super::init`] (stage A in the host's namespaces, stage B as PID 1 of
+/// the new ones), then the filesystem steps of [`super::plan`].
 pub trait Sys {
+    // --- the process (stage A, then stage B) ---
+
+    /// `setsid(2)`: a new session, away from the operator's terminal.
+    fn new_session(&mut self) -> io::Result<()>;
+    /// `PR_SET_PDEATHSIG` to SIGKILL: dies with whoever started it.
+    fn die_with_parent(&mut self) -> io::Result<()>;
+    /// `getppid(2)`; `None` when the parent is outside the PID namespace.
+    fn parent(&self) -> Option<i32>;
+    /// Marks every descriptor from 3 on close-on-exec (`close_range(2)`).
+    fn cloexec_from_3(&mut self) -> io::Result<()>;
+    /// The next header on stdin, read without buffering (the bytes after
+    /// it are the command's).
+    fn read_header(&mut self) -> Result<Header, ConfigError>;
+    /// Moves this process into the cgroups ([`cgroup::join_self`]).
+    fn join_cgroups(&mut self, joins: &[cgroup::Join]) -> Result<(), CgroupError>;
+    /// No supplementary group (`setgroups(2)` of none).
+    fn drop_groups(&mut self) -> io::Result<()>;
+    /// `setresgid(2)` of the calling thread (the init is single-threaded).
+    fn set_gid(&mut self, gid: u32) -> io::Result<()>;
+    /// `setresuid(2)` of the calling thread.
+    fn set_uid(&mut self, uid: u32) -> io::Result<()>;
+    /// The effective uid and gid.
+    fn effective_ids(&self) -> (u32, u32);
+    /// `PR_SET_DUMPABLE`.
+    fn set_dumpable(&mut self, dumpable: bool) -> io::Result<()>;
+    /// `unshare(2)` of namespaces only.
+    fn unshare(&mut self, flags: rustix::thread::UnshareFlags) -> io::Result<()>;
+    /// Writes a file of the process's own (`/proc/self/uid_map`, …).
+    fn write(&mut self, path: &Path, data: &str) -> io::Result<()>;
+    /// `fork(2)` of the single-threaded init.
+    fn fork(&mut self) -> io::Result<Forked>;
+    /// Waits for `child` and returns its exit code (128+signal when killed).
+    fn wait_child(&mut self, child: rustix::process::Pid) -> io::Result<i32>;
+    /// `sethostname(2)`.
+    fn set_hostname(&mut self, name: &str) -> io::Result<()>;
+    /// Brings `lo` up in the current network namespace.
+    fn loopback_up(&mut self) -> io::Result<()>;
+    /// `RLIMIT_NOFILE`, soft and hard.
+    fn limit_open_files(&mut self, n: u64) -> io::Result<()>;
+    /// Clears one capability set of the calling thread.
+    fn clear_caps(&mut self, set: CapSet) -> io::Result<()>;
+    /// `PR_SET_NO_NEW_PRIVS`.
+    fn no_new_privs(&mut self) -> io::Result<()>;
+    /// Landlock ([`fs_rules::apply`]): writes under `workspace` and the
+    /// other views of the one tmpfs only.
+    fn restrict_fs(&mut self, workspace: &Path) -> Result<(), LandlockError>;
+    /// Installs the compiled seccomp filters on the calling thread.
+    fn install_seccomp(&mut self, filters: &Filters) -> Result<(), SeccompError>;
+    /// Starts the command; its PID.
+    fn spawn(&mut self, command: &Command<'_>) -> io::Result<i32>;
+    /// As PID 1: reaps every child until `main` exits; its exit code.
+    fn reap_until(&mut self, main: i32) -> io::Result<i32>;
+
+    // --- the filesystem ([`super::plan`]) ---
+
     fn make_private(&mut self, target: &Path) -> io::Result<()>;
     /// A tmpfs of `size_mb` MiB (and at most `inodes` files when given).
     fn mount_tmpfs(
@@ -54,6 +141,8 @@ pub trait Sys {
     /// What is at `path` (not following a final symlink).
     fn kind(&self, path: &Path) -> Kind;
     fn read_link(&self, path: &Path) -> io::Result<std::path::PathBuf>;
+    /// The names in the directory at `path` (none when it cannot be read).
+    fn list(&self, path: &Path) -> Vec<String>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +157,151 @@ pub enum Kind {
 pub struct Real;
 
 impl Sys for Real {
+    fn new_session(&mut self) -> io::Result<()> {
+        rustix::process::setsid()?;
+        Ok(())
+    }
+
+    fn die_with_parent(&mut self) -> io::Result<()> {
+        Ok(rustix::process::set_parent_process_death_signal(Some(
+            Signal::KILL,
+        ))?)
+    }
+
+    fn parent(&self) -> Option<i32> {
+        rustix::process::getppid().map(|p| p.as_raw_nonzero().get())
+    }
+
+    fn cloexec_from_3(&mut self) -> io::Result<()> {
+        cloexec_from_3()
+    }
+
+    fn read_header(&mut self) -> Result<Header, ConfigError> {
+        Header::decode(RawStdin)
+    }
+
+    fn join_cgroups(&mut self, joins: &[cgroup::Join]) -> Result<(), CgroupError> {
+        cgroup::join_self(joins)
+    }
+
+    fn drop_groups(&mut self) -> io::Result<()> {
+        Ok(rustix::thread::set_thread_groups(&[])?)
+    }
+
+    fn set_gid(&mut self, gid: u32) -> io::Result<()> {
+        let gid = rustix::process::Gid::from_raw(gid);
+        Ok(rustix::thread::set_thread_res_gid(gid, gid, gid)?)
+    }
+
+    fn set_uid(&mut self, uid: u32) -> io::Result<()> {
+        let uid = rustix::process::Uid::from_raw(uid);
+        Ok(rustix::thread::set_thread_res_uid(uid, uid, uid)?)
+    }
+
+    fn effective_ids(&self) -> (u32, u32) {
+        (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        )
+    }
+
+    fn set_dumpable(&mut self, dumpable: bool) -> io::Result<()> {
+        use rustix::process::DumpableBehavior as D;
+        let d = if dumpable {
+            D::Dumpable
+        } else {
+            D::NotDumpable
+        };
+        Ok(rustix::process::set_dumpable_behavior(d)?)
+    }
+
+    fn unshare(&mut self, flags: rustix::thread::UnshareFlags) -> io::Result<()> {
+        unshare_namespaces(flags)
+    }
+
+    fn write(&mut self, path: &Path, data: &str) -> io::Result<()> {
+        std::fs::write(path, data)
+    }
+
+    fn fork(&mut self) -> io::Result<Forked> {
+        fork_single_threaded()
+    }
+
+    fn wait_child(&mut self, child: rustix::process::Pid) -> io::Result<i32> {
+        loop {
+            match rustix::process::waitpid(Some(child), WaitOptions::empty()) {
+                Ok(Some((_, st))) => return Ok(exit_code(st)),
+                Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn set_hostname(&mut self, name: &str) -> io::Result<()> {
+        Ok(rustix::system::sethostname(name.as_bytes())?)
+    }
+
+    fn loopback_up(&mut self) -> io::Result<()> {
+        loopback_up()
+    }
+
+    fn limit_open_files(&mut self, n: u64) -> io::Result<()> {
+        let limit = rustix::process::Rlimit {
+            current: Some(n),
+            maximum: Some(n),
+        };
+        Ok(rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            limit,
+        )?)
+    }
+
+    fn clear_caps(&mut self, set: CapSet) -> io::Result<()> {
+        let set = match set {
+            CapSet::Bounding => caps::CapSet::Bounding,
+            CapSet::Ambient => caps::CapSet::Ambient,
+            CapSet::Inheritable => caps::CapSet::Inheritable,
+            CapSet::Effective => caps::CapSet::Effective,
+            CapSet::Permitted => caps::CapSet::Permitted,
+        };
+        caps::clear(None, set).map_err(io::Error::other)
+    }
+
+    fn no_new_privs(&mut self) -> io::Result<()> {
+        Ok(rustix::thread::set_no_new_privs(true)?)
+    }
+
+    fn restrict_fs(&mut self, workspace: &Path) -> Result<(), LandlockError> {
+        fs_rules::apply(workspace.to_path_buf()).map(drop)
+    }
+
+    fn install_seccomp(&mut self, filters: &Filters) -> Result<(), SeccompError> {
+        filters.install()
+    }
+
+    fn spawn(&mut self, command: &Command<'_>) -> io::Result<i32> {
+        let child = std::process::Command::new(command.program)
+            .args(command.args)
+            .env_clear()
+            .envs(command.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(command.cwd)
+            .spawn()?;
+        // A pid fits an i32 (pid_max is at most 2^22).
+        i32::try_from(child.id()).map_err(|e| io::Error::other(format!("pid: {e}")))
+    }
+
+    fn reap_until(&mut self, main: i32) -> io::Result<i32> {
+        loop {
+            match rustix::process::wait(WaitOptions::empty()) {
+                Ok(Some((pid, st))) if pid.as_raw_nonzero().get() == main => {
+                    return Ok(exit_code(st));
+                }
+                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     fn make_private(&mut self, target: &Path) -> io::Result<()> {
         Ok(rustix::mount::mount_change(
             target,
@@ -189,6 +423,40 @@ impl Sys for Real {
     fn read_link(&self, path: &Path) -> io::Result<std::path::PathBuf> {
         std::fs::read_link(path)
     }
+
+    fn list(&self, path: &Path) -> Vec<String> {
+        std::fs::read_dir(path)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Reads fd 0 without buffering, so the bytes after the header stay there.
+struct RawStdin;
+
+impl io::Read for RawStdin {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        let stdin = io::stdin();
+        Ok(rustix::io::read(stdin.as_fd(), buf)?)
+    }
+}
+
+/// The exit code a wait status stands for: the code, 128+signal when
+/// killed, else [`super::init::SETUP_FAILED`].
+pub fn exit_code(st: rustix::process::WaitStatus) -> i32 {
+    if let Some(c) = st.exit_status() {
+        c
+    } else if let Some(sig) = st.terminating_signal() {
+        128 + sig
+    } else {
+        super::init::SETUP_FAILED
+    }
 }
 
 #[repr(C)]
@@ -236,7 +504,7 @@ pub fn sandbox_namespaces() -> rustix::thread::UnshareFlags {
 }
 
 /// `unshare(2)` of namespaces only.
-pub fn unshare_namespaces(flags: rustix::thread::UnshareFlags) -> io::Result<()> {
+fn unshare_namespaces(flags: rustix::thread::UnshareFlags) -> io::Result<()> {
     use rustix::thread::UnshareFlags as F;
     if flags.intersects(F::FILES | F::FS | F::SYSVSEM) {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -254,7 +522,7 @@ pub enum Forked {
 
 /// `fork(2)`. Only called by `sandbox-init`, which is single-threaded (no
 /// runtime, no threads spawned before), so the child may do anything.
-pub fn fork_single_threaded() -> io::Result<Forked> {
+fn fork_single_threaded() -> io::Result<Forked> {
     // SAFETY: the caller is single-threaded (sandbox-init starts no thread and
     // no async runtime), so no lock can be held by another thread across the
     // fork, and the child owns a consistent copy of the address space.
@@ -271,7 +539,7 @@ pub fn fork_single_threaded() -> io::Result<Forked> {
 
 /// Marks every descriptor from 3 on close-on-exec, so nothing the platform
 /// leaked reaches the command.
-pub fn cloexec_from_3() -> io::Result<()> {
+fn cloexec_from_3() -> io::Result<()> {
     // SAFETY: CLOSE_RANGE_CLOEXEC only sets a flag on descriptors; it closes
     // none, so no owner is invalidated.
     let r = unsafe {
@@ -296,7 +564,7 @@ struct IfReqFlags {
 }
 
 /// Brings `lo` up in the current network namespace (SIOCSIFFLAGS).
-pub fn loopback_up() -> io::Result<()> {
+fn loopback_up() -> io::Result<()> {
     let sock = rustix::net::socket(
         rustix::net::AddressFamily::INET,
         rustix::net::SocketType::DGRAM,
