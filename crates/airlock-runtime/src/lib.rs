@@ -67,8 +67,6 @@ pub const MAX_RESULT_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("runtime secrets: {0}")]
-    Secrets(String),
     #[error("cannot make the runtime non-dumpable: {0}")]
     Hardening(std::io::Error),
     #[error("cannot start the local relays: {0}")]
@@ -101,39 +99,13 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         .await
         .map_err(RuntimeError::Relay)?;
     let proxy = start_proxy_relay(&secrets).await?;
-
-    let ws = &secrets.workspace;
-    let meta = ws.join(".airlock");
-    std::fs::create_dir_all(&meta).map_err(RuntimeError::Workspace)?;
-    let prompt_file = meta.join("prompt.txt");
-    std::fs::write(&prompt_file, secrets.prompt.as_deref().unwrap_or(""))
-        .map_err(RuntimeError::Workspace)?;
-    let result_file = meta.join("result.json");
-    let _ = std::fs::remove_file(&result_file);
-
-    let own: Vec<(String, String)> = vec![
-        (
-            "AIRLOCK_PROMPT_FILE".into(),
-            prompt_file.display().to_string(),
-        ),
-        (
-            "AIRLOCK_RESULT_FILE".into(),
-            result_file.display().to_string(),
-        ),
-        ("AIRLOCK_MCP_URL".into(), format!("http://{api}/mcp")),
-        ("OPENAI_BASE_URL".into(), format!("http://{api}/llm/v1")),
-        ("OPENAI_API_KEY".into(), PLACEHOLDER_KEY.into()),
-        ("ANTHROPIC_BASE_URL".into(), format!("http://{api}/llm")),
-        ("ANTHROPIC_API_KEY".into(), PLACEHOLDER_KEY.into()),
-        ("NO_PROXY".into(), "127.0.0.1,localhost".into()),
-        ("no_proxy".into(), "127.0.0.1,localhost".into()),
-    ];
-    let env = launch_env(&secrets, &meta, proxy, own)?;
+    let files = AgentFiles::write(&secrets)?;
+    let env = launch_env(&secrets, &files.meta, proxy, files.env(api))?;
     let mut child = spawn_command(
         program,
         args,
         env,
-        secrets.cwd.as_deref().unwrap_or(ws),
+        secrets.cwd.as_deref().unwrap_or(&secrets.workspace),
         [Stdio::null(), Stdio::piped(), Stdio::piped()],
     )?;
     drop(secrets);
@@ -146,18 +118,103 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
         }
     };
-
-    let heartbeat = {
-        let reporter = reporter.clone();
-        tokio::spawn(async move {
-            loop {
-                reporter.send(RunEvent::Heartbeat {
-                    at: report::now_ms(),
-                });
-                tokio::time::sleep(heartbeat_every).await;
-            }
-        })
+    let heartbeat = heartbeats(reporter.clone(), heartbeat_every);
+    let pumps = report_output(&mut child, &reporter);
+    let status = tokio::select! {
+        status = child.wait() => status.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?,
+        _ = parent_gone() => {
+            // The platform died (SIGKILL, crash): take the agent down with us.
+            kill_group();
+            let _ = child.wait().await;
+            return Ok(137);
+        }
     };
+    tracing::debug!(target: "airlock::phase", "runtime: agent exited");
+    // Background processes the agent left in its group end with it.
+    kill_group();
+    for p in pumps {
+        let _ = p.await;
+    }
+    heartbeat.abort();
+    let exit_code = exit_code(status);
+    reporter
+        .end(RunEvent::Result {
+            at: report::now_ms(),
+            exit_code,
+            result: read_result(&files.result),
+            checkpoint: None,
+        })
+        .await;
+    tracing::debug!(target: "airlock::phase", "runtime: result delivered");
+    Ok(exit_code)
+}
+
+/// The agent's files in its workspace (`.airlock/`): the prompt, written
+/// before it starts, and where it may leave its result.
+struct AgentFiles {
+    meta: std::path::PathBuf,
+    prompt: std::path::PathBuf,
+    result: std::path::PathBuf,
+}
+
+impl AgentFiles {
+    /// Writes the prompt, and removes a result left from before.
+    fn write(secrets: &RuntimeSecrets) -> Result<AgentFiles, RuntimeError> {
+        let meta = secrets.workspace.join(".airlock");
+        std::fs::create_dir_all(&meta).map_err(RuntimeError::Workspace)?;
+        let prompt = meta.join("prompt.txt");
+        std::fs::write(&prompt, secrets.prompt.as_deref().unwrap_or(""))
+            .map_err(RuntimeError::Workspace)?;
+        let result = meta.join("result.json");
+        let _ = std::fs::remove_file(&result);
+        Ok(AgentFiles {
+            meta,
+            prompt,
+            result,
+        })
+    }
+
+    /// The agent's own variables: its files, and the local relay `api` as
+    /// its MCP and model endpoints (with the placeholder key).
+    fn env(&self, api: std::net::SocketAddr) -> Vec<(String, String)> {
+        vec![
+            (
+                "AIRLOCK_PROMPT_FILE".into(),
+                self.prompt.display().to_string(),
+            ),
+            (
+                "AIRLOCK_RESULT_FILE".into(),
+                self.result.display().to_string(),
+            ),
+            ("AIRLOCK_MCP_URL".into(), format!("http://{api}/mcp")),
+            ("OPENAI_BASE_URL".into(), format!("http://{api}/llm/v1")),
+            ("OPENAI_API_KEY".into(), PLACEHOLDER_KEY.into()),
+            ("ANTHROPIC_BASE_URL".into(), format!("http://{api}/llm")),
+            ("ANTHROPIC_API_KEY".into(), PLACEHOLDER_KEY.into()),
+            ("NO_PROXY".into(), "127.0.0.1,localhost".into()),
+            ("no_proxy".into(), "127.0.0.1,localhost".into()),
+        ]
+    }
+}
+
+/// A heartbeat every `every`, until aborted.
+fn heartbeats(reporter: Reporter, every: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            reporter.send(RunEvent::Heartbeat {
+                at: report::now_ms(),
+            });
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// The agent's two streams, line by line, echoed for the operator's live
+/// view and reported as log events; one task per stream, ending with it.
+fn report_output(
+    child: &mut tokio::process::Child,
+    reporter: &Reporter,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut pumps = Vec::new();
     for (stream, pipe) in [
         (
@@ -194,25 +251,13 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             }
         }));
     }
-    let status = tokio::select! {
-        status = child.wait() => status.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?,
-        _ = parent_gone() => {
-            // The platform died (SIGKILL, crash): take the agent down with us.
-            kill_group();
-            let _ = child.wait().await;
-            return Ok(137);
-        }
-    };
-    tracing::debug!(target: "airlock::phase", "runtime: agent exited");
-    // Background processes the agent left in its group end with it.
-    kill_group();
-    for p in pumps {
-        let _ = p.await;
-    }
-    heartbeat.abort();
-    let exit_code = exit_code(status);
-    // The agent wrote (or replaced) this file: no symlink, no FIFO, bounded.
-    let result = match airlock_untrusted::file::read_file(&result_file, MAX_RESULT_BYTES) {
+    pumps
+}
+
+/// The agent's result document, if it left one that is JSON. The agent
+/// wrote (or replaced) this file: no symlink, no FIFO, bounded.
+fn read_result(path: &std::path::Path) -> Option<serde_json::Value> {
+    match airlock_untrusted::file::read_file(path, MAX_RESULT_BYTES) {
         Ok(b) => match serde_json::from_slice::<serde_json::Value>(&b) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -231,17 +276,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
             eprintln!("airlock runtime warning: result file refused: {e}");
             None
         }
-    };
-    reporter
-        .end(RunEvent::Result {
-            at: report::now_ms(),
-            exit_code,
-            result,
-            checkpoint: None,
-        })
-        .await;
-    tracing::debug!(target: "airlock::phase", "runtime: result delivered");
-    Ok(exit_code)
+    }
 }
 
 /// What each launcher does first: makes itself non-dumpable (its memory

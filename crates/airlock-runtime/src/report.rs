@@ -188,12 +188,27 @@ impl Reporter {
     }
 }
 
-async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Result<(), String> {
-    let body = serde_json::to_vec(&EventBatch { events }).map_err(|e| e.to_string())?;
-    let stream = socket.connect().await.map_err(|e| e.to_string())?;
+/// Why a batch did not reach the sidecar: one variant per step of its post.
+#[derive(Debug, thiserror::Error)]
+enum PostError {
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("{0}")]
+    Connect(#[source] std::io::Error),
+    #[error("{0}")]
+    Http(#[source] hyper::Error),
+    #[error("{0}")]
+    Request(#[source] http::Error),
+    #[error("sidecar answered {0}")]
+    Refused(http::StatusCode),
+}
+
+async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Result<(), PostError> {
+    let body = serde_json::to_vec(&EventBatch { events }).map_err(PostError::Encode)?;
+    let stream = socket.connect().await.map_err(PostError::Connect)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(PostError::Http)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -202,10 +217,10 @@ async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Res
         .header("content-type", "application/json")
         .header("x-airlock-sidecar-auth", token.expose_secret())
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        .map_err(PostError::Request)?;
+    let resp = sender.send_request(req).await.map_err(PostError::Http)?;
     if !resp.status().is_success() {
-        return Err(format!("sidecar answered {}", resp.status()));
+        return Err(PostError::Refused(resp.status()));
     }
     Ok(())
 }

@@ -13,33 +13,38 @@ pub struct Diagnosis {
     pub detail: String,
 }
 
-fn d(feature: impl Into<String>, r: Result<String, String>) -> Diagnosis {
-    match r {
-        Ok(detail) => Diagnosis {
+impl Diagnosis {
+    /// `feature` works here; `detail` says what was found.
+    pub fn works(feature: impl Into<String>, detail: impl Into<String>) -> Diagnosis {
+        Diagnosis {
             feature: feature.into(),
             works: true,
-            detail,
-        },
-        Err(detail) => Diagnosis {
+            detail: detail.into(),
+        }
+    }
+
+    /// `feature` does not work here; `why` says why not.
+    pub fn fails(feature: impl Into<String>, why: impl std::fmt::Display) -> Diagnosis {
+        Diagnosis {
             feature: feature.into(),
             works: false,
-            detail,
-        },
+            detail: why.to_string(),
+        }
     }
 }
 
 /// Probes this host. Forks a few short-lived processes; takes milliseconds.
 pub fn diagnose() -> Vec<Diagnosis> {
     use rustix::thread::UnshareFlags as F;
-    let mut out = vec![d(
+    let mut out = vec![Diagnosis::works(
         "process backend",
-        Ok("always available; isolates nothing".into()),
+        "always available; isolates nothing",
     )];
-    let userns = crate::namespace::userns_diagnosis();
-    out.push(d(
-        "user namespaces (all sandbox namespaces, uid map, mount)",
-        userns.clone().map(|()| "work".into()),
-    ));
+    let userns = "user namespaces (all sandbox namespaces, uid map, mount)";
+    out.push(match crate::namespace::userns_diagnosis() {
+        Ok(()) => Diagnosis::works(userns, "work"),
+        Err(why) => Diagnosis::fails(userns, why),
+    });
     let kinds = [
         ("user", F::NEWUSER),
         ("mount", F::NEWUSER | F::NEWNS),
@@ -50,69 +55,66 @@ pub fn diagnose() -> Vec<Diagnosis> {
         ("cgroup", F::NEWUSER | F::NEWCGROUP),
     ];
     for (name, flags) in kinds {
-        let r = match sys::probe_userns(flags) {
-            None => Ok("can be created".into()),
-            Some(f) => Err(format!(
-                "{:?} failed: {}",
-                f.step,
-                std::io::Error::from_raw_os_error(f.errno)
-            )),
-        };
-        out.push(d(format!("{name} namespace"), r));
+        let feature = format!("{name} namespace");
+        out.push(match sys::probe_userns(flags) {
+            None => Diagnosis::works(feature, "can be created"),
+            Some(f) => Diagnosis::fails(
+                feature,
+                format_args!(
+                    "{:?} failed: {}",
+                    f.step,
+                    std::io::Error::from_raw_os_error(f.errno)
+                ),
+            ),
+        });
     }
-    out.push(d(
-        "mount_setattr (Linux 5.12+, recursive read-only binds)",
-        if kernel_at_least(5, 12) {
-            Ok("available".into())
-        } else {
-            Err("kernel older than 5.12: the namespace backend needs mount_setattr".into())
-        },
-    ));
-    out.push(d(
-        "cgroup limits (memory, CPU, pids)",
-        match cgroup::probe() {
-            Ok(cgroup::Layout::V2(m)) => Ok(format!("cgroup v2 at {}", m.display())),
-            Ok(cgroup::Layout::V1(v)) => Ok(format!(
+    let setattr = "mount_setattr (Linux 5.12+, recursive read-only binds)";
+    out.push(if kernel_at_least(5, 12) {
+        Diagnosis::works(setattr, "available")
+    } else {
+        Diagnosis::fails(
+            setattr,
+            "kernel older than 5.12: the namespace backend needs mount_setattr",
+        )
+    });
+    let limits = "cgroup limits (memory, CPU, pids)";
+    out.push(match cgroup::probe() {
+        Ok(cgroup::Layout::V2(m)) => {
+            Diagnosis::works(limits, format!("cgroup v2 at {}", m.display()))
+        }
+        Ok(cgroup::Layout::V1(v)) => Diagnosis::works(
+            limits,
+            format!(
                 "cgroup v1: {}",
                 v.iter()
                     .map(|(c, m)| format!("{c} at {}", m.display()))
                     .collect::<Vec<_>>()
                     .join(", ")
-            )),
-            Err(e) => Err(format!("{e}; runs get no limits")),
-        },
-    ));
+            ),
+        ),
+        Err(e) => Diagnosis::fails(limits, format_args!("{e}; runs get no limits")),
+    });
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    out.push(d(
-        "seccomp",
-        if status.contains("Seccomp:") {
-            Ok("filters supported".into())
-        } else {
-            Err("kernel without CONFIG_SECCOMP_FILTER".into())
-        },
-    ));
-    out.push(d(
-        "landlock",
-        match sys::landlock_abi() {
-            Ok(v) => Ok(format!("ABI {v}")),
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Err("built into the kernel but not enabled (add landlock to the lsm= boot parameter); runs rely on mounts alone".into()),
-            Err(e) => Err(format!("not available ({e}); runs rely on mounts alone")),
-        },
-    ));
-    out.push(d(
-        "no_new_privs",
-        rustix::thread::no_new_privs()
-            .map(|_| "supported".into())
-            .map_err(|e| e.to_string()),
-    ));
-    out.push(d(
-        "bubblewrap (benchmark baseline only)",
-        if Path::new("/usr/bin/bwrap").exists() {
-            Ok("/usr/bin/bwrap".into())
-        } else {
-            Err("not installed (apt-get install bubblewrap)".into())
-        },
-    ));
+    out.push(if status.contains("Seccomp:") {
+        Diagnosis::works("seccomp", "filters supported")
+    } else {
+        Diagnosis::fails("seccomp", "kernel without CONFIG_SECCOMP_FILTER")
+    });
+    out.push(match sys::landlock_abi() {
+        Ok(v) => Diagnosis::works("landlock", format!("ABI {v}")),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Diagnosis::fails("landlock", "built into the kernel but not enabled (add landlock to the lsm= boot parameter); runs rely on mounts alone"),
+        Err(e) => Diagnosis::fails("landlock", format_args!("not available ({e}); runs rely on mounts alone")),
+    });
+    out.push(match rustix::thread::no_new_privs() {
+        Ok(_) => Diagnosis::works("no_new_privs", "supported"),
+        Err(e) => Diagnosis::fails("no_new_privs", e),
+    });
+    let bwrap = "bubblewrap (benchmark baseline only)";
+    out.push(if Path::new("/usr/bin/bwrap").exists() {
+        Diagnosis::works(bwrap, "/usr/bin/bwrap")
+    } else {
+        Diagnosis::fails(bwrap, "not installed (apt-get install bubblewrap)")
+    });
     out
 }
 

@@ -243,17 +243,13 @@ pub(crate) fn spawn_host_sidecar_in(
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| SandboxError::Setup(format!("cannot start the sidecar: {e}")))?;
+        .map_err(SandboxError::SidecarStart)?;
     let pid = child.id();
     let cgroups = cgroups.map(std::sync::Arc::new);
     if let Some(c) = &cgroups {
         let entered = pid
-            .ok_or_else(|| SandboxError::Setup("the sidecar exited at once".into()))
-            .and_then(|pid| {
-                c.enter(pid).map_err(|e| {
-                    SandboxError::Setup(format!("cannot put the sidecar under its limits: {e}"))
-                })
-            });
+            .ok_or(SandboxError::SidecarExited)
+            .and_then(|pid| c.enter(pid).map_err(SandboxError::SidecarEnter));
         if let Err(e) = entered {
             let _ = child.start_kill();
             c.remove(std::time::Duration::from_millis(500));
@@ -314,6 +310,9 @@ pub fn isolation_of(name: &str) -> Isolation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unavailable(pub String);
 
+/// Why a sandbox (or a backend-placed sidecar) did not start: one variant
+/// per failing step. The setup steps' messages start with `sandbox setup
+/// failed:`.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("the {backend} backend is not available here: {reason}")]
@@ -321,13 +320,52 @@ pub enum SandboxError {
         backend: &'static str,
         reason: String,
     },
-    #[error("sandbox setup failed: {0}")]
-    Setup(String),
     /// An operator setting that cannot work: found before anything starts.
     #[error("{var}: {message}")]
     Config { var: &'static str, message: String },
     #[error("sandbox I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The spec's command has no program.
+    #[error("sandbox setup failed: empty command")]
+    EmptyCommand,
+    /// The process backend's command was gone before it could be watched.
+    #[error("sandbox setup failed: the command exited at once")]
+    CommandExited,
+    /// A sandbox's first process was gone before it could be watched.
+    #[error("sandbox setup failed: the sandbox exited before it started")]
+    ExitedBeforeStart,
+    /// The spec cannot be handed to the namespace init (or names a run no
+    /// container may be named after).
+    #[error("sandbox setup failed: {0}")]
+    Spec(#[from] namespace::config::ConfigError),
+    /// A read-only path the sandbox's host uid could not use.
+    #[error("sandbox setup failed: {0}")]
+    NotShareable(#[from] namespace::NotShareable),
+    /// The running executable (the namespace init) cannot be found.
+    #[error("sandbox setup failed: cannot locate the airlock binary: {0}")]
+    InitBinary(#[source] std::io::Error),
+    /// The run's cgroups cannot be made, and limits are required.
+    #[error("sandbox setup failed: resource limits: {0}")]
+    Limits(#[source] namespace::cgroup::CgroupError),
+    /// No cgroup hierarchy to make the run's in, and limits are required.
+    #[error("sandbox setup failed: {0}")]
+    NoLimits(#[source] namespace::cgroup::CgroupError),
+    /// The host sidecar's cgroups cannot be made, and limits are required.
+    #[error("sandbox setup failed: the sidecar's limits: {0}")]
+    SidecarLimits(#[source] namespace::cgroup::CgroupError),
+    #[error("sandbox setup failed: cannot start the sidecar: {0}")]
+    SidecarStart(#[source] std::io::Error),
+    #[error("sandbox setup failed: the sidecar exited at once")]
+    SidecarExited,
+    /// The started sidecar cannot be moved into its cgroups.
+    #[error("sandbox setup failed: cannot put the sidecar under its limits: {0}")]
+    SidecarEnter(#[source] namespace::cgroup::CgroupError),
+    /// The docker daemon, its networks or a container's start.
+    #[error("sandbox setup failed: {0}")]
+    Docker(#[from] docker::DockerError),
+    /// Building or checking the docker backend's images.
+    #[error("sandbox setup failed: {0}")]
+    Images(#[from] docker::images::ImageError),
 }
 
 /// What a started sandbox's streams are read through.
@@ -365,9 +403,7 @@ impl Sandbox {
         killer: Box<dyn Fn() + Send + Sync>,
         cleaner: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<Sandbox, SandboxError> {
-        let pid = child
-            .id()
-            .ok_or_else(|| SandboxError::Setup("the sandbox exited before it started".into()))?;
+        let pid = child.id().ok_or(SandboxError::ExitedBeforeStart)?;
         let stdout = child.stdout.take().map(|s| Box::new(s) as OutputStream);
         let stderr = child.stderr.take().map(|s| Box::new(s) as OutputStream);
         Ok(Sandbox {
@@ -579,16 +615,13 @@ pub trait Backend: Send + Sync {
     /// Whether this backend can start a local MCP runner in a sandbox of its
     /// own ([`SandboxKind::Runner`]) that isolates it from the sidecar, the
     /// agent and the host; the refusal says why not, and what to do.
-    fn local_runners(&self) -> Result<(), String> {
+    fn local_runners(&self) -> Result<(), NoLocalRunners> {
         if self.isolates() {
             Ok(())
         } else {
-            Err(format!(
-                "the {} backend isolates nothing: the runner would be a same-user process beside the \
-                 sidecar, able to read its memory and environment. Run it with RUN_ADAPTER=namespace \
-                 (this version has no INTEGRATION_RUNTIME_ADAPTER)",
-                self.name()
-            ))
+            Err(NoLocalRunners::IsolatesNothing {
+                backend: self.name(),
+            })
         }
     }
     /// Starts the run's sidecar where [`Backend::sidecar_placement`] put it.
@@ -605,6 +638,24 @@ pub trait Backend: Send + Sync {
     /// From the same kind of thread as [`Backend::spawn`]. Nothing by
     /// default (the process and docker backends).
     fn prepare(&self) {}
+}
+
+/// Why a backend cannot start a local MCP runner ([`Backend::local_runners`]),
+/// and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoLocalRunners {
+    #[error(
+        "the {backend} backend isolates nothing: the runner would be a same-user process beside the \
+         sidecar, able to read its memory and environment. Run it with RUN_ADAPTER=namespace \
+         (this version has no INTEGRATION_RUNTIME_ADAPTER)"
+    )]
+    IsolatesNothing { backend: &'static str },
+    #[error(
+        "a runner reaches its sidecar through a unix socket on a bind mount, which a \
+         container of DOCKER_RUNTIME={runtime} may not connect to (gVisor refuses host sockets \
+         by default); unset DOCKER_RUNTIME (runc) for this run, or use RUN_ADAPTER=namespace"
+    )]
+    ForeignRuntime { runtime: String },
 }
 
 /// `x` as a whole number in `0..=max`, rounded down: what a limit
@@ -628,10 +679,10 @@ pub mod process;
 pub mod seccomp;
 pub mod syscalls;
 
-pub use diagnose::{Diagnosis, diagnose};
 /// Kept at their old paths for the platform and the CLI: they live in
 /// `airlock-untrusted`, which the in-sandbox runtime links instead of this crate.
 pub use airlock_untrusted::{file as untrusted, terminal};
+pub use diagnose::{Diagnosis, diagnose};
 
 /// The backend for a `RUN_ADAPTER` value: `process`, `namespace`, `docker`,
 /// or `auto` (`namespace` where it works here, else `process` with a loud

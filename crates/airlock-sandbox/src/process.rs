@@ -37,7 +37,7 @@ impl Backend for ProcessBackend {
         let (program, args) = spec
             .command
             .split_first()
-            .ok_or_else(|| SandboxError::Setup("empty command".into()))?;
+            .ok_or(SandboxError::EmptyCommand)?;
         std::fs::create_dir_all(&spec.workspace)?;
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
@@ -53,9 +53,7 @@ impl Backend for ProcessBackend {
         // the operator's terminal. (This backend isolates nothing else.)
         crate::namespace::sys::new_session_on_spawn(&mut cmd);
         let child = cmd.spawn()?;
-        let pid = child
-            .id()
-            .ok_or_else(|| SandboxError::Setup("the command exited at once".into()))?;
+        let pid = child.id().ok_or(SandboxError::CommandExited)?;
         // The group is killed by its number only while its leader has not
         // been reaped (a zombie keeps the number its own): a number freed
         // can be reused by another process group, which must not be hit.

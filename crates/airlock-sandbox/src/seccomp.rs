@@ -33,20 +33,30 @@ use seccompiler::{
 use crate::syscalls::{self, ArgCheck, Verdict};
 
 #[derive(Debug, thiserror::Error)]
-#[error("seccomp: {0}")]
-pub struct SeccompError(String);
+pub enum SeccompError {
+    /// A rule or a filter the compiler refused.
+    #[error("seccomp: {0}")]
+    Compile(#[from] seccompiler::BackendError),
+    /// The kernel refused a filter.
+    #[error("seccomp: {0}")]
+    Install(#[from] seccompiler::Error),
+}
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
-        .map_err(|e| SeccompError(e.to_string()))
+    Ok(SeccompCondition::new(
+        arg,
+        SeccompCmpArgLen::Dword,
+        op,
+        value,
+    )?)
 }
 
 fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
-    SeccompRule::new(conds).map_err(|e| SeccompError(e.to_string()))
+    Ok(SeccompRule::new(conds)?)
 }
 
 fn arch() -> Result<TargetArch, SeccompError> {
-    TargetArch::try_from(std::env::consts::ARCH).map_err(|e| SeccompError(e.to_string()))
+    Ok(TargetArch::try_from(std::env::consts::ARCH)?)
 }
 
 /// The refusals of `check`, as rules (any rule that matches refuses).
@@ -111,10 +121,9 @@ pub fn argument_filter() -> Result<BpfProgram, SeccompError> {
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch()?,
-    )
-    .map_err(|e| SeccompError(e.to_string()))?;
-    f.try_into()
-        .map_err(|e: seccompiler::BackendError| SeccompError(e.to_string()))
+    )?;
+    let program: Result<BpfProgram, seccompiler::BackendError> = f.try_into();
+    Ok(program?)
 }
 
 const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
@@ -268,7 +277,7 @@ impl Filters {
     /// Installs them on the calling thread. Needs `no_new_privs`.
     pub fn install(&self) -> Result<(), SeccompError> {
         for p in &self.0 {
-            seccompiler::apply_filter(p).map_err(|e| SeccompError(e.to_string()))?;
+            seccompiler::apply_filter(p)?;
         }
         Ok(())
     }

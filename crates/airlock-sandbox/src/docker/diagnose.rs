@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, SystemVersion};
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
@@ -15,20 +15,26 @@ use super::{
 };
 use crate::Diagnosis;
 
-fn d(feature: impl Into<String>, r: Result<String, String>) -> Diagnosis {
-    let (works, detail) = match r {
-        Ok(s) => (true, s),
-        Err(s) => (false, s),
-    };
-    Diagnosis {
-        feature: feature.into(),
-        works,
-        detail,
-    }
+/// Why a trial container did not run ([`try_runtime`]).
+#[derive(Debug, thiserror::Error)]
+enum TrialError {
+    #[error(transparent)]
+    Api(#[from] super::ApiError),
+    #[error("the container has no network interface (exit {0})")]
+    NoInterface(i64),
+    #[error("no exit status")]
+    NoExit,
+    #[error("did not finish within 20 s")]
+    Timeout,
 }
 
 /// Starts `true` in `image` under `runtime` on `network`; the error if it fails.
-async fn try_runtime(dk: &Docker, image: &str, runtime: &str, network: &str) -> Result<(), String> {
+async fn try_runtime(
+    dk: &Docker,
+    image: &str,
+    runtime: &str,
+    network: &str,
+) -> Result<(), TrialError> {
     let name = format!("airlock-doctor-{runtime}-{network}-{}", std::process::id());
     let body = ContainerCreateBody {
         image: Some(image.into()),
@@ -66,19 +72,19 @@ async fn try_runtime(dk: &Docker, image: &str, runtime: &str, network: &str) -> 
             body,
         )
         .await
-        .map_err(|e| super::api_err("create", e))?;
+        .map_err(|e| super::ApiError::new("create", e))?;
         dk.start_container(&name, None::<q::StartContainerOptions>)
             .await
-            .map_err(|e| super::api_err("start", e))?;
+            .map_err(|e| super::ApiError::new("start", e))?;
         let mut w = dk.wait_container(&name, None::<q::WaitContainerOptions>);
         match tokio::time::timeout(Duration::from_secs(20), w.next()).await {
             Ok(Some(Ok(_))) => Ok(()),
-            Ok(Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. }))) => Err(
-                format!("the container has no network interface (exit {code})"),
-            ),
-            Ok(Some(Err(e))) => Err(super::api_err("run", e)),
-            Ok(None) => Err("no exit status".into()),
-            Err(_) => Err("did not finish within 20 s".into()),
+            Ok(Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. }))) => {
+                Err(TrialError::NoInterface(code))
+            }
+            Ok(Some(Err(e))) => Err(super::ApiError::new("run", e).into()),
+            Ok(None) => Err(TrialError::NoExit),
+            Err(_) => Err(TrialError::Timeout),
         }
     }
     .await;
@@ -105,25 +111,45 @@ fn is_gvisor(info: Option<&bollard::models::SystemInfo>, rt: &str) -> bool {
 
 /// The docker backend's lines of `airlock doctor`.
 pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
-    let mut out = vec![];
     let dk = match super::connect(&cfg.host).await {
         Ok(dk) => dk,
         Err(e) => {
-            out.push(d(
+            return vec![Diagnosis::fails(
                 "docker daemon",
-                Err(format!("{e} (DOCKER_HOST={})", cfg.host)),
-            ));
-            return out;
+                format_args!("{e} (DOCKER_HOST={})", cfg.host),
+            )];
         }
     };
-    let v = dk.client_version();
     let version = dk.version().await.ok();
-    out.push(d(
+    let mut out = vec![daemon(&dk, cfg, version.as_ref())];
+    if let Some(ver) = version.as_ref().and_then(|v| v.version.as_deref()) {
+        // The daemon reads the resolvers of its own host: judged only when
+        // that host is this one.
+        let feature = "internal networks' DNS";
+        out.push(
+            match internal_dns_verdict(ver, host_resolv_conf(&cfg.host).as_deref()) {
+                Ok(fine) => Diagnosis::works(feature, fine.to_string()),
+                Err(risk) => Diagnosis::fails(feature, risk),
+            },
+        );
+    }
+    out.extend(socket(cfg));
+    let info = dk.info().await.ok();
+    out.extend(runtimes(&dk, cfg, info.as_ref()).await);
+    out.extend(images_lines(&dk, cfg).await);
+    out.push(egress_network(&dk).await);
+    out.extend(run_networks(&dk).await);
+    out
+}
+
+/// The daemon, its version and the API version negotiated.
+fn daemon(dk: &Docker, cfg: &DockerConfig, version: Option<&SystemVersion>) -> Diagnosis {
+    let v = dk.client_version();
+    Diagnosis::works(
         "docker daemon",
-        Ok(format!(
+        format!(
             "{} at {}, API {}.{} negotiated (daemon speaks {}, needs ≥ {})",
             version
-                .as_ref()
                 .and_then(|v| v.version.clone())
                 .map(|v| format!("Docker {v}"))
                 .unwrap_or_else(|| "a daemon".into()),
@@ -131,117 +157,142 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
             v.major_version,
             v.minor_version,
             version
-                .as_ref()
                 .and_then(|v| v.api_version.clone())
                 .unwrap_or_else(|| "?".into()),
             super::MIN_API_VERSION
-        )),
-    ));
-    if let Some(ver) = version.as_ref().and_then(|v| v.version.as_deref()) {
-        // The daemon reads the resolvers of its own host: judged only when
-        // that host is this one.
-        out.push(d(
-            "internal networks' DNS",
-            internal_dns_verdict(ver, host_resolv_conf(&cfg.host).as_deref()),
-        ));
-    }
-    if cfg.host.starts_with("unix://") {
-        let path = cfg.host.trim_start_matches("unix://");
-        if let Ok(m) = std::fs::metadata(path) {
-            use std::os::unix::fs::MetadataExt;
-            out.push(d(
-                "docker socket",
-                Ok(format!(
-                    "{path} (mode {:o}, uid {}, gid {}): whoever can open it is root on this host",
-                    m.mode() & 0o777,
-                    m.uid(),
-                    m.gid()
-                )),
-            ));
-        }
-    }
-    let info = dk.info().await.ok();
-    let runtimes: Vec<String> = info
-        .as_ref()
+        ),
+    )
+}
+
+/// The daemon's unix socket: who may open it is root on this host.
+fn socket(cfg: &DockerConfig) -> Option<Diagnosis> {
+    use std::os::unix::fs::MetadataExt;
+    let path = cfg.host.strip_prefix("unix://")?;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Diagnosis::works(
+        "docker socket",
+        format!(
+            "{path} (mode {:o}, uid {}, gid {}): whoever can open it is root on this host",
+            m.mode() & 0o777,
+            m.uid(),
+            m.gid()
+        ),
+    ))
+}
+
+/// Each container runtime, tried for real: runc, runsc, and every other
+/// runtime registered (gVisor is often registered twice: `runsc` and a
+/// `--network=host` variant); then `DOCKER_RUNTIME`, when set.
+async fn runtimes(
+    dk: &Docker,
+    cfg: &DockerConfig,
+    info: Option<&bollard::models::SystemInfo>,
+) -> Vec<Diagnosis> {
+    let registered: Vec<String> = info
         .and_then(|i| i.runtimes.as_ref())
         .map(|r| r.keys().cloned().collect())
         .unwrap_or_default();
     let default_rt = info
-        .as_ref()
         .and_then(|i| i.default_runtime.clone())
         .unwrap_or_else(|| "runc".into());
-    let agent_present = images::present(&dk, &cfg.images.agent)
+    let agent_present = images::present(dk, &cfg.images.agent)
         .await
         .unwrap_or(false);
     let image = cfg.images.agent.to_string();
-    // runc, runsc, and every other runtime registered (gVisor is often
-    // registered twice: `runsc` and a `--network=host` variant).
     let mut tried: Vec<String> = vec!["runc".into(), "runsc".into()];
     tried.extend(
-        runtimes
+        registered
             .iter()
             .filter(|r| !r.starts_with("io.containerd.") && !tried.contains(r))
             .cloned()
             .collect::<Vec<_>>(),
     );
+    let mut out = vec![];
     for rt in &tried {
         let rt = rt.as_str();
-        let r = if !runtimes.iter().any(|r| r == rt) {
-            Err(
-                if rt == "runsc" && std::path::Path::new("/usr/bin/runsc").exists() {
-                    "installed (/usr/bin/runsc) but not registered with dockerd: add it to \"runtimes\" in /etc/docker/daemon.json and reload dockerd (SIGHUP)".to_string()
-                } else {
-                    format!(
-                        "not registered with dockerd (it knows {})",
-                        runtimes.join(", ")
-                    )
-                },
-            )
-        } else if !agent_present {
-            Err(format!(
-                "registered; not tried: {image} is missing (airlock images build)"
-            ))
-        } else {
-            // A failed start may leave something behind (`leftover`): on a
-            // bridge only once a start without a network worked.
-            let leftover = if is_gvisor(info.as_ref(), rt) {
-                " (gVisor releases before 2023 leave the sandbox of a failed start running, out of Docker's sight: `runsc --root /var/run/docker/runtime-runc/moby list` shows it, `delete --force ID` ends it)"
+        let feature = format!("runtime {rt}");
+        out.push(if !registered.iter().any(|r| r == rt) {
+            if rt == "runsc" && std::path::Path::new("/usr/bin/runsc").exists() {
+                Diagnosis::fails(feature, "installed (/usr/bin/runsc) but not registered with dockerd: add it to \"runtimes\" in /etc/docker/daemon.json and reload dockerd (SIGHUP)")
             } else {
-                ""
-            };
-            match try_runtime(&dk, &image, rt, "none").await {
-                Err(e) => Err(format!("cannot start a container: {e}{leftover}")),
-                Ok(()) => match try_runtime(&dk, &image, rt, "bridge").await {
-                    Ok(()) => Ok(format!(
-                        "starts containers, with and without a network{}",
-                        if rt == default_rt {
-                            " (the daemon's default)"
-                        } else {
-                            ""
-                        }
-                    )),
-                    Err(e) => Err(format!(
-                        "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}{leftover}"
-                    )),
-                },
+                Diagnosis::fails(
+                    feature,
+                    format_args!(
+                        "not registered with dockerd (it knows {})",
+                        registered.join(", ")
+                    ),
+                )
             }
-        };
-        out.push(d(format!("runtime {rt}"), r));
+        } else if !agent_present {
+            Diagnosis::fails(
+                feature,
+                format_args!("registered; not tried: {image} is missing (airlock images build)"),
+            )
+        } else {
+            let default = rt == default_rt;
+            trial(dk, &image, rt, is_gvisor(info, rt), default, feature).await
+        });
     }
     if let Some(r) = &cfg.runtime {
-        out.push(d(
-            "DOCKER_RUNTIME",
-            if runtimes.contains(r) {
-                Ok(format!("{r}: agents run under it"))
-            } else {
-                Err(format!(
-                    "{r} is not registered with dockerd: runs will fail to start"
-                ))
-            },
-        ));
+        out.push(if registered.contains(r) {
+            Diagnosis::works("DOCKER_RUNTIME", format!("{r}: agents run under it"))
+        } else {
+            Diagnosis::fails(
+                "DOCKER_RUNTIME",
+                format_args!("{r} is not registered with dockerd: runs will fail to start"),
+            )
+        });
     }
-    let contract =
-        images::check_tag_contract(&cfg.images.agent, &cfg.images.sidecar, images::VERSION);
+    out
+}
+
+/// A registered runtime tried: a container without a network, then (once
+/// that works) one on a bridge, what a run needs.
+async fn trial(
+    dk: &Docker,
+    image: &str,
+    rt: &str,
+    gvisor: bool,
+    default: bool,
+    feature: String,
+) -> Diagnosis {
+    // A failed start may leave something behind (`leftover`): on a
+    // bridge only once a start without a network worked.
+    let leftover = if gvisor {
+        " (gVisor releases before 2023 leave the sandbox of a failed start running, out of Docker's sight: `runsc --root /var/run/docker/runtime-runc/moby list` shows it, `delete --force ID` ends it)"
+    } else {
+        ""
+    };
+    match try_runtime(dk, image, rt, "none").await {
+        Err(e) => Diagnosis::fails(
+            feature,
+            format_args!("cannot start a container: {e}{leftover}"),
+        ),
+        Ok(()) => match try_runtime(dk, image, rt, "bridge").await {
+            Ok(()) => Diagnosis::works(
+                feature,
+                format!(
+                    "starts containers, with and without a network{}",
+                    if default {
+                        " (the daemon's default)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            Err(e) => Diagnosis::fails(
+                feature,
+                format_args!(
+                    "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}{leftover}"
+                ),
+            ),
+        },
+    }
+}
+
+/// The two images, and their tag contract.
+async fn images_lines(dk: &Docker, cfg: &DockerConfig) -> Vec<Diagnosis> {
+    let mut out = vec![];
     for (what, image, default) in [
         (
             "agent image",
@@ -254,35 +305,49 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
             cfg.images.sidecar_is_default,
         ),
     ] {
-        let r = match images::present(&dk, image).await {
-            Ok(true) => Ok(format!("{image} present")),
-            Ok(false) if default => Err(format!(
-                "{image} missing: the next boot builds it (or `airlock images build`)"
-            )),
-            Ok(false) => Err(format!(
-                "{image} missing: load it onto the daemon (Airlock pulls nothing)"
-            )),
-            Err(e) => Err(e.to_string()),
-        };
-        out.push(d(what, r));
+        out.push(match images::present(dk, image).await {
+            Ok(true) => Diagnosis::works(what, format!("{image} present")),
+            Ok(false) if default => Diagnosis::fails(
+                what,
+                format_args!(
+                    "{image} missing: the next boot builds it (or `airlock images build`)"
+                ),
+            ),
+            Ok(false) => Diagnosis::fails(
+                what,
+                format_args!("{image} missing: load it onto the daemon (Airlock pulls nothing)"),
+            ),
+            Err(e) => Diagnosis::fails(what, e),
+        });
     }
-    out.push(d(
-        "image tag contract",
-        contract.map(|()| {
-            format!(
-                "agent and sidecar tags agree ({}), platform {}",
-                cfg.images.agent.tag(),
-                images::VERSION
-            )
-        }),
-    ));
-    let egress = dk
+    let contract = "image tag contract";
+    out.push(
+        match images::check_tag_contract(&cfg.images.agent, &cfg.images.sidecar, images::VERSION) {
+            Ok(()) => Diagnosis::works(
+                contract,
+                format!(
+                    "agent and sidecar tags agree ({}), platform {}",
+                    cfg.images.agent.tag(),
+                    images::VERSION
+                ),
+            ),
+            Err(e) => Diagnosis::fails(contract, e),
+        },
+    );
+    out
+}
+
+/// The shared egress network, and whether its containers may reach one
+/// another.
+async fn egress_network(dk: &Docker) -> Diagnosis {
+    let feature = "egress network";
+    match dk
         .inspect_network(EGRESS_NETWORK, None::<q::InspectNetworkOptions>)
-        .await;
-    out.push(d(
-        "egress network",
-        match egress {
-            Ok(n) => Ok(format!(
+        .await
+    {
+        Ok(n) => Diagnosis::works(
+            feature,
+            format!(
                 "{EGRESS_NETWORK} exists ({}, inter-container traffic {})",
                 n.ipam
                     .and_then(|i| i.config)
@@ -299,13 +364,19 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
                 } else {
                     "ON"
                 }
-            )),
-            Err(e) if super::not_found(&e) => Err(format!(
-                "{EGRESS_NETWORK} does not exist yet: the first docker run creates it"
-            )),
-            Err(e) => Err(super::api_err("inspect", e)),
-        },
-    ));
+            ),
+        ),
+        Err(e) if super::not_found(&e) => Diagnosis::fails(
+            feature,
+            format_args!("{EGRESS_NETWORK} does not exist yet: the first docker run creates it"),
+        ),
+        Err(e) => Diagnosis::fails(feature, super::ApiError::new("inspect", e)),
+    }
+}
+
+/// The run networks on the daemon, by whose they are (a live platform's,
+/// a stopped one's, another host's).
+async fn run_networks(dk: &Docker) -> Option<Diagnosis> {
     let filters = HashMap::from([(
         "label",
         vec![
@@ -313,39 +384,40 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
             format!("{LABEL_ROLE}=network"),
         ],
     )]);
-    if let Ok(nets) = dk
+    let nets = dk
         .list_networks(Some(
             q::ListNetworksOptionsBuilder::default()
                 .filters(&filters)
                 .build(),
         ))
         .await
-    {
-        let mut live = 0;
-        let mut dead = 0;
-        let mut other = 0;
-        for n in &nets {
-            match reclaim::judge_owner(
-                n.labels
-                    .as_ref()
-                    .and_then(|l| l.get(LABEL_OWNER))
-                    .map(String::as_str),
-            ) {
-                reclaim::Owner::Alive => live += 1,
-                reclaim::Owner::Dead => dead += 1,
-                reclaim::Owner::Unknown => other += 1,
-            }
+        .ok()?;
+    let (mut live, mut dead, mut other) = (0, 0, 0);
+    for n in &nets {
+        match reclaim::judge_owner(
+            n.labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_OWNER))
+                .map(String::as_str),
+        ) {
+            reclaim::Owner::Alive => live += 1,
+            reclaim::Owner::Dead => dead += 1,
+            reclaim::Owner::Unknown => other += 1,
         }
-        out.push(d(
-            "run networks",
-            if dead == 0 {
-                Ok(format!("{live} of live platforms, {other} of other hosts"))
-            } else {
-                Err(format!("{live} of live platforms, {dead} of stopped platforms (reclaimed at the next boot), {other} of other hosts"))
-            },
-        ));
     }
-    out
+    Some(if dead == 0 {
+        Diagnosis::works(
+            "run networks",
+            format!("{live} of live platforms, {other} of other hosts"),
+        )
+    } else {
+        Diagnosis::fails(
+            "run networks",
+            format_args!(
+                "{live} of live platforms, {dead} of stopped platforms (reclaimed at the next boot), {other} of other hosts"
+            ),
+        )
+    })
 }
 
 /// The resolvers of the daemon's host, when that host is this one.
@@ -366,7 +438,7 @@ pub(crate) fn host_resolv_conf(docker_host: &str) -> Option<String> {
 pub(crate) fn internal_dns_verdict(
     version: &str,
     resolv_conf: Option<&str>,
-) -> Result<String, String> {
+) -> Result<NoDnsChannel, DnsChannel> {
     let nums: Vec<u32> = version
         .split(|c: char| !c.is_ascii_digit())
         .take(3)
@@ -377,18 +449,14 @@ pub(crate) fn internal_dns_verdict(
         nums.get(1).copied().unwrap_or(0),
         nums.get(2).copied().unwrap_or(0),
     );
+    let version = version.to_owned();
     let fixed =
         v >= (26, 0, 0) || (v.0 == 25 && v >= (25, 0, 5)) || (v.0 == 23 && v >= (23, 0, 11));
     if fixed {
-        return Ok(format!(
-            "Docker {version} does not forward an internal network's queries (CVE-2024-29018 fixed)"
-        ));
+        return Ok(NoDnsChannel::Fixed { version });
     }
     let Some(conf) = resolv_conf else {
-        return Err(format!(
-            "Docker {version} predates the CVE-2024-29018 fix and its host's resolvers are unknown here: \
-             if they are on a loopback address, agents can send data out in DNS names"
-        ));
+        return Err(DnsChannel::UnknownResolvers { version });
     };
     let loopback: Vec<&str> = conf
         .lines()
@@ -400,19 +468,44 @@ pub(crate) fn internal_dns_verdict(
         })
         .collect();
     if loopback.is_empty() {
-        Ok(format!(
-            "Docker {version} predates the CVE-2024-29018 fix, but no resolver of this host is on loopback: \
-             an internal network's queries go out of the run's own namespace, where they have no route"
-        ))
+        Ok(NoDnsChannel::NoLoopbackResolver { version })
     } else {
-        Err(format!(
-            "Docker {version} predates the CVE-2024-29018 fix and this host resolves through {}: \
-             the daemon may forward an agent's queries there from the host's namespace, so agents can \
-             send data out in DNS names. Upgrade Docker (26.0.0, 25.0.5, 23.0.11 or later) or point \
-             /etc/resolv.conf at a resolver that is not on loopback",
-            loopback.join(", ")
-        ))
+        Err(DnsChannel::LoopbackResolver {
+            version,
+            resolvers: loopback.join(", "),
+        })
     }
+}
+
+/// Why an internal network's queries are no channel out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NoDnsChannel {
+    #[error(
+        "Docker {version} does not forward an internal network's queries (CVE-2024-29018 fixed)"
+    )]
+    Fixed { version: String },
+    #[error(
+        "Docker {version} predates the CVE-2024-29018 fix, but no resolver of this host is on loopback: \
+         an internal network's queries go out of the run's own namespace, where they have no route"
+    )]
+    NoLoopbackResolver { version: String },
+}
+
+/// Why an agent may send data out in DNS names through the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum DnsChannel {
+    #[error(
+        "Docker {version} predates the CVE-2024-29018 fix and its host's resolvers are unknown here: \
+         if they are on a loopback address, agents can send data out in DNS names"
+    )]
+    UnknownResolvers { version: String },
+    #[error(
+        "Docker {version} predates the CVE-2024-29018 fix and this host resolves through {resolvers}: \
+         the daemon may forward an agent's queries there from the host's namespace, so agents can \
+         send data out in DNS names. Upgrade Docker (26.0.0, 25.0.5, 23.0.11 or later) or point \
+         /etc/resolv.conf at a resolver that is not on loopback"
+    )]
+    LoopbackResolver { version: String, resolvers: String },
 }
 
 #[cfg(test)]
@@ -442,13 +535,17 @@ mod tests {
     fn an_old_daemon_with_a_loopback_resolver_is_a_dns_channel() {
         let local = "# managed\nnameserver 127.0.0.1\noptions edns0\n";
         let remote = "nameserver 10.255.255.53\n";
-        let e = internal_dns_verdict("20.10.24+dfsg1", Some(local)).unwrap_err();
+        let e = internal_dns_verdict("20.10.24+dfsg1", Some(local))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("127.0.0.1") && e.contains("CVE-2024-29018"),
             "{e}"
         );
         assert!(internal_dns_verdict("20.10.24+dfsg1", Some("nameserver ::1\n")).is_err());
-        let ok = internal_dns_verdict("20.10.24+dfsg1", Some(remote)).unwrap();
+        let ok = internal_dns_verdict("20.10.24+dfsg1", Some(remote))
+            .unwrap()
+            .to_string();
         assert!(ok.contains("no route"), "{ok}");
         assert!(internal_dns_verdict("20.10.24", None).is_err());
         for fixed in ["26.0.0", "27.3.1", "25.0.5", "23.0.11", "28.0.0-rc1"] {

@@ -23,6 +23,7 @@ use bollard::Docker;
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
+use super::ApiError;
 use crate::SandboxError;
 
 /// The platform's version (every crate of the workspace has the same).
@@ -171,10 +172,7 @@ impl ImagesConfig {
                 &format!("{DEFAULT_BASE_REPO}:{BASE_TAG}"),
             )?,
         };
-        check_tag_contract(&agent, &sidecar, VERSION).map_err(|message| SandboxError::Config {
-            var: "AGENT_IMAGE",
-            message,
-        })?;
+        contract_holds(&agent, &sidecar)?;
         Ok(ImagesConfig {
             agent_is_default: get("AGENT_IMAGE").is_none(),
             sidecar_is_default: sidecar_var.is_none(),
@@ -196,28 +194,58 @@ fn is_release(v: &str) -> bool {
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// How two image references break the version contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TagContract {
+    #[error(
+        "the agent image {agent} and the sidecar image {sidecar} have different tags ({agent_tag} ≠ {sidecar_tag}): build and deploy both at one version"
+    )]
+    DifferentTags {
+        agent: String,
+        sidecar: String,
+        agent_tag: String,
+        sidecar_tag: String,
+    },
+    #[error(
+        "the runtime images are release {images} but the platform is release {platform}: deploy all three at one version"
+    )]
+    OtherRelease { images: String, platform: String },
+}
+
 /// The version contract between the platform and its two runtime images.
 pub fn check_tag_contract(
     agent: &ImageRef,
     sidecar: &ImageRef,
     platform: &str,
-) -> Result<(), String> {
+) -> Result<(), TagContract> {
     if agent.digest.is_some() || sidecar.digest.is_some() {
         return Ok(());
     }
     let (a, s) = (agent.tag(), sidecar.tag());
     if a != s {
-        return Err(format!(
-            "the agent image {agent} and the sidecar image {sidecar} have different tags ({a} ≠ {s}): build and deploy both at one version"
-        ));
+        return Err(TagContract::DifferentTags {
+            agent: agent.to_string(),
+            sidecar: sidecar.to_string(),
+            agent_tag: a.to_owned(),
+            sidecar_tag: s.to_owned(),
+        });
     }
     let norm = |v: &str| v.strip_prefix('v').unwrap_or(v).to_owned();
     if is_release(a) && is_release(platform) && norm(a) != norm(platform) {
-        return Err(format!(
-            "the runtime images are release {a} but the platform is release {platform}: deploy all three at one version"
-        ));
+        return Err(TagContract::OtherRelease {
+            images: a.to_owned(),
+            platform: platform.to_owned(),
+        });
     }
     Ok(())
+}
+
+/// The contract as an operator setting ([`SandboxError::Config`]).
+fn contract_holds(agent: &ImageRef, sidecar: &ImageRef) -> Result<(), SandboxError> {
+    check_tag_contract(agent, sidecar, VERSION).map_err(|e| SandboxError::Config {
+        var: "AGENT_IMAGE",
+        message: e.to_string(),
+    })
 }
 
 /// The GNU build id of an ELF file (`.note.gnu.build-id`), hex.
@@ -295,8 +323,53 @@ pub fn default_tag(exe: &Path) -> String {
     }
 }
 
-fn err(e: impl std::fmt::Display) -> SandboxError {
-    SandboxError::Setup(e.to_string())
+/// Why an image could not be checked, built or removed: one variant per
+/// failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("copying {}: {source}", .path.display())]
+    Copy {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("ldd {}: {source} (glibc's ldd is needed to build the sidecar image)", .path.display())]
+    NoLdd {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("ldd {}: {stderr}", .path.display())]
+    Ldd { path: PathBuf, stderr: String },
+    /// The staging directory of a build.
+    #[error("{0}")]
+    Staging(#[source] std::io::Error),
+    /// Writing the build context or the root filesystem's archive.
+    #[error("{0}")]
+    Archive(#[source] std::io::Error),
+    /// Reading the stripped binary.
+    #[error("{0}")]
+    Binary(#[source] std::io::Error),
+    #[error("{}: {source}", .path.display())]
+    Library {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot run mmdebstrap ({0}): install it (apt-get install mmdebstrap), or set AGENT_BASE_IMAGE to a local image that has /usr/bin/python3"
+    )]
+    NoMmdebstrap(#[source] std::io::Error),
+    #[error("mmdebstrap: no {0}")]
+    MmdebstrapStream(&'static str),
+    #[error("{0}")]
+    MmdebstrapWait(#[source] std::io::Error),
+    #[error("mmdebstrap failed ({status}): {stderr}")]
+    Mmdebstrap {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("building {tag}: {message}")]
+    Build { tag: String, message: String },
 }
 
 /// Whether `image` is present on the daemon.
@@ -304,7 +377,7 @@ pub async fn present(d: &Docker, image: &ImageRef) -> Result<bool, SandboxError>
     match d.inspect_image(&image.to_string()).await {
         Ok(_) => Ok(true),
         Err(e) if super::not_found(&e) => Ok(false),
-        Err(e) => Err(err(super::api_err(&format!("inspecting {image}"), e))),
+        Err(e) => Err(ImageError::from(ApiError::new(format!("inspecting {image}"), e)).into()),
     }
 }
 
@@ -315,12 +388,7 @@ pub async fn ensure(
     cfg: &ImagesConfig,
     say: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<String>, SandboxError> {
-    check_tag_contract(&cfg.agent, &cfg.sidecar, VERSION).map_err(|message| {
-        SandboxError::Config {
-            var: "AGENT_IMAGE",
-            message,
-        }
-    })?;
+    contract_holds(&cfg.agent, &cfg.sidecar)?;
     let mut built = vec![];
     for (image, default, var) in [
         (&cfg.sidecar, cfg.sidecar_is_default, "SIDECAR_IMAGE"),
@@ -373,7 +441,7 @@ pub async fn prune(d: &Docker, cfg: &ImagesConfig) -> Result<Pruned, SandboxErro
                 .build(),
         ))
         .await
-        .map_err(|e| err(super::api_err("listing images", e)))?;
+        .map_err(|e| ImageError::from(ApiError::new("listing images", e)))?;
     // An image a container uses keeps every tag (untagging it would leave
     // the container's image nameless).
     let used: std::collections::HashSet<String> = d
@@ -381,7 +449,7 @@ pub async fn prune(d: &Docker, cfg: &ImagesConfig) -> Result<Pruned, SandboxErro
             q::ListContainersOptionsBuilder::default().all(true).build(),
         ))
         .await
-        .map_err(|e| err(super::api_err("listing containers", e)))?
+        .map_err(|e| ImageError::from(ApiError::new("listing containers", e)))?
         .into_iter()
         .filter_map(|c| c.image_id)
         .collect();
@@ -408,7 +476,11 @@ pub async fn prune(d: &Docker, cfg: &ImagesConfig) -> Result<Pruned, SandboxErro
                 Ok(_) => out.removed.push(tag),
                 Err(e) if super::not_found(&e) => {}
                 Err(e) if super::conflict(&e) => out.in_use.push(tag),
-                Err(e) => return Err(err(super::api_err(&format!("removing {tag}"), e))),
+                Err(e) => {
+                    return Err(
+                        ImageError::from(ApiError::new(format!("removing {tag}"), e)).into(),
+                    );
+                }
             }
         }
     }
@@ -421,20 +493,18 @@ pub async fn build_all(
     cfg: &ImagesConfig,
     say: &(dyn Fn(&str) + Sync),
 ) -> Result<(), SandboxError> {
-    check_tag_contract(&cfg.agent, &cfg.sidecar, VERSION).map_err(|message| {
-        SandboxError::Config {
-            var: "AGENT_IMAGE",
-            message,
-        }
-    })?;
+    contract_holds(&cfg.agent, &cfg.sidecar)?;
     build_sidecar(d, cfg, say).await?;
     build_agent(d, cfg, say).await
 }
 
 /// A copy of the binary with its symbols stripped (`strip`, when installed).
-fn stripped_binary(exe: &Path, dir: &Path) -> Result<PathBuf, SandboxError> {
+fn stripped_binary(exe: &Path, dir: &Path) -> Result<PathBuf, ImageError> {
     let out = dir.join("airlock");
-    std::fs::copy(exe, &out).map_err(|e| err(format!("copying {}: {e}", exe.display())))?;
+    std::fs::copy(exe, &out).map_err(|source| ImageError::Copy {
+        path: exe.to_owned(),
+        source,
+    })?;
     match std::process::Command::new("strip")
         .arg("--strip-all")
         .arg(&out)
@@ -449,26 +519,23 @@ fn stripped_binary(exe: &Path, dir: &Path) -> Result<PathBuf, SandboxError> {
 }
 
 /// The shared libraries `exe` loads (and its ELF interpreter), as `ldd` lists them.
-fn linked_libraries(exe: &Path) -> Result<Vec<PathBuf>, SandboxError> {
+fn linked_libraries(exe: &Path) -> Result<Vec<PathBuf>, ImageError> {
     let out = std::process::Command::new("ldd")
         .arg(exe)
         .output()
-        .map_err(|e| {
-            err(format!(
-                "ldd {}: {e} (glibc's ldd is needed to build the sidecar image)",
-                exe.display()
-            ))
+        .map_err(|source| ImageError::NoLdd {
+            path: exe.to_owned(),
+            source,
         })?;
     let text = String::from_utf8_lossy(&out.stdout);
     if text.contains("not a dynamic executable") || text.contains("statically linked") {
         return Ok(vec![]);
     }
     if !out.status.success() {
-        return Err(err(format!(
-            "ldd {}: {}",
-            exe.display(),
-            String::from_utf8_lossy(&out.stderr)
-        )));
+        return Err(ImageError::Ldd {
+            path: exe.to_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
     }
     let mut libs = vec![];
     for line in text.lines() {
@@ -486,7 +553,7 @@ fn linked_libraries(exe: &Path) -> Result<Vec<PathBuf>, SandboxError> {
 struct Staging(PathBuf);
 
 impl Staging {
-    fn new() -> Result<Staging, SandboxError> {
+    fn new() -> Result<Staging, ImageError> {
         let dir = std::env::temp_dir().join(format!(
             "airlock-images-{}-{}",
             std::process::id(),
@@ -495,7 +562,7 @@ impl Staging {
                 .map(|d| d.as_nanos())
                 .unwrap_or(0)
         ));
-        std::fs::create_dir_all(&dir).map_err(err)?;
+        std::fs::create_dir_all(&dir).map_err(ImageError::Staging)?;
         Ok(Staging(dir))
     }
 }
@@ -511,7 +578,7 @@ fn tar_file(
     at: &str,
     data: &[u8],
     mode: u32,
-) -> Result<(), SandboxError> {
+) -> Result<(), ImageError> {
     let mut h = tar::Header::new_gnu();
     h.set_size(data.len() as u64);
     h.set_mode(mode);
@@ -519,16 +586,17 @@ fn tar_file(
     h.set_gid(0);
     h.set_mtime(0);
     h.set_entry_type(tar::EntryType::Regular);
-    b.append_data(&mut h, at, data).map_err(err)
+    b.append_data(&mut h, at, data).map_err(ImageError::Archive)
 }
 
-fn tar_dir(b: &mut tar::Builder<Vec<u8>>, at: &str, mode: u32) -> Result<(), SandboxError> {
+fn tar_dir(b: &mut tar::Builder<Vec<u8>>, at: &str, mode: u32) -> Result<(), ImageError> {
     let mut h = tar::Header::new_gnu();
     h.set_size(0);
     h.set_mode(mode);
     h.set_mtime(0);
     h.set_entry_type(tar::EntryType::Directory);
-    b.append_data(&mut h, at, std::io::empty()).map_err(err)
+    b.append_data(&mut h, at, std::io::empty())
+        .map_err(ImageError::Archive)
 }
 
 fn labels_changes(kind: &str, exe: &Path) -> Vec<String> {
@@ -547,7 +615,7 @@ async fn import(
     image: &ImageRef,
     changes: Vec<String>,
     body: impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static,
-) -> Result<(), SandboxError> {
+) -> Result<(), ImageError> {
     let opts = q::CreateImageOptions {
         from_src: Some("-".into()),
         repo: Some(image.name.clone()),
@@ -557,7 +625,7 @@ async fn import(
     };
     let mut s = d.create_image(Some(opts), Some(bollard::body_try_stream(body)), None);
     while let Some(r) = s.next().await {
-        r.map_err(|e| err(super::api_err(&format!("importing {image}"), e)))?;
+        r.map_err(|e| ApiError::new(format!("importing {image}"), e))?;
     }
     Ok(())
 }
@@ -588,11 +656,14 @@ pub async fn build_sidecar(
     tar_file(
         &mut b,
         "usr/local/bin/airlock",
-        &std::fs::read(&bin).map_err(err)?,
+        &std::fs::read(&bin).map_err(ImageError::Binary)?,
         0o755,
     )?;
     for lib in linked_libraries(&cfg.exe)? {
-        let data = std::fs::read(&lib).map_err(|e| err(format!("{}: {e}", lib.display())))?;
+        let data = std::fs::read(&lib).map_err(|source| ImageError::Library {
+            path: lib.clone(),
+            source,
+        })?;
         let at = lib.to_string_lossy().trim_start_matches('/').to_owned();
         let mut parent = String::new();
         for c in Path::new(&at)
@@ -618,7 +689,7 @@ pub async fn build_sidecar(
     )?;
     tar_file(&mut b, "etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)?;
     tar_file(&mut b, "etc/nsswitch.conf", b"hosts: files dns\n", 0o644)?;
-    let tar = b.into_inner().map_err(err)?;
+    let tar = b.into_inner().map_err(ImageError::Archive)?;
     let mut changes = labels_changes("sidecar", &cfg.exe);
     changes.push(format!(
         "CMD [\"{}\", \"sidecar\"]",
@@ -663,19 +734,15 @@ pub async fn build_base(
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| {
-            err(format!(
-                "cannot run mmdebstrap ({e}): install it (apt-get install mmdebstrap), or set AGENT_BASE_IMAGE to a local image that has /usr/bin/python3"
-            ))
-        })?;
+        .map_err(ImageError::NoMmdebstrap)?;
     let stdout = child
         .stdout
         .take()
-        .ok_or_else(|| err("mmdebstrap: no stdout"))?;
+        .ok_or(ImageError::MmdebstrapStream("stdout"))?;
     let mut stderr = child
         .stderr
         .take()
-        .ok_or_else(|| err("mmdebstrap: no stderr"))?;
+        .ok_or(ImageError::MmdebstrapStream("stderr"))?;
     let errs = tokio::spawn(async move {
         let mut s = String::new();
         let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut s).await;
@@ -695,13 +762,14 @@ pub async fn build_base(
     let mut changes = labels_changes("agent-base", &cfg.exe);
     changes.retain(|c| !c.contains(LABEL_BUILD_ID));
     let imported = import(d, &cfg.base, changes, chunks).await;
-    let status = child.wait().await.map_err(err)?;
+    let status = child.wait().await.map_err(ImageError::MmdebstrapWait)?;
     let errs = errs.await.unwrap_or_default();
     if !status.success() {
-        return Err(err(format!(
-            "mmdebstrap failed ({status}): {}",
-            errs.trim()
-        )));
+        return Err(ImageError::Mmdebstrap {
+            status,
+            stderr: errs.trim().to_owned(),
+        }
+        .into());
     }
     imported?;
     say(&format!(
@@ -735,8 +803,13 @@ pub async fn build_agent(
     }
     let mut b = tar::Builder::new(Vec::new());
     tar_file(&mut b, "Dockerfile", dockerfile.as_bytes(), 0o644)?;
-    tar_file(&mut b, "airlock", &std::fs::read(&bin).map_err(err)?, 0o755)?;
-    let tar = b.into_inner().map_err(err)?;
+    tar_file(
+        &mut b,
+        "airlock",
+        &std::fs::read(&bin).map_err(ImageError::Binary)?,
+        0o755,
+    )?;
+    let tar = b.into_inner().map_err(ImageError::Archive)?;
     let tag = cfg.agent.to_string();
     let opts = q::BuildImageOptionsBuilder::default()
         .dockerfile("Dockerfile")
@@ -746,9 +819,9 @@ pub async fn build_agent(
         .build();
     let mut s = d.build_image(opts, None, Some(bollard::body_full(tar.into())));
     while let Some(r) = s.next().await {
-        let info = r.map_err(|e| err(super::api_err(&format!("building {tag}"), e)))?;
-        if let Some(e) = info.error_detail.and_then(|e| e.message) {
-            return Err(err(format!("building {tag}: {e}")));
+        let info = r.map_err(|e| ImageError::from(ApiError::new(format!("building {tag}"), e)))?;
+        if let Some(message) = info.error_detail.and_then(|e| e.message) {
+            return Err(ImageError::Build { tag, message }.into());
         }
     }
     say(&format!(

@@ -16,7 +16,7 @@ use std::process::Command;
 use rustix::process::{Pid, Signal, WaitOptions};
 
 use crate::namespace::sys;
-use crate::seccomp::Filters;
+use crate::seccomp::{Filters, SeccompError};
 
 /// The hidden subcommand of the `airlock` binary that runs [`main`].
 pub const SUBCOMMAND: &str = "container-init";
@@ -44,27 +44,59 @@ pub fn main(command: &[String]) -> i32 {
     }
 }
 
-fn run(command: &[String]) -> Result<i32, String> {
+/// A setup step of the container init that failed.
+#[derive(Debug, thiserror::Error)]
+enum ContainerInitError {
+    #[error("non-dumpable: {0}")]
+    NonDumpable(#[source] std::io::Error),
+    #[error("no command")]
+    NoCommand,
+    #[error("signal mask: {0}")]
+    SignalMask(#[source] std::io::Error),
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+    #[error("no_new_privs: {0}")]
+    NoNewPrivs(#[source] std::io::Error),
+    #[error("{program}: {source}")]
+    Exec {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{program}: pid: {source}")]
+    Pid {
+        program: String,
+        source: std::num::TryFromIntError,
+    },
+    #[error("sigwaitinfo: {0}")]
+    Wait(#[source] std::io::Error),
+}
+
+fn run(command: &[String]) -> Result<i32, ContainerInitError> {
+    use ContainerInitError as E;
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-        .map_err(|e| format!("non-dumpable: {e}"))?;
-    let (prog, args) = command
-        .split_first()
-        .ok_or_else(|| "no command".to_string())?;
+        .map_err(|e| E::NonDumpable(e.into()))?;
+    let (prog, args) = command.split_first().ok_or(E::NoCommand)?;
     let mut waited: Vec<i32> = FORWARDED.to_vec();
     waited.push(libc::SIGCHLD);
-    sys::block_signals(&waited).map_err(|e| format!("signal mask: {e}"))?;
-    let filters = Filters::compile().map_err(|e| e.to_string())?;
-    rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
-    filters.install().map_err(|e| e.to_string())?;
+    sys::block_signals(&waited).map_err(E::SignalMask)?;
+    let filters = Filters::compile()?;
+    rustix::thread::set_no_new_privs(true).map_err(|e| E::NoNewPrivs(e.into()))?;
+    filters.install()?;
     let child = Command::new(prog)
         .args(args)
         .spawn()
-        .map_err(|e| format!("{prog}: {e}"))?;
+        .map_err(|source| E::Exec {
+            program: prog.clone(),
+            source,
+        })?;
     // A pid fits an i32 (pid_max is at most 2^22).
-    let main = i32::try_from(child.id()).map_err(|e| format!("{prog}: pid: {e}"))?;
+    let main = i32::try_from(child.id()).map_err(|source| E::Pid {
+        program: prog.clone(),
+        source,
+    })?;
     drop(child);
     loop {
-        let sig = sys::wait_signal(&waited).map_err(|e| format!("sigwaitinfo: {e}"))?;
+        let sig = sys::wait_signal(&waited).map_err(E::Wait)?;
         if sig != libc::SIGCHLD {
             if let (Some(pid), Some(sig)) = (Pid::from_raw(main), Signal::from_named_raw(sig)) {
                 let _ = rustix::process::kill_process(pid, sig);
@@ -75,21 +107,11 @@ fn run(command: &[String]) -> Result<i32, String> {
         loop {
             match rustix::process::wait(WaitOptions::NOHANG) {
                 Ok(Some((pid, st))) if pid.as_raw_nonzero().get() == main => {
-                    return Ok(exit_code(st));
+                    return Ok(sys::exit_code(st));
                 }
                 Ok(Some(_)) | Err(rustix::io::Errno::INTR) => continue,
                 Ok(None) | Err(_) => break,
             }
         }
-    }
-}
-
-fn exit_code(st: rustix::process::WaitStatus) -> i32 {
-    if let Some(c) = st.exit_status() {
-        c
-    } else if let Some(sig) = st.terminating_signal() {
-        128 + sig
-    } else {
-        SETUP_FAILED
     }
 }

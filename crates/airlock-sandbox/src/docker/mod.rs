@@ -42,6 +42,7 @@
 //! `airlock sandbox-init: docker: …` and as exit status 125.
 
 pub mod diagnose;
+mod error;
 pub mod images;
 pub mod init;
 pub mod profile;
@@ -65,10 +66,11 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::{
-    Backend, Endpoint, HostPort, RunPaths, Sandbox, SandboxError, SandboxKind, SandboxSpec,
-    SidecarPlacement, SidecarSpec, Unavailable,
+    Backend, Endpoint, HostPort, NoLocalRunners, RunPaths, Sandbox, SandboxError, SandboxKind,
+    SandboxSpec, SidecarPlacement, SidecarSpec, Unavailable,
 };
 
+pub use error::{ApiError, DockerError};
 pub use images::{ImageRef, ImagesConfig};
 
 /// The API version Airlock asks for at least (Docker 20.10).
@@ -174,19 +176,27 @@ impl DockerConfig {
 
 /// Connects to the daemon of `host` and negotiates the API version (never
 /// above what the daemon speaks; at least [`MIN_API_VERSION`]).
-pub async fn connect(host: &str) -> Result<Docker, SandboxError> {
+pub async fn connect(host: &str) -> Result<Docker, DockerError> {
     let d = Docker::connect_with_host(host)
-        .map_err(|e| SandboxError::Setup(format!("docker at {host}: {e}")))?
+        .map_err(|source| DockerError::Client {
+            host: host.to_owned(),
+            source,
+        })?
         .with_timeout(Duration::from_secs(300));
-    let d = d.negotiate_version().await.map_err(|e| {
-        SandboxError::Setup(format!("the docker daemon at {host} does not answer: {e}"))
-    })?;
+    let d = d
+        .negotiate_version()
+        .await
+        .map_err(|source| DockerError::NoAnswer {
+            host: host.to_owned(),
+            source,
+        })?;
     let v = d.client_version();
     if (v.major_version, v.minor_version) < (1, 41) {
-        return Err(SandboxError::Setup(format!(
-            "the docker daemon at {host} speaks API {}.{}; Airlock needs {MIN_API_VERSION} (Docker 20.10) or later",
-            v.major_version, v.minor_version
-        )));
+        return Err(DockerError::OldApi {
+            host: host.to_owned(),
+            major: v.major_version,
+            minor: v.minor_version,
+        });
     }
     Ok(d)
 }
@@ -206,16 +216,6 @@ pub(crate) fn block_on<T: Send>(f: impl std::future::Future<Output = T> + Send) 
         .ok()
         .flatten()
     })
-}
-
-fn api_err(what: &str, e: bollard::errors::Error) -> String {
-    match e {
-        bollard::errors::Error::DockerResponseServerError {
-            status_code,
-            message,
-        } => format!("{what}: the daemon answered {status_code}: {message}"),
-        other => format!("{what}: {other}"),
-    }
 }
 
 fn not_found(e: &bollard::errors::Error) -> bool {
@@ -242,7 +242,7 @@ fn conflict(e: &bollard::errors::Error) -> bool {
 /// starts first, removed when the last is removed.
 struct RunNet {
     name: String,
-    created: tokio::sync::OnceCell<Result<(), String>>,
+    created: tokio::sync::OnceCell<Result<(), Arc<DockerError>>>,
     users: AtomicUsize,
     /// Set when the run's sidecar is launched; turns true once its start is
     /// over (either way). An agent launched after it starts after it:
@@ -281,10 +281,11 @@ impl DockerBackend {
 
     /// The daemon (connected once, in the runtime of the first caller).
     pub async fn docker(&self) -> Result<Docker, SandboxError> {
-        self.docker
+        Ok(self
+            .docker
             .get_or_try_init(|| connect(&self.cfg.host))
             .await
-            .cloned()
+            .cloned()?)
     }
 
     /// The shared egress network, created if missing. Several platforms may
@@ -292,7 +293,7 @@ impl DockerBackend {
     /// name is settled by keeping the oldest.
     pub async fn ensure_egress_network(&self) -> Result<(), SandboxError> {
         let d = self.docker().await?;
-        ensure_egress_network(&d).await.map_err(SandboxError::Setup)
+        Ok(ensure_egress_network(&d).await?)
     }
 
     fn labels(&self, run_id: &str, role: &str) -> HashMap<String, String> {
@@ -336,42 +337,12 @@ impl DockerBackend {
         on_net: bool,
         egress: bool,
     ) -> Result<Sandbox, SandboxError> {
-        crate::namespace::config::check_run_id(run_id)
-            .map_err(|e| SandboxError::Setup(e.to_string()))?;
-        let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| SandboxError::Setup("the docker backend needs a tokio runtime".into()))?;
+        crate::namespace::config::check_run_id(run_id)?;
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| DockerError::NoRuntime)?;
         let net = on_net.then(|| self.run_net(run_id));
-        // The sidecar says when it has started; an agent launched after it
-        // waits for that.
-        let (started_tx, after) = match &net {
-            Some(net) if egress => {
-                let (tx, rx) = tokio::sync::watch::channel(false);
-                if let Ok(mut s) = net.sidecar_started.lock() {
-                    *s = Some(rx);
-                }
-                (Some(tx), None)
-            }
-            Some(net) => {
-                let rx = net.sidecar_started.lock().ok().and_then(|s| s.clone());
-                (None, rx)
-            }
-            None => (None, None),
-        };
+        let (started_tx, after) = sidecar_first(net.as_deref(), egress);
         let (out_r, out_w) = tokio::io::simplex(64 * 1024);
-        // (A simplex's reader sees its end only when the writer shuts down.)
-        let mut out_w = Some(out_w);
-        let (err_r, mut err_w) = tokio::io::simplex(16 * 1024);
-        // Stderr has two writers (the container, and this backend's own
-        // words when a start fails): one task owns it.
-        let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
-        handle.spawn(async move {
-            while let Some(m) = err_rx.recv().await {
-                if err_w.write_all(&m).await.is_err() {
-                    continue;
-                }
-            }
-            let _ = err_w.shutdown().await;
-        });
+        let (err_r, err_tx) = stderr_of(&handle);
         let shared = Arc::new(Shared {
             client: std::sync::OnceLock::new(),
             killed: AtomicBool::new(false),
@@ -379,59 +350,36 @@ impl DockerBackend {
         if let Some(d) = self.docker.get() {
             let _ = shared.client.set(d.clone());
         }
-        let (tx, rx) = tokio::sync::watch::channel::<Option<Result<(), String>>>(None);
+        let (done, started) = tokio::sync::watch::channel::<Option<bool>>(None);
         let (gate_tx, gate) = if hold {
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             (Some(tx), Some(rx))
         } else {
             (None, None)
         };
-        let host = self.cfg.host.clone();
-        let labels = self.labels(run_id, "network");
-        let (task_name, task_net, task_shared) = (name.clone(), net.clone(), shared.clone());
+        let task = StartTask {
+            host: self.cfg.host.clone(),
+            net_labels: self.labels(run_id, "network"),
+            name: name.clone(),
+            net: net.clone(),
+            shared: shared.clone(),
+            egress,
+            after,
+            started: started_tx,
+            gate,
+            body,
+            stdin,
+            out_w: Some(out_w),
+            err_tx,
+        };
         handle.spawn(async move {
-            let r = async {
-                if task_shared.client.get().is_none() {
-                    let d = connect(&host).await.map_err(|e| e.to_string())?;
-                    let _ = task_shared.client.set(d);
-                }
-                let d = task_shared
-                    .client
-                    .get()
-                    .cloned()
-                    .ok_or("no docker client")?;
-                let start = Start {
-                    net: task_net.as_deref(),
-                    net_labels: labels,
-                    name: &task_name,
-                    egress,
-                    killed: &task_shared.killed,
-                    after,
-                    started: started_tx.as_ref(),
-                    gate,
-                    // Everything but the sidecar (the one on the egress network).
-                    sandbox: !egress,
-                };
-                start.run(&d, body, stdin, &mut out_w, err_tx.clone()).await
-            }
-            .await;
-            // A start that failed never handed stdout to its pump: end it here.
-            if let Some(mut w) = out_w.take() {
-                let _ = w.shutdown().await;
-            }
-            if let Err(e) = &r {
-                let _ = err_tx
-                    .send(bytes::Bytes::from(format!(
-                        "airlock sandbox-init: docker: {e}\n"
-                    )))
-                    .await;
-            }
-            let _ = tx.send(Some(r));
+            let ok = task.run().await;
+            let _ = done.send(Some(ok));
         });
         let c = Container {
             name,
             host: self.cfg.host.clone(),
-            started: rx,
+            started,
             net,
             nets: self.nets.clone(),
             shared,
@@ -447,11 +395,127 @@ impl DockerBackend {
     }
 }
 
+/// The order of a run's two containers on its network: the sidecar (the
+/// one also on the egress network) says when its start is over; an agent
+/// launched after it waits for that. Returns what this container tells,
+/// and what it waits for.
+fn sidecar_first(
+    net: Option<&RunNet>,
+    egress: bool,
+) -> (
+    Option<tokio::sync::watch::Sender<bool>>,
+    Option<tokio::sync::watch::Receiver<bool>>,
+) {
+    match net {
+        Some(net) if egress => {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            if let Ok(mut s) = net.sidecar_started.lock() {
+                *s = Some(rx);
+            }
+            (Some(tx), None)
+        }
+        Some(net) => {
+            let rx = net.sidecar_started.lock().ok().and_then(|s| s.clone());
+            (None, rx)
+        }
+        None => (None, None),
+    }
+}
+
+/// A container's stderr as its handle reads it, and the one way to write
+/// to it: it has two writers (the container, and this backend's own words
+/// when a start fails), so one task owns it.
+fn stderr_of(
+    handle: &tokio::runtime::Handle,
+) -> (
+    tokio::io::ReadHalf<tokio::io::SimplexStream>,
+    tokio::sync::mpsc::Sender<bytes::Bytes>,
+) {
+    let (err_r, mut err_w) = tokio::io::simplex(16 * 1024);
+    let (err_tx, mut err_rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+    handle.spawn(async move {
+        while let Some(m) = err_rx.recv().await {
+            if err_w.write_all(&m).await.is_err() {
+                continue;
+            }
+        }
+        let _ = err_w.shutdown().await;
+    });
+    (err_r, err_tx)
+}
+
 /// What a container's handle shares with its start task.
 struct Shared {
     client: std::sync::OnceLock<Docker>,
     /// Set by `kill`/`remove`: a start not yet made is not made.
     killed: AtomicBool,
+}
+
+/// The task that starts one container, owning what its start needs.
+struct StartTask {
+    host: String,
+    net_labels: HashMap<String, String>,
+    name: String,
+    net: Option<Arc<RunNet>>,
+    shared: Arc<Shared>,
+    egress: bool,
+    after: Option<tokio::sync::watch::Receiver<bool>>,
+    started: Option<tokio::sync::watch::Sender<bool>>,
+    gate: Option<tokio::sync::oneshot::Receiver<()>>,
+    body: ContainerCreateBody,
+    stdin: Vec<u8>,
+    /// Stdout's writer, until the start hands it to its pump.
+    out_w: Option<tokio::io::WriteHalf<tokio::io::SimplexStream>>,
+    err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+}
+
+impl StartTask {
+    /// Connects (once per backend) and starts the container; whether it
+    /// started. A failure is said on the container's stderr as
+    /// `airlock sandbox-init: docker: …`.
+    async fn run(mut self) -> bool {
+        let r = self.start().await;
+        // A start that failed never handed stdout to its pump: end it here.
+        if let Some(mut w) = self.out_w.take() {
+            let _ = w.shutdown().await;
+        }
+        if let Err(e) = &r {
+            let _ = self
+                .err_tx
+                .send(bytes::Bytes::from(format!(
+                    "airlock sandbox-init: docker: {e}\n"
+                )))
+                .await;
+        }
+        r.is_ok()
+    }
+
+    async fn start(&mut self) -> Result<(), DockerError> {
+        if self.shared.client.get().is_none() {
+            let d = connect(&self.host).await?;
+            let _ = self.shared.client.set(d);
+        }
+        let Some(d) = self.shared.client.get().cloned() else {
+            return Err(DockerError::NoClient);
+        };
+        let start = Start {
+            net: self.net.as_deref(),
+            net_labels: std::mem::take(&mut self.net_labels),
+            name: &self.name,
+            egress: self.egress,
+            killed: &self.shared.killed,
+            after: self.after.take(),
+            started: self.started.as_ref(),
+            gate: self.gate.take(),
+            // Everything but the sidecar (the one on the egress network).
+            sandbox: !self.egress,
+        };
+        let body = std::mem::take(&mut self.body);
+        let stdin = std::mem::take(&mut self.stdin);
+        start
+            .run(&d, body, stdin, &mut self.out_w, self.err_tx.clone())
+            .await
+    }
 }
 
 /// One container's start: the network, the container, its streams, its
@@ -475,6 +539,8 @@ struct Start<'a> {
     sandbox: bool,
 }
 
+type Attached = bollard::container::AttachContainerResults;
+
 impl Start<'_> {
     async fn run(
         self,
@@ -483,20 +549,68 @@ impl Start<'_> {
         stdin: Vec<u8>,
         out_w: &mut Option<tokio::io::WriteHalf<tokio::io::SimplexStream>>,
         err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
-    ) -> Result<(), String> {
-        let name = self.name;
+    ) -> Result<(), DockerError> {
+        self.networks(d).await?;
+        self.stopped()?;
+        let attached = self.create_and_attach(d, body).await?;
+        if let Some(mut after) = self.after.clone() {
+            // A sidecar that never starts fails the run anyway: bounded.
+            let _ = tokio::time::timeout(Duration::from_secs(30), after.wait_for(|s| *s)).await;
+        }
+        self.stopped()?;
+        let started = d
+            .start_container(self.name, None::<q::StartContainerOptions>)
+            .await;
+        if let Some(tx) = self.started {
+            let _ = tx.send(true);
+        }
+        started.map_err(|e| ApiError::new(format!("starting {}", self.name), e))?;
+        if self.sandbox {
+            cap_socket_buffers(d, self.name).await;
+        }
+        let input = attached.input;
+        let out_w = out_w.take().ok_or(DockerError::StdoutTaken)?;
+        pump_output(attached.output, out_w, err_tx.clone());
+        self.feed_stdin(d, input, stdin, err_tx).await
+    }
+
+    /// `Err` once the container was killed or removed: a start not yet
+    /// made is not made.
+    fn stopped(&self) -> Result<(), DockerError> {
+        if self.killed.load(Ordering::SeqCst) {
+            return Err(DockerError::Stopped);
+        }
+        Ok(())
+    }
+
+    /// The run's network (made by the first of its containers), and the
+    /// egress network for the sidecar.
+    async fn networks(&self, d: &Docker) -> Result<(), DockerError> {
         if let Some(net) = self.net {
             net.created
-                .get_or_init(|| create_run_network(d, &net.name, self.net_labels.clone()))
+                .get_or_init(|| async {
+                    create_run_network(d, &net.name, self.net_labels.clone())
+                        .await
+                        .map_err(Arc::new)
+                })
                 .await
-                .clone()?;
+                .clone()
+                .map_err(DockerError::RunNetwork)?;
         }
         if self.egress {
             ensure_egress_network(d).await?;
         }
-        if self.killed.load(Ordering::SeqCst) {
-            return Err("stopped before it started".into());
-        }
+        Ok(())
+    }
+
+    /// Creates the container (the sidecar also on [`EGRESS_NETWORK`]) and
+    /// attaches to its three streams.
+    async fn create_and_attach(
+        &self,
+        d: &Docker,
+        body: ContainerCreateBody,
+    ) -> Result<Attached, DockerError> {
+        let name = self.name;
         d.create_container(
             Some(
                 q::CreateContainerOptionsBuilder::default()
@@ -506,7 +620,7 @@ impl Start<'_> {
             body,
         )
         .await
-        .map_err(|e| api_err(&format!("creating {name}"), e))?;
+        .map_err(|e| ApiError::new(format!("creating {name}"), e))?;
         if self.egress {
             d.connect_network(
                 EGRESS_NETWORK,
@@ -516,65 +630,35 @@ impl Start<'_> {
                 },
             )
             .await
-            .map_err(|e| api_err(&format!("connecting {name} to {EGRESS_NETWORK}"), e))?;
+            .map_err(|e| ApiError::new(format!("connecting {name} to {EGRESS_NETWORK}"), e))?;
         }
-        let attached = d
-            .attach_container(
-                name,
-                Some(
-                    q::AttachContainerOptionsBuilder::default()
-                        .stdin(true)
-                        .stdout(true)
-                        .stderr(true)
-                        .stream(true)
-                        .build(),
-                ),
-            )
-            .await
-            .map_err(|e| api_err(&format!("attaching to {name}"), e))?;
-        if let Some(mut after) = self.after {
-            // A sidecar that never starts fails the run anyway: bounded.
-            let _ = tokio::time::timeout(Duration::from_secs(30), after.wait_for(|s| *s)).await;
-        }
-        if self.killed.load(Ordering::SeqCst) {
-            return Err("stopped before it started".into());
-        }
-        let started = d
-            .start_container(name, None::<q::StartContainerOptions>)
-            .await;
-        if let Some(tx) = self.started {
-            let _ = tx.send(true);
-        }
-        started.map_err(|e| api_err(&format!("starting {name}"), e))?;
-        if self.sandbox {
-            cap_socket_buffers(d, name).await;
-        }
-        let mut input = attached.input;
-        let mut output = attached.output;
-        let mut out_w = out_w.take().ok_or("stdout taken twice")?;
-        let stdin_err = err_tx.clone();
-        // The streams, demultiplexed, until the container ends.
-        tokio::spawn(async move {
-            let mut reading = true;
-            while let Some(frame) = output.next().await {
-                match frame {
-                    Ok(bollard::container::LogOutput::StdOut { message })
-                    | Ok(bollard::container::LogOutput::Console { message }) => {
-                        // Nobody reads any more: keep draining, so the
-                        // container never blocks on its output.
-                        if reading && out_w.write_all(&message).await.is_err() {
-                            reading = false;
-                        }
-                    }
-                    Ok(bollard::container::LogOutput::StdErr { message }) => {
-                        let _ = err_tx.send(message).await;
-                    }
-                    Ok(_) => {}
-                    Err(_) => break,
-                }
-            }
-            let _ = out_w.shutdown().await;
-        });
+        Ok(d.attach_container(
+            name,
+            Some(
+                q::AttachContainerOptionsBuilder::default()
+                    .stdin(true)
+                    .stdout(true)
+                    .stderr(true)
+                    .stream(true)
+                    .build(),
+            ),
+        )
+        .await
+        .map_err(|e| ApiError::new(format!("attaching to {name}"), e))?)
+    }
+
+    /// Writes `stdin` to the started container, then end-of-file (the
+    /// daemon closes the container's stdin: `StdinOnce`); held, in the
+    /// background once the gate opens. Kills the container if it was
+    /// killed meanwhile.
+    async fn feed_stdin(
+        self,
+        d: &Docker,
+        mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+        stdin: Vec<u8>,
+        err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    ) -> Result<(), DockerError> {
+        let name = self.name;
         if let Some(gate) = self.gate {
             // Held (the runtime's secrets, once the sidecar is ready): the
             // start is over, stdin follows in the background. The container
@@ -584,7 +668,7 @@ impl Start<'_> {
                 if gate.await.is_ok()
                     && let Err(e) = input.write_all(&stdin).await
                 {
-                    let _ = stdin_err
+                    let _ = err_tx
                         .send(bytes::Bytes::from(format!(
                             "airlock sandbox-init: docker: writing to {who}'s stdin: {e}\n"
                         )))
@@ -592,22 +676,56 @@ impl Start<'_> {
                 }
                 let _ = input.shutdown().await;
             });
-            if self.killed.load(Ordering::SeqCst) {
-                kill_now(d, name).await;
-            }
-            return Ok(());
+        } else {
+            let wrote = input.write_all(&stdin).await;
+            let _ = input.shutdown().await;
+            drop(input);
+            wrote.map_err(|source| DockerError::Stdin {
+                name: name.to_owned(),
+                source,
+            })?;
         }
-        // Stdin: the document, then end-of-file (the daemon closes the
-        // container's stdin: `StdinOnce`).
-        let wrote = input.write_all(&stdin).await;
-        let _ = input.shutdown().await;
-        drop(input);
-        wrote.map_err(|e| format!("writing to {name}'s stdin: {e}"))?;
         if self.killed.load(Ordering::SeqCst) {
             kill_now(d, name).await;
         }
         Ok(())
     }
+}
+
+/// The container's streams, demultiplexed, until it ends: stdout to its
+/// handle's reader, stderr to its one writer.
+fn pump_output(
+    mut output: std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<
+                    Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+                > + Send,
+        >,
+    >,
+    mut out_w: tokio::io::WriteHalf<tokio::io::SimplexStream>,
+    err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+) {
+    tokio::spawn(async move {
+        let mut reading = true;
+        while let Some(frame) = output.next().await {
+            match frame {
+                Ok(bollard::container::LogOutput::StdOut { message })
+                | Ok(bollard::container::LogOutput::Console { message }) => {
+                    // Nobody reads any more: keep draining, so the
+                    // container never blocks on its output.
+                    if reading && out_w.write_all(&message).await.is_err() {
+                        reading = false;
+                    }
+                }
+                Ok(bollard::container::LogOutput::StdErr { message }) => {
+                    let _ = err_tx.send(message).await;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = out_w.shutdown().await;
+    });
 }
 
 /// cgroup v1: caps the started container's socket buffers
@@ -625,7 +743,7 @@ async fn cap_socket_buffers(d: &Docker, name: &str) {
         .and_then(|c| Some((c.id?, c.state?.pid?)));
     let done = found.and_then(|(id, pid)| {
         let dir = crate::namespace::cgroup::memory_cgroup_of(i32::try_from(pid).ok()?, &id)?;
-        Some(crate::namespace::cgroup::cap_socket_buffers(&dir).map_err(|e| e.to_string()))
+        Some(crate::namespace::cgroup::cap_socket_buffers(&dir))
     });
     if let Some(Err(e)) = done {
         static SAID: std::sync::Once = std::sync::Once::new();
@@ -654,7 +772,7 @@ async fn create_run_network(
     d: &Docker,
     name: &str,
     labels: HashMap<String, String>,
-) -> Result<(), String> {
+) -> Result<(), DockerError> {
     let req = NetworkCreateRequest {
         name: name.to_owned(),
         driver: Some("bridge".into()),
@@ -674,14 +792,11 @@ async fn create_run_network(
     match d.create_network(req).await {
         Ok(_) => Ok(()),
         Err(e) if conflict(&e) => Ok(()),
-        Err(e) if out_of_address_pools(&e) => Err(format!(
-            "creating network {name}: the Docker daemon has no free address pool left for another \
-             network (each run has one; with Docker's defaults about 30 networks fit in all). \
-             Remove stale networks (`airlock run` reclaims those of stopped platforms at boot) or give \
-             the daemon smaller pools in /etc/docker/daemon.json, e.g. \
-             \"default-address-pools\": [{{\"base\": \"10.200.0.0/16\", \"size\": 28}}] (4096 networks)"
-        )),
-        Err(e) => Err(api_err(&format!("creating network {name}"), e)),
+        Err(source) if out_of_address_pools(&source) => Err(DockerError::NoAddressPool {
+            name: name.to_owned(),
+            source,
+        }),
+        Err(e) => Err(ApiError::new(format!("creating network {name}"), e).into()),
     }
 }
 
@@ -697,7 +812,7 @@ fn out_of_address_pools(e: &bollard::errors::Error) -> bool {
 
 /// Creates [`EGRESS_NETWORK`] if missing; of duplicates a race made, the
 /// oldest stays.
-pub async fn ensure_egress_network(d: &Docker) -> Result<(), String> {
+pub async fn ensure_egress_network(d: &Docker) -> Result<(), DockerError> {
     let list = |d: Docker| async move {
         let filters = HashMap::from([("name", vec![EGRESS_NETWORK])]);
         d.list_networks(Some(
@@ -711,7 +826,7 @@ pub async fn ensure_egress_network(d: &Docker) -> Result<(), String> {
                 .filter(|n| n.name.as_deref() == Some(EGRESS_NETWORK))
                 .collect::<Vec<_>>()
         })
-        .map_err(|e| api_err("listing networks", e))
+        .map_err(|e| ApiError::new("listing networks", e))
     };
     let found = list(d.clone()).await?;
     if found.len() == 1 {
@@ -737,7 +852,7 @@ pub async fn ensure_egress_network(d: &Docker) -> Result<(), String> {
         };
         d.create_network(req)
             .await
-            .map_err(|e| api_err(&format!("creating network {EGRESS_NETWORK}"), e))?;
+            .map_err(|e| ApiError::new(format!("creating network {EGRESS_NETWORK}"), e))?;
     }
     let mut found = list(d.clone()).await?;
     if found.len() > 1 {
@@ -755,27 +870,25 @@ pub async fn ensure_egress_network(d: &Docker) -> Result<(), String> {
 /// sidecar reaches a service of the host (the demo's example API). Creates
 /// the network if missing.
 pub async fn egress_gateway(d: &Docker) -> Result<std::net::IpAddr, SandboxError> {
-    ensure_egress_network(d)
-        .await
-        .map_err(SandboxError::Setup)?;
+    ensure_egress_network(d).await?;
     let n = d
         .inspect_network(EGRESS_NETWORK, None::<q::InspectNetworkOptions>)
         .await
-        .map_err(|e| SandboxError::Setup(api_err("inspecting the egress network", e)))?;
-    n.ipam
+        .map_err(|e| DockerError::from(ApiError::new("inspecting the egress network", e)))?;
+    Ok(n.ipam
         .and_then(|i| i.config)
         .into_iter()
         .flatten()
         .find_map(|c| c.gateway?.parse().ok())
-        .ok_or_else(|| SandboxError::Setup(format!("{EGRESS_NETWORK} has no IPv4 gateway")))
+        .ok_or(DockerError::NoGateway)?)
 }
 
 /// A container of a run, as [`Sandbox`] holds it.
 pub(crate) struct Container {
     name: String,
     host: String,
-    /// The start's outcome, once it has one.
-    started: tokio::sync::watch::Receiver<Option<Result<(), String>>>,
+    /// Whether the container started, once its start is over.
+    started: tokio::sync::watch::Receiver<Option<bool>>,
     net: Option<Arc<RunNet>>,
     nets: Nets,
     shared: Arc<Shared>,
@@ -790,7 +903,7 @@ impl Container {
     /// The daemon, once the container has started; `None` if it never will.
     async fn started(&mut self) -> Option<Docker> {
         let ok = match self.started.wait_for(|v| v.is_some()).await {
-            Ok(v) => matches!(&*v, Some(Ok(()))),
+            Ok(v) => *v == Some(true),
             Err(_) => false,
         };
         if ok {
@@ -816,8 +929,8 @@ impl Container {
             Some(Ok(r)) => r.status_code,
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
             Some(Err(e)) => {
-                return Err(std::io::Error::other(api_err(
-                    &format!("waiting for {}", self.name),
+                return Err(std::io::Error::other(ApiError::new(
+                    format!("waiting for {}", self.name),
                     e,
                 )));
             }
@@ -940,8 +1053,6 @@ impl DockerBackend {
     fn sandbox_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
         // Each sandbox its own uid: a runner's is not its agent's.
         let ids = agent_ids(&spec.run_id);
-        let memory_bytes =
-            i64::try_from(spec.memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX);
         let mut binds = Vec::new();
         for p in &spec.ro_paths {
             crate::namespace::readable_by(p, ids)?;
@@ -972,7 +1083,6 @@ impl DockerBackend {
                 (self.labels(run, "runner"), "none".to_owned(), None)
             }
         };
-        let cap = spec.workspace_size_mb;
         // PID 1 is Airlock's own init (not dumpable, the sandbox's seccomp
         // filters), not docker-init.
         let mut cmd = vec![
@@ -996,52 +1106,69 @@ impl DockerBackend {
             stdin_once: Some(true),
             tty: Some(false),
             networking_config,
-            host_config: Some(HostConfig {
-                network_mode: Some(network_mode),
-                binds: Some(binds),
-                readonly_rootfs: Some(true),
-                tmpfs: Some(HashMap::from([
-                    (
-                        spec.workspace.display().to_string(),
-                        tmpfs_opts(cap, ids.uid, ids.gid),
-                    ),
-                    ("/tmp".into(), tmpfs_opts(cap, ids.uid, ids.gid)),
-                    // No pseudo-terminals (the namespace sandbox has none):
-                    // Docker's devpts instance draws on the host's one pool
-                    // (kernel.pty.max less the host's reserve).
-                    ("/dev/pts".into(), EMPTY_RO_TMPFS.into()),
-                    // No host sysfs (hardware, kernel state).
-                    ("/sys".into(), EMPTY_RO_TMPFS.into()),
-                ])),
-                ipc_mode: Some("none".into()),
-                cap_drop: Some(vec!["ALL".into()]),
-                security_opt: Some(vec![
-                    "no-new-privileges:true".into(),
-                    format!("seccomp={}", profile::seccomp_profile()),
-                ]),
-                masked_paths: Some(profile::masked_paths()),
-                readonly_paths: Some(profile::readonly_paths()),
-                pids_limit: Some(i64::try_from(spec.pids_max).unwrap_or(i64::MAX)),
-                ulimits: Some(vec![bollard::models::ResourcesUlimits {
-                    name: Some("nofile".into()),
-                    soft: Some(i64::try_from(crate::pools::OPEN_FILES).unwrap_or(i64::MAX)),
-                    hard: Some(i64::try_from(crate::pools::OPEN_FILES).unwrap_or(i64::MAX)),
-                }]),
-                memory: Some(memory_bytes),
-                memory_swap: Some(memory_bytes),
-                nano_cpus: Some(
-                    i64::try_from(crate::whole(spec.cpus * 1e9, u64::MAX)).unwrap_or(i64::MAX),
-                ),
-                init: Some(false),
-                runtime: self.cfg.runtime.clone(),
-                log_config: Some(HostConfigLogConfig {
-                    typ: Some("none".into()),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
+            host_config: Some(self.sandbox_host_config(spec, ids, binds, network_mode)),
             ..Default::default()
         })
+    }
+
+    /// The sandbox container's confinement: no capability, the seccomp
+    /// profile, a read-only root with capped tmpfs for the workspace and
+    /// `/tmp`, masked `/proc` entries, no `/sys` or pseudo-terminals, the
+    /// limits, no log file on the host.
+    fn sandbox_host_config(
+        &self,
+        spec: &SandboxSpec,
+        ids: crate::namespace::config::HostIds,
+        binds: Vec<String>,
+        network_mode: String,
+    ) -> HostConfig {
+        let cap = spec.workspace_size_mb;
+        let memory_bytes =
+            i64::try_from(spec.memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX);
+        HostConfig {
+            network_mode: Some(network_mode),
+            binds: Some(binds),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([
+                (
+                    spec.workspace.display().to_string(),
+                    tmpfs_opts(cap, ids.uid, ids.gid),
+                ),
+                ("/tmp".into(), tmpfs_opts(cap, ids.uid, ids.gid)),
+                // No pseudo-terminals (the namespace sandbox has none):
+                // Docker's devpts instance draws on the host's one pool
+                // (kernel.pty.max less the host's reserve).
+                ("/dev/pts".into(), EMPTY_RO_TMPFS.into()),
+                // No host sysfs (hardware, kernel state).
+                ("/sys".into(), EMPTY_RO_TMPFS.into()),
+            ])),
+            ipc_mode: Some("none".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec![
+                "no-new-privileges:true".into(),
+                format!("seccomp={}", profile::seccomp_profile()),
+            ]),
+            masked_paths: Some(profile::masked_paths()),
+            readonly_paths: Some(profile::readonly_paths()),
+            pids_limit: Some(i64::try_from(spec.pids_max).unwrap_or(i64::MAX)),
+            ulimits: Some(vec![bollard::models::ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(i64::try_from(crate::pools::OPEN_FILES).unwrap_or(i64::MAX)),
+                hard: Some(i64::try_from(crate::pools::OPEN_FILES).unwrap_or(i64::MAX)),
+            }]),
+            memory: Some(memory_bytes),
+            memory_swap: Some(memory_bytes),
+            nano_cpus: Some(
+                i64::try_from(crate::whole(spec.cpus * 1e9, u64::MAX)).unwrap_or(i64::MAX),
+            ),
+            init: Some(false),
+            runtime: self.cfg.runtime.clone(),
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            ..Default::default()
+        }
     }
 
     fn sidecar_body(&self, spec: &SidecarSpec) -> Result<ContainerCreateBody, SandboxError> {
@@ -1050,12 +1177,12 @@ impl DockerBackend {
             .platform_socket
             .to_str()
             .filter(|s| !s.contains(':'))
-            .ok_or_else(|| SandboxError::Setup("the platform socket cannot be bound".into()))?;
+            .ok_or(DockerError::PlatformSocketPath)?;
         let journal = spec
             .egress_journal
             .to_str()
             .filter(|s| !s.contains(':'))
-            .ok_or_else(|| SandboxError::Setup("the egress journal cannot be bound".into()))?;
+            .ok_or(DockerError::JournalPath)?;
         let mut binds = vec![
             format!("{sock}:{PLATFORM_SOCKET_INSIDE}:ro"),
             format!("{journal}:{EGRESS_JOURNAL_INSIDE}:rw"),
@@ -1118,10 +1245,10 @@ impl DockerBackend {
 }
 
 /// `p` as a bind mount's source (a path with `:` cannot be one).
-fn bindable(p: &Path) -> Result<&str, SandboxError> {
-    p.to_str().filter(|s| !s.contains(':')).ok_or_else(|| {
-        SandboxError::Setup(format!("{} cannot be bound into a container", p.display()))
-    })
+fn bindable(p: &Path) -> Result<&str, DockerError> {
+    p.to_str()
+        .filter(|s| !s.contains(':'))
+        .ok_or_else(|| DockerError::NotBindable(p.to_owned()))
 }
 
 /// The agent's uid/gid: a dedicated unprivileged host id per run, whoever
@@ -1148,9 +1275,7 @@ impl Backend for DockerBackend {
         let host = self.cfg.host.clone();
         let r = block_on(async move {
             let d = connect(&host).await?;
-            d.ping()
-                .await
-                .map_err(|e| SandboxError::Setup(format!("ping: {e}")))?;
+            d.ping().await.map_err(DockerError::Ping)?;
             Ok::<(), SandboxError>(())
         });
         match r {
@@ -1218,13 +1343,9 @@ impl Backend for DockerBackend {
             {
                 say(&format!("warning: {risk}"));
             }
-            ensure_egress_network(&d).await.map_err(SandboxError::Setup)
+            Ok::<(), SandboxError>(ensure_egress_network(&d).await?)
         });
-        r.unwrap_or_else(|| {
-            Err(SandboxError::Setup(
-                "cannot start a thread to reach the daemon".into(),
-            ))
-        })
+        r.unwrap_or_else(|| Err(DockerError::NoThread.into()))
     }
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
@@ -1248,14 +1369,12 @@ impl Backend for DockerBackend {
         false
     }
 
-    fn local_runners(&self) -> Result<(), String> {
+    fn local_runners(&self) -> Result<(), NoLocalRunners> {
         match self.cfg.runtime.as_deref() {
             None | Some("runc") => Ok(()),
-            Some(r) => Err(format!(
-                "a runner reaches its sidecar through a unix socket on a bind mount, which a \
-                 container of DOCKER_RUNTIME={r} may not connect to (gVisor refuses host sockets \
-                 by default); unset DOCKER_RUNTIME (runc) for this run, or use RUN_ADAPTER=namespace"
-            )),
+            Some(r) => Err(NoLocalRunners::ForeignRuntime {
+                runtime: r.to_owned(),
+            }),
         }
     }
 

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use bollard::Docker;
 use bollard::query_parameters as q;
 
-use super::{LABEL_MANAGED, LABEL_OWNER, LABEL_ROLE, LABEL_RUN, api_err};
+use super::{ApiError, DockerError, LABEL_MANAGED, LABEL_OWNER, LABEL_ROLE, LABEL_RUN};
 use crate::SandboxError;
 
 fn boot_id() -> String {
@@ -98,7 +98,7 @@ pub async fn reclaim(d: &Docker) -> Result<Reclaimed, SandboxError> {
                 .build(),
         ))
         .await
-        .map_err(|e| SandboxError::Setup(api_err("listing containers", e)))?;
+        .map_err(|e| DockerError::from(ApiError::new("listing containers", e)))?;
     for c in containers {
         let labels = c.labels.unwrap_or_default();
         match judge_owner(labels.get(LABEL_OWNER).map(String::as_str)) {
@@ -138,7 +138,7 @@ pub async fn reclaim(d: &Docker) -> Result<Reclaimed, SandboxError> {
                 .build(),
         ))
         .await
-        .map_err(|e| SandboxError::Setup(api_err("listing networks", e)))?;
+        .map_err(|e| DockerError::from(ApiError::new("listing networks", e)))?;
     for n in networks {
         let labels = n.labels.unwrap_or_default();
         match judge_owner(labels.get(LABEL_OWNER).map(String::as_str)) {

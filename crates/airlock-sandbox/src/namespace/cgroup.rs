@@ -57,6 +57,16 @@ pub enum CgroupError {
     NotSingleThreaded(usize),
     #[error("only cgroup v1 standby cgroups can be given to a run")]
     NotStandby,
+    #[error(
+        "{}: {source} (rootless without a delegated cgroup tree: memory/CPU/pids limits are skipped)",
+        .path.display()
+    )]
+    ParentNotCreatable { path: PathBuf, source: io::Error },
+    #[error(
+        "{} is not writable (rootless without a delegated cgroup tree: limits are skipped)",
+        .path.display()
+    )]
+    ParentNotWritable { path: PathBuf },
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
@@ -673,22 +683,17 @@ pub fn reclaim_standby() -> Vec<PathBuf> {
 }
 
 /// Whether run cgroups can be created here, and why not.
-pub fn probe() -> Result<Layout, String> {
-    let Some(layout) = layout() else {
-        return Err(CgroupError::NoHierarchy.to_string());
-    };
+pub fn probe() -> Result<Layout, CgroupError> {
+    let layout = layout().ok_or(CgroupError::NoHierarchy)?;
     for parent in layout.parents() {
-        if let Err(e) = fs::create_dir_all(&parent) {
-            return Err(format!(
-                "{}: {e} (rootless without a delegated cgroup tree: memory/CPU/pids limits are skipped)",
-                parent.display()
-            ));
+        if let Err(source) = fs::create_dir_all(&parent) {
+            return Err(CgroupError::ParentNotCreatable {
+                path: parent,
+                source,
+            });
         }
         if rustix::fs::access(&parent, rustix::fs::Access::WRITE_OK).is_err() {
-            return Err(format!(
-                "{} is not writable (rootless without a delegated cgroup tree: limits are skipped)",
-                parent.display()
-            ));
+            return Err(CgroupError::ParentNotWritable { path: parent });
         }
     }
     Ok(layout)

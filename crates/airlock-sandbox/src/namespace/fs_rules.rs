@@ -13,11 +13,7 @@ use landlock::{
 
 #[derive(Debug, thiserror::Error)]
 #[error("landlock: {0}")]
-pub struct LandlockError(String);
-
-fn err(e: impl std::fmt::Display) -> LandlockError {
-    LandlockError(e.to_string())
-}
+pub struct LandlockError(#[from] landlock::RulesetError);
 
 /// What the kernel enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,26 +30,19 @@ pub fn apply(workspace: PathBuf) -> Result<Enforced, LandlockError> {
     let dev_rw = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
     let status = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(AccessFs::from_all(abi))
-        .map_err(err)?
-        .scope(Scope::AbstractUnixSocket | Scope::Signal)
-        .map_err(err)?
-        .create()
-        .map_err(err)?
-        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))
-        .map_err(err)?
+        .handle_access(AccessFs::from_all(abi))?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)?
+        .create()?
+        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))?
         .add_rules(path_beneath_rules(
             rw_dirs.iter().filter(|p| p.exists()),
             AccessFs::from_all(abi),
-        ))
-        .map_err(err)?
+        ))?
         .add_rules(path_beneath_rules(
             devices.iter().filter(|p| std::path::Path::new(p).exists()),
             dev_rw,
-        ))
-        .map_err(err)?
-        .restrict_self()
-        .map_err(err)?;
+        ))?
+        .restrict_self()?;
     Ok(match status.ruleset {
         RulesetStatus::FullyEnforced => Enforced::Full,
         RulesetStatus::PartiallyEnforced => Enforced::Partial,

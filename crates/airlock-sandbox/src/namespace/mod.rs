@@ -7,8 +7,10 @@
 //! the non-secret spec as a header on its stdin, followed by the command's
 //! stdin bytes. Everything the sandbox boundary consists of is in this
 //! directory: [`plan`] (the filesystem), [`init`] (the sequence),
-//! [`fs_rules`] (Landlock), [`cgroup`], and [`sys`] (all `unsafe`), but
-//! the seccomp filters, which every backend shares ([`crate::seccomp`]).
+//! [`fs_rules`] (Landlock), [`cgroup`], and [`sys`] (every privileged call
+//! of the init behind one trait, so the sequence is unit-tested, and all
+//! `unsafe`), but the seccomp filters, which every backend shares
+//! ([`crate::seccomp`]).
 
 pub mod cgroup;
 pub mod config;
@@ -85,8 +87,7 @@ impl Drop for NamespaceBackend {
 impl NamespaceBackend {
     /// Uses the running executable as the init (the platform runs inside `airlock`).
     pub fn current() -> Result<NamespaceBackend, SandboxError> {
-        let exe = std::env::current_exe()
-            .map_err(|e| SandboxError::Setup(format!("cannot locate the airlock binary: {e}")))?;
+        let exe = std::env::current_exe().map_err(SandboxError::InitBinary)?;
         Ok(NamespaceBackend::with_exe(exe))
     }
 
@@ -203,7 +204,7 @@ impl NamespaceBackend {
                     if let Some(c) = spare {
                         give_up(standby, c);
                     }
-                    return Err(SandboxError::Setup(format!("resource limits: {e}")));
+                    return Err(SandboxError::Limits(e));
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -213,9 +214,7 @@ impl NamespaceBackend {
                 }
             },
             None if self.require_limits => {
-                return Err(SandboxError::Setup(
-                    cgroup::CgroupError::NoHierarchy.to_string(),
-                ));
+                return Err(SandboxError::NoLimits(cgroup::CgroupError::NoHierarchy));
             }
             None => {
                 tracing::warn!(
@@ -242,17 +241,39 @@ impl NamespaceBackend {
     }
 }
 
+/// A read-only path of the spec the sandbox could not use.
+#[derive(Debug, thiserror::Error)]
+pub enum NotShareable {
+    #[error("{} cannot be shared with the sandbox: {source}", .path.display())]
+    Missing {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} (mode {mode:o}, owner uid {owner}) is not {what} by the sandbox's host uid {uid}{why}: make it so (chmod o+rX), or keep the agent in a directory others may read",
+        .path.display()
+    )]
+    Unreadable {
+        path: PathBuf,
+        mode: u32,
+        owner: u32,
+        /// "readable", or "readable and searchable" (a directory).
+        what: &'static str,
+        uid: u32,
+        /// Why the sandbox's uid is not the operator's, when it is not.
+        why: &'static str,
+    },
+}
+
 /// Refuses, before anything starts, a read-only path the sandbox's host uid
 /// could not use: with a root platform the sandbox is an unprivileged uid,
 /// so the operator's private directories are closed to it (as they should
 /// be to an agent), and the run would fail later with a bare EACCES.
-pub(crate) fn readable_by(path: &Path, ids: config::HostIds) -> Result<(), SandboxError> {
+pub(crate) fn readable_by(path: &Path, ids: config::HostIds) -> Result<(), NotShareable> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).map_err(|e| {
-        SandboxError::Setup(format!(
-            "{} cannot be shared with the sandbox: {e}",
-            path.display()
-        ))
+    let m = std::fs::metadata(path).map_err(|source| NotShareable::Missing {
+        path: path.to_owned(),
+        source,
     })?;
     let mode = m.mode();
     let bits = if m.uid() == ids.uid {
@@ -266,63 +287,91 @@ pub(crate) fn readable_by(path: &Path, ids: config::HostIds) -> Result<(), Sandb
     if bits & need == need {
         return Ok(());
     }
-    Err(SandboxError::Setup(format!(
-        "{} (mode {:o}, owner uid {}) is not {} by the sandbox's host uid {}{}: make it so (chmod o+rX), or keep the agent in a directory others may read",
-        path.display(),
-        mode & 0o7777,
-        m.uid(),
-        if m.is_dir() {
+    Err(NotShareable::Unreadable {
+        path: path.to_owned(),
+        mode: mode & 0o7777,
+        owner: m.uid(),
+        what: if m.is_dir() {
             "readable and searchable"
         } else {
             "readable"
         },
-        ids.uid,
-        if ids.switch {
+        uid: ids.uid,
+        why: if ids.switch {
             " (the platform is root, so each sandbox runs as a dedicated unprivileged uid)"
         } else {
             ""
-        }
-    )))
+        },
+    })
 }
 
-/// Why user namespaces do not work here, in words an operator can act on.
-pub fn userns_diagnosis() -> Result<(), String> {
-    let Some(f) = sys::probe_userns(sys::sandbox_namespaces()) else {
+/// Why user namespaces do not work here: the probe's failed step and the
+/// host settings that explain it, said in words an operator can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsernsUnavailable {
+    failure: sys::ProbeFailure,
+    /// `user.max_user_namespaces`.
+    max_user_namespaces: Option<String>,
+    /// `kernel.unprivileged_userns_clone` is 0 (and the platform not root).
+    unprivileged_clone_off: bool,
+    /// `kernel.apparmor_restrict_unprivileged_userns` is 1 (and the
+    /// platform not root).
+    apparmor: bool,
+}
+
+impl std::error::Error for UsernsUnavailable {}
+
+impl std::fmt::Display for UsernsUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let errno = std::io::Error::from_raw_os_error(self.failure.errno);
+        let apparmor = self.apparmor;
+        match (self.failure.step, self.failure.errno) {
+            (sys::ProbeStep::Fork, _) => write!(f, "cannot fork a probe process: {errno}"),
+            (sys::ProbeStep::Unshare, libc::ENOSPC | libc::EUSERS) => write!(
+                f,
+                "user namespaces are disabled or exhausted (user.max_user_namespaces = {})",
+                self.max_user_namespaces.as_deref().unwrap_or("?")
+            ),
+            (sys::ProbeStep::Unshare, libc::EINVAL) => f.write_str("this kernel has no user namespaces (CONFIG_USER_NS off)"),
+            (sys::ProbeStep::Unshare, libc::EPERM) if self.unprivileged_clone_off => {
+                f.write_str("unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)")
+            }
+            (sys::ProbeStep::Unshare, libc::EPERM) if apparmor => {
+                f.write_str("AppArmor forbids unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1): add an AppArmor profile granting `userns` to the airlock binary, or use the docker backend")
+            }
+            (sys::ProbeStep::Unshare, libc::EPERM) => {
+                f.write_str("creating namespaces is forbidden (EPERM): typically a container's seccomp profile (Docker's default blocks unshare/clone of namespaces) or an LSM; run the container with a seccomp profile that allows them, or use the docker backend")
+            }
+            (sys::ProbeStep::UidMap, _) => write!(f, "the new user namespace's uid/gid map cannot be written: {errno}"),
+            (sys::ProbeStep::Mount, libc::EPERM | libc::EACCES) if apparmor => {
+                f.write_str("AppArmor lets user namespaces be created but strips their capabilities (kernel.apparmor_restrict_unprivileged_userns = 1): mounting fails; add an AppArmor profile for airlock, or use the docker backend")
+            }
+            (sys::ProbeStep::Mount, _) => write!(f, "mounting inside a new user+mount namespace fails: {errno} (an LSM or a container policy forbids it)"),
+            (sys::ProbeStep::Unshare, _) => write!(f, "unshare of the sandbox namespaces fails: {errno}"),
+        }
+    }
+}
+
+/// Whether user namespaces work here, and why not.
+pub fn userns_diagnosis() -> Result<(), UsernsUnavailable> {
+    let Some(failure) = sys::probe_userns(sys::sandbox_namespaces()) else {
         return Ok(());
     };
-    let errno = std::io::Error::from_raw_os_error(f.errno);
     let sysctl = |p: &str| {
         std::fs::read_to_string(p)
             .ok()
             .map(|s| s.trim().to_string())
     };
     let root = rustix::process::geteuid().is_root();
-    let apparmor = sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
-        == Some("1")
-        && !root;
-    let why = match (f.step, f.errno) {
-        (sys::ProbeStep::Fork, _) => format!("cannot fork a probe process: {errno}"),
-        (sys::ProbeStep::Unshare, libc::ENOSPC | libc::EUSERS) => {
-            format!("user namespaces are disabled or exhausted (user.max_user_namespaces = {})", sysctl("/proc/sys/user/max_user_namespaces").unwrap_or_else(|| "?".into()))
-        }
-        (sys::ProbeStep::Unshare, libc::EINVAL) => "this kernel has no user namespaces (CONFIG_USER_NS off)".into(),
-        (sys::ProbeStep::Unshare, libc::EPERM) if sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") && !root => {
-            "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)".into()
-        }
-        (sys::ProbeStep::Unshare, libc::EPERM) if apparmor => {
-            "AppArmor forbids unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns = 1): add an AppArmor profile granting `userns` to the airlock binary, or use the docker backend".into()
-        }
-        (sys::ProbeStep::Unshare, libc::EPERM) => {
-            "creating namespaces is forbidden (EPERM): typically a container's seccomp profile (Docker's default blocks unshare/clone of namespaces) or an LSM; run the container with a seccomp profile that allows them, or use the docker backend".into()
-        }
-        (sys::ProbeStep::UidMap, _) => format!("the new user namespace's uid/gid map cannot be written: {errno}"),
-        (sys::ProbeStep::Mount, libc::EPERM | libc::EACCES) if apparmor => {
-            "AppArmor lets user namespaces be created but strips their capabilities (kernel.apparmor_restrict_unprivileged_userns = 1): mounting fails; add an AppArmor profile for airlock, or use the docker backend".into()
-        }
-        (sys::ProbeStep::Mount, _) => format!("mounting inside a new user+mount namespace fails: {errno} (an LSM or a container policy forbids it)"),
-        (sys::ProbeStep::Unshare, _) => format!("unshare of the sandbox namespaces fails: {errno}"),
-    };
-    Err(why)
+    Err(UsernsUnavailable {
+        failure,
+        max_user_namespaces: sysctl("/proc/sys/user/max_user_namespaces"),
+        unprivileged_clone_off: !root
+            && sysctl("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0"),
+        apparmor: !root
+            && sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
+                == Some("1"),
+    })
 }
 
 impl Backend for NamespaceBackend {
@@ -340,7 +389,7 @@ impl Backend for NamespaceBackend {
                 self.init_exe.display()
             )));
         }
-        userns_diagnosis().map_err(Unavailable)?;
+        userns_diagnosis().map_err(|e| Unavailable(e.to_string()))?;
         if !std::path::Path::new("/proc/self/ns/cgroup").exists() {
             return Err(Unavailable("this kernel lacks cgroup namespaces".into()));
         }
@@ -380,7 +429,7 @@ impl Backend for NamespaceBackend {
         let cgroups = match made {
             Ok(c) => Some(c),
             Err(e) if self.require_limits => {
-                return Err(SandboxError::Setup(format!("the sidecar's limits: {e}")));
+                return Err(SandboxError::SidecarLimits(e));
             }
             Err(e) => {
                 tracing::warn!("the run's sidecar runs WITHOUT a memory limit: {e}");
@@ -391,15 +440,14 @@ impl Backend for NamespaceBackend {
     }
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
-        config::check_run_id(&spec.run_id).map_err(|e| SandboxError::Setup(e.to_string()))?;
+        config::check_run_id(&spec.run_id)?;
         let ids = config::HostIds::for_run(&spec.run_id);
         for p in spec.ro_paths.iter().chain([&self.init_exe]) {
             readable_by(p, ids)?;
         }
         let me = rustix::process::getpid().as_raw_nonzero().get();
         // Checked before anything is taken or made: a refused spec costs nothing.
-        let mut cfg = InitConfig::from_spec(spec, &self.init_exe, me, vec![])
-            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let mut cfg = InitConfig::from_spec(spec, &self.init_exe, me, vec![])?;
         let mut standby = self.take_standby();
         let cgroups = self.run_cgroups(spec, &mut standby)?;
         let cgroups = cgroups.map(|(c, joined)| {

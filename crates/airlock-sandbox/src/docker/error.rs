@@ -1,0 +1,101 @@
+//! Why the docker backend failed: one variant per failing step. An Engine
+//! API refusal keeps the daemon's own words ([`ApiError`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{EGRESS_NETWORK, MIN_API_VERSION};
+
+/// A call of the Engine API that failed, and what it was for.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", describe(.what, .source))]
+pub struct ApiError {
+    what: String,
+    source: bollard::errors::Error,
+}
+
+impl ApiError {
+    pub fn new(what: impl Into<String>, source: bollard::errors::Error) -> ApiError {
+        ApiError {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// `what: the daemon answered 409: …` (the daemon's message), or the
+/// client's own error.
+fn describe(what: &str, e: &bollard::errors::Error) -> String {
+    match e {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code,
+            message,
+        } => format!("{what}: the daemon answered {status_code}: {message}"),
+        other => format!("{what}: {other}"),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    #[error("docker at {host}: {source}")]
+    Client {
+        host: String,
+        source: bollard::errors::Error,
+    },
+    #[error("the docker daemon at {host} does not answer: {source}")]
+    NoAnswer {
+        host: String,
+        source: bollard::errors::Error,
+    },
+    #[error(
+        "the docker daemon at {host} speaks API {major}.{minor}; Airlock needs {MIN_API_VERSION} (Docker 20.10) or later"
+    )]
+    OldApi {
+        host: String,
+        major: usize,
+        minor: usize,
+    },
+    #[error("ping: {0}")]
+    Ping(#[source] bollard::errors::Error),
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("the docker backend needs a tokio runtime")]
+    NoRuntime,
+    #[error("cannot start a thread to reach the daemon")]
+    NoThread,
+    #[error(
+        "creating network {name}: the Docker daemon has no free address pool left for another \
+         network (each run has one; with Docker's defaults about 30 networks fit in all). \
+         Remove stale networks (`airlock run` reclaims those of stopped platforms at boot) or give \
+         the daemon smaller pools in /etc/docker/daemon.json, e.g. \
+         \"default-address-pools\": [{{\"base\": \"10.200.0.0/16\", \"size\": 28}}] (4096 networks)"
+    )]
+    NoAddressPool {
+        name: String,
+        source: bollard::errors::Error,
+    },
+    /// The run's network, which the first of its containers creates and the
+    /// others wait for, could not be created.
+    #[error(transparent)]
+    RunNetwork(Arc<DockerError>),
+    #[error("{EGRESS_NETWORK} has no IPv4 gateway")]
+    NoGateway,
+    #[error("the platform socket cannot be bound")]
+    PlatformSocketPath,
+    #[error("the egress journal cannot be bound")]
+    JournalPath,
+    #[error("{} cannot be bound into a container", .0.display())]
+    NotBindable(PathBuf),
+    /// The container was killed or removed before its start.
+    #[error("stopped before it started")]
+    Stopped,
+    #[error("no docker client")]
+    NoClient,
+    #[error("stdout taken twice")]
+    StdoutTaken,
+    #[error("writing to {name}'s stdin: {source}")]
+    Stdin {
+        name: String,
+        source: std::io::Error,
+    },
+}
