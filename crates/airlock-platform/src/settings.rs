@@ -26,35 +26,43 @@ impl Default for RunLimits {
     }
 }
 
+/// Why `PLATFORM_RUN_LIMITS` is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RunLimitsError {
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("must be a JSON object such as {{\"agent_memory_ceiling_mb\": 1536}}, not {0}")]
+    NotAnObject(serde_json::Value),
+    #[error("agent_memory_ceiling_mb {0} is below the minimum of {min} MiB", min = crate::manifest::MIN_MEMORY_MB)]
+    MemoryCeiling(u64),
+    #[error("agent_cpu_ceiling {0}")]
+    CpuCeiling(crate::manifest::LimitError),
+    #[error("timeout_ceiling_seconds must be at least 1")]
+    TimeoutCeiling,
+    #[error("max_concurrent_runs must be at least 1 (leave it out for no limit)")]
+    MaxConcurrentRuns,
+}
+
 impl RunLimits {
     /// Strict JSON: an object, no unknown key, every ceiling above 0 (a 0
     /// is refused: it does not mean "no limit").
-    pub fn parse(v: &str) -> Result<RunLimits, String> {
-        let raw: serde_json::Value = serde_json::from_str(v).map_err(|e| e.to_string())?;
+    pub fn parse(v: &str) -> Result<RunLimits, RunLimitsError> {
+        let raw: serde_json::Value = serde_json::from_str(v)?;
         if !raw.is_object() {
-            return Err(format!(
-                "must be a JSON object such as {{\"agent_memory_ceiling_mb\": 1536}}, not {raw}"
-            ));
+            return Err(RunLimitsError::NotAnObject(raw));
         }
         // From the text, not the parsed value: a key given twice is refused
         // ("duplicate field"), where a parsed object keeps the last silently.
-        let l: RunLimits = serde_json::from_str(v).map_err(|e| e.to_string())?;
+        let l: RunLimits = serde_json::from_str(v)?;
         if l.agent_memory_ceiling_mb < crate::manifest::MIN_MEMORY_MB {
-            return Err(format!(
-                "agent_memory_ceiling_mb {} is below the minimum of {} MiB",
-                l.agent_memory_ceiling_mb,
-                crate::manifest::MIN_MEMORY_MB
-            ));
+            return Err(RunLimitsError::MemoryCeiling(l.agent_memory_ceiling_mb));
         }
-        crate::manifest::check_cpus(l.agent_cpu_ceiling)
-            .map_err(|e| format!("agent_cpu_ceiling {e}"))?;
+        crate::manifest::check_cpus(l.agent_cpu_ceiling).map_err(RunLimitsError::CpuCeiling)?;
         if l.timeout_ceiling_seconds == 0 {
-            return Err("timeout_ceiling_seconds must be at least 1".into());
+            return Err(RunLimitsError::TimeoutCeiling);
         }
         if l.max_concurrent_runs == Some(0) {
-            return Err(
-                "max_concurrent_runs must be at least 1 (leave it out for no limit)".into(),
-            );
+            return Err(RunLimitsError::MaxConcurrentRuns);
         }
         Ok(l)
     }
@@ -131,9 +139,9 @@ impl Settings {
         };
         let limits = match get("PLATFORM_RUN_LIMITS") {
             None => RunLimits::default(),
-            Some(v) => RunLimits::parse(v).map_err(|message| SettingsError {
+            Some(v) => RunLimits::parse(v).map_err(|e| SettingsError {
                 var: "PLATFORM_RUN_LIMITS",
-                message,
+                message: e.to_string(),
             })?,
         };
         let s = Settings {
