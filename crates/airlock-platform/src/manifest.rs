@@ -246,31 +246,7 @@ impl Manifest {
             check_cpus(c).map_err(|e| invalid("agent.cpus", e.to_string()))?;
         }
         if let Some(model) = &self.model {
-            check_http_url("model.base_url", &model.base_url)?;
-            check_patterns("model.provider_fetch_uris", &model.provider_fetch_uris)?;
-            for t in &model.provider_tools {
-                if t.is_empty()
-                    || t.len() > 64
-                    || !t
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-                {
-                    return Err(invalid(
-                        "model.provider_tools",
-                        format!("{t:?} is not a tool type name (lower-case letters, digits and _)"),
-                    ));
-                }
-            }
-            for (k, v) in [
-                ("model.price_in_per_mtok_usd", model.price_in_per_mtok_usd),
-                ("model.price_out_per_mtok_usd", model.price_out_per_mtok_usd),
-            ] {
-                if let Some(p) = v
-                    && !(p.is_finite() && p >= 0.0)
-                {
-                    return Err(invalid(k, format!("{p} must be a price of 0 or more")));
-                }
-            }
+            model.validate()?;
         }
         if let Some(NetworkSection {
             egress: NetworkEgress::Allow(patterns),
@@ -361,6 +337,38 @@ impl Manifest {
             v.push(("model".into(), &m.connection));
         }
         v
+    }
+}
+
+impl ModelSection {
+    /// The `[model]` section's own checks.
+    fn validate(&self) -> Result<(), ManifestError> {
+        check_http_url("model.base_url", &self.base_url)?;
+        check_patterns("model.provider_fetch_uris", &self.provider_fetch_uris)?;
+        for t in &self.provider_tools {
+            if t.is_empty()
+                || t.len() > 64
+                || !t
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(invalid(
+                    "model.provider_tools",
+                    format!("{t:?} is not a tool type name (lower-case letters, digits and _)"),
+                ));
+            }
+        }
+        for (k, v) in [
+            ("model.price_in_per_mtok_usd", self.price_in_per_mtok_usd),
+            ("model.price_out_per_mtok_usd", self.price_out_per_mtok_usd),
+        ] {
+            if let Some(p) = v
+                && !(p.is_finite() && p >= 0.0)
+            {
+                return Err(invalid(k, format!("{p} must be a price of 0 or more")));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -166,7 +166,13 @@ impl Settings {
                 Some(path) => Some(read_ca_file(path)?),
             },
         };
-        if let Some(d) = &s.dns_server
+        s.check()?;
+        Ok(s)
+    }
+
+    /// The checks of settings read: each bad one is refused naming its variable.
+    fn check(&self) -> Result<(), SettingsError> {
+        if let Some(d) = &self.dns_server
             && d.parse::<std::net::SocketAddr>().is_err()
             && d.parse::<std::net::IpAddr>().is_err()
         {
@@ -175,7 +181,7 @@ impl Settings {
                 message: format!("{d:?} is not a nameserver address (an IP, or IP:port)"),
             });
         }
-        for h in &s.allow_internal_hosts {
+        for h in &self.allow_internal_hosts {
             if let Err(e) = airlock_egress::Target::parse(&format!("http://{h}/")) {
                 return Err(SettingsError {
                     var: "EGRESS_ALLOW_INTERNAL_HOSTS",
@@ -189,48 +195,48 @@ impl Settings {
                 });
             }
         }
-        if s.workspace_tmpfs_mb == 0 || s.workspace_tmpfs_mb > MAX_WORKSPACE_TMPFS_MB {
+        if self.workspace_tmpfs_mb == 0 || self.workspace_tmpfs_mb > MAX_WORKSPACE_TMPFS_MB {
             return Err(SettingsError {
                 var: "WORKSPACE_TMPFS_SIZE_MB",
                 message: format!(
                     "{} must be between 1 and {MAX_WORKSPACE_TMPFS_MB}",
-                    s.workspace_tmpfs_mb
+                    self.workspace_tmpfs_mb
                 ),
             });
         }
-        if s.heartbeat_interval_secs == 0 {
+        if self.heartbeat_interval_secs == 0 {
             return Err(SettingsError {
                 var: "RUN_HEARTBEAT_INTERVAL_SECONDS",
                 message: "must be at least 1".into(),
             });
         }
-        if s.stall_threshold_secs < 3 * s.heartbeat_interval_secs {
+        if self.stall_threshold_secs < 3 * self.heartbeat_interval_secs {
             return Err(SettingsError {
                 var: "RUN_STALL_THRESHOLD_SECONDS",
                 message: format!(
                     "{} is under three heartbeats ({} s each): a healthy run would be stopped",
-                    s.stall_threshold_secs, s.heartbeat_interval_secs
+                    self.stall_threshold_secs, self.heartbeat_interval_secs
                 ),
             });
         }
         if !["auto", "process", "namespace", "docker", "firecracker"]
-            .contains(&s.run_adapter.as_str())
+            .contains(&self.run_adapter.as_str())
         {
             return Err(SettingsError {
                 var: "RUN_ADAPTER",
                 message: format!(
                     "{:?} is not auto, process, namespace, docker or firecracker",
-                    s.run_adapter
+                    self.run_adapter
                 ),
             });
         }
-        if s.watchdog_interval_secs == 0 {
+        if self.watchdog_interval_secs == 0 {
             return Err(SettingsError {
                 var: "RUN_WATCHDOG_INTERVAL_SECONDS",
                 message: "must be at least 1".into(),
             });
         }
-        Ok(s)
+        Ok(())
     }
 
     /// A manifest hint within the operator's ceilings.

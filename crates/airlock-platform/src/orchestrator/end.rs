@@ -333,26 +333,7 @@ fn describe_exit(status: Option<ExitStatus>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    async fn store_with_run(dir: &Path) -> Store {
-        let store = Store::open_sqlite(&dir.join("airlock.db"), &Default::default())
-            .await
-            .unwrap();
-        store
-            .insert_run(&airlock_store::NewRun {
-                org: airlock_store::LOCAL_ORG,
-                owner: None,
-                id: "run_f",
-                agent: "a",
-                backend: "test",
-                model: None,
-                status: RunStatus::Running,
-                created_at: None,
-            })
-            .await
-            .unwrap();
-        store
-    }
+    use crate::journal::tests::store_with_run;
 
     /// Whether `ends` was told (a permit waits), taking the permit.
     fn told(ends: &Notify) -> bool {
@@ -369,13 +350,13 @@ mod tests {
         let store = store_with_run(dir.path()).await;
         let ends = Notify::new();
         let why = "writing the agent's files: disk full";
-        assert!(fail_run(&store, &ends, "run_f", why).await.unwrap());
-        let run = store.get_run("run_f").await.unwrap().unwrap();
+        assert!(fail_run(&store, &ends, "run_t", why).await.unwrap());
+        let run = store.get_run("run_t").await.unwrap().unwrap();
         assert_eq!(run.status, RunStatus::Failed);
         assert_eq!(run.error.as_deref(), Some(why));
         assert!(told(&ends));
-        assert!(!fail_run(&store, &ends, "run_f", "later").await.unwrap());
-        let run = store.get_run("run_f").await.unwrap().unwrap();
+        assert!(!fail_run(&store, &ends, "run_t", "later").await.unwrap());
+        let run = store.get_run("run_t").await.unwrap().unwrap();
         assert_eq!(run.error.as_deref(), Some(why));
         assert!(!told(&ends));
     }
