@@ -244,3 +244,77 @@ fn open_to_sandboxes(sockets: &[std::path::PathBuf]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use airlock_sandbox::{Backend, SandboxKind, SandboxSpec};
+
+    use super::*;
+
+    /// A process on the process backend that says its pid, then sleeps.
+    async fn sleeper(dir: &Path, name: &str) -> (Sandbox, u32) {
+        let spec = SandboxSpec {
+            run_id: format!("run_teardown-{name}"),
+            command: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo $$; exec sleep 600".into(),
+            ],
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            stdin: vec![],
+            hold_stdin: false,
+            sockets_dir: dir.to_owned(),
+            ro_paths: vec![],
+            workspace: dir.join(name),
+            workspace_size_mb: 1,
+            memory_mb: 64,
+            cpus: 1.0,
+            pids_max: 16,
+            kind: SandboxKind::Agent,
+        };
+        let mut sb = airlock_sandbox::process::ProcessBackend
+            .spawn(&spec)
+            .expect("spawn");
+        let (out, _) = sb.take_output();
+        let mut lines = BufReader::new(out.expect("stdout")).lines();
+        let pid = lines.next_line().await.unwrap().unwrap().parse().unwrap();
+        (sb, pid)
+    }
+
+    /// The one teardown removes the agent's sandbox, every runner's and the
+    /// sidecar, and also what a start left half-made (no sidecar yet).
+    #[tokio::test]
+    async fn one_teardown_removes_every_process_of_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        for with_sidecar in [true, false] {
+            let (sandbox, agent) = sleeper(dir.path(), "agent").await;
+            let (r0, p0) = sleeper(dir.path(), "r0").await;
+            let (r1, p1) = sleeper(dir.path(), "r1").await;
+            let mut pids = vec![agent, p0, p1];
+            let sidecar = match with_sidecar {
+                true => {
+                    let (sb, pid) = sleeper(dir.path(), "sidecar").await;
+                    pids.push(pid);
+                    Some(sb)
+                }
+                false => None,
+            };
+            for p in &pids {
+                assert!(Path::new(&format!("/proc/{p}")).exists(), "{p} runs");
+            }
+            let run = StartedRun {
+                sandbox,
+                runners: vec![r0, r1],
+                runner_pumps: vec![],
+                output: None,
+                sidecar,
+                sidecar_log: SidecarLog::default(),
+            };
+            let remains = run.teardown().await;
+            assert!(remains.output.is_none());
+            for p in &pids {
+                assert!(!Path::new(&format!("/proc/{p}")).exists(), "{p} is gone");
+            }
+        }
+    }
+}
