@@ -554,7 +554,7 @@ pub async fn ingest_run_dir(store: &Store, run_id: &str, run_dir: &Path) -> bool
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn rec(seq: u64, outcome: EgressOutcome, status: Option<u16>) -> EgressRecord {
@@ -609,7 +609,8 @@ mod tests {
         assert!(!other.path().join("x").exists());
     }
 
-    async fn store_with_run(dir: &Path) -> Store {
+    /// A store in `dir` with one `running` run, `run_t`.
+    pub(crate) async fn store_with_run(dir: &Path) -> Store {
         let store = Store::open_sqlite(&dir.join("airlock.db"), &Default::default())
             .await
             .unwrap();

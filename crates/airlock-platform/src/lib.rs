@@ -10,6 +10,7 @@ pub mod internal_api;
 pub mod journal;
 pub mod manifest;
 pub mod orchestrator;
+pub mod platform;
 pub mod proxy_ca;
 pub mod report;
 pub mod settings;
@@ -18,3 +19,4 @@ pub mod settings;
 pub mod testing;
 
 pub use internal_api::{Grant, InternalApi};
+pub use platform::{BootError, Platform};

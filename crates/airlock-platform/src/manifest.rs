@@ -16,13 +16,20 @@ use serde::Deserialize;
 pub const MIN_MEMORY_MB: u64 = 16;
 /// Most CPUs a manifest may ask for (a typo, not a machine).
 pub const MAX_CPUS: f64 = 1024.0;
+/// A run's memory or CPUs out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LimitError {
+    #[error("{0} is below the minimum of {MIN_MEMORY_MB} MiB (0 is not \"unlimited\")")]
+    MemoryBelowMinimum(u64),
+    #[error("{0} must be a number of CPUs above 0 and at most {MAX_CPUS} (0 is not \"unlimited\")")]
+    Cpus(f64),
+}
+
 /// The one check of a run's memory in MiB, wherever it is asked for (a
 /// manifest's `agent.memory_mb`, an API run's `limits.memory_mb`).
-pub fn check_memory_mb(m: u64) -> Result<(), String> {
+pub fn check_memory_mb(m: u64) -> Result<(), LimitError> {
     if m < MIN_MEMORY_MB {
-        return Err(format!(
-            "{m} is below the minimum of {MIN_MEMORY_MB} MiB (0 is not \"unlimited\")"
-        ));
+        return Err(LimitError::MemoryBelowMinimum(m));
     }
     Ok(())
 }
@@ -30,11 +37,9 @@ pub fn check_memory_mb(m: u64) -> Result<(), String> {
 /// The one check of a number of CPUs, wherever it is given (a manifest's
 /// `agent.cpus`, an API run's `limits.cpus`, the operator's
 /// `agent_cpu_ceiling`).
-pub fn check_cpus(c: f64) -> Result<(), String> {
+pub fn check_cpus(c: f64) -> Result<(), LimitError> {
     if !(c.is_finite() && c > 0.0 && c <= MAX_CPUS) {
-        return Err(format!(
-            "{c} must be a number of CPUs above 0 and at most {MAX_CPUS} (0 is not \"unlimited\")"
-        ));
+        return Err(LimitError::Cpus(c));
     }
     Ok(())
 }
@@ -235,37 +240,13 @@ impl Manifest {
             return Err(invalid("agent.timeout", "must be at least 1 second"));
         }
         if let Some(m) = a.memory_mb {
-            check_memory_mb(m).map_err(|e| invalid("agent.memory_mb", e))?;
+            check_memory_mb(m).map_err(|e| invalid("agent.memory_mb", e.to_string()))?;
         }
         if let Some(c) = a.cpus {
-            check_cpus(c).map_err(|e| invalid("agent.cpus", e))?;
+            check_cpus(c).map_err(|e| invalid("agent.cpus", e.to_string()))?;
         }
         if let Some(model) = &self.model {
-            check_http_url("model.base_url", &model.base_url)?;
-            check_patterns("model.provider_fetch_uris", &model.provider_fetch_uris)?;
-            for t in &model.provider_tools {
-                if t.is_empty()
-                    || t.len() > 64
-                    || !t
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-                {
-                    return Err(invalid(
-                        "model.provider_tools",
-                        format!("{t:?} is not a tool type name (lower-case letters, digits and _)"),
-                    ));
-                }
-            }
-            for (k, v) in [
-                ("model.price_in_per_mtok_usd", model.price_in_per_mtok_usd),
-                ("model.price_out_per_mtok_usd", model.price_out_per_mtok_usd),
-            ] {
-                if let Some(p) = v
-                    && !(p.is_finite() && p >= 0.0)
-                {
-                    return Err(invalid(k, format!("{p} must be a price of 0 or more")));
-                }
-            }
+            model.validate()?;
         }
         if let Some(NetworkSection {
             egress: NetworkEgress::Allow(patterns),
@@ -356,6 +337,38 @@ impl Manifest {
             v.push(("model".into(), &m.connection));
         }
         v
+    }
+}
+
+impl ModelSection {
+    /// The `[model]` section's own checks.
+    fn validate(&self) -> Result<(), ManifestError> {
+        check_http_url("model.base_url", &self.base_url)?;
+        check_patterns("model.provider_fetch_uris", &self.provider_fetch_uris)?;
+        for t in &self.provider_tools {
+            if t.is_empty()
+                || t.len() > 64
+                || !t
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(invalid(
+                    "model.provider_tools",
+                    format!("{t:?} is not a tool type name (lower-case letters, digits and _)"),
+                ));
+            }
+        }
+        for (k, v) in [
+            ("model.price_in_per_mtok_usd", self.price_in_per_mtok_usd),
+            ("model.price_out_per_mtok_usd", self.price_out_per_mtok_usd),
+        ] {
+            if let Some(p) = v
+                && !(p.is_finite() && p >= 0.0)
+            {
+                return Err(invalid(k, format!("{p} must be a price of 0 or more")));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -26,35 +26,43 @@ impl Default for RunLimits {
     }
 }
 
+/// Why `PLATFORM_RUN_LIMITS` is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RunLimitsError {
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("must be a JSON object such as {{\"agent_memory_ceiling_mb\": 1536}}, not {0}")]
+    NotAnObject(serde_json::Value),
+    #[error("agent_memory_ceiling_mb {0} is below the minimum of {min} MiB", min = crate::manifest::MIN_MEMORY_MB)]
+    MemoryCeiling(u64),
+    #[error("agent_cpu_ceiling {0}")]
+    CpuCeiling(crate::manifest::LimitError),
+    #[error("timeout_ceiling_seconds must be at least 1")]
+    TimeoutCeiling,
+    #[error("max_concurrent_runs must be at least 1 (leave it out for no limit)")]
+    MaxConcurrentRuns,
+}
+
 impl RunLimits {
     /// Strict JSON: an object, no unknown key, every ceiling above 0 (a 0
     /// is refused: it does not mean "no limit").
-    pub fn parse(v: &str) -> Result<RunLimits, String> {
-        let raw: serde_json::Value = serde_json::from_str(v).map_err(|e| e.to_string())?;
+    pub fn parse(v: &str) -> Result<RunLimits, RunLimitsError> {
+        let raw: serde_json::Value = serde_json::from_str(v)?;
         if !raw.is_object() {
-            return Err(format!(
-                "must be a JSON object such as {{\"agent_memory_ceiling_mb\": 1536}}, not {raw}"
-            ));
+            return Err(RunLimitsError::NotAnObject(raw));
         }
         // From the text, not the parsed value: a key given twice is refused
         // ("duplicate field"), where a parsed object keeps the last silently.
-        let l: RunLimits = serde_json::from_str(v).map_err(|e| e.to_string())?;
+        let l: RunLimits = serde_json::from_str(v)?;
         if l.agent_memory_ceiling_mb < crate::manifest::MIN_MEMORY_MB {
-            return Err(format!(
-                "agent_memory_ceiling_mb {} is below the minimum of {} MiB",
-                l.agent_memory_ceiling_mb,
-                crate::manifest::MIN_MEMORY_MB
-            ));
+            return Err(RunLimitsError::MemoryCeiling(l.agent_memory_ceiling_mb));
         }
-        crate::manifest::check_cpus(l.agent_cpu_ceiling)
-            .map_err(|e| format!("agent_cpu_ceiling {e}"))?;
+        crate::manifest::check_cpus(l.agent_cpu_ceiling).map_err(RunLimitsError::CpuCeiling)?;
         if l.timeout_ceiling_seconds == 0 {
-            return Err("timeout_ceiling_seconds must be at least 1".into());
+            return Err(RunLimitsError::TimeoutCeiling);
         }
         if l.max_concurrent_runs == Some(0) {
-            return Err(
-                "max_concurrent_runs must be at least 1 (leave it out for no limit)".into(),
-            );
+            return Err(RunLimitsError::MaxConcurrentRuns);
         }
         Ok(l)
     }
@@ -131,9 +139,9 @@ impl Settings {
         };
         let limits = match get("PLATFORM_RUN_LIMITS") {
             None => RunLimits::default(),
-            Some(v) => RunLimits::parse(v).map_err(|message| SettingsError {
+            Some(v) => RunLimits::parse(v).map_err(|e| SettingsError {
                 var: "PLATFORM_RUN_LIMITS",
-                message,
+                message: e.to_string(),
             })?,
         };
         let s = Settings {
@@ -158,7 +166,13 @@ impl Settings {
                 Some(path) => Some(read_ca_file(path)?),
             },
         };
-        if let Some(d) = &s.dns_server
+        s.check()?;
+        Ok(s)
+    }
+
+    /// The checks of settings read: each bad one is refused naming its variable.
+    fn check(&self) -> Result<(), SettingsError> {
+        if let Some(d) = &self.dns_server
             && d.parse::<std::net::SocketAddr>().is_err()
             && d.parse::<std::net::IpAddr>().is_err()
         {
@@ -167,7 +181,7 @@ impl Settings {
                 message: format!("{d:?} is not a nameserver address (an IP, or IP:port)"),
             });
         }
-        for h in &s.allow_internal_hosts {
+        for h in &self.allow_internal_hosts {
             if let Err(e) = airlock_egress::Target::parse(&format!("http://{h}/")) {
                 return Err(SettingsError {
                     var: "EGRESS_ALLOW_INTERNAL_HOSTS",
@@ -181,48 +195,48 @@ impl Settings {
                 });
             }
         }
-        if s.workspace_tmpfs_mb == 0 || s.workspace_tmpfs_mb > MAX_WORKSPACE_TMPFS_MB {
+        if self.workspace_tmpfs_mb == 0 || self.workspace_tmpfs_mb > MAX_WORKSPACE_TMPFS_MB {
             return Err(SettingsError {
                 var: "WORKSPACE_TMPFS_SIZE_MB",
                 message: format!(
                     "{} must be between 1 and {MAX_WORKSPACE_TMPFS_MB}",
-                    s.workspace_tmpfs_mb
+                    self.workspace_tmpfs_mb
                 ),
             });
         }
-        if s.heartbeat_interval_secs == 0 {
+        if self.heartbeat_interval_secs == 0 {
             return Err(SettingsError {
                 var: "RUN_HEARTBEAT_INTERVAL_SECONDS",
                 message: "must be at least 1".into(),
             });
         }
-        if s.stall_threshold_secs < 3 * s.heartbeat_interval_secs {
+        if self.stall_threshold_secs < 3 * self.heartbeat_interval_secs {
             return Err(SettingsError {
                 var: "RUN_STALL_THRESHOLD_SECONDS",
                 message: format!(
                     "{} is under three heartbeats ({} s each): a healthy run would be stopped",
-                    s.stall_threshold_secs, s.heartbeat_interval_secs
+                    self.stall_threshold_secs, self.heartbeat_interval_secs
                 ),
             });
         }
         if !["auto", "process", "namespace", "docker", "firecracker"]
-            .contains(&s.run_adapter.as_str())
+            .contains(&self.run_adapter.as_str())
         {
             return Err(SettingsError {
                 var: "RUN_ADAPTER",
                 message: format!(
                     "{:?} is not auto, process, namespace, docker or firecracker",
-                    s.run_adapter
+                    self.run_adapter
                 ),
             });
         }
-        if s.watchdog_interval_secs == 0 {
+        if self.watchdog_interval_secs == 0 {
             return Err(SettingsError {
                 var: "RUN_WATCHDOG_INTERVAL_SECONDS",
                 message: "must be at least 1".into(),
             });
         }
-        Ok(s)
+        Ok(())
     }
 
     /// A manifest hint within the operator's ceilings.

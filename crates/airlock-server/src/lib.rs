@@ -305,8 +305,6 @@ struct Inner {
     /// Notified whenever one of this replica's runs is over (its end
     /// recorded): a drain waits on it.
     run_over: Notify,
-    /// Wakes the webhook deliverer.
-    deliveries: Notify,
     webhook_client: GuardedClient,
     /// Open event streams, per organization.
     streams: Arc<Mutex<HashMap<String, usize>>>,
@@ -395,7 +393,6 @@ impl AppState {
                 store_watch: outage::StoreWatch::default(),
                 kick: Notify::new(),
                 run_over: Notify::new(),
-                deliveries: Notify::new(),
                 webhook_client,
                 running: Mutex::default(),
                 claiming: tokio::sync::Mutex::new(()),
@@ -447,8 +444,11 @@ impl AppState {
     pub fn kick_scheduler(&self) {
         self.inner.kick.notify_one();
     }
+    /// Wakes the webhook deliverer (the platform's
+    /// [`Orchestrator::ends`](airlock_platform::orchestrator::Orchestrator::ends)
+    /// wakes it too, whenever it stores a run's end).
     pub fn kick_deliveries(&self) {
-        self.inner.deliveries.notify_one();
+        self.inner.orch.ends.notify_one();
     }
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)

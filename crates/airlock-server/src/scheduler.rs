@@ -514,7 +514,7 @@ fn spawn_run(app: AppState, claimed: ClaimedRun) {
 async fn record_failure(app: &AppState, id: &str, reason: &str) {
     let mut wait = Duration::from_millis(200);
     loop {
-        match app.store().fail_run(id, reason).await {
+        match app.orch().fail_run(id, reason).await {
             Ok(_) => {
                 app.store_watch().ok();
                 return;
@@ -615,8 +615,7 @@ async fn run_one(
     let orch = app.orch();
     let store_err = |what: &str, e: StoreError| format!("{what}: {}", e.chain());
     let fail = |reason: String| async move {
-        app.store()
-            .fail_run(&run.id, &reason)
+        orch.fail_run(&run.id, &reason)
             .await
             .map(|_| ())
             .map_err(|e| store_err("recording the run's failure", e))

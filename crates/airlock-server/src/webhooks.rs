@@ -237,7 +237,7 @@ pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<
             }
         }
         tokio::select! {
-            () = app.inner.deliveries.notified() => {}
+            () = app.inner.orch.ends.notified() => {}
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
             _ = stop.changed() => {}
         }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use airlock_platform::manifest::Manifest;
 use airlock_platform::orchestrator::RunRequest;
+use airlock_platform::platform::{Parts, Platform};
 use airlock_platform::settings::Settings;
 use airlock_platform_api::wire::RunEvent;
 use airlock_store::{AuthType, EgressDecision, Store, StoreOptions};
@@ -218,15 +219,18 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
     // loopback, or on this host's egress-network address for docker).
     vars.insert("EGRESS_ALLOW_INTERNAL_HOSTS".into(), ip.to_string());
     let settings = Settings::from_vars(&vars).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (orch, server) = super::run::platform_with(
-        home.to_owned(),
-        store.clone(),
+    let backend = airlock_platform::platform::select_backend(backend.as_deref(), &settings)?;
+    let platform = Platform::start(Parts {
+        home: home.to_owned(),
+        store: store.clone(),
         keyring,
-        super::run::ephemeral_tokens()?,
+        tokens: airlock_platform::platform::ephemeral_tokens()?,
         settings,
-        backend.as_deref(),
-    )
+        backend,
+        sidecar_build: airlock_sidecar::BUILD,
+    })
     .await?;
+    let orch = &platform.orch;
     let progress = super::run::progress_printer(false);
     let outcome = orch
         .run(
@@ -243,7 +247,7 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
         )
         .await?;
     super::run::report(&store, &outcome, false).await?;
-    server.abort();
+    platform.stop();
 
     // The checks: what the store recorded, compared with what should have happened.
     let egress = store.list_egress(&outcome.run_id, 10_000).await?;

@@ -3,15 +3,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use airlock_platform::InternalApi;
+use airlock_platform::Platform;
 use airlock_platform::manifest::Manifest;
-use airlock_platform::orchestrator::{Orchestrator, Progress, RunOutcome, RunRequest, reclaim};
+use airlock_platform::orchestrator::{Progress, RunOutcome, RunRequest};
 use airlock_platform::report::RunReport;
-use airlock_platform::settings::Settings;
 use airlock_store::{EgressDecision, RunStatus, Store};
-use airlock_vault::{Keyring, RunTokens, SigningKeyring};
 use anyhow::{Context, Result};
 use clap::Args;
 
@@ -37,186 +34,6 @@ pub struct RunArgs {
     /// Run this command instead of the manifest's `agent.command`.
     #[arg(last = true)]
     pub command: Vec<String>,
-}
-
-/// The embedded platform of one `airlock` process, configured from the environment.
-pub async fn platform(
-    backend: Option<&str>,
-) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
-    let settings = Settings::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let retention = airlock_store::Retention::from_lookup(env)?;
-    let home = airlock_store::airlock_home()?;
-    std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
-    // The store opens (on its own threads) while the backend is checked
-    // and gets ready for the run (the namespace backend starts its init).
-    let store = tokio::spawn(Store::open_default());
-    let backend = select_backend(backend, &settings);
-    let store = store.await.context("opening the store")??;
-    let backend = backend?;
-    tracing::debug!(target: "airlock::phase", "store opened");
-    sweep_local_store(&home, &store, retention);
-    platform_on(home, store, settings, backend).await
-}
-
-/// How often a local store is swept.
-const LOCAL_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(86_400);
-
-/// A local store is swept by the process that uses it, at most once a day
-/// (`retention-swept` in the home records when), in the background: each
-/// batch is its own transaction, so a process that exits mid-sweep loses
-/// only the sweep's progress.
-fn sweep_local_store(home: &std::path::Path, store: &Store, retention: airlock_store::Retention) {
-    let marker = home.join("retention-swept");
-    let fresh = std::fs::metadata(&marker)
-        .and_then(|m| m.modified())
-        .is_ok_and(|t| t.elapsed().is_ok_and(|e| e < LOCAL_SWEEP_EVERY));
-    if fresh {
-        return;
-    }
-    let store = store.clone();
-    tokio::spawn(async move {
-        match store
-            .sweep_retention(&retention, airlock_store::now_ms())
-            .await
-        {
-            Ok(r) => {
-                if !r.is_empty() {
-                    tracing::info!(
-                        runs = r.runs,
-                        egress = r.egress,
-                        results = r.results,
-                        freed_pages = r.freed_pages,
-                        "retention sweep of the local store"
-                    );
-                }
-                if let Err(e) = std::fs::write(&marker, b"") {
-                    tracing::debug!("{}: {e}", marker.display());
-                }
-            }
-            Err(e) => tracing::warn!("retention sweep of the local store: {}", e.chain()),
-        }
-    });
-}
-
-/// The embedded platform on a store already open, with its backend already
-/// chosen (`airlock serve` waits for its store before this).
-pub async fn platform_on(
-    home: PathBuf,
-    store: Store,
-    settings: Settings,
-    backend: Box<dyn airlock_sandbox::Backend>,
-) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
-    let keyring = if std::env::var_os("CONNECTION_ENCRYPTION_KEY").is_some_and(|v| !v.is_empty()) {
-        // Set: it must be right (a typo never falls back to another key).
-        Keyring::from_env().context("CONNECTION_ENCRYPTION_KEY")?
-    } else {
-        // Not set: no stored connection can be decrypted; runs that need
-        // none still work, and a run that needs one is refused before it
-        // starts, saying so.
-        Keyring::new(
-            airlock_platform::orchestrator::EPHEMERAL_KID,
-            &airlock_vault::random_bytes::<32>()?,
-        )?
-    };
-    // A key that is not the one the store's envelopes were written with is
-    // refused here, not found out by a sidecar mid-run.
-    store.check_keyring(&keyring).await?;
-    tracing::debug!(target: "airlock::phase", "keyring checked");
-    let tokens = match std::env::var("RUN_TOKEN_SECRET")
-        .ok()
-        .filter(|v| !v.is_empty())
-    {
-        Some(_) => RunTokens::new(SigningKeyring::from_env("RUN_TOKEN_SECRET")?),
-        None => ephemeral_tokens()?,
-    };
-    platform_with_backend(home, store, Arc::new(keyring), tokens, settings, backend).await
-}
-
-/// The backend `backend` names (default: the settings' `RUN_ADAPTER`),
-/// checked, and getting ready for a run ([`airlock_sandbox::Backend::prepare`]).
-pub fn select_backend(
-    backend: Option<&str>,
-    settings: &Settings,
-) -> Result<Box<dyn airlock_sandbox::Backend>> {
-    let adapter = backend.unwrap_or(&settings.run_adapter);
-    let backend = airlock_sandbox::select(adapter)?;
-    backend.prepare();
-    tracing::debug!(target: "airlock::phase", "backend checked");
-    Ok(backend)
-}
-
-/// Run tokens for an embedded platform that verifies only what it issued itself.
-pub fn ephemeral_tokens() -> Result<RunTokens> {
-    Ok(RunTokens::new(SigningKeyring::parse(
-        "RUN_TOKEN_SECRET",
-        &airlock_vault::random_hex::<32>()?,
-    )?))
-}
-
-/// The embedded platform from explicit parts.
-pub async fn platform_with(
-    home: PathBuf,
-    store: Store,
-    keyring: Arc<Keyring>,
-    tokens: RunTokens,
-    settings: Settings,
-    backend: Option<&str>,
-) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
-    let backend = select_backend(backend, &settings)?;
-    platform_with_backend(home, store, keyring, tokens, settings, backend).await
-}
-
-async fn platform_with_backend(
-    home: PathBuf,
-    store: Store,
-    keyring: Arc<Keyring>,
-    tokens: RunTokens,
-    settings: Settings,
-    backend: Box<dyn airlock_sandbox::Backend>,
-) -> Result<(Orchestrator, tokio::task::JoinHandle<()>)> {
-    let exe = std::env::current_exe().context("locating the airlock binary")?;
-    // Asked beside the reclaim and the backend's boot (it starts a process).
-    let sidecar_exe = {
-        let exe = exe.clone();
-        std::thread::spawn(move || {
-            airlock_sandbox::own_sidecar_binary(&exe, airlock_sidecar::BUILD)
-        })
-    };
-    let reclaimed = reclaim(&home, &store).await?;
-    tracing::debug!(target: "airlock::phase", "reclaimed");
-    if !reclaimed.is_empty() {
-        eprintln!(
-            "airlock: reclaimed {} leftover run(s) of a previous platform: {}",
-            reclaimed.len(),
-            reclaimed.join(", ")
-        );
-    }
-    std::fs::create_dir_all(home.join("sockets"))?;
-    let api_socket = airlock_platform::orchestrator::own_platform_socket(&home);
-    let _ = std::fs::remove_file(&api_socket);
-    let listener = tokio::net::UnixListener::bind(&api_socket)
-        .with_context(|| format!("binding {}", api_socket.display()))?;
-    let api = InternalApi::new(store.clone(), keyring, tokens.clone());
-    let server = tokio::spawn(api.clone().serve_forever(listener));
-    tracing::debug!(target: "airlock::phase", "internal API listening");
-    backend.boot(&|s| eprintln!("airlock: {s}"))?;
-    tracing::debug!(target: "airlock::phase", "backend booted");
-    let sidecar_exe = sidecar_exe.join().unwrap_or(None);
-    Ok((
-        Orchestrator {
-            home,
-            store,
-            api,
-            api_socket,
-            tokens,
-            settings,
-            backend,
-            exe,
-            sidecar_exe,
-        },
-        server,
-    ))
 }
 
 /// Prints milestones to stderr (nothing when `quiet`).
@@ -325,7 +142,8 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
         .canonicalize()?;
-    let (orch, server) = platform(args.backend.as_deref()).await?;
+    let platform = Platform::from_env(args.backend.as_deref(), airlock_sidecar::BUILD).await?;
+    let orch = &platform.orch;
     let cancel_rx = cancel_on_ctrl_c();
     let progress = progress_printer(args.json);
     let req = RunRequest {
@@ -339,8 +157,7 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
     let outcome = orch.run(req, cancel_rx, &progress).await?;
     report(&orch.store, &outcome, args.json).await?;
     tracing::debug!(target: "airlock::phase", "report printed");
-    server.abort();
-    let _ = std::fs::remove_file(&orch.api_socket);
+    platform.stop();
     Ok(outcome)
 }
 

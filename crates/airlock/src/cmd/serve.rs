@@ -65,7 +65,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let home = airlock_store::airlock_home()?;
     std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
     let store_name = airlock_store::default_store_name()?;
-    let backend = super::run::select_backend(args.backend.as_deref(), &settings)?;
+    let backend = airlock_platform::platform::select_backend(args.backend.as_deref(), &settings)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("listening on {}", cfg.listen))?;
@@ -87,9 +87,17 @@ async fn serve(args: ServeArgs) -> Result<()> {
         async move {
             let store = open_store(&booting).await?;
             booting.set("booting the platform");
-            let (orch, _internal_api) = super::run::platform_on(home, store, settings, backend)
-                .await
-                .map_err(airlock_server::BootError::from)?;
+            let platform = airlock_platform::Platform::on_store(
+                home,
+                store,
+                settings,
+                backend,
+                airlock_sidecar::BUILD,
+            )
+            .await?;
+            // The internal API serves as long as the process lives; its
+            // socket is removed below.
+            let orch = platform.into_orchestrator();
             let app = AppState::with_replica(Arc::new(orch), auth, cfg, replica)?;
             eprintln!("airlock serve: ready");
             Ok(app)

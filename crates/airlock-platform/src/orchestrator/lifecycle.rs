@@ -1,0 +1,217 @@
+//! A run from its request to its recorded end, phase by phase: checked
+//! ([`preflight`](super::preflight)), recorded within the run slots,
+//! planned ([`plan`](super::plan)), started ([`start`](super::start)),
+//! watched ([`watch`](super::watch)), torn down and ended
+//! ([`end`](super::end)).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use airlock_store::{NewRun, RunStatus};
+
+use super::end::{Judged, Verdict, judge};
+use super::error::RunError;
+use super::parts::Orchestrator;
+use super::request::{Cancel, Progress, ProgressFn, RunOutcome, RunRequest};
+use super::rundir::{create_private_dir, write_owner};
+
+/// How often a run waiting for a slot asks the store again.
+const SLOT_POLL: Duration = Duration::from_millis(200);
+
+impl Orchestrator {
+    /// Runs one agent to its end. `cancel` set cancels the run, with its reason.
+    pub async fn run(
+        &self,
+        req: RunRequest,
+        mut cancel: Cancel,
+        progress: ProgressFn<'_>,
+    ) -> Result<RunOutcome, RunError> {
+        // Whatever the backend can start before the spec is known starts
+        // now, beside the checks and the store's records.
+        self.backend.prepare();
+        let run_id = format!(
+            "run_{}",
+            airlock_vault::random_hex::<6>().map_err(RunError::RunId)?
+        );
+        let m = &req.manifest;
+        self.preflight(&req.org, m, &req.agent_dir).await?;
+        // The run directory and its owner file exist before the run is in the
+        // store, so a concurrent platform's boot reclaim never mistakes a
+        // starting run for a crashed one.
+        let run_dir = self.home.join("runs").join(&run_id);
+        make_run_dir(&run_dir)?;
+        let new_run = NewRun {
+            org: &req.org,
+            owner: None,
+            id: &run_id,
+            agent: m.agent.name.as_str(),
+            backend: self.backend.name(),
+            model: m.model.as_ref().map(|x| x.provider.as_str()),
+            status: RunStatus::Running,
+            created_at: None,
+        };
+        if let Err(e) = self
+            .record_within_slots(&new_run, &mut cancel, progress)
+            .await
+        {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(e);
+        }
+        tracing::debug!(target: "airlock::phase", "run recorded");
+        self.execute(run_id, run_dir, req, cancel, progress).await
+    }
+
+    /// Records `new_run` as started, within `max_concurrent_runs` when set:
+    /// it waits, in the open, for a slot (every platform on this store
+    /// shares them); a cancel gives up.
+    async fn record_within_slots(
+        &self,
+        new_run: &NewRun<'_>,
+        cancel: &mut Cancel,
+        progress: ProgressFn<'_>,
+    ) -> Result<(), RunError> {
+        match self.settings.limits.max_concurrent_runs {
+            None => self.store.insert_run(new_run).await?,
+            Some(limit) => {
+                let mut told = false;
+                while !self.store.insert_run_within_limit(new_run, limit).await? {
+                    if !told {
+                        progress(Progress::Queued { limit });
+                        told = true;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(SLOT_POLL) => {}
+                        _ = cancel.changed() => {
+                            if cancel.borrow().is_some() {
+                                return Err(RunError::CancelledWhileQueued);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.store
+            .mark_run_started(new_run.id, airlock_store::now_ms())
+            .await?;
+        Ok(())
+    }
+
+    /// Runs a run `airlock serve` queued and this replica has claimed (it is
+    /// `running` in the store, owned by this replica). A run that cannot
+    /// start is failed with the reason, as every other failed run.
+    pub async fn run_claimed(
+        &self,
+        run_id: String,
+        req: RunRequest,
+        cancel: Cancel,
+        progress: ProgressFn<'_>,
+    ) -> Result<RunOutcome, RunError> {
+        self.backend.prepare();
+        let fail = |reason: String| async {
+            self.fail_run(&run_id, &reason).await?;
+            Ok::<RunOutcome, RunError>(RunOutcome {
+                run_id: run_id.clone(),
+                status: RunStatus::Failed,
+                exit_code: None,
+                error: Some(reason),
+                duration: Duration::ZERO,
+                backend: self.backend.name(),
+            })
+        };
+        if let Err(e) = self
+            .preflight(&req.org, &req.manifest, &req.agent_dir)
+            .await
+        {
+            return fail(e.to_string()).await;
+        }
+        let run_dir = self.home.join("runs").join(&run_id);
+        if let Err(e) = make_run_dir(&run_dir) {
+            return fail(e.to_string()).await;
+        }
+        if let Err(e) = self
+            .store
+            .mark_run_started(&run_id, airlock_store::now_ms())
+            .await
+        {
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(e.into());
+        }
+        self.execute(run_id, run_dir, req, cancel, progress).await
+    }
+
+    /// A recorded run, from its start to its recorded end.
+    async fn execute(
+        &self,
+        run_id: String,
+        run_dir: PathBuf,
+        req: RunRequest,
+        mut cancel: Cancel,
+        progress: ProgressFn<'_>,
+    ) -> Result<RunOutcome, RunError> {
+        // The run starts now (a wait for a slot is not part of it: the boot
+        // deadline and the duration count from here).
+        let started = Instant::now();
+        progress(Progress::Starting {
+            run_id: run_id.clone(),
+            backend: self.backend.name(),
+            isolates: self.backend.isolates(),
+        });
+        // Every egress record the sidecar journals reaches the store from
+        // here while the run is live (the sidecar sends none itself).
+        let journal = crate::journal::Follower::start(&self.store, &run_id, &run_dir);
+        let judged = self
+            .start_and_watch(&run_id, &run_dir, &req, &mut cancel, progress, started)
+            .await;
+        self.api.revoke(&run_id);
+        // The sidecar has exited: the rest of what it journalled (every
+        // request that left and how each ended, the agent's end, its usage
+        // and log lines) goes into the store before the run's end is
+        // recorded and its directory removed.
+        let kept = journal.finish().await;
+        let verdict: Verdict = self.verdict(&run_id, judged, kept.result).await;
+        tracing::debug!(target: "airlock::phase", "run judged");
+        progress(Progress::Ending {
+            status: verdict.status,
+        });
+        self.record_end(run_id, &run_dir, started, verdict, kept.stored)
+            .await
+    }
+
+    /// Plans the run, grants it its connections, starts it, watches it,
+    /// and tears it down: the same teardown whatever ended it.
+    async fn start_and_watch(
+        &self,
+        run_id: &str,
+        run_dir: &Path,
+        req: &RunRequest,
+        cancel: &mut Cancel,
+        progress: ProgressFn<'_>,
+        started: Instant,
+    ) -> Result<Judged, RunError> {
+        let mut plan = self.plan(run_id, run_dir, req)?;
+        self.api.grant(run_id, std::mem::take(&mut plan.grant));
+        let mut run = self.start(run_id, &plan, progress, started).await?;
+        let ended = self
+            .watch(
+                &mut run,
+                run_id,
+                plan.timeout_secs,
+                cancel,
+                progress,
+                started,
+            )
+            .await;
+        let remains = run.teardown().await;
+        Ok(judge(ended, &remains))
+    }
+}
+
+/// The run's directory (0700) and its owner file.
+fn make_run_dir(run_dir: &Path) -> Result<(), RunError> {
+    create_private_dir(run_dir)
+        .and_then(|()| write_owner(run_dir))
+        .map_err(|error| RunError::RunDir {
+            path: run_dir.to_owned(),
+            error,
+        })
+}

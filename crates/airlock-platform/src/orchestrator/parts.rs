@@ -1,0 +1,48 @@
+//! The parts a platform runs its runs with ([`crate::platform::Platform::start`]
+//! puts them together).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use airlock_sandbox::Backend;
+use airlock_store::Store;
+use airlock_vault::RunTokens;
+use tokio::sync::Notify;
+
+use crate::internal_api::InternalApi;
+use crate::settings::Settings;
+
+/// The embedded platform of `airlock run`, and each `airlock serve` replica's.
+pub struct Orchestrator {
+    pub home: PathBuf,
+    pub store: Store,
+    pub api: InternalApi,
+    pub api_socket: PathBuf,
+    pub tokens: RunTokens,
+    pub settings: Settings,
+    pub backend: Box<dyn Backend>,
+    /// The `airlock` binary (sidecar and runtime are subcommands of it).
+    pub exe: PathBuf,
+    /// `airlock-sidecar` beside it, of the same build, when there is one
+    /// ([`airlock_sandbox::own_sidecar_binary`]): what host sidecars run.
+    pub sidecar_exe: Option<PathBuf>,
+    /// Told whenever this platform stores a run's end: the webhook
+    /// deliveries the end owes are queued with it ([`Store::finish_run`]),
+    /// and whoever sends them (`airlock serve`'s deliverer) waits on this.
+    pub ends: Arc<Notify>,
+}
+
+/// Shared state for several concurrent runs.
+pub type SharedOrchestrator = Arc<Orchestrator>;
+
+/// How long a stopped sidecar has to exit after SIGTERM before it is killed
+/// ([`Sandbox::stop`](airlock_sandbox::Sandbox::stop)). The platform waits
+/// for its exit (not a fixed time): this must outlast the sidecar's own
+/// deadline for draining what is in flight (events, egress records, model
+/// streams), or its last records are lost.
+pub const SIDECAR_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The key id of the throwaway key an embedded platform uses when no
+/// `CONNECTION_ENCRYPTION_KEY` is set (it decrypts nothing stored).
+pub const EPHEMERAL_KID: &str = "ephemeral";
