@@ -28,7 +28,7 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 
 pub use forms::MIN_REDACT_LEN;
 pub use stream::StreamRedactor;
-use view::{Decoder, View};
+use view::{Decoder, Reach, View};
 
 pub const REDACTED: &str = "[REDACTED]";
 
@@ -134,15 +134,23 @@ impl Redactor {
                 }
             }
         };
-        for d1 in Decoder::ALL {
-            let Some(v1) = d1.view(input, None, s.min_run) else {
-                continue;
-            };
-            search(&v1, &mut found);
-            for d2 in Decoder::ALL {
-                if let Some(v2) = d2.view(&v1.bytes, Some(&v1), s.min_run) {
-                    search(&v2, &mut found);
-                }
+        let reach = Reach {
+            longest: s.longest,
+            min_run: s.min_run,
+        };
+        let mut first = Vec::new();
+        for d in Decoder::ALL {
+            d.views(input, None, reach, &mut first);
+        }
+        let mut second = Vec::new();
+        for v1 in &first {
+            search(v1, &mut found);
+            second.clear();
+            for d in Decoder::ALL {
+                d.views(&v1.bytes, Some(v1), reach, &mut second);
+            }
+            for v2 in &second {
+                search(v2, &mut found);
             }
         }
         found.sort_unstable();

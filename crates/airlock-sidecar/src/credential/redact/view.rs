@@ -3,9 +3,10 @@
 //! own bytes it was decoded from. A credential found in a view is redacted
 //! in the answer by that span.
 //!
-//! Each decoder returns `None` when it would change nothing (no escape, no
-//! base64 run long enough to hold a secret): most answers cost one scan
-//! per decoder and no copy.
+//! A decoder makes no view when it would change nothing (no escape, no
+//! base64 run long enough to hold a secret), and an escape decoder's view
+//! holds only the windows around its escapes: most answers cost one scan
+//! per decoder and little or no copy.
 
 use super::forms;
 
@@ -44,6 +45,15 @@ impl View {
     }
 }
 
+/// What the decoders need to know of the needles searched in their views.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reach {
+    /// The longest needle, in bytes.
+    pub(super) longest: usize,
+    /// The shortest base64 run that can hold the shortest needle.
+    pub(super) min_run: usize,
+}
+
 /// The decoders whose views are searched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Decoder {
@@ -58,19 +68,17 @@ pub(super) enum Decoder {
     Html,
     /// Runs of base64 (standard and URL-safe alphabets, padded or not, line
     /// breaks skipped), decoded from each of the four character offsets
-    /// into the run (a run may begin with text that is not of it).
-    Base64(u8),
+    /// into the run (a run may begin with text that is not of it): four
+    /// views.
+    Base64,
 }
 
 impl Decoder {
-    pub(super) const ALL: [Decoder; 7] = [
+    pub(super) const ALL: [Decoder; 4] = [
         Decoder::Json,
         Decoder::Percent,
         Decoder::Html,
-        Decoder::Base64(0),
-        Decoder::Base64(1),
-        Decoder::Base64(2),
-        Decoder::Base64(3),
+        Decoder::Base64,
     ];
 
     /// The most bytes of its input one decoded byte may come from: bounds
@@ -83,14 +91,31 @@ impl Decoder {
             Decoder::Html => forms::MAX_ENTITY_LEN,
             // 4 characters for 3 bytes, one more at either end, and line
             // breaks: 2 per byte is ample.
-            Decoder::Base64(_) => 2,
+            Decoder::Base64 => 2,
         }
     }
 
-    /// The view of `input` (itself the view `parent` of the answer, or the
-    /// answer when `parent` is `None`), or `None` when it decodes nothing.
-    /// `min_run`: the shortest base64 run worth decoding.
-    pub(super) fn view(self, input: &[u8], parent: Option<&View>, min_run: usize) -> Option<View> {
+    /// The largest [`Decoder::max_expansion`].
+    pub(super) const MAX_EXPANSION: usize = forms::MAX_ENTITY_LEN;
+
+    /// Pushes onto `out` the views of `input` (itself the view `parent` of
+    /// the answer, or the answer when `parent` is `None`); none when it
+    /// decodes nothing.
+    ///
+    /// An escape decoder's view holds only the windows of `input` around
+    /// the escapes it decodes, each followed by [`SEPARATOR`]: a match in
+    /// the view that takes no decoded byte is the same match in `input`,
+    /// found by the search of `input` itself, and a match that takes one
+    /// lies within the longest needle's decoded length of it, which the
+    /// window holds — for a view of the answer, times the most a view of
+    /// that view may expand, since that one is decoded from this one.
+    pub(super) fn views(
+        self,
+        input: &[u8],
+        parent: Option<&View>,
+        reach: Reach,
+        out: &mut Vec<View>,
+    ) {
         let span = |start: usize, end: usize| -> (u32, u32) {
             match parent {
                 Some(p) => {
@@ -100,14 +125,29 @@ impl Decoder {
                 None => (to_u32(start), to_u32(end)),
             }
         };
-        match self {
-            Decoder::Json => json(input, span),
-            Decoder::Percent => percent(input, span),
-            Decoder::Html => html(input, span),
-            Decoder::Base64(offset) => base64(input, usize::from(offset), min_run, span),
-        }
+        let nested = if parent.is_none() {
+            Decoder::MAX_EXPANSION
+        } else {
+            1
+        };
+        let window = reach
+            .longest
+            .saturating_mul(self.max_expansion())
+            .saturating_mul(nested);
+        let view = match self {
+            Decoder::Json => decode_escapes(input, b'\\', window, span, json_escape),
+            Decoder::Percent => decode_escapes(input, b'%', window, span, percent_escape),
+            Decoder::Html => decode_escapes(input, b'&', window, span, html_escape),
+            Decoder::Base64 => return base64(input, reach.min_run, span, out),
+        };
+        out.extend(view);
     }
 }
+
+/// Ends each window of an escape decoder's view: no needle holds it (a
+/// needle is UTF-8, which never has the byte 0xFF), and no decoder reads
+/// it as part of an escape or a base64 run.
+const SEPARATOR: u8 = 0xff;
 
 fn to_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
@@ -130,94 +170,143 @@ fn hex_at(input: &[u8], at: usize, n: usize) -> Option<u32> {
         .try_fold(0u32, |acc, &d| Some(acc * 16 + u32::from(hex(d)?)))
 }
 
-/// Copies `input` into a view, decoding each escape `decode` recognises at
-/// a position holding `trigger`; `None` when it recognised none.
+/// Decodes the escape at `input[i]` (which holds the trigger) onto `view`;
+/// the bytes it took, or `None` when it is no escape.
+type Escape = fn(&[u8], usize, &mut View, &dyn Fn(usize, usize) -> (u32, u32)) -> Option<usize>;
+
+/// The view of the windows of `input` around each escape `decode`
+/// recognises at a position holding `trigger` (`reach` bytes on either
+/// side), each window followed by [`SEPARATOR`]; `None` when it recognised
+/// none.
 fn decode_escapes(
     input: &[u8],
     trigger: u8,
+    reach: usize,
     span: impl Fn(usize, usize) -> (u32, u32),
-    decode: impl Fn(&[u8], usize, &mut View, &dyn Fn(usize, usize) -> (u32, u32)) -> Option<usize>,
+    decode: Escape,
 ) -> Option<View> {
-    let first = memchr::memchr(trigger, input)?;
-    let mut view = View::with_capacity(input.len());
-    let mut decoded_any = false;
+    let windows = escape_windows(input, trigger, reach, &span, decode);
+    if windows.is_empty() {
+        return None;
+    }
+    let covered: usize = windows.iter().map(|(s, e)| e - s + 1).sum();
+    let mut view = View::with_capacity(covered);
+    // Where decoding resumes: an escape may run past its window's end.
     let mut i = 0;
-    for (at, b) in input.iter().enumerate().take(first) {
-        view.push(*b, span(at, at + 1));
-        i = at + 1;
+    for (start, end) in windows {
+        i = i.max(start);
+        while i < end {
+            let Some(&b) = input.get(i) else { break };
+            if b == trigger
+                && let Some(used) = decode(input, i, &mut view, &span)
+            {
+                i += used;
+                continue;
+            }
+            view.push(b, span(i, i + 1));
+            i += 1;
+        }
+        view.push(SEPARATOR, (0, 0));
     }
-    while let Some(&b) = input.get(i) {
-        if b == trigger
-            && let Some(used) = decode(input, i, &mut view, &span)
-        {
-            decoded_any = true;
-            i += used;
+    Some(view)
+}
+
+/// The merged windows `reach` bytes around each escape of `input`.
+fn escape_windows(
+    input: &[u8],
+    trigger: u8,
+    reach: usize,
+    span: &impl Fn(usize, usize) -> (u32, u32),
+    decode: Escape,
+) -> Vec<(usize, usize)> {
+    let mut windows: Vec<(usize, usize)> = Vec::new();
+    let mut scratch = View::with_capacity(8);
+    for at in memchr::memchr_iter(trigger, input) {
+        scratch.bytes.clear();
+        scratch.spans.clear();
+        let Some(used) = decode(input, at, &mut scratch, span) else {
             continue;
-        }
-        view.push(b, span(i, i + 1));
-        i += 1;
-    }
-    decoded_any.then_some(view)
-}
-
-fn json(input: &[u8], span: impl Fn(usize, usize) -> (u32, u32)) -> Option<View> {
-    decode_escapes(input, b'\\', span, |input, i, view, span| {
-        let next = *input.get(i + 1)?;
-        let simple = match next {
-            b'"' | b'\\' | b'/' | b'\'' => Some(next),
-            b'b' => Some(0x08),
-            b'f' => Some(0x0c),
-            b'n' => Some(b'\n'),
-            b'r' => Some(b'\r'),
-            b't' => Some(b'\t'),
-            b'0' => Some(0),
-            _ => None,
         };
-        if let Some(b) = simple {
-            view.push(b, span(i, i + 2));
-            return Some(2);
+        let start = at.saturating_sub(reach);
+        let end = at
+            .saturating_add(used)
+            .saturating_add(reach)
+            .min(input.len());
+        match windows.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => windows.push((start, end)),
         }
-        match next {
-            b'x' => {
-                let v = hex_at(input, i + 2, 2)?;
-                view.push(u8::try_from(v).ok()?, span(i, i + 4));
-                Some(4)
-            }
-            b'u' => {
-                let hi = hex_at(input, i + 2, 4)?;
-                if (0xd800..0xdc00).contains(&hi)
-                    && input.get(i + 6) == Some(&b'\\')
-                    && input.get(i + 7) == Some(&b'u')
-                    && let Some(lo) = hex_at(input, i + 8, 4)
-                    && (0xdc00..0xe000).contains(&lo)
-                {
-                    let c = char::from_u32(0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00))?;
-                    view.push_char(c, span(i, i + 12));
-                    return Some(12);
-                }
-                let c = char::from_u32(hi)?;
-                view.push_char(c, span(i, i + 6));
-                Some(6)
-            }
-            _ => None,
-        }
-    })
+    }
+    windows
 }
 
-fn percent(input: &[u8], span: impl Fn(usize, usize) -> (u32, u32)) -> Option<View> {
-    decode_escapes(input, b'%', span, |input, i, view, span| {
-        let v = hex_at(input, i + 1, 2)?;
-        view.push(u8::try_from(v).ok()?, span(i, i + 3));
-        Some(3)
-    })
+fn json_escape(
+    input: &[u8],
+    i: usize,
+    view: &mut View,
+    span: &dyn Fn(usize, usize) -> (u32, u32),
+) -> Option<usize> {
+    let next = *input.get(i + 1)?;
+    let simple = match next {
+        b'"' | b'\\' | b'/' | b'\'' => Some(next),
+        b'b' => Some(0x08),
+        b'f' => Some(0x0c),
+        b'n' => Some(b'\n'),
+        b'r' => Some(b'\r'),
+        b't' => Some(b'\t'),
+        b'0' => Some(0),
+        _ => None,
+    };
+    if let Some(b) = simple {
+        view.push(b, span(i, i + 2));
+        return Some(2);
+    }
+    match next {
+        b'x' => {
+            let v = hex_at(input, i + 2, 2)?;
+            view.push(u8::try_from(v).ok()?, span(i, i + 4));
+            Some(4)
+        }
+        b'u' => {
+            let hi = hex_at(input, i + 2, 4)?;
+            if (0xd800..0xdc00).contains(&hi)
+                && input.get(i + 6) == Some(&b'\\')
+                && input.get(i + 7) == Some(&b'u')
+                && let Some(lo) = hex_at(input, i + 8, 4)
+                && (0xdc00..0xe000).contains(&lo)
+            {
+                let c = char::from_u32(0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00))?;
+                view.push_char(c, span(i, i + 12));
+                return Some(12);
+            }
+            let c = char::from_u32(hi)?;
+            view.push_char(c, span(i, i + 6));
+            Some(6)
+        }
+        _ => None,
+    }
 }
 
-fn html(input: &[u8], span: impl Fn(usize, usize) -> (u32, u32)) -> Option<View> {
-    decode_escapes(input, b'&', span, |input, i, view, span| {
-        let (c, used) = forms::entity(input.get(i..)?)?;
-        view.push_char(c, span(i, i + used));
-        Some(used)
-    })
+fn percent_escape(
+    input: &[u8],
+    i: usize,
+    view: &mut View,
+    span: &dyn Fn(usize, usize) -> (u32, u32),
+) -> Option<usize> {
+    let v = hex_at(input, i + 1, 2)?;
+    view.push(u8::try_from(v).ok()?, span(i, i + 3));
+    Some(3)
+}
+
+fn html_escape(
+    input: &[u8],
+    i: usize,
+    view: &mut View,
+    span: &dyn Fn(usize, usize) -> (u32, u32),
+) -> Option<usize> {
+    let (c, used) = forms::entity(input.get(i..)?)?;
+    view.push_char(c, span(i, i + used));
+    Some(used)
 }
 
 /// The value of a base64 character of either alphabet.
@@ -232,34 +321,76 @@ fn b64_value(b: u8) -> Option<u8> {
     }
 }
 
-fn base64(
-    input: &[u8],
-    offset: usize,
-    min_run: usize,
-    span: impl Fn(usize, usize) -> (u32, u32),
-) -> Option<View> {
-    let mut view: Option<View> = None;
-    let mut i = 0;
-    // The characters of the run (positions), line breaks skipped.
-    let mut chars: Vec<usize> = Vec::new();
-    while i < input.len() {
-        chars.clear();
-        while let Some(&b) = input.get(i) {
-            if b64_value(b).is_some() {
-                chars.push(i);
-            } else if !(b == b'\n' || b == b'\r') || chars.is_empty() {
-                break;
-            }
+/// Whether `b` is a character of either base64 alphabet (one table).
+fn is_b64(b: u8) -> bool {
+    const TABLE: [bool; 256] = {
+        let mut t = [false; 256];
+        let mut i = 0;
+        while i < 256 {
+            #[allow(clippy::cast_possible_truncation)] // i < 256
+            let b = i as u8;
+            t[i] = b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'/' | b'_');
             i += 1;
         }
-        if chars.len() >= min_run.max(2) + offset {
-            let v = view.get_or_insert_with(|| View::with_capacity(input.len() / 4 * 3));
-            decode_run(input, chars.get(offset..).unwrap_or_default(), v, &span);
+        t
+    };
+    TABLE[usize::from(b)]
+}
+
+/// Pushes onto `out` the four views (one per character offset) of the
+/// base64 runs of `input` at least `min_run` characters long, each view
+/// the runs' decoded bytes one after the other (a value split between two
+/// runs, each padded, is found whole); nothing when there is no such run
+/// (most answers: one pass, no copy).
+fn base64(
+    input: &[u8],
+    min_run: usize,
+    span: impl Fn(usize, usize) -> (u32, u32),
+    out: &mut Vec<View>,
+) {
+    let mut views: Option<[View; 4]> = None;
+    // The characters of a run (positions), line breaks skipped.
+    let mut chars: Vec<usize> = Vec::new();
+    let mut decode = |run: std::ops::Range<usize>, breaks: bool| {
+        chars.clear();
+        if breaks {
+            chars.extend(run.filter(|&k| input.get(k).is_some_and(|&b| is_b64(b))));
+        } else {
+            chars.extend(run);
         }
-        // Past the run and whatever ended it.
-        i += 1;
+        let vs = views.get_or_insert_with(|| {
+            std::array::from_fn(|_| View::with_capacity(input.len() / 4 * 3))
+        });
+        for (offset, v) in vs.iter_mut().enumerate() {
+            if chars.len() >= min_run.max(2) + offset {
+                decode_run(input, chars.get(offset..).unwrap_or_default(), v, &span);
+            }
+        }
+    };
+    // One pass: a run is its characters and the line breaks inside it.
+    let (mut start, mut count, mut breaks) = (0, 0, false);
+    for (k, &b) in input.iter().enumerate() {
+        if is_b64(b) {
+            if count == 0 {
+                start = k;
+                breaks = false;
+            }
+            count += 1;
+        } else if count > 0 && (b == b'\n' || b == b'\r') {
+            breaks = true;
+        } else {
+            if count >= min_run.max(2) {
+                decode(start..k, breaks);
+            }
+            count = 0;
+        }
     }
-    view
+    if count >= min_run.max(2) {
+        decode(start..input.len(), breaks);
+    }
+    if let Some(vs) = views {
+        out.extend(vs.into_iter().filter(|v| !v.bytes.is_empty()));
+    }
 }
 
 /// Decodes the characters at `at` (positions in `input`), each decoded byte
