@@ -104,7 +104,7 @@ pub enum Refusal {
     RunnerUnsupported {
         namespace: String,
         backend: &'static str,
-        why: String,
+        why: airlock_sandbox::NoLocalRunners,
     },
     #[error(
         "integration {namespace}: source.command[0] {program:?} is not an executable file (looked for {looked}); a relative path is taken in the agent's directory, a bare name on /usr/local/bin:/usr/bin:/bin"
