@@ -367,11 +367,6 @@ impl Run {
             status: r.status.as_str().to_owned(),
         }
     }
-
-    /// Whether it has ended (a status other than queued or running).
-    pub fn has_ended(&self) -> bool {
-        RunStatus::parse(&self.status).is_some_and(RunStatus::is_terminal)
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
