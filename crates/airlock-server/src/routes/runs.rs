@@ -430,6 +430,23 @@ impl View {
     }
 }
 
+/// What `/events` and `/logs` can answer besides a page or a stream (and
+/// [`KeyedFailures`]).
+#[derive(utoipa::IntoResponses)]
+pub enum FeedFailures {
+    /// bad_request: the query, the path or Last-Event-ID is malformed, or
+    /// limit is out of range
+    #[response(status = 400)]
+    Malformed(v1::Error),
+    /// not_found: no such run in the caller's organization
+    #[response(status = 404)]
+    NotFound(v1::Error),
+    /// rate_limited: too many requests with this key, or (a stream) the
+    /// organization has API_MAX_STREAMS streams open on this replica
+    #[response(status = 429)]
+    RateLimited(v1::Error),
+}
+
 /// The run's events: JSON (after, limit), or Server-Sent Events with Accept: text/event-stream (resume with Last-Event-ID); the stream ends with an `end` event.
 ///
 /// A stream's events carry an Event each (the SSE id is its id, the SSE
@@ -448,11 +465,9 @@ impl View {
             (v1::EventPage = "application/json"),
             (String = "text/event-stream"),
         )),
-        (status = 400, description = "bad_request: the query, the path or Last-Event-ID is malformed, or limit is out of range", body = v1::Error),
-        (status = 404, description = "not_found: no such run in the caller's organization", body = v1::Error),
         KeyedFailures,
-        // After KeyedFailures: this 429 is the one documented.
-        (status = 429, description = "rate_limited: too many requests with this key, or (a stream) the organization has API_MAX_STREAMS streams open on this replica", body = v1::Error),
+        // After KeyedFailures: its 429 is the one documented.
+        FeedFailures,
     ),
 )]
 pub async fn events(
@@ -478,11 +493,9 @@ pub async fn events(
             (v1::EventPage = "application/json"),
             (String = "text/event-stream"),
         )),
-        (status = 400, description = "bad_request: the query, the path or Last-Event-ID is malformed, or limit is out of range", body = v1::Error),
-        (status = 404, description = "not_found: no such run in the caller's organization", body = v1::Error),
         KeyedFailures,
-        // After KeyedFailures: this 429 is the one documented.
-        (status = 429, description = "rate_limited: too many requests with this key, or (a stream) the organization has API_MAX_STREAMS streams open on this replica", body = v1::Error),
+        // After KeyedFailures: its 429 is the one documented.
+        FeedFailures,
     ),
 )]
 pub async fn logs(
