@@ -1,12 +1,12 @@
 //! The API's one error type: every failure is a typed JSON body
-//! `{"error": {"code": "...", "message": "..."}}` with its HTTP status.
+//! ([`airlock_api::v1::Error`]: `{"error": {"code": "...", "message": "..."}}`)
+//! with its HTTP status.
 //! Input never produces a 500; a 500 says only that the platform failed (the
 //! cause goes to the log, never to the client).
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{code}: {message}")]
@@ -16,17 +16,6 @@ pub struct ApiError {
     pub message: String,
     /// Seconds, for a 429.
     pub retry_after: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
-}
-
-#[derive(Serialize)]
-struct Inner<'a> {
-    code: &'a str,
-    message: &'a str,
 }
 
 impl ApiError {
@@ -98,12 +87,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (
             self.status,
-            axum::Json(Body {
-                error: Inner {
-                    code: self.code,
-                    message: &self.message,
-                },
-            }),
+            axum::Json(airlock_api::v1::Error::new(self.code, self.message)),
         )
             .into_response();
         if let Some(s) = self.retry_after
@@ -169,3 +153,51 @@ impl From<PathRejection> for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+// The failures many routes share, for the OpenAPI document: a route's
+// `#[utoipa::path]` lists the sets it can answer beside its own statuses.
+// Never built: each variant documents one status and its body.
+
+/// What every route behind an API key can answer besides its own outcomes.
+#[derive(utoipa::IntoResponses)]
+pub enum KeyedFailures {
+    /// unauthorized: no valid API key (missing, malformed, unknown or revoked)
+    #[response(status = 401)]
+    Unauthorized(airlock_api::v1::Error),
+    /// rate_limited: too many requests with this key, or too many failed
+    /// keys from this address; `Retry-After` says when to try again
+    #[response(status = 429)]
+    RateLimited(airlock_api::v1::Error),
+    /// internal: the platform failed (its log has the cause)
+    #[response(status = 500)]
+    Internal(airlock_api::v1::Error),
+    /// unavailable: the store does not answer, or the replica is starting
+    #[response(status = 503)]
+    Unavailable(airlock_api::v1::Error),
+}
+
+/// What a route that reads a JSON body can answer about it.
+#[derive(utoipa::IntoResponses)]
+pub enum BodyFailures {
+    /// bad_request: the body is not JSON
+    #[response(status = 400)]
+    Malformed(airlock_api::v1::Error),
+    /// too_large: the body (or a part of it) is larger than the route takes
+    #[response(status = 413)]
+    TooLarge(airlock_api::v1::Error),
+    /// unsupported_media_type: the body is not sent as application/json
+    #[response(status = 415)]
+    NotJson(airlock_api::v1::Error),
+    /// invalid: well-formed but not acceptable (an unknown or missing
+    /// field, a value out of its rules)
+    #[response(status = 422)]
+    Invalid(airlock_api::v1::Error),
+}
+
+/// What a route that writes to the store can answer.
+#[derive(utoipa::IntoResponses)]
+pub enum WriteFailures {
+    /// storage_full: the store is out of space; nothing was written
+    #[response(status = 507)]
+    StorageFull(airlock_api::v1::Error),
+}

@@ -1,8 +1,9 @@
 //! `airlock serve`: the platform as a long-lived, multi-tenant HTTP service
 //! (docs/serve.md).
 //!
-//! - [`routes`]: the `/v1` API; [`openapi`] holds the one table the router
-//!   and the OpenAPI document are both built from.
+//! - [`routes`]: the `/v1` API, answering the types of [`airlock_api::v1`];
+//!   [`openapi`] holds the one table of routes the router is built from,
+//!   and the OpenAPI document derived from the handlers and those types.
 //! - [`auth`]: organizations' API keys; every row a route reads or changes is
 //!   looked up under the caller's organization.
 //! - [`scheduler`]: this replica's share of the work: it registers itself,
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod bundle;
 pub mod error;
 pub mod extract;
 pub mod failpoint;
@@ -599,7 +601,7 @@ impl Gate {
         }
         let status = self.booting.get();
         match req.uri().path() {
-            "/healthz" => axum::Json(serde_json::json!({ "status": "ok" })).into_response(),
+            "/healthz" => axum::Json(airlock_api::v1::Health::ok()).into_response(),
             "/readyz" => {
                 ApiError::unavailable(format!("this replica is starting: {status}")).into_response()
             }

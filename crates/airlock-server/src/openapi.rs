@@ -1,12 +1,22 @@
-//! The one table of the API's routes. The router is built from it and the
-//! OpenAPI document (`GET /v1/openapi.json`) is generated from it, so the two
-//! cannot disagree; a test checks that every listed route answers.
+//! The one table of the API's routes ([`ROUTES`]), the router built from
+//! it, and the OpenAPI document (`GET /v1/openapi.json`) derived from it.
+//!
+//! The document is utoipa's derivation: each handler's `#[utoipa::path]`
+//! gives its operation (id, tag, parameters, every status it can answer),
+//! and `airlock_api::v1`'s types give the schemas. The macro that writes
+//! the table also lists its handlers for the derivation, so a route cannot
+//! be routed without being documented; the tests check that the two agree
+//! route by route (method, path, key, body, answer, operation id).
 
+use std::sync::LazyLock;
+
+use airlock_api::v1;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, delete, get, post, put};
-use serde_json::{Value, json};
+use axum::routing::MethodRouter;
+use utoipa::OpenApi as _;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::AppState;
 use crate::error::ApiError;
@@ -14,71 +24,118 @@ use crate::routes::{agents, connections, health, keys, runs, webhooks};
 
 /// One route.
 pub struct Route {
+    /// Lowercase, as OpenAPI spells it.
     pub method: &'static str,
     /// axum's path syntax, which is also OpenAPI's (`{id}`).
     pub path: &'static str,
-    pub summary: &'static str,
     /// Needs an API key.
     pub auth: bool,
-    /// The request body's schema (in [`schemas`]).
+    /// The request body's schema (an `airlock_api::v1` type).
     pub body: Option<&'static str>,
-    /// The success status.
-    pub ok: u16,
-    /// The success answer's schema (in [`schemas`]); `None`: no body (204)
-    /// or not JSON.
+    /// The success answer's schema (an `airlock_api::v1` type); `None`: no
+    /// body (204) or not a schema of the document.
     pub answer: Option<&'static str>,
     pub handler: fn() -> MethodRouter<AppState>,
 }
 
-macro_rules! r {
-    ($m:literal $p:literal $auth:literal $ok:literal $body:expr => $answer:expr, $s:literal, $h:expr) => {
-        Route {
-            method: $m,
-            path: $p,
-            summary: $s,
-            auth: $auth,
-            body: $body,
-            ok: $ok,
-            answer: $answer,
-            handler: || $h,
-        }
+/// Writes [`ROUTES`] and the derived document's list of handlers from one
+/// list: `method "path" auth body => answer, handler [, layer L];`.
+macro_rules! routes {
+    ($($m:ident $p:literal $auth:literal $body:expr => $answer:expr,
+        $($h:ident)::+ $(, layer $l:expr)?;)*) => {
+        /// Every route of the server.
+        pub const ROUTES: &[Route] = &[$(
+            Route {
+                method: stringify!($m),
+                path: $p,
+                auth: $auth,
+                body: $body,
+                answer: $answer,
+                handler: || axum::routing::$m($($h)::+)$(.layer($l))?,
+            },
+        )*];
+
+        /// The document, derived from the handlers' `#[utoipa::path]` and
+        /// the types they name.
+        #[derive(utoipa::OpenApi)]
+        #[openapi(
+            info(
+                title = "Airlock",
+                description = "airlock serve: agents run in sandboxes whose only way out is their sidecar. Every id is scoped to the caller's organization. Errors are {\"error\": {\"code\", \"message\"}}. Times are Unix milliseconds."
+            ),
+            paths($($($h)::+),*),
+            // Named by no operation's body: the error body (named by the
+            // shared failure sets) and a webhook delivery's body.
+            components(schemas(v1::Error, v1::WebhookEvent)),
+            modifiers(&ApiKeyScheme),
+            tags(
+                (name = "health", description = "The process and this replica's readiness"),
+                (name = "organization", description = "The caller's organization and its API keys"),
+                (name = "agents", description = "Agents: a manifest and the files of its directory"),
+                (name = "runs", description = "Runs: queued, started in order, followed live"),
+                (name = "connections", description = "Credentials, stored encrypted; never returned"),
+                (name = "webhooks", description = "Signed deliveries of run events"),
+                (name = "document", description = "This document"),
+            ),
+        )]
+        struct Document;
     };
 }
 
-/// Every route of the server.
-pub const ROUTES: &[Route] = &[
-    r!("get" "/healthz" false 200 None => Some("Health"), "The process answers.", get(health::healthz)),
-    r!("get" "/readyz" false 200 None => Some("Ready"), "The store answers and this replica takes work (503 otherwise).", get(health::readyz)),
-    r!("get" "/v1/openapi.json" false 200 None => None, "This document.", get(document)),
-    r!("get" "/v1/org" true 200 None => Some("Organization"), "The caller's organization.", get(keys::get_org)),
-    r!("get" "/v1/api-keys" true 200 None => Some("ApiKeyList"), "The organization's API keys (never a key itself).", get(keys::list)),
-    r!("post" "/v1/api-keys" true 201 Some("NewApiKey") => Some("NewApiKeyAnswer"), "Creates an API key; the key is in this answer only.", post(keys::create)),
-    r!("delete" "/v1/api-keys/{id}" true 204 None => None, "Revokes an API key.", delete(keys::revoke)),
-    r!("post" "/v1/agents" true 201 Some("RegisterAgent") => Some("Agent"), "Registers an agent (manifest and files) under its agent.name; 200 when it replaces one.", post(agents::register).layer(DefaultBodyLimit::max(agents::MAX_BODY))),
-    r!("get" "/v1/agents" true 200 None => Some("AgentList"), "The organization's agents.", get(agents::list)),
-    r!("get" "/v1/agents/{name}" true 200 None => Some("Agent"), "One agent, with its manifest.", get(agents::get)),
-    r!("delete" "/v1/agents/{name}" true 204 None => None, "Removes an agent.", delete(agents::delete)),
-    r!("post" "/v1/runs" true 202 Some("NewRun") => Some("Run"), "Queues a run of an agent; it starts when a slot is free.", post(runs::create)),
-    r!("get" "/v1/runs" true 200 None => Some("RunList"), "Runs, newest first (status, agent, limit, cursor).", get(runs::list)),
-    r!("get" "/v1/runs/{id}" true 200 None => Some("Run"), "One run (queue_position while queued).", get(runs::get)),
-    r!("post" "/v1/runs/{id}/cancel" true 202 None => Some("Run"), "Cancels a queued or running run (409 when it has ended).", post(runs::cancel)),
-    r!("get" "/v1/runs/{id}/events" true 200 None => Some("EventPage"), "The run's events: JSON (after, limit), or Server-Sent Events with Accept: text/event-stream (resume with Last-Event-ID); the stream ends with an `end` event.", get(runs::events)),
-    r!("get" "/v1/runs/{id}/logs" true 200 None => Some("EventPage"), "The run's log events only, as /events.", get(runs::logs)),
-    r!("get" "/v1/runs/{id}/egress" true 200 None => Some("EgressLog"), "Every request that left the run's sandbox, and every refusal.", get(runs::egress)),
-    r!("get" "/v1/runs/{id}/cost" true 200 None => Some("Cost"), "Tokens and cost metered by the run's model relay.", get(runs::cost)),
-    r!("get" "/v1/runs/{id}/result" true 200 None => None, "The run's last reported result.", get(runs::result)),
-    r!("get" "/v1/runs/{id}/results/{result_id}" true 200 None => None, "A large result the run stored, with its content type.", get(runs::stored_result)),
-    r!("post" "/v1/connections" true 201 Some("NewConnection") => Some("Connection"), "Stores a credential, encrypted; no route returns it.", post(connections::create)),
-    r!("get" "/v1/connections" true 200 None => Some("ConnectionList"), "The organization's connections (never a secret).", get(connections::list)),
-    r!("get" "/v1/connections/{name}" true 200 None => Some("Connection"), "One connection (never its secret).", get(connections::get)),
-    r!("put" "/v1/connections/{name}" true 200 Some("RotateConnection") => Some("Connection"), "Replaces a connection's secret (a rotation).", put(connections::rotate)),
-    r!("delete" "/v1/connections/{name}" true 204 None => None, "Removes a connection.", delete(connections::delete)),
-    r!("post" "/v1/webhooks" true 201 Some("NewWebhook") => Some("NewWebhookAnswer"), "Subscribes a URL to run events; the signing secret is in this answer only.", post(webhooks::create)),
-    r!("get" "/v1/webhooks" true 200 None => Some("WebhookList"), "The organization's webhooks.", get(webhooks::list)),
-    r!("get" "/v1/webhooks/{id}" true 200 None => Some("Webhook"), "One webhook.", get(webhooks::get)),
-    r!("delete" "/v1/webhooks/{id}" true 204 None => None, "Removes a webhook.", delete(webhooks::delete)),
-    r!("get" "/v1/webhooks/{id}/deliveries" true 200 None => Some("DeliveryList"), "A webhook's deliveries and how each went, newest first (limit, cursor).", get(webhooks::deliveries)),
-];
+routes! {
+    get "/healthz" false None => Some("Health"), health::healthz;
+    get "/readyz" false None => Some("Ready"), health::readyz;
+    get "/v1/openapi.json" false None => None, document;
+    get "/v1/org" true None => Some("Organization"), keys::get_org;
+    get "/v1/api-keys" true None => Some("ApiKeyList"), keys::list;
+    post "/v1/api-keys" true Some("NewApiKey") => Some("NewApiKeyAnswer"), keys::create;
+    delete "/v1/api-keys/{id}" true None => None, keys::revoke;
+    post "/v1/agents" true Some("RegisterAgent") => Some("Agent"), agents::register,
+        layer DefaultBodyLimit::max(agents::MAX_BODY);
+    get "/v1/agents" true None => Some("AgentList"), agents::list;
+    get "/v1/agents/{name}" true None => Some("Agent"), agents::get;
+    delete "/v1/agents/{name}" true None => None, agents::delete;
+    post "/v1/runs" true Some("NewRun") => Some("Run"), runs::create;
+    get "/v1/runs" true None => Some("RunList"), runs::list;
+    get "/v1/runs/{id}" true None => Some("Run"), runs::get;
+    post "/v1/runs/{id}/cancel" true None => Some("Run"), runs::cancel;
+    get "/v1/runs/{id}/events" true None => Some("EventPage"), runs::events;
+    get "/v1/runs/{id}/logs" true None => Some("EventPage"), runs::logs;
+    get "/v1/runs/{id}/egress" true None => Some("EgressLog"), runs::egress;
+    get "/v1/runs/{id}/cost" true None => Some("Cost"), runs::cost;
+    get "/v1/runs/{id}/result" true None => None, runs::result;
+    get "/v1/runs/{id}/results/{result_id}" true None => None, runs::stored_result;
+    post "/v1/connections" true Some("NewConnection") => Some("Connection"), connections::create;
+    get "/v1/connections" true None => Some("ConnectionList"), connections::list;
+    get "/v1/connections/{name}" true None => Some("Connection"), connections::get;
+    put "/v1/connections/{name}" true Some("RotateConnection") => Some("Connection"), connections::rotate;
+    delete "/v1/connections/{name}" true None => None, connections::delete;
+    post "/v1/webhooks" true Some("NewWebhook") => Some("NewWebhookAnswer"), webhooks::create;
+    get "/v1/webhooks" true None => Some("WebhookList"), webhooks::list;
+    get "/v1/webhooks/{id}" true None => Some("Webhook"), webhooks::get;
+    delete "/v1/webhooks/{id}" true None => None, webhooks::delete;
+    get "/v1/webhooks/{id}/deliveries" true None => Some("DeliveryList"), webhooks::deliveries;
+}
+
+/// The security scheme the keyed routes name (`security(("apiKey" = []))`).
+struct ApiKeyScheme;
+
+impl utoipa::Modify for ApiKeyScheme {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc
+            .components
+            .get_or_insert_with(utoipa::openapi::Components::new);
+        components.add_security_scheme(
+            "apiKey",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("Authorization: Bearer alk_…"))
+                    .build(),
+            ),
+        );
+    }
+}
 
 /// Largest body of every route but agent registration.
 pub const MAX_BODY: usize = 1 << 20;
@@ -122,183 +179,127 @@ async fn method_not_allowed() -> Response {
     .into_response()
 }
 
-async fn document() -> Response {
-    axum::Json(spec()).into_response()
+/// The document, derived once.
+static DOCUMENT: LazyLock<utoipa::openapi::OpenApi> = LazyLock::new(Document::openapi);
+
+/// This document.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    operation_id = "get_v1_openapi_json",
+    tag = "document",
+    responses(
+        (status = 200, description = "the OpenAPI 3.1 document of this API"),
+        (status = 503, description = "unavailable: the replica is starting", body = v1::Error),
+    ),
+)]
+pub async fn document() -> Response {
+    axum::Json(&*DOCUMENT).into_response()
 }
 
-fn error_response(d: &str) -> Value {
-    json!({ "description": d, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } })
+/// The OpenAPI 3.1 document, as JSON.
+pub fn spec() -> serde_json::Value {
+    serde_json::to_value(&*DOCUMENT).unwrap_or_default()
 }
 
-/// The OpenAPI 3.1 document.
-pub fn spec() -> Value {
-    let mut paths = serde_json::Map::new();
-    for r in ROUTES {
-        let params: Vec<Value> = r
-            .path
-            .split('/')
-            .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
-            .map(|p| json!({ "name": p, "in": "path", "required": true, "schema": { "type": "string" } }))
-            .collect();
-        let mut responses = serde_json::Map::new();
-        let success = match r.answer {
-            Some(a) => {
-                json!({ "description": "success", "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{a}") } } } })
-            }
-            None => json!({ "description": "success" }),
-        };
-        responses.insert(r.ok.to_string(), success);
-        for (code, d) in [
-            ("400", "malformed input"),
-            ("404", "no such thing in the caller's organization"),
-            ("413", "the body is too large"),
-            ("422", "the input is well-formed but not acceptable"),
-        ] {
-            responses.insert(code.into(), error_response(d));
-        }
-        responses.insert(
-            "503".into(),
-            error_response("the store does not answer (or, /readyz, the replica starts or stops)"),
-        );
-        if r.auth {
-            responses.insert(
-                "507".into(),
-                error_response("storage_full: the store is out of space; nothing was written"),
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+
+    /// The operation id of a route: its method and path, `_` for each of
+    /// `/{}.-` (stable: clients generate names from them).
+    fn operation_id(r: &Route) -> String {
+        format!(
+            "{}{}",
+            r.method,
+            r.path.replace(['/', '{', '}', '.', '-'], "_")
+        )
+    }
+
+    /// The schema name a `$ref` points to.
+    fn ref_name(schema: &Value) -> Option<&str> {
+        schema["$ref"]
+            .as_str()?
+            .strip_prefix("#/components/schemas/")
+    }
+
+    #[test]
+    fn every_route_of_the_router_is_in_the_document_as_the_table_says() {
+        let doc = spec();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let paths = doc["paths"].as_object().expect("paths");
+        let documented: usize = paths
+            .values()
+            .map(|ops| ops.as_object().map_or(0, |o| o.len()))
+            .sum();
+        assert_eq!(documented, ROUTES.len(), "an operation no route serves");
+        for r in ROUTES {
+            let what = format!("{} {}", r.method, r.path);
+            let op = &doc["paths"][r.path][r.method];
+            assert!(op.is_object(), "{what} is not in the document");
+            assert_eq!(op["operationId"], operation_id(r), "{what}");
+            assert!(op["tags"][0].is_string(), "{what} has no tag");
+            let keyed = op["security"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s.get("apiKey").is_some()));
+            assert_eq!(keyed, r.auth, "{what}: the key it needs");
+            let body = ref_name(&op["requestBody"]["content"]["application/json"]["schema"]);
+            assert_eq!(body, r.body, "{what}: its body");
+            let responses = op["responses"].as_object().expect("responses");
+            let answers: Vec<Option<&str>> = responses
+                .iter()
+                .filter(|(code, _)| code.starts_with('2'))
+                .map(|(_, a)| ref_name(&a["content"]["application/json"]["schema"]))
+                .collect();
+            assert!(!answers.is_empty(), "{what} has no success");
+            assert!(
+                answers.iter().all(|a| *a == r.answer),
+                "{what}: its answer {answers:?}"
             );
-            responses.insert("401".into(), error_response("no valid API key"));
-            if r.method == "post" && matches!(r.path, "/v1/runs" | "/v1/api-keys" | "/v1/webhooks")
-            {
-                responses.insert(
-                    "403".into(),
-                    error_response(
-                        "quota_exceeded: the organization is at its quota (ORG_MAX_STORED_BYTES, ORG_MAX_API_KEYS, ORG_MAX_WEBHOOKS); nothing was written",
-                    ),
+            // Every failure is the typed error body.
+            for (code, a) in responses.iter().filter(|(c, _)| !c.starts_with('2')) {
+                assert_eq!(
+                    ref_name(&a["content"]["application/json"]["schema"]),
+                    Some("Error"),
+                    "{what} {code}"
                 );
             }
-            responses.insert(
-                "429".into(),
-                error_response("rate limited; see Retry-After"),
-            );
+            if r.auth {
+                for code in ["401", "429", "500", "503"] {
+                    assert!(responses.contains_key(code), "{what} answers {code}");
+                }
+            }
+            if r.body.is_some() {
+                for code in ["400", "413", "415", "422", "507"] {
+                    assert!(responses.contains_key(code), "{what} answers {code}");
+                }
+            }
+            if r.path.contains('{') {
+                assert!(responses.contains_key("404"), "{what} answers 404");
+            }
         }
-        let mut op = json!({
-            "summary": r.summary,
-            "operationId": format!("{}{}", r.method, r.path.replace(['/', '{', '}', '.', '-'], "_")),
-            "parameters": params,
-            "responses": responses,
-        });
-        if r.auth {
-            op["security"] = json!([{ "apiKey": [] }]);
-        } else {
-            op["security"] = json!([]);
-        }
-        if let Some(b) = r.body {
-            op["requestBody"] = json!({
-                "required": true,
-                "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{b}") } } }
-            });
-        }
-        let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));
-        entry[r.method] = op;
     }
-    json!({
-        "openapi": "3.1.0",
-        "info": {
-            "title": "Airlock",
-            "version": env!("CARGO_PKG_VERSION"),
-            "description": "airlock serve: agents run in sandboxes whose only way out is their sidecar. Every id is scoped to the caller's organization. Errors are {\"error\": {\"code\", \"message\"}}. Times are Unix milliseconds.",
-        },
-        "components": {
-            "securitySchemes": { "apiKey": { "type": "http", "scheme": "bearer", "description": "Authorization: Bearer alk_…" } },
-            "schemas": schemas(),
-        },
-        "paths": paths,
-    })
-}
 
-/// The request bodies' schemas (every body refuses unknown fields).
-pub fn schemas() -> Value {
-    let strict = |props: Value, required: &[&str]| json!({ "type": "object", "additionalProperties": false, "properties": props, "required": required });
-    let object = |props: Value| json!({ "type": "object", "properties": props });
-    let list = |key: &str, item: &str| json!({ "type": "object", "properties": { key: { "type": "array", "items": { "$ref": format!("#/components/schemas/{item}") } } } });
-    let ms = json!({ "type": "integer", "description": "Unix milliseconds" });
-    let ms_or_null = json!({ "type": ["integer", "null"], "description": "Unix milliseconds" });
-    let text_or_null = json!({ "type": ["string", "null"] });
-    let cost = object(json!({
-        "tokens_in": { "type": "integer" }, "tokens_out": { "type": "integer" },
-        "cost_microusd": { "type": "integer" }, "cost_usd": { "type": "number" },
-    }));
-    let mut answers = json!({
-        "Health": object(json!({ "status": { "const": "ok" } })),
-        "Ready": object(json!({ "status": { "const": "ready" }, "replica": { "type": "string" }, "backend": { "type": "string" }, "running": { "type": "integer" } })),
-        "Organization": object(json!({ "id": { "type": "string" }, "name": { "type": "string" }, "max_concurrent_runs": { "type": ["integer", "null"] }, "created_at": ms })),
-        "ApiKey": object(json!({ "id": { "type": "string" }, "name": { "type": "string" }, "created_at": ms, "revoked_at": ms_or_null })),
-        "NewApiKeyAnswer": object(json!({ "id": { "type": "string" }, "name": { "type": "string" }, "created_at": ms, "key": { "type": "string", "description": "shown in this answer only" } })),
-        "Agent": object(json!({ "name": { "type": "string" }, "files": { "type": "array", "items": { "type": "string" } }, "manifest": { "type": "string", "description": "GET /v1/agents/{name} only" }, "created_at": ms, "updated_at": ms })),
-        "Run": object(json!({
-            "id": { "type": "string" }, "agent": { "type": "string" },
-            "status": { "enum": airlock_store::RunStatus::ALL.map(airlock_store::RunStatus::as_str) },
-            "backend": { "type": "string" }, "model": text_or_null, "replica": text_or_null,
-            "created_at": ms, "started_at": ms_or_null, "ended_at": ms_or_null,
-            "exit_code": { "type": ["integer", "null"] }, "error": text_or_null,
-            "queue_position": { "type": "integer", "description": "while queued: how many queued runs are ahead" },
-            "cost": cost,
-        })),
-        "RunList": object(json!({ "runs": { "type": "array", "items": { "$ref": "#/components/schemas/Run" } }, "next_cursor": text_or_null })),
-        "Event": object(json!({ "id": { "type": "integer" }, "at": ms, "kind": { "type": "string" }, "payload": { "type": "object" } })),
-        "EventPage": object(json!({ "events": { "type": "array", "items": { "$ref": "#/components/schemas/Event" } }, "next_after": { "type": "integer" } })),
-        "EgressLog": object(json!({ "egress": { "type": "array", "items": { "type": "object" } } })),
-        "Cost": cost,
-        "Connection": object(json!({ "name": { "type": "string" }, "integration": { "type": "string" }, "type": { "type": "string" }, "kid": { "type": "string" }, "created_at": ms, "updated_at": ms })),
-        "Webhook": object(json!({ "id": { "type": "string" }, "url": { "type": "string" }, "events": { "type": "array", "items": { "type": "string" } }, "created_at": ms })),
-        "NewWebhookAnswer": object(json!({ "id": { "type": "string" }, "url": { "type": "string" }, "events": { "type": "array", "items": { "type": "string" } }, "created_at": ms, "secret": { "type": "string", "description": "the signing secret, in this answer only" } })),
-        "Delivery": object(json!({
-            "id": { "type": "string" }, "run_id": { "type": "string" }, "event": { "type": "string" },
-            "state": { "enum": ["pending", "delivered", "failed"] }, "attempts": { "type": "integer" },
-            "last_status": { "type": ["integer", "null"] }, "last_error": text_or_null,
-            "next_attempt_at": ms, "created_at": ms, "delivered_at": ms_or_null,
-        })),
-    });
-    for (name, key, item) in [
-        ("ApiKeyList", "api_keys", "ApiKey"),
-        ("AgentList", "agents", "Agent"),
-        ("ConnectionList", "connections", "Connection"),
-        ("WebhookList", "webhooks", "Webhook"),
-    ] {
-        answers[name] = list(key, item);
+    #[test]
+    fn every_schema_the_document_names_is_in_it() {
+        let doc = spec();
+        let text = doc.to_string();
+        let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+        for piece in text.split("\"#/components/schemas/").skip(1) {
+            let name = piece.split('"').next().unwrap_or_default();
+            assert!(schemas.contains_key(name), "{name} is named, not defined");
+        }
+        assert!(doc["components"]["securitySchemes"]["apiKey"].is_object());
+        for name in ["Error", "WebhookEvent", "Run", "Cost", "RunLimits"] {
+            assert!(schemas.contains_key(name), "{name}");
+        }
+        // The enumerated fields list their values from the store.
+        assert_eq!(schemas["Run"]["properties"]["status"]["enum"][0], "queued");
+        assert_eq!(
+            schemas["NewRun"]["additionalProperties"], false,
+            "request bodies refuse unknown fields"
+        );
     }
-    answers["DeliveryList"] = object(
-        json!({ "deliveries": { "type": "array", "items": { "$ref": "#/components/schemas/Delivery" } }, "next_cursor": text_or_null }),
-    );
-    let mut all = json!({
-        "Error": strict(json!({ "error": { "type": "object", "properties": { "code": { "type": "string" }, "message": { "type": "string" } } } }), &["error"]),
-        "NewApiKey": strict(json!({ "name": { "type": "string" } }), &["name"]),
-        "RegisterAgent": strict(json!({
-            "manifest": { "type": "string", "description": "airlock.toml's text" },
-            "files": { "type": "object", "additionalProperties": { "type": "string" }, "description": "relative path → UTF-8 content" },
-        }), &["manifest"]),
-        "NewRun": strict(json!({
-            "agent": { "type": "string" },
-            "prompt": { "type": "string" },
-            "limits": strict(json!({
-                "memory_mb": { "type": "integer", "minimum": airlock_platform::manifest::MIN_MEMORY_MB },
-                "cpus": { "type": "number", "exclusiveMinimum": 0, "maximum": airlock_platform::manifest::MAX_CPUS },
-                "timeout_seconds": { "type": "integer", "minimum": 1 },
-            }), &[]),
-        }), &["agent"]),
-        "NewConnection": strict(json!({
-            "name": { "type": "string" },
-            "integration": { "type": "string" },
-            "type": { "enum": airlock_store::AuthType::ALL.map(airlock_store::AuthType::as_str) },
-            "fields": { "type": "object", "additionalProperties": { "type": "string" } },
-        }), &["name", "integration", "type", "fields"]),
-        "RotateConnection": strict(json!({ "fields": { "type": "object", "additionalProperties": { "type": "string" } } }), &["fields"]),
-        "NewWebhook": strict(json!({
-            "url": { "type": "string", "format": "uri" },
-            "events": { "type": "array", "items": { "enum": crate::webhooks::EVENTS } },
-        }), &["url", "events"]),
-    });
-    if let (Some(all), Some(answers)) = (all.as_object_mut(), answers.as_object()) {
-        all.extend(answers.clone());
-    }
-    all
 }

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use airlock_api::v1::RunLimits;
 use airlock_platform::manifest::Manifest;
 use airlock_platform::orchestrator::RunRequest;
 use airlock_store::{ClaimedRun, StoreError, now_ms};
@@ -592,18 +593,6 @@ pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_s
     }
 }
 
-/// The limit hints a run was queued with.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Hints {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_mb: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_seconds: Option<u64>,
-}
-
 /// One claimed run, to its recorded end. `Err`: why it could not run (or
 /// its end could not be recorded), with every cause.
 async fn run_one(
@@ -637,7 +626,7 @@ async fn run_one(
         Err(e) => return fail(format!("the agent's manifest: {e}")).await,
     };
     if let Some(h) = claimed.hints.as_deref() {
-        let h: Hints = serde_json::from_str(h).map_err(|e| e.to_string())?;
+        let h: RunLimits = serde_json::from_str(h).map_err(|e| e.to_string())?;
         if h.memory_mb.is_some() {
             manifest.agent.memory_mb = h.memory_mb;
         }
@@ -690,7 +679,7 @@ fn write_bundle(
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
     let write = |rel: &str, body: &str| -> std::io::Result<()> {
         // Paths were checked at registration (relative, no `..`); checked again.
-        crate::routes::agents::check_path(rel)
+        crate::bundle::check_path(rel)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.message))?;
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {

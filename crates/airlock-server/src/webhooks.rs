@@ -35,13 +35,7 @@ use secrecy::ExposeSecret as _;
 use crate::AppState;
 
 /// The events a webhook may subscribe to.
-pub const EVENTS: &[&str] = &[
-    "run.started",
-    "run.succeeded",
-    "run.failed",
-    "run.cancelled",
-    "run.timed_out",
-];
+pub use airlock_api::v1::WEBHOOK_EVENTS as EVENTS;
 
 /// The event a run's current state is.
 pub fn event_of(status: RunStatus) -> Option<&'static str> {
@@ -83,13 +77,16 @@ pub fn signature(secret: &[u8], t: i64, body: &[u8]) -> String {
 
 /// The body of a delivery of `event` about `run`.
 fn payload(id: &str, event: &str, created_at: i64, run: &Run) -> String {
-    serde_json::json!({
-        "id": id,
-        "type": event,
-        "created_at": created_at,
-        "data": { "run": crate::routes::runs::run_json(run, None) },
-    })
-    .to_string()
+    let body = airlock_api::v1::WebhookEvent {
+        created_at,
+        data: airlock_api::v1::WebhookEventData {
+            run: airlock_api::v1::Run::of(run, None),
+        },
+        id: id.to_owned(),
+        event: event.to_owned(),
+    };
+    // Plain data: its serialization cannot fail.
+    serde_json::to_string(&body).unwrap_or_default()
 }
 
 /// Queues `run.started` for each of the run's organization's webhooks that

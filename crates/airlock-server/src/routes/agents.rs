@@ -2,72 +2,40 @@
 //! directory, registered under the manifest's `agent.name`. A run starts
 //! from what is registered when it starts.
 
-use std::collections::BTreeMap;
-
+use airlock_api::v1;
 use airlock_platform::manifest::Manifest;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 
-use crate::error::{ApiError, ApiResult};
+use crate::bundle::{MAX_BUNDLE_BYTES, MAX_FILES, check_path};
+use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
 use crate::{AppState, Tenant};
 
-/// At most this many files in a bundle.
-pub const MAX_FILES: usize = 256;
-/// At most this many bytes of file content in a bundle.
-pub const MAX_BUNDLE_BYTES: usize = 4 << 20;
 /// The agents route's body limit (JSON escaping included).
 pub const MAX_BODY: usize = 8 << 20;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Register {
-    /// The manifest's TOML text.
-    manifest: String,
-    /// Relative path → UTF-8 content.
-    #[serde(default)]
-    files: BTreeMap<String, String>,
-}
-
-/// A bundle path: relative, `/`-separated, no `.`/`..`/empty segment, no
-/// control characters, at most 200 bytes.
-pub fn check_path(p: &str) -> Result<(), ApiError> {
-    let bad = |why: &str| Err(ApiError::invalid(format!("file path {p:?}: {why}")));
-    if p.is_empty() || p.len() > 200 {
-        return bad("must be 1-200 bytes");
-    }
-    if p.starts_with('/') || p.contains('\\') {
-        return bad("must be relative, with / between segments");
-    }
-    if p.chars().any(char::is_control) {
-        return bad("has a control character");
-    }
-    if p.split('/').any(|s| s.is_empty() || s == "." || s == "..") {
-        return bad("has an empty, . or .. segment");
-    }
-    Ok(())
-}
-
-fn agent_json(a: &airlock_store::AgentRow, with_manifest: bool) -> serde_json::Value {
-    let files: BTreeMap<String, String> = serde_json::from_str(&a.files).unwrap_or_default();
-    let mut v = serde_json::json!({
-        "name": a.name,
-        "files": files.keys().collect::<Vec<_>>(),
-        "created_at": a.created_at,
-        "updated_at": a.updated_at,
-    });
-    if with_manifest {
-        v["manifest"] = serde_json::Value::String(a.manifest.clone());
-    }
-    v
-}
-
+/// Registers an agent (manifest and files) under its agent.name; 200 when it replaces one.
+#[utoipa::path(
+    post,
+    path = "/v1/agents",
+    operation_id = "post_v1_agents",
+    tag = "agents",
+    security(("apiKey" = [])),
+    request_body = v1::RegisterAgent,
+    responses(
+        (status = 201, description = "registered", body = v1::Agent),
+        (status = 200, description = "registered in place of the agent of that name", body = v1::Agent),
+        BodyFailures,
+        WriteFailures,
+        KeyedFailures,
+    ),
+)]
 pub async fn register(
     State(app): State<AppState>,
     t: Tenant,
-    Json(b): Json<Register>,
+    Json(b): Json<v1::RegisterAgent>,
 ) -> ApiResult<Response> {
     // Every mistake is found here, before anything is stored or started.
     let m =
@@ -100,30 +68,72 @@ pub async fn register(
     } else {
         StatusCode::CREATED
     };
-    Ok((status, axum::Json(agent_json(&row, false))).into_response())
+    Ok((status, axum::Json(v1::Agent::of(&row, false))).into_response())
 }
 
-pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<Response> {
+/// The organization's agents.
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    operation_id = "get_v1_agents",
+    tag = "agents",
+    security(("apiKey" = [])),
+    responses(
+        (status = 200, description = "every agent, without its manifest", body = v1::AgentList),
+        KeyedFailures,
+    ),
+)]
+pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<axum::Json<v1::AgentList>> {
     let agents = app.store().list_agents(&t.org_id).await?;
-    Ok(axum::Json(serde_json::json!({
-        "agents": agents.iter().map(|a| agent_json(a, false)).collect::<Vec<_>>()
+    Ok(axum::Json(v1::AgentList {
+        agents: agents.iter().map(|a| v1::Agent::of(a, false)).collect(),
     }))
-    .into_response())
 }
 
+/// One agent, with its manifest.
+#[utoipa::path(
+    get,
+    path = "/v1/agents/{name}",
+    operation_id = "get_v1_agents__name_",
+    tag = "agents",
+    security(("apiKey" = [])),
+    params(("name" = String, Path, description = "the agent's name")),
+    responses(
+        (status = 200, description = "the agent and its manifest's text", body = v1::Agent),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such agent in the caller's organization", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn get(
     State(app): State<AppState>,
     t: Tenant,
     Path(name): Path<String>,
-) -> ApiResult<Response> {
+) -> ApiResult<axum::Json<v1::Agent>> {
     let a = app
         .store()
         .get_agent(&t.org_id, &name)
         .await?
         .ok_or_else(|| ApiError::not_found("agent"))?;
-    Ok(axum::Json(agent_json(&a, true)).into_response())
+    Ok(axum::Json(v1::Agent::of(&a, true)))
 }
 
+/// Removes an agent.
+#[utoipa::path(
+    delete,
+    path = "/v1/agents/{name}",
+    operation_id = "delete_v1_agents__name_",
+    tag = "agents",
+    security(("apiKey" = [])),
+    params(("name" = String, Path, description = "the agent's name")),
+    responses(
+        (status = 204, description = "removed (runs already queued fail when they start)"),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such agent in the caller's organization", body = v1::Error),
+        WriteFailures,
+        KeyedFailures,
+    ),
+)]
 pub async fn delete(
     State(app): State<AppState>,
     t: Tenant,

@@ -3,47 +3,20 @@
 
 use std::collections::BTreeMap;
 
+use airlock_api::v1;
 use airlock_platform::connections::{ConnectionError, Fields};
 use airlock_store::{AuthType, ConnectionInfo};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use zeroize::Zeroizing;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
 use crate::{AppState, Tenant};
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewConnection {
-    name: String,
-    integration: String,
-    #[serde(rename = "type")]
-    auth_type: String,
-    fields: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rotate {
-    fields: BTreeMap<String, String>,
-}
-
 fn fields(f: BTreeMap<String, String>) -> Fields {
     f.into_iter().map(|(k, v)| (k, Zeroizing::new(v))).collect()
-}
-
-fn info_json(c: &ConnectionInfo) -> serde_json::Value {
-    serde_json::json!({
-        "name": c.name,
-        "integration": c.integration,
-        "type": c.auth_type.as_str(),
-        "kid": c.kid,
-        "created_at": c.created_at,
-        "updated_at": c.updated_at,
-    })
 }
 
 fn map_err(e: ConnectionError) -> ApiError {
@@ -62,10 +35,26 @@ async fn info(app: &AppState, org: &str, name: &str) -> ApiResult<ConnectionInfo
         .ok_or_else(|| ApiError::not_found("connection"))
 }
 
+/// Stores a credential, encrypted; no route returns it.
+#[utoipa::path(
+    post,
+    path = "/v1/connections",
+    operation_id = "post_v1_connections",
+    tag = "connections",
+    security(("apiKey" = [])),
+    request_body = v1::NewConnection,
+    responses(
+        (status = 201, description = "stored (never the secret in the answer)", body = v1::Connection),
+        (status = 409, description = "conflict: a connection of that name exists (rotate it with PUT)", body = v1::Error),
+        BodyFailures,
+        WriteFailures,
+        KeyedFailures,
+    ),
+)]
 pub async fn create(
     State(app): State<AppState>,
     t: Tenant,
-    Json(b): Json<NewConnection>,
+    Json(b): Json<v1::NewConnection>,
 ) -> ApiResult<Response> {
     super::check_name("connection name", &b.name)?;
     super::check_name("integration", &b.integration)?;
@@ -88,31 +77,79 @@ pub async fn create(
     .await
     .map_err(map_err)?;
     let c = info(&app, &t.org_id, &b.name).await?;
-    Ok((StatusCode::CREATED, axum::Json(info_json(&c))).into_response())
+    Ok((StatusCode::CREATED, axum::Json(v1::Connection::from(&c))).into_response())
 }
 
-pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<Response> {
+/// The organization's connections (never a secret).
+#[utoipa::path(
+    get,
+    path = "/v1/connections",
+    operation_id = "get_v1_connections",
+    tag = "connections",
+    security(("apiKey" = [])),
+    responses(
+        (status = 200, description = "every connection, never a secret", body = v1::ConnectionList),
+        KeyedFailures,
+    ),
+)]
+pub async fn list(
+    State(app): State<AppState>,
+    t: Tenant,
+) -> ApiResult<axum::Json<v1::ConnectionList>> {
     let list = app.store().list_connections(&t.org_id).await?;
-    Ok(axum::Json(serde_json::json!({
-        "connections": list.iter().map(info_json).collect::<Vec<_>>()
+    Ok(axum::Json(v1::ConnectionList {
+        connections: list.iter().map(v1::Connection::from).collect(),
     }))
-    .into_response())
 }
 
+/// One connection (never its secret).
+#[utoipa::path(
+    get,
+    path = "/v1/connections/{name}",
+    operation_id = "get_v1_connections__name_",
+    tag = "connections",
+    security(("apiKey" = [])),
+    params(("name" = String, Path, description = "the connection's name")),
+    responses(
+        (status = 200, description = "the connection, never its secret", body = v1::Connection),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such connection in the caller's organization", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn get(
     State(app): State<AppState>,
     t: Tenant,
     Path(name): Path<String>,
-) -> ApiResult<Response> {
-    Ok(axum::Json(info_json(&info(&app, &t.org_id, &name).await?)).into_response())
+) -> ApiResult<axum::Json<v1::Connection>> {
+    Ok(axum::Json(v1::Connection::from(
+        &info(&app, &t.org_id, &name).await?,
+    )))
 }
 
+/// Replaces a connection's secret (a rotation).
+#[utoipa::path(
+    put,
+    path = "/v1/connections/{name}",
+    operation_id = "put_v1_connections__name_",
+    tag = "connections",
+    security(("apiKey" = [])),
+    params(("name" = String, Path, description = "the connection's name")),
+    request_body = v1::RotateConnection,
+    responses(
+        (status = 200, description = "rotated", body = v1::Connection),
+        (status = 404, description = "not_found: no such connection in the caller's organization", body = v1::Error),
+        BodyFailures,
+        WriteFailures,
+        KeyedFailures,
+    ),
+)]
 pub async fn rotate(
     State(app): State<AppState>,
     t: Tenant,
     Path(name): Path<String>,
-    Json(b): Json<Rotate>,
-) -> ApiResult<Response> {
+    Json(b): Json<v1::RotateConnection>,
+) -> ApiResult<axum::Json<v1::Connection>> {
     let found = airlock_platform::connections::rotate_connection(
         app.store(),
         app.keyring(),
@@ -125,9 +162,27 @@ pub async fn rotate(
     if !found {
         return Err(ApiError::not_found("connection"));
     }
-    Ok(axum::Json(info_json(&info(&app, &t.org_id, &name).await?)).into_response())
+    Ok(axum::Json(v1::Connection::from(
+        &info(&app, &t.org_id, &name).await?,
+    )))
 }
 
+/// Removes a connection.
+#[utoipa::path(
+    delete,
+    path = "/v1/connections/{name}",
+    operation_id = "delete_v1_connections__name_",
+    tag = "connections",
+    security(("apiKey" = [])),
+    params(("name" = String, Path, description = "the connection's name")),
+    responses(
+        (status = 204, description = "removed"),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such connection in the caller's organization", body = v1::Error),
+        WriteFailures,
+        KeyedFailures,
+    ),
+)]
 pub async fn delete(
     State(app): State<AppState>,
     t: Tenant,

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use airlock_api::v1;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -16,10 +17,31 @@ use crate::error::ApiError;
 /// How long `/readyz` waits for the store.
 const STORE_CHECK: Duration = Duration::from_secs(2);
 
-pub async fn healthz() -> Response {
-    axum::Json(serde_json::json!({ "status": "ok" })).into_response()
+/// The process answers.
+///
+/// 200 as long as it answers at all, also while it starts or drains.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "get_healthz",
+    tag = "health",
+    responses((status = 200, description = "the process answers", body = v1::Health)),
+)]
+pub async fn healthz() -> axum::Json<v1::Health> {
+    axum::Json(v1::Health::ok())
 }
 
+/// The store answers and this replica takes work (503 otherwise).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "get_readyz",
+    tag = "health",
+    responses(
+        (status = 200, description = "ready: the store answers and this replica takes work", body = v1::Ready),
+        (status = 503, description = "unavailable: the replica starts or stops, or the store does not answer (the cause, naming no database)", body = v1::Error),
+    ),
+)]
 pub async fn readyz(State(app): State<AppState>) -> Response {
     if app.is_stopping() {
         return ApiError::unavailable(format!(
@@ -44,12 +66,12 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
     let Some(e) = failed else {
         return (
             StatusCode::OK,
-            axum::Json(serde_json::json!({
-                "status": "ready",
-                "replica": app.replica(),
-                "backend": app.orch().backend.name(),
-                "running": app.running_count(),
-            })),
+            axum::Json(v1::Ready {
+                backend: app.orch().backend.name().to_owned(),
+                replica: app.replica().to_owned(),
+                running: app.running_count(),
+                status: "ready".to_owned(),
+            }),
         )
             .into_response();
     };

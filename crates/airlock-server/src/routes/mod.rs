@@ -1,6 +1,9 @@
 //! The `/v1` API's handlers. Each takes the caller's [`crate::Tenant`] and
 //! reaches only rows of the tenant's organization: an id from another
-//! organization is a 404, exactly as an id that does not exist.
+//! organization is a 404, exactly as an id that does not exist. Each reads
+//! and answers the types of [`airlock_api::v1`], and declares in its
+//! `#[utoipa::path]` every status it can answer (the OpenAPI document is
+//! derived from them).
 
 pub mod agents;
 pub mod connections;
@@ -8,8 +11,6 @@ pub mod health;
 pub mod keys;
 pub mod runs;
 pub mod webhooks;
-
-use serde::Deserialize;
 
 use crate::error::ApiError;
 
@@ -39,21 +40,6 @@ pub fn check_name(what: &str, v: &str) -> Result<(), ApiError> {
             "{what} {v:?} must be 1-64 characters of A-Z a-z 0-9 _ - . starting with a letter or digit"
         )))
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limit {
-    pub limit: Option<u32>,
-}
-
-/// A paged list's query: `limit`, and `cursor` (a previous page's
-/// `next_cursor`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Page {
-    pub limit: Option<u32>,
-    pub cursor: Option<String>,
 }
 
 /// The `cursor` of a paged list's query, checked: `400` for any text the

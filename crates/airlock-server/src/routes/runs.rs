@@ -4,18 +4,17 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use airlock_api::v1;
 use airlock_platform::manifest::Manifest;
-use airlock_store::{CancelOutcome, Event, NewQueuedRun, Run, RunQuery, RunStatus};
+use airlock_store::{CancelOutcome, NewQueuedRun, Run, RunQuery, RunStatus};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{self, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
-use serde::Deserialize;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path, Query};
-use crate::scheduler::Hints;
 use crate::{AppState, Tenant};
 
 /// Largest prompt accepted.
@@ -28,52 +27,30 @@ const STREAM_POLL: Duration = Duration::from_millis(150);
 /// through this replica is checked at once.
 const KEY_RECHECK: Duration = Duration::from_millis(250);
 
-/// The API's view of a run.
-pub fn run_json(r: &Run, queue_position: Option<i64>) -> serde_json::Value {
-    let mut v = serde_json::json!({
-        "id": r.id,
-        "agent": r.agent,
-        "status": r.status.as_str(),
-        "backend": r.backend,
-        "model": r.model,
-        "created_at": r.created_at,
-        "started_at": r.started_at,
-        "ended_at": r.ended_at,
-        "exit_code": r.exit_code,
-        "error": r.error,
-        "cost": cost_json(r),
-        // The `airlock serve` replica that runs (or ran) it.
-        "replica": r.owner,
-    });
-    if let Some(p) = queue_position {
-        v["queue_position"] = p.into();
-    }
-    v
-}
-
-fn cost_json(r: &Run) -> serde_json::Value {
-    serde_json::json!({
-        "tokens_in": r.tokens_in,
-        "tokens_out": r.tokens_out,
-        "cost_microusd": r.cost_microusd,
-        "cost_usd": r.cost_microusd as f64 / 1e6,
-    })
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewRun {
-    agent: String,
-    #[serde(default)]
-    prompt: Option<String>,
-    #[serde(default)]
-    limits: Option<Hints>,
-}
-
+/// Queues a run of an agent; it starts when a slot is free.
+#[utoipa::path(
+    post,
+    path = "/v1/runs",
+    operation_id = "post_v1_runs",
+    tag = "runs",
+    security(("apiKey" = [])),
+    request_body = v1::NewRun,
+    responses(
+        (status = 202, description = "queued (queue_position: how many queued runs are ahead)", body = v1::Run),
+        (status = 403, description = "quota_exceeded: the organization is over ORG_MAX_STORED_BYTES; nothing was queued", body = v1::Error),
+        (status = 404, description = "not_found: no such agent in the caller's organization", body = v1::Error),
+        BodyFailures,
+        WriteFailures,
+        KeyedFailures,
+        // After BodyFailures: these are the ones documented.
+        (status = 413, description = "too_large: the prompt is longer than 256 KiB, or the body than 1 MiB", body = v1::Error),
+        (status = 422, description = "invalid: a field, a limit, the agent's manifest, or a connection it names that is not stored", body = v1::Error),
+    ),
+)]
 pub async fn create(
     State(app): State<AppState>,
     t: Tenant,
-    Json(b): Json<NewRun>,
+    Json(b): Json<v1::NewRun>,
 ) -> ApiResult<Response> {
     if b.prompt.as_ref().is_some_and(|p| p.len() > MAX_PROMPT) {
         return Err(ApiError::too_large(format!(
@@ -151,23 +128,28 @@ pub async fn create(
         .await?
         .ok_or_else(|| ApiError::internal("a queued run vanished"))?;
     let pos = app.store().queue_position(&id).await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(run_json(&run, pos))).into_response())
+    Ok((StatusCode::ACCEPTED, axum::Json(v1::Run::of(&run, pos))).into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ListQuery {
-    status: Option<String>,
-    agent: Option<String>,
-    limit: Option<u32>,
-    cursor: Option<String>,
-}
-
+/// Runs, newest first (status, agent, limit, cursor).
+#[utoipa::path(
+    get,
+    path = "/v1/runs",
+    operation_id = "get_v1_runs",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(v1::RunsQuery),
+    responses(
+        (status = 200, description = "one page of runs, newest first", body = v1::RunList),
+        (status = 400, description = "bad_request: the query is malformed, a status unknown, or limit out of range", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn list(
     State(app): State<AppState>,
     t: Tenant,
-    Query(q): Query<ListQuery>,
-) -> ApiResult<Response> {
+    Query(q): Query<v1::RunsQuery>,
+) -> ApiResult<axum::Json<v1::RunList>> {
     let limit = super::page_limit(q.limit)?;
     let status = q
         .status
@@ -193,12 +175,11 @@ pub async fn list(
             limit: Some(limit),
         })
         .await?;
-    let next = super::next_cursor(&runs, limit, |r| (r.created_at, r.id.as_str()));
-    Ok(axum::Json(serde_json::json!({
-        "runs": runs.iter().map(|r| run_json(r, None)).collect::<Vec<_>>(),
-        "next_cursor": next,
+    let next_cursor = super::next_cursor(&runs, limit, |r| (r.created_at, r.id.as_str()));
+    Ok(axum::Json(v1::RunList {
+        next_cursor,
+        runs: runs.iter().map(|r| v1::Run::of(r, None)).collect(),
     }))
-    .into_response())
 }
 
 async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
@@ -208,20 +189,52 @@ async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
         .ok_or_else(|| ApiError::not_found("run"))
 }
 
+/// One run (queue_position while queued).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}",
+    operation_id = "get_v1_runs__id_",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the run's id")),
+    responses(
+        (status = 200, description = "the run", body = v1::Run),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such run in the caller's organization", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn get(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-) -> ApiResult<Response> {
+) -> ApiResult<axum::Json<v1::Run>> {
     let run = the_run(&app, &t, &id).await?;
     let pos = if run.status == RunStatus::Queued {
         app.store().queue_position(&id).await?
     } else {
         None
     };
-    Ok(axum::Json(run_json(&run, pos)).into_response())
+    Ok(axum::Json(v1::Run::of(&run, pos)))
 }
 
+/// Cancels a queued or running run (409 when it has ended).
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/cancel",
+    operation_id = "post_v1_runs__id__cancel",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the run's id")),
+    responses(
+        (status = 202, description = "cancelled if queued; else its replica stops it, its end naming this key", body = v1::Run),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such run in the caller's organization", body = v1::Error),
+        (status = 409, description = "conflict: the run has already ended", body = v1::Error),
+        WriteFailures,
+        KeyedFailures,
+    ),
+)]
 pub async fn cancel(
     State(app): State<AppState>,
     t: Tenant,
@@ -245,48 +258,77 @@ pub async fn cancel(
         }
     }
     let run = the_run(&app, &t, &id).await?;
-    Ok((StatusCode::ACCEPTED, axum::Json(run_json(&run, None))).into_response())
+    Ok((StatusCode::ACCEPTED, axum::Json(v1::Run::of(&run, None))).into_response())
 }
 
+/// Tokens and cost metered by the run's model relay.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/cost",
+    operation_id = "get_v1_runs__id__cost",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the run's id")),
+    responses(
+        (status = 200, description = "the run's metered usage so far", body = v1::Cost),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such run in the caller's organization", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn cost(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-) -> ApiResult<Response> {
+) -> ApiResult<axum::Json<v1::Cost>> {
     let run = the_run(&app, &t, &id).await?;
-    Ok(axum::Json(cost_json(&run)).into_response())
+    Ok(axum::Json(v1::Cost::from(&run)))
 }
 
+/// Every request that left the run's sandbox, and every refusal.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/egress",
+    operation_id = "get_v1_runs__id__egress",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the run's id"), v1::LimitQuery),
+    responses(
+        (status = 200, description = "the run's egress log, in order", body = v1::EgressLog),
+        (status = 400, description = "bad_request: the query or path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such run in the caller's organization", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn egress(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-    Query(q): Query<super::Limit>,
-) -> ApiResult<Response> {
+    Query(q): Query<v1::LimitQuery>,
+) -> ApiResult<axum::Json<v1::EgressLog>> {
     let limit = q.limit.unwrap_or(1000).clamp(1, 10_000);
     the_run(&app, &t, &id).await?;
     let log = app.store().list_egress(&id, limit).await?;
-    Ok(axum::Json(serde_json::json!({
-        "egress": log.iter().map(|e| serde_json::json!({
-            "seq": e.seq,
-            "at": e.at,
-            "source": e.source,
-            "integration": e.integration,
-            "method": e.method,
-            "url": e.url,
-            "host": e.host,
-            "decision": e.decision.as_str(),
-            "reason": e.reason,
-            "status": e.status,
-            "duration_ms": e.duration_ms,
-            "bytes_out": e.bytes_out,
-            "bytes_in": e.bytes_in,
-            "outcome": e.outcome.map(|o| o.as_str()),
-        })).collect::<Vec<_>>()
+    Ok(axum::Json(v1::EgressLog {
+        egress: log.iter().map(v1::EgressRecord::from).collect(),
     }))
-    .into_response())
 }
 
+/// The run's last reported result.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/result",
+    operation_id = "get_v1_runs__id__result",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the run's id")),
+    responses(
+        (status = 200, description = "the result event the run reported last, as JSON"),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such run in the caller's organization, or it reported no result", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn result(
     State(app): State<AppState>,
     t: Tenant,
@@ -303,6 +345,24 @@ pub async fn result(
     Ok(axum::Json(payload).into_response())
 }
 
+/// A large result the run stored, with its content type.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/results/{result_id}",
+    operation_id = "get_v1_runs__id__results__result_id_",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(
+        ("id" = String, Path, description = "the run's id"),
+        ("result_id" = String, Path, description = "the stored result's id"),
+    ),
+    responses(
+        (status = 200, description = "the stored bytes, under the content type they were stored with (and X-Content-Type-Options: nosniff)"),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such run in the caller's organization, or no such result of it", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn stored_result(
     State(app): State<AppState>,
     t: Tenant,
@@ -329,14 +389,6 @@ pub async fn stored_result(
         .into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventsQuery {
-    /// Only events after this id (also `Last-Event-ID`).
-    after: Option<i64>,
-    limit: Option<u32>,
-}
-
 fn wants_stream(h: &HeaderMap) -> bool {
     h.get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -354,10 +406,10 @@ fn last_event_id(h: &HeaderMap) -> Result<Option<i64>, ApiError> {
         .transpose()
 }
 
-fn event_json(e: &Event) -> serde_json::Value {
-    let payload: serde_json::Value =
-        serde_json::from_str(&e.payload).unwrap_or(serde_json::Value::String(e.payload.clone()));
-    serde_json::json!({ "id": e.id, "at": e.at, "kind": e.kind, "payload": payload })
+/// One SSE event's data: an answer type's JSON (plain data: serializing it
+/// cannot fail).
+fn json_text<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
 }
 
 /// Which events a view shows: every kind but heartbeats, or only logs
@@ -378,21 +430,79 @@ impl View {
     }
 }
 
+/// What `/events` and `/logs` can answer besides a page or a stream (and
+/// [`KeyedFailures`]).
+#[derive(utoipa::IntoResponses)]
+pub enum FeedFailures {
+    /// bad_request: the query, the path or Last-Event-ID is malformed, or
+    /// limit is out of range
+    #[response(status = 400)]
+    Malformed(v1::Error),
+    /// not_found: no such run in the caller's organization
+    #[response(status = 404)]
+    NotFound(v1::Error),
+    /// rate_limited: too many requests with this key, or (a stream) the
+    /// organization has API_MAX_STREAMS streams open on this replica
+    #[response(status = 429)]
+    RateLimited(v1::Error),
+}
+
+/// The run's events: JSON (after, limit), or Server-Sent Events with Accept: text/event-stream (resume with Last-Event-ID); the stream ends with an `end` event.
+///
+/// A stream's events carry an Event each (the SSE id is its id, the SSE
+/// event its kind); the last is `end`, carrying the Run, or `error`,
+/// carrying an Error (the key was revoked: `unauthorized`; the replica
+/// shuts down: `unavailable`, reconnect with Last-Event-ID).
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/events",
+    operation_id = "get_v1_runs__id__events",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the run's id"), v1::EventsQuery),
+    responses(
+        (status = 200, description = "one page of events (every kind but heartbeats), or a live stream", content(
+            (v1::EventPage = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        KeyedFailures,
+        // After KeyedFailures: its 429 is the one documented.
+        FeedFailures,
+    ),
+)]
 pub async fn events(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-    Query(q): Query<EventsQuery>,
+    Query(q): Query<v1::EventsQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     feed(app, t, id, q, headers, View::Events).await
 }
 
+/// The run's log events only, as /events.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/logs",
+    operation_id = "get_v1_runs__id__logs",
+    tag = "runs",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the run's id"), v1::EventsQuery),
+    responses(
+        (status = 200, description = "one page of log events (and counts of lines shed), or a live stream", content(
+            (v1::EventPage = "application/json"),
+            (String = "text/event-stream"),
+        )),
+        KeyedFailures,
+        // After KeyedFailures: its 429 is the one documented.
+        FeedFailures,
+    ),
+)]
 pub async fn logs(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-    Query(q): Query<EventsQuery>,
+    Query(q): Query<v1::EventsQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     feed(app, t, id, q, headers, View::Logs).await
@@ -402,7 +512,7 @@ async fn feed(
     app: AppState,
     t: Tenant,
     id: String,
-    q: EventsQuery,
+    q: v1::EventsQuery,
     headers: HeaderMap,
     view: View,
 ) -> ApiResult<Response> {
@@ -412,10 +522,14 @@ async fn feed(
         let limit = super::page_limit(q.limit)?;
         let evs = app.store().list_events(&id, after, limit).await?;
         let next = evs.last().map_or(after, |e| e.id);
-        return Ok(axum::Json(serde_json::json!({
-            "events": evs.iter().filter(|e| view.shows(&e.kind)).map(event_json).collect::<Vec<_>>(),
-            "next_after": next,
-        }))
+        return Ok(axum::Json(v1::EventPage {
+            events: evs
+                .iter()
+                .filter(|e| view.shows(&e.kind))
+                .map(v1::Event::from)
+                .collect(),
+            next_after: next,
+        })
         .into_response());
     }
     // A live stream: every stored event after `after`, as it is stored;
@@ -454,7 +568,7 @@ async fn feed(
     let error_event = |code: &str, message: &str| {
         sse::Event::default()
             .event("error")
-            .data(serde_json::json!({"error": {"code": code, "message": message}}).to_string())
+            .data(json_text(&v1::Error::new(code, message)))
     };
     let stream = futures_util::stream::unfold(st, move |mut st| async move {
         if st.done {
@@ -513,7 +627,7 @@ async fn feed(
                         sse::Event::default()
                             .id(e.id.to_string())
                             .event(e.kind.clone())
-                            .data(event_json(e).to_string())
+                            .data(json_text(&v1::Event::from(e)))
                     })
                     .collect();
                 if !out.is_empty() {
@@ -531,7 +645,7 @@ async fn feed(
                     st.done = true;
                     let end = sse::Event::default()
                         .event("end")
-                        .data(run_json(&run, None).to_string());
+                        .data(json_text(&v1::Run::of(&run, None)));
                     return Some((vec![end], st));
                 }
                 continue;

@@ -1,37 +1,38 @@
 //! Webhooks: the URL is judged by the egress guard here (and again at every
 //! delivery); the signing secret is shown once, then kept encrypted.
 
+use airlock_api::v1;
 use airlock_store::WebhookRow;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path, Query};
 use crate::{AppState, Tenant};
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewWebhook {
-    url: String,
-    events: Vec<String>,
-}
-
-fn hook_json(h: &WebhookRow) -> serde_json::Value {
-    let events: Vec<String> = serde_json::from_str(&h.events).unwrap_or_default();
-    serde_json::json!({
-        "id": h.id,
-        "url": h.url,
-        "events": events,
-        "created_at": h.created_at,
-    })
-}
-
+/// Subscribes a URL to run events; the signing secret is in this answer only.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks",
+    operation_id = "post_v1_webhooks",
+    tag = "webhooks",
+    security(("apiKey" = [])),
+    request_body = v1::NewWebhook,
+    responses(
+        (status = 201, description = "subscribed; `secret` is shown in this answer only", body = v1::NewWebhookAnswer),
+        (status = 403, description = "quota_exceeded: the organization has ORG_MAX_WEBHOOKS webhooks; nothing was written", body = v1::Error),
+        BodyFailures,
+        WriteFailures,
+        KeyedFailures,
+        // After BodyFailures: this 422 is the one documented.
+        (status = 422, description = "invalid, or url_refused: the egress guard refuses the URL (the message names the rule)", body = v1::Error),
+    ),
+)]
 pub async fn create(
     State(app): State<AppState>,
     t: Tenant,
-    Json(b): Json<NewWebhook>,
+    Json(b): Json<v1::NewWebhook>,
 ) -> ApiResult<Response> {
     if b.url.len() > 2048 {
         return Err(ApiError::invalid("url is longer than 2048 bytes"));
@@ -91,17 +92,30 @@ pub async fn create(
     app.store()
         .create_webhook(&row, app.cfg().quotas.webhooks)
         .await?;
-    let mut v = hook_json(&row);
-    v["secret"] = serde_json::Value::String(secret);
-    Ok((StatusCode::CREATED, axum::Json(v)).into_response())
+    let answer = v1::NewWebhookAnswer::new(v1::Webhook::from(&row), secret);
+    Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
 }
 
-pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<Response> {
+/// The organization's webhooks.
+#[utoipa::path(
+    get,
+    path = "/v1/webhooks",
+    operation_id = "get_v1_webhooks",
+    tag = "webhooks",
+    security(("apiKey" = [])),
+    responses(
+        (status = 200, description = "every webhook (never a secret)", body = v1::WebhookList),
+        KeyedFailures,
+    ),
+)]
+pub async fn list(
+    State(app): State<AppState>,
+    t: Tenant,
+) -> ApiResult<axum::Json<v1::WebhookList>> {
     let hooks = app.store().list_webhooks(&t.org_id).await?;
-    Ok(axum::Json(serde_json::json!({
-        "webhooks": hooks.iter().map(hook_json).collect::<Vec<_>>()
+    Ok(axum::Json(v1::WebhookList {
+        webhooks: hooks.iter().map(v1::Webhook::from).collect(),
     }))
-    .into_response())
 }
 
 async fn hook(app: &AppState, org: &str, id: &str) -> ApiResult<WebhookRow> {
@@ -111,14 +125,47 @@ async fn hook(app: &AppState, org: &str, id: &str) -> ApiResult<WebhookRow> {
         .ok_or_else(|| ApiError::not_found("webhook"))
 }
 
+/// One webhook.
+#[utoipa::path(
+    get,
+    path = "/v1/webhooks/{id}",
+    operation_id = "get_v1_webhooks__id_",
+    tag = "webhooks",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the webhook's id")),
+    responses(
+        (status = 200, description = "the webhook (never its secret)", body = v1::Webhook),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such webhook in the caller's organization", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn get(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-) -> ApiResult<Response> {
-    Ok(axum::Json(hook_json(&hook(&app, &t.org_id, &id).await?)).into_response())
+) -> ApiResult<axum::Json<v1::Webhook>> {
+    Ok(axum::Json(v1::Webhook::from(
+        &hook(&app, &t.org_id, &id).await?,
+    )))
 }
 
+/// Removes a webhook.
+#[utoipa::path(
+    delete,
+    path = "/v1/webhooks/{id}",
+    operation_id = "delete_v1_webhooks__id_",
+    tag = "webhooks",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the webhook's id")),
+    responses(
+        (status = 204, description = "removed"),
+        (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
+        (status = 404, description = "not_found: no such webhook in the caller's organization", body = v1::Error),
+        WriteFailures,
+        KeyedFailures,
+    ),
+)]
 pub async fn delete(
     State(app): State<AppState>,
     t: Tenant,
@@ -131,12 +178,27 @@ pub async fn delete(
     }
 }
 
+/// A webhook's deliveries and how each went, newest first (limit, cursor).
+#[utoipa::path(
+    get,
+    path = "/v1/webhooks/{id}/deliveries",
+    operation_id = "get_v1_webhooks__id__deliveries",
+    tag = "webhooks",
+    security(("apiKey" = [])),
+    params(("id" = String, Path, description = "the webhook's id"), v1::PageQuery),
+    responses(
+        (status = 200, description = "one page of deliveries, newest first", body = v1::DeliveryList),
+        (status = 400, description = "bad_request: the query or path is malformed, or limit is out of range", body = v1::Error),
+        (status = 404, description = "not_found: no such webhook in the caller's organization", body = v1::Error),
+        KeyedFailures,
+    ),
+)]
 pub async fn deliveries(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-    Query(q): Query<super::Page>,
-) -> ApiResult<Response> {
+    Query(q): Query<v1::PageQuery>,
+) -> ApiResult<axum::Json<v1::DeliveryList>> {
     let limit = super::page_limit(q.limit)?;
     let cursor = super::page_cursor(q.cursor.as_deref())?;
     hook(&app, &t.org_id, &id).await?;
@@ -149,21 +211,9 @@ pub async fn deliveries(
             cursor.as_ref().map(|c| (c.created_at, c.id.as_str())),
         )
         .await?;
-    let next = super::next_cursor(&list, limit, |d| (d.created_at, d.id.as_str()));
-    Ok(axum::Json(serde_json::json!({
-        "deliveries": list.iter().map(|d| serde_json::json!({
-            "id": d.id,
-            "run_id": d.run_id,
-            "event": d.event,
-            "state": d.state,
-            "attempts": d.attempts,
-            "last_status": d.last_status,
-            "last_error": d.last_error,
-            "next_attempt_at": d.next_attempt_at,
-            "created_at": d.created_at,
-            "delivered_at": d.delivered_at,
-        })).collect::<Vec<_>>(),
-        "next_cursor": next,
+    let next_cursor = super::next_cursor(&list, limit, |d| (d.created_at, d.id.as_str()));
+    Ok(axum::Json(v1::DeliveryList {
+        deliveries: list.iter().map(v1::Delivery::from).collect(),
+        next_cursor,
     }))
-    .into_response())
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::process::ExitCode;
 
+use airlock_api::v1;
 use airlock_store::{AuthType, Store};
 use airlock_vault::Keyring;
 use anyhow::{Context as _, Result, bail};
@@ -145,36 +146,36 @@ async fn remote(server: &str, cmd: ConnectionsCommand) -> Result<()> {
         } => {
             let auth_type = AuthType::from(auth_type);
             let fields = read_fields(auth_type)?;
-            let map: serde_json::Map<String, serde_json::Value> = fields
-                .iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.as_str().to_owned())))
-                .collect();
-            let body = serde_json::json!({"name": name, "integration": integration, "type": auth_type.as_str(), "fields": map});
-            let c = r.call("POST", "/v1/connections", Some(&body)).await?;
+            let body = v1::NewConnection {
+                fields: fields
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().to_owned()))
+                    .collect(),
+                integration: integration.clone(),
+                name: name.clone(),
+                auth_type: auth_type.as_str().to_owned(),
+            };
+            let c: v1::Connection = r.send_json("POST", "/v1/connections", &body).await?;
             println!(
                 "stored connection {name:?} ({auth_type}, integration {integration:?}) on {server} under key {}",
-                c["kid"].as_str().unwrap_or("?")
+                c.kid
             );
         }
         ConnectionsCommand::List { json } => {
-            let v = r.call("GET", "/v1/connections", None).await?;
-            for c in v["connections"].as_array().into_iter().flatten() {
+            let v: v1::ConnectionList = r.get("/v1/connections").await?;
+            for c in &v.connections {
                 if json {
-                    println!("{c}");
+                    println!("{}", serde_json::to_string(c)?);
                 } else {
                     println!(
                         "{:<24} {:<16} {:<8} {}",
-                        c["name"].as_str().unwrap_or("-"),
-                        c["integration"].as_str().unwrap_or("-"),
-                        c["type"].as_str().unwrap_or("-"),
-                        c["kid"].as_str().unwrap_or("-")
+                        c.name, c.integration, c.auth_type, c.kid
                     );
                 }
             }
         }
         ConnectionsCommand::Remove { name } => {
-            r.call("DELETE", &format!("/v1/connections/{name}"), None)
-                .await?;
+            r.delete(&format!("/v1/connections/{name}")).await?;
             println!("removed connection {name:?} on {server}");
         }
     }

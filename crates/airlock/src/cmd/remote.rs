@@ -2,11 +2,18 @@
 //! `AIRLOCK_SERVER`) with the organization's key in `AIRLOCK_API_KEY` (never
 //! an argument). Plain HTTP/1.1 over one connection per call (`http://`
 //! only: a server beyond the machine belongs behind a TLS-terminating proxy
-//! on the client's side, or an SSH tunnel).
+//! on the client's side, or an SSH tunnel). Bodies are the types of
+//! [`airlock_api::v1`], sent and read as the server writes them.
 
+use std::collections::BTreeMap;
+
+use airlock_api::v1;
+use airlock_platform_api::wire::RunEvent;
 use anyhow::{Context as _, Result, anyhow, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize as _, Serialize};
 use serde_json::Value;
 use zeroize::Zeroizing;
 
@@ -61,7 +68,7 @@ impl Remote {
         &self,
         method: &str,
         path: &str,
-        body: Option<&Value>,
+        body: Option<String>,
     ) -> Result<http::Response<hyper::body::Incoming>> {
         let tcp = tokio::net::TcpStream::connect(&self.authority)
             .await
@@ -71,7 +78,7 @@ impl Remote {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let body = body.unwrap_or_default();
         let mut req = http::Request::builder()
             .method(method)
             .uri(path)
@@ -96,25 +103,44 @@ impl Remote {
             .await?)
     }
 
-    /// One call; a non-2xx answer is an error with the server's code and message.
-    pub async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+    /// One call: the answer's bytes; a non-2xx answer is an error with the
+    /// server's code and message.
+    async fn exchange(&self, method: &str, path: &str, body: Option<String>) -> Result<Bytes> {
         let resp = self.send(method, path, body).await?;
         let status = resp.status();
         let bytes = resp.into_body().collect().await?.to_bytes();
-        let v: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
-        };
         if !status.is_success() {
+            let e = serde_json::from_slice::<v1::Error>(&bytes).ok();
             bail!(
                 "the server answered {}: {} ({})",
                 status.as_u16(),
-                v["error"]["message"].as_str().unwrap_or("no message"),
-                v["error"]["code"].as_str().unwrap_or("-")
+                e.as_ref()
+                    .map_or("no message", |e| e.error.message.as_str()),
+                e.as_ref().map_or("-", |e| e.error.code.as_str())
             );
         }
-        Ok(v)
+        Ok(bytes)
+    }
+
+    /// `GET path`, its answer read as `T`.
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        answer(path, &self.exchange("GET", path, None).await?)
+    }
+
+    /// `method path` with `body` as JSON, its answer read as `T`.
+    pub async fn send_json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        let body = serde_json::to_string(body)?;
+        answer(path, &self.exchange(method, path, Some(body)).await?)
+    }
+
+    /// `DELETE path` (its answer has no body).
+    pub async fn delete(&self, path: &str) -> Result<()> {
+        self.exchange("DELETE", path, None).await.map(|_| ())
     }
 
     /// Follows a Server-Sent Events route to its end: `on(event, data)` for
@@ -125,11 +151,11 @@ impl Remote {
         if !resp.status().is_success() {
             let st = resp.status();
             let b = resp.into_body().collect().await?.to_bytes();
-            let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+            let e = serde_json::from_slice::<v1::Error>(&b).ok();
             bail!(
                 "the server answered {}: {}",
                 st.as_u16(),
-                v["error"]["message"].as_str().unwrap_or("-")
+                e.as_ref().map_or("-", |e| e.error.message.as_str())
             );
         }
         let mut body = resp.into_body();
@@ -145,11 +171,11 @@ impl Remote {
                 buf.drain(..=i);
                 if line.is_empty() {
                     if event == "error" {
-                        let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                        let e = serde_json::from_str::<v1::Error>(&data).ok();
                         bail!(
                             "the server ended the stream ({}): {}",
-                            v["error"]["code"].as_str().unwrap_or("-"),
-                            v["error"]["message"].as_str().unwrap_or("-")
+                            e.as_ref().map_or("-", |e| e.error.code.as_str()),
+                            e.as_ref().map_or("-", |e| e.error.message.as_str())
                         );
                     }
                     if !data.is_empty() {
@@ -171,24 +197,35 @@ impl Remote {
     }
 }
 
-/// Prints one log event's line as `airlock runs logs` does.
+/// Reads an answer as `T`.
+fn answer<T: DeserializeOwned>(path: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).with_context(|| format!("reading the server's answer to {path}"))
+}
+
+/// Prints one log event (an SSE event's data) as `airlock runs logs` does.
 pub fn print_log(data: &str, json: bool) {
-    let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
-    let p = &v["payload"];
-    if p["type"] == "shed" {
-        let text = shed_text(
-            p["lines"].as_u64().unwrap_or(0),
-            p["bytes"].as_u64().unwrap_or(0),
-        );
-        print_log_line(&p["at"], SHED_STREAM, &text, json);
-        return;
+    if let Ok(e) = serde_json::from_str::<v1::Event>(data) {
+        print_event(&e, json);
     }
-    print_log_line(
-        &p["at"],
-        p["stream"].as_str().unwrap_or(""),
-        p["line"].as_str().unwrap_or(""),
-        json,
-    );
+}
+
+/// Prints one log event of a page as `airlock runs logs` does.
+pub fn print_event(e: &v1::Event, json: bool) {
+    if let Ok(ev) = RunEvent::deserialize(&e.payload) {
+        print_run_event(&ev, json);
+    }
+}
+
+/// Prints a run's log line, or its count of lines shed; other events
+/// print nothing.
+pub fn print_run_event(ev: &RunEvent, json: bool) {
+    match ev {
+        RunEvent::Log { at, stream, line } => print_log_line(&(*at).into(), stream, line, json),
+        RunEvent::Shed { at, lines, bytes } => {
+            print_log_line(&(*at).into(), SHED_STREAM, &shed_text(*lines, *bytes), json);
+        }
+        _ => {}
+    }
 }
 
 /// The stream `airlock runs logs` shows the count of shed lines under.
@@ -238,57 +275,61 @@ pub async fn run(
     let dir = manifest
         .parent()
         .ok_or_else(|| anyhow!("the manifest has no directory"))?;
-    let mut files = serde_json::Map::new();
+    let mut files = BTreeMap::new();
     collect(dir, dir, &mut files, &manifest)?;
-    r.call(
-        "POST",
-        "/v1/agents",
-        Some(&serde_json::json!({"manifest": text, "files": files})),
-    )
-    .await?;
-    let mut body = serde_json::json!({"agent": m.agent.name.as_str()});
-    if let Some(p) = prompt {
-        body["prompt"] = p.into();
-    }
-    let run = r.call("POST", "/v1/runs", Some(&body)).await?;
-    let id = run["id"]
-        .as_str()
-        .ok_or_else(|| anyhow!("the server gave no run id"))?
-        .to_owned();
+    let agent = m.agent.name.as_str().to_owned();
+    let _: v1::Agent = r
+        .send_json(
+            "POST",
+            "/v1/agents",
+            &v1::RegisterAgent {
+                files,
+                manifest: text,
+            },
+        )
+        .await?;
+    let new = v1::NewRun {
+        agent,
+        limits: None,
+        prompt: prompt.map(str::to_owned),
+    };
+    let run: v1::Run = r.send_json("POST", "/v1/runs", &new).await?;
+    let id = run.id;
     if !json {
         eprintln!("▸ run {id} queued on {server}");
     }
-    let mut end = Value::Null;
+    let mut end: Option<v1::Run> = None;
     r.follow(&format!("/v1/runs/{id}/logs"), |event, data| {
         if event == "end" {
-            end = serde_json::from_str(data).unwrap_or(Value::Null);
+            end = serde_json::from_str(data).ok();
         } else if !json {
             print_log(data, false);
         }
     })
     .await?;
-    if end.is_null() {
-        end = r.call("GET", &format!("/v1/runs/{id}"), None).await?;
-    }
+    let end: v1::Run = match end {
+        Some(end) => end,
+        None => r.get(&format!("/v1/runs/{id}")).await?,
+    };
     if json {
-        println!("{end}");
+        println!("{}", serde_json::to_string(&end)?);
     } else {
         eprintln!(
             "▸ {} {}",
-            end["status"].as_str().unwrap_or("?"),
-            end["error"]
-                .as_str()
+            end.status,
+            end.error
+                .as_deref()
                 .map(|e| format!("({})", airlock_sandbox::terminal::safe(e)))
                 .unwrap_or_default()
         );
     }
-    Ok(end["status"] == "succeeded")
+    Ok(end.status == airlock_store::RunStatus::Succeeded.as_str())
 }
 
 fn collect(
     root: &std::path::Path,
     dir: &std::path::Path,
-    out: &mut serde_json::Map<String, Value>,
+    out: &mut BTreeMap<String, String>,
     manifest: &std::path::Path,
 ) -> Result<()> {
     for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
@@ -306,7 +347,7 @@ fn collect(
             let text = std::fs::read_to_string(&path).with_context(|| {
                 format!("{}: the server takes UTF-8 text files only", path.display())
             })?;
-            out.insert(rel, Value::String(text));
+            out.insert(rel, text);
         }
     }
     Ok(())

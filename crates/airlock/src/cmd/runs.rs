@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use airlock_api::v1;
 use airlock_platform_api::wire::RunEvent;
 use airlock_store::{RunQuery, Store};
 use anyhow::{Context, Result};
@@ -78,70 +79,62 @@ async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
     let r = super::remote::Remote::new(server)?;
     match cmd {
         RunsCommand::List { limit } => {
-            let v = r
-                .call(
-                    "GET",
-                    &format!("/v1/runs?limit={}", limit.clamp(1, 100)),
-                    None,
-                )
+            let v: v1::RunList = r
+                .get(&format!("/v1/runs?limit={}", limit.clamp(1, 100)))
                 .await?;
             println!(
                 "{:<22} {:<10} {:<10} {:<16} {:>9} {:>6}",
                 "RUN", "STATUS", "BACKEND", "AGENT", "DURATION", "EXIT"
             );
-            for r in v["runs"].as_array().into_iter().flatten() {
-                let dur = match (r["started_at"].as_i64(), r["ended_at"].as_i64()) {
+            for r in &v.runs {
+                let dur = match (r.started_at, r.ended_at) {
                     (Some(s), Some(e)) => format!("{:.2}s", (e - s) as f64 / 1000.0),
                     _ => "-".into(),
                 };
                 println!(
                     "{:<22} {:<10} {:<10} {:<16} {:>9} {:>6}",
-                    r["id"].as_str().unwrap_or("-"),
-                    r["status"].as_str().unwrap_or("-"),
-                    r["backend"].as_str().unwrap_or("-"),
-                    airlock_sandbox::terminal::safe(r["agent"].as_str().unwrap_or("-")),
+                    r.id,
+                    r.status,
+                    r.backend,
+                    airlock_sandbox::terminal::safe(&r.agent),
                     dur,
-                    r["exit_code"]
-                        .as_i64()
+                    r.exit_code
                         .map(|c| c.to_string())
                         .unwrap_or_else(|| "-".into()),
                 );
             }
         }
         RunsCommand::Show { id, json } => {
-            let run = r.call("GET", &format!("/v1/runs/{id}"), None).await?;
-            let egress = r
-                .call("GET", &format!("/v1/runs/{id}/egress"), None)
-                .await?;
+            let run: v1::Run = r.get(&format!("/v1/runs/{id}")).await?;
+            let egress: v1::EgressLog = r.get(&format!("/v1/runs/{id}/egress")).await?;
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"run": run, "egress": egress["egress"]})
+                    serde_json::json!({"run": run, "egress": egress.egress})
                 );
             } else {
-                for k in [
-                    "id",
-                    "agent",
-                    "status",
-                    "backend",
-                    "replica",
-                    "created_at",
-                    "started_at",
-                    "ended_at",
-                    "exit_code",
-                    "error",
+                // As JSON shows them: `null` for a value not set.
+                let text = |v: Option<String>| v.unwrap_or_else(|| "null".to_owned());
+                let number = |v: Option<i64>| text(v.map(|n| n.to_string()));
+                for (k, v) in [
+                    ("id", run.id.clone()),
+                    ("agent", run.agent.clone()),
+                    ("status", run.status.clone()),
+                    ("backend", run.backend.clone()),
+                    ("replica", text(run.replica.clone())),
+                    ("created_at", run.created_at.to_string()),
+                    ("started_at", number(run.started_at)),
+                    ("ended_at", number(run.ended_at)),
+                    ("exit_code", number(run.exit_code)),
+                    ("error", text(run.error.clone())),
                 ] {
-                    let v = &run[k];
-                    let text = v
-                        .as_str()
-                        .map(str::to_owned)
-                        .unwrap_or_else(|| v.to_string());
-                    println!("{k:<12} {}", airlock_sandbox::terminal::safe(&text));
+                    println!("{k:<12} {}", airlock_sandbox::terminal::safe(&v));
                 }
-                println!("cost         {}", run["cost"]);
+                println!("cost         {}", serde_json::to_string(&run.cost)?);
                 println!("egress log:");
-                for e in egress["egress"].as_array().into_iter().flatten() {
-                    println!("  {}", airlock_sandbox::terminal::safe(&e.to_string()));
+                for e in &egress.egress {
+                    let line = serde_json::to_string(e)?;
+                    println!("  {}", airlock_sandbox::terminal::safe(&line));
                 }
             }
         }
@@ -156,18 +149,13 @@ async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
             } else {
                 let mut after = 0;
                 loop {
-                    let v = r
-                        .call(
-                            "GET",
-                            &format!("/v1/runs/{id}/logs?after={after}&limit=100"),
-                            None,
-                        )
+                    let page: v1::EventPage = r
+                        .get(&format!("/v1/runs/{id}/logs?after={after}&limit=100"))
                         .await?;
-                    let page = v["events"].as_array().cloned().unwrap_or_default();
-                    for e in &page {
-                        super::remote::print_log(&e.to_string(), json);
+                    for e in &page.events {
+                        super::remote::print_event(e, json);
                     }
-                    let next = v["next_after"].as_i64().unwrap_or(after);
+                    let next = page.next_after;
                     if next == after {
                         break;
                     }
@@ -272,19 +260,8 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                 let page = store.list_events(&id, after, 500).await?;
                 for e in &page {
                     after = e.id;
-                    match serde_json::from_str::<RunEvent>(&e.payload) {
-                        Ok(RunEvent::Log { stream, line, at }) => {
-                            super::remote::print_log_line(&at.into(), &stream, &line, json);
-                        }
-                        Ok(RunEvent::Shed { at, lines, bytes }) => {
-                            super::remote::print_log_line(
-                                &at.into(),
-                                super::remote::SHED_STREAM,
-                                &super::remote::shed_text(lines, bytes),
-                                json,
-                            );
-                        }
-                        _ => {}
+                    if let Ok(ev) = serde_json::from_str::<RunEvent>(&e.payload) {
+                        super::remote::print_run_event(&ev, json);
                     }
                 }
                 // Without --follow: every page there is, then the end.

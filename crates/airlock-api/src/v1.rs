@@ -1,0 +1,930 @@
+//! `/v1`'s bodies. Times are Unix milliseconds; every id is scoped to the
+//! caller's organization.
+//!
+//! Contracts of the wire, kept by these types:
+//! - Request bodies refuse unknown fields (`deny_unknown_fields`: a typo is
+//!   a 422, never ignored). Answers accept them (a newer server may add
+//!   fields; an older client reads what it knows).
+//! - An answer's optional field is `null` when it has no value, except the
+//!   few marked "omitted" (`skip_serializing_if`), which are absent.
+//! - Each answer's fields are declared in alphabetical order: the bytes on
+//!   the wire are those of a sorted JSON map, as they always were.
+//! - An enumerated field (a run's status, a connection's type, a webhook's
+//!   events) is its stored spelling; its schema lists the values from the
+//!   one place that defines them (`airlock_store`).
+
+use std::collections::BTreeMap;
+
+use airlock_store::{AuthType, RunStatus};
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{Array, Object, ObjectBuilder, Schema, Type};
+use utoipa::{IntoParams, ToSchema};
+
+/// The events a webhook may subscribe to (`run.` and the state a run
+/// reached; [`airlock_store::run_event`] names a run's).
+pub const WEBHOOK_EVENTS: &[&str] = &[
+    "run.started",
+    "run.succeeded",
+    "run.failed",
+    "run.cancelled",
+    "run.timed_out",
+];
+
+/// The states of a webhook delivery.
+pub const DELIVERY_STATES: &[&str] = &["pending", "delivered", "failed"];
+
+fn one_of(values: &[&str], description: &str) -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(values.iter().copied()))
+        .description(Some(description))
+        .build()
+}
+
+fn run_status() -> Object {
+    one_of(
+        &RunStatus::ALL.map(RunStatus::as_str),
+        "queued and running, then the state it ended in",
+    )
+}
+
+fn auth_type() -> Object {
+    one_of(
+        &AuthType::ALL.map(AuthType::as_str),
+        "how the credential is presented upstream",
+    )
+}
+
+fn webhook_events() -> RefOr<Schema> {
+    RefOr::T(Schema::Array(Array::new(RefOr::T(Schema::Object(one_of(
+        WEBHOOK_EVENTS,
+        "a run event",
+    ))))))
+}
+
+fn delivery_state() -> Object {
+    one_of(DELIVERY_STATES, "failed: given up after the last attempt")
+}
+
+fn memory_mb() -> Object {
+    #[allow(clippy::cast_precision_loss)] // a small constant
+    let min = airlock_platform::manifest::MIN_MEMORY_MB as f64;
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(min))
+        .description(Some("MiB of memory, as the manifest's agent.memory_mb"))
+        .build()
+}
+
+fn cpus() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::Number)
+        .exclusive_minimum(Some(0.0))
+        .maximum(Some(airlock_platform::manifest::MAX_CPUS))
+        .description(Some("CPUs, as the manifest's agent.cpus"))
+        .build()
+}
+
+// ---------------------------------------------------------------- errors
+
+/// Every failure: its HTTP status, and this body. A 500 says only that the
+/// platform failed (the cause is in its log).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Error {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable: `bad_request`, `unauthorized`, `not_found`, `conflict`,
+    /// `invalid`, `too_large`, `rate_limited`, `quota_exceeded`,
+    /// `storage_full`, `unavailable`, `internal`, …
+    pub code: String,
+    /// For a person; may change.
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Error {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+}
+
+// ------------------------------------------------------ health, readiness
+
+/// `/healthz`: the process answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+}
+
+impl Health {
+    pub fn ok() -> Self {
+        Health {
+            status: "ok".to_owned(),
+        }
+    }
+}
+
+/// `/readyz`: the store answers and this replica takes work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Ready {
+    /// The sandbox backend its runs use.
+    pub backend: String,
+    /// This replica's id.
+    pub replica: String,
+    /// Runs running on this replica.
+    pub running: usize,
+    /// `ready`.
+    pub status: String,
+}
+
+// ------------------------------------------------ organization, API keys
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Organization {
+    pub created_at: i64,
+    pub id: String,
+    /// Its own ceiling on running runs (`null`: only the platform's).
+    pub max_concurrent_runs: Option<i64>,
+    pub name: String,
+}
+
+impl From<&airlock_store::Organization> for Organization {
+    fn from(o: &airlock_store::Organization) -> Self {
+        Organization {
+            created_at: o.created_at,
+            id: o.id.clone(),
+            max_concurrent_runs: o.max_concurrent_runs,
+            name: o.name.clone(),
+        }
+    }
+}
+
+/// An API key's record (never the key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiKey {
+    pub created_at: i64,
+    pub id: String,
+    pub name: String,
+    pub revoked_at: Option<i64>,
+}
+
+impl From<&airlock_store::ApiKeyRow> for ApiKey {
+    fn from(k: &airlock_store::ApiKeyRow) -> Self {
+        ApiKey {
+            created_at: k.created_at,
+            id: k.id.clone(),
+            name: k.name.clone(),
+            revoked_at: k.revoked_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiKeyList {
+    pub api_keys: Vec<ApiKey>,
+}
+
+/// `POST /v1/api-keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewApiKey {
+    /// 1–64 of `A-Z a-z 0-9 _ - .`, starting with a letter or digit.
+    pub name: String,
+}
+
+/// A new key's record, with the key: shown in this answer only (only its
+/// hash is kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NewApiKeyAnswer {
+    pub created_at: i64,
+    pub id: String,
+    /// `alk_…`: shown in this answer only.
+    pub key: String,
+    pub name: String,
+    pub revoked_at: Option<i64>,
+}
+
+impl NewApiKeyAnswer {
+    pub fn new(k: ApiKey, key: String) -> Self {
+        NewApiKeyAnswer {
+            created_at: k.created_at,
+            id: k.id,
+            key,
+            name: k.name,
+            revoked_at: k.revoked_at,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- agents
+
+/// `POST /v1/agents`: an agent's manifest and the files of its directory.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterAgent {
+    /// Relative path → UTF-8 content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// `airlock.toml`'s text.
+    pub manifest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Agent {
+    pub created_at: i64,
+    /// The paths of its files.
+    pub files: Vec<String>,
+    /// The manifest's text: `GET /v1/agents/{name}` only (omitted elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+    pub name: String,
+    pub updated_at: i64,
+}
+
+impl Agent {
+    /// A registered agent, with its manifest's text or without.
+    pub fn of(a: &airlock_store::AgentRow, with_manifest: bool) -> Self {
+        let files: BTreeMap<String, String> = serde_json::from_str(&a.files).unwrap_or_default();
+        Agent {
+            created_at: a.created_at,
+            files: files.into_keys().collect(),
+            manifest: with_manifest.then(|| a.manifest.clone()),
+            name: a.name.clone(),
+            updated_at: a.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AgentList {
+    pub agents: Vec<Agent>,
+}
+
+// ------------------------------------------------------------------ runs
+
+/// `POST /v1/runs`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewRun {
+    /// A registered agent's name.
+    pub agent: String,
+    /// Limits tighter (or other) than the manifest's, checked as a manifest's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RunLimits>,
+    /// The run's prompt (at most 256 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+}
+
+/// The limits a run is queued with (each replaces the manifest's); kept
+/// with the queued run in this form.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = cpus)]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = memory_mb)]
+    pub memory_mb: Option<u64>,
+    /// Seconds, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// Tokens and cost metered by a run's model relay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Cost {
+    /// Millionths of a US dollar.
+    pub cost_microusd: i64,
+    /// `cost_microusd` in dollars.
+    pub cost_usd: f64,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+}
+
+impl From<&airlock_store::Run> for Cost {
+    fn from(r: &airlock_store::Run) -> Self {
+        Cost {
+            cost_microusd: r.cost_microusd,
+            #[allow(clippy::cast_precision_loss)] // dollars for reading; the exact figure is beside it
+            cost_usd: r.cost_microusd as f64 / 1e6,
+            tokens_in: r.tokens_in,
+            tokens_out: r.tokens_out,
+        }
+    }
+}
+
+/// A run. Also the `end` event of an event stream, and a webhook's `data.run`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Run {
+    pub agent: String,
+    pub backend: String,
+    pub cost: Cost,
+    pub created_at: i64,
+    pub ended_at: Option<i64>,
+    pub error: Option<String>,
+    pub exit_code: Option<i64>,
+    pub id: String,
+    /// The model provider its manifest names.
+    pub model: Option<String>,
+    /// While queued: how many queued runs are ahead (omitted otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i64>,
+    /// The `airlock serve` replica that runs (or ran) it.
+    pub replica: Option<String>,
+    pub started_at: Option<i64>,
+    #[schema(schema_with = run_status)]
+    pub status: String,
+}
+
+impl Run {
+    /// A stored run as the API shows it; `queue_position` while it is queued.
+    pub fn of(r: &airlock_store::Run, queue_position: Option<i64>) -> Self {
+        Run {
+            agent: r.agent.clone(),
+            backend: r.backend.clone(),
+            cost: Cost::from(r),
+            created_at: r.created_at,
+            ended_at: r.ended_at,
+            error: r.error.clone(),
+            exit_code: r.exit_code,
+            id: r.id.clone(),
+            model: r.model.clone(),
+            queue_position,
+            replica: r.owner.clone(),
+            started_at: r.started_at,
+            status: r.status.as_str().to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunList {
+    /// The next page's `cursor`; `null` on the last page.
+    pub next_cursor: Option<String>,
+    pub runs: Vec<Run>,
+}
+
+/// `GET /v1/runs`'s query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct RunsQuery {
+    /// Only this agent's runs.
+    pub agent: Option<String>,
+    /// A previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// 1–100, default 50.
+    pub limit: Option<u32>,
+    /// Only runs in this state.
+    pub status: Option<String>,
+}
+
+/// A paged list's query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// A previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// 1–100, default 50.
+    pub limit: Option<u32>,
+}
+
+/// `GET /v1/runs/{id}/egress`'s query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct LimitQuery {
+    /// 1–10000, default 1000.
+    pub limit: Option<u32>,
+}
+
+/// `GET /v1/runs/{id}/events` and `/logs`' query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events after this id (or `Last-Event-ID`).
+    pub after: Option<i64>,
+    /// 1–100, default 50 (JSON pages only).
+    pub limit: Option<u32>,
+}
+
+/// One stored event of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    pub at: i64,
+    pub id: i64,
+    /// `log`, `shed`, `result`, `cost`, …
+    pub kind: String,
+    /// The event as the run reported it (a JSON object; its text if it is
+    /// not JSON).
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+}
+
+impl From<&airlock_store::Event> for Event {
+    fn from(e: &airlock_store::Event) -> Self {
+        Event {
+            at: e.at,
+            id: e.id,
+            kind: e.kind.clone(),
+            payload: serde_json::from_str(&e.payload)
+                .unwrap_or_else(|_| serde_json::Value::String(e.payload.clone())),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EventPage {
+    pub events: Vec<Event>,
+    /// The `after` of the next page (this one's if it is empty).
+    pub next_after: i64,
+}
+
+/// One request that left a run's sandbox, or one refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EgressRecord {
+    pub at: i64,
+    pub bytes_in: i64,
+    pub bytes_out: i64,
+    /// `allowed` or `refused`.
+    pub decision: String,
+    pub duration_ms: Option<i64>,
+    pub host: String,
+    pub integration: Option<String>,
+    pub method: String,
+    /// What became of an allowed request (`null` for a refusal).
+    pub outcome: Option<String>,
+    /// The guard's refusal code.
+    pub reason: Option<String>,
+    /// Its number within the run.
+    pub seq: Option<i64>,
+    /// `api_call`, `proxy`, `llm`, …
+    pub source: String,
+    /// The upstream's HTTP status.
+    pub status: Option<i64>,
+    /// Free of credentials.
+    pub url: String,
+}
+
+impl From<&airlock_store::EgressEntry> for EgressRecord {
+    fn from(e: &airlock_store::EgressEntry) -> Self {
+        EgressRecord {
+            at: e.at,
+            bytes_in: e.bytes_in,
+            bytes_out: e.bytes_out,
+            decision: e.decision.as_str().to_owned(),
+            duration_ms: e.duration_ms,
+            host: e.host.clone(),
+            integration: e.integration.clone(),
+            method: e.method.clone(),
+            outcome: e.outcome.map(|o| o.as_str().to_owned()),
+            reason: e.reason.clone(),
+            seq: e.seq,
+            source: e.source.clone(),
+            status: e.status,
+            url: e.url.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct EgressLog {
+    pub egress: Vec<EgressRecord>,
+}
+
+// ----------------------------------------------------------- connections
+
+/// `POST /v1/connections`: a credential, stored encrypted; no route returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewConnection {
+    /// The credential's fields (which ones: by its type).
+    pub fields: BTreeMap<String, String>,
+    pub integration: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    #[schema(schema_with = auth_type)]
+    pub auth_type: String,
+}
+
+/// `PUT /v1/connections/{name}`: the new secret (a rotation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateConnection {
+    pub fields: BTreeMap<String, String>,
+}
+
+/// A connection (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Connection {
+    pub created_at: i64,
+    pub integration: String,
+    /// The id of the key its secret is encrypted under.
+    pub kid: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    #[schema(schema_with = auth_type)]
+    pub auth_type: String,
+    pub updated_at: i64,
+}
+
+impl From<&airlock_store::ConnectionInfo> for Connection {
+    fn from(c: &airlock_store::ConnectionInfo) -> Self {
+        Connection {
+            created_at: c.created_at,
+            integration: c.integration.clone(),
+            kid: c.kid.clone(),
+            name: c.name.clone(),
+            auth_type: c.auth_type.as_str().to_owned(),
+            updated_at: c.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ConnectionList {
+    pub connections: Vec<Connection>,
+}
+
+// -------------------------------------------------------------- webhooks
+
+/// `POST /v1/webhooks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewWebhook {
+    /// At least one.
+    #[schema(schema_with = webhook_events)]
+    pub events: Vec<String>,
+    /// Judged by the egress guard now and at every delivery.
+    #[schema(format = "uri")]
+    pub url: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Webhook {
+    pub created_at: i64,
+    #[schema(schema_with = webhook_events)]
+    pub events: Vec<String>,
+    pub id: String,
+    pub url: String,
+}
+
+impl From<&airlock_store::WebhookRow> for Webhook {
+    fn from(h: &airlock_store::WebhookRow) -> Self {
+        Webhook {
+            created_at: h.created_at,
+            events: serde_json::from_str(&h.events).unwrap_or_default(),
+            id: h.id.clone(),
+            url: h.url.clone(),
+        }
+    }
+}
+
+/// A new webhook, with its signing secret: shown in this answer only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NewWebhookAnswer {
+    pub created_at: i64,
+    #[schema(schema_with = webhook_events)]
+    pub events: Vec<String>,
+    pub id: String,
+    /// `whsec_…`: the signing secret, in this answer only.
+    pub secret: String,
+    pub url: String,
+}
+
+impl NewWebhookAnswer {
+    pub fn new(h: Webhook, secret: String) -> Self {
+        NewWebhookAnswer {
+            created_at: h.created_at,
+            events: h.events,
+            id: h.id,
+            secret,
+            url: h.url,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookList {
+    pub webhooks: Vec<Webhook>,
+}
+
+/// One event to deliver to one webhook, and how its delivery went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Delivery {
+    pub attempts: i64,
+    pub created_at: i64,
+    pub delivered_at: Option<i64>,
+    pub event: String,
+    pub id: String,
+    pub last_error: Option<String>,
+    /// The receiver's last HTTP status.
+    pub last_status: Option<i64>,
+    pub next_attempt_at: i64,
+    pub run_id: String,
+    #[schema(schema_with = delivery_state)]
+    pub state: String,
+}
+
+impl From<&airlock_store::DeliveryRow> for Delivery {
+    fn from(d: &airlock_store::DeliveryRow) -> Self {
+        Delivery {
+            attempts: d.attempts,
+            created_at: d.created_at,
+            delivered_at: d.delivered_at,
+            event: d.event.clone(),
+            id: d.id.clone(),
+            last_error: d.last_error.clone(),
+            last_status: d.last_status,
+            next_attempt_at: d.next_attempt_at,
+            run_id: d.run_id.clone(),
+            state: d.state.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeliveryList {
+    pub deliveries: Vec<Delivery>,
+    /// The next page's `cursor`; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The body a webhook delivery POSTs (signed: `Airlock-Signature`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookEvent {
+    pub created_at: i64,
+    pub data: WebhookEventData,
+    /// The delivery's id (`Airlock-Delivery`), the same on every retry.
+    pub id: String,
+    /// One of the webhook events.
+    #[serde(rename = "type")]
+    pub event: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookEventData {
+    /// The run as the event left it.
+    pub run: Run,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Serialize;
+    use serde::de::DeserializeOwned;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Serializes `v`, reads it back, and checks nothing was lost; returns
+    /// its JSON.
+    fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
+        v: &T,
+    ) -> serde_json::Value {
+        let text = serde_json::to_string(v).expect("serializes");
+        let back: T = serde_json::from_str(&text).expect("reads back");
+        assert_eq!(&back, v, "{text}");
+        // The bytes are a sorted map's: the fields are declared in order.
+        let value: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(value.to_string(), text, "fields out of order");
+        value
+    }
+
+    fn run() -> Run {
+        Run {
+            agent: "bot".into(),
+            backend: "process".into(),
+            cost: Cost {
+                cost_microusd: 1_500_000,
+                cost_usd: 1.5,
+                tokens_in: 10,
+                tokens_out: 20,
+            },
+            created_at: 1,
+            ended_at: None,
+            error: None,
+            exit_code: None,
+            id: "run_1".into(),
+            model: None,
+            queue_position: None,
+            replica: None,
+            started_at: None,
+            status: "queued".into(),
+        }
+    }
+
+    #[test]
+    fn every_answer_round_trips_and_keeps_its_wire_shape() {
+        let r = run();
+        let v = round_trip(&r);
+        // Unset optional fields are null, except queue_position (omitted).
+        assert_eq!(v["started_at"], serde_json::Value::Null);
+        assert!(v.get("started_at").is_some() && v.get("queue_position").is_none());
+        let queued = round_trip(&Run {
+            queue_position: Some(2),
+            ..run()
+        });
+        assert_eq!(queued["queue_position"], 2);
+        round_trip(&RunList {
+            next_cursor: None,
+            runs: vec![r.clone()],
+        });
+        round_trip(&Error::new("not_found", "no such run"));
+        round_trip(&Health::ok());
+        round_trip(&Ready {
+            backend: "process".into(),
+            replica: "rep_1".into(),
+            running: 0,
+            status: "ready".into(),
+        });
+        round_trip(&Organization {
+            created_at: 1,
+            id: "org_1".into(),
+            max_concurrent_runs: None,
+            name: "Acme".into(),
+        });
+        let key = ApiKey {
+            created_at: 1,
+            id: "k1".into(),
+            name: "ci".into(),
+            revoked_at: None,
+        };
+        round_trip(&ApiKeyList {
+            api_keys: vec![key.clone()],
+        });
+        let v = round_trip(&NewApiKeyAnswer::new(key, "alk_x".into()));
+        assert_eq!(v["revoked_at"], serde_json::Value::Null);
+        let agent = Agent {
+            created_at: 1,
+            files: vec!["main.py".into()],
+            manifest: None,
+            name: "bot".into(),
+            updated_at: 2,
+        };
+        assert!(round_trip(&agent).get("manifest").is_none());
+        round_trip(&AgentList {
+            agents: vec![Agent {
+                manifest: Some("[agent]".into()),
+                ..agent
+            }],
+        });
+        round_trip(&r.cost);
+        round_trip(&EventPage {
+            events: vec![Event {
+                at: 1,
+                id: 3,
+                kind: "log".into(),
+                payload: json!({"type": "log", "at": 1, "stream": "stdout", "line": "hi"}),
+            }],
+            next_after: 3,
+        });
+        round_trip(&EgressLog {
+            egress: vec![EgressRecord {
+                at: 1,
+                bytes_in: 2,
+                bytes_out: 3,
+                decision: "allowed".into(),
+                duration_ms: Some(4),
+                host: "example.com".into(),
+                integration: None,
+                method: "GET".into(),
+                outcome: Some("complete".into()),
+                reason: None,
+                seq: Some(0),
+                source: "api_call".into(),
+                status: Some(200),
+                url: "https://example.com/".into(),
+            }],
+        });
+        let c = Connection {
+            created_at: 1,
+            integration: "gh".into(),
+            kid: "k1".into(),
+            name: "gh".into(),
+            auth_type: "bearer".into(),
+            updated_at: 1,
+        };
+        let v = round_trip(&c);
+        assert_eq!(v["type"], "bearer");
+        round_trip(&ConnectionList {
+            connections: vec![c],
+        });
+        let hook = Webhook {
+            created_at: 1,
+            events: vec!["run.failed".into()],
+            id: "wh_1".into(),
+            url: "http://127.0.0.1:9/".into(),
+        };
+        round_trip(&WebhookList {
+            webhooks: vec![hook.clone()],
+        });
+        round_trip(&NewWebhookAnswer::new(hook, "whsec_x".into()));
+        round_trip(&DeliveryList {
+            deliveries: vec![Delivery {
+                attempts: 1,
+                created_at: 1,
+                delivered_at: None,
+                event: "run.failed".into(),
+                id: "dl_1".into(),
+                last_error: Some("refused".into()),
+                last_status: None,
+                next_attempt_at: 2,
+                run_id: "run_1".into(),
+                state: "pending".into(),
+            }],
+            next_cursor: Some("c".into()),
+        });
+        let v = round_trip(&WebhookEvent {
+            created_at: 1,
+            data: WebhookEventData { run: r },
+            id: "dl_1".into(),
+            event: "run.succeeded".into(),
+        });
+        assert_eq!(v["type"], "run.succeeded");
+    }
+
+    #[test]
+    fn every_request_round_trips_and_refuses_unknown_fields() {
+        let v = round_trip(&NewRun {
+            agent: "bot".into(),
+            limits: None,
+            prompt: None,
+        });
+        assert_eq!(v, json!({"agent": "bot"}), "unset options are omitted");
+        round_trip(&NewRun {
+            agent: "bot".into(),
+            limits: Some(RunLimits {
+                cpus: Some(0.5),
+                memory_mb: Some(64),
+                timeout_seconds: None,
+            }),
+            prompt: Some("hi".into()),
+        });
+        round_trip(&RegisterAgent {
+            files: [("a.py".to_owned(), "print(1)".to_owned())].into(),
+            manifest: "[agent]".into(),
+        });
+        round_trip(&NewApiKey { name: "ci".into() });
+        round_trip(&NewConnection {
+            fields: [("token".to_owned(), "t".to_owned())].into(),
+            integration: "gh".into(),
+            name: "gh".into(),
+            auth_type: "bearer".into(),
+        });
+        round_trip(&RotateConnection {
+            fields: BTreeMap::new(),
+        });
+        round_trip(&NewWebhook {
+            events: vec!["run.started".into()],
+            url: "http://127.0.0.1:9/".into(),
+        });
+        for (body, ok) in [
+            (json!({"agent": "a", "agnet": "a"}), false),
+            (json!({"agent": "a", "limits": {"cpu": 1}}), false),
+            (json!({"agent": "a", "prompt": null}), true),
+        ] {
+            assert_eq!(serde_json::from_value::<NewRun>(body).is_ok(), ok);
+        }
+        assert!(serde_json::from_value::<NewApiKey>(json!({"name": "a", "x": 1})).is_err());
+    }
+
+    #[test]
+    fn enumerated_fields_list_the_stored_spellings() {
+        let s = serde_json::to_value(run_status()).expect("schema");
+        assert_eq!(
+            s["enum"],
+            json!([
+                "queued",
+                "running",
+                "succeeded",
+                "failed",
+                "cancelled",
+                "timed_out"
+            ])
+        );
+        let s = serde_json::to_value(auth_type()).expect("schema");
+        assert_eq!(
+            s["enum"].as_array().map(Vec::len),
+            Some(AuthType::ALL.len())
+        );
+        for status in RunStatus::ALL {
+            if let Some(e) = airlock_store::run_event(status) {
+                assert!(WEBHOOK_EVENTS.contains(&e), "{e}");
+            }
+        }
+    }
+}
