@@ -11,6 +11,7 @@ pub mod redact;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use airlock_platform_api::wire::CredentialFields;
 use secrecy::ExposeSecret;
@@ -23,6 +24,15 @@ pub use redact::{MIN_REDACT_LEN, REDACTED, Redactor, StreamRedactor};
 /// that an answer is redacted of an earlier value too (a credential
 /// rotated during the run, stored upstream before it was).
 pub const MAX_VALUES_KEPT: usize = 32;
+
+/// How long the values of an integration's last fetch alone redact the
+/// answers to requests that do not carry its credential ([`Credentials::recent`]):
+/// within it such a request costs no fetch. A request that carries the
+/// credential always fetches it. What this gives up: a value rotated less
+/// than this long ago, and put upstream by something other than this run
+/// (whose own injections fetch it), could come back unredacted until the
+/// next fetch.
+pub const REDACT_HOLD: Duration = Duration::from_secs(5);
 
 /// Each integration's credential values seen by this run (at most
 /// [`MAX_VALUES_KEPT`] per integration, the oldest forgotten first; one
@@ -37,6 +47,8 @@ pub struct Credentials {
 struct Seen {
     values: VecDeque<Zeroizing<String>>,
     redactor: Redactor,
+    /// When the platform last gave a value of this integration.
+    fetched: Option<Instant>,
 }
 
 impl Credentials {
@@ -49,6 +61,7 @@ impl Credentials {
             Some(e) => e,
             None => seen.entry(namespace.to_owned()).or_default(),
         };
+        entry.fetched = Some(Instant::now());
         let mut changed = false;
         for v in fields.values() {
             let v = v.expose_secret();
@@ -65,6 +78,14 @@ impl Credentials {
             entry.redactor = Redactor::new(entry.values.iter().map(|v| v.as_str()));
         }
         entry.redactor.clone()
+    }
+
+    /// The redactor of `namespace` from the values seen so far, if the
+    /// platform gave one less than `hold` ago ([`REDACT_HOLD`]).
+    pub fn recent(&self, namespace: &str, hold: Duration) -> Option<Redactor> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = seen.get(namespace)?;
+        (entry.fetched?.elapsed() < hold).then(|| entry.redactor.clone())
     }
 
     /// The redactor of `namespace` from the values seen so far (none when
@@ -117,5 +138,18 @@ mod tests {
         let last = c.known("svc");
         assert_eq!(last.str("first-secret"), "first-secret");
         assert_eq!(last.str("value-0000"), "[REDACTED]");
+    }
+
+    /// Values redact without a fetch only while the last fetch is recent;
+    /// an integration never fetched has none.
+    #[test]
+    fn a_recent_fetch_redacts_for_the_hold_and_no_longer() {
+        let c = Credentials::default();
+        assert!(c.recent("svc", REDACT_HOLD).is_none());
+        c.redactor("svc", &fields("held-secret"));
+        let held = c.recent("svc", REDACT_HOLD).expect("fetched just now");
+        assert_eq!(held.str("a held-secret b"), "a [REDACTED] b");
+        assert!(c.recent("svc", Duration::ZERO).is_none());
+        assert!(c.recent("other", REDACT_HOLD).is_none());
     }
 }
