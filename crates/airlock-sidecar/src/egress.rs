@@ -56,7 +56,8 @@ use tokio::sync::{Notify, watch};
 
 use crate::credential::Redactor;
 use crate::journal::{Journal, JournalError};
-use crate::state::{EventSink, now_ms};
+use crate::clock::now_ms;
+use crate::event_sink::EventSink;
 
 /// The whole budget of a stopping sidecar for the egress log: requests in
 /// flight finish within it and every record reaches the platform. The

@@ -17,10 +17,13 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod credential;
 pub mod egress;
+pub mod event_sink;
 pub mod events;
+pub mod interception;
 pub mod journal;
 pub mod keep;
 pub mod llm;

@@ -6,7 +6,7 @@ use airlock_platform_api::wire::CostRecord;
 
 use super::event::{Counts, EventView};
 use super::route::provider_name;
-use crate::state::now_ms;
+use crate::clock::now_ms;
 use crate::config::Provider;
 
 /// What a cost event needs besides the usage.

@@ -101,8 +101,8 @@ async fn credential(
         None => None,
     };
     let fetched = match started {
-        Some(outcome) => fetch::fetched(sidecar, ns, outcome),
-        None => fetch::fetch(sidecar, ns).await,
+        Some(outcome) => fetch::fetched(&sidecar.credentials, ns, outcome),
+        None => fetch::fetch(&sidecar.platform, &sidecar.credentials, ns).await,
     };
     fetched.map_err(|e| {
         error_result(

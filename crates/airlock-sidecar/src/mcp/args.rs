@@ -50,7 +50,7 @@ pub const MAX_QUERY_CHARS: usize = 1000;
 pub const MAX_HEADERS: usize = 100;
 /// Longest target URL (after substitution).
 pub const MAX_TARGET_BYTES: usize = 16 * 1024;
-pub use crate::credential::deliver::{delivery_header, percent_encode};
+pub use crate::credential::deliver::{DeliveryError, delivery_header, percent_encode};
 pub use crate::credential::redact::{MIN_REDACT_LEN, REDACTED, Redactor};
 
 /// Caller headers refused on `api_call`: hop-by-hop and framing headers the
@@ -279,6 +279,12 @@ impl ArgError {
             message: message.into(),
             status,
         }
+    }
+}
+
+impl From<DeliveryError> for ArgError {
+    fn from(e: DeliveryError) -> Self {
+        ArgError::with("credential_field_missing", e.status(), e.to_string())
     }
 }
 

@@ -128,7 +128,7 @@ impl GuardedMcpHttp {
             return Err(RemoteError::Delivery(format!("no integration {ns}")));
         };
         let Fetched { fields, redactor } = if integration.has_connection {
-            fetch::fetch(sidecar, ns)
+            fetch::fetch(&sidecar.platform, &sidecar.credentials, ns)
                 .await
                 .map_err(|e| RemoteError::Credential {
                     namespace: e.namespace,
@@ -147,7 +147,7 @@ impl GuardedMcpHttp {
             .filter(|_| integration.has_connection)
         {
             let (name, value) = args::delivery_header(d, &fields)
-                .map_err(|e| RemoteError::Delivery(redactor.str(&e.message)))?;
+                .map_err(|e| RemoteError::Delivery(redactor.str(&e.to_string())))?;
             headers.remove(&name);
             headers.insert(name.clone(), value);
             credential_headers.push(name);

@@ -30,11 +30,9 @@
 //! `authorized_uris` instead of the network policy for everything else: a
 //! runner holds only its placeholder, never the credential.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressError, OutboundRequest, Target};
-use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
+use airlock_egress::{CallRules, EgressError, OutboundRequest, Target};
 use airlock_platform_api::wire::EgressOutcome;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -42,7 +40,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -55,141 +52,6 @@ use crate::credential::fetch::{self, CredentialError, Fetched};
 use crate::credential::{Redactor, StreamRedactor};
 use crate::egress::{Allowed, Outcome, Refused};
 use crate::state::Sidecar;
-
-/// Leaf certificates kept per run (one per CONNECT host); past it the
-/// cache starts again.
-const MAX_CACHED_CERTS: usize = 256;
-
-/// An integration whose credential the proxy may inject.
-struct Injectable {
-    namespace: String,
-    placeholder: String,
-    authorized: AuthorizedUris,
-    /// On the agent's listener (`inject = "proxy"`); a local runner's
-    /// credential is injected on its own listener only.
-    for_agent: bool,
-    /// It has a connection and a delivery (a runner may have neither: its
-    /// requests are then judged here, and carry nothing).
-    carries: bool,
-}
-
-/// The run's CA and what it signed so far.
-pub struct Interceptor {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    /// One key for every leaf certificate of the run.
-    leaf_key: rcgen::KeyPair,
-    configs: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
-    injectable: Vec<Injectable>,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("the run's proxy CA is unusable: {0}")]
-pub struct InterceptError(String);
-
-impl Interceptor {
-    /// The interceptor of a run whose configuration has a CA and at least
-    /// one integration with `inject = "proxy"` or a local runner, with a
-    /// connection and a delivery.
-    pub fn new(
-        ca: &ProxyCa,
-        integrations: &foldhash::HashMap<String, Integration>,
-    ) -> Result<Option<Interceptor>, InterceptError> {
-        let mut injectable: Vec<Injectable> = integrations
-            .values()
-            .filter(|i| {
-                let carries = i.has_connection && i.delivery.is_some();
-                (i.inject_proxy && carries) || i.runner.is_some()
-            })
-            .map(|i| Injectable {
-                namespace: i.namespace.clone(),
-                placeholder: placeholder(&i.namespace),
-                authorized: AuthorizedUris::parse(&i.authorized_uris),
-                for_agent: i.inject_proxy,
-                carries: i.has_connection && i.delivery.is_some(),
-            })
-            .collect();
-        if injectable.is_empty() {
-            return Ok(None);
-        }
-        injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));
-        let err = |e: rcgen::Error| InterceptError(e.to_string());
-        let key = rcgen::KeyPair::from_pem(ca.key_pem.expose_secret()).map_err(err)?;
-        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, key).map_err(err)?;
-        Ok(Some(Interceptor {
-            issuer,
-            leaf_key: rcgen::KeyPair::generate().map_err(err)?,
-            configs: Mutex::default(),
-            injectable,
-        }))
-    }
-
-    /// The TLS configuration presenting a certificate for `host`.
-    fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
-        if let Some(c) = self.configs.lock().ok().and_then(|c| c.get(host).cloned()) {
-            return Ok(c);
-        }
-        let mut params = rcgen::CertificateParams::new(vec![host.to_owned()])
-            .map_err(|e| format!("certificate for {host}: {e}"))?;
-        let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::hours(1);
-        params.not_after = now + time::Duration::days(2);
-        let leaf = params
-            .signed_by(&self.leaf_key, &self.issuer)
-            .map_err(|e| format!("certificate for {host}: {e}"))?;
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key.serialize_der()));
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_no_client_auth()
-            .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], key)
-            .map_err(|e| e.to_string())?;
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let cfg = Arc::new(cfg);
-        if let Ok(mut c) = self.configs.lock() {
-            if c.len() >= MAX_CACHED_CERTS {
-                c.clear();
-            }
-            c.insert(host.to_owned(), cfg.clone());
-        }
-        Ok(cfg)
-    }
-
-    /// The integrations whose credentials requests on `scope`'s listener may carry.
-    fn candidates<'a>(&'a self, scope: &'a Scope) -> impl Iterator<Item = &'a Injectable> + 'a {
-        self.injectable.iter().filter(move |i| match scope {
-            Scope::Agent => i.for_agent,
-            Scope::Runner(ns) => i.namespace == ns.as_ref(),
-        })
-    }
-
-    /// Whether the CONNECTs of `scope`'s listener are terminated here.
-    pub(super) fn serves(&self, scope: &Scope) -> bool {
-        self.candidates(scope).next().is_some()
-    }
-
-    /// The integration whose credential a request to `target` may carry.
-    fn injectable_for<'a>(
-        &'a self,
-        sidecar: &Sidecar,
-        scope: &'a Scope,
-        target: &Target,
-    ) -> Option<&'a Injectable> {
-        self.candidates(scope).find(|i| {
-            let rules = CallRules {
-                authorized: &i.authorized,
-                allow_all_uris: false,
-                credentialed: i.carries,
-            };
-            sidecar
-                .client
-                .guard()
-                .policy()
-                .check(target, &rules)
-                .is_ok()
-        })
-    }
-}
 
 /// Serves a CONNECT of a listener that intercepts: answers 200, then
 /// terminates TLS, or relays a tunnel that is not TLS under the listener's
@@ -341,14 +203,14 @@ async fn handle(
     let mut carried: Option<&str> = None;
     let mut credential_headers: Vec<HeaderName> = Vec::new();
     let mut redactor = Redactor::none();
-    let injectable = icpt.injectable_for(sidecar, scope, &target);
+    let injectable = icpt.injectable_for(sidecar.client.guard().policy(), scope.runner(), &target);
     if let Some(inj) = injectable
         && inj.carries
     {
         let Fetched {
             fields,
             redactor: r,
-        } = match fetch::fetch(sidecar, &inj.namespace).await {
+        } = match fetch::fetch(&sidecar.platform, &sidecar.credentials, &inj.namespace).await {
             Ok(f) => f,
             Err(e) => {
                 return json_response(

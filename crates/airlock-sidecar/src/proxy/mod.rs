@@ -31,8 +31,6 @@ use airlock_tunnel as relay;
 mod intercept;
 mod upstream;
 
-pub use intercept::{InterceptError, Interceptor};
-
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -126,6 +124,14 @@ static NOWHERE: std::sync::LazyLock<airlock_egress::AuthorizedUris> =
     std::sync::LazyLock::new(airlock_egress::AuthorizedUris::default);
 
 impl Scope {
+    /// The local runner whose listener this is; `None`: the agent's.
+    pub(crate) fn runner(&self) -> Option<&str> {
+        match self {
+            Scope::Agent => None,
+            Scope::Runner(ns) => Some(ns),
+        }
+    }
+
     /// The rules of a request that carries no credential from this listener.
     pub(crate) fn rules<'s>(&self, sidecar: &'s Sidecar) -> CallRules<'s> {
         let (authorized, allow_all_uris) = match self {
@@ -276,7 +282,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
     if sidecar
         .interceptor
         .as_ref()
-        .is_some_and(|i| i.serves(&scope))
+        .is_some_and(|i| i.serves(scope.runner()))
         && matches!(head.target, RequestTarget::Authority(_))
     {
         // Each request inside is judged on its own ([`intercept`]).
