@@ -10,8 +10,8 @@ use airlock_platform_api::wire::RunEvent;
 use tokio::sync::{mpsc, oneshot};
 
 enum SinkMsg {
-    /// An event, and who waits to learn whether the platform stored it.
-    Event(Box<RunEvent>, Option<oneshot::Sender<bool>>),
+    Event(Box<RunEvent>),
+    /// Who waits until what was queued before is handed to the platform.
     Flush(oneshot::Sender<bool>),
 }
 
@@ -24,8 +24,7 @@ pub struct EventSink {
 const SINK_CAPACITY: usize = 16 * 1024;
 const BATCH: usize = 256;
 /// How long the sink waits for more events before sending a batch (not
-/// when someone waits for it: a flush, or an egress record whose request
-/// is held until the platform has it).
+/// when someone waits for it: a flush).
 const LINGER: Duration = Duration::from_millis(5);
 
 /// Sends `events`, retrying a refusal a few times; `false` if they were dropped.
@@ -48,75 +47,59 @@ async fn deliver(platform: &PlatformClient, events: Vec<RunEvent>) -> bool {
     }
 }
 
-impl EventSink {
-    /// Events are gathered for up to [`LINGER`] (or [`BATCH`] of them), so a
-    /// busy run costs the platform one request per batch, not per event. A
-    /// flush sends at once. So does an egress record the sidecar waits for
-    /// (its request is held until the platform has it): it takes along the
-    /// egress records queued before it (one write for all), while the other
-    /// events keep lingering.
-    pub fn start(platform: PlatformClient) -> Self {
-        let (tx, mut rx) = mpsc::channel::<SinkMsg>(SINK_CAPACITY);
-        tokio::spawn(async move {
-            let mut pending: Vec<RunEvent> = Vec::new();
-            let mut due_at: Option<tokio::time::Instant> = None;
-            let mut closed = false;
-            while !(closed && pending.is_empty()) {
-                let mut acks: Vec<oneshot::Sender<bool>> = Vec::new();
-                let mut flushes: Vec<oneshot::Sender<bool>> = Vec::new();
-                let next = match due_at {
-                    _ if closed => None,
-                    Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok(),
-                    None => Some(rx.recv().await),
-                };
-                let mut take = |m: SinkMsg, pending: &mut Vec<RunEvent>| match m {
-                    SinkMsg::Event(e, ack) => {
-                        pending.push(*e);
-                        acks.extend(ack);
-                    }
-                    SinkMsg::Flush(w) => flushes.push(w),
-                };
-                match next {
-                    Some(Some(m)) => {
-                        take(m, &mut pending);
-                        while let Ok(m) = rx.try_recv() {
-                            take(m, &mut pending);
-                        }
-                    }
-                    Some(None) => closed = true,
-                    None => {}
-                }
-                let now = tokio::time::Instant::now();
-                if due_at.is_none() && !pending.is_empty() {
-                    due_at = Some(now + LINGER);
-                }
-                let due = closed
-                    || !flushes.is_empty()
-                    || pending.len() >= BATCH
-                    || due_at.is_some_and(|at| at <= now);
-                if due {
-                    let delivered = pending.is_empty()
-                        || deliver(&platform, std::mem::take(&mut pending)).await;
-                    due_at = None;
-                    for w in acks.into_iter().chain(flushes) {
-                        let _ = w.send(delivered);
-                    }
-                } else if !acks.is_empty() {
-                    let (egress, rest): (Vec<RunEvent>, Vec<RunEvent>) =
-                        std::mem::take(&mut pending)
-                            .into_iter()
-                            .partition(|e| matches!(e, RunEvent::Egress(_)));
-                    pending = rest;
-                    if pending.is_empty() {
-                        due_at = None;
-                    }
-                    let delivered = deliver(&platform, egress).await;
-                    for w in acks {
-                        let _ = w.send(delivered);
-                    }
+/// The sink's task. Events are gathered for up to [`LINGER`] (or [`BATCH`]
+/// of them), so a busy run costs the platform one request per batch, not
+/// per event; a flush sends at once. It ends once every sender is gone and
+/// what they queued was handed over.
+async fn forward(platform: PlatformClient, mut rx: mpsc::Receiver<SinkMsg>) {
+    let mut pending: Vec<RunEvent> = Vec::new();
+    let mut due_at: Option<tokio::time::Instant> = None;
+    let mut closed = false;
+    while !(closed && pending.is_empty()) {
+        let mut flushes: Vec<oneshot::Sender<bool>> = Vec::new();
+        let next = match due_at {
+            _ if closed => None,
+            Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok(),
+            None => Some(rx.recv().await),
+        };
+        let mut take = |m: SinkMsg, pending: &mut Vec<RunEvent>| match m {
+            SinkMsg::Event(e) => pending.push(*e),
+            SinkMsg::Flush(w) => flushes.push(w),
+        };
+        match next {
+            Some(Some(m)) => {
+                take(m, &mut pending);
+                while let Ok(m) = rx.try_recv() {
+                    take(m, &mut pending);
                 }
             }
-        });
+            Some(None) => closed = true,
+            None => {}
+        }
+        let now = tokio::time::Instant::now();
+        if due_at.is_none() && !pending.is_empty() {
+            due_at = Some(now + LINGER);
+        }
+        let due = closed
+            || !flushes.is_empty()
+            || pending.len() >= BATCH
+            || due_at.is_some_and(|at| at <= now);
+        if due {
+            let delivered =
+                pending.is_empty() || deliver(&platform, std::mem::take(&mut pending)).await;
+            due_at = None;
+            for w in flushes {
+                let _ = w.send(delivered);
+            }
+        }
+    }
+}
+
+impl EventSink {
+    /// Starts the sink's task ([`forward`]).
+    pub fn start(platform: PlatformClient) -> Self {
+        let (tx, rx) = mpsc::channel::<SinkMsg>(SINK_CAPACITY);
+        tokio::spawn(forward(platform, rx));
         EventSink { tx }
     }
 
@@ -124,26 +107,11 @@ impl EventSink {
     pub fn send(&self, event: RunEvent) {
         if self
             .tx
-            .try_send(SinkMsg::Event(Box::new(event), None))
+            .try_send(SinkMsg::Event(Box::new(event)))
             .is_err()
         {
             tracing::error!("event sink is full or closed: an event was dropped");
         }
-    }
-
-    /// Sends `event` now, with whatever is queued before it, and waits until
-    /// the platform has stored them: `false` if it did not.
-    pub async fn send_acked(&self, event: RunEvent) -> bool {
-        let (tx, rx) = oneshot::channel();
-        if self
-            .tx
-            .send(SinkMsg::Event(Box::new(event), Some(tx)))
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        rx.await.unwrap_or(false)
     }
 
     /// Waits until every event queued before this call was handed to the

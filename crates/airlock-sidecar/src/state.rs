@@ -70,7 +70,7 @@ impl Sidecar {
     pub fn new(
         cfg: SidecarConfig,
         own_listeners: &[SocketAddr],
-        journal: Option<Journal>,
+        journal: Journal,
     ) -> Result<Arc<Sidecar>, EgressError> {
         let mut policy = EgressPolicy::new();
         policy.allow_internal_hosts(cfg.egress.allow_internal_hosts.iter().map(String::as_str));
@@ -137,7 +137,7 @@ impl Sidecar {
             .collect();
         let platform = PlatformClient::new(&cfg.platform_socket, cfg.run_token);
         let events = EventSink::start(platform.clone());
-        let journal = journal.map(Arc::new);
+        let journal = Arc::new(journal);
         Ok(Arc::new(Sidecar {
             run_id: cfg.run_id,
             token: cfg.sidecar_token,
@@ -150,7 +150,7 @@ impl Sidecar {
             limits: cfg.limits,
             proxy_url: cfg.proxy_url,
             egress: Recorder::new(events.clone(), journal.clone()),
-            keep: Keeper::new(journal, events.clone()),
+            keep: Keeper::new(journal),
             events,
             platform,
             interceptor,

@@ -308,7 +308,7 @@ pub(crate) mod tests {
         });
         let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
         let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
-        crate::Sidecar::new(cfg, &[], Some(journal)).unwrap()
+        crate::Sidecar::new(cfg, &[], journal).unwrap()
     }
 
     fn request(headers: &[(&str, &str)], body: &str) -> axum::http::Request<axum::body::Body> {

@@ -915,7 +915,7 @@ mod tests {
         });
         let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
         let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
-        Sidecar::new(cfg, &[], Some(journal)).unwrap()
+        Sidecar::new(cfg, &[], journal).unwrap()
     }
 
     /// [`sidecar_with`] `calls` call slots, its journal in a new directory
