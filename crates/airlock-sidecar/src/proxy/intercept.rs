@@ -32,7 +32,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use airlock_egress::{CallRules, EgressError, OutboundRequest, Target};
+use airlock_egress::{
+    Admission, CallRules, EgressError, OutboundRequest, StreamingBody, StreamingResponse, Target,
+};
 use airlock_platform_api::wire::EgressOutcome;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -50,7 +52,8 @@ use super::{
 use crate::credential::deliver::{Substituted, substitute};
 use crate::credential::fetch::{self, CredentialError, Fetched};
 use crate::credential::{Redactor, StreamRedactor};
-use crate::egress::{Allowed, Outcome, Refused};
+use crate::egress::{Allowed, InFlight, Outcome, Refused};
+use crate::interception::Injectable;
 use crate::state::Sidecar;
 
 /// Serves a CONNECT of a listener that intercepts: answers 200, then
@@ -150,7 +153,9 @@ fn refusal(e: &EgressError) -> Response<ProxyBody> {
     json_response(status, e.code.as_str(), &e.to_string())
 }
 
-/// One request inside an intercepted tunnel.
+/// One request inside an intercepted tunnel: its target and body, the
+/// credential it may carry ([`inject`]), the guard's decision and its
+/// egress record, then the upstream's answer ([`send`], [`answer`]).
 async fn handle(
     req: Request<Incoming>,
     authority: &Target,
@@ -161,130 +166,44 @@ async fn handle(
     let Some(icpt) = sidecar.interceptor.as_ref() else {
         return json_response(StatusCode::BAD_GATEWAY, "bad_gateway", "not intercepting");
     };
-    let path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
-    if !path.starts_with('/') {
-        return json_response(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "inside a tunnel a request names a path, not a URL",
-        );
-    }
-    let url = format!("https://{}{path}", authority.authority());
-    let target = match Target::parse(&url) {
+    let target = match target_in_tunnel(&req, authority) {
         Ok(t) => t,
-        Err(e) => return refusal(&e),
+        Err(r) => return r,
     };
     let method = req.method().clone();
     let (parts, body) = req.into_parts();
-    let limit = sidecar.limits.max_request_bytes;
-    let body = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return json_response(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                &format!("request body exceeds the {limit}-byte limit"),
-            );
-        }
+    let body = match read_body(body, sidecar.limits.max_request_bytes).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     let mut headers: HeaderMap = parts.headers;
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
 
-    // Whose credential it may carry, and whether it asks for it. Every
-    // answer from what an integration with a credential covers is redacted
-    // of it, whether or not this request carried it: an upstream may hand
-    // back later what an earlier request stored (a stored reflection).
-    let mut carried: Option<&str> = None;
-    let mut credential_headers: Vec<HeaderName> = Vec::new();
-    let mut redactor = Redactor::none();
-    let injectable = icpt.injectable_for(sidecar.client.guard().policy(), scope.runner(), &target);
-    if let Some(inj) = injectable
-        && inj.carries
-    {
-        let Fetched {
-            fields,
-            redactor: r,
-        } = match fetch::fetch(&sidecar.platform, &sidecar.credentials, &inj.namespace).await {
-            Ok(f) => f,
-            Err(e) => {
-                return json_response(
-                    StatusCode::BAD_GATEWAY,
-                    CredentialError::CODE,
-                    &e.to_string(),
-                );
-            }
-        };
-        redactor = r;
-        let asks = headers.values().any(|v| {
-            v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
-                || substitute(v, &inj.placeholder, "x").is_some()
-        });
-        if asks {
-            let field = sidecar
-                .integrations
-                .get(&inj.namespace)
-                .and_then(|i| i.delivery.as_ref())
-                .map(|d| d.field.clone())
-                .unwrap_or_default();
-            let Some(secret) = fields.get(&field) else {
-                return json_response(
-                    StatusCode::BAD_GATEWAY,
-                    "credential_field_missing",
-                    &format!("the connection's credential has no field {field:?}"),
-                );
-            };
-            let names: Vec<HeaderName> = headers.keys().cloned().collect();
-            for name in names {
-                let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
-                let mut changed = false;
-                // (A `Basic` value made here is the credential in base64,
-                // which the redactor finds.)
-                let replaced: Vec<HeaderValue> = values
-                    .iter()
-                    .map(
-                        |v| match substitute(v, &inj.placeholder, secret.expose_secret()) {
-                            Some(Substituted { value, .. }) => {
-                                changed = true;
-                                value
-                            }
-                            None => v.clone(),
-                        },
-                    )
-                    .collect();
-                if changed {
-                    headers.remove(&name);
-                    for v in replaced {
-                        headers.append(name.clone(), v);
-                    }
-                    credential_headers.push(name);
-                }
-            }
-            carried = Some(&inj.namespace);
-        }
-        // Only an answer the sidecar can read is redacted.
-        headers.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
-    }
+    // Whose credential it may carry, and whether it asks for it.
+    let injectable =
+        icpt.injectable_for(sidecar.client.guard().policy(), scope.runner(), &target);
+    let injected = match injectable.filter(|inj| inj.carries) {
+        Some(inj) => match inject(sidecar, inj, &mut headers).await {
+            Ok(i) => i,
+            Err(r) => return r,
+        },
+        None => Injected::default(),
+    };
     // A request the integration covers is allowed by it, and carries the
     // credential only where its placeholder asked for it.
     let rules = match injectable {
         Some(inj) => CallRules {
             authorized: &inj.authorized,
             allow_all_uris: false,
-            credentialed: carried.is_some(),
+            credentialed: injected.carried.is_some(),
         },
         None => scope.rules(sidecar),
     };
     let source = scope.source();
-    let recorded = scope.integration(carried);
+    let recorded = scope.integration(injected.carried);
+    let redactor = &injected.redactor;
     let admission = match sidecar.client.admit(target.url().as_str(), &rules).await {
         Ok(a) => a,
         Err(e) => {
@@ -294,7 +213,7 @@ async fn handle(
                 method: method.as_str(),
                 url: target.url().as_str(),
             };
-            sidecar.egress.refused(&what, &e, &redactor);
+            sidecar.egress.refused(&what, &e, redactor);
             return refusal(&e);
         }
     };
@@ -308,7 +227,7 @@ async fn handle(
     };
     let mut flight = match sidecar
         .egress
-        .begin_as(&allowed, &redactor, Some(EgressOutcome::NotSent))
+        .begin_as(&allowed, redactor, Some(EgressOutcome::NotSent))
         .await
     {
         Ok(f) => f,
@@ -322,35 +241,192 @@ async fn handle(
         url: target.url().to_string(),
         headers,
         body,
-        credential_headers,
+        credential_headers: injected.credential_headers,
     };
-    let resp = match tokio::time::timeout(
+    match send(sidecar, settings, admission, out, &target, redactor).await {
+        Ok(resp) => answer(resp, flight, bytes_out, redactor),
+        Err(e) => {
+            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
+            refusal(&e)
+        }
+    }
+}
+
+/// The URL of a request inside a tunnel: `https://<the CONNECT
+/// authority><path>` (the `Host` header is ignored: it cannot front
+/// another host). A request that names a URL instead of a path is a 400.
+fn target_in_tunnel(
+    req: &Request<Incoming>,
+    authority: &Target,
+) -> Result<Target, Response<ProxyBody>> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    if !path.starts_with('/') {
+        return Err(json_response(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "inside a tunnel a request names a path, not a URL",
+        ));
+    }
+    let url = format!("https://{}{path}", authority.authority());
+    Target::parse(&url).map_err(|e| refusal(&e))
+}
+
+/// The request body, whole, if it is within `limit` bytes (else 413).
+async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Response<ProxyBody>> {
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(_) => Err(json_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            &format!("request body exceeds the {limit}-byte limit"),
+        )),
+    }
+}
+
+/// What [`inject`] did to a request.
+#[derive(Default)]
+struct Injected<'a> {
+    /// The integration whose credential it carries (its placeholder asked
+    /// for it).
+    carried: Option<&'a str>,
+    /// The headers the credential was put in.
+    credential_headers: Vec<HeaderName>,
+    /// What every answer from what the integration covers is redacted of.
+    redactor: Redactor,
+}
+
+/// Fetches the credential of `inj`, which covers the request, and puts it
+/// where the request's headers carry its placeholder. Every answer from
+/// what an integration with a credential covers is redacted of it, whether
+/// or not this request carried it: an upstream may hand back later what an
+/// earlier request stored (a stored reflection).
+async fn inject<'a>(
+    sidecar: &Sidecar,
+    inj: &'a Injectable,
+    headers: &mut HeaderMap,
+) -> Result<Injected<'a>, Response<ProxyBody>> {
+    let Fetched { fields, redactor } =
+        match fetch::fetch(&sidecar.platform, &sidecar.credentials, &inj.namespace).await {
+            Ok(f) => f,
+            Err(e) => {
+                return Err(json_response(
+                    StatusCode::BAD_GATEWAY,
+                    CredentialError::CODE,
+                    &e.to_string(),
+                ));
+            }
+        };
+    let mut injected = Injected {
+        redactor,
+        ..Injected::default()
+    };
+    let asks = headers.values().any(|v| {
+        v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
+            || substitute(v, &inj.placeholder, "x").is_some()
+    });
+    if asks {
+        let field = sidecar
+            .integrations
+            .get(&inj.namespace)
+            .and_then(|i| i.delivery.as_ref())
+            .map(|d| d.field.clone())
+            .unwrap_or_default();
+        let Some(secret) = fields.get(&field) else {
+            return Err(json_response(
+                StatusCode::BAD_GATEWAY,
+                "credential_field_missing",
+                &format!("the connection's credential has no field {field:?}"),
+            ));
+        };
+        injected.credential_headers =
+            replace_placeholder(headers, &inj.placeholder, secret.expose_secret());
+        injected.carried = Some(&inj.namespace);
+    }
+    // Only an answer the sidecar can read is redacted.
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    Ok(injected)
+}
+
+/// Replaces `placeholder` with `secret` in every header value that holds
+/// it (also inside `Authorization: Basic`); the names of the headers
+/// changed.
+fn replace_placeholder(headers: &mut HeaderMap, placeholder: &str, secret: &str) -> Vec<HeaderName> {
+    let mut changed_names = Vec::new();
+    let names: Vec<HeaderName> = headers.keys().cloned().collect();
+    for name in names {
+        let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
+        let mut changed = false;
+        // (A `Basic` value made here is the credential in base64, which
+        // the redactor finds.)
+        let replaced: Vec<HeaderValue> = values
+            .iter()
+            .map(|v| match substitute(v, placeholder, secret) {
+                Some(Substituted { value, .. }) => {
+                    changed = true;
+                    value
+                }
+                None => v.clone(),
+            })
+            .collect();
+        if changed {
+            headers.remove(&name);
+            for v in replaced {
+                headers.append(name.clone(), v);
+            }
+            changed_names.push(name);
+        }
+    }
+    changed_names
+}
+
+/// Sends the admitted request: the upstream's answer head within the
+/// response timeout, or why not (an upstream's detail redacted).
+async fn send(
+    sidecar: &Sidecar,
+    settings: &ProxySettings,
+    admission: Admission,
+    out: OutboundRequest,
+    target: &Target,
+    redactor: &Redactor,
+) -> Result<StreamingResponse, EgressError> {
+    match tokio::time::timeout(
         settings.response_timeout,
         sidecar.client.send_streaming_admitted(admission, out),
     )
     .await
     {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
-            let mut e = e;
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(mut e)) => {
             e.detail = redactor.str(&e.detail);
-            return refusal(&e);
+            Err(e)
         }
-        Err(_) => {
-            let e = EgressError::upstream(
-                &target.host().bare(),
-                format!("no response head within {:?}", settings.response_timeout),
-            );
-            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
-            return refusal(&e);
-        }
-    };
+        Err(_) => Err(EgressError::upstream(
+            &target.host().bare(),
+            format!("no response head within {:?}", settings.response_timeout),
+        )),
+    }
+}
+
+/// The agent's answer: the upstream's, its bytes counted into the egress
+/// record. Covered by an integration with a credential, an answer that
+/// cannot be searched is withheld, and the rest streams through the
+/// redactor ([`redacted`]).
+fn answer(
+    resp: StreamingResponse,
+    flight: InFlight,
+    bytes_out: u64,
+    redactor: &Redactor,
+) -> Response<ProxyBody> {
     let status = resp.status;
     let mut resp_headers = resp.headers.clone();
     strip_hop_by_hop(&mut resp_headers);
-    // Covered by an integration with a credential: refuse what cannot be
-    // searched; the rest streams through the redactor, headers redacted.
     if !redactor.is_empty()
         && let Some(coding) = crate::mcp::api_call::unreadable_coding(&resp.headers)
     {
@@ -388,8 +464,19 @@ async fn handle(
         *r.headers_mut() = resp_headers;
         return r;
     }
+    redacted(counted, status, &resp_headers, redactor)
+}
+
+/// An answer let through the redactor: its headers redacted (a value that
+/// is not text is dropped, and so is the length), its body as it streams.
+fn redacted(
+    counted: Counted<StreamingBody>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    redactor: &Redactor,
+) -> Response<ProxyBody> {
     let mut clean = HeaderMap::new();
-    for (name, value) in &resp_headers {
+    for (name, value) in headers {
         if name == header::CONTENT_LENGTH {
             continue;
         }
