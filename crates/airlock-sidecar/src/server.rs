@@ -472,8 +472,8 @@ pub fn main_from_stdin() -> std::process::ExitCode {
     buf.iter_mut().for_each(|b| *b = 0);
     drop(buf);
     // One thread: a sidecar serves one run, its work is I/O (tunnels are
-    // spliced in the kernel), and a single thread saves the cross-thread
-    // wake-ups that dominated the api_call latency on two cores.
+    // spliced in the kernel), and on one thread no call waits for a
+    // wake-up from another.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -4,8 +4,7 @@
 //! rmcp answers such a request by spawning a one-shot service (a task, two
 //! channels, a cancellation token), serialising the parsed message back to a
 //! `Value` to check the SEP-2243 headers, and parsing the body through its
-//! flattened model; a profile of the sidecar put that at about half of the
-//! instructions of an `api_call`. Here the same request is parsed once into
+//! flattened model. Here the same request is parsed once into
 //! rmcp's own parameter type, run by the same [`McpState::call`] the rmcp
 //! handler runs (as [`McpState::call_answer`]), and answered as rmcp's
 //! stateless JSON mode answers (`application/json`, status 200): the usual
