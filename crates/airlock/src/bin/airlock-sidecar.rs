@@ -5,6 +5,8 @@
 //! it when it sits next to `airlock` and says it is of the same build
 //! (`--build`), else `airlock sidecar`.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 /// mimalloc rather than the C library's allocator: a call on the sidecar's
