@@ -52,10 +52,10 @@ use airlock_platform_api::wire::{
 };
 use tokio::sync::{Notify, watch};
 
-use crate::credential::Redactor;
-use crate::journal::{Class, Journal, JournalError};
 use crate::clock::now_ms;
+use crate::credential::Redactor;
 use crate::event_sink::EventSink;
+use crate::journal::{Class, Journal, JournalError};
 
 /// The whole budget of a stopping sidecar for the egress log: requests in
 /// flight finish within it and every record reaches the platform. The

@@ -105,11 +105,7 @@ impl EventSink {
 
     /// Queues an event; never blocks the request path.
     pub fn send(&self, event: RunEvent) {
-        if self
-            .tx
-            .try_send(SinkMsg::Event(Box::new(event)))
-            .is_err()
-        {
+        if self.tx.try_send(SinkMsg::Event(Box::new(event))).is_err() {
             tracing::error!("event sink is full or closed: an event was dropped");
         }
     }

@@ -115,7 +115,10 @@ impl Interceptor {
 
     /// The integrations whose credentials requests on a listener may
     /// carry: the agent's (`runner` is `None`), or a local runner's own.
-    fn candidates<'a>(&'a self, runner: Option<&'a str>) -> impl Iterator<Item = &'a Injectable> + 'a {
+    fn candidates<'a>(
+        &'a self,
+        runner: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Injectable> + 'a {
         self.injectable.iter().filter(move |i| match runner {
             None => i.for_agent,
             Some(ns) => i.namespace == ns,

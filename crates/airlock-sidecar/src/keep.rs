@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use airlock_platform_api::wire::{RUN_LOG_MAX_BYTES, RunEvent};
 
-use crate::journal::{Class, Journal, JournalError};
 use crate::clock::now_ms;
+use crate::journal::{Class, Journal, JournalError};
 
 /// The line that marks where a run's log was cut.
 pub fn truncation_marker() -> String {

@@ -88,9 +88,7 @@ unsafe impl GlobalAlloc for MiMalloc {
             unsafe { mi::mi_realloc(ptr.cast::<c_void>(), new_size).cast() }
         } else {
             // SAFETY: as above, keeping the alignment it was allocated with.
-            unsafe {
-                mi::mi_realloc_aligned(ptr.cast::<c_void>(), new_size, layout.align()).cast()
-            }
+            unsafe { mi::mi_realloc_aligned(ptr.cast::<c_void>(), new_size, layout.align()).cast() }
         }
     }
 }

@@ -66,7 +66,7 @@ impl End {
             End::Whole if !cost.readable => "the answer was content-encoded",
             End::Whole => "the provider reported no usage",
             End::Failed => "the answer failed before its usage",
-            End::Cut(why) => *why,
+            End::Cut(why) => why,
         }
     }
 }

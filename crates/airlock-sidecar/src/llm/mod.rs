@@ -106,9 +106,11 @@ struct Llm {
 
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
     let upstream = sidecar.model.as_ref().map(route::Upstream::new);
-    Router::new().fallback(relay::relay).with_state(Arc::new(Llm {
-        sidecar,
-        upstream,
-        key: key::HeldKey::default(),
-    }))
+    Router::new()
+        .fallback(relay::relay)
+        .with_state(Arc::new(Llm {
+            sidecar,
+            upstream,
+            key: key::HeldKey::default(),
+        }))
 }

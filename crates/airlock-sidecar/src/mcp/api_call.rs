@@ -214,7 +214,9 @@ pub(crate) async fn run_answer(
         }
     };
     let early = match early {
-        Some(Err(stop)) => return stopped(sidecar, ns, method, stop, &args.target, &redactor).into(),
+        Some(Err(stop)) => {
+            return stopped(sidecar, ns, method, stop, &args.target, &redactor).into();
+        }
         other => other,
     };
     let delivery = integration
@@ -361,7 +363,12 @@ async fn send(
         body: prepared.body,
         credential_headers: prepared.credential_headers,
     };
-    let resp = match state.sidecar.client.send_admitted(admission, req, rules).await {
+    let resp = match state
+        .sidecar
+        .client
+        .send_admitted(admission, req, rules)
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             flight.complete(Outcome::of_error(&e).bytes_out(sent_bytes));

@@ -49,9 +49,9 @@ use sse_stream::Sse;
 
 use super::api_call::{self, error_result};
 use super::args;
+use crate::config::Integration;
 use crate::credential::Redactor;
 use crate::credential::fetch::{self, Fetched};
-use crate::config::Integration;
 use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
 use crate::state::Sidecar;
 
@@ -455,11 +455,11 @@ fn sse_events(body: Bytes, max: usize) -> BoxStream<'static, Result<Sse, SseErro
         Ok::<Bytes, std::io::Error>(body)
     }))
     .map(move |e| match e {
-        Ok(sse) if sse.data.as_ref().is_some_and(|d| d.len() > max) => Err(SseError::Body(
-            Box::new(std::io::Error::other(format!(
+        Ok(sse) if sse.data.as_ref().is_some_and(|d| d.len() > max) => {
+            Err(SseError::Body(Box::new(std::io::Error::other(format!(
                 "an event is larger than {max} bytes"
-            ))),
-        )),
+            )))))
+        }
         other => other,
     })
     .boxed()

@@ -168,13 +168,13 @@ async fn handle(
     };
     let target = match target_in_tunnel(&req, authority) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let method = req.method().clone();
     let (parts, body) = req.into_parts();
     let body = match read_body(body, sidecar.limits.max_request_bytes).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut headers: HeaderMap = parts.headers;
     strip_hop_by_hop(&mut headers);
@@ -182,12 +182,11 @@ async fn handle(
     headers.remove(header::CONTENT_LENGTH);
 
     // Whose credential it may carry, and whether it asks for it.
-    let injectable =
-        icpt.injectable_for(sidecar.client.guard().policy(), scope.runner(), &target);
+    let injectable = icpt.injectable_for(sidecar.client.guard().policy(), scope.runner(), &target);
     let injected = match injectable.filter(|inj| inj.carries) {
         Some(inj) => match inject(sidecar, inj, &mut headers).await {
             Ok(i) => i,
-            Err(r) => return r,
+            Err(r) => return *r,
         },
         None => Injected::default(),
     };
@@ -258,32 +257,32 @@ async fn handle(
 fn target_in_tunnel(
     req: &Request<Incoming>,
     authority: &Target,
-) -> Result<Target, Response<ProxyBody>> {
+) -> Result<Target, Box<Response<ProxyBody>>> {
     let path = req
         .uri()
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".into());
     if !path.starts_with('/') {
-        return Err(json_response(
+        return Err(Box::new(json_response(
             StatusCode::BAD_REQUEST,
             "bad_request",
             "inside a tunnel a request names a path, not a URL",
-        ));
+        )));
     }
     let url = format!("https://{}{path}", authority.authority());
-    Target::parse(&url).map_err(|e| refusal(&e))
+    Target::parse(&url).map_err(|e| Box::new(refusal(&e)))
 }
 
 /// The request body, whole, if it is within `limit` bytes (else 413).
-async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Response<ProxyBody>> {
+async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Box<Response<ProxyBody>>> {
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(b) => Ok(b.to_bytes()),
-        Err(_) => Err(json_response(
+        Err(_) => Err(Box::new(json_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
             &format!("request body exceeds the {limit}-byte limit"),
-        )),
+        ))),
     }
 }
 
@@ -308,16 +307,16 @@ async fn inject<'a>(
     sidecar: &Sidecar,
     inj: &'a Injectable,
     headers: &mut HeaderMap,
-) -> Result<Injected<'a>, Response<ProxyBody>> {
+) -> Result<Injected<'a>, Box<Response<ProxyBody>>> {
     let Fetched { fields, redactor } =
         match fetch::fetch(&sidecar.platform, &sidecar.credentials, &inj.namespace).await {
             Ok(f) => f,
             Err(e) => {
-                return Err(json_response(
+                return Err(Box::new(json_response(
                     StatusCode::BAD_GATEWAY,
                     CredentialError::CODE,
                     &e.to_string(),
-                ));
+                )));
             }
         };
     let mut injected = Injected {
@@ -336,11 +335,11 @@ async fn inject<'a>(
             .map(|d| d.field.clone())
             .unwrap_or_default();
         let Some(secret) = fields.get(&field) else {
-            return Err(json_response(
+            return Err(Box::new(json_response(
                 StatusCode::BAD_GATEWAY,
                 "credential_field_missing",
                 &format!("the connection's credential has no field {field:?}"),
-            ));
+            )));
         };
         injected.credential_headers =
             replace_placeholder(headers, &inj.placeholder, secret.expose_secret());
@@ -357,7 +356,11 @@ async fn inject<'a>(
 /// Replaces `placeholder` with `secret` in every header value that holds
 /// it (also inside `Authorization: Basic`); the names of the headers
 /// changed.
-fn replace_placeholder(headers: &mut HeaderMap, placeholder: &str, secret: &str) -> Vec<HeaderName> {
+fn replace_placeholder(
+    headers: &mut HeaderMap,
+    placeholder: &str,
+    secret: &str,
+) -> Vec<HeaderName> {
     let mut changed_names = Vec::new();
     let names: Vec<HeaderName> = headers.keys().cloned().collect();
     for name in names {

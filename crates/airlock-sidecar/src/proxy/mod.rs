@@ -218,7 +218,13 @@ async fn head_or_answer<S: ProxyStream>(
         Ok(Ok(None)) => None,
         Ok(Err(e)) => {
             let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-            let _ = respond(stream, status, &[], &error_body("bad_request", &e.to_string())).await;
+            let _ = respond(
+                stream,
+                status,
+                &[],
+                &error_body("bad_request", &e.to_string()),
+            )
+            .await;
             None
         }
         Err(_) => {
@@ -769,9 +775,7 @@ async fn forward<S: ProxyStream>(
                     "one request per proxy connection",
                 ));
             };
-            Ok(onward
-                .send(req, &meter, &host_bare, response_timeout)
-                .await)
+            Ok(onward.send(req, &meter, &host_bare, response_timeout).await)
         }
     });
     let io = TokioIo::new(relay::Rewind::new(rest_with_head(&head, rest), client));
