@@ -224,8 +224,7 @@ pub struct SidecarConfig {
     pub proxy_url: Option<SecretString>,
     /// The run's egress journal, created by the platform (a regular file,
     /// 0600, in the run's directory): every egress record is appended to it
-    /// before the request leaves. Without one, each start record waits for
-    /// the platform's acknowledgement instead.
+    /// before the request leaves. A sidecar refuses to start without one.
     #[serde(default)]
     pub egress_journal: Option<PathBuf>,
     /// The run's CA, when an integration has `inject = "proxy"`.

@@ -295,8 +295,7 @@ impl TestPlatform {
     }
 
     /// The main run's egress log as the store has it now (what following
-    /// the journal brought so far, or a journal-less sidecar's events; the
-    /// journal not read to its end).
+    /// the journal brought so far; the journal not read to its end).
     pub async fn stored_egress_log(&self) -> Vec<EgressEntry> {
         self.store()
             .list_egress(&self.run_id, 10_000)
@@ -313,9 +312,8 @@ impl TestPlatform {
         cfg
     }
 
-    /// [`TestPlatform::sidecar_config`] without a journal (an older
-    /// platform's configuration): each start record is acknowledged by the
-    /// platform before its request leaves.
+    /// [`TestPlatform::sidecar_config`] without a journal: a configuration
+    /// the sidecar refuses.
     pub fn sidecar_config_without_journal(&self, listen: Value) -> Value {
         json!({
             "run_id": self.run_id,

@@ -11,11 +11,9 @@
 //! run ends (or at the next start's reclaim), so a request that left is in
 //! the store even if the sidecar or the platform is killed a moment later
 //! (it then stays `incomplete`), and no record costs a request to the
-//! platform. Only a record the journal could not take (after the fact: a
-//! refusal, a completion) goes with the events instead. A sidecar started
-//! without a journal (an older platform, a bare test sidecar) sends every
-//! record with the events, and a start at once, waiting for the platform's
-//! acknowledgement before its request leaves. The returned [`InFlight`] is
+//! platform. A start the journal cannot take is not sent; a completion it
+//! cannot take (after the fact) goes with the events instead, and a refusal
+//! it cannot take is counted. The returned [`InFlight`] is
 //! completed with the upstream's [`Outcome`]; dropped uncompleted (the agent
 //! went away, the task was cancelled) it completes as `aborted`.
 //!
@@ -54,9 +52,10 @@ use airlock_platform_api::wire::{
 };
 use tokio::sync::{Notify, watch};
 
+use crate::clock::now_ms;
 use crate::credential::Redactor;
-use crate::journal::{Journal, JournalError};
-use crate::state::{EventSink, now_ms};
+use crate::event_sink::EventSink;
+use crate::journal::{Class, Journal, JournalError};
 
 /// The whole budget of a stopping sidecar for the egress log: requests in
 /// flight finish within it and every record reaches the platform. The
@@ -116,8 +115,6 @@ pub struct Allowed<'a> {
 /// Why an allowed request could not be recorded, so was not sent.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("the platform did not acknowledge the egress record, so the request was not sent")]
-    Unacknowledged,
     #[error("{0}; the request was not sent")]
     Journal(#[from] JournalError),
     #[error("the sidecar is stopping")]
@@ -278,8 +275,8 @@ impl Tally {
 struct Inner {
     events: EventSink,
     tally: Mutex<Tally>,
-    /// The write-ahead journal (absent: starts are acknowledged by the platform).
-    journal: Option<Arc<Journal>>,
+    /// The write-ahead journal: every record, before its request leaves.
+    journal: Arc<Journal>,
     seq: AtomicU64,
     open: Mutex<BTreeMap<u64, Open>>,
     idle: Notify,
@@ -379,7 +376,7 @@ fn log_completion(rec: &EgressRecord) {
 }
 
 impl Recorder {
-    pub fn new(events: EventSink, journal: Option<Arc<Journal>>) -> Self {
+    pub fn new(events: EventSink, journal: Arc<Journal>) -> Self {
         Recorder {
             inner: Arc::new(Inner {
                 events,
@@ -424,17 +421,11 @@ impl Recorder {
         log_refusal(&rec);
         // A refusal the journal cannot take is counted, never sent with the
         // events: a flood of them cannot grow the store past the bounds.
-        if let Some(j) = &self.inner.journal
-            && let Err(err) = j.append(&rec)
-        {
+        if let Err(err) = self.inner.journal.append(&rec) {
             tracing::debug!(target: "airlock::egress", "egress journal: {err}; the refusal is counted");
             if let Ok(mut t) = self.inner.tally.lock() {
                 t.count(code, &rec.host);
             }
-            return;
-        }
-        if self.inner.journal.is_none() {
-            self.inner.events.send(RunEvent::Egress(rec));
         }
     }
 
@@ -452,13 +443,8 @@ impl Recorder {
                 host,
                 count,
             };
-            match &self.inner.journal {
-                Some(j) => {
-                    if let Err(e) = j.append_event(&event, crate::journal::Class::Vital) {
-                        tracing::error!(target: "airlock::egress", "run journal: refusal counts not kept: {e}");
-                    }
-                }
-                None => self.inner.events.send(event),
+            if let Err(e) = self.inner.journal.append_event(&event, Class::Vital) {
+                tracing::error!(target: "airlock::egress", "run journal: refusal counts not kept: {e}");
             }
         }
     }
@@ -469,20 +455,15 @@ impl Recorder {
     /// goes to the platform with the events instead (at most one per
     /// request started).
     fn keep_after(&self, rec: EgressRecord) {
-        if let Some(j) = &self.inner.journal {
-            match j.append(&rec) {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::error!(target: "airlock::egress", seq = rec.seq.unwrap_or(0), "egress journal: {e}; the record goes with the events");
-                }
-            }
+        if let Err(e) = self.inner.journal.append(&rec) {
+            tracing::error!(target: "airlock::egress", seq = rec.seq.unwrap_or(0), "egress journal: {e}; the record goes with the events");
+            self.inner.events.send(RunEvent::Egress(rec));
         }
-        self.inner.events.send(RunEvent::Egress(rec));
     }
 
     /// Records an allowed request before it is sent: returns once the
-    /// record is in the journal (or, without one, once the platform has
-    /// stored it). A request whose record could not be kept must not be sent.
+    /// record is in the journal. A request whose record could not be kept
+    /// must not be sent.
     pub async fn begin(
         &self,
         req: &Allowed<'_>,
@@ -528,21 +509,10 @@ impl Recorder {
             metering: None,
         };
         tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
-        let Some(journal) = &self.inner.journal else {
-            // At once, taking along what the sink holds (the completions of
-            // earlier requests: one platform write for both).
-            let flight = self.open(rec.clone(), dropped_as);
-            return if self.inner.events.send_acked(RunEvent::Egress(rec)).await {
-                Ok(flight)
-            } else {
-                flight.forget();
-                Err(RecordError::Unacknowledged)
-            };
-        };
         // Written ahead: once this returns the record survives a kill of the
         // sidecar or the platform, which follows the journal. A record the
         // journal did not take is not opened: its request is not sent.
-        match journal.append(&rec) {
+        match self.inner.journal.append(&rec) {
             Ok(()) => Ok(self.open(rec, dropped_as)),
             Err(e) => {
                 tracing::error!(target: "airlock::egress", seq, "egress journal: {e}");
@@ -552,9 +522,7 @@ impl Recorder {
     }
 
     /// Opens the flight of a started record: from here on the record is
-    /// owned by the flight, and completing or dropping it settles the entry
-    /// (`aborted` when nothing was sent is never written: an unacknowledged
-    /// start is forgotten).
+    /// owned by the flight, and completing or dropping it settles the entry.
     fn open(&self, rec: EgressRecord, dropped_as: Option<EgressOutcome>) -> InFlight {
         let seq = rec.seq.unwrap_or(0);
         let progress = Arc::new(Progress::default());
@@ -717,12 +685,6 @@ impl InFlight {
             }
             Err(_) => self.complete(outcome),
         }
-    }
-
-    /// The start was never stored, and the request is not sent.
-    fn forget(mut self) {
-        self.settled = true;
-        self.recorder.take(self.seq);
     }
 }
 

@@ -11,17 +11,14 @@
 //!   kept as a [`RunEvent::Shed`] (when the agent's end arrives, and when
 //!   the sidecar stops).
 //! - Heartbeats: liveness only, through the event sink (lossy).
-//!
-//! A sidecar started without a journal (an older platform's configuration)
-//! sends everything through the event sink, as before.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use airlock_platform_api::wire::{RUN_LOG_MAX_BYTES, RunEvent};
 
+use crate::clock::now_ms;
 use crate::journal::{Class, Journal, JournalError};
-use crate::state::{EventSink, now_ms};
 
 /// The line that marks where a run's log was cut.
 pub fn truncation_marker() -> String {
@@ -31,8 +28,7 @@ pub fn truncation_marker() -> String {
 }
 
 pub struct Keeper {
-    journal: Option<Arc<Journal>>,
-    sink: EventSink,
+    journal: Arc<Journal>,
     marked: AtomicBool,
     shed_lines: AtomicU64,
     shed_bytes: AtomicU64,
@@ -41,10 +37,9 @@ pub struct Keeper {
 }
 
 impl Keeper {
-    pub fn new(journal: Option<Arc<Journal>>, sink: EventSink) -> Keeper {
+    pub fn new(journal: Arc<Journal>) -> Keeper {
         Keeper {
             journal,
-            sink,
             marked: AtomicBool::new(false),
             shed_lines: AtomicU64::new(0),
             shed_bytes: AtomicU64::new(0),
@@ -53,31 +48,23 @@ impl Keeper {
     }
 
     /// Keeps an event that must never be shed: once this returns `Ok`, it
-    /// is in the journal (without one: queued to the platform).
+    /// is in the journal.
     pub fn vital(&self, event: RunEvent) -> Result<(), JournalError> {
-        match &self.journal {
-            Some(j) => j.append_event(&event, Class::Vital).map_err(|e| {
+        self.journal
+            .append_event(&event, Class::Vital)
+            .map_err(|e| {
                 tracing::error!("run journal: {e}; an event that must be kept was not");
                 e
-            }),
-            None => {
-                self.sink.send(event);
-                Ok(())
-            }
-        }
+            })
     }
 
     /// Keeps an agent's log line within the run's log cap, or counts it.
     pub fn log(&self, event: RunEvent) {
-        let Some(j) = &self.journal else {
-            self.sink.send(event);
-            return;
-        };
         let len = match &event {
             RunEvent::Log { line, .. } => line.len() as u64,
             _ => 0,
         };
-        match j.append_event(&event, Class::Log) {
+        match self.journal.append_event(&event, Class::Log) {
             Ok(()) => {}
             Err(JournalError::LogFull { .. }) => {
                 if !self.marked.swap(true, Ordering::AcqRel) {

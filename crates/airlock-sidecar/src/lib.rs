@@ -14,13 +14,16 @@
 //! the egress guard and is written to the run's egress log by one recorder
 //! ([`egress`]) before it is sent (ahead, to the run's [`journal`]).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod credential;
 pub mod egress;
+pub mod event_sink;
 pub mod events;
+pub mod interception;
 pub mod journal;
 pub mod keep;
 pub mod llm;
@@ -28,9 +31,11 @@ pub mod mcp;
 pub mod proxy;
 pub mod server;
 pub mod state;
+#[allow(unsafe_code)] // the one module that needs it: the sidecar binary's allocator
 mod sys;
 
 pub use config::SidecarConfig;
+pub use sys::MiMalloc;
 
 /// This build of the sidecar (a fingerprint of its sources, `build.rs`):
 /// what `airlock-sidecar --build` prints, and what the platform expects of

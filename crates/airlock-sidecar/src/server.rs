@@ -1,6 +1,8 @@
 //! Wiring: the router, the listeners, readiness and shutdown.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::Router;
@@ -12,10 +14,12 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 use airlock_platform_api::listener_guard::{self, Guard};
 
-use crate::config::{ConfigError, SidecarConfig};
+use crate::config::{ConfigError, Integration, Listen, SidecarConfig};
+use crate::journal::Journal;
 use crate::state::Sidecar;
 use crate::{auth, egress, events, llm, mcp, proxy, sys};
 
@@ -27,6 +31,11 @@ pub enum SidecarError {
     Hardening(std::io::Error),
     #[error("egress guard setup failed: {0}")]
     Egress(#[from] airlock_egress::EgressError),
+    #[error(
+        "the configuration names no egress journal: every request is recorded in it before it \
+         is sent"
+    )]
+    NoJournal,
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
     #[error("cannot listen on {what}: {source}")]
@@ -183,50 +192,105 @@ fn bind_unix(path: &Path) -> Result<UnixListener, SidecarError> {
 pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     sys::make_non_dumpable().map_err(SidecarError::Hardening)?;
     sys::raise_open_files_limit();
+    // Every egress record is written ahead to the run's journal: without
+    // one, nothing could be sent.
+    let journal_path = cfg.egress_journal.clone().ok_or(SidecarError::NoJournal)?;
     let listen = std::mem::take(&mut cfg.listen);
     // Bound first: the guard refuses the sidecar's own addresses to every
     // egress site, so it must know them.
-    let mut sockets = Vec::new();
-    let mut ready = serde_json::Map::new();
-    let mut own = Vec::new();
-    let api_unix = match &listen.unix {
-        Some(path) => {
-            let l = bind_unix(path)?;
-            sockets.push(path.clone());
-            ready.insert("unix".into(), json!(path));
-            Some(l)
+    let mut bound = Listeners::bind(&listen, &cfg.integrations).await?;
+    let journal = Journal::open(&journal_path, cfg.limits.egress_journal_bytes)?;
+    let sidecar = Sidecar::new(cfg, &bound.own, journal)?;
+    if let Ok(mut slot) = sidecar.runner_mcp.lock() {
+        *slot = std::mem::take(&mut bound.runner_mcp);
+    }
+    let ready = std::mem::take(&mut bound.ready);
+    let sockets = std::mem::take(&mut bound.sockets);
+    let mut tasks = bound.serve(&sidecar);
+    println!(
+        "{}",
+        json!({"ready": true, "run_id": sidecar.run_id, "listen": ready})
+    );
+    tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
+    shutdown_signal().await;
+    stop(&sidecar, &mut tasks, sockets).await;
+    Ok(())
+}
+
+/// Stops a sidecar: no new connections; those open keep being served
+/// while the egress log drains (a request in flight completes, a model
+/// stream the agent left is read to its end for metering), within the
+/// deadline; then the counts of what was shed are kept and the unix
+/// sockets removed.
+async fn stop(sidecar: &Sidecar, tasks: &mut JoinSet<()>, sockets: Vec<PathBuf>) {
+    tracing::info!("sidecar stopping");
+    tracing::debug!(target: "airlock::phase", "sidecar: stopping");
+    tasks.abort_all();
+    // (The drain's last step flushes every queued event, not only egress.)
+    sidecar.egress.drain(egress::DRAIN_DEADLINE).await;
+    sidecar.keep.report_shed();
+    tracing::debug!(target: "airlock::phase", "sidecar: events flushed");
+    for s in sockets {
+        let _ = std::fs::remove_file(s);
+    }
+}
+
+/// The listeners a sidecar serves on, bound, and what its readiness line
+/// says of them.
+#[derive(Default)]
+struct Listeners {
+    api_unix: Option<UnixListener>,
+    api_tcp: Option<TcpListener>,
+    proxy_unix: Option<UnixListener>,
+    proxy_tcp: Option<TcpListener>,
+    /// Each local runner's MCP listener, by namespace (taken by the MCP
+    /// service when it starts).
+    runner_mcp: HashMap<String, UnixListener>,
+    /// Each local runner's proxy listener, with its namespace.
+    runner_proxies: Vec<(String, UnixListener)>,
+    /// The unix sockets made here, removed when the sidecar stops.
+    sockets: Vec<PathBuf>,
+    /// The readiness line's `listen`.
+    ready: serde_json::Map<String, serde_json::Value>,
+    /// The TCP addresses bound.
+    own: Vec<SocketAddr>,
+}
+
+impl Listeners {
+    /// Binds the API and proxy listeners `listen` names, and each local
+    /// runner's two (its MCP stream and its proxy).
+    async fn bind(listen: &Listen, integrations: &[Integration]) -> Result<Self, SidecarError> {
+        let mut l = Listeners::default();
+        if let Some(path) = &listen.unix {
+            l.api_unix = Some(l.unix(path, "unix")?);
         }
-        None => None,
-    };
-    let api_tcp = match listen.tcp {
-        Some(addr) => Some(bind_tcp(addr, "tcp", &mut ready, &mut own).await?),
-        None => None,
-    };
-    let proxy_unix = match &listen.proxy_unix {
-        Some(path) => {
-            let l = bind_unix(path)?;
-            sockets.push(path.clone());
-            ready.insert("proxy_unix".into(), json!(path));
-            Some(l)
+        if let Some(addr) = listen.tcp {
+            l.api_tcp = Some(bind_tcp(addr, "tcp", &mut l.ready, &mut l.own).await?);
         }
-        None => None,
-    };
-    let proxy_tcp = match listen.proxy_tcp {
-        Some(addr) => Some(bind_tcp(addr, "proxy_tcp", &mut ready, &mut own).await?),
-        None => None,
-    };
-    let journal = match &cfg.egress_journal {
-        Some(path) => Some(crate::journal::Journal::open(
-            path,
-            cfg.limits.egress_journal_bytes,
-        )?),
-        None => None,
-    };
-    // Each local runner's two listeners: its MCP stream and its proxy.
-    let mut runner_mcp = std::collections::HashMap::new();
-    let mut runner_proxies = Vec::new();
-    for i in &cfg.integrations {
-        let Some(r) = &i.runner else { continue };
+        if let Some(path) = &listen.proxy_unix {
+            l.proxy_unix = Some(l.unix(path, "proxy_unix")?);
+        }
+        if let Some(addr) = listen.proxy_tcp {
+            l.proxy_tcp = Some(bind_tcp(addr, "proxy_tcp", &mut l.ready, &mut l.own).await?);
+        }
+        for i in integrations {
+            l.runner(i)?;
+        }
+        Ok(l)
+    }
+
+    /// Binds the unix socket `path`, named `name` in the readiness line.
+    fn unix(&mut self, path: &Path, name: &str) -> Result<UnixListener, SidecarError> {
+        let l = bind_unix(path)?;
+        self.sockets.push(path.to_owned());
+        self.ready.insert(name.into(), json!(path));
+        Ok(l)
+    }
+
+    /// Binds a local runner's two listeners (none for an integration
+    /// without a runner).
+    fn runner(&mut self, i: &Integration) -> Result<(), SidecarError> {
+        let Some(r) = &i.runner else { return Ok(()) };
         let unix = |e: &airlock_platform_api::launch::Endpoint, what: &str| {
             e.unix_path()
                 .map(Path::to_path_buf)
@@ -237,91 +301,75 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
         };
         let mcp_path = unix(&r.mcp, "mcp")?;
         let proxy_path = unix(&r.proxy, "proxy")?;
-        runner_mcp.insert(i.namespace.clone(), bind_unix(&mcp_path)?);
-        runner_proxies.push((i.namespace.clone(), bind_unix(&proxy_path)?));
-        ready.insert(
+        self.runner_mcp
+            .insert(i.namespace.clone(), bind_unix(&mcp_path)?);
+        self.runner_proxies
+            .push((i.namespace.clone(), bind_unix(&proxy_path)?));
+        self.ready.insert(
             format!("runner_{}", i.namespace),
             json!([mcp_path, proxy_path]),
         );
-        sockets.push(mcp_path);
-        sockets.push(proxy_path);
+        self.sockets.push(mcp_path);
+        self.sockets.push(proxy_path);
+        Ok(())
     }
-    let sidecar = Sidecar::new(cfg, &own, journal)?;
-    if let Ok(mut slot) = sidecar.runner_mcp.lock() {
-        *slot = runner_mcp;
+
+    /// Serves each listener on a task of its own. Each API listener is
+    /// under its own guard (timeouts, a connection cap shared fairly
+    /// between client processes or addresses): an agent holding
+    /// connections open cannot grow the sidecar's memory past the cap, nor
+    /// keep the runtime's reports out.
+    fn serve(self, sidecar: &Arc<Sidecar>) -> JoinSet<()> {
+        let app = app(sidecar.clone());
+        let rules = sidecar.limits.api_listener();
+        let mut tasks = JoinSet::new();
+        if let Some(l) = self.api_unix {
+            let app = app.clone();
+            tasks.spawn(async move {
+                // Watched for readability only: the runtime reading an answer
+                // (or each event of a stream) does not wake the sidecar.
+                let l = airlock_platform_api::read_interest::ReadInterestListener(l);
+                listener_guard::serve(l, Guard::new(rules), app, std::future::pending()).await;
+            });
+        }
+        if let Some(l) = self.api_tcp {
+            let app = app.clone();
+            tasks.spawn(async move {
+                // (TCP_NODELAY is set on each connection by the guard's accept.)
+                listener_guard::serve(l, Guard::new(rules), app, std::future::pending()).await;
+            });
+        }
+        if let Some(l) = self.proxy_unix {
+            tasks.spawn(proxy_accept_loop(
+                l,
+                sidecar.clone(),
+                proxy::Scope::Agent,
+                |_| (),
+            ));
+        }
+        if let Some(l) = self.proxy_tcp {
+            tasks.spawn(proxy_accept_loop(
+                l,
+                sidecar.clone(),
+                proxy::Scope::Agent,
+                |s: &TcpStream| {
+                    let _ = s.set_nodelay(true);
+                },
+            ));
+        }
+        for (ns, l) in self.runner_proxies {
+            let scope = proxy::Scope::Runner(ns.into());
+            tasks.spawn(proxy_accept_loop(l, sidecar.clone(), scope, |_| ()));
+        }
+        tasks
     }
-    let app = app(sidecar.clone());
-    let rules = sidecar.limits.api_listener();
-    let mut tasks = tokio::task::JoinSet::new();
-    // Each API listener under its own guard (timeouts, a connection cap
-    // shared fairly between client processes or addresses): an agent
-    // holding connections open cannot grow the sidecar's memory past the
-    // cap, nor keep the runtime's reports out.
-    if let Some(l) = api_unix {
-        let app = app.clone();
-        tasks.spawn(async move {
-            // Watched for readability only: the runtime reading an answer
-            // (or each event of a stream) does not wake the sidecar.
-            let l = airlock_platform_api::read_interest::ReadInterestListener(l);
-            listener_guard::serve(l, Guard::new(rules), app, std::future::pending()).await;
-        });
-    }
-    if let Some(l) = api_tcp {
-        let app = app.clone();
-        tasks.spawn(async move {
-            // (TCP_NODELAY is set on each connection by the guard's accept.)
-            listener_guard::serve(l, Guard::new(rules), app, std::future::pending()).await;
-        });
-    }
-    if let Some(l) = proxy_unix {
-        tasks.spawn(proxy_accept_loop(
-            l,
-            sidecar.clone(),
-            proxy::Scope::Agent,
-            |_| (),
-        ));
-    }
-    if let Some(l) = proxy_tcp {
-        tasks.spawn(proxy_accept_loop(
-            l,
-            sidecar.clone(),
-            proxy::Scope::Agent,
-            |s: &TcpStream| {
-                let _ = s.set_nodelay(true);
-            },
-        ));
-    }
-    for (ns, l) in runner_proxies {
-        let scope = proxy::Scope::Runner(ns.into());
-        tasks.spawn(proxy_accept_loop(l, sidecar.clone(), scope, |_| ()));
-    }
-    println!(
-        "{}",
-        json!({"ready": true, "run_id": sidecar.run_id, "listen": ready})
-    );
-    tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
-    shutdown_signal().await;
-    tracing::info!("sidecar stopping");
-    tracing::debug!(target: "airlock::phase", "sidecar: stopping");
-    // No new connections; those open keep being served while the egress log
-    // drains (a request in flight completes, a model stream the agent left
-    // is read to its end for metering), within the deadline.
-    tasks.abort_all();
-    // (The drain's last step flushes every queued event, not only egress.)
-    sidecar.egress.drain(egress::DRAIN_DEADLINE).await;
-    sidecar.keep.report_shed();
-    tracing::debug!(target: "airlock::phase", "sidecar: events flushed");
-    for s in sockets {
-        let _ = std::fs::remove_file(s);
-    }
-    Ok(())
 }
 
 async fn bind_tcp(
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
     name: &str,
     ready: &mut serde_json::Map<String, serde_json::Value>,
-    own: &mut Vec<std::net::SocketAddr>,
+    own: &mut Vec<SocketAddr>,
 ) -> Result<TcpListener, SidecarError> {
     let l = TcpListener::bind(addr)
         .await
@@ -424,8 +472,8 @@ pub fn main_from_stdin() -> std::process::ExitCode {
     buf.iter_mut().for_each(|b| *b = 0);
     drop(buf);
     // One thread: a sidecar serves one run, its work is I/O (tunnels are
-    // spliced in the kernel), and a single thread saves the cross-thread
-    // wake-ups that dominated the api_call latency on two cores.
+    // spliced in the kernel), and on one thread no call waits for a
+    // wake-up from another.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,5 +1,7 @@
-//! The sidecar's shared state: configuration, the guarded client, the
-//! platform client and the event sink. One per run.
+//! The sidecar's shared state, one per run: its configuration, the guarded
+//! client, the platform client, and the run's recorders (the event sink,
+//! the egress recorder, the keeper of what must never be shed), built here
+//! from the configuration. Every site reads it; it imports none of them.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,21 +13,16 @@ use airlock_egress::{
     GuardedClient, Resolve, StaticResolver, SystemResolver,
 };
 use airlock_platform_api::PlatformClient;
-use airlock_platform_api::wire::RunEvent;
 use secrecy::SecretString;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::Semaphore;
 
 use crate::config::{Integration, Limits, Model, NetworkEgress, SidecarConfig};
+use crate::credential::Credentials;
 use crate::egress::Recorder;
+use crate::event_sink::EventSink;
+use crate::interception::Interceptor;
 use crate::journal::Journal;
-
-/// Unix milliseconds now.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+use crate::keep::Keeper;
 
 pub struct Sidecar {
     pub run_id: String,
@@ -49,12 +46,12 @@ pub struct Sidecar {
     pub fetches_ahead: Arc<Semaphore>,
     pub events: EventSink,
     /// What must never be shed, and the log lines within the run's cap.
-    pub keep: crate::keep::Keeper,
+    pub keep: Keeper,
     /// The egress log: every outbound request of every site.
     pub egress: Recorder,
     /// The intercepting proxy, when an integration has `inject = "proxy"`
     /// or a local runner.
-    pub interceptor: Option<crate::proxy::Interceptor>,
+    pub interceptor: Option<Interceptor>,
     /// What each local runner's proxy lets out without a credential: its
     /// integration's `authorized_uris` (and `allow_all_uris`).
     pub runner_network: HashMap<String, (AuthorizedUris, bool)>,
@@ -63,7 +60,7 @@ pub struct Sidecar {
     pub runner_mcp: std::sync::Mutex<HashMap<String, tokio::net::UnixListener>>,
     /// Each integration's credential values seen by the run and their
     /// redactor ([`crate::credential`]).
-    pub credentials: crate::credential::Credentials,
+    pub credentials: Credentials,
 }
 
 impl Sidecar {
@@ -73,7 +70,7 @@ impl Sidecar {
     pub fn new(
         cfg: SidecarConfig,
         own_listeners: &[SocketAddr],
-        journal: Option<Journal>,
+        journal: Journal,
     ) -> Result<Arc<Sidecar>, EgressError> {
         let mut policy = EgressPolicy::new();
         policy.allow_internal_hosts(cfg.egress.allow_internal_hosts.iter().map(String::as_str));
@@ -124,7 +121,7 @@ impl Sidecar {
             .map(|i| (i.namespace.clone(), i))
             .collect();
         let interceptor = match &cfg.proxy_ca {
-            Some(ca) => crate::proxy::Interceptor::new(ca, &integrations)
+            Some(ca) => Interceptor::new(ca, &integrations)
                 .map_err(|e| EgressError::upstream("-", e.to_string()))?,
             None => None,
         };
@@ -140,7 +137,7 @@ impl Sidecar {
             .collect();
         let platform = PlatformClient::new(&cfg.platform_socket, cfg.run_token);
         let events = EventSink::start(platform.clone());
-        let journal = journal.map(Arc::new);
+        let journal = Arc::new(journal);
         Ok(Arc::new(Sidecar {
             run_id: cfg.run_id,
             token: cfg.sidecar_token,
@@ -153,7 +150,7 @@ impl Sidecar {
             limits: cfg.limits,
             proxy_url: cfg.proxy_url,
             egress: Recorder::new(events.clone(), journal.clone()),
-            keep: crate::keep::Keeper::new(journal, events.clone()),
+            keep: Keeper::new(journal),
             events,
             platform,
             interceptor,
@@ -161,153 +158,5 @@ impl Sidecar {
             runner_mcp: Default::default(),
             credentials: Default::default(),
         }))
-    }
-}
-
-enum SinkMsg {
-    /// An event, and who waits to learn whether the platform stored it.
-    Event(Box<RunEvent>, Option<oneshot::Sender<bool>>),
-    Flush(oneshot::Sender<bool>),
-}
-
-/// Forwards events to the platform in batches, off the request path.
-#[derive(Clone)]
-pub struct EventSink {
-    tx: mpsc::Sender<SinkMsg>,
-}
-
-const SINK_CAPACITY: usize = 16 * 1024;
-const BATCH: usize = 256;
-/// How long the sink waits for more events before sending a batch (not
-/// when someone waits for it: a flush, or an egress record whose request
-/// is held until the platform has it).
-const LINGER: Duration = Duration::from_millis(5);
-
-/// Sends `events`, retrying a refusal a few times; `false` if they were dropped.
-async fn deliver(platform: &PlatformClient, events: Vec<RunEvent>) -> bool {
-    let n = events.len();
-    let mut attempt = 0;
-    loop {
-        match platform.events(events.clone()).await {
-            Ok(_) => return true,
-            Err(e) if attempt < 3 => {
-                attempt += 1;
-                tracing::warn!("event sink: platform refused {n} events (attempt {attempt}): {e}");
-                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-            }
-            Err(e) => {
-                tracing::error!("event sink: dropped {n} events: {e}");
-                return false;
-            }
-        }
-    }
-}
-
-impl EventSink {
-    /// Events are gathered for up to [`LINGER`] (or [`BATCH`] of them), so a
-    /// busy run costs the platform one request per batch, not per event. A
-    /// flush sends at once. So does an egress record the sidecar waits for
-    /// (its request is held until the platform has it): it takes along the
-    /// egress records queued before it (one write for all), while the other
-    /// events keep lingering.
-    pub fn start(platform: PlatformClient) -> Self {
-        let (tx, mut rx) = mpsc::channel::<SinkMsg>(SINK_CAPACITY);
-        tokio::spawn(async move {
-            let mut pending: Vec<RunEvent> = Vec::new();
-            let mut due_at: Option<tokio::time::Instant> = None;
-            let mut closed = false;
-            while !(closed && pending.is_empty()) {
-                let mut acks: Vec<oneshot::Sender<bool>> = Vec::new();
-                let mut flushes: Vec<oneshot::Sender<bool>> = Vec::new();
-                let next = match due_at {
-                    _ if closed => None,
-                    Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok(),
-                    None => Some(rx.recv().await),
-                };
-                let mut take = |m: SinkMsg, pending: &mut Vec<RunEvent>| match m {
-                    SinkMsg::Event(e, ack) => {
-                        pending.push(*e);
-                        acks.extend(ack);
-                    }
-                    SinkMsg::Flush(w) => flushes.push(w),
-                };
-                match next {
-                    Some(Some(m)) => {
-                        take(m, &mut pending);
-                        while let Ok(m) = rx.try_recv() {
-                            take(m, &mut pending);
-                        }
-                    }
-                    Some(None) => closed = true,
-                    None => {}
-                }
-                let now = tokio::time::Instant::now();
-                if due_at.is_none() && !pending.is_empty() {
-                    due_at = Some(now + LINGER);
-                }
-                let due = closed
-                    || !flushes.is_empty()
-                    || pending.len() >= BATCH
-                    || due_at.is_some_and(|at| at <= now);
-                if due {
-                    let delivered = pending.is_empty()
-                        || deliver(&platform, std::mem::take(&mut pending)).await;
-                    due_at = None;
-                    for w in acks.into_iter().chain(flushes) {
-                        let _ = w.send(delivered);
-                    }
-                } else if !acks.is_empty() {
-                    let (egress, rest): (Vec<RunEvent>, Vec<RunEvent>) =
-                        std::mem::take(&mut pending)
-                            .into_iter()
-                            .partition(|e| matches!(e, RunEvent::Egress(_)));
-                    pending = rest;
-                    if pending.is_empty() {
-                        due_at = None;
-                    }
-                    let delivered = deliver(&platform, egress).await;
-                    for w in acks {
-                        let _ = w.send(delivered);
-                    }
-                }
-            }
-        });
-        EventSink { tx }
-    }
-
-    /// Queues an event; never blocks the request path.
-    pub fn send(&self, event: RunEvent) {
-        if self
-            .tx
-            .try_send(SinkMsg::Event(Box::new(event), None))
-            .is_err()
-        {
-            tracing::error!("event sink is full or closed: an event was dropped");
-        }
-    }
-
-    /// Sends `event` now, with whatever is queued before it, and waits until
-    /// the platform has stored them: `false` if it did not.
-    pub async fn send_acked(&self, event: RunEvent) -> bool {
-        let (tx, rx) = oneshot::channel();
-        if self
-            .tx
-            .send(SinkMsg::Event(Box::new(event), Some(tx)))
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        rx.await.unwrap_or(false)
-    }
-
-    /// Waits until every event queued before this call was handed to the
-    /// platform; `false` if some of them could not be.
-    pub async fn flush(&self) -> bool {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(SinkMsg::Flush(tx)).await.is_err() {
-            return false;
-        }
-        rx.await.unwrap_or(false)
     }
 }

@@ -10,7 +10,6 @@ use secrecy::ExposeSecret;
 use secrecy::zeroize::Zeroizing;
 
 use crate::config::Delivery;
-use crate::mcp::args::ArgError;
 
 /// Percent-encodes everything but RFC 3986 unreserved characters, so a
 /// credential value substituted into a URL cannot change its structure.
@@ -34,37 +33,44 @@ fn unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"-._~".contains(&b)
 }
 
+/// Why a credential cannot be delivered as its integration says.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("the integration's delivery header is not a valid header name")]
+    HeaderName,
+    #[error("the connection's credential has no field {field:?} for the {header} header")]
+    MissingField { field: String, header: String },
+    #[error("the credential is not a valid header value")]
+    HeaderValue,
+}
+
+impl DeliveryError {
+    /// The HTTP status an agent sees: the configuration's fault (500) or
+    /// the stored credential's (502).
+    pub fn status(&self) -> u16 {
+        match self {
+            DeliveryError::HeaderName => 500,
+            DeliveryError::MissingField { .. } | DeliveryError::HeaderValue => 502,
+        }
+    }
+}
+
 /// The header that carries a connection's credential as the integration's
 /// `delivery` says (`api_call` and a remote MCP server's requests alike).
 pub fn delivery_header(
     d: &Delivery,
     fields: &CredentialFields,
-) -> Result<(HeaderName, HeaderValue), ArgError> {
-    let name = HeaderName::from_bytes(d.header.as_bytes()).map_err(|_| {
-        ArgError::with(
-            "credential_field_missing",
-            500,
-            "the integration's delivery header is not a valid header name",
-        )
-    })?;
-    let secret = fields.get(&d.field).ok_or_else(|| {
-        ArgError::with(
-            "credential_field_missing",
-            502,
-            format!(
-                "the connection's credential has no field {:?} for the {} header",
-                d.field, d.header
-            ),
-        )
-    })?;
+) -> Result<(HeaderName, HeaderValue), DeliveryError> {
+    let name =
+        HeaderName::from_bytes(d.header.as_bytes()).map_err(|_| DeliveryError::HeaderName)?;
+    let secret = fields
+        .get(&d.field)
+        .ok_or_else(|| DeliveryError::MissingField {
+            field: d.field.clone(),
+            header: d.header.clone(),
+        })?;
     let joined = Zeroizing::new(format!("{}{}", d.prefix, secret.expose_secret()));
-    let mut value = HeaderValue::from_str(&joined).map_err(|_| {
-        ArgError::with(
-            "credential_field_missing",
-            502,
-            "the credential is not a valid header value",
-        )
-    })?;
+    let mut value = HeaderValue::from_str(&joined).map_err(|_| DeliveryError::HeaderValue)?;
     // Never shown by a `Debug` of the headers, never indexed by HPACK.
     value.set_sensitive(true);
     Ok((name, value))

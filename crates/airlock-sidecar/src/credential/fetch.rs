@@ -1,11 +1,10 @@
 //! Fetching a connection's credential from the platform, with the one
 //! mapping of a failed fetch to what the caller answers.
 
-use airlock_platform_api::PlatformError;
 use airlock_platform_api::wire::{CredentialFields, CredentialResponse};
+use airlock_platform_api::{PlatformClient, PlatformError};
 
-use super::Redactor;
-use crate::state::Sidecar;
+use super::{Credentials, Redactor};
 
 /// A credential fetched for one request, with the integration's redactor
 /// (its values and those seen before in the run).
@@ -30,25 +29,26 @@ impl CredentialError {
     pub const STATUS: u16 = 502;
 }
 
-/// Fetches `namespace`'s credential now.
-pub async fn fetch(sidecar: &Sidecar, namespace: &str) -> Result<Fetched, CredentialError> {
-    fetched(
-        sidecar,
-        namespace,
-        sidecar.platform.credential(namespace).await,
-    )
+/// Fetches `namespace`'s credential from the platform now; its values join
+/// the run's `credentials`.
+pub async fn fetch(
+    platform: &PlatformClient,
+    credentials: &Credentials,
+    namespace: &str,
+) -> Result<Fetched, CredentialError> {
+    fetched(credentials, namespace, platform.credential(namespace).await)
 }
 
 /// The outcome of a fetch of `namespace`'s credential (started earlier, or
 /// just now by [`fetch`]).
 pub fn fetched(
-    sidecar: &Sidecar,
+    credentials: &Credentials,
     namespace: &str,
     outcome: Result<CredentialResponse, PlatformError>,
 ) -> Result<Fetched, CredentialError> {
     match outcome {
         Ok(c) => {
-            let redactor = sidecar.credentials.redactor(namespace, &c.fields);
+            let redactor = credentials.redactor(namespace, &c.fields);
             Ok(Fetched {
                 fields: c.fields,
                 redactor,

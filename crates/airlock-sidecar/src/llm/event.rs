@@ -2,19 +2,16 @@
 //!
 //! Every event of a metered SSE answer is a JSON object, and the meter needs
 //! only its `usage`, `model` and `choices`, and the `usage` and `model` of a
-//! `response` or `message` object in it. Parsing each event into a
-//! `serde_json::Value` built all of it (every string, every nested object)
-//! to read those; a callgrind profile of the relay put that parse, its drop
-//! and the lookups after it at about a third of the sidecar's instructions
-//! per streamed answer. Here visitors keep those values and skip the rest
-//! (checked for JSON syntax, never stored).
+//! `response` or `message` object in it. Visitors keep those values and
+//! skip the rest (checked for JSON syntax, never stored): nothing else of
+//! an event is built.
 //! A whole JSON answer's `usage` and `model`, kept raw by the relay's
 //! streaming scan, are read by the same visitors ([`read_top`]).
 //!
 //! It reads what `Value` would: a key given twice keeps its last value, and a
 //! value of another type than the one wanted reads as absent (a `usage` that
 //! is not an object, a count that is not a non-negative integer, a `model`
-//! that is not a string). The relay's
+//! that is not a string). The meter's
 //! `events_read_in_place_meter_as_a_value_would` checks both readings on the
 //! same events.
 
@@ -377,5 +374,16 @@ mod tests {
         ] {
             assert_eq!(read(other).unwrap(), EventView::default(), "{other:?}");
         }
+    }
+
+    #[test]
+    fn only_the_usage_only_chunk_is_dropped() {
+        let only = |data: &str| read(data).unwrap().is_usage_only_chunk();
+        assert!(only(r#"{"choices": [], "usage": {"prompt_tokens": 1}}"#));
+        assert!(!only(
+            r#"{"choices": [{"delta": {}}], "usage": {"prompt_tokens": 1}}"#
+        ));
+        assert!(!only(r#"{"choices": [], "usage": null}"#));
+        assert!(!only(r#"{"choices": []}"#));
     }
 }

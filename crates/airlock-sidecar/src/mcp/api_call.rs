@@ -101,8 +101,8 @@ async fn credential(
         None => None,
     };
     let fetched = match started {
-        Some(outcome) => fetch::fetched(sidecar, ns, outcome),
-        None => fetch::fetch(sidecar, ns).await,
+        Some(outcome) => fetch::fetched(&sidecar.credentials, ns, outcome),
+        None => fetch::fetch(&sidecar.platform, &sidecar.credentials, ns).await,
     };
     fetched.map_err(|e| {
         error_result(
@@ -200,57 +200,11 @@ pub(crate) async fn run_answer(
         return error_result("unavailable", "the sidecar is shutting down", 503).into();
     };
     let ns = integration.namespace.as_str();
-    let method = args.method.clone();
-    let refused = |e: &EgressError, url: &str, redactor: &Redactor| {
-        let what = Refused {
-            source: Source::ApiCall,
-            integration: Some(ns),
-            method: method.as_str(),
-            url,
-        };
-        sidecar.egress.refused(&what, e, redactor);
-        error_result(
-            e.code.as_str(),
-            &redactor.str(&e.to_string()),
-            e.http_status(),
-        )
-    };
-    // When neither the target nor authorized_uris depends on the credential,
-    // the guard decides and the request is recorded (journalled) while the
-    // credential is fetched. (Nothing of the credential is in that target
-    // to redact.)
-    let early_rules = state
-        .static_uris
-        .get(ns)
-        .filter(|_| !args.target.contains("{{"))
-        .map(|authorized| CallRules {
-            authorized,
-            allow_all_uris: integration.allow_all_uris,
-            credentialed: integration.has_connection,
-        });
-    let early = async {
-        match &early_rules {
-            Some(rules) => Some(
-                decide_and_record(
-                    sidecar,
-                    rules,
-                    ns,
-                    method.as_str(),
-                    (&args.target, UrlText::AsWritten),
-                    args.body_len() as u64,
-                    &Redactor::none(),
-                )
-                .await,
-            ),
-            None => None,
-        }
-    };
-    let (fetched, early) = tokio::join!(credential(sidecar, integration, prefetch), early);
-    let not_sent = |early: Option<Result<(Admission, InFlight), Stop>>| {
-        if let Some(Ok((_, flight))) = early {
-            flight.complete(Outcome::new(EgressOutcome::NotSent));
-        }
-    };
+    let method = args.method.as_str();
+    let (fetched, early) = tokio::join!(
+        credential(sidecar, integration, prefetch),
+        decide_early(state, integration, &args)
+    );
     // The credential lives for this call only; `fields` is dropped on return.
     let Fetched { fields, redactor } = match fetched {
         Ok(f) => f,
@@ -260,9 +214,8 @@ pub(crate) async fn run_answer(
         }
     };
     let early = match early {
-        Some(Err(Stop::Refused(e))) => return refused(&e, &args.target, &redactor).into(),
-        Some(Err(Stop::Unrecorded(e))) => {
-            return error_result(e.code(), &e.to_string(), 503).into();
+        Some(Err(stop)) => {
+            return stopped(sidecar, ns, method, stop, &args.target, &redactor).into();
         }
         other => other,
     };
@@ -290,27 +243,110 @@ pub(crate) async fn run_answer(
         allow_all_uris: integration.allow_all_uris,
         credentialed: integration.has_connection,
     };
-    let (admission, flight) = match early {
-        Some(Ok(decided)) => decided,
-        _ => match decide_and_record(
-            sidecar,
-            &rules,
-            ns,
-            method.as_str(),
-            (&prepared.url, UrlText::Prepared),
-            prepared.body.len() as u64,
-            &redactor,
-        )
-        .await
-        {
-            Ok(decided) => decided,
-            Err(Stop::Refused(e)) => return refused(&e, &prepared.url, &redactor).into(),
-            Err(Stop::Unrecorded(e)) => {
-                return error_result(e.code(), &e.to_string(), 503).into();
-            }
-        },
+    let decided = match early {
+        Some(Ok(decided)) => Ok(decided),
+        _ => {
+            decide_and_record(
+                sidecar,
+                &rules,
+                ns,
+                method,
+                (&prepared.url, UrlText::Prepared),
+                prepared.body.len() as u64,
+                &redactor,
+            )
+            .await
+        }
     };
-    let mut flight = flight;
+    match decided {
+        Ok((admission, flight)) => {
+            send(state, &rules, admission, flight, prepared, &redactor).await
+        }
+        Err(stop) => stopped(sidecar, ns, method, stop, &prepared.url, &redactor).into(),
+    }
+}
+
+/// The guard's decision and the request's record, made while the
+/// credential is fetched, when neither the target nor `authorized_uris`
+/// depends on the credential (so nothing of it is in that target to
+/// redact); `None` otherwise.
+async fn decide_early(
+    state: &McpState,
+    integration: &Integration,
+    args: &ApiCallArgs,
+) -> Option<Result<(Admission, InFlight), Stop>> {
+    let ns = integration.namespace.as_str();
+    let authorized = state
+        .static_uris
+        .get(ns)
+        .filter(|_| !args.target.contains("{{"))?;
+    let rules = CallRules {
+        authorized,
+        allow_all_uris: integration.allow_all_uris,
+        credentialed: integration.has_connection,
+    };
+    let decided = decide_and_record(
+        &state.sidecar,
+        &rules,
+        ns,
+        args.method.as_str(),
+        (&args.target, UrlText::AsWritten),
+        args.body_len() as u64,
+        &Redactor::none(),
+    )
+    .await;
+    Some(decided)
+}
+
+/// Completes an early decision's record as not sent: the call stopped
+/// before it was.
+fn not_sent(early: Option<Result<(Admission, InFlight), Stop>>) {
+    if let Some(Ok((_, flight))) = early {
+        flight.complete(Outcome::new(EgressOutcome::NotSent));
+    }
+}
+
+/// The result of a call to `url` that was not sent: the guard's refusal
+/// (recorded here, with the call's redactor), or the egress log's failure.
+fn stopped(
+    sidecar: &Sidecar,
+    ns: &str,
+    method: &str,
+    stop: Stop,
+    url: &str,
+    redactor: &Redactor,
+) -> CallToolResult {
+    match stop {
+        Stop::Refused(e) => {
+            let what = Refused {
+                source: Source::ApiCall,
+                integration: Some(ns),
+                method,
+                url,
+            };
+            sidecar.egress.refused(&what, &e, redactor);
+            error_result(
+                e.code.as_str(),
+                &redactor.str(&e.to_string()),
+                e.http_status(),
+            )
+        }
+        Stop::Unrecorded(e) => error_result(e.code(), &e.to_string(), 503),
+    }
+}
+
+/// Sends the admitted call and answers with what came back, completing its
+/// record with the upstream's outcome: an answer that cannot be searched
+/// for the credential is withheld; the rest is answered redacted
+/// ([`success`]).
+async fn send(
+    state: &McpState,
+    rules: &CallRules<'_>,
+    admission: Admission,
+    mut flight: InFlight,
+    prepared: args::Prepared,
+    redactor: &Redactor,
+) -> Answer {
     flight.will_send();
     let sent_bytes = prepared.body.len() as u64;
     let mut headers = prepared.headers;
@@ -327,7 +363,12 @@ pub(crate) async fn run_answer(
         body: prepared.body,
         credential_headers: prepared.credential_headers,
     };
-    let resp = match sidecar.client.send_admitted(admission, req, &rules).await {
+    let resp = match state
+        .sidecar
+        .client
+        .send_admitted(admission, req, rules)
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             flight.complete(Outcome::of_error(&e).bytes_out(sent_bytes));
@@ -363,7 +404,7 @@ pub(crate) async fn run_answer(
         )
         .into();
     }
-    let answer = success(state, &redactor, resp).await;
+    let answer = success(state, redactor, resp).await;
     flight.complete_after_answer(answered);
     answer
 }

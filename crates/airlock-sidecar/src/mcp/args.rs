@@ -50,7 +50,7 @@ pub const MAX_QUERY_CHARS: usize = 1000;
 pub const MAX_HEADERS: usize = 100;
 /// Longest target URL (after substitution).
 pub const MAX_TARGET_BYTES: usize = 16 * 1024;
-pub use crate::credential::deliver::{delivery_header, percent_encode};
+pub use crate::credential::deliver::{DeliveryError, delivery_header, percent_encode};
 pub use crate::credential::redact::{MIN_REDACT_LEN, REDACTED, Redactor};
 
 /// Caller headers refused on `api_call`: hop-by-hop and framing headers the
@@ -282,6 +282,12 @@ impl ArgError {
     }
 }
 
+impl From<DeliveryError> for ArgError {
+    fn from(e: DeliveryError) -> Self {
+        ArgError::with("credential_field_missing", e.status(), e.to_string())
+    }
+}
+
 /// Parses `name` and `arguments`; `is_namespace` says which integrations exist.
 pub fn parse_tool_call(
     name: &str,
@@ -416,6 +422,9 @@ impl ApiCallArgs {
         self.body.as_ref().map_or(0, |b| b.bytes().len())
     }
 
+    /// Reads an `api_call`'s arguments, each checked in turn: no unknown
+    /// key, the target, the method, the headers, the body (none for `GET`
+    /// or `HEAD`, within `max_body_bytes`), `substituteBody`.
     pub fn parse(
         args: &Map<String, Value>,
         max_body_bytes: usize,
@@ -424,86 +433,10 @@ impl ApiCallArgs {
             args,
             &["target", "method", "headers", "body", "substituteBody"],
         )?;
-        let target = match args.get("target") {
-            Some(Value::String(t)) if !t.is_empty() => t.clone(),
-            _ => {
-                return Err(ArgError::invalid(
-                    "target (a non-empty URL string) is required",
-                ));
-            }
-        };
-        if target.len() > MAX_TARGET_BYTES {
-            return Err(ArgError::invalid(format!(
-                "target is longer than {MAX_TARGET_BYTES} bytes"
-            )));
-        }
-        let method = match args.get("method") {
-            None | Some(Value::Null) => Method::GET,
-            Some(Value::String(m)) => match m.to_ascii_uppercase().as_str() {
-                "GET" => Method::GET,
-                "POST" => Method::POST,
-                "PUT" => Method::PUT,
-                "PATCH" => Method::PATCH,
-                "DELETE" => Method::DELETE,
-                "HEAD" => Method::HEAD,
-                _ => {
-                    return Err(ArgError::invalid(
-                        "method must be one of GET, POST, PUT, PATCH, DELETE, HEAD",
-                    ));
-                }
-            },
-            Some(_) => return Err(ArgError::invalid("method must be a string")),
-        };
-        let mut headers = Vec::new();
-        match args.get("headers") {
-            None | Some(Value::Null) => {}
-            Some(Value::Object(map)) => {
-                if map.len() > MAX_HEADERS {
-                    return Err(ArgError::invalid(format!(
-                        "more than {MAX_HEADERS} headers"
-                    )));
-                }
-                for (name, value) in map {
-                    let Value::String(value) = value else {
-                        return Err(ArgError::invalid(format!(
-                            "header {:?}: value must be a string",
-                            short(name)
-                        )));
-                    };
-                    headers.push((check_header_name(name)?, check_header_value(name, value)?));
-                }
-            }
-            Some(_) => return Err(ArgError::invalid("headers must be an object of strings")),
-        }
-        let body = match args.get("body") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(BodySpec::Text(s.clone())),
-            Some(Value::Object(o)) if o.contains_key("fromBytes") => Some(parse_from_bytes(o)?),
-            Some(v @ (Value::Object(_) | Value::Array(_))) => Some(BodySpec::Json(v.to_string())),
-            Some(_) => {
-                return Err(ArgError::with(
-                    "invalid_body",
-                    400,
-                    "body must be a string, a JSON object or array, or {\"fromBytes\": \"<base64>\", \"encoding\": \"base64\"}",
-                ));
-            }
-        };
-        if let Some(b) = &body {
-            if matches!(method, Method::GET | Method::HEAD) {
-                return Err(ArgError::with(
-                    "invalid_body",
-                    400,
-                    format!("a {method} request cannot have a body"),
-                ));
-            }
-            if b.bytes().len() > max_body_bytes {
-                return Err(ArgError::with(
-                    "body_too_large",
-                    413,
-                    format!("body exceeds the {max_body_bytes}-byte limit"),
-                ));
-            }
-        }
+        let target = parse_target(args)?;
+        let method = parse_method(args)?;
+        let headers = parse_headers(args)?;
+        let body = parse_body(args, &method, max_body_bytes)?;
         let substitute_body = match args.get("substituteBody") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
@@ -517,6 +450,109 @@ impl ApiCallArgs {
             substitute_body,
         })
     }
+}
+
+/// `target`: a non-empty string within [`MAX_TARGET_BYTES`].
+fn parse_target(args: &Map<String, Value>) -> Result<String, ArgError> {
+    let target = match args.get("target") {
+        Some(Value::String(t)) if !t.is_empty() => t.clone(),
+        _ => {
+            return Err(ArgError::invalid(
+                "target (a non-empty URL string) is required",
+            ));
+        }
+    };
+    if target.len() > MAX_TARGET_BYTES {
+        return Err(ArgError::invalid(format!(
+            "target is longer than {MAX_TARGET_BYTES} bytes"
+        )));
+    }
+    Ok(target)
+}
+
+/// `method`: one of six, in any case; `GET` when absent.
+fn parse_method(args: &Map<String, Value>) -> Result<Method, ArgError> {
+    match args.get("method") {
+        None | Some(Value::Null) => Ok(Method::GET),
+        Some(Value::String(m)) => match m.to_ascii_uppercase().as_str() {
+            "GET" => Ok(Method::GET),
+            "POST" => Ok(Method::POST),
+            "PUT" => Ok(Method::PUT),
+            "PATCH" => Ok(Method::PATCH),
+            "DELETE" => Ok(Method::DELETE),
+            "HEAD" => Ok(Method::HEAD),
+            _ => Err(ArgError::invalid(
+                "method must be one of GET, POST, PUT, PATCH, DELETE, HEAD",
+            )),
+        },
+        Some(_) => Err(ArgError::invalid("method must be a string")),
+    }
+}
+
+/// `headers`: an object of at most [`MAX_HEADERS`] strings, each name and
+/// value checked.
+fn parse_headers(args: &Map<String, Value>) -> Result<Vec<(HeaderName, String)>, ArgError> {
+    let mut headers = Vec::new();
+    match args.get("headers") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            if map.len() > MAX_HEADERS {
+                return Err(ArgError::invalid(format!(
+                    "more than {MAX_HEADERS} headers"
+                )));
+            }
+            for (name, value) in map {
+                let Value::String(value) = value else {
+                    return Err(ArgError::invalid(format!(
+                        "header {:?}: value must be a string",
+                        short(name)
+                    )));
+                };
+                headers.push((check_header_name(name)?, check_header_value(name, value)?));
+            }
+        }
+        Some(_) => return Err(ArgError::invalid("headers must be an object of strings")),
+    }
+    Ok(headers)
+}
+
+/// `body`: text, JSON, or bytes in base64; none for a `GET` or `HEAD`, and
+/// within `max_body_bytes`.
+fn parse_body(
+    args: &Map<String, Value>,
+    method: &Method,
+    max_body_bytes: usize,
+) -> Result<Option<BodySpec>, ArgError> {
+    let body = match args.get("body") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(BodySpec::Text(s.clone())),
+        Some(Value::Object(o)) if o.contains_key("fromBytes") => Some(parse_from_bytes(o)?),
+        Some(v @ (Value::Object(_) | Value::Array(_))) => Some(BodySpec::Json(v.to_string())),
+        Some(_) => {
+            return Err(ArgError::with(
+                "invalid_body",
+                400,
+                "body must be a string, a JSON object or array, or {\"fromBytes\": \"<base64>\", \"encoding\": \"base64\"}",
+            ));
+        }
+    };
+    if let Some(b) = &body {
+        if matches!(*method, Method::GET | Method::HEAD) {
+            return Err(ArgError::with(
+                "invalid_body",
+                400,
+                format!("a {method} request cannot have a body"),
+            ));
+        }
+        if b.bytes().len() > max_body_bytes {
+            return Err(ArgError::with(
+                "body_too_large",
+                413,
+                format!("body exceeds the {max_body_bytes}-byte limit"),
+            ));
+        }
+    }
+    Ok(body)
 }
 
 fn short(s: &str) -> String {

@@ -4,8 +4,7 @@
 //! rmcp answers such a request by spawning a one-shot service (a task, two
 //! channels, a cancellation token), serialising the parsed message back to a
 //! `Value` to check the SEP-2243 headers, and parsing the body through its
-//! flattened model; a profile of the sidecar put that at about half of the
-//! instructions of an `api_call`. Here the same request is parsed once into
+//! flattened model. Here the same request is parsed once into
 //! rmcp's own parameter type, run by the same [`McpState::call`] the rmcp
 //! handler runs (as [`McpState::call_answer`]), and answered as rmcp's
 //! stateless JSON mode answers (`application/json`, status 200): the usual
@@ -308,7 +307,7 @@ pub(crate) mod tests {
         });
         let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
         let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
-        crate::Sidecar::new(cfg, &[], Some(journal)).unwrap()
+        crate::Sidecar::new(cfg, &[], journal).unwrap()
     }
 
     fn request(headers: &[(&str, &str)], body: &str) -> axum::http::Request<axum::body::Body> {

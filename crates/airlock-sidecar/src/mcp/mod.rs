@@ -805,9 +805,9 @@ mod tests {
     use std::time::Duration;
 
     /// Every layer above the /mcp entry (axum's handler box, the
-    /// middleware) moves its future whole: the large parts (an api_call's
-    /// ~7.5 KiB, rmcp's ~5 KiB) are boxed where they are awaited, so what
-    /// is moved per request stays small.
+    /// middleware) moves its future whole: the large parts (an api_call's,
+    /// rmcp's) are boxed where they are awaited, so what is moved per
+    /// request stays within 2 KiB.
     #[tokio::test]
     async fn the_entrys_future_is_small() {
         let dir = tempfile::tempdir().unwrap();
@@ -816,8 +816,6 @@ mod tests {
         let mcp = Mcp::new(lean::tests::sidecar(1, &j), true);
         let request = || Request::post("/").body(Body::empty()).unwrap();
         let entry = entry(&mcp, request());
-        // Measured: the call 7,512 bytes, rmcp's 5,296, the entry 1,288
-        // (6,352 with rmcp's inline, 7,672 with the call's too).
         assert!(
             std::mem::size_of_val(&entry) <= 2048,
             "the /mcp entry's future is {} bytes",
@@ -915,7 +913,7 @@ mod tests {
         });
         let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
         let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
-        Sidecar::new(cfg, &[], Some(journal)).unwrap()
+        Sidecar::new(cfg, &[], journal).unwrap()
     }
 
     /// [`sidecar_with`] `calls` call slots, its journal in a new directory

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use airlock_egress::{AuthorizedUris, CallRules, OutboundRequest};
+use airlock_egress::{AuthorizedUris, CallRules, GuardedResponse, OutboundRequest};
 use airlock_platform_api::wire::EgressOutcome;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
@@ -49,9 +49,10 @@ use sse_stream::Sse;
 
 use super::api_call::{self, error_result};
 use super::args;
+use crate::config::Integration;
 use crate::credential::Redactor;
 use crate::credential::fetch::{self, Fetched};
-use crate::egress::{Allowed, Outcome, Refused, Source};
+use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
 use crate::state::Sidecar;
 
 /// Most tools taken from one server; the rest are left out (and logged).
@@ -127,33 +128,8 @@ impl GuardedMcpHttp {
         let Some(integration) = sidecar.integrations.get(ns) else {
             return Err(RemoteError::Delivery(format!("no integration {ns}")));
         };
-        let Fetched { fields, redactor } = if integration.has_connection {
-            fetch::fetch(sidecar, ns)
-                .await
-                .map_err(|e| RemoteError::Credential {
-                    namespace: e.namespace,
-                    status: e.status.map_or("unreachable".into(), |s| s.to_string()),
-                })?
-        } else {
-            Fetched {
-                fields: BTreeMap::new(),
-                redactor: Redactor::none(),
-            }
-        };
-        let mut credential_headers = Vec::new();
-        if let Some(d) = integration
-            .delivery
-            .as_ref()
-            .filter(|_| integration.has_connection)
-        {
-            let (name, value) = args::delivery_header(d, &fields)
-                .map_err(|e| RemoteError::Delivery(redactor.str(&e.message)))?;
-            headers.remove(&name);
-            headers.insert(name.clone(), value);
-            credential_headers.push(name);
-        }
-        // Only an answer the sidecar can read is redacted.
-        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        let (Fetched { fields, redactor }, credential_headers) =
+            credential(sidecar, integration, &mut headers).await?;
         let rendered;
         let authorized = match &self.authorized {
             Some(a) => a.as_ref(),
@@ -210,30 +186,80 @@ impl GuardedMcpHttp {
                 return Err(RemoteError::Egress(e));
             }
         };
-        let answered = Outcome::completed(resp.status.as_u16())
-            .bytes_out(bytes_out)
-            .bytes_in(resp.body.len() as u64);
-        if !redactor.is_empty()
-            && let Some(coding) = api_call::unreadable_coding(&resp.headers)
-        {
-            flight.complete(Outcome {
-                kind: Some(EgressOutcome::Withheld),
-                ..answered
-            });
-            return Err(RemoteError::Unredactable(coding));
-        }
-        flight.complete(answered);
-        let body = if redactor.is_empty() {
-            resp.body
-        } else {
-            Bytes::from(redactor.bytes(&resp.body))
-        };
-        Ok(Answer {
-            status: resp.status,
-            headers: resp.headers,
-            body,
-        })
+        answer(resp, flight, bytes_out, &redactor)
     }
+}
+
+/// The integration's credential for one exchange (none without a
+/// connection), put into `headers` as its delivery says; the names of the
+/// headers that carry it. Only an answer the sidecar can read is redacted:
+/// `headers` ask for `identity`.
+async fn credential(
+    sidecar: &Sidecar,
+    integration: &Integration,
+    headers: &mut HeaderMap,
+) -> Result<(Fetched, Vec<HeaderName>), RemoteError> {
+    let ns = integration.namespace.as_str();
+    let fetched = if integration.has_connection {
+        fetch::fetch(&sidecar.platform, &sidecar.credentials, ns)
+            .await
+            .map_err(|e| RemoteError::Credential {
+                namespace: e.namespace,
+                status: e.status.map_or("unreachable".into(), |s| s.to_string()),
+            })?
+    } else {
+        Fetched {
+            fields: BTreeMap::new(),
+            redactor: Redactor::none(),
+        }
+    };
+    let mut credential_headers = Vec::new();
+    if let Some(d) = integration
+        .delivery
+        .as_ref()
+        .filter(|_| integration.has_connection)
+    {
+        let (name, value) = args::delivery_header(d, &fetched.fields)
+            .map_err(|e| RemoteError::Delivery(fetched.redactor.str(&e.to_string())))?;
+        headers.remove(&name);
+        headers.insert(name.clone(), value);
+        credential_headers.push(name);
+    }
+    headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    Ok((fetched, credential_headers))
+}
+
+/// The server's answer, its record completed: an answer that cannot be
+/// searched for the credential is withheld; the rest is redacted.
+fn answer(
+    resp: GuardedResponse,
+    flight: InFlight,
+    bytes_out: u64,
+    redactor: &Redactor,
+) -> Result<Answer, RemoteError> {
+    let answered = Outcome::completed(resp.status.as_u16())
+        .bytes_out(bytes_out)
+        .bytes_in(resp.body.len() as u64);
+    if !redactor.is_empty()
+        && let Some(coding) = api_call::unreadable_coding(&resp.headers)
+    {
+        flight.complete(Outcome {
+            kind: Some(EgressOutcome::Withheld),
+            ..answered
+        });
+        return Err(RemoteError::Unredactable(coding));
+    }
+    flight.complete(answered);
+    let body = if redactor.is_empty() {
+        resp.body
+    } else {
+        Bytes::from(redactor.bytes(&resp.body))
+    };
+    Ok(Answer {
+        status: resp.status,
+        headers: resp.headers,
+        body,
+    })
 }
 
 type HttpError = StreamableHttpError<RemoteError>;
@@ -305,86 +331,7 @@ impl StreamableHttpClient for GuardedMcpHttp {
             .exchange(Method::POST, &uri, headers, Bytes::from(body))
             .await
             .map_err(StreamableHttpError::Client)?;
-        let status = answer.status;
-        if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT) {
-            return Ok(StreamableHttpPostResponse::Accepted);
-        }
-        if status == StatusCode::NOT_FOUND && session_was_attached {
-            return Err(StreamableHttpError::SessionExpired);
-        }
-        let session = answer
-            .headers
-            .get(&super::MCP_SESSION_ID)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let awaits_no_response = matches!(
-            message,
-            ClientJsonRpcMessage::Notification(_)
-                | ClientJsonRpcMessage::Response(_)
-                | ClientJsonRpcMessage::Error(_)
-        );
-        let ct = answer.headers.get(CONTENT_TYPE);
-        let is_json = media_type_is(ct, "application/json");
-        if !status.is_success() {
-            if let Some(r) =
-                legacy_discover_response(&message, session_was_attached, status, &answer.body)
-            {
-                return Ok(r);
-            }
-            if is_json
-                && answer.body.len() <= limits.max_json_response_size
-                && let Ok(err @ ServerJsonRpcMessage::Error(_)) =
-                    serde_json::from_slice::<ServerJsonRpcMessage>(&answer.body)
-            {
-                return Ok(StreamableHttpPostResponse::Json(err, session));
-            }
-            return Err(unexpected(format!(
-                "HTTP {status}: {}",
-                preview(&answer.body)
-            )));
-        }
-        if awaits_no_response && answer.body.is_empty() {
-            return Ok(StreamableHttpPostResponse::Accepted);
-        }
-        if media_type_is(ct, "text/event-stream") {
-            let body = answer.body;
-            let max = limits.max_sse_event_size;
-            let events =
-                sse_stream::SseStream::from_bytes_stream(futures::stream::once(async move {
-                    Ok::<Bytes, std::io::Error>(body)
-                }))
-                .map(move |e| match e {
-                    Ok(sse) if sse.data.as_ref().is_some_and(|d| d.len() > max) => {
-                        Err(SseError::Body(Box::new(std::io::Error::other(format!(
-                            "an event is larger than {max} bytes"
-                        )))))
-                    }
-                    other => other,
-                });
-            let events: BoxStream<'static, Result<Sse, SseError>> = events.boxed();
-            return Ok(StreamableHttpPostResponse::Sse(events, session));
-        }
-        if is_json {
-            if answer.body.len() > limits.max_json_response_size {
-                return Err(StreamableHttpError::ResponseBodyTooLarge {
-                    max_size: limits.max_json_response_size,
-                });
-            }
-            return match serde_json::from_slice::<ServerJsonRpcMessage>(&answer.body) {
-                Ok(m) => Ok(StreamableHttpPostResponse::Json(m, session)),
-                Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
-                Err(e) => Err(unexpected(format!(
-                    "the server's answer is not a JSON-RPC message ({e}): {}",
-                    preview(&answer.body)
-                ))),
-            };
-        }
-        if awaits_no_response {
-            return Ok(StreamableHttpPostResponse::Accepted);
-        }
-        Err(StreamableHttpError::UnexpectedContentType(
-            ct.and_then(|v| v.to_str().ok()).map(str::to_owned),
-        ))
+        post_response(&message, session_was_attached, answer, limits)
     }
 
     async fn delete_session(
@@ -424,6 +371,98 @@ impl StreamableHttpClient for GuardedMcpHttp {
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
         Err(StreamableHttpError::ServerDoesNotSupportSse)
     }
+}
+
+/// What a POST's answer is to the client: accepted, a session gone, a JSON
+/// message, or a stream of events (each within `limits`).
+fn post_response(
+    message: &ClientJsonRpcMessage,
+    session_was_attached: bool,
+    answer: Answer,
+    limits: StreamableHttpResponseLimits,
+) -> Result<StreamableHttpPostResponse, HttpError> {
+    let status = answer.status;
+    if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT) {
+        return Ok(StreamableHttpPostResponse::Accepted);
+    }
+    if status == StatusCode::NOT_FOUND && session_was_attached {
+        return Err(StreamableHttpError::SessionExpired);
+    }
+    let session = answer
+        .headers
+        .get(&super::MCP_SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let awaits_no_response = matches!(
+        message,
+        ClientJsonRpcMessage::Notification(_)
+            | ClientJsonRpcMessage::Response(_)
+            | ClientJsonRpcMessage::Error(_)
+    );
+    let ct = answer.headers.get(CONTENT_TYPE);
+    let is_json = media_type_is(ct, "application/json");
+    if !status.is_success() {
+        if let Some(r) =
+            legacy_discover_response(message, session_was_attached, status, &answer.body)
+        {
+            return Ok(r);
+        }
+        if is_json
+            && answer.body.len() <= limits.max_json_response_size
+            && let Ok(err @ ServerJsonRpcMessage::Error(_)) =
+                serde_json::from_slice::<ServerJsonRpcMessage>(&answer.body)
+        {
+            return Ok(StreamableHttpPostResponse::Json(err, session));
+        }
+        return Err(unexpected(format!(
+            "HTTP {status}: {}",
+            preview(&answer.body)
+        )));
+    }
+    if awaits_no_response && answer.body.is_empty() {
+        return Ok(StreamableHttpPostResponse::Accepted);
+    }
+    if media_type_is(ct, "text/event-stream") {
+        let events = sse_events(answer.body, limits.max_sse_event_size);
+        return Ok(StreamableHttpPostResponse::Sse(events, session));
+    }
+    if is_json {
+        if answer.body.len() > limits.max_json_response_size {
+            return Err(StreamableHttpError::ResponseBodyTooLarge {
+                max_size: limits.max_json_response_size,
+            });
+        }
+        return match serde_json::from_slice::<ServerJsonRpcMessage>(&answer.body) {
+            Ok(m) => Ok(StreamableHttpPostResponse::Json(m, session)),
+            Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
+            Err(e) => Err(unexpected(format!(
+                "the server's answer is not a JSON-RPC message ({e}): {}",
+                preview(&answer.body)
+            ))),
+        };
+    }
+    if awaits_no_response {
+        return Ok(StreamableHttpPostResponse::Accepted);
+    }
+    Err(StreamableHttpError::UnexpectedContentType(
+        ct.and_then(|v| v.to_str().ok()).map(str::to_owned),
+    ))
+}
+
+/// The events of an SSE answer read whole, none larger than `max` bytes.
+fn sse_events(body: Bytes, max: usize) -> BoxStream<'static, Result<Sse, SseError>> {
+    sse_stream::SseStream::from_bytes_stream(futures::stream::once(async move {
+        Ok::<Bytes, std::io::Error>(body)
+    }))
+    .map(move |e| match e {
+        Ok(sse) if sse.data.as_ref().is_some_and(|d| d.len() > max) => {
+            Err(SseError::Body(Box::new(std::io::Error::other(format!(
+                "an event is larger than {max} bytes"
+            )))))
+        }
+        other => other,
+    })
+    .boxed()
 }
 
 /// rmcp's own rule (its built-in clients' `legacy_discover_response`): a

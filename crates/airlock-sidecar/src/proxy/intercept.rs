@@ -30,11 +30,11 @@
 //! `authorized_uris` instead of the network policy for everything else: a
 //! runner holds only its placeholder, never the credential.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressError, OutboundRequest, Target};
-use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
+use airlock_egress::{
+    Admission, CallRules, EgressError, OutboundRequest, StreamingBody, StreamingResponse, Target,
+};
 use airlock_platform_api::wire::EgressOutcome;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -42,7 +42,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -53,143 +52,9 @@ use super::{
 use crate::credential::deliver::{Substituted, substitute};
 use crate::credential::fetch::{self, CredentialError, Fetched};
 use crate::credential::{Redactor, StreamRedactor};
-use crate::egress::{Allowed, Outcome, Refused};
+use crate::egress::{Allowed, InFlight, Outcome, Refused};
+use crate::interception::Injectable;
 use crate::state::Sidecar;
-
-/// Leaf certificates kept per run (one per CONNECT host); past it the
-/// cache starts again.
-const MAX_CACHED_CERTS: usize = 256;
-
-/// An integration whose credential the proxy may inject.
-struct Injectable {
-    namespace: String,
-    placeholder: String,
-    authorized: AuthorizedUris,
-    /// On the agent's listener (`inject = "proxy"`); a local runner's
-    /// credential is injected on its own listener only.
-    for_agent: bool,
-    /// It has a connection and a delivery (a runner may have neither: its
-    /// requests are then judged here, and carry nothing).
-    carries: bool,
-}
-
-/// The run's CA and what it signed so far.
-pub struct Interceptor {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    /// One key for every leaf certificate of the run.
-    leaf_key: rcgen::KeyPair,
-    configs: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
-    injectable: Vec<Injectable>,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("the run's proxy CA is unusable: {0}")]
-pub struct InterceptError(String);
-
-impl Interceptor {
-    /// The interceptor of a run whose configuration has a CA and at least
-    /// one integration with `inject = "proxy"` or a local runner, with a
-    /// connection and a delivery.
-    pub fn new(
-        ca: &ProxyCa,
-        integrations: &foldhash::HashMap<String, Integration>,
-    ) -> Result<Option<Interceptor>, InterceptError> {
-        let mut injectable: Vec<Injectable> = integrations
-            .values()
-            .filter(|i| {
-                let carries = i.has_connection && i.delivery.is_some();
-                (i.inject_proxy && carries) || i.runner.is_some()
-            })
-            .map(|i| Injectable {
-                namespace: i.namespace.clone(),
-                placeholder: placeholder(&i.namespace),
-                authorized: AuthorizedUris::parse(&i.authorized_uris),
-                for_agent: i.inject_proxy,
-                carries: i.has_connection && i.delivery.is_some(),
-            })
-            .collect();
-        if injectable.is_empty() {
-            return Ok(None);
-        }
-        injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));
-        let err = |e: rcgen::Error| InterceptError(e.to_string());
-        let key = rcgen::KeyPair::from_pem(ca.key_pem.expose_secret()).map_err(err)?;
-        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, key).map_err(err)?;
-        Ok(Some(Interceptor {
-            issuer,
-            leaf_key: rcgen::KeyPair::generate().map_err(err)?,
-            configs: Mutex::default(),
-            injectable,
-        }))
-    }
-
-    /// The TLS configuration presenting a certificate for `host`.
-    fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
-        if let Some(c) = self.configs.lock().ok().and_then(|c| c.get(host).cloned()) {
-            return Ok(c);
-        }
-        let mut params = rcgen::CertificateParams::new(vec![host.to_owned()])
-            .map_err(|e| format!("certificate for {host}: {e}"))?;
-        let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::hours(1);
-        params.not_after = now + time::Duration::days(2);
-        let leaf = params
-            .signed_by(&self.leaf_key, &self.issuer)
-            .map_err(|e| format!("certificate for {host}: {e}"))?;
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key.serialize_der()));
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_no_client_auth()
-            .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], key)
-            .map_err(|e| e.to_string())?;
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let cfg = Arc::new(cfg);
-        if let Ok(mut c) = self.configs.lock() {
-            if c.len() >= MAX_CACHED_CERTS {
-                c.clear();
-            }
-            c.insert(host.to_owned(), cfg.clone());
-        }
-        Ok(cfg)
-    }
-
-    /// The integrations whose credentials requests on `scope`'s listener may carry.
-    fn candidates<'a>(&'a self, scope: &'a Scope) -> impl Iterator<Item = &'a Injectable> + 'a {
-        self.injectable.iter().filter(move |i| match scope {
-            Scope::Agent => i.for_agent,
-            Scope::Runner(ns) => i.namespace == ns.as_ref(),
-        })
-    }
-
-    /// Whether the CONNECTs of `scope`'s listener are terminated here.
-    pub(super) fn serves(&self, scope: &Scope) -> bool {
-        self.candidates(scope).next().is_some()
-    }
-
-    /// The integration whose credential a request to `target` may carry.
-    fn injectable_for<'a>(
-        &'a self,
-        sidecar: &Sidecar,
-        scope: &'a Scope,
-        target: &Target,
-    ) -> Option<&'a Injectable> {
-        self.candidates(scope).find(|i| {
-            let rules = CallRules {
-                authorized: &i.authorized,
-                allow_all_uris: false,
-                credentialed: i.carries,
-            };
-            sidecar
-                .client
-                .guard()
-                .policy()
-                .check(target, &rules)
-                .is_ok()
-        })
-    }
-}
 
 /// Serves a CONNECT of a listener that intercepts: answers 200, then
 /// terminates TLS, or relays a tunnel that is not TLS under the listener's
@@ -288,7 +153,9 @@ fn refusal(e: &EgressError) -> Response<ProxyBody> {
     json_response(status, e.code.as_str(), &e.to_string())
 }
 
-/// One request inside an intercepted tunnel.
+/// One request inside an intercepted tunnel: its target and body, the
+/// credential it may carry ([`inject`]), the guard's decision and its
+/// egress record, then the upstream's answer ([`send`], [`answer`]).
 async fn handle(
     req: Request<Incoming>,
     authority: &Target,
@@ -299,130 +166,43 @@ async fn handle(
     let Some(icpt) = sidecar.interceptor.as_ref() else {
         return json_response(StatusCode::BAD_GATEWAY, "bad_gateway", "not intercepting");
     };
-    let path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
-    if !path.starts_with('/') {
-        return json_response(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "inside a tunnel a request names a path, not a URL",
-        );
-    }
-    let url = format!("https://{}{path}", authority.authority());
-    let target = match Target::parse(&url) {
+    let target = match target_in_tunnel(&req, authority) {
         Ok(t) => t,
-        Err(e) => return refusal(&e),
+        Err(r) => return *r,
     };
     let method = req.method().clone();
     let (parts, body) = req.into_parts();
-    let limit = sidecar.limits.max_request_bytes;
-    let body = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return json_response(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                &format!("request body exceeds the {limit}-byte limit"),
-            );
-        }
+    let body = match read_body(body, sidecar.limits.max_request_bytes).await {
+        Ok(b) => b,
+        Err(r) => return *r,
     };
     let mut headers: HeaderMap = parts.headers;
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
 
-    // Whose credential it may carry, and whether it asks for it. Every
-    // answer from what an integration with a credential covers is redacted
-    // of it, whether or not this request carried it: an upstream may hand
-    // back later what an earlier request stored (a stored reflection).
-    let mut carried: Option<&str> = None;
-    let mut credential_headers: Vec<HeaderName> = Vec::new();
-    let mut redactor = Redactor::none();
-    let injectable = icpt.injectable_for(sidecar, scope, &target);
-    if let Some(inj) = injectable
-        && inj.carries
-    {
-        let Fetched {
-            fields,
-            redactor: r,
-        } = match fetch::fetch(sidecar, &inj.namespace).await {
-            Ok(f) => f,
-            Err(e) => {
-                return json_response(
-                    StatusCode::BAD_GATEWAY,
-                    CredentialError::CODE,
-                    &e.to_string(),
-                );
-            }
-        };
-        redactor = r;
-        let asks = headers.values().any(|v| {
-            v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
-                || substitute(v, &inj.placeholder, "x").is_some()
-        });
-        if asks {
-            let field = sidecar
-                .integrations
-                .get(&inj.namespace)
-                .and_then(|i| i.delivery.as_ref())
-                .map(|d| d.field.clone())
-                .unwrap_or_default();
-            let Some(secret) = fields.get(&field) else {
-                return json_response(
-                    StatusCode::BAD_GATEWAY,
-                    "credential_field_missing",
-                    &format!("the connection's credential has no field {field:?}"),
-                );
-            };
-            let names: Vec<HeaderName> = headers.keys().cloned().collect();
-            for name in names {
-                let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
-                let mut changed = false;
-                // (A `Basic` value made here is the credential in base64,
-                // which the redactor finds.)
-                let replaced: Vec<HeaderValue> = values
-                    .iter()
-                    .map(
-                        |v| match substitute(v, &inj.placeholder, secret.expose_secret()) {
-                            Some(Substituted { value, .. }) => {
-                                changed = true;
-                                value
-                            }
-                            None => v.clone(),
-                        },
-                    )
-                    .collect();
-                if changed {
-                    headers.remove(&name);
-                    for v in replaced {
-                        headers.append(name.clone(), v);
-                    }
-                    credential_headers.push(name);
-                }
-            }
-            carried = Some(&inj.namespace);
-        }
-        // Only an answer the sidecar can read is redacted.
-        headers.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
-    }
+    // Whose credential it may carry, and whether it asks for it.
+    let injectable = icpt.injectable_for(sidecar.client.guard().policy(), scope.runner(), &target);
+    let injected = match injectable.filter(|inj| inj.carries) {
+        Some(inj) => match inject(sidecar, inj, &mut headers).await {
+            Ok(i) => i,
+            Err(r) => return *r,
+        },
+        None => Injected::default(),
+    };
     // A request the integration covers is allowed by it, and carries the
     // credential only where its placeholder asked for it.
     let rules = match injectable {
         Some(inj) => CallRules {
             authorized: &inj.authorized,
             allow_all_uris: false,
-            credentialed: carried.is_some(),
+            credentialed: injected.carried.is_some(),
         },
         None => scope.rules(sidecar),
     };
     let source = scope.source();
-    let recorded = scope.integration(carried);
+    let recorded = scope.integration(injected.carried);
+    let redactor = &injected.redactor;
     let admission = match sidecar.client.admit(target.url().as_str(), &rules).await {
         Ok(a) => a,
         Err(e) => {
@@ -432,7 +212,7 @@ async fn handle(
                 method: method.as_str(),
                 url: target.url().as_str(),
             };
-            sidecar.egress.refused(&what, &e, &redactor);
+            sidecar.egress.refused(&what, &e, redactor);
             return refusal(&e);
         }
     };
@@ -446,7 +226,7 @@ async fn handle(
     };
     let mut flight = match sidecar
         .egress
-        .begin_as(&allowed, &redactor, Some(EgressOutcome::NotSent))
+        .begin_as(&allowed, redactor, Some(EgressOutcome::NotSent))
         .await
     {
         Ok(f) => f,
@@ -460,35 +240,196 @@ async fn handle(
         url: target.url().to_string(),
         headers,
         body,
-        credential_headers,
+        credential_headers: injected.credential_headers,
     };
-    let resp = match tokio::time::timeout(
+    match send(sidecar, settings, admission, out, &target, redactor).await {
+        Ok(resp) => answer(resp, flight, bytes_out, redactor),
+        Err(e) => {
+            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
+            refusal(&e)
+        }
+    }
+}
+
+/// The URL of a request inside a tunnel: `https://<the CONNECT
+/// authority><path>` (the `Host` header is ignored: it cannot front
+/// another host). A request that names a URL instead of a path is a 400.
+fn target_in_tunnel(
+    req: &Request<Incoming>,
+    authority: &Target,
+) -> Result<Target, Box<Response<ProxyBody>>> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    if !path.starts_with('/') {
+        return Err(Box::new(json_response(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "inside a tunnel a request names a path, not a URL",
+        )));
+    }
+    let url = format!("https://{}{path}", authority.authority());
+    Target::parse(&url).map_err(|e| Box::new(refusal(&e)))
+}
+
+/// The request body, whole, if it is within `limit` bytes (else 413).
+async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Box<Response<ProxyBody>>> {
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(_) => Err(Box::new(json_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            &format!("request body exceeds the {limit}-byte limit"),
+        ))),
+    }
+}
+
+/// What [`inject`] did to a request.
+#[derive(Default)]
+struct Injected<'a> {
+    /// The integration whose credential it carries (its placeholder asked
+    /// for it).
+    carried: Option<&'a str>,
+    /// The headers the credential was put in.
+    credential_headers: Vec<HeaderName>,
+    /// What every answer from what the integration covers is redacted of.
+    redactor: Redactor,
+}
+
+/// Fetches the credential of `inj`, which covers the request, and puts it
+/// where the request's headers carry its placeholder. Every answer from
+/// what an integration with a credential covers is redacted of it, whether
+/// or not this request carried it: an upstream may hand back later what an
+/// earlier request stored (a stored reflection).
+async fn inject<'a>(
+    sidecar: &Sidecar,
+    inj: &'a Injectable,
+    headers: &mut HeaderMap,
+) -> Result<Injected<'a>, Box<Response<ProxyBody>>> {
+    let Fetched { fields, redactor } =
+        match fetch::fetch(&sidecar.platform, &sidecar.credentials, &inj.namespace).await {
+            Ok(f) => f,
+            Err(e) => {
+                return Err(Box::new(json_response(
+                    StatusCode::BAD_GATEWAY,
+                    CredentialError::CODE,
+                    &e.to_string(),
+                )));
+            }
+        };
+    let mut injected = Injected {
+        redactor,
+        ..Injected::default()
+    };
+    let asks = headers.values().any(|v| {
+        v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
+            || substitute(v, &inj.placeholder, "x").is_some()
+    });
+    if asks {
+        let field = sidecar
+            .integrations
+            .get(&inj.namespace)
+            .and_then(|i| i.delivery.as_ref())
+            .map(|d| d.field.clone())
+            .unwrap_or_default();
+        let Some(secret) = fields.get(&field) else {
+            return Err(Box::new(json_response(
+                StatusCode::BAD_GATEWAY,
+                "credential_field_missing",
+                &format!("the connection's credential has no field {field:?}"),
+            )));
+        };
+        injected.credential_headers =
+            replace_placeholder(headers, &inj.placeholder, secret.expose_secret());
+        injected.carried = Some(&inj.namespace);
+    }
+    // Only an answer the sidecar can read is redacted.
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+    Ok(injected)
+}
+
+/// Replaces `placeholder` with `secret` in every header value that holds
+/// it (also inside `Authorization: Basic`); the names of the headers
+/// changed.
+fn replace_placeholder(
+    headers: &mut HeaderMap,
+    placeholder: &str,
+    secret: &str,
+) -> Vec<HeaderName> {
+    let mut changed_names = Vec::new();
+    let names: Vec<HeaderName> = headers.keys().cloned().collect();
+    for name in names {
+        let values: Vec<HeaderValue> = headers.get_all(&name).iter().cloned().collect();
+        let mut changed = false;
+        // (A `Basic` value made here is the credential in base64, which
+        // the redactor finds.)
+        let replaced: Vec<HeaderValue> = values
+            .iter()
+            .map(|v| match substitute(v, placeholder, secret) {
+                Some(Substituted { value, .. }) => {
+                    changed = true;
+                    value
+                }
+                None => v.clone(),
+            })
+            .collect();
+        if changed {
+            headers.remove(&name);
+            for v in replaced {
+                headers.append(name.clone(), v);
+            }
+            changed_names.push(name);
+        }
+    }
+    changed_names
+}
+
+/// Sends the admitted request: the upstream's answer head within the
+/// response timeout, or why not (an upstream's detail redacted).
+async fn send(
+    sidecar: &Sidecar,
+    settings: &ProxySettings,
+    admission: Admission,
+    out: OutboundRequest,
+    target: &Target,
+    redactor: &Redactor,
+) -> Result<StreamingResponse, EgressError> {
+    match tokio::time::timeout(
         settings.response_timeout,
         sidecar.client.send_streaming_admitted(admission, out),
     )
     .await
     {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
-            let mut e = e;
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(mut e)) => {
             e.detail = redactor.str(&e.detail);
-            return refusal(&e);
+            Err(e)
         }
-        Err(_) => {
-            let e = EgressError::upstream(
-                &target.host().bare(),
-                format!("no response head within {:?}", settings.response_timeout),
-            );
-            flight.complete(Outcome::of_error(&e).bytes_out(bytes_out));
-            return refusal(&e);
-        }
-    };
+        Err(_) => Err(EgressError::upstream(
+            &target.host().bare(),
+            format!("no response head within {:?}", settings.response_timeout),
+        )),
+    }
+}
+
+/// The agent's answer: the upstream's, its bytes counted into the egress
+/// record. Covered by an integration with a credential, an answer that
+/// cannot be searched is withheld, and the rest streams through the
+/// redactor ([`redacted`]).
+fn answer(
+    resp: StreamingResponse,
+    flight: InFlight,
+    bytes_out: u64,
+    redactor: &Redactor,
+) -> Response<ProxyBody> {
     let status = resp.status;
     let mut resp_headers = resp.headers.clone();
     strip_hop_by_hop(&mut resp_headers);
-    // Covered by an integration with a credential: refuse what cannot be
-    // searched; the rest streams through the redactor, headers redacted.
     if !redactor.is_empty()
         && let Some(coding) = crate::mcp::api_call::unreadable_coding(&resp.headers)
     {
@@ -526,8 +467,19 @@ async fn handle(
         *r.headers_mut() = resp_headers;
         return r;
     }
+    redacted(counted, status, &resp_headers, redactor)
+}
+
+/// An answer let through the redactor: its headers redacted (a value that
+/// is not text is dropped, and so is the length), its body as it streams.
+fn redacted(
+    counted: Counted<StreamingBody>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    redactor: &Redactor,
+) -> Response<ProxyBody> {
     let mut clean = HeaderMap::new();
-    for (name, value) in &resp_headers {
+    for (name, value) in headers {
         if name == header::CONTENT_LENGTH {
             continue;
         }

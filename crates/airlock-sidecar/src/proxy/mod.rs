@@ -31,8 +31,6 @@ use airlock_tunnel as relay;
 mod intercept;
 mod upstream;
 
-pub use intercept::{InterceptError, Interceptor};
-
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -126,6 +124,14 @@ static NOWHERE: std::sync::LazyLock<airlock_egress::AuthorizedUris> =
     std::sync::LazyLock::new(airlock_egress::AuthorizedUris::default);
 
 impl Scope {
+    /// The local runner whose listener this is; `None`: the agent's.
+    pub(crate) fn runner(&self) -> Option<&str> {
+        match self {
+            Scope::Agent => None,
+            Scope::Runner(ns) => Some(ns),
+        }
+    }
+
     /// The rules of a request that carries no credential from this listener.
     pub(crate) fn rules<'s>(&self, sidecar: &'s Sidecar) -> CallRules<'s> {
         let (authorized, allow_all_uris) = match self {
@@ -200,6 +206,68 @@ pub async fn serve_connection<S: ProxyStream>(stream: S, sidecar: Arc<Sidecar>, 
     serve_connection_with(stream, sidecar, settings, scope).await
 }
 
+/// The request's head, read within the head timeout and validated; or
+/// `None`, once what went wrong is answered (nothing is answered to a
+/// client that closed before a full head).
+async fn head_or_answer<S: ProxyStream>(
+    stream: &mut S,
+    settings: &ProxySettings,
+) -> Option<(RequestHead, BytesMut)> {
+    match tokio::time::timeout(settings.head_timeout, read_head(stream)).await {
+        Ok(Ok(Some(v))) => Some(v),
+        Ok(Ok(None)) => None,
+        Ok(Err(e)) => {
+            let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+            let _ = respond(
+                stream,
+                status,
+                &[],
+                &error_body("bad_request", &e.to_string()),
+            )
+            .await;
+            None
+        }
+        Err(_) => {
+            let _ = respond(
+                stream,
+                StatusCode::REQUEST_TIMEOUT,
+                &[],
+                &error_body("request_timeout", "request head not received in time"),
+            )
+            .await;
+            None
+        }
+    }
+}
+
+/// Whether the request carries the listener's token; if not, it is
+/// answered 407 (no body beyond the fixed error: nothing of the request is
+/// echoed).
+async fn authorized_or_answer<S: ProxyStream>(
+    stream: &mut S,
+    sidecar: &Sidecar,
+    scope: &Scope,
+    head: &RequestHead,
+) -> bool {
+    if scope
+        .token(sidecar)
+        .is_some_and(|t| auth::is_proxy_authorized(&head.headers, t))
+    {
+        return true;
+    }
+    let _ = respond(
+        stream,
+        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+        &[("Proxy-Authenticate", "Basic realm=\"airlock\"")],
+        &error_body(
+            "proxy_authentication_required",
+            "the sidecar token is required in Proxy-Authorization",
+        ),
+    )
+    .await;
+    false
+}
+
 /// [`serve_connection`] with explicit timeouts.
 pub async fn serve_connection_with<S: ProxyStream>(
     mut stream: S,
@@ -207,48 +275,10 @@ pub async fn serve_connection_with<S: ProxyStream>(
     settings: ProxySettings,
     scope: Scope,
 ) {
-    let (head, buf) = match tokio::time::timeout(settings.head_timeout, read_head(&mut stream))
-        .await
-    {
-        Ok(Ok(Some(v))) => v,
-        Ok(Ok(None)) => return, // closed before a full head: nothing to answer
-        Ok(Err(e)) => {
-            let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-            let _ = respond(
-                &mut stream,
-                status,
-                &[],
-                &error_body("bad_request", &e.to_string()),
-            )
-            .await;
-            return;
-        }
-        Err(_) => {
-            let _ = respond(
-                &mut stream,
-                StatusCode::REQUEST_TIMEOUT,
-                &[],
-                &error_body("request_timeout", "request head not received in time"),
-            )
-            .await;
-            return;
-        }
+    let Some((head, buf)) = head_or_answer(&mut stream, &settings).await else {
+        return;
     };
-    if !scope
-        .token(&sidecar)
-        .is_some_and(|t| auth::is_proxy_authorized(&head.headers, t))
-    {
-        // No body beyond the fixed error: nothing of the request is echoed.
-        let _ = respond(
-            &mut stream,
-            StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            &[("Proxy-Authenticate", "Basic realm=\"airlock\"")],
-            &error_body(
-                "proxy_authentication_required",
-                "the sidecar token is required in Proxy-Authorization",
-            ),
-        )
-        .await;
+    if !authorized_or_answer(&mut stream, &sidecar, &scope, &head).await {
         return;
     }
     let method = head.method.to_string();
@@ -276,7 +306,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
     if sidecar
         .interceptor
         .as_ref()
-        .is_some_and(|i| i.serves(&scope))
+        .is_some_and(|i| i.serves(scope.runner()))
         && matches!(head.target, RequestTarget::Authority(_))
     {
         // Each request inside is judged on its own ([`intercept`]).
@@ -723,9 +753,13 @@ async fn forward<S: ProxyStream>(
             headers.remove(header::HOST);
         }
     }
-    let path = admitted.target.path_and_query().to_owned();
-    let method = head.method.clone();
-    let state = Arc::new(Mutex::new(Some((upstream, headers, path, method))));
+    let onward = Onward {
+        upstream,
+        headers,
+        path: admitted.target.path_and_query().to_owned(),
+        method: head.method.clone(),
+    };
+    let state = Arc::new(Mutex::new(Some(onward)));
     let response_timeout = settings.response_timeout;
     let host_bare = admitted.target.host().bare();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -734,70 +768,14 @@ async fn forward<S: ProxyStream>(
         let host_bare = host_bare.clone();
         async move {
             let taken = state.lock().ok().and_then(|mut s| s.take());
-            let Some((upstream, headers, path, method)) = taken else {
+            let Some(onward) = taken else {
                 return Ok::<_, std::convert::Infallible>(json_response(
                     StatusCode::BAD_REQUEST,
                     "bad_request",
                     "one request per proxy connection",
                 ));
             };
-            let fail = |detail: String| {
-                let e = EgressError::new(
-                    EgressCode::UpstreamFailed,
-                    GuardStep::Upstream,
-                    Some(&host_bare),
-                    detail,
-                );
-                meter.finish(Some(Outcome::of_error(&e)));
-                json_response(StatusCode::BAD_GATEWAY, e.code.as_str(), &e.to_string())
-            };
-            let body = Counted {
-                inner: req.into_body(),
-                meter: meter.clone(),
-                inbound: false,
-            };
-            let mut out = Request::new(body);
-            *out.method_mut() = method;
-            *out.uri_mut() = match path.parse() {
-                Ok(u) => u,
-                Err(_) => return Ok(fail("target path is not a valid request-target".into())),
-            };
-            *out.headers_mut() = headers;
-            let (mut sender, conn) =
-                match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
-                    Ok(v) => v,
-                    Err(e) => return Ok(fail(format!("HTTP handshake failed: {e}"))),
-                };
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            let resp = match tokio::time::timeout(response_timeout, sender.send_request(out)).await
-            {
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => return Ok(fail(format!("upstream request failed: {e}"))),
-                Err(_) => {
-                    return Ok(fail(format!(
-                        "no response head within {response_timeout:?}"
-                    )));
-                }
-            };
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                return Ok(fail(
-                    "upstream switched protocols, which the proxy does not relay".into(),
-                ));
-            }
-            let (mut parts, incoming) = resp.into_parts();
-            if let Ok(mut slot) = meter.status.lock() {
-                *slot = Some(parts.status.as_u16());
-            }
-            strip_hop_by_hop(&mut parts.headers);
-            let body = Counted {
-                inner: incoming,
-                meter: meter.clone(),
-                inbound: true,
-            }
-            .boxed();
-            Ok(Response::from_parts(parts, body))
+            Ok(onward.send(req, &meter, &host_bare, response_timeout).await)
         }
     });
     let io = TokioIo::new(relay::Rewind::new(rest_with_head(&head, rest), client));
@@ -805,6 +783,80 @@ async fn forward<S: ProxyStream>(
         .keep_alive(false)
         .serve_connection(io, service)
         .await;
+}
+
+/// Where the one request of a forwarded connection goes, and as what.
+struct Onward {
+    /// The pinned upstream, dialled.
+    upstream: TcpStream,
+    headers: HeaderMap,
+    /// Origin-form.
+    path: String,
+    method: http::Method,
+}
+
+impl Onward {
+    /// Sends `req` upstream as an origin-form request; its answer streams
+    /// back, both ways counted into `meter`. A failure is the upstream's,
+    /// recorded and answered 502.
+    async fn send(
+        self,
+        req: Request<Incoming>,
+        meter: &Arc<Meter>,
+        host: &str,
+        response_timeout: Duration,
+    ) -> Response<ProxyBody> {
+        let fail = |detail: String| {
+            let e = EgressError::new(
+                EgressCode::UpstreamFailed,
+                GuardStep::Upstream,
+                Some(host),
+                detail,
+            );
+            meter.finish(Some(Outcome::of_error(&e)));
+            json_response(StatusCode::BAD_GATEWAY, e.code.as_str(), &e.to_string())
+        };
+        let body = Counted {
+            inner: req.into_body(),
+            meter: meter.clone(),
+            inbound: false,
+        };
+        let mut out = Request::new(body);
+        *out.method_mut() = self.method;
+        *out.uri_mut() = match self.path.parse() {
+            Ok(u) => u,
+            Err(_) => return fail("target path is not a valid request-target".into()),
+        };
+        *out.headers_mut() = self.headers;
+        let (mut sender, conn) =
+            match hyper::client::conn::http1::handshake(TokioIo::new(self.upstream)).await {
+                Ok(v) => v,
+                Err(e) => return fail(format!("HTTP handshake failed: {e}")),
+            };
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let resp = match tokio::time::timeout(response_timeout, sender.send_request(out)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return fail(format!("upstream request failed: {e}")),
+            Err(_) => return fail(format!("no response head within {response_timeout:?}")),
+        };
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            return fail("upstream switched protocols, which the proxy does not relay".into());
+        }
+        let (mut parts, incoming) = resp.into_parts();
+        if let Ok(mut slot) = meter.status.lock() {
+            *slot = Some(parts.status.as_u16());
+        }
+        strip_hop_by_hop(&mut parts.headers);
+        let body = Counted {
+            inner: incoming,
+            meter: meter.clone(),
+            inbound: true,
+        }
+        .boxed();
+        Response::from_parts(parts, body)
+    }
 }
 
 /// hyper re-reads the (validated) head for its body framing: hand it the

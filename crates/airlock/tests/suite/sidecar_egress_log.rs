@@ -10,8 +10,7 @@
 //!   the next start's reclaim (while the run is live the platform follows
 //!   the journal, so its log is in the store as it runs); a request whose
 //!   record cannot be journalled
-//!   does not leave; without a journal (an older platform), a request the
-//!   platform did not acknowledge does not leave;
+//!   does not leave, and a sidecar without a journal does not start;
 //! - one failure means one thing at every site: a dial failure is the
 //!   guard's `allowed` with the upstream's `upstream_failed`, and each
 //!   refusal is one log line;
@@ -378,15 +377,12 @@ async fn past_the_journal_bound_nothing_leaves() {
     );
 }
 
-/// Without a journal (a configuration from an older platform), each start
-/// record waits for the platform: with the platform gone a request could
-/// not be recorded, so it does not leave (`egress_log_unavailable`), and
-/// the upstream sees nothing. (The legitimate path works before.)
+/// A configuration without a journal (none that a platform of this build
+/// writes: every egress record is written ahead to the run's journal) is
+/// refused: the sidecar exits before it serves anything, so no request can
+/// leave unrecorded, and the upstream sees nothing.
 #[tokio::test(flavor = "multi_thread")]
-async fn without_a_journal_nothing_leaves_with_the_platform_gone() {
-    if !python_has(&["mcp", "httpx2"]) {
-        return;
-    }
+async fn without_a_journal_the_sidecar_does_not_start() {
     let p = TestPlatform::start("egress-log-agent").await;
     let up = Upstream::start().await;
     let mut cfg = p.sidecar_config_without_journal(default_listen());
@@ -398,29 +394,26 @@ async fn without_a_journal_nothing_leaves_with_the_platform_gone() {
             "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
         }),
     );
-    let sc = spawn_sidecar(&cfg);
-    let token = p.sidecar_token.expose_secret().to_owned();
-    let mcp = format!("http://{}/mcp", sc.tcp());
-    let proxy = format!("http://{}", sc.proxy_tcp());
-    let ops = json!([{"op": "call", "name": "open__api_call", "args": {"target": up.url("/ok")}}]);
-    let before = agent_output(spawn_agent(&mcp, &token, ops.clone()));
-    assert_eq!(before["results"][0]["isError"], json!(false), "{before}");
-    assert_eq!(curl_status(&proxy, &token, &up.url("/ok")), 200);
-    assert_eq!(up.seen().len(), 2);
-
-    p.stop_serving();
-    let after = agent_output(spawn_agent(&mcp, &token, ops));
-    let text = after["results"][0]["content"][0]["text"]
-        .as_str()
-        .unwrap_or("");
-    assert_eq!(after["results"][0]["isError"], json!(true), "{after}");
-    assert!(text.contains("egress_log_unavailable"), "{after}");
-    assert_eq!(curl_status(&proxy, &token, &up.url("/ok")), 503);
+    let mut child = Command::new(AIRLOCK)
+        .arg("sidecar")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, cfg.to_string().as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
     assert_eq!(
-        up.seen().len(),
-        2,
-        "a request left although it could not be recorded"
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "",
+        "no readiness line"
     );
+    assert!(stderr.contains("no egress journal"), "{stderr}");
+    assert!(up.seen().is_empty(), "{:?}", up.seen());
     assert_eq!(std::fs::metadata(&p.journal).unwrap().len(), 0);
 }
 

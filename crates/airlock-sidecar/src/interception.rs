@@ -1,0 +1,152 @@
+//! The run's interception authority, for the intercepting proxy
+//! ([`crate::proxy`], `inject = "proxy"` and local runners): the run's CA,
+//! the leaf certificates it signed (one per CONNECT host, cached), and the
+//! integrations whose credentials a request on each listener may carry.
+//! Built once per run from the configuration; what a request then does is
+//! the proxy's.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use airlock_egress::{AuthorizedUris, CallRules, EgressPolicy, Target};
+use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use secrecy::ExposeSecret;
+
+/// Leaf certificates kept per run (one per CONNECT host); past it the
+/// cache starts again.
+const MAX_CACHED_CERTS: usize = 256;
+
+/// An integration whose credential the proxy may inject.
+pub struct Injectable {
+    pub namespace: String,
+    /// What the agent (or runner) sends in its place.
+    pub placeholder: String,
+    pub authorized: AuthorizedUris,
+    /// On the agent's listener (`inject = "proxy"`); a local runner's
+    /// credential is injected on its own listener only.
+    for_agent: bool,
+    /// It has a connection and a delivery (a runner may have neither: its
+    /// requests are then judged by its `authorized_uris`, and carry nothing).
+    pub carries: bool,
+}
+
+/// The run's CA and what it signed so far.
+pub struct Interceptor {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// One key for every leaf certificate of the run.
+    leaf_key: rcgen::KeyPair,
+    configs: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
+    injectable: Vec<Injectable>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the run's proxy CA is unusable: {0}")]
+pub struct InterceptError(String);
+
+impl Interceptor {
+    /// The interceptor of a run whose configuration has a CA and at least
+    /// one integration with `inject = "proxy"` or a local runner, with a
+    /// connection and a delivery.
+    pub fn new(
+        ca: &ProxyCa,
+        integrations: &foldhash::HashMap<String, Integration>,
+    ) -> Result<Option<Interceptor>, InterceptError> {
+        let mut injectable: Vec<Injectable> = integrations
+            .values()
+            .filter(|i| {
+                let carries = i.has_connection && i.delivery.is_some();
+                (i.inject_proxy && carries) || i.runner.is_some()
+            })
+            .map(|i| Injectable {
+                namespace: i.namespace.clone(),
+                placeholder: placeholder(&i.namespace),
+                authorized: AuthorizedUris::parse(&i.authorized_uris),
+                for_agent: i.inject_proxy,
+                carries: i.has_connection && i.delivery.is_some(),
+            })
+            .collect();
+        if injectable.is_empty() {
+            return Ok(None);
+        }
+        injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+        let err = |e: rcgen::Error| InterceptError(e.to_string());
+        let key = rcgen::KeyPair::from_pem(ca.key_pem.expose_secret()).map_err(err)?;
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, key).map_err(err)?;
+        Ok(Some(Interceptor {
+            issuer,
+            leaf_key: rcgen::KeyPair::generate().map_err(err)?,
+            configs: Mutex::default(),
+            injectable,
+        }))
+    }
+
+    /// The TLS configuration presenting a certificate for `host`.
+    pub fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
+        if let Some(c) = self.configs.lock().ok().and_then(|c| c.get(host).cloned()) {
+            return Ok(c);
+        }
+        let mut params = rcgen::CertificateParams::new(vec![host.to_owned()])
+            .map_err(|e| format!("certificate for {host}: {e}"))?;
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(2);
+        let leaf = params
+            .signed_by(&self.leaf_key, &self.issuer)
+            .map_err(|e| format!("certificate for {host}: {e}"))?;
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key.serialize_der()));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], key)
+            .map_err(|e| e.to_string())?;
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let cfg = Arc::new(cfg);
+        if let Ok(mut c) = self.configs.lock() {
+            if c.len() >= MAX_CACHED_CERTS {
+                c.clear();
+            }
+            c.insert(host.to_owned(), cfg.clone());
+        }
+        Ok(cfg)
+    }
+
+    /// The integrations whose credentials requests on a listener may
+    /// carry: the agent's (`runner` is `None`), or a local runner's own.
+    fn candidates<'a>(
+        &'a self,
+        runner: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Injectable> + 'a {
+        self.injectable.iter().filter(move |i| match runner {
+            None => i.for_agent,
+            Some(ns) => i.namespace == ns,
+        })
+    }
+
+    /// Whether the CONNECTs of a listener ([`Interceptor::candidates`]) are
+    /// terminated here.
+    pub fn serves(&self, runner: Option<&str>) -> bool {
+        self.candidates(runner).next().is_some()
+    }
+
+    /// The integration whose credential a request to `target` on a
+    /// listener may carry: the first whose `authorized_uris` cover it under
+    /// `policy`.
+    pub fn injectable_for<'a>(
+        &'a self,
+        policy: &EgressPolicy,
+        runner: Option<&'a str>,
+        target: &Target,
+    ) -> Option<&'a Injectable> {
+        self.candidates(runner).find(|i| {
+            let rules = CallRules {
+                authorized: &i.authorized,
+                allow_all_uris: false,
+                credentialed: i.carries,
+            };
+            policy.check(target, &rules).is_ok()
+        })
+    }
+}
