@@ -381,6 +381,46 @@ impl Store {
         }
         Ok(())
     }
+
+    /// Runs `sql` (an `INSERT … SELECT` of `texts` as `$1…`, then `at`,
+    /// then the quota, that inserts only while the count is under it) for
+    /// `org`; whether it inserted. On PostgreSQL the organization's
+    /// creations are serialised by an advisory lock for the transaction:
+    /// two at the same instant cannot both pass the count (SQLite has one
+    /// writer at a time anyway).
+    pub(crate) async fn insert_within_quota(
+        &self,
+        org: &str,
+        sql: &'static str,
+        texts: &[&str],
+        at: i64,
+        max: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let max = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            if matches!(self.pool, Pool::Postgres(_)) {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                    .bind(org)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            let mut q = sqlx::query(sql);
+            for t in texts {
+                q = q.bind(*t);
+            }
+            let n = q
+                .bind(at)
+                .bind(max)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(n > 0)
+        })
+    }
 }
 
 /// How often the leader sweeps (`RETENTION_SWEEP_SECONDS`, an hour).

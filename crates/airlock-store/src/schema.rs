@@ -3,6 +3,10 @@
 //! Hand-rolled rather than `sqlx::migrate!` (which needs sqlx's proc macros): a version table,
 //! each migration in its own transaction, the version row inserted first so that two processes
 //! migrating at once cannot both apply one (the second hits the primary key and backs off).
+//!
+//! Bounds: `airlock_schema_migrations` holds one row per migration applied.
+
+use crate::{Backend, Store, StoreError, is_unique_violation, now_ms};
 
 pub(crate) struct Migration {
     pub version: i64,
@@ -494,3 +498,65 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         sql: version_9_common!(),
     },
 ];
+
+impl Store {
+    /// Applies every migration this version knows that the store has not
+    /// had yet, each in its own transaction; refuses a store migrated by a
+    /// newer version.
+    pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
+        let migrations = match self.backend() {
+            Backend::Sqlite => SQLITE,
+            Backend::Postgres => POSTGRES,
+        };
+        on_pool!(self, p => {
+            sqlx::raw_sql(VERSION_TABLE)
+                .execute(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            let applied: Option<i64> =
+                sqlx::query_scalar("SELECT MAX(version) FROM airlock_schema_migrations")
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            let known = migrations.last().map_or(0, |m| m.version);
+            if let Some(found) = applied.filter(|v| *v > known) {
+                return Err(StoreError::SchemaTooNew { found, known });
+            }
+            for m in migrations.iter().filter(|m| applied.is_none_or(|a| m.version > a)) {
+                let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+                let claimed = sqlx::query(
+                    "INSERT INTO airlock_schema_migrations (version, description, applied_at) \
+                     VALUES ($1, $2, $3)",
+                )
+                .bind(m.version)
+                .bind(m.description)
+                .bind(now_ms())
+                .execute(&mut *tx)
+                .await;
+                match claimed {
+                    Ok(_) => {}
+                    Err(e) if is_unique_violation(&e) => continue, // another process applied it
+                    Err(e) => return Err(self.err(e)),
+                }
+                sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(|source| {
+                    StoreError::Migration { version: m.version, detail: source.to_string(), source }
+                })?;
+                tx.commit().await.map_err(|e| self.err(e))?;
+                tracing::info!(version = m.version, database = %self.display, "applied migration");
+            }
+            Ok(())
+        })
+    }
+
+    /// The schema version in force.
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        on_pool!(self, p => {
+            let v: Option<i64> =
+                sqlx::query_scalar("SELECT MAX(version) FROM airlock_schema_migrations")
+                    .fetch_one(p)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            Ok(v.unwrap_or(0))
+        })
+    }
+}

@@ -1,0 +1,40 @@
+//! A run's metered usage: the token and cost totals on its `runs` row.
+//!
+//! Contract: usage is only ever added (never set), by
+//! [`Store::add_run_usage`] or with a journalled event the first time that
+//! event is stored ([`Store::append_journal_events`]), with one statement.
+//!
+//! Bounds: no row is added; the totals go with their run.
+
+use crate::{Store, StoreError, Usage};
+
+/// The statement that adds usage `$u` (a [`Usage`]) to run `$id`'s totals,
+/// bound, for any executor.
+macro_rules! add_run_usage {
+    ($id:expr, $u:expr) => {
+        sqlx::query(
+            "UPDATE runs SET tokens_in = tokens_in + $2, tokens_out = tokens_out + $3, \
+             cost_microusd = cost_microusd + $4 WHERE id = $1",
+        )
+        .bind($id)
+        .bind($u.tokens_in)
+        .bind($u.tokens_out)
+        .bind($u.cost_microusd)
+    };
+}
+pub(crate) use add_run_usage;
+
+impl Store {
+    /// Adds metered usage to a run's totals.
+    pub async fn add_run_usage(&self, id: &str, u: &Usage) -> Result<(), StoreError> {
+        let n = on_pool!(self, p => add_run_usage!(id, u)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        if n == 0 {
+            return Err(StoreError::RunNotFound(id.to_owned()));
+        }
+        Ok(())
+    }
+}
