@@ -305,17 +305,13 @@ pub fn python_has(modules: &[&str]) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !ok {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "python modules {modules:?} are missing under CI: .ci/run must install them (.ci/requirements.txt)"
-            );
-        }
-        eprintln!(
-            "\n*** SKIPPED: python modules {modules:?} are not installed (pip install -r .ci/requirements.txt) ***\n"
-        );
-    }
-    ok
+    airlock_test_support::require_peer(
+        "python modules",
+        ok.then_some(()).ok_or_else(|| {
+            format!("{modules:?} are not installed (pip install -r .ci/requirements.txt)")
+        }),
+    )
+    .is_some()
 }
 
 /// Polls `f` until it returns `Some`, for up to `secs` seconds.
@@ -414,19 +410,11 @@ pub fn standby_cgroup_dirs(pid: u32) -> Vec<PathBuf> {
 /// test that needs it prints a loud SKIPPED.
 pub fn namespace_available() -> bool {
     let b = airlock_sandbox::namespace::NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));
-    match airlock_sandbox::Backend::check(&b) {
-        Ok(()) => true,
-        Err(why) if std::env::var_os("CI").is_some() => {
-            panic!("the namespace backend must work under CI: {}", why.0)
-        }
-        Err(why) => {
-            eprintln!(
-                "\n*** SKIPPED: the namespace backend is not available here: {} ***\n",
-                why.0
-            );
-            false
-        }
-    }
+    airlock_test_support::require_peer(
+        "the namespace backend",
+        airlock_sandbox::Backend::check(&b).map_err(|why| why.0),
+    )
+    .is_some()
 }
 
 /// A real `airlock run` of an agent: its own `AIRLOCK_HOME`, an agent
@@ -675,16 +663,7 @@ pub fn docker_available() -> bool {
             .map_err(|e| e.to_string())?;
         Ok(())
     });
-    match r {
-        Ok(()) => true,
-        Err(why) if std::env::var_os("CI").is_some() => {
-            panic!("the docker backend must work under CI (.ci/run starts dockerd): {why}")
-        }
-        Err(why) => {
-            eprintln!("\n*** SKIPPED: no usable Docker daemon here: {why} ***\n");
-            false
-        }
-    }
+    airlock_test_support::require_peer("a usable Docker daemon", r.as_ref()).is_some()
 }
 
 /// The docker backend as a run of this `airlock` would configure it.

@@ -1,0 +1,11 @@
+//! What Airlock's tests and benches share (a dev-dependency only).
+//!
+//! [`require_peer`] is the one policy for a peer a test needs (docker,
+//! PostgreSQL, python modules, go, node, root, cgroups, …) that is missing
+//! here: under `CI` the test fails, elsewhere it is skipped, loudly, and
+//! counted; the skips are summed up when the test process exits.
+
+mod peer;
+mod sys;
+
+pub use peer::require_peer;
