@@ -4,8 +4,13 @@
 //! PostgreSQL, python modules, go, node, root, cgroups, …) that is missing
 //! here: under `CI` the test fails, elsewhere it is skipped, loudly, and
 //! counted; the skips are summed up when the test process exits.
+//! [`store_bytes`] (feature `store`) is what a home's store weighs.
 
 mod peer;
+#[cfg(feature = "store")]
+mod store;
 mod sys;
 
 pub use peer::require_peer;
+#[cfg(feature = "store")]
+pub use store::store_bytes;
