@@ -14,8 +14,6 @@
 //! Last, the machine's hand-off floor (`peers::handoff_rtt`).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-#[path = "../tests/support/fake_provider.rs"]
-mod fake_provider;
 mod peers;
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -24,6 +22,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use airlock_store::AuthType;
+use airlock_test_support::fake_provider;
 use airlock_vault::ExposeSecret;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

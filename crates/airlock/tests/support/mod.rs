@@ -937,4 +937,5 @@ pub fn strings(v: &Value) -> Vec<&str> {
 }
 
 pub mod serve;
-pub mod tls;
+#[allow(unused_imports)] // the benches that include this module use no TLS
+pub use airlock_test_support::tls;
