@@ -8,6 +8,8 @@
 //! (feature `tls`) and [`fake_provider`] (feature `fake-provider`) are the
 //! peers on loopback the suite and the benches start.
 
+#[cfg(feature = "bench")]
+pub mod bench;
 #[cfg(feature = "fake-provider")]
 pub mod fake_provider;
 mod peer;
