@@ -13,6 +13,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
 /// p50 and p99 of `v`, in µs.
 pub fn p50_99(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort();
@@ -33,6 +34,8 @@ pub async fn client(
     });
     sender
 }
+
+/// The machine's load average, for the header of every bench.
 pub fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))

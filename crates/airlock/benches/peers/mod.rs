@@ -116,8 +116,6 @@ impl std::ops::Deref for Platform {
     }
 }
 
-/// The machine's load average, for the header of every bench.
-
 /// The sidecar under test ([`airlock_exe`]), stopped when dropped.
 pub struct Sidecar {
     pub child: Child,
