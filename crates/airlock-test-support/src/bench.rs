@@ -52,6 +52,18 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// p50, p90, p99 of `v` (nearest rank).
+pub fn pcts(v: &[Duration]) -> [Duration; 3] {
+    let mut v = v.to_vec();
+    v.sort();
+    [0.50, 0.90, 0.99].map(|p| percentile(&v, p))
+}
+
+/// `d` in milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 pub fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
