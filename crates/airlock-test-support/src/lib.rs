@@ -13,6 +13,8 @@ pub mod bench;
 #[cfg(feature = "fake-provider")]
 pub mod fake_provider;
 mod peer;
+#[cfg(feature = "sidecar")]
+pub mod sidecar;
 #[cfg(feature = "store")]
 mod store;
 mod sys;
