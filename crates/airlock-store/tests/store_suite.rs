@@ -17,18 +17,13 @@ async fn sqlite() -> (tempfile::TempDir, Store) {
 }
 
 fn pg_url() -> Option<String> {
-    match std::env::var("AIRLOCK_TEST_DATABASE_URL") {
-        Ok(u) if !u.is_empty() => Some(u),
-        _ => {
-            if std::env::var_os("CI").is_some() {
-                panic!("AIRLOCK_TEST_DATABASE_URL is not set in CI: PostgreSQL tests cannot run");
-            }
-            eprintln!(
-                "\n*** SKIPPED: PostgreSQL not available (set AIRLOCK_TEST_DATABASE_URL) ***\n"
-            );
-            None
-        }
-    }
+    let url = std::env::var("AIRLOCK_TEST_DATABASE_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    airlock_test_support::require_peer(
+        "PostgreSQL",
+        url.ok_or("not available (set AIRLOCK_TEST_DATABASE_URL)"),
+    )
 }
 
 /// A store on a fresh PostgreSQL schema (dropped by [`drop_schema`] when the test passes).
@@ -780,13 +775,10 @@ impl SmallFs {
             .arg(dir.path())
             .status()
             .is_ok_and(|s| s.success());
-        if !ok {
-            if std::env::var_os("CI").is_some() {
-                panic!("mounting a tmpfs failed under CI (tests run as root there)");
-            }
-            eprintln!("\n*** SKIPPED: cannot mount a tmpfs (not root?) ***\n");
-            return None;
-        }
+        airlock_test_support::require_peer(
+            "root (to mount a tmpfs)",
+            ok.then_some(()).ok_or("cannot mount a tmpfs (not root?)"),
+        )?;
         Some(SmallFs { dir })
     }
     fn path(&self) -> &std::path::Path {

@@ -6,17 +6,16 @@
 //! size, `ROUNDS` the number of alternating rounds).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use airlock_platform::testing::TestPlatform;
+use airlock_test_support::sidecar::{SidecarProcess, merge};
 use airlock_vault::ExposeSecret;
 use serde_json::json;
 
+const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 const HOST: &str = "sink.internal.test";
 const CHUNK: usize = 64 * 1024;
 
@@ -113,14 +112,14 @@ fn main() {
     let sink_addr = sink();
     let mut cfg =
         platform.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
-    support::merge(
+    merge(
         &mut cfg,
         json!({
             "network": {"egress": [format!("https://{HOST}:{}/**", sink_addr.port())]},
             "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
         }),
     );
-    let sc = support::spawn_sidecar_with_log(&cfg, "warn");
+    let sc = SidecarProcess::spawn(std::path::Path::new(AIRLOCK), &cfg, "warn");
     let proxy = sc.proxy_tcp();
     let token = platform.sidecar_token.expose_secret().to_owned();
 

@@ -14,16 +14,14 @@
 //! Last, the machine's hand-off floor (`peers::handoff_rtt`).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-#[path = "../tests/support/fake_provider.rs"]
-mod fake_provider;
 mod peers;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use airlock_store::AuthType;
+use airlock_test_support::fake_provider;
+use airlock_test_support::sidecar::merge;
 use airlock_vault::ExposeSecret;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -169,7 +167,7 @@ fn main() {
         let mut cpu_by: Vec<f64> = vec![];
         for rep in 0..reps {
             let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "unix": p.dir.path().join(format!("sidecar-{rep}.sock"))}));
-            support::merge(
+            merge(
                 &mut cfg,
                 json!({
                     "model": {"provider": "openai", "base_url": format!("http://api.internal.test:{}/v1", fake.port())},

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use airlock_store::AuthType;
+use airlock_test_support::tls;
 use airlock_vault::ExposeSecret;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -43,23 +44,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// The upstream: `/small` (a small JSON) and `/big?mb=N` (N MiB, streamed).
-async fn upstream(ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>) -> SocketAddr {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec![UP_IP.to_owned()])
-        .unwrap()
-        .signed_by(&key, ca)
-        .unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+async fn upstream(ca: &tls::TestCa) -> SocketAddr {
+    let acceptor = tls::acceptor_for(&[UP_IP], ca);
     let l = TcpListener::bind(format!("{UP_IP}:0")).await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
@@ -204,10 +190,7 @@ async fn run(p: &peers::Platform) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
     let reps = 3;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let up_ca =
-        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let up_ca = tls::test_ca();
     let up = upstream(&up_ca).await;
     let authority = format!("{UP_IP}:{}", up.port());
 
@@ -228,7 +211,7 @@ async fn run(p: &peers::Platform) {
             }
         }
         let mut up_roots = rustls::RootCertStore::empty();
-        up_roots.add(up_ca.der().clone()).unwrap();
+        up_roots.add(up_ca.issuer.der().clone()).unwrap();
         let base = |intercept: bool, ca: Option<&airlock_platform_api::launch::ProxyCa>| {
             let mut cfg =
                 p.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
@@ -239,7 +222,7 @@ async fn run(p: &peers::Platform) {
                      "inject_proxy": intercept}
                 ],
                 "network": {"egress": [format!("https://{authority}/**")]},
-                "egress": {"allow_internal_hosts": [UP_IP], "extra_ca_pem": up_ca.pem()},
+                "egress": {"allow_internal_hosts": [UP_IP], "extra_ca_pem": up_ca.issuer.pem()},
                 "limits": {"max_response_bytes": (mb + 1) << 20}
             });
             if let Some(ca) = ca {

@@ -20,7 +20,6 @@
 //!    under the same load).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
 
-#[path = "peers/mod.rs"]
 mod peers;
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use airlock_sandbox::namespace::NamespaceBackend;
 use airlock_sandbox::process::ProcessBackend;
 use airlock_sandbox::{Backend, SandboxSpec};
+use airlock_test_support::bench::{ms, pcts};
 
 const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 const BWRAP: &str = "/usr/bin/bwrap";
@@ -51,20 +52,6 @@ fn spec(i: usize, run_dir: &Path) -> SandboxSpec {
         pids_max: 64,
         kind: airlock_sandbox::SandboxKind::Agent,
     }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// p50, p90, p99 (nearest rank).
-fn pcts(v: &[Duration]) -> [Duration; 3] {
-    let mut v = v.to_vec();
-    v.sort();
-    // A rank in 0..len for p in [0, 1].
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let rank = |p: f64| ((v.len() as f64 - 1.0) * p).round() as usize;
-    [0.50, 0.90, 0.99].map(|p| v[rank(p)])
 }
 
 fn line(name: &str, v: &[Duration]) {

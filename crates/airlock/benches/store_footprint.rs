@@ -15,28 +15,9 @@
 use std::path::Path;
 use std::process::Command;
 
-const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+use airlock_test_support::store_bytes;
 
-/// The bytes the store's database uses (its pages in use, what the
-/// write-ahead log holds included), as SQLite counts them: neither the WAL
-/// file's length nor free pages count.
-fn store_bytes(home: &Path) -> u64 {
-    use sqlx::Connection as _;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let url = format!("sqlite://{}?mode=ro", home.join("airlock.db").display());
-        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
-        let n = |q: &'static str| sqlx::query_scalar::<_, i64>(q);
-        let pages = n("PRAGMA page_count").fetch_one(&mut c).await.unwrap();
-        let free = n("PRAGMA freelist_count").fetch_one(&mut c).await.unwrap();
-        let size = n("PRAGMA page_size").fetch_one(&mut c).await.unwrap();
-        c.close().await.unwrap();
-        u64::try_from((pages - free) * size).unwrap_or(0)
-    })
-}
+const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 
 /// An agent directory in `home` printing `lines` lines of `width` bytes.
 fn agent(home: &Path, name: &str, lines: u64, width: u64) -> std::path::PathBuf {

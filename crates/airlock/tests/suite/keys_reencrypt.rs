@@ -273,8 +273,11 @@ async fn bench_reencrypt_sqlite() {
 #[ignore]
 async fn bench_reencrypt_postgres() {
     use sqlx::Connection as _;
-    let Ok(url) = std::env::var("AIRLOCK_TEST_DATABASE_URL") else {
-        eprintln!("*** SKIPPED: PostgreSQL not available (set AIRLOCK_TEST_DATABASE_URL) ***");
+    let Some(url) = airlock_test_support::require_peer(
+        "PostgreSQL",
+        std::env::var("AIRLOCK_TEST_DATABASE_URL")
+            .map_err(|_| "not available (set AIRLOCK_TEST_DATABASE_URL)"),
+    ) else {
         return;
     };
     let n: usize = std::env::var("AIRLOCK_BENCH_ROWS")

@@ -11,10 +11,10 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::io::Write as _;
-use std::path::Path;
 use std::process::Stdio;
 
 use airlock_platform_api::wire::RUN_LOG_MAX_BYTES;
+use airlock_test_support::store_bytes;
 use serde_json::Value;
 
 use crate::sidecar_llm::fake_provider;
@@ -33,27 +33,6 @@ for i in range(300000):
 sys.stdout.flush()
 json.dump({"kept": True}, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
 "#;
-
-/// The bytes the store's database uses (its pages in use, what the
-/// write-ahead log holds included), as SQLite counts them: neither the WAL
-/// file's length nor free pages count.
-fn store_bytes(home: &Path) -> u64 {
-    use sqlx::Connection as _;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let url = format!("sqlite://{}?mode=ro", home.join("airlock.db").display());
-        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
-        let n = |q: &'static str| sqlx::query_scalar::<_, i64>(q);
-        let pages = n("PRAGMA page_count").fetch_one(&mut c).await.unwrap();
-        let free = n("PRAGMA freelist_count").fetch_one(&mut c).await.unwrap();
-        let size = n("PRAGMA page_size").fetch_one(&mut c).await.unwrap();
-        c.close().await.unwrap();
-        u64::try_from((pages - free) * size).unwrap_or(0)
-    })
-}
 
 /// A trivial run in `run`'s home first (the store exists, its schema and
 /// first pages too); returns the store's size after it.

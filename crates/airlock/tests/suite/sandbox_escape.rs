@@ -27,19 +27,8 @@ use crate::support::{AIRLOCK, Outcome, finish_sandbox, probe_exe};
 
 fn backend() -> Option<NamespaceBackend> {
     let b = NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));
-    match b.check() {
-        Ok(()) => Some(b),
-        Err(why) if std::env::var_os("CI").is_some() => {
-            panic!("the namespace backend must work under CI: {}", why.0)
-        }
-        Err(why) => {
-            eprintln!(
-                "\n*** SKIPPED: the namespace backend is not available here: {} ***\n",
-                why.0
-            );
-            None
-        }
-    }
+    airlock_test_support::require_peer("the namespace backend", b.check().map_err(|why| why.0))?;
+    Some(b)
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -444,13 +433,10 @@ async fn fork_bomb_is_contained() {
 #[tokio::test]
 async fn every_process_and_thread_of_the_run_is_in_its_cgroups() {
     let Some(b) = backend() else { return };
-    let layout = match airlock_sandbox::namespace::cgroup::probe() {
-        Ok(l) => l,
-        Err(why) => {
-            assert!(std::env::var_os("CI").is_none(), "cgroups under CI: {why}");
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
+    let Some(layout) =
+        airlock_test_support::require_peer("cgroups", airlock_sandbox::namespace::cgroup::probe())
+    else {
+        return;
     };
     // A shell, two children, and a python with a second thread.
     let r = spec(vec![
@@ -727,9 +713,9 @@ fn forker(n: u32, mb: u32) -> Vec<String> {
 #[tokio::test]
 async fn a_run_from_an_init_started_ahead_has_its_own_limits_not_the_last_runs() {
     let Some(b) = backend() else { return };
-    if let Err(why) = airlock_sandbox::namespace::cgroup::probe() {
-        assert!(std::env::var_os("CI").is_none(), "cgroups under CI: {why}");
-        eprintln!("SKIPPED: {why}");
+    if airlock_test_support::require_peer("cgroups", airlock_sandbox::namespace::cgroup::probe())
+        .is_none()
+    {
         return;
     }
     // A generous run first: the next standby cgroups are made with its limits.
@@ -864,9 +850,9 @@ async fn an_init_started_ahead_is_usable_however_early_or_dead_and_leaves_nothin
 #[tokio::test]
 async fn standby_cgroups_of_a_gone_platform_are_reclaimed_and_a_live_ones_kept() {
     let Some(_b) = backend() else { return };
-    let Ok(layout) = airlock_sandbox::namespace::cgroup::probe() else {
-        assert!(std::env::var_os("CI").is_none(), "cgroups under CI");
-        eprintln!("SKIPPED: cgroups not writable");
+    let Some(layout) =
+        airlock_test_support::require_peer("cgroups", airlock_sandbox::namespace::cgroup::probe())
+    else {
         return;
     };
     // A pid that was a process and is gone (reaped).
@@ -903,8 +889,10 @@ async fn standby_cgroups_of_a_gone_platform_are_reclaimed_and_a_live_ones_kept()
 #[tokio::test]
 async fn leftover_cgroups_are_reclaimed_only_when_dead() {
     let Some(_b) = backend() else { return };
-    let Some(layout) = airlock_sandbox::namespace::cgroup::layout() else {
-        eprintln!("SKIPPED: no cgroup hierarchy");
+    let Some(layout) = airlock_test_support::require_peer(
+        "cgroups",
+        airlock_sandbox::namespace::cgroup::layout().ok_or("no cgroup hierarchy"),
+    ) else {
         return;
     };
     let id = run_id();
@@ -913,13 +901,10 @@ async fn leftover_cgroups_are_reclaimed_only_when_dead() {
         cpus: 1.0,
         pids_max: 16,
     };
-    let Ok(cg) = airlock_sandbox::namespace::cgroup::RunCgroups::create(&layout, &id, limits)
-    else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "cgroups must be writable under CI"
-        );
-        eprintln!("SKIPPED: cgroups not writable");
+    let Some(cg) = airlock_test_support::require_peer(
+        "writable cgroups",
+        airlock_sandbox::namespace::cgroup::RunCgroups::create(&layout, &id, limits),
+    ) else {
         return;
     };
     // A live leftover (a process in it) stays; a dead one goes.

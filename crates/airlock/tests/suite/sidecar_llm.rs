@@ -9,8 +9,7 @@
 //! failures are typed (503 / 403 / 502) and reach nothing.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-#[path = "../support/fake_provider.rs"]
-pub(crate) mod fake_provider;
+pub(crate) use airlock_test_support::fake_provider;
 
 use std::process::Command;
 use std::time::Duration;

@@ -8,162 +8,18 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 
 pub const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 
-/// Deep-merges `b` into `a` (objects merge, everything else replaces).
-pub fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
-}
+pub use airlock_test_support::sidecar::{SidecarProcess, merge};
 
-/// A running `airlock sidecar`. SIGTERM then SIGKILL on drop.
-pub struct SidecarProcess {
-    pub child: Child,
-    /// The readiness line.
-    pub ready: Value,
-    stderr: Arc<Mutex<String>>,
-    /// Told when the log pipe reaches its end (the sidecar has exited).
-    stderr_done: std::sync::mpsc::Receiver<()>,
-    /// The log was read to its end (by an earlier stop).
-    stderr_complete: bool,
-}
-
-impl SidecarProcess {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-    pub fn tcp(&self) -> SocketAddr {
-        self.ready["listen"]["tcp"]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .expect("sidecar has no tcp listener")
-    }
-    pub fn proxy_tcp(&self) -> SocketAddr {
-        self.ready["listen"]["proxy_tcp"]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .expect("sidecar has no proxy listener")
-    }
-    pub fn unix(&self) -> PathBuf {
-        PathBuf::from(
-            self.ready["listen"]["unix"]
-                .as_str()
-                .expect("sidecar has no unix listener"),
-        )
-    }
-    /// Everything the sidecar logged so far: all of it once
-    /// [`SidecarProcess::stop`] has returned (what a check that a secret is
-    /// *not* in the log must read).
-    pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-    /// Stops it with SIGTERM (so it flushes its events), waits for it to
-    /// exit (SIGKILL after 5 s) and for its log to be read to the end.
-    pub fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid().to_string())
-            .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !matches!(self.child.try_wait(), Ok(Some(_))) {
-            if std::time::Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if !self.stderr_complete {
-            self.stderr_complete = self
-                .stderr_done
-                .recv_timeout(Duration::from_secs(10))
-                .is_ok();
-            assert!(
-                self.stderr_complete || std::thread::panicking(),
-                "the sidecar's log pipe stayed open after it exited"
-            );
-        }
-    }
-}
-
-impl Drop for SidecarProcess {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.stop();
-        }
-    }
-}
-
-/// Starts `airlock sidecar` with `config` on stdin and waits for readiness.
-/// `log` sets `AIRLOCK_LOG` (e.g. `trace` for the canary tests).
+/// Starts this build's `airlock sidecar` with `config` on stdin and waits
+/// for readiness. `log` sets `AIRLOCK_LOG` (e.g. `trace` for the canary tests).
 pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
-    let mut child = Command::new(AIRLOCK)
-        .arg("sidecar")
-        .env("AIRLOCK_LOG", log)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start airlock sidecar");
-    {
-        let mut stdin = child.stdin.take().expect("stdin");
-        stdin
-            .write_all(config.to_string().as_bytes())
-            .expect("write config");
-    }
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let err_pipe = child.stderr.take().expect("stderr");
-    let sink = stderr.clone();
-    let (done, stderr_done) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(err_pipe);
-        let mut line = String::new();
-        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-            sink.lock().unwrap().push_str(&line);
-            line.clear();
-        }
-        let _ = done.send(());
-    });
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(out);
-        let mut line = String::new();
-        let _ = r.read_line(&mut line);
-        let _ = tx.send(line);
-        // Keep draining so the sidecar never blocks on a full pipe.
-        let mut rest = Vec::new();
-        let _ = r.read_to_end(&mut rest);
-    });
-    let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-    let ready: Value = serde_json::from_str(line.trim()).unwrap_or(Value::Null);
-    if ready["ready"] != Value::Bool(true) {
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = stderr_done.recv_timeout(Duration::from_secs(10));
-        panic!(
-            "sidecar did not become ready: stdout {line:?}, stderr:\n{}",
-            stderr.lock().unwrap()
-        );
-    }
-    SidecarProcess {
-        child,
-        ready,
-        stderr,
-        stderr_done,
-        stderr_complete: false,
-    }
+    SidecarProcess::spawn(std::path::Path::new(AIRLOCK), config, log)
 }
 
 pub fn spawn_sidecar(config: &Value) -> SidecarProcess {
@@ -305,17 +161,13 @@ pub fn python_has(modules: &[&str]) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !ok {
-        if std::env::var_os("CI").is_some() {
-            panic!(
-                "python modules {modules:?} are missing under CI: .ci/run must install them (.ci/requirements.txt)"
-            );
-        }
-        eprintln!(
-            "\n*** SKIPPED: python modules {modules:?} are not installed (pip install -r .ci/requirements.txt) ***\n"
-        );
-    }
-    ok
+    airlock_test_support::require_peer(
+        "python modules",
+        ok.then_some(()).ok_or_else(|| {
+            format!("{modules:?} are not installed (pip install -r .ci/requirements.txt)")
+        }),
+    )
+    .is_some()
 }
 
 /// Polls `f` until it returns `Some`, for up to `secs` seconds.
@@ -414,19 +266,11 @@ pub fn standby_cgroup_dirs(pid: u32) -> Vec<PathBuf> {
 /// test that needs it prints a loud SKIPPED.
 pub fn namespace_available() -> bool {
     let b = airlock_sandbox::namespace::NamespaceBackend::with_exe(PathBuf::from(AIRLOCK));
-    match airlock_sandbox::Backend::check(&b) {
-        Ok(()) => true,
-        Err(why) if std::env::var_os("CI").is_some() => {
-            panic!("the namespace backend must work under CI: {}", why.0)
-        }
-        Err(why) => {
-            eprintln!(
-                "\n*** SKIPPED: the namespace backend is not available here: {} ***\n",
-                why.0
-            );
-            false
-        }
-    }
+    airlock_test_support::require_peer(
+        "the namespace backend",
+        airlock_sandbox::Backend::check(&b).map_err(|why| why.0),
+    )
+    .is_some()
 }
 
 /// A real `airlock run` of an agent: its own `AIRLOCK_HOME`, an agent
@@ -675,16 +519,7 @@ pub fn docker_available() -> bool {
             .map_err(|e| e.to_string())?;
         Ok(())
     });
-    match r {
-        Ok(()) => true,
-        Err(why) if std::env::var_os("CI").is_some() => {
-            panic!("the docker backend must work under CI (.ci/run starts dockerd): {why}")
-        }
-        Err(why) => {
-            eprintln!("\n*** SKIPPED: no usable Docker daemon here: {why} ***\n");
-            false
-        }
-    }
+    airlock_test_support::require_peer("a usable Docker daemon", r.as_ref()).is_some()
 }
 
 /// The docker backend as a run of this `airlock` would configure it.
@@ -958,4 +793,5 @@ pub fn strings(v: &Value) -> Vec<&str> {
 }
 
 pub mod serve;
-pub mod tls;
+#[allow(unused_imports)] // the benches that include this module use no TLS
+pub use airlock_test_support::tls;

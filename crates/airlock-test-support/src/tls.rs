@@ -1,7 +1,7 @@
 //! TLS for the tests: a CA of the test's own and HTTPS upstreams on
 //! loopback addresses with certificates from it (the sidecar trusts the CA
 //! through `EGRESS_EXTRA_CA_FILE`).
-#![allow(dead_code)] // each suite uses a part
+#![allow(clippy::unwrap_used)] // test support: a panic is the calling test's failure
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,6 @@ pub async fn upstream(ip: &str, ca: &TestCa) -> (u16, Log) {
     upstream_named(ip, &[ip], ca).await
 }
 
-/// [`upstream`] with a certificate for each of `names` (DNS names or addresses).
 /// A TLS acceptor (HTTP/1.1) with a certificate for each of `names`, signed
 /// by the test's own CA.
 pub fn acceptor_for(names: &[&str], ca: &TestCa) -> tokio_rustls::TlsAcceptor {
@@ -48,6 +47,7 @@ pub fn acceptor_for(names: &[&str], ca: &TestCa) -> tokio_rustls::TlsAcceptor {
     tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
 }
 
+/// [`upstream`] with a certificate for each of `names` (DNS names or addresses).
 pub async fn upstream_named(ip: &str, names: &[&str], ca: &TestCa) -> (u16, Log) {
     let acceptor = acceptor_for(names, ca);
     let l = TcpListener::bind(format!("{ip}:0")).await.unwrap();

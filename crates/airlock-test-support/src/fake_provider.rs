@@ -14,7 +14,7 @@
 //! bodies, chunked streaming answers): enough for the Python SDKs and the
 //! relay, and fully under the test's control.
 
-#![allow(dead_code)]
+#![allow(clippy::unwrap_used)] // test support: a panic is the calling test's failure
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

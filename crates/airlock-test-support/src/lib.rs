@@ -1,0 +1,26 @@
+//! What Airlock's tests and benches share (a dev-dependency only).
+//!
+//! [`require_peer`] is the one policy for a peer a test needs (docker,
+//! PostgreSQL, python modules, go, node, root, cgroups, …) that is missing
+//! here: under `CI` the test fails, elsewhere it is skipped, loudly, and
+//! counted; the skips are summed up when the test process exits.
+//! [`store_bytes`] (feature `store`) is what a home's store weighs; [`tls`]
+//! (feature `tls`) and [`fake_provider`] (feature `fake-provider`) are the
+//! peers on loopback the suite and the benches start.
+
+#[cfg(feature = "bench")]
+pub mod bench;
+#[cfg(feature = "fake-provider")]
+pub mod fake_provider;
+mod peer;
+#[cfg(feature = "sidecar")]
+pub mod sidecar;
+#[cfg(feature = "store")]
+mod store;
+mod sys;
+#[cfg(feature = "tls")]
+pub mod tls;
+
+pub use peer::require_peer;
+#[cfg(feature = "store")]
+pub use store::store_bytes;
