@@ -49,12 +49,14 @@ use super::{
     Counted, Meter, ProxyBody, ProxySettings, ProxyStream, Scope, json_response, relay,
     strip_hop_by_hop,
 };
+use crate::credential::REDACT_HOLD;
 use crate::credential::deliver::{Substituted, substitute};
 use crate::credential::fetch::{self, CredentialError, Fetched};
 use crate::credential::{Redactor, StreamRedactor};
 use crate::egress::{Allowed, InFlight, Outcome, Refused};
 use crate::interception::Injectable;
 use crate::state::Sidecar;
+use airlock_platform_api::wire::CredentialFields;
 
 /// Serves a CONNECT of a listener that intercepts: answers 200, then
 /// terminates TLS, or relays a tunnel that is not TLS under the listener's
@@ -302,15 +304,29 @@ struct Injected<'a> {
 /// where the request's headers carry its placeholder. Every answer from
 /// what an integration with a credential covers is redacted of it, whether
 /// or not this request carried it: an upstream may hand back later what an
-/// earlier request stored (a stored reflection).
+/// earlier request stored (a stored reflection). A request that does not
+/// carry it fetches it only when the run's last fetch of it is older than
+/// [`REDACT_HOLD`].
 async fn inject<'a>(
     sidecar: &Sidecar,
     inj: &'a Injectable,
     headers: &mut HeaderMap,
 ) -> Result<Injected<'a>, Box<Response<ProxyBody>>> {
-    let Fetched { fields, redactor } =
-        match fetch::fetch(&sidecar.platform, &sidecar.credentials, &inj.namespace).await {
-            Ok(f) => f,
+    let asks = headers.values().any(|v| {
+        v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
+            || substitute(v, &inj.placeholder, "x").is_some()
+    });
+    // A request that does not carry the credential is redacted with the
+    // values of a fetch less than REDACT_HOLD old, if there is one.
+    let held = if asks {
+        None
+    } else {
+        sidecar.credentials.recent(&inj.namespace, REDACT_HOLD)
+    };
+    let (fields, redactor) = match held {
+        Some(redactor) => (CredentialFields::default(), redactor),
+        None => match fetch::fetch(&sidecar.platform, &sidecar.credentials, &inj.namespace).await {
+            Ok(Fetched { fields, redactor }) => (fields, redactor),
             Err(e) => {
                 return Err(Box::new(json_response(
                     StatusCode::BAD_GATEWAY,
@@ -318,15 +334,12 @@ async fn inject<'a>(
                     &e.to_string(),
                 )));
             }
-        };
+        },
+    };
     let mut injected = Injected {
         redactor,
         ..Injected::default()
     };
-    let asks = headers.values().any(|v| {
-        v.to_str().is_ok_and(|t| t.contains(&inj.placeholder))
-            || substitute(v, &inj.placeholder, "x").is_some()
-    });
     if asks {
         let field = sidecar
             .integrations
