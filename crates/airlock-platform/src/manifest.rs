@@ -255,12 +255,27 @@ impl Manifest {
             check_patterns("network.egress", patterns)?;
         }
         let mut seen = BTreeSet::new();
+        // Two namespaces one placeholder names (`a-b` and `a_b`, `gh` and
+        // `GH`) would leave a tool's placeholder meaning either credential.
+        let mut placeholders = std::collections::BTreeMap::new();
         for (i, integ) in self.integrations.iter().enumerate() {
             let key = format!("integrations[{i}] ({})", integ.namespace);
             if !seen.insert(&integ.namespace) {
                 return Err(invalid(
                     key,
                     format!("namespace {:?} is declared twice", integ.namespace.as_str()),
+                ));
+            }
+            let placeholder = airlock_platform_api::launch::placeholder(integ.namespace.as_str());
+            if let Some(other) = placeholders.insert(placeholder.clone(), &integ.namespace) {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "namespace {:?} and namespace {:?} share the placeholder {placeholder}: \
+                         rename one",
+                        other.as_str(),
+                        integ.namespace.as_str()
+                    ),
                 ));
             }
             check_patterns(&format!("{key}.authorized_uris"), &integ.authorized_uris)?;
@@ -689,6 +704,15 @@ mod tests {
             agent("t")
         );
         assert!(err(&dup).contains("declared twice"));
+        let twins = format!(
+            "{}[[integrations]]\nnamespace = \"a-b\"\n[[integrations]]\nnamespace = \"a_b\"\n",
+            agent("t")
+        );
+        assert!(
+            err(&twins).contains("share the placeholder AIRLOCK_PLACEHOLDER_A_B"),
+            "{}",
+            err(&twins)
+        );
         assert!(err(&(agent("t") + "colour = \"red\"\n")).contains("unknown field"));
     }
 }
