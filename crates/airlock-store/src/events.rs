@@ -30,6 +30,24 @@ macro_rules! event_row {
     };
 }
 
+/// The `run_events` rows that `tail` (the `WHERE`, `ORDER BY` and `LIMIT`,
+/// binding `$1`… in order) selects, as [`Event`]s.
+macro_rules! select_events {
+    ($s:expr, $tail:literal, $($bind:expr),+) => {
+        on_pool!($s, p => {
+            let rows = sqlx::query(concat!(
+                "SELECT id, run_id, at, kind, payload FROM run_events ",
+                $tail
+            ))
+            $(.bind($bind))+
+            .fetch_all(p)
+            .await
+            .map_err(|e| $s.err(e))?;
+            rows.iter().map(|r| Ok(event_row!(r, $s))).collect()
+        })
+    };
+}
+
 impl Store {
     /// Appends an event; returns its id (increasing per database).
     pub async fn append_event(&self, e: &NewEvent<'_>) -> Result<i64, StoreError> {
@@ -136,23 +154,13 @@ impl Store {
         kind: &str,
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
-        on_pool!(self, p => {
-            let rows = sqlx::query(
-                "SELECT id, run_id, at, kind, payload FROM run_events \
-                 WHERE run_id = $1 AND kind = $2 ORDER BY id LIMIT $3",
-            )
-            .bind(run_id)
-            .bind(kind)
-            .bind(i64::from(limit))
-            .fetch_all(p)
-            .await
-            .map_err(|e| self.err(e))?;
-            rows.iter()
-                .map(|r| {
-                    Ok(event_row!(r, self))
-                })
-                .collect()
-        })
+        select_events!(
+            self,
+            "WHERE run_id = $1 AND kind = $2 ORDER BY id LIMIT $3",
+            run_id,
+            kind,
+            i64::from(limit)
+        )
     }
 
     /// A run's events with id greater than `after`, oldest first, at most `limit`.
@@ -162,23 +170,13 @@ impl Store {
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
-        on_pool!(self, p => {
-            let rows = sqlx::query(
-                "SELECT id, run_id, at, kind, payload FROM run_events \
-                 WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
-            )
-            .bind(run_id)
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_all(p)
-            .await
-            .map_err(|e| self.err(e))?;
-            rows.iter()
-                .map(|r| {
-                    Ok(event_row!(r, self))
-                })
-                .collect()
-        })
+        select_events!(
+            self,
+            "WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            run_id,
+            after,
+            i64::from(limit)
+        )
     }
 
     /// A run's latest event of `kind` (e.g. `result`), if any.
