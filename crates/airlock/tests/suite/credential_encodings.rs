@@ -173,11 +173,14 @@ func main() {
 }
 "#;
 
-/// Go's `encoding/json` encoder, built once per test process.
+/// Go's `encoding/json` encoder, built once per test process in cargo's
+/// temporary directory for tests (not the system's: nothing is left behind
+/// in `/tmp`), its build directory removed once the binary is moved out.
 fn go_json() -> &'static str {
     static BIN: OnceLock<String> = OnceLock::new();
     BIN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("airlock-go-json-{}", std::process::id()));
+        let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let dir = tmp.join(format!("go-json-build-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("main.go"), GO_JSON).unwrap();
         let bin = dir.join("gojson");
@@ -198,7 +201,12 @@ fn go_json() -> &'static str {
             "go build: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        bin.to_string_lossy().into_owned()
+        // Processes of one `cargo test` run may race here: a rename is
+        // atomic and every build is the same program.
+        let kept = tmp.join("gojson");
+        std::fs::rename(&bin, &kept).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        kept.to_string_lossy().into_owned()
     })
 }
 
