@@ -91,3 +91,23 @@ def test_an_unknown_agent_is_the_apis_error(client):
     with pytest.raises(AirlockError) as e:
         client.runs.create("no-such-agent")
     assert e.value.status == 404 and e.value.code == "not_found"
+
+
+def test_register_sends_what_the_cli_sends(client, tmp_path):
+    (tmp_path / "airlock.toml").write_text(
+        (AGENTS / "sdk-lines" / "airlock.toml")
+        .read_text()
+        .replace("sdk-lines", "sdk-files")
+    )
+    (tmp_path / "agent.py").write_text("print('hi')\n")
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "data.txt").write_text("data\n")
+    (tmp_path / ".hidden").write_text("not sent\n")
+    (tmp_path / "link.py").symlink_to(tmp_path / "agent.py")
+    agent = client.agents.register(tmp_path)
+    assert agent.name == "sdk-files"
+    assert sorted(agent.files) == ["agent.py", "nested/data.txt"], agent.files
+
+    (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match="UTF-8"):
+        client.agents.register(tmp_path)

@@ -5,6 +5,8 @@
 
 import assert from "node:assert/strict";
 import net from "node:net";
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
@@ -182,4 +184,25 @@ test("an unknown agent is the API's error", async () => {
     client.runs.create("no-such-agent"),
     (e) => e instanceof AirlockError && e.status === 404 && e.code === "not_found",
   );
+});
+
+test("register sends what the CLI sends", async () => {
+  const dir = await mkdtemp(join(tmpdir(), "sdk-files-"));
+  try {
+    const manifest = await readFile(join(agents, "sdk-lines", "airlock.toml"), "utf-8");
+    await writeFile(join(dir, "airlock.toml"), manifest.replace("sdk-lines", "sdk-files"));
+    await writeFile(join(dir, "agent.py"), "print('hi')\n");
+    await mkdir(join(dir, "nested"));
+    await writeFile(join(dir, "nested", "data.txt"), "data\n");
+    await writeFile(join(dir, ".hidden"), "not sent\n");
+    await symlink(join(dir, "agent.py"), join(dir, "link.py"));
+    const agent = await client.agents.register(dir);
+    assert.equal(agent.name, "sdk-files");
+    assert.deepEqual([...agent.files].sort(), ["agent.py", "nested/data.txt"]);
+
+    await writeFile(join(dir, "blob.bin"), Buffer.from([0xff, 0xfe, 0x00]));
+    await assert.rejects(client.agents.register(dir), /UTF-8/);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });
