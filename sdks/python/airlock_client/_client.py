@@ -163,9 +163,9 @@ class Runs:
         """The run's events as they come (every event but heartbeats), ending
         with ``end``, which carries the run as it ended.
 
-        A dropped connection, or a replica that shuts down (``error`` with code
-        ``unavailable``), is reconnected with ``Last-Event-ID``: no event is
-        lost or repeated. Up to ``reconnects`` attempts in a row that bring
+        A dropped connection, a replica that shuts down (``error`` with code
+        ``unavailable``) or a ``503`` is reconnected with ``Last-Event-ID``: no
+        event is lost or repeated. Up to ``reconnects`` attempts in a row that bring
         nothing new are made, 0.2 s apart and doubling, before the error is raised.
         """
         last = last_event_id
@@ -184,6 +184,12 @@ class Runs:
             except _Unavailable as e:
                 cause = e.error
             except (httpx.TransportError, SSEError) as e:
+                cause = e
+            except AirlockError as e:
+                # A replica that is starting, or a store that does not answer,
+                # passes; any other refusal is final.
+                if e.status != 503:
+                    raise
                 cause = e
             failures = 0 if progressed else failures + 1
             if failures > self._reconnects:

@@ -52,9 +52,9 @@ export declare class Runs {
     get(id: string): Promise<Run>;
     /**
      * The run's events as they come (every event but heartbeats), ending with
-     * `end`, which carries the run as it ended. A dropped connection, or a
-     * replica that shuts down (`error` with code `unavailable`), is reconnected
-     * with `Last-Event-ID`: no event is lost or repeated. Up to `reconnects`
+     * `end`, which carries the run as it ended. A dropped connection, a replica
+     * that shuts down (`error` with code `unavailable`) or a `503` is
+     * reconnected with `Last-Event-ID`: no event is lost or repeated. Up to `reconnects`
      * attempts in a row that bring nothing new are made, 0.2 s apart and
      * doubling, before the error is thrown.
      */

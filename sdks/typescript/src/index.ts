@@ -144,9 +144,9 @@ export class Runs {
 
   /**
    * The run's events as they come (every event but heartbeats), ending with
-   * `end`, which carries the run as it ended. A dropped connection, or a
-   * replica that shuts down (`error` with code `unavailable`), is reconnected
-   * with `Last-Event-ID`: no event is lost or repeated. Up to `reconnects`
+   * `end`, which carries the run as it ended. A dropped connection, a replica
+   * that shuts down (`error` with code `unavailable`) or a `503` is
+   * reconnected with `Last-Event-ID`: no event is lost or repeated. Up to `reconnects`
    * attempts in a row that bring nothing new are made, 0.2 s apart and
    * doubling, before the error is thrown.
    */
@@ -164,7 +164,9 @@ export class Runs {
           if (ev.event === "end") return;
         }
       } catch (e) {
-        if (e instanceof AirlockError) throw e;
+        // A replica that is starting, or a store that does not answer,
+        // passes; any other refusal is final.
+        if (e instanceof AirlockError && e.status !== 503) throw e;
         cause = e instanceof Unavailable ? e.error : e;
       }
       failures = progressed ? 0 : failures + 1;
