@@ -76,6 +76,9 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Prints the OpenAPI document `airlock serve` serves (the SDKs are generated from it).
+    #[command(hide = true)]
+    Openapi,
 }
 
 fn main() -> std::process::ExitCode {
@@ -105,5 +108,6 @@ fn main() -> std::process::ExitCode {
         Command::Images(c) => cmd::images::run(c),
         Command::SandboxInit => cmd::sandbox_init::run(),
         Command::ContainerInit { command } => cmd::sandbox_init::container(&command),
+        Command::Openapi => cmd::openapi::run(),
     }
 }

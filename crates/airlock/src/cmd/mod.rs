@@ -6,6 +6,7 @@ pub mod doctor;
 pub mod egress;
 pub mod images;
 pub mod keys;
+pub mod openapi;
 pub mod orgs;
 pub mod remote;
 pub mod run;

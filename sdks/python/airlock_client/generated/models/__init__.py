@@ -1,0 +1,93 @@
+"""Contains all the data models used in inputs/outputs"""
+
+from .agent import Agent
+from .agent_list import AgentList
+from .api_key import ApiKey
+from .api_key_list import ApiKeyList
+from .connection import Connection
+from .connection_list import ConnectionList
+from .connection_type import ConnectionType
+from .cost import Cost
+from .delivery import Delivery
+from .delivery_list import DeliveryList
+from .delivery_state import DeliveryState
+from .egress_log import EgressLog
+from .egress_record import EgressRecord
+from .error import Error
+from .error_detail import ErrorDetail
+from .event import Event
+from .event_page import EventPage
+from .event_payload import EventPayload
+from .health import Health
+from .new_api_key import NewApiKey
+from .new_api_key_answer import NewApiKeyAnswer
+from .new_connection import NewConnection
+from .new_connection_fields import NewConnectionFields
+from .new_connection_type import NewConnectionType
+from .new_run import NewRun
+from .new_webhook import NewWebhook
+from .new_webhook_answer import NewWebhookAnswer
+from .new_webhook_answer_events_item import NewWebhookAnswerEventsItem
+from .new_webhook_events_item import NewWebhookEventsItem
+from .organization import Organization
+from .ready import Ready
+from .register_agent import RegisterAgent
+from .register_agent_files import RegisterAgentFiles
+from .rotate_connection import RotateConnection
+from .rotate_connection_fields import RotateConnectionFields
+from .run import Run
+from .run_limits import RunLimits
+from .run_list import RunList
+from .run_status import RunStatus
+from .webhook import Webhook
+from .webhook_event import WebhookEvent
+from .webhook_event_data import WebhookEventData
+from .webhook_events_item import WebhookEventsItem
+from .webhook_list import WebhookList
+
+__all__ = (
+    "Agent",
+    "AgentList",
+    "ApiKey",
+    "ApiKeyList",
+    "Connection",
+    "ConnectionList",
+    "ConnectionType",
+    "Cost",
+    "Delivery",
+    "DeliveryList",
+    "DeliveryState",
+    "EgressLog",
+    "EgressRecord",
+    "Error",
+    "ErrorDetail",
+    "Event",
+    "EventPage",
+    "EventPayload",
+    "Health",
+    "NewApiKey",
+    "NewApiKeyAnswer",
+    "NewConnection",
+    "NewConnectionFields",
+    "NewConnectionType",
+    "NewRun",
+    "NewWebhook",
+    "NewWebhookAnswer",
+    "NewWebhookAnswerEventsItem",
+    "NewWebhookEventsItem",
+    "Organization",
+    "Ready",
+    "RegisterAgent",
+    "RegisterAgentFiles",
+    "RotateConnection",
+    "RotateConnectionFields",
+    "Run",
+    "RunLimits",
+    "RunList",
+    "RunStatus",
+    "Webhook",
+    "WebhookEvent",
+    "WebhookEventData",
+    "WebhookEventsItem",
+    "WebhookList",
+)

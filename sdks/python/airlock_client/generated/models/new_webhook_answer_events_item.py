@@ -1,0 +1,12 @@
+from enum import StrEnum
+
+
+class NewWebhookAnswerEventsItem(StrEnum):
+    RUN_CANCELLED = "run.cancelled"
+    RUN_FAILED = "run.failed"
+    RUN_STARTED = "run.started"
+    RUN_SUCCEEDED = "run.succeeded"
+    RUN_TIMED_OUT = "run.timed_out"
+
+    def __str__(self) -> str:
+        return str(self.value)
