@@ -156,7 +156,7 @@ async fn remote(server: &str, cmd: ConnectionsCommand) -> Result<()> {
                 auth_type: auth_type.as_str().to_owned(),
             };
             let c: v1::Connection = r.send_json("POST", "/v1/connections", &body).await?;
-            println!(
+            super::out::outln!(
                 "stored connection {name:?} ({auth_type}, integration {integration:?}) on {server} under key {}",
                 c.kid
             );
@@ -165,18 +165,21 @@ async fn remote(server: &str, cmd: ConnectionsCommand) -> Result<()> {
             let v: v1::ConnectionList = r.get("/v1/connections").await?;
             for c in &v.connections {
                 if json {
-                    println!("{}", serde_json::to_string(c)?);
+                    super::out::outln!("{}", serde_json::to_string(c)?);
                 } else {
-                    println!(
+                    super::out::outln!(
                         "{:<24} {:<16} {:<8} {}",
-                        c.name, c.integration, c.auth_type, c.kid
+                        c.name,
+                        c.integration,
+                        c.auth_type,
+                        c.kid
                     );
                 }
             }
         }
         ConnectionsCommand::Remove { name } => {
             r.delete(&format!("/v1/connections/{name}")).await?;
-            println!("removed connection {name:?} on {server}");
+            super::out::outln!("removed connection {name:?} on {server}");
         }
     }
     Ok(())
@@ -199,7 +202,7 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             store.close().await;
             stored?;
             let names: Vec<&str> = fields.keys().map(String::as_str).collect();
-            println!(
+            super::out::outln!(
                 "stored connection {name:?} ({auth_type}, integration {integration:?}, fields: {}) under key {}",
                 names.join(", "),
                 ring.active_kid()
@@ -260,7 +263,7 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             if !removed {
                 bail!(airlock_store::StoreError::ConnectionNotFound(name));
             }
-            println!("removed connection {name:?}");
+            super::out::outln!("removed connection {name:?}");
             Ok(())
         }
     }

@@ -16,14 +16,14 @@ use serde_json::{Value, json};
 
 pub fn run(inside: bool) -> ExitCode {
     if inside {
-        println!("{}", inside_report());
+        super::out::outln!("{}", inside_report());
         return ExitCode::SUCCESS;
     }
-    println!("Backends");
+    super::out::outln!("Backends");
     for name in ["namespace", "docker", "process"] {
         match airlock_sandbox::select(name) {
             Ok(b) => match b.check() {
-                Ok(()) => println!(
+                Ok(()) => super::out::outln!(
                     "  ✓ {name:<10} works{}",
                     if b.isolates() {
                         ""
@@ -31,19 +31,19 @@ pub fn run(inside: bool) -> ExitCode {
                         " (isolates NOTHING)"
                     }
                 ),
-                Err(why) => println!("  ✗ {name:<10} {}", why.0),
+                Err(why) => super::out::outln!("  ✗ {name:<10} {}", why.0),
             },
-            Err(e) => println!("  ✗ {name:<10} {e}"),
+            Err(e) => super::out::outln!("  ✗ {name:<10} {e}"),
         }
     }
     match airlock_sandbox::select("auto") {
-        Ok(b) => println!(
+        Ok(b) => super::out::outln!(
             "  → RUN_ADAPTER=auto picks {} (never docker: the Docker socket is root on the host, so it is chosen by name)",
             b.name()
         ),
-        Err(e) => println!("  → RUN_ADAPTER=auto: {e}"),
+        Err(e) => super::out::outln!("  → RUN_ADAPTER=auto: {e}"),
     }
-    println!("Docker");
+    super::out::outln!("Docker");
     match airlock_sandbox::docker::DockerConfig::from_env() {
         Ok(cfg) => match super::current_thread_runtime() {
             Ok(rt) => {
@@ -55,15 +55,15 @@ pub fn run(inside: bool) -> ExitCode {
         },
         Err(e) => line(false, "settings", &e.to_string()),
     }
-    println!("Isolation features");
+    super::out::outln!("Isolation features");
     for d in airlock_sandbox::diagnose() {
         line(d.works, &d.feature, &d.detail);
     }
-    println!("The host's kernel-wide pools (what each sandbox may take)");
+    super::out::outln!("The host's kernel-wide pools (what each sandbox may take)");
     for d in airlock_sandbox::pools::decisions() {
-        println!("  · {:<28} {}", d.pool, d.decision);
+        super::out::outln!("  · {:<28} {}", d.pool, d.decision);
     }
-    println!("A namespace sandbox, seen from inside");
+    super::out::outln!("A namespace sandbox, seen from inside");
     match seen_from_inside() {
         Ok(v) => describe_inside(&v),
         Err(e) => line(false, "sandbox started", &e),
@@ -72,7 +72,7 @@ pub fn run(inside: bool) -> ExitCode {
 }
 
 fn line(works: bool, feature: &str, detail: &str) {
-    println!(
+    super::out::outln!(
         "  {} {:<28} {}",
         if works { "✓" } else { "✗" },
         feature,
