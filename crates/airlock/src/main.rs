@@ -33,12 +33,9 @@ enum Command {
     Orgs(cmd::orgs::OrgsCommand),
     /// Inspect recorded runs.
     Runs(cmd::runs::RunsArgs),
-    /// Which backends and isolation features work on this host.
-    Doctor {
-        /// (Internal) run inside a sandbox by the doctor: report what it sees.
-        #[arg(long, hide = true)]
-        inside: bool,
-    },
+    /// Which backends and isolation features work on this host: a verdict
+    /// and the next step per backend.
+    Doctor(cmd::doctor::DoctorArgs),
     /// Airlock's main job end to end with a local example API and model.
     Demo {
         /// process | namespace | docker | auto (default: RUN_ADAPTER, else auto).
@@ -95,7 +92,7 @@ fn main() -> std::process::ExitCode {
         Command::Runs(c) => cmd::runs::run(c),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Orgs(c) => cmd::orgs::run(c),
-        Command::Doctor { inside } => cmd::doctor::run(inside),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Demo { backend } => cmd::demo::run(backend),
         Command::Sidecar => cmd::sidecar::run(),
         Command::Runtime { command } => cmd::runtime::run(command, cmd::runtime::Role::Agent),
