@@ -26,12 +26,19 @@ pub enum OrgsCommand {
     List,
     /// Creates another API key for an organization (printed once).
     AddKey {
+        /// The organization's id (`airlock orgs create` printed it).
         org: String,
+        /// The key's name, for telling keys apart.
         #[arg(long, default_value = "admin")]
         name: String,
     },
     /// Revokes an API key.
-    RevokeKey { org: String, key_id: String },
+    RevokeKey {
+        /// The organization's id.
+        org: String,
+        /// The key's id (not its secret).
+        key_id: String,
+    },
 }
 
 pub fn run(cmd: OrgsCommand) -> ExitCode {

@@ -13,6 +13,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  airlock run -f agents/hello/airlock.toml\n  airlock run --backend docker --prompt 'summarize the repo' --json | jq .status\n  airlock run -f airlock.toml -- python3 agent.py --verbose\n\nExit status: the agent's own exit code (0 when the run succeeded); 2 when nothing was started (a bad argument, setting or manifest); 124 when the run timed out; 125 when it failed on Airlock's side; 130 when it was cancelled. See docs/cli.md."
+)]
 pub struct RunArgs {
     /// The agent's manifest (its directory is the agent's code).
     #[arg(short = 'f', long = "file", default_value = "airlock.toml")]
