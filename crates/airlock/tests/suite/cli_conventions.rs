@@ -261,3 +261,81 @@ fn help_describes_every_argument_and_hides_internal_subcommands() {
         assert!(help.contains("Examples:"), "{args:?}: {help}");
     }
 }
+
+fn readme() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap()
+}
+
+/// The rows of README's "What works" table: (part, crates, state).
+fn what_works(readme: &str) -> Vec<(String, String, String)> {
+    let table = readme
+        .split("## What works")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    table
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| part"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split(" | ").map(str::trim).collect();
+            (cells[0].into(), cells[1].into(), cells[2].into())
+        })
+        .collect()
+}
+
+#[test]
+fn readmes_what_works_table_says_what_is_built() {
+    let readme = readme();
+    let rows = what_works(&readme);
+    let remote_mcp = airlock_platform::manifest::Manifest::parse(
+        "[agent]\nname = \"m\"\ncommand = [\"true\"]\n\n[[integrations]]\nnamespace = \"gh\"\n\
+         authorized_uris = [\"https://mcp.example.com/**\"]\n\
+         source = { kind = \"remote\", url = \"https://mcp.example.com/mcp\" }\n",
+    )
+    .map_err(|e| eprintln!("remote MCP refused: {e}"))
+    .is_ok();
+    let local_mcp = airlock_platform::manifest::Manifest::parse(
+        "[agent]\nname = \"m\"\ncommand = [\"true\"]\n\n[[integrations]]\nnamespace = \"svc\"\n\
+         source = { kind = \"local\", command = [\"/usr/bin/python3\", \"runner.py\"] }\n",
+    )
+    .is_ok();
+    let no_backend = |name: &str| {
+        airlock_sandbox::select(name)
+            .err()
+            .is_some_and(|e| e.to_string().contains("no backend named"))
+    };
+    // (what a row names, whether the code has it)
+    for (part, built) in [
+        ("MCP integrations", remote_mcp && local_mcp),
+        ("`firecracker` backend", !no_backend("firecracker")),
+        ("`airlock serve`", true),
+    ] {
+        let (_, _, state) = rows
+            .iter()
+            .find(|(p, _, _)| p.contains(part))
+            .unwrap_or_else(|| panic!("README's table has no row for {part}: {rows:?}"));
+        assert_eq!(
+            state.starts_with("done"),
+            built,
+            "README says {part} is {state:?}"
+        );
+        assert_eq!(state == "not built yet", !built, "{part}: {state:?}");
+    }
+    // Every crate the table or the layout names exists, and the layout
+    // names every crate there is.
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (_, names, _) in &rows {
+        for name in names.split('`').filter(|n| n.starts_with("airlock")) {
+            assert!(crates.join(name).is_dir(), "README names {name}");
+        }
+    }
+    for dir in std::fs::read_dir(&crates).unwrap().flatten() {
+        let name = dir.file_name().to_string_lossy().into_owned();
+        assert!(
+            readme.contains(&format!("\ncrates/{name} ")),
+            "README's layout does not list crates/{name}"
+        );
+    }
+}
