@@ -6,6 +6,7 @@ pub mod doctor;
 pub mod egress;
 pub mod exit;
 pub mod images;
+pub mod internal_hosts;
 pub mod keys;
 pub mod orgs;
 pub mod out;

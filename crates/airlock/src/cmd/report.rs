@@ -209,6 +209,16 @@ fn print_egress(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
             }
         )?;
     }
+    if r.egress
+        .summary
+        .iter()
+        .any(|c| c.decision == "refused" && c.code == "blocked_address")
+    {
+        writeln!(
+            out,
+            "    (blocked_address: a loopback, private or metadata address; an operator who means to reach such a host lists it in EGRESS_ALLOW_INTERNAL_HOSTS)"
+        )?;
+    }
     for c in &r.egress.refusals_counted {
         writeln!(
             out,

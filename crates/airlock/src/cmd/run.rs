@@ -161,7 +161,12 @@ pub fn load_manifest(path: &Path) -> Result<Manifest> {
             path.display()
         );
     }
-    Ok(Manifest::load(path)?)
+    let manifest = Manifest::load(path)?;
+    for w in super::internal_hosts::warnings(&manifest, &super::internal_hosts::allowed_from_env())
+    {
+        eprintln!("{w}");
+    }
+    Ok(manifest)
 }
 
 async fn run_async(args: RunArgs) -> Result<RunReport> {

@@ -339,3 +339,33 @@ fn readmes_what_works_table_says_what_is_built() {
         );
     }
 }
+
+#[test]
+fn an_authorized_private_address_is_warned_of_at_load_with_the_setting_that_allows_it() {
+    let home = tempfile::tempdir().unwrap();
+    let m = home.path().join("airlock.toml");
+    std::fs::write(
+        &m,
+        "[agent]\nname = \"w\"\ncommand = [\"/bin/true\"]\ntimeout = 30\n\n[[integrations]]\n\
+         namespace = \"svc\"\nauthorized_uris = [\"http://127.0.0.1:9/**\"]\n",
+    )
+    .unwrap();
+    let run = |allow: Option<&str>| {
+        let mut c = Command::new(AIRLOCK);
+        c.args(["run", "--backend", "process", "-f", m.to_str().unwrap()])
+            .env("AIRLOCK_HOME", home.path())
+            .env_remove("DATABASE_URL")
+            .env_remove("EGRESS_ALLOW_INTERNAL_HOSTS");
+        if let Some(a) = allow {
+            c.env("EGRESS_ALLOW_INTERNAL_HOSTS", a);
+        }
+        text(&c.output().unwrap().stderr)
+    };
+    let warned = run(None);
+    assert!(
+        warned.contains("EGRESS_ALLOW_INTERNAL_HOSTS=127.0.0.1"),
+        "{warned}"
+    );
+    let allowed = run(Some("127.0.0.1"));
+    assert!(!allowed.contains("warning: integration svc"), "{allowed}");
+}
