@@ -1,7 +1,7 @@
 //! The warning a manifest gets at load when an integration's
-//! `authorized_uris` name a loopback or private address that the egress
-//! guard refuses unless the operator lists the host in
-//! `EGRESS_ALLOW_INTERNAL_HOSTS`: said before the run, not found in its
+//! `authorized_uris` or its `model.base_url` name a loopback or private
+//! address that the egress guard refuses unless the operator lists the host
+//! in `EGRESS_ALLOW_INTERNAL_HOSTS`: said before the run, not found in its
 //! egress log after.
 
 use std::net::IpAddr;
@@ -24,21 +24,33 @@ fn host_of(pattern: &str) -> Option<&str> {
 /// One warning per (integration, host) whose address the guard refuses and
 /// `allowed` (the setting's hosts) does not list.
 pub fn warnings(manifest: &Manifest, allowed: &[String]) -> Vec<String> {
+    let refused = |url: &str| {
+        let host = host_of(url)?;
+        let ip = host.parse::<IpAddr>().ok()?;
+        (airlock_egress::addr::is_blocked(ip) && !allowed.iter().any(|a| a == host))
+            .then(|| host.to_owned())
+    };
     let mut out = Vec::new();
+    let mut warn = |what: String, host: String| {
+        let w = format!(
+            "warning: {what} names {host}, an address the egress guard refuses unless the operator lists it in {INTERNAL_HOSTS_VAR} (e.g. {INTERNAL_HOSTS_VAR}={host})"
+        );
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    };
+    if let Some(model) = &manifest.model
+        && let Some(host) = refused(&model.base_url)
+    {
+        warn("model.base_url".into(), host);
+    }
     for integ in &manifest.integrations {
         for p in &integ.authorized_uris {
-            let Some(host) = host_of(p) else { continue };
-            let Ok(ip) = host.parse::<IpAddr>() else {
-                continue;
-            };
-            if airlock_egress::addr::is_blocked(ip) && !allowed.iter().any(|a| a == host) {
-                let w = format!(
-                    "warning: integration {}: authorized_uris names {host}, an address the egress guard refuses unless the operator lists it in {INTERNAL_HOSTS_VAR} (e.g. {INTERNAL_HOSTS_VAR}={host})",
-                    integ.namespace.as_str()
+            if let Some(host) = refused(p) {
+                warn(
+                    format!("integration {}: authorized_uris", integ.namespace.as_str()),
+                    host,
                 );
-                if !out.contains(&w) {
-                    out.push(w);
-                }
             }
         }
     }
