@@ -74,6 +74,11 @@ fn one_versioned_run_report_for_run_runs_show_and_runs_list() {
     for (k, v) in run.as_object().unwrap() {
         assert_eq!(&report[k], v, "{k}: the list and the report disagree");
     }
+    // `connections list --json`: the API's answer too.
+    let conns = airlock(home.path(), &["connections", "list", "--json"]);
+    assert!(conns.status.success(), "{}", text(&conns.stderr));
+    let conns: Value = serde_json::from_slice(&conns.stdout).unwrap();
+    assert_eq!(conns, serde_json::json!({"connections": []}));
     // The text view: human times, the status, never raw Unix seconds.
     let shown = text(&airlock(home.path(), &["runs", "show", id]).stdout);
     assert!(shown.contains("status      succeeded"), "{shown}");
