@@ -68,7 +68,8 @@ pub struct EgressReport {
     /// Counts by decision and code (`-` for none), the refusals counted and
     /// not recorded one by one among them.
     pub summary: Vec<EgressCount>,
-    pub entries: Vec<EgressLine>,
+    /// Each request or refusal, as `GET /v1/runs/{id}/egress` lists it.
+    pub entries: Vec<EgressRecord>,
     /// Refusals past the run's bounds, counted per code and host, not
     /// recorded one by one (their samples are among `entries`).
     pub refusals_counted: Vec<RefusalCount>,
@@ -86,51 +87,6 @@ pub struct EgressCount {
     pub decision: String,
     pub code: String,
     pub count: usize,
-}
-
-/// One egress record as a report lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EgressLine {
-    pub at: i64,
-    pub source: String,
-    pub integration: Option<String>,
-    pub method: String,
-    pub url: String,
-    pub host: String,
-    /// The guard's decision: `allowed` or `refused`.
-    pub decision: String,
-    /// The refusal code, when refused.
-    pub code: Option<String>,
-    /// What the upstream did: `completed`, `upstream_failed`, `incomplete`,
-    /// `aborted`, `withheld`, `not_sent` (none for a refusal).
-    pub outcome: Option<String>,
-    /// Model calls: `metered`, or `unmetered` when the provider's usage never arrived.
-    pub metering: Option<String>,
-    pub status: Option<i64>,
-    pub duration_ms: Option<i64>,
-    pub bytes_out: i64,
-    pub bytes_in: i64,
-}
-
-impl From<&EgressRecord> for EgressLine {
-    fn from(e: &EgressRecord) -> Self {
-        EgressLine {
-            at: e.at,
-            source: e.source.clone(),
-            integration: e.integration.clone(),
-            method: e.method.clone(),
-            url: e.url.clone(),
-            host: e.host.clone(),
-            decision: e.decision.to_string(),
-            code: e.reason.clone(),
-            outcome: e.outcome.as_ref().map(ToString::to_string),
-            metering: e.metering.clone(),
-            status: e.status,
-            duration_ms: e.duration_ms,
-            bytes_out: e.bytes_out,
-            bytes_in: e.bytes_in,
-        }
-    }
 }
 
 /// What a report reads from a run's events: its last result, its shed
@@ -183,7 +139,7 @@ impl RunReport {
             *by.entry(("refused".to_owned(), c.code.clone()))
                 .or_default() += usize::try_from(c.count).unwrap_or(usize::MAX);
         }
-        let entries: Vec<EgressLine> = egress.iter().map(EgressLine::from).collect();
+        let entries = egress.to_vec();
         RunReport {
             schema: SCHEMA.to_owned(),
             isolation,

@@ -181,7 +181,7 @@ fn print_egress(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
         } else {
             "✗ refused"
         };
-        let detail = match (&e.code, e.status, e.outcome.as_deref()) {
+        let detail = match (&e.reason, e.status, e.outcome.as_deref()) {
             (Some(code), _, _) if !allowed => code.clone(),
             (_, Some(s), Some("completed") | None) => format!("HTTP {s}"),
             (_, _, Some(o)) => o.to_owned(),

@@ -32,19 +32,15 @@ fn manifest(dir: &Path, command: &str, timeout: u64) -> PathBuf {
     p
 }
 
+/// `airlock run` of `manifest` on the process backend, its report as JSON.
+fn run_json_args(manifest: &Path) -> Vec<&str> {
+    let m = manifest.to_str().unwrap();
+    vec!["run", "--backend", "process", "--json", "-f", m]
+}
+
 fn run_json(home: &Path, command: &str, timeout: u64) -> (Output, Value) {
     let m = manifest(home, command, timeout);
-    let out = airlock(
-        home,
-        &[
-            "run",
-            "--backend",
-            "process",
-            "--json",
-            "-f",
-            m.to_str().unwrap(),
-        ],
-    );
+    let out = airlock(home, &run_json_args(&m));
     let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     (out, v)
 }
@@ -159,17 +155,7 @@ fn with_closed_stdout(home: &Path, args: &[&str]) -> Output {
 fn a_closed_pipe_ends_quietly_and_the_run_is_still_ended() {
     let home = tempfile::tempdir().unwrap();
     let m = manifest(home.path(), "echo hi", 30);
-    let out = with_closed_stdout(
-        home.path(),
-        &[
-            "run",
-            "--backend",
-            "process",
-            "--json",
-            "-f",
-            m.to_str().unwrap(),
-        ],
-    );
+    let out = with_closed_stdout(home.path(), &run_json_args(&m));
     let err = text(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.code(), Some(0), "the run's own status: {err}");
