@@ -316,6 +316,7 @@ pub async fn run(
 /// Registers the manifest's directory as its agent (its regular files,
 /// UTF-8, within the server's limits); the agent's name.
 async fn register(r: &Remote, manifest: &std::path::Path) -> Result<String> {
+    super::run::require_manifest(manifest)?;
     let manifest = manifest
         .canonicalize()
         .with_context(|| format!("reading {}", manifest.display()))?;

@@ -153,14 +153,22 @@ pub fn show(report: &RunReport, json: bool) {
     }
 }
 
-/// The manifest, with the fix when there is none where it was looked for.
-pub fn load_manifest(path: &Path) -> Result<Manifest> {
+/// An error naming the fix when there is no manifest at `path`.
+pub fn require_manifest(path: &Path) -> Result<()> {
     if !path.exists() {
         anyhow::bail!(
             "no manifest at {}: pass -f PATH (the agent's airlock.toml)",
             path.display()
         );
     }
+    Ok(())
+}
+
+/// The manifest, with the fix when there is none where it was looked for,
+/// and a warning for each private address it names that the operator's
+/// setting does not list.
+pub fn load_manifest(path: &Path) -> Result<Manifest> {
+    require_manifest(path)?;
     let manifest = Manifest::load(path)?;
     for w in super::internal_hosts::warnings(&manifest, &super::internal_hosts::allowed_from_env())
     {
