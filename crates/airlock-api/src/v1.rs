@@ -465,6 +465,10 @@ pub struct EgressRecord {
     pub duration_ms: Option<i64>,
     pub host: String,
     pub integration: Option<String>,
+    /// Model calls: `metered`, or `unmetered` when the provider's usage
+    /// never arrived (`null` for other requests).
+    #[serde(default)]
+    pub metering: Option<String>,
     pub method: String,
     /// What became of an allowed request (`null` for a refusal).
     pub outcome: Option<String>,
@@ -490,6 +494,7 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
             duration_ms: e.duration_ms,
             host: e.host.clone(),
             integration: e.integration.clone(),
+            metering: e.metering.map(|m| m.as_str().to_owned()),
             method: e.method.clone(),
             outcome: e.outcome.map(|o| o.as_str().to_owned()),
             reason: e.reason.clone(),
@@ -801,6 +806,7 @@ mod tests {
                 duration_ms: Some(4),
                 host: "example.com".into(),
                 integration: None,
+                metering: Some("metered".into()),
                 method: "GET".into(),
                 outcome: Some("complete".into()),
                 reason: None,

@@ -21,6 +21,10 @@ use crate::pattern::AuthorizedUris;
 use crate::resolve::{Resolve, SystemResolver};
 use crate::target::{Target, TargetHost};
 
+/// The operator's setting that exempts named internal hosts from the
+/// address table (docs/configuration.md); a refusal by that table names it.
+pub const INTERNAL_HOSTS_VAR: &str = "EGRESS_ALLOW_INTERNAL_HOSTS";
+
 /// Names refused on every call, whatever they resolve to.
 pub const BLOCKED_NAMES: &[&str] = &[
     "localhost",
@@ -60,7 +64,7 @@ impl EgressPolicy {
     /// Reads `EGRESS_ALLOW_INTERNAL_HOSTS` from the environment.
     pub fn from_env() -> Self {
         let mut p = Self::new();
-        if let Ok(v) = std::env::var("EGRESS_ALLOW_INTERNAL_HOSTS") {
+        if let Ok(v) = std::env::var(INTERNAL_HOSTS_VAR) {
             p.allow_internal_hosts(v.split(','));
         }
         p
@@ -372,7 +376,10 @@ impl Guard {
                         EgressCode::BlockedAddress,
                         GuardStep::AddressTable,
                         Some(&host.bare()),
-                        format!("{} resolves to a blocked address: {why}", host.bare()),
+                        format!(
+                            "{} resolves to a blocked address: {why} (an operator who means to reach it lists the host in {INTERNAL_HOSTS_VAR})",
+                            host.bare()
+                        ),
                     )
                     .at(ip));
                 }

@@ -12,7 +12,6 @@ pub mod manifest;
 pub mod orchestrator;
 pub mod platform;
 pub mod proxy_ca;
-pub mod report;
 pub mod settings;
 
 #[cfg(feature = "testing")]

@@ -33,19 +33,19 @@ enum Command {
     Orgs(cmd::orgs::OrgsCommand),
     /// Inspect recorded runs.
     Runs(cmd::runs::RunsArgs),
-    /// Which backends and isolation features work on this host.
-    Doctor {
-        /// (Internal) run inside a sandbox by the doctor: report what it sees.
-        #[arg(long, hide = true)]
-        inside: bool,
-    },
+    /// Which backends and isolation features work on this host: a verdict
+    /// and the next step per backend.
+    Doctor(cmd::doctor::DoctorArgs),
     /// Airlock's main job end to end with a local example API and model.
+    #[command(after_help = "Examples:\n  airlock demo\n  airlock demo --backend docker")]
     Demo {
         /// process | namespace | docker | auto (default: RUN_ADAPTER, else auto).
         #[arg(long)]
         backend: Option<String>,
     },
-    /// Run one run's sidecar (configuration as JSON on stdin).
+    /// Run one run's sidecar (configuration as JSON on stdin; started by
+    /// the platform only).
+    #[command(hide = true)]
     Sidecar,
     /// The in-sandbox launcher (run secrets as JSON on stdin).
     #[command(hide = true)]
@@ -98,7 +98,7 @@ fn main() -> std::process::ExitCode {
         Command::Runs(c) => cmd::runs::run(c),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Orgs(c) => cmd::orgs::run(c),
-        Command::Doctor { inside } => cmd::doctor::run(inside),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Demo { backend } => cmd::demo::run(backend),
         Command::Sidecar => cmd::sidecar::run(),
         Command::Runtime { command } => cmd::runtime::run(command, cmd::runtime::Role::Agent),
@@ -109,5 +109,35 @@ fn main() -> std::process::ExitCode {
         Command::SandboxInit => cmd::sandbox_init::run(),
         Command::ContainerInit { command } => cmd::sandbox_init::container(&command),
         Command::Openapi => cmd::openapi::run(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    /// Every argument a person can see says what it is for.
+    fn undescribed(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if a.is_hide_set() || id == "help" || id == "version" {
+                continue;
+            }
+            if a.get_help().is_none() && a.get_long_help().is_none() {
+                out.push(format!("{path} {id}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if !sub.is_hide_set() {
+                undescribed(sub, &format!("{path} {}", sub.get_name()), out);
+            }
+        }
+    }
+
+    #[test]
+    fn every_visible_argument_is_described() {
+        let mut out = Vec::new();
+        undescribed(&super::Cli::command(), "airlock", &mut out);
+        assert!(out.is_empty(), "arguments without a description: {out:?}");
     }
 }

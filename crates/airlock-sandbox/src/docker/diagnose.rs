@@ -28,11 +28,32 @@ enum TrialError {
     Timeout,
 }
 
-/// Starts `true` in `image` under `runtime` on `network`; the error if it fails.
+/// Where Docker 20.10 keeps its runtimes' state (`runsc --root`).
+const RUNTIME_ROOT: &str = "/var/run/docker/runtime-runc/moby";
+
+/// Ends the gVisor sandbox a failed start of container `id` left running
+/// out of Docker's sight (gVisor releases before 2023 on Docker 20.10:
+/// `runsc-sandbox` and `runsc-gofer` stay after the container is removed).
+/// `runsc` is the runtime's binary as the daemon registered it; nothing
+/// left (or a daemon on another host) makes this a no-op.
+async fn end_gvisor_leftover(runsc: &str, id: &str) {
+    let _ = tokio::process::Command::new(runsc)
+        .args(["--root", RUNTIME_ROOT, "delete", "--force", id])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await;
+}
+
+/// Starts `true` in `image` under `runtime` on `network`; the error if it
+/// fails. Leaves nothing behind: the container is removed, and a gVisor
+/// runtime's (`runsc`, its binary) sandbox of a failed start is ended.
 async fn try_runtime(
     dk: &Docker,
     image: &str,
     runtime: &str,
+    runsc: Option<&str>,
     network: &str,
 ) -> Result<(), TrialError> {
     let name = format!("airlock-doctor-{runtime}-{network}-{}", std::process::id());
@@ -62,17 +83,21 @@ async fn try_runtime(
         }),
         ..Default::default()
     };
+    let mut id = None;
     let r = async {
-        dk.create_container(
-            Some(
-                q::CreateContainerOptionsBuilder::default()
-                    .name(&name)
-                    .build(),
-            ),
-            body,
-        )
-        .await
-        .map_err(|e| super::ApiError::new("create", e))?;
+        id = Some(
+            dk.create_container(
+                Some(
+                    q::CreateContainerOptionsBuilder::default()
+                        .name(&name)
+                        .build(),
+                ),
+                body,
+            )
+            .await
+            .map_err(|e| super::ApiError::new("create", e))?
+            .id,
+        );
         dk.start_container(&name, None::<q::StartContainerOptions>)
             .await
             .map_err(|e| super::ApiError::new("start", e))?;
@@ -98,15 +123,20 @@ async fn try_runtime(
             ),
         )
         .await;
+    if r.is_err()
+        && let (Some(runsc), Some(id)) = (runsc, &id)
+    {
+        end_gvisor_leftover(runsc, id).await;
+    }
     r
 }
 
-/// Whether the daemon runs `rt` with gVisor's `runsc`.
-fn is_gvisor(info: Option<&bollard::models::SystemInfo>, rt: &str) -> bool {
+/// The binary of gVisor's `runsc` when the daemon runs `rt` with it.
+fn gvisor_binary<'a>(info: Option<&'a bollard::models::SystemInfo>, rt: &str) -> Option<&'a str> {
     info.and_then(|i| i.runtimes.as_ref())
         .and_then(|r| r.get(rt))
         .and_then(|r| r.path.as_deref())
-        .is_some_and(|p| p.rsplit('/').next() == Some("runsc"))
+        .filter(|p| p.rsplit('/').next() == Some("runsc"))
 }
 
 /// The docker backend's lines of `airlock doctor`.
@@ -230,7 +260,7 @@ async fn runtimes(
             )
         } else {
             let default = rt == default_rt;
-            trial(dk, &image, rt, is_gvisor(info, rt), default, feature).await
+            trial(dk, &image, rt, gvisor_binary(info, rt), default, feature).await
         });
     }
     if let Some(r) = &cfg.runtime {
@@ -252,23 +282,14 @@ async fn trial(
     dk: &Docker,
     image: &str,
     rt: &str,
-    gvisor: bool,
+    runsc: Option<&str>,
     default: bool,
     feature: String,
 ) -> Diagnosis {
-    // A failed start may leave something behind (`leftover`): on a
-    // bridge only once a start without a network worked.
-    let leftover = if gvisor {
-        " (gVisor releases before 2023 leave the sandbox of a failed start running, out of Docker's sight: `runsc --root /var/run/docker/runtime-runc/moby list` shows it, `delete --force ID` ends it)"
-    } else {
-        ""
-    };
-    match try_runtime(dk, image, rt, "none").await {
-        Err(e) => Diagnosis::fails(
-            feature,
-            format_args!("cannot start a container: {e}{leftover}"),
-        ),
-        Ok(()) => match try_runtime(dk, image, rt, "bridge").await {
+    // On a bridge only once a start without a network worked.
+    match try_runtime(dk, image, rt, runsc, "none").await {
+        Err(e) => Diagnosis::fails(feature, format_args!("cannot start a container: {e}")),
+        Ok(()) => match try_runtime(dk, image, rt, runsc, "bridge").await {
             Ok(()) => Diagnosis::works(
                 feature,
                 format!(
@@ -283,7 +304,7 @@ async fn trial(
             Err(e) => Diagnosis::fails(
                 feature,
                 format_args!(
-                    "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}{leftover}"
+                    "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}"
                 ),
             ),
         },
@@ -510,7 +531,7 @@ pub(crate) enum DnsChannel {
 
 #[cfg(test)]
 mod tests {
-    use super::{internal_dns_verdict, is_gvisor};
+    use super::{gvisor_binary, internal_dns_verdict};
 
     #[test]
     fn gvisor_is_told_by_the_runtimes_binary_not_its_name() {
@@ -523,12 +544,12 @@ mod tests {
             }
         }))
         .unwrap();
-        assert!(is_gvisor(Some(&info), "runsc"));
-        assert!(is_gvisor(Some(&info), "sandboxed"));
-        assert!(!is_gvisor(Some(&info), "runc"));
-        assert!(!is_gvisor(Some(&info), "runsc-lookalike"));
-        assert!(!is_gvisor(Some(&info), "absent"));
-        assert!(!is_gvisor(None, "runsc"));
+        assert!(gvisor_binary(Some(&info), "runsc").is_some());
+        assert!(gvisor_binary(Some(&info), "sandboxed").is_some());
+        assert!(gvisor_binary(Some(&info), "runc").is_none());
+        assert!(gvisor_binary(Some(&info), "runsc-lookalike").is_none());
+        assert!(gvisor_binary(Some(&info), "absent").is_none());
+        assert!(gvisor_binary(None, "runsc").is_none());
     }
 
     #[test]

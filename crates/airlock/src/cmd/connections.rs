@@ -134,6 +134,48 @@ pub fn run(args: ConnectionsArgs) -> ExitCode {
     }
 }
 
+/// The connections, as `{"connections": [...]}` (the API's answer) or as a
+/// table; the same from a store or a server. Never a secret: there is none
+/// in a [`v1::Connection`].
+fn print_list(list: &v1::ConnectionList, json: bool) -> Result<()> {
+    use super::out::outln;
+    use airlock_sandbox::terminal::safe;
+    if json {
+        outln!("{}", serde_json::to_string(list)?);
+        return Ok(());
+    }
+    let cs = &list.connections;
+    if cs.is_empty() {
+        outln!("no connections");
+        return Ok(());
+    }
+    let w = cs.iter().map(|c| c.name.len()).max().unwrap_or(4).max(4);
+    let wi = cs
+        .iter()
+        .map(|c| c.integration.len())
+        .max()
+        .unwrap_or(11)
+        .max(11);
+    outln!(
+        "{:<w$}  {:<wi$}  {:<8}  {:<10}  UPDATED",
+        "NAME",
+        "INTEGRATION",
+        "TYPE",
+        "KID"
+    );
+    for c in cs {
+        outln!(
+            "{:<w$}  {:<wi$}  {:<8}  {:<10}  {}",
+            safe(&c.name),
+            safe(&c.integration),
+            c.auth_type,
+            c.kid,
+            super::report::when(Some(c.updated_at))
+        );
+    }
+    Ok(())
+}
+
 /// The same, on a server (the secret fields are read as locally, and sent
 /// once, in the request that stores them).
 async fn remote(server: &str, cmd: ConnectionsCommand) -> Result<()> {
@@ -156,27 +198,18 @@ async fn remote(server: &str, cmd: ConnectionsCommand) -> Result<()> {
                 auth_type: auth_type.as_str().to_owned(),
             };
             let c: v1::Connection = r.send_json("POST", "/v1/connections", &body).await?;
-            println!(
+            super::out::outln!(
                 "stored connection {name:?} ({auth_type}, integration {integration:?}) on {server} under key {}",
                 c.kid
             );
         }
         ConnectionsCommand::List { json } => {
             let v: v1::ConnectionList = r.get("/v1/connections").await?;
-            for c in &v.connections {
-                if json {
-                    println!("{}", serde_json::to_string(c)?);
-                } else {
-                    println!(
-                        "{:<24} {:<16} {:<8} {}",
-                        c.name, c.integration, c.auth_type, c.kid
-                    );
-                }
-            }
+            print_list(&v, json)?;
         }
         ConnectionsCommand::Remove { name } => {
             r.delete(&format!("/v1/connections/{name}")).await?;
-            println!("removed connection {name:?} on {server}");
+            super::out::outln!("removed connection {name:?} on {server}");
         }
     }
     Ok(())
@@ -199,7 +232,7 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             store.close().await;
             stored?;
             let names: Vec<&str> = fields.keys().map(String::as_str).collect();
-            println!(
+            super::out::outln!(
                 "stored connection {name:?} ({auth_type}, integration {integration:?}, fields: {}) under key {}",
                 names.join(", "),
                 ring.active_kid()
@@ -210,46 +243,12 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             let store = Store::open_default().await?;
             let list = store.list_connections(airlock_store::LOCAL_ORG).await?;
             store.close().await;
-            let mut out = std::io::stdout().lock();
-            if json {
-                for c in &list {
-                    let v = serde_json::json!({
-                        "name": c.name,
-                        "integration": c.integration,
-                        "type": c.auth_type.as_str(),
-                        "kid": c.kid,
-                        "created_at": c.created_at,
-                        "updated_at": c.updated_at,
-                    });
-                    writeln!(out, "{v}")?;
-                }
-            } else if list.is_empty() {
-                writeln!(out, "no connections")?;
-            } else {
-                let w = list.iter().map(|c| c.name.len()).max().unwrap_or(4).max(4);
-                let wi = list
-                    .iter()
-                    .map(|c| c.integration.len())
-                    .max()
-                    .unwrap_or(11)
-                    .max(11);
-                writeln!(
-                    out,
-                    "{:<w$}  {:<wi$}  {:<8}  KID",
-                    "NAME", "INTEGRATION", "TYPE"
-                )?;
-                for c in &list {
-                    writeln!(
-                        out,
-                        "{:<w$}  {:<wi$}  {:<8}  {}",
-                        c.name,
-                        c.integration,
-                        c.auth_type.as_str(),
-                        c.kid
-                    )?;
-                }
-            }
-            Ok(())
+            print_list(
+                &v1::ConnectionList {
+                    connections: list.iter().map(v1::Connection::from).collect(),
+                },
+                json,
+            )
         }
         ConnectionsCommand::Remove { name } => {
             let store = Store::open_default().await?;
@@ -260,7 +259,7 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             if !removed {
                 bail!(airlock_store::StoreError::ConnectionNotFound(name));
             }
-            println!("removed connection {name:?}");
+            super::out::outln!("removed connection {name:?}");
             Ok(())
         }
     }

@@ -111,102 +111,26 @@ async fn servers_ip(backend: Option<&str>) -> Result<std::net::IpAddr> {
     Ok(airlock_sandbox::docker::egress_gateway(&d).await?)
 }
 
+/// The example API and the fake model, and the secrets each wants.
+struct Servers {
+    api: SocketAddr,
+    provider: SocketAddr,
+    api_token: String,
+    model_key: String,
+}
+
 async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool> {
     let ip = servers_ip(backend.as_deref()).await?;
-    let api_token = format!("demo-token-{}", airlock_vault::random_hex::<16>()?);
-    let model_key = format!("sk-demo-{}", airlock_vault::random_hex::<16>()?);
-
-    // The example API: answers only with the right bearer token.
-    let expected = format!("Bearer {api_token}");
-    let api = serve(
-        ip,
-        Arc::new(move |req: http::Request<Bytes>| {
-            let auth = req
-                .headers()
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if auth == expected {
-                json_response(
-                    200,
-                    json!({"user": "demo-user", "authenticated": true, "path": req.uri().path()}),
-                )
-            } else {
-                json_response(401, json!({"error": "missing or wrong token"}))
-            }
-        }),
-    )
-    .await?;
-    // The fake model provider: OpenAI's chat-completions JSON, usage included.
-    let expected_key = format!("Bearer {model_key}");
-    let provider = serve(ip, Arc::new(move |req: http::Request<Bytes>| {
-        let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
-        if auth != expected_key {
-            return json_response(401, json!({"error": {"message": "invalid api key", "type": "invalid_request_error"}}));
-        }
-        json_response(200, json!({
-            "id": "chatcmpl-demo", "object": "chat.completion", "created": 0, "model": "demo-model",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hello, Airlock! (from the local fake model)"}}],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
-        }))
-    }))
-    .await?;
-
+    let servers = start_servers(ip).await?;
     let key = airlock_vault::random_bytes::<32>()?;
     let keyring = Arc::new(Keyring::new("demo", &key)?);
     let store = Store::open_sqlite(&home.join("airlock.db"), &StoreOptions::default()).await?;
-    // Stored the way a user stores them (`airlock connections add`).
-    for (name, integration, auth_type, field, value) in [
-        ("demo-api", "demo", AuthType::Bearer, "token", &api_token),
-        ("demo-model", "openai", AuthType::ApiKey, "key", &model_key),
-    ] {
-        let fields = [(field.to_owned(), zeroize::Zeroizing::new(value.clone()))]
-            .into_iter()
-            .collect();
-        super::connections::store_connection(
-            &store,
-            &keyring,
-            name,
-            integration,
-            auth_type,
-            &fields,
-        )
-        .await?;
-    }
-
-    let agent_dir = home.join("agent");
-    std::fs::create_dir_all(&agent_dir)?;
-    std::fs::write(agent_dir.join("agent.py"), AGENT)?;
-    let manifest_text = format!(
-        r#"[agent]
-name = "demo"
-command = ["/usr/bin/env", "DEMO_API_URL=http://{api}", "python3", "agent.py"]
-timeout = 60
-memory_mb = 512
-cpus = 1
-
-[model]
-provider = "openai"
-base_url = "http://{provider}/v1"
-connection = "demo-model"
-price_in_per_mtok_usd = 2.5
-price_out_per_mtok_usd = 10.0
-
-[network]
-egress = "public"
-
-[[integrations]]
-namespace = "demo"
-connection = "demo-api"
-authorized_uris = ["http://{api}/**"]
-delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
-"#
-    );
-    let manifest_path = agent_dir.join("airlock.toml");
-    std::fs::write(&manifest_path, &manifest_text)?;
+    store_credentials(&store, &keyring, &servers).await?;
+    let (agent_dir, manifest_path) = write_agent(home, &servers)?;
     let manifest = Manifest::load(&manifest_path)?;
     eprintln!(
-        "Airlock demo: example API on {api} (wants a bearer token), fake model on {provider}."
+        "Airlock demo: example API on {} (wants a bearer token), fake model on {}.",
+        servers.api, servers.provider
     );
     eprintln!(
         "The demo credential and the model key are stored encrypted in {}; the agent gets neither.",
@@ -246,10 +170,129 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
             &progress,
         )
         .await?;
-    super::run::report(&store, &outcome, false).await?;
+    super::run::show(
+        &super::run::report_of(&store, &outcome.run_id).await?,
+        false,
+    );
     platform.stop();
+    check(&store, &outcome, &servers).await
+}
 
-    // The checks: what the store recorded, compared with what should have happened.
+async fn start_servers(ip: std::net::IpAddr) -> Result<Servers> {
+    let api_token = format!("demo-token-{}", airlock_vault::random_hex::<16>()?);
+    let model_key = format!("sk-demo-{}", airlock_vault::random_hex::<16>()?);
+
+    // The example API: answers only with the right bearer token.
+    let expected = format!("Bearer {api_token}");
+    let api = serve(
+        ip,
+        Arc::new(move |req: http::Request<Bytes>| {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if auth == expected {
+                json_response(
+                    200,
+                    json!({"user": "demo-user", "authenticated": true, "path": req.uri().path()}),
+                )
+            } else {
+                json_response(401, json!({"error": "missing or wrong token"}))
+            }
+        }),
+    )
+    .await?;
+    // The fake model provider: OpenAI's chat-completions JSON, usage included.
+    let expected_key = format!("Bearer {model_key}");
+    let provider = serve(ip, Arc::new(move |req: http::Request<Bytes>| {
+        let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if auth != expected_key {
+            return json_response(401, json!({"error": {"message": "invalid api key", "type": "invalid_request_error"}}));
+        }
+        json_response(200, json!({
+            "id": "chatcmpl-demo", "object": "chat.completion", "created": 0, "model": "demo-model",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hello, Airlock! (from the local fake model)"}}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
+        }))
+    }))
+    .await?;
+    Ok(Servers {
+        api,
+        provider,
+        api_token,
+        model_key,
+    })
+}
+
+/// The demo's credentials, stored the way a user stores them.
+async fn store_credentials(store: &Store, keyring: &Keyring, s: &Servers) -> Result<()> {
+    for (name, integration, auth_type, field, value) in [
+        ("demo-api", "demo", AuthType::Bearer, "token", &s.api_token),
+        (
+            "demo-model",
+            "openai",
+            AuthType::ApiKey,
+            "key",
+            &s.model_key,
+        ),
+    ] {
+        let fields = [(field.to_owned(), zeroize::Zeroizing::new(value.clone()))]
+            .into_iter()
+            .collect();
+        super::connections::store_connection(store, keyring, name, integration, auth_type, &fields)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The demo agent and its manifest, in `home/agent`.
+fn write_agent(
+    home: &std::path::Path,
+    s: &Servers,
+) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let (api, provider) = (s.api, s.provider);
+    let agent_dir = home.join("agent");
+    std::fs::create_dir_all(&agent_dir)?;
+    std::fs::write(agent_dir.join("agent.py"), AGENT)?;
+    let manifest_text = format!(
+        r#"[agent]
+name = "demo"
+command = ["/usr/bin/env", "DEMO_API_URL=http://{api}", "python3", "agent.py"]
+timeout = 60
+memory_mb = 512
+cpus = 1
+
+[model]
+provider = "openai"
+base_url = "http://{provider}/v1"
+connection = "demo-model"
+price_in_per_mtok_usd = 2.5
+price_out_per_mtok_usd = 10.0
+
+[network]
+egress = "public"
+
+[[integrations]]
+namespace = "demo"
+connection = "demo-api"
+authorized_uris = ["http://{api}/**"]
+delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
+"#
+    );
+    let manifest_path = agent_dir.join("airlock.toml");
+    std::fs::write(&manifest_path, &manifest_text)?;
+    Ok((agent_dir, manifest_path))
+}
+
+/// The checks: what the store recorded of the demo's run, compared with
+/// what should have happened.
+async fn check(
+    store: &Store,
+    outcome: &airlock_platform::orchestrator::RunOutcome,
+    s: &Servers,
+) -> Result<bool> {
+    let (api, api_token, model_key) = (s.api, &s.api_token, &s.model_key);
     let egress = store.list_egress(&outcome.run_id, 10_000).await?;
     let run = store
         .get_run(&outcome.run_id)
@@ -306,7 +349,7 @@ delivery = {{ header = "Authorization", prefix = "Bearer ", field = "token" }}
         ),
         (
             "the agent's output never contained the API token or the model key",
-            !logs.contains(&api_token) && !logs.contains(&model_key),
+            !logs.contains(api_token.as_str()) && !logs.contains(model_key.as_str()),
         ),
     ];
     eprintln!("\nDemo checks (from the store's records of this run):");

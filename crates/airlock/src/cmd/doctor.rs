@@ -12,72 +12,191 @@ use std::time::Duration;
 use airlock_sandbox::namespace::{NamespaceBackend, config};
 use airlock_sandbox::{Backend, SandboxSpec};
 use airlock_sandbox::{seccomp, syscalls};
+use serde::Serialize;
 use serde_json::{Value, json};
 
-pub fn run(inside: bool) -> ExitCode {
-    if inside {
-        println!("{}", inside_report());
-        return ExitCode::SUCCESS;
-    }
-    println!("Backends");
-    for name in ["namespace", "docker", "process"] {
-        match airlock_sandbox::select(name) {
-            Ok(b) => match b.check() {
-                Ok(()) => println!(
-                    "  ✓ {name:<10} works{}",
-                    if b.isolates() {
-                        ""
-                    } else {
-                        " (isolates NOTHING)"
-                    }
-                ),
-                Err(why) => println!("  ✗ {name:<10} {}", why.0),
-            },
-            Err(e) => println!("  ✗ {name:<10} {e}"),
-        }
-    }
-    match airlock_sandbox::select("auto") {
-        Ok(b) => println!(
-            "  → RUN_ADAPTER=auto picks {} (never docker: the Docker socket is root on the host, so it is chosen by name)",
-            b.name()
-        ),
-        Err(e) => println!("  → RUN_ADAPTER=auto: {e}"),
-    }
-    println!("Docker");
-    match airlock_sandbox::docker::DockerConfig::from_env() {
-        Ok(cfg) => match super::current_thread_runtime() {
-            Ok(rt) => {
-                for d in rt.block_on(airlock_sandbox::docker::diagnose::diagnose(&cfg)) {
-                    line(d.works, &d.feature, &d.detail);
-                }
-            }
-            Err(e) => line(false, "docker", &e.to_string()),
-        },
-        Err(e) => line(false, "settings", &e.to_string()),
-    }
-    println!("Isolation features");
-    for d in airlock_sandbox::diagnose() {
-        line(d.works, &d.feature, &d.detail);
-    }
-    println!("The host's kernel-wide pools (what each sandbox may take)");
-    for d in airlock_sandbox::pools::decisions() {
-        println!("  · {:<28} {}", d.pool, d.decision);
-    }
-    println!("A namespace sandbox, seen from inside");
-    match seen_from_inside() {
-        Ok(v) => describe_inside(&v),
-        Err(e) => line(false, "sandbox started", &e),
-    }
-    ExitCode::SUCCESS
+use super::out::outln;
+
+mod verdict;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  airlock doctor\n  airlock doctor --backend docker\n  airlock doctor --json | jq '.backends[] | select(.works | not)'\n\nExit status: 0 when the chosen backend can run agents here, 1 when it cannot."
+)]
+pub struct DoctorArgs {
+    /// The backend to judge: process | namespace | docker | auto (default:
+    /// RUN_ADAPTER, else auto).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Print everything as one JSON object (schema `airlock.doctor/v1`).
+    #[arg(long)]
+    pub json: bool,
+    /// (Internal) run inside a sandbox by the doctor: report what it sees.
+    #[arg(long, hide = true)]
+    pub inside: bool,
 }
 
-fn line(works: bool, feature: &str, detail: &str) {
-    println!(
-        "  {} {:<28} {}",
-        if works { "✓" } else { "✗" },
-        feature,
-        detail
+/// One line of the doctor: a feature, whether it works here, and what was
+/// found (or why not).
+#[derive(Debug, Clone, Serialize)]
+pub struct Line {
+    pub feature: String,
+    pub works: bool,
+    pub detail: String,
+}
+
+impl Line {
+    fn new(works: bool, feature: &str, detail: &str) -> Line {
+        Line {
+            feature: feature.to_owned(),
+            works,
+            detail: detail.to_owned(),
+        }
+    }
+}
+
+impl From<airlock_sandbox::Diagnosis> for Line {
+    fn from(d: airlock_sandbox::Diagnosis) -> Self {
+        Line {
+            feature: d.feature,
+            works: d.works,
+            detail: d.detail,
+        }
+    }
+}
+
+/// What each sandbox may take of one of the host's kernel-wide pools.
+#[derive(Debug, Serialize)]
+struct Pool {
+    pool: &'static str,
+    decision: String,
+}
+
+/// Everything the doctor found (`--json`).
+#[derive(Debug, Serialize)]
+struct Findings {
+    schema: &'static str,
+    /// The backend judged, as asked (`auto` included).
+    chosen: String,
+    /// Whether it can run agents here: the exit status says the same.
+    chosen_works: bool,
+    backends: Vec<verdict::Verdict>,
+    docker: Vec<Line>,
+    isolation: Vec<Line>,
+    pools: Vec<Pool>,
+    inside: Vec<Line>,
+}
+
+pub fn run(args: DoctorArgs) -> ExitCode {
+    if args.inside {
+        outln!("{}", inside_report());
+        return ExitCode::SUCCESS;
+    }
+    let chosen = args
+        .backend
+        .or_else(|| std::env::var("RUN_ADAPTER").ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "auto".into());
+    let docker_cfg = airlock_sandbox::docker::DockerConfig::from_env();
+    let docker: Vec<Line> = match &docker_cfg {
+        Ok(cfg) => match super::current_thread_runtime() {
+            Ok(rt) => rt
+                .block_on(airlock_sandbox::docker::diagnose::diagnose(cfg))
+                .into_iter()
+                .map(Line::from)
+                .collect(),
+            Err(e) => vec![Line::new(false, "docker", &e.to_string())],
+        },
+        Err(e) => vec![Line::new(false, "settings", &e.to_string())],
+    };
+    let backends = verdict::all(docker_cfg.as_ref().ok(), &docker);
+    let chosen_works = verdict::chosen_works(&chosen, &backends);
+    let findings = Findings {
+        schema: "airlock.doctor/v1",
+        chosen_works,
+        chosen,
+        backends,
+        docker,
+        isolation: airlock_sandbox::diagnose()
+            .into_iter()
+            .map(Line::from)
+            .collect(),
+        pools: airlock_sandbox::pools::decisions()
+            .into_iter()
+            .map(|d| Pool {
+                pool: d.pool,
+                decision: d.decision,
+            })
+            .collect(),
+        inside: match seen_from_inside() {
+            Ok(v) => describe_inside(&v),
+            Err(e) => vec![Line::new(false, "sandbox started", &e)],
+        },
+    };
+    if args.json {
+        match serde_json::to_string(&findings) {
+            Ok(j) => outln!("{j}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(super::exit::FAILED);
+            }
+        }
+    } else {
+        print_text(&findings);
+    }
+    if chosen_works {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(super::exit::FAILED)
+    }
+}
+
+fn print_text(f: &Findings) {
+    outln!("Backends");
+    for v in &f.backends {
+        outln!(
+            "  {} {:<10} {}",
+            if v.works { "✓" } else { "✗" },
+            v.backend,
+            v.detail
+        );
+        if let Some(next) = &v.next_step {
+            outln!("    → {next}");
+        }
+    }
+    outln!(
+        "  {} chosen: {} ({})",
+        if f.chosen_works { "✓" } else { "✗" },
+        f.chosen,
+        if f.chosen_works {
+            "it can run agents here"
+        } else {
+            "it cannot run agents here: see its next step above"
+        }
     );
+    outln!(
+        "  · RUN_ADAPTER=auto picks namespace where it works, else process (never docker: the Docker socket is root on the host, so it is chosen by name)"
+    );
+    outln!("Docker");
+    lines(&f.docker);
+    outln!("Isolation features");
+    lines(&f.isolation);
+    outln!("The host's kernel-wide pools (what each sandbox may take)");
+    for d in &f.pools {
+        outln!("  · {:<28} {}", d.pool, d.decision);
+    }
+    outln!("A namespace sandbox, seen from inside");
+    lines(&f.inside);
+}
+
+fn lines(ls: &[Line]) {
+    for l in ls {
+        outln!(
+            "  {} {:<28} {}",
+            if l.works { "✓" } else { "✗" },
+            l.feature,
+            l.detail
+        );
+    }
 }
 
 fn errno_of(r: std::io::Result<()>) -> Value {
@@ -189,14 +308,15 @@ fn seen_from_inside() -> Result<Value, String> {
     out
 }
 
-fn describe_inside(v: &Value) {
+fn describe_inside(v: &Value) -> Vec<Line> {
+    let mut out = Vec::new();
     let root = rustix::process::geteuid().is_root();
     let map = v["uid_map"].as_str().unwrap_or_default();
     let host_uid = map
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse::<u32>().ok());
-    line(
+    out.push(Line::new(
         host_uid.is_some_and(|u| u != 0),
         "uid mapping",
         &format!(
@@ -213,23 +333,23 @@ fn describe_inside(v: &Value) {
                 "rootless: the platform's own uid".into()
             }
         ),
-    );
+    ));
     let no_tty = v["dev_tty"] != json!("ok");
-    line(
+    out.push(Line::new(
         no_tty,
         "session",
         &format!(
             "a new session without a controlling terminal (/dev/tty: errno {})",
             v["dev_tty"]
         ),
-    );
+    ));
     let allowed: Vec<&str> = syscalls::SOCKET_FAMILIES.iter().map(|(n, _)| *n).collect();
     let foreign_refused =
         v["af_vsock"] == json!(libc_eperm()) && v["af_netlink"] == json!(libc_eperm());
     let own_ok = ["af_unix", "af_inet", "af_inet6"]
         .iter()
         .all(|k| v[*k] == json!("ok"));
-    line(
+    out.push(Line::new(
         foreign_refused && own_ok,
         "seccomp socket families",
         &format!(
@@ -238,17 +358,17 @@ fn describe_inside(v: &Value) {
             v["af_vsock"],
             v["af_netlink"]
         ),
-    );
-    line(
+    ));
+    out.push(Line::new(
         v["seccomp"] == json!("2") && v["seccomp_filters"] == json!("2"),
         "seccomp filter",
         &format!(
             "{}; the same in docker and runner sandboxes",
             seccomp::summary()
         ),
-    );
+    ));
     let aio_refused = v["io_setup"] == json!(libc_eperm());
-    line(
+    out.push(Line::new(
         aio_refused,
         "native AIO",
         &format!(
@@ -257,8 +377,8 @@ fn describe_inside(v: &Value) {
             sysctl("fs/aio-max-nr"),
             sysctl("fs/aio-nr")
         ),
-    );
-    line(
+    ));
+    out.push(Line::new(
         v["ptmx"] != json!("ok"),
         "pseudo-terminals",
         &format!(
@@ -267,9 +387,9 @@ fn describe_inside(v: &Value) {
             sysctl("kernel/pty/max"),
             sysctl("kernel/pty/nr")
         ),
-    );
+    ));
     let ioctls: Vec<&str> = syscalls::DENIED_IOCTLS.iter().map(|(n, _)| *n).collect();
-    line(
+    out.push(Line::new(
         v["seccomp"] == json!("2"),
         "seccomp terminal ioctls",
         &format!(
@@ -277,7 +397,8 @@ fn describe_inside(v: &Value) {
             ioctls.join(", "),
             v["seccomp"]
         ),
-    );
+    ));
+    out
 }
 
 /// A sysctl's value (`/proc/sys/<path>`), or `?`.

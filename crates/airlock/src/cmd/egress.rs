@@ -143,17 +143,17 @@ fn check(args: CheckArgs) -> ExitCode {
     };
     if args.json {
         match serde_json::to_string(&decision) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => super::out::outln!("{s}"),
             Err(e) => return usage_error(format!("cannot print JSON: {e}")),
         }
     } else {
-        println!("decision:  {}", decision.decision);
+        super::out::outln!("decision:  {}", decision.decision);
         if let Some(code) = decision.code {
-            println!("code:      {code}");
+            super::out::outln!("code:      {code}");
         }
-        println!("message:   {}", decision.message);
+        super::out::outln!("message:   {}", decision.message);
         let addrs: Vec<String> = decision.addresses.iter().map(ToString::to_string).collect();
-        println!(
+        super::out::outln!(
             "addresses: {}",
             if addrs.is_empty() {
                 "-".into()

@@ -44,8 +44,8 @@ async fn images_async(c: ImagesCommand) -> Result<bool> {
         ImagesCommand::Build => {
             let t0 = std::time::Instant::now();
             images::build_all(&d, &cfg.images, &say).await?;
-            println!("{}", cfg.images.agent);
-            println!("{}", cfg.images.sidecar);
+            super::out::outln!("{}", cfg.images.agent);
+            super::out::outln!("{}", cfg.images.sidecar);
             eprintln!("▸ both images built in {:.1} s", t0.elapsed().as_secs_f64());
             Ok(true)
         }
@@ -53,7 +53,7 @@ async fn images_async(c: ImagesCommand) -> Result<bool> {
             let mut all = true;
             for image in [&cfg.images.agent, &cfg.images.sidecar] {
                 let here = images::present(&d, image).await?;
-                println!("{} {image}", if here { "✓" } else { "✗ missing:" });
+                super::out::outln!("{} {image}", if here { "✓" } else { "✗ missing:" });
                 all &= here;
             }
             Ok(all)
@@ -61,10 +61,10 @@ async fn images_async(c: ImagesCommand) -> Result<bool> {
         ImagesCommand::Prune => {
             let p = images::prune(&d, &cfg.images).await?;
             for tag in &p.removed {
-                println!("removed {tag}");
+                super::out::outln!("removed {tag}");
             }
             for tag in &p.in_use {
-                println!("kept {tag} (a container uses it)");
+                super::out::outln!("kept {tag} (a container uses it)");
             }
             eprintln!(
                 "▸ {} removed, {} in use, kept: {} and {}",

@@ -39,7 +39,7 @@ pub fn run(cmd: KeysCommand) -> ExitCode {
 
 fn generate() -> Result<()> {
     let key = generate_key()?;
-    println!("{}", key.expose_secret());
+    super::out::outln!("{}", key.expose_secret());
     if std::io::stdout().is_terminal() {
         eprintln!(
             "set it as CONNECTION_ENCRYPTION_KEY with a new CONNECTION_ENCRYPTION_KEY_ID; move the \
@@ -101,13 +101,15 @@ async fn reencrypt(batch: usize) -> Result<()> {
     let counts = store.envelope_counts_by_kid().await?;
     store.close().await;
     let rate = if secs > 0.0 { done as f64 / secs } else { 0.0 };
-    println!("re-encrypted {done} envelopes under key {active} in {secs:.2}s ({rate:.0}/s)");
-    println!("envelopes per key id:");
+    super::out::outln!(
+        "re-encrypted {done} envelopes under key {active} in {secs:.2}s ({rate:.0}/s)"
+    );
+    super::out::outln!("envelopes per key id:");
     if counts.is_empty() {
-        println!("  (none)");
+        super::out::outln!("  (none)");
     }
     for (kid, n) in counts {
-        println!("  {kid}: {n}");
+        super::out::outln!("  {kid}: {n}");
     }
     Ok(())
 }

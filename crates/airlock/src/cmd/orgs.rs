@@ -26,12 +26,19 @@ pub enum OrgsCommand {
     List,
     /// Creates another API key for an organization (printed once).
     AddKey {
+        /// The organization's id (`airlock orgs create` printed it).
         org: String,
+        /// The key's name, for telling keys apart.
         #[arg(long, default_value = "admin")]
         name: String,
     },
     /// Revokes an API key.
-    RevokeKey { org: String, key_id: String },
+    RevokeKey {
+        /// The organization's id.
+        org: String,
+        /// The key's id (not its secret).
+        key_id: String,
+    },
 }
 
 pub fn run(cmd: OrgsCommand) -> ExitCode {
@@ -70,7 +77,7 @@ async fn run_async(cmd: OrgsCommand) -> Result<()> {
                     .create_key(&store, &org.id, "admin", None)
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
-                println!(
+                super::out::outln!(
                     "{}",
                     serde_json::json!({
                         "org": org.id,
@@ -83,7 +90,7 @@ async fn run_async(cmd: OrgsCommand) -> Result<()> {
             }
             OrgsCommand::List => {
                 for o in store.list_orgs().await? {
-                    println!(
+                    super::out::outln!(
                         "{}",
                         serde_json::json!({ "id": o.id, "name": o.name, "max_concurrent_runs": o.max_concurrent_runs, "created_at": o.created_at })
                     );
@@ -98,7 +105,7 @@ async fn run_async(cmd: OrgsCommand) -> Result<()> {
                     .create_key(&store, &org, &name, None)
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
-                println!(
+                super::out::outln!(
                     "{}",
                     serde_json::json!({ "org": org, "api_key_id": key.id, "api_key": airlock_server::auth::expose(&secret) })
                 );
@@ -107,7 +114,7 @@ async fn run_async(cmd: OrgsCommand) -> Result<()> {
                 if !store.revoke_api_key(&org, &key_id).await? {
                     anyhow::bail!("organization {org:?} has no live key {key_id:?}");
                 }
-                println!("revoked {key_id}");
+                super::out::outln!("revoked {key_id}");
             }
         }
         Ok::<(), anyhow::Error>(())

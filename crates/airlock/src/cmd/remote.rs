@@ -111,13 +111,15 @@ impl Remote {
         let bytes = resp.into_body().collect().await?.to_bytes();
         if !status.is_success() {
             let e = serde_json::from_slice::<v1::Error>(&bytes).ok();
-            bail!(
-                "the server answered {}: {} ({})",
-                status.as_u16(),
-                e.as_ref()
-                    .map_or("no message", |e| e.error.message.as_str()),
-                e.as_ref().map_or("-", |e| e.error.code.as_str())
-            );
+            return Err(Refused {
+                status: status.as_u16(),
+                message: e
+                    .as_ref()
+                    .map_or("no message", |e| e.error.message.as_str())
+                    .to_owned(),
+                code: e.map_or_else(|| "-".to_owned(), |e| e.error.code),
+            }
+            .into());
         }
         Ok(bytes)
     }
@@ -197,6 +199,31 @@ impl Remote {
     }
 }
 
+/// A non-2xx answer of the server.
+#[derive(Debug)]
+pub struct Refused {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the server answered {}: {} ({})",
+            self.status, self.message, self.code
+        )
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether `e` is the server's 404.
+pub fn is_not_found(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Refused>().is_some_and(|r| r.status == 404)
+}
+
 /// Reads an answer as `T`.
 fn answer<T: DeserializeOwned>(path: &str, bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).with_context(|| format!("reading the server's answer to {path}"))
@@ -243,7 +270,7 @@ pub fn shed_text(lines: u64, bytes: u64) -> String {
 pub fn print_log_line(at: &Value, stream: &str, line: &str, json: bool) {
     use airlock_sandbox::terminal::safe;
     if json {
-        println!(
+        super::out::outln!(
             "{}",
             serde_json::json!({"at": at, "stream": stream, "line": line})
         );
@@ -252,20 +279,44 @@ pub fn print_log_line(at: &Value, stream: &str, line: &str, json: bool) {
     } else if let Some(ns) = stream.strip_prefix(airlock_platform::orchestrator::RUNNER_STREAM) {
         eprintln!("[runner {}] {}", safe(ns), safe(line));
     } else {
-        println!("{}", safe(line));
+        super::out::outln!("{}", safe(line));
     }
 }
 
 /// `airlock run --server`: the manifest's directory registered as the
-/// agent (its regular files, UTF-8, within the server's limits), a run
-/// queued, its logs followed to the end; the run's status decides the exit.
+/// agent, a run queued, its logs followed to the end (on stderr, unless
+/// `json`); its report is the answer.
 pub async fn run(
     server: &str,
     manifest: &std::path::Path,
     prompt: Option<&str>,
     json: bool,
-) -> Result<bool> {
+) -> Result<airlock_api::report::RunReport> {
     let r = Remote::new(server)?;
+    let agent = register(&r, manifest).await?;
+    let new = v1::NewRun {
+        agent,
+        limits: None,
+        prompt: prompt.map(str::to_owned),
+    };
+    let run: v1::Run = r.send_json("POST", "/v1/runs", &new).await?;
+    let id = run.id;
+    if !json {
+        eprintln!("▸ run {id} queued on {server}");
+    }
+    r.follow(&format!("/v1/runs/{id}/logs"), |event, data| {
+        if event != "end" && !json {
+            print_log(data, false);
+        }
+    })
+    .await?;
+    super::report::remote(&r, &id).await
+}
+
+/// Registers the manifest's directory as its agent (its regular files,
+/// UTF-8, within the server's limits); the agent's name.
+async fn register(r: &Remote, manifest: &std::path::Path) -> Result<String> {
+    super::run::require_manifest(manifest)?;
     let manifest = manifest
         .canonicalize()
         .with_context(|| format!("reading {}", manifest.display()))?;
@@ -277,7 +328,6 @@ pub async fn run(
         .ok_or_else(|| anyhow!("the manifest has no directory"))?;
     let mut files = BTreeMap::new();
     collect(dir, dir, &mut files, &manifest)?;
-    let agent = m.agent.name.as_str().to_owned();
     let _: v1::Agent = r
         .send_json(
             "POST",
@@ -288,42 +338,7 @@ pub async fn run(
             },
         )
         .await?;
-    let new = v1::NewRun {
-        agent,
-        limits: None,
-        prompt: prompt.map(str::to_owned),
-    };
-    let run: v1::Run = r.send_json("POST", "/v1/runs", &new).await?;
-    let id = run.id;
-    if !json {
-        eprintln!("▸ run {id} queued on {server}");
-    }
-    let mut end: Option<v1::Run> = None;
-    r.follow(&format!("/v1/runs/{id}/logs"), |event, data| {
-        if event == "end" {
-            end = serde_json::from_str(data).ok();
-        } else if !json {
-            print_log(data, false);
-        }
-    })
-    .await?;
-    let end: v1::Run = match end {
-        Some(end) => end,
-        None => r.get(&format!("/v1/runs/{id}")).await?,
-    };
-    if json {
-        println!("{}", serde_json::to_string(&end)?);
-    } else {
-        eprintln!(
-            "▸ {} {}",
-            end.status,
-            end.error
-                .as_deref()
-                .map(|e| format!("({})", airlock_sandbox::terminal::safe(e)))
-                .unwrap_or_default()
-        );
-    }
-    Ok(end.status == airlock_store::RunStatus::Succeeded.as_str())
+    Ok(m.agent.name.as_str().to_owned())
 }
 
 fn collect(

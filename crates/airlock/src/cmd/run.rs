@@ -4,17 +4,20 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use airlock_api::report::RunReport;
 use airlock_platform::Platform;
 use airlock_platform::manifest::Manifest;
-use airlock_platform::orchestrator::{Progress, RunOutcome, RunRequest};
-use airlock_platform::report::RunReport;
-use airlock_store::{EgressDecision, RunStatus, Store};
+use airlock_platform::orchestrator::{Progress, RunRequest};
+use airlock_store::Store;
 use anyhow::{Context, Result};
 use clap::Args;
 
 #[derive(Args)]
+#[command(
+    after_help = "Examples:\n  airlock run -f agents/hello/airlock.toml\n  airlock run --backend docker --prompt 'summarize the repo' --json | jq .status\n  airlock run -f airlock.toml -- python3 agent.py --verbose\n\nExit status: the agent's own exit code (0 when the run succeeded); 2 when nothing was started (a bad argument, setting or manifest); 124 when the run timed out; 125 when it failed on Airlock's side; 130 when it was cancelled. See docs/cli.md."
+)]
 pub struct RunArgs {
-    /// The agent manifest.
+    /// The agent's manifest (its directory is the agent's code).
     #[arg(short = 'f', long = "file", default_value = "airlock.toml")]
     pub manifest: PathBuf,
     /// process | namespace | docker | auto (default: RUN_ADAPTER, else auto).
@@ -23,7 +26,8 @@ pub struct RunArgs {
     /// The prompt handed to the agent (a file in its workspace).
     #[arg(long)]
     pub prompt: Option<String>,
-    /// Print the report as one JSON object.
+    /// Print the run report as one JSON object on stdout (schema
+    /// `airlock.run/v1`, as `airlock runs show RUN --json`).
     #[arg(long)]
     pub json: bool,
     /// Run it on an `airlock serve` at this URL (default: AIRLOCK_SERVER;
@@ -96,45 +100,85 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(super::exit::RUN_FAILED);
         }
     };
-    if let Some(server) = super::remote::server(args.server.as_deref()) {
-        if !args.command.is_empty() || args.backend.is_some() {
-            eprintln!(
-                "error: a run on a server takes the manifest's command and the server's backend (no `-- CMD`, no --backend)"
-            );
-            return ExitCode::from(2);
-        }
-        return match rt.block_on(super::remote::run(
-            &server,
-            &args.manifest,
-            args.prompt.as_deref(),
-            args.json,
-        )) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::from(2)
+    let json = args.json;
+    let done = match super::remote::server(args.server.as_deref()) {
+        Some(server) => {
+            if !args.command.is_empty() || args.backend.is_some() {
+                eprintln!(
+                    "error: a run on a server takes the manifest's command and the server's backend (no `-- CMD`, no --backend)"
+                );
+                return ExitCode::from(super::exit::USAGE);
             }
-        };
-    }
-    let done = rt.block_on(run_async(args));
+            rt.block_on(super::remote::run(
+                &server,
+                &args.manifest,
+                args.prompt.as_deref(),
+                json,
+            ))
+        }
+        None => rt.block_on(run_async(args)),
+    };
     drop(rt);
     tracing::debug!(target: "airlock::phase", "exit");
     match done {
-        Ok(outcome) if outcome.status == RunStatus::Succeeded => ExitCode::SUCCESS,
-        Ok(_) => ExitCode::from(1),
+        Ok(report) => {
+            show(&report, json);
+            tracing::debug!(target: "airlock::phase", "report printed");
+            super::exit::run_exit(&report.run.status, report.run.exit_code)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(super::exit::USAGE)
         }
     }
 }
 
-async fn run_async(args: RunArgs) -> Result<RunOutcome> {
-    let manifest = Manifest::load(&args.manifest)?;
+/// The report of a run that ended: JSON on stdout, or text on stderr after
+/// the live view. A reader of stdout that went away is not an error: the
+/// run is over and recorded either way.
+pub fn show(report: &RunReport, json: bool) {
+    let written = if json {
+        super::report::print_json(report)
+    } else {
+        eprintln!();
+        super::report::print_text(report, &mut std::io::stderr().lock())
+    };
+    if let Err(e) = written
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("error: writing the report: {e}");
+    }
+}
+
+/// An error naming the fix when there is no manifest at `path`.
+pub fn require_manifest(path: &Path) -> Result<()> {
+    if !path.exists() {
+        anyhow::bail!(
+            "no manifest at {}: pass -f PATH (the agent's airlock.toml)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The manifest, with the fix when there is none where it was looked for,
+/// and a warning for each private address it names that the operator's
+/// setting does not list.
+pub fn load_manifest(path: &Path) -> Result<Manifest> {
+    require_manifest(path)?;
+    let manifest = Manifest::load(path)?;
+    for w in super::internal_hosts::warnings(&manifest, &super::internal_hosts::allowed_from_env())
+    {
+        eprintln!("{w}");
+    }
+    Ok(manifest)
+}
+
+async fn run_async(args: RunArgs) -> Result<RunReport> {
+    let manifest = load_manifest(&args.manifest)?;
     tracing::debug!(target: "airlock::phase", "manifest loaded");
     let agent_dir = args
         .manifest
@@ -154,110 +198,14 @@ async fn run_async(args: RunArgs) -> Result<RunOutcome> {
         command: (!args.command.is_empty()).then(|| args.command.clone()),
         echo: airlock_platform::orchestrator::Echo::LiveView,
     };
-    let outcome = orch.run(req, cancel_rx, &progress).await?;
-    report(&orch.store, &outcome, args.json).await?;
-    tracing::debug!(target: "airlock::phase", "report printed");
+    let outcome = orch.run(req, cancel_rx, &progress).await;
     platform.stop();
-    Ok(outcome)
+    report_of(&orch.store, &outcome?.run_id).await
 }
 
-/// The run report: status, duration, exit code, egress by decision and code,
-/// model usage; as JSON ([`RunReport`]) or as text for the operator.
-pub async fn report(store: &Store, outcome: &RunOutcome, json_out: bool) -> Result<()> {
-    let r = airlock_platform::report::run_report(store, &outcome.run_id)
+/// The report of a run that just ended in `store`.
+pub async fn report_of(store: &Store, run_id: &str) -> Result<RunReport> {
+    super::report::local(store, run_id)
         .await?
-        .context("the run vanished from the store")?;
-    if json_out {
-        println!("{}", serde_json::to_string(&r)?);
-        return Ok(());
-    }
-    eprintln!();
-    print_report(&r, outcome.duration);
-    Ok(())
-}
-
-/// The text report of a run, on stderr. Everything an agent could have
-/// chosen (URLs, hosts, the error) is written out terminal-safe.
-pub fn print_report(r: &RunReport, duration: std::time::Duration) {
-    use airlock_sandbox::terminal::safe;
-    eprintln!("Run {}  {}", r.run_id, r.status.to_uppercase());
-    eprintln!("  backend     {}", r.backend);
-    if let Some(w) = r.isolation.warning {
-        eprintln!("  isolation   NONE: {w}");
-    }
-    eprintln!("  duration    {:.2} s", duration.as_secs_f64());
-    eprintln!(
-        "  exit code   {}",
-        r.exit_code
-            .map(|c| c.to_string())
-            .unwrap_or_else(|| "-".into())
-    );
-    if let Some(err) = &r.error {
-        eprintln!("  error       {}", safe(err));
-    }
-    eprintln!("  egress      {} decision(s)", r.egress.entries.len());
-    for e in &r.egress.entries {
-        let mark = if e.decision == EgressDecision::Allowed.as_str() {
-            "✓ allowed"
-        } else {
-            "✗ refused"
-        };
-        let detail = match (&e.code, e.status, e.outcome) {
-            (Some(code), _, _) if e.decision != EgressDecision::Allowed.as_str() => code.clone(),
-            (_, Some(s), Some("completed") | None) => format!("HTTP {s}"),
-            (_, _, Some(o)) => o.to_owned(),
-            _ => String::new(),
-        };
-        eprintln!(
-            "    {mark}  {:<8} {:<6} {:<40} {}",
-            safe(&e.source),
-            safe(&e.method),
-            truncate(&safe(&e.url), 40),
-            safe(&detail)
-        );
-    }
-    for c in &r.egress.summary {
-        eprintln!(
-            "    {} × {}{}",
-            c.count,
-            c.decision,
-            if c.code == "-" {
-                String::new()
-            } else {
-                format!(" ({})", safe(&c.code))
-            }
-        );
-    }
-    eprintln!(
-        "  model       {} tokens in, {} tokens out, ${:.6}",
-        r.model.tokens_in, r.model.tokens_out, r.model.cost_usd
-    );
-    if r.model.unmetered_calls > 0 {
-        eprintln!(
-            "  unmetered   {} model call(s): the provider's usage never arrived; counted with the tokens seen",
-            r.model.unmetered_calls
-        );
-    }
-    for c in &r.egress.refusals_counted {
-        eprintln!(
-            "    {} more × refused ({}) to {}: counted, not recorded one by one",
-            c.count,
-            safe(&c.code),
-            safe(&c.host)
-        );
-    }
-    if r.logs_shed.lines > 0 {
-        eprintln!(
-            "  logs shed   {} line(s), {} bytes: counted, not kept",
-            r.logs_shed.lines, r.logs_shed.bytes
-        );
-    }
-}
-
-fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_owned()
-    } else {
-        format!("{}…", s.chars().take(n - 1).collect::<String>())
-    }
+        .context("the run vanished from the store")
 }

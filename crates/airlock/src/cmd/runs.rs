@@ -3,10 +3,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::out::outln;
+
 use airlock_api::v1;
 use airlock_platform_api::wire::RunEvent;
 use airlock_store::{RunQuery, Store};
-use anyhow::{Context, Result};
+use anyhow::{Result, anyhow};
 use clap::Subcommand;
 
 #[derive(clap::Args)]
@@ -22,14 +24,25 @@ pub struct RunsArgs {
 #[derive(Subcommand)]
 pub enum RunsCommand {
     /// Recent runs, newest first.
+    #[command(after_help = "Examples:\n  airlock runs list\n  airlock runs list --limit 5 --json")]
     List {
+        /// How many runs (at most 100 from a server).
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// Print `{"runs": [...], "next_cursor": null}`, each run as the
+        /// API's run answer.
+        #[arg(long)]
+        json: bool,
     },
-    /// One run: its columns and its egress log.
+    /// One run's report: its state, its egress log, its model usage.
+    #[command(
+        after_help = "Examples:\n  airlock runs show run_0123abcd\n  airlock runs show run_0123abcd --json | jq .status"
+    )]
     Show {
+        /// The run's id (`airlock runs list` shows them).
         id: String,
-        /// Print the run report as one JSON object (the one `airlock run --json` prints).
+        /// Print the run report as one JSON object (schema `airlock.run/v1`,
+        /// the one `airlock run --json` prints).
         #[arg(long)]
         json: bool,
     },
@@ -37,10 +50,16 @@ pub enum RunsCommand {
     /// Control characters are written out as escapes (`\x1b`): an agent's
     /// output never drives the terminal; `--json` prints each line exactly,
     /// as a JSON string.
+    #[command(
+        after_help = "Examples:\n  airlock runs logs run_0123abcd\n  airlock runs logs run_0123abcd --follow"
+    )]
     Logs {
+        /// The run's id.
         id: String,
+        /// Wait for more lines until the run ends.
         #[arg(long)]
         follow: bool,
+        /// One `{"at", "stream", "line"}` object a line.
         #[arg(long)]
         json: bool,
     },
@@ -53,92 +72,101 @@ pub fn run(args: RunsArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(super::exit::FAILED);
         }
     };
     let done = match super::remote::server(args.server.as_deref()) {
         Some(server) => rt.block_on(remote(&server, cmd)),
-        None => rt.block_on(run_async(cmd)),
+        None => rt.block_on(local(cmd)),
     };
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(super::exit::FAILED)
         }
     }
 }
 
-fn when(ms: Option<i64>) -> String {
-    ms.map(|m| format!("{:.3}", m as f64 / 1000.0))
-        .unwrap_or_else(|| "-".into())
+fn no_run(id: &str) -> anyhow::Error {
+    anyhow!("no run {id} (`airlock runs list` shows the runs there are)")
+}
+
+/// The run list, as text or as `--json`, the same from a store or a server.
+fn print_list(list: &v1::RunList, json: bool) -> Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string(list)?);
+        return Ok(());
+    }
+    outln!(
+        "{:<22} {:<10} {:<10} {:<16} {:<23} {:>9} {:>5} {:>8} {:>8}",
+        "RUN",
+        "STATUS",
+        "BACKEND",
+        "AGENT",
+        "CREATED",
+        "DURATION",
+        "EXIT",
+        "TOK_IN",
+        "TOK_OUT"
+    );
+    for r in &list.runs {
+        let dur = match (r.started_at, r.ended_at) {
+            (Some(s), Some(e)) => format!("{:.2}s", (e - s) as f64 / 1000.0),
+            _ => "-".into(),
+        };
+        outln!(
+            "{:<22} {:<10} {:<10} {:<16} {:<23} {:>9} {:>5} {:>8} {:>8}",
+            r.id,
+            r.status,
+            r.backend,
+            airlock_sandbox::terminal::safe(&r.agent),
+            super::report::when(Some(r.created_at)),
+            dur,
+            r.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
+            r.cost.tokens_in,
+            r.cost.tokens_out,
+        );
+    }
+    Ok(())
+}
+
+fn print_report(r: &airlock_api::report::RunReport, json: bool) -> Result<()> {
+    let written = if json {
+        super::report::print_json(r)
+    } else {
+        super::report::print_text(r, &mut std::io::stdout().lock())
+    };
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        w => Ok(w?),
+    }
+}
+
+/// An error unless the server has run `id`.
+async fn exists(r: &super::remote::Remote, id: &str) -> Result<()> {
+    match r.get::<v1::Run>(&format!("/v1/runs/{id}")).await {
+        Err(e) if super::remote::is_not_found(&e) => Err(no_run(id)),
+        other => other.map(|_| ()),
+    }
 }
 
 /// The same, from a server's API.
 async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
     let r = super::remote::Remote::new(server)?;
     match cmd {
-        RunsCommand::List { limit } => {
+        RunsCommand::List { limit, json } => {
             let v: v1::RunList = r
                 .get(&format!("/v1/runs?limit={}", limit.clamp(1, 100)))
                 .await?;
-            println!(
-                "{:<22} {:<10} {:<10} {:<16} {:>9} {:>6}",
-                "RUN", "STATUS", "BACKEND", "AGENT", "DURATION", "EXIT"
-            );
-            for r in &v.runs {
-                let dur = match (r.started_at, r.ended_at) {
-                    (Some(s), Some(e)) => format!("{:.2}s", (e - s) as f64 / 1000.0),
-                    _ => "-".into(),
-                };
-                println!(
-                    "{:<22} {:<10} {:<10} {:<16} {:>9} {:>6}",
-                    r.id,
-                    r.status,
-                    r.backend,
-                    airlock_sandbox::terminal::safe(&r.agent),
-                    dur,
-                    r.exit_code
-                        .map(|c| c.to_string())
-                        .unwrap_or_else(|| "-".into()),
-                );
-            }
+            print_list(&v, json)?;
         }
         RunsCommand::Show { id, json } => {
-            let run: v1::Run = r.get(&format!("/v1/runs/{id}")).await?;
-            let egress: v1::EgressLog = r.get(&format!("/v1/runs/{id}/egress")).await?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"run": run, "egress": egress.egress})
-                );
-            } else {
-                // As JSON shows them: `null` for a value not set.
-                let text = |v: Option<String>| v.unwrap_or_else(|| "null".to_owned());
-                let number = |v: Option<i64>| text(v.map(|n| n.to_string()));
-                for (k, v) in [
-                    ("id", run.id.clone()),
-                    ("agent", run.agent.clone()),
-                    ("status", run.status.clone()),
-                    ("backend", run.backend.clone()),
-                    ("replica", text(run.replica.clone())),
-                    ("created_at", run.created_at.to_string()),
-                    ("started_at", number(run.started_at)),
-                    ("ended_at", number(run.ended_at)),
-                    ("exit_code", number(run.exit_code)),
-                    ("error", text(run.error.clone())),
-                ] {
-                    println!("{k:<12} {}", airlock_sandbox::terminal::safe(&v));
-                }
-                println!("cost         {}", serde_json::to_string(&run.cost)?);
-                println!("egress log:");
-                for e in &egress.egress {
-                    let line = serde_json::to_string(e)?;
-                    println!("  {}", airlock_sandbox::terminal::safe(&line));
-                }
-            }
+            exists(&r, &id).await?;
+            print_report(&super::report::remote(&r, &id).await?, json)?;
         }
         RunsCommand::Logs { id, follow, json } => {
+            exists(&r, &id).await?;
             if follow {
                 r.follow(&format!("/v1/runs/{id}/logs"), |event, data| {
                     if event != "end" {
@@ -167,94 +195,32 @@ async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
     Ok(())
 }
 
-async fn run_async(cmd: RunsCommand) -> Result<()> {
+async fn local(cmd: RunsCommand) -> Result<()> {
     let store = Store::open_default().await?;
     match cmd {
-        RunsCommand::List { limit } => {
+        RunsCommand::List { limit, json } => {
             let runs = store
                 .list_runs(&RunQuery {
                     limit: Some(limit),
                     ..Default::default()
                 })
                 .await?;
-            println!(
-                "{:<18} {:<10} {:<10} {:<16} {:>9} {:>6} {:>8} {:>8}",
-                "RUN", "STATUS", "BACKEND", "AGENT", "DURATION", "EXIT", "TOK_IN", "TOK_OUT"
-            );
-            for r in runs {
-                let dur = match (r.started_at, r.ended_at) {
-                    (Some(s), Some(e)) => format!("{:.2}s", (e - s) as f64 / 1000.0),
-                    _ => "-".into(),
-                };
-                println!(
-                    "{:<18} {:<10} {:<10} {:<16} {:>9} {:>6} {:>8} {:>8}",
-                    r.id,
-                    r.status.as_str(),
-                    r.backend,
-                    r.agent,
-                    dur,
-                    r.exit_code
-                        .map(|c| c.to_string())
-                        .unwrap_or_else(|| "-".into()),
-                    r.tokens_in,
-                    r.tokens_out
-                );
-            }
+            let list = v1::RunList {
+                next_cursor: None,
+                runs: runs.iter().map(|r| v1::Run::of(r, None)).collect(),
+            };
+            print_list(&list, json)?;
         }
-        RunsCommand::Show { id, json: true } => {
-            let r = airlock_platform::report::run_report(&store, &id)
+        RunsCommand::Show { id, json } => {
+            let r = super::report::local(&store, &id)
                 .await?
-                .with_context(|| format!("no run {id}"))?;
-            println!("{}", serde_json::to_string(&r)?);
-        }
-        RunsCommand::Show { id, json: false } => {
-            use airlock_sandbox::terminal::safe;
-            let r = store
-                .get_run(&id)
-                .await?
-                .with_context(|| format!("no run {id}"))?;
-            println!("run          {}", r.id);
-            println!("agent        {}", r.agent);
-            println!("status       {}", r.status.as_str());
-            println!("backend      {}", r.backend);
-            println!("model        {}", r.model.as_deref().unwrap_or("-"));
-            println!("started      {}", when(r.started_at));
-            println!("ended        {}", when(r.ended_at));
-            println!("heartbeat    {}", when(r.last_heartbeat_at));
-            println!(
-                "exit code    {}",
-                r.exit_code
-                    .map(|c| c.to_string())
-                    .unwrap_or_else(|| "-".into())
-            );
-            println!("error        {}", safe(r.error.as_deref().unwrap_or("-")));
-            println!("tokens       {} in, {} out", r.tokens_in, r.tokens_out);
-            println!("cost         ${:.6}", r.cost_microusd as f64 / 1e6);
-            println!("egress log:");
-            for e in store.list_egress(&id, 100_000).await? {
-                // The refusal code, else the upstream status.
-                let outcome = match (&e.reason, e.status) {
-                    (Some(code), _) => code.clone(),
-                    (None, Some(status)) => status.to_string(),
-                    (None, None) => "-".into(),
-                };
-                println!(
-                    "  {} {:<8} {:<9} {:<7} {} {} out={}B in={}B {}",
-                    e.at,
-                    safe(&e.source),
-                    e.decision.as_str(),
-                    safe(&e.method),
-                    safe(&e.url),
-                    safe(&outcome),
-                    e.bytes_out,
-                    e.bytes_in,
-                    e.duration_ms
-                        .map(|d| format!("{d}ms"))
-                        .unwrap_or_else(|| "-".into())
-                );
-            }
+                .ok_or_else(|| no_run(&id))?;
+            print_report(&r, json)?;
         }
         RunsCommand::Logs { id, follow, json } => {
+            if store.get_run(&id).await?.is_none() {
+                return Err(no_run(&id));
+            }
             let mut after = 0;
             loop {
                 let page = store.list_events(&id, after, 500).await?;
@@ -269,10 +235,7 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
                     break;
                 }
                 if page.is_empty() {
-                    let run = store
-                        .get_run(&id)
-                        .await?
-                        .with_context(|| format!("no run {id}"))?;
+                    let run = store.get_run(&id).await?.ok_or_else(|| no_run(&id))?;
                     if run.status.is_terminal() {
                         break;
                     }

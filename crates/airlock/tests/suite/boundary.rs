@@ -180,7 +180,7 @@ fn attack_the_operators_terminal(backend: &str) {
         );
     }
     // `airlock runs logs` writes them out too; `--json` keeps the exact line.
-    let id = report["run_id"].as_str().unwrap();
+    let id = report["id"].as_str().unwrap();
     let logs = run.airlock(&["runs", "logs", id]);
     let text =
         String::from_utf8_lossy(&logs.stdout).into_owned() + &String::from_utf8_lossy(&logs.stderr);
@@ -585,7 +585,7 @@ fn the_report_says_what_the_backend_isolated() {
         "{report}"
     );
     // `runs show --json` prints the same object.
-    let id = report["run_id"].as_str().unwrap();
+    let id = report["id"].as_str().unwrap();
     let shown: Value =
         serde_json::from_slice(&run.airlock(&["runs", "show", id, "--json"]).stdout).unwrap();
     assert_eq!(shown, report);

@@ -32,7 +32,7 @@ fn result_of(report: &Value) -> &Value {
 }
 
 fn assert_clean(run: &RealRun, report: &Value) {
-    let id = report["run_id"].as_str().unwrap_or_default();
+    let id = report["id"].as_str().unwrap_or_default();
     assert!(!id.is_empty(), "{report}");
     let left = docker_leftovers(id);
     assert!(left.is_empty(), "left on the daemon: {left:?}");
@@ -176,7 +176,7 @@ fn the_agent_is_a_dedicated_unprivileged_host_uid_with_its_own_kernel_quotas() {
     assert_eq!(r["gid"], uid, "{r}");
     assert_eq!(
         uid,
-        u64::from(airlock_sandbox::docker::agent_ids(report["run_id"].as_str().unwrap()).uid)
+        u64::from(airlock_sandbox::docker::agent_ids(report["id"].as_str().unwrap()).uid)
     );
     assert!(
         host_uids

@@ -485,7 +485,7 @@ async fn runners_attacked(
     let refused = runner.iter().filter(|e| e["decision"] == "refused").count();
     // fetch other + uncovered, 3 CONNECTs of each runner, the peer's fetch.
     assert!(refused >= 9, "{runner:?}");
-    let id = report["run_id"].as_str().unwrap();
+    let id = report["id"].as_str().unwrap();
     if docker {
         let left = docker_leftovers(id);
         assert!(left.is_empty(), "left on the daemon: {left:?}");
@@ -665,7 +665,7 @@ fn a_runner_whose_server_cannot_start_fails_its_tools_and_nothing_else() {
         message.starts_with("the svc MCP server is unavailable: ") && !message.contains("rmcp::"),
         "{message}"
     );
-    let id = report["run_id"].as_str().unwrap();
+    let id = report["id"].as_str().unwrap();
     let logs = String::from_utf8_lossy(&run.airlock(&["runs", "logs", id]).stderr).into_owned();
     assert!(
         logs.contains("[runner svc] airlock runner: cannot start the runner's server"),

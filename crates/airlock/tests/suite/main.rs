@@ -8,6 +8,7 @@
 mod support;
 
 mod boundary;
+mod cli_conventions;
 mod connections_canary;
 mod credential_encodings;
 mod docker_backend;

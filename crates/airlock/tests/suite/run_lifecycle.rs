@@ -85,7 +85,7 @@ fn a_successful_run_reports_and_cleans_up() {
     assert!(env.contains("OPENAI_API_KEY=airlock-placeholder-key"));
     no_leftovers(home.path());
     // runs list / show / logs read the same run back.
-    let id = json["run_id"].as_str().unwrap();
+    let id = json["id"].as_str().unwrap();
     let logs = Command::new(AIRLOCK)
         .args(["runs", "logs", id])
         .env("AIRLOCK_HOME", home.path())
@@ -111,7 +111,8 @@ fn failure_and_timeout() {
     let home = tempfile::tempdir().unwrap();
     let m = manifest(home.path(), "exit 3", 30);
     let (out, json) = run(home.path(), &m, &[]);
-    assert_eq!(out.status.code(), Some(1));
+    // The agent's exit code passes through (as `docker run` does).
+    assert_eq!(out.status.code(), Some(3));
     assert_eq!(json["status"], "failed");
     assert_eq!(json["exit_code"], 3);
     let m = manifest(home.path(), "sleep 30", 1);

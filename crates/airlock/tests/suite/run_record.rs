@@ -83,7 +83,7 @@ fn a_flood_keeps_the_result_and_the_status_and_counts_what_was_shed(backend: &st
     assert_eq!(report["status"], "succeeded", "{report}\n{tail}");
     assert_eq!(report["exit_code"], 0);
     assert_eq!(report["result"], serde_json::json!({"kept": true}));
-    let run_id = report["run_id"].as_str().unwrap();
+    let run_id = report["id"].as_str().unwrap();
     let shed = report["logs_shed"]["lines"].as_u64().unwrap();
     let kept = kept_lines(&run, run_id, "stdout");
     // Every line is either kept or counted: none silently lost.
@@ -285,10 +285,10 @@ json.dump({"tokens": seen}, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
     let (i, o) = fake_provider::CHAT_USAGE;
     let billed = calls * (i + o);
     assert_eq!(report["result"]["tokens"], billed, "what the agent saw");
-    let recorded = report["model"]["tokens_in"].as_u64().unwrap()
-        + report["model"]["tokens_out"].as_u64().unwrap();
-    assert_eq!(recorded, billed, "{}", report["model"]);
-    assert_eq!(report["model"]["unmetered_calls"], 0);
+    let recorded = report["cost"]["tokens_in"].as_u64().unwrap()
+        + report["cost"]["tokens_out"].as_u64().unwrap();
+    assert_eq!(recorded, billed, "{}", report["cost"]);
+    assert_eq!(report["unmetered_model_calls"], 0);
     let llm = report["egress"]["entries"]
         .as_array()
         .unwrap()

@@ -148,8 +148,10 @@ pub fn text_of(result: &Value) -> String {
         .unwrap_or_default()
 }
 
-/// True when `python3` can import every module. Missing under CI is a
-/// failure; elsewhere the caller should skip, loudly.
+/// True when `python3` (the one on PATH: the tests start it, and
+/// `vendor.py` copies a sandboxed agent's modules from it) can import every
+/// module. The probe is silent: its traceback is not the test's output.
+/// Missing under CI is a failure; elsewhere the caller skips, counted.
 pub fn python_has(modules: &[&str]) -> bool {
     let code = modules
         .iter()
@@ -158,13 +160,18 @@ pub fn python_has(modules: &[&str]) -> bool {
         .join("; ");
     let ok = Command::new("python3")
         .args(["-c", &code])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
     airlock_test_support::require_peer(
         "python modules",
         ok.then_some(()).ok_or_else(|| {
-            format!("{modules:?} are not installed (pip install -r .ci/requirements.txt)")
+            format!(
+                "{modules:?} are not importable by PATH's python3 (python3 -m pip install -r .ci/requirements.txt)"
+            )
         }),
     )
     .is_some()
