@@ -20,10 +20,8 @@
 //! - the same stream split by the relay's splitter, or by `sse-stream`;
 //! - a chat request body prepared in place, or by way of the parsed tree
 //!   (µs per body, 16 KiB);
-//! - an uncredentialed `api_call` through `/mcp` in-process, on the lean
-//!   path or rmcp's (µs of wall and of CPU per call);
-//! - the global allocator: the sidecar's mimalloc shim or the `mimalloc`
-//!   crate, under the same `api_call` loop (µs of CPU per call).
+//! - an uncredentialed `api_call` through `/mcp` in-process, on the
+//!   stateless fast path or rmcp's (µs of wall and of CPU per call).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
 #![allow(clippy::cast_precision_loss)] // figures are printed, not computed on
 
@@ -36,63 +34,6 @@ use airlock_test_support::bench::{CpuMeter, Shuffle, load, median, spread};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
-
-mod sys {
-    //! The bench's one `unsafe`: a global allocator that sends every
-    //! request to the sidecar's shim or to the `mimalloc` crate, as
-    //! [`PLAIN_ALLOCATOR`] says at the time. Both are mimalloc: a block
-    //! either allocated is freed or grown by either.
-    use std::alloc::{GlobalAlloc, Layout};
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-
-    pub static PLAIN_ALLOCATOR: AtomicBool = AtomicBool::new(false);
-
-    pub struct Switch;
-
-    // SAFETY: each method forwards to a `GlobalAlloc` of mimalloc, whose
-    // blocks every mimalloc function takes (`mi_free`, `mi_realloc*`).
-    unsafe impl GlobalAlloc for Switch {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            if PLAIN_ALLOCATOR.load(Relaxed) {
-                // SAFETY: the caller's contract, passed on.
-                unsafe { mimalloc::MiMalloc.alloc(l) }
-            } else {
-                // SAFETY: as above.
-                unsafe { airlock_sidecar::MiMalloc.alloc(l) }
-            }
-        }
-        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-            if PLAIN_ALLOCATOR.load(Relaxed) {
-                // SAFETY: as above.
-                unsafe { mimalloc::MiMalloc.alloc_zeroed(l) }
-            } else {
-                // SAFETY: as above.
-                unsafe { airlock_sidecar::MiMalloc.alloc_zeroed(l) }
-            }
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            if PLAIN_ALLOCATOR.load(Relaxed) {
-                // SAFETY: as above.
-                unsafe { mimalloc::MiMalloc.dealloc(p, l) }
-            } else {
-                // SAFETY: as above.
-                unsafe { airlock_sidecar::MiMalloc.dealloc(p, l) }
-            }
-        }
-        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-            if PLAIN_ALLOCATOR.load(Relaxed) {
-                // SAFETY: as above.
-                unsafe { mimalloc::MiMalloc.realloc(p, l, n) }
-            } else {
-                // SAFETY: as above.
-                unsafe { airlock_sidecar::MiMalloc.realloc(p, l, n) }
-            }
-        }
-    }
-}
-
-#[global_allocator]
-static ALLOC: sys::Switch = sys::Switch;
 
 fn rounds() -> usize {
     std::env::var("TWINS_ROUNDS")
@@ -373,37 +314,17 @@ fn main() {
         }
     };
     alternate(
-        "api_call through /mcp in-process, wall (lean.rs vs rmcp)",
+        "api_call through /mcp in-process, wall (stateless_call.rs vs rmcp)",
         "µs/call",
         &mut shuffle,
         || batch(&lean, false),
         || batch(&rmcp, false),
     );
     alternate(
-        "api_call through /mcp in-process, CPU (lean.rs vs rmcp)",
+        "api_call through /mcp in-process, CPU (stateless_call.rs vs rmcp)",
         "µs/call",
         &mut shuffle,
         || batch(&lean, true),
         || batch(&rmcp, true),
-    );
-    let with_plain = |plain: bool, endpoint: &airlock_sidecar::mcp::Endpoint| {
-        sys::PLAIN_ALLOCATOR.store(plain, std::sync::atomic::Ordering::Relaxed);
-        let f = batch(endpoint, true);
-        sys::PLAIN_ALLOCATOR.store(false, std::sync::atomic::Ordering::Relaxed);
-        f
-    };
-    alternate(
-        "api_call CPU under the allocator shim (sys.rs) vs the mimalloc crate, lean path",
-        "µs/call",
-        &mut shuffle,
-        || with_plain(false, &lean),
-        || with_plain(true, &lean),
-    );
-    alternate(
-        "api_call CPU under the allocator shim (sys.rs) vs the mimalloc crate, rmcp path",
-        "µs/call",
-        &mut shuffle,
-        || with_plain(false, &rmcp),
-        || with_plain(true, &rmcp),
     );
 }
