@@ -142,7 +142,11 @@ fn main() {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let order = if seed & 1 == 0 { [true, false] } else { [false, true] };
+        let order = if seed & 1 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
         for twin_first in order {
             if twin_first {
                 let (w, c) = batch(&twin);
@@ -156,7 +160,10 @@ fn main() {
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("# get: {rounds} rounds of {FETCHES} fetches, load {}", load.trim());
+    println!(
+        "# get: {rounds} rounds of {FETCHES} fetches, load {}",
+        load.trim()
+    );
     report("credential fetch latency (wall)", &tw, &pw);
     report("credential fetch, client thread CPU", &tc, &pc);
 }

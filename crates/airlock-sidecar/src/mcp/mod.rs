@@ -16,8 +16,8 @@
 
 pub mod api_call;
 pub mod args;
-mod stateless_call;
 pub mod remote;
+mod stateless_call;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
