@@ -84,11 +84,12 @@ fn spread(v: &[f64]) -> String {
 fn report(name: &str, twin: &[f64], plain: &[f64]) {
     let mut ratios: Vec<f64> = plain.iter().zip(twin).map(|(p, t)| p / t).collect();
     ratios.sort_by(f64::total_cmp);
-    let q = |f: f64| ratios[((ratios.len() - 1) as f64 * f).round() as usize];
+    // The quartile `num / 4` (nearest rank below).
+    let q = |num: usize| ratios[(ratios.len() - 1) * num / 4];
     let gain = median(ratios.clone()) - 1.0;
     // The spread: from the median ratio down to its first quartile. The
     // gain clears it when the twin is faster in three rounds of four.
-    let below = median(ratios.clone()) - q(0.25);
+    let below = median(ratios.clone()) - q(1);
     let verdict = if gain >= 0.05 && gain > below {
         "pays"
     } else {
@@ -99,8 +100,8 @@ fn report(name: &str, twin: &[f64], plain: &[f64]) {
         spread(twin),
         spread(plain),
         median(ratios.clone()),
-        q(0.25),
-        q(0.75),
+        q(1),
+        q(3),
         gain * 100.0,
         below * 100.0
     );

@@ -66,11 +66,12 @@ fn alternate(
     }
     let mut ratios: Vec<f64> = p.iter().zip(&t).map(|(p, t)| p / t).collect();
     ratios.sort_by(f64::total_cmp);
-    let q = |f: f64| ratios[((ratios.len() - 1) as f64 * f).round() as usize];
+    // The quartile `num / 4` (nearest rank below).
+    let q = |num: usize| ratios[(ratios.len() - 1) * num / 4];
     let gain = median(ratios.clone()) - 1.0;
     // The spread: from the median ratio down to its first quartile. The
     // gain clears it when the twin is faster in three rounds of four.
-    let below = median(ratios.clone()) - q(0.25);
+    let below = median(ratios.clone()) - q(1);
     let verdict = if gain >= 0.05 && gain > below {
         "pays"
     } else {
@@ -81,8 +82,8 @@ fn alternate(
         spread(&t, 1),
         spread(&p, 1),
         median(ratios.clone()),
-        q(0.25),
-        q(0.75),
+        q(1),
+        q(3),
         ratios[0],
         ratios[ratios.len() - 1],
         gain * 100.0,
