@@ -10,16 +10,15 @@
 //! request of a kept-alive connection with a credential. `GET_ROUNDS`
 //! rounds (default 15) of 2,000 fetches per path, in a shuffled order:
 //! the fetch's latency (µs of wall) and the client thread's CPU per fetch,
-//! median [min–max]; the per-round ratio hyper / `get` (median [p25–p75]).
-//! It pays when its gain (the median ratio less one) is at least 5 % and
-//! more than the distance from the median down to the first quartile.
+//! median [min–max]; the per-round ratio hyper / `get` and whether `get`
+//! pays ([`twin_verdict`]).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
 #![allow(clippy::cast_precision_loss)] // figures are printed, not computed on
 
 use std::time::Instant;
 
 use airlock_platform_api::PlatformClient;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use airlock_test_support::bench::{answer_each_request, spread, twin_verdict};
 
 const ANSWER: &str = r#"{"integration":"svc","connection":"c","auth_type":"bearer","fields":{"token":"tok-0123456789abcdef0123456789abcdef"}}"#;
 const FETCHES: usize = 2000;
@@ -46,64 +45,21 @@ fn platform(path: std::path::PathBuf) {
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}",
                 ANSWER.len()
             );
-            while let Ok((mut s, _)) = listener.accept().await {
+            while let Ok((s, _)) = listener.accept().await {
                 let answer = answer.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut tmp = [0u8; 4096];
-                    loop {
-                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            buf.drain(..end + 4);
-                            if s.write_all(answer.as_bytes()).await.is_err() {
-                                return;
-                            }
-                        }
-                        match s.read(&mut tmp).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                        }
-                    }
-                });
+                tokio::spawn(async move { answer_each_request(s, answer.as_bytes()).await });
             }
         });
     });
     ready.recv().unwrap();
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn spread(v: &[f64]) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{:.2} [{min:.2}–{max:.2}]", median(v.to_vec()))
-}
-
 fn report(name: &str, twin: &[f64], plain: &[f64]) {
-    let mut ratios: Vec<f64> = plain.iter().zip(twin).map(|(p, t)| p / t).collect();
-    ratios.sort_by(f64::total_cmp);
-    // The quartile `num / 4` (nearest rank below).
-    let q = |num: usize| ratios[(ratios.len() - 1) * num / 4];
-    let gain = median(ratios.clone()) - 1.0;
-    // The spread: from the median ratio down to its first quartile. The
-    // gain clears it when the twin is faster in three rounds of four.
-    let below = median(ratios.clone()) - q(1);
-    let verdict = if gain >= 0.05 && gain > below {
-        "pays"
-    } else {
-        "does not pay"
-    };
     println!(
-        "{name}\n  get   {} µs\n  hyper {} µs\n  hyper/get {:.3} [{:.3}–{:.3}]: gain {:+.1} %, spread {:.1} %: {verdict}",
-        spread(twin),
-        spread(plain),
-        median(ratios.clone()),
-        q(1),
-        q(3),
-        gain * 100.0,
-        below * 100.0
+        "{name}\n  get   {} µs\n  hyper {} µs\n  hyper/get {}",
+        spread(twin, 2),
+        spread(plain, 2),
+        twin_verdict(twin, plain)
     );
 }
 

@@ -30,9 +30,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use airlock_sidecar::llm::twins;
-use airlock_test_support::bench::{CpuMeter, Shuffle, load, median, spread};
+use airlock_test_support::bench::{
+    CpuMeter, Shuffle, answer_each_request, load, spread, twin_verdict,
+};
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
 
 fn rounds() -> usize {
@@ -64,30 +65,31 @@ fn alternate(
             }
         }
     }
-    let mut ratios: Vec<f64> = p.iter().zip(&t).map(|(p, t)| p / t).collect();
-    ratios.sort_by(f64::total_cmp);
-    // The quartile `num / 4` (nearest rank below).
-    let q = |num: usize| ratios[(ratios.len() - 1) * num / 4];
-    let gain = median(ratios.clone()) - 1.0;
-    // The spread: from the median ratio down to its first quartile. The
-    // gain clears it when the twin is faster in three rounds of four.
-    let below = median(ratios.clone()) - q(1);
-    let verdict = if gain >= 0.05 && gain > below {
-        "pays"
-    } else {
-        "does not pay"
-    };
     println!(
-        "{name}\n  twin  {} {unit}\n  plain {} {unit}\n  plain/twin {:.3} [{:.3}–{:.3}] (min {:.3}, max {:.3}): gain {:+.1} %, spread {:.1} %: {verdict}",
+        "{name}\n  twin  {} {unit}\n  plain {} {unit}\n  plain/twin {}",
         spread(&t, 1),
         spread(&p, 1),
-        median(ratios.clone()),
-        q(1),
-        q(3),
-        ratios[0],
-        ratios[ratios.len() - 1],
-        gain * 100.0,
-        below * 100.0,
+        twin_verdict(&t, &p),
+    );
+}
+
+/// [`alternate`] of two readings of the same answer, `n` readings a batch,
+/// once it is checked that both meter the same tokens.
+fn metered_pair(
+    name: &str,
+    unit: &str,
+    (answer, n): (&[Bytes], usize),
+    twin: fn(&[Bytes]) -> twins::Metered,
+    plain: fn(&[Bytes]) -> twins::Metered,
+    shuffle: &mut Shuffle,
+) {
+    assert_eq!(twin(answer), plain(answer), "{name}");
+    alternate(
+        name,
+        unit,
+        shuffle,
+        || per(n, || sink(twin(answer))),
+        || per(n, || sink(plain(answer))),
     );
 }
 
@@ -160,7 +162,7 @@ async fn upstream() -> u16 {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
+        while let Ok((s, _)) = l.accept().await {
             let _ = s.set_nodelay(true);
             tokio::spawn(async move {
                 let body = r#"{"ok":true,"items":[1,2,3]}"#;
@@ -168,20 +170,7 @@ async fn upstream() -> u16 {
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
                 );
-                let mut buf = Vec::new();
-                let mut tmp = [0u8; 8192];
-                loop {
-                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        buf.drain(..end + 4);
-                        if s.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                    match s.read(&mut tmp).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                    }
-                }
+                answer_each_request(s, answer.as_bytes()).await;
             });
         }
     });
@@ -237,17 +226,14 @@ fn main() {
     let mut shuffle = Shuffle::new(46);
 
     let json = chunks(&json_answer(), 16 * 1024);
-    assert_eq!(
-        twins::json_usage_scanned(&json),
-        twins::json_usage_parsed(&json)
-    );
     assert_eq!(twins::json_usage_scanned(&json).0, Some(812));
-    alternate(
+    metered_pair(
         "JSON usage of a 1 MiB answer (json_usage.rs vs gathered + serde)",
         "µs/MiB",
+        (&json, 20),
+        twins::json_usage_scanned,
+        twins::json_usage_parsed,
         &mut shuffle,
-        || per(20, || sink(twins::json_usage_scanned(&json))),
-        || per(20, || sink(twins::json_usage_parsed(&json))),
     );
     println!(
         "  memory held per answer: twin ≤ 64 KiB (its usage value), plain the whole answer (1 MiB here)"
@@ -260,14 +246,14 @@ fn main() {
         .unwrap();
     let want = twins::sse_in_place(&sse);
     assert_eq!(want, (Some(20), Some(1000)));
-    assert_eq!(twins::sse_by_value(&sse), want);
     assert_eq!(rt.block_on(twins::sse_stream_crate(&sse)), want);
-    alternate(
+    metered_pair(
         "SSE events read in place (event.rs vs serde_json::Value), per 1,000 events",
         "µs",
+        (&sse, 10),
+        twins::sse_in_place,
+        twins::sse_by_value,
         &mut shuffle,
-        || per(10, || sink(twins::sse_in_place(&sse))),
-        || per(10, || sink(twins::sse_by_value(&sse))),
     );
     alternate(
         "SSE stream split (sse.rs vs the sse-stream crate), per 1,000 events",
@@ -314,18 +300,13 @@ fn main() {
             t0.elapsed().as_secs_f64() * 1e6 / CALLS as f64
         }
     };
-    alternate(
-        "api_call through /mcp in-process, wall (stateless_call.rs vs rmcp)",
-        "µs/call",
-        &mut shuffle,
-        || batch(&lean, false),
-        || batch(&rmcp, false),
-    );
-    alternate(
-        "api_call through /mcp in-process, CPU (stateless_call.rs vs rmcp)",
-        "µs/call",
-        &mut shuffle,
-        || batch(&lean, true),
-        || batch(&rmcp, true),
-    );
+    for (what, cpu_time) in [("wall", false), ("CPU", true)] {
+        alternate(
+            &format!("api_call through /mcp in-process, {what} (stateless_call.rs vs rmcp)"),
+            "µs/call",
+            &mut shuffle,
+            || batch(&lean, cpu_time),
+            || batch(&rmcp, cpu_time),
+        );
+    }
 }

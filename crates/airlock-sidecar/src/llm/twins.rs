@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::event::{self, Counts};
 use super::json_usage::JsonUsage;
 use super::meter::Usage;
-use super::request_body::{prepare, prepare_by_value};
+use super::request_body::{Prepared, prepare, prepare_by_value};
 use super::route::Endpoint;
 use super::sse::{SseSplitter, event_data};
 
@@ -91,33 +91,33 @@ pub fn json_usage_parsed(chunks: &[Bytes]) -> Metered {
 /// An SSE answer's usage: split by [`SseSplitter`], each event's data read
 /// in place ([`event::read`]).
 pub fn sse_in_place(chunks: &[Bytes]) -> Metered {
-    let mut s = SseSplitter::default();
-    let mut u = Usage::default();
-    for c in chunks {
-        s.push(c);
-        while let Some(ev) = s.next_event() {
-            if let Some(data) = event_data(&ev)
-                && let Ok(e) = event::read(&data)
-            {
-                u.observe_event(&e);
-            }
+    sse_metered(chunks, |u, data| {
+        if let Ok(e) = event::read(data) {
+            u.observe_event(&e);
         }
-    }
-    metered(&u)
+    })
 }
 
-/// The same events split by [`SseSplitter`], each event's data parsed into
-/// a `serde_json::Value` (the plain reading of [`event`]).
+/// The same events, each event's data parsed into a `serde_json::Value`
+/// (the plain reading of [`event`]).
 pub fn sse_by_value(chunks: &[Bytes]) -> Metered {
+    sse_metered(chunks, |u, data| {
+        if let Ok(v) = serde_json::from_str::<Value>(data) {
+            observe_value(u, &v);
+        }
+    })
+}
+
+/// The usage `observe` reads of each event's data, the stream split by
+/// [`SseSplitter`].
+fn sse_metered(chunks: &[Bytes], observe: impl Fn(&mut Usage, &str)) -> Metered {
     let mut s = SseSplitter::default();
     let mut u = Usage::default();
     for c in chunks {
         s.push(c);
         while let Some(ev) = s.next_event() {
-            if let Some(data) = event_data(&ev)
-                && let Ok(v) = serde_json::from_str::<Value>(&data)
-            {
-                observe_value(&mut u, &v);
+            if let Some(data) = event_data(&ev) {
+                observe(&mut u, &data);
             }
         }
     }
@@ -144,22 +144,18 @@ pub async fn sse_stream_crate(chunks: &[Bytes]) -> Metered {
 /// A chat stream's request body as sent upstream, by [`prepare`]: the
 /// length of the body and whether usage was asked for.
 pub fn prepared_in_place(body: Bytes) -> (usize, bool) {
-    let p = prepare(
-        Endpoint::Metered {
-            chat_stream_usage: true,
-        },
-        body,
-    );
-    (p.body.len(), p.drop_usage_chunk)
+    chat_stream_body(prepare, body)
 }
 
 /// The same, by way of the whole parsed tree ([`prepare_by_value`]).
 pub fn prepared_by_value(body: Bytes) -> (usize, bool) {
-    let p = prepare_by_value(
-        Endpoint::Metered {
-            chat_stream_usage: true,
-        },
-        body,
-    );
+    chat_stream_body(prepare_by_value, body)
+}
+
+fn chat_stream_body(prepare: fn(Endpoint, Bytes) -> Prepared, body: Bytes) -> (usize, bool) {
+    let chat = Endpoint::Metered {
+        chat_stream_usage: true,
+    };
+    let p = prepare(chat, body);
     (p.body.len(), p.drop_usage_chunk)
 }
