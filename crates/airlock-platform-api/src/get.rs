@@ -4,15 +4,15 @@
 //! head parsed by `httparse` (hyper's own parser) and its body read by its
 //! `Content-Length`, in the caller's task.
 //!
-//! hyper's client dispatch (a request channel, the connection's state
-//! machine, a response channel and a body stream) was the largest single
-//! cost of a credentialed `api_call` in the sidecar (~37k instructions a
-//! fetch, callgrind); the platform is Airlock's own server on a local
-//! socket and always answers a `GET` with a `Content-Length` body, so this
-//! path reads exactly that and refuses anything else
-//! ([`Exchange::Bad`]): a chunked or close-delimited answer, an
-//! interim (1xx) answer, a head over [`MAX_HEAD`] or a body over the
-//! caller's limit.
+//! It stands in for hyper's client dispatch (a request channel, the
+//! connection's state machine, a response channel and a body stream) on
+//! the credential fetch of every credentialed call: the platform is
+//! Airlock's own server on a local socket and always answers a `GET` with a
+//! `Content-Length` body, so this path reads exactly that and refuses
+//! anything else ([`Exchange::Bad`]): a chunked or close-delimited answer,
+//! an interim (1xx) answer, a head over [`MAX_HEAD`] or a body over the
+//! caller's limit. What it saves is in `docs/performance.md` (the `get`
+//! bench).
 
 use std::io;
 

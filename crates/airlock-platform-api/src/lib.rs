@@ -11,8 +11,9 @@ pub mod connection_types;
 mod get;
 pub mod launch;
 pub mod listener_guard;
-#[allow(unsafe_code)] // the one module that needs it: registering a descriptor with tokio
 pub mod read_interest;
+#[allow(unsafe_code)] // the one module that needs it: registering a descriptor with tokio
+mod sys;
 pub mod types;
 pub mod wire;
 

@@ -22,6 +22,8 @@ use std::task::{Context, Poll, ready};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
+use crate::sys::register;
+
 /// A connected unix stream socket, registered for readability only (see the
 /// module's documentation).
 #[derive(Debug)]
@@ -30,14 +32,6 @@ pub struct ReadInterest {
     /// While a write waits for buffer space: a duplicate of the descriptor,
     /// registered for writability.
     space: Option<AsyncFd<UnixStream>>,
-}
-
-/// Registers `stream` with the current runtime for `interest` alone.
-fn register(stream: UnixStream, interest: Interest) -> io::Result<AsyncFd<UnixStream>> {
-    // SAFETY: a `UnixStream` owns its descriptor: it stays open and the same
-    // for as long as the `AsyncFd` owns the stream, which it gives out only
-    // by reference (`get_ref`); nothing here replaces or closes it.
-    unsafe { AsyncFd::register_with_interest(stream, interest) }.map_err(io::Error::from)
 }
 
 impl ReadInterest {

@@ -89,6 +89,62 @@ pub fn spread(v: &[f64], digits: usize) -> String {
     )
 }
 
+/// Answers each request head read from a kept-alive connection with `answer`
+/// (a whole HTTP answer), until the peer closes it.
+pub async fn answer_each_request<S>(mut s: S, answer: &[u8])
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 8192];
+    loop {
+        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            buf.drain(..end + 4);
+            if s.write_all(answer).await.is_err() {
+                return;
+            }
+        }
+        match s.read(&mut tmp).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+}
+
+/// How a fast path compares with the plain path it stands in for, from the
+/// figures of rounds that ran both (lower is better; `twin[i]` and
+/// `plain[i]` from the same round): the per-round ratio plain / twin,
+/// median [first–third quartile] (min, max), the gain (the median ratio
+/// less one), the spread (from the median down to the first quartile), and
+/// whether the twin pays: a gain of at least 5 % and more than the spread,
+/// so the twin is faster in three rounds of four (issue 46 item 5).
+pub fn twin_verdict(twin: &[f64], plain: &[f64]) -> String {
+    let mut ratios: Vec<f64> = plain.iter().zip(twin).map(|(p, t)| p / t).collect();
+    if ratios.is_empty() {
+        return "no rounds".into();
+    }
+    ratios.sort_by(f64::total_cmp);
+    // The quartile `num / 4` (nearest rank below).
+    let q = |num: usize| ratios[(ratios.len() - 1) * num / 4];
+    let mid = median(ratios.clone());
+    let (gain, below) = (mid - 1.0, mid - q(1));
+    let verdict = if gain >= 0.05 && gain > below {
+        "pays"
+    } else {
+        "does not pay"
+    };
+    format!(
+        "{mid:.3} [{:.3}–{:.3}] (min {:.3}, max {:.3}): gain {:+.1} %, spread {:.1} %: {verdict}",
+        q(1),
+        q(3),
+        ratios[0],
+        ratios[ratios.len() - 1],
+        gain * 100.0,
+        below * 100.0,
+    )
+}
+
 /// CPU time of a process tree, cheap enough to read around every request:
 /// the tree's threads are listed once (a scan of all of `/proc`, which costs
 /// milliseconds and would load the machine under test if done per request)

@@ -246,7 +246,7 @@ impl JsonUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::meter::tests::observe_value;
+    use crate::llm::twins::observe_value;
     use serde_json::json;
 
     fn scan(chunks: &[&[u8]]) -> Usage {

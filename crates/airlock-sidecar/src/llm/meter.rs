@@ -30,7 +30,7 @@ pub(super) struct Usage {
 impl Usage {
     /// Folds one `usage` object in; later reports replace earlier ones
     /// field by field (Anthropic's `message_delta` carries only the output).
-    fn merge_usage(&mut self, u: &Counts) {
+    pub(super) fn merge_usage(&mut self, u: &Counts) {
         if let Some(input) = u.prompt_tokens.or(u.input_tokens) {
             let cache = u
                 .cache_creation_input_tokens
@@ -128,51 +128,15 @@ impl CostDraft {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use crate::llm::event;
+    use crate::llm::twins::observe_value;
     use serde_json::{Value, json};
 
     /// What the meter takes of `v`, sent as one event's data.
     fn observe(u: &mut Usage, v: &Value) {
         u.observe_event(&event::read(&v.to_string()).unwrap());
-    }
-
-    /// The meter as it read a `serde_json::Value` before events were read
-    /// in place: the reference the in-place reading must agree with.
-    pub(in crate::llm) fn observe_value(u: &mut Usage, v: &Value) {
-        for usage in [
-            v.get("usage"),
-            v.pointer("/response/usage"),
-            v.pointer("/message/usage"),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if usage.is_object() {
-                let n = |k: &str| usage.get(k).and_then(Value::as_u64);
-                u.merge_usage(&Counts {
-                    prompt_tokens: n("prompt_tokens"),
-                    input_tokens: n("input_tokens"),
-                    completion_tokens: n("completion_tokens"),
-                    output_tokens: n("output_tokens"),
-                    cache_creation_input_tokens: n("cache_creation_input_tokens"),
-                    cache_read_input_tokens: n("cache_read_input_tokens"),
-                });
-            }
-        }
-        for model in [
-            v.get("model"),
-            v.pointer("/response/model"),
-            v.pointer("/message/model"),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if let Some(m) = model.as_str().filter(|m| !m.is_empty()) {
-                u.model = Some(m.to_owned());
-            }
-        }
     }
 
     #[test]

@@ -91,6 +91,8 @@ mod relay;
 mod request_body;
 mod route;
 mod sse;
+#[doc(hidden)]
+pub mod twins;
 
 pub use key::MODEL_KEY_HOLD;
 

@@ -116,7 +116,7 @@ impl Prepared {
 
 /// [`prepare`] by way of the whole body parsed as a tree: for the bodies
 /// its lean reading leaves (and the oracle its tests compare it with).
-fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
+pub(super) fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
         return Prepared::as_sent(body, None);
     };

@@ -11,13 +11,13 @@
 //! `limits.max_request_bytes` (413 naming the limit) and checks the JSON-RPC
 //! envelope ([`args::check_envelope`]) so malformed input gets a JSON-RPC
 //! error rather than rmcp's plain-text 415. The hot request, a stateless
-//! `tools/call` of an `api_call` tool, is answered by [`lean`] with rmcp's
+//! `tools/call` of an `api_call` tool, is answered by [`stateless_call`] with rmcp's
 //! own types, exactly as rmcp would answer it.
 
 pub mod api_call;
 pub mod args;
-mod lean;
 pub mod remote;
+mod stateless_call;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -95,8 +95,8 @@ pub struct McpState {
     /// Parsed `authorized_uris` of the integrations without
     /// `{$credential.…}` templates (the others are rendered per call).
     static_uris: foldhash::HashMap<String, airlock_egress::AuthorizedUris>,
-    /// Stateless `api_call`s bypass rmcp's per-request machinery ([`lean`]).
-    lean: bool,
+    /// Stateless `api_call`s bypass rmcp's per-request machinery ([`stateless_call`]).
+    stateless_calls: bool,
     /// The integrations backed by an MCP server, remote or a local runner
     /// ([`remote`]), by namespace: a tool name is routed by an exact lookup
     /// of the namespace [`args::split_tool_name`] reads from it, never by a
@@ -145,7 +145,7 @@ impl McpState {
             tools,
             stored_bytes: AtomicU64::new(0),
             static_uris,
-            lean: true,
+            stateless_calls: true,
             remotes,
         }
     }
@@ -212,7 +212,7 @@ impl McpState {
     }
 
     /// [`McpState::call`], with an `api_call`'s inline text answer kept as
-    /// its parts (for the lean path to write).
+    /// its parts (for the stateless call path to write).
     pub(crate) async fn call_answer(
         &self,
         name: &str,
@@ -479,17 +479,16 @@ pub fn endpoint(sidecar: Arc<Sidecar>) -> Endpoint {
     endpoint_with(sidecar, true)
 }
 
-/// [`endpoint`], with or without the lean path for stateless `api_call`s
+/// [`endpoint`], with or without the stateless call path for stateless `api_call`s
 /// (without: rmcp serves every request, as the tests compare).
-pub fn endpoint_with(sidecar: Arc<Sidecar>, lean: bool) -> Endpoint {
+pub fn endpoint_with(sidecar: Arc<Sidecar>, stateless_calls: bool) -> Endpoint {
     // Shared, not cloned per request (rmcp's service clones its config).
-    Endpoint(Arc::new(Mcp::new(sidecar, lean)))
+    Endpoint(Arc::new(Mcp::new(sidecar, stateless_calls)))
 }
 
 /// `/mcp` as a service: every request, whatever its path below `/mcp` or
 /// its method, goes to [`entry`]. A plain service rather than a router with
-/// one fallback: there is nothing to route, and a second router's matching,
-/// boxing and response mapping sat on every call.
+/// one fallback: there is nothing to route.
 #[derive(Clone)]
 pub struct Endpoint(Arc<Mcp>);
 
@@ -522,7 +521,7 @@ fn too_large(limit: usize) -> Response {
 
 /// The credential fetch of an `api_call`, started as soon as the request
 /// names the tool: from its `Mcp-Name` header, before the body is read
-/// (every request the lean path takes has one), or else from the envelope
+/// (every request the stateless call path takes has one), or else from the envelope
 /// rmcp is about to parse. The platform round trip then overlaps the
 /// parsing, the dispatch, the guard and the journal instead of following
 /// them. Still one fetch per call, at request time; a fetch nobody takes
@@ -637,10 +636,10 @@ struct Mcp {
 }
 
 impl Mcp {
-    fn new(sidecar: Arc<Sidecar>, lean: bool) -> Mcp {
+    fn new(sidecar: Arc<Sidecar>, stateless_calls: bool) -> Mcp {
         let limit = sidecar.limits.max_request_bytes;
         let mut state = McpState::new(sidecar);
-        state.lean = lean;
+        state.stateless_calls = stateless_calls;
         let state = Arc::new(state);
         let for_service = state.clone();
         let config = StreamableHttpServerConfig::default()
@@ -726,11 +725,11 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
                 .into_response();
         }
     };
-    // The hot request first: a stateless `api_call` the lean path takes is
+    // The hot request first: a stateless `api_call` the stateless call path takes is
     // parsed once, there (its strict parse implies every check below); its
     // credential fetch went out with the headers.
-    if let Some(call) = lean::take(&parts, &bytes, state) {
-        return lean::serve(call, state, prefetch.as_ref()).await;
+    if let Some(call) = stateless_call::take(&parts, &bytes, state) {
+        return stateless_call::serve(call, state, prefetch.as_ref()).await;
     }
     let envelope_error = |e: args::EnvelopeError| {
         (
@@ -774,8 +773,8 @@ async fn entry(mcp: &Mcp, req: Request) -> Response {
                 .to_ascii_lowercase()
                 .starts_with("application/json")
         });
-    // Boxed, as the lean call is (lean::serve): rmcp's future is ~5 KiB and
-    // would make this one, which every request's layers move, as large.
+    // Boxed, as the stateless call is (stateless_call::serve): rmcp's
+    // future is large, and this one is moved by every request's layers.
     let response = Box::pin(service.handle(Request::from_parts(parts, Body::from(bytes.clone()))))
         .await
         .map(Body::new);
@@ -813,7 +812,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = dir.path().join("egress.journal");
         std::fs::write(&j, b"").unwrap();
-        let mcp = Mcp::new(lean::tests::sidecar(1, &j), true);
+        let mcp = Mcp::new(stateless_call::tests::sidecar(1, &j), true);
         let request = || Request::post("/").body(Body::empty()).unwrap();
         let entry = entry(&mcp, request());
         assert!(
@@ -875,7 +874,7 @@ mod tests {
 
     /// An upstream that answers whether the request carried that credential.
     async fn credential_echo() -> u16 {
-        super::lean::tests::upstream_answering(|head| {
+        super::stateless_call::tests::upstream_answering(|head| {
             let head = head.to_ascii_lowercase();
             let body = if head.contains("\r\nauthorization: bearer sekrit-value\r\n") {
                 "injected"
@@ -994,7 +993,7 @@ mod tests {
     }
 
     /// The credential fetch starts from the `Mcp-Name` header, before the
-    /// body is read: one fetch per call, on the lean path and on rmcp's; a
+    /// body is read: one fetch per call, on the stateless call path and on rmcp's; a
     /// header that names another tool than the body costs one unused fetch
     /// (on the wire, then dropped) and injects nothing into the call the
     /// body makes; the next call still gets its credential; an unreachable
@@ -1006,7 +1005,7 @@ mod tests {
         let plain = "application/json, text/event-stream";
         let fetches = |rx: &tokio::sync::watch::Receiver<usize>| *rx.borrow();
 
-        // The lean path: one fetch, injected.
+        // The stateless call path: one fetch, injected.
         let a = call(&router, "svc__api_call", "svc__api_call", plain, port).await;
         assert!(
             a.contains("injected") && a.contains(r#""isError":false"#),
@@ -1014,7 +1013,7 @@ mod tests {
         );
         assert_eq!(fetches(&fetched), 1);
 
-        // rmcp's path (weighted Accept ranges are not the lean path's): the
+        // rmcp's path (weighted Accept ranges are not the stateless call path's): the
         // fetch the header started is the one the call takes.
         let weighted = "application/json;q=1, text/event-stream;q=0.5";
         let b = call(&router, "svc__api_call", "svc__api_call", weighted, port).await;

@@ -17,7 +17,7 @@
 //! anything else — another method or tool, a session, an `Origin`, weighted
 //! `Accept` ranges, `Mcp-Param-*` headers, a missing or contradicting
 //! standard header, unknown envelope fields, missing `_meta` keys — goes to
-//! rmcp, which accepts or refuses it as before. `lean_and_rmcp_answer_alike`
+//! rmcp, which accepts or refuses it as before. `stateless_call_and_rmcp_answer_alike`
 //! (below) checks both paths byte for byte.
 
 use axum::http::request::Parts;
@@ -39,7 +39,7 @@ const PROTOCOL: &str = "2026-07-28";
 const META_PROTOCOL: &str = "io.modelcontextprotocol/protocolVersion";
 const META_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 
-/// A request for the lean path.
+/// A request for the stateless call path.
 pub(crate) struct LeanCall {
     id: NumberOrString,
     name: String,
@@ -131,9 +131,9 @@ fn headers_fit(headers: &HeaderMap) -> bool {
         && !headers.keys().any(|k| k.as_str().starts_with("mcp-param-"))
 }
 
-/// The request, when it is one the lean path answers exactly as rmcp would.
+/// The request, when it is one the stateless call path answers exactly as rmcp would.
 pub(crate) fn take(parts: &Parts, body: &[u8], state: &McpState) -> Option<LeanCall> {
-    if !state.lean || !headers_fit(&parts.headers) {
+    if !state.stateless_calls || !headers_fit(&parts.headers) {
         return None;
     }
     let env: Envelope = serde_json::from_slice(body).ok()?;
@@ -352,10 +352,10 @@ pub(crate) mod tests {
 
     const META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
 
-    /// Every request, sent to the router with the lean path and to the one
+    /// Every request, sent to the router with the stateless call path and to the one
     /// without (rmcp alone), gets the same status, type and bytes; the
-    /// requests the lean path takes are the ones meant for it.
-    /// The lean path's writer of the usual answer against rmcp's own
+    /// requests the stateless call path takes are the ones meant for it.
+    /// The stateless call path's writer of the usual answer against rmcp's own
     /// serialisation of the same result, byte for byte: texts that need
     /// escaping (quotes, backslashes, controls, non-ASCII, U+2028), no
     /// header or several (a repeated one joined), ids of both kinds.
@@ -417,7 +417,7 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn lean_and_rmcp_answer_alike() {
+    async fn stateless_call_and_rmcp_answer_alike() {
         let port = upstream().await;
         let dir = tempfile::tempdir().unwrap();
         let j = dir.path().join("egress.journal");
@@ -450,7 +450,7 @@ pub(crate) mod tests {
             h.extend_from_slice(extra);
             h
         };
-        // (headers, body, taken by the lean path)
+        // (headers, body, taken by the stateless call path)
         type Case<'a> = (Vec<(&'a str, &'a str)>, String, bool);
         let cases: Vec<Case> = vec![
             (
