@@ -8,7 +8,7 @@
 //!   exiting: runs the store has meanwhile ended elsewhere are stopped
 //!   here, the others go on.
 //! - Whoever holds the `leader` lease (taken over once its holder stops
-//!   renewing it) sweeps ([`airlock_store::Store::sweep_dead_replicas`]):
+//!   renewing it) sweeps ([`airlock_platform::orchestrator::fail_runs_of_gone_replicas`]):
 //!   replicas silent past the lease are dropped, their runs failed (with
 //!   their webhooks, in one transaction) and their claimed deliveries
 //!   released. Never on evidence gathered while the store was unreachable
@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use airlock_api::v1::RunLimits;
 use airlock_platform::manifest::Manifest;
-use airlock_platform::orchestrator::RunRequest;
+use airlock_platform::orchestrator::{RunError, RunRequest};
 use airlock_store::{ClaimedRun, StoreError, now_ms};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -355,11 +355,14 @@ async fn retention_sweep(app: &AppState) {
 
 /// The leader's sweep, once it may judge.
 async fn sweep(app: &AppState, lease_ms: i64) {
-    match app
-        .fleet_store()
-        .sweep_dead_replicas(lease_ms, app.replica())
-        .await
-    {
+    let swept = airlock_platform::orchestrator::fail_runs_of_gone_replicas(
+        app.fleet_store(),
+        &app.orch().ends,
+        lease_ms,
+        app.replica(),
+    )
+    .await;
+    match swept {
         Ok(swept) => {
             for r in &swept.dropped {
                 tracing::warn!(replica = %r, "dropped a replica silent for longer than the lease");
@@ -497,7 +500,7 @@ fn spawn_run(app: AppState, claimed: ClaimedRun) {
         }
         if let Err(e) = &ended {
             tracing::error!(run = %id, "run: {e}");
-            record_failure(&app, &id, e).await;
+            record_failure(&app, &id, &e.to_string()).await;
         }
         if let Ok(mut r) = app.inner.running.lock() {
             r.remove(&id);
@@ -593,27 +596,53 @@ pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_s
     }
 }
 
+/// Why a claimed run could not run, or its end could not be recorded: one
+/// variant per step, each with every cause. Its text is the run's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimedRunError {
+    #[error("reading the run's agent: {}", .0.chain())]
+    ReadAgent(StoreError),
+    #[error("the run's stored limits: {0}")]
+    Hints(serde_json::Error),
+    #[error("the agent's stored files: {0}")]
+    Files(serde_json::Error),
+    #[error("recording the run's failure: {}", .0.chain())]
+    RecordFailure(StoreError),
+    #[error("the store failed while the run was started or ended: {}", .0.chain())]
+    Store(StoreError),
+    #[error(transparent)]
+    Run(RunError),
+}
+
+impl From<RunError> for ClaimedRunError {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Store(e) => ClaimedRunError::Store(e),
+            e => ClaimedRunError::Run(e),
+        }
+    }
+}
+
 /// One claimed run, to its recorded end. `Err`: why it could not run (or
-/// its end could not be recorded), with every cause.
+/// its end could not be recorded).
 async fn run_one(
     app: &AppState,
     claimed: ClaimedRun,
     cancel: airlock_platform::orchestrator::Cancel,
-) -> Result<(), String> {
+) -> Result<(), ClaimedRunError> {
     let run = &claimed.run;
     let orch = app.orch();
-    let store_err = |what: &str, e: StoreError| format!("{what}: {}", e.chain());
     let fail = |reason: String| async move {
         orch.fail_run(&run.id, &reason)
             .await
             .map(|_| ())
-            .map_err(|e| store_err("recording the run's failure", e))
+            .map_err(ClaimedRunError::RecordFailure)
     };
     let Some(agent) = app
         .store()
         .get_agent(&run.org_id, &run.agent)
         .await
-        .map_err(|e| store_err("reading the run's agent", e))?
+        .map_err(ClaimedRunError::ReadAgent)?
     else {
         return fail(format!(
             "agent {:?} was deleted before the run started",
@@ -626,7 +655,7 @@ async fn run_one(
         Err(e) => return fail(format!("the agent's manifest: {e}")).await,
     };
     if let Some(h) = claimed.hints.as_deref() {
-        let h: RunLimits = serde_json::from_str(h).map_err(|e| e.to_string())?;
+        let h: RunLimits = serde_json::from_str(h).map_err(ClaimedRunError::Hints)?;
         if h.memory_mb.is_some() {
             manifest.agent.memory_mb = h.memory_mb;
         }
@@ -638,7 +667,7 @@ async fn run_one(
         }
     }
     let files: BTreeMap<String, String> =
-        serde_json::from_str(&agent.files).map_err(|e| e.to_string())?;
+        serde_json::from_str(&agent.files).map_err(ClaimedRunError::Files)?;
     let bundle = orch.home.join("bundles").join(&run.id);
     if let Err(e) = write_bundle(&bundle, &agent.manifest, &files) {
         let _ = std::fs::remove_dir_all(&bundle);
@@ -656,12 +685,7 @@ async fn run_one(
         .run_claimed(run.id.clone(), req, cancel, &|_p| {})
         .await;
     let _ = std::fs::remove_dir_all(&bundle);
-    outcome.map(|_| ()).map_err(|e| match e {
-        airlock_platform::orchestrator::RunError::Store(e) => {
-            store_err("the store failed while the run was started or ended", e)
-        }
-        e => e.to_string(),
-    })
+    outcome.map(|_| ()).map_err(ClaimedRunError::from)
 }
 
 /// The agent's directory for one run: its manifest and files, readable by

@@ -242,15 +242,15 @@ pub async fn cancel(
 ) -> ApiResult<Response> {
     // Its end says who asked: the API key, by id (never "the operator").
     let reason = format!("cancelled through the API with key {}", t.key_id);
-    match app.store().request_cancel(&t.org_id, &id, &reason).await? {
+    match app.orch().cancel_run(&t.org_id, &id, &reason).await? {
         CancelOutcome::NotFound => return Err(ApiError::not_found("run")),
         CancelOutcome::AlreadyEnded(s) => {
             return Err(ApiError::conflict(format!(
                 "the run has already ended ({s})"
             )));
         }
-        // Its webhooks were queued with its end.
-        CancelOutcome::CancelledQueued => app.kick_deliveries(),
+        // Ended: its webhooks were queued with its end, and their sender told.
+        CancelOutcome::CancelledQueued => {}
         // Its replica stops it: at once when it is this one, else within
         // its cancel poll.
         CancelOutcome::Requested => {
