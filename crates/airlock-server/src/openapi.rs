@@ -18,9 +18,9 @@ use axum::routing::MethodRouter;
 use utoipa::OpenApi as _;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use crate::AppState;
 use crate::error::ApiError;
 use crate::routes::{agents, connections, health, keys, runs, webhooks};
+use crate::state::AppState;
 
 /// One route.
 pub struct Route {
@@ -152,7 +152,7 @@ pub fn router(app: AppState) -> Router {
     }
     let keyed = keyed.route_layer(axum::middleware::from_fn_with_state(
         app.clone(),
-        crate::auth::require_key,
+        crate::access::require_key,
     ));
     open.merge(keyed)
         .fallback(not_found)

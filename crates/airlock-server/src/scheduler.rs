@@ -42,8 +42,8 @@ use airlock_store::{ClaimedRun, StoreError, now_ms};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::AppState;
 use crate::failpoint::FailPoint;
+use crate::state::AppState;
 
 /// The lease the leader holds.
 pub const LEADER_LEASE: &str = "leader";
@@ -404,7 +404,7 @@ async fn sweep(app: &AppState, lease_ms: i64) {
 /// A run the store counts as this replica's that has started and is not
 /// here is left alone: its end is on its way to the store.
 pub async fn reconcile(app: &AppState, judged_dead: bool) {
-    let _claiming = app.inner.claiming.lock().await;
+    let _claiming = app.claiming().lock().await;
     let theirs = match app.store().running_runs_of(app.replica()).await {
         Ok(r) => r,
         Err(e) => {
@@ -463,7 +463,7 @@ async fn claim_loop(app: AppState) {
             .replica_max_runs
             .is_some_and(|cap| app.running_count() >= cap);
         if !full {
-            let claiming = app.inner.claiming.lock().await;
+            let claiming = app.claiming().lock().await;
             if app.is_stopping() {
                 return;
             }
@@ -479,7 +479,7 @@ async fn claim_loop(app: AppState) {
             }
         }
         tokio::select! {
-            () = app.inner.kick.notified() => {}
+            () = app.scheduler_kicked().notified() => {}
             () = tokio::time::sleep(QUEUE_POLL) => {}
         }
     }
@@ -488,9 +488,7 @@ async fn claim_loop(app: AppState) {
 fn spawn_run(app: AppState, claimed: ClaimedRun) {
     let id = claimed.run.id.clone();
     let (tx, rx) = watch::channel(None);
-    if let Ok(mut r) = app.inner.running.lock() {
-        r.insert(id.clone(), tx);
-    }
+    app.enter_running(&id, tx);
     tokio::spawn(async move {
         crate::webhooks::emit_started(&app, &claimed.run).await;
         let ended = run_one(&app, claimed, rx).await;
@@ -502,12 +500,9 @@ fn spawn_run(app: AppState, claimed: ClaimedRun) {
             tracing::error!(run = %id, "run: {e}");
             record_failure(&app, &id, &e.to_string()).await;
         }
-        if let Ok(mut r) = app.inner.running.lock() {
-            r.remove(&id);
-        }
         // Its deliveries were queued with its end: send them now.
         app.kick_deliveries();
-        app.inner.run_over.notify_waiters();
+        app.leave_running(&id);
         app.kick_scheduler();
     });
 }
@@ -553,7 +548,7 @@ pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_s
     }
     let deadline = tokio::time::Instant::now() + grace;
     while app.running_count() > 0 {
-        let over = app.inner.run_over.notified();
+        let over = app.run_over().notified();
         tokio::pin!(over);
         over.as_mut().enable();
         if app.running_count() == 0 {
@@ -576,7 +571,7 @@ pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_s
     app.cancel_all(SHUT_DOWN);
     let deadline = tokio::time::Instant::now() + CANCELLED_END;
     while app.running_count() > 0 {
-        let over = app.inner.run_over.notified();
+        let over = app.run_over().notified();
         tokio::pin!(over);
         over.as_mut().enable();
         if app.running_count() == 0 {

@@ -32,7 +32,7 @@ use airlock_store::{DeliveryAttempt, DeliveryRow, Run, RunStatus};
 use hmac::{KeyInit as _, Mac as _};
 use secrecy::ExposeSecret as _;
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// The events a webhook may subscribe to.
 pub use airlock_api::v1::WEBHOOK_EVENTS as EVENTS;
@@ -234,7 +234,7 @@ pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<
             }
         }
         tokio::select! {
-            () = app.inner.orch.ends.notified() => {}
+            () = app.orch().ends.notified() => {}
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
             _ = stop.changed() => {}
         }

@@ -8,10 +8,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::auth::Tenant;
 use crate::bundle::{MAX_BUNDLE_BYTES, MAX_FILES, check_path};
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 /// The agents route's body limit (JSON escaping included).
 pub const MAX_BODY: usize = 8 << 20;

@@ -11,9 +11,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use zeroize::Zeroizing;
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 fn fields(f: BTreeMap<String, String>) -> Fields {
     f.into_iter().map(|(k, v)| (k, Zeroizing::new(v))).collect()

@@ -11,8 +11,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// How long `/readyz` waits for the store.
 const STORE_CHECK: Duration = Duration::from_secs(2);

@@ -5,10 +5,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
 use crate::error::{BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 /// The caller's organization.
 #[utoipa::path(

@@ -13,9 +13,10 @@ use axum::response::sse::{self, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path, Query};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 /// Largest prompt accepted.
 pub const MAX_PROMPT: usize = 256 * 1024;
@@ -552,7 +553,7 @@ async fn feed(
         done: bool,
         key_checked: std::time::Instant,
         revocations: u64,
-        _slot: crate::StreamSlot,
+        _slot: crate::state::StreamSlot,
     }
     let st = S {
         revocations: app.revocations(),

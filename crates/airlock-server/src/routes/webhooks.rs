@@ -7,9 +7,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path, Query};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 /// Subscribes a URL to run events; the signing secret is in this answer only.
 #[utoipa::path(
