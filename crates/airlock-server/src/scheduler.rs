@@ -162,145 +162,174 @@ async fn register(app: &AppState) {
     }
 }
 
+/// The intervals the fleet's loops keep, from the replica lease.
+#[derive(Clone, Copy)]
+struct Beat {
+    /// Between two heartbeats (and two tries at the lease): a fifth of it.
+    every: Duration,
+    /// One heartbeat attempt waits at most this.
+    bound: Duration,
+    /// Longer than this between two heartbeats that reached the store is a
+    /// gap in the evidence (two attempts' worth).
+    gap_ms: i64,
+    lease_ms: i64,
+}
+
+impl Beat {
+    fn of(lease: Duration) -> Beat {
+        let every = lease / 5;
+        let bound = every.max(Duration::from_secs(1));
+        Beat {
+            every,
+            bound,
+            gap_ms: i64::try_from((2 * bound).as_millis()).unwrap_or(i64::MAX),
+            lease_ms: i64::try_from(lease.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+
+    fn ticks(&self) -> tokio::time::Interval {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick
+    }
+}
+
 pub async fn start(app: AppState) -> Work {
     register(&app).await;
     tracing::info!(replica = app.replica(), "replica registered");
     let evidence = Arc::new(Evidence::default());
-    let beat = app.cfg().replica_lease / 5;
-    // One heartbeat attempt waits at most this.
-    let bound = beat.max(Duration::from_secs(1));
-    // Longer than this between two heartbeats that reached the store is a
-    // gap in the evidence (two attempts' worth).
-    let gap_ms = i64::try_from((2 * bound).as_millis()).unwrap_or(i64::MAX);
-    let lease_ms = i64::try_from(app.cfg().replica_lease.as_millis()).unwrap_or(i64::MAX);
-    let mut tasks = Vec::new();
-    {
-        let app = app.clone();
-        let evidence = evidence.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(beat);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut beats: u64 = 0;
-            loop {
-                tick.tick().await;
-                beats += 1;
-                let res = match tokio::time::timeout(
-                    bound,
-                    app.fleet_store().heartbeat_replica(app.replica()),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => Err(StoreError::Unavailable {
-                        database: app.store().display_name().to_owned(),
-                        detail: format!("a heartbeat got no answer within {} s", bound.as_secs_f64()),
-                        source: None,
-                    }),
-                };
-                match res {
-                    Ok(true) => {
-                        evidence.ok(now_ms(), gap_ms);
-                        app.store_watch().ok();
-                        // Once a lease: is what the store counts as ours
-                        // what runs here?
-                        if beats.is_multiple_of(5) {
-                            reconcile(&app, false).await;
-                        }
-                    }
-                    Ok(false) => {
-                        evidence.failed();
-                        tracing::error!(
-                            replica = app.replica(),
-                            "this replica was judged dead by the leader (its heartbeats did not reach the store for longer than the replica lease); it registers again and keeps the runs the store still counts as its own"
-                        );
-                        register(&app).await;
-                        reconcile(&app, true).await;
-                    }
-                    Err(e) => {
-                        evidence.failed();
-                        // The pool says only that it timed out: a fresh
-                        // connection says why (refused, authentication …).
-                        let e = if e.is_pool_timeout() {
-                            app.store().probe(bound).await.err().unwrap_or(e)
-                        } else {
-                            e
-                        };
-                        app.store_watch().failed("replica heartbeat", &e);
-                    }
-                }
-            }
-        }));
-    }
-    {
-        let app = app.clone();
-        let evidence = evidence.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(beat);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut leading = false;
-            let mut waited_said = false;
-            let mut retention = RetentionTimer::default();
-            loop {
-                tick.tick().await;
-                match app
-                    .fleet_store()
-                    .try_lease(LEADER_LEASE, app.replica(), lease_ms)
-                    .await
-                {
-                    Ok(now) => {
-                        if now != leading {
-                            tracing::info!(replica = app.replica(), leader = now, "leader lease");
-                        }
-                        leading = now;
-                    }
-                    Err(e) => {
-                        app.store_watch().failed("leader lease", &e);
-                        leading = false;
-                    }
-                }
-                if !leading {
-                    continue;
-                }
-                retention.start_if_due(&app);
-                if !evidence.may_judge(now_ms(), lease_ms, gap_ms) {
-                    if !waited_said {
-                        tracing::info!(
-                            "the leader judges no replica until its own heartbeats have reached the store for a whole lease"
-                        );
-                        waited_said = true;
-                    }
-                    continue;
-                }
-                waited_said = false;
-                sweep(&app, lease_ms).await;
-            }
-        }));
-    }
-    {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(CANCEL_POLL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match app.store().cancel_requests_of(app.replica()).await {
-                    Ok(asked) => {
-                        for (id, reason) in asked {
-                            app.cancel_local(&id, &reason);
-                        }
-                    }
-                    Err(e) => app.store_watch().failed("polling cancel requests", &e),
-                }
-            }
-        }));
-    }
-    tasks.push(tokio::spawn(claim_loop(app.clone())));
+    let beat = Beat::of(app.cfg().replica_lease);
+    let tasks = vec![
+        tokio::spawn(heartbeat_loop(app.clone(), evidence.clone(), beat)),
+        tokio::spawn(leader_loop(app.clone(), evidence, beat)),
+        tokio::spawn(cancel_poll_loop(app.clone())),
+        tokio::spawn(claim_loop(app.clone())),
+    ];
     let (deliverer_stop, stop_rx) = watch::channel(false);
     let deliverer = tokio::spawn(crate::webhooks::deliver_loop(app.clone(), stop_rx));
     Work {
         tasks,
         deliverer,
         deliverer_stop,
+    }
+}
+
+/// Heartbeats every [`Beat::every`], each bounded; a row gone means the
+/// leader judged this replica dead: it registers again and reconciles.
+async fn heartbeat_loop(app: AppState, evidence: Arc<Evidence>, beat: Beat) {
+    let mut tick = beat.ticks();
+    let mut beats: u64 = 0;
+    loop {
+        tick.tick().await;
+        beats += 1;
+        let res = match tokio::time::timeout(
+            beat.bound,
+            app.fleet_store().heartbeat_replica(app.replica()),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable {
+                database: app.store().display_name().to_owned(),
+                detail: format!(
+                    "a heartbeat got no answer within {} s",
+                    beat.bound.as_secs_f64()
+                ),
+                source: None,
+            }),
+        };
+        match res {
+            Ok(true) => {
+                evidence.ok(now_ms(), beat.gap_ms);
+                app.store_watch().ok();
+                // Once a lease: is what the store counts as ours what runs here?
+                if beats.is_multiple_of(5) {
+                    reconcile(&app, false).await;
+                }
+            }
+            Ok(false) => {
+                evidence.failed();
+                tracing::error!(
+                    replica = app.replica(),
+                    "this replica was judged dead by the leader (its heartbeats did not reach the store for longer than the replica lease); it registers again and keeps the runs the store still counts as its own"
+                );
+                register(&app).await;
+                reconcile(&app, true).await;
+            }
+            Err(e) => {
+                evidence.failed();
+                // The pool says only that it timed out: a fresh connection
+                // says why (refused, authentication …).
+                let e = if e.is_pool_timeout() {
+                    app.store().probe(beat.bound).await.err().unwrap_or(e)
+                } else {
+                    e
+                };
+                app.store_watch().failed("replica heartbeat", &e);
+            }
+        }
+    }
+}
+
+/// Tries for the leader lease every [`Beat::every`]; while it holds it,
+/// starts the retention sweep when due and sweeps the replicas that are
+/// gone once its own heartbeats are evidence enough ([`Evidence`]).
+async fn leader_loop(app: AppState, evidence: Arc<Evidence>, beat: Beat) {
+    let mut tick = beat.ticks();
+    let mut leading = false;
+    let mut waited_said = false;
+    let mut retention = RetentionTimer::default();
+    loop {
+        tick.tick().await;
+        match app
+            .fleet_store()
+            .try_lease(LEADER_LEASE, app.replica(), beat.lease_ms)
+            .await
+        {
+            Ok(now) => {
+                if now != leading {
+                    tracing::info!(replica = app.replica(), leader = now, "leader lease");
+                }
+                leading = now;
+            }
+            Err(e) => {
+                app.store_watch().failed("leader lease", &e);
+                leading = false;
+            }
+        }
+        if !leading {
+            continue;
+        }
+        retention.start_if_due(&app);
+        if !evidence.may_judge(now_ms(), beat.lease_ms, beat.gap_ms) {
+            if !waited_said {
+                tracing::info!(
+                    "the leader judges no replica until its own heartbeats have reached the store for a whole lease"
+                );
+                waited_said = true;
+            }
+            continue;
+        }
+        waited_said = false;
+        sweep(&app, beat.lease_ms).await;
+    }
+}
+
+/// Stops the runs of this replica that were asked to stop through any
+/// replica, every [`CANCEL_POLL`].
+async fn cancel_poll_loop(app: AppState) {
+    let mut tick = tokio::time::interval(CANCEL_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match app.store().cancel_requests_of(app.replica()).await {
+            Ok(asked) => {
+                for (id, reason) in asked {
+                    app.cancel_local(&id, &reason);
+                }
+            }
+            Err(e) => app.store_watch().failed("polling cancel requests", &e),
+        }
     }
 }
 

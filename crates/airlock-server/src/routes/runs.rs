@@ -533,10 +533,6 @@ async fn feed(
         })
         .into_response());
     }
-    // A live stream: every stored event after `after`, as it is stored;
-    // once the run has ended and nothing is left, an `end` event with the
-    // run's final state, then the stream closes. Each event's SSE id is its
-    // store id, so a client that reconnects with `Last-Event-ID` resumes.
     let Some(slot) = app.open_stream(&t.org_id) else {
         let mut e = ApiError::too_many(5);
         e.message = format!(
@@ -545,82 +541,114 @@ async fn feed(
         );
         return Err(e);
     };
-    struct S {
-        app: AppState,
-        id: String,
-        key_id: String,
-        after: i64,
-        done: bool,
-        key_checked: std::time::Instant,
-        revocations: u64,
-        _slot: crate::state::StreamSlot,
-    }
-    let st = S {
+    let live = LiveFeed {
         revocations: app.revocations(),
         app,
         id,
         key_id: t.key_id,
         after,
+        view,
         done: false,
         key_checked: std::time::Instant::now(),
         _slot: slot,
     };
-    // The stream's last event when it is cut short: the API's error type.
-    let error_event = |code: &str, message: &str| {
-        sse::Event::default()
-            .event("error")
-            .data(json_text(&v1::Error::new(code, message)))
-    };
-    let stream = futures_util::stream::unfold(st, move |mut st| async move {
-        if st.done {
+    let stream = futures_util::stream::unfold(live, |mut live| async move {
+        live.next().await.map(|events| (events, live))
+    })
+    .flat_map(|v| futures_util::stream::iter(v.into_iter().map(Ok::<_, Infallible>)));
+    Ok(Sse::new(stream)
+        .keep_alive(sse::KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// A live stream: every stored event after `after`, as it is stored; once
+/// the run has ended and nothing is left, an `end` event with the run's
+/// final state, then the stream closes. Each event's SSE id is its store
+/// id, so a client that reconnects with `Last-Event-ID` resumes.
+struct LiveFeed {
+    app: AppState,
+    id: String,
+    key_id: String,
+    after: i64,
+    view: View,
+    done: bool,
+    key_checked: std::time::Instant,
+    revocations: u64,
+    _slot: crate::state::StreamSlot,
+}
+
+/// What a stream's key check found.
+enum KeyCheck {
+    Live,
+    Revoked,
+    /// Not checked: the store is not answering.
+    Unknown,
+}
+
+/// Where a stream with nothing new stands.
+enum Tail {
+    /// The run has ended and every event was sent: the `end` event.
+    End(sse::Event),
+    /// The run has ended, with events stored since the last read.
+    EventsLeft,
+    /// The run goes on (or the store did not say).
+    Going,
+}
+
+/// The stream's last event when it is cut short: the API's error type.
+fn error_event(code: &str, message: &str) -> sse::Event {
+    sse::Event::default()
+        .event("error")
+        .data(json_text(&v1::Error::new(code, message)))
+}
+
+impl LiveFeed {
+    /// The next events to send; `None` once the stream has ended.
+    async fn next(&mut self) -> Option<Vec<sse::Event>> {
+        if self.done {
             return None;
         }
         loop {
-            // The key that opened the stream is checked again at least every
-            // KEY_RECHECK: revoked (or its organization gone), the stream
-            // ends with a typed error event and sends nothing more.
-            let revocations = st.app.revocations();
-            if st.key_checked.elapsed() >= KEY_RECHECK || revocations != st.revocations {
-                match st.app.store().get_api_key(&st.key_id).await {
-                    Ok(Some(k)) if k.revoked_at.is_none() => {
-                        st.key_checked = std::time::Instant::now();
-                        st.revocations = revocations;
-                    }
-                    Ok(_) => {
-                        st.done = true;
-                        let e = error_event(
-                            "unauthorized",
-                            "the API key this stream was opened with was revoked; the stream is closed",
-                        );
-                        return Some((vec![e], st));
-                    }
-                    // Not checked, nothing sent: the store is not answering
-                    // (its events could not be read either).
-                    Err(e) => {
-                        st.app.store_watch().failed("checking a stream's API key", &e);
-                        tokio::time::sleep(STREAM_POLL).await;
-                        continue;
-                    }
+            match self.check_key().await {
+                KeyCheck::Live => {}
+                KeyCheck::Revoked => {
+                    self.done = true;
+                    let e = error_event(
+                        "unauthorized",
+                        "the API key this stream was opened with was revoked; the stream is closed",
+                    );
+                    return Some(vec![e]);
+                }
+                // Nothing sent: its events could not be read either.
+                KeyCheck::Unknown => {
+                    tokio::time::sleep(STREAM_POLL).await;
+                    continue;
                 }
             }
-            if st.app.is_closing() {
-                st.done = true;
+            if self.app.is_closing() {
+                self.done = true;
                 let e = error_event(
                     "unavailable",
                     "this replica is shutting down; reconnect with Last-Event-ID to resume",
                 );
-                return Some((vec![e], st));
+                return Some(vec![e]);
             }
-            let evs = match st.app.store().list_events(&st.id, st.after, 200).await {
+            let evs = match self
+                .app
+                .store()
+                .list_events(&self.id, self.after, 200)
+                .await
+            {
                 Ok(e) => e,
                 Err(e) => {
-                    st.app.store_watch().failed("an event stream", &e);
+                    self.app.store_watch().failed("an event stream", &e);
                     tokio::time::sleep(STREAM_POLL).await;
                     continue;
                 }
             };
             if let Some(last) = evs.last() {
-                st.after = last.id;
+                self.after = last.id;
+                let view = self.view;
                 let out: Vec<sse::Event> = evs
                     .iter()
                     .filter(|e| view.shows(&e.kind))
@@ -632,30 +660,59 @@ async fn feed(
                     })
                     .collect();
                 if !out.is_empty() {
-                    return Some((out, st));
+                    return Some(out);
                 }
                 continue;
             }
-            // Nothing new: has the run ended? (Read after the events: an
-            // event stored before the end is never missed.)
-            if let Ok(Some(run)) = st.app.store().get_run(&st.id).await
-                && run.status.is_terminal()
-            {
-                let tail = st.app.store().list_events(&st.id, st.after, 1).await;
-                if tail.is_ok_and(|t| t.is_empty()) {
-                    st.done = true;
-                    let end = sse::Event::default()
-                        .event("end")
-                        .data(json_text(&v1::Run::of(&run, None)));
-                    return Some((vec![end], st));
-                }
-                continue;
+            match self.end().await {
+                Tail::End(end) => return Some(vec![end]),
+                Tail::EventsLeft => continue,
+                Tail::Going => tokio::time::sleep(STREAM_POLL).await,
             }
-            tokio::time::sleep(STREAM_POLL).await;
         }
-    })
-    .flat_map(|v| futures_util::stream::iter(v.into_iter().map(Ok::<_, Infallible>)));
-    Ok(Sse::new(stream)
-        .keep_alive(sse::KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response())
+    }
+
+    /// The key that opened the stream, checked again at least every
+    /// KEY_RECHECK and whenever a key was revoked through this replica:
+    /// revoked (or its organization gone), the stream ends with a typed
+    /// error event and sends nothing more.
+    async fn check_key(&mut self) -> KeyCheck {
+        let revocations = self.app.revocations();
+        if self.key_checked.elapsed() < KEY_RECHECK && revocations == self.revocations {
+            return KeyCheck::Live;
+        }
+        match self.app.store().get_api_key(&self.key_id).await {
+            Ok(Some(k)) if k.revoked_at.is_none() => {
+                self.key_checked = std::time::Instant::now();
+                self.revocations = revocations;
+                KeyCheck::Live
+            }
+            Ok(_) => KeyCheck::Revoked,
+            Err(e) => {
+                self.app
+                    .store_watch()
+                    .failed("checking a stream's API key", &e);
+                KeyCheck::Unknown
+            }
+        }
+    }
+
+    /// Nothing new: has the run ended? (Read after the events: an event
+    /// stored before the end is never missed.)
+    async fn end(&mut self) -> Tail {
+        let run = match self.app.store().get_run(&self.id).await {
+            Ok(Some(run)) if run.status.is_terminal() => run,
+            _ => return Tail::Going,
+        };
+        let tail = self.app.store().list_events(&self.id, self.after, 1).await;
+        if !tail.is_ok_and(|t| t.is_empty()) {
+            return Tail::EventsLeft;
+        }
+        self.done = true;
+        Tail::End(
+            sse::Event::default()
+                .event("end")
+                .data(json_text(&v1::Run::of(&run, None))),
+        )
+    }
 }
