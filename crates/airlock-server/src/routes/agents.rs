@@ -21,7 +21,7 @@ pub const MAX_BODY: usize = 8 << 20;
 #[utoipa::path(
     post,
     path = "/v1/agents",
-    operation_id = "post_v1_agents",
+    operation_id = "register_agent",
     tag = "agents",
     security(("apiKey" = [])),
     request_body = v1::RegisterAgent,
@@ -76,7 +76,7 @@ pub async fn register(
 #[utoipa::path(
     get,
     path = "/v1/agents",
-    operation_id = "get_v1_agents",
+    operation_id = "list_agents",
     tag = "agents",
     security(("apiKey" = [])),
     responses(
@@ -95,7 +95,7 @@ pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<axum::Jso
 #[utoipa::path(
     get,
     path = "/v1/agents/{name}",
-    operation_id = "get_v1_agents__name_",
+    operation_id = "get_agent",
     tag = "agents",
     security(("apiKey" = [])),
     params(("name" = String, Path, description = "the agent's name")),
@@ -123,7 +123,7 @@ pub async fn get(
 #[utoipa::path(
     delete,
     path = "/v1/agents/{name}",
-    operation_id = "delete_v1_agents__name_",
+    operation_id = "delete_agent",
     tag = "agents",
     security(("apiKey" = [])),
     params(("name" = String, Path, description = "the agent's name")),

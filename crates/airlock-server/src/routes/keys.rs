@@ -15,8 +15,8 @@ use crate::state::AppState;
 #[utoipa::path(
     get,
     path = "/v1/org",
-    operation_id = "get_v1_org",
-    tag = "organization",
+    operation_id = "get_org",
+    tag = "org",
     security(("apiKey" = [])),
     responses(
         (status = 200, description = "the caller's organization", body = v1::Organization),
@@ -40,8 +40,8 @@ pub async fn get_org(
 #[utoipa::path(
     get,
     path = "/v1/api-keys",
-    operation_id = "get_v1_api_keys",
-    tag = "organization",
+    operation_id = "list_api_keys",
+    tag = "api_keys",
     security(("apiKey" = [])),
     responses(
         (status = 200, description = "every key, revoked ones too", body = v1::ApiKeyList),
@@ -59,8 +59,8 @@ pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<axum::Jso
 #[utoipa::path(
     post,
     path = "/v1/api-keys",
-    operation_id = "post_v1_api_keys",
-    tag = "organization",
+    operation_id = "create_api_key",
+    tag = "api_keys",
     security(("apiKey" = [])),
     request_body = v1::NewApiKey,
     responses(
@@ -91,8 +91,8 @@ pub async fn create(
 #[utoipa::path(
     delete,
     path = "/v1/api-keys/{id}",
-    operation_id = "delete_v1_api_keys__id_",
-    tag = "organization",
+    operation_id = "revoke_api_key",
+    tag = "api_keys",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the key's id")),
     responses(

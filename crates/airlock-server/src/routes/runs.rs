@@ -32,7 +32,7 @@ const KEY_RECHECK: Duration = Duration::from_millis(250);
 #[utoipa::path(
     post,
     path = "/v1/runs",
-    operation_id = "post_v1_runs",
+    operation_id = "create_run",
     tag = "runs",
     security(("apiKey" = [])),
     request_body = v1::NewRun,
@@ -136,7 +136,7 @@ pub async fn create(
 #[utoipa::path(
     get,
     path = "/v1/runs",
-    operation_id = "get_v1_runs",
+    operation_id = "list_runs",
     tag = "runs",
     security(("apiKey" = [])),
     params(v1::RunsQuery),
@@ -194,7 +194,7 @@ async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}",
-    operation_id = "get_v1_runs__id_",
+    operation_id = "get_run",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -223,7 +223,7 @@ pub async fn get(
 #[utoipa::path(
     post,
     path = "/v1/runs/{id}/cancel",
-    operation_id = "post_v1_runs__id__cancel",
+    operation_id = "cancel_run",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -266,7 +266,7 @@ pub async fn cancel(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/cost",
-    operation_id = "get_v1_runs__id__cost",
+    operation_id = "get_run_cost",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -290,7 +290,7 @@ pub async fn cost(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/egress",
-    operation_id = "get_v1_runs__id__egress",
+    operation_id = "list_run_egress",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id"), v1::LimitQuery),
@@ -319,7 +319,7 @@ pub async fn egress(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/result",
-    operation_id = "get_v1_runs__id__result",
+    operation_id = "get_run_result",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -350,7 +350,7 @@ pub async fn result(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/results/{result_id}",
-    operation_id = "get_v1_runs__id__results__result_id_",
+    operation_id = "get_result",
     tag = "runs",
     security(("apiKey" = [])),
     params(
@@ -457,7 +457,7 @@ pub enum FeedFailures {
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/events",
-    operation_id = "get_v1_runs__id__events",
+    operation_id = "stream_run_events",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id"), v1::EventsQuery),
@@ -485,7 +485,7 @@ pub async fn events(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/logs",
-    operation_id = "get_v1_runs__id__logs",
+    operation_id = "get_run_logs",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id"), v1::EventsQuery),
