@@ -40,6 +40,8 @@ export AIRLOCK_DNS_SERVER="127.0.0.1:9"
 # Every request is judged, none is slowed down by the key's rate.
 export API_RATE_PER_SECOND=1000000 API_RATE_BURST=1000000 API_AUTH_FAILURE_BURST=1000000
 export AIRLOCK_LOG=warn
+# The seeded webhook's receiver is on loopback (nothing listens there).
+export EGRESS_ALLOW_INTERNAL_HOSTS=127.0.0.1
 unset DATABASE_URL RUN_ADAPTER PLATFORM_RUN_LIMITS
 
 "$airlock" serve --listen 127.0.0.1:0 --backend process 2>"$home/serve.log" &
@@ -55,18 +57,81 @@ curl -fsS -o /dev/null "$base/readyz" || { cat "$home/serve.log"; echo "airlock 
 
 key="$("$airlock" orgs create schemathesis | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')"
 
+# Seeds the organization (an agent, a finished run, a connection, a
+# webhook, a second key) and writes each pass's parameters.
+python3 - "$base" "$key" "$home" <<'PY'
+import json, sys, time, urllib.request
+
+base, key, home = sys.argv[1], sys.argv[2], sys.argv[3]
+
+def call(method, path, body=None):
+    req = urllib.request.Request(
+        base + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+manifest = '[agent]\nname = "demo"\ncommand = ["/bin/true"]\ntimeout = 10\n\n[network]\negress = "none"\n'
+call("POST", "/v1/agents", {"manifest": manifest, "files": {"notes.txt": "seeded"}})
+run = call("POST", "/v1/runs", {"agent": "demo", "prompt": "seeded"})["id"]
+for _ in range(200):
+    if call("GET", "/v1/runs/" + run)["status"] not in ("queued", "running"):
+        break
+    time.sleep(0.1)
+call("POST", "/v1/connections", {"name": "demo", "integration": "demo", "type": "bearer", "fields": {"token": "seeded"}})
+hook = call("POST", "/v1/webhooks", {"url": "http://127.0.0.1:9/hook", "events": ["run.succeeded"]})["id"]
+other = call("POST", "/v1/api-keys", {"name": "seeded"})["id"]
+
+def op(ids, **params):
+    ids = ", ".join(json.dumps(i) for i in ids)
+    fields = ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items())
+    return f"[[operations]]\ninclude-operation-id = [{ids}]\nparameters = {{ {fields} }}\n\n"
+
+# Both passes: only the second key may be revoked (the run's own key,
+# revoked, would leave every later request a 401).
+keys = op(["revoke_api_key"], id=other)
+with open(home + "/generated.toml", "w") as f:
+    f.write(keys)
+with open(home + "/seeded.toml", "w") as f:
+    f.write(keys)
+    f.write(op(["get_agent", "delete_agent"], name="demo"))
+    f.write(op(["get_connection", "put_connection", "delete_connection"], name="demo"))
+    f.write(op(["get_run", "cancel_run", "get_run_cost", "list_run_egress", "stream_run_events",
+                "get_run_logs", "get_run_result", "get_result"], id=run))
+    f.write(op(["get_webhook", "delete_webhook", "list_webhook_deliveries"], id=hook))
+PY
+
+
+# Two passes, each bounded. The first generates every path parameter; the
+# second is pointed at the seeded things, so the answers past the lookups
+# are reached too (their deletion was tried in the first: here it would
+# leave the rest nothing to find).
+budget="${SCHEMATHESIS_MAX_SECONDS:-150}"
+common=(
+  --header "Authorization: Bearer $key"
+  --checks not_a_server_error,status_code_conformance
+  --max-examples "${SCHEMATHESIS_MAX_EXAMPLES:-40}"
+  --request-timeout 10
+  --seed "${SCHEMATHESIS_SEED:-4711}"
+  --generation-database none
+  --no-color
+)
 status=0
-st run "$base/v1/openapi.json" \
-  --header "Authorization: Bearer $key" \
-  --checks not_a_server_error,status_code_conformance \
+st --config-file "$home/generated.toml" run "$base/v1/openapi.json" "${common[@]}" \
   --phases examples,coverage,fuzzing \
-  --max-examples "${SCHEMATHESIS_MAX_EXAMPLES:-40}" \
-  --max-time "${SCHEMATHESIS_MAX_SECONDS:-150}" \
-  --request-timeout 10 \
-  --seed "${SCHEMATHESIS_SEED:-4711}" \
-  --generation-database none \
-  --no-color \
+  --max-time "$((budget * 3 / 5))" \
   --report-dir "$home/report" ${SCHEMATHESIS_ARGS:-} || status=$?
+st --config-file "$home/seeded.toml" run "$base/v1/openapi.json" "${common[@]}" \
+  --include-tag agents --include-tag connections --include-tag runs \
+  --include-tag webhooks --include-tag api_keys \
+  --exclude-operation-id delete_agent --exclude-operation-id delete_connection \
+  --exclude-operation-id delete_webhook \
+  --phases examples,fuzzing \
+  --max-time "$((budget * 2 / 5))" \
+  --report-dir "$home/report-seeded" ${SCHEMATHESIS_ARGS:-} || status=$?
 
 if [ "$status" -ne 0 ]; then
   echo "---- airlock serve's log (last 100 lines) ----"
