@@ -65,71 +65,36 @@ pub struct ConfigError {
     pub message: String,
 }
 
-/// The environment as `from_env` reads it: a variable set to blanks is unset.
-struct Env<'a> {
-    get: &'a dyn Fn(&str) -> Option<String>,
+/// The variable `var`; set to blanks is unset.
+fn get(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
 }
 
-impl Env<'_> {
-    fn get(&self, var: &str) -> Option<String> {
-        (self.get)(var)
-    }
-
-    /// `var` as a number from `min` to `max` (`default` when unset).
-    fn num(&self, var: &'static str, default: f64, min: f64, max: f64) -> Result<f64, ConfigError> {
-        let Some(v) = self.get(var) else {
-            return Ok(default);
-        };
-        match v.trim().parse::<f64>() {
-            Ok(n) if n.is_finite() && (min..=max).contains(&n) => Ok(n),
-            _ => Err(ConfigError {
-                var,
-                message: format!("{v:?} is not a number from {min} to {max}"),
-            }),
-        }
-    }
-
-    /// `var` as a whole count from `min` to `max` (at most 3,600,000, so
-    /// it fits a u32).
-    fn count(
-        &self,
-        var: &'static str,
-        default: f64,
-        min: f64,
-        max: f64,
-    ) -> Result<u32, ConfigError> {
-        Ok(whole(self.num(var, default, min, max)?))
-    }
-
-    /// [`Env::count`] as a `usize`.
-    fn size(
-        &self,
-        var: &'static str,
-        default: f64,
-        min: f64,
-        max: f64,
-    ) -> Result<usize, ConfigError> {
-        Ok(usize::try_from(self.count(var, default, min, max)?).unwrap_or(usize::MAX))
-    }
-
-    /// `var` in seconds, from `min` to `max`.
-    fn secs(
-        &self,
-        var: &'static str,
-        default: f64,
-        min: f64,
-        max: f64,
-    ) -> Result<Duration, ConfigError> {
-        Ok(Duration::from_secs_f64(self.num(var, default, min, max)?))
+/// `var` as a number from `min` to `max` (`default` when unset).
+fn num(var: &'static str, default: f64, min: f64, max: f64) -> Result<f64, ConfigError> {
+    let Some(v) = get(var) else {
+        return Ok(default);
+    };
+    match v.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && (min..=max).contains(&n) => Ok(n),
+        _ => Err(ConfigError {
+            var,
+            message: format!("{v:?} is not a number from {min} to {max}"),
+        }),
     }
 }
 
-/// The whole part of a count [`Env::num`] read: finite and within bounds of
-/// at most 3,600,000, so it fits a u32.
+/// The whole part of a count [`num`] read: finite and within bounds of at
+/// most 3,600,000, so it fits a u32.
 fn whole(n: f64) -> u32 {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let w = n.trunc().clamp(0.0, f64::from(u32::MAX)) as u32;
     w
+}
+
+/// [`whole`] as a `usize`.
+fn size(n: f64) -> usize {
+    usize::try_from(whole(n)).unwrap_or(usize::MAX)
 }
 
 fn setting(e: airlock_store::SettingError) -> ConfigError {
@@ -142,104 +107,97 @@ fn setting(e: airlock_store::SettingError) -> ConfigError {
 impl ServeConfig {
     /// From the environment; `listen` from the command line or `AIRLOCK_LISTEN`.
     pub fn from_env(listen: Option<&str>) -> Result<Self, ConfigError> {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let env = Env { get: &get };
         let listen_s = listen
             .map(str::to_owned)
-            .or_else(|| env.get("AIRLOCK_LISTEN"))
+            .or_else(|| get("AIRLOCK_LISTEN"))
             .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
         let listen = listen_s.parse().map_err(|_| ConfigError {
             var: "AIRLOCK_LISTEN",
             message: format!("{listen_s:?} is not an address and port, e.g. 127.0.0.1:8420"),
         })?;
-        let replica_max_runs = match env.get("AIRLOCK_REPLICA_MAX_RUNS") {
-            Some(_) => Some(env.size("AIRLOCK_REPLICA_MAX_RUNS", 0.0, 1.0, 100_000.0)?),
+        let replica_max_runs = match get("AIRLOCK_REPLICA_MAX_RUNS") {
+            Some(_) => Some(size(num("AIRLOCK_REPLICA_MAX_RUNS", 0.0, 1.0, 1e5)?)),
             None => None,
         };
-        let (webhook_max_attempts, webhook_retry_base, webhook_slots_per_org, webhook_timeout) =
-            webhooks(&env)?;
+        let lease = num("AIRLOCK_REPLICA_LEASE_SECONDS", 15.0, 1.0, 3600.0)?;
+        let max_streams = num("API_MAX_STREAMS", 64.0, 1.0, 100_000.0)?;
+        let auth_failure_burst = num("API_AUTH_FAILURE_BURST", 20.0, 1.0, 1e6)?;
+        let per_second = num("API_RATE_PER_SECOND", 100.0, 0.01, 1e6)?;
+        let burst = num("API_RATE_BURST", 200.0, 1.0, 1e6)?;
+        let grace = num("SHUTDOWN_GRACE_SECONDS", 30.0, 0.0, 86_400.0)?;
+        let every = airlock_store::DEFAULT_SWEEP_INTERVAL.as_secs_f64();
+        let retention_sweep = num("RETENTION_SWEEP_SECONDS", every, 1.0, 86_400.0)?;
+        let webhooks = Webhooks::from_env()?;
         Ok(ServeConfig {
             listen,
-            replica_lease: env.secs("AIRLOCK_REPLICA_LEASE_SECONDS", 15.0, 1.0, 3600.0)?,
+            replica_lease: Duration::from_secs_f64(lease),
             replica_max_runs,
-            max_streams: env.size("API_MAX_STREAMS", 64.0, 1.0, 100_000.0)?,
+            max_streams: size(max_streams),
             auth_failures: ratelimit::RateLimit {
-                burst: env.num("API_AUTH_FAILURE_BURST", 20.0, 1.0, 1e6)?,
+                burst: auth_failure_burst,
                 ..ratelimit::AUTH_FAILURES
             },
-            rate: ratelimit::RateLimit {
-                per_second: env.num("API_RATE_PER_SECOND", 100.0, 0.01, 1e6)?,
-                burst: env.num("API_RATE_BURST", 200.0, 1.0, 1e6)?,
-            },
-            webhook_max_attempts,
-            webhook_retry_base,
-            webhook_slots_per_org,
-            webhook_timeout,
-            shutdown_grace: env.secs("SHUTDOWN_GRACE_SECONDS", 30.0, 0.0, 86_400.0)?,
+            rate: ratelimit::RateLimit { per_second, burst },
+            webhook_max_attempts: webhooks.max_attempts,
+            webhook_retry_base: webhooks.retry_base,
+            webhook_slots_per_org: webhooks.slots_per_org,
+            webhook_timeout: webhooks.timeout,
+            shutdown_grace: Duration::from_secs_f64(grace),
             retention: airlock_store::Retention::from_lookup(get).map_err(setting)?,
-            retention_sweep: env.secs(
-                "RETENTION_SWEEP_SECONDS",
-                airlock_store::DEFAULT_SWEEP_INTERVAL.as_secs_f64(),
-                1.0,
-                86_400.0,
-            )?,
+            retention_sweep: Duration::from_secs_f64(retention_sweep),
             quotas: airlock_store::OrgQuotas::from_lookup(get).map_err(setting)?,
-            listener: listener(&env)?,
-            fail_point: fail_point(&env)?,
+            listener: listener()?,
+            fail_point: fail_point()?,
         })
     }
 }
 
-/// `WEBHOOK_MAX_ATTEMPTS`, `WEBHOOK_RETRY_BASE_MS`, `WEBHOOK_SLOTS_PER_ORG`
-/// and `WEBHOOK_TIMEOUT_SECONDS`.
-fn webhooks(env: &Env<'_>) -> Result<(u32, Duration, usize, Duration), ConfigError> {
-    Ok((
-        env.count("WEBHOOK_MAX_ATTEMPTS", 8.0, 1.0, 100.0)?,
-        Duration::from_millis(u64::from(env.count(
-            "WEBHOOK_RETRY_BASE_MS",
-            1000.0,
-            1.0,
-            3_600_000.0,
-        )?)),
-        env.size("WEBHOOK_SLOTS_PER_ORG", 4.0, 1.0, 16.0)?,
-        env.secs("WEBHOOK_TIMEOUT_SECONDS", 10.0, 0.1, 300.0)?,
-    ))
+/// The webhook deliverer's settings (`WEBHOOK_*`).
+struct Webhooks {
+    max_attempts: u32,
+    retry_base: Duration,
+    slots_per_org: usize,
+    timeout: Duration,
+}
+
+impl Webhooks {
+    fn from_env() -> Result<Webhooks, ConfigError> {
+        let attempts = num("WEBHOOK_MAX_ATTEMPTS", 8.0, 1.0, 100.0)?;
+        let base_ms = num("WEBHOOK_RETRY_BASE_MS", 1000.0, 1.0, 3_600_000.0)?;
+        let slots = num("WEBHOOK_SLOTS_PER_ORG", 4.0, 1.0, 16.0)?;
+        let timeout = num("WEBHOOK_TIMEOUT_SECONDS", 10.0, 0.1, 300.0)?;
+        Ok(Webhooks {
+            max_attempts: whole(attempts),
+            retry_base: Duration::from_millis(u64::from(whole(base_ms))),
+            slots_per_org: usize::try_from(whole(slots)).unwrap_or(16),
+            timeout: Duration::from_secs_f64(timeout),
+        })
+    }
 }
 
 /// The API listener's caps and timeouts (`API_MAX_CONNECTIONS` …).
-fn listener(env: &Env<'_>) -> Result<listener_guard::Settings, ConfigError> {
+fn listener() -> Result<listener_guard::Settings, ConfigError> {
     let d = listener_guard::Settings::API;
+    let (conns, per_peer) = (d.max_connections as f64, d.max_connections_per_peer as f64);
+    let (header, idle) = (
+        d.header_read_timeout.as_secs_f64(),
+        d.idle_timeout.as_secs_f64(),
+    );
+    let max_connections = num("API_MAX_CONNECTIONS", conns, 1.0, 1e6)?;
+    let per_address = num("API_MAX_CONNECTIONS_PER_ADDRESS", per_peer, 1.0, 1e6)?;
+    let header_read = num("API_HEADER_READ_TIMEOUT_SECONDS", header, 0.1, 3600.0)?;
+    let idle_timeout = num("API_IDLE_TIMEOUT_SECONDS", idle, 0.1, 86_400.0)?;
     Ok(listener_guard::Settings {
-        max_connections: env.size(
-            "API_MAX_CONNECTIONS",
-            d.max_connections as f64,
-            1.0,
-            1_000_000.0,
-        )?,
-        max_connections_per_peer: env.size(
-            "API_MAX_CONNECTIONS_PER_ADDRESS",
-            d.max_connections_per_peer as f64,
-            1.0,
-            1_000_000.0,
-        )?,
-        header_read_timeout: env.secs(
-            "API_HEADER_READ_TIMEOUT_SECONDS",
-            d.header_read_timeout.as_secs_f64(),
-            0.1,
-            3600.0,
-        )?,
-        idle_timeout: env.secs(
-            "API_IDLE_TIMEOUT_SECONDS",
-            d.idle_timeout.as_secs_f64(),
-            0.1,
-            86_400.0,
-        )?,
+        max_connections: size(max_connections),
+        max_connections_per_peer: size(per_address),
+        header_read_timeout: Duration::from_secs_f64(header_read),
+        idle_timeout: Duration::from_secs_f64(idle_timeout),
     })
 }
 
 /// `AIRLOCK_TEST_FAIL_POINT` (test-only).
-fn fail_point(env: &Env<'_>) -> Result<Option<failpoint::FailPoint>, ConfigError> {
-    env.get(failpoint::ENV_FAIL_POINT)
+fn fail_point() -> Result<Option<failpoint::FailPoint>, ConfigError> {
+    get(failpoint::ENV_FAIL_POINT)
         .map(|v| {
             failpoint::FailPoint::parse(v.trim()).ok_or_else(|| ConfigError {
                 var: failpoint::ENV_FAIL_POINT,

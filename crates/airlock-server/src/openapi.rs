@@ -233,23 +233,57 @@ mod tests {
         ("get", "/v1/runs/{id}/egress", "list_run_egress", "runs"),
         ("get", "/v1/runs/{id}/cost", "get_run_cost", "runs"),
         ("get", "/v1/runs/{id}/result", "get_run_result", "runs"),
-        ("get", "/v1/runs/{id}/results/{result_id}", "get_result", "runs"),
-        ("post", "/v1/connections", "create_connection", "connections"),
+        (
+            "get",
+            "/v1/runs/{id}/results/{result_id}",
+            "get_result",
+            "runs",
+        ),
+        (
+            "post",
+            "/v1/connections",
+            "create_connection",
+            "connections",
+        ),
         ("get", "/v1/connections", "list_connections", "connections"),
-        ("get", "/v1/connections/{name}", "get_connection", "connections"),
-        ("put", "/v1/connections/{name}", "put_connection", "connections"),
-        ("delete", "/v1/connections/{name}", "delete_connection", "connections"),
+        (
+            "get",
+            "/v1/connections/{name}",
+            "get_connection",
+            "connections",
+        ),
+        (
+            "put",
+            "/v1/connections/{name}",
+            "put_connection",
+            "connections",
+        ),
+        (
+            "delete",
+            "/v1/connections/{name}",
+            "delete_connection",
+            "connections",
+        ),
         ("post", "/v1/webhooks", "create_webhook", "webhooks"),
         ("get", "/v1/webhooks", "list_webhooks", "webhooks"),
         ("get", "/v1/webhooks/{id}", "get_webhook", "webhooks"),
         ("delete", "/v1/webhooks/{id}", "delete_webhook", "webhooks"),
-        ("get", "/v1/webhooks/{id}/deliveries", "list_webhook_deliveries", "webhooks"),
+        (
+            "get",
+            "/v1/webhooks/{id}/deliveries",
+            "list_webhook_deliveries",
+            "webhooks",
+        ),
     ];
 
     #[test]
     fn every_operation_has_its_id_and_tag() {
         let doc = spec();
-        assert_eq!(OPERATIONS.len(), ROUTES.len(), "a route missing from the table");
+        assert_eq!(
+            OPERATIONS.len(),
+            ROUTES.len(),
+            "a route missing from the table"
+        );
         let mut ids = std::collections::BTreeSet::new();
         for (method, path, id, tag) in OPERATIONS {
             let op = &doc["paths"][path][method];
