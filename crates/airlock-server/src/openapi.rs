@@ -212,6 +212,7 @@ mod tests {
 
     /// Each route's operation id and tag: what generated clients name their
     /// methods and group them by (the SDKs are written against these).
+    #[rustfmt::skip]
     const OPERATIONS: &[(&str, &str, &str, &str)] = &[
         ("get", "/healthz", "healthz", "health"),
         ("get", "/readyz", "readyz", "health"),
@@ -233,47 +234,17 @@ mod tests {
         ("get", "/v1/runs/{id}/egress", "list_run_egress", "runs"),
         ("get", "/v1/runs/{id}/cost", "get_run_cost", "runs"),
         ("get", "/v1/runs/{id}/result", "get_run_result", "runs"),
-        (
-            "get",
-            "/v1/runs/{id}/results/{result_id}",
-            "get_result",
-            "runs",
-        ),
-        (
-            "post",
-            "/v1/connections",
-            "create_connection",
-            "connections",
-        ),
+        ("get", "/v1/runs/{id}/results/{result_id}", "get_result", "runs"),
+        ("post", "/v1/connections", "create_connection", "connections"),
         ("get", "/v1/connections", "list_connections", "connections"),
-        (
-            "get",
-            "/v1/connections/{name}",
-            "get_connection",
-            "connections",
-        ),
-        (
-            "put",
-            "/v1/connections/{name}",
-            "put_connection",
-            "connections",
-        ),
-        (
-            "delete",
-            "/v1/connections/{name}",
-            "delete_connection",
-            "connections",
-        ),
+        ("get", "/v1/connections/{name}", "get_connection", "connections"),
+        ("put", "/v1/connections/{name}", "put_connection", "connections"),
+        ("delete", "/v1/connections/{name}", "delete_connection", "connections"),
         ("post", "/v1/webhooks", "create_webhook", "webhooks"),
         ("get", "/v1/webhooks", "list_webhooks", "webhooks"),
         ("get", "/v1/webhooks/{id}", "get_webhook", "webhooks"),
         ("delete", "/v1/webhooks/{id}", "delete_webhook", "webhooks"),
-        (
-            "get",
-            "/v1/webhooks/{id}/deliveries",
-            "list_webhook_deliveries",
-            "webhooks",
-        ),
+        ("get", "/v1/webhooks/{id}/deliveries", "list_webhook_deliveries", "webhooks"),
     ];
 
     #[test]

@@ -346,12 +346,11 @@ async fn deliver(app: &AppState, mut d: DeliveryRow) {
 }
 
 async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, AttemptError> {
-    let hook = app
-        .store()
-        .get_webhook(&d.org_id, &d.webhook_id)
-        .await
-        .map_err(AttemptError::ReadWebhook)?
-        .ok_or(AttemptError::WebhookDeleted)?;
+    let hook = match app.store().get_webhook(&d.org_id, &d.webhook_id).await {
+        Ok(Some(h)) => h,
+        Ok(None) => return Err(AttemptError::WebhookDeleted),
+        Err(e) => return Err(AttemptError::ReadWebhook(e)),
+    };
     let secret = app
         .keyring()
         .decrypt_string(&hook.secret_envelope)
