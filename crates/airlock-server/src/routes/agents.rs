@@ -14,8 +14,14 @@ use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailur
 use crate::extract::{Json, Path};
 use crate::state::AppState;
 
-/// The agents route's body limit (JSON escaping included).
-pub const MAX_BODY: usize = 8 << 20;
+/// The agents route's body limit: the one route above the API's 1 MiB
+/// ([`crate::openapi::MAX_BODY`]), because its body carries a whole agent
+/// directory. Its files may hold [`MAX_BUNDLE_BYTES`] (4 MiB), and JSON
+/// escaping can nearly double a file that is mostly quotes, backslashes or
+/// newlines: twice the bundle, so any bundle within its own cap arrives
+/// and is judged by that cap (a typed 413 naming the files' size) rather
+/// than cut at the transport.
+pub const MAX_BODY: usize = 2 * MAX_BUNDLE_BYTES;
 
 /// Registers an agent (manifest and files) under its agent.name; 200 when it replaces one.
 #[utoipa::path(
