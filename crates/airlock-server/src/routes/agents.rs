@@ -15,7 +15,7 @@ use crate::extract::{Json, Path};
 use crate::state::AppState;
 
 /// The agents route's body limit: the one route above the API's 1 MiB
-/// ([`crate::openapi::MAX_BODY`]), because its body carries a whole agent
+/// elsewhere, because its body carries a whole agent
 /// directory. Its files may hold [`MAX_BUNDLE_BYTES`] (4 MiB), and JSON
 /// escaping can nearly double a file that is mostly quotes, backslashes or
 /// newlines: twice the bundle, so any bundle within its own cap arrives
