@@ -147,6 +147,8 @@ pub struct OrgQuotas {
     pub api_keys: Option<u64>,
     /// Webhooks. `ORG_MAX_WEBHOOKS`, 32.
     pub webhooks: Option<u64>,
+    /// Agents (a replaced agent is not one more). `ORG_MAX_AGENTS`, 1000.
+    pub agents: Option<u64>,
     /// Bytes of its runs' events, egress records and results, as last
     /// measured. `ORG_MAX_STORED_BYTES`, 10 GiB.
     pub stored_bytes: Option<u64>,
@@ -157,6 +159,7 @@ impl Default for OrgQuotas {
         OrgQuotas {
             api_keys: Some(100),
             webhooks: Some(32),
+            agents: Some(1000),
             stored_bytes: Some(10 << 30),
         }
     }
@@ -179,6 +182,7 @@ impl OrgQuotas {
                 d.webhooks,
                 1_000_000,
             )?,
+            agents: cap("ORG_MAX_AGENTS", get("ORG_MAX_AGENTS"), d.agents, 1_000_000)?,
             stored_bytes: cap(
                 "ORG_MAX_STORED_BYTES",
                 get("ORG_MAX_STORED_BYTES"),

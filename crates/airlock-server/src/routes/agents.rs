@@ -34,6 +34,7 @@ pub const MAX_BODY: usize = 2 * MAX_BUNDLE_BYTES;
     responses(
         (status = 201, description = "registered", body = v1::Agent),
         (status = 200, description = "registered in place of the agent of that name", body = v1::Agent),
+        (status = 403, description = "quota_exceeded: the organization has ORG_MAX_AGENTS agents and this name is a new one; nothing was written", body = v1::Error),
         BodyFailures,
         WriteFailures,
         KeyedFailures,
@@ -68,7 +69,13 @@ pub async fn register(
     let existed = app.store().get_agent(&t.org_id, &name).await?.is_some();
     let row = app
         .store()
-        .put_agent(&t.org_id, &name, &b.manifest, &files)
+        .put_agent(
+            &t.org_id,
+            &name,
+            &b.manifest,
+            &files,
+            app.cfg().quotas.agents,
+        )
         .await?;
     let status = if existed {
         StatusCode::OK
