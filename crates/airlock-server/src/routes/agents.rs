@@ -15,8 +15,8 @@ use crate::extract::{Json, Path};
 use crate::state::AppState;
 
 /// The agents route's body limit: the one route above the API's 1 MiB
-/// elsewhere, because its body carries a whole agent
-/// directory. Its files may hold [`MAX_BUNDLE_BYTES`] (4 MiB), and JSON
+/// elsewhere, because its body carries a whole agent directory. Its files
+/// may hold [`MAX_BUNDLE_BYTES`] (4 MiB), and JSON
 /// escaping can nearly double a file that is mostly quotes, backslashes or
 /// newlines: twice the bundle, so any bundle within its own cap arrives
 /// and is judged by that cap (a typed 413 naming the files' size) rather
