@@ -51,26 +51,20 @@ impl Store {
         max: Option<u64>,
     ) -> Result<AgentRow, StoreError> {
         validate_name("agent name", name)?;
-        let stored = self
-            .insert_within_quota(
-                org,
-                "INSERT INTO agents (org_id, name, manifest, files, created_at, updated_at) \
-                 SELECT $1, $2, $3, $4, $5, $5 WHERE EXISTS (SELECT 1 FROM agents \
-                 WHERE org_id = $1 AND name = $2) \
-                 OR (SELECT COUNT(*) FROM agents WHERE org_id = $1) < $6 \
-                 ON CONFLICT (org_id, name) DO UPDATE SET manifest = excluded.manifest, \
-                 files = excluded.files, updated_at = excluded.updated_at",
-                &[org, name, manifest, files],
-                now_ms(),
-                max,
-            )
-            .await?;
-        if !stored {
-            return Err(StoreError::QuotaExceeded {
-                what: "agents",
-                limit: max.unwrap_or(u64::MAX),
-            });
-        }
+        self.insert_within_quota(
+            "agents",
+            org,
+            "INSERT INTO agents (org_id, name, manifest, files, created_at, updated_at) \
+             SELECT $1, $2, $3, $4, $5, $5 WHERE EXISTS (SELECT 1 FROM agents \
+             WHERE org_id = $1 AND name = $2) \
+             OR (SELECT COUNT(*) FROM agents WHERE org_id = $1) < $6 \
+             ON CONFLICT (org_id, name) DO UPDATE SET manifest = excluded.manifest, \
+             files = excluded.files, updated_at = excluded.updated_at",
+            &[org, name, manifest, files],
+            now_ms(),
+            max,
+        )
+        .await?;
         self.get_agent(org, name)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("agent {name:?} vanished after its write")))

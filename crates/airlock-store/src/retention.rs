@@ -388,20 +388,22 @@ impl Store {
 
     /// Runs `sql` (an `INSERT … SELECT` of `texts` as `$1…`, then `at`,
     /// then the quota, that inserts only while the count is under it) for
-    /// `org`; whether it inserted. On PostgreSQL the organization's
+    /// `org`; nothing inserted is [`StoreError::QuotaExceeded`] of `what`,
+    /// at `max`. On PostgreSQL the organization's
     /// creations are serialised by an advisory lock for the transaction:
     /// two at the same instant cannot both pass the count (SQLite has one
     /// writer at a time anyway).
     pub(crate) async fn insert_within_quota(
         &self,
+        what: &'static str,
         org: &str,
         sql: &'static str,
         texts: &[&str],
         at: i64,
         max: Option<u64>,
-    ) -> Result<bool, StoreError> {
-        let max = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
-        on_pool!(self, p => {
+    ) -> Result<(), StoreError> {
+        let limit = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
+        let inserted = on_pool!(self, p => {
             let mut tx = p.begin().await.map_err(|e| self.err(e))?;
             if matches!(self.pool, Pool::Postgres(_)) {
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
@@ -416,14 +418,21 @@ impl Store {
             }
             let n = q
                 .bind(at)
-                .bind(max)
+                .bind(limit)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?
                 .rows_affected();
             tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(n > 0)
-        })
+            n > 0
+        });
+        if !inserted {
+            return Err(StoreError::QuotaExceeded {
+                what,
+                limit: max.unwrap_or(u64::MAX),
+            });
+        }
+        Ok(())
     }
 }
 

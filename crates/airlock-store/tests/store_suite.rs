@@ -2470,6 +2470,16 @@ async fn retention_sweeps_what_is_over_and_old_and_nothing_else(s: &Store) {
     assert!(s.get_run("r_mid").await.unwrap().is_some());
 }
 
+/// Every refusal among `results` is the typed quota refusal of `what` at `limit`.
+fn refused_for_quota<T>(results: &[Result<T, StoreError>], what: &str, limit: u64) {
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(r, StoreError::QuotaExceeded { what: w, limit: l } if *w == what && *l == limit),
+            "{r}"
+        );
+    }
+}
+
 /// A tenant creating keys and webhooks, twenty at once, gets exactly its
 /// quota and a typed refusal for the rest; a revoked key frees its place;
 /// another organization is not counted against it.
@@ -2483,18 +2493,7 @@ async fn quotas_bound_keys_and_webhooks_even_when_created_at_once(s: &Store) {
     .await;
     let made = keys.iter().filter(|r| r.is_ok()).count();
     assert_eq!(made, 5, "{keys:?}");
-    for r in keys.iter().filter_map(|r| r.as_ref().err()) {
-        assert!(
-            matches!(
-                r,
-                StoreError::QuotaExceeded {
-                    what: "API keys",
-                    limit: 5
-                }
-            ),
-            "{r}"
-        );
-    }
+    refused_for_quota(&keys, "API keys", 5);
     s.insert_api_key("kr", "org_r", "k", "h", Some(5))
         .await
         .unwrap();
@@ -2525,18 +2524,7 @@ async fn agents_are_bounded_per_organization_even_when_registered_at_once(s: &St
     }))
     .await;
     assert_eq!(tries.iter().filter(|r| r.is_ok()).count(), 4, "{tries:?}");
-    for r in tries.iter().filter_map(|r| r.as_ref().err()) {
-        assert!(
-            matches!(
-                r,
-                StoreError::QuotaExceeded {
-                    what: "agents",
-                    limit: 4
-                }
-            ),
-            "{r}"
-        );
-    }
+    refused_for_quota(&tries, "agents", 4);
     let kept = tries.iter().find_map(|r| r.as_ref().ok()).unwrap();
     let replaced = s
         .put_agent("org_q", &kept.name, "[agent] # again", "{}", Some(4))
