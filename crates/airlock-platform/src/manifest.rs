@@ -278,61 +278,7 @@ impl Manifest {
                     ),
                 ));
             }
-            check_patterns(&format!("{key}.authorized_uris"), &integ.authorized_uris)?;
-            match &integ.source {
-                None => {}
-                Some(IntegrationSource::Remote { url }) => {
-                    check_remote_url(&format!("{key}.source.url"), url, integ)?;
-                }
-                Some(IntegrationSource::Local { command }) => {
-                    check_command(&format!("{key}.source.command"), command)?;
-                    if integ.connection.is_some() && integ.delivery.is_none() {
-                        return Err(invalid(
-                            format!("{key}.delivery"),
-                            "a local runner uses its connection by its placeholder, which the \
-                             sidecar replaces with the credential's delivery field: the \
-                             integration needs a delivery",
-                        ));
-                    }
-                    if airlock_egress::AuthorizedUris::has_templates(&integ.authorized_uris) {
-                        return Err(invalid(
-                            format!("{key}.authorized_uris"),
-                            "a local runner's proxy needs authorized_uris without \
-                             {$credential.…} templates (it decides before it has a credential)",
-                        ));
-                    }
-                }
-            }
-            if integ.inject == Some(Inject::Proxy) {
-                if integ.connection.is_none() || integ.delivery.is_none() {
-                    return Err(invalid(
-                        format!("{key}.inject"),
-                        "\"proxy\" replaces the placeholder with the credential's delivery field: \
-                         the integration needs a connection and a delivery",
-                    ));
-                }
-                if airlock_egress::AuthorizedUris::has_templates(&integ.authorized_uris) {
-                    return Err(invalid(
-                        format!("{key}.inject"),
-                        "\"proxy\" needs authorized_uris without {$credential.…} templates (the \
-                         proxy decides before it has a credential)",
-                    ));
-                }
-            }
-            if let Some(d) = &integ.delivery {
-                if integ.connection.is_none() {
-                    return Err(invalid(
-                        format!("{key}.delivery"),
-                        "delivers a credential, but the integration has no connection",
-                    ));
-                }
-                if d.field.is_empty() || d.field.chars().any(char::is_control) {
-                    return Err(invalid(
-                        format!("{key}.delivery.field"),
-                        "must name a field of the connection's credential",
-                    ));
-                }
-            }
+            check_integration(&key, integ)?;
         }
         Ok(())
     }
@@ -389,6 +335,66 @@ impl ModelSection {
 
 /// A command line (`agent.command`, a runner's `source.command`): a
 /// program, and no NUL byte anywhere.
+/// The checks of one integration (`key` names it) no single type can make.
+fn check_integration(key: &str, integ: &IntegrationSection) -> Result<(), ManifestError> {
+    check_patterns(&format!("{key}.authorized_uris"), &integ.authorized_uris)?;
+    match &integ.source {
+        None => {}
+        Some(IntegrationSource::Remote { url }) => {
+            check_remote_url(&format!("{key}.source.url"), url, integ)?;
+        }
+        Some(IntegrationSource::Local { command }) => {
+            check_command(&format!("{key}.source.command"), command)?;
+            if integ.connection.is_some() && integ.delivery.is_none() {
+                return Err(invalid(
+                    format!("{key}.delivery"),
+                    "a local runner uses its connection by its placeholder, which the \
+                     sidecar replaces with the credential's delivery field: the \
+                     integration needs a delivery",
+                ));
+            }
+            if airlock_egress::AuthorizedUris::has_templates(&integ.authorized_uris) {
+                return Err(invalid(
+                    format!("{key}.authorized_uris"),
+                    "a local runner's proxy needs authorized_uris without \
+                     {$credential.…} templates (it decides before it has a credential)",
+                ));
+            }
+        }
+    }
+    if integ.inject == Some(Inject::Proxy) {
+        if integ.connection.is_none() || integ.delivery.is_none() {
+            return Err(invalid(
+                format!("{key}.inject"),
+                "\"proxy\" replaces the placeholder with the credential's delivery field: \
+                 the integration needs a connection and a delivery",
+            ));
+        }
+        if airlock_egress::AuthorizedUris::has_templates(&integ.authorized_uris) {
+            return Err(invalid(
+                format!("{key}.inject"),
+                "\"proxy\" needs authorized_uris without {$credential.…} templates (the \
+                 proxy decides before it has a credential)",
+            ));
+        }
+    }
+    if let Some(d) = &integ.delivery {
+        if integ.connection.is_none() {
+            return Err(invalid(
+                format!("{key}.delivery"),
+                "delivers a credential, but the integration has no connection",
+            ));
+        }
+        if d.field.is_empty() || d.field.chars().any(char::is_control) {
+            return Err(invalid(
+                format!("{key}.delivery.field"),
+                "must name a field of the connection's credential",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_command(key: &str, command: &[String]) -> Result<(), ManifestError> {
     if command.first().is_none_or(|p| p.is_empty()) {
         return Err(invalid(key, "is empty: name the program to run"));

@@ -8,7 +8,7 @@
 //!   exiting: runs the store has meanwhile ended elsewhere are stopped
 //!   here, the others go on.
 //! - Whoever holds the `leader` lease (taken over once its holder stops
-//!   renewing it) sweeps ([`airlock_store::Store::sweep_dead_replicas`]):
+//!   renewing it) sweeps ([`airlock_platform::orchestrator::fail_runs_of_gone_replicas`]):
 //!   replicas silent past the lease are dropped, their runs failed (with
 //!   their webhooks, in one transaction) and their claimed deliveries
 //!   released. Never on evidence gathered while the store was unreachable
@@ -37,13 +37,13 @@ use std::time::Duration;
 
 use airlock_api::v1::RunLimits;
 use airlock_platform::manifest::Manifest;
-use airlock_platform::orchestrator::RunRequest;
+use airlock_platform::orchestrator::{RunError, RunRequest};
 use airlock_store::{ClaimedRun, StoreError, now_ms};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::AppState;
 use crate::failpoint::FailPoint;
+use crate::state::AppState;
 
 /// The lease the leader holds.
 pub const LEADER_LEASE: &str = "leader";
@@ -162,145 +162,174 @@ async fn register(app: &AppState) {
     }
 }
 
+/// The intervals the fleet's loops keep, from the replica lease.
+#[derive(Clone, Copy)]
+struct Beat {
+    /// Between two heartbeats (and two tries at the lease): a fifth of it.
+    every: Duration,
+    /// One heartbeat attempt waits at most this.
+    bound: Duration,
+    /// Longer than this between two heartbeats that reached the store is a
+    /// gap in the evidence (two attempts' worth).
+    gap_ms: i64,
+    lease_ms: i64,
+}
+
+impl Beat {
+    fn of(lease: Duration) -> Beat {
+        let every = lease / 5;
+        let bound = every.max(Duration::from_secs(1));
+        Beat {
+            every,
+            bound,
+            gap_ms: i64::try_from((2 * bound).as_millis()).unwrap_or(i64::MAX),
+            lease_ms: i64::try_from(lease.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+
+    fn ticks(&self) -> tokio::time::Interval {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick
+    }
+}
+
 pub async fn start(app: AppState) -> Work {
     register(&app).await;
     tracing::info!(replica = app.replica(), "replica registered");
     let evidence = Arc::new(Evidence::default());
-    let beat = app.cfg().replica_lease / 5;
-    // One heartbeat attempt waits at most this.
-    let bound = beat.max(Duration::from_secs(1));
-    // Longer than this between two heartbeats that reached the store is a
-    // gap in the evidence (two attempts' worth).
-    let gap_ms = i64::try_from((2 * bound).as_millis()).unwrap_or(i64::MAX);
-    let lease_ms = i64::try_from(app.cfg().replica_lease.as_millis()).unwrap_or(i64::MAX);
-    let mut tasks = Vec::new();
-    {
-        let app = app.clone();
-        let evidence = evidence.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(beat);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut beats: u64 = 0;
-            loop {
-                tick.tick().await;
-                beats += 1;
-                let res = match tokio::time::timeout(
-                    bound,
-                    app.fleet_store().heartbeat_replica(app.replica()),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => Err(StoreError::Unavailable {
-                        database: app.store().display_name().to_owned(),
-                        detail: format!("a heartbeat got no answer within {} s", bound.as_secs_f64()),
-                        source: None,
-                    }),
-                };
-                match res {
-                    Ok(true) => {
-                        evidence.ok(now_ms(), gap_ms);
-                        app.store_watch().ok();
-                        // Once a lease: is what the store counts as ours
-                        // what runs here?
-                        if beats.is_multiple_of(5) {
-                            reconcile(&app, false).await;
-                        }
-                    }
-                    Ok(false) => {
-                        evidence.failed();
-                        tracing::error!(
-                            replica = app.replica(),
-                            "this replica was judged dead by the leader (its heartbeats did not reach the store for longer than the replica lease); it registers again and keeps the runs the store still counts as its own"
-                        );
-                        register(&app).await;
-                        reconcile(&app, true).await;
-                    }
-                    Err(e) => {
-                        evidence.failed();
-                        // The pool says only that it timed out: a fresh
-                        // connection says why (refused, authentication …).
-                        let e = if e.is_pool_timeout() {
-                            app.store().probe(bound).await.err().unwrap_or(e)
-                        } else {
-                            e
-                        };
-                        app.store_watch().failed("replica heartbeat", &e);
-                    }
-                }
-            }
-        }));
-    }
-    {
-        let app = app.clone();
-        let evidence = evidence.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(beat);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut leading = false;
-            let mut waited_said = false;
-            let mut retention = RetentionTimer::default();
-            loop {
-                tick.tick().await;
-                match app
-                    .fleet_store()
-                    .try_lease(LEADER_LEASE, app.replica(), lease_ms)
-                    .await
-                {
-                    Ok(now) => {
-                        if now != leading {
-                            tracing::info!(replica = app.replica(), leader = now, "leader lease");
-                        }
-                        leading = now;
-                    }
-                    Err(e) => {
-                        app.store_watch().failed("leader lease", &e);
-                        leading = false;
-                    }
-                }
-                if !leading {
-                    continue;
-                }
-                retention.start_if_due(&app);
-                if !evidence.may_judge(now_ms(), lease_ms, gap_ms) {
-                    if !waited_said {
-                        tracing::info!(
-                            "the leader judges no replica until its own heartbeats have reached the store for a whole lease"
-                        );
-                        waited_said = true;
-                    }
-                    continue;
-                }
-                waited_said = false;
-                sweep(&app, lease_ms).await;
-            }
-        }));
-    }
-    {
-        let app = app.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(CANCEL_POLL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match app.store().cancel_requests_of(app.replica()).await {
-                    Ok(asked) => {
-                        for (id, reason) in asked {
-                            app.cancel_local(&id, &reason);
-                        }
-                    }
-                    Err(e) => app.store_watch().failed("polling cancel requests", &e),
-                }
-            }
-        }));
-    }
-    tasks.push(tokio::spawn(claim_loop(app.clone())));
+    let beat = Beat::of(app.cfg().replica_lease);
+    let tasks = vec![
+        tokio::spawn(heartbeat_loop(app.clone(), evidence.clone(), beat)),
+        tokio::spawn(leader_loop(app.clone(), evidence, beat)),
+        tokio::spawn(cancel_poll_loop(app.clone())),
+        tokio::spawn(claim_loop(app.clone())),
+    ];
     let (deliverer_stop, stop_rx) = watch::channel(false);
     let deliverer = tokio::spawn(crate::webhooks::deliver_loop(app.clone(), stop_rx));
     Work {
         tasks,
         deliverer,
         deliverer_stop,
+    }
+}
+
+/// Heartbeats every [`Beat::every`], each bounded; a row gone means the
+/// leader judged this replica dead: it registers again and reconciles.
+async fn heartbeat_loop(app: AppState, evidence: Arc<Evidence>, beat: Beat) {
+    let mut tick = beat.ticks();
+    let mut beats: u64 = 0;
+    loop {
+        tick.tick().await;
+        beats += 1;
+        let res = match tokio::time::timeout(
+            beat.bound,
+            app.fleet_store().heartbeat_replica(app.replica()),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable {
+                database: app.store().display_name().to_owned(),
+                detail: format!(
+                    "a heartbeat got no answer within {} s",
+                    beat.bound.as_secs_f64()
+                ),
+                source: None,
+            }),
+        };
+        match res {
+            Ok(true) => {
+                evidence.ok(now_ms(), beat.gap_ms);
+                app.store_watch().ok();
+                // Once a lease: is what the store counts as ours what runs here?
+                if beats.is_multiple_of(5) {
+                    reconcile(&app, false).await;
+                }
+            }
+            Ok(false) => {
+                evidence.failed();
+                tracing::error!(
+                    replica = app.replica(),
+                    "this replica was judged dead by the leader (its heartbeats did not reach the store for longer than the replica lease); it registers again and keeps the runs the store still counts as its own"
+                );
+                register(&app).await;
+                reconcile(&app, true).await;
+            }
+            Err(e) => {
+                evidence.failed();
+                // The pool says only that it timed out: a fresh connection
+                // says why (refused, authentication …).
+                let e = if e.is_pool_timeout() {
+                    app.store().probe(beat.bound).await.err().unwrap_or(e)
+                } else {
+                    e
+                };
+                app.store_watch().failed("replica heartbeat", &e);
+            }
+        }
+    }
+}
+
+/// Tries for the leader lease every [`Beat::every`]; while it holds it,
+/// starts the retention sweep when due and sweeps the replicas that are
+/// gone once its own heartbeats are evidence enough ([`Evidence`]).
+async fn leader_loop(app: AppState, evidence: Arc<Evidence>, beat: Beat) {
+    let mut tick = beat.ticks();
+    let mut leading = false;
+    let mut waited_said = false;
+    let mut retention = RetentionTimer::default();
+    loop {
+        tick.tick().await;
+        match app
+            .fleet_store()
+            .try_lease(LEADER_LEASE, app.replica(), beat.lease_ms)
+            .await
+        {
+            Ok(now) => {
+                if now != leading {
+                    tracing::info!(replica = app.replica(), leader = now, "leader lease");
+                }
+                leading = now;
+            }
+            Err(e) => {
+                app.store_watch().failed("leader lease", &e);
+                leading = false;
+            }
+        }
+        if !leading {
+            continue;
+        }
+        retention.start_if_due(&app);
+        if !evidence.may_judge(now_ms(), beat.lease_ms, beat.gap_ms) {
+            if !waited_said {
+                tracing::info!(
+                    "the leader judges no replica until its own heartbeats have reached the store for a whole lease"
+                );
+                waited_said = true;
+            }
+            continue;
+        }
+        waited_said = false;
+        sweep(&app, beat.lease_ms).await;
+    }
+}
+
+/// Stops the runs of this replica that were asked to stop through any
+/// replica, every [`CANCEL_POLL`].
+async fn cancel_poll_loop(app: AppState) {
+    let mut tick = tokio::time::interval(CANCEL_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match app.store().cancel_requests_of(app.replica()).await {
+            Ok(asked) => {
+                for (id, reason) in asked {
+                    app.cancel_local(&id, &reason);
+                }
+            }
+            Err(e) => app.store_watch().failed("polling cancel requests", &e),
+        }
     }
 }
 
@@ -355,11 +384,14 @@ async fn retention_sweep(app: &AppState) {
 
 /// The leader's sweep, once it may judge.
 async fn sweep(app: &AppState, lease_ms: i64) {
-    match app
-        .fleet_store()
-        .sweep_dead_replicas(lease_ms, app.replica())
-        .await
-    {
+    let swept = airlock_platform::orchestrator::fail_runs_of_gone_replicas(
+        app.fleet_store(),
+        &app.orch().ends,
+        lease_ms,
+        app.replica(),
+    )
+    .await;
+    match swept {
         Ok(swept) => {
             for r in &swept.dropped {
                 tracing::warn!(replica = %r, "dropped a replica silent for longer than the lease");
@@ -401,7 +433,7 @@ async fn sweep(app: &AppState, lease_ms: i64) {
 /// A run the store counts as this replica's that has started and is not
 /// here is left alone: its end is on its way to the store.
 pub async fn reconcile(app: &AppState, judged_dead: bool) {
-    let _claiming = app.inner.claiming.lock().await;
+    let _claiming = app.claiming().lock().await;
     let theirs = match app.store().running_runs_of(app.replica()).await {
         Ok(r) => r,
         Err(e) => {
@@ -460,7 +492,7 @@ async fn claim_loop(app: AppState) {
             .replica_max_runs
             .is_some_and(|cap| app.running_count() >= cap);
         if !full {
-            let claiming = app.inner.claiming.lock().await;
+            let claiming = app.claiming().lock().await;
             if app.is_stopping() {
                 return;
             }
@@ -476,7 +508,7 @@ async fn claim_loop(app: AppState) {
             }
         }
         tokio::select! {
-            () = app.inner.kick.notified() => {}
+            () = app.scheduler_kicked().notified() => {}
             () = tokio::time::sleep(QUEUE_POLL) => {}
         }
     }
@@ -485,9 +517,7 @@ async fn claim_loop(app: AppState) {
 fn spawn_run(app: AppState, claimed: ClaimedRun) {
     let id = claimed.run.id.clone();
     let (tx, rx) = watch::channel(None);
-    if let Ok(mut r) = app.inner.running.lock() {
-        r.insert(id.clone(), tx);
-    }
+    app.enter_running(&id, tx);
     tokio::spawn(async move {
         crate::webhooks::emit_started(&app, &claimed.run).await;
         let ended = run_one(&app, claimed, rx).await;
@@ -497,14 +527,11 @@ fn spawn_run(app: AppState, claimed: ClaimedRun) {
         }
         if let Err(e) = &ended {
             tracing::error!(run = %id, "run: {e}");
-            record_failure(&app, &id, e).await;
-        }
-        if let Ok(mut r) = app.inner.running.lock() {
-            r.remove(&id);
+            record_failure(&app, &id, &e.to_string()).await;
         }
         // Its deliveries were queued with its end: send them now.
         app.kick_deliveries();
-        app.inner.run_over.notify_waiters();
+        app.leave_running(&id);
         app.kick_scheduler();
     });
 }
@@ -550,7 +577,7 @@ pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_s
     }
     let deadline = tokio::time::Instant::now() + grace;
     while app.running_count() > 0 {
-        let over = app.inner.run_over.notified();
+        let over = app.run_over().notified();
         tokio::pin!(over);
         over.as_mut().enable();
         if app.running_count() == 0 {
@@ -573,7 +600,7 @@ pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_s
     app.cancel_all(SHUT_DOWN);
     let deadline = tokio::time::Instant::now() + CANCELLED_END;
     while app.running_count() > 0 {
-        let over = app.inner.run_over.notified();
+        let over = app.run_over().notified();
         tokio::pin!(over);
         over.as_mut().enable();
         if app.running_count() == 0 {
@@ -593,27 +620,53 @@ pub async fn drain(app: &AppState, signals: &mut watch::Receiver<u32>, signals_s
     }
 }
 
+/// Why a claimed run could not run, or its end could not be recorded: one
+/// variant per step, each with every cause. Its text is the run's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimedRunError {
+    #[error("reading the run's agent: {}", .0.chain())]
+    ReadAgent(StoreError),
+    #[error("the run's stored limits: {0}")]
+    Hints(serde_json::Error),
+    #[error("the agent's stored files: {0}")]
+    Files(serde_json::Error),
+    #[error("recording the run's failure: {}", .0.chain())]
+    RecordFailure(StoreError),
+    #[error("the store failed while the run was started or ended: {}", .0.chain())]
+    Store(StoreError),
+    #[error(transparent)]
+    Run(RunError),
+}
+
+impl From<RunError> for ClaimedRunError {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Store(e) => ClaimedRunError::Store(e),
+            e => ClaimedRunError::Run(e),
+        }
+    }
+}
+
 /// One claimed run, to its recorded end. `Err`: why it could not run (or
-/// its end could not be recorded), with every cause.
+/// its end could not be recorded).
 async fn run_one(
     app: &AppState,
     claimed: ClaimedRun,
     cancel: airlock_platform::orchestrator::Cancel,
-) -> Result<(), String> {
+) -> Result<(), ClaimedRunError> {
     let run = &claimed.run;
     let orch = app.orch();
-    let store_err = |what: &str, e: StoreError| format!("{what}: {}", e.chain());
     let fail = |reason: String| async move {
         orch.fail_run(&run.id, &reason)
             .await
             .map(|_| ())
-            .map_err(|e| store_err("recording the run's failure", e))
+            .map_err(ClaimedRunError::RecordFailure)
     };
     let Some(agent) = app
         .store()
         .get_agent(&run.org_id, &run.agent)
         .await
-        .map_err(|e| store_err("reading the run's agent", e))?
+        .map_err(ClaimedRunError::ReadAgent)?
     else {
         return fail(format!(
             "agent {:?} was deleted before the run started",
@@ -626,7 +679,7 @@ async fn run_one(
         Err(e) => return fail(format!("the agent's manifest: {e}")).await,
     };
     if let Some(h) = claimed.hints.as_deref() {
-        let h: RunLimits = serde_json::from_str(h).map_err(|e| e.to_string())?;
+        let h: RunLimits = serde_json::from_str(h).map_err(ClaimedRunError::Hints)?;
         if h.memory_mb.is_some() {
             manifest.agent.memory_mb = h.memory_mb;
         }
@@ -638,7 +691,7 @@ async fn run_one(
         }
     }
     let files: BTreeMap<String, String> =
-        serde_json::from_str(&agent.files).map_err(|e| e.to_string())?;
+        serde_json::from_str(&agent.files).map_err(ClaimedRunError::Files)?;
     let bundle = orch.home.join("bundles").join(&run.id);
     if let Err(e) = write_bundle(&bundle, &agent.manifest, &files) {
         let _ = std::fs::remove_dir_all(&bundle);
@@ -656,12 +709,7 @@ async fn run_one(
         .run_claimed(run.id.clone(), req, cancel, &|_p| {})
         .await;
     let _ = std::fs::remove_dir_all(&bundle);
-    outcome.map(|_| ()).map_err(|e| match e {
-        airlock_platform::orchestrator::RunError::Store(e) => {
-            store_err("the store failed while the run was started or ended", e)
-        }
-        e => e.to_string(),
-    })
+    outcome.map(|_| ()).map_err(ClaimedRunError::from)
 }
 
 /// The agent's directory for one run: its manifest and files, readable by

@@ -32,7 +32,7 @@ use airlock_store::{DeliveryAttempt, DeliveryRow, Run, RunStatus};
 use hmac::{KeyInit as _, Mac as _};
 use secrecy::ExposeSecret as _;
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// The events a webhook may subscribe to.
 pub use airlock_api::v1::WEBHOOK_EVENTS as EVENTS;
@@ -234,7 +234,7 @@ pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<
             }
         }
         tokio::select! {
-            () = app.inner.orch.ends.notified() => {}
+            () = app.orch().ends.notified() => {}
             () = tokio::time::sleep(Duration::from_millis(250)) => {}
             _ = stop.changed() => {}
         }
@@ -242,22 +242,61 @@ pub async fn deliver_loop(app: AppState, mut stop: tokio::sync::watch::Receiver<
     let _ = slots.acquire_many(AT_ONCE).await;
 }
 
+/// Why one delivery attempt was not answered by its receiver: one variant
+/// per step. Its text is the delivery's `last_error`, which the tenant
+/// reads: a refusal names the rule, never a resolved address.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    #[error("gone: the run was deleted")]
+    RunDeleted,
+    #[error("store: {}", .0.chain())]
+    ReadRun(airlock_store::StoreError),
+    #[error("store: {}", .0.chain())]
+    KeepBody(airlock_store::StoreError),
+    #[error("gone: the webhook was deleted")]
+    WebhookDeleted,
+    #[error("store: {}", .0.chain())]
+    ReadWebhook(airlock_store::StoreError),
+    #[error("gone: the webhook's secret cannot be decrypted: {0}")]
+    Secret(airlock_vault::VaultError),
+    #[error("{0}")]
+    Header(http::header::InvalidHeaderValue),
+    #[error("gone: {}", .0.tenant_message())]
+    Url(airlock_egress::EgressError),
+    #[error("{}", .0.tenant_message())]
+    Send(airlock_egress::EgressError),
+}
+
+impl AttemptError {
+    /// No later attempt can succeed: the delivery is not retried.
+    pub fn is_gone(&self) -> bool {
+        matches!(
+            self,
+            AttemptError::RunDeleted
+                | AttemptError::WebhookDeleted
+                | AttemptError::Secret(_)
+                | AttemptError::Url(_)
+        )
+    }
+}
+
 /// The body a delivery sends: a run end's is rendered from the ended run
 /// the first time (and kept).
-async fn body_of(app: &AppState, d: &DeliveryRow) -> Result<String, String> {
+async fn body_of(app: &AppState, d: &DeliveryRow) -> Result<String, AttemptError> {
     if !d.payload.is_empty() {
         return Ok(d.payload.clone());
     }
-    let run = match app.store().get_run_in(&d.org_id, &d.run_id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return Err("gone: the run was deleted".into()),
-        Err(e) => return Err(format!("store: {}", e.chain())),
-    };
+    let run = app
+        .store()
+        .get_run_in(&d.org_id, &d.run_id)
+        .await
+        .map_err(AttemptError::ReadRun)?
+        .ok_or(AttemptError::RunDeleted)?;
     let body = payload(&d.id, &d.event, d.created_at, &run);
     app.store()
         .render_delivery(&d.id, &body)
         .await
-        .map_err(|e| format!("store: {}", e.chain()))
+        .map_err(AttemptError::KeepBody)
 }
 
 /// One attempt of one delivery, and its record.
@@ -278,9 +317,9 @@ async fn deliver(app: &AppState, mut d: DeliveryRow) {
             Some(format!("the receiver answered HTTP {s}")),
             false,
         ),
-        Err(e) => (None, Some(e.clone()), false),
+        Err(e) => (None, Some(e.to_string()), false),
     };
-    let give_up = outcome.as_ref().is_err_and(|e| e.starts_with("gone:"));
+    let give_up = outcome.as_ref().is_err_and(AttemptError::is_gone);
     let retry_at = (!delivered && !give_up && attempts < i64::from(app.cfg().webhook_max_attempts))
         .then(|| {
             let base = i64::try_from(app.cfg().webhook_retry_base.as_millis()).unwrap_or(i64::MAX);
@@ -306,16 +345,16 @@ async fn deliver(app: &AppState, mut d: DeliveryRow) {
     }
 }
 
-async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
+async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, AttemptError> {
     let hook = match app.store().get_webhook(&d.org_id, &d.webhook_id).await {
         Ok(Some(h)) => h,
-        Ok(None) => return Err("gone: the webhook was deleted".into()),
-        Err(e) => return Err(format!("store: {}", e.chain())),
+        Ok(None) => return Err(AttemptError::WebhookDeleted),
+        Err(e) => return Err(AttemptError::ReadWebhook(e)),
     };
     let secret = app
         .keyring()
         .decrypt_string(&hook.secret_envelope)
-        .map_err(|e| format!("gone: the webhook's secret cannot be decrypted: {e}"))?;
+        .map_err(AttemptError::Secret)?;
     let t = airlock_store::now_ms() / 1000;
     let body = d.payload.as_bytes();
     let sig = signature(secret.expose_secret().as_bytes(), t, body);
@@ -323,7 +362,7 @@ async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
     req.method = http::Method::POST;
     req.body = bytes::Bytes::copy_from_slice(body);
     let h = &mut req.headers;
-    let val = |s: &str| http::HeaderValue::from_str(s).map_err(|e| e.to_string());
+    let val = |s: &str| http::HeaderValue::from_str(s).map_err(AttemptError::Header);
     h.insert(http::header::CONTENT_TYPE, val("application/json")?);
     h.insert("airlock-signature", val(&sig)?);
     h.insert("airlock-event", val(&d.event)?);
@@ -332,15 +371,12 @@ async fn attempt(app: &AppState, d: &DeliveryRow) -> Result<u16, String> {
         http::header::USER_AGENT,
         val(concat!("airlock-webhooks/", env!("CARGO_PKG_VERSION")))?,
     );
-    // The error is recorded as the delivery's `last_error`, which the
-    // tenant reads: the rule, never a resolved address (the log keeps it).
-    let authorized =
-        authorized_for(&hook.url).map_err(|e| format!("gone: {}", e.tenant_message()))?;
+    let authorized = authorized_for(&hook.url).map_err(AttemptError::Url)?;
     match app.webhook_client().send(req, &rules(&authorized)).await {
         Ok(r) => Ok(r.status.as_u16()),
         Err(e) => {
             tracing::info!(delivery = %d.id, "webhook delivery failed: {e}");
-            Err(e.tenant_message())
+            Err(AttemptError::Send(e))
         }
     }
 }

@@ -464,18 +464,14 @@ impl Recorder {
     /// Records an allowed request before it is sent: returns once the
     /// record is in the journal. A request whose record could not be kept
     /// must not be sent.
-    pub async fn begin(
-        &self,
-        req: &Allowed<'_>,
-        redactor: &Redactor,
-    ) -> Result<InFlight, RecordError> {
-        self.begin_as(req, redactor, None).await
+    pub fn begin(&self, req: &Allowed<'_>, redactor: &Redactor) -> Result<InFlight, RecordError> {
+        self.begin_as(req, redactor, None)
     }
 
     /// [`Recorder::begin`] of a request that may yet not be sent: dropped
     /// uncompleted (or while it is being recorded) it completes as
     /// `dropped_as` instead of `aborted`, until [`InFlight::will_send`].
-    pub async fn begin_as(
+    pub fn begin_as(
         &self,
         req: &Allowed<'_>,
         redactor: &Redactor,

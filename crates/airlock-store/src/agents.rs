@@ -39,30 +39,32 @@ macro_rules! agent_row {
 
 impl Store {
     /// Registers (or replaces) one of `org`'s agents.
+    /// Stores agent `name` of `org`, replacing the one of that name; a new
+    /// name is refused when `org` already has `max` agents
+    /// ([`StoreError::QuotaExceeded`]; the operator's own commands pass `None`).
     pub async fn put_agent(
         &self,
         org: &str,
         name: &str,
         manifest: &str,
         files: &str,
+        max: Option<u64>,
     ) -> Result<AgentRow, StoreError> {
         validate_name("agent name", name)?;
-        let now = now_ms();
-        on_pool!(self, p => sqlx::query(
+        self.insert_within_quota(
+            "agents",
+            org,
             "INSERT INTO agents (org_id, name, manifest, files, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $5) \
+             SELECT $1, $2, $3, $4, $5, $5 WHERE EXISTS (SELECT 1 FROM agents \
+             WHERE org_id = $1 AND name = $2) \
+             OR (SELECT COUNT(*) FROM agents WHERE org_id = $1) < $6 \
              ON CONFLICT (org_id, name) DO UPDATE SET manifest = excluded.manifest, \
              files = excluded.files, updated_at = excluded.updated_at",
+            &[org, name, manifest, files],
+            now_ms(),
+            max,
         )
-        .bind(org)
-        .bind(name)
-        .bind(manifest)
-        .bind(files)
-        .bind(now)
-        .execute(p)
-        .await
-        .map(|_| ())
-        .map_err(|e| self.err(e))?);
+        .await?;
         self.get_agent(org, name)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("agent {name:?} vanished after its write")))

@@ -51,23 +51,17 @@ impl Store {
     ) -> Result<ApiKeyRow, StoreError> {
         validate_name("API key name", name)?;
         let now = now_ms();
-        let inserted = self
-            .insert_within_quota(
-                org,
-                "INSERT INTO api_keys (id, org_id, name, hash, created_at) \
-                 SELECT $1, $2, $3, $4, $5 WHERE (SELECT COUNT(*) FROM api_keys \
-                 WHERE org_id = $2 AND revoked_at IS NULL) < $6",
-                &[id, org, name, hash],
-                now,
-                max,
-            )
-            .await?;
-        if !inserted {
-            return Err(StoreError::QuotaExceeded {
-                what: "API keys",
-                limit: max.unwrap_or(u64::MAX),
-            });
-        }
+        self.insert_within_quota(
+            "API keys",
+            org,
+            "INSERT INTO api_keys (id, org_id, name, hash, created_at) \
+             SELECT $1, $2, $3, $4, $5 WHERE (SELECT COUNT(*) FROM api_keys \
+             WHERE org_id = $2 AND revoked_at IS NULL) < $6",
+            &[id, org, name, hash],
+            now,
+            max,
+        )
+        .await?;
         Ok(ApiKeyRow {
             id: id.to_owned(),
             org_id: org.to_owned(),

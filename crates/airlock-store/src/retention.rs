@@ -147,6 +147,8 @@ pub struct OrgQuotas {
     pub api_keys: Option<u64>,
     /// Webhooks. `ORG_MAX_WEBHOOKS`, 32.
     pub webhooks: Option<u64>,
+    /// Agents (a replaced agent is not one more). `ORG_MAX_AGENTS`, 1000.
+    pub agents: Option<u64>,
     /// Bytes of its runs' events, egress records and results, as last
     /// measured. `ORG_MAX_STORED_BYTES`, 10 GiB.
     pub stored_bytes: Option<u64>,
@@ -157,6 +159,7 @@ impl Default for OrgQuotas {
         OrgQuotas {
             api_keys: Some(100),
             webhooks: Some(32),
+            agents: Some(1000),
             stored_bytes: Some(10 << 30),
         }
     }
@@ -179,6 +182,7 @@ impl OrgQuotas {
                 d.webhooks,
                 1_000_000,
             )?,
+            agents: cap("ORG_MAX_AGENTS", get("ORG_MAX_AGENTS"), d.agents, 1_000_000)?,
             stored_bytes: cap(
                 "ORG_MAX_STORED_BYTES",
                 get("ORG_MAX_STORED_BYTES"),
@@ -384,20 +388,22 @@ impl Store {
 
     /// Runs `sql` (an `INSERT … SELECT` of `texts` as `$1…`, then `at`,
     /// then the quota, that inserts only while the count is under it) for
-    /// `org`; whether it inserted. On PostgreSQL the organization's
+    /// `org`; nothing inserted is [`StoreError::QuotaExceeded`] of `what`,
+    /// at `max`. On PostgreSQL the organization's
     /// creations are serialised by an advisory lock for the transaction:
     /// two at the same instant cannot both pass the count (SQLite has one
     /// writer at a time anyway).
     pub(crate) async fn insert_within_quota(
         &self,
+        what: &'static str,
         org: &str,
         sql: &'static str,
         texts: &[&str],
         at: i64,
         max: Option<u64>,
-    ) -> Result<bool, StoreError> {
-        let max = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
-        on_pool!(self, p => {
+    ) -> Result<(), StoreError> {
+        let limit = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
+        let inserted = on_pool!(self, p => {
             let mut tx = p.begin().await.map_err(|e| self.err(e))?;
             if matches!(self.pool, Pool::Postgres(_)) {
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
@@ -412,14 +418,21 @@ impl Store {
             }
             let n = q
                 .bind(at)
-                .bind(max)
+                .bind(limit)
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?
                 .rows_affected();
             tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(n > 0)
-        })
+            n > 0
+        });
+        if !inserted {
+            return Err(StoreError::QuotaExceeded {
+                what,
+                limit: max.unwrap_or(u64::MAX),
+            });
+        }
+        Ok(())
     }
 }
 

@@ -40,24 +40,17 @@ impl Store {
     /// Stores a webhook, unless its organization already has `max`
     /// ([`StoreError::QuotaExceeded`]).
     pub async fn create_webhook(&self, w: &WebhookRow, max: Option<u64>) -> Result<(), StoreError> {
-        let inserted = self
-            .insert_within_quota(
-                &w.org_id,
-                "INSERT INTO webhooks (id, org_id, url, events, secret_envelope, created_at) \
-                 SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT COUNT(*) FROM webhooks \
-                 WHERE org_id = $2) < $7",
-                &[&w.id, &w.org_id, &w.url, &w.events, &w.secret_envelope],
-                w.created_at,
-                max,
-            )
-            .await?;
-        if !inserted {
-            return Err(StoreError::QuotaExceeded {
-                what: "webhooks",
-                limit: max.unwrap_or(u64::MAX),
-            });
-        }
-        Ok(())
+        self.insert_within_quota(
+            "webhooks",
+            &w.org_id,
+            "INSERT INTO webhooks (id, org_id, url, events, secret_envelope, created_at) \
+             SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT COUNT(*) FROM webhooks \
+             WHERE org_id = $2) < $7",
+            &[&w.id, &w.org_id, &w.url, &w.events, &w.secret_envelope],
+            w.created_at,
+            max,
+        )
+        .await
     }
 
     pub async fn list_webhooks(&self, org: &str) -> Result<Vec<WebhookRow>, StoreError> {

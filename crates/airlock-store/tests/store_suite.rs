@@ -113,6 +113,7 @@ on_both!(
     a_replica_judged_dead_registers_again_and_a_lost_claim_is_requeued,
     retention_sweeps_what_is_over_and_old_and_nothing_else,
     quotas_bound_keys_and_webhooks_even_when_created_at_once,
+    agents_are_bounded_per_organization_even_when_registered_at_once,
     stored_bytes_are_measured_per_organization_and_refuse_new_runs,
 );
 
@@ -184,7 +185,9 @@ async fn organizations_see_only_their_own_rows(s: &Store) {
     assert_eq!(s.list_runs(&q("org_a")).await.unwrap().len(), 1);
     assert!(s.list_runs(&q("org_b")).await.unwrap().is_empty());
 
-    s.put_agent("org_a", "bot", "[agent]", "{}").await.unwrap();
+    s.put_agent("org_a", "bot", "[agent]", "{}", None)
+        .await
+        .unwrap();
     assert!(s.get_agent("org_b", "bot").await.unwrap().is_none());
     assert!(!s.delete_agent("org_b", "bot").await.unwrap());
     assert!(s.get_agent("org_a", "bot").await.unwrap().is_some());
@@ -2467,6 +2470,16 @@ async fn retention_sweeps_what_is_over_and_old_and_nothing_else(s: &Store) {
     assert!(s.get_run("r_mid").await.unwrap().is_some());
 }
 
+/// Every refusal among `results` is the typed quota refusal of `what` at `limit`.
+fn refused_for_quota<T>(results: &[Result<T, StoreError>], what: &str, limit: u64) {
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(r, StoreError::QuotaExceeded { what: w, limit: l } if *w == what && *l == limit),
+            "{r}"
+        );
+    }
+}
+
 /// A tenant creating keys and webhooks, twenty at once, gets exactly its
 /// quota and a typed refusal for the rest; a revoked key frees its place;
 /// another organization is not counted against it.
@@ -2480,18 +2493,7 @@ async fn quotas_bound_keys_and_webhooks_even_when_created_at_once(s: &Store) {
     .await;
     let made = keys.iter().filter(|r| r.is_ok()).count();
     assert_eq!(made, 5, "{keys:?}");
-    for r in keys.iter().filter_map(|r| r.as_ref().err()) {
-        assert!(
-            matches!(
-                r,
-                StoreError::QuotaExceeded {
-                    what: "API keys",
-                    limit: 5
-                }
-            ),
-            "{r}"
-        );
-    }
+    refused_for_quota(&keys, "API keys", 5);
     s.insert_api_key("kr", "org_r", "k", "h", Some(5))
         .await
         .unwrap();
@@ -2508,6 +2510,28 @@ async fn quotas_bound_keys_and_webhooks_even_when_created_at_once(s: &Store) {
     assert_eq!(hooks.iter().filter(|r| r.is_ok()).count(), 3, "{hooks:?}");
     assert_eq!(s.list_webhooks("org_q").await.unwrap().len(), 3);
     s.create_webhook(&hook("wr", "org_r", &["run.failed"]), Some(3))
+        .await
+        .unwrap();
+}
+
+/// A tenant registering twenty agents at once gets exactly its quota and a
+/// typed refusal for the rest; replacing one of them at the cap is no new
+/// agent; another organization is not counted against it.
+async fn agents_are_bounded_per_organization_even_when_registered_at_once(s: &Store) {
+    let tries = futures_util::future::join_all((0..20).map(|i| async move {
+        s.put_agent("org_q", &format!("bot{i}"), "[agent]", "{}", Some(4))
+            .await
+    }))
+    .await;
+    assert_eq!(tries.iter().filter(|r| r.is_ok()).count(), 4, "{tries:?}");
+    refused_for_quota(&tries, "agents", 4);
+    let kept = tries.iter().find_map(|r| r.as_ref().ok()).unwrap();
+    let replaced = s
+        .put_agent("org_q", &kept.name, "[agent] # again", "{}", Some(4))
+        .await
+        .unwrap();
+    assert_eq!(replaced.manifest, "[agent] # again");
+    s.put_agent("org_r", "bot0", "[agent]", "{}", Some(4))
         .await
         .unwrap();
 }

@@ -1,14 +1,16 @@
 //! A run's end: judged from what ended it, then stored with its true
 //! reason, the run's journal first (kept on disk, and stored later, while
-//! the store does not take it); and [`fail_run`], the one way a run is
-//! failed outside its own end.
+//! the store does not take it); and the ways a run is ended outside its
+//! own end, each telling whoever sends the webhook deliveries its end
+//! queued: [`fail_run`] (one run), [`cancel_run`] (one run, asked by a
+//! tenant), [`fail_runs_of_gone_replicas`] (the leader's sweep).
 
 use std::path::Path;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use airlock_platform_api::wire::RunEvent;
-use airlock_store::{RunEnd, RunStatus, Store, StoreError};
+use airlock_store::{CancelOutcome, RunEnd, RunStatus, Store, StoreError, Sweep};
 use tokio::sync::Notify;
 
 use super::error::RunError;
@@ -86,7 +88,51 @@ pub async fn fail_run(
     Ok(failed)
 }
 
+/// Cancels `org`'s run `run_id`, saying why (`reason`: who asked): a
+/// queued run ends `cancelled` now, its end and deliveries stored in one
+/// transaction ([`Store::request_cancel`]), and `ends` is told; a running
+/// one is marked for its platform to stop, whose end records `reason`.
+pub async fn cancel_run(
+    store: &Store,
+    ends: &Notify,
+    org: &str,
+    run_id: &str,
+    reason: &str,
+) -> Result<CancelOutcome, StoreError> {
+    let outcome = store.request_cancel(org, run_id, reason).await?;
+    if matches!(outcome, CancelOutcome::CancelledQueued) {
+        ends.notify_one();
+    }
+    Ok(outcome)
+}
+
+/// The leader's sweep ([`Store::sweep_dead_replicas`], one transaction):
+/// replicas silent for more than `lease_ms` are dropped and the runs they
+/// held failed, with their deliveries; `ends` is told when any was.
+pub async fn fail_runs_of_gone_replicas(
+    store: &Store,
+    ends: &Notify,
+    lease_ms: i64,
+    sweeper: &str,
+) -> Result<Sweep, StoreError> {
+    let swept = store.sweep_dead_replicas(lease_ms, sweeper).await?;
+    if !swept.failed.is_empty() {
+        ends.notify_one();
+    }
+    Ok(swept)
+}
+
 impl Orchestrator {
+    /// [`cancel_run`] on this platform's store.
+    pub async fn cancel_run(
+        &self,
+        org: &str,
+        run_id: &str,
+        reason: &str,
+    ) -> Result<CancelOutcome, StoreError> {
+        cancel_run(&self.store, &self.ends, org, run_id, reason).await
+    }
+
     /// [`fail_run`] on this platform's store.
     pub async fn fail_run(&self, run_id: &str, reason: &str) -> Result<bool, StoreError> {
         fail_run(&self.store, &self.ends, run_id, reason).await

@@ -8,8 +8,9 @@
 //!   teardown removes them on every path;
 //! - [`watch`]: until the sandbox or the sidecar exits, the timeout, a
 //!   cancel, or the watchdog;
-//! - [`end`]: the end judged and stored with its true reason, and
-//!   [`fail_run`], the one way a run is failed outside its own end;
+//! - [`end`]: the end judged and stored with its true reason, and the
+//!   ways a run is ended outside its own end ([`fail_run`], [`cancel_run`],
+//!   [`fail_runs_of_gone_replicas`]);
 //! - [`reclaim`]: what a platform that is gone left behind.
 //!
 //! [`lifecycle`] drives a run through them.
@@ -29,7 +30,7 @@ mod watch;
 
 /// In the sockets' directory: the sidecar's API and proxy sockets.
 pub use airlock_sandbox::{PROXY_SOCKET, SIDECAR_SOCKET};
-pub use end::{END_FILE, PendingEnd, fail_run};
+pub use end::{END_FILE, PendingEnd, cancel_run, fail_run, fail_runs_of_gone_replicas};
 pub use error::{NotReady, Refusal, RunError};
 pub use output::{KEPT_RUNNER_LINES, RUNNER_STREAM, runner_stream};
 pub use parts::{EPHEMERAL_KID, Orchestrator, SIDECAR_STOP_GRACE, SharedOrchestrator};

@@ -8,25 +8,33 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::auth::Tenant;
 use crate::bundle::{MAX_BUNDLE_BYTES, MAX_FILES, check_path};
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
-/// The agents route's body limit (JSON escaping included).
-pub const MAX_BODY: usize = 8 << 20;
+/// The agents route's body limit: the one route above the API's 1 MiB
+/// elsewhere, because its body carries a whole agent directory. Its files
+/// may hold [`MAX_BUNDLE_BYTES`] (4 MiB), and JSON
+/// escaping can nearly double a file that is mostly quotes, backslashes or
+/// newlines: twice the bundle, so any bundle within its own cap arrives
+/// and is judged by that cap (a typed 413 naming the files' size) rather
+/// than cut at the transport.
+pub const MAX_BODY: usize = 2 * MAX_BUNDLE_BYTES;
 
 /// Registers an agent (manifest and files) under its agent.name; 200 when it replaces one.
 #[utoipa::path(
     post,
     path = "/v1/agents",
-    operation_id = "post_v1_agents",
+    operation_id = "register_agent",
     tag = "agents",
     security(("apiKey" = [])),
     request_body = v1::RegisterAgent,
     responses(
         (status = 201, description = "registered", body = v1::Agent),
         (status = 200, description = "registered in place of the agent of that name", body = v1::Agent),
+        (status = 403, description = "quota_exceeded: the organization has ORG_MAX_AGENTS agents and this name is a new one; nothing was written", body = v1::Error),
         BodyFailures,
         WriteFailures,
         KeyedFailures,
@@ -61,7 +69,13 @@ pub async fn register(
     let existed = app.store().get_agent(&t.org_id, &name).await?.is_some();
     let row = app
         .store()
-        .put_agent(&t.org_id, &name, &b.manifest, &files)
+        .put_agent(
+            &t.org_id,
+            &name,
+            &b.manifest,
+            &files,
+            app.cfg().quotas.agents,
+        )
         .await?;
     let status = if existed {
         StatusCode::OK
@@ -75,7 +89,7 @@ pub async fn register(
 #[utoipa::path(
     get,
     path = "/v1/agents",
-    operation_id = "get_v1_agents",
+    operation_id = "list_agents",
     tag = "agents",
     security(("apiKey" = [])),
     responses(
@@ -94,7 +108,7 @@ pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<axum::Jso
 #[utoipa::path(
     get,
     path = "/v1/agents/{name}",
-    operation_id = "get_v1_agents__name_",
+    operation_id = "get_agent",
     tag = "agents",
     security(("apiKey" = [])),
     params(("name" = String, Path, description = "the agent's name")),
@@ -122,7 +136,7 @@ pub async fn get(
 #[utoipa::path(
     delete,
     path = "/v1/agents/{name}",
-    operation_id = "delete_v1_agents__name_",
+    operation_id = "delete_agent",
     tag = "agents",
     security(("apiKey" = [])),
     params(("name" = String, Path, description = "the agent's name")),

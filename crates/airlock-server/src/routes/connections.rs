@@ -11,9 +11,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use zeroize::Zeroizing;
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 fn fields(f: BTreeMap<String, String>) -> Fields {
     f.into_iter().map(|(k, v)| (k, Zeroizing::new(v))).collect()
@@ -39,7 +40,7 @@ async fn info(app: &AppState, org: &str, name: &str) -> ApiResult<ConnectionInfo
 #[utoipa::path(
     post,
     path = "/v1/connections",
-    operation_id = "post_v1_connections",
+    operation_id = "create_connection",
     tag = "connections",
     security(("apiKey" = [])),
     request_body = v1::NewConnection,
@@ -84,7 +85,7 @@ pub async fn create(
 #[utoipa::path(
     get,
     path = "/v1/connections",
-    operation_id = "get_v1_connections",
+    operation_id = "list_connections",
     tag = "connections",
     security(("apiKey" = [])),
     responses(
@@ -106,7 +107,7 @@ pub async fn list(
 #[utoipa::path(
     get,
     path = "/v1/connections/{name}",
-    operation_id = "get_v1_connections__name_",
+    operation_id = "get_connection",
     tag = "connections",
     security(("apiKey" = [])),
     params(("name" = String, Path, description = "the connection's name")),
@@ -131,7 +132,7 @@ pub async fn get(
 #[utoipa::path(
     put,
     path = "/v1/connections/{name}",
-    operation_id = "put_v1_connections__name_",
+    operation_id = "put_connection",
     tag = "connections",
     security(("apiKey" = [])),
     params(("name" = String, Path, description = "the connection's name")),
@@ -171,7 +172,7 @@ pub async fn rotate(
 #[utoipa::path(
     delete,
     path = "/v1/connections/{name}",
-    operation_id = "delete_v1_connections__name_",
+    operation_id = "delete_connection",
     tag = "connections",
     security(("apiKey" = [])),
     params(("name" = String, Path, description = "the connection's name")),

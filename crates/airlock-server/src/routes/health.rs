@@ -11,8 +11,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// How long `/readyz` waits for the store.
 const STORE_CHECK: Duration = Duration::from_secs(2);
@@ -23,7 +23,7 @@ const STORE_CHECK: Duration = Duration::from_secs(2);
 #[utoipa::path(
     get,
     path = "/healthz",
-    operation_id = "get_healthz",
+    operation_id = "healthz",
     tag = "health",
     responses((status = 200, description = "the process answers", body = v1::Health)),
 )]
@@ -35,7 +35,7 @@ pub async fn healthz() -> axum::Json<v1::Health> {
 #[utoipa::path(
     get,
     path = "/readyz",
-    operation_id = "get_readyz",
+    operation_id = "readyz",
     tag = "health",
     responses(
         (status = 200, description = "ready: the store answers and this replica takes work", body = v1::Ready),

@@ -5,17 +5,18 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult};
 use crate::error::{BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 /// The caller's organization.
 #[utoipa::path(
     get,
     path = "/v1/org",
-    operation_id = "get_v1_org",
-    tag = "organization",
+    operation_id = "get_org",
+    tag = "org",
     security(("apiKey" = [])),
     responses(
         (status = 200, description = "the caller's organization", body = v1::Organization),
@@ -39,8 +40,8 @@ pub async fn get_org(
 #[utoipa::path(
     get,
     path = "/v1/api-keys",
-    operation_id = "get_v1_api_keys",
-    tag = "organization",
+    operation_id = "list_api_keys",
+    tag = "api_keys",
     security(("apiKey" = [])),
     responses(
         (status = 200, description = "every key, revoked ones too", body = v1::ApiKeyList),
@@ -58,8 +59,8 @@ pub async fn list(State(app): State<AppState>, t: Tenant) -> ApiResult<axum::Jso
 #[utoipa::path(
     post,
     path = "/v1/api-keys",
-    operation_id = "post_v1_api_keys",
-    tag = "organization",
+    operation_id = "create_api_key",
+    tag = "api_keys",
     security(("apiKey" = [])),
     request_body = v1::NewApiKey,
     responses(
@@ -90,8 +91,8 @@ pub async fn create(
 #[utoipa::path(
     delete,
     path = "/v1/api-keys/{id}",
-    operation_id = "delete_v1_api_keys__id_",
-    tag = "organization",
+    operation_id = "revoke_api_key",
+    tag = "api_keys",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the key's id")),
     responses(

@@ -1,4 +1,4 @@
-//! The `/v1` API's handlers. Each takes the caller's [`crate::Tenant`] and
+//! The `/v1` API's handlers. Each takes the caller's [`crate::auth::Tenant`] and
 //! reaches only rows of the tenant's organization: an id from another
 //! organization is a 404, exactly as an id that does not exist. Each reads
 //! and answers the types of [`airlock_api::v1`], and declares in its

@@ -13,9 +13,10 @@ use axum::response::sse::{self, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path, Query};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 /// Largest prompt accepted.
 pub const MAX_PROMPT: usize = 256 * 1024;
@@ -31,7 +32,7 @@ const KEY_RECHECK: Duration = Duration::from_millis(250);
 #[utoipa::path(
     post,
     path = "/v1/runs",
-    operation_id = "post_v1_runs",
+    operation_id = "create_run",
     tag = "runs",
     security(("apiKey" = [])),
     request_body = v1::NewRun,
@@ -135,7 +136,7 @@ pub async fn create(
 #[utoipa::path(
     get,
     path = "/v1/runs",
-    operation_id = "get_v1_runs",
+    operation_id = "list_runs",
     tag = "runs",
     security(("apiKey" = [])),
     params(v1::RunsQuery),
@@ -193,7 +194,7 @@ async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}",
-    operation_id = "get_v1_runs__id_",
+    operation_id = "get_run",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -222,7 +223,7 @@ pub async fn get(
 #[utoipa::path(
     post,
     path = "/v1/runs/{id}/cancel",
-    operation_id = "post_v1_runs__id__cancel",
+    operation_id = "cancel_run",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -242,15 +243,15 @@ pub async fn cancel(
 ) -> ApiResult<Response> {
     // Its end says who asked: the API key, by id (never "the operator").
     let reason = format!("cancelled through the API with key {}", t.key_id);
-    match app.store().request_cancel(&t.org_id, &id, &reason).await? {
+    match app.orch().cancel_run(&t.org_id, &id, &reason).await? {
         CancelOutcome::NotFound => return Err(ApiError::not_found("run")),
         CancelOutcome::AlreadyEnded(s) => {
             return Err(ApiError::conflict(format!(
                 "the run has already ended ({s})"
             )));
         }
-        // Its webhooks were queued with its end.
-        CancelOutcome::CancelledQueued => app.kick_deliveries(),
+        // Ended: its webhooks were queued with its end, and their sender told.
+        CancelOutcome::CancelledQueued => {}
         // Its replica stops it: at once when it is this one, else within
         // its cancel poll.
         CancelOutcome::Requested => {
@@ -265,7 +266,7 @@ pub async fn cancel(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/cost",
-    operation_id = "get_v1_runs__id__cost",
+    operation_id = "get_run_cost",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -289,7 +290,7 @@ pub async fn cost(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/egress",
-    operation_id = "get_v1_runs__id__egress",
+    operation_id = "list_run_egress",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id"), v1::LimitQuery),
@@ -318,7 +319,7 @@ pub async fn egress(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/result",
-    operation_id = "get_v1_runs__id__result",
+    operation_id = "get_run_result",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
@@ -349,7 +350,7 @@ pub async fn result(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/results/{result_id}",
-    operation_id = "get_v1_runs__id__results__result_id_",
+    operation_id = "get_result",
     tag = "runs",
     security(("apiKey" = [])),
     params(
@@ -456,7 +457,7 @@ pub enum FeedFailures {
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/events",
-    operation_id = "get_v1_runs__id__events",
+    operation_id = "stream_run_events",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id"), v1::EventsQuery),
@@ -484,7 +485,7 @@ pub async fn events(
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/logs",
-    operation_id = "get_v1_runs__id__logs",
+    operation_id = "get_run_logs",
     tag = "runs",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id"), v1::EventsQuery),
@@ -532,10 +533,6 @@ async fn feed(
         })
         .into_response());
     }
-    // A live stream: every stored event after `after`, as it is stored;
-    // once the run has ended and nothing is left, an `end` event with the
-    // run's final state, then the stream closes. Each event's SSE id is its
-    // store id, so a client that reconnects with `Last-Event-ID` resumes.
     let Some(slot) = app.open_stream(&t.org_id) else {
         let mut e = ApiError::too_many(5);
         e.message = format!(
@@ -544,82 +541,114 @@ async fn feed(
         );
         return Err(e);
     };
-    struct S {
-        app: AppState,
-        id: String,
-        key_id: String,
-        after: i64,
-        done: bool,
-        key_checked: std::time::Instant,
-        revocations: u64,
-        _slot: crate::StreamSlot,
-    }
-    let st = S {
+    let live = LiveFeed {
         revocations: app.revocations(),
         app,
         id,
         key_id: t.key_id,
         after,
+        view,
         done: false,
         key_checked: std::time::Instant::now(),
         _slot: slot,
     };
-    // The stream's last event when it is cut short: the API's error type.
-    let error_event = |code: &str, message: &str| {
-        sse::Event::default()
-            .event("error")
-            .data(json_text(&v1::Error::new(code, message)))
-    };
-    let stream = futures_util::stream::unfold(st, move |mut st| async move {
-        if st.done {
+    let stream = futures_util::stream::unfold(live, |mut live| async move {
+        live.next().await.map(|events| (events, live))
+    })
+    .flat_map(|v| futures_util::stream::iter(v.into_iter().map(Ok::<_, Infallible>)));
+    Ok(Sse::new(stream)
+        .keep_alive(sse::KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// A live stream: every stored event after `after`, as it is stored; once
+/// the run has ended and nothing is left, an `end` event with the run's
+/// final state, then the stream closes. Each event's SSE id is its store
+/// id, so a client that reconnects with `Last-Event-ID` resumes.
+struct LiveFeed {
+    app: AppState,
+    id: String,
+    key_id: String,
+    after: i64,
+    view: View,
+    done: bool,
+    key_checked: std::time::Instant,
+    revocations: u64,
+    _slot: crate::state::StreamSlot,
+}
+
+/// What a stream's key check found.
+enum KeyCheck {
+    Live,
+    Revoked,
+    /// Not checked: the store is not answering.
+    Unknown,
+}
+
+/// Where a stream with nothing new stands.
+enum Tail {
+    /// The run has ended and every event was sent: the `end` event.
+    End(sse::Event),
+    /// The run has ended, with events stored since the last read.
+    EventsLeft,
+    /// The run goes on (or the store did not say).
+    Going,
+}
+
+/// The stream's last event when it is cut short: the API's error type.
+fn error_event(code: &str, message: &str) -> sse::Event {
+    sse::Event::default()
+        .event("error")
+        .data(json_text(&v1::Error::new(code, message)))
+}
+
+impl LiveFeed {
+    /// The next events to send; `None` once the stream has ended.
+    async fn next(&mut self) -> Option<Vec<sse::Event>> {
+        if self.done {
             return None;
         }
         loop {
-            // The key that opened the stream is checked again at least every
-            // KEY_RECHECK: revoked (or its organization gone), the stream
-            // ends with a typed error event and sends nothing more.
-            let revocations = st.app.revocations();
-            if st.key_checked.elapsed() >= KEY_RECHECK || revocations != st.revocations {
-                match st.app.store().get_api_key(&st.key_id).await {
-                    Ok(Some(k)) if k.revoked_at.is_none() => {
-                        st.key_checked = std::time::Instant::now();
-                        st.revocations = revocations;
-                    }
-                    Ok(_) => {
-                        st.done = true;
-                        let e = error_event(
-                            "unauthorized",
-                            "the API key this stream was opened with was revoked; the stream is closed",
-                        );
-                        return Some((vec![e], st));
-                    }
-                    // Not checked, nothing sent: the store is not answering
-                    // (its events could not be read either).
-                    Err(e) => {
-                        st.app.store_watch().failed("checking a stream's API key", &e);
-                        tokio::time::sleep(STREAM_POLL).await;
-                        continue;
-                    }
+            match self.check_key().await {
+                KeyCheck::Live => {}
+                KeyCheck::Revoked => {
+                    self.done = true;
+                    let e = error_event(
+                        "unauthorized",
+                        "the API key this stream was opened with was revoked; the stream is closed",
+                    );
+                    return Some(vec![e]);
+                }
+                // Nothing sent: its events could not be read either.
+                KeyCheck::Unknown => {
+                    tokio::time::sleep(STREAM_POLL).await;
+                    continue;
                 }
             }
-            if st.app.is_closing() {
-                st.done = true;
+            if self.app.is_closing() {
+                self.done = true;
                 let e = error_event(
                     "unavailable",
                     "this replica is shutting down; reconnect with Last-Event-ID to resume",
                 );
-                return Some((vec![e], st));
+                return Some(vec![e]);
             }
-            let evs = match st.app.store().list_events(&st.id, st.after, 200).await {
+            let evs = match self
+                .app
+                .store()
+                .list_events(&self.id, self.after, 200)
+                .await
+            {
                 Ok(e) => e,
                 Err(e) => {
-                    st.app.store_watch().failed("an event stream", &e);
+                    self.app.store_watch().failed("an event stream", &e);
                     tokio::time::sleep(STREAM_POLL).await;
                     continue;
                 }
             };
             if let Some(last) = evs.last() {
-                st.after = last.id;
+                self.after = last.id;
+                let view = self.view;
                 let out: Vec<sse::Event> = evs
                     .iter()
                     .filter(|e| view.shows(&e.kind))
@@ -631,30 +660,59 @@ async fn feed(
                     })
                     .collect();
                 if !out.is_empty() {
-                    return Some((out, st));
+                    return Some(out);
                 }
                 continue;
             }
-            // Nothing new: has the run ended? (Read after the events: an
-            // event stored before the end is never missed.)
-            if let Ok(Some(run)) = st.app.store().get_run(&st.id).await
-                && run.status.is_terminal()
-            {
-                let tail = st.app.store().list_events(&st.id, st.after, 1).await;
-                if tail.is_ok_and(|t| t.is_empty()) {
-                    st.done = true;
-                    let end = sse::Event::default()
-                        .event("end")
-                        .data(json_text(&v1::Run::of(&run, None)));
-                    return Some((vec![end], st));
-                }
-                continue;
+            match self.end().await {
+                Tail::End(end) => return Some(vec![end]),
+                Tail::EventsLeft => continue,
+                Tail::Going => tokio::time::sleep(STREAM_POLL).await,
             }
-            tokio::time::sleep(STREAM_POLL).await;
         }
-    })
-    .flat_map(|v| futures_util::stream::iter(v.into_iter().map(Ok::<_, Infallible>)));
-    Ok(Sse::new(stream)
-        .keep_alive(sse::KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response())
+    }
+
+    /// The key that opened the stream, checked again at least every
+    /// KEY_RECHECK and whenever a key was revoked through this replica:
+    /// revoked (or its organization gone), the stream ends with a typed
+    /// error event and sends nothing more.
+    async fn check_key(&mut self) -> KeyCheck {
+        let revocations = self.app.revocations();
+        if self.key_checked.elapsed() < KEY_RECHECK && revocations == self.revocations {
+            return KeyCheck::Live;
+        }
+        match self.app.store().get_api_key(&self.key_id).await {
+            Ok(Some(k)) if k.revoked_at.is_none() => {
+                self.key_checked = std::time::Instant::now();
+                self.revocations = revocations;
+                KeyCheck::Live
+            }
+            Ok(_) => KeyCheck::Revoked,
+            Err(e) => {
+                self.app
+                    .store_watch()
+                    .failed("checking a stream's API key", &e);
+                KeyCheck::Unknown
+            }
+        }
+    }
+
+    /// Nothing new: has the run ended? (Read after the events: an event
+    /// stored before the end is never missed.)
+    async fn end(&mut self) -> Tail {
+        let run = match self.app.store().get_run(&self.id).await {
+            Ok(Some(run)) if run.status.is_terminal() => run,
+            _ => return Tail::Going,
+        };
+        let tail = self.app.store().list_events(&self.id, self.after, 1).await;
+        if !tail.is_ok_and(|t| t.is_empty()) {
+            return Tail::EventsLeft;
+        }
+        self.done = true;
+        Tail::End(
+            sse::Event::default()
+                .event("end")
+                .data(json_text(&v1::Run::of(&run, None))),
+        )
+    }
 }

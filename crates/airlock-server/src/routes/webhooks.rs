@@ -7,15 +7,16 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path, Query};
-use crate::{AppState, Tenant};
+use crate::state::AppState;
 
 /// Subscribes a URL to run events; the signing secret is in this answer only.
 #[utoipa::path(
     post,
     path = "/v1/webhooks",
-    operation_id = "post_v1_webhooks",
+    operation_id = "create_webhook",
     tag = "webhooks",
     security(("apiKey" = [])),
     request_body = v1::NewWebhook,
@@ -100,7 +101,7 @@ pub async fn create(
 #[utoipa::path(
     get,
     path = "/v1/webhooks",
-    operation_id = "get_v1_webhooks",
+    operation_id = "list_webhooks",
     tag = "webhooks",
     security(("apiKey" = [])),
     responses(
@@ -129,7 +130,7 @@ async fn hook(app: &AppState, org: &str, id: &str) -> ApiResult<WebhookRow> {
 #[utoipa::path(
     get,
     path = "/v1/webhooks/{id}",
-    operation_id = "get_v1_webhooks__id_",
+    operation_id = "get_webhook",
     tag = "webhooks",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the webhook's id")),
@@ -154,7 +155,7 @@ pub async fn get(
 #[utoipa::path(
     delete,
     path = "/v1/webhooks/{id}",
-    operation_id = "delete_v1_webhooks__id_",
+    operation_id = "delete_webhook",
     tag = "webhooks",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the webhook's id")),
@@ -182,7 +183,7 @@ pub async fn delete(
 #[utoipa::path(
     get,
     path = "/v1/webhooks/{id}/deliveries",
-    operation_id = "get_v1_webhooks__id__deliveries",
+    operation_id = "list_webhook_deliveries",
     tag = "webhooks",
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the webhook's id"), v1::PageQuery),

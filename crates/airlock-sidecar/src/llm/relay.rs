@@ -167,7 +167,7 @@ async fn admit(
         bytes_out: prepared.body.len() as u64,
     };
     // The key travels in a header only: nothing in the URL to redact.
-    match sidecar.egress.begin(&allowed, &Redactor::none()).await {
+    match sidecar.egress.begin(&allowed, &Redactor::none()) {
         Ok(flight) => Ok(Admitted {
             prepared,
             admission,

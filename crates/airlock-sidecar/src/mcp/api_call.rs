@@ -77,7 +77,6 @@ async fn decide_and_record(
     let flight = sidecar
         .egress
         .begin_as(&allowed, redactor, Some(EgressOutcome::NotSent))
-        .await
         .map_err(Stop::Unrecorded)?;
     Ok((admission, flight))
 }

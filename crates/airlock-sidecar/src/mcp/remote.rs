@@ -167,7 +167,6 @@ impl GuardedMcpHttp {
         let mut flight = sidecar
             .egress
             .begin_as(&allowed, &redactor, Some(EgressOutcome::NotSent))
-            .await
             .map_err(|e| RemoteError::Unrecorded(e.to_string()))?;
         flight.will_send();
         let req = OutboundRequest {

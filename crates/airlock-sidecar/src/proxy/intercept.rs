@@ -229,7 +229,6 @@ async fn handle(
     let mut flight = match sidecar
         .egress
         .begin_as(&allowed, redactor, Some(EgressOutcome::NotSent))
-        .await
     {
         Ok(f) => f,
         Err(e) => {

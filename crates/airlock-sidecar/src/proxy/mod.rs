@@ -411,7 +411,6 @@ async fn admit_uncredentialed(
     let flight = sidecar
         .egress
         .begin(&allowed, &Redactor::none())
-        .await
         .map_err(Denied::Unrecorded)?;
     match upstream::dial(sidecar, &admitted, settings).await {
         Ok(u) => Ok((admitted, flight, u)),

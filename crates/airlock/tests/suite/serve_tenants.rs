@@ -1,5 +1,5 @@
 //! What one tenant can do to the others, from its side: a tenant that keeps
-//! creating keys, webhooks and runs is held to its quotas (and only it is),
+//! creating keys, webhooks, agents and runs is held to its quotas (and only it is),
 //! its hanging webhook receivers delay only its own deliveries; old runs go
 //! by themselves, and a retention typo stops the server before it starts.
 
@@ -21,6 +21,51 @@ fn start(home: &std::path::Path, extra: &[(&str, &str)]) -> (Server, Vec<(String
 fn quota_refusal(st: u16, v: &Value) {
     assert_eq!(st, 403, "{v}");
     assert_eq!(v["error"]["code"], "quota_exceeded", "{v}");
+}
+
+/// A hostile tenant registering agent after agent (at once) stops at
+/// `ORG_MAX_AGENTS`; replacing one of its agents still works at the cap,
+/// and another organization registers its own.
+#[test]
+fn a_tenant_registering_agents_without_end_stops_at_its_quota() {
+    let home = tempfile::tempdir().unwrap();
+    let (s, env) = start(home.path(), &[("ORG_MAX_AGENTS", "3")]);
+    let (_, a) = create_org(&env, "A", &[]);
+    let (_, b) = create_org(&env, "B", &[]);
+    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let tries: Vec<_> = (0..12)
+            .map(|n| {
+                let (s, a) = (&s, &a);
+                scope.spawn(move || {
+                    let body = agent_body(&format!("bot{n}"), "print('hi')", 10);
+                    s.call("POST", "/v1/agents", Some(a), Some(&body))
+                })
+            })
+            .collect();
+        tries.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let made = answers.iter().filter(|(st, _)| *st == 201).count();
+    for (st, v) in answers.iter().filter(|(st, _)| *st != 201) {
+        quota_refusal(*st, v);
+    }
+    assert_eq!(made, 3);
+    let (_, list) = s.call("GET", "/v1/agents", Some(&a), None);
+    assert_eq!(list["agents"].as_array().map(Vec::len), Some(3), "{list}");
+    let kept = list["agents"][0]["name"].as_str().unwrap().to_owned();
+    let (st, v) = s.call(
+        "POST",
+        "/v1/agents",
+        Some(&a),
+        Some(&agent_body(&kept, "print('again')", 10)),
+    );
+    assert_eq!(st, 200, "replacing an agent at the cap: {v}");
+    let (st, v) = s.call(
+        "POST",
+        "/v1/agents",
+        Some(&b),
+        Some(&agent_body("bot0", "print('hi')", 10)),
+    );
+    assert_eq!(st, 201, "{v}");
 }
 
 #[test]

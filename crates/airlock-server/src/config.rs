@@ -1,0 +1,210 @@
+//! What `airlock serve` is configured with beside the platform's settings,
+//! read from the environment: each setting checked against its bounds, a
+//! bad one named with what it should be.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use airlock_platform_api::listener_guard;
+
+use crate::{failpoint, ratelimit};
+
+/// What `airlock serve` is configured with (beside the platform's settings).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    /// A replica silent this long is dead: the leader fails its runs, and a
+    /// leader silent this long loses the lease (`AIRLOCK_REPLICA_LEASE_SECONDS`, 15).
+    pub replica_lease: Duration,
+    pub rate: ratelimit::RateLimit,
+    /// Failed authentications per client address (`API_AUTH_FAILURE_BURST`,
+    /// 20, then one every two seconds).
+    pub auth_failures: ratelimit::RateLimit,
+    /// Open event streams per organization on this replica
+    /// (`API_MAX_STREAMS`, 64): each polls the store.
+    pub max_streams: usize,
+    /// At most this many runs at once on this replica
+    /// (`AIRLOCK_REPLICA_MAX_RUNS`; unset: only the store-wide limits).
+    pub replica_max_runs: Option<usize>,
+    /// `WEBHOOK_MAX_ATTEMPTS` (8).
+    pub webhook_max_attempts: u32,
+    /// `WEBHOOK_RETRY_BASE_MS` (1000): the n-th retry waits base × 2^(n-1), at most an hour.
+    pub webhook_retry_base: Duration,
+    /// `WEBHOOK_TIMEOUT_SECONDS` (10): one delivery attempt, connect to last byte.
+    pub webhook_timeout: Duration,
+    /// `WEBHOOK_SLOTS_PER_ORG` (4): of a replica's 16 delivery slots, how
+    /// many one organization may hold at once.
+    pub webhook_slots_per_org: usize,
+    /// `SHUTDOWN_GRACE_SECONDS` (30): on SIGTERM, how long running runs
+    /// may go on to their end before they are cancelled ("this replica
+    /// shut down").
+    pub shutdown_grace: Duration,
+    /// What the store keeps and for how long (`RETENTION_*`), swept by the
+    /// leader every `retention_sweep`.
+    pub retention: airlock_store::Retention,
+    /// `RETENTION_SWEEP_SECONDS` (3600).
+    pub retention_sweep: Duration,
+    /// What one organization may hold (`ORG_MAX_*`).
+    pub quotas: airlock_store::OrgQuotas,
+    /// The API listener's timeouts and connection caps
+    /// (`API_MAX_CONNECTIONS` 1024, `API_MAX_CONNECTIONS_PER_ADDRESS` 256,
+    /// `API_HEADER_READ_TIMEOUT_SECONDS` 10, `API_IDLE_TIMEOUT_SECONDS` 60):
+    /// [`listener_guard`].
+    pub listener: listener_guard::Settings,
+    /// `AIRLOCK_TEST_FAIL_POINT`: test-only ([`failpoint`]).
+    pub fail_point: Option<failpoint::FailPoint>,
+}
+
+/// The default `--listen` address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8420";
+
+#[derive(Debug, thiserror::Error)]
+#[error("{var}: {message}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub message: String,
+}
+
+/// The variable `var`; set to blanks is unset.
+fn get(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `var` as a number from `min` to `max` (`default` when unset).
+fn num(var: &'static str, default: f64, min: f64, max: f64) -> Result<f64, ConfigError> {
+    let Some(v) = get(var) else {
+        return Ok(default);
+    };
+    match v.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && (min..=max).contains(&n) => Ok(n),
+        _ => Err(ConfigError {
+            var,
+            message: format!("{v:?} is not a number from {min} to {max}"),
+        }),
+    }
+}
+
+/// The whole part of a count [`num`] read: finite and within bounds of at
+/// most 3,600,000, so it fits a u32.
+fn whole(n: f64) -> u32 {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let w = n.trunc().clamp(0.0, f64::from(u32::MAX)) as u32;
+    w
+}
+
+/// [`whole`] as a `usize`.
+fn size(n: f64) -> usize {
+    usize::try_from(whole(n)).unwrap_or(usize::MAX)
+}
+
+fn setting(e: airlock_store::SettingError) -> ConfigError {
+    ConfigError {
+        var: e.var,
+        message: format!("{:?} is not {}", e.value, e.expected),
+    }
+}
+
+impl ServeConfig {
+    /// From the environment; `listen` from the command line or `AIRLOCK_LISTEN`.
+    pub fn from_env(listen: Option<&str>) -> Result<Self, ConfigError> {
+        let listen_s = listen
+            .map(str::to_owned)
+            .or_else(|| get("AIRLOCK_LISTEN"))
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen = listen_s.parse().map_err(|_| ConfigError {
+            var: "AIRLOCK_LISTEN",
+            message: format!("{listen_s:?} is not an address and port, e.g. 127.0.0.1:8420"),
+        })?;
+        let replica_max_runs = match get("AIRLOCK_REPLICA_MAX_RUNS") {
+            Some(_) => Some(size(num("AIRLOCK_REPLICA_MAX_RUNS", 0.0, 1.0, 1e5)?)),
+            None => None,
+        };
+        let lease = num("AIRLOCK_REPLICA_LEASE_SECONDS", 15.0, 1.0, 3600.0)?;
+        let max_streams = num("API_MAX_STREAMS", 64.0, 1.0, 100_000.0)?;
+        let auth_failure_burst = num("API_AUTH_FAILURE_BURST", 20.0, 1.0, 1e6)?;
+        let per_second = num("API_RATE_PER_SECOND", 100.0, 0.01, 1e6)?;
+        let burst = num("API_RATE_BURST", 200.0, 1.0, 1e6)?;
+        let grace = num("SHUTDOWN_GRACE_SECONDS", 30.0, 0.0, 86_400.0)?;
+        let every = airlock_store::DEFAULT_SWEEP_INTERVAL.as_secs_f64();
+        let retention_sweep = num("RETENTION_SWEEP_SECONDS", every, 1.0, 86_400.0)?;
+        let webhooks = Webhooks::from_env()?;
+        Ok(ServeConfig {
+            listen,
+            replica_lease: Duration::from_secs_f64(lease),
+            replica_max_runs,
+            max_streams: size(max_streams),
+            auth_failures: ratelimit::RateLimit {
+                burst: auth_failure_burst,
+                ..ratelimit::AUTH_FAILURES
+            },
+            rate: ratelimit::RateLimit { per_second, burst },
+            webhook_max_attempts: webhooks.max_attempts,
+            webhook_retry_base: webhooks.retry_base,
+            webhook_slots_per_org: webhooks.slots_per_org,
+            webhook_timeout: webhooks.timeout,
+            shutdown_grace: Duration::from_secs_f64(grace),
+            retention: airlock_store::Retention::from_lookup(get).map_err(setting)?,
+            retention_sweep: Duration::from_secs_f64(retention_sweep),
+            quotas: airlock_store::OrgQuotas::from_lookup(get).map_err(setting)?,
+            listener: listener()?,
+            fail_point: fail_point()?,
+        })
+    }
+}
+
+/// The webhook deliverer's settings (`WEBHOOK_*`).
+struct Webhooks {
+    max_attempts: u32,
+    retry_base: Duration,
+    slots_per_org: usize,
+    timeout: Duration,
+}
+
+impl Webhooks {
+    fn from_env() -> Result<Webhooks, ConfigError> {
+        let attempts = num("WEBHOOK_MAX_ATTEMPTS", 8.0, 1.0, 100.0)?;
+        let base_ms = num("WEBHOOK_RETRY_BASE_MS", 1000.0, 1.0, 3_600_000.0)?;
+        let slots = num("WEBHOOK_SLOTS_PER_ORG", 4.0, 1.0, 16.0)?;
+        let timeout = num("WEBHOOK_TIMEOUT_SECONDS", 10.0, 0.1, 300.0)?;
+        Ok(Webhooks {
+            max_attempts: whole(attempts),
+            retry_base: Duration::from_millis(u64::from(whole(base_ms))),
+            slots_per_org: usize::try_from(whole(slots)).unwrap_or(16),
+            timeout: Duration::from_secs_f64(timeout),
+        })
+    }
+}
+
+/// The API listener's caps and timeouts (`API_MAX_CONNECTIONS` …).
+fn listener() -> Result<listener_guard::Settings, ConfigError> {
+    let d = listener_guard::Settings::API;
+    let (conns, per_peer) = (d.max_connections as f64, d.max_connections_per_peer as f64);
+    let (header, idle) = (
+        d.header_read_timeout.as_secs_f64(),
+        d.idle_timeout.as_secs_f64(),
+    );
+    let max_connections = num("API_MAX_CONNECTIONS", conns, 1.0, 1e6)?;
+    let per_address = num("API_MAX_CONNECTIONS_PER_ADDRESS", per_peer, 1.0, 1e6)?;
+    let header_read = num("API_HEADER_READ_TIMEOUT_SECONDS", header, 0.1, 3600.0)?;
+    let idle_timeout = num("API_IDLE_TIMEOUT_SECONDS", idle, 0.1, 86_400.0)?;
+    Ok(listener_guard::Settings {
+        max_connections: size(max_connections),
+        max_connections_per_peer: size(per_address),
+        header_read_timeout: Duration::from_secs_f64(header_read),
+        idle_timeout: Duration::from_secs_f64(idle_timeout),
+    })
+}
+
+/// `AIRLOCK_TEST_FAIL_POINT` (test-only).
+fn fail_point() -> Result<Option<failpoint::FailPoint>, ConfigError> {
+    get(failpoint::ENV_FAIL_POINT)
+        .map(|v| {
+            failpoint::FailPoint::parse(v.trim()).ok_or_else(|| ConfigError {
+                var: failpoint::ENV_FAIL_POINT,
+                message: format!(
+                    "{v:?} is not after-run-end or after-delivery-claim (a test-only setting)"
+                ),
+            })
+        })
+        .transpose()
+}
