@@ -19,9 +19,6 @@ if [ $# -ge 1 ]; then
 else
   "${AIRLOCK:-airlock}" openapi > "$work/served.json"
 fi
-# TEMPORARY (issue 47 item 9): the final operation ids and tags, until the
-# server's document has them; then delete this line and rename-operations.py.
-python3 "$sdks/rename-operations.py" "$work/served.json" "$work/served.json"
 # The document the committed code was generated from, kept beside it.
 python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); open(sys.argv[2], "w").write(json.dumps(d, indent=2, sort_keys=True) + "\n")' \
   "$work/served.json" "$sdks/openapi.json"
