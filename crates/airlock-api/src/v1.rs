@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use airlock_store::{AuthType, RunStatus};
+use airlock_store::{AuthType, EgressDecision, EgressSource, RefusalCode, RunStatus};
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{Array, Object, ObjectBuilder, Schema, Type};
@@ -53,6 +53,20 @@ fn auth_type() -> Object {
     one_of(
         &AuthType::ALL.map(AuthType::as_str),
         "how the credential is presented upstream",
+    )
+}
+
+fn egress_decision() -> Object {
+    one_of(
+        &EgressDecision::ALL.map(EgressDecision::as_str),
+        "the guard's decision",
+    )
+}
+
+fn egress_source() -> Object {
+    one_of(
+        &EgressSource::ALL.map(EgressSource::as_str),
+        "where the request came from",
     )
 }
 
@@ -461,7 +475,8 @@ pub struct EgressRecord {
     pub bytes_in: i64,
     pub bytes_out: i64,
     /// `allowed` or `refused`.
-    pub decision: String,
+    #[schema(schema_with = egress_decision)]
+    pub decision: EgressDecision,
     pub duration_ms: Option<i64>,
     pub host: String,
     pub integration: Option<String>,
@@ -469,11 +484,13 @@ pub struct EgressRecord {
     /// What became of an allowed request (`null` for a refusal).
     pub outcome: Option<String>,
     /// The guard's refusal code.
-    pub reason: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub reason: Option<RefusalCode>,
     /// Its number within the run.
     pub seq: Option<i64>,
     /// `api_call`, `proxy`, `llm`, …
-    pub source: String,
+    #[schema(schema_with = egress_source)]
+    pub source: EgressSource,
     /// The upstream's HTTP status.
     pub status: Option<i64>,
     /// Free of credentials.
@@ -486,15 +503,15 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
             at: e.at,
             bytes_in: e.bytes_in,
             bytes_out: e.bytes_out,
-            decision: e.decision.as_str().to_owned(),
+            decision: e.decision,
             duration_ms: e.duration_ms,
             host: e.host.clone(),
             integration: e.integration.clone(),
             method: e.method.clone(),
             outcome: e.outcome.map(|o| o.as_str().to_owned()),
-            reason: e.reason.clone(),
+            reason: e.reason,
             seq: e.seq,
-            source: e.source.clone(),
+            source: e.source,
             status: e.status,
             url: e.url.clone(),
         }
@@ -797,7 +814,7 @@ mod tests {
                 at: 1,
                 bytes_in: 2,
                 bytes_out: 3,
-                decision: "allowed".into(),
+                decision: EgressDecision::Allowed,
                 duration_ms: Some(4),
                 host: "example.com".into(),
                 integration: None,
@@ -805,7 +822,7 @@ mod tests {
                 outcome: Some("complete".into()),
                 reason: None,
                 seq: Some(0),
-                source: "api_call".into(),
+                source: EgressSource::ApiCall,
                 status: Some(200),
                 url: "https://example.com/".into(),
             }],

@@ -2,7 +2,7 @@
 //! run --json` and `airlock runs show RUN --json` print (and the text
 //! reports render).
 
-use airlock_platform_api::wire::RunEvent;
+use airlock_platform_api::wire::{EgressDecision, EgressSource, RefusalCode, RunEvent};
 use airlock_sandbox::Isolation;
 use airlock_store::{EgressEntry, Store, StoreError};
 use serde::Serialize;
@@ -50,7 +50,7 @@ pub struct EgressReport {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RefusalCount {
-    pub code: String,
+    pub code: RefusalCode,
     pub host: String,
     pub count: u64,
 }
@@ -65,15 +65,14 @@ pub struct EgressCount {
 #[derive(Debug, Clone, Serialize)]
 pub struct EgressLine {
     pub at: i64,
-    pub source: String,
+    pub source: EgressSource,
     pub integration: Option<String>,
     pub method: String,
     pub url: String,
     pub host: String,
-    /// The guard's decision: `allowed` or `refused`.
-    pub decision: &'static str,
+    pub decision: EgressDecision,
     /// The refusal code, when refused.
-    pub code: Option<String>,
+    pub code: Option<RefusalCode>,
     /// What the upstream did: `completed`, `upstream_failed`, `incomplete`,
     /// `aborted`, `withheld`, `not_sent` (none for a refusal).
     pub outcome: Option<&'static str>,
@@ -104,13 +103,13 @@ impl From<&EgressEntry> for EgressLine {
     fn from(e: &EgressEntry) -> Self {
         EgressLine {
             at: e.at,
-            source: e.source.clone(),
+            source: e.source,
             integration: e.integration.clone(),
             method: e.method.clone(),
             url: e.url.clone(),
             host: e.host.clone(),
-            decision: e.decision.as_str(),
-            code: e.reason.clone(),
+            decision: e.decision,
+            code: e.reason,
             outcome: e.outcome.map(|o| o.as_str()),
             metering: e.metering.map(|m| m.as_str()),
             status: e.status,
@@ -129,8 +128,8 @@ pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>
     let egress = store.list_egress(run_id, MAX_ENTRIES).await?;
     let mut by: std::collections::BTreeMap<(String, String), usize> = Default::default();
     for e in &egress {
-        let code = e.reason.clone().unwrap_or_else(|| "-".into());
-        *by.entry((e.decision.as_str().to_owned(), code))
+        let code = e.reason.map_or("-", RefusalCode::as_str);
+        *by.entry((e.decision.as_str().to_owned(), code.to_owned()))
             .or_default() += 1;
     }
     let mut refusals_counted = Vec::new();
@@ -142,8 +141,11 @@ pub async fn run_report(store: &Store, run_id: &str) -> Result<Option<RunReport>
             code, host, count, ..
         }) = serde_json::from_str::<RunEvent>(&e.payload)
         {
-            *by.entry(("refused".to_owned(), code.clone())).or_default() +=
-                usize::try_from(count).unwrap_or(usize::MAX);
+            let key = (
+                EgressDecision::Refused.as_str().to_owned(),
+                code.as_str().to_owned(),
+            );
+            *by.entry(key).or_default() += usize::try_from(count).unwrap_or(usize::MAX);
             refusals_counted.push(RefusalCount { code, host, count });
         }
     }

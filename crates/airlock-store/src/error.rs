@@ -105,6 +105,12 @@ pub enum StoreError {
     Damaged { path: String, detail: String },
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// A column of `egress_log` holding what is none of its enum's spellings.
+    #[error("corrupt row: egress_log.{column} holds {value:?}, which this version never writes")]
+    Unspelled {
+        column: &'static str,
+        value: Option<String>,
+    },
     /// Any other database error.
     #[error("database {database} failed")]
     Database {

@@ -235,29 +235,10 @@ pub struct Event {
     pub payload: String,
 }
 
-/// Whether an outbound request was let through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EgressDecision {
-    Allowed,
-    Refused,
-}
-
-impl EgressDecision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EgressDecision::Allowed => "allowed",
-            EgressDecision::Refused => "refused",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "allowed" => Some(EgressDecision::Allowed),
-            "refused" => Some(EgressDecision::Refused),
-            _ => None,
-        }
-    }
-}
+/// The egress record's enums, the wire's types: one definition for the
+/// sidecar that writes a record, the platform that reads it and the store
+/// that keeps it (each column holds its `as_str`, read back by `FromStr`).
+pub use airlock_platform_api::wire::{EgressDecision, EgressSource, RefusalCode};
 
 /// What became of an allowed request: the wire's type, one definition for
 /// the sidecar that reports it and the store that keeps it.
@@ -277,8 +258,7 @@ pub use airlock_platform_api::wire::Metering as EgressMetering;
 pub struct NewEgress<'a> {
     pub run_id: &'a str,
     pub at: i64,
-    /// `api_call`, `proxy`, `llm`, …
-    pub source: &'a str,
+    pub source: EgressSource,
     pub integration: Option<&'a str>,
     pub method: &'a str,
     pub url: &'a str,
@@ -286,7 +266,7 @@ pub struct NewEgress<'a> {
     /// The guard's decision.
     pub decision: EgressDecision,
     /// The guard's refusal code, when refused.
-    pub reason: Option<&'a str>,
+    pub reason: Option<RefusalCode>,
     /// Upstream HTTP status, when there was one.
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
@@ -308,7 +288,7 @@ pub struct EgressEntry {
     pub id: i64,
     pub run_id: String,
     pub at: i64,
-    pub source: String,
+    pub source: EgressSource,
     pub integration: Option<String>,
     pub method: String,
     pub url: String,
@@ -316,7 +296,7 @@ pub struct EgressEntry {
     /// The guard's decision.
     pub decision: EgressDecision,
     /// The guard's refusal code.
-    pub reason: Option<String>,
+    pub reason: Option<RefusalCode>,
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
     pub bytes_out: i64,

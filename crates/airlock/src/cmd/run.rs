@@ -197,20 +197,20 @@ pub fn print_report(r: &RunReport, duration: std::time::Duration) {
     }
     eprintln!("  egress      {} decision(s)", r.egress.entries.len());
     for e in &r.egress.entries {
-        let mark = if e.decision == EgressDecision::Allowed.as_str() {
+        let mark = if e.decision == EgressDecision::Allowed {
             "✓ allowed"
         } else {
             "✗ refused"
         };
         let detail = match (&e.code, e.status, e.outcome) {
-            (Some(code), _, _) if e.decision != EgressDecision::Allowed.as_str() => code.clone(),
+            (Some(code), _, _) if e.decision != EgressDecision::Allowed => code.to_string(),
             (_, Some(s), Some("completed") | None) => format!("HTTP {s}"),
             (_, _, Some(o)) => o.to_owned(),
             _ => String::new(),
         };
         eprintln!(
             "    {mark}  {:<8} {:<6} {:<40} {}",
-            safe(&e.source),
+            safe(e.source.as_str()),
             safe(&e.method),
             truncate(&safe(&e.url), 40),
             safe(&detail)
@@ -242,7 +242,7 @@ pub fn print_report(r: &RunReport, duration: std::time::Duration) {
         eprintln!(
             "    {} more × refused ({}) to {}: counted, not recorded one by one",
             c.count,
-            safe(&c.code),
+            safe(c.code.as_str()),
             safe(&c.host)
         );
     }

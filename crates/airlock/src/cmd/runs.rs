@@ -234,14 +234,14 @@ async fn run_async(cmd: RunsCommand) -> Result<()> {
             for e in store.list_egress(&id, 100_000).await? {
                 // The refusal code, else the upstream status.
                 let outcome = match (&e.reason, e.status) {
-                    (Some(code), _) => code.clone(),
+                    (Some(code), _) => code.to_string(),
                     (None, Some(status)) => status.to_string(),
                     (None, None) => "-".into(),
                 };
                 println!(
                     "  {} {:<8} {:<9} {:<7} {} {} out={}B in={}B {}",
                     e.at,
-                    safe(&e.source),
+                    safe(e.source.as_str()),
                     e.decision.as_str(),
                     safe(&e.method),
                     safe(&e.url),
