@@ -485,6 +485,68 @@ impl Default for Limits {
     }
 }
 
+/// The sidecar's first line on stdout, written once every listener is
+/// bound (`{"ready":true,"run_id":…,"listen":{…}}`): the platform starts
+/// the sandbox only after reading it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarReady {
+    /// Always `true`: a line with anything else is not readiness.
+    pub ready: bool,
+    pub run_id: String,
+    pub listen: ReadyListen,
+}
+
+/// Where the sidecar listens, as bound (a TCP port 0 is resolved here).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ReadyListen {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<SocketAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_unix: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_tcp: Option<SocketAddr>,
+    /// Each local runner's two sockets (its MCP stream, its proxy), under
+    /// `runner_<namespace>`.
+    #[serde(flatten)]
+    pub runners: BTreeMap<String, [PathBuf; 2]>,
+}
+
+/// Why a line is not the sidecar's readiness.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReadyLine {
+    #[error("not a readiness line: {0}")]
+    Parse(#[source] serde_json::Error),
+    #[error("the readiness line says it is not ready")]
+    NotReady,
+}
+
+impl SidecarReady {
+    pub fn new(run_id: &str, listen: ReadyListen) -> SidecarReady {
+        SidecarReady {
+            ready: true,
+            run_id: run_id.to_owned(),
+            listen,
+        }
+    }
+
+    /// The line the sidecar prints (no newline).
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The sidecar's line, parsed: ready, or why not.
+    pub fn from_line(line: &str) -> Result<SidecarReady, NotReadyLine> {
+        let r: SidecarReady = serde_json::from_str(line.trim()).map_err(NotReadyLine::Parse)?;
+        match r.ready {
+            true => Ok(r),
+            false => Err(NotReadyLine::NotReady),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("sidecar configuration is larger than {MAX_CONFIG_BYTES} bytes")]
@@ -687,6 +749,35 @@ mod tests {
             SidecarConfig::from_json(&vec![b' '; MAX_CONFIG_BYTES + 1]),
             Err(ConfigError::TooLarge)
         ));
+    }
+
+    #[test]
+    fn the_readiness_line_reads_back_whole() {
+        let mut listen = ReadyListen {
+            tcp: Some("127.0.0.1:41000".parse().unwrap()),
+            proxy_unix: Some("/run/proxy.sock".into()),
+            ..Default::default()
+        };
+        listen.runners.insert(
+            "runner_local".into(),
+            ["/run/r0/mcp.sock".into(), "/run/r0/proxy.sock".into()],
+        );
+        let line = SidecarReady::new("run_1", listen).to_line();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ready"], true);
+        assert_eq!(v["listen"]["tcp"], "127.0.0.1:41000");
+        assert_eq!(v["listen"]["runner_local"][1], "/run/r0/proxy.sock");
+        assert!(v["listen"].get("unix").is_none());
+        let back = SidecarReady::from_line(&line).unwrap();
+        assert_eq!(back.to_line(), line);
+        for bad in [
+            "",
+            "ready",
+            r#"{"ready":false,"run_id":"r","listen":{}}"#,
+            r#"{"ready":true,"listen":{}}"#,
+        ] {
+            assert!(SidecarReady::from_line(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -7,12 +7,14 @@
 #![deny(unsafe_code)]
 
 pub mod client;
+pub mod clock;
 pub mod connection_types;
 mod get;
 pub mod launch;
 pub mod listener_guard;
 #[allow(unsafe_code)] // the one module that needs it: registering a descriptor with tokio
 pub mod read_interest;
+pub mod sidecar_auth;
 pub mod types;
 pub mod wire;
 

@@ -23,6 +23,12 @@ use serde::{Deserialize, Serialize};
 
 pub const PREFIX: &str = "/internal/v1";
 
+/// The integration name of the model's connection: what the model relay
+/// asks `/credentials/{integration}` for, and the key of the run's grant
+/// that holds the model's connection. Never a namespace (those start with
+/// a letter or a digit).
+pub const MODEL_CREDENTIAL: &str = "@model";
+
 /// Largest egress journal of one run (docs/security.md, "What the egress
 /// log records"): the sidecar refuses a request whose record would take
 /// its journal past this, and the platform reads at most this much of it.

@@ -26,7 +26,7 @@ pub const RUNNER_MCP_SOCKET: &str = "mcp.sock";
 pub const RUNNER_PROXY_SOCKET: &str = "proxy.sock";
 
 /// The grant's key of the model's connection.
-pub const MODEL_GRANT: &str = "@model";
+pub use airlock_platform_api::wire::MODEL_CREDENTIAL as MODEL_GRANT;
 
 /// The `PATH` of every sandbox.
 const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin";

@@ -68,7 +68,7 @@ pub const FORBIDDEN_HEADERS: &[&str] = &[
     "proxy-authenticate",
     "proxy-connection",
     "expect",
-    "x-airlock-sidecar-auth",
+    airlock_platform_api::sidecar_auth::SIDECAR_AUTH_HEADER,
 ];
 
 /// A JSON-RPC error for an envelope rmcp must not see.
