@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
-pub use crate::types::{NetworkEgress, Provider};
+pub use crate::types::{HeaderName, HeaderText, Namespace, NetworkEgress, Provider};
 
 /// Largest configuration document the sidecar accepts on stdin.
 pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
@@ -271,14 +271,17 @@ impl Listen {
     }
 }
 
-/// How the credential travels in the outbound request.
+/// How the credential travels in the outbound request (the manifest's
+/// `delivery`, as it is): a header name and a prefix that can only make
+/// a valid header, checked where the manifest is read and again where the
+/// configuration is.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Delivery {
     /// Header name, e.g. `Authorization`.
-    pub header: String,
+    pub header: HeaderName,
     #[serde(default)]
-    pub prefix: String,
+    pub prefix: HeaderText,
     /// The credential field whose value is delivered.
     pub field: String,
 }
@@ -286,7 +289,7 @@ pub struct Delivery {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Integration {
-    pub namespace: String,
+    pub namespace: Namespace,
     #[serde(default)]
     pub authorized_uris: Vec<String>,
     #[serde(default)]
@@ -584,10 +587,8 @@ impl SidecarConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for i in &self.integrations {
-            // The manifest's rule, checked again: every tool name must
-            // name one integration.
-            crate::types::Namespace::parse(&i.namespace)
-                .map_err(|e| ConfigError::Invalid(format!("integration {e}")))?;
+            // Every tool name must name one integration (each namespace is
+            // checked as it is read).
             if !seen.insert(&i.namespace) {
                 return Err(ConfigError::Invalid(format!(
                     "integration {:?} is listed twice",
@@ -619,12 +620,12 @@ mod tests {
             )
             .unwrap(),
             integrations: vec![Integration {
-                namespace: "github".into(),
+                namespace: Namespace::parse("github").unwrap(),
                 authorized_uris: vec!["https://api.github.com/**".into()],
                 allow_all_uris: false,
                 delivery: Some(Delivery {
-                    header: "Authorization".into(),
-                    prefix: "Bearer ".into(),
+                    header: HeaderName::parse("Authorization").unwrap(),
+                    prefix: HeaderText::parse("Bearer ").unwrap(),
                     field: "token".into(),
                 }),
                 has_connection: true,
@@ -679,7 +680,12 @@ mod tests {
         assert_eq!(back.listen.tcp, Some("0.0.0.0:8080".parse().unwrap()));
         assert_eq!(back.listen.proxy_unix, Some("/run/proxy.sock".into()));
         assert_eq!(
-            back.integrations[0].delivery.as_ref().unwrap().prefix,
+            back.integrations[0]
+                .delivery
+                .as_ref()
+                .unwrap()
+                .prefix
+                .as_str(),
             "Bearer "
         );
         assert_eq!(back.model.as_ref().unwrap().provider, Provider::Anthropic);
@@ -749,6 +755,27 @@ mod tests {
             SidecarConfig::from_json(&vec![b' '; MAX_CONFIG_BYTES + 1]),
             Err(ConfigError::TooLarge)
         ));
+    }
+
+    /// A namespace, header name or header text the manifest would refuse
+    /// is refused where the configuration is read, naming the value.
+    #[test]
+    fn a_value_the_manifest_refuses_is_refused_at_the_boundary() {
+        let cfg = serde_json::to_value(sidecar()).unwrap();
+        for (key, bad, named) in [
+            ("namespace", "rm_", "namespace \"rm_\""),
+            ("header", "X-A\r\nInjected", "header name"),
+            ("prefix", "Bearer\r\nEvil: 1", "header value"),
+        ] {
+            let mut v = cfg.clone();
+            match key {
+                "namespace" => v["integrations"][0][key] = bad.into(),
+                _ => v["integrations"][0]["delivery"][key] = bad.into(),
+            }
+            let e = SidecarConfig::from_json(v.to_string().as_bytes()).unwrap_err();
+            assert!(matches!(e, ConfigError::Parse(_)), "{key}: {e}");
+            assert!(e.to_string().contains(named), "{key}: {e}");
+        }
     }
 
     #[test]

@@ -59,8 +59,8 @@ impl Interceptor {
                 (i.inject_proxy && carries) || i.runner.is_some()
             })
             .map(|i| Injectable {
-                namespace: i.namespace.clone(),
-                placeholder: placeholder(&i.namespace),
+                namespace: i.namespace.to_string(),
+                placeholder: placeholder(i.namespace.as_str()),
                 authorized: AuthorizedUris::parse(&i.authorized_uris),
                 for_agent: i.inject_proxy,
                 carries: i.has_connection && i.delivery.is_some(),

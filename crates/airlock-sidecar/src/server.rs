@@ -305,9 +305,9 @@ impl Listeners {
         let mcp_path = unix(&r.mcp, "mcp")?;
         let proxy_path = unix(&r.proxy, "proxy")?;
         self.runner_mcp
-            .insert(i.namespace.clone(), bind_unix(&mcp_path)?);
+            .insert(i.namespace.to_string(), bind_unix(&mcp_path)?);
         self.runner_proxies
-            .push((i.namespace.clone(), bind_unix(&proxy_path)?));
+            .push((i.namespace.to_string(), bind_unix(&proxy_path)?));
         self.ready.runners.insert(
             format!("runner_{}", i.namespace),
             [mcp_path.clone(), proxy_path.clone()],
