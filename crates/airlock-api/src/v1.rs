@@ -555,7 +555,7 @@ pub struct Connection {
     pub name: String,
     #[serde(rename = "type")]
     #[schema(schema_with = auth_type)]
-    pub auth_type: String,
+    pub auth_type: AuthType,
     pub updated_at: i64,
 }
 
@@ -566,7 +566,7 @@ impl From<&airlock_store::ConnectionInfo> for Connection {
             integration: c.integration.clone(),
             kid: c.kid.clone(),
             name: c.name.clone(),
-            auth_type: c.auth_type.as_str().to_owned(),
+            auth_type: c.auth_type,
             updated_at: c.updated_at,
         }
     }
@@ -832,7 +832,7 @@ mod tests {
             integration: "gh".into(),
             kid: "k1".into(),
             name: "gh".into(),
-            auth_type: "bearer".into(),
+            auth_type: AuthType::Bearer,
             updated_at: 1,
         };
         let v = round_trip(&c);

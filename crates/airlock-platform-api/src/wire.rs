@@ -103,8 +103,7 @@ pub type CredentialFields = BTreeMap<String, SecretString>;
 pub struct CredentialResponse {
     pub integration: String,
     pub connection: String,
-    /// `api_key`, `bearer`, `basic`, `oauth2`, `custom`.
-    pub auth_type: String,
+    pub auth_type: crate::connection_types::AuthType,
     /// Written out by the platform, the one side that sends them.
     #[serde(serialize_with = "expose_fields")]
     pub fields: CredentialFields,

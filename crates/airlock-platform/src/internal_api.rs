@@ -517,7 +517,7 @@ async fn credential_for(
     axum::Json(CredentialResponse {
         integration,
         connection: connection.clone(),
-        auth_type: record.info.auth_type.as_str().to_owned(),
+        auth_type: record.info.auth_type,
         fields,
     })
     .into_response()

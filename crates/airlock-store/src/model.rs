@@ -1,52 +1,8 @@
 //! Row types and inputs.
 
-/// How a connection's credential is presented upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AuthType {
-    /// An API key (a header or a query parameter).
-    ApiKey,
-    /// `Authorization: Bearer <token>`.
-    Bearer,
-    /// HTTP basic: `username` and `password`.
-    Basic,
-    /// OAuth 2 tokens.
-    OAuth2,
-    /// Any set of fields, used through `{{field}}` placeholders.
-    Custom,
-}
-
-impl AuthType {
-    /// Every type, in the order the CLI lists them.
-    pub const ALL: [AuthType; 5] = [
-        AuthType::ApiKey,
-        AuthType::Bearer,
-        AuthType::Basic,
-        AuthType::OAuth2,
-        AuthType::Custom,
-    ];
-
-    /// The stored spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuthType::ApiKey => "api_key",
-            AuthType::Bearer => "bearer",
-            AuthType::Basic => "basic",
-            AuthType::OAuth2 => "oauth2",
-            AuthType::Custom => "custom",
-        }
-    }
-
-    /// Parses the stored spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for AuthType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// How a connection's credential is presented upstream: the contract
+/// crate's one type (its `as_str` is the column's text).
+pub use airlock_platform_api::connection_types::AuthType;
 
 /// A connection to store. `envelope` is a `v1:` envelope: the store never sees plaintext.
 #[derive(Debug, Clone, Copy)]
