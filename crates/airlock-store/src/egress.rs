@@ -220,20 +220,20 @@ impl Store {
                         id: r.try_get("id").map_err(|e| self.err(e))?,
                         run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
                         at: r.try_get("at").map_err(|e| self.err(e))?,
-                        source: spelled("source", text("source")?)?,
+                        source: spelled("egress_log.source", text("source")?)?,
                         integration: r.try_get("integration").map_err(|e| self.err(e))?,
                         method: r.try_get("method").map_err(|e| self.err(e))?,
                         url: r.try_get("url").map_err(|e| self.err(e))?,
                         host: r.try_get("host").map_err(|e| self.err(e))?,
-                        decision: spelled("decision", text("decision")?)?,
-                        reason: spelled_opt("reason", text("reason")?)?,
+                        decision: spelled("egress_log.decision", text("decision")?)?,
+                        reason: spelled_opt("egress_log.reason", text("reason")?)?,
                         status: r.try_get("status").map_err(|e| self.err(e))?,
                         duration_ms: r.try_get("duration_ms").map_err(|e| self.err(e))?,
                         bytes_out: r.try_get("bytes_out").map_err(|e| self.err(e))?,
                         bytes_in: r.try_get("bytes_in").map_err(|e| self.err(e))?,
                         seq: r.try_get("seq").map_err(|e| self.err(e))?,
-                        outcome: spelled_opt("outcome", text("outcome")?)?,
-                        metering: spelled_opt("metering", text("metering")?)?,
+                        outcome: spelled_opt("egress_log.outcome", text("outcome")?)?,
+                        metering: spelled_opt("egress_log.metering", text("metering")?)?,
                     })
                 })
                 .collect()
@@ -241,7 +241,8 @@ impl Store {
     }
 }
 
-/// A column of `egress_log` that holds one of an enum's `as_str`s.
+/// A column of `egress_log` (`egress_log.<column>`) that holds one of an
+/// enum's `as_str`s.
 fn spelled<T: std::str::FromStr>(
     column: &'static str,
     text: Option<String>,

@@ -524,9 +524,7 @@ impl Store {
 /// that far; `fetch_one` stops at the row and reports a write that was
 /// rolled back as done.
 fn returned_id(ids: Vec<i64>) -> Result<i64, StoreError> {
-    ids.into_iter()
-        .next()
-        .ok_or_else(|| StoreError::Corrupt("an INSERT … RETURNING returned no row".into()))
+    ids.into_iter().next().ok_or(StoreError::NoRowReturned)
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {
