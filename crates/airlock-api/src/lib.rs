@@ -8,3 +8,4 @@
 #![forbid(unsafe_code)]
 
 pub mod v1;
+pub mod webhook;
