@@ -283,7 +283,7 @@ async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
     };
     let codes: Vec<_> = log
         .iter()
-        .map(|e| (e.integration.clone(), e.reason.clone()))
+        .map(|e| (e.integration.clone(), e.reason))
         .collect();
     assert!(refused("outside", "not_authorized"), "{codes:?}");
     assert!(
