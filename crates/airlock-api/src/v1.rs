@@ -56,20 +56,6 @@ fn auth_type() -> Object {
     )
 }
 
-fn egress_decision() -> Object {
-    one_of(
-        &EgressDecision::ALL.map(EgressDecision::as_str),
-        "the guard's decision",
-    )
-}
-
-fn egress_source() -> Object {
-    one_of(
-        &EgressSource::ALL.map(EgressSource::as_str),
-        "where the request came from",
-    )
-}
-
 fn webhook_events() -> RefOr<Schema> {
     RefOr::T(Schema::Array(Array::new(RefOr::T(Schema::Object(one_of(
         WEBHOOK_EVENTS,
@@ -475,7 +461,7 @@ pub struct EgressRecord {
     pub bytes_in: i64,
     pub bytes_out: i64,
     /// `allowed` or `refused`.
-    #[schema(schema_with = egress_decision)]
+    #[schema(value_type = String)]
     pub decision: EgressDecision,
     pub duration_ms: Option<i64>,
     pub host: String,
@@ -489,7 +475,7 @@ pub struct EgressRecord {
     /// Its number within the run.
     pub seq: Option<i64>,
     /// `api_call`, `proxy`, `llm`, …
-    #[schema(schema_with = egress_source)]
+    #[schema(value_type = String)]
     pub source: EgressSource,
     /// The upstream's HTTP status.
     pub status: Option<i64>,
