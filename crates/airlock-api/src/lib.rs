@@ -9,3 +9,4 @@
 
 pub mod report;
 pub mod v1;
+pub mod webhook;

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use airlock_platform_api::wire::RunEvent;
+use airlock_platform_api::wire::{EgressDecision, RefusalCode, RunEvent};
 use serde::{Deserialize, Serialize};
 
 use crate::v1::{EgressRecord, Run};
@@ -77,7 +77,7 @@ pub struct EgressReport {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefusalCount {
-    pub code: String,
+    pub code: RefusalCode,
     pub host: String,
     pub count: u64,
 }
@@ -110,7 +110,7 @@ fn fold<'a>(events: impl IntoIterator<Item = &'a RunEvent>) -> Folded {
             RunEvent::Refusals {
                 code, host, count, ..
             } => f.refusals_counted.push(RefusalCount {
-                code: code.clone(),
+                code: *code,
                 host: host.clone(),
                 count: *count,
             }),
@@ -132,11 +132,16 @@ impl RunReport {
         let folded = fold(events);
         let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
         for e in egress {
-            let code = e.reason.clone().unwrap_or_else(|| "-".into());
-            *by.entry((e.decision.to_string(), code)).or_default() += 1;
+            let code = e.reason.map_or("-", RefusalCode::as_str);
+            *by.entry((e.decision.to_string(), code.to_owned()))
+                .or_default() += 1;
         }
         for c in &folded.refusals_counted {
-            *by.entry(("refused".to_owned(), c.code.clone()))
+            let key = (
+                EgressDecision::Refused.as_str().to_owned(),
+                c.code.as_str().to_owned(),
+            );
+            *by.entry(key)
                 .or_default() += usize::try_from(c.count).unwrap_or(usize::MAX);
         }
         let entries = egress.to_vec();

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use airlock_store::{AuthType, RunStatus};
+use airlock_store::{AuthType, EgressDecision, EgressSource, RefusalCode, RunStatus};
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{Array, Object, ObjectBuilder, Schema, Type};
@@ -461,7 +461,8 @@ pub struct EgressRecord {
     pub bytes_in: i64,
     pub bytes_out: i64,
     /// `allowed` or `refused`.
-    pub decision: String,
+    #[schema(value_type = String)]
+    pub decision: EgressDecision,
     pub duration_ms: Option<i64>,
     pub host: String,
     pub integration: Option<String>,
@@ -473,11 +474,13 @@ pub struct EgressRecord {
     /// What became of an allowed request (`null` for a refusal).
     pub outcome: Option<String>,
     /// The guard's refusal code.
-    pub reason: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub reason: Option<RefusalCode>,
     /// Its number within the run.
     pub seq: Option<i64>,
     /// `api_call`, `proxy`, `llm`, …
-    pub source: String,
+    #[schema(value_type = String)]
+    pub source: EgressSource,
     /// The upstream's HTTP status.
     pub status: Option<i64>,
     /// Free of credentials.
@@ -490,16 +493,16 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
             at: e.at,
             bytes_in: e.bytes_in,
             bytes_out: e.bytes_out,
-            decision: e.decision.as_str().to_owned(),
+            decision: e.decision,
             duration_ms: e.duration_ms,
             host: e.host.clone(),
             integration: e.integration.clone(),
             metering: e.metering.map(|m| m.as_str().to_owned()),
             method: e.method.clone(),
             outcome: e.outcome.map(|o| o.as_str().to_owned()),
-            reason: e.reason.clone(),
+            reason: e.reason,
             seq: e.seq,
-            source: e.source.clone(),
+            source: e.source,
             status: e.status,
             url: e.url.clone(),
         }
@@ -543,7 +546,7 @@ pub struct Connection {
     pub name: String,
     #[serde(rename = "type")]
     #[schema(schema_with = auth_type)]
-    pub auth_type: String,
+    pub auth_type: AuthType,
     pub updated_at: i64,
 }
 
@@ -554,7 +557,7 @@ impl From<&airlock_store::ConnectionInfo> for Connection {
             integration: c.integration.clone(),
             kid: c.kid.clone(),
             name: c.name.clone(),
-            auth_type: c.auth_type.as_str().to_owned(),
+            auth_type: c.auth_type,
             updated_at: c.updated_at,
         }
     }
@@ -802,7 +805,7 @@ mod tests {
                 at: 1,
                 bytes_in: 2,
                 bytes_out: 3,
-                decision: "allowed".into(),
+                decision: EgressDecision::Allowed,
                 duration_ms: Some(4),
                 host: "example.com".into(),
                 integration: None,
@@ -811,7 +814,7 @@ mod tests {
                 outcome: Some("complete".into()),
                 reason: None,
                 seq: Some(0),
-                source: "api_call".into(),
+                source: EgressSource::ApiCall,
                 status: Some(200),
                 url: "https://example.com/".into(),
             }],
@@ -821,7 +824,7 @@ mod tests {
             integration: "gh".into(),
             kid: "k1".into(),
             name: "gh".into(),
-            auth_type: "bearer".into(),
+            auth_type: AuthType::Bearer,
             updated_at: 1,
         };
         let v = round_trip(&c);

@@ -4,8 +4,13 @@
 
 use std::fmt;
 
-/// Stable, machine-readable refusal codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Stable, machine-readable refusal codes: the `code` of a refused egress
+/// record on the wire, in the journal and in the store (the contract crate
+/// re-exports it as `RefusalCode`), always spelled by [`EgressCode::as_str`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum EgressCode {
     InvalidUrl,
     NotAuthorized,
@@ -67,6 +72,21 @@ impl EgressCode {
             self,
             EgressCode::BlockedHost | EgressCode::BlockedAddress | EgressCode::Unresolvable
         )
+    }
+}
+
+/// A text that is no [`EgressCode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an egress refusal code")]
+pub struct UnknownEgressCode(pub String);
+
+impl std::str::FromStr for EgressCode {
+    type Err = UnknownEgressCode;
+    fn from_str(s: &str) -> Result<EgressCode, UnknownEgressCode> {
+        EgressCode::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownEgressCode(s.to_owned()))
     }
 }
 

@@ -32,7 +32,7 @@ pub use client::{
     Admission, ClientConfig, Dial, GuardedClient, GuardedResponse, OutboundRequest, StreamingBody,
     StreamingResponse, TcpDialer,
 };
-pub use error::{EgressCode, EgressError, GuardStep};
+pub use error::{EgressCode, EgressError, GuardStep, UnknownEgressCode};
 pub use pattern::{AuthorizedUris, Diagnostic, PatternError, UriPattern};
 pub use policy::{Admitted, BLOCKED_NAMES, CallRules, EgressPolicy, Guard};
 pub use resolve::{

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
-pub use crate::types::{NetworkEgress, Provider};
+pub use crate::types::{HeaderName, HeaderText, Namespace, NetworkEgress, Provider};
 
 /// Largest configuration document the sidecar accepts on stdin.
 pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
@@ -271,14 +271,17 @@ impl Listen {
     }
 }
 
-/// How the credential travels in the outbound request.
+/// How the credential travels in the outbound request (the manifest's
+/// `delivery`, as it is): a header name and a prefix that can only make
+/// a valid header, checked where the manifest is read and again where the
+/// configuration is.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Delivery {
     /// Header name, e.g. `Authorization`.
-    pub header: String,
+    pub header: HeaderName,
     #[serde(default)]
-    pub prefix: String,
+    pub prefix: HeaderText,
     /// The credential field whose value is delivered.
     pub field: String,
 }
@@ -286,7 +289,7 @@ pub struct Delivery {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Integration {
-    pub namespace: String,
+    pub namespace: Namespace,
     #[serde(default)]
     pub authorized_uris: Vec<String>,
     #[serde(default)]
@@ -485,6 +488,68 @@ impl Default for Limits {
     }
 }
 
+/// The sidecar's first line on stdout, written once every listener is
+/// bound (`{"ready":true,"run_id":…,"listen":{…}}`): the platform starts
+/// the sandbox only after reading it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarReady {
+    /// Always `true`: a line with anything else is not readiness.
+    pub ready: bool,
+    pub run_id: String,
+    pub listen: ReadyListen,
+}
+
+/// Where the sidecar listens, as bound (a TCP port 0 is resolved here).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ReadyListen {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<SocketAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_unix: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_tcp: Option<SocketAddr>,
+    /// Each local runner's two sockets (its MCP stream, its proxy), under
+    /// `runner_<namespace>`.
+    #[serde(flatten)]
+    pub runners: BTreeMap<String, [PathBuf; 2]>,
+}
+
+/// Why a line is not the sidecar's readiness.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReadyLine {
+    #[error("not a readiness line: {0}")]
+    Parse(#[source] serde_json::Error),
+    #[error("the readiness line says it is not ready")]
+    NotReady,
+}
+
+impl SidecarReady {
+    pub fn new(run_id: &str, listen: ReadyListen) -> SidecarReady {
+        SidecarReady {
+            ready: true,
+            run_id: run_id.to_owned(),
+            listen,
+        }
+    }
+
+    /// The line the sidecar prints (no newline).
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The sidecar's line, parsed: ready, or why not.
+    pub fn from_line(line: &str) -> Result<SidecarReady, NotReadyLine> {
+        let r: SidecarReady = serde_json::from_str(line.trim()).map_err(NotReadyLine::Parse)?;
+        match r.ready {
+            true => Ok(r),
+            false => Err(NotReadyLine::NotReady),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("sidecar configuration is larger than {MAX_CONFIG_BYTES} bytes")]
@@ -522,10 +587,8 @@ impl SidecarConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for i in &self.integrations {
-            // The manifest's rule, checked again: every tool name must
-            // name one integration.
-            crate::types::Namespace::parse(&i.namespace)
-                .map_err(|e| ConfigError::Invalid(format!("integration {e}")))?;
+            // Every tool name must name one integration (each namespace is
+            // checked as it is read).
             if !seen.insert(&i.namespace) {
                 return Err(ConfigError::Invalid(format!(
                     "integration {:?} is listed twice",
@@ -557,12 +620,12 @@ mod tests {
             )
             .unwrap(),
             integrations: vec![Integration {
-                namespace: "github".into(),
+                namespace: Namespace::parse("github").unwrap(),
                 authorized_uris: vec!["https://api.github.com/**".into()],
                 allow_all_uris: false,
                 delivery: Some(Delivery {
-                    header: "Authorization".into(),
-                    prefix: "Bearer ".into(),
+                    header: HeaderName::parse("Authorization").unwrap(),
+                    prefix: HeaderText::parse("Bearer ").unwrap(),
                     field: "token".into(),
                 }),
                 has_connection: true,
@@ -617,7 +680,12 @@ mod tests {
         assert_eq!(back.listen.tcp, Some("0.0.0.0:8080".parse().unwrap()));
         assert_eq!(back.listen.proxy_unix, Some("/run/proxy.sock".into()));
         assert_eq!(
-            back.integrations[0].delivery.as_ref().unwrap().prefix,
+            back.integrations[0]
+                .delivery
+                .as_ref()
+                .unwrap()
+                .prefix
+                .as_str(),
             "Bearer "
         );
         assert_eq!(back.model.as_ref().unwrap().provider, Provider::Anthropic);
@@ -687,6 +755,56 @@ mod tests {
             SidecarConfig::from_json(&vec![b' '; MAX_CONFIG_BYTES + 1]),
             Err(ConfigError::TooLarge)
         ));
+    }
+
+    /// A namespace, header name or header text the manifest would refuse
+    /// is refused where the configuration is read, naming the value.
+    #[test]
+    fn a_value_the_manifest_refuses_is_refused_at_the_boundary() {
+        let cfg = serde_json::to_value(sidecar()).unwrap();
+        for (key, bad, named) in [
+            ("namespace", "rm_", "namespace \"rm_\""),
+            ("header", "X-A\r\nInjected", "header name"),
+            ("prefix", "Bearer\r\nEvil: 1", "header value"),
+        ] {
+            let mut v = cfg.clone();
+            match key {
+                "namespace" => v["integrations"][0][key] = bad.into(),
+                _ => v["integrations"][0]["delivery"][key] = bad.into(),
+            }
+            let e = SidecarConfig::from_json(v.to_string().as_bytes()).unwrap_err();
+            assert!(matches!(e, ConfigError::Parse(_)), "{key}: {e}");
+            assert!(e.to_string().contains(named), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_readiness_line_reads_back_whole() {
+        let mut listen = ReadyListen {
+            tcp: Some("127.0.0.1:41000".parse().unwrap()),
+            proxy_unix: Some("/run/proxy.sock".into()),
+            ..Default::default()
+        };
+        listen.runners.insert(
+            "runner_local".into(),
+            ["/run/r0/mcp.sock".into(), "/run/r0/proxy.sock".into()],
+        );
+        let line = SidecarReady::new("run_1", listen).to_line();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ready"], true);
+        assert_eq!(v["listen"]["tcp"], "127.0.0.1:41000");
+        assert_eq!(v["listen"]["runner_local"][1], "/run/r0/proxy.sock");
+        assert!(v["listen"].get("unix").is_none());
+        let back = SidecarReady::from_line(&line).unwrap();
+        assert_eq!(back.to_line(), line);
+        for bad in [
+            "",
+            "ready",
+            r#"{"ready":false,"run_id":"r","listen":{}}"#,
+            r#"{"ready":true,"listen":{}}"#,
+        ] {
+            assert!(SidecarReady::from_line(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

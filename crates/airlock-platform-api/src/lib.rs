@@ -7,11 +7,13 @@
 #![deny(unsafe_code)]
 
 pub mod client;
+pub mod clock;
 pub mod connection_types;
 mod get;
 pub mod launch;
 pub mod listener_guard;
 pub mod read_interest;
+pub mod sidecar_auth;
 #[allow(unsafe_code)] // the one module that needs it: registering a descriptor with tokio
 mod sys;
 pub mod types;

@@ -7,17 +7,50 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
-/// Why a value was refused.
+/// Why a value was refused: the value, named, and the rule it breaks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what} {value:?} {why}")]
 pub struct InvalidValue {
     pub what: &'static str,
     /// The value, shortened to 80 characters.
     pub value: String,
-    pub why: String,
+    pub why: Why,
 }
 
-fn invalid(what: &'static str, value: &str, why: impl Into<String>) -> InvalidValue {
+/// The rule a refused value breaks: one per check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Why {
+    #[error("must be 1-{0} characters")]
+    Length(usize),
+    #[error("may hold only lowercase letters, digits, '_' and '-'")]
+    NamespaceCharacters,
+    #[error("must start with a letter or a digit")]
+    Start,
+    #[error("must end with a letter or a digit (a trailing '_' or '-' makes tool names ambiguous)")]
+    End,
+    #[error("must not contain \"__\" (it separates the namespace from the tool name)")]
+    DoubleUnderscore,
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be at most {0} characters")]
+    TooLong(usize),
+    #[error("must be one line of printable characters (it holds {0:?})")]
+    NotOneLine(char),
+    #[error("must not hold a control character ({0:?})")]
+    Control(char),
+    #[error(
+        "is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, no spaces, no CR/LF)"
+    )]
+    NotHeaderName,
+    #[error("must be at most {0} bytes")]
+    TooManyBytes(usize),
+    #[error("must not hold a control character ({0:?}): it would split the header")]
+    SplitsHeader(char),
+    #[error("is not one this API gave")]
+    NotGiven,
+}
+
+fn invalid(what: &'static str, value: &str, why: Why) -> InvalidValue {
     let mut v: String = value.chars().take(80).collect();
     if value.chars().count() > 80 {
         v.push('…');
@@ -25,7 +58,7 @@ fn invalid(what: &'static str, value: &str, why: impl Into<String>) -> InvalidVa
     InvalidValue {
         what,
         value: v,
-        why: why.into(),
+        why,
     }
 }
 
@@ -37,7 +70,7 @@ macro_rules! validated_string {
 
         impl $name {
             pub fn parse(s: &str) -> Result<Self, InvalidValue> {
-                let check: fn(&str) -> Result<(), String> = $check;
+                let check: fn(&str) -> Result<(), Why> = $check;
                 check(s).map_err(|why| invalid($what, s, why))?;
                 Ok($name(s.to_owned()))
             }
@@ -83,22 +116,22 @@ validated_string!(
     "namespace",
     |s| {
         if s.is_empty() || s.len() > MAX_NAMESPACE {
-            return Err(format!("must be 1-{MAX_NAMESPACE} characters"));
+            return Err(Why::Length(MAX_NAMESPACE));
         }
         if !s
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
         {
-            return Err("may hold only lowercase letters, digits, '_' and '-'".into());
+            return Err(Why::NamespaceCharacters);
         }
         if !s.as_bytes()[0].is_ascii_alphanumeric() {
-            return Err("must start with a letter or a digit".into());
+            return Err(Why::Start);
         }
         if !s.as_bytes()[s.len() - 1].is_ascii_alphanumeric() {
-            return Err("must end with a letter or a digit (a trailing '_' or '-' makes tool names ambiguous)".into());
+            return Err(Why::End);
         }
         if s.contains("__") {
-            return Err("must not contain \"__\" (it separates the namespace from the tool name)".into());
+            return Err(Why::DoubleUnderscore);
         }
         Ok(())
     }
@@ -110,13 +143,13 @@ validated_string!(
     "agent.name",
     |s| {
         if s.trim().is_empty() {
-            return Err("must not be empty".into());
+            return Err(Why::Empty);
         }
         if s.chars().count() > 128 {
-            return Err("must be at most 128 characters".into());
+            return Err(Why::TooLong(128));
         }
         if let Some(c) = s.chars().find(|c| c.is_control()) {
-            return Err(format!("must be one line of printable characters (it holds {c:?})"));
+            return Err(Why::NotOneLine(c));
         }
         Ok(())
     }
@@ -129,10 +162,10 @@ validated_string!(
     "connection",
     |s| {
         if s.is_empty() || s.chars().count() > 128 {
-            return Err("must be 1-128 characters".into());
+            return Err(Why::Length(128));
         }
         if let Some(c) = s.chars().find(|c| c.is_control()) {
-            return Err(format!("must not hold a control character ({c:?})"));
+            return Err(Why::Control(c));
         }
         Ok(())
     }
@@ -145,7 +178,7 @@ validated_string!(
     |s| {
         let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
         if s.is_empty() || s.len() > 256 || !s.bytes().all(tchar) {
-            return Err("is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, no spaces, no CR/LF)".into());
+            return Err(Why::NotHeaderName);
         }
         Ok(())
     }
@@ -158,10 +191,10 @@ validated_string!(
     "header value",
     |s| {
         if s.len() > 1024 {
-            return Err("must be at most 1024 bytes".into());
+            return Err(Why::TooManyBytes(1024));
         }
         if let Some(c) = s.chars().find(|c| c.is_control() && *c != '\t') {
-            return Err(format!("must not hold a control character ({c:?}): it would split the header"));
+            return Err(Why::SplitsHeader(c));
         }
         Ok(())
     }
@@ -276,7 +309,7 @@ impl std::str::FromStr for PageCursor {
                     && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
                 Some(PageCursor::after(at.parse().ok()?, id)).filter(|_| ok)
             })
-            .ok_or_else(|| invalid("cursor", s, "is not one this API gave"))
+            .ok_or_else(|| invalid("cursor", s, Why::NotGiven))
     }
 }
 

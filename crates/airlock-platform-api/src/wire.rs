@@ -23,6 +23,12 @@ use serde::{Deserialize, Serialize};
 
 pub const PREFIX: &str = "/internal/v1";
 
+/// The integration name of the model's connection: what the model relay
+/// asks `/credentials/{integration}` for, and the key of the run's grant
+/// that holds the model's connection. Never a namespace (those start with
+/// a letter or a digit).
+pub const MODEL_CREDENTIAL: &str = "@model";
+
 /// Largest egress journal of one run (docs/security.md, "What the egress
 /// log records"): the sidecar refuses a request whose record would take
 /// its journal past this, and the platform reads at most this much of it.
@@ -97,8 +103,7 @@ pub type CredentialFields = BTreeMap<String, SecretString>;
 pub struct CredentialResponse {
     pub integration: String,
     pub connection: String,
-    /// `api_key`, `bearer`, `basic`, `oauth2`, `custom`.
-    pub auth_type: String,
+    pub auth_type: crate::connection_types::AuthType,
     /// Written out by the platform, the one side that sends them.
     #[serde(serialize_with = "expose_fields")]
     pub fields: CredentialFields,
@@ -185,7 +190,7 @@ pub enum RunEvent {
     /// (past [`REFUSAL_SAMPLES_PER_KEY`] or [`REFUSALS_RECORDED_MAX`]).
     Refusals {
         at: i64,
-        code: String,
+        code: RefusalCode,
         host: String,
         count: u64,
     },
@@ -274,19 +279,17 @@ impl CostRecord {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct EgressRecord {
     pub at: i64,
-    /// `api_call`, `proxy` or `llm`.
-    pub source: String,
+    pub source: EgressSource,
     #[serde(default)]
     pub integration: Option<String>,
     pub method: String,
     /// Without userinfo, query or fragment, credentials redacted.
     pub url: String,
     pub host: String,
-    /// The guard's decision: `allowed` or `refused`.
-    pub decision: String,
+    pub decision: EgressDecision,
     /// The guard's refusal code (docs/egress.md), only when refused.
     #[serde(default)]
-    pub code: Option<String>,
+    pub code: Option<RefusalCode>,
     /// Upstream HTTP status, when there was one.
     #[serde(default)]
     pub status: Option<u16>,
@@ -360,6 +363,86 @@ impl EgressRecord {
     }
 }
 
+/// Where an outbound request comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressSource {
+    ApiCall,
+    Llm,
+    Proxy,
+    /// A remote MCP server's HTTP exchange (the sidecar as its client).
+    Mcp,
+    /// A local MCP runner's request through its own proxy listener (the
+    /// record's integration is the runner's).
+    Runner,
+}
+
+/// The guard's decision on an outbound request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressDecision {
+    Allowed,
+    /// Refused, with its [`RefusalCode`].
+    Refused,
+}
+
+/// The guard's refusal code (docs/egress.md): the guard's own type, the
+/// one spelling of a refusal on the wire, in the journal and in the store.
+pub use airlock_egress::EgressCode as RefusalCode;
+
+/// A text that is none of an enum's spellings (a stored column, a query).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not an egress {what}")]
+pub struct UnknownSpelling {
+    pub what: &'static str,
+    pub value: String,
+}
+
+/// `as_str`, `ALL` and the `FromStr` that is its inverse, for a wire enum
+/// whose serde spelling is its `as_str` (a test checks both agree).
+macro_rules! spelled {
+    ($ty:ident, $what:literal, { $($v:ident => $s:literal),+ $(,)? }) => {
+        impl $ty {
+            pub const ALL: [$ty; [$($s),+].len()] = [$($ty::$v),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$v => $s),+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = UnknownSpelling;
+            fn from_str(s: &str) -> Result<$ty, UnknownSpelling> {
+                $ty::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| UnknownSpelling { what: $what, value: s.to_owned() })
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+spelled!(EgressSource, "source", {
+    ApiCall => "api_call",
+    Llm => "llm",
+    Proxy => "proxy",
+    Mcp => "mcp",
+    Runner => "runner",
+});
+
+spelled!(EgressDecision, "decision", {
+    Allowed => "allowed",
+    Refused => "refused",
+});
+
 /// What became of a request the guard allowed. Separate from the decision:
 /// a connection refused by the upstream is `allowed` + `upstream_failed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -382,31 +465,14 @@ pub enum EgressOutcome {
     NotSent,
 }
 
-impl EgressOutcome {
-    pub const ALL: [EgressOutcome; 6] = [
-        EgressOutcome::Incomplete,
-        EgressOutcome::Completed,
-        EgressOutcome::UpstreamFailed,
-        EgressOutcome::Aborted,
-        EgressOutcome::Withheld,
-        EgressOutcome::NotSent,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EgressOutcome::Incomplete => "incomplete",
-            EgressOutcome::Completed => "completed",
-            EgressOutcome::UpstreamFailed => "upstream_failed",
-            EgressOutcome::Aborted => "aborted",
-            EgressOutcome::Withheld => "withheld",
-            EgressOutcome::NotSent => "not_sent",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s)
-    }
-}
+spelled!(EgressOutcome, "outcome", {
+    Incomplete => "incomplete",
+    Completed => "completed",
+    UpstreamFailed => "upstream_failed",
+    Aborted => "aborted",
+    Withheld => "withheld",
+    NotSent => "not_sent",
+});
 
 /// Whether a model call's usage was metered from the provider's report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -417,22 +483,10 @@ pub enum Metering {
     Unmetered,
 }
 
-impl Metering {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Metering::Metered => "metered",
-            Metering::Unmetered => "unmetered",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "metered" => Some(Metering::Metered),
-            "unmetered" => Some(Metering::Unmetered),
-            _ => None,
-        }
-    }
-}
+spelled!(Metering, "metering", {
+    Metered => "metered",
+    Unmetered => "unmetered",
+});
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct EventBatch {
@@ -482,13 +536,14 @@ mod tests {
                     let text = texts[(i + usize::from(bits)) % texts.len()];
                     let rec = EgressRecord {
                         at: if on(0) { i64::MIN } else { 1_764_000_000_000 },
-                        source: text.into(),
+                        source: EgressSource::ALL
+                            [(i + usize::from(bits)) % EgressSource::ALL.len()],
                         integration: on(1).then(|| text.to_owned()),
                         method: "GET".into(),
                         url: text.into(),
                         host: text.into(),
-                        decision: "allowed".into(),
-                        code: on(2).then(|| "ssrf_blocked".to_owned()),
+                        decision: EgressDecision::ALL[usize::from(bits) % 2],
+                        code: on(2).then_some(RefusalCode::BlockedAddress),
                         status: on(3).then_some(599),
                         bytes_out: u64::MAX,
                         bytes_in: u64::from(bits),
@@ -509,5 +564,29 @@ mod tests {
             }
         }
         assert_eq!(checked, 7 * 3 * 32);
+    }
+
+    /// Each wire enum is written as its `as_str`, and read back from it.
+    #[test]
+    fn every_spelling_is_its_serde_spelling() {
+        fn check<T>(all: &[T], as_str: fn(T) -> &'static str)
+        where
+            T: Copy + PartialEq + std::fmt::Debug + Serialize + std::str::FromStr,
+            T: for<'de> Deserialize<'de>,
+            <T as std::str::FromStr>::Err: std::fmt::Debug,
+        {
+            for &v in all {
+                let text = serde_json::to_string(&v).unwrap();
+                assert_eq!(text, format!("\"{}\"", as_str(v)));
+                assert_eq!(serde_json::from_str::<T>(&text).unwrap(), v);
+                assert_eq!(as_str(v).parse::<T>().unwrap(), v);
+            }
+            assert!("nope".parse::<T>().is_err());
+        }
+        check(&EgressSource::ALL, EgressSource::as_str);
+        check(&EgressDecision::ALL, EgressDecision::as_str);
+        check(&RefusalCode::ALL, RefusalCode::as_str);
+        check(&EgressOutcome::ALL, EgressOutcome::as_str);
+        check(&Metering::ALL, Metering::as_str);
     }
 }

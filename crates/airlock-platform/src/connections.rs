@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use airlock_platform_api::connection_types::ConnectionType;
 use airlock_store::{AuthType, NewConnection, Store, StoreError};
 use airlock_vault::Keyring;
 use zeroize::Zeroizing;
@@ -26,7 +25,7 @@ pub enum ConnectionError {
 /// Fields each type needs (others may be given too): the one schema the
 /// relay and docs/configuration.md use too.
 pub fn required_fields(t: AuthType) -> &'static [&'static str] {
-    ConnectionType::named(t.as_str()).map_or(&[], |c| c.required)
+    t.schema().required
 }
 
 /// Checks `fields` against `t`'s schema.

@@ -17,8 +17,7 @@ use airlock_platform_api::wire::{
     MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
 use airlock_store::{
-    BatchWrite, ConnectionRecord, EgressDecision, NewEgress, NewEvent, RunQuery, RunStatus, Store,
-    Usage,
+    BatchWrite, ConnectionRecord, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
 };
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 use axum::Router;
@@ -518,7 +517,7 @@ async fn credential_for(
     axum::Json(CredentialResponse {
         integration,
         connection: connection.clone(),
-        auth_type: record.info.auth_type.as_str().to_owned(),
+        auth_type: record.info.auth_type,
         fields,
     })
     .into_response()
@@ -715,17 +714,13 @@ pub(crate) fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<
     NewEgress {
         run_id,
         at: e.at,
-        source: &e.source,
+        source: e.source,
         integration: e.integration.as_deref(),
         method: &e.method,
         url: &e.url,
         host: &e.host,
-        decision: if e.decision == "allowed" {
-            EgressDecision::Allowed
-        } else {
-            EgressDecision::Refused
-        },
-        reason: e.code.as_deref(),
+        decision: e.decision,
+        reason: e.code,
         status: e.status.map(i64::from),
         duration_ms: e.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
         bytes_out: i64::try_from(e.bytes_out).unwrap_or(i64::MAX),

@@ -560,12 +560,12 @@ pub(crate) mod tests {
     fn rec(seq: u64, outcome: EgressOutcome, status: Option<u16>) -> EgressRecord {
         EgressRecord {
             at: 1,
-            source: "proxy".into(),
+            source: airlock_platform_api::wire::EgressSource::Proxy,
             integration: None,
             method: "GET".into(),
             url: "http://h.test/".into(),
             host: "h.test".into(),
-            decision: "allowed".into(),
+            decision: airlock_platform_api::wire::EgressDecision::Allowed,
             code: None,
             status,
             bytes_out: 0,

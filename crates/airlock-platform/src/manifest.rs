@@ -7,9 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use airlock_platform_api::types::{
-    AgentName, ConnectionName, HeaderName, HeaderText, Namespace, NetworkEgress, Provider,
-};
+use airlock_platform_api::types::{AgentName, ConnectionName, Namespace, NetworkEgress, Provider};
 use serde::Deserialize;
 
 /// Smallest memory a run may ask for (MiB): below it nothing starts.
@@ -102,14 +100,9 @@ pub struct NetworkSection {
     pub egress: NetworkEgress,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Delivery {
-    pub header: HeaderName,
-    #[serde(default)]
-    pub prefix: HeaderText,
-    pub field: String,
-}
+/// An integration's `delivery`: the launch contract's type, handed to the
+/// sidecar as it is.
+pub use airlock_platform_api::launch::Delivery;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -25,6 +25,7 @@ use std::process::Stdio;
 
 use std::time::Duration;
 
+use airlock_platform_api::clock::now_ms;
 use airlock_platform_api::wire::RunEvent;
 use tokio::io::BufReader;
 
@@ -139,7 +140,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let exit_code = exit_code(status);
     reporter
         .end(RunEvent::Result {
-            at: report::now_ms(),
+            at: now_ms(),
             exit_code,
             result: read_result(&files.result),
             checkpoint: None,
@@ -201,9 +202,7 @@ impl AgentFiles {
 fn heartbeats(reporter: Reporter, every: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            reporter.send(RunEvent::Heartbeat {
-                at: report::now_ms(),
-            });
+            reporter.send(RunEvent::Heartbeat { at: now_ms() });
             tokio::time::sleep(every).await;
         }
     })
@@ -244,7 +243,7 @@ fn report_output(
                 // stream: stderr is the runtime's own), then report.
                 println!("{line}");
                 reporter.send(RunEvent::Log {
-                    at: report::now_ms(),
+                    at: now_ms(),
                     stream: stream.to_owned(),
                     line,
                 });

@@ -11,10 +11,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use airlock_platform_api::launch::Endpoint;
+use airlock_platform_api::sidecar_auth::SidecarAuth;
 
 use airlock_tunnel::SpliceSocket;
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -118,8 +119,6 @@ impl AsyncWrite for Conn {
     }
 }
 
-const SIDECAR_AUTH_HEADER: &str = "x-airlock-sidecar-auth";
-
 type RelayBody = BoxBody<Bytes, hyper::Error>;
 
 fn bad_gateway(msg: &str) -> Response<RelayBody> {
@@ -152,10 +151,9 @@ async fn forward(
     if req.uri().path().starts_with("/events") {
         return not_found();
     }
-    let Ok(value) = HeaderValue::from_str(token.expose_secret()) else {
+    if SidecarAuth(&token).set(req.headers_mut()).is_err() {
         return bad_gateway("token is not a header value");
-    };
-    req.headers_mut().insert(SIDECAR_AUTH_HEADER, value);
+    }
     let stream = match socket.connect().await {
         Ok(s) => s,
         Err(e) => return bad_gateway(&format!("cannot reach the sidecar: {e}")),

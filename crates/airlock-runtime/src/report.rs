@@ -8,25 +8,20 @@
 
 use std::time::Duration;
 
+use airlock_platform_api::clock::now_ms;
+use airlock_platform_api::sidecar_auth::SidecarAuth;
 use airlock_platform_api::wire::{EventBatch, RunEvent};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::relay::Dial;
 use tokio::sync::{mpsc, oneshot};
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 /// How long the reporter waits for more events before sending a batch.
 const LINGER: Duration = Duration::from_millis(20);
@@ -215,7 +210,13 @@ async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Res
     let req = Request::post("/events")
         .header("host", "sidecar")
         .header("content-type", "application/json")
-        .header("x-airlock-sidecar-auth", token.expose_secret())
+        .header(
+            SidecarAuth::HEADER,
+            SidecarAuth(token)
+                .value()
+                .map_err(http::Error::from)
+                .map_err(PostError::Request)?,
+        )
         .body(Full::new(Bytes::from(body)))
         .map_err(PostError::Request)?;
     let resp = sender.send_request(req).await.map_err(PostError::Http)?;

@@ -8,8 +8,7 @@ use http::{HeaderMap, HeaderName};
 use secrecy::{ExposeSecret, SecretString};
 use subtle::ConstantTimeEq;
 
-pub const SIDECAR_AUTH_HEADER: &str = "x-airlock-sidecar-auth";
-pub const API_KEY_HEADER: &str = "x-api-key";
+pub use airlock_platform_api::sidecar_auth::{API_KEY_HEADER, SIDECAR_AUTH_HEADER};
 
 // The same names as `HeaderName`s: a lookup by `&str` parses the name on
 // every request, one by `HeaderName` only hashes it.

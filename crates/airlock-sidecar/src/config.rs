@@ -9,4 +9,4 @@ pub use airlock_platform_api::launch::{
 };
 
 /// The credential the model relay asks the platform for.
-pub const MODEL_CREDENTIAL: &str = "@model";
+pub use airlock_platform_api::wire::MODEL_CREDENTIAL;

@@ -47,8 +47,8 @@ use std::time::{Duration, Instant};
 
 use airlock_egress::{EgressError, Target};
 use airlock_platform_api::wire::{
-    EgressOutcome, EgressRecord, LOGGED_URL_MAX_BYTES, Metering, REFUSAL_KEYS_MAX,
-    REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX, RunEvent, truncate_logged,
+    EgressDecision, EgressOutcome, EgressRecord, LOGGED_URL_MAX_BYTES, Metering, REFUSAL_KEYS_MAX,
+    REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX, RefusalCode, RunEvent, truncate_logged,
 };
 use tokio::sync::{Notify, watch};
 
@@ -67,30 +67,8 @@ const FINAL_FLUSH: Duration = Duration::from_millis(700);
 /// How long sites asked to stop get to record themselves.
 const STOP_GRACE: Duration = Duration::from_millis(250);
 
-/// Where an outbound request comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    ApiCall,
-    Llm,
-    Proxy,
-    /// A remote MCP server's HTTP exchange (the sidecar as its client).
-    Mcp,
-    /// A local MCP runner's request through its own proxy listener (the
-    /// record's integration is the runner's).
-    Runner,
-}
-
-impl Source {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::ApiCall => "api_call",
-            Source::Llm => "llm",
-            Source::Proxy => "proxy",
-            Source::Mcp => "mcp",
-            Source::Runner => "runner",
-        }
-    }
-}
+/// Where an outbound request comes from (the wire's type).
+pub use airlock_platform_api::wire::EgressSource as Source;
 
 /// A request the guard refused: what the site knows of it.
 pub struct Refused<'a> {
@@ -153,7 +131,7 @@ pub struct Outcome {
     /// A later hop (a redirect) was refused by the guard, or a connection
     /// turned out to loop back into the sidecar: the record's decision
     /// becomes this refusal.
-    pub refused: Option<&'static str>,
+    pub refused: Option<RefusalCode>,
 }
 
 impl Outcome {
@@ -185,12 +163,12 @@ impl Outcome {
         match (e.code, e.guard) {
             (EgressCode::UpstreamFailed, _) => Outcome::new(EgressOutcome::UpstreamFailed),
             (code, GuardStep::Redirects) => Outcome {
-                refused: Some(code.as_str()),
+                refused: Some(code),
                 ..Outcome::new(EgressOutcome::Completed)
             },
             (code, _) => Outcome {
                 kind: None,
-                refused: Some(code.as_str()),
+                refused: Some(code),
                 ..Outcome::new(EgressOutcome::Completed)
             },
         }
@@ -235,10 +213,10 @@ const LOGGED_HOST_MAX_BYTES: usize = 256;
 struct Tally {
     recorded: u64,
     /// Refusals recorded per (code, host).
-    samples: std::collections::HashMap<(String, String), u64>,
+    samples: std::collections::HashMap<(RefusalCode, String), u64>,
     /// Refusals counted, not recorded, per (code, host); at most
     /// [`REFUSAL_KEYS_MAX`] keys, then under the host `*`.
-    counted: BTreeMap<(String, String), u64>,
+    counted: BTreeMap<(RefusalCode, String), u64>,
     /// Whether the operator was told that refusals are being counted.
     told: bool,
 }
@@ -246,8 +224,8 @@ struct Tally {
 impl Tally {
     /// Whether a refusal of `code` to `host` is recorded one by one; if
     /// not, it is counted.
-    fn admit(&mut self, code: &str, host: &str) -> bool {
-        let key = (code.to_owned(), host.to_owned());
+    fn admit(&mut self, code: RefusalCode, host: &str) -> bool {
+        let key = (code, host.to_owned());
         let samples = self.samples.get(&key).copied().unwrap_or(0);
         if self.recorded < REFUSALS_RECORDED_MAX && samples < REFUSAL_SAMPLES_PER_KEY {
             self.recorded += 1;
@@ -259,8 +237,8 @@ impl Tally {
         false
     }
 
-    fn count(&mut self, code: &str, host: &str) {
-        let mut key = (code.to_owned(), host.to_owned());
+    fn count(&mut self, code: RefusalCode, host: &str) {
+        let mut key = (code, host.to_owned());
         if !self.counted.contains_key(&key) && self.counted.len() >= REFUSAL_KEYS_MAX {
             key.1 = "*".into();
         }
@@ -327,13 +305,13 @@ fn refusal_record(
         .unwrap_or_else(|| "-".to_owned());
     EgressRecord {
         at: now_ms(),
-        source: req.source.as_str().into(),
+        source: req.source,
         integration: req.integration.map(str::to_owned),
         method: req.method.to_owned(),
         url,
         host,
-        decision: "refused".into(),
-        code: Some(e.code.as_str().into()),
+        decision: EgressDecision::Refused,
+        code: Some(e.code),
         status: None,
         bytes_out: 0,
         bytes_in: 0,
@@ -345,10 +323,8 @@ fn refusal_record(
 }
 
 fn log_refusal(rec: &EgressRecord) {
-    let code = rec.code.as_deref().unwrap_or("-");
-    let ssrf = airlock_egress::EgressCode::ALL
-        .iter()
-        .any(|c| c.as_str() == code && c.is_ssrf());
+    let code = rec.code.map_or("-", RefusalCode::as_str);
+    let ssrf = rec.code.is_some_and(RefusalCode::is_ssrf);
     let (source, host, method) = (&rec.source, &rec.host, &rec.method);
     let url = truncate_logged(rec.url.clone(), LOG_LINE_URL_MAX_BYTES);
     if ssrf {
@@ -405,7 +381,7 @@ impl Recorder {
     /// Records a refusal by the guard (nothing was sent) and logs it once;
     /// past the run's refusal bounds, counts it ([`Tally`]).
     pub fn refused(&self, req: &Refused<'_>, e: &EgressError, redactor: &Redactor) {
-        let code = e.code.as_str();
+        let code = e.code;
         let host = e.host.as_deref().unwrap_or("-");
         let admitted = match self.inner.tally.lock() {
             Ok(mut t) => t.admit(
@@ -483,7 +459,7 @@ impl Recorder {
         let seq = self.next_seq();
         let rec = EgressRecord {
             at: now_ms(),
-            source: req.source.as_str().into(),
+            source: req.source,
             integration: req.integration.map(str::to_owned),
             method: req.method.to_owned(),
             url: truncate_logged(
@@ -494,7 +470,7 @@ impl Recorder {
                 redactor.str(&req.target.host().bare()),
                 LOGGED_HOST_MAX_BYTES,
             ),
-            decision: "allowed".into(),
+            decision: EgressDecision::Allowed,
             code: None,
             status: None,
             bytes_out: req.bytes_out,
@@ -621,8 +597,8 @@ impl Recorder {
         rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
         rec.metering = outcome.metering;
         if let Some(code) = outcome.refused {
-            rec.decision = "refused".into();
-            rec.code = Some(code.into());
+            rec.decision = EgressDecision::Refused;
+            rec.code = Some(code);
             log_refusal(&rec);
         } else {
             log_completion(&rec);
@@ -750,7 +726,7 @@ mod tests {
         assert_eq!(
             (
                 rec.decision.as_str(),
-                rec.code.as_deref(),
+                rec.code.map(RefusalCode::as_str),
                 rec.outcome,
                 rec.seq
             ),
@@ -780,7 +756,10 @@ mod tests {
         let o = Outcome::of_error(&redirect);
         assert_eq!(
             (o.kind, o.refused),
-            (Some(EgressOutcome::Completed), Some("redirect_blocked"))
+            (
+                Some(EgressOutcome::Completed),
+                Some(EgressCode::RedirectBlocked)
+            )
         );
         let looped = EgressError::new(
             EgressCode::BlockedAddress,
@@ -789,7 +768,10 @@ mod tests {
             "x",
         );
         let o = Outcome::of_error(&looped);
-        assert_eq!((o.kind, o.refused), (None, Some("blocked_address")));
+        assert_eq!(
+            (o.kind, o.refused),
+            (None, Some(EgressCode::BlockedAddress))
+        );
     }
 
     /// The attack on refusals: a flood to one host keeps its first samples
@@ -799,15 +781,15 @@ mod tests {
     fn refusals_past_their_bounds_are_counted_per_code_and_host() {
         let mut t = Tally::default();
         let admitted = (0..1000)
-            .filter(|_| t.admit("host_not_allowed", "a.test"))
+            .filter(|_| t.admit(EgressCode::NotAuthorized, "a.test"))
             .count();
         assert_eq!(admitted as u64, REFUSAL_SAMPLES_PER_KEY);
         assert_eq!(
-            t.counted[&("host_not_allowed".to_owned(), "a.test".to_owned())],
+            t.counted[&(EgressCode::NotAuthorized, "a.test".to_owned())],
             1000 - REFUSAL_SAMPLES_PER_KEY
         );
         let admitted = (0..10_000)
-            .filter(|i| t.admit("host_not_allowed", &format!("h{i}.test")))
+            .filter(|i| t.admit(EgressCode::NotAuthorized, &format!("h{i}.test")))
             .count() as u64;
         assert_eq!(admitted + REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX);
         assert!(t.counted.len() <= REFUSAL_KEYS_MAX + 1);

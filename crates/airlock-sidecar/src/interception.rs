@@ -40,9 +40,21 @@ pub struct Interceptor {
     injectable: Vec<Injectable>,
 }
 
+/// Why the run's interception cannot start (its CA), or cannot present a
+/// certificate for a host.
 #[derive(Debug, thiserror::Error)]
-#[error("the run's proxy CA is unusable: {0}")]
-pub struct InterceptError(String);
+pub enum InterceptError {
+    #[error("the run's proxy CA is unusable: {0}")]
+    CaKey(#[source] rcgen::Error),
+    #[error("the run's proxy CA is unusable: {0}")]
+    CaCert(#[source] rcgen::Error),
+    #[error("the run's proxy CA is unusable: {0}")]
+    LeafKey(#[source] rcgen::Error),
+    #[error("certificate for {host}: {source}")]
+    Leaf { host: String, source: rcgen::Error },
+    #[error("{0}")]
+    Tls(#[source] rustls::Error),
+}
 
 impl Interceptor {
     /// The interceptor of a run whose configuration has a CA and at least
@@ -59,8 +71,8 @@ impl Interceptor {
                 (i.inject_proxy && carries) || i.runner.is_some()
             })
             .map(|i| Injectable {
-                namespace: i.namespace.clone(),
-                placeholder: placeholder(&i.namespace),
+                namespace: i.namespace.to_string(),
+                placeholder: placeholder(i.namespace.as_str()),
                 authorized: AuthorizedUris::parse(&i.authorized_uris),
                 for_agent: i.inject_proxy,
                 carries: i.has_connection && i.delivery.is_some(),
@@ -70,38 +82,43 @@ impl Interceptor {
             return Ok(None);
         }
         injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));
-        let err = |e: rcgen::Error| InterceptError(e.to_string());
-        let key = rcgen::KeyPair::from_pem(ca.key_pem.expose_secret()).map_err(err)?;
-        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, key).map_err(err)?;
+        let key =
+            rcgen::KeyPair::from_pem(ca.key_pem.expose_secret()).map_err(InterceptError::CaKey)?;
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, key).map_err(InterceptError::CaCert)?;
         Ok(Some(Interceptor {
             issuer,
-            leaf_key: rcgen::KeyPair::generate().map_err(err)?,
+            leaf_key: rcgen::KeyPair::generate().map_err(InterceptError::LeafKey)?,
             configs: Mutex::default(),
             injectable,
         }))
     }
 
     /// The TLS configuration presenting a certificate for `host`.
-    pub fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
+    pub fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, InterceptError> {
         if let Some(c) = self.configs.lock().ok().and_then(|c| c.get(host).cloned()) {
             return Ok(c);
         }
-        let mut params = rcgen::CertificateParams::new(vec![host.to_owned()])
-            .map_err(|e| format!("certificate for {host}: {e}"))?;
+        let leaf_error = |source| InterceptError::Leaf {
+            host: host.to_owned(),
+            source,
+        };
+        let mut params =
+            rcgen::CertificateParams::new(vec![host.to_owned()]).map_err(leaf_error)?;
         let now = time::OffsetDateTime::now_utc();
         params.not_before = now - time::Duration::hours(1);
         params.not_after = now + time::Duration::days(2);
         let leaf = params
             .signed_by(&self.leaf_key, &self.issuer)
-            .map_err(|e| format!("certificate for {host}: {e}"))?;
+            .map_err(leaf_error)?;
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key.serialize_der()));
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .map_err(InterceptError::Tls)?
             .with_no_client_auth()
             .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], key)
-            .map_err(|e| e.to_string())?;
+            .map_err(InterceptError::Tls)?;
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         let cfg = Arc::new(cfg);
         if let Ok(mut c) = self.configs.lock() {

@@ -243,17 +243,17 @@ fn reserve(counter: &AtomicU64, len: u64, max: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_platform_api::wire::EgressOutcome;
+    use airlock_platform_api::wire::{EgressDecision, EgressOutcome, EgressSource};
 
     fn record(seq: u64) -> EgressRecord {
         EgressRecord {
             at: 1,
-            source: "proxy".into(),
+            source: EgressSource::Proxy,
             integration: None,
             method: "GET".into(),
             url: "http://h.test/".into(),
             host: "h.test".into(),
-            decision: "allowed".into(),
+            decision: EgressDecision::Allowed,
             code: None,
             status: None,
             bytes_out: 0,

@@ -17,7 +17,8 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
-pub mod clock;
+/// The clock of every record the sidecar writes: the contract crate's.
+pub use airlock_platform_api::clock;
 pub mod config;
 pub mod credential;
 pub mod egress;

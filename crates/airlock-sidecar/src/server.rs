@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use airlock_platform_api::launch::{ReadyListen, SidecarReady};
 use airlock_platform_api::listener_guard::{self, Guard};
 
 use crate::config::{ConfigError, Integration, Listen, SidecarConfig};
@@ -207,10 +208,7 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     let ready = std::mem::take(&mut bound.ready);
     let sockets = std::mem::take(&mut bound.sockets);
     let mut tasks = bound.serve(&sidecar);
-    println!(
-        "{}",
-        json!({"ready": true, "run_id": sidecar.run_id, "listen": ready})
-    );
+    println!("{}", SidecarReady::new(&sidecar.run_id, ready).to_line());
     tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
     shutdown_signal().await;
     stop(&sidecar, &mut tasks, sockets).await;
@@ -251,7 +249,7 @@ struct Listeners {
     /// The unix sockets made here, removed when the sidecar stops.
     sockets: Vec<PathBuf>,
     /// The readiness line's `listen`.
-    ready: serde_json::Map<String, serde_json::Value>,
+    ready: ReadyListen,
     /// The TCP addresses bound.
     own: Vec<SocketAddr>,
 }
@@ -262,16 +260,22 @@ impl Listeners {
     async fn bind(listen: &Listen, integrations: &[Integration]) -> Result<Self, SidecarError> {
         let mut l = Listeners::default();
         if let Some(path) = &listen.unix {
-            l.api_unix = Some(l.unix(path, "unix")?);
+            l.api_unix = Some(l.unix(path)?);
+            l.ready.unix = Some(path.clone());
         }
         if let Some(addr) = listen.tcp {
-            l.api_tcp = Some(bind_tcp(addr, "tcp", &mut l.ready, &mut l.own).await?);
+            let (bound, local) = bind_tcp(addr, &mut l.own).await?;
+            l.api_tcp = Some(bound);
+            l.ready.tcp = Some(local);
         }
         if let Some(path) = &listen.proxy_unix {
-            l.proxy_unix = Some(l.unix(path, "proxy_unix")?);
+            l.proxy_unix = Some(l.unix(path)?);
+            l.ready.proxy_unix = Some(path.clone());
         }
         if let Some(addr) = listen.proxy_tcp {
-            l.proxy_tcp = Some(bind_tcp(addr, "proxy_tcp", &mut l.ready, &mut l.own).await?);
+            let (bound, local) = bind_tcp(addr, &mut l.own).await?;
+            l.proxy_tcp = Some(bound);
+            l.ready.proxy_tcp = Some(local);
         }
         for i in integrations {
             l.runner(i)?;
@@ -279,11 +283,10 @@ impl Listeners {
         Ok(l)
     }
 
-    /// Binds the unix socket `path`, named `name` in the readiness line.
-    fn unix(&mut self, path: &Path, name: &str) -> Result<UnixListener, SidecarError> {
+    /// Binds the unix socket `path` (removed when the sidecar stops).
+    fn unix(&mut self, path: &Path) -> Result<UnixListener, SidecarError> {
         let l = bind_unix(path)?;
         self.sockets.push(path.to_owned());
-        self.ready.insert(name.into(), json!(path));
         Ok(l)
     }
 
@@ -302,12 +305,12 @@ impl Listeners {
         let mcp_path = unix(&r.mcp, "mcp")?;
         let proxy_path = unix(&r.proxy, "proxy")?;
         self.runner_mcp
-            .insert(i.namespace.clone(), bind_unix(&mcp_path)?);
+            .insert(i.namespace.to_string(), bind_unix(&mcp_path)?);
         self.runner_proxies
-            .push((i.namespace.clone(), bind_unix(&proxy_path)?));
-        self.ready.insert(
+            .push((i.namespace.to_string(), bind_unix(&proxy_path)?));
+        self.ready.runners.insert(
             format!("runner_{}", i.namespace),
-            json!([mcp_path, proxy_path]),
+            [mcp_path.clone(), proxy_path.clone()],
         );
         self.sockets.push(mcp_path);
         self.sockets.push(proxy_path);
@@ -365,12 +368,12 @@ impl Listeners {
     }
 }
 
+/// Binds `addr`; the address bound (port 0 resolved) is also the
+/// sidecar's own, which the guard refuses.
 async fn bind_tcp(
     addr: SocketAddr,
-    name: &str,
-    ready: &mut serde_json::Map<String, serde_json::Value>,
     own: &mut Vec<SocketAddr>,
-) -> Result<TcpListener, SidecarError> {
+) -> Result<(TcpListener, SocketAddr), SidecarError> {
     let l = TcpListener::bind(addr)
         .await
         .map_err(|source| SidecarError::Listen {
@@ -382,8 +385,7 @@ async fn bind_tcp(
         source,
     })?;
     own.push(local);
-    ready.insert(name.into(), json!(local.to_string()));
-    Ok(l)
+    Ok((l, local))
 }
 
 /// Serves forward-proxy connections, at most `limits.max_proxy_connections`

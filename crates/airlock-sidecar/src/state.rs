@@ -118,7 +118,7 @@ impl Sidecar {
         let integrations: foldhash::HashMap<String, Integration> = cfg
             .integrations
             .into_iter()
-            .map(|i| (i.namespace.clone(), i))
+            .map(|i| (i.namespace.to_string(), i))
             .collect();
         let interceptor = match &cfg.proxy_ca {
             Some(ca) => Interceptor::new(ca, &integrations)
@@ -130,7 +130,7 @@ impl Sidecar {
             .filter(|i| i.runner.is_some())
             .map(|i| {
                 (
-                    i.namespace.clone(),
+                    i.namespace.to_string(),
                     (AuthorizedUris::parse(&i.authorized_uris), i.allow_all_uris),
                 )
             })

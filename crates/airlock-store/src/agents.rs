@@ -67,7 +67,10 @@ impl Store {
         .await?;
         self.get_agent(org, name)
             .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("agent {name:?} vanished after its write")))
+            .ok_or_else(|| StoreError::Vanished {
+                what: "agent",
+                name: name.to_owned(),
+            })
     }
 
     pub async fn get_agent(&self, org: &str, name: &str) -> Result<Option<AgentRow>, StoreError> {

@@ -42,8 +42,10 @@ macro_rules! connection_info {
             org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
             name: $r.try_get("name").map_err(|e| $s.err(e))?,
             integration: $r.try_get("integration").map_err(|e| $s.err(e))?,
-            auth_type: AuthType::parse(&auth)
-                .ok_or_else(|| StoreError::Corrupt(format!("connection auth_type {auth:?}")))?,
+            auth_type: AuthType::parse(&auth).ok_or(StoreError::Unspelled {
+                column: "connections.auth_type",
+                value: Some(auth),
+            })?,
             kid: $r.try_get("kid").map_err(|e| $s.err(e))?,
             created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
             updated_at: $r.try_get("updated_at").map_err(|e| $s.err(e))?,

@@ -14,7 +14,7 @@
 use sqlx::Row as _;
 
 use crate::{
-    EgressDecision, EgressEntry, EgressMetering, EgressOutcome, NewEgress, Pool, Store, StoreError,
+    EgressEntry, EgressMetering, EgressOutcome, NewEgress, Pool, RefusalCode, Store, StoreError,
     multi_row_insert,
 };
 
@@ -45,13 +45,13 @@ macro_rules! bind_egress {
     ($q:expr, $e:expr) => {
         $q.bind($e.run_id)
             .bind($e.at)
-            .bind($e.source)
+            .bind($e.source.as_str())
             .bind($e.integration)
             .bind($e.method)
             .bind($e.url)
             .bind($e.host)
             .bind($e.decision.as_str())
-            .bind($e.reason)
+            .bind($e.reason.map(RefusalCode::as_str))
             .bind($e.status)
             .bind($e.duration_ms)
             .bind($e.bytes_out)
@@ -213,39 +213,58 @@ impl Store {
             .map_err(|e| self.err(e))?;
             rows.iter()
                 .map(|r| {
-                    let decision: String = r.try_get("decision").map_err(|e| self.err(e))?;
-                    let outcome: Option<String> = r.try_get("outcome").map_err(|e| self.err(e))?;
-                    let metering: Option<String> = r.try_get("metering").map_err(|e| self.err(e))?;
+                    let text = |column: &'static str| -> Result<Option<String>, StoreError> {
+                        r.try_get(column).map_err(|e| self.err(e))
+                    };
                     Ok(EgressEntry {
                         id: r.try_get("id").map_err(|e| self.err(e))?,
                         run_id: r.try_get("run_id").map_err(|e| self.err(e))?,
                         at: r.try_get("at").map_err(|e| self.err(e))?,
-                        source: r.try_get("source").map_err(|e| self.err(e))?,
+                        source: spelled("egress_log.source", text("source")?)?,
                         integration: r.try_get("integration").map_err(|e| self.err(e))?,
                         method: r.try_get("method").map_err(|e| self.err(e))?,
                         url: r.try_get("url").map_err(|e| self.err(e))?,
                         host: r.try_get("host").map_err(|e| self.err(e))?,
-                        decision: EgressDecision::parse(&decision)
-                            .ok_or_else(|| StoreError::Corrupt(format!("egress decision {decision:?}")))?,
-                        reason: r.try_get("reason").map_err(|e| self.err(e))?,
+                        decision: spelled("egress_log.decision", text("decision")?)?,
+                        reason: spelled_opt("egress_log.reason", text("reason")?)?,
                         status: r.try_get("status").map_err(|e| self.err(e))?,
                         duration_ms: r.try_get("duration_ms").map_err(|e| self.err(e))?,
                         bytes_out: r.try_get("bytes_out").map_err(|e| self.err(e))?,
                         bytes_in: r.try_get("bytes_in").map_err(|e| self.err(e))?,
                         seq: r.try_get("seq").map_err(|e| self.err(e))?,
-                        outcome: outcome
-                            .map(|o| EgressOutcome::parse(&o)
-                                .ok_or_else(|| StoreError::Corrupt(format!("egress outcome {o:?}"))))
-                            .transpose()?,
-                        metering: metering
-                            .map(|m| EgressMetering::parse(&m)
-                                .ok_or_else(|| StoreError::Corrupt(format!("egress metering {m:?}"))))
-                            .transpose()?,
+                        outcome: spelled_opt("egress_log.outcome", text("outcome")?)?,
+                        metering: spelled_opt("egress_log.metering", text("metering")?)?,
                     })
                 })
                 .collect()
         })
     }
+}
+
+/// A column of `egress_log` (`egress_log.<column>`) that holds one of an
+/// enum's `as_str`s.
+fn spelled<T: std::str::FromStr>(
+    column: &'static str,
+    text: Option<String>,
+) -> Result<T, StoreError> {
+    spelled_opt(column, text)?.ok_or(StoreError::Unspelled {
+        column,
+        value: None,
+    })
+}
+
+/// [`spelled`] of a nullable column.
+fn spelled_opt<T: std::str::FromStr>(
+    column: &'static str,
+    text: Option<String>,
+) -> Result<Option<T>, StoreError> {
+    text.map(|t| {
+        t.parse().map_err(|_| StoreError::Unspelled {
+            column,
+            value: Some(t),
+        })
+    })
+    .transpose()
 }
 
 /// `records` with one record per `(run_id, seq)`, in the place of its first:

@@ -103,8 +103,26 @@ pub enum StoreError {
         "the store at {path} is damaged ({detail}): restore it from a backup, or move it aside to start an empty one"
     )]
     Damaged { path: String, detail: String },
-    #[error("corrupt row: {0}")]
-    Corrupt(String),
+    /// A column (`table.column`) holding what is none of its type's
+    /// spellings (or nothing where a value must be).
+    #[error("corrupt row: {column} holds {value:?}, which this version never writes")]
+    Unspelled {
+        column: &'static str,
+        value: Option<String>,
+    },
+    /// An `INSERT … RETURNING` returned no row.
+    #[error("corrupt row: an INSERT … RETURNING returned no row")]
+    NoRowReturned,
+    /// A row written a moment ago was not there to read back.
+    #[error("corrupt row: {what} {name:?} vanished after its write")]
+    Vanished { what: &'static str, name: String },
+    /// A re-encryption batch could not be encoded for its statement.
+    #[error("corrupt row: batch encoding: {0}")]
+    BatchEncoding(#[source] serde_json::Error),
+    /// A run's end written before its journal is stored (the journal is
+    /// read first: the end waits on disk for it).
+    #[error("the run's journal is not stored yet")]
+    JournalNotStored,
     /// Any other database error.
     #[error("database {database} failed")]
     Database {

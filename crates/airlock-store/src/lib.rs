@@ -35,7 +35,7 @@ mod model;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -185,13 +185,8 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Current time in Unix milliseconds.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+/// Current time in Unix milliseconds: the contract crate's clock.
+pub use airlock_platform_api::clock::now_ms;
 
 /// `$AIRLOCK_HOME`, default `~/.local/share/airlock`.
 pub fn airlock_home() -> Result<PathBuf, StoreError> {
@@ -529,9 +524,7 @@ impl Store {
 /// that far; `fetch_one` stops at the row and reports a write that was
 /// rolled back as done.
 fn returned_id(ids: Vec<i64>) -> Result<i64, StoreError> {
-    ids.into_iter()
-        .next()
-        .ok_or_else(|| StoreError::Corrupt("an INSERT … RETURNING returned no row".into()))
+    ids.into_iter().next().ok_or(StoreError::NoRowReturned)
 }
 
 fn is_unique_violation(e: &sqlx::Error) -> bool {

@@ -1,52 +1,8 @@
 //! Row types and inputs.
 
-/// How a connection's credential is presented upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AuthType {
-    /// An API key (a header or a query parameter).
-    ApiKey,
-    /// `Authorization: Bearer <token>`.
-    Bearer,
-    /// HTTP basic: `username` and `password`.
-    Basic,
-    /// OAuth 2 tokens.
-    OAuth2,
-    /// Any set of fields, used through `{{field}}` placeholders.
-    Custom,
-}
-
-impl AuthType {
-    /// Every type, in the order the CLI lists them.
-    pub const ALL: [AuthType; 5] = [
-        AuthType::ApiKey,
-        AuthType::Bearer,
-        AuthType::Basic,
-        AuthType::OAuth2,
-        AuthType::Custom,
-    ];
-
-    /// The stored spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuthType::ApiKey => "api_key",
-            AuthType::Bearer => "bearer",
-            AuthType::Basic => "basic",
-            AuthType::OAuth2 => "oauth2",
-            AuthType::Custom => "custom",
-        }
-    }
-
-    /// Parses the stored spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for AuthType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// How a connection's credential is presented upstream: the contract
+/// crate's one type (its `as_str` is the column's text).
+pub use airlock_platform_api::connection_types::AuthType;
 
 /// A connection to store. `envelope` is a `v1:` envelope: the store never sees plaintext.
 #[derive(Debug, Clone, Copy)]
@@ -235,29 +191,10 @@ pub struct Event {
     pub payload: String,
 }
 
-/// Whether an outbound request was let through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EgressDecision {
-    Allowed,
-    Refused,
-}
-
-impl EgressDecision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EgressDecision::Allowed => "allowed",
-            EgressDecision::Refused => "refused",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "allowed" => Some(EgressDecision::Allowed),
-            "refused" => Some(EgressDecision::Refused),
-            _ => None,
-        }
-    }
-}
+/// The egress record's enums, the wire's types: one definition for the
+/// sidecar that writes a record, the platform that reads it and the store
+/// that keeps it (each column holds its `as_str`, read back by `FromStr`).
+pub use airlock_platform_api::wire::{EgressDecision, EgressSource, RefusalCode};
 
 /// What became of an allowed request: the wire's type, one definition for
 /// the sidecar that reports it and the store that keeps it.
@@ -277,8 +214,7 @@ pub use airlock_platform_api::wire::Metering as EgressMetering;
 pub struct NewEgress<'a> {
     pub run_id: &'a str,
     pub at: i64,
-    /// `api_call`, `proxy`, `llm`, …
-    pub source: &'a str,
+    pub source: EgressSource,
     pub integration: Option<&'a str>,
     pub method: &'a str,
     pub url: &'a str,
@@ -286,7 +222,7 @@ pub struct NewEgress<'a> {
     /// The guard's decision.
     pub decision: EgressDecision,
     /// The guard's refusal code, when refused.
-    pub reason: Option<&'a str>,
+    pub reason: Option<RefusalCode>,
     /// Upstream HTTP status, when there was one.
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
@@ -308,7 +244,7 @@ pub struct EgressEntry {
     pub id: i64,
     pub run_id: String,
     pub at: i64,
-    pub source: String,
+    pub source: EgressSource,
     pub integration: Option<String>,
     pub method: String,
     pub url: String,
@@ -316,7 +252,7 @@ pub struct EgressEntry {
     /// The guard's decision.
     pub decision: EgressDecision,
     /// The guard's refusal code.
-    pub reason: Option<String>,
+    pub reason: Option<RefusalCode>,
     pub status: Option<i64>,
     pub duration_ms: Option<i64>,
     pub bytes_out: i64,

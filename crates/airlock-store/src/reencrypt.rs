@@ -169,8 +169,7 @@ impl Store {
             .iter()
             .map(|w| [w.org.as_str(), &w.name, &w.old, &w.new])
             .collect();
-        let batch_json = serde_json::to_string(&quads)
-            .map_err(|e| StoreError::Corrupt(format!("batch encoding: {e}")))?;
+        let batch_json = serde_json::to_string(&quads).map_err(StoreError::BatchEncoding)?;
         let res = sqlx::query(
             "UPDATE connections SET envelope = u.new, kid = $1, updated_at = $2 \
              FROM (SELECT value ->> 0 AS org, value ->> 1 AS name, value ->> 2 AS old, \

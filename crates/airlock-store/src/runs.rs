@@ -32,8 +32,10 @@ macro_rules! run_row {
         Run {
             id: $r.try_get("id").map_err(|e| $s.err(e))?,
             agent: $r.try_get("agent").map_err(|e| $s.err(e))?,
-            status: RunStatus::parse(&status)
-                .ok_or_else(|| StoreError::Corrupt(format!("run status {status:?}")))?,
+            status: RunStatus::parse(&status).ok_or(StoreError::Unspelled {
+                column: "runs.status",
+                value: Some(status),
+            })?,
             backend: $r.try_get("backend").map_err(|e| $s.err(e))?,
             model: $r.try_get("model").map_err(|e| $s.err(e))?,
             created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,

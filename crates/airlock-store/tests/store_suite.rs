@@ -1495,7 +1495,7 @@ async fn egress_log(s: &Store) {
     let allowed = NewEgress {
         run_id: "r1",
         at: 10,
-        source: "api_call",
+        source: EgressSource::ApiCall,
         integration: Some("github"),
         method: "GET",
         url: "https://api.github.com/user",
@@ -1513,11 +1513,11 @@ async fn egress_log(s: &Store) {
     s.append_egress(&allowed).await.unwrap();
     s.append_egress(&NewEgress {
         integration: None,
-        source: "proxy",
+        source: EgressSource::Proxy,
         url: "http://169.254.169.254/",
         host: "169.254.169.254",
         decision: EgressDecision::Refused,
-        reason: Some("blocked_address"),
+        reason: Some(RefusalCode::BlockedAddress),
         status: None,
         duration_ms: None,
         bytes_out: 0,
@@ -1537,7 +1537,10 @@ async fn egress_log(s: &Store) {
     assert_eq!((log[0].bytes_out, log[0].bytes_in), (120, 5_000_000_000));
     assert_eq!((log[1].bytes_out, log[1].bytes_in), (0, 0));
     assert_eq!(log[1].decision, EgressDecision::Refused);
-    assert_eq!(log[1].reason.as_deref(), Some("blocked_address"));
+    assert_eq!(
+        log[1].reason.map(RefusalCode::as_str),
+        Some("blocked_address")
+    );
     assert_eq!(log[1].status, None);
     assert!(s.list_egress("r2", 100).await.unwrap().is_empty());
     assert!(matches!(
@@ -1560,7 +1563,7 @@ async fn egress_records_are_started_then_completed(s: &Store) {
     let start = NewEgress {
         run_id: "r1",
         at: 10,
-        source: "llm",
+        source: EgressSource::Llm,
         integration: Some("@model"),
         method: "POST",
         url: "https://api.example/v1/chat/completions",
@@ -1670,7 +1673,7 @@ async fn egress_batches(s: &Store, write: BatchWrite) {
     let rec = |seq: i64, outcome: EgressOutcome| NewEgress {
         run_id: "r1",
         at: seq,
-        source: "proxy",
+        source: EgressSource::Proxy,
         integration: None,
         method: "CONNECT",
         url: "https://a.example/",
@@ -1702,7 +1705,7 @@ async fn egress_batches(s: &Store, write: BatchWrite) {
     batch.push(rec(3, EgressOutcome::Incomplete));
     batch.push(NewEgress {
         decision: EgressDecision::Refused,
-        reason: Some("blocked_address"),
+        reason: Some(RefusalCode::BlockedAddress),
         seq: None,
         outcome: None,
         ..rec(0, EgressOutcome::Completed)
@@ -1886,7 +1889,7 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
         .map(|(i, url)| NewEgress {
             run_id: "r1",
             at: 1,
-            source: "proxy",
+            source: EgressSource::Proxy,
             integration: None,
             method: "GET",
             url,
@@ -2136,7 +2139,7 @@ async fn check_upgraded_to_3(s: &Store) {
             (
                 e.source.as_str(),
                 e.decision,
-                e.reason.as_deref(),
+                e.reason.map(RefusalCode::as_str),
                 e.outcome,
                 e.bytes_in,
             )
@@ -2180,7 +2183,7 @@ async fn check_upgraded_to_3(s: &Store) {
     let start = NewEgress {
         run_id: "r1",
         at: 9,
-        source: "proxy",
+        source: EgressSource::Proxy,
         integration: None,
         method: "CONNECT",
         url: "https://c.example/",
@@ -2328,7 +2331,7 @@ async fn run_with_records(s: &Store, id: &str, now: i64, ended_days_ago: Option<
     s.append_egress(&NewEgress {
         run_id: id,
         at: now - 50 * DAY,
-        source: "api_call",
+        source: EgressSource::ApiCall,
         integration: None,
         method: "GET",
         url: "https://example.test/x",

@@ -236,9 +236,7 @@ impl Orchestrator {
         // reclaim never sees it `running` without a directory.
         let finished = match journal_stored {
             true => self.store.finish_run(&run_id, &end.as_run_end()).await,
-            false => Err(StoreError::Corrupt(
-                "the run's journal is not stored yet".into(),
-            )),
+            false => Err(StoreError::JournalNotStored),
         };
         tracing::debug!(target: "airlock::phase", "end recorded");
         let outcome = |v: Verdict| RunOutcome {

@@ -68,8 +68,12 @@ pub enum RunError {
 pub enum NotReady {
     #[error("no stdout")]
     NoStdout,
-    #[error("unexpected output {0:?}")]
-    Unexpected(String),
+    #[error("unexpected output {line:?} ({why})")]
+    Unexpected {
+        line: String,
+        #[source]
+        why: airlock_platform_api::launch::NotReadyLine,
+    },
     #[error("it exited")]
     Exited,
     #[error(transparent)]

@@ -26,7 +26,7 @@ pub const RUNNER_MCP_SOCKET: &str = "mcp.sock";
 pub const RUNNER_PROXY_SOCKET: &str = "proxy.sock";
 
 /// The grant's key of the model's connection.
-pub const MODEL_GRANT: &str = "@model";
+pub use airlock_platform_api::wire::MODEL_CREDENTIAL as MODEL_GRANT;
 
 /// The `PATH` of every sandbox.
 const SANDBOX_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -441,15 +441,11 @@ fn launch_integration(
     runners: &[RunnerListener<'_>],
 ) -> launch::Integration {
     launch::Integration {
-        namespace: i.namespace.to_string(),
+        namespace: i.namespace.clone(),
         authorized_uris: i.authorized_uris.clone(),
         allow_all_uris: i.allow_all_uris,
         has_connection: i.connection.is_some(),
-        delivery: i.delivery.as_ref().map(|d| launch::Delivery {
-            header: d.header.to_string(),
-            prefix: d.prefix.to_string(),
-            field: d.field.clone(),
-        }),
+        delivery: i.delivery.clone(),
         mcp_url: i.remote_mcp_url().map(str::to_owned),
         inject_proxy: i.inject == Some(Inject::Proxy),
         runner: runners
@@ -676,7 +672,7 @@ mod tests {
         let local = c
             .integrations
             .iter()
-            .find(|i| i.namespace == "local")
+            .find(|i| i.namespace.as_str() == "local")
             .expect("local");
         let listen = local.runner.as_ref().expect("the sidecar listens for it");
         assert_eq!(

@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use airlock_platform_api::launch;
 use airlock_sandbox::{OutputStream, Sandbox};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -225,8 +226,10 @@ async fn read_ready(stdout: &mut Option<OutputStream>) -> Result<(), NotReady> {
     let out = stdout.take().ok_or(NotReady::NoStdout)?;
     let mut lines = BufReader::new(out).lines();
     match lines.next_line().await {
-        Ok(Some(line)) if line.contains("\"ready\":true") => Ok(()),
-        Ok(Some(line)) => Err(NotReady::Unexpected(line)),
+        Ok(Some(line)) => match launch::SidecarReady::from_line(&line) {
+            Ok(_) => Ok(()),
+            Err(why) => Err(NotReady::Unexpected { line, why }),
+        },
         Ok(None) => Err(NotReady::Exited),
         Err(e) => Err(NotReady::Read(e)),
     }

@@ -61,13 +61,13 @@ pub fn delivery_header(
     d: &Delivery,
     fields: &CredentialFields,
 ) -> Result<(HeaderName, HeaderValue), DeliveryError> {
-    let name =
-        HeaderName::from_bytes(d.header.as_bytes()).map_err(|_| DeliveryError::HeaderName)?;
+    let name = HeaderName::from_bytes(d.header.as_str().as_bytes())
+        .map_err(|_| DeliveryError::HeaderName)?;
     let secret = fields
         .get(&d.field)
         .ok_or_else(|| DeliveryError::MissingField {
             field: d.field.clone(),
-            header: d.header.clone(),
+            header: d.header.to_string(),
         })?;
     let joined = Zeroizing::new(format!("{}{}", d.prefix, secret.expose_secret()));
     let mut value = HeaderValue::from_str(&joined).map_err(|_| DeliveryError::HeaderValue)?;

@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use airlock_platform_api::connection_types::ConnectionType;
 use axum::response::Response;
 use http::StatusCode;
 use secrecy::{ExposeSecret, SecretString};
@@ -98,7 +97,7 @@ impl HeldKey {
 async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Box<Response>> {
     match sidecar.platform.credential(MODEL_CREDENTIAL).await {
         Ok(c) => {
-            let Some(field) = ConnectionType::named(&c.auth_type).and_then(|t| t.key_field) else {
+            let Some(field) = c.auth_type.schema().key_field else {
                 return Err(Box::new(error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "not_configured",
@@ -106,7 +105,7 @@ async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Box<Response>> {
                     format!(
                         "the model connection is of type {:?}, which holds no single key: store it \
                          as --type api_key with the field key",
-                        c.auth_type
+                        c.auth_type.as_str()
                     ),
                 )));
             };

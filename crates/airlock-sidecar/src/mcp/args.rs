@@ -68,7 +68,7 @@ pub const FORBIDDEN_HEADERS: &[&str] = &[
     "proxy-authenticate",
     "proxy-connection",
     "expect",
-    "x-airlock-sidecar-auth",
+    airlock_platform_api::sidecar_auth::SIDECAR_AUTH_HEADER,
 ];
 
 /// A JSON-RPC error for an envelope rmcp must not see.
@@ -815,6 +815,7 @@ pub fn is_safe_response_header(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use airlock_platform_api::types;
     use serde_json::json;
 
     fn obj(v: Value) -> Map<String, Value> {
@@ -1025,8 +1026,8 @@ mod tests {
         }))
         .unwrap();
         let d = Delivery {
-            header: "Authorization".into(),
-            prefix: "Bearer ".into(),
+            header: types::HeaderName::parse("Authorization").unwrap(),
+            prefix: types::HeaderText::parse("Bearer ").unwrap(),
             field: "api_key".into(),
         };
         let p = prepare(&args, &fields(), Some(&d)).unwrap();
@@ -1068,8 +1069,8 @@ mod tests {
         assert_eq!(e.code, "unknown_placeholder");
         assert!(!e.message.contains("s3cr3t"));
         let d = Delivery {
-            header: "X-Key".into(),
-            prefix: String::new(),
+            header: types::HeaderName::parse("X-Key").unwrap(),
+            prefix: types::HeaderText::default(),
             field: "missing".into(),
         };
         let args = parse(json!({"target": "https://a/"})).unwrap();

@@ -631,7 +631,7 @@ impl Remote {
         if link.is_none() {
             match tokio::time::timeout(timeout, self.connect(sidecar)).await {
                 Ok(Ok(l)) => *link = Some(l),
-                Ok(Err(e)) => return Err(self.failure(e)),
+                Ok(Err(e)) => return Err(self.failure(e.to_string())),
                 Err(_) => return Err(self.failure(format!("no answer within {timeout:?}"))),
             }
         }
@@ -670,7 +670,7 @@ impl Remote {
         why
     }
 
-    async fn connect(&self, sidecar: &Arc<Sidecar>) -> Result<Link, String> {
+    async fn connect(&self, sidecar: &Arc<Sidecar>) -> Result<Link, ConnectError> {
         let stale = Arc::new(AtomicBool::new(true));
         let handler = Handler {
             stale: stale.clone(),
@@ -698,7 +698,7 @@ impl Remote {
                     .await
                     .accept()
                     .await
-                    .map_err(|e| format!("the runner's connection: {e}"))?;
+                    .map_err(ConnectError::Accept)?;
                 let (read, write) = stream.into_split();
                 // Every message of the runner is one line, bounded like a
                 // remote server's answer.
@@ -710,7 +710,7 @@ impl Remote {
                 handler.serve_with_lifecycle(transport, lifecycle).await
             }
         }
-        .map_err(|e| start_failure(&e))?;
+        .map_err(|e| ConnectError::Start(Box::new(e)))?;
         if let Some(info) = session.peer_info() {
             tracing::info!(
                 integration = %self.namespace,
@@ -912,6 +912,17 @@ pub async fn bound_result(state: &super::McpState, result: CallToolResult) -> Ca
 
 /// Why a server's MCP start failed, in the operator's words: the
 /// transport's own error, without rmcp's name of the transport's Rust type.
+/// Why a remote MCP server (or a local runner) could not be connected.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    /// The runner's bridge did not connect.
+    #[error("the runner's connection: {0}")]
+    Accept(#[source] std::io::Error),
+    /// The MCP handshake failed.
+    #[error("{}", start_failure(.0))]
+    Start(#[source] Box<rmcp::service::ClientInitializeError>),
+}
+
 fn start_failure(e: &rmcp::service::ClientInitializeError) -> String {
     use rmcp::service::ClientInitializeError as E;
     match e {

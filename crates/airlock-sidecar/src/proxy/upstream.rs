@@ -23,6 +23,49 @@ use crate::state::Sidecar;
 /// Largest response head accepted from the upstream proxy.
 const MAX_UPSTREAM_HEAD: usize = 8 * 1024;
 
+/// Why an admitted target could not be dialled: each step that fails. The
+/// message becomes the `upstream_failed` refusal's detail; none repeats
+/// `PROXY_URL` (it may hold a password).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DialError {
+    #[error("PROXY_URL does not parse")]
+    ProxyUrlUnparsable,
+    #[error("PROXY_URL must be an http:// proxy")]
+    ProxyUrlNotHttp,
+    #[error("PROXY_URL has no host")]
+    ProxyUrlNoHost,
+    #[error("no address to dial")]
+    NoAddress,
+    #[error("connect to {addr} failed: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("connect to {addr} timed out after {after:?}")]
+    TimedOut {
+        addr: SocketAddr,
+        after: std::time::Duration,
+    },
+    #[error("PROXY_URL host does not resolve: {0}")]
+    ProxyUnresolvable(#[source] std::io::Error),
+    #[error("PROXY_URL host has no address")]
+    ProxyNoAddress,
+    #[error("cannot reach the upstream proxy: {0}")]
+    ProxyUnreachable(#[source] std::io::Error),
+    #[error("upstream proxy write failed: {0}")]
+    ProxyWrite(#[source] std::io::Error),
+    #[error("upstream proxy read failed: {0}")]
+    ProxyRead(#[source] std::io::Error),
+    #[error("the upstream proxy's response head is too large")]
+    ProxyHeadTooLarge,
+    #[error("the upstream proxy closed the connection during CONNECT")]
+    ProxyClosed,
+    #[error("the upstream proxy's response is not HTTP")]
+    ProxyNotHttp,
+    #[error("the upstream proxy answered CONNECT {addr} with status {status}")]
+    ProxyRefused { addr: SocketAddr, status: u16 },
+}
+
 /// The parsed `PROXY_URL`: where it is and what to present.
 pub(crate) struct UpstreamProxy {
     host: String,
@@ -34,16 +77,16 @@ pub(crate) struct UpstreamProxy {
 impl UpstreamProxy {
     /// Parses `http://[user:pass@]host[:port]`. Errors never repeat the URL
     /// (it may hold a password).
-    pub(crate) fn parse(raw: &str) -> Result<UpstreamProxy, String> {
-        let url = url::Url::parse(raw).map_err(|_| "PROXY_URL does not parse".to_owned())?;
+    pub(crate) fn parse(raw: &str) -> Result<UpstreamProxy, DialError> {
+        let url = url::Url::parse(raw).map_err(|_| DialError::ProxyUrlUnparsable)?;
         if url.scheme() != "http" {
-            return Err("PROXY_URL must be an http:// proxy".into());
+            return Err(DialError::ProxyUrlNotHttp);
         }
         let host = match url.host() {
             Some(url::Host::Domain(d)) => d.to_owned(),
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            None => return Err("PROXY_URL has no host".into()),
+            None => return Err(DialError::ProxyUrlNoHost),
         };
         let port = url.port_or_known_default().unwrap_or(80);
         let authorization = if url.username().is_empty() && url.password().is_none() {
@@ -88,12 +131,12 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn failed(admitted: &Admitted, detail: String) -> EgressError {
+fn failed(admitted: &Admitted, e: &DialError) -> EgressError {
     EgressError::new(
         EgressCode::UpstreamFailed,
         GuardStep::Upstream,
         Some(&admitted.target.host().bare()),
-        detail,
+        e.to_string(),
     )
 }
 
@@ -120,18 +163,18 @@ pub(crate) async fn dial(
     let policy = sidecar.client.guard().policy();
     let via = match &sidecar.proxy_url {
         Some(raw) => {
-            Some(UpstreamProxy::parse(raw.expose_secret()).map_err(|e| failed(admitted, e))?)
+            Some(UpstreamProxy::parse(raw.expose_secret()).map_err(|e| failed(admitted, &e))?)
         }
         None => None,
     };
-    let mut last = String::from("no address to dial");
+    let mut last = DialError::NoAddress;
     for ip in &admitted.addrs {
         let addr = SocketAddr::new(*ip, port);
         let attempt = async {
             match &via {
                 None => TcpStream::connect(addr)
                     .await
-                    .map_err(|e| format!("connect to {addr} failed: {e}")),
+                    .map_err(|source| DialError::Connect { addr, source }),
                 Some(p) => connect_via(p, addr).await,
             }
         };
@@ -151,28 +194,28 @@ pub(crate) async fn dial(
             }
             Ok(Err(e)) => last = e,
             Err(_) => {
-                last = format!(
-                    "connect to {addr} timed out after {:?}",
-                    settings.connect_timeout
-                )
+                last = DialError::TimedOut {
+                    addr,
+                    after: settings.connect_timeout,
+                }
             }
         }
     }
-    Err(failed(admitted, last))
+    Err(failed(admitted, &last))
 }
 
 /// Opens a tunnel to `addr` through the upstream proxy.
-async fn connect_via(p: &UpstreamProxy, addr: SocketAddr) -> Result<TcpStream, String> {
+async fn connect_via(p: &UpstreamProxy, addr: SocketAddr) -> Result<TcpStream, DialError> {
     let proxies: Vec<SocketAddr> = tokio::net::lookup_host((p.host.as_str(), p.port))
         .await
-        .map_err(|e| format!("PROXY_URL host does not resolve: {e}"))?
+        .map_err(DialError::ProxyUnresolvable)?
         .collect();
-    let mut last = String::from("PROXY_URL host has no address");
+    let mut last = DialError::ProxyNoAddress;
     for proxy in proxies {
         let mut s = match TcpStream::connect(proxy).await {
             Ok(s) => s,
             Err(e) => {
-                last = format!("cannot reach the upstream proxy: {e}");
+                last = DialError::ProxyUnreachable(e);
                 continue;
             }
         };
@@ -186,13 +229,11 @@ async fn connect_via(p: &UpstreamProxy, addr: SocketAddr) -> Result<TcpStream, S
         req.push_str("\r\n");
         s.write_all(req.as_bytes())
             .await
-            .map_err(|e| format!("upstream proxy write failed: {e}"))?;
+            .map_err(DialError::ProxyWrite)?;
         drop(req);
         let status = read_response_head(&mut s).await?;
         if !(200..300).contains(&status) {
-            return Err(format!(
-                "the upstream proxy answered CONNECT {addr} with status {status}"
-            ));
+            return Err(DialError::ProxyRefused { addr, status });
         }
         return Ok(s);
     }
@@ -201,23 +242,20 @@ async fn connect_via(p: &UpstreamProxy, addr: SocketAddr) -> Result<TcpStream, S
 
 /// Reads the upstream proxy's response head one byte at a time (so no byte of
 /// the tunnel behind it is consumed) and returns its status code.
-async fn read_response_head(s: &mut TcpStream) -> Result<u16, String> {
+async fn read_response_head(s: &mut TcpStream) -> Result<u16, DialError> {
     let mut head = Vec::with_capacity(256);
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         if head.len() >= MAX_UPSTREAM_HEAD {
-            return Err("the upstream proxy's response head is too large".into());
+            return Err(DialError::ProxyHeadTooLarge);
         }
-        let n = s
-            .read(&mut byte)
-            .await
-            .map_err(|e| format!("upstream proxy read failed: {e}"))?;
+        let n = s.read(&mut byte).await.map_err(DialError::ProxyRead)?;
         if n == 0 {
-            return Err("the upstream proxy closed the connection during CONNECT".into());
+            return Err(DialError::ProxyClosed);
         }
         head.extend_from_slice(&byte);
     }
-    parse_status(&head).ok_or_else(|| "the upstream proxy's response is not HTTP".into())
+    parse_status(&head).ok_or(DialError::ProxyNotHttp)
 }
 
 fn parse_status(head: &[u8]) -> Option<u16> {
@@ -254,7 +292,7 @@ mod tests {
         let e = UpstreamProxy::parse("https://u:secretpw@p:1")
             .err()
             .unwrap();
-        assert!(!e.contains("secretpw"));
+        assert!(!e.to_string().contains("secretpw"));
         assert!(UpstreamProxy::parse("not a url").is_err());
     }
 

@@ -15,7 +15,7 @@ use airlock_platform::orchestrator::RunRequest;
 use airlock_platform::platform::{Parts, Platform};
 use airlock_platform::settings::Settings;
 use airlock_platform_api::wire::RunEvent;
-use airlock_store::{AuthType, EgressDecision, Store, StoreOptions};
+use airlock_store::{AuthType, EgressDecision, EgressSource, Store, StoreOptions};
 use airlock_vault::Keyring;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
@@ -317,7 +317,7 @@ async fn check(
         (
             "(a) api_call reached the example API with the credential injected (HTTP 200)",
             egress.iter().any(|e| {
-                e.source == "api_call"
+                e.source == EgressSource::ApiCall
                     && e.decision == EgressDecision::Allowed
                     && e.status == Some(200)
                     && e.url.contains(&api_host)
@@ -326,7 +326,7 @@ async fn check(
         (
             "(b) sending the credential to another host was refused",
             egress.iter().any(|e| {
-                e.source == "api_call"
+                e.source == EgressSource::ApiCall
                     && e.decision == EgressDecision::Refused
                     && e.host.contains("evil.example")
             }),
@@ -334,7 +334,7 @@ async fn check(
         (
             "(c) the cloud metadata address was refused by the proxy",
             egress.iter().any(|e| {
-                e.source == "proxy"
+                e.source == EgressSource::Proxy
                     && e.decision == EgressDecision::Refused
                     && e.host.contains("169.254.169.254")
             }),

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use airlock_api::report::{self, Isolation, RunReport};
 use airlock_api::v1;
-use airlock_platform_api::wire::RunEvent;
+use airlock_platform_api::wire::{EgressDecision, RunEvent};
 use airlock_sandbox::terminal::safe;
 use airlock_store::Store;
 use anyhow::Result;
@@ -175,14 +175,14 @@ pub fn print_text(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
 fn print_egress(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "  egress      {} decision(s)", r.egress.entries.len())?;
     for e in &r.egress.entries {
-        let allowed = e.decision == "allowed";
+        let allowed = e.decision == EgressDecision::Allowed;
         let mark = if allowed {
             "✓ allowed"
         } else {
             "✗ refused"
         };
         let detail = match (&e.reason, e.status, e.outcome.as_deref()) {
-            (Some(code), _, _) if !allowed => code.clone(),
+            (Some(code), _, _) if !allowed => code.to_string(),
             (_, Some(s), Some("completed") | None) => format!("HTTP {s}"),
             (_, _, Some(o)) => o.to_owned(),
             _ => String::new(),
@@ -190,7 +190,7 @@ fn print_egress(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(
             out,
             "    {mark}  {:<8} {:<6} {:<40} {}",
-            safe(&e.source),
+            safe(e.source.as_str()),
             safe(&e.method),
             truncate(&safe(&e.url), 40),
             safe(&detail)
@@ -224,7 +224,7 @@ fn print_egress(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
             out,
             "    {} more × refused ({}) to {}: counted, not recorded one by one",
             c.count,
-            safe(&c.code),
+            safe(c.code.as_str()),
             safe(&c.host)
         )?;
     }

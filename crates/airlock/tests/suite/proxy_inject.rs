@@ -351,7 +351,7 @@ async fn under_interception_a_tunnel_that_is_not_tls_keeps_the_network_policy() 
     })
     .await
     .expect("the refused tunnel is in the egress log");
-    assert_eq!(refused.reason.as_deref(), Some("not_authorized"));
+    assert_eq!(refused.reason.map(|r| r.as_str()), Some("not_authorized"));
     drop(sc);
 }
 

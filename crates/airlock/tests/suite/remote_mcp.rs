@@ -214,7 +214,7 @@ async fn remote_tools_are_served_with_the_credential_injected_and_never_returned
             .stored_egress_log()
             .await
             .into_iter()
-            .filter(|e| e.source == "mcp")
+            .filter(|e| e.source.as_str() == "mcp")
             .collect();
         (log.len() >= seen.iter().filter(|s| s["method"] == "POST").count()).then_some(log)
     })
@@ -276,14 +276,14 @@ async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
     let log = p.egress_log().await;
     let refused = |ns: &str, code: &str| {
         log.iter().any(|e| {
-            e.source == "mcp"
+            e.source.as_str() == "mcp"
                 && e.integration.as_deref() == Some(ns)
-                && e.reason.as_deref() == Some(code)
+                && e.reason.map(|r| r.as_str()) == Some(code)
         })
     };
     let codes: Vec<_> = log
         .iter()
-        .map(|e| (e.integration.clone(), e.reason.clone()))
+        .map(|e| (e.integration.clone(), e.reason))
         .collect();
     assert!(refused("outside", "not_authorized"), "{codes:?}");
     assert!(
@@ -292,7 +292,7 @@ async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
     );
     assert_eq!(
         log.iter()
-            .filter(|e| e.source == "mcp" && e.integration.as_deref() != Some("good"))
+            .filter(|e| e.source.as_str() == "mcp" && e.integration.as_deref() != Some("good"))
             .filter(|e| e.reason.is_none())
             .count(),
         0,

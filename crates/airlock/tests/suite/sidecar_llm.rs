@@ -260,7 +260,7 @@ async fn openai_sdk_through_the_relay() {
         assert_eq!(c.cost_microusd, Some(expect));
     }
     let log = p.egress_log().await;
-    let llm: Vec<_> = log.iter().filter(|e| e.source == "llm").collect();
+    let llm: Vec<_> = log.iter().filter(|e| e.source.as_str() == "llm").collect();
     assert_eq!(llm.len(), 6, "{log:?}");
     assert!(
         llm.iter().all(|e| e.decision == EgressDecision::Allowed
@@ -550,12 +550,12 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
     let log = p.egress_log().await;
     let refused: Vec<_> = log
         .iter()
-        .filter(|e| e.source == "llm" && e.decision == EgressDecision::Refused)
+        .filter(|e| e.source.as_str() == "llm" && e.decision == EgressDecision::Refused)
         .collect();
     assert_eq!(refused.len(), 4, "{log:?}");
     // The provider down: the guard allowed it, the upstream failed.
     assert!(
-        log.iter().any(|e| e.source == "llm"
+        log.iter().any(|e| e.source.as_str() == "llm"
             && e.decision == EgressDecision::Allowed
             && e.reason.is_none()
             && outcome(e) == Some("upstream_failed")),
@@ -959,7 +959,7 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
     let log = p.egress_log().await;
     let refused: Vec<&str> = log
         .iter()
-        .filter(|e| e.source == "llm" && e.decision == EgressDecision::Refused)
+        .filter(|e| e.source.as_str() == "llm" && e.decision == EgressDecision::Refused)
         .map(|e| e.url.as_str())
         .collect();
     assert_eq!(refused.len(), 7, "{log:?}");

@@ -393,7 +393,7 @@ async fn connect_to_an_opted_in_internal_host_works_and_loopback_does_not() {
         .filter(|l| l.decision == EgressDecision::Allowed)
         .collect();
     assert_eq!(allowed.len(), 1, "{log:?}");
-    assert_eq!(allowed[0].source, "proxy");
+    assert_eq!(allowed[0].source.as_str(), "proxy");
     assert_eq!(allowed[0].method, "CONNECT");
     assert_eq!(allowed[0].host, HOST);
     assert!(allowed[0].duration_ms.is_some());
@@ -404,7 +404,7 @@ async fn connect_to_an_opted_in_internal_host_works_and_loopback_does_not() {
     assert_eq!(refused.len(), 5, "{log:?}");
     let reasons: Vec<_> = refused
         .iter()
-        .map(|l| l.reason.clone().unwrap_or_default())
+        .map(|l| l.reason.map(|r| r.as_str().to_owned()).unwrap_or_default())
         .collect();
     assert!(
         reasons

@@ -1,4 +1,6 @@
-//! The sidecar's clock: the time every record it writes carries.
+//! The one clock every process of a run stamps its records with (the
+//! sidecar's egress records and events, the runtime's reports, the
+//! platform's and the store's rows): Unix milliseconds.
 
 /// Unix milliseconds now (0 before the epoch, `i64::MAX` past its range).
 pub fn now_ms() -> i64 {
