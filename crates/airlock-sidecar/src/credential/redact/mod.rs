@@ -16,6 +16,8 @@
 //! it was decoded from. A streamed answer goes through a [`StreamRedactor`],
 //! which keeps back the longest span a match can take.
 
+#[cfg(test)]
+mod differential;
 mod forms;
 mod stream;
 #[cfg(test)]
@@ -41,11 +43,51 @@ pub struct Redactor {
 }
 
 struct Searcher {
+    /// The needles, ASCII case ignored.
     automaton: AhoCorasick,
+    /// The needles' base64 cores ([`forms::base64_cores`]), case kept;
+    /// `cores` holds each pattern's lead and trail characters.
+    base64: AhoCorasick,
+    cores: Vec<(usize, usize)>,
     /// The longest needle, in bytes.
     longest: usize,
     /// The shortest base64 run that can hold the shortest needle.
     min_run: usize,
+}
+
+impl Searcher {
+    /// Pushes onto `found` the answer's span of each match in `bytes` (the
+    /// answer, or a view of it: `span` maps the view's bytes to the
+    /// answer's), a base64 core's widened by its lead and trail characters
+    /// where `bytes` holds base64 there.
+    fn search(
+        &self,
+        bytes: &[u8],
+        span: impl Fn(usize, usize) -> Option<(usize, usize)>,
+        found: &mut Vec<(usize, usize)>,
+    ) {
+        for m in self.automaton.find_iter(bytes) {
+            found.extend(span(m.start(), m.end()));
+        }
+        for m in self.base64.find_iter(bytes) {
+            let (lead, trail) = self
+                .cores
+                .get(m.pattern().as_usize())
+                .copied()
+                .unwrap_or_default();
+            let b64_at = |k: usize| bytes.get(k).is_some_and(|&b| view::is_b64(b));
+            let start = match m.start().checked_sub(lead) {
+                Some(s) if b64_at(s) => s,
+                _ => m.start(),
+            };
+            let end = if trail > 0 && b64_at(m.end()) {
+                m.end() + trail
+            } else {
+                m.end()
+            };
+            found.extend(span(start, end));
+        }
+    }
 }
 
 impl Redactor {
@@ -70,14 +112,23 @@ impl Redactor {
             return Redactor::none();
         };
         let shortest = needles.iter().map(|n| n.len()).min().unwrap_or(longest);
+        let cores: Vec<forms::Core> = needles
+            .iter()
+            .flat_map(|n| forms::base64_cores(n))
+            .collect();
         let automaton = AhoCorasickBuilder::new()
             .ascii_case_insensitive(true)
             .match_kind(MatchKind::LeftmostLongest)
             .build(needles.iter().map(|n| n.as_slice()));
-        match automaton {
-            Ok(automaton) => Redactor {
+        let base64 = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(cores.iter().map(|c| c.chars.as_slice()));
+        match automaton.and_then(|a| Ok((a, base64?))) {
+            Ok((automaton, base64)) => Redactor {
                 inner: Some(Arc::new(Searcher {
                     automaton,
+                    base64,
+                    cores: cores.iter().map(|c| (c.lead, c.trail)).collect(),
                     longest,
                     min_run: shortest * 4 / 3,
                 })),
@@ -124,15 +175,9 @@ impl Redactor {
             return Vec::new();
         };
         let mut found: Vec<(usize, usize)> = Vec::new();
-        for m in s.automaton.find_iter(input) {
-            found.push((m.start(), m.end()));
-        }
+        s.search(input, |start, end| Some((start, end)), &mut found);
         let search = |v: &View, found: &mut Vec<(usize, usize)>| {
-            for m in s.automaton.find_iter(&v.bytes) {
-                if let Some(span) = v.span(m.start(), m.end()) {
-                    found.push(span);
-                }
-            }
+            s.search(&v.bytes, |start, end| v.span(start, end), found);
         };
         let reach = Reach {
             longest: s.longest,

@@ -235,3 +235,45 @@ fn a_stream_finds_a_value_split_across_chunks() {
     assert_eq!(none.push(b"abc"), b"abc");
     assert!(none.finish().is_empty());
 }
+
+/// Whether `spans` (sorted, merged) cover `must` whole.
+fn covered(spans: &[(usize, usize)], must: (usize, usize)) -> bool {
+    spans.iter().any(|&(s, e)| s <= must.0 && must.1 <= e)
+}
+
+/// Random answers ([`differential`]): every value is redacted over every
+/// byte it was encoded into, and a stream cut anywhere gives what the
+/// whole answer gives.
+#[test]
+fn random_answers_are_redacted_where_their_values_were_written() {
+    let mut rng = differential::Rng::new(44);
+    for case in 0..1000 {
+        let secrets: Vec<String> = (0..1 + rng.below(2))
+            .map(|_| differential::secret(&mut rng))
+            .collect();
+        let r = Redactor::new(secrets.iter().map(String::as_str));
+        let (answer, must) = differential::answer(&mut rng, &secrets);
+        let spans = r.spans(&answer);
+        for m in &must {
+            assert!(
+                covered(&spans, *m),
+                "case {case}: {m:?} of {:?} not in {spans:?}: {secrets:?}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        if case % 4 != 0 {
+            continue;
+        }
+        let whole = r.bytes(&answer);
+        let mut s = r.stream();
+        let mut out = Vec::new();
+        let mut rest = answer.as_slice();
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(1 + rng.below(rest.len().min(2000)));
+            out.extend(s.push(chunk));
+            rest = tail;
+        }
+        out.extend(s.finish());
+        assert_eq!(out, whole, "case {case}: stream");
+    }
+}

@@ -54,6 +54,20 @@ pub(super) struct Reach {
     pub(super) min_run: usize,
 }
 
+impl Reach {
+    /// The characters decoded at each end of a base64 run that is not
+    /// decoded whole, a multiple of 4: the longest needle, or the widest
+    /// window a nested escape decoder opens around an escape of the
+    /// neighbouring run (reach and the escape), in decoded bytes, as base64.
+    fn edge(self) -> usize {
+        let bytes = self
+            .longest
+            .saturating_mul(Decoder::MAX_EXPANSION)
+            .saturating_add(Decoder::MAX_EXPANSION);
+        (bytes / 3 + 1).saturating_mul(4)
+    }
+}
+
 /// The decoders whose views are searched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Decoder {
@@ -138,7 +152,7 @@ impl Decoder {
             Decoder::Json => decode_escapes(input, b'\\', window, span, json_escape),
             Decoder::Percent => decode_escapes(input, b'%', window, span, percent_escape),
             Decoder::Html => decode_escapes(input, b'&', window, span, html_escape),
-            Decoder::Base64 => return base64(input, reach.min_run, span, out),
+            Decoder::Base64 => return base64(input, reach, span, out),
         };
         out.extend(view);
     }
@@ -322,7 +336,7 @@ fn b64_value(b: u8) -> Option<u8> {
 }
 
 /// Whether `b` is a character of either base64 alphabet (one table).
-fn is_b64(b: u8) -> bool {
+pub(super) fn is_b64(b: u8) -> bool {
     const TABLE: [bool; 256] = {
         let mut t = [false; 256];
         let mut i = 0;
@@ -337,34 +351,102 @@ fn is_b64(b: u8) -> bool {
     TABLE[usize::from(b)]
 }
 
+/// The characters of one base64 run: contiguous, or listed (a run with
+/// line breaks, which are skipped).
+#[derive(Clone, Copy)]
+enum Chars<'a> {
+    Contiguous { start: usize, len: usize },
+    Listed(&'a [usize]),
+}
+
+impl Chars<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Chars::Contiguous { len, .. } => *len,
+            Chars::Listed(at) => at.len(),
+        }
+    }
+
+    /// The position in the input of the run's character `k`.
+    fn at(&self, k: usize) -> Option<usize> {
+        match self {
+            Chars::Contiguous { start, len } => (k < *len).then(|| start + k),
+            Chars::Listed(at) => at.get(k).copied(),
+        }
+    }
+
+    /// Characters `from..to` of the run (clamped).
+    fn slice(&self, from: usize, to: usize) -> Self {
+        let to = to.min(self.len());
+        let from = from.min(to);
+        match self {
+            Chars::Contiguous { start, .. } => Chars::Contiguous {
+                start: start + from,
+                len: to - from,
+            },
+            Chars::Listed(at) => Chars::Listed(at.get(from..to).unwrap_or_default()),
+        }
+    }
+}
+
 /// Pushes onto `out` the four views (one per character offset) of the
 /// base64 runs of `input` at least `min_run` characters long, each view
 /// the runs' decoded bytes one after the other (a value split between two
 /// runs, each padded, is found whole); nothing when there is no such run
 /// (most answers: one pass, no copy).
+///
+/// A value's own base64 inside a run is found by the search for its cores
+/// ([`forms::base64_cores`]) in the text itself; what only a decoded view
+/// shows is a value split by a line break, split between two runs, or
+/// written in an encoding the view is decoded from once more. So a run is
+/// decoded whole only when it has a line break or [`holds_nested`] says a
+/// nested decoder would read something in it; any other run only at its
+/// two ends, far enough that a match or a nested decoder's window that
+/// crosses into it from a neighbouring run is whole ([`Reach::edge`]),
+/// the two ends parted by [`SEPARATOR`].
 fn base64(
     input: &[u8],
-    min_run: usize,
+    reach: Reach,
     span: impl Fn(usize, usize) -> (u32, u32),
     out: &mut Vec<View>,
 ) {
+    let min_run = reach.min_run.max(2);
+    let edge = reach.edge();
     let mut views: Option<[View; 4]> = None;
-    // The characters of a run (positions), line breaks skipped.
-    let mut chars: Vec<usize> = Vec::new();
+    // The characters of a run with line breaks (positions).
+    let mut listed: Vec<usize> = Vec::new();
     let mut decode = |run: std::ops::Range<usize>, breaks: bool| {
-        chars.clear();
-        if breaks {
-            chars.extend(run.filter(|&k| input.get(k).is_some_and(|&b| is_b64(b))));
+        let chars = if breaks {
+            listed.clear();
+            listed.extend(
+                run.clone()
+                    .filter(|&k| input.get(k).is_some_and(|&b| is_b64(b))),
+            );
+            Chars::Listed(&listed)
         } else {
-            chars.extend(run);
-        }
-        let vs = views.get_or_insert_with(|| {
-            std::array::from_fn(|_| View::with_capacity(input.len() / 4 * 3))
-        });
-        for (offset, v) in vs.iter_mut().enumerate() {
-            if chars.len() >= min_run.max(2) + offset {
-                decode_run(input, chars.get(offset..).unwrap_or_default(), v, &span);
+            Chars::Contiguous {
+                start: run.start,
+                len: run.len(),
             }
+        };
+        let whole = breaks
+            || chars.len() <= 2 * edge + 4
+            || holds_nested(input.get(run).unwrap_or_default(), min_run);
+        let vs = views.get_or_insert_with(|| std::array::from_fn(|_| View::with_capacity(0)));
+        for (offset, v) in vs.iter_mut().enumerate() {
+            if chars.len() < min_run + offset {
+                continue;
+            }
+            let from = chars.slice(offset, chars.len());
+            if whole {
+                decode_run(input, from, v, &span);
+                continue;
+            }
+            // Both ends start on a quantum of this offset.
+            decode_run(input, from.slice(0, edge), v, &span);
+            v.push(SEPARATOR, (0, 0));
+            let tail = (from.len() - edge) / 4 * 4;
+            decode_run(input, from.slice(tail, from.len()), v, &span);
         }
     };
     // One pass: a run is its characters and the line breaks inside it.
@@ -379,13 +461,13 @@ fn base64(
         } else if count > 0 && (b == b'\n' || b == b'\r') {
             breaks = true;
         } else {
-            if count >= min_run.max(2) {
+            if count >= min_run {
                 decode(start..k, breaks);
             }
             count = 0;
         }
     }
-    if count >= min_run.max(2) {
+    if count >= min_run {
         decode(start..input.len(), breaks);
     }
     if let Some(vs) = views {
@@ -393,18 +475,86 @@ fn base64(
     }
 }
 
-/// Decodes the characters at `at` (positions in `input`), each decoded byte
-/// spanning the characters its bits came from.
+/// For each pair of base64 values `(a, b)`, what the byte decoded from the
+/// pair is when it is byte `j` of its quantum (`a` the quantum's character
+/// `j`, `b` its character `j + 1`): bit `j` set when that byte starts an
+/// escape of a nested decoder (`\`, `%`, `&`), bit `3 + j` when it is a
+/// base64 character or a line break (it may lengthen a nested run).
+const PAIRS: [u8; 64 * 64] = {
+    let mut t = [0u8; 64 * 64];
+    let mut i = 0;
+    while i < 64 * 64 {
+        #[allow(clippy::cast_possible_truncation)] // i < 4096
+        let (a, b) = ((i / 64) as u8, (i % 64) as u8);
+        let bytes = [(a << 2) | (b >> 4), (a << 4) | (b >> 2), (a << 6) | b];
+        let mut j = 0;
+        while j < 3 {
+            let d = bytes[j];
+            if matches!(d, b'\\' | b'%' | b'&') {
+                t[i] |= 1 << j;
+            }
+            if d.is_ascii_alphanumeric() || matches!(d, b'+' | b'-' | b'/' | b'_' | b'\n' | b'\r') {
+                t[i] |= 1 << (3 + j);
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// Whether a decoded view of `run` (base64 characters only), at any of
+/// the four offsets, holds a byte a nested escape decoder reads or a
+/// base64 run `min_run` long that the nested base64 decoder reads: then
+/// the run is decoded whole. Reads pairs of characters, decodes nothing.
+fn holds_nested(run: &[u8], min_run: usize) -> bool {
+    const ESCAPES: u8 = 0b111;
+    // The length of the decoded base64 run ending here, per offset.
+    let mut count = [0usize; 4];
+    let mut values = run.iter().map(|&b| b64_value(b).unwrap_or(0));
+    let Some(mut prev) = values.next() else {
+        return false;
+    };
+    for (k, v) in values.enumerate() {
+        // The pair of characters `k` and `k + 1`.
+        let class = PAIRS[usize::from(prev) * 64 + usize::from(v)];
+        if class & ESCAPES != 0 {
+            return true;
+        }
+        for (offset, n) in count.iter_mut().enumerate() {
+            // Byte `j` of a quantum of this offset, or none (`j == 3`).
+            let j = k.wrapping_sub(offset) & 3;
+            if j == 3 {
+                continue;
+            }
+            if class & (1 << (3 + j)) != 0 {
+                *n += 1;
+                if *n >= min_run {
+                    return true;
+                }
+            } else {
+                *n = 0;
+            }
+        }
+        prev = v;
+    }
+    false
+}
+
+/// Decodes the characters `at`, each decoded byte spanning the characters
+/// its bits came from.
 fn decode_run(
     input: &[u8],
-    at: &[usize],
+    at: Chars<'_>,
     view: &mut View,
     span: &impl Fn(usize, usize) -> (u32, u32),
 ) {
     let value = |k: usize| -> Option<(u8, usize)> {
-        let pos = *at.get(k)?;
+        let pos = at.at(k)?;
         Some((b64_value(*input.get(pos)?)?, pos))
     };
+    view.bytes.reserve(at.len() / 4 * 3 + 3);
+    view.spans.reserve(at.len() / 4 * 3 + 3);
     let mut k = 0;
     while k + 1 < at.len() {
         // Byte j of a quantum takes its bits from characters j and j+1.
