@@ -26,7 +26,7 @@ mod view;
 
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind, packed};
 
 pub use forms::MIN_REDACT_LEN;
 pub use stream::StreamRedactor;
@@ -47,7 +47,7 @@ struct Searcher {
     automaton: AhoCorasick,
     /// The needles' base64 cores ([`forms::base64_cores`]), case kept;
     /// `cores` holds each pattern's lead and trail characters.
-    base64: AhoCorasick,
+    base64: CoreSearch,
     cores: Vec<(usize, usize)>,
     /// The longest needle, in bytes.
     longest: usize,
@@ -69,7 +69,7 @@ impl Searcher {
         for m in self.automaton.find_iter(bytes) {
             found.extend(span(m.start(), m.end()));
         }
-        for m in self.base64.find_iter(bytes) {
+        self.base64.for_each(bytes, |m| {
             let (lead, trail) = self
                 .cores
                 .get(m.pattern().as_usize())
@@ -86,6 +86,39 @@ impl Searcher {
                 m.end()
             };
             found.extend(span(start, end));
+        });
+    }
+}
+
+/// The search for the base64 cores: Teddy (the `packed` searcher, which
+/// takes up to 64 patterns) where it builds, or an automaton. The
+/// automaton's own prefilter takes Teddy for 16 patterns at most and
+/// otherwise a few rare bytes, which a base64 answer holds everywhere.
+enum CoreSearch {
+    Packed(packed::Searcher),
+    Automaton(AhoCorasick),
+}
+
+impl CoreSearch {
+    fn new(cores: &[forms::Core]) -> Result<CoreSearch, aho_corasick::BuildError> {
+        let packed = packed::Config::new()
+            .match_kind(packed::MatchKind::LeftmostLongest)
+            .builder()
+            .extend(cores.iter().map(|c| c.chars.as_slice()))
+            .build();
+        if let Some(p) = packed {
+            return Ok(CoreSearch::Packed(p));
+        }
+        AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(cores.iter().map(|c| c.chars.as_slice()))
+            .map(CoreSearch::Automaton)
+    }
+
+    fn for_each(&self, bytes: &[u8], f: impl FnMut(aho_corasick::Match)) {
+        match self {
+            CoreSearch::Packed(p) => p.find_iter(bytes).for_each(f),
+            CoreSearch::Automaton(a) => a.find_iter(bytes).for_each(f),
         }
     }
 }
@@ -120,9 +153,7 @@ impl Redactor {
             .ascii_case_insensitive(true)
             .match_kind(MatchKind::LeftmostLongest)
             .build(needles.iter().map(|n| n.as_slice()));
-        let base64 = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(cores.iter().map(|c| c.chars.as_slice()));
+        let base64 = CoreSearch::new(&cores);
         match automaton.and_then(|a| Ok((a, base64?))) {
             Ok((automaton, base64)) => Redactor {
                 inner: Some(Arc::new(Searcher {
@@ -166,6 +197,14 @@ impl Redactor {
         self.inner
             .as_ref()
             .map_or(0, |s| s.longest * per_byte * per_byte + 8)
+    }
+
+    /// The most bytes of an answer that one escape a decoder reads, in a
+    /// view or in a view of a view, spans: what a stream keeps of what it
+    /// already let out, so that an escape cut by the stream's cut is read
+    /// whole (a match in what follows is read as in the whole answer).
+    pub(crate) fn longest_escape(&self) -> usize {
+        Decoder::MAX_EXPANSION * Decoder::MAX_EXPANSION
     }
 
     /// The spans of `input` that hold a credential value in some form,

@@ -277,3 +277,95 @@ fn random_answers_are_redacted_where_their_values_were_written() {
         assert_eq!(out, whole, "case {case}: stream");
     }
 }
+
+/// Whether `out` still holds the secret's base64: its letters left, read
+/// at each of the four offsets, decode to a piece of it.
+fn base64_leaks(out: &[u8]) -> bool {
+    let left: String = String::from_utf8_lossy(out)
+        .replace(REDACTED, " ")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "+/-_ ".contains(*c))
+        .collect();
+    left.split(' ').any(|run| {
+        (0..4).any(|skip| {
+            let run = run
+                .get(skip..)
+                .unwrap_or("")
+                .replace('-', "+")
+                .replace('_', "/");
+            let run = run.get(..run.len() / 4 * 4).unwrap_or("");
+            base64::engine::general_purpose::STANDARD
+                .decode(run)
+                .is_ok_and(|d| String::from_utf8_lossy(&d).contains("XUtn"))
+        })
+    })
+}
+
+/// A hostile upstream cuts the secret's base64 (URL-safe, unpadded, at
+/// each alignment, alone, inside a long base64 run, across a line break)
+/// into two chunks at every position: the stream redacts it all the same.
+#[test]
+fn a_hostile_upstream_cannot_split_a_values_base64_past_the_stream() {
+    let r = Redactor::new([SECRET]);
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let run = "Z".repeat(8000);
+    for lead in 0..3 {
+        let enc = url.encode(format!("{}{SECRET}yy", "x".repeat(lead)));
+        let mid = enc.len() / 2;
+        let texts = [
+            enc.clone(),
+            format!("{run}{enc}{run}"),
+            format!("{}\r\n{}", &enc[..mid], &enc[mid..]),
+            format!("{run}{}\n{}{run}", &enc[..mid], &enc[mid..]),
+        ];
+        for (t, text) in texts.iter().enumerate() {
+            assert!(base64_leaks(text.as_bytes()), "the probe reads {t}");
+            let at = text.find(&enc[..4]).unwrap_or(0);
+            for cut in at.saturating_sub(2)..(at + enc.len() + 4).min(text.len()) {
+                let mut s = r.stream();
+                let mut out = s.push(&text.as_bytes()[..cut]);
+                out.extend(s.push(&text.as_bytes()[cut..]));
+                out.extend(s.finish());
+                assert!(
+                    !base64_leaks(&out),
+                    "lead {lead}, text {t}, cut {cut}: {}",
+                    String::from_utf8_lossy(&out)
+                );
+            }
+        }
+    }
+}
+
+/// A value's base64 inside a long run that is decoded only at its ends
+/// (its middle holds nothing a nested decoder reads), and a value split
+/// between two such runs: redacted over the characters it was encoded
+/// into, as a decoded view gives.
+#[test]
+fn base64_in_the_middle_of_a_long_run_and_split_between_two() {
+    let r = Redactor::new([SECRET]);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let run = "Z".repeat(4000);
+    for lead in 0..3 {
+        let data = format!("{}{SECRET}", "x".repeat(lead));
+        let enc = b64.encode(&data);
+        let text = format!("{run}{enc}{run}");
+        let out = r.bytes(text.as_bytes());
+        assert!(!base64_leaks(&out), "lead {lead}");
+        // The span starts on the first character the value's first byte
+        // went into.
+        let first = run.len() + lead * 4 / 3;
+        assert_eq!(
+            r.spans(text.as_bytes()).first().map(|s| s.0),
+            Some(first),
+            "lead {lead}"
+        );
+    }
+    // Split between two padded runs, each long.
+    let (a, b) = SECRET.split_at(16);
+    let text = format!(
+        "{run}{}.{}{run}",
+        b64.encode(format!("{}{a}", "x".repeat(3000))),
+        b64.encode(format!("{b}{}", "y".repeat(3000)))
+    );
+    assert!(r.str(&text).contains(REDACTED), "split between two runs");
+}

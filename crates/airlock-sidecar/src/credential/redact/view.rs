@@ -509,34 +509,46 @@ const PAIRS: [u8; 64 * 64] = {
 /// the run is decoded whole. Reads pairs of characters, decodes nothing.
 fn holds_nested(run: &[u8], min_run: usize) -> bool {
     const ESCAPES: u8 = 0b111;
-    // The length of the decoded base64 run ending here, per offset.
-    let mut count = [0usize; 4];
-    let mut values = run.iter().map(|&b| b64_value(b).unwrap_or(0));
-    let Some(mut prev) = values.next() else {
-        return false;
+    // The value of each base64 character (either alphabet).
+    const VALUES: [u8; 256] = {
+        let mut t = [0u8; 256];
+        let mut v = 0u8;
+        while v < 64 {
+            let c = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[v as usize];
+            t[c as usize] = v;
+            v += 1;
+        }
+        t[b'-' as usize] = 62;
+        t[b'_' as usize] = 63;
+        t
     };
-    for (k, v) in values.enumerate() {
-        // The pair of characters `k` and `k + 1`.
+    // The length of the decoded base64 run ending here, per offset: the
+    // pair of characters `k` and `k + 1` is byte `j = (k - offset) mod 4`
+    // of a quantum of that offset, or none when `j` is 3.
+    let mut count = [0usize; 4];
+    let mut prev = match run.first() {
+        Some(&b) => VALUES[usize::from(b)],
+        None => return false,
+    };
+    for (k, &b) in run.iter().skip(1).enumerate() {
+        let v = VALUES[usize::from(b)];
         let class = PAIRS[usize::from(prev) * 64 + usize::from(v)];
+        prev = v;
         if class & ESCAPES != 0 {
             return true;
         }
+        let mut longest = 0;
         for (offset, n) in count.iter_mut().enumerate() {
-            // Byte `j` of a quantum of this offset, or none (`j == 3`).
             let j = k.wrapping_sub(offset) & 3;
-            if j == 3 {
-                continue;
-            }
-            if class & (1 << (3 + j)) != 0 {
-                *n += 1;
-                if *n >= min_run {
-                    return true;
-                }
-            } else {
-                *n = 0;
+            if j < 3 {
+                let lengthens = usize::from(class >> (3 + j) & 1);
+                *n = (*n + 1) * lengthens;
+                longest = longest.max(*n);
             }
         }
-        prev = v;
+        if longest >= min_run {
+            return true;
+        }
     }
     false
 }
