@@ -475,30 +475,80 @@ fn base64(
     }
 }
 
-/// For each pair of base64 values `(a, b)`, what the byte decoded from the
-/// pair is when it is byte `j` of its quantum (`a` the quantum's character
-/// `j`, `b` its character `j + 1`): bit `j` set when that byte starts an
-/// escape of a nested decoder (`\`, `%`, `&`), bit `3 + j` when it is a
-/// base64 character or a line break (it may lengthen a nested run).
-const PAIRS: [u8; 64 * 64] = {
-    let mut t = [0u8; 64 * 64];
+/// The value of each base64 character (either alphabet; 0 for others).
+const VALUES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut v = 0u8;
+    while v < 64 {
+        let c = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[v as usize];
+        t[c as usize] = v;
+        v += 1;
+    }
+    t[b'-' as usize] = 62;
+    t[b'_' as usize] = 63;
+    t
+};
+
+/// Set in [`PAIRS`] when a byte decoded from the pair starts an escape of
+/// a nested decoder (`\`, `%`, `&`), whatever its place in the quantum.
+const ESCAPE: u8 = 1 << 4;
+
+/// For each place `p` of a pair of characters (the index of its first
+/// character, mod 4) and each pair of base64 values `(a, b)`: bit `o` set
+/// when, in the view of offset `o`, the pair decodes to no byte (it is
+/// characters 3 and 0 of two quanta) or to a byte that is a base64
+/// character or a line break (it may lengthen a run the nested base64
+/// decoder reads); [`ESCAPE`] as it says.
+const PAIRS: [[u8; 64 * 64]; 4] = {
+    let mut t = [[0u8; 64 * 64]; 4];
     let mut i = 0;
     while i < 64 * 64 {
         #[allow(clippy::cast_possible_truncation)] // i < 4096
         let (a, b) = ((i / 64) as u8, (i % 64) as u8);
+        // The byte the pair decodes to as byte `j` of its quantum.
         let bytes = [(a << 2) | (b >> 4), (a << 4) | (b >> 2), (a << 6) | b];
-        let mut j = 0;
-        while j < 3 {
-            let d = bytes[j];
-            if matches!(d, b'\\' | b'%' | b'&') {
-                t[i] |= 1 << j;
+        let mut p = 0;
+        while p < 4 {
+            let mut o = 0;
+            while o < 4 {
+                let j = (p + 4 - o) % 4;
+                let lengthens = j == 3 || {
+                    let d = bytes[j];
+                    d.is_ascii_alphanumeric()
+                        || matches!(d, b'+' | b'-' | b'/' | b'_' | b'\n' | b'\r')
+                };
+                if lengthens {
+                    t[p][i] |= 1 << o;
+                }
+                o += 1;
             }
-            if d.is_ascii_alphanumeric() || matches!(d, b'+' | b'-' | b'/' | b'_' | b'\n' | b'\r') {
-                t[i] |= 1 << (3 + j);
+            let mut j = 0;
+            while j < 3 {
+                if matches!(bytes[j], b'\\' | b'%' | b'&') {
+                    t[p][i] |= ESCAPE;
+                }
+                j += 1;
             }
-            j += 1;
+            p += 1;
         }
         i += 1;
+    }
+    t
+};
+
+/// The four 16-bit lanes of a `u64` whose bits are set in a 4-bit mask.
+const LANES: [u64; 16] = {
+    let mut t = [0u64; 16];
+    let mut m = 0;
+    while m < 16 {
+        let mut o = 0;
+        while o < 4 {
+            if m & (1 << o) != 0 {
+                t[m] |= 0xffff << (16 * o);
+            }
+            o += 1;
+        }
+        m += 1;
     }
     t
 };
@@ -507,46 +557,36 @@ const PAIRS: [u8; 64 * 64] = {
 /// the four offsets, holds a byte a nested escape decoder reads or a
 /// base64 run `min_run` long that the nested base64 decoder reads: then
 /// the run is decoded whole. Reads pairs of characters, decodes nothing.
+///
+/// Per offset it counts the pairs in a row that lengthen a decoded run
+/// ([`PAIRS`]), the four counts in the lanes of one `u64`: `m` decoded
+/// bytes take at least `(4m - 1) / 3` pairs, so a count that reaches that
+/// for `m = min_run` is reported (a superset: decoding more is safe).
 fn holds_nested(run: &[u8], min_run: usize) -> bool {
-    const ESCAPES: u8 = 0b111;
-    // The value of each base64 character (either alphabet).
-    const VALUES: [u8; 256] = {
-        let mut t = [0u8; 256];
-        let mut v = 0u8;
-        while v < 64 {
-            let c = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[v as usize];
-            t[c as usize] = v;
-            v += 1;
-        }
-        t[b'-' as usize] = 62;
-        t[b'_' as usize] = 63;
-        t
-    };
-    // The length of the decoded base64 run ending here, per offset: the
-    // pair of characters `k` and `k + 1` is byte `j = (k - offset) mod 4`
-    // of a quantum of that offset, or none when `j` is 3.
-    let mut count = [0usize; 4];
+    let pairs = u64::try_from(min_run.saturating_mul(4).saturating_sub(1) / 3).unwrap_or(u64::MAX);
+    if pairs >= 0x8000 {
+        // More than a lane counts: decoded whole.
+        return true;
+    }
+    let pairs = pairs.max(1);
+    const ONES: u64 = 0x0001_0001_0001_0001;
+    const HIGH: u64 = 0x8000_8000_8000_8000;
+    // A lane's count reaches `pairs` when adding this sets its high bit.
+    let bias = (0x8000 - pairs) * ONES;
+    let mut count = 0u64;
     let mut prev = match run.first() {
         Some(&b) => VALUES[usize::from(b)],
         None => return false,
     };
     for (k, &b) in run.iter().skip(1).enumerate() {
         let v = VALUES[usize::from(b)];
-        let class = PAIRS[usize::from(prev) * 64 + usize::from(v)];
+        let class = PAIRS[k & 3][usize::from(prev) * 64 + usize::from(v)];
         prev = v;
-        if class & ESCAPES != 0 {
+        if class & ESCAPE != 0 {
             return true;
         }
-        let mut longest = 0;
-        for (offset, n) in count.iter_mut().enumerate() {
-            let j = k.wrapping_sub(offset) & 3;
-            if j < 3 {
-                let lengthens = usize::from(class >> (3 + j) & 1);
-                *n = (*n + 1) * lengthens;
-                longest = longest.max(*n);
-            }
-        }
-        if longest >= min_run {
+        count = (count + ONES) & LANES[usize::from(class & 0xf)];
+        if (count + bias) & HIGH != 0 {
             return true;
         }
     }
