@@ -12,6 +12,9 @@
 //! alphabet, padded or not, wherever the value lies inside a longer base64
 //! text (so `user:password` in Basic too), and each of these views decoded
 //! once more (base64 of a JSON-escaped value, a percent-encoded JSON text).
+//! A value's own base64 is searched for as written (a second search, case
+//! kept, for its base64 cores: [`forms::base64_cores`]), so a base64 run is
+//! decoded whole only where a line break or a nested decoder needs it.
 //! A value found in a view is replaced, in the answer, by the span of bytes
 //! it was decoded from. A streamed answer goes through a [`StreamRedactor`],
 //! which keeps back the longest span a match can take.

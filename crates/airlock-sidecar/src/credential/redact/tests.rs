@@ -342,12 +342,11 @@ fn a_hostile_upstream_cannot_split_a_values_base64_past_the_stream() {
 /// into, as a decoded view gives.
 #[test]
 fn base64_in_the_middle_of_a_long_run_and_split_between_two() {
-    let r = Redactor::new([SECRET]);
-    let b64 = base64::engine::general_purpose::STANDARD;
     let run = "Z".repeat(4000);
-    for lead in 0..3 {
-        let data = format!("{}{SECRET}", "x".repeat(lead));
-        let enc = b64.encode(&data);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let r = Redactor::new([SECRET]);
+    for lead in [0, 1, 2] {
+        let enc = b64.encode(format!("{}{SECRET}", "x".repeat(lead)));
         let text = format!("{run}{enc}{run}");
         let out = r.bytes(text.as_bytes());
         assert!(!base64_leaks(&out), "lead {lead}");
