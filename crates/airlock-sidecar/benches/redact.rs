@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p airlock-sidecar --bench redact`
 //!
-//! Each answer (`REDACT_BENCH_MB` MiB, default 16) is pushed through a
+//! Each answer (`REDACT_BENCH_MB` MiB, default 16; `REDACT_BENCH_ONLY` a
+//! part of the names of the answers to measure) is pushed through a
 //! [`StreamRedactor`] in 16 KiB chunks, as the intercepting proxy does,
 //! with one 32-byte credential value. Beside each figure, in the same loop:
 //! copying the same chunks (the floor of any body that is passed on) and
@@ -101,7 +102,12 @@ fn main() {
         "  {:<30} {:>22} {:>22} {:>22}",
         "answer", "stream redactor", "copy (floor)", "raw search (floor)"
     );
+    // `REDACT_BENCH_ONLY=json` measures only the answers whose name holds it.
+    let only = std::env::var("REDACT_BENCH_ONLY").unwrap_or_default();
     for (name, answer) in answers(mb * 1024 * 1024) {
+        if !name.to_lowercase().contains(&only.to_lowercase()) {
+            continue;
+        }
         let (mut red, mut copy, mut search) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps {
             let t = Instant::now();

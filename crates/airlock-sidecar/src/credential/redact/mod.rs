@@ -12,10 +12,15 @@
 //! alphabet, padded or not, wherever the value lies inside a longer base64
 //! text (so `user:password` in Basic too), and each of these views decoded
 //! once more (base64 of a JSON-escaped value, a percent-encoded JSON text).
+//! A value's own base64 is searched for as written (a second search, case
+//! kept, for its base64 cores: [`forms::base64_cores`]), so a base64 run is
+//! decoded whole only where a line break or a nested decoder needs it.
 //! A value found in a view is replaced, in the answer, by the span of bytes
 //! it was decoded from. A streamed answer goes through a [`StreamRedactor`],
 //! which keeps back the longest span a match can take.
 
+#[cfg(test)]
+mod differential;
 mod forms;
 mod stream;
 #[cfg(test)]
@@ -24,7 +29,7 @@ mod view;
 
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind, packed};
 
 pub use forms::MIN_REDACT_LEN;
 pub use stream::StreamRedactor;
@@ -41,11 +46,84 @@ pub struct Redactor {
 }
 
 struct Searcher {
+    /// The needles, ASCII case ignored.
     automaton: AhoCorasick,
+    /// The needles' base64 cores ([`forms::base64_cores`]), case kept;
+    /// `cores` holds each pattern's lead and trail characters.
+    base64: CoreSearch,
+    cores: Vec<(usize, usize)>,
     /// The longest needle, in bytes.
     longest: usize,
     /// The shortest base64 run that can hold the shortest needle.
     min_run: usize,
+}
+
+impl Searcher {
+    /// Pushes onto `found` the answer's span of each match in `bytes` (the
+    /// answer, or a view of it: `span` maps the view's bytes to the
+    /// answer's), a base64 core's widened by its lead and trail characters
+    /// where `bytes` holds base64 there.
+    fn search(
+        &self,
+        bytes: &[u8],
+        span: impl Fn(usize, usize) -> Option<(usize, usize)>,
+        found: &mut Vec<(usize, usize)>,
+    ) {
+        for m in self.automaton.find_iter(bytes) {
+            found.extend(span(m.start(), m.end()));
+        }
+        self.base64.for_each(bytes, |m| {
+            let (lead, trail) = self
+                .cores
+                .get(m.pattern().as_usize())
+                .copied()
+                .unwrap_or_default();
+            let b64_at = |k: usize| bytes.get(k).is_some_and(|&b| view::is_b64(b));
+            let start = match m.start().checked_sub(lead) {
+                Some(s) if b64_at(s) => s,
+                _ => m.start(),
+            };
+            let end = if trail > 0 && b64_at(m.end()) {
+                m.end() + trail
+            } else {
+                m.end()
+            };
+            found.extend(span(start, end));
+        });
+    }
+}
+
+/// The search for the base64 cores: Teddy (the `packed` searcher, which
+/// takes up to 64 patterns) where it builds, or an automaton. The
+/// automaton's own prefilter takes Teddy for 16 patterns at most and
+/// otherwise a few rare bytes, which a base64 answer holds everywhere.
+enum CoreSearch {
+    Packed(packed::Searcher),
+    Automaton(AhoCorasick),
+}
+
+impl CoreSearch {
+    fn new(cores: &[forms::Core]) -> Result<CoreSearch, aho_corasick::BuildError> {
+        let packed = packed::Config::new()
+            .match_kind(packed::MatchKind::LeftmostLongest)
+            .builder()
+            .extend(cores.iter().map(|c| c.chars.as_slice()))
+            .build();
+        if let Some(p) = packed {
+            return Ok(CoreSearch::Packed(p));
+        }
+        AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(cores.iter().map(|c| c.chars.as_slice()))
+            .map(CoreSearch::Automaton)
+    }
+
+    fn for_each(&self, bytes: &[u8], f: impl FnMut(aho_corasick::Match)) {
+        match self {
+            CoreSearch::Packed(p) => p.find_iter(bytes).for_each(f),
+            CoreSearch::Automaton(a) => a.find_iter(bytes).for_each(f),
+        }
+    }
 }
 
 impl Redactor {
@@ -70,14 +148,21 @@ impl Redactor {
             return Redactor::none();
         };
         let shortest = needles.iter().map(|n| n.len()).min().unwrap_or(longest);
+        let cores: Vec<forms::Core> = needles
+            .iter()
+            .flat_map(|n| forms::base64_cores(n))
+            .collect();
         let automaton = AhoCorasickBuilder::new()
             .ascii_case_insensitive(true)
             .match_kind(MatchKind::LeftmostLongest)
             .build(needles.iter().map(|n| n.as_slice()));
-        match automaton {
-            Ok(automaton) => Redactor {
+        let base64 = CoreSearch::new(&cores);
+        match automaton.and_then(|a| Ok((a, base64?))) {
+            Ok((automaton, base64)) => Redactor {
                 inner: Some(Arc::new(Searcher {
                     automaton,
+                    base64,
+                    cores: cores.iter().map(|c| (c.lead, c.trail)).collect(),
                     longest,
                     min_run: shortest * 4 / 3,
                 })),
@@ -117,6 +202,14 @@ impl Redactor {
             .map_or(0, |s| s.longest * per_byte * per_byte + 8)
     }
 
+    /// The most bytes of an answer that one escape a decoder reads, in a
+    /// view or in a view of a view, spans: what a stream keeps of what it
+    /// already let out, so that an escape cut by the stream's cut is read
+    /// whole (a match in what follows is read as in the whole answer).
+    pub(crate) fn longest_escape(&self) -> usize {
+        Decoder::MAX_EXPANSION * Decoder::MAX_EXPANSION
+    }
+
     /// The spans of `input` that hold a credential value in some form,
     /// sorted, merged.
     pub(crate) fn spans(&self, input: &[u8]) -> Vec<(usize, usize)> {
@@ -124,15 +217,9 @@ impl Redactor {
             return Vec::new();
         };
         let mut found: Vec<(usize, usize)> = Vec::new();
-        for m in s.automaton.find_iter(input) {
-            found.push((m.start(), m.end()));
-        }
+        s.search(input, |start, end| Some((start, end)), &mut found);
         let search = |v: &View, found: &mut Vec<(usize, usize)>| {
-            for m in s.automaton.find_iter(&v.bytes) {
-                if let Some(span) = v.span(m.start(), m.end()) {
-                    found.push(span);
-                }
-            }
+            s.search(&v.bytes, |start, end| v.span(start, end), found);
         };
         let reach = Reach {
             longest: s.longest,

@@ -2,9 +2,12 @@
 //!
 //! The stream keeps back the last [`Redactor::longest_span`] bytes of what
 //! it was given (a match starting there may end in a chunk not yet seen)
-//! and as much again of what it already let out, searched again as context
-//! so that a decoder reads a kept-back escape or base64 run as it would in
-//! the whole answer.
+//! and the last [`Redactor::longest_escape`] bytes of what it already let
+//! out, searched again as context so that an escape that began there is
+//! read whole. A match that starts in what was let out was found when it
+//! was let out (it was kept back until it ended); one that starts after
+//! needs no more context: a base64 run is decoded at every offset, and an
+//! escape decoder reads forward from an escape's first byte.
 
 use super::{REDACTED, Redactor};
 
@@ -75,8 +78,7 @@ impl StreamRedactor {
             from = end.min(cut);
         }
         out.extend_from_slice(self.buf.get(from..cut).unwrap_or_default());
-        // Keep as context at most as much as is kept back.
-        let context = self.redactor.longest_span();
+        let context = self.redactor.longest_escape();
         let drop = cut.saturating_sub(context);
         self.buf.drain(..drop);
         self.emitted = cut - drop;

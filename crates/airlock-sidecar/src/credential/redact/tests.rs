@@ -235,3 +235,136 @@ fn a_stream_finds_a_value_split_across_chunks() {
     assert_eq!(none.push(b"abc"), b"abc");
     assert!(none.finish().is_empty());
 }
+
+/// Whether `spans` (sorted, merged) cover `must` whole.
+fn covered(spans: &[(usize, usize)], must: (usize, usize)) -> bool {
+    spans.iter().any(|&(s, e)| s <= must.0 && must.1 <= e)
+}
+
+/// Random answers ([`differential`]): every value is redacted over every
+/// byte it was encoded into, and a stream cut anywhere gives what the
+/// whole answer gives.
+#[test]
+fn random_answers_are_redacted_where_their_values_were_written() {
+    let mut rng = differential::Rng::new(44);
+    for case in 0..1000 {
+        let secrets: Vec<String> = (0..1 + rng.below(2))
+            .map(|_| differential::secret(&mut rng))
+            .collect();
+        let r = Redactor::new(secrets.iter().map(String::as_str));
+        let (answer, must) = differential::answer(&mut rng, &secrets);
+        let spans = r.spans(&answer);
+        for m in &must {
+            assert!(
+                covered(&spans, *m),
+                "case {case}: {m:?} of {:?} not in {spans:?}: {secrets:?}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        if case % 4 != 0 {
+            continue;
+        }
+        let whole = r.bytes(&answer);
+        let mut s = r.stream();
+        let mut out = Vec::new();
+        let mut rest = answer.as_slice();
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(1 + rng.below(rest.len().min(2000)));
+            out.extend(s.push(chunk));
+            rest = tail;
+        }
+        out.extend(s.finish());
+        assert_eq!(out, whole, "case {case}: stream");
+    }
+}
+
+/// Whether `out` still holds the secret's base64: its letters left, read
+/// at each of the four offsets, decode to a piece of it.
+fn base64_leaks(out: &[u8]) -> bool {
+    let left: String = String::from_utf8_lossy(out)
+        .replace(REDACTED, " ")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "+/-_ ".contains(*c))
+        .collect();
+    left.split(' ').any(|run| {
+        (0..4).any(|skip| {
+            let run = run
+                .get(skip..)
+                .unwrap_or("")
+                .replace('-', "+")
+                .replace('_', "/");
+            let run = run.get(..run.len() / 4 * 4).unwrap_or("");
+            base64::engine::general_purpose::STANDARD
+                .decode(run)
+                .is_ok_and(|d| String::from_utf8_lossy(&d).contains("XUtn"))
+        })
+    })
+}
+
+/// A hostile upstream cuts the secret's base64 (URL-safe, unpadded, at
+/// each alignment, alone, inside a long base64 run, across a line break)
+/// into two chunks at every position: the stream redacts it all the same.
+#[test]
+fn a_hostile_upstream_cannot_split_a_values_base64_past_the_stream() {
+    let r = Redactor::new([SECRET]);
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let run = "Z".repeat(8000);
+    for lead in 0..3 {
+        let enc = url.encode(format!("{}{SECRET}yy", "x".repeat(lead)));
+        let mid = enc.len() / 2;
+        let texts = [
+            enc.clone(),
+            format!("{run}{enc}{run}"),
+            format!("{}\r\n{}", &enc[..mid], &enc[mid..]),
+            format!("{run}{}\n{}{run}", &enc[..mid], &enc[mid..]),
+        ];
+        for (t, text) in texts.iter().enumerate() {
+            assert!(base64_leaks(text.as_bytes()), "the probe reads {t}");
+            let at = text.find(&enc[..4]).unwrap_or(0);
+            for cut in at.saturating_sub(2)..(at + enc.len() + 4).min(text.len()) {
+                let mut s = r.stream();
+                let mut out = s.push(&text.as_bytes()[..cut]);
+                out.extend(s.push(&text.as_bytes()[cut..]));
+                out.extend(s.finish());
+                assert!(
+                    !base64_leaks(&out),
+                    "lead {lead}, text {t}, cut {cut}: {}",
+                    String::from_utf8_lossy(&out)
+                );
+            }
+        }
+    }
+}
+
+/// A value's base64 inside a long run that is decoded only at its ends
+/// (its middle holds nothing a nested decoder reads), and a value split
+/// between two such runs: redacted over the characters it was encoded
+/// into, as a decoded view gives.
+#[test]
+fn base64_in_the_middle_of_a_long_run_and_split_between_two() {
+    let run = "Z".repeat(4000);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let r = Redactor::new([SECRET]);
+    for lead in [0, 1, 2] {
+        let enc = b64.encode(format!("{}{SECRET}", "x".repeat(lead)));
+        let text = format!("{run}{enc}{run}");
+        let out = r.bytes(text.as_bytes());
+        assert!(!base64_leaks(&out), "lead {lead}");
+        // The span starts on the first character the value's first byte
+        // went into.
+        let first = run.len() + lead * 4 / 3;
+        assert_eq!(
+            r.spans(text.as_bytes()).first().map(|s| s.0),
+            Some(first),
+            "lead {lead}"
+        );
+    }
+    // Split between two padded runs, each long.
+    let (a, b) = SECRET.split_at(16);
+    let text = format!(
+        "{run}{}.{}{run}",
+        b64.encode(format!("{}{a}", "x".repeat(3000))),
+        b64.encode(format!("{b}{}", "y".repeat(3000)))
+    );
+    assert!(r.str(&text).contains(REDACTED), "split between two runs");
+}

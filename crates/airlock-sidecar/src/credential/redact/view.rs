@@ -54,6 +54,20 @@ pub(super) struct Reach {
     pub(super) min_run: usize,
 }
 
+impl Reach {
+    /// The characters decoded at each end of a base64 run that is not
+    /// decoded whole, a multiple of 4: the longest needle, or the widest
+    /// window a nested escape decoder opens around an escape of the
+    /// neighbouring run (reach and the escape), in decoded bytes, as base64.
+    fn edge(self) -> usize {
+        let bytes = self
+            .longest
+            .saturating_mul(Decoder::MAX_EXPANSION)
+            .saturating_add(Decoder::MAX_EXPANSION);
+        (bytes / 3 + 1).saturating_mul(4)
+    }
+}
+
 /// The decoders whose views are searched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Decoder {
@@ -138,7 +152,7 @@ impl Decoder {
             Decoder::Json => decode_escapes(input, b'\\', window, span, json_escape),
             Decoder::Percent => decode_escapes(input, b'%', window, span, percent_escape),
             Decoder::Html => decode_escapes(input, b'&', window, span, html_escape),
-            Decoder::Base64 => return base64(input, reach.min_run, span, out),
+            Decoder::Base64 => return base64(input, reach, span, out),
         };
         out.extend(view);
     }
@@ -322,7 +336,7 @@ fn b64_value(b: u8) -> Option<u8> {
 }
 
 /// Whether `b` is a character of either base64 alphabet (one table).
-fn is_b64(b: u8) -> bool {
+pub(super) fn is_b64(b: u8) -> bool {
     const TABLE: [bool; 256] = {
         let mut t = [false; 256];
         let mut i = 0;
@@ -337,34 +351,102 @@ fn is_b64(b: u8) -> bool {
     TABLE[usize::from(b)]
 }
 
+/// The characters of one base64 run: contiguous, or listed (a run with
+/// line breaks, which are skipped).
+#[derive(Clone, Copy)]
+enum Chars<'a> {
+    Contiguous { start: usize, len: usize },
+    Listed(&'a [usize]),
+}
+
+impl Chars<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Chars::Contiguous { len, .. } => *len,
+            Chars::Listed(at) => at.len(),
+        }
+    }
+
+    /// The position in the input of the run's character `k`.
+    fn at(&self, k: usize) -> Option<usize> {
+        match self {
+            Chars::Contiguous { start, len } => (k < *len).then(|| start + k),
+            Chars::Listed(at) => at.get(k).copied(),
+        }
+    }
+
+    /// Characters `from..to` of the run (clamped).
+    fn slice(&self, from: usize, to: usize) -> Self {
+        let to = to.min(self.len());
+        let from = from.min(to);
+        match self {
+            Chars::Contiguous { start, .. } => Chars::Contiguous {
+                start: start + from,
+                len: to - from,
+            },
+            Chars::Listed(at) => Chars::Listed(at.get(from..to).unwrap_or_default()),
+        }
+    }
+}
+
 /// Pushes onto `out` the four views (one per character offset) of the
 /// base64 runs of `input` at least `min_run` characters long, each view
 /// the runs' decoded bytes one after the other (a value split between two
 /// runs, each padded, is found whole); nothing when there is no such run
 /// (most answers: one pass, no copy).
+///
+/// A value's own base64 inside a run is found by the search for its cores
+/// ([`forms::base64_cores`]) in the text itself; what only a decoded view
+/// shows is a value split by a line break, split between two runs, or
+/// written in an encoding the view is decoded from once more. So a run is
+/// decoded whole only when it has a line break or [`holds_nested`] says a
+/// nested decoder would read something in it; any other run only at its
+/// two ends, far enough that a match or a nested decoder's window that
+/// crosses into it from a neighbouring run is whole ([`Reach::edge`]),
+/// the two ends parted by [`SEPARATOR`].
 fn base64(
     input: &[u8],
-    min_run: usize,
+    reach: Reach,
     span: impl Fn(usize, usize) -> (u32, u32),
     out: &mut Vec<View>,
 ) {
+    let min_run = reach.min_run.max(2);
+    let edge = reach.edge();
     let mut views: Option<[View; 4]> = None;
-    // The characters of a run (positions), line breaks skipped.
-    let mut chars: Vec<usize> = Vec::new();
+    // The characters of a run with line breaks (positions).
+    let mut listed: Vec<usize> = Vec::new();
     let mut decode = |run: std::ops::Range<usize>, breaks: bool| {
-        chars.clear();
-        if breaks {
-            chars.extend(run.filter(|&k| input.get(k).is_some_and(|&b| is_b64(b))));
+        let chars = if breaks {
+            listed.clear();
+            listed.extend(
+                run.clone()
+                    .filter(|&k| input.get(k).is_some_and(|&b| is_b64(b))),
+            );
+            Chars::Listed(&listed)
         } else {
-            chars.extend(run);
-        }
-        let vs = views.get_or_insert_with(|| {
-            std::array::from_fn(|_| View::with_capacity(input.len() / 4 * 3))
-        });
-        for (offset, v) in vs.iter_mut().enumerate() {
-            if chars.len() >= min_run.max(2) + offset {
-                decode_run(input, chars.get(offset..).unwrap_or_default(), v, &span);
+            Chars::Contiguous {
+                start: run.start,
+                len: run.len(),
             }
+        };
+        let whole = breaks
+            || chars.len() <= 2 * edge + 4
+            || holds_nested(input.get(run).unwrap_or_default(), min_run);
+        let vs = views.get_or_insert_with(|| std::array::from_fn(|_| View::with_capacity(0)));
+        for (offset, v) in vs.iter_mut().enumerate() {
+            if chars.len() < min_run + offset {
+                continue;
+            }
+            let from = chars.slice(offset, chars.len());
+            if whole {
+                decode_run(input, from, v, &span);
+                continue;
+            }
+            // Both ends start on a quantum of this offset.
+            decode_run(input, from.slice(0, edge), v, &span);
+            v.push(SEPARATOR, (0, 0));
+            let tail = (from.len() - edge) / 4 * 4;
+            decode_run(input, from.slice(tail, from.len()), v, &span);
         }
     };
     // One pass: a run is its characters and the line breaks inside it.
@@ -379,13 +461,13 @@ fn base64(
         } else if count > 0 && (b == b'\n' || b == b'\r') {
             breaks = true;
         } else {
-            if count >= min_run.max(2) {
+            if count >= min_run {
                 decode(start..k, breaks);
             }
             count = 0;
         }
     }
-    if count >= min_run.max(2) {
+    if count >= min_run {
         decode(start..input.len(), breaks);
     }
     if let Some(vs) = views {
@@ -393,18 +475,138 @@ fn base64(
     }
 }
 
-/// Decodes the characters at `at` (positions in `input`), each decoded byte
-/// spanning the characters its bits came from.
+/// The value of each base64 character (either alphabet; 0 for others).
+const VALUES: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut v = 0u8;
+    while v < 64 {
+        let c = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[v as usize];
+        t[c as usize] = v;
+        v += 1;
+    }
+    t[b'-' as usize] = 62;
+    t[b'_' as usize] = 63;
+    t
+};
+
+/// Set in [`PAIRS`] when a byte decoded from the pair starts an escape of
+/// a nested decoder (`\`, `%`, `&`), whatever its place in the quantum.
+const ESCAPE: u8 = 1 << 4;
+
+/// For each place `p` of a pair of characters (the index of its first
+/// character, mod 4) and each pair of base64 values `(a, b)`: bit `o` set
+/// when, in the view of offset `o`, the pair decodes to no byte (it is
+/// characters 3 and 0 of two quanta) or to a byte that is a base64
+/// character or a line break (it may lengthen a run the nested base64
+/// decoder reads); [`ESCAPE`] as it says.
+const PAIRS: [[u8; 64 * 64]; 4] = {
+    let mut t = [[0u8; 64 * 64]; 4];
+    let mut i = 0;
+    while i < 64 * 64 {
+        #[allow(clippy::cast_possible_truncation)] // i < 4096
+        let (a, b) = ((i / 64) as u8, (i % 64) as u8);
+        // The byte the pair decodes to as byte `j` of its quantum.
+        let bytes = [(a << 2) | (b >> 4), (a << 4) | (b >> 2), (a << 6) | b];
+        let mut p = 0;
+        while p < 4 {
+            let mut o = 0;
+            while o < 4 {
+                let j = (p + 4 - o) % 4;
+                let lengthens = j == 3 || {
+                    let d = bytes[j];
+                    d.is_ascii_alphanumeric()
+                        || matches!(d, b'+' | b'-' | b'/' | b'_' | b'\n' | b'\r')
+                };
+                if lengthens {
+                    t[p][i] |= 1 << o;
+                }
+                o += 1;
+            }
+            let mut j = 0;
+            while j < 3 {
+                if matches!(bytes[j], b'\\' | b'%' | b'&') {
+                    t[p][i] |= ESCAPE;
+                }
+                j += 1;
+            }
+            p += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The four 16-bit lanes of a `u64` whose bits are set in a 4-bit mask.
+const LANES: [u64; 16] = {
+    let mut t = [0u64; 16];
+    let mut m = 0;
+    while m < 16 {
+        let mut o = 0;
+        while o < 4 {
+            if m & (1 << o) != 0 {
+                t[m] |= 0xffff << (16 * o);
+            }
+            o += 1;
+        }
+        m += 1;
+    }
+    t
+};
+
+/// Whether a decoded view of `run` (base64 characters only), at any of
+/// the four offsets, holds a byte a nested escape decoder reads or a
+/// base64 run `min_run` long that the nested base64 decoder reads: then
+/// the run is decoded whole. Reads pairs of characters, decodes nothing.
+///
+/// Per offset it counts the pairs in a row that lengthen a decoded run
+/// ([`PAIRS`]), the four counts in the lanes of one `u64`: `m` decoded
+/// bytes take at least `(4m - 1) / 3` pairs, so a count that reaches that
+/// for `m = min_run` is reported (a superset: decoding more is safe).
+fn holds_nested(run: &[u8], min_run: usize) -> bool {
+    let pairs = u64::try_from(min_run.saturating_mul(4).saturating_sub(1) / 3).unwrap_or(u64::MAX);
+    if pairs >= 0x8000 {
+        // More than a lane counts: decoded whole.
+        return true;
+    }
+    let pairs = pairs.max(1);
+    const ONES: u64 = 0x0001_0001_0001_0001;
+    const HIGH: u64 = 0x8000_8000_8000_8000;
+    // A lane's count reaches `pairs` when adding this sets its high bit.
+    let bias = (0x8000 - pairs) * ONES;
+    let mut count = 0u64;
+    let mut prev = match run.first() {
+        Some(&b) => VALUES[usize::from(b)],
+        None => return false,
+    };
+    for (k, &b) in run.iter().skip(1).enumerate() {
+        let v = VALUES[usize::from(b)];
+        let class = PAIRS[k & 3][usize::from(prev) * 64 + usize::from(v)];
+        prev = v;
+        if class & ESCAPE != 0 {
+            return true;
+        }
+        count = (count + ONES) & LANES[usize::from(class & 0xf)];
+        if (count + bias) & HIGH != 0 {
+            return true;
+        }
+    }
+    false
+}
+
+/// Decodes the characters `at`, each decoded byte spanning the characters
+/// its bits came from.
 fn decode_run(
     input: &[u8],
-    at: &[usize],
+    at: Chars<'_>,
     view: &mut View,
     span: &impl Fn(usize, usize) -> (u32, u32),
 ) {
     let value = |k: usize| -> Option<(u8, usize)> {
-        let pos = *at.get(k)?;
+        let pos = at.at(k)?;
         Some((b64_value(*input.get(pos)?)?, pos))
     };
+    view.bytes.reserve(at.len() / 4 * 3 + 3);
+    view.spans.reserve(at.len() / 4 * 3 + 3);
     let mut k = 0;
     while k + 1 < at.len() {
         // Byte j of a quantum takes its bits from characters j and j+1.
