@@ -141,8 +141,7 @@ impl RunReport {
                 EgressDecision::Refused.as_str().to_owned(),
                 c.code.as_str().to_owned(),
             );
-            *by.entry(key)
-                .or_default() += usize::try_from(c.count).unwrap_or(usize::MAX);
+            *by.entry(key).or_default() += usize::try_from(c.count).unwrap_or(usize::MAX);
         }
         let entries = egress.to_vec();
         RunReport {
@@ -220,7 +219,7 @@ mod tests {
                 },
                 RunEvent::Refusals {
                     at: 2,
-                    code: "blocked_ip".into(),
+                    code: RefusalCode::BlockedAddress,
                     host: "h".into(),
                     count: 5,
                 },

@@ -83,7 +83,10 @@ fn main() {
         rt.block_on(async {
             for _ in 0..FETCHES {
                 let c = client.credential("svc").await.unwrap();
-                assert_eq!(c.auth_type, "bearer");
+                assert_eq!(
+                    c.auth_type,
+                    airlock_platform_api::connection_types::AuthType::Bearer
+                );
             }
         });
         (
