@@ -508,6 +508,11 @@ export interface components {
             duration_ms?: number | null;
             host: string;
             integration?: string | null;
+            /**
+             * @description Model calls: `metered`, or `unmetered` when the provider's usage
+             *     never arrived (`null` for other requests).
+             */
+            metering?: string | null;
             method: string;
             /** @description What became of an allowed request (`null` for a refusal). */
             outcome?: string | null;
@@ -902,6 +907,15 @@ export interface operations {
             };
             /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description quota_exceeded: the organization has ORG_MAX_AGENTS agents and this name is a new one; nothing was written */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -26,6 +26,8 @@ class EgressRecord:
         url (str): Free of credentials.
         duration_ms (int | None | Unset):
         integration (None | str | Unset):
+        metering (None | str | Unset): Model calls: `metered`, or `unmetered` when the provider's usage
+            never arrived (`null` for other requests).
         outcome (None | str | Unset): What became of an allowed request (`null` for a refusal).
         reason (None | str | Unset): The guard's refusal code.
         seq (int | None | Unset): Its number within the run.
@@ -42,6 +44,7 @@ class EgressRecord:
     url: str
     duration_ms: int | None | Unset = UNSET
     integration: None | str | Unset = UNSET
+    metering: None | str | Unset = UNSET
     outcome: None | str | Unset = UNSET
     reason: None | str | Unset = UNSET
     seq: int | None | Unset = UNSET
@@ -76,6 +79,12 @@ class EgressRecord:
             integration = UNSET
         else:
             integration = self.integration
+
+        metering: None | str | Unset
+        if isinstance(self.metering, Unset):
+            metering = UNSET
+        else:
+            metering = self.metering
 
         outcome: None | str | Unset
         if isinstance(self.outcome, Unset):
@@ -119,6 +128,8 @@ class EgressRecord:
             field_dict["duration_ms"] = duration_ms
         if integration is not UNSET:
             field_dict["integration"] = integration
+        if metering is not UNSET:
+            field_dict["metering"] = metering
         if outcome is not UNSET:
             field_dict["outcome"] = outcome
         if reason is not UNSET:
@@ -167,6 +178,15 @@ class EgressRecord:
 
         integration = _parse_integration(d.pop("integration", UNSET))
 
+        def _parse_metering(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        metering = _parse_metering(d.pop("metering", UNSET))
+
         def _parse_outcome(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -214,6 +234,7 @@ class EgressRecord:
             url=url,
             duration_ms=duration_ms,
             integration=integration,
+            metering=metering,
             outcome=outcome,
             reason=reason,
             seq=seq,

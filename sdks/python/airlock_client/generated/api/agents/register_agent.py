@@ -53,6 +53,11 @@ def _parse_response(
 
         return response_401
 
+    if response.status_code == 403:
+        response_403 = Error.from_dict(response.json())
+
+        return response_403
+
     if response.status_code == 413:
         response_413 = Error.from_dict(response.json())
 
