@@ -354,7 +354,7 @@ fn the_sidecar_is_the_only_way_out_and_no_way_back_to_itself() {
     assert!(
         entries.iter().any(|e| e["host"] == "169.254.169.254"
             && e["decision"] == "refused"
-            && e["code"] == "blocked_address"),
+            && e["reason"] == "blocked_address"),
         "{entries:?}"
     );
     assert_clean(&run, &report);
