@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use airlock_platform_api::types::{HeaderName, HeaderText};
 use airlock_sidecar::config::Delivery;
 use airlock_sidecar::mcp::args::{self, Redactor, ToolCall};
 use libfuzzer_sys::fuzz_target;
@@ -49,8 +50,8 @@ fuzz_target!(|data: &[u8]| {
         ("org".to_owned(), "acme".into()),
     ]);
     let delivery = Delivery {
-        header: "Authorization".into(),
-        prefix: "Bearer ".into(),
+        header: HeaderName::parse("Authorization").expect("a valid header name"),
+        prefix: HeaderText::parse("Bearer ").expect("a valid header text"),
         field: "api_key".into(),
     };
     let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
