@@ -158,8 +158,13 @@ fn start(home: &Path, backend: &str, limits: Option<&str>) -> Server {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(a) = text
-            .lines()
+        // The address is printed when the listener is bound, before the replica takes work
+        // (it answers 503 until then): wait for the ready line too.
+        let ready = text.lines().any(|l| l == "airlock serve: ready");
+        if let Some(a) = ready
+            .then(|| text.lines())
+            .into_iter()
+            .flatten()
             .find_map(|l| l.split("listening on http://").nth(1))
             .and_then(|r| r.split_whitespace().next())
             .and_then(|a| a.parse().ok())
