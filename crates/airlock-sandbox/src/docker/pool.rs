@@ -67,6 +67,12 @@ const IMAGE_DIRS: &[&str] = &[
 /// start's agent directory may), not over them.
 const OWN_MOUNTS: &[&str] = &["/tmp"];
 
+/// How many claimed pairs one tenant may hold at once in a pool of `size`
+/// per key: half, at least one.
+pub fn share_of(size: usize) -> usize {
+    (size / 2).max(1)
+}
+
 /// What a pooled pair is made for: everything of its two containers that
 /// is fixed when they are created. Two runs with the same key can take
 /// each other's pairs; nothing in it belongs to a run.
@@ -189,6 +195,40 @@ impl Drop for SlotGuard {
     }
 }
 
+/// The claimed pairs each tenant holds, within its share.
+#[derive(Clone)]
+struct Shares {
+    per_tenant: usize,
+    claims: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Shares {
+    /// One more claimed pair for `tenant`, unless it holds its share
+    /// already; given back when the [`Share`] is dropped.
+    fn claim(&self, tenant: &str) -> Option<Share> {
+        let mut c = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        let held = c.entry(tenant.to_owned()).or_default();
+        if *held >= self.per_tenant {
+            return None;
+        }
+        *held += 1;
+        Some(Share {
+            claims: self.claims.clone(),
+            tenant: tenant.to_owned(),
+        })
+    }
+
+    fn held(&self) -> HashMap<String, usize> {
+        let mut c = self
+            .claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        c.retain(|_, n| *n > 0);
+        c
+    }
+}
+
 /// One claimed pair counted against its tenant ([`Pool::share`]).
 struct Share {
     claims: Arc<Mutex<HashMap<String, usize>>>,
@@ -247,7 +287,7 @@ pub struct Pool {
     size: usize,
     state: Arc<Mutex<State>>,
     /// Claimed pairs per tenant, while their runs last.
-    claims: Arc<Mutex<HashMap<String, usize>>>,
+    shares: Shares,
 }
 
 /// What `airlock doctor` and the tests see of this process's pool.
@@ -267,14 +307,17 @@ impl Pool {
         Pool {
             size,
             state: Arc::default(),
-            claims: Arc::default(),
+            shares: Shares {
+                per_tenant: share_of(size),
+                claims: Arc::default(),
+            },
         }
     }
 
     /// How many claimed pairs one tenant may hold at once: half the pool,
     /// at least one.
     pub fn share(&self) -> usize {
-        (self.size / 2).max(1)
+        self.shares.per_tenant
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -283,11 +326,7 @@ impl Pool {
             size: self.size,
             idle: st.idle.values().map(Vec::len).sum(),
             filling: st.filling.values().sum(),
-            claimed: self
-                .claims
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            claimed: self.shares.held(),
         }
     }
 
@@ -303,25 +342,18 @@ impl Pool {
                 let old = st.keys.remove(0);
                 dropped.extend(st.idle.remove(&old).unwrap_or_default());
             }
-            let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
-            let held = claims.get(tenant).copied().unwrap_or(0);
-            if held >= self.share() {
-                None
-            } else {
-                let pair = st.idle.get_mut(key).and_then(Vec::pop);
-                if pair.is_some() {
-                    *claims.entry(tenant.to_owned()).or_default() += 1;
-                }
-                pair
+            match st.idle.get(key).is_some_and(|v| !v.is_empty()) {
+                true => self
+                    .shares
+                    .claim(tenant)
+                    .and_then(|share| Some((st.idle.get_mut(key)?.pop()?, share))),
+                false => None,
             }
         };
         drop(dropped);
-        let pair = pair?;
+        let (pair, share) = pair?;
         if let Ok(mut s) = pair.guard.share.lock() {
-            *s = Some(Share {
-                claims: self.claims.clone(),
-                tenant: tenant.to_owned(),
-            });
+            *s = Some(share);
         }
         Some(pair)
     }
@@ -931,12 +963,44 @@ mod tests {
         }
     }
 
-    /// The share: half the pool, at least one.
+    /// The share: half the pool, at least one; a tenant at its share
+    /// claims nothing more (its runs start cold) while another still can,
+    /// and a claimed pair let go gives its share back.
     #[test]
     fn a_tenant_holds_at_most_half_the_pool() {
         assert_eq!(Pool::new(1).share(), 1);
-        assert_eq!(Pool::new(4).share(), 2);
         assert_eq!(Pool::new(5).share(), 2);
+        let pool = Pool::new(4);
+        assert_eq!(pool.share(), 2);
+        let a1 = pool.shares.claim("org_a").expect("first");
+        let a2 = pool.shares.claim("org_a").expect("second");
+        assert!(pool.shares.claim("org_a").is_none(), "beyond its share");
+        let b1 = pool.shares.claim("org_b").expect("another tenant");
+        assert_eq!(pool.status().claimed.get("org_a"), Some(&2));
+        drop(a1);
+        let a3 = pool.shares.claim("org_a").expect("a share given back");
+        drop((a2, a3, b1));
+        assert!(pool.status().claimed.is_empty());
+    }
+
+    /// The pool never starts more than its size per key: what is idle and
+    /// what is starting count, and a start that fails is counted out.
+    #[test]
+    fn the_pool_is_bounded_by_its_size() {
+        let home = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = home.path().join("bundles/run_x");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, s) = specs(&dir, home.path());
+        let (key, ..) = PoolKey::of(&a, &s).unwrap();
+        let pool = Pool::new(2);
+        assert_eq!(pool.to_fill(&key), 0, "a key no run has asked for");
+        assert!(pool.take(&key, "org_a").is_none(), "nothing idle yet");
+        assert_eq!(pool.to_fill(&key), 2);
+        assert_eq!(pool.to_fill(&key), 0, "two are starting");
+        assert_eq!(pool.status().filling, 2);
+        settle(&pool.state, pool.size, &key, None);
+        assert_eq!(pool.to_fill(&key), 1, "one failed: one more");
+        assert_eq!(pool.status().filling, 2);
     }
 
     /// The agent's directory is copied with its modes and links; anything
