@@ -617,24 +617,33 @@ impl Start<'_> {
         Ok(())
     }
 
-    /// The run's network (made by the first of its containers), and the
-    /// egress network for the sidecar.
+    /// The run's network (made by the first of its containers) and, for
+    /// the sidecar, the egress network: the two at once (neither waits
+    /// for the other).
     async fn networks(&self, d: &Docker) -> Result<(), DockerError> {
-        if let Some(net) = self.net {
-            net.created
-                .get_or_init(|| async {
-                    create_run_network(d, &net.name, self.net_labels.clone())
-                        .await
-                        .map_err(Arc::new)
-                })
-                .await
-                .clone()
-                .map_err(DockerError::RunNetwork)?;
-        }
-        if self.egress {
-            ensure_egress_network(d).await?;
-        }
-        Ok(())
+        let run_net = async {
+            match self.net {
+                Some(net) => net
+                    .created
+                    .get_or_init(|| async {
+                        create_run_network(d, &net.name, self.net_labels.clone())
+                            .await
+                            .map_err(Arc::new)
+                    })
+                    .await
+                    .clone()
+                    .map_err(DockerError::RunNetwork),
+                None => Ok(()),
+            }
+        };
+        let egress = async {
+            match self.egress {
+                true => ensure_egress_network(d).await,
+                false => Ok(()),
+            }
+        };
+        let (run_net, egress) = futures_util::future::join(run_net, egress).await;
+        run_net.and(egress)
     }
 
     /// Creates the container (the sidecar also on [`EGRESS_NETWORK`]) and
