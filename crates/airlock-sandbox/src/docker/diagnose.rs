@@ -186,15 +186,11 @@ async fn warm_pool(dk: &Docker, cfg: &DockerConfig) -> Option<Diagnosis> {
             format!("{LABEL_ROLE}=agent"),
         ],
     )]);
-    let pairs = dk
-        .list_containers(Some(
-            q::ListContainersOptionsBuilder::default()
-                .all(true)
-                .filters(&filters)
-                .build(),
-        ))
-        .await
-        .ok()?;
+    let listing = q::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let pairs = dk.list_containers(Some(listing)).await.ok()?;
     let (mut idle, mut claimed, mut dead) = (0, 0, 0);
     for c in &pairs {
         let owner = c

@@ -58,9 +58,13 @@ fn read_command_header() -> Result<Vec<String>, ContainerInitError> {
     let mut byte = [0u8; 1];
     loop {
         match rustix::io::read(std::io::stdin(), &mut byte) {
-            Ok(0) => return Err(E::HeaderEnded),
+            Ok(0) => return Err(E::HeaderRead(std::io::ErrorKind::UnexpectedEof.into())),
             Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) if line.len() >= MAX_COMMAND_HEADER => return Err(E::HeaderTooLong),
+            Ok(_) if line.len() >= MAX_COMMAND_HEADER => {
+                return Err(E::HeaderRead(std::io::Error::other(format!(
+                    "longer than {MAX_COMMAND_HEADER} bytes"
+                ))));
+            }
             Ok(_) => line.push(byte[0]),
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(E::HeaderRead(e.into())),
@@ -100,10 +104,7 @@ enum ContainerInitError {
     NonDumpable(#[source] std::io::Error),
     #[error("no command")]
     NoCommand,
-    #[error("the command header ended before its newline")]
-    HeaderEnded,
-    #[error("the command header is longer than {MAX_COMMAND_HEADER} bytes")]
-    HeaderTooLong,
+    /// Failed, ended before its newline, or longer than [`MAX_COMMAND_HEADER`].
     #[error("reading the command header: {0}")]
     HeaderRead(#[source] std::io::Error),
     #[error("the command header is not a JSON array of strings: {0}")]

@@ -674,31 +674,31 @@ impl DockerBackend {
             dir: dir.clone(),
             share: Mutex::new(None),
         });
-        let (agent_tx, agent_rx) = tokio::sync::oneshot::channel::<Parked>();
-        let (sidecar_tx, sidecar_rx) = tokio::sync::oneshot::channel::<Parked>();
-        let agent_body = self.pooled_agent_body(key, &id, &dir.join("view"))?;
-        let mut agent = self.launch(
-            &id,
-            container_name(&id, "agent"),
-            agent_body,
-            Feed::Parked(agent_tx),
-            true,
-            false,
-        )?;
-        let sidecar_body = self.pooled_sidecar_body(key, &id, &dir.join("run"))?;
-        let mut sidecar = self.launch(
-            &id,
-            container_name(&id, "sidecar"),
-            sidecar_body,
-            Feed::Parked(sidecar_tx),
-            true,
-            true,
-        )?;
-        for sb in [&mut agent, &mut sidecar] {
+        // The agent's first: neither waits for the other (nothing of the
+        // agent's looks up its sidecar before the claim).
+        let bodies = self.pooled_bodies(key, &id, &dir)?;
+        let mut started = Vec::with_capacity(2);
+        for (role, body) in bodies {
+            let (tx, rx) = tokio::sync::oneshot::channel::<Parked>();
+            let feed = Feed::Parked(tx);
+            let mut sb = self.launch(
+                &id,
+                container_name(&id, role),
+                body,
+                feed,
+                true,
+                role == "sidecar",
+            )?;
             if let Some(c) = sb.container_mut() {
                 c.hold_slot(guard.clone());
             }
+            started.push((sb, rx));
         }
+        let (Some((sidecar, sidecar_rx)), Some((agent, agent_rx))) = (started.pop(), started.pop())
+        else {
+            settle(&self.pool.state, self.pool.size, key, None);
+            return Ok(());
+        };
         let (state, size, key) = (self.pool.state.clone(), self.pool.size, key.clone());
         tokio::spawn(async move {
             let both = futures_util::future::join(agent_rx, sidecar_rx);
@@ -722,22 +722,27 @@ impl DockerBackend {
         Ok(())
     }
 
-    /// The agent container of a pair: the cold one's confinement and
-    /// limits, its command read from stdin at the claim, the pair's `view`
-    /// bound read-only where the agent's directory's parent is.
-    fn pooled_agent_body(
+    /// A pair's two containers. The agent's: the cold one's confinement
+    /// and limits, its command read from stdin at the claim, the pair's
+    /// `view/` bound read-only where the agent's directory's parent is. The
+    /// sidecar's: the cold one's, with the pair's `run/` at `/run/airlock`
+    /// (the run's journal is linked into it at the claim) beside the
+    /// platform's socket.
+    fn pooled_bodies(
         &self,
         key: &PoolKey,
         id: &str,
-        view: &Path,
-    ) -> Result<bollard::models::ContainerCreateBody, crate::SandboxError> {
-        let spec = SandboxSpec {
+        dir: &Path,
+    ) -> Result<[(&'static str, bollard::models::ContainerCreateBody); 2], crate::SandboxError>
+    {
+        let (view, run) = (dir.join("view"), dir.join("run"));
+        let mut agent = self.sandbox_body(&SandboxSpec {
             run_id: id.to_owned(),
             command: key.launcher.clone(),
             env: key.env.clone(),
             stdin: Vec::new(),
             hold_stdin: false,
-            sockets_dir: view.to_owned(),
+            sockets_dir: view.clone(),
             ro_paths: Vec::new(),
             workspace: key.workspace.clone(),
             workspace_size_mb: key.workspace_size_mb,
@@ -745,34 +750,20 @@ impl DockerBackend {
             cpus: key.millicpus as f64 / 1000.0,
             pids_max: key.pids_max,
             kind: SandboxKind::Agent,
-        };
-        let mut body = self.sandbox_body(&spec)?;
-        if let Some(cmd) = body.cmd.as_mut() {
+        })?;
+        if let Some(cmd) = agent.cmd.as_mut() {
             // `airlock container-init --command-on-stdin -- LAUNCHER…`
             cmd.insert(2, "--command-on-stdin".into());
         }
-        let bind = format!(
+        let view_bind = format!(
             "{}:{}:ro",
-            super::bindable(view)?,
+            super::bindable(&view)?,
             super::bindable(&key.view)?
         );
-        if let Some(hc) = body.host_config.as_mut() {
-            hc.binds.get_or_insert_with(Vec::new).push(bind);
+        if let Some(hc) = agent.host_config.as_mut() {
+            hc.binds.get_or_insert_with(Vec::new).push(view_bind);
         }
-        self.label_pooled(&mut body);
-        Ok(body)
-    }
-
-    /// The sidecar container of a pair: the cold one's, with the pair's
-    /// `run` directory at `/run/airlock` (the run's journal is linked into
-    /// it at the claim) beside the platform's socket.
-    fn pooled_sidecar_body(
-        &self,
-        key: &PoolKey,
-        id: &str,
-        run: &Path,
-    ) -> Result<bollard::models::ContainerCreateBody, crate::SandboxError> {
-        let spec = SidecarSpec {
+        let mut sidecar = self.sidecar_body(&SidecarSpec {
             run_id: id.to_owned(),
             exe: PathBuf::from(AIRLOCK_IN_IMAGE),
             own_binary: None,
@@ -781,27 +772,24 @@ impl DockerBackend {
             platform_socket: key.platform_socket.clone(),
             egress_journal: run.join("egress.journal"),
             runner_dirs: Vec::new(),
-        };
-        let mut body = self.sidecar_body(&spec)?;
+        })?;
         let binds = vec![
-            format!("{}:{SOCKETS_INSIDE}:rw", super::bindable(run)?),
+            format!("{}:{SOCKETS_INSIDE}:rw", super::bindable(&run)?),
             format!(
                 "{}:{}:ro",
                 super::bindable(&key.platform_socket)?,
                 super::PLATFORM_SOCKET_INSIDE
             ),
         ];
-        if let Some(hc) = body.host_config.as_mut() {
+        if let Some(hc) = sidecar.host_config.as_mut() {
             hc.binds = Some(binds);
         }
-        self.label_pooled(&mut body);
-        Ok(body)
-    }
-
-    fn label_pooled(&self, body: &mut bollard::models::ContainerCreateBody) {
-        body.labels
-            .get_or_insert_with(HashMap::new)
-            .insert(LABEL_POOL.into(), "true".into());
+        for body in [&mut agent, &mut sidecar] {
+            body.labels
+                .get_or_insert_with(HashMap::new)
+                .insert(LABEL_POOL.into(), "true".into());
+        }
+        Ok([("agent", agent), ("sidecar", sidecar)])
     }
 
     /// This process's pool as it stands.
@@ -888,14 +876,21 @@ mod tests {
         (sandbox, sidecar)
     }
 
-    /// The key holds nothing of the run: two runs of the same agent with
-    /// other secrets, ids and commands share it.
-    #[test]
-    fn the_key_holds_nothing_of_a_run() {
+    /// A home (not under `/tmp`, which a pair cannot bind over), an agent
+    /// directory in it, and a run's specs.
+    fn fixture() -> (tempfile::TempDir, PathBuf, SandboxSpec, SidecarSpec) {
         let home = tempfile::tempdir_in("/var/tmp").unwrap();
         let dir = home.path().join("bundles/run_x");
         std::fs::create_dir_all(&dir).unwrap();
         let (a, s) = specs(&dir, home.path());
+        (home, dir, a, s)
+    }
+
+    /// The key holds nothing of the run: two runs of the same agent with
+    /// other secrets, ids and commands share it.
+    #[test]
+    fn the_key_holds_nothing_of_a_run() {
+        let (home, dir, a, s) = fixture();
         let (key, command, agent_dir) = PoolKey::of(&a, &s).unwrap();
         assert_eq!(command, ["/usr/bin/python3", "a.py"]);
         assert_eq!(agent_dir, dir);
@@ -917,10 +912,7 @@ mod tests {
     /// Runs a pair cannot serve start cold.
     #[test]
     fn runs_a_pair_cannot_serve_start_cold() {
-        let home = tempfile::tempdir_in("/var/tmp").unwrap();
-        let dir = home.path().join("bundles/run_x");
-        std::fs::create_dir_all(&dir).unwrap();
-        let (a, s) = specs(&dir, home.path());
+        let (_home, dir, a, s) = fixture();
         let mut r = s.clone();
         r.runner_dirs = vec![(dir.clone(), "/run/airlock/runners/runner-0".into())];
         assert_eq!(PoolKey::of(&a, &r).unwrap_err(), Cold::LocalRunners);
@@ -987,10 +979,7 @@ mod tests {
     /// what is starting count, and a start that fails is counted out.
     #[test]
     fn the_pool_is_bounded_by_its_size() {
-        let home = tempfile::tempdir_in("/var/tmp").unwrap();
-        let dir = home.path().join("bundles/run_x");
-        std::fs::create_dir_all(&dir).unwrap();
-        let (a, s) = specs(&dir, home.path());
+        let (_home, _dir, a, s) = fixture();
         let (key, ..) = PoolKey::of(&a, &s).unwrap();
         let pool = Pool::new(2);
         assert_eq!(pool.to_fill(&key), 0, "a key no run has asked for");
