@@ -279,13 +279,29 @@ struct State {
     /// The home directories whose dead platforms' pair directories were
     /// removed already.
     swept: Vec<PathBuf>,
+    /// The platform stops: nothing is claimed or started any more, and a
+    /// pair that finishes starting is kept for [`Pool::drain`] to remove.
+    closing: bool,
+}
+
+/// The pool's state, and word of each pair whose start is over.
+#[derive(Default)]
+struct Shelf {
+    state: Mutex<State>,
+    settled: std::sync::Condvar,
+}
+
+impl Shelf {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// The pool of one backend.
 pub struct Pool {
     /// Pairs kept idle per key (`DOCKER_WARM_POOL`; 0: no pool).
     size: usize,
-    state: Arc<Mutex<State>>,
+    shelf: Arc<Shelf>,
     /// Claimed pairs per tenant, while their runs last.
     shares: Shares,
 }
@@ -306,7 +322,7 @@ impl Pool {
     pub fn new(size: usize) -> Pool {
         Pool {
             size,
-            state: Arc::default(),
+            shelf: Arc::default(),
             shares: Shares {
                 per_tenant: share_of(size),
                 claims: Arc::default(),
@@ -321,7 +337,7 @@ impl Pool {
     }
 
     pub fn status(&self) -> PoolStatus {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.shelf.lock();
         PoolStatus {
             size: self.size,
             idle: st.idle.values().map(Vec::len).sum(),
@@ -335,7 +351,10 @@ impl Pool {
     fn take(&self, key: &PoolKey, tenant: &str) -> Option<Pair> {
         let mut dropped = Vec::new();
         let pair = {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.shelf.lock();
+            if st.closing {
+                return None;
+            }
             st.keys.retain(|k| k != key);
             st.keys.push(key.clone());
             while st.keys.len() > MAX_KEYS {
@@ -361,7 +380,7 @@ impl Pool {
     /// How many pairs of `key` to start now to keep [`Pool::size`] idle;
     /// counted as filling.
     fn to_fill(&self, key: &PoolKey) -> usize {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.shelf.lock();
         if !st.keys.contains(key) {
             return 0;
         }
@@ -374,7 +393,7 @@ impl Pool {
     /// Whether the pair directories of dead platforms under `pool_dir` are
     /// still to be removed (once per home).
     fn first_in(&self, pool_dir: &Path) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.shelf.lock();
         if st.swept.iter().any(|p| p == pool_dir) {
             return false;
         }
@@ -382,10 +401,17 @@ impl Pool {
         true
     }
 
-    /// Every idle pair, out of the pool (the platform stops).
+    /// Every idle pair, out of the pool (the platform stops), once those
+    /// still starting are over (at most [`FILL_WITHIN`]).
     fn drain(&self) -> Vec<Pair> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.shelf.lock();
         st.keys.clear();
+        st.closing = true;
+        let (mut st, _) = self
+            .shelf
+            .settled
+            .wait_timeout_while(st, FILL_WITHIN, |st| st.filling.values().sum::<usize>() > 0)
+            .unwrap_or_else(|p| p.into_inner());
         let claimed: Vec<Claimed> = st.claimed.drain().map(|(_, c)| c).collect();
         drop(claimed);
         st.idle.drain().flat_map(|(_, v)| v).collect()
@@ -394,13 +420,17 @@ impl Pool {
 
 /// A started pair joins the pool of `key`, or goes (its key forgotten, or
 /// the pool full).
-fn settle(state: &Mutex<State>, size: usize, key: &PoolKey, pair: Option<Pair>) {
+fn settle(shelf: &Shelf, size: usize, key: &PoolKey, pair: Option<Pair>) {
     let extra = {
-        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = shelf.lock();
         if let Some(n) = st.filling.get_mut(key) {
             *n = n.saturating_sub(1);
         }
         match pair {
+            Some(pair) if st.closing => {
+                st.idle.entry(key.clone()).or_default().push(pair);
+                None
+            }
             Some(pair) if st.keys.contains(key) => {
                 let idle = st.idle.entry(key.clone()).or_default();
                 if idle.len() < size {
@@ -413,6 +443,7 @@ fn settle(state: &Mutex<State>, size: usize, key: &PoolKey, pair: Option<Pair>) 
             other => other,
         }
     };
+    shelf.settled.notify_all();
     drop(extra);
 }
 
@@ -553,9 +584,8 @@ impl DockerBackend {
             ids,
         };
         self.pool
-            .state
+            .shelf
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .claimed
             .insert(sandbox.run_id.clone(), claimed);
         true
@@ -565,7 +595,7 @@ impl DockerBackend {
     /// command written to its stdin now, its secrets once released.
     pub(crate) fn take_claimed_agent(&self, spec: &SandboxSpec) -> Option<Sandbox> {
         let (half, command) = {
-            let mut st = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.pool.shelf.lock();
             st.claimed.get_mut(&spec.run_id)?.agent.take()?
         };
         let Half {
@@ -603,7 +633,7 @@ impl DockerBackend {
     /// written to its stdin.
     pub(crate) fn take_claimed_sidecar(&self, spec: &SidecarSpec) -> Option<Sandbox> {
         let Claimed { sidecar, ids, .. } = {
-            let mut st = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.pool.shelf.lock();
             st.claimed.remove(&spec.run_id)?
         };
         let Half {
@@ -659,7 +689,7 @@ impl DockerBackend {
         for _ in 0..need {
             if let Err(e) = self.fill_one(key) {
                 tracing::warn!("cannot start a warm pair: {e}");
-                settle(&self.pool.state, self.pool.size, key, None);
+                settle(&self.pool.shelf, self.pool.size, key, None);
             }
         }
     }
@@ -696,10 +726,10 @@ impl DockerBackend {
         }
         let (Some((sidecar, sidecar_rx)), Some((agent, agent_rx))) = (started.pop(), started.pop())
         else {
-            settle(&self.pool.state, self.pool.size, key, None);
+            settle(&self.pool.shelf, self.pool.size, key, None);
             return Ok(());
         };
-        let (state, size, key) = (self.pool.state.clone(), self.pool.size, key.clone());
+        let (shelf, size, key) = (self.pool.shelf.clone(), self.pool.size, key.clone());
         tokio::spawn(async move {
             let both = futures_util::future::join(agent_rx, sidecar_rx);
             let pair = match tokio::time::timeout(FILL_WITHIN, both).await {
@@ -717,7 +747,7 @@ impl DockerBackend {
                 }),
                 _ => None,
             };
-            settle(&state, size, &key, pair);
+            settle(&shelf, size, &key, pair);
         });
         Ok(())
     }
@@ -987,7 +1017,7 @@ mod tests {
         assert_eq!(pool.to_fill(&key), 2);
         assert_eq!(pool.to_fill(&key), 0, "two are starting");
         assert_eq!(pool.status().filling, 2);
-        settle(&pool.state, pool.size, &key, None);
+        settle(&pool.shelf, pool.size, &key, None);
         assert_eq!(pool.to_fill(&key), 1, "one failed: one more");
         assert_eq!(pool.status().filling, 2);
     }

@@ -149,7 +149,7 @@ fn a_pooled_pair_holds_nothing_of_a_run_and_serves_exactly_one() {
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let (_env, s, key) = pooled_server(home.path(), 2);
+    let (_env, mut s, key) = pooled_server(home.path(), 2);
     let marker = format!("pooled-file-marker-{}", std::process::id());
     let script = format!("{AGENT}MARK = '{marker}'\n");
     let (st, v) = s.call(
@@ -195,6 +195,14 @@ fn a_pooled_pair_holds_nothing_of_a_run_and_serves_exactly_one() {
             holds_nothing(home.path(), &p, &marks);
         }
     }
+    // Stopped as an operator stops it: its idle pairs go with it.
+    let pid = s.child.id();
+    assert!(s.terminate().success());
+    assert!(
+        pairs_of(pid).is_empty(),
+        "pairs outlived their platform: {:?}",
+        pairs_of(pid)
+    );
 }
 
 #[test]
