@@ -40,6 +40,10 @@
 //! `spawn_sidecar` return at once and the containers are created and started
 //! in a task; a failure shows on the handle's stderr as
 //! `airlock sandbox-init: docker: …` and as exit status 125.
+//! A run's two containers start concurrently (each its own task; the
+//! platform awaits the sidecar's readiness once), or not at all: with
+//! `DOCKER_WARM_POOL`, a pair started before the run and holding nothing of
+//! it is claimed instead ([`pool`]).
 
 pub mod diagnose;
 mod error;
