@@ -8,14 +8,15 @@
 //! 2. **a trivial run end to end**: `airlock run --backend docker` of a
 //!    python agent that prints one line — beside the same run on the
 //!    namespace backend.
-//! 3. **20 concurrent runs**: all must succeed and leave nothing — beside 20
-//!    concurrent `docker run --rm --network none IMG true`.
-//! 4. **a trivial run end to end through `airlock serve`, cold and warm**:
+//! 3. **a trivial run end to end through `airlock serve`, cold and warm**:
 //!    the same agent on two servers of this build, one without a warm pool
 //!    and one with `DOCKER_WARM_POOL=2`, a run on each in turn (the warm
 //!    one posted once its pool is full again): from the POST to the run's
 //!    end as the server records them (`ended_at - created_at`), and as the
 //!    client sees it (polling every 10 ms).
+//! 4. **20 concurrent runs**: all must succeed and leave nothing — beside 20
+//!    concurrent `docker run --rm --network none IMG true` (20 sidecars on
+//!    `airlock-egress` at once: the daemon's address pools must hold them).
 //!
 //! `cargo bench -p airlock --bench docker`; `AIRLOCK_BENCH_N` samples per
 //! side in loop 1 (default 20), loop 2 uses half. Needs a Docker daemon
@@ -215,6 +216,8 @@ fn main() {
         println!("  (peer: the namespace backend is not available here)");
     }
 
+    cold_and_warm(n.div_ceil(2));
+
     println!("docker: 20 concurrent runs");
     let t = Instant::now();
     let handles: Vec<_> = (0..20)
@@ -261,11 +264,9 @@ fn main() {
         cli_wall.as_secs_f64()
     );
     assert_eq!(ok, 20);
-
-    cold_and_warm(n.div_ceil(2));
 }
 
-/// Part 4: `n` trivial runs on a server without a pool and on one with
+/// Part 3: `n` trivial runs on a server without a pool and on one with
 /// `DOCKER_WARM_POOL=2`, alternating.
 fn cold_and_warm(n: usize) {
     use peers::serve::{Conn, agent, base_env, org, start_env};
