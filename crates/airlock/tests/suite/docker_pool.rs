@@ -133,12 +133,25 @@ fn run_once(s: &Server, key: &str, agent: &str, prompt: &str) -> (String, u32) {
     (id, uid)
 }
 
-fn pooled_server(home: &Path, size: usize) -> (Vec<(String, String)>, Server, String) {
-    let mut env = base_env(home, None);
+/// `airlock serve` with a pool of `size` on a home of its own, an
+/// organization, and the agent `pooled` running `script`.
+fn pooled_server(
+    size: usize,
+    script: &str,
+) -> (tempfile::TempDir, Vec<(String, String)>, Server, String) {
+    let home = tempfile::tempdir().unwrap();
+    let mut env = base_env(home.path(), None);
     env.push(("DOCKER_WARM_POOL".into(), size.to_string()));
-    let s = Server::start(&env, "docker", home.join("serve.log"));
+    let s = Server::start(&env, "docker", home.path().join("serve.log"));
     let (_, key) = create_org(&env, "Acme", &[]);
-    (env, s, key)
+    let (st, v) = s.call(
+        "POST",
+        "/v1/agents",
+        Some(&key),
+        Some(&agent_body("pooled", script, 60)),
+    );
+    assert_eq!(st, 201, "{v}");
+    (home, env, s, key)
 }
 
 const AGENT: &str = "import os\nprint('uid', os.getuid(), flush=True)\n";
@@ -148,17 +161,9 @@ fn a_pooled_pair_holds_nothing_of_a_run_and_serves_exactly_one() {
     if !docker_available() {
         return;
     }
-    let home = tempfile::tempdir().unwrap();
-    let (_env, mut s, key) = pooled_server(home.path(), 2);
     let marker = format!("pooled-file-marker-{}", std::process::id());
     let script = format!("{AGENT}MARK = '{marker}'\n");
-    let (st, v) = s.call(
-        "POST",
-        "/v1/agents",
-        Some(&key),
-        Some(&agent_body("pooled", &script, 60)),
-    );
-    assert_eq!(st, 201, "{v}");
+    let (home, _env, mut s, key) = pooled_server(2, &script);
     let mut marks = vec![marker.clone()];
     // The first run starts cold: the pool learns what its runs need.
     let prompt = |n: usize| format!("pooled-prompt-{n}-{}", std::process::id());
@@ -210,15 +215,7 @@ fn after_a_sigkill_the_next_boot_leaves_no_pooled_container() {
     if !docker_available() {
         return;
     }
-    let home = tempfile::tempdir().unwrap();
-    let (env, mut s, key) = pooled_server(home.path(), 1);
-    let (st, v) = s.call(
-        "POST",
-        "/v1/agents",
-        Some(&key),
-        Some(&agent_body("pooled", AGENT, 60)),
-    );
-    assert_eq!(st, 201, "{v}");
+    let (home, env, mut s, key) = pooled_server(1, AGENT);
     run_once(&s, &key, "pooled", "learn");
     let [pair] = wait_idle(&s, 1).try_into().unwrap();
     // `airlock doctor` shows it.
