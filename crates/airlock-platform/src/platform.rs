@@ -202,8 +202,10 @@ impl Platform {
         self.orch
     }
 
-    /// Stops serving the internal API and removes its socket.
+    /// Stops serving the internal API and removes its socket; what the
+    /// backend prepared ahead for runs to come goes too.
     pub fn stop(&self) {
+        self.orch.backend.drop_prepared();
         self.api_server.abort();
         let _ = std::fs::remove_file(&self.orch.api_socket);
     }

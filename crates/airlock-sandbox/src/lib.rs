@@ -479,6 +479,22 @@ impl Sandbox {
         });
     }
 
+    /// The container a docker sandbox is ([`docker::pool`] renames it).
+    pub(crate) fn container_mut(&mut self) -> Option<&mut docker::Container> {
+        match &mut self.inner {
+            Inner::Container(c) => Some(c),
+            Inner::Child { .. } => None,
+        }
+    }
+
+    /// Holds the container's stdin back behind a gate opened by
+    /// [`Sandbox::release_stdin`] (a claimed pooled container's).
+    pub(crate) fn gate_stdin(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        self.stdin_gate = Some(tx);
+        rx
+    }
+
     /// Lets the held stdin ([`SandboxSpec::hold_stdin`]) through to the
     /// command. Does nothing when it was not held, or once released.
     pub fn release_stdin(&mut self) {
@@ -638,6 +654,21 @@ pub trait Backend: Send + Sync {
     /// From the same kind of thread as [`Backend::spawn`]. Nothing by
     /// default (the process and docker backends).
     fn prepare(&self) {}
+    /// Sets aside, for the run `sandbox` and `sidecar` describe, a sandbox
+    /// and a sidecar the backend started before any run and that hold
+    /// nothing of one (docker's warm pool, `DOCKER_WARM_POOL`), within
+    /// `tenant`'s share of them; the run's [`Backend::spawn`] and
+    /// [`Backend::spawn_sidecar`] then take them instead of starting cold.
+    /// Whether one was set aside (false by default: every start is cold).
+    /// Called once per run, right before its spawns.
+    fn claim_prepared(&self, tenant: &str, sandbox: &SandboxSpec, sidecar: &SidecarSpec) -> bool {
+        let _ = (tenant, sandbox, sidecar);
+        false
+    }
+    /// The platform stops: what the backend started ahead and no run
+    /// claimed is removed now (what a platform killed leaves is its
+    /// backend's boot reclaim's). Blocks until done.
+    fn drop_prepared(&self) {}
 }
 
 /// Why a backend cannot start a local MCP runner ([`Backend::local_runners`]),

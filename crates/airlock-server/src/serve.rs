@@ -164,6 +164,9 @@ where
     };
     app.set_ready(false);
     scheduler::drain(&app, &mut signals, first).await;
+    // Idle warm sandboxes go with the replica (a killed one leaves them to
+    // the next boot's reclaim).
+    app.orch().backend.drop_prepared();
     app.set_closing();
     let served = if http.is_finished() {
         Ok(())

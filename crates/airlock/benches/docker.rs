@@ -8,13 +8,22 @@
 //! 2. **a trivial run end to end**: `airlock run --backend docker` of a
 //!    python agent that prints one line — beside the same run on the
 //!    namespace backend.
-//! 3. **20 concurrent runs**: all must succeed and leave nothing — beside 20
-//!    concurrent `docker run --rm --network none IMG true`.
+//! 3. **a trivial run end to end through `airlock serve`, cold and warm**:
+//!    the same agent on two servers of this build, one without a warm pool
+//!    and one with `DOCKER_WARM_POOL=2`, a run on each in turn (the warm
+//!    one posted once its pool is full again): from the POST to the run's
+//!    end as the server records them (`ended_at - created_at`), and as the
+//!    client sees it (polling every 10 ms).
+//! 4. **20 concurrent runs**: all must succeed and leave nothing — beside 20
+//!    concurrent `docker run --rm --network none IMG true` (20 sidecars on
+//!    `airlock-egress` at once: the daemon's address pools must hold them).
 //!
 //! `cargo bench -p airlock --bench docker`; `AIRLOCK_BENCH_N` samples per
 //! side in loop 1 (default 20), loop 2 uses half. Needs a Docker daemon
 //! (the images are built first if missing).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
+
+mod peers;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use airlock_sandbox::docker::{DockerBackend, DockerConfig};
 use airlock_sandbox::{Backend, SandboxSpec};
-use airlock_test_support::bench::{ms, pcts};
+use peers::{ms, pcts};
 
 const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 
@@ -207,6 +216,8 @@ fn main() {
         println!("  (peer: the namespace backend is not available here)");
     }
 
+    cold_and_warm(n.div_ceil(2));
+
     println!("docker: 20 concurrent runs");
     let t = Instant::now();
     let handles: Vec<_> = (0..20)
@@ -253,4 +264,127 @@ fn main() {
         cli_wall.as_secs_f64()
     );
     assert_eq!(ok, 20);
+}
+
+/// Part 3: `n` trivial runs on a server without a pool and on one with
+/// `DOCKER_WARM_POOL=2`, alternating.
+fn cold_and_warm(n: usize) {
+    use peers::serve::{Conn, agent, base_env, org, start_env};
+    println!("docker: a trivial run end to end through airlock serve, cold and warm pool");
+    let homes: Vec<tempfile::TempDir> = (0..2)
+        .map(|_| {
+            tempfile::Builder::new()
+                .prefix("airlock-bench-pool-")
+                .tempdir()
+                .unwrap()
+        })
+        .collect();
+    let mut warm_env = base_env(homes[1].path(), None);
+    warm_env.push(("DOCKER_WARM_POOL".into(), "2".into()));
+    let servers = [
+        start_env(homes[0].path(), "docker", base_env(homes[0].path(), None)),
+        start_env(homes[1].path(), "docker", warm_env),
+    ];
+    let mut sides: Vec<(Conn, String)> = servers
+        .iter()
+        .map(|s| {
+            let key = org(s);
+            let mut c = Conn::open(s.addr);
+            assert_eq!(
+                c.json("POST", "/v1/agents", &key, Some(&agent("trivial")))
+                    .0,
+                201
+            );
+            (c, key)
+        })
+        .collect();
+    let mut recorded = [vec![], vec![]];
+    let mut seen = [vec![], vec![]];
+    // One run each first: the warm server's pool learns what this agent's
+    // runs need (that run starts cold), not counted.
+    for (i, (c, key)) in sides.iter_mut().enumerate() {
+        timed_run(c, key, i);
+    }
+    for round in 0..n {
+        for (i, (c, key)) in sides.iter_mut().enumerate() {
+            if i == 1 {
+                wait_pool_full(servers[1].child.id(), 2);
+            }
+            let (r, w) = timed_run(c, key, round);
+            recorded[i].push(r);
+            seen[i].push(w);
+        }
+    }
+    line("cold: POST → ended (the server's record)", &recorded[0]);
+    line("cold: POST → seen ended (client, 10 ms polls)", &seen[0]);
+    line("warm: POST → ended (the server's record)", &recorded[1]);
+    line("warm: POST → seen ended (client, 10 ms polls)", &seen[1]);
+    println!(
+        "  ratio p50 warm/cold (recorded): {:.2}× (goal: warm ≤ 150 ms)",
+        ms(pcts(&recorded[1])[0]) / ms(pcts(&recorded[0])[0])
+    );
+    // Stopped as an operator stops them: the idle pairs go with the server.
+    for mut s in servers {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(s.child.id()).unwrap()).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = s.child.wait();
+    }
+}
+
+/// One run of `trivial`: its span as recorded, and as seen by the client.
+fn timed_run(c: &mut peers::serve::Conn, key: &str, round: usize) -> (Duration, Duration) {
+    let t = Instant::now();
+    let (st, v) = c.json(
+        "POST",
+        "/v1/runs",
+        key,
+        Some(&serde_json::json!({"agent": "trivial", "prompt": format!("p{round}")})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    loop {
+        let (_, r) = c.json("GET", &format!("/v1/runs/{id}"), key, None);
+        if let Some(end) = r["ended_at"].as_u64() {
+            let seen = t.elapsed();
+            assert_eq!(r["status"], "succeeded", "{r}");
+            let start = r["created_at"].as_u64().unwrap();
+            return (Duration::from_millis(end - start), seen);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "run {id} never ended"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Until the platform of PID `pid` has `n` idle pairs.
+fn wait_pool_full(pid: u32, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let out = Command::new("docker")
+            .args([
+                "ps",
+                "--filter",
+                "label=airlock.pool=true",
+                "--filter",
+                "label=airlock.role=agent",
+                "--format",
+                "{{.Names}} {{.Label \"airlock.owner\"}}",
+            ])
+            .output()
+            .unwrap();
+        let idle = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| {
+                l.starts_with("airlock-pool_")
+                    && l.split(':').nth(1) == Some(pid.to_string().as_str())
+            })
+            .count();
+        if idle >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the pool never filled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -73,6 +73,9 @@ enum Command {
     /// PID 1 of a docker sandbox's container (started by the backend only).
     #[command(hide = true)]
     ContainerInit {
+        /// The run's command follows on stdin's first line (a warm pool's container).
+        #[arg(long)]
+        command_on_stdin: bool,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -107,7 +110,10 @@ fn main() -> std::process::ExitCode {
         Command::Keys(c) => cmd::keys::run(c),
         Command::Images(c) => cmd::images::run(c),
         Command::SandboxInit => cmd::sandbox_init::run(),
-        Command::ContainerInit { command } => cmd::sandbox_init::container(&command),
+        Command::ContainerInit {
+            command,
+            command_on_stdin,
+        } => cmd::sandbox_init::container(&command, command_on_stdin),
         Command::Openapi => cmd::openapi::run(),
     }
 }

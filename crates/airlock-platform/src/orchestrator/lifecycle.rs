@@ -190,7 +190,9 @@ impl Orchestrator {
     ) -> Result<Judged, RunError> {
         let mut plan = self.plan(run_id, run_dir, req)?;
         self.api.grant(run_id, std::mem::take(&mut plan.grant));
-        let mut run = self.start(run_id, &plan, progress, started).await?;
+        let mut run = self
+            .start(run_id, &req.org, &plan, progress, started)
+            .await?;
         let ended = self
             .watch(
                 &mut run,

@@ -93,15 +93,25 @@ impl Orchestrator {
         Ok(plan)
     }
 
-    /// Starts the processes of `plan`; on a failure, those started are torn
-    /// down before the error is returned.
+    /// Starts the processes of `plan` (a run of `org`); on a failure, those
+    /// started are torn down before the error is returned.
     pub(super) async fn start(
         &self,
         run_id: &str,
+        org: &str,
         plan: &RunPlan,
         progress: ProgressFn<'_>,
         started: Instant,
     ) -> Result<StartedRun, RunError> {
+        // A sandbox and sidecar the backend prepared before the run, if it
+        // keeps any and the organization's share allows: the spawns below
+        // take them.
+        if self
+            .backend
+            .claim_prepared(org, &plan.sandbox, &plan.sidecar)
+        {
+            tracing::debug!(target: "airlock::phase", "prepared sandbox claimed");
+        }
         let sandbox = self
             .backend
             .spawn(&plan.sandbox)

@@ -169,7 +169,64 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
     out.extend(images_lines(&dk, cfg).await);
     out.push(egress_network(&dk).await);
     out.extend(run_networks(&dk).await);
+    out.extend(warm_pool(&dk, cfg).await);
     out
+}
+
+/// The warm pools' pairs on this daemon ([`super::pool`]): idle, claimed by
+/// a run, or left by a stopped platform (its containers go at the next
+/// boot's reclaim).
+async fn warm_pool(dk: &Docker, cfg: &DockerConfig) -> Option<Diagnosis> {
+    use super::pool::{LABEL_POOL, PAIR_PREFIX};
+    let filters = HashMap::from([(
+        "label",
+        vec![
+            format!("{LABEL_MANAGED}=true"),
+            format!("{LABEL_POOL}=true"),
+            format!("{LABEL_ROLE}=agent"),
+        ],
+    )]);
+    let listing = q::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let pairs = dk.list_containers(Some(listing)).await.ok()?;
+    let (mut idle, mut claimed, mut dead) = (0, 0, 0);
+    for c in &pairs {
+        let owner = c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_OWNER))
+            .map(String::as_str);
+        let unclaimed = c.names.iter().flatten().any(|n| {
+            n.trim_start_matches('/')
+                .starts_with(&format!("airlock-{PAIR_PREFIX}"))
+        });
+        match (reclaim::judge_owner(owner), unclaimed) {
+            (reclaim::Owner::Dead, _) => dead += 1,
+            (_, true) => idle += 1,
+            (_, false) => claimed += 1,
+        }
+    }
+    let size = cfg.warm_pool;
+    let setting = match size {
+        0 => "DOCKER_WARM_POOL=0 here (no pool)".to_owned(),
+        n => format!(
+            "DOCKER_WARM_POOL={n} idle pair(s) per key, at most {} claimed per organization",
+            super::pool::share_of(n)
+        ),
+    };
+    let found = format!("{idle} idle pair(s), {claimed} claimed by a run");
+    Some(if dead == 0 {
+        Diagnosis::works("warm pool", format!("{setting}; {found}"))
+    } else {
+        Diagnosis::fails(
+            "warm pool",
+            format_args!(
+                "{setting}; {found}; {dead} pair(s) of stopped platforms (removed at the next boot)"
+            ),
+        )
+    })
 }
 
 /// The daemon, its version and the API version negotiated.

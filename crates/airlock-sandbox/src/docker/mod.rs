@@ -40,11 +40,16 @@
 //! `spawn_sidecar` return at once and the containers are created and started
 //! in a task; a failure shows on the handle's stderr as
 //! `airlock sandbox-init: docker: …` and as exit status 125.
+//! A run's two containers start concurrently (each its own task; the
+//! platform awaits the sidecar's readiness once), or not at all: with
+//! `DOCKER_WARM_POOL`, a pair started before the run and holding nothing of
+//! it is claimed instead ([`pool`]).
 
 pub mod diagnose;
 mod error;
 pub mod images;
 pub mod init;
+pub mod pool;
 pub mod profile;
 pub mod reclaim;
 
@@ -123,7 +128,13 @@ pub struct DockerConfig {
     /// `DOCKER_RUNTIME` for the agent container (`runc` when unset; `runsc`
     /// for gVisor).
     pub runtime: Option<String>,
+    /// `DOCKER_WARM_POOL`: idle pairs kept per [`pool::PoolKey`] (0, the
+    /// default: no pool).
+    pub warm_pool: usize,
 }
+
+/// The largest `DOCKER_WARM_POOL`.
+pub const MAX_WARM_POOL: usize = 64;
 
 impl DockerConfig {
     pub fn from_env() -> Result<DockerConfig, SandboxError> {
@@ -165,11 +176,23 @@ impl DockerConfig {
                 message: format!("{r:?} is not a runtime name (runc, runsc, …)"),
             });
         }
+        let warm_pool = match get("DOCKER_WARM_POOL") {
+            None => 0,
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= MAX_WARM_POOL)
+                .ok_or_else(|| SandboxError::Config {
+                    var: "DOCKER_WARM_POOL",
+                    message: format!("{v:?} is not a number of pairs from 0 to {MAX_WARM_POOL}"),
+                })?,
+        };
         let images = ImagesConfig::from_vars(vars, exe)?;
         Ok(DockerConfig {
             host,
             images,
             runtime,
+            warm_pool,
         })
     }
 }
@@ -263,6 +286,8 @@ pub struct DockerBackend {
     nets: Nets,
     /// The platform that owns what this backend creates ([`LABEL_OWNER`]).
     owner: String,
+    /// Pairs started before their runs ([`pool`]).
+    pool: pool::Pool,
 }
 
 impl DockerBackend {
@@ -272,6 +297,7 @@ impl DockerBackend {
 
     pub fn new(cfg: DockerConfig) -> DockerBackend {
         DockerBackend {
+            pool: pool::Pool::new(cfg.warm_pool),
             cfg,
             docker: tokio::sync::OnceCell::new(),
             nets: Arc::default(),
@@ -323,17 +349,14 @@ impl DockerBackend {
     }
 
     /// Starts container `name` of run `run_id` in a task: network (`on_net`:
-    /// the run's; else none), create, attach, start, stdin (`hold`: once
-    /// [`Sandbox::release_stdin`]). `egress`: the sidecar's, also on
-    /// [`EGRESS_NETWORK`].
-    #[allow(clippy::too_many_arguments)]
+    /// the run's; else none), create, attach, start, stdin as `feed` says.
+    /// `egress`: the sidecar's, also on [`EGRESS_NETWORK`].
     fn launch(
         &self,
         run_id: &str,
         name: String,
         body: ContainerCreateBody,
-        stdin: Vec<u8>,
-        hold: bool,
+        feed: Feed,
         on_net: bool,
         egress: bool,
     ) -> Result<Sandbox, SandboxError> {
@@ -346,16 +369,19 @@ impl DockerBackend {
         let shared = Arc::new(Shared {
             client: std::sync::OnceLock::new(),
             killed: AtomicBool::new(false),
+            slot: std::sync::OnceLock::new(),
         });
         if let Some(d) = self.docker.get() {
             let _ = shared.client.set(d.clone());
         }
         let (done, started) = tokio::sync::watch::channel::<Option<bool>>(None);
-        let (gate_tx, gate) = if hold {
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
+        let (gate_tx, feed) = match feed {
+            Feed::Now(stdin) => (None, StartFeed::Now(stdin)),
+            Feed::Held(stdin) => {
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                (Some(tx), StartFeed::Held(stdin, rx))
+            }
+            Feed::Parked(tx) => (None, StartFeed::Parked(tx)),
         };
         let task = StartTask {
             host: self.cfg.host.clone(),
@@ -366,9 +392,8 @@ impl DockerBackend {
             egress,
             after,
             started: started_tx,
-            gate,
+            feed: Some(feed),
             body,
-            stdin,
             out_w: Some(out_w),
             err_tx,
         };
@@ -449,6 +474,9 @@ struct Shared {
     client: std::sync::OnceLock<Docker>,
     /// Set by `kill`/`remove`: a start not yet made is not made.
     killed: AtomicBool,
+    /// A pooled pair's host directory and tenant share ([`pool`]): let go
+    /// once both of the pair's containers are.
+    slot: std::sync::OnceLock<Arc<pool::SlotGuard>>,
 }
 
 /// The task that starts one container, owning what its start needs.
@@ -461,9 +489,8 @@ struct StartTask {
     egress: bool,
     after: Option<tokio::sync::watch::Receiver<bool>>,
     started: Option<tokio::sync::watch::Sender<bool>>,
-    gate: Option<tokio::sync::oneshot::Receiver<()>>,
+    feed: Option<StartFeed>,
     body: ContainerCreateBody,
-    stdin: Vec<u8>,
     /// Stdout's writer, until the start hands it to its pump.
     out_w: Option<tokio::io::WriteHalf<tokio::io::SimplexStream>>,
     err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
@@ -506,14 +533,13 @@ impl StartTask {
             killed: &self.shared.killed,
             after: self.after.take(),
             started: self.started.as_ref(),
-            gate: self.gate.take(),
+            feed: self.feed.take(),
             // Everything but the sidecar (the one on the egress network).
             sandbox: !self.egress,
         };
         let body = std::mem::take(&mut self.body);
-        let stdin = std::mem::take(&mut self.stdin);
         start
-            .run(&d, body, stdin, &mut self.out_w, self.err_tx.clone())
+            .run(&d, body, &mut self.out_w, self.err_tx.clone())
             .await
     }
 }
@@ -531,9 +557,8 @@ struct Start<'a> {
     after: Option<tokio::sync::watch::Receiver<bool>>,
     /// Turned true once this start is over (the sidecar's).
     started: Option<&'a tokio::sync::watch::Sender<bool>>,
-    /// Stdin is held until this fires ([`crate::SandboxSpec::hold_stdin`]);
-    /// dropped unfired, stdin closes without it.
-    gate: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// What becomes of stdin once the container has started.
+    feed: Option<StartFeed>,
     /// A sandbox's container (an agent's, a runner's): its socket buffers
     /// are capped once it has started, before its stdin is written.
     sandbox: bool,
@@ -546,13 +571,12 @@ impl Start<'_> {
         self,
         d: &Docker,
         body: ContainerCreateBody,
-        stdin: Vec<u8>,
         out_w: &mut Option<tokio::io::WriteHalf<tokio::io::SimplexStream>>,
         err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
     ) -> Result<(), DockerError> {
         self.networks(d).await?;
         self.stopped()?;
-        let attached = self.create_and_attach(d, body).await?;
+        let (id, attached) = self.create_and_attach(d, body).await?;
         if let Some(mut after) = self.after.clone() {
             // A sidecar that never starts fails the run anyway: bounded.
             let _ = tokio::time::timeout(Duration::from_secs(30), after.wait_for(|s| *s)).await;
@@ -571,7 +595,21 @@ impl Start<'_> {
         let input = attached.input;
         let out_w = out_w.take().ok_or(DockerError::StdoutTaken)?;
         pump_output(attached.output, out_w, err_tx.clone());
-        self.feed_stdin(d, input, stdin, err_tx).await
+        match self.feed {
+            Some(StartFeed::Parked(tx)) => {
+                // Claimed later: its stdin goes with it ([`pool`]).
+                tx.send(Parked { id, input })
+                    .map_err(|_| DockerError::Stopped)?;
+                Ok(())
+            }
+            Some(StartFeed::Held(stdin, gate)) => {
+                feed_stdin(d, self.name, self.killed, input, stdin, Some(gate), err_tx).await
+            }
+            Some(StartFeed::Now(stdin)) => {
+                feed_stdin(d, self.name, self.killed, input, stdin, None, err_tx).await
+            }
+            None => Err(DockerError::StdoutTaken),
+        }
     }
 
     /// `Err` once the container was killed or removed: a start not yet
@@ -583,24 +621,33 @@ impl Start<'_> {
         Ok(())
     }
 
-    /// The run's network (made by the first of its containers), and the
-    /// egress network for the sidecar.
+    /// The run's network (made by the first of its containers) and, for
+    /// the sidecar, the egress network: the two at once (neither waits
+    /// for the other).
     async fn networks(&self, d: &Docker) -> Result<(), DockerError> {
-        if let Some(net) = self.net {
-            net.created
-                .get_or_init(|| async {
-                    create_run_network(d, &net.name, self.net_labels.clone())
-                        .await
-                        .map_err(Arc::new)
-                })
-                .await
-                .clone()
-                .map_err(DockerError::RunNetwork)?;
-        }
-        if self.egress {
-            ensure_egress_network(d).await?;
-        }
-        Ok(())
+        let run_net = async {
+            match self.net {
+                Some(net) => net
+                    .created
+                    .get_or_init(|| async {
+                        create_run_network(d, &net.name, self.net_labels.clone())
+                            .await
+                            .map_err(Arc::new)
+                    })
+                    .await
+                    .clone()
+                    .map_err(DockerError::RunNetwork),
+                None => Ok(()),
+            }
+        };
+        let egress = async {
+            match self.egress {
+                true => ensure_egress_network(d).await,
+                false => Ok(()),
+            }
+        };
+        let (run_net, egress) = futures_util::future::join(run_net, egress).await;
+        run_net.and(egress)
     }
 
     /// Creates the container (the sidecar also on [`EGRESS_NETWORK`]) and
@@ -609,18 +656,19 @@ impl Start<'_> {
         &self,
         d: &Docker,
         body: ContainerCreateBody,
-    ) -> Result<Attached, DockerError> {
+    ) -> Result<(String, Attached), DockerError> {
         let name = self.name;
-        d.create_container(
-            Some(
-                q::CreateContainerOptionsBuilder::default()
-                    .name(name)
-                    .build(),
-            ),
-            body,
-        )
-        .await
-        .map_err(|e| ApiError::new(format!("creating {name}"), e))?;
+        let created = d
+            .create_container(
+                Some(
+                    q::CreateContainerOptionsBuilder::default()
+                        .name(name)
+                        .build(),
+                ),
+                body,
+            )
+            .await
+            .map_err(|e| ApiError::new(format!("creating {name}"), e))?;
         if self.egress {
             d.connect_network(
                 EGRESS_NETWORK,
@@ -632,34 +680,68 @@ impl Start<'_> {
             .await
             .map_err(|e| ApiError::new(format!("connecting {name} to {EGRESS_NETWORK}"), e))?;
         }
-        Ok(d.attach_container(
-            name,
-            Some(
-                q::AttachContainerOptionsBuilder::default()
-                    .stdin(true)
-                    .stdout(true)
-                    .stderr(true)
-                    .stream(true)
-                    .build(),
-            ),
-        )
-        .await
-        .map_err(|e| ApiError::new(format!("attaching to {name}"), e))?)
+        let attached = d
+            .attach_container(
+                name,
+                Some(
+                    q::AttachContainerOptionsBuilder::default()
+                        .stdin(true)
+                        .stdout(true)
+                        .stderr(true)
+                        .stream(true)
+                        .build(),
+                ),
+            )
+            .await
+            .map_err(|e| ApiError::new(format!("attaching to {name}"), e))?;
+        Ok((created.id, attached))
     }
+}
 
-    /// Writes `stdin` to the started container, then end-of-file (the
-    /// daemon closes the container's stdin: `StdinOnce`); held, in the
-    /// background once the gate opens. Kills the container if it was
-    /// killed meanwhile.
-    async fn feed_stdin(
-        self,
-        d: &Docker,
-        mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
-        stdin: Vec<u8>,
-        err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
-    ) -> Result<(), DockerError> {
-        let name = self.name;
-        if let Some(gate) = self.gate {
+/// A started container's stdin, as its attach gave it.
+pub(crate) type Input = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// What a container is fed on its stdin once started.
+pub(crate) enum Feed {
+    /// These bytes at once, then end-of-file.
+    Now(Vec<u8>),
+    /// These bytes once [`Sandbox::release_stdin`]
+    /// ([`crate::SandboxSpec::hold_stdin`]); dropped unreleased, stdin
+    /// closes without them.
+    Held(Vec<u8>),
+    /// Nothing: the started container waits, reading, and its stdin is
+    /// handed over here, for its claim ([`pool`]).
+    Parked(tokio::sync::oneshot::Sender<Parked>),
+}
+
+/// [`Feed`] inside the start task.
+enum StartFeed {
+    Now(Vec<u8>),
+    Held(Vec<u8>, tokio::sync::oneshot::Receiver<()>),
+    Parked(tokio::sync::oneshot::Sender<Parked>),
+}
+
+/// A started container waiting for its claim: its id and its stdin.
+pub(crate) struct Parked {
+    pub(crate) id: String,
+    pub(crate) input: Input,
+}
+
+/// Writes `stdin` to the started container `name`, then end-of-file (the
+/// daemon closes the container's stdin: `StdinOnce`); held, in the
+/// background once `gate` opens. Kills the container if it was killed
+/// meanwhile.
+async fn feed_stdin(
+    d: &Docker,
+    name: &str,
+    killed: &AtomicBool,
+    mut input: Input,
+    stdin: Vec<u8>,
+    gate: Option<tokio::sync::oneshot::Receiver<()>>,
+    err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+) -> Result<(), DockerError> {
+    {
+        if let Some(gate) = gate {
             // Held (the runtime's secrets, once the sidecar is ready): the
             // start is over, stdin follows in the background. The container
             // waits for it, reading.
@@ -685,7 +767,7 @@ impl Start<'_> {
                 source,
             })?;
         }
-        if self.killed.load(Ordering::SeqCst) {
+        if killed.load(Ordering::SeqCst) {
             kill_now(d, name).await;
         }
         Ok(())
@@ -900,6 +982,30 @@ pub(crate) struct Container {
 const NOT_STARTED: i32 = 125;
 
 impl Container {
+    /// From now on the container is named by `id` (a pooled container is
+    /// renamed at its claim: its id stays).
+    pub(crate) fn name_by_id(&mut self, id: String) {
+        self.name = id;
+    }
+
+    /// Holds `slot` until this container is let go ([`pool`]).
+    pub(crate) fn hold_slot(&self, slot: Arc<pool::SlotGuard>) {
+        let _ = self.shared.slot.set(slot);
+    }
+
+    /// The pool removed it itself ([`pool::Pool::drain`]): nothing is left
+    /// to do when it is dropped.
+    pub(crate) fn disown(&mut self) {
+        self.shared.killed.store(true, Ordering::SeqCst);
+        self.removed = true;
+        if let Some(net) = self.net.take()
+            && net.users.fetch_sub(1, Ordering::SeqCst) == 1
+            && let Ok(mut nets) = self.nets.lock()
+        {
+            nets.retain(|_, n| !Arc::ptr_eq(n, &net));
+        }
+    }
+
     /// The daemon, once the container has started; `None` if it never will.
     async fn started(&mut self) -> Option<Docker> {
         let ok = match self.started.wait_for(|v| v.is_some()).await {
@@ -1349,24 +1455,33 @@ impl Backend for DockerBackend {
     }
 
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
+        if spec.kind == SandboxKind::Agent
+            && let Some(claimed) = self.take_claimed_agent(spec)
+        {
+            return Ok(claimed);
+        }
         let body = self.sandbox_body(spec)?;
         let (run, name, on_net) = match &spec.kind {
             SandboxKind::Agent => (&spec.run_id, container_name(&spec.run_id, "agent"), true),
             SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner"), false),
         };
-        self.launch(
-            run,
-            name,
-            body,
-            spec.stdin.clone(),
-            spec.hold_stdin,
-            on_net,
-            false,
-        )
+        let feed = match spec.hold_stdin {
+            true => Feed::Held(spec.stdin.clone()),
+            false => Feed::Now(spec.stdin.clone()),
+        };
+        self.launch(run, name, body, feed, on_net, false)
     }
 
     fn host_programs(&self) -> bool {
         false
+    }
+
+    fn claim_prepared(&self, tenant: &str, sandbox: &SandboxSpec, sidecar: &SidecarSpec) -> bool {
+        self.claim_pair(tenant, sandbox, sidecar)
+    }
+
+    fn drop_prepared(&self) {
+        self.drain_pool();
     }
 
     fn local_runners(&self) -> Result<(), NoLocalRunners> {
@@ -1379,13 +1494,15 @@ impl Backend for DockerBackend {
     }
 
     fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
+        if let Some(claimed) = self.take_claimed_sidecar(spec) {
+            return Ok(claimed);
+        }
         let body = self.sidecar_body(spec)?;
         self.launch(
             &spec.run_id,
             container_name(&spec.run_id, "sidecar"),
             body,
-            spec.config.clone(),
-            false,
+            Feed::Now(spec.config.clone()),
             true,
             true,
         )

@@ -6,6 +6,8 @@
 
 pub use airlock_test_support::bench::*;
 
+pub mod serve;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -11,9 +11,9 @@ pub fn run() -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(125))
 }
 
-pub fn container(command: &[String]) -> ExitCode {
+pub fn container(command: &[String], command_on_stdin: bool) -> ExitCode {
     // As above: no logging, no runtime, no threads (its seccomp filters
     // apply to the thread that installs them).
-    let code = airlock_sandbox::docker::init::main(command);
+    let code = airlock_sandbox::docker::init::main(command, command_on_stdin);
     ExitCode::from(u8::try_from(code).unwrap_or(125))
 }

@@ -12,6 +12,7 @@ mod cli_conventions;
 mod connections_canary;
 mod credential_encodings;
 mod docker_backend;
+mod docker_pool;
 mod docker_runs;
 mod docs;
 mod egress_check;

@@ -1,0 +1,1060 @@
+//! The docker backend's warm pool: pairs (an agent container and its
+//! sidecar's, on a network of their own) started before any run, kept up
+//! to `DOCKER_WARM_POOL` per [`PoolKey`], each claimed by one run and
+//! removed with it.
+//!
+//! A pooled pair holds nothing of any run until claimed. Its agent
+//! container runs `airlock container-init --command-on-stdin -- airlock
+//! runtime --` and its sidecar `airlock sidecar`, both waiting on stdin;
+//! their only host directories are the pair's own, empty: `view/` (bound
+//! read-only where the agent's directory's parent is) and `run/` (bound at
+//! `/run/airlock` in the sidecar, beside the platform's socket). At the
+//! claim ([`DockerBackend::claim_pair`]) the run's agent directory is
+//! copied into `view/`, its egress journal hard-linked into `run/`, the
+//! containers renamed to the run's names, the agent's command written to
+//! its stdin, the sidecar's configuration to the sidecar's, and the
+//! runtime's secrets once the sidecar is ready, as for a cold start.
+//!
+//! Which runs can take a pair is [`PoolKey::of`]'s decision: an agent with
+//! no local runner, one agent directory whose parent is not a directory of
+//! the image or of the container's own mounts, small enough to copy.
+//! Every other run starts cold, as does a run that finds no idle pair.
+//!
+//! Per-tenant share: one tenant holds at most [`Pool::share`] claimed
+//! pairs at once (half the pool, at least one); its runs beyond start
+//! cold, so one organization cannot drain the pool for the others.
+//!
+//! Pairs carry the owner label every object of the backend carries: a
+//! platform that dies (SIGKILL) leaves them to the next boot's reclaim
+//! ([`super::reclaim`]); its pair directories are removed by the next
+//! pool of the same home ([`reclaim_dirs`]).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+use super::{
+    AIRLOCK_IN_IMAGE, DockerBackend, EGRESS_JOURNAL_INSIDE, Feed, Parked, SOCKETS_INSIDE,
+    container_name, init,
+};
+use crate::{Sandbox, SandboxKind, SandboxSpec, SidecarSpec};
+
+/// Labels a pooled pair's containers (and network): `true`.
+pub const LABEL_POOL: &str = "airlock.pool";
+/// The prefix of a pair's id: its containers' names until claimed are
+/// `airlock-pool_…-agent` and `airlock-pool_…-sidecar`.
+pub const PAIR_PREFIX: &str = "pool_";
+/// The directory of `$AIRLOCK_HOME` that holds the pairs' directories.
+pub const POOL_DIR: &str = "pool";
+/// Most keys pooled at once: the oldest learned goes (its idle pairs too).
+const MAX_KEYS: usize = 4;
+/// How long a pair has to start before it is given up.
+const FILL_WITHIN: Duration = Duration::from_secs(60);
+/// The largest agent directory copied into a pair at its claim (bytes,
+/// entries); a larger one starts cold.
+const MAX_VIEW_BYTES: u64 = 64 << 20;
+const MAX_VIEW_ENTRIES: usize = 4096;
+/// First components of an agent directory's parent that a pair cannot bind
+/// over or under: the image's own directories.
+const IMAGE_DIRS: &[&str] = &[
+    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
+    "usr",
+];
+/// The container's own mounts: a pair's view may be under them (as a cold
+/// start's agent directory may), not over them.
+const OWN_MOUNTS: &[&str] = &["/tmp"];
+
+/// How many claimed pairs one tenant may hold at once in a pool of `size`
+/// per key: half, at least one.
+pub fn share_of(size: usize) -> usize {
+    (size / 2).max(1)
+}
+
+/// What a pooled pair is made for: everything of its two containers that
+/// is fixed when they are created. Two runs with the same key can take
+/// each other's pairs; nothing in it belongs to a run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// The launcher before the agent's command (`airlock runtime --`).
+    launcher: Vec<String>,
+    env: Vec<(String, String)>,
+    /// Where the agent's directory's parent is, in the agent container.
+    view: PathBuf,
+    workspace: PathBuf,
+    workspace_size_mb: u64,
+    memory_mb: u64,
+    millicpus: u64,
+    pids_max: u64,
+    sidecar_log: String,
+    platform_socket: PathBuf,
+    /// `$AIRLOCK_HOME/pool`: beside the runs' directories (one filesystem,
+    /// so the run's journal can be linked into the pair's).
+    pool_dir: PathBuf,
+}
+
+/// Why a run starts cold (said at debug level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cold {
+    NotAnAgent,
+    LocalRunners,
+    NotOneDirectory,
+    ViewOverImage,
+    NoLauncher,
+    JournalOutsideRuns,
+}
+
+impl PoolKey {
+    /// The key of a run of `sandbox` and `sidecar`, its agent's command and
+    /// its agent directory; or why it starts cold.
+    pub fn of(
+        sandbox: &SandboxSpec,
+        sidecar: &SidecarSpec,
+    ) -> Result<(PoolKey, Vec<String>, PathBuf), Cold> {
+        if sandbox.kind != SandboxKind::Agent {
+            return Err(Cold::NotAnAgent);
+        }
+        if !sidecar.runner_dirs.is_empty() {
+            return Err(Cold::LocalRunners);
+        }
+        let [dir] = sandbox.ro_paths.as_slice() else {
+            return Err(Cold::NotOneDirectory);
+        };
+        if !dir.is_dir() || !dir.is_absolute() || dir.file_name().is_none() {
+            return Err(Cold::NotOneDirectory);
+        }
+        let view = dir.parent().ok_or(Cold::ViewOverImage)?;
+        if !view_allowed(view, &sandbox.workspace) {
+            return Err(Cold::ViewOverImage);
+        }
+        let split = sandbox
+            .command
+            .iter()
+            .position(|a| a == "--")
+            .ok_or(Cold::NoLauncher)?;
+        let (launcher, command) = sandbox.command.split_at(split + 1);
+        if command.is_empty() || launcher.first().map(String::as_str) != Some(AIRLOCK_IN_IMAGE) {
+            return Err(Cold::NoLauncher);
+        }
+        // `$AIRLOCK_HOME/runs/<id>/egress.journal`.
+        let home = sidecar
+            .egress_journal
+            .parent()
+            .and_then(Path::parent)
+            .filter(|runs| runs.file_name().is_some_and(|n| n == "runs"))
+            .and_then(Path::parent)
+            .ok_or(Cold::JournalOutsideRuns)?;
+        let key = PoolKey {
+            launcher: launcher.to_vec(),
+            env: sandbox.env.clone(),
+            view: view.to_owned(),
+            workspace: sandbox.workspace.clone(),
+            workspace_size_mb: sandbox.workspace_size_mb,
+            memory_mb: sandbox.memory_mb,
+            millicpus: crate::whole(sandbox.cpus * 1000.0, u64::MAX),
+            pids_max: sandbox.pids_max,
+            sidecar_log: sidecar.log.clone(),
+            platform_socket: sidecar.platform_socket.clone(),
+            pool_dir: home.join(POOL_DIR),
+        };
+        Ok((key, command.to_vec(), dir.clone()))
+    }
+}
+
+/// Whether a pair may bind its `view/` at `view` (the agent directory's
+/// parent): not over or under a directory of the image, not over one of
+/// the container's own mounts (`workspace` among them), and bindable.
+fn view_allowed(view: &Path, workspace: &Path) -> bool {
+    let Some(s) = view.to_str() else {
+        return false;
+    };
+    let parts: Vec<&str> = s.split('/').filter(|p| !p.is_empty()).collect();
+    let first = parts.first().copied().unwrap_or("");
+    view.is_absolute()
+        && !s.contains(':')
+        && !parts.is_empty()
+        && !IMAGE_DIRS.contains(&first)
+        // `/var` and `/var/lib` hold the image's own state; deeper is free.
+        && (first != "var" || parts.len() >= 3)
+        && !OWN_MOUNTS.iter().any(|m| Path::new(m).starts_with(view))
+        && !workspace.starts_with(view)
+}
+
+/// A pair's host directory and, once claimed, its tenant's share: removed
+/// and given back when both of the pair's containers are let go.
+pub struct SlotGuard {
+    dir: PathBuf,
+    share: Mutex<Option<Share>>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The claimed pairs each tenant holds, within its share.
+#[derive(Clone)]
+struct Shares {
+    per_tenant: usize,
+    claims: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Shares {
+    /// One more claimed pair for `tenant`, unless it holds its share
+    /// already; given back when the [`Share`] is dropped.
+    fn claim(&self, tenant: &str) -> Option<Share> {
+        let mut c = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        let held = c.entry(tenant.to_owned()).or_default();
+        if *held >= self.per_tenant {
+            return None;
+        }
+        *held += 1;
+        Some(Share {
+            claims: self.claims.clone(),
+            tenant: tenant.to_owned(),
+        })
+    }
+
+    fn held(&self) -> HashMap<String, usize> {
+        let mut c = self
+            .claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        c.retain(|_, n| *n > 0);
+        c
+    }
+}
+
+/// One claimed pair counted against its tenant ([`Pool::share`]).
+struct Share {
+    claims: Arc<Mutex<HashMap<String, usize>>>,
+    tenant: String,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut c = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = c.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// One container of a pair: its handle and, once started, its stdin.
+struct Half {
+    sandbox: Sandbox,
+    parked: Parked,
+}
+
+/// A started pair, idle.
+struct Pair {
+    id: String,
+    guard: Arc<SlotGuard>,
+    agent: Half,
+    sidecar: Half,
+}
+
+/// A pair claimed by a run, until its two spawns take it.
+struct Claimed {
+    agent: Option<(Half, Vec<String>)>,
+    sidecar: Option<Half>,
+    /// The pair's containers' ids (the sidecar's claim renames both).
+    ids: [String; 2],
+}
+
+#[derive(Default)]
+struct State {
+    idle: HashMap<PoolKey, Vec<Pair>>,
+    filling: HashMap<PoolKey, usize>,
+    /// Keys learned from runs, oldest first.
+    keys: Vec<PoolKey>,
+    claimed: HashMap<String, Claimed>,
+    /// The home directories whose dead platforms' pair directories were
+    /// removed already.
+    swept: Vec<PathBuf>,
+    /// The platform stops: nothing is claimed or started any more, and a
+    /// pair that finishes starting is kept for [`Pool::drain`] to remove.
+    closing: bool,
+}
+
+/// The pool's state, and word of each pair whose start is over.
+#[derive(Default)]
+struct Shelf {
+    state: Mutex<State>,
+    settled: std::sync::Condvar,
+}
+
+impl Shelf {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The pool of one backend.
+pub struct Pool {
+    /// Pairs kept idle per key (`DOCKER_WARM_POOL`; 0: no pool).
+    size: usize,
+    shelf: Arc<Shelf>,
+    /// Claimed pairs per tenant, while their runs last.
+    shares: Shares,
+}
+
+/// What `airlock doctor` and the tests see of this process's pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub size: usize,
+    /// Idle pairs, all keys.
+    pub idle: usize,
+    /// Pairs starting.
+    pub filling: usize,
+    /// Claimed pairs per tenant.
+    pub claimed: HashMap<String, usize>,
+}
+
+impl Pool {
+    pub fn new(size: usize) -> Pool {
+        Pool {
+            size,
+            shelf: Arc::default(),
+            shares: Shares {
+                per_tenant: share_of(size),
+                claims: Arc::default(),
+            },
+        }
+    }
+
+    /// How many claimed pairs one tenant may hold at once: half the pool,
+    /// at least one.
+    pub fn share(&self) -> usize {
+        self.shares.per_tenant
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let st = self.shelf.lock();
+        PoolStatus {
+            size: self.size,
+            idle: st.idle.values().map(Vec::len).sum(),
+            filling: st.filling.values().sum(),
+            claimed: self.shares.held(),
+        }
+    }
+
+    /// Learns `key` (the oldest key beyond [`MAX_KEYS`] goes, with its idle
+    /// pairs) and takes an idle pair of it for `tenant` within its share.
+    fn take(&self, key: &PoolKey, tenant: &str) -> Option<Pair> {
+        let mut dropped = Vec::new();
+        let pair = {
+            let mut st = self.shelf.lock();
+            if st.closing {
+                return None;
+            }
+            st.keys.retain(|k| k != key);
+            st.keys.push(key.clone());
+            while st.keys.len() > MAX_KEYS {
+                let old = st.keys.remove(0);
+                dropped.extend(st.idle.remove(&old).unwrap_or_default());
+            }
+            match st.idle.get(key).is_some_and(|v| !v.is_empty()) {
+                true => self
+                    .shares
+                    .claim(tenant)
+                    .and_then(|share| Some((st.idle.get_mut(key)?.pop()?, share))),
+                false => None,
+            }
+        };
+        drop(dropped);
+        let (pair, share) = pair?;
+        if let Ok(mut s) = pair.guard.share.lock() {
+            *s = Some(share);
+        }
+        Some(pair)
+    }
+
+    /// How many pairs of `key` to start now to keep [`Pool::size`] idle;
+    /// counted as filling.
+    fn to_fill(&self, key: &PoolKey) -> usize {
+        let mut st = self.shelf.lock();
+        if !st.keys.contains(key) {
+            return 0;
+        }
+        let have = st.idle.get(key).map_or(0, Vec::len) + st.filling.get(key).copied().unwrap_or(0);
+        let need = self.size.saturating_sub(have);
+        *st.filling.entry(key.clone()).or_default() += need;
+        need
+    }
+
+    /// Whether the pair directories of dead platforms under `pool_dir` are
+    /// still to be removed (once per home).
+    fn first_in(&self, pool_dir: &Path) -> bool {
+        let mut st = self.shelf.lock();
+        if st.swept.iter().any(|p| p == pool_dir) {
+            return false;
+        }
+        st.swept.push(pool_dir.to_owned());
+        true
+    }
+
+    /// Every idle pair, out of the pool (the platform stops), once those
+    /// still starting are over (at most [`FILL_WITHIN`]).
+    fn drain(&self) -> Vec<Pair> {
+        let mut st = self.shelf.lock();
+        st.keys.clear();
+        st.closing = true;
+        let (mut st, _) = self
+            .shelf
+            .settled
+            .wait_timeout_while(st, FILL_WITHIN, |st| st.filling.values().sum::<usize>() > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        let claimed: Vec<Claimed> = st.claimed.drain().map(|(_, c)| c).collect();
+        drop(claimed);
+        st.idle.drain().flat_map(|(_, v)| v).collect()
+    }
+}
+
+/// A started pair joins the pool of `key`, or goes (its key forgotten, or
+/// the pool full).
+fn settle(shelf: &Shelf, size: usize, key: &PoolKey, pair: Option<Pair>) {
+    let extra = {
+        let mut st = shelf.lock();
+        if let Some(n) = st.filling.get_mut(key) {
+            *n = n.saturating_sub(1);
+        }
+        match pair {
+            Some(pair) if st.closing => {
+                st.idle.entry(key.clone()).or_default().push(pair);
+                None
+            }
+            Some(pair) if st.keys.contains(key) => {
+                let idle = st.idle.entry(key.clone()).or_default();
+                if idle.len() < size {
+                    idle.push(pair);
+                    None
+                } else {
+                    Some(pair)
+                }
+            }
+            other => other,
+        }
+    };
+    shelf.settled.notify_all();
+    drop(extra);
+}
+
+/// This platform's directory of pairs under `pool_dir`, named for its
+/// owner label (`:` is not bindable).
+fn own_dir(pool_dir: &Path, owner: &str) -> PathBuf {
+    pool_dir.join(owner.replace(':', "_"))
+}
+
+/// Removes the pair directories of platforms that are gone (their
+/// containers went at the boot reclaim).
+pub fn reclaim_dirs(pool_dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(pool_dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let label = e.file_name().to_string_lossy().replace('_', ":");
+        if super::reclaim::judge_owner(Some(&label)) == super::reclaim::Owner::Dead
+            && std::fs::remove_dir_all(e.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// A fresh pair id (`pool_` and 12 hex digits).
+fn pair_id() -> String {
+    use sha2::Digest;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let h = sha2::Sha256::digest(format!("{}:{t}:{n}", std::process::id()));
+    format!("{PAIR_PREFIX}{}", hex::encode(&h[..6]))
+}
+
+/// Creates `dir` with `mode`.
+fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// Copies the agent's directory `from` to `to` (modes kept, symbolic links
+/// as links), within [`MAX_VIEW_BYTES`] and [`MAX_VIEW_ENTRIES`]; anything
+/// else (a device, a socket, too much) is refused.
+fn copy_view(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut budget = (MAX_VIEW_BYTES, MAX_VIEW_ENTRIES);
+    copy_tree(from, to, &mut budget)
+}
+
+fn copy_tree(from: &Path, to: &Path, budget: &mut (u64, usize)) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let too_big = || std::io::Error::other("the agent's directory is too large for a warm start");
+    let meta = std::fs::symlink_metadata(from)?;
+    budget.1 = budget.1.checked_sub(1).ok_or_else(too_big)?;
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)?;
+    } else if ft.is_dir() {
+        std::fs::create_dir(to)?;
+        for e in std::fs::read_dir(from)? {
+            let e = e?;
+            copy_tree(&e.path(), &to.join(e.file_name()), budget)?;
+        }
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    } else if ft.is_file() {
+        budget.0 = budget.0.checked_sub(meta.len()).ok_or_else(too_big)?;
+        std::fs::copy(from, to)?;
+    } else {
+        return Err(std::io::Error::other(format!(
+            "{}: not a file, directory or link",
+            from.display()
+        )));
+    }
+    Ok(())
+}
+
+impl DockerBackend {
+    /// Sets aside an idle pair for the run of `sandbox` and `sidecar`
+    /// (tenant `tenant`), made ready for it: its agent directory copied in,
+    /// its journal linked in. Refills the pool of its key either way.
+    pub(crate) fn claim_pair(
+        &self,
+        tenant: &str,
+        sandbox: &SandboxSpec,
+        sidecar: &SidecarSpec,
+    ) -> bool {
+        if self.pool.size == 0 {
+            return false;
+        }
+        let (key, command, dir) = match PoolKey::of(sandbox, sidecar) {
+            Ok(k) => k,
+            Err(why) => {
+                tracing::debug!(run = %sandbox.run_id, "cold start: {why:?}");
+                return false;
+            }
+        };
+        let pair = self.pool.take(&key, tenant);
+        self.refill(&key);
+        let Some(pair) = pair else {
+            return false;
+        };
+        // Checked as a cold start checks it, with the pair's uid.
+        if let Err(e) = crate::namespace::readable_by(&dir, super::agent_ids(&pair.id)) {
+            tracing::debug!(run = %sandbox.run_id, "cold start: {e}");
+            return false;
+        }
+        let name = dir.file_name().unwrap_or_default();
+        let ready = copy_view(&dir, &pair.guard.dir.join("view").join(name)).and_then(|()| {
+            std::fs::hard_link(
+                &sidecar.egress_journal,
+                pair.guard.dir.join("run").join(
+                    Path::new(EGRESS_JOURNAL_INSIDE)
+                        .file_name()
+                        .unwrap_or_default(),
+                ),
+            )
+        });
+        if let Err(e) = ready {
+            tracing::debug!(run = %sandbox.run_id, "cold start: the pair cannot take the run: {e}");
+            return false;
+        }
+        let Pair {
+            agent, sidecar: sc, ..
+        } = pair;
+        let ids = [agent.parked.id.clone(), sc.parked.id.clone()];
+        let claimed = Claimed {
+            agent: Some((agent, command)),
+            sidecar: Some(sc),
+            ids,
+        };
+        self.pool
+            .shelf
+            .lock()
+            .claimed
+            .insert(sandbox.run_id.clone(), claimed);
+        true
+    }
+
+    /// The claimed agent container of run `spec.run_id`, if it has one: its
+    /// command written to its stdin now, its secrets once released.
+    pub(crate) fn take_claimed_agent(&self, spec: &SandboxSpec) -> Option<Sandbox> {
+        let (half, command) = {
+            let mut st = self.pool.shelf.lock();
+            st.claimed.get_mut(&spec.run_id)?.agent.take()?
+        };
+        let Half {
+            mut sandbox,
+            parked,
+        } = half;
+        if let Some(c) = sandbox.container_mut() {
+            c.name_by_id(parked.id.clone());
+        }
+        let gate = spec.hold_stdin.then(|| sandbox.gate_stdin());
+        let secrets = spec.stdin.clone();
+        let mut input = parked.input;
+        tokio::spawn(async move {
+            if input
+                .write_all(&init::command_header(&command))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            if let Some(gate) = gate
+                && gate.await.is_err()
+            {
+                let _ = input.shutdown().await;
+                return;
+            }
+            let _ = input.write_all(&secrets).await;
+            let _ = input.shutdown().await;
+        });
+        Some(sandbox)
+    }
+
+    /// The claimed sidecar container of run `spec.run_id`, if it has one:
+    /// both containers renamed to the run's names, then its configuration
+    /// written to its stdin.
+    pub(crate) fn take_claimed_sidecar(&self, spec: &SidecarSpec) -> Option<Sandbox> {
+        let Claimed { sidecar, ids, .. } = {
+            let mut st = self.pool.shelf.lock();
+            st.claimed.remove(&spec.run_id)?
+        };
+        let Half {
+            mut sandbox,
+            parked,
+        } = sidecar?;
+        if let Some(c) = sandbox.container_mut() {
+            c.name_by_id(parked.id.clone());
+        }
+        let config = spec.config.clone();
+        let run = spec.run_id.clone();
+        let client = self.docker.get().cloned();
+        let host = self.cfg.host.clone();
+        let mut input = parked.input;
+        tokio::spawn(async move {
+            let d = match client {
+                Some(d) => Some(d),
+                None => super::connect(&host).await.ok(),
+            };
+            if let Some(d) = d {
+                let [agent, sidecar] = ids;
+                let rename = |id: String, role: &'static str| {
+                    let d = d.clone();
+                    let name = container_name(&run, role);
+                    async move {
+                        let opts =
+                            bollard::query_parameters::RenameContainerOptionsBuilder::default()
+                                .name(&name)
+                                .build();
+                        if let Err(e) = d.rename_container(&id, opts).await {
+                            tracing::warn!("renaming the pooled {role} container to {name}: {e}");
+                        }
+                    }
+                };
+                futures_util::future::join(rename(agent, "agent"), rename(sidecar, "sidecar"))
+                    .await;
+            }
+            let _ = input.write_all(&config).await;
+            let _ = input.shutdown().await;
+        });
+        Some(sandbox)
+    }
+
+    /// Starts the pairs `key` lacks, in the background.
+    fn refill(&self, key: &PoolKey) {
+        let need = self.pool.to_fill(key);
+        if need > 0 && self.pool.first_in(&key.pool_dir) {
+            let n = reclaim_dirs(&key.pool_dir);
+            if n > 0 {
+                tracing::info!("removed the warm pool directories of {n} stopped platform(s)");
+            }
+        }
+        for _ in 0..need {
+            if let Err(e) = self.fill_one(key) {
+                tracing::warn!("cannot start a warm pair: {e}");
+                settle(&self.pool.shelf, self.pool.size, key, None);
+            }
+        }
+    }
+
+    /// Starts one pair of `key`; it joins the pool once both have started.
+    fn fill_one(&self, key: &PoolKey) -> Result<(), crate::SandboxError> {
+        let id = pair_id();
+        let dir = own_dir(&key.pool_dir, &self.owner).join(&id);
+        make_dir(&dir.join("view"), 0o755)?;
+        make_dir(&dir.join("run"), 0o700)?;
+        let guard = Arc::new(SlotGuard {
+            dir: dir.clone(),
+            share: Mutex::new(None),
+        });
+        // The agent's first: neither waits for the other (nothing of the
+        // agent's looks up its sidecar before the claim).
+        let bodies = self.pooled_bodies(key, &id, &dir)?;
+        let mut started = Vec::with_capacity(2);
+        for (role, body) in bodies {
+            let (tx, rx) = tokio::sync::oneshot::channel::<Parked>();
+            let feed = Feed::Parked(tx);
+            let mut sb = self.launch(
+                &id,
+                container_name(&id, role),
+                body,
+                feed,
+                true,
+                role == "sidecar",
+            )?;
+            if let Some(c) = sb.container_mut() {
+                c.hold_slot(guard.clone());
+            }
+            started.push((sb, rx));
+        }
+        let (Some((sidecar, sidecar_rx)), Some((agent, agent_rx))) = (started.pop(), started.pop())
+        else {
+            settle(&self.pool.shelf, self.pool.size, key, None);
+            return Ok(());
+        };
+        let (shelf, size, key) = (self.pool.shelf.clone(), self.pool.size, key.clone());
+        tokio::spawn(async move {
+            let both = futures_util::future::join(agent_rx, sidecar_rx);
+            let pair = match tokio::time::timeout(FILL_WITHIN, both).await {
+                Ok((Ok(a), Ok(s))) => Some(Pair {
+                    id,
+                    guard,
+                    agent: Half {
+                        sandbox: agent,
+                        parked: a,
+                    },
+                    sidecar: Half {
+                        sandbox: sidecar,
+                        parked: s,
+                    },
+                }),
+                _ => None,
+            };
+            settle(&shelf, size, &key, pair);
+        });
+        Ok(())
+    }
+
+    /// A pair's two containers. The agent's: the cold one's confinement
+    /// and limits, its command read from stdin at the claim, the pair's
+    /// `view/` bound read-only where the agent's directory's parent is. The
+    /// sidecar's: the cold one's, with the pair's `run/` at `/run/airlock`
+    /// (the run's journal is linked into it at the claim) beside the
+    /// platform's socket.
+    fn pooled_bodies(
+        &self,
+        key: &PoolKey,
+        id: &str,
+        dir: &Path,
+    ) -> Result<[(&'static str, bollard::models::ContainerCreateBody); 2], crate::SandboxError>
+    {
+        let (view, run) = (dir.join("view"), dir.join("run"));
+        let mut agent = self.sandbox_body(&SandboxSpec {
+            run_id: id.to_owned(),
+            command: key.launcher.clone(),
+            env: key.env.clone(),
+            stdin: Vec::new(),
+            hold_stdin: false,
+            sockets_dir: view.clone(),
+            ro_paths: Vec::new(),
+            workspace: key.workspace.clone(),
+            workspace_size_mb: key.workspace_size_mb,
+            memory_mb: key.memory_mb,
+            cpus: key.millicpus as f64 / 1000.0,
+            pids_max: key.pids_max,
+            kind: SandboxKind::Agent,
+        })?;
+        if let Some(cmd) = agent.cmd.as_mut() {
+            // `airlock container-init --command-on-stdin -- LAUNCHER…`
+            cmd.insert(2, "--command-on-stdin".into());
+        }
+        let view_bind = format!(
+            "{}:{}:ro",
+            super::bindable(&view)?,
+            super::bindable(&key.view)?
+        );
+        if let Some(hc) = agent.host_config.as_mut() {
+            hc.binds.get_or_insert_with(Vec::new).push(view_bind);
+        }
+        let mut sidecar = self.sidecar_body(&SidecarSpec {
+            run_id: id.to_owned(),
+            exe: PathBuf::from(AIRLOCK_IN_IMAGE),
+            own_binary: None,
+            log: key.sidecar_log.clone(),
+            config: Vec::new(),
+            platform_socket: key.platform_socket.clone(),
+            egress_journal: run.join("egress.journal"),
+            runner_dirs: Vec::new(),
+        })?;
+        let binds = vec![
+            format!("{}:{SOCKETS_INSIDE}:rw", super::bindable(&run)?),
+            format!(
+                "{}:{}:ro",
+                super::bindable(&key.platform_socket)?,
+                super::PLATFORM_SOCKET_INSIDE
+            ),
+        ];
+        if let Some(hc) = sidecar.host_config.as_mut() {
+            hc.binds = Some(binds);
+        }
+        for body in [&mut agent, &mut sidecar] {
+            body.labels
+                .get_or_insert_with(HashMap::new)
+                .insert(LABEL_POOL.into(), "true".into());
+        }
+        Ok([("agent", agent), ("sidecar", sidecar)])
+    }
+
+    /// This process's pool as it stands.
+    pub fn pool_status(&self) -> PoolStatus {
+        self.pool.status()
+    }
+
+    /// Removes every idle pair now (the platform stops), with a client of
+    /// its own: the caller's runtime may be about to end.
+    pub(crate) fn drain_pool(&self) {
+        let mut pairs = self.pool.drain();
+        if pairs.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = pairs
+            .iter()
+            .flat_map(|p| [p.agent.parked.id.clone(), p.sidecar.parked.id.clone()])
+            .collect();
+        let nets: Vec<String> = pairs.iter().map(|p| super::network_name(&p.id)).collect();
+        let host = self.cfg.host.clone();
+        super::block_on(async move {
+            let Ok(d) = super::connect(&host).await else {
+                return;
+            };
+            let opts = || {
+                Some(
+                    bollard::query_parameters::RemoveContainerOptionsBuilder::default()
+                        .force(true)
+                        .build(),
+                )
+            };
+            futures_util::future::join_all(ids.iter().map(|id| d.remove_container(id, opts())))
+                .await;
+            for n in &nets {
+                super::remove_network(&d, n).await;
+            }
+        });
+        for p in &mut pairs {
+            for sb in [&mut p.agent.sandbox, &mut p.sidecar.sandbox] {
+                if let Some(c) = sb.container_mut() {
+                    c.disown();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs(dir: &Path, home: &Path) -> (SandboxSpec, SidecarSpec) {
+        let sandbox = SandboxSpec {
+            run_id: "run_x".into(),
+            command: vec![
+                AIRLOCK_IN_IMAGE.into(),
+                "runtime".into(),
+                "--".into(),
+                "/usr/bin/python3".into(),
+                "a.py".into(),
+            ],
+            env: vec![("PATH".into(), "/usr/bin".into())],
+            stdin: b"secret".to_vec(),
+            hold_stdin: true,
+            sockets_dir: home.join("runs/run_x/sock"),
+            ro_paths: vec![dir.to_owned()],
+            workspace: "/workspace".into(),
+            workspace_size_mb: 16,
+            memory_mb: 256,
+            cpus: 1.0,
+            pids_max: 64,
+            kind: SandboxKind::Agent,
+        };
+        let sidecar = SidecarSpec {
+            run_id: "run_x".into(),
+            exe: "/usr/local/bin/airlock".into(),
+            own_binary: None,
+            log: "warn".into(),
+            config: b"{}".to_vec(),
+            platform_socket: home.join("sockets/p.sock"),
+            egress_journal: home.join("runs/run_x/egress.journal"),
+            runner_dirs: vec![],
+        };
+        (sandbox, sidecar)
+    }
+
+    /// A home (not under `/tmp`, which a pair cannot bind over), an agent
+    /// directory in it, and a run's specs.
+    fn fixture() -> (tempfile::TempDir, PathBuf, SandboxSpec, SidecarSpec) {
+        let home = tempfile::tempdir_in("/var/tmp").unwrap();
+        let dir = home.path().join("bundles/run_x");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, s) = specs(&dir, home.path());
+        (home, dir, a, s)
+    }
+
+    /// The key holds nothing of the run: two runs of the same agent with
+    /// other secrets, ids and commands share it.
+    #[test]
+    fn the_key_holds_nothing_of_a_run() {
+        let (home, dir, a, s) = fixture();
+        let (key, command, agent_dir) = PoolKey::of(&a, &s).unwrap();
+        assert_eq!(command, ["/usr/bin/python3", "a.py"]);
+        assert_eq!(agent_dir, dir);
+        let (mut b, mut t) = specs(&dir, home.path());
+        b.run_id = "run_y".into();
+        b.stdin = b"other".to_vec();
+        b.command[4] = "b.py".into();
+        t.run_id = "run_y".into();
+        t.config = b"{\"x\":1}".to_vec();
+        t.egress_journal = home.path().join("runs/run_y/egress.journal");
+        assert_eq!(PoolKey::of(&b, &t).unwrap().0, key);
+        let k = format!("{key:?}");
+        for run_thing in ["run_x", "secret", "a.py", "python3"] {
+            assert!(!k.contains(run_thing), "{run_thing} in {k}");
+        }
+        assert_eq!(key.pool_dir, home.path().join("pool"));
+    }
+
+    /// Runs a pair cannot serve start cold.
+    #[test]
+    fn runs_a_pair_cannot_serve_start_cold() {
+        let (_home, dir, a, s) = fixture();
+        let mut r = s.clone();
+        r.runner_dirs = vec![(dir.clone(), "/run/airlock/runners/runner-0".into())];
+        assert_eq!(PoolKey::of(&a, &r).unwrap_err(), Cold::LocalRunners);
+        let mut two = a.clone();
+        two.ro_paths.push(dir.clone());
+        assert_eq!(PoolKey::of(&two, &s).unwrap_err(), Cold::NotOneDirectory);
+        let mut runner = a.clone();
+        runner.kind = SandboxKind::Runner {
+            run: "run_x".into(),
+        };
+        assert_eq!(PoolKey::of(&runner, &s).unwrap_err(), Cold::NotAnAgent);
+        let mut bare = a.clone();
+        bare.command = vec!["/bin/true".into()];
+        assert_eq!(PoolKey::of(&bare, &s).unwrap_err(), Cold::NoLauncher);
+        let mut elsewhere = s.clone();
+        elsewhere.egress_journal = "/elsewhere/egress.journal".into();
+        assert_eq!(
+            PoolKey::of(&a, &elsewhere).unwrap_err(),
+            Cold::JournalOutsideRuns
+        );
+        let ws = Path::new("/workspace");
+        for view in [
+            "/tmp",
+            "/usr/src",
+            "/",
+            "/var/lib",
+            "/workspace",
+            "/a:b",
+            "/run/x",
+        ] {
+            assert!(!view_allowed(Path::new(view), ws), "{view}");
+        }
+        for view in [
+            "/srv/agents",
+            "/var/lib/airlock/bundles",
+            "/home/u",
+            "/tmp/x/bundles",
+        ] {
+            assert!(view_allowed(Path::new(view), ws), "{view}");
+        }
+    }
+
+    /// The share: half the pool, at least one; a tenant at its share
+    /// claims nothing more (its runs start cold) while another still can,
+    /// and a claimed pair let go gives its share back.
+    #[test]
+    fn a_tenant_holds_at_most_half_the_pool() {
+        assert_eq!(Pool::new(1).share(), 1);
+        assert_eq!(Pool::new(5).share(), 2);
+        let pool = Pool::new(4);
+        assert_eq!(pool.share(), 2);
+        let a1 = pool.shares.claim("org_a").expect("first");
+        let a2 = pool.shares.claim("org_a").expect("second");
+        assert!(pool.shares.claim("org_a").is_none(), "beyond its share");
+        let b1 = pool.shares.claim("org_b").expect("another tenant");
+        assert_eq!(pool.status().claimed.get("org_a"), Some(&2));
+        drop(a1);
+        let a3 = pool.shares.claim("org_a").expect("a share given back");
+        drop((a2, a3, b1));
+        assert!(pool.status().claimed.is_empty());
+    }
+
+    /// The pool never starts more than its size per key: what is idle and
+    /// what is starting count, and a start that fails is counted out.
+    #[test]
+    fn the_pool_is_bounded_by_its_size() {
+        let (_home, _dir, a, s) = fixture();
+        let (key, ..) = PoolKey::of(&a, &s).unwrap();
+        let pool = Pool::new(2);
+        assert_eq!(pool.to_fill(&key), 0, "a key no run has asked for");
+        assert!(pool.take(&key, "org_a").is_none(), "nothing idle yet");
+        assert_eq!(pool.to_fill(&key), 2);
+        assert_eq!(pool.to_fill(&key), 0, "two are starting");
+        assert_eq!(pool.status().filling, 2);
+        settle(&pool.shelf, pool.size, &key, None);
+        assert_eq!(pool.to_fill(&key), 1, "one failed: one more");
+        assert_eq!(pool.status().filling, 2);
+    }
+
+    /// The agent's directory is copied with its modes and links; anything
+    /// else is refused.
+    #[test]
+    fn the_view_is_a_copy_of_the_agent_directory() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let t = tempfile::tempdir().unwrap();
+        let from = t.path().join("agent");
+        std::fs::create_dir_all(from.join("sub")).unwrap();
+        std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
+        std::fs::set_permissions(
+            from.join("sub/a.py"),
+            std::fs::Permissions::from_mode(0o640),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
+        let to = t.path().join("view/agent");
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        copy_view(&from, &to).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(to.join("sub/a.py")).unwrap(),
+            "print(1)"
+        );
+        assert_eq!(
+            std::fs::metadata(to.join("sub/a.py")).unwrap().mode() & 0o7777,
+            0o640
+        );
+        assert_eq!(
+            std::fs::read_link(to.join("link")).unwrap(),
+            Path::new("sub/a.py")
+        );
+        let sock = from.join("s.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let again = t.path().join("view/again");
+        assert!(copy_view(&from, &again).is_err());
+    }
+}

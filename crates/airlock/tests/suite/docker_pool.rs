@@ -1,0 +1,249 @@
+//! The docker backend's warm pool (`DOCKER_WARM_POOL`), driven through
+//! `airlock serve`: a pooled pair holds nothing of any run before its
+//! claim, a claimed pair serves exactly one run and goes with it, the pool
+//! stays within its size, and after a SIGKILL of the platform the next
+//! boot leaves no pooled container.
+//!
+//! Needs a Docker daemon: under `CI` a missing one fails loudly, elsewhere
+//! the tests print SKIPPED.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::serve::{Server, agent_body, base_env, create_org, wait_for};
+use crate::support::{docker, docker_available, docker_inspect, docker_leftovers};
+
+/// The pairs of the platform whose PID is `pid`: (pair id, idle).
+fn pairs_of(pid: u32) -> Vec<(String, bool)> {
+    let out = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        "label=airlock.pool=true",
+        "--filter",
+        "label=airlock.role=agent",
+        "--format",
+        "{{.Label \"airlock.run\"}} {{.Names}} {{.Label \"airlock.owner\"}}",
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split(' ');
+            let (pair, name, owner) = (it.next()?, it.next()?, it.next()?);
+            (owner.split(':').nth(1) == Some(&pid.to_string())).then(|| {
+                (
+                    pair.to_owned(),
+                    name.starts_with(&format!("airlock-{pair}-")),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The idle pairs of `s`, once there are `n` (never more: the pool's
+/// bound), within two minutes.
+fn wait_idle(s: &Server, n: usize) -> Vec<String> {
+    let mut idle = vec![];
+    for _ in 0..1200 {
+        idle = pairs_of(s.child.id())
+            .into_iter()
+            .filter_map(|(p, idle)| idle.then_some(p))
+            .collect();
+        assert!(
+            idle.len() <= n,
+            "more idle pairs than the pool's size: {idle:?}"
+        );
+        if idle.len() == n {
+            return idle;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the pool never filled ({idle:?}):\n{}", s.log_text());
+}
+
+/// Asserts that pair `pair` holds nothing of any run: neither of its
+/// containers names, in its configuration, a run or anything a run
+/// brought (`marks`), and its host directories are empty.
+fn holds_nothing(home: &Path, pair: &str, marks: &[String]) {
+    for role in ["agent", "sidecar"] {
+        let name = airlock_sandbox::docker::container_name(pair, role);
+        let v = docker_inspect("container", &name).expect("the pooled container");
+        let text = v.to_string();
+        for m in marks {
+            assert!(!text.contains(m.as_str()), "{name} holds {m}: {text}");
+        }
+        assert!(!text.contains("run_"), "{name} names a run: {text}");
+        let env = v["Config"]["Env"].to_string();
+        assert!(
+            !env.contains("TOKEN") && !env.contains("SECRET"),
+            "{name}: {env}"
+        );
+    }
+    let dirs: Vec<_> = std::fs::read_dir(home.join("pool"))
+        .unwrap()
+        .flatten()
+        .map(|owner| owner.path().join(pair))
+        .filter(|d| d.exists())
+        .collect();
+    let [dir] = dirs.as_slice() else {
+        panic!("one directory of pair {pair}: {dirs:?}");
+    };
+    let view: Vec<_> = std::fs::read_dir(dir.join("view")).unwrap().collect();
+    assert!(view.is_empty(), "the view of {pair} holds {view:?}");
+    let run: Vec<String> = std::fs::read_dir(dir.join("run"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    // The platform socket's mount point, and nothing of a run.
+    assert!(
+        run.iter().all(|f| f == "platform.sock"),
+        "the run directory of {pair} holds {run:?}"
+    );
+}
+
+/// Starts a run of `agent` with `prompt`; its id once it has succeeded,
+/// and the uid its agent printed.
+fn run_once(s: &Server, key: &str, agent: &str, prompt: &str) -> (String, u32) {
+    let (st, v) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(key),
+        Some(&json!({"agent": agent, "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let done = wait_for(s, &format!("/v1/runs/{id}"), key, 120, |v| {
+        v["ended_at"].is_number()
+    });
+    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
+    let logs = s
+        .call("GET", &format!("/v1/runs/{id}/logs"), Some(key), None)
+        .1;
+    let uid = logs["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["payload"]["line"].as_str())
+        .find_map(|l| l.strip_prefix("uid "))
+        .and_then(|u| u.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no uid line: {logs}"));
+    (id, uid)
+}
+
+/// `airlock serve` with a pool of `size` on a home of its own, an
+/// organization, and the agent `pooled` running `script`.
+fn pooled_server(
+    size: usize,
+    script: &str,
+) -> (tempfile::TempDir, Vec<(String, String)>, Server, String) {
+    let home = tempfile::tempdir().unwrap();
+    let mut env = base_env(home.path(), None);
+    env.push(("DOCKER_WARM_POOL".into(), size.to_string()));
+    let s = Server::start(&env, "docker", home.path().join("serve.log"));
+    let (_, key) = create_org(&env, "Acme", &[]);
+    let (st, v) = s.call(
+        "POST",
+        "/v1/agents",
+        Some(&key),
+        Some(&agent_body("pooled", script, 60)),
+    );
+    assert_eq!(st, 201, "{v}");
+    (home, env, s, key)
+}
+
+const AGENT: &str = "import os\nprint('uid', os.getuid(), flush=True)\n";
+
+#[test]
+fn a_pooled_pair_holds_nothing_of_a_run_and_serves_exactly_one() {
+    if !docker_available() {
+        return;
+    }
+    let marker = format!("pooled-file-marker-{}", std::process::id());
+    let script = format!("{AGENT}MARK = '{marker}'\n");
+    let (home, _env, mut s, key) = pooled_server(2, &script);
+    let mut marks = vec![marker.clone()];
+    // The first run starts cold: the pool learns what its runs need.
+    let prompt = |n: usize| format!("pooled-prompt-{n}-{}", std::process::id());
+    let (first, _) = run_once(&s, &key, "pooled", &prompt(1));
+    marks.extend([first, prompt(1)]);
+    let idle = wait_idle(&s, 2);
+    for p in &idle {
+        holds_nothing(home.path(), p, &marks);
+    }
+    let mut served = vec![];
+    for n in 2..=4 {
+        let before = wait_idle(&s, 2);
+        let (run, uid) = run_once(&s, &key, "pooled", &prompt(n));
+        // Served by one of the idle pairs (each has its own uid)…
+        let by: Vec<&String> = before
+            .iter()
+            .filter(|p| airlock_sandbox::docker::agent_ids(p).uid == uid)
+            .collect();
+        let [pair] = by.as_slice() else {
+            panic!("run {run} (uid {uid}) was served by none of {before:?}");
+        };
+        // …which went with it: a pair serves one run.
+        assert!(
+            docker_leftovers(pair).is_empty() && docker_leftovers(&run).is_empty(),
+            "pair {pair} of run {run} outlived it: {:?} {:?}",
+            docker_leftovers(pair),
+            docker_leftovers(&run)
+        );
+        assert!(!served.contains(*pair), "{pair} served twice");
+        served.push((*pair).clone());
+        marks.extend([run, prompt(n)]);
+        // The pairs waiting now hold nothing of the runs before them.
+        for p in wait_idle(&s, 2) {
+            holds_nothing(home.path(), &p, &marks);
+        }
+    }
+    // Stopped as an operator stops it: its idle pairs go with it.
+    let pid = s.child.id();
+    assert!(s.terminate().success());
+    assert!(
+        pairs_of(pid).is_empty(),
+        "pairs outlived their platform: {:?}",
+        pairs_of(pid)
+    );
+}
+
+#[test]
+fn after_a_sigkill_the_next_boot_leaves_no_pooled_container() {
+    if !docker_available() {
+        return;
+    }
+    let (home, env, mut s, key) = pooled_server(1, AGENT);
+    run_once(&s, &key, "pooled", "learn");
+    let [pair] = wait_idle(&s, 1).try_into().unwrap();
+    // `airlock doctor` shows it.
+    let doctor = crate::support::serve::command(&env)
+        .args(["doctor", "--backend", "docker", "--json"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let line = report["docker"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["feature"] == "warm pool")
+        .unwrap_or_else(|| panic!("no warm pool line: {report}"))
+        .clone();
+    assert!(line.to_string().contains("1 idle pair(s)"), "{line}");
+    s.kill();
+    assert_eq!(
+        docker_leftovers(&pair).len(),
+        3,
+        "the killed platform's pair outlives it until a boot"
+    );
+    let mut env = env;
+    env.retain(|(k, _)| k != "DOCKER_WARM_POOL");
+    let _next = Server::start(&env, "docker", home.path().join("serve2.log"));
+    assert!(
+        docker_leftovers(&pair).is_empty(),
+        "left after the next boot: {:?}",
+        docker_leftovers(&pair)
+    );
+}
