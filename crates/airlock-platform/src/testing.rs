@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use airlock_platform_api::wire::RunEvent;
 use airlock_store::{AuthType, EgressEntry, NewConnection, NewRun, RunStatus, Store, StoreOptions};
+use airlock_test_support::sidecar_config::SidecarConfigBuilder;
 use airlock_vault::{ExposeSecret, Keyring, RunTokens, SecretString, SigningKeyring};
 use serde_json::{Value, json};
 use tokio::net::UnixListener;
@@ -303,24 +304,15 @@ impl TestPlatform {
             .expect("egress log")
     }
 
-    /// A base sidecar configuration for the main run, with the given listen
-    /// section and the run's egress journal; merge integrations, model,
-    /// network and egress into it.
-    pub fn sidecar_config(&self, listen: Value) -> Value {
-        let mut cfg = self.sidecar_config_without_journal(listen);
-        cfg["egress_journal"] = json!(self.journal);
-        cfg
-    }
-
-    /// [`TestPlatform::sidecar_config`] without a journal: a configuration
-    /// the sidecar refuses.
-    pub fn sidecar_config_without_journal(&self, listen: Value) -> Value {
-        json!({
-            "run_id": self.run_id,
-            "sidecar_token": self.sidecar_token.expose_secret(),
-            "run_token": self.run_token.expose_secret(),
-            "platform_socket": self.socket,
-            "listen": listen,
-        })
+    /// A sidecar configuration for the main run, with the run's egress
+    /// journal; add its listeners, integrations, model, network and egress.
+    pub fn sidecar_config(&self) -> SidecarConfigBuilder {
+        SidecarConfigBuilder::new(
+            &self.run_id,
+            &self.sidecar_token,
+            &self.run_token,
+            &self.socket,
+        )
+        .journal(&self.journal)
     }
 }
