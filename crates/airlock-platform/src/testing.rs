@@ -117,13 +117,17 @@ impl TestPlatform {
 
     /// Stops serving the internal API (and following the journal), as a
     /// killed platform would: its socket goes away and nothing answers there
-    /// any more (the store and what it holds stay readable).
-    pub fn stop_serving(&self) {
-        // Dropping the follower stops it.
-        self.follow
+    /// any more (the store and what it holds stay readable). Once this
+    /// returns, no read of the journal is under way or to come.
+    pub async fn stop_serving(&self) {
+        let follow = self
+            .follow
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
+        if let Some(follow) = follow {
+            follow.stop().await;
+        }
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
     }

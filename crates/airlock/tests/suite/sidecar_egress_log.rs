@@ -309,7 +309,7 @@ async fn requests_in_flight_when_the_sidecar_is_killed_stay_incomplete() {
     }
     let mut env = setup(closed_port(), any_port()).await;
     let token = env.token();
-    env.p.stop_serving();
+    env.p.stop_serving().await;
     let agent = spawn_agent(
         &env.mcp_url(),
         &token,
