@@ -93,12 +93,8 @@ impl SidecarProcess {
     /// Starts `exe sidecar` with `config` on stdin and waits for readiness.
     /// `log` sets `AIRLOCK_LOG` (e.g. `trace` for the canary tests).
     pub fn spawn(exe: &Path, config: &SidecarConfig, log: &str) -> SidecarProcess {
-        let mut child = Command::new(exe)
-            .arg("sidecar")
+        let mut child = piped_sidecar(exe)
             .env("AIRLOCK_LOG", log)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("start airlock sidecar");
         {
@@ -152,17 +148,21 @@ impl SidecarProcess {
     }
 }
 
+/// `exe sidecar`, its three streams pipes.
+fn piped_sidecar(exe: &Path) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("sidecar")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
 /// Starts `exe sidecar` with `document` on stdin (then closed) for a
 /// sidecar that must refuse it, and returns what it printed and how it
 /// ended. Panics if it has not exited within 20 s (it took the document).
 pub fn refused(exe: &Path, document: &[u8]) -> std::process::Output {
-    let mut child = Command::new(exe)
-        .arg("sidecar")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start airlock sidecar");
+    let mut child = piped_sidecar(exe).spawn().expect("start airlock sidecar");
     let pid = child.id();
     let written = child.stdin.take().expect("stdin").write_all(document);
     let (tx, rx) = std::sync::mpsc::channel();

@@ -208,18 +208,16 @@ fn without_stderr(home: &Path, args: &[&str], closed: bool) -> Output {
     out
 }
 
+/// An agent with lines on both of its streams (the live view echoes them).
+const BOTH_STREAMS: &str = "for i in 1 2 3; do echo out $i; echo err $i >&2; done";
+
 /// The live view and the milestones are the operator's, on stderr: with it
 /// closed, or a pipe nobody reads, the run goes on, unseen, to its end, and
 /// its report (stdout) is whole.
 #[test]
 fn a_closed_stderr_does_not_end_the_run() {
     let home = tempfile::tempdir().unwrap();
-    // Lines on both of the agent's streams: the live view echoes them.
-    let m = manifest(
-        home.path(),
-        "for i in 1 2 3; do echo out $i; echo err $i >&2; done",
-        30,
-    );
+    let m = manifest(home.path(), BOTH_STREAMS, 30);
     let text_args = ["run", "--backend", "process", "-f", m.to_str().unwrap()];
     for closed in [true, false] {
         let out = without_stderr(home.path(), &run_json_args(&m), closed);
