@@ -154,7 +154,7 @@ impl RunReport {
             result: folded.result,
             unmetered_model_calls: entries
                 .iter()
-                .filter(|e| e.metering.as_deref() == Some("unmetered"))
+                .filter(|e| e.metering == Some(airlock_store::EgressMetering::Unmetered))
                 .count(),
             egress: EgressReport {
                 summary: by

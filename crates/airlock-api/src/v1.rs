@@ -15,7 +15,9 @@
 
 use std::collections::BTreeMap;
 
-use airlock_store::{AuthType, EgressDecision, EgressSource, RefusalCode, RunStatus};
+use airlock_store::{
+    AuthType, EgressDecision, EgressMetering, EgressOutcome, EgressSource, RefusalCode, RunStatus,
+};
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{Array, Object, ObjectBuilder, Schema, Type};
@@ -469,10 +471,12 @@ pub struct EgressRecord {
     /// Model calls: `metered`, or `unmetered` when the provider's usage
     /// never arrived (`null` for other requests).
     #[serde(default)]
-    pub metering: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub metering: Option<EgressMetering>,
     pub method: String,
     /// What became of an allowed request (`null` for a refusal).
-    pub outcome: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub outcome: Option<EgressOutcome>,
     /// The guard's refusal code.
     #[schema(value_type = Option<String>)]
     pub reason: Option<RefusalCode>,
@@ -497,9 +501,9 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
             duration_ms: e.duration_ms,
             host: e.host.clone(),
             integration: e.integration.clone(),
-            metering: e.metering.map(|m| m.as_str().to_owned()),
+            metering: e.metering,
             method: e.method.clone(),
-            outcome: e.outcome.map(|o| o.as_str().to_owned()),
+            outcome: e.outcome,
             reason: e.reason,
             seq: e.seq,
             source: e.source,
@@ -809,9 +813,9 @@ mod tests {
                 duration_ms: Some(4),
                 host: "example.com".into(),
                 integration: None,
-                metering: Some("metered".into()),
+                metering: Some(EgressMetering::Metered),
                 method: "GET".into(),
-                outcome: Some("complete".into()),
+                outcome: Some(EgressOutcome::Completed),
                 reason: None,
                 seq: Some(0),
                 source: EgressSource::ApiCall,

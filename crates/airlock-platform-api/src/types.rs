@@ -171,18 +171,71 @@ validated_string!(
     }
 );
 
-validated_string!(
-    /// An HTTP header name (an RFC 9110 token).
-    HeaderName,
-    "header name",
-    |s| {
+/// An HTTP header name (an RFC 9110 token), as written and as `http`'s
+/// type: a name this accepts is one `http` accepts, so the sidecar that
+/// delivers a credential under it has nothing left to check.
+#[derive(Debug, Clone)]
+pub struct HeaderName {
+    text: String,
+    http: http::HeaderName,
+}
+
+impl HeaderName {
+    pub fn parse(s: &str) -> Result<Self, InvalidValue> {
         let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        let refused = || invalid("header name", s, Why::NotHeaderName);
         if s.is_empty() || s.len() > 256 || !s.bytes().all(tchar) {
-            return Err(Why::NotHeaderName);
+            return Err(refused());
         }
-        Ok(())
+        let http = http::HeaderName::from_bytes(s.as_bytes()).map_err(|_| refused())?;
+        Ok(HeaderName {
+            text: s.to_owned(),
+            http,
+        })
     }
-);
+
+    /// As written (the manifest's spelling).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// As `http` has it (lowercase).
+    pub fn http(&self) -> &http::HeaderName {
+        &self.http
+    }
+}
+
+impl PartialEq for HeaderName {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for HeaderName {}
+
+impl std::hash::Hash for HeaderName {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.text.hash(h);
+    }
+}
+
+impl fmt::Display for HeaderName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Serialize for HeaderName {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for HeaderName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        HeaderName::parse(&String::deserialize(d)?).map_err(de::Error::custom)
+    }
+}
 
 validated_string!(
     /// Text that may sit in an HTTP header value (no CR, LF, NUL or other

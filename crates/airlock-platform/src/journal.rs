@@ -401,6 +401,9 @@ async fn follow_live(
     let mut wait = FOLLOW_BUSY;
     loop {
         tokio::select! {
+            // A stop wins over a read that is due at the same moment: once
+            // told to stop (or dropped), no further read is started.
+            biased;
             _ = &mut stop => break,
             () = tokio::time::sleep(wait) => {}
         }
@@ -456,6 +459,14 @@ impl Follower {
             run_id: run_id.to_owned(),
             run_dir: run_dir.to_owned(),
         }
+    }
+
+    /// Stops following without reading the rest: once this returns, nothing
+    /// more of the journal reaches the store through this follower (a read
+    /// in progress has ended).
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
     }
 
     /// Once the sidecar has stopped: the rest of the journal goes into the

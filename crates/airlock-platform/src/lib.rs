@@ -9,6 +9,7 @@ pub mod connections;
 pub mod internal_api;
 pub mod journal;
 pub mod manifest;
+pub mod operator;
 pub mod orchestrator;
 pub mod platform;
 pub mod proxy_ca;

@@ -167,15 +167,15 @@ impl Platform {
             .map_err(BootError::Reclaim)?;
         tracing::debug!(target: "airlock::phase", "reclaimed");
         if !reclaimed.is_empty() {
-            eprintln!(
+            crate::operator::say(format_args!(
                 "airlock: reclaimed {} leftover run(s) of a previous platform: {}",
                 reclaimed.len(),
                 reclaimed.join(", ")
-            );
+            ));
         }
         let (api, api_socket, api_server) = serve_internal_api(&p)?;
         p.backend
-            .boot(&|s| eprintln!("airlock: {s}"))
+            .boot(&|s| crate::operator::say(format_args!("airlock: {s}")))
             .map_err(BootError::BackendBoot)?;
         tracing::debug!(target: "airlock::phase", "backend booted");
         let sidecar_exe = sidecar_exe.join().unwrap_or(None);

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use airlock_platform_api::wire::RunEvent;
 use airlock_store::{AuthType, EgressEntry, NewConnection, NewRun, RunStatus, Store, StoreOptions};
+use airlock_test_support::sidecar_config::SidecarConfigBuilder;
 use airlock_vault::{ExposeSecret, Keyring, RunTokens, SecretString, SigningKeyring};
 use serde_json::{Value, json};
 use tokio::net::UnixListener;
@@ -116,13 +117,17 @@ impl TestPlatform {
 
     /// Stops serving the internal API (and following the journal), as a
     /// killed platform would: its socket goes away and nothing answers there
-    /// any more (the store and what it holds stay readable).
-    pub fn stop_serving(&self) {
-        // Dropping the follower stops it.
-        self.follow
+    /// any more (the store and what it holds stay readable). Once this
+    /// returns, no read of the journal is under way or to come.
+    pub async fn stop_serving(&self) {
+        let follow = self
+            .follow
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
+        if let Some(follow) = follow {
+            follow.stop().await;
+        }
         self.task.abort();
         let _ = std::fs::remove_file(&self.socket);
     }
@@ -303,24 +308,15 @@ impl TestPlatform {
             .expect("egress log")
     }
 
-    /// A base sidecar configuration for the main run, with the given listen
-    /// section and the run's egress journal; merge integrations, model,
-    /// network and egress into it.
-    pub fn sidecar_config(&self, listen: Value) -> Value {
-        let mut cfg = self.sidecar_config_without_journal(listen);
-        cfg["egress_journal"] = json!(self.journal);
-        cfg
-    }
-
-    /// [`TestPlatform::sidecar_config`] without a journal: a configuration
-    /// the sidecar refuses.
-    pub fn sidecar_config_without_journal(&self, listen: Value) -> Value {
-        json!({
-            "run_id": self.run_id,
-            "sidecar_token": self.sidecar_token.expose_secret(),
-            "run_token": self.run_token.expose_secret(),
-            "platform_socket": self.socket,
-            "listen": listen,
-        })
+    /// A sidecar configuration for the main run, with the run's egress
+    /// journal; add its listeners, integrations, model, network and egress.
+    pub fn sidecar_config(&self) -> SidecarConfigBuilder {
+        SidecarConfigBuilder::new(
+            &self.run_id,
+            &self.sidecar_token,
+            &self.run_token,
+            &self.socket,
+        )
+        .journal(&self.journal)
     }
 }

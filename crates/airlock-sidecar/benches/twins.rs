@@ -153,7 +153,8 @@ fn chat_body() -> Bytes {
     Bytes::from(serde_json::to_vec(&body).unwrap())
 }
 
-const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+use airlock_test_support::sidecar_config::{SidecarConfigBuilder, open_to};
+use std::path::Path;
 const META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
 
 /// A loopback upstream answering every request of a kept-alive connection
@@ -178,18 +179,10 @@ async fn upstream() -> u16 {
 }
 
 fn sidecar(port: u16, journal: &std::path::Path) -> Arc<airlock_sidecar::Sidecar> {
-    let cfg = serde_json::json!({
-        "run_id": "run_twins",
-        "sidecar_token": TOKEN,
-        "run_token": "run_twins.00",
-        "platform_socket": "/nonexistent/platform.sock",
-        "listen": {"tcp": "127.0.0.1:0"},
-        "integrations": [
-            {"namespace": "open", "authorized_uris": [format!("http://api.internal.test:{port}/**")], "has_connection": false}
-        ],
-        "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
-    });
-    let cfg = airlock_sidecar::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
+    let cfg = SidecarConfigBuilder::detached("run_twins", Path::new("/nonexistent/platform.sock"))
+        .integration(open_to("api.internal.test", port))
+        .loopback_host("api.internal.test")
+        .build();
     let journal = airlock_sidecar::journal::Journal::open(journal, 1 << 34).unwrap();
     airlock_sidecar::Sidecar::new(cfg, &[], journal).unwrap()
 }

@@ -6,7 +6,10 @@
 //! counted; the skips are summed up when the test process exits.
 //! [`store_bytes`] (feature `store`) is what a home's store weighs; [`tls`]
 //! (feature `tls`) and [`fake_provider`] (feature `fake-provider`) are the
-//! peers on loopback the suite and the benches start.
+//! peers on loopback the suite and the benches start; [`sidecar_config`]
+//! (feature `sidecar-config`) builds sidecar configurations from the launch
+//! contract's types and [`sidecar`] (feature `sidecar`) starts a real
+//! sidecar with one.
 
 #[cfg(feature = "bench")]
 pub mod bench;
@@ -15,6 +18,8 @@ pub mod fake_provider;
 mod peer;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
+#[cfg(feature = "sidecar-config")]
+pub mod sidecar_config;
 #[cfg(feature = "store")]
 mod store;
 mod sys;

@@ -1,6 +1,6 @@
 //! A real sidecar process (`airlock sidecar` of the binary the caller names)
-//! fed a JSON configuration, and the JSON merge the tests build those
-//! configurations with.
+//! fed a configuration of the launch contract ([`crate::sidecar_config`]),
+//! ready when its typed readiness line ([`SidecarReady`]) says so.
 #![allow(clippy::unwrap_used)] // test support: a panic is the calling test's failure
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -10,25 +10,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
+pub use airlock_platform_api::launch::SidecarReady;
 
-/// Deep-merges `b` into `a` (objects merge, everything else replaces).
-pub fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
-}
+use crate::sidecar_config::{SidecarConfig, document};
 
 /// A running `airlock sidecar`. SIGTERM then SIGKILL on drop.
 pub struct SidecarProcess {
     pub child: Child,
     /// The readiness line.
-    pub ready: Value,
+    pub ready: SidecarReady,
     stderr: Arc<Mutex<String>>,
     /// Told when the log pipe reaches its end (the sidecar has exited).
     stderr_done: std::sync::mpsc::Receiver<()>,
@@ -41,23 +31,20 @@ impl SidecarProcess {
         self.child.id()
     }
     pub fn tcp(&self) -> SocketAddr {
-        self.ready["listen"]["tcp"]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .expect("sidecar has no tcp listener")
+        self.ready.listen.tcp.expect("sidecar has no tcp listener")
     }
     pub fn proxy_tcp(&self) -> SocketAddr {
-        self.ready["listen"]["proxy_tcp"]
-            .as_str()
-            .and_then(|s| s.parse().ok())
+        self.ready
+            .listen
+            .proxy_tcp
             .expect("sidecar has no proxy listener")
     }
     pub fn unix(&self) -> PathBuf {
-        PathBuf::from(
-            self.ready["listen"]["unix"]
-                .as_str()
-                .expect("sidecar has no unix listener"),
-        )
+        self.ready
+            .listen
+            .unix
+            .clone()
+            .expect("sidecar has no unix listener")
     }
     /// Everything the sidecar logged so far: all of it once
     /// [`SidecarProcess::stop`] has returned (what a check that a secret is
@@ -105,20 +92,14 @@ impl Drop for SidecarProcess {
 impl SidecarProcess {
     /// Starts `exe sidecar` with `config` on stdin and waits for readiness.
     /// `log` sets `AIRLOCK_LOG` (e.g. `trace` for the canary tests).
-    pub fn spawn(exe: &Path, config: &Value, log: &str) -> SidecarProcess {
-        let mut child = Command::new(exe)
-            .arg("sidecar")
+    pub fn spawn(exe: &Path, config: &SidecarConfig, log: &str) -> SidecarProcess {
+        let mut child = piped_sidecar(exe)
             .env("AIRLOCK_LOG", log)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("start airlock sidecar");
         {
             let mut stdin = child.stdin.take().expect("stdin");
-            stdin
-                .write_all(config.to_string().as_bytes())
-                .expect("write config");
+            stdin.write_all(&document(config)).expect("write config");
         }
         let stderr = Arc::new(Mutex::new(String::new()));
         let err_pipe = child.stderr.take().expect("stderr");
@@ -145,22 +126,67 @@ impl SidecarProcess {
             let _ = r.read_to_end(&mut rest);
         });
         let line = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-        let ready: Value = serde_json::from_str(line.trim()).unwrap_or(Value::Null);
-        if ready["ready"] != Value::Bool(true) {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = stderr_done.recv_timeout(Duration::from_secs(10));
-            panic!(
-                "sidecar did not become ready: stdout {line:?}, stderr:\n{}",
-                stderr.lock().unwrap()
-            );
-        }
+        let ready = match SidecarReady::from_line(&line) {
+            Ok(ready) => ready,
+            Err(why) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = stderr_done.recv_timeout(Duration::from_secs(10));
+                panic!(
+                    "sidecar did not become ready ({why}): stdout {line:?}, stderr:\n{}",
+                    stderr.lock().unwrap()
+                );
+            }
+        };
         SidecarProcess {
             child,
             ready,
             stderr,
             stderr_done,
             stderr_complete: false,
+        }
+    }
+}
+
+/// `exe sidecar`, its three streams pipes.
+fn piped_sidecar(exe: &Path) -> Command {
+    let mut c = Command::new(exe);
+    c.arg("sidecar")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Starts `exe sidecar` with `document` on stdin (then closed) for a
+/// sidecar that must refuse it, and returns what it printed and how it
+/// ended. Panics if it has not exited within 20 s (it took the document).
+pub fn refused(exe: &Path, document: &[u8]) -> std::process::Output {
+    let mut child = piped_sidecar(exe).spawn().expect("start airlock sidecar");
+    let pid = child.id();
+    let written = child.stdin.take().expect("stdin").write_all(document);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(out) => {
+            // A sidecar that exits before reading all of it closes the pipe:
+            // the refusal is what its exit says, not the write's error.
+            drop(written);
+            out.expect("wait for airlock sidecar")
+        }
+        Err(_) => {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
+            let out = rx.recv().ok().and_then(Result::ok);
+            panic!(
+                "the sidecar did not exit within 20 s of its document: it started. stderr:\n{}",
+                out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                    .unwrap_or_default()
+            );
         }
     }
 }

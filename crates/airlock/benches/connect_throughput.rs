@@ -11,9 +11,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use airlock_platform::testing::TestPlatform;
-use airlock_test_support::sidecar::{SidecarProcess, merge};
+use airlock_test_support::sidecar::SidecarProcess;
 use airlock_vault::ExposeSecret;
-use serde_json::json;
 
 const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 const HOST: &str = "sink.internal.test";
@@ -110,15 +109,13 @@ fn main() {
         .unwrap();
     let platform = rt.block_on(TestPlatform::start("bench"));
     let sink_addr = sink();
-    let mut cfg =
-        platform.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
-    merge(
-        &mut cfg,
-        json!({
-            "network": {"egress": [format!("https://{HOST}:{}/**", sink_addr.port())]},
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
-        }),
-    );
+    let cfg = platform
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .network_allow([format!("https://{HOST}:{}/**", sink_addr.port())])
+        .loopback_host(HOST)
+        .build();
     let sc = SidecarProcess::spawn(std::path::Path::new(AIRLOCK), &cfg, "warn");
     let proxy = sc.proxy_tcp();
     let token = platform.sidecar_token.expose_secret().to_owned();

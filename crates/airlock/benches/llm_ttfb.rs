@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use airlock_store::AuthType;
 use airlock_test_support::fake_provider;
-use airlock_test_support::sidecar::merge;
 use airlock_vault::ExposeSecret;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -166,22 +165,24 @@ fn main() {
         let mut p99_by: Vec<Vec<f64>> = vec![vec![]; names.len()];
         let mut cpu_by: Vec<f64> = vec![];
         for rep in 0..reps {
-            let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "unix": p.dir.path().join(format!("sidecar-{rep}.sock"))}));
-            merge(
-                &mut cfg,
-                json!({
-                    "model": {"provider": "openai", "base_url": format!("http://api.internal.test:{}/v1", fake.port())},
-                    "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
-                }),
-            );
-            let sc = peers::spawn_sidecar(&cfg);
-            let unix: std::path::PathBuf = sc.ready["listen"]["unix"].as_str().unwrap().into();
+            let cfg = p
+                .sidecar_config()
+                .tcp()
+                .unix(p.dir.path().join(format!("sidecar-{rep}.sock")))
+                .model(
+                    peers::Provider::Openai,
+                    &format!("http://api.internal.test:{}/v1", fake.port()),
+                )
+                .loopback_host("api.internal.test")
+                .build();
+            let sc = peers::spawn_sidecar(cfg);
+            let unix = sc.unix();
             let mut conns: Vec<Conn> = vec![Conn::tcp(fake.addr, "/v1/chat/completions", None).await];
             if let Some(n) = &nginx {
                 conns.push(Conn::tcp(n.addr, "/v1/chat/completions", None).await);
             }
             conns.push(Conn::unix(&unix, "/llm/v1/chat/completions", Some(&token)).await);
-            conns.push(Conn::tcp(sc.addr("tcp"), "/llm/v1/chat/completions", Some(&token)).await);
+            conns.push(Conn::tcp(sc.tcp(), "/llm/v1/chat/completions", Some(&token)).await);
             for _ in 0..50 {
                 for c in conns.iter_mut() {
                     c.once().await;

@@ -50,7 +50,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::net::TcpListener;
 
 const API: &str = "api.internal.test";
@@ -303,25 +303,27 @@ async fn run(p: &peers::Platform) {
     let target = format!("http://{API}:{port}/data");
     let mut results = Vec::new();
     for rep in 0..reps {
-        let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-        let patch = json!({
-            "integrations": [
-                {"namespace": "svc", "authorized_uris": [format!("http://{API}:{port}/**")],
-                 "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}},
-                {"namespace": "anon", "authorized_uris": [format!("http://{API}:{port}/**")], "has_connection": false}
-            ],
-            "egress": {"allow_internal_hosts": [API], "resolve": {API: ["127.0.0.1"]}},
-            "limits": {"max_concurrent_calls": 128}
-        });
-        if let (Value::Object(a), Value::Object(b)) = (&mut cfg, patch) {
-            a.extend(b);
-        }
+        let mut cfg = p
+            .sidecar_config()
+            .tcp()
+            .integration(
+                peers::integration("svc")
+                    .authorized([format!("http://{API}:{port}/**")])
+                    .bearer("api_key"),
+            )
+            .integration(
+                peers::integration("anon")
+                    .authorized([format!("http://{API}:{port}/**")])
+                    .without_connection(),
+            )
+            .loopback_host(API)
+            .limits(|l| l.max_concurrent_calls = 128);
         if let Some(null) = std::env::var_os("MCP_BENCH_NULL_PLATFORM") {
-            cfg["platform_socket"] = json!(null_platform(p, rep, null == "raw"));
+            cfg = cfg.platform_socket(null_platform(p, rep, null == "raw"));
         }
-        let sc = peers::spawn_sidecar(&cfg);
+        let sc = peers::spawn_sidecar(cfg.build());
         let pid = sc.pid();
-        let sc_addr = sc.addr("tcp");
+        let sc_addr = sc.tcp();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let idle_kib = peers::kib(pid, "VmRSS:");
 

@@ -27,7 +27,6 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -213,31 +212,29 @@ async fn run(p: &peers::Platform) {
         let mut up_roots = rustls::RootCertStore::empty();
         up_roots.add(up_ca.issuer.der().clone()).unwrap();
         let base = |intercept: bool, ca: Option<&airlock_platform_api::launch::ProxyCa>| {
-            let mut cfg =
-                p.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
-            let mut patch = json!({
-                "integrations": [
-                    {"namespace": "svc", "authorized_uris": [format!("https://{authority}/**")],
-                     "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
-                     "inject_proxy": intercept}
-                ],
-                "network": {"egress": [format!("https://{authority}/**")]},
-                "egress": {"allow_internal_hosts": [UP_IP], "extra_ca_pem": up_ca.issuer.pem()},
-                "limits": {"max_response_bytes": (mb + 1) << 20}
-            });
+            let mut cfg = p
+                .sidecar_config()
+                .tcp()
+                .proxy_tcp()
+                .integration(
+                    peers::integration("svc")
+                        .authorized([format!("https://{authority}/**")])
+                        .bearer("token")
+                        .inject_proxy_if(intercept),
+                )
+                .network_allow([format!("https://{authority}/**")])
+                .allow_internal_hosts([UP_IP])
+                .egress_with(|e| e.extra_ca_pem = Some(up_ca.issuer.pem()))
+                .limits(|l| l.max_response_bytes = (mb + 1) << 20);
             if let Some(ca) = ca {
-                patch["proxy_ca"] =
-                    json!({"cert_pem": ca.cert_pem, "key_pem": ca.key_pem.expose_secret()});
+                cfg = cfg.proxy_ca(&ca.cert_pem, &ca.key_pem);
             }
-            if let (Value::Object(a), Value::Object(b)) = (&mut cfg, patch) {
-                a.extend(b);
-            }
-            peers::spawn_sidecar(&cfg)
+            peers::spawn_sidecar(cfg.build())
         };
         let plain_sc = base(false, None);
         let icpt_sc = base(true, Some(&run_ca));
-        let plain_proxy = plain_sc.addr("proxy_tcp");
-        let icpt_proxy = icpt_sc.addr("proxy_tcp");
+        let plain_proxy = plain_sc.proxy_tcp();
+        let icpt_proxy = icpt_sc.proxy_tcp();
 
         let mut plain = open(plain_proxy, &token, &authority, &up_roots).await;
         let mut icpt = open(icpt_proxy, &token, &authority, &run_roots).await;

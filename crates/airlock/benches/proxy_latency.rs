@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 
 use airlock_platform::testing::TestPlatform;
 use airlock_vault::ExposeSecret;
-use serde_json::json;
 
 const BODY: &[u8] = br#"{"ok":true,"items":[1,2,3],"note":"a small JSON answer"}"#;
 
@@ -413,23 +412,21 @@ fn measure(platform: &TestPlatform, dest: &Destination, n: usize, reps: usize) {
     for rep in 0..reps {
         // A fresh squid each repetition, as the sidecar is fresh (a run's).
         let squid = peers::squid();
-        let mut cfg =
-            platform.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
-        if let serde_json::Value::Object(o) = &mut cfg {
-            let (host, port) = (dest.up.ip(), dest.up.port());
-            o.insert(
-                "network".into(),
-                json!({"egress": [format!("http://{host}:{port}/**"), format!("https://{host}:{port}/**")]}),
-            );
-            o.insert(
-                "egress".into(),
-                json!({"allow_internal_hosts": [host.to_string()]}),
-            );
-        }
-        let sc = peers::spawn_sidecar(&cfg);
+        let (host, port) = (dest.up.ip(), dest.up.port());
+        let cfg = platform
+            .sidecar_config()
+            .tcp()
+            .proxy_tcp()
+            .network_allow([
+                format!("http://{host}:{port}/**"),
+                format!("https://{host}:{port}/**"),
+            ])
+            .allow_internal_hosts([host])
+            .build();
+        let sc = peers::spawn_sidecar(cfg);
         let mut under = vec![ProxyUnderTest {
             name: "airlock",
-            addr: sc.addr("proxy_tcp"),
+            addr: sc.proxy_tcp(),
             auth: Some(platform.sidecar_token.expose_secret().to_owned()),
             pid: sc.pid(),
         }];

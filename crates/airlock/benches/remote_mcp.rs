@@ -27,7 +27,7 @@ use airlock_vault::ExposeSecret;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use peers::{client, p50_99};
 
@@ -141,20 +141,19 @@ async fn run(p: &peers::Platform) {
     let mut added_p50 = Vec::new();
     let mut added_p99 = Vec::new();
     for rep in 0..reps {
-        let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-        let patch = json!({
-            "integrations": [
-                {"namespace": "remote", "authorized_uris": [format!("http://{HOST}:{port}/**")],
-                 "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
-                 "mcp_url": format!("http://{HOST}:{port}/mcp")}
-            ],
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
-        });
-        if let (Value::Object(a), Value::Object(b)) = (&mut cfg, patch) {
-            a.extend(b);
-        }
-        let sc = peers::spawn_sidecar(&cfg);
-        let sc_addr = sc.addr("tcp");
+        let cfg = p
+            .sidecar_config()
+            .tcp()
+            .integration(
+                peers::integration("remote")
+                    .authorized([format!("http://{HOST}:{port}/**")])
+                    .bearer("token")
+                    .mcp_url(&format!("http://{HOST}:{port}/mcp")),
+            )
+            .loopback_host(HOST)
+            .build();
+        let sc = peers::spawn_sidecar(cfg);
+        let sc_addr = sc.tcp();
         let mut d = client(up).await;
         let mut s = client(sc_addr).await;
         for i in 0..50 {

@@ -1,5 +1,7 @@
 //! Log setup for the long-running subcommands: to stderr, filtered by
-//! `AIRLOCK_LOG` (`RUST_LOG` syntax), `info` by default.
+//! `AIRLOCK_LOG` (`RUST_LOG` syntax), `info` by default. A line stderr
+//! cannot take (a pipe nobody reads) is lost, not reported on stderr:
+//! tracing's report of it would panic there.
 
 pub fn init() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
@@ -8,6 +10,7 @@ pub fn init() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(colour())
+        .log_internal_errors(false)
         .try_init();
 }
 
@@ -19,6 +22,7 @@ pub fn init_quiet() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(colour())
+        .log_internal_errors(false)
         .try_init();
 }
 

@@ -199,7 +199,7 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(r: R, shown: Shown, keep: Option<
             continue;
         };
         let line = terminal::safe(&line).into_owned();
-        eprintln!("{prefix}{line}");
+        crate::operator::say(format_args!("{prefix}{line}"));
         if let Some(keep) = &keep
             && let Ok(mut k) = keep.lock()
         {

@@ -36,8 +36,6 @@ fn unreserved(b: u8) -> bool {
 /// Why a credential cannot be delivered as its integration says.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DeliveryError {
-    #[error("the integration's delivery header is not a valid header name")]
-    HeaderName,
     #[error("the connection's credential has no field {field:?} for the {header} header")]
     MissingField { field: String, header: String },
     #[error("the credential is not a valid header value")]
@@ -45,11 +43,10 @@ pub enum DeliveryError {
 }
 
 impl DeliveryError {
-    /// The HTTP status an agent sees: the configuration's fault (500) or
-    /// the stored credential's (502).
+    /// The HTTP status an agent sees: the stored credential's fault (502;
+    /// the delivery header's name was checked with the configuration).
     pub fn status(&self) -> u16 {
         match self {
-            DeliveryError::HeaderName => 500,
             DeliveryError::MissingField { .. } | DeliveryError::HeaderValue => 502,
         }
     }
@@ -61,8 +58,7 @@ pub fn delivery_header(
     d: &Delivery,
     fields: &CredentialFields,
 ) -> Result<(HeaderName, HeaderValue), DeliveryError> {
-    let name = HeaderName::from_bytes(d.header.as_str().as_bytes())
-        .map_err(|_| DeliveryError::HeaderName)?;
+    let name = d.header.http().clone();
     let secret = fields
         .get(&d.field)
         .ok_or_else(|| DeliveryError::MissingField {

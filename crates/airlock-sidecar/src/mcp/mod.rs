@@ -895,22 +895,17 @@ mod tests {
         journal: &std::path::Path,
         calls: usize,
     ) -> Arc<Sidecar> {
-        let uris = [format!("http://api.internal.test:{port}/**")];
-        let cfg = json!({
-            "run_id": "run_fetch",
-            "sidecar_token": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-            "run_token": "run_fetch.00",
-            "platform_socket": platform,
-            "listen": {"tcp": "127.0.0.1:0"},
-            "integrations": [
-                {"namespace": "svc", "authorized_uris": uris,
-                 "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}},
-                {"namespace": "open", "authorized_uris": uris, "has_connection": false}
-            ],
-            "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
-            "limits": {"max_concurrent_calls": calls},
-        });
-        let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
+        use airlock_test_support::sidecar_config::{SidecarConfigBuilder, integration, open_to};
+        let cfg = SidecarConfigBuilder::detached("run_fetch", platform)
+            .integration(
+                integration("svc")
+                    .authorized([format!("http://api.internal.test:{port}/**")])
+                    .bearer("api_key"),
+            )
+            .integration(open_to("api.internal.test", port))
+            .loopback_host("api.internal.test")
+            .limits(|l| l.max_concurrent_calls = calls)
+            .build();
         let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
         Sidecar::new(cfg, &[], journal).unwrap()
     }

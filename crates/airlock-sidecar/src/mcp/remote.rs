@@ -561,7 +561,7 @@ pub struct Remote {
     tools: Mutex<Arc<Vec<Tool>>>,
     /// The tools of the last list left out for their names.
     dropped: Mutex<Arc<Vec<Dropped>>>,
-    failed: Mutex<Option<(Instant, String)>>,
+    failed: Mutex<Option<(Instant, Unavailable)>>,
 }
 
 impl Remote {
@@ -608,7 +608,7 @@ impl Remote {
     }
 
     /// The server's tools, connecting (or re-listing after a change) first.
-    pub async fn tools(&self, sidecar: &Arc<Sidecar>) -> Result<Arc<Vec<Tool>>, String> {
+    pub async fn tools(&self, sidecar: &Arc<Sidecar>) -> Result<Arc<Vec<Tool>>, Unavailable> {
         let mut link = self.link.lock().await;
         if link.as_ref().is_some_and(|l| l.session.is_closed()) {
             *link = None;
@@ -631,19 +631,19 @@ impl Remote {
         if link.is_none() {
             match tokio::time::timeout(timeout, self.connect(sidecar)).await {
                 Ok(Ok(l)) => *link = Some(l),
-                Ok(Err(e)) => return Err(self.failure(e.to_string())),
-                Err(_) => return Err(self.failure(format!("no answer within {timeout:?}"))),
+                Ok(Err(e)) => return Err(self.failure(ListFailure::Connect(e))),
+                Err(_) => return Err(self.failure(ListFailure::ConnectTimeout(timeout))),
             }
         }
         let Some(l) = link.as_ref() else {
-            return Err("not connected".into());
+            return Err(Unavailable::NotConnected);
         };
         // Cleared before the list is read: a change notified meanwhile
         // marks it stale again.
         l.stale.store(false, Ordering::Release);
         let listed = match tokio::time::timeout(timeout, self.list(&l.session)).await {
             Ok(r) => r,
-            Err(_) => Err(format!("tools/list: no answer within {timeout:?}")),
+            Err(_) => Err(ListFailure::ListTimeout(timeout)),
         };
         let tools = match listed {
             Ok(t) => Arc::new(t),
@@ -661,8 +661,12 @@ impl Remote {
         Ok(tools)
     }
 
-    fn failure(&self, why: String) -> String {
-        let why = format!("the {} MCP server is unavailable: {why}", self.namespace);
+    /// `failure` as the agent is told it; remembered for [`RETRY_AFTER`].
+    fn failure(&self, failure: ListFailure) -> Unavailable {
+        let why = Unavailable::Failed {
+            namespace: self.namespace.clone(),
+            failure: Arc::new(failure),
+        };
         tracing::warn!(integration = %self.namespace, "{why}");
         if let Ok(mut f) = self.failed.lock() {
             *f = Some((Instant::now(), why.clone()));
@@ -723,7 +727,7 @@ impl Remote {
     }
 
     /// Reads the server's tool list within the caps and renames each tool.
-    async fn list(&self, session: &Session) -> Result<Vec<Tool>, String> {
+    async fn list(&self, session: &Session) -> Result<Vec<Tool>, ListFailure> {
         let mut out: Vec<Tool> = Vec::new();
         let mut cursor: Option<String> = None;
         let mut left_out = 0usize;
@@ -736,7 +740,7 @@ impl Remote {
                 .peer()
                 .list_tools(params)
                 .await
-                .map_err(|e| format!("tools/list: {e}"))?;
+                .map_err(ListFailure::List)?;
             for tool in page.tools {
                 match self.take_tool(tool, &out) {
                     Ok(t) if out.len() < MAX_TOOLS => out.push(t),
@@ -830,7 +834,13 @@ impl Remote {
             // Not listed yet, or the list changed: list again once.
             tools = match self.tools(sidecar).await {
                 Ok(t) => t,
-                Err(why) => return Ok(error_result("mcp_server_unavailable", &why, 502)),
+                Err(why) => {
+                    return Ok(error_result(
+                        "mcp_server_unavailable",
+                        &why.to_string(),
+                        502,
+                    ));
+                }
             };
         }
         if !tools.iter().any(|t| t.name == full) {
@@ -910,11 +920,45 @@ pub async fn bound_result(state: &super::McpState, result: CallToolResult) -> Ca
     }
 }
 
+/// A remote server's tools cannot be had: what the agent is told (the text
+/// of an `mcp_server_unavailable` result) and what is logged.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unavailable {
+    /// A step of connecting or listing failed (remembered for [`RETRY_AFTER`]).
+    #[error("the {namespace} MCP server is unavailable: {failure}")]
+    Failed {
+        namespace: String,
+        #[source]
+        failure: Arc<ListFailure>,
+    },
+    /// No session after connecting (a connection just made is kept, so
+    /// this does not happen).
+    #[error("not connected")]
+    NotConnected,
+}
+
+/// Which step of having a server's tool list failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListFailure {
+    /// Connecting (the runner's connection, or the MCP handshake).
+    #[error(transparent)]
+    Connect(ConnectError),
+    /// Connecting took longer than the upstream timeout.
+    #[error("no answer within {0:?}")]
+    ConnectTimeout(Duration),
+    /// The server answered `tools/list` with an error.
+    #[error("tools/list: {0}")]
+    List(#[source] rmcp::ServiceError),
+    /// `tools/list` took longer than the upstream timeout.
+    #[error("tools/list: no answer within {0:?}")]
+    ListTimeout(Duration),
+}
+
 /// Why a server's MCP start failed, in the operator's words: the
 /// transport's own error, without rmcp's name of the transport's Rust type.
 /// Why a remote MCP server (or a local runner) could not be connected.
 #[derive(Debug, thiserror::Error)]
-enum ConnectError {
+pub enum ConnectError {
     /// The runner's bridge did not connect.
     #[error("the runner's connection: {0}")]
     Accept(#[source] std::io::Error),

@@ -254,7 +254,8 @@ pub(crate) mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;
 
-    const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    use airlock_test_support::sidecar_config::{SidecarConfigBuilder, open_to};
+    use std::path::Path;
 
     /// A loopback upstream that reads each request's head and writes back
     /// whole what `answer` makes of it (the connection then closes).
@@ -294,18 +295,11 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn sidecar(port: u16, journal: &std::path::Path) -> Arc<crate::Sidecar> {
-        let cfg = serde_json::json!({
-            "run_id": "run_lean",
-            "sidecar_token": TOKEN,
-            "run_token": "run_lean.00",
-            "platform_socket": "/nonexistent/platform.sock",
-            "listen": {"tcp": "127.0.0.1:0"},
-            "integrations": [
-                {"namespace": "open", "authorized_uris": [format!("http://api.internal.test:{port}/**")], "has_connection": false}
-            ],
-            "egress": {"allow_internal_hosts": ["api.internal.test"], "resolve": {"api.internal.test": ["127.0.0.1"]}},
-        });
-        let cfg = crate::SidecarConfig::from_json(cfg.to_string().as_bytes()).unwrap();
+        let cfg =
+            SidecarConfigBuilder::detached("run_lean", Path::new("/nonexistent/platform.sock"))
+                .integration(open_to("api.internal.test", port))
+                .loopback_host("api.internal.test")
+                .build();
         let journal = crate::journal::Journal::open(journal, 1 << 20).unwrap();
         crate::Sidecar::new(cfg, &[], journal).unwrap()
     }

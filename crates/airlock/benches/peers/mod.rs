@@ -5,6 +5,10 @@
 #![allow(dead_code)] // each bench uses part of it
 
 pub use airlock_test_support::bench::*;
+use airlock_test_support::sidecar::SidecarReady;
+#[allow(unused_imports)] // each bench uses part of it
+pub use airlock_test_support::sidecar_config::{Provider, integration};
+use airlock_test_support::sidecar_config::{SidecarConfig, document};
 
 pub mod serve;
 
@@ -121,7 +125,7 @@ impl std::ops::Deref for Platform {
 /// The sidecar under test ([`airlock_exe`]), stopped when dropped.
 pub struct Sidecar {
     pub child: Child,
-    pub ready: serde_json::Value,
+    pub ready: SidecarReady,
 }
 
 impl Sidecar {
@@ -129,11 +133,29 @@ impl Sidecar {
         self.child.id()
     }
 
-    pub fn addr(&self, key: &str) -> SocketAddr {
-        self.ready["listen"][key]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("the sidecar has no {key} listener: {}", self.ready))
+    /// The API's TCP address.
+    pub fn tcp(&self) -> SocketAddr {
+        self.ready
+            .listen
+            .tcp
+            .expect("the sidecar has no tcp listener")
+    }
+
+    /// The forward proxy's TCP address.
+    pub fn proxy_tcp(&self) -> SocketAddr {
+        self.ready
+            .listen
+            .proxy_tcp
+            .expect("the sidecar has no proxy listener")
+    }
+
+    /// The API's unix socket.
+    pub fn unix(&self) -> PathBuf {
+        self.ready
+            .listen
+            .unix
+            .clone()
+            .expect("the sidecar has no unix listener")
     }
 }
 
@@ -160,13 +182,10 @@ impl Drop for Sidecar {
 
 /// Starts the sidecar with `cfg` on stdin (the journal left out when
 /// [`with_journal`] says so) and waits for its readiness line.
-pub fn spawn_sidecar(cfg: &serde_json::Value) -> Sidecar {
+pub fn spawn_sidecar(mut cfg: SidecarConfig) -> Sidecar {
     use std::io::{BufRead, BufReader, Read, Write};
-    let mut cfg = cfg.clone();
-    if !with_journal()
-        && let Some(o) = cfg.as_object_mut()
-    {
-        o.remove("egress_journal");
+    if !with_journal() {
+        cfg.egress_journal = None;
     }
     // `AIRLOCK_BENCH_WRAP="valgrind --tool=callgrind …"`: the sidecar runs
     // under that command (for its instruction profile).
@@ -194,7 +213,7 @@ pub fn spawn_sidecar(cfg: &serde_json::Value) -> Sidecar {
         .stdin
         .take()
         .expect("stdin")
-        .write_all(cfg.to_string().as_bytes())
+        .write_all(&document(&cfg))
         .expect("config");
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
@@ -203,8 +222,8 @@ pub fn spawn_sidecar(cfg: &serde_json::Value) -> Sidecar {
         let mut rest = Vec::new();
         let _ = out.read_to_end(&mut rest);
     });
-    let ready: serde_json::Value = serde_json::from_str(line.trim())
-        .unwrap_or_else(|_| panic!("the sidecar did not start: {line:?}"));
+    let ready = SidecarReady::from_line(&line)
+        .unwrap_or_else(|why| panic!("the sidecar did not start ({why}): {line:?}"));
     Sidecar { child, ready }
 }
 

@@ -44,7 +44,10 @@ fn main() -> ExitCode {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
-                .with_ansi(ansi),
+                .with_ansi(ansi)
+                // A platform gone takes the pipe's reader with it: a line
+                // lost then is not reported on that pipe (a panic).
+                .log_internal_errors(false),
         )
         .with(filter)
         .try_init();

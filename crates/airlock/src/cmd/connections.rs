@@ -12,7 +12,7 @@ use airlock_api::v1;
 use airlock_store::{AuthType, Store};
 use airlock_vault::Keyring;
 use anyhow::{Context as _, Result, bail};
-use clap::{Subcommand, ValueEnum};
+use clap::Subcommand;
 use zeroize::Zeroizing;
 
 /// Largest accepted stdin document (a credential, not a file).
@@ -40,8 +40,8 @@ pub enum ConnectionsCommand {
         #[arg(long)]
         integration: String,
         /// How the credential is presented upstream.
-        #[arg(long = "type", value_enum)]
-        auth_type: AuthTypeArg,
+        #[arg(long = "type", value_parser = auth_type())]
+        auth_type: AuthType,
     },
     /// List stored connections (names, integrations, types, key ids; never a secret).
     List {
@@ -56,26 +56,12 @@ pub enum ConnectionsCommand {
     },
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum AuthTypeArg {
-    #[value(name = "api_key")]
-    ApiKey,
-    Bearer,
-    Basic,
-    Oauth2,
-    Custom,
-}
-
-impl From<AuthTypeArg> for AuthType {
-    fn from(a: AuthTypeArg) -> Self {
-        match a {
-            AuthTypeArg::ApiKey => AuthType::ApiKey,
-            AuthTypeArg::Bearer => AuthType::Bearer,
-            AuthTypeArg::Basic => AuthType::Basic,
-            AuthTypeArg::Oauth2 => AuthType::OAuth2,
-            AuthTypeArg::Custom => AuthType::Custom,
-        }
-    }
+/// `--type`: one of [`AuthType`]'s spellings, listed in `--help` and in
+/// the error for any other.
+fn auth_type() -> impl clap::builder::TypedValueParser<Value = AuthType> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(AuthType::ALL.map(AuthType::as_str))
+        .try_map(|s| AuthType::parse(&s).ok_or(format!("{s:?} is not a connection type")))
 }
 
 fn required_fields(t: AuthType) -> &'static [&'static str] {
@@ -186,7 +172,6 @@ async fn remote(server: &str, cmd: ConnectionsCommand) -> Result<()> {
             integration,
             auth_type,
         } => {
-            let auth_type = AuthType::from(auth_type);
             let fields = read_fields(auth_type)?;
             let body = v1::NewConnection {
                 fields: fields
@@ -222,7 +207,6 @@ async fn run_async(cmd: ConnectionsCommand) -> Result<()> {
             integration,
             auth_type,
         } => {
-            let auth_type = AuthType::from(auth_type);
             // Check the key before asking for secrets.
             let ring = Keyring::from_env().context("connection encryption keyring")?;
             let fields = read_fields(auth_type)?;

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use airlock_api::report::{self, Isolation, RunReport};
 use airlock_api::v1;
-use airlock_platform_api::wire::{EgressDecision, RunEvent};
+use airlock_platform_api::wire::{EgressDecision, EgressOutcome, RunEvent};
 use airlock_sandbox::terminal::safe;
 use airlock_store::Store;
 use anyhow::Result;
@@ -181,10 +181,10 @@ fn print_egress(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
         } else {
             "✗ refused"
         };
-        let detail = match (&e.reason, e.status, e.outcome.as_deref()) {
+        let detail = match (&e.reason, e.status, e.outcome) {
             (Some(code), _, _) if !allowed => code.to_string(),
-            (_, Some(s), Some("completed") | None) => format!("HTTP {s}"),
-            (_, _, Some(o)) => o.to_owned(),
+            (_, Some(s), Some(EgressOutcome::Completed) | None) => format!("HTTP {s}"),
+            (_, _, Some(o)) => o.as_str().to_owned(),
             _ => String::new(),
         };
         writeln!(

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use airlock_api::report::RunReport;
 use airlock_platform::Platform;
 use airlock_platform::manifest::Manifest;
+use airlock_platform::operator::say;
 use airlock_platform::orchestrator::{Progress, RunRequest};
 use airlock_store::Store;
 use anyhow::{Context, Result};
@@ -53,28 +54,34 @@ pub fn progress_printer(quiet: bool) -> impl Fn(Progress) + Send + Sync {
                 backend,
                 isolates,
             } => {
-                eprintln!("▸ run {run_id} on the {backend} backend");
+                say(format_args!("▸ run {run_id} on the {backend} backend"));
                 if !isolates {
-                    eprintln!("  ⚠ WARNING: {}", airlock_sandbox::process::WARNING);
+                    say(format_args!(
+                        "  ⚠ WARNING: {}",
+                        airlock_sandbox::process::WARNING
+                    ));
                 }
             }
-            Progress::SandboxUp { after } => eprintln!(
+            Progress::SandboxUp { after } => say(format_args!(
                 "▸ sandbox up          {:>7.1} ms",
                 after.as_secs_f64() * 1000.0
-            ),
-            Progress::SidecarUp { after } => eprintln!(
+            )),
+            Progress::SidecarUp { after } => say(format_args!(
                 "▸ sidecar up          {:>7.1} ms",
                 after.as_secs_f64() * 1000.0
-            ),
+            )),
             Progress::Running { elapsed } => {
                 if elapsed.as_secs() % 5 == 0 {
-                    eprintln!("▸ running             {:>7.1} s", elapsed.as_secs_f64());
+                    say(format_args!(
+                        "▸ running             {:>7.1} s",
+                        elapsed.as_secs_f64()
+                    ));
                 }
             }
-            Progress::Queued { limit } => eprintln!(
+            Progress::Queued { limit } => say(format_args!(
                 "▸ waiting for a free run slot: {limit} run(s) already running on this store (PLATFORM_RUN_LIMITS max_concurrent_runs); Ctrl-C gives up"
-            ),
-            Progress::Ending { status } => eprintln!("▸ {status}"),
+            )),
+            Progress::Ending { status } => say(format_args!("▸ {status}")),
         }
     }
 }
@@ -84,7 +91,7 @@ pub fn cancel_on_ctrl_c() -> airlock_platform::orchestrator::Cancel {
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(None);
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\nairlock: cancelling the run (Ctrl-C)…");
+            say(format_args!("\nairlock: cancelling the run (Ctrl-C)…"));
             let _ = cancel_tx.send(Some("cancelled by the operator".into()));
         }
     });
@@ -99,7 +106,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     let rt = match super::multi_thread_runtime() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: {e}");
+            say(format_args!("error: {e}"));
             return ExitCode::from(super::exit::RUN_FAILED);
         }
     };
@@ -107,9 +114,9 @@ pub fn run(args: RunArgs) -> ExitCode {
     let done = match super::remote::server(args.server.as_deref()) {
         Some(server) => {
             if !args.command.is_empty() || args.backend.is_some() {
-                eprintln!(
+                say(format_args!(
                     "error: a run on a server takes the manifest's command and the server's backend (no `-- CMD`, no --backend)"
-                );
+                ));
                 return ExitCode::from(super::exit::USAGE);
             }
             rt.block_on(super::remote::run(
@@ -130,7 +137,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             super::exit::run_exit(&report.run.status, report.run.exit_code)
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say(format_args!("error: {e:#}"));
             ExitCode::from(super::exit::USAGE)
         }
     }
@@ -143,13 +150,13 @@ pub fn show(report: &RunReport, json: bool) {
     let written = if json {
         super::report::print_json(report)
     } else {
-        eprintln!();
+        say(format_args!(""));
         super::report::print_text(report, &mut std::io::stderr().lock())
     };
     if let Err(e) = written
         && e.kind() != std::io::ErrorKind::BrokenPipe
     {
-        eprintln!("error: writing the report: {e}");
+        say(format_args!("error: writing the report: {e}"));
     }
 }
 
@@ -172,7 +179,7 @@ pub fn load_manifest(path: &Path) -> Result<Manifest> {
     let manifest = Manifest::load(path)?;
     for w in super::internal_hosts::warnings(&manifest, &super::internal_hosts::allowed_from_env())
     {
-        eprintln!("{w}");
+        say(format_args!("{w}"));
     }
     Ok(manifest)
 }

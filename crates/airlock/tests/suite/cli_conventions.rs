@@ -183,6 +183,62 @@ fn a_closed_pipe_ends_quietly_and_the_run_is_still_ended() {
     );
 }
 
+/// Runs `args` with no stderr: closed (`2>&-`), or a pipe whose reader is
+/// already gone (each write fails with EPIPE).
+fn without_stderr(home: &Path, args: &[&str], closed: bool) -> Output {
+    let mut cmd = if closed {
+        let mut c = Command::new("/bin/sh");
+        c.args(["-c", "exec \"$0\" \"$@\" 2>&-", AIRLOCK]);
+        c
+    } else {
+        Command::new(AIRLOCK)
+    };
+    cmd.args(args)
+        .env("AIRLOCK_HOME", home)
+        .env_remove("DATABASE_URL")
+        .env_remove("AIRLOCK_SERVER")
+        .stdout(Stdio::piped());
+    let (reader, writer) = std::io::pipe().unwrap();
+    if !closed {
+        cmd.stderr(writer);
+    }
+    drop(reader);
+    let out = cmd.output().unwrap();
+    drop(cmd);
+    out
+}
+
+/// An agent with lines on both of its streams (the live view echoes them).
+const BOTH_STREAMS: &str = "for i in 1 2 3; do echo out $i; echo err $i >&2; done";
+
+/// The live view and the milestones are the operator's, on stderr: with it
+/// closed, or a pipe nobody reads, the run goes on, unseen, to its end, and
+/// its report (stdout) is whole.
+#[test]
+fn a_closed_stderr_does_not_end_the_run() {
+    let home = tempfile::tempdir().unwrap();
+    let m = manifest(home.path(), BOTH_STREAMS, 30);
+    let text_args = ["run", "--backend", "process", "-f", m.to_str().unwrap()];
+    for closed in [true, false] {
+        let out = without_stderr(home.path(), &run_json_args(&m), closed);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert_eq!(out.status.code(), Some(0), "closed {closed}: {report}");
+        assert_eq!(report["status"], "succeeded", "closed {closed}: {report}");
+        // Without --json the milestones and the report are stderr's too.
+        let out = without_stderr(home.path(), &text_args, closed);
+        assert_eq!(out.status.code(), Some(0), "closed {closed}, text");
+    }
+    let list: Value =
+        serde_json::from_slice(&airlock(home.path(), &["runs", "list", "--json"]).stdout).unwrap();
+    let statuses: Vec<&Value> = list["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["status"])
+        .collect();
+    assert_eq!(statuses, ["succeeded"; 4], "{list}");
+}
+
 #[test]
 fn doctor_gives_a_verdict_per_backend_as_json_and_fails_for_a_backend_that_cannot_run() {
     let home = tempfile::tempdir().unwrap();

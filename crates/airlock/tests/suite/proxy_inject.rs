@@ -301,18 +301,20 @@ async fn under_interception_a_tunnel_that_is_not_tls_keeps_the_network_policy() 
     p.add_connection("svc", airlock_store::AuthType::Bearer, &[("token", CANARY)])
         .await;
     let ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [{"namespace": "svc", "authorized_uris": ["https://api.inject.test/**"],
-                "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
-                "inject_proxy": true}],
-            "network": {"egress": [format!("https://127.0.0.1:{allowed_port}/**")]},
-            "egress": {"allow_internal_hosts": ["127.0.0.1"]},
-            "proxy_ca": {"cert_pem": ca.cert_pem, "key_pem": ca.key_pem.expose_secret()},
-        }),
-    );
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .integration(
+            integration("svc")
+                .authorized(["https://api.inject.test/**"])
+                .bearer("token")
+                .inject_proxy(),
+        )
+        .network_allow([format!("https://127.0.0.1:{allowed_port}/**")])
+        .allow_internal_hosts(["127.0.0.1"])
+        .proxy_ca(&ca.cert_pem, &ca.key_pem)
+        .build();
     let sc = spawn_sidecar(&cfg);
     let token = p.sidecar_token.expose_secret().to_owned();
 
@@ -376,25 +378,24 @@ async fn the_placeholder_sent_to_a_look_alike_host_stays_a_placeholder() {
     p.add_connection("svc", airlock_store::AuthType::Bearer, &[("token", CANARY)])
         .await;
     let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
-    let resolve: serde_json::Map<String, Value> = names
-        .iter()
-        .map(|n| (n.to_string(), json!(["127.0.0.2"])))
-        .collect();
-    let everyone: Vec<String> = names.iter().map(|n| format!("https://{n}:*/**")).collect();
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [
-                {"namespace": "svc", "authorized_uris": [format!("https://{REAL}:{port}/**")],
-                 "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
-                 "inject_proxy": true}
-            ],
-            "network": {"egress": everyone},
-            "egress": {"allow_internal_hosts": names, "resolve": resolve, "extra_ca_pem": ca.issuer.pem()},
-            "proxy_ca": {"cert_pem": run_ca.cert_pem, "key_pem": airlock_vault::ExposeSecret::expose_secret(&run_ca.key_pem)}
-        }),
-    );
+    let mut cfg = p
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .integration(
+            integration("svc")
+                .authorized([format!("https://{REAL}:{port}/**")])
+                .bearer("token")
+                .inject_proxy(),
+        )
+        .network_allow(names.iter().map(|n| format!("https://{n}:*/**")))
+        .allow_internal_hosts(&names)
+        .egress_with(|e| e.extra_ca_pem = Some(ca.issuer.pem()))
+        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem);
+    for n in &names {
+        cfg = cfg.resolve(n, "127.0.0.2");
+    }
+    let cfg = cfg.build();
     let mut sc = spawn_sidecar(&cfg);
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("run-ca.pem");

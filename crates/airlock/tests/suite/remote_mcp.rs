@@ -89,13 +89,11 @@ fn tool_names(list: &Value) -> Vec<String> {
         .collect()
 }
 
-fn remote_integration(ns: &str, port: u16) -> Value {
-    json!({
-        "namespace": ns,
-        "authorized_uris": [format!("http://{HOST}:{port}/**")],
-        "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
-        "mcp_url": format!("http://{HOST}:{port}/mcp")
-    })
+fn remote_integration(ns: &str, port: u16) -> IntegrationBuilder {
+    integration(ns)
+        .authorized([format!("http://{HOST}:{port}/**")])
+        .bearer("token")
+        .mcp_url(&format!("http://{HOST}:{port}/mcp"))
 }
 
 async fn platform_with(namespaces: &[&str]) -> TestPlatform {
@@ -107,17 +105,23 @@ async fn platform_with(namespaces: &[&str]) -> TestPlatform {
     p
 }
 
-fn sidecar_for(p: &TestPlatform, integrations: Value, limits: Value) -> SidecarProcess {
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": integrations,
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
-            "limits": limits,
-        }),
-    );
-    spawn_sidecar(&cfg)
+/// A sidecar of `integrations`, `api.internal.test` on loopback.
+fn config_for(
+    p: &TestPlatform,
+    integrations: impl IntoIterator<Item = IntegrationBuilder>,
+) -> SidecarConfigBuilder {
+    integrations
+        .into_iter()
+        .fold(p.sidecar_config().tcp(), SidecarConfigBuilder::integration)
+        .loopback_host(HOST)
+}
+
+fn sidecar_for(
+    p: &TestPlatform,
+    integrations: impl IntoIterator<Item = IntegrationBuilder>,
+    limits: impl FnOnce(&mut Limits),
+) -> SidecarProcess {
+    spawn_sidecar(&config_for(p, integrations).limits(limits).build())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -127,11 +131,9 @@ async fn remote_tools_are_served_with_the_credential_injected_and_never_returned
     }
     let server = McpServer::start("good", CANARY);
     let p = platform_with(&["remote"]).await;
-    let sc = sidecar_for(
-        &p,
-        json!([remote_integration("remote", server.port)]),
-        json!({"inline_result_bytes": 4096}),
-    );
+    let sc = sidecar_for(&p, [remote_integration("remote", server.port)], |l| {
+        l.inline_result_bytes = 4096
+    });
     let token = p.sidecar_token.expose_secret().to_owned();
     let url = format!("http://{}/mcp", sc.tcp());
     for mode in ["legacy", "2026-07-28"] {
@@ -239,18 +241,20 @@ async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
     let port = server.port;
     let sc = sidecar_for(
         &p,
-        json!([
+        [
             // Its URL is not covered by its own authorized URIs.
-            {"namespace": "outside", "authorized_uris": [format!("http://{HOST}:{port}/other/**")],
-             "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
-             "mcp_url": format!("http://{HOST}:{port}/mcp")},
+            integration("outside")
+                .authorized([format!("http://{HOST}:{port}/other/**")])
+                .bearer("token")
+                .mcp_url(&format!("http://{HOST}:{port}/mcp")),
             // Loopback by address, not opted in as an internal host.
-            {"namespace": "blocked", "authorized_uris": [format!("http://127.0.0.1:{port}/**")],
-             "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"},
-             "mcp_url": format!("http://127.0.0.1:{port}/mcp")},
+            integration("blocked")
+                .authorized([format!("http://127.0.0.1:{port}/**")])
+                .bearer("token")
+                .mcp_url(&format!("http://127.0.0.1:{port}/mcp")),
             remote_integration("good", port),
-        ]),
-        json!({}),
+        ],
+        |_| {},
     );
     let token = p.sidecar_token.expose_secret().to_owned();
     let url = format!("http://{}/mcp", sc.tcp());
@@ -330,11 +334,11 @@ async fn hostile_servers_get_bounded_typed_errors_and_hurt_nothing_else() {
     for (ns, s) in names[1..].iter().zip(&servers) {
         integrations.push(remote_integration(ns, s.port));
     }
-    let sc = sidecar_for(
-        &p,
-        Value::Array(integrations),
-        json!({"upstream_timeout_secs": 3, "max_response_bytes": 4194304, "inline_result_bytes": 65536}),
-    );
+    let sc = sidecar_for(&p, integrations, |l| {
+        l.upstream_timeout_secs = 3;
+        l.max_response_bytes = 4_194_304;
+        l.inline_result_bytes = 65536;
+    });
     let token = p.sidecar_token.expose_secret().to_owned();
     let url = format!("http://{}/mcp", sc.tcp());
 
@@ -527,43 +531,20 @@ async fn a_remote_tool_name_cannot_shadow_another_integrations_tool() {
     let p = platform_with(&["rm", "rm_", "rm-x"]).await;
 
     // A namespace that makes a name ambiguous is refused at load.
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [remote_integration("rm", hostile.port), remote_integration("rm_", good.port)],
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
-        }),
-    );
-    let mut child = Command::new(AIRLOCK)
-        .arg("sidecar")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(cfg.to_string().as_bytes())
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let cfg = config_for(
+        &p,
+        [
+            remote_integration("rm", hostile.port),
+            remote_integration("rm-x", good.port),
+        ],
+    )
+    .build();
+    let out = sidecar_refusal(&refused_document(&cfg, |v| {
+        v["integrations"][1]["namespace"] = "rm_".into();
+    }));
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        status.is_some_and(|s| !s.success()),
+        !out.status.success(),
         "a sidecar with namespace rm_ started: {stderr}"
     );
     assert!(stderr.contains("rm_"), "{stderr}");
@@ -572,11 +553,11 @@ async fn a_remote_tool_name_cannot_shadow_another_integrations_tool() {
     // The legitimate shape: `rm` (hostile) beside `rm-x`.
     let sc = sidecar_for(
         &p,
-        json!([
+        [
             remote_integration("rm", hostile.port),
-            remote_integration("rm-x", good.port)
-        ]),
-        json!({}),
+            remote_integration("rm-x", good.port),
+        ],
+        |_| {},
     );
     let token = p.sidecar_token.expose_secret().to_owned();
     let url = format!("http://{}/mcp", sc.tcp());

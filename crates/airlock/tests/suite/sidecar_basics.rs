@@ -8,14 +8,14 @@ use airlock_platform_api::wire::RunEvent;
 use airlock_vault::ExposeSecret;
 use serde_json::json;
 
-fn listen_tcp() -> serde_json::Value {
-    json!({"tcp": "127.0.0.1:0"})
+fn on_tcp(p: &TestPlatform) -> SidecarConfig {
+    p.sidecar_config().tcp().build()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn health_is_open_everything_else_needs_the_token() {
     let p = TestPlatform::start("agent-a").await;
-    let sc = spawn_sidecar(&p.sidecar_config(listen_tcp()));
+    let sc = spawn_sidecar(&on_tcp(&p));
     let token = p.sidecar_token.expose_secret().to_owned();
     let (status, _, body) = http(sc.tcp(), "GET", "/health", &[], b"");
     assert_eq!(status, 200);
@@ -79,7 +79,7 @@ async fn health_is_open_everything_else_needs_the_token() {
 #[tokio::test(flavor = "multi_thread")]
 async fn events_reach_the_platform_and_forged_ones_are_refused() {
     let p = TestPlatform::start("agent-b").await;
-    let mut sc = spawn_sidecar(&p.sidecar_config(listen_tcp()));
+    let mut sc = spawn_sidecar(&on_tcp(&p));
     let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
     let h = [
         ("authorization", auth.as_str()),
@@ -147,8 +147,11 @@ async fn events_reach_the_platform_and_forged_ones_are_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_bodies_get_413_naming_the_limit_and_the_sidecar_keeps_serving() {
     let p = TestPlatform::start("agent-c").await;
-    let mut cfg = p.sidecar_config(listen_tcp());
-    merge(&mut cfg, json!({"limits": {"max_request_bytes": 4096}}));
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .limits(|l| l.max_request_bytes = 4096)
+        .build();
     let sc = spawn_sidecar(&cfg);
     let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
     let big = vec![b'x'; 10_000];
@@ -204,7 +207,7 @@ async fn bad_configuration_is_refused_clearly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_token_is_not_in_the_sidecars_environment_or_command_line() {
     let p = TestPlatform::start("agent-d").await;
-    let mut sc = spawn_sidecar_with_log(&p.sidecar_config(listen_tcp()), "trace");
+    let mut sc = spawn_sidecar_with_log(&on_tcp(&p), "trace");
     let token = p.sidecar_token.expose_secret().to_owned();
     let run_token = p.run_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");

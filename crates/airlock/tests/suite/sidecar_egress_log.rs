@@ -148,35 +148,55 @@ impl Env {
 
 /// A sidecar on TCP (API and proxy) whose integrations, model and network
 /// policy all reach `api.internal.test` (= 127.0.0.1) on any port.
-async fn setup(model_port: u16, listen: Value) -> Env {
+async fn setup(model_port: u16, api: SocketAddr) -> Env {
     let p = TestPlatform::start("egress-log-agent").await;
     p.add_connection("svc", AuthType::Bearer, &[("token", CANARY)])
         .await;
     add_model_key(&p, "sk-egress-log-model").await;
     let up = Upstream::start().await;
-    let mut cfg = p.sidecar_config(listen);
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [
-                {
-                    "namespace": "svc",
-                    "authorized_uris": [format!("http://{HOST}:*/**")],
-                    "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "token"}
-                },
-                {"namespace": "open", "authorized_uris": [format!("http://{HOST}:*/**")], "has_connection": false}
-            ],
-            "model": {"provider": "openai", "base_url": format!("http://{HOST}:{model_port}/v1")},
-            "network": {"egress": [format!("http://{HOST}:*/**"), format!("https://{HOST}:*/**")]},
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
-        }),
-    );
+    let cfg = p
+        .sidecar_config()
+        .tcp_at(api)
+        .proxy_tcp()
+        .integration(
+            integration("svc")
+                .authorized([format!("http://{HOST}:*/**")])
+                .bearer("token"),
+        )
+        .integration(open_integration())
+        .model(Provider::Openai, &format!("http://{HOST}:{model_port}/v1"))
+        .network_allow([
+            format!("http://{HOST}:*/**"),
+            format!("https://{HOST}:*/**"),
+        ])
+        .loopback_host(HOST)
+        .build();
     let sc = spawn_sidecar(&cfg);
     Env { p, up, sc }
 }
 
-fn default_listen() -> Value {
-    json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"})
+/// The API on any free loopback port.
+fn any_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// `open`: any URL on `api.internal.test`, no credential.
+fn open_integration() -> IntegrationBuilder {
+    integration("open")
+        .authorized([format!("http://{HOST}:*/**")])
+        .without_connection()
+}
+
+/// A sidecar (API and proxy on TCP) whose one integration is
+/// [`open_integration`] and whose network reaches `api.internal.test` over
+/// HTTP.
+fn open_config(p: &TestPlatform) -> SidecarConfigBuilder {
+    p.sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .integration(open_integration())
+        .network_allow([format!("http://{HOST}:*/**")])
+        .loopback_host(HOST)
 }
 
 /// Starts the MCP Python SDK with `ops` and returns the running process.
@@ -228,7 +248,7 @@ async fn requests_in_flight_when_the_agent_exits_are_in_the_log() {
     if !python_has(&["mcp", "httpx2"]) {
         return;
     }
-    let mut env = setup(closed_port(), default_listen()).await;
+    let mut env = setup(closed_port(), any_port()).await;
     let token = env.token();
     let agent = spawn_agent(
         &env.mcp_url(),
@@ -287,9 +307,9 @@ async fn requests_in_flight_when_the_sidecar_is_killed_stay_incomplete() {
     if !python_has(&["mcp", "httpx2"]) {
         return;
     }
-    let mut env = setup(closed_port(), default_listen()).await;
+    let mut env = setup(closed_port(), any_port()).await;
     let token = env.token();
-    env.p.stop_serving();
+    env.p.stop_serving().await;
     let agent = spawn_agent(
         &env.mcp_url(),
         &token,
@@ -326,17 +346,10 @@ async fn past_the_journal_bound_nothing_leaves() {
     }
     let p = TestPlatform::start("egress-journal-bound").await;
     let up = Upstream::start().await;
-    let mut cfg = p.sidecar_config(default_listen());
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [{"namespace": "open", "authorized_uris": [format!("http://{HOST}:*/**")], "has_connection": false}],
-            "network": {"egress": [format!("http://{HOST}:*/**")]},
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
-            // Room for a few records (start + completion are ~0.6 KiB a request).
-            "limits": {"egress_journal_bytes": 2048},
-        }),
-    );
+    let cfg = open_config(&p)
+        // Room for a few records (start + completion are ~0.6 KiB a request).
+        .limits(|l| l.egress_journal_bytes = 2048)
+        .build();
     let mut sc = spawn_sidecar(&cfg);
     let token = p.sidecar_token.expose_secret().to_owned();
     let proxy = format!("http://{}", sc.proxy_tcp());
@@ -388,26 +401,8 @@ async fn past_the_journal_bound_nothing_leaves() {
 async fn without_a_journal_the_sidecar_does_not_start() {
     let p = TestPlatform::start("egress-log-agent").await;
     let up = Upstream::start().await;
-    let mut cfg = p.sidecar_config_without_journal(default_listen());
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [{"namespace": "open", "authorized_uris": [format!("http://{HOST}:*/**")], "has_connection": false}],
-            "network": {"egress": [format!("http://{HOST}:*/**")]},
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"]}},
-        }),
-    );
-    let mut child = Command::new(AIRLOCK)
-        .arg("sidecar")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    std::io::Write::write_all(&mut stdin, cfg.to_string().as_bytes()).unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let cfg = open_config(&p).without_journal().build();
+    let out = sidecar_refusal(&document(&cfg));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert_eq!(
@@ -575,7 +570,7 @@ async fn a_failed_dial_means_the_same_at_every_site_and_each_refusal_is_one_line
         return;
     }
     let closed = closed_port();
-    let mut env = setup(closed, default_listen()).await;
+    let mut env = setup(closed, any_port()).await;
     let token = env.token();
     let dead = format!("http://{HOST}:{closed}/x");
     let out = agent_output(spawn_agent(
@@ -646,11 +641,7 @@ async fn a_loop_back_into_the_sidecar_is_refused_at_every_site() {
     }
     // The model is the sidecar itself: its port is chosen up front.
     let api_port = closed_port();
-    let mut env = setup(
-        api_port,
-        json!({"tcp": format!("127.0.0.1:{api_port}"), "proxy_tcp": "127.0.0.1:0"}),
-    )
-    .await;
+    let mut env = setup(api_port, SocketAddr::from(([127, 0, 0, 1], api_port))).await;
     let token = env.token();
     let proxy_port = env.sc.proxy_tcp().port();
     let own = |port: u16, path: &str| format!("http://{HOST}:{port}{path}");
@@ -758,7 +749,7 @@ async fn call_on_own_connection(
 #[tokio::test(flavor = "multi_thread")]
 async fn two_hundred_concurrent_api_calls_all_answer_and_all_are_logged() {
     const CALLS: usize = 200;
-    let mut env = setup(closed_port(), default_listen()).await;
+    let mut env = setup(closed_port(), any_port()).await;
     let token = env.token();
     let addr = env.sc.tcp();
     let mut tasks = tokio::task::JoinSet::new();

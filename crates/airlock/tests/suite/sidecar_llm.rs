@@ -33,16 +33,21 @@ fn script(name: &str) -> String {
 
 /// A sidecar for `p` whose model is `provider` at `base_url`, with
 /// `api.internal.test` mapped to 127.0.0.1 and opted in as an internal host.
-fn config(p: &TestPlatform, provider: &str, base_url: &str) -> Value {
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-    merge(
-        &mut cfg,
-        json!({
-            "model": {"provider": provider, "base_url": base_url, "price_in_per_mtok_usd": 2.5, "price_out_per_mtok_usd": 10.0},
-            "egress": {"allow_internal_hosts": [HOST], "resolve": {HOST: ["127.0.0.1"], "blocked.internal.test": ["127.0.0.1"]}},
-        }),
-    );
-    cfg
+fn config_builder(p: &TestPlatform, provider: Provider, base_url: &str) -> SidecarConfigBuilder {
+    p.sidecar_config()
+        .tcp()
+        .model(provider, base_url)
+        .model_with(|m| {
+            m.price_in_per_mtok_usd = Some(2.5);
+            m.price_out_per_mtok_usd = Some(10.0);
+        })
+        .loopback_host(HOST)
+        .resolve("blocked.internal.test", "127.0.0.1")
+}
+
+/// [`config_builder`], built.
+fn config(p: &TestPlatform, provider: Provider, base_url: &str) -> SidecarConfig {
+    config_builder(p, provider, base_url).build()
 }
 
 async fn run_python(args: Vec<String>) -> Value {
@@ -145,7 +150,7 @@ async fn openai_sdk_through_the_relay() {
     let fake = fake_provider::start(EVENT_DELAY).await;
     let mut sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let token = p.sidecar_token.expose_secret().to_owned();
@@ -286,7 +291,7 @@ async fn anthropic_sdk_through_the_relay() {
     let fake = fake_provider::start(EVENT_DELAY).await;
     let mut sc = spawn_sidecar(&config(
         &p,
-        "anthropic",
+        Provider::Anthropic,
         &format!("http://{HOST}:{}", fake.port()),
     ));
     let token = p.sidecar_token.expose_secret().to_owned();
@@ -353,7 +358,7 @@ async fn a_client_that_hangs_up_early_is_still_metered() {
     let fake = fake_provider::start(Duration::from_millis(50)).await;
     let mut sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let token = p.sidecar_token.expose_secret().to_owned();
@@ -394,7 +399,7 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
     let err = |b: &[u8]| -> Value { serde_json::from_slice(b).unwrap_or(Value::Null) };
 
     // No model configured: 503.
-    let sc = spawn_sidecar(&p.sidecar_config(json!({"tcp": "127.0.0.1:0"})));
+    let sc = spawn_sidecar(&p.sidecar_config().tcp().build());
     let (status, _, b) = http(
         sc.tcp(),
         "POST",
@@ -410,7 +415,7 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
     let fake = fake_provider::start(Duration::ZERO).await;
     let sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let (status, _, b) = http(
@@ -429,7 +434,7 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
     // Wrong token: 401 before anything else.
     let sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let (status, _, _) = http(
@@ -474,7 +479,7 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
         format!("http://blocked.internal.test:{}/v1", victim.port()),
         format!("http://127.0.0.1:{}/v1", victim.port()),
     ] {
-        let sc = spawn_sidecar(&config(&p, "openai", &base));
+        let sc = spawn_sidecar(&config(&p, Provider::Openai, &base));
         let (status, _, b) = http(
             sc.tcp(),
             "POST",
@@ -494,7 +499,7 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
             "blocked_host",
         ),
     ] {
-        let sc = spawn_sidecar(&config(&p, "openai", base));
+        let sc = spawn_sidecar(&config(&p, Provider::Openai, base));
         let (status, _, b) = http(
             sc.tcp(),
             "POST",
@@ -521,7 +526,11 @@ async fn refusals_and_failures_are_typed_and_reach_nothing() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut sc = spawn_sidecar(&config(&p, "openai", &format!("http://{HOST}:{port}/v1")));
+    let mut sc = spawn_sidecar(&config(
+        &p,
+        Provider::Openai,
+        &format!("http://{HOST}:{port}/v1"),
+    ));
     let (status, _, b) = http(
         sc.tcp(),
         "POST",
@@ -610,7 +619,7 @@ async fn a_model_key_stored_as_the_readme_says_reaches_the_provider() {
     let fake = fake_provider::start(Duration::ZERO).await;
     let sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let token = p.sidecar_token.expose_secret().to_owned();
@@ -650,7 +659,7 @@ async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
     let fake = fake_provider::start(Duration::ZERO).await;
     let sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let token = p.sidecar_token.expose_secret().to_owned();
@@ -701,7 +710,7 @@ async fn anthropic_env(
     let fake = fake_provider::start(delay).await;
     let sc = spawn_sidecar(&config(
         &p,
-        "anthropic",
+        Provider::Anthropic,
         &format!("http://{HOST}:{}", fake.port()),
     ));
     (p, fake, sc)
@@ -807,7 +816,7 @@ async fn an_answer_past_16_mib_is_metered() {
     let fake = fake_provider::start(Duration::ZERO).await;
     let mut sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let token = p.sidecar_token.expose_secret().to_owned();
@@ -879,7 +888,7 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
         ]}]})
         .to_string()
     };
-    let mut sc = spawn_sidecar(&config(&p, "openai", &base));
+    let mut sc = spawn_sidecar(&config(&p, Provider::Openai, &base));
     let attacks = [
         image("https://img.test/cat.png"),
         image("http://169.254.169.254/latest/meta-data/"),
@@ -920,12 +929,14 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
     // Anthropic: hosted MCP servers, the web_fetch server tool, the beta.
     let mut sc = spawn_sidecar(&config(
         &p,
-        "anthropic",
+        Provider::Anthropic,
         &format!("http://{HOST}:{}", fake.port()),
     ));
     let msg = |extra: Value| {
         let mut m = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]});
-        merge(&mut m, extra);
+        if let (Some(m), Value::Object(extra)) = (m.as_object_mut(), extra) {
+            m.extend(extra);
+        }
         m.to_string()
     };
     let beta = [
@@ -971,14 +982,16 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
 
     // Named in the manifest: the tool and the URL go through; a URL the
     // pattern covers but the guard refuses (a blocked address) does not.
-    let mut cfg = config(&p, "openai", &base);
-    merge(
-        &mut cfg,
-        json!({
-            "model": {"provider_tools": ["web_search_preview"], "provider_fetch_uris": ["https://img.test/**", "https://blocked.internal.test/**"]},
-            "egress": {"resolve": {"img.test": ["93.184.215.14"]}},
-        }),
-    );
+    let cfg = config_builder(&p, Provider::Openai, &base)
+        .model_with(|m| {
+            m.provider_tools = vec!["web_search_preview".into()];
+            m.provider_fetch_uris = vec![
+                "https://img.test/**".into(),
+                "https://blocked.internal.test/**".into(),
+            ];
+        })
+        .resolve("img.test", "93.184.215.14")
+        .build();
     let mut sc = spawn_sidecar(&cfg);
     for b in [&attacks[0], &attacks[2]] {
         let (status, _, body) = http(
@@ -1015,7 +1028,7 @@ async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
     let fake = fake_provider::start(Duration::ZERO).await;
     let sc = spawn_sidecar(&config(
         &p,
-        "openai",
+        Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
     let token = p.sidecar_token.expose_secret().to_owned();

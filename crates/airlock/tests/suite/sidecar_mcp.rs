@@ -266,31 +266,33 @@ async fn setup(log: &str) -> Env {
         .await;
     let up = Upstream::start().await;
     let port = up.addr.port();
-    let mut cfg =
-        p.sidecar_config(json!({"tcp": "127.0.0.1:0", "unix": p.dir.path().join("sidecar.sock")}));
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [
-                {
-                    "namespace": "svc",
-                    "authorized_uris": [format!("http://{API}:{port}/**"), format!("http://{OTHER}:{port}/**")],
-                    "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}
-                },
-                {
-                    "namespace": "wild",
-                    "authorized_uris": ["http://*.com/**", "https://**"],
-                    "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}
-                },
-                {"namespace": "open", "allow_all_uris": true, "has_connection": false}
-            ],
-            "egress": {
-                "allow_internal_hosts": [API, OTHER, EVIL],
-                "resolve": {API: ["127.0.0.1"], OTHER: ["127.0.0.1"], EVIL: ["127.0.0.1"]}
-            },
-            "limits": {"inline_result_bytes": 4096, "run_result_bytes": 150000, "max_request_bytes": 65536}
-        }),
-    );
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .unix(p.dir.path().join("sidecar.sock"))
+        .integration(
+            integration("svc")
+                .authorized([
+                    format!("http://{API}:{port}/**"),
+                    format!("http://{OTHER}:{port}/**"),
+                ])
+                .bearer("api_key"),
+        )
+        .integration(
+            integration("wild")
+                .authorized(["http://*.com/**", "https://**"])
+                .bearer("api_key"),
+        )
+        .integration(integration("open").allow_all_uris().without_connection())
+        .loopback_host(API)
+        .loopback_host(OTHER)
+        .loopback_host(EVIL)
+        .limits(|l| {
+            l.inline_result_bytes = 4096;
+            l.run_result_bytes = 150_000;
+            l.max_request_bytes = 65536;
+        })
+        .build();
     let sc = spawn_sidecar_with_log(&cfg, log);
     let token = p.sidecar_token.expose_secret().to_owned();
     Env { p, up, sc, token }
@@ -1005,8 +1007,11 @@ async fn canary_never_reaches_the_agent_or_the_log() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_past_the_cap_close_the_oldest() {
     let p = TestPlatform::start("mcp-sessions").await;
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-    merge(&mut cfg, json!({"limits": {"max_mcp_sessions": 2}}));
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .limits(|l| l.max_mcp_sessions = 2)
+        .build();
     let sc = spawn_sidecar_with_log(&cfg, "info");
     let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
     let base = [
@@ -1075,18 +1080,16 @@ async fn an_encoded_separator_cannot_take_the_credential_outside_its_pattern() {
         .await;
     let up = Upstream::start().await;
     let port = up.addr.port();
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0"}));
-    merge(
-        &mut cfg,
-        json!({
-            "integrations": [{
-                "namespace": "narrow",
-                "authorized_uris": [format!("http://{API}:{port}/api/**")],
-                "delivery": {"header": "Authorization", "prefix": "Bearer ", "field": "api_key"}
-            }],
-            "egress": {"allow_internal_hosts": [API], "resolve": {API: ["127.0.0.1"]}}
-        }),
-    );
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .integration(
+            integration("narrow")
+                .authorized([format!("http://{API}:{port}/api/**")])
+                .bearer("api_key"),
+        )
+        .loopback_host(API)
+        .build();
     let sc = spawn_sidecar_with_log(&cfg, "info");
     let token = p.sidecar_token.expose_secret().to_owned();
     let url = format!("http://{}/mcp", sc.tcp());

@@ -19,7 +19,6 @@ use crate::support::*;
 use airlock_platform::testing::TestPlatform;
 use airlock_store::EgressDecision;
 use airlock_vault::ExposeSecret;
-use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -335,21 +334,20 @@ impl Env {
     }
 }
 
-async fn env(agent: &str, network: Value, extra: Value) -> Env {
+async fn env(
+    agent: &str,
+    network: NetworkEgress,
+    extra: impl FnOnce(SidecarConfigBuilder) -> SidecarConfigBuilder,
+) -> Env {
     let p = TestPlatform::start(agent).await;
-    let mut cfg = p.sidecar_config(json!({"tcp": "127.0.0.1:0", "proxy_tcp": "127.0.0.1:0"}));
-    merge(
-        &mut cfg,
-        json!({
-            "network": {"egress": network},
-            "egress": {
-                "allow_internal_hosts": [HOST, OTHER],
-                "resolve": {HOST: ["127.0.0.1"], OTHER: ["127.0.0.1"]},
-            },
-        }),
-    );
-    merge(&mut cfg, extra);
-    let sc = spawn_sidecar(&cfg);
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .network(network)
+        .loopback_host(HOST)
+        .loopback_host(OTHER);
+    let sc = spawn_sidecar(&extra(cfg).build());
     Env { p, sc }
 }
 
@@ -360,8 +358,8 @@ async fn connect_to_an_opted_in_internal_host_works_and_loopback_does_not() {
     let ca = ca.to_string_lossy().into_owned();
     let mut e = env(
         "proxy-a",
-        json!([format!("https://{HOST}:{tls_port}/**")]),
-        json!({}),
+        NetworkEgress::Allow(vec![format!("https://{HOST}:{tls_port}/**")]),
+        |c| c,
     )
     .await;
 
@@ -417,7 +415,7 @@ async fn connect_to_an_opted_in_internal_host_works_and_loopback_does_not() {
 #[tokio::test(flavor = "multi_thread")]
 async fn public_policy_refuses_every_internal_spelling() {
     let (port, seen) = http_server().await;
-    let e = env("proxy-b", json!("public"), json!({})).await;
+    let e = env("proxy-b", NetworkEgress::Public, |c| c).await;
     // Under `public`, the internal-host opt-in needs a literal pattern, which
     // `public` does not have: everything local is refused.
     for url in [
@@ -453,8 +451,8 @@ async fn absolute_form_get_is_forwarded_without_hop_headers_or_the_token() {
     let (port, seen) = http_server().await;
     let mut e = env(
         "proxy-c",
-        json!([format!("http://{HOST}:{port}/**")]),
-        json!({}),
+        NetworkEgress::Allow(vec![format!("http://{HOST}:{port}/**")]),
+        |c| c,
     )
     .await;
     let url = format!("http://{HOST}:{port}/path?q=1");
@@ -570,8 +568,8 @@ async fn smuggling_shapes_and_missing_tokens_are_refused() {
     let (port, seen) = http_server().await;
     let e = env(
         "proxy-d",
-        json!([format!("http://{HOST}:{port}/**")]),
-        json!({}),
+        NetworkEgress::Allow(vec![format!("http://{HOST}:{port}/**")]),
+        |c| c,
     )
     .await;
     let addr = e.sc.proxy_tcp();
@@ -662,7 +660,7 @@ async fn smuggling_shapes_and_missing_tokens_are_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn none_refuses_everything_and_a_list_only_its_hosts() {
     let (port, seen) = http_server().await;
-    let e = env("proxy-e", json!("none"), json!({})).await;
+    let e = env("proxy-e", NetworkEgress::None, |c| c).await;
     for url in [
         format!("http://{HOST}:{port}/"),
         format!("http://{OTHER}:{port}/"),
@@ -678,8 +676,8 @@ async fn none_refuses_everything_and_a_list_only_its_hosts() {
 
     let e = env(
         "proxy-f",
-        json!([format!("http://{HOST}:{port}/allowed/**")]),
-        json!({}),
+        NetworkEgress::Allow(vec![format!("http://{HOST}:{port}/allowed/**")]),
+        |c| c,
     )
     .await;
     let r = e.curl(&[&format!("http://{HOST}:{port}/allowed/x")]).await;
@@ -711,8 +709,8 @@ async fn connect_back_into_the_sidecar_is_refused() {
     // listeners are still out of reach.
     let e = env(
         "proxy-g",
-        json!([format!("https://{HOST}:*/**")]),
-        json!({}),
+        NetworkEgress::Allow(vec![format!("https://{HOST}:*/**")]),
+        |c| c,
     )
     .await;
     let proxy_port = e.sc.proxy_tcp().port();
@@ -754,8 +752,8 @@ async fn an_idle_tunnel_is_closed() {
     let (echo_port, _) = echo_server().await;
     let mut e = env(
         "proxy-h",
-        json!([format!("https://{HOST}:{echo_port}/**")]),
-        json!({"limits": {"proxy_idle_timeout_secs": 1}}),
+        NetworkEgress::Allow(vec![format!("https://{HOST}:{echo_port}/**")]),
+        |c| c.limits(|l| l.proxy_idle_timeout_secs = 1),
     )
     .await;
     let tok = e.p.sidecar_token.expose_secret().to_owned();
@@ -825,11 +823,11 @@ async fn chaining_through_proxy_url_keeps_the_guard_and_the_pin() {
     let ca = ca.to_string_lossy().into_owned();
     let mut e = env(
         "proxy-i",
-        json!([
+        NetworkEgress::Allow(vec![
             format!("https://{HOST}:{tls_port}/**"),
-            format!("http://{HOST}:{http_port}/**")
+            format!("http://{HOST}:{http_port}/**"),
         ]),
-        json!({"proxy_url": format!("http://op%40corp:s3cret@127.0.0.1:{up_port}")}),
+        |c| c.proxy_url(&format!("http://op%40corp:s3cret@127.0.0.1:{up_port}")),
     )
     .await;
     let r = e
@@ -875,8 +873,8 @@ async fn proxy_connections_past_the_cap_wait_for_a_free_slot() {
     let (echo_port, _) = echo_server().await;
     let e = env(
         "proxy-cap",
-        json!([format!("https://{HOST}:{echo_port}/**")]),
-        json!({"limits": {"max_proxy_connections": 2}}),
+        NetworkEgress::Allow(vec![format!("https://{HOST}:{echo_port}/**")]),
+        |c| c.limits(|l| l.max_proxy_connections = 2),
     )
     .await;
     let tok = e.p.sidecar_token.expose_secret().to_owned();

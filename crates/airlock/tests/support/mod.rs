@@ -14,16 +14,26 @@ use serde_json::Value;
 
 pub const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 
-pub use airlock_test_support::sidecar::{SidecarProcess, merge};
+pub use airlock_test_support::sidecar::SidecarProcess;
+pub use airlock_test_support::sidecar_config::{
+    IntegrationBuilder, Limits, NetworkEgress, Provider, SidecarConfig, SidecarConfigBuilder,
+    document, integration, refused_document,
+};
 
 /// Starts this build's `airlock sidecar` with `config` on stdin and waits
 /// for readiness. `log` sets `AIRLOCK_LOG` (e.g. `trace` for the canary tests).
-pub fn spawn_sidecar_with_log(config: &Value, log: &str) -> SidecarProcess {
+pub fn spawn_sidecar_with_log(config: &SidecarConfig, log: &str) -> SidecarProcess {
     SidecarProcess::spawn(std::path::Path::new(AIRLOCK), config, log)
 }
 
-pub fn spawn_sidecar(config: &Value) -> SidecarProcess {
+pub fn spawn_sidecar(config: &SidecarConfig) -> SidecarProcess {
     spawn_sidecar_with_log(config, "info")
+}
+
+/// Starts this build's `airlock sidecar` with `document`, which it must
+/// refuse: what it printed and how it ended.
+pub fn sidecar_refusal(document: &[u8]) -> std::process::Output {
+    airlock_test_support::sidecar::refused(std::path::Path::new(AIRLOCK), document)
 }
 
 /// A plain HTTP/1.1 exchange (`Connection: close`). Returns status, headers
