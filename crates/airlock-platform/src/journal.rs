@@ -755,7 +755,8 @@ pub(crate) mod tests {
     /// the shared pool, whose connections all stay at normal priority.
     #[tokio::test]
     async fn a_live_read_is_stored_at_idle_priority_and_the_pool_keeps_its_own() {
-        use crate::background::tests::{SCHED_IDLE, threads};
+        use crate::background::tests::{SCHED_IDLE, normal, threads};
+        let normal = normal();
         let dir = tempfile::tempdir().unwrap();
         let (store, follower) = following_three_records(dir.path()).await;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -773,7 +774,7 @@ pub(crate) mod tests {
         );
         let pooled = threads("sqlx-sqlite-wor");
         assert!(
-            pooled.iter().all(|w| *w == (0, 0)),
+            pooled.iter().all(|w| *w == normal),
             "every pooled connection's thread at normal priority: {pooled:?}"
         );
         follower.finish().await;
