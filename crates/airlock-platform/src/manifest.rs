@@ -55,6 +55,63 @@ pub struct Manifest {
     pub network: Option<NetworkSection>,
     #[serde(default)]
     pub integrations: Vec<IntegrationSection>,
+    /// The run's model budget, within the operator's ceilings.
+    #[serde(default)]
+    pub budget: Option<BudgetSection>,
+}
+
+/// `[budget]`: what the run's model calls may spend, all together. Each
+/// call is reserved before it leaves and settled against its usage
+/// (docs/budgets.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSection {
+    /// Tokens, input and output together.
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    /// US dollars, at the model's prices (`model.price_*_per_mtok_usd`).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    /// Model requests.
+    #[serde(default)]
+    pub requests: Option<u64>,
+    /// Output tokens reserved for a request that names no `max_tokens`
+    /// (default 4096).
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
+}
+
+impl BudgetSection {
+    fn validate(&self, model: Option<&ModelSection>) -> Result<(), ManifestError> {
+        for (key, v) in [
+            ("budget.tokens", self.tokens),
+            ("budget.requests", self.requests),
+            ("budget.default_max_tokens", self.default_max_tokens),
+        ] {
+            if v == Some(0) {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if let Some(c) = self.cost_usd {
+            if !(c.is_finite() && c > 0.0 && c <= 1e6) {
+                return Err(invalid(
+                    "budget.cost_usd",
+                    "must be above 0 and at most 1000000",
+                ));
+            }
+            let priced = model.is_some_and(|m| {
+                m.price_in_per_mtok_usd.is_some() || m.price_out_per_mtok_usd.is_some()
+            });
+            if !priced {
+                return Err(invalid(
+                    "budget.cost_usd",
+                    "needs the model's prices (model.price_in_per_mtok_usd, \
+                     model.price_out_per_mtok_usd): without them a call's cost is unknown",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -240,6 +297,9 @@ impl Manifest {
         }
         if let Some(model) = &self.model {
             model.validate()?;
+        }
+        if let Some(b) = &self.budget {
+            b.validate(self.model.as_ref())?;
         }
         if let Some(NetworkSection {
             egress: NetworkEgress::Allow(patterns),

@@ -98,6 +98,9 @@ pub struct Site<'a> {
     pub sidecar_exe: Option<&'a Path>,
     /// The platform's internal-API socket on the host.
     pub api_socket: &'a Path,
+    /// The run's organization has model budgets (or they could not be
+    /// read): the sidecar reserves each model call with the platform.
+    pub org_budget: bool,
     /// `AIRLOCK_LOG` of the runtime and of the sidecar.
     pub runtime_log: &'a str,
     pub sidecar_log: &'a str,
@@ -432,6 +435,15 @@ fn sidecar_config(
                 .unwrap_or_else(|| crate::journal::path_in(site.run_dir)),
         ),
         proxy_ca: keys.proxy_ca,
+        budget: airlock_platform_api::budget::RunBudget {
+            run: settings.run_budget(m.budget.as_ref()),
+            org: site.org_budget,
+            default_max_output_tokens: m
+                .budget
+                .as_ref()
+                .and_then(|b| b.default_max_tokens)
+                .unwrap_or(0),
+        },
     })
 }
 
@@ -526,6 +538,7 @@ mod tests {
             api_socket: Path::new("/home/a/sockets/p.sock"),
             runtime_log: "warn",
             sidecar_log: "info",
+            org_budget: false,
         };
         RunPlan::build(req, settings, &site, keys(req)).expect("plan")
     }
