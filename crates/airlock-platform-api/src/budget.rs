@@ -90,9 +90,9 @@ pub enum Scope {
 impl Scope {
     pub fn as_str(self) -> &'static str {
         match self {
-            Scope::Run => "run",
-            Scope::OrgDay => "organization_day",
-            Scope::OrgMonth => "organization_month",
+            Scope::Run => "run's",
+            Scope::OrgDay => "organization's day",
+            Scope::OrgMonth => "organization's month",
         }
     }
 }

@@ -240,7 +240,7 @@ impl Budgets {
                 StatusCode::TOO_MANY_REQUESTS,
                 "budget_exceeded",
                 format!(
-                    "model call refused by the relay: the {} budget's {} limit is {}, {} is left \
+                    "model call refused by the relay: the {} {} budget is {}, {} is left \
                      and this call would need {} (its input and its max_tokens, or the default)",
                     e.scope.as_str(),
                     e.measure.as_str(),
