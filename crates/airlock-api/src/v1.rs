@@ -202,9 +202,9 @@ impl From<BudgetLimits> for airlock_store::BudgetLimits {
 }
 
 /// `PUT /v1/org/budget`: the organization's model budgets per UTC day and
-/// per UTC month (a period left out has no limit).
+/// per UTC month (`{}`: no limit in that period).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct SetOrgBudget {
     pub day: BudgetLimits,
     pub month: BudgetLimits,

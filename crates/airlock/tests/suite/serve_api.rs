@@ -1158,10 +1158,11 @@ fn an_organizations_budgets_are_set_and_read_through_the_api_and_its_own() {
     );
     // A limit below 1, or a field the API does not know: 422, nothing changed.
     for bad in [
-        json!({"day": {"tokens": 0}}),
-        json!({"day": {"tokens": -5}}),
-        json!({"day": {"token": 5}}),
-        json!({"week": {}}),
+        json!({"day": {"tokens": 0}, "month": {}}),
+        json!({"day": {"tokens": -5}, "month": {}}),
+        json!({"day": {"token": 5}, "month": {}}),
+        json!({"day": {}, "month": {}, "week": {}}),
+        json!({"day": {}}),
     ] {
         let (st, v) = s.call("PUT", "/v1/org/budget", a, Some(&bad));
         assert_eq!(st, 422, "{bad}: {v}");
