@@ -549,6 +549,49 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_is_positive_and_a_cost_budget_needs_prices() {
+        let model = "[model]\nprovider = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nconnection = \"o\"\n";
+        let priced = format!("{model}price_out_per_mtok_usd = 10.0\n");
+        let m = with(&format!(
+            "{priced}[budget]\ntokens = 1000\ncost_usd = 0.5\nrequests = 3\ndefault_max_tokens = 64\n"
+        ))
+        .unwrap();
+        let b = m.budget.unwrap();
+        assert_eq!(
+            (b.tokens, b.requests, b.default_max_tokens),
+            (Some(1000), Some(3), Some(64))
+        );
+        for (text, must) in [
+            (format!("{priced}[budget]\ntokens = 0\n"), "budget.tokens"),
+            (
+                format!("{priced}[budget]\nrequests = 0\n"),
+                "budget.requests",
+            ),
+            (
+                format!("{priced}[budget]\ncost_usd = 0.0\n"),
+                "budget.cost_usd",
+            ),
+            (
+                format!("{priced}[budget]\ncost_usd = -1.0\n"),
+                "budget.cost_usd",
+            ),
+            (
+                format!("{priced}[budget]\ncost_usd = 1e300\n"),
+                "budget.cost_usd",
+            ),
+            (
+                format!("{model}[budget]\ncost_usd = 1.0\n"),
+                "model's prices",
+            ),
+            ("[budget]\ncost_usd = 1.0\n".to_owned(), "model's prices"),
+            (format!("{priced}[budget]\ntoken = 5\n"), "unknown field"),
+        ] {
+            let e = with(&text).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(must), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn inject_proxy_needs_a_connection_a_delivery_and_plain_uris() {
         let base = "[[integrations]]\nnamespace = \"gh\"\nauthorized_uris = [\"https://api.github.com/**\"]\ninject = \"proxy\"\n";
         let delivery =

@@ -335,6 +335,37 @@ mod tests {
     }
 
     #[test]
+    fn a_runs_budget_is_its_manifests_within_the_ceilings() {
+        use crate::manifest::BudgetSection;
+        let s = Settings::from_vars(&vars(&[])).unwrap();
+        assert!(
+            !s.run_budget(None).any(),
+            "no ceiling, no [budget]: no budget"
+        );
+        let s = Settings::from_vars(&vars(&[(
+            "PLATFORM_RUN_LIMITS",
+            r#"{"run_tokens_ceiling": 5000, "run_cost_ceiling_usd": 1.5}"#,
+        )]))
+        .unwrap();
+        let b = s.run_budget(None);
+        assert_eq!(
+            (b.tokens, b.cost_microusd, b.requests),
+            (Some(5000), Some(1_500_000), None)
+        );
+        let asked = BudgetSection {
+            tokens: Some(9000),
+            cost_usd: Some(0.25),
+            requests: Some(7),
+            default_max_tokens: None,
+        };
+        let b = s.run_budget(Some(&asked));
+        assert_eq!(
+            (b.tokens, b.cost_microusd, b.requests),
+            (Some(5000), Some(250_000), Some(7))
+        );
+    }
+
+    #[test]
     fn strict_limits_and_watchdog_checks() {
         let e = Settings::from_vars(&vars(&[(
             "PLATFORM_RUN_LIMITS",
@@ -357,6 +388,10 @@ mod tests {
             r#"{"agent_memory_ceiling_mb": 512, "agent_memory_ceiling_mb": 4096}"#,
             r#"{"timeout_ceiling_seconds": 0}"#,
             r#"{"max_concurrent_runs": 0}"#,
+            r#"{"run_tokens_ceiling": 0}"#,
+            r#"{"run_requests_ceiling": 0}"#,
+            r#"{"run_cost_ceiling_usd": 0}"#,
+            r#"{"run_cost_ceiling_usd": -1}"#,
         ] {
             let e = Settings::from_vars(&vars(&[("PLATFORM_RUN_LIMITS", bad)])).unwrap_err();
             assert_eq!(e.var, "PLATFORM_RUN_LIMITS", "{bad}");

@@ -552,6 +552,38 @@ mod tests {
     }
 
     #[test]
+    fn the_sidecar_keeps_the_manifests_budget_within_the_ceilings() {
+        let bare = config(&plan(&request("", Echo::LiveView), &settings(&[])));
+        assert!(
+            !bare.budget.enforced(),
+            "no budget: the relay reserves nothing"
+        );
+        let req = request(
+            &format!(
+                "{MODEL}price_in_per_mtok_usd = 3.0\n[budget]\ntokens = 90000\ncost_usd = 0.75\ndefault_max_tokens = 256\n"
+            ),
+            Echo::LiveView,
+        );
+        let c = config(&plan(
+            &req,
+            &settings(&[(
+                "PLATFORM_RUN_LIMITS",
+                r#"{"run_tokens_ceiling": 50000, "run_requests_ceiling": 20}"#,
+            )]),
+        ));
+        assert_eq!(
+            c.budget.run,
+            airlock_platform_api::budget::Limits {
+                tokens: Some(50000),
+                cost_microusd: Some(750_000),
+                requests: Some(20),
+            }
+        );
+        assert_eq!(c.budget.default_output(), 256);
+        assert!(!c.budget.org, "the organization has no budget");
+    }
+
+    #[test]
     fn a_bare_agent_gets_a_sandbox_a_sidecar_and_nothing_else() {
         let req = request("", Echo::LiveView);
         let p = plan(&req, &settings(&[]));
