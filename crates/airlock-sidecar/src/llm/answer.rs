@@ -201,7 +201,9 @@ impl Relay {
         );
         let Some(cost) = self.cost.take() else {
             // Not a generation's success: nothing to charge.
-            self.hold.take().map(Hold::release);
+            if let Some(h) = self.hold.take() {
+                h.release();
+            }
             return;
         };
         let unmetered = (metering == Some(Metering::Unmetered)).then(|| end.why_unmetered(&cost));

@@ -71,7 +71,9 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
             Ok(kh) => kh,
             Err(r) => {
                 flight.complete(Outcome::new(EgressOutcome::NotSent));
-                hold.map(Hold::release);
+                if let Some(h) = hold {
+                    h.release();
+                }
                 return *r;
             }
         };
@@ -95,7 +97,9 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
         // The provider answered; the relay does not follow (the answer is
         // the upstream's, the 502 the agent gets is the relay's).
         flight.complete(Outcome::completed(resp.status.as_u16()));
-        hold.map(Hold::release);
+        if let Some(h) = hold {
+            h.release();
+        }
         return redirect_not_followed(resp.status);
     }
     answer(&llm.sidecar, up, endpoint, prepared, resp, (flight, hold))
@@ -172,7 +176,9 @@ async fn admit(
     let admission = match sidecar.client.admit_secret_free(url, &rules).await {
         Ok(a) => a,
         Err(e) => {
-            hold.map(Hold::release);
+            if let Some(h) = hold {
+                h.release();
+            }
             return Err(refused(sidecar, method, url, &e));
         }
     };
@@ -192,7 +198,9 @@ async fn admit(
             hold,
         }),
         Err(e) => {
-            hold.map(Hold::release);
+            if let Some(h) = hold {
+                h.release();
+            }
             Err(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "upstream_error",
