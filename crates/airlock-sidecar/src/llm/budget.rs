@@ -37,6 +37,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::{Value, json};
 
+use super::meter::{price, saturating_count};
 use crate::clock::now_ms;
 use crate::keep::Keeper;
 
@@ -93,19 +94,7 @@ fn output_bound(body: &[u8]) -> Option<u64> {
 /// µUSD for `input` and `output` tokens at prices per million tokens
 /// (USD), rounded up, saturating.
 fn priced(input: u64, output: u64, price_in: Option<f64>, price_out: Option<f64>) -> u64 {
-    #[allow(clippy::cast_precision_loss)] // a bound, not an exact count
-    let c = input as f64 * price_in.unwrap_or(0.0) + output as f64 * price_out.unwrap_or(0.0);
-    let c = c.ceil();
-    if c.is_nan() || c <= 0.0 {
-        0
-    } else if c >= 18_446_744_073_709_551_615.0 {
-        u64::MAX
-    } else {
-        // In (0, 2^64).
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = c as u64;
-        n
-    }
+    saturating_count(price(input, output, price_in, price_out).ceil())
 }
 
 /// The measure of `limits` that `charged` plus `amount` would pass.
