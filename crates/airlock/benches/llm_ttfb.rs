@@ -147,7 +147,29 @@ fn main() {
         AuthType::ApiKey,
         &[("key", "sk-bench-key")],
     );
+    // A second run whose relay keeps budgets (the run's, and its
+    // organization's through the platform and the store) that never refuse:
+    // what reserving and settling each call adds. Not for a baseline build,
+    // which has no budgets.
+    let budgeted = peers::baseline().is_none().then(|| {
+        p.handle().block_on(async {
+            let huge = airlock_store::BudgetLimits {
+                tokens: Some(i64::MAX / 4),
+                ..airlock_store::BudgetLimits::default()
+            };
+            p.store()
+                .set_org_budget(airlock_store::LOCAL_ORG, &airlock_store::OrgBudget { day: huge, month: huge })
+                .await
+                .unwrap();
+            let dir = p.dir.path().join("budgeted");
+            std::fs::create_dir_all(&dir).unwrap();
+            let journal = airlock_platform::journal::create(&dir).unwrap();
+            let (id, token) = p.another_run("bench-llm-budgeted").await;
+            (id, token, journal)
+        })
+    });
     let p = &p;
+    let budgeted = &budgeted;
     rt.block_on(async move {
         let fake = fake_provider::start(Duration::ZERO).await;
         let nginx = peers::nginx(fake.addr);
@@ -161,6 +183,9 @@ fn main() {
             names.push("nginx hop (peer)");
         }
         names.push("relay (unix socket)");
+        if budgeted.is_some() {
+            names.push("relay, budgets (tcp)");
+        }
         names.push("relay (tcp)");
         let mut first_by: Vec<Vec<f64>> = vec![vec![]; names.len()];
         let mut p99_by: Vec<Vec<f64>> = vec![vec![]; names.len()];
@@ -175,12 +200,25 @@ fn main() {
                 }),
             );
             let sc = peers::spawn_sidecar(&cfg);
+            let sc_budgets = budgeted.as_ref().map(|(id, run_token, journal)| {
+                let mut cfg = cfg.clone();
+                merge(
+                    &mut cfg,
+                    json!({"run_id": id, "run_token": run_token.expose_secret(), "egress_journal": journal,
+                           "listen": {"tcp": "127.0.0.1:0", "unix": null},
+                           "budget": {"run": {"tokens": u64::MAX / 4}, "org": true}}),
+                );
+                peers::spawn_sidecar(&cfg)
+            });
             let unix: std::path::PathBuf = sc.ready["listen"]["unix"].as_str().unwrap().into();
             let mut conns: Vec<Conn> = vec![Conn::tcp(fake.addr, "/v1/chat/completions", None).await];
             if let Some(n) = &nginx {
                 conns.push(Conn::tcp(n.addr, "/v1/chat/completions", None).await);
             }
             conns.push(Conn::unix(&unix, "/llm/v1/chat/completions", Some(&token)).await);
+            if let Some(b) = &sc_budgets {
+                conns.push(Conn::tcp(b.addr("tcp"), "/llm/v1/chat/completions", Some(&token)).await);
+            }
             conns.push(Conn::tcp(sc.addr("tcp"), "/llm/v1/chat/completions", Some(&token)).await);
             for _ in 0..50 {
                 for c in conns.iter_mut() {
@@ -224,6 +262,7 @@ fn main() {
             println!("         sidecar CPU per streamed call (tcp): {:.0} µs", cpu as f64 / iters as f64 / 1000.0);
             drop(conns);
             drop(sc);
+            drop(sc_budgets);
         }
         // The key fetch (platform internal API over its unix socket): in a
         // call's path only when the relay holds no key (a run's first call,
