@@ -72,7 +72,7 @@ impl Conn {
         let mut first = None;
         loop {
             let n = self.s.read(&mut b).await.unwrap();
-            assert!(n > 0, "connection closed mid-response");
+            assert!(n > 0, "connection closed mid-response: {}", String::from_utf8_lossy(&buf));
             buf.extend_from_slice(&b[..n]);
             if first.is_none() && buf.windows(5).any(|w| w == b"data:") {
                 first = Some(t0.elapsed());
@@ -165,6 +165,8 @@ fn main() {
             std::fs::create_dir_all(&dir).unwrap();
             let journal = airlock_platform::journal::create(&dir).unwrap();
             let (id, token) = p.another_run("bench-llm-budgeted").await;
+            // The main run's grant: its model key.
+            p.api.grant(&id, p.api.grant_of_run(&p.run_id).unwrap());
             (id, token, journal)
         })
     });
