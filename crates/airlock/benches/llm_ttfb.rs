@@ -72,7 +72,11 @@ impl Conn {
         let mut first = None;
         loop {
             let n = self.s.read(&mut b).await.unwrap();
-            assert!(n > 0, "connection closed mid-response: {}", String::from_utf8_lossy(&buf));
+            assert!(
+                n > 0,
+                "connection closed mid-response: {}",
+                String::from_utf8_lossy(&buf)
+            );
             buf.extend_from_slice(&b[..n]);
             if first.is_none() && buf.windows(5).any(|w| w == b"data:") {
                 first = Some(t0.elapsed());
@@ -158,7 +162,13 @@ fn main() {
                 ..airlock_store::BudgetLimits::default()
             };
             p.store()
-                .set_org_budget(airlock_store::LOCAL_ORG, &airlock_store::OrgBudget { day: huge, month: huge })
+                .set_org_budget(
+                    airlock_store::LOCAL_ORG,
+                    &airlock_store::OrgBudget {
+                        day: huge,
+                        month: huge,
+                    },
+                )
                 .await
                 .unwrap();
             let dir = p.dir.path().join("budgeted");
