@@ -170,6 +170,85 @@ impl From<&airlock_store::Organization> for Organization {
     }
 }
 
+/// A budget period's limits on the organization's model calls; `null`:
+/// that measure is not limited. Every limit is at least 1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetLimits {
+    /// Millionths of a US dollar, at each model's prices.
+    pub cost_microusd: Option<i64>,
+    /// Model requests.
+    pub requests: Option<i64>,
+    /// Tokens, input and output together.
+    pub tokens: Option<i64>,
+}
+
+impl From<airlock_store::BudgetLimits> for BudgetLimits {
+    fn from(l: airlock_store::BudgetLimits) -> Self {
+        BudgetLimits {
+            cost_microusd: l.cost_microusd,
+            requests: l.requests,
+            tokens: l.tokens,
+        }
+    }
+}
+
+impl From<BudgetLimits> for airlock_store::BudgetLimits {
+    fn from(l: BudgetLimits) -> Self {
+        airlock_store::BudgetLimits {
+            tokens: l.tokens,
+            cost_microusd: l.cost_microusd,
+            requests: l.requests,
+        }
+    }
+}
+
+/// `PUT /v1/org/budget`: the organization's model budgets per UTC day and
+/// per UTC month (`{}`: no limit in that period).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetOrgBudget {
+    pub day: BudgetLimits,
+    pub month: BudgetLimits,
+}
+
+/// What a period has spent: settled calls at their usage, calls in flight
+/// (or whose usage never came) at their reservation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PeriodSpend {
+    pub cost_microusd: i64,
+    /// `day:YYYY-MM-DD` or `month:YYYY-MM` (UTC).
+    pub period: String,
+    pub requests: i64,
+    /// Of `cost_microusd`, what is reserved by calls not yet settled.
+    pub reserved_cost_microusd: i64,
+    /// Of `tokens`, what is reserved by calls not yet settled.
+    pub reserved_tokens: i64,
+    pub tokens: i64,
+}
+
+impl PeriodSpend {
+    pub fn new(period: &str, s: &airlock_store::PeriodSpend) -> Self {
+        PeriodSpend {
+            cost_microusd: s.cost_microusd,
+            period: period.to_owned(),
+            requests: s.requests,
+            reserved_cost_microusd: s.reserved_cost_microusd,
+            reserved_tokens: s.reserved_tokens,
+            tokens: s.tokens,
+        }
+    }
+}
+
+/// The organization's model budgets and what today and this month spent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OrgBudget {
+    pub day: BudgetLimits,
+    pub day_spend: PeriodSpend,
+    pub month: BudgetLimits,
+    pub month_spend: PeriodSpend,
+}
+
 /// An API key's record (never the key).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ApiKey {

@@ -396,6 +396,47 @@ impl PlatformClient {
         serde_json::from_slice(&answer).map_err(|e| PlatformError::BadAnswer(e.to_string()))
     }
 
+    /// `POST path` with `body` as JSON, and its JSON answer.
+    async fn post_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T, PlatformError> {
+        let body = serde_json::to_vec(body).map_err(|e| PlatformError::Transport(e.to_string()))?;
+        let (_, _, answer) = self
+            .request(Method::POST, path, Some("application/json"), body.into())
+            .await?;
+        serde_json::from_slice(&answer).map_err(|e| PlatformError::BadAnswer(e.to_string()))
+    }
+
+    /// Charges a model call's reservation to the run's organization's
+    /// budgets, or learns which one it would pass.
+    pub async fn reserve_budget(
+        &self,
+        amount: crate::budget::Amount,
+        priced: bool,
+    ) -> Result<crate::budget::ReserveAnswer, PlatformError> {
+        self.post_json(
+            crate::budget::RESERVE_PATH,
+            &crate::budget::ReserveRequest { amount, priced },
+        )
+        .await
+    }
+
+    /// Replaces reservation `id` with what its call used.
+    pub async fn settle_budget(
+        &self,
+        id: String,
+        used: crate::budget::Amount,
+    ) -> Result<(), PlatformError> {
+        self.post_json::<serde::de::IgnoredAny>(
+            crate::budget::SETTLE_PATH,
+            &crate::budget::SettleRequest { id, used },
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Stores a large result for the run.
     pub async fn put_result(
         &self,

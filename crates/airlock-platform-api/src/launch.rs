@@ -230,6 +230,9 @@ pub struct SidecarConfig {
     /// The run's CA, when an integration has `inject = "proxy"`.
     #[serde(default)]
     pub proxy_ca: Option<ProxyCa>,
+    /// The model budgets the relay enforces.
+    #[serde(default)]
+    pub budget: crate::budget::RunBudget,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -661,6 +664,15 @@ mod tests {
                 cert_pem: "-----BEGIN CERTIFICATE-----".into(),
                 key_pem: secret("CA-PRIVATE-KEY"),
             }),
+            budget: crate::budget::RunBudget {
+                run: crate::budget::Limits {
+                    tokens: Some(1000),
+                    cost_microusd: None,
+                    requests: Some(3),
+                },
+                org: true,
+                default_max_output_tokens: 0,
+            },
         }
     }
 

@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod budget;
 pub mod client;
 pub mod clock;
 pub mod connection_types;

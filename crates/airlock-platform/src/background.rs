@@ -180,7 +180,11 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn work_runs_on_the_background_thread_at_idle_priority() {
         let here = this_thread();
-        assert_eq!((here.1, here.2), normal(), "the test's thread runs as usual");
+        assert_eq!(
+            (here.1, here.2),
+            normal(),
+            "the test's thread runs as usual"
+        );
         let bg = spawn(async { this_thread() }).await.unwrap();
         assert_eq!(bg, (Some(THREAD.to_owned()), SCHED_IDLE, NICE));
         assert_eq!(this_thread(), here);

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
+use airlock_platform_api::budget;
 use airlock_platform_api::read_interest::ReadInterestListener;
 use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
@@ -58,6 +59,8 @@ struct Inner {
     /// Connection rows (still encrypted) the request path has read, so a
     /// credential fetch is a map lookup and a decrypt, not a store query.
     connections: ConnectionCache,
+    /// Model budget reservations charged and not yet settled.
+    reservations: crate::budget::Reservations,
 }
 
 /// Stored connections as read from the store, envelopes still encrypted.
@@ -194,6 +197,7 @@ impl InternalApi {
                 grants: RwLock::default(),
                 writes: tokio::sync::Mutex::new(()),
                 connections: ConnectionCache::default(),
+                reservations: crate::budget::Reservations::default(),
             }),
         }
     }
@@ -220,6 +224,7 @@ impl InternalApi {
         if let Ok(mut g) = self.inner.grants.write() {
             g.remove(run_id);
         }
+        self.inner.reservations.forget_run(run_id);
     }
 
     pub fn store(&self) -> &Store {
@@ -234,6 +239,8 @@ impl InternalApi {
             .route("/internal/v1/events", post(events))
             .route("/internal/v1/results", post(put_result))
             .route("/internal/v1/results/{id}", get(get_result))
+            .route(budget::RESERVE_PATH, post(reserve_budget))
+            .route(budget::SETTLE_PATH, post(settle_budget))
             .layer(middleware::from_fn_with_state(self.clone(), authenticate))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
             .with_state(self.clone())
@@ -647,6 +654,73 @@ async fn memories(
         })
         .collect();
     axum::Json(MemoriesResponse { memories }).into_response()
+}
+
+/// Charges a model call's reservation to the run's organization's budgets.
+/// A store that cannot be read is a 503: the sidecar refuses the call.
+async fn reserve_budget(State(api): State<InternalApi>, req: Request) -> Response {
+    let (Some(run_id), Some(RunGrant(grant))) = (
+        run_of(req.extensions()),
+        req.extensions().get::<RunGrant>().cloned(),
+    ) else {
+        return internal("no run id");
+    };
+    let body: budget::ReserveRequest = match read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match api
+        .inner
+        .reservations
+        .reserve(&api.inner.store, &run_id, &grant.org, &body)
+        .await
+    {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(e) => budget_unavailable(&e),
+    }
+}
+
+/// Replaces a reservation with what its call used.
+async fn settle_budget(State(api): State<InternalApi>, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
+    let body: budget::SettleRequest = match read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match api
+        .inner
+        .reservations
+        .settle(&api.inner.store, &run_id, &body)
+        .await
+    {
+        Ok(true) => axum::Json(serde_json::json!({})).into_response(),
+        Ok(false) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "this run holds no such reservation",
+        ),
+        Err(e) => budget_unavailable(&e),
+    }
+}
+
+fn budget_unavailable(e: &airlock_store::StoreError) -> Response {
+    tracing::error!("internal API: model budget: {e}");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "budget_unavailable",
+        "the organization's budget cannot be read or written now",
+    )
+}
+
+/// A small JSON request body (at most 64 KiB), or the 400 that says why not.
+async fn read_json<T: serde::de::DeserializeOwned>(req: Request) -> Result<T, Response> {
+    let body = axum::body::to_bytes(req.into_body(), 64 * 1024)
+        .await
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+    serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))
 }
 
 async fn events(State(api): State<InternalApi>, req: Request) -> Response {

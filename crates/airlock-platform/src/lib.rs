@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod background;
+pub mod budget;
 pub mod connections;
 pub mod internal_api;
 pub mod journal;

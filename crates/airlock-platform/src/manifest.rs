@@ -55,6 +55,63 @@ pub struct Manifest {
     pub network: Option<NetworkSection>,
     #[serde(default)]
     pub integrations: Vec<IntegrationSection>,
+    /// The run's model budget, within the operator's ceilings.
+    #[serde(default)]
+    pub budget: Option<BudgetSection>,
+}
+
+/// `[budget]`: what the run's model calls may spend, all together. Each
+/// call is reserved before it leaves and settled against its usage
+/// (docs/budgets.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSection {
+    /// Tokens, input and output together.
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    /// US dollars, at the model's prices (`model.price_*_per_mtok_usd`).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    /// Model requests.
+    #[serde(default)]
+    pub requests: Option<u64>,
+    /// Output tokens reserved for a request that names no `max_tokens`
+    /// (default 4096).
+    #[serde(default)]
+    pub default_max_tokens: Option<u64>,
+}
+
+impl BudgetSection {
+    fn validate(&self, model: Option<&ModelSection>) -> Result<(), ManifestError> {
+        for (key, v) in [
+            ("budget.tokens", self.tokens),
+            ("budget.requests", self.requests),
+            ("budget.default_max_tokens", self.default_max_tokens),
+        ] {
+            if v == Some(0) {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if let Some(c) = self.cost_usd {
+            if !(c.is_finite() && c > 0.0 && c <= 1e6) {
+                return Err(invalid(
+                    "budget.cost_usd",
+                    "must be above 0 and at most 1000000",
+                ));
+            }
+            let priced = model.is_some_and(|m| {
+                m.price_in_per_mtok_usd.is_some() || m.price_out_per_mtok_usd.is_some()
+            });
+            if !priced {
+                return Err(invalid(
+                    "budget.cost_usd",
+                    "needs the model's prices (model.price_in_per_mtok_usd, \
+                     model.price_out_per_mtok_usd): without them a call's cost is unknown",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -240,6 +297,9 @@ impl Manifest {
         }
         if let Some(model) = &self.model {
             model.validate()?;
+        }
+        if let Some(b) = &self.budget {
+            b.validate(self.model.as_ref())?;
         }
         if let Some(NetworkSection {
             egress: NetworkEgress::Allow(patterns),
@@ -486,6 +546,49 @@ mod tests {
         );
         assert_eq!(m.integrations[0].namespace.as_str(), "github");
         assert_eq!(m.connections().len(), 2);
+    }
+
+    #[test]
+    fn a_budget_is_positive_and_a_cost_budget_needs_prices() {
+        let model = "[model]\nprovider = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nconnection = \"o\"\n";
+        let priced = format!("{model}price_out_per_mtok_usd = 10.0\n");
+        let m = with(&format!(
+            "{priced}[budget]\ntokens = 1000\ncost_usd = 0.5\nrequests = 3\ndefault_max_tokens = 64\n"
+        ))
+        .unwrap();
+        let b = m.budget.unwrap();
+        assert_eq!(
+            (b.tokens, b.requests, b.default_max_tokens),
+            (Some(1000), Some(3), Some(64))
+        );
+        for (text, must) in [
+            (format!("{priced}[budget]\ntokens = 0\n"), "budget.tokens"),
+            (
+                format!("{priced}[budget]\nrequests = 0\n"),
+                "budget.requests",
+            ),
+            (
+                format!("{priced}[budget]\ncost_usd = 0.0\n"),
+                "budget.cost_usd",
+            ),
+            (
+                format!("{priced}[budget]\ncost_usd = -1.0\n"),
+                "budget.cost_usd",
+            ),
+            (
+                format!("{priced}[budget]\ncost_usd = 1e300\n"),
+                "budget.cost_usd",
+            ),
+            (
+                format!("{model}[budget]\ncost_usd = 1.0\n"),
+                "model's prices",
+            ),
+            ("[budget]\ncost_usd = 1.0\n".to_owned(), "model's prices"),
+            (format!("{priced}[budget]\ntoken = 5\n"), "unknown field"),
+        ] {
+            let e = with(&text).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(must), "{text}: {e}");
+        }
     }
 
     #[test]

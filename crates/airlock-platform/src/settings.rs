@@ -13,6 +13,11 @@ pub struct RunLimits {
     pub agent_cpu_ceiling: f64,
     pub timeout_ceiling_seconds: u64,
     pub max_concurrent_runs: Option<u32>,
+    /// The most a run's model calls may spend, whatever its manifest says
+    /// (and what a run whose manifest says nothing may spend).
+    pub run_tokens_ceiling: Option<u64>,
+    pub run_cost_ceiling_usd: Option<f64>,
+    pub run_requests_ceiling: Option<u64>,
 }
 
 impl Default for RunLimits {
@@ -22,6 +27,9 @@ impl Default for RunLimits {
             agent_cpu_ceiling: 2.0,
             timeout_ceiling_seconds: 1800,
             max_concurrent_runs: None,
+            run_tokens_ceiling: None,
+            run_cost_ceiling_usd: None,
+            run_requests_ceiling: None,
         }
     }
 }
@@ -41,6 +49,8 @@ pub enum RunLimitsError {
     TimeoutCeiling,
     #[error("max_concurrent_runs must be at least 1 (leave it out for no limit)")]
     MaxConcurrentRuns,
+    #[error("{0} must be above 0 (leave it out for no ceiling)")]
+    BudgetCeiling(&'static str),
 }
 
 impl RunLimits {
@@ -63,6 +73,17 @@ impl RunLimits {
         }
         if l.max_concurrent_runs == Some(0) {
             return Err(RunLimitsError::MaxConcurrentRuns);
+        }
+        if l.run_tokens_ceiling == Some(0) {
+            return Err(RunLimitsError::BudgetCeiling("run_tokens_ceiling"));
+        }
+        if l.run_requests_ceiling == Some(0) {
+            return Err(RunLimitsError::BudgetCeiling("run_requests_ceiling"));
+        }
+        if l.run_cost_ceiling_usd
+            .is_some_and(|c| !(c.is_finite() && c > 0.0))
+        {
+            return Err(RunLimitsError::BudgetCeiling("run_cost_ceiling_usd"));
         }
         Ok(l)
     }
@@ -239,6 +260,34 @@ impl Settings {
         Ok(())
     }
 
+    /// A run's model budget: the manifest's `[budget]` within the
+    /// operator's ceilings (a measure the manifest leaves open is the
+    /// ceiling's).
+    pub fn run_budget(
+        &self,
+        b: Option<&crate::manifest::BudgetSection>,
+    ) -> airlock_platform_api::budget::Limits {
+        let within = |v: Option<u64>, ceiling: Option<u64>| match (v, ceiling) {
+            (Some(v), Some(c)) => Some(v.min(c)),
+            (v, c) => v.or(c),
+        };
+        let usd = |v: f64| {
+            // µUSD, rounded down; at most 10^12 (a manifest's 10^6 USD).
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let n = (v * 1e6).clamp(0.0, 1e12) as u64;
+            n
+        };
+        let l = &self.limits;
+        airlock_platform_api::budget::Limits {
+            tokens: within(b.and_then(|b| b.tokens), l.run_tokens_ceiling),
+            cost_microusd: within(
+                b.and_then(|b| b.cost_usd).map(usd),
+                l.run_cost_ceiling_usd.map(usd),
+            ),
+            requests: within(b.and_then(|b| b.requests), l.run_requests_ceiling),
+        }
+    }
+
     /// A manifest hint within the operator's ceilings.
     pub fn effective(
         &self,
@@ -286,6 +335,37 @@ mod tests {
     }
 
     #[test]
+    fn a_runs_budget_is_its_manifests_within_the_ceilings() {
+        use crate::manifest::BudgetSection;
+        let s = Settings::from_vars(&vars(&[])).unwrap();
+        assert!(
+            !s.run_budget(None).any(),
+            "no ceiling, no [budget]: no budget"
+        );
+        let s = Settings::from_vars(&vars(&[(
+            "PLATFORM_RUN_LIMITS",
+            r#"{"run_tokens_ceiling": 5000, "run_cost_ceiling_usd": 1.5}"#,
+        )]))
+        .unwrap();
+        let b = s.run_budget(None);
+        assert_eq!(
+            (b.tokens, b.cost_microusd, b.requests),
+            (Some(5000), Some(1_500_000), None)
+        );
+        let asked = BudgetSection {
+            tokens: Some(9000),
+            cost_usd: Some(0.25),
+            requests: Some(7),
+            default_max_tokens: None,
+        };
+        let b = s.run_budget(Some(&asked));
+        assert_eq!(
+            (b.tokens, b.cost_microusd, b.requests),
+            (Some(5000), Some(250_000), Some(7))
+        );
+    }
+
+    #[test]
     fn strict_limits_and_watchdog_checks() {
         let e = Settings::from_vars(&vars(&[(
             "PLATFORM_RUN_LIMITS",
@@ -308,6 +388,10 @@ mod tests {
             r#"{"agent_memory_ceiling_mb": 512, "agent_memory_ceiling_mb": 4096}"#,
             r#"{"timeout_ceiling_seconds": 0}"#,
             r#"{"max_concurrent_runs": 0}"#,
+            r#"{"run_tokens_ceiling": 0}"#,
+            r#"{"run_requests_ceiling": 0}"#,
+            r#"{"run_cost_ceiling_usd": 0}"#,
+            r#"{"run_cost_ceiling_usd": -1}"#,
         ] {
             let e = Settings::from_vars(&vars(&[("PLATFORM_RUN_LIMITS", bad)])).unwrap_err();
             assert_eq!(e.var, "PLATFORM_RUN_LIMITS", "{bad}");

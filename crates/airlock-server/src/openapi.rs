@@ -20,7 +20,7 @@ use utoipa::OpenApi as _;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
-use crate::routes::{agents, connections, health, keys, runs, webhooks};
+use crate::routes::{agents, budget, connections, health, keys, runs, webhooks};
 use crate::state::AppState;
 
 /// One route.
@@ -89,6 +89,8 @@ routes! {
     get "/readyz" false None => Some("Ready"), health::readyz;
     get "/v1/openapi.json" false None => None, document;
     get "/v1/org" true None => Some("Organization"), keys::get_org;
+    get "/v1/org/budget" true None => Some("OrgBudget"), budget::get;
+    put "/v1/org/budget" true Some("SetOrgBudget") => Some("OrgBudget"), budget::set;
     get "/v1/api-keys" true None => Some("ApiKeyList"), keys::list;
     post "/v1/api-keys" true Some("NewApiKey") => Some("NewApiKeyAnswer"), keys::create;
     delete "/v1/api-keys/{id}" true None => None, keys::revoke;
@@ -218,6 +220,8 @@ mod tests {
         ("get", "/readyz", "readyz", "health"),
         ("get", "/v1/openapi.json", "get_openapi", "document"),
         ("get", "/v1/org", "get_org", "org"),
+        ("get", "/v1/org/budget", "get_org_budget", "org"),
+        ("put", "/v1/org/budget", "set_org_budget", "org"),
         ("get", "/v1/api-keys", "list_api_keys", "api_keys"),
         ("post", "/v1/api-keys", "create_api_key", "api_keys"),
         ("delete", "/v1/api-keys/{id}", "revoke_api_key", "api_keys"),

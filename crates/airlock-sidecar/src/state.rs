@@ -34,6 +34,8 @@ pub struct Sidecar {
     /// The forward proxy's network policy: `(patterns, allow_all)`.
     pub network: (AuthorizedUris, bool),
     pub limits: Limits,
+    /// The model budgets the relay keeps.
+    pub budget: airlock_platform_api::budget::RunBudget,
     pub proxy_url: Option<SecretString>,
     /// Bounds concurrent `api_call`s of the run.
     pub api_calls: Semaphore,
@@ -148,6 +150,7 @@ impl Sidecar {
             api_calls: Semaphore::new(cfg.limits.max_concurrent_calls.max(1)),
             fetches_ahead: Arc::new(Semaphore::new(cfg.limits.max_concurrent_calls.max(1))),
             limits: cfg.limits,
+            budget: cfg.budget,
             proxy_url: cfg.proxy_url,
             egress: Recorder::new(events.clone(), journal.clone()),
             keep: Keeper::new(journal),

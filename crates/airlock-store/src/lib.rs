@@ -100,6 +100,7 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
 // After the macros above, which they use.
 mod agents;
 mod api_keys;
+mod budgets;
 mod connections;
 mod deliveries;
 mod egress;
@@ -120,6 +121,9 @@ mod webhooks;
 
 pub use agents::AgentRow;
 pub use api_keys::ApiKeyRow;
+pub use budgets::{
+    BudgetLimits, Charge, Measure, OrgBudget, Period, PeriodSpend, Periods, Reservation,
+};
 pub use deliveries::{DeliveryAttempt, DeliveryRow};
 pub use egress::{BatchWrite, EGRESS_BATCH_ROWS};
 pub use orgs::Organization;

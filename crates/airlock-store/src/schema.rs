@@ -159,6 +159,35 @@ CREATE TABLE org_usage (
     };
 }
 
+/// Version 10: organizations' model budgets and what each period spent,
+/// the same on both backends.
+macro_rules! version_10_common {
+    () => {
+        r#"
+CREATE TABLE org_budgets (
+    org_id TEXT PRIMARY KEY,
+    day_tokens BIGINT,
+    day_cost_microusd BIGINT,
+    day_requests BIGINT,
+    month_tokens BIGINT,
+    month_cost_microusd BIGINT,
+    month_requests BIGINT,
+    updated_at BIGINT NOT NULL
+);
+CREATE TABLE org_spend (
+    org_id TEXT NOT NULL,
+    period TEXT NOT NULL,
+    tokens BIGINT NOT NULL DEFAULT 0,
+    cost_microusd BIGINT NOT NULL DEFAULT 0,
+    requests BIGINT NOT NULL DEFAULT 0,
+    reserved_tokens BIGINT NOT NULL DEFAULT 0,
+    reserved_cost_microusd BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (org_id, period)
+);
+"#
+    };
+}
+
 pub(crate) const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
@@ -334,6 +363,11 @@ END;
         description: "retention by end time; stored bytes per organization",
         sql: version_9_common!(),
     },
+    Migration {
+        version: 10,
+        description: "organizations' model budgets and spend per period",
+        sql: version_10_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -496,6 +530,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 9,
         description: "retention by end time; stored bytes per organization",
         sql: version_9_common!(),
+    },
+    Migration {
+        version: 10,
+        description: "organizations' model budgets and spend per period",
+        sql: version_10_common!(),
     },
 ];
 

@@ -115,6 +115,8 @@ on_both!(
     quotas_bound_keys_and_webhooks_even_when_created_at_once,
     agents_are_bounded_per_organization_even_when_registered_at_once,
     stored_bytes_are_measured_per_organization_and_refuse_new_runs,
+    org_budgets_are_reserved_within_every_limit_and_settled,
+    racing_reservations_never_pass_a_budget_that_fits_fewer,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -974,7 +976,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 9);
+    assert_eq!(s.schema_version().await.unwrap(), 10);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -983,7 +985,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 9);
+        assert_eq!(again.schema_version().await.unwrap(), 10);
     }
 }
 
@@ -2062,7 +2064,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 9);
+    assert_eq!(s.schema_version().await.unwrap(), 10);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2075,7 +2077,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 /// Undoes versions 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
+const UNDO_V5_SQLITE: &str = "DROP TABLE org_spend; DROP TABLE org_budgets; DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP TRIGGER connections_changed_by_insert; \
@@ -2095,7 +2097,7 @@ const UNDO_V5_SQLITE: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
+const UNDO_V5_POSTGRES: &str = "DROP TABLE org_spend; DROP TABLE org_budgets; DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP FUNCTION connections_changed() CASCADE; \
@@ -2131,7 +2133,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 9);
+    assert_eq!(s.schema_version().await.unwrap(), 10);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -2609,4 +2611,164 @@ fn retention_and_quota_settings_are_parsed_strictly() {
             .unwrap_err();
         assert_eq!(e.var, "ORG_MAX_API_KEYS", "{bad}");
     }
+}
+
+fn periods(day: &str) -> Periods {
+    Periods {
+        day: format!("day:{day}"),
+        month: format!("month:{}", &day[..7]),
+    }
+}
+
+/// A reservation is charged to the day and the month only when it fits
+/// every limit of both; settling replaces it with what was used; another
+/// organization's spend is its own.
+async fn org_budgets_are_reserved_within_every_limit_and_settled(s: &Store) {
+    let p = periods("2026-12-06");
+    assert_eq!(s.org_budget("o1").await.unwrap(), OrgBudget::default());
+    let budget = OrgBudget {
+        day: BudgetLimits {
+            tokens: Some(1000),
+            cost_microusd: None,
+            requests: Some(3),
+        },
+        month: BudgetLimits {
+            tokens: None,
+            cost_microusd: Some(500),
+            requests: None,
+        },
+    };
+    s.set_org_budget("o1", &budget).await.unwrap();
+    assert_eq!(s.org_budget("o1").await.unwrap(), budget);
+    let c = |tokens, cost_microusd| Charge {
+        tokens,
+        cost_microusd,
+        requests: 1,
+    };
+    assert_eq!(
+        s.reserve_org_budget("o1", &p, &c(600, 100)).await.unwrap(),
+        Reservation::Granted
+    );
+    // 600 + 600 passes the day's 1000 tokens: nothing is charged.
+    assert_eq!(
+        s.reserve_org_budget("o1", &p, &c(600, 100)).await.unwrap(),
+        Reservation::Exceeded {
+            period: Period::Day,
+            measure: Measure::Tokens,
+            limit: 1000,
+            spent: 600
+        }
+    );
+    let (day, month) = s.org_spend("o1", &p).await.unwrap();
+    assert_eq!(
+        (day.tokens, day.requests, day.reserved_tokens),
+        (600, 1, 600)
+    );
+    assert_eq!(
+        (month.cost_microusd, month.reserved_cost_microusd),
+        (100, 100)
+    );
+    // The call used less: the rest is free again.
+    s.settle_org_budget("o1", &p, &c(600, 100), &c(200, 40))
+        .await
+        .unwrap();
+    let (day, month) = s.org_spend("o1", &p).await.unwrap();
+    assert_eq!((day.tokens, day.reserved_tokens, day.requests), (200, 0, 1));
+    assert_eq!((month.cost_microusd, month.reserved_cost_microusd), (40, 0));
+    // The month's cost passes before the day's tokens do.
+    assert_eq!(
+        s.reserve_org_budget("o1", &p, &c(100, 461)).await.unwrap(),
+        Reservation::Exceeded {
+            period: Period::Month,
+            measure: Measure::CostMicrousd,
+            limit: 500,
+            spent: 40
+        }
+    );
+    // The day's requests: 1 + 2 more, then no more.
+    for _ in 0..2 {
+        assert_eq!(
+            s.reserve_org_budget("o1", &p, &c(1, 1)).await.unwrap(),
+            Reservation::Granted
+        );
+    }
+    assert!(matches!(
+        s.reserve_org_budget("o1", &p, &c(1, 1)).await.unwrap(),
+        Reservation::Exceeded {
+            measure: Measure::Requests,
+            ..
+        }
+    ));
+    // A new day is a new day's budget, within the same month's.
+    let next = periods("2026-12-07");
+    assert_eq!(
+        s.reserve_org_budget("o1", &next, &c(900, 1)).await.unwrap(),
+        Reservation::Granted
+    );
+    let (day, month) = s.org_spend("o1", &next).await.unwrap();
+    assert_eq!((day.tokens, month.tokens), (900, 202 + 900));
+    // Another organization, no budget: charged, never refused.
+    assert_eq!(
+        s.reserve_org_budget("o2", &p, &c(1 << 40, 1 << 40))
+            .await
+            .unwrap(),
+        Reservation::Granted
+    );
+    assert_eq!(s.org_spend("o1", &p).await.unwrap().0.tokens, 202);
+}
+
+/// Reservations made at once, over many connections, against a budget that
+/// fits some of them: exactly those pass.
+async fn racing_reservations_never_pass_a_budget_that_fits_fewer(s: &Store) {
+    race_reservations(s, s).await;
+}
+
+/// Races 16 reservations of 100 tokens against a day budget of 550, half
+/// of them through `a`, half through `b`: exactly 5 pass.
+async fn race_reservations(a: &Store, b: &Store) {
+    let p = periods("2026-12-06");
+    let budget = OrgBudget {
+        day: BudgetLimits {
+            tokens: Some(550),
+            ..BudgetLimits::default()
+        },
+        ..OrgBudget::default()
+    };
+    a.set_org_budget("race", &budget).await.unwrap();
+    let charge = Charge {
+        tokens: 100,
+        cost_microusd: 0,
+        requests: 1,
+    };
+    let tries = (0..16).map(|i| {
+        let (s, p) = (if i % 2 == 0 { a } else { b }, &p);
+        async move { s.reserve_org_budget("race", p, &charge).await.unwrap() }
+    });
+    let answers = futures_util::future::join_all(tries).await;
+    let granted = answers
+        .iter()
+        .filter(|a| **a == Reservation::Granted)
+        .count();
+    assert_eq!(granted, 5, "{answers:?}");
+    assert_eq!(a.org_spend("race", &p).await.unwrap().0.tokens, 500);
+}
+
+/// Two replicas (two stores on one PostgreSQL database) racing one
+/// organization's day budget cannot both take its last share.
+#[tokio::test]
+async fn two_replicas_racing_one_budget_on_postgres_pass_only_what_fits() {
+    let Some((a, url, schema)) = postgres().await else {
+        return;
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let b = Store::open(
+        &format!("{url}{sep}options[search_path]={schema}"),
+        &StoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    race_reservations(&a, &b).await;
+    a.close().await;
+    b.close().await;
+    drop_schema(&url, &schema).await;
 }

@@ -36,6 +36,10 @@ pub const PIECES: [&str; 5] = ["Hel", "lo", ", ", "wor", "ld"];
 pub const STALL_MODEL: &str = "fake-stall";
 /// A model whose answers report hostile usage: `u64::MAX` tokens in, 2^63 out.
 pub const HUGE_USAGE_MODEL: &str = "fake-huge-usage";
+/// A model whose answers report more usage than any small request
+/// reserves: [`BIG_USAGE`] tokens.
+pub const BIG_USAGE_MODEL: &str = "fake-big-usage";
+pub const BIG_USAGE: (u64, u64) = (5000, 5000);
 /// Tokens the fake counts per embeddings input.
 pub const EMBED_TOKENS_PER_INPUT: u64 = 3;
 
@@ -202,6 +206,10 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
         } else if path.ends_with("/chat/completions") && body["model"] == HUGE_USAGE_MODEL {
             let mut answer = chat_json();
             answer["usage"] = json!({"prompt_tokens": u64::MAX, "completion_tokens": 1u64 << 63, "total_tokens": u64::MAX});
+            json_answer(&mut s, &echo, 200, &answer).await
+        } else if path.ends_with("/chat/completions") && body["model"] == BIG_USAGE_MODEL {
+            let mut answer = chat_json();
+            answer["usage"] = json!({"prompt_tokens": BIG_USAGE.0, "completion_tokens": BIG_USAGE.1, "total_tokens": BIG_USAGE.0 + BIG_USAGE.1});
             json_answer(&mut s, &echo, 200, &answer).await
         } else if path.ends_with("/chat/completions") {
             json_answer(&mut s, &echo, 200, &chat_json()).await

@@ -11,6 +11,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+pub use airlock_platform_api::budget::RunBudget;
 pub use airlock_platform_api::launch::{
     Delivery, EgressSettings, HeaderName, HeaderText, Integration, Limits, Listen, Model,
     Namespace, Network, NetworkEgress, Provider, ProxyCa, Runner, SidecarConfig,
@@ -59,6 +60,7 @@ impl SidecarConfigBuilder {
                 proxy_url: None,
                 egress_journal: None,
                 proxy_ca: None,
+                budget: RunBudget::default(),
             },
         }
     }
@@ -208,6 +210,12 @@ impl SidecarConfigBuilder {
             cert_pem: cert_pem.to_owned(),
             key_pem: SecretString::from(key_pem.expose_secret().to_owned()),
         });
+        self
+    }
+
+    /// The model budgets the relay keeps.
+    pub fn budget(mut self, f: impl FnOnce(&mut RunBudget)) -> Self {
+        f(&mut self.cfg.budget);
         self
     }
 

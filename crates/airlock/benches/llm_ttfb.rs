@@ -71,7 +71,11 @@ impl Conn {
         let mut first = None;
         loop {
             let n = self.s.read(&mut b).await.unwrap();
-            assert!(n > 0, "connection closed mid-response");
+            assert!(
+                n > 0,
+                "connection closed mid-response: {}",
+                String::from_utf8_lossy(&buf)
+            );
             buf.extend_from_slice(&b[..n]);
             if first.is_none() && buf.windows(5).any(|w| w == b"data:") {
                 first = Some(t0.elapsed());
@@ -146,7 +150,37 @@ fn main() {
         AuthType::ApiKey,
         &[("key", "sk-bench-key")],
     );
+    // A second run whose relay keeps budgets (the run's, and its
+    // organization's through the platform and the store) that never refuse:
+    // what reserving and settling each call adds. Not for a baseline build,
+    // which has no budgets.
+    let budgeted = peers::baseline().is_none().then(|| {
+        p.handle().block_on(async {
+            let huge = airlock_store::BudgetLimits {
+                tokens: Some(i64::MAX / 4),
+                ..airlock_store::BudgetLimits::default()
+            };
+            p.store()
+                .set_org_budget(
+                    airlock_store::LOCAL_ORG,
+                    &airlock_store::OrgBudget {
+                        day: huge,
+                        month: huge,
+                    },
+                )
+                .await
+                .unwrap();
+            let dir = p.dir.path().join("budgeted");
+            std::fs::create_dir_all(&dir).unwrap();
+            let journal = airlock_platform::journal::create(&dir).unwrap();
+            let (id, token) = p.another_run("bench-llm-budgeted").await;
+            // The main run's grant: its model key.
+            p.api.grant(&id, p.api.grant_of_run(&p.run_id).unwrap());
+            (id, token, journal)
+        })
+    });
     let p = &p;
+    let budgeted = &budgeted;
     rt.block_on(async move {
         let fake = fake_provider::start(Duration::ZERO).await;
         let nginx = peers::nginx(fake.addr);
@@ -160,28 +194,50 @@ fn main() {
             names.push("nginx hop (peer)");
         }
         names.push("relay (unix socket)");
+        if budgeted.is_some() {
+            names.push("relay, budgets (tcp)");
+        }
         names.push("relay (tcp)");
         let mut first_by: Vec<Vec<f64>> = vec![vec![]; names.len()];
         let mut p99_by: Vec<Vec<f64>> = vec![vec![]; names.len()];
         let mut cpu_by: Vec<f64> = vec![];
         for rep in 0..reps {
-            let cfg = p
-                .sidecar_config()
-                .tcp()
-                .unix(p.dir.path().join(format!("sidecar-{rep}.sock")))
-                .model(
+            let model = |b: peers::SidecarConfigBuilder| {
+                b.model(
                     peers::Provider::Openai,
                     &format!("http://api.internal.test:{}/v1", fake.port()),
                 )
                 .loopback_host("api.internal.test")
-                .build();
+            };
+            let cfg = model(
+                p.sidecar_config()
+                    .tcp()
+                    .unix(p.dir.path().join(format!("sidecar-{rep}.sock"))),
+            )
+            .build();
             let sc = peers::spawn_sidecar(cfg);
+            let sc_budgets = budgeted.as_ref().map(|(id, run_token, journal)| {
+                let cfg = model(
+                    peers::SidecarConfigBuilder::new(id, &p.sidecar_token, run_token, &p.socket)
+                        .journal(journal)
+                        .tcp(),
+                )
+                .budget(|b| {
+                    b.run.tokens = Some(u64::MAX / 4);
+                    b.org = true;
+                })
+                .build();
+                peers::spawn_sidecar(cfg)
+            });
             let unix = sc.unix();
             let mut conns: Vec<Conn> = vec![Conn::tcp(fake.addr, "/v1/chat/completions", None).await];
             if let Some(n) = &nginx {
                 conns.push(Conn::tcp(n.addr, "/v1/chat/completions", None).await);
             }
             conns.push(Conn::unix(&unix, "/llm/v1/chat/completions", Some(&token)).await);
+            if let Some(b) = &sc_budgets {
+                conns.push(Conn::tcp(b.tcp(), "/llm/v1/chat/completions", Some(&token)).await);
+            }
             conns.push(Conn::tcp(sc.tcp(), "/llm/v1/chat/completions", Some(&token)).await);
             for _ in 0..50 {
                 for c in conns.iter_mut() {
@@ -225,6 +281,7 @@ fn main() {
             println!("         sidecar CPU per streamed call (tcp): {:.0} µs", cpu as f64 / iters as f64 / 1000.0);
             drop(conns);
             drop(sc);
+            drop(sc_budgets);
         }
         // The key fetch (platform internal API over its unix socket): in a
         // call's path only when the relay holds no key (a run's first call,

@@ -182,6 +182,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/org/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organization's model budgets and what today and this month (UTC) spent. */
+        get: operations["get_org_budget"];
+        /**
+         * Sets the organization's model budgets; runs already going keep them
+         *     from their next model call.
+         */
+        put: operations["set_org_budget"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs": {
         parameters: {
             query?: never;
@@ -425,6 +446,30 @@ export interface components {
         ApiKeyList: {
             api_keys: components["schemas"]["ApiKey"][];
         };
+        /**
+         * @description A budget period's limits on the organization's model calls; `null`:
+         *     that measure is not limited. Every limit is at least 1.
+         */
+        BudgetLimits: {
+            /**
+             * Format: int64
+             * @description Millionths of a US dollar, at each model's prices.
+             * @default null
+             */
+            cost_microusd: number | null;
+            /**
+             * Format: int64
+             * @description Model requests.
+             * @default null
+             */
+            requests: number | null;
+            /**
+             * Format: int64
+             * @description Tokens, input and output together.
+             * @default null
+             */
+            tokens: number | null;
+        };
         /** @description A connection (never its secret). */
         Connection: {
             /** Format: int64 */
@@ -637,6 +682,13 @@ export interface components {
             secret: string;
             url: string;
         };
+        /** @description The organization's model budgets and what today and this month spent. */
+        OrgBudget: {
+            day: components["schemas"]["BudgetLimits"];
+            day_spend: components["schemas"]["PeriodSpend"];
+            month: components["schemas"]["BudgetLimits"];
+            month_spend: components["schemas"]["PeriodSpend"];
+        };
         Organization: {
             /** Format: int64 */
             created_at: number;
@@ -647,6 +699,30 @@ export interface components {
              */
             max_concurrent_runs?: number | null;
             name: string;
+        };
+        /**
+         * @description What a period has spent: settled calls at their usage, calls in flight
+         *     (or whose usage never came) at their reservation.
+         */
+        PeriodSpend: {
+            /** Format: int64 */
+            cost_microusd: number;
+            /** @description `day:YYYY-MM-DD` or `month:YYYY-MM` (UTC). */
+            period: string;
+            /** Format: int64 */
+            requests: number;
+            /**
+             * Format: int64
+             * @description Of `cost_microusd`, what is reserved by calls not yet settled.
+             */
+            reserved_cost_microusd: number;
+            /**
+             * Format: int64
+             * @description Of `tokens`, what is reserved by calls not yet settled.
+             */
+            reserved_tokens: number;
+            /** Format: int64 */
+            tokens: number;
         };
         /** @description `/readyz`: the store answers and this replica takes work. */
         Ready: {
@@ -723,6 +799,14 @@ export interface components {
             /** @description The next page's `cursor`; `null` on the last page. */
             next_cursor?: string | null;
             runs: components["schemas"]["Run"][];
+        };
+        /**
+         * @description `PUT /v1/org/budget`: the organization's model budgets per UTC day and
+         *     per UTC month (`{}`: no limit in that period).
+         */
+        SetOrgBudget: {
+            day: components["schemas"]["BudgetLimits"];
+            month: components["schemas"]["BudgetLimits"];
         };
         Webhook: {
             /** Format: int64 */
@@ -1982,6 +2066,176 @@ export interface operations {
             };
             /** @description unavailable: the store does not answer, or the replica is starting */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    get_org_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the budgets (`null`: no limit) and the spend of the current day and month */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OrgBudget"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    set_org_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetOrgBudget"];
+            };
+        };
+        responses: {
+            /** @description set: the budgets and the current spend */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OrgBudget"];
+                };
+            };
+            /** @description bad_request: the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description too_large: the body (or a part of it) is larger than the route takes */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unsupported_media_type: the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description invalid: well-formed but not acceptable (an unknown or missing
+             *     field, a value out of its rules)
+             */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description storage_full: the store is out of space; nothing was written */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -188,7 +188,19 @@ impl Orchestrator {
         progress: ProgressFn<'_>,
         started: Instant,
     ) -> Result<Judged, RunError> {
-        let mut plan = self.plan(run_id, run_dir, req)?;
+        // Fail closed: budgets that cannot be read are kept by the platform,
+        // which refuses each call while it cannot read them.
+        let org_budget = match self.store.org_budget(&req.org).await {
+            Ok(b) => b.any(),
+            Err(e) => {
+                tracing::warn!(
+                    run = run_id,
+                    "the organization's model budgets cannot be read ({e}); each model call will ask"
+                );
+                true
+            }
+        };
+        let mut plan = self.plan(run_id, run_dir, req, org_budget)?;
         self.api.grant(run_id, std::mem::take(&mut plan.grant));
         let mut run = self
             .start(run_id, &req.org, &plan, progress, started)

@@ -98,6 +98,9 @@ pub struct Site<'a> {
     pub sidecar_exe: Option<&'a Path>,
     /// The platform's internal-API socket on the host.
     pub api_socket: &'a Path,
+    /// The run's organization has model budgets (or they could not be
+    /// read): the sidecar reserves each model call with the platform.
+    pub org_budget: bool,
     /// `AIRLOCK_LOG` of the runtime and of the sidecar.
     pub runtime_log: &'a str,
     pub sidecar_log: &'a str,
@@ -432,6 +435,15 @@ fn sidecar_config(
                 .unwrap_or_else(|| crate::journal::path_in(site.run_dir)),
         ),
         proxy_ca: keys.proxy_ca,
+        budget: airlock_platform_api::budget::RunBudget {
+            run: settings.run_budget(m.budget.as_ref()),
+            org: site.org_budget,
+            default_max_output_tokens: m
+                .budget
+                .as_ref()
+                .and_then(|b| b.default_max_tokens)
+                .unwrap_or(0),
+        },
     })
 }
 
@@ -526,6 +538,7 @@ mod tests {
             api_socket: Path::new("/home/a/sockets/p.sock"),
             runtime_log: "warn",
             sidecar_log: "info",
+            org_budget: false,
         };
         RunPlan::build(req, settings, &site, keys(req)).expect("plan")
     }
@@ -536,6 +549,38 @@ mod tests {
 
     fn config(plan: &RunPlan) -> launch::SidecarConfig {
         launch::SidecarConfig::from_json(&plan.sidecar.config).expect("sidecar config")
+    }
+
+    #[test]
+    fn the_sidecar_keeps_the_manifests_budget_within_the_ceilings() {
+        let bare = config(&plan(&request("", Echo::LiveView), &settings(&[])));
+        assert!(
+            !bare.budget.enforced(),
+            "no budget: the relay reserves nothing"
+        );
+        let req = request(
+            &format!(
+                "{MODEL}price_in_per_mtok_usd = 3.0\n[budget]\ntokens = 90000\ncost_usd = 0.75\ndefault_max_tokens = 256\n"
+            ),
+            Echo::LiveView,
+        );
+        let c = config(&plan(
+            &req,
+            &settings(&[(
+                "PLATFORM_RUN_LIMITS",
+                r#"{"run_tokens_ceiling": 50000, "run_requests_ceiling": 20}"#,
+            )]),
+        ));
+        assert_eq!(
+            c.budget.run,
+            airlock_platform_api::budget::Limits {
+                tokens: Some(50000),
+                cost_microusd: Some(750_000),
+                requests: Some(20),
+            }
+        );
+        assert_eq!(c.budget.default_output(), 256);
+        assert!(!c.budget.org, "the organization has no budget");
     }
 
     #[test]

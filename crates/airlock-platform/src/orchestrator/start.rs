@@ -49,6 +49,7 @@ impl Orchestrator {
         run_id: &str,
         run_dir: &Path,
         req: &RunRequest,
+        org_budget: bool,
     ) -> Result<RunPlan, RunError> {
         // The run directory stays the platform's (owner file, 0700); the
         // sandbox sees only the sockets' directory, read-only.
@@ -71,6 +72,7 @@ impl Orchestrator {
             api_socket: &self.api_socket,
             runtime_log: &runtime_log,
             sidecar_log: &sidecar_log,
+            org_budget,
         };
         let keys = Keys::mint(run_id, &req.manifest, &self.tokens)?;
         let plan = RunPlan::build(req, &self.settings, &site, keys)?;

@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use airlock_egress::{EgressError, StreamingBody};
-use airlock_platform_api::wire::{EgressOutcome, Metering, RunEvent};
+use airlock_platform_api::budget::Amount;
+use airlock_platform_api::wire::{CostRecord, EgressOutcome, Metering, RunEvent};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 
+use super::budget::Hold;
 use super::event;
 use super::json_usage::JsonUsage;
 use super::meter::{CostDraft, Usage};
@@ -46,6 +48,28 @@ pub(super) struct Relay {
     pub(super) status: u16,
     /// A metered call's cost event to be (none: the call is not metered).
     pub(super) cost: Option<CostDraft>,
+    /// The call's budgets' reservation, settled by [`Relay::finish`].
+    pub(super) hold: Option<Hold>,
+}
+
+/// What a call used, for its budgets: its metered usage, or, unmetered (its
+/// usage did not arrive whole, or was past belief), the larger of each
+/// measure seen and reserved.
+fn used(record: &CostRecord, reserved: Amount) -> Amount {
+    let seen = Amount {
+        tokens: record.input_tokens.saturating_add(record.output_tokens),
+        cost_microusd: record.cost_microusd.unwrap_or(0),
+        requests: 1,
+    };
+    if record.unmetered {
+        Amount {
+            tokens: seen.tokens.max(reserved.tokens),
+            cost_microusd: seen.cost_microusd.max(reserved.cost_microusd),
+            requests: 1,
+        }
+    } else {
+        seen
+    }
 }
 
 /// How a relayed answer ended.
@@ -175,11 +199,21 @@ impl Relay {
                 .bytes_in(self.inner.bytes_read() as u64)
                 .metering(metering),
         );
-        let Some(cost) = self.cost.take() else { return };
+        let Some(cost) = self.cost.take() else {
+            // Not a generation's success: nothing to charge.
+            if let Some(h) = self.hold.take() {
+                h.release();
+            }
+            return;
+        };
         let unmetered = (metering == Some(Metering::Unmetered)).then(|| end.why_unmetered(&cost));
-        let record = cost.record(&mut self.usage, unmetered);
+        let record = cost.record(&mut self.usage, unmetered).bounded();
+        if let Some(hold) = self.hold.take() {
+            let used = used(&record, hold.reserved());
+            hold.settle(used);
+        }
         // Kept, never shed: the run's bill.
-        let _ = self.sidecar.keep.vital(RunEvent::Cost(record.bounded()));
+        let _ = self.sidecar.keep.vital(RunEvent::Cost(record));
     }
 
     /// Reads (and meters) the rest of the answer; `Some` if it failed.

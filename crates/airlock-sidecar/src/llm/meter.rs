@@ -68,13 +68,16 @@ impl Usage {
 }
 
 /// What `input` and `output` tokens cost in µUSD at prices per million
-/// tokens in USD (a price per token in µUSD), rounded. A cost past
-/// `u64::MAX` (only from hostile counts or prices) is `u64::MAX`, which
-/// [`CostRecord::bounded`] then records as unmetered.
-fn cost_of(input: u64, output: u64, price_in: Option<f64>, price_out: Option<f64>) -> u64 {
+/// tokens in USD (a price per token in µUSD), unrounded.
+pub(super) fn price(input: u64, output: u64, price_in: Option<f64>, price_out: Option<f64>) -> f64 {
     #[allow(clippy::cast_precision_loss)] // a cost, not an exact count
     let c = input as f64 * price_in.unwrap_or(0.0) + output as f64 * price_out.unwrap_or(0.0);
-    let c = c.round();
+    c
+}
+
+/// A whole number of µUSD as a count: 0 for NaN or below, `u64::MAX` at
+/// or past 2^64.
+pub(super) fn saturating_count(c: f64) -> u64 {
     if c.is_nan() || c <= 0.0 {
         0
     } else if c >= 18_446_744_073_709_551_615.0 {
@@ -85,6 +88,13 @@ fn cost_of(input: u64, output: u64, price_in: Option<f64>, price_out: Option<f64
         let n = c as u64;
         n
     }
+}
+
+/// What `input` and `output` tokens cost, rounded. A cost past
+/// `u64::MAX` (only from hostile counts or prices) is `u64::MAX`, which
+/// [`CostRecord::bounded`] then records as unmetered.
+fn cost_of(input: u64, output: u64, price_in: Option<f64>, price_out: Option<f64>) -> u64 {
+    saturating_count(price(input, output, price_in, price_out).round())
 }
 
 impl CostDraft {

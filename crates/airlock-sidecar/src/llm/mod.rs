@@ -71,6 +71,8 @@
 //! - [`sse`], [`event`], [`json_usage`]: reading a stream's events, an
 //!   event's usage, and a whole JSON answer's usage as it streams;
 //! - [`meter`]: usage, and what it costs;
+//! - [`budget`]: the run's and its organization's budgets: a call's
+//!   reservation before it leaves, settled against its usage;
 //! - [`body`]: the body handed to the agent;
 //! - [`error`]: the relay's own error answers.
 
@@ -80,6 +82,7 @@ use axum::Router;
 
 mod answer;
 mod body;
+mod budget;
 mod error;
 mod event;
 mod headers;
@@ -104,15 +107,26 @@ struct Llm {
     sidecar: Arc<Sidecar>,
     upstream: Option<route::Upstream>,
     key: key::HeldKey,
+    /// The run's model budgets (none: no budget applies).
+    budgets: Option<Arc<budget::Budgets>>,
 }
 
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
     let upstream = sidecar.model.as_ref().map(route::Upstream::new);
+    let budgets = upstream.as_ref().and_then(|up| {
+        budget::Budgets::new(
+            &sidecar.budget,
+            up.price_in,
+            up.price_out,
+            &sidecar.platform,
+        )
+    });
     Router::new()
         .fallback(relay::relay)
         .with_state(Arc::new(Llm {
             sidecar,
             upstream,
             key: key::HeldKey::default(),
+            budgets,
         }))
 }

@@ -23,6 +23,7 @@ use secrecy::SecretString;
 use super::Llm;
 use super::answer::{Mode, Relay};
 use super::body::{FlushFirst, RelayBody};
+use super::budget::Hold;
 use super::error::{egress_error, error};
 use super::headers::{safe_response_headers, upstream_headers};
 use super::meter::{CostDraft, Usage};
@@ -54,12 +55,13 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
     // The key fetch goes out first (the platform's client writes it when it
     // is first polled); the body, the guard's decision and the egress
     // record are done while the platform answers.
-    let admit = admit(&llm.sidecar, up, endpoint, &parts, &url, body);
+    let admit = admit(&llm, up, endpoint, &parts, &url, body);
     let (key, admitted) = llm.key.with(&llm.sidecar, admit).await;
     let Admitted {
         mut prepared,
         admission,
         flight,
+        hold,
     } = match admitted {
         Ok(a) => a,
         Err(r) => return r,
@@ -69,6 +71,9 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
             Ok(kh) => kh,
             Err(r) => {
                 flight.complete(Outcome::new(EgressOutcome::NotSent));
+                if let Some(h) = hold {
+                    h.release();
+                }
                 return *r;
             }
         };
@@ -92,9 +97,12 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
         // The provider answered; the relay does not follow (the answer is
         // the upstream's, the 502 the agent gets is the relay's).
         flight.complete(Outcome::completed(resp.status.as_u16()));
+        if let Some(h) = hold {
+            h.release();
+        }
         return redirect_not_followed(resp.status);
     }
-    answer(&llm.sidecar, up, endpoint, prepared, resp, flight)
+    answer(&llm.sidecar, up, endpoint, prepared, resp, (flight, hold))
 }
 
 fn unknown_endpoint(method: &Method, path: &str, provider: Provider) -> Response {
@@ -122,27 +130,37 @@ fn redirect_not_followed(status: StatusCode) -> Response {
 }
 
 /// A call that may go: the body to send, the guard's admission of its
-/// URL, and its egress record, begun.
+/// URL, its egress record, begun, and its budgets' reservation.
 struct Admitted {
     prepared: Prepared,
     admission: Admission,
     flight: InFlight,
+    hold: Option<Hold>,
 }
 
 /// Admits a call to `url`, or answers the agent why not: its body within
-/// the run's bound, no provider fetch the run does not allow, the guard's
-/// decision, and its egress record kept before anything is sent.
+/// the run's bound, no provider fetch the run does not allow, its budgets'
+/// reservation, the guard's decision, and its egress record kept before
+/// anything is sent.
 async fn admit(
-    sidecar: &Sidecar,
+    llm: &Llm,
     up: &Upstream,
     endpoint: Endpoint,
     parts: &Parts,
     url: &str,
     body: axum::body::Body,
 ) -> Result<Admitted, Response> {
+    let sidecar = &*llm.sidecar;
     let method = parts.method.as_str();
     let body = read_body(body, sidecar.limits.max_request_bytes).await?;
     judge_provider_fetches(sidecar, up, method, &body, &parts.headers).await?;
+    let hold = match (&llm.budgets, endpoint) {
+        (Some(b), Endpoint::Metered { .. }) => match b.reserve(b.reservation(&body)).await {
+            Ok(h) => Some(h),
+            Err(refusal) => return Err(b.refuse(&refusal, &sidecar.keep)),
+        },
+        _ => None,
+    };
     let prepared = match endpoint {
         Endpoint::Metered { .. } => prepare(endpoint, body),
         Endpoint::Plain => Prepared::as_sent(body, None),
@@ -157,7 +175,12 @@ async fn admit(
     // the sidecar's is in its text, so its parse is remembered.
     let admission = match sidecar.client.admit_secret_free(url, &rules).await {
         Ok(a) => a,
-        Err(e) => return Err(refused(sidecar, method, url, &e)),
+        Err(e) => {
+            if let Some(h) = hold {
+                h.release();
+            }
+            return Err(refused(sidecar, method, url, &e));
+        }
     };
     let allowed = Allowed {
         source: Source::Llm,
@@ -172,13 +195,19 @@ async fn admit(
             prepared,
             admission,
             flight,
+            hold,
         }),
-        Err(e) => Err(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "upstream_error",
-            e.code(),
-            e.to_string(),
-        )),
+        Err(e) => {
+            if let Some(h) = hold {
+                h.release();
+            }
+            Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upstream_error",
+                e.code(),
+                e.to_string(),
+            ))
+        }
     }
 }
 
@@ -311,7 +340,7 @@ fn answer(
     endpoint: Endpoint,
     prepared: Prepared,
     resp: StreamingResponse,
-    flight: InFlight,
+    (flight, hold): (InFlight, Option<Hold>),
 ) -> Response {
     let encoded = content_encoded(&resp.headers);
     let metered = matches!(endpoint, Endpoint::Metered { .. }) && resp.status.is_success();
@@ -346,6 +375,7 @@ fn answer(
         flight: Some(flight),
         status: resp.status.as_u16(),
         cost,
+        hold,
     };
     let body = RelayBody::new(relay, sidecar.egress.stop_requested());
     let body = if streamed {

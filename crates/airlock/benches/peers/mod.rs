@@ -7,7 +7,7 @@
 pub use airlock_test_support::bench::*;
 use airlock_test_support::sidecar::SidecarReady;
 #[allow(unused_imports)] // each bench uses part of it
-pub use airlock_test_support::sidecar_config::{Provider, integration};
+pub use airlock_test_support::sidecar_config::{Provider, SidecarConfigBuilder, integration};
 use airlock_test_support::sidecar_config::{SidecarConfig, document};
 
 pub mod serve;

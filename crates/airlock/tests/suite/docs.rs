@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use airlock_platform::manifest::{
-    Agent, Delivery, IntegrationSection, Manifest, ModelSection, NetworkSection,
+    Agent, BudgetSection, Delivery, IntegrationSection, Manifest, ModelSection, NetworkSection,
 };
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
@@ -66,6 +66,7 @@ fn every_manifest_key_the_parser_accepts_is_documented() {
         ("agent", fields::<Agent>()),
         ("model", fields::<ModelSection>()),
         ("network", fields::<NetworkSection>()),
+        ("budget", fields::<BudgetSection>()),
         ("integrations[]", fields::<IntegrationSection>()),
         ("integrations[].delivery", fields::<Delivery>()),
     ] {
@@ -76,7 +77,7 @@ fn every_manifest_key_the_parser_accepts_is_documented() {
     let missing: Vec<_> = keys
         .iter()
         .filter(|k| {
-            let sections = ["agent", "model", "network", "integrations"];
+            let sections = ["agent", "model", "network", "budget", "integrations"];
             if sections.contains(&k.as_str()) {
                 return !text.contains(&format!("[{k}]")) && !text.contains(&format!("[[{k}]]"));
             }

@@ -8,6 +8,7 @@
 mod support;
 
 mod boundary;
+mod budgets;
 mod cli_conventions;
 mod connections_canary;
 mod credential_encodings;

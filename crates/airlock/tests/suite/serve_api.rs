@@ -1113,3 +1113,62 @@ fn a_webhooks_deliveries_page_with_a_cursor() {
         assert_eq!(st, 400, "cursor {bad}: {v}");
     }
 }
+
+#[test]
+fn an_organizations_budgets_are_set_and_read_through_the_api_and_its_own() {
+    let t = start(&[]);
+    let s = &t.s;
+    let (_, a) = create_org(&t.env, "A", &[]);
+    let (_, b) = create_org(&t.env, "B", &[]);
+    let (a, b) = (Some(a.as_str()), Some(b.as_str()));
+    let (st, v) = s.call("GET", "/v1/org/budget", a, None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["day"]["tokens"],
+        Value::Null,
+        "no limit until one is set: {v}"
+    );
+    assert_eq!(v["day_spend"]["tokens"], 0);
+    assert!(
+        v["day_spend"]["period"]
+            .as_str()
+            .unwrap()
+            .starts_with("day:")
+    );
+    assert!(
+        v["month_spend"]["period"]
+            .as_str()
+            .unwrap()
+            .starts_with("month:")
+    );
+    let set =
+        json!({"day": {"tokens": 100000, "requests": 50}, "month": {"cost_microusd": 2000000}});
+    let (st, v) = s.call("PUT", "/v1/org/budget", a, Some(&set));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["day"]["tokens"], 100000);
+    assert_eq!(v["month"]["cost_microusd"], 2000000);
+    assert_eq!(
+        s.call("GET", "/v1/org/budget", a, None).1["day"]["requests"],
+        50
+    );
+    // Another organization's budgets are its own.
+    assert_eq!(
+        s.call("GET", "/v1/org/budget", b, None).1["day"]["tokens"],
+        Value::Null
+    );
+    // A limit below 1, or a field the API does not know: 422, nothing changed.
+    for bad in [
+        json!({"day": {"tokens": 0}, "month": {}}),
+        json!({"day": {"tokens": -5}, "month": {}}),
+        json!({"day": {"token": 5}, "month": {}}),
+        json!({"day": {}, "month": {}, "week": {}}),
+        json!({"day": {}}),
+    ] {
+        let (st, v) = s.call("PUT", "/v1/org/budget", a, Some(&bad));
+        assert_eq!(st, 422, "{bad}: {v}");
+    }
+    assert_eq!(
+        s.call("GET", "/v1/org/budget", a, None).1["day"]["tokens"],
+        100000
+    );
+}

@@ -4,6 +4,7 @@ from .agent import Agent
 from .agent_list import AgentList
 from .api_key import ApiKey
 from .api_key_list import ApiKeyList
+from .budget_limits import BudgetLimits
 from .connection import Connection
 from .connection_list import ConnectionList
 from .connection_type import ConnectionType
@@ -29,7 +30,9 @@ from .new_webhook import NewWebhook
 from .new_webhook_answer import NewWebhookAnswer
 from .new_webhook_answer_events_item import NewWebhookAnswerEventsItem
 from .new_webhook_events_item import NewWebhookEventsItem
+from .org_budget import OrgBudget
 from .organization import Organization
+from .period_spend import PeriodSpend
 from .ready import Ready
 from .register_agent import RegisterAgent
 from .register_agent_files import RegisterAgentFiles
@@ -39,6 +42,7 @@ from .run import Run
 from .run_limits import RunLimits
 from .run_list import RunList
 from .run_status import RunStatus
+from .set_org_budget import SetOrgBudget
 from .webhook import Webhook
 from .webhook_event import WebhookEvent
 from .webhook_event_data import WebhookEventData
@@ -50,6 +54,7 @@ __all__ = (
     "AgentList",
     "ApiKey",
     "ApiKeyList",
+    "BudgetLimits",
     "Connection",
     "ConnectionList",
     "ConnectionType",
@@ -75,7 +80,9 @@ __all__ = (
     "NewWebhookAnswer",
     "NewWebhookAnswerEventsItem",
     "NewWebhookEventsItem",
+    "OrgBudget",
     "Organization",
+    "PeriodSpend",
     "Ready",
     "RegisterAgent",
     "RegisterAgentFiles",
@@ -85,6 +92,7 @@ __all__ = (
     "RunLimits",
     "RunList",
     "RunStatus",
+    "SetOrgBudget",
     "Webhook",
     "WebhookEvent",
     "WebhookEventData",
