@@ -248,7 +248,7 @@ async fn judge_provider_fetches(
     };
     for (url, what) in provider_fetch::urls(&asks) {
         if let Err(e) = sidecar.client.admit_secret_free(url, &rules).await {
-            tracing::info!(%url, what, "a model request's provider fetch refused: {e}");
+            tracing::info!(%url, what, "a model request's provider fetch refused: {}", e.operator_message());
             return Err(refused(sidecar, method, url, &e));
         }
     }
