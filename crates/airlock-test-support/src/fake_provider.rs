@@ -246,7 +246,11 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
 }
 
 async fn json_answer(s: &mut TcpStream, extra: &str, status: u16, v: &Value) -> bool {
-    let body = v.to_string();
+    json_text_answer(s, extra, status, &v.to_string()).await
+}
+
+/// A JSON answer whose text is `body` as it is.
+async fn json_text_answer(s: &mut TcpStream, extra: &str, status: u16, body: &str) -> bool {
     let head = format!(
         "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
         body.len()
@@ -315,13 +319,7 @@ async fn reflect(s: &mut TcpStream, key: &str, body: &Value) -> bool {
     match body["user"].as_str() {
         Some("error") => {
             let refusal = json!({"error": {"message": format!("bad request from {text}"), "type": "invalid_request_error"}});
-            let body = reflecting_json(&refusal);
-            let head = format!(
-                "HTTP/1.1 400 X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{echo}\r\n",
-                body.len()
-            );
-            return s.write_all(head.as_bytes()).await.is_ok()
-                && s.write_all(body.as_bytes()).await.is_ok();
+            return json_text_answer(s, &echo, 400, &reflecting_json(&refusal)).await;
         }
         Some("gzip") => {
             let echo = format!("{echo}content-encoding: gzip\r\n");
@@ -332,13 +330,7 @@ async fn reflect(s: &mut TcpStream, key: &str, body: &Value) -> bool {
     if body["stream"] != Value::Bool(true) {
         let mut answer = chat_json();
         answer["choices"][0]["message"]["content"] = json!(text);
-        let body = reflecting_json(&answer);
-        let head = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{echo}\r\n",
-            body.len()
-        );
-        return s.write_all(head.as_bytes()).await.is_ok()
-            && s.write_all(body.as_bytes()).await.is_ok();
+        return json_text_answer(s, &echo, 200, &reflecting_json(&answer)).await;
     }
     let usage = body["stream_options"]["include_usage"] == Value::Bool(true);
     let mut events = chat_events(usage);

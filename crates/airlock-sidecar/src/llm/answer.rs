@@ -140,26 +140,20 @@ impl Passage {
     /// The upstream body ended; returns what is still owed to the client.
     pub(super) fn on_end(&mut self) -> Bytes {
         let whole_events = self.whole_events();
-        let Passage {
-            mode,
-            usage,
-            redactor,
-            stream,
-        } = self;
-        match mode {
-            Mode::Plain => Bytes::from(stream.finish()),
+        match &mut self.mode {
+            Mode::Plain => Bytes::from(self.stream.finish()),
             Mode::Json(scan) => {
-                scan.finish(usage);
-                Bytes::from(stream.finish())
+                scan.finish(&mut self.usage);
+                Bytes::from(self.stream.finish())
             }
             Mode::Sse {
                 splitter,
                 drop_usage_chunk,
             } => match splitter.finish() {
                 Some(rest) => {
-                    let keep = Self::on_event(usage, &rest, *drop_usage_chunk);
+                    let keep = Self::on_event(&mut self.usage, &rest, *drop_usage_chunk);
                     if whole_events && keep {
-                        event_out(redactor, rest)
+                        event_out(&self.redactor, rest)
                     } else {
                         Bytes::new()
                     }
@@ -315,7 +309,6 @@ impl Relay {
 
 #[cfg(test)]
 mod tests {
-    use base64::Engine as _;
     use serde_json::json;
 
     use super::*;
@@ -325,14 +318,7 @@ mod tests {
     /// The key as a reflecting provider writes it: raw, JSON-escaped (each
     /// character as `\uXXXX`), percent-encoded, base64.
     fn reflections() -> Vec<String> {
-        vec![
-            KEY.to_owned(),
-            KEY.chars()
-                .map(|c| format!("\\u{:04x}", c as u32))
-                .collect(),
-            KEY.bytes().map(|b| format!("%{b:02X}")).collect(),
-            base64::engine::general_purpose::STANDARD.encode(KEY),
-        ]
+        airlock_test_support::fake_provider::reflections(KEY)
     }
 
     /// What an answer carries once it went through `passage`, its bytes

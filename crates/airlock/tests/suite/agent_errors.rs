@@ -87,15 +87,11 @@ async fn a_refusal_names_the_rule_to_the_agent_and_the_address_to_the_operator()
     answers.push(("proxy http", status, body));
 
     // The model relay.
-    let (status, _, b) = http(
+    let (status, _, b) = post_json(
         sc.tcp(),
-        "POST",
         "/llm/v1/chat/completions",
-        &[
-            ("authorization", &auth),
-            ("content-type", "application/json"),
-        ],
-        json!({"model": "m", "messages": []}).to_string().as_bytes(),
+        &token,
+        &json!({"model": "m", "messages": []}),
     );
     answers.push(("llm", status, String::from_utf8_lossy(&b).into_owned()));
 

@@ -645,14 +645,7 @@ async fn a_model_key_stored_as_the_readme_says_reaches_the_provider() {
 async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
     const OLD: &str = "sk-live-old-key-41d2";
     const NEW: &str = "sk-live-new-key-9be0";
-    let p = TestPlatform::start("agent-llm-key-rotation").await;
-    add_model_key(&p, OLD).await;
-    let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(
-        &p,
-        "openai",
-        &format!("http://{HOST}:{}/v1", fake.port()),
-    ));
+    let (p, fake, sc) = openai_env("agent-llm-key-rotation", OLD).await;
     let token = p.sidecar_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");
     let call = || {
@@ -689,6 +682,20 @@ async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
     for answer in [&refused, &String::from_utf8_lossy(&b).to_string()] {
         assert!(!answer.contains(OLD) && !answer.contains(NEW), "{answer}");
     }
+}
+
+/// A sidecar whose model is an OpenAI-style fake (no delay between
+/// events), with `key` as the model key.
+async fn openai_env(agent: &str, key: &str) -> (TestPlatform, FakeProvider, SidecarProcess) {
+    let p = TestPlatform::start(agent).await;
+    add_model_key(&p, key).await;
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        "openai",
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    (p, fake, sc)
 }
 
 /// A sidecar for an Anthropic-style fake with `delay` between events.
@@ -1010,14 +1017,7 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
 /// is metered as reported.
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
-    let p = TestPlatform::start("agent-llm-huge").await;
-    add_model_key(&p, PROVIDER_KEY).await;
-    let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(
-        &p,
-        "openai",
-        &format!("http://{HOST}:{}/v1", fake.port()),
-    ));
+    let (p, _fake, sc) = openai_env("agent-llm-huge", PROVIDER_KEY).await;
     let token = p.sidecar_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");
     let h = [
@@ -1073,20 +1073,8 @@ async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_provider_that_reflects_the_key_does_not_hand_it_to_the_agent() {
     const KEY: &str = "sk-live-Pr0vider/Key+7f3a&9c<x>";
-    let p = TestPlatform::start("agent-llm-reflect").await;
-    add_model_key(&p, KEY).await;
-    let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(
-        &p,
-        "openai",
-        &format!("http://{HOST}:{}/v1", fake.port()),
-    ));
+    let (p, _fake, sc) = openai_env("agent-llm-reflect", KEY).await;
     let token = p.sidecar_token.expose_secret().to_owned();
-    let auth = format!("Bearer {token}");
-    let h = [
-        ("authorization", auth.as_str()),
-        ("content-type", "application/json"),
-    ];
     // No 12 characters in a row of any reflection reach the agent.
     let pieces: Vec<String> = reflections(KEY)
         .iter()
@@ -1110,13 +1098,7 @@ async fn a_provider_that_reflects_the_key_does_not_hand_it_to_the_agent() {
         let mut body =
             json!({"model": REFLECT_MODEL, "messages": [{"role": "user", "content": "hi"}]});
         merge(&mut body, extra);
-        http(
-            sc.tcp(),
-            "POST",
-            "/llm/v1/chat/completions",
-            &h,
-            body.to_string().as_bytes(),
-        )
+        post_json(sc.tcp(), "/llm/v1/chat/completions", &token, &body)
     };
 
     let (status, headers, b) = call(json!({}));
