@@ -126,13 +126,14 @@ impl GuardStep {
 
 /// A refusal or failure of an outbound request.
 ///
-/// Its `Display` is the operator's (and the sandbox's) view: the rule, the
-/// host and the address the decision was about. A tenant-facing answer (the
-/// `/v1` API) uses [`EgressError::tenant_message`], which names the rule and
-/// the host the tenant gave but never an address the guard resolved: the
-/// instance's internal DNS is not an oracle for tenants.
+/// Its `Display` ([`EgressError::tenant_message`]) is what whoever asked for
+/// the request may read, a tenant (the `/v1` API) or an agent (every answer
+/// of the sidecar's): the rule, the guard step and the host as it was given,
+/// never an address the guard resolved or dialled, so that the instance's
+/// internal DNS is not an oracle for them. The address is the operator's
+/// alone: [`EgressError::operator_message`], for the operator's log.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{}{}", self.tenant_message(), self.address.as_deref().map(|a| format!(" (address: {a})")).unwrap_or_default())]
+#[error("{}", self.tenant_message())]
 pub struct EgressError {
     pub code: EgressCode,
     pub guard: GuardStep,
@@ -169,8 +170,8 @@ impl EgressError {
         self
     }
 
-    /// The refusal as a tenant may read it: code, rule, guard step and the
-    /// host as given; no resolved or dialled address.
+    /// The refusal as a tenant or an agent may read it: code, rule, guard
+    /// step and the host as given; no resolved or dialled address.
     pub fn tenant_message(&self) -> String {
         format!(
             "{}: {} (guard: {}, host: {})",
@@ -179,6 +180,15 @@ impl EgressError {
             self.guard.as_str(),
             self.host.as_deref().unwrap_or("-")
         )
+    }
+
+    /// The refusal as the operator's log keeps it: the tenant's message and
+    /// the address(es) it is about.
+    pub fn operator_message(&self) -> String {
+        match &self.address {
+            Some(a) => format!("{} (address: {a})", self.tenant_message()),
+            None => self.tenant_message(),
+        }
     }
 
     pub fn invalid_url(detail: impl Into<String>) -> Self {

@@ -348,6 +348,52 @@ pub fn placeholder(namespace: &str) -> String {
     )
 }
 
+/// Two namespaces of one run that one [`placeholder`] names (`a-b` and
+/// `a_b`: an environment variable's name holds no `-`), so that it would
+/// stand for either credential.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "namespace {first:?} and namespace {second:?} share the placeholder {placeholder}: rename one"
+)]
+pub struct SharedPlaceholder {
+    pub first: String,
+    pub second: String,
+    pub placeholder: String,
+}
+
+/// Refuses a run's namespaces two of which share a [`placeholder`] (the
+/// manifest's check and the sidecar's configuration's alike). The same
+/// namespace twice is not this decision's: each caller refuses it as a
+/// duplicate.
+///
+/// Decided: the spelling stays readable (`AIRLOCK_PLACEHOLDER_MY_SVC` for
+/// `my-svc`, what the docs and the agents' environments hold) and the
+/// rare pair it cannot tell apart is refused; an injective spelling would
+/// need an escape for `-` and would rename every placeholder of a
+/// namespace with a `-`.
+pub fn distinct_placeholders<'a>(
+    namespaces: impl IntoIterator<Item = &'a str>,
+) -> Result<(), SharedPlaceholder> {
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+    for ns in namespaces {
+        let placeholder = placeholder(ns);
+        match seen.get(&placeholder) {
+            Some(first) if *first != ns => {
+                return Err(SharedPlaceholder {
+                    first: (*first).to_owned(),
+                    second: ns.to_owned(),
+                    placeholder,
+                });
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(placeholder, ns);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The run's own certificate authority, made for this run only by the
 /// platform: the sidecar's intercepting proxy signs its certificates with
 /// it; the sandbox trusts its certificate (never holds its key).
@@ -561,6 +607,8 @@ pub enum ConfigError {
     Parse(String),
     #[error("sidecar configuration is invalid: {0}")]
     Invalid(String),
+    #[error("sidecar configuration is invalid: {0}")]
+    SharedPlaceholder(#[from] SharedPlaceholder),
 }
 
 impl SidecarConfig {
@@ -599,6 +647,7 @@ impl SidecarConfig {
                 )));
             }
         }
+        distinct_placeholders(self.integrations.iter().map(|i| i.namespace.as_str()))?;
         Ok(())
     }
 }
@@ -788,6 +837,33 @@ mod tests {
             assert!(matches!(e, ConfigError::Parse(_)), "{key}: {e}");
             assert!(e.to_string().contains(named), "{key}: {e}");
         }
+    }
+
+    /// Two namespaces one placeholder names are refused where the
+    /// configuration is read, both named; the same spelling apart passes.
+    #[test]
+    fn namespaces_that_share_a_placeholder_are_refused_at_the_boundary() {
+        let cfg = serde_json::to_value(sidecar()).unwrap();
+        let mut v = cfg.clone();
+        let twin = {
+            let mut t = v["integrations"][0].clone();
+            t["namespace"] = "a_b".into();
+            t
+        };
+        v["integrations"][0]["namespace"] = "a-b".into();
+        v["integrations"].as_array_mut().unwrap().push(twin);
+        let e = SidecarConfig::from_json(v.to_string().as_bytes()).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::SharedPlaceholder(s)
+                if (s.first.as_str(), s.second.as_str(), s.placeholder.as_str())
+                    == ("a-b", "a_b", "AIRLOCK_PLACEHOLDER_A_B")),
+            "{e}"
+        );
+        assert_eq!(
+            distinct_placeholders(["a-b", "a-c", "ab"]),
+            Ok(()),
+            "distinct placeholders pass"
+        );
     }
 
     #[test]

@@ -235,6 +235,11 @@ pub enum ManifestError {
     Parse { path: String, message: String },
     #[error("{key}: {message}")]
     Invalid { key: String, message: String },
+    #[error("{key}: {source}")]
+    SharedPlaceholder {
+        key: String,
+        source: airlock_platform_api::launch::SharedPlaceholder,
+    },
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ManifestError {
@@ -266,6 +271,10 @@ impl Manifest {
             ManifestError::Invalid { key, message } => ManifestError::Parse {
                 path: name(),
                 message: format!("{key}: {message}"),
+            },
+            ManifestError::SharedPlaceholder { key, source } => ManifestError::SharedPlaceholder {
+                key: format!("{}: {key}", name()),
+                source,
             },
             other => other,
         })?;
@@ -308,9 +317,6 @@ impl Manifest {
             check_patterns("network.egress", patterns)?;
         }
         let mut seen = BTreeSet::new();
-        // Two namespaces one placeholder names (`a-b` and `a_b`, `gh` and
-        // `GH`) would leave a tool's placeholder meaning either credential.
-        let mut placeholders = std::collections::BTreeMap::new();
         for (i, integ) in self.integrations.iter().enumerate() {
             let key = format!("integrations[{i}] ({})", integ.namespace);
             if !seen.insert(&integ.namespace) {
@@ -319,20 +325,20 @@ impl Manifest {
                     format!("namespace {:?} is declared twice", integ.namespace.as_str()),
                 ));
             }
-            let placeholder = airlock_platform_api::launch::placeholder(integ.namespace.as_str());
-            if let Some(other) = placeholders.insert(placeholder.clone(), &integ.namespace) {
-                return Err(invalid(
-                    key,
-                    format!(
-                        "namespace {:?} and namespace {:?} share the placeholder {placeholder}: \
-                         rename one",
-                        other.as_str(),
-                        integ.namespace.as_str()
-                    ),
-                ));
-            }
             check_integration(&key, integ)?;
         }
+        let namespaces = self.integrations.iter().map(|i| i.namespace.as_str());
+        airlock_platform_api::launch::distinct_placeholders(namespaces).map_err(|source| {
+            let i = self
+                .integrations
+                .iter()
+                .position(|i| i.namespace.as_str() == source.second)
+                .unwrap_or_default();
+            ManifestError::SharedPlaceholder {
+                key: format!("integrations[{i}] ({})", source.second),
+                source,
+            }
+        })?;
         Ok(())
     }
 
@@ -814,6 +820,12 @@ mod tests {
             err(&twins).contains("share the placeholder AIRLOCK_PLACEHOLDER_A_B"),
             "{}",
             err(&twins)
+        );
+        assert!(
+            matches!(Manifest::parse(&twins),
+                Err(ManifestError::SharedPlaceholder { source, .. })
+                    if (source.first.as_str(), source.second.as_str()) == ("a-b", "a_b")),
+            "the refusal is typed and names both"
         );
         assert!(err(&(agent("t") + "colour = \"red\"\n")).contains("unknown field"));
     }

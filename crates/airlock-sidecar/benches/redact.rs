@@ -12,7 +12,8 @@
 //!
 //! The answers: random bytes (a binary download), one base64 alphabet
 //! letter repeated (the worst case: one base64 run the length of the
-//! answer), base64 text with MIME line breaks, JSON with escapes on every
+//! answer), base64 text with MIME line breaks, an embeddings answer (JSON
+//! holding long base64 runs of random bytes), JSON with escapes on every
 //! line, and HTML with character references.
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
 
@@ -20,6 +21,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use airlock_sidecar::credential::Redactor;
+use base64::Engine as _;
 
 const SECRET: &str = "sk-live-0123456789abcdefABCDEF42";
 const CHUNK: usize = 16 * 1024;
@@ -56,6 +58,24 @@ fn answers(len: usize) -> Vec<(&'static str, Vec<u8>)> {
         i += 1;
     }
     json.truncate(len);
+    // An embeddings answer: each vector's float32 bytes as one base64 run
+    // (random bytes: their decoded views hold `\`, `%` and `&` all over).
+    let mut embeddings = b"{\"object\":\"list\",\"data\":[".to_vec();
+    let mut i = 0u64;
+    while embeddings.len() < len {
+        let vector: Vec<u8> = (0..8192)
+            .map(|_| xorshift(&mut s).to_le_bytes()[0])
+            .collect();
+        embeddings.extend_from_slice(
+            format!(
+                "{{\"object\":\"embedding\",\"index\":{i},\"embedding\":\"{}\"}},",
+                base64::engine::general_purpose::STANDARD.encode(vector)
+            )
+            .as_bytes(),
+        );
+        i += 1;
+    }
+    embeddings.truncate(len);
     let mut html = Vec::with_capacity(len);
     while html.len() < len {
         html.extend_from_slice(
@@ -67,6 +87,7 @@ fn answers(len: usize) -> Vec<(&'static str, Vec<u8>)> {
         ("random bytes", random),
         ("one base64 letter repeated", letters),
         ("base64 with MIME line breaks", mime),
+        ("embeddings (random base64)", embeddings),
         ("JSON with escapes", json),
         ("HTML with references", html),
     ]

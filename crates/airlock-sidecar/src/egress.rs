@@ -119,7 +119,7 @@ pub struct Progress {
 }
 
 /// How an allowed request ended.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Outcome {
     /// `None` only with `refused`: nothing reached the upstream after all.
     pub kind: Option<EgressOutcome>,
@@ -132,6 +132,9 @@ pub struct Outcome {
     /// turned out to loop back into the sidecar: the record's decision
     /// becomes this refusal.
     pub refused: Option<RefusalCode>,
+    /// The address a failure or a later refusal is about: the operator's
+    /// log line names it, the record (which tenants read) does not.
+    pub address: Option<String>,
 }
 
 impl Outcome {
@@ -143,6 +146,7 @@ impl Outcome {
             bytes_in: None,
             metering: None,
             refused: None,
+            address: None,
         }
     }
 
@@ -160,7 +164,7 @@ impl Outcome {
     /// was sent).
     pub fn of_error(e: &EgressError) -> Self {
         use airlock_egress::{EgressCode, GuardStep};
-        match (e.code, e.guard) {
+        let outcome = match (e.code, e.guard) {
             (EgressCode::UpstreamFailed, _) => Outcome::new(EgressOutcome::UpstreamFailed),
             (code, GuardStep::Redirects) => Outcome {
                 refused: Some(code),
@@ -171,6 +175,10 @@ impl Outcome {
                 refused: Some(code),
                 ..Outcome::new(EgressOutcome::Completed)
             },
+        };
+        Outcome {
+            address: e.address.clone(),
+            ..outcome
         }
     }
 
@@ -322,21 +330,28 @@ fn refusal_record(
     }
 }
 
-fn log_refusal(rec: &EgressRecord) {
+/// The operator's log line of a refusal: the record's fields and the
+/// address the guard resolved or dialled (`-` when none), which the record
+/// itself, read by tenants, and every answer to the agent leave out.
+fn log_refusal(rec: &EgressRecord, address: Option<&str>) {
     let code = rec.code.map_or("-", RefusalCode::as_str);
     let ssrf = rec.code.is_some_and(RefusalCode::is_ssrf);
     let (source, host, method) = (&rec.source, &rec.host, &rec.method);
     let url = truncate_logged(rec.url.clone(), LOG_LINE_URL_MAX_BYTES);
+    let address = address.unwrap_or("-");
     if ssrf {
-        tracing::warn!(target: "airlock::egress", source = %source, code, host = %host, method = %method, url = %url, "Target refused (SSRF)");
+        tracing::warn!(target: "airlock::egress", source = %source, code, host = %host, address, method = %method, url = %url, "Target refused (SSRF)");
     } else {
-        tracing::warn!(target: "airlock::egress", source = %source, code, host = %host, method = %method, url = %url, "Target refused (policy)");
+        tracing::warn!(target: "airlock::egress", source = %source, code, host = %host, address, method = %method, url = %url, "Target refused (policy)");
     }
 }
 
-fn log_completion(rec: &EgressRecord) {
+/// The operator's log line of an allowed request's end, with the address
+/// a failure was about (`-` when none).
+fn log_completion(rec: &EgressRecord, address: Option<&str>) {
     tracing::info!(
         target: "airlock::egress",
+        address = address.unwrap_or("-"),
         source = %rec.source,
         outcome = rec.outcome.map_or("-", EgressOutcome::as_str),
         status = rec.status.unwrap_or(0),
@@ -394,7 +409,7 @@ impl Recorder {
             return;
         }
         let rec = refusal_record(req, e, redactor, self.next_seq());
-        log_refusal(&rec);
+        log_refusal(&rec, e.address.as_deref());
         // A refusal the journal cannot take is counted, never sent with the
         // events: a flood of them cannot grow the store past the bounds.
         if let Err(err) = self.inner.journal.append(&rec) {
@@ -596,12 +611,13 @@ impl Recorder {
             .unwrap_or_else(|| progress.bytes_in.load(Ordering::Relaxed));
         rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
         rec.metering = outcome.metering;
+        let address = outcome.address.as_deref();
         if let Some(code) = outcome.refused {
             rec.decision = EgressDecision::Refused;
             rec.code = Some(code);
-            log_refusal(&rec);
+            log_refusal(&rec, address);
         } else {
-            log_completion(&rec);
+            log_completion(&rec, address);
         }
         self.keep_after(rec);
     }

@@ -40,6 +40,12 @@ pub const HUGE_USAGE_MODEL: &str = "fake-huge-usage";
 /// reserves: [`BIG_USAGE`] tokens.
 pub const BIG_USAGE_MODEL: &str = "fake-big-usage";
 pub const BIG_USAGE: (u64, u64) = (5000, 5000);
+/// A model whose answers reflect the key the provider received
+/// ([`reflections`]): in its text, in the `x-request-id` header, written one
+/// byte per chunk when streamed. The request's `user` picks a failure
+/// instead: `"error"` a 400 whose message reflects it, `"gzip"` an answer
+/// that says it is gzip-encoded.
+pub const REFLECT_MODEL: &str = "fake-reflect";
 /// Tokens the fake counts per embeddings input.
 pub const EMBED_TOKENS_PER_INPUT: u64 = 3;
 
@@ -200,7 +206,9 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
         let body = req.json();
         let stream = body["stream"] == Value::Bool(true);
         let path = req.path.split('?').next().unwrap_or("").to_owned();
-        let ok = if path.ends_with("/chat/completions") && stream {
+        let ok = if path.ends_with("/chat/completions") && body["model"] == REFLECT_MODEL {
+            reflect(&mut s, &key_of(&req), &body).await
+        } else if path.ends_with("/chat/completions") && stream {
             let usage = body["stream_options"]["include_usage"] == Value::Bool(true);
             sse(&mut s, &echo, chat_events(usage), delay, &fake).await
         } else if path.ends_with("/chat/completions") && body["model"] == HUGE_USAGE_MODEL {
@@ -246,7 +254,11 @@ async fn serve(mut s: TcpStream, fake: FakeProvider, delay: Duration) {
 }
 
 async fn json_answer(s: &mut TcpStream, extra: &str, status: u16, v: &Value) -> bool {
-    let body = v.to_string();
+    json_text_answer(s, extra, status, &v.to_string()).await
+}
+
+/// A JSON answer whose text is `body` as it is.
+async fn json_text_answer(s: &mut TcpStream, extra: &str, status: u16, body: &str) -> bool {
     let head = format!(
         "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
         body.len()
@@ -279,6 +291,79 @@ async fn sse(
         }
         if i + 1 == n {
             fake.last_event_sent_ms.lock().unwrap().push(now_ms());
+        }
+    }
+    s.write_all(b"0\r\n\r\n").await.is_ok()
+}
+
+/// `key` as a provider (or a proxy in front of it) that reflects it
+/// writes it: raw, JSON-escaped (`\uXXXX` for each character, as
+/// JavaScript's and Python's `ensure_ascii` encoders may), percent-encoded,
+/// and base64 in both alphabets.
+pub fn reflections(key: &str) -> Vec<String> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    vec![
+        key.to_owned(),
+        key.chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect(),
+        key.bytes().map(|b| format!("%{b:02X}")).collect(),
+        STANDARD.encode(key),
+        URL_SAFE_NO_PAD.encode(key),
+    ]
+}
+
+/// A JSON text of `v` whose strings hold [`reflections`]: the JSON escape
+/// written as the escape itself (serde would escape its backslashes).
+fn reflecting_json(v: &Value) -> String {
+    v.to_string().replace("\\\\u", "\\u")
+}
+
+/// The answer of [`REFLECT_MODEL`] to a chat request.
+async fn reflect(s: &mut TcpStream, key: &str, body: &Value) -> bool {
+    let echo = format!("x-request-id: req_{key}\r\n");
+    let text = format!("{} {}", PIECES.concat(), reflections(key).join(" "));
+    match body["user"].as_str() {
+        Some("error") => {
+            let refusal = json!({"error": {"message": format!("bad request from {text}"), "type": "invalid_request_error"}});
+            return json_text_answer(s, &echo, 400, &reflecting_json(&refusal)).await;
+        }
+        Some("gzip") => {
+            let echo = format!("{echo}content-encoding: gzip\r\n");
+            return json_answer(s, &echo, 200, &json!({"content": text})).await;
+        }
+        _ => {}
+    }
+    if body["stream"] != Value::Bool(true) {
+        let mut answer = chat_json();
+        answer["choices"][0]["message"]["content"] = json!(text);
+        return json_text_answer(s, &echo, 200, &reflecting_json(&answer)).await;
+    }
+    let usage = body["stream_options"]["include_usage"] == Value::Bool(true);
+    let mut events = chat_events(usage);
+    // Each reflection as one more piece of text, before the last chunk.
+    let chunk = |content: &str| {
+        let v = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": CHAT_MODEL,
+                       "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}], "usage": null});
+        format!("data: {}\n\n", reflecting_json(&v))
+    };
+    let at = PIECES.len() + 1;
+    for (i, r) in reflections(key).iter().enumerate() {
+        events.insert(at + i, chunk(&format!(" {r}")));
+    }
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n{echo}\r\n"
+    );
+    if s.write_all(head.as_bytes()).await.is_err() {
+        return false;
+    }
+    // One byte per chunk: the key is cut at every position of the stream.
+    for b in events.concat().bytes() {
+        let mut piece = b"1\r\n".to_vec();
+        piece.extend_from_slice(&[b, b'\r', b'\n']);
+        if s.write_all(&piece).await.is_err() {
+            return false;
         }
     }
     s.write_all(b"0\r\n\r\n").await.is_ok()

@@ -59,7 +59,7 @@ pub async fn create(
     // The guard's decision, now: a URL it refuses is never stored. The
     // tenant reads the rule; the operator's log also the address.
     let refused = |e: airlock_egress::EgressError| {
-        tracing::info!(org = %t.org_id, "webhook URL refused: {e}");
+        tracing::info!(org = %t.org_id, "webhook URL refused: {}", e.operator_message());
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "url_refused",

@@ -18,7 +18,7 @@ use secrecy::ExposeSecret;
 use secrecy::zeroize::Zeroizing;
 
 pub use fetch::{CredentialError, Fetched};
-pub use redact::{MIN_REDACT_LEN, REDACTED, Redactor, StreamRedactor};
+pub use redact::{MIN_REDACT_LEN, REDACTED, Redactor, StreamRedactor, unreadable_coding};
 
 /// The values of one integration's credential the run has seen, kept so
 /// that an answer is redacted of an earlier value too (a credential

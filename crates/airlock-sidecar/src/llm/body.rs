@@ -11,7 +11,7 @@ use airlock_egress::EgressError;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
-use super::answer::{End, Mode, Relay};
+use super::answer::{End, Relay};
 
 /// The body handed to the agent: upstream frames, metered as they pass.
 pub(super) struct RelayBody {
@@ -67,7 +67,12 @@ impl Body for RelayBody {
                             return Poll::Ready(Some(Ok(Frame::data(out))));
                         }
                     }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    // Trailers pass only where nothing is redacted (they
+                    // could carry the key too).
+                    Err(frame) if !relay.passage.redacts() => {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    Err(_) => {}
                 },
                 Poll::Ready(Some(Err(e))) => {
                     relay.finish(End::Failed);
@@ -90,17 +95,7 @@ impl Body for RelayBody {
 
     fn size_hint(&self) -> SizeHint {
         match &self.relay {
-            Some(r)
-                if !matches!(
-                    r.mode,
-                    Mode::Sse {
-                        drop_usage_chunk: true,
-                        ..
-                    }
-                ) =>
-            {
-                r.inner.size_hint()
-            }
+            Some(r) if !r.passage.reshapes() => r.inner.size_hint(),
             _ => SizeHint::default(),
         }
     }

@@ -1,5 +1,5 @@
 //! The model key: fetched from the platform, held between calls
-//! ([`HeldKey`]).
+//! ([`HeldKey`]), with the redactor of its values ([`ModelKey`]).
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +9,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::error::error;
 use crate::config::MODEL_CREDENTIAL;
+use crate::credential::Redactor;
 use crate::state::Sidecar;
 
 /// How long the relay holds the model key after fetching it.
@@ -26,7 +27,19 @@ pub const MODEL_KEY_HOLD: Duration = Duration::from_secs(60);
 /// credentials are not held: they are fetched for each call (spec: "at
 /// request time").
 #[derive(Default)]
-pub(super) struct HeldKey(std::sync::Mutex<Option<(SecretString, Instant)>>);
+pub(super) struct HeldKey(std::sync::Mutex<Option<(ModelKey, Instant)>>);
+
+/// The model key and the redactor of every value of the model connection
+/// the run has seen (the run's [`crate::credential::Credentials`] builds it
+/// once per set of values, as for every integration): the provider's
+/// answers pass through it, so a provider or a proxy in front of it that
+/// reflects the key, in any encoding the redactor knows, does not hand it
+/// to the agent.
+#[derive(Clone)]
+pub(super) struct ModelKey {
+    pub(super) secret: SecretString,
+    pub(super) redactor: Redactor,
+}
 
 impl HeldKey {
     /// The key for a call starting now, and what `work` gives: the held
@@ -36,7 +49,7 @@ impl HeldKey {
         &self,
         sidecar: &Sidecar,
         work: F,
-    ) -> (Result<SecretString, Box<Response>>, F::Output) {
+    ) -> (Result<ModelKey, Box<Response>>, F::Output) {
         let started = Instant::now();
         match self.fresh(started) {
             Some(k) => (Ok(k), work.await),
@@ -50,7 +63,7 @@ impl HeldKey {
         }
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(SecretString, Instant)>> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(ModelKey, Instant)>> {
         // Nothing that holds this lock can panic; a poisoned lock still
         // holds a whole value.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
@@ -58,7 +71,7 @@ impl HeldKey {
 
     /// The held key if it was fetched less than [`MODEL_KEY_HOLD`] before
     /// `now`; a stale one is dropped here.
-    fn fresh(&self, now: Instant) -> Option<SecretString> {
+    fn fresh(&self, now: Instant) -> Option<ModelKey> {
         let mut slot = self.slot();
         match &*slot {
             Some((key, at)) if now.saturating_duration_since(*at) < MODEL_KEY_HOLD => {
@@ -73,7 +86,7 @@ impl HeldKey {
     }
 
     /// Holds `key`, fetched at `at`.
-    fn keep(&self, key: &SecretString, at: Instant) {
+    fn keep(&self, key: &ModelKey, at: Instant) {
         *self.slot() = Some((key.clone(), at));
     }
 
@@ -82,7 +95,7 @@ impl HeldKey {
         let mut slot = self.slot();
         if slot
             .as_ref()
-            .is_some_and(|(held, _)| held.expose_secret() == key.expose_secret())
+            .is_some_and(|(held, _)| held.secret.expose_secret() == key.expose_secret())
         {
             *slot = None;
         }
@@ -90,11 +103,11 @@ impl HeldKey {
 }
 
 /// The model key as the platform serves it now (the relay holds it: see
-/// [`HeldKey`]), from the
+/// [`HeldKey`]), and the redactor of the connection's values, from the
 /// field its connection type keeps a key in (`api_key`: `key`, `bearer`:
 /// `token`, `oauth2`: `access_token`; see
 /// [`airlock_platform_api::connection_types`]).
-async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Box<Response>> {
+async fn model_key(sidecar: &Sidecar) -> Result<ModelKey, Box<Response>> {
     match sidecar.platform.credential(MODEL_CREDENTIAL).await {
         Ok(c) => {
             let Some(field) = c.auth_type.schema().key_field else {
@@ -114,7 +127,10 @@ async fn model_key(sidecar: &Sidecar) -> Result<SecretString, Box<Response>> {
                 .get(field)
                 .filter(|k| !k.expose_secret().is_empty())
             {
-                Some(k) => Ok(k.clone()),
+                Some(k) => Ok(ModelKey {
+                    secret: k.clone(),
+                    redactor: sidecar.credentials.redactor(MODEL_CREDENTIAL, &c.fields),
+                }),
                 None => Err(Box::new(error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "not_configured",
@@ -152,13 +168,16 @@ mod tests {
     fn the_model_key_is_held_for_a_minute_and_forgotten_when_refused() {
         let held = HeldKey::default();
         let t0 = Instant::now();
-        let secret = |k: Option<SecretString>| k.map(|k| k.expose_secret().to_owned());
+        let secret = |k: Option<ModelKey>| k.map(|k| k.secret.expose_secret().to_owned());
         assert_eq!(
             secret(held.fresh(t0)),
             None,
             "nothing is held before a fetch"
         );
-        let key = SecretString::from("sk-held".to_owned());
+        let key = ModelKey {
+            secret: SecretString::from("sk-held".to_owned()),
+            redactor: Redactor::new(["sk-held"]),
+        };
         held.keep(&key, t0);
         let almost = t0 + MODEL_KEY_HOLD - Duration::from_millis(1);
         assert_eq!(secret(held.fresh(almost)).as_deref(), Some("sk-held"));
@@ -177,7 +196,7 @@ mod tests {
         // leaves the held one; a refusal of the held one forgets it.
         held.forget(&SecretString::from("sk-older".to_owned()));
         assert_eq!(secret(held.fresh(t0)).as_deref(), Some("sk-held"));
-        held.forget(&key);
+        held.forget(&key.secret);
         assert_eq!(secret(held.fresh(t0)), None);
     }
 }

@@ -36,6 +36,18 @@
 //! request ids, rate-limit and retry headers); never `set-cookie` or
 //! anything that authenticates.
 //!
+//! # Redaction
+//!
+//! The provider holds the key, so a provider (or a proxy in front of it)
+//! can reflect it. Every answer, its kept headers included, passes through
+//! the redactor of the model connection's values, built by the run's
+//! [`crate::credential::Credentials`] once per set of values as for every
+//! integration ([`key::ModelKey`]): a stream event by event (each event
+//! goes out whole as soon as it ends), any other answer through a
+//! [`crate::credential::StreamRedactor`]. The meter reads the provider's
+//! bytes as they came; the agent gets them redacted. An answer encoded in a
+//! way the relay cannot read is withheld (502 `unredactable_response`).
+//!
 //! # Metering
 //!
 //! From `usage` in JSON answers (`prompt_tokens`/`completion_tokens`,
@@ -66,8 +78,8 @@
 //! - [`headers`]: the headers sent upstream and those passed back;
 //! - [`relay`]: one call, step by step, from the agent's request to the
 //!   answer's head;
-//! - [`answer`]: one answer as it passes: metered by its format, then its
-//!   egress record and cost event;
+//! - [`answer`]: one answer as it passes: metered by its format and
+//!   redacted, then its egress record and cost event;
 //! - [`sse`], [`event`], [`json_usage`]: reading a stream's events, an
 //!   event's usage, and a whole JSON answer's usage as it streams;
 //! - [`meter`]: usage, and what it costs;

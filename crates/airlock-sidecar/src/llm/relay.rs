@@ -21,18 +21,18 @@ use http_body_util::BodyExt;
 use secrecy::SecretString;
 
 use super::Llm;
-use super::answer::{Mode, Relay};
+use super::answer::{End, Mode, Passage, Relay};
 use super::body::{FlushFirst, RelayBody};
 use super::budget::Hold;
 use super::error::{egress_error, error};
 use super::headers::{safe_response_headers, upstream_headers};
-use super::meter::{CostDraft, Usage};
+use super::meter::CostDraft;
 use super::provider_fetch;
 use super::request_body::{Prepared, prepare};
 use super::route::{Endpoint, Upstream, provider_name, route};
 use super::sse::SseSplitter;
 use crate::config::{MODEL_CREDENTIAL, Provider};
-use crate::credential::Redactor;
+use crate::credential::{Redactor, unreadable_coding};
 use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
 use crate::state::Sidecar;
 
@@ -66,17 +66,18 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
         Ok(a) => a,
         Err(r) => return r,
     };
-    let (key, headers) =
-        match key.and_then(|k| upstream_headers(&parts.headers, up.provider, &k).map(|h| (k, h))) {
-            Ok(kh) => kh,
-            Err(r) => {
-                flight.complete(Outcome::new(EgressOutcome::NotSent));
-                if let Some(h) = hold {
-                    h.release();
-                }
-                return *r;
+    let (key, headers) = match key
+        .and_then(|k| upstream_headers(&parts.headers, up.provider, &k.secret).map(|h| (k, h)))
+    {
+        Ok(kh) => kh,
+        Err(r) => {
+            flight.complete(Outcome::new(EgressOutcome::NotSent));
+            if let Some(h) = hold {
+                h.release();
             }
-        };
+            return *r;
+        }
+    };
     let out = OutboundRequest {
         method: parts.method.clone(),
         url,
@@ -86,9 +87,10 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
         body: std::mem::take(&mut prepared.body),
         credential_headers: vec![header::AUTHORIZATION, HeaderName::from_static("x-api-key")],
     };
-    let resp = match send(&llm, admission, out, key).await {
+    let resp = match send(&llm, admission, out, &key.secret).await {
         Ok(r) => r,
-        Err(e) => {
+        Err(mut e) => {
+            e.detail = key.redactor.str(&e.detail);
             flight.complete(Outcome::of_error(&e));
             return egress_error(&e);
         }
@@ -102,7 +104,13 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
         }
         return redirect_not_followed(resp.status);
     }
-    answer(&llm.sidecar, up, endpoint, prepared, resp, (flight, hold))
+    let call = Call {
+        up,
+        endpoint,
+        prepared,
+        redactor: key.redactor,
+    };
+    answer(&llm.sidecar, call, resp, (flight, hold))
 }
 
 fn unknown_endpoint(method: &Method, path: &str, provider: Provider) -> Response {
@@ -269,7 +277,7 @@ async fn judge_provider_fetches(
     };
     for (url, what) in provider_fetch::urls(&asks) {
         if let Err(e) = sidecar.client.admit_secret_free(url, &rules).await {
-            tracing::info!(%url, what, "a model request's provider fetch refused: {e}");
+            tracing::info!(%url, what, "a model request's provider fetch refused: {}", e.operator_message());
             return Err(refused(sidecar, method, url, &e));
         }
     }
@@ -282,7 +290,7 @@ async fn send(
     llm: &Llm,
     admission: Admission,
     out: OutboundRequest,
-    key: SecretString,
+    key: &SecretString,
 ) -> Result<StreamingResponse, EgressError> {
     let resp = llm
         .sidecar
@@ -290,7 +298,7 @@ async fn send(
         .send_streaming_admitted(admission, out)
         .await?;
     if matches!(resp.status.as_u16(), 401 | 403) {
-        llm.key.forget(&key);
+        llm.key.forget(key);
     }
     Ok(resp)
 }
@@ -331,17 +339,31 @@ fn mode_of(headers: &HeaderMap, metered: bool, encoded: bool, drop_usage_chunk: 
     }
 }
 
-/// The agent's answer: the provider's status and safe headers, and a body
-/// metered as it passes, which completes the call's egress record (and
-/// keeps its cost event) when it ends.
-fn answer(
-    sidecar: &Arc<Sidecar>,
-    up: &Upstream,
+/// What an answer is to: the call's upstream and endpoint, its prepared
+/// body (the model and usage asked for) and the model key's redactor.
+struct Call<'a> {
+    up: &'a Upstream,
     endpoint: Endpoint,
     prepared: Prepared,
+    redactor: Redactor,
+}
+
+/// The agent's answer: the provider's status and safe headers, and a body
+/// metered and redacted as it passes, which completes the call's egress
+/// record (and keeps its cost event) when it ends. An answer the redactor
+/// cannot read (content-encoded) is withheld.
+fn answer(
+    sidecar: &Arc<Sidecar>,
+    call: Call<'_>,
     resp: StreamingResponse,
     (flight, hold): (InFlight, Option<Hold>),
 ) -> Response {
+    let Call {
+        up,
+        endpoint,
+        prepared,
+        redactor,
+    } = call;
     let encoded = content_encoded(&resp.headers);
     let metered = matches!(endpoint, Endpoint::Metered { .. }) && resp.status.is_success();
     let mode = mode_of(&resp.headers, metered, encoded, prepared.drop_usage_chunk);
@@ -352,31 +374,46 @@ fn answer(
         price_out: up.price_out,
         readable: !encoded,
     });
-    let filtering = matches!(
-        mode,
-        Mode::Sse {
-            drop_usage_chunk: true,
-            ..
-        }
-    );
-    let mut builder = Response::builder().status(resp.status);
-    if let Some(h) = builder.headers_mut() {
-        *h = safe_response_headers(&resp.headers);
-        if filtering {
-            h.remove(header::CONTENT_LENGTH);
-        }
-    }
+    let withheld = if redactor.is_empty() {
+        None
+    } else {
+        unreadable_coding(&resp.headers)
+    };
+    let headers = safe_response_headers(&resp.headers);
     let streamed = matches!(mode, Mode::Sse { .. });
-    let relay = Relay {
+    let mut relay = Relay {
         inner: resp.body,
-        mode,
-        usage: Usage::default(),
+        passage: Passage::new(mode, redactor),
         sidecar: sidecar.clone(),
         flight: Some(flight),
         status: resp.status.as_u16(),
         cost,
         hold,
     };
+    if let Some(coding) = withheld {
+        relay.finish(End::Withheld);
+        return error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            "unredactable_response",
+            format!(
+                "the model provider answered with a body encoded as {coding:?} although the relay \
+                 asked for identity; an encoded answer cannot be checked for the model key, so it \
+                 is withheld"
+            ),
+        );
+    }
+    let mut builder = Response::builder().status(resp.status);
+    if let Some(h) = builder.headers_mut() {
+        *h = if relay.passage.redacts() {
+            relay.passage.redactor().headers(&headers)
+        } else {
+            headers
+        };
+        if relay.passage.reshapes() {
+            h.remove(header::CONTENT_LENGTH);
+        }
+    }
     let body = RelayBody::new(relay, sidecar.egress.stop_requested());
     let body = if streamed {
         axum::body::Body::new(FlushFirst::new(body))

@@ -383,7 +383,7 @@ async fn send(
         .bytes_out(sent_bytes)
         .bytes_in(resp.body.len() as u64);
     if !redactor.is_empty()
-        && let Some(coding) = unreadable_coding(&resp.headers)
+        && let Some(coding) = crate::credential::unreadable_coding(&resp.headers)
     {
         // An encoded body cannot be searched for the credential: it might
         // carry it (an upstream that reflects the request), so it stays here.
@@ -406,38 +406,6 @@ async fn send(
     let answer = success(state, redactor, resp).await;
     flight.complete_after_answer(answered);
     answer
-}
-
-/// The content or transfer coding of an answer that the sidecar cannot read
-/// as it is (anything but `identity`, and `chunked`, which hyper decodes).
-pub(crate) fn unreadable_coding(headers: &http::HeaderMap) -> Option<String> {
-    if !headers.contains_key(http::header::CONTENT_ENCODING)
-        && !headers.contains_key(http::header::TRANSFER_ENCODING)
-    {
-        return None;
-    }
-    let codings = |name| {
-        headers
-            .get_all(name)
-            .iter()
-            .flat_map(|v| {
-                v.to_str()
-                    .unwrap_or("\u{fffd}")
-                    .split(',')
-                    .map(|c| c.trim().to_ascii_lowercase())
-                    .collect::<Vec<_>>()
-            })
-            .filter(|c| !c.is_empty())
-            .collect::<Vec<_>>()
-    };
-    codings(http::header::CONTENT_ENCODING)
-        .into_iter()
-        .find(|c| c != "identity")
-        .or_else(|| {
-            codings(http::header::TRANSFER_ENCODING)
-                .into_iter()
-                .find(|c| c != "chunked" && c != "identity")
-        })
 }
 
 async fn success(

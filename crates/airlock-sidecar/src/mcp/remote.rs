@@ -240,7 +240,7 @@ fn answer(
         .bytes_out(bytes_out)
         .bytes_in(resp.body.len() as u64);
     if !redactor.is_empty()
-        && let Some(coding) = api_call::unreadable_coding(&resp.headers)
+        && let Some(coding) = crate::credential::unreadable_coding(&resp.headers)
     {
         flight.complete(Outcome {
             kind: Some(EgressOutcome::Withheld),

@@ -443,7 +443,7 @@ fn answer(
     let mut resp_headers = resp.headers.clone();
     strip_hop_by_hop(&mut resp_headers);
     if !redactor.is_empty()
-        && let Some(coding) = crate::mcp::api_call::unreadable_coding(&resp.headers)
+        && let Some(coding) = crate::credential::unreadable_coding(&resp.headers)
     {
         flight.complete(Outcome {
             kind: Some(EgressOutcome::Withheld),
@@ -490,17 +490,7 @@ fn redacted(
     headers: &HeaderMap,
     redactor: &Redactor,
 ) -> Response<ProxyBody> {
-    let mut clean = HeaderMap::new();
-    for (name, value) in headers {
-        if name == header::CONTENT_LENGTH {
-            continue;
-        }
-        let v = match value.to_str() {
-            Ok(t) => HeaderValue::from_str(&redactor.str(t)).unwrap_or_else(|_| value.clone()),
-            Err(_) => continue,
-        };
-        clean.append(name.clone(), v);
-    }
+    let clean = redactor.headers(headers);
     let body = Redacting {
         inner: counted,
         stream: redactor.stream(),

@@ -25,7 +25,8 @@ const MAX_UPSTREAM_HEAD: usize = 8 * 1024;
 
 /// Why an admitted target could not be dialled: each step that fails. The
 /// message becomes the `upstream_failed` refusal's detail; none repeats
-/// `PROXY_URL` (it may hold a password).
+/// `PROXY_URL` (it may hold a password) or the address dialled (the agent
+/// reads the detail; the address is the operator's: [`DialError::address`]).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DialError {
     #[error("PROXY_URL does not parse")]
@@ -36,12 +37,12 @@ pub(crate) enum DialError {
     ProxyUrlNoHost,
     #[error("no address to dial")]
     NoAddress,
-    #[error("connect to {addr} failed: {source}")]
+    #[error("connect failed: {source}")]
     Connect {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("connect to {addr} timed out after {after:?}")]
+    #[error("connect timed out after {after:?}")]
     TimedOut {
         addr: SocketAddr,
         after: std::time::Duration,
@@ -62,8 +63,20 @@ pub(crate) enum DialError {
     ProxyClosed,
     #[error("the upstream proxy's response is not HTTP")]
     ProxyNotHttp,
-    #[error("the upstream proxy answered CONNECT {addr} with status {status}")]
+    #[error("the upstream proxy answered CONNECT with status {status}")]
     ProxyRefused { addr: SocketAddr, status: u16 },
+}
+
+impl DialError {
+    /// The address the dial was to, if the failure is about one.
+    fn address(&self) -> Option<SocketAddr> {
+        match self {
+            DialError::Connect { addr, .. }
+            | DialError::TimedOut { addr, .. }
+            | DialError::ProxyRefused { addr, .. } => Some(*addr),
+            _ => None,
+        }
+    }
 }
 
 /// The parsed `PROXY_URL`: where it is and what to present.
@@ -132,12 +145,16 @@ fn percent_decode(s: &str) -> String {
 }
 
 fn failed(admitted: &Admitted, e: &DialError) -> EgressError {
-    EgressError::new(
+    let failed = EgressError::new(
         EgressCode::UpstreamFailed,
         GuardStep::Upstream,
         Some(&admitted.target.host().bare()),
         e.to_string(),
-    )
+    );
+    match e.address() {
+        Some(addr) => failed.at(addr),
+        None => failed,
+    }
 }
 
 /// Opens a connection to the admitted target: the first pinned address that
@@ -157,8 +174,9 @@ pub(crate) async fn dial(
             EgressCode::BlockedAddress,
             GuardStep::AddressTable,
             Some(&host),
-            format!("{addr} is the sidecar's own listener"),
+            "the address is the sidecar's own listener",
         )
+        .at(addr)
     };
     let policy = sidecar.client.guard().policy();
     let via = match &sidecar.proxy_url {

@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod agent_errors;
 mod boundary;
 mod budgets;
 mod cli_conventions;

@@ -654,14 +654,7 @@ async fn a_model_key_stored_as_the_readme_says_reaches_the_provider() {
 async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
     const OLD: &str = "sk-live-old-key-41d2";
     const NEW: &str = "sk-live-new-key-9be0";
-    let p = TestPlatform::start("agent-llm-key-rotation").await;
-    add_model_key(&p, OLD).await;
-    let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(
-        &p,
-        Provider::Openai,
-        &format!("http://{HOST}:{}/v1", fake.port()),
-    ));
+    let (p, fake, sc) = openai_env("agent-llm-key-rotation", OLD).await;
     let token = p.sidecar_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");
     let call = || {
@@ -698,6 +691,20 @@ async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
     for answer in [&refused, &String::from_utf8_lossy(&b).to_string()] {
         assert!(!answer.contains(OLD) && !answer.contains(NEW), "{answer}");
     }
+}
+
+/// A sidecar whose model is an OpenAI-style fake (no delay between
+/// events), with `key` as the model key.
+async fn openai_env(agent: &str, key: &str) -> (TestPlatform, FakeProvider, SidecarProcess) {
+    let p = TestPlatform::start(agent).await;
+    add_model_key(&p, key).await;
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        Provider::Openai,
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    (p, fake, sc)
 }
 
 /// A sidecar for an Anthropic-style fake with `delay` between events.
@@ -1023,14 +1030,7 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
 /// is metered as reported.
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
-    let p = TestPlatform::start("agent-llm-huge").await;
-    add_model_key(&p, PROVIDER_KEY).await;
-    let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(
-        &p,
-        Provider::Openai,
-        &format!("http://{HOST}:{}/v1", fake.port()),
-    ));
+    let (p, _fake, sc) = openai_env("agent-llm-huge", PROVIDER_KEY).await;
     let token = p.sidecar_token.expose_secret().to_owned();
     let auth = format!("Bearer {token}");
     let h = [
@@ -1072,5 +1072,118 @@ async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
         "{run:?}"
     );
     assert!(run.cost_microusd >= 0, "{run:?}");
+    drop(sc);
+}
+
+/// Issue 44.1, the model relay: a provider (or an echoing proxy in front of
+/// it) that reflects the key it received — raw, JSON-escaped,
+/// percent-encoded, base64 in both alphabets, in its text and in a header
+/// the relay passes back, a stream written one byte per chunk — hands no
+/// piece of it to the agent, in a JSON answer, a stream (usage chunk
+/// dropped or asked for) or an error. The legitimate text arrives and the
+/// calls are metered as the provider reported; an answer encoded so the
+/// relay cannot read it is withheld (on main every form reached the agent).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provider_that_reflects_the_key_does_not_hand_it_to_the_agent() {
+    const KEY: &str = "sk-live-Pr0vider/Key+7f3a&9c<x>";
+    let (p, _fake, sc) = openai_env("agent-llm-reflect", KEY).await;
+    let token = p.sidecar_token.expose_secret().to_owned();
+    // No 12 characters in a row of any reflection reach the agent.
+    let pieces: Vec<String> = reflections(KEY)
+        .iter()
+        .flat_map(|r| {
+            let r: Vec<char> = r.chars().collect();
+            r.windows(12)
+                .map(|w| w.iter().collect::<String>())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let assert_clean = |what: &str, headers: &[(String, String)], body: &[u8]| {
+        let seen = format!("{headers:?} {}", String::from_utf8_lossy(body));
+        for piece in &pieces {
+            assert!(
+                !seen.contains(piece.as_str()),
+                "{what}: {piece:?} reached the agent: {seen}"
+            );
+        }
+    };
+    let call = |extra: Value| {
+        let mut body =
+            json!({"model": REFLECT_MODEL, "messages": [{"role": "user", "content": "hi"}]});
+        if let (Some(b), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            b.extend(extra);
+        }
+        post_json(sc.tcp(), "/llm/v1/chat/completions", &token, &body)
+    };
+
+    let (status, headers, b) = call(json!({}));
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+    assert_clean("JSON", &headers, &b);
+    let answer: Value = serde_json::from_slice(&b).expect("a JSON answer");
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with(&PIECES.concat()), "{text}");
+    assert!(text.contains("[REDACTED]"), "{text}");
+    let request_id = headers.iter().find(|(k, _)| k == "x-request-id");
+    assert_eq!(request_id.map(|(_, v)| v.as_str()), Some("req_[REDACTED]"));
+
+    for (what, extra) in [
+        ("a stream", json!({"stream": true})),
+        (
+            "a stream asking for usage",
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        ),
+    ] {
+        let (status, headers, b) = call(extra);
+        assert_eq!(status, 200, "{what}: {}", String::from_utf8_lossy(&b));
+        assert_clean(what, &headers, &b);
+        let body = String::from_utf8_lossy(&b);
+        let text: String = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert!(text.starts_with(&PIECES.concat()), "{what}: {text}");
+        assert_eq!(text.matches("[REDACTED]").count(), 5, "{what}: {text}");
+        assert_eq!(
+            body.contains("\"prompt_tokens\""),
+            what.contains("usage"),
+            "{what}: {body}"
+        );
+    }
+
+    let (status, headers, b) = call(json!({"user": "error"}));
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&b));
+    assert_clean("an error", &headers, &b);
+    assert!(String::from_utf8_lossy(&b).contains("bad request from"));
+
+    let (status, headers, b) = call(json!({"user": "gzip"}));
+    assert_eq!(status, 502, "{}", String::from_utf8_lossy(&b));
+    assert_clean("an encoded answer", &headers, &b);
+    let err: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+    assert_eq!(err["error"]["code"], "unredactable_response", "{err}");
+
+    let c = eventually(10, || async {
+        let c = costs(&p.events().await);
+        (c.len() == 4).then_some(c)
+    })
+    .await
+    .expect("a cost event for each generation that answered 200");
+    for record in &c[..3] {
+        assert!(!unmetered(record), "{c:?}");
+        assert_eq!((record.input_tokens, record.output_tokens), CHAT_USAGE);
+    }
+    assert!(unmetered(&c[3]), "{c:?}");
+    let log = eventually(10, || async {
+        let log = p.egress_log().await;
+        (log.len() == 5).then_some(log)
+    })
+    .await
+    .expect("an egress record for each call");
+    assert_eq!(outcome(&log[4]), Some("withheld"), "{log:?}");
     drop(sc);
 }

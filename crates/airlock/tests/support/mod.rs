@@ -62,6 +62,21 @@ pub fn http(
     parse_response(&raw)
 }
 
+/// [`http`]: a JSON `body` posted to `path` with the sidecar `token`.
+pub fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    token: &str,
+    body: &Value,
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let auth = format!("Bearer {token}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    http(addr, "POST", path, &headers, body.to_string().as_bytes())
+}
+
 pub fn parse_response(raw: &[u8]) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let split = raw
         .windows(4)

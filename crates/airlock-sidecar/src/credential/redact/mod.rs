@@ -279,6 +279,59 @@ impl Redactor {
     pub fn stream(&self) -> StreamRedactor {
         StreamRedactor::new(self.clone())
     }
+
+    /// An answer's `headers` as they may reach the agent: each value
+    /// redacted; a value that is not text dropped (it cannot be searched),
+    /// and so is the length (a redacted body has another).
+    pub fn headers(&self, headers: &http::HeaderMap) -> http::HeaderMap {
+        let mut clean = http::HeaderMap::with_capacity(headers.len());
+        for (name, value) in headers {
+            if name == http::header::CONTENT_LENGTH {
+                continue;
+            }
+            // A value whose redacted text is not a header value is dropped
+            // too, never passed as it came.
+            if let Ok(Ok(v)) = value
+                .to_str()
+                .map(|text| http::HeaderValue::from_str(&self.str(text)))
+            {
+                clean.append(name.clone(), v);
+            }
+        }
+        clean
+    }
+}
+
+/// The content or transfer coding of an answer that the sidecar cannot read
+/// as it is (anything but `identity`, and `chunked`, which hyper decodes).
+pub fn unreadable_coding(headers: &http::HeaderMap) -> Option<String> {
+    if !headers.contains_key(http::header::CONTENT_ENCODING)
+        && !headers.contains_key(http::header::TRANSFER_ENCODING)
+    {
+        return None;
+    }
+    let codings = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .flat_map(|v| {
+                v.to_str()
+                    .unwrap_or("\u{fffd}")
+                    .split(',')
+                    .map(|c| c.trim().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|c| !c.is_empty())
+            .collect::<Vec<_>>()
+    };
+    codings(http::header::CONTENT_ENCODING)
+        .into_iter()
+        .find(|c| c != "identity")
+        .or_else(|| {
+            codings(http::header::TRANSFER_ENCODING)
+                .into_iter()
+                .find(|c| c != "chunked" && c != "identity")
+        })
 }
 
 fn to_string(bytes: Vec<u8>) -> String {

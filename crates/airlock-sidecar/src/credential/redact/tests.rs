@@ -368,3 +368,49 @@ fn base64_in_the_middle_of_a_long_run_and_split_between_two() {
     );
     assert!(r.str(&text).contains(REDACTED), "split between two runs");
 }
+
+/// A value written by an escape encoder into binary data (random bytes on
+/// either side, whose decoded views hold `\`, `%` and `&` all over), the
+/// whole base64-encoded as one long run (an embeddings answer, a file):
+/// the run is decoded only at its ends and around the escapes a nested
+/// decoder recognises, and the value is still found at every alignment,
+/// in both alphabets, whatever escape wrote it.
+#[test]
+fn a_nested_escape_inside_random_base64_is_found() {
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let r = Redactor::new([SECRET]);
+    let mut rng = differential::Rng::new(4401);
+    let mut random = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| u8::try_from(rng.next() & 0xff).unwrap_or(0))
+            .collect()
+    };
+    let json: String = SECRET
+        .chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect();
+    let percent: String = SECRET.bytes().map(|b| format!("%{b:02x}")).collect();
+    let html: String = SECRET.bytes().map(|b| format!("&#x{b:X};")).collect();
+    for (what, nested) in [("json", json), ("percent", percent), ("html", html)] {
+        for lead in [6000, 6001, 6002] {
+            let mut binary = random(lead);
+            binary.extend_from_slice(nested.as_bytes());
+            binary.extend(random(6000));
+            for (alphabet, text) in [
+                ("standard", STANDARD.encode(&binary)),
+                ("url-safe", URL_SAFE_NO_PAD.encode(&binary)),
+            ] {
+                let answer = format!("{{\"embedding\":\"{text}\"}}");
+                let at = "{\"embedding\":\"".len();
+                // The characters that hold only the nested form's bytes.
+                let from = at + (lead * 4).div_ceil(3) + 1;
+                let to = at + (lead + nested.len()) * 4 / 3 - 1;
+                let spans = r.spans(answer.as_bytes());
+                assert!(
+                    covered(&spans, (from, to)),
+                    "{what}, {alphabet}, lead {lead}: {spans:?} do not cover {from}..{to}"
+                );
+            }
+        }
+    }
+}

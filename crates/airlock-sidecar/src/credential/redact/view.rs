@@ -399,11 +399,13 @@ impl Chars<'_> {
 /// ([`forms::base64_cores`]) in the text itself; what only a decoded view
 /// shows is a value split by a line break, split between two runs, or
 /// written in an encoding the view is decoded from once more. So a run is
-/// decoded whole only when it has a line break or [`holds_nested`] says a
-/// nested decoder would read something in it; any other run only at its
-/// two ends, far enough that a match or a nested decoder's window that
-/// crosses into it from a neighbouring run is whole ([`Reach::edge`]),
-/// the two ends parted by [`SEPARATOR`].
+/// decoded whole only when it has a line break or [`nested`] says the
+/// nested base64 decoder may read a run in it; a run in whose view a nested
+/// escape decoder may read an escape, at its ends and around each escape
+/// ([`escape_segments`]); any other run only at its two ends, far enough
+/// that a match or a nested decoder's window that crosses into it from a
+/// neighbouring run is whole ([`Reach::edge`]), the two ends parted by
+/// [`SEPARATOR`].
 fn base64(
     input: &[u8],
     reach: Reach,
@@ -415,6 +417,8 @@ fn base64(
     let mut views: Option<[View; 4]> = None;
     // The characters of a run with line breaks (positions).
     let mut listed: Vec<usize> = Vec::new();
+    // A run's decoded bytes, without their spans ([`escape_segments`]).
+    let mut plain: Vec<u8> = Vec::new();
     let mut decode = |run: std::ops::Range<usize>, breaks: bool| {
         let chars = if breaks {
             listed.clear();
@@ -429,24 +433,36 @@ fn base64(
                 len: run.len(),
             }
         };
-        let whole = breaks
-            || chars.len() <= 2 * edge + 4
-            || holds_nested(input.get(run).unwrap_or_default(), min_run);
+        let holds = if breaks || chars.len() <= 2 * edge + 4 {
+            Nested::Run
+        } else {
+            nested(input.get(run).unwrap_or_default(), min_run)
+        };
         let vs = views.get_or_insert_with(|| std::array::from_fn(|_| View::with_capacity(0)));
         for (offset, v) in vs.iter_mut().enumerate() {
             if chars.len() < min_run + offset {
                 continue;
             }
             let from = chars.slice(offset, chars.len());
-            if whole {
-                decode_run(input, from, v, &span);
-                continue;
+            match holds {
+                Nested::Run => decode_run(input, from, v, &span),
+                Nested::Nothing => {
+                    // Both ends start on a quantum of this offset.
+                    decode_run(input, from.slice(0, edge), v, &span);
+                    v.push(SEPARATOR, (0, 0));
+                    let tail = (from.len() - edge) / 4 * 4;
+                    decode_run(input, from.slice(tail, from.len()), v, &span);
+                }
+                Nested::Escapes => {
+                    let segments = escape_segments(input, from, reach, edge, &mut plain);
+                    for (i, &(start, end)) in segments.iter().enumerate() {
+                        if i > 0 {
+                            v.push(SEPARATOR, (0, 0));
+                        }
+                        decode_run(input, from.slice(start, end), v, &span);
+                    }
+                }
             }
-            // Both ends start on a quantum of this offset.
-            decode_run(input, from.slice(0, edge), v, &span);
-            v.push(SEPARATOR, (0, 0));
-            let tail = (from.len() - edge) / 4 * 4;
-            decode_run(input, from.slice(tail, from.len()), v, &span);
         }
     };
     // One pass: a run is its characters and the line breaks inside it.
@@ -553,20 +569,33 @@ const LANES: [u64; 16] = {
     t
 };
 
-/// Whether a decoded view of `run` (base64 characters only), at any of
-/// the four offsets, holds a byte a nested escape decoder reads or a
-/// base64 run `min_run` long that the nested base64 decoder reads: then
-/// the run is decoded whole. Reads pairs of characters, decodes nothing.
+/// What a decoded view of a base64 run may hold that a nested decoder reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Nested {
+    /// Nothing: the run is decoded at its two ends only.
+    Nothing,
+    /// A byte a nested escape decoder reads (`\`, `%`, `&`), and no base64
+    /// run: the run is decoded at its ends and around each escape a nested
+    /// decoder recognises ([`escape_segments`]).
+    Escapes,
+    /// A base64 run the nested base64 decoder reads: decoded whole.
+    Run,
+}
+
+/// What a decoded view of `run` (base64 characters only), at any of the
+/// four offsets, may hold: a byte a nested escape decoder reads, or a
+/// base64 run `min_run` long that the nested base64 decoder reads. Reads
+/// pairs of characters, decodes nothing.
 ///
 /// Per offset it counts the pairs in a row that lengthen a decoded run
 /// ([`PAIRS`]), the four counts in the lanes of one `u64`: `m` decoded
 /// bytes take at least `(4m - 1) / 3` pairs, so a count that reaches that
 /// for `m = min_run` is reported (a superset: decoding more is safe).
-fn holds_nested(run: &[u8], min_run: usize) -> bool {
+fn nested(run: &[u8], min_run: usize) -> Nested {
     let pairs = u64::try_from(min_run.saturating_mul(4).saturating_sub(1) / 3).unwrap_or(u64::MAX);
     if pairs >= 0x8000 {
         // More than a lane counts: decoded whole.
-        return true;
+        return Nested::Run;
     }
     let pairs = pairs.max(1);
     const ONES: u64 = 0x0001_0001_0001_0001;
@@ -574,23 +603,91 @@ fn holds_nested(run: &[u8], min_run: usize) -> bool {
     // A lane's count reaches `pairs` when adding this sets its high bit.
     let bias = (0x8000 - pairs) * ONES;
     let mut count = 0u64;
+    let mut escapes = false;
     let mut prev = match run.first() {
         Some(&b) => VALUES[usize::from(b)],
-        None => return false,
+        None => return Nested::Nothing,
     };
     for (k, &b) in run.iter().skip(1).enumerate() {
         let v = VALUES[usize::from(b)];
         let class = PAIRS[k & 3][usize::from(prev) * 64 + usize::from(v)];
         prev = v;
-        if class & ESCAPE != 0 {
-            return true;
-        }
+        escapes |= class & ESCAPE != 0;
         count = (count + ONES) & LANES[usize::from(class & 0xf)];
         if (count + bias) & HIGH != 0 {
-            return true;
+            return Nested::Run;
         }
     }
-    false
+    if escapes {
+        Nested::Escapes
+    } else {
+        Nested::Nothing
+    }
+}
+
+/// The characters of `from` (a run without line breaks, from one offset)
+/// to decode when its view holds escapes but no run ([`Nested::Escapes`]):
+/// sorted, disjoint ranges, each starting on a quantum, that hold its two
+/// ends (`edge` characters) and, around each escape a nested escape
+/// decoder recognises in its decoded bytes, the window that decoder opens
+/// in the view (the longest needle times its expansion, either side of
+/// the escape). A nested decoder's view of the whole decoded run and of
+/// these ranges, parted by [`SEPARATOR`], then hold the same windows; a
+/// match that takes no decoded byte of a nested view is a match in this
+/// view, which the search for the cores finds in the text itself.
+fn escape_segments(
+    input: &[u8],
+    from: Chars<'_>,
+    reach: Reach,
+    edge: usize,
+    plain: &mut Vec<u8>,
+) -> Vec<(usize, usize)> {
+    let len = from.len();
+    plain.clear();
+    let value = |k: usize| {
+        from.at(k)
+            .and_then(|p| input.get(p))
+            .map_or(0, |&b| VALUES[usize::from(b)])
+    };
+    let mut k = 0;
+    while k + 1 < len {
+        let (a, b) = (value(k), value(k + 1));
+        plain.push((a << 2) | (b >> 4));
+        if k + 2 < len {
+            let c = value(k + 2);
+            plain.push((b << 4) | (c >> 2));
+            if k + 3 < len {
+                plain.push((c << 6) | value(k + 3));
+            }
+        }
+        k += 4;
+    }
+    let tail = len.saturating_sub(edge) / 4 * 4;
+    let mut segments = vec![(0, edge.min(len)), (tail, len)];
+    let none = |_: usize, _: usize| (0u32, 0u32);
+    for (decoder, trigger, decode) in [
+        (Decoder::Json, b'\\', json_escape as Escape),
+        (Decoder::Percent, b'%', percent_escape),
+        (Decoder::Html, b'&', html_escape),
+    ] {
+        let window = reach.longest.saturating_mul(decoder.max_expansion());
+        for (start, end) in escape_windows(plain, trigger, window, &none, decode) {
+            // Byte `j` is decoded from characters `4 (j / 3) + j % 3` and
+            // the one after: whole quanta hold bytes `start..end`.
+            let first = start / 3 * 4;
+            let last = end.saturating_sub(1) / 3 * 4 + 4;
+            segments.push((first, last.min(len)));
+        }
+    }
+    segments.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(segments.len());
+    for (start, end) in segments {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    merged
 }
 
 /// Decodes the characters `at`, each decoded byte spanning the characters
