@@ -9,6 +9,7 @@
 pub mod client;
 pub mod clock;
 pub mod connection_types;
+pub mod files;
 mod get;
 pub mod launch;
 pub mod listener_guard;

@@ -702,6 +702,7 @@ async fn run_one(
         manifest,
         agent_dir: bundle.clone(),
         prompt: claimed.prompt.clone(),
+        inputs_dir: None,
         command: None,
         echo: airlock_platform::orchestrator::Echo::Tagged,
     };

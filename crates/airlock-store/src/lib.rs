@@ -43,6 +43,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+pub use artifacts::{ArtifactBody, ArtifactCaps, ArtifactRow};
 pub use error::{Chain, StoreError};
 pub use model::*;
 
@@ -99,6 +100,7 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
 
 // After the macros above, which they use.
 mod agents;
+mod artifacts;
 mod api_keys;
 mod connections;
 mod deliveries;

@@ -32,6 +32,8 @@ pub struct NewQueuedRun<'a> {
     pub prompt: Option<&'a str>,
     /// JSON of the limit hints asked for with the run.
     pub hints: Option<&'a str>,
+    /// JSON of the input files (path → text) asked for with the run.
+    pub inputs: Option<&'a str>,
 }
 
 /// A queued run a replica has claimed: it is now `running` and the replica's.
@@ -40,6 +42,8 @@ pub struct ClaimedRun {
     pub run: Run,
     pub prompt: Option<String>,
     pub hints: Option<String>,
+    /// JSON of its input files (path → text).
+    pub inputs: Option<String>,
 }
 
 /// What a cancel request found.
@@ -77,7 +81,7 @@ impl Store {
         validate_name("run id", r.id)?;
         let res = on_pool!(self, p => sqlx::query(
             "INSERT INTO runs (id, agent, status, backend, model, created_at, org_id, prompt, \
-             hints, queue_seq) VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, $8, $9)",
+             hints, queue_seq, inputs) VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(r.id)
         .bind(r.agent)
@@ -88,6 +92,7 @@ impl Store {
         .bind(r.prompt)
         .bind(r.hints)
         .bind(next_queue_seq())
+        .bind(r.inputs)
         .execute(p)
         .await
         .map(|_| ()));
@@ -135,15 +140,19 @@ impl Store {
             .get_run(&id)
             .await?
             .ok_or_else(|| StoreError::RunNotFound(id.clone()))?;
-        let (prompt, hints): (Option<String>, Option<String>) = on_pool!(self, p => {
-            let r = sqlx::query("SELECT prompt, hints FROM runs WHERE id = $1")
+        let (prompt, hints, inputs): (Option<String>, Option<String>, Option<String>) = on_pool!(self, p => {
+            let r = sqlx::query("SELECT prompt, hints, inputs FROM runs WHERE id = $1")
                 .bind(&id)
                 .fetch_one(p)
                 .await
                 .map_err(|e| self.err(e))?;
-            (r.try_get("prompt").map_err(|e| self.err(e))?, r.try_get("hints").map_err(|e| self.err(e))?)
+            (
+                r.try_get("prompt").map_err(|e| self.err(e))?,
+                r.try_get("hints").map_err(|e| self.err(e))?,
+                r.try_get("inputs").map_err(|e| self.err(e))?,
+            )
         });
-        Ok(Some(ClaimedRun { run, prompt, hints }))
+        Ok(Some(ClaimedRun { run, prompt, hints, inputs }))
     }
 
     /// How many queued runs are ahead of `id` (`None`: it is not queued).

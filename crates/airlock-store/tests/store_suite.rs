@@ -115,6 +115,7 @@ on_both!(
     quotas_bound_keys_and_webhooks_even_when_created_at_once,
     agents_are_bounded_per_organization_even_when_registered_at_once,
     stored_bytes_are_measured_per_organization_and_refuse_new_runs,
+    artifacts_are_stored_within_the_run_and_organization_caps_even_at_once,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -126,6 +127,7 @@ fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
         model: None,
         prompt: Some("hello"),
         hints: None,
+        inputs: None,
     }
 }
 
@@ -974,7 +976,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 9);
+    assert_eq!(s.schema_version().await.unwrap(), 10);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -983,7 +985,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 9);
+        assert_eq!(again.schema_version().await.unwrap(), 10);
     }
 }
 
@@ -2062,7 +2064,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 9);
+    assert_eq!(s.schema_version().await.unwrap(), 10);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2072,10 +2074,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 10 (inputs and artifacts), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
+const UNDO_V5_SQLITE: &str = "DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
+     DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP TRIGGER connections_changed_by_insert; \
@@ -2095,7 +2098,8 @@ const UNDO_V5_SQLITE: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP INDEX runs_ended; DROP TABLE org_usage; \
+const UNDO_V5_POSTGRES: &str = "DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
+     DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP FUNCTION connections_changed() CASCADE; \
@@ -2131,7 +2135,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 9);
+    assert_eq!(s.schema_version().await.unwrap(), 10);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -2579,6 +2583,100 @@ async fn stored_bytes_are_measured_per_organization_and_refuse_new_runs(s: &Stor
     assert_eq!(s.sweep_retention(&all, now).await.unwrap().runs, 1);
     s.measure_org_usage(now).await.unwrap();
     assert_eq!(s.org_stored_bytes(LOCAL_ORG).await.unwrap(), 0);
+}
+
+/// A run's artifacts: stored within its cap and its organization's, the
+/// rest recorded refused with the reason (no body kept); one record per
+/// path; at most `MAX_RUN_ARTIFACTS` records; another organization's
+/// artifacts do not count, and parallel writes never pass a cap.
+async fn artifacts_are_stored_within_the_run_and_organization_caps_even_at_once(s: &Store) {
+    use airlock_platform_api::files::{ArtifactRefusal, MAX_RUN_ARTIFACTS};
+    for (org, id) in [("org_a", "run_a1"), ("org_a", "run_a2"), ("org_b", "run_b1")] {
+        s.enqueue_run(&queued(org, id)).await.unwrap();
+    }
+    let caps = ArtifactCaps {
+        run_bytes: 100,
+        org_bytes: Some(150),
+    };
+    let put = |run: &'static str, path: String, n: usize| async move {
+        s.put_artifact(run, &path, ArtifactBody::File(&vec![b'x'; n]), caps)
+            .await
+    };
+    assert_eq!(put("run_a1", "out/a.txt".into(), 60).await.unwrap(), None);
+    // 60 + 50 > 100: over the run's cap, recorded without its body.
+    assert_eq!(
+        put("run_a1", "out/b.txt".into(), 50).await.unwrap(),
+        Some(ArtifactRefusal::RunQuota)
+    );
+    assert_eq!(put("run_a1", "out/c.txt".into(), 40).await.unwrap(), None);
+    // The organization holds 100 of 150: ten writers of 20 bytes at once,
+    // exactly two fit.
+    let tries = futures_util::future::join_all(
+        (0..10).map(|i| put("run_a2", format!("p{i}"), 20)),
+    )
+    .await;
+    let stored = tries.iter().filter(|r| matches!(r, Ok(None))).count();
+    assert_eq!(stored, 2, "{tries:?}");
+    assert!(
+        tries
+            .iter()
+            .all(|r| matches!(r, Ok(None) | Ok(Some(ArtifactRefusal::OrgQuota)))),
+        "{tries:?}"
+    );
+    // Another organization starts from nothing.
+    assert_eq!(put("run_b1", "x".into(), 100).await.unwrap(), None);
+    // What the runtime refused itself is recorded as it said.
+    let link = ArtifactBody::Refused {
+        why: ArtifactRefusal::Symlink,
+        bytes: 0,
+    };
+    assert_eq!(
+        s.put_artifact("run_b1", "link", link, caps).await.unwrap(),
+        Some(ArtifactRefusal::Symlink)
+    );
+    assert!(matches!(
+        s.put_artifact("run_b1", "x", link, caps).await,
+        Err(StoreError::ArtifactExists { .. })
+    ));
+    let listed = s.list_artifacts("run_a1").await.unwrap();
+    let seen: Vec<_> = listed
+        .iter()
+        .map(|a| (a.path.as_str(), a.bytes, a.refused))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("out/a.txt", 60, None),
+            ("out/b.txt", 50, Some(ArtifactRefusal::RunQuota)),
+            ("out/c.txt", 40, None)
+        ]
+    );
+    let (row, body) = s.get_artifact("run_a1", "out/a.txt").await.unwrap().unwrap();
+    assert_eq!((row.bytes, body.len()), (60, 60));
+    assert!(s.get_artifact("run_a1", "out/b.txt").await.unwrap().is_none());
+    assert!(s.get_artifact("run_b1", "out/a.txt").await.unwrap().is_none());
+    // A bounded number of records per run, whatever they hold.
+    s.enqueue_run(&queued("org_c", "run_c1")).await.unwrap();
+    let empty = ArtifactBody::Refused {
+        why: ArtifactRefusal::NotAFile,
+        bytes: 0,
+    };
+    for i in 0..MAX_RUN_ARTIFACTS {
+        s.put_artifact("run_c1", &format!("f{i}"), empty, caps)
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        s.put_artifact("run_c1", "one-more", empty, caps).await,
+        Err(StoreError::QuotaExceeded {
+            what: "artifacts of one run",
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.put_artifact("run_none", "x", empty, caps).await,
+        Err(StoreError::RunNotFound(_))
+    ));
 }
 
 /// Retention and quota settings: defaults, `forever` / `unlimited`, and a

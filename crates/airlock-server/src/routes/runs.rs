@@ -120,6 +120,7 @@ pub async fn create(
             model: m.model.as_ref().map(|x| x.provider.as_str()),
             prompt: b.prompt.as_deref(),
             hints: hints.as_deref(),
+            inputs: None,
         })
         .await?;
     app.kick_scheduler();
