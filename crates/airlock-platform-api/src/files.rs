@@ -148,7 +148,10 @@ mod tests {
         ] {
             assert_eq!(check_relative_path(p), Err(e), "{p:?}");
         }
-        assert_eq!(check_relative_path(&"a".repeat(201)), Err(PathError::Length));
+        assert_eq!(
+            check_relative_path(&"a".repeat(201)),
+            Err(PathError::Length)
+        );
         assert_eq!(check_relative_path("out/report.md"), Ok(()));
         assert_eq!(check_relative_path("..a/b.."), Ok(()));
     }

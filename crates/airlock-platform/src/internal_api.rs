@@ -13,8 +13,8 @@ use std::sync::{Arc, RwLock};
 use airlock_platform_api::read_interest::ReadInterestListener;
 use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
-    Accepted, ArtifactAnswer, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
-    MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
+    Accepted, ArtifactAnswer, CredentialResponse, ErrorBody, EventBatch, HistoryEntry,
+    HistoryResponse, MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
 use airlock_store::{
     BatchWrite, ConnectionRecord, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
@@ -841,7 +841,11 @@ async fn put_result(State(api): State<InternalApi>, headers: HeaderMap, req: Req
 /// refuses is a 400, nothing recorded), bounded by
 /// [`MAX_ARTIFACT_FILE_BYTES`], then recorded by the store within the
 /// run's and the organization's caps.
-async fn put_artifact(State(api): State<InternalApi>, headers: HeaderMap, req: Request) -> Response {
+async fn put_artifact(
+    State(api): State<InternalApi>,
+    headers: HeaderMap,
+    req: Request,
+) -> Response {
     use airlock_platform_api::files::{
         ARTIFACT_PATH_HEADER, ARTIFACT_REFUSED_HEADER, ArtifactRefusal, MAX_ARTIFACT_FILE_BYTES,
         check_relative_path,
@@ -864,9 +868,17 @@ async fn put_artifact(State(api): State<InternalApi>, headers: HeaderMap, req: R
         None => None,
         Some(Some((why, n))) => match (why.parse::<ArtifactRefusal>(), n.parse::<u64>()) {
             (Ok(why), Ok(bytes)) => Some((why, bytes)),
-            _ => return bad(format!("{ARTIFACT_REFUSED_HEADER}: not a reason and a size")),
+            _ => {
+                return bad(format!(
+                    "{ARTIFACT_REFUSED_HEADER}: not a reason and a size"
+                ));
+            }
         },
-        Some(None) => return bad(format!("{ARTIFACT_REFUSED_HEADER}: not a reason and a size")),
+        Some(None) => {
+            return bad(format!(
+                "{ARTIFACT_REFUSED_HEADER}: not a reason and a size"
+            ));
+        }
     };
     let limit = usize::try_from(MAX_ARTIFACT_FILE_BYTES).unwrap_or(usize::MAX);
     let Ok(data) = axum::body::to_bytes(req.into_body(), limit).await else {

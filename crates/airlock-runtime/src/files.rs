@@ -154,7 +154,10 @@ pub(crate) async fn hand_over(sidecar: &Dial, token: &SecretString, found: Vec<F
             }
         };
         if let Err(e) = crate::report::send(sidecar, token, "/artifacts", headers, body).await {
-            eprintln!("airlock runtime warning: artifact {} not handed over: {e}", f.path);
+            eprintln!(
+                "airlock runtime warning: artifact {} not handed over: {e}",
+                f.path
+            );
         }
     }
 }
@@ -170,7 +173,10 @@ mod tests {
         std::fs::write(from.path().join("a.txt"), "A").unwrap();
         std::fs::write(from.path().join("data/deep/b.csv"), "B").unwrap();
         place_inputs(from.path(), ws.path()).unwrap();
-        assert_eq!(std::fs::read_to_string(ws.path().join("a.txt")).unwrap(), "A");
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+            "A"
+        );
         assert_eq!(
             std::fs::read_to_string(ws.path().join("data/deep/b.csv")).unwrap(),
             "B"
@@ -197,12 +203,20 @@ mod tests {
         let found = collect(&out);
         let seen: Vec<(&str, Result<&[u8], (ArtifactRefusal, u64)>)> = found
             .iter()
-            .map(|f| (f.path.as_str(), f.body.as_ref().map(Vec::as_slice).map_err(|e| *e)))
+            .map(|f| {
+                (
+                    f.path.as_str(),
+                    f.body.as_ref().map(Vec::as_slice).map_err(|e| *e),
+                )
+            })
             .collect();
         assert_eq!(
             seen,
             [
-                ("big", Err((ArtifactRefusal::TooLarge, MAX_ARTIFACT_FILE_BYTES + 1))),
+                (
+                    "big",
+                    Err((ArtifactRefusal::TooLarge, MAX_ARTIFACT_FILE_BYTES + 1))
+                ),
                 ("etc", Err((ArtifactRefusal::Symlink, 0))),
                 ("fifo", Err((ArtifactRefusal::NotAFile, 0))),
                 ("link", Err((ArtifactRefusal::Symlink, 0))),

@@ -63,7 +63,11 @@ pub async fn put(State(sidecar): State<Arc<Sidecar>>, headers: HeaderMap, body: 
             &code,
             message,
         ),
-        Err(e) => refuse(StatusCode::BAD_GATEWAY, "platform_unavailable", e.to_string()),
+        Err(e) => refuse(
+            StatusCode::BAD_GATEWAY,
+            "platform_unavailable",
+            e.to_string(),
+        ),
     }
 }
 

@@ -100,8 +100,8 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
 
 // After the macros above, which they use.
 mod agents;
-mod artifacts;
 mod api_keys;
+mod artifacts;
 mod connections;
 mod deliveries;
 mod egress;

@@ -152,7 +152,12 @@ impl Store {
                 r.try_get("inputs").map_err(|e| self.err(e))?,
             )
         });
-        Ok(Some(ClaimedRun { run, prompt, hints, inputs }))
+        Ok(Some(ClaimedRun {
+            run,
+            prompt,
+            hints,
+            inputs,
+        }))
     }
 
     /// How many queued runs are ahead of `id` (`None`: it is not queued).

@@ -2591,7 +2591,11 @@ async fn stored_bytes_are_measured_per_organization_and_refuse_new_runs(s: &Stor
 /// artifacts do not count, and parallel writes never pass a cap.
 async fn artifacts_are_stored_within_the_run_and_organization_caps_even_at_once(s: &Store) {
     use airlock_platform_api::files::{ArtifactRefusal, MAX_RUN_ARTIFACTS};
-    for (org, id) in [("org_a", "run_a1"), ("org_a", "run_a2"), ("org_b", "run_b1")] {
+    for (org, id) in [
+        ("org_a", "run_a1"),
+        ("org_a", "run_a2"),
+        ("org_b", "run_b1"),
+    ] {
         s.enqueue_run(&queued(org, id)).await.unwrap();
     }
     let caps = ArtifactCaps {
@@ -2611,10 +2615,8 @@ async fn artifacts_are_stored_within_the_run_and_organization_caps_even_at_once(
     assert_eq!(put("run_a1", "out/c.txt".into(), 40).await.unwrap(), None);
     // The organization holds 100 of 150: ten writers of 20 bytes at once,
     // exactly two fit.
-    let tries = futures_util::future::join_all(
-        (0..10).map(|i| put("run_a2", format!("p{i}"), 20)),
-    )
-    .await;
+    let tries =
+        futures_util::future::join_all((0..10).map(|i| put("run_a2", format!("p{i}"), 20))).await;
     let stored = tries.iter().filter(|r| matches!(r, Ok(None))).count();
     assert_eq!(stored, 2, "{tries:?}");
     assert!(
@@ -2651,10 +2653,24 @@ async fn artifacts_are_stored_within_the_run_and_organization_caps_even_at_once(
             ("out/c.txt", 40, None)
         ]
     );
-    let (row, body) = s.get_artifact("run_a1", "out/a.txt").await.unwrap().unwrap();
+    let (row, body) = s
+        .get_artifact("run_a1", "out/a.txt")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((row.bytes, body.len()), (60, 60));
-    assert!(s.get_artifact("run_a1", "out/b.txt").await.unwrap().is_none());
-    assert!(s.get_artifact("run_b1", "out/a.txt").await.unwrap().is_none());
+    assert!(
+        s.get_artifact("run_a1", "out/b.txt")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        s.get_artifact("run_b1", "out/a.txt")
+            .await
+            .unwrap()
+            .is_none()
+    );
     // A bounded number of records per run, whatever they hold.
     s.enqueue_run(&queued("org_c", "run_c1")).await.unwrap();
     let empty = ArtifactBody::Refused {
