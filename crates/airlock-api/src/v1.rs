@@ -67,10 +67,18 @@ fn delivery_state() -> Object {
     one_of(DELIVERY_STATES, "failed: given up after the last attempt")
 }
 
-fn artifact_refusal() -> Object {
-    one_of(
+/// A refusal's spelling, or null (stored).
+fn artifact_refusal() -> Schema {
+    let reasons = one_of(
         &airlock_platform_api::files::ArtifactRefusal::ALL.map(|r| r.as_str()),
-        "why it was not stored (null: stored, downloadable)",
+        "why it was not stored",
+    );
+    Schema::OneOf(
+        utoipa::openapi::schema::OneOfBuilder::new()
+            .item(reasons)
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .description(Some("why it was not stored; null: stored, downloadable"))
+            .build(),
     )
 }
 

@@ -121,9 +121,10 @@ mod usage;
 mod webhooks;
 
 pub use agents::AgentRow;
-pub use api_keys::ApiKeyRow;
+pub use api_keys::{ApiKeyRow, MAX_REVOKED_KEYS};
 pub use deliveries::{DeliveryAttempt, DeliveryRow};
 pub use egress::{BatchWrite, EGRESS_BATCH_ROWS};
+pub use memories::{MAX_MEMORIES_PER_AGENT, MAX_MEMORY_BYTES};
 pub use orgs::Organization;
 pub use outbox::{new_delivery_id, run_event};
 pub use queue::{CancelOutcome, ClaimedRun, NewQueuedRun};

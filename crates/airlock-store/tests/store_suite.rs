@@ -116,6 +116,8 @@ on_both!(
     agents_are_bounded_per_organization_even_when_registered_at_once,
     stored_bytes_are_measured_per_organization_and_refuse_new_runs,
     artifacts_are_stored_within_the_run_and_organization_caps_even_at_once,
+    queued_runs_and_connections_are_bounded_per_organization_even_at_once,
+    revoked_keys_and_memories_are_kept_bounded,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -128,6 +130,7 @@ fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
         prompt: Some("hello"),
         hints: None,
         inputs: None,
+        max_queued: None,
     }
 }
 
@@ -2692,6 +2695,123 @@ async fn artifacts_are_stored_within_the_run_and_organization_caps_even_at_once(
     assert!(matches!(
         s.put_artifact("run_none", "x", empty, caps).await,
         Err(StoreError::RunNotFound(_))
+    ));
+}
+
+/// Twenty runs queued at once stop at the organization's cap; a started
+/// run frees its place; another organization is not counted. The same for
+/// connections.
+async fn queued_runs_and_connections_are_bounded_per_organization_even_at_once(s: &Store) {
+    let ids: Vec<String> = (0..20).map(|i| format!("run_q{i}")).collect();
+    let tries = futures_util::future::join_all(ids.iter().map(|id| async move {
+        s.enqueue_run(&NewQueuedRun {
+            max_queued: Some(5),
+            ..queued("org_q", id)
+        })
+        .await
+    }))
+    .await;
+    assert_eq!(tries.iter().filter(|r| r.is_ok()).count(), 5, "{tries:?}");
+    refused_for_quota(&tries, "queued runs", 5);
+    s.enqueue_run(&NewQueuedRun {
+        max_queued: Some(5),
+        ..queued("org_r", "run_r0")
+    })
+    .await
+    .unwrap();
+    // A claimed run is no longer queued: one more fits.
+    assert!(s.claim_next_run("replica", None).await.unwrap().is_some());
+    s.enqueue_run(&NewQueuedRun {
+        max_queued: Some(5),
+        ..queued("org_q", "run_q_more")
+    })
+    .await
+    .unwrap();
+
+    let ring = ring("k1", 1);
+    let envelope = ring.encrypt(b"{}").unwrap();
+    let names: Vec<String> = (0..12).map(|i| format!("c{i}")).collect();
+    let tries = futures_util::future::join_all(names.iter().map(|name| {
+        let envelope = &envelope;
+        async move {
+            let c = NewConnection {
+                org: "org_q",
+                name,
+                integration: "github",
+                auth_type: AuthType::Bearer,
+                envelope,
+            };
+            s.insert_connection_within(&c, Some(3)).await
+        }
+    }))
+    .await;
+    assert_eq!(tries.iter().filter(|r| r.is_ok()).count(), 3, "{tries:?}");
+    refused_for_quota(&tries, "connections", 3);
+    let taken = NewConnection {
+        org: "org_q",
+        name: names.iter().zip(&tries).find(|(_, r)| r.is_ok()).unwrap().0,
+        integration: "github",
+        auth_type: AuthType::Bearer,
+        envelope: &envelope,
+    };
+    assert!(matches!(
+        s.insert_connection_within(&taken, Some(100)).await,
+        Err(StoreError::ConnectionExists(_))
+    ));
+}
+
+/// Revoked keys are kept, the newest `MAX_REVOKED_KEYS`; memories, the
+/// newest `MAX_MEMORIES_PER_AGENT` of an agent, each bounded in size.
+async fn revoked_keys_and_memories_are_kept_bounded(s: &Store) {
+    s.create_org("org_k", "K", None).await.unwrap();
+    let n = usize::try_from(MAX_REVOKED_KEYS).unwrap() + 5;
+    for i in 0..n {
+        let id = format!("key{i:04}");
+        s.insert_api_key(&id, "org_k", &format!("n{i}"), &format!("h{i}"), None)
+            .await
+            .unwrap();
+        assert!(s.revoke_api_key("org_k", &id).await.unwrap());
+    }
+    s.insert_api_key("live", "org_k", "live", "h", None)
+        .await
+        .unwrap();
+    let keys = s.list_api_keys("org_k").await.unwrap();
+    let revoked = keys.iter().filter(|k| k.revoked_at.is_some()).count();
+    assert_eq!(revoked, usize::try_from(MAX_REVOKED_KEYS).unwrap());
+    assert!(
+        keys.iter()
+            .any(|k| k.id == "live" && k.revoked_at.is_none())
+    );
+    assert!(
+        keys.iter().any(|k| k.id == format!("key{:04}", n - 1)),
+        "the newest kept"
+    );
+    assert!(
+        s.get_api_key("key0000").await.unwrap().is_none(),
+        "the oldest forgotten"
+    );
+
+    let cap = usize::try_from(MAX_MEMORIES_PER_AGENT).unwrap();
+    for i in 0..cap + 3 {
+        s.add_memory("org_m", "bot", None, &format!("m{i}"))
+            .await
+            .unwrap();
+    }
+    s.add_memory("org_m", "other", None, "kept").await.unwrap();
+    let all = s
+        .list_memories("org_m", "bot", u32::try_from(cap + 10).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), cap);
+    assert_eq!(all[0].content, format!("m{}", cap + 2));
+    assert_eq!(
+        s.list_memories("org_m", "other", 10).await.unwrap().len(),
+        1
+    );
+    assert!(matches!(
+        s.add_memory("org_m", "bot", None, &"x".repeat(MAX_MEMORY_BYTES + 1))
+            .await,
+        Err(StoreError::Invalid { .. })
     ));
 }
 

@@ -71,6 +71,7 @@ export const STATUS_OF_CODE: Readonly<Record<string, number>> = {
   unsupported_media_type: 415,
   invalid: 422,
   rate_limited: 429,
+  queue_full: 429,
   internal: 500,
   unavailable: 503,
   storage_full: 507,

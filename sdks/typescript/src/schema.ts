@@ -481,11 +481,8 @@ export interface components {
             download_url?: string | null;
             /** @description Relative to the output directory. */
             path: string;
-            /**
-             * @description why it was not stored (null: stored, downloadable)
-             * @enum {string}
-             */
-            refused?: "symlink" | "not_a_file" | "too_large" | "bad_path" | "unreadable" | "run_files" | "run_quota" | "org_quota";
+            /** @description why it was not stored; null: stored, downloadable */
+            refused?: ("symlink" | "not_a_file" | "too_large" | "bad_path" | "unreadable" | "run_files" | "run_quota" | "org_quota") | null;
         };
         /** @description `GET /v1/runs/{id}/artifacts`. */
         ArtifactList: {
@@ -1594,6 +1591,15 @@ export interface operations {
             };
             /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description quota_exceeded: the organization has ORG_MAX_CONNECTIONS connections; nothing was written */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -47,6 +47,7 @@ const KEY_RECHECK: Duration = Duration::from_millis(250);
     responses(
         (status = 202, description = "queued (queue_position: how many queued runs are ahead)", body = v1::Run),
         (status = 403, description = "quota_exceeded: the organization is over ORG_MAX_STORED_BYTES; nothing was queued", body = v1::Error),
+        (status = 429, description = "queue_full: the organization has ORG_MAX_QUEUED_RUNS runs queued; nothing was queued (Retry-After)", body = v1::Error),
         (status = 404, description = "not_found: no such agent in the caller's organization", body = v1::Error),
         BodyFailures,
         WriteFailures,
@@ -134,8 +135,10 @@ pub async fn create(
             prompt: b.prompt.as_deref(),
             hints: hints.as_deref(),
             inputs: inputs.as_deref(),
+            max_queued: app.cfg().quotas.queued_runs,
         })
-        .await?;
+        .await
+        .map_err(queue_full)?;
     app.kick_scheduler();
     let run = app
         .store()
@@ -144,6 +147,26 @@ pub async fn create(
         .ok_or_else(|| ApiError::internal("a queued run vanished"))?;
     let pos = app.store().queue_position(&id).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(v1::Run::of(&run, pos))).into_response())
+}
+
+/// The organization's queue is full: a 429 to retry once runs have started.
+fn queue_full(e: airlock_store::StoreError) -> ApiError {
+    match e {
+        airlock_store::StoreError::QuotaExceeded {
+            what: "queued runs",
+            limit,
+        } => ApiError {
+            retry_after: Some(5),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                format!(
+                    "the organization has {limit} runs queued (ORG_MAX_QUEUED_RUNS); nothing was queued: retry once some have started"
+                ),
+            )
+        },
+        e => ApiError::from(e),
+    }
 }
 
 /// A run's input files: their paths as a bundle's, their count and sizes

@@ -6,7 +6,7 @@ from .api_key import ApiKey
 from .api_key_list import ApiKeyList
 from .artifact import Artifact
 from .artifact_list import ArtifactList
-from .artifact_refused import ArtifactRefused
+from .artifact_refused_type_0 import ArtifactRefusedType0
 from .connection import Connection
 from .connection_list import ConnectionList
 from .connection_type import ConnectionType
@@ -56,7 +56,7 @@ __all__ = (
     "ApiKeyList",
     "Artifact",
     "ArtifactList",
-    "ArtifactRefused",
+    "ArtifactRefusedType0",
     "Connection",
     "ConnectionList",
     "ConnectionType",

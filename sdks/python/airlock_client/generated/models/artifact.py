@@ -6,7 +6,7 @@ from typing import Any, Self, TypeVar, cast
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
-from ..models.artifact_refused import ArtifactRefused
+from ..models.artifact_refused_type_0 import ArtifactRefusedType0
 from ..types import UNSET, Unset
 
 T = TypeVar("T", bound="Artifact")
@@ -23,7 +23,7 @@ class Artifact:
         download_expires_at (int | None | Unset): When `download_url` stops working (Unix seconds).
         download_url (None | str | Unset): A short-lived signed URL to download it (no API key needed while it
             lasts); `null` when it was not stored.
-        refused (ArtifactRefused | Unset): why it was not stored (null: stored, downloadable)
+        refused (ArtifactRefusedType0 | None | Unset): why it was not stored; null: stored, downloadable
     """
 
     bytes_: int
@@ -31,7 +31,7 @@ class Artifact:
     path: str
     download_expires_at: int | None | Unset = UNSET
     download_url: None | str | Unset = UNSET
-    refused: ArtifactRefused | Unset = UNSET
+    refused: ArtifactRefusedType0 | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -53,9 +53,13 @@ class Artifact:
         else:
             download_url = self.download_url
 
-        refused: str | Unset = UNSET
-        if not isinstance(self.refused, Unset):
+        refused: None | str | Unset
+        if isinstance(self.refused, Unset):
+            refused = UNSET
+        elif isinstance(self.refused, ArtifactRefusedType0):
             refused = self.refused.value
+        else:
+            refused = self.refused
 
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
@@ -104,12 +108,22 @@ class Artifact:
 
         download_url = _parse_download_url(d.pop("download_url", UNSET))
 
-        _refused = d.pop("refused", UNSET)
-        refused: ArtifactRefused | Unset
-        if isinstance(_refused, Unset):
-            refused = UNSET
-        else:
-            refused = ArtifactRefused(_refused)
+        def _parse_refused(data: object) -> ArtifactRefusedType0 | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, str):
+                    raise TypeError()
+                refused_type_0 = ArtifactRefusedType0(data)
+
+                return refused_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(ArtifactRefusedType0 | None | Unset, data)
+
+        refused = _parse_refused(d.pop("refused", UNSET))
 
         artifact = cls(
             bytes_=bytes_,

@@ -1,7 +1,7 @@
 from enum import StrEnum
 
 
-class ArtifactRefused(StrEnum):
+class ArtifactRefusedType0(StrEnum):
     BAD_PATH = "bad_path"
     NOT_A_FILE = "not_a_file"
     ORG_QUOTA = "org_quota"
