@@ -96,6 +96,10 @@ pub struct SettingsError {
 }
 
 pub const DEFAULT_MEMORY_MB: u64 = 1536;
+/// Bytes of artifacts one run may store.
+pub const ENV_RUN_MAX_ARTIFACT_BYTES: &str = "RUN_MAX_ARTIFACT_BYTES";
+/// Bytes of artifacts an organization's runs may store together (`0`: no cap).
+pub const ENV_ORG_MAX_ARTIFACT_BYTES: &str = "ORG_MAX_ARTIFACT_BYTES";
 /// `RUN_MAX_ARTIFACT_BYTES`'s default.
 pub const DEFAULT_RUN_ARTIFACT_BYTES: u64 = 16 << 20;
 /// `ORG_MAX_ARTIFACT_BYTES`'s default.
@@ -183,9 +187,12 @@ impl Settings {
                 Some(path) => Some(read_ca_file(path)?),
             },
             artifacts: airlock_store::ArtifactCaps {
-                run_bytes: bytes("RUN_MAX_ARTIFACT_BYTES", DEFAULT_RUN_ARTIFACT_BYTES)?,
-                org_bytes: Some(bytes("ORG_MAX_ARTIFACT_BYTES", DEFAULT_ORG_ARTIFACT_BYTES)?)
-                    .filter(|n| *n > 0),
+                run_bytes: bytes(ENV_RUN_MAX_ARTIFACT_BYTES, DEFAULT_RUN_ARTIFACT_BYTES)?,
+                org_bytes: Some(bytes(
+                    ENV_ORG_MAX_ARTIFACT_BYTES,
+                    DEFAULT_ORG_ARTIFACT_BYTES,
+                )?)
+                .filter(|n| *n > 0),
             },
         };
         s.check()?;

@@ -134,6 +134,9 @@ impl ServeConfig {
         let every = airlock_store::DEFAULT_SWEEP_INTERVAL.as_secs_f64();
         let retention_sweep = num("RETENTION_SWEEP_SECONDS", every, 1.0, 86_400.0)?;
         let webhooks = Webhooks::from_env()?;
+        #[allow(clippy::cast_precision_loss)] // a small constant
+        let longest = airlock_vault::MAX_SIGNED_URL_SECONDS as f64;
+        let url_seconds = num("ARTIFACT_URL_SECONDS", 300.0, 1.0, longest)?;
         Ok(ServeConfig {
             listen,
             replica_lease: Duration::from_secs_f64(lease),
@@ -155,12 +158,7 @@ impl ServeConfig {
             listener: listener()?,
             fail_point: fail_point()?,
             downloads: downloads()?,
-            download_ttl: i64::from(whole(num(
-                "ARTIFACT_URL_SECONDS",
-                300.0,
-                1.0,
-                airlock_vault::MAX_SIGNED_URL_SECONDS as f64,
-            )?)),
+            download_ttl: i64::from(whole(url_seconds)),
         })
     }
 }
