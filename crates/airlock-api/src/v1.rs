@@ -929,18 +929,26 @@ mod tests {
     fn every_request_round_trips_and_refuses_unknown_fields() {
         let v = round_trip(&NewRun {
             agent: "bot".into(),
+            files: BTreeMap::new(),
             limits: None,
             prompt: None,
         });
         assert_eq!(v, json!({"agent": "bot"}), "unset options are omitted");
         round_trip(&NewRun {
             agent: "bot".into(),
+            files: BTreeMap::new(),
             limits: Some(RunLimits {
                 cpus: Some(0.5),
                 memory_mb: Some(64),
                 timeout_seconds: None,
             }),
             prompt: Some("hi".into()),
+        });
+        round_trip(&NewRun {
+            agent: "bot".into(),
+            files: BTreeMap::from([("data/in.txt".into(), "x".into())]),
+            limits: None,
+            prompt: None,
         });
         round_trip(&RegisterAgent {
             files: [("a.py".to_owned(), "print(1)".to_owned())].into(),

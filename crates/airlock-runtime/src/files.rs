@@ -201,7 +201,8 @@ mod tests {
         let big = std::fs::File::create(out.join("big")).unwrap();
         big.set_len(MAX_ARTIFACT_FILE_BYTES + 1).unwrap();
         let found = collect(&out);
-        let seen: Vec<(&str, Result<&[u8], (ArtifactRefusal, u64)>)> = found
+        type Seen<'a> = (&'a str, Result<&'a [u8], (ArtifactRefusal, u64)>);
+        let seen: Vec<Seen> = found
             .iter()
             .map(|f| {
                 (

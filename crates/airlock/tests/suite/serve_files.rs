@@ -247,10 +247,13 @@ fn inputs_reach_the_workspace_and_artifacts_come_back_by_signed_url_within_quota
     let signer = airlock_vault::UrlSigner::new(
         airlock_vault::SigningKeyring::parse("UPLOAD_SIGNING_SECRET", SIGNING).unwrap(),
     );
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
     let old = signer.sign(&format!("{run2}/report.txt"), now - 100, 10);
     assert_eq!(
         download(&run2, "report.txt", old.expires, &old.signature),

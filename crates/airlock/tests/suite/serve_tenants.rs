@@ -43,7 +43,8 @@ fn a_tenants_queue_and_connections_stop_at_their_caps() {
     for k in [&a, &b] {
         assert_eq!(s.call("POST", "/v1/agents", Some(k), Some(&sleeper)).0, 201);
     }
-    let answers: Vec<(u16, Vec<(String, String)>, Vec<u8>)> = std::thread::scope(|scope| {
+    type Answer = (u16, Vec<(String, String)>, Vec<u8>);
+    let answers: Vec<Answer> = std::thread::scope(|scope| {
         let tries: Vec<_> = (0..8)
             .map(|_| {
                 let (s, a) = (&s, &a);
