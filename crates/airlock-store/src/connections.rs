@@ -75,13 +75,7 @@ impl Store {
         let limit = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
         let res = on_pool!(self, p => {
             async {
-                let mut tx = p.begin().await?;
-                if matches!(self.pool, crate::Pool::Postgres(_)) {
-                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-                        .bind(c.org)
-                        .execute(&mut *tx)
-                        .await?;
-                }
+                let mut tx = locked_tx!(self, p, c.org).await?;
                 let n = sqlx::query(
                     "INSERT INTO connections \
                      (name, integration, auth_type, kid, envelope, created_at, updated_at, org_id) \

@@ -71,6 +71,25 @@ macro_rules! on_pool {
     };
 }
 
+/// Inside [`on_pool!`]: a transaction on `$p` that, on PostgreSQL, holds
+/// the advisory lock of `$key` until it ends, so that writes which count
+/// an organization's rows before they add one are serialised (SQLite has
+/// one writer at a time anyway). Evaluates to `Result<Transaction, sqlx::Error>`.
+macro_rules! locked_tx {
+    ($self:expr, $p:ident, $key:expr) => {
+        async {
+            let mut tx = $p.begin().await?;
+            if matches!($self.pool, $crate::Pool::Postgres(_)) {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                    .bind($key)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok::<_, sqlx::Error>(tx)
+        }
+    };
+}
+
 /// `head`, then `rows` parenthesised lists of `cols` placeholders
 /// (PostgreSQL's `$n`, numbered across rows, or SQLite's `?`), then `tail`:
 /// one statement that writes many rows.

@@ -18,7 +18,7 @@ use sqlx::Row as _;
 use crate::outbox::queue_deliveries_in;
 use crate::runs::in_run_slots;
 use crate::{
-    Pool, Run, RunEnd, RunStatus, Store, StoreError, is_unique_violation, now_ms, validate_name,
+    Run, RunEnd, RunStatus, Store, StoreError, is_unique_violation, now_ms, validate_name,
 };
 
 /// A run to queue.
@@ -89,13 +89,7 @@ impl Store {
             .unwrap_or(i64::MAX);
         let res = on_pool!(self, p => {
             async {
-                let mut tx = p.begin().await?;
-                if matches!(self.pool, Pool::Postgres(_)) {
-                    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-                        .bind(format!("queue:{}", r.org))
-                        .execute(&mut *tx)
-                        .await?;
-                }
+                let mut tx = locked_tx!(self, p, format!("queue:{}", r.org)).await?;
                 let n = sqlx::query(
                     "INSERT INTO runs (id, agent, status, backend, model, created_at, org_id, prompt, \
                      hints, queue_seq, inputs) SELECT $1, $2, 'queued', $3, $4, $5, $6, $7, $8, $9, $10 \
