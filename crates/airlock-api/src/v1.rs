@@ -69,6 +69,21 @@ fn delivery_state() -> Object {
     one_of(DELIVERY_STATES, "failed: given up after the last attempt")
 }
 
+/// A refusal's spelling, or null (stored).
+fn artifact_refusal() -> Schema {
+    let reasons = one_of(
+        &airlock_platform_api::files::ArtifactRefusal::ALL.map(|r| r.as_str()),
+        "why it was not stored",
+    );
+    Schema::OneOf(
+        utoipa::openapi::schema::OneOfBuilder::new()
+            .item(reasons)
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .description(Some("why it was not stored; null: stored, downloadable"))
+            .build(),
+    )
+}
+
 fn memory_mb() -> Object {
     #[allow(clippy::cast_precision_loss)] // a small constant
     let min = airlock_platform::manifest::MIN_MEMORY_MB as f64;
@@ -361,6 +376,12 @@ pub struct NewRun {
     /// Limits tighter (or other) than the manifest's, checked as a manifest's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
+    /// The run's input files: relative path → UTF-8 content, placed in the
+    /// agent's workspace (`$AIRLOCK_WORKSPACE/<path>`) before it starts.
+    /// Paths are checked as a bundle's; at most 64 files, 1 MiB each, 4 MiB
+    /// in all.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
     /// The run's prompt (at most 256 KiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
@@ -533,6 +554,44 @@ pub struct EventPage {
     pub events: Vec<Event>,
     /// The `after` of the next page (this one's if it is empty).
     pub next_after: i64,
+}
+
+/// A file the run's agent left in its output directory (`agent.outputs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Artifact {
+    /// Its size as the agent left it.
+    pub bytes: u64,
+    pub created_at: i64,
+    /// A short-lived signed URL to download it (no API key needed while it
+    /// lasts); `null` when it was not stored.
+    pub download_url: Option<String>,
+    /// When `download_url` stops working (Unix seconds).
+    pub download_expires_at: Option<i64>,
+    /// Relative to the output directory.
+    pub path: String,
+    /// Why it was not stored: `symlink`, `not_a_file`, `too_large`,
+    /// `bad_path`, `unreadable`, `run_files`, `run_quota`, `org_quota`.
+    #[schema(schema_with = artifact_refusal)]
+    pub refused: Option<airlock_platform_api::files::ArtifactRefusal>,
+}
+
+/// `GET /v1/runs/{id}/artifacts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ArtifactList {
+    pub artifacts: Vec<Artifact>,
+}
+
+/// `GET /v1/runs/{id}/artifacts/download`'s query: what a signed URL carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactDownload {
+    /// The artifact's path.
+    pub path: String,
+    /// Unix seconds.
+    pub expires: i64,
+    /// Lowercase hex HMAC-SHA256.
+    pub signature: String,
 }
 
 /// One request that left a run's sandbox, or one refusal.
@@ -953,18 +1012,26 @@ mod tests {
     fn every_request_round_trips_and_refuses_unknown_fields() {
         let v = round_trip(&NewRun {
             agent: "bot".into(),
+            files: BTreeMap::new(),
             limits: None,
             prompt: None,
         });
         assert_eq!(v, json!({"agent": "bot"}), "unset options are omitted");
         round_trip(&NewRun {
             agent: "bot".into(),
+            files: BTreeMap::new(),
             limits: Some(RunLimits {
                 cpus: Some(0.5),
                 memory_mb: Some(64),
                 timeout_seconds: None,
             }),
             prompt: Some("hi".into()),
+        });
+        round_trip(&NewRun {
+            agent: "bot".into(),
+            files: BTreeMap::from([("data/in.txt".into(), "x".into())]),
+            limits: None,
+            prompt: None,
         });
         round_trip(&RegisterAgent {
             files: [("a.py".to_owned(), "print(1)".to_owned())].into(),

@@ -171,6 +171,24 @@ impl PlatformClient {
         content_type: Option<&str>,
         body: Bytes,
     ) -> Result<(StatusCode, http::HeaderMap, Bytes), PlatformError> {
+        let mut headers = http::HeaderMap::new();
+        if let Some(ct) = content_type {
+            let ct = http::HeaderValue::from_str(ct)
+                .map_err(|e| PlatformError::Transport(e.to_string()))?;
+            headers.insert(header::CONTENT_TYPE, ct);
+        }
+        self.request_with(method, path_and_query, headers, body)
+            .await
+    }
+
+    /// [`Self::request`] with these `headers` beside the host and the token.
+    async fn request_with(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<(StatusCode, http::HeaderMap, Bytes), PlatformError> {
         let mut req = Request::builder()
             .method(method)
             .uri(path_and_query)
@@ -179,8 +197,8 @@ impl PlatformClient {
                 header::AUTHORIZATION,
                 format!("Bearer {}", self.run_token.expose_secret()),
             );
-        if let Some(ct) = content_type {
-            req = req.header(header::CONTENT_TYPE, ct);
+        if let Some(h) = req.headers_mut() {
+            h.extend(headers);
         }
         let req = req
             .body(Full::new(body))
@@ -454,6 +472,25 @@ impl PlatformClient {
         serde_json::from_slice(&answer).map_err(|e| PlatformError::BadAnswer(e.to_string()))
     }
 
+    /// Hands one artifact of this run to the platform: `Ok(body)` its
+    /// bytes, `Err(why)` the runtime's reason for not reading it (`bytes` as
+    /// it saw them). The answer says whether it was stored.
+    pub async fn put_artifact(
+        &self,
+        path: &str,
+        body: Result<Bytes, (crate::files::ArtifactRefusal, u64)>,
+    ) -> Result<crate::wire::ArtifactAnswer, PlatformError> {
+        let (_, _, answer) = self
+            .request_with(
+                Method::POST,
+                &format!("{PREFIX}/artifacts"),
+                artifact_headers(path, body.as_ref().err().copied())?,
+                body.unwrap_or_default(),
+            )
+            .await?;
+        serde_json::from_slice(&answer).map_err(|e| PlatformError::BadAnswer(e.to_string()))
+    }
+
     /// Reads a stored result of this run: `(content type, body)`.
     pub async fn get_result(&self, id: &str) -> Result<(String, Bytes), PlatformError> {
         let (_, headers, body) = self
@@ -471,6 +508,28 @@ impl PlatformClient {
             .to_owned();
         Ok((ct, body))
     }
+}
+
+/// The headers naming an artifact: its path, and the runtime's reason
+/// when it did not read it.
+fn artifact_headers(
+    path: &str,
+    refused: Option<(crate::files::ArtifactRefusal, u64)>,
+) -> Result<http::HeaderMap, PlatformError> {
+    use crate::files::{ARTIFACT_PATH_HEADER, ARTIFACT_REFUSED_HEADER};
+    let bad = |e: http::header::InvalidHeaderValue| PlatformError::Transport(e.to_string());
+    let mut h = http::HeaderMap::new();
+    h.insert(
+        ARTIFACT_PATH_HEADER,
+        http::HeaderValue::from_str(&encode(path)).map_err(bad)?,
+    );
+    if let Some((why, bytes)) = refused {
+        h.insert(
+            ARTIFACT_REFUSED_HEADER,
+            http::HeaderValue::from_str(&format!("{} {bytes}", why.as_str())).map_err(bad)?,
+        );
+    }
+    Ok(h)
 }
 
 #[cfg(test)]

@@ -168,6 +168,16 @@ pub struct RuntimeSecrets {
     /// TLS: the runtime makes the agent's tools trust it.
     #[serde(default)]
     pub proxy_ca_pem: Option<String>,
+    /// A directory the sandbox sees read-only, holding the run's input
+    /// files: copied into the workspace (same relative paths) before the
+    /// agent starts.
+    #[serde(default)]
+    pub inputs: Option<PathBuf>,
+    /// The agent's output directory, relative to the workspace: what it
+    /// leaves there is handed to the sidecar as the run's artifacts once it
+    /// has exited ([`crate::files`]).
+    #[serde(default)]
+    pub outputs: Option<String>,
 }
 
 fn default_heartbeat() -> u64 {
@@ -786,6 +796,8 @@ mod tests {
             prompt: None,
             env: vec![],
             proxy_ca_pem: None,
+            inputs: None,
+            outputs: None,
         };
         let bytes = r.to_json();
         let back = RuntimeSecrets::from_json(&bytes).unwrap();

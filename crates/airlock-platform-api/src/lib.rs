@@ -10,6 +10,7 @@ pub mod budget;
 pub mod client;
 pub mod clock;
 pub mod connection_types;
+pub mod files;
 mod get;
 pub mod launch;
 pub mod listener_guard;

@@ -15,6 +15,7 @@
 //! | POST | `/internal/v1/events` | [`EventBatch`] | [`Accepted`] |
 //! | POST | `/internal/v1/results` | raw bytes, `content-type` kept | [`StoredResultRef`] |
 //! | GET  | `/internal/v1/results/{id}` | – | the raw bytes, with their `content-type` |
+//! | POST | `/internal/v1/artifacts` | the file's raw bytes; its path in `x-airlock-artifact-path`, or empty with `x-airlock-artifact-refused` | [`ArtifactAnswer`] |
 
 use std::collections::BTreeMap;
 
@@ -504,6 +505,13 @@ pub struct StoredResultRef {
     /// `airlock://result/<runId>/<id>`
     pub uri: String,
     pub bytes: u64,
+}
+
+/// What became of an artifact handed to `/internal/v1/artifacts`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ArtifactAnswer {
+    /// `None`: stored with the run; else recorded refused, for this reason.
+    pub refused: Option<crate::files::ArtifactRefusal>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -80,11 +80,19 @@ fn encrypt_fields(ring: &Keyring, fields: &Fields) -> Result<String, ConnectionE
     Ok(ring.encrypt(plaintext.as_bytes())?)
 }
 
-/// A new connection of `org`.
+/// Whose connection it is, and how many that organization may hold
+/// (`ORG_MAX_CONNECTIONS`; `None`: no cap, the CLI's local organization).
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    pub org: &'a str,
+    pub max_connections: Option<u64>,
+}
+
+/// A new connection of `owner`'s organization, within its cap.
 pub async fn store_connection(
     store: &Store,
     ring: &Keyring,
-    org: &str,
+    owner: Owner<'_>,
     name: &str,
     integration: &str,
     auth_type: AuthType,
@@ -94,14 +102,15 @@ pub async fn store_connection(
     let envelope = encrypt_fields(ring, fields)?;
     // A different key under an id the store already uses is refused.
     store.record_active_key(ring).await?;
+    let c = NewConnection {
+        org: owner.org,
+        name,
+        integration,
+        auth_type,
+        envelope: &envelope,
+    };
     store
-        .insert_connection(&NewConnection {
-            org,
-            name,
-            integration,
-            auth_type,
-            envelope: &envelope,
-        })
+        .insert_connection_within(&c, owner.max_connections)
         .await?;
     tracing::info!(connection = %name, integration = %integration, kid = ring.active_kid(), "stored connection");
     Ok(())

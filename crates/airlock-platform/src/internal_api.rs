@@ -14,8 +14,8 @@ use airlock_platform_api::budget;
 use airlock_platform_api::read_interest::ReadInterestListener;
 use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
-    Accepted, CredentialResponse, ErrorBody, EventBatch, HistoryEntry, HistoryResponse,
-    MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
+    Accepted, ArtifactAnswer, CredentialResponse, ErrorBody, EventBatch, HistoryEntry,
+    HistoryResponse, MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
 use airlock_store::{
     BatchWrite, ConnectionRecord, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
@@ -61,6 +61,8 @@ struct Inner {
     connections: ConnectionCache,
     /// Model budget reservations charged and not yet settled.
     reservations: crate::budget::Reservations,
+    /// What a run's artifacts may take in the store.
+    artifacts: airlock_store::ArtifactCaps,
 }
 
 /// Stored connections as read from the store, envelopes still encrypted.
@@ -188,7 +190,12 @@ impl InternalApi {
         &self.inner.keyring
     }
 
-    pub fn new(store: Store, keyring: Arc<Keyring>, tokens: RunTokens) -> Self {
+    pub fn new(
+        store: Store,
+        keyring: Arc<Keyring>,
+        tokens: RunTokens,
+        artifacts: airlock_store::ArtifactCaps,
+    ) -> Self {
         InternalApi {
             inner: Arc::new(Inner {
                 store,
@@ -198,6 +205,7 @@ impl InternalApi {
                 writes: tokio::sync::Mutex::new(()),
                 connections: ConnectionCache::default(),
                 reservations: crate::budget::Reservations::default(),
+                artifacts,
             }),
         }
     }
@@ -241,6 +249,7 @@ impl InternalApi {
             .route("/internal/v1/results/{id}", get(get_result))
             .route(budget::RESERVE_PATH, post(reserve_budget))
             .route(budget::SETTLE_PATH, post(settle_budget))
+            .route("/internal/v1/artifacts", post(put_artifact))
             .layer(middleware::from_fn_with_state(self.clone(), authenticate))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
             .with_state(self.clone())
@@ -900,6 +909,78 @@ async fn put_result(State(api): State<InternalApi>, headers: HeaderMap, req: Req
         bytes: body.len() as u64,
     })
     .into_response()
+}
+
+/// One artifact of the run: checked by the one path rule (a path it
+/// refuses is a 400, nothing recorded), bounded by
+/// [`MAX_ARTIFACT_FILE_BYTES`], then recorded by the store within the
+/// run's and the organization's caps.
+async fn put_artifact(
+    State(api): State<InternalApi>,
+    headers: HeaderMap,
+    req: Request,
+) -> Response {
+    use airlock_platform_api::files::{
+        ARTIFACT_PATH_HEADER, ARTIFACT_REFUSED_HEADER, ArtifactRefusal, MAX_ARTIFACT_FILE_BYTES,
+        check_relative_path,
+    };
+    use airlock_store::ArtifactBody;
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
+    let bad = |m: String| error(StatusCode::BAD_REQUEST, "bad_request", m);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let Some(path) = header(ARTIFACT_PATH_HEADER)
+        .and_then(|p| percent_encoding::percent_decode_str(p).decode_utf8().ok())
+    else {
+        return bad(format!("{ARTIFACT_PATH_HEADER}: missing or not UTF-8"));
+    };
+    if let Err(e) = check_relative_path(&path) {
+        return bad(format!("artifact path {path:?}: {e}"));
+    }
+    let refused = match header(ARTIFACT_REFUSED_HEADER).map(|v| v.split_once(' ')) {
+        None => None,
+        Some(Some((why, n))) => match (why.parse::<ArtifactRefusal>(), n.parse::<u64>()) {
+            (Ok(why), Ok(bytes)) => Some((why, bytes)),
+            _ => {
+                return bad(format!(
+                    "{ARTIFACT_REFUSED_HEADER}: not a reason and a size"
+                ));
+            }
+        },
+        Some(None) => {
+            return bad(format!(
+                "{ARTIFACT_REFUSED_HEADER}: not a reason and a size"
+            ));
+        }
+    };
+    let limit = usize::try_from(MAX_ARTIFACT_FILE_BYTES).unwrap_or(usize::MAX);
+    let Ok(data) = axum::body::to_bytes(req.into_body(), limit).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("an artifact is limited to {MAX_ARTIFACT_FILE_BYTES} bytes"),
+        );
+    };
+    let body = match refused {
+        Some((why, bytes)) => ArtifactBody::Refused { why, bytes },
+        None => ArtifactBody::File(&data),
+    };
+    match api
+        .inner
+        .store
+        .put_artifact(&run_id, &path, body, api.inner.artifacts)
+        .await
+    {
+        Ok(refused) => axum::Json(ArtifactAnswer { refused }).into_response(),
+        Err(e @ airlock_store::StoreError::QuotaExceeded { .. }) => {
+            error(StatusCode::FORBIDDEN, "quota_exceeded", e.to_string())
+        }
+        Err(e @ airlock_store::StoreError::ArtifactExists { .. }) => {
+            error(StatusCode::CONFLICT, "conflict", e.to_string())
+        }
+        Err(e) => internal(e.chain()),
+    }
 }
 
 async fn get_result(

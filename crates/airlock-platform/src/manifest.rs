@@ -126,6 +126,11 @@ pub struct Agent {
     pub memory_mb: Option<u64>,
     #[serde(default)]
     pub cpus: Option<f64>,
+    /// The agent's output directory, relative to its workspace: the regular
+    /// files it leaves there are stored with the run as its artifacts
+    /// (`$AIRLOCK_OUTPUT_DIR` names it for the agent). None: nothing is kept.
+    #[serde(default)]
+    pub outputs: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -303,6 +308,16 @@ impl Manifest {
         }
         if let Some(c) = a.cpus {
             check_cpus(c).map_err(|e| invalid("agent.cpus", e.to_string()))?;
+        }
+        if let Some(o) = &a.outputs {
+            airlock_platform_api::files::check_relative_path(o)
+                .map_err(|e| invalid("agent.outputs", format!("{o:?} {e}")))?;
+            if o == ".airlock" || o.starts_with(".airlock/") {
+                return Err(invalid(
+                    "agent.outputs",
+                    "the workspace's .airlock directory is the runtime's",
+                ));
+            }
         }
         if let Some(model) = &self.model {
             model.validate()?;

@@ -223,7 +223,12 @@ fn serve_internal_api(
             path: api_socket.clone(),
             source,
         })?;
-    let api = InternalApi::new(p.store.clone(), p.keyring.clone(), p.tokens.clone());
+    let api = InternalApi::new(
+        p.store.clone(),
+        p.keyring.clone(),
+        p.tokens.clone(),
+        p.settings.artifacts,
+    );
     let server = tokio::spawn(api.clone().serve_forever(listener));
     tracing::debug!(target: "airlock::phase", "internal API listening");
     Ok((api, api_socket, server))

@@ -103,6 +103,10 @@ pub struct Settings {
     /// `EGRESS_EXTRA_CA_FILE`: trust anchors (PEM) the sidecars accept for
     /// upstream TLS beside the Mozilla roots (a private CA), read at start.
     pub extra_ca_pem: Option<String>,
+    /// What a run's artifacts may take in the store: `RUN_MAX_ARTIFACT_BYTES`
+    /// (16 MiB) per run, `ORG_MAX_ARTIFACT_BYTES` (1 GiB, `0`: no cap) per
+    /// organization.
+    pub artifacts: airlock_store::ArtifactCaps,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +117,14 @@ pub struct SettingsError {
 }
 
 pub const DEFAULT_MEMORY_MB: u64 = 1536;
+/// Bytes of artifacts one run may store.
+pub const ENV_RUN_MAX_ARTIFACT_BYTES: &str = "RUN_MAX_ARTIFACT_BYTES";
+/// Bytes of artifacts an organization's runs may store together (`0`: no cap).
+pub const ENV_ORG_MAX_ARTIFACT_BYTES: &str = "ORG_MAX_ARTIFACT_BYTES";
+/// `RUN_MAX_ARTIFACT_BYTES`'s default.
+pub const DEFAULT_RUN_ARTIFACT_BYTES: u64 = 16 << 20;
+/// `ORG_MAX_ARTIFACT_BYTES`'s default.
+pub const DEFAULT_ORG_ARTIFACT_BYTES: u64 = 1 << 30;
 /// Largest workspace tmpfs (1 TiB: a typo, not a size).
 pub const MAX_WORKSPACE_TMPFS_MB: u64 = 1 << 20;
 pub const DEFAULT_CPUS: f64 = 2.0;
@@ -158,6 +170,15 @@ impl Settings {
                 }),
             }
         };
+        let bytes = |var: &'static str, default: u64| -> Result<u64, SettingsError> {
+            match get(var) {
+                None => Ok(default),
+                Some(v) => v.parse::<u64>().map_err(|_| SettingsError {
+                    var,
+                    message: format!("{v:?} is not a whole number of bytes"),
+                }),
+            }
+        };
         let limits = match get("PLATFORM_RUN_LIMITS") {
             None => RunLimits::default(),
             Some(v) => RunLimits::parse(v).map_err(|e| SettingsError {
@@ -185,6 +206,14 @@ impl Settings {
             extra_ca_pem: match get("EGRESS_EXTRA_CA_FILE") {
                 None => None,
                 Some(path) => Some(read_ca_file(path)?),
+            },
+            artifacts: airlock_store::ArtifactCaps {
+                run_bytes: bytes(ENV_RUN_MAX_ARTIFACT_BYTES, DEFAULT_RUN_ARTIFACT_BYTES)?,
+                org_bytes: Some(bytes(
+                    ENV_ORG_MAX_ARTIFACT_BYTES,
+                    DEFAULT_ORG_ARTIFACT_BYTES,
+                )?)
+                .filter(|n| *n > 0),
             },
         };
         s.check()?;

@@ -65,7 +65,15 @@ impl TestPlatform {
             })
             .await
             .expect("insert run");
-        let api = InternalApi::new(store, keyring.clone(), tokens.clone());
+        let api = InternalApi::new(
+            store,
+            keyring.clone(),
+            tokens.clone(),
+            airlock_store::ArtifactCaps {
+                run_bytes: crate::settings::DEFAULT_RUN_ARTIFACT_BYTES,
+                org_bytes: Some(crate::settings::DEFAULT_ORG_ARTIFACT_BYTES),
+            },
+        );
         api.grant(
             &run_id,
             Grant {

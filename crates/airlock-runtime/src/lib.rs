@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod files;
 mod relay;
 mod report;
 pub mod runner;
@@ -96,6 +97,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     tracing::debug!(target: "airlock::phase", "runtime: sidecar reachable");
 
     let reporter = Reporter::start(sidecar.clone(), token.clone());
+    let sidecar_dial = sidecar.clone();
     let api = relay::sidecar_relay(sidecar, token.clone())
         .await
         .map_err(RuntimeError::Relay)?;
@@ -136,6 +138,10 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     for p in pumps {
         let _ = p.await;
     }
+    if let Some(out) = &files.outputs {
+        // The agent and its group are gone: what it left is read now.
+        files::hand_over(&sidecar_dial, &token, files::collect(out)).await;
+    }
     heartbeat.abort();
     let exit_code = exit_code(status);
     reporter
@@ -151,11 +157,14 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
 }
 
 /// The agent's files in its workspace (`.airlock/`): the prompt, written
-/// before it starts, and where it may leave its result.
+/// before it starts, and where it may leave its result; its input files,
+/// placed before it starts, and its output directory.
 struct AgentFiles {
     meta: std::path::PathBuf,
     prompt: std::path::PathBuf,
     result: std::path::PathBuf,
+    /// The output directory, made before the agent starts.
+    outputs: Option<std::path::PathBuf>,
 }
 
 impl AgentFiles {
@@ -168,17 +177,29 @@ impl AgentFiles {
             .map_err(RuntimeError::Workspace)?;
         let result = meta.join("result.json");
         let _ = std::fs::remove_file(&result);
+        if let Some(from) = &secrets.inputs {
+            files::place_inputs(from, &secrets.workspace).map_err(RuntimeError::Workspace)?;
+        }
+        let outputs = secrets.outputs.as_ref().map(|o| secrets.workspace.join(o));
+        if let Some(out) = &outputs {
+            std::fs::create_dir_all(out).map_err(RuntimeError::Workspace)?;
+        }
         Ok(AgentFiles {
             meta,
             prompt,
             result,
+            outputs,
         })
     }
 
     /// The agent's own variables: its files, and the local relay `api` as
     /// its MCP and model endpoints (with the placeholder key).
     fn env(&self, api: std::net::SocketAddr) -> Vec<(String, String)> {
-        vec![
+        let outputs = self
+            .outputs
+            .iter()
+            .map(|o| ("AIRLOCK_OUTPUT_DIR".to_owned(), o.display().to_string()));
+        let mut env = vec![
             (
                 "AIRLOCK_PROMPT_FILE".into(),
                 self.prompt.display().to_string(),
@@ -194,7 +215,9 @@ impl AgentFiles {
             ("ANTHROPIC_API_KEY".into(), PLACEHOLDER_KEY.into()),
             ("NO_PROXY".into(), "127.0.0.1,localhost".into()),
             ("no_proxy".into(), "127.0.0.1,localhost".into()),
-        ]
+        ];
+        env.extend(outputs);
+        env
     }
 }
 

@@ -185,7 +185,7 @@ impl Reporter {
 
 /// Why a batch did not reach the sidecar: one variant per step of its post.
 #[derive(Debug, thiserror::Error)]
-enum PostError {
+pub(crate) enum PostError {
     #[error("{0}")]
     Encode(#[source] serde_json::Error),
     #[error("{0}")]
@@ -200,6 +200,24 @@ enum PostError {
 
 async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Result<(), PostError> {
     let body = serde_json::to_vec(&EventBatch { events }).map_err(PostError::Encode)?;
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    send(socket, token, "/events", headers, Bytes::from(body)).await?;
+    Ok(())
+}
+
+/// One `POST path` to the sidecar with its token and `headers`; a
+/// non-success answer is [`PostError::Refused`].
+pub(crate) async fn send(
+    socket: &Dial,
+    token: &SecretString,
+    path: &str,
+    headers: http::HeaderMap,
+    body: Bytes,
+) -> Result<http::Response<hyper::body::Incoming>, PostError> {
     let stream = socket.connect().await.map_err(PostError::Connect)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -207,9 +225,8 @@ async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Res
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let req = Request::post("/events")
+    let mut req = Request::post(path)
         .header("host", "sidecar")
-        .header("content-type", "application/json")
         .header(
             SidecarAuth::HEADER,
             SidecarAuth(token)
@@ -217,13 +234,14 @@ async fn post(socket: &Dial, token: &SecretString, events: Vec<RunEvent>) -> Res
                 .map_err(http::Error::from)
                 .map_err(PostError::Request)?,
         )
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(body))
         .map_err(PostError::Request)?;
+    req.headers_mut().extend(headers);
     let resp = sender.send_request(req).await.map_err(PostError::Http)?;
     if !resp.status().is_success() {
         return Err(PostError::Refused(resp.status()));
     }
-    Ok(())
+    Ok(resp)
 }
 
 #[cfg(test)]

@@ -53,6 +53,12 @@ pub struct ServeConfig {
     pub listener: listener_guard::Settings,
     /// `AIRLOCK_TEST_FAIL_POINT`: test-only ([`failpoint`]).
     pub fail_point: Option<failpoint::FailPoint>,
+    /// Signs artifact download URLs (`UPLOAD_SIGNING_SECRET`; unset: a
+    /// secret of this process's own, so a URL works only on the replica
+    /// that made it).
+    pub downloads: airlock_vault::UrlSigner,
+    /// How long a download URL lasts (`ARTIFACT_URL_SECONDS`, 300; at most 3600).
+    pub download_ttl: i64,
 }
 
 /// The default `--listen` address.
@@ -128,6 +134,9 @@ impl ServeConfig {
         let every = airlock_store::DEFAULT_SWEEP_INTERVAL.as_secs_f64();
         let retention_sweep = num("RETENTION_SWEEP_SECONDS", every, 1.0, 86_400.0)?;
         let webhooks = Webhooks::from_env()?;
+        #[allow(clippy::cast_precision_loss)] // a small constant
+        let longest = airlock_vault::MAX_SIGNED_URL_SECONDS as f64;
+        let url_seconds = num("ARTIFACT_URL_SECONDS", 300.0, 1.0, longest)?;
         Ok(ServeConfig {
             listen,
             replica_lease: Duration::from_secs_f64(lease),
@@ -148,6 +157,8 @@ impl ServeConfig {
             quotas: airlock_store::OrgQuotas::from_lookup(get).map_err(setting)?,
             listener: listener()?,
             fail_point: fail_point()?,
+            downloads: downloads()?,
+            download_ttl: i64::from(whole(url_seconds)),
         })
     }
 }
@@ -193,6 +204,25 @@ fn listener() -> Result<listener_guard::Settings, ConfigError> {
         header_read_timeout: Duration::from_secs_f64(header_read),
         idle_timeout: Duration::from_secs_f64(idle_timeout),
     })
+}
+
+/// The download URLs' signer: `UPLOAD_SIGNING_SECRET`, or a random
+/// secret of this process's own when it is unset.
+fn downloads() -> Result<airlock_vault::UrlSigner, ConfigError> {
+    use airlock_vault::{ENV_UPLOAD_SIGNING_SECRET as VAR, SigningKeyring};
+    let bad = |e: &dyn std::fmt::Display| ConfigError {
+        var: VAR,
+        message: e.to_string(),
+    };
+    let ring = match get(VAR) {
+        Some(v) => SigningKeyring::parse(VAR, &zeroize::Zeroizing::new(v)).map_err(|e| bad(&e))?,
+        None => {
+            let own =
+                zeroize::Zeroizing::new(airlock_vault::random_hex::<32>().map_err(|e| bad(&e))?);
+            SigningKeyring::parse(VAR, &own).map_err(|e| bad(&e))?
+        }
+    };
+    Ok(airlock_vault::UrlSigner::new(ring))
 }
 
 /// `AIRLOCK_TEST_FAIL_POINT` (test-only).

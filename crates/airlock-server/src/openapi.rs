@@ -20,7 +20,7 @@ use utoipa::OpenApi as _;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
-use crate::routes::{agents, budget, connections, health, keys, runs, webhooks};
+use crate::routes::{agents, artifacts, budget, connections, health, keys, runs, webhooks};
 use crate::state::AppState;
 
 /// One route.
@@ -75,6 +75,7 @@ macro_rules! routes {
                 (name = "api_keys", description = "The organization's API keys"),
                 (name = "agents", description = "Agents: a manifest and the files of its directory"),
                 (name = "runs", description = "Runs: queued, started in order, followed live"),
+                (name = "artifacts", description = "Files a run's agent left in its output directory"),
                 (name = "connections", description = "Credentials, stored encrypted; never returned"),
                 (name = "webhooks", description = "Signed deliveries of run events"),
                 (name = "document", description = "This document"),
@@ -99,7 +100,8 @@ routes! {
     get "/v1/agents" true None => Some("AgentList"), agents::list;
     get "/v1/agents/{name}" true None => Some("Agent"), agents::get;
     delete "/v1/agents/{name}" true None => None, agents::delete;
-    post "/v1/runs" true Some("NewRun") => Some("Run"), runs::create;
+    post "/v1/runs" true Some("NewRun") => Some("Run"), runs::create,
+        layer DefaultBodyLimit::max(runs::MAX_BODY);
     get "/v1/runs" true None => Some("RunList"), runs::list;
     get "/v1/runs/{id}" true None => Some("Run"), runs::get;
     post "/v1/runs/{id}/cancel" true None => Some("Run"), runs::cancel;
@@ -109,6 +111,8 @@ routes! {
     get "/v1/runs/{id}/cost" true None => Some("Cost"), runs::cost;
     get "/v1/runs/{id}/result" true None => None, runs::result;
     get "/v1/runs/{id}/results/{result_id}" true None => None, runs::stored_result;
+    get "/v1/runs/{id}/artifacts" true None => Some("ArtifactList"), artifacts::list;
+    get "/v1/runs/{id}/artifacts/download" false None => None, artifacts::download;
     post "/v1/connections" true Some("NewConnection") => Some("Connection"), connections::create;
     get "/v1/connections" true None => Some("ConnectionList"), connections::list;
     get "/v1/connections/{name}" true None => Some("Connection"), connections::get;
@@ -141,7 +145,7 @@ impl utoipa::Modify for ApiKeyScheme {
     }
 }
 
-/// Largest body of every route but agent registration.
+/// Largest body of every route but agent registration and run creation.
 pub const MAX_BODY: usize = 1 << 20;
 
 pub fn router(app: AppState) -> Router {
@@ -239,6 +243,8 @@ mod tests {
         ("get", "/v1/runs/{id}/cost", "get_run_cost", "runs"),
         ("get", "/v1/runs/{id}/result", "get_run_result", "runs"),
         ("get", "/v1/runs/{id}/results/{result_id}", "get_result", "runs"),
+        ("get", "/v1/runs/{id}/artifacts", "list_run_artifacts", "artifacts"),
+        ("get", "/v1/runs/{id}/artifacts/download", "download_artifact", "artifacts"),
         ("post", "/v1/connections", "create_connection", "connections"),
         ("get", "/v1/connections", "list_connections", "connections"),
         ("get", "/v1/connections/{name}", "get_connection", "connections"),

@@ -630,6 +630,8 @@ pub enum ClaimedRunError {
     Hints(serde_json::Error),
     #[error("the agent's stored files: {0}")]
     Files(serde_json::Error),
+    #[error("the run's stored input files: {0}")]
+    Inputs(serde_json::Error),
     #[error("recording the run's failure: {}", .0.chain())]
     RecordFailure(StoreError),
     #[error("the store failed while the run was started or ended: {}", .0.chain())]
@@ -693,15 +695,32 @@ async fn run_one(
     let files: BTreeMap<String, String> =
         serde_json::from_str(&agent.files).map_err(ClaimedRunError::Files)?;
     let bundle = orch.home.join("bundles").join(&run.id);
-    if let Err(e) = write_bundle(&bundle, &agent.manifest, &files) {
+    if let Err(e) = write_bundle(&bundle, Some(&agent.manifest), &files) {
         let _ = std::fs::remove_dir_all(&bundle);
         return fail(format!("writing the agent's files: {e}")).await;
+    }
+    let inputs: Option<BTreeMap<String, String>> = claimed
+        .inputs
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(ClaimedRunError::Inputs)?;
+    let inputs_dir = inputs
+        .as_ref()
+        .map(|_| orch.home.join("inputs").join(&run.id));
+    if let (Some(dir), Some(inputs)) = (&inputs_dir, &inputs)
+        && let Err(e) = write_bundle(dir, None, inputs)
+    {
+        let _ = std::fs::remove_dir_all(&bundle);
+        let _ = std::fs::remove_dir_all(dir);
+        return fail(format!("writing the run's input files: {e}")).await;
     }
     let req = RunRequest {
         org: run.org_id.clone(),
         manifest,
         agent_dir: bundle.clone(),
         prompt: claimed.prompt.clone(),
+        inputs_dir: inputs_dir.clone(),
         command: None,
         echo: airlock_platform::orchestrator::Echo::Tagged,
     };
@@ -709,14 +728,18 @@ async fn run_one(
         .run_claimed(run.id.clone(), req, cancel, &|_p| {})
         .await;
     let _ = std::fs::remove_dir_all(&bundle);
+    if let Some(dir) = &inputs_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     outcome.map(|_| ()).map_err(ClaimedRunError::from)
 }
 
-/// The agent's directory for one run: its manifest and files, readable by
-/// the sandbox (which mounts it read-only), nothing else.
+/// The agent's directory for one run (its manifest and files), or its
+/// input files' (no manifest): readable by the sandbox (which mounts it
+/// read-only), nothing else.
 fn write_bundle(
     dir: &std::path::Path,
-    manifest: &str,
+    manifest: Option<&str>,
     files: &BTreeMap<String, String>,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
@@ -743,9 +766,11 @@ fn write_bundle(
         std::io::Write::write_all(&mut f, body.as_bytes())?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
     };
-    write("airlock.toml", manifest)?;
+    if let Some(manifest) = manifest {
+        write("airlock.toml", manifest)?;
+    }
     for (rel, body) in files {
-        if rel != "airlock.toml" {
+        if manifest.is_none() || rel != "airlock.toml" {
             write(rel, body)?;
         }
     }

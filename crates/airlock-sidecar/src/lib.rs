@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod artifacts;
 pub mod auth;
 /// The clock of every record the sidecar writes: the contract crate's.
 pub use airlock_platform_api::clock;

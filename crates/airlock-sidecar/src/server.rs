@@ -52,6 +52,7 @@ fn router(sidecar: Arc<Sidecar>, mcp: mcp::Endpoint) -> Router {
     let limit = sidecar.limits.max_request_bytes;
     let protected: Router<Arc<Sidecar>> = Router::new()
         .route("/events", post(events::ingest))
+        .route("/artifacts", post(crate::artifacts::put))
         .nest_service("/mcp", mcp)
         .nest_service("/llm", llm::router(sidecar.clone()))
         .layer(middleware::from_fn_with_state(

@@ -38,6 +38,9 @@ macro_rules! api_key_row {
     };
 }
 
+/// Revoked keys kept per organization (the newest).
+pub const MAX_REVOKED_KEYS: i64 = 100;
+
 impl Store {
     /// Stores a new API key of `org`, unless `org` already has `max` keys
     /// not revoked ([`StoreError::QuotaExceeded`]).
@@ -104,16 +107,33 @@ impl Store {
 
     /// Revokes one of `org`'s keys; `false` when it has no such live key.
     pub async fn revoke_api_key(&self, org: &str, id: &str) -> Result<bool, StoreError> {
-        let n = on_pool!(self, p => sqlx::query(
-            "UPDATE api_keys SET revoked_at = $3 WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL",
-        )
-        .bind(org)
-        .bind(id)
-        .bind(now_ms())
-        .execute(p)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected());
-        Ok(n > 0)
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            let n = sqlx::query(
+                "UPDATE api_keys SET revoked_at = $3 WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL",
+            )
+            .bind(org)
+            .bind(id)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+            // Revoked keys are kept for the record, the newest
+            // MAX_REVOKED_KEYS of them: an older one is forgotten (it
+            // authenticates no more than a revoked one).
+            sqlx::query(
+                "DELETE FROM api_keys WHERE org_id = $1 AND revoked_at IS NOT NULL AND id NOT IN \
+                 (SELECT id FROM api_keys WHERE org_id = $1 AND revoked_at IS NOT NULL \
+                  ORDER BY revoked_at DESC, id DESC LIMIT $2)",
+            )
+            .bind(org)
+            .bind(MAX_REVOKED_KEYS)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(n > 0)
+        })
     }
 }

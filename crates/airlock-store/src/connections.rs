@@ -57,33 +57,57 @@ impl Store {
     /// Stores a new connection. The envelope must be a `v1:` envelope (its kid is recorded so
     /// re-encryption can find what is left to do). Fails if the name is taken.
     pub async fn insert_connection(&self, c: &NewConnection<'_>) -> Result<(), StoreError> {
+        self.insert_connection_within(c, None).await
+    }
+
+    /// [`Store::insert_connection`] while the organization holds fewer than
+    /// `max` connections (`ORG_MAX_CONNECTIONS`), counted inside the insert;
+    /// else [`StoreError::QuotaExceeded`] of `connections`, nothing written.
+    pub async fn insert_connection_within(
+        &self,
+        c: &NewConnection<'_>,
+        max: Option<u64>,
+    ) -> Result<(), StoreError> {
         let _write = self.connections_write();
         validate_name("connection name", c.name)?;
         validate_name("integration", c.integration)?;
         let kid = Envelope::kid_of(c.envelope).map_err(StoreError::BadEnvelope)?;
-        let now = now_ms();
+        let limit = max.and_then(|m| i64::try_from(m).ok()).unwrap_or(i64::MAX);
         let res = on_pool!(self, p => {
-            sqlx::query(
-                "INSERT INTO connections \
-                 (name, integration, auth_type, kid, envelope, created_at, updated_at, org_id) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $6, $7)",
-            )
-            .bind(c.name)
-            .bind(c.integration)
-            .bind(c.auth_type.as_str())
-            .bind(kid)
-            .bind(c.envelope)
-            .bind(now)
-            .bind(c.org)
-            .execute(p)
+            async {
+                let mut tx = locked_tx!(self, p, c.org).await?;
+                let n = sqlx::query(
+                    "INSERT INTO connections \
+                     (name, integration, auth_type, kid, envelope, created_at, updated_at, org_id) \
+                     SELECT $1, $2, $3, $4, $5, $6, $6, $7 \
+                     WHERE (SELECT COUNT(*) FROM connections WHERE org_id = $7) < $8",
+                )
+                .bind(c.name)
+                .bind(c.integration)
+                .bind(c.auth_type.as_str())
+                .bind(kid)
+                .bind(c.envelope)
+                .bind(now_ms())
+                .bind(c.org)
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                tx.commit().await?;
+                Ok::<u64, sqlx::Error>(n)
+            }
             .await
-            .map(|_| ())
         });
         match res {
             Err(e) if is_unique_violation(&e) => {
                 Err(StoreError::ConnectionExists(c.name.to_owned()))
             }
-            other => other.map_err(|e| self.err(e)),
+            Err(e) => Err(self.err(e)),
+            Ok(0) => Err(StoreError::QuotaExceeded {
+                what: "connections",
+                limit: max.unwrap_or(u64::MAX),
+            }),
+            Ok(_) => Ok(()),
         }
     }
 

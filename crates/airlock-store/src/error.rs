@@ -87,6 +87,9 @@ pub enum StoreError {
     /// A result of that id exists for the run.
     #[error("result {id:?} already exists for run {run_id:?}")]
     ResultExists { run_id: String, id: String },
+    /// An artifact path is recorded once per run.
+    #[error("run {run_id} already has an artifact {path:?}")]
+    ArtifactExists { run_id: String, path: String },
     /// A stored envelope could not be re-encrypted: the batch was rolled back.
     #[error("cannot re-encrypt connection {name:?} (its batch was rolled back)")]
     Reencrypt {

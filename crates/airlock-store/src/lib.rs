@@ -43,6 +43,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+pub use artifacts::{ArtifactBody, ArtifactCaps, ArtifactRow};
 pub use error::{Chain, StoreError};
 pub use model::*;
 
@@ -66,6 +67,25 @@ macro_rules! on_pool {
         match &$self.pool {
             $crate::Pool::Sqlite($p) => $body,
             $crate::Pool::Postgres($p) => $body,
+        }
+    };
+}
+
+/// Inside [`on_pool!`]: a transaction on `$p` that, on PostgreSQL, holds
+/// the advisory lock of `$key` until it ends, so that writes which count
+/// an organization's rows before they add one are serialised (SQLite has
+/// one writer at a time anyway). Evaluates to `Result<Transaction, sqlx::Error>`.
+macro_rules! locked_tx {
+    ($self:expr, $p:ident, $key:expr) => {
+        async {
+            let mut tx = $p.begin().await?;
+            if matches!($self.pool, $crate::Pool::Postgres(_)) {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                    .bind($key)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Ok::<_, sqlx::Error>(tx)
         }
     };
 }
@@ -100,6 +120,7 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
 // After the macros above, which they use.
 mod agents;
 mod api_keys;
+mod artifacts;
 mod budgets;
 mod connections;
 mod deliveries;
@@ -120,12 +141,13 @@ mod usage;
 mod webhooks;
 
 pub use agents::AgentRow;
-pub use api_keys::ApiKeyRow;
+pub use api_keys::{ApiKeyRow, MAX_REVOKED_KEYS};
 pub use budgets::{
     BudgetLimits, Charge, Measure, OrgBudget, Period, PeriodSpend, Periods, Reservation,
 };
 pub use deliveries::{DeliveryAttempt, DeliveryRow};
 pub use egress::{BatchWrite, EGRESS_BATCH_ROWS};
+pub use memories::{MAX_MEMORIES_PER_AGENT, MAX_MEMORY_BYTES};
 pub use orgs::Organization;
 pub use outbox::{new_delivery_id, run_event};
 pub use queue::{CancelOutcome, ClaimedRun, NewQueuedRun};

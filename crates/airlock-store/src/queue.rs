@@ -10,8 +10,8 @@
 //!
 //! Bounds: a queued run is a `runs` row, swept with the others once it
 //! has ended (see `runs.rs`); an organization over its stored-bytes quota
-//! (`ORG_MAX_STORED_BYTES`) gets no new one. The queue's length has no cap
-//! of its own.
+//! (`ORG_MAX_STORED_BYTES`) gets no new one, nor one past its queued runs'
+//! cap (`ORG_MAX_QUEUED_RUNS`, counted inside the insert).
 
 use sqlx::Row as _;
 
@@ -32,6 +32,12 @@ pub struct NewQueuedRun<'a> {
     pub prompt: Option<&'a str>,
     /// JSON of the limit hints asked for with the run.
     pub hints: Option<&'a str>,
+    /// JSON of the input files (path → text) asked for with the run.
+    pub inputs: Option<&'a str>,
+    /// At most this many of the organization's runs queued at once
+    /// (`ORG_MAX_QUEUED_RUNS`): one more is [`StoreError::QuotaExceeded`]
+    /// of `queued runs`, nothing written.
+    pub max_queued: Option<u64>,
 }
 
 /// A queued run a replica has claimed: it is now `running` and the replica's.
@@ -40,6 +46,8 @@ pub struct ClaimedRun {
     pub run: Run,
     pub prompt: Option<String>,
     pub hints: Option<String>,
+    /// JSON of its input files (path → text).
+    pub inputs: Option<String>,
 }
 
 /// What a cancel request found.
@@ -75,25 +83,44 @@ impl Store {
     /// Queues a run (status `queued`); replicas claim queued runs in order.
     pub async fn enqueue_run(&self, r: &NewQueuedRun<'_>) -> Result<(), StoreError> {
         validate_name("run id", r.id)?;
-        let res = on_pool!(self, p => sqlx::query(
-            "INSERT INTO runs (id, agent, status, backend, model, created_at, org_id, prompt, \
-             hints, queue_seq) VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(r.id)
-        .bind(r.agent)
-        .bind(r.backend)
-        .bind(r.model)
-        .bind(now_ms())
-        .bind(r.org)
-        .bind(r.prompt)
-        .bind(r.hints)
-        .bind(next_queue_seq())
-        .execute(p)
-        .await
-        .map(|_| ()));
+        let limit = r
+            .max_queued
+            .and_then(|m| i64::try_from(m).ok())
+            .unwrap_or(i64::MAX);
+        let res = on_pool!(self, p => {
+            async {
+                let mut tx = locked_tx!(self, p, format!("queue:{}", r.org)).await?;
+                let n = sqlx::query(
+                    "INSERT INTO runs (id, agent, status, backend, model, created_at, org_id, prompt, \
+                     hints, queue_seq, inputs) SELECT $1, $2, 'queued', $3, $4, $5, $6, $7, $8, $9, $10 \
+                     WHERE (SELECT COUNT(*) FROM runs WHERE org_id = $6 AND status = 'queued') < $11",
+                )
+                .bind(r.id)
+                .bind(r.agent)
+                .bind(r.backend)
+                .bind(r.model)
+                .bind(now_ms())
+                .bind(r.org)
+                .bind(r.prompt)
+                .bind(r.hints)
+                .bind(next_queue_seq())
+                .bind(r.inputs)
+                .bind(limit)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                tx.commit().await?;
+                Ok::<u64, sqlx::Error>(n)
+            }
+            .await
+        });
         match res {
             Err(e) if is_unique_violation(&e) => Err(StoreError::RunExists(r.id.to_owned())),
             Err(e) => Err(self.err(e)),
+            Ok(0) => Err(StoreError::QuotaExceeded {
+                what: "queued runs",
+                limit: r.max_queued.unwrap_or(u64::MAX),
+            }),
             Ok(_) => Ok(()),
         }
     }
@@ -135,15 +162,24 @@ impl Store {
             .get_run(&id)
             .await?
             .ok_or_else(|| StoreError::RunNotFound(id.clone()))?;
-        let (prompt, hints): (Option<String>, Option<String>) = on_pool!(self, p => {
-            let r = sqlx::query("SELECT prompt, hints FROM runs WHERE id = $1")
+        let (prompt, hints, inputs): (Option<String>, Option<String>, Option<String>) = on_pool!(self, p => {
+            let r = sqlx::query("SELECT prompt, hints, inputs FROM runs WHERE id = $1")
                 .bind(&id)
                 .fetch_one(p)
                 .await
                 .map_err(|e| self.err(e))?;
-            (r.try_get("prompt").map_err(|e| self.err(e))?, r.try_get("hints").map_err(|e| self.err(e))?)
+            (
+                r.try_get("prompt").map_err(|e| self.err(e))?,
+                r.try_get("hints").map_err(|e| self.err(e))?,
+                r.try_get("inputs").map_err(|e| self.err(e))?,
+            )
         });
-        Ok(Some(ClaimedRun { run, prompt, hints }))
+        Ok(Some(ClaimedRun {
+            run,
+            prompt,
+            hints,
+            inputs,
+        }))
     }
 
     /// How many queued runs are ahead of `id` (`None`: it is not queued).

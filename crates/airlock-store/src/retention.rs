@@ -152,6 +152,10 @@ pub struct OrgQuotas {
     /// Bytes of its runs' events, egress records and results, as last
     /// measured. `ORG_MAX_STORED_BYTES`, 10 GiB.
     pub stored_bytes: Option<u64>,
+    /// Runs queued and not yet started. `ORG_MAX_QUEUED_RUNS`, 1000.
+    pub queued_runs: Option<u64>,
+    /// Connections. `ORG_MAX_CONNECTIONS`, 1000.
+    pub connections: Option<u64>,
 }
 
 impl Default for OrgQuotas {
@@ -161,6 +165,8 @@ impl Default for OrgQuotas {
             webhooks: Some(32),
             agents: Some(1000),
             stored_bytes: Some(10 << 30),
+            queued_runs: Some(1000),
+            connections: Some(1000),
         }
     }
 }
@@ -188,6 +194,18 @@ impl OrgQuotas {
                 get("ORG_MAX_STORED_BYTES"),
                 d.stored_bytes,
                 i64::MAX.unsigned_abs(),
+            )?,
+            queued_runs: cap(
+                "ORG_MAX_QUEUED_RUNS",
+                get("ORG_MAX_QUEUED_RUNS"),
+                d.queued_runs,
+                1_000_000,
+            )?,
+            connections: cap(
+                "ORG_MAX_CONNECTIONS",
+                get("ORG_MAX_CONNECTIONS"),
+                d.connections,
+                1_000_000,
             )?,
         })
     }

@@ -188,6 +188,31 @@ CREATE TABLE org_spend (
     };
 }
 
+/// Version 11: files in and out of a run. A run's input files (JSON of
+/// path → text, as asked at its creation), and the artifacts its agent
+/// left: each stored (`body`) or refused (`refused` says why, no body),
+/// removed with its run.
+macro_rules! version_11 {
+    ($blob:literal) => {
+        concat!(
+            "ALTER TABLE runs ADD COLUMN inputs TEXT;\n",
+            "CREATE TABLE artifacts (\n",
+            "    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,\n",
+            "    org_id TEXT NOT NULL,\n",
+            "    path TEXT NOT NULL,\n",
+            "    bytes BIGINT NOT NULL,\n",
+            "    body ",
+            $blob,
+            ",\n",
+            "    refused TEXT,\n",
+            "    created_at BIGINT NOT NULL,\n",
+            "    PRIMARY KEY (run_id, path)\n",
+            ");\n",
+            "CREATE INDEX artifacts_org ON artifacts (org_id);\n",
+        )
+    };
+}
+
 pub(crate) const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
@@ -368,6 +393,11 @@ END;
         description: "organizations' model budgets and spend per period",
         sql: version_10_common!(),
     },
+    Migration {
+        version: 11,
+        description: "a run's input files and its artifacts",
+        sql: version_11!("BLOB"),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -535,6 +565,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 10,
         description: "organizations' model budgets and spend per period",
         sql: version_10_common!(),
+    },
+    Migration {
+        version: 11,
+        description: "a run's input files and its artifacts",
+        sql: version_11!("BYTEA"),
     },
 ];
 

@@ -117,6 +117,9 @@ on_both!(
     stored_bytes_are_measured_per_organization_and_refuse_new_runs,
     org_budgets_are_reserved_within_every_limit_and_settled,
     racing_reservations_never_pass_a_budget_that_fits_fewer,
+    artifacts_are_stored_within_the_run_and_organization_caps_even_at_once,
+    queued_runs_and_connections_are_bounded_per_organization_even_at_once,
+    revoked_keys_and_memories_are_kept_bounded,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -128,6 +131,8 @@ fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
         model: None,
         prompt: Some("hello"),
         hints: None,
+        inputs: None,
+        max_queued: None,
     }
 }
 
@@ -976,7 +981,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 10);
+    assert_eq!(s.schema_version().await.unwrap(), 11);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -985,7 +990,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 10);
+        assert_eq!(again.schema_version().await.unwrap(), 11);
     }
 }
 
@@ -2064,7 +2069,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 10);
+    assert_eq!(s.schema_version().await.unwrap(), 11);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2074,10 +2079,12 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP TABLE org_spend; DROP TABLE org_budgets; DROP INDEX runs_ended; DROP TABLE org_usage; \
+const UNDO_V5_SQLITE: &str = "DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
+     DROP TABLE org_spend; DROP TABLE org_budgets; \
+     DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP TRIGGER connections_changed_by_insert; \
@@ -2097,7 +2104,9 @@ const UNDO_V5_SQLITE: &str = "DROP TABLE org_spend; DROP TABLE org_budgets; DROP
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP TABLE org_spend; DROP TABLE org_budgets; DROP INDEX runs_ended; DROP TABLE org_usage; \
+const UNDO_V5_POSTGRES: &str = "DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
+     DROP TABLE org_spend; DROP TABLE org_budgets; \
+     DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
      DROP INDEX runs_owner; ALTER TABLE runs DROP COLUMN cancel_reason; \
      DROP FUNCTION connections_changed() CASCADE; \
@@ -2133,7 +2142,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 10);
+    assert_eq!(s.schema_version().await.unwrap(), 11);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -2581,6 +2590,233 @@ async fn stored_bytes_are_measured_per_organization_and_refuse_new_runs(s: &Stor
     assert_eq!(s.sweep_retention(&all, now).await.unwrap().runs, 1);
     s.measure_org_usage(now).await.unwrap();
     assert_eq!(s.org_stored_bytes(LOCAL_ORG).await.unwrap(), 0);
+}
+
+/// A run's artifacts: stored within its cap and its organization's, the
+/// rest recorded refused with the reason (no body kept); one record per
+/// path; at most `MAX_RUN_ARTIFACTS` records; another organization's
+/// artifacts do not count, and parallel writes never pass a cap.
+async fn artifacts_are_stored_within_the_run_and_organization_caps_even_at_once(s: &Store) {
+    use airlock_platform_api::files::{ArtifactRefusal, MAX_RUN_ARTIFACTS};
+    for (org, id) in [
+        ("org_a", "run_a1"),
+        ("org_a", "run_a2"),
+        ("org_b", "run_b1"),
+    ] {
+        s.enqueue_run(&queued(org, id)).await.unwrap();
+    }
+    let caps = ArtifactCaps {
+        run_bytes: 100,
+        org_bytes: Some(150),
+    };
+    let put = |run: &'static str, path: String, n: usize| async move {
+        s.put_artifact(run, &path, ArtifactBody::File(&vec![b'x'; n]), caps)
+            .await
+    };
+    assert_eq!(put("run_a1", "out/a.txt".into(), 60).await.unwrap(), None);
+    // 60 + 50 > 100: over the run's cap, recorded without its body.
+    assert_eq!(
+        put("run_a1", "out/b.txt".into(), 50).await.unwrap(),
+        Some(ArtifactRefusal::RunQuota)
+    );
+    assert_eq!(put("run_a1", "out/c.txt".into(), 40).await.unwrap(), None);
+    // The organization holds 100 of 150: ten writers of 20 bytes at once,
+    // exactly two fit.
+    let tries =
+        futures_util::future::join_all((0..10).map(|i| put("run_a2", format!("p{i}"), 20))).await;
+    let stored = tries.iter().filter(|r| matches!(r, Ok(None))).count();
+    assert_eq!(stored, 2, "{tries:?}");
+    assert!(
+        tries
+            .iter()
+            .all(|r| matches!(r, Ok(None) | Ok(Some(ArtifactRefusal::OrgQuota)))),
+        "{tries:?}"
+    );
+    // Another organization starts from nothing.
+    assert_eq!(put("run_b1", "x".into(), 100).await.unwrap(), None);
+    // What the runtime refused itself is recorded as it said.
+    let link = ArtifactBody::Refused {
+        why: ArtifactRefusal::Symlink,
+        bytes: 0,
+    };
+    assert_eq!(
+        s.put_artifact("run_b1", "link", link, caps).await.unwrap(),
+        Some(ArtifactRefusal::Symlink)
+    );
+    assert!(matches!(
+        s.put_artifact("run_b1", "x", link, caps).await,
+        Err(StoreError::ArtifactExists { .. })
+    ));
+    let listed = s.list_artifacts("run_a1").await.unwrap();
+    let seen: Vec<_> = listed
+        .iter()
+        .map(|a| (a.path.as_str(), a.bytes, a.refused))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("out/a.txt", 60, None),
+            ("out/b.txt", 50, Some(ArtifactRefusal::RunQuota)),
+            ("out/c.txt", 40, None)
+        ]
+    );
+    let (row, body) = s
+        .get_artifact("run_a1", "out/a.txt")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((row.bytes, body.len()), (60, 60));
+    assert!(
+        s.get_artifact("run_a1", "out/b.txt")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        s.get_artifact("run_b1", "out/a.txt")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A bounded number of records per run, whatever they hold.
+    s.enqueue_run(&queued("org_c", "run_c1")).await.unwrap();
+    let empty = ArtifactBody::Refused {
+        why: ArtifactRefusal::NotAFile,
+        bytes: 0,
+    };
+    for i in 0..MAX_RUN_ARTIFACTS {
+        s.put_artifact("run_c1", &format!("f{i}"), empty, caps)
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        s.put_artifact("run_c1", "one-more", empty, caps).await,
+        Err(StoreError::QuotaExceeded {
+            what: "artifacts of one run",
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.put_artifact("run_none", "x", empty, caps).await,
+        Err(StoreError::RunNotFound(_))
+    ));
+}
+
+/// Twenty runs queued at once stop at the organization's cap; a started
+/// run frees its place; another organization is not counted. The same for
+/// connections.
+async fn queued_runs_and_connections_are_bounded_per_organization_even_at_once(s: &Store) {
+    let ids: Vec<String> = (0..20).map(|i| format!("run_q{i}")).collect();
+    let tries = futures_util::future::join_all(ids.iter().map(|id| async move {
+        s.enqueue_run(&NewQueuedRun {
+            max_queued: Some(5),
+            ..queued("org_q", id)
+        })
+        .await
+    }))
+    .await;
+    assert_eq!(tries.iter().filter(|r| r.is_ok()).count(), 5, "{tries:?}");
+    refused_for_quota(&tries, "queued runs", 5);
+    s.enqueue_run(&NewQueuedRun {
+        max_queued: Some(5),
+        ..queued("org_r", "run_r0")
+    })
+    .await
+    .unwrap();
+    // A claimed run is no longer queued: one more fits.
+    assert!(s.claim_next_run("replica", None).await.unwrap().is_some());
+    s.enqueue_run(&NewQueuedRun {
+        max_queued: Some(5),
+        ..queued("org_q", "run_q_more")
+    })
+    .await
+    .unwrap();
+
+    let ring = ring("k1", 1);
+    let envelope = ring.encrypt(b"{}").unwrap();
+    let names: Vec<String> = (0..12).map(|i| format!("c{i}")).collect();
+    let tries = futures_util::future::join_all(names.iter().map(|name| {
+        let envelope = &envelope;
+        async move {
+            let c = NewConnection {
+                org: "org_q",
+                name,
+                integration: "github",
+                auth_type: AuthType::Bearer,
+                envelope,
+            };
+            s.insert_connection_within(&c, Some(3)).await
+        }
+    }))
+    .await;
+    assert_eq!(tries.iter().filter(|r| r.is_ok()).count(), 3, "{tries:?}");
+    refused_for_quota(&tries, "connections", 3);
+    let taken = NewConnection {
+        org: "org_q",
+        name: names.iter().zip(&tries).find(|(_, r)| r.is_ok()).unwrap().0,
+        integration: "github",
+        auth_type: AuthType::Bearer,
+        envelope: &envelope,
+    };
+    assert!(matches!(
+        s.insert_connection_within(&taken, Some(100)).await,
+        Err(StoreError::ConnectionExists(_))
+    ));
+}
+
+/// Revoked keys are kept, the newest `MAX_REVOKED_KEYS`; memories, the
+/// newest `MAX_MEMORIES_PER_AGENT` of an agent, each bounded in size.
+async fn revoked_keys_and_memories_are_kept_bounded(s: &Store) {
+    s.create_org("org_k", "K", None).await.unwrap();
+    let n = usize::try_from(MAX_REVOKED_KEYS).unwrap() + 5;
+    for i in 0..n {
+        let id = format!("key{i:04}");
+        s.insert_api_key(&id, "org_k", &format!("n{i}"), &format!("h{i}"), None)
+            .await
+            .unwrap();
+        assert!(s.revoke_api_key("org_k", &id).await.unwrap());
+    }
+    s.insert_api_key("live", "org_k", "live", "h", None)
+        .await
+        .unwrap();
+    let keys = s.list_api_keys("org_k").await.unwrap();
+    let revoked = keys.iter().filter(|k| k.revoked_at.is_some()).count();
+    assert_eq!(revoked, usize::try_from(MAX_REVOKED_KEYS).unwrap());
+    assert!(
+        keys.iter()
+            .any(|k| k.id == "live" && k.revoked_at.is_none())
+    );
+    assert!(
+        keys.iter().any(|k| k.id == format!("key{:04}", n - 1)),
+        "the newest kept"
+    );
+    assert!(
+        s.get_api_key("key0000").await.unwrap().is_none(),
+        "the oldest forgotten"
+    );
+
+    let cap = usize::try_from(MAX_MEMORIES_PER_AGENT).unwrap();
+    for i in 0..cap + 3 {
+        s.add_memory("org_m", "bot", None, &format!("m{i}"))
+            .await
+            .unwrap();
+    }
+    s.add_memory("org_m", "other", None, "kept").await.unwrap();
+    let all = s
+        .list_memories("org_m", "bot", u32::try_from(cap + 10).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), cap);
+    assert_eq!(all[0].content, format!("m{}", cap + 2));
+    assert_eq!(
+        s.list_memories("org_m", "other", 10).await.unwrap().len(),
+        1
+    );
+    assert!(matches!(
+        s.add_memory("org_m", "bot", None, &"x".repeat(MAX_MEMORY_BYTES + 1))
+            .await,
+        Err(StoreError::Invalid { .. })
+    ));
 }
 
 /// Retention and quota settings: defaults, `forever` / `unlimited`, and a

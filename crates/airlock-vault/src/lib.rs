@@ -5,6 +5,8 @@
 //!   `v1:<kid>:<base64(iv ‖ tag ‖ ciphertext)>` AES-256-GCM envelope (docs/security.md).
 //! - [`SigningKeyring`]: comma-separated HMAC-SHA256 keyrings (`RUN_TOKEN_SECRET`,
 //!   `UPLOAD_SIGNING_SECRET`, `CONNECT_SESSION_SECRET`): the first secret signs, all verify.
+//! - [`UrlSigner`]: short-lived signed URLs (`UPLOAD_SIGNING_SECRET`): HMAC of the
+//!   resource and its expiry, verified in constant time.
 //! - [`RunTokens`]: `<runId>.<lowercase hex HMAC-SHA256(secret, runId)>`.
 //! - [`generate_sidecar_token`]: 32 bytes from the OS CSPRNG, hex.
 //! - [`ct_eq`]: the one constant-time comparison every secret comparison goes through.
@@ -17,6 +19,7 @@
 mod envelope;
 mod error;
 mod keyring;
+mod signed_url;
 mod signing;
 mod token;
 
@@ -26,6 +29,7 @@ pub use keyring::{
     DEFAULT_KEY_ID, ENV_KEY, ENV_KEY_ID, ENV_RETIRED_KEYS, KEY_LEN, Keyring, generate_key,
 };
 pub use secrecy::{ExposeSecret, SecretBox, SecretString};
+pub use signed_url::{MAX_SIGNED_URL_SECONDS, SignedUrlError, UrlSignature, UrlSigner};
 pub use signing::{
     ENV_CONNECT_SESSION_SECRET, ENV_RUN_TOKEN_SECRET, ENV_UPLOAD_SIGNING_SECRET,
     MIN_SIGNING_SECRET_LEN, SigningKeyring,

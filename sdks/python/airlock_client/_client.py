@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -20,6 +20,7 @@ from httpx_sse import EventSource, SSEError
 
 from .generated import AuthenticatedClient
 from .generated.api.agents import register_agent
+from .generated.api.artifacts import list_run_artifacts
 from .generated.api.connections import create_connection, get_connection, put_connection
 from .generated.api.runs import (
     cancel_run,
@@ -31,6 +32,7 @@ from .generated.api.runs import (
 )
 from .generated.models import (
     Agent,
+    Artifact,
     Connection,
     EgressRecord,
     Error,
@@ -38,6 +40,7 @@ from .generated.models import (
     NewConnectionFields,
     NewConnectionType,
     NewRun,
+    NewRunFiles,
     RegisterAgent,
     RegisterAgentFiles,
     RotateConnection,
@@ -73,6 +76,28 @@ class StreamEvent:
     event: str
     id: int | None
     data: Any
+
+
+#: The HTTP status each of the API's error codes is answered with: what an
+#: error that arrives inside a stream (an SSE ``error`` event, on a stream
+#: answered 200) is raised with.
+STATUS_OF_CODE: dict[str, int] = {
+    "bad_request": 400,
+    "unauthorized": 401,
+    "quota_exceeded": 403,
+    "signature_invalid": 403,
+    "signature_expired": 403,
+    "not_found": 404,
+    "conflict": 409,
+    "too_large": 413,
+    "unsupported_media_type": 415,
+    "invalid": 422,
+    "rate_limited": 429,
+    "queue_full": 429,
+    "internal": 500,
+    "unavailable": 503,
+    "storage_full": 507,
+}
 
 
 def _parsed(resp: Response[Any]) -> Any:
@@ -118,6 +143,23 @@ def _agent_files(root: Path) -> dict[str, str]:
     return files
 
 
+def _texts(files: Mapping[str, str | bytes | Path]) -> dict[str, str]:
+    """Input files as the API takes them: UTF-8 text."""
+    out: dict[str, str] = {}
+    for rel, v in files.items():
+        if isinstance(v, Path):
+            v = v.read_bytes()
+        if isinstance(v, bytes):
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{rel}: the server takes UTF-8 text files only"
+                ) from e
+        out[rel] = v
+    return out
+
+
 class Agents:
     def __init__(self, api: AuthenticatedClient) -> None:
         self._api = api
@@ -144,13 +186,17 @@ class Runs:
         prompt: str | None = None,
         *,
         limits: dict[str, Any] | None = None,
+        files: Mapping[str, str | bytes | Path] | None = None,
     ) -> Run:
         """Queues a run of a registered agent (``limits``: ``memory_mb``,
-        ``cpus``, ``timeout_seconds``). File inputs are not in the API yet."""
+        ``cpus``, ``timeout_seconds``). ``files``: input files, relative path
+        in the agent's workspace → UTF-8 text (``str``, ``bytes`` or a local
+        ``Path`` to read), placed there before the agent starts."""
         body = NewRun(
             agent=agent,
             prompt=UNSET if prompt is None else prompt,
             limits=UNSET if limits is None else RunLimits.from_dict(limits),
+            files=UNSET if not files else NewRunFiles.from_dict(_texts(files)),
         )
         return _parsed(create_run.sync_detailed(client=self._api, body=body))
 
@@ -210,6 +256,9 @@ class Runs:
                 data = json.loads(sse.data) if sse.data else None
                 if sse.event == "error":
                     err = _error_of(200, sse.data.encode())
+                    err = AirlockError(
+                        STATUS_OF_CODE.get(err.code, 500), err.code, err.message
+                    )
                     if err.code == "unavailable":
                         raise _Unavailable(err)
                     raise err
@@ -244,6 +293,31 @@ class Runs:
     def cancel(self, run_id: str) -> Run:
         """Cancels a queued or running run (409 if it has ended)."""
         return _parsed(cancel_run.sync_detailed(run_id, client=self._api))
+
+    def artifacts(self, run_id: str) -> list[Artifact]:
+        """The files the run's agent left in its output directory
+        (``agent.outputs``): each stored one with a short-lived download URL,
+        each refused one with the reason (``refused``)."""
+        return list(
+            _parsed(
+                list_run_artifacts.sync_detailed(run_id, client=self._api)
+            ).artifacts
+        )
+
+    def download(self, run_id: str, path: str) -> bytes:
+        """One artifact's bytes, through a freshly signed URL (which needs
+        no key while it lasts). 404 ``not_found`` if the run left no stored
+        artifact at ``path`` (a refused one has none)."""
+        found = [a for a in self.artifacts(run_id) if a.path == path]
+        url = found[0].download_url if found else None
+        if not isinstance(url, str):
+            raise AirlockError(404, "not_found", f"no stored artifact {path!r}")
+        # The signed URL alone: the key is not sent with it.
+        base = str(self._api.get_httpx_client().base_url).rstrip("/")
+        resp = httpx.get(base + url, timeout=self._api.get_httpx_client().timeout)
+        if resp.status_code != 200:
+            raise _error_of(resp.status_code, resp.content)
+        return resp.content
 
 
 class _Unavailable(Exception):

@@ -111,3 +111,43 @@ def test_register_sends_what_the_cli_sends(client, tmp_path):
     (tmp_path / "blob.bin").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match="UTF-8"):
         client.agents.register(tmp_path)
+
+
+def test_input_files_reach_the_run_and_its_artifacts_come_back(client):
+    client.agents.register(AGENTS / "sdk-outputs")
+    run = client.runs.create(
+        "sdk-outputs", files={"in/note.txt": b"from the python sdk"}
+    )
+    ended = client.runs.wait(run.id)
+    assert ended.status == "succeeded", ended
+    arts = {a.path: a for a in client.runs.artifacts(run.id)}
+    assert sorted(arts) == ["leak", "note.txt"], arts
+    assert str(arts["leak"].refused) == "symlink" and arts["leak"].download_url is None
+    assert client.runs.download(run.id, "note.txt") == b"FROM THE PYTHON SDK"
+    with pytest.raises(AirlockError) as e:
+        client.runs.download(run.id, "leak")
+    assert e.value.status == 404
+    # A path that leaves the workspace is refused before anything is queued.
+    with pytest.raises(AirlockError) as e:
+        client.runs.create("sdk-outputs", files={"../escape.txt": "x"})
+    assert (e.value.status, e.value.code) == (422, "invalid")
+
+
+def test_an_error_inside_a_stream_carries_its_own_status(client, server):
+    from airlock_client.generated.api.api_keys import create_api_key, revoke_api_key
+    from airlock_client.generated.models import NewApiKey
+
+    client.agents.register(AGENTS / "sdk-sleeper")
+    run = client.runs.create("sdk-sleeper")
+    made = create_api_key.sync(client=client.api, body=NewApiKey(name="sdk-stream"))
+    with Client(server[0], made.key, reconnects=0) as other:
+        events = other.runs.stream(run.id)
+        for ev in events:
+            if ev.event == "log":
+                break
+        revoke_api_key.sync_detailed(made.id, client=client.api)
+        with pytest.raises(AirlockError) as e:
+            for _ in events:
+                pass
+    assert (e.value.status, e.value.code) == (401, "unauthorized")
+    client.runs.cancel(run.id)

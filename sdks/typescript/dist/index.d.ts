@@ -2,6 +2,7 @@ import { type Client as FetchClient } from "openapi-fetch";
 import type { components, operations, paths } from "./schema.js";
 export type { components, operations, paths };
 export type Agent = components["schemas"]["Agent"];
+export type Artifact = components["schemas"]["Artifact"];
 export type Connection = components["schemas"]["Connection"];
 export type EgressRecord = components["schemas"]["EgressRecord"];
 export type Event = components["schemas"]["Event"];
@@ -30,6 +31,12 @@ export interface ClientOptions {
     /** Attempts in a row that bring nothing new before a stream gives up (5). */
     reconnects?: number;
 }
+/**
+ * The HTTP status each of the API's error codes is answered with: what an
+ * error that arrives inside a stream (an SSE `error` event, on a stream
+ * answered 200) is thrown with.
+ */
+export declare const STATUS_OF_CODE: Readonly<Record<string, number>>;
 export declare class Agents {
     private readonly api;
     constructor(api: FetchClient<paths>);
@@ -42,13 +49,29 @@ export declare class Agents {
 export declare class Runs {
     private readonly api;
     private readonly reconnects;
-    constructor(api: FetchClient<paths>, reconnects: number);
+    private readonly baseUrl;
+    constructor(api: FetchClient<paths>, reconnects: number, baseUrl: string);
     /**
-     * Queues a run of a registered agent. File inputs are not in the API yet.
+     * Queues a run of a registered agent. `files`: input files, relative path
+     * in the agent's workspace → UTF-8 text (a string or its bytes), placed
+     * there before the agent starts.
      */
     create(agent: string, prompt?: string, options?: {
         limits?: RunLimits;
+        files?: Record<string, string | Uint8Array>;
     }): Promise<Run>;
+    /**
+     * The files the run's agent left in its output directory (`agent.outputs`):
+     * each stored one with a short-lived download URL, each refused one with
+     * the reason (`refused`).
+     */
+    artifacts(id: string): Promise<Artifact[]>;
+    /**
+     * One artifact's bytes, through a freshly signed URL (which needs no key
+     * while it lasts). 404 `not_found` if the run left no stored artifact at
+     * `path` (a refused one has none).
+     */
+    download(id: string, path: string): Promise<Uint8Array>;
     get(id: string): Promise<Run>;
     /**
      * The run's events as they come (every event but heartbeats), ending with

@@ -15,6 +15,7 @@ import type { components, operations, paths } from "./schema.js";
 
 export type { components, operations, paths };
 export type Agent = components["schemas"]["Agent"];
+export type Artifact = components["schemas"]["Artifact"];
 export type Connection = components["schemas"]["Connection"];
 export type EgressRecord = components["schemas"]["EgressRecord"];
 export type Event = components["schemas"]["Event"];
@@ -52,6 +53,29 @@ export interface ClientOptions {
   /** Attempts in a row that bring nothing new before a stream gives up (5). */
   reconnects?: number;
 }
+
+/**
+ * The HTTP status each of the API's error codes is answered with: what an
+ * error that arrives inside a stream (an SSE `error` event, on a stream
+ * answered 200) is thrown with.
+ */
+export const STATUS_OF_CODE: Readonly<Record<string, number>> = {
+  bad_request: 400,
+  unauthorized: 401,
+  quota_exceeded: 403,
+  signature_invalid: 403,
+  signature_expired: 403,
+  not_found: 404,
+  conflict: 409,
+  too_large: 413,
+  unsupported_media_type: 415,
+  invalid: 422,
+  rate_limited: 429,
+  queue_full: 429,
+  internal: 500,
+  unavailable: 503,
+  storage_full: 507,
+};
 
 function errorOf(status: number, body: unknown): AirlockError {
   const e = (body as { error?: { code?: unknown; message?: unknown } } | undefined)?.error;
@@ -126,16 +150,55 @@ export class Runs {
   constructor(
     private readonly api: FetchClient<paths>,
     private readonly reconnects: number,
+    private readonly baseUrl: string,
   ) {}
 
   /**
-   * Queues a run of a registered agent. File inputs are not in the API yet.
+   * Queues a run of a registered agent. `files`: input files, relative path
+   * in the agent's workspace → UTF-8 text (a string or its bytes), placed
+   * there before the agent starts.
    */
-  async create(agent: string, prompt?: string, options: { limits?: RunLimits } = {}): Promise<Run> {
+  async create(
+    agent: string,
+    prompt?: string,
+    options: { limits?: RunLimits; files?: Record<string, string | Uint8Array> } = {},
+  ): Promise<Run> {
     const body: components["schemas"]["NewRun"] = { agent };
     if (prompt !== undefined) body.prompt = prompt;
     if (options.limits !== undefined) body.limits = options.limits;
+    if (options.files !== undefined && Object.keys(options.files).length > 0) {
+      const utf8 = new TextDecoder("utf-8", { fatal: true });
+      body.files = Object.fromEntries(
+        Object.entries(options.files).map(([rel, v]) => [rel, typeof v === "string" ? v : utf8.decode(v)]),
+      );
+    }
     return answer(await this.api.POST("/v1/runs", { body }));
+  }
+
+  /**
+   * The files the run's agent left in its output directory (`agent.outputs`):
+   * each stored one with a short-lived download URL, each refused one with
+   * the reason (`refused`).
+   */
+  async artifacts(id: string): Promise<Artifact[]> {
+    return answer(await this.api.GET("/v1/runs/{id}/artifacts", { params: { path: { id } } }))
+      .artifacts;
+  }
+
+  /**
+   * One artifact's bytes, through a freshly signed URL (which needs no key
+   * while it lasts). 404 `not_found` if the run left no stored artifact at
+   * `path` (a refused one has none).
+   */
+  async download(id: string, path: string): Promise<Uint8Array> {
+    const url = (await this.artifacts(id)).find((a) => a.path === path)?.download_url;
+    if (typeof url !== "string") {
+      throw new AirlockError(404, "not_found", `no stored artifact ${JSON.stringify(path)}`);
+    }
+    // The signed URL alone: the key is not sent with it.
+    const r = await fetch(this.baseUrl + url);
+    if (!r.ok) throw errorOf(r.status, await r.json().catch(() => undefined));
+    return new Uint8Array(await r.arrayBuffer());
   }
 
   async get(id: string): Promise<Run> {
@@ -191,7 +254,12 @@ export class Runs {
       const data: unknown = sse.data ? JSON.parse(sse.data) : null;
       const event = sse.event ?? "message";
       if (event === "error") {
-        const err = errorOf(200, data);
+        const inStream = errorOf(200, data);
+        const err = new AirlockError(
+          STATUS_OF_CODE[inStream.code] ?? 500,
+          inStream.code,
+          inStream.message,
+        );
         if (err.code === "unavailable") throw new Unavailable(err);
         throw err;
       }
@@ -271,12 +339,13 @@ export class Client {
   readonly connections: Connections;
 
   constructor(baseUrl: string, apiKey: string, options: ClientOptions = {}) {
+    const base = baseUrl.replace(/\/+$/, "");
     this.api = createClient<paths>({
-      baseUrl: baseUrl.replace(/\/+$/, ""),
+      baseUrl: base,
       headers: { Authorization: `Bearer ${apiKey}` },
     });
     this.agents = new Agents(this.api);
-    this.runs = new Runs(this.api, options.reconnects ?? 5);
+    this.runs = new Runs(this.api, options.reconnects ?? 5, base);
     this.connections = new Connections(this.api);
   }
 }

@@ -239,6 +239,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/artifacts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The artifacts a run's agent left, each stored one with a signed URL. */
+        get: operations["list_run_artifacts"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/artifacts/download": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One artifact's bytes, by a signed URL (no API key). */
+        get: operations["download_artifact"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/cancel": {
         parameters: {
             query?: never;
@@ -446,6 +480,34 @@ export interface components {
         };
         ApiKeyList: {
             api_keys: components["schemas"]["ApiKey"][];
+        };
+        /** @description A file the run's agent left in its output directory (`agent.outputs`). */
+        Artifact: {
+            /**
+             * Format: int64
+             * @description Its size as the agent left it.
+             */
+            bytes: number;
+            /** Format: int64 */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description When `download_url` stops working (Unix seconds).
+             */
+            download_expires_at?: number | null;
+            /**
+             * @description A short-lived signed URL to download it (no API key needed while it
+             *     lasts); `null` when it was not stored.
+             */
+            download_url?: string | null;
+            /** @description Relative to the output directory. */
+            path: string;
+            /** @description why it was not stored; null: stored, downloadable */
+            refused?: ("symlink" | "not_a_file" | "too_large" | "bad_path" | "unreadable" | "run_files" | "run_quota" | "org_quota") | null;
+        };
+        /** @description `GET /v1/runs/{id}/artifacts`. */
+        ArtifactList: {
+            artifacts: components["schemas"]["Artifact"][];
         };
         /**
          * @description A budget period's limits on the organization's model calls; `null`:
@@ -660,6 +722,15 @@ export interface components {
         NewRun: {
             /** @description A registered agent's name. */
             agent: string;
+            /**
+             * @description The run's input files: relative path → UTF-8 content, placed in the
+             *     agent's workspace (`$AIRLOCK_WORKSPACE/<path>`) before it starts.
+             *     Paths are checked as a bundle's; at most 64 files, 1 MiB each, 4 MiB
+             *     in all.
+             */
+            files?: {
+                [key: string]: string;
+            };
             limits?: null | components["schemas"]["RunLimits"];
             /** @description The run's prompt (at most 256 KiB). */
             prompt?: string | null;
@@ -1611,6 +1682,15 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            /** @description quota_exceeded: the organization has ORG_MAX_CONNECTIONS connections; nothing was written */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description conflict: a connection of that name exists (rotate it with PUT) */
             409: {
                 headers: {
@@ -2381,7 +2461,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description too_large: the prompt is longer than 256 KiB, or the body than 1 MiB */
+            /** @description too_large: the prompt is longer than 256 KiB, an input file than 1 MiB, the input files than 4 MiB together, or the body than 9 MiB */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2399,7 +2479,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description invalid: a field, a limit, the agent's manifest, or a connection it names that is not stored */
+            /** @description invalid: a field, a limit, an input file's path (as a bundle's: relative, no . or .. segment) or count (at most 64), the agent's manifest, or a connection it names that is not stored */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -2519,6 +2599,159 @@ export interface operations {
                 };
             };
             /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    list_run_artifacts: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the run's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description every artifact recorded for the run, by path: stored ones with a download URL valid ARTIFACT_URL_SECONDS, refused ones with the reason */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ArtifactList"];
+                };
+            };
+            /** @description bad_request: the path is malformed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description not_found: no such run in the caller's organization */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    download_artifact: {
+        parameters: {
+            query: {
+                /** @description The artifact's path. */
+                path: string;
+                /** @description Unix seconds. */
+                expires: number;
+                /** @description Lowercase hex HMAC-SHA256. */
+                signature: string;
+            };
+            header?: never;
+            path: {
+                /** @description the run's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the artifact's bytes (application/octet-stream, X-Content-Type-Options: nosniff) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description bad_request: the path or the query is malformed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description signature_invalid: the signature is not this run's, path's and expiry's (or is malformed); signature_expired: the URL has expired */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description not_found: the signature is valid but the artifact is no longer stored (retention) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer */
             503: {
                 headers: {
                     [name: string]: unknown;

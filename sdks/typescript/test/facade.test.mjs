@@ -206,3 +206,48 @@ test("register sends what the CLI sends", async () => {
     await rm(dir, { recursive: true, force: true });
   }
 });
+
+test("input files reach the run and its artifacts come back", async () => {
+  await client.agents.register(join(agents, "sdk-outputs"));
+  const run = await client.runs.create("sdk-outputs", undefined, {
+    files: { "in/note.txt": new TextEncoder().encode("from the typescript sdk") },
+  });
+  const ended = await client.runs.wait(run.id);
+  assert.equal(ended.status, "succeeded", JSON.stringify(ended));
+  const arts = Object.fromEntries((await client.runs.artifacts(run.id)).map((a) => [a.path, a]));
+  assert.deepEqual(Object.keys(arts).sort(), ["leak", "note.txt"]);
+  assert.equal(arts.leak.refused, "symlink");
+  assert.equal(arts.leak.download_url, null);
+  const body = await client.runs.download(run.id, "note.txt");
+  assert.equal(new TextDecoder().decode(body), "FROM THE TYPESCRIPT SDK");
+  await assert.rejects(client.runs.download(run.id, "leak"), (e) => e instanceof AirlockError && e.status === 404);
+  // A path that leaves the workspace is refused before anything is queued.
+  await assert.rejects(
+    client.runs.create("sdk-outputs", undefined, { files: { "/etc/escape": "x" } }),
+    (e) => e instanceof AirlockError && e.status === 422 && e.code === "invalid",
+  );
+});
+
+test("an error inside a stream carries its own status", async () => {
+  await client.agents.register(join(agents, "sdk-sleeper"));
+  const run = await client.runs.create("sdk-sleeper");
+  const made = await client.api.POST("/v1/api-keys", { body: { name: "sdk-stream-ts" } });
+  const other = new Client(server, made.data.key, { reconnects: 0 });
+  const events = other.runs.stream(run.id);
+  for await (const ev of events) {
+    if (ev.event === "log") break;
+  }
+  await client.api.DELETE("/v1/api-keys/{id}", { params: { path: { id: made.data.id } } });
+  // The generator closed by the break above: a fresh stream on the revoked
+  // key is refused at once; one already open gets the error event.
+  const again = other.runs.stream(run.id);
+  await assert.rejects(
+    (async () => {
+      for await (const _ of again) {
+        // drained until the error
+      }
+    })(),
+    (e) => e instanceof AirlockError && e.status === 401 && e.code === "unauthorized",
+  );
+  await client.runs.cancel(run.id);
+});

@@ -161,8 +161,11 @@ impl RunPlan {
             // up never hands the runtime its secrets.
             hold_stdin: true,
             sockets_dir: site.paths.sockets_host.clone(),
-            // The agent's directory only: the binary is the backend's to provide.
-            ro_paths: vec![req.agent_dir.clone()],
+            // The agent's directory (and its run's inputs): the binary is
+            // the backend's to provide.
+            ro_paths: std::iter::once(req.agent_dir.clone())
+                .chain(req.inputs_dir.clone())
+                .collect(),
             workspace: site.paths.workspace.clone(),
             workspace_size_mb: settings.workspace_tmpfs_mb,
             memory_mb,
@@ -289,6 +292,8 @@ fn agent_secrets(
         proxy_ca_pem: proxy_ca_pem
             .filter(|_| !intercepted.is_empty())
             .map(str::to_owned),
+        inputs: req.inputs_dir.clone(),
+        outputs: req.manifest.agent.outputs.clone(),
     }
 }
 
@@ -363,6 +368,8 @@ impl RunnerListener<'_> {
                 false => vec![],
             },
             proxy_ca_pem: proxy_ca_pem.map(str::to_owned),
+            inputs: None,
+            outputs: None,
         };
         RunnerPlan {
             namespace: self.namespace.to_owned(),
@@ -490,6 +497,7 @@ mod tests {
             manifest: Manifest::parse(&text).expect("manifest"),
             agent_dir: "/srv/agent".into(),
             prompt: Some("hello".into()),
+            inputs_dir: None,
             command: None,
             echo,
         }

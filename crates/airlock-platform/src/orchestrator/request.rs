@@ -17,6 +17,9 @@ pub struct RunRequest {
     /// The manifest's directory: the agent's working directory (read-only).
     pub agent_dir: PathBuf,
     pub prompt: Option<String>,
+    /// A directory holding the run's input files (the sandbox sees it
+    /// read-only; the runtime copies them into the workspace).
+    pub inputs_dir: Option<PathBuf>,
     /// Replaces `agent.command`.
     pub command: Option<Vec<String>>,
     /// Where the sandbox's lines go on this process's stderr.

@@ -46,6 +46,7 @@ async fn info(app: &AppState, org: &str, name: &str) -> ApiResult<ConnectionInfo
     request_body = v1::NewConnection,
     responses(
         (status = 201, description = "stored (never the secret in the answer)", body = v1::Connection),
+        (status = 403, description = "quota_exceeded: the organization has ORG_MAX_CONNECTIONS connections; nothing was written", body = v1::Error),
         (status = 409, description = "conflict: a connection of that name exists (rotate it with PUT)", body = v1::Error),
         BodyFailures,
         WriteFailures,
@@ -66,10 +67,14 @@ pub async fn create(
             AuthType::ALL.map(AuthType::as_str).join(", ")
         ))
     })?;
+    let owner = airlock_platform::connections::Owner {
+        org: &t.org_id,
+        max_connections: app.cfg().quotas.connections,
+    };
     airlock_platform::connections::store_connection(
         app.store(),
         app.keyring(),
-        &t.org_id,
+        owner,
         &b.name,
         &b.integration,
         auth_type,

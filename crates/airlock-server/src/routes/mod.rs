@@ -6,6 +6,7 @@
 //! derived from them).
 
 pub mod agents;
+pub mod artifacts;
 pub mod budget;
 pub mod connections;
 pub mod health;

@@ -13,6 +13,8 @@ use axum::response::sse::{self, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
 
+use airlock_platform_api::files::{MAX_INPUT_BYTES, MAX_INPUT_FILE_BYTES, MAX_INPUT_FILES};
+
 use crate::auth::Tenant;
 use crate::error::{ApiError, ApiResult, BodyFailures, KeyedFailures, WriteFailures};
 use crate::extract::{Json, Path, Query};
@@ -20,6 +22,12 @@ use crate::state::AppState;
 
 /// Largest prompt accepted.
 pub const MAX_PROMPT: usize = 256 * 1024;
+/// The run-creation route's body limit, above the API's 1 MiB: its body
+/// may carry input files of [`MAX_INPUT_BYTES`] (4 MiB) and a prompt,
+/// which JSON escaping can nearly double; so any body within the files'
+/// and the prompt's own caps arrives and is judged by them (a typed 413
+/// naming which) rather than cut at the transport.
+pub const MAX_BODY: usize = 2 * (MAX_INPUT_BYTES + MAX_PROMPT);
 /// How often a live event stream looks for new events.
 const STREAM_POLL: Duration = Duration::from_millis(150);
 /// How often a live event stream checks that its API key is still live: a
@@ -39,13 +47,14 @@ const KEY_RECHECK: Duration = Duration::from_millis(250);
     responses(
         (status = 202, description = "queued (queue_position: how many queued runs are ahead)", body = v1::Run),
         (status = 403, description = "quota_exceeded: the organization is over ORG_MAX_STORED_BYTES; nothing was queued", body = v1::Error),
+        (status = 429, description = "queue_full: the organization has ORG_MAX_QUEUED_RUNS runs queued; nothing was queued (Retry-After)", body = v1::Error),
         (status = 404, description = "not_found: no such agent in the caller's organization", body = v1::Error),
         BodyFailures,
         WriteFailures,
         KeyedFailures,
         // After BodyFailures: these are the ones documented.
-        (status = 413, description = "too_large: the prompt is longer than 256 KiB, or the body than 1 MiB", body = v1::Error),
-        (status = 422, description = "invalid: a field, a limit, the agent's manifest, or a connection it names that is not stored", body = v1::Error),
+        (status = 413, description = "too_large: the prompt is longer than 256 KiB, an input file than 1 MiB, the input files than 4 MiB together, or the body than 9 MiB", body = v1::Error),
+        (status = 422, description = "invalid: a field, a limit, an input file's path (as a bundle's: relative, no . or .. segment) or count (at most 64), the agent's manifest, or a connection it names that is not stored", body = v1::Error),
     ),
 )]
 pub async fn create(
@@ -58,6 +67,7 @@ pub async fn create(
             "the prompt is longer than {MAX_PROMPT} bytes"
         )));
     }
+    check_inputs(&b.files)?;
     if let Some(h) = &b.limits {
         // The manifest's own checks: what a manifest may not ask for, an
         // API run may not either.
@@ -106,6 +116,10 @@ pub async fn create(
         "run_{}",
         airlock_vault::random_hex::<8>().map_err(ApiError::internal)?
     );
+    let inputs = (!b.files.is_empty())
+        .then(|| serde_json::to_string(&b.files))
+        .transpose()
+        .map_err(ApiError::internal)?;
     let hints = b
         .limits
         .map(|h| serde_json::to_string(&h))
@@ -120,8 +134,11 @@ pub async fn create(
             model: m.model.as_ref().map(|x| x.provider.as_str()),
             prompt: b.prompt.as_deref(),
             hints: hints.as_deref(),
+            inputs: inputs.as_deref(),
+            max_queued: app.cfg().quotas.queued_runs,
         })
-        .await?;
+        .await
+        .map_err(queue_full)?;
     app.kick_scheduler();
     let run = app
         .store()
@@ -130,6 +147,57 @@ pub async fn create(
         .ok_or_else(|| ApiError::internal("a queued run vanished"))?;
     let pos = app.store().queue_position(&id).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(v1::Run::of(&run, pos))).into_response())
+}
+
+/// The organization's queue is full: a 429 to retry once runs have started.
+fn queue_full(e: airlock_store::StoreError) -> ApiError {
+    match e {
+        airlock_store::StoreError::QuotaExceeded {
+            what: "queued runs",
+            limit,
+        } => ApiError {
+            retry_after: Some(5),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                format!(
+                    "the organization has {limit} runs queued (ORG_MAX_QUEUED_RUNS); nothing was queued: retry once some have started"
+                ),
+            )
+        },
+        e => ApiError::from(e),
+    }
+}
+
+/// A run's input files: their paths as a bundle's, their count and sizes
+/// within the caps.
+fn check_inputs(files: &std::collections::BTreeMap<String, String>) -> ApiResult<()> {
+    if files.len() > MAX_INPUT_FILES {
+        return Err(ApiError::invalid(format!(
+            "at most {MAX_INPUT_FILES} input files"
+        )));
+    }
+    let mut total = 0usize;
+    for (p, body) in files {
+        crate::bundle::check_path(p)?;
+        if p == ".airlock" || p.starts_with(".airlock/") {
+            return Err(ApiError::invalid(format!(
+                "file path {p:?}: the workspace's .airlock directory is the runtime's"
+            )));
+        }
+        if body.len() > MAX_INPUT_FILE_BYTES {
+            return Err(ApiError::too_large(format!(
+                "input file {p:?} is larger than {MAX_INPUT_FILE_BYTES} bytes"
+            )));
+        }
+        total += body.len();
+    }
+    if total > MAX_INPUT_BYTES {
+        return Err(ApiError::too_large(format!(
+            "the input files hold more than {MAX_INPUT_BYTES} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// Runs, newest first (status, agent, limit, cursor).

@@ -78,10 +78,14 @@ pub(crate) async fn store_connection(
     auth_type: AuthType,
     fields: &Fields,
 ) -> Result<()> {
+    let owner = airlock_platform::connections::Owner {
+        org: airlock_store::LOCAL_ORG,
+        max_connections: None,
+    };
     airlock_platform::connections::store_connection(
         store,
         ring,
-        airlock_store::LOCAL_ORG,
+        owner,
         name,
         integration,
         auth_type,

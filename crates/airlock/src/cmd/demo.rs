@@ -163,6 +163,7 @@ async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool
                 manifest,
                 agent_dir: agent_dir.clone(),
                 prompt: Some("Show what Airlock lets out.".into()),
+                inputs_dir: None,
                 command: None,
                 echo: airlock_platform::orchestrator::Echo::LiveView,
             },

@@ -296,6 +296,7 @@ pub async fn run(
     let agent = register(&r, manifest).await?;
     let new = v1::NewRun {
         agent,
+        files: Default::default(),
         limits: None,
         prompt: prompt.map(str::to_owned),
     };

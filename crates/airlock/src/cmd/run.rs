@@ -202,6 +202,7 @@ async fn run_async(args: RunArgs) -> Result<RunReport> {
         manifest,
         agent_dir,
         prompt: args.prompt.clone(),
+        inputs_dir: None,
         command: (!args.command.is_empty()).then(|| args.command.clone()),
         echo: airlock_platform::orchestrator::Echo::LiveView,
     };

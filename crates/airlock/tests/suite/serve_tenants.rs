@@ -23,6 +23,89 @@ fn quota_refusal(st: u16, v: &Value) {
     assert_eq!(v["error"]["code"], "quota_exceeded", "{v}");
 }
 
+/// A tenant queueing run after run (at once) stops at `ORG_MAX_QUEUED_RUNS`
+/// with a typed 429 that says when to retry; another organization queues
+/// its own. Connections stop at `ORG_MAX_CONNECTIONS` with a typed 403.
+#[test]
+fn a_tenants_queue_and_connections_stop_at_their_caps() {
+    let home = tempfile::tempdir().unwrap();
+    let (s, env) = start(
+        home.path(),
+        &[
+            ("ORG_MAX_QUEUED_RUNS", "2"),
+            ("ORG_MAX_CONNECTIONS", "2"),
+            ("PLATFORM_RUN_LIMITS", r#"{"max_concurrent_runs": 1}"#),
+        ],
+    );
+    let (_, a) = create_org(&env, "A", &[]);
+    let (_, b) = create_org(&env, "B", &[]);
+    let sleeper = agent_body("sleeper", "import time\ntime.sleep(120)\n", 300);
+    for k in [&a, &b] {
+        assert_eq!(s.call("POST", "/v1/agents", Some(k), Some(&sleeper)).0, 201);
+    }
+    type Answer = (u16, Vec<(String, String)>, Vec<u8>);
+    let answers: Vec<Answer> = std::thread::scope(|scope| {
+        let tries: Vec<_> = (0..8)
+            .map(|_| {
+                let (s, a) = (&s, &a);
+                scope.spawn(move || {
+                    let body = json!({"agent": "sleeper"}).to_string();
+                    s.raw("POST", "/v1/runs", Some(a), Some(&body), "application/json")
+                })
+            })
+            .collect();
+        tries.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    // One may have started (one slot): at most three accepted, two queued.
+    let accepted = answers.iter().filter(|(st, _, _)| *st == 202).count();
+    assert!((2..=3).contains(&accepted), "{accepted} accepted");
+    for (st, headers, body) in answers.iter().filter(|(st, _, _)| *st != 202) {
+        let v: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(
+            (*st, v["error"]["code"].as_str()),
+            (429, Some("queue_full")),
+            "{v}"
+        );
+        assert!(
+            headers.iter().any(|(k, _)| k == "retry-after"),
+            "{headers:?}"
+        );
+    }
+    let (_, queued) = s.call("GET", "/v1/runs?status=queued", Some(&a), None);
+    assert!(queued["runs"].as_array().unwrap().len() <= 2, "{queued}");
+    let (st, v) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(&b),
+        Some(&json!({"agent": "sleeper"})),
+    );
+    assert_eq!(st, 202, "another organization's queue: {v}");
+
+    let conn = |n: u32| json!({"name": format!("c{n}"), "integration": "github", "type": "bearer", "fields": {"token": "t0123456789abcdef"}});
+    for n in 0..2 {
+        let (st, v) = s.call("POST", "/v1/connections", Some(&a), Some(&conn(n)));
+        assert_eq!(st, 201, "{v}");
+    }
+    let (st, v) = s.call("POST", "/v1/connections", Some(&a), Some(&conn(2)));
+    quota_refusal(st, &v);
+    assert_eq!(
+        s.call("POST", "/v1/connections", Some(&b), Some(&conn(0)))
+            .0,
+        201
+    );
+    // Nothing left running behind.
+    let (_, all) = s.call("GET", "/v1/runs?limit=100", Some(&a), None);
+    for r in all["runs"].as_array().unwrap() {
+        let id = r["id"].as_str().unwrap();
+        s.call("POST", &format!("/v1/runs/{id}/cancel"), Some(&a), None);
+    }
+    let (_, all) = s.call("GET", "/v1/runs?limit=100", Some(&b), None);
+    for r in all["runs"].as_array().unwrap() {
+        let id = r["id"].as_str().unwrap();
+        s.call("POST", &format!("/v1/runs/{id}/cancel"), Some(&b), None);
+    }
+}
+
 /// A hostile tenant registering agent after agent (at once) stops at
 /// `ORG_MAX_AGENTS`; replacing one of its agents still works at the cap,
 /// and another organization registers its own.

@@ -4,6 +4,9 @@ from .agent import Agent
 from .agent_list import AgentList
 from .api_key import ApiKey
 from .api_key_list import ApiKeyList
+from .artifact import Artifact
+from .artifact_list import ArtifactList
+from .artifact_refused_type_0 import ArtifactRefusedType0
 from .budget_limits import BudgetLimits
 from .connection import Connection
 from .connection_list import ConnectionList
@@ -26,6 +29,7 @@ from .new_connection import NewConnection
 from .new_connection_fields import NewConnectionFields
 from .new_connection_type import NewConnectionType
 from .new_run import NewRun
+from .new_run_files import NewRunFiles
 from .new_webhook import NewWebhook
 from .new_webhook_answer import NewWebhookAnswer
 from .new_webhook_answer_events_item import NewWebhookAnswerEventsItem
@@ -54,6 +58,9 @@ __all__ = (
     "AgentList",
     "ApiKey",
     "ApiKeyList",
+    "Artifact",
+    "ArtifactList",
+    "ArtifactRefusedType0",
     "BudgetLimits",
     "Connection",
     "ConnectionList",
@@ -76,6 +83,7 @@ __all__ = (
     "NewConnectionFields",
     "NewConnectionType",
     "NewRun",
+    "NewRunFiles",
     "NewWebhook",
     "NewWebhookAnswer",
     "NewWebhookAnswerEventsItem",

@@ -8,6 +8,7 @@ from attrs import define as _attrs_define
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
+    from ..models.new_run_files import NewRunFiles
     from ..models.run_limits import RunLimits
 
 
@@ -20,11 +21,16 @@ class NewRun:
 
     Attributes:
         agent (str): A registered agent's name.
+        files (NewRunFiles | Unset): The run's input files: relative path → UTF-8 content, placed in the
+            agent's workspace (`$AIRLOCK_WORKSPACE/<path>`) before it starts.
+            Paths are checked as a bundle's; at most 64 files, 1 MiB each, 4 MiB
+            in all.
         limits (None | RunLimits | Unset):
         prompt (None | str | Unset): The run's prompt (at most 256 KiB).
     """
 
     agent: str
+    files: NewRunFiles | Unset = UNSET
     limits: None | RunLimits | Unset = UNSET
     prompt: None | str | Unset = UNSET
 
@@ -32,6 +38,10 @@ class NewRun:
         from ..models.run_limits import RunLimits
 
         agent = self.agent
+
+        files: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.files, Unset):
+            files = self.files.to_dict()
 
         limits: dict[str, Any] | None | Unset
         if isinstance(self.limits, Unset):
@@ -54,6 +64,8 @@ class NewRun:
                 "agent": agent,
             }
         )
+        if files is not UNSET:
+            field_dict["files"] = files
         if limits is not UNSET:
             field_dict["limits"] = limits
         if prompt is not UNSET:
@@ -63,10 +75,18 @@ class NewRun:
 
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.new_run_files import NewRunFiles
         from ..models.run_limits import RunLimits
 
         d = dict(src_dict)
         agent = d.pop("agent")
+
+        _files = d.pop("files", UNSET)
+        files: NewRunFiles | Unset
+        if isinstance(_files, Unset):
+            files = UNSET
+        else:
+            files = NewRunFiles.from_dict(_files)
 
         def _parse_limits(data: object) -> None | RunLimits | Unset:
             if data is None:
@@ -96,6 +116,7 @@ class NewRun:
 
         new_run = cls(
             agent=agent,
+            files=files,
             limits=limits,
             prompt=prompt,
         )
