@@ -1160,8 +1160,8 @@ impl DockerBackend {
         // Each sandbox its own uid: a runner's is not its agent's.
         let ids = agent_ids(&spec.run_id);
         let mut binds = Vec::new();
+        crate::namespace::shared_paths_readable_by(&spec.ro_paths, &spec.command, ids)?;
         for p in &spec.ro_paths {
-            crate::namespace::readable_by(p, ids)?;
             binds.push(format!("{s}:{s}:ro", s = bindable(p)?));
         }
         let (labels, network_mode, networking_config) = match &spec.kind {

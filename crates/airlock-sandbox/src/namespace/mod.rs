@@ -305,6 +305,36 @@ pub(crate) fn readable_by(path: &Path, ids: config::HostIds) -> Result<(), NotSh
     })
 }
 
+/// [`readable_by`] for each shared path and for each file of a shared
+/// directory that the command names (`agent.py` of `python3 agent.py`,
+/// relative to the directory the agent starts in, or by its absolute
+/// path): an agent file the sandbox's uid cannot read is refused before
+/// anything starts, naming the file, as its directory would be. Other
+/// files of the directory are the agent's business (a private `.env` it
+/// never opens does not stop a run). Symbolic links are not followed (the
+/// sandbox resolves them in its own view).
+pub(crate) fn shared_paths_readable_by(
+    ro_paths: &[PathBuf],
+    command: &[String],
+    ids: config::HostIds,
+) -> Result<(), NotShareable> {
+    for dir in ro_paths {
+        readable_by(dir, ids)?;
+        for arg in command {
+            let named = dir.join(arg); // an absolute `arg` replaces `dir`
+            let inside = named.starts_with(dir)
+                && !Path::new(arg)
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir));
+            let is_file = std::fs::symlink_metadata(&named).is_ok_and(|m| m.is_file());
+            if inside && is_file {
+                readable_by(&named, ids)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Why user namespaces do not work here: the probe's failed step and the
 /// host settings that explain it, said in words an operator can act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -442,9 +472,8 @@ impl Backend for NamespaceBackend {
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         config::check_run_id(&spec.run_id)?;
         let ids = config::HostIds::for_run(&spec.run_id);
-        for p in spec.ro_paths.iter().chain([&self.init_exe]) {
-            readable_by(p, ids)?;
-        }
+        shared_paths_readable_by(&spec.ro_paths, &spec.command, ids)?;
+        readable_by(&self.init_exe, ids)?;
         let me = rustix::process::getpid().as_raw_nonzero().get();
         // Checked before anything is taken or made: a refused spec costs nothing.
         let mut cfg = InitConfig::from_spec(spec, &self.init_exe, me, vec![])?;
@@ -532,5 +561,93 @@ impl Backend for NamespaceBackend {
             }
         }
         *slot = Some(standby);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Another uid than the files' owner (and not in their group): what a
+    /// root platform's sandbox is to the operator's files.
+    fn stranger() -> config::HostIds {
+        let me = rustix::process::geteuid().as_raw();
+        let uid = if me == 65_000 { 65_001 } else { 65_000 };
+        config::HostIds {
+            uid,
+            gid: uid,
+            switch: true,
+        }
+    }
+
+    fn agent_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        for (name, mode) in [("agent.py", 0o600), ("lib.py", 0o644), (".env", 0o600)] {
+            let p = d.path().join(name);
+            std::fs::write(&p, "x").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        d
+    }
+
+    fn command(args: &[&str]) -> Vec<String> {
+        ["/usr/bin/airlock", "runtime", "/usr/bin/python3"]
+            .iter()
+            .chain(args)
+            .map(|s| (*s).to_owned())
+            .collect()
+    }
+
+    /// The agent's own file, unreadable by the sandbox's uid, is refused
+    /// before anything starts, naming it: by a relative name, by its
+    /// absolute path, and the fix the message gives works.
+    #[test]
+    fn an_agent_file_the_sandbox_cannot_read_is_refused_naming_it() {
+        let d = agent_dir();
+        let dirs = vec![d.path().to_owned()];
+        let abs = d.path().join("agent.py").display().to_string();
+        for args in [vec!["agent.py"], vec!["-u", abs.as_str()]] {
+            let e = shared_paths_readable_by(&dirs, &command(&args), stranger()).unwrap_err();
+            assert!(
+                matches!(&e, NotShareable::Unreadable { path, what: "readable", .. } if path.ends_with("agent.py")),
+                "{e}"
+            );
+            assert!(e.to_string().contains("chmod o+rX"), "{e}");
+        }
+        let agent = d.path().join("agent.py");
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o644)).unwrap();
+        shared_paths_readable_by(&dirs, &command(&["agent.py"]), stranger()).unwrap();
+    }
+
+    /// What the command does not name is not checked (a private `.env`
+    /// beside the agent does not stop its run), nor a path outside the
+    /// directory, nor an argument that is no file; the directory itself
+    /// still is.
+    #[test]
+    fn only_the_files_the_command_names_are_checked_and_the_directory_always() {
+        let d = agent_dir();
+        let dirs = vec![d.path().to_owned()];
+        for args in [
+            vec!["lib.py"],
+            vec!["-c", "print(1)"],
+            vec!["../agent.py"],
+            vec!["/etc/shadow"],
+        ] {
+            shared_paths_readable_by(&dirs, &command(&args), stranger()).unwrap();
+        }
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let e = shared_paths_readable_by(&dirs, &command(&["lib.py"]), stranger()).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                NotShareable::Unreadable {
+                    what: "readable and searchable",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

@@ -416,3 +416,54 @@ fn an_authorized_private_address_is_warned_of_at_load_with_the_setting_that_allo
     let allowed = run(Some("127.0.0.1"));
     assert!(!allowed.contains("warning: integration svc"), "{allowed}");
 }
+
+/// Item 7: an agent file the sandbox's uid cannot read (a root platform
+/// runs each sandbox as an unprivileged uid; the operator's `agent.py` is
+/// 0600) is refused before anything starts, naming the file and the fix,
+/// as its directory would be; after the fix the same run succeeds. Only
+/// a root platform has a sandbox uid that is not the file's owner.
+#[test]
+fn an_agent_file_the_sandbox_cannot_read_is_refused_before_the_run_with_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        airlock_test_support::require_peer::<(), _>(
+            "a root platform (its sandbox runs as another uid)",
+            Err("this test process is not root".to_owned()),
+        );
+        return;
+    }
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("agent");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let agent = dir.join("agent.py");
+    std::fs::write(&agent, "print('read me')\n").unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let m = dir.join("airlock.toml");
+    std::fs::write(
+        &m,
+        "[agent]\nname = \"unreadable\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n",
+    )
+    .unwrap();
+    let args = ["run", "--backend", "namespace", "-f", m.to_str().unwrap()];
+    let out = airlock(home.path(), &args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "Airlock's own failure: {err}");
+    assert!(err.contains("agent.py"), "the file is named: {err}");
+    assert!(err.contains("chmod o+rX"), "the fix is said: {err}");
+    assert!(
+        !text(&out.stdout).contains("read me"),
+        "the agent never ran"
+    );
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = airlock(home.path(), &args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("read me"),
+        "the agent ran (its output, live): {err}"
+    );
+}
