@@ -22,13 +22,7 @@ const HELD_PER_RUN: usize = 4096;
 
 /// The day and month (UTC) of `unix_ms`, as the store names them.
 pub fn periods_at(unix_ms: i64) -> Periods {
-    let t = time::OffsetDateTime::from_unix_timestamp(unix_ms.div_euclid(1000))
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    let (y, m, d) = (t.year(), u8::from(t.month()), t.day());
-    Periods {
-        day: format!("day:{y:04}-{m:02}-{d:02}"),
-        month: format!("month:{y:04}-{m:02}"),
-    }
+    Periods::at(unix_ms)
 }
 
 /// A charge in the store's terms (amounts past `i64::MAX` are `i64::MAX`).

@@ -295,6 +295,7 @@ fn sweep_local_store(home: &Path, store: &Store, retention: Retention) {
                         runs = r.runs,
                         egress = r.egress,
                         results = r.results,
+                        spend = r.spend,
                         freed_pages = r.freed_pages,
                         "retention sweep of the local store"
                     );

@@ -371,6 +371,7 @@ async fn retention_sweep(app: &AppState) {
             egress = r.egress,
             results = r.results,
             deliveries = r.deliveries,
+            spend = r.spend,
             freed_pages = r.freed_pages,
             "retention sweep"
         ),

@@ -71,12 +71,26 @@ pub struct PeriodSpend {
     pub reserved_cost_microusd: i64,
 }
 
-/// The periods a charge made now falls in, named by the caller (UTC):
-/// `day:YYYY-MM-DD` and `month:YYYY-MM`.
+/// The periods a charge made now falls in (UTC): `day:YYYY-MM-DD` and
+/// `month:YYYY-MM`. Their names sort as their times do, which retention
+/// relies on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Periods {
     pub day: String,
     pub month: String,
+}
+
+impl Periods {
+    /// The day and month (UTC) of `unix_ms`.
+    pub fn at(unix_ms: i64) -> Periods {
+        let t = time::OffsetDateTime::from_unix_timestamp(unix_ms.div_euclid(1000))
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+        let (y, m, d) = (t.year(), u8::from(t.month()), t.day());
+        Periods {
+            day: format!("day:{y:04}-{m:02}-{d:02}"),
+            month: format!("month:{y:04}-{m:02}"),
+        }
+    }
 }
 
 /// A budget's period.

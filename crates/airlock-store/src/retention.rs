@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use sqlx::Row as _;
 
-use crate::{Pool, Store, StoreError};
+use crate::{Periods, Pool, Store, StoreError};
 
 /// Rows deleted per statement (and per transaction) by a sweep.
 pub const SWEEP_BATCH: i64 = 500;
@@ -222,6 +222,9 @@ pub struct SweepReport {
     pub results: u64,
     /// Settled webhook deliveries deleted.
     pub deliveries: u64,
+    /// Organizations' spend of past budget periods deleted
+    /// ([`SPEND_DAYS_KEPT`], [`SPEND_MONTHS_KEPT`]).
+    pub spend: u64,
     /// SQLite pages given back to the file system.
     pub freed_pages: u64,
 }
@@ -229,9 +232,15 @@ pub struct SweepReport {
 impl SweepReport {
     /// Whether the sweep removed anything.
     pub fn is_empty(&self) -> bool {
-        self.runs + self.egress + self.results + self.deliveries == 0
+        self.runs + self.egress + self.results + self.deliveries + self.spend == 0
     }
 }
+
+/// Days an organization's daily spend is kept after its day (a month's
+/// statement can still be read from them).
+pub const SPEND_DAYS_KEPT: i64 = 35;
+/// Months an organization's monthly spend is kept after its month.
+pub const SPEND_MONTHS_KEPT: i64 = 13;
 
 /// The cutoff for records kept `keep` at `now` (milliseconds).
 fn cutoff(now: i64, keep: Option<Duration>) -> Option<i64> {
@@ -288,10 +297,34 @@ impl Store {
                 )
                 .await?;
         }
+        report.spend = self.delete_past_spend(now).await?;
         if !report.is_empty() {
             report.freed_pages = self.give_back_space().await?;
         }
         Ok(report)
+    }
+
+    /// Deletes the spend rows of days more than [`SPEND_DAYS_KEPT`] and of
+    /// months more than [`SPEND_MONTHS_KEPT`] before `now`'s (period names
+    /// sort as their times do): `org_spend` holds two rows per
+    /// organization per day otherwise forever. The current periods, and
+    /// the reservations charged to them, are never touched.
+    async fn delete_past_spend(&self, now: i64) -> Result<u64, StoreError> {
+        const DAY_MS: i64 = 86_400_000;
+        let days = Periods::at(now.saturating_sub(SPEND_DAYS_KEPT * DAY_MS)).day;
+        // 31 days a month at most: the cutoff month is at least as old.
+        let months = Periods::at(now.saturating_sub(SPEND_MONTHS_KEPT * 31 * DAY_MS)).month;
+        let n = on_pool!(self, p => sqlx::query(
+            "DELETE FROM org_spend WHERE (period LIKE 'day:%' AND period < $1) \
+             OR (period LIKE 'month:%' AND period < $2)",
+        )
+        .bind(days)
+        .bind(months)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        Ok(n)
     }
 
     /// Runs `sql` (a DELETE bound to a cutoff `$1` and a batch size `$2`)

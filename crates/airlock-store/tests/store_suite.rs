@@ -116,6 +116,7 @@ on_both!(
     agents_are_bounded_per_organization_even_when_registered_at_once,
     stored_bytes_are_measured_per_organization_and_refuse_new_runs,
     org_budgets_are_reserved_within_every_limit_and_settled,
+    past_budget_spend_is_swept_and_the_current_periods_kept,
     racing_reservations_never_pass_a_budget_that_fits_fewer,
     artifacts_are_stored_within_the_run_and_organization_caps_even_at_once,
     queued_runs_and_connections_are_bounded_per_organization_even_at_once,
@@ -2854,6 +2855,68 @@ fn periods(day: &str) -> Periods {
         day: format!("day:{day}"),
         month: format!("month:{}", &day[..7]),
     }
+}
+
+/// Retention bounds `org_spend`: the spend of days past `SPEND_DAYS_KEPT`
+/// and of months past `SPEND_MONTHS_KEPT` goes, the current day's and
+/// month's (reservations still charged to them included) stay, and
+/// nothing else of the organization's budget is touched.
+async fn past_budget_spend_is_swept_and_the_current_periods_kept(s: &Store) {
+    const DAY: i64 = 86_450_000;
+    // 2026-12-06T12:00:00Z.
+    let now = 1_796_558_450_000;
+    assert_eq!(Periods::at(now), periods("2026-12-06"));
+    let c = Charge {
+        tokens: 10,
+        cost_microusd: 1,
+        requests: 1,
+    };
+    let at = |days_ago: i64| Periods::at(now - days_ago * DAY);
+    for days_ago in [0, 1, SPEND_DAYS_KEPT - 1, SPEND_DAYS_KEPT + 1, 450, 500] {
+        assert_eq!(
+            s.reserve_org_budget("o-sweep", &at(days_ago), &c)
+                .await
+                .unwrap(),
+            Reservation::Granted
+        );
+    }
+    let budget = OrgBudget {
+        day: BudgetLimits {
+            tokens: Some(1000),
+            ..BudgetLimits::default()
+        },
+        month: BudgetLimits::default(),
+    };
+    s.set_org_budget("o-sweep", &budget).await.unwrap();
+    let keep_all = Retention {
+        runs: None,
+        egress: None,
+        results: None,
+        deliveries: None,
+    };
+    let r = s.sweep_retention(&keep_all, now).await.unwrap();
+    // Days 36, 450 and 500 ago; the months of 450 and 500 days ago (the
+    // month of 36 days ago is kept: 13 months are).
+    assert_eq!(r.spend, 5, "{r:?}");
+    for days_ago in [0, 1, SPEND_DAYS_KEPT - 1] {
+        let (day, month) = s.org_spend("o-sweep", &at(days_ago)).await.unwrap();
+        assert_eq!(
+            (day.tokens, day.reserved_tokens),
+            (10, 10),
+            "{days_ago} days ago"
+        );
+        assert!(month.tokens >= 10, "{days_ago} days ago: {month:?}");
+    }
+    for days_ago in [SPEND_DAYS_KEPT + 1, 450, 500] {
+        let (day, _) = s.org_spend("o-sweep", &at(days_ago)).await.unwrap();
+        assert_eq!(day, PeriodSpend::default(), "{days_ago} days ago");
+    }
+    for days_ago in [450, 500] {
+        let (_, month) = s.org_spend("o-sweep", &at(days_ago)).await.unwrap();
+        assert_eq!(month, PeriodSpend::default(), "{days_ago} days ago");
+    }
+    assert_eq!(s.org_budget("o-sweep").await.unwrap(), budget);
+    assert_eq!(s.sweep_retention(&keep_all, now).await.unwrap().spend, 0);
 }
 
 /// A reservation is charged to the day and the month only when it fits
