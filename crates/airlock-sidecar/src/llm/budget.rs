@@ -72,23 +72,36 @@ pub(super) struct Hold {
 }
 
 /// The members of a request body that bound its output; every other value
-/// is skipped as it is parsed.
-#[derive(serde::Deserialize)]
-struct OutputBound {
-    max_tokens: Option<Value>,
-    max_completion_tokens: Option<Value>,
-    max_output_tokens: Option<Value>,
+/// is skipped as it is parsed. The relay's lean reading of a body reads
+/// them with its own members (`request_body::prepare`), so a call's body
+/// is parsed once.
+#[derive(Default, serde::Deserialize)]
+pub(super) struct OutputBound {
+    pub(super) max_tokens: Option<Value>,
+    pub(super) max_completion_tokens: Option<Value>,
+    pub(super) max_output_tokens: Option<Value>,
 }
 
-/// The output a request bounds itself to, if it names a bound (the largest
-/// it names; a bound that is not a count is no bound).
-fn output_bound(body: &[u8]) -> Option<u64> {
-    let b: OutputBound = serde_json::from_slice(body).ok()?;
-    [b.max_tokens, b.max_completion_tokens, b.max_output_tokens]
-        .iter()
+impl OutputBound {
+    /// The output a request bounds itself to, if it names a bound (the
+    /// largest it names; a bound that is not a count is no bound).
+    pub(super) fn tokens(&self) -> Option<u64> {
+        [
+            &self.max_tokens,
+            &self.max_completion_tokens,
+            &self.max_output_tokens,
+        ]
+        .into_iter()
         .flatten()
         .filter_map(Value::as_u64)
         .max()
+    }
+}
+
+/// [`OutputBound::tokens`] of `body` parsed for it alone: for a body the
+/// lean reading leaves to the whole parsed tree.
+pub(super) fn output_bound(body: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<OutputBound>(body).ok()?.tokens()
 }
 
 /// µUSD for `input` and `output` tokens at prices per million tokens
@@ -166,11 +179,12 @@ impl Budgets {
         })
     }
 
-    /// What a call with request `body` reserves.
-    pub(super) fn reservation(&self, body: &[u8]) -> Amount {
+    /// What a call reserves whose request body, as the agent sent it, was
+    /// `body_len` bytes and bounded its output to `output_bound` tokens.
+    pub(super) fn reservation(&self, body_len: usize, output_bound: Option<u64>) -> Amount {
         let cap = |n: u64| n.min(MAX_CALL_TOKENS);
-        let input = cap(body.len() as u64);
-        let output = cap(output_bound(body).unwrap_or_else(|| self.cfg.default_output()));
+        let input = cap(body_len as u64);
+        let output = cap(output_bound.unwrap_or_else(|| self.cfg.default_output()));
         Amount {
             tokens: input + output,
             cost_microusd: priced(input, output, self.price_in, self.price_out),

@@ -162,16 +162,22 @@ async fn admit(
     let method = parts.method.as_str();
     let body = read_body(body, sidecar.limits.max_request_bytes).await?;
     judge_provider_fetches(sidecar, up, method, &body, &parts.headers).await?;
-    let hold = match (&llm.budgets, endpoint) {
-        (Some(b), Endpoint::Metered { .. }) => match b.reserve(b.reservation(&body)).await {
-            Ok(h) => Some(h),
-            Err(refusal) => return Err(b.refuse(&refusal, &sidecar.keep)),
-        },
-        _ => None,
-    };
+    let sent_len = body.len();
     let prepared = match endpoint {
         Endpoint::Metered { .. } => prepare(endpoint, body),
         Endpoint::Plain => Prepared::as_sent(body, None),
+    };
+    let hold = match (&llm.budgets, endpoint) {
+        (Some(b), Endpoint::Metered { .. }) => {
+            match b
+                .reserve(b.reservation(sent_len, prepared.output_bound))
+                .await
+            {
+                Ok(h) => Some(h),
+                Err(refusal) => return Err(b.refuse(&refusal, &sidecar.keep)),
+            }
+        }
+        _ => None,
     };
     let rules = CallRules {
         authorized: &up.authorized,

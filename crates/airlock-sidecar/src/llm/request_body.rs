@@ -11,6 +11,7 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use super::budget::{OutputBound, output_bound};
 use super::route::Endpoint;
 
 /// The request body as sent upstream, and what the relay learnt from it.
@@ -20,11 +21,14 @@ pub(super) struct Prepared {
     pub(super) model: Option<String>,
     /// The relay added `stream_options.include_usage`: drop the usage-only chunk.
     pub(super) drop_usage_chunk: bool,
+    /// The output tokens the request bounds itself to (what a budget
+    /// reserves for its answer), if it names a bound.
+    pub(super) output_bound: Option<u64>,
 }
 
 /// The top-level members of a request body that [`prepare`] reads; every
 /// other value (the conversation, the tools: nearly all of a body) is
-/// skipped as it is parsed, never built. A repeated member of these three is
+/// skipped as it is parsed, never built. A repeated member of these is
 /// an error here: such a body goes the way of [`prepare_by_value`], whose
 /// map keeps the last one.
 #[derive(serde::Deserialize)]
@@ -34,6 +38,11 @@ struct RequestHead {
     /// There, whatever its value (`null` included).
     #[serde(default)]
     stream_options: Present,
+    // The output bound (a budget's reservation), read in the same pass;
+    // not flattened (serde would then keep every other member to hand on).
+    max_tokens: Option<Value>,
+    max_completion_tokens: Option<Value>,
+    max_output_tokens: Option<Value>,
 }
 
 /// Whether a member is there; its value is skipped.
@@ -73,8 +82,17 @@ pub(super) fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
         .as_ref()
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let output_bound = OutputBound {
+        max_tokens: head.max_tokens,
+        max_completion_tokens: head.max_completion_tokens,
+        max_output_tokens: head.max_output_tokens,
+    }
+    .tokens();
     if !needs_usage_asked(endpoint, head.stream.as_ref()) {
-        return Prepared::as_sent(body, model);
+        return Prepared {
+            output_bound,
+            ..Prepared::as_sent(body, model)
+        };
     }
     if head.stream_options.0 {
         return prepare_by_value(endpoint, body);
@@ -89,6 +107,7 @@ pub(super) fn prepare(endpoint: Endpoint, body: Bytes) -> Prepared {
         body: Bytes::from(asked),
         model,
         drop_usage_chunk: true,
+        output_bound,
     }
 }
 
@@ -110,6 +129,7 @@ impl Prepared {
             body,
             model,
             drop_usage_chunk: false,
+            output_bound: None,
         }
     }
 }
@@ -117,6 +137,15 @@ impl Prepared {
 /// [`prepare`] by way of the whole body parsed as a tree: for the bodies
 /// its lean reading leaves (and the oracle its tests compare it with).
 pub(super) fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
+    let output_bound = output_bound(&body);
+    Prepared {
+        output_bound,
+        ..prepare_tree(endpoint, body)
+    }
+}
+
+/// [`prepare_by_value`] but for the output bound.
+fn prepare_tree(endpoint: Endpoint, body: Bytes) -> Prepared {
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else {
         return Prepared::as_sent(body, None);
     };
@@ -145,6 +174,7 @@ pub(super) fn prepare_by_value(endpoint: Endpoint, body: Bytes) -> Prepared {
             body: Bytes::from(v),
             model,
             drop_usage_chunk: true,
+            output_bound: None,
         },
         Err(_) => Prepared::as_sent(body, model),
     }
@@ -199,7 +229,8 @@ mod tests {
             Prepared {
                 body: msgs,
                 model: Some("c".into()),
-                drop_usage_chunk: false
+                drop_usage_chunk: false,
+                output_bound: None,
             }
         );
         let junk = Bytes::from_static(b"\xff not json");
@@ -242,6 +273,12 @@ mod tests {
             b"",
             br#"{"stream":true,"messages":"caf\u00e9 \ud83d\ude00"}"#,
             "{\"stream\":true,\"model\":\"\u{e9}\u{1F600}\"}".as_bytes(),
+            br#"{"model":"m","stream":true,"max_tokens":50}"#,
+            br#"{"model":"m","max_completion_tokens":7,"max_tokens":3}"#,
+            br#"{"max_output_tokens":9,"stream":false}"#,
+            br#"{"max_tokens":3,"max_tokens":9,"stream":true}"#,
+            br#"{"max_tokens":"50","stream":true}"#,
+            br#"{"max_tokens":-1,"max_output_tokens":2}"#,
         ];
         for chat_stream_usage in [true, false] {
             let endpoint = Endpoint::Metered { chat_stream_usage };
@@ -252,6 +289,7 @@ mod tests {
                 let what = String::from_utf8_lossy(raw);
                 assert_eq!(lean.model, tree.model, "{what}");
                 assert_eq!(lean.drop_usage_chunk, tree.drop_usage_chunk, "{what}");
+                assert_eq!(lean.output_bound, tree.output_bound, "{what}");
                 match serde_json::from_slice::<Value>(&tree.body) {
                     Ok(want) => assert_eq!(
                         serde_json::from_slice::<Value>(&lean.body).ok(),
