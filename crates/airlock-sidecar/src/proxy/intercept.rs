@@ -494,6 +494,7 @@ fn redacted(
     let body = Redacting {
         inner: counted,
         stream: redactor.stream(),
+        unflushed: 0,
         done: false,
     };
     let mut r = Response::new(body.boxed());
@@ -504,10 +505,31 @@ fn redacted(
 
 /// An answer's body let through a [`StreamRedactor`]: a credential split
 /// across its chunks is found all the same.
+///
+/// The chunks the upstream has ready are fed to the redactor together (up
+/// to [`BATCH`] bytes) and searched once, when the upstream has no more
+/// ready or the batch is full: a fast download is searched in large
+/// pieces, and nothing waits on data that has not come (what is fed goes
+/// out, as far as the redactor lets it, before the body reports pending).
 struct Redacting<B> {
     inner: B,
     stream: StreamRedactor,
+    /// Bytes fed since the last flush.
+    unflushed: usize,
     done: bool,
+}
+
+/// The most bytes of an answer fed to the redactor between two searches:
+/// what one answer holds in memory beyond the redactor's kept-back bytes.
+const BATCH: usize = 256 * 1024;
+
+impl<B> Redacting<B> {
+    /// What the redactor lets out of what was fed, as a frame, if anything.
+    fn flushed(&mut self) -> Option<hyper::body::Frame<Bytes>> {
+        self.unflushed = 0;
+        let out = self.stream.flush();
+        (!out.is_empty()).then(|| hyper::body::Frame::data(Bytes::from(out)))
+    }
 }
 
 impl<B> hyper::body::Body for Redacting<B>
@@ -527,13 +549,24 @@ where
                 return Poll::Ready(None);
             }
             match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                // The inner body will wake this task: what was fed goes out
+                // now.
+                Poll::Pending => {
+                    if self.unflushed > 0
+                        && let Some(frame) = self.flushed()
+                    {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    return Poll::Pending;
+                }
                 // Trailers are not passed on (they could carry it too).
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
-                        let out = self.stream.push(&data);
-                        if !out.is_empty() {
-                            let frame = hyper::body::Frame::data(Bytes::from(out));
+                        self.stream.feed(&data);
+                        self.unflushed += data.len();
+                        if self.unflushed >= BATCH
+                            && let Some(frame) = self.flushed()
+                        {
                             return Poll::Ready(Some(Ok(frame)));
                         }
                     }

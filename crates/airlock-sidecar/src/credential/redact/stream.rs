@@ -27,12 +27,32 @@ impl StreamRedactor {
         }
     }
 
-    /// What of the answer so far can be let out, redacted.
+    /// What of the answer so far can be let out, redacted: [`Self::feed`]
+    /// then [`Self::flush`].
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
         if self.redactor.is_empty() {
             return chunk.to_vec();
         }
+        self.feed(chunk);
+        self.flush()
+    }
+
+    /// Takes `chunk` in without searching: what it lets out comes with the
+    /// next [`Self::flush`] (or [`Self::push`], [`Self::finish`]). A caller
+    /// with more of the answer at hand feeds it all and flushes once: one
+    /// search of the lot instead of one per chunk, each of which also reads
+    /// the kept-back bytes and decodes the ends of a base64 run again. What
+    /// is let out does not depend on how the answer was cut.
+    pub fn feed(&mut self, chunk: &[u8]) {
         self.buf.extend_from_slice(chunk);
+    }
+
+    /// What of the answer fed so far can be let out, redacted.
+    pub fn flush(&mut self) -> Vec<u8> {
+        if self.redactor.is_empty() {
+            // Nothing kept back: all of it goes (`emitted` stays 0).
+            return std::mem::take(&mut self.buf);
+        }
         let keep = self.redactor.longest_span();
         let Some(cut) = self.buf.len().checked_sub(keep) else {
             return Vec::new();
@@ -46,7 +66,7 @@ impl StreamRedactor {
     /// The rest of the answer, redacted.
     pub fn finish(&mut self) -> Vec<u8> {
         if self.redactor.is_empty() {
-            return Vec::new();
+            return std::mem::take(&mut self.buf);
         }
         let end = self.buf.len();
         let out = self.take(end);

@@ -228,12 +228,34 @@ fn a_stream_finds_a_value_split_across_chunks() {
                 String::from_utf8_lossy(&whole),
                 "chunks of {size}"
             );
+            // Fed in those chunks and searched only every few of them (the
+            // proxy's batches): the same.
+            for every in [2, 3, 5] {
+                let mut s = r.stream();
+                let mut out = Vec::new();
+                for (i, chunk) in answer.as_bytes().chunks(size).enumerate() {
+                    s.feed(chunk);
+                    if i % every == every - 1 {
+                        out.extend(s.flush());
+                    }
+                }
+                out.extend(s.finish());
+                assert_eq!(
+                    String::from_utf8_lossy(&out),
+                    String::from_utf8_lossy(&whole),
+                    "chunks of {size}, searched every {every}"
+                );
+            }
         }
     }
-    // Nothing to redact: the chunks go through as they are.
+    // Nothing to redact: the chunks go through as they are, fed or pushed.
     let mut none = Redactor::none().stream();
     assert_eq!(none.push(b"abc"), b"abc");
-    assert!(none.finish().is_empty());
+    none.feed(b"de");
+    none.feed(b"f");
+    assert_eq!(none.flush(), b"def");
+    none.feed(b"g");
+    assert_eq!(none.finish(), b"g");
 }
 
 /// Whether `spans` (sorted, merged) cover `must` whole.
