@@ -11,7 +11,9 @@
 //!   ([`ModelRegistry::prices_for`]); the manifest's own price still wins in
 //!   the relay's metering.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use tokio::sync::watch;
 
 use airlock_platform_api::launch::ModelPrice;
 use airlock_platform_api::types::Provider;
@@ -43,10 +45,17 @@ pub struct Rollback {
 }
 
 /// Bundled models and the live catalog. Cheap to share ([`Arc`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ModelRegistry {
     bundled: Vec<CatalogModel>,
-    live: RwLock<Option<Arc<Catalog>>>,
+    /// The accepted catalog; its watchers are told of each replacement.
+    live: watch::Sender<Option<Arc<Catalog>>>,
+}
+
+impl Default for ModelRegistry {
+    fn default() -> Self {
+        ModelRegistry::new()
+    }
 }
 
 impl ModelRegistry {
@@ -58,15 +67,17 @@ impl ModelRegistry {
     pub fn with_bundled(bundled: Vec<CatalogModel>) -> ModelRegistry {
         ModelRegistry {
             bundled,
-            live: RwLock::default(),
+            live: watch::Sender::new(None),
         }
     }
 
     fn live(&self) -> Option<Arc<Catalog>> {
-        self.live
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.live.borrow().clone()
+    }
+
+    /// Told whenever a catalog is accepted.
+    pub fn watch(&self) -> watch::Receiver<Option<Arc<Catalog>>> {
+        self.live.subscribe()
     }
 
     /// The accepted catalog's serial, if one was accepted.
@@ -77,16 +88,25 @@ impl ModelRegistry {
     /// Makes `catalog` (verified and parsed) the live one if its serial is
     /// strictly higher than the current one's.
     pub fn offer(&self, catalog: Catalog) -> Result<Offer, Rollback> {
-        let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
         let offered = catalog.serial;
-        match live.as_ref().map(|c| c.serial) {
-            Some(current) if offered < current => Err(Rollback { offered, current }),
-            Some(current) if offered == current => Ok(Offer::Unchanged { serial: current }),
-            _ => {
-                *live = Some(Arc::new(catalog));
-                Ok(Offer::Accepted { serial: offered })
+        let mut outcome = Ok(Offer::Accepted { serial: offered });
+        self.live.send_if_modified(|live| {
+            match live.as_ref().map(|c| c.serial) {
+                Some(current) if offered < current => {
+                    outcome = Err(Rollback { offered, current });
+                    false
+                }
+                Some(current) if offered == current => {
+                    outcome = Ok(Offer::Unchanged { serial: current });
+                    false
+                }
+                _ => {
+                    *live = Some(Arc::new(catalog));
+                    true
+                }
             }
-        }
+        });
+        outcome
     }
 
     /// Every model known: the bundled ones, then the catalog's that do not

@@ -313,3 +313,6 @@ mod tests {
         assert_eq!(e.var, ENV_TRUST_ROOT);
     }
 }
+
+#[cfg(test)]
+mod reader_tests;
