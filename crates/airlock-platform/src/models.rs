@@ -90,8 +90,8 @@ impl ModelRegistry {
     pub fn offer(&self, catalog: Catalog) -> Result<Offer, Rollback> {
         let offered = catalog.serial;
         let mut outcome = Ok(Offer::Accepted { serial: offered });
-        self.live.send_if_modified(|live| {
-            match live.as_ref().map(|c| c.serial) {
+        self.live
+            .send_if_modified(|live| match live.as_ref().map(|c| c.serial) {
                 Some(current) if offered < current => {
                     outcome = Err(Rollback { offered, current });
                     false
@@ -104,8 +104,7 @@ impl ModelRegistry {
                     *live = Some(Arc::new(catalog));
                     true
                 }
-            }
-        });
+            });
         outcome
     }
 

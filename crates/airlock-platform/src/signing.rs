@@ -315,8 +315,8 @@ mod tests {
         let k = SecretKey::generate().unwrap();
         let other = SecretKey::generate().unwrap();
         let trust = TrustRoot::of(vec![k.public()]);
-        let sig = Signature::from_file(k.sign(Purpose::Catalog, b"abc").to_file().as_bytes())
-            .unwrap();
+        let sig =
+            Signature::from_file(k.sign(Purpose::Catalog, b"abc").to_file().as_bytes()).unwrap();
         assert_eq!(
             trust.verify(Purpose::Catalog, b"abc", &sig),
             Ok(k.public().id().to_owned())

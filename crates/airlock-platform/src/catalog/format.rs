@@ -127,7 +127,9 @@ impl Catalog {
                 ("price_in_per_mtok_usd", m.price_in_per_mtok_usd),
                 ("price_out_per_mtok_usd", m.price_out_per_mtok_usd),
             ] {
-                if p.is_some_and(|p| !(p.is_finite() && (0.0..=MAX_PRICE_PER_MTOK_USD).contains(&p))) {
+                if p.is_some_and(|p| {
+                    !(p.is_finite() && (0.0..=MAX_PRICE_PER_MTOK_USD).contains(&p))
+                }) {
                     return Err(FormatError::Price { index, key });
                 }
             }
@@ -166,25 +168,53 @@ mod tests {
 
     #[test]
     fn malformed_files_are_refused_whole() {
-        let m = |models: &str| format!(r#"{{"schema_version": 1, "serial": 1, "models": [{models}]}}"#);
+        let m =
+            |models: &str| format!(r#"{{"schema_version": 1, "serial": 1, "models": [{models}]}}"#);
         for (text, want) in [
             ("[]".to_owned(), "Json"),
-            (r#"{"schema_version": 2, "serial": 1, "models": [], "new": 1}"#.to_owned(), "SchemaVersion"),
-            (r#"{"schema_version": 1, "serial": 0, "models": []}"#.to_owned(), "SerialZero"),
-            (r#"{"schema_version": 1, "serial": 1, "serial": 2, "models": []}"#.to_owned(), "Json"),
-            (r#"{"schema_version": 1, "serial": 1, "models": [], "extra": true}"#.to_owned(), "Json"),
-            (m(r#"{"provider": "anthropic", "id": "x", "context": 5}"#), "Json"),
+            (
+                r#"{"schema_version": 2, "serial": 1, "models": [], "new": 1}"#.to_owned(),
+                "SchemaVersion",
+            ),
+            (
+                r#"{"schema_version": 1, "serial": 0, "models": []}"#.to_owned(),
+                "SerialZero",
+            ),
+            (
+                r#"{"schema_version": 1, "serial": 1, "serial": 2, "models": []}"#.to_owned(),
+                "Json",
+            ),
+            (
+                r#"{"schema_version": 1, "serial": 1, "models": [], "extra": true}"#.to_owned(),
+                "Json",
+            ),
+            (
+                m(r#"{"provider": "anthropic", "id": "x", "context": 5}"#),
+                "Json",
+            ),
             (m(r#"{"provider": "mistral", "id": "x"}"#), "Json"),
             (m(r#"{"provider": "openai", "id": ""}"#), "ModelId"),
             (m(r#"{"provider": "openai", "id": "a b"}"#), "ModelId"),
-            (m(r#"{"provider": "openai", "id": "x", "price_in_per_mtok_usd": -1}"#), "Price"),
-            (m(r#"{"provider": "openai", "id": "x", "price_out_per_mtok_usd": 1e9}"#), "Price"),
-            (m(r#"{"provider": "openai", "id": "x"}, {"provider": "openai", "id": "x"}"#), "Duplicate"),
+            (
+                m(r#"{"provider": "openai", "id": "x", "price_in_per_mtok_usd": -1}"#),
+                "Price",
+            ),
+            (
+                m(r#"{"provider": "openai", "id": "x", "price_out_per_mtok_usd": 1e9}"#),
+                "Price",
+            ),
+            (
+                m(r#"{"provider": "openai", "id": "x"}, {"provider": "openai", "id": "x"}"#),
+                "Duplicate",
+            ),
         ] {
             let e = parse(&text).unwrap_err();
             assert!(format!("{e:?}").starts_with(want), "{text}: {e:?}");
         }
-        let big = format!(r#"{{"schema_version": 1, "serial": 1, "models": [], "pad": "{}"}}"#, "x".repeat(MAX_CATALOG_BYTES));
+        let big = format!(
+            r#"{{"schema_version": 1, "serial": 1, "models": [], "pad": "{}"}}"#,
+            "x".repeat(MAX_CATALOG_BYTES)
+        );
         assert!(matches!(parse(&big), Err(FormatError::TooLarge { .. })));
         let many = m(&(0..=MAX_CATALOG_MODELS)
             .map(|i| format!(r#"{{"provider": "openai", "id": "m{i}"}}"#))

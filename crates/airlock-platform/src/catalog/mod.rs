@@ -109,9 +109,9 @@ fn built_in_trust() -> TrustRoot {
 fn check_url(u: &str) -> Result<String, SettingsError> {
     let bad = |why: String| setting(ENV_URL, format!("{u:?}: {why}"));
     let t = airlock_egress::Target::parse(u).map_err(|e| bad(e.operator_message()))?;
-    let authority = u.split_once("://").map_or("", |(_, rest)| {
-        rest.split('/').next().unwrap_or_default()
-    });
+    let authority = u
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split('/').next().unwrap_or_default());
     if u.contains(['?', '#']) || authority.contains('@') {
         return Err(bad("must have no query, fragment or user info".into()));
     }
@@ -221,7 +221,9 @@ impl CatalogReader {
     /// One read: the catalog, its signature, verified, parsed, offered.
     pub async fn refresh(&self) -> Result<Offer, RefreshError> {
         let body = self.get(File::Catalog, self.url.clone()).await?;
-        let sig = self.get(File::Signature, format!("{}.sig", self.url)).await?;
+        let sig = self
+            .get(File::Signature, format!("{}.sig", self.url))
+            .await?;
         let sig = Signature::from_file(&sig)?;
         self.trust.verify(Purpose::Catalog, &body, &sig)?;
         let catalog = Catalog::parse(&body)?;
@@ -307,7 +309,8 @@ mod tests {
             assert_eq!(e.var, ENV_URL, "{bad}");
         }
         // A URL with no key to verify it could never be accepted.
-        let e = CatalogSettings::from_vars(Some("https://mirror.example/c.json"), None).unwrap_err();
+        let e =
+            CatalogSettings::from_vars(Some("https://mirror.example/c.json"), None).unwrap_err();
         assert_eq!(e.var, ENV_TRUST_ROOT);
         let e = CatalogSettings::from_vars(Some("off"), Some("[{}]")).unwrap_err();
         assert_eq!(e.var, ENV_TRUST_ROOT);

@@ -155,16 +155,25 @@ async fn a_bad_signature_or_an_untrusted_key_is_refused() {
     // Signed over other content: the file was changed after signing.
     s.serve(&text, &signed(&key, &catalog_text(4)));
     let e = r.refresh().await.unwrap_err();
-    assert!(matches!(e, RefreshError::Signature(SigningError::BadSignature)), "{e}");
+    assert!(
+        matches!(e, RefreshError::Signature(SigningError::BadSignature)),
+        "{e}"
+    );
     // Signed by a key the platform does not trust.
     let other = SecretKey::generate().unwrap();
     s.serve(&text, &signed(&other, &text));
     let e = r.refresh().await.unwrap_err();
-    assert!(matches!(e, RefreshError::Signature(SigningError::UntrustedKey(_))), "{e}");
+    assert!(
+        matches!(e, RefreshError::Signature(SigningError::UntrustedKey(_))),
+        "{e}"
+    );
     // Not a signature file at all.
     s.serve(&text, b"not json");
     let e = r.refresh().await.unwrap_err();
-    assert!(matches!(e, RefreshError::Signature(SigningError::Malformed(_))), "{e}");
+    assert!(
+        matches!(e, RefreshError::Signature(SigningError::Malformed(_))),
+        "{e}"
+    );
     assert_eq!(registry.serial(), None);
     assert!(registry.models().is_empty());
 }
@@ -181,7 +190,13 @@ async fn a_lower_serial_is_a_refused_rollback() {
     s.serve(&v4, &signed(&key, &v4));
     let e = r.refresh().await.unwrap_err();
     assert!(
-        matches!(e, RefreshError::Rollback(Rollback { offered: 4, current: 5 })),
+        matches!(
+            e,
+            RefreshError::Rollback(Rollback {
+                offered: 4,
+                current: 5
+            })
+        ),
         "{e}"
     );
     assert_eq!(registry.serial(), Some(5));
@@ -213,7 +228,16 @@ async fn an_oversized_file_is_refused_before_its_signature_is_read() {
     let big = vec![b' '; MAX_CATALOG_BYTES + 1];
     s.serve(&big, &signed(&key, &big));
     let e = r.refresh().await.unwrap_err();
-    assert!(matches!(e, RefreshError::Get { file: File::Catalog, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            RefreshError::Get {
+                file: File::Catalog,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(s.seen(), ["/c.json"]);
 }
 
@@ -244,7 +268,16 @@ async fn a_server_that_never_answers_is_cut_at_the_timeout() {
     let (r, registry) = reader(&s, &key, Duration::from_millis(300));
     s.answer("/c.json", Answer::Hang);
     let e = r.refresh().await.unwrap_err();
-    assert!(matches!(e, RefreshError::Get { file: File::Catalog, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            RefreshError::Get {
+                file: File::Catalog,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(registry.serial(), None);
 }
 
@@ -256,7 +289,13 @@ async fn a_missing_signature_is_refused() {
     s.answer("/c.json", Answer::Ok(catalog_text(1)));
     let e = r.refresh().await.unwrap_err();
     assert!(
-        matches!(e, RefreshError::Status { file: File::Signature, status: 404 }),
+        matches!(
+            e,
+            RefreshError::Status {
+                file: File::Signature,
+                status: 404
+            }
+        ),
         "{e}"
     );
 }
@@ -270,7 +309,10 @@ async fn off_starts_nothing_and_sends_nothing() {
     let vars: HashMap<String, String> = [
         (ENV_URL.to_owned(), "off".to_owned()),
         (ENV_TRUST_ROOT.to_owned(), trust),
-        ("EGRESS_ALLOW_INTERNAL_HOSTS".to_owned(), "127.0.0.1".to_owned()),
+        (
+            "EGRESS_ALLOW_INTERNAL_HOSTS".to_owned(),
+            "127.0.0.1".to_owned(),
+        ),
     ]
     .into();
     let settings = crate::settings::Settings::from_vars(&vars).unwrap();
@@ -282,7 +324,9 @@ async fn off_starts_nothing_and_sends_nothing() {
     assert!(start(&settings, &registry).is_none());
     // No task exists that could connect; nothing has.
     assert!(
-        tokio::time::timeout(Duration::ZERO, l.accept()).await.is_err(),
+        tokio::time::timeout(Duration::ZERO, l.accept())
+            .await
+            .is_err(),
         "a connection reached {addr}"
     );
 }
@@ -295,8 +339,14 @@ async fn the_background_reader_reads_at_start() {
     s.serve(&text, &signed(&key, &text));
     let vars: HashMap<String, String> = [
         (ENV_URL.to_owned(), format!("{}/c.json", s.base)),
-        (ENV_TRUST_ROOT.to_owned(), format!("[{}]", key.public().to_file())),
-        ("EGRESS_ALLOW_INTERNAL_HOSTS".to_owned(), "127.0.0.1".to_owned()),
+        (
+            ENV_TRUST_ROOT.to_owned(),
+            format!("[{}]", key.public().to_file()),
+        ),
+        (
+            "EGRESS_ALLOW_INTERNAL_HOSTS".to_owned(),
+            "127.0.0.1".to_owned(),
+        ),
     ]
     .into();
     let settings = crate::settings::Settings::from_vars(&vars).unwrap();

@@ -160,10 +160,7 @@ fn sub(a: &mut Amount, b: &Amount) {
 
 impl Budgets {
     /// The run's budgets, or `None` when none applies.
-    pub(super) fn new(
-        cfg: &RunBudget,
-        platform: &PlatformClient,
-    ) -> Option<Arc<Budgets>> {
+    pub(super) fn new(cfg: &RunBudget, platform: &PlatformClient) -> Option<Arc<Budgets>> {
         cfg.enforced().then(|| {
             Arc::new(Budgets {
                 cfg: cfg.clone(),

@@ -113,8 +113,11 @@ fn sign(key: &Path, catalog: &Path) -> Result<()> {
     let body = read_capped(catalog, MAX_CATALOG_BYTES)?;
     let c = Catalog::parse(&body).with_context(|| format!("{}", catalog.display()))?;
     let sig = beside(catalog, ".sig");
-    std::fs::write(&sig, format!("{}\n", key.sign(Purpose::Catalog, &body).to_file()))
-        .with_context(|| format!("writing {}", sig.display()))?;
+    std::fs::write(
+        &sig,
+        format!("{}\n", key.sign(Purpose::Catalog, &body).to_file()),
+    )
+    .with_context(|| format!("writing {}", sig.display()))?;
     super::out::outln!(
         "signed {} (serial {}, {} models) with key {}: {}",
         catalog.display(),
