@@ -6,6 +6,7 @@
 
 pub mod background;
 pub mod budget;
+pub mod bundle;
 pub mod catalog;
 pub mod connections;
 pub mod internal_api;

@@ -110,6 +110,9 @@ pub struct Settings {
     /// Where the live model catalog is read from, and the keys it must be
     /// signed by (`MODEL_CATALOG_URL`, `MODEL_CATALOG_TRUST_ROOT`).
     pub catalog: crate::catalog::CatalogSettings,
+    /// How agent bundles' signatures are enforced before a run starts
+    /// (`AFPS_SIGNATURE_POLICY`, `AFPS_TRUST_ROOT`).
+    pub bundles: crate::bundle::BundleSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -221,6 +224,10 @@ impl Settings {
             catalog: crate::catalog::CatalogSettings::from_vars(
                 get(crate::catalog::ENV_URL),
                 get(crate::catalog::ENV_TRUST_ROOT),
+            )?,
+            bundles: crate::bundle::BundleSettings::from_vars(
+                get(crate::bundle::ENV_POLICY),
+                get(crate::bundle::ENV_TRUST_ROOT),
             )?,
         };
         s.check()?;

@@ -28,6 +28,9 @@ pub enum Purpose {
     Catalog,
     /// An agent bundle's manifest.
     Bundle,
+    /// A key endorsed by another (a link of a key chain): the content is
+    /// the endorsed raw public key.
+    Key,
 }
 
 impl Purpose {
@@ -35,6 +38,7 @@ impl Purpose {
         match self {
             Purpose::Catalog => b"airlock-catalog-v1\n",
             Purpose::Bundle => b"airlock-bundle-v1\n",
+            Purpose::Key => b"airlock-key-v1\n",
         }
     }
 
@@ -57,6 +61,8 @@ pub enum SigningError {
     KeyIdMismatch { given: String, derived: String },
     #[error("signed by key {0:?}, which is not trusted")]
     UntrustedKey(String),
+    #[error("the key chain does not lead to a trusted key: {0}")]
+    ChainUntrusted(String),
     #[error("the signature does not verify")]
     BadSignature,
     #[error("no randomness for a new key")]
@@ -188,20 +194,62 @@ impl TrustRoot {
     }
 
     /// Verifies a detached signature of `content`: the signing key must be
-    /// in this list and the signature must verify. Answers the key's id.
+    /// in this list, or be endorsed through the signature's key chain by a
+    /// key in it, and the signature must verify. Answers the key's id.
     pub fn verify(
         &self,
         purpose: Purpose,
         content: &[u8],
         sig: &Signature,
     ) -> Result<String, SigningError> {
-        let key = self
-            .get(&sig.key_id)
-            .ok_or_else(|| SigningError::UntrustedKey(sig.key_id.clone()))?;
+        let key = match self.get(&sig.key_id) {
+            Some(k) => k.clone(),
+            None if sig.chain.is_empty() => {
+                return Err(SigningError::UntrustedKey(sig.key_id.clone()));
+            }
+            None => self.through_chain(&sig.key_id, &sig.chain)?,
+        };
         if !key.verify(purpose, content, &sig.bytes) {
             return Err(SigningError::BadSignature);
         }
         Ok(key.id.clone())
+    }
+
+    /// The key `id`, reached through `chain`: each link is endorsed by a
+    /// trusted key or by an earlier link, and its endorsement verifies.
+    fn through_chain(&self, id: &str, chain: &[Endorsement]) -> Result<PublicKey, SigningError> {
+        let untrusted = |why: String| SigningError::ChainUntrusted(why);
+        if chain.len() > MAX_CHAIN {
+            return Err(untrusted(format!("more than {MAX_CHAIN} links")));
+        }
+        let mut trusted = self.keys.clone();
+        for (i, link) in chain.iter().enumerate() {
+            let key = PublicKey::from_entry(&KeyEntry {
+                key_id: link.key_id.clone(),
+                public_key: link.public_key.clone(),
+            })?;
+            let by = trusted
+                .iter()
+                .find(|k| k.id == link.endorsed_by)
+                .ok_or_else(|| {
+                    untrusted(format!(
+                        "link {i}: endorsed by {:?}, which is neither trusted nor an earlier link",
+                        link.endorsed_by
+                    ))
+                })?;
+            let sig = decode::<64>("chain signature", &link.signature)?;
+            if !by.verify(Purpose::Key, key.key.as_bytes(), &sig) {
+                return Err(untrusted(format!(
+                    "link {i}: the endorsement of {:?} does not verify",
+                    link.key_id
+                )));
+            }
+            trusted.push(key);
+        }
+        trusted
+            .into_iter()
+            .find(|k| k.id == id)
+            .ok_or_else(|| untrusted(format!("no link endorses the signing key {id:?}")))
     }
 }
 
@@ -266,16 +314,47 @@ impl SecretKey {
         Signature {
             key_id: self.public().id,
             bytes: self.key.sign(&purpose.message(content)).to_bytes(),
+            chain: Vec::new(),
+        }
+    }
+
+    /// This key's endorsement of `subject`: a link of a key chain.
+    pub fn endorse(&self, subject: &PublicKey) -> Endorsement {
+        Endorsement {
+            key_id: subject.id.clone(),
+            public_key: subject.to_base64(),
+            endorsed_by: self.public().id,
+            signature: STANDARD.encode(
+                self.key
+                    .sign(&Purpose::Key.message(subject.key.as_bytes()))
+                    .to_bytes(),
+            ),
         }
     }
 }
 
+/// Most links of a key chain.
+pub const MAX_CHAIN: usize = 4;
+
+/// One link of a key chain: `endorsed_by` vouches for the key `key_id`
+/// (`public_key`) by signing it ([`Purpose::Key`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endorsement {
+    pub key_id: String,
+    pub public_key: String,
+    pub endorsed_by: String,
+    pub signature: String,
+}
+
 /// A detached signature. Its file is `{"schema_version": 1, "key_id": …,
-/// "signature": <base64 of the 64 bytes>}`.
+/// "signature": <base64 of the 64 bytes>, "chain": [<endorsement>…]}`
+/// (`chain` optional: from a trusted key down to the signing key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signature {
     pub key_id: String,
     pub bytes: [u8; 64],
+    pub chain: Vec<Endorsement>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -284,6 +363,8 @@ struct SignatureFile {
     schema_version: u32,
     key_id: String,
     signature: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    chain: Vec<Endorsement>,
 }
 
 impl Signature {
@@ -292,6 +373,7 @@ impl Signature {
             schema_version: SIGNING_SCHEMA_VERSION,
             key_id: self.key_id.clone(),
             signature: STANDARD.encode(self.bytes),
+            chain: self.chain.clone(),
         })
         .unwrap_or_default()
     }
@@ -302,6 +384,7 @@ impl Signature {
         Ok(Signature {
             key_id: f.key_id,
             bytes: decode::<64>("signature", &f.signature)?,
+            chain: f.chain,
         })
     }
 }
@@ -343,6 +426,43 @@ mod tests {
             trust.verify(Purpose::Catalog, b"abc", &forged),
             Err(SigningError::BadSignature)
         );
+    }
+
+    #[test]
+    fn a_key_chain_leads_from_a_trusted_key_to_the_signing_key() {
+        let root = SecretKey::generate().unwrap();
+        let mid = SecretKey::generate().unwrap();
+        let leaf = SecretKey::generate().unwrap();
+        let stranger = SecretKey::generate().unwrap();
+        let trust = TrustRoot::of(vec![root.public()]);
+        let mut sig = leaf.sign(Purpose::Bundle, b"m");
+        sig.chain = vec![root.endorse(&mid.public()), mid.endorse(&leaf.public())];
+        let sig = Signature::from_file(sig.to_file().as_bytes()).unwrap();
+        assert_eq!(
+            trust.verify(Purpose::Bundle, b"m", &sig),
+            Ok(leaf.public().id().to_owned())
+        );
+        // A chain that starts at an untrusted key.
+        let mut bad = leaf.sign(Purpose::Bundle, b"m");
+        bad.chain = vec![stranger.endorse(&leaf.public())];
+        assert!(matches!(
+            trust.verify(Purpose::Bundle, b"m", &bad),
+            Err(SigningError::ChainUntrusted(_))
+        ));
+        // An endorsement that is not the endorser's.
+        let mut forged = root.endorse(&leaf.public());
+        forged.signature = stranger.endorse(&leaf.public()).signature;
+        bad.chain = vec![forged];
+        assert!(matches!(
+            trust.verify(Purpose::Bundle, b"m", &bad),
+            Err(SigningError::ChainUntrusted(_))
+        ));
+        // A chain that endorses another key than the signer.
+        bad.chain = vec![root.endorse(&mid.public())];
+        assert!(matches!(
+            trust.verify(Purpose::Bundle, b"m", &bad),
+            Err(SigningError::ChainUntrusted(_))
+        ));
     }
 
     #[test]
