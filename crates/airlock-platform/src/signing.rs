@@ -189,6 +189,10 @@ impl TrustRoot {
         self.keys.is_empty()
     }
 
+    pub fn into_keys(self) -> Vec<PublicKey> {
+        self.keys
+    }
+
     pub fn get(&self, id: &str) -> Option<&PublicKey> {
         self.keys.iter().find(|k| k.id == id)
     }

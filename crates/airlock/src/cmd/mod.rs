@@ -1,5 +1,6 @@
 //! One module per subcommand family.
 
+pub mod bundle;
 pub mod catalog;
 pub mod connections;
 pub mod demo;

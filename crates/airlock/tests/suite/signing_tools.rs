@@ -89,3 +89,111 @@ fn catalog_keygen_sign_verify_and_refusals() {
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d("k")).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
 }
+
+/// `airlock run` of `dir/airlock.toml` on the process backend under
+/// `policy`, trusting `trust`.
+fn run_under(home: &Path, dir: &Path, policy: &str, trust: &str) -> Output {
+    Command::new(AIRLOCK)
+        .args(["run", "--backend", "process", "--json", "-f"])
+        .arg(dir.join("airlock.toml"))
+        .env("AIRLOCK_HOME", home)
+        .env("AFPS_SIGNATURE_POLICY", policy)
+        .env("AFPS_TRUST_ROOT", trust)
+        .env_remove("DATABASE_URL")
+        .env_remove("AIRLOCK_SERVER")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn bundle_pack_sign_verify_and_a_run_under_each_policy() {
+    let home = tempfile::tempdir().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let agent = tempfile::tempdir().unwrap();
+    let k = |f: &str| keys.path().join(f).to_str().unwrap().to_owned();
+    let a = agent.path().to_str().unwrap().to_owned();
+    std::fs::write(
+        agent.path().join("airlock.toml"),
+        "[agent]\nname = \"signed\"\ncommand = [\"/bin/sh\", \"run.sh\"]\ntimeout = 30\n\n[network]\negress = \"none\"\n",
+    )
+    .unwrap();
+    std::fs::write(agent.path().join("run.sh"), "echo signed-agent-ran\n").unwrap();
+    ok(&airlock(home.path(), &["bundle", "keygen", &k("root")]));
+    ok(&airlock(home.path(), &["bundle", "keygen", &k("dev")]));
+    let out = ok(&airlock(home.path(), &["bundle", "pack", &a]));
+    assert!(out.contains("packed 2 files"), "{out}");
+    // The developer's key, endorsed by the root key: a chain of one link.
+    let link = ok(&airlock(
+        home.path(),
+        &["bundle", "endorse", "--key", &k("root"), &k("dev.pub")],
+    ));
+    std::fs::write(k("dev.link"), link).unwrap();
+    ok(&airlock(
+        home.path(),
+        &[
+            "bundle",
+            "sign",
+            "--key",
+            &k("dev"),
+            "--chain",
+            &k("dev.link"),
+            &a,
+        ],
+    ));
+    let out = ok(&airlock(
+        home.path(),
+        &["bundle", "verify", "--trust", &k("root.pub"), &a],
+    ));
+    assert!(out.contains("every file matches"), "{out}");
+    let root_trust = std::fs::read_to_string(k("root.pub")).unwrap();
+
+    // The legitimate signed bundle runs under `required`.
+    let o = run_under(home.path(), agent.path(), "required", &root_trust);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains(r#""status":"succeeded""#), "{stdout}");
+
+    // A file changed after signing: refused before anything starts, with its code.
+    std::fs::write(agent.path().join("run.sh"), "echo tampered\n").unwrap();
+    refused(
+        &airlock(
+            home.path(),
+            &["bundle", "verify", "--trust", &k("root.pub"), &a],
+        ),
+        "(file_changed)",
+    );
+    for policy in ["required", "warn"] {
+        let o = run_under(home.path(), agent.path(), policy, &root_trust);
+        assert_eq!(o.status.code(), Some(2), "{policy}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("agent bundle refused (file_changed)"), "{err}");
+        assert!(o.stdout.is_empty(), "{policy}: a run started");
+    }
+    // Off checks nothing.
+    let o = run_under(home.path(), agent.path(), "off", "");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A stale manifest is not signed.
+    refused(
+        &airlock(home.path(), &["bundle", "sign", "--key", &k("dev"), &a]),
+        "pack",
+    );
+
+    // Unsigned: required refuses, warn runs.
+    std::fs::remove_file(agent.path().join("airlock-bundle.sig")).unwrap();
+    let o = run_under(home.path(), agent.path(), "required", &root_trust);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("(unsigned_required)"));
+    let o = run_under(home.path(), agent.path(), "warn", "");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Nothing refused was recorded as a run.
+    let runs = ok(&airlock(home.path(), &["runs", "list"]));
+    assert_eq!(
+        runs.lines().filter(|l| l.contains("run_")).count(),
+        3,
+        "{runs}"
+    );
+}
