@@ -197,3 +197,46 @@ fn bundle_pack_sign_verify_and_a_run_under_each_policy() {
         "{runs}"
     );
 }
+
+/// On `airlock serve`, a bundle refusal is the run's stored failure
+/// reason, with its code, and nothing of the run starts.
+#[test]
+fn a_refused_bundle_is_the_served_runs_failure_reason() {
+    use crate::support::serve::{Server, agent_body, base_env, create_org, wait_for};
+    let home = tempfile::Builder::new()
+        .prefix("airlock-serve-")
+        .tempdir()
+        .unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("k");
+    ok(&airlock(
+        home.path(),
+        &["bundle", "keygen", key.to_str().unwrap()],
+    ));
+    let trust = std::fs::read_to_string(keys.path().join("k.pub")).unwrap();
+    let mut env = base_env(home.path(), None);
+    env.push(("AFPS_SIGNATURE_POLICY".into(), "required".into()));
+    env.push(("AFPS_TRUST_ROOT".into(), trust));
+    let s = Server::start(&env, "process", home.path().join("serve.log"));
+    let (_, api_key) = create_org(&env, "Acme", &[]);
+    let k = Some(api_key.as_str());
+    let body = agent_body("unsigned", "print('must not run', flush=True)\n", 30);
+    assert_eq!(s.call("POST", "/v1/agents", k, Some(&body)).0, 201);
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        k,
+        Some(&serde_json::json!({"agent": "unsigned"})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let id = run["id"].as_str().unwrap();
+    let done = wait_for(&s, &format!("/v1/runs/{id}"), &api_key, 60, |v| {
+        v["ended_at"].as_i64().is_some()
+    });
+    assert_eq!(done["status"], "failed", "{done}");
+    let why = done["error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("agent bundle refused (unsigned_required)"),
+        "{done}"
+    );
+}
