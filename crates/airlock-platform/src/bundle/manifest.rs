@@ -211,7 +211,7 @@ fn digest(path: &Path) -> Result<(String, u64), BundleRefusal> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits().cast_signed())
         .open(path)
         .map_err(|e| unreadable(path, &e))?;
     let mut h = Sha256::new();

@@ -70,7 +70,8 @@ fn the_legitimate_signed_bundle_verifies() {
 fn a_file_changed_added_removed_or_renamed_after_signing_is_refused() {
     let key = SecretKey::generate().unwrap();
     let s = settings(SignaturePolicy::Warn, &key);
-    let cases: [(&str, fn(&Path)); 5] = [
+    type Attack = fn(&Path);
+    let cases: [(&str, Attack); 5] = [
         ("file_changed", |d| write(d, "agent.py", "print('pwned')\n")),
         ("file_changed", |d| write(d, "lib/util.py", "X = 2\n")),
         ("file_added", |d| write(d, "zz_extra.py", "")),
