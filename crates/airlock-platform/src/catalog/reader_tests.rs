@@ -130,6 +130,19 @@ fn reader(s: &Server, key: &SecretKey, timeout: Duration) -> (CatalogReader, Arc
     (r, registry)
 }
 
+fn assert_failed_reading_the_catalog(e: &RefreshError) {
+    assert!(
+        matches!(
+            e,
+            RefreshError::Get {
+                file: File::Catalog,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
 #[tokio::test]
 async fn a_signed_catalog_is_accepted_with_two_gets() {
     let s = Server::start().await;
@@ -228,16 +241,7 @@ async fn an_oversized_file_is_refused_before_its_signature_is_read() {
     let big = vec![b' '; MAX_CATALOG_BYTES + 1];
     s.serve(&big, &signed(&key, &big));
     let e = r.refresh().await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            RefreshError::Get {
-                file: File::Catalog,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_failed_reading_the_catalog(&e);
     assert_eq!(s.seen(), ["/c.json"]);
 }
 
@@ -268,16 +272,7 @@ async fn a_server_that_never_answers_is_cut_at_the_timeout() {
     let (r, registry) = reader(&s, &key, Duration::from_millis(300));
     s.answer("/c.json", Answer::Hang);
     let e = r.refresh().await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            RefreshError::Get {
-                file: File::Catalog,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert_failed_reading_the_catalog(&e);
     assert_eq!(registry.serial(), None);
 }
 

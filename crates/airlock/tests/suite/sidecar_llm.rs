@@ -1031,30 +1031,7 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
     let (p, _fake, sc) = openai_env("agent-llm-huge", PROVIDER_KEY).await;
-    let token = p.sidecar_token.expose_secret().to_owned();
-    let auth = format!("Bearer {token}");
-    let h = [
-        ("authorization", auth.as_str()),
-        ("content-type", "application/json"),
-    ];
-    for model in [CHAT_MODEL, HUGE_USAGE_MODEL] {
-        let body =
-            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-        let (status, _, b) = http(
-            sc.tcp(),
-            "POST",
-            "/llm/v1/chat/completions",
-            &h,
-            body.as_bytes(),
-        );
-        assert_eq!(status, 200, "{model}: {}", String::from_utf8_lossy(&b));
-    }
-    let c = eventually(10, || async {
-        let c = costs(&p.events().await);
-        (c.len() == 2).then_some(c)
-    })
-    .await
-    .expect("two cost events");
+    let c = chat_costs(&p, &sc, &[CHAT_MODEL, HUGE_USAGE_MODEL]).await;
     assert!(!unmetered(&c[0]), "{c:?}");
     assert_eq!((c[0].input_tokens, c[0].output_tokens), CHAT_USAGE);
     assert!(unmetered(&c[1]), "{c:?}");
@@ -1073,6 +1050,34 @@ async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
     );
     assert!(run.cost_microusd >= 0, "{run:?}");
     drop(sc);
+}
+
+/// One chat completion through the relay for each of `models` (each
+/// answered 200), and the cost events of them all.
+async fn chat_costs(p: &TestPlatform, sc: &SidecarProcess, models: &[&str]) -> Vec<CostRecord> {
+    let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
+    let h = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    for model in models {
+        let body =
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+        let (status, _, b) = http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &h,
+            body.as_bytes(),
+        );
+        assert_eq!(status, 200, "{model}: {}", String::from_utf8_lossy(&b));
+    }
+    eventually(10, || async {
+        let c = costs(&p.events().await);
+        (c.len() == models.len()).then_some(c)
+    })
+    .await
+    .expect("a cost event per call")
 }
 
 /// Issue 44.1, the model relay: a provider (or an echoing proxy in front of
@@ -1217,29 +1222,7 @@ async fn the_registry_prices_a_call_the_manifest_does_not() {
             })
             .build();
         let sc = spawn_sidecar(&cfg);
-        let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
-        let h = [
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-        ];
-        for model in [CHAT_MODEL, "gpt-not-in-the-catalog"] {
-            let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
-                .to_string();
-            let (status, _, b) = http(
-                sc.tcp(),
-                "POST",
-                "/llm/v1/chat/completions",
-                &h,
-                body.as_bytes(),
-            );
-            assert_eq!(status, 200, "{model}: {}", String::from_utf8_lossy(&b));
-        }
-        let c = eventually(10, || async {
-            let c = costs(&p.events().await);
-            (c.len() == 2).then_some(c)
-        })
-        .await
-        .expect("two cost events");
+        let c = chat_costs(&p, &sc, &[CHAT_MODEL, "gpt-not-in-the-catalog"]).await;
         let (pin, pout) = want.unwrap();
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let expect =
