@@ -438,6 +438,22 @@ pub struct Model {
     /// patterns; the manifest's `model.provider_fetch_uris`).
     #[serde(default)]
     pub provider_fetch_uris: Vec<String>,
+    /// The model registry's prices for this provider's models (the bundled
+    /// registry and the live catalog): a call whose model is listed here is
+    /// priced at its entry unless the manifest names a price, which wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub known_prices: Vec<ModelPrice>,
+}
+
+/// One model's prices per million tokens (USD), by its id.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    pub model: String,
+    #[serde(default)]
+    pub price_in_per_mtok_usd: Option<f64>,
+    #[serde(default)]
+    pub price_out_per_mtok_usd: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -705,6 +721,7 @@ mod tests {
                 price_in_per_mtok_usd: Some(3.0),
                 provider_tools: vec![],
                 provider_fetch_uris: vec![],
+                known_prices: vec![],
                 price_out_per_mtok_usd: None,
             }),
             network: Network {

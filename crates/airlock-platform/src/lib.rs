@@ -6,15 +6,19 @@
 
 pub mod background;
 pub mod budget;
+pub mod bundle;
+pub mod catalog;
 pub mod connections;
 pub mod internal_api;
 pub mod journal;
 pub mod manifest;
+pub mod models;
 pub mod operator;
 pub mod orchestrator;
 pub mod platform;
 pub mod proxy_ca;
 pub mod settings;
+pub mod signing;
 
 #[cfg(feature = "testing")]
 pub mod testing;

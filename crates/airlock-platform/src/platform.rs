@@ -71,6 +71,8 @@ pub enum BootError {
 pub struct Platform {
     pub orch: Orchestrator,
     api_server: tokio::task::JoinHandle<()>,
+    /// The live model catalog's background reads, when configured.
+    catalog: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// What a platform is started from.
@@ -179,6 +181,9 @@ impl Platform {
             .map_err(BootError::BackendBoot)?;
         tracing::debug!(target: "airlock::phase", "backend booted");
         let sidecar_exe = sidecar_exe.join().unwrap_or(None);
+        // Read in the background: boot never waits on it.
+        let models = Arc::new(crate::models::ModelRegistry::new());
+        let catalog = crate::catalog::start(&p.settings, &models);
         Ok(Platform {
             orch: Orchestrator {
                 home: p.home,
@@ -191,8 +196,10 @@ impl Platform {
                 exe,
                 sidecar_exe,
                 ends,
+                models,
             },
             api_server,
+            catalog,
         })
     }
 
@@ -207,6 +214,9 @@ impl Platform {
     pub fn stop(&self) {
         self.orch.backend.drop_prepared();
         self.api_server.abort();
+        if let Some(c) = &self.catalog {
+            c.abort();
+        }
         let _ = std::fs::remove_file(&self.orch.api_socket);
     }
 }

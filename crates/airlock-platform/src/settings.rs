@@ -107,6 +107,12 @@ pub struct Settings {
     /// (16 MiB) per run, `ORG_MAX_ARTIFACT_BYTES` (1 GiB, `0`: no cap) per
     /// organization.
     pub artifacts: airlock_store::ArtifactCaps,
+    /// Where the live model catalog is read from, and the keys it must be
+    /// signed by (`MODEL_CATALOG_URL`, `MODEL_CATALOG_TRUST_ROOT`).
+    pub catalog: crate::catalog::CatalogSettings,
+    /// How agent bundles' signatures are enforced before a run starts
+    /// (`AFPS_SIGNATURE_POLICY`, `AFPS_TRUST_ROOT`).
+    pub bundles: crate::bundle::BundleSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +221,14 @@ impl Settings {
                 )?)
                 .filter(|n| *n > 0),
             },
+            catalog: crate::catalog::CatalogSettings::from_vars(
+                get(crate::catalog::ENV_URL),
+                get(crate::catalog::ENV_TRUST_ROOT),
+            )?,
+            bundles: crate::bundle::BundleSettings::from_vars(
+                get(crate::bundle::ENV_POLICY),
+                get(crate::bundle::ENV_TRUST_ROOT),
+            )?,
         };
         s.check()?;
         Ok(s)
@@ -287,6 +301,39 @@ impl Settings {
             });
         }
         Ok(())
+    }
+
+    /// The egress guard of the platform process's own outbound calls
+    /// (webhooks, the model catalog): the operator's internal hosts, the
+    /// sidecars' resolver (`AIRLOCK_DNS_SERVER`, else the system's), and
+    /// never one of `own_listeners`.
+    pub fn platform_guard(
+        &self,
+        own_listeners: &[std::net::SocketAddr],
+    ) -> Result<airlock_egress::Guard, airlock_egress::ResolveError> {
+        let mut policy = airlock_egress::EgressPolicy::new();
+        policy.allow_internal_hosts(self.allow_internal_hosts.iter().map(String::as_str));
+        policy.refuse_own_listeners(own_listeners.iter().copied());
+        let resolver: std::sync::Arc<dyn airlock_egress::Resolve> = match &self.dns_server {
+            Some(d) => std::sync::Arc::new(airlock_egress::DnsServerResolver::new(
+                airlock_egress::DnsServerResolver::parse_addr(d)?,
+            )?),
+            None => std::sync::Arc::new(airlock_egress::SystemResolver),
+        };
+        Ok(airlock_egress::Guard::new(policy, resolver))
+    }
+
+    /// `EGRESS_EXTRA_CA_FILE`'s certificates, as trust anchors.
+    pub fn extra_roots(&self) -> Vec<rustls_pki_types::CertificateDer<'static>> {
+        use rustls_pki_types::pem::PemObject;
+        self.extra_ca_pem
+            .as_deref()
+            .map(|pem| {
+                rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+                    .filter_map(Result::ok)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// A run's model budget: the manifest's `[budget]` within the

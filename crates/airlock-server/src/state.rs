@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use airlock_egress::{ClientConfig, EgressPolicy, GuardedClient};
+use airlock_egress::{ClientConfig, GuardedClient};
 use airlock_platform::orchestrator::Orchestrator;
 use airlock_store::Store;
 use tokio::sync::{Notify, watch};
@@ -82,24 +82,10 @@ impl AppState {
     ) -> Result<Self, ApiError> {
         // Webhook URLs meet the same guard as a sandbox's requests: the
         // operator's internal hosts, and never this server itself.
-        let mut policy = EgressPolicy::new();
-        policy.allow_internal_hosts(
-            orch.settings
-                .allow_internal_hosts
-                .iter()
-                .map(String::as_str),
-        );
-        policy.refuse_own_listeners([cfg.listen]);
-        // Resolved as the sidecars resolve (`AIRLOCK_DNS_SERVER`, else the system's).
-        let resolver: Arc<dyn airlock_egress::Resolve> = match &orch.settings.dns_server {
-            Some(d) => Arc::new(
-                airlock_egress::DnsServerResolver::parse_addr(d)
-                    .and_then(airlock_egress::DnsServerResolver::new)
-                    .map_err(|e| ApiError::internal(format!("AIRLOCK_DNS_SERVER: {e}")))?,
-            ),
-            None => Arc::new(airlock_egress::SystemResolver),
-        };
-        let guard = airlock_egress::Guard::new(policy, resolver);
+        let guard = orch
+            .settings
+            .platform_guard(&[cfg.listen])
+            .map_err(|e| ApiError::internal(format!("AIRLOCK_DNS_SERVER: {e}")))?;
         let webhook_client = GuardedClient::new(
             guard,
             ClientConfig {

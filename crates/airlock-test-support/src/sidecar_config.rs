@@ -136,6 +136,7 @@ impl SidecarConfigBuilder {
             price_out_per_mtok_usd: None,
             provider_tools: vec![],
             provider_fetch_uris: vec![],
+            known_prices: vec![],
         });
         self
     }

@@ -64,6 +64,12 @@ enum Command {
     /// Manage the connection-encryption keys.
     #[command(subcommand)]
     Keys(cmd::keys::KeysCommand),
+    /// Agent bundles: pack a directory's manifest, sign it, verify it as the platform does.
+    #[command(subcommand)]
+    Bundle(cmd::bundle::BundleCommand),
+    /// The live model catalog's signing tool: keys, signatures, verification.
+    #[command(subcommand)]
+    Catalog(cmd::catalog::CatalogCommand),
     /// The docker backend's images (built locally, no registry).
     #[command(subcommand)]
     Images(cmd::images::ImagesCommand),
@@ -109,6 +115,8 @@ fn main() -> std::process::ExitCode {
         Command::Connections(c) => cmd::connections::run(c),
         Command::Keys(c) => cmd::keys::run(c),
         Command::Images(c) => cmd::images::run(c),
+        Command::Catalog(c) => cmd::catalog::run(c),
+        Command::Bundle(c) => cmd::bundle::run(c),
         Command::SandboxInit => cmd::sandbox_init::run(),
         Command::ContainerInit {
             command,

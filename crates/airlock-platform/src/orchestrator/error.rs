@@ -118,4 +118,8 @@ pub enum Refusal {
         program: String,
         looked: String,
     },
+    /// The agent's directory is not a bundle the signature policy accepts
+    /// (`AFPS_SIGNATURE_POLICY`).
+    #[error("agent bundle refused ({code}): {0}", code = .0.code())]
+    Bundle(crate::bundle::BundleRefusal),
 }

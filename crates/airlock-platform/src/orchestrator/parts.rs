@@ -31,6 +31,8 @@ pub struct Orchestrator {
     /// deliveries the end owes are queued with it ([`Store::finish_run`]),
     /// and whoever sends them (`airlock serve`'s deliverer) waits on this.
     pub ends: Arc<Notify>,
+    /// The models this platform knows (bundled, and the live catalog's).
+    pub models: Arc<crate::models::ModelRegistry>,
 }
 
 /// Shared state for several concurrent runs.

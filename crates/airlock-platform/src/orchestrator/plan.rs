@@ -104,6 +104,8 @@ pub struct Site<'a> {
     /// `AIRLOCK_LOG` of the runtime and of the sidecar.
     pub runtime_log: &'a str,
     pub sidecar_log: &'a str,
+    /// The model registry's prices for the run's model provider.
+    pub known_prices: &'a [launch::ModelPrice],
 }
 
 /// One local MCP runner of a run.
@@ -416,6 +418,7 @@ fn sidecar_config(
             price_out_per_mtok_usd: x.price_out_per_mtok_usd,
             provider_tools: x.provider_tools.clone(),
             provider_fetch_uris: x.provider_fetch_uris.clone(),
+            known_prices: site.known_prices.to_vec(),
         }),
         network: launch::Network {
             egress: m
@@ -547,6 +550,7 @@ mod tests {
             runtime_log: "warn",
             sidecar_log: "info",
             org_budget: false,
+            known_prices: &[],
         };
         RunPlan::build(req, settings, &site, keys(req)).expect("plan")
     }

@@ -20,6 +20,7 @@ impl Orchestrator {
         m: &Manifest,
         agent_dir: &Path,
     ) -> Result<(), RunError> {
+        self.check_bundle(agent_dir).await?;
         for i in &m.integrations {
             let Some(command) = i.local_command() else {
                 continue;
@@ -69,6 +70,39 @@ impl Orchestrator {
                 }
                 .into());
             }
+        }
+        Ok(())
+    }
+}
+
+impl Orchestrator {
+    /// The agent's directory under the bundle signature policy
+    /// ([`crate::bundle::check`]): refused before anything starts, or
+    /// accepted with what was found.
+    async fn check_bundle(&self, agent_dir: &Path) -> Result<(), RunError> {
+        use crate::bundle::{BundleRefusal, SignaturePolicy, Verdict};
+        let settings = self.settings.bundles.clone();
+        if settings.policy == SignaturePolicy::Off {
+            return Ok(());
+        }
+        let dir = agent_dir.to_owned();
+        let verdict = tokio::task::spawn_blocking(move || crate::bundle::check(&dir, &settings))
+            .await
+            .unwrap_or_else(|e| Err(BundleRefusal::Unreadable(e.to_string())))
+            .map_err(Refusal::Bundle)?;
+        match verdict {
+            Verdict::NotChecked => {}
+            Verdict::Unsigned => {
+                tracing::debug!(dir = %agent_dir.display(), "the agent is not a signed bundle");
+            }
+            Verdict::Verified { key_id } => {
+                tracing::info!(dir = %agent_dir.display(), %key_id, "agent bundle verified");
+            }
+            Verdict::Untrusted(why) => tracing::warn!(
+                dir = %agent_dir.display(),
+                code = why.code(),
+                "agent bundle not trusted (AFPS_SIGNATURE_POLICY=warn lets it run): {why}"
+            ),
         }
         Ok(())
     }

@@ -61,6 +61,12 @@ impl Orchestrator {
         let runtime_log = std::env::var("AIRLOCK_RUNTIME_LOG").unwrap_or_else(|_| "warn".into());
         let sidecar_log = std::env::var("AIRLOCK_SIDECAR_LOG").unwrap_or_else(|_| "warn".into());
         let runtime_exe = self.backend.runtime_exe(&self.exe);
+        let known_prices = req
+            .manifest
+            .model
+            .as_ref()
+            .map(|m| self.models.prices_for(m.provider))
+            .unwrap_or_default();
         let site = Site {
             run_id,
             run_dir,
@@ -73,6 +79,7 @@ impl Orchestrator {
             runtime_log: &runtime_log,
             sidecar_log: &sidecar_log,
             org_budget,
+            known_prices: &known_prices,
         };
         let keys = Keys::mint(run_id, &req.manifest, &self.tokens)?;
         let plan = RunPlan::build(req, &self.settings, &site, keys)?;

@@ -38,14 +38,13 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::meter::{price, saturating_count};
+use super::route::Price;
 use crate::clock::now_ms;
 use crate::keep::Keeper;
 
 /// The budgets of one run's model calls.
 pub(super) struct Budgets {
     cfg: RunBudget,
-    price_in: Option<f64>,
-    price_out: Option<f64>,
     platform: PlatformClient,
     /// What the run's calls are charged: settled usage and reservations
     /// outstanding.
@@ -161,17 +160,10 @@ fn sub(a: &mut Amount, b: &Amount) {
 
 impl Budgets {
     /// The run's budgets, or `None` when none applies.
-    pub(super) fn new(
-        cfg: &RunBudget,
-        price_in: Option<f64>,
-        price_out: Option<f64>,
-        platform: &PlatformClient,
-    ) -> Option<Arc<Budgets>> {
+    pub(super) fn new(cfg: &RunBudget, platform: &PlatformClient) -> Option<Arc<Budgets>> {
         cfg.enforced().then(|| {
             Arc::new(Budgets {
                 cfg: cfg.clone(),
-                price_in,
-                price_out,
                 platform: platform.clone(),
                 charged: Mutex::default(),
                 recorded: Default::default(),
@@ -180,20 +172,31 @@ impl Budgets {
     }
 
     /// What a call reserves whose request body, as the agent sent it, was
-    /// `body_len` bytes and bounded its output to `output_bound` tokens.
-    pub(super) fn reservation(&self, body_len: usize, output_bound: Option<u64>) -> Amount {
+    /// `body_len` bytes and bounded its output to `output_bound` tokens, at
+    /// its model's `price`.
+    pub(super) fn reservation(
+        &self,
+        body_len: usize,
+        output_bound: Option<u64>,
+        price: Price,
+    ) -> Amount {
         let cap = |n: u64| n.min(MAX_CALL_TOKENS);
         let input = cap(body_len as u64);
         let output = cap(output_bound.unwrap_or_else(|| self.cfg.default_output()));
         Amount {
             tokens: input + output,
-            cost_microusd: priced(input, output, self.price_in, self.price_out),
+            cost_microusd: priced(input, output, price.input, price.output),
             requests: 1,
         }
     }
 
-    /// Charges `amount` to the run's budget, then to the organization's.
-    pub(super) async fn reserve(self: &Arc<Self>, amount: Amount) -> Result<Hold, Refusal> {
+    /// Charges `amount` to the run's budget, then to the organization's
+    /// (`priced`: the call's model has a price, so its cost is kept).
+    pub(super) async fn reserve(
+        self: &Arc<Self>,
+        amount: Amount,
+        priced: bool,
+    ) -> Result<Hold, Refusal> {
         {
             let mut charged = self.charged.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(e) = passed(&self.cfg.run, &charged, &amount) {
@@ -209,7 +212,6 @@ impl Budgets {
         if !self.cfg.org {
             return Ok(hold);
         }
-        let priced = self.price_in.is_some() || self.price_out.is_some();
         match self.platform.reserve_budget(amount, priced).await {
             Ok(ReserveAnswer::Granted { id }) => {
                 hold.org = Some(id);

@@ -125,14 +125,11 @@ struct Llm {
 
 pub fn router(sidecar: Arc<Sidecar>) -> Router {
     let upstream = sidecar.model.as_ref().map(route::Upstream::new);
-    let budgets = upstream.as_ref().and_then(|up| {
-        budget::Budgets::new(
-            &sidecar.budget,
-            up.price_in,
-            up.price_out,
-            &sidecar.platform,
-        )
-    });
+    // Budgets apply to a run with a model only; each call is priced at
+    // its own model's price (`Upstream::price_for`).
+    let budgets = upstream
+        .as_ref()
+        .and_then(|_| budget::Budgets::new(&sidecar.budget, &sidecar.platform));
     Router::new()
         .fallback(relay::relay)
         .with_state(Arc::new(Llm {

@@ -169,8 +169,12 @@ async fn admit(
     };
     let hold = match (&llm.budgets, endpoint) {
         (Some(b), Endpoint::Metered { .. }) => {
+            let price = up.price_for(prepared.model.as_deref());
             match b
-                .reserve(b.reservation(sent_len, prepared.output_bound))
+                .reserve(
+                    b.reservation(sent_len, prepared.output_bound, price),
+                    price.is_known(),
+                )
                 .await
             {
                 Ok(h) => Some(h),
@@ -373,11 +377,12 @@ fn answer(
     let encoded = content_encoded(&resp.headers);
     let metered = matches!(endpoint, Endpoint::Metered { .. }) && resp.status.is_success();
     let mode = mode_of(&resp.headers, metered, encoded, prepared.drop_usage_chunk);
+    let price = up.price_for(prepared.model.as_deref());
     let cost = metered.then_some(CostDraft {
         provider: up.provider,
         model: prepared.model,
-        price_in: up.price_in,
-        price_out: up.price_out,
+        price_in: price.input,
+        price_out: price.output,
         readable: !encoded,
     });
     let withheld = if redactor.is_empty() {

@@ -16,8 +16,10 @@ pub(super) struct Upstream {
     base: String,
     /// One literal pattern: `base/**`.
     pub(super) authorized: AuthorizedUris,
-    pub(super) price_in: Option<f64>,
-    pub(super) price_out: Option<f64>,
+    /// The manifest's prices: when it names one, every call is priced so.
+    manifest_price: Price,
+    /// The model registry's prices by model id, for a manifest that names none.
+    known_prices: foldhash::HashMap<String, Price>,
     /// What the provider may be asked to reach ([`provider_fetch`]).
     pub(super) fetch: provider_fetch::ProviderFetchPolicy,
 }
@@ -42,13 +44,39 @@ impl Upstream {
             provider: m.provider,
             base,
             authorized,
-            price_in: m.price_in_per_mtok_usd,
-            price_out: m.price_out_per_mtok_usd,
+            manifest_price: Price {
+                input: m.price_in_per_mtok_usd,
+                output: m.price_out_per_mtok_usd,
+            },
+            known_prices: m
+                .known_prices
+                .iter()
+                .map(|p| {
+                    let price = Price {
+                        input: p.price_in_per_mtok_usd,
+                        output: p.price_out_per_mtok_usd,
+                    };
+                    (p.model.clone(), price)
+                })
+                .collect(),
             fetch: provider_fetch::ProviderFetchPolicy::new(
                 &m.provider_tools,
                 &m.provider_fetch_uris,
             ),
         }
+    }
+
+    /// The price of a call to `model` (the request's `model`): the
+    /// manifest's when it names one (it wins), else the registry's entry
+    /// for that model, else none (the call is unpriced).
+    pub(super) fn price_for(&self, model: Option<&str>) -> Price {
+        if self.manifest_price.is_known() {
+            return self.manifest_price;
+        }
+        model
+            .and_then(|m| self.known_prices.get(m))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// The upstream URL for an allowed agent path (see the module docs).
@@ -61,6 +89,20 @@ impl Upstream {
             Some(q) => format!("{}{rest}?{q}", self.base),
             None => format!("{}{rest}", self.base),
         }
+    }
+}
+
+/// Prices per million tokens (USD), input and output.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Price {
+    pub(super) input: Option<f64>,
+    pub(super) output: Option<f64>,
+}
+
+impl Price {
+    /// At least one of the two is named: the call's cost is kept.
+    pub(super) fn is_known(self) -> bool {
+        self.input.is_some() || self.output.is_some()
     }
 }
 
@@ -123,6 +165,7 @@ mod tests {
             price_out_per_mtok_usd: None,
             provider_tools: vec![],
             provider_fetch_uris: vec![],
+            known_prices: vec![],
         };
         let o = Upstream::new(&m(Provider::Openai, "https://api.openai.com/v1/"));
         assert_eq!(
@@ -142,6 +185,32 @@ mod tests {
         assert_eq!(
             a2.url_for("/v1/messages", None),
             "https://api.anthropic.com/v1/messages"
+        );
+
+        let mut priced = m(Provider::Openai, "https://api.openai.com/v1/");
+        priced.known_prices = vec![airlock_platform_api::launch::ModelPrice {
+            model: "gpt-cat".into(),
+            price_in_per_mtok_usd: Some(2.0),
+            price_out_per_mtok_usd: Some(8.0),
+        }];
+        let known = Price {
+            input: Some(2.0),
+            output: Some(8.0),
+        };
+        assert_eq!(Upstream::new(&priced).price_for(Some("gpt-cat")), known);
+        assert_eq!(
+            Upstream::new(&priced).price_for(Some("other")),
+            Price::default()
+        );
+        assert_eq!(Upstream::new(&priced).price_for(None), Price::default());
+        // The manifest's price wins over the registry's.
+        priced.price_out_per_mtok_usd = Some(1.0);
+        assert_eq!(
+            Upstream::new(&priced).price_for(Some("gpt-cat")),
+            Price {
+                input: None,
+                output: Some(1.0)
+            }
         );
 
         let post = Method::POST;

@@ -1,5 +1,7 @@
 //! One module per subcommand family.
 
+pub mod bundle;
+pub mod catalog;
 pub mod connections;
 pub mod demo;
 pub mod doctor;

@@ -38,4 +38,5 @@ mod sidecar_egress_log;
 mod sidecar_llm;
 mod sidecar_mcp;
 mod sidecar_proxy;
+mod signing_tools;
 mod slowloris;

@@ -1031,30 +1031,7 @@ async fn a_model_request_that_asks_the_provider_to_fetch_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
     let (p, _fake, sc) = openai_env("agent-llm-huge", PROVIDER_KEY).await;
-    let token = p.sidecar_token.expose_secret().to_owned();
-    let auth = format!("Bearer {token}");
-    let h = [
-        ("authorization", auth.as_str()),
-        ("content-type", "application/json"),
-    ];
-    for model in [CHAT_MODEL, HUGE_USAGE_MODEL] {
-        let body =
-            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string();
-        let (status, _, b) = http(
-            sc.tcp(),
-            "POST",
-            "/llm/v1/chat/completions",
-            &h,
-            body.as_bytes(),
-        );
-        assert_eq!(status, 200, "{model}: {}", String::from_utf8_lossy(&b));
-    }
-    let c = eventually(10, || async {
-        let c = costs(&p.events().await);
-        (c.len() == 2).then_some(c)
-    })
-    .await
-    .expect("two cost events");
+    let c = chat_costs(&p, &sc, &[CHAT_MODEL, HUGE_USAGE_MODEL]).await;
     assert!(!unmetered(&c[0]), "{c:?}");
     assert_eq!((c[0].input_tokens, c[0].output_tokens), CHAT_USAGE);
     assert!(unmetered(&c[1]), "{c:?}");
@@ -1073,6 +1050,34 @@ async fn hostile_usage_numbers_are_recorded_as_unmetered_never_wrapped() {
     );
     assert!(run.cost_microusd >= 0, "{run:?}");
     drop(sc);
+}
+
+/// One chat completion through the relay for each of `models` (each
+/// answered 200), and the cost events of them all.
+async fn chat_costs(p: &TestPlatform, sc: &SidecarProcess, models: &[&str]) -> Vec<CostRecord> {
+    let auth = format!("Bearer {}", p.sidecar_token.expose_secret());
+    let h = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    for model in models {
+        let body =
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+        let (status, _, b) = http(
+            sc.tcp(),
+            "POST",
+            "/llm/v1/chat/completions",
+            &h,
+            body.as_bytes(),
+        );
+        assert_eq!(status, 200, "{model}: {}", String::from_utf8_lossy(&b));
+    }
+    eventually(10, || async {
+        let c = costs(&p.events().await);
+        (c.len() == models.len()).then_some(c)
+    })
+    .await
+    .expect("a cost event per call")
 }
 
 /// Issue 44.1, the model relay: a provider (or an echoing proxy in front of
@@ -1186,4 +1191,54 @@ async fn a_provider_that_reflects_the_key_does_not_hand_it_to_the_agent() {
     .expect("an egress record for each call");
     assert_eq!(outcome(&log[4]), Some("withheld"), "{log:?}");
     drop(sc);
+}
+
+/// Issue 50.1: a model the registry prices (the live catalog's prices, in
+/// the run's `known_prices`) is metered at that price when the manifest
+/// names none; a model it does not list stays unpriced; and a manifest
+/// price wins over the registry's.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_registry_prices_a_call_the_manifest_does_not() {
+    let known = |m: &mut airlock_platform_api::launch::Model| {
+        m.known_prices = vec![airlock_platform_api::launch::ModelPrice {
+            model: CHAT_MODEL.into(),
+            price_in_per_mtok_usd: Some(4.0),
+            price_out_per_mtok_usd: Some(20.0),
+        }];
+    };
+    for (manifest_price, want) in [
+        (None, Some((4.0, 20.0))),
+        (Some((2.5, 10.0)), Some((2.5, 10.0))),
+    ] {
+        let p = TestPlatform::start("agent-llm-catalog").await;
+        add_model_key(&p, PROVIDER_KEY).await;
+        let fake = fake_provider::start(Duration::ZERO).await;
+        let base = format!("http://{HOST}:{}/v1", fake.port());
+        let cfg = config_builder(&p, Provider::Openai, &base)
+            .model_with(|m| {
+                m.price_in_per_mtok_usd = manifest_price.map(|p| p.0);
+                m.price_out_per_mtok_usd = manifest_price.map(|p| p.1);
+                known(m);
+            })
+            .build();
+        let sc = spawn_sidecar(&cfg);
+        let c = chat_costs(&p, &sc, &[CHAT_MODEL, "gpt-not-in-the-catalog"]).await;
+        let (pin, pout) = want.unwrap();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let expect =
+            (c[0].input_tokens as f64 * pin + c[0].output_tokens as f64 * pout).round() as u64;
+        assert_eq!(c[0].cost_microusd, Some(expect), "{c:?}");
+        // The fake answers every model as CHAT_MODEL; the price follows
+        // the request's model, which the catalog does not list.
+        let other = if manifest_price.is_some() {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let e =
+                (c[1].input_tokens as f64 * pin + c[1].output_tokens as f64 * pout).round() as u64;
+            Some(e)
+        } else {
+            None
+        };
+        assert_eq!(c[1].cost_microusd, other, "{c:?}");
+        drop(sc);
+    }
 }
