@@ -178,6 +178,11 @@ pub struct RuntimeSecrets {
     /// has exited ([`crate::files`]).
     #[serde(default)]
     pub outputs: Option<String>,
+    /// The transparent plane, where the sandbox has one
+    /// ([`crate::transparent`]): the runtime serves its resolver and
+    /// carries its connections to `proxy`.
+    #[serde(default)]
+    pub transparent: Option<crate::transparent::TransparentPlane>,
 }
 
 fn default_heartbeat() -> u64 {
