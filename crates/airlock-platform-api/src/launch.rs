@@ -803,6 +803,7 @@ mod tests {
             proxy_ca_pem: None,
             inputs: None,
             outputs: None,
+            transparent: None,
         };
         let bytes = r.to_json();
         let back = RuntimeSecrets::from_json(&bytes).unwrap();

@@ -1,0 +1,108 @@
+//! The sandbox's DNS responder: UDP on the responder address, answering
+//! from [`Names`] only (never a real lookup). Each datagram is answered on
+//! its own; one that does not parse as a DNS query is dropped.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{RData, Record, RecordType};
+use tokio::net::UdpSocket;
+
+use super::names::{NameError, Names};
+
+/// The answers' TTL: a name's address never changes within the run.
+const TTL: u32 = 3600;
+/// Largest datagram read (queries are far smaller; EDNS allows 4096).
+const MAX_DATAGRAM: usize = 4096;
+
+/// Binds `at` and answers every query until the runtime ends.
+pub async fn serve(at: SocketAddr, names: Arc<Names>) -> std::io::Result<()> {
+    let socket = UdpSocket::bind(at).await?;
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        loop {
+            let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+                continue;
+            };
+            let Some(out) = buf.get(..n).and_then(|q| answer(q, &names)) else {
+                continue;
+            };
+            let _ = socket.send_to(&out, from).await;
+        }
+    });
+    Ok(())
+}
+
+/// The answer to the datagram `query`, or `None` to drop it.
+pub fn answer(query: &[u8], names: &Names) -> Option<Vec<u8>> {
+    let q = Message::from_vec(query).ok()?;
+    if q.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    let mut r = Message::response(q.metadata.id, q.metadata.op_code);
+    r.metadata.recursion_desired = q.metadata.recursion_desired;
+    r.metadata.recursion_available = true;
+    let (Some(question), 1, OpCode::Query) =
+        (q.queries.first(), q.queries.len(), q.metadata.op_code)
+    else {
+        r.metadata.response_code = ResponseCode::NotImp;
+        return r.to_vec().ok();
+    };
+    r.add_query(question.clone());
+    let name = question.name().to_ascii();
+    match names.issue(&name) {
+        Ok(addr) if question.query_type() == RecordType::A => {
+            r.add_answer(Record::from_rdata(
+                question.name().clone(),
+                TTL,
+                RData::A(A(addr)),
+            ));
+        }
+        // The name exists; it has no records of this type (AAAA included).
+        Ok(_) => {}
+        Err(NameError::NotAHostName) => r.metadata.response_code = ResponseCode::NXDomain,
+        Err(NameError::Exhausted) => r.metadata.response_code = ResponseCode::Refused,
+    }
+    r.to_vec().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+    use hickory_proto::rr::Name;
+    use std::str::FromStr;
+
+    fn ask(names: &Names, name: &str, t: RecordType) -> Message {
+        let mut q = Message::query();
+        q.metadata.id = 7;
+        q.add_query(Query::query(Name::from_str(name).unwrap(), t));
+        Message::from_vec(&answer(&q.to_vec().unwrap(), names).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_is_the_synthetic_address_and_aaaa_is_empty() {
+        let names = Names::default();
+        let a = ask(&names, "api.example.com.", RecordType::A);
+        assert_eq!(a.metadata.id, 7);
+        assert_eq!(a.metadata.response_code, ResponseCode::NoError);
+        let issued = names.issue("api.example.com").unwrap();
+        assert!(matches!(a.answers[0].data, RData::A(A(ip)) if ip == issued));
+        let aaaa = ask(&names, "api.example.com.", RecordType::AAAA);
+        assert_eq!(aaaa.metadata.response_code, ResponseCode::NoError);
+        assert!(aaaa.answers.is_empty());
+        // Asked again: the same address (nothing to rebind).
+        let again = ask(&names, "API.example.com.", RecordType::A);
+        assert!(matches!(again.answers[0].data, RData::A(A(ip)) if ip == issued));
+    }
+
+    #[test]
+    fn garbage_is_dropped_and_literals_are_nxdomain() {
+        let names = Names::default();
+        assert!(answer(b"\x00\x01nonsense", &names).is_none());
+        let lit = ask(&names, "10.0.0.1.", RecordType::A);
+        assert_eq!(lit.metadata.response_code, ResponseCode::NXDomain);
+    }
+}
