@@ -455,6 +455,7 @@ fn sidecar_config(
         egress: launch::EgressSettings {
             allow_internal_hosts: settings.allow_internal_hosts.clone(),
             dns_server: settings.dns_server.clone(),
+            resolve: settings.resolve.clone(),
             extra_ca_pem: settings.extra_ca_pem.clone(),
             blocked_names: placement.blocked_names.clone(),
             ..Default::default()
