@@ -28,11 +28,18 @@ pub async fn upstream(ip: &str, ca: &TestCa) -> (u16, Log) {
 pub fn acceptor_for(names: &[&str], ca: &TestCa) -> tokio_rustls::TlsAcceptor {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let key = rcgen::KeyPair::generate().unwrap();
-    let cert =
+    let mut params =
         rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .unwrap()
-            .signed_by(&key, &ca.issuer)
             .unwrap();
+    // A subject of its own: with rcgen's default one (the CA's too) OpenSSL
+    // (Node) takes the leaf for self-signed.
+    if let Some(first) = names.first() {
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, *first);
+    }
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

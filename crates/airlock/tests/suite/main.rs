@@ -39,3 +39,4 @@ mod sidecar_llm;
 mod sidecar_mcp;
 mod sidecar_proxy;
 mod slowloris;
+mod transparent;
