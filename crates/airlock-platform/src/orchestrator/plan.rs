@@ -458,7 +458,6 @@ fn sidecar_config(
             resolve: settings.resolve.clone(),
             extra_ca_pem: settings.extra_ca_pem.clone(),
             blocked_names: placement.blocked_names.clone(),
-            ..Default::default()
         },
         limits: launch::Limits::default(),
         proxy_url: None,

@@ -27,6 +27,14 @@ pub async fn serve(
     token: SecretString,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
+    serve_on(listener, names, proxy, token);
+    Ok(())
+}
+
+/// Carries what comes on `listener` (its port is the port carried) to an
+/// issued synthetic address, until the runtime ends.
+pub fn serve_on(listener: TcpListener, names: Arc<Names>, proxy: Dial, token: SecretString) {
+    let port = listener.local_addr().map_or(0, |a| a.port());
     tokio::spawn(async move {
         loop {
             let Ok((client, _)) = listener.accept().await else {
@@ -43,7 +51,6 @@ pub async fn serve(
             });
         }
     });
-    Ok(())
 }
 
 /// The name the address `client` dialled was issued for; `None` for any
