@@ -13,12 +13,11 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use airlock_runtime::Dial;
-use airlock_runtime::transparent::{carry, names::Names};
+use airlock_runtime::transparent::carry;
 
 use airlock_platform::testing::TestPlatform;
 use airlock_test_support::sidecar::SidecarProcess;
@@ -187,13 +186,12 @@ fn main() {
     let proxy = sc.proxy_tcp();
     let token = platform.sidecar_token.expose_secret().to_owned();
     // The runtime's carrier, as in a sandbox, on the address issued for HOST.
-    let names = Arc::new(Names::default());
-    let synthetic = SocketAddr::new(IpAddr::V4(names.issue(HOST).unwrap()), sink_addr.port());
+    let synthetic = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 18, 0, 1)), sink_addr.port());
     let carrier = rt
         .block_on(tokio::net::TcpListener::bind(synthetic))
         .unwrap();
     rt.block_on(async {
-        carry::serve_on(carrier, names, Dial::Tcp(proxy), token.clone().into());
+        carry::serve_on(carrier, HOST.into(), Dial::Tcp(proxy), token.clone().into());
     });
     let paths = Paths {
         sink: sink_addr,

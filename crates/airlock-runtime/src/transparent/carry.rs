@@ -1,39 +1,74 @@
-//! The carrier: a listener per carried port; each connection to an issued
-//! synthetic address goes to the sidecar's forward proxy as the plane's
-//! `CONNECT name:port`, the client's bytes following at once (the sidecar
-//! reads the name they present before it answers).
+//! The carrier: each synthetic address the responder issues gets, before
+//! the answer leaves, a listener on each carried port at that address (and
+//! no other: every other address and port of the sandbox's loopback stays
+//! as it was). A connection to one goes to the sidecar's forward proxy as
+//! the plane's `CONNECT name:port`, the client's bytes following at once
+//! (the sidecar reads the name they present before it answers).
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use airlock_platform_api::transparent::{PLANE_HEADER, PLANE_TRANSPARENT, is_synthetic};
+use airlock_platform_api::transparent::{PLANE_HEADER, PLANE_TRANSPARENT};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::names::Names;
+use super::names::{NameError, Names};
 use crate::relay::Dial;
 
 /// Largest answer head read from the sidecar.
 const MAX_ANSWER_HEAD: usize = 16 * 1024;
+/// Most listeners the carrier holds (names × ports): the runtime's share of
+/// the sandbox's open files (1024 a process).
+const MAX_LISTENERS: usize = 384;
 
-/// Listens on every address of the sandbox at `port` and carries what
-/// comes to an issued synthetic address.
-pub async fn serve(
-    port: u16,
-    names: Arc<Names>,
+/// The synthetic address book and what each address carries to.
+pub struct Carrier {
+    names: Names,
+    ports: Vec<u16>,
     proxy: Dial,
     token: SecretString,
-) -> std::io::Result<()> {
-    let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
-    serve_on(listener, names, proxy, token);
-    Ok(())
 }
 
-/// Carries what comes on `listener` (its port is the port carried) to an
-/// issued synthetic address, until the runtime ends.
-pub fn serve_on(listener: TcpListener, names: Arc<Names>, proxy: Dial, token: SecretString) {
+impl Carrier {
+    pub fn new(ports: Vec<u16>, proxy: Dial, token: SecretString) -> Carrier {
+        Carrier {
+            names: Names::default(),
+            ports,
+            proxy,
+            token,
+        }
+    }
+
+    /// The address of `name`, its listeners started when it is new (a port
+    /// that cannot be listened on is left refused, with a warning).
+    pub fn address_of(&self, name: &str) -> Result<Ipv4Addr, NameError> {
+        let limit = MAX_LISTENERS / self.ports.len().max(1);
+        let (ip, new) = self.names.issue(name, limit)?;
+        if let Some(name) = new {
+            for &port in &self.ports {
+                match listen(SocketAddr::from((ip, port))) {
+                    Ok(l) => serve_on(l, name.clone(), self.proxy.clone(), self.token.clone()),
+                    Err(e) => eprintln!(
+                        "airlock runtime warning: the transparent plane cannot carry {name}:{port}: {e}"
+                    ),
+                }
+            }
+        }
+        Ok(ip)
+    }
+}
+
+/// A listener at `at`, bound now (the answer that names it leaves after).
+fn listen(at: SocketAddr) -> std::io::Result<TcpListener> {
+    let l = std::net::TcpListener::bind(at)?;
+    l.set_nonblocking(true)?;
+    TcpListener::from_std(l)
+}
+
+/// Carries what comes on `listener` (its port is the port carried) as
+/// `name`'s, until the runtime ends.
+pub fn serve_on(listener: TcpListener, name: String, proxy: Dial, token: SecretString) {
     let port = listener.local_addr().map_or(0, |a| a.port());
     tokio::spawn(async move {
         loop {
@@ -42,24 +77,12 @@ pub fn serve_on(listener: TcpListener, names: Arc<Names>, proxy: Dial, token: Se
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
-            let Some(name) = issued_name(&client, &names) else {
-                continue; // dropped: closed
-            };
-            let (proxy, token) = (proxy.clone(), token.clone());
+            let (name, proxy, token) = (name.clone(), proxy.clone(), token.clone());
             tokio::spawn(async move {
                 let _ = carry(client, &name, port, &proxy, &token).await;
             });
         }
     });
-}
-
-/// The name the address `client` dialled was issued for; `None` for any
-/// other local address (a literal one, or loopback's own).
-fn issued_name(client: &TcpStream, names: &Names) -> Option<String> {
-    match client.local_addr().ok()?.ip() {
-        IpAddr::V4(ip) if is_synthetic(ip) => names.name_of(ip),
-        _ => None,
-    }
 }
 
 /// The plane's CONNECT for `name:port`.

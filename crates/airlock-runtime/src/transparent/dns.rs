@@ -1,5 +1,5 @@
 //! The sandbox's DNS responder: UDP on the responder address, answering
-//! from [`Names`] only (never a real lookup). Each datagram is answered on
+//! from the carrier's address book only (never a real lookup). Each datagram is answered on
 //! its own; one that does not parse as a DNS query is dropped.
 
 use std::net::SocketAddr;
@@ -10,7 +10,8 @@ use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{RData, Record, RecordType};
 use tokio::net::UdpSocket;
 
-use super::names::{NameError, Names};
+use super::carry::Carrier;
+use super::names::NameError;
 
 /// The answers' TTL: a name's address never changes within the run.
 const TTL: u32 = 3600;
@@ -18,7 +19,7 @@ const TTL: u32 = 3600;
 const MAX_DATAGRAM: usize = 4096;
 
 /// Binds `at` and answers every query until the runtime ends.
-pub async fn serve(at: SocketAddr, names: Arc<Names>) -> std::io::Result<()> {
+pub async fn serve(at: SocketAddr, carrier: Arc<Carrier>) -> std::io::Result<()> {
     let socket = UdpSocket::bind(at).await?;
     tokio::spawn(async move {
         let mut buf = vec![0u8; MAX_DATAGRAM];
@@ -26,7 +27,8 @@ pub async fn serve(at: SocketAddr, names: Arc<Names>) -> std::io::Result<()> {
             let Ok((n, from)) = socket.recv_from(&mut buf).await else {
                 continue;
             };
-            let Some(out) = buf.get(..n).and_then(|q| answer(q, &names)) else {
+            let address_of = |name: &str| carrier.address_of(name);
+            let Some(out) = buf.get(..n).and_then(|q| answer(q, &address_of)) else {
                 continue;
             };
             let _ = socket.send_to(&out, from).await;
@@ -35,8 +37,12 @@ pub async fn serve(at: SocketAddr, names: Arc<Names>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The answer to the datagram `query`, or `None` to drop it.
-pub fn answer(query: &[u8], names: &Names) -> Option<Vec<u8>> {
+/// The answer to the datagram `query` (a name's address from
+/// `address_of`), or `None` to drop it.
+pub fn answer(
+    query: &[u8],
+    address_of: &dyn Fn(&str) -> Result<std::net::Ipv4Addr, NameError>,
+) -> Option<Vec<u8>> {
     let q = Message::from_vec(query).ok()?;
     if q.metadata.message_type != MessageType::Query {
         return None;
@@ -52,7 +58,7 @@ pub fn answer(query: &[u8], names: &Names) -> Option<Vec<u8>> {
     };
     r.add_query(question.clone());
     let name = question.name().to_ascii();
-    match names.issue(&name) {
+    match address_of(&name) {
         Ok(addr) if question.query_type() == RecordType::A => {
             r.add_answer(Record::from_rdata(
                 question.name().clone(),
@@ -71,6 +77,7 @@ pub fn answer(query: &[u8], names: &Names) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transparent::names::Names;
     use hickory_proto::op::Query;
     use hickory_proto::rr::Name;
     use std::str::FromStr;
@@ -79,7 +86,8 @@ mod tests {
         let mut q = Message::query();
         q.metadata.id = 7;
         q.add_query(Query::query(Name::from_str(name).unwrap(), t));
-        Message::from_vec(&answer(&q.to_vec().unwrap(), names).unwrap()).unwrap()
+        let address_of = |n: &str| names.issue(n, 9).map(|(ip, _)| ip);
+        Message::from_vec(&answer(&q.to_vec().unwrap(), &address_of).unwrap()).unwrap()
     }
 
     #[test]
@@ -88,7 +96,7 @@ mod tests {
         let a = ask(&names, "api.example.com.", RecordType::A);
         assert_eq!(a.metadata.id, 7);
         assert_eq!(a.metadata.response_code, ResponseCode::NoError);
-        let issued = names.issue("api.example.com").unwrap();
+        let (issued, _) = names.issue("api.example.com", 9).unwrap();
         assert!(matches!(a.answers[0].data, RData::A(A(ip)) if ip == issued));
         let aaaa = ask(&names, "api.example.com.", RecordType::AAAA);
         assert_eq!(aaaa.metadata.response_code, ResponseCode::NoError);
@@ -101,7 +109,8 @@ mod tests {
     #[test]
     fn garbage_is_dropped_and_literals_are_nxdomain() {
         let names = Names::default();
-        assert!(answer(b"\x00\x01nonsense", &names).is_none());
+        let address_of = |n: &str| names.issue(n, 9).map(|(ip, _)| ip);
+        assert!(answer(b"\x00\x01nonsense", &address_of).is_none());
         let lit = ask(&names, "10.0.0.1.", RecordType::A);
         assert_eq!(lit.metadata.response_code, ResponseCode::NXDomain);
     }

@@ -30,21 +30,23 @@
 //!    what it judged, and a name's synthetic answer never changes, so DNS
 //!    rebinding has nothing to rebind. Parsing and answers are
 //!    `hickory-proto`'s.
-//! 3. **The carrier** ([`carry`]): a listener on `0.0.0.0:port` for each
-//!    port the plane carries (80, 443 and each port the run's rules name:
-//!    a sandbox cannot listen on every port, and a connection to another
-//!    port of a synthetic address is refused by the kernel like any closed
-//!    port). An accepted connection's local address is the synthetic
-//!    address the client dialled; one that was never issued (a literal
-//!    address in the range), or any other local address, is closed. An
-//!    issued one is carried to the sidecar's forward proxy as
-//!    `CONNECT name:port` with the token and `airlock-plane: transparent`,
-//!    the client's bytes following at once. The sidecar reads the SNI or
-//!    `Host` the client presents, refuses it unless it is that name, then
-//!    treats the CONNECT exactly as the proxy's own (the listener's rules,
-//!    interception with the run's CA where the run has it, resolve-and-pin,
-//!    one egress record). Its answer head is read here: on `200` the bytes
-//!    flow both ways; on a refusal the client's connection is closed.
+//! 3. **The carrier** ([`carry`]): when the responder issues an address,
+//!    before its answer leaves, a listener at that address on each port the
+//!    plane carries (80, 443 and each port the run's rules name: a sandbox
+//!    cannot listen on every port, and a connection to another port of a
+//!    synthetic address is refused by the kernel like any closed port).
+//!    Only issued addresses listen: every other address and port of the
+//!    sandbox's loopback is as it was, and an address never issued refuses.
+//!    The book is bounded so the listeners stay within the runtime's share
+//!    of the sandbox's open files (past it: REFUSED). A connection is
+//!    carried to the sidecar's forward proxy as `CONNECT name:port` with
+//!    the token and `airlock-plane: transparent`, the client's bytes
+//!    following at once. The sidecar reads the SNI or `Host` the client
+//!    presents, refuses it unless it is that name, then treats the CONNECT
+//!    exactly as the proxy's own (the listener's rules, interception with
+//!    the run's CA where the run has it, resolve-and-pin, one egress
+//!    record). Its answer head is read here: on `200` the bytes flow both
+//!    ways; on a refusal the client's connection is closed.
 //!
 //! What stays unreachable: every address outside loopback (the namespace
 //! has no other route: a literal IP is `ENETUNREACH`), UDP to anything but
@@ -68,22 +70,13 @@ use secrecy::SecretString;
 
 use crate::relay::Dial;
 
-/// Starts the responder and the carriers (each for the sandbox's life).
-/// A port that cannot be listened on is skipped with a warning (its
-/// connections stay refused); no responder is an error.
+/// Starts the responder (for the sandbox's life); each name it issues
+/// gets its listeners from the carrier. No responder is an error.
 pub async fn start(
     plane: &TransparentPlane,
     proxy: Dial,
     token: SecretString,
 ) -> std::io::Result<()> {
-    let names = Arc::new(names::Names::default());
-    dns::serve(RESPONDER, names.clone()).await?;
-    for &port in &plane.ports {
-        if let Err(e) = carry::serve(port, names.clone(), proxy.clone(), token.clone()).await {
-            eprintln!(
-                "airlock runtime warning: the transparent plane cannot carry port {port}: {e}"
-            );
-        }
-    }
-    Ok(())
+    let carrier = Arc::new(carry::Carrier::new(plane.ports.clone(), proxy, token));
+    dns::serve(RESPONDER, carrier).await
 }

@@ -1,5 +1,5 @@
 //! The run's synthetic address book: one address of the synthetic range
-//! per name asked, fixed for the run, both ways.
+//! per name asked, fixed for the run.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -12,14 +12,13 @@ use airlock_platform_api::transparent::{SYNTHETIC_NET, SYNTHETIC_PREFIX};
 pub enum NameError {
     #[error("not a host name")]
     NotAHostName,
-    #[error("every synthetic address is issued")]
+    #[error("the run's synthetic addresses are all issued")]
     Exhausted,
 }
 
 #[derive(Default)]
 struct Book {
     by_name: HashMap<String, Ipv4Addr>,
-    by_addr: HashMap<Ipv4Addr, String>,
 }
 
 /// Names and their synthetic addresses.
@@ -51,27 +50,21 @@ pub fn canonical(name: &str) -> Option<String> {
 }
 
 impl Names {
-    /// The address of `name`, issued now if it has none.
-    pub fn issue(&self, name: &str) -> Result<Ipv4Addr, NameError> {
+    /// The address of `name`, issued now if it has none and fewer than
+    /// `limit` names have one; and the canonical name when it is new.
+    pub fn issue(&self, name: &str, limit: usize) -> Result<(Ipv4Addr, Option<String>), NameError> {
         let name = canonical(name).ok_or(NameError::NotAHostName)?;
         let mut book = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(a) = book.by_name.get(&name) {
-            return Ok(*a);
+            return Ok((*a, None));
         }
         let n = u32::try_from(book.by_name.len()).map_err(|_| NameError::Exhausted)?;
-        if n >= capacity() {
+        if n >= capacity() || book.by_name.len() >= limit {
             return Err(NameError::Exhausted);
         }
         let addr = Ipv4Addr::from(u32::from(SYNTHETIC_NET) + 1 + n);
         book.by_name.insert(name.clone(), addr);
-        book.by_addr.insert(addr, name);
-        Ok(addr)
-    }
-
-    /// The name `addr` was issued for.
-    pub fn name_of(&self, addr: Ipv4Addr) -> Option<String> {
-        let book = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        book.by_addr.get(&addr).cloned()
+        Ok((addr, Some(name)))
     }
 }
 
@@ -81,16 +74,15 @@ mod tests {
     use airlock_platform_api::transparent::is_synthetic;
 
     #[test]
-    fn a_name_keeps_its_address_and_maps_back() {
+    fn a_name_keeps_its_address_and_names_get_their_own() {
         let n = Names::default();
-        let a = n.issue("API.example.com.").unwrap();
+        let (a, new) = n.issue("API.example.com.", 9).unwrap();
         assert!(is_synthetic(a));
-        assert_eq!(n.issue("api.example.com").unwrap(), a);
-        let b = n.issue("other.example").unwrap();
+        assert_eq!(new.as_deref(), Some("api.example.com"));
+        assert_eq!(n.issue("api.example.com", 9).unwrap(), (a, None));
+        let (b, _) = n.issue("other.example", 9).unwrap();
         assert_ne!(a, b);
-        assert_eq!(n.name_of(a).as_deref(), Some("api.example.com"));
-        assert_eq!(n.name_of(b).as_deref(), Some("other.example"));
-        assert_eq!(n.name_of(Ipv4Addr::new(127, 18, 200, 1)), None);
+        assert!(is_synthetic(b));
     }
 
     #[test]
@@ -106,8 +98,9 @@ mod tests {
             "x/y",
             &"a".repeat(64),
         ] {
-            assert_eq!(n.issue(bad), Err(NameError::NotAHostName), "{bad:?}");
+            assert_eq!(n.issue(bad, 9), Err(NameError::NotAHostName), "{bad:?}");
         }
-        assert!(n.issue("_srv.example").is_ok());
+        assert!(n.issue("_srv.example", 9).is_ok());
+        assert_eq!(n.issue("one.more", 1), Err(NameError::Exhausted));
     }
 }

@@ -9,7 +9,6 @@
 //! issued for is refused before any upstream is dialled.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,12 +16,11 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper::Response;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::support::tls::{TestCa, acceptor_for, test_ca};
+use crate::support::tls::{TestCa, acceptor_for, serve_https, test_ca};
 use crate::support::*;
 
 /// The upstream's address (an operator-allowed internal host).
@@ -32,45 +30,27 @@ const UPSTREAM_IP: &str = "127.0.0.2";
 /// files of the bare repository `repo` (git's dumb protocol), every other
 /// path is echoed; each request's path is logged.
 async fn upstream(names: &[&str], ca: &TestCa, repo: PathBuf) -> (u16, Arc<Mutex<Vec<String>>>) {
-    let acceptor = acceptor_for(names, ca);
     let l = TcpListener::bind(format!("{UPSTREAM_IP}:0")).await.unwrap();
     let port = l.local_addr().unwrap().port();
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = log.clone();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            let (acceptor, seen, repo) = (acceptor.clone(), seen.clone(), repo.clone());
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else {
-                    return;
-                };
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let path = req.uri().path().to_owned();
-                    seen.lock().unwrap().push(path.clone());
-                    let (status, body) = match path.strip_prefix("/repo.git/") {
-                        Some(rel) if !rel.split('/').any(|c| c == ".." || c.is_empty()) => {
-                            match std::fs::read(repo.join(rel)) {
-                                Ok(b) => (200, b),
-                                Err(_) => (404, vec![]),
-                            }
-                        }
-                        Some(_) => (404, vec![]),
-                        None => (200, json!({"path": path}).to_string().into_bytes()),
-                    };
-                    async move {
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .status(status)
-                                .body(Full::new(Bytes::from(body)))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
+    serve_https(l, acceptor_for(names, ca), move |req| {
+        let path = req.uri().path().to_owned();
+        seen.lock().unwrap().push(path.clone());
+        let (status, body) = match path.strip_prefix("/repo.git/") {
+            Some(rel) if !rel.split('/').any(|c| c == ".." || c.is_empty()) => {
+                match std::fs::read(repo.join(rel)) {
+                    Ok(b) => (200, b),
+                    Err(_) => (404, vec![]),
+                }
+            }
+            Some(_) => (404, vec![]),
+            None => (200, json!({"path": path}).to_string().into_bytes()),
+        };
+        Response::builder()
+            .status(status)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
     });
     (port, log)
 }
