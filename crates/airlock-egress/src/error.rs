@@ -107,6 +107,9 @@ pub enum GuardStep {
     AddressTable,
     Redirects,
     Upstream,
+    /// The transparent plane's check that a connection presents (TLS SNI,
+    /// HTTP `Host`) the name its synthetic address was issued for.
+    TransparentName,
 }
 
 impl GuardStep {
@@ -120,6 +123,7 @@ impl GuardStep {
             GuardStep::AddressTable => "address table",
             GuardStep::Redirects => "redirect check",
             GuardStep::Upstream => "upstream",
+            GuardStep::TransparentName => "transparent plane name check",
         }
     }
 }

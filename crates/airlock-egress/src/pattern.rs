@@ -157,6 +157,15 @@ impl UriPattern {
         })
     }
 
+    /// The port the pattern names, when it names one that is not its
+    /// scheme's default (`*` and the default are `None`).
+    pub fn exact_port(&self) -> Option<u16> {
+        match self.port {
+            PortPattern::Exact(p) => Some(p),
+            _ => None,
+        }
+    }
+
     pub fn source(&self) -> &str {
         &self.source
     }

@@ -178,6 +178,11 @@ pub struct RuntimeSecrets {
     /// has exited ([`crate::files`]).
     #[serde(default)]
     pub outputs: Option<String>,
+    /// The transparent plane, where the sandbox has one
+    /// ([`crate::transparent`]): the runtime serves its resolver and
+    /// carries its connections to `proxy`.
+    #[serde(default)]
+    pub transparent: Option<crate::transparent::TransparentPlane>,
 }
 
 fn default_heartbeat() -> u64 {
@@ -815,6 +820,7 @@ mod tests {
             proxy_ca_pem: None,
             inputs: None,
             outputs: None,
+            transparent: None,
         };
         let bytes = r.to_json();
         let back = RuntimeSecrets::from_json(&bytes).unwrap();

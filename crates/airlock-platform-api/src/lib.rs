@@ -18,6 +18,7 @@ pub mod read_interest;
 pub mod sidecar_auth;
 #[allow(unsafe_code)] // the one module that needs it: registering a descriptor with tokio
 mod sys;
+pub mod transparent;
 pub mod types;
 pub mod wire;
 

@@ -100,6 +100,12 @@ pub struct Settings {
     pub workspace_tmpfs_mb: u64,
     pub allow_internal_hosts: Vec<String>,
     pub dns_server: Option<String>,
+    /// `EGRESS_RESOLVE`: fixed answers (`host=ip[,ip…]`, `;`-separated)
+    /// the sidecars' guards consult before any resolver, as `airlock egress
+    /// check --resolve` does (a test's names, an air-gapped host's). The
+    /// answers are judged like any other (an internal address still needs
+    /// `EGRESS_ALLOW_INTERNAL_HOSTS`).
+    pub resolve: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
     /// `EGRESS_EXTRA_CA_FILE`: trust anchors (PEM) the sidecars accept for
     /// upstream TLS beside the Mozilla roots (a private CA), read at start.
     pub extra_ca_pem: Option<String>,
@@ -137,6 +143,29 @@ pub const DEFAULT_CPUS: f64 = 2.0;
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
 
 /// Reads a PEM file of CA certificates: at least one, every block valid.
+/// `EGRESS_RESOLVE`'s answers: `host=ip[,ip…]` entries separated by `;`.
+fn fixed_answers(
+    v: &str,
+) -> Result<std::collections::BTreeMap<String, Vec<std::net::IpAddr>>, SettingsError> {
+    let bad = |message: String| SettingsError {
+        var: "EGRESS_RESOLVE",
+        message,
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for entry in v.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (host, ips) = entry
+            .split_once('=')
+            .ok_or_else(|| bad(format!("{entry:?} is not host=ip[,ip…]")))?;
+        let ips = ips
+            .split(',')
+            .map(|ip| ip.trim().parse::<std::net::IpAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(format!("{entry:?}: {e}")))?;
+        out.insert(host.trim().to_ascii_lowercase(), ips);
+    }
+    Ok(out)
+}
+
 fn read_ca_file(path: &str) -> Result<String, SettingsError> {
     let bad = |message: String| SettingsError {
         var: "EGRESS_EXTRA_CA_FILE",
@@ -209,6 +238,10 @@ impl Settings {
                 })
                 .unwrap_or_default(),
             dns_server: get("AIRLOCK_DNS_SERVER").map(str::to_owned),
+            resolve: match get("EGRESS_RESOLVE") {
+                None => Default::default(),
+                Some(v) => fixed_answers(v)?,
+            },
             extra_ca_pem: match get("EGRESS_EXTRA_CA_FILE") {
                 None => None,
                 Some(path) => Some(read_ca_file(path)?),
@@ -442,6 +475,20 @@ mod tests {
     }
 
     #[test]
+    fn fixed_answers_are_host_equals_addresses() {
+        let s = Settings::from_vars(&vars(&[(
+            "EGRESS_RESOLVE",
+            "API.test=127.0.0.2; b.test=127.0.0.3, ::1;",
+        )]))
+        .unwrap();
+        assert_eq!(
+            s.resolve["api.test"],
+            ["127.0.0.2".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert_eq!(s.resolve["b.test"].len(), 2);
+    }
+
+    #[test]
     fn strict_limits_and_watchdog_checks() {
         let e = Settings::from_vars(&vars(&[(
             "PLATFORM_RUN_LIMITS",
@@ -477,6 +524,8 @@ mod tests {
             ("AIRLOCK_DNS_SERVER", "10.0.0.1:99999"),
             ("EGRESS_ALLOW_INTERNAL_HOSTS", "http://db.internal/"),
             ("EGRESS_ALLOW_INTERNAL_HOSTS", "a b"),
+            ("EGRESS_RESOLVE", "api.test"),
+            ("EGRESS_RESOLVE", "api.test=not-an-ip"),
             ("WORKSPACE_TMPFS_SIZE_MB", "0"),
         ] {
             let e = Settings::from_vars(&vars(&[(var, bad)])).unwrap_err();

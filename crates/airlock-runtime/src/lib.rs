@@ -21,6 +21,7 @@ mod files;
 mod relay;
 mod report;
 pub mod runner;
+pub mod transparent;
 
 use std::process::Stdio;
 
@@ -42,7 +43,7 @@ const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// proxy signs with it): `.airlock/ca.pem` (the CA alone, for Node, which
 /// adds it to its own roots) and `.airlock/ca-bundle.pem` (the system's
 /// anchors and the CA, for OpenSSL, curl, Python `requests`, git, which
-/// replace theirs with the file). Only the certificate: the key stays in
+/// replace theirs with the file; pip, which reads `PIP_CERT`). Only the certificate: the key stays in
 /// the sidecar.
 fn trust_run_ca(meta: &std::path::Path, ca: &str) -> std::io::Result<Vec<(String, String)>> {
     let ca_file = meta.join("ca.pem");
@@ -59,6 +60,7 @@ fn trust_run_ca(meta: &std::path::Path, ca: &str) -> std::io::Result<Vec<(String
         ("SSL_CERT_FILE".into(), b.clone()),
         ("REQUESTS_CA_BUNDLE".into(), b.clone()),
         ("CURL_CA_BUNDLE".into(), b.clone()),
+        ("PIP_CERT".into(), b.clone()),
         ("GIT_SSL_CAINFO".into(), b),
         ("NODE_EXTRA_CA_CERTS".into(), ca_file.display().to_string()),
     ])
@@ -102,6 +104,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
         .await
         .map_err(RuntimeError::Relay)?;
     let proxy = start_proxy_relay(&secrets).await?;
+    start_transparent_plane(&secrets).await;
     let files = AgentFiles::write(&secrets)?;
     let env = launch_env(&secrets, &files.meta, proxy, files.env(api))?;
     let mut child = spawn_command(
@@ -325,6 +328,23 @@ async fn start_proxy_relay(
         .await
         .map(Some)
         .map_err(RuntimeError::Relay)
+}
+
+/// The transparent plane ([`transparent`]), where the sandbox has one:
+/// carried to the launcher's proxy with its token. A plane that cannot
+/// start leaves the sandbox as it was without one (tools that ignore the
+/// proxy variables cannot connect), with a warning.
+async fn start_transparent_plane(secrets: &RuntimeSecrets) {
+    let (Some(plane), Some(p)) = (&secrets.transparent, &secrets.proxy) else {
+        return;
+    };
+    let started = match Dial::resolve(p).await {
+        Ok(dial) => transparent::start(plane, dial, secrets.sidecar_token.clone()).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = started {
+        eprintln!("airlock runtime warning: no transparent plane: {e}");
+    }
 }
 
 /// The environment a launcher gives its command (nothing inherited, no

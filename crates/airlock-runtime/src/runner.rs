@@ -24,7 +24,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::{
     RuntimeError, RuntimeSecrets, exit_code, harden_and_split, launch_env, spawn_command,
-    start_proxy_relay, wait_for_sidecar,
+    start_proxy_relay, start_transparent_plane, wait_for_sidecar,
 };
 
 /// Runs the runner's server to completion; returns its exit code.
@@ -34,6 +34,7 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     // probe connection first would be taken instead).
     let (_, stream) = wait_for_sidecar(&secrets.sidecar).await?;
     let proxy = start_proxy_relay(&secrets).await?;
+    start_transparent_plane(&secrets).await;
     let ws = &secrets.workspace;
     let meta = ws.join(".airlock");
     std::fs::create_dir_all(&meta).map_err(RuntimeError::Workspace)?;

@@ -622,6 +622,13 @@ pub trait Backend: Send + Sync {
         let _ = say;
         Ok(())
     }
+    /// Whether its sandboxes are ready for the transparent plane
+    /// (`airlock_platform_api::transparent`): a resolver address the
+    /// runtime may listen on, named by the sandbox's `/etc/resolv.conf`,
+    /// and low ports it may bind, on a loopback of the sandbox's own.
+    fn transparent_plane(&self) -> bool {
+        false
+    }
     /// Whether a sandbox's programs outside the agent's directory are the
     /// host's own (its `/usr`, read-only), so that the platform can check
     /// one before anything starts; docker: no, they are the agent image's.

@@ -28,11 +28,18 @@ pub async fn upstream(ip: &str, ca: &TestCa) -> (u16, Log) {
 pub fn acceptor_for(names: &[&str], ca: &TestCa) -> tokio_rustls::TlsAcceptor {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let key = rcgen::KeyPair::generate().unwrap();
-    let cert =
+    let mut params =
         rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .unwrap()
-            .signed_by(&key, &ca.issuer)
             .unwrap();
+    // A subject of its own: with rcgen's default one (the CA's too) OpenSSL
+    // (Node) takes the leaf for self-signed.
+    if let Some(first) = names.first() {
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, *first);
+    }
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -49,39 +56,45 @@ pub fn acceptor_for(names: &[&str], ca: &TestCa) -> tokio_rustls::TlsAcceptor {
 
 /// [`upstream`] with a certificate for each of `names` (DNS names or addresses).
 pub async fn upstream_named(ip: &str, names: &[&str], ca: &TestCa) -> (u16, Log) {
-    let acceptor = acceptor_for(names, ca);
     let l = TcpListener::bind(format!("{ip}:0")).await.unwrap();
     let port = l.local_addr().unwrap().port();
     let log: Log = Arc::default();
-    let log2 = log.clone();
+    let seen = log.clone();
+    serve_https(l, acceptor_for(names, ca), move |req| {
+        let auth = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        seen.lock()
+            .unwrap()
+            .push((req.uri().path().to_owned(), auth.clone()));
+        let body = json!({"path": req.uri().path(), "auth": auth}).to_string();
+        Response::builder()
+            .header("content-type", "application/json")
+            .header("x-echo-auth", auth.unwrap_or_default())
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    });
+    (port, log)
+}
+
+/// Serves HTTP/1.1 over TLS (`acceptor`) on `l` until the test ends: each
+/// request is answered by `answer` (its head: the body is not read).
+pub fn serve_https<F>(l: TcpListener, acceptor: tokio_rustls::TlsAcceptor, answer: F)
+where
+    F: Fn(&Request<hyper::body::Incoming>) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
+{
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
-            let acceptor = acceptor.clone();
-            let log = log2.clone();
+            let (acceptor, answer) = (acceptor.clone(), answer.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(s).await else {
                     return;
                 };
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let log = log.clone();
-                    async move {
-                        let auth = req
-                            .headers()
-                            .get("authorization")
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_owned);
-                        log.lock()
-                            .unwrap()
-                            .push((req.uri().path().to_owned(), auth.clone()));
-                        let body = json!({"path": req.uri().path(), "auth": auth}).to_string();
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .header("content-type", "application/json")
-                                .header("x-echo-auth", auth.unwrap_or_default())
-                                .body(Full::new(Bytes::from(body)))
-                                .unwrap(),
-                        )
-                    }
+                    let resp = answer(&req);
+                    async move { Ok::<_, Infallible>(resp) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), svc)
@@ -89,7 +102,6 @@ pub async fn upstream_named(ip: &str, names: &[&str], ca: &TestCa) -> (u16, Log)
             });
         }
     });
-    (port, log)
 }
 
 pub struct TestCa {

@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use airlock_platform_api::launch;
+use airlock_platform_api::transparent::TransparentPlane;
 use airlock_platform_api::types::NetworkEgress;
 use airlock_sandbox::{RunPaths, SandboxKind, SandboxSpec, SidecarPlacement, SidecarSpec};
 use airlock_vault::{RunTokens, SecretString};
@@ -106,6 +107,10 @@ pub struct Site<'a> {
     pub sidecar_log: &'a str,
     /// The model registry's prices for the run's model provider.
     pub known_prices: &'a [launch::ModelPrice],
+    /// The backend's sandboxes are ready for the transparent plane
+    /// ([`airlock_sandbox::Backend::transparent_plane`]): the runtimes are
+    /// told to serve it.
+    pub transparent_plane: bool,
 }
 
 /// One local MCP runner of a run.
@@ -296,13 +301,32 @@ fn agent_secrets(
             .map(str::to_owned),
         inputs: req.inputs_dir.clone(),
         outputs: req.manifest.agent.outputs.clone(),
+        transparent: site.transparent_plane.then(|| {
+            let network = match &req.manifest.network {
+                Some(n) => match &n.egress {
+                    NetworkEgress::Allow(patterns) => patterns.as_slice(),
+                    NetworkEgress::Public | NetworkEgress::None => &[],
+                },
+                None => &[],
+            };
+            let integrations = intercepted.iter().flat_map(|i| &i.authorized_uris);
+            TransparentPlane::with_ports(named_ports(network.iter().chain(integrations)))
+        }),
     }
+}
+
+/// The ports `patterns` name other than their schemes' defaults: the
+/// transparent plane carries them beside 80 and 443.
+fn named_ports<'p>(patterns: impl Iterator<Item = &'p String>) -> impl Iterator<Item = u16> {
+    patterns.filter_map(|p| airlock_egress::UriPattern::parse(p).ok()?.exact_port())
 }
 
 /// One local runner, as the sidecar is told of it.
 struct RunnerListener<'m> {
     namespace: &'m str,
     command: &'m [String],
+    /// Its integration's `authorized_uris` (the ports its plane carries).
+    authorized_uris: &'m [String],
     credentialed: bool,
     /// Its sandbox's id (its cgroup and host uid derive from it).
     sandbox_id: String,
@@ -328,6 +352,7 @@ fn runner_listeners<'m>(
             RunnerListener {
                 namespace: i.namespace.as_str(),
                 command,
+                authorized_uris: &i.authorized_uris,
                 credentialed: i.connection.is_some(),
                 sandbox_id: format!("{}-r{n}", site.run_id),
                 listen: launch::Runner {
@@ -372,6 +397,9 @@ impl RunnerListener<'_> {
             proxy_ca_pem: proxy_ca_pem.map(str::to_owned),
             inputs: None,
             outputs: None,
+            transparent: site
+                .transparent_plane
+                .then(|| TransparentPlane::with_ports(named_ports(self.authorized_uris.iter()))),
         };
         RunnerPlan {
             namespace: self.namespace.to_owned(),
@@ -430,9 +458,9 @@ fn sidecar_config(
         egress: launch::EgressSettings {
             allow_internal_hosts: settings.allow_internal_hosts.clone(),
             dns_server: settings.dns_server.clone(),
+            resolve: settings.resolve.clone(),
             extra_ca_pem: settings.extra_ca_pem.clone(),
             blocked_names: placement.blocked_names.clone(),
-            ..Default::default()
         },
         limits: launch::Limits::default(),
         proxy_url: None,
@@ -551,6 +579,7 @@ mod tests {
             sidecar_log: "info",
             org_budget: false,
             known_prices: &[],
+            transparent_plane: true,
         };
         RunPlan::build(req, settings, &site, keys(req)).expect("plan")
     }
@@ -642,6 +671,17 @@ mod tests {
             ]
         );
         assert_eq!(p.tag, None);
+    }
+
+    #[test]
+    fn the_transparent_plane_carries_80_443_and_the_ports_the_rules_name() {
+        let req = request(
+            "[network]\negress = [\"https://a.example:8443/**\", \"http://b.example:80/**\", \"https://c.example:*/**\"]\n",
+            Echo::LiveView,
+        );
+        let s = secrets(&plan(&req, &settings(&[])).sandbox);
+        let plane = s.transparent.expect("the backend has the plane");
+        assert_eq!(plane.ports, [80, 443, 8443]);
     }
 
     #[test]

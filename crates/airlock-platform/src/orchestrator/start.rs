@@ -80,6 +80,7 @@ impl Orchestrator {
             sidecar_log: &sidecar_log,
             org_budget,
             known_prices: &known_prices,
+            transparent_plane: self.backend.transparent_plane(),
         };
         let keys = Keys::mint(run_id, &req.manifest, &self.tokens)?;
         let plan = RunPlan::build(req, &self.settings, &site, keys)?;

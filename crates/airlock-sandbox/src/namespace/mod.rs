@@ -409,6 +409,12 @@ impl Backend for NamespaceBackend {
         "namespace"
     }
 
+    /// Its own network namespace with loopback alone, and [`plan`]'s
+    /// resolver file and low ports.
+    fn transparent_plane(&self) -> bool {
+        true
+    }
+
     fn check(&self) -> Result<(), Unavailable> {
         if !cfg!(target_os = "linux") {
             return Err(Unavailable("namespaces are Linux only".into()));

@@ -24,9 +24,17 @@
 //!   or install tree); `ro_paths` (the agent's directory) read-only at the
 //!   same path.
 //! - `/` itself: a read-only tmpfs holding the mount points.
+//! - the transparent plane's two parts of the sandbox (the runtime serves
+//!   the rest; `airlock-runtime`'s `transparent` module): `/etc/resolv.conf`
+//!   names its responder alone (a mask of the host's file, where that is a
+//!   file), and the network namespace's `ip_unprivileged_port_start` is 0,
+//!   so the runtime's unprivileged uid can listen on ports 53, 80 and 443
+//!   of the sandbox's own loopback (no other network is there).
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+
+use airlock_platform_api::transparent::resolv_conf;
 
 use super::config::{EXE_INSIDE, InitConfig, SOCKETS_INSIDE};
 use super::sys::{ATTR_NODEV, ATTR_NOEXEC, ATTR_NOSUID, ATTR_RDONLY, Kind, Sys};
@@ -37,6 +45,8 @@ const OLD: &str = "/oldroot";
 const BASE: &str = "/tmp";
 /// Where the writable tmpfs is mounted while its three views are bound.
 const RW: &str = "/.rw";
+/// The network namespace's lowest port an unprivileged uid may bind.
+const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
 /// The masks' sources while they are bound ([`Masks`]).
 const MASKS: &str = "/.masks";
 
@@ -131,6 +141,8 @@ struct Masks {
     null: PathBuf,
     private_dir: PathBuf,
     empty_dir: PathBuf,
+    /// The transparent plane's `/etc/resolv.conf`.
+    resolv: PathBuf,
 }
 
 impl Masks {
@@ -140,11 +152,14 @@ impl Masks {
             null: root.join("null"),
             private_dir: root.join("d700"),
             empty_dir: root.join("d555"),
+            resolv: root.join("resolv.conf"),
         };
         sys.mkdir_all(root).step(|| "mkdir /.masks".into())?;
         sys.mount_tmpfs(root, 1, Some(16), 0o755, ATTR_NOSUID | ATTR_NODEV)
             .step(|| "tmpfs /.masks".into())?;
         sys.touch(&m.null).step(|| "create /.masks/null".into())?;
+        sys.write(&m.resolv, &resolv_conf())
+            .step(|| "create /.masks/resolv.conf".into())?;
         for (d, mode) in [(&m.private_dir, 0o700), (&m.empty_dir, 0o555)] {
             sys.mkdir_all(d).step(|| format!("mkdir {}", d.display()))?;
             sys.chmod(d, mode)
@@ -286,6 +301,14 @@ fn mask_host_secrets(sys: &mut impl Sys, masks: &Masks) -> Result<(), PlanError>
             Masks::over(sys, &masks.null, &Path::new("/etc/ssh").join(name))?;
         }
     }
+    // Not a secret: the transparent plane's resolver in place of the
+    // host's, which the sandbox could not reach anyway. A symlink (to a
+    // resolver daemon's file under `/run`) cannot be covered: there the
+    // sandbox keeps no usable resolver, as before.
+    let resolv = Path::new("/etc/resolv.conf");
+    if sys.kind(&old(resolv)) == Kind::File {
+        Masks::over(sys, &masks.resolv, resolv)?;
+    }
     let mut masked_dirs: Vec<PathBuf> = MASKED_DIRS.iter().map(PathBuf::from).collect();
     masked_dirs.retain(|d| sys.kind(&old(d)) == Kind::Dir);
     for d in &masked_dirs {
@@ -369,6 +392,10 @@ fn fresh_proc(sys: &mut impl Sys, masks: &Masks) -> Result<(), PlanError> {
     let proc_ = Path::new("/proc");
     sys.mkdir_all(proc_).step(|| "mkdir /proc".into())?;
     sys.mount_proc(proc_).step(|| "mount /proc".into())?;
+    // Before `/proc/sys` turns read-only. Where the host forbids it the
+    // sandbox starts all the same: its runtime then says it cannot listen
+    // on the plane's low ports.
+    let _ = sys.write(Path::new(UNPRIVILEGED_PORT_START), "0");
     for p in PROC_READONLY {
         let p = Path::new(p);
         if sys.kind(p) == Kind::Missing {
@@ -524,6 +551,7 @@ pub(crate) mod tests {
             ("/oldroot/bin", Kind::Symlink),
             ("/oldroot/lib64", Kind::Symlink),
             ("/oldroot/etc/shadow", Kind::File),
+            ("/oldroot/etc/resolv.conf", Kind::File),
             ("/oldroot/dev/null", Kind::File),
             ("/oldroot/dev/urandom", Kind::File),
             ("/oldroot/var/lib/airlock/runs/r1/sock", Kind::Dir),
@@ -570,6 +598,15 @@ pub(crate) mod tests {
         assert!(pos(ops, "attrs /.masks 7") < null_ro);
         assert!(null_ro < pos(ops, "bind /.masks/null /etc/shadow"));
         pos(ops, "chmod /.masks/d700 700");
+        // the transparent plane: its resolver file written before the masks
+        // turn read-only, bound over the host's; low ports while /proc/sys
+        // is still writable
+        let resolv = format!("write /.masks/resolv.conf {}", resolv_conf());
+        assert!(pos(ops, &resolv) < pos(ops, "attrs /.masks 7"));
+        pos(ops, "bind /.masks/resolv.conf /etc/resolv.conf");
+        let ports = pos(ops, "write /proc/sys/net/ipv4/ip_unprivileged_port_start 0");
+        assert!(pos(ops, "proc /proc") < ports);
+        assert!(ports < pos(ops, "attrs /proc/sys 7 rec"));
         pos(ops, "chmod /.masks/d555 555");
         let masks_ro = pos(ops, "attrs /.masks 7");
         for (i, o) in ops.iter().enumerate() {

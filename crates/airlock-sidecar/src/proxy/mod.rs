@@ -29,6 +29,7 @@
 pub mod head;
 use airlock_tunnel as relay;
 mod intercept;
+pub mod transparent;
 mod upstream;
 
 use std::sync::atomic::Ordering;
@@ -275,7 +276,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
     settings: ProxySettings,
     scope: Scope,
 ) {
-    let Some((head, buf)) = head_or_answer(&mut stream, &settings).await else {
+    let Some((head, mut buf)) = head_or_answer(&mut stream, &settings).await else {
         return;
     };
     if !authorized_or_answer(&mut stream, &sidecar, &scope, &head).await {
@@ -289,6 +290,28 @@ pub async fn serve_connection_with<S: ProxyStream>(
             return;
         }
     };
+    if let RequestTarget::Authority(_) = head.target
+        && transparent::asked(&head)
+    {
+        // The transparent plane's connection: the name it presents first.
+        match transparent::confirm(
+            &mut stream,
+            &mut buf,
+            head.len,
+            &target,
+            settings.head_timeout,
+        )
+        .await
+        {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                let url = target.url().as_str().to_owned();
+                refuse(&mut stream, &sidecar, &scope, &method, &url, &e).await;
+                return;
+            }
+        }
+    }
     if let RequestTarget::Authority(_) = head.target
         && let Err(e) = scope.may_tunnel_to(&sidecar, &target)
     {

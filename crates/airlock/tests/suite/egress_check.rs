@@ -226,6 +226,14 @@ fn entries_that_match_nothing_are_reported() {
 
 /// A nameserver on loopback: `name` answers `ip`, every other name NXDOMAIN.
 pub(crate) fn nameserver(name: &'static str, ip: std::net::IpAddr) -> std::net::SocketAddr {
+    nameserver_answering(move |q| (q == name).then_some(ip))
+}
+
+/// A nameserver on loopback answering each question (a lowercase name
+/// without its trailing dot) with `answer`'s address, `None`: NXDOMAIN.
+pub(crate) fn nameserver_answering(
+    answer: impl Fn(&str) -> Option<std::net::IpAddr> + Send + 'static,
+) -> std::net::SocketAddr {
     use hickory_proto::op::{Message, ResponseCode};
     use hickory_proto::rr::{RData, Record, RecordType};
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -245,10 +253,10 @@ pub(crate) fn nameserver(name: &'static str, ip: std::net::IpAddr) -> std::net::
                     .to_ascii()
                     .trim_end_matches('.')
                     .to_ascii_lowercase();
-                if qname != name {
+                let Some(ip) = answer(&qname) else {
                     resp.metadata.response_code = ResponseCode::NXDomain;
                     continue;
-                }
+                };
                 let fits = matches!(
                     (q.query_type(), ip),
                     (RecordType::A, std::net::IpAddr::V4(_))

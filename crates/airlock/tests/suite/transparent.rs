@@ -1,0 +1,298 @@
+//! The transparent plane in a real namespace run: tools that ignore the
+//! proxy variables (a Go program, a Node program, `git clone` over https)
+//! reach what the run's rules allow through the sandbox's resolver and the
+//! sidecar's one guard, and nothing else; every success and refusal is in
+//! the egress log. Also: the sandbox's answers never change (no DNS
+//! rebinding), a name the guard's resolver (the test's own, on loopback)
+//! answers with a blocked address is refused, literal addresses and UDP
+//! reach nothing, and a TLS SNI that is not the name its address was
+//! issued for is refused before any upstream is dialled.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Response;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::support::tls::{TestCa, acceptor_for, serve_https, test_ca};
+use crate::support::*;
+
+/// The upstream's address (an operator-allowed internal host).
+const UPSTREAM_IP: &str = "127.0.0.2";
+
+/// An HTTPS upstream for `names` on [`UPSTREAM_IP`]: `/repo.git/…` are the
+/// files of the bare repository `repo` (git's dumb protocol), every other
+/// path is echoed; each request's path is logged.
+async fn upstream(names: &[&str], ca: &TestCa, repo: PathBuf) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind(format!("{UPSTREAM_IP}:0")).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = log.clone();
+    serve_https(l, acceptor_for(names, ca), move |req| {
+        let path = req.uri().path().to_owned();
+        seen.lock().unwrap().push(path.clone());
+        let (status, body) = match path.strip_prefix("/repo.git/") {
+            Some(rel) if !rel.split('/').any(|c| c == ".." || c.is_empty()) => {
+                match std::fs::read(repo.join(rel)) {
+                    Ok(b) => (200, b),
+                    Err(_) => (404, vec![]),
+                }
+            }
+            Some(_) => (404, vec![]),
+            None => (200, json!({"path": path}).to_string().into_bytes()),
+        };
+        Response::builder()
+            .status(status)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    });
+    (port, log)
+}
+
+/// A bare repository with one commit (README: `hello transparent`),
+/// ready for git's dumb http protocol.
+fn bare_repo(dir: &Path) -> PathBuf {
+    let git = |args: &[&str], cwd: &Path| {
+        let o = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .current_dir(cwd)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", dir)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    git(&["init", "-q", "-b", "main"], &work);
+    std::fs::write(work.join("README"), "hello transparent\n").unwrap();
+    git(&["add", "README"], &work);
+    git(&["commit", "-q", "-m", "one"], &work);
+    git(&["clone", "-q", "--bare", "work", "repo.git"], dir);
+    let bare = dir.join("repo.git");
+    git(&["update-server-info"], &bare);
+    bare
+}
+
+/// A UDP peer on the host's loopback counting what reaches it.
+fn udp_peer() -> (u16, Arc<AtomicUsize>) {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = sock.local_addr().unwrap().port();
+    let got = Arc::new(AtomicUsize::new(0));
+    let count = got.clone();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 512];
+        while sock.recv_from(&mut b).is_ok() {
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (port, got)
+}
+
+/// The lines of a client's output, by URL.
+fn lines(out: &Value) -> Vec<String> {
+    out["out"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() {
+    if !namespace_available() {
+        return;
+    }
+    let Some(node) = crate::sandbox_host::node() else {
+        return;
+    };
+    let ca = test_ca();
+    let scratch = tempfile::tempdir().unwrap();
+    let repo = bare_repo(scratch.path());
+    let (port, seen) = upstream(&["api.test", "git.test"], &ca, repo).await;
+    let (udp_port, udp_got) = udp_peer();
+    // The guard's own resolver: the test's, on loopback. `rebind.test`
+    // answers differently each time; every answer is a blocked address.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let dns = crate::egress_check::nameserver_answering(move |q| match q {
+        "rebind.test" => Some(match asked.fetch_add(1, Ordering::SeqCst) % 2 {
+            0 => UPSTREAM_IP.parse().unwrap(),
+            _ => "10.0.0.1".parse().unwrap(),
+        }),
+        "blocked.test" => Some("169.254.169.254".parse().unwrap()),
+        _ => None,
+    });
+    let url = |host: &str, path: &str| format!("https://{host}:{port}{path}");
+    let rules: Vec<String> = ["api.test", "git.test", "rebind.test", "blocked.test"]
+        .iter()
+        .map(|h| format!("\"{}\"", url(h, "/**")))
+        .collect();
+    let run = RealRun::with_manifest(
+        include_str!("../agents/transparent.py"),
+        &format!(
+            "[agent]\nname = \"transparent\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 240\n\n\
+             [network]\negress = [{}]\n",
+            rules.join(", ")
+        ),
+    )
+    .env("EGRESS_RESOLVE", &format!("api.test={UPSTREAM_IP};git.test={UPSTREAM_IP}"))
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "api.test,git.test")
+    .env("AIRLOCK_DNS_SERVER", &dns.to_string());
+    std::fs::write(run.agent_dir.join("test-ca.pem"), ca.issuer.pem()).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents/transparent.js"),
+        run.agent_dir.join("transparent.js"),
+    )
+    .unwrap();
+    if !crate::sandbox_host::go_build("transparent.go", &run.agent_dir.join("probe-go")) {
+        return;
+    }
+    let targets = |tool: &str| -> Vec<String> {
+        ["api.test", "other.test", "blocked.test", "rebind.test"]
+            .iter()
+            .map(|h| url(h, &format!("/{tool}")))
+            .collect()
+    };
+    let args = json!({
+        "urls": {"go": targets("go"), "node": targets("node")},
+        "node": node,
+        "repo": url("git.test", "/repo.git"),
+        "port": port,
+        "upstream_ip": UPSTREAM_IP,
+        "udp_port": udp_port,
+    });
+    std::fs::write(run.agent_dir.join("args.json"), args.to_string()).unwrap();
+
+    let (out, report) = tokio::task::spawn_blocking(move || {
+        let r = run.run("namespace");
+        drop(run);
+        r
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let r = &report["result"];
+    assert!(
+        r["resolv"]
+            .as_str()
+            .unwrap()
+            .contains("nameserver 127.0.0.53"),
+        "{r}"
+    );
+
+    // Go and Node: the allowed name answers; the others are refused.
+    for tool in ["go", "node"] {
+        let got = lines(&r[tool]);
+        assert_eq!(got.len(), 4, "{tool}: {}", r[tool]);
+        assert!(
+            got[0].starts_with(&format!("{} 200 ", url("api.test", &format!("/{tool}")))),
+            "{tool}: {got:?}"
+        );
+        assert!(
+            got[0].contains(&format!("\"path\":\"/{tool}\"")),
+            "{tool}: {got:?}"
+        );
+        for refused in &got[1..] {
+            assert!(refused.contains(" ERR "), "{tool}: {refused}");
+        }
+    }
+    // git clone over https, dumb protocol: the repository arrived.
+    assert_eq!(r["git"]["code"], 0, "{}", r["git"]);
+    assert_eq!(r["git"]["readme"], "hello transparent\n");
+
+    // The sandbox's answers are synthetic and never change.
+    let addrs = r["rebind_addrs"].as_array().unwrap();
+    assert!(addrs.iter().all(|a| a == &addrs[0]), "{addrs:?}");
+    assert!(
+        addrs[0].as_str().unwrap().starts_with("127.18."),
+        "{addrs:?}"
+    );
+    assert!(
+        r["api_addr"].as_str().unwrap().starts_with("127.18."),
+        "{r}"
+    );
+
+    // SNI: the issued name passes, another name on its address is refused.
+    assert!(
+        r["sni_match"]["ok"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("HTTP/1.1 200"),
+        "{r}"
+    );
+    assert!(r["sni_mismatch"]["error"].is_string(), "{r}");
+    // Literal addresses reach nothing: an unissued synthetic one is closed,
+    // the upstream's own is the sandbox's loopback, a public one has no route.
+    assert!(r["literal_synthetic"]["error"].is_string(), "{r}");
+    assert!(r["literal_upstream"]["error"].is_string(), "{r}");
+    assert_ne!(r["literal_public"], "connected", "{r}");
+    // UDP: nothing arrived at the host's peer.
+    assert_eq!(udp_got.load(Ordering::SeqCst), 0, "{}", r["udp"]);
+
+    // The upstream saw exactly the allowed requests.
+    let seen = seen.lock().unwrap().clone();
+    for path in ["/go", "/node", "/sni"] {
+        assert_eq!(
+            seen.iter().filter(|p| *p == path).count(),
+            1,
+            "{path}: {seen:?}"
+        );
+    }
+    assert!(seen.iter().any(|p| p.starts_with("/repo.git/")), "{seen:?}");
+
+    // One egress log: each success and refusal, as the proxy records them.
+    let entries = report["egress"]["entries"].as_array().unwrap();
+    let of = |host: &str, decision: &str| -> Vec<&Value> {
+        entries
+            .iter()
+            .filter(|e| {
+                e["url"]
+                    .as_str()
+                    .is_some_and(|u| u.contains(&format!("{host}:{port}")))
+                    && e["decision"] == decision
+            })
+            .collect()
+    };
+    // Go, Node and the matching SNI; git's own connections.
+    assert_eq!(of("api.test", "allowed").len(), 3, "{entries:#?}");
+    assert!(!of("git.test", "allowed").is_empty(), "{entries:#?}");
+    for e in entries {
+        assert_eq!(e["source"], "proxy", "{e}");
+    }
+    let code = |host: &str| -> Vec<String> {
+        of(host, "refused")
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        code("other.test"),
+        ["not_authorized", "not_authorized"],
+        "{entries:#?}"
+    );
+    assert_eq!(
+        code("blocked.test"),
+        ["blocked_address", "blocked_address"],
+        "{entries:#?}"
+    );
+    assert_eq!(
+        code("rebind.test"),
+        ["blocked_address", "blocked_address"],
+        "{entries:#?}"
+    );
+    // The SNI mismatch: refused under the name its address was issued for.
+    assert_eq!(code("api.test"), ["not_authorized"], "{entries:#?}");
+}
