@@ -21,6 +21,9 @@ use airlock_store::{
     BatchWrite, ConnectionRecord, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
 };
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
+use airlock_platform_api::launch::IDENTITY_CREDENTIAL_FIELD;
+
+use crate::identity::{IdentityError, Issuer, Minter};
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -42,6 +45,8 @@ pub struct Grant {
     pub agent: String,
     /// integration namespace (or `@model`) → stored connection name.
     pub connections: HashMap<String, String>,
+    /// The integrations whose delivery names the run's identity token.
+    pub identity: crate::identity::IdentityGrant,
 }
 
 struct Inner {
@@ -63,6 +68,10 @@ struct Inner {
     reservations: crate::budget::Reservations,
     /// What a run's artifacts may take in the store.
     artifacts: airlock_store::ArtifactCaps,
+    /// The workload identity issuer (`airlock serve`; none for `airlock run`).
+    issuer: Option<Arc<Issuer>>,
+    /// The identity tokens minted for the running runs.
+    minter: Minter,
 }
 
 /// Stored connections as read from the store, envelopes still encrypted.
@@ -195,6 +204,7 @@ impl InternalApi {
         keyring: Arc<Keyring>,
         tokens: RunTokens,
         artifacts: airlock_store::ArtifactCaps,
+        issuer: Option<Arc<Issuer>>,
     ) -> Self {
         InternalApi {
             inner: Arc::new(Inner {
@@ -206,6 +216,8 @@ impl InternalApi {
                 connections: ConnectionCache::default(),
                 reservations: crate::budget::Reservations::default(),
                 artifacts,
+                issuer,
+                minter: Minter::default(),
             }),
         }
     }
@@ -222,6 +234,8 @@ impl InternalApi {
 
     /// Lets `run_id` use the API with `grant` (called when a run starts).
     pub fn grant(&self, run_id: &str, grant: Grant) {
+        let now = crate::identity::now_secs();
+        self.inner.minter.granted(run_id, &grant.identity, now);
         if let Ok(mut g) = self.inner.grants.write() {
             g.insert(run_id.to_owned(), Arc::new(grant));
         }
@@ -233,6 +247,12 @@ impl InternalApi {
             g.remove(run_id);
         }
         self.inner.reservations.forget_run(run_id);
+        self.inner.minter.revoked(run_id);
+    }
+
+    /// The workload identity issuer, if this platform has one.
+    pub fn issuer(&self) -> Option<&Arc<Issuer>> {
+        self.inner.issuer.as_ref()
     }
 
     pub fn store(&self) -> &Store {
@@ -454,7 +474,22 @@ async fn credential_for(
     grant: &Grant,
     integration: String,
 ) -> Response {
+    let identity = match identity_field(api, run_id, grant, &integration) {
+        Ok(field) => field,
+        Err(answer) => return answer,
+    };
     let Some(connection) = grant.connections.get(&integration) else {
+        if let Some(field) = identity {
+            // An integration whose credential is the run's identity alone
+            // (a set of fields: `custom`).
+            return axum::Json(CredentialResponse {
+                integration,
+                connection: String::new(),
+                auth_type: airlock_platform_api::connection_types::AuthType::Custom,
+                fields: airlock_platform_api::wire::CredentialFields::from([field]),
+            })
+            .into_response();
+        }
         return error(
             StatusCode::FORBIDDEN,
             "integration_not_granted",
@@ -515,7 +550,7 @@ async fn credential_for(
             ));
         }
     };
-    let fields: airlock_platform_api::wire::CredentialFields =
+    let mut fields: airlock_platform_api::wire::CredentialFields =
         match serde_json::from_str(plain.expose_secret()) {
             Ok(f) => f,
             Err(_) => {
@@ -524,6 +559,8 @@ async fn credential_for(
                 ));
             }
         };
+    // The identity wins over a stored field of the same name.
+    fields.extend(identity);
     tracing::debug!(
         run_id,
         integration,
@@ -537,6 +574,38 @@ async fn credential_for(
         fields,
     })
     .into_response()
+}
+
+/// The identity token field of `integration`'s credential, when its
+/// delivery names the run's identity; the answer to give when none can be
+/// minted.
+fn identity_field(
+    api: &InternalApi,
+    run_id: &str,
+    grant: &Grant,
+    integration: &str,
+) -> Result<Option<(String, secrecy::SecretString)>, Response> {
+    if !grant.identity.audiences.contains_key(integration) {
+        return Ok(None);
+    }
+    let who = crate::identity::Subject {
+        run_id,
+        org: &grant.org,
+        agent: &grant.agent,
+        namespace: integration,
+    };
+    let now = crate::identity::now_secs();
+    let issuer = api.inner.issuer.as_deref();
+    match api.inner.minter.token(issuer, &grant.identity, &who, now) {
+        Ok(token) => Ok(Some((
+            IDENTITY_CREDENTIAL_FIELD.to_owned(),
+            secrecy::SecretString::from(token),
+        ))),
+        Err(e @ (IdentityError::NoIssuer | IdentityError::PastTimeout | IdentityError::NotGranted)) => {
+            Err(error(StatusCode::FORBIDDEN, "identity_unavailable", e.to_string()))
+        }
+        Err(e @ IdentityError::Sign(_)) => Err(internal(e)),
+    }
 }
 
 #[derive(Deserialize)]

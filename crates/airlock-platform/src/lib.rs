@@ -7,6 +7,7 @@
 pub mod background;
 pub mod budget;
 pub mod connections;
+pub mod identity;
 pub mod internal_api;
 pub mod journal;
 pub mod manifest;

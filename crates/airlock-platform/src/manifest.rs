@@ -164,7 +164,7 @@ pub struct NetworkSection {
 
 /// An integration's `delivery`: the launch contract's type, handed to the
 /// sidecar as it is.
-pub use airlock_platform_api::launch::Delivery;
+pub use airlock_platform_api::launch::{Delivery, IDENTITY_FIELD};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +185,19 @@ pub struct IntegrationSection {
     /// through the sidecar's intercepting proxy, by its placeholder.
     #[serde(default)]
     pub inject: Option<Inject>,
+}
+
+impl IntegrationSection {
+    /// The integration's delivery names the run's identity token.
+    pub fn names_identity(&self) -> bool {
+        self.delivery.as_ref().is_some_and(Delivery::names_identity)
+    }
+
+    /// Its calls carry a credential: a stored connection's, or the run's
+    /// identity token (the credential rules apply to both).
+    pub fn carries_credential(&self) -> bool {
+        self.connection.is_some() || self.names_identity()
+    }
 }
 
 /// How else than `api_call` the agent may use an integration's credential.
@@ -437,7 +450,7 @@ fn check_integration(key: &str, integ: &IntegrationSection) -> Result<(), Manife
         }
     }
     if integ.inject == Some(Inject::Proxy) {
-        if integ.connection.is_none() || integ.delivery.is_none() {
+        if !integ.carries_credential() || integ.delivery.is_none() {
             return Err(invalid(
                 format!("{key}.inject"),
                 "\"proxy\" replaces the placeholder with the credential's delivery field: \
@@ -453,21 +466,46 @@ fn check_integration(key: &str, integ: &IntegrationSection) -> Result<(), Manife
         }
     }
     if let Some(d) = &integ.delivery {
-        if integ.connection.is_none() {
-            return Err(invalid(
-                format!("{key}.delivery"),
-                "delivers a credential, but the integration has no connection",
-            ));
-        }
-        if d.field.is_empty() || d.field.chars().any(char::is_control) {
-            return Err(invalid(
-                format!("{key}.delivery.field"),
-                "must name a field of the connection's credential",
-            ));
-        }
+        check_delivery(key, integ, d)?;
     }
     Ok(())
 }
+
+/// An integration's `delivery`: a field of its connection's credential,
+/// or the run's identity token (`${airlock.identity}`, with an audience).
+fn check_delivery(key: &str, integ: &IntegrationSection, d: &Delivery) -> Result<(), ManifestError> {
+    if !d.names_identity() && integ.connection.is_none() {
+        return Err(invalid(
+            format!("{key}.delivery"),
+            format!(
+                "delivers a credential, but the integration has no connection (or name \
+                 the run's identity token: field = \"{IDENTITY_FIELD}\")"
+            ),
+        ));
+    }
+    if d.field.is_empty() || d.field.chars().any(char::is_control) {
+        return Err(invalid(
+            format!("{key}.delivery.field"),
+            "must name a field of the connection's credential",
+        ));
+    }
+    match &d.audience {
+        Some(_) if !d.names_identity() => Err(invalid(
+            format!("{key}.delivery.audience"),
+            format!("is the identity token's audience: it needs field = \"{IDENTITY_FIELD}\""),
+        )),
+        Some(a) if a.is_empty() || a.len() > MAX_AUDIENCE || a.chars().any(char::is_control) => {
+            Err(invalid(
+                format!("{key}.delivery.audience"),
+                format!("must be 1 to {MAX_AUDIENCE} characters without control characters"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The longest identity token audience a delivery may name.
+const MAX_AUDIENCE: usize = 256;
 
 fn check_command(key: &str, command: &[String]) -> Result<(), ManifestError> {
     if command.first().is_none_or(|p| p.is_empty()) {

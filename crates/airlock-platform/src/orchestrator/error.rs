@@ -118,4 +118,8 @@ pub enum Refusal {
         program: String,
         looked: String,
     },
+    #[error(
+        "integration {namespace}: delivery.field = \"${{airlock.identity}}\" needs a platform that issues workload identity: run the agent through `airlock serve`, which publishes the issuer's keys (`airlock run` has no issuer anyone could verify a token against)"
+    )]
+    NoIdentityIssuer { namespace: String },
 }
