@@ -150,6 +150,53 @@ impl Health {
     }
 }
 
+/// `/.well-known/openid-configuration`: the workload identity issuer's
+/// OpenID Connect discovery document (what a cloud's STS reads to trust
+/// the runs' identity tokens).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OpenIdConfiguration {
+    /// The issuer URL: every token's `iss`.
+    pub issuer: String,
+    /// Where the issuer's public keys are (`/.well-known/jwks.json`).
+    pub jwks_uri: String,
+    /// `["id_token"]`.
+    pub response_types_supported: Vec<String>,
+    /// `["public"]`.
+    pub subject_types_supported: Vec<String>,
+    /// `["ES256"]`.
+    pub id_token_signing_alg_values_supported: Vec<String>,
+    /// The claims a token carries.
+    pub claims_supported: Vec<String>,
+}
+
+/// `/.well-known/jwks.json`: the issuer's public keys (RFC 7517), the
+/// signing key first; keys still published after a rotation verify the
+/// tokens they signed until those expire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Jwks {
+    pub keys: Vec<Jwk>,
+}
+
+/// One public key of the issuer: an EC P-256 key for ES256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Jwk {
+    /// `EC`.
+    pub kty: String,
+    /// `P-256`.
+    pub crv: String,
+    /// The point's x coordinate, base64url.
+    pub x: String,
+    /// The point's y coordinate, base64url.
+    pub y: String,
+    /// The key's id: its RFC 7638 thumbprint, a token's header `kid`.
+    pub kid: String,
+    /// `sig`.
+    #[serde(rename = "use")]
+    pub key_use: String,
+    /// `ES256`.
+    pub alg: String,
+}
+
 /// `/readyz`: the store answers and this replica takes work.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Ready {
