@@ -336,7 +336,9 @@ impl Delivery {
 
     /// The audience of the identity token it delivers.
     pub fn identity_audience(&self) -> &str {
-        self.audience.as_deref().unwrap_or(DEFAULT_IDENTITY_AUDIENCE)
+        self.audience
+            .as_deref()
+            .unwrap_or(DEFAULT_IDENTITY_AUDIENCE)
     }
 }
 

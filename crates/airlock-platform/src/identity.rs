@@ -150,9 +150,7 @@ impl Minter {
             .get(who.namespace)
             .ok_or(IdentityError::NotGranted)?;
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let run = runs
-            .get_mut(who.run_id)
-            .ok_or(IdentityError::NotGranted)?;
+        let run = runs.get_mut(who.run_id).ok_or(IdentityError::NotGranted)?;
         if let Some(m) = run.by_integration.get(who.namespace)
             && now < m.exp
             && m.exp - now > (m.exp - m.iat) / 2

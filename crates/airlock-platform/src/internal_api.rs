@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 use airlock_platform_api::budget;
+use airlock_platform_api::launch::IDENTITY_CREDENTIAL_FIELD;
 use airlock_platform_api::read_interest::ReadInterestListener;
 use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
@@ -21,7 +22,6 @@ use airlock_store::{
     BatchWrite, ConnectionRecord, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
 };
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
-use airlock_platform_api::launch::IDENTITY_CREDENTIAL_FIELD;
 
 use crate::identity::{IdentityError, Issuer, Minter};
 use axum::Router;
@@ -601,9 +601,13 @@ fn identity_field(
             IDENTITY_CREDENTIAL_FIELD.to_owned(),
             secrecy::SecretString::from(token),
         ))),
-        Err(e @ (IdentityError::NoIssuer | IdentityError::PastTimeout | IdentityError::NotGranted)) => {
-            Err(error(StatusCode::FORBIDDEN, "identity_unavailable", e.to_string()))
-        }
+        Err(
+            e @ (IdentityError::NoIssuer | IdentityError::PastTimeout | IdentityError::NotGranted),
+        ) => Err(error(
+            StatusCode::FORBIDDEN,
+            "identity_unavailable",
+            e.to_string(),
+        )),
         Err(e @ IdentityError::Sign(_)) => Err(internal(e)),
     }
 }

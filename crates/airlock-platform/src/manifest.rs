@@ -473,7 +473,11 @@ fn check_integration(key: &str, integ: &IntegrationSection) -> Result<(), Manife
 
 /// An integration's `delivery`: a field of its connection's credential,
 /// or the run's identity token (`${airlock.identity}`, with an audience).
-fn check_delivery(key: &str, integ: &IntegrationSection, d: &Delivery) -> Result<(), ManifestError> {
+fn check_delivery(
+    key: &str,
+    integ: &IntegrationSection,
+    d: &Delivery,
+) -> Result<(), ManifestError> {
     if !d.names_identity() && integ.connection.is_none() {
         return Err(invalid(
             format!("{key}.delivery"),

@@ -91,9 +91,8 @@ impl Identity {
             message: e.to_string(),
         };
         let keys = match get(KEYS) {
-            Some(v) => {
-                IdentityKeyring::parse(KEYS, &zeroize::Zeroizing::new(v)).map_err(|e| bad(KEYS, &e))?
-            }
+            Some(v) => IdentityKeyring::parse(KEYS, &zeroize::Zeroizing::new(v))
+                .map_err(|e| bad(KEYS, &e))?,
             None => IdentityKeyring::generate().map_err(|e| bad(KEYS, &e))?,
         };
         let issuer_url = get(ENV_ISSUER_URL)

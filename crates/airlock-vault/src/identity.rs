@@ -105,7 +105,10 @@ pub struct IdentityKeyring {
 impl std::fmt::Debug for IdentityKeyring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdentityKeyring")
-            .field("kids", &self.keys.iter().map(|k| &k.public.kid).collect::<Vec<_>>())
+            .field(
+                "kids",
+                &self.keys.iter().map(|k| &k.public.kid).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -181,7 +184,9 @@ fn generate_pkcs8() -> Result<Zeroizing<Vec<u8>>, IdentityKeyError> {
 
 /// A fresh identity key as `IDENTITY_SIGNING_KEYS` takes it (standard base64 of PKCS#8 DER).
 pub fn generate_identity_key() -> Result<Zeroizing<String>, IdentityKeyError> {
-    Ok(Zeroizing::new(STANDARD.encode(generate_pkcs8()?.as_slice())))
+    Ok(Zeroizing::new(
+        STANDARD.encode(generate_pkcs8()?.as_slice()),
+    ))
 }
 
 impl IdentityKey {
@@ -254,7 +259,10 @@ mod tests {
     /// wherever it is configured.
     #[test]
     fn the_first_key_signs_and_every_key_is_published() {
-        let (new, old) = (generate_identity_key().unwrap(), generate_identity_key().unwrap());
+        let (new, old) = (
+            generate_identity_key().unwrap(),
+            generate_identity_key().unwrap(),
+        );
         let ring = IdentityKeyring::parse("V", &format!("{}, {}", *new, *old)).unwrap();
         let alone = IdentityKeyring::parse("V", &old).unwrap();
         let kids: Vec<_> = ring.public_keys().map(|k| k.kid.clone()).collect();
@@ -270,7 +278,10 @@ mod tests {
     fn bad_keyrings_name_the_key() {
         use IdentityKeyError::*;
         let var = "V";
-        assert_eq!(IdentityKeyring::parse(var, " ").unwrap_err(), Missing { var });
+        assert_eq!(
+            IdentityKeyring::parse(var, " ").unwrap_err(),
+            Missing { var }
+        );
         let k = generate_identity_key().unwrap();
         assert_eq!(
             IdentityKeyring::parse(var, &format!("{},", *k)).unwrap_err(),
