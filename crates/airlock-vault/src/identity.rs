@@ -9,8 +9,8 @@
 //!   rustls) both makes and uses them; RSA keys cannot be made by ring.
 //! - Keys (`IDENTITY_SIGNING_KEYS`): comma-separated, each the standard
 //!   base64 of a P-256 private key in PKCS#8 DER
-//!   (`openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -outform DER | base64 -w0`,
-//!   or `airlock keys generate --identity`). The first signs; every one is
+//!   (`airlock keys generate --identity`, or `openssl genpkey -algorithm EC
+//!   -pkeyopt ec_paramgen_curve:P-256 | openssl pkcs8 -topk8 -nocrypt -outform DER | base64 -w0`). The first signs; every one is
 //!   published, so a token signed before a rotation still verifies until it
 //!   expires. A key's id (`kid`) is its RFC 7638 thumbprint: no name to
 //!   configure, and one key has the same id on every replica.
@@ -272,6 +272,17 @@ mod tests {
         let token = ring.sign(&claims(2_000)).unwrap();
         assert!(verify(&token, ring.public_keys().next().unwrap()).is_ok());
         assert!(!format!("{ring:?}").contains(new.as_str()));
+    }
+
+    /// A key as `openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256
+    /// | openssl pkcs8 -topk8 -nocrypt -outform DER | base64 -w0` writes it
+    /// (a key made for this test only).
+    #[test]
+    fn an_openssl_key_is_taken() {
+        const OPENSSL: &str = "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgYVF7tJ7jXlwVqwwxHF7ig739cdHJqON/3GzxZKNUxBChRANCAASUfqeTPUBjS3LXNZSGvXdlRNSlWwMn4LtKT8od3B0weSHFhVh/HPTHEu4pgVl5OUGsLNwnRHYIpu8/kqchivDE";
+        let ring = IdentityKeyring::parse("V", OPENSSL).unwrap();
+        let token = ring.sign(&claims(2_000)).unwrap();
+        assert!(verify(&token, ring.public_keys().next().unwrap()).is_ok());
     }
 
     #[test]

@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 
 use crate::support::serve::{Server, base_env, create_org, wait_for};
 
-/// The agent: calls the integration once through MCP, prints the whole
+/// The agent: calls the integration once through MCP (the token placed in
+/// the query by its placeholder too, as AWS STS takes it), prints the whole
 /// answer, then looks for a JWT wherever it can read.
 const AGENT: &str = r#"
 import glob, json, os, urllib.request
@@ -54,7 +55,7 @@ def mcp(method, params=None, notify=False):
 mcp("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
                    "clientInfo": {"name": "identity-test", "version": "1"}})
 mcp("notifications/initialized", notify=True)
-out = mcp("tools/call", {"name": "sts__api_call", "arguments": {"target": UPSTREAM + "/assume"}})
+out = mcp("tools/call", {"name": "sts__api_call", "arguments": {"target": UPSTREAM + "/assume?WebIdentityToken={{airlock.identity}}"}})
 print("ANSWER " + json.dumps(out), flush=True)
 needle = b"eyJ0eXAiOiJKV1Qi"
 found = [k for k, v in os.environ.items() if needle.decode() in v]
@@ -94,18 +95,18 @@ except jwt.PyJWTError as e:
 const AUDIENCE: &str = "airlock-test-audience";
 const ISSUER: &str = "https://issuer.airlock.test";
 
-/// A loopback upstream: records each request's `Authorization` and answers
-/// with it reflected in its body.
+/// A loopback upstream: records each request's line and `Authorization`
+/// and answers with the header reflected in its body.
 struct Upstream {
     addr: SocketAddr,
-    seen: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl Upstream {
     fn start() -> Upstream {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
         let sink = seen.clone();
         std::thread::spawn(move || {
             for conn in l.incoming() {
@@ -113,6 +114,8 @@ impl Upstream {
                 c.set_read_timeout(Some(Duration::from_secs(10))).ok();
                 let mut r = BufReader::new(c.try_clone().unwrap());
                 let mut auth = String::new();
+                let mut first = String::new();
+                r.read_line(&mut first).ok();
                 let mut line = String::new();
                 while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
                     if let Some((k, v)) = line.trim_end().split_once(':')
@@ -122,7 +125,9 @@ impl Upstream {
                     }
                     line.clear();
                 }
-                sink.lock().unwrap().push(auth.clone());
+                sink.lock()
+                    .unwrap()
+                    .push((first.trim_end().to_owned(), auth.clone()));
                 let body = format!("{{\"you_sent\": \"{auth}\"}}");
                 let _ = write!(
                     c,
@@ -136,10 +141,16 @@ impl Upstream {
 
     fn last_token(&self) -> String {
         let seen = self.seen.lock().unwrap();
-        let auth = seen.last().expect("the upstream got a request");
-        auth.strip_prefix("Bearer ")
-            .unwrap_or_else(|| panic!("not a bearer token: {auth}"))
-            .to_owned()
+        let (line, auth) = seen.last().expect("the upstream got a request");
+        let token = auth
+            .strip_prefix("Bearer ")
+            .unwrap_or_else(|| panic!("not a bearer token: {auth}"));
+        // The same token where the target names `{{airlock.identity}}`.
+        assert!(
+            line.contains(&format!("WebIdentityToken={token} ")),
+            "{line}"
+        );
+        token.to_owned()
     }
 }
 
