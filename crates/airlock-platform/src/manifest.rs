@@ -478,6 +478,20 @@ fn check_delivery(
     integ: &IntegrationSection,
     d: &Delivery,
 ) -> Result<(), ManifestError> {
+    if let Some(a) = &d.audience {
+        if !d.names_identity() {
+            return Err(invalid(
+                format!("{key}.delivery.audience"),
+                format!("is the identity token's audience: it needs field = \"{IDENTITY_FIELD}\""),
+            ));
+        }
+        if a.is_empty() || a.len() > MAX_AUDIENCE || a.chars().any(char::is_control) {
+            return Err(invalid(
+                format!("{key}.delivery.audience"),
+                format!("must be 1 to {MAX_AUDIENCE} characters without control characters"),
+            ));
+        }
+    }
     if !d.names_identity() && integ.connection.is_none() {
         return Err(invalid(
             format!("{key}.delivery"),
@@ -493,19 +507,7 @@ fn check_delivery(
             "must name a field of the connection's credential",
         ));
     }
-    match &d.audience {
-        Some(_) if !d.names_identity() => Err(invalid(
-            format!("{key}.delivery.audience"),
-            format!("is the identity token's audience: it needs field = \"{IDENTITY_FIELD}\""),
-        )),
-        Some(a) if a.is_empty() || a.len() > MAX_AUDIENCE || a.chars().any(char::is_control) => {
-            Err(invalid(
-                format!("{key}.delivery.audience"),
-                format!("must be 1 to {MAX_AUDIENCE} characters without control characters"),
-            ))
-        }
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// The longest identity token audience a delivery may name.
@@ -651,6 +653,45 @@ mod tests {
         ] {
             let e = with(&text).map(|_| ()).unwrap_err().to_string();
             assert!(e.contains(must), "{text}: {e}");
+        }
+    }
+
+    /// `${airlock.identity}` needs no connection and takes an audience;
+    /// an audience without it, or an empty one, is refused.
+    #[test]
+    fn a_delivery_may_name_the_runs_identity_with_an_audience() {
+        let base = "[[integrations]]\nnamespace = \"aws\"\nauthorized_uris = [\"https://sts.amazonaws.com/**\"]\n";
+        let m = with(&format!(
+            "{base}delivery = {{ header = \"Authorization\", prefix = \"Bearer \", field = \"${{airlock.identity}}\" }}\n"
+        ))
+        .unwrap();
+        let i = &m.integrations[0];
+        assert!(i.names_identity() && i.carries_credential());
+        let d = i.delivery.as_ref().unwrap();
+        assert_eq!(d.identity_audience(), "sts.amazonaws.com");
+        assert_eq!(d.credential_field(), "airlock.identity");
+        let m = with(&format!(
+            "{base}delivery = {{ header = \"X-Token\", field = \"${{airlock.identity}}\", audience = \"api://AzureADTokenExchange\" }}\ninject = \"proxy\"\n"
+        ))
+        .unwrap();
+        let d = m.integrations[0].delivery.as_ref().unwrap();
+        assert_eq!(d.identity_audience(), "api://AzureADTokenExchange");
+        for (delivery, want) in [
+            (
+                "{ header = \"A\", field = \"token\", audience = \"x\" }",
+                "delivery.audience: is the identity token's audience",
+            ),
+            (
+                "{ header = \"A\", field = \"${airlock.identity}\", audience = \"\" }",
+                "delivery.audience: must be 1 to 256 characters",
+            ),
+            (
+                "{ header = \"A\", field = \"token\" }",
+                "delivers a credential, but the integration has no connection",
+            ),
+        ] {
+            let e = with(&format!("{base}delivery = {delivery}\n")).unwrap_err();
+            assert!(e.to_string().contains(want), "{delivery}: {e}");
         }
     }
 

@@ -698,6 +698,28 @@ mod tests {
         );
     }
 
+    /// An integration whose delivery names `${airlock.identity}` carries a
+    /// credential without a connection; its grant holds the audience and the
+    /// run's timeout, which no token outlives.
+    #[test]
+    fn an_identity_delivery_is_granted_its_audience_within_the_runs_timeout() {
+        let m = "timeout = 42\n[[integrations]]\nnamespace = \"aws\"\n\
+                 authorized_uris = [\"https://sts.amazonaws.com/**\"]\n\
+                 delivery = { header = \"Authorization\", field = \"${airlock.identity}\", audience = \"a\" }\n";
+        let req = request(m, Echo::LiveView);
+        let p = plan(&req, &settings(&[]));
+        assert!(p.grant.connections.is_empty());
+        assert_eq!(p.grant.identity.audiences["aws"], "a");
+        assert_eq!(p.grant.identity.timeout, Duration::from_secs(42));
+        let c = config(&p);
+        assert!(
+            c.integrations[0].has_connection,
+            "its calls carry a credential"
+        );
+        let bare = plan(&request("", Echo::LiveView), &settings(&[]));
+        assert!(bare.grant.identity.audiences.is_empty());
+    }
+
     #[test]
     fn a_local_runner_gets_its_own_sandbox_sockets_and_token() {
         let req = request(RUNNERS, Echo::LiveView);
