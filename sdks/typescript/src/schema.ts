@@ -4,6 +4,40 @@
  */
 
 export interface paths {
+    "/.well-known/jwks.json": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The issuer's public keys, the signing one first. */
+        get: operations["get_jwks"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/.well-known/openid-configuration": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The issuer's OpenID Connect discovery document. */
+        get: operations["get_openid_configuration"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -685,6 +719,31 @@ export interface components {
             /** @description `ok`. */
             status: string;
         };
+        /** @description One public key of the issuer: an EC P-256 key for ES256. */
+        Jwk: {
+            /** @description `ES256`. */
+            alg: string;
+            /** @description `P-256`. */
+            crv: string;
+            /** @description The key's id: its RFC 7638 thumbprint, a token's header `kid`. */
+            kid: string;
+            /** @description `EC`. */
+            kty: string;
+            /** @description `sig`. */
+            use: string;
+            /** @description The point's x coordinate, base64url. */
+            x: string;
+            /** @description The point's y coordinate, base64url. */
+            y: string;
+        };
+        /**
+         * @description `/.well-known/jwks.json`: the issuer's public keys (RFC 7517), the
+         *     signing key first; keys still published after a rotation verify the
+         *     tokens they signed until those expire.
+         */
+        Jwks: {
+            keys: components["schemas"]["Jwk"][];
+        };
         /** @description `POST /v1/api-keys`. */
         NewApiKey: {
             /** @description 1–64 of `A-Z a-z 0-9 _ - .`, starting with a letter or digit. */
@@ -753,6 +812,25 @@ export interface components {
             /** @description `whsec_…`: the signing secret, in this answer only. */
             secret: string;
             url: string;
+        };
+        /**
+         * @description `/.well-known/openid-configuration`: the workload identity issuer's
+         *     OpenID Connect discovery document (what a cloud's STS reads to trust
+         *     the runs' identity tokens).
+         */
+        OpenIdConfiguration: {
+            /** @description The claims a token carries. */
+            claims_supported: string[];
+            /** @description `["ES256"]`. */
+            id_token_signing_alg_values_supported: string[];
+            /** @description The issuer URL: every token's `iss`. */
+            issuer: string;
+            /** @description Where the issuer's public keys are (`/.well-known/jwks.json`). */
+            jwks_uri: string;
+            /** @description `["id_token"]`. */
+            response_types_supported: string[];
+            /** @description `["public"]`. */
+            subject_types_supported: string[];
         };
         /** @description The organization's model budgets and what today and this month spent. */
         OrgBudget: {
@@ -913,6 +991,64 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    get_jwks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the keys that verify the runs' identity tokens */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Jwks"];
+                };
+            };
+            /** @description this server issues no workload identity */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    get_openid_configuration: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the issuer of the runs' identity tokens */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenIdConfiguration"];
+                };
+            };
+            /** @description this server issues no workload identity */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
     healthz: {
         parameters: {
             query?: never;

@@ -23,6 +23,8 @@ from .event import Event
 from .event_page import EventPage
 from .event_payload import EventPayload
 from .health import Health
+from .jwk import Jwk
+from .jwks import Jwks
 from .new_api_key import NewApiKey
 from .new_api_key_answer import NewApiKeyAnswer
 from .new_connection import NewConnection
@@ -34,6 +36,7 @@ from .new_webhook import NewWebhook
 from .new_webhook_answer import NewWebhookAnswer
 from .new_webhook_answer_events_item import NewWebhookAnswerEventsItem
 from .new_webhook_events_item import NewWebhookEventsItem
+from .open_id_configuration import OpenIdConfiguration
 from .org_budget import OrgBudget
 from .organization import Organization
 from .period_spend import PeriodSpend
@@ -77,6 +80,8 @@ __all__ = (
     "EventPage",
     "EventPayload",
     "Health",
+    "Jwk",
+    "Jwks",
     "NewApiKey",
     "NewApiKeyAnswer",
     "NewConnection",
@@ -88,6 +93,7 @@ __all__ = (
     "NewWebhookAnswer",
     "NewWebhookAnswerEventsItem",
     "NewWebhookEventsItem",
+    "OpenIdConfiguration",
     "OrgBudget",
     "Organization",
     "PeriodSpend",
