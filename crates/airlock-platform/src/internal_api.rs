@@ -476,7 +476,7 @@ async fn credential_for(
 ) -> Response {
     let identity = match identity_field(api, run_id, grant, &integration) {
         Ok(field) => field,
-        Err(answer) => return answer,
+        Err(e) => return identity_refused(e),
     };
     let Some(connection) = grant.connections.get(&integration) else {
         if let Some(field) = identity {
@@ -577,14 +577,13 @@ async fn credential_for(
 }
 
 /// The identity token field of `integration`'s credential, when its
-/// delivery names the run's identity; the answer to give when none can be
-/// minted.
+/// delivery names the run's identity.
 fn identity_field(
     api: &InternalApi,
     run_id: &str,
     grant: &Grant,
     integration: &str,
-) -> Result<Option<(String, secrecy::SecretString)>, Response> {
+) -> Result<Option<(String, secrecy::SecretString)>, IdentityError> {
     if !grant.identity.audiences.contains_key(integration) {
         return Ok(None);
     }
@@ -596,19 +595,20 @@ fn identity_field(
     };
     let now = crate::identity::now_secs();
     let issuer = api.inner.issuer.as_deref();
-    match api.inner.minter.token(issuer, &grant.identity, &who, now) {
-        Ok(token) => Ok(Some((
-            IDENTITY_CREDENTIAL_FIELD.to_owned(),
-            secrecy::SecretString::from(token),
-        ))),
-        Err(
-            e @ (IdentityError::NoIssuer | IdentityError::PastTimeout | IdentityError::NotGranted),
-        ) => Err(error(
-            StatusCode::FORBIDDEN,
-            "identity_unavailable",
-            e.to_string(),
-        )),
-        Err(e @ IdentityError::Sign(_)) => Err(internal(e)),
+    let token = api.inner.minter.token(issuer, &grant.identity, &who, now)?;
+    Ok(Some((
+        IDENTITY_CREDENTIAL_FIELD.to_owned(),
+        secrecy::SecretString::from(token),
+    )))
+}
+
+/// The answer when no identity token can be handed.
+fn identity_refused(e: IdentityError) -> Response {
+    match e {
+        IdentityError::Sign(_) => internal(e),
+        IdentityError::NoIssuer | IdentityError::PastTimeout | IdentityError::NotGranted => {
+            error(StatusCode::FORBIDDEN, "identity_unavailable", e.to_string())
+        }
     }
 }
 
