@@ -478,24 +478,37 @@ async fn credential_for(
         Ok(field) => field,
         Err(e) => return identity_refused(e),
     };
-    let Some(connection) = grant.connections.get(&integration) else {
-        if let Some(field) = identity {
-            // An integration whose credential is the run's identity alone
-            // (a set of fields: `custom`).
-            return axum::Json(CredentialResponse {
-                integration,
-                connection: String::new(),
-                auth_type: airlock_platform_api::connection_types::AuthType::Custom,
-                fields: airlock_platform_api::wire::CredentialFields::from([field]),
-            })
-            .into_response();
+    match (grant.connections.get(&integration), identity) {
+        (Some(connection), identity) => {
+            stored_credential(api, run_id, grant, integration, connection, identity).await
         }
-        return error(
+        // An integration whose credential is the run's identity alone (a
+        // set of fields: `custom`).
+        (None, Some(field)) => axum::Json(CredentialResponse {
+            integration,
+            connection: String::new(),
+            auth_type: airlock_platform_api::connection_types::AuthType::Custom,
+            fields: airlock_platform_api::wire::CredentialFields::from([field]),
+        })
+        .into_response(),
+        (None, None) => error(
             StatusCode::FORBIDDEN,
             "integration_not_granted",
             format!("the run has no connection for {integration:?}"),
-        );
-    };
+        ),
+    }
+}
+
+/// The stored `connection`'s credential, decrypted for this answer, with
+/// the run's identity token among its fields when the integration names it.
+async fn stored_credential(
+    api: &InternalApi,
+    run_id: &str,
+    grant: &Grant,
+    integration: String,
+    connection: &str,
+    identity: Option<(String, secrecy::SecretString)>,
+) -> Response {
     let cache = &api.inner.connections;
     // The stored row, or the answer to give when there is none.
     let read_row = || async {
@@ -569,7 +582,7 @@ async fn credential_for(
     );
     axum::Json(CredentialResponse {
         integration,
-        connection: connection.clone(),
+        connection: connection.to_owned(),
         auth_type: record.info.auth_type,
         fields,
     })
