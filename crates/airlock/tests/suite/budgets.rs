@@ -186,6 +186,36 @@ async fn a_huge_max_tokens_is_refused_before_it_leaves() {
     assert_eq!(fake.requests().len(), 1);
 }
 
+/// `max_tokens` named twice: the reservation is the largest value (the
+/// provider may keep either), never the default of a body that names none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_max_tokens_reserves_its_largest_value() {
+    let p = TestPlatform::start("agent-budget-twice").await;
+    add_model_key(&p, PROVIDER_KEY).await;
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(&p, &fake, json!({"run": {"tokens": 20_000}})));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+    for body in [
+        format!(r#"{{"model":"{CHAT_MODEL}","max_tokens":1,{msgs},"max_tokens":100000}}"#),
+        format!(
+            r#"{{"model":"{CHAT_MODEL}","max_tokens":100000,"stream":true,{msgs},"max_tokens":1}}"#
+        ),
+    ] {
+        let (status, v) = post(sc.tcp(), &token, &body);
+        assert_eq!(status, 429, "{body}: {v}");
+        assert_eq!(
+            v["error"]["budget"]["needed"],
+            reserved(&body, 100_000),
+            "{v}"
+        );
+    }
+    assert!(
+        fake.requests().is_empty(),
+        "a refused call reached the provider"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn usage_past_the_reservation_is_charged_and_the_next_call_refused() {
     let p = TestPlatform::start("agent-budget-over").await;
