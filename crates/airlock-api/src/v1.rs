@@ -474,11 +474,46 @@ impl From<&airlock_store::Run> for Cost {
     }
 }
 
+/// A run's model budget: the limits it is held to (its manifest's
+/// `[budget]` within the operator's ceilings; `null`: not limited) and what
+/// it spent against them. Its organization's budgets are `GET /v1/org/budget`'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunBudget {
+    pub limits: BudgetLimits,
+    pub spend: RunSpend,
+}
+
+/// What a run's model calls spent: tokens input and output together,
+/// cost at the model's prices, metered requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunSpend {
+    /// Millionths of a US dollar.
+    pub cost_microusd: i64,
+    pub requests: i64,
+    pub tokens: i64,
+}
+
+impl From<&airlock_store::Run> for RunBudget {
+    fn from(r: &airlock_store::Run) -> Self {
+        RunBudget {
+            limits: r.budget.into(),
+            spend: RunSpend {
+                cost_microusd: r.cost_microusd,
+                requests: r.requests,
+                tokens: r.tokens_in.saturating_add(r.tokens_out),
+            },
+        }
+    }
+}
+
 /// A run. Also the `end` event of an event stream, and a webhook's `data.run`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Run {
     pub agent: String,
     pub backend: String,
+    /// Its model budget and what it spent against it.
+    #[serde(default)]
+    pub budget: RunBudget,
     pub cost: Cost,
     pub created_at: i64,
     pub ended_at: Option<i64>,
@@ -503,6 +538,7 @@ impl Run {
         Run {
             agent: r.agent.clone(),
             backend: r.backend.clone(),
+            budget: RunBudget::from(r),
             cost: Cost::from(r),
             created_at: r.created_at,
             ended_at: r.ended_at,
@@ -905,6 +941,17 @@ mod tests {
         Run {
             agent: "bot".into(),
             backend: "process".into(),
+            budget: RunBudget {
+                limits: BudgetLimits {
+                    tokens: Some(1000),
+                    ..BudgetLimits::default()
+                },
+                spend: RunSpend {
+                    cost_microusd: 1_500_000,
+                    requests: 2,
+                    tokens: 30,
+                },
+            },
             cost: Cost {
                 cost_microusd: 1_500_000,
                 cost_usd: 1.5,

@@ -21,7 +21,8 @@ use crate::{
 macro_rules! run_columns {
     () => {
         "id, agent, status, backend, model, created_at, started_at, ended_at, \
-         last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd, org_id, owner"
+         last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd, org_id, owner, \
+         requests, budget_tokens, budget_cost_microusd, budget_requests"
     };
 }
 
@@ -49,6 +50,12 @@ macro_rules! run_row {
             cost_microusd: $r.try_get("cost_microusd").map_err(|e| $s.err(e))?,
             org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
             owner: $r.try_get("owner").map_err(|e| $s.err(e))?,
+            requests: $r.try_get("requests").map_err(|e| $s.err(e))?,
+            budget: crate::BudgetLimits {
+                tokens: $r.try_get("budget_tokens").map_err(|e| $s.err(e))?,
+                cost_microusd: $r.try_get("budget_cost_microusd").map_err(|e| $s.err(e))?,
+                requests: $r.try_get("budget_requests").map_err(|e| $s.err(e))?,
+            },
         }
     }};
 }

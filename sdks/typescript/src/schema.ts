@@ -904,6 +904,8 @@ export interface components {
         Run: {
             agent: string;
             backend: string;
+            /** @description Its model budget and what it spent against it. */
+            budget?: components["schemas"]["RunBudget"];
             cost: components["schemas"]["Cost"];
             /** Format: int64 */
             created_at: number;
@@ -931,6 +933,15 @@ export interface components {
             status: "queued" | "running" | "succeeded" | "failed" | "cancelled" | "timed_out";
         };
         /**
+         * @description A run's model budget: the limits it is held to (its manifest's
+         *     `[budget]` within the operator's ceilings; `null`: not limited) and what
+         *     it spent against them. Its organization's budgets are `GET /v1/org/budget`'s.
+         */
+        RunBudget: {
+            limits: components["schemas"]["BudgetLimits"];
+            spend: components["schemas"]["RunSpend"];
+        };
+        /**
          * @description The limits a run is queued with (each replaces the manifest's); kept
          *     with the queued run in this form.
          */
@@ -949,6 +960,21 @@ export interface components {
             /** @description The next page's `cursor`; `null` on the last page. */
             next_cursor?: string | null;
             runs: components["schemas"]["Run"][];
+        };
+        /**
+         * @description What a run's model calls spent: tokens input and output together,
+         *     cost at the model's prices, metered requests.
+         */
+        RunSpend: {
+            /**
+             * Format: int64
+             * @description Millionths of a US dollar.
+             */
+            cost_microusd: number;
+            /** Format: int64 */
+            requests: number;
+            /** Format: int64 */
+            tokens: number;
         };
         /**
          * @description `PUT /v1/org/budget`: the organization's model budgets per UTC day and

@@ -186,6 +186,30 @@ async fn a_huge_max_tokens_is_refused_before_it_leaves() {
     assert_eq!(fake.requests().len(), 1);
 }
 
+/// A run's budget (its manifest's, within the operator's ceilings) is in
+/// its report beside its spend.
+#[test]
+fn a_runs_budget_and_spend_are_in_its_report() {
+    let run = RealRun::with_manifest(
+        "print('ok')\n",
+        "[agent]\nname = \"budgeted\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\n\
+         [budget]\ntokens = 5000\nrequests = 40\n",
+    )
+    .env("PLATFORM_RUN_LIMITS", r#"{"run_requests_ceiling": 30}"#);
+    let (out, report) = run.run("process");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        report["budget"],
+        json!({"limits": {"tokens": 5000, "cost_microusd": null, "requests": 30},
+               "spend": {"tokens": 0, "cost_microusd": 0, "requests": 0}}),
+        "{report}"
+    );
+}
+
 /// `max_tokens` named twice: the reservation is the largest value (the
 /// provider may keep either), never the default of a body that names none.
 #[tokio::test(flavor = "multi_thread")]

@@ -46,8 +46,10 @@ from .register_agent_files import RegisterAgentFiles
 from .rotate_connection import RotateConnection
 from .rotate_connection_fields import RotateConnectionFields
 from .run import Run
+from .run_budget import RunBudget
 from .run_limits import RunLimits
 from .run_list import RunList
+from .run_spend import RunSpend
 from .run_status import RunStatus
 from .set_org_budget import SetOrgBudget
 from .webhook import Webhook
@@ -103,8 +105,10 @@ __all__ = (
     "RotateConnection",
     "RotateConnectionFields",
     "Run",
+    "RunBudget",
     "RunLimits",
     "RunList",
+    "RunSpend",
     "RunStatus",
     "SetOrgBudget",
     "Webhook",
