@@ -440,3 +440,66 @@ print(json.dumps(out))
     assert_eq!(v[1]["type"], "budget_exceeded", "{v}");
     assert_eq!(v[1]["budget"]["measure"], "requests", "{v}");
 }
+
+/// `airlock org budget set|get` against a real `airlock serve`: a limit
+/// given is set, one not given keeps its value, `none` removes it.
+#[test]
+fn the_cli_sets_and_reads_the_organizations_budget_on_a_server() {
+    use crate::support::serve::{Server, base_env, command, create_org};
+    let home = tempfile::Builder::new()
+        .prefix("airlock-org-budget-")
+        .tempdir()
+        .unwrap();
+    let env = base_env(home.path(), None);
+    let s = Server::start(&env, "process", home.path().join("serve.log"));
+    let (_, key) = create_org(&env, "Acme", &[]);
+    let org = |args: &[&str]| {
+        let out = command(&env)
+            .args(["org", "budget"])
+            .args(args)
+            .args(["--server", &s.url("")])
+            .env("AIRLOCK_API_KEY", &key)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let set: Value = serde_json::from_str(&org(&[
+        "set",
+        "--day-tokens",
+        "5000",
+        "--month-cost-usd",
+        "2.5",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(set["day"]["tokens"], 5000, "{set}");
+    assert_eq!(set["month"]["cost_microusd"], 2_500_000, "{set}");
+    let set: Value = serde_json::from_str(&org(&[
+        "set",
+        "--day-tokens",
+        "none",
+        "--day-requests",
+        "7",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (
+            &set["day"]["tokens"],
+            &set["day"]["requests"],
+            &set["month"]["cost_microusd"]
+        ),
+        (&Value::Null, &json!(7), &json!(2_500_000)),
+        "{set}"
+    );
+    let text = org(&["get"]);
+    assert!(text.contains("requests 0 of 7"), "{text}");
+    assert!(text.contains("cost $0.00 of $2.50"), "{text}");
+    let api = s.call("GET", "/v1/org/budget", Some(&key), None).1;
+    assert_eq!(api["day"]["requests"], 7, "{api}");
+}
