@@ -263,10 +263,7 @@ impl Store {
             .await
             .map_err(|e| self.err(e))?
             .rows_affected());
-        if n == 0 {
-            return Err(StoreError::RunNotFound(id.to_owned()));
-        }
-        Ok(())
+        run_changed(id, n)
     }
 
     /// Ends a run: final status, exit code, error, end time. A run already ended is left as
@@ -298,4 +295,13 @@ impl Store {
         )
         .await
     }
+}
+
+/// The outcome of an update of run `id` that changed `rows` rows: none is a
+/// run that does not exist.
+pub(crate) fn run_changed(id: &str, rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        return Err(StoreError::RunNotFound(id.to_owned()));
+    }
+    Ok(())
 }

@@ -40,10 +40,7 @@ impl Store {
         .await
         .map_err(|e| self.err(e))?
         .rows_affected());
-        if n == 0 {
-            return Err(StoreError::RunNotFound(id.to_owned()));
-        }
-        Ok(())
+        crate::runs::run_changed(id, n)
     }
 
     /// Adds metered usage (one model call) to a run's totals.
@@ -53,9 +50,6 @@ impl Store {
         .await
         .map_err(|e| self.err(e))?
         .rows_affected());
-        if n == 0 {
-            return Err(StoreError::RunNotFound(id.to_owned()));
-        }
-        Ok(())
+        crate::runs::run_changed(id, n)
     }
 }
