@@ -183,6 +183,7 @@ mod tests {
         Run {
             agent: "a".into(),
             backend: "process".into(),
+            budget: Default::default(),
             cost: Cost {
                 cost_microusd: 0,
                 cost_usd: 0.0,

@@ -150,6 +150,53 @@ impl Health {
     }
 }
 
+/// `/.well-known/openid-configuration`: the workload identity issuer's
+/// OpenID Connect discovery document (what a cloud's STS reads to trust
+/// the runs' identity tokens).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OpenIdConfiguration {
+    /// The issuer URL: every token's `iss`.
+    pub issuer: String,
+    /// Where the issuer's public keys are (`/.well-known/jwks.json`).
+    pub jwks_uri: String,
+    /// `["id_token"]`.
+    pub response_types_supported: Vec<String>,
+    /// `["public"]`.
+    pub subject_types_supported: Vec<String>,
+    /// `["ES256"]`.
+    pub id_token_signing_alg_values_supported: Vec<String>,
+    /// The claims a token carries.
+    pub claims_supported: Vec<String>,
+}
+
+/// `/.well-known/jwks.json`: the issuer's public keys (RFC 7517), the
+/// signing key first; keys still published after a rotation verify the
+/// tokens they signed until those expire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Jwks {
+    pub keys: Vec<Jwk>,
+}
+
+/// One public key of the issuer: an EC P-256 key for ES256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Jwk {
+    /// `EC`.
+    pub kty: String,
+    /// `P-256`.
+    pub crv: String,
+    /// The point's x coordinate, base64url.
+    pub x: String,
+    /// The point's y coordinate, base64url.
+    pub y: String,
+    /// The key's id: its RFC 7638 thumbprint, a token's header `kid`.
+    pub kid: String,
+    /// `sig`.
+    #[serde(rename = "use")]
+    pub key_use: String,
+    /// `ES256`.
+    pub alg: String,
+}
+
 /// `/readyz`: the store answers and this replica takes work.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Ready {
@@ -427,11 +474,46 @@ impl From<&airlock_store::Run> for Cost {
     }
 }
 
+/// A run's model budget: the limits it is held to (its manifest's
+/// `[budget]` within the operator's ceilings; `null`: not limited) and what
+/// it spent against them. Its organization's budgets are `GET /v1/org/budget`'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunBudget {
+    pub limits: BudgetLimits,
+    pub spend: RunSpend,
+}
+
+/// What a run's model calls spent: tokens input and output together,
+/// cost at the model's prices, metered requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunSpend {
+    /// Millionths of a US dollar.
+    pub cost_microusd: i64,
+    pub requests: i64,
+    pub tokens: i64,
+}
+
+impl From<&airlock_store::Run> for RunBudget {
+    fn from(r: &airlock_store::Run) -> Self {
+        RunBudget {
+            limits: r.budget.into(),
+            spend: RunSpend {
+                cost_microusd: r.cost_microusd,
+                requests: r.requests,
+                tokens: r.tokens_in.saturating_add(r.tokens_out),
+            },
+        }
+    }
+}
+
 /// A run. Also the `end` event of an event stream, and a webhook's `data.run`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Run {
     pub agent: String,
     pub backend: String,
+    /// Its model budget and what it spent against it.
+    #[serde(default)]
+    pub budget: RunBudget,
     pub cost: Cost,
     pub created_at: i64,
     pub ended_at: Option<i64>,
@@ -456,6 +538,7 @@ impl Run {
         Run {
             agent: r.agent.clone(),
             backend: r.backend.clone(),
+            budget: RunBudget::from(r),
             cost: Cost::from(r),
             created_at: r.created_at,
             ended_at: r.ended_at,
@@ -858,6 +941,17 @@ mod tests {
         Run {
             agent: "bot".into(),
             backend: "process".into(),
+            budget: RunBudget {
+                limits: BudgetLimits {
+                    tokens: Some(1000),
+                    ..BudgetLimits::default()
+                },
+                spend: RunSpend {
+                    cost_microusd: 1_500_000,
+                    requests: 2,
+                    tokens: 30,
+                },
+            },
             cost: Cost {
                 cost_microusd: 1_500_000,
                 cost_usd: 1.5,

@@ -289,6 +289,21 @@ impl Listen {
     }
 }
 
+/// The delivery field that names the run's workload identity token (a JWT
+/// the platform signs for the run) instead of a field of a connection's
+/// credential: `${…}` marks a value Airlock makes.
+pub const IDENTITY_FIELD: &str = "${airlock.identity}";
+
+/// The credential field that holds the identity token: the platform adds
+/// it to the fields it hands for an integration whose delivery names
+/// [`IDENTITY_FIELD`], so every step of the credential path (the delivery
+/// header, a `{{airlock.identity}}` placeholder, the proxy's placeholder,
+/// the redactor) treats it as one more field.
+pub const IDENTITY_CREDENTIAL_FIELD: &str = "airlock.identity";
+
+/// The audience of an identity token when the delivery names none.
+pub const DEFAULT_IDENTITY_AUDIENCE: &str = "sts.amazonaws.com";
+
 /// How the credential travels in the outbound request (the manifest's
 /// `delivery`, as it is): a header name and a prefix that can only make
 /// a valid header, checked where the manifest is read and again where the
@@ -300,8 +315,36 @@ pub struct Delivery {
     pub header: HeaderName,
     #[serde(default)]
     pub prefix: HeaderText,
-    /// The credential field whose value is delivered.
+    /// The credential field whose value is delivered ([`IDENTITY_FIELD`]:
+    /// the run's identity token).
     pub field: String,
+    /// The identity token's `aud` (only with [`IDENTITY_FIELD`]; default
+    /// [`DEFAULT_IDENTITY_AUDIENCE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+}
+
+impl Delivery {
+    /// The delivery names the run's identity token.
+    pub fn names_identity(&self) -> bool {
+        self.field == IDENTITY_FIELD
+    }
+
+    /// The credential field whose value is delivered.
+    pub fn credential_field(&self) -> &str {
+        if self.names_identity() {
+            IDENTITY_CREDENTIAL_FIELD
+        } else {
+            &self.field
+        }
+    }
+
+    /// The audience of the identity token it delivers.
+    pub fn identity_audience(&self) -> &str {
+        self.audience
+            .as_deref()
+            .unwrap_or(DEFAULT_IDENTITY_AUDIENCE)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -314,8 +357,9 @@ pub struct Integration {
     pub allow_all_uris: bool,
     #[serde(default)]
     pub delivery: Option<Delivery>,
-    /// The integration has a stored connection (almost always): the call
-    /// carries a credential and the credential rules apply.
+    /// The integration's calls carry a credential (a stored connection,
+    /// almost always, or the run's identity token): the credential rules
+    /// apply and the sidecar fetches the credential from the platform.
     #[serde(default = "yes")]
     pub has_connection: bool,
     /// A remote MCP server (the manifest's `source = { kind = "remote", url }`):
@@ -710,6 +754,7 @@ mod tests {
                     header: HeaderName::parse("Authorization").unwrap(),
                     prefix: HeaderText::parse("Bearer ").unwrap(),
                     field: "token".into(),
+                    audience: None,
                 }),
                 has_connection: true,
                 mcp_url: Some("https://mcp.github.test/mcp".into()),

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 use airlock_platform_api::budget;
+use airlock_platform_api::launch::IDENTITY_CREDENTIAL_FIELD;
 use airlock_platform_api::read_interest::ReadInterestListener;
 use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
@@ -21,6 +22,8 @@ use airlock_store::{
     BatchWrite, ConnectionRecord, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
 };
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
+
+use crate::identity::{IdentityError, Issuer, Minter};
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -42,6 +45,8 @@ pub struct Grant {
     pub agent: String,
     /// integration namespace (or `@model`) → stored connection name.
     pub connections: HashMap<String, String>,
+    /// The integrations whose delivery names the run's identity token.
+    pub identity: crate::identity::IdentityGrant,
 }
 
 struct Inner {
@@ -63,6 +68,10 @@ struct Inner {
     reservations: crate::budget::Reservations,
     /// What a run's artifacts may take in the store.
     artifacts: airlock_store::ArtifactCaps,
+    /// The workload identity issuer (`airlock serve`; none for `airlock run`).
+    issuer: Option<Arc<Issuer>>,
+    /// The identity tokens minted for the running runs.
+    minter: Minter,
 }
 
 /// Stored connections as read from the store, envelopes still encrypted.
@@ -195,6 +204,7 @@ impl InternalApi {
         keyring: Arc<Keyring>,
         tokens: RunTokens,
         artifacts: airlock_store::ArtifactCaps,
+        issuer: Option<Arc<Issuer>>,
     ) -> Self {
         InternalApi {
             inner: Arc::new(Inner {
@@ -206,6 +216,8 @@ impl InternalApi {
                 connections: ConnectionCache::default(),
                 reservations: crate::budget::Reservations::default(),
                 artifacts,
+                issuer,
+                minter: Minter::default(),
             }),
         }
     }
@@ -222,6 +234,8 @@ impl InternalApi {
 
     /// Lets `run_id` use the API with `grant` (called when a run starts).
     pub fn grant(&self, run_id: &str, grant: Grant) {
+        let now = crate::identity::now_secs();
+        self.inner.minter.granted(run_id, &grant.identity, now);
         if let Ok(mut g) = self.inner.grants.write() {
             g.insert(run_id.to_owned(), Arc::new(grant));
         }
@@ -233,6 +247,12 @@ impl InternalApi {
             g.remove(run_id);
         }
         self.inner.reservations.forget_run(run_id);
+        self.inner.minter.revoked(run_id);
+    }
+
+    /// The workload identity issuer, if this platform has one.
+    pub fn issuer(&self) -> Option<&Arc<Issuer>> {
+        self.inner.issuer.as_ref()
     }
 
     pub fn store(&self) -> &Store {
@@ -454,13 +474,41 @@ async fn credential_for(
     grant: &Grant,
     integration: String,
 ) -> Response {
-    let Some(connection) = grant.connections.get(&integration) else {
-        return error(
+    let identity = match identity_field(api, run_id, grant, &integration) {
+        Ok(field) => field,
+        Err(e) => return identity_refused(e),
+    };
+    match (grant.connections.get(&integration), identity) {
+        (Some(connection), identity) => {
+            stored_credential(api, run_id, grant, integration, connection, identity).await
+        }
+        // An integration whose credential is the run's identity alone (a
+        // set of fields: `custom`).
+        (None, Some(field)) => axum::Json(CredentialResponse {
+            integration,
+            connection: String::new(),
+            auth_type: airlock_platform_api::connection_types::AuthType::Custom,
+            fields: airlock_platform_api::wire::CredentialFields::from([field]),
+        })
+        .into_response(),
+        (None, None) => error(
             StatusCode::FORBIDDEN,
             "integration_not_granted",
             format!("the run has no connection for {integration:?}"),
-        );
-    };
+        ),
+    }
+}
+
+/// The stored `connection`'s credential, decrypted for this answer, with
+/// the run's identity token among its fields when the integration names it.
+async fn stored_credential(
+    api: &InternalApi,
+    run_id: &str,
+    grant: &Grant,
+    integration: String,
+    connection: &str,
+    identity: Option<(String, secrecy::SecretString)>,
+) -> Response {
     let cache = &api.inner.connections;
     // The stored row, or the answer to give when there is none.
     let read_row = || async {
@@ -515,7 +563,7 @@ async fn credential_for(
             ));
         }
     };
-    let fields: airlock_platform_api::wire::CredentialFields =
+    let mut fields: airlock_platform_api::wire::CredentialFields =
         match serde_json::from_str(plain.expose_secret()) {
             Ok(f) => f,
             Err(_) => {
@@ -524,6 +572,8 @@ async fn credential_for(
                 ));
             }
         };
+    // The identity wins over a stored field of the same name.
+    fields.extend(identity);
     tracing::debug!(
         run_id,
         integration,
@@ -532,11 +582,47 @@ async fn credential_for(
     );
     axum::Json(CredentialResponse {
         integration,
-        connection: connection.clone(),
+        connection: connection.to_owned(),
         auth_type: record.info.auth_type,
         fields,
     })
     .into_response()
+}
+
+/// The identity token field of `integration`'s credential, when its
+/// delivery names the run's identity.
+fn identity_field(
+    api: &InternalApi,
+    run_id: &str,
+    grant: &Grant,
+    integration: &str,
+) -> Result<Option<(String, secrecy::SecretString)>, IdentityError> {
+    if !grant.identity.audiences.contains_key(integration) {
+        return Ok(None);
+    }
+    let who = crate::identity::Subject {
+        run_id,
+        org: &grant.org,
+        agent: &grant.agent,
+        namespace: integration,
+    };
+    let now = crate::identity::now_secs();
+    let issuer = api.inner.issuer.as_deref();
+    let token = api.inner.minter.token(issuer, &grant.identity, &who, now)?;
+    Ok(Some((
+        IDENTITY_CREDENTIAL_FIELD.to_owned(),
+        secrecy::SecretString::from(token),
+    )))
+}
+
+/// The answer when no identity token can be handed.
+fn identity_refused(e: IdentityError) -> Response {
+    match e {
+        IdentityError::Sign(_) => internal(e),
+        IdentityError::NoIssuer | IdentityError::PastTimeout | IdentityError::NotGranted => {
+            error(StatusCode::FORBIDDEN, "identity_unavailable", e.to_string())
+        }
+    }
 }
 
 #[derive(Deserialize)]

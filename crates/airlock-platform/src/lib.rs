@@ -9,6 +9,7 @@ pub mod budget;
 pub mod bundle;
 pub mod catalog;
 pub mod connections;
+pub mod identity;
 pub mod internal_api;
 pub mod journal;
 pub mod manifest;

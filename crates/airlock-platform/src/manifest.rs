@@ -164,7 +164,7 @@ pub struct NetworkSection {
 
 /// An integration's `delivery`: the launch contract's type, handed to the
 /// sidecar as it is.
-pub use airlock_platform_api::launch::Delivery;
+pub use airlock_platform_api::launch::{Delivery, IDENTITY_FIELD};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +185,19 @@ pub struct IntegrationSection {
     /// through the sidecar's intercepting proxy, by its placeholder.
     #[serde(default)]
     pub inject: Option<Inject>,
+}
+
+impl IntegrationSection {
+    /// The integration's delivery names the run's identity token.
+    pub fn names_identity(&self) -> bool {
+        self.delivery.as_ref().is_some_and(Delivery::names_identity)
+    }
+
+    /// Its calls carry a credential: a stored connection's, or the run's
+    /// identity token (the credential rules apply to both).
+    pub fn carries_credential(&self) -> bool {
+        self.connection.is_some() || self.names_identity()
+    }
 }
 
 /// How else than `api_call` the agent may use an integration's credential.
@@ -437,7 +450,7 @@ fn check_integration(key: &str, integ: &IntegrationSection) -> Result<(), Manife
         }
     }
     if integ.inject == Some(Inject::Proxy) {
-        if integ.connection.is_none() || integ.delivery.is_none() {
+        if !integ.carries_credential() || integ.delivery.is_none() {
             return Err(invalid(
                 format!("{key}.inject"),
                 "\"proxy\" replaces the placeholder with the credential's delivery field: \
@@ -453,21 +466,52 @@ fn check_integration(key: &str, integ: &IntegrationSection) -> Result<(), Manife
         }
     }
     if let Some(d) = &integ.delivery {
-        if integ.connection.is_none() {
-            return Err(invalid(
-                format!("{key}.delivery"),
-                "delivers a credential, but the integration has no connection",
-            ));
-        }
-        if d.field.is_empty() || d.field.chars().any(char::is_control) {
-            return Err(invalid(
-                format!("{key}.delivery.field"),
-                "must name a field of the connection's credential",
-            ));
-        }
+        check_delivery(key, integ, d)?;
     }
     Ok(())
 }
+
+/// An integration's `delivery`: a field of its connection's credential,
+/// or the run's identity token (`${airlock.identity}`, with an audience).
+fn check_delivery(
+    key: &str,
+    integ: &IntegrationSection,
+    d: &Delivery,
+) -> Result<(), ManifestError> {
+    if let Some(a) = &d.audience {
+        if !d.names_identity() {
+            return Err(invalid(
+                format!("{key}.delivery.audience"),
+                format!("is the identity token's audience: it needs field = \"{IDENTITY_FIELD}\""),
+            ));
+        }
+        if a.is_empty() || a.len() > MAX_AUDIENCE || a.chars().any(char::is_control) {
+            return Err(invalid(
+                format!("{key}.delivery.audience"),
+                format!("must be 1 to {MAX_AUDIENCE} characters without control characters"),
+            ));
+        }
+    }
+    if !d.names_identity() && integ.connection.is_none() {
+        return Err(invalid(
+            format!("{key}.delivery"),
+            format!(
+                "delivers a credential, but the integration has no connection (or name \
+                 the run's identity token: field = \"{IDENTITY_FIELD}\")"
+            ),
+        ));
+    }
+    if d.field.is_empty() || d.field.chars().any(char::is_control) {
+        return Err(invalid(
+            format!("{key}.delivery.field"),
+            "must name a field of the connection's credential",
+        ));
+    }
+    Ok(())
+}
+
+/// The longest identity token audience a delivery may name.
+const MAX_AUDIENCE: usize = 256;
 
 fn check_command(key: &str, command: &[String]) -> Result<(), ManifestError> {
     if command.first().is_none_or(|p| p.is_empty()) {
@@ -609,6 +653,45 @@ mod tests {
         ] {
             let e = with(&text).map(|_| ()).unwrap_err().to_string();
             assert!(e.contains(must), "{text}: {e}");
+        }
+    }
+
+    /// `${airlock.identity}` needs no connection and takes an audience;
+    /// an audience without it, or an empty one, is refused.
+    #[test]
+    fn a_delivery_may_name_the_runs_identity_with_an_audience() {
+        let base = "[[integrations]]\nnamespace = \"aws\"\nauthorized_uris = [\"https://sts.amazonaws.com/**\"]\n";
+        let m = with(&format!(
+            "{base}delivery = {{ header = \"Authorization\", prefix = \"Bearer \", field = \"${{airlock.identity}}\" }}\n"
+        ))
+        .unwrap();
+        let i = &m.integrations[0];
+        assert!(i.names_identity() && i.carries_credential());
+        let d = i.delivery.as_ref().unwrap();
+        assert_eq!(d.identity_audience(), "sts.amazonaws.com");
+        assert_eq!(d.credential_field(), "airlock.identity");
+        let m = with(&format!(
+            "{base}delivery = {{ header = \"X-Token\", field = \"${{airlock.identity}}\", audience = \"api://AzureADTokenExchange\" }}\ninject = \"proxy\"\n"
+        ))
+        .unwrap();
+        let d = m.integrations[0].delivery.as_ref().unwrap();
+        assert_eq!(d.identity_audience(), "api://AzureADTokenExchange");
+        for (delivery, want) in [
+            (
+                "{ header = \"A\", field = \"token\", audience = \"x\" }",
+                "delivery.audience: is the identity token's audience",
+            ),
+            (
+                "{ header = \"A\", field = \"${airlock.identity}\", audience = \"\" }",
+                "delivery.audience: must be 1 to 256 characters",
+            ),
+            (
+                "{ header = \"A\", field = \"token\" }",
+                "delivers a credential, but the integration has no connection",
+            ),
+        ] {
+            let e = with(&format!("{base}delivery = {delivery}\n")).unwrap_err();
+            assert!(e.to_string().contains(want), "{delivery}: {e}");
         }
     }
 

@@ -13,6 +13,7 @@ use airlock_store::{Retention, Store, StoreError};
 use airlock_vault::{Keyring, RunTokens, SigningKeyring};
 use tokio::sync::Notify;
 
+use crate::identity::Issuer;
 use crate::internal_api::InternalApi;
 use crate::orchestrator::{EPHEMERAL_KID, Orchestrator, own_platform_socket, reclaim};
 use crate::settings::{Settings, SettingsError};
@@ -86,6 +87,9 @@ pub struct Parts {
     /// The build fingerprint an `airlock-sidecar` beside the binary must
     /// answer to be run instead of `airlock sidecar`.
     pub sidecar_build: &'static str,
+    /// The workload identity issuer (`airlock serve`'s): without one, a run
+    /// whose integration names `${airlock.identity}` is refused before it starts.
+    pub issuer: Option<Arc<Issuer>>,
 }
 
 impl Platform {
@@ -114,18 +118,19 @@ impl Platform {
         let backend = backend?;
         tracing::debug!(target: "airlock::phase", "store opened");
         sweep_local_store(&home, &store, retention);
-        Platform::on_store(home, store, settings, backend, sidecar_build).await
+        Platform::on_store(home, store, settings, backend, sidecar_build, None).await
     }
 
     /// The platform on a store already open, with its backend already
     /// chosen, its keys from the environment (`airlock serve` waits for its
-    /// store before this).
+    /// store before this), issuing workload identity as `issuer` if given.
     pub async fn on_store(
         home: PathBuf,
         store: Store,
         settings: Settings,
         backend: Box<dyn Backend>,
         sidecar_build: &'static str,
+        issuer: Option<Arc<Issuer>>,
     ) -> Result<Platform, BootError> {
         let keyring = keyring_from_env()?;
         // A key that is not the one the store's envelopes were written with is
@@ -150,6 +155,7 @@ impl Platform {
             settings,
             backend,
             sidecar_build,
+            issuer,
         })
         .await
     }
@@ -238,6 +244,7 @@ fn serve_internal_api(
         p.keyring.clone(),
         p.tokens.clone(),
         p.settings.artifacts,
+        p.issuer.clone(),
     );
     let server = tokio::spawn(api.clone().serve_forever(listener));
     tracing::debug!(target: "airlock::phase", "internal API listening");

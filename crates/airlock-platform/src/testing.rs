@@ -73,6 +73,7 @@ impl TestPlatform {
                 run_bytes: crate::settings::DEFAULT_RUN_ARTIFACT_BYTES,
                 org_bytes: Some(crate::settings::DEFAULT_ORG_ARTIFACT_BYTES),
             },
+            None,
         );
         api.grant(
             &run_id,
@@ -216,7 +217,7 @@ impl TestPlatform {
         let mut grant = Grant {
             org: airlock_store::LOCAL_ORG.to_owned(),
             agent: String::new(),
-            connections: Default::default(),
+            ..Default::default()
         };
         if let Some(existing) = self.api.grant_of_run(&self.run_id) {
             grant = existing;

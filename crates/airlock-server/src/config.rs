@@ -59,6 +59,75 @@ pub struct ServeConfig {
     pub downloads: airlock_vault::UrlSigner,
     /// How long a download URL lasts (`ARTIFACT_URL_SECONDS`, 300; at most 3600).
     pub download_ttl: i64,
+    /// The workload identity issuer's settings ([`Identity`]).
+    pub identity: Identity,
+}
+
+/// The workload identity issuer's settings: `IDENTITY_SIGNING_KEYS` (unset:
+/// a key of this process's own), `AIRLOCK_ISSUER_URL` (unset: this
+/// server's own `http://<listen address>`), `IDENTITY_TOKEN_SECONDS` (900).
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub keys: airlock_vault::IdentityKeyring,
+    /// The issuer URL, when set (checked: an http(s) URL with a host and
+    /// nothing after its path).
+    pub issuer_url: Option<String>,
+    /// The longest life of a token (never past its run's timeout).
+    pub lifetime: Duration,
+}
+
+impl Identity {
+    /// The issuer URL of a server listening on `listen`.
+    pub fn issuer_url(&self, listen: SocketAddr) -> String {
+        self.issuer_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{listen}"))
+    }
+
+    fn from_env() -> Result<Identity, ConfigError> {
+        use airlock_vault::{ENV_IDENTITY_SIGNING_KEYS as KEYS, IdentityKeyring};
+        let bad = |var, e: &dyn std::fmt::Display| ConfigError {
+            var,
+            message: e.to_string(),
+        };
+        let keys = match get(KEYS) {
+            Some(v) => IdentityKeyring::parse(KEYS, &zeroize::Zeroizing::new(v))
+                .map_err(|e| bad(KEYS, &e))?,
+            None => IdentityKeyring::generate().map_err(|e| bad(KEYS, &e))?,
+        };
+        let issuer_url = get(ENV_ISSUER_URL)
+            .map(|v| check_issuer_url(v.trim()).map(|()| v.trim().trim_end_matches('/').to_owned()))
+            .transpose()
+            .map_err(|why| bad(ENV_ISSUER_URL, &why))?;
+        let seconds = num("IDENTITY_TOKEN_SECONDS", 900.0, 60.0, 43_200.0)?;
+        Ok(Identity {
+            keys,
+            issuer_url,
+            lifetime: Duration::from_secs(u64::from(whole(seconds))),
+        })
+    }
+}
+
+/// The issuer URL's variable.
+pub const ENV_ISSUER_URL: &str = "AIRLOCK_ISSUER_URL";
+
+/// An issuer URL as OpenID Connect Discovery takes it: http(s), a host, no
+/// query, no fragment, no user info.
+fn check_issuer_url(v: &str) -> Result<(), String> {
+    let url = url::Url::parse(v).map_err(|e| format!("{v:?} is not a URL: {e}"))?;
+    let fine = matches!(url.scheme(), "https" | "http")
+        && url.host_str().is_some_and(|h| !h.is_empty())
+        && url.query().is_none()
+        && url.fragment().is_none()
+        && url.username().is_empty()
+        && url.password().is_none();
+    if fine {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v:?} is not an issuer URL: an http(s) URL with a host and no query, fragment or user info, e.g. https://airlock.example.com"
+        ))
+    }
 }
 
 /// The default `--listen` address.
@@ -159,6 +228,7 @@ impl ServeConfig {
             fail_point: fail_point()?,
             downloads: downloads()?,
             download_ttl: i64::from(whole(url_seconds)),
+            identity: Identity::from_env()?,
         })
     }
 }

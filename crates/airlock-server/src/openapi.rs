@@ -20,7 +20,9 @@ use utoipa::OpenApi as _;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
-use crate::routes::{agents, artifacts, budget, connections, health, keys, runs, webhooks};
+use crate::routes::{
+    agents, artifacts, budget, connections, health, identity, keys, runs, webhooks,
+};
 use crate::state::AppState;
 
 /// One route.
@@ -78,6 +80,7 @@ macro_rules! routes {
                 (name = "artifacts", description = "Files a run's agent left in its output directory"),
                 (name = "connections", description = "Credentials, stored encrypted; never returned"),
                 (name = "webhooks", description = "Signed deliveries of run events"),
+                (name = "identity", description = "The issuer of the runs' workload identity tokens (OpenID Connect discovery)"),
                 (name = "document", description = "This document"),
             ),
         )]
@@ -88,6 +91,8 @@ macro_rules! routes {
 routes! {
     get "/healthz" false None => Some("Health"), health::healthz;
     get "/readyz" false None => Some("Ready"), health::readyz;
+    get "/.well-known/openid-configuration" false None => Some("OpenIdConfiguration"), identity::openid_configuration;
+    get "/.well-known/jwks.json" false None => Some("Jwks"), identity::jwks;
     get "/v1/openapi.json" false None => None, document;
     get "/v1/org" true None => Some("Organization"), keys::get_org;
     get "/v1/org/budget" true None => Some("OrgBudget"), budget::get;
@@ -221,6 +226,8 @@ mod tests {
     #[rustfmt::skip]
     const OPERATIONS: &[(&str, &str, &str, &str)] = &[
         ("get", "/healthz", "healthz", "health"),
+        ("get", "/.well-known/openid-configuration", "get_openid_configuration", "identity"),
+        ("get", "/.well-known/jwks.json", "get_jwks", "identity"),
         ("get", "/readyz", "readyz", "health"),
         ("get", "/v1/openapi.json", "get_openapi", "document"),
         ("get", "/v1/org", "get_org", "org"),

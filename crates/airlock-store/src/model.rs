@@ -120,6 +120,10 @@ pub struct Run {
     pub org_id: String,
     /// The `airlock serve` replica that runs it (`None`: an embedded platform or not started).
     pub owner: Option<String>,
+    /// Metered model calls.
+    pub requests: i64,
+    /// The model budget it is held to (its own limits; none: not limited).
+    pub budget: crate::BudgetLimits,
 }
 
 /// Filters for [`crate::Store::list_runs`].

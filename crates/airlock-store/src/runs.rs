@@ -21,7 +21,8 @@ use crate::{
 macro_rules! run_columns {
     () => {
         "id, agent, status, backend, model, created_at, started_at, ended_at, \
-         last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd, org_id, owner"
+         last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd, org_id, owner, \
+         requests, budget_tokens, budget_cost_microusd, budget_requests"
     };
 }
 
@@ -49,6 +50,12 @@ macro_rules! run_row {
             cost_microusd: $r.try_get("cost_microusd").map_err(|e| $s.err(e))?,
             org_id: $r.try_get("org_id").map_err(|e| $s.err(e))?,
             owner: $r.try_get("owner").map_err(|e| $s.err(e))?,
+            requests: $r.try_get("requests").map_err(|e| $s.err(e))?,
+            budget: crate::BudgetLimits {
+                tokens: $r.try_get("budget_tokens").map_err(|e| $s.err(e))?,
+                cost_microusd: $r.try_get("budget_cost_microusd").map_err(|e| $s.err(e))?,
+                requests: $r.try_get("budget_requests").map_err(|e| $s.err(e))?,
+            },
         }
     }};
 }
@@ -256,10 +263,7 @@ impl Store {
             .await
             .map_err(|e| self.err(e))?
             .rows_affected());
-        if n == 0 {
-            return Err(StoreError::RunNotFound(id.to_owned()));
-        }
-        Ok(())
+        run_changed(id, n)
     }
 
     /// Ends a run: final status, exit code, error, end time. A run already ended is left as
@@ -291,4 +295,13 @@ impl Store {
         )
         .await
     }
+}
+
+/// The outcome of an update of run `id` that changed `rows` rows: none is a
+/// run that does not exist.
+pub(crate) fn run_changed(id: &str, rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        return Err(StoreError::RunNotFound(id.to_owned()));
+    }
+    Ok(())
 }

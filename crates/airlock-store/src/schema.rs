@@ -188,6 +188,20 @@ CREATE TABLE org_spend (
     };
 }
 
+/// Version 12: a run's model budget (its own limits, as the relay keeps
+/// them; `NULL`: not limited) and its metered model requests beside its
+/// tokens and cost.
+macro_rules! version_12_common {
+    () => {
+        r#"
+ALTER TABLE runs ADD COLUMN requests BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN budget_tokens BIGINT;
+ALTER TABLE runs ADD COLUMN budget_cost_microusd BIGINT;
+ALTER TABLE runs ADD COLUMN budget_requests BIGINT;
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -398,6 +412,11 @@ END;
         description: "a run's input files and its artifacts",
         sql: version_11!("BLOB"),
     },
+    Migration {
+        version: 12,
+        description: "a run's model budget and its metered requests",
+        sql: version_12_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -570,6 +589,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 11,
         description: "a run's input files and its artifacts",
         sql: version_11!("BYTEA"),
+    },
+    Migration {
+        version: 12,
+        description: "a run's model budget and its metered requests",
+        sql: version_12_common!(),
     },
 ];
 

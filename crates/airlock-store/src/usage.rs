@@ -1,4 +1,5 @@
-//! A run's metered usage: the token and cost totals on its `runs` row.
+//! A run's metered usage: the token, cost and request totals on its `runs`
+//! row (one usage is one metered model call).
 //!
 //! Contract: usage is only ever added (never set), by
 //! [`Store::add_run_usage`] or with a journalled event the first time that
@@ -6,7 +7,7 @@
 //!
 //! Bounds: no row is added; the totals go with their run.
 
-use crate::{Store, StoreError, Usage};
+use crate::{BudgetLimits, Store, StoreError, Usage};
 
 /// The statement that adds usage `$u` (a [`Usage`]) to run `$id`'s totals,
 /// bound, for any executor.
@@ -14,7 +15,7 @@ macro_rules! add_run_usage {
     ($id:expr, $u:expr) => {
         sqlx::query(
             "UPDATE runs SET tokens_in = tokens_in + $2, tokens_out = tokens_out + $3, \
-             cost_microusd = cost_microusd + $4 WHERE id = $1",
+             cost_microusd = cost_microusd + $4, requests = requests + 1 WHERE id = $1",
         )
         .bind($id)
         .bind($u.tokens_in)
@@ -25,16 +26,30 @@ macro_rules! add_run_usage {
 pub(crate) use add_run_usage;
 
 impl Store {
-    /// Adds metered usage to a run's totals.
+    /// Records the model budget a run is held to (its own limits).
+    pub async fn set_run_budget(&self, id: &str, b: &BudgetLimits) -> Result<(), StoreError> {
+        let n = on_pool!(self, p => sqlx::query(
+            "UPDATE runs SET budget_tokens = $2, budget_cost_microusd = $3, budget_requests = $4 \
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(b.tokens)
+        .bind(b.cost_microusd)
+        .bind(b.requests)
+        .execute(p)
+        .await
+        .map_err(|e| self.err(e))?
+        .rows_affected());
+        crate::runs::run_changed(id, n)
+    }
+
+    /// Adds metered usage (one model call) to a run's totals.
     pub async fn add_run_usage(&self, id: &str, u: &Usage) -> Result<(), StoreError> {
         let n = on_pool!(self, p => add_run_usage!(id, u)
         .execute(p)
         .await
         .map_err(|e| self.err(e))?
         .rows_affected());
-        if n == 0 {
-            return Err(StoreError::RunNotFound(id.to_owned()));
-        }
-        Ok(())
+        crate::runs::run_changed(id, n)
     }
 }

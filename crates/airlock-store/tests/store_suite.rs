@@ -982,7 +982,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 11);
+    assert_eq!(s.schema_version().await.unwrap(), 12);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -991,7 +991,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 11);
+        assert_eq!(again.schema_version().await.unwrap(), 12);
     }
 }
 
@@ -1384,6 +1384,20 @@ async fn runs(s: &Store) {
     assert_eq!(r.error.as_deref(), Some("agent exited 3"));
     assert_eq!((r.tokens_in, r.tokens_out, r.cost_microusd), (11, 6, 301));
     assert_eq!(r.model.as_deref(), Some("gpt-x"));
+    // Each usage is one model call; the budget is none until recorded.
+    assert_eq!(r.requests, 2);
+    assert!(!r.budget.any());
+    let limits = BudgetLimits {
+        tokens: Some(500),
+        cost_microusd: None,
+        requests: Some(9),
+    };
+    s.set_run_budget("r1", &limits).await.unwrap();
+    assert_eq!(s.get_run("r1").await.unwrap().unwrap().budget, limits);
+    assert!(matches!(
+        s.set_run_budget("zz", &limits).await.unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
 
     let all = s.list_runs(&RunQuery::default()).await.unwrap();
     assert_eq!(
@@ -2070,7 +2084,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 11);
+    assert_eq!(s.schema_version().await.unwrap(), 12);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2083,7 +2097,9 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 /// Undoes versions 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
+const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
+     ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
+     DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
      DROP TABLE org_spend; DROP TABLE org_budgets; \
      DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
@@ -2105,7 +2121,9 @@ const UNDO_V5_SQLITE: &str = "DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
+const UNDO_V5_POSTGRES: &str = "ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
+     ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
+     DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
      DROP TABLE org_spend; DROP TABLE org_budgets; \
      DROP INDEX runs_ended; DROP TABLE org_usage; \
      DROP INDEX run_events_run_seq; ALTER TABLE run_events DROP COLUMN seq; \
@@ -2143,7 +2161,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 11);
+    assert_eq!(s.schema_version().await.unwrap(), 12);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()

@@ -275,6 +275,7 @@ impl IntegrationBuilder {
             header: HeaderName::parse(header).expect("a header name"),
             prefix: HeaderText::parse(prefix).expect("a header value"),
             field: field.to_owned(),
+            audience: None,
         });
         self
     }

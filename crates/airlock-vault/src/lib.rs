@@ -8,6 +8,8 @@
 //! - [`UrlSigner`]: short-lived signed URLs (`UPLOAD_SIGNING_SECRET`): HMAC of the
 //!   resource and its expiry, verified in constant time.
 //! - [`RunTokens`]: `<runId>.<lowercase hex HMAC-SHA256(secret, runId)>`.
+//! - [`IdentityKeyring`]: the ES256 keys that sign each run's workload identity
+//!   token (`IDENTITY_SIGNING_KEYS`): the first signs, all are published.
 //! - [`generate_sidecar_token`]: 32 bytes from the OS CSPRNG, hex.
 //! - [`ct_eq`]: the one constant-time comparison every secret comparison goes through.
 //!
@@ -18,6 +20,7 @@
 
 mod envelope;
 mod error;
+mod identity;
 mod keyring;
 mod signed_url;
 mod signing;
@@ -25,6 +28,10 @@ mod token;
 
 pub use envelope::{ENVELOPE_VERSION, Envelope, IV_LEN, TAG_LEN, is_valid_kid};
 pub use error::{KeyError, SigningError, VaultError};
+pub use identity::{
+    ENV_IDENTITY_SIGNING_KEYS, IDENTITY_ALG, IdentityClaims, IdentityKeyError, IdentityKeyring,
+    PublicJwk, generate_identity_key,
+};
 pub use keyring::{
     DEFAULT_KEY_ID, ENV_KEY, ENV_KEY_ID, ENV_RETIRED_KEYS, KEY_LEN, Keyring, generate_key,
 };

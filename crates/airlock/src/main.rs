@@ -31,6 +31,8 @@ enum Command {
     /// Organizations and their API keys for `airlock serve` (the admin's bootstrap).
     #[command(subcommand)]
     Orgs(cmd::orgs::OrgsCommand),
+    /// The caller's organization on an `airlock serve`: its model budgets.
+    Org(cmd::org::OrgArgs),
     /// Inspect recorded runs.
     Runs(cmd::runs::RunsArgs),
     /// Which backends and isolation features work on this host: a verdict
@@ -107,6 +109,7 @@ fn main() -> std::process::ExitCode {
         Command::Runs(c) => cmd::runs::run(c),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Orgs(c) => cmd::orgs::run(c),
+        Command::Org(a) => cmd::org::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Demo { backend } => cmd::demo::run(backend),
         Command::Sidecar => cmd::sidecar::run(),

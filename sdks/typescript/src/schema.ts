@@ -4,6 +4,40 @@
  */
 
 export interface paths {
+    "/.well-known/jwks.json": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The issuer's public keys, the signing one first. */
+        get: operations["get_jwks"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/.well-known/openid-configuration": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The issuer's OpenID Connect discovery document. */
+        get: operations["get_openid_configuration"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -685,6 +719,31 @@ export interface components {
             /** @description `ok`. */
             status: string;
         };
+        /** @description One public key of the issuer: an EC P-256 key for ES256. */
+        Jwk: {
+            /** @description `ES256`. */
+            alg: string;
+            /** @description `P-256`. */
+            crv: string;
+            /** @description The key's id: its RFC 7638 thumbprint, a token's header `kid`. */
+            kid: string;
+            /** @description `EC`. */
+            kty: string;
+            /** @description `sig`. */
+            use: string;
+            /** @description The point's x coordinate, base64url. */
+            x: string;
+            /** @description The point's y coordinate, base64url. */
+            y: string;
+        };
+        /**
+         * @description `/.well-known/jwks.json`: the issuer's public keys (RFC 7517), the
+         *     signing key first; keys still published after a rotation verify the
+         *     tokens they signed until those expire.
+         */
+        Jwks: {
+            keys: components["schemas"]["Jwk"][];
+        };
         /** @description `POST /v1/api-keys`. */
         NewApiKey: {
             /** @description 1–64 of `A-Z a-z 0-9 _ - .`, starting with a letter or digit. */
@@ -753,6 +812,25 @@ export interface components {
             /** @description `whsec_…`: the signing secret, in this answer only. */
             secret: string;
             url: string;
+        };
+        /**
+         * @description `/.well-known/openid-configuration`: the workload identity issuer's
+         *     OpenID Connect discovery document (what a cloud's STS reads to trust
+         *     the runs' identity tokens).
+         */
+        OpenIdConfiguration: {
+            /** @description The claims a token carries. */
+            claims_supported: string[];
+            /** @description `["ES256"]`. */
+            id_token_signing_alg_values_supported: string[];
+            /** @description The issuer URL: every token's `iss`. */
+            issuer: string;
+            /** @description Where the issuer's public keys are (`/.well-known/jwks.json`). */
+            jwks_uri: string;
+            /** @description `["id_token"]`. */
+            response_types_supported: string[];
+            /** @description `["public"]`. */
+            subject_types_supported: string[];
         };
         /** @description The organization's model budgets and what today and this month spent. */
         OrgBudget: {
@@ -826,6 +904,8 @@ export interface components {
         Run: {
             agent: string;
             backend: string;
+            /** @description Its model budget and what it spent against it. */
+            budget?: components["schemas"]["RunBudget"];
             cost: components["schemas"]["Cost"];
             /** Format: int64 */
             created_at: number;
@@ -853,6 +933,15 @@ export interface components {
             status: "queued" | "running" | "succeeded" | "failed" | "cancelled" | "timed_out";
         };
         /**
+         * @description A run's model budget: the limits it is held to (its manifest's
+         *     `[budget]` within the operator's ceilings; `null`: not limited) and what
+         *     it spent against them. Its organization's budgets are `GET /v1/org/budget`'s.
+         */
+        RunBudget: {
+            limits: components["schemas"]["BudgetLimits"];
+            spend: components["schemas"]["RunSpend"];
+        };
+        /**
          * @description The limits a run is queued with (each replaces the manifest's); kept
          *     with the queued run in this form.
          */
@@ -871,6 +960,21 @@ export interface components {
             /** @description The next page's `cursor`; `null` on the last page. */
             next_cursor?: string | null;
             runs: components["schemas"]["Run"][];
+        };
+        /**
+         * @description What a run's model calls spent: tokens input and output together,
+         *     cost at the model's prices, metered requests.
+         */
+        RunSpend: {
+            /**
+             * Format: int64
+             * @description Millionths of a US dollar.
+             */
+            cost_microusd: number;
+            /** Format: int64 */
+            requests: number;
+            /** Format: int64 */
+            tokens: number;
         };
         /**
          * @description `PUT /v1/org/budget`: the organization's model budgets per UTC day and
@@ -913,6 +1017,64 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    get_jwks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the keys that verify the runs' identity tokens */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Jwks"];
+                };
+            };
+            /** @description this server issues no workload identity */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    get_openid_configuration: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the issuer of the runs' identity tokens */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenIdConfiguration"];
+                };
+            };
+            /** @description this server issues no workload identity */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
     healthz: {
         parameters: {
             query?: never;

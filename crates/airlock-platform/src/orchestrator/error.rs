@@ -122,4 +122,8 @@ pub enum Refusal {
     /// (`AFPS_SIGNATURE_POLICY`).
     #[error("agent bundle refused ({code}): {0}", code = .0.code())]
     Bundle(crate::bundle::BundleRefusal),
+    #[error(
+        "integration {namespace}: delivery.field = \"${{airlock.identity}}\" needs a platform that issues workload identity: run the agent through `airlock serve`, which publishes the issuer's keys (`airlock run` has no issuer anyone could verify a token against)"
+    )]
+    NoIdentityIssuer { namespace: String },
 }

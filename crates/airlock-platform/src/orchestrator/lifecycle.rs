@@ -177,6 +177,25 @@ impl Orchestrator {
             .await
     }
 
+    /// Records the model budget the run is held to (its report and
+    /// `GET /v1/runs/{id}` show it beside its spend). A store that cannot
+    /// take it costs the report its limits, not the run: the sidecar holds
+    /// the run to them either way.
+    async fn record_budget(&self, run_id: &str, req: &RunRequest) {
+        let l = self.settings.run_budget(req.manifest.budget.as_ref());
+        let count = |v: Option<u64>| v.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let limits = airlock_store::BudgetLimits {
+            tokens: count(l.tokens),
+            cost_microusd: count(l.cost_microusd),
+            requests: count(l.requests),
+        };
+        if limits.any()
+            && let Err(e) = self.store.set_run_budget(run_id, &limits).await
+        {
+            tracing::warn!(run = run_id, "the run's model budget is not recorded: {e}");
+        }
+    }
+
     /// Plans the run, grants it its connections, starts it, watches it,
     /// and tears it down: the same teardown whatever ended it.
     async fn start_and_watch(
@@ -201,6 +220,7 @@ impl Orchestrator {
             }
         };
         let mut plan = self.plan(run_id, run_dir, req, org_budget)?;
+        self.record_budget(run_id, req).await;
         self.api.grant(run_id, std::mem::take(&mut plan.grant));
         let mut run = self
             .start(run_id, &req.org, &plan, progress, started)

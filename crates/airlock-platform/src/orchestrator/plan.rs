@@ -9,6 +9,7 @@
 //! builds its `Env` whole before it runs anything.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use airlock_platform_api::launch;
 use airlock_platform_api::transparent::TransparentPlane;
@@ -18,6 +19,7 @@ use airlock_vault::{RunTokens, SecretString};
 
 use super::error::RunError;
 use super::request::{Echo, RunRequest};
+use crate::identity::IdentityGrant;
 use crate::internal_api::Grant;
 use crate::manifest::{Inject, IntegrationSection, Manifest};
 use crate::settings::Settings;
@@ -197,7 +199,7 @@ impl RunPlan {
             )
             .collect();
         Ok(RunPlan {
-            grant: grant(req),
+            grant: grant(req, Duration::from_secs(timeout_secs)),
             sidecar: SidecarSpec {
                 run_id: site.run_id.to_owned(),
                 exe: site.exe.to_owned(),
@@ -224,19 +226,30 @@ impl RunPlan {
 }
 
 /// What a run of `req` may fetch from the platform: the connection of each
-/// integration that names one, and the model's.
-fn grant(req: &RunRequest) -> Grant {
+/// integration that names one, the model's, and an identity token (living
+/// no longer than `timeout`) for each integration whose delivery names it.
+fn grant(req: &RunRequest, timeout: Duration) -> Grant {
     let m = &req.manifest;
     let mut grant = Grant {
         org: req.org.clone(),
         agent: m.agent.name.to_string(),
         connections: Default::default(),
+        identity: IdentityGrant {
+            audiences: Default::default(),
+            timeout,
+        },
     };
     for i in &m.integrations {
         if let Some(c) = &i.connection {
             grant
                 .connections
                 .insert(i.namespace.to_string(), c.to_string());
+        }
+        if let Some(d) = i.delivery.as_ref().filter(|d| d.names_identity()) {
+            grant
+                .identity
+                .audiences
+                .insert(i.namespace.to_string(), d.identity_audience().to_owned());
         }
     }
     if let Some(model) = &m.model {
@@ -494,7 +507,7 @@ fn launch_integration(
         namespace: i.namespace.clone(),
         authorized_uris: i.authorized_uris.clone(),
         allow_all_uris: i.allow_all_uris,
-        has_connection: i.connection.is_some(),
+        has_connection: i.carries_credential(),
         delivery: i.delivery.clone(),
         mcp_url: i.remote_mcp_url().map(str::to_owned),
         inject_proxy: i.inject == Some(Inject::Proxy),
@@ -727,6 +740,28 @@ mod tests {
             c.model.as_ref().map(|m| m.base_url.as_str()),
             Some("https://api.anthropic.com")
         );
+    }
+
+    /// An integration whose delivery names `${airlock.identity}` carries a
+    /// credential without a connection; its grant holds the audience and the
+    /// run's timeout, which no token outlives.
+    #[test]
+    fn an_identity_delivery_is_granted_its_audience_within_the_runs_timeout() {
+        let m = "timeout = 42\n[[integrations]]\nnamespace = \"aws\"\n\
+                 authorized_uris = [\"https://sts.amazonaws.com/**\"]\n\
+                 delivery = { header = \"Authorization\", field = \"${airlock.identity}\", audience = \"a\" }\n";
+        let req = request(m, Echo::LiveView);
+        let p = plan(&req, &settings(&[]));
+        assert!(p.grant.connections.is_empty());
+        assert_eq!(p.grant.identity.audiences["aws"], "a");
+        assert_eq!(p.grant.identity.timeout, Duration::from_secs(42));
+        let c = config(&p);
+        assert!(
+            c.integrations[0].has_connection,
+            "its calls carry a credential"
+        );
+        let bare = plan(&request("", Echo::LiveView), &settings(&[]));
+        assert!(bare.grant.identity.audiences.is_empty());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What is checked before anything of a run starts or is recorded: every
 //! connection it needs is stored and can be decrypted with a configured
 //! key, and every local runner can start on this backend with a program
-//! that is there. A refusal ([`Refusal`]) says what to fix.
+//! that is there, and a platform that issues workload identity when an
+//! integration names it. A refusal ([`Refusal`]) says what to fix.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,12 @@ impl Orchestrator {
     ) -> Result<(), RunError> {
         self.check_bundle(agent_dir).await?;
         for i in &m.integrations {
+            if i.names_identity() && self.api.issuer().is_none() {
+                return Err(Refusal::NoIdentityIssuer {
+                    namespace: i.namespace.to_string(),
+                }
+                .into());
+            }
             let Some(command) = i.local_command() else {
                 continue;
             };

@@ -10,6 +10,7 @@ pub mod artifacts;
 pub mod budget;
 pub mod connections;
 pub mod health;
+pub mod identity;
 pub mod keys;
 pub mod runs;
 pub mod webhooks;

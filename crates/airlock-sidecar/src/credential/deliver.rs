@@ -60,7 +60,7 @@ pub fn delivery_header(
 ) -> Result<(HeaderName, HeaderValue), DeliveryError> {
     let name = d.header.http().clone();
     let secret = fields
-        .get(&d.field)
+        .get(d.credential_field())
         .ok_or_else(|| DeliveryError::MissingField {
             field: d.field.clone(),
             header: d.header.to_string(),

@@ -97,10 +97,50 @@ impl OutputBound {
     }
 }
 
-/// [`OutputBound::tokens`] of `body` parsed for it alone: for a body the
-/// lean reading leaves to the whole parsed tree.
+/// The output a request body bounds itself to, read for it alone: for a
+/// body the lean reading leaves to the whole parsed tree. Every top-level
+/// occurrence of a bound counts, so a member named twice
+/// (`{"max_tokens":1,"max_tokens":100000}`) reserves its largest value,
+/// whichever one the provider's parser keeps; a body that is not a JSON
+/// object names no bound.
 pub(super) fn output_bound(body: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<OutputBound>(body).ok()?.tokens()
+    serde_json::from_slice::<EveryBound>(body).ok()?.0
+}
+
+/// The largest count among every top-level `max_tokens`,
+/// `max_completion_tokens` and `max_output_tokens` of an object (repeated
+/// members included: a derived struct refuses those, a map keeps one).
+struct EveryBound(Option<u64>);
+
+impl<'de> serde::Deserialize<'de> for EveryBound {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = EveryBound;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<EveryBound, A::Error> {
+                let mut most: Option<u64> = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if matches!(
+                        key.as_ref(),
+                        "max_tokens" | "max_completion_tokens" | "max_output_tokens"
+                    ) {
+                        let v = map.next_value::<Value>()?.as_u64();
+                        most = most.max(v);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(EveryBound(most))
+            }
+        }
+        d.deserialize_map(Members)
+    }
 }
 
 /// µUSD for `input` and `output` tokens at prices per million tokens
@@ -351,6 +391,28 @@ mod tests {
         assert_eq!(output_bound(br#"{"max_tokens": "50"}"#), None);
         assert_eq!(output_bound(b"[1]"), None);
         assert_eq!(output_bound(b"not json"), None);
+        // A bound named twice reserves its largest value, whichever one
+        // the provider keeps; escapes in a key do not hide it.
+        for (body, want) in [
+            (
+                &br#"{"max_tokens":1,"max_tokens":100000}"#[..],
+                Some(100_000),
+            ),
+            (br#"{"max_tokens":100000,"max_tokens":1}"#, Some(100_000)),
+            (br#"{"max_tokens":5,"max_t\u006fkens":900}"#, Some(900)),
+            (
+                br#"{"max_output_tokens":2,"m":{"max_tokens":99},"max_output_tokens":8}"#,
+                Some(8),
+            ),
+            (br#"{"max_tokens":"9","max_tokens":4}"#, Some(4)),
+        ] {
+            assert_eq!(
+                output_bound(body),
+                want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
         assert_eq!(priced(1_000_000, 0, Some(2.5), None), 2_500_000);
         assert_eq!(priced(1, 1, Some(0.1), Some(0.1)), 1);
         assert_eq!(priced(u64::MAX, u64::MAX, Some(1e30), Some(1e30)), u64::MAX);

@@ -237,6 +237,27 @@ mod tests {
         assert_eq!(prepare(chat, junk.clone()).body, junk);
     }
 
+    /// A repeated bound reserves its largest value on the lean path too
+    /// (never the default a body naming no bound gets).
+    #[test]
+    fn a_repeated_max_tokens_is_bounded_by_its_largest_value() {
+        let chat = Endpoint::Metered {
+            chat_stream_usage: true,
+        };
+        for raw in [
+            &br#"{"model":"m","max_tokens":1,"max_tokens":100000}"#[..],
+            br#"{"model":"m","max_tokens":100000,"stream":true,"max_tokens":1}"#,
+        ] {
+            let p = prepare(chat, Bytes::copy_from_slice(raw));
+            assert_eq!(
+                p.output_bound,
+                Some(100_000),
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+    }
+
     /// The lean [`prepare`] answers as [`prepare_by_value`] does (the same
     /// model and decision, a body that parses to the same JSON), for every
     /// shape of body an agent can send.
@@ -277,6 +298,8 @@ mod tests {
             br#"{"model":"m","max_completion_tokens":7,"max_tokens":3}"#,
             br#"{"max_output_tokens":9,"stream":false}"#,
             br#"{"max_tokens":3,"max_tokens":9,"stream":true}"#,
+            br#"{"max_tokens":9,"max_tokens":3,"model":"m"}"#,
+            br#"{"model":"m","max_tokens":1,"messages":[],"max_tokens":100000}"#,
             br#"{"max_tokens":"50","stream":true}"#,
             br#"{"max_tokens":-1,"max_output_tokens":2}"#,
         ];

@@ -1029,6 +1029,7 @@ mod tests {
             header: types::HeaderName::parse("Authorization").unwrap(),
             prefix: types::HeaderText::parse("Bearer ").unwrap(),
             field: "api_key".into(),
+            audience: None,
         };
         let p = prepare(&args, &fields(), Some(&d)).unwrap();
         assert_eq!(
@@ -1072,6 +1073,7 @@ mod tests {
             header: types::HeaderName::parse("X-Key").unwrap(),
             prefix: types::HeaderText::default(),
             field: "missing".into(),
+            audience: None,
         };
         let args = parse(json!({"target": "https://a/"})).unwrap();
         assert_eq!(

@@ -344,7 +344,7 @@ async fn inject<'a>(
             .integrations
             .get(&inj.namespace)
             .and_then(|i| i.delivery.as_ref())
-            .map(|d| d.field.clone())
+            .map(|d| d.credential_field().to_owned())
             .unwrap_or_default();
         let Some(secret) = fields.get(&field) else {
             return Err(Box::new(json_response(

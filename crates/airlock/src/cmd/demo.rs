@@ -152,6 +152,7 @@ async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool
         settings,
         backend,
         sidecar_build: airlock_sidecar::BUILD,
+        issuer: None,
     })
     .await?;
     let orch = &platform.orch;

@@ -1,4 +1,5 @@
-//! `airlock keys generate|reencrypt`: connection-encryption key management.
+//! `airlock keys generate|reencrypt`: connection-encryption key management,
+//! and identity signing keys (`generate --identity`).
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
@@ -15,7 +16,11 @@ use super::connections::{init_logging, report, runtime};
 #[derive(Subcommand, Debug)]
 pub enum KeysCommand {
     /// Print a new random AES-256 key (base64) for CONNECTION_ENCRYPTION_KEY.
-    Generate,
+    Generate {
+        /// Print a new P-256 key (base64 PKCS#8) for IDENTITY_SIGNING_KEYS instead.
+        #[arg(long)]
+        identity: bool,
+    },
     /// Rewrite every stored envelope under the active key (CONNECTION_ENCRYPTION_KEY_ID).
     /// Old keys must be in CONNECTION_ENCRYPTION_KEYS. Each batch is one transaction;
     /// interrupted, it resumes where it stopped when run again.
@@ -29,7 +34,8 @@ pub enum KeysCommand {
 pub fn run(cmd: KeysCommand) -> ExitCode {
     init_logging();
     match cmd {
-        KeysCommand::Generate => report(generate()),
+        KeysCommand::Generate { identity: false } => report(generate()),
+        KeysCommand::Generate { identity: true } => report(generate_identity()),
         KeysCommand::Reencrypt { batch } => {
             let batch = usize::try_from(batch).unwrap_or(1000);
             report(runtime().and_then(|rt| rt.block_on(reencrypt(batch))))
@@ -44,6 +50,18 @@ fn generate() -> Result<()> {
         eprintln!(
             "set it as CONNECTION_ENCRYPTION_KEY with a new CONNECTION_ENCRYPTION_KEY_ID; move the \
              old key into CONNECTION_ENCRYPTION_KEYS, then run `airlock keys reencrypt`"
+        );
+    }
+    Ok(())
+}
+
+fn generate_identity() -> Result<()> {
+    let key = airlock_vault::generate_identity_key()?;
+    super::out::outln!("{}", key.as_str());
+    if std::io::stdout().is_terminal() {
+        eprintln!(
+            "put it first in IDENTITY_SIGNING_KEYS (comma-separated); keep the old key after it \
+             until the tokens it signed have expired (IDENTITY_TOKEN_SECONDS)"
         );
     }
     Ok(())

@@ -11,6 +11,7 @@ pub mod images;
 pub mod internal_hosts;
 pub mod keys;
 pub mod openapi;
+pub mod org;
 pub mod orgs;
 pub mod out;
 pub mod remote;

@@ -79,6 +79,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         backend.name(),
     );
     let guard = cfg.listener;
+    let issuer = Arc::new(airlock_platform::identity::Issuer::new(
+        &cfg.identity.issuer_url(cfg.listen),
+        cfg.identity.keys.clone(),
+        cfg.identity.lifetime,
+    ));
     let home_of_socket = home.clone();
     let booting = Booting::default();
     booting.set("reaching the store");
@@ -93,6 +98,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 settings,
                 backend,
                 airlock_sidecar::BUILD,
+                Some(issuer),
             )
             .await?;
             // The internal API serves as long as the process lives; its

@@ -186,6 +186,60 @@ async fn a_huge_max_tokens_is_refused_before_it_leaves() {
     assert_eq!(fake.requests().len(), 1);
 }
 
+/// A run's budget (its manifest's, within the operator's ceilings) is in
+/// its report beside its spend.
+#[test]
+fn a_runs_budget_and_spend_are_in_its_report() {
+    let run = RealRun::with_manifest(
+        "print('ok')\n",
+        "[agent]\nname = \"budgeted\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\n\
+         [budget]\ntokens = 5000\nrequests = 40\n",
+    )
+    .env("PLATFORM_RUN_LIMITS", r#"{"run_requests_ceiling": 30}"#);
+    let (out, report) = run.run("process");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        report["budget"],
+        json!({"limits": {"tokens": 5000, "cost_microusd": null, "requests": 30},
+               "spend": {"tokens": 0, "cost_microusd": 0, "requests": 0}}),
+        "{report}"
+    );
+}
+
+/// `max_tokens` named twice: the reservation is the largest value (the
+/// provider may keep either), never the default of a body that names none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_max_tokens_reserves_its_largest_value() {
+    let p = TestPlatform::start("agent-budget-twice").await;
+    add_model_key(&p, PROVIDER_KEY).await;
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(&p, &fake, json!({"run": {"tokens": 20_000}})));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+    for body in [
+        format!(r#"{{"model":"{CHAT_MODEL}","max_tokens":1,{msgs},"max_tokens":100000}}"#),
+        format!(
+            r#"{{"model":"{CHAT_MODEL}","max_tokens":100000,"stream":true,{msgs},"max_tokens":1}}"#
+        ),
+    ] {
+        let (status, v) = post(sc.tcp(), &token, &body);
+        assert_eq!(status, 429, "{body}: {v}");
+        assert_eq!(
+            v["error"]["budget"]["needed"],
+            reserved(&body, 100_000),
+            "{v}"
+        );
+    }
+    assert!(
+        fake.requests().is_empty(),
+        "a refused call reached the provider"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn usage_past_the_reservation_is_charged_and_the_next_call_refused() {
     let p = TestPlatform::start("agent-budget-over").await;
@@ -385,4 +439,67 @@ print(json.dumps(out))
     assert_eq!(v[1]["status"], 429, "{v}");
     assert_eq!(v[1]["type"], "budget_exceeded", "{v}");
     assert_eq!(v[1]["budget"]["measure"], "requests", "{v}");
+}
+
+/// `airlock org budget set|get` against a real `airlock serve`: a limit
+/// given is set, one not given keeps its value, `none` removes it.
+#[test]
+fn the_cli_sets_and_reads_the_organizations_budget_on_a_server() {
+    use crate::support::serve::{Server, base_env, command, create_org};
+    let home = tempfile::Builder::new()
+        .prefix("airlock-org-budget-")
+        .tempdir()
+        .unwrap();
+    let env = base_env(home.path(), None);
+    let s = Server::start(&env, "process", home.path().join("serve.log"));
+    let (_, key) = create_org(&env, "Acme", &[]);
+    let org = |args: &[&str]| {
+        let out = command(&env)
+            .args(["org", "budget"])
+            .args(args)
+            .args(["--server", &s.url("")])
+            .env("AIRLOCK_API_KEY", &key)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let set: Value = serde_json::from_str(&org(&[
+        "set",
+        "--day-tokens",
+        "5000",
+        "--month-cost-usd",
+        "2.5",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(set["day"]["tokens"], 5000, "{set}");
+    assert_eq!(set["month"]["cost_microusd"], 2_500_000, "{set}");
+    let set: Value = serde_json::from_str(&org(&[
+        "set",
+        "--day-tokens",
+        "none",
+        "--day-requests",
+        "7",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (
+            &set["day"]["tokens"],
+            &set["day"]["requests"],
+            &set["month"]["cost_microusd"]
+        ),
+        (&Value::Null, &json!(7), &json!(2_500_000)),
+        "{set}"
+    );
+    let text = org(&["get"]);
+    assert!(text.contains("requests 0 of 7"), "{text}");
+    assert!(text.contains("cost $0.00 of $2.50"), "{text}");
+    let api = s.call("GET", "/v1/org/budget", Some(&key), None).1;
+    assert_eq!(api["day"]["requests"], 7, "{api}");
 }

@@ -23,6 +23,8 @@ from .event import Event
 from .event_page import EventPage
 from .event_payload import EventPayload
 from .health import Health
+from .jwk import Jwk
+from .jwks import Jwks
 from .new_api_key import NewApiKey
 from .new_api_key_answer import NewApiKeyAnswer
 from .new_connection import NewConnection
@@ -34,6 +36,7 @@ from .new_webhook import NewWebhook
 from .new_webhook_answer import NewWebhookAnswer
 from .new_webhook_answer_events_item import NewWebhookAnswerEventsItem
 from .new_webhook_events_item import NewWebhookEventsItem
+from .open_id_configuration import OpenIdConfiguration
 from .org_budget import OrgBudget
 from .organization import Organization
 from .period_spend import PeriodSpend
@@ -43,8 +46,10 @@ from .register_agent_files import RegisterAgentFiles
 from .rotate_connection import RotateConnection
 from .rotate_connection_fields import RotateConnectionFields
 from .run import Run
+from .run_budget import RunBudget
 from .run_limits import RunLimits
 from .run_list import RunList
+from .run_spend import RunSpend
 from .run_status import RunStatus
 from .set_org_budget import SetOrgBudget
 from .webhook import Webhook
@@ -77,6 +82,8 @@ __all__ = (
     "EventPage",
     "EventPayload",
     "Health",
+    "Jwk",
+    "Jwks",
     "NewApiKey",
     "NewApiKeyAnswer",
     "NewConnection",
@@ -88,6 +95,7 @@ __all__ = (
     "NewWebhookAnswer",
     "NewWebhookAnswerEventsItem",
     "NewWebhookEventsItem",
+    "OpenIdConfiguration",
     "OrgBudget",
     "Organization",
     "PeriodSpend",
@@ -97,8 +105,10 @@ __all__ = (
     "RotateConnection",
     "RotateConnectionFields",
     "Run",
+    "RunBudget",
     "RunLimits",
     "RunList",
+    "RunSpend",
     "RunStatus",
     "SetOrgBudget",
     "Webhook",

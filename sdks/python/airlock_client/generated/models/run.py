@@ -11,6 +11,7 @@ from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
     from ..models.cost import Cost
+    from ..models.run_budget import RunBudget
 
 
 T = TypeVar("T", bound="Run")
@@ -27,6 +28,9 @@ class Run:
         created_at (int):
         id (str):
         status (RunStatus): queued and running, then the state it ended in
+        budget (RunBudget | Unset): A run's model budget: the limits it is held to (its manifest's
+            `[budget]` within the operator's ceilings; `null`: not limited) and what
+            it spent against them. Its organization's budgets are `GET /v1/org/budget`'s.
         ended_at (int | None | Unset):
         error (None | str | Unset):
         exit_code (int | None | Unset):
@@ -42,6 +46,7 @@ class Run:
     created_at: int
     id: str
     status: RunStatus
+    budget: RunBudget | Unset = UNSET
     ended_at: int | None | Unset = UNSET
     error: None | str | Unset = UNSET
     exit_code: int | None | Unset = UNSET
@@ -63,6 +68,10 @@ class Run:
         id = self.id
 
         status = self.status.value
+
+        budget: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.budget, Unset):
+            budget = self.budget.to_dict()
 
         ended_at: int | None | Unset
         if isinstance(self.ended_at, Unset):
@@ -118,6 +127,8 @@ class Run:
                 "status": status,
             }
         )
+        if budget is not UNSET:
+            field_dict["budget"] = budget
         if ended_at is not UNSET:
             field_dict["ended_at"] = ended_at
         if error is not UNSET:
@@ -138,6 +149,7 @@ class Run:
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
         from ..models.cost import Cost
+        from ..models.run_budget import RunBudget
 
         d = dict(src_dict)
         agent = d.pop("agent")
@@ -151,6 +163,13 @@ class Run:
         id = d.pop("id")
 
         status = RunStatus(d.pop("status"))
+
+        _budget = d.pop("budget", UNSET)
+        budget: RunBudget | Unset
+        if isinstance(_budget, Unset):
+            budget = UNSET
+        else:
+            budget = RunBudget.from_dict(_budget)
 
         def _parse_ended_at(data: object) -> int | None | Unset:
             if data is None:
@@ -222,6 +241,7 @@ class Run:
             created_at=created_at,
             id=id,
             status=status,
+            budget=budget,
             ended_at=ended_at,
             error=error,
             exit_code=exit_code,
