@@ -10,6 +10,7 @@ pub mod connections;
 pub mod internal_api;
 pub mod journal;
 pub mod manifest;
+pub mod metrics;
 pub mod operator;
 pub mod orchestrator;
 pub mod platform;

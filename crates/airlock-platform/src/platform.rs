@@ -191,6 +191,7 @@ impl Platform {
                 exe,
                 sidecar_exe,
                 ends,
+                metrics: Arc::default(),
             },
             api_server,
         })

@@ -108,7 +108,10 @@ impl Orchestrator {
     ) -> Result<RunOutcome, RunError> {
         self.backend.prepare();
         let fail = |reason: String| async {
-            self.fail_run(&run_id, &reason).await?;
+            if self.fail_run(&run_id, &reason).await? {
+                self.metrics
+                    .run_ended(RunStatus::Failed, self.backend.name(), None);
+            }
             Ok::<RunOutcome, RunError>(RunOutcome {
                 run_id: run_id.clone(),
                 status: RunStatus::Failed,
@@ -151,6 +154,7 @@ impl Orchestrator {
         // The run starts now (a wait for a slot is not part of it: the boot
         // deadline and the duration count from here).
         let started = Instant::now();
+        let running = self.metrics.run_started(self.backend.name());
         progress(Progress::Starting {
             run_id: run_id.clone(),
             backend: self.backend.name(),
@@ -158,7 +162,8 @@ impl Orchestrator {
         });
         // Every egress record the sidecar journals reaches the store from
         // here while the run is live (the sidecar sends none itself).
-        let journal = crate::journal::Follower::start(&self.store, &run_id, &run_dir);
+        let journal =
+            crate::journal::Follower::start(&self.store, &run_id, &run_dir, Some(&self.metrics));
         let judged = self
             .start_and_watch(&run_id, &run_dir, &req, &mut cancel, progress, started)
             .await;
@@ -173,8 +178,15 @@ impl Orchestrator {
         progress(Progress::Ending {
             status: verdict.status,
         });
-        self.record_end(run_id, &run_dir, started, verdict, kept.stored)
-            .await
+        let outcome = self
+            .record_end(run_id, &run_dir, started, verdict, kept.stored)
+            .await;
+        drop(running);
+        if let Ok(o) = &outcome {
+            self.metrics
+                .run_ended(o.status, o.backend, Some(o.duration));
+        }
+        outcome
     }
 
     /// Plans the run, grants it its connections, starts it, watches it,

@@ -31,6 +31,8 @@ pub struct Orchestrator {
     /// deliveries the end owes are queued with it ([`Store::finish_run`]),
     /// and whoever sends them (`airlock serve`'s deliverer) waits on this.
     pub ends: Arc<Notify>,
+    /// What this platform counts for its operator ([`crate::metrics`]).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Shared state for several concurrent runs.
