@@ -31,6 +31,7 @@ mod sandbox_host;
 mod serve_api;
 mod serve_files;
 mod serve_fleet;
+mod serve_metrics;
 mod serve_runs;
 mod serve_tenants;
 mod sidecar_basics;
