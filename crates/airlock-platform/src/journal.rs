@@ -22,7 +22,7 @@
 //! a read the store refused is simply tried again, from the live follower,
 //! at the run's end, or at the boot reclaim.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -197,28 +197,49 @@ pub struct Tail {
     count: Option<Count>,
 }
 
-/// What a [`Tail`] counted into the platform's metrics: the records by
-/// `seq`, and the events up to a place in the journal.
+/// What the platform observes of a followed journal besides storing it.
+#[derive(Default)]
+pub struct Observe {
+    /// Counts what is stored (each record and event once).
+    pub metrics: Option<Arc<Metrics>>,
+    /// Keeps each record's last state, for the run's trace.
+    pub keep_records: bool,
+}
+
+/// What a [`Tail`] observed: the records counted by `seq`, the events up
+/// to a place in the journal, and (for a trace) each record's last state.
 struct Count {
-    metrics: Arc<Metrics>,
+    metrics: Option<Arc<Metrics>>,
     seen: HashSet<u64>,
     /// The journal offset up to which events are counted.
     events_to: u64,
+    kept: Option<BTreeMap<u64, EgressRecord>>,
 }
 
 impl Count {
     /// Counts what `parsed` holds that is not counted yet.
     fn add(&mut self, parsed: &Parsed) {
         let events_to = self.events_to;
-        let events = parsed
-            .events
-            .iter()
-            .filter(|(at, _)| *at >= events_to)
-            .map(|(_, e)| e);
-        self.metrics
-            .journalled(&parsed.records, events, &mut self.seen);
+        if let Some(m) = &self.metrics {
+            let events = parsed
+                .events
+                .iter()
+                .filter(|(at, _)| *at >= events_to)
+                .map(|(_, e)| e);
+            m.journalled(&parsed.records, events, &mut self.seen);
+        }
         if let Some((at, _)) = parsed.events.last() {
             self.events_to = self.events_to.max(*at + 1);
+        }
+        if let Some(kept) = self.kept.as_mut() {
+            for r in &parsed.records {
+                let Some(seq) = r.seq else { continue };
+                // A repeated start never undoes a completion (as in the store).
+                if r.outcome == Some(EgressOutcome::Incomplete) && kept.contains_key(&seq) {
+                    continue;
+                }
+                kept.insert(seq, r.clone());
+            }
         }
     }
 }
@@ -236,14 +257,26 @@ impl Tail {
         }
     }
 
-    /// Counts what it stores into `metrics` (each record and event once).
-    pub fn counted(mut self, metrics: Arc<Metrics>) -> Tail {
-        self.count = Some(Count {
-            metrics,
-            seen: HashSet::new(),
-            events_to: 0,
-        });
+    /// Observes what it stores as `observe` asks.
+    pub fn observed(mut self, observe: Observe) -> Tail {
+        if observe.metrics.is_some() || observe.keep_records {
+            self.count = Some(Count {
+                metrics: observe.metrics,
+                seen: HashSet::new(),
+                events_to: 0,
+                kept: observe.keep_records.then(BTreeMap::new),
+            });
+        }
         self
+    }
+
+    /// The records kept for a trace, each in its last state.
+    fn take_records(&mut self) -> Vec<EgressRecord> {
+        self.count
+            .as_mut()
+            .and_then(|c| c.kept.take())
+            .map(|k| k.into_values().collect())
+            .unwrap_or_default()
     }
 
     /// The agent's end, if a read saw it.
@@ -503,18 +536,10 @@ pub struct Follower {
 
 impl Follower {
     /// Follows the journal of the run in `run_dir` (it may not exist yet),
-    /// counting what it stores into `metrics` when given.
-    pub fn start(
-        store: &Store,
-        run_id: &str,
-        run_dir: &Path,
-        metrics: Option<&Arc<Metrics>>,
-    ) -> Follower {
+    /// observing what it stores as `observe` asks.
+    pub fn start(store: &Store, run_id: &str, run_dir: &Path, observe: Observe) -> Follower {
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let mut tail = Tail::new(path_in(run_dir));
-        if let Some(m) = metrics {
-            tail = tail.counted(m.clone());
-        }
+        let tail = Tail::new(path_in(run_dir)).observed(observe);
         let task =
             crate::background::spawn(follow_live(store.clone(), run_id.to_owned(), tail, stopped));
         Follower {
@@ -550,6 +575,7 @@ impl Follower {
                         "run journal followed into the store"
                     );
                     JournalEnd {
+                        records: tail.take_records(),
                         result: tail.result,
                         stored: true,
                     }
@@ -581,13 +607,19 @@ impl Follower {
     ) -> JournalEnd {
         match ingest_parsed(store, run_id, &path_in(run_dir)).await {
             Ok(parsed) => {
+                let mut records = Vec::new();
                 let result = parsed.and_then(|(_, p)| {
                     if let Some(mut c) = count {
                         c.add(&p);
+                        records = c
+                            .kept
+                            .map(|k| k.into_values().collect())
+                            .unwrap_or_default();
                     }
                     p.result().cloned()
                 });
                 JournalEnd {
+                    records,
                     result: result.or(seen),
                     stored: true,
                 }
@@ -602,6 +634,7 @@ impl Follower {
                         .and_then(|b| parse(&b).result().cloned())
                         .or(seen);
                 JournalEnd {
+                    records: Vec::new(),
                     result,
                     stored: false,
                 }
@@ -613,6 +646,8 @@ impl Follower {
 /// What a run's journal says at its end.
 #[derive(Debug)]
 pub struct JournalEnd {
+    /// Each egress record's last state, when kept for a trace ([`Observe`]).
+    pub records: Vec<EgressRecord>,
     /// The agent's end, as the runtime reported it.
     pub result: Option<RunEvent>,
     /// Whether everything in the journal is in the store.
@@ -817,7 +852,7 @@ pub(crate) mod tests {
     /// records.
     async fn following_three_records(dir: &Path) -> (Store, Follower) {
         let store = store_with_run(dir).await;
-        let follower = Follower::start(&store, "run_t", dir, None);
+        let follower = Follower::start(&store, "run_t", dir, Observe::default());
         create(dir).unwrap();
         let path = path_in(dir);
         for seq in 1..=3 {

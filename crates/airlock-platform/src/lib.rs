@@ -16,6 +16,7 @@ pub mod orchestrator;
 pub mod platform;
 pub mod proxy_ca;
 pub mod settings;
+pub mod traces;
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -155,6 +155,10 @@ impl Orchestrator {
         // deadline and the duration count from here).
         let started = Instant::now();
         let running = self.metrics.run_started(self.backend.name());
+        let trace = self
+            .traces
+            .as_ref()
+            .map(|t| t.run(&run_id, self.backend.name()));
         progress(Progress::Starting {
             run_id: run_id.clone(),
             backend: self.backend.name(),
@@ -162,10 +166,21 @@ impl Orchestrator {
         });
         // Every egress record the sidecar journals reaches the store from
         // here while the run is live (the sidecar sends none itself).
-        let journal =
-            crate::journal::Follower::start(&self.store, &run_id, &run_dir, Some(&self.metrics));
+        let observe = crate::journal::Observe {
+            metrics: Some(self.metrics.clone()),
+            keep_records: trace.is_some(),
+        };
+        let journal = crate::journal::Follower::start(&self.store, &run_id, &run_dir, observe);
         let judged = self
-            .start_and_watch(&run_id, &run_dir, &req, &mut cancel, progress, started)
+            .start_and_watch(
+                &run_id,
+                &run_dir,
+                &req,
+                &mut cancel,
+                progress,
+                started,
+                trace.as_ref(),
+            )
             .await;
         self.api.revoke(&run_id);
         // The sidecar has exited: the rest of what it journalled (every
@@ -173,6 +188,9 @@ impl Orchestrator {
         // and log lines) goes into the store before the run's end is
         // recorded and its directory removed.
         let kept = journal.finish().await;
+        if let Some(t) = &trace {
+            t.requests(&kept.records);
+        }
         let verdict: Verdict = self.verdict(&run_id, judged, kept.result).await;
         tracing::debug!(target: "airlock::phase", "run judged");
         progress(Progress::Ending {
@@ -185,6 +203,9 @@ impl Orchestrator {
         if let Ok(o) = &outcome {
             self.metrics
                 .run_ended(o.status, o.backend, Some(o.duration));
+        }
+        if let Some(t) = trace {
+            t.end(outcome.as_ref().map_or(RunStatus::Failed, |o| o.status));
         }
         outcome
     }
@@ -199,7 +220,9 @@ impl Orchestrator {
         cancel: &mut Cancel,
         progress: ProgressFn<'_>,
         started: Instant,
+        trace: Option<&crate::traces::RunTrace>,
     ) -> Result<Judged, RunError> {
+        let starting = trace.map(|t| t.phase("start"));
         // Fail closed: budgets that cannot be read are kept by the platform,
         // which refuses each call while it cannot read them.
         let org_budget = match self.store.org_budget(&req.org).await {
@@ -217,6 +240,7 @@ impl Orchestrator {
         let mut run = self
             .start(run_id, &req.org, &plan, progress, started)
             .await?;
+        drop(starting);
         let ended = self
             .watch(
                 &mut run,
@@ -227,7 +251,9 @@ impl Orchestrator {
                 started,
             )
             .await;
+        let tearing_down = trace.map(|t| t.phase("teardown"));
         let remains = run.teardown().await;
+        drop(tearing_down);
         Ok(judge(ended, &remains))
     }
 }
