@@ -34,6 +34,7 @@ mod serve_fleet;
 mod serve_metrics;
 mod serve_runs;
 mod serve_tenants;
+mod serve_traces;
 mod sidecar_basics;
 mod sidecar_egress_log;
 mod sidecar_llm;

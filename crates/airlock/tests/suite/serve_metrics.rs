@@ -16,34 +16,62 @@ use crate::support::serve::{Server, base_env, create_org, wait_for};
 const CANARY: &str = "CANARY-metrics-7f3a9c";
 const TOKEN: &str = "metrics-token-0123456789";
 
-/// One agent, whose prompt says what it does: `ok`, `fail`, `refuse` (two
-/// `api_call`s the guard refuses) or `model` (one model call).
-const AGENT: &str = r#"
+/// One agent, whose prompt's words say what it does: `ok`, `fail`,
+/// `refuse` (two `api_call`s the guard refuses), `model` (one model call);
+/// its last word is put in the refused targets' query.
+pub(crate) const AGENT: &str = r#"
 import json, os, sys, urllib.request
 prompt = open(os.environ['AIRLOCK_PROMPT_FILE']).read()
 print('prompt: ' + prompt, flush=True)
-mode = prompt.split()[0]
+words = prompt.split()
 def post(url, body, headers):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method='POST')
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.read().decode()
-if mode == 'fail':
+if 'fail' in words:
     sys.exit(3)
-if mode == 'refuse':
+if 'refuse' in words:
     meta = {'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}}
     for i in range(2):
         call = {'jsonrpc': '2.0', 'id': i + 1, 'method': 'tools/call', 'params': {
-            'name': 'open__api_call', 'arguments': {'target': 'https://elsewhere.example/x?key=' + prompt.split()[1]}, '_meta': meta}}
+            'name': 'open__api_call', 'arguments': {'target': 'https://elsewhere.example/x?key=' + words[-1]}, '_meta': meta}}
         out = post(os.environ['AIRLOCK_MCP_URL'], call, {
             'content-type': 'application/json', 'accept': 'application/json, text/event-stream',
             'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'open__api_call'})
         assert 'not_authorized' in out, out
-if mode == 'model':
+if 'model' in words:
     out = post(os.environ['OPENAI_BASE_URL'] + '/chat/completions',
         {'model': 'gpt-fake', 'messages': [{'role': 'user', 'content': prompt}]},
         {'content-type': 'application/json', 'authorization': 'Bearer ' + os.environ.get('OPENAI_API_KEY', '')})
     assert 'usage' in out, out
 "#;
+
+/// Registers the agent `probe` ([`AGENT`]) in the organization of `key`,
+/// its model served by the fake provider on `port`, whose key (stored as
+/// the connection `llm`) holds `canary`.
+pub(crate) fn register_probe(s: &Server, key: &str, port: u16, canary: &str) {
+    let k = Some(key);
+    let (st, v) = s.call(
+        "POST",
+        "/v1/connections",
+        k,
+        Some(&json!({"name": "llm", "integration": "llm", "type": "api_key", "fields": {"key": format!("sk-{canary}")}})),
+    );
+    assert_eq!(st, 201, "{v}");
+    let manifest = format!(
+        "[agent]\nname = \"probe\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n\
+         [network]\negress = \"none\"\n\n\
+         [model]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nconnection = \"llm\"\n\n\
+         [[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://api.example.test/**\"]\n"
+    );
+    let (st, v) = s.call(
+        "POST",
+        "/v1/agents",
+        k,
+        Some(&json!({"manifest": manifest, "files": {"agent.py": AGENT}})),
+    );
+    assert_eq!(st, 201, "{v}");
+}
 
 /// Prometheus's parser, run on `text`: every sample as
 /// `{name, labels, value}`.
@@ -129,28 +157,7 @@ fn metrics_count_the_runs_made_and_carry_no_secret() {
     assert_eq!(scrape(metrics_addr, None).0, 401);
     assert_eq!(scrape(metrics_addr, Some(&key)).0, 401);
 
-    let model_key = format!("sk-{CANARY}");
-    let (st, v) = s.call(
-        "POST",
-        "/v1/connections",
-        k,
-        Some(&json!({"name": "llm", "integration": "llm", "type": "api_key", "fields": {"key": model_key}})),
-    );
-    assert_eq!(st, 201, "{v}");
-    let manifest = format!(
-        "[agent]\nname = \"probe\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n\
-         [network]\negress = \"none\"\n\n\
-         [model]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:{}/v1\"\nconnection = \"llm\"\n\n\
-         [[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://api.example.test/**\"]\n",
-        fake.port()
-    );
-    let (st, v) = s.call(
-        "POST",
-        "/v1/agents",
-        k,
-        Some(&json!({"manifest": manifest, "files": {"agent.py": AGENT}})),
-    );
-    assert_eq!(st, 201, "{v}");
+    register_probe(&s, &key, fake.port(), CANARY);
 
     let modes = ["ok", "ok", "fail", "refuse", "model"];
     let ids: Vec<String> = modes
