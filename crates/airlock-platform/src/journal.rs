@@ -697,6 +697,7 @@ pub(crate) mod tests {
             seq: Some(seq),
             outcome: Some(outcome),
             metering: None,
+            steps: None,
         }
     }
 

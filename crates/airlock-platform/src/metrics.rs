@@ -384,6 +384,7 @@ mod tests {
             seq: Some(seq),
             outcome: None,
             metering: None,
+            steps: None,
         }
     }
 

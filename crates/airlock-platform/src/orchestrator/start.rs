@@ -73,6 +73,7 @@ impl Orchestrator {
             runtime_log: &runtime_log,
             sidecar_log: &sidecar_log,
             org_budget,
+            traced: self.traces.is_some(),
         };
         let keys = Keys::mint(run_id, &req.manifest, &self.tokens)?;
         let plan = RunPlan::build(req, &self.settings, &site, keys)?;

@@ -231,8 +231,24 @@ impl RunTrace {
 
     fn request(&self, r: &EgressRecord) {
         let tracer = &self.traces.tracer;
-        let start = at_ms(r.at);
-        let end = start + Duration::from_millis(r.duration_ms.unwrap_or(0));
+        // The request from its record (its start, its duration), widened to
+        // the sidecar's steps (the guard's decision and the credential's
+        // fetch come before its record is begun).
+        let steps: Vec<(&'static str, SystemTime, SystemTime)> = r
+            .steps
+            .iter()
+            .flat_map(|s| s.each())
+            .map(|(name, s)| {
+                let at = at_us(s.at_us);
+                (name, at, at + Duration::from_micros(s.dur_us))
+            })
+            .collect();
+        let recorded = at_ms(r.at);
+        let start = steps.iter().map(|s| s.1).fold(recorded, SystemTime::min);
+        let end = steps.iter().map(|s| s.2).fold(
+            recorded + Duration::from_millis(r.duration_ms.unwrap_or(0)),
+            SystemTime::max,
+        );
         let mut attributes = vec![
             KeyValue::new("airlock.egress.source", r.source.as_str()),
             KeyValue::new("airlock.egress.decision", r.decision.as_str()),
@@ -269,7 +285,15 @@ impl RunTrace {
                 r.code.map_or("failed", EgressCode::as_str).to_owned(),
             ));
         }
-        span.end_with_timestamp(end);
+        let cx = self.cx.with_span(span);
+        for (name, at, until) in steps {
+            tracer
+                .span_builder(name)
+                .with_start_time(at)
+                .start_with_context(tracer, &cx)
+                .end_with_timestamp(until);
+        }
+        cx.span().end_with_timestamp(end);
     }
 
     /// Ends the run's span with its status.
@@ -296,6 +320,10 @@ fn span_name(source: EgressSource) -> &'static str {
 
 fn at_ms(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn at_us(us: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(u64::try_from(us).unwrap_or(0))
 }
 
 fn i64_of(n: u64) -> i64 {

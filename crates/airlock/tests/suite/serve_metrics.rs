@@ -17,13 +17,15 @@ const CANARY: &str = "CANARY-metrics-7f3a9c";
 const TOKEN: &str = "metrics-token-0123456789";
 
 /// One agent, whose prompt's words say what it does: `ok`, `fail`,
-/// `refuse` (two `api_call`s the guard refuses), `model` (one model call);
-/// its last word is put in the refused targets' query.
+/// `refuse` (two `api_call`s the guard refuses), `call` (one credentialed
+/// `api_call` to the fake provider's model list), `model` (one model call);
+/// its last word is put in the targets' query.
 pub(crate) const AGENT: &str = r#"
 import json, os, sys, urllib.request
 prompt = open(os.environ['AIRLOCK_PROMPT_FILE']).read()
 print('prompt: ' + prompt, flush=True)
 words = prompt.split()
+meta = {'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}}
 def post(url, body, headers):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method='POST')
     with urllib.request.urlopen(req, timeout=30) as r:
@@ -31,7 +33,6 @@ def post(url, body, headers):
 if 'fail' in words:
     sys.exit(3)
 if 'refuse' in words:
-    meta = {'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}}
     for i in range(2):
         call = {'jsonrpc': '2.0', 'id': i + 1, 'method': 'tools/call', 'params': {
             'name': 'open__api_call', 'arguments': {'target': 'https://elsewhere.example/x?key=' + words[-1]}, '_meta': meta}}
@@ -39,6 +40,13 @@ if 'refuse' in words:
             'content-type': 'application/json', 'accept': 'application/json, text/event-stream',
             'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'open__api_call'})
         assert 'not_authorized' in out, out
+if 'call' in words:
+    call = {'jsonrpc': '2.0', 'id': 9, 'method': 'tools/call', 'params': {
+        'name': 'models__api_call', 'arguments': {'target': os.environ['FAKE_MODELS'] + '?key=' + words[-1]}, '_meta': meta}}
+    out = post(os.environ['AIRLOCK_MCP_URL'], call, {
+        'content-type': 'application/json', 'accept': 'application/json, text/event-stream',
+        'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'models__api_call'})
+    assert '"status":200' in out.replace(' ', ''), out
 if 'model' in words:
     out = post(os.environ['OPENAI_BASE_URL'] + '/chat/completions',
         {'model': 'gpt-fake', 'messages': [{'role': 'user', 'content': prompt}]},
@@ -58,17 +66,24 @@ pub(crate) fn register_probe(s: &Server, key: &str, port: u16, canary: &str) {
         Some(&json!({"name": "llm", "integration": "llm", "type": "api_key", "fields": {"key": format!("sk-{canary}")}})),
     );
     assert_eq!(st, 201, "{v}");
+    let agent = AGENT.replace(
+        "os.environ['FAKE_MODELS']",
+        &format!("'http://127.0.0.1:{port}/v1/models'"),
+    );
     let manifest = format!(
         "[agent]\nname = \"probe\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n\
          [network]\negress = \"none\"\n\n\
          [model]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nconnection = \"llm\"\n\n\
-         [[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://api.example.test/**\"]\n"
+         [[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://api.example.test/**\"]\n\n\
+         [[integrations]]\nnamespace = \"models\"\nconnection = \"llm\"\n\
+         authorized_uris = [\"http://127.0.0.1:{port}/**\"]\n\
+         delivery = {{ header = \"Authorization\", prefix = \"Bearer \", field = \"key\" }}\n"
     );
     let (st, v) = s.call(
         "POST",
         "/v1/agents",
         k,
-        Some(&json!({"manifest": manifest, "files": {"agent.py": AGENT}})),
+        Some(&json!({"manifest": manifest, "files": {"agent.py": agent}})),
     );
     assert_eq!(st, 201, "{v}");
 }

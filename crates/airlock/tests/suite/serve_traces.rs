@@ -1,8 +1,8 @@
 //! `airlock serve`'s OpenTelemetry traces (issue 49), received by a
 //! loopback OTLP/HTTP receiver that decodes the official
 //! `opentelemetry-proto` messages: one run's span tree (its root, start,
-//! each refused `api_call`, its model call with the sidecar's own spans,
-//! teardown) in one trace, with no canary in any attribute; and a collector
+//! each `api_call` and its model call with the sidecar's own steps as their
+//! children, teardown) in one trace, with no canary in any attribute; and a collector
 //! the egress guard refuses stops the boot, having received nothing.
 
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ fn one_run_is_one_trace_with_its_requests_and_no_secret() {
         "POST",
         "/v1/runs",
         Some(&key),
-        Some(&json!({"agent": "probe", "prompt": format!("refuse model {CANARY}")})),
+        Some(&json!({"agent": "probe", "prompt": format!("refuse call model {CANARY}")})),
     );
     assert_eq!(st, 202, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
@@ -91,15 +91,53 @@ fn one_run_is_one_trace_with_its_requests_and_no_secret() {
             );
         }
     }
+    // The sidecar's own steps are children of the request they belong to.
+    let steps_of = |parent: &ReceivedSpan| {
+        let mut names: Vec<String> = spans
+            .iter()
+            .filter(|sp| sp.parent_span_id == parent.span_id)
+            .map(|sp| sp.name.clone())
+            .collect();
+        names.sort();
+        names
+    };
     let calls = names("api_call");
-    assert_eq!(calls.len(), 2, "{calls:#?}");
-    for c in &calls {
-        assert_eq!(c.attribute("airlock.egress.decision"), Some("refused"));
+    assert_eq!(calls.len(), 3, "{calls:#?}");
+    let (refused, allowed): (Vec<_>, Vec<_>) = calls
+        .into_iter()
+        .partition(|c| c.attribute("airlock.egress.decision") == Some("refused"));
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    for c in &refused {
         assert_eq!(c.attribute("airlock.egress.code"), Some("not_authorized"));
+        assert_eq!(steps_of(c), ["guard"], "a refusal's one step");
     }
+    assert_eq!(
+        allowed[0].attribute("http.response.status_code"),
+        Some("200")
+    );
+    assert_eq!(
+        steps_of(allowed[0]),
+        ["credential", "guard", "redaction", "upstream"],
+        "a credentialed api_call's steps"
+    );
     let model = names("model_call");
     assert_eq!(model.len(), 1);
     assert_eq!(model[0].attribute("http.response.status_code"), Some("200"));
+    assert_eq!(
+        steps_of(model[0]),
+        ["credential", "guard", "upstream"],
+        "a model call's steps (its redaction streams within the upstream's)"
+    );
+    for name in ["guard", "credential", "upstream", "redaction"] {
+        for sp in names(name) {
+            let parent = spans.iter().find(|p| p.span_id == sp.parent_span_id);
+            assert!(
+                parent.is_some_and(|p| p.start_unix_nano <= sp.start_unix_nano
+                    && sp.end_unix_nano <= p.end_unix_nano),
+                "{name} lies within its request: {sp:#?} {parent:#?}"
+            );
+        }
+    }
     for sp in &spans {
         assert!(sp.start_unix_nano <= sp.end_unix_nano, "{sp:#?}");
         for (k, v) in &sp.attributes {
