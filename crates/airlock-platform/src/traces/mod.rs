@@ -44,6 +44,8 @@ pub const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 pub const ENV_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 pub const ENV_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
 pub const ENV_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+/// The spans' `service.name` (`airlock` when unset).
+pub const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 
 /// Why traces could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -151,7 +153,7 @@ impl Traces {
             .with_http_client(export)
             .build()?;
         let resource = opentelemetry_sdk::Resource::builder()
-            .with_service_name(get("OTEL_SERVICE_NAME").unwrap_or_else(|| "airlock".into()))
+            .with_service_name(get(ENV_SERVICE_NAME).unwrap_or_else(|| "airlock".into()))
             .build();
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
