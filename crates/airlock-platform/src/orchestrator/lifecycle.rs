@@ -178,8 +178,7 @@ impl Orchestrator {
                 &req,
                 &mut cancel,
                 progress,
-                started,
-                trace.as_ref(),
+                (started, trace.as_ref()),
             )
             .await;
         self.api.revoke(&run_id);
@@ -211,7 +210,8 @@ impl Orchestrator {
     }
 
     /// Plans the run, grants it its connections, starts it, watches it,
-    /// and tears it down: the same teardown whatever ended it.
+    /// and tears it down: the same teardown whatever ended it (each phase a
+    /// span of the run's `trace`, when it is traced).
     async fn start_and_watch(
         &self,
         run_id: &str,
@@ -219,8 +219,7 @@ impl Orchestrator {
         req: &RunRequest,
         cancel: &mut Cancel,
         progress: ProgressFn<'_>,
-        started: Instant,
-        trace: Option<&crate::traces::RunTrace>,
+        (started, trace): (Instant, Option<&crate::traces::RunTrace>),
     ) -> Result<Judged, RunError> {
         let starting = trace.map(|t| t.phase("start"));
         // Fail closed: budgets that cannot be read are kept by the platform,
