@@ -73,6 +73,26 @@ struct TokenLabels {
     kind: &'static str,
 }
 
+/// Each metric's help text (what `# HELP` says of it).
+mod help {
+    pub(super) const RUN_DURATION: &str =
+        "How long runs ran, from their start to their recorded end";
+    pub(super) const SANDBOX_START: &str = "From a run's start until its sandbox was spawned";
+    pub(super) const SIDECAR_START: &str = "From a sidecar's spawn until it said it was ready";
+    pub(super) const RUNS_ENDED: &str = "Runs this platform ended, by status and backend";
+    pub(super) const RUNS_RUNNING: &str = "Runs running on this platform now, by backend";
+    pub(super) const QUEUE_DEPTH: &str =
+        "Runs queued in the store, every organization (read when scraped)";
+    pub(super) const EGRESS_REQUESTS: &str = "Outbound requests the sidecars recorded, by source (api_call, llm, proxy, mcp, runner) and the guard's decision";
+    pub(super) const EGRESS_REFUSALS: &str =
+        "Outbound requests the guard refused, by refusal code (aggregated refusals included)";
+    pub(super) const MODEL_CALLS: &str = "Model calls the sidecars metered, by provider and model";
+    pub(super) const MODEL_TOKENS: &str =
+        "Tokens of metered model calls, by provider, model and kind (input, output)";
+    pub(super) const MODEL_COST: &str =
+        "Cost of metered model calls in millionths of a US dollar, by provider and model";
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn run_seconds() -> Histogram {
@@ -128,64 +148,27 @@ impl Metrics {
             models: ModelLabels::default(),
         };
         let r = &mut m.registry;
-        r.register(
-            "runs_ended",
-            "Runs this platform ended, by status and backend",
-            m.runs_ended.clone(),
-        );
-        r.register(
-            "runs_running",
-            "Runs running on this platform now, by backend",
-            m.runs_running.clone(),
-        );
+        let seconds = Unit::Seconds;
         r.register_with_unit(
             "run_duration",
-            "How long runs ran, from their start to their recorded end",
-            Unit::Seconds,
+            help::RUN_DURATION,
+            seconds.clone(),
             m.run_duration.clone(),
         );
-        r.register_with_unit(
-            "sandbox_start",
-            "From a run's start until its sandbox was spawned",
-            Unit::Seconds,
-            m.sandbox_start.clone(),
-        );
-        r.register_with_unit(
-            "sidecar_start",
-            "From a sidecar's spawn until it said it was ready",
-            Unit::Seconds,
-            m.sidecar_start.clone(),
-        );
-        r.register(
-            "queue_depth",
-            "Runs queued in the store, every organization (read when scraped)",
-            m.queue_depth.clone(),
-        );
-        r.register(
-            "egress_requests",
-            "Outbound requests the sidecars recorded, by source (api_call, llm, proxy, mcp, runner) and the guard's decision",
-            m.egress.clone(),
-        );
-        r.register(
-            "egress_refusals",
-            "Outbound requests the guard refused, by refusal code (aggregated refusals included)",
-            m.refusals.clone(),
-        );
-        r.register(
-            "model_calls",
-            "Model calls the sidecars metered, by provider and model",
-            m.model_calls.clone(),
-        );
-        r.register(
-            "model_tokens",
-            "Tokens of metered model calls, by provider, model and kind (input, output)",
-            m.tokens.clone(),
-        );
-        r.register(
-            "model_cost_microusd",
-            "Cost of metered model calls in millionths of a US dollar, by provider and model",
-            m.cost.clone(),
-        );
+        for (name, help, starts) in [
+            ("sandbox_start", help::SANDBOX_START, &m.sandbox_start),
+            ("sidecar_start", help::SIDECAR_START, &m.sidecar_start),
+        ] {
+            r.register_with_unit(name, help, seconds.clone(), starts.clone());
+        }
+        r.register("runs_ended", help::RUNS_ENDED, m.runs_ended.clone());
+        r.register("runs_running", help::RUNS_RUNNING, m.runs_running.clone());
+        r.register("queue_depth", help::QUEUE_DEPTH, m.queue_depth.clone());
+        r.register("egress_requests", help::EGRESS_REQUESTS, m.egress.clone());
+        r.register("egress_refusals", help::EGRESS_REFUSALS, m.refusals.clone());
+        r.register("model_calls", help::MODEL_CALLS, m.model_calls.clone());
+        r.register("model_tokens", help::MODEL_TOKENS, m.tokens.clone());
+        r.register("model_cost_microusd", help::MODEL_COST, m.cost.clone());
         m
     }
 
@@ -365,27 +348,14 @@ impl ModelLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use airlock_platform_api::wire::{EgressDecision, EgressSource, RefusalCode};
+    use airlock_platform_api::wire::{EgressDecision, RefusalCode};
 
     fn record(seq: u64, decision: EgressDecision, code: Option<RefusalCode>) -> EgressRecord {
-        EgressRecord {
-            at: 1,
-            source: EgressSource::ApiCall,
-            integration: None,
-            method: "GET".into(),
-            url: "https://example.test/p".into(),
-            host: "example.test".into(),
-            decision,
-            code,
-            status: None,
-            bytes_out: 0,
-            bytes_in: 0,
-            duration_ms: None,
-            seq: Some(seq),
-            outcome: None,
-            metering: None,
-            steps: None,
-        }
+        serde_json::from_value(serde_json::json!({
+            "at": 1, "source": "api_call", "method": "GET", "url": "https://example.test/p",
+            "host": "example.test", "decision": decision, "code": code, "seq": seq,
+        }))
+        .unwrap()
     }
 
     fn cost(model: &str) -> RunEvent {

@@ -4,7 +4,7 @@
 //! `api_call`s, a metered model call), and a canary the runs carried (in
 //! their prompt, a target's query, the model key) appears nowhere in it.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use airlock_test_support::fake_provider;
@@ -95,26 +95,19 @@ fn parse(text: &str) -> Vec<Value> {
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
 out = []
-for fam in text_string_to_metric_families(sys.stdin.read()):
+for fam in text_string_to_metric_families(open(sys.argv[1]).read()):
     for s in fam.samples:
         out.append({"name": s.name, "labels": s.labels, "value": s.value})
 print(json.dumps(out))
 "#;
-    let mut child = Command::new("python3")
-        .args(["-c", code])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), text).unwrap();
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .arg(file.path())
+        .output()
         .unwrap();
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "the parser refused the text: {}\n{text}",
