@@ -78,8 +78,8 @@ fn get(var: &str) -> Option<String> {
 
 /// The endpoint traces go to, as the OTLP exporter derives it: the traces
 /// variable as it is, else the general one with `/v1/traces`; `None`:
-/// traces are off.
-fn endpoint() -> Option<(&'static str, String)> {
+/// traces are off. `get` reads a variable (blank is unset).
+fn endpoint(get: impl Fn(&str) -> Option<String>) -> Option<(&'static str, String)> {
     let off = get(ENV_SDK_DISABLED).is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
         || get(ENV_TRACES_EXPORTER).is_some_and(|v| v.trim().eq_ignore_ascii_case("none"));
     if off {
@@ -114,7 +114,7 @@ impl Traces {
     /// not resolve yet is only warned about: every export is judged again).
     /// Call within the platform's tokio runtime.
     pub async fn from_env(settings: &Settings) -> Result<Option<Arc<Traces>>, TracesError> {
-        let Some((var, url)) = endpoint() else {
+        let Some((var, url)) = endpoint(get) else {
             return Ok(None);
         };
         let target =
@@ -339,4 +339,42 @@ fn bounded(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint_of(vars: &[(&str, &str)]) -> Option<(&'static str, String)> {
+        endpoint(|k| {
+            vars.iter()
+                .find(|(n, v)| *n == k && !v.trim().is_empty())
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    /// Off unless an endpoint is set; the traces endpoint is used as it is
+    /// and wins; the general one gets `/v1/traces`; the SDK's switches
+    /// turn traces off again.
+    #[test]
+    fn traces_are_on_only_with_an_endpoint() {
+        assert_eq!(endpoint_of(&[]), None);
+        assert_eq!(endpoint_of(&[(ENV_ENDPOINT, " ")]), None);
+        let general = (ENV_ENDPOINT, "http://c.test:4318/".to_owned());
+        assert_eq!(
+            endpoint_of(&[(general.0, &general.1)]),
+            Some((ENV_ENDPOINT, "http://c.test:4318/v1/traces".into()))
+        );
+        let both = [
+            (ENV_ENDPOINT, "http://c.test:4318"),
+            (ENV_TRACES_ENDPOINT, "http://t.test/x"),
+        ];
+        assert_eq!(
+            endpoint_of(&both),
+            Some((ENV_TRACES_ENDPOINT, "http://t.test/x".into()))
+        );
+        for off in [(ENV_SDK_DISABLED, "TRUE"), (ENV_TRACES_EXPORTER, "none")] {
+            assert_eq!(endpoint_of(&[both[0], off]), None, "{off:?}");
+        }
+    }
 }
