@@ -248,6 +248,11 @@ pub struct SidecarConfig {
     /// The model budgets the relay enforces.
     #[serde(default)]
     pub budget: crate::budget::RunBudget,
+    /// The run is traced: each egress record carries the sidecar's own
+    /// steps of its request (`wire::Steps`), which the platform exports as
+    /// spans. Off: no step is timed.
+    #[serde(default)]
+    pub trace_steps: bool,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -799,6 +804,7 @@ mod tests {
                 org: true,
                 default_max_output_tokens: 0,
             },
+            trace_steps: true,
         }
     }
 

@@ -311,6 +311,60 @@ pub struct EgressRecord {
     /// Model calls only: whether the provider's usage was metered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metering: Option<Metering>,
+    /// The sidecar's own steps of this request, when the run is traced
+    /// (`SidecarConfig::trace_steps`): the platform makes them the
+    /// request's child spans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Steps>,
+}
+
+/// One step the sidecar took for a request: when it started (Unix
+/// microseconds) and how long it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Step {
+    pub at_us: i64,
+    pub dur_us: u64,
+}
+
+/// The sidecar's steps of one request (each when it took it): the guard's
+/// decision, the credential's fetch, the exchange with the upstream, and
+/// the redaction of its answer. Fixed-size: keeping them allocates nothing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub struct Steps {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<Step>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<Step>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Step>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redaction: Option<Step>,
+}
+
+impl Steps {
+    /// Each step taken, with its name (the span it becomes).
+    pub fn each(&self) -> impl Iterator<Item = (&'static str, Step)> {
+        [
+            ("guard", self.guard),
+            ("credential", self.credential),
+            ("upstream", self.upstream),
+            ("redaction", self.redaction),
+        ]
+        .into_iter()
+        .filter_map(|(n, s)| s.map(|s| (n, s)))
+    }
+}
+
+/// Awaits `f`, timing it as a [`Step`] when `on` (when off, no clock is read).
+pub async fn timed<T>(on: bool, f: impl std::future::Future<Output = T>) -> (T, Option<Step>) {
+    if !on {
+        return (f.await, None);
+    }
+    let at_us = crate::clock::now_us();
+    let started = std::time::Instant::now();
+    let out = f.await;
+    let dur_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    (out, Some(Step { at_us, dur_us }))
 }
 
 impl EgressRecord {
@@ -358,6 +412,10 @@ impl EgressRecord {
         if let Some(metering) = self.metering {
             out.extend_from_slice(br#","metering":"#);
             value(out, metering.as_str())?;
+        }
+        if let Some(steps) = &self.steps {
+            out.extend_from_slice(br#","steps":"#);
+            value(out, steps)?;
         }
         out.push(b'}');
         Ok(())
@@ -559,6 +617,18 @@ mod tests {
                         seq: on(0).then_some(1_764_000_000_000_000_007),
                         outcome,
                         metering,
+                        steps: on(1).then_some(Steps {
+                            guard: Some(Step {
+                                at_us: i64::MIN,
+                                dur_us: u64::MAX,
+                            }),
+                            credential: None,
+                            upstream: on(2).then_some(Step {
+                                at_us: 1,
+                                dur_us: 2,
+                            }),
+                            redaction: None,
+                        }),
                     };
                     let mut ours = Vec::new();
                     rec.write_json(&mut ours).unwrap();

@@ -22,14 +22,17 @@
 //! a read the store refused is simply tried again, from the live follower,
 //! at the run's end, or at the boot reclaim.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use airlock_platform_api::wire::EgressOutcome;
 use airlock_platform_api::wire::{
     EGRESS_JOURNAL_FILE, EgressRecord, JOURNAL_MAX_BYTES, JournalEvent, RunEvent,
 };
 use airlock_store::{BatchWrite, JournalledEvent, Store, Usage};
+
+use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalIngestError {
@@ -135,18 +138,31 @@ pub async fn ingest_whole(
     run_id: &str,
     path: &Path,
 ) -> Result<(usize, Option<RunEvent>), JournalIngestError> {
+    Ok(match ingest_parsed(store, run_id, path).await? {
+        Some((n, parsed)) => (n, parsed.result().cloned()),
+        None => (0, None),
+    })
+}
+
+/// Reads the journal at `path` whole into the store: how many records and
+/// events it held, and what they were (`None`: there is no journal).
+async fn ingest_parsed(
+    store: &Store,
+    run_id: &str,
+    path: &Path,
+) -> Result<Option<(usize, Parsed)>, JournalIngestError> {
     let bytes = match airlock_sandbox::untrusted::read_file(path, JOURNAL_MAX_BYTES) {
         Ok(b) => b,
         Err(airlock_sandbox::untrusted::UntrustedFileError::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
-            return Ok((0, None));
+            return Ok(None);
         }
         Err(e) => return Err(e.into()),
     };
     let parsed = parse_reported(run_id, &bytes, 0);
-    let result = parsed.result().cloned();
-    Ok((store_parsed(store, run_id, &parsed).await?, result))
+    let n = store_parsed(store, run_id, &parsed).await?;
+    Ok(Some((n, parsed)))
 }
 
 /// How soon a live run's journal is read again while records flow into it:
@@ -177,6 +193,55 @@ pub struct Tail {
     consumed: u64,
     /// The agent's end, once a read saw it.
     result: Option<RunEvent>,
+    /// Where what is stored is counted, when it is.
+    count: Option<Count>,
+}
+
+/// What the platform observes of a followed journal besides storing it.
+#[derive(Default)]
+pub struct Observe {
+    /// Counts what is stored (each record and event once).
+    pub metrics: Option<Arc<Metrics>>,
+    /// Keeps each record's last state, for the run's trace.
+    pub keep_records: bool,
+}
+
+/// What a [`Tail`] observed: the records counted by `seq`, the events up
+/// to a place in the journal, and (for a trace) each record's last state.
+struct Count {
+    metrics: Option<Arc<Metrics>>,
+    seen: HashSet<u64>,
+    /// The journal offset up to which events are counted.
+    events_to: u64,
+    kept: Option<BTreeMap<u64, EgressRecord>>,
+}
+
+impl Count {
+    /// Counts what `parsed` holds that is not counted yet.
+    fn add(&mut self, parsed: &Parsed) {
+        let events_to = self.events_to;
+        if let Some(m) = &self.metrics {
+            let events = parsed
+                .events
+                .iter()
+                .filter(|(at, _)| *at >= events_to)
+                .map(|(_, e)| e);
+            m.journalled(&parsed.records, events, &mut self.seen);
+        }
+        if let Some((at, _)) = parsed.events.last() {
+            self.events_to = self.events_to.max(*at + 1);
+        }
+        if let Some(kept) = self.kept.as_mut() {
+            for r in &parsed.records {
+                let Some(seq) = r.seq else { continue };
+                // A repeated start never undoes a completion (as in the store).
+                if r.outcome == Some(EgressOutcome::Incomplete) && kept.contains_key(&seq) {
+                    continue;
+                }
+                kept.insert(seq, r.clone());
+            }
+        }
+    }
 }
 
 impl Tail {
@@ -188,7 +253,30 @@ impl Tail {
             pending: Vec::new(),
             consumed: 0,
             result: None,
+            count: None,
         }
+    }
+
+    /// Observes what it stores as `observe` asks.
+    pub fn observed(mut self, observe: Observe) -> Tail {
+        if observe.metrics.is_some() || observe.keep_records {
+            self.count = Some(Count {
+                metrics: observe.metrics,
+                seen: HashSet::new(),
+                events_to: 0,
+                kept: observe.keep_records.then(BTreeMap::new),
+            });
+        }
+        self
+    }
+
+    /// The records kept for a trace, each in its last state.
+    fn take_records(&mut self) -> Vec<EgressRecord> {
+        self.count
+            .as_mut()
+            .and_then(|c| c.kept.take())
+            .map(|k| k.into_values().collect())
+            .unwrap_or_default()
     }
 
     /// The agent's end, if a read saw it.
@@ -213,7 +301,12 @@ impl Tail {
             self.result = Some(r.clone());
         }
         match store_parsed(store, run_id, &parsed).await {
-            Ok(n) => Ok(n),
+            Ok(n) => {
+                if let Some(c) = self.count.as_mut() {
+                    c.add(&parsed);
+                }
+                Ok(n)
+            }
             Err(e) => {
                 // Read again next time (each line is stored once).
                 let mut back = bytes;
@@ -393,10 +486,9 @@ async fn store_parsed(
 async fn follow_live(
     store: Store,
     run_id: String,
-    path: PathBuf,
+    mut tail: Tail,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> (usize, Tail) {
-    let mut tail = Tail::new(path);
     let mut stored = 0;
     let mut wait = FOLLOW_BUSY;
     loop {
@@ -443,15 +535,13 @@ pub struct Follower {
 }
 
 impl Follower {
-    /// Follows the journal of the run in `run_dir` (it may not exist yet).
-    pub fn start(store: &Store, run_id: &str, run_dir: &Path) -> Follower {
+    /// Follows the journal of the run in `run_dir` (it may not exist yet),
+    /// observing what it stores as `observe` asks.
+    pub fn start(store: &Store, run_id: &str, run_dir: &Path, observe: Observe) -> Follower {
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = crate::background::spawn(follow_live(
-            store.clone(),
-            run_id.to_owned(),
-            path_in(run_dir),
-            stopped,
-        ));
+        let tail = Tail::new(path_in(run_dir)).observed(observe);
+        let task =
+            crate::background::spawn(follow_live(store.clone(), run_id.to_owned(), tail, stopped));
         Follower {
             stop,
             task,
@@ -485,13 +575,15 @@ impl Follower {
                         "run journal followed into the store"
                     );
                     JournalEnd {
+                        records: tail.take_records(),
                         result: tail.result,
                         stored: true,
                     }
                 }
                 Err(e) => {
                     tracing::warn!(run_id = self.run_id, "{e}: reading the journal whole");
-                    Self::read_whole(&self.store, &self.run_id, &self.run_dir, tail.result).await
+                    let (seen, count) = (tail.result, tail.count);
+                    Self::read_whole(&self.store, &self.run_id, &self.run_dir, seen, count).await
                 }
             },
             Err(e) => {
@@ -499,22 +591,39 @@ impl Follower {
                     run_id = self.run_id,
                     "following the run journal failed: {e}"
                 );
-                Self::read_whole(&self.store, &self.run_id, &self.run_dir, None).await
+                Self::read_whole(&self.store, &self.run_id, &self.run_dir, None, None).await
             }
         }
     }
 
+    /// Reads the journal whole into the store; what the follower had not
+    /// counted yet is counted (`count`: nothing when following failed).
     async fn read_whole(
         store: &Store,
         run_id: &str,
         run_dir: &Path,
         seen: Option<RunEvent>,
+        count: Option<Count>,
     ) -> JournalEnd {
-        match ingest_whole(store, run_id, &path_in(run_dir)).await {
-            Ok((_, result)) => JournalEnd {
-                result: result.or(seen),
-                stored: true,
-            },
+        match ingest_parsed(store, run_id, &path_in(run_dir)).await {
+            Ok(parsed) => {
+                let mut records = Vec::new();
+                let result = parsed.and_then(|(_, p)| {
+                    if let Some(mut c) = count {
+                        c.add(&p);
+                        records = c
+                            .kept
+                            .map(|k| k.into_values().collect())
+                            .unwrap_or_default();
+                    }
+                    p.result().cloned()
+                });
+                JournalEnd {
+                    records,
+                    result: result.or(seen),
+                    stored: true,
+                }
+            }
             Err(e) => {
                 tracing::error!(run_id, "{e}");
                 // What the store did not take is still on disk; the agent's
@@ -525,6 +634,7 @@ impl Follower {
                         .and_then(|b| parse(&b).result().cloned())
                         .or(seen);
                 JournalEnd {
+                    records: Vec::new(),
                     result,
                     stored: false,
                 }
@@ -536,6 +646,8 @@ impl Follower {
 /// What a run's journal says at its end.
 #[derive(Debug)]
 pub struct JournalEnd {
+    /// Each egress record's last state, when kept for a trace ([`Observe`]).
+    pub records: Vec<EgressRecord>,
     /// The agent's end, as the runtime reported it.
     pub result: Option<RunEvent>,
     /// Whether everything in the journal is in the store.
@@ -585,6 +697,7 @@ pub(crate) mod tests {
             seq: Some(seq),
             outcome: Some(outcome),
             metering: None,
+            steps: None,
         }
     }
 
@@ -740,7 +853,7 @@ pub(crate) mod tests {
     /// records.
     async fn following_three_records(dir: &Path) -> (Store, Follower) {
         let store = store_with_run(dir).await;
-        let follower = Follower::start(&store, "run_t", dir);
+        let follower = Follower::start(&store, "run_t", dir, Observe::default());
         create(dir).unwrap();
         let path = path_in(dir);
         for seq in 1..=3 {

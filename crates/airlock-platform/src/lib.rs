@@ -14,12 +14,14 @@ pub mod internal_api;
 pub mod journal;
 pub mod manifest;
 pub mod models;
+pub mod metrics;
 pub mod operator;
 pub mod orchestrator;
 pub mod platform;
 pub mod proxy_ca;
 pub mod settings;
 pub mod signing;
+pub mod traces;
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -65,6 +65,8 @@ pub enum BootError {
     },
     #[error(transparent)]
     BackendBoot(SandboxError),
+    #[error(transparent)]
+    Traces(#[from] crate::traces::TracesError),
 }
 
 /// A started platform: its orchestrator, and the internal API serving
@@ -181,6 +183,7 @@ impl Platform {
                 reclaimed.join(", ")
             ));
         }
+        let traces = crate::traces::Traces::from_env(&p.settings).await?;
         let (api, api_socket, api_server) = serve_internal_api(&p)?;
         p.backend
             .boot(&|s| crate::operator::say(format_args!("airlock: {s}")))
@@ -203,6 +206,8 @@ impl Platform {
                 sidecar_exe,
                 ends,
                 models,
+                metrics: Arc::default(),
+                traces,
             },
             api_server,
             catalog,
@@ -213,6 +218,11 @@ impl Platform {
     /// ends (`airlock serve` removes the socket at its stop).
     pub fn into_orchestrator(self) -> Orchestrator {
         self.orch
+    }
+
+    /// Exports the traces still pending ([`Orchestrator::finish_traces`]).
+    pub async fn finish_traces(&self) {
+        self.orch.finish_traces().await;
     }
 
     /// Stops serving the internal API and removes its socket; what the

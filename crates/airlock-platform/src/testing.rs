@@ -88,7 +88,12 @@ impl TestPlatform {
         let listener = UnixListener::bind(&socket).expect("bind platform socket");
         // The platform serves its API and follows the run's journal, as
         // the orchestrator does for a live run.
-        let follow = crate::journal::Follower::start(api.store(), &run_id, dir.path());
+        let follow = crate::journal::Follower::start(
+            api.store(),
+            &run_id,
+            dir.path(),
+            crate::journal::Observe::default(),
+        );
         let task = tokio::spawn(api.clone().serve_forever(listener));
         let run_token = tokens.issue(&run_id);
         let sidecar_token = airlock_vault::generate_sidecar_token().expect("sidecar token");

@@ -61,6 +61,9 @@ pub struct ServeConfig {
     pub download_ttl: i64,
     /// The workload identity issuer's settings ([`Identity`]).
     pub identity: Identity,
+    /// Where `/metrics` is served, and who may read it (`METRICS_LISTEN`,
+    /// `METRICS_TOKEN`; unset: nowhere): [`crate::metrics`].
+    pub metrics: Option<crate::metrics::MetricsAccess>,
 }
 
 /// The workload identity issuer's settings: `IDENTITY_SIGNING_KEYS` (unset:
@@ -229,6 +232,7 @@ impl ServeConfig {
             downloads: downloads()?,
             download_ttl: i64::from(whole(url_seconds)),
             identity: Identity::from_env()?,
+            metrics: metrics()?,
         })
     }
 }
@@ -293,6 +297,28 @@ fn downloads() -> Result<airlock_vault::UrlSigner, ConfigError> {
         }
     };
     Ok(airlock_vault::UrlSigner::new(ring))
+}
+
+/// `METRICS_LISTEN` and `METRICS_TOKEN` (a token without an address is
+/// a mistake: it protects nothing).
+fn metrics() -> Result<Option<crate::metrics::MetricsAccess>, ConfigError> {
+    let token = get("METRICS_TOKEN").map(secrecy::SecretString::from);
+    let Some(listen) = get("METRICS_LISTEN") else {
+        return match token {
+            Some(_) => Err(ConfigError {
+                var: "METRICS_TOKEN",
+                message:
+                    "is set but METRICS_LISTEN is not: /metrics is served only on METRICS_LISTEN"
+                        .into(),
+            }),
+            None => Ok(None),
+        };
+    };
+    let listen = listen.trim().parse().map_err(|_| ConfigError {
+        var: "METRICS_LISTEN",
+        message: format!("{listen:?} is not an address and port, e.g. 127.0.0.1:9464"),
+    })?;
+    Ok(Some(crate::metrics::MetricsAccess { listen, token }))
 }
 
 /// `AIRLOCK_TEST_FAIL_POINT` (test-only).

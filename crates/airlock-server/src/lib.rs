@@ -10,6 +10,8 @@
 //!   heartbeats, claims queued runs in order within the limits, runs them,
 //!   stops those asked to stop; the replica holding the leader lease fails
 //!   the runs of replicas that died.
+//! - [`metrics`]: `/metrics` for the operator, on a listener of its own
+//!   (`METRICS_LISTEN`), never on the tenants' one.
 //! - [`webhooks`]: signed deliveries of run events, judged by the egress
 //!   guard at creation and at every delivery, retried with backoff.
 //! - [`serve()`]: the listener answers from the first moment: `/healthz`
@@ -26,6 +28,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod failpoint;
+pub mod metrics;
 pub mod openapi;
 pub mod outage;
 pub mod ratelimit;

@@ -174,6 +174,7 @@ where
         close_http(http).await
     };
     work.finish(&app).await;
+    app.orch().finish_traces().await;
     served
 }
 

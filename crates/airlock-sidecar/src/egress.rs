@@ -48,7 +48,8 @@ use std::time::{Duration, Instant};
 use airlock_egress::{EgressError, Target};
 use airlock_platform_api::wire::{
     EgressDecision, EgressOutcome, EgressRecord, LOGGED_URL_MAX_BYTES, Metering, REFUSAL_KEYS_MAX,
-    REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX, RefusalCode, RunEvent, truncate_logged,
+    REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX, RefusalCode, RunEvent, Step, Steps,
+    truncate_logged,
 };
 use tokio::sync::{Notify, watch};
 
@@ -135,6 +136,8 @@ pub struct Outcome {
     /// The address a failure or a later refusal is about: the operator's
     /// log line names it, the record (which tenants read) does not.
     pub address: Option<String>,
+    /// The sidecar's steps of the request, when the run is traced.
+    pub steps: Option<Steps>,
 }
 
 impl Outcome {
@@ -147,6 +150,7 @@ impl Outcome {
             metering: None,
             refused: None,
             address: None,
+            steps: None,
         }
     }
 
@@ -327,6 +331,7 @@ fn refusal_record(
         seq: Some(seq),
         outcome: None,
         metering: None,
+        steps: None,
     }
 }
 
@@ -396,6 +401,18 @@ impl Recorder {
     /// Records a refusal by the guard (nothing was sent) and logs it once;
     /// past the run's refusal bounds, counts it ([`Tally`]).
     pub fn refused(&self, req: &Refused<'_>, e: &EgressError, redactor: &Redactor) {
+        self.refused_after(req, e, redactor, None);
+    }
+
+    /// [`Recorder::refused`], with the steps the sidecar took before the
+    /// refusal (a traced run's guard decision, its credential's fetch).
+    pub fn refused_after(
+        &self,
+        req: &Refused<'_>,
+        e: &EgressError,
+        redactor: &Redactor,
+        steps: Option<Steps>,
+    ) {
         let code = e.code;
         let host = e.host.as_deref().unwrap_or("-");
         let admitted = match self.inner.tally.lock() {
@@ -408,7 +425,10 @@ impl Recorder {
         if !admitted {
             return;
         }
-        let rec = refusal_record(req, e, redactor, self.next_seq());
+        let rec = EgressRecord {
+            steps,
+            ..refusal_record(req, e, redactor, self.next_seq())
+        };
         log_refusal(&rec, e.address.as_deref());
         // A refusal the journal cannot take is counted, never sent with the
         // events: a flood of them cannot grow the store past the bounds.
@@ -494,6 +514,7 @@ impl Recorder {
             seq: Some(seq),
             outcome: Some(EgressOutcome::Incomplete),
             metering: None,
+            steps: None,
         };
         tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
         // Written ahead: once this returns the record survives a kill of the
@@ -530,6 +551,7 @@ impl Recorder {
             progress,
             settled: false,
             dropped_as: dropped_as.unwrap_or(EgressOutcome::Aborted),
+            steps: None,
         }
     }
 
@@ -611,6 +633,7 @@ impl Recorder {
             .unwrap_or_else(|| progress.bytes_in.load(Ordering::Relaxed));
         rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
         rec.metering = outcome.metering;
+        rec.steps = outcome.steps;
         let address = outcome.address.as_deref();
         if let Some(code) = outcome.refused {
             rec.decision = EgressDecision::Refused;
@@ -640,12 +663,22 @@ pub struct InFlight {
     settled: bool,
     /// What a drop without completion records.
     dropped_as: EgressOutcome,
+    /// The request's steps so far, when the run is traced.
+    steps: Option<Steps>,
 }
 
 impl InFlight {
     /// The request is about to be sent: a drop from now on means `aborted`.
     pub fn will_send(&mut self) {
         self.dropped_as = EgressOutcome::Aborted;
+    }
+
+    /// Notes one of the sidecar's steps of the request (`None`: the run is
+    /// not traced, nothing is kept); its completion carries them.
+    pub fn step(&mut self, step: Option<Step>, which: fn(&mut Steps) -> &mut Option<Step>) {
+        if let Some(step) = step {
+            *which(self.steps.get_or_insert_with(Steps::default)) = Some(step);
+        }
     }
 
     /// The counters an `aborted` completion reports.
@@ -657,6 +690,10 @@ impl InFlight {
     /// left as it is).
     pub fn complete(mut self, outcome: Outcome) {
         self.settled = true;
+        let outcome = Outcome {
+            steps: outcome.steps.or(self.steps),
+            ..outcome
+        };
         if let Some(open) = self.recorder.take(self.seq) {
             self.recorder.emit(open, outcome);
         }
@@ -681,7 +718,11 @@ impl Drop for InFlight {
         if !self.settled
             && let Some(open) = self.recorder.take(self.seq)
         {
-            self.recorder.emit(open, Outcome::new(self.dropped_as));
+            let outcome = Outcome {
+                steps: self.steps,
+                ..Outcome::new(self.dropped_as)
+            };
+            self.recorder.emit(open, outcome);
         }
     }
 }

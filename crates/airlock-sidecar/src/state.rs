@@ -63,6 +63,9 @@ pub struct Sidecar {
     /// Each integration's credential values seen by the run and their
     /// redactor ([`crate::credential`]).
     pub credentials: Credentials,
+    /// The run is traced: each request's steps are timed into its egress
+    /// record (`SidecarConfig::trace_steps`); off, no clock is read for it.
+    pub traced: bool,
 }
 
 impl Sidecar {
@@ -160,6 +163,7 @@ impl Sidecar {
             runner_network,
             runner_mcp: Default::default(),
             credentials: Default::default(),
+            traced: cfg.trace_steps,
         }))
     }
 }

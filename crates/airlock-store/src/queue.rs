@@ -182,6 +182,15 @@ impl Store {
         }))
     }
 
+    /// How many runs are queued, in every organization (the queue's depth
+    /// an operator's metrics show).
+    pub async fn queue_depth(&self) -> Result<i64, StoreError> {
+        on_pool!(self, p => sqlx::query_scalar("SELECT COUNT(*) FROM runs WHERE status = 'queued'")
+        .fetch_one(p)
+        .await
+        .map_err(|e| self.err(e)))
+    }
+
     /// How many queued runs are ahead of `id` (`None`: it is not queued).
     pub async fn queue_position(&self, id: &str) -> Result<Option<i64>, StoreError> {
         on_pool!(self, p => sqlx::query_scalar(

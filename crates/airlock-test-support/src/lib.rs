@@ -9,12 +9,15 @@
 //! peers on loopback the suite and the benches start; [`sidecar_config`]
 //! (feature `sidecar-config`) builds sidecar configurations from the launch
 //! contract's types and [`sidecar`] (feature `sidecar`) starts a real
-//! sidecar with one.
+//! sidecar with one. [`otlp_receiver`] (feature `otlp`) receives OTLP/HTTP
+//! traces on loopback.
 
 #[cfg(feature = "bench")]
 pub mod bench;
 #[cfg(feature = "fake-provider")]
 pub mod fake_provider;
+#[cfg(feature = "otlp")]
+pub mod otlp_receiver;
 mod peer;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;

@@ -61,6 +61,7 @@ impl SidecarConfigBuilder {
                 egress_journal: None,
                 proxy_ca: None,
                 budget: RunBudget::default(),
+                trace_steps: false,
             },
         }
     }

@@ -130,7 +130,12 @@ impl Orchestrator {
         run_id: &str,
         reason: &str,
     ) -> Result<CancelOutcome, StoreError> {
-        cancel_run(&self.store, &self.ends, org, run_id, reason).await
+        let outcome = cancel_run(&self.store, &self.ends, org, run_id, reason).await?;
+        if matches!(outcome, CancelOutcome::CancelledQueued) {
+            // It never ran: no backend, no duration.
+            self.metrics.run_ended(RunStatus::Cancelled, "none", None);
+        }
+        Ok(outcome)
     }
 
     /// [`fail_run`] on this platform's store.

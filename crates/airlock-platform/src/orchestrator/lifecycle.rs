@@ -108,7 +108,10 @@ impl Orchestrator {
     ) -> Result<RunOutcome, RunError> {
         self.backend.prepare();
         let fail = |reason: String| async {
-            self.fail_run(&run_id, &reason).await?;
+            if self.fail_run(&run_id, &reason).await? {
+                self.metrics
+                    .run_ended(RunStatus::Failed, self.backend.name(), None);
+            }
             Ok::<RunOutcome, RunError>(RunOutcome {
                 run_id: run_id.clone(),
                 status: RunStatus::Failed,
@@ -151,6 +154,11 @@ impl Orchestrator {
         // The run starts now (a wait for a slot is not part of it: the boot
         // deadline and the duration count from here).
         let started = Instant::now();
+        let running = self.metrics.run_started(self.backend.name());
+        let trace = self
+            .traces
+            .as_ref()
+            .map(|t| t.run(&run_id, self.backend.name()));
         progress(Progress::Starting {
             run_id: run_id.clone(),
             backend: self.backend.name(),
@@ -158,9 +166,20 @@ impl Orchestrator {
         });
         // Every egress record the sidecar journals reaches the store from
         // here while the run is live (the sidecar sends none itself).
-        let journal = crate::journal::Follower::start(&self.store, &run_id, &run_dir);
+        let observe = crate::journal::Observe {
+            metrics: Some(self.metrics.clone()),
+            keep_records: trace.is_some(),
+        };
+        let journal = crate::journal::Follower::start(&self.store, &run_id, &run_dir, observe);
         let judged = self
-            .start_and_watch(&run_id, &run_dir, &req, &mut cancel, progress, started)
+            .start_and_watch(
+                &run_id,
+                &run_dir,
+                &req,
+                &mut cancel,
+                progress,
+                (started, trace.as_ref()),
+            )
             .await;
         self.api.revoke(&run_id);
         // The sidecar has exited: the rest of what it journalled (every
@@ -168,13 +187,26 @@ impl Orchestrator {
         // and log lines) goes into the store before the run's end is
         // recorded and its directory removed.
         let kept = journal.finish().await;
+        if let Some(t) = &trace {
+            t.requests(&kept.records);
+        }
         let verdict: Verdict = self.verdict(&run_id, judged, kept.result).await;
         tracing::debug!(target: "airlock::phase", "run judged");
         progress(Progress::Ending {
             status: verdict.status,
         });
-        self.record_end(run_id, &run_dir, started, verdict, kept.stored)
-            .await
+        let outcome = self
+            .record_end(run_id, &run_dir, started, verdict, kept.stored)
+            .await;
+        drop(running);
+        if let Ok(o) = &outcome {
+            self.metrics
+                .run_ended(o.status, o.backend, Some(o.duration));
+        }
+        if let Some(t) = trace {
+            t.end(outcome.as_ref().map_or(RunStatus::Failed, |o| o.status));
+        }
+        outcome
     }
 
     /// Records the model budget the run is held to (its report and
@@ -197,7 +229,8 @@ impl Orchestrator {
     }
 
     /// Plans the run, grants it its connections, starts it, watches it,
-    /// and tears it down: the same teardown whatever ended it.
+    /// and tears it down: the same teardown whatever ended it (each phase a
+    /// span of the run's `trace`, when it is traced).
     async fn start_and_watch(
         &self,
         run_id: &str,
@@ -205,8 +238,9 @@ impl Orchestrator {
         req: &RunRequest,
         cancel: &mut Cancel,
         progress: ProgressFn<'_>,
-        started: Instant,
+        (started, trace): (Instant, Option<&crate::traces::RunTrace>),
     ) -> Result<Judged, RunError> {
+        let starting = trace.map(|t| t.phase("start"));
         // Fail closed: budgets that cannot be read are kept by the platform,
         // which refuses each call while it cannot read them.
         let org_budget = match self.store.org_budget(&req.org).await {
@@ -225,6 +259,7 @@ impl Orchestrator {
         let mut run = self
             .start(run_id, &req.org, &plan, progress, started)
             .await?;
+        drop(starting);
         let ended = self
             .watch(
                 &mut run,
@@ -235,7 +270,9 @@ impl Orchestrator {
                 started,
             )
             .await;
+        let tearing_down = trace.map(|t| t.phase("teardown"));
         let remains = run.teardown().await;
+        drop(tearing_down);
         Ok(judge(ended, &remains))
     }
 }

@@ -33,6 +33,21 @@ pub struct Orchestrator {
     pub ends: Arc<Notify>,
     /// The models this platform knows (bundled, and the live catalog's).
     pub models: Arc<crate::models::ModelRegistry>,
+    /// What this platform counts for its operator ([`crate::metrics`]).
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Its runs' traces, when `OTEL_EXPORTER_OTLP_ENDPOINT` asks for them
+    /// ([`crate::traces`]).
+    pub traces: Option<Arc<crate::traces::Traces>>,
+}
+
+impl Orchestrator {
+    /// Exports the traces still pending and stops exporting (the
+    /// platform's stop; nothing when traces are off).
+    pub async fn finish_traces(&self) {
+        if let Some(t) = &self.traces {
+            t.shutdown().await;
+        }
+    }
 }
 
 /// Shared state for several concurrent runs.

@@ -104,6 +104,8 @@ pub struct Site<'a> {
     /// The run's organization has model budgets (or they could not be
     /// read): the sidecar reserves each model call with the platform.
     pub org_budget: bool,
+    /// The run is traced: its sidecar times its steps of each request.
+    pub traced: bool,
     /// `AIRLOCK_LOG` of the runtime and of the sidecar.
     pub runtime_log: &'a str,
     pub sidecar_log: &'a str,
@@ -495,6 +497,7 @@ fn sidecar_config(
                 .and_then(|b| b.default_max_tokens)
                 .unwrap_or(0),
         },
+        trace_steps: site.traced,
     })
 }
 
@@ -593,6 +596,7 @@ mod tests {
             org_budget: false,
             known_prices: &[],
             transparent_plane: true,
+            traced: false,
         };
         RunPlan::build(req, settings, &site, keys(req)).expect("plan")
     }

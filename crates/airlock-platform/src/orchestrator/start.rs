@@ -81,6 +81,7 @@ impl Orchestrator {
             org_budget,
             known_prices: &known_prices,
             transparent_plane: self.backend.transparent_plane(),
+            traced: self.traces.is_some(),
         };
         let keys = Keys::mint(run_id, &req.manifest, &self.tokens)?;
         let plan = RunPlan::build(req, &self.settings, &site, keys)?;
@@ -127,6 +128,8 @@ impl Orchestrator {
             .spawn(&plan.sandbox)
             .map_err(RunError::SandboxSpawn)?;
         tracing::debug!(target: "airlock::phase", "sandbox spawned");
+        self.metrics
+            .sandbox_started(self.backend.name(), started.elapsed());
         let mut run = StartedRun {
             sandbox,
             runners: Vec::new(),
@@ -176,6 +179,7 @@ impl Orchestrator {
             run.runners.push(sb);
         }
         run.output = Some(SandboxOutput::start(&mut run.sandbox, plan.tag.clone()));
+        let sidecar_spawned = Instant::now();
         let mut sidecar = self
             .backend
             .spawn_sidecar(&plan.sidecar)
@@ -193,6 +197,8 @@ impl Orchestrator {
             Err(_) => return Err(RunError::SidecarReadyTimeout(SIDECAR_READY_WITHIN)),
         }
         tracing::debug!(target: "airlock::phase", "sidecar ready");
+        self.metrics
+            .sidecar_started(self.backend.name(), sidecar_spawned.elapsed());
         open_to_sandboxes(&plan.sockets);
         for sb in &mut run.runners {
             sb.release_stdin();

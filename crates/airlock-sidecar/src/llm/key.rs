@@ -45,20 +45,27 @@ impl HeldKey {
     /// The key for a call starting now, and what `work` gives: the held
     /// key, or one fetched from the platform while `work` runs (the fetch
     /// goes out first), then held.
+    /// Also returns the fetch's step when the run is traced and the key
+    /// was fetched (not held).
     pub(super) async fn with<F: std::future::Future>(
         &self,
         sidecar: &Sidecar,
         work: F,
-    ) -> (Result<ModelKey, Box<Response>>, F::Output) {
+    ) -> (
+        Result<ModelKey, Box<Response>>,
+        F::Output,
+        Option<airlock_platform_api::wire::Step>,
+    ) {
         let started = Instant::now();
         match self.fresh(started) {
-            Some(k) => (Ok(k), work.await),
+            Some(k) => (Ok(k), work.await, None),
             None => {
-                let (key, out) = tokio::join!(model_key(sidecar), work);
+                let fetch = airlock_platform_api::wire::timed(sidecar.traced, model_key(sidecar));
+                let ((key, step), out) = tokio::join!(fetch, work);
                 if let Ok(k) = &key {
                     self.keep(k, started);
                 }
-                (key, out)
+                (key, out, step)
             }
         }
     }

@@ -35,6 +35,7 @@ use crate::config::{MODEL_CREDENTIAL, Provider};
 use crate::credential::{Redactor, unreadable_coding};
 use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
 use crate::state::Sidecar;
+use airlock_platform_api::wire::timed;
 
 /// The `/llm` handler: one model call.
 pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response {
@@ -56,16 +57,17 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
     // is first polled); the body, the guard's decision and the egress
     // record are done while the platform answers.
     let admit = admit(&llm, up, endpoint, &parts, &url, body);
-    let (key, admitted) = llm.key.with(&llm.sidecar, admit).await;
+    let (key, admitted, fetch_step) = llm.key.with(&llm.sidecar, admit).await;
     let Admitted {
         mut prepared,
         admission,
-        flight,
+        mut flight,
         hold,
     } = match admitted {
         Ok(a) => a,
         Err(r) => return r,
     };
+    flight.step(fetch_step, |s| &mut s.credential);
     let (key, headers) = match key
         .and_then(|k| upstream_headers(&parts.headers, up.provider, &k.secret).map(|h| (k, h)))
     {
@@ -87,7 +89,9 @@ pub(super) async fn relay(State(llm): State<Arc<Llm>>, req: Request) -> Response
         body: std::mem::take(&mut prepared.body),
         credential_headers: vec![header::AUTHORIZATION, HeaderName::from_static("x-api-key")],
     };
-    let resp = match send(&llm, admission, out, &key.secret).await {
+    let (sent, upstream) = timed(llm.sidecar.traced, send(&llm, admission, out, &key.secret)).await;
+    flight.step(upstream, |s| &mut s.upstream);
+    let resp = match sent {
         Ok(r) => r,
         Err(mut e) => {
             e.detail = key.redactor.str(&e.detail);
@@ -191,7 +195,12 @@ async fn admit(
     // The URL is the configured base and the agent's own path and query,
     // made before the key exists (the key goes in a header): no secret of
     // the sidecar's is in its text, so its parse is remembered.
-    let admission = match sidecar.client.admit_secret_free(url, &rules).await {
+    let (admitted, guard) = timed(
+        sidecar.traced,
+        sidecar.client.admit_secret_free(url, &rules),
+    )
+    .await;
+    let admission = match admitted {
         Ok(a) => a,
         Err(e) => {
             if let Some(h) = hold {
@@ -209,12 +218,15 @@ async fn admit(
     };
     // The key travels in a header only: nothing in the URL to redact.
     match sidecar.egress.begin(&allowed, &Redactor::none()) {
-        Ok(flight) => Ok(Admitted {
-            prepared,
-            admission,
-            flight,
-            hold,
-        }),
+        Ok(mut flight) => {
+            flight.step(guard, |s| &mut s.guard);
+            Ok(Admitted {
+                prepared,
+                admission,
+                flight,
+                hold,
+            })
+        }
         Err(e) => {
             if let Some(h) = hold {
                 h.release();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use airlock_egress::{Admission, AuthorizedUris, CallRules, EgressError, OutboundRequest};
-use airlock_platform_api::wire::EgressOutcome;
+use airlock_platform_api::wire::{EgressOutcome, Step, Steps, timed};
 use base64::Engine;
 use bytes::Bytes;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject, Resource};
@@ -33,8 +33,8 @@ pub fn arg_error(e: &ArgError) -> CallToolResult {
 /// Why an `api_call` was not sent.
 pub(crate) enum Stop {
     /// The guard refused it (to be recorded by the caller, with the
-    /// call's redactor).
-    Refused(EgressError),
+    /// call's redactor), after the guard's step (a traced run's).
+    Refused(EgressError, Option<Step>),
     /// The egress log could not record it.
     Unrecorded(RecordError),
 }
@@ -61,11 +61,14 @@ async fn decide_and_record(
     bytes_out: u64,
     redactor: &Redactor,
 ) -> Result<(Admission, InFlight), Stop> {
-    let admission = match text {
-        UrlText::AsWritten => sidecar.client.admit_secret_free(url, rules).await,
-        UrlText::Prepared => sidecar.client.admit(url, rules).await,
-    }
-    .map_err(Stop::Refused)?;
+    let (admitted, guard) = timed(sidecar.traced, async {
+        match text {
+            UrlText::AsWritten => sidecar.client.admit_secret_free(url, rules).await,
+            UrlText::Prepared => sidecar.client.admit(url, rules).await,
+        }
+    })
+    .await;
+    let admission = admitted.map_err(|e| Stop::Refused(e, guard))?;
     let allowed = Allowed {
         source: Source::ApiCall,
         integration: Some(ns),
@@ -74,10 +77,11 @@ async fn decide_and_record(
         bytes_out,
     };
     // Until the request is on its way, a drop means it was not sent.
-    let flight = sidecar
+    let mut flight = sidecar
         .egress
         .begin_as(&allowed, redactor, Some(EgressOutcome::NotSent))
         .map_err(Stop::Unrecorded)?;
+    flight.step(guard, |s| &mut s.guard);
     Ok((admission, flight))
 }
 
@@ -200,8 +204,11 @@ pub(crate) async fn run_answer(
     };
     let ns = integration.namespace.as_str();
     let method = args.method.as_str();
-    let (fetched, early) = tokio::join!(
-        credential(sidecar, integration, prefetch),
+    let ((fetched, fetch_step), early) = tokio::join!(
+        timed(
+            sidecar.traced && integration.has_connection,
+            credential(sidecar, integration, prefetch)
+        ),
         decide_early(state, integration, &args)
     );
     // The credential lives for this call only; `fields` is dropped on return.
@@ -214,7 +221,15 @@ pub(crate) async fn run_answer(
     };
     let early = match early {
         Some(Err(stop)) => {
-            return stopped(sidecar, ns, method, stop, &args.target, &redactor).into();
+            return stopped(
+                sidecar,
+                ns,
+                method,
+                (stop, fetch_step),
+                &args.target,
+                &redactor,
+            )
+            .into();
         }
         other => other,
     };
@@ -258,10 +273,19 @@ pub(crate) async fn run_answer(
         }
     };
     match decided {
-        Ok((admission, flight)) => {
+        Ok((admission, mut flight)) => {
+            flight.step(fetch_step, |s| &mut s.credential);
             send(state, &rules, admission, flight, prepared, &redactor).await
         }
-        Err(stop) => stopped(sidecar, ns, method, stop, &prepared.url, &redactor).into(),
+        Err(stop) => stopped(
+            sidecar,
+            ns,
+            method,
+            (stop, fetch_step),
+            &prepared.url,
+            &redactor,
+        )
+        .into(),
     }
 }
 
@@ -306,24 +330,31 @@ fn not_sent(early: Option<Result<(Admission, InFlight), Stop>>) {
 }
 
 /// The result of a call to `url` that was not sent: the guard's refusal
-/// (recorded here, with the call's redactor), or the egress log's failure.
+/// (recorded here, with the call's redactor and, in a traced run, the
+/// guard's step and the credential's `fetch` step), or the egress log's
+/// failure.
 fn stopped(
     sidecar: &Sidecar,
     ns: &str,
     method: &str,
-    stop: Stop,
+    (stop, fetch): (Stop, Option<Step>),
     url: &str,
     redactor: &Redactor,
 ) -> CallToolResult {
     match stop {
-        Stop::Refused(e) => {
+        Stop::Refused(e, guard) => {
+            let steps = (guard.is_some() || fetch.is_some()).then_some(Steps {
+                guard,
+                credential: fetch,
+                ..Steps::default()
+            });
             let what = Refused {
                 source: Source::ApiCall,
                 integration: Some(ns),
                 method,
                 url,
             };
-            sidecar.egress.refused(&what, &e, redactor);
+            sidecar.egress.refused_after(&what, &e, redactor, steps);
             error_result(
                 e.code.as_str(),
                 &redactor.str(&e.to_string()),
@@ -362,12 +393,13 @@ async fn send(
         body: prepared.body,
         credential_headers: prepared.credential_headers,
     };
-    let resp = match state
-        .sidecar
-        .client
-        .send_admitted(admission, req, rules)
-        .await
-    {
+    let (sent, upstream) = timed(
+        state.sidecar.traced,
+        state.sidecar.client.send_admitted(admission, req, rules),
+    )
+    .await;
+    flight.step(upstream, |s| &mut s.upstream);
+    let resp = match sent {
         Ok(r) => r,
         Err(e) => {
             flight.complete(Outcome::of_error(&e).bytes_out(sent_bytes));
@@ -403,7 +435,8 @@ async fn send(
         )
         .into();
     }
-    let answer = success(state, redactor, resp).await;
+    let (answer, redaction) = timed(state.sidecar.traced, success(state, redactor, resp)).await;
+    flight.step(redaction, |s| &mut s.redaction);
     flight.complete_after_answer(answered);
     answer
 }

@@ -72,6 +72,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // The address bound (a port 0 becomes the real one): what the webhook
     // guard refuses as this server itself.
     cfg.listen = listener.local_addr()?;
+    // `/metrics` on its own listener, bound now so a bad address stops the
+    // boot; it answers once the platform is up.
+    let metrics = match cfg.metrics.clone() {
+        Some(m) => {
+            let l = tokio::net::TcpListener::bind(m.listen)
+                .await
+                .with_context(|| format!("METRICS_LISTEN: listening on {}", m.listen))?;
+            eprintln!(
+                "airlock serve: metrics on http://{}/metrics",
+                l.local_addr()?
+            );
+            Some((l, m.token))
+        }
+        None => None,
+    };
     let replica = airlock_server::new_replica_id()?;
     eprintln!(
         "airlock serve: listening on http://{} (replica {replica}, {} backend, store {store_name})",
@@ -103,8 +118,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .await?;
             // The internal API serves as long as the process lives; its
             // socket is removed below.
-            let orch = platform.into_orchestrator();
-            let app = AppState::with_replica(Arc::new(orch), auth, cfg, replica)?;
+            let orch = Arc::new(platform.into_orchestrator());
+            if let Some((listener, token)) = metrics {
+                tokio::spawn(airlock_server::metrics::serve(
+                    listener,
+                    orch.clone(),
+                    token,
+                ));
+            }
+            let app = AppState::with_replica(orch, auth, cfg, replica)?;
             eprintln!("airlock serve: ready");
             Ok(app)
         }
