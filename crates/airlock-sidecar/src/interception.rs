@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressPolicy, Target};
+use airlock_egress::{AuthorizedUris, CallRules, EgressCode, EgressPolicy, Intent, Target};
 use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
@@ -150,12 +150,15 @@ impl Interceptor {
 
     /// The integration whose credential a request to `target` on a
     /// listener may carry: the first whose `authorized_uris` cover it under
-    /// `policy`.
+    /// `policy`. An integration whose L7 rules refuse the request still
+    /// covers it: the request is then refused naming its rule, never sent
+    /// under the network policy instead.
     pub fn injectable_for<'a>(
         &'a self,
         policy: &EgressPolicy,
         runner: Option<&'a str>,
         target: &Target,
+        method: &http::Method,
     ) -> Option<&'a Injectable> {
         self.candidates(runner).find(|i| {
             let rules = CallRules {
@@ -163,7 +166,10 @@ impl Interceptor {
                 allow_all_uris: false,
                 credentialed: i.carries,
             };
-            policy.check(target, &rules).is_ok()
+            match policy.check(target, Intent::Request(method), &rules) {
+                Ok(_) => true,
+                Err(e) => e.code == EgressCode::RuleRefused,
+            }
         })
     }
 }

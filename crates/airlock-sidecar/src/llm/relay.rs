@@ -187,7 +187,11 @@ async fn admit(
     // The URL is the configured base and the agent's own path and query,
     // made before the key exists (the key goes in a header): no secret of
     // the sidecar's is in its text, so its parse is remembered.
-    let admission = match sidecar.client.admit_secret_free(url, &rules).await {
+    let admission = match sidecar
+        .client
+        .admit_secret_free(url, &parts.method, &rules)
+        .await
+    {
         Ok(a) => a,
         Err(e) => {
             if let Some(h) = hold {
@@ -282,7 +286,12 @@ async fn judge_provider_fetches(
         credentialed: false,
     };
     for (url, what) in provider_fetch::urls(&asks) {
-        if let Err(e) = sidecar.client.admit_secret_free(url, &rules).await {
+        // The provider fetches the URL: a GET, whatever the model call is.
+        if let Err(e) = sidecar
+            .client
+            .admit_secret_free(url, &http::Method::GET, &rules)
+            .await
+        {
             tracing::info!(%url, what, "a model request's provider fetch refused: {}", e.operator_message());
             return Err(refused(sidecar, method, url, &e));
         }

@@ -56,20 +56,20 @@ async fn decide_and_record(
     sidecar: &Sidecar,
     rules: &CallRules<'_>,
     ns: &str,
-    method: &str,
+    method: &http::Method,
     (url, text): (&str, UrlText),
     bytes_out: u64,
     redactor: &Redactor,
 ) -> Result<(Admission, InFlight), Stop> {
     let admission = match text {
-        UrlText::AsWritten => sidecar.client.admit_secret_free(url, rules).await,
-        UrlText::Prepared => sidecar.client.admit(url, rules).await,
+        UrlText::AsWritten => sidecar.client.admit_secret_free(url, method, rules).await,
+        UrlText::Prepared => sidecar.client.admit(url, method, rules).await,
     }
     .map_err(Stop::Refused)?;
     let allowed = Allowed {
         source: Source::ApiCall,
         integration: Some(ns),
-        method,
+        method: method.as_str(),
         target: admission.target(),
         bytes_out,
     };
@@ -249,7 +249,7 @@ pub(crate) async fn run_answer(
                 sidecar,
                 &rules,
                 ns,
-                method,
+                &prepared.method,
                 (&prepared.url, UrlText::Prepared),
                 prepared.body.len() as u64,
                 &redactor,
@@ -288,7 +288,7 @@ async fn decide_early(
         &state.sidecar,
         &rules,
         ns,
-        args.method.as_str(),
+        &args.method,
         (&args.target, UrlText::AsWritten),
         args.body_len() as u64,
         &Redactor::none(),

@@ -143,7 +143,7 @@ impl GuardedMcpHttp {
             allow_all_uris: integration.allow_all_uris,
             credentialed: integration.has_connection,
         };
-        let admission = match sidecar.client.admit(uri, &rules).await {
+        let admission = match sidecar.client.admit(uri, &method, &rules).await {
             Ok(a) => a,
             Err(e) => {
                 let what = Refused {
