@@ -41,6 +41,7 @@ pub use resolve::{
     DnsServerResolver, LookupFuture, Resolve, ResolveError, StaticResolver, SystemResolver,
 };
 pub use rules::{
-    Intent, Missing, Preset, QueryKeyword, QuerySpec, Rule, RuleError, RuleRefusal, RuleSpec, Rules,
+    Intent, Missing, Preset, QueryKeyword, QuerySpec, Rule, RuleError, RuleList, RuleRefusal,
+    RuleSpec, Rules,
 };
 pub use target::{Target, TargetHost, TargetMemo};

@@ -20,8 +20,10 @@
 //! ([`Target::as_decoded_by_servers`]), and with empty segments (`//`)
 //! collapsed. Every spelling must be admitted.
 
+use std::sync::Arc;
+
 use http::Method;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::pattern::{PatternError, UriPattern};
 use crate::target::Target;
@@ -417,6 +419,11 @@ impl Rules {
         &self.rules
     }
 
+    /// Whether some rule needs to see inside the requests it covers.
+    pub fn any_sees_inside(&self) -> bool {
+        self.rules.iter().any(Rule::sees_inside)
+    }
+
     /// Whether a CONNECT to `t` must be opened to be judged: some rule
     /// covering it needs to see inside.
     pub fn sees_inside(&self, t: &Target) -> bool {
@@ -479,6 +486,55 @@ impl Rules {
             Some((_, refusal)) => Err(refusal),
             None => Ok(()),
         }
+    }
+}
+
+/// A list of rules as written, compiled once when it is read: the
+/// manifest's `rules`, and the launch contract's, which therefore can only
+/// hold rules that load (a rule that does not is a parse error with the
+/// rule's reason).
+#[derive(Debug, Clone, Default)]
+pub struct RuleList {
+    specs: Vec<RuleSpec>,
+    compiled: Arc<Rules>,
+}
+
+impl RuleList {
+    pub fn new(specs: Vec<RuleSpec>) -> Result<RuleList, RuleError> {
+        let compiled = Arc::new(Rules::compile(&specs)?);
+        Ok(RuleList { specs, compiled })
+    }
+
+    pub fn specs(&self) -> &[RuleSpec] {
+        &self.specs
+    }
+
+    /// The compiled rules, shared ([`crate::AuthorizedUris::with_rules`]).
+    pub fn compiled(&self) -> Arc<Rules> {
+        self.compiled.clone()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+}
+
+impl PartialEq for RuleList {
+    fn eq(&self, other: &Self) -> bool {
+        self.specs == other.specs
+    }
+}
+
+impl Serialize for RuleList {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.specs.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for RuleList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RuleList, D::Error> {
+        let specs = Vec::<RuleSpec>::deserialize(d)?;
+        RuleList::new(specs).map_err(serde::de::Error::custom)
     }
 }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use airlock_egress::{AuthorizedUris, RuleList};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -307,6 +308,10 @@ pub struct Integration {
     pub authorized_uris: Vec<String>,
     #[serde(default)]
     pub allow_all_uris: bool,
+    /// The L7 rules narrowing `authorized_uris` (methods, paths, query),
+    /// compiled when the configuration is read.
+    #[serde(default, skip_serializing_if = "RuleList::is_empty")]
+    pub rules: RuleList,
     #[serde(default)]
     pub delivery: Option<Delivery>,
     /// The integration has a stored connection (almost always): the call
@@ -331,6 +336,21 @@ pub struct Integration {
     /// where its placeholder becomes the credential.
     #[serde(default)]
     pub runner: Option<Runner>,
+}
+
+impl Integration {
+    /// What the integration's requests may reach: its `authorized_uris`
+    /// narrowed by its rules. Every egress site of the integration judges
+    /// with this list (or [`Integration::authorized_with`]'s).
+    pub fn authorized(&self) -> AuthorizedUris {
+        AuthorizedUris::parse(&self.authorized_uris).with_rules(self.rules.compiled())
+    }
+
+    /// [`Integration::authorized`] with `{$credential.field}` templates
+    /// rendered from a connection's fields.
+    pub fn authorized_with(&self, fields: &BTreeMap<String, SecretString>) -> AuthorizedUris {
+        AuthorizedUris::render(&self.authorized_uris, fields).with_rules(self.rules.compiled())
+    }
 }
 
 /// Where the sidecar listens for one local MCP runner (as the sidecar sees it).
@@ -444,12 +464,16 @@ pub struct Model {
 #[serde(deny_unknown_fields)]
 pub struct Network {
     pub egress: NetworkEgress,
+    /// The L7 rules narrowing `egress` on the agent's proxy.
+    #[serde(default, skip_serializing_if = "RuleList::is_empty")]
+    pub rules: RuleList,
 }
 
 impl Default for Network {
     fn default() -> Self {
         Network {
             egress: NetworkEgress::None,
+            rules: RuleList::default(),
         }
     }
 }
@@ -685,6 +709,10 @@ mod tests {
                 namespace: Namespace::parse("github").unwrap(),
                 authorized_uris: vec!["https://api.github.com/**".into()],
                 allow_all_uris: false,
+                rules: serde_json::from_str(
+                    r#"[{"id":"gh-read","host":"https://api.github.com","access":"read-only","paths":["/repos/**"],"query":["page"]}]"#,
+                )
+                .unwrap(),
                 delivery: Some(Delivery {
                     header: HeaderName::parse("Authorization").unwrap(),
                     prefix: HeaderText::parse("Bearer ").unwrap(),
@@ -709,6 +737,8 @@ mod tests {
             }),
             network: Network {
                 egress: NetworkEgress::Allow(vec!["https://pypi.org/**".into()]),
+                rules: serde_json::from_str(r#"[{"host":"https://pypi.org","methods":["GET"]}]"#)
+                    .unwrap(),
             },
             egress: EgressSettings {
                 allow_internal_hosts: vec!["db.internal".into()],
@@ -761,6 +791,12 @@ mod tests {
         );
         assert_eq!(back.model.as_ref().unwrap().provider, Provider::Anthropic);
         assert_eq!(back.network.egress, cfg.network.egress);
+        assert_eq!(back.network.rules, cfg.network.rules);
+        assert_eq!(back.integrations[0].rules, cfg.integrations[0].rules);
+        assert_eq!(
+            back.integrations[0].rules.specs()[0].id.as_deref(),
+            Some("gh-read")
+        );
         assert_eq!(back.egress.blocked_names, ["sidecar"]);
         assert_eq!(
             back.proxy_ca.as_ref().unwrap().key_pem.expose_secret(),

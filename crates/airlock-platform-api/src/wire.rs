@@ -311,6 +311,10 @@ pub struct EgressRecord {
     /// Model calls only: whether the provider's usage was metered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metering: Option<Metering>,
+    /// A `rule_refused` refusal only: the L7 rule and what it lacked
+    /// (credential values in a path redacted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<airlock_egress::RuleRefusal>,
 }
 
 impl EgressRecord {
@@ -358,6 +362,10 @@ impl EgressRecord {
         if let Some(metering) = self.metering {
             out.extend_from_slice(br#","metering":"#);
             value(out, metering.as_str())?;
+        }
+        if let Some(rule) = &self.rule {
+            out.extend_from_slice(br#","rule":"#);
+            value(out, rule)?;
         }
         out.push(b'}');
         Ok(())
@@ -559,6 +567,10 @@ mod tests {
                         seq: on(0).then_some(1_764_000_000_000_000_007),
                         outcome,
                         metering,
+                        rule: on(2).then(|| airlock_egress::RuleRefusal {
+                            rule: text.into(),
+                            missing: airlock_egress::Missing::Path { path: text.into() },
+                        }),
                     };
                     let mut ours = Vec::new();
                     rec.write_json(&mut ours).unwrap();

@@ -585,6 +585,7 @@ pub(crate) mod tests {
             seq: Some(seq),
             outcome: Some(outcome),
             metering: None,
+            rule: None,
         }
     }
 

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use airlock_egress::RuleList;
 use airlock_platform_api::types::{AgentName, ConnectionName, Namespace, NetworkEgress, Provider};
 use serde::Deserialize;
 
@@ -160,6 +161,9 @@ pub struct ModelSection {
 #[serde(deny_unknown_fields)]
 pub struct NetworkSection {
     pub egress: NetworkEgress,
+    /// L7 rules narrowing `egress` (docs/egress.md, "L7 rules").
+    #[serde(default)]
+    pub rules: RuleList,
 }
 
 /// An integration's `delivery`: the launch contract's type, handed to the
@@ -176,6 +180,9 @@ pub struct IntegrationSection {
     pub authorized_uris: Vec<String>,
     #[serde(default)]
     pub allow_all_uris: bool,
+    /// L7 rules narrowing `authorized_uris` (docs/egress.md, "L7 rules").
+    #[serde(default)]
+    pub rules: RuleList,
     #[serde(default)]
     pub delivery: Option<Delivery>,
     /// Where the integration's MCP tools come from, besides its `api_call`.
@@ -327,6 +334,7 @@ impl Manifest {
         }
         if let Some(NetworkSection {
             egress: NetworkEgress::Allow(patterns),
+            ..
         }) = &self.network
         {
             check_patterns("network.egress", patterns)?;

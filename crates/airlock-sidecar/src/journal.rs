@@ -262,6 +262,7 @@ mod tests {
             seq: Some(seq),
             outcome: Some(EgressOutcome::Incomplete),
             metering: None,
+            rule: None,
         }
     }
 

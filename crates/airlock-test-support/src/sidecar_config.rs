@@ -148,7 +148,13 @@ impl SidecarConfigBuilder {
 
     /// The forward proxy's network policy.
     pub fn network(mut self, egress: NetworkEgress) -> Self {
-        self.cfg.network = Network { egress };
+        self.cfg.network.egress = egress;
+        self
+    }
+
+    /// L7 rules narrowing the network policy (each `RuleSpec` as JSON).
+    pub fn network_rules(mut self, rules: serde_json::Value) -> Self {
+        self.cfg.network.rules = serde_json::from_value(rules).expect("rules that load");
         self
     }
 
@@ -245,6 +251,7 @@ pub fn integration(namespace: &str) -> IntegrationBuilder {
         namespace: Namespace::parse(namespace).expect("a namespace the manifest accepts"),
         authorized_uris: vec![],
         allow_all_uris: false,
+        rules: Default::default(),
         delivery: None,
         has_connection: true,
         mcp_url: None,
@@ -259,6 +266,12 @@ impl IntegrationBuilder {
         self.0
             .authorized_uris
             .extend(uris.into_iter().map(|u| u.to_string()));
+        self
+    }
+
+    /// L7 rules narrowing the URIs (each `RuleSpec` as JSON).
+    pub fn rules(mut self, rules: serde_json::Value) -> Self {
+        self.0.rules = serde_json::from_value(rules).expect("rules that load");
         self
     }
 

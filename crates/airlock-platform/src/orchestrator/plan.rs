@@ -67,11 +67,16 @@ impl Keys {
 }
 
 /// Whether a run of `m` has its own CA: an integration injects through
-/// the intercepting proxy, or has a local runner (whose proxy is one).
+/// the intercepting proxy, or has a local runner (whose proxy is one), or
+/// a rule of `[network]` must see inside the agent's HTTPS requests (a run
+/// without one keeps its plain tunnels and has no CA).
 pub fn needs_proxy_ca(m: &Manifest) -> bool {
     m.integrations
         .iter()
         .any(|i| i.inject == Some(Inject::Proxy) || i.local_command().is_some())
+        || m.network
+            .as_ref()
+            .is_some_and(|n| n.rules.compiled().any_sees_inside())
 }
 
 /// The integrations of `m` with a local runner: their index in the
@@ -423,6 +428,11 @@ fn sidecar_config(
                 .as_ref()
                 .map(|n| n.egress.clone())
                 .unwrap_or(NetworkEgress::None),
+            rules: m
+                .network
+                .as_ref()
+                .map(|n| n.rules.clone())
+                .unwrap_or_default(),
         },
         egress: launch::EgressSettings {
             allow_internal_hosts: settings.allow_internal_hosts.clone(),
@@ -463,6 +473,7 @@ fn launch_integration(
         namespace: i.namespace.clone(),
         authorized_uris: i.authorized_uris.clone(),
         allow_all_uris: i.allow_all_uris,
+        rules: i.rules.clone(),
         has_connection: i.connection.is_some(),
         delivery: i.delivery.clone(),
         mcp_url: i.remote_mcp_url().map(str::to_owned),

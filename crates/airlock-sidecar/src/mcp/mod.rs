@@ -118,12 +118,7 @@ impl McpState {
             .integrations
             .iter()
             .filter(|(_, i)| !airlock_egress::AuthorizedUris::has_templates(&i.authorized_uris))
-            .map(|(ns, i)| {
-                (
-                    ns.clone(),
-                    airlock_egress::AuthorizedUris::parse(&i.authorized_uris),
-                )
-            })
+            .map(|(ns, i)| (ns.clone(), i.authorized()))
             .collect();
         let mut runners = sidecar
             .runner_mcp

@@ -106,7 +106,7 @@ impl GuardedMcpHttp {
             .integrations
             .get(namespace)
             .filter(|i| !AuthorizedUris::has_templates(&i.authorized_uris))
-            .map(|i| Arc::new(AuthorizedUris::parse(&i.authorized_uris)));
+            .map(|i| Arc::new(i.authorized()));
         GuardedMcpHttp {
             sidecar,
             namespace: namespace.into(),
@@ -134,7 +134,7 @@ impl GuardedMcpHttp {
         let authorized = match &self.authorized {
             Some(a) => a.as_ref(),
             None => {
-                rendered = AuthorizedUris::render(&integration.authorized_uris, &fields);
+                rendered = integration.authorized_with(&fields);
                 &rendered
             }
         };

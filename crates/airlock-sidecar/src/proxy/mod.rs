@@ -306,7 +306,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
     if sidecar
         .interceptor
         .as_ref()
-        .is_some_and(|i| i.serves(scope.runner()))
+        .is_some_and(|i| i.serves(scope.runner(), &target))
         && matches!(head.target, RequestTarget::Authority(_))
     {
         // Each request inside is judged on its own ([`intercept`]).
