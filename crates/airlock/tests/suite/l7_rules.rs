@@ -269,6 +269,7 @@ fn curl(proxy: &str, token: &str, args: &[&str]) -> u16 {
         .args(args)
         .output()
         .expect("curl must be installed (.ci/run installs it)");
+    eprintln!("curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout)
         .trim()
         .parse()
@@ -397,4 +398,103 @@ async fn the_forward_proxy_cannot_slip_a_method_or_path_past_a_rule() {
         .filter(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
         .count();
     assert_eq!(refused, 13, "{log:?}");
+}
+
+/// curl through the proxy to an HTTPS URL, trusting only `cacert`: the
+/// status, or 0 when the handshake failed.
+fn curl_tls(proxy: &str, token: &str, cacert: &std::path::Path, args: &[&str]) -> u16 {
+    let cacert = cacert.to_str().unwrap();
+    curl(proxy, token, &[&["--cacert", cacert], args].concat())
+}
+
+/// HTTPS through the forward proxy: a CONNECT to a host a `[network]` rule
+/// must see inside is intercepted under the run's CA and each request in it
+/// judged (the same attacks as on plain HTTP); a CONNECT to a host no rule
+/// covers stays a plain tunnel (the agent sees the upstream's own
+/// certificate); a client that does not speak TLS to the ruled host is
+/// refused (`missing: tunnel`) and nothing reaches it.
+#[tokio::test(flavor = "multi_thread")]
+async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
+    use crate::support::tls::{TwoHosts, test_ca, two_hosts_on};
+    let upstream_ca = test_ca();
+    let TwoHosts {
+        main,
+        main_port,
+        main_log,
+        other,
+        other_log,
+        ..
+    } = two_hosts_on("127.0.0.1", "127.0.0.1", &upstream_ca).await;
+    let p = TestPlatform::start("l7-rules-tls").await;
+    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .network_allow([format!("{main}/**"), format!("{other}/**")])
+        .network_rules(
+            json!([{"id": "api-read", "host": main, "access": "read-only", "paths": ["/api/**"]}]),
+        )
+        .allow_internal_hosts(["127.0.0.1"])
+        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
+        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
+        .build();
+    let sc = spawn_sidecar(&cfg);
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let proxy = format!("http://{}", sc.proxy_tcp());
+    let dir = tempfile::tempdir().unwrap();
+    let run_pem = dir.path().join("run.pem");
+    std::fs::write(&run_pem, &run_ca.cert_pem).unwrap();
+
+    let m = |path: &str| format!("{main}{path}");
+    assert_eq!(curl_tls(&proxy, &token, &run_pem, &[&m("/api/ok")]), 200);
+    for args in [
+        vec!["-X", "DELETE", &m("/api/x")],
+        vec!["-X", "get", &m("/api/x")],
+        vec![&m("/private")],
+        vec![&m("/api/../private")],
+        vec![&m("/api/%2e%2e/private")],
+        vec![&m("/api/..%2fprivate")],
+        vec![&m("/private?/api/x")],
+    ] {
+        assert_eq!(curl_tls(&proxy, &token, &run_pem, &args), 403, "{args:?}");
+    }
+    // A host no rule covers keeps its plain tunnel: the agent sees the
+    // upstream's own certificate (the test CA's leaf, which names no DN of
+    // its own, so curl takes it on `-k`), never one of the run's CA.
+    let o = format!("{other}/free");
+    assert_eq!(curl(&proxy, &token, &["-k", "-X", "DELETE", &o]), 200);
+    assert_eq!(curl_tls(&proxy, &token, &run_pem, &[&o]), 0);
+
+    // Not TLS to the ruled host: refused, nothing relayed.
+    let (_, got) = raw(
+        sc.proxy_tcp(),
+        format!(
+            "CONNECT 127.0.0.1:{main_port} HTTP/1.1\r\nHost: 127.0.0.1:{main_port}\r\n\
+             Proxy-Authorization: Bearer {token}\r\n\r\nDELETE /api/x HTTP/1.1\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(!got.contains("\"path\""), "{got}");
+
+    let main_seen: Vec<String> = main_log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(main_seen, ["/api/ok"]);
+    let other_seen: Vec<String> = other_log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(other_seen, ["/free"]);
+    let log = p.egress_log().await;
+    let refused = log
+        .iter()
+        .filter(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
+        .count();
+    assert_eq!(refused, 8, "{log:?}");
 }
