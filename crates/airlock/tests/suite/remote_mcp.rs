@@ -305,6 +305,85 @@ async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
     drop(sc);
 }
 
+/// L7 rules on a remote MCP server's integration: its exchanges (POST,
+/// GET and DELETE to the server's URL) are judged like any request, so a
+/// rule that does not allow them (a `read-only` preset, another path)
+/// keeps the server uncontacted and says which rule refused; a rule that
+/// names them lets the tools through.
+#[tokio::test(flavor = "multi_thread")]
+async fn l7_rules_judge_a_remote_servers_exchanges() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) {
+        return;
+    }
+    let refused_server = McpServer::start("good", CANARY);
+    let server = McpServer::start("good", CANARY);
+    let p = platform_with(&["ro", "elsewhere", "good"]).await;
+    let (rport, port) = (refused_server.port, server.port);
+    let host = |port: u16| format!("http://{HOST}:{port}");
+    let sc = sidecar_for(
+        &p,
+        [
+            remote_integration("ro", rport)
+                .rules(json!([{"id": "ro-read", "host": host(rport), "access": "read-only"}])),
+            remote_integration("elsewhere", rport).rules(
+                json!([{"id": "other-path", "host": host(rport), "access": "full", "paths": ["/other/**"]}]),
+            ),
+            remote_integration("good", port).rules(json!([{
+                "id": "mcp-only", "host": host(port),
+                "methods": ["POST", "GET", "DELETE"], "paths": ["/mcp"],
+            }])),
+        ],
+        |_| {},
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    let out = agent(
+        &url,
+        &token,
+        "legacy",
+        json!([{"op": "list_tools"}, {"op": "call", "name": "good__echo", "args": {"text": "ok"}}]),
+    );
+    let names = tool_names(&out["results"][0]);
+    assert!(names.iter().any(|n| n == "good__echo"), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| (n.starts_with("ro__") || n.starts_with("elsewhere__"))
+                && !n.ends_with("__api_call")),
+        "{names:?}"
+    );
+    assert_eq!(text_of(&out["results"][1]), "ok");
+    assert!(
+        refused_server.seen().is_empty(),
+        "{:?}",
+        refused_server.seen()
+    );
+    let log = p.egress_log().await;
+    for ns in ["ro", "elsewhere"] {
+        let mine: Vec<_> = log
+            .iter()
+            .filter(|e| e.source.as_str() == "mcp" && e.integration.as_deref() == Some(ns))
+            .collect();
+        assert!(!mine.is_empty(), "{ns}: {log:?}");
+        assert!(
+            mine.iter()
+                .all(|e| e.reason.map(|r| r.as_str()) == Some("rule_refused")),
+            "{ns}: {mine:?}"
+        );
+    }
+    let journal = String::from_utf8_lossy(&std::fs::read(&p.journal).unwrap()).into_owned();
+    assert!(
+        journal
+            .contains(r#""rule":{"rule":"ro-read","missing":{"kind":"method","method":"POST"}}"#),
+        "{journal}"
+    );
+    assert!(
+        journal.contains(r#""rule":{"rule":"other-path","missing":{"kind":"path","path":"/mcp"}}"#),
+        "{journal}"
+    );
+    drop(sc);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_servers_get_bounded_typed_errors_and_hurt_nothing_else() {
     if !python_has(&["mcp", "httpx2", "uvicorn"]) {
