@@ -498,3 +498,136 @@ async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
         .count();
     assert_eq!(refused, 8, "{log:?}");
 }
+
+/// One HTTPS request through a proxy listener on a unix socket: CONNECT
+/// (with the listener's token), TLS trusting only `ca_pem`, the request;
+/// the response's status.
+async fn through_unix_proxy(
+    socket: &std::path::Path,
+    token: &str,
+    port: u16,
+    ca_pem: &str,
+    request_line: &str,
+) -> u16 {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    s.write_all(
+        format!(
+            "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+             Proxy-Authorization: Bearer {token}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        if s.read(&mut b).await.unwrap() == 0 {
+            return 0;
+        }
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let Ok(mut tls) = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, s)
+        .await
+    else {
+        return 0;
+    };
+    tls.write_all(
+        format!("{request_line} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let _ = tls.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf);
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A local runner's proxy judges its requests by its integration's rules:
+/// the legitimate read goes through; a method, a path or an encoded
+/// separator the rule lacks is refused and never reaches the upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
+    use crate::support::tls::{test_ca, upstream};
+    use airlock_platform_api::launch::{Endpoint, Integration, Runner};
+    let upstream_ca = test_ca();
+    let (port, seen) = upstream("127.0.0.1", &upstream_ca).await;
+    let p = TestPlatform::start("l7-rules-runner").await;
+    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy_socket = dir.path().join("runner-proxy.sock");
+    let base = format!("https://127.0.0.1:{port}");
+    let mut runner: Integration = integration("tool")
+        .authorized([format!("{base}/**")])
+        .rules(
+            json!([{"id": "tool-read", "host": base, "access": "read-only", "paths": ["/api/**"]}]),
+        )
+        .without_connection()
+        .into();
+    runner.runner = Some(Runner {
+        mcp: Endpoint::Unix(dir.path().join("runner-mcp.sock")),
+        proxy: Endpoint::Unix(proxy_socket.clone()),
+        token: "runner-token-L7".to_owned().into(),
+    });
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .integration(runner)
+        .allow_internal_hosts(["127.0.0.1"])
+        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
+        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
+        .build();
+    let _sc = spawn_sidecar(&cfg);
+    let ask = |line: &'static str| {
+        let (socket, pem) = (proxy_socket.clone(), run_ca.cert_pem.clone());
+        async move { through_unix_proxy(&socket, "runner-token-L7", port, &pem, line).await }
+    };
+    assert_eq!(ask("GET /api/ok").await, 200);
+    for line in [
+        "DELETE /api/x",
+        "POST /api/x",
+        "get /api/x",
+        "GET /private",
+        "GET /api/..%2fprivate",
+        "GET /api/%2e%2e/private",
+        "GET //api/../private",
+    ] {
+        assert_eq!(ask(line).await, 403, "{line}");
+    }
+    let paths: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(paths, ["/api/ok"]);
+    let log = p.egress_log().await;
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|e| e.source.as_str() == "runner")
+        .filter(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
+        .collect();
+    assert_eq!(refused.len(), 7, "{log:?}");
+}
