@@ -500,6 +500,29 @@ mod tests {
     const RUNNERS: &str = "[[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://example.com/**\"]\n\
         [[integrations]]\nnamespace = \"local\"\nsource = { kind = \"local\", command = [\"srv\", \"--stdio\"] }\n";
 
+    /// A run has its own CA only where something must see inside HTTPS: a
+    /// `[network]` rule that judges methods, paths or the query does; one
+    /// that allows everything (`full` on `/**`) keeps the plain tunnels.
+    #[test]
+    fn only_a_network_rule_that_must_see_inside_makes_a_ca() {
+        let net = |rule: &str| {
+            request(
+                &format!("[network]\negress = \"public\"\n[[network.rules]]\nhost = \"https://pypi.org\"\n{rule}\n"),
+                Echo::LiveView,
+            )
+            .manifest
+        };
+        assert!(needs_proxy_ca(&net("access = \"read-only\"")));
+        assert!(needs_proxy_ca(&net(
+            "access = \"full\"\npaths = [\"/simple/**\"]"
+        )));
+        assert!(needs_proxy_ca(&net("access = \"full\"\nquery = \"none\"")));
+        assert!(!needs_proxy_ca(&net("access = \"full\"")));
+        assert!(!needs_proxy_ca(
+            &request("[network]\negress = \"public\"\n", Echo::LiveView).manifest
+        ));
+    }
+
     fn request(manifest: &str, echo: Echo) -> RunRequest {
         let text =
             format!("[agent]\nname = \"planned\"\ncommand = [\"/bin/agent\", \"go\"]\n{manifest}");
