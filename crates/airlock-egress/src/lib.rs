@@ -22,7 +22,7 @@ pub mod addr;
 mod client;
 pub mod conn;
 mod error;
-mod glob;
+pub mod glob;
 pub mod pattern;
 pub mod policy;
 mod resolve;

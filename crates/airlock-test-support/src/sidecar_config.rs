@@ -252,6 +252,7 @@ pub fn integration(namespace: &str) -> IntegrationBuilder {
         authorized_uris: vec![],
         allow_all_uris: false,
         rules: Default::default(),
+        tools: None,
         delivery: None,
         has_connection: true,
         mcp_url: None,
@@ -272,6 +273,14 @@ impl IntegrationBuilder {
     /// L7 rules narrowing the URIs (each `RuleSpec` as JSON).
     pub fn rules(mut self, rules: serde_json::Value) -> Self {
         self.0.rules = serde_json::from_value(rules).expect("rules that load");
+        self
+    }
+
+    /// Only these of its tools are seen and called (`tools`).
+    pub fn tools(mut self, tools: &[&str]) -> Self {
+        let names = tools.iter().map(|t| (*t).to_owned()).collect();
+        self.0.tools =
+            Some(airlock_platform_api::launch::ToolAllowlist::new(names).expect("tool names"));
         self
     }
 

@@ -474,6 +474,7 @@ fn launch_integration(
         authorized_uris: i.authorized_uris.clone(),
         allow_all_uris: i.allow_all_uris,
         rules: i.rules.clone(),
+        tools: i.tools.clone(),
         has_connection: i.connection.is_some(),
         delivery: i.delivery.clone(),
         mcp_url: i.remote_mcp_url().map(str::to_owned),

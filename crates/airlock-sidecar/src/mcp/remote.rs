@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_egress::{AuthorizedUris, CallRules, GuardedResponse, OutboundRequest};
+use airlock_platform_api::launch::ToolAllowlist;
 use airlock_platform_api::wire::EgressOutcome;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
@@ -562,6 +563,8 @@ pub struct Remote {
     /// The tools of the last list left out for their names.
     dropped: Mutex<Arc<Vec<Dropped>>>,
     failed: Mutex<Option<(Instant, Unavailable)>>,
+    /// The integration's tools allowlist: a tool it hides is never listed.
+    allow: Option<ToolAllowlist>,
 }
 
 impl Remote {
@@ -586,7 +589,15 @@ impl Remote {
             tools: Mutex::default(),
             dropped: Mutex::default(),
             failed: Mutex::default(),
+            allow: None,
         }
+    }
+
+    /// The same server, its tools filtered by the integration's allowlist.
+    #[must_use]
+    pub fn with_tools(mut self, allow: Option<ToolAllowlist>) -> Self {
+        self.allow = allow;
+        self
     }
 
     pub fn namespace(&self) -> &str {
@@ -794,6 +805,10 @@ impl Remote {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
         if !ok {
+            return Err(None);
+        }
+        if self.allow.as_ref().is_some_and(|a| !a.allows(name)) {
+            super::hidden(&self.namespace, name);
             return Err(None);
         }
         let full = format!("{}__{}", self.namespace, name);

@@ -384,6 +384,84 @@ async fn l7_rules_judge_a_remote_servers_exchanges() {
     drop(sc);
 }
 
+/// An integration's `tools` allowlist: a tool it hides is neither listed
+/// nor callable — by its name, in another case, as the integration's own
+/// `api_call`, or after a server renamed its tools between list and call —
+/// and the server never receives a call for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_allowlist_hides_tools_from_the_list_and_from_calls() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) {
+        return;
+    }
+    let good = McpServer::start("good", CANARY);
+    let changing = McpServer::start("changing", CANARY);
+    let p = platform_with(&["good", "ch"]).await;
+    let sc = sidecar_for(
+        &p,
+        [
+            remote_integration("good", good.port).tools(&["echo", "ad*"]),
+            remote_integration("ch", changing.port).tools(&["v1"]),
+        ],
+        |_| {},
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    let call = |name: &str, args: Value| json!({"op": "call", "name": name, "args": args});
+    let out = agent(
+        &url,
+        &token,
+        "legacy",
+        json!([
+            {"op": "list_tools"},
+            call("good__echo", json!({"text": "ok"})),
+            call("good__add", json!({"a": 1, "b": 2})),
+            call("good__whoami", json!({})),
+            call("good__Echo", json!({"text": "x"})),
+            call("good__WHOAMI", json!({})),
+            call("good__api_call", json!({"target": "http://x/"})),
+            call("ch__v1", json!({})),
+            {"op": "list_tools"},
+            call("ch__v2", json!({})),
+        ]),
+    );
+    let r = out["results"].as_array().unwrap_or_else(|| panic!("{out}"));
+    let mut names = tool_names(&r[0]);
+    names.retain(|n| n.starts_with("good__") || n.starts_with("ch__"));
+    names.sort();
+    assert_eq!(names, ["ch__v1", "good__add", "good__echo"]);
+    assert_eq!(text_of(&r[1]), "ok");
+    assert_eq!(text_of(&r[2]), "3");
+    for i in 3..=6 {
+        assert_eq!(r[i]["isError"], json!(true), "{}", r[i]);
+        let body: Value = serde_json::from_str(&text_of(&r[i])).unwrap();
+        assert_eq!(body["error"], "tool_not_allowed", "{}", r[i]);
+        assert_eq!(body["status"], 403);
+    }
+    assert_eq!(text_of(&r[7]), "called v1");
+    let after: Vec<String> = tool_names(&r[8])
+        .into_iter()
+        .filter(|n| n.starts_with("ch__"))
+        .collect();
+    assert!(after.is_empty(), "the renamed tool is hidden: {after:?}");
+    let body: Value = serde_json::from_str(&text_of(&r[9])).unwrap();
+    assert_eq!(body["error"], "tool_not_allowed", "{}", r[9]);
+    let called = |server: &McpServer| -> Vec<String> {
+        server
+            .seen()
+            .iter()
+            .filter(|s| s["rpc"] == "tools/call")
+            .filter_map(|s| s["tool"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(called(&changing), ["v1"]);
+    let good_called = called(&good);
+    assert!(
+        good_called.iter().all(|t| t == "echo" || t == "add"),
+        "{good_called:?}"
+    );
+    drop(sc);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_servers_get_bounded_typed_errors_and_hurt_nothing_else() {
     if !python_has(&["mcp", "httpx2", "uvicorn"]) {
