@@ -431,10 +431,10 @@ async fn a_tool_allowlist_hides_tools_from_the_list_and_from_calls() {
     assert_eq!(names, ["ch__v1", "good__add", "good__echo"]);
     assert_eq!(text_of(&r[1]), "ok");
     assert_eq!(text_of(&r[2]), "3");
-    for i in 3..=6 {
-        assert_eq!(r[i]["isError"], json!(true), "{}", r[i]);
-        let body: Value = serde_json::from_str(&text_of(&r[i])).unwrap();
-        assert_eq!(body["error"], "tool_not_allowed", "{}", r[i]);
+    for refused in &r[3..=6] {
+        assert_eq!(refused["isError"], json!(true), "{refused}");
+        let body: Value = serde_json::from_str(&text_of(refused)).unwrap();
+        assert_eq!(body["error"], "tool_not_allowed", "{refused}");
         assert_eq!(body["status"], 403);
     }
     assert_eq!(text_of(&r[7]), "called v1");
