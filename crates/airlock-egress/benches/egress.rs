@@ -16,9 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock_egress::{
-    AuthorizedUris, CallRules, ClientConfig, EgressPolicy, Guard, GuardedClient, OutboundRequest,
-    StaticResolver, Target, addr,
+    AuthorizedUris, CallRules, ClientConfig, EgressPolicy, Guard, GuardedClient, Intent,
+    OutboundRequest, StaticResolver, Target, addr,
 };
+
+const GET: Intent<'static> = Intent::Request(&http::Method::GET);
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
@@ -79,19 +81,19 @@ fn policy_bench() {
     let url = "https://api.github.com/repos/airlock/airlock/issues?state=open&per_page=50";
     let target = Target::parse(url).unwrap();
     let miss = Target::parse("https://evil.example.com/exfil?token=x").unwrap();
-    assert!(policy.check(&target, &rules).is_ok());
-    assert!(policy.check(&miss, &rules).is_err());
+    assert!(policy.check(&target, GET, &rules).is_ok());
+    assert!(policy.check(&miss, GET, &rules).is_err());
     let hit = measure(300, 2000, || {
-        black_box(policy.check(black_box(&target), &rules).is_ok());
+        black_box(policy.check(black_box(&target), GET, &rules).is_ok());
     });
     report("policy decision, 20 entries, allowed (last entry)", &hit);
     let refused = measure(300, 2000, || {
-        black_box(policy.check(black_box(&miss), &rules).is_ok());
+        black_box(policy.check(black_box(&miss), GET, &rules).is_ok());
     });
     report("policy decision, 20 entries, refused", &refused);
     let parsed = measure(300, 2000, || {
         let t = Target::parse(black_box(url)).unwrap();
-        black_box(policy.check(&t, &rules).is_ok());
+        black_box(policy.check(&t, GET, &rules).is_ok());
     });
     report("parse + canonicalise + decide, 20 entries", &parsed);
 }

@@ -29,6 +29,7 @@ use tokio_rustls::TlsConnector;
 use crate::conn::{Connection, driven};
 use crate::error::{EgressCode, EgressError, GuardStep};
 use crate::policy::{Admitted, CallRules, Guard};
+use crate::rules::Intent;
 use crate::target::{Target, TargetHost, TargetMemo};
 
 /// Limits of the client. Defaults: connect 10 s, whole exchange 60 s,
@@ -236,14 +237,20 @@ impl GuardedClient {
         req: OutboundRequest,
         rules: &CallRules<'_>,
     ) -> Result<GuardedResponse, EgressError> {
-        let first = self.admit(&req.url, rules).await?;
+        let first = self.admit(&req.url, &req.method, rules).await?;
         self.send_admitted(first, req, rules).await
     }
 
-    /// The guard's decision on the first hop of a request to `url`: parse,
-    /// policy, names, resolution and addresses (bounded by `total_timeout`).
-    pub async fn admit(&self, url: &str, rules: &CallRules<'_>) -> Result<Admission, EgressError> {
-        self.admit_target(Target::parse(url)?, rules).await
+    /// The guard's decision on the first hop of a `method` request to
+    /// `url`: parse, policy (the L7 rules judge the method), names,
+    /// resolution and addresses (bounded by `total_timeout`).
+    pub async fn admit(
+        &self,
+        url: &str,
+        method: &Method,
+        rules: &CallRules<'_>,
+    ) -> Result<Admission, EgressError> {
+        self.admit_target(Target::parse(url)?, method, rules).await
     }
 
     /// [`GuardedClient::admit`] of a URL whose text carries no secret (an
@@ -254,18 +261,22 @@ impl GuardedClient {
     pub async fn admit_secret_free(
         &self,
         url: &str,
+        method: &Method,
         rules: &CallRules<'_>,
     ) -> Result<Admission, EgressError> {
-        self.admit_target(self.targets.parse(url)?, rules).await
+        self.admit_target(self.targets.parse(url)?, method, rules)
+            .await
     }
 
     async fn admit_target(
         &self,
         target: Target,
+        method: &Method,
         rules: &CallRules<'_>,
     ) -> Result<Admission, EgressError> {
         let host = target.host().bare();
-        match tokio::time::timeout(self.cfg.total_timeout, self.guard.admit(&target, rules)).await {
+        let decision = self.guard.admit(&target, Intent::Request(method), rules);
+        match tokio::time::timeout(self.cfg.total_timeout, decision).await {
             Ok(r) => r.map(|admitted| Admission { admitted }),
             Err(_) => Err(EgressError::new(
                 EgressCode::Unresolvable,
@@ -319,7 +330,7 @@ impl GuardedClient {
         req: OutboundRequest,
         rules: &CallRules<'_>,
     ) -> Result<StreamingResponse, EgressError> {
-        let first = self.admit(&req.url, rules).await?;
+        let first = self.admit(&req.url, &req.method, rules).await?;
         self.send_streaming_admitted(first, req).await
     }
 
@@ -420,7 +431,11 @@ impl GuardedClient {
             };
             let admitted = match first.take() {
                 Some(a) => a,
-                None => match self.guard.admit(&target, &hop_rules).await {
+                None => match self
+                    .guard
+                    .admit(&target, Intent::Request(&method), &hop_rules)
+                    .await
+                {
                     Ok(a) => a,
                     Err(e) => return Err(redirect_refusal(e, redirects)),
                 },
@@ -951,6 +966,7 @@ fn redirect_refusal(e: EgressError, hop: u32) -> EgressError {
         host: e.host,
         detail: format!("redirect hop {hop} refused: {}", e.detail),
         address: e.address,
+        rule: e.rule,
     }
 }
 

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::rules::RuleRefusal;
+
 /// Stable, machine-readable refusal codes: the `code` of a refused egress
 /// record on the wire, in the journal and in the store (the contract crate
 /// re-exports it as `RefusalCode`), always spelled by [`EgressCode::as_str`].
@@ -21,10 +23,12 @@ pub enum EgressCode {
     Unresolvable,
     UpstreamFailed,
     TooManyRedirects,
+    /// An L7 rule covering the host does not allow the method, path or query.
+    RuleRefused,
 }
 
 impl EgressCode {
-    pub const ALL: [EgressCode; 9] = [
+    pub const ALL: [EgressCode; 10] = [
         EgressCode::InvalidUrl,
         EgressCode::NotAuthorized,
         EgressCode::CredentialExfiltrationRefused,
@@ -34,6 +38,7 @@ impl EgressCode {
         EgressCode::Unresolvable,
         EgressCode::UpstreamFailed,
         EgressCode::TooManyRedirects,
+        EgressCode::RuleRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,6 +52,7 @@ impl EgressCode {
             EgressCode::Unresolvable => "unresolvable",
             EgressCode::UpstreamFailed => "upstream_failed",
             EgressCode::TooManyRedirects => "too_many_redirects",
+            EgressCode::RuleRefused => "rule_refused",
         }
     }
 
@@ -58,7 +64,8 @@ impl EgressCode {
             | EgressCode::CredentialExfiltrationRefused
             | EgressCode::BlockedHost
             | EgressCode::BlockedAddress
-            | EgressCode::RedirectBlocked => 403,
+            | EgressCode::RedirectBlocked
+            | EgressCode::RuleRefused => 403,
             EgressCode::Unresolvable
             | EgressCode::UpstreamFailed
             | EgressCode::TooManyRedirects => 502,
@@ -101,6 +108,8 @@ impl fmt::Display for EgressCode {
 pub enum GuardStep {
     UrlParser,
     AuthorizedUris,
+    /// The L7 rules that narrow `authorized_uris` or the network list.
+    Rules,
     CredentialRules,
     BlockedNames,
     Resolver,
@@ -117,6 +126,7 @@ impl GuardStep {
         match self {
             GuardStep::UrlParser => "url parser",
             GuardStep::AuthorizedUris => "authorized_uris",
+            GuardStep::Rules => "l7 rules",
             GuardStep::CredentialRules => "credential rules",
             GuardStep::BlockedNames => "blocked names",
             GuardStep::Resolver => "resolver",
@@ -149,6 +159,8 @@ pub struct EgressError {
     /// The address(es) the decision is about (resolved or dialled), for the
     /// operator's log only.
     pub address: Option<String>,
+    /// The L7 rule that refused, and what it lacked (`rule_refused` only).
+    pub rule: Option<Box<RuleRefusal>>,
 }
 
 impl EgressError {
@@ -164,7 +176,15 @@ impl EgressError {
             host: host.map(str::to_owned),
             detail: detail.into(),
             address: None,
+            rule: None,
         }
+    }
+
+    /// The same error, refused by an L7 rule.
+    #[must_use]
+    pub fn by_rule(mut self, refusal: RuleRefusal) -> Self {
+        self.rule = Some(Box::new(refusal));
+        self
     }
 
     /// The same error, about `address` (kept out of tenant messages).

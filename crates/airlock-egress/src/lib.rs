@@ -8,7 +8,8 @@
 //!
 //! 1. parse and canonicalise ([`Target`], `invalid_url`);
 //! 2. the call's `authorized_uris` and the credential rules ([`policy`],
-//!    `not_authorized`, `credential_exfiltration_refused`);
+//!    `not_authorized`, `credential_exfiltration_refused`), then the L7
+//!    rules that narrow them ([`rules`]: method, path, query; `rule_refused`);
 //! 3. blocked names (`blocked_host`);
 //! 4. the operator's internal-host exemption (`EGRESS_ALLOW_INTERNAL_HOSTS`);
 //! 5. resolution through a pluggable [`Resolve`] (`unresolvable`);
@@ -21,10 +22,11 @@ pub mod addr;
 mod client;
 pub mod conn;
 mod error;
-mod glob;
+pub mod glob;
 pub mod pattern;
 pub mod policy;
 mod resolve;
+pub mod rules;
 mod target;
 
 pub use addr::{BlockedRange, Treatment, blocked_ranges};
@@ -37,5 +39,9 @@ pub use pattern::{AuthorizedUris, Diagnostic, PatternError, UriPattern};
 pub use policy::{Admitted, BLOCKED_NAMES, CallRules, EgressPolicy, Guard};
 pub use resolve::{
     DnsServerResolver, LookupFuture, Resolve, ResolveError, StaticResolver, SystemResolver,
+};
+pub use rules::{
+    Intent, Missing, Preset, QueryKeyword, QuerySpec, Rule, RuleError, RuleList, RuleRefusal,
+    RuleSpec, Rules,
 };
 pub use target::{Target, TargetHost, TargetMemo};

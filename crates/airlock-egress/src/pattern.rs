@@ -10,10 +10,12 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::glob::{Glob, Kind};
+use crate::rules::Rules;
 use crate::target::{Target, TargetHost};
 
 /// Why an entry matches nothing.
@@ -187,6 +189,13 @@ impl UriPattern {
     pub fn matches(&self, t: &Target) -> bool {
         self.matches_authority(t)
             && (self.host == HostPattern::CatchAll || self.path.matches(t.path_and_query()))
+    }
+
+    /// Whether the entry's path pattern matches `path` (a path without its
+    /// query): an L7 rule's paths ([`crate::rules`]) are judged this way,
+    /// once the rule's host has matched the target's authority.
+    pub fn matches_path(&self, path: &str) -> bool {
+        self.host == HostPattern::CatchAll || self.path.matches(path)
     }
 
     /// Whether some path of `t`'s scheme, host and port matches: what a
@@ -370,14 +379,29 @@ pub struct Diagnostic {
     pub reason: String,
 }
 
-/// An integration's parsed `authorized_uris`.
+/// An integration's parsed `authorized_uris` (or the run's network egress
+/// list), with the L7 rules that narrow it ([`crate::rules`]).
 #[derive(Debug, Clone, Default)]
 pub struct AuthorizedUris {
     entries: Vec<UriPattern>,
     diagnostics: Vec<Diagnostic>,
+    rules: Arc<Rules>,
 }
 
 impl AuthorizedUris {
+    /// The same list, narrowed by `rules` (shared: a list rendered per call
+    /// keeps its integration's rules without copying them).
+    #[must_use]
+    pub fn with_rules(mut self, rules: Arc<Rules>) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// The L7 rules that narrow this list.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
     /// Parses entries without templates (a template makes the entry match nothing).
     pub fn parse<S: AsRef<str>>(entries: &[S]) -> AuthorizedUris {
         Self::render(entries, &BTreeMap::new())

@@ -19,6 +19,7 @@ use crate::addr;
 use crate::error::{EgressCode, EgressError, GuardStep};
 use crate::pattern::AuthorizedUris;
 use crate::resolve::{Resolve, SystemResolver};
+use crate::rules::Intent;
 use crate::target::{Target, TargetHost};
 
 /// The operator's setting that exempts named internal hosts from the
@@ -137,8 +138,14 @@ impl EgressPolicy {
 
     /// Steps 2–4: the synchronous part of the decision. Returns whether the
     /// target is an operator-trusted internal host.
-    pub fn check(&self, target: &Target, rules: &CallRules<'_>) -> Result<bool, EgressError> {
+    pub fn check(
+        &self,
+        target: &Target,
+        intent: Intent<'_>,
+        rules: &CallRules<'_>,
+    ) -> Result<bool, EgressError> {
         check_authorization(target, rules)?;
+        check_rules(target, intent, rules.authorized)?;
         let host = target.host();
         if let TargetHost::Domain(d) = host
             && self.is_blocked_name(d)
@@ -229,6 +236,28 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
     refuse(EgressCode::NotAuthorized, GuardStep::AuthorizedUris, detail)
 }
 
+/// Step 2, continued: the L7 rules that narrow the list ([`crate::rules`]),
+/// judged once the list has admitted the target.
+fn check_rules(
+    target: &Target,
+    intent: Intent<'_>,
+    authorized: &AuthorizedUris,
+) -> Result<(), EgressError> {
+    let rules = authorized.rules();
+    if rules.is_empty() {
+        return Ok(());
+    }
+    rules.judge(target, intent).map_err(|refusal| {
+        EgressError::new(
+            EgressCode::RuleRefused,
+            GuardStep::Rules,
+            Some(&target.host().bare()),
+            format!("{}: {refusal}", target.loggable()),
+        )
+        .by_rule(refusal)
+    })
+}
+
 /// The credential rule for encoded separators (issue 44.3): a credentialed
 /// target must also carry its credential where a server that decodes `%2F`,
 /// `%5C` and `%2E` (and normalises `..`) would route it. `/api/..%2fprivate`
@@ -293,31 +322,35 @@ impl Guard {
         &self.policy
     }
 
-    /// Steps 2–6 for a parsed target: the addresses it may be dialled at, or
-    /// the refusal (never logged here; see the module docs).
+    /// Steps 2–6 for a parsed target and what the request does there
+    /// ([`Intent`]: its method, or a tunnel): the addresses it may be
+    /// dialled at, or the refusal (never logged here; see the module docs).
     pub async fn admit(
         &self,
         target: &Target,
+        intent: Intent<'_>,
         rules: &CallRules<'_>,
     ) -> Result<Admitted, EgressError> {
-        self.admit_inner(target, rules).await
+        self.admit_inner(target, intent, rules).await
     }
 
     /// Step 1 too: parse, then admit.
     pub async fn admit_url(
         &self,
         url: &str,
+        intent: Intent<'_>,
         rules: &CallRules<'_>,
     ) -> Result<Admitted, EgressError> {
-        self.admit(&Target::parse(url)?, rules).await
+        self.admit(&Target::parse(url)?, intent, rules).await
     }
 
     async fn admit_inner(
         &self,
         target: &Target,
+        intent: Intent<'_>,
         rules: &CallRules<'_>,
     ) -> Result<Admitted, EgressError> {
-        let internal = self.policy.check(target, rules)?;
+        let internal = self.policy.check(target, intent, rules)?;
         let host = target.host();
         let addrs = match host {
             TargetHost::Ip(ip) => vec![*ip],
@@ -398,6 +431,8 @@ mod tests {
     use super::*;
     use crate::resolve::StaticResolver;
 
+    const GET: Intent<'static> = Intent::Request(&http::Method::GET);
+
     fn rules(list: &AuthorizedUris, credentialed: bool) -> CallRules<'_> {
         CallRules {
             authorized: list,
@@ -417,7 +452,7 @@ mod tests {
     }
 
     async fn code(g: &Guard, url: &str, list: &AuthorizedUris, cred: bool) -> Option<EgressCode> {
-        g.admit_url(url, &rules(list, cred))
+        g.admit_url(url, GET, &rules(list, cred))
             .await
             .err()
             .map(|e| e.code)
@@ -452,7 +487,7 @@ mod tests {
             credentialed: true,
         };
         assert_eq!(
-            g.admit_url("https://evil.com/", &all)
+            g.admit_url("https://evil.com/", GET, &all)
                 .await
                 .unwrap_err()
                 .code,
@@ -464,7 +499,11 @@ mod tests {
             allow_all_uris: true,
             credentialed: false,
         };
-        assert!(g.admit_url("https://evil.com/", &all_uncred).await.is_ok());
+        assert!(
+            g.admit_url("https://evil.com/", GET, &all_uncred)
+                .await
+                .is_ok()
+        );
         let wide = AuthorizedUris::parse(&["https://**", "https://*.com/**"]);
         assert_eq!(
             code(&g, "https://evil.com/x", &wide, true).await,
@@ -511,7 +550,10 @@ mod tests {
             "https://evil.com/steal?key=sk-canary-1",
             "https://evil.org/steal?key=sk-canary-1",
         ] {
-            let e = g.admit_url(url, &rules(&list, true)).await.unwrap_err();
+            let e = g
+                .admit_url(url, GET, &rules(&list, true))
+                .await
+                .unwrap_err();
             assert!(!e.to_string().contains("sk-canary-1"), "{e}");
         }
         let all = CallRules {
@@ -520,7 +562,7 @@ mod tests {
             credentialed: true,
         };
         let e = g
-            .admit_url("https://evil.org/?key=sk-canary-1", &all)
+            .admit_url("https://evil.org/?key=sk-canary-1", GET, &all)
             .await
             .unwrap_err();
         assert!(!e.to_string().contains("sk-canary-1"), "{e}");
@@ -569,7 +611,7 @@ mod tests {
         // Operator opt-in + literal entry: allowed, addresses not judged.
         let both = guard(&answers, &["api.internal"]);
         let ok = both
-            .admit_url("http://api.internal:8080/x", &rules(&literal, true))
+            .admit_url("http://api.internal:8080/x", GET, &rules(&literal, true))
             .await
             .unwrap();
         assert!(ok.internal);
@@ -589,7 +631,7 @@ mod tests {
         let ip = guard(&[], &["127.0.0.1"]);
         let l = AuthorizedUris::parse(&["http://127.0.0.1:9/**"]);
         assert!(
-            ip.admit_url("http://127.0.0.1:9/", &rules(&l, true))
+            ip.admit_url("http://127.0.0.1:9/", GET, &rules(&l, true))
                 .await
                 .unwrap()
                 .internal
@@ -687,6 +729,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn l7_rules_refuse_before_any_lookup_and_name_the_rule() {
+        use crate::rules::{Missing, Preset, RuleSpec, Rules};
+        let rec = Arc::new(Recording(Default::default()));
+        let g = Guard::new(EgressPolicy::new(), rec.clone());
+        let spec = RuleSpec {
+            id: Some("gh-read".into()),
+            host: "https://api.x.com".into(),
+            access: Some(Preset::ReadOnly),
+            methods: vec![],
+            paths: vec!["/repos/**".into()],
+            query: Default::default(),
+        };
+        let list = AuthorizedUris::parse(&["https://api.x.com/**"])
+            .with_rules(Arc::new(Rules::compile(&[spec]).unwrap()));
+        let post = Intent::Request(&http::Method::POST);
+        let e = g
+            .admit_url("https://api.x.com/repos/a", post, &rules(&list, true))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, EgressCode::RuleRefused);
+        assert_eq!(e.guard, GuardStep::Rules);
+        let refusal = e.rule.as_deref().unwrap();
+        assert_eq!(refusal.rule, "gh-read");
+        assert_eq!(
+            refusal.missing,
+            Missing::Method {
+                method: "POST".into()
+            }
+        );
+        assert!(e.to_string().contains("gh-read"), "{e}");
+        let e = g
+            .admit_url("https://api.x.com/orgs/a", GET, &rules(&list, true))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.rule.as_deref().unwrap().missing,
+            Missing::Path {
+                path: "/orgs/a".into()
+            }
+        );
+        assert!(rec.0.lock().unwrap().is_empty());
+        g.admit_url("https://api.x.com/repos/a", GET, &rules(&list, true))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
     async fn no_lookup_for_a_target_refused_earlier() {
         let rec = Arc::new(Recording(Default::default()));
         let g = Guard::new(EgressPolicy::new(), rec.clone());
@@ -698,7 +787,7 @@ mod tests {
             "https://api.x.com:8443/",
         ] {
             assert!(
-                g.admit_url(url, &rules(&list, true)).await.is_err(),
+                g.admit_url(url, GET, &rules(&list, true)).await.is_err(),
                 "{url}"
             );
         }
@@ -707,7 +796,7 @@ mod tests {
             "refused targets were looked up: {:?}",
             rec.0.lock().unwrap()
         );
-        g.admit_url("https://api.x.com/", &rules(&list, true))
+        g.admit_url("https://api.x.com/", GET, &rules(&list, true))
             .await
             .unwrap();
         assert_eq!(*rec.0.lock().unwrap(), vec!["api.x.com".to_owned()]);

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use airlock_egress::{AuthorizedUris, RuleList};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -360,6 +361,15 @@ pub struct Integration {
     pub authorized_uris: Vec<String>,
     #[serde(default)]
     pub allow_all_uris: bool,
+    /// The L7 rules narrowing `authorized_uris` (methods, paths, query),
+    /// compiled when the configuration is read.
+    #[serde(default, skip_serializing_if = "RuleList::is_empty")]
+    pub rules: RuleList,
+    /// Which of the integration's MCP tools the agent may see and call
+    /// (its `api_call` and its server's, by the server's own name); `None`:
+    /// every tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolAllowlist>,
     #[serde(default)]
     pub delivery: Option<Delivery>,
     /// The integration's calls carry a credential (a stored connection,
@@ -385,6 +395,89 @@ pub struct Integration {
     /// where its placeholder becomes the credential.
     #[serde(default)]
     pub runner: Option<Runner>,
+}
+
+/// An integration's `tools`: the names (as its server spells them, or
+/// `api_call`) the agent may see and call. Exact and case-sensitive; `*`
+/// matches any run of characters. `[]` allows none. Every tool not allowed
+/// is left out of `tools/list` and refused on `tools/call`, by this one
+/// decision ([`ToolAllowlist::allows`]).
+#[derive(Debug, Clone)]
+pub struct ToolAllowlist {
+    entries: Vec<String>,
+    globs: Vec<airlock_egress::glob::Glob>,
+}
+
+/// Why a `tools` entry cannot be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tools entry {0:?} is not 1-64 of A-Z a-z 0-9 _ . - and *")]
+pub struct BadToolName(pub String);
+
+impl ToolAllowlist {
+    pub fn new(entries: Vec<String>) -> Result<ToolAllowlist, BadToolName> {
+        let mut globs = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let ok = !e.is_empty()
+                && e.len() <= 64
+                && e.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-*".contains(&b));
+            let glob = airlock_egress::glob::Glob::compile(e, airlock_egress::glob::Kind::Path)
+                .ok()
+                .filter(|_| ok)
+                .ok_or_else(|| BadToolName(e.clone()))?;
+            globs.push(glob);
+        }
+        Ok(ToolAllowlist { entries, globs })
+    }
+
+    /// The decision: may the agent see and call the tool the server (or the
+    /// sidecar, for `api_call`) names `tool`?
+    pub fn allows(&self, tool: &str) -> bool {
+        self.globs.iter().any(|g| g.matches(tool))
+    }
+
+    pub fn entries(&self) -> &[String] {
+        &self.entries
+    }
+
+    /// Whether an entry holds a wildcard.
+    pub fn has_wildcards(&self) -> bool {
+        self.entries.iter().any(|e| e.contains('*'))
+    }
+}
+
+impl Serialize for ToolAllowlist {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.entries.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolAllowlist {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ToolAllowlist, D::Error> {
+        ToolAllowlist::new(Vec::<String>::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Integration {
+    /// Whether the agent may see and call the integration's tool `tool`
+    /// (its server's name, or `api_call`): its `tools` allowlist, or every
+    /// tool without one.
+    pub fn allows_tool(&self, tool: &str) -> bool {
+        self.tools.as_ref().is_none_or(|t| t.allows(tool))
+    }
+
+    /// What the integration's requests may reach: its `authorized_uris`
+    /// narrowed by its rules. Every egress site of the integration judges
+    /// with this list (or [`Integration::authorized_with`]'s).
+    pub fn authorized(&self) -> AuthorizedUris {
+        AuthorizedUris::parse(&self.authorized_uris).with_rules(self.rules.compiled())
+    }
+
+    /// [`Integration::authorized`] with `{$credential.field}` templates
+    /// rendered from a connection's fields.
+    pub fn authorized_with(&self, fields: &BTreeMap<String, SecretString>) -> AuthorizedUris {
+        AuthorizedUris::render(&self.authorized_uris, fields).with_rules(self.rules.compiled())
+    }
 }
 
 /// Where the sidecar listens for one local MCP runner (as the sidecar sees it).
@@ -514,12 +607,16 @@ pub struct ModelPrice {
 #[serde(deny_unknown_fields)]
 pub struct Network {
     pub egress: NetworkEgress,
+    /// The L7 rules narrowing `egress` on the agent's proxy.
+    #[serde(default, skip_serializing_if = "RuleList::is_empty")]
+    pub rules: RuleList,
 }
 
 impl Default for Network {
     fn default() -> Self {
         Network {
             egress: NetworkEgress::None,
+            rules: RuleList::default(),
         }
     }
 }
@@ -755,6 +852,11 @@ mod tests {
                 namespace: Namespace::parse("github").unwrap(),
                 authorized_uris: vec!["https://api.github.com/**".into()],
                 allow_all_uris: false,
+                rules: serde_json::from_str(
+                    r#"[{"id":"gh-read","host":"https://api.github.com","access":"read-only","paths":["/repos/**"],"query":["page"]}]"#,
+                )
+                .unwrap(),
+                tools: Some(ToolAllowlist::new(vec!["api_call".into(), "search_*".into()]).unwrap()),
                 delivery: Some(Delivery {
                     header: HeaderName::parse("Authorization").unwrap(),
                     prefix: HeaderText::parse("Bearer ").unwrap(),
@@ -781,6 +883,8 @@ mod tests {
             }),
             network: Network {
                 egress: NetworkEgress::Allow(vec!["https://pypi.org/**".into()]),
+                rules: serde_json::from_str(r#"[{"host":"https://pypi.org","methods":["GET"]}]"#)
+                    .unwrap(),
             },
             egress: EgressSettings {
                 allow_internal_hosts: vec!["db.internal".into()],
@@ -834,6 +938,17 @@ mod tests {
         );
         assert_eq!(back.model.as_ref().unwrap().provider, Provider::Anthropic);
         assert_eq!(back.network.egress, cfg.network.egress);
+        assert_eq!(back.network.rules, cfg.network.rules);
+        assert_eq!(back.integrations[0].rules, cfg.integrations[0].rules);
+        let tools = back.integrations[0].tools.as_ref().unwrap();
+        assert_eq!(tools.entries(), ["api_call", "search_*"]);
+        assert!(
+            tools.allows("search_code") && !tools.allows("Search_code") && !tools.allows("delete")
+        );
+        assert_eq!(
+            back.integrations[0].rules.specs()[0].id.as_deref(),
+            Some("gh-read")
+        );
         assert_eq!(back.egress.blocked_names, ["sidecar"]);
         assert_eq!(
             back.proxy_ca.as_ref().unwrap().key_pem.expose_secret(),

@@ -316,6 +316,10 @@ pub struct EgressRecord {
     /// request's child spans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<Steps>,
+    /// A `rule_refused` refusal only: the L7 rule and what it lacked
+    /// (credential values in a path redacted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<airlock_egress::RuleRefusal>,
 }
 
 /// One step the sidecar took for a request: when it started (Unix
@@ -416,6 +420,10 @@ impl EgressRecord {
         if let Some(steps) = &self.steps {
             out.extend_from_slice(br#","steps":"#);
             value(out, steps)?;
+        }
+        if let Some(rule) = &self.rule {
+            out.extend_from_slice(br#","rule":"#);
+            value(out, rule)?;
         }
         out.push(b'}');
         Ok(())
@@ -628,6 +636,10 @@ mod tests {
                                 dur_us: 2,
                             }),
                             redaction: None,
+                        }),
+                        rule: on(2).then(|| airlock_egress::RuleRefusal {
+                            rule: text.into(),
+                            missing: airlock_egress::Missing::Path { path: text.into() },
                         }),
                     };
                     let mut ours = Vec::new();

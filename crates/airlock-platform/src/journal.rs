@@ -698,6 +698,7 @@ pub(crate) mod tests {
             outcome: Some(outcome),
             metering: None,
             steps: None,
+            rule: None,
         }
     }
 

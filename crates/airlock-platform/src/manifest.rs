@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use airlock_egress::RuleList;
 use airlock_platform_api::types::{AgentName, ConnectionName, Namespace, NetworkEgress, Provider};
 use serde::Deserialize;
 
@@ -160,6 +161,9 @@ pub struct ModelSection {
 #[serde(deny_unknown_fields)]
 pub struct NetworkSection {
     pub egress: NetworkEgress,
+    /// L7 rules narrowing `egress` (docs/egress.md, "L7 rules").
+    #[serde(default)]
+    pub rules: RuleList,
 }
 
 /// An integration's `delivery`: the launch contract's type, handed to the
@@ -176,6 +180,12 @@ pub struct IntegrationSection {
     pub authorized_uris: Vec<String>,
     #[serde(default)]
     pub allow_all_uris: bool,
+    /// L7 rules narrowing `authorized_uris` (docs/egress.md, "L7 rules").
+    #[serde(default)]
+    pub rules: RuleList,
+    /// Which of its MCP tools the agent may see and call (absent: all).
+    #[serde(default)]
+    pub tools: Option<airlock_platform_api::launch::ToolAllowlist>,
     #[serde(default)]
     pub delivery: Option<Delivery>,
     /// Where the integration's MCP tools come from, besides its `api_call`.
@@ -340,6 +350,7 @@ impl Manifest {
         }
         if let Some(NetworkSection {
             egress: NetworkEgress::Allow(patterns),
+            ..
         }) = &self.network
         {
             check_patterns("network.egress", patterns)?;
@@ -425,6 +436,14 @@ impl ModelSection {
 /// The checks of one integration (`key` names it) no single type can make.
 fn check_integration(key: &str, integ: &IntegrationSection) -> Result<(), ManifestError> {
     check_patterns(&format!("{key}.authorized_uris"), &integ.authorized_uris)?;
+    // Wildcards only where the server decides the tool set; an
+    // integration without a source has one tool, `api_call`.
+    if integ.source.is_none() && integ.tools.as_ref().is_some_and(|t| t.has_wildcards()) {
+        return Err(invalid(
+            format!("{key}.tools"),
+            "wildcards are for an integration with a source (its server names its tools);              this one has only api_call",
+        ));
+    }
     match &integ.source {
         None => {}
         Some(IntegrationSource::Remote { url }) => {
@@ -728,6 +747,36 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("unknown variant `header`"), "{e}");
+    }
+
+    #[test]
+    fn tool_allowlists_take_wildcards_only_with_a_source() {
+        let base = "[[integrations]]\nnamespace = \"r\"\nauthorized_uris = [\"https://mcp.example.com/**\"]\n";
+        let remote = "source = { kind = \"remote\", url = \"https://mcp.example.com/mcp\" }\n";
+        let m = with(&format!(
+            "{base}{remote}tools = [\"search_*\", \"api_call\"]\n"
+        ))
+        .unwrap();
+        let tools = m.integrations[0].tools.as_ref().unwrap();
+        assert!(tools.allows("search_code") && tools.allows("api_call") && !tools.allows("delete"));
+        assert!(
+            with(&format!("{base}tools = []\n")).unwrap().integrations[0]
+                .tools
+                .is_some()
+        );
+        let e = with(&format!("{base}tools = [\"*\"]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("wildcards are for an integration with a source"),
+            "{e}"
+        );
+        for bad in ["", "a b", "x/y", "é"] {
+            assert!(
+                with(&format!("{base}{remote}tools = [\"{bad}\"]\n")).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use airlock_egress::{EgressError, Target};
+use airlock_egress::{EgressError, Missing, RuleRefusal, Target};
 use airlock_platform_api::wire::{
     EgressDecision, EgressOutcome, EgressRecord, LOGGED_URL_MAX_BYTES, Metering, REFUSAL_KEYS_MAX,
     REFUSAL_SAMPLES_PER_KEY, REFUSALS_RECORDED_MAX, RefusalCode, RunEvent, Step, Steps,
@@ -332,6 +332,25 @@ fn refusal_record(
         outcome: None,
         metering: None,
         steps: None,
+        rule: e.rule.as_deref().map(|r| redacted_rule(r, redactor)),
+    }
+}
+
+/// A rule's refusal as a record keeps it: a path it names may hold a
+/// credential put into the target, and is redacted like the URL.
+fn redacted_rule(r: &RuleRefusal, redactor: &Redactor) -> RuleRefusal {
+    let missing = match &r.missing {
+        Missing::Path { path } => Missing::Path {
+            path: truncate_logged(redactor.str(path), LOGGED_URL_MAX_BYTES),
+        },
+        Missing::Query { parameter } => Missing::Query {
+            parameter: truncate_logged(redactor.str(parameter), LOGGED_HOST_MAX_BYTES),
+        },
+        other => other.clone(),
+    };
+    RuleRefusal {
+        rule: r.rule.clone(),
+        missing,
     }
 }
 
@@ -515,6 +534,7 @@ impl Recorder {
             outcome: Some(EgressOutcome::Incomplete),
             metering: None,
             steps: None,
+            rule: None,
         };
         tracing::debug!(target: "airlock::egress", source = req.source.as_str(), seq, "egress starting");
         // Written ahead: once this returns the record survives a kill of the

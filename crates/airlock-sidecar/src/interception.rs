@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressPolicy, Target};
+use airlock_egress::{AuthorizedUris, CallRules, EgressCode, EgressPolicy, Intent, Rules, Target};
 use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
@@ -38,6 +38,9 @@ pub struct Interceptor {
     leaf_key: rcgen::KeyPair,
     configs: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
     injectable: Vec<Injectable>,
+    /// The `[network]` rules: a CONNECT on the agent's listener to a host
+    /// one of them must see inside is terminated here.
+    network_rules: Arc<Rules>,
 }
 
 /// Why the run's interception cannot start (its CA), or cannot present a
@@ -59,10 +62,12 @@ pub enum InterceptError {
 impl Interceptor {
     /// The interceptor of a run whose configuration has a CA and at least
     /// one integration with `inject = "proxy"` or a local runner, with a
-    /// connection and a delivery.
+    /// connection and a delivery, or a `[network]` rule that must see
+    /// inside requests.
     pub fn new(
         ca: &ProxyCa,
         integrations: &foldhash::HashMap<String, Integration>,
+        network_rules: Arc<Rules>,
     ) -> Result<Option<Interceptor>, InterceptError> {
         let mut injectable: Vec<Injectable> = integrations
             .values()
@@ -73,12 +78,12 @@ impl Interceptor {
             .map(|i| Injectable {
                 namespace: i.namespace.to_string(),
                 placeholder: placeholder(i.namespace.as_str()),
-                authorized: AuthorizedUris::parse(&i.authorized_uris),
+                authorized: i.authorized(),
                 for_agent: i.inject_proxy,
                 carries: i.has_connection && i.delivery.is_some(),
             })
             .collect();
-        if injectable.is_empty() {
+        if injectable.is_empty() && !network_rules.any_sees_inside() {
             return Ok(None);
         }
         injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));
@@ -91,6 +96,7 @@ impl Interceptor {
             leaf_key: rcgen::KeyPair::generate().map_err(InterceptError::LeafKey)?,
             configs: Mutex::default(),
             injectable,
+            network_rules,
         }))
     }
 
@@ -142,20 +148,26 @@ impl Interceptor {
         })
     }
 
-    /// Whether the CONNECTs of a listener ([`Interceptor::candidates`]) are
-    /// terminated here.
-    pub fn serves(&self, runner: Option<&str>) -> bool {
+    /// Whether a CONNECT to `target` on a listener is terminated here:
+    /// every CONNECT of a listener with [`Interceptor::candidates`], and on
+    /// the agent's, one to a host a `[network]` rule must see inside (any
+    /// other keeps its plain tunnel).
+    pub fn serves(&self, runner: Option<&str>, target: &Target) -> bool {
         self.candidates(runner).next().is_some()
+            || (runner.is_none() && self.network_rules.sees_inside(target))
     }
 
     /// The integration whose credential a request to `target` on a
     /// listener may carry: the first whose `authorized_uris` cover it under
-    /// `policy`.
+    /// `policy`. An integration whose L7 rules refuse the request still
+    /// covers it: the request is then refused naming its rule, never sent
+    /// under the network policy instead.
     pub fn injectable_for<'a>(
         &'a self,
         policy: &EgressPolicy,
         runner: Option<&'a str>,
         target: &Target,
+        method: &http::Method,
     ) -> Option<&'a Injectable> {
         self.candidates(runner).find(|i| {
             let rules = CallRules {
@@ -163,7 +175,10 @@ impl Interceptor {
                 allow_all_uris: false,
                 credentialed: i.carries,
             };
-            policy.check(target, &rules).is_ok()
+            match policy.check(target, Intent::Request(method), &rules) {
+                Ok(_) => true,
+                Err(e) => e.code == EgressCode::RuleRefused,
+            }
         })
     }
 }

@@ -263,6 +263,7 @@ mod tests {
             outcome: Some(EgressOutcome::Incomplete),
             metering: None,
             steps: None,
+            rule: None,
         }
     }
 

@@ -109,6 +109,7 @@ impl Sidecar {
             ..ClientConfig::default()
         };
         let client = GuardedClient::new(Guard::new(policy, Arc::new(resolver)), client_cfg)?;
+        let network_rules = cfg.network.rules.compiled();
         let network = match &cfg.network.egress {
             NetworkEgress::Public => (AuthorizedUris::default(), true),
             NetworkEgress::None => (AuthorizedUris::default(), false),
@@ -120,25 +121,21 @@ impl Sidecar {
                 (list, false)
             }
         };
+        let network = (network.0.with_rules(network_rules.clone()), network.1);
         let integrations: foldhash::HashMap<String, Integration> = cfg
             .integrations
             .into_iter()
             .map(|i| (i.namespace.to_string(), i))
             .collect();
         let interceptor = match &cfg.proxy_ca {
-            Some(ca) => Interceptor::new(ca, &integrations)
+            Some(ca) => Interceptor::new(ca, &integrations, network_rules)
                 .map_err(|e| EgressError::upstream("-", e.to_string()))?,
             None => None,
         };
         let runner_network = integrations
             .values()
             .filter(|i| i.runner.is_some())
-            .map(|i| {
-                (
-                    i.namespace.to_string(),
-                    (AuthorizedUris::parse(&i.authorized_uris), i.allow_all_uris),
-                )
-            })
+            .map(|i| (i.namespace.to_string(), (i.authorized(), i.allow_all_uris)))
             .collect();
         let platform = PlatformClient::new(&cfg.platform_socket, cfg.run_token);
         let events = EventSink::start(platform.clone());

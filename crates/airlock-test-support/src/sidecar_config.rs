@@ -150,7 +150,13 @@ impl SidecarConfigBuilder {
 
     /// The forward proxy's network policy.
     pub fn network(mut self, egress: NetworkEgress) -> Self {
-        self.cfg.network = Network { egress };
+        self.cfg.network.egress = egress;
+        self
+    }
+
+    /// L7 rules narrowing the network policy (each `RuleSpec` as JSON).
+    pub fn network_rules(mut self, rules: serde_json::Value) -> Self {
+        self.cfg.network.rules = serde_json::from_value(rules).expect("rules that load");
         self
     }
 
@@ -247,6 +253,8 @@ pub fn integration(namespace: &str) -> IntegrationBuilder {
         namespace: Namespace::parse(namespace).expect("a namespace the manifest accepts"),
         authorized_uris: vec![],
         allow_all_uris: false,
+        rules: Default::default(),
+        tools: None,
         delivery: None,
         has_connection: true,
         mcp_url: None,
@@ -261,6 +269,20 @@ impl IntegrationBuilder {
         self.0
             .authorized_uris
             .extend(uris.into_iter().map(|u| u.to_string()));
+        self
+    }
+
+    /// L7 rules narrowing the URIs (each `RuleSpec` as JSON).
+    pub fn rules(mut self, rules: serde_json::Value) -> Self {
+        self.0.rules = serde_json::from_value(rules).expect("rules that load");
+        self
+    }
+
+    /// Only these of its tools are seen and called (`tools`).
+    pub fn tools(mut self, tools: &[&str]) -> Self {
+        let names = tools.iter().map(|t| (*t).to_owned()).collect();
+        self.0.tools =
+            Some(airlock_platform_api::launch::ToolAllowlist::new(names).expect("tool names"));
         self
     }
 

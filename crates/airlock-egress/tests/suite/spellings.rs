@@ -8,8 +8,12 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressCode, EgressPolicy, Guard, StaticResolver};
+use airlock_egress::{
+    AuthorizedUris, CallRules, EgressCode, EgressPolicy, Guard, Intent, StaticResolver,
+};
 use proptest::prelude::*;
+
+const GET: Intent<'static> = Intent::Request(&http::Method::GET);
 
 const V4_RANGES: &[(u32, u8)] = &[
     (0x0000_0000, 8),
@@ -102,7 +106,7 @@ proptest! {
         let url = format!("http://{host}/x");
         let empty = AuthorizedUris::default();
         let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
-        let r = runtime().block_on(guard().admit_url(&url, &rules));
+        let r = runtime().block_on(guard().admit_url(&url, GET, &rules));
         let e = r.expect_err(&url);
         prop_assert!(matches!(e.code, EgressCode::BlockedAddress | EgressCode::InvalidUrl), "{url}: {e}");
         // Every spelling must parse: an allowed outcome is impossible, and a
@@ -116,7 +120,7 @@ proptest! {
         let url = format!("http://{host}/x");
         let empty = AuthorizedUris::default();
         let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
-        let a = runtime().block_on(guard().admit_url(&url, &rules)).map_err(|e| TestCaseError::fail(format!("{url}: {e}")))?;
+        let a = runtime().block_on(guard().admit_url(&url, GET, &rules)).map_err(|e| TestCaseError::fail(format!("{url}: {e}")))?;
         let want = if style % 12 == 8 || style % 12 == 9 {
             IpAddr::V6(Ipv4Addr::from(ip).to_ipv6_mapped())
         } else {
@@ -141,7 +145,7 @@ proptest! {
         let url = format!("https://{host}/");
         let empty = AuthorizedUris::default();
         let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
-        let e = runtime().block_on(guard().admit_url(&url, &rules)).expect_err(&url);
+        let e = runtime().block_on(guard().admit_url(&url, GET, &rules)).expect_err(&url);
         prop_assert_eq!(e.code, EgressCode::BlockedAddress, "{}: {}", url, e);
     }
 
@@ -156,7 +160,7 @@ proptest! {
         let url = format!("https://[{v6}]/");
         let empty = AuthorizedUris::default();
         let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
-        let e = runtime().block_on(guard().admit_url(&url, &rules)).expect_err(&url);
+        let e = runtime().block_on(guard().admit_url(&url, GET, &rules)).expect_err(&url);
         prop_assert_eq!(e.code, EgressCode::BlockedAddress, "{}: {}", url, e);
     }
 
@@ -169,7 +173,7 @@ proptest! {
         let url = format!("https://[{v6}]/");
         let empty = AuthorizedUris::default();
         let rules = CallRules { authorized: &empty, allow_all_uris: true, credentialed: false };
-        let a = runtime().block_on(guard().admit_url(&url, &rules)).map_err(|e| TestCaseError::fail(format!("{url}: {e}")))?;
+        let a = runtime().block_on(guard().admit_url(&url, GET, &rules)).map_err(|e| TestCaseError::fail(format!("{url}: {e}")))?;
         prop_assert_eq!(a.addrs, vec![IpAddr::V6(v6)]);
     }
 
@@ -180,7 +184,7 @@ proptest! {
         let list = AuthorizedUris::parse(&[pattern.as_str(), "https://**"]);
         let rules = CallRules { authorized: &list, allow_all_uris: true, credentialed: true };
         let g = Guard::new(EgressPolicy::new(), Arc::new(StaticResolver::new()));
-        if let Ok(a) = runtime().block_on(g.admit_url(&url, &rules)) {
+        if let Ok(a) = runtime().block_on(g.admit_url(&url, GET, &rules)) {
             // Only a literal or registrable-domain entry may have allowed it.
             prop_assert!(list.entries().iter().any(|p| p.matches(&a.target) && p.carries_credential_to(&a.target)));
         }

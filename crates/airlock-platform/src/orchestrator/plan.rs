@@ -70,11 +70,16 @@ impl Keys {
 }
 
 /// Whether a run of `m` has its own CA: an integration injects through
-/// the intercepting proxy, or has a local runner (whose proxy is one).
+/// the intercepting proxy, or has a local runner (whose proxy is one), or
+/// a rule of `[network]` must see inside the agent's HTTPS requests (a run
+/// without one keeps its plain tunnels and has no CA).
 pub fn needs_proxy_ca(m: &Manifest) -> bool {
     m.integrations
         .iter()
         .any(|i| i.inject == Some(Inject::Proxy) || i.local_command().is_some())
+        || m.network
+            .as_ref()
+            .is_some_and(|n| n.rules.compiled().any_sees_inside())
 }
 
 /// The integrations of `m` with a local runner: their index in the
@@ -469,6 +474,11 @@ fn sidecar_config(
                 .as_ref()
                 .map(|n| n.egress.clone())
                 .unwrap_or(NetworkEgress::None),
+            rules: m
+                .network
+                .as_ref()
+                .map(|n| n.rules.clone())
+                .unwrap_or_default(),
         },
         egress: launch::EgressSettings {
             allow_internal_hosts: settings.allow_internal_hosts.clone(),
@@ -510,7 +520,9 @@ fn launch_integration(
         namespace: i.namespace.clone(),
         authorized_uris: i.authorized_uris.clone(),
         allow_all_uris: i.allow_all_uris,
-        has_connection: i.carries_credential(),
+        rules: i.rules.clone(),
+        tools: i.tools.clone(),
+                has_connection: i.carries_credential(),
         delivery: i.delivery.clone(),
         mcp_url: i.remote_mcp_url().map(str::to_owned),
         inject_proxy: i.inject == Some(Inject::Proxy),
@@ -535,6 +547,29 @@ mod tests {
         delivery = { header = \"Authorization\", prefix = \"Bearer \", field = \"token\" }\n";
     const RUNNERS: &str = "[[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://example.com/**\"]\n\
         [[integrations]]\nnamespace = \"local\"\nsource = { kind = \"local\", command = [\"srv\", \"--stdio\"] }\n";
+
+    /// A run has its own CA only where something must see inside HTTPS: a
+    /// `[network]` rule that judges methods, paths or the query does; one
+    /// that allows everything (`full` on `/**`) keeps the plain tunnels.
+    #[test]
+    fn only_a_network_rule_that_must_see_inside_makes_a_ca() {
+        let net = |rule: &str| {
+            request(
+                &format!("[network]\negress = \"public\"\n[[network.rules]]\nhost = \"https://pypi.org\"\n{rule}\n"),
+                Echo::LiveView,
+            )
+            .manifest
+        };
+        assert!(needs_proxy_ca(&net("access = \"read-only\"")));
+        assert!(needs_proxy_ca(&net(
+            "access = \"full\"\npaths = [\"/simple/**\"]"
+        )));
+        assert!(needs_proxy_ca(&net("access = \"full\"\nquery = \"none\"")));
+        assert!(!needs_proxy_ca(&net("access = \"full\"")));
+        assert!(!needs_proxy_ca(
+            &request("[network]\negress = \"public\"\n", Echo::LiveView).manifest
+        ));
+    }
 
     fn request(manifest: &str, echo: Echo) -> RunRequest {
         let text =

@@ -73,7 +73,7 @@ impl GuardedExport {
     /// The guard's decision on `url` (no request is sent).
     pub(crate) async fn judge(&self, url: &str) -> Result<(), EgressError> {
         self.client
-            .admit(url, &Self::rules(&self.authorized))
+            .admit(url, &http::Method::POST, &Self::rules(&self.authorized))
             .await
             .map(|_| ())
     }

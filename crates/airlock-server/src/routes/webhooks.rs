@@ -68,7 +68,11 @@ pub async fn create(
     };
     let authorized = crate::webhooks::authorized_for(&b.url).map_err(refused)?;
     app.webhook_client()
-        .admit(&b.url, &crate::webhooks::rules(&authorized))
+        .admit(
+            &b.url,
+            &http::Method::POST,
+            &crate::webhooks::rules(&authorized),
+        )
         .await
         .map_err(refused)?;
     let secret = format!(

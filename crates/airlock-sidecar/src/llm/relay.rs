@@ -197,7 +197,7 @@ async fn admit(
     // the sidecar's is in its text, so its parse is remembered.
     let (admitted, guard) = timed(
         sidecar.traced,
-        sidecar.client.admit_secret_free(url, &rules),
+        sidecar.client.admit_secret_free(url, &parts.method, &rules),
     )
     .await;
     let admission = match admitted {
@@ -298,7 +298,12 @@ async fn judge_provider_fetches(
         credentialed: false,
     };
     for (url, what) in provider_fetch::urls(&asks) {
-        if let Err(e) = sidecar.client.admit_secret_free(url, &rules).await {
+        // The provider fetches the URL: a GET, whatever the model call is.
+        if let Err(e) = sidecar
+            .client
+            .admit_secret_free(url, &http::Method::GET, &rules)
+            .await
+        {
             tracing::info!(%url, what, "a model request's provider fetch refused: {}", e.operator_message());
             return Err(refused(sidecar, method, url, &e));
         }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use airlock_egress::{Admission, AuthorizedUris, CallRules, EgressError, OutboundRequest};
+use airlock_egress::{Admission, CallRules, EgressError, OutboundRequest};
 use airlock_platform_api::wire::{EgressOutcome, Step, Steps, timed};
 use base64::Engine;
 use bytes::Bytes;
@@ -24,6 +24,36 @@ pub fn error_result(code: &str, message: &str, status: u16) -> CallToolResult {
     let mut r = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
     r.structured_content = Some(body);
     r
+}
+
+/// The guard's refusal (or failure) as an `isError` result, redacted; a
+/// refusal by an L7 rule also carries `"rule": {"rule": id, "missing": …}`.
+fn egress_result(e: &EgressError, redactor: &Redactor) -> CallToolResult {
+    let mut r = error_result(
+        e.code.as_str(),
+        &redactor.str(&e.to_string()),
+        e.http_status(),
+    );
+    if let (Some(rule), Some(Value::Object(body))) = (&e.rule, r.structured_content.as_mut())
+        && let Ok(v) = serde_json::to_value(rule)
+    {
+        body.insert("rule".into(), redacted_value(v, redactor));
+        r.content = vec![ContentBlock::text(Value::Object(body.clone()).to_string())];
+    }
+    r
+}
+
+/// Every string in `v`, redacted.
+fn redacted_value(v: Value, redactor: &Redactor) -> Value {
+    match v {
+        Value::String(s) => Value::String(redactor.string(s)),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, v)| (k, redacted_value(v, redactor)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 pub fn arg_error(e: &ArgError) -> CallToolResult {
@@ -56,15 +86,15 @@ async fn decide_and_record(
     sidecar: &Sidecar,
     rules: &CallRules<'_>,
     ns: &str,
-    method: &str,
+    method: &http::Method,
     (url, text): (&str, UrlText),
     bytes_out: u64,
     redactor: &Redactor,
 ) -> Result<(Admission, InFlight), Stop> {
     let (admitted, guard) = timed(sidecar.traced, async {
         match text {
-            UrlText::AsWritten => sidecar.client.admit_secret_free(url, rules).await,
-            UrlText::Prepared => sidecar.client.admit(url, rules).await,
+            UrlText::AsWritten => sidecar.client.admit_secret_free(url, method, rules).await,
+            UrlText::Prepared => sidecar.client.admit(url, method, rules).await,
         }
     })
     .await;
@@ -72,7 +102,7 @@ async fn decide_and_record(
     let allowed = Allowed {
         source: Source::ApiCall,
         integration: Some(ns),
-        method,
+        method: method.as_str(),
         target: admission.target(),
         bytes_out,
     };
@@ -248,7 +278,7 @@ pub(crate) async fn run_answer(
     let authorized = match state.static_uris.get(ns) {
         Some(parsed) => parsed,
         None => {
-            rendered = AuthorizedUris::render(&integration.authorized_uris, &fields);
+            rendered = integration.authorized_with(&fields);
             &rendered
         }
     };
@@ -264,7 +294,7 @@ pub(crate) async fn run_answer(
                 sidecar,
                 &rules,
                 ns,
-                method,
+                &prepared.method,
                 (&prepared.url, UrlText::Prepared),
                 prepared.body.len() as u64,
                 &redactor,
@@ -312,7 +342,7 @@ async fn decide_early(
         &state.sidecar,
         &rules,
         ns,
-        args.method.as_str(),
+        &args.method,
         (&args.target, UrlText::AsWritten),
         args.body_len() as u64,
         &Redactor::none(),
@@ -355,11 +385,7 @@ fn stopped(
                 url,
             };
             sidecar.egress.refused_after(&what, &e, redactor, steps);
-            error_result(
-                e.code.as_str(),
-                &redactor.str(&e.to_string()),
-                e.http_status(),
-            )
+            egress_result(&e, redactor)
         }
         Stop::Unrecorded(e) => error_result(e.code(), &e.to_string(), 503),
     }
@@ -403,12 +429,7 @@ async fn send(
         Ok(r) => r,
         Err(e) => {
             flight.complete(Outcome::of_error(&e).bytes_out(sent_bytes));
-            return error_result(
-                e.code.as_str(),
-                &redactor.str(&e.to_string()),
-                e.http_status(),
-            )
-            .into();
+            return egress_result(&e, redactor).into();
         }
     };
     let answered = Outcome::completed(resp.status.as_u16())

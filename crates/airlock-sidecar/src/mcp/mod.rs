@@ -108,8 +108,15 @@ impl McpState {
     pub fn new(sidecar: Arc<Sidecar>) -> Self {
         let mut tools: Vec<Tool> = sidecar
             .integrations
-            .keys()
-            .map(|ns| api_call_tool(ns))
+            .iter()
+            .filter(|(ns, i)| {
+                let allowed = i.allows_tool("api_call");
+                if !allowed {
+                    hidden(ns, "api_call");
+                }
+                allowed
+            })
+            .map(|(ns, _)| api_call_tool(ns))
             .collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         tools.push(run_history_tool());
@@ -118,12 +125,7 @@ impl McpState {
             .integrations
             .iter()
             .filter(|(_, i)| !airlock_egress::AuthorizedUris::has_templates(&i.authorized_uris))
-            .map(|(ns, i)| {
-                (
-                    ns.clone(),
-                    airlock_egress::AuthorizedUris::parse(&i.authorized_uris),
-                )
-            })
+            .map(|(ns, i)| (ns.clone(), i.authorized()))
             .collect();
         let mut runners = sidecar
             .runner_mcp
@@ -133,10 +135,13 @@ impl McpState {
         let remotes = sidecar
             .integrations
             .iter()
-            .filter_map(|(ns, i)| match (&i.mcp_url, runners.remove(ns)) {
-                (Some(url), _) => Some(Arc::new(remote::Remote::new(ns, url))),
-                (None, Some(listener)) => Some(Arc::new(remote::Remote::runner(ns, listener))),
-                (None, None) => None,
+            .filter_map(|(ns, i)| {
+                match (&i.mcp_url, runners.remove(ns)) {
+                    (Some(url), _) => Some(remote::Remote::new(ns, url)),
+                    (None, Some(listener)) => Some(remote::Remote::runner(ns, listener)),
+                    (None, None) => None,
+                }
+                .map(|r| Arc::new(r.with_tools(i.tools.clone())))
             })
             .map(|r| (r.namespace().to_owned(), r))
             .collect();
@@ -199,6 +204,29 @@ impl McpState {
         (tool != "api_call").then_some((server, tool))
     }
 
+    /// The tool allowlist's refusal of a call by `name` (`{namespace}__{tool}`)
+    /// the integration hides: named directly, it is refused before anything
+    /// is parsed or sent, and audited. `None`: the name is not hidden (an
+    /// unknown name is the caller's to refuse).
+    fn hidden_call(&self, name: &str) -> Option<api_call::Answer> {
+        let (ns, tool) = args::split_tool_name(name)?;
+        let integration = self.sidecar.integrations.get(ns)?;
+        if integration.allows_tool(tool) {
+            return None;
+        }
+        hidden(ns, tool);
+        Some(
+            api_call::error_result(
+                "tool_not_allowed",
+                &format!(
+                    "the integration {ns} does not allow the tool {tool:?} (its tools allowlist)"
+                ),
+                403,
+            )
+            .into(),
+        )
+    }
+
     /// Parses and runs one tool call.
     pub async fn call(
         &self,
@@ -219,6 +247,9 @@ impl McpState {
         arguments: Option<&serde_json::Map<String, Value>>,
         prefetch: Option<&CredentialPrefetch>,
     ) -> Result<api_call::Answer, ErrorData> {
+        if let Some(refused) = self.hidden_call(name) {
+            return Ok(refused);
+        }
         if let Some((server, tool)) = self.remote_tool(name) {
             let Ok(_permit) = self.sidecar.api_calls.acquire().await else {
                 return Ok(api_call::error_result(
@@ -331,6 +362,13 @@ fn schema(v: Value) -> Arc<serde_json::Map<String, Value>> {
         Value::Object(o) => Arc::new(o),
         _ => Arc::default(),
     }
+}
+
+/// The audit line of a tool an integration's allowlist hides (left out of
+/// a list, or refused when called by name).
+pub(crate) fn hidden(namespace: &str, tool: &str) {
+    tracing::info!(target: "airlock::policy", integration = %namespace, tool = %tool,
+        "tool hidden by the integration's tools allowlist");
 }
 
 fn api_call_tool(ns: &str) -> Tool {

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_egress::{AuthorizedUris, CallRules, GuardedResponse, OutboundRequest};
+use airlock_platform_api::launch::ToolAllowlist;
 use airlock_platform_api::wire::EgressOutcome;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
@@ -106,7 +107,7 @@ impl GuardedMcpHttp {
             .integrations
             .get(namespace)
             .filter(|i| !AuthorizedUris::has_templates(&i.authorized_uris))
-            .map(|i| Arc::new(AuthorizedUris::parse(&i.authorized_uris)));
+            .map(|i| Arc::new(i.authorized()));
         GuardedMcpHttp {
             sidecar,
             namespace: namespace.into(),
@@ -134,7 +135,7 @@ impl GuardedMcpHttp {
         let authorized = match &self.authorized {
             Some(a) => a.as_ref(),
             None => {
-                rendered = AuthorizedUris::render(&integration.authorized_uris, &fields);
+                rendered = integration.authorized_with(&fields);
                 &rendered
             }
         };
@@ -143,7 +144,7 @@ impl GuardedMcpHttp {
             allow_all_uris: integration.allow_all_uris,
             credentialed: integration.has_connection,
         };
-        let admission = match sidecar.client.admit(uri, &rules).await {
+        let admission = match sidecar.client.admit(uri, &method, &rules).await {
             Ok(a) => a,
             Err(e) => {
                 let what = Refused {
@@ -562,6 +563,8 @@ pub struct Remote {
     /// The tools of the last list left out for their names.
     dropped: Mutex<Arc<Vec<Dropped>>>,
     failed: Mutex<Option<(Instant, Unavailable)>>,
+    /// The integration's tools allowlist: a tool it hides is never listed.
+    allow: Option<ToolAllowlist>,
 }
 
 impl Remote {
@@ -586,7 +589,15 @@ impl Remote {
             tools: Mutex::default(),
             dropped: Mutex::default(),
             failed: Mutex::default(),
+            allow: None,
         }
+    }
+
+    /// The same server, its tools filtered by the integration's allowlist.
+    #[must_use]
+    pub fn with_tools(mut self, allow: Option<ToolAllowlist>) -> Self {
+        self.allow = allow;
+        self
     }
 
     pub fn namespace(&self) -> &str {
@@ -794,6 +805,10 @@ impl Remote {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
         if !ok {
+            return Err(None);
+        }
+        if self.allow.as_ref().is_some_and(|a| !a.allows(name)) {
+            super::hidden(&self.namespace, name);
             return Err(None);
         }
         let full = format!("{}__{}", self.namespace, name);

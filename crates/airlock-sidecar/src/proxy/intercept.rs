@@ -184,7 +184,12 @@ async fn handle(
     headers.remove(header::CONTENT_LENGTH);
 
     // Whose credential it may carry, and whether it asks for it.
-    let injectable = icpt.injectable_for(sidecar.client.guard().policy(), scope.runner(), &target);
+    let injectable = icpt.injectable_for(
+        sidecar.client.guard().policy(),
+        scope.runner(),
+        &target,
+        &method,
+    );
     let injected = match injectable.filter(|inj| inj.carries) {
         Some(inj) => match inject(sidecar, inj, &mut headers).await {
             Ok(i) => i,
@@ -205,7 +210,11 @@ async fn handle(
     let source = scope.source();
     let recorded = scope.integration(injected.carried);
     let redactor = &injected.redactor;
-    let admission = match sidecar.client.admit(target.url().as_str(), &rules).await {
+    let admission = match sidecar
+        .client
+        .admit(target.url().as_str(), &method, &rules)
+        .await
+    {
         Ok(a) => a,
         Err(e) => {
             let what = Refused {

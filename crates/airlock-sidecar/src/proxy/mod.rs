@@ -36,7 +36,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use airlock_egress::{Admitted, CallRules, EgressCode, EgressError, GuardStep, Target};
+use airlock_egress::{Admitted, CallRules, EgressCode, EgressError, GuardStep, Intent, Target};
 use airlock_platform_api::wire::EgressOutcome;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -329,7 +329,7 @@ pub async fn serve_connection_with<S: ProxyStream>(
     if sidecar
         .interceptor
         .as_ref()
-        .is_some_and(|i| i.serves(scope.runner()))
+        .is_some_and(|i| i.serves(scope.runner(), &target))
         && matches!(head.target, RequestTarget::Authority(_))
     {
         // Each request inside is judged on its own ([`intercept`]).
@@ -410,7 +410,14 @@ async fn admit_uncredentialed(
     settings: &ProxySettings,
 ) -> Result<(Admitted, InFlight, TcpStream), Denied> {
     let rules = scope.rules(sidecar);
-    let admitted = match sidecar.client.guard().admit(target, &rules).await {
+    // A CONNECT is a tunnel the guard does not see into; any other request
+    // is judged with its method.
+    let request_method = http::Method::from_bytes(method.as_bytes()).ok();
+    let intent = match &request_method {
+        Some(m) if *m != http::Method::CONNECT => Intent::Request(m),
+        _ => Intent::Tunnel,
+    };
+    let admitted = match sidecar.client.guard().admit(target, intent, &rules).await {
         Ok(a) => a,
         Err(e) => {
             let refused = Refused {

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use airlock_egress::{
-    AuthorizedUris, CallRules, DnsServerResolver, EgressPolicy, Guard, Resolve, StaticResolver,
-    SystemResolver,
+    AuthorizedUris, CallRules, DnsServerResolver, EgressPolicy, Guard, Intent, Resolve,
+    RuleRefusal, RuleSpec, Rules, StaticResolver, SystemResolver,
 };
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -44,6 +44,13 @@ pub struct CheckArgs {
     /// Ask this nameserver (ip or ip:port) instead of the system resolver.
     #[arg(long, value_name = "ADDR")]
     dns_server: Option<String>,
+    /// The request's method, judged by the L7 rules (`--rule`).
+    #[arg(long, value_name = "METHOD", default_value = "GET")]
+    method: String,
+    /// An L7 rule narrowing the entries, as JSON (`{"host":"https://a.com",
+    /// "access":"read-only","paths":["/v1/**"]}`; repeatable).
+    #[arg(long = "rule", value_name = "JSON")]
+    rules: Vec<String>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -57,6 +64,30 @@ struct Decision {
     code: Option<&'static str>,
     message: String,
     addresses: Vec<IpAddr>,
+    /// The L7 rule that refused, and what it lacked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule: Option<RuleRefusal>,
+}
+
+/// The `--authorized-uri` entries narrowed by the `--rule`s, with the
+/// entries' load-time findings printed.
+fn authorized_of(args: &CheckArgs) -> Result<AuthorizedUris, String> {
+    let specs = args
+        .rules
+        .iter()
+        .map(|r| serde_json::from_str::<RuleSpec>(r).map_err(|e| format!("--rule {r}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rules = Rules::compile(&specs).map_err(|e| format!("--rule: {e}"))?;
+    let authorized = AuthorizedUris::parse(&args.authorized_uris).with_rules(Arc::new(rules));
+    for d in authorized.diagnostics() {
+        let what = if d.matches_nothing {
+            "matches nothing"
+        } else {
+            "warning"
+        };
+        eprintln!("authorized_uris entry {:?} {what}: {}", d.entry, d.reason);
+    }
+    Ok(authorized)
 }
 
 fn usage_error(msg: String) -> ExitCode {
@@ -86,15 +117,13 @@ fn check(args: CheckArgs) -> ExitCode {
     }
     let mut policy = EgressPolicy::new();
     policy.allow_internal_hosts(args.allow_internal_hosts.iter().map(String::as_str));
-    let authorized = AuthorizedUris::parse(&args.authorized_uris);
-    for d in authorized.diagnostics() {
-        let what = if d.matches_nothing {
-            "matches nothing"
-        } else {
-            "warning"
-        };
-        eprintln!("authorized_uris entry {:?} {what}: {}", d.entry, d.reason);
-    }
+    let authorized = match authorized_of(&args) {
+        Ok(a) => a,
+        Err(e) => return usage_error(e),
+    };
+    let Ok(method) = http::Method::from_bytes(args.method.as_bytes()) else {
+        return usage_error(format!("--method {:?} is not an HTTP method", args.method));
+    };
     let rules = CallRules {
         authorized: &authorized,
         allow_all_uris: args.allow_all_uris,
@@ -105,7 +134,7 @@ fn check(args: CheckArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return usage_error(format!("cannot start the async runtime: {e}")),
     };
-    let outcome = runtime.block_on(guard.admit_url(&args.url, &rules));
+    let outcome = runtime.block_on(guard.admit_url(&args.url, Intent::Request(&method), &rules));
     let (decision, exit) = match outcome {
         Ok(a) => (
             Decision {
@@ -120,6 +149,7 @@ fn check(args: CheckArgs) -> ExitCode {
                     format!("{} is allowed", a.target)
                 },
                 addresses: a.addrs,
+                rule: None,
             },
             ExitCode::SUCCESS,
         ),
@@ -137,6 +167,7 @@ fn check(args: CheckArgs) -> ExitCode {
                     e.detail
                 ),
                 addresses: Vec::new(),
+                rule: e.rule.map(|r| *r),
             },
             ExitCode::from(1),
         ),

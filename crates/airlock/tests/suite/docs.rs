@@ -251,11 +251,72 @@ fn generated_egress_sections() -> Vec<(&'static str, String)> {
             }
         ));
     }
+    let mut presets = String::from("| preset | methods |\n|---|---|\n");
+    for p in airlock_egress::Preset::ALL {
+        let methods = match p.methods() {
+            Some(ms) => ms
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "every method".to_owned(),
+        };
+        presets.push_str(&format!("| `{}` | {methods} |\n", p.as_str()));
+    }
     vec![
         ("blocked-names", names),
         ("blocked-ranges", ranges),
         ("codes", codes),
+        ("presets", presets),
     ]
+}
+
+/// The L7 rules' example in docs/egress.md: its manifest loads, and each
+/// request of its table gets the documented decision from the guard.
+#[test]
+fn the_l7_rule_examples_are_what_the_guard_decides() {
+    use airlock_egress::{AuthorizedUris, CallRules, EgressPolicy, Intent, Missing, Target};
+    let text = doc("egress.md");
+    let at = text.find("## L7 rules").unwrap();
+    let start = at + text[at..].find("```toml\n").unwrap() + "```toml\n".len();
+    let end = start + text[start..].find("```").unwrap();
+    let m = Manifest::parse(&text[start..end]).unwrap();
+    let integ = &m.integrations[0];
+    let list = AuthorizedUris::parse(&integ.authorized_uris).with_rules(integ.rules.compiled());
+    let rules = CallRules {
+        authorized: &list,
+        allow_all_uris: false,
+        credentialed: true,
+    };
+    let (s, e) = section(&text, "l7-examples");
+    let rows: Vec<&str> = text[s..e].lines().skip(2).collect();
+    assert!(rows.len() >= 6, "{rows:?}");
+    for row in rows {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let request = cells[0].trim_start_matches("| `").trim_end_matches('`');
+        let want = cells[1].trim_end_matches(" |");
+        let (method, url) = request.split_once(' ').unwrap();
+        let method = http::Method::from_bytes(method.as_bytes()).unwrap();
+        let got = EgressPolicy::new().check(
+            &Target::parse(url).unwrap(),
+            Intent::Request(&method),
+            &rules,
+        );
+        let got = match got {
+            Ok(_) => "allowed".to_owned(),
+            Err(e) => {
+                let r = e.rule.clone().unwrap_or_else(|| panic!("{request}: {e}"));
+                let what = match &r.missing {
+                    Missing::Method { method } => format!("method `{method}`"),
+                    Missing::Path { path } => format!("path `{path}`"),
+                    Missing::Query { parameter } => format!("query `{parameter}`"),
+                    Missing::Tunnel => "tunnel".to_owned(),
+                };
+                format!("refused: `{}`, {what}", r.rule)
+            }
+        };
+        assert_eq!(got, want, "{request}");
+    }
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod docs;
 mod egress_check;
 mod integrity;
 mod keys_reencrypt;
+mod l7_rules;
 mod local_runner;
 mod platform_api;
 mod proxy_inject;

@@ -305,6 +305,163 @@ async fn a_server_outside_authorized_uris_or_blocked_is_never_contacted() {
     drop(sc);
 }
 
+/// L7 rules on a remote MCP server's integration: its exchanges (POST,
+/// GET and DELETE to the server's URL) are judged like any request, so a
+/// rule that does not allow them (a `read-only` preset, another path)
+/// keeps the server uncontacted and says which rule refused; a rule that
+/// names them lets the tools through.
+#[tokio::test(flavor = "multi_thread")]
+async fn l7_rules_judge_a_remote_servers_exchanges() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) {
+        return;
+    }
+    let refused_server = McpServer::start("good", CANARY);
+    let server = McpServer::start("good", CANARY);
+    let p = platform_with(&["ro", "elsewhere", "good"]).await;
+    let (rport, port) = (refused_server.port, server.port);
+    let host = |port: u16| format!("http://{HOST}:{port}");
+    let sc = sidecar_for(
+        &p,
+        [
+            remote_integration("ro", rport)
+                .rules(json!([{"id": "ro-read", "host": host(rport), "access": "read-only"}])),
+            remote_integration("elsewhere", rport).rules(
+                json!([{"id": "other-path", "host": host(rport), "access": "full", "paths": ["/other/**"]}]),
+            ),
+            remote_integration("good", port).rules(json!([{
+                "id": "mcp-only", "host": host(port),
+                "methods": ["POST", "GET", "DELETE"], "paths": ["/mcp"],
+            }])),
+        ],
+        |_| {},
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    let out = agent(
+        &url,
+        &token,
+        "legacy",
+        json!([{"op": "list_tools"}, {"op": "call", "name": "good__echo", "args": {"text": "ok"}}]),
+    );
+    let names = tool_names(&out["results"][0]);
+    assert!(names.iter().any(|n| n == "good__echo"), "{names:?}");
+    assert!(
+        !names
+            .iter()
+            .any(|n| (n.starts_with("ro__") || n.starts_with("elsewhere__"))
+                && !n.ends_with("__api_call")),
+        "{names:?}"
+    );
+    assert_eq!(text_of(&out["results"][1]), "ok");
+    assert!(
+        refused_server.seen().is_empty(),
+        "{:?}",
+        refused_server.seen()
+    );
+    let log = p.egress_log().await;
+    for ns in ["ro", "elsewhere"] {
+        let mine: Vec<_> = log
+            .iter()
+            .filter(|e| e.source.as_str() == "mcp" && e.integration.as_deref() == Some(ns))
+            .collect();
+        assert!(!mine.is_empty(), "{ns}: {log:?}");
+        assert!(
+            mine.iter()
+                .all(|e| e.reason.map(|r| r.as_str()) == Some("rule_refused")),
+            "{ns}: {mine:?}"
+        );
+    }
+    let journal = String::from_utf8_lossy(&std::fs::read(&p.journal).unwrap()).into_owned();
+    assert!(
+        journal
+            .contains(r#""rule":{"rule":"ro-read","missing":{"kind":"method","method":"POST"}}"#),
+        "{journal}"
+    );
+    assert!(
+        journal.contains(r#""rule":{"rule":"other-path","missing":{"kind":"path","path":"/mcp"}}"#),
+        "{journal}"
+    );
+    drop(sc);
+}
+
+/// An integration's `tools` allowlist: a tool it hides is neither listed
+/// nor callable — by its name, in another case, as the integration's own
+/// `api_call`, or after a server renamed its tools between list and call —
+/// and the server never receives a call for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_allowlist_hides_tools_from_the_list_and_from_calls() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) {
+        return;
+    }
+    let good = McpServer::start("good", CANARY);
+    let changing = McpServer::start("changing", CANARY);
+    let p = platform_with(&["good", "ch"]).await;
+    let sc = sidecar_for(
+        &p,
+        [
+            remote_integration("good", good.port).tools(&["echo", "ad*"]),
+            remote_integration("ch", changing.port).tools(&["v1"]),
+        ],
+        |_| {},
+    );
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let url = format!("http://{}/mcp", sc.tcp());
+    let call = |name: &str, args: Value| json!({"op": "call", "name": name, "args": args});
+    let out = agent(
+        &url,
+        &token,
+        "legacy",
+        json!([
+            {"op": "list_tools"},
+            call("good__echo", json!({"text": "ok"})),
+            call("good__add", json!({"a": 1, "b": 2})),
+            call("good__whoami", json!({})),
+            call("good__Echo", json!({"text": "x"})),
+            call("good__WHOAMI", json!({})),
+            call("good__api_call", json!({"target": "http://x/"})),
+            call("ch__v1", json!({})),
+            {"op": "list_tools"},
+            call("ch__v2", json!({})),
+        ]),
+    );
+    let r = out["results"].as_array().unwrap_or_else(|| panic!("{out}"));
+    let mut names = tool_names(&r[0]);
+    names.retain(|n| n.starts_with("good__") || n.starts_with("ch__"));
+    names.sort();
+    assert_eq!(names, ["ch__v1", "good__add", "good__echo"]);
+    assert_eq!(text_of(&r[1]), "ok");
+    assert_eq!(text_of(&r[2]), "3");
+    for refused in &r[3..=6] {
+        assert_eq!(refused["isError"], json!(true), "{refused}");
+        let body: Value = serde_json::from_str(&text_of(refused)).unwrap();
+        assert_eq!(body["error"], "tool_not_allowed", "{refused}");
+        assert_eq!(body["status"], 403);
+    }
+    assert_eq!(text_of(&r[7]), "called v1");
+    let after: Vec<String> = tool_names(&r[8])
+        .into_iter()
+        .filter(|n| n.starts_with("ch__"))
+        .collect();
+    assert!(after.is_empty(), "the renamed tool is hidden: {after:?}");
+    let body: Value = serde_json::from_str(&text_of(&r[9])).unwrap();
+    assert_eq!(body["error"], "tool_not_allowed", "{}", r[9]);
+    let called = |server: &McpServer| -> Vec<String> {
+        server
+            .seen()
+            .iter()
+            .filter(|s| s["rpc"] == "tools/call")
+            .filter_map(|s| s["tool"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(called(&changing), ["v1"]);
+    let good_called = called(&good);
+    assert!(
+        good_called.iter().all(|t| t == "echo" || t == "add"),
+        "{good_called:?}"
+    );
+    drop(sc);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn hostile_servers_get_bounded_typed_errors_and_hurt_nothing_else() {
     if !python_has(&["mcp", "httpx2", "uvicorn"]) {

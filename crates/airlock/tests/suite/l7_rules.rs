@@ -1,0 +1,633 @@
+//! L7 rules from the attacker's side, end to end through the real
+//! `airlock sidecar`: on `api_call` (the official MCP Python SDK) and on the
+//! forward proxy's plain HTTP (curl, and raw request lines), a method or a
+//! path slipped past a rule — case, `..` and `%2e%2e`, encoded slashes,
+//! `//`, query smuggling, absolute-form against origin-form, HEAD against
+//! GET — is refused as `rule_refused` naming the rule, recorded, and never
+//! reaches the upstream; the legitimate request beside each goes through.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use crate::support::*;
+use airlock_platform::testing::TestPlatform;
+use airlock_store::{AuthType, EgressDecision};
+use airlock_vault::ExposeSecret;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const HOST: &str = "rules.internal.test";
+
+/// What the upstream received: `METHOD path?query` of each request.
+type Seen = Arc<Mutex<Vec<String>>>;
+
+/// A plain-HTTP upstream (hyper) on loopback that answers 200 to anything.
+async fn recording_upstream() -> (SocketAddr, Seen) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let log = log.clone();
+            let svc = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                let line = format!("{} {}", req.method(), req.uri());
+                log.lock().unwrap().push(line);
+                async {
+                    Ok::<_, Infallible>(hyper::Response::new(
+                        http_body_util::Empty::<bytes::Bytes>::new(),
+                    ))
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc),
+            );
+        }
+    });
+    (addr, seen)
+}
+
+/// `svc` (a credential) and the network may reach the upstream's host on
+/// any path; both are narrowed to reading `/repos/…/issues` and to
+/// commenting, by the same rules.
+fn rules(port: u16) -> Value {
+    let host = format!("http://{HOST}:{port}");
+    json!([
+        {"id": "issues-read", "host": host, "access": "read-only",
+         "paths": ["/repos/*/issues", "/repos/*/issues/**"], "query": ["state", "page"]},
+        {"id": "comment", "host": host, "methods": ["POST"],
+         "paths": ["/repos/*/issues/*/comments"], "query": "none"},
+    ])
+}
+
+struct Env {
+    p: TestPlatform,
+    sc: SidecarProcess,
+    up: SocketAddr,
+    seen: Seen,
+}
+
+impl Env {
+    async fn start() -> Env {
+        let p = TestPlatform::start("l7-rules-agent").await;
+        p.add_connection("svc", AuthType::Bearer, &[("token", "canary-L7rules-4hQ")])
+            .await;
+        let (up, seen) = recording_upstream().await;
+        let cfg = p
+            .sidecar_config()
+            .tcp()
+            .proxy_tcp()
+            .integration(
+                integration("svc")
+                    .authorized([format!("http://{HOST}:*/**")])
+                    .rules(rules(up.port()))
+                    .bearer("token"),
+            )
+            .network_allow([format!("http://{HOST}:*/**")])
+            .network_rules(rules(up.port()))
+            .loopback_host(HOST)
+            .build();
+        let sc = spawn_sidecar(&cfg);
+        Env { p, sc, up, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{HOST}:{}{path}", self.up.port())
+    }
+
+    fn token(&self) -> String {
+        self.p.sidecar_token.expose_secret().to_owned()
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// The body of an `isError` result.
+fn error_body(result: &Value) -> Value {
+    assert_eq!(result["isError"], json!(true), "not an error: {result}");
+    serde_json::from_str(&text_of(result)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_call_cannot_slip_a_method_or_path_past_a_rule() {
+    if !python_has(&["mcp", "httpx2"]) {
+        return;
+    }
+    let env = Env::start().await;
+    let call = |method: &str, path: &str| {
+        json!({"op": "call", "name": "svc__api_call",
+               "args": {"target": env.url(path), "method": method}})
+    };
+    let attacks = [
+        (
+            call("DELETE", "/repos/a/issues/1"),
+            "issues-read",
+            json!({"kind": "method", "method": "DELETE"}),
+        ),
+        (
+            call("PUT", "/repos/a/issues/1/comments"),
+            "issues-read",
+            json!({"kind": "method", "method": "PUT"}),
+        ),
+        (
+            call("GET", "/repos/a/secrets"),
+            "issues-read",
+            json!({"kind": "path", "path": "/repos/a/secrets"}),
+        ),
+        (
+            call("GET", "/REPOS/a/issues"),
+            "issues-read",
+            json!({"kind": "path", "path": "/REPOS/a/issues"}),
+        ),
+        (
+            call("GET", "/repos/a/issues/../secrets"),
+            "issues-read",
+            json!({"kind": "path", "path": "/repos/a/secrets"}),
+        ),
+        (
+            call("GET", "/repos/a/issues/%2e%2e/secrets"),
+            "issues-read",
+            json!({"kind": "path", "path": "/repos/a/secrets"}),
+        ),
+        (
+            call("GET", "/repos/a/issues/..%2fsecrets"),
+            "issues-read",
+            json!({"kind": "path", "path": "/repos/a/secrets"}),
+        ),
+        (
+            call("GET", "/repos/a%2f..%2f..%2fadmin/issues"),
+            "issues-read",
+            json!({"kind": "path", "path": "/admin/issues"}),
+        ),
+        (
+            call("GET", "/repos//issues"),
+            "issues-read",
+            json!({"kind": "path", "path": "/repos/issues"}),
+        ),
+        (
+            call("GET", "/repos/a/issues?state=open&token=x"),
+            "issues-read",
+            json!({"kind": "query", "parameter": "token"}),
+        ),
+        (
+            call("GET", "/repos/a/issues?state=open;token=x"),
+            "issues-read",
+            json!({"kind": "query", "parameter": "token"}),
+        ),
+        (
+            call("GET", "/repos/a/issues?%74oken=x"),
+            "issues-read",
+            json!({"kind": "query", "parameter": "token"}),
+        ),
+        (
+            call("POST", "/repos/a/issues/1/comments?draft=1"),
+            "comment",
+            json!({"kind": "query", "parameter": "draft"}),
+        ),
+    ];
+    let legit = [
+        call("GET", "/repos/a/issues?state=open&page=2"),
+        call("HEAD", "/repos/a/issues/1"),
+        call("POST", "/repos/a/issues/1/comments"),
+    ];
+    let ops: Vec<Value> = attacks
+        .iter()
+        .map(|(op, _, _)| op.clone())
+        .chain(legit.iter().cloned())
+        .collect();
+    let out = mcp_client_output(spawn_mcp_client(&json!({
+        "url": format!("http://{}/mcp", env.sc.tcp()), "token": env.token(),
+        "mode": "2026-07-28", "uds": null, "ops": ops,
+    })));
+    let results = out["results"].as_array().unwrap_or_else(|| panic!("{out}"));
+    for (i, (op, rule, missing)) in attacks.iter().enumerate() {
+        let body = error_body(&results[i]);
+        assert_eq!(body["error"], "rule_refused", "{op}: {body}");
+        assert_eq!(body["status"], 403, "{op}");
+        assert_eq!(body["rule"]["rule"], *rule, "{op}: {body}");
+        assert_eq!(body["rule"]["missing"], *missing, "{op}: {body}");
+        assert!(body["message"].as_str().unwrap().contains(rule), "{body}");
+    }
+    for (i, op) in legit.iter().enumerate() {
+        let r = &results[attacks.len() + i];
+        assert_ne!(r["isError"], json!(true), "{op}: {r}");
+    }
+    assert_eq!(
+        env.seen(),
+        [
+            "GET /repos/a/issues?state=open&page=2",
+            "HEAD /repos/a/issues/1",
+            "POST /repos/a/issues/1/comments",
+        ]
+    );
+    // Each refusal is in the egress log, typed, and the journal keeps the rule.
+    let log = env.p.egress_log().await;
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|e| e.decision == EgressDecision::Refused)
+        .collect();
+    assert_eq!(refused.len(), attacks.len(), "{log:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
+    );
+    let journal = String::from_utf8_lossy(&std::fs::read(&env.p.journal).unwrap()).into_owned();
+    assert!(
+        journal.contains(
+            r#""rule":{"rule":"issues-read","missing":{"kind":"method","method":"DELETE"}}"#
+        ),
+        "{journal}"
+    );
+    assert!(
+        !journal.contains("canary-L7rules"),
+        "a credential in the journal"
+    );
+}
+
+/// curl through the proxy: the HTTP status it got.
+fn curl(proxy: &str, token: &str, args: &[&str]) -> u16 {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            "--noproxy",
+            "",
+            "-x",
+            proxy,
+            "--path-as-is",
+        ])
+        .args(["--proxy-user", &format!("run:{token}")])
+        .args(["-o", "/dev/null", "-w", "%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl must be installed (.ci/run installs it)");
+    eprintln!("curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// One raw request on a fresh proxy connection: the status line's code and
+/// the body.
+async fn raw(proxy: SocketAddr, request: String) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_forward_proxy_cannot_slip_a_method_or_path_past_a_rule() {
+    let env = Env::start().await;
+    let proxy = format!("http://{}", env.sc.proxy_tcp());
+    let token = env.token();
+    let u = |p: &str| env.url(p);
+    for (args, why) in [
+        (
+            vec!["-X", "DELETE", &u("/repos/a/issues/1")],
+            "a method the rule lacks",
+        ),
+        (
+            vec!["-X", "delete", &u("/repos/a/issues/1")],
+            "a method in lower case",
+        ),
+        (
+            vec!["-X", "get", &u("/repos/a/issues")],
+            "GET in lower case",
+        ),
+        (vec![&u("/repos/a/secrets")], "a path the rule lacks"),
+        (vec![&u("/repos/a/issues/../secrets")], "a dot segment"),
+        (
+            vec![&u("/repos/a/issues/%2e%2e/secrets")],
+            "an encoded dot segment",
+        ),
+        (vec![&u("/repos/a/issues/..%2Fsecrets")], "an encoded slash"),
+        (
+            vec![&u("/repos/a/issues/..%5Csecrets")],
+            "an encoded backslash",
+        ),
+        (vec![&u("/repos//issues")], "an empty segment"),
+        (
+            vec![&u("/repos/a/issues?token=x")],
+            "a query parameter the rule lacks",
+        ),
+        (vec![&u("/secrets?/repos/a/issues")], "a path in the query"),
+    ] {
+        assert_eq!(curl(&proxy, &token, &args), 403, "{why}: {args:?}");
+    }
+    assert_eq!(
+        curl(&proxy, &token, &[&u("/repos/a/issues?state=open")]),
+        200
+    );
+    assert_eq!(curl(&proxy, &token, &["-I", &u("/repos/a/issues/1")]), 200);
+    assert_eq!(
+        curl(
+            &proxy,
+            &token,
+            &["-X", "POST", "-d", "hi", &u("/repos/a/issues/1/comments")]
+        ),
+        200
+    );
+
+    // Absolute-form is judged, whatever Host says; origin-form never reaches
+    // an upstream.
+    let auth = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        format!("run:{token}"),
+    );
+    let (code, body) = raw(
+        env.sc.proxy_tcp(),
+        format!(
+            "DELETE {} HTTP/1.1\r\nHost: {HOST}:{}\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
+            u("/repos/a/issues/1"),
+            env.up.port()
+        ),
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("rule_refused") && body.contains("issues-read"),
+        "{body}"
+    );
+    let (code, body) = raw(
+        env.sc.proxy_tcp(),
+        format!(
+            "GET /repos/a/secrets HTTP/1.1\r\nHost: {HOST}:{}\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
+            env.up.port()
+        ),
+    )
+    .await;
+    assert_ne!(code, 200, "{body}");
+    let (code, body) = raw(
+        env.sc.proxy_tcp(),
+        format!(
+            "GET {} HTTP/1.1\r\nHost: elsewhere.test\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
+            u("/repos/a/secrets")
+        ),
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+
+    assert_eq!(
+        env.seen(),
+        [
+            "GET /repos/a/issues?state=open",
+            "HEAD /repos/a/issues/1",
+            "POST /repos/a/issues/1/comments",
+        ]
+    );
+    let log = env.p.egress_log().await;
+    let refused = log
+        .iter()
+        .filter(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
+        .count();
+    assert_eq!(refused, 13, "{log:?}");
+}
+
+/// curl through the proxy to an HTTPS URL, trusting only `cacert`: the
+/// status, or 0 when the handshake failed.
+fn curl_tls(proxy: &str, token: &str, cacert: &std::path::Path, args: &[&str]) -> u16 {
+    let cacert = cacert.to_str().unwrap();
+    curl(proxy, token, &[&["--cacert", cacert], args].concat())
+}
+
+/// HTTPS through the forward proxy: a CONNECT to a host a `[network]` rule
+/// must see inside is intercepted under the run's CA and each request in it
+/// judged (the same attacks as on plain HTTP); a CONNECT to a host no rule
+/// covers stays a plain tunnel (the agent sees the upstream's own
+/// certificate); a client that does not speak TLS to the ruled host is
+/// refused (`missing: tunnel`) and nothing reaches it.
+#[tokio::test(flavor = "multi_thread")]
+async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
+    use crate::support::tls::{TwoHosts, test_ca, two_hosts_on};
+    let upstream_ca = test_ca();
+    let TwoHosts {
+        main,
+        main_port,
+        main_log,
+        other,
+        other_log,
+        ..
+    } = two_hosts_on("127.0.0.1", "127.0.0.1", &upstream_ca).await;
+    let p = TestPlatform::start("l7-rules-tls").await;
+    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .network_allow([format!("{main}/**"), format!("{other}/**")])
+        .network_rules(
+            json!([{"id": "api-read", "host": main, "access": "read-only", "paths": ["/api/**"]}]),
+        )
+        .allow_internal_hosts(["127.0.0.1"])
+        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
+        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
+        .build();
+    let sc = spawn_sidecar(&cfg);
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let proxy = format!("http://{}", sc.proxy_tcp());
+    let dir = tempfile::tempdir().unwrap();
+    let run_pem = dir.path().join("run.pem");
+    std::fs::write(&run_pem, &run_ca.cert_pem).unwrap();
+
+    let m = |path: &str| format!("{main}{path}");
+    assert_eq!(curl_tls(&proxy, &token, &run_pem, &[&m("/api/ok")]), 200);
+    for args in [
+        vec!["-X", "DELETE", &m("/api/x")],
+        vec!["-X", "get", &m("/api/x")],
+        vec![&m("/private")],
+        vec![&m("/api/../private")],
+        vec![&m("/api/%2e%2e/private")],
+        vec![&m("/api/..%2fprivate")],
+        vec![&m("/private?/api/x")],
+    ] {
+        assert_eq!(curl_tls(&proxy, &token, &run_pem, &args), 403, "{args:?}");
+    }
+    // A host no rule covers keeps its plain tunnel: the agent sees the
+    // upstream's own certificate (the test CA's leaf, which names no DN of
+    // its own, so curl takes it on `-k`), never one of the run's CA.
+    let o = format!("{other}/free");
+    assert_eq!(curl(&proxy, &token, &["-k", "-X", "DELETE", &o]), 200);
+    assert_eq!(curl_tls(&proxy, &token, &run_pem, &[&o]), 0);
+
+    // Not TLS to the ruled host: refused, nothing relayed.
+    let (_, got) = raw(
+        sc.proxy_tcp(),
+        format!(
+            "CONNECT 127.0.0.1:{main_port} HTTP/1.1\r\nHost: 127.0.0.1:{main_port}\r\n\
+             Proxy-Authorization: Bearer {token}\r\n\r\nDELETE /api/x HTTP/1.1\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(!got.contains("\"path\""), "{got}");
+
+    let main_seen: Vec<String> = main_log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(main_seen, ["/api/ok"]);
+    let other_seen: Vec<String> = other_log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(other_seen, ["/free"]);
+    let log = p.egress_log().await;
+    let refused = log
+        .iter()
+        .filter(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
+        .count();
+    assert_eq!(refused, 8, "{log:?}");
+}
+
+/// One HTTPS request through a proxy listener on a unix socket: CONNECT
+/// (with the listener's token), TLS trusting only `ca_pem`, the request;
+/// the response's status.
+async fn through_unix_proxy(
+    socket: &std::path::Path,
+    token: &str,
+    port: u16,
+    ca_pem: &str,
+    request_line: &str,
+) -> u16 {
+    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    s.write_all(
+        format!(
+            "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+             Proxy-Authorization: Bearer {token}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        if s.read(&mut b).await.unwrap() == 0 {
+            return 0;
+        }
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let Ok(mut tls) = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, s)
+        .await
+    else {
+        return 0;
+    };
+    tls.write_all(
+        format!("{request_line} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let _ = tls.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf);
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A local runner's proxy judges its requests by its integration's rules:
+/// the legitimate read goes through; a method, a path or an encoded
+/// separator the rule lacks is refused and never reaches the upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
+    use crate::support::tls::{test_ca, upstream};
+    use airlock_platform_api::launch::{Endpoint, Integration, Runner};
+    let upstream_ca = test_ca();
+    let (port, seen) = upstream("127.0.0.1", &upstream_ca).await;
+    let p = TestPlatform::start("l7-rules-runner").await;
+    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy_socket = dir.path().join("runner-proxy.sock");
+    let base = format!("https://127.0.0.1:{port}");
+    let mut runner: Integration = integration("tool")
+        .authorized([format!("{base}/**")])
+        .rules(
+            json!([{"id": "tool-read", "host": base, "access": "read-only", "paths": ["/api/**"]}]),
+        )
+        .without_connection()
+        .into();
+    runner.runner = Some(Runner {
+        mcp: Endpoint::Unix(dir.path().join("runner-mcp.sock")),
+        proxy: Endpoint::Unix(proxy_socket.clone()),
+        token: "runner-token-L7".to_owned().into(),
+    });
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .integration(runner)
+        .allow_internal_hosts(["127.0.0.1"])
+        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
+        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
+        .build();
+    let _sc = spawn_sidecar(&cfg);
+    let ask = |line: &'static str| {
+        let (socket, pem) = (proxy_socket.clone(), run_ca.cert_pem.clone());
+        async move { through_unix_proxy(&socket, "runner-token-L7", port, &pem, line).await }
+    };
+    assert_eq!(ask("GET /api/ok").await, 200);
+    for line in [
+        "DELETE /api/x",
+        "POST /api/x",
+        "get /api/x",
+        "GET /private",
+        "GET /api/..%2fprivate",
+        "GET /api/%2e%2e/private",
+        "GET //api/../private",
+    ] {
+        assert_eq!(ask(line).await, 403, "{line}");
+    }
+    let paths: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(paths, ["/api/ok"]);
+    let log = p.egress_log().await;
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|e| e.source.as_str() == "runner")
+        .filter(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
+        .collect();
+    assert_eq!(refused.len(), 7, "{log:?}");
+}
