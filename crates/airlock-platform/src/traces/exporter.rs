@@ -79,11 +79,14 @@ impl GuardedExport {
     }
 }
 
-/// The limits of an export: the SDK's own timeout bounds it too.
-pub(crate) fn client_config() -> ClientConfig {
+/// The limits of an export: at most `timeout` from the first connect to
+/// the answer's last byte, no redirect, a small answer.
+pub(crate) fn client_config(timeout: std::time::Duration) -> ClientConfig {
     ClientConfig {
         max_redirects: 0,
         max_response_bytes: 64 * 1024,
+        total_timeout: timeout,
+        connect_timeout: timeout,
         ..ClientConfig::default()
     }
 }

@@ -44,6 +44,10 @@ pub const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 pub const ENV_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 pub const ENV_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
 pub const ENV_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
+/// One export's timeout in milliseconds (the traces one wins; 10000): the
+/// guarded client applies it (the exporter's built-in clients would).
+pub const ENV_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
+pub const ENV_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
 /// The spans' `service.name` (`airlock` when unset).
 pub const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 
@@ -96,6 +100,17 @@ fn endpoint(get: impl Fn(&str) -> Option<String>) -> Option<(&'static str, Strin
     })
 }
 
+/// One export's timeout: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else
+/// `OTEL_EXPORTER_OTLP_TIMEOUT`, in milliseconds (10 s when unset or not
+/// a whole number above 0).
+fn export_timeout(get: impl Fn(&str) -> Option<String>) -> Duration {
+    get(ENV_TRACES_TIMEOUT)
+        .or_else(|| get(ENV_TIMEOUT))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(Duration::from_secs(10), Duration::from_millis)
+}
+
 /// The platform's tracer, when traces are on.
 pub struct Traces {
     provider: SdkTracerProvider,
@@ -135,7 +150,7 @@ impl Traces {
         };
         let client = airlock_egress::GuardedClient::new(
             airlock_egress::Guard::new(policy, resolver),
-            exporter::client_config(),
+            exporter::client_config(export_timeout(get)),
         )
         .map_err(TracesError::Client)?;
         let export =
@@ -376,5 +391,23 @@ mod tests {
         for off in [(ENV_SDK_DISABLED, "TRUE"), (ENV_TRACES_EXPORTER, "none")] {
             assert_eq!(endpoint_of(&[both[0], off]), None, "{off:?}");
         }
+    }
+
+    #[test]
+    fn an_export_times_out_as_the_variables_say() {
+        let of = |vars: &'static [(&'static str, &'static str)]| {
+            export_timeout(|k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            })
+        };
+        assert_eq!(of(&[]), Duration::from_secs(10));
+        assert_eq!(of(&[(ENV_TIMEOUT, "2500")]), Duration::from_millis(2500));
+        assert_eq!(
+            of(&[(ENV_TIMEOUT, "2500"), (ENV_TRACES_TIMEOUT, "700")]),
+            Duration::from_millis(700)
+        );
+        assert_eq!(of(&[(ENV_TIMEOUT, "0")]), Duration::from_secs(10));
     }
 }
