@@ -65,8 +65,16 @@ pub enum BootError {
     },
     #[error(transparent)]
     BackendBoot(SandboxError),
+    /// Boxed: an egress error is large, and a boot error is returned
+    /// through every step of the boot.
     #[error(transparent)]
-    Traces(#[from] crate::traces::TracesError),
+    Traces(Box<crate::traces::TracesError>),
+}
+
+impl From<crate::traces::TracesError> for BootError {
+    fn from(e: crate::traces::TracesError) -> Self {
+        BootError::Traces(Box::new(e))
+    }
 }
 
 /// A started platform: its orchestrator, and the internal API serving

@@ -522,7 +522,7 @@ fn launch_integration(
         allow_all_uris: i.allow_all_uris,
         rules: i.rules.clone(),
         tools: i.tools.clone(),
-                has_connection: i.carries_credential(),
+        has_connection: i.carries_credential(),
         delivery: i.delivery.clone(),
         mcp_url: i.remote_mcp_url().map(str::to_owned),
         inject_proxy: i.inject == Some(Inject::Proxy),
