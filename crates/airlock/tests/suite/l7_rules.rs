@@ -253,19 +253,20 @@ async fn api_call_cannot_slip_a_method_or_path_past_a_rule() {
 
 /// curl through the proxy: the HTTP status it got.
 fn curl(proxy: &str, token: &str, args: &[&str]) -> u16 {
+    let user = format!("run:{token}");
+    let fixed = ["-sS", "--path-as-is", "--max-time", "20", "--noproxy", ""];
     let out = Command::new("curl")
+        .args(fixed)
         .args([
-            "-sS",
-            "--max-time",
-            "20",
-            "--noproxy",
-            "",
             "-x",
             proxy,
-            "--path-as-is",
+            "--proxy-user",
+            &user,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
         ])
-        .args(["--proxy-user", &format!("run:{token}")])
-        .args(["-o", "/dev/null", "-w", "%{http_code}"])
         .args(args)
         .output()
         .expect("curl must be installed (.ci/run installs it)");
