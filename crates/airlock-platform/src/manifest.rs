@@ -138,7 +138,12 @@ pub struct Agent {
 pub struct ModelSection {
     pub provider: Provider,
     pub base_url: String,
-    pub connection: ConnectionName,
+    /// The stored connection holding the model key. Optional: without it
+    /// the organization's key for the provider, else the operator's, pays
+    /// ([`crate::provider_keys`]); a run with neither is refused before it
+    /// starts.
+    #[serde(default)]
+    pub connection: Option<ConnectionName>,
     #[serde(default)]
     pub price_in_per_mtok_usd: Option<f64>,
     #[serde(default)]
@@ -368,8 +373,8 @@ impl Manifest {
                     .map(|c| (format!("integration {}", i.namespace), c))
             })
             .collect();
-        if let Some(m) = &self.model {
-            v.push(("model".into(), &m.connection));
+        if let Some(c) = self.model.as_ref().and_then(|m| m.connection.as_ref()) {
+            v.push(("model".into(), c));
         }
         v
     }

@@ -216,7 +216,7 @@ impl TestPlatform {
         let mut grant = Grant {
             org: airlock_store::LOCAL_ORG.to_owned(),
             agent: String::new(),
-            connections: Default::default(),
+            ..Default::default()
         };
         if let Some(existing) = self.api.grant_of_run(&self.run_id) {
             grant = existing;

@@ -122,4 +122,14 @@ pub enum Refusal {
     /// (`AFPS_SIGNATURE_POLICY`).
     #[error("agent bundle refused ({code}): {0}", code = .0.code())]
     Bundle(crate::bundle::BundleRefusal),
+    /// The manifest names no model connection, and neither the organization
+    /// nor the operator has a key for its provider
+    /// ([`crate::provider_keys`]).
+    #[error(
+        "model: no key for the provider {provider}: name one in model.connection, store the organization's connection {org_connection:?}, or give the operator's in SYSTEM_PROVIDER_KEYS"
+    )]
+    NoModelKey {
+        provider: &'static str,
+        org_connection: String,
+    },
 }

@@ -192,7 +192,7 @@ impl RunPlan {
             )
             .collect();
         Ok(RunPlan {
-            grant: grant(req),
+            grant: grant(req, settings),
             sidecar: SidecarSpec {
                 run_id: site.run_id.to_owned(),
                 exe: site.exe.to_owned(),
@@ -220,12 +220,19 @@ impl RunPlan {
 
 /// What a run of `req` may fetch from the platform: the connection of each
 /// integration that names one, and the model's.
-fn grant(req: &RunRequest) -> Grant {
+fn grant(req: &RunRequest, settings: &Settings) -> Grant {
     let m = &req.manifest;
     let mut grant = Grant {
         org: req.org.clone(),
         agent: m.agent.name.to_string(),
         connections: Default::default(),
+        model: m.model.as_ref().map(|model| crate::internal_api::ModelGrant {
+            provider: model.provider,
+            system_key: settings
+                .system_provider_keys
+                .get(model.provider)
+                .cloned(),
+        }),
     };
     for i in &m.integrations {
         if let Some(c) = &i.connection {
@@ -234,10 +241,8 @@ fn grant(req: &RunRequest) -> Grant {
                 .insert(i.namespace.to_string(), c.to_string());
         }
     }
-    if let Some(model) = &m.model {
-        grant
-            .connections
-            .insert(MODEL_GRANT.into(), model.connection.to_string());
+    if let Some(c) = m.model.as_ref().and_then(|model| model.connection.as_ref()) {
+        grant.connections.insert(MODEL_GRANT.into(), c.to_string());
     }
     grant
 }
