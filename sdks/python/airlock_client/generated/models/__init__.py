@@ -12,6 +12,7 @@ from .connection import Connection
 from .connection_list import ConnectionList
 from .connection_type import ConnectionType
 from .cost import Cost
+from .cost_call import CostCall
 from .delivery import Delivery
 from .delivery_list import DeliveryList
 from .delivery_state import DeliveryState
@@ -43,6 +44,7 @@ from .register_agent_files import RegisterAgentFiles
 from .rotate_connection import RotateConnection
 from .rotate_connection_fields import RotateConnectionFields
 from .run import Run
+from .run_cost import RunCost
 from .run_limits import RunLimits
 from .run_list import RunList
 from .run_status import RunStatus
@@ -66,6 +68,7 @@ __all__ = (
     "ConnectionList",
     "ConnectionType",
     "Cost",
+    "CostCall",
     "Delivery",
     "DeliveryList",
     "DeliveryState",
@@ -97,6 +100,7 @@ __all__ = (
     "RotateConnection",
     "RotateConnectionFields",
     "Run",
+    "RunCost",
     "RunLimits",
     "RunList",
     "RunStatus",
