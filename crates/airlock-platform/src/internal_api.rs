@@ -643,8 +643,11 @@ async fn stored_fields(
             }
         }
     };
-    let undecryptable =
-        |e: &dyn std::fmt::Display| internal(format!("connection {connection:?} cannot be decrypted: {e}"));
+    let undecryptable = |e: &dyn std::fmt::Display| {
+        internal(format!(
+            "connection {connection:?} cannot be decrypted: {e}"
+        ))
+    };
     let (record, plain) = match api.inner.keyring.decrypt_string(&record.envelope) {
         Ok(p) => (record, p),
         Err(_) if from_cache => {

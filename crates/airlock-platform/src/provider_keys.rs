@@ -73,8 +73,8 @@ impl SystemProviderKeys {
             return Ok(Self::default());
         };
         let text = if value.starts_with('/') {
-            let meta = std::fs::metadata(value)
-                .map_err(|e| bad(format!("cannot read {value}: {e}")))?;
+            let meta =
+                std::fs::metadata(value).map_err(|e| bad(format!("cannot read {value}: {e}")))?;
             if meta.len() > MAX_FILE_BYTES {
                 return Err(bad(format!("{value} is larger than 64 KiB")));
             }
@@ -91,7 +91,11 @@ impl SystemProviderKeys {
             let provider = Provider::deserialize(serde::de::value::StrDeserializer::<
                 serde::de::value::Error,
             >::new(&name))
-            .map_err(|_| bad(format!("{name:?} is not a model provider (openai, anthropic)")))?;
+            .map_err(|_| {
+                bad(format!(
+                    "{name:?} is not a model provider (openai, anthropic)"
+                ))
+            })?;
             if key.trim().is_empty() {
                 return Err(bad(format!("the key of {name:?} is empty")));
             }
@@ -139,13 +143,19 @@ mod tests {
     fn system_keys_are_a_json_map_or_a_file_and_errors_never_show_a_key() {
         let k = SystemProviderKeys::from_var(Some(r#"{"openai":"sk-sys"}"#)).unwrap();
         assert_eq!(
-            k.get(Provider::Openai).map(|s| s.expose_secret().to_owned()),
+            k.get(Provider::Openai)
+                .map(|s| s.expose_secret().to_owned()),
             Some("sk-sys".into())
         );
         assert!(k.get(Provider::Anthropic).is_none());
         assert!(!format!("{k:?}").contains("sk-sys"));
         assert!(SystemProviderKeys::from_var(None).unwrap().0.is_empty());
-        assert!(SystemProviderKeys::from_var(Some(" ")).unwrap().0.is_empty());
+        assert!(
+            SystemProviderKeys::from_var(Some(" "))
+                .unwrap()
+                .0
+                .is_empty()
+        );
         for bad in [
             r#"{"mistral":"sk-secret-1"}"#,
             r#"{"openai":""}"#,
@@ -172,7 +182,10 @@ mod tests {
             Payer::Organization("model:openai".into()).label(),
             "organization:model:openai"
         );
-        assert_eq!(Payer::System(Provider::Anthropic).label(), "system:anthropic");
+        assert_eq!(
+            Payer::System(Provider::Anthropic).label(),
+            "system:anthropic"
+        );
         assert_eq!(org_connection(Provider::Openai), "model:openai");
     }
 }

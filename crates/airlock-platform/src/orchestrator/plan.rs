@@ -226,13 +226,13 @@ fn grant(req: &RunRequest, settings: &Settings) -> Grant {
         org: req.org.clone(),
         agent: m.agent.name.to_string(),
         connections: Default::default(),
-        model: m.model.as_ref().map(|model| crate::internal_api::ModelGrant {
-            provider: model.provider,
-            system_key: settings
-                .system_provider_keys
-                .get(model.provider)
-                .cloned(),
-        }),
+        model: m
+            .model
+            .as_ref()
+            .map(|model| crate::internal_api::ModelGrant {
+                provider: model.provider,
+                system_key: settings.system_provider_keys.get(model.provider).cloned(),
+            }),
     };
     for i in &m.integrations {
         if let Some(c) = &i.connection {

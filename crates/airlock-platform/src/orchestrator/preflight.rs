@@ -49,8 +49,7 @@ impl Orchestrator {
             let kid = match airlock_vault::Envelope::kid_of(&rec.envelope) {
                 Ok(kid) => kid,
                 Err(error) => {
-                    return Err(Refusal::Envelope { who, name, error }
-                    .into());
+                    return Err(Refusal::Envelope { who, name, error }.into());
                 }
             };
             if !ring.kids().any(|k| k == kid) {
@@ -87,7 +86,12 @@ impl Orchestrator {
             return Ok(None);
         };
         let org_connection = crate::provider_keys::org_connection(model.provider);
-        if self.store.get_connection(org, &org_connection).await?.is_some() {
+        if self
+            .store
+            .get_connection(org, &org_connection)
+            .await?
+            .is_some()
+        {
             return Ok(Some(org_connection));
         }
         match self.settings.system_provider_keys.get(model.provider) {

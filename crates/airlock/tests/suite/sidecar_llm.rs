@@ -1242,3 +1242,145 @@ async fn the_registry_prices_a_call_the_manifest_does_not() {
         drop(sc);
     }
 }
+
+/// Issue 50.4: a run's model key is the manifest's connection, else the
+/// organization's connection for the provider (`model:openai`), else the
+/// operator's (`SYSTEM_PROVIDER_KEYS`), resolved at each fetch of the
+/// relay. The fake provider records which key reached it; the agent's
+/// answers (the provider reflecting the key back included) hold none of
+/// them; and each call's cost names the key that paid, from what the
+/// platform handed, never the key itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_keys_come_from_the_manifest_then_the_organization_then_the_operator() {
+    const SYSTEM: &str = "sk-live-system-key-5e1c";
+    const ORG: &str = "sk-live-organization-key-a83d";
+    const MANIFEST: &str = "sk-live-manifest-key-2b77";
+    let p = TestPlatform::start("agent-llm-provider-keys").await;
+    p.grant_model(Provider::Openai, Some(SYSTEM));
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        Provider::Openai,
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let call = |model: &str| {
+        post_json(
+            sc.tcp(),
+            "/llm/v1/chat/completions",
+            &token,
+            &json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+    };
+    let mut answers = Vec::new();
+    let mut ok = |model: &str| {
+        let (status, headers, b) = call(model);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+        answers.push(format!("{headers:?} {}", String::from_utf8_lossy(&b)));
+    };
+    // The operator's key, even to a provider that reflects it.
+    ok("m");
+    ok(REFLECT_MODEL);
+    // The organization stores its own key: in use from the relay's next
+    // fetch (the provider refusing the held key forces one now).
+    p.store_connection(
+        "model:openai",
+        airlock_store::AuthType::ApiKey,
+        &[("key", ORG)],
+    )
+    .await;
+    fake.revoke(SYSTEM);
+    assert_eq!(call("m").0, 401);
+    ok("m");
+    ok(REFLECT_MODEL);
+    // The manifest's own connection wins over both.
+    p.add_connection(
+        "@model",
+        airlock_store::AuthType::ApiKey,
+        &[("key", MANIFEST)],
+    )
+    .await;
+    fake.revoke(ORG);
+    assert_eq!(call("m").0, 401);
+    ok("m");
+    ok(REFLECT_MODEL);
+    assert_eq!(
+        fake.keys(),
+        [SYSTEM, SYSTEM, SYSTEM, ORG, ORG, ORG, MANIFEST, MANIFEST]
+    );
+    for answer in &answers {
+        for key in [SYSTEM, ORG, MANIFEST] {
+            for reflection in reflections(key) {
+                assert!(
+                    !answer.contains(&reflection),
+                    "{key} reached the agent: {answer}"
+                );
+            }
+        }
+    }
+    // Each answered call's cost names its payer.
+    let store = p.store();
+    let paid_by = eventually(10, || async {
+        p.ingest_journal().await;
+        let costs = store.events_of_kind(&p.run_id, "cost", 100).await.unwrap();
+        let payers = store
+            .events_of_kind(&p.run_id, airlock_platform::provider_keys::PAYER_EVENT, 100)
+            .await
+            .unwrap();
+        let run = store.get_run(&p.run_id).await.unwrap()?;
+        let cost = airlock_api::v1::RunCost::of(&run, &costs, &payers);
+        let paid: Vec<Option<String>> = cost
+            .calls
+            .iter()
+            .filter(|c| c.tokens_in > 0)
+            .map(|c| c.paid_by.clone())
+            .collect();
+        (paid.len() == 6).then_some((paid, payers))
+    })
+    .await
+    .expect("a cost event for each answered call");
+    let (paid, payers) = paid_by;
+    let label = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        paid,
+        [
+            label("system:openai"),
+            label("system:openai"),
+            label("organization:model:openai"),
+            label("organization:model:openai"),
+            label("manifest:model-conn"),
+            label("manifest:model-conn"),
+        ]
+    );
+    for e in &payers {
+        for key in [SYSTEM, ORG, MANIFEST] {
+            assert!(!e.payload.contains(key), "{}", e.payload);
+        }
+    }
+    drop(sc);
+}
+
+/// A run whose model has no key anywhere (no manifest connection, no
+/// organization connection, no operator key) gets none from the platform:
+/// the relay's call is refused typed, and reaches nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_with_no_key_anywhere_is_refused_and_reaches_nothing() {
+    let p = TestPlatform::start("agent-llm-no-key").await;
+    p.grant_model(Provider::Openai, None);
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(
+        &p,
+        Provider::Openai,
+        &format!("http://{HOST}:{}/v1", fake.port()),
+    ));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let (status, _, b) = post_json(
+        sc.tcp(),
+        "/llm/v1/chat/completions",
+        &token,
+        &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&b));
+    assert!(String::from_utf8_lossy(&b).contains("model_credential_missing"));
+    assert!(fake.requests().is_empty());
+}
