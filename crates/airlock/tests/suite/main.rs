@@ -22,6 +22,7 @@ mod integrity;
 mod keys_reencrypt;
 mod local_runner;
 mod platform_api;
+mod provider_keys;
 mod proxy_inject;
 mod remote_mcp;
 mod run_lifecycle;
