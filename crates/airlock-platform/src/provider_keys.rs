@@ -4,7 +4,7 @@
 //!
 //! 1. the manifest's own connection (`model.connection`);
 //! 2. the organization's key for the run's provider: its stored connection
-//!    named [`org_connection`] (`model:openai`, `model:anthropic`), made
+//!    named [`org_connection`] (`model.openai`, `model.anthropic`), made
 //!    through the ordinary connections API;
 //! 3. the operator's key for that provider (`SYSTEM_PROVIDER_KEYS`).
 //!
@@ -40,7 +40,7 @@ const MAX_FILE_BYTES: u64 = 64 << 10;
 
 /// The name of an organization's own key for `provider`.
 pub fn org_connection(provider: Provider) -> String {
-    format!("model:{}", provider.as_str())
+    format!("model.{}", provider.as_str())
 }
 
 /// `SYSTEM_PROVIDER_KEYS`: a JSON object of provider → key
@@ -179,13 +179,13 @@ mod tests {
     fn a_payer_is_labelled_by_its_source_never_its_key() {
         assert_eq!(Payer::Manifest("m".into()).label(), "manifest:m");
         assert_eq!(
-            Payer::Organization("model:openai".into()).label(),
-            "organization:model:openai"
+            Payer::Organization("model.openai".into()).label(),
+            "organization:model.openai"
         );
         assert_eq!(
             Payer::System(Provider::Anthropic).label(),
             "system:anthropic"
         );
-        assert_eq!(org_connection(Provider::Openai), "model:openai");
+        assert_eq!(org_connection(Provider::Openai), "model.openai");
     }
 }

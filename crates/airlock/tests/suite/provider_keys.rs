@@ -92,7 +92,7 @@ fn a_run_whose_model_has_no_key_anywhere_is_refused_before_it_starts() {
     assert!(!out.status.success(), "{report}");
     assert!(
         stderr.contains("model: no key for the provider openai")
-            && stderr.contains("model:openai")
+            && stderr.contains("model.openai")
             && stderr.contains("SYSTEM_PROVIDER_KEYS"),
         "{stderr}"
     );

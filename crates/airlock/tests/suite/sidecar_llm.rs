@@ -1244,7 +1244,7 @@ async fn the_registry_prices_a_call_the_manifest_does_not() {
 }
 
 /// Issue 50.4: a run's model key is the manifest's connection, else the
-/// organization's connection for the provider (`model:openai`), else the
+/// organization's connection for the provider (`model.openai`), else the
 /// operator's (`SYSTEM_PROVIDER_KEYS`), resolved at each fetch of the
 /// relay. The fake provider records which key reached it; the agent's
 /// answers (the provider reflecting the key back included) hold none of
@@ -1284,7 +1284,7 @@ async fn provider_keys_come_from_the_manifest_then_the_organization_then_the_ope
     // The organization stores its own key: in use from the relay's next
     // fetch (the provider refusing the held key forces one now).
     p.store_connection(
-        "model:openai",
+        "model.openai",
         airlock_store::AuthType::ApiKey,
         &[("key", ORG)],
     )
@@ -1346,8 +1346,8 @@ async fn provider_keys_come_from_the_manifest_then_the_organization_then_the_ope
         [
             label("system:openai"),
             label("system:openai"),
-            label("organization:model:openai"),
-            label("organization:model:openai"),
+            label("organization:model.openai"),
+            label("organization:model.openai"),
             label("manifest:model-conn"),
             label("manifest:model-conn"),
         ]
