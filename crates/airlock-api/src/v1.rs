@@ -434,8 +434,12 @@ pub struct RunCost {
     /// Each metered model call, in the order recorded (at most the first
     /// 10,000).
     pub calls: Vec<CostCall>,
-    #[serde(flatten)]
-    pub totals: Cost,
+    /// The run's totals, as [`Cost`] (its fields, flat: an answer's fields
+    /// are its schema's own properties).
+    pub cost_microusd: i64,
+    pub cost_usd: f64,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
 }
 
 /// One model call of a run, as the platform recorded it.
@@ -503,9 +507,18 @@ impl RunCost {
                 })
             })
             .collect();
+        let Cost {
+            cost_microusd,
+            cost_usd,
+            tokens_in,
+            tokens_out,
+        } = Cost::from(run);
         RunCost {
             calls,
-            totals: Cost::from(run),
+            cost_microusd,
+            cost_usd,
+            tokens_in,
+            tokens_out,
         }
     }
 }

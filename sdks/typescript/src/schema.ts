@@ -884,12 +884,24 @@ export interface components {
          * @description A run's metered usage: its totals, and each model call with the key
          *     that paid for it.
          */
-        RunCost: components["schemas"]["Cost"] & {
+        RunCost: {
             /**
              * @description Each metered model call, in the order recorded (at most the first
              *     10,000).
              */
             calls: components["schemas"]["CostCall"][];
+            /**
+             * Format: int64
+             * @description The run's totals, as [`Cost`] (its fields, flat: an answer's fields
+             *     are its schema's own properties).
+             */
+            cost_microusd: number;
+            /** Format: double */
+            cost_usd: number;
+            /** Format: int64 */
+            tokens_in: number;
+            /** Format: int64 */
+            tokens_out: number;
         };
         /**
          * @description The limits a run is queued with (each replaces the manifest's); kept

@@ -19,22 +19,28 @@ class RunCost:
     that paid for it.
 
         Attributes:
-            cost_microusd (int): Millionths of a US dollar.
-            cost_usd (float): `cost_microusd` in dollars.
-            tokens_in (int):
-            tokens_out (int):
             calls (list[CostCall]): Each metered model call, in the order recorded (at most the first
                 10,000).
+            cost_microusd (int): The run's totals, as [`Cost`] (its fields, flat: an answer's fields
+                are its schema's own properties).
+            cost_usd (float):
+            tokens_in (int):
+            tokens_out (int):
     """
 
+    calls: list[CostCall]
     cost_microusd: int
     cost_usd: float
     tokens_in: int
     tokens_out: int
-    calls: list[CostCall]
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        calls = []
+        for calls_item_data in self.calls:
+            calls_item = calls_item_data.to_dict()
+            calls.append(calls_item)
+
         cost_microusd = self.cost_microusd
 
         cost_usd = self.cost_usd
@@ -43,20 +49,15 @@ class RunCost:
 
         tokens_out = self.tokens_out
 
-        calls = []
-        for calls_item_data in self.calls:
-            calls_item = calls_item_data.to_dict()
-            calls.append(calls_item)
-
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
             {
+                "calls": calls,
                 "cost_microusd": cost_microusd,
                 "cost_usd": cost_usd,
                 "tokens_in": tokens_in,
                 "tokens_out": tokens_out,
-                "calls": calls,
             }
         )
 
@@ -67,6 +68,13 @@ class RunCost:
         from ..models.cost_call import CostCall
 
         d = dict(src_dict)
+        calls = []
+        _calls = d.pop("calls")
+        for calls_item_data in _calls:
+            calls_item = CostCall.from_dict(calls_item_data)
+
+            calls.append(calls_item)
+
         cost_microusd = d.pop("cost_microusd")
 
         cost_usd = d.pop("cost_usd")
@@ -75,19 +83,12 @@ class RunCost:
 
         tokens_out = d.pop("tokens_out")
 
-        calls = []
-        _calls = d.pop("calls")
-        for calls_item_data in _calls:
-            calls_item = CostCall.from_dict(calls_item_data)
-
-            calls.append(calls_item)
-
         run_cost = cls(
+            calls=calls,
             cost_microusd=cost_microusd,
             cost_usd=cost_usd,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
-            calls=calls,
         )
 
         run_cost.additional_properties = d
