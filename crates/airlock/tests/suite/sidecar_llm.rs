@@ -698,13 +698,20 @@ async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
 async fn openai_env(agent: &str, key: &str) -> (TestPlatform, FakeProvider, SidecarProcess) {
     let p = TestPlatform::start(agent).await;
     add_model_key(&p, key).await;
+    let (fake, sc) = openai_sidecar(&p).await;
+    (p, fake, sc)
+}
+
+/// An OpenAI-style fake (no delay between events), and a sidecar of `p`
+/// whose model it is.
+async fn openai_sidecar(p: &TestPlatform) -> (FakeProvider, SidecarProcess) {
     let fake = fake_provider::start(Duration::ZERO).await;
     let sc = spawn_sidecar(&config(
-        &p,
+        p,
         Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
-    (p, fake, sc)
+    (fake, sc)
 }
 
 /// A sidecar for an Anthropic-style fake with `delay` between events.
@@ -1255,14 +1262,10 @@ async fn provider_keys_come_from_the_manifest_then_the_organization_then_the_ope
     const SYSTEM: &str = "sk-live-system-key-5e1c";
     const ORG: &str = "sk-live-organization-key-a83d";
     const MANIFEST: &str = "sk-live-manifest-key-2b77";
+    use airlock_store::AuthType::ApiKey;
     let p = TestPlatform::start("agent-llm-provider-keys").await;
     p.grant_model(Provider::Openai, Some(SYSTEM));
-    let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(
-        &p,
-        Provider::Openai,
-        &format!("http://{HOST}:{}/v1", fake.port()),
-    ));
+    let (fake, sc) = openai_sidecar(&p).await;
     let token = p.sidecar_token.expose_secret().to_owned();
     let call = |model: &str| {
         post_json(
@@ -1273,37 +1276,31 @@ async fn provider_keys_come_from_the_manifest_then_the_organization_then_the_ope
         )
     };
     let mut answers = Vec::new();
-    let mut ok = |model: &str| {
-        let (status, headers, b) = call(model);
-        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
-        answers.push(format!("{headers:?} {}", String::from_utf8_lossy(&b)));
+    // The provider refuses the key the relay holds (which makes the relay
+    // fetch the platform's key of now), then two calls are answered, one
+    // by the model that reflects the key it received.
+    let mut refused_then_answered = |held: Option<&str>| {
+        if let Some(held) = held {
+            fake.revoke(held);
+            assert_eq!(call("m").0, 401);
+        }
+        for model in ["m", REFLECT_MODEL] {
+            let (status, headers, b) = call(model);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+            answers.push(format!("{headers:?} {}", String::from_utf8_lossy(&b)));
+        }
     };
-    // The operator's key, even to a provider that reflects it.
-    ok("m");
-    ok(REFLECT_MODEL);
+    // The operator's key.
+    refused_then_answered(None);
     // The organization stores its own key: in use from the relay's next
-    // fetch (the provider refusing the held key forces one now).
-    p.store_connection(
-        "model.openai",
-        airlock_store::AuthType::ApiKey,
-        &[("key", ORG)],
-    )
-    .await;
-    fake.revoke(SYSTEM);
-    assert_eq!(call("m").0, 401);
-    ok("m");
-    ok(REFLECT_MODEL);
+    // fetch.
+    p.store_connection("model.openai", ApiKey, &[("key", ORG)])
+        .await;
+    refused_then_answered(Some(SYSTEM));
     // The manifest's own connection wins over both.
-    p.add_connection(
-        "@model",
-        airlock_store::AuthType::ApiKey,
-        &[("key", MANIFEST)],
-    )
-    .await;
-    fake.revoke(ORG);
-    assert_eq!(call("m").0, 401);
-    ok("m");
-    ok(REFLECT_MODEL);
+    p.add_connection("@model", ApiKey, &[("key", MANIFEST)])
+        .await;
+    refused_then_answered(Some(ORG));
     assert_eq!(
         fake.keys(),
         [SYSTEM, SYSTEM, SYSTEM, ORG, ORG, ORG, MANIFEST, MANIFEST]
@@ -1367,12 +1364,7 @@ async fn provider_keys_come_from_the_manifest_then_the_organization_then_the_ope
 async fn a_model_with_no_key_anywhere_is_refused_and_reaches_nothing() {
     let p = TestPlatform::start("agent-llm-no-key").await;
     p.grant_model(Provider::Openai, None);
-    let fake = fake_provider::start(Duration::ZERO).await;
-    let sc = spawn_sidecar(&config(
-        &p,
-        Provider::Openai,
-        &format!("http://{HOST}:{}/v1", fake.port()),
-    ));
+    let (fake, sc) = openai_sidecar(&p).await;
     let token = p.sidecar_token.expose_secret().to_owned();
     let (status, _, b) = post_json(
         sc.tcp(),
