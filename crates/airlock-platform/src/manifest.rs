@@ -575,6 +575,18 @@ mod tests {
     }
 
     #[test]
+    fn a_model_may_leave_its_connection_to_the_organization_or_the_operator() {
+        let m = with("[model]\nprovider = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\n")
+            .unwrap();
+        let model = m.model.as_ref().unwrap();
+        assert!(model.connection.is_none());
+        assert!(
+            m.connections().is_empty(),
+            "no stored connection is needed by name"
+        );
+    }
+
+    #[test]
     fn a_budget_is_positive_and_a_cost_budget_needs_prices() {
         let model = "[model]\nprovider = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nconnection = \"o\"\n";
         let priced = format!("{model}price_out_per_mtok_usd = 10.0\n");
