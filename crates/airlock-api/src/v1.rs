@@ -506,6 +506,102 @@ impl From<&airlock_store::Run> for RunBudget {
     }
 }
 
+/// A run's metered usage: its totals, and each model call with the key
+/// that paid for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RunCost {
+    /// Each metered model call, in the order recorded (at most the first
+    /// 10,000).
+    pub calls: Vec<CostCall>,
+    /// The run's totals, as [`Cost`] (its fields, flat: an answer's fields
+    /// are its schema's own properties).
+    pub cost_microusd: i64,
+    pub cost_usd: f64,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+}
+
+/// One model call of a run, as the platform recorded it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CostCall {
+    pub at: i64,
+    /// Millionths of a US dollar; `null` when the model's price is unknown.
+    pub cost_microusd: Option<i64>,
+    pub model: String,
+    /// Which key paid, as the platform handed it (never the key):
+    /// `manifest:<connection>`, `organization:<connection>` or
+    /// `system:<provider>`; `null` when no handout was recorded before the
+    /// call (a run from before this was recorded).
+    pub paid_by: Option<String>,
+    pub provider: String,
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    /// The provider's usage never arrived or was not believable: the
+    /// numbers are what the relay saw, possibly none.
+    pub unmetered: bool,
+}
+
+impl RunCost {
+    /// The run's totals, and its calls from its stored `cost` events, each
+    /// paid by the last `model_key` event (`{"paid_by": …}`) at or before
+    /// it. An event that does not parse is left out.
+    pub fn of(
+        run: &airlock_store::Run,
+        costs: &[airlock_store::Event],
+        payers: &[airlock_store::Event],
+    ) -> Self {
+        #[derive(Deserialize)]
+        struct PayerEvent {
+            paid_by: String,
+        }
+        let payers: Vec<(i64, String)> = payers
+            .iter()
+            .filter_map(|e| {
+                let p: PayerEvent = serde_json::from_str(&e.payload).ok()?;
+                Some((e.at, p.paid_by))
+            })
+            .collect();
+        let calls = costs
+            .iter()
+            .filter_map(|e| {
+                let airlock_platform_api::wire::RunEvent::Cost(c) =
+                    serde_json::from_str(&e.payload).ok()?
+                else {
+                    return None;
+                };
+                let at_most = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                Some(CostCall {
+                    at: c.at,
+                    cost_microusd: c.cost_microusd.map(at_most),
+                    model: c.model,
+                    paid_by: payers
+                        .iter()
+                        .rev()
+                        .find(|(at, _)| *at <= c.at)
+                        .map(|(_, p)| p.clone()),
+                    provider: c.provider,
+                    tokens_in: at_most(c.input_tokens),
+                    tokens_out: at_most(c.output_tokens),
+                    unmetered: c.unmetered,
+                })
+            })
+            .collect();
+        let Cost {
+            cost_microusd,
+            cost_usd,
+            tokens_in,
+            tokens_out,
+        } = Cost::from(run);
+        RunCost {
+            calls,
+            cost_microusd,
+            cost_usd,
+            tokens_in,
+            tokens_out,
+        }
+    }
+}
+
 /// A run. Also the `end` event of an event stream, and a webhook's `data.run`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Run {

@@ -261,7 +261,7 @@ impl Default for HeaderText {
 }
 
 /// The model provider a run's `/llm` relay speaks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Provider {
     Openai,

@@ -24,6 +24,7 @@ use airlock_store::{
 use airlock_vault::{ExposeSecret, Keyring, RunTokens};
 
 use crate::identity::{IdentityError, Issuer, Minter};
+use crate::provider_keys::Payer;
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -47,6 +48,19 @@ pub struct Grant {
     pub connections: HashMap<String, String>,
     /// The integrations whose delivery names the run's identity token.
     pub identity: crate::identity::IdentityGrant,
+    /// The run's model provider and the operator's key for it, when the
+    /// manifest has a `[model]` section: without a `@model` connection the
+    /// credential fetch for `@model` answers with the organization's key,
+    /// else this one ([`crate::provider_keys`]).
+    pub model: Option<ModelGrant>,
+}
+
+/// What a run's model key may come from beside the manifest's connection.
+#[derive(Debug, Clone)]
+pub struct ModelGrant {
+    pub provider: airlock_platform_api::types::Provider,
+    /// `SYSTEM_PROVIDER_KEYS`' key for the provider (redacted in `Debug`).
+    pub system_key: Option<airlock_vault::SecretString>,
 }
 
 struct Inner {
@@ -72,6 +86,8 @@ struct Inner {
     issuer: Option<Arc<Issuer>>,
     /// The identity tokens minted for the running runs.
     minter: Minter,
+    /// Per run, the payer last recorded ([`record_payer`]).
+    payers: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// Stored connections as read from the store, envelopes still encrypted.
@@ -218,6 +234,7 @@ impl InternalApi {
                 artifacts,
                 issuer,
                 minter: Minter::default(),
+                payers: std::sync::Mutex::default(),
             }),
         }
     }
@@ -247,6 +264,9 @@ impl InternalApi {
             g.remove(run_id);
         }
         self.inner.reservations.forget_run(run_id);
+        if let Ok(mut p) = self.inner.payers.lock() {
+            p.remove(run_id);
+        }
         self.inner.minter.revoked(run_id);
     }
 
@@ -468,6 +488,9 @@ async fn credential(
 }
 
 /// The credential of `integration` for `run_id`, decrypted for this answer.
+/// `@model` is answered from the first of the manifest's connection, the
+/// organization's key for the provider and the operator's
+/// ([`crate::provider_keys`]); the source is recorded ([`record_payer`]).
 async fn credential_for(
     api: &InternalApi,
     run_id: &str,
@@ -478,102 +501,62 @@ async fn credential_for(
         Ok(field) => field,
         Err(e) => return identity_refused(e),
     };
-    match (grant.connections.get(&integration), identity) {
-        (Some(connection), identity) => {
-            stored_credential(api, run_id, grant, integration, connection, identity).await
-        }
-        // An integration whose credential is the run's identity alone (a
-        // set of fields: `custom`).
-        (None, Some(field)) => axum::Json(CredentialResponse {
-            integration,
-            connection: String::new(),
-            auth_type: airlock_platform_api::connection_types::AuthType::Custom,
-            fields: airlock_platform_api::wire::CredentialFields::from([field]),
-        })
-        .into_response(),
-        (None, None) => error(
-            StatusCode::FORBIDDEN,
-            "integration_not_granted",
-            format!("the run has no connection for {integration:?}"),
-        ),
-    }
-}
-
-/// The stored `connection`'s credential, decrypted for this answer, with
-/// the run's identity token among its fields when the integration names it.
-async fn stored_credential(
-    api: &InternalApi,
-    run_id: &str,
-    grant: &Grant,
-    integration: String,
-    connection: &str,
-    identity: Option<(String, secrecy::SecretString)>,
-) -> Response {
-    let cache = &api.inner.connections;
-    // The stored row, or the answer to give when there is none.
-    let read_row = || async {
-        match api.inner.store.get_connection(&grant.org, connection).await {
-            Ok(Some(r)) => Ok(Arc::new(r)),
-            Ok(None) => Err(error(
-                StatusCode::NOT_FOUND,
-                "unknown_connection",
-                format!("connection {connection:?} does not exist"),
-            )),
-            Err(e) => Err(internal(e)),
-        }
-    };
-    cache.follow_writes(api.inner.store.connection_writes());
-    let cached = cache.get(&grant.org, connection);
-    let from_cache = cached.is_some();
-    let record = match cached {
-        Some(r) => r,
-        None => {
-            let generation = cache.generation();
-            match read_row().await {
-                Ok(r) => {
-                    cache.put(generation, &r);
-                    r
+    let is_model = integration == airlock_platform_api::wire::MODEL_CREDENTIAL;
+    let (connection, auth_type, mut fields, payer) = match grant.connections.get(&integration) {
+        Some(connection) => match stored_fields(api, &grant.org, connection).await {
+            Ok(Some((auth_type, fields))) => (
+                connection.clone(),
+                auth_type,
+                fields,
+                is_model.then(|| Payer::Manifest(connection.clone())),
+            ),
+            Ok(None) => {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_connection",
+                    format!("connection {connection:?} does not exist"),
+                );
+            }
+            Err(answer) => return answer,
+        },
+        None => match grant.model.as_ref().filter(|_| is_model) {
+            Some(model) => match model_key(api, grant, model).await {
+                Ok(Some(found)) => found,
+                Ok(None) => {
+                    return error(
+                        StatusCode::FORBIDDEN,
+                        "integration_not_granted",
+                        format!(
+                            "no key for the provider {}: no model.connection, no organization connection {:?}, no SYSTEM_PROVIDER_KEYS entry",
+                            model.provider.as_str(),
+                            crate::provider_keys::org_connection(model.provider)
+                        ),
+                    );
                 }
                 Err(answer) => return answer,
+            },
+            // An integration whose credential is the run's identity alone
+            // (a set of fields: `custom`).
+            None if identity.is_some() => (
+                String::new(),
+                airlock_platform_api::connection_types::AuthType::Custom,
+                airlock_platform_api::wire::CredentialFields::default(),
+                None,
+            ),
+            None => {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "integration_not_granted",
+                    format!("the run has no connection for {integration:?}"),
+                );
             }
-        }
+        },
     };
-    let plain = match api.inner.keyring.decrypt_string(&record.envelope) {
-        Ok(p) => p,
-        Err(_) if from_cache => {
-            // Re-encrypted meanwhile under a key this platform has, and the
-            // watcher has not noticed yet: read the row again.
-            cache.forget(&grant.org, connection);
-            let fresh = match read_row().await {
-                Ok(r) => r,
-                Err(answer) => return answer,
-            };
-            match api.inner.keyring.decrypt_string(&fresh.envelope) {
-                Ok(p) => p,
-                Err(e) => {
-                    return internal(format!(
-                        "connection {connection:?} cannot be decrypted: {e}"
-                    ));
-                }
-            }
-        }
-        Err(e) => {
-            return internal(format!(
-                "connection {connection:?} cannot be decrypted: {e}"
-            ));
-        }
-    };
-    let mut fields: airlock_platform_api::wire::CredentialFields =
-        match serde_json::from_str(plain.expose_secret()) {
-            Ok(f) => f,
-            Err(_) => {
-                return internal(format!(
-                    "connection {connection:?} does not hold a JSON object of string fields"
-                ));
-            }
-        };
     // The identity wins over a stored field of the same name.
     fields.extend(identity);
+    if let Some(payer) = payer {
+        record_payer(api, run_id, &payer).await;
+    }
     tracing::debug!(
         run_id,
         integration,
@@ -582,8 +565,8 @@ async fn stored_credential(
     );
     axum::Json(CredentialResponse {
         integration,
-        connection: connection.to_owned(),
-        auth_type: record.info.auth_type,
+        connection,
+        auth_type,
         fields,
     })
     .into_response()
@@ -622,6 +605,139 @@ fn identity_refused(e: IdentityError) -> Response {
         IdentityError::NoIssuer | IdentityError::PastTimeout | IdentityError::NotGranted => {
             error(StatusCode::FORBIDDEN, "identity_unavailable", e.to_string())
         }
+    }
+}
+
+/// One credential answer: the connection it names, its type and fields,
+/// and who pays when it is the model's.
+type Answer = (
+    String,
+    airlock_platform_api::connection_types::AuthType,
+    airlock_platform_api::wire::CredentialFields,
+    Option<Payer>,
+);
+
+/// The model key of a run whose manifest names no model connection: the
+/// organization's connection for the provider, else the operator's key
+/// (an `api_key` credential of one field, `key`), else none.
+async fn model_key(
+    api: &InternalApi,
+    grant: &Grant,
+    model: &ModelGrant,
+) -> Result<Option<Answer>, Response> {
+    let org_connection = crate::provider_keys::org_connection(model.provider);
+    if let Some((auth_type, fields)) = stored_fields(api, &grant.org, &org_connection).await? {
+        let payer = Payer::Organization(org_connection.clone());
+        return Ok(Some((org_connection, auth_type, fields, Some(payer))));
+    }
+    Ok(model.system_key.as_ref().map(|key| {
+        let payer = Payer::System(model.provider);
+        let fields = [("key".to_owned(), key.clone())].into_iter().collect();
+        (
+            payer.label(),
+            airlock_platform_api::connection_types::AuthType::ApiKey,
+            fields,
+            Some(payer),
+        )
+    }))
+}
+
+/// Records, as a `model_key` event of the run, which key the platform
+/// hands its relay, each time that changes (the first fetch, a key the
+/// organization added or removed): the run's cost records name their payer
+/// from it. Never the key. A failed write is logged; the call goes on.
+async fn record_payer(api: &InternalApi, run_id: &str, payer: &Payer) {
+    let label = payer.label();
+    {
+        let Ok(mut payers) = api.inner.payers.lock() else {
+            return;
+        };
+        if payers.get(run_id) == Some(&label) {
+            return;
+        }
+        payers.insert(run_id.to_owned(), label.clone());
+    }
+    let at = airlock_store::now_ms();
+    let payload = serde_json::json!({ "paid_by": label, "at": at }).to_string();
+    let _writing = api.inner.writes.lock().await;
+    if let Err(e) = api
+        .inner
+        .store
+        .append_event(&NewEvent {
+            run_id,
+            at,
+            kind: crate::provider_keys::PAYER_EVENT,
+            payload: &payload,
+        })
+        .await
+    {
+        tracing::warn!(run_id, "cannot record which model key pays: {e}");
+    }
+}
+
+/// The decrypted fields of `org`'s stored `connection` (`None`: not
+/// stored), read through the connection cache.
+async fn stored_fields(
+    api: &InternalApi,
+    org: &str,
+    connection: &str,
+) -> Result<
+    Option<(
+        airlock_platform_api::connection_types::AuthType,
+        airlock_platform_api::wire::CredentialFields,
+    )>,
+    Response,
+> {
+    let cache = &api.inner.connections;
+    // The stored row, if there is one.
+    let read_row = || async {
+        match api.inner.store.get_connection(org, connection).await {
+            Ok(r) => Ok(r.map(Arc::new)),
+            Err(e) => Err(internal(e)),
+        }
+    };
+    cache.follow_writes(api.inner.store.connection_writes());
+    let cached = cache.get(org, connection);
+    let from_cache = cached.is_some();
+    let record = match cached {
+        Some(r) => r,
+        None => {
+            let generation = cache.generation();
+            match read_row().await? {
+                Some(r) => {
+                    cache.put(generation, &r);
+                    r
+                }
+                None => return Ok(None),
+            }
+        }
+    };
+    let undecryptable = |e: &dyn std::fmt::Display| {
+        internal(format!(
+            "connection {connection:?} cannot be decrypted: {e}"
+        ))
+    };
+    let (record, plain) = match api.inner.keyring.decrypt_string(&record.envelope) {
+        Ok(p) => (record, p),
+        Err(_) if from_cache => {
+            // Re-encrypted meanwhile under a key this platform has, and the
+            // watcher has not noticed yet: read the row again.
+            cache.forget(org, connection);
+            let Some(fresh) = read_row().await? else {
+                return Ok(None);
+            };
+            match api.inner.keyring.decrypt_string(&fresh.envelope) {
+                Ok(p) => (fresh, p),
+                Err(e) => return Err(undecryptable(&e)),
+            }
+        }
+        Err(e) => return Err(undecryptable(&e)),
+    };
+    match serde_json::from_str(plain.expose_secret()) {
+        Ok(fields) => Ok(Some((record.info.auth_type, fields))),
+        Err(_) => Err(internal(format!(
+            "connection {connection:?} does not hold a JSON object of string fields"
+        ))),
     }
 }
 

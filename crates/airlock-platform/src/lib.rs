@@ -18,6 +18,7 @@ pub mod models;
 pub mod operator;
 pub mod orchestrator;
 pub mod platform;
+pub mod provider_keys;
 pub mod proxy_ca;
 pub mod settings;
 pub mod signing;

@@ -139,7 +139,12 @@ pub struct Agent {
 pub struct ModelSection {
     pub provider: Provider,
     pub base_url: String,
-    pub connection: ConnectionName,
+    /// The stored connection holding the model key. Optional: without it
+    /// the organization's key for the provider, else the operator's, pays
+    /// ([`crate::provider_keys`]); a run with neither is refused before it
+    /// starts.
+    #[serde(default)]
+    pub connection: Option<ConnectionName>,
     #[serde(default)]
     pub price_in_per_mtok_usd: Option<f64>,
     #[serde(default)]
@@ -392,8 +397,8 @@ impl Manifest {
                     .map(|c| (format!("integration {}", i.namespace), c))
             })
             .collect();
-        if let Some(m) = &self.model {
-            v.push(("model".into(), &m.connection));
+        if let Some(c) = self.model.as_ref().and_then(|m| m.connection.as_ref()) {
+            v.push(("model".into(), c));
         }
         v
     }
@@ -630,6 +635,18 @@ mod tests {
         );
         assert_eq!(m.integrations[0].namespace.as_str(), "github");
         assert_eq!(m.connections().len(), 2);
+    }
+
+    #[test]
+    fn a_model_may_leave_its_connection_to_the_organization_or_the_operator() {
+        let m = with("[model]\nprovider = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\n")
+            .unwrap();
+        let model = m.model.as_ref().unwrap();
+        assert!(model.connection.is_none());
+        assert!(
+            m.connections().is_empty(),
+            "no stored connection is needed by name"
+        );
     }
 
     #[test]

@@ -119,6 +119,9 @@ pub struct Settings {
     /// How agent bundles' signatures are enforced before a run starts
     /// (`AFPS_SIGNATURE_POLICY`, `AFPS_TRUST_ROOT`).
     pub bundles: crate::bundle::BundleSettings,
+    /// The operator's model keys (`SYSTEM_PROVIDER_KEYS`): the last source
+    /// of a run's model key ([`crate::provider_keys`]).
+    pub system_provider_keys: crate::provider_keys::SystemProviderKeys,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +265,9 @@ impl Settings {
                 get(crate::bundle::ENV_POLICY),
                 get(crate::bundle::ENV_TRUST_ROOT),
             )?,
+            system_provider_keys: crate::provider_keys::SystemProviderKeys::from_var(get(
+                crate::provider_keys::ENV_SYSTEM_PROVIDER_KEYS,
+            ))?,
         };
         s.check()?;
         Ok(s)

@@ -129,6 +129,38 @@ impl TestPlatform {
         self.api.grant(&self.run_id, grant);
     }
 
+    /// Gives the main run a model of `provider` with `system_key` as the
+    /// operator's key for it (`SYSTEM_PROVIDER_KEYS`), as a manifest's
+    /// `[model]` section does.
+    pub fn grant_model(
+        &self,
+        provider: airlock_platform_api::types::Provider,
+        system_key: Option<&str>,
+    ) {
+        let mut grant = self.api.grant_of_run(&self.run_id).unwrap_or_default();
+        grant.model = Some(crate::internal_api::ModelGrant {
+            provider,
+            system_key: system_key.map(|k| SecretString::from(k.to_owned())),
+        });
+        self.api.grant(&self.run_id, grant);
+    }
+
+    /// Stores an encrypted connection `name` in the organization, granted
+    /// to no run (an organization's provider key is found by its name).
+    pub async fn store_connection(&self, name: &str, auth_type: AuthType, fields: &[(&str, &str)]) {
+        let (_, envelope) = self.sealed(name, fields);
+        self.store()
+            .insert_connection(&NewConnection {
+                org: airlock_store::LOCAL_ORG,
+                name,
+                integration: name,
+                auth_type,
+                envelope: &envelope,
+            })
+            .await
+            .expect("insert connection");
+    }
+
     /// Stops serving the internal API (and following the journal), as a
     /// killed platform would: its socket goes away and nothing answers there
     /// any more (the store and what it holds stay readable). Once this

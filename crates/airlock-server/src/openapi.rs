@@ -113,7 +113,7 @@ routes! {
     get "/v1/runs/{id}/events" true None => Some("EventPage"), runs::events;
     get "/v1/runs/{id}/logs" true None => Some("EventPage"), runs::logs;
     get "/v1/runs/{id}/egress" true None => Some("EgressLog"), runs::egress;
-    get "/v1/runs/{id}/cost" true None => Some("Cost"), runs::cost;
+    get "/v1/runs/{id}/cost" true None => Some("RunCost"), runs::cost;
     get "/v1/runs/{id}/result" true None => None, runs::result;
     get "/v1/runs/{id}/results/{result_id}" true None => None, runs::stored_result;
     get "/v1/runs/{id}/artifacts" true None => Some("ArtifactList"), artifacts::list;

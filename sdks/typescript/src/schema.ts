@@ -603,6 +603,34 @@ export interface components {
             /** Format: int64 */
             tokens_out: number;
         };
+        /** @description One model call of a run, as the platform recorded it. */
+        CostCall: {
+            /** Format: int64 */
+            at: number;
+            /**
+             * Format: int64
+             * @description Millionths of a US dollar; `null` when the model's price is unknown.
+             */
+            cost_microusd?: number | null;
+            model: string;
+            /**
+             * @description Which key paid, as the platform handed it (never the key):
+             *     `manifest:<connection>`, `organization:<connection>` or
+             *     `system:<provider>`; `null` when no handout was recorded before the
+             *     call (a run from before this was recorded).
+             */
+            paid_by?: string | null;
+            provider: string;
+            /** Format: int64 */
+            tokens_in: number;
+            /** Format: int64 */
+            tokens_out: number;
+            /**
+             * @description The provider's usage never arrived or was not believable: the
+             *     numbers are what the relay saw, possibly none.
+             */
+            unmetered: boolean;
+        };
         /** @description One event to deliver to one webhook, and how its delivery went. */
         Delivery: {
             /** Format: int64 */
@@ -940,6 +968,29 @@ export interface components {
         RunBudget: {
             limits: components["schemas"]["BudgetLimits"];
             spend: components["schemas"]["RunSpend"];
+        };
+        /**
+         * @description A run's metered usage: its totals, and each model call with the key
+         *     that paid for it.
+         */
+        RunCost: {
+            /**
+             * @description Each metered model call, in the order recorded (at most the first
+             *     10,000).
+             */
+            calls: components["schemas"]["CostCall"][];
+            /**
+             * Format: int64
+             * @description The run's totals, as [`Cost`] (its fields, flat: an answer's fields
+             *     are its schema's own properties).
+             */
+            cost_microusd: number;
+            /** Format: double */
+            cost_usd: number;
+            /** Format: int64 */
+            tokens_in: number;
+            /** Format: int64 */
+            tokens_out: number;
         };
         /**
          * @description The limits a run is queued with (each replaces the manifest's); kept
@@ -3034,13 +3085,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description the run's metered usage so far */
+            /** @description the run's metered usage so far, and each call with the key that paid */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["Cost"];
+                    "application/json": components["schemas"]["RunCost"];
                 };
             };
             /** @description bad_request: the path is malformed */

@@ -126,4 +126,14 @@ pub enum Refusal {
         "integration {namespace}: delivery.field = \"${{airlock.identity}}\" needs a platform that issues workload identity: run the agent through `airlock serve`, which publishes the issuer's keys (`airlock run` has no issuer anyone could verify a token against)"
     )]
     NoIdentityIssuer { namespace: String },
+    /// The manifest names no model connection, and neither the organization
+    /// nor the operator has a key for its provider
+    /// ([`crate::provider_keys`]).
+    #[error(
+        "model: no key for the provider {provider}: name one in model.connection, store the organization's connection {org_connection:?}, or give the operator's in SYSTEM_PROVIDER_KEYS"
+    )]
+    NoModelKey {
+        provider: &'static str,
+        org_connection: String,
+    },
 }

@@ -206,7 +206,7 @@ impl RunPlan {
             )
             .collect();
         Ok(RunPlan {
-            grant: grant(req, Duration::from_secs(timeout_secs)),
+            grant: grant(req, settings, Duration::from_secs(timeout_secs)),
             sidecar: SidecarSpec {
                 run_id: site.run_id.to_owned(),
                 exe: site.exe.to_owned(),
@@ -235,7 +235,7 @@ impl RunPlan {
 /// What a run of `req` may fetch from the platform: the connection of each
 /// integration that names one, the model's, and an identity token (living
 /// no longer than `timeout`) for each integration whose delivery names it.
-fn grant(req: &RunRequest, timeout: Duration) -> Grant {
+fn grant(req: &RunRequest, settings: &Settings, timeout: Duration) -> Grant {
     let m = &req.manifest;
     let mut grant = Grant {
         org: req.org.clone(),
@@ -245,6 +245,13 @@ fn grant(req: &RunRequest, timeout: Duration) -> Grant {
             audiences: Default::default(),
             timeout,
         },
+        model: m
+            .model
+            .as_ref()
+            .map(|model| crate::internal_api::ModelGrant {
+                provider: model.provider,
+                system_key: settings.system_provider_keys.get(model.provider).cloned(),
+            }),
     };
     for i in &m.integrations {
         if let Some(c) = &i.connection {
@@ -259,10 +266,8 @@ fn grant(req: &RunRequest, timeout: Duration) -> Grant {
                 .insert(i.namespace.to_string(), d.identity_audience().to_owned());
         }
     }
-    if let Some(model) = &m.model {
-        grant
-            .connections
-            .insert(MODEL_GRANT.into(), model.connection.to_string());
+    if let Some(c) = m.model.as_ref().and_then(|model| model.connection.as_ref()) {
+        grant.connections.insert(MODEL_GRANT.into(), c.to_string());
     }
     grant
 }

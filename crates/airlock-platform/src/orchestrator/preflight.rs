@@ -40,24 +40,23 @@ impl Orchestrator {
                 self.backend.host_programs(),
             )?;
         }
+        let mut needed: Vec<(String, String)> = m
+            .connections()
+            .into_iter()
+            .map(|(who, name)| (who, name.to_string()))
+            .collect();
+        if let Some(org_key) = self.model_key_source(org, m).await? {
+            needed.push(("model (the organization's key)".into(), org_key));
+        }
         let ring = self.api.keyring();
-        for (who, name) in m.connections() {
-            let Some(rec) = self.store.get_connection(org, name.as_str()).await? else {
-                return Err(Refusal::NotStored {
-                    who,
-                    name: name.to_string(),
-                }
-                .into());
+        for (who, name) in needed {
+            let Some(rec) = self.store.get_connection(org, &name).await? else {
+                return Err(Refusal::NotStored { who, name }.into());
             };
             let kid = match airlock_vault::Envelope::kid_of(&rec.envelope) {
                 Ok(kid) => kid,
                 Err(error) => {
-                    return Err(Refusal::Envelope {
-                        who,
-                        name: name.to_string(),
-                        error,
-                    }
-                    .into());
+                    return Err(Refusal::Envelope { who, name, error }.into());
                 }
             };
             if !ring.kids().any(|k| k == kid) {
@@ -71,7 +70,7 @@ impl Orchestrator {
                 };
                 return Err(Refusal::KeyNotConfigured {
                     who,
-                    name: name.to_string(),
+                    name,
                     kid: kid.to_owned(),
                     hint,
                 }
@@ -83,6 +82,35 @@ impl Orchestrator {
 }
 
 impl Orchestrator {
+    /// Where a run of `m` without `model.connection` takes its model key
+    /// from ([`crate::provider_keys`]): the organization's connection for
+    /// the provider (its name, checked like every connection the run
+    /// needs), else the operator's key (`None`); neither is refused. A
+    /// manifest that names its connection, or has no model, needs nothing
+    /// here.
+    async fn model_key_source(&self, org: &str, m: &Manifest) -> Result<Option<String>, RunError> {
+        let Some(model) = m.model.as_ref().filter(|model| model.connection.is_none()) else {
+            return Ok(None);
+        };
+        let org_connection = crate::provider_keys::org_connection(model.provider);
+        if self
+            .store
+            .get_connection(org, &org_connection)
+            .await?
+            .is_some()
+        {
+            return Ok(Some(org_connection));
+        }
+        match self.settings.system_provider_keys.get(model.provider) {
+            Some(_) => Ok(None),
+            None => Err(Refusal::NoModelKey {
+                provider: model.provider.as_str(),
+                org_connection,
+            }
+            .into()),
+        }
+    }
+
     /// The agent's directory under the bundle signature policy
     /// ([`crate::bundle::check`]): refused before anything starts, or
     /// accepted with what was found.

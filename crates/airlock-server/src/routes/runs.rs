@@ -339,7 +339,7 @@ pub async fn cancel(
     security(("apiKey" = [])),
     params(("id" = String, Path, description = "the run's id")),
     responses(
-        (status = 200, description = "the run's metered usage so far", body = v1::Cost),
+        (status = 200, description = "the run's metered usage so far, and each call with the key that paid", body = v1::RunCost),
         (status = 400, description = "bad_request: the path is malformed", body = v1::Error),
         (status = 404, description = "not_found: no such run in the caller's organization", body = v1::Error),
         KeyedFailures,
@@ -349,9 +349,14 @@ pub async fn cost(
     State(app): State<AppState>,
     t: Tenant,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<v1::Cost>> {
+) -> ApiResult<axum::Json<v1::RunCost>> {
     let run = the_run(&app, &t, &id).await?;
-    Ok(axum::Json(v1::Cost::from(&run)))
+    let costs = app.store().events_of_kind(&id, "cost", 10_000).await?;
+    let payers = app
+        .store()
+        .events_of_kind(&id, airlock_platform::provider_keys::PAYER_EVENT, 10_000)
+        .await?;
+    Ok(axum::Json(v1::RunCost::of(&run, &costs, &payers)))
 }
 
 /// Every request that left the run's sandbox, and every refusal.

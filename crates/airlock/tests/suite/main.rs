@@ -23,6 +23,7 @@ mod keys_reencrypt;
 mod l7_rules;
 mod local_runner;
 mod platform_api;
+mod provider_keys;
 mod proxy_inject;
 mod remote_mcp;
 mod run_lifecycle;

@@ -624,7 +624,7 @@ fn every_route_with_another_organizations_key_finds_nothing() {
         ("/v1/agents/bot".to_owned(), "Agent"),
         ("/v1/connections/gh".to_owned(), "Connection"),
         (format!("/v1/webhooks/{hook_id}"), "Webhook"),
-        (format!("/v1/runs/{run_id}/cost"), "Cost"),
+        (format!("/v1/runs/{run_id}/cost"), "RunCost"),
     ] {
         let (st, v) = s.call("GET", &path, a, None);
         assert_eq!(st, 200, "{path}");

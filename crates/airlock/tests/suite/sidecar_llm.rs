@@ -698,13 +698,20 @@ async fn a_held_model_key_is_fetched_again_when_the_provider_refuses_it() {
 async fn openai_env(agent: &str, key: &str) -> (TestPlatform, FakeProvider, SidecarProcess) {
     let p = TestPlatform::start(agent).await;
     add_model_key(&p, key).await;
+    let (fake, sc) = openai_sidecar(&p).await;
+    (p, fake, sc)
+}
+
+/// An OpenAI-style fake (no delay between events), and a sidecar of `p`
+/// whose model it is.
+async fn openai_sidecar(p: &TestPlatform) -> (FakeProvider, SidecarProcess) {
     let fake = fake_provider::start(Duration::ZERO).await;
     let sc = spawn_sidecar(&config(
-        &p,
+        p,
         Provider::Openai,
         &format!("http://{HOST}:{}/v1", fake.port()),
     ));
-    (p, fake, sc)
+    (fake, sc)
 }
 
 /// A sidecar for an Anthropic-style fake with `delay` between events.
@@ -1241,4 +1248,131 @@ async fn the_registry_prices_a_call_the_manifest_does_not() {
         assert_eq!(c[1].cost_microusd, other, "{c:?}");
         drop(sc);
     }
+}
+
+/// Issue 50.4: a run's model key is the manifest's connection, else the
+/// organization's connection for the provider (`model.openai`), else the
+/// operator's (`SYSTEM_PROVIDER_KEYS`), resolved at each fetch of the
+/// relay. The fake provider records which key reached it; the agent's
+/// answers (the provider reflecting the key back included) hold none of
+/// them; and each call's cost names the key that paid, from what the
+/// platform handed, never the key itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_keys_come_from_the_manifest_then_the_organization_then_the_operator() {
+    const SYSTEM: &str = "sk-live-system-key-5e1c";
+    const ORG: &str = "sk-live-organization-key-a83d";
+    const MANIFEST: &str = "sk-live-manifest-key-2b77";
+    use airlock_store::AuthType::ApiKey;
+    let p = TestPlatform::start("agent-llm-provider-keys").await;
+    p.grant_model(Provider::Openai, Some(SYSTEM));
+    let (fake, sc) = openai_sidecar(&p).await;
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let call = |model: &str| {
+        post_json(
+            sc.tcp(),
+            "/llm/v1/chat/completions",
+            &token,
+            &json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+    };
+    let mut answers = Vec::new();
+    // The provider refuses the key the relay holds (which makes the relay
+    // fetch the platform's key of now), then two calls are answered, one
+    // by the model that reflects the key it received.
+    let mut refused_then_answered = |held: Option<&str>| {
+        if let Some(held) = held {
+            fake.revoke(held);
+            assert_eq!(call("m").0, 401);
+        }
+        for model in ["m", REFLECT_MODEL] {
+            let (status, headers, b) = call(model);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&b));
+            answers.push(format!("{headers:?} {}", String::from_utf8_lossy(&b)));
+        }
+    };
+    // The operator's key.
+    refused_then_answered(None);
+    // The organization stores its own key: in use from the relay's next
+    // fetch.
+    p.store_connection("model.openai", ApiKey, &[("key", ORG)])
+        .await;
+    refused_then_answered(Some(SYSTEM));
+    // The manifest's own connection wins over both.
+    p.add_connection("@model", ApiKey, &[("key", MANIFEST)])
+        .await;
+    refused_then_answered(Some(ORG));
+    assert_eq!(
+        fake.keys(),
+        [SYSTEM, SYSTEM, SYSTEM, ORG, ORG, ORG, MANIFEST, MANIFEST]
+    );
+    for answer in &answers {
+        for key in [SYSTEM, ORG, MANIFEST] {
+            for reflection in reflections(key) {
+                assert!(
+                    !answer.contains(&reflection),
+                    "{key} reached the agent: {answer}"
+                );
+            }
+        }
+    }
+    // Each answered call's cost names its payer.
+    let store = p.store();
+    let paid_by = eventually(10, || async {
+        p.ingest_journal().await;
+        let costs = store.events_of_kind(&p.run_id, "cost", 100).await.unwrap();
+        let payers = store
+            .events_of_kind(&p.run_id, airlock_platform::provider_keys::PAYER_EVENT, 100)
+            .await
+            .unwrap();
+        let run = store.get_run(&p.run_id).await.unwrap()?;
+        let cost = airlock_api::v1::RunCost::of(&run, &costs, &payers);
+        let paid: Vec<Option<String>> = cost
+            .calls
+            .iter()
+            .filter(|c| c.tokens_in > 0)
+            .map(|c| c.paid_by.clone())
+            .collect();
+        (paid.len() == 6).then_some((paid, payers))
+    })
+    .await
+    .expect("a cost event for each answered call");
+    let (paid, payers) = paid_by;
+    let label = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        paid,
+        [
+            label("system:openai"),
+            label("system:openai"),
+            label("organization:model.openai"),
+            label("organization:model.openai"),
+            label("manifest:model-conn"),
+            label("manifest:model-conn"),
+        ]
+    );
+    for e in &payers {
+        for key in [SYSTEM, ORG, MANIFEST] {
+            assert!(!e.payload.contains(key), "{}", e.payload);
+        }
+    }
+    drop(sc);
+}
+
+/// A run whose model has no key anywhere (no manifest connection, no
+/// organization connection, no operator key) gets none from the platform:
+/// the relay's call is refused typed, and reaches nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_with_no_key_anywhere_is_refused_and_reaches_nothing() {
+    let p = TestPlatform::start("agent-llm-no-key").await;
+    p.grant_model(Provider::Openai, None);
+    let (fake, sc) = openai_sidecar(&p).await;
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let (status, _, b) = post_json(
+        sc.tcp(),
+        "/llm/v1/chat/completions",
+        &token,
+        &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&b));
+    assert!(String::from_utf8_lossy(&b).contains("model_credential_missing"));
+    assert!(fake.requests().is_empty());
 }

@@ -12,6 +12,7 @@ from .connection import Connection
 from .connection_list import ConnectionList
 from .connection_type import ConnectionType
 from .cost import Cost
+from .cost_call import CostCall
 from .delivery import Delivery
 from .delivery_list import DeliveryList
 from .delivery_state import DeliveryState
@@ -47,6 +48,7 @@ from .rotate_connection import RotateConnection
 from .rotate_connection_fields import RotateConnectionFields
 from .run import Run
 from .run_budget import RunBudget
+from .run_cost import RunCost
 from .run_limits import RunLimits
 from .run_list import RunList
 from .run_spend import RunSpend
@@ -71,6 +73,7 @@ __all__ = (
     "ConnectionList",
     "ConnectionType",
     "Cost",
+    "CostCall",
     "Delivery",
     "DeliveryList",
     "DeliveryState",
@@ -106,6 +109,7 @@ __all__ = (
     "RotateConnectionFields",
     "Run",
     "RunBudget",
+    "RunCost",
     "RunLimits",
     "RunList",
     "RunSpend",

@@ -6,8 +6,8 @@ import httpx
 
 from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.cost import Cost
 from ...models.error import Error
+from ...models.run_cost import RunCost
 from ...types import Response
 
 
@@ -27,9 +27,9 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Cost | Error | None:
+) -> Error | RunCost | None:
     if response.status_code == 200:
-        response_200 = Cost.from_dict(response.json())
+        response_200 = RunCost.from_dict(response.json())
 
         return response_200
 
@@ -71,7 +71,7 @@ def _parse_response(
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Cost | Error]:
+) -> Response[Error | RunCost]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -84,7 +84,7 @@ def sync_detailed(
     id: str,
     *,
     client: AuthenticatedClient,
-) -> Response[Cost | Error]:
+) -> Response[Error | RunCost]:
     """Tokens and cost metered by the run's model relay.
 
     Args:
@@ -95,7 +95,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Cost | Error]
+        Response[Error | RunCost]
     """
 
     kwargs = _get_kwargs(
@@ -113,7 +113,7 @@ def sync(
     id: str,
     *,
     client: AuthenticatedClient,
-) -> Cost | Error | None:
+) -> Error | RunCost | None:
     """Tokens and cost metered by the run's model relay.
 
     Args:
@@ -124,7 +124,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Cost | Error
+        Error | RunCost
     """
 
     return sync_detailed(
@@ -137,7 +137,7 @@ async def asyncio_detailed(
     id: str,
     *,
     client: AuthenticatedClient,
-) -> Response[Cost | Error]:
+) -> Response[Error | RunCost]:
     """Tokens and cost metered by the run's model relay.
 
     Args:
@@ -148,7 +148,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Cost | Error]
+        Response[Error | RunCost]
     """
 
     kwargs = _get_kwargs(
@@ -164,7 +164,7 @@ async def asyncio(
     id: str,
     *,
     client: AuthenticatedClient,
-) -> Cost | Error | None:
+) -> Error | RunCost | None:
     """Tokens and cost metered by the run's model relay.
 
     Args:
@@ -175,7 +175,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Cost | Error
+        Error | RunCost
     """
 
     return (
