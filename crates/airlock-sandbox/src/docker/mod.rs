@@ -935,16 +935,29 @@ fn subnets_of(ipam: Option<&bollard::models::Ipam>) -> Vec<ipnet::Ipv4Net> {
         .collect()
 }
 
+/// Whether a network's address management is `subnet`, gateway included
+/// (what [`egress_gateway`] reads; the daemon does not fill one in where
+/// the subnet was given).
+fn has_range(ipam: Option<&bollard::models::Ipam>, subnet: ipnet::Ipv4Net) -> bool {
+    ipam.and_then(|i| i.config.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.gateway.is_some() && c.subnet.as_deref().and_then(|s| s.parse().ok()) == Some(subnet)
+        })
+}
+
 /// Creates [`EGRESS_NETWORK`] with `subnet` if missing, once
-/// [`check_egress_subnet`] finds the range free. One of another range (made
-/// by the daemon's pools before `DOCKER_EGRESS_SUBNET`, or under another
-/// setting) is replaced while no container is attached to it, and refused
-/// otherwise ([`DockerError::EgressNetworkInUse`]). Of duplicates a race
-/// made, the oldest stays.
+/// [`check_egress_subnet`] finds the range free. One of another range, or
+/// without a gateway (made by the daemon's pools before
+/// `DOCKER_EGRESS_SUBNET`, or under another setting), is replaced while no
+/// container is attached to it, and refused otherwise
+/// ([`DockerError::EgressNetworkInUse`]). Of duplicates a race made, the
+/// oldest stays.
 pub async fn ensure_egress_network(d: &Docker, subnet: ipnet::Ipv4Net) -> Result<(), DockerError> {
     let found = list_egress(d).await?;
     if let [one] = found.as_slice() {
-        if subnets_of(one.ipam.as_ref()).contains(&subnet) {
+        if has_range(one.ipam.as_ref(), subnet) {
             return Ok(());
         }
         remove_unused_egress(d, subnet).await?;
@@ -957,10 +970,7 @@ pub async fn ensure_egress_network(d: &Docker, subnet: ipnet::Ipv4Net) -> Result
         if let Err(e) = made.await {
             // Another platform may have just created it with this range.
             let now = list_egress(d).await?;
-            if !now
-                .iter()
-                .any(|n| subnets_of(n.ipam.as_ref()).contains(&subnet))
-            {
+            if !now.iter().any(|n| has_range(n.ipam.as_ref(), subnet)) {
                 return Err(e);
             }
         }
@@ -1048,6 +1058,8 @@ async fn create_egress_network(d: &Docker, subnet: ipnet::Ipv4Net) -> Result<(),
         ipam: Some(bollard::models::Ipam {
             config: Some(vec![bollard::models::IpamConfig {
                 subnet: Some(subnet.to_string()),
+                // The first address, as the daemon's pools give it.
+                gateway: subnet.hosts().next().map(|g| g.to_string()),
                 ..Default::default()
             }]),
             ..Default::default()

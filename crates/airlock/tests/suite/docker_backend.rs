@@ -346,6 +346,8 @@ async fn the_egress_network_has_the_configured_range() {
         .filter_map(|c| c["Subnet"].as_str())
         .collect();
     assert_eq!(subnets, [b.cfg.egress_subnet.to_string()]);
+    let gateway = gateway_of(airlock_sandbox::docker::EGRESS_NETWORK);
+    assert!(matches!(gateway, IpAddr::V4(g) if b.cfg.egress_subnet.contains(&g)));
 }
 
 #[tokio::test]
