@@ -1655,3 +1655,36 @@ pub fn run_container_names(run_id: &str) -> Vec<String> {
         container_name(run_id, "sidecar"),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ipam(subnet: &str, gateway: Option<&str>) -> bollard::models::Ipam {
+        bollard::models::Ipam {
+            config: Some(vec![bollard::models::IpamConfig {
+                subnet: Some(subnet.into()),
+                gateway: gateway.map(Into::into),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_egress_network_is_kept_only_with_the_range_and_a_gateway() {
+        let want: ipnet::Ipv4Net = "10.213.0.0/20".parse().unwrap();
+        assert!(has_range(
+            Some(&ipam("10.213.0.0/20", Some("10.213.0.1"))),
+            want
+        ));
+        // The daemon's pools made it: another range.
+        assert!(!has_range(
+            Some(&ipam("10.200.0.16/28", Some("10.200.0.17"))),
+            want
+        ));
+        // Made with the range but no gateway: egress_gateway could not answer.
+        assert!(!has_range(Some(&ipam("10.213.0.0/20", None)), want));
+        assert!(!has_range(None, want));
+    }
+}
