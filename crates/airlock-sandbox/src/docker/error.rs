@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::egress::{EGRESS_SUBNET_VAR, HOST_ROUTES, MAX_EGRESS_PREFIX};
 use super::{EGRESS_NETWORK, MIN_API_VERSION};
 
 /// A call of the Engine API that failed, and what it was for.
@@ -78,6 +79,27 @@ pub enum DockerError {
     /// others wait for, could not be created.
     #[error(transparent)]
     RunNetwork(Arc<DockerError>),
+    #[error(
+        "{EGRESS_NETWORK}'s range {subnet} ({EGRESS_SUBNET_VAR}) overlaps {taken} of {by}: set \
+         {EGRESS_SUBNET_VAR} to a free IPv4 range of prefix /{MAX_EGRESS_PREFIX} or wider"
+    )]
+    EgressSubnetTaken {
+        subnet: ipnet::Ipv4Net,
+        by: String,
+        taken: ipnet::Ipv4Net,
+    },
+    #[error(
+        "{EGRESS_NETWORK} has range {found}, not {want} ({EGRESS_SUBNET_VAR}), and {containers} \
+         container(s) attached: it is replaced only once none is (or set {EGRESS_SUBNET_VAR} to \
+         {found})"
+    )]
+    EgressNetworkInUse {
+        found: String,
+        want: ipnet::Ipv4Net,
+        containers: usize,
+    },
+    #[error("reading the host's routes ({HOST_ROUTES}): {0}")]
+    HostRoutes(#[source] std::io::Error),
     #[error("{EGRESS_NETWORK} has no IPv4 gateway")]
     NoGateway,
     #[error("the platform socket cannot be bound")]

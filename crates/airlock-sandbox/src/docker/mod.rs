@@ -46,6 +46,7 @@
 //! it is claimed instead ([`pool`]).
 
 pub mod diagnose;
+pub mod egress;
 mod error;
 pub mod images;
 pub mod init;
@@ -131,6 +132,9 @@ pub struct DockerConfig {
     /// `DOCKER_WARM_POOL`: idle pairs kept per [`pool::PoolKey`] (0, the
     /// default: no pool).
     pub warm_pool: usize,
+    /// `DOCKER_EGRESS_SUBNET`: the range [`EGRESS_NETWORK`] is created with
+    /// ([`egress::DEFAULT_EGRESS_SUBNET`] when unset).
+    pub egress_subnet: ipnet::Ipv4Net,
 }
 
 /// The largest `DOCKER_WARM_POOL`.
@@ -187,12 +191,20 @@ impl DockerConfig {
                     message: format!("{v:?} is not a number of pairs from 0 to {MAX_WARM_POOL}"),
                 })?,
         };
+        let egress_subnet = egress::parse_subnet(
+            get(egress::EGRESS_SUBNET_VAR).unwrap_or(egress::DEFAULT_EGRESS_SUBNET),
+        )
+        .map_err(|message| SandboxError::Config {
+            var: egress::EGRESS_SUBNET_VAR,
+            message,
+        })?;
         let images = ImagesConfig::from_vars(vars, exe)?;
         Ok(DockerConfig {
             host,
             images,
             runtime,
             warm_pool,
+            egress_subnet,
         })
     }
 }
@@ -319,7 +331,7 @@ impl DockerBackend {
     /// name is settled by keeping the oldest.
     pub async fn ensure_egress_network(&self) -> Result<(), SandboxError> {
         let d = self.docker().await?;
-        Ok(ensure_egress_network(&d).await?)
+        Ok(ensure_egress_network(&d, self.cfg.egress_subnet).await?)
     }
 
     fn labels(&self, run_id: &str, role: &str) -> HashMap<String, String> {
@@ -390,6 +402,7 @@ impl DockerBackend {
             net: net.clone(),
             shared: shared.clone(),
             egress,
+            egress_subnet: self.cfg.egress_subnet,
             after,
             started: started_tx,
             feed: Some(feed),
@@ -487,6 +500,7 @@ struct StartTask {
     net: Option<Arc<RunNet>>,
     shared: Arc<Shared>,
     egress: bool,
+    egress_subnet: ipnet::Ipv4Net,
     after: Option<tokio::sync::watch::Receiver<bool>>,
     started: Option<tokio::sync::watch::Sender<bool>>,
     feed: Option<StartFeed>,
@@ -530,6 +544,7 @@ impl StartTask {
             net_labels: std::mem::take(&mut self.net_labels),
             name: &self.name,
             egress: self.egress,
+            egress_subnet: self.egress_subnet,
             killed: &self.shared.killed,
             after: self.after.take(),
             started: self.started.as_ref(),
@@ -552,6 +567,8 @@ struct Start<'a> {
     net_labels: HashMap<String, String>,
     name: &'a str,
     egress: bool,
+    /// The range [`EGRESS_NETWORK`] is created with, if missing.
+    egress_subnet: ipnet::Ipv4Net,
     killed: &'a AtomicBool,
     /// Start only once this turns true (the agent after its sidecar).
     after: Option<tokio::sync::watch::Receiver<bool>>,
@@ -642,7 +659,7 @@ impl Start<'_> {
         };
         let egress = async {
             match self.egress {
-                true => ensure_egress_network(d).await,
+                true => ensure_egress_network(d, self.egress_subnet).await,
                 false => Ok(()),
             }
         };
@@ -892,51 +909,73 @@ fn out_of_address_pools(e: &bollard::errors::Error) -> bool {
     )
 }
 
-/// Creates [`EGRESS_NETWORK`] if missing; of duplicates a race made, the
-/// oldest stays.
-pub async fn ensure_egress_network(d: &Docker) -> Result<(), DockerError> {
-    let list = |d: Docker| async move {
-        let filters = HashMap::from([("name", vec![EGRESS_NETWORK])]);
-        d.list_networks(Some(
-            q::ListNetworksOptionsBuilder::default()
-                .filters(&filters)
-                .build(),
-        ))
-        .await
-        .map(|v| {
-            v.into_iter()
-                .filter(|n| n.name.as_deref() == Some(EGRESS_NETWORK))
-                .collect::<Vec<_>>()
+/// The networks named [`EGRESS_NETWORK`] (two or more after a race).
+async fn list_egress(d: &Docker) -> Result<Vec<bollard::models::Network>, DockerError> {
+    let filters = HashMap::from([("name", vec![EGRESS_NETWORK])]);
+    d.list_networks(Some(
+        q::ListNetworksOptionsBuilder::default()
+            .filters(&filters)
+            .build(),
+    ))
+    .await
+    .map(|v| {
+        v.into_iter()
+            .filter(|n| n.name.as_deref() == Some(EGRESS_NETWORK))
+            .collect::<Vec<_>>()
+    })
+    .map_err(|e| ApiError::new("listing networks", e).into())
+}
+
+/// The IPv4 ranges of a network's address management.
+fn subnets_of(ipam: Option<&bollard::models::Ipam>) -> Vec<ipnet::Ipv4Net> {
+    ipam.and_then(|i| i.config.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.subnet.as_deref()?.parse().ok())
+        .collect()
+}
+
+/// Whether a network's address management is `subnet`, gateway included
+/// (what [`egress_gateway`] reads; the daemon does not fill one in where
+/// the subnet was given).
+fn has_range(ipam: Option<&bollard::models::Ipam>, subnet: ipnet::Ipv4Net) -> bool {
+    ipam.and_then(|i| i.config.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.gateway.is_some() && c.subnet.as_deref().and_then(|s| s.parse().ok()) == Some(subnet)
         })
-        .map_err(|e| ApiError::new("listing networks", e))
-    };
-    let found = list(d.clone()).await?;
-    if found.len() == 1 {
-        return Ok(());
+}
+
+/// Creates [`EGRESS_NETWORK`] with `subnet` if missing, once
+/// [`check_egress_subnet`] finds the range free. One of another range, or
+/// without a gateway (made by the daemon's pools before
+/// `DOCKER_EGRESS_SUBNET`, or under another setting), is replaced while no
+/// container is attached to it, and refused otherwise
+/// ([`DockerError::EgressNetworkInUse`]). Of duplicates a race made, the
+/// oldest stays.
+pub async fn ensure_egress_network(d: &Docker, subnet: ipnet::Ipv4Net) -> Result<(), DockerError> {
+    let found = list_egress(d).await?;
+    if let [one] = found.as_slice() {
+        if has_range(one.ipam.as_ref(), subnet) {
+            return Ok(());
+        }
+        remove_unused_egress(d, subnet).await?;
     }
-    if found.is_empty() {
-        let req = NetworkCreateRequest {
-            name: EGRESS_NETWORK.into(),
-            driver: Some("bridge".into()),
-            internal: Some(false),
-            options: Some(HashMap::from([
-                // Sidecars of different runs cannot reach one another.
-                (
-                    "com.docker.network.bridge.enable_icc".into(),
-                    "false".into(),
-                ),
-            ])),
-            labels: Some(HashMap::from([
-                (LABEL_MANAGED.into(), "true".into()),
-                (LABEL_ROLE.into(), "egress".into()),
-            ])),
-            ..Default::default()
+    if found.len() <= 1 {
+        let made = async {
+            check_egress_subnet(d, subnet).await?;
+            create_egress_network(d, subnet).await
         };
-        d.create_network(req)
-            .await
-            .map_err(|e| ApiError::new(format!("creating network {EGRESS_NETWORK}"), e))?;
+        if let Err(e) = made.await {
+            // Another platform may have just created it with this range.
+            let now = list_egress(d).await?;
+            if !now.iter().any(|n| has_range(n.ipam.as_ref(), subnet)) {
+                return Err(e);
+            }
+        }
     }
-    let mut found = list(d.clone()).await?;
+    let mut found = list_egress(d).await?;
     if found.len() > 1 {
         found.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
         for extra in found.iter().skip(1) {
@@ -948,11 +987,110 @@ pub async fn ensure_egress_network(d: &Docker) -> Result<(), DockerError> {
     Ok(())
 }
 
+/// Removes [`EGRESS_NETWORK`], whose range is not `want`, if no container
+/// is attached to it (one already gone is fine).
+async fn remove_unused_egress(d: &Docker, want: ipnet::Ipv4Net) -> Result<(), DockerError> {
+    let n = match d
+        .inspect_network(EGRESS_NETWORK, None::<q::InspectNetworkOptions>)
+        .await
+    {
+        Ok(n) => n,
+        Err(e) if not_found(&e) => return Ok(()),
+        Err(e) => return Err(ApiError::new(format!("inspecting {EGRESS_NETWORK}"), e).into()),
+    };
+    let containers = n.containers.as_ref().map_or(0, HashMap::len);
+    if containers > 0 {
+        let found = subnets_of(n.ipam.as_ref())
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(DockerError::EgressNetworkInUse {
+            found,
+            want,
+            containers,
+        });
+    }
+    match d.remove_network(EGRESS_NETWORK).await {
+        Err(e) if !not_found(&e) => {
+            Err(ApiError::new(format!("removing {EGRESS_NETWORK} of another range"), e).into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Refuses `subnet` where it shares an address with one of the host's
+/// routes or another network of the daemon.
+async fn check_egress_subnet(d: &Docker, subnet: ipnet::Ipv4Net) -> Result<(), DockerError> {
+    let table = std::fs::read_to_string(egress::HOST_ROUTES).map_err(DockerError::HostRoutes)?;
+    let mut taken = egress::host_routes(&table);
+    let networks = d
+        .list_networks(None::<q::ListNetworksOptions>)
+        .await
+        .map_err(|e| ApiError::new("listing networks", e))?;
+    for n in networks {
+        let by = format!("docker network {}", n.name.as_deref().unwrap_or("?"));
+        if n.name.as_deref() == Some(EGRESS_NETWORK) {
+            continue;
+        }
+        for net in subnets_of(n.ipam.as_ref()) {
+            taken.push(egress::Taken {
+                by: by.clone(),
+                net,
+            });
+        }
+    }
+    match egress::first_overlap(subnet, &taken) {
+        Some(t) => Err(DockerError::EgressSubnetTaken {
+            subnet,
+            by: t.by.clone(),
+            taken: t.net,
+        }),
+        None => Ok(()),
+    }
+}
+
+async fn create_egress_network(d: &Docker, subnet: ipnet::Ipv4Net) -> Result<(), DockerError> {
+    let req = NetworkCreateRequest {
+        name: EGRESS_NETWORK.into(),
+        driver: Some("bridge".into()),
+        internal: Some(false),
+        ipam: Some(bollard::models::Ipam {
+            config: Some(vec![bollard::models::IpamConfig {
+                subnet: Some(subnet.to_string()),
+                // The first address, as the daemon's pools give it.
+                gateway: subnet.hosts().next().map(|g| g.to_string()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        options: Some(HashMap::from([
+            // Sidecars of different runs cannot reach one another.
+            (
+                "com.docker.network.bridge.enable_icc".into(),
+                "false".into(),
+            ),
+        ])),
+        labels: Some(HashMap::from([
+            (LABEL_MANAGED.into(), "true".into()),
+            (LABEL_ROLE.into(), "egress".into()),
+        ])),
+        ..Default::default()
+    };
+    d.create_network(req)
+        .await
+        .map_err(|e| ApiError::new(format!("creating network {EGRESS_NETWORK}"), e))?;
+    Ok(())
+}
+
 /// This host's address on [`EGRESS_NETWORK`] (its bridge gateway): where a
 /// sidecar reaches a service of the host (the demo's example API). Creates
-/// the network if missing.
-pub async fn egress_gateway(d: &Docker) -> Result<std::net::IpAddr, SandboxError> {
-    ensure_egress_network(d).await?;
+/// the network with `subnet` if missing.
+pub async fn egress_gateway(
+    d: &Docker,
+    subnet: ipnet::Ipv4Net,
+) -> Result<std::net::IpAddr, SandboxError> {
+    ensure_egress_network(d, subnet).await?;
     let n = d
         .inspect_network(EGRESS_NETWORK, None::<q::InspectNetworkOptions>)
         .await
@@ -1449,7 +1587,7 @@ impl Backend for DockerBackend {
             {
                 say(&format!("warning: {risk}"));
             }
-            Ok::<(), SandboxError>(ensure_egress_network(&d).await?)
+            Ok::<(), SandboxError>(ensure_egress_network(&d, cfg.egress_subnet).await?)
         });
         r.unwrap_or_else(|| Err(DockerError::NoThread.into()))
     }
@@ -1516,4 +1654,37 @@ pub fn run_container_names(run_id: &str) -> Vec<String> {
         container_name(run_id, "agent"),
         container_name(run_id, "sidecar"),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ipam(subnet: &str, gateway: Option<&str>) -> bollard::models::Ipam {
+        bollard::models::Ipam {
+            config: Some(vec![bollard::models::IpamConfig {
+                subnet: Some(subnet.into()),
+                gateway: gateway.map(Into::into),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_egress_network_is_kept_only_with_the_range_and_a_gateway() {
+        let want: ipnet::Ipv4Net = "10.213.0.0/20".parse().unwrap();
+        assert!(has_range(
+            Some(&ipam("10.213.0.0/20", Some("10.213.0.1"))),
+            want
+        ));
+        // The daemon's pools made it: another range.
+        assert!(!has_range(
+            Some(&ipam("10.200.0.16/28", Some("10.200.0.17"))),
+            want
+        ));
+        // Made with the range but no gateway: egress_gateway could not answer.
+        assert!(!has_range(Some(&ipam("10.213.0.0/20", None)), want));
+        assert!(!has_range(None, want));
+    }
 }

@@ -108,7 +108,7 @@ async fn servers_ip(backend: Option<&str>) -> Result<std::net::IpAddr> {
     }
     let cfg = airlock_sandbox::docker::DockerConfig::from_env()?;
     let d = airlock_sandbox::docker::connect(&cfg.host).await?;
-    Ok(airlock_sandbox::docker::egress_gateway(&d).await?)
+    Ok(airlock_sandbox::docker::egress_gateway(&d, cfg.egress_subnet).await?)
 }
 
 /// The example API and the fake model, and the secrets each wants.

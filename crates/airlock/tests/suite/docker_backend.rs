@@ -332,6 +332,24 @@ async fn wait_for_network(name: &str) {
     }
 }
 
+/// The egress network has the configured range, not one of the daemon's
+/// pools (which `.ci/docker.sh` makes /28s: 13 sidecars at most).
+#[tokio::test]
+async fn the_egress_network_has_the_configured_range() {
+    let Some(b) = backend() else { return };
+    b.ensure_egress_network().await.unwrap();
+    let n = docker_inspect("network", airlock_sandbox::docker::EGRESS_NETWORK).unwrap();
+    let subnets: Vec<&str> = n["IPAM"]["Config"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["Subnet"].as_str())
+        .collect();
+    assert_eq!(subnets, [b.cfg.egress_subnet.to_string()]);
+    let gateway = gateway_of(airlock_sandbox::docker::EGRESS_NETWORK);
+    assert!(matches!(gateway, IpAddr::V4(g) if b.cfg.egress_subnet.contains(&g)));
+}
+
 #[tokio::test]
 async fn the_agent_reaches_its_own_network_and_nothing_else() {
     let Some(b) = backend() else { return };

@@ -517,6 +517,10 @@ fn bad_docker_settings_are_refused_before_anything_starts() {
         (vec![("DOCKER_HOST", "ftp://nowhere")], "DOCKER_HOST"),
         (vec![("DOCKER_RUNTIME", "run c")], "DOCKER_RUNTIME"),
         (
+            vec![("DOCKER_EGRESS_SUBNET", "10.213.0.0/28")],
+            "DOCKER_EGRESS_SUBNET",
+        ),
+        (
             vec![
                 ("AGENT_IMAGE", "x/agent:1.0.0"),
                 ("SIDECAR_IMAGE", "x/sidecar:1.0.1"),

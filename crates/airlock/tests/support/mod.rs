@@ -592,7 +592,9 @@ pub fn docker_egress_gateway() -> std::net::IpAddr {
     rt.block_on(async {
         let b = docker_backend().unwrap();
         let d = b.docker().await.unwrap();
-        airlock_sandbox::docker::egress_gateway(&d).await.unwrap()
+        airlock_sandbox::docker::egress_gateway(&d, b.cfg.egress_subnet)
+            .await
+            .unwrap()
     })
 }
 
