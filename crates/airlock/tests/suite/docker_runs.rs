@@ -27,6 +27,18 @@ const EPERM: i64 = 1;
 const EACCES: i64 = 13;
 const EADDRNOTAVAIL: i64 = 99;
 
+/// The report of a run that must have succeeded (its output otherwise).
+fn succeeded(out: &std::process::Output) -> Value {
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report
+}
+
 fn result_of(report: &Value) -> &Value {
     &report["result"]
 }
@@ -326,13 +338,7 @@ fn the_sidecar_is_the_only_way_out_and_no_way_back_to_itself() {
         .command("docker", &["--prompt", &addr.to_string()])
         .output()
         .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(
-        report["status"],
-        "succeeded",
-        "{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let report = succeeded(&out);
     let r = result_of(&report);
     assert_eq!(
         r["allowed"],
@@ -685,13 +691,7 @@ fn under_gvisor_the_agent_sees_gvisors_kernel_and_still_reaches_only_its_sidecar
         .command("docker", &["--prompt", &targets.join(" ")])
         .output()
         .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(
-        report["status"],
-        "succeeded",
-        "{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let report = succeeded(&out);
     let r = result_of(&report);
     let host_release = rustix::system::uname()
         .release()
@@ -852,13 +852,7 @@ async fn a_client_that_ignores_the_proxy_gets_out_through_the_transparent_plane_
     })
     .await
     .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(
-        report["status"],
-        "succeeded",
-        "{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let report = succeeded(&out);
     let r = result_of(&report);
     // The runtime's responder first, Docker's own resolver after it.
     let servers: Vec<&str> = r["resolv"]
@@ -886,13 +880,8 @@ async fn a_client_that_ignores_the_proxy_gets_out_through_the_transparent_plane_
     );
     let entries = report["egress"]["entries"].as_array().unwrap();
     let decided = |host: &str| -> Vec<(String, String)> {
-        entries
-            .iter()
-            .filter(|e| {
-                e["url"]
-                    .as_str()
-                    .is_some_and(|u| u.contains(&format!("{host}:{port}")))
-            })
+        support::egress_to(&report, host, port)
+            .into_iter()
             .map(|e| {
                 (
                     e["decision"].as_str().unwrap_or_default().to_owned(),
