@@ -31,8 +31,9 @@ pub struct SandboxSpec {
     /// runtime's first connection to it succeeds (nothing polls), and a run
     /// whose sidecar never came up never hands its secrets over.
     pub hold_stdin: bool,
-    /// Host directory holding the sidecar's sockets (and nothing else). The
-    /// sandbox sees it read-only at [`RunPaths::sockets`].
+    /// Host directory holding the sidecar's sockets (and, in the docker
+    /// backend, the sandbox's resolver file; nothing else). The sandbox
+    /// sees it read-only at [`RunPaths::sockets`].
     pub sockets_dir: PathBuf,
     /// Extra host paths visible read-only at the same path (the agent's
     /// directory). The `airlock` binary is the backend's to provide

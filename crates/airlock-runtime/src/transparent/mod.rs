@@ -48,6 +48,13 @@
 //!    record). Its answer head is read here: on `200` the bytes flow both
 //!    ways; on a refusal the client's connection is closed.
 //!
+//! A docker agent's container has the same plane (under runc; the
+//! container's part is `airlock-sandbox`'s `docker::plane`): `127/8` is its
+//! own loopback's too, its `/etc/resolv.conf` names the responder first and
+//! Docker's embedded resolver second, for this runtime's one lookup of its
+//! sidecar's name, which [`start`]'s callers make before the responder
+//! listens.
+//!
 //! What stays unreachable: every address outside loopback (the namespace
 //! has no other route: a literal IP is `ENETUNREACH`), UDP to anything but
 //! the responder (nothing else listens), synthetic addresses never issued,

@@ -115,6 +115,11 @@ pub enum DockerError {
     NoClient,
     #[error("stdout taken twice")]
     StdoutTaken,
+    #[error("writing the sandbox's resolver file {}: {source}", .path.display())]
+    ResolverFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("writing to {name}'s stdin: {source}")]
     Stdin {
         name: String,

@@ -29,7 +29,9 @@
 //! namespace backend's masked `/proc` entries, a read-only root, a dedicated
 //! unprivileged uid per run, memory/CPU/pids limits, tmpfs workspace and
 //! `/tmp` capped at `WORKSPACE_TMPFS_SIZE_MB`, no `/dev/shm`, no log file on
-//! the host (`LogConfig: none`; output is read through attach).
+//! the host (`LogConfig: none`; output is read through attach). Under runc
+//! the agent's and the runners' containers get the transparent plane's part
+//! of the sandbox ([`plane`]).
 //!
 //! Talks to the Engine API with `bollard` (version negotiated: Docker 20.10
 //! speaks 1.41); `DOCKER_HOST` may be `unix://` or `tcp://`. Bind mounts
@@ -50,6 +52,7 @@ pub mod egress;
 mod error;
 pub mod images;
 pub mod init;
+pub mod plane;
 pub mod pool;
 pub mod profile;
 pub mod reclaim;
@@ -1302,6 +1305,14 @@ impl DockerBackend {
         for p in &spec.ro_paths {
             binds.push(format!("{s}:{s}:ro", s = bindable(p)?));
         }
+        let plane = plane::available(self.cfg.runtime.as_deref());
+        if plane {
+            let peers = match spec.kind {
+                SandboxKind::Agent => plane::Peers::ByName,
+                SandboxKind::Runner { .. } => plane::Peers::None,
+            };
+            binds.push(plane::resolver_bind(&spec.sockets_dir, peers)?);
+        }
         let (labels, network_mode, networking_config) = match &spec.kind {
             SandboxKind::Agent => {
                 let net = network_name(&spec.run_id);
@@ -1335,6 +1346,8 @@ impl DockerBackend {
             "--".into(),
         ];
         cmd.extend(spec.command.iter().cloned());
+        let mut host_config = self.sandbox_host_config(spec, ids, binds, network_mode);
+        host_config.sysctls = plane.then(plane::sysctls);
         Ok(ContainerCreateBody {
             image: Some(self.cfg.images.agent.to_string()),
             cmd: Some(cmd),
@@ -1350,7 +1363,7 @@ impl DockerBackend {
             stdin_once: Some(true),
             tty: Some(false),
             networking_config,
-            host_config: Some(self.sandbox_host_config(spec, ids, binds, network_mode)),
+            host_config: Some(host_config),
             ..Default::default()
         })
     }
@@ -1608,6 +1621,12 @@ impl Backend for DockerBackend {
             false => Feed::Now(spec.stdin.clone()),
         };
         self.launch(run, name, body, feed, on_net, false)
+    }
+
+    /// Under runc: [`plane`]'s resolver file and low ports, in the
+    /// container's own network namespace.
+    fn transparent_plane(&self) -> bool {
+        plane::available(self.cfg.runtime.as_deref())
     }
 
     fn host_programs(&self) -> bool {

@@ -8,7 +8,8 @@
 //! runtime --` and its sidecar `airlock sidecar`, both waiting on stdin;
 //! their only host directories are the pair's own, empty: `view/` (bound
 //! read-only where the agent's directory's parent is) and `run/` (bound at
-//! `/run/airlock` in the sidecar, beside the platform's socket). At the
+//! `/run/airlock` in the sidecar, beside the platform's socket), and the
+//! agent's resolver file (`resolv.conf`, [`super::plane`]). At the
 //! claim ([`DockerBackend::claim_pair`]) the run's agent directory is
 //! copied into `view/`, its egress journal hard-linked into `run/`, the
 //! containers renamed to the run's names, the agent's command written to
@@ -772,7 +773,8 @@ impl DockerBackend {
             env: key.env.clone(),
             stdin: Vec::new(),
             hold_stdin: false,
-            sockets_dir: view.clone(),
+            // The pair's own directory: its resolver file ([`super::plane`]).
+            sockets_dir: dir.to_owned(),
             ro_paths: Vec::new(),
             workspace: key.workspace.clone(),
             workspace_size_mb: key.workspace_size_mb,

@@ -27,6 +27,18 @@ const EPERM: i64 = 1;
 const EACCES: i64 = 13;
 const EADDRNOTAVAIL: i64 = 99;
 
+/// The report of a run that must have succeeded (its output otherwise).
+fn succeeded(out: &std::process::Output) -> Value {
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        report["status"],
+        "succeeded",
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    report
+}
+
 fn result_of(report: &Value) -> &Value {
     &report["result"]
 }
@@ -326,13 +338,7 @@ fn the_sidecar_is_the_only_way_out_and_no_way_back_to_itself() {
         .command("docker", &["--prompt", &addr.to_string()])
         .output()
         .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(
-        report["status"],
-        "succeeded",
-        "{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let report = succeeded(&out);
     let r = result_of(&report);
     assert_eq!(
         r["allowed"],
@@ -689,13 +695,7 @@ fn under_gvisor_the_agent_sees_gvisors_kernel_and_still_reaches_only_its_sidecar
         .command("docker", &["--prompt", &targets.join(" ")])
         .output()
         .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(
-        report["status"],
-        "succeeded",
-        "{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let report = succeeded(&out);
     let r = result_of(&report);
     let host_release = rustix::system::uname()
         .release()
@@ -789,4 +789,120 @@ fn a_tcp_docker_host_works_and_doctor_reports_the_daemon() {
         assert!(line.contains('✓') && line.contains(&must), "{line}");
     }
     assert!(text.contains("✓ docker "), "{text}");
+}
+
+/// A client that never reads the proxy variables (`http.client`): by name,
+/// through the sandbox's resolver and the transparent plane only, over TLS
+/// checked against the test's CA.
+const NO_PROXY_CLIENT: &str = r#"
+import http.client, json, os, socket, ssl
+port = int(open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip())
+tls = ssl.create_default_context(cafile="test-ca.pem")
+r = {"resolv": open("/etc/resolv.conf").read()}
+def get(host):
+    try:
+        c = http.client.HTTPSConnection(host, port, timeout=20, context=tls)
+        c.request("GET", "/plane")
+        resp = c.getresponse()
+        return [resp.status, resp.read().decode()]
+    except Exception as e:
+        return ["error", repr(e)]
+r["allowed"] = get("api.test")
+r["other"] = get("other.test")
+r["api_addr"] = socket.gethostbyname("api.test")
+json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_ignores_the_proxy_gets_out_through_the_transparent_plane_and_only_where_allowed()
+ {
+    if !docker_available() {
+        return;
+    }
+    // The test's own HTTPS server on this host's egress-network address.
+    let gateway = tokio::task::spawn_blocking(support::docker_egress_gateway)
+        .await
+        .unwrap();
+    let ca = crate::support::tls::test_ca();
+    let l = tokio::net::TcpListener::bind((gateway, 0)).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    crate::support::tls::serve_https(
+        l,
+        crate::support::tls::acceptor_for(&["api.test", "other.test"], &ca),
+        move |_req| {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(
+                b"hello agent",
+            )))
+        },
+    );
+    let run = RealRun::with_manifest(
+        NO_PROXY_CLIENT,
+        &format!(
+            "[agent]\nname = \"plane\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n[network]\negress = [\"https://api.test:{port}/**\"]\n"
+        ),
+    )
+    .env("EGRESS_RESOLVE", &format!("api.test={gateway}"))
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "api.test");
+    std::fs::write(run.agent_dir.join("test-ca.pem"), ca.issuer.pem()).unwrap();
+    let (out, run) = tokio::task::spawn_blocking(move || {
+        let out = run
+            .command("docker", &["--prompt", &port.to_string()])
+            .output()
+            .unwrap();
+        (out, run)
+    })
+    .await
+    .unwrap();
+    let report = succeeded(&out);
+    let r = result_of(&report);
+    // The runtime's responder first, Docker's own resolver after it.
+    let servers: Vec<&str> = r["resolv"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("nameserver "))
+        .collect();
+    assert_eq!(servers, ["127.0.0.53", "127.0.0.11"], "{r}");
+    assert!(
+        r["api_addr"].as_str().unwrap().starts_with("127.18."),
+        "a synthetic answer: {r}"
+    );
+    assert_eq!(
+        r["allowed"],
+        json!([200, "hello agent"]),
+        "{r}\n{}",
+        report["egress"]
+    );
+    assert_eq!(r["other"][0], "error", "{r}");
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the allowed request reached the server"
+    );
+    let entries = report["egress"]["entries"].as_array().unwrap();
+    let decided = |host: &str| -> Vec<(String, String)> {
+        support::egress_to(&report, host, port)
+            .into_iter()
+            .map(|e| {
+                (
+                    e["decision"].as_str().unwrap_or_default().to_owned(),
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        decided("api.test"),
+        [("allowed".to_owned(), String::new())],
+        "{entries:#?}"
+    );
+    assert_eq!(
+        decided("other.test"),
+        [("refused".to_owned(), "not_authorized".to_owned())],
+        "{entries:#?}"
+    );
+    assert_clean(&run, &report);
 }

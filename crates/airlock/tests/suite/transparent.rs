@@ -256,14 +256,9 @@ async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() 
     // One egress log: each success and refusal, as the proxy records them.
     let entries = report["egress"]["entries"].as_array().unwrap();
     let of = |host: &str, decision: &str| -> Vec<&Value> {
-        entries
-            .iter()
-            .filter(|e| {
-                e["url"]
-                    .as_str()
-                    .is_some_and(|u| u.contains(&format!("{host}:{port}")))
-                    && e["decision"] == decision
-            })
+        egress_to(&report, host, port)
+            .into_iter()
+            .filter(|e| e["decision"] == decision)
             .collect()
     };
     // Go, Node and the matching SNI; git's own connections.

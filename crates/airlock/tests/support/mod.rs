@@ -581,6 +581,19 @@ pub fn docker_inspect(kind: &str, name: &str) -> Option<Value> {
     v.as_array()?.first().cloned()
 }
 
+/// The egress log entries of a run's report whose URL is `host:port`'s.
+pub fn egress_to<'r>(report: &'r Value, host: &str, port: u16) -> Vec<&'r Value> {
+    let at = format!("{host}:{port}");
+    report["egress"]["entries"]
+        .as_array()
+        .map(|es| {
+            es.iter()
+                .filter(|e| e["url"].as_str().is_some_and(|u| u.contains(&at)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Names of the containers and networks of `run_id` still on the daemon.
 /// This host's address on the docker egress network (its bridge gateway):
 /// where a test's own server is reached from a run's sidecar container.
