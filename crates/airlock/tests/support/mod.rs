@@ -594,7 +594,6 @@ pub fn egress_to<'r>(report: &'r Value, host: &str, port: u16) -> Vec<&'r Value>
         .unwrap_or_default()
 }
 
-/// Names of the containers and networks of `run_id` still on the daemon.
 /// This host's address on the docker egress network (its bridge gateway):
 /// where a test's own server is reached from a run's sidecar container.
 pub fn docker_egress_gateway() -> std::net::IpAddr {
