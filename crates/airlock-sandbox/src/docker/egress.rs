@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 /// The operator's setting of the range.
-pub const EGRESS_SUBNET_VAR: &str = "DOCKER_EGRESS_SUBNET";
+pub const ENV_EGRESS_SUBNET: &str = "DOCKER_EGRESS_SUBNET";
 /// The default: 4,094 addresses, outside Docker's default pools
 /// (172.17.0.0/12, 192.168.0.0/16) and the 10.200.0.0/16 of `.ci/docker.sh`.
 pub const DEFAULT_EGRESS_SUBNET: &str = "10.213.0.0/20";

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::egress::{EGRESS_SUBNET_VAR, HOST_ROUTES, MAX_EGRESS_PREFIX};
+use super::egress::{ENV_EGRESS_SUBNET, HOST_ROUTES, MAX_EGRESS_PREFIX};
 use super::{EGRESS_NETWORK, MIN_API_VERSION};
 
 /// A call of the Engine API that failed, and what it was for.
@@ -80,8 +80,8 @@ pub enum DockerError {
     #[error(transparent)]
     RunNetwork(Arc<DockerError>),
     #[error(
-        "{EGRESS_NETWORK}'s range {subnet} ({EGRESS_SUBNET_VAR}) overlaps {taken} of {by}: set \
-         {EGRESS_SUBNET_VAR} to a free IPv4 range of prefix /{MAX_EGRESS_PREFIX} or wider"
+        "{EGRESS_NETWORK}'s range {subnet} ({ENV_EGRESS_SUBNET}) overlaps {taken} of {by}: set \
+         {ENV_EGRESS_SUBNET} to a free IPv4 range of prefix /{MAX_EGRESS_PREFIX} or wider"
     )]
     EgressSubnetTaken {
         subnet: ipnet::Ipv4Net,
@@ -89,8 +89,8 @@ pub enum DockerError {
         taken: ipnet::Ipv4Net,
     },
     #[error(
-        "{EGRESS_NETWORK} has range {found}, not {want} ({EGRESS_SUBNET_VAR}), and {containers} \
-         container(s) attached: it is replaced only once none is (or set {EGRESS_SUBNET_VAR} to \
+        "{EGRESS_NETWORK} has range {found}, not {want} ({ENV_EGRESS_SUBNET}), and {containers} \
+         container(s) attached: it is replaced only once none is (or set {ENV_EGRESS_SUBNET} to \
          {found})"
     )]
     EgressNetworkInUse {

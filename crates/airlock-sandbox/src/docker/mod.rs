@@ -195,10 +195,10 @@ impl DockerConfig {
                 })?,
         };
         let egress_subnet = egress::parse_subnet(
-            get(egress::EGRESS_SUBNET_VAR).unwrap_or(egress::DEFAULT_EGRESS_SUBNET),
+            get(egress::ENV_EGRESS_SUBNET).unwrap_or(egress::DEFAULT_EGRESS_SUBNET),
         )
         .map_err(|message| SandboxError::Config {
-            var: egress::EGRESS_SUBNET_VAR,
+            var: egress::ENV_EGRESS_SUBNET,
             message,
         })?;
         let images = ImagesConfig::from_vars(vars, exe)?;
