@@ -53,6 +53,7 @@ fuzz_target!(|data: &[u8]| {
         header: HeaderName::parse("Authorization").expect("a valid header name"),
         prefix: HeaderText::parse("Bearer ").expect("a valid header text"),
         field: "api_key".into(),
+        audience: None,
     };
     let redactor = Redactor::new(fields.values().map(ExposeSecret::expose_secret));
     match args::prepare(&call, &fields, Some(&delivery)) {

@@ -2,8 +2,9 @@
 //! tunnel of the same sidecar build, in the same run, to one HTTPS upstream
 //! on loopback: per-request latency on an open tunnel (the plain tunnel,
 //! interception without a credential, interception with the placeholder
-//! replaced), tunnel set-up (CONNECT, TLS, first answer) and the throughput
-//! of a 100 MB download through each. Alternating, three repetitions. The
+//! replaced, interception because an L7 network rule must see each request),
+//! tunnel set-up (CONNECT, TLS, first answer) and the throughput of a 100 MB
+//! download through each. Alternating, three repetitions. The
 //! platform runs on a runtime of its own, as a deployed platform is a
 //! process of its own (`peers::Platform`).
 //!
@@ -199,7 +200,7 @@ async fn run(p: &peers::Platform) {
         peers::load()
     );
     println!("  {}; {}", peers::describe(), p.describe());
-    let mut sum: Vec<[f64; 8]> = Vec::new();
+    let mut sum: Vec<[f64; 10]> = Vec::new();
     for rep in 0..reps {
         let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
         let mut run_roots = rustls::RootCertStore::empty();
@@ -211,39 +212,52 @@ async fn run(p: &peers::Platform) {
         }
         let mut up_roots = rustls::RootCertStore::empty();
         up_roots.add(up_ca.issuer.der().clone()).unwrap();
-        let base = |intercept: bool, ca: Option<&airlock_platform_api::launch::ProxyCa>| {
-            let mut cfg = p
-                .sidecar_config()
-                .tcp()
-                .proxy_tcp()
-                .integration(
-                    peers::integration("svc")
-                        .authorized([format!("https://{authority}/**")])
-                        .bearer("token")
-                        .inject_proxy_if(intercept),
-                )
-                .network_allow([format!("https://{authority}/**")])
-                .allow_internal_hosts([UP_IP])
-                .egress_with(|e| e.extra_ca_pem = Some(up_ca.issuer.pem()))
-                .limits(|l| l.max_response_bytes = (mb + 1) << 20);
-            if let Some(ca) = ca {
-                cfg = cfg.proxy_ca(&ca.cert_pem, &ca.key_pem);
-            }
-            peers::spawn_sidecar(cfg.build())
-        };
-        let plain_sc = base(false, None);
-        let icpt_sc = base(true, Some(&run_ca));
+        let base =
+            |intercept: bool, ca: Option<&airlock_platform_api::launch::ProxyCa>, rule: bool| {
+                let mut cfg = p
+                    .sidecar_config()
+                    .tcp()
+                    .proxy_tcp()
+                    .integration(
+                        peers::integration("svc")
+                            .authorized([format!("https://{authority}/**")])
+                            .bearer("token")
+                            .inject_proxy_if(intercept),
+                    )
+                    .network_allow([format!("https://{authority}/**")])
+                    .allow_internal_hosts([UP_IP])
+                    .egress_with(|e| e.extra_ca_pem = Some(up_ca.issuer.pem()))
+                    .limits(|l| l.max_response_bytes = (mb + 1) << 20);
+                if let Some(ca) = ca {
+                    cfg = cfg.proxy_ca(&ca.cert_pem, &ca.key_pem);
+                }
+                if rule {
+                    // A read-only rule on the upstream's paths: the proxy must see
+                    // each request, so it intercepts with no credential to inject.
+                    cfg = cfg.network_rules(serde_json::json!([{
+                        "id": "bench-read", "host": format!("https://{authority}"),
+                        "access": "read-only", "paths": ["/small", "/big"],
+                    }]));
+                }
+                peers::spawn_sidecar(cfg.build())
+            };
+        let plain_sc = base(false, None, false);
+        let icpt_sc = base(true, Some(&run_ca), false);
+        let rule_sc = base(false, Some(&run_ca), true);
         let plain_proxy = plain_sc.proxy_tcp();
         let icpt_proxy = icpt_sc.proxy_tcp();
 
         let mut plain = open(plain_proxy, &token, &authority, &up_roots).await;
         let mut icpt = open(icpt_proxy, &token, &authority, &run_roots).await;
+        let mut ruled = open(rule_sc.proxy_tcp(), &token, &authority, &run_roots).await;
         for _ in 0..100 {
             get(&mut plain, "/small", false).await;
             get(&mut icpt, "/small", false).await;
             get(&mut icpt, "/small", true).await;
+            get(&mut ruled, "/small", false).await;
         }
         let (mut t_plain, mut t_anon, mut t_cred) = (Vec::new(), Vec::new(), Vec::new());
+        let mut t_rule = Vec::new();
         for _ in 0..n {
             let t = Instant::now();
             get(&mut plain, "/small", false).await;
@@ -254,6 +268,9 @@ async fn run(p: &peers::Platform) {
             let t = Instant::now();
             get(&mut icpt, "/small", true).await;
             t_cred.push(t.elapsed());
+            let t = Instant::now();
+            get(&mut ruled, "/small", false).await;
+            t_rule.push(t.elapsed());
         }
         // Set-up: CONNECT, TLS and the first answer, on fresh tunnels.
         let (mut s_plain, mut s_icpt) = (Vec::new(), Vec::new());
@@ -279,6 +296,7 @@ async fn run(p: &peers::Platform) {
         assert_eq!(got2, mb << 20);
 
         let (pl, an, cr) = (p50_99(t_plain), p50_99(t_anon), p50_99(t_cred));
+        let ru = p50_99(t_rule);
         let (sp, si) = (p50_99(s_plain), p50_99(s_icpt));
         println!("  rep {rep}:");
         println!(
@@ -302,6 +320,14 @@ async fn run(p: &peers::Platform) {
             cr.1 - pl.1
         );
         println!(
+            "    {:<52} p50 {:>7.1} µs  p99 {:>7.1} µs  added p50 {:>6.1} p99 {:>6.1}",
+            "request, intercepted for a read-only L7 rule",
+            ru.0,
+            ru.1,
+            ru.0 - pl.0,
+            ru.1 - pl.1
+        );
+        println!(
             "    {:<52} plain p50 {:>7.1} µs  intercepted p50 {:>7.1} µs (p99 {:.1} / {:.1})",
             "tunnel set-up (CONNECT + TLS + first answer)", sp.0, si.0, sp.1, si.1
         );
@@ -321,6 +347,8 @@ async fn run(p: &peers::Platform) {
             si.0,
             plain_mbs,
             icpt_mbs,
+            ru.0 - pl.0,
+            ru.1 - pl.1,
         ]);
     }
     println!("summary (median [min–max] of {reps} repetitions):");
@@ -333,6 +361,8 @@ async fn run(p: &peers::Platform) {
         "tunnel set-up p50, intercepted µs",
         "download, plain tunnel MiB/s",
         "download, intercepted MiB/s",
+        "added per request, L7 rule (read-only), p50 µs",
+        "added per request, L7 rule (read-only), p99 µs",
     ];
     for (i, l) in labels.iter().enumerate() {
         let v: Vec<f64> = sum.iter().map(|r| r[i]).collect();
