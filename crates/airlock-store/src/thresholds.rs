@@ -70,6 +70,7 @@ impl Thresholds {
                 return Err(ThresholdsError::TooFine);
             }
             // In 1..=1000: the conversion is exact.
+            #[allow(clippy::cast_possible_truncation)]
             out.push(milli as i64);
         }
         out.sort_unstable();
@@ -82,7 +83,15 @@ impl Thresholds {
 
     /// The thresholds as fractions, ascending.
     pub fn fractions(&self) -> Vec<f64> {
-        self.0.iter().map(|&m| m as f64 / 1000.0).collect()
+        self.0.iter().map(|&m| Thresholds::fraction(m)).collect()
+    }
+
+    /// A threshold in thousandths as a fraction.
+    pub fn fraction(thousandths: i64) -> f64 {
+        // Thresholds are at most 1000: exact in an f64.
+        #[allow(clippy::cast_precision_loss)]
+        let f = thousandths as f64;
+        f / 1000.0
     }
 
     /// The thresholds in thousandths, ascending.
