@@ -1261,12 +1261,41 @@ mod tests {
             created_at: 1,
             data: WebhookEventData {
                 budget: None,
-                run: r,
+                run: r.clone(),
             },
             id: "dl_1".into(),
             event: "run.succeeded".into(),
         });
         assert_eq!(v["type"], "run.succeeded");
+        assert!(v["data"].get("budget").is_none(), "{v}");
+        let crossing = airlock_store::Crossing {
+            org_id: "org_1".into(),
+            run_id: "run_1".into(),
+            budget: "org_day".into(),
+            period: "day:2026-12-06".into(),
+            measure: "tokens".into(),
+            threshold: 800,
+            spent: 8000,
+            limit: 10_000,
+            crossed_at: 7,
+        };
+        let v = round_trip(&WebhookEvent {
+            created_at: 7,
+            data: WebhookEventData {
+                budget: Some(BudgetThreshold::from(&crossing)),
+                run: r,
+            },
+            id: "dl_2".into(),
+            event: airlock_store::THRESHOLD_EVENT.into(),
+        });
+        assert_eq!(v["type"], "budget.threshold");
+        assert_eq!(
+            v["data"]["budget"],
+            json!({"budget": "org_day", "period": "day:2026-12-06", "measure": "tokens",
+                   "threshold": 0.8, "spent": 8000, "limit": 10_000, "org_id": "org_1",
+                   "run_id": "run_1", "crossed_at": 7})
+        );
+        assert!(WEBHOOK_EVENTS.contains(&airlock_store::THRESHOLD_EVENT));
     }
 
     #[test]
