@@ -24,13 +24,15 @@ use utoipa::openapi::schema::{Array, Object, ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, ToSchema};
 
 /// The events a webhook may subscribe to (`run.` and the state a run
-/// reached; [`airlock_store::run_event`] names a run's).
+/// reached, [`airlock_store::run_event`] names a run's; and
+/// [`airlock_store::THRESHOLD_EVENT`], a budget's threshold reached).
 pub const WEBHOOK_EVENTS: &[&str] = &[
     "run.started",
     "run.succeeded",
     "run.failed",
     "run.cancelled",
     "run.timed_out",
+    airlock_store::THRESHOLD_EVENT,
 ];
 
 /// The states of a webhook delivery.
@@ -61,7 +63,7 @@ fn auth_type() -> Object {
 fn webhook_events() -> RefOr<Schema> {
     RefOr::T(Schema::Array(Array::new(RefOr::T(Schema::Object(one_of(
         WEBHOOK_EVENTS,
-        "a run event",
+        "a run event, or budget.threshold",
     ))))))
 }
 
@@ -266,12 +268,19 @@ impl From<BudgetLimits> for airlock_store::BudgetLimits {
 }
 
 /// `PUT /v1/org/budget`: the organization's model budgets per UTC day and
-/// per UTC month (`{}`: no limit in that period).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// per UTC month (`{}`: no limit in that period), and the thresholds at
+/// which its webhooks hear of each budget's spend.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetOrgBudget {
     pub day: BudgetLimits,
     pub month: BudgetLimits,
+    /// Fractions of each budget (above 0, at most 1, in thousandths, at
+    /// most 10) at which a `budget.threshold` webhook event is sent, for
+    /// the organization's budgets and its runs' own; `[]`: none; omitted or
+    /// `null`: the default, `[0.5, 0.8, 1.0]`.
+    #[serde(default)]
+    pub thresholds: Option<Vec<f64>>,
 }
 
 /// What a period has spent: settled calls at their usage, calls in flight
@@ -303,12 +312,66 @@ impl PeriodSpend {
 }
 
 /// The organization's model budgets and what today and this month spent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct OrgBudget {
     pub day: BudgetLimits,
     pub day_spend: PeriodSpend,
     pub month: BudgetLimits,
     pub month_spend: PeriodSpend,
+    /// The fractions of each budget at which a `budget.threshold` webhook
+    /// event is sent, ascending.
+    #[serde(default)]
+    pub thresholds: Vec<f64>,
+}
+
+/// A `budget.threshold` event's budget: which one, the threshold its spend
+/// reached, and the spend and limit then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BudgetThreshold {
+    /// `run` (the run's own), `org_day` or `org_month` (the organization's).
+    #[schema(schema_with = budget_kind)]
+    pub budget: String,
+    pub crossed_at: i64,
+    /// Its limit of `measure`.
+    pub limit: i64,
+    /// `tokens`, `cost_microusd` or `requests`.
+    #[schema(schema_with = budget_measure)]
+    pub measure: String,
+    pub org_id: String,
+    /// The run's id (a run budget), or `day:YYYY-MM-DD` or `month:YYYY-MM`
+    /// (UTC).
+    pub period: String,
+    /// The run whose model call reached it.
+    pub run_id: String,
+    /// Metered spend of `measure` when it was reached (an organization's:
+    /// settled calls, reservations outstanding left out).
+    pub spent: i64,
+    /// The fraction of the limit reached.
+    pub threshold: f64,
+}
+
+fn budget_kind() -> Object {
+    one_of(&["run", "org_day", "org_month"], "which budget")
+}
+
+fn budget_measure() -> Object {
+    one_of(&["tokens", "cost_microusd", "requests"], "which measure")
+}
+
+impl From<&airlock_store::Crossing> for BudgetThreshold {
+    fn from(c: &airlock_store::Crossing) -> Self {
+        BudgetThreshold {
+            budget: c.budget.clone(),
+            crossed_at: c.crossed_at,
+            limit: c.limit,
+            measure: c.measure.clone(),
+            org_id: c.org_id.clone(),
+            period: c.period.clone(),
+            run_id: c.run_id.clone(),
+            spent: c.spent,
+            threshold: airlock_store::Thresholds::fraction(c.threshold),
+        }
+    }
 }
 
 /// An API key's record (never the key).
@@ -1007,7 +1070,12 @@ pub struct WebhookEvent {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WebhookEventData {
-    /// The run as the event left it.
+    /// `budget.threshold`'s: the budget and the threshold reached (absent
+    /// from a run event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetThreshold>,
+    /// The run as the event left it (`budget.threshold`: the run whose
+    /// model call reached the threshold, as it is when the event is sent).
     pub run: Run,
 }
 
@@ -1191,11 +1259,43 @@ mod tests {
         });
         let v = round_trip(&WebhookEvent {
             created_at: 1,
-            data: WebhookEventData { run: r },
+            data: WebhookEventData {
+                budget: None,
+                run: r.clone(),
+            },
             id: "dl_1".into(),
             event: "run.succeeded".into(),
         });
         assert_eq!(v["type"], "run.succeeded");
+        assert!(v["data"].get("budget").is_none(), "{v}");
+        let crossing = airlock_store::Crossing {
+            org_id: "org_1".into(),
+            run_id: "run_1".into(),
+            budget: "org_day".into(),
+            period: "day:2026-12-06".into(),
+            measure: "tokens".into(),
+            threshold: 800,
+            spent: 8000,
+            limit: 10_000,
+            crossed_at: 7,
+        };
+        let v = round_trip(&WebhookEvent {
+            created_at: 7,
+            data: WebhookEventData {
+                budget: Some(BudgetThreshold::from(&crossing)),
+                run: r,
+            },
+            id: "dl_2".into(),
+            event: airlock_store::THRESHOLD_EVENT.into(),
+        });
+        assert_eq!(v["type"], "budget.threshold");
+        assert_eq!(
+            v["data"]["budget"],
+            json!({"budget": "org_day", "period": "day:2026-12-06", "measure": "tokens",
+                   "threshold": 0.8, "spent": 8000, "limit": 10_000, "org_id": "org_1",
+                   "run_id": "run_1", "crossed_at": 7})
+        );
+        assert!(WEBHOOK_EVENTS.contains(&airlock_store::THRESHOLD_EVENT));
     }
 
     #[test]

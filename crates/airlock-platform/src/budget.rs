@@ -125,7 +125,7 @@ impl Reservations {
         let Some(h) = held else { return Ok(false) };
         let used = charge(&req.used);
         if let Err(e) = store
-            .settle_org_budget(&h.org, &h.periods, &h.charge, &used)
+            .settle_org_budget(&h.org, run_id, &h.periods, &h.charge, &used)
             .await
         {
             // Held again: a later settlement of the same call may land.

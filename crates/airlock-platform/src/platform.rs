@@ -331,6 +331,7 @@ fn sweep_local_store(home: &Path, store: &Store, retention: Retention) {
                         egress = r.egress,
                         results = r.results,
                         spend = r.spend,
+                        crossings = r.crossings,
                         freed_pages = r.freed_pages,
                         "retention sweep of the local store"
                     );

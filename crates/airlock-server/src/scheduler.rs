@@ -372,6 +372,7 @@ async fn retention_sweep(app: &AppState) {
             results = r.results,
             deliveries = r.deliveries,
             spend = r.spend,
+            crossings = r.crossings,
             freed_pages = r.freed_pages,
             "retention sweep"
         ),

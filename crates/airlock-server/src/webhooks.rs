@@ -1,4 +1,5 @@
-//! Webhooks: run events delivered to an organization's URLs, signed.
+//! Webhooks: run events, and budget thresholds reached, delivered to an
+//! organization's URLs, signed.
 //!
 //! Signing (docs/serve.md): each delivery is a POST of a JSON body with
 //! `Airlock-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`,
@@ -21,7 +22,10 @@
 //! process that ended the run dies at once. Their body is rendered when
 //! first sent (the run has ended: it no longer changes) and kept, so every
 //! retry sends the same bytes. `run.started` is queued here, once the run
-//! is claimed. One run event has one delivery (one id) per webhook.
+//! is claimed. One run event has one delivery (one id) per webhook. A
+//! budget threshold reached queues its `budget.threshold` deliveries in the
+//! store too, with the spend that reached it (once per budget, threshold
+//! and period, across replicas); their body is rendered from that record.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -66,11 +70,19 @@ pub fn rules(authorized: &AuthorizedUris) -> CallRules<'_> {
 /// contract's one signing.
 pub use airlock_api::webhook::sign as signature;
 
-/// The body of a delivery of `event` about `run`.
-fn payload(id: &str, event: &str, created_at: i64, run: &Run) -> String {
+/// The body of a delivery of `event` about `run` (and, for
+/// `budget.threshold`, the threshold `crossing`).
+fn payload(
+    id: &str,
+    event: &str,
+    created_at: i64,
+    run: &Run,
+    crossing: Option<&airlock_store::Crossing>,
+) -> String {
     let body = airlock_api::v1::WebhookEvent {
         created_at,
         data: airlock_api::v1::WebhookEventData {
+            budget: crossing.map(airlock_api::v1::BudgetThreshold::from),
             run: airlock_api::v1::Run::of(run, None),
         },
         id: id.to_owned(),
@@ -106,7 +118,7 @@ pub async fn emit_started(app: &AppState, run: &Run) {
             continue;
         };
         let d = DeliveryRow {
-            payload: payload(&id, event, now, run),
+            payload: payload(&id, event, now, run, None),
             id,
             webhook_id: h.id.clone(),
             org_id: run.org_id.clone(),
@@ -241,6 +253,10 @@ pub enum AttemptError {
     #[error("gone: the run was deleted")]
     RunDeleted,
     #[error("store: {}", .0.chain())]
+    ReadCrossing(airlock_store::StoreError),
+    #[error("gone: the budget threshold's record was deleted")]
+    CrossingDeleted,
+    #[error("store: {}", .0.chain())]
     ReadRun(airlock_store::StoreError),
     #[error("store: {}", .0.chain())]
     KeepBody(airlock_store::StoreError),
@@ -264,6 +280,7 @@ impl AttemptError {
         matches!(
             self,
             AttemptError::RunDeleted
+                | AttemptError::CrossingDeleted
                 | AttemptError::WebhookDeleted
                 | AttemptError::Secret(_)
                 | AttemptError::Url(_)
@@ -272,18 +289,30 @@ impl AttemptError {
 }
 
 /// The body a delivery sends: a run end's is rendered from the ended run
-/// the first time (and kept).
+/// the first time (and kept); a `budget.threshold`'s from its crossing and
+/// the run whose call reached it.
 async fn body_of(app: &AppState, d: &DeliveryRow) -> Result<String, AttemptError> {
     if !d.payload.is_empty() {
         return Ok(d.payload.clone());
     }
+    let crossing = if d.event == airlock_store::THRESHOLD_EVENT {
+        let c = app
+            .store()
+            .delivery_crossing(&d.org_id, &d.id)
+            .await
+            .map_err(AttemptError::ReadCrossing)?
+            .ok_or(AttemptError::CrossingDeleted)?;
+        Some(c)
+    } else {
+        None
+    };
     let run = app
         .store()
         .get_run_in(&d.org_id, &d.run_id)
         .await
         .map_err(AttemptError::ReadRun)?
         .ok_or(AttemptError::RunDeleted)?;
-    let body = payload(&d.id, &d.event, d.created_at, &run);
+    let body = payload(&d.id, &d.event, d.created_at, &run, crossing.as_ref());
     app.store()
         .render_delivery(&d.id, &body)
         .await

@@ -8,7 +8,8 @@
 //! so two reservations racing for the last of a budget (two replicas on
 //! PostgreSQL, two connections on SQLite) cannot both pass. Once the call's
 //! usage is known, [`Store::settle_org_budget`] replaces the reservation
-//! with it. A reservation never settled (the usage never came, the platform
+//! with it, and records the thresholds the settled spend reached
+//! (`thresholds.rs`). A reservation never settled (the usage never came, the platform
 //! went away, the store was unreachable) stays charged: the budget errs on
 //! the side of spending less.
 //!
@@ -21,7 +22,8 @@
 
 use sqlx::Row as _;
 
-use crate::{Store, StoreError, now_ms};
+use crate::thresholds::{Spent, cross_in, read_thresholds};
+use crate::{BudgetKind, Store, StoreError, now_ms};
 
 /// The limits of one period; `None`: that measure is not limited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -338,31 +340,70 @@ impl Store {
     }
 
     /// Replaces a reservation made by [`Store::reserve_org_budget`] for
-    /// `periods` with what the call used (its requests stay counted).
+    /// `periods` with what run `run`'s call used (its requests stay
+    /// counted), and records the thresholds of the organization's budgets
+    /// the settled spend reached (`thresholds.rs`), in one transaction.
     pub async fn settle_org_budget(
         &self,
         org: &str,
+        run: &str,
         periods: &Periods,
         reserved: &Charge,
         used: &Charge,
     ) -> Result<(), StoreError> {
-        on_pool!(self, p => sqlx::query(
-            "UPDATE org_spend SET tokens = tokens - $4 + $5, \
-             cost_microusd = cost_microusd - $6 + $7, \
-             reserved_tokens = reserved_tokens - $4, \
-             reserved_cost_microusd = reserved_cost_microusd - $6 \
-             WHERE org_id = $1 AND period IN ($2, $3)",
-        )
-        .bind(org)
-        .bind(&periods.day)
-        .bind(&periods.month)
-        .bind(reserved.tokens)
-        .bind(used.tokens)
-        .bind(reserved.cost_microusd)
-        .bind(used.cost_microusd)
-        .execute(p)
-        .await
-        .map(|_| ())
-        .map_err(|e| self.err(e)))
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            // The day's row, then the month's, as a reservation takes them:
+            // two settlements never wait on each other's second row.
+            for period in [&periods.day, &periods.month] {
+                sqlx::query(
+                    "UPDATE org_spend SET tokens = tokens - $3 + $4, \
+                     cost_microusd = cost_microusd - $5 + $6, \
+                     reserved_tokens = reserved_tokens - $3, \
+                     reserved_cost_microusd = reserved_cost_microusd - $5 \
+                     WHERE org_id = $1 AND period = $2",
+                )
+                .bind(org)
+                .bind(period)
+                .bind(reserved.tokens)
+                .bind(used.tokens)
+                .bind(reserved.cost_microusd)
+                .bind(used.cost_microusd)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+            let budget = read_budget!(self, &mut *tx, org);
+            if budget.any() {
+                let thresholds = read_thresholds!(self, &mut *tx, org);
+                for (kind, period, limits) in [
+                    (BudgetKind::OrgDay, &periods.day, budget.day),
+                    (BudgetKind::OrgMonth, &periods.month, budget.month),
+                ] {
+                    if !limits.any() {
+                        continue;
+                    }
+                    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SELECT {SPEND_COLUMNS} FROM org_spend WHERE org_id = $1 AND period = $2"
+                    )))
+                    .bind(org)
+                    .bind(period)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                    let Some(r) = row else { continue };
+                    let s = spend_row!(r, self);
+                    let spent = Spent {
+                        tokens: s.tokens.saturating_sub(s.reserved_tokens),
+                        cost_microusd: s.cost_microusd.saturating_sub(s.reserved_cost_microusd),
+                        requests: s.requests,
+                    };
+                    cross_in!(self, tx, org, run, kind, period, &limits, &spent, &thresholds)
+                        .await?;
+                }
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+        });
+        Ok(())
     }
 }

@@ -12,6 +12,7 @@
 
 use sqlx::Row as _;
 
+use crate::thresholds::cross_run_in;
 use crate::usage::add_run_usage;
 use crate::{
     Event, JournalledEvent, NewEvent, Pool, Store, StoreError, multi_row_insert, returned_id,
@@ -96,6 +97,7 @@ impl Store {
         let mut new = 0usize;
         on_pool!(self, p => {
             let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            let mut usage_added = false;
             let mut rest = events;
             while let Some(head) = rest.first() {
                 if let Some(u) = &head.usage {
@@ -111,6 +113,7 @@ impl Store {
                         .map_err(|err| self.run_fk(err, run_id))?;
                     if !ids.is_empty() {
                         new += 1;
+                        usage_added = true;
                         add_run_usage!(run_id, u)
                         .execute(&mut *tx)
                         .await
@@ -141,6 +144,9 @@ impl Store {
                     .await
                     .map_err(|err| self.run_fk(err, run_id))?;
                 new += usize::try_from(done.rows_affected()).unwrap_or(usize::MAX);
+            }
+            if usage_added {
+                cross_run_in!(self, tx, run_id).await?;
             }
             tx.commit().await.map_err(|e| self.err(e))?;
         });

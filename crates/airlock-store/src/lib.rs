@@ -18,7 +18,8 @@
 //! - what `airlock serve` adds: `orgs.rs`, `api_keys.rs`, `agents.rs`, `queue.rs`
 //!   (the run queue shared by every replica), `replicas.rs` (and the leader
 //!   lease), `webhooks.rs`, `deliveries.rs`, `outbox.rs` (a run's end with the
-//!   deliveries it owes);
+//!   deliveries it owes), `budgets.rs` (organizations' budgets and spend),
+//!   `thresholds.rs` (the budget thresholds crossed, with their deliveries);
 //! - `schema.rs` (migrations) and `retention.rs` (what is kept, for how long,
 //!   and the organizations' quotas).
 //!
@@ -137,6 +138,7 @@ mod results;
 mod retention;
 mod runs;
 mod schema;
+mod thresholds;
 mod usage;
 mod webhooks;
 
@@ -153,6 +155,10 @@ pub use outbox::{new_delivery_id, run_event};
 pub use queue::{CancelOutcome, ClaimedRun, NewQueuedRun};
 pub use replicas::{REPLICA_GONE, Sweep};
 pub use retention::*;
+pub use thresholds::{
+    BudgetKind, CROSSINGS_KEPT_DAYS, Crossing, MAX_THRESHOLDS, THRESHOLD_EVENT, Thresholds,
+    ThresholdsError,
+};
 pub use webhooks::WebhookRow;
 
 /// Which database a store talks to.

@@ -225,6 +225,8 @@ pub struct SweepReport {
     /// Organizations' spend of past budget periods deleted
     /// ([`SPEND_DAYS_KEPT`], [`SPEND_MONTHS_KEPT`]).
     pub spend: u64,
+    /// Budget thresholds crossed more than [`crate::CROSSINGS_KEPT_DAYS`] ago.
+    pub crossings: u64,
     /// SQLite pages given back to the file system.
     pub freed_pages: u64,
 }
@@ -232,7 +234,7 @@ pub struct SweepReport {
 impl SweepReport {
     /// Whether the sweep removed anything.
     pub fn is_empty(&self) -> bool {
-        self.runs + self.egress + self.results + self.deliveries + self.spend == 0
+        self.runs + self.egress + self.results + self.deliveries + self.spend + self.crossings == 0
     }
 }
 
@@ -298,6 +300,13 @@ impl Store {
                 .await?;
         }
         report.spend = self.delete_past_spend(now).await?;
+        report.crossings = self
+            .delete_batches(
+                "DELETE FROM budget_crossings WHERE (org_id, event_key) IN \
+                 (SELECT org_id, event_key FROM budget_crossings WHERE crossed_at < $1 LIMIT $2)",
+                now.saturating_sub(crate::CROSSINGS_KEPT_DAYS * 86_400_000),
+            )
+            .await?;
         if !report.is_empty() {
             report.freed_pages = self.give_back_space().await?;
         }

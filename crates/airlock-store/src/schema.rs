@@ -202,6 +202,31 @@ ALTER TABLE runs ADD COLUMN budget_requests BIGINT;
     };
 }
 
+/// Version 13: each budget threshold crossed, once per budget, measure,
+/// threshold and period (`event_key`, also its deliveries'), and each
+/// organization's thresholds (`NULL`: the default).
+macro_rules! version_13_common {
+    () => {
+        r#"
+CREATE TABLE budget_crossings (
+    org_id TEXT NOT NULL,
+    event_key TEXT NOT NULL,
+    budget TEXT NOT NULL,
+    period TEXT NOT NULL,
+    measure TEXT NOT NULL,
+    threshold BIGINT NOT NULL,
+    spent BIGINT NOT NULL,
+    limit_value BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    crossed_at BIGINT NOT NULL,
+    PRIMARY KEY (org_id, event_key)
+);
+CREATE INDEX budget_crossings_at ON budget_crossings (crossed_at);
+ALTER TABLE org_budgets ADD COLUMN thresholds TEXT;
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -417,6 +442,11 @@ END;
         description: "a run's model budget and its metered requests",
         sql: version_12_common!(),
     },
+    Migration {
+        version: 13,
+        description: "budget thresholds crossed, and each organization's thresholds",
+        sql: version_13_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -594,6 +624,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 12,
         description: "a run's model budget and its metered requests",
         sql: version_12_common!(),
+    },
+    Migration {
+        version: 13,
+        description: "budget thresholds crossed, and each organization's thresholds",
+        sql: version_13_common!(),
     },
 ];
 

@@ -3,10 +3,13 @@
 //!
 //! Contract: usage is only ever added (never set), by
 //! [`Store::add_run_usage`] or with a journalled event the first time that
-//! event is stored ([`Store::append_journal_events`]), with one statement.
+//! event is stored ([`Store::append_journal_events`]), with one statement;
+//! the thresholds of the run's budget it reaches are recorded in the same
+//! transaction (`thresholds.rs`).
 //!
 //! Bounds: no row is added; the totals go with their run.
 
+use crate::thresholds::cross_run_in;
 use crate::{BudgetLimits, Store, StoreError, Usage};
 
 /// The statement that adds usage `$u` (a [`Usage`]) to run `$id`'s totals,
@@ -43,13 +46,23 @@ impl Store {
         crate::runs::run_changed(id, n)
     }
 
-    /// Adds metered usage (one model call) to a run's totals.
+    /// Adds metered usage (one model call) to a run's totals, and records
+    /// the thresholds of its budget they reached (`thresholds.rs`), in one
+    /// transaction.
     pub async fn add_run_usage(&self, id: &str, u: &Usage) -> Result<(), StoreError> {
-        let n = on_pool!(self, p => add_run_usage!(id, u)
-        .execute(p)
-        .await
-        .map_err(|e| self.err(e))?
-        .rows_affected());
+        let n = on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            let n = add_run_usage!(id, u)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            if n > 0 {
+                cross_run_in!(self, tx, id).await?;
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+            n
+        });
         crate::runs::run_changed(id, n)
     }
 }

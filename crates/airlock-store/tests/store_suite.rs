@@ -118,6 +118,8 @@ on_both!(
     org_budgets_are_reserved_within_every_limit_and_settled,
     past_budget_spend_is_swept_and_the_current_periods_kept,
     racing_reservations_never_pass_a_budget_that_fits_fewer,
+    a_runs_budget_crosses_each_threshold_once_with_its_deliveries,
+    racing_settlements_cross_an_org_threshold_once,
     artifacts_are_stored_within_the_run_and_organization_caps_even_at_once,
     queued_runs_and_connections_are_bounded_per_organization_even_at_once,
     revoked_keys_and_memories_are_kept_bounded,
@@ -982,7 +984,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 12);
+    assert_eq!(s.schema_version().await.unwrap(), 13);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -991,7 +993,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 12);
+        assert_eq!(again.schema_version().await.unwrap(), 13);
     }
 }
 
@@ -2084,7 +2086,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 12);
+    assert_eq!(s.schema_version().await.unwrap(), 13);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2094,10 +2096,10 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
+const UNDO_V5_SQLITE: &str = "DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
      DROP TABLE org_spend; DROP TABLE org_budgets; \
@@ -2121,7 +2123,7 @@ const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN requests; ALTER TABLE
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
+const UNDO_V5_POSTGRES: &str = "DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
      DROP TABLE org_spend; DROP TABLE org_budgets; \
@@ -2161,7 +2163,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 12);
+    assert_eq!(s.schema_version().await.unwrap(), 13);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -2986,7 +2988,7 @@ async fn org_budgets_are_reserved_within_every_limit_and_settled(s: &Store) {
         (100, 100)
     );
     // The call used less: the rest is free again.
-    s.settle_org_budget("o1", &p, &c(600, 100), &c(200, 40))
+    s.settle_org_budget("o1", "r1", &p, &c(600, 100), &c(200, 40))
         .await
         .unwrap();
     let (day, month) = s.org_spend("o1", &p).await.unwrap();
@@ -3085,6 +3087,190 @@ async fn two_replicas_racing_one_budget_on_postgres_pass_only_what_fits() {
     .await
     .unwrap();
     race_reservations(&a, &b).await;
+    a.close().await;
+    b.close().await;
+    drop_schema(&url, &schema).await;
+}
+
+/// Thresholds [0.5, 1]: a run whose usage reaches 60 %, then 70 %, then
+/// 100 % of its token budget crosses 50 % once and 100 % once, each with
+/// one delivery per subscribed webhook (none to another organization's or
+/// to one not subscribed), whichever write added the usage.
+async fn a_runs_budget_crosses_each_threshold_once_with_its_deliveries(s: &Store) {
+    let t = Thresholds::from_fractions(&[0.5, 1.0]).unwrap();
+    s.set_budget_thresholds("ot", &t).await.unwrap();
+    assert_eq!(s.budget_thresholds("ot").await.unwrap(), t);
+    assert_eq!(
+        s.budget_thresholds("other").await.unwrap(),
+        Thresholds::default()
+    );
+    for (id, org, events) in [
+        ("wh_b", "ot", &[THRESHOLD_EVENT][..]),
+        ("wh_r", "ot", &["run.failed"][..]),
+        ("wh_x", "other", &[THRESHOLD_EVENT][..]),
+    ] {
+        s.create_webhook(&hook(id, org, events), None)
+            .await
+            .unwrap();
+    }
+    s.enqueue_run(&queued("ot", "rb")).await.unwrap();
+    s.set_run_budget(
+        "rb",
+        &BudgetLimits {
+            tokens: Some(1000),
+            ..BudgetLimits::default()
+        },
+    )
+    .await
+    .unwrap();
+    let usage = |tokens_in, tokens_out| Usage {
+        tokens_in,
+        tokens_out,
+        cost_microusd: 1,
+    };
+    s.add_run_usage("rb", &usage(500, 100)).await.unwrap();
+    s.add_run_usage("rb", &usage(100, 0)).await.unwrap();
+    // The last 300 tokens with a journalled event.
+    let journalled = JournalledEvent {
+        seq: 1,
+        at: 5,
+        kind: "cost".into(),
+        payload: "{}".into(),
+        usage: Some(usage(200, 100)),
+    };
+    s.append_journal_events("rb", std::slice::from_ref(&journalled))
+        .await
+        .unwrap();
+    // Read again: stored once, nothing crossed twice.
+    s.append_journal_events("rb", &[journalled]).await.unwrap();
+    let crossed: Vec<_> = s
+        .budget_crossings("ot", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.budget, c.period, c.measure, c.threshold, c.spent, c.limit))
+        .collect();
+    assert_eq!(
+        crossed,
+        vec![
+            ("run".into(), "rb".into(), "tokens".into(), 500, 600, 1000),
+            ("run".into(), "rb".into(), "tokens".into(), 1000, 1000, 1000),
+        ]
+    );
+    let d = s.list_deliveries("ot", "wh_b", 10, None).await.unwrap();
+    assert_eq!(d.len(), 2, "{d:?}");
+    for x in &d {
+        assert_eq!(
+            (x.event.as_str(), x.run_id.as_str()),
+            (THRESHOLD_EVENT, "rb")
+        );
+        let c = s.delivery_crossing("ot", &x.id).await.unwrap().unwrap();
+        assert_eq!(c.run_id, "rb");
+        // Another organization's delivery id finds nothing.
+        assert_eq!(s.delivery_crossing("other", &x.id).await.unwrap(), None);
+    }
+    assert!(
+        s.list_deliveries("ot", "wh_r", 10, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.list_deliveries("other", "wh_x", 10, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A run with no budget crosses nothing.
+    s.enqueue_run(&queued("ot", "rn")).await.unwrap();
+    s.add_run_usage("rn", &usage(1 << 30, 0)).await.unwrap();
+    assert_eq!(s.budget_crossings("ot", 10).await.unwrap().len(), 2);
+}
+
+/// Two runs racing through an organization's day budget: each threshold
+/// is crossed once, with one delivery.
+async fn racing_settlements_cross_an_org_threshold_once(s: &Store) {
+    race_settlements(s, s).await;
+}
+
+/// Settles 10 calls of 100 tokens (runs `ra` and `rb` in turn, half
+/// through `a`, half through `b`) against a day budget of 1000 tokens at
+/// the default thresholds: 50 %, 80 % and 100 % are crossed once each.
+async fn race_settlements(a: &Store, b: &Store) {
+    let p = periods("2026-12-06");
+    a.set_org_budget(
+        "oc",
+        &OrgBudget {
+            day: BudgetLimits {
+                tokens: Some(1000),
+                ..BudgetLimits::default()
+            },
+            ..OrgBudget::default()
+        },
+    )
+    .await
+    .unwrap();
+    a.create_webhook(&hook("wh_c", "oc", &[THRESHOLD_EVENT]), None)
+        .await
+        .unwrap();
+    let c = Charge {
+        tokens: 100,
+        cost_microusd: 0,
+        requests: 1,
+    };
+    for _ in 0..10 {
+        assert_eq!(
+            a.reserve_org_budget("oc", &p, &c).await.unwrap(),
+            Reservation::Granted
+        );
+    }
+    // Reserved, not settled: nothing is spent yet.
+    assert!(a.budget_crossings("oc", 10).await.unwrap().is_empty());
+    let settle = (0..10).map(|i| {
+        let (s, p) = (if i % 2 == 0 { a } else { b }, &p);
+        let run = if i % 2 == 0 { "ra" } else { "rb" };
+        async move { s.settle_org_budget("oc", run, p, &c, &c).await.unwrap() }
+    });
+    futures_util::future::join_all(settle).await;
+    let crossed: Vec<_> = a
+        .budget_crossings("oc", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.budget, c.period, c.measure, c.threshold, c.limit))
+        .collect();
+    let day = |t| {
+        (
+            "org_day".to_owned(),
+            "day:2026-12-06".to_owned(),
+            "tokens".to_owned(),
+            t,
+            1000,
+        )
+    };
+    let mut sorted = crossed.clone();
+    sorted.sort_by_key(|c| c.3);
+    assert_eq!(sorted, vec![day(500), day(800), day(1000)], "{crossed:?}");
+    let d = a.list_deliveries("oc", "wh_c", 10, None).await.unwrap();
+    assert_eq!(d.len(), 3, "{d:?}");
+    assert_eq!(a.org_spend("oc", &p).await.unwrap().0.tokens, 1000);
+}
+
+/// Two replicas (two stores on one PostgreSQL database) settling one
+/// organization's calls at once cross each threshold once.
+#[tokio::test]
+async fn two_replicas_settling_at_once_on_postgres_cross_each_threshold_once() {
+    let Some((a, url, schema)) = postgres().await else {
+        return;
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let b = Store::open(
+        &format!("{url}{sep}options[search_path]={schema}"),
+        &StoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    race_settlements(&a, &b).await;
     a.close().await;
     b.close().await;
     drop_schema(&url, &schema).await;

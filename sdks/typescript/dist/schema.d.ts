@@ -226,8 +226,9 @@ export interface paths {
         /** The organization's model budgets and what today and this month (UTC) spent. */
         get: operations["get_org_budget"];
         /**
-         * Sets the organization's model budgets; runs already going keep them
-         *     from their next model call.
+         * Sets the organization's model budgets and the thresholds at which its
+         *     webhooks hear of each budget's spend; runs already going keep them from
+         *     their next model call.
          */
         put: operations["set_org_budget"];
         post?: never;
@@ -566,6 +567,48 @@ export interface components {
              */
             tokens: number | null;
         };
+        /**
+         * @description A `budget.threshold` event's budget: which one, the threshold its spend
+         *     reached, and the spend and limit then.
+         */
+        BudgetThreshold: {
+            /**
+             * @description which budget
+             * @enum {string}
+             */
+            budget: "run" | "org_day" | "org_month";
+            /** Format: int64 */
+            crossed_at: number;
+            /**
+             * Format: int64
+             * @description Its limit of `measure`.
+             */
+            limit: number;
+            /**
+             * @description which measure
+             * @enum {string}
+             */
+            measure: "tokens" | "cost_microusd" | "requests";
+            org_id: string;
+            /**
+             * @description The run's id (a run budget), or `day:YYYY-MM-DD` or `month:YYYY-MM`
+             *     (UTC).
+             */
+            period: string;
+            /** @description The run whose model call reached it. */
+            run_id: string;
+            /**
+             * Format: int64
+             * @description Metered spend of `measure` when it was reached (an organization's:
+             *     settled calls, reservations outstanding left out).
+             */
+            spent: number;
+            /**
+             * Format: double
+             * @description The fraction of the limit reached.
+             */
+            threshold: number;
+        };
         /** @description A connection (never its secret). */
         Connection: {
             /** Format: int64 */
@@ -823,7 +866,7 @@ export interface components {
         };
         /** @description `POST /v1/webhooks`. */
         NewWebhook: {
-            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out")[];
+            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold")[];
             /**
              * Format: uri
              * @description Judged by the egress guard now and at every delivery.
@@ -834,7 +877,7 @@ export interface components {
         NewWebhookAnswer: {
             /** Format: int64 */
             created_at: number;
-            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out")[];
+            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold")[];
             id: string;
             /** @description `whsec_…`: the signing secret, in this answer only. */
             secret: string;
@@ -865,6 +908,11 @@ export interface components {
             day_spend: components["schemas"]["PeriodSpend"];
             month: components["schemas"]["BudgetLimits"];
             month_spend: components["schemas"]["PeriodSpend"];
+            /**
+             * @description The fractions of each budget at which a `budget.threshold` webhook
+             *     event is sent, ascending.
+             */
+            thresholds?: number[];
         };
         Organization: {
             /** Format: int64 */
@@ -1028,16 +1076,24 @@ export interface components {
         };
         /**
          * @description `PUT /v1/org/budget`: the organization's model budgets per UTC day and
-         *     per UTC month (`{}`: no limit in that period).
+         *     per UTC month (`{}`: no limit in that period), and the thresholds at
+         *     which its webhooks hear of each budget's spend.
          */
         SetOrgBudget: {
             day: components["schemas"]["BudgetLimits"];
             month: components["schemas"]["BudgetLimits"];
+            /**
+             * @description Fractions of each budget (above 0, at most 1, in thousandths, at
+             *     most 10) at which a `budget.threshold` webhook event is sent, for
+             *     the organization's budgets and its runs' own; `[]`: none; omitted or
+             *     `null`: the default, `[0.5, 0.8, 1.0]`.
+             */
+            thresholds?: number[] | null;
         };
         Webhook: {
             /** Format: int64 */
             created_at: number;
-            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out")[];
+            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold")[];
             id: string;
             url: string;
         };
@@ -1052,7 +1108,11 @@ export interface components {
             type: string;
         };
         WebhookEventData: {
-            /** @description The run as the event left it. */
+            budget?: null | components["schemas"]["BudgetThreshold"];
+            /**
+             * @description The run as the event left it (`budget.threshold`: the run whose
+             *     model call reached the threshold, as it is when the event is sent).
+             */
             run: components["schemas"]["Run"];
         };
         WebhookList: {

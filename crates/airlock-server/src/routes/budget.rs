@@ -26,8 +26,9 @@ pub async fn get(State(app): State<AppState>, t: Tenant) -> ApiResult<axum::Json
     answer(&app, &t.org_id).await.map(axum::Json)
 }
 
-/// Sets the organization's model budgets; runs already going keep them
-/// from their next model call.
+/// Sets the organization's model budgets and the thresholds at which its
+/// webhooks hear of each budget's spend; runs already going keep them from
+/// their next model call.
 #[utoipa::path(
     put,
     path = "/v1/org/budget",
@@ -60,11 +61,19 @@ pub async fn set(
             }
         }
     }
+    let thresholds = match &b.thresholds {
+        None => airlock_store::Thresholds::default(),
+        Some(f) => airlock_store::Thresholds::from_fractions(f)
+            .map_err(|e| ApiError::invalid(format!("thresholds: {e}")))?,
+    };
     let budget = airlock_store::OrgBudget {
         day: b.day.into(),
         month: b.month.into(),
     };
     app.store().set_org_budget(&t.org_id, &budget).await?;
+    app.store()
+        .set_budget_thresholds(&t.org_id, &thresholds)
+        .await?;
     answer(&app, &t.org_id).await.map(axum::Json)
 }
 
@@ -77,5 +86,6 @@ async fn answer(app: &AppState, org: &str) -> ApiResult<v1::OrgBudget> {
         day_spend: v1::PeriodSpend::new(&periods.day, &day),
         month: budget.month.into(),
         month_spend: v1::PeriodSpend::new(&periods.month, &month),
+        thresholds: app.store().budget_thresholds(org).await?.fractions(),
     })
 }

@@ -40,7 +40,7 @@ pub enum BudgetCommand {
     /// Changes the limits named; the others keep their value. A limit is a
     /// number, or `none` for no limit.
     #[command(
-        after_help = "Examples:\n  airlock org budget set --day-tokens 2000000 --day-cost-usd 25\n  airlock org budget set --month-requests none"
+        after_help = "Examples:\n  airlock org budget set --day-tokens 2000000 --day-cost-usd 25\n  airlock org budget set --month-requests none\n  airlock org budget set --thresholds 0.5,0.9,1"
     )]
     Set {
         /// Tokens per UTC day (input and output together).
@@ -61,6 +61,11 @@ pub enum BudgetCommand {
         /// Model requests per UTC month.
         #[arg(long)]
         month_requests: Option<Limit>,
+        /// Fractions of each budget at which webhooks subscribed to
+        /// budget.threshold are told, comma-separated (0.5,0.8,1), `none`
+        /// for none, or `default`.
+        #[arg(long)]
+        thresholds: Option<ThresholdList>,
         /// Print the API's answer as JSON.
         #[arg(long)]
         json: bool,
@@ -110,6 +115,29 @@ impl std::str::FromStr for UsdLimit {
     }
 }
 
+/// Thresholds as fractions (`None`: the server's default).
+#[derive(Debug, Clone)]
+pub struct ThresholdList(Option<Vec<f64>>);
+
+impl std::str::FromStr for ThresholdList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "default" => Ok(ThresholdList(None)),
+            "none" => Ok(ThresholdList(Some(Vec::new()))),
+            _ => s
+                .split(',')
+                .map(|f| {
+                    f.trim()
+                        .parse::<f64>()
+                        .map_err(|_| format!("{f:?} is not a fraction (0.5)"))
+                })
+                .collect::<Result<Vec<f64>, String>>()
+                .map(|v| ThresholdList(Some(v))),
+        }
+    }
+}
+
 pub fn run(args: OrgArgs) -> ExitCode {
     crate::logging::init_quiet();
     super::connections::report(
@@ -134,6 +162,7 @@ async fn run_async(args: OrgArgs) -> Result<()> {
             month_tokens,
             month_cost_usd,
             month_requests,
+            thresholds,
             json,
         } => {
             let now = r.get::<v1::OrgBudget>(PATH).await?;
@@ -149,6 +178,7 @@ async fn run_async(args: OrgArgs) -> Result<()> {
                     cost_microusd: pick(month_cost_usd.map(|l| l.0), now.month.cost_microusd),
                     requests: pick(month_requests.map(|l| l.0), now.month.requests),
                 },
+                thresholds: thresholds.map_or(Some(now.thresholds), |t| t.0),
             };
             (r.send_json("PUT", PATH, &set).await?, json)
         }
@@ -183,4 +213,13 @@ fn print_budget(b: &v1::OrgBudget) {
             of(spend.requests, limits.requests),
         );
     }
+    let t: Vec<String> = b.thresholds.iter().map(f64::to_string).collect();
+    outln!(
+        "thresholds {}",
+        if t.is_empty() {
+            "none".into()
+        } else {
+            t.join(", ")
+        }
+    );
 }

@@ -9,7 +9,8 @@
 //! a budget that cannot be read refuses every call (fail closed) with a
 //! typed answer the SDKs raise, its reason kept on the run; and the
 //! legitimate path: calls within the budget pass, and a settled call frees
-//! what it did not use.
+//! what it did not use. A budget's thresholds reached queue their
+//! `budget.threshold` webhook deliveries once each.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use crate::support::*;
 use airlock_platform::testing::TestPlatform;
 use airlock_platform_api::wire::RunEvent;
-use airlock_store::{BudgetLimits, LOCAL_ORG, OrgBudget};
+use airlock_store::{BudgetLimits, LOCAL_ORG, OrgBudget, THRESHOLD_EVENT, Thresholds, WebhookRow};
 use airlock_test_support::fake_provider::{self, *};
 use airlock_test_support::sidecar_config::{Provider, RunBudget, SidecarConfig};
 use airlock_vault::ExposeSecret;
@@ -261,6 +262,75 @@ async fn usage_past_the_reservation_is_charged_and_the_next_call_refused() {
     assert_eq!(status, 429, "{v}");
     assert_eq!(v["error"]["budget"]["left"], 0, "{v}");
     assert_eq!(fake.requests().len(), 2);
+}
+
+/// Thresholds [0.5, 1]: a run whose two calls spend half its token budget,
+/// then all of it, fires those two thresholds once each (queued in the
+/// store's outbox for the webhook subscribed, the run's journal read in
+/// twice), and nothing more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_crossing_half_and_all_of_its_budget_fires_those_two_once() {
+    let p = TestPlatform::start("agent-budget-thresholds").await;
+    add_model_key(&p, PROVIDER_KEY).await;
+    let store = p.store();
+    let t = Thresholds::from_fractions(&[0.5, 1.0]).unwrap();
+    store.set_budget_thresholds(LOCAL_ORG, &t).await.unwrap();
+    store
+        .create_webhook(
+            &WebhookRow {
+                id: "wh_budget".into(),
+                org_id: LOCAL_ORG.into(),
+                url: "http://127.0.0.1:9/".into(),
+                events: json!([THRESHOLD_EVENT]).to_string(),
+                secret_envelope: "v1:k1:x".into(),
+                created_at: 1,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    // Two big answers fill the budget exactly.
+    let limit = 2 * (BIG_USAGE.0 + BIG_USAGE.1);
+    let limits = BudgetLimits {
+        tokens: Some(i64::try_from(limit).unwrap()),
+        ..BudgetLimits::default()
+    };
+    // Recorded as the orchestrator does when the run starts.
+    store.set_run_budget(&p.run_id, &limits).await.unwrap();
+    let fake = fake_provider::start(Duration::ZERO).await;
+    let sc = spawn_sidecar(&config(&p, &fake, json!({"run": {"tokens": limit}})));
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let crossed = || async {
+        store
+            .budget_crossings(LOCAL_ORG, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.budget, c.measure, c.threshold, c.spent))
+            .collect::<Vec<_>>()
+    };
+    let half = ("run".to_owned(), "tokens".to_owned(), 500, limit as i64 / 2);
+    let (status, v) = post(sc.tcp(), &token, &chat(BIG_USAGE_MODEL, 10));
+    assert_eq!(status, 200, "{v}");
+    p.events().await;
+    assert_eq!(crossed().await, vec![half.clone()]);
+    let (status, v) = post(sc.tcp(), &token, &chat(BIG_USAGE_MODEL, 10));
+    assert_eq!(status, 200, "{v}");
+    p.events().await;
+    p.events().await;
+    let all = ("run".to_owned(), "tokens".to_owned(), 1000, limit as i64);
+    assert_eq!(crossed().await, vec![half, all]);
+    let d = store
+        .list_deliveries(LOCAL_ORG, "wh_budget", 10, None)
+        .await
+        .unwrap();
+    assert_eq!(d.len(), 2, "{d:?}");
+    for x in &d {
+        assert_eq!(
+            (x.event.as_str(), x.run_id.as_str()),
+            (THRESHOLD_EVENT, p.run_id.as_str())
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,6 +8,9 @@ from .artifact import Artifact
 from .artifact_list import ArtifactList
 from .artifact_refused_type_0 import ArtifactRefusedType0
 from .budget_limits import BudgetLimits
+from .budget_threshold import BudgetThreshold
+from .budget_threshold_budget import BudgetThresholdBudget
+from .budget_threshold_measure import BudgetThresholdMeasure
 from .connection import Connection
 from .connection_list import ConnectionList
 from .connection_type import ConnectionType
@@ -69,6 +72,9 @@ __all__ = (
     "ArtifactList",
     "ArtifactRefusedType0",
     "BudgetLimits",
+    "BudgetThreshold",
+    "BudgetThresholdBudget",
+    "BudgetThresholdMeasure",
     "Connection",
     "ConnectionList",
     "ConnectionType",

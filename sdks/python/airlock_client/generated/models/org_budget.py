@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
+
+from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
     from ..models.budget_limits import BudgetLimits
@@ -27,12 +29,15 @@ class OrgBudget:
             that measure is not limited. Every limit is at least 1.
         month_spend (PeriodSpend): What a period has spent: settled calls at their usage, calls in flight
             (or whose usage never came) at their reservation.
+        thresholds (list[float] | Unset): The fractions of each budget at which a `budget.threshold` webhook
+            event is sent, ascending.
     """
 
     day: BudgetLimits
     day_spend: PeriodSpend
     month: BudgetLimits
     month_spend: PeriodSpend
+    thresholds: list[float] | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -44,6 +49,10 @@ class OrgBudget:
 
         month_spend = self.month_spend.to_dict()
 
+        thresholds: list[float] | Unset = UNSET
+        if not isinstance(self.thresholds, Unset):
+            thresholds = self.thresholds
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -54,6 +63,8 @@ class OrgBudget:
                 "month_spend": month_spend,
             }
         )
+        if thresholds is not UNSET:
+            field_dict["thresholds"] = thresholds
 
         return field_dict
 
@@ -71,11 +82,14 @@ class OrgBudget:
 
         month_spend = PeriodSpend.from_dict(d.pop("month_spend"))
 
+        thresholds = cast(list[float], d.pop("thresholds", UNSET))
+
         org_budget = cls(
             day=day,
             day_spend=day_spend,
             month=month,
             month_spend=month_spend,
+            thresholds=thresholds,
         )
 
         org_budget.additional_properties = d

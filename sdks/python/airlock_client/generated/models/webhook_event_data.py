@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
+from ..types import UNSET, Unset
+
 if TYPE_CHECKING:
+    from ..models.budget_threshold import BudgetThreshold
     from ..models.run import Run
 
 
@@ -18,13 +21,25 @@ class WebhookEventData:
     """
     Attributes:
         run (Run): A run. Also the `end` event of an event stream, and a webhook's `data.run`.
+        budget (BudgetThreshold | None | Unset):
     """
 
     run: Run
+    budget: BudgetThreshold | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.budget_threshold import BudgetThreshold
+
         run = self.run.to_dict()
+
+        budget: dict[str, Any] | None | Unset
+        if isinstance(self.budget, Unset):
+            budget = UNSET
+        elif isinstance(self.budget, BudgetThreshold):
+            budget = self.budget.to_dict()
+        else:
+            budget = self.budget
 
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
@@ -33,18 +48,39 @@ class WebhookEventData:
                 "run": run,
             }
         )
+        if budget is not UNSET:
+            field_dict["budget"] = budget
 
         return field_dict
 
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.budget_threshold import BudgetThreshold
         from ..models.run import Run
 
         d = dict(src_dict)
         run = Run.from_dict(d.pop("run"))
 
+        def _parse_budget(data: object) -> BudgetThreshold | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                budget_type_1 = BudgetThreshold.from_dict(data)
+
+                return budget_type_1
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(BudgetThreshold | None | Unset, data)
+
+        budget = _parse_budget(d.pop("budget", UNSET))
+
         webhook_event_data = cls(
             run=run,
+            budget=budget,
         )
 
         webhook_event_data.additional_properties = d

@@ -2,6 +2,7 @@ from enum import StrEnum
 
 
 class WebhookEventsItem(StrEnum):
+    BUDGET_THRESHOLD = "budget.threshold"
     RUN_CANCELLED = "run.cancelled"
     RUN_FAILED = "run.failed"
     RUN_STARTED = "run.started"

@@ -105,13 +105,15 @@ def sync_detailed(
     client: AuthenticatedClient,
     body: SetOrgBudget,
 ) -> Response[Error | OrgBudget]:
-    """Sets the organization's model budgets; runs already going keep them
-    from their next model call.
+    """Sets the organization's model budgets and the thresholds at which its
+    webhooks hear of each budget's spend; runs already going keep them from
+    their next model call.
 
     Args:
         body (SetOrgBudget): `PUT /v1/org/budget`: the organization's model budgets per UTC day
             and
-            per UTC month (`{}`: no limit in that period).
+            per UTC month (`{}`: no limit in that period), and the thresholds at
+            which its webhooks hear of each budget's spend.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -137,13 +139,15 @@ def sync(
     client: AuthenticatedClient,
     body: SetOrgBudget,
 ) -> Error | OrgBudget | None:
-    """Sets the organization's model budgets; runs already going keep them
-    from their next model call.
+    """Sets the organization's model budgets and the thresholds at which its
+    webhooks hear of each budget's spend; runs already going keep them from
+    their next model call.
 
     Args:
         body (SetOrgBudget): `PUT /v1/org/budget`: the organization's model budgets per UTC day
             and
-            per UTC month (`{}`: no limit in that period).
+            per UTC month (`{}`: no limit in that period), and the thresholds at
+            which its webhooks hear of each budget's spend.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -164,13 +168,15 @@ async def asyncio_detailed(
     client: AuthenticatedClient,
     body: SetOrgBudget,
 ) -> Response[Error | OrgBudget]:
-    """Sets the organization's model budgets; runs already going keep them
-    from their next model call.
+    """Sets the organization's model budgets and the thresholds at which its
+    webhooks hear of each budget's spend; runs already going keep them from
+    their next model call.
 
     Args:
         body (SetOrgBudget): `PUT /v1/org/budget`: the organization's model budgets per UTC day
             and
-            per UTC month (`{}`: no limit in that period).
+            per UTC month (`{}`: no limit in that period), and the thresholds at
+            which its webhooks hear of each budget's spend.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -194,13 +200,15 @@ async def asyncio(
     client: AuthenticatedClient,
     body: SetOrgBudget,
 ) -> Error | OrgBudget | None:
-    """Sets the organization's model budgets; runs already going keep them
-    from their next model call.
+    """Sets the organization's model budgets and the thresholds at which its
+    webhooks hear of each budget's spend; runs already going keep them from
+    their next model call.
 
     Args:
         body (SetOrgBudget): `PUT /v1/org/budget`: the organization's model budgets per UTC day
             and
-            per UTC month (`{}`: no limit in that period).
+            per UTC month (`{}`: no limit in that period), and the thresholds at
+            which its webhooks hear of each budget's spend.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
