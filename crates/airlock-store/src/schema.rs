@@ -202,6 +202,18 @@ ALTER TABLE runs ADD COLUMN budget_requests BIGINT;
     };
 }
 
+/// Version 13: the path that carried each egress record to the guard
+/// (`api`, `proxy`, `transparent`: the wire's `EgressPlane`); the records
+/// kept before it have the one their source implies.
+macro_rules! version_13_common {
+    () => {
+        r#"
+ALTER TABLE egress_log ADD COLUMN plane TEXT NOT NULL DEFAULT 'api';
+UPDATE egress_log SET plane = 'proxy' WHERE source IN ('proxy', 'runner');
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -417,6 +429,11 @@ END;
         description: "a run's model budget and its metered requests",
         sql: version_12_common!(),
     },
+    Migration {
+        version: 13,
+        description: "the plane that carried each egress record",
+        sql: version_13_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -594,6 +611,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 12,
         description: "a run's model budget and its metered requests",
         sql: version_12_common!(),
+    },
+    Migration {
+        version: 13,
+        description: "the plane that carried each egress record",
+        sql: version_13_common!(),
     },
 ];
 

@@ -51,7 +51,7 @@ use tokio::net::TcpStream;
 use self::head::{HeadError, RequestHead, RequestTarget};
 use crate::auth;
 use crate::credential::Redactor;
-use crate::egress::{Allowed, InFlight, Outcome, Progress, Refused, Source};
+use crate::egress::{Allowed, InFlight, Outcome, Plane, Progress, Refused, Source};
 use crate::state::Sidecar;
 
 pub use self::head::{MAX_HEAD_BYTES, parse_head};
@@ -201,6 +201,52 @@ impl Scope {
     }
 }
 
+/// Who a connection is from (its listener's [`Scope`]) and the plane that
+/// carried it ([`Plane::Proxy`], or [`Plane::Transparent`] for the
+/// transparent plane's CONNECT): what its egress records say of it.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    pub(crate) scope: Scope,
+    pub(crate) plane: Plane,
+}
+
+impl Caller {
+    /// A refusal of a request from this caller (`carried`: the integration
+    /// whose credential interception put into it).
+    pub(crate) fn refused<'a>(
+        &'a self,
+        carried: Option<&'a str>,
+        method: &'a str,
+        url: &'a str,
+    ) -> Refused<'a> {
+        Refused {
+            source: self.scope.source(),
+            plane: self.plane,
+            integration: self.scope.integration(carried),
+            method,
+            url,
+        }
+    }
+
+    /// An allowed request from this caller.
+    pub(crate) fn allowed<'a>(
+        &'a self,
+        carried: Option<&'a str>,
+        method: &'a str,
+        target: &'a Target,
+        bytes_out: u64,
+    ) -> Allowed<'a> {
+        Allowed {
+            source: self.scope.source(),
+            plane: self.plane,
+            integration: self.scope.integration(carried),
+            method,
+            target,
+            bytes_out,
+        }
+    }
+}
+
 /// Serves the proxy on an accepted stream (one request per connection).
 pub async fn serve_connection<S: ProxyStream>(stream: S, sidecar: Arc<Sidecar>, scope: Scope) {
     let settings = ProxySettings::from_sidecar(&sidecar);
@@ -283,16 +329,19 @@ pub async fn serve_connection_with<S: ProxyStream>(
         return;
     }
     let method = head.method.to_string();
+    let plane = match head.target {
+        RequestTarget::Authority(_) if transparent::asked(&head) => Plane::Transparent,
+        _ => Plane::Proxy,
+    };
+    let caller = Caller { scope, plane };
     let target = match target_of(&head) {
         Ok(t) => t,
         Err((e, url)) => {
-            refuse(&mut stream, &sidecar, &scope, &method, &url, &e).await;
+            refuse(&mut stream, &sidecar, &caller, &method, &url, &e).await;
             return;
         }
     };
-    if let RequestTarget::Authority(_) = head.target
-        && transparent::asked(&head)
-    {
+    if plane == Plane::Transparent {
         // The transparent plane's connection: the name it presents first.
         match transparent::confirm(
             &mut stream,
@@ -307,18 +356,18 @@ pub async fn serve_connection_with<S: ProxyStream>(
             Ok(false) => return,
             Err(e) => {
                 let url = target.url().as_str().to_owned();
-                refuse(&mut stream, &sidecar, &scope, &method, &url, &e).await;
+                refuse(&mut stream, &sidecar, &caller, &method, &url, &e).await;
                 return;
             }
         }
     }
     if let RequestTarget::Authority(_) = head.target
-        && let Err(e) = scope.may_tunnel_to(&sidecar, &target)
+        && let Err(e) = caller.scope.may_tunnel_to(&sidecar, &target)
     {
         refuse(
             &mut stream,
             &sidecar,
-            &scope,
+            &caller,
             &method,
             target.url().as_str(),
             &e,
@@ -329,16 +378,16 @@ pub async fn serve_connection_with<S: ProxyStream>(
     if sidecar
         .interceptor
         .as_ref()
-        .is_some_and(|i| i.serves(scope.runner(), &target))
+        .is_some_and(|i| i.serves(caller.scope.runner(), &target))
         && matches!(head.target, RequestTarget::Authority(_))
     {
         // Each request inside is judged on its own ([`intercept`]).
         let rest = buf.freeze().slice(head.len..);
-        intercept::serve(stream, rest, target, method, sidecar, settings, scope).await;
+        intercept::serve(stream, rest, target, method, sidecar, settings, caller).await;
         return;
     }
     let (admitted, flight, upstream) =
-        match admit_uncredentialed(&sidecar, &scope, &target, &method, &settings).await {
+        match admit_uncredentialed(&sidecar, &caller, &target, &method, &settings).await {
             Ok(v) => v,
             Err(denied) => {
                 let (status, code, message) = denied.answer();
@@ -404,12 +453,12 @@ impl Denied {
 /// address.
 async fn admit_uncredentialed(
     sidecar: &Sidecar,
-    scope: &Scope,
+    caller: &Caller,
     target: &Target,
     method: &str,
     settings: &ProxySettings,
 ) -> Result<(Admitted, InFlight, TcpStream), Denied> {
-    let rules = scope.rules(sidecar);
+    let rules = caller.scope.rules(sidecar);
     // A CONNECT is a tunnel the guard does not see into; any other request
     // is judged with its method.
     let request_method = http::Method::from_bytes(method.as_bytes()).ok();
@@ -420,23 +469,12 @@ async fn admit_uncredentialed(
     let admitted = match sidecar.client.guard().admit(target, intent, &rules).await {
         Ok(a) => a,
         Err(e) => {
-            let refused = Refused {
-                source: scope.source(),
-                integration: scope.integration(None),
-                method,
-                url: target.url().as_str(),
-            };
+            let refused = caller.refused(None, method, target.url().as_str());
             sidecar.egress.refused(&refused, &e, &Redactor::none());
             return Err(Denied::Refused(e));
         }
     };
-    let allowed = Allowed {
-        source: scope.source(),
-        integration: scope.integration(None),
-        method,
-        target: &admitted.target,
-        bytes_out: 0,
-    };
+    let allowed = caller.allowed(None, method, &admitted.target, 0);
     // Recorded before the upstream is even dialled.
     let flight = sidecar
         .egress
@@ -546,18 +584,13 @@ async fn respond<W: AsyncWrite + Unpin>(
 async fn refuse<W: AsyncWrite + Unpin>(
     w: &mut W,
     sidecar: &Sidecar,
-    scope: &Scope,
+    caller: &Caller,
     method: &str,
     url: &str,
     e: &EgressError,
 ) {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
-    let refused = Refused {
-        source: scope.source(),
-        integration: scope.integration(None),
-        method,
-        url,
-    };
+    let refused = caller.refused(None, method, url);
     sidecar.egress.refused(&refused, e, &Redactor::none());
     let _ = respond(w, status, &[], &error_body(e.code.as_str(), &e.to_string())).await;
 }
