@@ -73,11 +73,7 @@ pub(super) async fn serve<S: ProxyStream>(
     let Some(icpt) = sidecar.interceptor.as_ref() else {
         return;
     };
-    if client
-        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        .await
-        .is_err()
-    {
+    if client.write_all(super::CONNECTED).await.is_err() {
         return;
     }
     let mut first = early.to_vec();

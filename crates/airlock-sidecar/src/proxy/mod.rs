@@ -322,45 +322,109 @@ pub async fn serve_connection_with<S: ProxyStream>(
     settings: ProxySettings,
     scope: Scope,
 ) {
-    let Some((head, mut buf)) = head_or_answer(&mut stream, &settings).await else {
+    let Some((head, buf)) = head_or_answer(&mut stream, &settings).await else {
         return;
     };
     if !authorized_or_answer(&mut stream, &sidecar, &scope, &head).await {
         return;
     }
-    let method = head.method.to_string();
     let plane = match head.target {
         RequestTarget::Authority(_) if transparent::asked(&head) => Plane::Transparent,
         _ => Plane::Proxy,
     };
     let caller = Caller { scope, plane };
+    let Some(request) =
+        request_to_serve(&mut stream, &sidecar, &settings, &caller, head, buf).await
+    else {
+        return;
+    };
+    serve_request(stream, sidecar, settings, caller, request).await;
+}
+
+/// A request the proxy serves: its validated head, the bytes read (the
+/// head's, then what followed), and its target.
+struct ToServe {
+    head: RequestHead,
+    buf: BytesMut,
+    target: Target,
+}
+
+/// The request to serve on a connection: the one its head asks for, or,
+/// on the transparent plane, the client's own once it presents the name
+/// its address was issued for ([`transparent::confirm`]): a TLS client's
+/// tunnel under the plane's CONNECT, or a plain-HTTP client's request,
+/// served as the forward proxy serves an absolute-form one (the CONNECT is
+/// answered first; the client's request is answered as a proxy client's).
+/// `None` once refused (recorded and answered) or gone.
+async fn request_to_serve<S: ProxyStream>(
+    stream: &mut S,
+    sidecar: &Sidecar,
+    settings: &ProxySettings,
+    caller: &Caller,
+    head: RequestHead,
+    mut buf: BytesMut,
+) -> Option<ToServe> {
+    let method = head.method.to_string();
     let target = match target_of(&head) {
         Ok(t) => t,
         Err((e, url)) => {
-            refuse(&mut stream, &sidecar, &caller, &method, &url, &e).await;
-            return;
+            refuse(stream, sidecar, caller, &method, &url, &e).await;
+            return None;
         }
     };
-    if plane == Plane::Transparent {
-        // The transparent plane's connection: the name it presents first.
-        match transparent::confirm(
-            &mut stream,
-            &mut buf,
-            head.len,
-            &target,
-            settings.head_timeout,
-        )
-        .await
-        {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                let url = target.url().as_str().to_owned();
-                refuse(&mut stream, &sidecar, &caller, &method, &url, &e).await;
-                return;
+    if caller.plane != Plane::Transparent {
+        return Some(ToServe { head, buf, target });
+    }
+    let confirmed =
+        transparent::confirm(stream, &mut buf, head.len, &target, settings.head_timeout).await;
+    match confirmed {
+        Ok(Some(transparent::Speaks::Tls)) => Some(ToServe { head, buf, target }),
+        Ok(Some(transparent::Speaks::Http)) => {
+            let first = buf.get(head.len..).unwrap_or_default();
+            let (head, buf) = match transparent::as_proxy_request(first, &target) {
+                Ok(v) => v,
+                Err(e) => {
+                    let status =
+                        StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+                    let body = error_body("bad_request", &e.to_string());
+                    let _ = respond(stream, status, &[], &body).await;
+                    return None;
+                }
+            };
+            stream.write_all(CONNECTED).await.ok()?;
+            let method = head.method.to_string();
+            match target_of(&head) {
+                Ok(target) => Some(ToServe { head, buf, target }),
+                Err((e, url)) => {
+                    refuse(stream, sidecar, caller, &method, &url, &e).await;
+                    None
+                }
             }
         }
+        Ok(None) => None,
+        Err(e) => {
+            let url = target.url().as_str().to_owned();
+            refuse(stream, sidecar, caller, &method, &url, &e).await;
+            None
+        }
     }
+}
+
+/// The answer that opens a tunnel.
+pub(super) const CONNECTED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+
+/// Serves one request: a CONNECT's tunnel (through interception when the
+/// listener intercepts its authority) or an absolute-form request, under
+/// the guard's decision, recorded before the upstream is dialled.
+async fn serve_request<S: ProxyStream>(
+    mut stream: S,
+    sidecar: Arc<Sidecar>,
+    settings: ProxySettings,
+    caller: Caller,
+    request: ToServe,
+) {
+    let ToServe { head, buf, target } = request;
+    let method = head.method.to_string();
     if let RequestTarget::Authority(_) = head.target
         && let Err(e) = caller.scope.may_tunnel_to(&sidecar, &target)
     {
@@ -605,12 +669,7 @@ async fn tunnel<S: ProxyStream>(
     settings: &ProxySettings,
     answered: bool,
 ) {
-    if !answered
-        && client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .is_err()
-    {
+    if !answered && client.write_all(CONNECTED).await.is_err() {
         flight.complete(Outcome::new(EgressOutcome::Aborted).status(Some(200)));
         return;
     }
