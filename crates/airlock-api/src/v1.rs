@@ -16,7 +16,8 @@
 use std::collections::BTreeMap;
 
 use airlock_store::{
-    AuthType, EgressDecision, EgressMetering, EgressOutcome, EgressSource, RefusalCode, RunStatus,
+    AuthType, EgressDecision, EgressMetering, EgressOutcome, EgressPlane, EgressSource,
+    RefusalCode, RunStatus,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::RefOr;
@@ -57,6 +58,13 @@ fn auth_type() -> Object {
     one_of(
         &AuthType::ALL.map(AuthType::as_str),
         "how the credential is presented upstream",
+    )
+}
+
+fn egress_plane() -> Object {
+    one_of(
+        &EgressPlane::ALL.map(EgressPlane::as_str),
+        "the path that carried the request to the guard",
     )
 }
 
@@ -857,6 +865,14 @@ pub struct EgressRecord {
     /// What became of an allowed request (`null` for a refusal).
     #[schema(value_type = Option<String>)]
     pub outcome: Option<EgressOutcome>,
+    /// The path that carried it to the guard: `api` (the sidecar's own
+    /// call: `api_call`, `llm`, `mcp`), `proxy` (the client's connection
+    /// through the forward proxy), or `transparent` (the client's
+    /// connection through the sandbox's transparent plane, for tools that
+    /// ignore proxy variables). The rest of a record means the same
+    /// whichever path carried it.
+    #[schema(schema_with = egress_plane)]
+    pub plane: EgressPlane,
     /// The guard's refusal code.
     #[schema(value_type = Option<String>)]
     pub reason: Option<RefusalCode>,
@@ -884,6 +900,7 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
             metering: e.metering,
             method: e.method.clone(),
             outcome: e.outcome,
+            plane: e.plane,
             reason: e.reason,
             seq: e.seq,
             source: e.source,
@@ -1212,6 +1229,7 @@ mod tests {
                 metering: Some(EgressMetering::Metered),
                 method: "GET".into(),
                 outcome: Some(EgressOutcome::Completed),
+                plane: EgressPlane::Api,
                 reason: None,
                 seq: Some(0),
                 source: EgressSource::ApiCall,

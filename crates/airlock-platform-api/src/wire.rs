@@ -281,6 +281,10 @@ impl CostRecord {
 pub struct EgressRecord {
     pub at: i64,
     pub source: EgressSource,
+    /// The path that carried it to the guard. Absent from older sidecars:
+    /// [`EgressRecord::plane`] reads the one its source implies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plane: Option<EgressPlane>,
     #[serde(default)]
     pub integration: Option<String>,
     pub method: String,
@@ -372,6 +376,12 @@ pub async fn timed<T>(on: bool, f: impl std::future::Future<Output = T>) -> (T, 
 }
 
 impl EgressRecord {
+    /// The path that carried the request ([`EgressRecord::plane`]'s, or,
+    /// from a sidecar that did not say, the one its source implies).
+    pub fn plane(&self) -> EgressPlane {
+        self.plane.unwrap_or(EgressPlane::implied_by(self.source))
+    }
+
     /// Appends the record as serde_json writes it (the same bytes:
     /// `egress_records_are_written_as_serde_writes_them` checks every
     /// optional field both ways), with the keys written as they are: a
@@ -385,6 +395,10 @@ impl EgressRecord {
         value(out, &self.at)?;
         out.extend_from_slice(br#","source":"#);
         value(out, &self.source)?;
+        if let Some(plane) = self.plane {
+            out.extend_from_slice(br#","plane":"#);
+            value(out, plane.as_str())?;
+        }
         out.extend_from_slice(br#","integration":"#);
         value(out, &self.integration)?;
         out.extend_from_slice(br#","method":"#);
@@ -442,6 +456,24 @@ pub enum EgressSource {
     /// A local MCP runner's request through its own proxy listener (the
     /// record's integration is the runner's).
     Runner,
+}
+
+/// Which path carried an outbound request to the guard: the egress log's
+/// one meaning whichever way a request came (docs/egress.md, "The
+/// transparent plane"). Beside [`EgressSource`], which says what asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressPlane {
+    /// The sidecar's own API: the sidecar made the request itself
+    /// (`api_call`, `/llm`, a remote MCP server's exchange).
+    Api,
+    /// The client's own connection through the forward proxy its proxy
+    /// variables name (the agent's, or a local runner's listener).
+    Proxy,
+    /// The client's own connection, carried by the sandbox's transparent
+    /// plane (a tool that ignores proxy variables connected to the
+    /// synthetic address of a name).
+    Transparent,
 }
 
 /// The guard's decision on an outbound request.
@@ -504,6 +536,24 @@ spelled!(EgressSource, "source", {
     Mcp => "mcp",
     Runner => "runner",
 });
+
+spelled!(EgressPlane, "plane", {
+    Api => "api",
+    Proxy => "proxy",
+    Transparent => "transparent",
+});
+
+impl EgressPlane {
+    /// The plane of a record that does not name one (a sidecar older than
+    /// the transparent plane): the proxy's for the proxy's sources, the
+    /// sidecar's API for the rest.
+    pub fn implied_by(source: EgressSource) -> EgressPlane {
+        match source {
+            EgressSource::Proxy | EgressSource::Runner => EgressPlane::Proxy,
+            EgressSource::ApiCall | EgressSource::Llm | EgressSource::Mcp => EgressPlane::Api,
+        }
+    }
+}
 
 spelled!(EgressDecision, "decision", {
     Allowed => "allowed",
@@ -612,6 +662,9 @@ mod tests {
                         at: if on(0) { i64::MIN } else { 1_764_000_000_000 },
                         source: EgressSource::ALL
                             [(i + usize::from(bits)) % EgressSource::ALL.len()],
+                        plane: on(3).then_some(
+                            EgressPlane::ALL[(i + usize::from(bits)) % EgressPlane::ALL.len()],
+                        ),
                         integration: on(1).then(|| text.to_owned()),
                         method: "GET".into(),
                         url: text.into(),
@@ -674,6 +727,7 @@ mod tests {
             assert!("nope".parse::<T>().is_err());
         }
         check(&EgressSource::ALL, EgressSource::as_str);
+        check(&EgressPlane::ALL, EgressPlane::as_str);
         check(&EgressDecision::ALL, EgressDecision::as_str);
         check(&RefusalCode::ALL, RefusalCode::as_str);
         check(&EgressOutcome::ALL, EgressOutcome::as_str);

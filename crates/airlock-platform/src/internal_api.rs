@@ -1013,6 +1013,7 @@ pub(crate) fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<
         seq: e.seq.and_then(|s| i64::try_from(s).ok()),
         outcome: e.outcome,
         metering: e.metering,
+        plane: e.plane(),
     }
 }
 

@@ -684,6 +684,7 @@ pub(crate) mod tests {
         EgressRecord {
             at: 1,
             source: airlock_platform_api::wire::EgressSource::Proxy,
+            plane: None,
             integration: None,
             method: "GET".into(),
             url: "http://h.test/".into(),

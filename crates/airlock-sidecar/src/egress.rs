@@ -71,9 +71,13 @@ const STOP_GRACE: Duration = Duration::from_millis(250);
 /// Where an outbound request comes from (the wire's type).
 pub use airlock_platform_api::wire::EgressSource as Source;
 
+/// Which path carried a request to the guard (the wire's type).
+pub use airlock_platform_api::wire::EgressPlane as Plane;
+
 /// A request the guard refused: what the site knows of it.
 pub struct Refused<'a> {
     pub source: Source,
+    pub plane: Plane,
     pub integration: Option<&'a str>,
     pub method: &'a str,
     /// The target as the site had it (it may hold a substituted credential).
@@ -83,6 +87,7 @@ pub struct Refused<'a> {
 /// A request the guard allowed.
 pub struct Allowed<'a> {
     pub source: Source,
+    pub plane: Plane,
     pub integration: Option<&'a str>,
     pub method: &'a str,
     /// The admitted target (it may hold a substituted credential).
@@ -318,6 +323,7 @@ fn refusal_record(
     EgressRecord {
         at: now_ms(),
         source: req.source,
+        plane: Some(req.plane),
         integration: req.integration.map(str::to_owned),
         method: req.method.to_owned(),
         url,
@@ -514,6 +520,7 @@ impl Recorder {
         let rec = EgressRecord {
             at: now_ms(),
             source: req.source,
+            plane: Some(req.plane),
             integration: req.integration.map(str::to_owned),
             method: req.method.to_owned(),
             url: truncate_logged(
@@ -785,6 +792,7 @@ mod tests {
         let redactor = Redactor::new([secret]);
         let req = Refused {
             source: Source::ApiCall,
+            plane: Plane::Api,
             integration: Some("svc"),
             method: "GET",
             url: "http://u:p@sekr3t-value-42.evil.test/a/Sekr3t-Value-42?k=Sekr3t-Value-42#f",

@@ -249,6 +249,7 @@ mod tests {
         EgressRecord {
             at: 1,
             source: EgressSource::Proxy,
+            plane: None,
             integration: None,
             method: "GET".into(),
             url: "http://h.test/".into(),

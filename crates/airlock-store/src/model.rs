@@ -198,7 +198,7 @@ pub struct Event {
 /// The egress record's enums, the wire's types: one definition for the
 /// sidecar that writes a record, the platform that reads it and the store
 /// that keeps it (each column holds its `as_str`, read back by `FromStr`).
-pub use airlock_platform_api::wire::{EgressDecision, EgressSource, RefusalCode};
+pub use airlock_platform_api::wire::{EgressDecision, EgressPlane, EgressSource, RefusalCode};
 
 /// What became of an allowed request: the wire's type, one definition for
 /// the sidecar that reports it and the store that keeps it.
@@ -240,6 +240,8 @@ pub struct NewEgress<'a> {
     pub outcome: Option<EgressOutcome>,
     /// Model calls: whether the usage was metered.
     pub metering: Option<EgressMetering>,
+    /// The path that carried it to the guard.
+    pub plane: EgressPlane,
 }
 
 /// A logged outbound request.
@@ -265,6 +267,8 @@ pub struct EgressEntry {
     /// `None` for refusals (nothing was sent).
     pub outcome: Option<EgressOutcome>,
     pub metering: Option<EgressMetering>,
+    /// The path that carried it to the guard.
+    pub plane: EgressPlane,
 }
 
 /// An agent's memory.

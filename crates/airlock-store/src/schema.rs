@@ -227,6 +227,18 @@ ALTER TABLE org_budgets ADD COLUMN thresholds TEXT;
     };
 }
 
+/// Version 14: the path that carried each egress record to the guard
+/// (`api`, `proxy`, `transparent`: the wire's `EgressPlane`); the records
+/// kept before it have the one their source implies.
+macro_rules! version_14_common {
+    () => {
+        r#"
+ALTER TABLE egress_log ADD COLUMN plane TEXT NOT NULL DEFAULT 'api';
+UPDATE egress_log SET plane = 'proxy' WHERE source IN ('proxy', 'runner');
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -447,6 +459,11 @@ END;
         description: "budget thresholds crossed, and each organization's thresholds",
         sql: version_13_common!(),
     },
+    Migration {
+        version: 14,
+        description: "the plane that carried each egress record",
+        sql: version_14_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -629,6 +646,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 13,
         description: "budget thresholds crossed, and each organization's thresholds",
         sql: version_13_common!(),
+    },
+    Migration {
+        version: 14,
+        description: "the plane that carried each egress record",
+        sql: version_14_common!(),
     },
 ];
 

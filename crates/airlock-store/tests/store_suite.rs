@@ -984,7 +984,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 13);
+    assert_eq!(s.schema_version().await.unwrap(), 14);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -993,7 +993,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 13);
+        assert_eq!(again.schema_version().await.unwrap(), 14);
     }
 }
 
@@ -1533,6 +1533,7 @@ async fn egress_log(s: &Store) {
         seq: None,
         outcome: Some(EgressOutcome::Completed),
         metering: None,
+        plane: EgressPlane::Proxy,
     };
     s.append_egress(&allowed).await.unwrap();
     s.append_egress(&NewEgress {
@@ -1601,6 +1602,7 @@ async fn egress_records_are_started_then_completed(s: &Store) {
         seq: Some(7),
         outcome: Some(EgressOutcome::Incomplete),
         metering: None,
+        plane: EgressPlane::Proxy,
     };
     let id = s.append_egress(&start).await.unwrap();
     // Another run's record 7 is another row.
@@ -1711,6 +1713,7 @@ async fn egress_batches(s: &Store, write: BatchWrite) {
         seq: Some(seq),
         outcome: Some(outcome),
         metering: None,
+        plane: EgressPlane::Proxy,
     };
     // Starts written first (as the sidecar does, one by one).
     for seq in 0..150 {
@@ -1927,6 +1930,7 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
             seq: Some(i64::try_from(i).unwrap()),
             outcome: Some(EgressOutcome::Completed),
             metering: None,
+            plane: EgressPlane::Proxy,
         })
         .collect();
     let url = format!("sqlite://{}", dir.path().join("airlock.db").display());
@@ -2086,7 +2090,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 13);
+    assert_eq!(s.schema_version().await.unwrap(), 14);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2096,10 +2100,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
+const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN plane; \
+     DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
      DROP TABLE org_spend; DROP TABLE org_budgets; \
@@ -2123,7 +2128,8 @@ const UNDO_V5_SQLITE: &str = "DROP TABLE budget_crossings; ALTER TABLE runs DROP
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
+const UNDO_V5_POSTGRES: &str = "ALTER TABLE egress_log DROP COLUMN plane; \
+     DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
      DROP TABLE org_spend; DROP TABLE org_budgets; \
@@ -2163,7 +2169,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 13);
+    assert_eq!(s.schema_version().await.unwrap(), 14);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -2211,6 +2217,17 @@ async fn check_upgraded_to_3(s: &Store) {
         ]
     );
     assert!(log.iter().all(|e| e.seq.is_none() && e.metering.is_none()));
+    // Version 13: each kept row has the plane its source implies.
+    let planes: Vec<_> = log.iter().map(|e| e.plane).collect();
+    assert_eq!(
+        planes,
+        [
+            EgressPlane::Api,
+            EgressPlane::Api,
+            EgressPlane::Proxy,
+            EgressPlane::Proxy
+        ]
+    );
     // The upgraded table takes started-then-completed records.
     let start = NewEgress {
         run_id: "r1",
@@ -2229,6 +2246,7 @@ async fn check_upgraded_to_3(s: &Store) {
         seq: Some(1),
         outcome: Some(EgressOutcome::Incomplete),
         metering: None,
+        plane: EgressPlane::Proxy,
     };
     let id = s.append_egress(&start).await.unwrap();
     let done = NewEgress {
@@ -2377,6 +2395,7 @@ async fn run_with_records(s: &Store, id: &str, now: i64, ended_days_ago: Option<
         seq: None,
         outcome: Some(EgressOutcome::Completed),
         metering: None,
+        plane: EgressPlane::Proxy,
     })
     .await
     .unwrap();

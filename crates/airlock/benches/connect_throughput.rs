@@ -4,8 +4,9 @@
 //! carrier, in this process, on the synthetic address issued for the sink's
 //! name, to the same sidecar), in the same run, alternating. Then the
 //! connect time of each path: connect (and CONNECT), one byte, the sink's
-//! answer read; the transparent path's first bytes are an HTTP head naming
-//! the sink (the sidecar reads the name before it dials).
+//! answer read; the transparent path's first bytes are a TLS ClientHello
+//! naming the sink (the sidecar reads its SNI before it dials, and the
+//! tunnel carries it on; a plain-HTTP head would be served as one request).
 //!
 //! `cargo bench -p airlock --bench connect_throughput` (env `MB` changes the
 //! size, `ROUNDS` the number of alternating rounds, `CONNECTS` the connect
@@ -50,8 +51,19 @@ fn sink() -> SocketAddr {
     addr
 }
 
-/// What the transparent path's client sends first: a head naming the sink.
-const NAMED: &[u8] = b"PUT /sink HTTP/1.1\r\nHost: sink.internal.test\r\n\r\n";
+/// What the transparent path's client sends first: a TLS ClientHello
+/// naming the sink, made by rustls.
+fn client_hello() -> Vec<u8> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(HOST).unwrap();
+    let mut c = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).unwrap();
+    let mut out = Vec::new();
+    c.write_tls(&mut out).unwrap();
+    out
+}
 
 /// How a transfer reaches the sink.
 #[derive(Clone, Copy)]
@@ -68,11 +80,13 @@ struct Paths {
     token: String,
     /// The synthetic address issued for [`HOST`], at the sink's port.
     synthetic: SocketAddr,
+    /// [`client_hello`]'s.
+    hello: Vec<u8>,
 }
 
 impl Paths {
     /// A connection to the sink, and what was sent on it already.
-    fn open(&self, path: Path) -> (TcpStream, &'static [u8]) {
+    fn open(&self, path: Path) -> (TcpStream, &[u8]) {
         match path {
             Path::Direct => (TcpStream::connect(self.sink).unwrap(), b""),
             Path::Proxy => (
@@ -81,8 +95,8 @@ impl Paths {
             ),
             Path::Transparent => {
                 let mut s = TcpStream::connect(self.synthetic).unwrap();
-                s.write_all(NAMED).unwrap();
-                (s, NAMED)
+                s.write_all(&self.hello).unwrap();
+                (s, &self.hello)
             }
         }
     }
@@ -198,6 +212,7 @@ fn main() {
         proxy,
         token,
         synthetic,
+        hello: client_hello(),
     };
     let all = [
         ("direct", Path::Direct),

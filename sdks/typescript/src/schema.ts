@@ -729,6 +729,11 @@ export interface components {
             method: string;
             /** @description What became of an allowed request (`null` for a refusal). */
             outcome?: string | null;
+            /**
+             * @description the path that carried the request to the guard
+             * @enum {string}
+             */
+            plane: "api" | "proxy" | "transparent";
             /** @description The guard's refusal code. */
             reason?: string | null;
             /**

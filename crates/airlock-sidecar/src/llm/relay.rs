@@ -33,7 +33,7 @@ use super::route::{Endpoint, Upstream, provider_name, route};
 use super::sse::SseSplitter;
 use crate::config::{MODEL_CREDENTIAL, Provider};
 use crate::credential::{Redactor, unreadable_coding};
-use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
+use crate::egress::{Allowed, InFlight, Outcome, Plane, Refused, Source};
 use crate::state::Sidecar;
 use airlock_platform_api::wire::timed;
 
@@ -211,6 +211,7 @@ async fn admit(
     };
     let allowed = Allowed {
         source: Source::Llm,
+        plane: Plane::Api,
         integration: Some(MODEL_CREDENTIAL),
         method,
         target: admission.target(),
@@ -266,6 +267,7 @@ async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, Respon
 fn refused(sidecar: &Sidecar, method: &str, url: &str, e: &EgressError) -> Response {
     let refused = Refused {
         source: Source::Llm,
+        plane: Plane::Api,
         integration: Some(MODEL_CREDENTIAL),
         method,
         url,

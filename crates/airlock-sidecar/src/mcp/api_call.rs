@@ -15,7 +15,7 @@ use super::args::{self, ApiCallArgs, ArgError, Redactor};
 use super::{CredentialPrefetch, McpState};
 use crate::config::Integration;
 use crate::credential::fetch::{self, CredentialError, Fetched};
-use crate::egress::{Allowed, InFlight, Outcome, RecordError, Refused, Source};
+use crate::egress::{Allowed, InFlight, Outcome, Plane, RecordError, Refused, Source};
 use crate::state::Sidecar;
 
 /// An `isError` result: `{"error": code, "message": …, "status": n}`.
@@ -101,6 +101,7 @@ async fn decide_and_record(
     let admission = admitted.map_err(|e| Stop::Refused(e, guard))?;
     let allowed = Allowed {
         source: Source::ApiCall,
+        plane: Plane::Api,
         integration: Some(ns),
         method: method.as_str(),
         target: admission.target(),
@@ -380,6 +381,7 @@ fn stopped(
             });
             let what = Refused {
                 source: Source::ApiCall,
+                plane: Plane::Api,
                 integration: Some(ns),
                 method,
                 url,

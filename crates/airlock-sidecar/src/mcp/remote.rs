@@ -53,7 +53,7 @@ use super::args;
 use crate::config::Integration;
 use crate::credential::Redactor;
 use crate::credential::fetch::{self, Fetched};
-use crate::egress::{Allowed, InFlight, Outcome, Refused, Source};
+use crate::egress::{Allowed, InFlight, Outcome, Plane, Refused, Source};
 use crate::state::Sidecar;
 
 /// Most tools taken from one server; the rest are left out (and logged).
@@ -149,6 +149,7 @@ impl GuardedMcpHttp {
             Err(e) => {
                 let what = Refused {
                     source: Source::Mcp,
+                    plane: Plane::Api,
                     integration: Some(ns),
                     method: method.as_str(),
                     url: uri,
@@ -160,6 +161,7 @@ impl GuardedMcpHttp {
         let bytes_out = body.len() as u64;
         let allowed = Allowed {
             source: Source::Mcp,
+            plane: Plane::Api,
             integration: Some(ns),
             method: method.as_str(),
             target: admission.target(),

@@ -46,14 +46,14 @@ use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{
-    Counted, Meter, ProxyBody, ProxySettings, ProxyStream, Scope, json_response, relay,
+    Caller, Counted, Meter, ProxyBody, ProxySettings, ProxyStream, json_response, relay,
     strip_hop_by_hop,
 };
 use crate::credential::REDACT_HOLD;
 use crate::credential::deliver::{Substituted, substitute};
 use crate::credential::fetch::{self, CredentialError, Fetched};
 use crate::credential::{Redactor, StreamRedactor};
-use crate::egress::{Allowed, InFlight, Outcome, Refused};
+use crate::egress::{InFlight, Outcome};
 use crate::interception::Injectable;
 use crate::state::Sidecar;
 use airlock_platform_api::wire::CredentialFields;
@@ -68,16 +68,12 @@ pub(super) async fn serve<S: ProxyStream>(
     method: String,
     sidecar: Arc<Sidecar>,
     settings: ProxySettings,
-    scope: Scope,
+    caller: Caller,
 ) {
     let Some(icpt) = sidecar.interceptor.as_ref() else {
         return;
     };
-    if client
-        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        .await
-        .is_err()
-    {
+    if client.write_all(super::CONNECTED).await.is_err() {
         return;
     }
     let mut first = early.to_vec();
@@ -91,7 +87,7 @@ pub(super) async fn serve<S: ProxyStream>(
     let prefix = Bytes::from(first);
     if prefix.first() != Some(&0x16) {
         // Not a TLS handshake: the plain tunnel, as without interception.
-        plain_tunnel(client, prefix, authority, method, sidecar, settings, scope).await;
+        plain_tunnel(client, prefix, authority, method, sidecar, settings, caller).await;
         return;
     }
     let host = authority.host().bare();
@@ -118,10 +114,10 @@ pub(super) async fn serve<S: ProxyStream>(
         let sidecar = sidecar.clone();
         let authority = authority.clone();
         let settings = settings.clone();
-        let scope = scope.clone();
+        let caller = caller.clone();
         async move {
             Ok::<_, std::convert::Infallible>(
-                handle(req, &authority, &sidecar, &settings, &scope).await,
+                handle(req, &authority, &sidecar, &settings, &caller).await,
             )
         }
     });
@@ -139,11 +135,11 @@ async fn plain_tunnel<S: ProxyStream>(
     method: String,
     sidecar: Arc<Sidecar>,
     settings: ProxySettings,
-    scope: Scope,
+    caller: Caller,
 ) {
     // Already answered 200: a refusal (recorded) can only close it.
     let Ok((_, flight, upstream)) =
-        super::admit_uncredentialed(&sidecar, &scope, &authority, &method, &settings).await
+        super::admit_uncredentialed(&sidecar, &caller, &authority, &method, &settings).await
     else {
         return;
     };
@@ -163,7 +159,7 @@ async fn handle(
     authority: &Target,
     sidecar: &Arc<Sidecar>,
     settings: &ProxySettings,
-    scope: &Scope,
+    caller: &Caller,
 ) -> Response<ProxyBody> {
     let Some(icpt) = sidecar.interceptor.as_ref() else {
         return json_response(StatusCode::BAD_GATEWAY, "bad_gateway", "not intercepting");
@@ -186,7 +182,7 @@ async fn handle(
     // Whose credential it may carry, and whether it asks for it.
     let injectable = icpt.injectable_for(
         sidecar.client.guard().policy(),
-        scope.runner(),
+        caller.scope.runner(),
         &target,
         &method,
     );
@@ -205,10 +201,8 @@ async fn handle(
             allow_all_uris: false,
             credentialed: injected.carried.is_some(),
         },
-        None => scope.rules(sidecar),
+        None => caller.scope.rules(sidecar),
     };
-    let source = scope.source();
-    let recorded = scope.integration(injected.carried);
     let redactor = &injected.redactor;
     let admission = match sidecar
         .client
@@ -217,24 +211,18 @@ async fn handle(
     {
         Ok(a) => a,
         Err(e) => {
-            let what = Refused {
-                source,
-                integration: recorded,
-                method: method.as_str(),
-                url: target.url().as_str(),
-            };
+            let what = caller.refused(injected.carried, method.as_str(), target.url().as_str());
             sidecar.egress.refused(&what, &e, redactor);
             return refusal(&e);
         }
     };
     let bytes_out = body.len() as u64;
-    let allowed = Allowed {
-        source,
-        integration: recorded,
-        method: method.as_str(),
-        target: admission.target(),
+    let allowed = caller.allowed(
+        injected.carried,
+        method.as_str(),
+        admission.target(),
         bytes_out,
-    };
+    );
     let mut flight = match sidecar
         .egress
         .begin_as(&allowed, redactor, Some(EgressOutcome::NotSent))

@@ -51,7 +51,7 @@ use tokio::net::TcpStream;
 use self::head::{HeadError, RequestHead, RequestTarget};
 use crate::auth;
 use crate::credential::Redactor;
-use crate::egress::{Allowed, InFlight, Outcome, Progress, Refused, Source};
+use crate::egress::{Allowed, InFlight, Outcome, Plane, Progress, Refused, Source};
 use crate::state::Sidecar;
 
 pub use self::head::{MAX_HEAD_BYTES, parse_head};
@@ -201,6 +201,52 @@ impl Scope {
     }
 }
 
+/// Who a connection is from (its listener's [`Scope`]) and the plane that
+/// carried it ([`Plane::Proxy`], or [`Plane::Transparent`] for the
+/// transparent plane's CONNECT): what its egress records say of it.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    pub(crate) scope: Scope,
+    pub(crate) plane: Plane,
+}
+
+impl Caller {
+    /// A refusal of a request from this caller (`carried`: the integration
+    /// whose credential interception put into it).
+    pub(crate) fn refused<'a>(
+        &'a self,
+        carried: Option<&'a str>,
+        method: &'a str,
+        url: &'a str,
+    ) -> Refused<'a> {
+        Refused {
+            source: self.scope.source(),
+            plane: self.plane,
+            integration: self.scope.integration(carried),
+            method,
+            url,
+        }
+    }
+
+    /// An allowed request from this caller.
+    pub(crate) fn allowed<'a>(
+        &'a self,
+        carried: Option<&'a str>,
+        method: &'a str,
+        target: &'a Target,
+        bytes_out: u64,
+    ) -> Allowed<'a> {
+        Allowed {
+            source: self.scope.source(),
+            plane: self.plane,
+            integration: self.scope.integration(carried),
+            method,
+            target,
+            bytes_out,
+        }
+    }
+}
+
 /// Serves the proxy on an accepted stream (one request per connection).
 pub async fn serve_connection<S: ProxyStream>(stream: S, sidecar: Arc<Sidecar>, scope: Scope) {
     let settings = ProxySettings::from_sidecar(&sidecar);
@@ -276,49 +322,116 @@ pub async fn serve_connection_with<S: ProxyStream>(
     settings: ProxySettings,
     scope: Scope,
 ) {
-    let Some((head, mut buf)) = head_or_answer(&mut stream, &settings).await else {
+    let Some((head, buf)) = head_or_answer(&mut stream, &settings).await else {
         return;
     };
     if !authorized_or_answer(&mut stream, &sidecar, &scope, &head).await {
         return;
     }
+    let plane = match head.target {
+        RequestTarget::Authority(_) if transparent::asked(&head) => Plane::Transparent,
+        _ => Plane::Proxy,
+    };
+    let caller = Caller { scope, plane };
+    let Some(request) =
+        request_to_serve(&mut stream, &sidecar, &settings, &caller, head, buf).await
+    else {
+        return;
+    };
+    serve_request(stream, sidecar, settings, caller, request).await;
+}
+
+/// A request the proxy serves: its validated head, the bytes read (the
+/// head's, then what followed), and its target.
+struct ToServe {
+    head: RequestHead,
+    buf: BytesMut,
+    target: Target,
+}
+
+/// The request to serve on a connection: the one its head asks for, or,
+/// on the transparent plane, the client's own once it presents the name
+/// its address was issued for ([`transparent::confirm`]): a TLS client's
+/// tunnel under the plane's CONNECT, or a plain-HTTP client's request,
+/// served as the forward proxy serves an absolute-form one (the CONNECT is
+/// answered first; the client's request is answered as a proxy client's).
+/// `None` once refused (recorded and answered) or gone.
+async fn request_to_serve<S: ProxyStream>(
+    stream: &mut S,
+    sidecar: &Sidecar,
+    settings: &ProxySettings,
+    caller: &Caller,
+    head: RequestHead,
+    mut buf: BytesMut,
+) -> Option<ToServe> {
     let method = head.method.to_string();
     let target = match target_of(&head) {
         Ok(t) => t,
         Err((e, url)) => {
-            refuse(&mut stream, &sidecar, &scope, &method, &url, &e).await;
-            return;
+            refuse(stream, sidecar, caller, &method, &url, &e).await;
+            return None;
         }
     };
-    if let RequestTarget::Authority(_) = head.target
-        && transparent::asked(&head)
-    {
-        // The transparent plane's connection: the name it presents first.
-        match transparent::confirm(
-            &mut stream,
-            &mut buf,
-            head.len,
-            &target,
-            settings.head_timeout,
-        )
-        .await
-        {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                let url = target.url().as_str().to_owned();
-                refuse(&mut stream, &sidecar, &scope, &method, &url, &e).await;
-                return;
+    if caller.plane != Plane::Transparent {
+        return Some(ToServe { head, buf, target });
+    }
+    let confirmed =
+        transparent::confirm(stream, &mut buf, head.len, &target, settings.head_timeout).await;
+    match confirmed {
+        Ok(Some(transparent::Speaks::Tls)) => Some(ToServe { head, buf, target }),
+        Ok(Some(transparent::Speaks::Http)) => {
+            let first = buf.get(head.len..).unwrap_or_default();
+            let (head, buf) = match transparent::as_proxy_request(first, &target) {
+                Ok(v) => v,
+                Err(e) => {
+                    let status =
+                        StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+                    let body = error_body("bad_request", &e.to_string());
+                    let _ = respond(stream, status, &[], &body).await;
+                    return None;
+                }
+            };
+            stream.write_all(CONNECTED).await.ok()?;
+            let method = head.method.to_string();
+            match target_of(&head) {
+                Ok(target) => Some(ToServe { head, buf, target }),
+                Err((e, url)) => {
+                    refuse(stream, sidecar, caller, &method, &url, &e).await;
+                    None
+                }
             }
         }
+        Ok(None) => None,
+        Err(e) => {
+            let url = target.url().as_str().to_owned();
+            refuse(stream, sidecar, caller, &method, &url, &e).await;
+            None
+        }
     }
+}
+
+/// The answer that opens a tunnel.
+pub(super) const CONNECTED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+
+/// Serves one request: a CONNECT's tunnel (through interception when the
+/// listener intercepts its authority) or an absolute-form request, under
+/// the guard's decision, recorded before the upstream is dialled.
+async fn serve_request<S: ProxyStream>(
+    mut stream: S,
+    sidecar: Arc<Sidecar>,
+    settings: ProxySettings,
+    caller: Caller,
+    request: ToServe,
+) {
+    let ToServe { head, buf, target } = request;
+    let method = head.method.to_string();
     if let RequestTarget::Authority(_) = head.target
-        && let Err(e) = scope.may_tunnel_to(&sidecar, &target)
+        && let Err(e) = caller.scope.may_tunnel_to(&sidecar, &target)
     {
         refuse(
             &mut stream,
             &sidecar,
-            &scope,
+            &caller,
             &method,
             target.url().as_str(),
             &e,
@@ -329,16 +442,16 @@ pub async fn serve_connection_with<S: ProxyStream>(
     if sidecar
         .interceptor
         .as_ref()
-        .is_some_and(|i| i.serves(scope.runner(), &target))
+        .is_some_and(|i| i.serves(caller.scope.runner(), &target))
         && matches!(head.target, RequestTarget::Authority(_))
     {
         // Each request inside is judged on its own ([`intercept`]).
         let rest = buf.freeze().slice(head.len..);
-        intercept::serve(stream, rest, target, method, sidecar, settings, scope).await;
+        intercept::serve(stream, rest, target, method, sidecar, settings, caller).await;
         return;
     }
     let (admitted, flight, upstream) =
-        match admit_uncredentialed(&sidecar, &scope, &target, &method, &settings).await {
+        match admit_uncredentialed(&sidecar, &caller, &target, &method, &settings).await {
             Ok(v) => v,
             Err(denied) => {
                 let (status, code, message) = denied.answer();
@@ -404,12 +517,12 @@ impl Denied {
 /// address.
 async fn admit_uncredentialed(
     sidecar: &Sidecar,
-    scope: &Scope,
+    caller: &Caller,
     target: &Target,
     method: &str,
     settings: &ProxySettings,
 ) -> Result<(Admitted, InFlight, TcpStream), Denied> {
-    let rules = scope.rules(sidecar);
+    let rules = caller.scope.rules(sidecar);
     // A CONNECT is a tunnel the guard does not see into; any other request
     // is judged with its method.
     let request_method = http::Method::from_bytes(method.as_bytes()).ok();
@@ -420,23 +533,12 @@ async fn admit_uncredentialed(
     let admitted = match sidecar.client.guard().admit(target, intent, &rules).await {
         Ok(a) => a,
         Err(e) => {
-            let refused = Refused {
-                source: scope.source(),
-                integration: scope.integration(None),
-                method,
-                url: target.url().as_str(),
-            };
+            let refused = caller.refused(None, method, target.url().as_str());
             sidecar.egress.refused(&refused, &e, &Redactor::none());
             return Err(Denied::Refused(e));
         }
     };
-    let allowed = Allowed {
-        source: scope.source(),
-        integration: scope.integration(None),
-        method,
-        target: &admitted.target,
-        bytes_out: 0,
-    };
+    let allowed = caller.allowed(None, method, &admitted.target, 0);
     // Recorded before the upstream is even dialled.
     let flight = sidecar
         .egress
@@ -546,18 +648,13 @@ async fn respond<W: AsyncWrite + Unpin>(
 async fn refuse<W: AsyncWrite + Unpin>(
     w: &mut W,
     sidecar: &Sidecar,
-    scope: &Scope,
+    caller: &Caller,
     method: &str,
     url: &str,
     e: &EgressError,
 ) {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
-    let refused = Refused {
-        source: scope.source(),
-        integration: scope.integration(None),
-        method,
-        url,
-    };
+    let refused = caller.refused(None, method, url);
     sidecar.egress.refused(&refused, e, &Redactor::none());
     let _ = respond(w, status, &[], &error_body(e.code.as_str(), &e.to_string())).await;
 }
@@ -572,12 +669,7 @@ async fn tunnel<S: ProxyStream>(
     settings: &ProxySettings,
     answered: bool,
 ) {
-    if !answered
-        && client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .is_err()
-    {
+    if !answered && client.write_all(CONNECTED).await.is_err() {
         flight.complete(Outcome::new(EgressOutcome::Aborted).status(Some(200)));
         return;
     }

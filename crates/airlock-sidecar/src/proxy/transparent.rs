@@ -18,6 +18,14 @@
 //! (`not_authorized` at [`GuardStep::TransparentName`]), recorded like every
 //! refusal.
 //!
+//! A client that presented its name in TLS keeps the CONNECT's tunnel (its
+//! bytes pass as they came, or through interception). One that presented
+//! it as an HTTP `Host` is a plain-HTTP client: its request is served as
+//! the forward proxy serves an absolute-form `http://` one
+//! ([`as_proxy_request`]: the same strict head parser, the guard judging
+//! the method and URL under the same rules, one request per connection),
+//! so plain HTTP is never judged as the CONNECT's `https`.
+//!
 //! The marker only ever adds this check: a client of the forward proxy
 //! that sends it itself gains nothing.
 
@@ -27,7 +35,7 @@ use bytes::BytesMut;
 use rustls::server::Acceptor;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::head::RequestHead;
+use super::head::{HeadError, RequestHead, parse_head};
 
 /// Most bytes read ahead for the client's name: a ClientHello (with its
 /// extensions, post-quantum key shares included) or a request head.
@@ -39,6 +47,15 @@ pub(super) fn asked(head: &RequestHead) -> bool {
         v.as_bytes()
             .eq_ignore_ascii_case(PLANE_TRANSPARENT.as_bytes())
     })
+}
+
+/// What a client that presented its name speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Speaks {
+    /// TLS: the name was its SNI.
+    Tls,
+    /// Plain HTTP: the name was its request's `Host`.
+    Http,
 }
 
 /// What the client's first bytes say of the name it wants.
@@ -116,15 +133,16 @@ fn same_host(issued: &Target, presented: &str) -> bool {
 }
 
 /// Reads the client's first bytes (behind the head, into `buf`) until they
-/// present a name, and checks it against `issued`. `Ok(false)`: the client
-/// closed first (nothing to record).
+/// present a name, and checks it against `issued`: what the client speaks
+/// when it is that name. `Ok(None)`: the client closed first (nothing to
+/// record).
 pub(super) async fn confirm<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     head_len: usize,
     issued: &Target,
     timeout: std::time::Duration,
-) -> Result<bool, EgressError> {
+) -> Result<Option<Speaks>, EgressError> {
     let host = issued.host().bare();
     let refuse = |why: String| {
         EgressError::new(
@@ -150,18 +168,65 @@ pub(super) async fn confirm<S: AsyncRead + Unpin>(
         }
     };
     match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(Some(Presented::Name(n)))) if same_host(issued, &n) => Ok(true),
+        Ok(Ok(Some(Presented::Name(n)))) if same_host(issued, &n) => {
+            Ok(Some(match buf.get(head_len) {
+                Some(0x16) => Speaks::Tls,
+                _ => Speaks::Http,
+            }))
+        }
         Ok(Ok(Some(Presented::Name(_)))) => Err(refuse(format!(
             "the connection to the address issued for {host} presented another name"
         ))),
         Ok(Ok(Some(_))) => Err(refuse(format!(
             "the connection to the address issued for {host} presented no name (no TLS SNI, no HTTP Host)"
         ))),
-        Ok(Ok(None)) | Ok(Err(_)) => Ok(false),
+        Ok(Ok(None)) | Ok(Err(_)) => Ok(None),
         Err(_) => Err(refuse(format!(
             "the connection to the address issued for {host} presented no name in time"
         ))),
     }
+}
+
+/// A plain-HTTP client's request (`first`: its bytes so far, a whole head
+/// and what followed) as the forward proxy's absolute-form request to the
+/// name `issued` was issued for, at its port: the origin-form target
+/// becomes `http://name:port/path`, the rest is kept byte for byte, and the
+/// whole head goes through the proxy's strict parser. Returns the head and
+/// the bytes it was parsed from (the rewritten head, then what followed).
+/// Any other request-target (absolute, `*`, an authority) is refused: the
+/// request names nothing but the path on its `Host`.
+pub(super) fn as_proxy_request(
+    first: &[u8],
+    issued: &Target,
+) -> Result<(RequestHead, BytesMut), HeadError> {
+    let malformed = HeadError::Malformed;
+    let line_end = first
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .ok_or(malformed("request line"))?;
+    let line = first.get(..line_end).ok_or(malformed("request line"))?;
+    let mut parts = line.splitn(3, |&b| b == b' ');
+    let (Some(method), Some(path), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(malformed("request line is not METHOD SP TARGET SP VERSION"));
+    };
+    if path.first() != Some(&b'/') {
+        return Err(malformed(
+            "a request through the transparent plane names a path (origin-form)",
+        ));
+    }
+    let host = issued.url().host_str().ok_or(malformed("host"))?;
+    let origin = format!("http://{host}:{}", issued.port_or_default());
+    let mut out = BytesMut::with_capacity(first.len() + origin.len());
+    out.extend_from_slice(method);
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(origin.as_bytes());
+    out.extend_from_slice(path);
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(version);
+    out.extend_from_slice(first.get(line_end..).unwrap_or_default());
+    let head = parse_head(&out)?.ok_or(malformed("incomplete head"))?;
+    Ok((head, out))
 }
 
 #[cfg(test)]
@@ -238,11 +303,67 @@ mod tests {
             .await
             .unwrap();
         let mut buf = BytesMut::from(&b"HEAD"[..]);
-        assert!(confirm(&mut a, &mut buf, 4, &t, timeout).await.unwrap());
+        assert_eq!(
+            confirm(&mut a, &mut buf, 4, &t, timeout).await.unwrap(),
+            Some(Speaks::Tls)
+        );
         assert_eq!(
             &buf[4..],
             &hello[..],
             "the peeked bytes stay for the tunnel"
         );
+    }
+
+    #[tokio::test]
+    async fn a_host_named_request_speaks_plain_http() {
+        let t = target("api.example.com:8080");
+        let (mut a, mut b) = tokio::io::duplex(64 * 1024);
+        let req = b"GET /x HTTP/1.1\r\nHost: api.example.com:8080\r\n\r\n";
+        tokio::io::AsyncWriteExt::write_all(&mut b, req)
+            .await
+            .unwrap();
+        let mut buf = BytesMut::new();
+        let timeout = std::time::Duration::from_secs(5);
+        assert_eq!(
+            confirm(&mut a, &mut buf, 0, &t, timeout).await.unwrap(),
+            Some(Speaks::Http)
+        );
+    }
+
+    #[test]
+    fn a_plain_request_becomes_the_proxys_absolute_form_for_the_issued_name() {
+        use super::super::head::RequestTarget;
+        let t = target("api.example.com:8080");
+        let first =
+            b"POST /a/b?c=d HTTP/1.1\r\nHost: api.example.com:8080\r\nContent-Length: 2\r\n\r\nhi";
+        let (head, buf) = as_proxy_request(first, &t).unwrap();
+        assert_eq!(
+            head.target,
+            RequestTarget::Absolute("http://api.example.com:8080/a/b?c=d".into())
+        );
+        assert_eq!(head.method, http::Method::POST);
+        assert_eq!(&buf[head.len..], b"hi", "the body follows the head");
+        // Port 80 is the scheme's own; the name is always the issued one.
+        let (head, _) = as_proxy_request(
+            b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n",
+            &target("a.test:80"),
+        )
+        .unwrap();
+        assert_eq!(
+            head.target,
+            RequestTarget::Absolute("http://a.test:80/".into())
+        );
+        for bad in [
+            &b"GET http://evil.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n"[..],
+            b"OPTIONS * HTTP/1.1\r\nHost: a.test\r\n\r\n",
+            b"GET /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"GET /x HTTP/1.1\r\n",
+        ] {
+            assert!(
+                as_proxy_request(bad, &target("a.test:80")).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use airlock_api::report::{self, Isolation, RunReport};
 use airlock_api::v1;
-use airlock_platform_api::wire::{EgressDecision, EgressOutcome, RunEvent};
+use airlock_platform_api::wire::{EgressDecision, EgressOutcome, EgressPlane, RunEvent};
 use airlock_sandbox::terminal::safe;
 use airlock_store::Store;
 use anyhow::Result;
@@ -187,10 +187,17 @@ fn print_egress(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
             (_, _, Some(o)) => o.as_str().to_owned(),
             _ => String::new(),
         };
+        // The path is named when it is not the one the source implies (a
+        // connection the transparent plane carried).
+        let source = if e.plane == EgressPlane::implied_by(e.source) {
+            e.source.as_str().to_owned()
+        } else {
+            format!("{}/{}", e.source, e.plane)
+        };
         writeln!(
             out,
             "    {mark}  {:<8} {:<6} {:<40} {}",
-            safe(e.source.as_str()),
+            safe(&source),
             safe(&e.method),
             truncate(&safe(&e.url), 40),
             safe(&detail)

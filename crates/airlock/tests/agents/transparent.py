@@ -20,6 +20,9 @@ def run(cmd):
 
 r["go"] = run([os.path.join(here, "probe-go")] + a["urls"]["go"])
 r["node"] = run([a["node"], os.path.join(here, "transparent.js")] + a["urls"]["node"])
+# Plain HTTP, named by its Host: judged as the proxy judges plain HTTP.
+r["go_plain"] = run([os.path.join(here, "probe-go")] + a["urls"]["go_plain"])
+r["node_plain"] = run([a["node"], os.path.join(here, "transparent.js")] + a["urls"]["node_plain"])
 clone = os.path.join(ws, "clone")
 r["git"] = run(["git", "clone", "-q", a["repo"], clone])
 readme = os.path.join(clone, "README")

@@ -46,3 +46,4 @@ mod sidecar_proxy;
 mod signing_tools;
 mod slowloris;
 mod transparent;
+mod transparent_records;

@@ -6,7 +6,9 @@
 //! rebinding), a name the guard's resolver (the test's own, on loopback)
 //! answers with a blocked address is refused, literal addresses and UDP
 //! reach nothing, and a TLS SNI that is not the name its address was
-//! issued for is refused before any upstream is dialled.
+//! issued for is refused before any upstream is dialled. Plain HTTP named
+//! by its `Host` is judged as the proxy judges plain HTTP (its method and
+//! URL), allowed and refused.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::{Path, PathBuf};
@@ -53,6 +55,30 @@ async fn upstream(names: &[&str], ca: &TestCa, repo: PathBuf) -> (u16, Arc<Mutex
             .unwrap()
     });
     (port, log)
+}
+
+/// A plain-HTTP upstream on [`UPSTREAM_IP`]: every request is answered
+/// `plain:<path>` and its path logged in `log`.
+async fn plain_upstream(log: Arc<Mutex<Vec<String>>>) -> u16 {
+    let l = TcpListener::bind(format!("{UPSTREAM_IP}:0")).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                    let path = req.uri().path().to_owned();
+                    log.lock().unwrap().push(path.clone());
+                    let body = Full::new(Bytes::from(format!("plain:{path}")));
+                    async move { Ok::<_, std::convert::Infallible>(Response::new(body)) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    port
 }
 
 /// A bare repository with one commit (README: `hello transparent`),
@@ -122,6 +148,8 @@ async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() 
     let scratch = tempfile::tempdir().unwrap();
     let repo = bare_repo(scratch.path());
     let (port, seen) = upstream(&["api.test", "git.test"], &ca, repo).await;
+    let plain_seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let plain_port = plain_upstream(plain_seen.clone()).await;
     let (udp_port, udp_got) = udp_peer();
     // The guard's own resolver: the test's, on loopback. `rebind.test`
     // answers differently each time; every answer is a blocked address.
@@ -135,9 +163,11 @@ async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() 
         _ => None,
     });
     let url = |host: &str, path: &str| format!("https://{host}:{port}{path}");
+    let plain = |host: &str, path: &str| format!("http://{host}:{plain_port}{path}");
     let rules: Vec<String> = ["api.test", "git.test", "rebind.test", "blocked.test"]
         .iter()
         .map(|h| format!("\"{}\"", url(h, "/**")))
+        .chain([format!("\"{}\"", plain("api.test", "/plain/**"))])
         .collect();
     let run = RealRun::with_manifest(
         include_str!("../agents/transparent.py"),
@@ -165,8 +195,21 @@ async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() 
             .map(|h| url(h, &format!("/{tool}")))
             .collect()
     };
+    // Plain HTTP: a covered path, another path of the same host, another host.
+    let plain_targets = |tool: &str| -> Vec<String> {
+        vec![
+            plain("api.test", &format!("/plain/{tool}")),
+            plain("api.test", &format!("/elsewhere/{tool}")),
+            plain("other.test", &format!("/plain/{tool}")),
+        ]
+    };
     let args = json!({
-        "urls": {"go": targets("go"), "node": targets("node")},
+        "urls": {
+            "go": targets("go"),
+            "node": targets("node"),
+            "go_plain": plain_targets("go"),
+            "node_plain": plain_targets("node"),
+        },
         "node": node,
         "repo": url("git.test", "/repo.git"),
         "port": port,
@@ -209,6 +252,28 @@ async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() 
             assert!(refused.contains(" ERR "), "{tool}: {refused}");
         }
     }
+    // Plain HTTP: the covered path answers; the others are the proxy's 403.
+    for tool in ["go_plain", "node_plain"] {
+        let got = lines(&r[tool]);
+        let short = tool.trim_end_matches("_plain");
+        assert_eq!(got.len(), 3, "{tool}: {}", r[tool]);
+        assert_eq!(
+            got[0],
+            format!(
+                "{} 200 plain:/plain/{short}",
+                plain("api.test", &format!("/plain/{short}"))
+            ),
+            "{tool}: {got:?}"
+        );
+        for refused in &got[1..] {
+            assert!(refused.contains(" 403 "), "{tool}: {refused}");
+            assert!(refused.contains("not_authorized"), "{tool}: {refused}");
+        }
+    }
+    assert_eq!(
+        plain_seen.lock().unwrap().clone(),
+        ["/plain/go", "/plain/node"]
+    );
     // git clone over https, dumb protocol: the repository arrived.
     assert_eq!(r["git"]["code"], 0, "{}", r["git"]);
     assert_eq!(r["git"]["readme"], "hello transparent\n");
@@ -266,7 +331,38 @@ async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() 
     assert!(!of("git.test", "allowed").is_empty(), "{entries:#?}");
     for e in entries {
         assert_eq!(e["source"], "proxy", "{e}");
+        assert_eq!(e["plane"], "transparent", "{e}");
     }
+    let plain_of = |host: &str, decision: &str| -> Vec<String> {
+        egress_to(&report, host, plain_port)
+            .into_iter()
+            .filter(|e| e["decision"] == decision)
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["method"].as_str().unwrap(),
+                    e["url"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        plain_of("api.test", "allowed"),
+        [
+            format!("GET {}", plain("api.test", "/plain/go")),
+            format!("GET {}", plain("api.test", "/plain/node")),
+        ],
+        "{entries:#?}"
+    );
+    assert_eq!(
+        plain_of("api.test", "refused"),
+        [
+            format!("GET {}", plain("api.test", "/elsewhere/go")),
+            format!("GET {}", plain("api.test", "/elsewhere/node")),
+        ],
+        "{entries:#?}"
+    );
+    assert_eq!(plain_of("other.test", "refused").len(), 2, "{entries:#?}");
     let code = |host: &str| -> Vec<String> {
         of(host, "refused")
             .iter()

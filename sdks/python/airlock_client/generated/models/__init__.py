@@ -21,6 +21,7 @@ from .delivery_list import DeliveryList
 from .delivery_state import DeliveryState
 from .egress_log import EgressLog
 from .egress_record import EgressRecord
+from .egress_record_plane import EgressRecordPlane
 from .error import Error
 from .error_detail import ErrorDetail
 from .event import Event
@@ -85,6 +86,7 @@ __all__ = (
     "DeliveryState",
     "EgressLog",
     "EgressRecord",
+    "EgressRecordPlane",
     "Error",
     "ErrorDetail",
     "Event",

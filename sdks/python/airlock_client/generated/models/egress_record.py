@@ -6,6 +6,7 @@ from typing import Any, Self, TypeVar, cast
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
+from ..models.egress_record_plane import EgressRecordPlane
 from ..types import UNSET, Unset
 
 T = TypeVar("T", bound="EgressRecord")
@@ -22,6 +23,7 @@ class EgressRecord:
         decision (str): `allowed` or `refused`.
         host (str):
         method (str):
+        plane (EgressRecordPlane): the path that carried the request to the guard
         source (str): `api_call`, `proxy`, `llm`, …
         url (str): Free of credentials.
         duration_ms (int | None | Unset):
@@ -40,6 +42,7 @@ class EgressRecord:
     decision: str
     host: str
     method: str
+    plane: EgressRecordPlane
     source: str
     url: str
     duration_ms: int | None | Unset = UNSET
@@ -63,6 +66,8 @@ class EgressRecord:
         host = self.host
 
         method = self.method
+
+        plane = self.plane.value
 
         source = self.source
 
@@ -120,6 +125,7 @@ class EgressRecord:
                 "decision": decision,
                 "host": host,
                 "method": method,
+                "plane": plane,
                 "source": source,
                 "url": url,
             }
@@ -155,6 +161,8 @@ class EgressRecord:
         host = d.pop("host")
 
         method = d.pop("method")
+
+        plane = EgressRecordPlane(d.pop("plane"))
 
         source = d.pop("source")
 
@@ -230,6 +238,7 @@ class EgressRecord:
             decision=decision,
             host=host,
             method=method,
+            plane=plane,
             source=source,
             url=url,
             duration_ms=duration_ms,
