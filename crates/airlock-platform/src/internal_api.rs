@@ -1013,6 +1013,7 @@ pub(crate) fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<
         seq: e.seq.and_then(|s| i64::try_from(s).ok()),
         outcome: e.outcome,
         metering: e.metering,
+        rule: e.rule.as_ref().map(|r| r.rule.as_str()),
     }
 }
 
@@ -1059,8 +1060,9 @@ async fn record(
             store.append_egress(&new_egress(run_id, e)).await?;
             return Ok(());
         }
-        RunEvent::Shed { at, .. } => ("shed", *at),
-        RunEvent::Refusals { at, .. } => ("refusals", *at),
+        RunEvent::Shed { .. } | RunEvent::Refusals { .. } | RunEvent::ToolExcluded { .. } => {
+            (event.kind(), event.at())
+        }
     };
     let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
     store

@@ -22,7 +22,7 @@ use crate::{
 macro_rules! egress_columns {
     () => {
         "(run_id, at, source, integration, method, url, host, decision, \
-         reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering)"
+         reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering, rule)"
     };
 }
 
@@ -35,7 +35,7 @@ macro_rules! egress_upsert {
          host = excluded.host, decision = excluded.decision, reason = excluded.reason, \
          status = excluded.status, duration_ms = excluded.duration_ms, \
          bytes_out = excluded.bytes_out, bytes_in = excluded.bytes_in, \
-         outcome = excluded.outcome, metering = excluded.metering \
+         outcome = excluded.outcome, metering = excluded.metering, rule = excluded.rule \
          WHERE excluded.outcome IS NULL OR excluded.outcome <> 'incomplete'"
     };
 }
@@ -59,6 +59,7 @@ macro_rules! bind_egress {
             .bind($e.seq)
             .bind($e.outcome.map(EgressOutcome::as_str))
             .bind($e.metering.map(EgressMetering::as_str))
+            .bind($e.rule)
     };
 }
 
@@ -90,7 +91,7 @@ fn egress_insert(pool: &Pool, len: usize) -> (&'static str, usize) {
 fn egress_insert_sql(rows: usize, numbered: bool) -> String {
     multi_row_insert(
         concat!("INSERT INTO egress_log ", egress_columns!(), " VALUES "),
-        16,
+        17,
         rows,
         numbered,
         egress_upsert!(),
@@ -128,7 +129,7 @@ impl Store {
             concat!(
                 "INSERT INTO egress_log ",
                 egress_columns!(),
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
                 egress_upsert!(),
                 " RETURNING id"
             ),
@@ -199,14 +200,26 @@ impl Store {
         run_id: &str,
         limit: u32,
     ) -> Result<Vec<EgressEntry>, StoreError> {
+        self.egress_after(run_id, 0, limit).await
+    }
+
+    /// A run's egress records with id greater than `after` (row ids start
+    /// at 1), oldest first, at most `limit`.
+    pub async fn egress_after(
+        &self,
+        run_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<EgressEntry>, StoreError> {
         on_pool!(self, p => {
             let rows = sqlx::query(
                 "SELECT id, run_id, at, source, integration, method, url, host, decision, \
-                 reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering \
-                 FROM egress_log WHERE run_id = $1 ORDER BY id \
-                 LIMIT $2",
+                 reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering, rule \
+                 FROM egress_log WHERE run_id = $1 AND id > $2 ORDER BY id \
+                 LIMIT $3",
             )
             .bind(run_id)
+            .bind(after)
             .bind(i64::from(limit))
             .fetch_all(p)
             .await
@@ -234,6 +247,7 @@ impl Store {
                         seq: r.try_get("seq").map_err(|e| self.err(e))?,
                         outcome: spelled_opt("egress_log.outcome", text("outcome")?)?,
                         metering: spelled_opt("egress_log.metering", text("metering")?)?,
+                        rule: text("rule")?,
                     })
                 })
                 .collect()

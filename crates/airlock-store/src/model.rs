@@ -240,6 +240,8 @@ pub struct NewEgress<'a> {
     pub outcome: Option<EgressOutcome>,
     /// Model calls: whether the usage was metered.
     pub metering: Option<EgressMetering>,
+    /// A `rule_refused` refusal: the id of the L7 rule that refused it.
+    pub rule: Option<&'a str>,
 }
 
 /// A logged outbound request.
@@ -265,6 +267,8 @@ pub struct EgressEntry {
     /// `None` for refusals (nothing was sent).
     pub outcome: Option<EgressOutcome>,
     pub metering: Option<EgressMetering>,
+    /// A `rule_refused` refusal: the id of the L7 rule that refused it.
+    pub rule: Option<String>,
 }
 
 /// An agent's memory.

@@ -202,6 +202,16 @@ ALTER TABLE runs ADD COLUMN budget_requests BIGINT;
     };
 }
 
+/// Version 13: the audit's rule id: a `rule_refused` egress record names
+/// the L7 rule that refused it (`NULL` for every other record).
+macro_rules! version_13_common {
+    () => {
+        r#"
+ALTER TABLE egress_log ADD COLUMN rule TEXT;
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -417,6 +427,11 @@ END;
         description: "a run's model budget and its metered requests",
         sql: version_12_common!(),
     },
+    Migration {
+        version: 13,
+        description: "the L7 rule that refused an egress record",
+        sql: version_13_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -594,6 +609,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 12,
         description: "a run's model budget and its metered requests",
         sql: version_12_common!(),
+    },
+    Migration {
+        version: 13,
+        description: "the L7 rule that refused an egress record",
+        sql: version_13_common!(),
     },
 ];
 

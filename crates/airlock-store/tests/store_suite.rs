@@ -982,7 +982,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 12);
+    assert_eq!(s.schema_version().await.unwrap(), 13);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -991,7 +991,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 12);
+        assert_eq!(again.schema_version().await.unwrap(), 13);
     }
 }
 
@@ -1531,6 +1531,7 @@ async fn egress_log(s: &Store) {
         seq: None,
         outcome: Some(EgressOutcome::Completed),
         metering: None,
+        rule: None,
     };
     s.append_egress(&allowed).await.unwrap();
     s.append_egress(&NewEgress {
@@ -1599,6 +1600,7 @@ async fn egress_records_are_started_then_completed(s: &Store) {
         seq: Some(7),
         outcome: Some(EgressOutcome::Incomplete),
         metering: None,
+        rule: None,
     };
     let id = s.append_egress(&start).await.unwrap();
     // Another run's record 7 is another row.
@@ -1709,6 +1711,7 @@ async fn egress_batches(s: &Store, write: BatchWrite) {
         seq: Some(seq),
         outcome: Some(outcome),
         metering: None,
+        rule: None,
     };
     // Starts written first (as the sidecar does, one by one).
     for seq in 0..150 {
@@ -1925,6 +1928,7 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
             seq: Some(i64::try_from(i).unwrap()),
             outcome: Some(EgressOutcome::Completed),
             metering: None,
+            rule: None,
         })
         .collect();
     let url = format!("sqlite://{}", dir.path().join("airlock.db").display());
@@ -2084,7 +2088,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 12);
+    assert_eq!(s.schema_version().await.unwrap(), 13);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2161,7 +2165,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 12);
+    assert_eq!(s.schema_version().await.unwrap(), 13);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -2227,6 +2231,7 @@ async fn check_upgraded_to_3(s: &Store) {
         seq: Some(1),
         outcome: Some(EgressOutcome::Incomplete),
         metering: None,
+        rule: None,
     };
     let id = s.append_egress(&start).await.unwrap();
     let done = NewEgress {
@@ -2375,6 +2380,7 @@ async fn run_with_records(s: &Store, id: &str, now: i64, ended_days_ago: Option<
         seq: None,
         outcome: Some(EgressOutcome::Completed),
         metering: None,
+        rule: None,
     })
     .await
     .unwrap();
