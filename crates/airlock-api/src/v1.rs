@@ -830,6 +830,31 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
     }
 }
 
+/// A run's audit, one [`AuditRecord`] a line (`GET /v1/runs/{id}/audit.jsonl`).
+pub use crate::audit::{AuditDecider, AuditDecision, AuditKind, AuditRecord};
+
+/// The form of `GET /v1/runs/{id}/audit.jsonl`'s lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditFormat {
+    /// [`AuditRecord`]s.
+    #[default]
+    Airlock,
+    /// OCSF 1.1 events (HTTP Activity 4002, Network Activity 4001); a tool
+    /// exclusion has no OCSF form and is left out.
+    Ocsf,
+}
+
+/// `GET /v1/runs/{id}/audit.jsonl`'s query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// `airlock` (the default) or `ocsf`.
+    #[param(inline)]
+    pub format: Option<AuditFormat>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct EgressLog {
     pub egress: Vec<EgressRecord>,
