@@ -20,6 +20,42 @@ use airlock_store::{AuditEntry, EgressDecision, EgressEntry, Event};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// Rows of each store table an export reads per page: what it holds of a
+/// run at once.
+pub const AUDIT_PAGE: u32 = 500;
+
+/// The form of an export's lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditFormat {
+    /// [`AuditRecord`]s.
+    #[default]
+    Airlock,
+    /// OCSF 1.1 events (HTTP Activity 4002, Network Activity 4001); a tool
+    /// exclusion has no OCSF form and is left out.
+    Ocsf,
+}
+
+/// Appends `entries` to `out` as lines of `format`, each whole: the one
+/// writer of the export, for the API and the CLI.
+pub fn write_lines(entries: &[AuditEntry], format: AuditFormat, out: &mut Vec<u8>) {
+    for record in entries.iter().filter_map(AuditRecord::of) {
+        let line = match format {
+            AuditFormat::Airlock => serde_json::to_vec(&record),
+            AuditFormat::Ocsf => match crate::ocsf::event(&record) {
+                Some(e) => serde_json::to_vec(&e),
+                None => continue,
+            },
+        };
+        // Serializing these types cannot fail; a line that did would be
+        // left out whole, never cut.
+        if let Ok(line) = line {
+            out.extend_from_slice(&line);
+            out.push(b'\n');
+        }
+    }
+}
+
 /// The version of [`AuditRecord`]'s shape.
 pub const AUDIT_SCHEMA_VERSION: u32 = 1;
 

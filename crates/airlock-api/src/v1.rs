@@ -831,19 +831,7 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
 }
 
 /// A run's audit, one [`AuditRecord`] a line (`GET /v1/runs/{id}/audit.jsonl`).
-pub use crate::audit::{AuditDecider, AuditDecision, AuditKind, AuditRecord};
-
-/// The form of `GET /v1/runs/{id}/audit.jsonl`'s lines.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum AuditFormat {
-    /// [`AuditRecord`]s.
-    #[default]
-    Airlock,
-    /// OCSF 1.1 events (HTTP Activity 4002, Network Activity 4001); a tool
-    /// exclusion has no OCSF form and is left out.
-    Ocsf,
-}
+pub use crate::audit::{AuditDecider, AuditDecision, AuditFormat, AuditKind, AuditRecord};
 
 /// `GET /v1/runs/{id}/audit.jsonl`'s query.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]

@@ -8,7 +8,11 @@
 //! merged by `at` (an egress record first on a tie), and a table whose page
 //! ran out while it has more rows ends the page, so no later page holds an
 //! entry the merge should have put earlier. The cursor names the last row
-//! read of each table: paging is stable while the run is still written to.
+//! read of each table, and which tables were read to their end: those are
+//! not asked again (a run's decision events are few among its log lines,
+//! and the page that finds none scans to the end of the run's events), so
+//! a record written to a table after it was read to its end is in the next
+//! export, not this one.
 
 use crate::{EgressEntry, Event, Store, StoreError};
 
@@ -18,11 +22,13 @@ use crate::{EgressEntry, Event, Store, StoreError};
 pub const AUDIT_EVENT_KINDS: [&str; 2] = ["refusals", "tool_excluded"];
 
 /// Where an audit page starts: the last egress row and the last event row
-/// already read (0: none).
+/// already read (0: none), and whether each table was read to its end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AuditCursor {
     pub egress: i64,
     pub event: i64,
+    pub egress_done: bool,
+    pub events_done: bool,
 }
 
 /// One decision of a run's audit.
@@ -58,8 +64,16 @@ impl Store {
         limit: u32,
     ) -> Result<AuditPage, StoreError> {
         let limit = limit.max(1);
-        let egress = self.egress_after(run_id, after.egress, limit).await?;
-        let events = self.audit_events_after(run_id, after.event, limit).await?;
+        let egress = if after.egress_done {
+            Vec::new()
+        } else {
+            self.egress_after(run_id, after.egress, limit).await?
+        };
+        let events = if after.events_done {
+            Vec::new()
+        } else {
+            self.audit_events_after(run_id, after.event, limit).await?
+        };
         Ok(merge(egress, events, after, limit as usize))
     }
 }
@@ -101,10 +115,11 @@ fn merge(
         };
         entries.extend(entry);
     }
-    let done = !more_egress && !more_events && egress.peek().is_none() && events.peek().is_none();
+    cursor.egress_done = !more_egress && egress.peek().is_none();
+    cursor.events_done = !more_events && events.peek().is_none();
     AuditPage {
         entries,
-        next: (!done).then_some(cursor),
+        next: (!(cursor.egress_done && cursor.events_done)).then_some(cursor),
     }
 }
 
@@ -116,23 +131,23 @@ mod tests {
     fn egress(id: i64, at: i64) -> EgressEntry {
         EgressEntry {
             id,
-            run_id: "r".into(),
             at,
-            source: EgressSource::Proxy,
-            integration: None,
-            method: "GET".into(),
-            url: "http://h.test/".into(),
-            host: "h.test".into(),
-            decision: EgressDecision::Allowed,
-            reason: None,
+            run_id: "run".into(),
+            decision: EgressDecision::Refused,
+            reason: Some(crate::RefusalCode::RuleRefused),
+            rule: Some("read-only".into()),
+            source: EgressSource::ApiCall,
+            integration: Some("gh".into()),
+            method: "DELETE".into(),
+            host: "api.gh.test".into(),
+            url: format!("https://api.gh.test/items/{id}"),
             status: None,
             duration_ms: None,
             bytes_out: 0,
             bytes_in: 0,
-            seq: None,
+            seq: Some(id),
             outcome: None,
             metering: None,
-            rule: None,
         }
     }
 
@@ -181,7 +196,7 @@ mod tests {
             p.next,
             Some(AuditCursor {
                 egress: 2,
-                event: 0
+                ..AuditCursor::default()
             })
         );
         let next = merge(vec![egress(3, 40)], vec![event(7, 50)], p.next.unwrap(), 2);
@@ -202,7 +217,11 @@ mod tests {
             p.next,
             Some(AuditCursor {
                 egress: 2,
-                event: 5
+                event: 5,
+                egress_done: false,
+                // The events table was read to its end: the next page does
+                // not ask it again.
+                events_done: true,
             })
         );
     }

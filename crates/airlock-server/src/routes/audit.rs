@@ -7,6 +7,7 @@
 //! first byte ends the answer early (the client sees a body cut short, not
 //! a line cut in two: each page is written whole).
 
+use airlock_api::audit::AUDIT_PAGE;
 use airlock_api::v1;
 use airlock_store::{AuditCursor, AuditPage};
 use axum::body::{Body, Bytes};
@@ -19,9 +20,6 @@ use crate::error::{ApiResult, KeyedFailures};
 use crate::extract::{Path, Query};
 use crate::routes::runs::the_run;
 use crate::state::AppState;
-
-/// Rows of each table read per page.
-pub const AUDIT_PAGE: u32 = 500;
 
 /// The media type of the answer: JSON Lines.
 pub const JSONL: &str = "application/jsonl";
@@ -84,20 +82,6 @@ pub async fn audit(
 /// A page's lines in `format`.
 fn lines(page: &AuditPage, format: v1::AuditFormat) -> Bytes {
     let mut out = Vec::new();
-    for record in page.entries.iter().filter_map(v1::AuditRecord::of) {
-        let line = match format {
-            v1::AuditFormat::Airlock => serde_json::to_vec(&record),
-            v1::AuditFormat::Ocsf => match airlock_api::ocsf::event(&record) {
-                Some(e) => serde_json::to_vec(&e),
-                None => continue,
-            },
-        };
-        // Serializing these types cannot fail; a line that did would be
-        // left out whole, never cut.
-        if let Ok(line) = line {
-            out.extend_from_slice(&line);
-            out.push(b'\n');
-        }
-    }
+    airlock_api::audit::write_lines(&page.entries, format, &mut out);
     Bytes::from(out)
 }

@@ -88,8 +88,8 @@ fn record_decisions(home: &std::path::Path, run_id: &str) -> i64 {
                     .append_event(&NewEvent {
                         run_id,
                         at,
+                        payload: payload.as_str(),
                         kind,
-                        payload: &payload,
                     })
                     .await
                     .unwrap();
@@ -237,6 +237,37 @@ fn a_runs_audit_streams_every_decision_in_order_and_to_its_organization_only() {
             .iter()
             .any(|e| e["firewall_rule"]["uid"] == "items-read")
     );
+
+    // The CLI writes the same bytes, from the server, in both forms.
+    let cli = |key: &str, extra: &[&str]| {
+        let mut args = vec!["runs", "audit", run_id.as_str()];
+        args.extend_from_slice(extra);
+        std::process::Command::new(crate::support::AIRLOCK)
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .env("AIRLOCK_HOME", "/nonexistent/never-used")
+            .env("AIRLOCK_SERVER", format!("http://{}", s.addr))
+            .env("AIRLOCK_API_KEY", key)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&a_key, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
+    let out = cli(&a_key, &["--ocsf"]);
+    assert!(out.status.success());
+    assert_eq!(
+        out.stdout,
+        s.raw("GET", &format!("{path}?format=ocsf"), a, None, "").2
+    );
+    let out = cli(&b_key, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no run"));
+    assert!(out.stdout.is_empty());
 
     // Another organization finds nothing; a bad query is typed.
     let (st, v) = s.call("GET", &path, Some(&b_key), None);
