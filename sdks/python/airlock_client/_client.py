@@ -37,6 +37,7 @@ from .generated.models import (
     Connection,
     EgressRecord,
     Error,
+    GetRunAuditFormat,
     NewConnection,
     NewConnectionFields,
     NewConnectionType,
@@ -296,7 +297,9 @@ class Runs:
         oldest first, read line by line as the server streams them; with
         ``format="ocsf"`` the network decisions as OCSF events."""
         # The generated operation's request (its path and query), read as a stream.
-        req = get_run_audit._get_kwargs(run_id, format_=UNSET if format is None else format)
+        req = get_run_audit._get_kwargs(
+            run_id, format_=UNSET if format is None else GetRunAuditFormat(format)
+        )
         client = self._api.get_httpx_client()
         with client.stream(req["method"], req["url"], params=req.get("params")) as resp:
             if resp.status_code != 200:

@@ -7,6 +7,10 @@ from .api_key_list import ApiKeyList
 from .artifact import Artifact
 from .artifact_list import ArtifactList
 from .artifact_refused_type_0 import ArtifactRefusedType0
+from .audit_decider import AuditDecider
+from .audit_decision import AuditDecision
+from .audit_kind import AuditKind
+from .audit_record import AuditRecord
 from .budget_limits import BudgetLimits
 from .connection import Connection
 from .connection_list import ConnectionList
@@ -23,6 +27,7 @@ from .error_detail import ErrorDetail
 from .event import Event
 from .event_page import EventPage
 from .event_payload import EventPayload
+from .get_run_audit_format import GetRunAuditFormat
 from .health import Health
 from .jwk import Jwk
 from .jwks import Jwks
@@ -68,6 +73,10 @@ __all__ = (
     "Artifact",
     "ArtifactList",
     "ArtifactRefusedType0",
+    "AuditDecider",
+    "AuditDecision",
+    "AuditKind",
+    "AuditRecord",
     "BudgetLimits",
     "Connection",
     "ConnectionList",
@@ -84,6 +93,7 @@ __all__ = (
     "Event",
     "EventPage",
     "EventPayload",
+    "GetRunAuditFormat",
     "Health",
     "Jwk",
     "Jwks",
