@@ -92,6 +92,7 @@ on_both!(
     runs,
     events,
     egress_log,
+    a_runs_audit_pages_through_both_tables_in_time_order,
     egress_records_are_started_then_completed,
     egress_batches_written_whole,
     egress_batches_written_by_statement,
@@ -1509,6 +1510,96 @@ async fn events(s: &Store) {
     assert!(
         matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
         "{err}"
+    );
+}
+
+/// A run's audit read page by page: its egress records (the refusing rule
+/// kept) and its decision events, merged by time, each once, nothing of
+/// another run or of another kind; a short page's table is not asked again.
+async fn a_runs_audit_pages_through_both_tables_in_time_order(s: &Store) {
+    new_run(s, "r1").await;
+    new_run(s, "r2").await;
+    for (run, n) in [("r1", 7), ("r2", 3)] {
+        for i in 0..n {
+            let refused = i % 3 == 0;
+            s.append_egress(&NewEgress {
+                run_id: run,
+                at: 100 + 10 * i,
+                source: EgressSource::Proxy,
+                integration: None,
+                method: "POST",
+                url: "https://h.test/x",
+                host: "h.test",
+                decision: if refused {
+                    EgressDecision::Refused
+                } else {
+                    EgressDecision::Allowed
+                },
+                reason: refused.then_some(RefusalCode::RuleRefused),
+                rule: refused.then_some("read-only"),
+                status: None,
+                duration_ms: None,
+                bytes_out: 1,
+                bytes_in: 2,
+                seq: Some(i),
+                outcome: None,
+                metering: None,
+            })
+            .await
+            .unwrap();
+        }
+        for (i, kind) in ["tool_excluded", "log", "refusals", "cost", "tool_excluded"]
+            .into_iter()
+            .enumerate()
+        {
+            let at = 105 + 20 * i as i64;
+            s.append_event(&NewEvent {
+                run_id: run,
+                kind,
+                at,
+                payload: "{}",
+            })
+            .await
+            .unwrap();
+        }
+    }
+    let mut pages = 0;
+    let mut seen: Vec<(i64, bool)> = Vec::new();
+    let mut cursor = Some(AuditCursor::default());
+    while let Some(after) = cursor {
+        let page = s.audit_page("r1", after, 2).await.unwrap();
+        assert!(page.entries.len() <= 2);
+        pages += 1;
+        for e in &page.entries {
+            match e {
+                AuditEntry::Egress(r) => {
+                    assert_eq!(r.run_id, "r1");
+                    assert_eq!(r.rule.is_some(), r.reason == Some(RefusalCode::RuleRefused));
+                    seen.push((r.at, true));
+                }
+                AuditEntry::Event(v) => {
+                    assert_eq!(v.run_id, "r1");
+                    assert!(AUDIT_EVENT_KINDS.contains(&v.kind.as_str()), "{v:?}");
+                    seen.push((v.at, false));
+                }
+            }
+        }
+        cursor = page.next;
+    }
+    assert!(pages >= 5, "{pages} pages of at most 2");
+    let egress: Vec<i64> = seen.iter().filter(|e| e.1).map(|e| e.0).collect();
+    assert_eq!(egress, [100, 110, 120, 130, 140, 150, 160]);
+    let events: Vec<i64> = seen.iter().filter(|e| !e.1).map(|e| e.0).collect();
+    assert_eq!(events, [105, 145, 185], "the decisions only");
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+    assert_eq!(
+        s.audit_page("nope", AuditCursor::default(), 10)
+            .await
+            .unwrap(),
+        AuditPage {
+            entries: vec![],
+            next: None
+        }
     );
 }
 
