@@ -7,6 +7,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod audit;
+pub mod ocsf;
 pub mod report;
 pub mod v1;
 pub mod webhook;

@@ -910,6 +910,19 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
     }
 }
 
+/// A run's audit, one [`AuditRecord`] a line (`GET /v1/runs/{id}/audit.jsonl`).
+pub use crate::audit::{AuditDecider, AuditDecision, AuditFormat, AuditKind, AuditRecord};
+
+/// `GET /v1/runs/{id}/audit.jsonl`'s query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// `airlock` (the default) or `ocsf`.
+    #[param(inline)]
+    pub format: Option<AuditFormat>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct EgressLog {
     pub egress: Vec<EgressRecord>,

@@ -195,6 +195,46 @@ pub enum RunEvent {
         host: String,
         count: u64,
     },
+    /// A tool an integration's tools allowlist hides, left out of a
+    /// `tools/list` (`called: false`) or refused when called by name
+    /// (`called: true`): the sidecar's decision, kept (never shed) for the
+    /// run's audit, the first of each `(integration, tool, called)` only.
+    ToolExcluded {
+        at: i64,
+        integration: String,
+        tool: String,
+        called: bool,
+    },
+}
+
+impl RunEvent {
+    /// The kind an event is stored under (`run_events.kind`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RunEvent::Heartbeat { .. } => "heartbeat",
+            RunEvent::Log { .. } => "log",
+            RunEvent::Result { .. } => "result",
+            RunEvent::Cost(_) => "cost",
+            RunEvent::Egress(_) => "egress",
+            RunEvent::Shed { .. } => "shed",
+            RunEvent::Refusals { .. } => "refusals",
+            RunEvent::ToolExcluded { .. } => "tool_excluded",
+        }
+    }
+
+    /// When the event happened (Unix ms).
+    pub fn at(&self) -> i64 {
+        match self {
+            RunEvent::Heartbeat { at }
+            | RunEvent::Log { at, .. }
+            | RunEvent::Result { at, .. }
+            | RunEvent::Shed { at, .. }
+            | RunEvent::Refusals { at, .. }
+            | RunEvent::ToolExcluded { at, .. } => *at,
+            RunEvent::Cost(c) => c.at,
+            RunEvent::Egress(r) => r.at,
+        }
+    }
 }
 
 /// One line of a run's journal: an egress record (written as it is), or

@@ -1014,6 +1014,7 @@ pub(crate) fn new_egress<'a>(run_id: &'a str, e: &'a EgressRecord) -> NewEgress<
         outcome: e.outcome,
         metering: e.metering,
         plane: e.plane(),
+        rule: e.rule.as_ref().map(|r| r.rule.as_str()),
     }
 }
 
@@ -1060,8 +1061,9 @@ async fn record(
             store.append_egress(&new_egress(run_id, e)).await?;
             return Ok(());
         }
-        RunEvent::Shed { at, .. } => ("shed", *at),
-        RunEvent::Refusals { at, .. } => ("refusals", *at),
+        RunEvent::Shed { .. } | RunEvent::Refusals { .. } | RunEvent::ToolExcluded { .. } => {
+            (event.kind(), event.at())
+        }
     };
     let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
     store

@@ -416,23 +416,15 @@ fn parse_reported(run_id: &str, bytes: &[u8], base: u64) -> Parsed {
 
 /// How an event from a journal is stored: its kind, and the usage it adds.
 fn journalled(seq: u64, e: &RunEvent) -> JournalledEvent {
-    let (kind, at, usage) = match e {
-        RunEvent::Heartbeat { at } => ("heartbeat", *at, None),
-        RunEvent::Log { at, .. } => ("log", *at, None),
-        RunEvent::Result { at, .. } => ("result", *at, None),
-        RunEvent::Cost(c) => (
-            "cost",
-            c.at,
-            Some(Usage {
-                tokens_in: i64::try_from(c.input_tokens).unwrap_or(i64::MAX),
-                tokens_out: i64::try_from(c.output_tokens).unwrap_or(i64::MAX),
-                cost_microusd: i64::try_from(c.cost_microusd.unwrap_or(0)).unwrap_or(i64::MAX),
-            }),
-        ),
-        RunEvent::Egress(r) => ("egress", r.at, None),
-        RunEvent::Shed { at, .. } => ("shed", *at, None),
-        RunEvent::Refusals { at, .. } => ("refusals", *at, None),
+    let usage = match e {
+        RunEvent::Cost(c) => Some(Usage {
+            tokens_in: i64::try_from(c.input_tokens).unwrap_or(i64::MAX),
+            tokens_out: i64::try_from(c.output_tokens).unwrap_or(i64::MAX),
+            cost_microusd: i64::try_from(c.cost_microusd.unwrap_or(0)).unwrap_or(i64::MAX),
+        }),
+        _ => None,
     };
+    let (kind, at) = (e.kind(), e.at());
     JournalledEvent {
         seq: i64::try_from(seq).unwrap_or(i64::MAX),
         at,

@@ -21,7 +21,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
 use crate::routes::{
-    agents, artifacts, budget, connections, health, identity, keys, runs, webhooks,
+    agents, artifacts, audit, budget, connections, health, identity, keys, runs, webhooks,
 };
 use crate::state::AppState;
 
@@ -114,6 +114,7 @@ routes! {
     get "/v1/runs/{id}/logs" true None => Some("EventPage"), runs::logs;
     get "/v1/runs/{id}/egress" true None => Some("EgressLog"), runs::egress;
     get "/v1/runs/{id}/cost" true None => Some("RunCost"), runs::cost;
+    get "/v1/runs/{id}/audit.jsonl" true None => None, audit::audit;
     get "/v1/runs/{id}/result" true None => None, runs::result;
     get "/v1/runs/{id}/results/{result_id}" true None => None, runs::stored_result;
     get "/v1/runs/{id}/artifacts" true None => Some("ArtifactList"), artifacts::list;
@@ -248,6 +249,7 @@ mod tests {
         ("get", "/v1/runs/{id}/logs", "get_run_logs", "runs"),
         ("get", "/v1/runs/{id}/egress", "list_run_egress", "runs"),
         ("get", "/v1/runs/{id}/cost", "get_run_cost", "runs"),
+        ("get", "/v1/runs/{id}/audit.jsonl", "get_run_audit", "runs"),
         ("get", "/v1/runs/{id}/result", "get_run_result", "runs"),
         ("get", "/v1/runs/{id}/results/{result_id}", "get_result", "runs"),
         ("get", "/v1/runs/{id}/artifacts", "list_run_artifacts", "artifacts"),

@@ -34,14 +34,13 @@ pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Respons
     if let Some(bad) = batch.events.iter().find(|e| {
         matches!(
             e,
-            RunEvent::Cost(_) | RunEvent::Egress(_) | RunEvent::Refusals { .. }
+            RunEvent::Cost(_)
+                | RunEvent::Egress(_)
+                | RunEvent::Refusals { .. }
+                | RunEvent::ToolExcluded { .. }
         )
     }) {
-        let kind = match bad {
-            RunEvent::Cost(_) => "cost",
-            RunEvent::Egress(_) => "egress",
-            _ => "refusals",
-        };
+        let kind = bad.kind();
         return (
             StatusCode::FORBIDDEN,
             Json(json!({"error": "forbidden_event", "message": format!("{kind} events are recorded by the sidecar, not reported by the runtime")})),

@@ -25,6 +25,7 @@ pub mod credential;
 pub mod egress;
 pub mod event_sink;
 pub mod events;
+pub mod exclusions;
 pub mod interception;
 pub mod journal;
 pub mod keep;

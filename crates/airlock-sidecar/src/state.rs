@@ -66,6 +66,8 @@ pub struct Sidecar {
     /// The run is traced: each request's steps are timed into its egress
     /// record (`SidecarConfig::trace_steps`); off, no clock is read for it.
     pub traced: bool,
+    /// The tools hidden by an allowlist, kept once each for the audit.
+    pub exclusions: crate::exclusions::Exclusions,
 }
 
 impl Sidecar {
@@ -161,6 +163,7 @@ impl Sidecar {
             runner_mcp: Default::default(),
             credentials: Default::default(),
             traced: cfg.trace_steps,
+            exclusions: Default::default(),
         }))
     }
 }

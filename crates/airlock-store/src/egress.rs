@@ -22,7 +22,7 @@ use crate::{
 macro_rules! egress_columns {
     () => {
         "(run_id, at, source, integration, method, url, host, decision, \
-         reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering, plane)"
+         reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering, plane, rule)"
     };
 }
 
@@ -35,7 +35,7 @@ macro_rules! egress_upsert {
          host = excluded.host, decision = excluded.decision, reason = excluded.reason, \
          status = excluded.status, duration_ms = excluded.duration_ms, \
          bytes_out = excluded.bytes_out, bytes_in = excluded.bytes_in, \
-         outcome = excluded.outcome, metering = excluded.metering, plane = excluded.plane \
+         outcome = excluded.outcome, metering = excluded.metering, plane = excluded.plane, rule = excluded.rule \
          WHERE excluded.outcome IS NULL OR excluded.outcome <> 'incomplete'"
     };
 }
@@ -60,6 +60,7 @@ macro_rules! bind_egress {
             .bind($e.outcome.map(EgressOutcome::as_str))
             .bind($e.metering.map(EgressMetering::as_str))
             .bind($e.plane.as_str())
+            .bind($e.rule)
     };
 }
 
@@ -200,14 +201,26 @@ impl Store {
         run_id: &str,
         limit: u32,
     ) -> Result<Vec<EgressEntry>, StoreError> {
+        self.egress_after(run_id, 0, limit).await
+    }
+
+    /// A run's egress records with id greater than `after` (row ids start
+    /// at 1), oldest first, at most `limit`.
+    pub async fn egress_after(
+        &self,
+        run_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<EgressEntry>, StoreError> {
         on_pool!(self, p => {
             let rows = sqlx::query(
                 "SELECT id, run_id, at, source, integration, method, url, host, decision, \
-                 reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering, plane \
-                 FROM egress_log WHERE run_id = $1 ORDER BY id \
-                 LIMIT $2",
+                 reason, status, duration_ms, bytes_out, bytes_in, seq, outcome, metering, plane, rule \
+                 FROM egress_log WHERE run_id = $1 AND id > $2 ORDER BY id \
+                 LIMIT $3",
             )
             .bind(run_id)
+            .bind(after)
             .bind(i64::from(limit))
             .fetch_all(p)
             .await
@@ -236,6 +249,7 @@ impl Store {
                         outcome: spelled_opt("egress_log.outcome", text("outcome")?)?,
                         metering: spelled_opt("egress_log.metering", text("metering")?)?,
                         plane: spelled("egress_log.plane", text("plane")?)?,
+                        rule: text("rule")?,
                     })
                 })
                 .collect()

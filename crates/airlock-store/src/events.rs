@@ -13,6 +13,7 @@
 use sqlx::Row as _;
 
 use crate::thresholds::cross_run_in;
+use crate::audit::AUDIT_EVENT_KINDS;
 use crate::usage::add_run_usage;
 use crate::{
     Event, JournalledEvent, NewEvent, Pool, Store, StoreError, multi_row_insert, returned_id,
@@ -181,6 +182,26 @@ impl Store {
             "WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3",
             run_id,
             after,
+            i64::from(limit)
+        )
+    }
+
+    /// A run's events of the audit's kinds ([`AUDIT_EVENT_KINDS`]) with id
+    /// greater than `after`, oldest first, at most `limit`.
+    pub async fn audit_events_after(
+        &self,
+        run_id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<Event>, StoreError> {
+        let [a, b] = AUDIT_EVENT_KINDS;
+        select_events!(
+            self,
+            "WHERE run_id = $1 AND id > $2 AND kind IN ($3, $4) ORDER BY id LIMIT $5",
+            run_id,
+            after,
+            a,
+            b,
             i64::from(limit)
         )
     }

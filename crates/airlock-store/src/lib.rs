@@ -122,6 +122,7 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
 mod agents;
 mod api_keys;
 mod artifacts;
+mod audit;
 mod budgets;
 mod connections;
 mod deliveries;
@@ -144,6 +145,7 @@ mod webhooks;
 
 pub use agents::AgentRow;
 pub use api_keys::{ApiKeyRow, MAX_REVOKED_KEYS};
+pub use audit::{AUDIT_EVENT_KINDS, AuditCursor, AuditEntry, AuditPage};
 pub use budgets::{
     BudgetLimits, Charge, Measure, OrgBudget, Period, PeriodSpend, Periods, Reservation,
 };

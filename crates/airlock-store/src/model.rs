@@ -242,6 +242,8 @@ pub struct NewEgress<'a> {
     pub metering: Option<EgressMetering>,
     /// The path that carried it to the guard.
     pub plane: EgressPlane,
+    /// A `rule_refused` refusal: the id of the L7 rule that refused it.
+    pub rule: Option<&'a str>,
 }
 
 /// A logged outbound request.
@@ -269,6 +271,8 @@ pub struct EgressEntry {
     pub metering: Option<EgressMetering>,
     /// The path that carried it to the guard.
     pub plane: EgressPlane,
+    /// A `rule_refused` refusal: the id of the L7 rule that refused it.
+    pub rule: Option<String>,
 }
 
 /// An agent's memory.

@@ -239,6 +239,16 @@ UPDATE egress_log SET plane = 'proxy' WHERE source IN ('proxy', 'runner');
     };
 }
 
+/// Version 15: the audit's rule id: a `rule_refused` egress record names
+/// the L7 rule that refused it (`NULL` for every other record).
+macro_rules! version_15_common {
+    () => {
+        r#"
+ALTER TABLE egress_log ADD COLUMN rule TEXT;
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -464,6 +474,11 @@ END;
         description: "the plane that carried each egress record",
         sql: version_14_common!(),
     },
+    Migration {
+        version: 15,
+        description: "the L7 rule that refused an egress record",
+        sql: version_15_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -651,6 +666,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 14,
         description: "the plane that carried each egress record",
         sql: version_14_common!(),
+    },
+    Migration {
+        version: 15,
+        description: "the L7 rule that refused an egress record",
+        sql: version_15_common!(),
     },
 ];
 

@@ -92,6 +92,7 @@ on_both!(
     runs,
     events,
     egress_log,
+    a_runs_audit_pages_through_both_tables_in_time_order,
     egress_records_are_started_then_completed,
     egress_batches_written_whole,
     egress_batches_written_by_statement,
@@ -984,7 +985,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 14);
+    assert_eq!(s.schema_version().await.unwrap(), 15);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -993,7 +994,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 14);
+        assert_eq!(again.schema_version().await.unwrap(), 15);
     }
 }
 
@@ -1514,6 +1515,96 @@ async fn events(s: &Store) {
     );
 }
 
+/// A run's audit read page by page: its egress records (the refusing rule
+/// kept) and its decision events, merged by time, each once, nothing of
+/// another run or of another kind; a short page's table is not asked again.
+async fn a_runs_audit_pages_through_both_tables_in_time_order(s: &Store) {
+    new_run(s, "r1").await;
+    new_run(s, "r2").await;
+    for (run, n) in [("r1", 7), ("r2", 3)] {
+        for i in 0..n {
+            let refused = i % 3 == 0;
+            s.append_egress(&NewEgress {
+                run_id: run,
+                at: 100 + 10 * i,
+                source: EgressSource::Proxy,
+                integration: None,
+                method: "POST",
+                url: "https://h.test/x",
+                host: "h.test",
+                decision: if refused {
+                    EgressDecision::Refused
+                } else {
+                    EgressDecision::Allowed
+                },
+                reason: refused.then_some(RefusalCode::RuleRefused),
+                rule: refused.then_some("read-only"),
+                status: None,
+                duration_ms: None,
+                bytes_out: 1,
+                bytes_in: 2,
+                seq: Some(i),
+                outcome: None,
+                metering: None,
+            })
+            .await
+            .unwrap();
+        }
+        for (i, kind) in ["tool_excluded", "log", "refusals", "cost", "tool_excluded"]
+            .into_iter()
+            .enumerate()
+        {
+            let at = 105 + 20 * i as i64;
+            s.append_event(&NewEvent {
+                run_id: run,
+                kind,
+                at,
+                payload: "{}",
+            })
+            .await
+            .unwrap();
+        }
+    }
+    let mut pages = 0;
+    let mut seen: Vec<(i64, bool)> = Vec::new();
+    let mut cursor = Some(AuditCursor::default());
+    while let Some(after) = cursor {
+        let page = s.audit_page("r1", after, 2).await.unwrap();
+        assert!(page.entries.len() <= 2);
+        pages += 1;
+        for e in &page.entries {
+            match e {
+                AuditEntry::Egress(r) => {
+                    assert_eq!(r.run_id, "r1");
+                    assert_eq!(r.rule.is_some(), r.reason == Some(RefusalCode::RuleRefused));
+                    seen.push((r.at, true));
+                }
+                AuditEntry::Event(v) => {
+                    assert_eq!(v.run_id, "r1");
+                    assert!(AUDIT_EVENT_KINDS.contains(&v.kind.as_str()), "{v:?}");
+                    seen.push((v.at, false));
+                }
+            }
+        }
+        cursor = page.next;
+    }
+    assert!(pages >= 5, "{pages} pages of at most 2");
+    let egress: Vec<i64> = seen.iter().filter(|e| e.1).map(|e| e.0).collect();
+    assert_eq!(egress, [100, 110, 120, 130, 140, 150, 160]);
+    let events: Vec<i64> = seen.iter().filter(|e| !e.1).map(|e| e.0).collect();
+    assert_eq!(events, [105, 145, 185], "the decisions only");
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+    assert_eq!(
+        s.audit_page("nope", AuditCursor::default(), 10)
+            .await
+            .unwrap(),
+        AuditPage {
+            entries: vec![],
+            next: None
+        }
+    );
+}
+
 async fn egress_log(s: &Store) {
     new_run(s, "r1").await;
     let allowed = NewEgress {
@@ -1534,6 +1625,7 @@ async fn egress_log(s: &Store) {
         outcome: Some(EgressOutcome::Completed),
         metering: None,
         plane: EgressPlane::Proxy,
+        rule: None,
     };
     s.append_egress(&allowed).await.unwrap();
     s.append_egress(&NewEgress {
@@ -1603,6 +1695,7 @@ async fn egress_records_are_started_then_completed(s: &Store) {
         outcome: Some(EgressOutcome::Incomplete),
         metering: None,
         plane: EgressPlane::Proxy,
+        rule: None,
     };
     let id = s.append_egress(&start).await.unwrap();
     // Another run's record 7 is another row.
@@ -1714,6 +1807,7 @@ async fn egress_batches(s: &Store, write: BatchWrite) {
         outcome: Some(outcome),
         metering: None,
         plane: EgressPlane::Proxy,
+        rule: None,
     };
     // Starts written first (as the sidecar does, one by one).
     for seq in 0..150 {
@@ -1931,6 +2025,7 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
             outcome: Some(EgressOutcome::Completed),
             metering: None,
             plane: EgressPlane::Proxy,
+            rule: None,
         })
         .collect();
     let url = format!("sqlite://{}", dir.path().join("airlock.db").display());
@@ -2090,7 +2185,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 14);
+    assert_eq!(s.schema_version().await.unwrap(), 15);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2100,10 +2195,10 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN plane; \
+const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
@@ -2128,7 +2223,7 @@ const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN plane; \
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "ALTER TABLE egress_log DROP COLUMN plane; \
+const UNDO_V5_POSTGRES: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
@@ -2169,7 +2264,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 14);
+    assert_eq!(s.schema_version().await.unwrap(), 15);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -2247,6 +2342,7 @@ async fn check_upgraded_to_3(s: &Store) {
         outcome: Some(EgressOutcome::Incomplete),
         metering: None,
         plane: EgressPlane::Proxy,
+        rule: None,
     };
     let id = s.append_egress(&start).await.unwrap();
     let done = NewEgress {
@@ -2396,6 +2492,7 @@ async fn run_with_records(s: &Store, id: &str, now: i64, ended_days_ago: Option<
         outcome: Some(EgressOutcome::Completed),
         metering: None,
         plane: EgressPlane::Proxy,
+        rule: None,
     })
     .await
     .unwrap();

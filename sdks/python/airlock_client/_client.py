@@ -26,6 +26,7 @@ from .generated.api.runs import (
     cancel_run,
     create_run,
     get_run,
+    get_run_audit,
     get_run_result,
     list_run_egress,
     stream_run_events,
@@ -36,6 +37,7 @@ from .generated.models import (
     Connection,
     EgressRecord,
     Error,
+    GetRunAuditFormat,
     NewConnection,
     NewConnectionFields,
     NewConnectionType,
@@ -289,6 +291,22 @@ class Runs:
             )
         )
         return list(log.egress)
+
+    def audit(self, run_id: str, format: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every decision made for the run (``AuditRecord``s, docs/audit.md),
+        oldest first, read line by line as the server streams them; with
+        ``format="ocsf"`` the network decisions as OCSF events."""
+        # The generated operation's request (its path and query), read as a stream.
+        req = get_run_audit._get_kwargs(
+            run_id, format_=UNSET if format is None else GetRunAuditFormat(format)
+        )
+        client = self._api.get_httpx_client()
+        with client.stream(req["method"], req["url"], params=req.get("params")) as resp:
+            if resp.status_code != 200:
+                raise _error_of(resp.status_code, resp.read())
+            for line in resp.iter_lines():
+                if line:
+                    yield json.loads(line)
 
     def cancel(self, run_id: str) -> Run:
         """Cancels a queued or running run (409 if it has ended)."""

@@ -44,6 +44,17 @@ def test_a_run_is_created_streamed_across_a_dropped_connection_and_reported(
         e for e in egress if e.decision == "refused" and e.host == "refused.test"
     ]
     assert refused, egress
+    # The run's audit holds the same refusal, typed and versioned, and its
+    # OCSF form the same as a network event.
+    audit = list(client.runs.audit(run.id))
+    assert any(
+        r["schema_version"] == 1
+        and r["decision"] == "refused"
+        and r["host"] == "refused.test"
+        for r in audit
+    ), audit
+    ocsf = list(client.runs.audit(run.id, format="ocsf"))
+    assert ocsf and all(e["category_uid"] == 4 for e in ocsf), ocsf
 
     # An ended run cannot be cancelled.
     with pytest.raises(AirlockError) as e:

@@ -5,6 +5,7 @@ export type Agent = components["schemas"]["Agent"];
 export type Artifact = components["schemas"]["Artifact"];
 export type Connection = components["schemas"]["Connection"];
 export type EgressRecord = components["schemas"]["EgressRecord"];
+export type AuditRecord = components["schemas"]["AuditRecord"];
 export type Event = components["schemas"]["Event"];
 export type Run = components["schemas"]["Run"];
 export type RunLimits = components["schemas"]["RunLimits"];
@@ -89,6 +90,12 @@ export declare class Runs {
     result(id: string): Promise<unknown>;
     /** Every request that left the run's sandbox, and its refusals. */
     egress(id: string, limit?: number): Promise<EgressRecord[]>;
+    /**
+     * Every decision made for the run (`AuditRecord`s, docs/audit.md), oldest
+     * first, read line by line as the server streams them; with `"ocsf"` the
+     * network decisions as OCSF events.
+     */
+    audit(id: string, format?: "airlock" | "ocsf"): AsyncGenerator<AuditRecord | Record<string, unknown>>;
     /** Cancels a queued or running run (409 if it has ended). */
     cancel(id: string): Promise<Run>;
 }

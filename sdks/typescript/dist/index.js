@@ -255,6 +255,31 @@ export class Runs {
         return answer(await this.api.GET("/v1/runs/{id}/egress", { params: { path: { id }, query } }))
             .egress;
     }
+    /**
+     * Every decision made for the run (`AuditRecord`s, docs/audit.md), oldest
+     * first, read line by line as the server streams them; with `"ocsf"` the
+     * network decisions as OCSF events.
+     */
+    async *audit(id, format) {
+        const query = format === undefined ? {} : { format };
+        const r = await this.api.GET("/v1/runs/{id}/audit.jsonl", {
+            params: { path: { id }, query },
+            parseAs: "stream",
+        });
+        if (!r.response.ok || !r.data) {
+            throw errorOf(r.response.status, r.error ?? (await r.response.json().catch(() => undefined)));
+        }
+        let rest = "";
+        for await (const chunk of r.data.pipeThrough(new TextDecoderStream())) {
+            const lines = (rest + chunk).split("\n");
+            rest = lines.pop() ?? "";
+            for (const line of lines)
+                if (line)
+                    yield JSON.parse(line);
+        }
+        if (rest)
+            yield JSON.parse(rest);
+    }
     /** Cancels a queued or running run (409 if it has ended). */
     async cancel(id) {
         return answer(await this.api.POST("/v1/runs/{id}/cancel", { params: { path: { id } } }));

@@ -307,6 +307,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/audit.jsonl": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every decision made for the run, oldest first. */
+        get: operations["get_run_audit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/cancel": {
         parameters: {
             query?: never;
@@ -542,6 +559,94 @@ export interface components {
         /** @description `GET /v1/runs/{id}/artifacts`. */
         ArtifactList: {
             artifacts: components["schemas"]["Artifact"][];
+        };
+        /**
+         * @description Who decided.
+         * @enum {string}
+         */
+        AuditDecider: "egress_guard" | "l7_rule" | "tool_allowlist";
+        /**
+         * @description The decision.
+         * @enum {string}
+         */
+        AuditDecision: "allowed" | "refused" | "hidden";
+        /**
+         * @description What a record is a decision about.
+         * @enum {string}
+         */
+        AuditKind: "egress" | "refusals" | "tool_excluded";
+        /** @description One decision of a run's audit: a line of `audit.jsonl`. */
+        AuditRecord: {
+            /**
+             * Format: int64
+             * @description Unix ms.
+             */
+            at: number;
+            /**
+             * Format: int64
+             * @description Bytes received from upstream.
+             */
+            bytes_in: number;
+            /**
+             * Format: int64
+             * @description Bytes sent upstream.
+             */
+            bytes_out: number;
+            /**
+             * @description A tool exclusion: whether the tool was called by name (`false`:
+             *     left out of a list).
+             */
+            called?: boolean | null;
+            /** @description A refusal's code (`docs/egress.md`); `null` otherwise. */
+            code?: string | null;
+            /**
+             * Format: int64
+             * @description `refusals`: how many were counted.
+             */
+            count?: number | null;
+            decider: components["schemas"]["AuditDecider"];
+            decision: components["schemas"]["AuditDecision"];
+            /**
+             * Format: int64
+             * @description How long the request took upstream, when it was sent.
+             */
+            duration_ms?: number | null;
+            host?: string | null;
+            /**
+             * @description `egress:<n>` or `event:<n>`: unique within the run, the same in
+             *     every export.
+             */
+            id: string;
+            integration?: string | null;
+            kind: components["schemas"]["AuditKind"];
+            method?: string | null;
+            /**
+             * @description What became of an allowed request (`completed`, `upstream_failed`,
+             *     `incomplete`, …).
+             */
+            outcome?: string | null;
+            /** @description The L7 rule that refused the request. */
+            rule?: string | null;
+            run_id: string;
+            /**
+             * Format: int32
+             * @description [`AUDIT_SCHEMA_VERSION`].
+             */
+            schema_version: number;
+            /** @description The egress path: `api_call`, `proxy`, `llm`, `mcp`, `runner`. */
+            source?: string | null;
+            /**
+             * Format: int64
+             * @description The upstream's HTTP status.
+             */
+            status?: number | null;
+            /**
+             * @description A tool exclusion: the tool's name as the integration's server (or
+             *     the agent's call) named it.
+             */
+            tool?: string | null;
+            /** @description Free of credentials. */
+            url?: string | null;
         };
         /**
          * @description A budget period's limits on the organization's model calls; `null`:
@@ -3029,6 +3134,89 @@ export interface operations {
                 };
             };
             /** @description unavailable: the store does not answer */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    get_run_audit: {
+        parameters: {
+            query?: {
+                /** @description `airlock` (the default) or `ocsf`. */
+                format?: "airlock" | "ocsf";
+            };
+            header?: never;
+            path: {
+                /** @description the run's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the run's audit, one record a line (application/jsonl): every egress decision on every path, refusals counted per host, tools an allowlist hid; with format=ocsf each network decision as an OCSF 1.1 event */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/jsonl": components["schemas"]["AuditRecord"];
+                };
+            };
+            /** @description bad_request: the query or path is malformed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description not_found: no such run in the caller's organization */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -18,6 +18,7 @@ export type Agent = components["schemas"]["Agent"];
 export type Artifact = components["schemas"]["Artifact"];
 export type Connection = components["schemas"]["Connection"];
 export type EgressRecord = components["schemas"]["EgressRecord"];
+export type AuditRecord = components["schemas"]["AuditRecord"];
 export type Event = components["schemas"]["Event"];
 export type Run = components["schemas"]["Run"];
 export type RunLimits = components["schemas"]["RunLimits"];
@@ -291,6 +292,29 @@ export class Runs {
     const query = limit === undefined ? {} : { limit };
     return answer(await this.api.GET("/v1/runs/{id}/egress", { params: { path: { id }, query } }))
       .egress;
+  }
+
+  /**
+   * Every decision made for the run (`AuditRecord`s, docs/audit.md), oldest
+   * first, read line by line as the server streams them; with `"ocsf"` the
+   * network decisions as OCSF events.
+   */
+  async *audit(id: string, format?: "airlock" | "ocsf"): AsyncGenerator<AuditRecord | Record<string, unknown>> {
+    const query = format === undefined ? {} : { format };
+    const r = await this.api.GET("/v1/runs/{id}/audit.jsonl", {
+      params: { path: { id }, query },
+      parseAs: "stream",
+    });
+    if (!r.response.ok || !r.data) {
+      throw errorOf(r.response.status, r.error ?? (await r.response.json().catch(() => undefined)));
+    }
+    let rest = "";
+    for await (const chunk of r.data.pipeThrough(new TextDecoderStream())) {
+      const lines = (rest + chunk).split("\n");
+      rest = lines.pop() ?? "";
+      for (const line of lines) if (line) yield JSON.parse(line);
+    }
+    if (rest) yield JSON.parse(rest);
   }
 
   /** Cancels a queued or running run (409 if it has ended). */

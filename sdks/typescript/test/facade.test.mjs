@@ -134,6 +134,17 @@ test("a run is created, streamed across a dropped connection, and reported", asy
     egress.some((e) => e.decision === "refused" && e.host === "refused.test"),
     JSON.stringify(egress),
   );
+  // The run's audit holds the same refusal, typed and versioned, and its
+  // OCSF form the same as a network event.
+  const audit = [];
+  for await (const r of client.runs.audit(run.id)) audit.push(r);
+  assert.ok(
+    audit.some((r) => r.schema_version === 1 && r.decision === "refused" && r.host === "refused.test"),
+    JSON.stringify(audit),
+  );
+  const ocsf = [];
+  for await (const e of client.runs.audit(run.id, "ocsf")) ocsf.push(e);
+  assert.ok(ocsf.length > 0 && ocsf.every((e) => e.category_uid === 4), JSON.stringify(ocsf));
 
   // An ended run cannot be cancelled.
   await assert.rejects(client.runs.cancel(run.id), (e) => e instanceof AirlockError && e.status === 409);

@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod artifacts;
+pub mod audit;
 pub mod budget;
 pub mod connections;
 pub mod health;

@@ -251,7 +251,7 @@ pub async fn list(
     }))
 }
 
-async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
+pub(crate) async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
     app.store()
         .get_run_in(&t.org_id, id)
         .await?

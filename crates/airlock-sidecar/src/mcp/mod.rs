@@ -112,7 +112,7 @@ impl McpState {
             .filter(|(ns, i)| {
                 let allowed = i.allows_tool("api_call");
                 if !allowed {
-                    hidden(ns, "api_call");
+                    hidden(&sidecar, ns, "api_call", false);
                 }
                 allowed
             })
@@ -214,7 +214,7 @@ impl McpState {
         if integration.allows_tool(tool) {
             return None;
         }
-        hidden(ns, tool);
+        hidden(&self.sidecar, ns, tool, true);
         Some(
             api_call::error_result(
                 "tool_not_allowed",
@@ -364,11 +364,12 @@ fn schema(v: Value) -> Arc<serde_json::Map<String, Value>> {
     }
 }
 
-/// The audit line of a tool an integration's allowlist hides (left out of
-/// a list, or refused when called by name).
-pub(crate) fn hidden(namespace: &str, tool: &str) {
-    tracing::info!(target: "airlock::policy", integration = %namespace, tool = %tool,
-        "tool hidden by the integration's tools allowlist");
+/// The audit of a tool an integration's allowlist hides (left out of a
+/// list, or refused when called by name).
+pub(crate) fn hidden(sidecar: &Sidecar, namespace: &str, tool: &str, called: bool) {
+    sidecar
+        .exclusions
+        .record(&sidecar.keep, namespace, tool, called);
 }
 
 fn api_call_tool(ns: &str) -> Tool {

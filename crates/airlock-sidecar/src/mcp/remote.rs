@@ -654,7 +654,7 @@ impl Remote {
         // Cleared before the list is read: a change notified meanwhile
         // marks it stale again.
         l.stale.store(false, Ordering::Release);
-        let listed = match tokio::time::timeout(timeout, self.list(&l.session)).await {
+        let listed = match tokio::time::timeout(timeout, self.list(sidecar, &l.session)).await {
             Ok(r) => r,
             Err(_) => Err(ListFailure::ListTimeout(timeout)),
         };
@@ -740,7 +740,7 @@ impl Remote {
     }
 
     /// Reads the server's tool list within the caps and renames each tool.
-    async fn list(&self, session: &Session) -> Result<Vec<Tool>, ListFailure> {
+    async fn list(&self, sidecar: &Sidecar, session: &Session) -> Result<Vec<Tool>, ListFailure> {
         let mut out: Vec<Tool> = Vec::new();
         let mut cursor: Option<String> = None;
         let mut left_out = 0usize;
@@ -755,7 +755,7 @@ impl Remote {
                 .await
                 .map_err(ListFailure::List)?;
             for tool in page.tools {
-                match self.take_tool(tool, &out) {
+                match self.take_tool(sidecar, tool, &out) {
                     Ok(t) if out.len() < MAX_TOOLS => out.push(t),
                     Ok(_) | Err(None) => left_out += 1,
                     Err(Some(d)) => {
@@ -799,7 +799,12 @@ impl Remote {
     /// `[A-Za-z0-9_.-]{1,64}` or a definition over the size cap (`None`),
     /// `api_call` (the integration's own) or a duplicate (a [`Dropped`]
     /// note: the agent is told).
-    fn take_tool(&self, mut tool: Tool, so_far: &[Tool]) -> Result<Tool, Option<Dropped>> {
+    fn take_tool(
+        &self,
+        sidecar: &Sidecar,
+        mut tool: Tool,
+        so_far: &[Tool],
+    ) -> Result<Tool, Option<Dropped>> {
         let name = tool.name.as_ref();
         let ok = !name.is_empty()
             && name.len() <= MAX_TOOL_NAME
@@ -810,7 +815,7 @@ impl Remote {
             return Err(None);
         }
         if self.allow.as_ref().is_some_and(|a| !a.allows(name)) {
-            super::hidden(&self.namespace, name);
+            super::hidden(sidecar, &self.namespace, name, false);
             return Err(None);
         }
         let full = format!("{}__{}", self.namespace, name);

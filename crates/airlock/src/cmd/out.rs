@@ -17,6 +17,19 @@ pub fn line(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Writes bytes as they are (whole lines) and flushes them, ending the
+/// process as [`line`] does when the reader went away.
+pub fn bytes(b: &[u8]) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(b).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing the output: {e}");
+        std::process::exit(i32::from(super::exit::FAILED));
+    }
+}
+
 /// Writes one line and flushes it.
 pub fn try_line(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();

@@ -106,22 +106,8 @@ impl Remote {
     /// One call: the answer's bytes; a non-2xx answer is an error with the
     /// server's code and message.
     async fn exchange(&self, method: &str, path: &str, body: Option<String>) -> Result<Bytes> {
-        let resp = self.send(method, path, body).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        if !status.is_success() {
-            let e = serde_json::from_slice::<v1::Error>(&bytes).ok();
-            return Err(Refused {
-                status: status.as_u16(),
-                message: e
-                    .as_ref()
-                    .map_or("no message", |e| e.error.message.as_str())
-                    .to_owned(),
-                code: e.map_or_else(|| "-".to_owned(), |e| e.error.code),
-            }
-            .into());
-        }
-        Ok(bytes)
+        let resp = refused(self.send(method, path, body).await?).await?;
+        Ok(resp.into_body().collect().await?.to_bytes())
     }
 
     /// `GET path`, its answer read as `T`.
@@ -143,6 +129,20 @@ impl Remote {
     /// `DELETE path` (its answer has no body).
     pub async fn delete(&self, path: &str) -> Result<()> {
         self.exchange("DELETE", path, None).await.map(|_| ())
+    }
+
+    /// `GET path`, its answer's bytes handed to `on` as they arrive; a
+    /// non-2xx answer is an error with the server's code and message.
+    pub async fn stream(&self, path: &str, mut on: impl FnMut(&[u8])) -> Result<()> {
+        let mut body = refused(self.send("GET", path, None).await?)
+            .await?
+            .into_body();
+        while let Some(frame) = body.frame().await {
+            if let Ok(chunk) = frame?.into_data() {
+                on(&chunk);
+            }
+        }
+        Ok(())
     }
 
     /// Follows a Server-Sent Events route to its end: `on(event, data)` for
@@ -197,6 +197,28 @@ impl Remote {
         }
         Ok(())
     }
+}
+
+/// A 2xx answer as it is; any other, read whole, as the [`Refused`] error
+/// with the server's code and message.
+async fn refused(
+    resp: http::Response<hyper::body::Incoming>,
+) -> Result<http::Response<hyper::body::Incoming>> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    let e = serde_json::from_slice::<v1::Error>(&bytes).ok();
+    Err(Refused {
+        status: status.as_u16(),
+        message: e
+            .as_ref()
+            .map_or("no message", |e| e.error.message.as_str())
+            .to_owned(),
+        code: e.map_or_else(|| "-".to_owned(), |e| e.error.code),
+    }
+    .into())
 }
 
 /// A non-2xx answer of the server.

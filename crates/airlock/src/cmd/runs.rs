@@ -1,4 +1,4 @@
-//! `airlock runs list|show|logs`: what the store recorded.
+//! `airlock runs list|show|logs|audit`: what the store recorded.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -63,6 +63,28 @@ pub enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A run's audit: every decision made for it, oldest first, one JSON
+    /// object a line (docs/audit.md), as `GET /v1/runs/{id}/audit.jsonl`
+    /// answers it.
+    #[command(
+        after_help = "Examples:\n  airlock runs audit run_0123abcd > audit.jsonl\n  airlock runs audit run_0123abcd --ocsf"
+    )]
+    Audit {
+        /// The run's id.
+        id: String,
+        /// The network decisions as OCSF 1.1 events instead.
+        #[arg(long)]
+        ocsf: bool,
+    },
+}
+
+/// The form `--ocsf` asks for.
+fn audit_format(ocsf: bool) -> v1::AuditFormat {
+    if ocsf {
+        v1::AuditFormat::Ocsf
+    } else {
+        v1::AuditFormat::Airlock
+    }
 }
 
 pub fn run(args: RunsArgs) -> ExitCode {
@@ -191,6 +213,15 @@ async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
                 }
             }
         }
+        RunsCommand::Audit { id, ocsf } => {
+            exists(&r, &id).await?;
+            let query = if ocsf { "?format=ocsf" } else { "" };
+            r.stream(
+                &format!("/v1/runs/{id}/audit.jsonl{query}"),
+                super::out::bytes,
+            )
+            .await?;
+        }
     }
     Ok(())
 }
@@ -241,6 +272,22 @@ async fn local(cmd: RunsCommand) -> Result<()> {
                     }
                     tokio::time::sleep(Duration::from_millis(300)).await;
                 }
+            }
+        }
+        RunsCommand::Audit { id, ocsf } => {
+            if store.get_run(&id).await?.is_none() {
+                return Err(no_run(&id));
+            }
+            // A page at a time, as the API streams it.
+            let mut cursor = Some(airlock_store::AuditCursor::default());
+            while let Some(after) = cursor {
+                let page = store
+                    .audit_page(&id, after, airlock_api::audit::AUDIT_PAGE)
+                    .await?;
+                let mut out = Vec::new();
+                airlock_api::audit::write_lines(&page.entries, audit_format(ocsf), &mut out);
+                super::out::bytes(&out);
+                cursor = page.next;
             }
         }
     }

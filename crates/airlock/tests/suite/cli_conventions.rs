@@ -111,6 +111,7 @@ fn an_unknown_run_is_no_run_and_exits_1() {
         &["runs", "logs", "run_nonesuch"][..],
         &["runs", "show", "run_nonesuch"][..],
         &["runs", "show", "run_nonesuch", "--json"][..],
+        &["runs", "audit", "run_nonesuch"][..],
     ] {
         let out = airlock(home.path(), args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -302,6 +303,7 @@ fn help_describes_every_argument_and_hides_internal_subcommands() {
         &["runs", "list", "--help"][..],
         &["runs", "show", "--help"][..],
         &["runs", "logs", "--help"][..],
+        &["runs", "audit", "--help"][..],
         &["doctor", "--help"][..],
     ] {
         let help = text(&airlock(home.path(), args).stdout);

@@ -238,6 +238,36 @@ async fn api_call_cannot_slip_a_method_or_path_past_a_rule() {
             .iter()
             .all(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
     );
+    // The store keeps the refusing rule's id, and the audit names it and
+    // the L7 rule as the decider.
+    let mut by_rule: Vec<&str> = refused.iter().filter_map(|e| e.rule.as_deref()).collect();
+    by_rule.sort_unstable();
+    let mut expected: Vec<&str> = attacks.iter().map(|(_, rule, _)| *rule).collect();
+    expected.sort_unstable();
+    assert_eq!(by_rule, expected, "{refused:?}");
+    let page = env
+        .p
+        .store()
+        .audit_page(&env.p.run_id, Default::default(), 1000)
+        .await
+        .unwrap();
+    let audit: Vec<_> = page
+        .entries
+        .iter()
+        .filter_map(airlock_api::v1::AuditRecord::of)
+        .collect();
+    let refusals: Vec<_> = audit
+        .iter()
+        .filter(|r| r.decision == airlock_api::v1::AuditDecision::Refused)
+        .collect();
+    assert_eq!(refusals.len(), attacks.len(), "{audit:?}");
+    assert!(
+        refusals
+            .iter()
+            .all(|r| r.decider == airlock_api::v1::AuditDecider::L7Rule
+                && r.rule.is_some()
+                && r.code.as_deref() == Some("rule_refused"))
+    );
     let journal = String::from_utf8_lossy(&std::fs::read(&env.p.journal).unwrap()).into_owned();
     assert!(
         journal.contains(

@@ -457,6 +457,37 @@ async fn a_tool_allowlist_hides_tools_from_the_list_and_from_calls() {
         "{good_called:?}"
     );
     drop(sc);
+    // Each exclusion is in the run's audit once, however often it happened
+    // (the second list hid `whoami` again).
+    let journal = String::from_utf8_lossy(&std::fs::read(&p.journal).unwrap()).into_owned();
+    let kept = |integration: &str, tool: &str, called: bool| {
+        let tail = format!(r#","integration":"{integration}","tool":"{tool}","called":{called}}}"#);
+        journal
+            .lines()
+            .filter(|l| l.contains(r#""type":"tool_excluded""#) && l.contains(&tail))
+            .count()
+    };
+    for (integration, tool, called) in [
+        ("good", "whoami", false),
+        ("good", "whoami", true),
+        ("good", "Echo", true),
+        ("good", "WHOAMI", true),
+        ("good", "api_call", false),
+        ("good", "api_call", true),
+        ("ch", "v2", false),
+        ("ch", "v2", true),
+    ] {
+        assert_eq!(
+            kept(integration, tool, called),
+            1,
+            "{integration} {tool} called={called}: {journal}"
+        );
+    }
+    assert_eq!(
+        kept("good", "echo", false),
+        0,
+        "an allowed tool is no exclusion"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -101,6 +101,9 @@ async fn events_reach_the_platform_and_forged_ones_are_refused() {
     for forged in [
         json!({"events": [{"type": "cost", "at": 1, "provider": "openai", "model": "m", "input_tokens": 0, "output_tokens": 0}]}),
         json!({"events": [{"type": "egress", "at": 1, "source": "api_call", "method": "GET", "url": "x", "host": "x", "decision": "allowed"}]}),
+        // The audit's own decisions: an agent cannot write them either.
+        json!({"events": [{"type": "refusals", "at": 1, "code": "blocked_host", "host": "x", "count": 1}]}),
+        json!({"events": [{"type": "tool_excluded", "at": 1, "integration": "gh", "tool": "x", "called": true}]}),
     ] {
         let (status, _, _) = http(
             sc.tcp(),
@@ -139,6 +142,12 @@ async fn events_reach_the_platform_and_forged_ones_are_refused() {
     assert!(
         !events.iter().any(|e| matches!(e, RunEvent::Cost(_))),
         "a forged cost event was recorded"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, RunEvent::ToolExcluded { .. } | RunEvent::Refusals { .. })),
+        "a forged audit event was recorded: {events:?}"
     );
     let run = p.store().get_run(&p.run_id).await.unwrap().unwrap();
     assert_eq!(run.last_heartbeat_at, Some(1000));

@@ -7,6 +7,10 @@ from .api_key_list import ApiKeyList
 from .artifact import Artifact
 from .artifact_list import ArtifactList
 from .artifact_refused_type_0 import ArtifactRefusedType0
+from .audit_decider import AuditDecider
+from .audit_decision import AuditDecision
+from .audit_kind import AuditKind
+from .audit_record import AuditRecord
 from .budget_limits import BudgetLimits
 from .budget_threshold import BudgetThreshold
 from .budget_threshold_budget import BudgetThresholdBudget
@@ -27,6 +31,7 @@ from .error_detail import ErrorDetail
 from .event import Event
 from .event_page import EventPage
 from .event_payload import EventPayload
+from .get_run_audit_format import GetRunAuditFormat
 from .health import Health
 from .jwk import Jwk
 from .jwks import Jwks
@@ -72,6 +77,10 @@ __all__ = (
     "Artifact",
     "ArtifactList",
     "ArtifactRefusedType0",
+    "AuditDecider",
+    "AuditDecision",
+    "AuditKind",
+    "AuditRecord",
     "BudgetLimits",
     "BudgetThreshold",
     "BudgetThresholdBudget",
@@ -92,6 +101,7 @@ __all__ = (
     "Event",
     "EventPage",
     "EventPayload",
+    "GetRunAuditFormat",
     "Health",
     "Jwk",
     "Jwks",

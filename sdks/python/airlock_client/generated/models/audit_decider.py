@@ -1,0 +1,10 @@
+from enum import StrEnum
+
+
+class AuditDecider(StrEnum):
+    EGRESS_GUARD = "egress_guard"
+    L7_RULE = "l7_rule"
+    TOOL_ALLOWLIST = "tool_allowlist"
+
+    def __str__(self) -> str:
+        return str(self.value)

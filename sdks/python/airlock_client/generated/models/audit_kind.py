@@ -1,0 +1,10 @@
+from enum import StrEnum
+
+
+class AuditKind(StrEnum):
+    EGRESS = "egress"
+    REFUSALS = "refusals"
+    TOOL_EXCLUDED = "tool_excluded"
+
+    def __str__(self) -> str:
+        return str(self.value)
