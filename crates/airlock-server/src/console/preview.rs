@@ -41,6 +41,10 @@ pub const POLICY: &str = "sandbox allow-scripts; default-src 'none'; \
      script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; \
      form-action 'none'; base-uri 'none'";
 
+/// What a run id is escaped with in a URL's path (its `_` kept).
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'_').remove(b'-');
+
 /// What a preview's signature names.
 fn resource(run_id: &str) -> String {
     format!("preview/{run_id}")
@@ -60,7 +64,7 @@ pub fn url(app: &AppState, run_id: &str) -> String {
         .usercontent
         .as_ref()
         .map_or("", |u| u.origin.as_str());
-    let id = percent_encoding::utf8_percent_encode(run_id, percent_encoding::NON_ALPHANUMERIC);
+    let id = percent_encoding::utf8_percent_encode(run_id, SEGMENT);
     format!(
         "{origin}{PATH_PREFIX}/runs/{id}/preview?expires={}&signature={}",
         s.expires, s.signature

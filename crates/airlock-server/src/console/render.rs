@@ -30,6 +30,14 @@ static ENV: LazyLock<Environment<'static>> = LazyLock::new(|| {
         }
     }
     env.add_filter("time", time);
+    // A value the answer leaves out (`null`) shows as nothing.
+    env.set_formatter(|out, state, value| {
+        if value.is_none() {
+            Ok(())
+        } else {
+            minijinja::escape_formatter(out, state, value)
+        }
+    });
     env
 });
 
@@ -84,6 +92,22 @@ mod tests {
         assert_eq!(time(Some(0)), "1970-01-01 00:00:00");
         assert_eq!(time(Some(1_765_069_200_000)), "2025-12-07 01:00:00");
         assert_eq!(time(None), "");
+    }
+
+    #[test]
+    fn a_missing_value_shows_as_nothing_and_values_are_escaped() {
+        let html = ENV
+            .get_template("connections.html")
+            .unwrap()
+            .render(minijinja::context! {
+                page => "connections",
+                layout => minijinja::context! { org => "<b>Acme</b>", key_id => "k", csrf => "t" },
+                connections => vec![minijinja::context! { name => "llm", kid => (), created_at => 0 }],
+            })
+            .unwrap();
+        assert!(html.contains("&lt;b&gt;Acme&lt;&#x2f;b&gt;"), "{html}");
+        assert!(!html.contains("none"), "{html}");
+        assert!(html.contains("<td>llm</td>"), "{html}");
     }
 
     #[test]

@@ -223,8 +223,14 @@ fn console_sessions_forms_pages_and_previews_over_http() {
     // No session: pages go to the sign-in form, data is refused.
     let mut anon = Jar::default();
     let (st, h, _) = visit(&s, &mut anon, "GET", "/console/runs", &[], "");
-    assert_eq!((st, header(&h, "location")), (303, Some("/console/sign-in")));
-    assert_eq!(visit(&s, &mut anon, "GET", "/console/data/runs", &[], "").0, 401);
+    assert_eq!(
+        (st, header(&h, "location")),
+        (303, Some("/console/sign-in"))
+    );
+    assert_eq!(
+        visit(&s, &mut anon, "GET", "/console/data/runs", &[], "").0,
+        401
+    );
 
     // The sign-in form pairs its token with a cookie of its own: a token
     // without the cookie (a cross-site form) is refused, as a wrong key.
@@ -236,8 +242,16 @@ fn console_sessions_forms_pages_and_previews_over_http() {
     let form = format!("key={}&csrf={}", form_encode(&key), csrf(&html));
     let (st, h, _) = visit(&s, &mut stranger, "POST", "/console/sign-in", &[], &form);
     assert_eq!(st, 403);
-    assert!(all(&h, "set-cookie").iter().all(|c| !c.starts_with("airlock_console=")));
-    let bad = format!("key=alk_0123456789abcdef_{}&csrf={}", "0".repeat(64), csrf(&html));
+    assert!(
+        all(&h, "set-cookie")
+            .iter()
+            .all(|c| !c.starts_with("airlock_console="))
+    );
+    let bad = format!(
+        "key=alk_0123456789abcdef_{}&csrf={}",
+        "0".repeat(64),
+        csrf(&html)
+    );
     let (st, _, body) = visit(&s, &mut anon, "POST", "/console/sign-in", &[], &bad);
     assert_eq!(st, 401, "{body}");
 
@@ -252,7 +266,12 @@ fn console_sessions_forms_pages_and_previews_over_http() {
         .find(|c| c.starts_with("airlock_console="))
         .expect("a session cookie")
         .to_owned();
-    for attr in ["HttpOnly", "SameSite=Strict", "Path=/console", "Max-Age=28800"] {
+    for attr in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/console",
+        "Max-Age=28800",
+    ] {
         assert!(session.contains(attr), "{session}");
     }
     assert!(!session.contains("Secure"), "plain http: {session}");
@@ -266,7 +285,10 @@ fn console_sessions_forms_pages_and_previews_over_http() {
     let (_, _, html) = visit(&s, &mut tls, "GET", "/console/sign-in", &https, "");
     let form = format!("key={}&csrf={}", form_encode(&key), csrf(&html));
     let (_, h, _) = visit(&s, &mut tls, "POST", "/console/sign-in", &https, &form);
-    assert!(all(&h, "set-cookie").iter().all(|c| c.contains("; Secure")), "{h:?}");
+    assert!(
+        all(&h, "set-cookie").iter().all(|c| c.contains("; Secure")),
+        "{h:?}"
+    );
 
     // A run: a refusal, a model call, an HTML preview.
     let id = start_run(&s, &key, &format!("refuse model html http://{}", s.addr));
@@ -279,17 +301,28 @@ fn console_sessions_forms_pages_and_previews_over_http() {
     assert_eq!(st, 200, "{page}");
     let csp = header(&h, "content-security-policy").unwrap();
     assert!(csp.contains("frame-src 'self'"), "{csp}");
-    assert!(!page.contains("<script>") && !page.contains(" style="), "no inline code");
+    assert!(
+        !page.contains("<script>") && !page.contains(" style="),
+        "no inline code"
+    );
     assert!(page.contains("<tr class=\"refused\">"), "{page}");
-    assert!(page.contains("<span class=\"code\">not_authorized</span>"), "{page}");
+    assert!(
+        page.contains("<span class=\"code\">not_authorized</span>"),
+        "{page}"
+    );
     assert!(page.contains("gpt-fake"), "the model call: {page}");
-    assert!(page.contains("<iframe id=\"preview\" sandbox=\"allow-scripts\" src=\"/usercontent/runs/"));
+    // The preview's frame: sandboxed, scripts only (the URL as the page
+    // escapes it: `/` and `&` as entities).
     let preview = page
-        .split("src=\"/usercontent/")
+        .split("<iframe id=\"preview\" sandbox=\"allow-scripts\" src=\"")
         .nth(1)
         .and_then(|r| r.split('"').next())
-        .map(|p| format!("/usercontent/{}", p.replace("&amp;", "&")))
-        .unwrap();
+        .map(|p| p.replace("&#x2f;", "/").replace("&amp;", "&"))
+        .expect("the preview's frame");
+    assert!(
+        preview.starts_with(&format!("/usercontent/runs/{id}/preview?")),
+        "{preview}"
+    );
     // The preview's source is shown as text in the result, escaped.
     assert!(page.contains("&lt;script&gt;"), "{page}");
 
@@ -297,27 +330,57 @@ fn console_sessions_forms_pages_and_previews_over_http() {
     // sandboxed either way; its signature names its run.
     let (st, h, body) = crate::support::http(s.addr, "GET", &preview, &[], b"");
     assert_eq!(st, 200, "{body:?}");
-    assert_eq!(header(&h, "content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(
+        header(&h, "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
     let sandbox = header(&h, "content-security-policy").unwrap();
     assert!(sandbox.starts_with("sandbox allow-scripts;"), "{sandbox}");
     assert!(String::from_utf8_lossy(&body).contains("<script>"));
     let nav = [("sec-fetch-dest", "document")];
     let (_, h, _) = crate::support::http(s.addr, "GET", &preview, &nav, b"");
-    assert_eq!(header(&h, "content-type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(
+        header(&h, "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
     let frame = [("sec-fetch-dest", "iframe")];
     let (st, h, _) = crate::support::http(s.addr, "GET", &preview, &frame, b"");
     assert_eq!(st, 200);
     assert_eq!(header(&h, "content-type"), Some("text/html; charset=utf-8"));
-    assert!(header(&h, "content-security-policy").unwrap().starts_with("sandbox allow-scripts;"));
-    assert!(header(&h, "x-frame-options").is_none(), "the console frames it");
+    assert!(
+        header(&h, "content-security-policy")
+            .unwrap()
+            .starts_with("sandbox allow-scripts;")
+    );
+    assert!(
+        header(&h, "x-frame-options").is_none(),
+        "the console frames it"
+    );
     let tampered = preview.replace("signature=", "signature=0");
-    assert_eq!(crate::support::http(s.addr, "GET", &tampered, &frame, b"").0, 403);
+    assert_eq!(
+        crate::support::http(s.addr, "GET", &tampered, &frame, b"").0,
+        403
+    );
 
     // Another organization's run is not found through the console either.
     let mut other = sign_in(&s, &other_key);
-    let (st, _, _) = visit(&s, &mut other, "GET", &format!("/console/runs/{id}"), &[], "");
+    let (st, _, _) = visit(
+        &s,
+        &mut other,
+        "GET",
+        &format!("/console/runs/{id}"),
+        &[],
+        "",
+    );
     assert_eq!(st, 404);
-    let (st, _, body) = visit(&s, &mut other, "GET", &format!("/console/data/runs/{id}"), &[], "");
+    let (st, _, body) = visit(
+        &s,
+        &mut other,
+        "GET",
+        &format!("/console/data/runs/{id}"),
+        &[],
+        "",
+    );
     assert_eq!(st, 404, "{body}");
 
     // The data routes answer the /v1 types.
@@ -331,7 +394,11 @@ fn console_sessions_forms_pages_and_previews_over_http() {
     for p in ["/console/runs", "/console/connections", "/console/usage"] {
         let (st, h, html) = visit(&s, &mut jar, "GET", p, &[], "");
         assert_eq!(st, 200, "{p}: {html}");
-        assert!(header(&h, "content-security-policy").unwrap().starts_with(POLICY));
+        assert!(
+            header(&h, "content-security-policy")
+                .unwrap()
+                .starts_with(POLICY)
+        );
         pages.push(html);
     }
     assert!(pages[2].contains(">llm<"), "the connection is listed");
@@ -351,23 +418,63 @@ fn console_sessions_forms_pages_and_previews_over_http() {
     assert_eq!(st, 403);
     let (st, _, _) = visit(&s, &mut jar, "POST", "/console/sign-out", &[], "");
     assert!(st == 400 || st == 422, "no token: {st}");
-    let (st, _, _) = visit(&s, &mut other, "POST", "/console/sign-out", &[], &format!("csrf={token}"));
+    let (st, _, _) = visit(
+        &s,
+        &mut other,
+        "POST",
+        "/console/sign-out",
+        &[],
+        &format!("csrf={token}"),
+    );
     assert_eq!(st, 403, "another session's token");
-    assert_eq!(visit(&s, &mut jar, "GET", "/console/runs", &[], "").0, 200, "still signed in");
-    let (st, h, _) = visit(&s, &mut jar, "POST", "/console/sign-out", &[], &format!("csrf={token}"));
-    assert_eq!((st, header(&h, "location")), (303, Some("/console/sign-in")));
+    assert_eq!(
+        visit(&s, &mut jar, "GET", "/console/runs", &[], "").0,
+        200,
+        "still signed in"
+    );
+    let (st, h, _) = visit(
+        &s,
+        &mut jar,
+        "POST",
+        "/console/sign-out",
+        &[],
+        &format!("csrf={token}"),
+    );
+    assert_eq!(
+        (st, header(&h, "location")),
+        (303, Some("/console/sign-in"))
+    );
     assert_eq!(visit(&s, &mut jar, "GET", "/console/runs", &[], "").0, 303);
 
     // A revoked key ends its sessions at once.
-    let (st, second) = s.call("POST", "/v1/api-keys", Some(&key), Some(&json!({"name": "b"})));
+    let (st, second) = s.call(
+        "POST",
+        "/v1/api-keys",
+        Some(&key),
+        Some(&json!({"name": "b"})),
+    );
     assert_eq!(st, 201, "{second}");
     let mut again = sign_in(&s, second["key"].as_str().unwrap());
-    assert_eq!(visit(&s, &mut again, "GET", "/console/runs", &[], "").0, 200);
+    assert_eq!(
+        visit(&s, &mut again, "GET", "/console/runs", &[], "").0,
+        200
+    );
     let second_id = second["id"].as_str().unwrap();
-    let (st, v) = s.call("DELETE", &format!("/v1/api-keys/{second_id}"), Some(&key), None);
+    let (st, v) = s.call(
+        "DELETE",
+        &format!("/v1/api-keys/{second_id}"),
+        Some(&key),
+        None,
+    );
     assert_eq!(st, 204, "{v}");
-    assert_eq!(visit(&s, &mut again, "GET", "/console/runs", &[], "").0, 303);
-    assert_eq!(visit(&s, &mut again, "GET", "/console/data/runs", &[], "").0, 401);
+    assert_eq!(
+        visit(&s, &mut again, "GET", "/console/runs", &[], "").0,
+        303
+    );
+    assert_eq!(
+        visit(&s, &mut again, "GET", "/console/data/runs", &[], "").0,
+        401
+    );
 }
 
 /// A free loopback port (bound, then let go: the server binds it next).
@@ -405,7 +512,10 @@ fn console_in_a_browser() {
     // another site and cookie jar than 127.0.0.1), another listener.
     let uc_port = free_port();
     let mut env = base_env(home.path(), None);
-    env.push(("USERCONTENT_URL".into(), format!("http://localhost:{uc_port}")));
+    env.push((
+        "USERCONTENT_URL".into(),
+        format!("http://localhost:{uc_port}"),
+    ));
     env.push(("USERCONTENT_LISTEN".into(), format!("127.0.0.1:{uc_port}")));
     let s = Server::start(&env, "namespace", home.path().join("serve.log"));
     let (_, key) = create_org(&env, "Acme", &[]);
@@ -421,7 +531,10 @@ fn console_in_a_browser() {
         .unwrap()
         .join("console-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/console_browser.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/python/console_browser.py"
+    );
     let out = Command::new("python3")
         .arg(script)
         .env("CONSOLE_URL", format!("http://{}", s.addr))
@@ -440,8 +553,19 @@ fn console_in_a_browser() {
         s.log_text()
     );
     eprintln!("{stdout}");
-    for shot in ["sign-in", "runs", "run", "preview-top-level", "connections", "usage"] {
+    for shot in [
+        "sign-in",
+        "runs",
+        "run",
+        "preview-top-level",
+        "connections",
+        "usage",
+    ] {
         let p = shots.join(format!("{shot}.png"));
-        assert!(p.metadata().is_ok_and(|m| m.len() > 1000), "{}", p.display());
+        assert!(
+            p.metadata().is_ok_and(|m| m.len() > 1000),
+            "{}",
+            p.display()
+        );
     }
 }
