@@ -799,6 +799,18 @@ impl From<&airlock_store::Event> for Event {
     }
 }
 
+/// The field of a run's result that makes it an HTML preview: a result
+/// `{"html": "<!doctype html>…"}` (the agent's `$AIRLOCK_RESULT` file) is
+/// shown by the console in a sandboxed frame (docs/console.md).
+pub const HTML_RESULT_FIELD: &str = "html";
+
+/// The HTML of a run's result event (`GET /v1/runs/{id}/result`: its
+/// `result` is what the agent reported) when that result is an HTML
+/// preview ([`HTML_RESULT_FIELD`]).
+pub fn html_result(result_event: &serde_json::Value) -> Option<&str> {
+    result_event.get("result")?.get(HTML_RESULT_FIELD)?.as_str()
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EventPage {
     pub events: Vec<Event>,

@@ -64,6 +64,10 @@ pub struct ServeConfig {
     /// Where `/metrics` is served, and who may read it (`METRICS_LISTEN`,
     /// `METRICS_TOKEN`; unset: nowhere): [`crate::metrics`].
     pub metrics: Option<crate::metrics::MetricsAccess>,
+    /// The console's sessions and the previews' origin
+    /// (`CONSOLE_SESSION_SECRET`, `USERCONTENT_URL`, `USERCONTENT_LISTEN`):
+    /// [`crate::console`].
+    pub console: crate::console::ConsoleConfig,
 }
 
 /// The workload identity issuer's settings: `IDENTITY_SIGNING_KEYS` (unset:
@@ -233,6 +237,7 @@ impl ServeConfig {
             download_ttl: i64::from(whole(url_seconds)),
             identity: Identity::from_env()?,
             metrics: metrics()?,
+            console: console()?,
         })
     }
 }
@@ -297,6 +302,60 @@ fn downloads() -> Result<airlock_vault::UrlSigner, ConfigError> {
         }
     };
     Ok(airlock_vault::UrlSigner::new(ring))
+}
+
+/// The console's settings: its sessions' keyring (`CONSOLE_SESSION_SECRET`,
+/// or a secret of this process's own, so a session works only on the
+/// replica that opened it), and the previews' origin (`USERCONTENT_URL`
+/// with `USERCONTENT_LISTEN`, both or neither).
+fn console() -> Result<crate::console::ConsoleConfig, ConfigError> {
+    use crate::console::session::{ENV_CONSOLE_SESSION_SECRET as VAR, Sessions};
+    use crate::console::{ENV_USERCONTENT_LISTEN, ENV_USERCONTENT_URL, Usercontent};
+    use airlock_vault::SigningKeyring;
+    let bad = |var, e: &dyn std::fmt::Display| ConfigError {
+        var,
+        message: e.to_string(),
+    };
+    let ring = match get(VAR) {
+        Some(v) => {
+            SigningKeyring::parse(VAR, &zeroize::Zeroizing::new(v)).map_err(|e| bad(VAR, &e))?
+        }
+        None => {
+            let own = zeroize::Zeroizing::new(
+                airlock_vault::random_hex::<32>().map_err(|e| bad(VAR, &e))?,
+            );
+            SigningKeyring::parse(VAR, &own).map_err(|e| bad(VAR, &e))?
+        }
+    };
+    let usercontent = match (get(ENV_USERCONTENT_URL), get(ENV_USERCONTENT_LISTEN)) {
+        (None, None) => None,
+        (Some(url), Some(listen)) => Some(Usercontent {
+            origin: crate::console::usercontent_origin(url.trim())
+                .map_err(|e| bad(ENV_USERCONTENT_URL, &e))?,
+            listen: listen.trim().parse().map_err(|_| {
+                bad(
+                    ENV_USERCONTENT_LISTEN,
+                    &format!("{listen:?} is not an address and port, e.g. 127.0.0.1:8421"),
+                )
+            })?,
+        }),
+        (Some(_), None) => {
+            return Err(bad(
+                ENV_USERCONTENT_LISTEN,
+                &"is not set but USERCONTENT_URL is: previews on their own origin are served on USERCONTENT_LISTEN",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(bad(
+                ENV_USERCONTENT_URL,
+                &"is not set but USERCONTENT_LISTEN is: name the origin the previews are served from",
+            ));
+        }
+    };
+    Ok(crate::console::ConsoleConfig {
+        sessions: Sessions::new(ring),
+        usercontent,
+    })
 }
 
 /// `METRICS_LISTEN` and `METRICS_TOKEN` (a token without an address is

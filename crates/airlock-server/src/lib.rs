@@ -12,6 +12,9 @@
 //!   the runs of replicas that died.
 //! - [`metrics`]: `/metrics` for the operator, on a listener of its own
 //!   (`METRICS_LISTEN`), never on the tenants' one.
+//! - [`console`]: the operator's console under `/console` (pages read
+//!   through the `/v1` handlers, a session cookie made from an API key)
+//!   and agents' HTML previews, sandboxed on an origin of their own.
 //! - [`webhooks`]: signed deliveries of run events, judged by the egress
 //!   guard at creation and at every delivery, retried with backoff.
 //! - [`serve()`]: the listener answers from the first moment: `/healthz`
@@ -25,6 +28,7 @@ pub mod access;
 pub mod auth;
 pub mod bundle;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod extract;
 pub mod failpoint;

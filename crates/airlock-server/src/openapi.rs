@@ -169,6 +169,7 @@ pub fn router(app: AppState) -> Router {
         crate::access::require_key,
     ));
     open.merge(keyed)
+        .merge(crate::console::router(&app))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))

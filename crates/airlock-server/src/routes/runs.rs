@@ -408,15 +408,33 @@ pub async fn result(
     t: Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    the_run(&app, &t, &id).await?;
-    let e = app
-        .store()
-        .last_event_of_kind(&id, "result")
+    let payload = last_result(&app, &t, &id)
         .await?
         .ok_or_else(|| ApiError::not_found("result"))?;
-    let payload: serde_json::Value =
-        serde_json::from_str(&e.payload).map_err(ApiError::internal)?;
     Ok(axum::Json(payload).into_response())
+}
+
+/// The result the run `id` of `t`'s organization reported last (`None`:
+/// none yet); a run of another organization is not found.
+pub async fn last_result(
+    app: &AppState,
+    t: &Tenant,
+    id: &str,
+) -> ApiResult<Option<serde_json::Value>> {
+    the_run(app, t, id).await?;
+    result_of(app, id).await
+}
+
+/// The result the run `id` reported last, whoever asks: only for a caller
+/// that has already established its right to the run (its organization, or
+/// a signature naming it).
+pub async fn result_of(app: &AppState, id: &str) -> ApiResult<Option<serde_json::Value>> {
+    let Some(e) = app.store().last_event_of_kind(id, "result").await? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&e.payload)
+        .map(Some)
+        .map_err(ApiError::internal)
 }
 
 /// A large result the run stored, with its content type.

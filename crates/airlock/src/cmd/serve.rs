@@ -87,6 +87,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
+    // The previews' own origin, bound now as the metrics' listener is.
+    let usercontent = match cfg.console.usercontent.clone() {
+        Some(u) => {
+            let l = tokio::net::TcpListener::bind(u.listen)
+                .await
+                .with_context(|| format!("USERCONTENT_LISTEN: listening on {}", u.listen))?;
+            eprintln!(
+                "airlock serve: previews on http://{} ({})",
+                l.local_addr()?,
+                u.origin
+            );
+            Some(l)
+        }
+        None => None,
+    };
     let replica = airlock_server::new_replica_id()?;
     eprintln!(
         "airlock serve: listening on http://{} (replica {replica}, {} backend, store {store_name})",
@@ -127,6 +142,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 ));
             }
             let app = AppState::with_replica(orch, auth, cfg, replica)?;
+            if let Some(listener) = usercontent {
+                tokio::spawn(airlock_server::console::preview::serve(
+                    listener,
+                    app.clone(),
+                ));
+            }
             eprintln!("airlock serve: ready");
             Ok(app)
         }

@@ -32,6 +32,7 @@ mod sandbox_escape;
 mod sandbox_host;
 mod serve_api;
 mod serve_audit;
+mod serve_console;
 mod serve_files;
 mod serve_fleet;
 mod serve_identity;
