@@ -7,7 +7,9 @@
 use airlock_api::ocsf;
 use airlock_api::v1::AuditRecord;
 use airlock_platform_api::wire::{RefusalCode, RunEvent};
-use airlock_store::{AuditEntry, EgressDecision, EgressEntry, EgressOutcome, EgressSource, Event};
+use airlock_store::{
+    AuditEntry, EgressDecision, EgressEntry, EgressOutcome, EgressPlane, EgressSource, Event,
+};
 use serde_json::{Map, Value, json};
 
 fn schema() -> Value {
@@ -128,6 +130,7 @@ fn egress(
         run_id: "run_0123456789abcdef".into(),
         at: 1_800_000_000_000 + id,
         source,
+        plane: EgressPlane::implied_by(source),
         integration: Some("github".into()),
         method: method.into(),
         url: "https://api.github.test/repos/a/issues".into(),

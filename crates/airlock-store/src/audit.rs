@@ -137,6 +137,7 @@ mod tests {
             reason: Some(crate::RefusalCode::RuleRefused),
             rule: Some("read-only".into()),
             source: EgressSource::ApiCall,
+            plane: crate::EgressPlane::Api,
             integration: Some("gh".into()),
             method: "DELETE".into(),
             host: "api.gh.test".into(),

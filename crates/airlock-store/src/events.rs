@@ -12,8 +12,8 @@
 
 use sqlx::Row as _;
 
-use crate::thresholds::cross_run_in;
 use crate::audit::AUDIT_EVENT_KINDS;
+use crate::thresholds::cross_run_in;
 use crate::usage::add_run_usage;
 use crate::{
     Event, JournalledEvent, NewEvent, Pool, Store, StoreError, multi_row_insert, returned_id,

@@ -1528,6 +1528,7 @@ async fn a_runs_audit_pages_through_both_tables_in_time_order(s: &Store) {
                 run_id: run,
                 at: 100 + 10 * i,
                 source: EgressSource::Proxy,
+                plane: EgressPlane::Proxy,
                 integration: None,
                 method: "POST",
                 url: "https://h.test/x",

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use airlock_api::v1::{AuditDecider, AuditDecision, AuditKind, AuditRecord};
 use airlock_platform_api::wire::RunEvent;
 use airlock_store::{
-    BatchWrite, EgressDecision, EgressOutcome, EgressSource, NewEgress, NewEvent, RefusalCode,
-    Store, StoreOptions,
+    BatchWrite, EgressDecision, EgressOutcome, EgressPlane, EgressSource, NewEgress, NewEvent,
+    RefusalCode, Store, StoreOptions,
 };
 use serde_json::{Value, json};
 
@@ -43,6 +43,7 @@ fn record_decisions(home: &std::path::Path, run_id: &str) -> i64 {
                     run_id,
                     at: t0 + 2 * i as i64,
                     source: EgressSource::ApiCall,
+                    plane: EgressPlane::Api,
                     integration: Some("items"),
                     method: if refused { "DELETE" } else { "GET" },
                     url: &urls[i],
