@@ -92,7 +92,7 @@ fn egress_insert(pool: &Pool, len: usize) -> (&'static str, usize) {
 fn egress_insert_sql(rows: usize, numbered: bool) -> String {
     multi_row_insert(
         concat!("INSERT INTO egress_log ", egress_columns!(), " VALUES "),
-        17,
+        18,
         rows,
         numbered,
         egress_upsert!(),
@@ -130,7 +130,7 @@ impl Store {
             concat!(
                 "INSERT INTO egress_log ",
                 egress_columns!(),
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
                 egress_upsert!(),
                 " RETURNING id"
             ),
