@@ -96,7 +96,11 @@ def main():
         # model call answers slowly, so the page opens on it live).
         run = api("POST", "/v1/runs", {"agent": "console", "prompt": f"refuse model slow html {CONSOLE}"})
         rid = run["id"]
-        page.goto(CONSOLE + "/console/runs/" + rid)
+        # The open list shows it without a reload.
+        page.wait_for_selector(f'tr[data-run="{rid}"]', timeout=30_000)
+        assert len(navigations) == 2, navigations
+        page.click(f'tr[data-run="{rid}"] a')
+        page.wait_for_url(CONSOLE + "/console/runs/" + rid)
         first = page.text_content("#run-status")
         assert first in ("queued", "running"), f"the page opened on a live run, not {first}"
         # (Waits are Playwright's own assertions: the console's CSP forbids
