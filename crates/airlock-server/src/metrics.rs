@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use airlock_platform::orchestrator::Orchestrator;
-use airlock_platform_api::listener_guard;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse as _, Response};
@@ -48,13 +47,7 @@ pub async fn serve(
     let router = axum::Router::new()
         .route("/metrics", axum::routing::get(answer))
         .with_state(served);
-    listener_guard::serve(
-        listener,
-        listener_guard::Guard::new(listener_guard::Settings::API),
-        router,
-        std::future::pending(),
-    )
-    .await;
+    crate::serve::serve_apart(listener, router).await;
 }
 
 async fn answer(State(s): State<Served>, headers: HeaderMap) -> Response {

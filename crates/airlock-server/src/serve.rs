@@ -20,6 +20,19 @@ pub fn router(app: AppState) -> axum::Router {
     openapi::router(app)
 }
 
+/// Serves `router` on a listener of the operator's own beside the API's
+/// (`/metrics`, the previews' origin), under the API's connection caps and
+/// timeouts, until the process ends.
+pub async fn serve_apart(listener: tokio::net::TcpListener, router: axum::Router) {
+    listener_guard::serve(
+        listener,
+        listener_guard::Guard::new(listener_guard::Settings::API),
+        router,
+        std::future::pending(),
+    )
+    .await;
+}
+
 /// Reports how the boot goes while the platform is not up yet: what
 /// `/readyz` answers meanwhile. Cheap to clone.
 #[derive(Clone, Default)]

@@ -20,8 +20,6 @@
 //! and no form targets.
 
 use airlock_api::v1;
-use airlock_platform_api::listener_guard;
-use airlock_vault::UrlSignature;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse as _, Response};
@@ -78,14 +76,7 @@ pub fn router() -> axum::Router<AppState> {
 /// Serves the previews alone on `listener` (`USERCONTENT_LISTEN`) until the
 /// process ends.
 pub async fn serve(listener: tokio::net::TcpListener, app: AppState) {
-    let router = router().with_state(app);
-    listener_guard::serve(
-        listener,
-        listener_guard::Guard::new(listener_guard::Settings::API),
-        router,
-        std::future::pending(),
-    )
-    .await;
+    crate::serve::serve_apart(listener, router().with_state(app)).await;
 }
 
 #[derive(Deserialize)]
@@ -109,20 +100,7 @@ async fn answer(
     Query(q): Query<Signed>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let sig = UrlSignature {
-        expires: q.expires,
-        signature: q.signature,
-    };
-    app.cfg()
-        .downloads
-        .verify(&resource(&id), &sig, super::operator::now_s())
-        .map_err(|e| {
-            ApiError::new(
-                http::StatusCode::FORBIDDEN,
-                "signature_invalid",
-                e.to_string(),
-            )
-        })?;
+    crate::routes::artifacts::check_signature(&app, &resource(&id), q.expires, q.signature)?;
     let result = runs::result_of(&app, &id).await?;
     let html = result
         .as_ref()

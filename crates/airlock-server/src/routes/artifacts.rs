@@ -109,14 +109,7 @@ pub async fn download(
     Path(id): Path<String>,
     Query(q): Query<v1::ArtifactDownload>,
 ) -> ApiResult<Response> {
-    let sig = UrlSignature {
-        expires: q.expires,
-        signature: q.signature,
-    };
-    app.cfg()
-        .downloads
-        .verify(&resource(&id, &q.path), &sig, now_s())
-        .map_err(refused)?;
+    check_signature(&app, &resource(&id, &q.path), q.expires, q.signature)?;
     let (_, body) = app
         .store()
         .get_artifact(&id, &q.path)
@@ -130,6 +123,22 @@ pub async fn download(
         body,
     )
         .into_response())
+}
+
+/// Whether a signed URL's `expires` and `signature` let its holder read
+/// `resource` now (`UPLOAD_SIGNING_SECRET`): a 403 naming why not
+/// (`signature_expired`, `signature_invalid`).
+pub fn check_signature(
+    app: &AppState,
+    resource: &str,
+    expires: i64,
+    signature: String,
+) -> ApiResult<()> {
+    let sig = UrlSignature { expires, signature };
+    app.cfg()
+        .downloads
+        .verify(resource, &sig, now_s())
+        .map_err(refused)
 }
 
 fn refused(e: SignedUrlError) -> ApiError {

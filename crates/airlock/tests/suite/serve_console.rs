@@ -503,7 +503,7 @@ fn console_in_a_browser() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     // A slow model: a run stays live while the browser opens its page.
-    let fake = rt.block_on(fake_provider::start(Duration::from_millis(500)));
+    let fake = rt.block_on(fake_provider::start(Duration::from_millis(800)));
     let home = tempfile::Builder::new()
         .prefix("airlock-console-browser-")
         .tempdir()

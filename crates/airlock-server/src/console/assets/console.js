@@ -29,7 +29,8 @@ function setStatus(node, status) {
   node.className = "status s-" + status;
 }
 
-// The runs list: refreshed from the runs API while a run shown is not over.
+// The runs list: read again from the runs API every second while a run
+// shown is not over, else every two (a new run shows up).
 function runsPage() {
   const tbody = document.querySelector("#runs tbody");
   const params = new URLSearchParams(location.search);
@@ -61,7 +62,7 @@ function runsPage() {
   }
   const tick = async () => {
     try { await refresh(); } catch (e) { /* shown again on the next tick */ }
-    setTimeout(tick, live() ? 1000 : 5000);
+    setTimeout(tick, live() ? 1000 : 2000);
   };
   setTimeout(tick, 1000);
 }
