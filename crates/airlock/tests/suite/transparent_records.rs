@@ -166,9 +166,9 @@ async fn the_proxy_and_the_plane_give_records_that_differ_only_in_their_plane() 
     for (scheme, name, port, path, allowed, body) in cases {
         let url = format!("{scheme}://{name}:{port}{path}");
         for route in [via_proxy.clone(), via_plane(name, port)] {
-            let (url, route, ca_file) = (url.clone(), route.clone(), ca_file.clone());
+            let (url, sent, ca_file) = (url.clone(), route.clone(), ca_file.clone());
             let (code, status, got) =
-                tokio::task::spawn_blocking(move || curl(&url, &ca_file, &route))
+                tokio::task::spawn_blocking(move || curl(&url, &ca_file, &sent))
                     .await
                     .unwrap();
             if allowed {
