@@ -10,7 +10,6 @@
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -276,22 +275,15 @@ impl Curl {
 
 async fn curl(args: Vec<String>) -> Curl {
     tokio::task::spawn_blocking(move || {
-        let out = Command::new("curl")
+        let out = curl_without_proxy_env()
             .args([
                 "-sS",
                 "--max-time",
                 "20",
-                "--noproxy",
-                "",
                 "-w",
                 "\n%{http_code} %{http_connect}",
             ])
             .args(&args)
-            .env_remove("http_proxy")
-            .env_remove("https_proxy")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("ALL_PROXY")
-            .env_remove("all_proxy")
             .output()
             .expect("curl must be installed (.ci/run installs it)");
         Curl {

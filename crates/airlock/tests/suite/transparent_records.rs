@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::Command;
 
 use airlock_runtime::Dial;
 use airlock_runtime::transparent::carry;
@@ -62,16 +61,11 @@ fn synthetic(host: u8) -> Ipv4Addr {
 /// curl with no proxy at all, `name:port` resolved to `at`, or through
 /// the proxy `via` (`-x`, with its user): `(exit code, HTTP code, body)`.
 fn curl(url: &str, ca: &str, route: &[String]) -> (i32, String, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "20", "--noproxy", "", "--cacert", ca])
+    let out = curl_without_proxy_env()
+        .args(["-sS", "--max-time", "20", "--cacert", ca])
         .args(["-w", "\n%{http_code}"])
         .args(route)
         .arg(url)
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env_remove("all_proxy")
         .output()
         .expect("curl must be installed (.ci/run installs it)");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -166,9 +160,9 @@ async fn the_proxy_and_the_plane_give_records_that_differ_only_in_their_plane() 
     for (scheme, name, port, path, allowed, body) in cases {
         let url = format!("{scheme}://{name}:{port}{path}");
         for route in [via_proxy.clone(), via_plane(name, port)] {
-            let (url, via, ca_file) = (url.clone(), route.clone(), ca_file.clone());
+            let (url, sent, ca_file) = (url.clone(), route.clone(), ca_file.clone());
             let (code, status, got) =
-                tokio::task::spawn_blocking(move || curl(&url, &ca_file, &via))
+                tokio::task::spawn_blocking(move || curl(&url, &ca_file, &sent))
                     .await
                     .unwrap();
             if allowed {

@@ -20,6 +20,24 @@ pub use airlock_test_support::sidecar_config::{
     document, integration, refused_document,
 };
 
+/// `curl` that takes no proxy from the environment (`--noproxy ""`, the
+/// proxy variables removed): it reaches what it reaches through the `-x`
+/// or `--resolve` the test gives it, and nothing else.
+pub fn curl_without_proxy_env() -> std::process::Command {
+    let mut c = std::process::Command::new("curl");
+    c.args(["--noproxy", ""]);
+    for k in [
+        "http_proxy",
+        "https_proxy",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        c.env_remove(k);
+    }
+    c
+}
+
 /// Starts this build's `airlock sidecar` with `config` on stdin and waits
 /// for readiness. `log` sets `AIRLOCK_LOG` (e.g. `trace` for the canary tests).
 pub fn spawn_sidecar_with_log(config: &SidecarConfig, log: &str) -> SidecarProcess {
