@@ -100,13 +100,11 @@ pub fn event(record: &AuditRecord) -> Option<Value> {
         "traffic".into(),
         json!({"bytes_in": record.bytes_in, "bytes_out": record.bytes_out}),
     );
-    if record.decider == AuditDecider::L7Rule {
-        if let Some(rule) = &record.rule {
-            e.insert(
-                "firewall_rule".into(),
-                json!({"uid": rule, "name": rule, "type": "l7_rule"}),
-            );
-        }
+    if let (AuditDecider::L7Rule, Some(rule)) = (record.decider, &record.rule) {
+        e.insert(
+            "firewall_rule".into(),
+            json!({"uid": rule, "name": rule, "type": "l7_rule"}),
+        );
     }
     if class_uid == CLASS_HTTP_ACTIVITY {
         http(record, &mut e);

@@ -3,6 +3,7 @@
 //! an event carries is one its class or object defines, of that type and
 //! within its enumeration; every required one is there; the derived
 //! numbers (`type_uid`, the category) agree.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use airlock_api::ocsf;
 use airlock_api::v1::AuditRecord;
@@ -71,13 +72,12 @@ fn check_object(schema: &Value, def: &Value, value: &Value, at: &str, out: &mut 
             out.push(format!("{at}{name}: required, missing"));
         }
     }
-    if let Some(one_of) = def["constraints"]["at_least_one"].as_array() {
-        if !one_of
+    if let Some(one_of) = def["constraints"]["at_least_one"].as_array()
+        && !one_of
             .iter()
             .any(|n| fields.get(n.as_str().unwrap()).is_some())
-        {
-            out.push(format!("{at}: needs one of {one_of:?}"));
-        }
+    {
+        out.push(format!("{at}: needs one of {one_of:?}"));
     }
     for (name, v) in fields {
         let Some(a) = attributes.get(name) else {
@@ -107,10 +107,10 @@ fn check_value(schema: &Value, a: &Value, v: &Value, at: &str, out: &mut Vec<Str
         out.push(format!("{at}: {v} is not a {ty}"));
         return;
     }
-    if let Some(values) = a["enum"].as_object() {
-        if !values.contains_key(&v.to_string()) {
-            out.push(format!("{at}: {v} is not in its enumeration"));
-        }
+    if let Some(values) = a["enum"].as_object()
+        && !values.contains_key(&v.to_string())
+    {
+        out.push(format!("{at}: {v} is not in its enumeration"));
     }
     if let Some(object) = a["object_type"].as_str() {
         let def = &schema["objects"][object];
@@ -191,8 +191,8 @@ fn entries() -> Vec<AuditEntry> {
         ),
     ]
     .into_iter()
-    .enumerate()
-    .map(|(i, (m, s, r))| AuditEntry::Egress(egress(i as i64 + 1, m, s, r)))
+    .zip(1..)
+    .map(|((m, s, r), id)| AuditEntry::Egress(egress(id, m, s, r)))
     .collect();
     v.push(AuditEntry::Event(event(
         50,
@@ -265,6 +265,9 @@ fn every_network_decision_is_a_valid_ocsf_event_of_its_class() {
     );
 }
 
+/// A change that makes an event wrong.
+type Fault = fn(&mut Map<String, Value>);
+
 /// The check is not vacuous: each kind of fault it looks for is found.
 #[test]
 fn the_schema_check_finds_what_is_wrong() {
@@ -272,7 +275,7 @@ fn the_schema_check_finds_what_is_wrong() {
     let record = AuditRecord::of(&entries()[0]).unwrap();
     let good = ocsf::event(&record).unwrap();
     assert!(violations(&schema, &good).is_empty());
-    let faults: [(&str, fn(&mut Map<String, Value>)); 7] = [
+    let faults: [(&str, Fault); 7] = [
         ("required, missing", |e| {
             e.remove("time");
         }),

@@ -1551,11 +1551,11 @@ async fn a_runs_audit_pages_through_both_tables_in_time_order(s: &Store) {
             .await
             .unwrap();
         }
-        for (i, kind) in ["tool_excluded", "log", "refusals", "cost", "tool_excluded"]
+        for (kind, i) in ["tool_excluded", "log", "refusals", "cost", "tool_excluded"]
             .into_iter()
-            .enumerate()
+            .zip(0..)
         {
-            let at = 105 + 20 * i as i64;
+            let at = 105 + 20 * i;
             s.append_event(&NewEvent {
                 run_id: run,
                 kind,

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use crate::support::serve::{Server, agent_body, base_env, create_org, wait_for};
 
 /// More than two pages of each table (a page reads 500 rows of each).
-const EGRESS: usize = 1234;
-const EXCLUSIONS: usize = 1100;
+const EGRESS: i64 = 1234;
+const EXCLUSIONS: i64 = 1100;
 
 /// Writes the run's decisions into the server's store, as its sidecar's
 /// journal would: egress records (every tenth refused by an L7 rule) and
@@ -36,17 +36,19 @@ fn record_decisions(home: &std::path::Path, run_id: &str) -> i64 {
         let urls: Vec<String> = (0..EGRESS)
             .map(|i| format!("https://api.example.test/items/{i}"))
             .collect();
-        let records: Vec<NewEgress<'_>> = (0..EGRESS)
-            .map(|i| {
+        let records: Vec<NewEgress<'_>> = urls
+            .iter()
+            .zip(0..)
+            .map(|(url, i)| {
                 let refused = i % 10 == 0;
                 NewEgress {
                     run_id,
-                    at: t0 + 2 * i as i64,
+                    at: t0 + 2 * i,
                     source: EgressSource::ApiCall,
                     plane: EgressPlane::Api,
                     integration: Some("items"),
                     method: if refused { "DELETE" } else { "GET" },
-                    url: &urls[i],
+                    url,
                     host: "api.example.test",
                     decision: if refused {
                         EgressDecision::Refused
@@ -58,7 +60,7 @@ fn record_decisions(home: &std::path::Path, run_id: &str) -> i64 {
                     duration_ms: (!refused).then_some(3),
                     bytes_out: 0,
                     bytes_in: if refused { 0 } else { 100 },
-                    seq: Some(i as i64),
+                    seq: Some(i),
                     outcome: (!refused).then_some(EgressOutcome::Completed),
                     metering: None,
                     rule: refused.then_some("items-read"),
@@ -70,7 +72,7 @@ fn record_decisions(home: &std::path::Path, run_id: &str) -> i64 {
             .await
             .unwrap();
         for i in 0..EXCLUSIONS {
-            let at = t0 + 1 + 2 * i as i64;
+            let at = t0 + 1 + 2 * i;
             let e = RunEvent::ToolExcluded {
                 at,
                 integration: "items".into(),
@@ -152,9 +154,10 @@ fn a_runs_audit_streams_every_decision_in_order_and_to_its_organization_only() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
     let ours: Vec<&AuditRecord> = records.iter().filter(|r| r.at >= t0).collect();
+    let count = |n: i64| usize::try_from(n).unwrap();
     assert_eq!(
         ours.len(),
-        EGRESS + EXCLUSIONS,
+        count(EGRESS + EXCLUSIONS),
         "every decision, no log line"
     );
     assert!(
@@ -172,7 +175,7 @@ fn a_runs_audit_streams_every_decision_in_order_and_to_its_organization_only() {
         .iter()
         .filter(|r| r.decision == AuditDecision::Refused)
         .collect();
-    assert_eq!(refused.len(), EGRESS.div_ceil(10));
+    assert_eq!(refused.len(), count((EGRESS + 9) / 10));
     assert!(refused.iter().all(|r| r.decider == AuditDecider::L7Rule
         && r.rule.as_deref() == Some("items-read")
         && r.code.as_deref() == Some("rule_refused")
@@ -194,7 +197,7 @@ fn a_runs_audit_streams_every_decision_in_order_and_to_its_organization_only() {
         .iter()
         .filter(|r| r.kind == AuditKind::ToolExcluded)
         .collect();
-    assert_eq!(hidden.len(), EXCLUSIONS);
+    assert_eq!(hidden.len(), count(EXCLUSIONS));
     assert!(hidden.iter().all(|r| r.decision == AuditDecision::Hidden
         && r.decider == AuditDecider::ToolAllowlist
         && r.tool.is_some()
