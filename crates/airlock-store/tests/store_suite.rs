@@ -2313,7 +2313,7 @@ async fn check_upgraded_to_3(s: &Store) {
         ]
     );
     assert!(log.iter().all(|e| e.seq.is_none() && e.metering.is_none()));
-    // Version 13: each kept row has the plane its source implies.
+    // Version 14: each kept row has the plane its source implies.
     let planes: Vec<_> = log.iter().map(|e| e.plane).collect();
     assert_eq!(
         planes,
