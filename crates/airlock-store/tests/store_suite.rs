@@ -3076,9 +3076,19 @@ async fn race_reservations(a: &Store, b: &Store) {
 /// organization's day budget cannot both take its last share.
 #[tokio::test]
 async fn two_replicas_racing_one_budget_on_postgres_pass_only_what_fits() {
-    let Some((a, url, schema)) = postgres().await else {
+    let Some((a, b, url, schema)) = two_replicas().await else {
         return;
     };
+    race_reservations(&a, &b).await;
+    a.close().await;
+    b.close().await;
+    drop_schema(&url, &schema).await;
+}
+
+/// Two stores on one fresh PostgreSQL schema (two replicas): with its URL
+/// and schema, for [`drop_schema`].
+async fn two_replicas() -> Option<(Store, Store, String, String)> {
+    let (a, url, schema) = postgres().await?;
     let sep = if url.contains('?') { '&' } else { '?' };
     let b = Store::open(
         &format!("{url}{sep}options[search_path]={schema}"),
@@ -3086,10 +3096,7 @@ async fn two_replicas_racing_one_budget_on_postgres_pass_only_what_fits() {
     )
     .await
     .unwrap();
-    race_reservations(&a, &b).await;
-    a.close().await;
-    b.close().await;
-    drop_schema(&url, &schema).await;
+    Some((a, b, url, schema))
 }
 
 /// Thresholds [0.5, 1]: a run whose usage reaches 60 %, then 70 %, then
@@ -3260,16 +3267,9 @@ async fn race_settlements(a: &Store, b: &Store) {
 /// organization's calls at once cross each threshold once.
 #[tokio::test]
 async fn two_replicas_settling_at_once_on_postgres_cross_each_threshold_once() {
-    let Some((a, url, schema)) = postgres().await else {
+    let Some((a, b, url, schema)) = two_replicas().await else {
         return;
     };
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let b = Store::open(
-        &format!("{url}{sep}options[search_path]={schema}"),
-        &StoreOptions::default(),
-    )
-    .await
-    .unwrap();
     race_settlements(&a, &b).await;
     a.close().await;
     b.close().await;
