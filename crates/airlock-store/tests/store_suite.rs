@@ -3176,18 +3176,10 @@ async fn a_runs_budget_crosses_each_threshold_once_with_its_deliveries(s: &Store
         // Another organization's delivery id finds nothing.
         assert_eq!(s.delivery_crossing("other", &x.id).await.unwrap(), None);
     }
-    assert!(
-        s.list_deliveries("ot", "wh_r", 10, None)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert!(
-        s.list_deliveries("other", "wh_x", 10, None)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    for (org, hook) in [("ot", "wh_r"), ("other", "wh_x")] {
+        let none = s.list_deliveries(org, hook, 10, None).await.unwrap();
+        assert!(none.is_empty(), "{hook}: {none:?}");
+    }
     // A run with no budget crosses nothing.
     s.enqueue_run(&queued("ot", "rn")).await.unwrap();
     s.add_run_usage("rn", &usage(1 << 30, 0)).await.unwrap();

@@ -109,17 +109,23 @@ fn rules(list: &AuthorizedUris) -> CallRules<'_> {
     }
 }
 
+/// Sends a GET of `path` on the origin at `port` through `c`.
+async fn get(
+    c: &GuardedClient,
+    port: u16,
+    path: &str,
+) -> Result<airlock_egress::GuardedResponse, airlock_egress::EgressError> {
+    let list = all();
+    let url = format!("http://api.internal.test:{port}{path}");
+    c.send(OutboundRequest::get(url), &rules(&list)).await
+}
+
 #[tokio::test]
 async fn requests_go_through_the_proxy_to_the_pinned_address_with_its_credentials() {
     let origin = server(handler(|_| respond(200, &[], "from the origin")), None).await;
     let (proxy, asked) = connect_proxy(false).await;
     let c = client(&format!("http://us%40er:s3cret-pw@{proxy}"));
-    let list = all();
-    let url = format!("http://api.internal.test:{}/x", origin.port());
-    let resp = c
-        .send(OutboundRequest::get(url), &rules(&list))
-        .await
-        .unwrap();
+    let resp = get(&c, origin.port(), "/x").await.unwrap();
     assert_eq!(&resp.body[..], b"from the origin");
     let asked = asked.lock().unwrap().clone();
     assert_eq!(asked.len(), 1, "{asked:?}");
@@ -160,12 +166,7 @@ async fn a_proxy_refusing_connect_is_a_typed_failure_without_its_credentials() {
     let origin = server(handler(|_| respond(200, &[], "never")), None).await;
     let (proxy, asked) = connect_proxy(true).await;
     let c = client(&format!("http://user:hunter2-pw@{proxy}"));
-    let list = all();
-    let url = format!("http://api.internal.test:{}/", origin.port());
-    let e = c
-        .send(OutboundRequest::get(url), &rules(&list))
-        .await
-        .unwrap_err();
+    let e = get(&c, origin.port(), "/").await.unwrap_err();
     assert_eq!(e.code, EgressCode::UpstreamFailed, "{e}");
     let shown = format!("{e} {e:?}");
     assert!(shown.contains("403"), "{shown}");
@@ -174,11 +175,7 @@ async fn a_proxy_refusing_connect_is_a_typed_failure_without_its_credentials() {
     assert_eq!(origin.request_count(), 0);
     // A PROXY_URL that cannot be used fails every request: never direct.
     let c = client("ftp://user:hunter2-pw@127.0.0.1:1");
-    let url = format!("http://api.internal.test:{}/", origin.port());
-    let e = c
-        .send(OutboundRequest::get(url), &rules(&list))
-        .await
-        .unwrap_err();
+    let e = get(&c, origin.port(), "/").await.unwrap_err();
     assert_eq!(e.code, EgressCode::UpstreamFailed, "{e}");
     assert!(!format!("{e} {e:?}").contains("hunter2"));
     assert_eq!(origin.request_count(), 0);
