@@ -14,7 +14,8 @@
 //! 4. the operator's internal-host exemption (`EGRESS_ALLOW_INTERNAL_HOSTS`);
 //! 5. resolution through a pluggable [`Resolve`] (`unresolvable`);
 //! 6. every answer against the block table ([`addr`], `blocked_address`);
-//! 7. dial only a validated address ([`GuardedClient`]).
+//! 7. dial only a validated address ([`GuardedClient`]), directly or through
+//!    the operator's upstream proxy ([`upstream`]: a CONNECT to that address).
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +29,7 @@ pub mod policy;
 mod resolve;
 pub mod rules;
 mod target;
+pub mod upstream;
 
 pub use addr::{BlockedRange, Treatment, blocked_ranges};
 pub use client::{

@@ -122,6 +122,8 @@ pub struct Settings {
     /// The operator's model keys (`SYSTEM_PROVIDER_KEYS`): the last source
     /// of a run's model key ([`crate::provider_keys`]).
     pub system_provider_keys: crate::provider_keys::SystemProviderKeys,
+    /// `PROXY_URL`: the operator's upstream proxy ([`ENV_PROXY_URL`]).
+    pub proxy_url: Option<secrecy::SecretString>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +135,10 @@ pub struct SettingsError {
 
 pub const DEFAULT_MEMORY_MB: u64 = 1536;
 /// Bytes of artifacts one run may store.
+/// The operator's upstream proxy for every guarded connection (the
+/// sidecars' api_call, `/llm`, forward proxy and remote MCP; the
+/// platform's webhooks and model catalog): `http://[user:pass@]host:port`.
+pub const ENV_PROXY_URL: &str = "PROXY_URL";
 pub const ENV_RUN_MAX_ARTIFACT_BYTES: &str = "RUN_MAX_ARTIFACT_BYTES";
 /// Bytes of artifacts an organization's runs may store together (`0`: no cap).
 pub const ENV_ORG_MAX_ARTIFACT_BYTES: &str = "ORG_MAX_ARTIFACT_BYTES";
@@ -268,6 +274,7 @@ impl Settings {
             system_provider_keys: crate::provider_keys::SystemProviderKeys::from_var(get(
                 crate::provider_keys::ENV_SYSTEM_PROVIDER_KEYS,
             ))?,
+            proxy_url: get(ENV_PROXY_URL).map(|v| secrecy::SecretString::from(v.to_owned())),
         };
         s.check()?;
         Ok(s)
@@ -360,6 +367,16 @@ impl Settings {
             None => std::sync::Arc::new(airlock_egress::SystemResolver),
         };
         Ok(airlock_egress::Guard::new(policy, resolver))
+    }
+
+    /// How the platform's own guarded connections leave (webhooks, the
+    /// model catalog): directly, or through `PROXY_URL`, as the sidecars'
+    /// do ([`airlock_egress::upstream::Via`]).
+    pub fn via(&self) -> std::sync::Arc<airlock_egress::upstream::Via> {
+        use secrecy::ExposeSecret as _;
+        std::sync::Arc::new(airlock_egress::upstream::Via::from_url(
+            self.proxy_url.as_ref().map(|u| u.expose_secret()),
+        ))
     }
 
     /// `EGRESS_EXTRA_CA_FILE`'s certificates, as trust anchors.

@@ -86,7 +86,7 @@ impl AppState {
             .settings
             .platform_guard(&[cfg.listen])
             .map_err(|e| ApiError::internal(format!("AIRLOCK_DNS_SERVER: {e}")))?;
-        let webhook_client = GuardedClient::new(
+        let webhook_client = GuardedClient::with_dialer(
             guard,
             ClientConfig {
                 total_timeout: cfg.webhook_timeout,
@@ -95,6 +95,7 @@ impl AppState {
                 max_response_bytes: 64 * 1024,
                 ..Default::default()
             },
+            orch.settings.via(),
         )
         .map_err(ApiError::internal)?;
         // Each call waits at most a heartbeat's interval (at least a

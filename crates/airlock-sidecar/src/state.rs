@@ -13,7 +13,7 @@ use airlock_egress::{
     GuardedClient, Resolve, StaticResolver, SystemResolver,
 };
 use airlock_platform_api::PlatformClient;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret as _, SecretString};
 use tokio::sync::Semaphore;
 
 use crate::config::{Integration, Limits, Model, NetworkEgress, SidecarConfig};
@@ -36,7 +36,9 @@ pub struct Sidecar {
     pub limits: Limits,
     /// The model budgets the relay keeps.
     pub budget: airlock_platform_api::budget::RunBudget,
-    pub proxy_url: Option<SecretString>,
+    /// How guarded connections leave: directly or through `PROXY_URL`;
+    /// the guarded client's dialer and the forward proxy's, one decision.
+    pub via: Arc<airlock_egress::upstream::Via>,
     /// Bounds concurrent `api_call`s of the run.
     pub api_calls: Semaphore,
     /// Bounds the credential fetches started ahead of their call (from a
@@ -110,7 +112,17 @@ impl Sidecar {
             extra_root_certs,
             ..ClientConfig::default()
         };
-        let client = GuardedClient::new(Guard::new(policy, Arc::new(resolver)), client_cfg)?;
+        let via = Arc::new(airlock_egress::upstream::Via::from_url(
+            cfg.proxy_url.as_ref().map(|u| u.expose_secret()),
+        ));
+        if let Some(p) = via.redacted() {
+            tracing::info!(proxy = %p, "guarded connections go through the upstream proxy");
+        }
+        let client = GuardedClient::with_dialer(
+            Guard::new(policy, Arc::new(resolver)),
+            client_cfg,
+            via.clone(),
+        )?;
         let network_rules = cfg.network.rules.compiled();
         let network = match &cfg.network.egress {
             NetworkEgress::Public => (AuthorizedUris::default(), true),
@@ -153,7 +165,7 @@ impl Sidecar {
             fetches_ahead: Arc::new(Semaphore::new(cfg.limits.max_concurrent_calls.max(1))),
             limits: cfg.limits,
             budget: cfg.budget,
-            proxy_url: cfg.proxy_url,
+            via,
             egress: Recorder::new(events.clone(), journal.clone()),
             keep: Keeper::new(journal),
             events,

@@ -70,9 +70,34 @@ macro_rules! queue_deliveries_in {
                 .fetch_one(&mut *$tx)
                 .await
                 .map_err(|e| $self.err(e))?;
+            $crate::outbox::queue_for_hooks_in!(
+                $self,
+                $tx,
+                &org,
+                id,
+                event,
+                at,
+                &$crate::outbox::event_key(id, event)
+            )
+            .await?;
+            Ok(())
+        }
+    };
+}
+pub(crate) use queue_deliveries_in;
+
+/// Queues, on the transaction `$tx`, one delivery of `$event` (about run
+/// `$run`, made one of its kind by `$key`) for each of organization
+/// `$org`'s webhooks that subscribed to it, its body rendered when first
+/// sent.
+macro_rules! queue_for_hooks_in {
+    ($self:expr, $tx:ident, $org:expr, $run:expr, $event:expr, $at:expr, $key:expr) => {
+        async {
+            let (org, run, event, at, key): (&str, &str, &str, i64, &str) =
+                ($org, $run, $event, $at, $key);
             let hooks: Vec<(String, String)> =
                 sqlx::query_as("SELECT id, events FROM webhooks WHERE org_id = $1")
-                    .bind(&org)
+                    .bind(org)
                     .fetch_all(&mut *$tx)
                     .await
                     .map_err(|e| $self.err(e))?;
@@ -88,20 +113,20 @@ macro_rules! queue_deliveries_in {
                 )
                 .bind($crate::outbox::new_delivery_id()?)
                 .bind(&hook)
-                .bind(&org)
-                .bind(id)
+                .bind(org)
+                .bind(run)
                 .bind(event)
                 .bind(at)
-                .bind($crate::outbox::event_key(id, event))
+                .bind(key)
                 .execute(&mut *$tx)
                 .await
                 .map_err(|e| $self.err(e))?;
             }
-            Ok(())
+            Ok::<(), $crate::StoreError>(())
         }
     };
 }
-pub(crate) use queue_deliveries_in;
+pub(crate) use queue_for_hooks_in;
 
 /// Whether a webhook's `events` (a JSON array of names) holds `event`.
 pub(crate) fn subscribes(events: &str, event: &str) -> bool {

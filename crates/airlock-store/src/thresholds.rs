@@ -243,33 +243,16 @@ macro_rules! cross_in {
                     continue;
                 }
                 new += 1;
-                let hooks: Vec<(String, String)> =
-                    sqlx::query_as("SELECT id, events FROM webhooks WHERE org_id = $1")
-                        .bind(org)
-                        .fetch_all(&mut *$tx)
-                        .await
-                        .map_err(|e| $self.err(e))?;
-                for (hook, events) in hooks {
-                    if !$crate::outbox::subscribes(&events, $crate::THRESHOLD_EVENT) {
-                        continue;
-                    }
-                    sqlx::query(
-                        "INSERT INTO webhook_deliveries (id, webhook_id, org_id, run_id, event, \
-                         payload, state, attempts, next_attempt_at, created_at, event_key) \
-                         VALUES ($1, $2, $3, $4, $5, '', 'pending', 0, $6, $6, $7) \
-                         ON CONFLICT DO NOTHING",
-                    )
-                    .bind($crate::outbox::new_delivery_id()?)
-                    .bind(&hook)
-                    .bind(org)
-                    .bind(run)
-                    .bind($crate::THRESHOLD_EVENT)
-                    .bind(at)
-                    .bind(&key)
-                    .execute(&mut *$tx)
-                    .await
-                    .map_err(|e| $self.err(e))?;
-                }
+                $crate::outbox::queue_for_hooks_in!(
+                    $self,
+                    $tx,
+                    org,
+                    run,
+                    $crate::THRESHOLD_EVENT,
+                    at,
+                    &key
+                )
+                .await?;
             }
             Ok::<usize, $crate::StoreError>(new)
         }

@@ -3193,9 +3193,19 @@ async fn race_reservations(a: &Store, b: &Store) {
 /// organization's day budget cannot both take its last share.
 #[tokio::test]
 async fn two_replicas_racing_one_budget_on_postgres_pass_only_what_fits() {
-    let Some((a, url, schema)) = postgres().await else {
+    let Some((a, b, url, schema)) = two_replicas().await else {
         return;
     };
+    race_reservations(&a, &b).await;
+    a.close().await;
+    b.close().await;
+    drop_schema(&url, &schema).await;
+}
+
+/// Two stores on one fresh PostgreSQL schema (two replicas): with its URL
+/// and schema, for [`drop_schema`].
+async fn two_replicas() -> Option<(Store, Store, String, String)> {
+    let (a, url, schema) = postgres().await?;
     let sep = if url.contains('?') { '&' } else { '?' };
     let b = Store::open(
         &format!("{url}{sep}options[search_path]={schema}"),
@@ -3203,10 +3213,7 @@ async fn two_replicas_racing_one_budget_on_postgres_pass_only_what_fits() {
     )
     .await
     .unwrap();
-    race_reservations(&a, &b).await;
-    a.close().await;
-    b.close().await;
-    drop_schema(&url, &schema).await;
+    Some((a, b, url, schema))
 }
 
 /// Thresholds [0.5, 1]: a run whose usage reaches 60 %, then 70 %, then
@@ -3286,18 +3293,10 @@ async fn a_runs_budget_crosses_each_threshold_once_with_its_deliveries(s: &Store
         // Another organization's delivery id finds nothing.
         assert_eq!(s.delivery_crossing("other", &x.id).await.unwrap(), None);
     }
-    assert!(
-        s.list_deliveries("ot", "wh_r", 10, None)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert!(
-        s.list_deliveries("other", "wh_x", 10, None)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    for (org, hook) in [("ot", "wh_r"), ("other", "wh_x")] {
+        let none = s.list_deliveries(org, hook, 10, None).await.unwrap();
+        assert!(none.is_empty(), "{hook}: {none:?}");
+    }
     // A run with no budget crosses nothing.
     s.enqueue_run(&queued("ot", "rn")).await.unwrap();
     s.add_run_usage("rn", &usage(1 << 30, 0)).await.unwrap();
@@ -3377,16 +3376,9 @@ async fn race_settlements(a: &Store, b: &Store) {
 /// organization's calls at once cross each threshold once.
 #[tokio::test]
 async fn two_replicas_settling_at_once_on_postgres_cross_each_threshold_once() {
-    let Some((a, url, schema)) = postgres().await else {
+    let Some((a, b, url, schema)) = two_replicas().await else {
         return;
     };
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let b = Store::open(
-        &format!("{url}{sep}options[search_path]={schema}"),
-        &StoreOptions::default(),
-    )
-    .await
-    .unwrap();
     race_settlements(&a, &b).await;
     a.close().await;
     b.close().await;

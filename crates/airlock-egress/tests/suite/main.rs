@@ -10,3 +10,4 @@ mod support;
 mod client;
 mod spellings;
 mod streaming;
+mod upstream;

@@ -163,12 +163,13 @@ pub struct CatalogReader {
 }
 
 impl CatalogReader {
-    /// A reader of the catalog at `url`, through `guard`, each GET within
-    /// `timeout`.
+    /// A reader of the catalog at `url`, through `guard` and `via` (direct,
+    /// or the operator's upstream proxy), each GET within `timeout`.
     pub fn new(
         url: &str,
         trust: TrustRoot,
         guard: Guard,
+        via: Arc<dyn airlock_egress::Dial>,
         extra_roots: Vec<rustls_pki_types::CertificateDer<'static>>,
         timeout: Duration,
         registry: Arc<ModelRegistry>,
@@ -177,7 +178,7 @@ impl CatalogReader {
         // The catalog's origin, literally: what lets an operator's
         // `EGRESS_ALLOW_INTERNAL_HOSTS` entry apply to a private mirror.
         let authorized = AuthorizedUris::parse(&[format!("{}://{}/**", t.scheme(), t.authority())]);
-        let client = GuardedClient::new(
+        let client = GuardedClient::with_dialer(
             guard,
             ClientConfig {
                 connect_timeout: timeout,
@@ -188,6 +189,7 @@ impl CatalogReader {
                 use_webpki_roots: true,
                 max_idle_per_origin: 1,
             },
+            via,
         )?;
         Ok(CatalogReader {
             url: url.to_owned(),
@@ -269,6 +271,7 @@ pub fn start(
                 url,
                 settings.catalog.trust.clone(),
                 guard,
+                settings.via(),
                 settings.extra_roots(),
                 READ_TIMEOUT,
                 registry.clone(),

@@ -122,6 +122,7 @@ fn reader(s: &Server, key: &SecretKey, timeout: Duration) -> (CatalogReader, Arc
         &format!("{}/c.json", s.base),
         TrustRoot::of(vec![key.public()]),
         guard,
+        Arc::new(airlock_egress::TcpDialer),
         Vec::new(),
         timeout,
         registry.clone(),

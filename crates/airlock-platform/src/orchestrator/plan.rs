@@ -493,7 +493,7 @@ fn sidecar_config(
             blocked_names: placement.blocked_names.clone(),
         },
         limits: launch::Limits::default(),
-        proxy_url: None,
+        proxy_url: settings.proxy_url.clone(),
         // The platform's file in the run's directory (never in the
         // sandbox's view), as the sidecar sees it.
         egress_journal: Some(

@@ -291,8 +291,9 @@ async fn a_run_crossing_half_and_all_of_its_budget_fires_those_two_once() {
         .unwrap();
     // Two big answers fill the budget exactly.
     let limit = 2 * (BIG_USAGE.0 + BIG_USAGE.1);
+    let limit_i = i64::try_from(limit).unwrap();
     let limits = BudgetLimits {
-        tokens: Some(i64::try_from(limit).unwrap()),
+        tokens: Some(limit_i),
         ..BudgetLimits::default()
     };
     // Recorded as the orchestrator does when the run starts.
@@ -309,7 +310,7 @@ async fn a_run_crossing_half_and_all_of_its_budget_fires_those_two_once() {
             .map(|c| (c.budget, c.measure, c.threshold, c.spent))
             .collect::<Vec<_>>()
     };
-    let half = ("run".to_owned(), "tokens".to_owned(), 500, limit as i64 / 2);
+    let half = ("run".to_owned(), "tokens".to_owned(), 500, limit_i / 2);
     let (status, v) = post(sc.tcp(), &token, &chat(BIG_USAGE_MODEL, 10));
     assert_eq!(status, 200, "{v}");
     p.events().await;
@@ -318,7 +319,7 @@ async fn a_run_crossing_half_and_all_of_its_budget_fires_those_two_once() {
     assert_eq!(status, 200, "{v}");
     p.events().await;
     p.events().await;
-    let all = ("run".to_owned(), "tokens".to_owned(), 1000, limit as i64);
+    let all = ("run".to_owned(), "tokens".to_owned(), 1000, limit_i);
     assert_eq!(crossed().await, vec![half, all]);
     let d = store
         .list_deliveries(LOCAL_ORG, "wh_budget", 10, None)
