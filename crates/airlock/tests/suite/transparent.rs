@@ -8,7 +8,8 @@
 //! reach nothing, and a TLS SNI that is not the name its address was
 //! issued for is refused before any upstream is dialled. Plain HTTP named
 //! by its `Host` is judged as the proxy judges plain HTTP (its method and
-//! URL), allowed and refused.
+//! URL), allowed and refused. A local MCP runner that ignores its proxy
+//! reaches its own allowlist through its sandbox's plane, and only that.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::{Path, PathBuf};
@@ -386,4 +387,144 @@ async fn tools_that_ignore_the_proxy_reach_what_the_rules_allow_and_only_that() 
     );
     // The SNI mismatch: refused under the name its address was issued for.
     assert_eq!(code("api.test"), ["not_authorized"], "{entries:#?}");
+}
+
+/// A local MCP runner that ignores proxy settings: its `fetch` opens its
+/// own connections (urllib with no proxy handler), so only its sandbox's
+/// resolver and the plane can carry them.
+const PLANE_RUNNER: &str = r#"
+import json, os, sys, urllib.error, urllib.request
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("plane-runner")
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+@server.tool()
+def fetch(url: str) -> str:
+    """GET url on a connection of its own (no proxy)."""
+    try:
+        with direct.open(url, timeout=20) as r:
+            return json.dumps({"status": r.status, "body": r.read().decode()})
+    except urllib.error.HTTPError as e:
+        return json.dumps({"status": e.code})
+    except Exception as e:
+        return json.dumps({"error": repr(e)[:300]})
+
+server.run("stdio")
+"#;
+
+/// The agent: asks the runner's `fetch` for each URL of its prompt.
+const PLANE_RUNNER_AGENT: &str = r#"
+import asyncio, json, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor"))
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+urls = open(os.path.join(os.environ["AIRLOCK_WORKSPACE"], ".airlock", "prompt.txt")).read().split()
+
+async def main_():
+    out = []
+    async with Client(streamable_http_client(os.environ["AIRLOCK_MCP_URL"]), mode="2026-07-28") as c:
+        for u in urls:
+            res = await c.call_tool("svc__fetch", {"url": u})
+            out.append(json.loads(res.content[0].text))
+    json.dump(out, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+
+asyncio.run(main_())
+"#;
+
+/// A runner's own sandbox has the plane too: a runner that ignores proxy
+/// variables reaches what its integration's `authorized_uris` cover, by
+/// name, through the same guard, and nothing else; each request is in the
+/// egress log as the runner's, carried by the transparent plane.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runner_that_ignores_its_proxy_reaches_only_its_allowlist_through_the_plane() {
+    if !python_has(&["mcp", "httpx2", "uvicorn"]) || !namespace_available() {
+        return;
+    }
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let port = plain_upstream(seen.clone()).await;
+    let url = |host: &str, path: &str| format!("http://{host}:{port}{path}");
+    let run = RealRun::with_manifest(
+        PLANE_RUNNER_AGENT,
+        &format!(
+            "[agent]\nname = \"plane-runner\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+             [[integrations]]\nnamespace = \"svc\"\n\
+             authorized_uris = [\"{}\"]\n\
+             source = {{ kind = \"local\", command = [\"/usr/bin/python3\", \"runner.py\"] }}\n",
+            url("api.test", "/api/**")
+        ),
+    )
+    .env("EGRESS_RESOLVE", &format!("api.test={UPSTREAM_IP}"))
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", "api.test");
+    std::fs::write(run.agent_dir.join("runner.py"), PLANE_RUNNER).unwrap();
+    run.vendor("mcp");
+    // The covered path; a path the allowlist does not cover; another name;
+    // a literal address (never the plane's).
+    let urls = [
+        url("api.test", "/api/echo"),
+        url("api.test", "/private/echo"),
+        url("other.test", "/api/echo"),
+        url(UPSTREAM_IP, "/api/echo"),
+    ];
+    let prompt = urls.join(" ");
+    let (_run, out) = tokio::task::spawn_blocking(move || {
+        let o = run
+            .command("namespace", &["--prompt", &prompt])
+            .output()
+            .unwrap();
+        (run, o)
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let r = &report["result"];
+    // The legitimate path: by name, with no proxy, through the plane.
+    assert_eq!(r[0]["status"], 200, "{r}");
+    assert_eq!(r[0]["body"], "plain:/api/echo", "{r}");
+    // The rest: refused by the guard (403) or unroutable (a literal
+    // address is the sandbox's own loopback, where nothing listens).
+    assert_eq!(r[1]["status"], 403, "{r}");
+    assert_eq!(r[2]["status"], 403, "{r}");
+    assert!(r[3]["error"].is_string(), "{r}");
+    assert_eq!(seen.lock().unwrap().clone(), ["/api/echo"]);
+
+    let entries = report["egress"]["entries"].as_array().unwrap();
+    let runner: Vec<&Value> = entries.iter().filter(|e| e["source"] == "runner").collect();
+    let decided: Vec<(&str, &str, &str)> = runner
+        .iter()
+        .map(|e| {
+            (
+                e["decision"].as_str().unwrap_or_default(),
+                e["plane"].as_str().unwrap_or_default(),
+                e["url"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let at = |host: &str, path: &str| format!("api.test:{port}{path}").replace("api.test", host);
+    assert!(
+        decided.iter().any(|(d, p, u)| *d == "allowed"
+            && *p == "transparent"
+            && u.contains(&at("api.test", "/api/echo"))),
+        "{decided:?}"
+    );
+    for path in [
+        at("api.test", "/private/echo"),
+        at("other.test", "/api/echo"),
+    ] {
+        assert!(
+            decided
+                .iter()
+                .any(|(d, p, u)| *d == "refused" && *p == "transparent" && u.contains(&path)),
+            "{path}: {decided:?}"
+        );
+    }
+    assert_eq!(
+        decided.iter().filter(|(d, ..)| *d == "allowed").count(),
+        1,
+        "{decided:?}"
+    );
 }
