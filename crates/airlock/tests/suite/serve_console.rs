@@ -86,6 +86,7 @@ fn register(s: &Server, key: &str, port: u16) {
     let manifest = format!(
         "[agent]\nname = \"console\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n\
          [network]\negress = \"none\"\n\n\
+         [budget]\ntokens = 900000\n\n\
          [model]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nconnection = \"llm\"\n\n\
          [[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://api.example.test/**\"]\n"
     );
@@ -311,6 +312,18 @@ fn console_sessions_forms_pages_and_previews_over_http() {
         "{page}"
     );
     assert!(page.contains("gpt-fake"), "the model call: {page}");
+    // The run's budget: each measure's spend beside its limit.
+    let budget = page
+        .split("<table class=\"budget\" id=\"budget\">")
+        .nth(1)
+        .and_then(|r| r.split("</table>").next())
+        .expect("the budget table");
+    assert!(budget.contains("<td>900000</td>"), "{budget}");
+    assert!(budget.contains("no limit"), "{budget}");
+    assert!(
+        !budget.contains("<td>tokens</td><td>0</td>"),
+        "spent: {budget}"
+    );
     // The preview's frame: sandboxed, scripts only (the URL as the page
     // escapes it: `/` and `&` as entities).
     let preview = page
