@@ -125,6 +125,10 @@ pub struct AuditRecord {
     /// What became of an allowed request (`completed`, `upstream_failed`,
     /// `incomplete`, …).
     pub outcome: Option<String>,
+    /// The path that carried an egress request to the guard: `api` (the
+    /// sidecar made the call), `proxy` (the client's own connection through
+    /// the forward proxy), `transparent` (carried by the transparent plane).
+    pub plane: Option<String>,
     /// The L7 rule that refused the request.
     pub rule: Option<String>,
     pub run_id: String,
@@ -169,6 +173,7 @@ impl AuditRecord {
             kind,
             method: None,
             outcome: None,
+            plane: None,
             rule: None,
             run_id: run_id.to_owned(),
             schema_version: AUDIT_SCHEMA_VERSION,
@@ -200,6 +205,7 @@ impl AuditRecord {
             integration: e.integration.clone(),
             method: Some(e.method.clone()),
             outcome: e.outcome.map(|o| o.as_str().to_owned()),
+            plane: Some(e.plane.as_str().to_owned()),
             rule: e.rule.clone(),
             source: Some(e.source.as_str().to_owned()),
             status: e.status,

@@ -114,6 +114,7 @@ pub fn event(record: &AuditRecord) -> Option<Value> {
         json!({
             "airlock_integration": record.integration,
             "airlock_source": record.source,
+            "airlock_plane": record.plane,
             "airlock_outcome": record.outcome,
             "airlock_decider": record.decider,
         }),

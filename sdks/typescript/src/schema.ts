@@ -626,6 +626,12 @@ export interface components {
              *     `incomplete`, …).
              */
             outcome?: string | null;
+            /**
+             * @description The path that carried an egress request to the guard: `api` (the
+             *     sidecar made the call), `proxy` (the client's own connection through
+             *     the forward proxy), `transparent` (carried by the transparent plane).
+             */
+            plane?: string | null;
             /** @description The L7 rule that refused the request. */
             rule?: string | null;
             run_id: string;

@@ -180,6 +180,18 @@ fn a_runs_audit_streams_every_decision_in_order_and_to_its_organization_only() {
         && r.rule.as_deref() == Some("items-read")
         && r.code.as_deref() == Some("rule_refused")
         && r.method.as_deref() == Some("DELETE")));
+    // Each egress record names the path that carried it, as the log does.
+    let egress: Vec<_> = ours
+        .iter()
+        .filter(|r| r.kind == AuditKind::Egress)
+        .collect();
+    assert_eq!(egress.len(), count(EGRESS));
+    assert!(
+        egress
+            .iter()
+            .all(|r| r.plane.as_deref() == Some("api") && r.source.as_deref() == Some("api_call")),
+        "the egress log's plane"
+    );
     let allowed = ours
         .iter()
         .find(|r| r.decision == AuditDecision::Allowed)

@@ -39,6 +39,9 @@ class AuditRecord:
         method (None | str | Unset):
         outcome (None | str | Unset): What became of an allowed request (`completed`, `upstream_failed`,
             `incomplete`, …).
+        plane (None | str | Unset): The path that carried an egress request to the guard: `api` (the
+            sidecar made the call), `proxy` (the client's own connection through
+            the forward proxy), `transparent` (carried by the transparent plane).
         rule (None | str | Unset): The L7 rule that refused the request.
         source (None | str | Unset): The egress path: `api_call`, `proxy`, `llm`, `mcp`, `runner`.
         status (int | None | Unset): The upstream's HTTP status.
@@ -64,6 +67,7 @@ class AuditRecord:
     integration: None | str | Unset = UNSET
     method: None | str | Unset = UNSET
     outcome: None | str | Unset = UNSET
+    plane: None | str | Unset = UNSET
     rule: None | str | Unset = UNSET
     source: None | str | Unset = UNSET
     status: int | None | Unset = UNSET
@@ -138,6 +142,12 @@ class AuditRecord:
         else:
             outcome = self.outcome
 
+        plane: None | str | Unset
+        if isinstance(self.plane, Unset):
+            plane = UNSET
+        else:
+            plane = self.plane
+
         rule: None | str | Unset
         if isinstance(self.rule, Unset):
             rule = UNSET
@@ -199,6 +209,8 @@ class AuditRecord:
             field_dict["method"] = method
         if outcome is not UNSET:
             field_dict["outcome"] = outcome
+        if plane is not UNSET:
+            field_dict["plane"] = plane
         if rule is not UNSET:
             field_dict["rule"] = rule
         if source is not UNSET:
@@ -305,6 +317,15 @@ class AuditRecord:
 
         outcome = _parse_outcome(d.pop("outcome", UNSET))
 
+        def _parse_plane(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        plane = _parse_plane(d.pop("plane", UNSET))
+
         def _parse_rule(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -368,6 +389,7 @@ class AuditRecord:
             integration=integration,
             method=method,
             outcome=outcome,
+            plane=plane,
             rule=rule,
             source=source,
             status=status,
