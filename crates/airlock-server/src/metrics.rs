@@ -5,7 +5,7 @@
 //! Who may read them is decided here: whoever reaches `METRICS_LISTEN`
 //! (meant for loopback or the operator's internal network), and, when
 //! `METRICS_TOKEN` is set, only with `Authorization: Bearer <token>`
-//! (compared in constant time). With `METRICS_LISTEN` unset there is no
+//! (compared in constant time, its length included). With `METRICS_LISTEN` unset there is no
 //! `/metrics` at all. No organization's API key opens it.
 
 use std::net::SocketAddr;
@@ -57,7 +57,7 @@ async fn answer(State(s): State<Served>, headers: HeaderMap) -> Response {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !airlock_vault::ct_eq(given.as_bytes(), token.expose_secret().as_bytes()) {
+        if !airlock_vault::ct_eq_secret(given.as_bytes(), token.expose_secret().as_bytes()) {
             return (StatusCode::UNAUTHORIZED, "unauthorized\n").into_response();
         }
     }

@@ -41,7 +41,7 @@ pub use signing::{
     ENV_CONNECT_SESSION_SECRET, ENV_RUN_TOKEN_SECRET, ENV_UPLOAD_SIGNING_SECRET,
     MIN_SIGNING_SECRET_LEN, SigningKeyring,
 };
-pub use token::{RunTokens, ct_eq, generate_sidecar_token, random_bytes, random_hex};
+pub use token::{RunTokens, ct_eq, ct_eq_secret, generate_sidecar_token, random_bytes, random_hex};
 
 /// Decrypted secret bytes: zeroized on drop, redacted in `Debug`, no `Display`.
 pub type SecretBytes = SecretBox<[u8]>;

@@ -22,6 +22,15 @@ pub fn random_hex<const N: usize>() -> Result<String, VaultError> {
     Ok(hex::encode(random_bytes::<N>()?))
 }
 
+/// Constant-time equality of a presented value with an operator's secret
+/// whose length is its own choice (`METRICS_TOKEN`): the SHA-256 digests are
+/// compared, so neither the time nor an early length mismatch says how long
+/// the secret is.
+pub fn ct_eq_secret(given: &[u8], secret: &[u8]) -> bool {
+    use sha2::Digest as _;
+    ct_eq(&sha2::Sha256::digest(given), &sha2::Sha256::digest(secret))
+}
+
 /// A per-run sidecar token: 32 bytes from the OS CSPRNG, lowercase hex (64 characters).
 pub fn generate_sidecar_token() -> Result<SecretString, VaultError> {
     let raw = Zeroizing::new(random_bytes::<32>()?);
@@ -72,5 +81,18 @@ impl RunTokens {
     pub fn verify_for(&self, token: &SecretString, run_id: &str) -> bool {
         self.verify(token.expose_secret())
             .is_some_and(|id| ct_eq(id.as_bytes(), run_id.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod secret_eq_tests {
+    use super::ct_eq_secret;
+
+    #[test]
+    fn a_secret_matches_itself_only() {
+        assert!(ct_eq_secret(b"operator-token", b"operator-token"));
+        assert!(!ct_eq_secret(b"operator-toke", b"operator-token"));
+        assert!(!ct_eq_secret(b"", b"operator-token"));
+        assert!(!ct_eq_secret(b"operator-tokeN", b"operator-token"));
     }
 }
