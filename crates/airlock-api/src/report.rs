@@ -198,6 +198,8 @@ mod tests {
             model: None,
             queue_position: None,
             replica: None,
+            sandbox_up_at: Some(5),
+            sidecar_up_at: Some(6),
             started_at: Some(4),
             status: "succeeded".into(),
         }

@@ -694,6 +694,10 @@ pub struct Run {
     pub queue_position: Option<i64>,
     /// The `airlock serve` replica that runs (or ran) it.
     pub replica: Option<String>,
+    /// When its sandbox was up (Unix ms; `null`: not reached).
+    pub sandbox_up_at: Option<i64>,
+    /// When its sidecar was ready and its agent let go (Unix ms; `null`: not reached).
+    pub sidecar_up_at: Option<i64>,
     pub started_at: Option<i64>,
     #[schema(schema_with = run_status)]
     pub status: String,
@@ -715,6 +719,8 @@ impl Run {
             model: r.model.clone(),
             queue_position,
             replica: r.owner.clone(),
+            sandbox_up_at: r.sandbox_up_at,
+            sidecar_up_at: r.sidecar_up_at,
             started_at: r.started_at,
             status: r.status.as_str().to_owned(),
         }
@@ -1172,6 +1178,8 @@ mod tests {
             model: None,
             queue_position: None,
             replica: None,
+            sandbox_up_at: None,
+            sidecar_up_at: None,
             started_at: None,
             status: "queued".into(),
         }

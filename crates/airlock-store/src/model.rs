@@ -109,6 +109,10 @@ pub struct Run {
     pub model: Option<String>,
     pub created_at: i64,
     pub started_at: Option<i64>,
+    /// When its sandbox was up (Unix ms; `None`: not yet, or never).
+    pub sandbox_up_at: Option<i64>,
+    /// When its sidecar was ready and the agent let go (Unix ms).
+    pub sidecar_up_at: Option<i64>,
     pub ended_at: Option<i64>,
     pub last_heartbeat_at: Option<i64>,
     pub exit_code: Option<i64>,
@@ -124,6 +128,16 @@ pub struct Run {
     pub requests: i64,
     /// The model budget it is held to (its own limits; none: not limited).
     pub budget: crate::BudgetLimits,
+}
+
+/// A phase of a started run that its row records the time of
+/// ([`crate::Store::record_run_phase`]), between its start and its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunPhase {
+    /// Its sandbox is up.
+    SandboxUp,
+    /// Its sidecar is ready and the sandboxes have their secrets.
+    SidecarUp,
 }
 
 /// Filters for [`crate::Store::list_runs`].

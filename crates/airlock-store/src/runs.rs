@@ -14,15 +14,16 @@
 use sqlx::Row as _;
 
 use crate::{
-    NewRun, Run, RunEnd, RunQuery, RunStatus, Store, StoreError, is_unique_violation, now_ms,
-    validate_name,
+    NewRun, Run, RunEnd, RunPhase, RunQuery, RunStatus, Store, StoreError, is_unique_violation,
+    now_ms, validate_name,
 };
 
 macro_rules! run_columns {
     () => {
         "id, agent, status, backend, model, created_at, started_at, ended_at, \
          last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd, org_id, owner, \
-         requests, budget_tokens, budget_cost_microusd, budget_requests"
+         requests, budget_tokens, budget_cost_microusd, budget_requests, sandbox_up_at, \
+         sidecar_up_at"
     };
 }
 
@@ -41,6 +42,8 @@ macro_rules! run_row {
             model: $r.try_get("model").map_err(|e| $s.err(e))?,
             created_at: $r.try_get("created_at").map_err(|e| $s.err(e))?,
             started_at: $r.try_get("started_at").map_err(|e| $s.err(e))?,
+            sandbox_up_at: $r.try_get("sandbox_up_at").map_err(|e| $s.err(e))?,
+            sidecar_up_at: $r.try_get("sidecar_up_at").map_err(|e| $s.err(e))?,
             ended_at: $r.try_get("ended_at").map_err(|e| $s.err(e))?,
             last_heartbeat_at: $r.try_get("last_heartbeat_at").map_err(|e| $s.err(e))?,
             exit_code: $r.try_get("exit_code").map_err(|e| $s.err(e))?,
@@ -243,6 +246,25 @@ impl Store {
             },
             other => other,
         }
+    }
+
+    /// Records when a started run reached `phase` (the first time only: a
+    /// phase is reached once).
+    pub async fn record_run_phase(
+        &self,
+        id: &str,
+        phase: RunPhase,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let sql = match phase {
+            RunPhase::SandboxUp => {
+                "UPDATE runs SET sandbox_up_at = COALESCE(sandbox_up_at, $2) WHERE id = $1"
+            }
+            RunPhase::SidecarUp => {
+                "UPDATE runs SET sidecar_up_at = COALESCE(sidecar_up_at, $2) WHERE id = $1"
+            }
+        };
+        self.update_run(id, sql, at).await
     }
 
     /// Records a heartbeat.

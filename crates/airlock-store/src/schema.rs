@@ -249,6 +249,18 @@ ALTER TABLE egress_log ADD COLUMN rule TEXT;
     };
 }
 
+/// Version 16: a run's phases between its start and its end: when its
+/// sandbox was up and its sidecar ready (Unix ms; `NULL`: not reached, or a
+/// run from before).
+macro_rules! version_16_common {
+    () => {
+        r#"
+ALTER TABLE runs ADD COLUMN sandbox_up_at BIGINT;
+ALTER TABLE runs ADD COLUMN sidecar_up_at BIGINT;
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -479,6 +491,11 @@ END;
         description: "the L7 rule that refused an egress record",
         sql: version_15_common!(),
     },
+    Migration {
+        version: 16,
+        description: "when a run's sandbox was up and its sidecar ready",
+        sql: version_16_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -671,6 +688,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 15,
         description: "the L7 rule that refused an egress record",
         sql: version_15_common!(),
+    },
+    Migration {
+        version: 16,
+        description: "when a run's sandbox was up and its sidecar ready",
+        sql: version_16_common!(),
     },
 ];
 

@@ -90,6 +90,7 @@ on_both!(
     reencrypt_in_batches,
     reencrypt_failure_rolls_back_the_batch,
     runs,
+    a_runs_phases_are_stored_once_each,
     events,
     egress_log,
     a_runs_audit_pages_through_both_tables_in_time_order,
@@ -985,7 +986,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 15);
+    assert_eq!(s.schema_version().await.unwrap(), 16);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -994,7 +995,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 15);
+        assert_eq!(again.schema_version().await.unwrap(), 16);
     }
 }
 
@@ -1451,6 +1452,43 @@ async fn runs(s: &Store) {
         StoreError::RunNotFound(_)
     ));
     assert!(s.get_run("zz").await.unwrap().is_none());
+}
+
+/// A started run's phases (sandbox up, sidecar up) are stored with their
+/// times, each once: the first time recorded is kept.
+async fn a_runs_phases_are_stored_once_each(s: &Store) {
+    new_run(s, "p1").await;
+    let fresh = s.get_run("p1").await.unwrap().unwrap();
+    assert_eq!((fresh.sandbox_up_at, fresh.sidecar_up_at), (None, None));
+    s.mark_run_started("p1", 2_000).await.unwrap();
+    s.record_run_phase("p1", RunPhase::SandboxUp, 2_100)
+        .await
+        .unwrap();
+    let r = s.get_run("p1").await.unwrap().unwrap();
+    assert_eq!((r.sandbox_up_at, r.sidecar_up_at), (Some(2_100), None));
+    s.record_run_phase("p1", RunPhase::SidecarUp, 2_300)
+        .await
+        .unwrap();
+    s.record_run_phase("p1", RunPhase::SandboxUp, 9_999)
+        .await
+        .unwrap();
+    let r = s.get_run("p1").await.unwrap().unwrap();
+    assert_eq!(
+        (r.sandbox_up_at, r.sidecar_up_at),
+        (Some(2_100), Some(2_300))
+    );
+    let listed = s.list_runs(&RunQuery::default()).await.unwrap();
+    assert_eq!(
+        listed[0].sidecar_up_at,
+        Some(2_300),
+        "a list carries them too"
+    );
+    assert!(matches!(
+        s.record_run_phase("zz", RunPhase::SidecarUp, 1)
+            .await
+            .unwrap_err(),
+        StoreError::RunNotFound(_)
+    ));
 }
 
 async fn new_run(s: &Store, id: &str) {
@@ -2186,7 +2224,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 15);
+    assert_eq!(s.schema_version().await.unwrap(), 16);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2196,10 +2234,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 16 (a run's phases), 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
+const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
+     ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
@@ -2224,7 +2263,8 @@ const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TAB
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
+const UNDO_V5_POSTGRES: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
+     ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
@@ -2265,7 +2305,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 15);
+    assert_eq!(s.schema_version().await.unwrap(), 16);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()

@@ -1115,6 +1115,16 @@ export interface components {
             queue_position?: number | null;
             /** @description The `airlock serve` replica that runs (or ran) it. */
             replica?: string | null;
+            /**
+             * Format: int64
+             * @description When its sandbox was up (Unix ms; `null`: not reached).
+             */
+            sandbox_up_at?: number | null;
+            /**
+             * Format: int64
+             * @description When its sidecar was ready and its agent let go (Unix ms; `null`: not reached).
+             */
+            sidecar_up_at?: number | null;
             /** Format: int64 */
             started_at?: number | null;
             /**

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use airlock_platform_api::launch;
 use airlock_sandbox::{OutputStream, Sandbox};
+use airlock_store::RunPhase;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::error::{NotReady, RunError};
@@ -190,6 +191,7 @@ impl Orchestrator {
         progress(Progress::SandboxUp {
             after: started.elapsed(),
         });
+        self.record_phase(run_id, RunPhase::SandboxUp).await;
         let ready = read_ready(&mut run.sidecar_log.stdout);
         match tokio::time::timeout(SIDECAR_READY_WITHIN, ready).await {
             Ok(Ok(())) => {}
@@ -207,7 +209,18 @@ impl Orchestrator {
         progress(Progress::SidecarUp {
             after: started.elapsed(),
         });
+        self.record_phase(run_id, RunPhase::SidecarUp).await;
         Ok(())
+    }
+
+    /// Stores that the run reached `phase`, now. A failed write is logged
+    /// and the run goes on: its phases are for the operator to look at,
+    /// and its end and result must never be lost to them.
+    async fn record_phase(&self, run_id: &str, phase: RunPhase) {
+        let at = airlock_store::now_ms();
+        if let Err(error) = self.store.record_run_phase(run_id, phase, at).await {
+            tracing::warn!(run_id, ?phase, error = %airlock_store::Chain(&error), "the run's phase was not stored");
+        }
     }
 }
 

@@ -251,11 +251,15 @@ async fn runs_page(
     .map_err(fail)
 }
 
-/// A run's timeline, from what its row stores: queued, started, ended.
+/// A run's timeline, from what its row stores, in the order its phases
+/// come: queued, running (the platform took it up), its sandbox up, its
+/// sidecar up (the agent let go), ended.
 fn timeline(run: &v1::Run) -> Vec<(&'static str, Option<i64>)> {
     vec![
         ("queued", Some(run.created_at)),
         ("running", run.started_at),
+        ("sandbox up", run.sandbox_up_at),
+        ("sidecar up", run.sidecar_up_at),
         ("ended", run.ended_at),
     ]
 }

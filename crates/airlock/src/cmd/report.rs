@@ -128,6 +128,8 @@ pub fn print_text(r: &RunReport, out: &mut impl Write) -> std::io::Result<()> {
     }
     writeln!(out, "  created     {}", when(Some(run.created_at)))?;
     writeln!(out, "  started     {}", when(run.started_at))?;
+    writeln!(out, "  sandbox up  {}", when(run.sandbox_up_at))?;
+    writeln!(out, "  sidecar up  {}", when(run.sidecar_up_at))?;
     writeln!(out, "  ended       {}", when(run.ended_at))?;
     writeln!(
         out,

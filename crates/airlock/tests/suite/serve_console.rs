@@ -297,9 +297,50 @@ fn console_sessions_forms_pages_and_previews_over_http() {
         v["status"] != "queued" && v["status"] != "running"
     });
     assert_eq!(run["status"], "succeeded", "{run}");
+    // Its phases, stored as the platform saw them, in the order they came.
+    let phases: Vec<i64> = [
+        "created_at",
+        "started_at",
+        "sandbox_up_at",
+        "sidecar_up_at",
+        "ended_at",
+    ]
+    .iter()
+    .map(|k| run[*k].as_i64().unwrap_or_else(|| panic!("{k}: {run}")))
+    .collect();
+    assert!(phases.is_sorted(), "phases in order: {run}");
 
     let (st, h, page) = visit(&s, &mut jar, "GET", &format!("/console/runs/{id}"), &[], "");
     assert_eq!(st, 200, "{page}");
+    // The timeline: the five phases, each with its time, in order.
+    let timeline = page
+        .split("<ol class=\"timeline\" id=\"timeline\">")
+        .nth(1)
+        .and_then(|t| t.split("</ol>").next())
+        .expect("the timeline");
+    let shown: Vec<(&str, &str)> = timeline
+        .split("<li class=\"done\"><b>")
+        .skip(1)
+        .map(|li| {
+            let (phase, rest) = li.split_once("</b> <span>").expect("a phase's time");
+            (phase, rest.split("</span>").next().unwrap_or_default())
+        })
+        .collect();
+    assert_eq!(
+        shown.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+        ["queued", "running", "sandbox up", "sidecar up", "ended"],
+        "{timeline}"
+    );
+    assert!(
+        shown
+            .iter()
+            .all(|(_, at)| at.len() == "YYYY-MM-DD HH:MM:SS".len()),
+        "{timeline}"
+    );
+    assert!(
+        shown.windows(2).all(|w| w[0].1 <= w[1].1),
+        "in order: {timeline}"
+    );
     let csp = header(&h, "content-security-policy").unwrap();
     assert!(csp.contains("frame-src 'self'"), "{csp}");
     assert!(

@@ -37,6 +37,9 @@ class Run:
         model (None | str | Unset): The model provider its manifest names.
         queue_position (int | None | Unset): While queued: how many queued runs are ahead (omitted otherwise).
         replica (None | str | Unset): The `airlock serve` replica that runs (or ran) it.
+        sandbox_up_at (int | None | Unset): When its sandbox was up (Unix ms; `null`: not reached).
+        sidecar_up_at (int | None | Unset): When its sidecar was ready and its agent let go (Unix ms; `null`: not
+            reached).
         started_at (int | None | Unset):
     """
 
@@ -53,6 +56,8 @@ class Run:
     model: None | str | Unset = UNSET
     queue_position: int | None | Unset = UNSET
     replica: None | str | Unset = UNSET
+    sandbox_up_at: int | None | Unset = UNSET
+    sidecar_up_at: int | None | Unset = UNSET
     started_at: int | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
@@ -109,6 +114,18 @@ class Run:
         else:
             replica = self.replica
 
+        sandbox_up_at: int | None | Unset
+        if isinstance(self.sandbox_up_at, Unset):
+            sandbox_up_at = UNSET
+        else:
+            sandbox_up_at = self.sandbox_up_at
+
+        sidecar_up_at: int | None | Unset
+        if isinstance(self.sidecar_up_at, Unset):
+            sidecar_up_at = UNSET
+        else:
+            sidecar_up_at = self.sidecar_up_at
+
         started_at: int | None | Unset
         if isinstance(self.started_at, Unset):
             started_at = UNSET
@@ -141,6 +158,10 @@ class Run:
             field_dict["queue_position"] = queue_position
         if replica is not UNSET:
             field_dict["replica"] = replica
+        if sandbox_up_at is not UNSET:
+            field_dict["sandbox_up_at"] = sandbox_up_at
+        if sidecar_up_at is not UNSET:
+            field_dict["sidecar_up_at"] = sidecar_up_at
         if started_at is not UNSET:
             field_dict["started_at"] = started_at
 
@@ -225,6 +246,24 @@ class Run:
 
         replica = _parse_replica(d.pop("replica", UNSET))
 
+        def _parse_sandbox_up_at(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        sandbox_up_at = _parse_sandbox_up_at(d.pop("sandbox_up_at", UNSET))
+
+        def _parse_sidecar_up_at(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        sidecar_up_at = _parse_sidecar_up_at(d.pop("sidecar_up_at", UNSET))
+
         def _parse_started_at(data: object) -> int | None | Unset:
             if data is None:
                 return data
@@ -248,6 +287,8 @@ class Run:
             model=model,
             queue_position=queue_position,
             replica=replica,
+            sandbox_up_at=sandbox_up_at,
+            sidecar_up_at=sidecar_up_at,
             started_at=started_at,
         )
 
