@@ -252,14 +252,15 @@ async fn runs_page(
 }
 
 /// A run's timeline, from what its row stores, in the order its phases
-/// come: queued, running (the platform took it up), its sandbox up, its
-/// sidecar up (the agent let go), ended.
+/// come: queued, started (the platform took it up: `started_at`, before its
+/// sandbox is made), its sandbox up, its sidecar up (the agent let go: it
+/// runs from here), ended.
 fn timeline(run: &v1::Run) -> Vec<(&'static str, Option<i64>)> {
     vec![
         ("queued", Some(run.created_at)),
-        ("running", run.started_at),
+        ("started", run.started_at),
         ("sandbox up", run.sandbox_up_at),
-        ("sidecar up", run.sidecar_up_at),
+        ("sidecar up, running", run.sidecar_up_at),
         ("ended", run.ended_at),
     ]
 }

@@ -328,7 +328,13 @@ fn console_sessions_forms_pages_and_previews_over_http() {
         .collect();
     assert_eq!(
         shown.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
-        ["queued", "running", "sandbox up", "sidecar up", "ended"],
+        [
+            "queued",
+            "started",
+            "sandbox up",
+            "sidecar up, running",
+            "ended"
+        ],
         "{timeline}"
     );
     assert!(
