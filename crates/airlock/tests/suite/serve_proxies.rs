@@ -1,0 +1,258 @@
+//! Operator proxies through a real `airlock serve`: an organization that
+//! chose one of `SYSTEM_PROXIES` gets its run's `api_call` through that
+//! proxy, another organization's through `PROXY_URL`; each run records
+//! which (by name, never a URL); a name not offered is refused; a proxy's
+//! credentials reach the proxy and nowhere else (the server's log, the
+//! API's answers). Every proxy and upstream is this test's, on 127.0.0.1.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::serve::{Server, base_env, create_org, wait_for};
+
+/// The agent: one `api_call` of the integration `up` to the prompt's URL.
+const AGENT: &str = r#"
+import json, os, urllib.request
+MCP = os.environ["AIRLOCK_MCP_URL"]
+UPSTREAM = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
+state = {"sid": None, "n": 0}
+
+def mcp(method, params=None, notify=False):
+    msg = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    if not notify:
+        state["n"] += 1
+        msg["id"] = state["n"]
+    h = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+         "mcp-protocol-version": "2025-11-25"}
+    if state["sid"]:
+        h["mcp-session-id"] = state["sid"]
+    req = urllib.request.Request(MCP, data=json.dumps(msg).encode(), headers=h, method="POST")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=30) as r:
+        state["sid"] = r.headers.get("mcp-session-id") or state["sid"]
+        body = r.read().decode()
+    if notify or not body.strip():
+        return None
+    if body.lstrip().startswith("{"):
+        return json.loads(body)
+    for line in body.splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            d = json.loads(line[5:])
+            if d.get("id") == msg.get("id"):
+                return d
+
+mcp("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "proxies-test", "version": "1"}})
+mcp("notifications/initialized", notify=True)
+out = mcp("tools/call", {"name": "up__api_call", "arguments": {"target": UPSTREAM + "/hello"}})
+print("ANSWER " + json.dumps(out), flush=True)
+"#;
+
+const PASSWORD: &str = "PROXY-A-SECRET-PW";
+
+/// A loopback `CONNECT` proxy: records each request line and its
+/// `Proxy-Authorization`, then tunnels to the address asked.
+struct ConnectProxy {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl ConnectProxy {
+    fn start() -> ConnectProxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(c) = conn else { continue };
+                let sink = sink.clone();
+                std::thread::spawn(move || tunnel(c, &sink));
+            }
+        });
+        ConnectProxy { addr, seen }
+    }
+
+    fn seen(&self) -> Vec<(String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn tunnel(mut c: TcpStream, sink: &Mutex<Vec<(String, String)>>) {
+    c.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut r = BufReader::new(c.try_clone().unwrap());
+    let mut first = String::new();
+    r.read_line(&mut first).ok();
+    let mut auth = String::new();
+    let mut line = String::new();
+    while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+        if let Some((k, v)) = line.trim_end().split_once(':')
+            && k.eq_ignore_ascii_case("proxy-authorization")
+        {
+            auth = v.trim().to_owned();
+        }
+        line.clear();
+    }
+    sink.lock()
+        .unwrap()
+        .push((first.trim_end().to_owned(), auth));
+    let Some(target) = first.split(' ').nth(1) else {
+        return;
+    };
+    let Ok(up) = TcpStream::connect(target) else {
+        let _ = c.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n");
+        return;
+    };
+    let _ = c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+    let (mut c2, mut up2) = (c.try_clone().unwrap(), up.try_clone().unwrap());
+    c.set_read_timeout(None).ok();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut c2, &mut up2);
+        let _ = up2.shutdown(std::net::Shutdown::Write);
+    });
+    let mut up = up;
+    let _ = std::io::copy(&mut up, &mut c);
+    let _ = c.shutdown(std::net::Shutdown::Write);
+}
+
+/// A loopback upstream answering every request with `hello`.
+fn upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { continue };
+            c.set_read_timeout(Some(Duration::from_secs(10))).ok();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && c.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = c.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+            );
+        }
+    });
+    addr
+}
+
+/// Runs the agent once for the key's organization; the run, and its logs.
+fn run_once(s: &Server, key: &str, upstream: SocketAddr) -> (Value, String) {
+    let k = Some(key);
+    let manifest = format!(
+        "[agent]\nname = \"prox\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n\
+         [network]\negress = \"none\"\n\n[[integrations]]\nnamespace = \"up\"\n\
+         authorized_uris = [\"http://{upstream}/**\"]\n"
+    );
+    let body = json!({"manifest": manifest, "files": {"agent.py": AGENT}});
+    let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
+    assert!(st == 201 || st == 200, "{st} {v}");
+    let prompt = format!("http://{upstream}");
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        k,
+        Some(&json!({"agent": "prox", "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let id = run["id"].as_str().unwrap().to_owned();
+    let run = wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(run["status"], "succeeded", "{run}\n{}", s.log_text());
+    let logs = s
+        .call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None)
+        .1;
+    (run, logs.to_string())
+}
+
+#[test]
+fn an_organizations_proxy_carries_its_runs_and_another_goes_through_proxy_url() {
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let home = tempfile::Builder::new()
+        .prefix("airlock-proxies-")
+        .tempdir()
+        .unwrap();
+    let (a, b, default) = (
+        ConnectProxy::start(),
+        ConnectProxy::start(),
+        ConnectProxy::start(),
+    );
+    let up = upstream();
+    let mut env = base_env(home.path(), None);
+    env.push(("PROXY_URL".into(), format!("http://{}", default.addr)));
+    env.push((
+        "SYSTEM_PROXIES".into(),
+        json!({
+            "a": format!("http://user:{PASSWORD}@{}", a.addr),
+            "b": format!("http://{}", b.addr),
+        })
+        .to_string(),
+    ));
+    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
+    let (_, acme) = create_org(&env, "Acme", &[]);
+    let (_, other) = create_org(&env, "Other", &[]);
+
+    // The names offered; a name not offered is refused, the choice kept.
+    let (st, v) = s.call("GET", "/v1/org/proxy", Some(&acme), None);
+    assert_eq!(
+        (st, v.clone()),
+        (200, json!({"offered": ["a", "b"], "proxy": null}))
+    );
+    let (st, v) = s.call(
+        "PUT",
+        "/v1/org/proxy",
+        Some(&acme),
+        Some(&json!({"proxy": "nope"})),
+    );
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (422, Some("invalid")),
+        "{v}"
+    );
+    assert!(!v.to_string().contains(PASSWORD), "{v}");
+    let (st, v) = s.call(
+        "PUT",
+        "/v1/org/proxy",
+        Some(&acme),
+        Some(&json!({"proxy": "a"})),
+    );
+    assert_eq!((st, v["proxy"].as_str()), (200, Some("a")), "{v}");
+    assert!(!v.to_string().contains(PASSWORD), "{v}");
+
+    // Acme's run goes through a, with a's credentials, to the pinned address.
+    let (run, logs) = run_once(&s, &acme, up);
+    assert!(logs.contains("hello"), "{logs}");
+    assert_eq!(run["proxy"], "a", "{run}");
+    let seen = a.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, format!("CONNECT {up} HTTP/1.1"));
+    use base64::Engine as _;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{PASSWORD}"));
+    assert_eq!(seen[0].1, format!("Basic {basic}"));
+    assert!(default.seen().is_empty() && b.seen().is_empty());
+
+    // Another organization's run goes through PROXY_URL.
+    let (run, logs) = run_once(&s, &other, up);
+    assert!(logs.contains("hello"), "{logs}");
+    assert_eq!(run["proxy"], "PROXY_URL", "{run}");
+    assert_eq!(default.seen().len(), 1);
+    assert_eq!(a.seen().len(), 1, "the other organization's run used a");
+
+    // The credentials are nowhere but on the wire to a.
+    let log = s.log_text();
+    assert!(!log.contains(PASSWORD), "a proxy's password was logged");
+    assert!(!log.contains(&basic), "a proxy's credentials were logged");
+    for key in [&acme, &other] {
+        let (_, runs) = s.call("GET", "/v1/runs", Some(key), None);
+        assert!(!runs.to_string().contains(PASSWORD), "{runs}");
+    }
+}
