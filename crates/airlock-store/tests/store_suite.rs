@@ -86,6 +86,7 @@ macro_rules! on_both {
 
 on_both!(
     migrations_are_idempotent,
+    an_organizations_proxy_and_a_runs,
     connections_crud,
     reencrypt_in_batches,
     reencrypt_failure_rolls_back_the_batch,
@@ -1453,6 +1454,29 @@ async fn runs(s: &Store) {
     assert!(s.get_run("zz").await.unwrap().is_none());
 }
 
+/// An organization's proxy choice is a name it can set and clear; a run
+/// records the label of the proxy it used.
+async fn an_organizations_proxy_and_a_runs(s: &Store) {
+    s.create_org("org_p", "P", None).await.unwrap();
+    assert_eq!(s.org_proxy("org_p").await.unwrap(), None);
+    s.set_org_proxy("org_p", Some("eu")).await.unwrap();
+    assert_eq!(s.org_proxy("org_p").await.unwrap().as_deref(), Some("eu"));
+    s.set_org_proxy("org_p", None).await.unwrap();
+    assert_eq!(s.org_proxy("org_p").await.unwrap(), None);
+    assert!(matches!(
+        s.set_org_proxy("org_none", Some("eu")).await,
+        Err(StoreError::Invalid { .. })
+    ));
+    assert_eq!(s.org_proxy("org_none").await.unwrap(), None);
+    new_run(s, "rp").await;
+    assert_eq!(s.get_run("rp").await.unwrap().unwrap().proxy, None);
+    s.set_run_proxy("rp", Some("PROXY_URL")).await.unwrap();
+    assert_eq!(
+        s.get_run("rp").await.unwrap().unwrap().proxy.as_deref(),
+        Some("PROXY_URL")
+    );
+}
+
 async fn new_run(s: &Store, id: &str) {
     s.insert_run(&NewRun {
         org: airlock_store::LOCAL_ORG,
@@ -2199,7 +2223,8 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 /// Undoes versions 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
+const UNDO_V5_SQLITE: &str = "ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
+     ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
@@ -2224,7 +2249,8 @@ const UNDO_V5_SQLITE: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TAB
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
+const UNDO_V5_POSTGRES: &str = "ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
+     ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
      DROP TABLE artifacts; ALTER TABLE runs DROP COLUMN inputs; \
