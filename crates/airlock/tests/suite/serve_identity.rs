@@ -15,46 +15,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Server, base_env, create_org, wait_for};
+use crate::support::serve::{Server, base_env, create_org, mcp_agent, wait_for};
 
 /// The agent: calls the integration once through MCP (the token placed in
 /// the query by its placeholder too, as AWS STS takes it), prints the whole
 /// answer, then looks for a JWT wherever it can read.
-const AGENT: &str = r#"
-import glob, json, os, urllib.request
-MCP = os.environ["AIRLOCK_MCP_URL"]
-UPSTREAM = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
-state = {"sid": None, "n": 0}
-
-def mcp(method, params=None, notify=False):
-    msg = {"jsonrpc": "2.0", "method": method}
-    if params is not None:
-        msg["params"] = params
-    if not notify:
-        state["n"] += 1
-        msg["id"] = state["n"]
-    h = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-         "mcp-protocol-version": "2025-11-25"}
-    if state["sid"]:
-        h["mcp-session-id"] = state["sid"]
-    req = urllib.request.Request(MCP, data=json.dumps(msg).encode(), headers=h, method="POST")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=30) as r:
-        state["sid"] = r.headers.get("mcp-session-id") or state["sid"]
-        body = r.read().decode()
-    if notify or not body.strip():
-        return None
-    if body.lstrip().startswith("{"):
-        return json.loads(body)
-    for line in body.splitlines():
-        if line.startswith("data:") and line[5:].strip():
-            d = json.loads(line[5:])
-            if d.get("id") == msg.get("id"):
-                return d
-
-mcp("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                   "clientInfo": {"name": "identity-test", "version": "1"}})
-mcp("notifications/initialized", notify=True)
+const AGENT_REST: &str = r#"
+import glob
 out = mcp("tools/call", {"name": "sts__api_call", "arguments": {"target": UPSTREAM + "/assume?WebIdentityToken={{airlock.identity}}"}})
 print("ANSWER " + json.dumps(out), flush=True)
 needle = b"eyJ0eXAiOiJKV1Qi"
@@ -166,7 +133,7 @@ fn manifest(upstream: SocketAddr, timeout: u64) -> String {
 /// Runs the agent once; its logs' text and the run.
 fn run_once(s: &Server, key: &str, upstream: &Upstream, timeout: u64) -> (String, Value) {
     let k = Some(key);
-    let body = json!({"manifest": manifest(upstream.addr, timeout), "files": {"agent.py": AGENT}});
+    let body = json!({"manifest": manifest(upstream.addr, timeout), "files": {"agent.py": mcp_agent(AGENT_REST)}});
     let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
     assert!(st == 201 || st == 200, "{st} {v}");
     let prompt = format!("http://{}", upstream.addr);

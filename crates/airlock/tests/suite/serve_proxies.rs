@@ -12,44 +12,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Server, base_env, create_org, wait_for};
+use crate::support::serve::{Server, base_env, create_org, mcp_agent, wait_for};
 
 /// The agent: one `api_call` of the integration `up` to the prompt's URL.
-const AGENT: &str = r#"
-import json, os, urllib.request
-MCP = os.environ["AIRLOCK_MCP_URL"]
-UPSTREAM = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
-state = {"sid": None, "n": 0}
-
-def mcp(method, params=None, notify=False):
-    msg = {"jsonrpc": "2.0", "method": method}
-    if params is not None:
-        msg["params"] = params
-    if not notify:
-        state["n"] += 1
-        msg["id"] = state["n"]
-    h = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-         "mcp-protocol-version": "2025-11-25"}
-    if state["sid"]:
-        h["mcp-session-id"] = state["sid"]
-    req = urllib.request.Request(MCP, data=json.dumps(msg).encode(), headers=h, method="POST")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=30) as r:
-        state["sid"] = r.headers.get("mcp-session-id") or state["sid"]
-        body = r.read().decode()
-    if notify or not body.strip():
-        return None
-    if body.lstrip().startswith("{"):
-        return json.loads(body)
-    for line in body.splitlines():
-        if line.startswith("data:") and line[5:].strip():
-            d = json.loads(line[5:])
-            if d.get("id") == msg.get("id"):
-                return d
-
-mcp("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                   "clientInfo": {"name": "proxies-test", "version": "1"}})
-mcp("notifications/initialized", notify=True)
+const AGENT_REST: &str = r#"
 out = mcp("tools/call", {"name": "up__api_call", "arguments": {"target": UPSTREAM + "/hello"}})
 print("ANSWER " + json.dumps(out), flush=True)
 "#;
@@ -150,7 +116,7 @@ fn run_once(s: &Server, key: &str, upstream: SocketAddr) -> (Value, String) {
          [network]\negress = \"none\"\n\n[[integrations]]\nnamespace = \"up\"\n\
          authorized_uris = [\"http://{upstream}/**\"]\n"
     );
-    let body = json!({"manifest": manifest, "files": {"agent.py": AGENT}});
+    let body = json!({"manifest": manifest, "files": {"agent.py": mcp_agent(AGENT_REST)}});
     let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
     assert!(st == 201 || st == 200, "{st} {v}");
     let prompt = format!("http://{upstream}");

@@ -375,3 +375,48 @@ pub fn signature_ok(r: &Received, secret: &str) -> bool {
     r.header(airlock_api::webhook::SIGNATURE_HEADER)
         .is_some_and(|sig| airlock_api::webhook::verify(secret.as_bytes(), sig, &r.body).is_some())
 }
+
+/// The start of a Python agent that speaks MCP to its sidecar: `mcp(method,
+/// params)` (a session kept, SSE answers read), `UPSTREAM` the prompt's
+/// text, the session initialized.
+const MCP_AGENT_PRELUDE: &str = r#"
+import json, os, urllib.request
+MCP = os.environ["AIRLOCK_MCP_URL"]
+UPSTREAM = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
+state = {"sid": None, "n": 0}
+
+def mcp(method, params=None, notify=False):
+    msg = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    if not notify:
+        state["n"] += 1
+        msg["id"] = state["n"]
+    h = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+         "mcp-protocol-version": "2025-11-25"}
+    if state["sid"]:
+        h["mcp-session-id"] = state["sid"]
+    req = urllib.request.Request(MCP, data=json.dumps(msg).encode(), headers=h, method="POST")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=30) as r:
+        state["sid"] = r.headers.get("mcp-session-id") or state["sid"]
+        body = r.read().decode()
+    if notify or not body.strip():
+        return None
+    if body.lstrip().startswith("{"):
+        return json.loads(body)
+    for line in body.splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            d = json.loads(line[5:])
+            if d.get("id") == msg.get("id"):
+                return d
+
+mcp("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "airlock-test", "version": "1"}})
+mcp("notifications/initialized", notify=True)
+"#;
+
+/// A Python agent: [`MCP_AGENT_PRELUDE`], then `rest`.
+pub fn mcp_agent(rest: &str) -> String {
+    format!("{MCP_AGENT_PRELUDE}{rest}")
+}
