@@ -7,15 +7,14 @@
 //! key; and never in the agent's view (its environment, /proc, the tool's
 //! answer, an upstream that reflects it).
 
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::{SocketAddr, TcpListener};
+use std::io::Write as _;
+use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{Recorder, Seen, Server, base_env, create_org, mcp_agent, wait_for};
 
 /// The agent: calls the integration once through MCP (the token placed in
 /// the query by its placeholder too, as AWS STS takes it), prints the whole
@@ -66,44 +65,23 @@ const ISSUER: &str = "https://issuer.airlock.test";
 /// and answers with the header reflected in its body.
 struct Upstream {
     addr: SocketAddr,
-    seen: Arc<Mutex<Vec<(String, String)>>>,
+    seen: Seen,
 }
 
 impl Upstream {
     fn start() -> Upstream {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-        let sink = seen.clone();
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(mut c) = conn else { continue };
-                c.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                let mut r = BufReader::new(c.try_clone().unwrap());
-                let mut auth = String::new();
-                let mut first = String::new();
-                r.read_line(&mut first).ok();
-                let mut line = String::new();
-                while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                    if let Some((k, v)) = line.trim_end().split_once(':')
-                        && k.eq_ignore_ascii_case("authorization")
-                    {
-                        auth = v.trim().to_owned();
-                    }
-                    line.clear();
-                }
-                sink.lock()
-                    .unwrap()
-                    .push((first.trim_end().to_owned(), auth.clone()));
-                let body = format!("{{\"you_sent\": \"{auth}\"}}");
-                let _ = write!(
-                    c,
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
+        let r = Recorder::start("authorization", |mut c, _, auth| {
+            let body = format!("{{\"you_sent\": \"{auth}\"}}");
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
         });
-        Upstream { addr, seen }
+        Upstream {
+            addr: r.addr,
+            seen: r.seen,
+        }
     }
 
     fn last_token(&self) -> String {

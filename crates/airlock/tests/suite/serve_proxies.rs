@@ -5,14 +5,13 @@
 //! credentials reach the proxy and nowhere else (the server's log, the
 //! API's answers). Every proxy and upstream is this test's, on 127.0.0.1.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
 
 /// The agent: one `api_call` of the integration `up` to the prompt's URL.
 const AGENT_REST: &str = r#"
@@ -24,65 +23,25 @@ const PASSWORD: &str = "PROXY-A-SECRET-PW";
 
 /// A loopback `CONNECT` proxy: records each request line and its
 /// `Proxy-Authorization`, then tunnels to the address asked.
-struct ConnectProxy {
-    addr: SocketAddr,
-    seen: Arc<Mutex<Vec<(String, String)>>>,
+fn connect_proxy() -> Recorder {
+    Recorder::start("proxy-authorization", tunnel)
 }
 
-impl ConnectProxy {
-    fn start() -> ConnectProxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-        let sink = seen.clone();
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(c) = conn else { continue };
-                let sink = sink.clone();
-                std::thread::spawn(move || tunnel(c, &sink));
-            }
-        });
-        ConnectProxy { addr, seen }
-    }
-
-    fn seen(&self) -> Vec<(String, String)> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-fn tunnel(mut c: TcpStream, sink: &Mutex<Vec<(String, String)>>) {
-    c.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut r = BufReader::new(c.try_clone().unwrap());
-    let mut first = String::new();
-    r.read_line(&mut first).ok();
-    let mut auth = String::new();
-    let mut line = String::new();
-    while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-        if let Some((k, v)) = line.trim_end().split_once(':')
-            && k.eq_ignore_ascii_case("proxy-authorization")
-        {
-            auth = v.trim().to_owned();
-        }
-        line.clear();
-    }
-    sink.lock()
-        .unwrap()
-        .push((first.trim_end().to_owned(), auth));
+fn tunnel(mut c: TcpStream, first: &str, _: &str) {
     let Some(target) = first.split(' ').nth(1) else {
         return;
     };
-    let Ok(up) = TcpStream::connect(target) else {
+    let Ok(mut up) = TcpStream::connect(target) else {
         let _ = c.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n");
         return;
     };
     let _ = c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
-    let (mut c2, mut up2) = (c.try_clone().unwrap(), up.try_clone().unwrap());
     c.set_read_timeout(None).ok();
+    let (mut c2, mut up2) = (c.try_clone().unwrap(), up.try_clone().unwrap());
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut c2, &mut up2);
         let _ = up2.shutdown(std::net::Shutdown::Write);
     });
-    let mut up = up;
     let _ = std::io::copy(&mut up, &mut c);
     let _ = c.shutdown(std::net::Shutdown::Write);
 }
@@ -144,11 +103,7 @@ fn an_organizations_proxy_carries_its_runs_and_another_goes_through_proxy_url() 
         .prefix("airlock-proxies-")
         .tempdir()
         .unwrap();
-    let (a, b, default) = (
-        ConnectProxy::start(),
-        ConnectProxy::start(),
-        ConnectProxy::start(),
-    );
+    let (a, b, default) = (connect_proxy(), connect_proxy(), connect_proxy());
     let up = upstream();
     let mut env = base_env(home.path(), None);
     env.push(("PROXY_URL".into(), format!("http://{}", default.addr)));

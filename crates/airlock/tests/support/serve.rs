@@ -420,3 +420,53 @@ mcp("notifications/initialized", notify=True)
 pub fn mcp_agent(rest: &str) -> String {
     format!("{MCP_AGENT_PRELUDE}{rest}")
 }
+
+/// What a [`Recorder`] saw of each request: its first line and one header.
+pub type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+/// A loopback listener that records each request's first line and the
+/// value of one header (`""` when absent), then hands the connection on to
+/// `answer` (its head read; on a thread of its own).
+pub struct Recorder {
+    pub addr: SocketAddr,
+    pub seen: Seen,
+}
+
+impl Recorder {
+    pub fn start(header: &'static str, answer: fn(std::net::TcpStream, &str, &str)) -> Recorder {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen: Seen = Arc::default();
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(c) = conn else { continue };
+                let sink = sink.clone();
+                std::thread::spawn(move || {
+                    c.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                    let mut r = BufReader::new(c.try_clone().unwrap());
+                    let mut first = String::new();
+                    r.read_line(&mut first).ok();
+                    let mut value = String::new();
+                    let mut line = String::new();
+                    while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                        if let Some((k, v)) = line.trim_end().split_once(':')
+                            && k.eq_ignore_ascii_case(header)
+                        {
+                            value = v.trim().to_owned();
+                        }
+                        line.clear();
+                    }
+                    let first = first.trim_end().to_owned();
+                    sink.lock().unwrap().push((first.clone(), value.clone()));
+                    answer(c, &first, &value);
+                });
+            }
+        });
+        Recorder { addr, seen }
+    }
+
+    pub fn seen(&self) -> Vec<(String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
