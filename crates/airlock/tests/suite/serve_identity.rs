@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Recorder, Seen, Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{
+    Recorder, Seen, Server, base_env, create_org, mcp_agent, run_agent_once,
+};
 
 /// The agent: calls the integration once through MCP (the token placed in
 /// the query by its placeholder too, as AWS STS takes it), prints the whole
@@ -110,27 +112,16 @@ fn manifest(upstream: SocketAddr, timeout: u64) -> String {
 
 /// Runs the agent once; its logs' text and the run.
 fn run_once(s: &Server, key: &str, upstream: &Upstream, timeout: u64) -> (String, Value) {
-    let k = Some(key);
-    let body = json!({"manifest": manifest(upstream.addr, timeout), "files": {"agent.py": mcp_agent(AGENT_REST)}});
-    let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
-    assert!(st == 201 || st == 200, "{st} {v}");
+    let manifest = manifest(upstream.addr, timeout);
     let prompt = format!("http://{}", upstream.addr);
-    let (st, run) = s.call(
-        "POST",
-        "/v1/runs",
-        k,
-        Some(&json!({"agent": "ident", "prompt": prompt})),
+    let (run, logs) = run_agent_once(
+        s,
+        key,
+        ("ident", &manifest),
+        &mcp_agent(AGENT_REST),
+        &prompt,
     );
-    assert_eq!(st, 202, "{run}");
-    let id = run["id"].as_str().unwrap().to_owned();
-    let run = wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
-        v["status"] != "queued" && v["status"] != "running"
-    });
-    assert_eq!(run["status"], "succeeded", "{run}\n{}", s.log_text());
-    let logs = s
-        .call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None)
-        .1;
-    (logs.to_string(), run)
+    (logs, run)
 }
 
 fn pyjwt(s: &Server, token: &str, mode: &str) -> Value {

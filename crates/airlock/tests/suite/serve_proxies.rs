@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, run_agent_once};
 
 /// The agent: one `api_call` of the integration `up` to the prompt's URL.
 const AGENT_REST: &str = r#"
@@ -69,32 +69,13 @@ fn upstream() -> SocketAddr {
 
 /// Runs the agent once for the key's organization; the run, and its logs.
 fn run_once(s: &Server, key: &str, upstream: SocketAddr) -> (Value, String) {
-    let k = Some(key);
     let manifest = format!(
         "[agent]\nname = \"prox\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n\
          [network]\negress = \"none\"\n\n[[integrations]]\nnamespace = \"up\"\n\
          authorized_uris = [\"http://{upstream}/**\"]\n"
     );
-    let body = json!({"manifest": manifest, "files": {"agent.py": mcp_agent(AGENT_REST)}});
-    let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
-    assert!(st == 201 || st == 200, "{st} {v}");
     let prompt = format!("http://{upstream}");
-    let (st, run) = s.call(
-        "POST",
-        "/v1/runs",
-        k,
-        Some(&json!({"agent": "prox", "prompt": prompt})),
-    );
-    assert_eq!(st, 202, "{run}");
-    let id = run["id"].as_str().unwrap().to_owned();
-    let run = wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
-        v["status"] != "queued" && v["status"] != "running"
-    });
-    assert_eq!(run["status"], "succeeded", "{run}\n{}", s.log_text());
-    let logs = s
-        .call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None)
-        .1;
-    (run, logs.to_string())
+    run_agent_once(s, key, ("prox", &manifest), &mcp_agent(AGENT_REST), &prompt)
 }
 
 #[test]

@@ -470,3 +470,34 @@ impl Recorder {
         self.seen.lock().unwrap().clone()
     }
 }
+
+/// Registers an agent (its manifest and `agent.py`), runs it once with
+/// `prompt`, and waits until it succeeded: the run, and its logs' text.
+pub fn run_agent_once(
+    s: &Server,
+    key: &str,
+    (name, manifest): (&str, &str),
+    agent_py: &str,
+    prompt: &str,
+) -> (Value, String) {
+    let k = Some(key);
+    let body = json!({"manifest": manifest, "files": {"agent.py": agent_py}});
+    let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
+    assert!(st == 201 || st == 200, "{st} {v}");
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        k,
+        Some(&json!({"agent": name, "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let id = run["id"].as_str().unwrap().to_owned();
+    let run = wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(run["status"], "succeeded", "{run}\n{}", s.log_text());
+    let logs = s
+        .call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None)
+        .1;
+    (run, logs.to_string())
+}
