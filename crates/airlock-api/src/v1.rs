@@ -291,6 +291,26 @@ pub struct SetOrgBudget {
     pub thresholds: Option<Vec<f64>>,
 }
 
+/// `GET /v1/org/proxy`: the upstream proxy the organization's runs go
+/// through, by name (never a URL: a proxy's URL may hold credentials).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OrgProxy {
+    /// The operator's proxies (`SYSTEM_PROXIES`) the organization may choose.
+    pub offered: Vec<String>,
+    /// The name it chose (`null`: none; its runs use the operator's
+    /// default proxy, `PROXY_URL`, or go direct).
+    pub proxy: Option<String>,
+}
+
+/// `PUT /v1/org/proxy`: the operator proxy the organization's runs go
+/// through, by one of the names offered (`null`: none); a name not offered
+/// is refused (422). Runs started from then use it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetOrgProxy {
+    pub proxy: Option<String>,
+}
+
 /// What a period has spent: settled calls at their usage, calls in flight
 /// (or whose usage never came) at their reservation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -689,6 +709,11 @@ pub struct Run {
     pub id: String,
     /// The model provider its manifest names.
     pub model: Option<String>,
+    /// The upstream proxy its guarded connections went through: an
+    /// operator proxy's name, `PROXY_URL`, or `null` (direct, or not
+    /// started). Never a URL.
+    #[serde(default)]
+    pub proxy: Option<String>,
     /// While queued: how many queued runs are ahead (omitted otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i64>,
@@ -717,6 +742,7 @@ impl Run {
             exit_code: r.exit_code,
             id: r.id.clone(),
             model: r.model.clone(),
+            proxy: r.proxy.clone(),
             queue_position,
             replica: r.owner.clone(),
             sandbox_up_at: r.sandbox_up_at,
@@ -1176,6 +1202,7 @@ mod tests {
             exit_code: None,
             id: "run_1".into(),
             model: None,
+            proxy: Some("eu".into()),
             queue_position: None,
             replica: None,
             sandbox_up_at: None,

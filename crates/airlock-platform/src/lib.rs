@@ -19,6 +19,7 @@ pub mod operator;
 pub mod orchestrator;
 pub mod platform;
 pub mod provider_keys;
+pub mod proxies;
 pub mod proxy_ca;
 pub mod settings;
 pub mod signing;

@@ -124,6 +124,9 @@ pub struct Settings {
     pub system_provider_keys: crate::provider_keys::SystemProviderKeys,
     /// `PROXY_URL`: the operator's upstream proxy ([`ENV_PROXY_URL`]).
     pub proxy_url: Option<secrecy::SecretString>,
+    /// `SYSTEM_PROXIES`: the named proxies an organization may choose
+    /// instead of `PROXY_URL` ([`crate::proxies`]).
+    pub system_proxies: crate::proxies::SystemProxies,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -275,6 +278,9 @@ impl Settings {
                 crate::provider_keys::ENV_SYSTEM_PROVIDER_KEYS,
             ))?,
             proxy_url: get(ENV_PROXY_URL).map(|v| secrecy::SecretString::from(v.to_owned())),
+            system_proxies: crate::proxies::SystemProxies::from_var(get(
+                crate::proxies::ENV_SYSTEM_PROXIES,
+            ))?,
         };
         s.check()?;
         Ok(s)

@@ -21,7 +21,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
 use crate::routes::{
-    agents, artifacts, audit, budget, connections, health, identity, keys, runs, webhooks,
+    agents, artifacts, audit, budget, connections, health, identity, keys, org_proxy, runs,
+    webhooks,
 };
 use crate::state::AppState;
 
@@ -97,6 +98,8 @@ routes! {
     get "/v1/org" true None => Some("Organization"), keys::get_org;
     get "/v1/org/budget" true None => Some("OrgBudget"), budget::get;
     put "/v1/org/budget" true Some("SetOrgBudget") => Some("OrgBudget"), budget::set;
+    get "/v1/org/proxy" true None => Some("OrgProxy"), org_proxy::get;
+    put "/v1/org/proxy" true Some("SetOrgProxy") => Some("OrgProxy"), org_proxy::set;
     get "/v1/api-keys" true None => Some("ApiKeyList"), keys::list;
     post "/v1/api-keys" true Some("NewApiKey") => Some("NewApiKeyAnswer"), keys::create;
     delete "/v1/api-keys/{id}" true None => None, keys::revoke;
@@ -235,6 +238,8 @@ mod tests {
         ("get", "/v1/org", "get_org", "org"),
         ("get", "/v1/org/budget", "get_org_budget", "org"),
         ("put", "/v1/org/budget", "set_org_budget", "org"),
+        ("get", "/v1/org/proxy", "get_org_proxy", "org"),
+        ("put", "/v1/org/proxy", "set_org_proxy", "org"),
         ("get", "/v1/api-keys", "list_api_keys", "api_keys"),
         ("post", "/v1/api-keys", "create_api_key", "api_keys"),
         ("delete", "/v1/api-keys/{id}", "revoke_api_key", "api_keys"),

@@ -128,6 +128,10 @@ pub struct Run {
     pub requests: i64,
     /// The model budget it is held to (its own limits; none: not limited).
     pub budget: crate::BudgetLimits,
+    /// The upstream proxy its guarded connections went through: a
+    /// `SYSTEM_PROXIES` name, `PROXY_URL`, or `None` (direct, or not
+    /// started). Never a URL.
+    pub proxy: Option<String>,
 }
 
 /// A phase of a started run that its row records the time of

@@ -94,4 +94,38 @@ impl Store {
             rows.iter().map(|r| Ok(org_row!(r, self))).collect()
         })
     }
+
+    /// The name of the operator proxy (`SYSTEM_PROXIES`) the organization
+    /// chose (`None`: none chosen). The name is checked against the
+    /// operator's list by the caller; the store keeps only the name.
+    pub async fn org_proxy(&self, org: &str) -> Result<Option<String>, StoreError> {
+        on_pool!(self, p => {
+            let v: Option<Option<String>> =
+                sqlx::query_scalar("SELECT proxy FROM organizations WHERE id = $1")
+                    .bind(org)
+                    .fetch_optional(p)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            Ok(v.flatten())
+        })
+    }
+
+    /// Sets (or with `None` clears) the organization's proxy choice;
+    /// [`StoreError::Invalid`] when no such organization exists.
+    pub async fn set_org_proxy(&self, org: &str, proxy: Option<&str>) -> Result<(), StoreError> {
+        let n = on_pool!(self, p => sqlx::query("UPDATE organizations SET proxy = $2 WHERE id = $1")
+            .bind(org)
+            .bind(proxy)
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected());
+        if n == 0 {
+            return Err(StoreError::Invalid {
+                what: "organization id",
+                reason: "does not exist",
+            });
+        }
+        Ok(())
+    }
 }

@@ -23,7 +23,7 @@ macro_rules! run_columns {
         "id, agent, status, backend, model, created_at, started_at, ended_at, \
          last_heartbeat_at, exit_code, error, tokens_in, tokens_out, cost_microusd, org_id, owner, \
          requests, budget_tokens, budget_cost_microusd, budget_requests, sandbox_up_at, \
-         sidecar_up_at"
+         sidecar_up_at, proxy"
     };
 }
 
@@ -59,6 +59,7 @@ macro_rules! run_row {
                 cost_microusd: $r.try_get("budget_cost_microusd").map_err(|e| $s.err(e))?,
                 requests: $r.try_get("budget_requests").map_err(|e| $s.err(e))?,
             },
+            proxy: $r.try_get("proxy").map_err(|e| $s.err(e))?,
         }
     }};
 }

@@ -261,6 +261,19 @@ ALTER TABLE runs ADD COLUMN sidecar_up_at BIGINT;
     };
 }
 
+/// Version 17: operator proxies. An organization's choice among the
+/// operator's `SYSTEM_PROXIES` (by name; `NULL`: none, `PROXY_URL` or
+/// direct), and the proxy each run's guarded connections went through (the
+/// name, `PROXY_URL`, or `NULL` for direct), never a URL.
+macro_rules! version_17_common {
+    () => {
+        r#"
+ALTER TABLE organizations ADD COLUMN proxy TEXT;
+ALTER TABLE runs ADD COLUMN proxy TEXT;
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -496,6 +509,11 @@ END;
         description: "when a run's sandbox was up and its sidecar ready",
         sql: version_16_common!(),
     },
+    Migration {
+        version: 17,
+        description: "an organization's operator proxy and the proxy each run used",
+        sql: version_17_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -693,6 +711,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 16,
         description: "when a run's sandbox was up and its sidecar ready",
         sql: version_16_common!(),
+    },
+    Migration {
+        version: 17,
+        description: "an organization's operator proxy and the proxy each run used",
+        sql: version_17_common!(),
     },
 ];
 

@@ -46,6 +46,20 @@ impl Store {
         crate::runs::run_changed(id, n)
     }
 
+    /// Records the upstream proxy a run's guarded connections go through:
+    /// a `SYSTEM_PROXIES` name or `PROXY_URL` (`None`: direct). A label,
+    /// never a URL.
+    pub async fn set_run_proxy(&self, id: &str, proxy: Option<&str>) -> Result<(), StoreError> {
+        let n = on_pool!(self, p => sqlx::query("UPDATE runs SET proxy = $2 WHERE id = $1")
+            .bind(id)
+            .bind(proxy)
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected());
+        crate::runs::run_changed(id, n)
+    }
+
     /// Adds metered usage (one model call) to a run's totals, and records
     /// the thresholds of its budget they reached (`thresholds.rs`), in one
     /// transaction.

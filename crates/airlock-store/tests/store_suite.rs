@@ -86,6 +86,7 @@ macro_rules! on_both {
 
 on_both!(
     migrations_are_idempotent,
+    an_organizations_proxy_and_a_runs,
     connections_crud,
     reencrypt_in_batches,
     reencrypt_failure_rolls_back_the_batch,
@@ -986,7 +987,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 16);
+    assert_eq!(s.schema_version().await.unwrap(), 17);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -995,7 +996,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 16);
+        assert_eq!(again.schema_version().await.unwrap(), 17);
     }
 }
 
@@ -1489,6 +1490,29 @@ async fn a_runs_phases_are_stored_once_each(s: &Store) {
             .unwrap_err(),
         StoreError::RunNotFound(_)
     ));
+}
+
+/// An organization's proxy choice is a name it can set and clear; a run
+/// records the label of the proxy it used.
+async fn an_organizations_proxy_and_a_runs(s: &Store) {
+    s.create_org("org_p", "P", None).await.unwrap();
+    assert_eq!(s.org_proxy("org_p").await.unwrap(), None);
+    s.set_org_proxy("org_p", Some("eu")).await.unwrap();
+    assert_eq!(s.org_proxy("org_p").await.unwrap().as_deref(), Some("eu"));
+    s.set_org_proxy("org_p", None).await.unwrap();
+    assert_eq!(s.org_proxy("org_p").await.unwrap(), None);
+    assert!(matches!(
+        s.set_org_proxy("org_none", Some("eu")).await,
+        Err(StoreError::Invalid { .. })
+    ));
+    assert_eq!(s.org_proxy("org_none").await.unwrap(), None);
+    new_run(s, "rp").await;
+    assert_eq!(s.get_run("rp").await.unwrap().unwrap().proxy, None);
+    s.set_run_proxy("rp", Some("PROXY_URL")).await.unwrap();
+    assert_eq!(
+        s.get_run("rp").await.unwrap().unwrap().proxy.as_deref(),
+        Some("PROXY_URL")
+    );
 }
 
 async fn new_run(s: &Store, id: &str) {
@@ -2224,7 +2248,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 16);
+    assert_eq!(s.schema_version().await.unwrap(), 17);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2234,10 +2258,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 16 (a run's phases), 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 17 (operator proxies), 16 (a run's phases), 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
 const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
+     ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
      ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
@@ -2264,6 +2289,7 @@ const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER 
 
 /// The same on PostgreSQL.
 const UNDO_V5_POSTGRES: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
+     ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
      ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
      ALTER TABLE runs DROP COLUMN budget_cost_microusd; ALTER TABLE runs DROP COLUMN budget_requests; \
@@ -2305,7 +2331,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 16);
+    assert_eq!(s.schema_version().await.unwrap(), 17);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()

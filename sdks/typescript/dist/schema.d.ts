@@ -238,6 +238,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/org/proxy": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The operator proxies offered and the one the organization chose. */
+        get: operations["get_org_proxy"];
+        /**
+         * Chooses the operator proxy the organization's runs go through (`null`:
+         *     none); runs started from then use it.
+         */
+        put: operations["set_org_proxy"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs": {
         parameters: {
             query?: never;
@@ -1030,6 +1051,19 @@ export interface components {
              */
             thresholds?: number[];
         };
+        /**
+         * @description `GET /v1/org/proxy`: the upstream proxy the organization's runs go
+         *     through, by name (never a URL: a proxy's URL may hold credentials).
+         */
+        OrgProxy: {
+            /** @description The operator's proxies (`SYSTEM_PROXIES`) the organization may choose. */
+            offered: string[];
+            /**
+             * @description The name it chose (`null`: none; its runs use the operator's
+             *     default proxy, `PROXY_URL`, or go direct).
+             */
+            proxy?: string | null;
+        };
         Organization: {
             /** Format: int64 */
             created_at: number;
@@ -1108,6 +1142,12 @@ export interface components {
             id: string;
             /** @description The model provider its manifest names. */
             model?: string | null;
+            /**
+             * @description The upstream proxy its guarded connections went through: an
+             *     operator proxy's name, `PROXY_URL`, or `null` (direct, or not
+             *     started). Never a URL.
+             */
+            proxy?: string | null;
             /**
              * Format: int64
              * @description While queued: how many queued runs are ahead (omitted otherwise).
@@ -1215,6 +1255,14 @@ export interface components {
              *     `null`: the default, `[0.5, 0.8, 1.0]`.
              */
             thresholds?: number[] | null;
+        };
+        /**
+         * @description `PUT /v1/org/proxy`: the operator proxy the organization's runs go
+         *     through, by one of the names offered (`null`: none); a name not offered
+         *     is refused (422). Runs started from then use it.
+         */
+        SetOrgProxy: {
+            proxy?: string | null;
         };
         Webhook: {
             /** Format: int64 */
@@ -2633,6 +2681,176 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["OrgBudget"];
+                };
+            };
+            /** @description bad_request: the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description too_large: the body (or a part of it) is larger than the route takes */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unsupported_media_type: the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description invalid: well-formed but not acceptable (an unknown or missing
+             *     field, a value out of its rules)
+             */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description storage_full: the store is out of space; nothing was written */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    get_org_proxy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the proxies offered, by name, and the organization's choice */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OrgProxy"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    set_org_proxy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetOrgProxy"];
+            };
+        };
+        responses: {
+            /** @description set: the proxies offered and the choice */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OrgProxy"];
                 };
             };
             /** @description bad_request: the body is not JSON */

@@ -228,6 +228,32 @@ impl Orchestrator {
         }
     }
 
+    /// The upstream proxy of a run of `org` ([`crate::proxies::RunProxy::choose`]),
+    /// recorded on the run by its label. Fails closed: an organization's
+    /// choice that cannot be read fails the run rather than take another
+    /// way out.
+    async fn run_proxy(
+        &self,
+        run_id: &str,
+        org: &str,
+    ) -> Result<crate::proxies::RunProxy, RunError> {
+        let chosen = self.store.org_proxy(org).await?;
+        let proxy = crate::proxies::RunProxy::choose(
+            &self.settings.system_proxies,
+            self.settings.proxy_url.as_ref(),
+            chosen.as_deref(),
+        );
+        if proxy.label.is_some()
+            && let Err(e) = self
+                .store
+                .set_run_proxy(run_id, proxy.label.as_deref())
+                .await
+        {
+            tracing::warn!(run = run_id, "the run's proxy is not recorded: {e}");
+        }
+        Ok(proxy)
+    }
+
     /// Plans the run, grants it its connections, starts it, watches it,
     /// and tears it down: the same teardown whatever ended it (each phase a
     /// span of the run's `trace`, when it is traced).
@@ -253,7 +279,8 @@ impl Orchestrator {
                 true
             }
         };
-        let mut plan = self.plan(run_id, run_dir, req, org_budget)?;
+        let proxy = self.run_proxy(run_id, &req.org).await?;
+        let mut plan = self.plan(run_id, run_dir, req, org_budget, &proxy)?;
         self.record_budget(run_id, req).await;
         self.api.grant(run_id, std::mem::take(&mut plan.grant));
         let mut run = self

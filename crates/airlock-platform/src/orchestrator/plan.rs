@@ -109,6 +109,10 @@ pub struct Site<'a> {
     /// The run's organization has model budgets (or they could not be
     /// read): the sidecar reserves each model call with the platform.
     pub org_budget: bool,
+    /// The upstream proxy the run's sidecar dials through (`None`:
+    /// direct): `PROXY_URL`, or the organization's `SYSTEM_PROXIES` choice
+    /// ([`crate::proxies::RunProxy::choose`]).
+    pub proxy_url: Option<&'a secrecy::SecretString>,
     /// The run is traced: its sidecar times its steps of each request.
     pub traced: bool,
     /// `AIRLOCK_LOG` of the runtime and of the sidecar.
@@ -493,7 +497,7 @@ fn sidecar_config(
             blocked_names: placement.blocked_names.clone(),
         },
         limits: launch::Limits::default(),
-        proxy_url: settings.proxy_url.clone(),
+        proxy_url: site.proxy_url.cloned(),
         // The platform's file in the run's directory (never in the
         // sandbox's view), as the sidecar sees it.
         egress_journal: Some(
@@ -634,6 +638,7 @@ mod tests {
             runtime_log: "warn",
             sidecar_log: "info",
             org_budget: false,
+            proxy_url: settings.proxy_url.as_ref(),
             known_prices: &[],
             transparent_plane: true,
             traced: false,

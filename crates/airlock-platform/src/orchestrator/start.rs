@@ -51,6 +51,7 @@ impl Orchestrator {
         run_dir: &Path,
         req: &RunRequest,
         org_budget: bool,
+        proxy: &crate::proxies::RunProxy,
     ) -> Result<RunPlan, RunError> {
         // The run directory stays the platform's (owner file, 0700); the
         // sandbox sees only the sockets' directory, read-only.
@@ -80,6 +81,7 @@ impl Orchestrator {
             runtime_log: &runtime_log,
             sidecar_log: &sidecar_log,
             org_budget,
+            proxy_url: proxy.url.as_ref(),
             known_prices: &known_prices,
             transparent_plane: self.backend.transparent_plane(),
             traced: self.traces.is_some(),

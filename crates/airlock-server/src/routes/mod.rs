@@ -13,6 +13,7 @@ pub mod connections;
 pub mod health;
 pub mod identity;
 pub mod keys;
+pub mod org_proxy;
 pub mod runs;
 pub mod webhooks;
 

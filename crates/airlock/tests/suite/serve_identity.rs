@@ -7,54 +7,22 @@
 //! key; and never in the agent's view (its environment, /proc, the tool's
 //! answer, an upstream that reflects it).
 
-use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::{SocketAddr, TcpListener};
+use std::io::Write as _;
+use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Server, base_env, create_org, wait_for};
+use crate::support::serve::{
+    Recorder, Seen, Server, base_env, create_org, mcp_agent, run_agent_once,
+};
 
 /// The agent: calls the integration once through MCP (the token placed in
 /// the query by its placeholder too, as AWS STS takes it), prints the whole
 /// answer, then looks for a JWT wherever it can read.
-const AGENT: &str = r#"
-import glob, json, os, urllib.request
-MCP = os.environ["AIRLOCK_MCP_URL"]
-UPSTREAM = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
-state = {"sid": None, "n": 0}
-
-def mcp(method, params=None, notify=False):
-    msg = {"jsonrpc": "2.0", "method": method}
-    if params is not None:
-        msg["params"] = params
-    if not notify:
-        state["n"] += 1
-        msg["id"] = state["n"]
-    h = {"content-type": "application/json", "accept": "application/json, text/event-stream",
-         "mcp-protocol-version": "2025-11-25"}
-    if state["sid"]:
-        h["mcp-session-id"] = state["sid"]
-    req = urllib.request.Request(MCP, data=json.dumps(msg).encode(), headers=h, method="POST")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=30) as r:
-        state["sid"] = r.headers.get("mcp-session-id") or state["sid"]
-        body = r.read().decode()
-    if notify or not body.strip():
-        return None
-    if body.lstrip().startswith("{"):
-        return json.loads(body)
-    for line in body.splitlines():
-        if line.startswith("data:") and line[5:].strip():
-            d = json.loads(line[5:])
-            if d.get("id") == msg.get("id"):
-                return d
-
-mcp("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                   "clientInfo": {"name": "identity-test", "version": "1"}})
-mcp("notifications/initialized", notify=True)
+const AGENT_REST: &str = r#"
+import glob
 out = mcp("tools/call", {"name": "sts__api_call", "arguments": {"target": UPSTREAM + "/assume?WebIdentityToken={{airlock.identity}}"}})
 print("ANSWER " + json.dumps(out), flush=True)
 needle = b"eyJ0eXAiOiJKV1Qi"
@@ -99,44 +67,23 @@ const ISSUER: &str = "https://issuer.airlock.test";
 /// and answers with the header reflected in its body.
 struct Upstream {
     addr: SocketAddr,
-    seen: Arc<Mutex<Vec<(String, String)>>>,
+    seen: Seen,
 }
 
 impl Upstream {
     fn start() -> Upstream {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-        let sink = seen.clone();
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(mut c) = conn else { continue };
-                c.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                let mut r = BufReader::new(c.try_clone().unwrap());
-                let mut auth = String::new();
-                let mut first = String::new();
-                r.read_line(&mut first).ok();
-                let mut line = String::new();
-                while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
-                    if let Some((k, v)) = line.trim_end().split_once(':')
-                        && k.eq_ignore_ascii_case("authorization")
-                    {
-                        auth = v.trim().to_owned();
-                    }
-                    line.clear();
-                }
-                sink.lock()
-                    .unwrap()
-                    .push((first.trim_end().to_owned(), auth.clone()));
-                let body = format!("{{\"you_sent\": \"{auth}\"}}");
-                let _ = write!(
-                    c,
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
+        let r = Recorder::start("authorization", |mut c, _, auth| {
+            let body = format!("{{\"you_sent\": \"{auth}\"}}");
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
         });
-        Upstream { addr, seen }
+        Upstream {
+            addr: r.addr,
+            seen: r.seen,
+        }
     }
 
     fn last_token(&self) -> String {
@@ -165,27 +112,16 @@ fn manifest(upstream: SocketAddr, timeout: u64) -> String {
 
 /// Runs the agent once; its logs' text and the run.
 fn run_once(s: &Server, key: &str, upstream: &Upstream, timeout: u64) -> (String, Value) {
-    let k = Some(key);
-    let body = json!({"manifest": manifest(upstream.addr, timeout), "files": {"agent.py": AGENT}});
-    let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
-    assert!(st == 201 || st == 200, "{st} {v}");
+    let manifest = manifest(upstream.addr, timeout);
     let prompt = format!("http://{}", upstream.addr);
-    let (st, run) = s.call(
-        "POST",
-        "/v1/runs",
-        k,
-        Some(&json!({"agent": "ident", "prompt": prompt})),
+    let (run, logs) = run_agent_once(
+        s,
+        key,
+        ("ident", &manifest),
+        &mcp_agent(AGENT_REST),
+        &prompt,
     );
-    assert_eq!(st, 202, "{run}");
-    let id = run["id"].as_str().unwrap().to_owned();
-    let run = wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
-        v["status"] != "queued" && v["status"] != "running"
-    });
-    assert_eq!(run["status"], "succeeded", "{run}\n{}", s.log_text());
-    let logs = s
-        .call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None)
-        .1;
-    (logs.to_string(), run)
+    (logs, run)
 }
 
 fn pyjwt(s: &Server, token: &str, mode: &str) -> Value {

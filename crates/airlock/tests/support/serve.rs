@@ -375,3 +375,129 @@ pub fn signature_ok(r: &Received, secret: &str) -> bool {
     r.header(airlock_api::webhook::SIGNATURE_HEADER)
         .is_some_and(|sig| airlock_api::webhook::verify(secret.as_bytes(), sig, &r.body).is_some())
 }
+
+/// The start of a Python agent that speaks MCP to its sidecar: `mcp(method,
+/// params)` (a session kept, SSE answers read), `UPSTREAM` the prompt's
+/// text, the session initialized.
+const MCP_AGENT_PRELUDE: &str = r#"
+import json, os, urllib.request
+MCP = os.environ["AIRLOCK_MCP_URL"]
+UPSTREAM = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
+state = {"sid": None, "n": 0}
+
+def mcp(method, params=None, notify=False):
+    msg = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        msg["params"] = params
+    if not notify:
+        state["n"] += 1
+        msg["id"] = state["n"]
+    h = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+         "mcp-protocol-version": "2025-11-25"}
+    if state["sid"]:
+        h["mcp-session-id"] = state["sid"]
+    req = urllib.request.Request(MCP, data=json.dumps(msg).encode(), headers=h, method="POST")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=30) as r:
+        state["sid"] = r.headers.get("mcp-session-id") or state["sid"]
+        body = r.read().decode()
+    if notify or not body.strip():
+        return None
+    if body.lstrip().startswith("{"):
+        return json.loads(body)
+    for line in body.splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            d = json.loads(line[5:])
+            if d.get("id") == msg.get("id"):
+                return d
+
+mcp("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "airlock-test", "version": "1"}})
+mcp("notifications/initialized", notify=True)
+"#;
+
+/// A Python agent: [`MCP_AGENT_PRELUDE`], then `rest`.
+pub fn mcp_agent(rest: &str) -> String {
+    format!("{MCP_AGENT_PRELUDE}{rest}")
+}
+
+/// What a [`Recorder`] saw of each request: its first line and one header.
+pub type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
+/// A loopback listener that records each request's first line and the
+/// value of one header (`""` when absent), then hands the connection on to
+/// `answer` (its head read; on a thread of its own).
+pub struct Recorder {
+    pub addr: SocketAddr,
+    pub seen: Seen,
+}
+
+impl Recorder {
+    pub fn start(header: &'static str, answer: fn(std::net::TcpStream, &str, &str)) -> Recorder {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen: Seen = Arc::default();
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(c) = conn else { continue };
+                let sink = sink.clone();
+                std::thread::spawn(move || {
+                    c.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                    let mut r = BufReader::new(c.try_clone().unwrap());
+                    let mut first = String::new();
+                    r.read_line(&mut first).ok();
+                    let mut value = String::new();
+                    let mut line = String::new();
+                    while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                        if let Some((k, v)) = line.trim_end().split_once(':')
+                            && k.eq_ignore_ascii_case(header)
+                        {
+                            value = v.trim().to_owned();
+                        }
+                        line.clear();
+                    }
+                    let first = first.trim_end().to_owned();
+                    sink.lock().unwrap().push((first.clone(), value.clone()));
+                    answer(c, &first, &value);
+                });
+            }
+        });
+        Recorder { addr, seen }
+    }
+
+    pub fn seen(&self) -> Vec<(String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Registers an agent (its manifest and `agent.py`), runs it once with
+/// `prompt`, and waits until it succeeded: the run, and its logs' text.
+pub fn run_agent_once(
+    s: &Server,
+    key: &str,
+    (name, manifest): (&str, &str),
+    agent_py: &str,
+    prompt: &str,
+) -> (Value, String) {
+    let k = Some(key);
+    let body = json!({"manifest": manifest, "files": {"agent.py": agent_py}});
+    let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
+    assert!(st == 201 || st == 200, "{st} {v}");
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        k,
+        Some(&json!({"agent": name, "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let id = run["id"].as_str().unwrap().to_owned();
+    let run = wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(run["status"], "succeeded", "{run}\n{}", s.log_text());
+    let logs = s
+        .call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None)
+        .1;
+    (run, logs.to_string())
+}

@@ -48,6 +48,7 @@ from .new_webhook_answer_events_item import NewWebhookAnswerEventsItem
 from .new_webhook_events_item import NewWebhookEventsItem
 from .open_id_configuration import OpenIdConfiguration
 from .org_budget import OrgBudget
+from .org_proxy import OrgProxy
 from .organization import Organization
 from .period_spend import PeriodSpend
 from .ready import Ready
@@ -63,6 +64,7 @@ from .run_list import RunList
 from .run_spend import RunSpend
 from .run_status import RunStatus
 from .set_org_budget import SetOrgBudget
+from .set_org_proxy import SetOrgProxy
 from .webhook import Webhook
 from .webhook_event import WebhookEvent
 from .webhook_event_data import WebhookEventData
@@ -118,6 +120,7 @@ __all__ = (
     "NewWebhookEventsItem",
     "OpenIdConfiguration",
     "OrgBudget",
+    "OrgProxy",
     "Organization",
     "PeriodSpend",
     "Ready",
@@ -133,6 +136,7 @@ __all__ = (
     "RunSpend",
     "RunStatus",
     "SetOrgBudget",
+    "SetOrgProxy",
     "Webhook",
     "WebhookEvent",
     "WebhookEventData",

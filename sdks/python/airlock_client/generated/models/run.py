@@ -35,6 +35,9 @@ class Run:
         error (None | str | Unset):
         exit_code (int | None | Unset):
         model (None | str | Unset): The model provider its manifest names.
+        proxy (None | str | Unset): The upstream proxy its guarded connections went through: an
+            operator proxy's name, `PROXY_URL`, or `null` (direct, or not
+            started). Never a URL.
         queue_position (int | None | Unset): While queued: how many queued runs are ahead (omitted otherwise).
         replica (None | str | Unset): The `airlock serve` replica that runs (or ran) it.
         sandbox_up_at (int | None | Unset): When its sandbox was up (Unix ms; `null`: not reached).
@@ -54,6 +57,7 @@ class Run:
     error: None | str | Unset = UNSET
     exit_code: int | None | Unset = UNSET
     model: None | str | Unset = UNSET
+    proxy: None | str | Unset = UNSET
     queue_position: int | None | Unset = UNSET
     replica: None | str | Unset = UNSET
     sandbox_up_at: int | None | Unset = UNSET
@@ -101,6 +105,12 @@ class Run:
             model = UNSET
         else:
             model = self.model
+
+        proxy: None | str | Unset
+        if isinstance(self.proxy, Unset):
+            proxy = UNSET
+        else:
+            proxy = self.proxy
 
         queue_position: int | None | Unset
         if isinstance(self.queue_position, Unset):
@@ -154,6 +164,8 @@ class Run:
             field_dict["exit_code"] = exit_code
         if model is not UNSET:
             field_dict["model"] = model
+        if proxy is not UNSET:
+            field_dict["proxy"] = proxy
         if queue_position is not UNSET:
             field_dict["queue_position"] = queue_position
         if replica is not UNSET:
@@ -228,6 +240,15 @@ class Run:
 
         model = _parse_model(d.pop("model", UNSET))
 
+        def _parse_proxy(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        proxy = _parse_proxy(d.pop("proxy", UNSET))
+
         def _parse_queue_position(data: object) -> int | None | Unset:
             if data is None:
                 return data
@@ -285,6 +306,7 @@ class Run:
             error=error,
             exit_code=exit_code,
             model=model,
+            proxy=proxy,
             queue_position=queue_position,
             replica=replica,
             sandbox_up_at=sandbox_up_at,
