@@ -497,18 +497,7 @@ async fn no_encoder_carries_the_credential_past_the_sidecar() {
 
     let names: Vec<&str> = ENCODERS.iter().map(|(n, _)| *n).collect();
     let prompt = format!("{base} {}", names.join(" "));
-    let (_run, out) = tokio::task::spawn_blocking(move || {
-        let o = run
-            .command("namespace", &["--prompt", &prompt])
-            .output()
-            .unwrap();
-        (run, o)
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let (_run, _out, report) = run.run_prompted("namespace", prompt).await;
     let r = &report["result"];
     // Every leak, so that a failure names each encoder and place that leaked.
     let mut leaks = Vec::new();

@@ -303,19 +303,9 @@ async fn runners_attacked(
     run.add_bearer_connection("svc", &json!({"token": CANARY}), &key);
 
     let prompt = format!("{host_ip}:{host_port} {main} {other}");
-    let (run, out) = tokio::task::spawn_blocking(move || {
-        let o = run
-            .command(backend, &["--prompt", &prompt])
-            .output()
-            .unwrap();
-        (run, o)
-    })
-    .await
-    .unwrap();
+    let (run, out, report) = run.run_prompted(backend, prompt).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
     let r = &report["result"];
 
     // Both runners' tools are on /mcp beside the api_calls.

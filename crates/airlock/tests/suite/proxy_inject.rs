@@ -96,20 +96,9 @@ async fn unmodified_tools_use_the_credential_by_its_placeholder_and_only_where_i
     run.add_bearer_connection("svc", &json!({"token": CANARY}), &key);
 
     let prompt = format!("{main} {other}");
-    let out = tokio::task::spawn_blocking(move || {
-        let o = run
-            .command("namespace", &["--prompt", &prompt])
-            .output()
-            .unwrap();
-        (run, o)
-    })
-    .await
-    .unwrap();
-    let (_run, out) = out;
+    let (_run, out, report) = run.run_prompted("namespace", prompt).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
     let r = &report["result"];
     assert_eq!(r["placeholder"], PLACEHOLDER);
 

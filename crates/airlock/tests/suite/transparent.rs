@@ -468,19 +468,7 @@ async fn a_runner_that_ignores_its_proxy_reaches_only_its_allowlist_through_the_
         url("other.test", "/api/echo"),
         url(UPSTREAM_IP, "/api/echo"),
     ];
-    let prompt = urls.join(" ");
-    let (_run, out) = tokio::task::spawn_blocking(move || {
-        let o = run
-            .command("namespace", &["--prompt", &prompt])
-            .output()
-            .unwrap();
-        (run, o)
-    })
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
+    let (_run, _out, report) = run.run_prompted("namespace", urls.join(" ")).await;
     let r = &report["result"];
     // The legitimate path: by name, with no proxy, through the plane.
     assert_eq!(r[0]["status"], 200, "{r}");

@@ -391,6 +391,34 @@ impl RealRun {
         (out, json)
     }
 
+    /// Runs it to its end with `--prompt prompt` on a blocking thread (an
+    /// async test's servers keep answering meanwhile): the run back, the
+    /// process output, and the JSON report, which must say the run
+    /// succeeded.
+    pub async fn run_prompted(
+        self,
+        backend: &'static str,
+        prompt: String,
+    ) -> (RealRun, std::process::Output, Value) {
+        let (run, out) = tokio::task::spawn_blocking(move || {
+            let o = self
+                .command(backend, &["--prompt", &prompt])
+                .output()
+                .expect("airlock run");
+            (self, o)
+        })
+        .await
+        .expect("the run's thread");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert_eq!(
+            report["status"],
+            "succeeded",
+            "{report}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (run, out, report)
+    }
+
     /// Copies the installed Python distribution `dist` and what it requires
     /// into the agent's `vendor/` (`tests/python/vendor.py`): the sandbox's
     /// Python is Debian's, which sees only the host's `/usr`.
