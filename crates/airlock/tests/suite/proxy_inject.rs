@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::support::tls::{TwoHosts, test_ca, two_hosts, upstream_named};
 use crate::support::*;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::net::TcpListener;
 
 const CANARY: &str = "canary-inject-Vb7Kq2Xz9Lm4";
