@@ -67,6 +67,43 @@ impl Store {
         returned_id(ids)
     }
 
+    /// Appends events of one run and one kind, each its time and payload,
+    /// in their order, in one transaction (all or none).
+    pub async fn append_events(
+        &self,
+        run_id: &str,
+        kind: &str,
+        events: &[(i64, String)],
+    ) -> Result<(), StoreError> {
+        /// Rows in one statement (4 values each).
+        const ROWS: usize = 100;
+        if events.is_empty() {
+            return Ok(());
+        }
+        let numbered = matches!(self.pool, Pool::Postgres(_));
+        on_pool!(self, p => {
+            let mut tx = p.begin().await.map_err(|e| self.err(e))?;
+            for chunk in events.chunks(ROWS) {
+                let sql = multi_row_insert(
+                    "INSERT INTO run_events (run_id, at, kind, payload) VALUES ",
+                    4,
+                    chunk.len(),
+                    numbered,
+                    "",
+                );
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for (at, payload) in chunk {
+                    q = q.bind(run_id).bind(*at).bind(kind).bind(payload.as_str());
+                }
+                q.execute(&mut *tx)
+                    .await
+                    .map_err(|err| self.run_fk(err, run_id))?;
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+        });
+        Ok(())
+    }
+
     /// Stores a run's journalled events in one transaction: an event whose
     /// `(run_id, seq)` is stored already is skipped, and so is its usage
     /// (reading a journal again stores nothing twice). Returns how many

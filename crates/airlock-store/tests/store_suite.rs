@@ -1575,6 +1575,27 @@ async fn events(s: &Store) {
         matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
         "{err}"
     );
+
+    // A batch (more rows than one statement holds) is stored whole, in
+    // its order; a batch of an unknown run is refused, by its name.
+    let batch: Vec<(i64, String)> = (0..250).map(|i| (6, format!(r#"{{"i":{i}}}"#))).collect();
+    s.append_events("r2", "log", &batch).await.unwrap();
+    let stored = s.list_events("r2", 0, 1000).await.unwrap();
+    assert_eq!(stored.len(), 251);
+    let got: Vec<(i64, String)> = stored[1..]
+        .iter()
+        .map(|e| {
+            assert_eq!(e.kind, "log");
+            (e.at, e.payload.clone())
+        })
+        .collect();
+    assert_eq!(got, batch);
+    let err = s.append_events("ghost", "log", &batch).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::RunNotFound(ref r) if r == "ghost"),
+        "{err}"
+    );
+    assert!(s.list_events("ghost", 0, 10).await.unwrap().is_empty());
 }
 
 /// A run's audit read page by page: its egress records (the refusing rule

@@ -16,7 +16,7 @@ use airlock_store::RunPhase;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use super::error::{NotReady, RunError};
-use super::output::{SandboxOutput, SidecarLog, log_runner_output};
+use super::output::{RUNNER_LOG_GRACE, RunnerPump, SandboxOutput, SidecarLog, log_runner_output};
 use super::parts::{Orchestrator, SIDECAR_STOP_GRACE};
 use super::plan::{Keys, RunPlan, Site};
 use super::request::{Progress, ProgressFn, RunRequest};
@@ -30,7 +30,7 @@ pub(super) struct StartedRun {
     pub(super) sandbox: Sandbox,
     runners: Vec<Sandbox>,
     /// The runners' output, on its way to the run's log.
-    runner_pumps: Vec<tokio::task::JoinHandle<()>>,
+    runner_pumps: Vec<RunnerPump>,
     output: Option<SandboxOutput>,
     pub(super) sidecar: Option<Sandbox>,
     sidecar_log: SidecarLog,
@@ -244,8 +244,9 @@ impl StartedRun {
         for sb in runners {
             sb.cleanup().await;
         }
+        let deadline = tokio::time::Instant::now() + RUNNER_LOG_GRACE;
         for p in runner_pumps {
-            let _ = tokio::time::timeout(Duration::from_secs(2), p).await;
+            p.finish(deadline).await;
         }
         tracing::debug!(target: "airlock::phase", "sandbox cleaned up");
         if let Some(sidecar) = sidecar {
