@@ -123,6 +123,49 @@ impl PolicyRules {
     }
 }
 
+/// The run event (`run_events.kind`) of a live policy change: on the run's
+/// SSE stream and in its audit. Written by the platform only (a sidecar's
+/// events are [`crate::wire::RunEvent`]s, which have no such kind).
+pub const POLICY_CHANGE_EVENT: &str = "policy_change";
+
+/// A live policy change, as its run event records it: never a rule's
+/// content beyond its id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyChange {
+    pub at: i64,
+    /// Who made it: `key <id>` (the API key).
+    pub actor: String,
+    /// The version it made, and the one it replaced.
+    pub version: i64,
+    pub old_version: i64,
+    /// Each rule's `list:id` before and after.
+    pub old_rules: Vec<String>,
+    pub new_rules: Vec<String>,
+    /// Back to the manifest's rules.
+    pub reset: bool,
+}
+
+impl PolicyRules {
+    /// Every rule as `list:id` (`network:rules[0]`, `integration:gh:read`).
+    pub fn rule_ids(&self) -> Vec<String> {
+        let ids = |list: &str, rules: &[RuleSpec]| -> Vec<String> {
+            rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let id = r.id.clone().unwrap_or_else(|| format!("rules[{i}]"));
+                    format!("{list}:{id}")
+                })
+                .collect()
+        };
+        let mut out = ids(NETWORK_LIST, &self.network);
+        for (ns, rules) in &self.integrations {
+            out.extend(ids(&integration_list(ns), rules));
+        }
+        out
+    }
+}
+
 /// The answer of a [`POLICY_PATH`] long-poll.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyUpdate {
