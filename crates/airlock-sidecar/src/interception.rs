@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressCode, EgressPolicy, Intent, LiveRules, Target};
+use airlock_egress::{
+    AuthorizedUris, CallRules, EgressCode, EgressPolicy, Intent, LiveRules, Target,
+};
 use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
