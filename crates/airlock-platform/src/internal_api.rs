@@ -348,9 +348,9 @@ impl InternalApi {
     }
 
     /// Wakes this process's policy long-polls when another process changed
-    /// a run's policy or took a sidecar's report (asked every
-    /// [`WATCH_EVERY`]); a change made through this process's store wakes
-    /// them at once.
+    /// a run's policy (asked every [`WATCH_EVERY`]); a change made through
+    /// this process's store wakes them at once. (A sidecar's report taken
+    /// by another replica is read by `?wait=true`'s own bounded poll.)
     async fn watch_policies(&self) {
         let store = &self.inner.store;
         let mut last = None;

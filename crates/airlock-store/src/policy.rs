@@ -167,23 +167,22 @@ impl Store {
         Ok(v.flatten().unwrap_or(0))
     }
 
-    /// A number that moves when any process adds a policy change or a
-    /// sidecar report (a change's count, and the latest report's sum): what
-    /// a replica's watcher polls to wake long-polls for changes made
-    /// through another replica.
+    /// A mark that moves when any process adds a policy change (the
+    /// changes' count and latest time: an add and a removal by retention
+    /// between two reads would have to land on the same count and time to
+    /// hide): what a replica's watcher polls to wake its long-polls for
+    /// changes made through another replica.
     pub async fn policy_mark(&self) -> Result<(i64, i64), StoreError> {
         on_pool!(self, p => {
             let r = sqlx::query(
-                "SELECT (SELECT COUNT(*) FROM run_policy) AS changes, \
-                 (SELECT CAST(COALESCE(SUM(policy_applied), 0) AS BIGINT) FROM runs \
-                  WHERE status = 'running') AS applied",
+                "SELECT COUNT(*) AS changes, COALESCE(MAX(at), 0) AS latest FROM run_policy",
             )
             .fetch_one(p)
             .await
             .map_err(|e| self.err(e))?;
             let changes: i64 = r.try_get("changes").map_err(|e| self.err(e))?;
-            let applied: i64 = r.try_get("applied").map_err(|e| self.err(e))?;
-            Ok((changes, applied))
+            let latest: i64 = r.try_get("latest").map_err(|e| self.err(e))?;
+            Ok((changes, latest))
         })
     }
 
