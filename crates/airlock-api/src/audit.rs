@@ -8,13 +8,15 @@
 //!   or goes away changes the version.
 //! - A record is one of the store's rows ([`AuditEntry`]): an egress record
 //!   (every request the sidecar let out or refused, on every egress path),
-//!   refusals counted rather than recorded one by one, or a tool an
-//!   integration's allowlist hid. Its `id` is that row's, stable across
+//!   refusals counted rather than recorded one by one, a tool an
+//!   integration's allowlist hid, or a change to the run's live egress
+//!   rules (who made it, the version, the rule ids before and after). Its `id` is that row's, stable across
 //!   exports; the export is append-only (a completed request is exported
 //!   completed, never its start beside it).
 //! - A record never carries a credential: egress URLs are stored without
 //!   userinfo, query or credential values.
 
+use airlock_platform_api::policy::{POLICY_CHANGE_EVENT, PolicyChange};
 use airlock_platform_api::wire::{RefusalCode, RunEvent};
 use airlock_store::{AuditEntry, EgressDecision, EgressEntry, Event};
 use serde::{Deserialize, Serialize};
@@ -70,6 +72,9 @@ pub enum AuditKind {
     Refusals,
     /// A tool an integration's tools allowlist hid (`tool`).
     ToolExcluded,
+    /// The run's live egress rules changed (`actor`, `version`,
+    /// `old_rules`, `new_rules`).
+    PolicyChange,
 }
 
 /// The decision.
@@ -80,6 +85,8 @@ pub enum AuditDecision {
     Refused,
     /// Left out of a tool list, or refused when called by name.
     Hidden,
+    /// A policy change was made.
+    Changed,
 }
 
 /// Who decided.
@@ -93,11 +100,15 @@ pub enum AuditDecider {
     L7Rule,
     /// An integration's tools allowlist.
     ToolAllowlist,
+    /// A person, through the API with a key (`actor`).
+    ApiKey,
 }
 
 /// One decision of a run's audit: a line of `audit.jsonl`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AuditRecord {
+    /// A policy change: who made it (`key <id>`).
+    pub actor: Option<String>,
     /// Unix ms.
     pub at: i64,
     /// Bytes received from upstream.
@@ -122,6 +133,10 @@ pub struct AuditRecord {
     pub integration: Option<String>,
     pub kind: AuditKind,
     pub method: Option<String>,
+    /// A policy change: each rule (`list:id`) in force after it.
+    pub new_rules: Option<Vec<String>>,
+    /// A policy change: each rule (`list:id`) in force before it.
+    pub old_rules: Option<Vec<String>>,
     /// What became of an allowed request (`completed`, `upstream_failed`,
     /// `incomplete`, …).
     pub outcome: Option<String>,
@@ -143,6 +158,8 @@ pub struct AuditRecord {
     pub tool: Option<String>,
     /// Free of credentials.
     pub url: Option<String>,
+    /// A policy change: the version it made (0: the manifest's rules).
+    pub version: Option<i64>,
 }
 
 impl AuditRecord {
@@ -158,6 +175,7 @@ impl AuditRecord {
 
     fn blank(id: String, run_id: &str, at: i64, kind: AuditKind) -> AuditRecord {
         AuditRecord {
+            actor: None,
             at,
             bytes_in: 0,
             bytes_out: 0,
@@ -172,6 +190,8 @@ impl AuditRecord {
             integration: None,
             kind,
             method: None,
+            new_rules: None,
+            old_rules: None,
             outcome: None,
             plane: None,
             rule: None,
@@ -181,6 +201,7 @@ impl AuditRecord {
             status: None,
             tool: None,
             url: None,
+            version: None,
         }
     }
 
@@ -221,6 +242,18 @@ impl AuditRecord {
 
     fn event(e: &Event) -> Option<AuditRecord> {
         let id = format!("event:{}", e.id);
+        if e.kind == POLICY_CHANGE_EVENT {
+            let c = serde_json::from_str::<PolicyChange>(&e.payload).ok()?;
+            return Some(AuditRecord {
+                actor: Some(c.actor),
+                decider: AuditDecider::ApiKey,
+                decision: AuditDecision::Changed,
+                new_rules: Some(c.new_rules),
+                old_rules: Some(c.old_rules),
+                version: Some(c.version),
+                ..AuditRecord::blank(id, &e.run_id, e.at, AuditKind::PolicyChange)
+            });
+        }
         match serde_json::from_str::<RunEvent>(&e.payload).ok()? {
             RunEvent::Refusals {
                 code, host, count, ..

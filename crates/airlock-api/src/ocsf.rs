@@ -8,8 +8,9 @@
 //! - a plain tunnel of the forward proxy (`CONNECT`, the proxy could not
 //!   see inside) and refusals counted per host → Network Activity (4001):
 //!   `Open` 1 when let out, `Refuse` 5 when refused;
-//! - a tool an allowlist hid is no network activity: it has no OCSF form
-//!   and is left out of it (the native form carries it).
+//! - a tool an allowlist hid, and a change to the run's live egress rules,
+//!   are no network activity: they have no OCSF form here and are left out
+//!   of it (the native form carries them, actor and versions included).
 //!
 //! Both classes are in the Network Activity category (4), with the
 //! Security Control profile's `action_id` / `disposition_id` (allowed 1;
@@ -36,7 +37,7 @@ pub fn event(record: &AuditRecord) -> Option<Value> {
         || record.method.as_deref() == Some("CONNECT") && record.source.as_deref() == Some("proxy");
     let refused = record.decision == AuditDecision::Refused;
     let (class_uid, class_name, (activity_id, activity_name)) = match record.kind {
-        AuditKind::ToolExcluded => return None,
+        AuditKind::ToolExcluded | AuditKind::PolicyChange => return None,
         _ if tunnel => (
             CLASS_NETWORK_ACTIVITY,
             "Network Activity",

@@ -1153,6 +1153,98 @@ pub struct WebhookEventData {
     pub run: Run,
 }
 
+/// A method preset of an L7 rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuleAccess {
+    /// GET, HEAD, OPTIONS.
+    ReadOnly,
+    /// read-only and POST, PUT, PATCH (never DELETE).
+    ReadWrite,
+    /// Every method.
+    Full,
+}
+
+/// One L7 rule, in the manifest's grammar (docs/egress.md, "L7 rules").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    /// A preset; exactly one of `access` and `methods` is given. Omitted
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<RuleAccess>,
+    /// `scheme://host[:port]`, wildcards as in `authorized_uris`.
+    pub host: String,
+    /// Named in refusals and records (default `rules[N]`). Omitted when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Omitted when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    /// Path patterns; default `["/**"]`. Omitted when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// `"any"` (the default), `"none"`, or the parameter names allowed.
+    /// Omitted when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub query: Option<serde_json::Value>,
+}
+
+/// Every rule list of a run: the network list's and each integration's
+/// (by namespace).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyLists {
+    #[serde(default)]
+    pub integrations: BTreeMap<String, Vec<PolicyRule>>,
+    #[serde(default)]
+    pub network: Vec<PolicyRule>,
+}
+
+/// `GET /v1/runs/{id}/policy`: a run's live egress rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RunPolicy {
+    /// Who made the live version: `manifest` (version 0), else `key <id>`.
+    pub actor: String,
+    /// The version the run's sidecar reported applied.
+    pub applied_version: i64,
+    /// When the live version was made (`null`: version 0 of a run whose
+    /// manifest has no rules).
+    pub at: Option<i64>,
+    /// The manifest's rules: the ceiling of every change.
+    pub manifest: PolicyLists,
+    /// The rules in force.
+    pub rules: PolicyLists,
+    /// 0: the manifest's; each change adds one.
+    pub version: i64,
+}
+
+/// `PATCH /v1/runs/{id}/policy`: the run's new live rules (replacing every
+/// list: a list left out withdraws its manifest rules), or `reset` back to
+/// the manifest's. Give exactly one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetRunPolicy {
+    /// Made only if the live version is still this one (409 otherwise).
+    #[serde(default)]
+    pub expect_version: Option<i64>,
+    #[serde(default)]
+    pub reset: bool,
+    #[serde(default)]
+    pub rules: Option<PolicyLists>,
+}
+
+/// `PATCH /v1/runs/{id}/policy`'s query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyQuery {
+    /// Answer once the run's sidecar has applied the change (at most 10 s;
+    /// 202 when it has not by then).
+    pub wait: Option<bool>,
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Serialize;

@@ -212,6 +212,22 @@ fn entries() -> Vec<AuditEntry> {
             called: true,
         },
     )));
+    let change = airlock_platform_api::policy::PolicyChange {
+        at: 1_800_000_000_102,
+        actor: "key k_1".into(),
+        version: 2,
+        old_version: 1,
+        old_rules: vec!["network:api".into()],
+        new_rules: vec!["network:api-read".into()],
+        reset: false,
+    };
+    v.push(AuditEntry::Event(Event {
+        id: 52,
+        run_id: "run_0123456789abcdef".into(),
+        at: change.at,
+        kind: airlock_platform_api::policy::POLICY_CHANGE_EVENT.into(),
+        payload: serde_json::to_string(&change).unwrap(),
+    }));
     v
 }
 
@@ -219,14 +235,14 @@ fn entries() -> Vec<AuditEntry> {
 fn every_network_decision_is_a_valid_ocsf_event_of_its_class() {
     let schema = schema();
     let records: Vec<AuditRecord> = entries().iter().filter_map(AuditRecord::of).collect();
-    assert_eq!(records.len(), 10, "every entry is a record");
+    assert_eq!(records.len(), 11, "every entry is a record");
     let mut classes = Vec::new();
     for r in &records {
         let Some(e) = ocsf::event(r) else {
-            assert_eq!(
-                r.tool.as_deref(),
-                Some("delete_repo"),
-                "only a tool exclusion has no OCSF form"
+            assert!(
+                r.tool.as_deref() == Some("delete_repo")
+                    || r.kind == airlock_api::audit::AuditKind::PolicyChange,
+                "only a tool exclusion and a policy change have no OCSF form: {r:?}"
             );
             continue;
         };
@@ -257,6 +273,19 @@ fn every_network_decision_is_a_valid_ocsf_event_of_its_class() {
     let rule = ocsf::event(&records[2]).unwrap();
     assert_eq!(rule["firewall_rule"]["uid"], "issues-read");
     assert_eq!(rule["status_detail"], "rule_refused");
+    // A policy change: its native record names who, the version, and the
+    // rules before and after.
+    let change = &records[10];
+    assert_eq!(change.actor.as_deref(), Some("key k_1"));
+    assert_eq!(change.version, Some(2));
+    assert_eq!(
+        change.old_rules.as_deref(),
+        Some(&["network:api".to_owned()][..])
+    );
+    assert_eq!(
+        change.new_rules.as_deref(),
+        Some(&["network:api-read".to_owned()][..])
+    );
     let counted = ocsf::event(&records[8]).unwrap();
     assert_eq!(counted["count"], 4000);
     assert_eq!(

@@ -16,6 +16,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::glob::{Glob, Kind};
 use crate::rules::Rules;
+use crate::rules::live::LiveRules;
 use crate::target::{Target, TargetHost};
 
 /// Why an entry matches nothing.
@@ -385,21 +386,50 @@ pub struct Diagnostic {
 pub struct AuthorizedUris {
     entries: Vec<UriPattern>,
     diagnostics: Vec<Diagnostic>,
-    rules: Arc<Rules>,
+    rules: RulesSource,
+}
+
+/// Where a list's L7 rules come from: fixed when it was built, or a run's
+/// live rule set, read at each decision ([`crate::rules::live`]).
+#[derive(Debug, Clone)]
+pub enum RulesSource {
+    Fixed(Arc<Rules>),
+    Live(LiveRules),
+}
+
+impl Default for RulesSource {
+    fn default() -> Self {
+        RulesSource::Fixed(Arc::default())
+    }
+}
+
+impl From<Arc<Rules>> for RulesSource {
+    fn from(r: Arc<Rules>) -> Self {
+        RulesSource::Fixed(r)
+    }
+}
+
+impl From<LiveRules> for RulesSource {
+    fn from(r: LiveRules) -> Self {
+        RulesSource::Live(r)
+    }
 }
 
 impl AuthorizedUris {
     /// The same list, narrowed by `rules` (shared: a list rendered per call
     /// keeps its integration's rules without copying them).
     #[must_use]
-    pub fn with_rules(mut self, rules: Arc<Rules>) -> Self {
-        self.rules = rules;
+    pub fn with_rules(mut self, rules: impl Into<RulesSource>) -> Self {
+        self.rules = rules.into();
         self
     }
 
-    /// The L7 rules that narrow this list.
-    pub fn rules(&self) -> &Rules {
-        &self.rules
+    /// The L7 rules that narrow this list now: one decision reads them once.
+    pub fn rules(&self) -> Arc<Rules> {
+        match &self.rules {
+            RulesSource::Fixed(r) => r.clone(),
+            RulesSource::Live(l) => l.load(),
+        }
     }
 
     /// Parses entries without templates (a template makes the entry match nothing).

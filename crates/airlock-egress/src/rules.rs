@@ -182,6 +182,9 @@ pub enum Missing {
     Query { parameter: String },
     /// A plain tunnel to a host whose rule needs to see each request.
     Tunnel,
+    /// The run's live policy withdrew the rule (no live rule covers the
+    /// host it covered): nothing reaches its host ([`live`]).
+    Withdrawn,
 }
 
 /// A refusal by an L7 rule: which rule, and what it lacked. Travels in the
@@ -211,6 +214,11 @@ impl std::fmt::Display for RuleRefusal {
                 "rule {:?} must see each request, and a plain tunnel hides them",
                 self.rule
             ),
+            Missing::Withdrawn => write!(
+                f,
+                "rule {:?} was withdrawn by the run's live policy",
+                self.rule
+            ),
         }
     }
 }
@@ -226,6 +234,9 @@ enum Query {
 #[derive(Debug, Clone)]
 pub struct Rule {
     id: String,
+    /// `host` and `paths` as written: what [`live`] compares.
+    host_src: String,
+    path_srcs: Vec<String>,
     host: UriPattern,
     /// `None`: every method.
     methods: Option<Vec<Method>>,
@@ -301,6 +312,8 @@ impl Rule {
             methods.is_some() || !matches!(query, Query::Any) || !srcs.iter().all(|p| p == "/**");
         Ok(Rule {
             id,
+            host_src: spec.host.clone(),
+            path_srcs: srcs.to_vec(),
             host,
             methods,
             paths,
@@ -392,6 +405,10 @@ fn rule_methods(spec: &RuleSpec, id: &str) -> Result<Option<Vec<Method>>, RuleEr
 #[derive(Debug, Clone, Default)]
 pub struct Rules {
     rules: Vec<Rule>,
+    /// Under a live policy ([`live`]), the manifest's rules: a request one
+    /// of them covers and no live rule covers is refused (a withdrawn rule
+    /// never lets its host fall back to the list alone). Empty otherwise.
+    ceiling: Vec<Rule>,
 }
 
 impl Rules {
@@ -408,11 +425,15 @@ impl Rules {
             }
             rules.push(r);
         }
-        Ok(Rules { rules })
+        Ok(Rules {
+            rules,
+            ceiling: Vec::new(),
+        })
     }
 
+    /// Whether no rule narrows the list (nor withdraws a host from it).
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.ceiling.is_empty()
     }
 
     pub fn rules(&self) -> &[Rule] {
@@ -435,10 +456,18 @@ impl Rules {
     /// closest covering rule (the first that admits method and path and
     /// lacks the query, else the first that admits the method and lacks the
     /// path, else the first covering rule, which lacks the method).
+    /// Under a live policy, a request that only a withdrawn manifest rule
+    /// covers is refused with [`Missing::Withdrawn`].
     pub fn judge(&self, t: &Target, intent: Intent<'_>) -> Result<(), RuleRefusal> {
         let mut covering = self.rules.iter().filter(|r| r.covers(t)).peekable();
         if covering.peek().is_none() {
-            return Ok(());
+            return match self.ceiling.iter().find(|r| r.covers(t)) {
+                Some(r) => Err(RuleRefusal {
+                    rule: r.id.clone(),
+                    missing: Missing::Withdrawn,
+                }),
+                None => Ok(()),
+            };
         }
         let method = match intent {
             Intent::Request(m) => m,
@@ -572,5 +601,6 @@ fn collapse_empty_segments(p: &str) -> String {
     out
 }
 
+pub mod live;
 #[cfg(test)]
 mod tests;

@@ -379,6 +379,14 @@ impl PlatformClient {
             .await
     }
 
+    /// The run's live policy once it is newer than `after` (the version the
+    /// sidecar applied, which the platform records), or `rules: None` after
+    /// [`crate::policy::POLICY_WAIT`].
+    pub async fn policy(&self, after: u64) -> Result<crate::policy::PolicyUpdate, PlatformError> {
+        self.get_json(&format!("{}?after={after}", crate::policy::POLICY_PATH))
+            .await
+    }
+
     /// Earlier runs of this run's agent, newest first.
     pub async fn history(
         &self,

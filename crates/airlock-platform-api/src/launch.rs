@@ -365,6 +365,12 @@ pub struct Integration {
     /// compiled when the configuration is read.
     #[serde(default, skip_serializing_if = "RuleList::is_empty")]
     pub rules: RuleList,
+    /// The sidecar's live list of these rules, once it follows the run's
+    /// live policy (docs/egress.md, "Live policy"): then every egress site
+    /// of the integration judges by it, read at each decision. Never on
+    /// the wire.
+    #[serde(skip)]
+    pub live_rules: Option<airlock_egress::LiveRules>,
     /// Which of the integration's MCP tools the agent may see and call
     /// (its `api_call` and its server's, by the server's own name); `None`:
     /// every tool.
@@ -470,13 +476,21 @@ impl Integration {
     /// narrowed by its rules. Every egress site of the integration judges
     /// with this list (or [`Integration::authorized_with`]'s).
     pub fn authorized(&self) -> AuthorizedUris {
-        AuthorizedUris::parse(&self.authorized_uris).with_rules(self.rules.compiled())
+        AuthorizedUris::parse(&self.authorized_uris).with_rules(self.rules_in_force())
     }
 
     /// [`Integration::authorized`] with `{$credential.field}` templates
     /// rendered from a connection's fields.
     pub fn authorized_with(&self, fields: &BTreeMap<String, SecretString>) -> AuthorizedUris {
-        AuthorizedUris::render(&self.authorized_uris, fields).with_rules(self.rules.compiled())
+        AuthorizedUris::render(&self.authorized_uris, fields).with_rules(self.rules_in_force())
+    }
+
+    /// The live list when the sidecar follows one, else the rules as read.
+    fn rules_in_force(&self) -> airlock_egress::RulesSource {
+        match &self.live_rules {
+            Some(live) => live.clone().into(),
+            None => self.rules.compiled().into(),
+        }
     }
 }
 
@@ -852,6 +866,7 @@ mod tests {
                 namespace: Namespace::parse("github").unwrap(),
                 authorized_uris: vec!["https://api.github.com/**".into()],
                 allow_all_uris: false,
+                live_rules: None,
                 rules: serde_json::from_str(
                     r#"[{"id":"gh-read","host":"https://api.github.com","access":"read-only","paths":["/repos/**"],"query":["page"]}]"#,
                 )

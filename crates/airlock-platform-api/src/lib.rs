@@ -14,6 +14,7 @@ pub mod files;
 mod get;
 pub mod launch;
 pub mod listener_guard;
+pub mod policy;
 pub mod read_interest;
 pub mod sidecar_auth;
 #[allow(unsafe_code)] // the one module that needs it: registering a descriptor with tokio

@@ -290,6 +290,7 @@ impl InternalApi {
             .route(budget::RESERVE_PATH, post(reserve_budget))
             .route(budget::SETTLE_PATH, post(settle_budget))
             .route("/internal/v1/artifacts", post(put_artifact))
+            .route(airlock_platform_api::policy::POLICY_PATH, get(policy))
             .layer(middleware::from_fn_with_state(self.clone(), authenticate))
             .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
             .with_state(self.clone())
@@ -307,8 +308,9 @@ impl InternalApi {
     /// watcher that keeps the connection cache in step with the store.
     pub async fn serve(self, listener: UnixListener) -> std::io::Result<()> {
         let watcher = self.clone();
+        let policies = self.clone();
         let watch = async move {
-            watcher.watch_connections().await;
+            tokio::join!(watcher.watch_connections(), policies.watch_policies());
             std::future::pending::<()>().await;
         };
         tokio::select! {
@@ -340,6 +342,27 @@ impl InternalApi {
                     last = None;
                     tracing::warn!("internal API: cannot check the stored connections: {e}");
                 }
+            }
+            tokio::time::sleep(WATCH_EVERY).await;
+        }
+    }
+
+    /// Wakes this process's policy long-polls when another process changed
+    /// a run's policy (asked every [`WATCH_EVERY`]); a change made through
+    /// this process's store wakes them at once. (A sidecar's report taken
+    /// by another replica is read by `?wait=true`'s own bounded poll.)
+    async fn watch_policies(&self) {
+        let store = &self.inner.store;
+        let mut last = None;
+        loop {
+            match store.policy_mark().await {
+                Ok(mark) => {
+                    if last.is_some_and(|l| l != mark) {
+                        store.policy_written();
+                    }
+                    last = Some(mark);
+                }
+                Err(e) => tracing::warn!("internal API: cannot check the runs' policies: {e}"),
             }
             tokio::time::sleep(WATCH_EVERY).await;
         }
@@ -1185,6 +1208,63 @@ async fn put_artifact(
             error(StatusCode::CONFLICT, "conflict", e.to_string())
         }
         Err(e) => internal(e.chain()),
+    }
+}
+
+#[derive(Deserialize)]
+struct PolicyPoll {
+    after: u64,
+}
+
+/// The run's live policy once its version is past `after`, the version
+/// the sidecar applied (recorded: what `?wait=true` and `GET
+/// /v1/runs/{id}/policy` report); else, after
+/// [`airlock_platform_api::policy::POLICY_WAIT`], no change.
+async fn policy(
+    State(api): State<InternalApi>,
+    Query(q): Query<PolicyPoll>,
+    req: Request,
+) -> Response {
+    use airlock_platform_api::policy::{POLICY_WAIT, PolicyRules, PolicyUpdate};
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
+    let store = &api.inner.store;
+    let after = i64::try_from(q.after).unwrap_or(i64::MAX);
+    if after > 0
+        && let Err(e) = store.record_policy_applied(&run_id, after).await
+    {
+        return internal(e);
+    }
+    let mut writes = store.policy_watch();
+    let deadline = tokio::time::Instant::now() + POLICY_WAIT;
+    loop {
+        writes.borrow_and_update();
+        let version = match store.policy_version(&run_id).await {
+            Ok(v) => v,
+            Err(e) => return internal(e),
+        };
+        if version > after {
+            let rules = match store.policy_at(&run_id, version).await {
+                Ok(Some(row)) => serde_json::from_str::<PolicyRules>(&row.rules),
+                Ok(None) => return internal(format!("policy version {version} vanished")),
+                Err(e) => return internal(e),
+            };
+            return match rules {
+                Ok(rules) => axum::Json(PolicyUpdate {
+                    version: u64::try_from(version).unwrap_or(0),
+                    rules: Some(rules),
+                })
+                .into_response(),
+                Err(e) => internal(format!("policy version {version}: {e}")),
+            };
+        }
+        tokio::select! {
+            _ = writes.changed() => {}
+            () = tokio::time::sleep_until(deadline) => {
+                return axum::Json(PolicyUpdate { version: q.after, rules: None }).into_response();
+            }
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
 use crate::routes::{
-    agents, artifacts, audit, budget, connections, health, identity, keys, org_proxy, runs,
+    agents, artifacts, audit, budget, connections, health, identity, keys, org_proxy, policy, runs,
     webhooks,
 };
 use crate::state::AppState;
@@ -117,6 +117,8 @@ routes! {
     get "/v1/runs/{id}/logs" true None => Some("EventPage"), runs::logs;
     get "/v1/runs/{id}/egress" true None => Some("EgressLog"), runs::egress;
     get "/v1/runs/{id}/cost" true None => Some("RunCost"), runs::cost;
+    get "/v1/runs/{id}/policy" true None => Some("RunPolicy"), policy::get;
+    patch "/v1/runs/{id}/policy" true Some("SetRunPolicy") => Some("RunPolicy"), policy::set;
     get "/v1/runs/{id}/audit.jsonl" true None => None, audit::audit;
     get "/v1/runs/{id}/result" true None => None, runs::result;
     get "/v1/runs/{id}/results/{result_id}" true None => None, runs::stored_result;
@@ -255,6 +257,8 @@ mod tests {
         ("get", "/v1/runs/{id}/logs", "get_run_logs", "runs"),
         ("get", "/v1/runs/{id}/egress", "list_run_egress", "runs"),
         ("get", "/v1/runs/{id}/cost", "get_run_cost", "runs"),
+        ("get", "/v1/runs/{id}/policy", "get_run_policy", "runs"),
+        ("patch", "/v1/runs/{id}/policy", "set_run_policy", "runs"),
         ("get", "/v1/runs/{id}/audit.jsonl", "get_run_audit", "runs"),
         ("get", "/v1/runs/{id}/result", "get_run_result", "runs"),
         ("get", "/v1/runs/{id}/results/{result_id}", "get_result", "runs"),

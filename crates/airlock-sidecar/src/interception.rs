@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use airlock_egress::{AuthorizedUris, CallRules, EgressCode, EgressPolicy, Intent, Rules, Target};
+use airlock_egress::{
+    AuthorizedUris, CallRules, EgressCode, EgressPolicy, Intent, LiveRules, Target,
+};
 use airlock_platform_api::launch::{Integration, ProxyCa, placeholder};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use secrecy::ExposeSecret;
@@ -40,7 +42,7 @@ pub struct Interceptor {
     injectable: Vec<Injectable>,
     /// The `[network]` rules: a CONNECT on the agent's listener to a host
     /// one of them must see inside is terminated here.
-    network_rules: Arc<Rules>,
+    network_rules: LiveRules,
 }
 
 /// Why the run's interception cannot start (its CA), or cannot present a
@@ -67,7 +69,7 @@ impl Interceptor {
     pub fn new(
         ca: &ProxyCa,
         integrations: &foldhash::HashMap<String, Integration>,
-        network_rules: Arc<Rules>,
+        network_rules: LiveRules,
     ) -> Result<Option<Interceptor>, InterceptError> {
         let mut injectable: Vec<Injectable> = integrations
             .values()
@@ -83,7 +85,7 @@ impl Interceptor {
                 carries: i.has_connection && i.delivery.is_some(),
             })
             .collect();
-        if injectable.is_empty() && !network_rules.any_sees_inside() {
+        if injectable.is_empty() && !network_rules.load().any_sees_inside() {
             return Ok(None);
         }
         injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));
@@ -154,7 +156,7 @@ impl Interceptor {
     /// other keeps its plain tunnel).
     pub fn serves(&self, runner: Option<&str>, target: &Target) -> bool {
         self.candidates(runner).next().is_some()
-            || (runner.is_none() && self.network_rules.sees_inside(target))
+            || (runner.is_none() && self.network_rules.load().sees_inside(target))
     }
 
     /// The integration whose credential a request to `target` on a

@@ -31,6 +31,7 @@ pub mod journal;
 pub mod keep;
 pub mod llm;
 pub mod mcp;
+pub mod policy;
 pub mod proxy;
 pub mod server;
 pub mod state;

@@ -209,6 +209,7 @@ pub async fn run(mut cfg: SidecarConfig) -> Result<(), SidecarError> {
     let ready = std::mem::take(&mut bound.ready);
     let sockets = std::mem::take(&mut bound.sockets);
     let mut tasks = bound.serve(&sidecar);
+    tasks.spawn(crate::policy::follow(sidecar.clone()));
     println!("{}", SidecarReady::new(&sidecar.run_id, ready).to_line());
     tracing::info!(run_id = %sidecar.run_id, "sidecar ready");
     shutdown_signal().await;

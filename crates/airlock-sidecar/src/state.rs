@@ -70,6 +70,8 @@ pub struct Sidecar {
     pub traced: bool,
     /// The tools hidden by an allowlist, kept once each for the audit.
     pub exclusions: crate::exclusions::Exclusions,
+    /// The run's L7 rule lists, live: every site judges by them.
+    pub policy: crate::policy::LivePolicy,
 }
 
 impl Sidecar {
@@ -77,7 +79,7 @@ impl Sidecar {
     /// configuration. `own_listeners` are the TCP addresses this sidecar
     /// serves on: the guard refuses them to every egress site.
     pub fn new(
-        cfg: SidecarConfig,
+        mut cfg: SidecarConfig,
         own_listeners: &[SocketAddr],
         journal: Journal,
     ) -> Result<Arc<Sidecar>, EgressError> {
@@ -123,7 +125,11 @@ impl Sidecar {
             client_cfg,
             via.clone(),
         )?;
-        let network_rules = cfg.network.rules.compiled();
+        let policy = crate::policy::LivePolicy::new(&cfg.network, &cfg.integrations);
+        for i in &mut cfg.integrations {
+            i.live_rules = Some(policy.integration(i.namespace.as_str()));
+        }
+        let network_rules = policy.network();
         let network = match &cfg.network.egress {
             NetworkEgress::Public => (AuthorizedUris::default(), true),
             NetworkEgress::None => (AuthorizedUris::default(), false),
@@ -176,6 +182,7 @@ impl Sidecar {
             credentials: Default::default(),
             traced: cfg.trace_steps,
             exclusions: Default::default(),
+            policy,
         }))
     }
 }

@@ -17,9 +17,9 @@
 use crate::{EgressEntry, Event, Store, StoreError};
 
 /// The `run_events` kinds that are decisions, and so part of the audit:
-/// refusals counted rather than recorded one by one, and tools an
-/// allowlist hid.
-pub const AUDIT_EVENT_KINDS: [&str; 2] = ["refusals", "tool_excluded"];
+/// refusals counted rather than recorded one by one, tools an allowlist
+/// hid, and live policy changes.
+pub const AUDIT_EVENT_KINDS: [&str; 3] = ["refusals", "tool_excluded", "policy_change"];
 
 /// Where an audit page starts: the last egress row and the last event row
 /// already read (0: none), and whether each table was read to its end.

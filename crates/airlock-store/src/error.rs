@@ -126,6 +126,16 @@ pub enum StoreError {
     /// read first: the end waits on disk for it).
     #[error("the run's journal is not stored yet")]
     JournalNotStored,
+    /// A live policy change made on a version another change replaced.
+    #[error(
+        "run {run_id:?}'s policy changed meanwhile (now version {latest}); nothing was written"
+    )]
+    PolicyChanged { run_id: String, latest: i64 },
+    /// A run whose policy was changed as often as it may be.
+    #[error(
+        "run {run_id:?}'s policy has been changed {limit} times, its bound; nothing was written"
+    )]
+    PolicyChangesExhausted { run_id: String, limit: i64 },
     /// Any other database error.
     #[error("database {database} failed")]
     Database {

@@ -132,6 +132,7 @@ mod key_checks;
 mod memories;
 mod orgs;
 mod outbox;
+mod policy;
 mod queue;
 mod reencrypt;
 mod replicas;
@@ -154,6 +155,7 @@ pub use egress::{BatchWrite, EGRESS_BATCH_ROWS};
 pub use memories::{MAX_MEMORIES_PER_AGENT, MAX_MEMORY_BYTES};
 pub use orgs::Organization;
 pub use outbox::{new_delivery_id, run_event};
+pub use policy::{MAX_POLICY_CHANGES, PolicyRow};
 pub use queue::{CancelOutcome, ClaimedRun, NewQueuedRun};
 pub use replicas::{REPLICA_GONE, Sweep};
 pub use retention::*;
@@ -207,6 +209,9 @@ pub struct Store {
     /// cache in this process follows at once (another process's writes
     /// show in [`Store::connections_version`]).
     connection_writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Moved by every live policy change and sidecar report made through
+    /// this handle or a clone ([`Store::policy_watch`]).
+    policy_writes: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     /// [`Store::own_connection`], once opened: shared by every clone.
     own: std::sync::Arc<tokio::sync::OnceCell<Store>>,
 }
@@ -322,6 +327,7 @@ impl Store {
             pool: Pool::Sqlite(pool),
             display,
             connection_writes: Default::default(),
+            policy_writes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
             own: Default::default(),
         };
         // SQLite's check reads the whole file (~1.3 ms per MiB here): up to
@@ -401,6 +407,7 @@ impl Store {
             pool: Pool::Postgres(pool),
             display,
             connection_writes: Default::default(),
+            policy_writes: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
             own: Default::default(),
         };
         store.migrate().await?;
@@ -473,6 +480,7 @@ impl Store {
                     pool,
                     display: self.display.clone(),
                     connection_writes: self.connection_writes.clone(),
+                    policy_writes: self.policy_writes.clone(),
                     own: Default::default(),
                 })
             })
@@ -504,6 +512,7 @@ impl Store {
             pool,
             display: self.display.clone(),
             connection_writes: self.connection_writes.clone(),
+            policy_writes: self.policy_writes.clone(),
             own: Default::default(),
         }
     }

@@ -274,6 +274,25 @@ ALTER TABLE runs ADD COLUMN proxy TEXT;
     };
 }
 
+/// Version 18: live policy. Each run's policy versions (0: its manifest's
+/// rules; then each change, with who made it), removed with the run, and
+/// the version its sidecar last reported applied.
+macro_rules! version_18_common {
+    () => {
+        r#"
+CREATE TABLE run_policy (
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    version BIGINT NOT NULL,
+    rules TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    at BIGINT NOT NULL,
+    PRIMARY KEY (run_id, version)
+);
+ALTER TABLE runs ADD COLUMN policy_applied BIGINT;
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -514,6 +533,11 @@ END;
         description: "an organization's operator proxy and the proxy each run used",
         sql: version_17_common!(),
     },
+    Migration {
+        version: 18,
+        description: "each run's live policy changes and the version its sidecar applied",
+        sql: version_18_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -716,6 +740,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 17,
         description: "an organization's operator proxy and the proxy each run used",
         sql: version_17_common!(),
+    },
+    Migration {
+        version: 18,
+        description: "each run's live policy changes and the version its sidecar applied",
+        sql: version_18_common!(),
     },
 ];
 

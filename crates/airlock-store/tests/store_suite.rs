@@ -126,6 +126,7 @@ on_both!(
     artifacts_are_stored_within_the_run_and_organization_caps_even_at_once,
     queued_runs_and_connections_are_bounded_per_organization_even_at_once,
     revoked_keys_and_memories_are_kept_bounded,
+    a_runs_policy_changes_are_versioned_bounded_and_never_lost,
 );
 
 fn queued<'a>(org: &'a str, id: &'a str) -> airlock_store::NewQueuedRun<'a> {
@@ -987,7 +988,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 17);
+    assert_eq!(s.schema_version().await.unwrap(), 18);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -996,7 +997,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 17);
+        assert_eq!(again.schema_version().await.unwrap(), 18);
     }
 }
 
@@ -2269,7 +2270,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 17);
+    assert_eq!(s.schema_version().await.unwrap(), 18);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2279,10 +2280,11 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 17 (operator proxies), 16 (a run's phases), 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 18 (live policy), 17 (operator proxies), 16 (a run's phases), 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
+const UNDO_V5_SQLITE: &str = "DROP TABLE run_policy; ALTER TABLE runs DROP COLUMN policy_applied; \
+     ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
      ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
      ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
@@ -2309,7 +2311,8 @@ const UNDO_V5_SQLITE: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER 
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
+const UNDO_V5_POSTGRES: &str = "DROP TABLE run_policy; ALTER TABLE runs DROP COLUMN policy_applied; \
+     ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
      ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
      ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
      DROP TABLE budget_crossings; ALTER TABLE runs DROP COLUMN requests; ALTER TABLE runs DROP COLUMN budget_tokens; \
@@ -2352,7 +2355,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 17);
+    assert_eq!(s.schema_version().await.unwrap(), 18);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()
@@ -3470,4 +3473,49 @@ async fn two_replicas_settling_at_once_on_postgres_cross_each_threshold_once() {
     a.close().await;
     b.close().await;
     drop_schema(&url, &schema).await;
+}
+
+/// Each change lands on the version it replaces (a second change on the
+/// same version is refused, nothing written), up to the bound; the
+/// sidecar's report only moves forward; a watcher in this process wakes.
+async fn a_runs_policy_changes_are_versioned_bounded_and_never_lost(s: &Store) {
+    new_run(s, "rp").await;
+    assert_eq!(s.policy_version("rp").await.unwrap(), 0);
+    assert_eq!(s.policy_at("rp", 0).await.unwrap(), None);
+    let mut watch = s.policy_watch();
+    s.put_policy_ceiling("rp", r#"{"network":[]}"#)
+        .await
+        .unwrap();
+    assert!(watch.has_changed().unwrap());
+    watch.borrow_and_update();
+    assert_eq!(s.change_policy("rp", 0, "{}", "key k1").await.unwrap(), 1);
+    assert!(matches!(
+        s.change_policy("rp", 0, "{}", "key k2").await,
+        Err(StoreError::PolicyChanged { latest: 1, .. })
+    ));
+    let row = s.policy_at("rp", 1).await.unwrap().unwrap();
+    assert_eq!((row.rules.as_str(), row.actor.as_str()), ("{}", "key k1"));
+    assert_eq!(
+        s.policy_at("rp", 0).await.unwrap().unwrap().actor,
+        "manifest"
+    );
+    for v in 1..airlock_store::MAX_POLICY_CHANGES {
+        s.change_policy("rp", v, "{}", "key k1").await.unwrap();
+    }
+    assert!(matches!(
+        s.change_policy("rp", airlock_store::MAX_POLICY_CHANGES, "{}", "key k1")
+            .await,
+        Err(StoreError::PolicyChangesExhausted { .. })
+    ));
+    assert_eq!(
+        s.policy_version("rp").await.unwrap(),
+        airlock_store::MAX_POLICY_CHANGES
+    );
+    assert_eq!(s.policy_applied("rp").await.unwrap(), 0);
+    s.record_policy_applied("rp", 3).await.unwrap();
+    s.record_policy_applied("rp", 2).await.unwrap();
+    assert_eq!(s.policy_applied("rp").await.unwrap(), 3);
+    assert!(watch.has_changed().unwrap());
+    let (changes, _) = s.policy_mark().await.unwrap();
+    assert_eq!(changes, airlock_store::MAX_POLICY_CHANGES + 1);
 }

@@ -254,6 +254,7 @@ pub fn integration(namespace: &str) -> IntegrationBuilder {
         authorized_uris: vec![],
         allow_all_uris: false,
         rules: Default::default(),
+        live_rules: None,
         tools: None,
         delivery: None,
         has_connection: true,

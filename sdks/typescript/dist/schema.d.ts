@@ -436,6 +436,24 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/policy": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A run's live egress rules, their version and the version its sidecar applied. */
+        get: operations["get_run_policy"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** Replaces a running run's live egress rules within its manifest's (or `reset` to them). */
+        patch: operations["set_run_policy"];
+        trace?: never;
+    };
     "/v1/runs/{id}/result": {
         parameters: {
             query?: never;
@@ -585,19 +603,21 @@ export interface components {
          * @description Who decided.
          * @enum {string}
          */
-        AuditDecider: "egress_guard" | "l7_rule" | "tool_allowlist";
+        AuditDecider: "egress_guard" | "l7_rule" | "tool_allowlist" | "api_key";
         /**
          * @description The decision.
          * @enum {string}
          */
-        AuditDecision: "allowed" | "refused" | "hidden";
+        AuditDecision: "allowed" | "refused" | "hidden" | "changed";
         /**
          * @description What a record is a decision about.
          * @enum {string}
          */
-        AuditKind: "egress" | "refusals" | "tool_excluded";
+        AuditKind: "egress" | "refusals" | "tool_excluded" | "policy_change";
         /** @description One decision of a run's audit: a line of `audit.jsonl`. */
         AuditRecord: {
+            /** @description A policy change: who made it (`key <id>`). */
+            actor?: string | null;
             /**
              * Format: int64
              * @description Unix ms.
@@ -641,6 +661,10 @@ export interface components {
             integration?: string | null;
             kind: components["schemas"]["AuditKind"];
             method?: string | null;
+            /** @description A policy change: each rule (`list:id`) in force after it. */
+            new_rules?: string[] | null;
+            /** @description A policy change: each rule (`list:id`) in force before it. */
+            old_rules?: string[] | null;
             /**
              * @description What became of an allowed request (`completed`, `upstream_failed`,
              *     `incomplete`, …).
@@ -674,6 +698,11 @@ export interface components {
             tool?: string | null;
             /** @description Free of credentials. */
             url?: string | null;
+            /**
+             * Format: int64
+             * @description A policy change: the version it made (0: the manifest's rules).
+             */
+            version?: number | null;
         };
         /**
          * @description A budget period's limits on the organization's model calls; `null`:
@@ -1099,6 +1128,33 @@ export interface components {
             /** Format: int64 */
             tokens: number;
         };
+        /**
+         * @description Every rule list of a run: the network list's and each integration's
+         *     (by namespace).
+         */
+        PolicyLists: {
+            integrations?: {
+                [key: string]: components["schemas"]["PolicyRule"][];
+            };
+            network?: components["schemas"]["PolicyRule"][];
+        };
+        /** @description One L7 rule, in the manifest's grammar (docs/egress.md, "L7 rules"). */
+        PolicyRule: {
+            access?: null | components["schemas"]["RuleAccess"];
+            /** @description `scheme://host[:port]`, wildcards as in `authorized_uris`. */
+            host: string;
+            /** @description Named in refusals and records (default `rules[N]`). Omitted when absent. */
+            id?: string | null;
+            /** @description Omitted when empty. */
+            methods?: string[];
+            /** @description Path patterns; default `["/**"]`. Omitted when empty. */
+            paths?: string[];
+            /**
+             * @description `"any"` (the default), `"none"`, or the parameter names allowed.
+             *     Omitted when absent.
+             */
+            query?: Record<string, never> | null;
+        };
         /** @description `/readyz`: the store answers and this replica takes work. */
         Ready: {
             /** @description The sandbox backend its runs use. */
@@ -1125,6 +1181,11 @@ export interface components {
                 [key: string]: string;
             };
         };
+        /**
+         * @description A method preset of an L7 rule.
+         * @enum {string}
+         */
+        RuleAccess: "read-only" | "read-write" | "full";
         /** @description A run. Also the `end` event of an event stream, and a webhook's `data.run`. */
         Run: {
             agent: string;
@@ -1225,6 +1286,31 @@ export interface components {
             next_cursor?: string | null;
             runs: components["schemas"]["Run"][];
         };
+        /** @description `GET /v1/runs/{id}/policy`: a run's live egress rules. */
+        RunPolicy: {
+            /** @description Who made the live version: `manifest` (version 0), else `key <id>`. */
+            actor: string;
+            /**
+             * Format: int64
+             * @description The version the run's sidecar reported applied.
+             */
+            applied_version: number;
+            /**
+             * Format: int64
+             * @description When the live version was made (`null`: version 0 of a run whose
+             *     manifest has no rules).
+             */
+            at?: number | null;
+            /** @description The manifest's rules: the ceiling of every change. */
+            manifest: components["schemas"]["PolicyLists"];
+            /** @description The rules in force. */
+            rules: components["schemas"]["PolicyLists"];
+            /**
+             * Format: int64
+             * @description 0: the manifest's; each change adds one.
+             */
+            version: number;
+        };
         /**
          * @description What a run's model calls spent: tokens input and output together,
          *     cost at the model's prices, metered requests.
@@ -1263,6 +1349,20 @@ export interface components {
          */
         SetOrgProxy: {
             proxy?: string | null;
+        };
+        /**
+         * @description `PATCH /v1/runs/{id}/policy`: the run's new live rules (replacing every
+         *     list: a list left out withdraws its manifest rules), or `reset` back to
+         *     the manifest's. Give exactly one.
+         */
+        SetRunPolicy: {
+            /**
+             * Format: int64
+             * @description Made only if the live version is still this one (409 otherwise).
+             */
+            expect_version?: number | null;
+            reset?: boolean;
+            rules?: null | components["schemas"]["PolicyLists"];
         };
         Webhook: {
             /** Format: int64 */
@@ -3891,6 +3991,230 @@ export interface operations {
             };
             /** @description unavailable: the store does not answer, or the replica is starting */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    get_run_policy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the run's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the live rules, the manifest's, and the versions */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunPolicy"];
+                };
+            };
+            /** @description bad_request: the path is malformed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description not_found: no such run in the caller's organization */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    set_run_policy: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Answer once the run's sidecar has applied the change (at most 10 s;
+                 *     202 when it has not by then).
+                 */
+                wait?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description the run's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetRunPolicy"];
+            };
+        };
+        responses: {
+            /** @description changed (with wait: and applied by the run's sidecar) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunPolicy"];
+                };
+            };
+            /** @description changed; with wait, the sidecar had not applied it within 10 s */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunPolicy"];
+                };
+            };
+            /** @description bad_request: the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description not_found: no such run in the caller's organization */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description conflict: the run is not running, or its policy changed since expect_version; policy_changes_exhausted: the run's 256 changes are used; nothing changed */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description too_large: the body (or a part of it) is larger than the route takes */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unsupported_media_type: the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description beyond_manifest: a rule no manifest rule of its list contains (named); invalid: a rule that does not load, an unknown integration, neither or both of rules and reset; nothing changed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description storage_full: the store is out of space; nothing was written */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };

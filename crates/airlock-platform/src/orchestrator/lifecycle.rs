@@ -228,6 +228,33 @@ impl Orchestrator {
         }
     }
 
+    /// Stores the manifest's L7 rules as the run's live policy version 0,
+    /// the ceiling of every change (docs/egress.md, "Live policy"): only
+    /// when it has rules (none stored reads as none). Fails closed: a
+    /// ceiling that cannot be stored fails the run rather than let a change
+    /// be judged against none.
+    async fn record_policy_ceiling(&self, run_id: &str, req: &RunRequest) -> Result<(), RunError> {
+        let m = &req.manifest;
+        let ceiling = airlock_platform_api::policy::PolicyRules {
+            network: m
+                .network
+                .as_ref()
+                .map(|n| n.rules.specs().to_vec())
+                .unwrap_or_default(),
+            integrations: m
+                .integrations
+                .iter()
+                .map(|i| (i.namespace.to_string(), i.rules.specs().to_vec()))
+                .collect(),
+        };
+        if ceiling.is_empty() {
+            return Ok(());
+        }
+        let text = serde_json::to_string(&ceiling).unwrap_or_default();
+        self.store.put_policy_ceiling(run_id, &text).await?;
+        Ok(())
+    }
+
     /// The upstream proxy of a run of `org` ([`crate::proxies::RunProxy::choose`]),
     /// recorded on the run by its label. Fails closed: an organization's
     /// choice that cannot be read fails the run rather than take another
@@ -282,6 +309,7 @@ impl Orchestrator {
         let proxy = self.run_proxy(run_id, &req.org).await?;
         let mut plan = self.plan(run_id, run_dir, req, org_budget, &proxy)?;
         self.record_budget(run_id, req).await;
+        self.record_policy_ceiling(run_id, req).await?;
         self.api.grant(run_id, std::mem::take(&mut plan.grant));
         let mut run = self
             .start(run_id, &req.org, &plan, progress, started)

@@ -530,6 +530,7 @@ fn launch_integration(
         authorized_uris: i.authorized_uris.clone(),
         allow_all_uris: i.allow_all_uris,
         rules: i.rules.clone(),
+        live_rules: None,
         tools: i.tools.clone(),
         has_connection: i.carries_credential(),
         delivery: i.delivery.clone(),

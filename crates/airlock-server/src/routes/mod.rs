@@ -14,6 +14,7 @@ pub mod health;
 pub mod identity;
 pub mod keys;
 pub mod org_proxy;
+pub mod policy;
 pub mod runs;
 pub mod webhooks;
 

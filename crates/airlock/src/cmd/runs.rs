@@ -1,4 +1,5 @@
-//! `airlock runs list|show|logs|audit`: what the store recorded.
+//! `airlock runs list|show|logs|audit|policy`: what the store recorded,
+//! and a running run's live egress rules.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -75,6 +76,31 @@ pub enum RunsCommand {
         /// The network decisions as OCSF 1.1 events instead.
         #[arg(long)]
         ocsf: bool,
+    },
+    /// A running run's live egress rules (docs/egress.md, "Live policy"):
+    /// shown, or changed within its manifest's rules (on a server). A
+    /// change returns once the run's sidecar has applied it; it prints the
+    /// policy as `GET /v1/runs/{id}/policy` answers it.
+    #[command(
+        after_help = "Examples:\n  airlock runs policy run_0123abcd\n  airlock runs policy run_0123abcd --preset read-only --host https://api.github.com\n  airlock runs policy run_0123abcd --set rules.json\n  airlock runs policy run_0123abcd --reset"
+    )]
+    Policy {
+        /// The run's id.
+        id: String,
+        /// Replace every live list with this file's (`{"network": [...],
+        /// "integrations": {"ns": [...]}}`, the manifest's rule grammar).
+        #[arg(long, value_name = "FILE.json", conflicts_with_all = ["preset", "reset"])]
+        set: Option<std::path::PathBuf>,
+        /// Set this method preset (read-only, read-write, full) on every
+        /// live rule of `--host`.
+        #[arg(long, requires = "host", conflicts_with = "reset", value_parser = parse_access)]
+        preset: Option<v1::RuleAccess>,
+        /// The rules' host (`scheme://host[:port]`, as written) `--preset` changes.
+        #[arg(long, requires = "preset")]
+        host: Option<String>,
+        /// Back to the manifest's rules.
+        #[arg(long)]
+        reset: bool,
     },
 }
 
@@ -213,6 +239,13 @@ async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
                 }
             }
         }
+        RunsCommand::Policy {
+            id,
+            set,
+            preset,
+            host,
+            reset,
+        } => policy(&r, &id, set, preset.zip(host), reset).await?,
         RunsCommand::Audit { id, ocsf } => {
             exists(&r, &id).await?;
             let query = if ocsf { "?format=ocsf" } else { "" };
@@ -226,9 +259,92 @@ async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
     Ok(())
 }
 
+/// A preset as the rule grammar spells it.
+fn parse_access(s: &str) -> Result<v1::RuleAccess, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned()))
+        .map_err(|_| format!("{s:?} is not a preset (read-only, read-write, full)"))
+}
+
+/// `airlock runs policy` on a server: the policy shown, or changed (with
+/// `?wait=true`) and then shown.
+async fn policy(
+    r: &super::remote::Remote,
+    id: &str,
+    set: Option<std::path::PathBuf>,
+    preset: Option<(v1::RuleAccess, String)>,
+    reset: bool,
+) -> Result<()> {
+    let path = format!("/v1/runs/{id}/policy");
+    let current: v1::RunPolicy = match r.get(&path).await {
+        Err(e) if super::remote::is_not_found(&e) => return Err(no_run(id)),
+        other => other?,
+    };
+    let body = match (set, preset, reset) {
+        (None, None, false) => None,
+        (_, _, true) => Some(v1::SetRunPolicy {
+            reset: true,
+            ..Default::default()
+        }),
+        (Some(file), _, _) => {
+            let text =
+                std::fs::read_to_string(&file).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+            let rules: v1::PolicyLists =
+                serde_json::from_str(&text).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+            Some(v1::SetRunPolicy {
+                rules: Some(rules),
+                ..Default::default()
+            })
+        }
+        (None, Some((access, host)), false) => Some(v1::SetRunPolicy {
+            expect_version: Some(current.version),
+            rules: Some(with_preset(current.rules.clone(), access, &host)?),
+            ..Default::default()
+        }),
+    };
+    let shown = match body {
+        None => current,
+        Some(b) => {
+            r.send_json("PATCH", &format!("{path}?wait=true"), &b)
+                .await?
+        }
+    };
+    outln!("{}", serde_json::to_string_pretty(&shown)?);
+    Ok(())
+}
+
+/// `lists` with every rule of `host` set to `access` (its own methods
+/// dropped); an error when no rule names `host`.
+fn with_preset(
+    mut lists: v1::PolicyLists,
+    access: v1::RuleAccess,
+    host: &str,
+) -> Result<v1::PolicyLists> {
+    let mut found = false;
+    let all = lists
+        .network
+        .iter_mut()
+        .chain(lists.integrations.values_mut().flatten());
+    for rule in all.filter(|r| r.host.eq_ignore_ascii_case(host)) {
+        rule.access = Some(access);
+        rule.methods.clear();
+        found = true;
+    }
+    if !found {
+        return Err(anyhow!(
+            "no live rule names the host {host:?} (`airlock runs policy ID` shows them)"
+        ));
+    }
+    Ok(lists)
+}
+
 async fn local(cmd: RunsCommand) -> Result<()> {
     let store = Store::open_default().await?;
     match cmd {
+        RunsCommand::Policy { .. } => {
+            return Err(anyhow!(
+                "a run's live policy is a server's: give --server (or AIRLOCK_SERVER)"
+            ));
+        }
         RunsCommand::List { limit, json } => {
             let runs = store
                 .list_runs(&RunQuery {

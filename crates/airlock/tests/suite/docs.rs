@@ -311,12 +311,50 @@ fn the_l7_rule_examples_are_what_the_guard_decides() {
                     Missing::Path { path } => format!("path `{path}`"),
                     Missing::Query { parameter } => format!("query `{parameter}`"),
                     Missing::Tunnel => "tunnel".to_owned(),
+                    Missing::Withdrawn => "withdrawn".to_owned(),
                 };
                 format!("refused: `{}`, {what}", r.rule)
             }
         };
         assert_eq!(got, want, "{request}");
     }
+}
+
+/// The live policy's examples in docs/egress.md: the narrowing loads
+/// within the L7 example's manifest, the widening is refused naming its
+/// rule.
+#[test]
+fn the_live_policy_examples_are_what_the_platform_decides() {
+    use airlock_platform_api::policy::PolicyRules;
+    let text = doc("egress.md");
+    let at = text.find("## L7 rules").unwrap();
+    let start = at + text[at..].find("```toml\n").unwrap() + "```toml\n".len();
+    let end = start + text[start..].find("```").unwrap();
+    let m = Manifest::parse(&text[start..end]).unwrap();
+    let ceiling = PolicyRules {
+        network: Vec::new(),
+        integrations: m
+            .integrations
+            .iter()
+            .map(|i| (i.namespace.to_string(), i.rules.specs().to_vec()))
+            .collect(),
+    };
+    let at = text.find("## Live policy").unwrap();
+    let json_block = |from: usize| {
+        let start = from + text[from..].find("```json\n").unwrap() + "```json\n".len();
+        let end = start + text[start..].find("```").unwrap();
+        (end, text[start..end].to_owned())
+    };
+    let (next, narrowing) = json_block(at);
+    let (_, widening) = json_block(next);
+    let body = |s: &str| -> PolicyRules {
+        let v: serde_json::Value = serde_json::from_str(s).unwrap();
+        serde_json::from_value(v["rules"].clone()).unwrap()
+    };
+    body(&narrowing).compile(&ceiling).unwrap();
+    let refused = body(&widening).compile(&ceiling).unwrap_err();
+    assert_eq!(refused.rule(), Some("issues-all"), "{refused}");
+    assert!(text[at..].contains("issues-all"));
 }
 
 #[test]

@@ -37,6 +37,7 @@ mod serve_files;
 mod serve_fleet;
 mod serve_identity;
 mod serve_metrics;
+mod serve_policy;
 mod serve_proxies;
 mod serve_runs;
 mod serve_tenants;

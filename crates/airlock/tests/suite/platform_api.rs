@@ -330,3 +330,65 @@ async fn until(
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// The live policy's long-poll (docs/egress.md, "Live policy"): a run's
+/// sidecar gets its own run's newer version at once, and a change made
+/// while it waits wakes it; another run's token never sees it; a forged
+/// token is refused; the version a sidecar reports applied is recorded.
+#[tokio::test]
+async fn a_runs_live_policy_reaches_its_own_sidecar_only() {
+    use airlock_platform_api::policy::PolicyRules;
+    use std::time::Duration;
+    let p = TestPlatform::start("agent-a").await;
+    let rules = |id: &str| {
+        serde_json::to_string(&serde_json::json!({"network": [
+            {"id": id, "host": "https://a.example", "access": "read-only"}
+        ]}))
+        .unwrap()
+    };
+    let store = p.store();
+    store
+        .put_policy_ceiling(&p.run_id, &rules("m"))
+        .await
+        .unwrap();
+    store
+        .change_policy(&p.run_id, 0, &rules("one"), "key k")
+        .await
+        .unwrap();
+    let client = PlatformClient::new(&p.socket, p.run_token.clone());
+    let got = client.policy(0).await.unwrap();
+    assert_eq!(got.version, 1);
+    let doc: PolicyRules = got.rules.unwrap();
+    assert_eq!(doc.network[0].id.as_deref(), Some("one"));
+
+    // Another run: nothing newer of its own, so it waits (its answer is not
+    // the first run's); a change of its own wakes it.
+    let (other, other_token) = p.another_run("agent-a").await;
+    let other_client = PlatformClient::new(&p.socket, other_token);
+    let mut poll = Box::pin(other_client.policy(0));
+    tokio::select! {
+        r = &mut poll => panic!("another run's change answered this run's poll: {r:?}"),
+        () = tokio::time::sleep(Duration::from_millis(300)) => {}
+    }
+    store
+        .change_policy(&other, 0, &rules("two"), "key k")
+        .await
+        .unwrap();
+    let woken = tokio::time::timeout(Duration::from_secs(5), poll)
+        .await
+        .expect("woken by the change")
+        .unwrap();
+    assert_eq!(woken.rules.unwrap().network[0].id.as_deref(), Some("two"));
+
+    // The report: the next poll's `after` is recorded as applied.
+    assert_eq!(store.policy_applied(&p.run_id).await.unwrap(), 0);
+    let _ = tokio::time::timeout(Duration::from_millis(300), client.policy(1)).await;
+    assert_eq!(store.policy_applied(&p.run_id).await.unwrap(), 1);
+
+    // A forged token.
+    let forged = PlatformClient::new(&p.socket, SecretString::from("run_x.0000".to_owned()));
+    assert_eq!(
+        refused(forged.policy(0).await),
+        (401, "unauthorized".into())
+    );
+}

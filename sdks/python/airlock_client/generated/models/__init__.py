@@ -51,20 +51,27 @@ from .org_budget import OrgBudget
 from .org_proxy import OrgProxy
 from .organization import Organization
 from .period_spend import PeriodSpend
+from .policy_lists import PolicyLists
+from .policy_lists_integrations import PolicyListsIntegrations
+from .policy_rule import PolicyRule
+from .policy_rule_query_type_0 import PolicyRuleQueryType0
 from .ready import Ready
 from .register_agent import RegisterAgent
 from .register_agent_files import RegisterAgentFiles
 from .rotate_connection import RotateConnection
 from .rotate_connection_fields import RotateConnectionFields
+from .rule_access import RuleAccess
 from .run import Run
 from .run_budget import RunBudget
 from .run_cost import RunCost
 from .run_limits import RunLimits
 from .run_list import RunList
+from .run_policy import RunPolicy
 from .run_spend import RunSpend
 from .run_status import RunStatus
 from .set_org_budget import SetOrgBudget
 from .set_org_proxy import SetOrgProxy
+from .set_run_policy import SetRunPolicy
 from .webhook import Webhook
 from .webhook_event import WebhookEvent
 from .webhook_event_data import WebhookEventData
@@ -123,20 +130,27 @@ __all__ = (
     "OrgProxy",
     "Organization",
     "PeriodSpend",
+    "PolicyLists",
+    "PolicyListsIntegrations",
+    "PolicyRule",
+    "PolicyRuleQueryType0",
     "Ready",
     "RegisterAgent",
     "RegisterAgentFiles",
     "RotateConnection",
     "RotateConnectionFields",
+    "RuleAccess",
     "Run",
     "RunBudget",
     "RunCost",
     "RunLimits",
     "RunList",
+    "RunPolicy",
     "RunSpend",
     "RunStatus",
     "SetOrgBudget",
     "SetOrgProxy",
+    "SetRunPolicy",
     "Webhook",
     "WebhookEvent",
     "WebhookEventData",

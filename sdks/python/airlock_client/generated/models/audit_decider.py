@@ -2,6 +2,7 @@ from enum import StrEnum
 
 
 class AuditDecider(StrEnum):
+    API_KEY = "api_key"
     EGRESS_GUARD = "egress_guard"
     L7_RULE = "l7_rule"
     TOOL_ALLOWLIST = "tool_allowlist"

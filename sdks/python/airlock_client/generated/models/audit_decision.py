@@ -3,6 +3,7 @@ from enum import StrEnum
 
 class AuditDecision(StrEnum):
     ALLOWED = "allowed"
+    CHANGED = "changed"
     HIDDEN = "hidden"
     REFUSED = "refused"
 

@@ -3,6 +3,7 @@ from enum import StrEnum
 
 class AuditKind(StrEnum):
     EGRESS = "egress"
+    POLICY_CHANGE = "policy_change"
     REFUSALS = "refusals"
     TOOL_EXCLUDED = "tool_excluded"
 

@@ -29,6 +29,7 @@ class AuditRecord:
         kind (AuditKind): What a record is a decision about.
         run_id (str):
         schema_version (int): [`AUDIT_SCHEMA_VERSION`].
+        actor (None | str | Unset): A policy change: who made it (`key <id>`).
         called (bool | None | Unset): A tool exclusion: whether the tool was called by name (`false`:
             left out of a list).
         code (None | str | Unset): A refusal's code (`docs/egress.md`); `null` otherwise.
@@ -37,6 +38,8 @@ class AuditRecord:
         host (None | str | Unset):
         integration (None | str | Unset):
         method (None | str | Unset):
+        new_rules (list[str] | None | Unset): A policy change: each rule (`list:id`) in force after it.
+        old_rules (list[str] | None | Unset): A policy change: each rule (`list:id`) in force before it.
         outcome (None | str | Unset): What became of an allowed request (`completed`, `upstream_failed`,
             `incomplete`, …).
         plane (None | str | Unset): The path that carried an egress request to the guard: `api` (the
@@ -48,6 +51,7 @@ class AuditRecord:
         tool (None | str | Unset): A tool exclusion: the tool's name as the integration's server (or
             the agent's call) named it.
         url (None | str | Unset): Free of credentials.
+        version (int | None | Unset): A policy change: the version it made (0: the manifest's rules).
     """
 
     at: int
@@ -59,6 +63,7 @@ class AuditRecord:
     kind: AuditKind
     run_id: str
     schema_version: int
+    actor: None | str | Unset = UNSET
     called: bool | None | Unset = UNSET
     code: None | str | Unset = UNSET
     count: int | None | Unset = UNSET
@@ -66,6 +71,8 @@ class AuditRecord:
     host: None | str | Unset = UNSET
     integration: None | str | Unset = UNSET
     method: None | str | Unset = UNSET
+    new_rules: list[str] | None | Unset = UNSET
+    old_rules: list[str] | None | Unset = UNSET
     outcome: None | str | Unset = UNSET
     plane: None | str | Unset = UNSET
     rule: None | str | Unset = UNSET
@@ -73,6 +80,7 @@ class AuditRecord:
     status: int | None | Unset = UNSET
     tool: None | str | Unset = UNSET
     url: None | str | Unset = UNSET
+    version: int | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,6 +101,12 @@ class AuditRecord:
         run_id = self.run_id
 
         schema_version = self.schema_version
+
+        actor: None | str | Unset
+        if isinstance(self.actor, Unset):
+            actor = UNSET
+        else:
+            actor = self.actor
 
         called: bool | None | Unset
         if isinstance(self.called, Unset):
@@ -136,6 +150,24 @@ class AuditRecord:
         else:
             method = self.method
 
+        new_rules: list[str] | None | Unset
+        if isinstance(self.new_rules, Unset):
+            new_rules = UNSET
+        elif isinstance(self.new_rules, list):
+            new_rules = self.new_rules
+
+        else:
+            new_rules = self.new_rules
+
+        old_rules: list[str] | None | Unset
+        if isinstance(self.old_rules, Unset):
+            old_rules = UNSET
+        elif isinstance(self.old_rules, list):
+            old_rules = self.old_rules
+
+        else:
+            old_rules = self.old_rules
+
         outcome: None | str | Unset
         if isinstance(self.outcome, Unset):
             outcome = UNSET
@@ -178,6 +210,12 @@ class AuditRecord:
         else:
             url = self.url
 
+        version: int | None | Unset
+        if isinstance(self.version, Unset):
+            version = UNSET
+        else:
+            version = self.version
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -193,6 +231,8 @@ class AuditRecord:
                 "schema_version": schema_version,
             }
         )
+        if actor is not UNSET:
+            field_dict["actor"] = actor
         if called is not UNSET:
             field_dict["called"] = called
         if code is not UNSET:
@@ -207,6 +247,10 @@ class AuditRecord:
             field_dict["integration"] = integration
         if method is not UNSET:
             field_dict["method"] = method
+        if new_rules is not UNSET:
+            field_dict["new_rules"] = new_rules
+        if old_rules is not UNSET:
+            field_dict["old_rules"] = old_rules
         if outcome is not UNSET:
             field_dict["outcome"] = outcome
         if plane is not UNSET:
@@ -221,6 +265,8 @@ class AuditRecord:
             field_dict["tool"] = tool
         if url is not UNSET:
             field_dict["url"] = url
+        if version is not UNSET:
+            field_dict["version"] = version
 
         return field_dict
 
@@ -244,6 +290,15 @@ class AuditRecord:
         run_id = d.pop("run_id")
 
         schema_version = d.pop("schema_version")
+
+        def _parse_actor(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        actor = _parse_actor(d.pop("actor", UNSET))
 
         def _parse_called(data: object) -> bool | None | Unset:
             if data is None:
@@ -308,6 +363,40 @@ class AuditRecord:
 
         method = _parse_method(d.pop("method", UNSET))
 
+        def _parse_new_rules(data: object) -> list[str] | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                new_rules_type_0 = cast(list[str], data)
+
+                return new_rules_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[str] | None | Unset, data)
+
+        new_rules = _parse_new_rules(d.pop("new_rules", UNSET))
+
+        def _parse_old_rules(data: object) -> list[str] | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                old_rules_type_0 = cast(list[str], data)
+
+                return old_rules_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[str] | None | Unset, data)
+
+        old_rules = _parse_old_rules(d.pop("old_rules", UNSET))
+
         def _parse_outcome(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -371,6 +460,15 @@ class AuditRecord:
 
         url = _parse_url(d.pop("url", UNSET))
 
+        def _parse_version(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        version = _parse_version(d.pop("version", UNSET))
+
         audit_record = cls(
             at=at,
             bytes_in=bytes_in,
@@ -381,6 +479,7 @@ class AuditRecord:
             kind=kind,
             run_id=run_id,
             schema_version=schema_version,
+            actor=actor,
             called=called,
             code=code,
             count=count,
@@ -388,6 +487,8 @@ class AuditRecord:
             host=host,
             integration=integration,
             method=method,
+            new_rules=new_rules,
+            old_rules=old_rules,
             outcome=outcome,
             plane=plane,
             rule=rule,
@@ -395,6 +496,7 @@ class AuditRecord:
             status=status,
             tool=tool,
             url=url,
+            version=version,
         )
 
         audit_record.additional_properties = d
