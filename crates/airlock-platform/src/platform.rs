@@ -216,6 +216,7 @@ impl Platform {
                 models,
                 metrics: Arc::default(),
                 traces,
+                removals: Default::default(),
             },
             api_server,
             catalog,
@@ -231,6 +232,12 @@ impl Platform {
     /// Exports the traces still pending ([`Orchestrator::finish_traces`]).
     pub async fn finish_traces(&self) {
         self.orch.finish_traces().await;
+    }
+
+    /// Waits for the removals of its runs' sandboxes still going
+    /// ([`Orchestrator::finish_removals`]).
+    pub async fn finish_removals(&self) {
+        self.orch.finish_removals().await;
     }
 
     /// Stops serving the internal API and removes its socket; what the
