@@ -571,6 +571,9 @@ impl Sandbox {
         self.stdin_gate = None;
         self.kill();
         let _ = self.wait().await;
+        if let Inner::Container(c) = &self.inner {
+            c.stopped();
+        }
     }
 
     /// Kills what is left and removes what the backend created on the host.

@@ -1129,6 +1129,14 @@ impl Container {
         self.name = id;
     }
 
+    /// Its run is over (it has stopped): a pooled pair's tenant share is
+    /// given back now, not once it is removed.
+    pub(crate) fn stopped(&self) {
+        if let Some(slot) = self.shared.slot.get() {
+            slot.release_share();
+        }
+    }
+
     /// Holds `slot` until this container is let go ([`pool`]).
     pub(crate) fn hold_slot(&self, slot: Arc<pool::SlotGuard>) {
         let _ = self.shared.slot.set(slot);

@@ -183,11 +183,22 @@ fn view_allowed(view: &Path, workspace: &Path) -> bool {
         && !workspace.starts_with(view)
 }
 
-/// A pair's host directory and, once claimed, its tenant's share: removed
-/// and given back when both of the pair's containers are let go.
+/// A pair's host directory and, once claimed, its tenant's share: the
+/// share given back once its agent has stopped, the directory removed
+/// when both of the pair's containers are let go.
 pub struct SlotGuard {
     dir: PathBuf,
     share: Mutex<Option<Share>>,
+}
+
+impl SlotGuard {
+    /// Gives the tenant's share back: the pair's run is over (its agent
+    /// has stopped), though its containers may not be removed yet.
+    pub(crate) fn release_share(&self) {
+        if let Ok(mut s) = self.share.lock() {
+            s.take();
+        }
+    }
 }
 
 impl Drop for SlotGuard {

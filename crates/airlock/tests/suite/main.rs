@@ -38,6 +38,7 @@ mod serve_fleet;
 mod serve_identity;
 mod serve_metrics;
 mod serve_proxies;
+mod serve_run_end;
 mod serve_runs;
 mod serve_tenants;
 mod serve_traces;
