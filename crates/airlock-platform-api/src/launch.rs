@@ -866,7 +866,9 @@ mod tests {
         assert!(SidecarFlushed::is("{\"flushed\":true}\n"));
         assert!(!SidecarFlushed::is("{\"flushed\":false}"));
         assert!(!SidecarFlushed::is("{\"flushed\":true,\"more\":1}"));
-        assert!(!SidecarFlushed::is(&SidecarReady::new("run_1", ReadyListen::default()).to_line()));
+        assert!(!SidecarFlushed::is(
+            &SidecarReady::new("run_1", ReadyListen::default()).to_line()
+        ));
     }
 
     fn secret(s: &str) -> SecretString {

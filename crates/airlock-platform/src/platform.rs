@@ -126,6 +126,9 @@ impl Platform {
             .map_err(BootError::StoreTask)?
             .map_err(BootError::OpenStore)?;
         let backend = backend?;
+        // One run: nothing is started ahead for runs to come (a warm pool
+        // would start pairs no run of this process takes).
+        backend.drop_prepared();
         tracing::debug!(target: "airlock::phase", "store opened");
         sweep_local_store(&home, &store, retention);
         Platform::on_store(home, store, settings, backend, sidecar_build, None).await

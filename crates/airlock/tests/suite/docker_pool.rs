@@ -289,7 +289,10 @@ fn a_platform_killed_between_a_runs_end_and_its_removal_leaves_nothing_after_the
     assert_eq!(st, 202, "{v}");
     let run = v["id"].as_str().unwrap().to_owned();
     let died = s.exit_within(120);
-    assert!(!died.success(), "the platform aborted at its fail point: {died}");
+    assert!(
+        !died.success(),
+        "the platform aborted at its fail point: {died}"
+    );
     assert!(
         !docker_leftovers(&run).is_empty(),
         "the platform died before its run's containers were removed"
@@ -306,5 +309,8 @@ fn a_platform_killed_between_a_runs_end_and_its_removal_leaves_nothing_after_the
     let logs = next
         .call("GET", &format!("/v1/runs/{run}/logs"), Some(&key), None)
         .1;
-    assert!(logs.to_string().contains("uid "), "its output is kept: {logs}");
+    assert!(
+        logs.to_string().contains("uid "),
+        "its output is kept: {logs}"
+    );
 }

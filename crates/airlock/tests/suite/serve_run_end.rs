@@ -48,9 +48,8 @@ fn holding_upstream(go: PathBuf, release: mpsc::Receiver<()>) -> std::net::Socke
         }
         std::fs::write(&go, b"").unwrap();
         let _ = release.recv_timeout(Duration::from_secs(60));
-        let _ = c.write_all(
-            b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\nlate",
-        );
+        let _ =
+            c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\nlate");
     });
     addr
 }
@@ -72,7 +71,10 @@ fn a_request_in_flight_at_the_agents_exit_is_recorded_before_the_runs_end_is_vis
          [network]\negress = \"none\"\n\n[[integrations]]\nnamespace = \"up\"\n\
          authorized_uris = [\"http://{up}/**\"]\n"
     );
-    let script = mcp_agent(&format!("GO = {:?}\n{AGENT_REST}", go.display().to_string()));
+    let script = mcp_agent(&format!(
+        "GO = {:?}\n{AGENT_REST}",
+        go.display().to_string()
+    ));
     let body = json!({"manifest": manifest, "files": {"agent.py": script}});
     let (st, v) = s.call("POST", "/v1/agents", Some(&key), Some(&body));
     assert_eq!(st, 201, "{v}");
@@ -96,6 +98,10 @@ fn a_request_in_flight_at_the_agents_exit_is_recorded_before_the_runs_end_is_vis
         .iter()
         .filter(|r| r["url"].as_str().is_some_and(|u| u.ends_with("/slow")))
         .collect();
-    assert_eq!(slow.len(), 1, "the call in flight at the agent's exit: {egress}");
+    assert_eq!(
+        slow.len(),
+        1,
+        "the call in flight at the agent's exit: {egress}"
+    );
     assert!(slow[0]["outcome"].is_string(), "{}", slow[0]);
 }
