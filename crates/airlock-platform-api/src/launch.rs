@@ -790,6 +790,31 @@ impl SidecarReady {
     }
 }
 
+/// The sidecar's last line on stdout (`{"flushed":true}`), written once it
+/// has stopped and nothing of it runs any more: every request it let out
+/// has ended and is in its journal (or was refused and recorded), every
+/// event it took is handed on. Nothing is recorded after it, so the
+/// platform records the run's end once it has read it (or seen the
+/// sidecar exit), before the sidecar's sandbox is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarFlushed {
+    /// Always `true`.
+    pub flushed: bool,
+}
+
+impl SidecarFlushed {
+    /// The line the sidecar prints (no newline).
+    pub fn line() -> String {
+        serde_json::to_string(&SidecarFlushed { flushed: true }).unwrap_or_default()
+    }
+
+    /// Whether `line` is the sidecar's flushed line.
+    pub fn is(line: &str) -> bool {
+        serde_json::from_str::<SidecarFlushed>(line.trim()).is_ok_and(|f| f.flushed)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("sidecar configuration is larger than {MAX_CONFIG_BYTES} bytes")]
@@ -846,6 +871,19 @@ impl SidecarConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The flushed line round-trips; a readiness line, a `false` or a
+    /// line with more in it is not it.
+    #[test]
+    fn the_flushed_line_is_only_itself() {
+        assert!(SidecarFlushed::is(&SidecarFlushed::line()));
+        assert!(SidecarFlushed::is("{\"flushed\":true}\n"));
+        assert!(!SidecarFlushed::is("{\"flushed\":false}"));
+        assert!(!SidecarFlushed::is("{\"flushed\":true,\"more\":1}"));
+        assert!(!SidecarFlushed::is(
+            &SidecarReady::new("run_1", ReadyListen::default()).to_line()
+        ));
+    }
 
     fn secret(s: &str) -> SecretString {
         SecretString::from(s.to_owned())

@@ -126,6 +126,9 @@ impl Platform {
             .map_err(BootError::StoreTask)?
             .map_err(BootError::OpenStore)?;
         let backend = backend?;
+        // One run: nothing is started ahead for runs to come (a warm pool
+        // would start pairs no run of this process takes).
+        backend.drop_prepared();
         tracing::debug!(target: "airlock::phase", "store opened");
         sweep_local_store(&home, &store, retention);
         Platform::on_store(home, store, settings, backend, sidecar_build, None).await
@@ -216,6 +219,7 @@ impl Platform {
                 models,
                 metrics: Arc::default(),
                 traces,
+                removals: Default::default(),
             },
             api_server,
             catalog,
@@ -231,6 +235,12 @@ impl Platform {
     /// Exports the traces still pending ([`Orchestrator::finish_traces`]).
     pub async fn finish_traces(&self) {
         self.orch.finish_traces().await;
+    }
+
+    /// Waits for the removals of its runs' sandboxes still going
+    /// ([`Orchestrator::finish_removals`]).
+    pub async fn finish_removals(&self) {
+        self.orch.finish_removals().await;
     }
 
     /// Stops serving the internal API and removes its socket; what the

@@ -526,9 +526,22 @@ impl Sandbox {
     }
 
     /// Asks the first process to stop (SIGTERM), waits up to `grace` for it
-    /// to exit by itself, then kills what is left and cleans up. A sidecar
-    /// is stopped this way, so every event it holds reaches the platform.
+    /// to exit by itself, then kills what is left and cleans up.
     pub async fn stop(mut self, grace: std::time::Duration) {
+        self.terminate(grace, std::future::pending::<()>()).await;
+        self.cleanup().await;
+    }
+
+    /// Asks the first process to stop (SIGTERM) and waits, at most `grace`,
+    /// until it says it is done (`done`) or exits, whichever is first.
+    /// `false`: neither within `grace`. Kills and removes nothing (see
+    /// [`Sandbox::cleanup`]). A sidecar is stopped this way, so every event
+    /// it holds reaches the platform before the run's end is recorded.
+    pub async fn terminate(
+        &mut self,
+        grace: std::time::Duration,
+        done: impl std::future::Future<Output = ()>,
+    ) -> bool {
         // A stdin still held is closed, never released.
         self.stdin_gate = None;
         match &mut self.inner {
@@ -539,11 +552,28 @@ impl Sandbox {
                 {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
                 }
-                let _ = tokio::time::timeout(grace, child.wait()).await;
             }
-            Inner::Container(c) => c.terminate(grace).await,
+            Inner::Container(c) => c.signal_term().await,
         }
-        self.cleanup().await;
+        let over = async {
+            tokio::select! {
+                () = done => {}
+                _ = self.wait() => {}
+            }
+        };
+        tokio::time::timeout(grace, over).await.is_ok()
+    }
+
+    /// Kills every process of the sandbox and waits for the first to have
+    /// exited; what the backend created on the host stays until
+    /// [`Sandbox::cleanup`].
+    pub async fn halt(&mut self) {
+        self.stdin_gate = None;
+        self.kill();
+        let _ = self.wait().await;
+        if let Inner::Container(c) = &self.inner {
+            c.stopped();
+        }
     }
 
     /// Kills what is left and removes what the backend created on the host.

@@ -180,6 +180,8 @@ where
     // Idle warm sandboxes go with the replica (a killed one leaves them to
     // the next boot's reclaim).
     app.orch().backend.drop_prepared();
+    // So do the sandboxes of its ended runs still being removed.
+    app.orch().finish_removals().await;
     app.set_closing();
     let served = if http.is_finished() {
         Ok(())

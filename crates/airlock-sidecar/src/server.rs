@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use airlock_platform_api::launch::{ReadyListen, SidecarReady};
+use airlock_platform_api::launch::{ReadyListen, SidecarFlushed, SidecarReady};
 use airlock_platform_api::listener_guard::{self, Guard};
 
 use crate::config::{ConfigError, Integration, Listen, SidecarConfig};
@@ -455,7 +455,7 @@ async fn shutdown_signal() {
 /// raw document, and serves on one thread until stopped. Exit code 2: the
 /// configuration is unreadable or invalid; 1: the sidecar failed.
 pub fn main_from_stdin() -> std::process::ExitCode {
-    use std::io::Read;
+    use std::io::{Read, Write};
     use std::process::ExitCode;
     let mut buf = Vec::new();
     let read = std::io::stdin()
@@ -488,8 +488,19 @@ pub fn main_from_stdin() -> std::process::ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cfg)) {
-        Ok(()) => ExitCode::SUCCESS,
+    let served = runtime.block_on(run(cfg));
+    // Every task is dropped with the runtime (an open request's drop is
+    // recorded then): nothing of the sidecar runs after this, so its
+    // flushed line is the last thing it says.
+    drop(runtime);
+    match served {
+        Ok(()) => {
+            // Nobody may be reading any more (a platform that stopped
+            // watching): that is not the sidecar's failure.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", SidecarFlushed::line()).and_then(|()| out.flush());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("airlock sidecar: {e}");
             ExitCode::FAILURE

@@ -1,8 +1,8 @@
 //! A run from its request to its recorded end, phase by phase: checked
 //! ([`preflight`](super::preflight)), recorded within the run slots,
 //! planned ([`plan`](super::plan)), started ([`start`](super::start)),
-//! watched ([`watch`](super::watch)), torn down and ended
-//! ([`end`](super::end)).
+//! watched ([`watch`](super::watch)), stopped and ended
+//! ([`end`](super::end)), then removed ([`removal`](super::removal)).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use airlock_store::{NewRun, RunStatus};
 use super::end::{Judged, Verdict, judge};
 use super::error::RunError;
 use super::parts::Orchestrator;
+use super::removal::Leftovers;
 use super::request::{Cancel, Progress, ProgressFn, RunOutcome, RunRequest};
 use super::rundir::{create_private_dir, write_owner};
 
@@ -171,7 +172,7 @@ impl Orchestrator {
             keep_records: trace.is_some(),
         };
         let journal = crate::journal::Follower::start(&self.store, &run_id, &run_dir, observe);
-        let judged = self
+        let (judged, leftovers) = match self
             .start_and_watch(
                 &run_id,
                 &run_dir,
@@ -180,9 +181,13 @@ impl Orchestrator {
                 progress,
                 (started, trace.as_ref()),
             )
-            .await;
+            .await
+        {
+            Ok((judged, leftovers)) => (Ok(judged), leftovers),
+            Err(e) => (Err(e), Leftovers::default()),
+        };
         self.api.revoke(&run_id);
-        // The sidecar has exited: the rest of what it journalled (every
+        // The sidecar has flushed: the rest of what it journalled (every
         // request that left and how each ended, the agent's end, its usage
         // and log lines) goes into the store before the run's end is
         // recorded and its directory removed.
@@ -196,8 +201,10 @@ impl Orchestrator {
             status: verdict.status,
         });
         let outcome = self
-            .record_end(run_id, &run_dir, started, verdict, kept.stored)
+            .record_end(run_id.clone(), &run_dir, started, verdict, kept.stored)
             .await;
+        // Its end is visible: what the backends made for it goes now.
+        self.removals.spawn(&run_id, leftovers);
         drop(running);
         if let Ok(o) = &outcome {
             self.metrics
@@ -283,7 +290,9 @@ impl Orchestrator {
 
     /// Plans the run, grants it its connections, starts it, watches it,
     /// and tears it down: the same teardown whatever ended it (each phase a
-    /// span of the run's `trace`, when it is traced).
+    /// span of the run's `trace`, when it is traced). What is left to
+    /// remove is removed once its end is recorded (a start that failed
+    /// has its own removed at once).
     async fn start_and_watch(
         &self,
         run_id: &str,
@@ -292,7 +301,7 @@ impl Orchestrator {
         cancel: &mut Cancel,
         progress: ProgressFn<'_>,
         (started, trace): (Instant, Option<&crate::traces::RunTrace>),
-    ) -> Result<Judged, RunError> {
+    ) -> Result<(Judged, Leftovers), RunError> {
         let starting = trace.map(|t| t.phase("start"));
         // Fail closed: budgets that cannot be read are kept by the platform,
         // which refuses each call while it cannot read them.
@@ -328,7 +337,7 @@ impl Orchestrator {
         let tearing_down = trace.map(|t| t.phase("teardown"));
         let remains = run.teardown().await;
         drop(tearing_down);
-        Ok(judge(ended, &remains))
+        Ok((judge(ended, &remains), remains.leftovers))
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use airlock_platform_api::launch;
 use airlock_platform_api::wire::RunEvent;
 use airlock_sandbox::{OutputStream, Sandbox};
 use airlock_store::Store;
@@ -206,19 +207,19 @@ pub fn runner_stream(namespace: &str) -> String {
 /// The sidecar's stderr, shown to the operator and kept (its last lines).
 #[derive(Default)]
 pub(super) struct SidecarLog {
-    /// Its stdout, until the readiness line is read.
-    pub(super) stdout: Option<OutputStream>,
+    /// Its stdout: the readiness line, then (once it stops) the flushed line.
+    pub(super) stdout: Option<BufReader<OutputStream>>,
     lines: Kept,
     pump: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl SidecarLog {
     /// Takes the streams of `sidecar`: its stdout kept for the readiness
-    /// line, its stderr echoed (after `tag`) and its last lines kept.
+    /// and flushed lines, its stderr echoed (after `tag`) and its last lines kept.
     pub(super) fn start(sidecar: &mut Sandbox, tag: Option<&str>) -> SidecarLog {
         let (stdout, stderr) = sidecar.take_output();
         let mut log = SidecarLog {
-            stdout,
+            stdout: stdout.map(BufReader::new),
             ..Default::default()
         };
         if let Some(err) = stderr {
@@ -230,6 +231,21 @@ impl SidecarLog {
             )));
         }
         log
+    }
+
+    /// Returns once the sidecar has said it is flushed
+    /// ([`launch::SidecarFlushed`]) or its stdout has ended (it exited);
+    /// never, without a stdout.
+    pub(super) async fn flushed(&mut self) {
+        use airlock_sandbox::terminal;
+        let Some(out) = self.stdout.as_mut() else {
+            return std::future::pending().await;
+        };
+        while let Ok(Some(line)) = terminal::next_line(out, terminal::MAX_LINE).await {
+            if launch::SidecarFlushed::is(&line) {
+                return;
+            }
+        }
     }
 
     /// Its last line, once its stderr has ended (it has exited).

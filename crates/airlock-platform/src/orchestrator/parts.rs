@@ -38,6 +38,9 @@ pub struct Orchestrator {
     /// Its runs' traces, when `OTEL_EXPORTER_OTLP_ENDPOINT` asks for them
     /// ([`crate::traces`]).
     pub traces: Option<Arc<crate::traces::Traces>>,
+    /// Its runs' sandboxes still being removed after their ends were
+    /// recorded ([`super::removal`]); its stop waits for them.
+    pub removals: super::Removals,
 }
 
 impl Orchestrator {
@@ -50,14 +53,23 @@ impl Orchestrator {
     }
 }
 
+impl Orchestrator {
+    /// Waits for the removals of its runs' sandboxes still going (the
+    /// platform's stop).
+    pub async fn finish_removals(&self) {
+        self.removals.finish().await;
+    }
+}
+
 /// Shared state for several concurrent runs.
 pub type SharedOrchestrator = Arc<Orchestrator>;
 
-/// How long a stopped sidecar has to exit after SIGTERM before it is killed
-/// ([`Sandbox::stop`](airlock_sandbox::Sandbox::stop)). The platform waits
-/// for its exit (not a fixed time): this must outlast the sidecar's own
-/// deadline for draining what is in flight (events, egress records, model
-/// streams), or its last records are lost.
+/// How long a stopped sidecar has to flush after SIGTERM (say so, or exit)
+/// before it is killed
+/// ([`Sandbox::terminate`](airlock_sandbox::Sandbox::terminate)). The
+/// platform waits for its flush (not a fixed time): this must outlast the
+/// sidecar's own deadline for draining what is in flight (events, egress
+/// records, model streams), or its last records are lost.
 pub const SIDECAR_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// The key id of the throwaway key an embedded platform uses when no

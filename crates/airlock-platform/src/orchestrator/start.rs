@@ -11,14 +11,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use airlock_platform_api::launch;
-use airlock_sandbox::{OutputStream, Sandbox};
+use airlock_sandbox::{OutputStream, Sandbox, terminal};
 use airlock_store::RunPhase;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 
 use super::error::{NotReady, RunError};
 use super::output::{RUNNER_LOG_GRACE, RunnerPump, SandboxOutput, SidecarLog, log_runner_output};
 use super::parts::{Orchestrator, SIDECAR_STOP_GRACE};
 use super::plan::{Keys, RunPlan, Site};
+use super::removal::Leftovers;
 use super::request::{Progress, ProgressFn, RunRequest};
 use super::rundir::create_sockets_dir;
 
@@ -36,10 +37,12 @@ pub(super) struct StartedRun {
     sidecar_log: SidecarLog,
 }
 
-/// What is left of a run once its processes are gone: what they said.
+/// What is left of a run once its processes are stopped: what they said,
+/// and what the backends made for them, to remove.
 pub(super) struct Remains {
     pub(super) output: Option<SandboxOutput>,
     sidecar_log: SidecarLog,
+    pub(super) leftovers: Leftovers,
 }
 
 impl Orchestrator {
@@ -148,6 +151,8 @@ impl Orchestrator {
             Ok(()) => Ok(run),
             Err(e) => {
                 let mut remains = run.teardown().await;
+                self.removals
+                    .spawn(run_id, std::mem::take(&mut remains.leftovers));
                 Err(match e {
                     // Its own last words are the reason (it reads its
                     // config before it says it is ready).
@@ -227,31 +232,46 @@ impl Orchestrator {
 }
 
 impl StartedRun {
-    /// Removes every process of the run, whatever ended it: the sandboxes
-    /// first, then the sidecar (so every event the runtime handed it, the
-    /// agent's end among them, is kept when it exits); the runners' last
-    /// lines are in the run's log before this returns.
+    /// Stops every process of the run, whatever ended it: the sandboxes
+    /// first (killed, and waited for), then the sidecar, asked to stop and
+    /// waited for until it has flushed ([`SidecarLog::flushed`]) or exited,
+    /// so every request it let out and every event the runtime handed it
+    /// (the agent's end among them) is recorded and nothing more can be;
+    /// the runners' last lines are in the run's log before this returns.
+    /// What the backends made for them is left for [`Remains::leftovers`]'
+    /// removal, once the run's end is recorded.
     pub(super) async fn teardown(self) -> Remains {
         let StartedRun {
-            sandbox,
-            runners,
+            mut sandbox,
+            mut runners,
             runner_pumps,
             mut output,
             sidecar,
-            sidecar_log,
+            mut sidecar_log,
         } = self;
-        sandbox.cleanup().await;
-        for sb in runners {
-            sb.cleanup().await;
+        sandbox.halt().await;
+        for sb in &mut runners {
+            sb.halt().await;
         }
         let deadline = tokio::time::Instant::now() + RUNNER_LOG_GRACE;
         for p in runner_pumps {
             p.finish(deadline).await;
         }
-        tracing::debug!(target: "airlock::phase", "sandbox cleaned up");
-        if let Some(sidecar) = sidecar {
-            sidecar.stop(SIDECAR_STOP_GRACE).await;
-            tracing::debug!(target: "airlock::phase", "sidecar exited");
+        tracing::debug!(target: "airlock::phase", "sandbox stopped");
+        let mut leftovers = Leftovers(vec![sandbox]);
+        leftovers.0.extend(runners);
+        if let Some(mut sidecar) = sidecar {
+            if !sidecar
+                .terminate(SIDECAR_STOP_GRACE, sidecar_log.flushed())
+                .await
+            {
+                tracing::warn!(
+                    "the sidecar neither flushed nor exited within {SIDECAR_STOP_GRACE:?}: killed"
+                );
+                sidecar.halt().await;
+            }
+            tracing::debug!(target: "airlock::phase", "sidecar flushed");
+            leftovers.0.push(sidecar);
         }
         if let Some(o) = output.as_mut() {
             o.finish().await;
@@ -259,15 +279,15 @@ impl StartedRun {
         Remains {
             output,
             sidecar_log,
+            leftovers,
         }
     }
 }
 
 /// The sidecar's first line: its readiness.
-async fn read_ready(stdout: &mut Option<OutputStream>) -> Result<(), NotReady> {
-    let out = stdout.take().ok_or(NotReady::NoStdout)?;
-    let mut lines = BufReader::new(out).lines();
-    match lines.next_line().await {
+async fn read_ready(stdout: &mut Option<BufReader<OutputStream>>) -> Result<(), NotReady> {
+    let out = stdout.as_mut().ok_or(NotReady::NoStdout)?;
+    match terminal::next_line(out, terminal::MAX_LINE).await {
         Ok(Some(line)) => match launch::SidecarReady::from_line(&line) {
             Ok(_) => Ok(()),
             Err(why) => Err(NotReady::Unexpected { line, why }),
@@ -293,6 +313,7 @@ fn open_to_sandboxes(sockets: &[std::path::PathBuf]) {
 #[cfg(test)]
 mod tests {
     use airlock_sandbox::{Backend, SandboxKind, SandboxSpec};
+    use tokio::io::AsyncBufReadExt;
 
     use super::*;
 

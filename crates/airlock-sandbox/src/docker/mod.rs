@@ -1129,6 +1129,14 @@ impl Container {
         self.name = id;
     }
 
+    /// Its run is over (it has stopped): a pooled pair's tenant share is
+    /// given back now, not once it is removed.
+    pub(crate) fn stopped(&self) {
+        if let Some(slot) = self.shared.slot.get() {
+            slot.release_share();
+        }
+    }
+
     /// Holds `slot` until this container is let go ([`pool`]).
     pub(crate) fn hold_slot(&self, slot: Arc<pool::SlotGuard>) {
         let _ = self.shared.slot.set(slot);
@@ -1201,14 +1209,18 @@ impl Container {
         self.handle.spawn(async move { kill_now(&d, &name).await });
     }
 
-    /// SIGTERM, `grace` to exit, then SIGKILL (the daemon's `stop`).
-    pub(crate) async fn terminate(&mut self, grace: Duration) {
+    /// Sends SIGTERM to the container's first process (`docker-init`
+    /// passes it on), once its start is over; waits for nothing else.
+    pub(crate) async fn signal_term(&mut self) {
         if let Some(d) = self.started().await {
-            let t = i32::try_from(grace.as_secs().max(1)).unwrap_or(i32::MAX);
             let _ = d
-                .stop_container(
+                .kill_container(
                     &self.name,
-                    Some(q::StopContainerOptionsBuilder::default().t(t).build()),
+                    Some(
+                        q::KillContainerOptionsBuilder::default()
+                            .signal("TERM")
+                            .build(),
+                    ),
                 )
                 .await;
         }

@@ -183,11 +183,22 @@ fn view_allowed(view: &Path, workspace: &Path) -> bool {
         && !workspace.starts_with(view)
 }
 
-/// A pair's host directory and, once claimed, its tenant's share: removed
-/// and given back when both of the pair's containers are let go.
+/// A pair's host directory and, once claimed, its tenant's share: the
+/// share given back once its agent has stopped, the directory removed
+/// when both of the pair's containers are let go.
 pub struct SlotGuard {
     dir: PathBuf,
     share: Mutex<Option<Share>>,
+}
+
+impl SlotGuard {
+    /// Gives the tenant's share back: the pair's run is over (its agent
+    /// has stopped), though its containers may not be removed yet.
+    pub(crate) fn release_share(&self) {
+        if let Ok(mut s) = self.share.lock() {
+            s.take();
+        }
+    }
 }
 
 impl Drop for SlotGuard {
@@ -378,6 +389,26 @@ impl Pool {
         Some(pair)
     }
 
+    /// A pair taken for a run that could not take it (nothing of the run
+    /// left in it): idle again, its tenant's share given back; or gone,
+    /// when the pool is full or closing.
+    fn put_back(&self, key: &PoolKey, pair: Pair) {
+        pair.guard.release_share();
+        let extra = {
+            let mut st = self.shelf.lock();
+            let closing = st.closing;
+            let idle = st.idle.entry(key.clone()).or_default();
+            match !closing && idle.len() < self.size {
+                true => {
+                    idle.push(pair);
+                    None
+                }
+                false => Some(pair),
+            }
+        };
+        drop(extra);
+    }
+
     /// How many pairs of `key` to start now to keep [`Pool::size`] idle;
     /// counted as filling.
     fn to_fill(&self, key: &PoolKey) -> usize {
@@ -416,6 +447,21 @@ impl Pool {
         let claimed: Vec<Claimed> = st.claimed.drain().map(|(_, c)| c).collect();
         drop(claimed);
         st.idle.drain().flat_map(|(_, v)| v).collect()
+    }
+}
+
+/// Removes `path` (a directory with all it holds, or a file); gone
+/// already is fine.
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    let removed = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+    };
+    match removed {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -550,31 +596,40 @@ impl DockerBackend {
                 return false;
             }
         };
-        let pair = self.pool.take(&key, tenant);
-        self.refill(&key);
-        let Some(pair) = pair else {
+        let Some(pair) = self.pool.take(&key, tenant) else {
+            self.refill(&key);
             return false;
         };
-        // Checked as a cold start checks it, with the pair's uid.
+        // Checked as a cold start checks it, with the pair's uid; a pair
+        // that cannot take the run goes back, holding nothing of it.
         if let Err(e) = crate::namespace::readable_by(&dir, super::agent_ids(&pair.id)) {
             tracing::debug!(run = %sandbox.run_id, "cold start: {e}");
+            self.pool.put_back(&key, pair);
             return false;
         }
-        let name = dir.file_name().unwrap_or_default();
-        let ready = copy_view(&dir, &pair.guard.dir.join("view").join(name)).and_then(|()| {
-            std::fs::hard_link(
-                &sidecar.egress_journal,
-                pair.guard.dir.join("run").join(
-                    Path::new(EGRESS_JOURNAL_INSIDE)
-                        .file_name()
-                        .unwrap_or_default(),
-                ),
-            )
-        });
+        let view = pair
+            .guard
+            .dir
+            .join("view")
+            .join(dir.file_name().unwrap_or_default());
+        let journal = pair.guard.dir.join("run").join(
+            Path::new(EGRESS_JOURNAL_INSIDE)
+                .file_name()
+                .unwrap_or_default(),
+        );
+        let ready = copy_view(&dir, &view)
+            .and_then(|()| std::fs::hard_link(&sidecar.egress_journal, &journal));
         if let Err(e) = ready {
             tracing::debug!(run = %sandbox.run_id, "cold start: the pair cannot take the run: {e}");
+            let emptied = [view.as_path(), journal.as_path()]
+                .iter()
+                .all(|p| remove_any(p).is_ok());
+            if emptied {
+                self.pool.put_back(&key, pair);
+            }
             return false;
         }
+        self.refill(&key);
         let Pair {
             agent, sidecar: sc, ..
         } = pair;
@@ -1007,6 +1062,65 @@ mod tests {
         assert!(pool.status().claimed.is_empty());
     }
 
+    /// An idle pair of pair directory `dir` (its two halves: processes
+    /// that sleep, standing for its containers).
+    fn idle_pair(id: &str, dir: &Path) -> Pair {
+        let half = || {
+            let child = tokio::process::Command::new("sleep")
+                .arg("600")
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            Half {
+                sandbox: Sandbox::new(child, Box::new(|| {}), None).unwrap(),
+                parked: Parked {
+                    id: id.to_owned(),
+                    input: Box::pin(tokio::io::sink()),
+                },
+            }
+        };
+        Pair {
+            id: id.to_owned(),
+            guard: Arc::new(SlotGuard {
+                dir: dir.to_owned(),
+                share: Mutex::new(None),
+            }),
+            agent: half(),
+            sidecar: half(),
+        }
+    }
+
+    /// A pair taken for a run that could not take it goes back idle, its
+    /// tenant's share given back; one more than the pool holds goes.
+    #[tokio::test]
+    async fn a_pair_that_cannot_take_its_run_goes_back() {
+        let (home, _dir, a, s) = fixture();
+        let (key, ..) = PoolKey::of(&a, &s).unwrap();
+        let pool = Pool::new(1);
+        assert!(pool.take(&key, "org_a").is_none(), "the key is learned");
+        assert_eq!(pool.to_fill(&key), 1);
+        let dir = home.path().join("pool/p1");
+        std::fs::create_dir_all(&dir).unwrap();
+        settle(&pool.shelf, pool.size, &key, Some(idle_pair("p1", &dir)));
+        let p = pool.take(&key, "org_a").expect("idle");
+        assert_eq!(pool.status().claimed.get("org_a"), Some(&1));
+        pool.put_back(&key, p);
+        assert_eq!(pool.status().idle, 1);
+        assert!(pool.status().claimed.is_empty(), "its share is back");
+        assert!(dir.exists(), "kept for the next run");
+        let p = pool.take(&key, "org_a").expect("the same pair, again");
+        assert_eq!(p.id, "p1");
+        // The pool refilled meanwhile: the pair taken is one too many.
+        let other = home.path().join("pool/p2");
+        std::fs::create_dir_all(&other).unwrap();
+        assert_eq!(pool.to_fill(&key), 1);
+        settle(&pool.shelf, pool.size, &key, Some(idle_pair("p2", &other)));
+        pool.put_back(&key, p);
+        assert_eq!(pool.status().idle, 1);
+        assert!(!dir.exists(), "the extra pair went");
+        assert!(other.exists());
+    }
+
     /// The pool never starts more than its size per key: what is idle and
     /// what is starting count, and a start that fails is counted out.
     #[test]
@@ -1058,5 +1172,14 @@ mod tests {
         let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let again = t.path().join("view/again");
         assert!(copy_view(&from, &again).is_err());
+        // What a failed copy left is taken out whole (the pair goes back
+        // to the pool empty); gone already is fine.
+        remove_any(&again).unwrap();
+        assert!(!again.exists());
+        remove_any(&again).unwrap();
+        let file = t.path().join("view/journal");
+        std::fs::write(&file, "x").unwrap();
+        remove_any(&file).unwrap();
+        assert!(!file.exists());
     }
 }

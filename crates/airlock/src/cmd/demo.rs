@@ -177,6 +177,7 @@ async fn demo_in(home: &std::path::Path, backend: Option<String>) -> Result<bool
         false,
     );
     platform.stop();
+    platform.finish_removals().await;
     platform.finish_traces().await;
     check(&store, &outcome, &servers).await
 }

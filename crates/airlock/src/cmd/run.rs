@@ -208,6 +208,7 @@ async fn run_async(args: RunArgs) -> Result<RunReport> {
     };
     let outcome = orch.run(req, cancel_rx, &progress).await;
     platform.stop();
+    platform.finish_removals().await;
     platform.finish_traces().await;
     report_of(&orch.store, &outcome?.run_id).await
 }

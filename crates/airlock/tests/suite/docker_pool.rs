@@ -2,13 +2,16 @@
 //! `airlock serve`: a pooled pair holds nothing of any run before its
 //! claim, a claimed pair serves exactly one run and goes with it, the pool
 //! stays within its size, and after a SIGKILL of the platform the next
-//! boot leaves no pooled container.
+//! boot leaves no pooled container, nor a container of a run whose end
+//! was recorded before the removal of its containers was done.
 //!
 //! Needs a Docker daemon: under `CI` a missing one fails loudly, elsewhere
 //! the tests print SKIPPED.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use airlock_platform::orchestrator::REMOVAL_WITHIN;
 
 use serde_json::{Value, json};
 
@@ -104,6 +107,21 @@ fn holds_nothing(home: &Path, pair: &str, marks: &[String]) {
     );
 }
 
+/// Whether every container and network labelled with one of `runs` (run
+/// or pair ids) is gone within `bound`.
+fn removed_within(runs: &[&str], bound: Duration) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if runs.iter().all(|r| docker_leftovers(r).is_empty()) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Starts a run of `agent` with `prompt`; its id once it has succeeded,
 /// and the uid its agent printed.
 fn run_once(s: &Server, key: &str, agent: &str, prompt: &str) -> (String, u32) {
@@ -185,9 +203,10 @@ fn a_pooled_pair_holds_nothing_of_a_run_and_serves_exactly_one() {
         let [pair] = by.as_slice() else {
             panic!("run {run} (uid {uid}) was served by none of {before:?}");
         };
-        // …which went with it: a pair serves one run.
+        // …which goes with it (removed once its end is recorded, within
+        // the removal's bound): a pair serves one run.
         assert!(
-            docker_leftovers(pair).is_empty() && docker_leftovers(&run).is_empty(),
+            removed_within(&[pair.as_str(), run.as_str()], REMOVAL_WITHIN),
             "pair {pair} of run {run} outlived it: {:?} {:?}",
             docker_leftovers(pair),
             docker_leftovers(&run)
@@ -245,5 +264,53 @@ fn after_a_sigkill_the_next_boot_leaves_no_pooled_container() {
         docker_leftovers(&pair).is_empty(),
         "left after the next boot: {:?}",
         docker_leftovers(&pair)
+    );
+}
+
+/// A run's end is recorded before its containers are removed; a platform
+/// that dies in between (it aborts the moment the end is stored) leaves
+/// them, and the next boot takes them, the run's end and result kept.
+#[test]
+fn a_platform_killed_between_a_runs_end_and_its_removal_leaves_nothing_after_the_next_boot() {
+    if !docker_available() {
+        return;
+    }
+    let (home, env, mut s, key) = pooled_server(0, AGENT);
+    drop(s);
+    let mut dying = env.clone();
+    dying.push(("AIRLOCK_TEST_FAIL_POINT".into(), "after-run-end".into()));
+    s = Server::start(&dying, "docker", home.path().join("serve1.log"));
+    let (st, v) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(&key),
+        Some(&json!({"agent": "pooled", "prompt": "die after the end"})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let run = v["id"].as_str().unwrap().to_owned();
+    let died = s.exit_within(120);
+    assert!(
+        !died.success(),
+        "the platform aborted at its fail point: {died}"
+    );
+    assert!(
+        !docker_leftovers(&run).is_empty(),
+        "the platform died before its run's containers were removed"
+    );
+    let next = Server::start(&env, "docker", home.path().join("serve2.log"));
+    assert!(
+        docker_leftovers(&run).is_empty(),
+        "left after the next boot: {:?}",
+        docker_leftovers(&run)
+    );
+    let (_, ended) = next.call("GET", &format!("/v1/runs/{run}"), Some(&key), None);
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    assert!(ended["ended_at"].is_number(), "{ended}");
+    let logs = next
+        .call("GET", &format!("/v1/runs/{run}/logs"), Some(&key), None)
+        .1;
+    assert!(
+        logs.to_string().contains("uid "),
+        "its output is kept: {logs}"
     );
 }

@@ -39,6 +39,7 @@ mod serve_identity;
 mod serve_metrics;
 mod serve_policy;
 mod serve_proxies;
+mod serve_run_end;
 mod serve_runs;
 mod serve_tenants;
 mod serve_traces;

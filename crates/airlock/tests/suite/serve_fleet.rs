@@ -312,22 +312,6 @@ fn log_lines(s: &Server, key: &str, id: &str) -> Vec<String> {
         .collect()
 }
 
-/// How `s` exited, waiting at most `secs` for it.
-fn exit_of(s: &mut Server, secs: u64) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            return st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "airlock serve did not exit within {secs} s:\n{}",
-            s.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn alive(s: &mut Server) -> bool {
     matches!(s.child.try_wait(), Ok(None))
 }
@@ -526,7 +510,7 @@ fn a_crash_between_a_runs_end_and_its_webhook_loses_nothing() {
     // B joins; A's run ends, A dies the moment its end is stored.
     let b = Server::start(&env_b, "namespace", home_b.path().join("serve.log"));
     go(home_a.path(), &r1);
-    let st = exit_of(&mut a, 60);
+    let st = a.exit_within(60);
     assert!(!st.success(), "A aborted at its fail point: {st}");
     assert!(a.log_text().contains("AIRLOCK_TEST_FAIL_POINT"));
     let v = run_of(&b, &key, &r1);
@@ -549,7 +533,7 @@ fn a_crash_between_a_runs_end_and_its_webhook_loses_nothing() {
         v["status"] == "running"
     });
     go(home_c.path(), &r2);
-    let st = exit_of(&mut c, 60);
+    let st = c.exit_within(60);
     assert!(!st.success(), "C aborted at its fail point: {st}");
     let held = pg.query("SELECT claimed_by FROM webhook_deliveries WHERE claimed_by IS NOT NULL");
     assert_eq!(held, vec![c.replica.clone()], "C held r2's delivery");
@@ -940,7 +924,7 @@ fn sigterm_drains_a_replica_within_its_grace() {
     assert!(v.to_string().contains("stopping"), "{v}");
     assert_eq!(a.call("GET", "/healthz", None, None).0, 200);
     assert_eq!(status_of(&queued), "queued");
-    let st = exit_of(&mut a, 60);
+    let st = a.exit_within(60);
     assert!(
         st.success(),
         "A drained and exited 0: {st}\n{}",

@@ -194,6 +194,22 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Its exit status, once it has exited by itself (within `secs`).
+    pub fn exit_within(&mut self, secs: u64) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "airlock serve did not exit within {secs} s:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGTERM, then waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         self.sigterm();
