@@ -70,6 +70,9 @@ pub struct Sidecar {
     pub traced: bool,
     /// The tools hidden by an allowlist, kept once each for the audit.
     pub exclusions: crate::exclusions::Exclusions,
+    /// The requests held for a person's answer, and what was allowed for
+    /// the whole run ([`crate::approval`]).
+    pub approvals: crate::approval::Approvals,
 }
 
 impl Sidecar {
@@ -176,6 +179,7 @@ impl Sidecar {
             credentials: Default::default(),
             traced: cfg.trace_steps,
             exclusions: Default::default(),
+            approvals: Default::default(),
         }))
     }
 }
