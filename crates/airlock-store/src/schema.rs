@@ -274,6 +274,34 @@ ALTER TABLE runs ADD COLUMN proxy TEXT;
     };
 }
 
+/// Version 18: human approval. The requests a run's sidecar held under an
+/// `ask` rule: what each would do (never a credential, header, query or
+/// body), its state (`pending`, then once `allowed_once`, `allowed_run`,
+/// `denied`, `expired` or `dropped`), who answered, and when; removed with
+/// the run.
+macro_rules! version_18_common {
+    () => {
+        r#"
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    org_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    method TEXT NOT NULL,
+    host TEXT NOT NULL,
+    path TEXT NOT NULL,
+    integration TEXT,
+    rule TEXT NOT NULL,
+    answered_by TEXT,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    settled_at BIGINT
+);
+CREATE INDEX approvals_run ON approvals (run_id, created_at);
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -514,6 +542,11 @@ END;
         description: "an organization's operator proxy and the proxy each run used",
         sql: version_17_common!(),
     },
+    Migration {
+        version: 18,
+        description: "the requests held for a person's approval",
+        sql: version_18_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -716,6 +749,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 17,
         description: "an organization's operator proxy and the proxy each run used",
         sql: version_17_common!(),
+    },
+    Migration {
+        version: 18,
+        description: "the requests held for a person's approval",
+        sql: version_18_common!(),
     },
 ];
 
