@@ -21,8 +21,9 @@ pub const MAX_WAIT_MS: u64 = *airlock_egress::rules::ASK_TIMEOUT_BOUNDS.end() * 
 pub const MAX_FIELD: usize = 512;
 
 /// What a held request would do.
+/// (Read flattened into [`AskRequest`] and [`Pending`]: no
+/// `deny_unknown_fields`, which flattening does not support.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Description {
     pub method: String,
     /// The target's host and, when not the scheme's default, port.
@@ -63,7 +64,6 @@ impl Description {
 
 /// `POST` [`ASK_PATH`]: hold this request for at most `wait_ms`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AskRequest {
     #[serde(flatten)]
     pub request: Description,
@@ -102,4 +102,65 @@ pub struct AskAnswer {
     /// Who answered (a key's id), when someone did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answered_by: Option<String>,
+}
+
+/// A pending approval as the run's events and webhooks carry it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    /// The approval's id.
+    pub id: String,
+    #[serde(flatten)]
+    pub request: Description,
+    /// Unix ms when no answer denies it.
+    pub expires_at: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::RunEvent;
+
+    fn what() -> Description {
+        Description {
+            method: "POST".into(),
+            host: "api.test:8443".into(),
+            path: "/x".into(),
+            integration: Some("gh".into()),
+            rule: "ask".into(),
+        }
+    }
+
+    #[test]
+    fn asks_and_events_round_trip_flattened() {
+        let ask = AskRequest {
+            request: what(),
+            wait_ms: 5,
+        };
+        let text = serde_json::to_string(&ask).unwrap();
+        assert_eq!(serde_json::from_str::<AskRequest>(&text).unwrap(), ask);
+        let e = RunEvent::ApprovalPending {
+            at: 1,
+            approval: Pending {
+                id: "a1".into(),
+                request: what(),
+                expires_at: 9,
+            },
+        };
+        let text = serde_json::to_string(&e).unwrap();
+        assert!(text.contains(r#""type":"approval.pending""#), "{text}");
+        assert_eq!(serde_json::from_str::<RunEvent>(&text).unwrap(), e);
+        assert!(e.is_platforms());
+        assert_eq!(e.kind(), "approval.pending");
+    }
+
+    #[test]
+    fn a_description_is_bounded_at_a_character_boundary() {
+        let d = Description {
+            path: format!("/{}", "é".repeat(MAX_FIELD)),
+            ..what()
+        }
+        .bounded();
+        assert!(d.path.len() <= MAX_FIELD);
+        assert!(d.path.starts_with("/é"));
+    }
 }

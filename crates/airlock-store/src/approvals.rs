@@ -234,20 +234,23 @@ impl Store {
         })
     }
 
-    /// Every pending approval of a run that ended becomes `dropped`; the
-    /// ids dropped.
-    pub async fn drop_pending_approvals(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
+    /// A run's approvals still pending (at most [`MAX_APPROVALS_PER_RUN`]).
+    pub async fn list_pending_approvals(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
         on_pool!(self, p => {
-            let ids: Vec<String> = sqlx::query_scalar(
-                "UPDATE approvals SET state = 'dropped', settled_at = $1 \
-                 WHERE run_id = $2 AND state = 'pending' RETURNING id",
-            )
-            .bind(now_ms())
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM approvals WHERE run_id = $1 AND state = 'pending' ORDER BY created_at, id LIMIT $2"
+            ))
             .bind(run_id)
+            .bind(MAX_APPROVALS_PER_RUN)
             .fetch_all(p)
             .await
             .map_err(|e| self.err(e))?;
-            Ok(ids)
+            rows.iter().map(row_of).collect::<Result<_, _>>().map_err(|e| self.err(e))
         })
     }
 
