@@ -29,6 +29,7 @@ use tokio_rustls::TlsConnector;
 use crate::conn::{Connection, driven};
 use crate::error::{EgressCode, EgressError, GuardStep};
 use crate::policy::{Admitted, CallRules, Guard};
+use crate::rules::Hold;
 use crate::rules::Intent;
 use crate::target::{Target, TargetHost, TargetMemo};
 
@@ -129,6 +130,20 @@ impl Admission {
     /// The addresses it may be dialled at.
     pub fn addrs(&self) -> &[IpAddr] {
         &self.admitted.addrs
+    }
+
+    /// The `ask` rule that holds it, if one does: until it is released,
+    /// sending it is refused (`approval_required`).
+    pub fn hold(&self) -> Option<&Hold> {
+        self.admitted.hold.as_ref()
+    }
+
+    /// The same admission, released from its hold: for the caller that
+    /// asked a person and was allowed to send it.
+    #[must_use]
+    pub fn release(mut self) -> Admission {
+        self.admitted.hold = None;
+        self
     }
 }
 
@@ -564,6 +579,7 @@ impl GuardedClient {
         headers: &HeaderMap,
         body: &Bytes,
     ) -> Result<(http::Response<hyper::body::Incoming>, Idle, PoolKey), EgressError> {
+        admitted.unheld()?;
         let target = &admitted.target;
         let host = target.host().bare();
         let key = PoolKey {

@@ -25,10 +25,19 @@ pub enum EgressCode {
     TooManyRedirects,
     /// An L7 rule covering the host does not allow the method, path or query.
     RuleRefused,
+    /// An `ask` rule holds the request, and this path cannot wait for a
+    /// person's answer (a redirect hop, a remote MCP server, a model call).
+    ApprovalRequired,
+    /// A person denied the held request.
+    ApprovalDenied,
+    /// No one answered the held request within its rule's timeout.
+    ApprovalTimeout,
+    /// The run already holds as many requests as it may.
+    ApprovalCap,
 }
 
 impl EgressCode {
-    pub const ALL: [EgressCode; 10] = [
+    pub const ALL: [EgressCode; 14] = [
         EgressCode::InvalidUrl,
         EgressCode::NotAuthorized,
         EgressCode::CredentialExfiltrationRefused,
@@ -39,6 +48,10 @@ impl EgressCode {
         EgressCode::UpstreamFailed,
         EgressCode::TooManyRedirects,
         EgressCode::RuleRefused,
+        EgressCode::ApprovalRequired,
+        EgressCode::ApprovalDenied,
+        EgressCode::ApprovalTimeout,
+        EgressCode::ApprovalCap,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +66,10 @@ impl EgressCode {
             EgressCode::UpstreamFailed => "upstream_failed",
             EgressCode::TooManyRedirects => "too_many_redirects",
             EgressCode::RuleRefused => "rule_refused",
+            EgressCode::ApprovalRequired => "approval_required",
+            EgressCode::ApprovalDenied => "approval_denied",
+            EgressCode::ApprovalTimeout => "approval_timeout",
+            EgressCode::ApprovalCap => "approval_cap",
         }
     }
 
@@ -65,7 +82,11 @@ impl EgressCode {
             | EgressCode::BlockedHost
             | EgressCode::BlockedAddress
             | EgressCode::RedirectBlocked
-            | EgressCode::RuleRefused => 403,
+            | EgressCode::RuleRefused
+            | EgressCode::ApprovalRequired
+            | EgressCode::ApprovalDenied
+            | EgressCode::ApprovalTimeout => 403,
+            EgressCode::ApprovalCap => 429,
             EgressCode::Unresolvable
             | EgressCode::UpstreamFailed
             | EgressCode::TooManyRedirects => 502,
@@ -119,6 +140,8 @@ pub enum GuardStep {
     /// The transparent plane's check that a connection presents (TLS SNI,
     /// HTTP `Host`) the name its synthetic address was issued for.
     TransparentName,
+    /// A person's answer to a request an `ask` rule held (or its absence).
+    Approval,
 }
 
 impl GuardStep {
@@ -134,6 +157,7 @@ impl GuardStep {
             GuardStep::Redirects => "redirect check",
             GuardStep::Upstream => "upstream",
             GuardStep::TransparentName => "transparent plane name check",
+            GuardStep::Approval => "human approval",
         }
     }
 }

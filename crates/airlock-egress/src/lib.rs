@@ -38,13 +38,13 @@ pub use client::{
 };
 pub use error::{EgressCode, EgressError, GuardStep, UnknownEgressCode};
 pub use pattern::{AuthorizedUris, Diagnostic, PatternError, RulesSource, UriPattern};
-pub use policy::{Admitted, BLOCKED_NAMES, CallRules, EgressPolicy, Guard};
+pub use policy::{Admitted, BLOCKED_NAMES, CallRules, Checked, EgressPolicy, Guard};
 pub use resolve::{
     DnsServerResolver, LookupFuture, Resolve, ResolveError, StaticResolver, SystemResolver,
 };
 pub use rules::live::{LiveRuleError, LiveRuleSet, LiveRules};
 pub use rules::{
-    Intent, Missing, Preset, QueryKeyword, QuerySpec, Rule, RuleError, RuleList, RuleRefusal,
-    RuleSpec, Rules,
+    Action, Hold, Intent, Missing, Preset, QueryKeyword, QuerySpec, Rule, RuleError, RuleList,
+    RuleRefusal, RuleSpec, Rules,
 };
 pub use target::{Target, TargetHost, TargetMemo};

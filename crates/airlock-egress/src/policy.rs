@@ -19,7 +19,7 @@ use crate::addr;
 use crate::error::{EgressCode, EgressError, GuardStep};
 use crate::pattern::AuthorizedUris;
 use crate::resolve::{Resolve, SystemResolver};
-use crate::rules::Intent;
+use crate::rules::{Hold, Intent};
 use crate::target::{Target, TargetHost};
 
 /// The operator's setting that exempts named internal hosts from the
@@ -136,16 +136,22 @@ impl EgressPolicy {
         !self.own_listeners.is_empty()
     }
 
-    /// Steps 2–4: the synchronous part of the decision. Returns whether the
-    /// target is an operator-trusted internal host.
+    /// Steps 2–4: the synchronous part of the decision.
     pub fn check(
         &self,
         target: &Target,
         intent: Intent<'_>,
         rules: &CallRules<'_>,
-    ) -> Result<bool, EgressError> {
+    ) -> Result<Checked, EgressError> {
         check_authorization(target, rules)?;
-        check_rules(target, intent, rules.authorized)?;
+        let hold = check_rules(target, intent, rules.authorized)?;
+        let internal = self.check_name(target, rules)?;
+        Ok(Checked { internal, hold })
+    }
+
+    /// Steps 3–4: blocked names, then whether the target is an
+    /// operator-trusted internal host.
+    fn check_name(&self, target: &Target, rules: &CallRules<'_>) -> Result<bool, EgressError> {
         let host = target.host();
         if let TargetHost::Domain(d) = host
             && self.is_blocked_name(d)
@@ -236,16 +242,26 @@ fn check_authorization(target: &Target, rules: &CallRules<'_>) -> Result<(), Egr
     refuse(EgressCode::NotAuthorized, GuardStep::AuthorizedUris, detail)
 }
 
+/// What steps 2–4 decided about a target they did not refuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// An operator-trusted internal host (its addresses are not judged).
+    pub internal: bool,
+    /// An `ask` rule admitted it: it waits for a person's answer.
+    pub hold: Option<Hold>,
+}
+
 /// Step 2, continued: the L7 rules that narrow the list ([`crate::rules`]),
-/// judged once the list has admitted the target.
+/// judged once the list has admitted the target; `Some` when an `ask` rule
+/// holds it.
 fn check_rules(
     target: &Target,
     intent: Intent<'_>,
     authorized: &AuthorizedUris,
-) -> Result<(), EgressError> {
+) -> Result<Option<Hold>, EgressError> {
     let rules = authorized.rules();
     if rules.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     rules.judge(target, intent).map_err(|refusal| {
         EgressError::new(
@@ -296,6 +312,30 @@ pub struct Admitted {
     pub addrs: Vec<IpAddr>,
     /// Reached through the operator's internal-host exemption (addresses not judged).
     pub internal: bool,
+    /// An `ask` rule holds it: nothing of it may leave until a person
+    /// allowed it (the caller's to ask; [`crate::Admission::release`]).
+    pub hold: Option<Hold>,
+}
+
+impl Admitted {
+    /// Refuses (`approval_required`) what an `ask` rule still holds: no
+    /// byte of a held request is sent, on any path, until its caller asked
+    /// a person and released it.
+    pub fn unheld(&self) -> Result<(), EgressError> {
+        match &self.hold {
+            None => Ok(()),
+            Some(hold) => Err(EgressError::new(
+                EgressCode::ApprovalRequired,
+                GuardStep::Approval,
+                Some(&self.target.host().bare()),
+                format!(
+                    "{}: rule {:?} holds it for a person's answer, which this path cannot wait for",
+                    self.target.loggable(),
+                    hold.rule
+                ),
+            )),
+        }
+    }
 }
 
 /// The policy plus a resolver: the full decision for one request or hop.
@@ -350,7 +390,7 @@ impl Guard {
         intent: Intent<'_>,
         rules: &CallRules<'_>,
     ) -> Result<Admitted, EgressError> {
-        let internal = self.policy.check(target, intent, rules)?;
+        let Checked { internal, hold } = self.policy.check(target, intent, rules)?;
         let host = target.host();
         let addrs = match host {
             TargetHost::Ip(ip) => vec![*ip],
@@ -422,6 +462,7 @@ impl Guard {
             target: target.clone(),
             addrs,
             internal,
+            hold,
         })
     }
 }
@@ -728,6 +769,53 @@ mod tests {
         }
     }
 
+    /// An `ask` rule's match is admitted with its hold, after every other
+    /// check (a blocked address is still refused first), and the admission
+    /// refuses to be sent until released.
+    #[tokio::test]
+    async fn an_ask_rule_admits_with_a_hold_that_blocks_the_send() {
+        use crate::rules::{Action, Preset, RuleSpec, Rules};
+        let g = guard(
+            &[("api.x.com", "93.184.216.34"), ("in.x.com", "10.0.0.1")],
+            &[],
+        );
+        let spec = |host: &str| RuleSpec {
+            id: Some("ask".into()),
+            host: host.into(),
+            access: Some(Preset::Full),
+            methods: vec![],
+            paths: vec![],
+            query: Default::default(),
+            action: Action::Ask,
+            timeout: Some(7),
+        };
+        let list = AuthorizedUris::parse(&["https://*.x.com/**"]).with_rules(Arc::new(
+            Rules::compile(&[
+                spec("https://api.x.com"),
+                RuleSpec {
+                    id: Some("ask-in".into()),
+                    ..spec("https://in.x.com")
+                },
+            ])
+            .unwrap(),
+        ));
+        let a = g
+            .admit_url("https://api.x.com/a", GET, &rules(&list, false))
+            .await
+            .unwrap();
+        let hold = a.hold.clone().unwrap();
+        assert_eq!(hold.rule, "ask");
+        assert_eq!(hold.timeout, std::time::Duration::from_secs(7));
+        let e = a.unheld().unwrap_err();
+        assert_eq!(e.code, EgressCode::ApprovalRequired);
+        assert_eq!(e.guard, GuardStep::Approval);
+        let e = g
+            .admit_url("https://in.x.com/a", GET, &rules(&list, false))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, EgressCode::BlockedAddress, "never held, refused");
+    }
+
     #[tokio::test]
     async fn l7_rules_refuse_before_any_lookup_and_name_the_rule() {
         use crate::rules::{Missing, Preset, RuleSpec, Rules};
@@ -740,6 +828,8 @@ mod tests {
             methods: vec![],
             paths: vec!["/repos/**".into()],
             query: Default::default(),
+            action: Default::default(),
+            timeout: None,
         };
         let list = AuthorizedUris::parse(&["https://api.x.com/**"])
             .with_rules(Arc::new(Rules::compile(&[spec]).unwrap()));

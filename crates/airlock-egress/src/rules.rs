@@ -21,6 +21,7 @@
 //! collapsed. Every spelling must be admitted.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Method;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -74,6 +75,38 @@ impl Preset {
     }
 }
 
+/// What a rule does with a request it admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// The request goes on (the default).
+    #[default]
+    Allow,
+    /// The request is held until a person answers (docs/egress.md, "Human
+    /// approval"), at most the rule's `timeout`; no answer denies it.
+    Ask,
+}
+
+impl Action {
+    fn is_allow(&self) -> bool {
+        *self == Action::Allow
+    }
+}
+
+/// How long an `ask` rule holds a request by default, and the bounds of
+/// its `timeout` (seconds).
+pub const DEFAULT_ASK_TIMEOUT: Duration = Duration::from_secs(120);
+pub const ASK_TIMEOUT_BOUNDS: std::ops::RangeInclusive<u64> = 1..=3600;
+
+/// A request an `ask` rule admitted: it waits for a person's answer, at
+/// most `timeout`, before it may go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    /// The `ask` rule's id.
+    pub rule: String,
+    pub timeout: Duration,
+}
+
 /// What a rule allows of the query.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(untagged)]
@@ -115,6 +148,14 @@ pub struct RuleSpec {
     pub paths: Vec<String>,
     #[serde(default, skip_serializing_if = "QuerySpec::is_unset")]
     pub query: QuerySpec,
+    /// `"allow"` (the default) or `"ask"`: hold what the rule admits until
+    /// a person answers.
+    #[serde(default, skip_serializing_if = "Action::is_allow")]
+    pub action: Action,
+    /// `ask` only: seconds a held request waits for its answer
+    /// ([`ASK_TIMEOUT_BOUNDS`]; default [`DEFAULT_ASK_TIMEOUT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
 }
 
 impl QuerySpec {
@@ -152,6 +193,10 @@ pub enum RuleError {
     BadQueryName { rule: String, name: String },
     #[error("rule {rule}: more than {MAX_ITEMS} methods, paths or query names")]
     TooManyItems { rule: String },
+    #[error("rule {rule}: timeout is for action = \"ask\" only")]
+    TimeoutWithoutAsk { rule: String },
+    #[error("rule {rule}: timeout {timeout} s is outside 1..=3600 s")]
+    TimeoutOutOfBounds { rule: String, timeout: u64 },
     #[error("more than {MAX_RULES} rules")]
     TooManyRules,
     #[error("two rules are named {0:?}")]
@@ -244,6 +289,8 @@ pub struct Rule {
     paths: Vec<UriPattern>,
     query: Query,
     sees_inside: bool,
+    /// `Some` for an `ask` rule: how long it holds a request.
+    ask: Option<Duration>,
 }
 
 impl Rule {
@@ -308,8 +355,12 @@ impl Rule {
                 Query::Names(names.clone())
             }
         };
-        let sees_inside =
-            methods.is_some() || !matches!(query, Query::Any) || !srcs.iter().all(|p| p == "/**");
+        let ask = rule_ask(spec, &id)?;
+        // An `ask` rule holds each request, so it must see each one.
+        let sees_inside = methods.is_some()
+            || !matches!(query, Query::Any)
+            || !srcs.iter().all(|p| p == "/**")
+            || ask.is_some();
         Ok(Rule {
             id,
             host_src: spec.host.clone(),
@@ -319,7 +370,13 @@ impl Rule {
             paths,
             query,
             sees_inside,
+            ask,
         })
+    }
+
+    /// `Some` for an `ask` rule: how long it holds a request it admits.
+    pub fn ask_timeout(&self) -> Option<Duration> {
+        self.ask
     }
 
     pub fn id(&self) -> &str {
@@ -378,6 +435,25 @@ impl Rule {
                 .find(|n| !allowed.contains(n))
                 .map(|parameter| Missing::Query { parameter }),
         }
+    }
+}
+
+/// An `ask` rule's hold time; `None` for an `allow` rule (which may not
+/// name a timeout).
+fn rule_ask(spec: &RuleSpec, id: &str) -> Result<Option<Duration>, RuleError> {
+    match (spec.action, spec.timeout) {
+        (Action::Allow, None) => Ok(None),
+        (Action::Allow, Some(_)) => Err(RuleError::TimeoutWithoutAsk {
+            rule: id.to_owned(),
+        }),
+        (Action::Ask, None) => Ok(Some(DEFAULT_ASK_TIMEOUT)),
+        (Action::Ask, Some(t)) if ASK_TIMEOUT_BOUNDS.contains(&t) => {
+            Ok(Some(Duration::from_secs(t)))
+        }
+        (Action::Ask, Some(timeout)) => Err(RuleError::TimeoutOutOfBounds {
+            rule: id.to_owned(),
+            timeout,
+        }),
     }
 }
 
@@ -451,14 +527,16 @@ impl Rules {
         self.rules.iter().any(|r| r.covers(t) && r.sees_inside())
     }
 
-    /// The decision on a request to `t`: `Ok` when no rule covers its
-    /// authority or one of those that do admits it; else the refusal of the
-    /// closest covering rule (the first that admits method and path and
-    /// lacks the query, else the first that admits the method and lacks the
-    /// path, else the first covering rule, which lacks the method).
+    /// The decision on a request to `t`: `Ok(None)` when no rule covers its
+    /// authority or an `allow` rule covering it admits it; `Ok(Some(hold))`
+    /// when no `allow` rule does and an `ask` rule admits it (the first
+    /// such); else the refusal of the closest covering rule (the first that
+    /// admits method and path and lacks the query, else the first that
+    /// admits the method and lacks the path, else the first covering rule,
+    /// which lacks the method).
     /// Under a live policy, a request that only a withdrawn manifest rule
     /// covers is refused with [`Missing::Withdrawn`].
-    pub fn judge(&self, t: &Target, intent: Intent<'_>) -> Result<(), RuleRefusal> {
+    pub fn judge(&self, t: &Target, intent: Intent<'_>) -> Result<Option<Hold>, RuleRefusal> {
         let mut covering = self.rules.iter().filter(|r| r.covers(t)).peekable();
         if covering.peek().is_none() {
             return match self.ceiling.iter().find(|r| r.covers(t)) {
@@ -466,7 +544,7 @@ impl Rules {
                     rule: r.id.clone(),
                     missing: Missing::Withdrawn,
                 }),
-                None => Ok(()),
+                None => Ok(None),
             };
         }
         let method = match intent {
@@ -477,7 +555,7 @@ impl Rules {
                         rule: r.id.clone(),
                         missing: Missing::Tunnel,
                     }),
-                    None => Ok(()),
+                    None => Ok(None),
                 };
             }
         };
@@ -492,9 +570,19 @@ impl Rules {
         };
         let query = t.url().query();
         let mut closest: Option<(u8, RuleRefusal)> = None;
+        let mut hold = None;
         for r in covering {
             let Some(missing) = r.judge(method, &paths, query) else {
-                return Ok(());
+                match r.ask {
+                    None => return Ok(None),
+                    Some(timeout) => {
+                        hold.get_or_insert_with(|| Hold {
+                            rule: r.id.clone(),
+                            timeout,
+                        });
+                        continue;
+                    }
+                }
             };
             let rank = match missing {
                 Missing::Query { .. } => 0,
@@ -511,9 +599,12 @@ impl Rules {
                 ));
             }
         }
+        if hold.is_some() {
+            return Ok(hold);
+        }
         match closest {
             Some((_, refusal)) => Err(refusal),
-            None => Ok(()),
+            None => Ok(None),
         }
     }
 }

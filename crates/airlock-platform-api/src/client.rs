@@ -449,6 +449,16 @@ impl PlatformClient {
         .await
     }
 
+    /// Holds a request for a person's answer: creates the pending approval
+    /// and waits for its outcome (long-poll, at most the request's
+    /// `wait_ms`, then the platform answers `expired`).
+    pub async fn ask_approval(
+        &self,
+        ask: &crate::approval::AskRequest,
+    ) -> Result<crate::approval::AskAnswer, PlatformError> {
+        self.post_json(crate::approval::ASK_PATH, ask).await
+    }
+
     /// Replaces reservation `id` with what its call used.
     pub async fn settle_budget(
         &self,

@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod approval;
 pub mod budget;
 pub mod client;
 pub mod clock;

@@ -205,6 +205,26 @@ pub enum RunEvent {
         tool: String,
         called: bool,
     },
+    /// A request an `ask` rule held, waiting for a person's answer: what
+    /// it would do, never a credential, a header, a query or a body.
+    /// Written by the platform only ([`RunEvent::is_platforms`]).
+    #[serde(rename = "approval.pending")]
+    ApprovalPending {
+        at: i64,
+        #[serde(flatten)]
+        approval: crate::approval::Pending,
+    },
+    /// How a held request was settled, and who answered it. Written by
+    /// the platform only.
+    #[serde(rename = "approval.settled")]
+    ApprovalSettled {
+        at: i64,
+        id: String,
+        rule: String,
+        outcome: crate::approval::Outcome,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answered_by: Option<String>,
+    },
 }
 
 impl RunEvent {
@@ -219,7 +239,18 @@ impl RunEvent {
             RunEvent::Shed { .. } => "shed",
             RunEvent::Refusals { .. } => "refusals",
             RunEvent::ToolExcluded { .. } => "tool_excluded",
+            RunEvent::ApprovalPending { .. } => "approval.pending",
+            RunEvent::ApprovalSettled { .. } => "approval.settled",
         }
+    }
+
+    /// An event only the platform writes (a person's approval): refused
+    /// from a sidecar's report or journal, so no run can forge one.
+    pub fn is_platforms(&self) -> bool {
+        matches!(
+            self,
+            RunEvent::ApprovalPending { .. } | RunEvent::ApprovalSettled { .. }
+        )
     }
 
     /// When the event happened (Unix ms).
@@ -230,7 +261,9 @@ impl RunEvent {
             | RunEvent::Result { at, .. }
             | RunEvent::Shed { at, .. }
             | RunEvent::Refusals { at, .. }
-            | RunEvent::ToolExcluded { at, .. } => *at,
+            | RunEvent::ToolExcluded { at, .. }
+            | RunEvent::ApprovalPending { at, .. }
+            | RunEvent::ApprovalSettled { at, .. } => *at,
             RunEvent::Cost(c) => c.at,
             RunEvent::Egress(r) => r.at,
         }

@@ -88,6 +88,8 @@ struct Inner {
     minter: Minter,
     /// Per run, the payer last recorded ([`record_payer`]).
     payers: std::sync::Mutex<HashMap<String, String>>,
+    /// The held requests this replica's sidecars wait on.
+    approvals: crate::approvals::Approvals,
 }
 
 /// Stored connections as read from the store, envelopes still encrypted.
@@ -235,6 +237,7 @@ impl InternalApi {
                 issuer,
                 minter: Minter::default(),
                 payers: std::sync::Mutex::default(),
+                approvals: crate::approvals::Approvals::default(),
             }),
         }
     }
@@ -268,6 +271,12 @@ impl InternalApi {
             p.remove(run_id);
         }
         self.inner.minter.revoked(run_id);
+        self.inner.approvals.run_ended(run_id);
+    }
+
+    /// The held requests of this replica's runs ([`crate::approvals`]).
+    pub fn approvals(&self) -> &crate::approvals::Approvals {
+        &self.inner.approvals
     }
 
     /// The workload identity issuer, if this platform has one.
@@ -289,6 +298,7 @@ impl InternalApi {
             .route("/internal/v1/results/{id}", get(get_result))
             .route(budget::RESERVE_PATH, post(reserve_budget))
             .route(budget::SETTLE_PATH, post(settle_budget))
+            .route(airlock_platform_api::approval::ASK_PATH, post(ask_approval))
             .route("/internal/v1/artifacts", post(put_artifact))
             .route(airlock_platform_api::policy::POLICY_PATH, get(policy))
             .layer(middleware::from_fn_with_state(self.clone(), authenticate))
@@ -939,6 +949,38 @@ async fn settle_budget(State(api): State<InternalApi>, req: Request) -> Response
     }
 }
 
+/// Holds a request of the run for a person's answer: creates the pending
+/// approval and answers once it is settled (long-poll, at most the hold's
+/// time; [`crate::approvals::Approvals::ask`]).
+async fn ask_approval(State(api): State<InternalApi>, req: Request) -> Response {
+    use crate::approvals::ApprovalError;
+    let (Some(run_id), Some(RunGrant(grant))) = (
+        run_of(req.extensions()),
+        req.extensions().get::<RunGrant>().cloned(),
+    ) else {
+        return internal("no run id");
+    };
+    let body: airlock_platform_api::approval::AskRequest = match read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let running = || api.grant_of(&run_id).is_some();
+    match api
+        .inner
+        .approvals
+        .ask(&api.inner.store, (&run_id, &grant.org), body, running)
+        .await
+    {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(ApprovalError::TooMany) => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "approval_cap",
+            "the run asked for as many approvals as it may",
+        ),
+        Err(e) => internal(e),
+    }
+}
+
 fn budget_unavailable(e: &airlock_store::StoreError) -> Response {
     tracing::error!("internal API: model budget: {e}");
     error(
@@ -1086,6 +1128,11 @@ async fn record(
         }
         RunEvent::Shed { .. } | RunEvent::Refusals { .. } | RunEvent::ToolExcluded { .. } => {
             (event.kind(), event.at())
+        }
+        // The platform's own: a sidecar's report of one is not kept.
+        RunEvent::ApprovalPending { .. } | RunEvent::ApprovalSettled { .. } => {
+            tracing::warn!(run_id, "a sidecar reported an approval event; not kept");
+            return Ok(());
         }
     };
     let payload = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());

@@ -456,9 +456,12 @@ async fn store_parsed(
             run_id: run_id.to_owned(),
             source,
         })?;
+    // An approval event is the platform's own ([`RunEvent::is_platforms`]):
+    // one in a sidecar's journal is not kept.
     let events: Vec<JournalledEvent> = parsed
         .events
         .iter()
+        .filter(|(_, e)| !e.is_platforms())
         .map(|(seq, e)| journalled(*seq, e))
         .collect();
     store

@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod approvals;
 pub mod background;
 pub mod budget;
 pub mod bundle;

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod approval;
 pub mod artifacts;
 pub mod auth;
 /// The clock of every record the sidecar writes: the contract crate's.

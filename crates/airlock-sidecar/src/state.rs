@@ -72,6 +72,9 @@ pub struct Sidecar {
     pub exclusions: crate::exclusions::Exclusions,
     /// The run's L7 rule lists, live: every site judges by them.
     pub policy: crate::policy::LivePolicy,
+    /// The requests held for a person's answer, and what was allowed for
+    /// the whole run ([`crate::approval`]).
+    pub approvals: crate::approval::Approvals,
 }
 
 impl Sidecar {
@@ -183,6 +186,7 @@ impl Sidecar {
             traced: cfg.trace_steps,
             exclusions: Default::default(),
             policy,
+            approvals: Default::default(),
         }))
     }
 }

@@ -121,6 +121,7 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
 // After the macros above, which they use.
 mod agents;
 mod api_keys;
+mod approvals;
 mod artifacts;
 mod audit;
 mod budgets;
@@ -146,6 +147,7 @@ mod webhooks;
 
 pub use agents::AgentRow;
 pub use api_keys::{ApiKeyRow, MAX_REVOKED_KEYS};
+pub use approvals::{ApprovalRow, ApprovalState, MAX_APPROVALS_PER_RUN, NewApproval};
 pub use audit::{AUDIT_EVENT_KINDS, AuditCursor, AuditEntry, AuditPage};
 pub use budgets::{
     BudgetLimits, Charge, Measure, OrgBudget, Period, PeriodSpend, Periods, Reservation,

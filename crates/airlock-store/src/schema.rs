@@ -293,6 +293,34 @@ ALTER TABLE runs ADD COLUMN policy_applied BIGINT;
     };
 }
 
+/// Version 19: human approval. The requests a run's sidecar held under an
+/// `ask` rule: what each would do (never a credential, header, query or
+/// body), its state (`pending`, then once `allowed_once`, `allowed_run`,
+/// `denied`, `expired` or `dropped`), who answered, and when; removed with
+/// the run.
+macro_rules! version_19_common {
+    () => {
+        r#"
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    org_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    method TEXT NOT NULL,
+    host TEXT NOT NULL,
+    path TEXT NOT NULL,
+    integration TEXT,
+    rule TEXT NOT NULL,
+    answered_by TEXT,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    settled_at BIGINT
+);
+CREATE INDEX approvals_run ON approvals (run_id, created_at);
+"#
+    };
+}
+
 /// Version 11: files in and out of a run. A run's input files (JSON of
 /// path → text, as asked at its creation), and the artifacts its agent
 /// left: each stored (`body`) or refused (`refused` says why, no body),
@@ -538,6 +566,11 @@ END;
         description: "each run's live policy changes and the version its sidecar applied",
         sql: version_18_common!(),
     },
+    Migration {
+        version: 19,
+        description: "the requests held for a person's approval",
+        sql: version_19_common!(),
+    },
 ];
 
 pub(crate) const POSTGRES: &[Migration] = &[
@@ -745,6 +778,11 @@ CREATE TRIGGER connections_truncated AFTER TRUNCATE ON connections
         version: 18,
         description: "each run's live policy changes and the version its sidecar applied",
         sql: version_18_common!(),
+    },
+    Migration {
+        version: 19,
+        description: "the requests held for a person's approval",
+        sql: version_19_common!(),
     },
 ];
 

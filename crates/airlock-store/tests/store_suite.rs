@@ -87,6 +87,7 @@ macro_rules! on_both {
 on_both!(
     migrations_are_idempotent,
     an_organizations_proxy_and_a_runs,
+    an_approval_is_settled_once_and_seen_only_by_its_organization,
     connections_crud,
     reencrypt_in_batches,
     reencrypt_failure_rolls_back_the_batch,
@@ -988,7 +989,7 @@ fn ring(kid: &str, byte: u8) -> Keyring {
 }
 
 async fn migrations_are_idempotent(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 18);
+    assert_eq!(s.schema_version().await.unwrap(), 19);
     // opening again over the same database applies nothing and fails nothing
     if s.backend() == Backend::Sqlite {
         let again = Store::open(
@@ -997,7 +998,7 @@ async fn migrations_are_idempotent(s: &Store) {
         )
         .await
         .unwrap();
-        assert_eq!(again.schema_version().await.unwrap(), 18);
+        assert_eq!(again.schema_version().await.unwrap(), 19);
     }
 }
 
@@ -1514,6 +1515,65 @@ async fn an_organizations_proxy_and_a_runs(s: &Store) {
         s.get_run("rp").await.unwrap().unwrap().proxy.as_deref(),
         Some("PROXY_URL")
     );
+}
+
+async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store) {
+    new_run(s, "ra").await;
+    let org = airlock_store::LOCAL_ORG;
+    let a = |id| NewApproval {
+        id,
+        run_id: "ra",
+        org_id: org,
+        method: "POST",
+        host: "api.test",
+        path: "/x",
+        integration: Some("gh"),
+        rule: "ask",
+        expires_at: 9,
+    };
+    assert!(s.insert_approval(&a("a1")).await.unwrap());
+    assert!(s.insert_approval(&a("a2")).await.unwrap());
+    let got = s.get_approval(org, "ra", "a1").await.unwrap().unwrap();
+    assert_eq!(got.state, ApprovalState::Pending);
+    assert_eq!((got.method.as_str(), got.path.as_str()), ("POST", "/x"));
+    assert_eq!(s.get_approval("other-org", "ra", "a1").await.unwrap(), None);
+    assert!(
+        s.list_approvals("other-org", "ra")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.settle_approval("a1", ApprovalState::AllowedRun, Some("key1"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.settle_approval("a1", ApprovalState::Denied, Some("key2"))
+            .await
+            .unwrap(),
+        "answered once"
+    );
+    let got = s.approval_state("a1").await.unwrap().unwrap();
+    assert_eq!(got.state, ApprovalState::AllowedRun);
+    assert_eq!(got.answered_by.as_deref(), Some("key1"));
+    assert!(got.settled_at.is_some());
+    let pending = s.list_pending_approvals("ra").await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].id, "a2");
+    assert!(
+        s.settle_approval("a2", ApprovalState::Dropped, None)
+            .await
+            .unwrap()
+    );
+    let states: Vec<_> = s
+        .list_approvals(org, "ra")
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(states, [ApprovalState::AllowedRun, ApprovalState::Dropped]);
 }
 
 async fn new_run(s: &Store, id: &str) {
@@ -2270,7 +2330,7 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     let s = Store::open_sqlite(&path, &StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(s.schema_version().await.unwrap(), 18);
+    assert_eq!(s.schema_version().await.unwrap(), 19);
     let log = s.list_egress("r1", 10).await.unwrap();
     assert_eq!(log.len(), 1);
     assert_eq!(log[0].host, "a.example");
@@ -2280,10 +2340,10 @@ async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
 
 /// Turns a version-3 database back into what version 2 wrote, with the
 /// rows version 2 wrote for each kind of request.
-/// Undoes versions 18 (live policy), 17 (operator proxies), 16 (a run's phases), 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
+/// Undoes versions 19 (approvals), 18 (live policy), 17 (operator proxies), 16 (a run's phases), 15 (the refusing rule's id), 14 (the egress log's plane), 13 (budget thresholds crossed), 12 (a run's budget), 11 (inputs and artifacts), 10 (organizations' budgets), 9 (retention's index, stored bytes per organization), 8 (journalled events' places), 7 (cancel reasons, one delivery per event), 6 (the
 /// connections' version) and 5 (organizations) on SQLite, for the tests that
 /// build an older database from a new one.
-const UNDO_V5_SQLITE: &str = "DROP TABLE run_policy; ALTER TABLE runs DROP COLUMN policy_applied; \
+const UNDO_V5_SQLITE: &str = "DROP TABLE approvals; DROP TABLE run_policy; ALTER TABLE runs DROP COLUMN policy_applied; \
      ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
      ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
      ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
@@ -2311,7 +2371,7 @@ const UNDO_V5_SQLITE: &str = "DROP TABLE run_policy; ALTER TABLE runs DROP COLUM
      DELETE FROM airlock_schema_migrations WHERE version >= 5; ";
 
 /// The same on PostgreSQL.
-const UNDO_V5_POSTGRES: &str = "DROP TABLE run_policy; ALTER TABLE runs DROP COLUMN policy_applied; \
+const UNDO_V5_POSTGRES: &str = "DROP TABLE approvals; DROP TABLE run_policy; ALTER TABLE runs DROP COLUMN policy_applied; \
      ALTER TABLE runs DROP COLUMN sandbox_up_at; ALTER TABLE runs DROP COLUMN sidecar_up_at; \
      ALTER TABLE organizations DROP COLUMN proxy; ALTER TABLE runs DROP COLUMN proxy; \
      ALTER TABLE egress_log DROP COLUMN rule; ALTER TABLE egress_log DROP COLUMN plane; \
@@ -2355,7 +2415,7 @@ const TO_VERSION_2: &str = "DROP INDEX egress_log_run_seq; \
 /// from the upstream's outcome, every row in the same terms as new ones
 /// (and version 4 after it).
 async fn check_upgraded_to_3(s: &Store) {
-    assert_eq!(s.schema_version().await.unwrap(), 18);
+    assert_eq!(s.schema_version().await.unwrap(), 19);
     let log = s.list_egress("r1", 10).await.unwrap();
     let got: Vec<_> = log
         .iter()

@@ -14,6 +14,8 @@ fn spec(host: &str, access: Option<Preset>, methods: &[&str], paths: &[&str]) ->
         methods: methods.iter().map(|m| (*m).to_owned()).collect(),
         paths: paths.iter().map(|p| (*p).to_owned()).collect(),
         query: QuerySpec::Unset,
+        action: Action::Allow,
+        timeout: None,
     }
 }
 
@@ -21,7 +23,12 @@ fn t(url: &str) -> Target {
     Target::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"))
 }
 
+/// The decision of `allow` rules, which never hold.
 fn judge(rules: &Rules, method: &str, url: &str) -> Result<(), RuleRefusal> {
+    decide(rules, method, url).map(|hold| assert_eq!(hold, None, "{method} {url}"))
+}
+
+fn decide(rules: &Rules, method: &str, url: &str) -> Result<Option<Hold>, RuleRefusal> {
     let m = Method::from_bytes(method.as_bytes()).unwrap_or_else(|e| panic!("{method}: {e}"));
     rules.judge(&t(url), Intent::Request(&m))
 }
@@ -327,4 +334,116 @@ fn toml_like(doc: &str) -> RuleSpec {
         obj.insert(k.to_owned(), serde_json::from_str(v).unwrap());
     }
     serde_json::from_value(serde_json::Value::Object(obj)).unwrap()
+}
+
+fn ask(id: &str, methods: &[&str], paths: &[&str], timeout: Option<u64>) -> RuleSpec {
+    RuleSpec {
+        id: Some(id.into()),
+        action: Action::Ask,
+        timeout,
+        ..spec("https://api.github.com", None, methods, paths)
+    }
+}
+
+#[test]
+fn an_ask_rule_holds_what_it_admits_and_an_allow_rule_beside_it_wins() {
+    let rules = Rules::compile(&[
+        RuleSpec {
+            id: Some("read".into()),
+            ..spec("https://api.github.com", Some(Preset::ReadOnly), &[], &[])
+        },
+        ask("close", &["PATCH"], &["/repos/*/*/issues/*"], Some(30)),
+    ])
+    .unwrap();
+    assert_eq!(
+        decide(&rules, "GET", "https://api.github.com/repos/o/r/issues/7"),
+        Ok(None)
+    );
+    assert_eq!(
+        decide(&rules, "PATCH", "https://api.github.com/repos/o/r/issues/7"),
+        Ok(Some(Hold {
+            rule: "close".into(),
+            timeout: Duration::from_secs(30),
+        }))
+    );
+    // What the ask rule does not admit is refused, never held.
+    let e = decide(&rules, "PATCH", "https://api.github.com/repos/o/r/pulls/7").unwrap_err();
+    assert_eq!(e.rule, "close");
+    assert!(matches!(e.missing, Missing::Path { .. }), "{e:?}");
+    let e = decide(
+        &rules,
+        "DELETE",
+        "https://api.github.com/repos/o/r/issues/7",
+    )
+    .unwrap_err();
+    assert!(matches!(e.missing, Missing::Method { .. }), "{e:?}");
+    // A dot segment or an encoded separator does not slip into the hold's
+    // paths, nor out of them to an allow rule.
+    assert!(
+        decide(
+            &rules,
+            "PATCH",
+            "https://api.github.com/repos/o/r/issues/..%2f..%2fadmin"
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn an_ask_rule_sees_inside_and_a_plain_tunnel_is_refused() {
+    let rules = Rules::compile(&[ask("all", &[], &[], None)]);
+    // `methods` is empty and `access` unset: refused as any rule would be.
+    assert!(matches!(rules, Err(RuleError::Methods { .. })));
+    let rules = Rules::compile(&[RuleSpec {
+        access: Some(Preset::Full),
+        ..ask("all", &[], &[], None)
+    }])
+    .unwrap();
+    assert!(rules.any_sees_inside());
+    assert_eq!(
+        decide(&rules, "GET", "https://api.github.com/x"),
+        Ok(Some(Hold {
+            rule: "all".into(),
+            timeout: DEFAULT_ASK_TIMEOUT,
+        }))
+    );
+    let e = rules
+        .judge(&t("https://api.github.com/"), Intent::Tunnel)
+        .unwrap_err();
+    assert_eq!(e.missing, Missing::Tunnel);
+}
+
+#[test]
+fn an_ask_timeout_is_bounded_and_only_for_ask() {
+    let full = |timeout, action| RuleSpec {
+        access: Some(Preset::Full),
+        timeout,
+        action,
+        ..spec("https://a.com", None, &[], &[])
+    };
+    for bad in [0, 3601, u64::MAX] {
+        assert!(matches!(
+            Rules::compile(&[full(Some(bad), Action::Ask)]),
+            Err(RuleError::TimeoutOutOfBounds { .. })
+        ));
+    }
+    for good in [1, 3600] {
+        assert!(Rules::compile(&[full(Some(good), Action::Ask)]).is_ok());
+    }
+    assert!(matches!(
+        Rules::compile(&[full(Some(5), Action::Allow)]),
+        Err(RuleError::TimeoutWithoutAsk { .. })
+    ));
+    let spec: RuleSpec = serde_json::from_str(
+        r#"{"host":"https://a.com","access":"full","action":"ask","timeout":9}"#,
+    )
+    .unwrap();
+    assert_eq!(spec.action, Action::Ask);
+    assert_eq!(spec.timeout, Some(9));
+    assert!(
+        serde_json::from_str::<RuleSpec>(
+            r#"{"host":"https://a.com","access":"full","action":"maybe"}"#
+        )
+        .is_err()
+    );
 }

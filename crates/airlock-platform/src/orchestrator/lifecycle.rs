@@ -187,6 +187,14 @@ impl Orchestrator {
             Err(e) => (Err(e), Leftovers::default()),
         };
         self.api.revoke(&run_id);
+        // A request still held when the run ended is dropped (its sidecar
+        // refuses it, if still there to).
+        if let Err(e) = self.api.approvals().drop_run(&self.store, &run_id).await {
+            tracing::warn!(
+                run_id,
+                "the run's pending approvals could not be dropped: {e}"
+            );
+        }
         // The sidecar has flushed: the rest of what it journalled (every
         // request that left and how each ended, the agent's end, its usage
         // and log lines) goes into the store before the run's end is

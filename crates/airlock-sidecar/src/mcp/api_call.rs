@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 
 use super::args::{self, ApiCallArgs, ArgError, Redactor};
 use super::{CredentialPrefetch, McpState};
+use crate::approval;
 use crate::config::Integration;
 use crate::credential::fetch::{self, CredentialError, Fetched};
 use crate::egress::{Allowed, InFlight, Outcome, Plane, RecordError, Refused, Source};
@@ -306,6 +307,13 @@ pub(crate) async fn run_answer(
     match decided {
         Ok((admission, mut flight)) => {
             flight.step(fetch_step, |s| &mut s.credential);
+            let admission = match approved(sidecar, admission, &args, ns, &redactor).await {
+                Ok(a) => a,
+                Err(e) => {
+                    flight.complete(Outcome::of_error(&e));
+                    return egress_result(&e, &redactor).into();
+                }
+            };
             send(state, &rules, admission, flight, prepared, &redactor).await
         }
         Err(stop) => stopped(
@@ -318,6 +326,39 @@ pub(crate) async fn run_answer(
         )
         .into(),
     }
+}
+
+/// The admission released from its hold once a person allowed it (at
+/// once when no `ask` rule holds it), else the refusal. The person is told
+/// what the agent asked for: its method, and the host and path of its
+/// target as it wrote it (a target whose host or path a `{{field}}` fills
+/// is described by the admitted target, redacted).
+async fn approved(
+    sidecar: &Sidecar,
+    admission: Admission,
+    args: &ApiCallArgs,
+    ns: &str,
+    redactor: &Redactor,
+) -> Result<Admission, EgressError> {
+    let Some(hold) = admission.hold() else {
+        return Ok(admission);
+    };
+    let what = match airlock_egress::Target::parse(&args.target) {
+        Ok(t) if !args.target.contains("{{") => approval::describe(&args.method, &t, Some(ns)),
+        _ => {
+            let d = approval::describe(&args.method, admission.target(), Some(ns));
+            approval::Description {
+                host: redactor.string(d.host),
+                path: redactor.string(d.path),
+                ..d
+            }
+        }
+    };
+    sidecar
+        .approvals
+        .pass(&sidecar.platform, hold, what)
+        .await?;
+    Ok(admission.release())
 }
 
 /// The guard's decision and the request's record, made while the

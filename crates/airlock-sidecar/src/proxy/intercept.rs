@@ -204,11 +204,15 @@ async fn handle(
         None => caller.scope.rules(sidecar),
     };
     let redactor = &injected.redactor;
-    let admission = match sidecar
+    let decided = match sidecar
         .client
         .admit(target.url().as_str(), &method, &rules)
         .await
     {
+        Ok(a) => approved(sidecar, caller, a, &method, &target, injectable).await,
+        Err(e) => Err(e),
+    };
+    let admission = match decided {
         Ok(a) => a,
         Err(e) => {
             let what = caller.refused(injected.carried, method.as_str(), target.url().as_str());
@@ -247,6 +251,31 @@ async fn handle(
             refusal(&e)
         }
     }
+}
+
+/// The admission released once a person allowed it, when an `ask` rule
+/// holds it. The person is told the method and the host and path of the
+/// client's target (the credential goes into headers only, never into it).
+async fn approved(
+    sidecar: &Sidecar,
+    caller: &Caller,
+    admission: Admission,
+    method: &http::Method,
+    target: &Target,
+    injectable: Option<&crate::interception::Injectable>,
+) -> Result<Admission, EgressError> {
+    let Some(hold) = admission.hold() else {
+        return Ok(admission);
+    };
+    let integration = caller
+        .scope
+        .integration(injectable.map(|i| i.namespace.as_str()));
+    let what = crate::approval::describe(method, target, integration);
+    sidecar
+        .approvals
+        .pass(&sidecar.platform, hold, what)
+        .await?;
+    Ok(admission.release())
 }
 
 /// The URL of a request inside a tunnel: `https://<the CONNECT

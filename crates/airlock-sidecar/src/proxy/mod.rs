@@ -530,7 +530,11 @@ async fn admit_uncredentialed(
         Some(m) if *m != http::Method::CONNECT => Intent::Request(m),
         _ => Intent::Tunnel,
     };
-    let admitted = match sidecar.client.guard().admit(target, intent, &rules).await {
+    let decided = match sidecar.client.guard().admit(target, intent, &rules).await {
+        Ok(a) => held(sidecar, caller, a, request_method.as_ref()).await,
+        Err(e) => Err(e),
+    };
+    let admitted = match decided {
         Ok(a) => a,
         Err(e) => {
             let refused = caller.refused(None, method, target.url().as_str());
@@ -551,6 +555,28 @@ async fn admit_uncredentialed(
             Err(Denied::Dial(e))
         }
     }
+}
+
+/// `admitted` once a person allowed it, when an `ask` rule holds it (a
+/// request that carries no credential: its target is the client's own).
+/// A tunnel is never held (an `ask` rule sees inside: its CONNECT is
+/// intercepted or refused); its admission stays as it is.
+async fn held(
+    sidecar: &Sidecar,
+    caller: &Caller,
+    mut admitted: Admitted,
+    method: Option<&http::Method>,
+) -> Result<Admitted, EgressError> {
+    let (Some(hold), Some(method)) = (&admitted.hold, method) else {
+        return Ok(admitted);
+    };
+    let what = crate::approval::describe(method, &admitted.target, caller.scope.integration(None));
+    sidecar
+        .approvals
+        .pass(&sidecar.platform, hold, what)
+        .await?;
+    admitted.hold = None;
+    Ok(admitted)
 }
 
 /// The canonical target of the request, or the refusal and the target as

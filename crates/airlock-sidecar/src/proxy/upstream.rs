@@ -73,6 +73,7 @@ pub(crate) async fn dial(
     admitted: &Admitted,
     settings: &ProxySettings,
 ) -> Result<TcpStream, EgressError> {
+    admitted.unheld()?;
     let port = admitted.target.port_or_default();
     let host = admitted.target.host().bare();
     let loop_refusal = |addr: SocketAddr| {

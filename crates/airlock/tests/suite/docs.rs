@@ -303,7 +303,10 @@ fn the_l7_rule_examples_are_what_the_guard_decides() {
             &rules,
         );
         let got = match got {
-            Ok(_) => "allowed".to_owned(),
+            Ok(c) => match c.hold {
+                None => "allowed".to_owned(),
+                Some(h) => format!("held: `{}`, {} s", h.rule, h.timeout.as_secs()),
+            },
             Err(e) => {
                 let r = e.rule.clone().unwrap_or_else(|| panic!("{request}: {e}"));
                 let what = match &r.missing {

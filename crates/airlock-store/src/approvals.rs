@@ -1,0 +1,268 @@
+//! `approvals`: the requests a run's sidecar held under an `ask` rule
+//! (docs/egress.md, "Human approval"), each waiting for a person's answer.
+//!
+//! Contracts: an approval leaves `pending` once, by one conditional write
+//! ([`Store::settle_approval`]): of two answers (two replicas, two people)
+//! only one lands, and an answer after the hold expired or its run ended
+//! finds it settled. What is stored describes the request (method, host,
+//! path, integration, rule), never a credential, a header, a query or a
+//! body.
+//!
+//! Bounds: at most [`MAX_APPROVALS_PER_RUN`] rows per run (the sidecar
+//! holds at most 8 at once; a run asking more often is refused); removed
+//! with its run.
+
+use crate::{Store, StoreError, now_ms};
+
+/// Most approvals one run may ask for.
+pub const MAX_APPROVALS_PER_RUN: i64 = 1000;
+
+/// Where an approval stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ApprovalState {
+    Pending,
+    AllowedOnce,
+    AllowedRun,
+    Denied,
+    /// No answer within the hold's time.
+    Expired,
+    /// Its run ended while it was pending.
+    Dropped,
+}
+
+impl ApprovalState {
+    pub const ALL: [ApprovalState; 6] = [
+        ApprovalState::Pending,
+        ApprovalState::AllowedOnce,
+        ApprovalState::AllowedRun,
+        ApprovalState::Denied,
+        ApprovalState::Expired,
+        ApprovalState::Dropped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Pending => "pending",
+            ApprovalState::AllowedOnce => "allowed_once",
+            ApprovalState::AllowedRun => "allowed_run",
+            ApprovalState::Denied => "denied",
+            ApprovalState::Expired => "expired",
+            ApprovalState::Dropped => "dropped",
+        }
+    }
+
+    fn parse(s: &str) -> Option<ApprovalState> {
+        ApprovalState::ALL.into_iter().find(|a| a.as_str() == s)
+    }
+}
+
+/// A held request to store as pending.
+#[derive(Debug, Clone)]
+pub struct NewApproval<'a> {
+    pub id: &'a str,
+    pub run_id: &'a str,
+    pub org_id: &'a str,
+    pub method: &'a str,
+    pub host: &'a str,
+    pub path: &'a str,
+    pub integration: Option<&'a str>,
+    pub rule: &'a str,
+    /// Unix ms after which no answer expires it.
+    pub expires_at: i64,
+}
+
+/// One stored approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRow {
+    pub id: String,
+    pub run_id: String,
+    pub org_id: String,
+    pub state: ApprovalState,
+    pub method: String,
+    pub host: String,
+    pub path: String,
+    pub integration: Option<String>,
+    pub rule: String,
+    /// Who answered (an API key's id), when someone did.
+    pub answered_by: Option<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+    /// When it left `pending`.
+    pub settled_at: Option<i64>,
+}
+
+/// The columns an [`ApprovalRow`] is read from.
+macro_rules! columns {
+    () => {
+        "id, run_id, org_id, state, method, host, path, integration, rule, \
+         answered_by, created_at, expires_at, settled_at"
+    };
+}
+
+fn row_of<R: sqlx::Row>(r: &R) -> Result<ApprovalRow, sqlx::Error>
+where
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'d> String: sqlx::Decode<'d, R::Database> + sqlx::Type<R::Database>,
+    for<'d> Option<String>: sqlx::Decode<'d, R::Database> + sqlx::Type<R::Database>,
+    for<'d> i64: sqlx::Decode<'d, R::Database> + sqlx::Type<R::Database>,
+    for<'d> Option<i64>: sqlx::Decode<'d, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = r.try_get("state")?;
+    Ok(ApprovalRow {
+        id: r.try_get("id")?,
+        run_id: r.try_get("run_id")?,
+        org_id: r.try_get("org_id")?,
+        state: ApprovalState::parse(&state).ok_or_else(|| sqlx::Error::ColumnDecode {
+            index: "state".into(),
+            source: format!("{state:?} is no approval state").into(),
+        })?,
+        method: r.try_get("method")?,
+        host: r.try_get("host")?,
+        path: r.try_get("path")?,
+        integration: r.try_get("integration")?,
+        rule: r.try_get("rule")?,
+        answered_by: r.try_get("answered_by")?,
+        created_at: r.try_get("created_at")?,
+        expires_at: r.try_get("expires_at")?,
+        settled_at: r.try_get("settled_at")?,
+    })
+}
+
+impl Store {
+    /// Stores a pending approval; `false` when its run already asked for
+    /// [`MAX_APPROVALS_PER_RUN`].
+    pub async fn insert_approval(&self, a: &NewApproval<'_>) -> Result<bool, StoreError> {
+        on_pool!(self, p => {
+            let mut tx = locked_tx!(self, p, a.run_id).await.map_err(|e| self.err(e))?;
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals WHERE run_id = $1")
+                .bind(a.run_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            if n >= MAX_APPROVALS_PER_RUN {
+                return Ok(false);
+            }
+            sqlx::query(
+                "INSERT INTO approvals (id, run_id, org_id, state, method, host, path, \
+                 integration, rule, created_at, expires_at) \
+                 VALUES ($1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(a.id)
+            .bind(a.run_id)
+            .bind(a.org_id)
+            .bind(a.method)
+            .bind(a.host)
+            .bind(a.path)
+            .bind(a.integration)
+            .bind(a.rule)
+            .bind(now_ms())
+            .bind(a.expires_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.run_fk(e, a.run_id))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(true)
+        })
+    }
+
+    /// One approval of `run_id`, only for its organization `org_id`.
+    pub async fn get_approval(
+        &self,
+        org_id: &str,
+        run_id: &str,
+        id: &str,
+    ) -> Result<Option<ApprovalRow>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM approvals WHERE org_id = $1 AND run_id = $2 AND id = $3"
+            ))
+            .bind(org_id)
+            .bind(run_id)
+            .bind(id)
+            .fetch_optional(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            row.map(|r| row_of(&r)).transpose().map_err(|e| self.err(e))
+        })
+    }
+
+    /// A run's approvals, oldest first (at most [`MAX_APPROVALS_PER_RUN`]).
+    pub async fn list_approvals(
+        &self,
+        org_id: &str,
+        run_id: &str,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM approvals WHERE org_id = $1 AND run_id = $2 ORDER BY created_at, id LIMIT $3"
+            ))
+            .bind(org_id)
+            .bind(run_id)
+            .bind(MAX_APPROVALS_PER_RUN)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(row_of).collect::<Result<_, _>>().map_err(|e| self.err(e))
+        })
+    }
+
+    /// Moves a pending approval to `state` (answered by `by`, if a person
+    /// did); `false` when it was no longer pending.
+    pub async fn settle_approval(
+        &self,
+        id: &str,
+        state: ApprovalState,
+        by: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        on_pool!(self, p => {
+            let done = sqlx::query(
+                "UPDATE approvals SET state = $1, answered_by = $2, settled_at = $3 \
+                 WHERE id = $4 AND state = 'pending'",
+            )
+            .bind(state.as_str())
+            .bind(by)
+            .bind(now_ms())
+            .bind(id)
+            .execute(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    /// A run's approvals still pending (at most [`MAX_APPROVALS_PER_RUN`]).
+    pub async fn list_pending_approvals(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        on_pool!(self, p => {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM approvals WHERE run_id = $1 AND state = 'pending' ORDER BY created_at, id LIMIT $2"
+            ))
+            .bind(run_id)
+            .bind(MAX_APPROVALS_PER_RUN)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            rows.iter().map(row_of).collect::<Result<_, _>>().map_err(|e| self.err(e))
+        })
+    }
+
+    /// The state of approval `id` (`None`: no such approval).
+    pub async fn approval_state(&self, id: &str) -> Result<Option<ApprovalRow>, StoreError> {
+        on_pool!(self, p => {
+            let row = sqlx::query(concat!("SELECT ", columns!(), " FROM approvals WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(p)
+                .await
+                .map_err(|e| self.err(e))?;
+            row.map(|r| row_of(&r)).transpose().map_err(|e| self.err(e))
+        })
+    }
+}
