@@ -712,6 +712,7 @@ pub(crate) fn whole(x: f64, max: u64) -> u64 {
 
 pub mod diagnose;
 pub mod docker;
+pub mod microvm;
 pub mod namespace;
 pub mod pools;
 pub mod process;
