@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod budget;
+pub mod channel;
 pub mod client;
 pub mod clock;
 pub mod connection_types;
