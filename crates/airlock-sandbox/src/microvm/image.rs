@@ -27,7 +27,9 @@ use std::process::Command;
 use crate::docker::images::{BASE_PACKAGES, BASE_SUITE, BASE_TAG, default_tag};
 
 /// Where the guest images live: `MICROVM_IMAGES_DIR`, else
-/// `$HOME/.cache/airlock/microvm` (a cache: everything in it can be built again).
+/// `/var/cache/airlock/microvm` for root (the VMM's own uid reads it, so
+/// not under root's home) or `$HOME/.cache/airlock/microvm` (a cache:
+/// everything in it can be built again).
 pub const ENV_MICROVM_IMAGES_DIR: &str = "MICROVM_IMAGES_DIR";
 
 /// The Debian package whose dependency names the kernel.
@@ -108,6 +110,9 @@ pub enum GuestImageError {
 pub fn images_dir() -> Result<PathBuf, GuestImageError> {
     if let Some(d) = std::env::var_os(ENV_MICROVM_IMAGES_DIR).filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d));
+    }
+    if rustix::process::geteuid().is_root() {
+        return Ok(PathBuf::from("/var/cache/airlock/microvm"));
     }
     let home = std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
