@@ -33,11 +33,13 @@ pub struct GuestHeader {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
-    /// The VMM's whole command line (the confinement's wrappers first).
-    pub vmm: Vec<String>,
-    /// The unix socket the helper listens on and the VMM connects to: the
-    /// guest's port.
-    pub channel: PathBuf,
+    /// The guest's machine.
+    pub plan: super::qemu::QemuPlan,
+    /// The VMM's host uid and gid, and whether to switch to them (the
+    /// platform is root: then in namespaces of its own, too).
+    pub vmm_uid: u32,
+    pub vmm_gid: u32,
+    pub vmm_switch: bool,
     /// The host directory of the sidecar's sockets.
     pub sockets_dir: PathBuf,
     pub guest: GuestHeader,

@@ -72,7 +72,7 @@ async fn serve() -> i32 {
         eprintln!("vm-init: the channel cannot be shared");
         return 125;
     };
-    let (tx, _writer) = mux::writer(tokio::fs::File::from_std(writer_file));
+    let (tx, writer) = mux::writer(tokio::fs::File::from_std(writer_file));
     let mut reader = Reader {
         file: tokio::fs::File::from_std(port),
         decoder: Decoder::default(),
@@ -80,7 +80,7 @@ async fn serve() -> i32 {
     if tx.send(Frame::Ready).await.is_err() {
         return 125;
     }
-    match run(&tx, &mut reader).await {
+    let code = match run(&tx, &mut reader).await {
         Ok(()) => 0,
         Err(e) => {
             let _ =
@@ -88,7 +88,12 @@ async fn serve() -> i32 {
             // The host, seeing no end, says the guest stopped before it.
             125
         }
-    }
+    };
+    // What is queued reaches the host before the guest goes (the writer
+    // ends when the last sender does; the relays' may outlive this one).
+    drop(tx);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+    code
 }
 
 struct Reader {
@@ -123,6 +128,9 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
         other => return Err(io_err("expected the header", format!("{other:?}"))),
     };
     build_root(&header)?;
+    // The guest has no network device: loopback alone, for the runtime's
+    // local relays.
+    crate::namespace::sys::loopback_up().map_err(|e| io_err("loopback", e))?;
     let (open_tx, mut opened) = mpsc::channel::<(u32, mpsc::Sender<Inbound>)>(16);
     listen(Relay::Api, SIDECAR_SOCKET, tx, &open_tx)?;
     listen(Relay::Proxy, PROXY_SOCKET, tx, &open_tx)?;
@@ -293,7 +301,6 @@ fn build_root(h: &GuestHeader) -> std::io::Result<()> {
     for d in ["dev", "proc", "tmp", "run", "workspace"] {
         std::fs::create_dir_all(new.join(d))?;
     }
-    m("dev", rustix::mount::mount_move("/dev", new.join("dev")))?;
     m("proc", mount("proc", new.join("proc"), "proc", nosuid, ""))?;
     m(
         "tmp",
@@ -337,6 +344,7 @@ fn build_root(h: &GuestHeader) -> std::io::Result<()> {
             mount(&dev, &at, "ext4", MountFlags::RDONLY | nosuid, "noload"),
         )?;
     }
+    m("dev", rustix::mount::mount_move("/dev", new.join("dev")))?;
     std::env::set_current_dir(new)?;
     std::fs::create_dir(".old")?;
     m("pivot_root", rustix::process::pivot_root(".", ".old"))?;

@@ -95,19 +95,43 @@ fn nonce() -> Result<[u8; NONCE_LEN], HostError> {
     Ok(n)
 }
 
+/// A descriptor the VMM inherits (this process's copy is closed once it started).
+fn inheritable(fd: &impl std::os::fd::AsFd) -> Result<i32, HostError> {
+    use std::os::fd::AsRawFd;
+    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())
+        .map_err(|e| HostError::Listen(e.into()))?;
+    Ok(fd.as_fd().as_raw_fd())
+}
+
 async fn serve() -> Result<i32, HostError> {
     let mut cfg = read_config()?;
     cfg.guest.nonce = nonce()?;
-    let _ = std::fs::remove_file(&cfg.channel);
-    let listener = tokio::net::UnixListener::bind(&cfg.channel).map_err(HostError::Listen)?;
-    // The VMM runs as another uid: it may connect, nothing more is there.
-    std::fs::set_permissions(
-        &cfg.channel,
-        std::os::unix::fs::PermissionsExt::from_mode(0o666),
-    )
-    .map_err(HostError::Listen)?;
-    let (program, args) = cfg
-        .vmm
+    // The channel is a socket pair, the disks open files: the VMM gets
+    // descriptors, no path, so nothing of the run's directory need be open
+    // to its uid, and no socket is left on disk.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(HostError::Listen)?;
+    let disks = cfg
+        .plan
+        .disks
+        .iter()
+        .map(std::fs::File::open)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(HostError::Listen)?;
+    let disk_fds = disks
+        .iter()
+        .map(inheritable)
+        .collect::<Result<Vec<_>, _>>()?;
+    let fds = super::qemu::Fds {
+        channel: inheritable(&theirs)?,
+        disks: &disk_fds,
+    };
+    let ids = crate::namespace::config::HostIds {
+        uid: cfg.vmm_uid,
+        gid: cfg.vmm_gid,
+        switch: cfg.vmm_switch,
+    };
+    let argv = super::confine(cfg.plan.argv(fds), &ids);
+    let (program, args) = argv
         .split_first()
         .ok_or_else(|| HostError::Config("no VMM command".into()))?;
     let mut vmm = tokio::process::Command::new(program)
@@ -121,15 +145,9 @@ async fn serve() -> Result<i32, HostError> {
             program: program.clone(),
             source,
         })?;
-    let chan = tokio::select! {
-        a = listener.accept() => a.map_err(HostError::Listen)?.0,
-        s = vmm.wait() => return Err(match s {
-            Ok(s) => HostError::VmmGone(s),
-            Err(e) => HostError::Io(e),
-        }),
-    };
-    drop(listener);
-    let _ = std::fs::remove_file(&cfg.channel);
+    drop((theirs, disks));
+    ours.set_nonblocking(true).map_err(HostError::Listen)?;
+    let chan = tokio::net::UnixStream::from_std(ours).map_err(HostError::Listen)?;
     let ended = tokio::select! {
         r = demux(chan, &cfg) => r,
         s = vmm.wait() => Err(HostError::Stopped(match s {

@@ -55,16 +55,25 @@ pub const VM_INIT_SUBCOMMAND: &str = "vm-init";
 /// of a run is here: the run's header and secrets come over the channel.
 pub const STAGE1: &str = r#"#!/bin/busybox sh
 /bin/busybox mount -t devtmpfs dev /dev
+/bin/busybox mount -t sysfs sys /sys
 for m in /lib/modules/*.ko; do /bin/busybox insmod "$m" || exit 1; done
+root=
 n=0
-while [ ! -b /dev/vda ] && [ $n -lt 200 ]; do /bin/busybox usleep 10000; n=$((n+1)); done
-/bin/busybox mount -t ext4 -o ro,noatime /dev/vda /newroot || exit 1
+while [ -z "$root" ] && [ $n -lt 500 ]; do
+  for b in /sys/block/vd*; do
+    [ "$(/bin/busybox cat $b/serial 2>/dev/null)" = airlock-root ] && root=/dev/${b##*/}
+  done
+  [ -z "$root" ] && /bin/busybox usleep 10000
+  n=$((n+1))
+done
+/bin/busybox umount /sys
+/bin/busybox mount -t ext4 -o ro,noatime,noload "$root" /newroot || exit 1
 /bin/busybox mount --move /dev /newroot/dev
 exec /bin/busybox switch_root /newroot /.airlock/airlock vm-init
 "#;
 
 /// The guest's three files, where they are (present or not).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GuestImage {
     pub kernel: PathBuf,
     pub initrd: PathBuf,

@@ -114,7 +114,7 @@ impl MicrovmBackend {
 /// network, IPC, UTS and mount namespaces (`unshare`) and the run's own
 /// uid and gid with no groups (`setpriv`); always no new privileges and
 /// death with its parent, the helper.
-pub fn confine(vmm: Vec<String>, ids: ns_config::HostIds) -> Vec<String> {
+pub fn confine(vmm: Vec<String>, ids: &ns_config::HostIds) -> Vec<String> {
     let mut a: Vec<String> = vec![];
     if ids.switch {
         a.extend(
@@ -232,12 +232,6 @@ impl Backend for MicrovmBackend {
             std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o400))?;
             disks.push(out);
         }
-        if ids.switch {
-            for p in std::iter::once(&vm).chain(&disks) {
-                std::os::unix::fs::chown(p, Some(ids.uid), Some(ids.gid))?;
-            }
-            std::fs::set_permissions(&vm, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        }
         let plan = qemu::QemuPlan {
             qemu: self.qemu_path().unwrap_or_else(|| self.qemu.clone()),
             accel: self.accel,
@@ -246,11 +240,12 @@ impl Backend for MicrovmBackend {
             memory_mb: spec.memory_mb,
             vcpus: crate::whole(spec.cpus.ceil(), 64),
             disks,
-            channel: vm.join("chan.sock"),
         };
         let host = HostConfig {
-            vmm: confine(plan.argv(), ids),
-            channel: plan.channel.clone(),
+            plan,
+            vmm_uid: ids.uid,
+            vmm_gid: ids.gid,
+            vmm_switch: ids.switch,
             sockets_dir: spec.sockets_dir.clone(),
             guest: GuestHeader {
                 nonce: [0; airlock_platform_api::channel::NONCE_LEN],

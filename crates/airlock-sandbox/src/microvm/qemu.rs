@@ -10,7 +10,7 @@ pub const ENV_MICROVM_QEMU: &str = "MICROVM_QEMU";
 pub const DEFAULT_QEMU: &str = "qemu-system-x86_64";
 
 /// How the guest's instructions run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Accel {
     /// Hardware virtualization (`/dev/kvm`).
     Kvm,
@@ -61,8 +61,11 @@ pub fn tsc_khz() -> u64 {
         .map_or(2_000_000, |mhz| crate::whole(mhz * 1000.0, 100_000_000))
 }
 
+/// The root disk's virtio serial, which the guest's stage 1 looks for.
+pub const ROOT_SERIAL: &str = "airlock-root";
+
 /// One guest's machine.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct QemuPlan {
     pub qemu: PathBuf,
     pub accel: Accel,
@@ -70,10 +73,17 @@ pub struct QemuPlan {
     pub image: GuestImage,
     pub memory_mb: u64,
     pub vcpus: u64,
-    /// Read-only disks after the root (serial `agent<i>`).
+    /// Read-only disks after the root (serial `agent<i>`): host files the
+    /// helper opens and hands the VMM as descriptors (the VMM's uid could
+    /// not reach them in the run's private directory).
     pub disks: Vec<PathBuf>,
-    /// The unix socket the guest's port connects to.
-    pub channel: PathBuf,
+}
+
+/// The descriptors the VMM inherits: its end of the channel, and one per disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fds<'a> {
+    pub channel: i32,
+    pub disks: &'a [i32],
 }
 
 impl QemuPlan {
@@ -81,7 +91,7 @@ impl QemuPlan {
     /// default devices, no firmware tables beyond ACPI's, QEMU's own
     /// seccomp filter on, the root and the agent's disks read-only, the
     /// channel one virtio-serial port, the serial console on stdout.
-    pub fn argv(&self) -> Vec<String> {
+    pub fn argv(&self, fds: Fds<'_>) -> Vec<String> {
         let mut append = String::from("console=ttyS0 rdinit=/init quiet reboot=t panic=-1");
         let (accel, cpu) = match self.accel {
             Accel::Kvm => ("kvm", "host"),
@@ -119,11 +129,10 @@ impl QemuPlan {
             "-append".into(),
             append,
         ];
-        let mut disk = |id: String, file: &Path, serial: Option<String>| {
+        let disk = |a: &mut Vec<String>, id: String, file: String, serial: Option<String>| {
             a.push("-drive".into());
             a.push(format!(
-                "id={id},file={},format=raw,if=none,readonly=on",
-                file.display()
+                "id={id},file={file},format=raw,if=none,readonly=on"
             ));
             a.push("-device".into());
             a.push(match serial {
@@ -131,15 +140,27 @@ impl QemuPlan {
                 None => format!("virtio-blk-device,drive={id}"),
             });
         };
-        disk("root".into(), &self.image.root, None);
-        for (i, d) in self.disks.iter().enumerate() {
-            disk(format!("a{i}"), d, Some(format!("agent{i}")));
+        disk(
+            &mut a,
+            "root".into(),
+            self.image.root.display().to_string(),
+            Some(ROOT_SERIAL.into()),
+        );
+        for (i, fd) in fds.disks.iter().enumerate() {
+            a.push("-add-fd".into());
+            a.push(format!("fd={fd},set={}", i + 1));
+            disk(
+                &mut a,
+                format!("a{i}"),
+                format!("/dev/fdset/{}", i + 1),
+                Some(format!("agent{i}")),
+            );
         }
         a.extend([
             "-device".into(),
             "virtio-serial-device".into(),
             "-chardev".into(),
-            format!("socket,id=c0,path={}", self.channel.display()),
+            format!("socket,id=c0,fd={}", fds.channel),
             "-device".into(),
             format!(
                 "virtserialport,chardev=c0,name={}",
@@ -167,7 +188,6 @@ mod tests {
             memory_mb: 1024,
             vcpus: 2,
             disks: vec!["/run/x/agent0.ext4".into()],
-            channel: "/run/x/chan.sock".into(),
         }
     }
 
@@ -176,7 +196,11 @@ mod tests {
     /// only under TCG.
     #[test]
     fn the_machine_has_no_network_and_read_only_disks() {
-        let a = plan(Accel::Tcg).argv();
+        let fds = Fds {
+            channel: 3,
+            disks: &[4],
+        };
+        let a = plan(Accel::Tcg).argv(fds);
         let joined = a.join(" ");
         assert!(joined.contains("-nic none"), "{joined}");
         assert!(joined.contains("-nodefaults"));
@@ -190,9 +214,11 @@ mod tests {
         );
         assert!(joined.contains("-m 1024M -smp 2"));
         assert!(joined.contains("-accel tcg") && joined.contains("tsc_early_khz=2500000"));
-        assert!(joined.contains("serial=agent0"));
+        assert!(joined.contains("-add-fd fd=4,set=1"));
+        assert!(joined.contains("file=/dev/fdset/1,") && joined.contains("serial=agent0"));
+        assert!(joined.contains("socket,id=c0,fd=3"));
         assert!(joined.contains("virtserialport,chardev=c0,name=airlock.0"));
-        let k = plan(Accel::Kvm).argv().join(" ");
+        let k = plan(Accel::Kvm).argv(fds).join(" ");
         assert!(k.contains("-accel kvm -cpu host") && !k.contains("tsc_early_khz"));
     }
 }
