@@ -8,6 +8,7 @@
 
 pub mod approval;
 pub mod budget;
+pub mod channel;
 pub mod client;
 pub mod clock;
 pub mod connection_types;

@@ -335,13 +335,20 @@ impl Settings {
                 ),
             });
         }
-        if !["auto", "process", "namespace", "docker", "firecracker"]
-            .contains(&self.run_adapter.as_str())
+        if ![
+            "auto",
+            "process",
+            "namespace",
+            "docker",
+            "microvm",
+            "firecracker",
+        ]
+        .contains(&self.run_adapter.as_str())
         {
             return Err(SettingsError {
                 var: "RUN_ADAPTER",
                 message: format!(
-                    "{:?} is not auto, process, namespace, docker or firecracker",
+                    "{:?} is not auto, process, namespace, docker, microvm or firecracker",
                     self.run_adapter
                 ),
             });

@@ -725,6 +725,11 @@ pub enum NoLocalRunners {
          by default); unset DOCKER_RUNTIME (runc) for this run, or use RUN_ADAPTER=namespace"
     )]
     ForeignRuntime { runtime: String },
+    #[error(
+        "the microvm backend runs no local MCP runner (a runner would need a guest of its own); \
+         run it with RUN_ADAPTER=namespace"
+    )]
+    NotOnMicrovm,
 }
 
 /// `x` as a whole number in `0..=max`, rounded down: what a limit
@@ -742,6 +747,7 @@ pub(crate) fn whole(x: f64, max: u64) -> u64 {
 
 pub mod diagnose;
 pub mod docker;
+pub mod microvm;
 pub mod namespace;
 pub mod pools;
 pub mod process;
@@ -791,9 +797,19 @@ pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
             })?;
             Ok(Box::new(d))
         }
+        "microvm" => {
+            let m = microvm::MicrovmBackend::from_env()?;
+            m.check().map_err(|u| SandboxError::Unavailable {
+                backend: "microvm",
+                reason: u.0,
+            })?;
+            Ok(Box::new(m))
+        }
         other => Err(SandboxError::Unavailable {
             backend: "unknown",
-            reason: format!("no backend named {other:?} (process, namespace, docker, auto)"),
+            reason: format!(
+                "no backend named {other:?} (process, namespace, docker, microvm, auto)"
+            ),
         }),
     }
 }

@@ -102,6 +102,15 @@ fn main() -> std::process::ExitCode {
     {
         return cmd::sandbox_init::run();
     }
+    let mut args = std::env::args_os().skip(1);
+    if let (Some(sub), None) = (args.next(), args.next()) {
+        if sub == airlock_sandbox::microvm::image::VM_INIT_SUBCOMMAND {
+            return cmd::sandbox_init::vm_init();
+        }
+        if sub == airlock_sandbox::microvm::host::HOST_SUBCOMMAND {
+            return cmd::sandbox_init::microvm_host();
+        }
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Egress(c) => cmd::egress::run(c),

@@ -17,3 +17,15 @@ pub fn container(command: &[String], command_on_stdin: bool) -> ExitCode {
     let code = airlock_sandbox::docker::init::main(command, command_on_stdin);
     ExitCode::from(u8::try_from(code).unwrap_or(125))
 }
+
+/// `airlock vm-init` (hidden): PID 1 of a microVM guest.
+pub fn vm_init() -> ExitCode {
+    let code = airlock_sandbox::microvm::guest::main();
+    ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(125))
+}
+
+/// `airlock microvm-host` (hidden): the host side of one microVM guest.
+pub fn microvm_host() -> ExitCode {
+    let code = airlock_sandbox::microvm::host::main();
+    ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(125))
+}

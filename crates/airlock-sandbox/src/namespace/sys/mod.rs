@@ -564,7 +564,7 @@ struct IfReqFlags {
 }
 
 /// Brings `lo` up in the current network namespace (SIOCSIFFLAGS).
-fn loopback_up() -> io::Result<()> {
+pub(crate) fn loopback_up() -> io::Result<()> {
     let sock = rustix::net::socket(
         rustix::net::AddressFamily::INET,
         rustix::net::SocketType::DGRAM,

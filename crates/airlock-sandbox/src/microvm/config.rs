@@ -1,0 +1,56 @@
+//! What the host hands its VMM helper, and what the helper hands the guest:
+//! one typed definition each, for the side that writes and the side that reads.
+
+use std::path::PathBuf;
+
+use airlock_platform_api::channel::NONCE_LEN;
+use serde::{Deserialize, Serialize};
+
+/// The run's header as the guest's init receives it over the channel,
+/// after boot. Nothing secret: the runtime's secrets follow it as stdin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestHeader {
+    /// The run's nonce, which the init's end frame carries (the helper
+    /// draws it; the backend leaves it zero).
+    pub nonce: [u8; NONCE_LEN],
+    /// `airlock runtime -- AGENT…`, argv[0] inside the guest.
+    pub command: Vec<String>,
+    /// The command's whole environment.
+    pub env: Vec<(String, String)>,
+    /// The agent's workspace: a tmpfs of `workspace_mb` MiB.
+    pub workspace: PathBuf,
+    pub workspace_mb: u64,
+    /// The read-only disks after the root, in order (serial `agent<i>`),
+    /// each mounted at its path.
+    pub disks: Vec<PathBuf>,
+    /// The uid and gid the runtime and the agent run as in the guest.
+    pub uid: u32,
+}
+
+/// The helper's (`airlock microvm-host`) first line on stdin; the
+/// runtime's secrets follow it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// The guest's machine.
+    pub plan: super::qemu::QemuPlan,
+    /// The VMM's host uid and gid, and whether to switch to them (the
+    /// platform is root: then in namespaces of its own, too).
+    pub vmm_uid: u32,
+    pub vmm_gid: u32,
+    pub vmm_switch: bool,
+    /// The host directory of the sidecar's sockets.
+    pub sockets_dir: PathBuf,
+    pub guest: GuestHeader,
+}
+
+/// Largest first line the helper reads.
+pub const MAX_CONFIG_BYTES: u64 = 256 * 1024;
+
+/// Where the guest's init puts what the runtime reaches: the sidecar's
+/// sockets (relayed over the channel) and the workspace.
+pub const SOCKETS_IN_GUEST: &str = "/run/airlock";
+pub const WORKSPACE_IN_GUEST: &str = "/workspace";
+/// The unprivileged uid of the runtime and the agent inside the guest.
+pub const GUEST_UID: u32 = 65_534;

@@ -1,0 +1,391 @@
+//! `airlock vm-init` (hidden): PID 1 of a guest, started by the
+//! initramfs's stage 1 on the read-only root. It opens the channel's port,
+//! says it booted, and waits for the run's header; then builds the agent's
+//! view (a small read-only tmpfs root binding the image's directories
+//! read-only and nosuid, the workspace a capped tmpfs, the agent's disks at
+//! their paths), listens where the runtime reaches the sidecar
+//! ([`SOCKETS_IN_GUEST`]: each connection becomes a stream), starts the
+//! runtime as an unprivileged uid with the secrets as its stdin, and at its
+//! exit sends the one end frame, carrying the run's nonce. Only this
+//! process holds the port (virtio-serial ports open once, the device is
+//! root's), so the agent cannot speak on the channel at all.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use airlock_platform_api::channel::{Decoder, Frame, PORT_NAME, Relay};
+use bytes::Bytes;
+use rustix::mount::{MountFlags, UnmountFlags};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::config::{GuestHeader, SOCKETS_IN_GUEST};
+use super::mux::{self, FrameTx, Inbound};
+use crate::{PROXY_SOCKET, SIDECAR_SOCKET};
+
+/// The guest's init; never returns normally (it powers the guest off).
+pub fn main() -> i32 {
+    let code = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(serve()),
+        Err(e) => {
+            eprintln!("vm-init: {e}");
+            125
+        }
+    };
+    // SAFETY-free: rustix's reboot; `reboot=t` and QEMU's -no-reboot make it the VM's end.
+    let _ = rustix::fs::sync();
+    let _ = rustix::system::reboot(rustix::system::RebootCommand::Restart);
+    code
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(format!("{what}: {e}"))
+}
+
+/// The port named [`PORT_NAME`] (`/dev/vportNpM`).
+fn find_port() -> std::io::Result<PathBuf> {
+    for e in std::fs::read_dir("/sys/class/virtio-ports")?.flatten() {
+        let name = std::fs::read_to_string(e.path().join("name")).unwrap_or_default();
+        if name.trim() == PORT_NAME {
+            return Ok(Path::new("/dev").join(e.file_name()));
+        }
+    }
+    Err(io_err("no virtio port", PORT_NAME))
+}
+
+async fn serve() -> i32 {
+    let _ = mount("proc", "/proc", "proc", MountFlags::empty(), "");
+    let _ = mount("sysfs", "/sys", "sysfs", MountFlags::empty(), "");
+    let port = match find_port()
+        .and_then(|p| std::fs::OpenOptions::new().read(true).write(true).open(p))
+    {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("vm-init: the channel: {e}");
+            return 125;
+        }
+    };
+    let Ok(writer_file) = port.try_clone() else {
+        eprintln!("vm-init: the channel cannot be shared");
+        return 125;
+    };
+    let (tx, writer) = mux::writer(tokio::fs::File::from_std(writer_file));
+    let mut reader = Reader {
+        file: tokio::fs::File::from_std(port),
+        decoder: Decoder::default(),
+    };
+    if tx.send(Frame::Ready).await.is_err() {
+        return 125;
+    }
+    let code = match run(&tx, &mut reader).await {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ =
+                mux::send_chunked(&tx, Bytes::from(format!("vm-init: {e}\n")), Frame::Stderr).await;
+            // The host, seeing no end, says the guest stopped before it.
+            125
+        }
+    };
+    // What is queued reaches the host before the guest goes (the writer
+    // ends when the last sender does; the relays' may outlive this one).
+    drop(tx);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+    code
+}
+
+struct Reader {
+    file: tokio::fs::File,
+    decoder: Decoder,
+}
+
+impl Reader {
+    /// The next frame from the host; `None` once the host has closed the channel.
+    async fn next(&mut self) -> std::io::Result<Option<Frame>> {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(f) = self
+                .decoder
+                .next_frame()
+                .map_err(|e| io_err("channel", e))?
+            {
+                return Ok(Some(f));
+            }
+            let n = self.file.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.decoder.push(&buf[..n]);
+        }
+    }
+}
+
+async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
+    let header: GuestHeader = match reader.next().await? {
+        Some(Frame::Header(h)) => serde_json::from_slice(&h).map_err(|e| io_err("header", e))?,
+        other => return Err(io_err("expected the header", format!("{other:?}"))),
+    };
+    build_root(&header)?;
+    // The guest has no network device: loopback alone, for the runtime's
+    // local relays.
+    crate::namespace::sys::loopback_up().map_err(|e| io_err("loopback", e))?;
+    let (open_tx, mut opened) = mpsc::channel::<(u32, mpsc::Sender<Inbound>)>(16);
+    listen(Relay::Api, SIDECAR_SOCKET, tx, &open_tx)?;
+    listen(Relay::Proxy, PROXY_SOCKET, tx, &open_tx)?;
+    let (program, args) = header
+        .command
+        .split_first()
+        .ok_or_else(|| io_err("header", "empty command"))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(header.env.iter().cloned())
+        .uid(header.uid)
+        .gid(header.uid)
+        .current_dir("/")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| io_err(&format!("cannot start {program}"), e))?;
+    let mut stdin = child.stdin.take();
+    let pumps = [
+        child
+            .stdout
+            .take()
+            .map(|s| pump(s, tx.clone(), Frame::Stdout)),
+        child
+            .stderr
+            .take()
+            .map(|s| pump(s, tx.clone(), Frame::Stderr)),
+    ];
+    let mut streams: HashMap<u32, mpsc::Sender<Inbound>> = HashMap::new();
+    let status = loop {
+        tokio::select! {
+            s = child.wait() => break s?,
+            Some((id, inbound)) = opened.recv() => { streams.insert(id, inbound); }
+            f = reader.next() => match f? {
+                Some(Frame::Stdin(b)) => {
+                    if let Some(w) = stdin.as_mut() {
+                        let _ = w.write_all(&b).await;
+                    }
+                }
+                Some(Frame::StdinEnd) => stdin = None,
+                Some(Frame::Data { stream, data }) => route(&mut streams, stream, Inbound::Data(data)).await,
+                Some(Frame::Eof { stream }) => route(&mut streams, stream, Inbound::Eof).await,
+                Some(Frame::Reset { stream }) => { streams.remove(&stream); }
+                Some(_) => {}
+                None => return Err(io_err("channel", "the host closed it")),
+            },
+        }
+    };
+    for p in pumps.into_iter().flatten() {
+        let _ = p.await;
+    }
+    let code = status.code().unwrap_or_else(|| {
+        128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0)
+    });
+    let _ = tx
+        .send(Frame::Exit {
+            nonce: header.nonce,
+            code,
+        })
+        .await;
+    // The host closes the channel once it has the end: then the guest may go.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Ok(Some(_)) = reader.next().await {}
+    })
+    .await;
+    Ok(())
+}
+
+async fn route(streams: &mut HashMap<u32, mpsc::Sender<Inbound>>, stream: u32, m: Inbound) {
+    if let Some(s) = streams.get(&stream)
+        && s.send(m).await.is_err()
+    {
+        streams.remove(&stream);
+    }
+}
+
+/// One of the runtime's output streams, as frames made by `frame`.
+fn pump(
+    mut s: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    tx: FrameTx,
+    frame: fn(Bytes) -> Frame,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0
+                || tx
+                    .send(frame(Bytes::copy_from_slice(&buf[..n])))
+                    .await
+                    .is_err()
+            {
+                break;
+            }
+        }
+    })
+}
+
+/// Listens at `SOCKETS_IN_GUEST/name`; each connection opens a stream to `relay`.
+fn listen(
+    relay: Relay,
+    name: &str,
+    tx: &FrameTx,
+    opened: &mpsc::Sender<(u32, mpsc::Sender<Inbound>)>,
+) -> std::io::Result<()> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let path = Path::new(SOCKETS_IN_GUEST).join(name);
+    let l = tokio::net::UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
+    let (tx, opened) = (tx.clone(), opened.clone());
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = l.accept().await {
+            // Ids only grow: the one counter for both listeners.
+            let stream = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (in_tx, in_rx) = mpsc::channel(mux::STREAM_QUEUE);
+            if opened.send((stream, in_tx)).await.is_err()
+                || tx.send(Frame::Open { stream, relay }).await.is_err()
+            {
+                return;
+            }
+            tokio::spawn(mux::carry(stream, sock, tx.clone(), in_rx));
+        }
+    });
+    Ok(())
+}
+
+/// The agent's view, made the root: see the module's comment.
+fn build_root(h: &GuestHeader) -> std::io::Result<()> {
+    let m = |what: &str, r: rustix::io::Result<()>| r.map_err(|e| io_err(what, e));
+    let nosuid = MountFlags::NOSUID | MountFlags::NODEV;
+    m(
+        "/run",
+        mount("tmpfs", "/run", "tmpfs", nosuid, "size=1m,mode=0755"),
+    )?;
+    let new = Path::new("/run/root");
+    std::fs::create_dir(new)?;
+    m(
+        "root",
+        mount("tmpfs", new, "tmpfs", nosuid, "size=4m,mode=0755"),
+    )?;
+    for e in std::fs::read_dir("/")?.flatten() {
+        let name = e.file_name();
+        if ["dev", "proc", "sys", "run", "tmp", "lost+found"]
+            .iter()
+            .any(|s| name == *s)
+        {
+            continue;
+        }
+        let to = new.join(&name);
+        let t = e.file_type()?;
+        if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &to)?;
+        } else if t.is_dir() {
+            std::fs::create_dir(&to)?;
+            m("bind", rustix::mount::mount_bind_recursive(e.path(), &to))?;
+            m(
+                "bind ro",
+                rustix::mount::mount_remount(
+                    &to,
+                    MountFlags::BIND | MountFlags::RDONLY | nosuid,
+                    c"",
+                ),
+            )?;
+        }
+    }
+    for d in ["dev", "proc", "tmp", "run", "workspace"] {
+        std::fs::create_dir_all(new.join(d))?;
+    }
+    m("proc", mount("proc", new.join("proc"), "proc", nosuid, ""))?;
+    m(
+        "tmp",
+        mount(
+            "tmpfs",
+            new.join("tmp"),
+            "tmpfs",
+            nosuid,
+            "size=64m,mode=1777",
+        ),
+    )?;
+    m(
+        "run",
+        mount(
+            "tmpfs",
+            new.join("run"),
+            "tmpfs",
+            nosuid,
+            "size=1m,mode=0755",
+        ),
+    )?;
+    std::fs::create_dir_all(new.join(SOCKETS_IN_GUEST.trim_start_matches('/')))?;
+    let ws = new.join(h.workspace.strip_prefix("/").unwrap_or(&h.workspace));
+    std::fs::create_dir_all(&ws)?;
+    let opts = format!(
+        "size={}m,mode=0700,uid={},gid={}",
+        h.workspace_mb.max(1),
+        h.uid,
+        h.uid
+    );
+    m(
+        "workspace",
+        mount("tmpfs", &ws, "tmpfs", nosuid, opts.as_str()),
+    )?;
+    for (i, path) in h.disks.iter().enumerate() {
+        let dev = disk_with_serial(&format!("agent{i}"))?;
+        let at = new.join(path.strip_prefix("/").unwrap_or(path));
+        std::fs::create_dir_all(&at)?;
+        m(
+            "agent disk",
+            mount(&dev, &at, "ext4", MountFlags::RDONLY | nosuid, "noload"),
+        )?;
+    }
+    m("dev", rustix::mount::mount_move("/dev", new.join("dev")))?;
+    std::env::set_current_dir(new)?;
+    std::fs::create_dir(".old")?;
+    m("pivot_root", rustix::process::pivot_root(".", ".old"))?;
+    m(
+        "old root",
+        rustix::mount::unmount("/.old", UnmountFlags::DETACH),
+    )?;
+    let _ = std::fs::remove_dir("/.old");
+    std::env::set_current_dir("/")?;
+    m(
+        "ro root",
+        rustix::mount::mount_remount("/", MountFlags::RDONLY | nosuid, c""),
+    )
+}
+
+/// mount(2) with `data` as the filesystem's options.
+fn mount(
+    source: impl AsRef<Path>,
+    target: impl AsRef<Path>,
+    fstype: &str,
+    flags: MountFlags,
+    data: &str,
+) -> rustix::io::Result<()> {
+    let data = std::ffi::CString::new(data).map_err(|_| rustix::io::Errno::INVAL)?;
+    let fstype = std::ffi::CString::new(fstype).map_err(|_| rustix::io::Errno::INVAL)?;
+    rustix::mount::mount(
+        source.as_ref(),
+        target.as_ref(),
+        fstype.as_c_str(),
+        flags,
+        Some(data.as_c_str()),
+    )
+}
+
+/// `/dev/vdX` whose virtio serial is `serial`.
+fn disk_with_serial(serial: &str) -> std::io::Result<PathBuf> {
+    for e in std::fs::read_dir("/sys/block")?.flatten() {
+        let s = std::fs::read_to_string(e.path().join("serial")).unwrap_or_default();
+        if s.trim() == serial {
+            return Ok(Path::new("/dev").join(e.file_name()));
+        }
+    }
+    Err(io_err("no disk with serial", serial))
+}

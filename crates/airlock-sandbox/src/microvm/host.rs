@@ -1,0 +1,300 @@
+//! `airlock microvm-host` (hidden): the host side of one guest. Started by
+//! the backend in the run's cgroups, it listens on the channel's socket,
+//! starts the VMM (which connects to it), and then serves the guest: the
+//! header and the runtime's secrets in, after the guest says it booted;
+//! each relay stream to the sidecar's socket it names; the runtime's output
+//! to its own stdout and stderr. It exits with the runtime's exit code, as
+//! the guest's nonce'd end frame says, or 125 with the reason on stderr.
+//! It dies with the platform, and the VMM with it.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+
+use airlock_platform_api::channel::{
+    ChannelError, Decoder, Frame, FromGuest, GuestStreams, NONCE_LEN, Relay,
+};
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::config::{HostConfig, MAX_CONFIG_BYTES};
+use super::mux::{self, FrameTx, Inbound};
+use crate::{PROXY_SOCKET, SIDECAR_SOCKET};
+
+/// The hidden subcommand.
+pub const HOST_SUBCOMMAND: &str = "microvm-host";
+
+/// Why the guest's run did not end with its runtime's exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot read the microVM's configuration: {0}")]
+    Config(String),
+    #[error("cannot draw the run's nonce: {0}")]
+    Nonce(std::io::Error),
+    #[error("cannot listen on the microVM's channel: {0}")]
+    Listen(std::io::Error),
+    #[error("cannot start the VMM {program}: {source}")]
+    Vmm {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("the VMM exited ({0}) before it connected its channel")]
+    VmmGone(std::process::ExitStatus),
+    #[error("the microVM stopped ({0}) before its runtime ended")]
+    Stopped(String),
+    #[error("the microVM's channel: {0}")]
+    Channel(#[from] ChannelError),
+    #[error("the microVM's channel: {0}")]
+    Io(std::io::Error),
+}
+
+/// The helper's whole life; its exit code.
+pub fn main() -> i32 {
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandbox setup failed: microvm host: {e}");
+            return 125;
+        }
+    };
+    match rt.block_on(serve()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sandbox setup failed: {e}");
+            125
+        }
+    }
+}
+
+/// Reads the configuration line (the rest of stdin is the secrets).
+fn read_config() -> Result<HostConfig, HostError> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    let mut stdin = std::io::stdin().lock();
+    while line.len() as u64 <= MAX_CONFIG_BYTES {
+        match stdin.read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => line.push(byte[0]),
+            Err(e) => return Err(HostError::Config(e.to_string())),
+        }
+    }
+    serde_json::from_slice(&line).map_err(|e| HostError::Config(e.to_string()))
+}
+
+fn nonce() -> Result<[u8; NONCE_LEN], HostError> {
+    let mut n = [0u8; NONCE_LEN];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut n))
+        .map_err(HostError::Nonce)?;
+    Ok(n)
+}
+
+/// A descriptor the VMM inherits (this process's copy is closed once it started).
+fn inheritable(fd: &impl std::os::fd::AsFd) -> Result<i32, HostError> {
+    use std::os::fd::AsRawFd;
+    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())
+        .map_err(|e| HostError::Listen(e.into()))?;
+    Ok(fd.as_fd().as_raw_fd())
+}
+
+async fn serve() -> Result<i32, HostError> {
+    let mut cfg = read_config()?;
+    cfg.guest.nonce = nonce()?;
+    // The channel is a socket pair, the disks open files: the VMM gets
+    // descriptors, no path, so nothing of the run's directory need be open
+    // to its uid, and no socket is left on disk.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(HostError::Listen)?;
+    let disks = cfg
+        .plan
+        .disks
+        .iter()
+        .map(std::fs::File::open)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(HostError::Listen)?;
+    let disk_fds = disks
+        .iter()
+        .map(inheritable)
+        .collect::<Result<Vec<_>, _>>()?;
+    let fds = super::qemu::Fds {
+        channel: inheritable(&theirs)?,
+        disks: &disk_fds,
+    };
+    let ids = crate::namespace::config::HostIds {
+        uid: cfg.vmm_uid,
+        gid: cfg.vmm_gid,
+        switch: cfg.vmm_switch,
+    };
+    let argv = super::confine(cfg.plan.argv(fds), &ids);
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| HostError::Config("no VMM command".into()))?;
+    let mut vmm = tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::io::stderr())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| HostError::Vmm {
+            program: program.clone(),
+            source,
+        })?;
+    drop((theirs, disks));
+    ours.set_nonblocking(true).map_err(HostError::Listen)?;
+    let chan = tokio::net::UnixStream::from_std(ours).map_err(HostError::Listen)?;
+    let ended = tokio::select! {
+        r = demux(chan, &cfg) => r,
+        s = vmm.wait() => Err(HostError::Stopped(match s {
+            Ok(s) => s.to_string(),
+            Err(e) => e.to_string(),
+        })),
+    };
+    match &ended {
+        // The guest powers itself off after its end: a moment for it.
+        Ok(_) => {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(3), vmm.wait()).await;
+        }
+        Err(_) => {}
+    }
+    let _ = vmm.start_kill();
+    let _ = vmm.wait().await;
+    ended
+}
+
+/// Serves the guest's frames until its end (or the first refusal).
+async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, HostError> {
+    let (mut r, w) = chan.into_split();
+    let (tx, writer) = mux::writer(w);
+    let mut judge = GuestStreams::new(cfg.guest.nonce);
+    let mut streams: HashMap<u32, mpsc::Sender<Inbound>> = HashMap::new();
+    let mut decoder = Decoder::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut stdout = tokio::io::stdout();
+    let mut stderr = tokio::io::stderr();
+    loop {
+        let frame = match decoder.next_frame()? {
+            Some(f) => f,
+            None => {
+                let n = r.read(&mut buf).await.map_err(HostError::Io)?;
+                if n == 0 {
+                    return Err(if decoder.partial() {
+                        ChannelError::Truncated.into()
+                    } else {
+                        HostError::Stopped("its channel closed".into())
+                    });
+                }
+                decoder.push(&buf[..n]);
+                continue;
+            }
+        };
+        match judge.accept(frame)? {
+            FromGuest::Ready => hand_over(&tx, cfg)?,
+            FromGuest::Stdout(b) => {
+                let _ = stdout.write_all(&b).await;
+                let _ = stdout.flush().await;
+            }
+            FromGuest::Stderr(b) => {
+                let _ = stderr.write_all(&b).await;
+            }
+            FromGuest::Exit(code) => {
+                drop(tx);
+                let _ = writer.await;
+                return Ok(code);
+            }
+            FromGuest::Open { stream, relay } => {
+                let (in_tx, in_rx) = mpsc::channel(mux::STREAM_QUEUE);
+                streams.insert(stream, in_tx);
+                tokio::spawn(dial(
+                    stream,
+                    relay,
+                    cfg.sockets_dir.clone(),
+                    tx.clone(),
+                    in_rx,
+                ));
+            }
+            FromGuest::Data { stream, data } => {
+                deliver(&mut streams, &mut judge, stream, Inbound::Data(data)).await;
+            }
+            FromGuest::Eof { stream } => {
+                deliver(&mut streams, &mut judge, stream, Inbound::Eof).await;
+            }
+            FromGuest::Reset { stream } => {
+                streams.remove(&stream);
+            }
+            FromGuest::Late => {}
+        }
+    }
+}
+
+/// Hands a stream what the guest sent on it; a stream whose carrier is
+/// gone is closed (what comes after is late).
+async fn deliver(
+    streams: &mut HashMap<u32, mpsc::Sender<Inbound>>,
+    judge: &mut GuestStreams,
+    stream: u32,
+    m: Inbound,
+) {
+    let gone = match streams.get(&stream) {
+        Some(s) => s.send(m).await.is_err(),
+        None => true,
+    };
+    if gone {
+        streams.remove(&stream);
+        judge.close(stream);
+    }
+}
+
+/// The header, then the runtime's secrets (this process's stdin, to its
+/// end: the platform releases them once the sidecar is ready).
+fn hand_over(tx: &FrameTx, cfg: &HostConfig) -> Result<(), HostError> {
+    let header = serde_json::to_vec(&cfg.guest).map_err(|e| HostError::Config(e.to_string()))?;
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        if tx.send(Frame::Header(Bytes::from(header))).await.is_err() {
+            return;
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buf = vec![0u8; airlock_platform_api::channel::MAX_PAYLOAD];
+        loop {
+            match stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let piece = Bytes::copy_from_slice(&buf[..n]);
+                    if tx.send(Frame::Stdin(piece)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        buf.iter_mut().for_each(|b| *b = 0);
+        let _ = tx.send(Frame::StdinEnd).await;
+    });
+    Ok(())
+}
+
+/// Connects a new stream to the sidecar's socket for `relay`, then carries
+/// it; a socket that cannot be reached resets the stream.
+async fn dial(
+    stream: u32,
+    relay: Relay,
+    sockets: std::path::PathBuf,
+    tx: FrameTx,
+    inbound: mpsc::Receiver<Inbound>,
+) {
+    let name = match relay {
+        Relay::Api => SIDECAR_SOCKET,
+        Relay::Proxy => PROXY_SOCKET,
+    };
+    match tokio::net::UnixStream::connect(Path::new(&sockets).join(name)).await {
+        Ok(sock) => mux::carry(stream, sock, tx, inbound).await,
+        Err(_) => {
+            let _ = tx.send(Frame::Reset { stream }).await;
+        }
+    }
+}

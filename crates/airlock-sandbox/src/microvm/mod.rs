@@ -1,0 +1,300 @@
+//! The `microvm` backend: each run's agent in a virtual machine of its own
+//! (QEMU's `-M microvm`), whose one way out is a virtio-serial port that the
+//! runtime's relays are multiplexed over to the sidecar outside.
+//!
+//! - [`image`]: the guest (kernel, initramfs, read-only root), built by
+//!   `airlock images build --microvm`;
+//! - [`qemu`]: the QEMU driver (the machine's command line, KVM or TCG);
+//! - [`host`]: `airlock microvm-host`, the host side of one guest (the
+//!   channel's end, the VMM's parent), which the backend starts in the
+//!   run's cgroups as the sandbox's first process;
+//! - [`guest`]: `airlock vm-init`, PID 1 in the guest;
+//! - [`mux`]: the channel's streams, the same on both sides; the frames
+//!   themselves are the contract crate's (`airlock_platform_api::channel`).
+//!
+//! The VMM is confined besides the guest's own kernel: it runs as the run's
+//! unprivileged host uid (the namespace backend's), in new network, IPC,
+//! UTS and mount namespaces, with no new privileges, QEMU's seccomp filter
+//! (`-sandbox on`), inside the run's cgroups, and dies with its helper,
+//! which dies with the platform.
+
+pub mod config;
+pub mod guest;
+pub mod host;
+pub mod image;
+pub mod mux;
+pub mod qemu;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::namespace::{cgroup, config as ns_config};
+use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxKind, SandboxSpec, Unavailable};
+use config::{GUEST_UID, GuestHeader, HostConfig, SOCKETS_IN_GUEST, WORKSPACE_IN_GUEST};
+
+/// What the VMM process may use beyond the guest's memory (QEMU itself,
+/// its emulator's code cache under TCG).
+pub const VMM_OVERHEAD_MB: u64 = 512;
+
+pub struct MicrovmBackend {
+    /// The `airlock` binary (it runs `microvm-host`).
+    pub exe: PathBuf,
+    pub qemu: PathBuf,
+    pub images: PathBuf,
+    pub accel: qemu::Accel,
+    /// Fail a spawn when cgroups cannot be made (default: when root).
+    pub require_limits: bool,
+    layout: std::sync::OnceLock<Option<cgroup::Layout>>,
+}
+
+impl MicrovmBackend {
+    /// From the environment ([`qemu::ENV_MICROVM_QEMU`],
+    /// [`image::ENV_MICROVM_IMAGES_DIR`]), with the running executable.
+    pub fn from_env() -> Result<MicrovmBackend, SandboxError> {
+        let exe = std::env::current_exe().map_err(SandboxError::InitBinary)?;
+        let qemu = std::env::var_os(qemu::ENV_MICROVM_QEMU)
+            .filter(|q| !q.is_empty())
+            .map_or_else(|| PathBuf::from(qemu::DEFAULT_QEMU), PathBuf::from);
+        let images = image::images_dir().map_err(|e| SandboxError::Config {
+            var: image::ENV_MICROVM_IMAGES_DIR,
+            message: e.to_string(),
+        })?;
+        Ok(MicrovmBackend {
+            exe,
+            qemu,
+            images,
+            accel: qemu::accel(),
+            require_limits: rustix::process::geteuid().is_root(),
+            layout: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn layout(&self) -> Option<&cgroup::Layout> {
+        self.layout.get_or_init(cgroup::layout).as_ref()
+    }
+
+    /// The QEMU binary, found on `PATH` when it is a bare name.
+    fn qemu_path(&self) -> Option<PathBuf> {
+        if self.qemu.components().count() > 1 {
+            return self.qemu.is_file().then(|| self.qemu.clone());
+        }
+        std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .map(|d| d.join(&self.qemu))
+            .find(|p| p.is_file())
+    }
+
+    /// The run's cgroups (its helper and VMM), or none with a warning
+    /// where limits are not required.
+    fn cgroups(&self, spec: &SandboxSpec) -> Result<Option<cgroup::RunCgroups>, SandboxError> {
+        let limits = cgroup::Limits {
+            memory_mb: spec.memory_mb + VMM_OVERHEAD_MB,
+            cpus: spec.cpus,
+            pids_max: 256,
+        };
+        let made = match self.layout() {
+            Some(layout) => cgroup::RunCgroups::create(layout, &spec.run_id, limits),
+            None => Err(cgroup::CgroupError::NoHierarchy),
+        };
+        match made {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if self.require_limits => Err(SandboxError::Limits(e)),
+            Err(e) => {
+                tracing::warn!("the microVM's VMM runs WITHOUT cgroup limits: {e}");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// `vmm` wrapped in its confinement: when the platform is root, new
+/// network, IPC, UTS and mount namespaces (`unshare`) and the run's own
+/// uid and gid with no groups (`setpriv`); always no new privileges and
+/// death with its parent, the helper.
+pub fn confine(vmm: Vec<String>, ids: &ns_config::HostIds) -> Vec<String> {
+    let mut a: Vec<String> = vec![];
+    if ids.switch {
+        a.extend(
+            [
+                "unshare",
+                "--net",
+                "--ipc",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+            ]
+            .map(String::from),
+        );
+    }
+    a.push("setpriv".into());
+    if ids.switch {
+        a.extend([
+            format!("--reuid={}", ids.uid),
+            format!("--regid={}", ids.gid),
+            "--clear-groups".into(),
+        ]);
+    }
+    a.extend(["--no-new-privs", "--pdeathsig", "KILL", "--"].map(String::from));
+    a.extend(vmm);
+    a
+}
+
+/// The agent's directory as a read-only ext4 image at `out` (`mkfs.ext4
+/// -d`: a copy, in the run's own directory, gone with it).
+fn agent_disk(dir: &Path, out: &Path) -> Result<(), SandboxError> {
+    let size_mb = image::tree_bytes(dir) / (1 << 20) * 5 / 4 + 16;
+    let o = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-O", "^has_journal", "-d"])
+        .arg(dir)
+        .arg(out)
+        .arg(format!("{size_mb}M"))
+        .stdin(Stdio::null())
+        .output()
+        .map_err(SandboxError::Io)?;
+    if !o.status.success() {
+        return Err(SandboxError::Io(std::io::Error::other(format!(
+            "mkfs.ext4 -d {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))));
+    }
+    Ok(())
+}
+
+impl Backend for MicrovmBackend {
+    fn name(&self) -> &'static str {
+        "microvm"
+    }
+
+    fn check(&self) -> Result<(), Unavailable> {
+        if self.qemu_path().is_none() {
+            return Err(Unavailable(format!(
+                "{} is not installed (apt-get install qemu-system-x86), or set {}",
+                self.qemu.display(),
+                qemu::ENV_MICROVM_QEMU
+            )));
+        }
+        image::GuestImage::find(&self.images, &self.exe).map_err(|e| Unavailable(e.to_string()))?;
+        if self.accel == qemu::Accel::Tcg {
+            tracing::warn!("{}", qemu::TCG_WARNING);
+        }
+        Ok(())
+    }
+
+    fn paths(&self, run_dir: &Path) -> RunPaths {
+        RunPaths {
+            sockets_host: run_dir.join("sock"),
+            sockets: PathBuf::from(SOCKETS_IN_GUEST),
+            workspace: PathBuf::from(WORKSPACE_IN_GUEST),
+        }
+    }
+
+    fn runtime_exe(&self, _host_exe: &Path) -> PathBuf {
+        PathBuf::from(image::EXE_IN_GUEST)
+    }
+
+    /// The guest's programs are its root image's, not the host's.
+    fn host_programs(&self) -> bool {
+        false
+    }
+
+    fn local_runners(&self) -> Result<(), crate::NoLocalRunners> {
+        Err(crate::NoLocalRunners::NotOnMicrovm)
+    }
+
+    fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
+        if spec.kind != SandboxKind::Agent {
+            return Err(SandboxError::Unavailable {
+                backend: "microvm",
+                reason: crate::NoLocalRunners::NotOnMicrovm.to_string(),
+            });
+        }
+        ns_config::check_run_id(&spec.run_id)?;
+        let ids = ns_config::HostIds::for_run(&spec.run_id);
+        let image = image::GuestImage::find(&self.images, &self.exe).map_err(|e| {
+            SandboxError::Unavailable {
+                backend: "microvm",
+                reason: e.to_string(),
+            }
+        })?;
+        let run_dir = spec.sockets_dir.parent().unwrap_or(&spec.sockets_dir);
+        let vm = run_dir.join("vm");
+        std::fs::create_dir_all(&vm)?;
+        let mut disks = vec![];
+        for (i, dir) in spec.ro_paths.iter().enumerate() {
+            let out = vm.join(format!("agent{i}.ext4"));
+            agent_disk(dir, &out)?;
+            std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o400))?;
+            disks.push(out);
+        }
+        let plan = qemu::QemuPlan {
+            qemu: self.qemu_path().unwrap_or_else(|| self.qemu.clone()),
+            accel: self.accel,
+            tsc_khz: qemu::tsc_khz(),
+            image,
+            memory_mb: spec.memory_mb,
+            vcpus: crate::whole(spec.cpus.ceil(), 64),
+            disks,
+        };
+        let host = HostConfig {
+            plan,
+            vmm_uid: ids.uid,
+            vmm_gid: ids.gid,
+            vmm_switch: ids.switch,
+            sockets_dir: spec.sockets_dir.clone(),
+            guest: GuestHeader {
+                nonce: [0; airlock_platform_api::channel::NONCE_LEN],
+                command: spec.command.clone(),
+                env: spec.env.clone(),
+                workspace: spec.workspace.clone(),
+                workspace_mb: spec.workspace_size_mb,
+                disks: spec.ro_paths.clone(),
+                uid: GUEST_UID,
+            },
+        };
+        let mut head = serde_json::to_vec(&host).map_err(|e| SandboxError::Io(e.into()))?;
+        head.push(b'\n');
+        let cgroups = self.cgroups(spec)?.map(Arc::new);
+        let child = tokio::process::Command::new(&self.exe)
+            .arg(host::HOST_SUBCOMMAND)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &cgroups {
+                    c.remove(Duration::from_millis(100));
+                }
+                return Err(e.into());
+            }
+        };
+        if let (Some(c), Some(pid)) = (&cgroups, child.id()) {
+            c.enter(pid).map_err(SandboxError::Limits)?;
+        }
+        let pidfd = crate::pid_fd(child.id());
+        let kill_cg = cgroups.clone();
+        let killer = Box::new(move || {
+            if let Some(fd) = &pidfd {
+                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+            }
+            if let Some(c) = &kill_cg {
+                c.kill();
+            }
+        });
+        let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
+            Box::new(move || c.remove(Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
+        });
+        let mut sandbox = Sandbox::new(child, killer, cleaner)?;
+        sandbox.feed_stdin(head, spec.stdin.clone(), spec.hold_stdin);
+        Ok(sandbox)
+    }
+}
