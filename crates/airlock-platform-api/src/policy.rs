@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use airlock_egress::rules::live::{LiveRuleError, narrowed};
+use airlock_egress::rules::live::{LiveRuleError, RuleLists, narrowed};
 use airlock_egress::{RuleSpec, Rules};
 use serde::{Deserialize, Serialize};
 
@@ -54,18 +54,21 @@ pub enum PolicyError {
     #[error("integration {0:?}: the run has no such integration")]
     UnknownIntegration(String),
     #[error("{list}: {source}")]
-    List { list: String, source: LiveRuleError },
+    List {
+        list: String,
+        source: Box<LiveRuleError>,
+    },
 }
 
 impl PolicyError {
     /// The rule the refusal names, when it names one.
     pub fn rule(&self) -> Option<&str> {
         match self {
-            PolicyError::List {
-                source: LiveRuleError::Beyond { rule },
-                ..
-            } => Some(rule),
-            _ => None,
+            PolicyError::List { source, .. } => match &**source {
+                LiveRuleError::Beyond { rule } => Some(rule),
+                LiveRuleError::Rule(_) => None,
+            },
+            PolicyError::UnknownIntegration(_) => None,
         }
     }
 }
@@ -73,10 +76,7 @@ impl PolicyError {
 impl PolicyRules {
     /// The live lists of a run whose manifest's lists are `ceiling`, each
     /// within its manifest list ([`narrowed`]), by list name.
-    pub fn compile(
-        &self,
-        ceiling: &PolicyRules,
-    ) -> Result<HashMap<String, Arc<Rules>>, PolicyError> {
+    pub fn compile(&self, ceiling: &PolicyRules) -> Result<RuleLists, PolicyError> {
         if let Some(ns) = self
             .integrations
             .keys()
@@ -94,7 +94,7 @@ impl PolicyRules {
         for (list, manifest, live) in lists {
             let err = |source| PolicyError::List {
                 list: list.clone(),
-                source,
+                source: Box::new(source),
             };
             let manifest = Rules::compile(manifest).map_err(|e| err(e.into()))?;
             let rules = narrowed(&manifest, live).map_err(err)?;

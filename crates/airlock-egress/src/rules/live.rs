@@ -102,14 +102,17 @@ fn query_within(inner: &Query, outer: &Query) -> bool {
     }
 }
 
+/// A run's rule lists by name.
+pub type RuleLists = HashMap<String, Arc<Rules>>;
+
 /// Every rule list of a run, by name, as one swappable value.
 #[derive(Debug, Clone, Default)]
 pub struct LiveRuleSet {
-    cell: Arc<RwLock<Arc<HashMap<String, Arc<Rules>>>>>,
+    cell: Arc<RwLock<Arc<RuleLists>>>,
 }
 
 impl LiveRuleSet {
-    pub fn new(lists: HashMap<String, Arc<Rules>>) -> LiveRuleSet {
+    pub fn new(lists: RuleLists) -> LiveRuleSet {
         LiveRuleSet {
             cell: Arc::new(RwLock::new(Arc::new(lists))),
         }
@@ -117,7 +120,7 @@ impl LiveRuleSet {
 
     /// Replaces every list at once: a decision made after this returns
     /// reads the new lists; one that read the old finishes under them.
-    pub fn swap(&self, lists: HashMap<String, Arc<Rules>>) {
+    pub fn swap(&self, lists: RuleLists) {
         let mut cell = self.cell.write().unwrap_or_else(PoisonError::into_inner);
         *cell = Arc::new(lists);
     }

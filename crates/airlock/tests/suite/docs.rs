@@ -271,16 +271,21 @@ fn generated_egress_sections() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The manifest of docs/egress.md's L7 rules example.
+fn l7_example_manifest(text: &str) -> Manifest {
+    let at = text.find("## L7 rules").unwrap();
+    let start = at + text[at..].find("```toml\n").unwrap() + "```toml\n".len();
+    let end = start + text[start..].find("```").unwrap();
+    Manifest::parse(&text[start..end]).unwrap()
+}
+
 /// The L7 rules' example in docs/egress.md: its manifest loads, and each
 /// request of its table gets the documented decision from the guard.
 #[test]
 fn the_l7_rule_examples_are_what_the_guard_decides() {
     use airlock_egress::{AuthorizedUris, CallRules, EgressPolicy, Intent, Missing, Target};
     let text = doc("egress.md");
-    let at = text.find("## L7 rules").unwrap();
-    let start = at + text[at..].find("```toml\n").unwrap() + "```toml\n".len();
-    let end = start + text[start..].find("```").unwrap();
-    let m = Manifest::parse(&text[start..end]).unwrap();
+    let m = l7_example_manifest(&text);
     let integ = &m.integrations[0];
     let list = AuthorizedUris::parse(&integ.authorized_uris).with_rules(integ.rules.compiled());
     let rules = CallRules {
@@ -330,10 +335,7 @@ fn the_l7_rule_examples_are_what_the_guard_decides() {
 fn the_live_policy_examples_are_what_the_platform_decides() {
     use airlock_platform_api::policy::PolicyRules;
     let text = doc("egress.md");
-    let at = text.find("## L7 rules").unwrap();
-    let start = at + text[at..].find("```toml\n").unwrap() + "```toml\n".len();
-    let end = start + text[start..].find("```").unwrap();
-    let m = Manifest::parse(&text[start..end]).unwrap();
+    let m = l7_example_manifest(&text);
     let ceiling = PolicyRules {
         network: Vec::new(),
         integrations: m

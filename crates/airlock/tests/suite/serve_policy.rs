@@ -204,13 +204,29 @@ fn a_running_runs_policy_narrows_and_widens_within_its_manifest_for_its_organiza
     SLOW_RELEASED.store(true, Ordering::Release);
     // The agent reaches the gate once its refused requests were tried.
     wait_seen(&up, "GET /gate", &s);
-    let (st, p) = s.call(
-        "PATCH",
-        &format!("{path}?wait=true"),
-        a,
-        Some(&json!({"reset": true})),
+    // Widened back by the CLI, which returns once the sidecar applied it.
+    let cli = |key: &str, extra: &[&str]| {
+        let mut args = vec!["runs", "policy", id.as_str()];
+        args.extend_from_slice(extra);
+        std::process::Command::new(crate::support::AIRLOCK)
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .env("AIRLOCK_HOME", "/nonexistent/never-used")
+            .env("AIRLOCK_SERVER", format!("http://{}", s.addr))
+            .env("AIRLOCK_API_KEY", key)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&b_key, &["--reset"]);
+    assert_eq!(out.status.code(), Some(1), "another organization's run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no run"));
+    let out = cli(&a_key, &["--reset"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(st, 200, "{p}");
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         (p["version"].clone(), p["applied_version"].clone()),
         (json!(2), json!(2))
@@ -277,6 +293,17 @@ fn a_running_runs_policy_narrows_and_widens_within_its_manifest_for_its_organiza
     let (st, v) = s.call("PATCH", &path, a, Some(&json!({"reset": true})));
     assert_eq!(st, 409, "{v}");
     assert_eq!(s.call("GET", &path, a, None).1["version"], 2);
+    let out = cli(&a_key, &[]);
+    assert!(out.status.success());
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["version"], 2);
+    let out = cli(&a_key, &["--preset", "read-only", "--host", &host]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("409"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Each change is on the run's stream and in its audit, with its key.
     let (_, events) = s.call(

@@ -27,8 +27,8 @@ fn spec(
     }
 }
 
-fn manifest() -> Rules {
-    Rules::compile(&[
+fn manifest_specs() -> Vec<RuleSpec> {
+    vec![
         spec(
             "api",
             "https://api.example",
@@ -44,8 +44,11 @@ fn manifest() -> Rules {
             &["GET"],
             &["/a/**"],
         ),
-    ])
-    .unwrap()
+    ]
+}
+
+fn manifest() -> Rules {
+    Rules::compile(&manifest_specs()).unwrap()
 }
 
 fn judge(rules: &Rules, method: &str, url: &str) -> Result<(), RuleRefusal> {
@@ -212,19 +215,23 @@ fn widenings_are_refused_naming_the_rule() {
     ));
 }
 
-#[test]
-fn a_withdrawn_rule_refuses_its_host() {
-    let live = narrowed(
+/// The manifest narrowed to one read-only rule `ro` of api.example on `path`.
+fn read_only_api(path: &str) -> Result<Rules, LiveRuleError> {
+    narrowed(
         &manifest(),
         &[spec(
             "ro",
             "https://api.example",
             Some(Preset::ReadOnly),
             &[],
-            &["/repos/**"],
+            &[path],
         )],
     )
-    .unwrap();
+}
+
+#[test]
+fn a_withdrawn_rule_refuses_its_host() {
+    let live = read_only_api("/repos/**").unwrap();
     assert!(judge(&live, "GET", "https://api.example/repos/x").is_ok());
     let post = judge(&live, "POST", "https://api.example/repos/x").unwrap_err();
     assert_eq!(post.rule, "ro");
@@ -248,24 +255,7 @@ fn a_withdrawn_rule_refuses_its_host() {
     // A host no manifest rule covers stays the list's alone.
     assert!(judge(&live, "DELETE", "https://elsewhere.example/").is_ok());
     // Reset: the manifest's rules as live rules decide as the manifest does.
-    let specs = [
-        spec(
-            "api",
-            "https://api.example",
-            Some(Preset::ReadWrite),
-            &[],
-            &["/repos/**", "/user"],
-        ),
-        spec("any", "https://*.cdn.example", Some(Preset::Full), &[], &[]),
-        spec(
-            "only-get",
-            "http://plain.example:8080",
-            None,
-            &["GET"],
-            &["/a/**"],
-        ),
-    ];
-    let reset = narrowed(&manifest(), &specs).unwrap();
+    let reset = narrowed(&manifest(), &manifest_specs()).unwrap();
     for (m, u) in [
         ("POST", "https://api.example/user"),
         ("DELETE", "https://x.cdn.example/"),
@@ -294,17 +284,7 @@ fn one_swap_covers_every_list_and_a_read_keeps_its_snapshot() {
     let before = network.load();
     assert!(judge(&before, "POST", "https://api.example/user").is_ok());
     assert!(other.load().is_empty());
-    let ro = narrowed(
-        &manifest(),
-        &[spec(
-            "ro",
-            "https://api.example",
-            Some(Preset::ReadOnly),
-            &[],
-            &["/user"],
-        )],
-    )
-    .unwrap();
+    let ro = read_only_api("/user").unwrap();
     set.swap(HashMap::from([
         ("network".to_owned(), Arc::new(ro)),
         ("integration:gh".to_owned(), Arc::new(manifest())),
