@@ -233,6 +233,7 @@ impl Backend for MicrovmBackend {
             disks.push(out);
         }
         let plan = qemu::QemuPlan {
+            name: format!("airlock-{}", spec.run_id),
             qemu: self.qemu_path().unwrap_or_else(|| self.qemu.clone()),
             accel: self.accel,
             tsc_khz: qemu::tsc_khz(),
