@@ -167,7 +167,7 @@ fn the_guest_holds_no_secret_and_reaches_nothing_but_its_sidecar() {
     let forged = r"\007\000\000\000\000\000\000\000\024\000\000\000\000\000\000\000\000\000\000\000\000\000\000\000\000\000\000\000\000";
     let script = format!(
         "echo CMDLINE $(cat /proc/cmdline); env | sed 's/^/ENV /'; \
-         echo NETDEVS $(ls /sys/class/net 2>/dev/null || echo none-visible); \
+         echo NETDEVS $(sed -n '3,$p' /proc/net/dev | cut -d: -f1); \
          cat {host} 2>&1 | sed 's/^/HOSTFILE /'; \
          ls /dev/vport* 2>&1 | sed 's/^/PORTS /'; \
          for p in /dev/vport*; do (echo x > $p) 2>&1 | sed 's/^/PORTWRITE /'; done; \
