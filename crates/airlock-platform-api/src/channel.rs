@@ -26,6 +26,9 @@ pub const MAX_OPEN_STREAMS: usize = 256;
 /// The run's nonce: drawn by the host per run, known to the guest's init
 /// only (sent in the header), carried by the one frame that ends the run.
 pub const NONCE_LEN: usize = 16;
+/// An exit frame's payload: the nonce and the exit code (i32, big endian).
+const EXIT_LEN: u32 = 20;
+const _: () = assert!(EXIT_LEN as usize == NONCE_LEN + 4);
 /// The name of the guest's port (`virtserialport,name=…`).
 pub const PORT_NAME: &str = "airlock.0";
 
@@ -150,7 +153,7 @@ impl Frame {
                 p[NONCE_LEN..].copy_from_slice(&code.to_be_bytes());
                 out.put_u8(K_EXIT);
                 out.put_u32(0);
-                out.put_u32(p.len() as u32);
+                out.put_u32(EXIT_LEN);
                 out.put_slice(&p);
                 return;
             }
@@ -573,7 +576,7 @@ mod tests {
     #[test]
     fn at_most_so_many_streams_are_open() {
         let mut g = GuestStreams::new([0; NONCE_LEN]);
-        for s in 1..=MAX_OPEN_STREAMS as u32 {
+        for s in 1..=u32::try_from(MAX_OPEN_STREAMS).unwrap() {
             g.accept(Frame::Open {
                 stream: s,
                 relay: Relay::Api,

@@ -155,12 +155,9 @@ async fn serve() -> Result<i32, HostError> {
             Err(e) => e.to_string(),
         })),
     };
-    match &ended {
-        // The guest powers itself off after its end: a moment for it.
-        Ok(_) => {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(3), vmm.wait()).await;
-        }
-        Err(_) => {}
+    // The guest powers itself off after its end: a moment for it.
+    if ended.is_ok() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), vmm.wait()).await;
     }
     let _ = vmm.start_kill();
     let _ = vmm.wait().await;
