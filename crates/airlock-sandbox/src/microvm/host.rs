@@ -11,9 +11,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
-use airlock_platform_api::channel::{
-    ChannelError, Decoder, Frame, FromGuest, GuestStreams, NONCE_LEN, Relay,
-};
+use airlock_platform_api::channel::{ChannelError, Decoder, Frame, GuestStreams, NONCE_LEN, Relay};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -190,21 +188,25 @@ async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, Ho
                 continue;
             }
         };
-        match judge.accept(frame)? {
-            FromGuest::Ready => hand_over(&tx, cfg)?,
-            FromGuest::Stdout(b) => {
+        let Some(frame) = judge.accept(frame)? else {
+            continue;
+        };
+        match frame {
+            Frame::Ready => hand_over(&tx, cfg)?,
+            Frame::Stdout(b) => {
                 let _ = stdout.write_all(&b).await;
                 let _ = stdout.flush().await;
             }
-            FromGuest::Stderr(b) => {
+            Frame::Stderr(b) => {
                 let _ = stderr.write_all(&b).await;
             }
-            FromGuest::Exit(code) => {
-                drop(tx);
-                let _ = writer.await;
+            // Its nonce checked: the guest's init sent it.
+            Frame::Exit { code, .. } => {
+                // Closing the channel tells the guest it may power off.
+                writer.abort();
                 return Ok(code);
             }
-            FromGuest::Open { stream, relay } => {
+            Frame::Open { stream, relay } => {
                 let (in_tx, in_rx) = mpsc::channel(mux::STREAM_QUEUE);
                 streams.insert(stream, in_tx);
                 tokio::spawn(dial(
@@ -215,16 +217,17 @@ async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, Ho
                     in_rx,
                 ));
             }
-            FromGuest::Data { stream, data } => {
+            Frame::Data { stream, data } => {
                 deliver(&mut streams, &mut judge, stream, Inbound::Data(data)).await;
             }
-            FromGuest::Eof { stream } => {
+            Frame::Eof { stream } => {
                 deliver(&mut streams, &mut judge, stream, Inbound::Eof).await;
             }
-            FromGuest::Reset { stream } => {
+            Frame::Reset { stream } => {
                 streams.remove(&stream);
             }
-            FromGuest::Late => {}
+            // The host's own kinds: refused by the judge.
+            Frame::Header(_) | Frame::Stdin(_) | Frame::StdinEnd => {}
         }
     }
 }

@@ -336,15 +336,14 @@ fn mmdebstrap(stage: &Stage, base: &Path) -> Result<(), GuestImageError> {
     let tmp = stage.0.join("base");
     run(
         Command::new("mmdebstrap")
-            .args([
-                "--quiet",
-                "--variant=essential",
-                &format!("--include={BASE_PACKAGES}"),
-                "--dpkgopt=path-exclude=/usr/share/doc/*",
-                "--dpkgopt=path-exclude=/usr/share/man/*",
-                "--dpkgopt=path-exclude=/usr/share/locale/*",
-                BASE_SUITE,
-            ])
+            .args(["--quiet", "--variant=essential"])
+            .arg(format!("--include={BASE_PACKAGES}"))
+            // The docker agent base's root, without what no agent reads.
+            .args(
+                ["doc", "man", "locale"]
+                    .map(|d| format!("--dpkgopt=path-exclude=/usr/share/{d}/*")),
+            )
+            .arg(BASE_SUITE)
             .arg(&tmp),
         "mmdebstrap",
         "mmdebstrap",

@@ -281,20 +281,7 @@ impl Backend for MicrovmBackend {
         if let (Some(c), Some(pid)) = (&cgroups, child.id()) {
             c.enter(pid).map_err(SandboxError::Limits)?;
         }
-        let pidfd = crate::pid_fd(child.id());
-        let kill_cg = cgroups.clone();
-        let killer = Box::new(move || {
-            if let Some(fd) = &pidfd {
-                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
-            }
-            if let Some(c) = &kill_cg {
-                c.kill();
-            }
-        });
-        let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
-            Box::new(move || c.remove(Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
-        });
-        let mut sandbox = Sandbox::new(child, killer, cleaner)?;
+        let mut sandbox = Sandbox::in_cgroups(child, cgroups)?;
         sandbox.feed_stdin(head, spec.stdin.clone(), spec.hold_stdin);
         Ok(sandbox)
     }
