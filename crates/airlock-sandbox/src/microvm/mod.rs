@@ -179,9 +179,23 @@ impl Backend for MicrovmBackend {
                 qemu::ENV_MICROVM_QEMU
             )));
         }
-        image::GuestImage::find(&self.images, &self.exe).map_err(|e| Unavailable(e.to_string()))?;
         if self.accel == qemu::Accel::Tcg {
             tracing::warn!("{}", qemu::TCG_WARNING);
+        }
+        Ok(())
+    }
+
+    /// The guest of this build is kept present: what is missing of it is
+    /// built (a new build's root, from the cached base: seconds).
+    fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
+        if image::GuestImage::find(&self.images, &self.exe).is_err() {
+            say("building the microVM guest of this build (missing)");
+            image::GuestImage::build(&self.images, &self.exe, say).map_err(|e| {
+                SandboxError::Unavailable {
+                    backend: "microvm",
+                    reason: e.to_string(),
+                }
+            })?;
         }
         Ok(())
     }
