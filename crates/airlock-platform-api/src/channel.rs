@@ -26,6 +26,9 @@ pub const MAX_OPEN_STREAMS: usize = 256;
 /// The run's nonce: drawn by the host per run, known to the guest's init
 /// only (sent in the header), carried by the one frame that ends the run.
 pub const NONCE_LEN: usize = 16;
+/// An exit frame's payload: the nonce and the exit code (i32, big endian).
+const EXIT_LEN: u32 = 20;
+const _: () = assert!(EXIT_LEN as usize == NONCE_LEN + 4);
 /// The name of the guest's port (`virtserialport,name=…`).
 pub const PORT_NAME: &str = "airlock.0";
 
@@ -150,7 +153,7 @@ impl Frame {
                 p[NONCE_LEN..].copy_from_slice(&code.to_be_bytes());
                 out.put_u8(K_EXIT);
                 out.put_u32(0);
-                out.put_u32(p.len() as u32);
+                out.put_u32(EXIT_LEN);
                 out.put_slice(&p);
                 return;
             }
@@ -293,33 +296,6 @@ fn parse(kind: u8, stream: u32, p: Bytes) -> Result<Frame, ChannelError> {
     }
 }
 
-/// What the host does with a frame [`GuestStreams::accept`] let through.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FromGuest {
-    Ready,
-    Stdout(Bytes),
-    Stderr(Bytes),
-    /// The run's end, nonce checked.
-    Exit(i32),
-    /// Dial `relay` for the new stream.
-    Open {
-        stream: u32,
-        relay: Relay,
-    },
-    Data {
-        stream: u32,
-        data: Bytes,
-    },
-    Eof {
-        stream: u32,
-    },
-    Reset {
-        stream: u32,
-    },
-    /// A frame for a stream the host already closed: dropped.
-    Late,
-}
-
 /// The state of a channel's streams as the host sees the guest's frames:
 /// the one place that decides whether a guest's frame is acceptable.
 pub struct GuestStreams {
@@ -344,13 +320,15 @@ impl GuestStreams {
     }
 
     /// The host has closed `stream` (its dial failed, or both sides ended):
-    /// what the guest still sends on it is [`FromGuest::Late`].
+    /// what the guest still sends on it is dropped.
     pub fn close(&mut self, stream: u32) {
         self.open.remove(&stream);
     }
 
-    /// Judges one frame from the guest.
-    pub fn accept(&mut self, f: Frame) -> Result<FromGuest, ChannelError> {
+    /// Judges one frame from the guest: the frame, to act on (an exit's
+    /// nonce checked, a stream's open recorded), or `None` for one on a
+    /// stream the host has closed (dropped).
+    pub fn accept(&mut self, f: Frame) -> Result<Option<Frame>, ChannelError> {
         if self.ended {
             return Err(ChannelError::Repeated("frame after the exit"));
         }
@@ -361,20 +339,19 @@ impl GuestStreams {
             Frame::Ready if self.ready => Err(ChannelError::Repeated("ready")),
             Frame::Ready => {
                 self.ready = true;
-                Ok(FromGuest::Ready)
+                Ok(Some(f))
             }
-            Frame::Stdout(b) => Ok(FromGuest::Stdout(b)),
-            Frame::Stderr(b) => Ok(FromGuest::Stderr(b)),
-            Frame::Exit { nonce, code } => {
+            Frame::Stdout(_) | Frame::Stderr(_) => Ok(Some(f)),
+            Frame::Exit { nonce, .. } => {
                 // One guess only: a wrong nonce closes the channel, so its
                 // comparison's timing tells a guest nothing it can use.
                 if nonce != self.nonce {
                     return Err(ChannelError::ForgedExit);
                 }
                 self.ended = true;
-                Ok(FromGuest::Exit(code))
+                Ok(Some(f))
             }
-            Frame::Open { stream, relay } => {
+            Frame::Open { stream, .. } => {
                 if stream <= self.last {
                     return Err(ChannelError::OutOfOrder {
                         stream,
@@ -386,26 +363,26 @@ impl GuestStreams {
                 }
                 self.last = stream;
                 self.open.insert(stream, false);
-                Ok(FromGuest::Open { stream, relay })
+                Ok(Some(f))
             }
-            Frame::Data { stream, data } => match self.known(stream)? {
+            Frame::Data { stream, .. } => match self.known(stream)? {
                 Some(true) => Err(ChannelError::DataAfterEof(stream)),
-                Some(false) => Ok(FromGuest::Data { stream, data }),
-                None => Ok(FromGuest::Late),
+                Some(false) => Ok(Some(f)),
+                None => Ok(None),
             },
             Frame::Eof { stream } => match self.known(stream)? {
                 Some(_) => {
                     self.open.insert(stream, true);
-                    Ok(FromGuest::Eof { stream })
+                    Ok(Some(f))
                 }
-                None => Ok(FromGuest::Late),
+                None => Ok(None),
             },
             Frame::Reset { stream } => match self.known(stream)? {
                 Some(_) => {
                     self.open.remove(&stream);
-                    Ok(FromGuest::Reset { stream })
+                    Ok(Some(f))
                 }
-                None => Ok(FromGuest::Late),
+                None => Ok(None),
             },
         }
     }
@@ -522,13 +499,10 @@ mod tests {
             data: Bytes::from_static(b"x"),
         };
         let mut g = GuestStreams::new(nonce);
-        assert_eq!(g.accept(Frame::Ready), Ok(FromGuest::Ready));
+        assert_eq!(g.accept(Frame::Ready), Ok(Some(Frame::Ready)));
         assert_eq!(g.accept(Frame::Ready), Err(ChannelError::Repeated("ready")));
         assert_eq!(g.accept(data(1)), Err(ChannelError::UnknownStream(1)));
-        assert!(matches!(
-            g.accept(open(5)),
-            Ok(FromGuest::Open { stream: 5, .. })
-        ));
+        assert_eq!(g.accept(open(5)), Ok(Some(open(5))));
         assert_eq!(
             g.accept(open(3)),
             Err(ChannelError::OutOfOrder { stream: 3, last: 5 })
@@ -537,16 +511,16 @@ mod tests {
             g.accept(open(5)),
             Err(ChannelError::OutOfOrder { stream: 5, last: 5 })
         );
-        assert!(matches!(g.accept(data(5)), Ok(FromGuest::Data { .. })));
+        assert_eq!(g.accept(data(5)), Ok(Some(data(5))));
         assert_eq!(
             g.accept(Frame::Eof { stream: 5 }),
-            Ok(FromGuest::Eof { stream: 5 })
+            Ok(Some(Frame::Eof { stream: 5 }))
         );
         assert_eq!(g.accept(data(5)), Err(ChannelError::DataAfterEof(5)));
         g.close(5);
-        assert_eq!(g.accept(data(5)), Ok(FromGuest::Late));
+        assert_eq!(g.accept(data(5)), Ok(None));
         // An id below the last that was never opened is one the host closed.
-        assert_eq!(g.accept(data(4)), Ok(FromGuest::Late));
+        assert_eq!(g.accept(data(4)), Ok(None));
         assert_eq!(g.accept(data(6)), Err(ChannelError::UnknownStream(6)));
         for f in [
             Frame::Header(Bytes::new()),
@@ -565,7 +539,7 @@ mod tests {
         );
         assert_eq!(
             g.accept(Frame::Exit { nonce, code: 3 }),
-            Ok(FromGuest::Exit(3))
+            Ok(Some(Frame::Exit { nonce, code: 3 }))
         );
         assert!(g.accept(Frame::Stdout(Bytes::new())).is_err());
     }
@@ -573,7 +547,7 @@ mod tests {
     #[test]
     fn at_most_so_many_streams_are_open() {
         let mut g = GuestStreams::new([0; NONCE_LEN]);
-        for s in 1..=MAX_OPEN_STREAMS as u32 {
+        for s in 1..=u32::try_from(MAX_OPEN_STREAMS).unwrap() {
             g.accept(Frame::Open {
                 stream: s,
                 relay: Relay::Api,

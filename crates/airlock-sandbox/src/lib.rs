@@ -264,23 +264,7 @@ pub(crate) fn spawn_host_sidecar_in(
             let _ = stdin.shutdown().await;
         });
     }
-    // A pidfd names this process and no other: once it has exited and been
-    // reaped, its PID may be another process's (a server starts thousands),
-    // and a kill by number would hit that one.
-    let pidfd = pid_fd(pid);
-    let kill_cg = cgroups.clone();
-    let killer = Box::new(move || {
-        if let Some(fd) = &pidfd {
-            let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
-        }
-        if let Some(c) = &kill_cg {
-            c.kill();
-        }
-    });
-    let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
-        Box::new(move || c.remove(std::time::Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
-    });
-    Sandbox::new(child, killer, cleaner)
+    Sandbox::in_cgroups(child, cgroups)
 }
 
 /// What a backend guarantees, as a program can read it (the run report
@@ -418,6 +402,32 @@ impl Sandbox {
             },
             stdin_gate: None,
         })
+    }
+
+    /// Wraps a started child whose processes are all in `cgroups` (when
+    /// any): killed through a pidfd and with the cgroups, which are removed
+    /// once it is gone. A pidfd names this process and no other: once it has
+    /// exited and been reaped, its PID may be another process's (a server
+    /// starts thousands), and a kill by number would hit that one.
+    pub(crate) fn in_cgroups(
+        child: tokio::process::Child,
+        cgroups: Option<std::sync::Arc<namespace::cgroup::RunCgroups>>,
+    ) -> Result<Sandbox, SandboxError> {
+        let pidfd = pid_fd(child.id());
+        let kill_cg = cgroups.clone();
+        let killer = Box::new(move || {
+            if let Some(fd) = &pidfd {
+                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+            }
+            if let Some(c) = &kill_cg {
+                c.kill();
+            }
+        });
+        let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
+            Box::new(move || c.remove(std::time::Duration::from_secs(2)))
+                as Box<dyn FnOnce() + Send>
+        });
+        Sandbox::new(child, killer, cleaner)
     }
 
     /// `stdin_gate` holds the container's stdin back until

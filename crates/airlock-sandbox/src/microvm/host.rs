@@ -11,9 +11,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
-use airlock_platform_api::channel::{
-    ChannelError, Decoder, Frame, FromGuest, GuestStreams, NONCE_LEN, Relay,
-};
+use airlock_platform_api::channel::{ChannelError, Decoder, Frame, GuestStreams, NONCE_LEN, Relay};
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -155,12 +153,9 @@ async fn serve() -> Result<i32, HostError> {
             Err(e) => e.to_string(),
         })),
     };
-    match &ended {
-        // The guest powers itself off after its end: a moment for it.
-        Ok(_) => {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(3), vmm.wait()).await;
-        }
-        Err(_) => {}
+    // The guest powers itself off after its end: a moment for it.
+    if ended.is_ok() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), vmm.wait()).await;
     }
     let _ = vmm.start_kill();
     let _ = vmm.wait().await;
@@ -193,21 +188,25 @@ async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, Ho
                 continue;
             }
         };
-        match judge.accept(frame)? {
-            FromGuest::Ready => hand_over(&tx, cfg)?,
-            FromGuest::Stdout(b) => {
+        let Some(frame) = judge.accept(frame)? else {
+            continue;
+        };
+        match frame {
+            Frame::Ready => hand_over(&tx, cfg)?,
+            Frame::Stdout(b) => {
                 let _ = stdout.write_all(&b).await;
                 let _ = stdout.flush().await;
             }
-            FromGuest::Stderr(b) => {
+            Frame::Stderr(b) => {
                 let _ = stderr.write_all(&b).await;
             }
-            FromGuest::Exit(code) => {
-                drop(tx);
-                let _ = writer.await;
+            // Its nonce checked: the guest's init sent it.
+            Frame::Exit { code, .. } => {
+                // Closing the channel tells the guest it may power off.
+                writer.abort();
                 return Ok(code);
             }
-            FromGuest::Open { stream, relay } => {
+            Frame::Open { stream, relay } => {
                 let (in_tx, in_rx) = mpsc::channel(mux::STREAM_QUEUE);
                 streams.insert(stream, in_tx);
                 tokio::spawn(dial(
@@ -218,16 +217,17 @@ async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, Ho
                     in_rx,
                 ));
             }
-            FromGuest::Data { stream, data } => {
+            Frame::Data { stream, data } => {
                 deliver(&mut streams, &mut judge, stream, Inbound::Data(data)).await;
             }
-            FromGuest::Eof { stream } => {
+            Frame::Eof { stream } => {
                 deliver(&mut streams, &mut judge, stream, Inbound::Eof).await;
             }
-            FromGuest::Reset { stream } => {
+            Frame::Reset { stream } => {
                 streams.remove(&stream);
             }
-            FromGuest::Late => {}
+            // The host's own kinds: refused by the judge.
+            Frame::Header(_) | Frame::Stdin(_) | Frame::StdinEnd => {}
         }
     }
 }

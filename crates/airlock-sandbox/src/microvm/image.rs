@@ -154,6 +154,18 @@ impl GuestImage {
         }
     }
 
+    /// The floor's initramfs (beside the guest's): busybox, and an `/init`
+    /// that powers the guest off at once (the guest's `/bin/true`), for
+    /// measuring the boot of the same machine and kernel with nothing after it.
+    pub fn floor_initrd(&self) -> PathBuf {
+        let name = self
+            .initrd
+            .file_name()
+            .map(|n| n.to_string_lossy().replacen("initrd-", "initrd-true-", 1))
+            .unwrap_or_default();
+        self.initrd.with_file_name(name)
+    }
+
     /// The guest of `exe`'s build in `dir`, with whichever kernel is there
     /// (the newest release, when several are); `NotBuilt` when a part is missing.
     pub fn find(dir: &Path, exe: &Path) -> Result<GuestImage, GuestImageError> {
@@ -193,7 +205,7 @@ impl GuestImage {
         let release = package.trim_start_matches("linux-image-").to_owned();
         let image = GuestImage::at(dir, &release, exe);
         let stage = Stage::new(dir)?;
-        if !image.kernel.is_file() || !image.initrd.is_file() {
+        if !image.kernel.is_file() || !image.initrd.is_file() || !image.floor_initrd().is_file() {
             say(&format!(
                 "fetching {package} and {BUSYBOX_PACKAGE} (apt-get download)"
             ));
@@ -201,8 +213,22 @@ impl GuestImage {
             let busybox_tree = stage.extract(BUSYBOX_PACKAGE)?;
             let vmlinuz = kernel_tree.join(format!("boot/vmlinuz-{release}"));
             let modules = kernel_tree.join(format!("lib/modules/{release}"));
-            let cpio = initramfs(&busybox_tree.join("bin/busybox"), &modules)?;
+            let busybox = busybox_tree.join("bin/busybox");
+            let cpio = initramfs(&busybox, &modules)?;
             write_atomically(&image.initrd, &cpio)?;
+            let mut floor = Cpio::default();
+            floor.dir("bin");
+            floor.file(
+                "bin/busybox",
+                0o755,
+                &std::fs::read(&busybox).map_err(file(&busybox))?,
+            );
+            floor.file(
+                "init",
+                0o755,
+                b"#!/bin/busybox sh\nexec /bin/busybox reboot -f\n",
+            );
+            write_atomically(&image.floor_initrd(), &floor.finish())?;
             let kernel = std::fs::read(&vmlinuz).map_err(file(&vmlinuz))?;
             write_atomically(&image.kernel, &kernel)?;
         }
@@ -310,15 +336,14 @@ fn mmdebstrap(stage: &Stage, base: &Path) -> Result<(), GuestImageError> {
     let tmp = stage.0.join("base");
     run(
         Command::new("mmdebstrap")
-            .args([
-                "--quiet",
-                "--variant=essential",
-                &format!("--include={BASE_PACKAGES}"),
-                "--dpkgopt=path-exclude=/usr/share/doc/*",
-                "--dpkgopt=path-exclude=/usr/share/man/*",
-                "--dpkgopt=path-exclude=/usr/share/locale/*",
-                BASE_SUITE,
-            ])
+            .args(["--quiet", "--variant=essential"])
+            .arg(format!("--include={BASE_PACKAGES}"))
+            // The docker agent base's root, without what no agent reads.
+            .args(
+                ["doc", "man", "locale"]
+                    .map(|d| format!("--dpkgopt=path-exclude=/usr/share/{d}/*")),
+            )
+            .arg(BASE_SUITE)
             .arg(&tmp),
         "mmdebstrap",
         "mmdebstrap",
@@ -466,7 +491,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.out.len() % 4 != 0 {
+        while !self.out.len().is_multiple_of(4) {
             self.out.push(0);
         }
     }
@@ -499,7 +524,8 @@ mod tests {
         let a = c.finish();
         assert_eq!(a.len() % 4, 0);
         assert!(a.starts_with(b"070701"));
-        let second = 110 + 4; // "bin\0" is 4: no padding
+        // The head (110) and "bin\0" (4), padded to a multiple of 4.
+        let second = 116;
         assert_eq!(&a[second..second + 6], b"070701");
         let mode = std::str::from_utf8(&a[second + 14..second + 22]).unwrap();
         assert_eq!(u32::from_str_radix(mode, 16).unwrap(), 0o100_755);

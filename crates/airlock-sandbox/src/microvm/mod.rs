@@ -179,9 +179,23 @@ impl Backend for MicrovmBackend {
                 qemu::ENV_MICROVM_QEMU
             )));
         }
-        image::GuestImage::find(&self.images, &self.exe).map_err(|e| Unavailable(e.to_string()))?;
         if self.accel == qemu::Accel::Tcg {
             tracing::warn!("{}", qemu::TCG_WARNING);
+        }
+        Ok(())
+    }
+
+    /// The guest of this build is kept present: what is missing of it is
+    /// built (a new build's root, from the cached base: seconds).
+    fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
+        if image::GuestImage::find(&self.images, &self.exe).is_err() {
+            say("building the microVM guest of this build (missing)");
+            image::GuestImage::build(&self.images, &self.exe, say).map_err(|e| {
+                SandboxError::Unavailable {
+                    backend: "microvm",
+                    reason: e.to_string(),
+                }
+            })?;
         }
         Ok(())
     }
@@ -233,6 +247,7 @@ impl Backend for MicrovmBackend {
             disks.push(out);
         }
         let plan = qemu::QemuPlan {
+            name: format!("airlock-{}", spec.run_id),
             qemu: self.qemu_path().unwrap_or_else(|| self.qemu.clone()),
             accel: self.accel,
             tsc_khz: qemu::tsc_khz(),
@@ -280,20 +295,7 @@ impl Backend for MicrovmBackend {
         if let (Some(c), Some(pid)) = (&cgroups, child.id()) {
             c.enter(pid).map_err(SandboxError::Limits)?;
         }
-        let pidfd = crate::pid_fd(child.id());
-        let kill_cg = cgroups.clone();
-        let killer = Box::new(move || {
-            if let Some(fd) = &pidfd {
-                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
-            }
-            if let Some(c) = &kill_cg {
-                c.kill();
-            }
-        });
-        let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
-            Box::new(move || c.remove(Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
-        });
-        let mut sandbox = Sandbox::new(child, killer, cleaner)?;
+        let mut sandbox = Sandbox::in_cgroups(child, cgroups)?;
         sandbox.feed_stdin(head, spec.stdin.clone(), spec.hold_stdin);
         Ok(sandbox)
     }

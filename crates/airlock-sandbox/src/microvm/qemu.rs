@@ -67,6 +67,9 @@ pub const ROOT_SERIAL: &str = "airlock-root";
 /// One guest's machine.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct QemuPlan {
+    /// `airlock-<run id>`: the VMM's `-name`, which boot reclaim and tests
+    /// find it by.
+    pub name: String,
     pub qemu: PathBuf,
     pub accel: Accel,
     pub tsc_khz: u64,
@@ -102,6 +105,8 @@ impl QemuPlan {
         };
         let mut a: Vec<String> = vec![
             self.qemu.display().to_string(),
+            "-name".into(),
+            self.name.clone(),
             "-M".into(),
             "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,acpi=on".into(),
             "-accel".into(),
@@ -177,6 +182,7 @@ mod tests {
 
     fn plan(accel: Accel) -> QemuPlan {
         QemuPlan {
+            name: "airlock-run_1".into(),
             qemu: "/usr/bin/qemu-system-x86_64".into(),
             accel,
             tsc_khz: 2_500_000,

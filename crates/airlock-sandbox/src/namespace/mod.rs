@@ -503,26 +503,7 @@ impl Backend for NamespaceBackend {
                 return Err(e.into());
             }
         };
-        let pid = child
-            .id()
-            .and_then(|p| rustix::process::Pid::from_raw(i32::try_from(p).ok()?));
-        // A pidfd makes the kill race-free against PID reuse.
-        let pidfd = pid.and_then(|p| {
-            rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-        });
-        let kill_cg = cgroups.clone();
-        let killer = Box::new(move || {
-            if let Some(fd) = &pidfd {
-                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
-            }
-            if let Some(c) = &kill_cg {
-                c.kill();
-            }
-        });
-        let cleaner: Option<Box<dyn FnOnce() + Send>> = cgroups.map(|c| {
-            Box::new(move || c.remove(Duration::from_secs(2))) as Box<dyn FnOnce() + Send>
-        });
-        let mut sandbox = Sandbox::new(child, killer, cleaner)?;
+        let mut sandbox = Sandbox::in_cgroups(child, cgroups)?;
         sandbox.feed_stdin(cfg.encode(), spec.stdin.clone(), spec.hold_stdin);
         Ok(sandbox)
     }

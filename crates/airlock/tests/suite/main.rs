@@ -22,6 +22,7 @@ mod integrity;
 mod keys_reencrypt;
 mod l7_rules;
 mod local_runner;
+mod microvm;
 mod platform_api;
 mod provider_keys;
 mod proxy_inject;

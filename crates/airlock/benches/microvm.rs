@@ -1,0 +1,156 @@
+//! The microvm backend's boot, beside its floor, measured in the same run
+//! and the same loop (alternating, so both see the same load):
+//!
+//! - **boot to agent**: the backend's `spawn` of a guest whose command
+//!   prints one line, until that line reaches the host over the channel
+//!   (QEMU started by the helper, the kernel, the initramfs's modules, the
+//!   root mounted, `vm-init`'s view built, the header over the channel, the
+//!   command started), and until the sandbox has exited;
+//! - **QEMU with `/bin/true` as init**: the same QEMU machine and kernel,
+//!   an initramfs whose `/init` powers the guest off at once, until QEMU exits.
+//!
+//! `cargo bench -p airlock --bench microvm`; `AIRLOCK_BENCH_N` samples per
+//! side (default 5). Needs QEMU and the guest (`airlock images build --microvm`).
+#![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
+
+mod peers;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::microvm::{MicrovmBackend, image, qemu};
+use airlock_sandbox::{Backend, SandboxSpec};
+use peers::{ms, pcts};
+use tokio::io::AsyncBufReadExt;
+
+/// Each figure's p50 and p90, the floor's last.
+fn report(rows: &[(&str, &[Duration])]) {
+    for (name, v) in rows {
+        let [p50, p90, _] = pcts(v);
+        println!(
+            "  {name:<52} p50 {:8.1} ms  p90 {:8.1} ms  (n={})",
+            ms(p50),
+            ms(p90),
+            v.len()
+        );
+    }
+}
+
+fn spec(dir: &Path, i: usize) -> SandboxSpec {
+    let sockets = dir.join(format!("run{i}/sock"));
+    std::fs::create_dir_all(&sockets).unwrap();
+    SandboxSpec {
+        run_id: format!("bench{}-{i}", std::process::id()),
+        command: vec!["/bin/echo".into(), "AGENT-UP".into()],
+        env: vec![],
+        stdin: vec![],
+        hold_stdin: false,
+        sockets_dir: sockets,
+        ro_paths: vec![],
+        workspace: PathBuf::from("/workspace"),
+        workspace_size_mb: 16,
+        memory_mb: 512,
+        cpus: 1.0,
+        pids_max: 64,
+        kind: airlock_sandbox::SandboxKind::Agent,
+    }
+}
+
+/// Boot to agent, and to the sandbox's end.
+async fn boot(backend: &MicrovmBackend, spec: &SandboxSpec) -> (Duration, Duration) {
+    let t = Instant::now();
+    let mut sb = backend.spawn(spec).unwrap();
+    let (out, _) = sb.take_output();
+    let mut lines = tokio::io::BufReader::new(out.unwrap()).lines();
+    let mut up = None;
+    while let Some(l) = lines.next_line().await.unwrap() {
+        if l.contains("AGENT-UP") {
+            up = Some(t.elapsed());
+            break;
+        }
+    }
+    let st = sb.wait().await.unwrap();
+    assert!(st.success(), "{st}");
+    let end = t.elapsed();
+    sb.cleanup().await;
+    (up.expect("the agent's line never came"), end)
+}
+
+/// The floor: the same machine and kernel, `/init` powering off at once.
+fn qemu_true(q: &Path, image: &image::GuestImage, initrd: &Path) -> Duration {
+    let t = Instant::now();
+    let st = Command::new(q)
+        .args([
+            "-M",
+            "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,acpi=on",
+            "-accel",
+            match qemu::accel() {
+                qemu::Accel::Kvm => "kvm",
+                qemu::Accel::Tcg => "tcg",
+            },
+            "-cpu",
+            "max",
+            "-m",
+            "512M",
+            "-nodefaults",
+            "-no-user-config",
+            "-nographic",
+            "-nic",
+            "none",
+            "-no-reboot",
+            "-kernel",
+        ])
+        .arg(&image.kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 rdinit=/init quiet reboot=t panic=-1 tsc_early_khz={}",
+            qemu::tsc_khz()
+        ))
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "{st}");
+    t.elapsed()
+}
+
+fn main() {
+    let n: usize = std::env::var("AIRLOCK_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let backend = MicrovmBackend::from_env().unwrap();
+    backend.check().unwrap();
+    let image = image::GuestImage::find(&backend.images, &backend.exe).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // `/init` = busybox's `reboot -f`: the guest's `/bin/true`.
+    let initrd = image.floor_initrd();
+    let q = Path::new(qemu::DEFAULT_QEMU);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut to_agent, mut to_end, mut floor) = (vec![], vec![], vec![]);
+    for i in 0..n {
+        let s = spec(dir.path(), i);
+        let (up, end) = rt.block_on(boot(&backend, &s));
+        to_agent.push(up);
+        to_end.push(end);
+        floor.push(qemu_true(q, &image, &initrd));
+    }
+    println!(
+        "microvm ({:?}, the guest's kernel {})",
+        backend.accel,
+        image.kernel.display()
+    );
+    report(&[
+        (
+            "boot to agent (spawn → its first line on the host)",
+            &to_agent,
+        ),
+        ("boot to the sandbox's end", &to_end),
+        ("QEMU, same kernel, /bin/true as init (floor)", &floor),
+    ]);
+}
