@@ -21,8 +21,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
 use crate::routes::{
-    agents, artifacts, audit, budget, connections, health, identity, keys, org_proxy, runs,
-    webhooks,
+    agents, approvals, artifacts, audit, budget, connections, health, identity, keys, org_proxy,
+    runs, webhooks,
 };
 use crate::state::AppState;
 
@@ -118,6 +118,8 @@ routes! {
     get "/v1/runs/{id}/egress" true None => Some("EgressLog"), runs::egress;
     get "/v1/runs/{id}/cost" true None => Some("RunCost"), runs::cost;
     get "/v1/runs/{id}/audit.jsonl" true None => None, audit::audit;
+    get "/v1/runs/{id}/approvals" true None => Some("ApprovalList"), approvals::list;
+    post "/v1/runs/{id}/approvals/{approval_id}" true Some("AnswerApproval") => Some("Approval"), approvals::answer;
     get "/v1/runs/{id}/result" true None => None, runs::result;
     get "/v1/runs/{id}/results/{result_id}" true None => None, runs::stored_result;
     get "/v1/runs/{id}/artifacts" true None => Some("ArtifactList"), artifacts::list;

@@ -17,9 +17,14 @@
 use crate::{EgressEntry, Event, Store, StoreError};
 
 /// The `run_events` kinds that are decisions, and so part of the audit:
-/// refusals counted rather than recorded one by one, and tools an
-/// allowlist hid.
-pub const AUDIT_EVENT_KINDS: [&str; 2] = ["refusals", "tool_excluded"];
+/// refusals counted rather than recorded one by one, tools an allowlist
+/// hid, requests held for a person and how each was settled.
+pub const AUDIT_EVENT_KINDS: [&str; 4] = [
+    "refusals",
+    "tool_excluded",
+    "approval.pending",
+    "approval.settled",
+];
 
 /// Where an audit page starts: the last egress row and the last event row
 /// already read (0: none), and whether each table was read to its end.

@@ -194,14 +194,16 @@ impl Store {
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
-        let [a, b] = AUDIT_EVENT_KINDS;
+        let [a, b, c, d] = AUDIT_EVENT_KINDS;
         select_events!(
             self,
-            "WHERE run_id = $1 AND id > $2 AND kind IN ($3, $4) ORDER BY id LIMIT $5",
+            "WHERE run_id = $1 AND id > $2 AND kind IN ($3, $4, $5, $6) ORDER BY id LIMIT $7",
             run_id,
             after,
             a,
             b,
+            c,
+            d,
             i64::from(limit)
         )
     }

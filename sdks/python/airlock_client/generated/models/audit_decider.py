@@ -4,6 +4,7 @@ from enum import StrEnum
 class AuditDecider(StrEnum):
     EGRESS_GUARD = "egress_guard"
     L7_RULE = "l7_rule"
+    PERSON = "person"
     TOOL_ALLOWLIST = "tool_allowlist"
 
     def __str__(self) -> str:

@@ -3,6 +3,7 @@ from enum import StrEnum
 
 class AuditDecision(StrEnum):
     ALLOWED = "allowed"
+    HELD = "held"
     HIDDEN = "hidden"
     REFUSED = "refused"
 

@@ -2,6 +2,7 @@ from enum import StrEnum
 
 
 class AuditKind(StrEnum):
+    APPROVAL = "approval"
     EGRESS = "egress"
     REFUSALS = "refusals"
     TOOL_EXCLUDED = "tool_excluded"

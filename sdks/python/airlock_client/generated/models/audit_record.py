@@ -29,6 +29,9 @@ class AuditRecord:
         kind (AuditKind): What a record is a decision about.
         run_id (str):
         schema_version (int): [`AUDIT_SCHEMA_VERSION`].
+        answered_by (None | str | Unset): An approval's settlement: the id of the API key that answered
+            (`null` when no one did: it expired or its run ended).
+        approval_id (None | str | Unset): An approval's id (`approval` records).
         called (bool | None | Unset): A tool exclusion: whether the tool was called by name (`false`:
             left out of a list).
         code (None | str | Unset): A refusal's code (`docs/egress.md`); `null` otherwise.
@@ -59,6 +62,8 @@ class AuditRecord:
     kind: AuditKind
     run_id: str
     schema_version: int
+    answered_by: None | str | Unset = UNSET
+    approval_id: None | str | Unset = UNSET
     called: bool | None | Unset = UNSET
     code: None | str | Unset = UNSET
     count: int | None | Unset = UNSET
@@ -93,6 +98,18 @@ class AuditRecord:
         run_id = self.run_id
 
         schema_version = self.schema_version
+
+        answered_by: None | str | Unset
+        if isinstance(self.answered_by, Unset):
+            answered_by = UNSET
+        else:
+            answered_by = self.answered_by
+
+        approval_id: None | str | Unset
+        if isinstance(self.approval_id, Unset):
+            approval_id = UNSET
+        else:
+            approval_id = self.approval_id
 
         called: bool | None | Unset
         if isinstance(self.called, Unset):
@@ -193,6 +210,10 @@ class AuditRecord:
                 "schema_version": schema_version,
             }
         )
+        if answered_by is not UNSET:
+            field_dict["answered_by"] = answered_by
+        if approval_id is not UNSET:
+            field_dict["approval_id"] = approval_id
         if called is not UNSET:
             field_dict["called"] = called
         if code is not UNSET:
@@ -244,6 +265,24 @@ class AuditRecord:
         run_id = d.pop("run_id")
 
         schema_version = d.pop("schema_version")
+
+        def _parse_answered_by(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        answered_by = _parse_answered_by(d.pop("answered_by", UNSET))
+
+        def _parse_approval_id(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        approval_id = _parse_approval_id(d.pop("approval_id", UNSET))
 
         def _parse_called(data: object) -> bool | None | Unset:
             if data is None:
@@ -381,6 +420,8 @@ class AuditRecord:
             kind=kind,
             run_id=run_id,
             schema_version=schema_version,
+            answered_by=answered_by,
+            approval_id=approval_id,
             called=called,
             code=code,
             count=count,
