@@ -1,0 +1,230 @@
+//! Human approval through a real `airlock serve` (docs/egress.md, "Human
+//! approval"): a run's `api_call` under an `ask` rule is held until a key
+//! of its organization answers; another organization cannot see or answer
+//! it (404, still pending); allow for the run lets the next matching
+//! request through unheld; deny refuses with `approval_denied`; the agent
+//! cannot reach `/v1` or the internal API to answer for itself; nothing of
+//! the request's query or body is in the pending event or the audit.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+
+use serde_json::{Value, json};
+
+use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
+
+const CANARY: &str = "canary-approval-7Qx2";
+
+/// Three calls: two POSTs the `write` rule holds, one DELETE the `del`
+/// rule holds; then the agent tries to answer for itself, through the
+/// server's API and through the internal API's path on its MCP endpoint.
+const AGENT_REST: &str = r#"
+def call(method, path):
+    args = {"target": UPSTREAM + path + "?secret=" + CANARY, "method": method, "body": "body-" + CANARY}
+    return mcp("tools/call", {"name": "svc__api_call", "arguments": args})
+"#;
+
+fn agent(server: &str) -> String {
+    let own = format!(
+        r#"
+CANARY = "{CANARY}"
+SERVER = "{server}"
+forged = []
+for url in [SERVER + "/v1/runs", MCP.rsplit("/", 1)[0] + "/internal/v1/approvals"]:
+    try:
+        req = urllib.request.Request(url, data=b"{{}}", headers={{"content-type": "application/json"}}, method="POST")
+        urllib.request.build_opener(urllib.request.ProxyHandler({{}})).open(req, timeout=5)
+        forged.append(url)
+    except Exception as e:
+        pass
+print("FORGED " + json.dumps(forged), flush=True)
+print("FIRST " + json.dumps(call("POST", "/items/1")), flush=True)
+print("SECOND " + json.dumps(call("POST", "/items/2")), flush=True)
+print("THIRD " + json.dumps(call("DELETE", "/items/3")), flush=True)
+"#
+    );
+    mcp_agent(&format!("{AGENT_REST}{own}"))
+}
+
+fn manifest(upstream: SocketAddr) -> String {
+    format!(
+        "[agent]\nname = \"asker\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+         [network]\negress = \"none\"\n\n[[integrations]]\nnamespace = \"svc\"\n\
+         authorized_uris = [\"http://{upstream}/**\"]\n\n\
+         [[integrations.rules]]\nid = \"read\"\nhost = \"http://{upstream}\"\naccess = \"read-only\"\n\n\
+         [[integrations.rules]]\nid = \"write\"\nhost = \"http://{upstream}\"\nmethods = [\"POST\"]\naction = \"ask\"\ntimeout = 90\n\n\
+         [[integrations.rules]]\nid = \"del\"\nhost = \"http://{upstream}\"\nmethods = [\"DELETE\"]\naction = \"ask\"\ntimeout = 90\n"
+    )
+}
+
+fn pending(s: &Server, key: &str, run: &str, n: usize) -> Value {
+    let v = wait_for(s, &format!("/v1/runs/{run}/approvals"), key, 60, |v| {
+        v["approvals"].as_array().is_some_and(|a| {
+            a.iter().filter(|x| x["state"] == "pending").count() == 1 && a.len() == n
+        })
+    });
+    v["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["state"] == "pending")
+        .unwrap()
+        .clone()
+}
+
+fn answer(s: &Server, key: &str, run: &str, id: &str, decision: &str) -> (u16, Value) {
+    s.call(
+        "POST",
+        &format!("/v1/runs/{run}/approvals/{id}"),
+        Some(key),
+        Some(&json!({"decision": decision})),
+    )
+}
+
+#[test]
+fn a_held_request_waits_for_its_organization_and_no_one_else() {
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let home = tempfile::Builder::new()
+        .prefix("airlock-approvals-")
+        .tempdir()
+        .unwrap();
+    let env = base_env(home.path(), None);
+    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
+    let (_, a) = create_org(&env, "A", &[]);
+    let (_, b) = create_org(&env, "B", &[]);
+    let up = Recorder::start("content-length", |mut c, _, _| {
+        let _ = write!(
+            c,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+    });
+    let body = json!({"manifest": manifest(up.addr), "files": {"agent.py": agent(&s.url(""))}});
+    let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
+    assert!(st == 201 || st == 200, "{st} {v}");
+    let prompt = format!("http://{}", up.addr);
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(&a),
+        Some(&json!({"agent": "asker", "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_owned();
+
+    // The first POST is held: described, without its query or body.
+    let first = pending(&s, &a, &run, 1);
+    assert_eq!(
+        (
+            first["method"].as_str(),
+            first["path"].as_str(),
+            first["rule"].as_str()
+        ),
+        (Some("POST"), Some("/items/1"), Some("write")),
+        "{first}"
+    );
+    assert_eq!(first["integration"], "svc");
+    let id = first["id"].as_str().unwrap().to_owned();
+    assert!(up.seen().is_empty(), "nothing left before the answer");
+
+    // Another organization: the run and the approval are unknown to it.
+    assert_eq!(answer(&s, &b, &run, &id, "allow_once").0, 404);
+    assert_eq!(
+        s.call("GET", &format!("/v1/runs/{run}/approvals"), Some(&b), None)
+            .0,
+        404
+    );
+    let still = pending(&s, &a, &run, 1);
+    assert_eq!(still["id"], first["id"]);
+
+    // The pending event on the run's stream.
+    let (_, events) = s.call(
+        "GET",
+        &format!("/v1/runs/{run}/events?after=0"),
+        Some(&a),
+        None,
+    );
+    let text = events.to_string();
+    assert!(text.contains("approval.pending"), "{text}");
+
+    // Allowed for the run: answered once, the second POST is not held.
+    let (st, v) = answer(&s, &a, &run, &id, "allow_run");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["state"], "allowed_run");
+    assert!(v["answered_by"].is_string(), "{v}");
+    assert_eq!(answer(&s, &a, &run, &id, "deny").0, 409, "answered twice");
+
+    // The DELETE is held by its own rule: denied.
+    let del = pending(&s, &a, &run, 2);
+    assert_eq!(
+        (del["method"].as_str(), del["rule"].as_str()),
+        (Some("DELETE"), Some("del"))
+    );
+    let (st, v) = answer(&s, &a, &run, del["id"].as_str().unwrap(), "deny");
+    assert_eq!(st, 200, "{v}");
+
+    let done = wait_for(&s, &format!("/v1/runs/{run}"), &a, 60, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
+    let logs = s
+        .call(
+            "GET",
+            &format!("/v1/runs/{run}/logs?after=0"),
+            Some(&a),
+            None,
+        )
+        .1
+        .to_string();
+    assert!(
+        logs.contains("FORGED []"),
+        "the agent reached an API: {logs}"
+    );
+    assert!(logs.contains("approval_denied"), "{logs}");
+    let lines: Vec<String> = up.seen().into_iter().map(|(l, _)| l).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines[0].starts_with("POST /items/1?secret="), "{lines:?}");
+    assert!(lines[1].starts_with("POST /items/2?secret="), "{lines:?}");
+
+    // Two approvals only: the second POST went through unheld.
+    let (_, list) = s.call("GET", &format!("/v1/runs/{run}/approvals"), Some(&a), None);
+    let states: Vec<&str> = list["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["allowed_run", "denied"], "{list}");
+
+    // The audit: the holds and their answers, who gave them; no canary.
+    let (st, _, audit) = s.raw(
+        "GET",
+        &format!("/v1/runs/{run}/audit.jsonl"),
+        Some(&a),
+        None,
+        "",
+    );
+    assert_eq!(st, 200);
+    let audit = String::from_utf8(audit).unwrap();
+    let approvals: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["kind"] == "approval")
+        .collect();
+    assert_eq!(approvals.len(), 4, "{audit}");
+    assert!(approvals.iter().any(|r| r["decision"] == "held"));
+    assert!(
+        approvals
+            .iter()
+            .any(|r| r["outcome"] == "allowed_run" && r["decider"] == "person")
+    );
+    assert!(
+        approvals
+            .iter()
+            .any(|r| r["outcome"] == "denied" && r["answered_by"].is_string())
+    );
+    for text in [&audit, &text, &list.to_string()] {
+        assert!(!text.contains(CANARY), "the query or body leaked: {text}");
+    }
+}
