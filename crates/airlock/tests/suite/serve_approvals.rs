@@ -228,3 +228,89 @@ fn a_held_request_waits_for_its_organization_and_no_one_else() {
         assert!(!text.contains(CANARY), "the query or body leaked: {text}");
     }
 }
+
+/// No answer within the rule's timeout refuses the request
+/// (`approval_timeout`); a request still held when its run ends is
+/// dropped, and answering it then is a 409.
+#[test]
+fn no_answer_times_out_and_a_runs_end_drops_what_it_holds() {
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let home = tempfile::Builder::new()
+        .prefix("airlock-approvals-")
+        .tempdir()
+        .unwrap();
+    let env = base_env(home.path(), None);
+    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
+    let (_, a) = create_org(&env, "A", &[]);
+    let up = Recorder::start("content-length", |mut c, _, _| {
+        let _ = write!(
+            c,
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+    });
+    let manifest = format!(
+        "[agent]\nname = \"waiter\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+         [network]\negress = \"none\"\n\n[[integrations]]\nnamespace = \"svc\"\n\
+         authorized_uris = [\"http://{u}/**\"]\n\n\
+         [[integrations.rules]]\nid = \"quick\"\nhost = \"http://{u}\"\nmethods = [\"POST\"]\naction = \"ask\"\ntimeout = 1\n\n\
+         [[integrations.rules]]\nid = \"slow\"\nhost = \"http://{u}\"\nmethods = [\"DELETE\"]\naction = \"ask\"\ntimeout = 600\n",
+        u = up.addr
+    );
+    let script = mcp_agent(
+        r#"
+def call(method, path):
+    return mcp("tools/call", {"name": "svc__api_call", "arguments": {"target": UPSTREAM + path, "method": method}})
+print("QUICK " + json.dumps(call("POST", "/q")), flush=True)
+print("SLOW " + json.dumps(call("DELETE", "/s")), flush=True)
+"#,
+    );
+    let body = json!({"manifest": manifest, "files": {"agent.py": script}});
+    let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
+    assert!(st == 201 || st == 200, "{st} {v}");
+    let prompt = format!("http://{}", up.addr);
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(&a),
+        Some(&json!({"agent": "waiter", "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_owned();
+
+    // The POST expires unanswered; the DELETE is then held.
+    let slow = pending(&s, &a, &run, 2);
+    assert_eq!(slow["rule"], "slow");
+    let (_, list) = s.call("GET", &format!("/v1/runs/{run}/approvals"), Some(&a), None);
+    assert_eq!(list["approvals"][0]["state"], "expired", "{list}");
+    assert_eq!(list["approvals"][0]["answered_by"], Value::Null);
+
+    // The run ends while the DELETE is held: dropped, unanswerable.
+    let (st, v) = s.call("POST", &format!("/v1/runs/{run}/cancel"), Some(&a), None);
+    assert_eq!(st, 202, "{v}");
+    wait_for(&s, &format!("/v1/runs/{run}"), &a, 60, |v| {
+        v["status"] == "cancelled"
+    });
+    let list = wait_for(&s, &format!("/v1/runs/{run}/approvals"), &a, 30, |v| {
+        v["approvals"][1]["state"] == "dropped"
+    });
+    assert_eq!(list["approvals"][0]["state"], "expired");
+    let (st, v) = answer(&s, &a, &run, slow["id"].as_str().unwrap(), "allow_once");
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        up.seen().is_empty(),
+        "nothing held was sent: {:?}",
+        up.seen()
+    );
+    let logs = s
+        .call(
+            "GET",
+            &format!("/v1/runs/{run}/logs?after=0"),
+            Some(&a),
+            None,
+        )
+        .1
+        .to_string();
+    assert!(logs.contains("approval_timeout"), "{logs}");
+}
