@@ -314,3 +314,96 @@ print("SLOW " + json.dumps(call("DELETE", "/s")), flush=True)
         .to_string();
     assert!(logs.contains("approval_timeout"), "{logs}");
 }
+
+/// The forward proxy holds a plain-HTTP request an `ask` rule of
+/// `[network]` matches: allowed once it goes on (and the next one is held
+/// again), denied it is refused with `approval_denied`.
+#[test]
+fn the_forward_proxy_holds_a_request_for_its_answer() {
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let home = tempfile::Builder::new()
+        .prefix("airlock-approvals-")
+        .tempdir()
+        .unwrap();
+    let env = base_env(home.path(), None);
+    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
+    let (_, a) = create_org(&env, "A", &[]);
+    let up = Recorder::start("content-length", |mut c, _, _| {
+        let _ = write!(
+            c,
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+        );
+    });
+    let manifest = format!(
+        "[agent]\nname = \"proxied\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+         [network]\negress = [\"http://{u}/**\"]\n\n\
+         [[network.rules]]\nid = \"net-ask\"\nhost = \"http://{u}\"\naccess = \"full\"\naction = \"ask\"\ntimeout = 90\n",
+        u = up.addr
+    );
+    let script = r#"
+import os, urllib.request, urllib.error
+# The upstream is on the host's loopback: through the proxy, whatever
+# NO_PROXY says of 127.0.0.1.
+os.environ.pop("NO_PROXY", None)
+os.environ.pop("no_proxy", None)
+up = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().strip()
+for path in ["/one", "/two"]:
+    try:
+        with urllib.request.urlopen(up + path, timeout=100) as r:
+            print("GOT", path, r.status, r.read().decode(), flush=True)
+    except urllib.error.HTTPError as e:
+        print("REFUSED", path, e.code, e.read().decode(), flush=True)
+"#;
+    let body = json!({"manifest": manifest, "files": {"agent.py": script}});
+    let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
+    assert!(st == 201 || st == 200, "{st} {v}");
+    let prompt = format!("http://{}", up.addr);
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(&a),
+        Some(&json!({"agent": "proxied", "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_owned();
+
+    let one = pending(&s, &a, &run, 1);
+    assert_eq!(
+        (one["path"].as_str(), one["integration"].clone()),
+        (Some("/one"), Value::Null)
+    );
+    assert!(up.seen().is_empty());
+    assert_eq!(
+        answer(&s, &a, &run, one["id"].as_str().unwrap(), "allow_once").0,
+        200
+    );
+    let two = pending(&s, &a, &run, 2);
+    assert_eq!(
+        two["path"], "/two",
+        "allowed once: the next one is held again"
+    );
+    assert_eq!(
+        answer(&s, &a, &run, two["id"].as_str().unwrap(), "deny").0,
+        200
+    );
+    let done = wait_for(&s, &format!("/v1/runs/{run}"), &a, 60, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let logs = s
+        .call(
+            "GET",
+            &format!("/v1/runs/{run}/logs?after=0"),
+            Some(&a),
+            None,
+        )
+        .1
+        .to_string();
+    assert!(logs.contains("GOT /one 200 ok"), "{logs}");
+    assert!(logs.contains("REFUSED /two 403"), "{logs}");
+    assert!(logs.contains("approval_denied"), "{logs}");
+    let lines: Vec<String> = up.seen().into_iter().map(|(l, _)| l).collect();
+    assert_eq!(lines, ["GET /one HTTP/1.1"], "{lines:?}");
+}
