@@ -81,10 +81,26 @@ fn answer(s: &Server, key: &str, run: &str, id: &str, decision: &str) -> (u16, V
     )
 }
 
-#[test]
-fn a_held_request_waits_for_its_organization_and_no_one_else() {
+/// A server on the namespace backend, organization A's key, a loopback
+/// upstream that answers `ok`, and a run of agent `name` (its manifest
+/// made for the upstream's address, its script for the server) started
+/// with the upstream's URL as its prompt.
+struct Started {
+    _home: tempfile::TempDir,
+    env: Vec<(String, String)>,
+    s: Server,
+    a: String,
+    up: Recorder,
+    run: String,
+}
+
+fn start(
+    name: &str,
+    manifest: impl Fn(SocketAddr) -> String,
+    script: impl Fn(&Server) -> String,
+) -> Option<Started> {
     if !crate::support::namespace_available() {
-        return;
+        return None;
     }
     let home = tempfile::Builder::new()
         .prefix("airlock-approvals-")
@@ -93,14 +109,13 @@ fn a_held_request_waits_for_its_organization_and_no_one_else() {
     let env = base_env(home.path(), None);
     let s = Server::start(&env, "namespace", home.path().join("serve.log"));
     let (_, a) = create_org(&env, "A", &[]);
-    let (_, b) = create_org(&env, "B", &[]);
     let up = Recorder::start("content-length", |mut c, _, _| {
         let _ = write!(
             c,
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
         );
     });
-    let body = json!({"manifest": manifest(up.addr), "files": {"agent.py": agent(&s.url(""))}});
+    let body = json!({"manifest": manifest(up.addr), "files": {"agent.py": script(&s)}});
     let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
     assert!(st == 201 || st == 200, "{st} {v}");
     let prompt = format!("http://{}", up.addr);
@@ -108,10 +123,34 @@ fn a_held_request_waits_for_its_organization_and_no_one_else() {
         "POST",
         "/v1/runs",
         Some(&a),
-        Some(&json!({"agent": "asker", "prompt": prompt})),
+        Some(&json!({"agent": name, "prompt": prompt})),
     );
     assert_eq!(st, 202, "{run}");
     let run = run["id"].as_str().unwrap().to_owned();
+    Some(Started {
+        _home: home,
+        env,
+        s,
+        a,
+        up,
+        run,
+    })
+}
+
+#[test]
+fn a_held_request_waits_for_its_organization_and_no_one_else() {
+    let Some(Started {
+        _home,
+        env,
+        s,
+        a,
+        up,
+        run,
+    }) = start("asker", manifest, |s| agent(&s.url("")))
+    else {
+        return;
+    };
+    let (_, b) = create_org(&env, "B", &[]);
 
     // The first POST is held: described, without its query or body.
     let first = pending(&s, &a, &run, 1);
@@ -234,30 +273,16 @@ fn a_held_request_waits_for_its_organization_and_no_one_else() {
 /// dropped, and answering it then is a 409.
 #[test]
 fn no_answer_times_out_and_a_runs_end_drops_what_it_holds() {
-    if !crate::support::namespace_available() {
-        return;
-    }
-    let home = tempfile::Builder::new()
-        .prefix("airlock-approvals-")
-        .tempdir()
-        .unwrap();
-    let env = base_env(home.path(), None);
-    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
-    let (_, a) = create_org(&env, "A", &[]);
-    let up = Recorder::start("content-length", |mut c, _, _| {
-        let _ = write!(
-            c,
-            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
-        );
-    });
-    let manifest = format!(
-        "[agent]\nname = \"waiter\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+    let manifest = |u: SocketAddr| {
+        format!(
+            "[agent]\nname = \"waiter\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
          [network]\negress = \"none\"\n\n[[integrations]]\nnamespace = \"svc\"\n\
          authorized_uris = [\"http://{u}/**\"]\n\n\
          [[integrations.rules]]\nid = \"quick\"\nhost = \"http://{u}\"\nmethods = [\"POST\"]\naction = \"ask\"\ntimeout = 1\n\n\
          [[integrations.rules]]\nid = \"slow\"\nhost = \"http://{u}\"\nmethods = [\"DELETE\"]\naction = \"ask\"\ntimeout = 600\n",
-        u = up.addr
-    );
+            u = u
+        )
+    };
     let script = mcp_agent(
         r#"
 def call(method, path):
@@ -266,18 +291,17 @@ print("QUICK " + json.dumps(call("POST", "/q")), flush=True)
 print("SLOW " + json.dumps(call("DELETE", "/s")), flush=True)
 "#,
     );
-    let body = json!({"manifest": manifest, "files": {"agent.py": script}});
-    let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
-    assert!(st == 201 || st == 200, "{st} {v}");
-    let prompt = format!("http://{}", up.addr);
-    let (st, run) = s.call(
-        "POST",
-        "/v1/runs",
-        Some(&a),
-        Some(&json!({"agent": "waiter", "prompt": prompt})),
-    );
-    assert_eq!(st, 202, "{run}");
-    let run = run["id"].as_str().unwrap().to_owned();
+    let Some(Started {
+        _home,
+        s,
+        a,
+        up,
+        run,
+        ..
+    }) = start("waiter", manifest, |_| script.clone())
+    else {
+        return;
+    };
 
     // The POST expires unanswered; the DELETE is then held.
     let slow = pending(&s, &a, &run, 2);
@@ -320,28 +344,14 @@ print("SLOW " + json.dumps(call("DELETE", "/s")), flush=True)
 /// again), denied it is refused with `approval_denied`.
 #[test]
 fn the_forward_proxy_holds_a_request_for_its_answer() {
-    if !crate::support::namespace_available() {
-        return;
-    }
-    let home = tempfile::Builder::new()
-        .prefix("airlock-approvals-")
-        .tempdir()
-        .unwrap();
-    let env = base_env(home.path(), None);
-    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
-    let (_, a) = create_org(&env, "A", &[]);
-    let up = Recorder::start("content-length", |mut c, _, _| {
-        let _ = write!(
-            c,
-            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
-        );
-    });
-    let manifest = format!(
-        "[agent]\nname = \"proxied\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
+    let manifest = |u: SocketAddr| {
+        format!(
+            "[agent]\nname = \"proxied\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 120\n\n\
          [network]\negress = [\"http://{u}/**\"]\n\n\
          [[network.rules]]\nid = \"net-ask\"\nhost = \"http://{u}\"\naccess = \"full\"\naction = \"ask\"\ntimeout = 90\n",
-        u = up.addr
-    );
+            u = u
+        )
+    };
     let script = r#"
 import os, urllib.request, urllib.error
 # The upstream is on the host's loopback: through the proxy, whatever
@@ -356,18 +366,17 @@ for path in ["/one", "/two"]:
     except urllib.error.HTTPError as e:
         print("REFUSED", path, e.code, e.read().decode(), flush=True)
 "#;
-    let body = json!({"manifest": manifest, "files": {"agent.py": script}});
-    let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
-    assert!(st == 201 || st == 200, "{st} {v}");
-    let prompt = format!("http://{}", up.addr);
-    let (st, run) = s.call(
-        "POST",
-        "/v1/runs",
-        Some(&a),
-        Some(&json!({"agent": "proxied", "prompt": prompt})),
-    );
-    assert_eq!(st, 202, "{run}");
-    let run = run["id"].as_str().unwrap().to_owned();
+    let Some(Started {
+        _home,
+        s,
+        a,
+        up,
+        run,
+        ..
+    }) = start("proxied", manifest, |_| script.to_owned())
+    else {
+        return;
+    };
 
     let one = pending(&s, &a, &run, 1);
     assert_eq!(
