@@ -258,6 +258,8 @@ mod tests {
         ("get", "/v1/runs/{id}/egress", "list_run_egress", "runs"),
         ("get", "/v1/runs/{id}/cost", "get_run_cost", "runs"),
         ("get", "/v1/runs/{id}/audit.jsonl", "get_run_audit", "runs"),
+        ("get", "/v1/runs/{id}/approvals", "list_run_approvals", "runs"),
+        ("post", "/v1/runs/{id}/approvals/{approval_id}", "answer_run_approval", "runs"),
         ("get", "/v1/runs/{id}/result", "get_run_result", "runs"),
         ("get", "/v1/runs/{id}/results/{result_id}", "get_result", "runs"),
         ("get", "/v1/runs/{id}/artifacts", "list_run_artifacts", "artifacts"),
