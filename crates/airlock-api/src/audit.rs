@@ -75,6 +75,12 @@ pub enum AuditKind {
     /// The run's live egress rules changed (`actor`, `version`,
     /// `old_rules`, `new_rules`).
     PolicyChange,
+    /// A request an `ask` rule held for a person (`decision: held`), or
+    /// how it was settled (`outcome`: `allowed_once`, `allowed_run`,
+    /// `denied`, `expired`, `dropped`; `answered_by`: the key that
+    /// answered); `approval_id` ties the two. A held request's `url` is its
+    /// path alone (never its query).
+    Approval,
 }
 
 /// The decision.
@@ -87,6 +93,8 @@ pub enum AuditDecision {
     Hidden,
     /// A policy change was made.
     Changed,
+    /// Held by an `ask` rule until a person answers.
+    Held,
 }
 
 /// Who decided.
@@ -102,6 +110,8 @@ pub enum AuditDecider {
     ToolAllowlist,
     /// A person, through the API with a key (`actor`).
     ApiKey,
+    /// A person, through an API key (`answered_by`).
+    Person,
 }
 
 /// One decision of a run's audit: a line of `audit.jsonl`.
@@ -109,6 +119,11 @@ pub enum AuditDecider {
 pub struct AuditRecord {
     /// A policy change: who made it (`key <id>`).
     pub actor: Option<String>,
+    /// An approval's settlement: the id of the API key that answered
+    /// (`null` when no one did: it expired or its run ended).
+    pub answered_by: Option<String>,
+    /// An approval's id (`approval` records).
+    pub approval_id: Option<String>,
     /// Unix ms.
     pub at: i64,
     /// Bytes received from upstream.
@@ -176,6 +191,8 @@ impl AuditRecord {
     fn blank(id: String, run_id: &str, at: i64, kind: AuditKind) -> AuditRecord {
         AuditRecord {
             actor: None,
+            answered_by: None,
+            approval_id: None,
             at,
             bytes_in: 0,
             bytes_out: 0,
@@ -281,6 +298,52 @@ impl AuditRecord {
                 tool: Some(tool),
                 ..AuditRecord::blank(id, &e.run_id, e.at, AuditKind::ToolExcluded)
             }),
+            RunEvent::ApprovalPending { approval, .. } => Some(AuditRecord {
+                approval_id: Some(approval.id),
+                decider: AuditDecider::L7Rule,
+                decision: AuditDecision::Held,
+                host: Some(approval.request.host),
+                integration: approval.request.integration,
+                method: Some(approval.request.method),
+                rule: Some(approval.request.rule),
+                url: Some(approval.request.path),
+                ..AuditRecord::blank(id, &e.run_id, e.at, AuditKind::Approval)
+            }),
+            RunEvent::ApprovalSettled {
+                id: approval_id,
+                rule,
+                outcome,
+                answered_by,
+                ..
+            } => {
+                use airlock_platform_api::approval::Outcome;
+                let code = match outcome {
+                    Outcome::AllowedOnce | Outcome::AllowedRun => None,
+                    Outcome::Denied | Outcome::Dropped => Some(RefusalCode::ApprovalDenied),
+                    Outcome::Expired => Some(RefusalCode::ApprovalTimeout),
+                };
+                let outcome = serde_json::to_value(outcome)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned));
+                Some(AuditRecord {
+                    code: code.map(|c| c.as_str().to_owned()),
+                    decider: if answered_by.is_some() {
+                        AuditDecider::Person
+                    } else {
+                        AuditDecider::L7Rule
+                    },
+                    decision: if code.is_none() {
+                        AuditDecision::Allowed
+                    } else {
+                        AuditDecision::Refused
+                    },
+                    answered_by,
+                    approval_id: Some(approval_id),
+                    outcome,
+                    rule: Some(rule),
+                    ..AuditRecord::blank(id, &e.run_id, e.at, AuditKind::Approval)
+                })
+            }
             _ => None,
         }
     }

@@ -10,7 +10,11 @@
 //!   `Open` 1 when let out, `Refuse` 5 when refused;
 //! - a tool an allowlist hid, and a change to the run's live egress rules,
 //!   are no network activity: they have no OCSF form here and are left out
-//!   of it (the native form carries them, actor and versions included).
+//!   of it (the native form carries them, actor and versions included);
+//! - a request held for a person's approval → HTTP Activity of its method,
+//!   `action_id` and `disposition_id` Other (99) while held; its
+//!   settlement → Allowed / Approved (1 / 8) or Denied / Blocked (2 / 2),
+//!   the key that answered under `unmapped.airlock_answered_by`.
 //!
 //! Both classes are in the Network Activity category (4), with the
 //! Security Control profile's `action_id` / `disposition_id` (allowed 1;
@@ -69,17 +73,18 @@ pub fn event(record: &AuditRecord) -> Option<Value> {
         "severity".into(),
         json!(if refused { "Low" } else { "Informational" }),
     );
-    let (ok, word) = if refused {
-        (2, ("Failure", "Denied", "Blocked"))
-    } else {
-        (1, ("Success", "Allowed", "Allowed"))
+    let (status, action, disposition) = match (record.decision, record.kind) {
+        (AuditDecision::Held, _) => ((99, "Other"), (99, "Other"), (99, "Other")),
+        (AuditDecision::Refused, _) => ((2, "Failure"), (2, "Denied"), (2, "Blocked")),
+        (_, AuditKind::Approval) => ((1, "Success"), (1, "Allowed"), (8, "Approved")),
+        _ => ((1, "Success"), (1, "Allowed"), (1, "Allowed")),
     };
-    e.insert("status_id".into(), json!(ok));
-    e.insert("status".into(), json!(word.0));
-    e.insert("action_id".into(), json!(ok));
-    e.insert("action".into(), json!(word.1));
-    e.insert("disposition_id".into(), json!(ok));
-    e.insert("disposition".into(), json!(word.2));
+    e.insert("status_id".into(), json!(status.0));
+    e.insert("status".into(), json!(status.1));
+    e.insert("action_id".into(), json!(action.0));
+    e.insert("action".into(), json!(action.1));
+    e.insert("disposition_id".into(), json!(disposition.0));
+    e.insert("disposition".into(), json!(disposition.1));
     e.insert("metadata".into(), metadata(record));
     if let Some(code) = &record.code {
         e.insert("status_detail".into(), json!(code));
@@ -118,6 +123,8 @@ pub fn event(record: &AuditRecord) -> Option<Value> {
             "airlock_plane": record.plane,
             "airlock_outcome": record.outcome,
             "airlock_decider": record.decider,
+            "airlock_approval_id": record.approval_id,
+            "airlock_answered_by": record.answered_by,
         }),
     );
     Some(Value::Object(e))

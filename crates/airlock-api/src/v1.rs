@@ -967,6 +967,107 @@ pub struct AuditQuery {
     pub format: Option<AuditFormat>,
 }
 
+/// Where a held request's approval stands (docs/egress.md, "Human approval").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalState {
+    /// Waiting for a person's answer.
+    Pending,
+    AllowedOnce,
+    /// This request and every later one of the run matching the same rule,
+    /// method and host.
+    AllowedRun,
+    Denied,
+    /// No answer within the rule's timeout: denied.
+    Expired,
+    /// The run ended while it was held.
+    Dropped,
+}
+
+impl From<airlock_store::ApprovalState> for ApprovalState {
+    fn from(s: airlock_store::ApprovalState) -> Self {
+        use airlock_store::ApprovalState as S;
+        match s {
+            S::Pending => ApprovalState::Pending,
+            S::AllowedOnce => ApprovalState::AllowedOnce,
+            S::AllowedRun => ApprovalState::AllowedRun,
+            S::Denied => ApprovalState::Denied,
+            S::Expired => ApprovalState::Expired,
+            S::Dropped => ApprovalState::Dropped,
+        }
+    }
+}
+
+/// A request an `ask` rule held: what it would do (never a credential, a
+/// header, a query or a body), and its answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Approval {
+    /// The id of the API key that answered, when someone did.
+    pub answered_by: Option<String>,
+    pub created_at: i64,
+    /// When no answer denies it.
+    pub expires_at: i64,
+    /// The target's host (and port when not the scheme's default).
+    pub host: String,
+    pub id: String,
+    /// The integration whose rule held it (`null`: the run's network rules).
+    pub integration: Option<String>,
+    pub method: String,
+    /// The target's path, without its query.
+    pub path: String,
+    /// The `ask` rule that held it.
+    pub rule: String,
+    pub run_id: String,
+    /// When it stopped being pending.
+    pub settled_at: Option<i64>,
+    pub state: ApprovalState,
+}
+
+impl From<&airlock_store::ApprovalRow> for Approval {
+    fn from(r: &airlock_store::ApprovalRow) -> Self {
+        Approval {
+            answered_by: r.answered_by.clone(),
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+            host: r.host.clone(),
+            id: r.id.clone(),
+            integration: r.integration.clone(),
+            method: r.method.clone(),
+            path: r.path.clone(),
+            rule: r.rule.clone(),
+            run_id: r.run_id.clone(),
+            settled_at: r.settled_at,
+            state: r.state.into(),
+        }
+    }
+}
+
+/// A run's approvals, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalList {
+    pub approvals: Vec<Approval>,
+}
+
+/// A person's answer to a held request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalDecision {
+    /// This request goes on.
+    AllowOnce,
+    /// This request and every later one of the run matching the same rule,
+    /// method and host go on without a hold.
+    AllowRun,
+    /// The request is refused (`approval_denied`).
+    Deny,
+}
+
+/// `POST /v1/runs/{id}/approvals/{approval_id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerApproval {
+    pub decision: ApprovalDecision,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct EgressLog {
     pub egress: Vec<EgressRecord>,

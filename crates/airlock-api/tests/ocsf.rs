@@ -340,3 +340,87 @@ fn the_schema_check_finds_what_is_wrong() {
         );
     }
 }
+
+/// A request held for a person and each way it is settled: valid OCSF
+/// HTTP Activity, Other while held, Approved or Blocked once settled, the
+/// key that answered under `unmapped`, the rule as `firewall_rule`.
+#[test]
+fn a_held_request_and_its_answer_are_valid_ocsf_events() {
+    use airlock_api::audit::{AuditDecider, AuditDecision, AuditKind};
+    use airlock_platform_api::approval::{Description, Outcome, Pending};
+    let schema = schema();
+    let pending = RunEvent::ApprovalPending {
+        at: 1_800_000_000_200,
+        approval: Pending {
+            id: "apr_1".into(),
+            request: Description {
+                method: "POST".into(),
+                host: "api.github.test".into(),
+                path: "/repos/a/issues".into(),
+                integration: Some("github".into()),
+                rule: "comment".into(),
+            },
+            expires_at: 1_800_000_120_200,
+        },
+    };
+    let settled = |outcome, by: Option<&str>| RunEvent::ApprovalSettled {
+        at: 1_800_000_000_300,
+        id: "apr_1".into(),
+        rule: "comment".into(),
+        outcome,
+        answered_by: by.map(str::to_owned),
+    };
+    let cases = [
+        (pending, AuditDecision::Held, AuditDecider::L7Rule, (99, 99)),
+        (
+            settled(Outcome::AllowedOnce, Some("key_1")),
+            AuditDecision::Allowed,
+            AuditDecider::Person,
+            (1, 8),
+        ),
+        (
+            settled(Outcome::AllowedRun, Some("key_1")),
+            AuditDecision::Allowed,
+            AuditDecider::Person,
+            (1, 8),
+        ),
+        (
+            settled(Outcome::Denied, Some("key_2")),
+            AuditDecision::Refused,
+            AuditDecider::Person,
+            (2, 2),
+        ),
+        (
+            settled(Outcome::Expired, None),
+            AuditDecision::Refused,
+            AuditDecider::L7Rule,
+            (2, 2),
+        ),
+        (
+            settled(Outcome::Dropped, None),
+            AuditDecision::Refused,
+            AuditDecider::L7Rule,
+            (2, 2),
+        ),
+    ];
+    for (i, (ev, decision, decider, (action, disposition))) in cases.into_iter().enumerate() {
+        let r = AuditRecord::of(&AuditEntry::Event(event(
+            60 + i64::try_from(i).unwrap(),
+            &ev,
+        )))
+        .unwrap();
+        assert_eq!(r.kind, AuditKind::Approval);
+        assert_eq!((r.decision, r.decider), (decision, decider), "{r:?}");
+        assert_eq!(r.approval_id.as_deref(), Some("apr_1"));
+        assert_eq!(r.rule.as_deref(), Some("comment"));
+        let e = ocsf::event(&r).unwrap();
+        let wrong = violations(&schema, &e);
+        assert!(wrong.is_empty(), "{r:?} → {e}: {wrong:#?}");
+        assert_eq!(e["class_uid"], 4002);
+        assert_eq!(
+            (e["action_id"].as_i64(), e["disposition_id"].as_i64()),
+            (Some(action), Some(disposition))
+        );
+        assert_eq!(e["unmapped"]["airlock_answered_by"], json!(r.answered_by));
+    }
+}

@@ -21,8 +21,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 
 use crate::error::ApiError;
 use crate::routes::{
-    agents, artifacts, audit, budget, connections, health, identity, keys, org_proxy, policy, runs,
-    webhooks,
+    agents, approvals, artifacts, audit, budget, connections, health, identity, keys, org_proxy,
+    policy, runs, webhooks,
 };
 use crate::state::AppState;
 
@@ -120,6 +120,8 @@ routes! {
     get "/v1/runs/{id}/policy" true None => Some("RunPolicy"), policy::get;
     patch "/v1/runs/{id}/policy" true Some("SetRunPolicy") => Some("RunPolicy"), policy::set;
     get "/v1/runs/{id}/audit.jsonl" true None => None, audit::audit;
+    get "/v1/runs/{id}/approvals" true None => Some("ApprovalList"), approvals::list;
+    post "/v1/runs/{id}/approvals/{approval_id}" true Some("AnswerApproval") => Some("Approval"), approvals::answer;
     get "/v1/runs/{id}/result" true None => None, runs::result;
     get "/v1/runs/{id}/results/{result_id}" true None => None, runs::stored_result;
     get "/v1/runs/{id}/artifacts" true None => Some("ArtifactList"), artifacts::list;
@@ -260,6 +262,8 @@ mod tests {
         ("get", "/v1/runs/{id}/policy", "get_run_policy", "runs"),
         ("patch", "/v1/runs/{id}/policy", "set_run_policy", "runs"),
         ("get", "/v1/runs/{id}/audit.jsonl", "get_run_audit", "runs"),
+        ("get", "/v1/runs/{id}/approvals", "list_run_approvals", "runs"),
+        ("post", "/v1/runs/{id}/approvals/{approval_id}", "answer_run_approval", "runs"),
         ("get", "/v1/runs/{id}/result", "get_run_result", "runs"),
         ("get", "/v1/runs/{id}/results/{result_id}", "get_result", "runs"),
         ("get", "/v1/runs/{id}/artifacts", "list_run_artifacts", "artifacts"),

@@ -130,39 +130,32 @@ where
 
 impl Store {
     /// Stores a pending approval; `false` when its run already asked for
-    /// [`MAX_APPROVALS_PER_RUN`].
+    /// [`MAX_APPROVALS_PER_RUN`]. One statement (the count and the insert
+    /// together): no read transaction to upgrade, which SQLite refuses
+    /// under a concurrent writer.
     pub async fn insert_approval(&self, a: &NewApproval<'_>) -> Result<bool, StoreError> {
-        on_pool!(self, p => {
-            let mut tx = locked_tx!(self, p, a.run_id).await.map_err(|e| self.err(e))?;
-            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM approvals WHERE run_id = $1")
-                .bind(a.run_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-            if n >= MAX_APPROVALS_PER_RUN {
-                return Ok(false);
-            }
-            sqlx::query(
-                "INSERT INTO approvals (id, run_id, org_id, state, method, host, path, \
-                 integration, rule, created_at, expires_at) \
-                 VALUES ($1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10)",
-            )
-            .bind(a.id)
-            .bind(a.run_id)
-            .bind(a.org_id)
-            .bind(a.method)
-            .bind(a.host)
-            .bind(a.path)
-            .bind(a.integration)
-            .bind(a.rule)
-            .bind(now_ms())
-            .bind(a.expires_at)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.run_fk(e, a.run_id))?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(true)
-        })
+        let done = on_pool!(self, p => sqlx::query(
+            "INSERT INTO approvals (id, run_id, org_id, state, method, host, path, \
+             integration, rule, created_at, expires_at) \
+             SELECT $1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10 \
+             WHERE (SELECT COUNT(*) FROM approvals WHERE run_id = $2) < $11",
+        )
+        .bind(a.id)
+        .bind(a.run_id)
+        .bind(a.org_id)
+        .bind(a.method)
+        .bind(a.host)
+        .bind(a.path)
+        .bind(a.integration)
+        .bind(a.rule)
+        .bind(now_ms())
+        .bind(a.expires_at)
+        .bind(MAX_APPROVALS_PER_RUN)
+        .execute(p)
+        .await
+        .map(|d| d.rows_affected())
+        .map_err(|e| self.run_fk(e, a.run_id)))?;
+        Ok(done == 1)
     }
 
     /// One approval of `run_id`, only for its organization `org_id`.

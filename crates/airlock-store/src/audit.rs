@@ -18,8 +18,15 @@ use crate::{EgressEntry, Event, Store, StoreError};
 
 /// The `run_events` kinds that are decisions, and so part of the audit:
 /// refusals counted rather than recorded one by one, tools an allowlist
-/// hid, and live policy changes.
-pub const AUDIT_EVENT_KINDS: [&str; 3] = ["refusals", "tool_excluded", "policy_change"];
+/// hid, live policy changes, requests held for a person and how each was
+/// settled.
+pub const AUDIT_EVENT_KINDS: [&str; 5] = [
+    "refusals",
+    "tool_excluded",
+    "policy_change",
+    "approval.pending",
+    "approval.settled",
+];
 
 /// Where an audit page starts: the last egress row and the last event row
 /// already read (0: none), and whether each table was read to its end.

@@ -231,15 +231,17 @@ impl Store {
         after: i64,
         limit: u32,
     ) -> Result<Vec<Event>, StoreError> {
-        let [a, b, c] = AUDIT_EVENT_KINDS;
+        let [a, b, c, d, e] = AUDIT_EVENT_KINDS;
         select_events!(
             self,
-            "WHERE run_id = $1 AND id > $2 AND kind IN ($3, $4, $5) ORDER BY id LIMIT $6",
+            "WHERE run_id = $1 AND id > $2 AND kind IN ($3, $4, $5, $6, $7) ORDER BY id LIMIT $8",
             run_id,
             after,
             a,
             b,
             c,
+            d,
+            e,
             i64::from(limit)
         )
     }

@@ -33,6 +33,8 @@ fn rule(host: &str, paths: &[String]) -> RuleSpec {
         methods: vec![],
         paths: paths.to_vec(),
         query: airlock_egress::QuerySpec::Names(vec!["state".into(), "page".into()]),
+        action: airlock_egress::Action::Allow,
+        timeout: None,
     }
 }
 

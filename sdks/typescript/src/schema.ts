@@ -295,6 +295,45 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/approvals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A run's approvals, oldest first: pending ones wait for an answer. */
+        get: operations["list_run_approvals"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/approvals/{approval_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Answers a held request: allow it once, allow it (and every later
+         *     request of the run matching the same rule, method and host) for the
+         *     run, or deny it. The answer and the key that gave it are in the run's
+         *     audit.
+         */
+        post: operations["answer_run_approval"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/artifacts": {
         parameters: {
             query?: never;
@@ -560,6 +599,10 @@ export interface components {
         AgentList: {
             agents: components["schemas"]["Agent"][];
         };
+        /** @description `POST /v1/runs/{id}/approvals/{approval_id}`. */
+        AnswerApproval: {
+            decision: components["schemas"]["ApprovalDecision"];
+        };
         /** @description An API key's record (never the key). */
         ApiKey: {
             /** Format: int64 */
@@ -572,6 +615,52 @@ export interface components {
         ApiKeyList: {
             api_keys: components["schemas"]["ApiKey"][];
         };
+        /**
+         * @description A request an `ask` rule held: what it would do (never a credential, a
+         *     header, a query or a body), and its answer.
+         */
+        Approval: {
+            /** @description The id of the API key that answered, when someone did. */
+            answered_by?: string | null;
+            /** Format: int64 */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description When no answer denies it.
+             */
+            expires_at: number;
+            /** @description The target's host (and port when not the scheme's default). */
+            host: string;
+            id: string;
+            /** @description The integration whose rule held it (`null`: the run's network rules). */
+            integration?: string | null;
+            method: string;
+            /** @description The target's path, without its query. */
+            path: string;
+            /** @description The `ask` rule that held it. */
+            rule: string;
+            run_id: string;
+            /**
+             * Format: int64
+             * @description When it stopped being pending.
+             */
+            settled_at?: number | null;
+            state: components["schemas"]["ApprovalState"];
+        };
+        /**
+         * @description A person's answer to a held request.
+         * @enum {string}
+         */
+        ApprovalDecision: "allow_once" | "allow_run" | "deny";
+        /** @description A run's approvals, oldest first. */
+        ApprovalList: {
+            approvals: components["schemas"]["Approval"][];
+        };
+        /**
+         * @description Where a held request's approval stands (docs/egress.md, "Human approval").
+         * @enum {string}
+         */
+        ApprovalState: "pending" | "allowed_once" | "allowed_run" | "denied" | "expired" | "dropped";
         /** @description A file the run's agent left in its output directory (`agent.outputs`). */
         Artifact: {
             /**
@@ -604,21 +693,28 @@ export interface components {
          * @description Who decided.
          * @enum {string}
          */
-        AuditDecider: "egress_guard" | "l7_rule" | "tool_allowlist" | "api_key";
+        AuditDecider: "egress_guard" | "l7_rule" | "tool_allowlist" | "api_key" | "person";
         /**
          * @description The decision.
          * @enum {string}
          */
-        AuditDecision: "allowed" | "refused" | "hidden" | "changed";
+        AuditDecision: "allowed" | "refused" | "hidden" | "changed" | "held";
         /**
          * @description What a record is a decision about.
          * @enum {string}
          */
-        AuditKind: "egress" | "refusals" | "tool_excluded" | "policy_change";
+        AuditKind: "egress" | "refusals" | "tool_excluded" | "policy_change" | "approval";
         /** @description One decision of a run's audit: a line of `audit.jsonl`. */
         AuditRecord: {
             /** @description A policy change: who made it (`key <id>`). */
             actor?: string | null;
+            /**
+             * @description An approval's settlement: the id of the API key that answered
+             *     (`null` when no one did: it expired or its run ended).
+             */
+            answered_by?: string | null;
+            /** @description An approval's id (`approval` records). */
+            approval_id?: string | null;
             /**
              * Format: int64
              * @description Unix ms.
@@ -3317,6 +3413,220 @@ export interface operations {
             };
             /** @description unavailable: the store does not answer, or the replica is starting */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    list_run_approvals: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the run's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the run's approvals */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApprovalList"];
+                };
+            };
+            /** @description bad_request: the path is malformed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description not_found: no such run in the caller's organization */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    answer_run_approval: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the run's id */
+                id: string;
+                /** @description the approval's id */
+                approval_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AnswerApproval"];
+            };
+        };
+        responses: {
+            /** @description answered: the approval as it now stands */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Approval"];
+                };
+            };
+            /** @description bad_request: the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unauthorized: no valid API key (missing, malformed, unknown or revoked) */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description not_found: no such run or approval in the caller's organization */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description conflict: the approval is no longer pending (answered, expired, or its run ended) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description too_large: the body (or a part of it) is larger than the route takes */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unsupported_media_type: the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description invalid: well-formed but not acceptable (an unknown or missing
+             *     field, a value out of its rules)
+             */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /**
+             * @description rate_limited: too many requests with this key, or too many failed
+             *     keys from this address; `Retry-After` says when to try again
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal: the platform failed (its log has the cause) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description unavailable: the store does not answer, or the replica is starting */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description storage_full: the store is out of space; nothing was written */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -6,6 +6,7 @@
 //! derived from them).
 
 pub mod agents;
+pub mod approvals;
 pub mod artifacts;
 pub mod audit;
 pub mod budget;

@@ -1,5 +1,6 @@
-//! `airlock runs list|show|logs|audit|policy`: what the store recorded,
-//! and a running run's live egress rules.
+//! `airlock runs list|show|logs|audit|policy|approvals|approve`: what the
+//! store recorded, a running run's live egress rules, and a person's answer
+//! to a request a run holds.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -102,6 +103,88 @@ pub enum RunsCommand {
         #[arg(long)]
         reset: bool,
     },
+    /// A run's held requests (docs/egress.md, "Human approval"), oldest
+    /// first: pending ones wait for `airlock runs approve`.
+    #[command(
+        after_help = "Examples:\n  airlock runs approvals run_0123abcd\n  airlock runs approvals run_0123abcd --json"
+    )]
+    Approvals {
+        /// The run's id.
+        id: String,
+        /// Print `{"approvals": [...]}` as the API answers it.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Answers a held request: let it go once, let it and every later
+    /// request matching the same rule, method and host go for the rest of
+    /// the run, or deny it.
+    #[command(
+        after_help = "Examples:\n  airlock runs approve run_0123abcd apr_0123abcd --once\n  airlock runs approve run_0123abcd apr_0123abcd --deny"
+    )]
+    Approve {
+        /// The run's id.
+        id: String,
+        /// The approval's id (`airlock runs approvals` shows them).
+        approval: String,
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
+}
+
+/// Exactly one answer.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct DecisionArgs {
+    /// Allow this request once.
+    #[arg(long)]
+    once: bool,
+    /// Allow it and every later one of the run matching the same rule,
+    /// method and host.
+    #[arg(long)]
+    run: bool,
+    /// Deny it (the agent gets `approval_denied`).
+    #[arg(long)]
+    deny: bool,
+}
+
+impl DecisionArgs {
+    fn decision(&self) -> v1::ApprovalDecision {
+        if self.once {
+            v1::ApprovalDecision::AllowOnce
+        } else if self.run {
+            v1::ApprovalDecision::AllowRun
+        } else {
+            v1::ApprovalDecision::Deny
+        }
+    }
+}
+
+/// A run's approvals, as text or as `--json`.
+fn print_approvals(list: &v1::ApprovalList, json: bool) -> Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string(list)?);
+        return Ok(());
+    }
+    if list.approvals.is_empty() {
+        outln!("no held requests");
+    }
+    for a in &list.approvals {
+        let state = serde_json::to_value(a.state)?;
+        outln!(
+            "{}  {:<12}  {} {}{}  rule {}{}",
+            a.id,
+            state.as_str().unwrap_or("-"),
+            a.method,
+            a.host,
+            a.path,
+            a.rule,
+            a.answered_by
+                .as_deref()
+                .map(|k| format!("  by {k}"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 /// The form `--ocsf` asks for.
@@ -255,6 +338,27 @@ async fn remote(server: &str, cmd: RunsCommand) -> Result<()> {
             )
             .await?;
         }
+        RunsCommand::Approvals { id, json } => {
+            let list: v1::ApprovalList = r.get(&format!("/v1/runs/{id}/approvals")).await?;
+            print_approvals(&list, json)?;
+        }
+        RunsCommand::Approve {
+            id,
+            approval,
+            decision,
+        } => {
+            let body = v1::AnswerApproval {
+                decision: decision.decision(),
+            };
+            let a: v1::Approval = r
+                .send_json(
+                    "POST",
+                    &format!("/v1/runs/{id}/approvals/{approval}"),
+                    &body,
+                )
+                .await?;
+            print_approvals(&v1::ApprovalList { approvals: vec![a] }, false)?;
+        }
     }
     Ok(())
 }
@@ -405,6 +509,20 @@ async fn local(cmd: RunsCommand) -> Result<()> {
                 super::out::bytes(&out);
                 cursor = page.next;
             }
+        }
+        RunsCommand::Approvals { id, json } => {
+            let run = store.get_run(&id).await?.ok_or_else(|| no_run(&id))?;
+            let rows = store.list_approvals(&run.org_id, &id).await?;
+            let list = v1::ApprovalList {
+                approvals: rows.iter().map(v1::Approval::from).collect(),
+            };
+            print_approvals(&list, json)?;
+        }
+        RunsCommand::Approve { .. } => {
+            return Err(anyhow!(
+                "a held request is answered through the server that runs it: \
+                 pass --server (or set AIRLOCK_SERVER)"
+            ));
         }
     }
     Ok(())

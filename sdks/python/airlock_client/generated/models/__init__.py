@@ -2,8 +2,13 @@
 
 from .agent import Agent
 from .agent_list import AgentList
+from .answer_approval import AnswerApproval
 from .api_key import ApiKey
 from .api_key_list import ApiKeyList
+from .approval import Approval
+from .approval_decision import ApprovalDecision
+from .approval_list import ApprovalList
+from .approval_state import ApprovalState
 from .artifact import Artifact
 from .artifact_list import ArtifactList
 from .artifact_refused_type_0 import ArtifactRefusedType0
@@ -81,8 +86,13 @@ from .webhook_list import WebhookList
 __all__ = (
     "Agent",
     "AgentList",
+    "AnswerApproval",
     "ApiKey",
     "ApiKeyList",
+    "Approval",
+    "ApprovalDecision",
+    "ApprovalList",
+    "ApprovalState",
     "Artifact",
     "ArtifactList",
     "ArtifactRefusedType0",

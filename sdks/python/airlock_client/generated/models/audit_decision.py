@@ -4,6 +4,7 @@ from enum import StrEnum
 class AuditDecision(StrEnum):
     ALLOWED = "allowed"
     CHANGED = "changed"
+    HELD = "held"
     HIDDEN = "hidden"
     REFUSED = "refused"
 

@@ -2,6 +2,7 @@ from enum import StrEnum
 
 
 class AuditKind(StrEnum):
+    APPROVAL = "approval"
     EGRESS = "egress"
     POLICY_CHANGE = "policy_change"
     REFUSALS = "refusals"

@@ -30,6 +30,9 @@ class AuditRecord:
         run_id (str):
         schema_version (int): [`AUDIT_SCHEMA_VERSION`].
         actor (None | str | Unset): A policy change: who made it (`key <id>`).
+        answered_by (None | str | Unset): An approval's settlement: the id of the API key that answered
+            (`null` when no one did: it expired or its run ended).
+        approval_id (None | str | Unset): An approval's id (`approval` records).
         called (bool | None | Unset): A tool exclusion: whether the tool was called by name (`false`:
             left out of a list).
         code (None | str | Unset): A refusal's code (`docs/egress.md`); `null` otherwise.
@@ -64,6 +67,8 @@ class AuditRecord:
     run_id: str
     schema_version: int
     actor: None | str | Unset = UNSET
+    answered_by: None | str | Unset = UNSET
+    approval_id: None | str | Unset = UNSET
     called: bool | None | Unset = UNSET
     code: None | str | Unset = UNSET
     count: int | None | Unset = UNSET
@@ -107,6 +112,18 @@ class AuditRecord:
             actor = UNSET
         else:
             actor = self.actor
+
+        answered_by: None | str | Unset
+        if isinstance(self.answered_by, Unset):
+            answered_by = UNSET
+        else:
+            answered_by = self.answered_by
+
+        approval_id: None | str | Unset
+        if isinstance(self.approval_id, Unset):
+            approval_id = UNSET
+        else:
+            approval_id = self.approval_id
 
         called: bool | None | Unset
         if isinstance(self.called, Unset):
@@ -233,6 +250,10 @@ class AuditRecord:
         )
         if actor is not UNSET:
             field_dict["actor"] = actor
+        if answered_by is not UNSET:
+            field_dict["answered_by"] = answered_by
+        if approval_id is not UNSET:
+            field_dict["approval_id"] = approval_id
         if called is not UNSET:
             field_dict["called"] = called
         if code is not UNSET:
@@ -299,6 +320,24 @@ class AuditRecord:
             return cast(None | str | Unset, data)
 
         actor = _parse_actor(d.pop("actor", UNSET))
+
+        def _parse_answered_by(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        answered_by = _parse_answered_by(d.pop("answered_by", UNSET))
+
+        def _parse_approval_id(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        approval_id = _parse_approval_id(d.pop("approval_id", UNSET))
 
         def _parse_called(data: object) -> bool | None | Unset:
             if data is None:
@@ -480,6 +519,8 @@ class AuditRecord:
             run_id=run_id,
             schema_version=schema_version,
             actor=actor,
+            answered_by=answered_by,
+            approval_id=approval_id,
             called=called,
             code=code,
             count=count,
