@@ -59,6 +59,13 @@ pub fn within(inner: &Rule, outer: &Rule) -> bool {
                 .any(|(q, pat)| path_within(p, q, pat))
         })
         && query_within(&inner.query, &outer.query)
+        && action_within(inner, outer)
+}
+
+/// An `ask` rule's requests wait for a person: a rule within it asks too
+/// (a rule within an `allow` rule may ask or allow).
+fn action_within(inner: &Rule, outer: &Rule) -> bool {
+    outer.ask.is_none() || inner.ask.is_some()
 }
 
 fn host_within(inner: &Rule, outer: &Rule) -> bool {

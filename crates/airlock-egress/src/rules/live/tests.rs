@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::Method;
 
 use super::*;
-use crate::rules::{Intent, Missing, Preset, QuerySpec, RuleRefusal};
+use crate::rules::{Action, Intent, Missing, Preset, QuerySpec, RuleRefusal};
 
 fn spec(
     id: &str,
@@ -24,6 +24,8 @@ fn spec(
         methods: methods.iter().map(|m| (*m).to_owned()).collect(),
         paths: paths.iter().map(|p| (*p).to_owned()).collect(),
         query: QuerySpec::Unset,
+        action: Action::Allow,
+        timeout: None,
     }
 }
 
@@ -53,7 +55,9 @@ fn manifest() -> Rules {
 
 fn judge(rules: &Rules, method: &str, url: &str) -> Result<(), RuleRefusal> {
     let m = Method::from_bytes(method.as_bytes()).unwrap();
-    rules.judge(&Target::parse(url).unwrap(), Intent::Request(&m))
+    let held = rules.judge(&Target::parse(url).unwrap(), Intent::Request(&m))?;
+    assert!(held.is_none(), "no rule here asks: {held:?}");
+    Ok(())
 }
 
 fn beyond(live: &[RuleSpec]) -> String {
@@ -293,4 +297,59 @@ fn one_swap_covers_every_list_and_a_read_keeps_its_snapshot() {
     assert!(judge(&before, "POST", "https://api.example/user").is_ok());
     assert!(judge(&network.load(), "POST", "https://api.example/user").is_err());
     assert!(!other.load().is_empty());
+}
+
+/// A manifest rule that asks a person keeps asking under any live set: a
+/// live rule within it that would let its requests go unasked is a
+/// widening; one that asks, or asks where the manifest allowed, loads.
+#[test]
+fn a_rule_that_asks_cannot_be_turned_into_one_that_allows() {
+    let ask = |id: &str| RuleSpec {
+        action: Action::Ask,
+        ..spec(id, "https://api.example", None, &["POST"], &["/repos/**"])
+    };
+    let manifest = Rules::compile(&[ask("post-asks")]).unwrap();
+    let allow = spec(
+        "post-free",
+        "https://api.example",
+        None,
+        &["POST"],
+        &["/repos/**"],
+    );
+    match narrowed(&manifest, &[allow]) {
+        Err(LiveRuleError::Beyond { rule }) => assert_eq!(rule, "post-free"),
+        other => panic!("an ask rule widened to allow: {other:?}"),
+    }
+    let live = narrowed(&manifest, &[ask("still-asks")]).unwrap();
+    let m = Method::POST;
+    let held = live
+        .judge(
+            &Target::parse("https://api.example/repos/a").unwrap(),
+            Intent::Request(&m),
+        )
+        .unwrap();
+    assert_eq!(held.map(|h| h.rule), Some("still-asks".to_owned()));
+    // Narrowing an allowing rule into one that asks is within it.
+    let asks_more = RuleSpec {
+        action: Action::Ask,
+        ..spec(
+            "asks",
+            "https://api.example",
+            None,
+            &["GET"],
+            &["/repos/**"],
+        )
+    };
+    assert!(narrowed(&manifest_for_allow(), &[asks_more]).is_ok());
+}
+
+fn manifest_for_allow() -> Rules {
+    Rules::compile(&[spec(
+        "api",
+        "https://api.example",
+        Some(Preset::ReadWrite),
+        &[],
+        &["/repos/**"],
+    )])
+    .unwrap()
 }
