@@ -547,9 +547,12 @@ fn every_route_with_another_organizations_key_finds_nothing() {
             .replace("/webhooks/{id}", &format!("/webhooks/{hook_id}"))
             .replace("/agents/{name}", "/agents/bot")
             .replace("/connections/{name}", "/connections/gh")
-            .replace("{result_id}", "r1");
+            .replace("{result_id}", "r1")
+            .replace("{approval_id}", "apr_0123456789abcdef");
         let body = match r.body {
             Some("RotateConnection") => Some(json!({"fields": {"token": "B-overwrites"}})),
+            // (A valid answer: an invalid one is refused before the run is looked up.)
+            Some("AnswerApproval") => Some(json!({"decision": "allow_once"})),
             Some(_) => Some(json!({})),
             None => None,
         };
