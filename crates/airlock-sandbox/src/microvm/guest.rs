@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use airlock_platform_api::channel::{Decoder, Frame, PORT_NAME, Relay};
 use bytes::Bytes;
@@ -131,9 +132,9 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
     // The guest has no network device: loopback alone, for the runtime's
     // local relays.
     crate::namespace::sys::loopback_up().map_err(|e| io_err("loopback", e))?;
-    let (open_tx, mut opened) = mpsc::channel::<(u32, mpsc::Sender<Inbound>)>(16);
-    listen(Relay::Api, SIDECAR_SOCKET, tx, &open_tx)?;
-    listen(Relay::Proxy, PROXY_SOCKET, tx, &open_tx)?;
+    let streams = Streams::default();
+    listen(Relay::Api, SIDECAR_SOCKET, tx, &streams)?;
+    listen(Relay::Proxy, PROXY_SOCKET, tx, &streams)?;
     let (program, args) = header
         .command
         .split_first()
@@ -162,11 +163,9 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
             .take()
             .map(|s| pump(s, tx.clone(), Frame::Stderr)),
     ];
-    let mut streams: HashMap<u32, mpsc::Sender<Inbound>> = HashMap::new();
     let status = loop {
         tokio::select! {
             s = child.wait() => break s?,
-            Some((id, inbound)) = opened.recv() => { streams.insert(id, inbound); }
             f = reader.next() => match f? {
                 Some(Frame::Stdin(b)) => {
                     if let Some(w) = stdin.as_mut() {
@@ -174,9 +173,9 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
                     }
                 }
                 Some(Frame::StdinEnd) => stdin = None,
-                Some(Frame::Data { stream, data }) => route(&mut streams, stream, Inbound::Data(data)).await,
-                Some(Frame::Eof { stream }) => route(&mut streams, stream, Inbound::Eof).await,
-                Some(Frame::Reset { stream }) => { streams.remove(&stream); }
+                Some(Frame::Data { stream, data }) => streams.route(stream, Inbound::Data(data)).await,
+                Some(Frame::Eof { stream }) => streams.route(stream, Inbound::Eof).await,
+                Some(Frame::Reset { stream }) => streams.remove(stream),
                 Some(_) => {}
                 None => return Err(io_err("channel", "the host closed it")),
             },
@@ -202,11 +201,39 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn route(streams: &mut HashMap<u32, mpsc::Sender<Inbound>>, stream: u32, m: Inbound) {
-    if let Some(s) = streams.get(&stream)
-        && s.send(m).await.is_err()
-    {
-        streams.remove(&stream);
+/// The open relay streams by id. A stream is entered by the task that
+/// accepted its connection BEFORE its `Open` frame is queued, so whatever
+/// the host answers on it finds it (the reader never races the acceptor).
+#[derive(Clone, Default)]
+struct Streams(Arc<Mutex<HashMap<u32, mpsc::Sender<Inbound>>>>);
+
+impl Streams {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u32, mpsc::Sender<Inbound>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Enters a new stream; those whose carrier ended are forgotten.
+    fn open(&self, stream: u32, inbound: mpsc::Sender<Inbound>) {
+        let mut map = self.map();
+        map.retain(|_, s| !s.is_closed());
+        map.insert(stream, inbound);
+    }
+
+    fn remove(&self, stream: u32) {
+        self.map().remove(&stream);
+    }
+
+    /// Hands the stream what the host sent on it (backpressure: waits while
+    /// its queue is full); a stream whose carrier is gone is forgotten.
+    async fn route(&self, stream: u32, m: Inbound) {
+        let Some(s) = self.map().get(&stream).cloned() else {
+            return;
+        };
+        if s.send(m).await.is_err() {
+            self.remove(stream);
+        }
     }
 }
 
@@ -232,25 +259,19 @@ fn pump(
 }
 
 /// Listens at `SOCKETS_IN_GUEST/name`; each connection opens a stream to `relay`.
-fn listen(
-    relay: Relay,
-    name: &str,
-    tx: &FrameTx,
-    opened: &mpsc::Sender<(u32, mpsc::Sender<Inbound>)>,
-) -> std::io::Result<()> {
+fn listen(relay: Relay, name: &str, tx: &FrameTx, streams: &Streams) -> std::io::Result<()> {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
     let path = Path::new(SOCKETS_IN_GUEST).join(name);
     let l = tokio::net::UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
-    let (tx, opened) = (tx.clone(), opened.clone());
+    let (tx, streams) = (tx.clone(), streams.clone());
     tokio::spawn(async move {
         while let Ok((sock, _)) = l.accept().await {
             // Ids only grow: the one counter for both listeners.
             let stream = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let (in_tx, in_rx) = mpsc::channel(mux::STREAM_QUEUE);
-            if opened.send((stream, in_tx)).await.is_err()
-                || tx.send(Frame::Open { stream, relay }).await.is_err()
-            {
+            streams.open(stream, in_tx);
+            if tx.send(Frame::Open { stream, relay }).await.is_err() {
                 return;
             }
             tokio::spawn(mux::carry(stream, sock, tx.clone(), in_rx));
@@ -388,4 +409,31 @@ fn disk_with_serial(serial: &str) -> std::io::Result<PathBuf> {
         }
     }
     Err(io_err("no disk with serial", serial))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the host sends on a stream entered by its acceptor reaches it,
+    /// however soon it comes (the stream is entered before its `Open` is
+    /// queued); a stream whose carrier ended is forgotten, and a frame for
+    /// it or for an unknown id is dropped without harm.
+    #[tokio::test]
+    async fn a_stream_is_entered_before_the_host_can_answer_it() {
+        let streams = Streams::default();
+        let (tx, mut rx) = mpsc::channel(mux::STREAM_QUEUE);
+        streams.open(1, tx);
+        streams
+            .route(1, Inbound::Data(Bytes::from_static(b"400")))
+            .await;
+        streams.route(1, Inbound::Eof).await;
+        assert!(matches!(rx.recv().await, Some(Inbound::Data(d)) if &d[..] == b"400"));
+        assert!(matches!(rx.recv().await, Some(Inbound::Eof)));
+        drop(rx);
+        streams.route(9, Inbound::Eof).await;
+        let (tx2, _rx2) = mpsc::channel(mux::STREAM_QUEUE);
+        streams.open(2, tx2);
+        assert_eq!(streams.map().len(), 1, "an ended stream was kept");
+    }
 }

@@ -48,8 +48,8 @@ pub enum HostError {
 }
 
 /// The helper's whole life; its exit code.
+/// (It dies with the platform: the death signal was set before its exec.)
 pub fn main() -> i32 {
-    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -123,26 +123,29 @@ async fn serve() -> Result<i32, HostError> {
         channel: inheritable(&theirs)?,
         disks: &disk_fds,
     };
-    let ids = crate::namespace::config::HostIds {
-        uid: cfg.vmm_uid,
-        gid: cfg.vmm_gid,
-        switch: cfg.vmm_switch,
-    };
-    let argv = super::confine(cfg.plan.argv(fds), &ids);
+    let argv = cfg.plan.argv(fds);
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| HostError::Config("no VMM command".into()))?;
-    let mut vmm = tokio::process::Command::new(program)
-        .args(args)
+    let mut vmm = tokio::process::Command::new(program);
+    vmm.args(args)
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::io::stderr())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| HostError::Vmm {
-            program: program.clone(),
-            source,
-        })?;
+        .kill_on_drop(true);
+    crate::namespace::sys::confine_vmm_on_spawn(
+        &mut vmm,
+        crate::namespace::sys::VmmConfinement {
+            switch: cfg.vmm_switch,
+            uid: cfg.vmm_uid,
+            gid: cfg.vmm_gid,
+            parent: rustix::process::getpid().as_raw_nonzero().get(),
+        },
+    );
+    let mut vmm = vmm.spawn().map_err(|source| HostError::Vmm {
+        program: program.clone(),
+        source,
+    })?;
     drop((theirs, disks));
     ours.set_nonblocking(true).map_err(HostError::Listen)?;
     let chan = tokio::net::UnixStream::from_std(ours).map_err(HostError::Listen)?;
@@ -296,5 +299,42 @@ async fn dial(
         Err(_) => {
             let _ = tx.send(Frame::Reset { stream }).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::namespace::sys::{VmmConfinement, confine_vmm_on_spawn};
+
+    fn confined(parent: i32) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", "grep -E '^NoNewPrivs:' /proc/self/status"])
+            .stdout(std::process::Stdio::piped());
+        confine_vmm_on_spawn(
+            &mut cmd,
+            VmmConfinement {
+                switch: false,
+                uid: 0,
+                gid: 0,
+                parent,
+            },
+        );
+        cmd
+    }
+
+    /// A VMM whose spawning process is not its parent any more (it died
+    /// between the fork and the death signal) never starts; one whose
+    /// parent is there starts with no new privileges.
+    #[tokio::test]
+    async fn a_vmm_starts_only_under_the_parent_it_dies_with() {
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        let err = confined(me + 1_000_000).spawn().err();
+        assert!(
+            err.is_some_and(|e| e.raw_os_error() == Some(libc::ESRCH)),
+            "a VMM started without the parent it dies with"
+        );
+        let out = confined(me).output().await.unwrap();
+        let status = String::from_utf8_lossy(&out.stdout);
+        assert!(status.contains("NoNewPrivs:\t1"), "{status}");
     }
 }

@@ -110,40 +110,6 @@ impl MicrovmBackend {
     }
 }
 
-/// `vmm` wrapped in its confinement: when the platform is root, new
-/// network, IPC, UTS and mount namespaces (`unshare`) and the run's own
-/// uid and gid with no groups (`setpriv`); always no new privileges and
-/// death with its parent, the helper.
-pub fn confine(vmm: Vec<String>, ids: &ns_config::HostIds) -> Vec<String> {
-    let mut a: Vec<String> = vec![];
-    if ids.switch {
-        a.extend(
-            [
-                "unshare",
-                "--net",
-                "--ipc",
-                "--uts",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-            ]
-            .map(String::from),
-        );
-    }
-    a.push("setpriv".into());
-    if ids.switch {
-        a.extend([
-            format!("--reuid={}", ids.uid),
-            format!("--regid={}", ids.gid),
-            "--clear-groups".into(),
-        ]);
-    }
-    a.extend(["--no-new-privs", "--pdeathsig", "KILL", "--"].map(String::from));
-    a.extend(vmm);
-    a
-}
-
 /// The agent's directory as a read-only ext4 image at `out` (`mkfs.ext4
 /// -d`: a copy, in the run's own directory, gone with it).
 fn agent_disk(dir: &Path, out: &Path) -> Result<(), SandboxError> {
@@ -275,14 +241,16 @@ impl Backend for MicrovmBackend {
         let mut head = serde_json::to_vec(&host).map_err(|e| SandboxError::Io(e.into()))?;
         head.push(b'\n');
         let cgroups = self.cgroups(spec)?.map(Arc::new);
-        let child = tokio::process::Command::new(&self.exe)
+        let mut helper = tokio::process::Command::new(&self.exe);
+        helper
             .arg(host::HOST_SUBCOMMAND)
             .env_clear()
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn();
+            .kill_on_drop(true);
+        crate::namespace::sys::die_with_spawner_on_spawn(&mut helper);
+        let child = helper.spawn();
         let child = match child {
             Ok(c) => c,
             Err(e) => {
