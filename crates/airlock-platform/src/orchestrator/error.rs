@@ -136,4 +136,12 @@ pub enum Refusal {
         provider: &'static str,
         org_connection: String,
     },
+    /// Airlock's home lies inside the agent's directory (an operator's
+    /// `AIRLOCK_HOME` or working directory typo): the sandbox, which sees
+    /// the agent's directory, would see the platform's store files and
+    /// sockets, and a microVM's copy of the directory would copy itself.
+    #[error(
+        "the agent's directory {agent} contains Airlock's home {home}: the sandbox would see the platform's store and sockets; set AIRLOCK_HOME outside the agent's directory"
+    )]
+    HomeInAgentDir { agent: String, home: String },
 }

@@ -188,7 +188,9 @@ impl Orchestrator {
         };
         self.api.revoke(&run_id);
         // A request still held when the run ended is dropped (its sidecar
-        // refuses it, if still there to).
+        // refuses it, if still there to). A run that was watched dropped
+        // them before its teardown already (idempotent: nothing is pending
+        // then); this is for a start that failed before it was watched.
         if let Err(e) = self.api.approvals().drop_run(&self.store, &run_id).await {
             tracing::warn!(
                 run_id,

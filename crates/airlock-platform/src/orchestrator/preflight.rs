@@ -21,6 +21,10 @@ impl Orchestrator {
         m: &Manifest,
         agent_dir: &Path,
     ) -> Result<(), RunError> {
+        // (The process backend isolates nothing: its agent sees the host.)
+        if self.backend.isolates() {
+            home_outside_agent_dir(&self.home, agent_dir)?;
+        }
         self.check_bundle(agent_dir).await?;
         for i in &m.integrations {
             if i.names_identity() && self.api.issuer().is_none() {
@@ -143,6 +147,23 @@ impl Orchestrator {
     }
 }
 
+/// Airlock's home must not lie inside the agent's directory (both taken
+/// as the filesystem resolves them: a symlink or `..` does not hide it).
+fn home_outside_agent_dir(home: &Path, agent_dir: &Path) -> Result<(), RunError> {
+    let (Ok(home), Ok(agent)) = (home.canonicalize(), agent_dir.canonicalize()) else {
+        // What cannot be resolved is refused where it is used, by name.
+        return Ok(());
+    };
+    if home.starts_with(&agent) {
+        return Err(Refusal::HomeInAgentDir {
+            agent: agent.display().to_string(),
+            home: home.display().to_string(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Whether `backend` can start a local MCP runner (the backend's call,
 /// [`airlock_sandbox::Backend::local_runners`]); the refusal says why not.
 fn refuse_local_runner(backend: &dyn Backend, namespace: &str) -> Result<(), RunError> {
@@ -205,6 +226,41 @@ fn check_runner_program(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A home inside the agent's directory is refused by name, however the
+    /// path is spelt (a symlink to it, `..`); a home beside it, or an
+    /// agent's directory inside the home (`airlock serve`'s bundles), is not.
+    #[test]
+    fn a_home_inside_the_agents_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = dir.path().join("agent");
+        let home = agent.join(".airlock");
+        std::fs::create_dir_all(&home).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&agent, &link).unwrap();
+        for spelt in [
+            home.clone(),
+            link.join(".airlock"),
+            agent.join("x/../.airlock"),
+        ] {
+            std::fs::create_dir_all(agent.join("x")).unwrap();
+            let e = home_outside_agent_dir(&spelt, &agent)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("contains Airlock's home") && e.contains("AIRLOCK_HOME"),
+                "{e}"
+            );
+        }
+        let e = home_outside_agent_dir(&agent, &link)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("contains Airlock's home"), "{e}");
+        let beside = dir.path().join("home");
+        std::fs::create_dir_all(beside.join("bundles/a")).unwrap();
+        assert!(home_outside_agent_dir(&beside, &agent).is_ok());
+        assert!(home_outside_agent_dir(&beside, &beside.join("bundles/a")).is_ok());
+    }
 
     #[test]
     fn local_runners_start_only_where_they_are_isolated() {

@@ -469,3 +469,44 @@ fn an_agent_file_the_sandbox_cannot_read_is_refused_before_the_run_with_the_fix(
         "the agent ran (its output, live): {err}"
     );
 }
+
+/// An operator's typo: Airlock's home inside the agent's directory (here
+/// `AIRLOCK_HOME=$AGENT/.airlock`; as well the default home under an
+/// agent directory of `~`). An isolating sandbox sees the agent's
+/// directory, so it would see the platform's store files and sockets: the
+/// run is refused before anything starts, naming both and the fix, and
+/// nothing is recorded; with the home moved out the same run succeeds.
+#[test]
+fn a_home_inside_the_agents_directory_is_refused_before_anything_starts() {
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dir.path().join("agent");
+    std::fs::create_dir(&agent).unwrap();
+    let m = manifest(&agent, "echo the agent ran; ls -a", 30);
+    let inside = agent.join(".airlock");
+    let args = ["run", "--backend", "namespace", "-f", m.to_str().unwrap()];
+    let out = airlock(&inside, &args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "Airlock's own failure: {err}");
+    assert!(
+        err.contains("contains Airlock's home") && err.contains("AIRLOCK_HOME"),
+        "both and the fix are named: {err}"
+    );
+    assert!(!err.contains("the agent ran"), "the agent never ran: {err}");
+    let listed = airlock(&inside, &["runs", "list", "--json"]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(
+        runs["runs"].as_array().map(Vec::len),
+        Some(0),
+        "a refused run is not recorded: {}",
+        text(&listed.stdout)
+    );
+    let beside = dir.path().join("home");
+    let out = airlock(&beside, &args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("the agent ran"), "{err}");
+}
