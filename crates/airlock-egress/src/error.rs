@@ -34,10 +34,13 @@ pub enum EgressCode {
     ApprovalTimeout,
     /// The run already holds as many requests as it may.
     ApprovalCap,
+    /// The run asked for as many approvals as it may over its life (the
+    /// platform's bound): no later request is held, each is refused.
+    ApprovalsExhausted,
 }
 
 impl EgressCode {
-    pub const ALL: [EgressCode; 14] = [
+    pub const ALL: [EgressCode; 15] = [
         EgressCode::InvalidUrl,
         EgressCode::NotAuthorized,
         EgressCode::CredentialExfiltrationRefused,
@@ -52,6 +55,7 @@ impl EgressCode {
         EgressCode::ApprovalDenied,
         EgressCode::ApprovalTimeout,
         EgressCode::ApprovalCap,
+        EgressCode::ApprovalsExhausted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +74,7 @@ impl EgressCode {
             EgressCode::ApprovalDenied => "approval_denied",
             EgressCode::ApprovalTimeout => "approval_timeout",
             EgressCode::ApprovalCap => "approval_cap",
+            EgressCode::ApprovalsExhausted => "approvals_exhausted",
         }
     }
 
@@ -86,7 +91,7 @@ impl EgressCode {
             | EgressCode::ApprovalRequired
             | EgressCode::ApprovalDenied
             | EgressCode::ApprovalTimeout => 403,
-            EgressCode::ApprovalCap => 429,
+            EgressCode::ApprovalCap | EgressCode::ApprovalsExhausted => 429,
             EgressCode::Unresolvable
             | EgressCode::UpstreamFailed
             | EgressCode::TooManyRedirects => 502,

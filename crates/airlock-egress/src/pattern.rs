@@ -403,6 +403,16 @@ impl Default for RulesSource {
     }
 }
 
+impl RulesSource {
+    /// The rules now: one decision reads them once.
+    pub fn load(&self) -> Arc<Rules> {
+        match self {
+            RulesSource::Fixed(r) => r.clone(),
+            RulesSource::Live(l) => l.load(),
+        }
+    }
+}
+
 impl From<Arc<Rules>> for RulesSource {
     fn from(r: Arc<Rules>) -> Self {
         RulesSource::Fixed(r)
@@ -426,10 +436,7 @@ impl AuthorizedUris {
 
     /// The L7 rules that narrow this list now: one decision reads them once.
     pub fn rules(&self) -> Arc<Rules> {
-        match &self.rules {
-            RulesSource::Fixed(r) => r.clone(),
-            RulesSource::Live(l) => l.load(),
-        }
+        self.rules.load()
     }
 
     /// Parses entries without templates (a template makes the entry match nothing).

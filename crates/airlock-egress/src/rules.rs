@@ -516,6 +516,12 @@ impl Rules {
         &self.rules
     }
 
+    /// Whether some rule is an `ask` rule: a request of the list may be
+    /// held for a person.
+    pub fn any_asks(&self) -> bool {
+        self.rules.iter().any(|r| r.ask.is_some())
+    }
+
     /// Whether some rule needs to see inside the requests it covers.
     pub fn any_sees_inside(&self) -> bool {
         self.rules.iter().any(Rule::sees_inside)

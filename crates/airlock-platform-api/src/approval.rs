@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 /// The internal API's path that holds a request for a person's answer.
 pub const ASK_PATH: &str = "/internal/v1/approvals";
 
+/// The code of the platform's refusal (429) of an ask from a run that
+/// asked for as many approvals as it may: the sidecar refuses the request
+/// at once with the same code (`airlock_egress::EgressCode::ApprovalsExhausted`).
+pub const EXHAUSTED: &str = "approvals_exhausted";
+
 /// Longest a hold waits ([`airlock_egress::rules::ASK_TIMEOUT_BOUNDS`]'s end).
 pub const MAX_WAIT_MS: u64 = *airlock_egress::rules::ASK_TIMEOUT_BOUNDS.end() * 1000;
 

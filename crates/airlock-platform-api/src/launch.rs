@@ -485,6 +485,12 @@ impl Integration {
         AuthorizedUris::render(&self.authorized_uris, fields).with_rules(self.rules_in_force())
     }
 
+    /// Whether a request of the integration may be held for a person now:
+    /// some rule in force is an `ask` rule.
+    pub fn may_hold(&self) -> bool {
+        self.rules_in_force().load().any_asks()
+    }
+
     /// The live list when the sidecar follows one, else the rules as read.
     fn rules_in_force(&self) -> airlock_egress::RulesSource {
         match &self.live_rules {

@@ -32,8 +32,10 @@ pub const POLL: Duration = Duration::from_millis(500);
 /// Why an approval could not be asked for or answered.
 #[derive(Debug, thiserror::Error)]
 pub enum ApprovalError {
-    #[error("the run asked for as many approvals as it may")]
-    TooMany,
+    /// The run asked for as many approvals as it may
+    /// ([`airlock_store::MAX_APPROVALS_PER_RUN`]): refused at once.
+    #[error("the run asked for as many approvals as it may ({limit})")]
+    Exhausted { limit: i64 },
     #[error("an approval id could not be drawn: {0}")]
     Id(airlock_vault::VaultError),
     #[error("no such approval")]
@@ -143,7 +145,7 @@ impl Approvals {
         let d = ask.request.bounded();
         // Registered before it is stored: no answer can come before.
         let registered = self.register(&id, run_id);
-        let stored = store
+        store
             .insert_approval(&NewApproval {
                 id: &id,
                 run_id,
@@ -155,10 +157,11 @@ impl Approvals {
                 rule: &d.rule,
                 expires_at,
             })
-            .await?;
-        if !stored {
-            return Err(ApprovalError::TooMany);
-        }
+            .await
+            .map_err(|e| match e {
+                StoreError::ApprovalsExhausted { limit, .. } => ApprovalError::Exhausted { limit },
+                e => ApprovalError::Store(e),
+            })?;
         let rule = d.rule.clone();
         let pending = RunEvent::ApprovalPending {
             at: now_ms(),

@@ -972,10 +972,10 @@ async fn ask_approval(State(api): State<InternalApi>, req: Request) -> Response 
         .await
     {
         Ok(answer) => axum::Json(answer).into_response(),
-        Err(ApprovalError::TooMany) => error(
+        Err(e @ ApprovalError::Exhausted { .. }) => error(
             StatusCode::TOO_MANY_REQUESTS,
-            "approval_cap",
-            "the run asked for as many approvals as it may",
+            airlock_platform_api::approval::EXHAUSTED,
+            e.to_string(),
         ),
         Err(e) => internal(e),
     }

@@ -8,6 +8,8 @@
 //!   refused at once (`approval_cap`);
 //! - what the platform is told is a [`Description`] the caller built from
 //!   the agent's request before any credential was put into it;
+//! - a run that asked for as many approvals as the platform allows is
+//!   refused at once (`approvals_exhausted`), never held;
 //! - no answer (the platform said `expired`, or could not be asked) is a
 //!   refusal (`approval_timeout`); `denied` and `dropped` (the run ended)
 //!   are `approval_denied`; only `allowed_once` and `allowed_run` let the
@@ -20,9 +22,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use airlock_egress::{EgressCode, EgressError, GuardStep, Hold};
-use airlock_platform_api::PlatformClient;
 pub use airlock_platform_api::approval::Description;
-use airlock_platform_api::approval::{AskRequest, MAX_WAIT_MS, Outcome};
+use airlock_platform_api::approval::{self, AskRequest, MAX_WAIT_MS, Outcome};
+use airlock_platform_api::{PlatformClient, PlatformError};
 use tokio::sync::Semaphore;
 
 /// Most requests of one run held at once.
@@ -97,6 +99,15 @@ impl Approvals {
         let answer = tokio::time::timeout(deadline, platform.ask_approval(&ask)).await;
         let outcome = match answer {
             Ok(Ok(a)) => a.outcome,
+            Ok(Err(PlatformError::Refused { code, message, .. }))
+                if code == approval::EXHAUSTED =>
+            {
+                return Err(refusal(
+                    EgressCode::ApprovalsExhausted,
+                    &what,
+                    &format!("holds it, and the platform refused to hold it: {message}"),
+                ));
+            }
             Ok(Err(e)) => {
                 tracing::warn!("approval: the platform could not be asked: {e}");
                 Outcome::Expired
@@ -247,6 +258,35 @@ mod tests {
             assert_eq!(e.code, code);
             assert!(e.to_string().contains("\"ask\""), "names the rule: {e}");
         }
+    }
+
+    /// A platform that refuses to hold one more request of the run (its
+    /// bound of approvals reached) is a refusal that says so, at once: not
+    /// `approval_timeout`, and not after the rule's timeout.
+    #[tokio::test]
+    async fn a_run_past_the_platforms_bound_is_refused_at_once_by_name() {
+        async fn exhausted() -> (http::StatusCode, Json<serde_json::Value>) {
+            (
+                http::StatusCode::TOO_MANY_REQUESTS,
+                Json(serde_json::json!({"error": approval::EXHAUSTED,
+                    "message": "the run asked for as many approvals as it may (1000)"})),
+            )
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("p.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let app = axum::Router::new().route(ASK_PATH, axum::routing::post(exhausted));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let p = PlatformClient::new(&sock, "t".to_owned().into());
+        let (approvals, held) = (Approvals::default(), hold(3600));
+        let asked = approvals.pass(&p, &held, what("POST", "a.test"));
+        let e = tokio::time::timeout(Duration::from_secs(30), asked)
+            .await
+            .expect("refused at once, not after the rule's timeout")
+            .unwrap_err();
+        assert_eq!(e.code, EgressCode::ApprovalsExhausted);
+        assert_eq!(e.http_status(), 429);
+        assert!(e.to_string().contains("1000"), "says what happened: {e}");
     }
 
     #[tokio::test]

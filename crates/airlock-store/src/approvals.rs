@@ -8,9 +8,10 @@
 //! path, integration, rule), never a credential, a header, a query or a
 //! body.
 //!
-//! Bounds: at most [`MAX_APPROVALS_PER_RUN`] rows per run (the sidecar
-//! holds at most 8 at once; a run asking more often is refused); removed
-//! with its run.
+//! Bounds: at most [`MAX_APPROVALS_PER_RUN`] rows per run, exactly, even
+//! when many are asked for at once (the sidecar holds at most 8 at once; a
+//! run asking more often is refused, [`StoreError::ApprovalsExhausted`]);
+//! removed with its run.
 
 use crate::{Store, StoreError, now_ms};
 
@@ -129,33 +130,50 @@ where
 }
 
 impl Store {
-    /// Stores a pending approval; `false` when its run already asked for
-    /// [`MAX_APPROVALS_PER_RUN`]. One statement (the count and the insert
-    /// together): no read transaction to upgrade, which SQLite refuses
-    /// under a concurrent writer.
-    pub async fn insert_approval(&self, a: &NewApproval<'_>) -> Result<bool, StoreError> {
-        let done = on_pool!(self, p => sqlx::query(
-            "INSERT INTO approvals (id, run_id, org_id, state, method, host, path, \
-             integration, rule, created_at, expires_at) \
-             SELECT $1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10 \
-             WHERE (SELECT COUNT(*) FROM approvals WHERE run_id = $2) < $11",
-        )
-        .bind(a.id)
-        .bind(a.run_id)
-        .bind(a.org_id)
-        .bind(a.method)
-        .bind(a.host)
-        .bind(a.path)
-        .bind(a.integration)
-        .bind(a.rule)
-        .bind(now_ms())
-        .bind(a.expires_at)
-        .bind(MAX_APPROVALS_PER_RUN)
-        .execute(p)
-        .await
-        .map(|d| d.rows_affected())
-        .map_err(|e| self.run_fk(e, a.run_id)))?;
-        Ok(done == 1)
+    /// Stores a pending approval, or [`StoreError::ApprovalsExhausted`]
+    /// (nothing written) when its run already asked for
+    /// [`MAX_APPROVALS_PER_RUN`]. The count and the insert are one
+    /// statement (SQLite takes its write lock before the count: no read
+    /// transaction to upgrade, which SQLite refuses under a concurrent
+    /// writer), inside a transaction that on PostgreSQL holds the run's
+    /// advisory lock, so that two inserts at once cannot both count one
+    /// below the bound: the bound is exact on both backends.
+    pub async fn insert_approval(&self, a: &NewApproval<'_>) -> Result<(), StoreError> {
+        let res = on_pool!(self, p => {
+            async {
+                let mut tx = locked_tx!(self, p, format!("approvals:{}", a.run_id)).await?;
+                let n = sqlx::query(
+                    "INSERT INTO approvals (id, run_id, org_id, state, method, host, path, \
+                     integration, rule, created_at, expires_at) \
+                     SELECT $1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10 \
+                     WHERE (SELECT COUNT(*) FROM approvals WHERE run_id = $2) < $11",
+                )
+                .bind(a.id)
+                .bind(a.run_id)
+                .bind(a.org_id)
+                .bind(a.method)
+                .bind(a.host)
+                .bind(a.path)
+                .bind(a.integration)
+                .bind(a.rule)
+                .bind(now_ms())
+                .bind(a.expires_at)
+                .bind(MAX_APPROVALS_PER_RUN)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                tx.commit().await?;
+                Ok::<u64, sqlx::Error>(n)
+            }
+            .await
+        });
+        match res.map_err(|e| self.run_fk(e, a.run_id))? {
+            0 => Err(StoreError::ApprovalsExhausted {
+                run_id: a.run_id.to_owned(),
+                limit: MAX_APPROVALS_PER_RUN,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// One approval of `run_id`, only for its organization `org_id`.

@@ -136,6 +136,10 @@ pub enum StoreError {
         "run {run_id:?}'s policy has been changed {limit} times, its bound; nothing was written"
     )]
     PolicyChangesExhausted { run_id: String, limit: i64 },
+    /// A run that asked for as many approvals as it may
+    /// ([`crate::MAX_APPROVALS_PER_RUN`]).
+    #[error("run {run_id:?} has asked for {limit} approvals, its bound; nothing was written")]
+    ApprovalsExhausted { run_id: String, limit: i64 },
     /// Any other database error.
     #[error("database {database} failed")]
     Database {

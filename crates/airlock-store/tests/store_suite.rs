@@ -88,6 +88,7 @@ on_both!(
     migrations_are_idempotent,
     an_organizations_proxy_and_a_runs,
     an_approval_is_settled_once_and_seen_only_by_its_organization,
+    a_runs_approvals_are_bounded_exactly_even_when_asked_for_at_once,
     connections_crud,
     reencrypt_in_batches,
     reencrypt_failure_rolls_back_the_batch,
@@ -1531,8 +1532,8 @@ async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store
         rule: "ask",
         expires_at: 9,
     };
-    assert!(s.insert_approval(&a("a1")).await.unwrap());
-    assert!(s.insert_approval(&a("a2")).await.unwrap());
+    s.insert_approval(&a("a1")).await.unwrap();
+    s.insert_approval(&a("a2")).await.unwrap();
     let got = s.get_approval(org, "ra", "a1").await.unwrap().unwrap();
     assert_eq!(got.state, ApprovalState::Pending);
     assert_eq!((got.method.as_str(), got.path.as_str()), ("POST", "/x"));
@@ -1574,6 +1575,60 @@ async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store
         .map(|r| r.state)
         .collect();
     assert_eq!(states, [ApprovalState::AllowedRun, ApprovalState::Dropped]);
+}
+
+/// Of many approvals asked for one run at once across the bound, exactly
+/// [`MAX_APPROVALS_PER_RUN`] are stored and every other is refused by
+/// name ([`StoreError::ApprovalsExhausted`]); another run is not affected.
+async fn a_runs_approvals_are_bounded_exactly_even_when_asked_for_at_once(s: &Store) {
+    new_run(s, "rx").await;
+    new_run(s, "ry").await;
+    let ids: Vec<String> = (0..MAX_APPROVALS_PER_RUN + 40)
+        .map(|i| format!("apr_{i}"))
+        .collect();
+    fn a<'a>(id: &'a str, run_id: &'a str) -> NewApproval<'a> {
+        NewApproval {
+            id,
+            run_id,
+            org_id: airlock_store::LOCAL_ORG,
+            method: "POST",
+            host: "api.test",
+            path: "/x",
+            integration: None,
+            rule: "ask",
+            expires_at: 9,
+        }
+    }
+    // Most of the bound one by one, the last 30 places raced by 70.
+    let before = usize::try_from(MAX_APPROVALS_PER_RUN - 30).unwrap();
+    for id in &ids[..before] {
+        s.insert_approval(&a(id, "rx")).await.unwrap();
+    }
+    let raced = ids[before..].iter().map(|id| {
+        let n = a(id, "rx");
+        async move { s.insert_approval(&n).await }
+    });
+    let results = futures_util::future::join_all(raced).await;
+    let stored = results.iter().filter(|r| r.is_ok()).count();
+    let refused = results
+        .iter()
+        .filter(|r| {
+            matches!(r, Err(StoreError::ApprovalsExhausted { run_id, limit })
+                if run_id == "rx" && *limit == MAX_APPROVALS_PER_RUN)
+        })
+        .count();
+    assert_eq!(
+        (stored, refused),
+        (30, 40),
+        "{:?}",
+        results.iter().find(|r| r.is_err())
+    );
+    let rows = s
+        .list_approvals(airlock_store::LOCAL_ORG, "rx")
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), usize::try_from(MAX_APPROVALS_PER_RUN).unwrap());
+    s.insert_approval(&a("apr_other", "ry")).await.unwrap();
 }
 
 async fn new_run(s: &Store, id: &str) {

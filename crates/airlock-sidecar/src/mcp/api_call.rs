@@ -236,13 +236,20 @@ pub(crate) async fn run_answer(
     };
     let ns = integration.namespace.as_str();
     let method = args.method.as_str();
-    let ((fetched, fetch_step), early) = tokio::join!(
-        timed(
-            sidecar.traced && integration.has_connection,
-            credential(sidecar, integration, prefetch)
-        ),
-        decide_early(state, integration, &args)
-    );
+    let ((fetched, fetch_step), early) = if integration.has_connection && integration.may_hold() {
+        match held_then_fetched(state, integration, &args).await {
+            Ok(both) => both,
+            Err(refused) => return refused.into(),
+        }
+    } else {
+        tokio::join!(
+            timed(
+                sidecar.traced && integration.has_connection,
+                credential(sidecar, integration, prefetch)
+            ),
+            decide_early(state, integration, &args)
+        )
+    };
     // The credential lives for this call only; `fields` is dropped on return.
     let Fetched { fields, redactor } = match fetched {
         Ok(f) => f,
@@ -327,6 +334,43 @@ pub(crate) async fn run_answer(
         .into(),
     }
 }
+
+/// The call's early decision and then its credential, for an integration
+/// whose rules may hold a request: a held request waits for a person's
+/// answer before the credential is fetched, so the credential is never in
+/// the sidecar's memory during a hold, and a request denied (or not
+/// answered) never fetches it. A refusal by the guard is left to the
+/// caller (recorded with the call's redactor). A target or a list that
+/// needs the credential to be judged (`{{field}}`, `{$credential.…}`) has
+/// no early decision: it is fetched first, then judged and held.
+async fn held_then_fetched(
+    state: &McpState,
+    integration: &Integration,
+    args: &ApiCallArgs,
+) -> Result<(Timed<Fetched>, Option<Decided>), CallToolResult> {
+    let sidecar = &state.sidecar;
+    let ns = integration.namespace.as_str();
+    let early = match decide_early(state, integration, args).await {
+        Some(Ok((admission, flight))) => {
+            match approved(sidecar, admission, args, ns, &Redactor::none()).await {
+                Ok(released) => Some(Ok((released, flight))),
+                Err(e) => {
+                    flight.complete(Outcome::of_error(&e));
+                    return Err(egress_result(&e, &Redactor::none()));
+                }
+            }
+        }
+        other => other,
+    };
+    let fetched = timed(sidecar.traced, credential(sidecar, integration, None)).await;
+    Ok((fetched, early))
+}
+
+/// A credential fetched (or the call's error), with its step in a traced run.
+type Timed<T> = (Result<T, CallToolResult>, Option<Step>);
+
+/// The guard's decision and the request's record, or why it was not sent.
+type Decided = Result<(Admission, InFlight), Stop>;
 
 /// The admission released from its hold once a person allowed it (at
 /// once when no `ask` rule holds it), else the refusal. The person is told

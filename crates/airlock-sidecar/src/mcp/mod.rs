@@ -638,12 +638,14 @@ impl CredentialPrefetch {
     }
 
     /// The fetch for a call of `tool`, started now if `tool` is the
-    /// `api_call` of an integration with a connection and the run has room
-    /// for it.
+    /// `api_call` of an integration with a connection whose rules hold
+    /// nothing now, and the run has room for it.
     fn for_tool(tool: &str, sidecar: &Arc<Sidecar>) -> Option<Self> {
         let ns = args::api_call_namespace(tool)?;
         let integration = sidecar.integrations.get(ns)?;
-        if !integration.has_connection {
+        // A request an `ask` rule may hold fetches its credential only
+        // once a person allowed it (api_call::held_then_fetched).
+        if !integration.has_connection || integration.may_hold() {
             return None;
         }
         Self::start(sidecar, ns)
@@ -1118,6 +1120,91 @@ mod tests {
         assert!(CredentialPrefetch::named_by(&headers, &sc).is_some());
         drop(second);
         assert!(*fetched.borrow() >= 2);
+    }
+
+    /// A platform whose approvals are settled `outcome` at once, counting
+    /// its credential fetches (`svc`'s) and noting, at each ask, how many
+    /// fetches it had served by then.
+    async fn approving_platform(
+        dir: &std::path::Path,
+        outcome: airlock_platform_api::approval::Outcome,
+    ) -> (
+        std::path::PathBuf,
+        Arc<std::sync::Mutex<(usize, Vec<usize>)>>,
+    ) {
+        use airlock_platform_api::approval::{ASK_PATH, AskAnswer, AskRequest};
+        type Seen = Arc<std::sync::Mutex<(usize, Vec<usize>)>>;
+        async fn fetch(
+            axum::extract::State((seen, _)): axum::extract::State<(Seen, Outcome)>,
+        ) -> axum::Json<Value> {
+            seen.lock().unwrap().0 += 1;
+            axum::Json(json!({"integration": "svc", "connection": "c1",
+                "auth_type": "bearer", "fields": {"api_key": "sekrit-value"}}))
+        }
+        async fn ask(
+            axum::extract::State((seen, outcome)): axum::extract::State<(Seen, Outcome)>,
+            axum::Json(_): axum::Json<AskRequest>,
+        ) -> axum::Json<AskAnswer> {
+            let mut s = seen.lock().unwrap();
+            let fetched = s.0;
+            s.1.push(fetched);
+            axum::Json(AskAnswer {
+                id: "apr_1".into(),
+                outcome,
+                answered_by: Some("key_1".into()),
+            })
+        }
+        use airlock_platform_api::approval::Outcome;
+        let sock = dir.join("platform.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let seen: Seen = Arc::default();
+        let app = axum::Router::new()
+            .route("/internal/v1/credentials/svc", axum::routing::get(fetch))
+            .route(ASK_PATH, axum::routing::post(ask))
+            .with_state((seen.clone(), outcome));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (sock, seen)
+    }
+
+    /// An `api_call` an `ask` rule holds fetches its credential only once a
+    /// person allowed it: at the ask no fetch was made (not even the one
+    /// its `Mcp-Name` header would start), a denied or unanswered request
+    /// never fetches it, an allowed one fetches it once and sends it.
+    #[tokio::test]
+    async fn a_held_call_fetches_its_credential_only_once_allowed() {
+        use airlock_platform_api::approval::Outcome;
+        use airlock_test_support::sidecar_config::{SidecarConfigBuilder, integration};
+        let port = credential_echo().await;
+        for (outcome, answer, fetches) in [
+            (Outcome::Denied, "approval_denied", 0),
+            (Outcome::Expired, "approval_timeout", 0),
+            (Outcome::AllowedOnce, "injected", 1),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let j = dir.path().join("egress.journal");
+            std::fs::write(&j, b"").unwrap();
+            let (sock, seen) = approving_platform(dir.path(), outcome).await;
+            let cfg = SidecarConfigBuilder::detached("run_hold", &sock)
+                .integration(
+                    integration("svc")
+                        .authorized([format!("http://api.internal.test:{port}/**")])
+                        .rules(
+                            json!([{"id": "ask", "host": format!("http://api.internal.test:{port}"),
+                            "access": "full", "action": "ask", "timeout": 60}]),
+                        )
+                        .bearer("api_key"),
+                )
+                .loopback_host("api.internal.test")
+                .build();
+            let journal = crate::journal::Journal::open(&j, 1 << 20).unwrap();
+            let router = endpoint_with(Sidecar::new(cfg, &[], journal).unwrap(), true);
+            let plain = "application/json, text/event-stream";
+            let got = call(&router, "svc__api_call", "svc__api_call", plain, port).await;
+            assert!(got.contains(answer), "{outcome:?}: {got}");
+            let (fetched, at_ask) = seen.lock().unwrap().clone();
+            assert_eq!(at_ask, [0], "{outcome:?}: asked once, before any fetch");
+            assert_eq!(fetched, fetches, "{outcome:?}: fetches");
+        }
     }
 
     #[test]
