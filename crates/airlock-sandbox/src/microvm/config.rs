@@ -33,8 +33,8 @@ pub struct GuestHeader {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
-    /// The guest's machine.
-    pub plan: super::qemu::QemuPlan,
+    /// The guest's machine, by driver.
+    pub plan: VmmPlan,
     /// The VMM's host uid and gid, and whether to switch to them (the
     /// platform is root: then in namespaces of its own, too).
     pub vmm_uid: u32,
@@ -43,6 +43,16 @@ pub struct HostConfig {
     /// The host directory of the sidecar's sockets.
     pub sockets_dir: PathBuf,
     pub guest: GuestHeader,
+}
+
+/// The guest's machine: what the helper starts it with.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmmPlan {
+    /// QEMU's command line, the channel and disks passed as descriptors.
+    Qemu(super::qemu::QemuPlan),
+    /// Firecracker under its jailer, configured over its API.
+    Firecracker(super::firecracker::FirecrackerPlan),
 }
 
 /// Largest first line the helper reads.
