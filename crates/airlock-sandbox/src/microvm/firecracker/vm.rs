@@ -79,6 +79,11 @@ impl Vm {
         }
     }
 
+    /// The VMM's process id (the jailer's, which execs Firecracker in place).
+    pub fn pid(&self) -> Option<u32> {
+        self.vmm.id()
+    }
+
     /// The jail's root on the host.
     pub fn jail_root(&self) -> &std::path::Path {
         self.jail.root()
