@@ -190,32 +190,50 @@ async fn answer(
 }
 
 /// Whether a request follows the definition, and the sequence it is in;
-/// a pre-boot request that does moves the state along.
+/// one that does moves the state along.
 fn judge(s: &mut State, method: &str, path: &str, body: &Value) -> Result<(), String> {
     if method != "PUT" {
         return Err(format!(
             "{method} is not an operation the driver needs on {path}"
         ));
     }
-    let pre_boot = |s: &State| {
-        if s.started {
-            Err("The requested operation is not supported after starting the microVM.".to_string())
-        } else {
-            Ok(())
-        }
-    };
+    shape(path, body)?;
+    if path == "/actions" {
+        return match body["action_type"].as_str() {
+            Some("InstanceStart") if s.started => Err("the microVM is already running".into()),
+            Some("InstanceStart") if !s.boot_source => {
+                Err("Cannot start microvm without kernel configuration.".into())
+            }
+            Some("InstanceStart") => {
+                s.started = true;
+                Ok(())
+            }
+            Some("SendCtrlAltDel") if !s.started => {
+                Err("The requested operation is not supported before starting the microVM.".into())
+            }
+            _ => Ok(()),
+        };
+    }
+    // Every other operation the driver uses is pre-boot only.
+    if s.started {
+        return Err("The requested operation is not supported after starting the microVM.".into());
+    }
+    if path == "/boot-source" {
+        s.boot_source = true;
+    }
+    Ok(())
+}
+
+/// Whether `body` is the definition's for `path` (`BootSource`,
+/// `MachineConfiguration`, `Vsock`, `InstanceActionInfo`, `Drive`).
+fn shape(path: &str, body: &Value) -> Result<(), String> {
     match path {
-        "/boot-source" => {
-            pre_boot(s)?;
-            fields(
-                body,
-                &[("kernel_image_path", Ty::Str)],
-                &[("boot_args", Ty::Str), ("initrd_path", Ty::Str)],
-            )?;
-            s.boot_source = true;
-        }
+        "/boot-source" => fields(
+            body,
+            &[("kernel_image_path", Ty::Str)],
+            &[("boot_args", Ty::Str), ("initrd_path", Ty::Str)],
+        ),
         "/machine-config" => {
-            pre_boot(s)?;
             fields(
                 body,
                 &[("mem_size_mib", Ty::Int), ("vcpu_count", Ty::Int)],
@@ -236,9 +254,9 @@ fn judge(s: &mut State, method: &str, path: &str, body: &Value) -> Result<(), St
             if body["mem_size_mib"].as_u64().unwrap_or(0) == 0 {
                 return Err("mem_size_mib is 0".into());
             }
+            Ok(())
         }
         "/vsock" => {
-            pre_boot(s)?;
             fields(
                 body,
                 &[("guest_cid", Ty::Int), ("uds_path", Ty::Str)],
@@ -247,35 +265,17 @@ fn judge(s: &mut State, method: &str, path: &str, body: &Value) -> Result<(), St
             if body["guest_cid"].as_u64().unwrap_or(0) < 3 {
                 return Err("guest_cid is under 3".into());
             }
+            Ok(())
         }
-        "/actions" => {
-            fields(
-                body,
-                &[(
-                    "action_type",
-                    Ty::OneOf(&["FlushMetrics", "InstanceStart", "SendCtrlAltDel"]),
-                )],
-                &[],
-            )?;
-            match body["action_type"].as_str() {
-                Some("InstanceStart") if s.started => {
-                    return Err("the microVM is already running".into());
-                }
-                Some("InstanceStart") if !s.boot_source => {
-                    return Err("Cannot start microvm without kernel configuration.".into());
-                }
-                Some("InstanceStart") => s.started = true,
-                Some("SendCtrlAltDel") if !s.started => {
-                    return Err(
-                        "The requested operation is not supported before starting the microVM."
-                            .into(),
-                    );
-                }
-                _ => {}
-            }
-        }
+        "/actions" => fields(
+            body,
+            &[(
+                "action_type",
+                Ty::OneOf(&["FlushMetrics", "InstanceStart", "SendCtrlAltDel"]),
+            )],
+            &[],
+        ),
         p if p.starts_with("/drives/") => {
-            pre_boot(s)?;
             let id = &p["/drives/".len()..];
             // A virtio-block drive: path_on_host and is_read_only required.
             fields(
@@ -299,10 +299,10 @@ fn judge(s: &mut State, method: &str, path: &str, body: &Value) -> Result<(), St
                     body["drive_id"]
                 ));
             }
+            Ok(())
         }
-        other => return Err(format!("Invalid request method and/or path: PUT {other}")),
+        other => Err(format!("Invalid request method and/or path: PUT {other}")),
     }
-    Ok(())
 }
 
 /// A field's documented type.
@@ -410,4 +410,79 @@ pub fn jail_root(argv: &[String]) -> Option<PathBuf> {
             .join(arg("--id")?)
             .join("root"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The server is as strict as the definition: what a driver could get
+    /// wrong is refused (and would be a violation), not waved through.
+    #[test]
+    fn the_server_refuses_what_the_definition_does_not_allow() {
+        let mut s = State::default();
+        let boot = json!({"kernel_image_path": "/k", "boot_args": "x"});
+        // Not before a boot source.
+        let start = json!({"action_type": "InstanceStart"});
+        assert!(judge(&mut s, "PUT", "/actions", &start).is_err());
+        assert!(
+            judge(
+                &mut s,
+                "PUT",
+                "/actions",
+                &json!({"action_type": "SendCtrlAltDel"})
+            )
+            .is_err()
+        );
+        assert!(judge(&mut s, "GET", "/boot-source", &boot).is_err());
+        for (path, bad) in [
+            ("/boot-source", json!({"boot_args": "x"})),
+            (
+                "/boot-source",
+                json!({"kernel_image_path": "/k", "kernel": "/k"}),
+            ),
+            (
+                "/machine-config",
+                json!({"vcpu_count": "2", "mem_size_mib": 512}),
+            ),
+            (
+                "/machine-config",
+                json!({"vcpu_count": 33, "mem_size_mib": 512}),
+            ),
+            (
+                "/machine-config",
+                json!({"vcpu_count": 3, "mem_size_mib": 512, "smt": true}),
+            ),
+            ("/vsock", json!({"guest_cid": 2, "uds_path": "/v.sock"})),
+            (
+                "/drives/root",
+                json!({"drive_id": "other", "is_root_device": false, "path_on_host": "/r", "is_read_only": true}),
+            ),
+            (
+                "/drives/root",
+                json!({"drive_id": "root", "is_root_device": false, "path_on_host": "/r"}),
+            ),
+            (
+                "/network-interfaces/eth0",
+                json!({"iface_id": "eth0", "host_dev_name": "tap0"}),
+            ),
+            ("/actions", json!({"action_type": "Reboot"})),
+        ] {
+            assert!(judge(&mut s, "PUT", path, &bad).is_err(), "{path} {bad}");
+        }
+        assert_eq!(judge(&mut s, "PUT", "/boot-source", &boot), Ok(()));
+        assert_eq!(judge(&mut s, "PUT", "/actions", &start), Ok(()));
+        // Pre-boot only, and once.
+        assert!(judge(&mut s, "PUT", "/boot-source", &boot).is_err());
+        assert!(judge(&mut s, "PUT", "/actions", &start).is_err());
+        assert_eq!(
+            judge(
+                &mut s,
+                "PUT",
+                "/actions",
+                &json!({"action_type": "SendCtrlAltDel"})
+            ),
+            Ok(())
+        );
+    }
 }
