@@ -286,6 +286,24 @@ fn host_config(plan: FirecrackerPlan, sockets: &Path) -> HostConfig {
     }
 }
 
+/// The helper's run of `run`'s plan, with a scripted Firecracker.
+async fn start_helper(
+    run: &Run,
+    script: Script,
+) -> (
+    tokio::task::JoinHandle<Result<i32, HostError>>,
+    ApiServer,
+    PathBuf,
+) {
+    let plan = run.plan(5000);
+    let cfg = host_config(plan.clone(), &run.path("run"));
+    let mut rx = run.jailer.listen().unwrap();
+    let helper = tokio::spawn(async move { serve_firecracker(&cfg, &plan).await });
+    let root = jail_root(&started(&mut rx).await.unwrap()).unwrap();
+    let listener = tokio::net::UnixListener::bind(root.join("api.socket")).unwrap();
+    (helper, ApiServer::start(listener, script), root)
+}
+
 /// The helper's whole run under Firecracker: the guest says it booted,
 /// gets its header, ends with the run's nonce and its exit code, which is
 /// the run's; the guest is stopped and its jail removed. A refused step
@@ -293,15 +311,7 @@ fn host_config(plan: FirecrackerPlan, sockets: &Path) -> HostConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_helpers_run_ends_with_the_guests_code_or_the_refusal() {
     let run = Run::new();
-    let plan = run.plan(5000);
-    let cfg = host_config(plan.clone(), &run.path("run"));
-    let mut rx = run.jailer.listen().unwrap();
-    let helper = tokio::spawn(async move { serve_firecracker(&cfg, &plan).await });
-    let root = jail_root(&started(&mut rx).await.unwrap()).unwrap();
-    let server = ApiServer::start(
-        tokio::net::UnixListener::bind(root.join("api.socket")).unwrap(),
-        Script::default(),
-    );
+    let (helper, server, root) = start_helper(&run, Script::default()).await;
     // The guest: its connection waits for the helper's accept (the socket
     // listens from before the jailer starts); it says it is ready and
     // reads its header.
@@ -338,22 +348,15 @@ async fn the_helpers_run_ends_with_the_guests_code_or_the_refusal() {
 
     // A refusal is the run's failure, saying which step and why.
     let run = Run::new();
-    let plan = run.plan(5000);
-    let cfg = host_config(plan.clone(), &run.path("run"));
-    let mut rx = run.jailer.listen().unwrap();
-    let helper = tokio::spawn(async move { serve_firecracker(&cfg, &plan).await });
-    let root = jail_root(&started(&mut rx).await.unwrap()).unwrap();
-    let _server = ApiServer::start(
-        tokio::net::UnixListener::bind(root.join("api.socket")).unwrap(),
-        Script {
-            refuse: Some((
-                "PUT /vsock".into(),
-                400,
-                "Cannot create backend for vsock device".into(),
-            )),
-            hang: None,
-        },
-    );
+    let script = Script {
+        refuse: Some((
+            "PUT /vsock".into(),
+            400,
+            "Cannot create backend for vsock device".into(),
+        )),
+        hang: None,
+    };
+    let (helper, _server, root) = start_helper(&run, script).await;
     let e = helper.await.unwrap().unwrap_err();
     assert!(matches!(
         e,
