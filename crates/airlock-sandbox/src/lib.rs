@@ -770,7 +770,7 @@ pub use airlock_untrusted::{file as untrusted, terminal};
 pub use diagnose::{Diagnosis, diagnose};
 
 /// The backend for a `RUN_ADAPTER` value: `process`, `namespace`, `docker`,
-/// or `auto` (`namespace` where it works here, else `process` with a loud
+/// `microvm`, `firecracker` (the microvm backend's firecracker driver), or `auto` (`namespace` where it works here, else `process` with a loud
 /// warning; `auto` never picks `docker`: the Docker socket is root on the
 /// host, an operator opts into it by name).
 /// `namespace` uses the running executable (the `airlock` binary) as the
@@ -807,10 +807,10 @@ pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
             })?;
             Ok(Box::new(d))
         }
-        "microvm" => {
-            let m = microvm::MicrovmBackend::from_env()?;
+        "microvm" | "firecracker" => {
+            let m = microvm::MicrovmBackend::from_env(name)?;
             m.check().map_err(|u| SandboxError::Unavailable {
-                backend: "microvm",
+                backend: m.name(),
                 reason: u.0,
             })?;
             Ok(Box::new(m))
@@ -818,7 +818,7 @@ pub fn select(name: &str) -> Result<Box<dyn Backend>, SandboxError> {
         other => Err(SandboxError::Unavailable {
             backend: "unknown",
             reason: format!(
-                "no backend named {other:?} (process, namespace, docker, microvm, auto)"
+                "no backend named {other:?} (process, namespace, docker, microvm, firecracker, auto)"
             ),
         }),
     }

@@ -10,12 +10,15 @@
 //! (feature `sidecar-config`) builds sidecar configurations from the launch
 //! contract's types and [`sidecar`] (feature `sidecar`) starts a real
 //! sidecar with one. [`otlp_receiver`] (feature `otlp`) receives OTLP/HTTP
-//! traces on loopback.
+//! traces on loopback. [`firecracker_api`] (feature `firecracker-api`) is a
+//! scripted Firecracker API server and a stand-in jailer.
 
 #[cfg(feature = "bench")]
 pub mod bench;
 #[cfg(feature = "fake-provider")]
 pub mod fake_provider;
+#[cfg(feature = "firecracker-api")]
+pub mod firecracker_api;
 #[cfg(feature = "otlp")]
 pub mod otlp_receiver;
 mod peer;

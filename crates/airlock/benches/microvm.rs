@@ -121,7 +121,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
-    let backend = MicrovmBackend::from_env().unwrap();
+    let backend = MicrovmBackend::from_env("microvm").unwrap();
     backend.check().unwrap();
     let image = image::GuestImage::find(&backend.images, &backend.exe).unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -33,8 +33,8 @@ pub struct GuestHeader {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
-    /// The guest's machine.
-    pub plan: super::qemu::QemuPlan,
+    /// The guest's machine, by driver.
+    pub plan: VmmPlan,
     /// The VMM's host uid and gid, and whether to switch to them (the
     /// platform is root: then in namespaces of its own, too).
     pub vmm_uid: u32,
@@ -43,6 +43,16 @@ pub struct HostConfig {
     /// The host directory of the sidecar's sockets.
     pub sockets_dir: PathBuf,
     pub guest: GuestHeader,
+}
+
+/// The guest's machine: what the helper starts it with.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmmPlan {
+    /// QEMU's command line, the channel and disks passed as descriptors.
+    Qemu(super::qemu::QemuPlan),
+    /// Firecracker under its jailer, configured over its API.
+    Firecracker(super::firecracker::FirecrackerPlan),
 }
 
 /// Largest first line the helper reads.
@@ -54,3 +64,67 @@ pub const SOCKETS_IN_GUEST: &str = "/run/airlock";
 pub const WORKSPACE_IN_GUEST: &str = "/workspace";
 /// The unprivileged uid of the runtime and the agent inside the guest.
 pub const GUEST_UID: u32 = 65_534;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::microvm::{firecracker, image::GuestImage, qemu};
+
+    /// What the backend writes, the helper reads, for either driver.
+    #[test]
+    fn a_host_configuration_crosses_to_the_helper_for_either_driver() {
+        let image = GuestImage {
+            kernel: "/i/k".into(),
+            initrd: "/i/i".into(),
+            root: "/i/r".into(),
+        };
+        let plans = [
+            VmmPlan::Qemu(qemu::QemuPlan {
+                name: "airlock-r".into(),
+                qemu: "qemu-system-x86_64".into(),
+                accel: qemu::Accel::Tcg,
+                tsc_khz: 1,
+                image: image.clone(),
+                memory_mb: 256,
+                vcpus: 1,
+                disks: vec![],
+            }),
+            VmmPlan::Firecracker(firecracker::FirecrackerPlan {
+                id: firecracker::jail_id("r"),
+                firecracker: "/usr/bin/firecracker".into(),
+                jailer: "/usr/bin/jailer".into(),
+                chroot_base: "/r/vm/jail".into(),
+                uid: 1,
+                gid: 1,
+                image,
+                memory_mb: 256,
+                vcpus: 1,
+                disks: vec!["/r/vm/agent0.ext4".into()],
+                api_timeout_ms: 1,
+                guest_timeout_ms: 1,
+                stop_grace_ms: 1,
+            }),
+        ];
+        for plan in plans {
+            let cfg = HostConfig {
+                plan,
+                vmm_uid: 1,
+                vmm_gid: 1,
+                vmm_switch: false,
+                sockets_dir: "/r/sock".into(),
+                guest: GuestHeader {
+                    nonce: [0; NONCE_LEN],
+                    command: vec!["true".into()],
+                    env: vec![],
+                    workspace: WORKSPACE_IN_GUEST.into(),
+                    workspace_mb: 64,
+                    disks: vec![],
+                    uid: GUEST_UID,
+                },
+            };
+            let line = serde_json::to_string(&cfg).unwrap();
+            let back: HostConfig = serde_json::from_str(&line).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), line);
+        }
+    }
+}

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::config::{HostConfig, MAX_CONFIG_BYTES};
+use super::config::{HostConfig, MAX_CONFIG_BYTES, VmmPlan};
 use super::mux::{self, FrameTx, Inbound};
 use crate::{PROXY_SOCKET, SIDECAR_SOCKET};
 
@@ -45,6 +45,8 @@ pub enum HostError {
     Channel(#[from] ChannelError),
     #[error("the microVM's channel: {0}")]
     Io(std::io::Error),
+    #[error("firecracker: {0}")]
+    Firecracker(#[from] super::firecracker::FirecrackerError),
 }
 
 /// The helper's whole life; its exit code.
@@ -104,12 +106,15 @@ fn inheritable(fd: &impl std::os::fd::AsFd) -> Result<i32, HostError> {
 async fn serve() -> Result<i32, HostError> {
     let mut cfg = read_config()?;
     cfg.guest.nonce = nonce()?;
+    let plan = match &cfg.plan {
+        VmmPlan::Qemu(plan) => plan.clone(),
+        VmmPlan::Firecracker(plan) => return serve_firecracker(&cfg, plan).await,
+    };
     // The channel is a socket pair, the disks open files: the VMM gets
     // descriptors, no path, so nothing of the run's directory need be open
     // to its uid, and no socket is left on disk.
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(HostError::Listen)?;
-    let disks = cfg
-        .plan
+    let disks = plan
         .disks
         .iter()
         .map(std::fs::File::open)
@@ -123,7 +128,7 @@ async fn serve() -> Result<i32, HostError> {
         channel: inheritable(&theirs)?,
         disks: &disk_fds,
     };
-    let argv = cfg.plan.argv(fds);
+    let argv = plan.argv(fds);
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| HostError::Config("no VMM command".into()))?;
@@ -162,6 +167,25 @@ async fn serve() -> Result<i32, HostError> {
     }
     let _ = vmm.start_kill();
     let _ = vmm.wait().await;
+    ended
+}
+
+/// The guest under Firecracker: booted, its channel served until its end
+/// (or the VMM's), then stopped and its jail removed, whatever the outcome.
+pub async fn serve_firecracker(
+    cfg: &HostConfig,
+    plan: &super::firecracker::FirecrackerPlan,
+) -> Result<i32, HostError> {
+    let mut vm = super::firecracker::vm::Vm::boot(plan).await?;
+    let ended: Result<i32, HostError> = async {
+        let chan = vm.channel().await?;
+        tokio::select! {
+            r = demux(chan, cfg) => r,
+            s = vm.exited() => Err(HostError::Stopped(s)),
+        }
+    }
+    .await;
+    vm.stop().await;
     ended
 }
 

@@ -1,10 +1,14 @@
 //! The `microvm` backend: each run's agent in a virtual machine of its own
-//! (QEMU's `-M microvm`), whose one way out is a virtio-serial port that the
-//! runtime's relays are multiplexed over to the sidecar outside.
+//! (QEMU's `-M microvm`, or Firecracker), whose one way out is one channel
+//! (a virtio-serial port; a vsock under Firecracker) that the runtime's
+//! relays are multiplexed over to the sidecar outside.
 //!
 //! - [`image`]: the guest (kernel, initramfs, read-only root), built by
 //!   `airlock images build --microvm`;
+//! - [`driver`]: which VMM ([`ENV_MICROVM_DRIVER`](driver::ENV_MICROVM_DRIVER),
+//!   `RUN_ADAPTER=firecracker`);
 //! - [`qemu`]: the QEMU driver (the machine's command line, KVM or TCG);
+//! - [`firecracker`]: the Firecracker driver (its jail, its API, KVM only);
 //! - [`host`]: `airlock microvm-host`, the host side of one guest (the
 //!   channel's end, the VMM's parent), which the backend starts in the
 //!   run's cgroups as the sandbox's first process;
@@ -19,6 +23,8 @@
 //! which dies with the platform.
 
 pub mod config;
+pub mod driver;
+pub mod firecracker;
 pub mod guest;
 pub mod host;
 pub mod image;
@@ -32,7 +38,7 @@ use std::time::Duration;
 
 use crate::namespace::{cgroup, config as ns_config};
 use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxKind, SandboxSpec, Unavailable};
-use config::{GUEST_UID, GuestHeader, HostConfig, SOCKETS_IN_GUEST, WORKSPACE_IN_GUEST};
+use config::{GUEST_UID, GuestHeader, HostConfig, SOCKETS_IN_GUEST, VmmPlan, WORKSPACE_IN_GUEST};
 
 /// What the VMM process may use beyond the guest's memory (QEMU itself,
 /// its emulator's code cache under TCG).
@@ -41,7 +47,10 @@ pub const VMM_OVERHEAD_MB: u64 = 512;
 pub struct MicrovmBackend {
     /// The `airlock` binary (it runs `microvm-host`).
     pub exe: PathBuf,
+    pub driver: driver::Driver,
     pub qemu: PathBuf,
+    /// The firecracker driver's binaries.
+    pub firecracker: firecracker::Binaries,
     pub images: PathBuf,
     pub accel: qemu::Accel,
     /// Fail a spawn when cgroups cannot be made (default: when root).
@@ -50,10 +59,19 @@ pub struct MicrovmBackend {
 }
 
 impl MicrovmBackend {
-    /// From the environment ([`qemu::ENV_MICROVM_QEMU`],
-    /// [`image::ENV_MICROVM_IMAGES_DIR`]), with the running executable.
-    pub fn from_env() -> Result<MicrovmBackend, SandboxError> {
+    /// The backend `adapter` (`microvm` or `firecracker`) names, from the
+    /// environment ([`driver::ENV_MICROVM_DRIVER`], [`qemu::ENV_MICROVM_QEMU`],
+    /// [`firecracker::Binaries::from_env`], [`image::ENV_MICROVM_IMAGES_DIR`]),
+    /// with the running executable.
+    pub fn from_env(adapter: &str) -> Result<MicrovmBackend, SandboxError> {
         let exe = std::env::current_exe().map_err(SandboxError::InitBinary)?;
+        let setting = std::env::var(driver::ENV_MICROVM_DRIVER).ok();
+        let driver = driver::Driver::select(adapter, setting.as_deref()).map_err(|e| {
+            SandboxError::Config {
+                var: driver::ENV_MICROVM_DRIVER,
+                message: e.0,
+            }
+        })?;
         let qemu = std::env::var_os(qemu::ENV_MICROVM_QEMU)
             .filter(|q| !q.is_empty())
             .map_or_else(|| PathBuf::from(qemu::DEFAULT_QEMU), PathBuf::from);
@@ -63,7 +81,9 @@ impl MicrovmBackend {
         })?;
         Ok(MicrovmBackend {
             exe,
+            driver,
             qemu,
+            firecracker: firecracker::Binaries::from_env(),
             images,
             accel: qemu::accel(),
             require_limits: rustix::process::geteuid().is_root(),
@@ -77,14 +97,56 @@ impl MicrovmBackend {
 
     /// The QEMU binary, found on `PATH` when it is a bare name.
     fn qemu_path(&self) -> Option<PathBuf> {
-        if self.qemu.components().count() > 1 {
-            return self.qemu.is_file().then(|| self.qemu.clone());
-        }
-        std::env::var_os("PATH")
-            .into_iter()
-            .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-            .map(|d| d.join(&self.qemu))
-            .find(|p| p.is_file())
+        on_path(&self.qemu)
+    }
+
+    /// The guest's machine under this backend's driver.
+    fn plan(
+        &self,
+        spec: &SandboxSpec,
+        ids: &ns_config::HostIds,
+        image: image::GuestImage,
+        disks: Vec<PathBuf>,
+        vm_dir: &Path,
+    ) -> Result<VmmPlan, SandboxError> {
+        let name = format!("airlock-{}", spec.run_id);
+        let vcpus = crate::whole(spec.cpus.ceil(), 64);
+        Ok(match self.driver {
+            driver::Driver::Qemu => VmmPlan::Qemu(qemu::QemuPlan {
+                name,
+                qemu: self.qemu_path().unwrap_or_else(|| self.qemu.clone()),
+                accel: self.accel,
+                tsc_khz: qemu::tsc_khz(),
+                image,
+                memory_mb: spec.memory_mb,
+                vcpus,
+                disks,
+            }),
+            driver::Driver::Firecracker => {
+                let bins = self
+                    .firecracker
+                    .resolve()
+                    .map_err(|u| SandboxError::Unavailable {
+                        backend: "firecracker",
+                        reason: u.0,
+                    })?;
+                VmmPlan::Firecracker(firecracker::FirecrackerPlan {
+                    id: firecracker::jail_id(&spec.run_id),
+                    firecracker: bins.firecracker,
+                    jailer: bins.jailer,
+                    chroot_base: vm_dir.join("jail"),
+                    uid: ids.uid,
+                    gid: ids.gid,
+                    image,
+                    memory_mb: spec.memory_mb,
+                    vcpus,
+                    disks,
+                    api_timeout_ms: millis(firecracker::API_TIMEOUT),
+                    guest_timeout_ms: millis(firecracker::GUEST_TIMEOUT),
+                    stop_grace_ms: millis(firecracker::STOP_GRACE),
+                })
+            }
+        })
     }
 
     /// The run's cgroups (its helper and VMM), or none with a warning
@@ -108,6 +170,22 @@ impl MicrovmBackend {
             }
         }
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `bin` itself when it is a path, else the first file by that name on `PATH`.
+pub(crate) fn on_path(bin: &Path) -> Option<PathBuf> {
+    if bin.components().count() > 1 {
+        return bin.is_file().then(|| bin.to_path_buf());
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(bin))
+        .find(|p| p.is_file())
 }
 
 /// The agent's directory as a read-only ext4 image at `out` (`mkfs.ext4
@@ -134,10 +212,13 @@ fn agent_disk(dir: &Path, out: &Path) -> Result<(), SandboxError> {
 
 impl Backend for MicrovmBackend {
     fn name(&self) -> &'static str {
-        "microvm"
+        self.driver.backend_name()
     }
 
     fn check(&self) -> Result<(), Unavailable> {
+        if self.driver == driver::Driver::Firecracker {
+            return self.firecracker.check(self.accel);
+        }
         if self.qemu_path().is_none() {
             return Err(Unavailable(format!(
                 "{} is not installed (apt-get install qemu-system-x86), or set {}",
@@ -158,7 +239,7 @@ impl Backend for MicrovmBackend {
             say("building the microVM guest of this build (missing)");
             image::GuestImage::build(&self.images, &self.exe, say).map_err(|e| {
                 SandboxError::Unavailable {
-                    backend: "microvm",
+                    backend: self.name(),
                     reason: e.to_string(),
                 }
             })?;
@@ -190,7 +271,7 @@ impl Backend for MicrovmBackend {
     fn spawn(&self, spec: &SandboxSpec) -> Result<Sandbox, SandboxError> {
         if spec.kind != SandboxKind::Agent {
             return Err(SandboxError::Unavailable {
-                backend: "microvm",
+                backend: self.name(),
                 reason: crate::NoLocalRunners::NotOnMicrovm.to_string(),
             });
         }
@@ -198,7 +279,7 @@ impl Backend for MicrovmBackend {
         let ids = ns_config::HostIds::for_run(&spec.run_id);
         let image = image::GuestImage::find(&self.images, &self.exe).map_err(|e| {
             SandboxError::Unavailable {
-                backend: "microvm",
+                backend: self.name(),
                 reason: e.to_string(),
             }
         })?;
@@ -212,16 +293,7 @@ impl Backend for MicrovmBackend {
             std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o400))?;
             disks.push(out);
         }
-        let plan = qemu::QemuPlan {
-            name: format!("airlock-{}", spec.run_id),
-            qemu: self.qemu_path().unwrap_or_else(|| self.qemu.clone()),
-            accel: self.accel,
-            tsc_khz: qemu::tsc_khz(),
-            image,
-            memory_mb: spec.memory_mb,
-            vcpus: crate::whole(spec.cpus.ceil(), 64),
-            disks,
-        };
+        let plan = self.plan(spec, &ids, image, disks, &vm)?;
         let host = HostConfig {
             plan,
             vmm_uid: ids.uid,
