@@ -18,6 +18,7 @@ use airlock_sandbox::microvm::firecracker::vm::Vm;
 use airlock_sandbox::microvm::firecracker::{FirecrackerError, FirecrackerPlan, jail_id};
 use airlock_sandbox::microvm::host::{HostError, serve_firecracker};
 use airlock_sandbox::microvm::image::GuestImage;
+use airlock_sandbox::microvm::kernel::KernelKind;
 use airlock_test_support::firecracker_api::{ApiServer, FakeJailer, Script, jail_root, started};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -57,6 +58,7 @@ impl Run {
             uid: rustix::process::geteuid().as_raw(),
             gid: rustix::process::getegid().as_raw(),
             image: GuestImage {
+                kind: KernelKind::Debian,
                 kernel: self.path("kernel"),
                 initrd: self.path("initrd"),
                 root: self.path("root.ext4"),

@@ -1,5 +1,7 @@
 //! The microvm backend's boot, beside its floor, measured in the same run
-//! and the same loop (alternating, so both see the same load):
+//! and the same loop (alternating, so all see the same load), for each
+//! kernel that is built (the minimal one, the default, and Debian's
+//! cloud kernel, the fallback):
 //!
 //! - **boot to agent**: the backend's `spawn` of a guest whose command
 //!   prints one line, until that line reaches the host over the channel
@@ -8,6 +10,9 @@
 //!   command started), and until the sandbox has exited;
 //! - **QEMU with `/bin/true` as init**: the same QEMU machine and kernel,
 //!   an initramfs whose `/init` powers the guest off at once, until QEMU exits.
+//!
+//! The image's load into the page cache is not measured: one untimed boot
+//! of each kernel comes first.
 //!
 //! `cargo bench -p airlock --bench microvm`; `AIRLOCK_BENCH_N` samples per
 //! side (default 5). Needs QEMU and the guest (`airlock images build --microvm`).
@@ -19,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use airlock_sandbox::microvm::{MicrovmBackend, image, qemu};
+use airlock_sandbox::microvm::{MicrovmBackend, image, kernel, qemu};
 use airlock_sandbox::{Backend, SandboxSpec};
 use peers::{ms, pcts};
 use tokio::io::AsyncBufReadExt;
@@ -83,7 +88,7 @@ fn qemu_true(q: &Path, image: &image::GuestImage, initrd: &Path) -> Duration {
     let st = Command::new(q)
         .args([
             "-M",
-            "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,acpi=on",
+            &qemu::machine(image.kind),
             "-accel",
             match qemu::accel() {
                 qemu::Accel::Kvm => "kvm",
@@ -116,41 +121,71 @@ fn qemu_true(q: &Path, image: &image::GuestImage, initrd: &Path) -> Duration {
     t.elapsed()
 }
 
+/// One kernel's figures.
+#[derive(Default)]
+struct Figures {
+    to_agent: Vec<Duration>,
+    to_end: Vec<Duration>,
+    floor: Vec<Duration>,
+}
+
 fn main() {
     let n: usize = std::env::var("AIRLOCK_BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
-    let backend = MicrovmBackend::from_env("microvm").unwrap();
-    backend.check().unwrap();
-    let image = image::GuestImage::find(&backend.images, &backend.exe).unwrap();
+    let base = MicrovmBackend::from_env("microvm").unwrap();
+    base.check().unwrap();
+    // Each kernel that is built, the default first.
+    let backends: Vec<(MicrovmBackend, image::GuestImage)> =
+        [kernel::KernelKind::Minimal, kernel::KernelKind::Debian]
+            .into_iter()
+            .filter_map(|kind| {
+                let choice = kernel::KernelChoice::Only(kind);
+                let image = image::GuestImage::find_with(&base.images, &base.exe, choice).ok()?;
+                let mut b = MicrovmBackend::from_env("microvm").unwrap();
+                b.kernel = choice;
+                Some((b, image))
+            })
+            .collect();
+    assert!(
+        !backends.is_empty(),
+        "no guest: airlock images build --microvm"
+    );
     let dir = tempfile::tempdir().unwrap();
-    // `/init` = busybox's `reboot -f`: the guest's `/bin/true`.
-    let initrd = image.floor_initrd();
     let q = Path::new(qemu::DEFAULT_QEMU);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let (mut to_agent, mut to_end, mut floor) = (vec![], vec![], vec![]);
-    for i in 0..n {
-        let s = spec(dir.path(), i);
-        let (up, end) = rt.block_on(boot(&backend, &s));
-        to_agent.push(up);
-        to_end.push(end);
-        floor.push(qemu_true(q, &image, &initrd));
+    let mut figures: Vec<Figures> = backends.iter().map(|_| Figures::default()).collect();
+    for i in 0..=n {
+        for (k, (backend, image)) in backends.iter().enumerate() {
+            let s = spec(dir.path(), i * backends.len() + k);
+            let (up, end) = rt.block_on(boot(backend, &s));
+            // `/init` = busybox's `reboot -f`: the guest's `/bin/true`.
+            let floor = qemu_true(q, image, &image.floor_initrd());
+            if i > 0 {
+                figures[k].to_agent.push(up);
+                figures[k].to_end.push(end);
+                figures[k].floor.push(floor);
+            }
+        }
     }
-    println!(
-        "microvm ({:?}, the guest's kernel {})",
-        backend.accel,
-        image.kernel.display()
-    );
-    report(&[
-        (
-            "boot to agent (spawn → its first line on the host)",
-            &to_agent,
-        ),
-        ("boot to the sandbox's end", &to_end),
-        ("QEMU, same kernel, /bin/true as init (floor)", &floor),
-    ]);
+    for ((backend, image), f) in backends.iter().zip(&figures) {
+        println!(
+            "microvm ({:?}, {:?} kernel {})",
+            backend.accel,
+            image.kind,
+            image.kernel.display()
+        );
+        report(&[
+            (
+                "boot to agent (spawn → its first line on the host)",
+                &f.to_agent,
+            ),
+            ("boot to the sandbox's end", &f.to_end),
+            ("QEMU, same kernel, /bin/true as init (floor)", &f.floor),
+        ]);
+    }
 }

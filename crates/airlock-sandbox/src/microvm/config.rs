@@ -74,6 +74,7 @@ mod tests {
     #[test]
     fn a_host_configuration_crosses_to_the_helper_for_either_driver() {
         let image = GuestImage {
+            kind: crate::microvm::kernel::KernelKind::Debian,
             kernel: "/i/k".into(),
             initrd: "/i/i".into(),
             root: "/i/r".into(),

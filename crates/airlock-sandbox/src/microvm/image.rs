@@ -1,14 +1,17 @@
 //! The microVM guest image, made on this machine from Debian's packages
-//! (no registry, no kernel build): `airlock images build --microvm`.
+//! (no registry): `airlock images build --microvm`.
 //!
 //! In [`images_dir`], three files make a guest:
-//! - `kernel-<release>` — Debian's `linux-image-cloud-amd64` kernel
-//!   (fetched with `apt-get download`, extracted, never installed on the
-//!   host). Its virtio drivers are modules, so the guest boots through
+//! - `kernel-<release>` — either the minimal kernel built here from
+//!   Debian's `linux-source` ([`super::kernel`]; release
+//!   `min-<version>-<fragment hash>`, every driver built in), or Debian's
+//!   `linux-image-cloud-amd64` kernel (fetched with `apt-get download`,
+//!   extracted, never installed on the host), whose virtio drivers are
+//!   modules. Either way the guest boots through
 //! - `initrd-<release>.cpio` — a tiny initramfs: Debian's static
-//!   `busybox`, the five virtio modules ([`MODULES`]), and [`STAGE1`], a
-//!   script that loads them, mounts the root read-only and hands PID 1 to
-//!   `airlock vm-init` in it;
+//!   `busybox`, for Debian's kernel the five virtio modules ([`MODULES`]),
+//!   and [`STAGE1`], a script that loads them (if any), mounts the root
+//!   read-only and hands PID 1 to `airlock vm-init` in it;
 //! - `root-<tag>.ext4` — the root filesystem, attached read-only: the same
 //!   Debian root the docker agent image is built from (`mmdebstrap`,
 //!   [`BASE_PACKAGES`]: python3 and the CA certificates), plus this build's
@@ -24,6 +27,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::kernel::{self, KernelChoice, KernelKind};
 use crate::docker::images::{BASE_PACKAGES, BASE_SUITE, BASE_TAG, default_tag};
 
 /// Where the guest images live: `MICROVM_IMAGES_DIR`, else
@@ -56,7 +60,7 @@ pub const VM_INIT_SUBCOMMAND: &str = "vm-init";
 pub const STAGE1: &str = r#"#!/bin/busybox sh
 /bin/busybox mount -t devtmpfs dev /dev
 /bin/busybox mount -t sysfs sys /sys
-for m in /lib/modules/*.ko; do /bin/busybox insmod "$m" || exit 1; done
+for m in /lib/modules/*.ko; do [ -e "$m" ] || continue; /bin/busybox insmod "$m" || exit 1; done
 root=
 n=0
 while [ -z "$root" ] && [ $n -lt 500 ]; do
@@ -75,6 +79,8 @@ exec /bin/busybox switch_root /newroot /.airlock/airlock vm-init
 /// The guest's three files, where they are (present or not).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GuestImage {
+    /// Which kernel `kernel` is (the machine's devices are described for it).
+    pub kind: KernelKind,
     pub kernel: PathBuf,
     pub initrd: PathBuf,
     pub root: PathBuf,
@@ -113,6 +119,10 @@ pub enum GuestImageError {
         .0.display()
     )]
     NotBuilt(PathBuf),
+    #[error("the minimal kernel's configuration lacks what its fragment asks for: {0}")]
+    KernelConfig(String),
+    #[error(transparent)]
+    Choice(#[from] kernel::BadKernelChoice),
 }
 
 /// The images directory ([`ENV_MICROVM_IMAGES_DIR`]).
@@ -148,6 +158,7 @@ impl GuestImage {
     /// The guest of `exe`'s build with the kernel `release`, in `dir`.
     pub fn at(dir: &Path, release: &str, exe: &Path) -> GuestImage {
         GuestImage {
+            kind: KernelKind::of_release(release),
             kernel: dir.join(format!("kernel-{release}")),
             initrd: dir.join(format!("initrd-{release}.cpio")),
             root: dir.join(format!("root-{}.ext4", default_tag(exe))),
@@ -166,9 +177,21 @@ impl GuestImage {
         self.initrd.with_file_name(name)
     }
 
-    /// The guest of `exe`'s build in `dir`, with whichever kernel is there
-    /// (the newest release, when several are); `NotBuilt` when a part is missing.
+    /// The guest of `exe`'s build in `dir`, with the kernel
+    /// [`kernel::ENV_MICROVM_KERNEL`] chooses; `NotBuilt` when no such
+    /// guest is whole.
     pub fn find(dir: &Path, exe: &Path) -> Result<GuestImage, GuestImageError> {
+        GuestImage::find_with(dir, exe, KernelChoice::from_env()?)
+    }
+
+    /// The guest of `exe`'s build in `dir` with the first kernel of
+    /// `choice`'s order that is there (the newest release of its kind; a
+    /// minimal kernel only of this build's fragment).
+    pub fn find_with(
+        dir: &Path,
+        exe: &Path,
+        choice: KernelChoice,
+    ) -> Result<GuestImage, GuestImageError> {
         let mut releases: Vec<String> = std::fs::read_dir(dir)
             .into_iter()
             .flatten()
@@ -176,24 +199,31 @@ impl GuestImage {
             .filter_map(|n| n.strip_prefix("kernel-").map(str::to_owned))
             .collect();
         releases.sort();
-        let image = releases
-            .last()
-            .map(|r| GuestImage::at(dir, r, exe))
-            .ok_or_else(|| GuestImageError::NotBuilt(dir.to_owned()))?;
-        if [&image.kernel, &image.initrd, &image.root]
+        choice
+            .order()
             .iter()
-            .all(|p| p.is_file())
-        {
-            Ok(image)
-        } else {
-            Err(GuestImageError::NotBuilt(dir.to_owned()))
-        }
+            .filter_map(|kind| {
+                releases.iter().rev().find(|r| match kind {
+                    KernelKind::Minimal => kernel::is_current_minimal(r),
+                    KernelKind::Debian => KernelKind::of_release(r) == KernelKind::Debian,
+                })
+            })
+            .map(|r| GuestImage::at(dir, r, exe))
+            .find(|image| {
+                [&image.kernel, &image.initrd, &image.root]
+                    .iter()
+                    .all(|p| p.is_file())
+            })
+            .ok_or_else(|| GuestImageError::NotBuilt(dir.to_owned()))
     }
 
-    /// Builds what is missing of the guest of `exe`'s build in `dir`.
+    /// Builds what is missing of the guest of `exe`'s build in `dir`:
+    /// Debian's kernel (the fallback), the minimal kernel (unless `choice`
+    /// is Debian's alone), and the root; the guest `choice` boots.
     pub fn build(
         dir: &Path,
         exe: &Path,
+        choice: KernelChoice,
         say: &(dyn Fn(&str) + Sync),
     ) -> Result<GuestImage, GuestImageError> {
         let file = |path: &Path| {
@@ -210,29 +240,25 @@ impl GuestImage {
                 "fetching {package} and {BUSYBOX_PACKAGE} (apt-get download)"
             ));
             let kernel_tree = stage.extract(&package)?;
-            let busybox_tree = stage.extract(BUSYBOX_PACKAGE)?;
             let vmlinuz = kernel_tree.join(format!("boot/vmlinuz-{release}"));
             let modules = kernel_tree.join(format!("lib/modules/{release}"));
-            let busybox = busybox_tree.join("bin/busybox");
-            let cpio = initramfs(&busybox, &modules)?;
-            write_atomically(&image.initrd, &cpio)?;
-            let mut floor = Cpio::default();
-            floor.dir("bin");
-            floor.file(
-                "bin/busybox",
-                0o755,
-                &std::fs::read(&busybox).map_err(file(&busybox))?,
-            );
-            floor.file(
-                "init",
-                0o755,
-                b"#!/bin/busybox sh\nexec /bin/busybox reboot -f\n",
-            );
-            write_atomically(&image.floor_initrd(), &floor.finish())?;
+            image.write_initrds(&stage, Some(&modules))?;
             let kernel = std::fs::read(&vmlinuz).map_err(file(&vmlinuz))?;
             write_atomically(&image.kernel, &kernel)?;
         }
+        if choice != KernelChoice::Only(KernelKind::Debian) {
+            let (source, version) = kernel::source_package()?;
+            let minimal = GuestImage::at(dir, &kernel::minimal_release(&version), exe);
+            if !minimal.initrd.is_file() || !minimal.floor_initrd().is_file() {
+                minimal.write_initrds(&stage, None)?;
+            }
+            if !minimal.kernel.is_file() {
+                kernel::build(dir, &stage, (&source, &version), &minimal.kernel, say)?;
+            }
+        }
+        drop(stage);
         if !image.root.is_file() {
+            let stage = Stage::new(dir)?;
             let base = dir.join(format!("base-{BASE_TAG}"));
             if !base.join("usr/bin/python3").is_file() {
                 say(&format!(
@@ -243,15 +269,39 @@ impl GuestImage {
             say("writing the guest's root image (mkfs.ext4 -d)");
             root_image(&base, exe, &stage, &image.root)?;
         }
-        Ok(image)
+        GuestImage::find_with(dir, exe, choice)
+    }
+
+    /// This kernel's initramfs (with the virtio `modules` of a kernel
+    /// tree, for Debian's) and the floor's beside it.
+    fn write_initrds(&self, stage: &Stage, modules: Option<&Path>) -> Result<(), GuestImageError> {
+        let busybox = stage.extract(BUSYBOX_PACKAGE)?.join("bin/busybox");
+        let busybox = std::fs::read(&busybox).map_err(|source| GuestImageError::File {
+            path: busybox,
+            source,
+        })?;
+        write_atomically(&self.initrd, &initramfs(&busybox, modules)?)?;
+        let mut floor = Cpio::default();
+        floor.dir("bin");
+        floor.file("bin/busybox", 0o755, &busybox);
+        floor.file(
+            "init",
+            0o755,
+            b"#!/bin/busybox sh\nexec /bin/busybox reboot -f\n",
+        );
+        write_atomically(&self.floor_initrd(), &floor.finish())
     }
 }
 
 /// A scratch directory inside the images directory (so files move into
 /// place with a rename), removed when dropped.
-struct Stage(PathBuf);
+pub(crate) struct Stage(PathBuf);
 
 impl Stage {
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+
     fn new(dir: &Path) -> Result<Stage, GuestImageError> {
         let p = dir.join(format!(".stage-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
@@ -262,8 +312,12 @@ impl Stage {
         Ok(Stage(p))
     }
 
-    /// `apt-get download PACKAGE`, extracted under the stage; its tree.
-    fn extract(&self, package: &str) -> Result<PathBuf, GuestImageError> {
+    /// `apt-get download PACKAGE`, extracted under the stage (once); its tree.
+    pub(crate) fn extract(&self, package: &str) -> Result<PathBuf, GuestImageError> {
+        let tree = self.0.join(format!("{package}.tree"));
+        if tree.is_dir() {
+            return Ok(tree);
+        }
         let dl = self.0.join(format!("{package}.dl"));
         std::fs::create_dir_all(&dl).map_err(|source| GuestImageError::File {
             path: dl.clone(),
@@ -283,7 +337,6 @@ impl Stage {
             .map(|e| e.path())
             .find(|p| p.extension().is_some_and(|x| x == "deb"))
             .ok_or_else(|| GuestImageError::NoPackage(package.to_owned()))?;
-        let tree = self.0.join(format!("{package}.tree"));
         run(
             Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree),
             "dpkg-deb",
@@ -299,7 +352,7 @@ impl Drop for Stage {
     }
 }
 
-fn run(
+pub(crate) fn run(
     cmd: &mut Command,
     program: &'static str,
     package: &'static str,
@@ -308,7 +361,7 @@ fn run(
 }
 
 /// Runs `cmd` to its end; its stdout, or a [`GuestImageError::Step`].
-fn run_output(
+pub(crate) fn run_output(
     cmd: &mut Command,
     program: &'static str,
     package: &'static str,
@@ -408,7 +461,7 @@ pub(crate) fn tree_bytes(dir: &Path) -> u64 {
 
 /// Writes `data` to `path` through a temporary sibling and a rename (a
 /// reader never sees half a file), world-readable (the VMM's own uid reads it).
-fn write_atomically(path: &Path, data: &[u8]) -> Result<(), GuestImageError> {
+pub(crate) fn write_atomically(path: &Path, data: &[u8]) -> Result<(), GuestImageError> {
     let tmp = path.with_extension("partial");
     let done = std::fs::File::create(&tmp)
         .and_then(|mut f| f.write_all(data))
@@ -423,8 +476,9 @@ fn write_atomically(path: &Path, data: &[u8]) -> Result<(), GuestImageError> {
 }
 
 /// The initramfs: busybox, [`STAGE1`] as `/init`, and the [`MODULES`] of
-/// the kernel tree `modules`, named so that their order is the load order.
-fn initramfs(busybox: &Path, modules: &Path) -> Result<Vec<u8>, GuestImageError> {
+/// the kernel tree `modules` (Debian's kernel; the minimal one has them
+/// built in), named so that their order is the load order.
+fn initramfs(busybox: &[u8], modules: Option<&Path>) -> Result<Vec<u8>, GuestImageError> {
     let read = |p: &Path| {
         std::fs::read(p).map_err(|source| GuestImageError::File {
             path: p.to_owned(),
@@ -435,8 +489,11 @@ fn initramfs(busybox: &Path, modules: &Path) -> Result<Vec<u8>, GuestImageError>
     for d in ["dev", "proc", "sys", "newroot", "bin", "lib", "lib/modules"] {
         c.dir(d);
     }
-    c.file("bin/busybox", 0o755, &read(busybox)?);
+    c.file("bin/busybox", 0o755, busybox);
     c.file("init", 0o755, STAGE1.as_bytes());
+    let Some(modules) = modules else {
+        return Ok(c.finish());
+    };
     for (i, m) in MODULES.iter().enumerate() {
         let name = Path::new(m)
             .file_name()

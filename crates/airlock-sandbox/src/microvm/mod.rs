@@ -28,6 +28,7 @@ pub mod firecracker;
 pub mod guest;
 pub mod host;
 pub mod image;
+pub mod kernel;
 pub mod mux;
 pub mod qemu;
 
@@ -52,6 +53,8 @@ pub struct MicrovmBackend {
     /// The firecracker driver's binaries.
     pub firecracker: firecracker::Binaries,
     pub images: PathBuf,
+    /// Which kernel the guests boot ([`kernel::ENV_MICROVM_KERNEL`]).
+    pub kernel: kernel::KernelChoice,
     pub accel: qemu::Accel,
     /// Fail a spawn when cgroups cannot be made (default: when root).
     pub require_limits: bool,
@@ -79,12 +82,17 @@ impl MicrovmBackend {
             var: image::ENV_MICROVM_IMAGES_DIR,
             message: e.to_string(),
         })?;
+        let kernel = kernel::KernelChoice::from_env().map_err(|e| SandboxError::Config {
+            var: kernel::ENV_MICROVM_KERNEL,
+            message: e.to_string(),
+        })?;
         Ok(MicrovmBackend {
             exe,
             driver,
             qemu,
             firecracker: firecracker::Binaries::from_env(),
             images,
+            kernel,
             accel: qemu::accel(),
             require_limits: rustix::process::geteuid().is_root(),
             layout: std::sync::OnceLock::new(),
@@ -235,9 +243,9 @@ impl Backend for MicrovmBackend {
     /// The guest of this build is kept present: what is missing of it is
     /// built (a new build's root, from the cached base: seconds).
     fn boot(&self, say: &(dyn Fn(&str) + Sync)) -> Result<(), SandboxError> {
-        if image::GuestImage::find(&self.images, &self.exe).is_err() {
+        if image::GuestImage::find_with(&self.images, &self.exe, self.kernel).is_err() {
             say("building the microVM guest of this build (missing)");
-            image::GuestImage::build(&self.images, &self.exe, say).map_err(|e| {
+            image::GuestImage::build(&self.images, &self.exe, self.kernel, say).map_err(|e| {
                 SandboxError::Unavailable {
                     backend: self.name(),
                     reason: e.to_string(),
@@ -277,12 +285,13 @@ impl Backend for MicrovmBackend {
         }
         ns_config::check_run_id(&spec.run_id)?;
         let ids = ns_config::HostIds::for_run(&spec.run_id);
-        let image = image::GuestImage::find(&self.images, &self.exe).map_err(|e| {
-            SandboxError::Unavailable {
-                backend: self.name(),
-                reason: e.to_string(),
-            }
-        })?;
+        let image =
+            image::GuestImage::find_with(&self.images, &self.exe, self.kernel).map_err(|e| {
+                SandboxError::Unavailable {
+                    backend: self.name(),
+                    reason: e.to_string(),
+                }
+            })?;
         let run_dir = spec.sockets_dir.parent().unwrap_or(&spec.sockets_dir);
         let vm = run_dir.join("vm");
         std::fs::create_dir_all(&vm)?;

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::image::GuestImage;
+use super::kernel::KernelKind;
 
 /// The QEMU binary: `MICROVM_QEMU`, else `qemu-system-x86_64` on `PATH`.
 pub const ENV_MICROVM_QEMU: &str = "MICROVM_QEMU";
@@ -61,6 +62,15 @@ pub fn tsc_khz() -> u64 {
         .map_or(2_000_000, |mhz| crate::whole(mhz * 1000.0, 100_000_000))
 }
 
+/// The `-M` of a guest booting `kernel`: a microvm machine without option
+/// ROMs, its devices in ACPI tables for Debian's kernel, or (`acpi=off`) on
+/// the kernel's command line, which QEMU appends (`virtio_mmio.device=…`),
+/// for the minimal kernel, which has no ACPI.
+pub fn machine(kernel: KernelKind) -> String {
+    let acpi = if kernel.acpi() { "on" } else { "off" };
+    format!("microvm,x-option-roms=off,pit=on,pic=on,rtc=on,acpi={acpi}")
+}
+
 /// The root disk's virtio serial, which the guest's stage 1 looks for.
 pub const ROOT_SERIAL: &str = "airlock-root";
 
@@ -108,7 +118,7 @@ impl QemuPlan {
             "-name".into(),
             self.name.clone(),
             "-M".into(),
-            "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,acpi=on".into(),
+            machine(self.image.kind),
             "-accel".into(),
             accel.into(),
             "-cpu".into(),
@@ -187,6 +197,7 @@ mod tests {
             accel,
             tsc_khz: 2_500_000,
             image: GuestImage {
+                kind: KernelKind::Debian,
                 kernel: "/i/kernel-6".into(),
                 initrd: "/i/initrd-6.cpio".into(),
                 root: "/i/root-t.ext4".into(),
@@ -226,5 +237,16 @@ mod tests {
         assert!(joined.contains("virtserialport,chardev=c0,name=airlock.0"));
         let k = plan(Accel::Kvm).argv(fds).join(" ");
         assert!(k.contains("-accel kvm -cpu host") && !k.contains("tsc_early_khz"));
+        assert!(
+            joined.contains(",acpi=on "),
+            "Debian's kernel finds its devices by ACPI"
+        );
+        let mut minimal = plan(Accel::Tcg);
+        minimal.image.kind = KernelKind::Minimal;
+        let m = minimal.argv(fds).join(" ");
+        assert!(
+            m.contains(",acpi=off "),
+            "the minimal kernel has no ACPI: {m}"
+        );
     }
 }

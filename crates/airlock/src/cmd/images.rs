@@ -94,7 +94,8 @@ fn build_guest() -> Result<bool> {
     let exe = std::env::current_exe()?;
     let dir = image::images_dir()?;
     let say = |s: &str| eprintln!("▸ {s}");
-    let g = image::GuestImage::build(&dir, &exe, &say)?;
+    let choice = airlock_sandbox::microvm::kernel::KernelChoice::from_env()?;
+    let g = image::GuestImage::build(&dir, &exe, choice, &say)?;
     for p in [&g.kernel, &g.initrd, &g.root] {
         super::out::outln!("{}", p.display());
     }

@@ -249,6 +249,7 @@ mod tests {
             uid: 70001,
             gid: 70001,
             image: GuestImage {
+                kind: crate::microvm::kernel::KernelKind::Debian,
                 kernel: "/i/vmlinux".into(),
                 initrd: "/i/initrd.cpio".into(),
                 root: "/i/root.ext4".into(),
