@@ -748,13 +748,8 @@ fn console_answers_a_held_request_with_its_csrf_token_only() {
     });
     assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
     assert_eq!(up.seen().len(), 1, "{:?}", up.seen());
-    let (st, _, audit) = s.raw(
-        "GET",
-        &format!("/v1/runs/{run}/audit.jsonl"),
-        Some(&a),
-        None,
-        "",
-    );
+    let audit_path = format!("/v1/runs/{run}/audit.jsonl");
+    let (st, _, audit) = s.raw("GET", &audit_path, Some(&a), None, "");
     assert_eq!(st, 200);
     let audit = String::from_utf8(audit).unwrap();
     assert!(
