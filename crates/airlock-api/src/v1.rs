@@ -25,8 +25,9 @@ use utoipa::openapi::schema::{Array, Object, ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, ToSchema};
 
 /// The events a webhook may subscribe to (`run.` and the state a run
-/// reached, [`airlock_store::run_event`] names a run's; and
-/// [`airlock_store::THRESHOLD_EVENT`], a budget's threshold reached).
+/// reached, [`airlock_store::run_event`] names a run's;
+/// [`airlock_store::THRESHOLD_EVENT`], a budget's threshold reached; and
+/// a held request's approval, pending and settled).
 pub const WEBHOOK_EVENTS: &[&str] = &[
     "run.started",
     "run.succeeded",
@@ -34,6 +35,8 @@ pub const WEBHOOK_EVENTS: &[&str] = &[
     "run.cancelled",
     "run.timed_out",
     airlock_store::THRESHOLD_EVENT,
+    airlock_store::APPROVAL_PENDING_EVENT,
+    airlock_store::APPROVAL_SETTLED_EVENT,
 ];
 
 /// The states of a webhook delivery.
@@ -71,7 +74,7 @@ fn egress_plane() -> Object {
 fn webhook_events() -> RefOr<Schema> {
     RefOr::T(Schema::Array(Array::new(RefOr::T(Schema::Object(one_of(
         WEBHOOK_EVENTS,
-        "a run event, or budget.threshold",
+        "a run event, budget.threshold, approval.pending or approval.settled",
     ))))))
 }
 
@@ -1245,6 +1248,12 @@ pub struct WebhookEvent {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct WebhookEventData {
+    /// `approval.pending`'s and `approval.settled`'s: the held request's
+    /// approval (what the request would do, never a credential, a header,
+    /// a query or a body); `approval.pending`'s as it was when held
+    /// (pending). Absent from the other events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
     /// `budget.threshold`'s: the budget and the threshold reached (absent
     /// from a run event).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1531,6 +1540,7 @@ mod tests {
         let v = round_trip(&WebhookEvent {
             created_at: 1,
             data: WebhookEventData {
+                approval: None,
                 budget: None,
                 run: r.clone(),
             },
@@ -1553,6 +1563,7 @@ mod tests {
         let v = round_trip(&WebhookEvent {
             created_at: 7,
             data: WebhookEventData {
+                approval: None,
                 budget: Some(BudgetThreshold::from(&crossing)),
                 run: r,
             },

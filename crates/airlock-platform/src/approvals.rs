@@ -14,7 +14,9 @@
 //!   another replica reaches it within [`POLL`] (the store is shared);
 //! - the run's events carry `approval.pending` and `approval.settled`
 //!   (who answered), written here only: a sidecar cannot report them
-//!   ([`RunEvent::is_platforms`]).
+//!   ([`RunEvent::is_platforms`]); each is also queued, after its event,
+//!   as a webhook delivery to the organization's webhooks that subscribed
+//!   to it (the store's outbox sends and retries it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -172,6 +174,13 @@ impl Approvals {
             },
         };
         append(store, run_id, &pending).await?;
+        store
+            .queue_approval_deliveries(
+                (org_id, run_id, &id),
+                airlock_store::APPROVAL_PENDING_EVENT,
+                pending.at(),
+            )
+            .await?;
         let state = loop {
             if let Some(row) = store.approval_state(&id).await?
                 && let Some(o) = outcome(row.state)
@@ -195,7 +204,7 @@ impl Approvals {
                 () = tokio::time::sleep_until(deadline) => {}
             }
         };
-        settle(store, run_id, &id, &rule, state, None).await?;
+        settle(store, (org_id, run_id), &id, &rule, state, None).await?;
         // Settled here, or by an answer that won the race: the stored state.
         let row = store.approval_state(&id).await?;
         let (o, by) = row
@@ -226,7 +235,15 @@ impl Approvals {
         if row.state != ApprovalState::Pending {
             return Err(ApprovalError::Settled(row.state.as_str()));
         }
-        let settled = settle(store, run_id, id, &row.rule, decision.state(), Some(by)).await?;
+        let settled = settle(
+            store,
+            (org_id, run_id),
+            id,
+            &row.rule,
+            decision.state(),
+            Some(by),
+        )
+        .await?;
         self.wake(|aid, _| aid == id);
         let now = store
             .get_approval(org_id, run_id, id)
@@ -245,7 +262,7 @@ impl Approvals {
         for row in store.list_pending_approvals(run_id).await? {
             settle(
                 store,
-                run_id,
+                (&row.org_id, run_id),
                 &row.id,
                 &row.rule,
                 ApprovalState::Dropped,
@@ -258,10 +275,11 @@ impl Approvals {
 }
 
 /// Settles `id` as `state` if it is still pending, and records it in the
-/// run's events; whether this call settled it.
+/// run's events and its organization's `approval.settled` deliveries;
+/// whether this call settled it.
 async fn settle(
     store: &Store,
-    run_id: &str,
+    (org_id, run_id): (&str, &str),
     id: &str,
     rule: &str,
     state: ApprovalState,
@@ -279,6 +297,13 @@ async fn settle(
             answered_by: by.map(str::to_owned),
         };
         append(store, run_id, &e).await?;
+        store
+            .queue_approval_deliveries(
+                (org_id, run_id, id),
+                airlock_store::APPROVAL_SETTLED_EVENT,
+                e.at(),
+            )
+            .await?;
     }
     Ok(true)
 }

@@ -26,6 +26,9 @@
 //! budget threshold reached queues its `budget.threshold` deliveries in the
 //! store too, with the spend that reached it (once per budget, threshold
 //! and period, across replicas); their body is rendered from that record.
+//! A held request's `approval.pending` and `approval.settled` are queued
+//! in the store when the approval is asked for and settled (one per
+//! approval and event); their body is rendered from the stored approval.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -70,19 +73,26 @@ pub fn rules(authorized: &AuthorizedUris) -> CallRules<'_> {
 /// contract's one signing.
 pub use airlock_api::webhook::sign as signature;
 
-/// The body of a delivery of `event` about `run` (and, for
-/// `budget.threshold`, the threshold `crossing`).
-fn payload(
-    id: &str,
-    event: &str,
-    created_at: i64,
-    run: &Run,
-    crossing: Option<&airlock_store::Crossing>,
-) -> String {
+/// What a delivery's event is about besides its run.
+#[derive(Default)]
+struct About {
+    /// `budget.threshold`'s threshold reached.
+    crossing: Option<airlock_store::Crossing>,
+    /// An approval event's approval, as the event shows it.
+    approval: Option<airlock_api::v1::Approval>,
+}
+
+/// The body of a delivery of `event` about `run` (and what else it is
+/// `about`).
+fn payload(id: &str, event: &str, created_at: i64, run: &Run, about: &About) -> String {
     let body = airlock_api::v1::WebhookEvent {
         created_at,
         data: airlock_api::v1::WebhookEventData {
-            budget: crossing.map(airlock_api::v1::BudgetThreshold::from),
+            approval: about.approval.clone(),
+            budget: about
+                .crossing
+                .as_ref()
+                .map(airlock_api::v1::BudgetThreshold::from),
             run: airlock_api::v1::Run::of(run, None),
         },
         id: id.to_owned(),
@@ -118,7 +128,7 @@ pub async fn emit_started(app: &AppState, run: &Run) {
             continue;
         };
         let d = DeliveryRow {
-            payload: payload(&id, event, now, run, None),
+            payload: payload(&id, event, now, run, &About::default()),
             id,
             webhook_id: h.id.clone(),
             org_id: run.org_id.clone(),
@@ -257,6 +267,10 @@ pub enum AttemptError {
     #[error("gone: the budget threshold's record was deleted")]
     CrossingDeleted,
     #[error("store: {}", .0.chain())]
+    ReadApproval(airlock_store::StoreError),
+    #[error("gone: the approval was deleted")]
+    ApprovalDeleted,
+    #[error("store: {}", .0.chain())]
     ReadRun(airlock_store::StoreError),
     #[error("store: {}", .0.chain())]
     KeepBody(airlock_store::StoreError),
@@ -281,6 +295,7 @@ impl AttemptError {
             self,
             AttemptError::RunDeleted
                 | AttemptError::CrossingDeleted
+                | AttemptError::ApprovalDeleted
                 | AttemptError::WebhookDeleted
                 | AttemptError::Secret(_)
                 | AttemptError::Url(_)
@@ -288,31 +303,56 @@ impl AttemptError {
     }
 }
 
-/// The body a delivery sends: a run end's is rendered from the ended run
-/// the first time (and kept); a `budget.threshold`'s from its crossing and
-/// the run whose call reached it.
-async fn body_of(app: &AppState, d: &DeliveryRow) -> Result<String, AttemptError> {
-    if !d.payload.is_empty() {
-        return Ok(d.payload.clone());
-    }
-    let crossing = if d.event == airlock_store::THRESHOLD_EVENT {
+/// What delivery `d`'s event is about besides its run: a
+/// `budget.threshold`'s crossing; an approval event's approval, which
+/// `approval.pending` shows as it was when held (pending, unanswered),
+/// however it stands when first sent.
+async fn about(app: &AppState, d: &DeliveryRow) -> Result<About, AttemptError> {
+    let mut about = About::default();
+    if d.event == airlock_store::THRESHOLD_EVENT {
         let c = app
             .store()
             .delivery_crossing(&d.org_id, &d.id)
             .await
             .map_err(AttemptError::ReadCrossing)?
             .ok_or(AttemptError::CrossingDeleted)?;
-        Some(c)
-    } else {
-        None
-    };
+        about.crossing = Some(c);
+    } else if d.event == airlock_store::APPROVAL_PENDING_EVENT
+        || d.event == airlock_store::APPROVAL_SETTLED_EVENT
+    {
+        let row = app
+            .store()
+            .delivery_approval(&d.org_id, &d.id)
+            .await
+            .map_err(AttemptError::ReadApproval)?
+            .ok_or(AttemptError::ApprovalDeleted)?;
+        let mut a = airlock_api::v1::Approval::from(&row);
+        if d.event == airlock_store::APPROVAL_PENDING_EVENT {
+            a.state = airlock_api::v1::ApprovalState::Pending;
+            a.answered_by = None;
+            a.settled_at = None;
+        }
+        about.approval = Some(a);
+    }
+    Ok(about)
+}
+
+/// The body a delivery sends: a run end's is rendered from the ended run
+/// the first time (and kept); a `budget.threshold`'s from its crossing and
+/// the run whose call reached it; an approval event's from its approval
+/// and its run.
+async fn body_of(app: &AppState, d: &DeliveryRow) -> Result<String, AttemptError> {
+    if !d.payload.is_empty() {
+        return Ok(d.payload.clone());
+    }
+    let about = about(app, d).await?;
     let run = app
         .store()
         .get_run_in(&d.org_id, &d.run_id)
         .await
         .map_err(AttemptError::ReadRun)?
         .ok_or(AttemptError::RunDeleted)?;
-    let body = payload(&d.id, &d.event, d.created_at, &run, crossing.as_ref());
+    let body = payload(&d.id, &d.event, d.created_at, &run, &about);
     app.store()
         .render_delivery(&d.id, &body)
         .await

@@ -121,6 +121,7 @@ fn multi_row_insert(head: &str, cols: usize, rows: usize, numbered: bool, tail: 
 // After the macros above, which they use.
 mod agents;
 mod api_keys;
+mod approval_hooks;
 mod approvals;
 mod artifacts;
 mod audit;
@@ -147,6 +148,7 @@ mod webhooks;
 
 pub use agents::AgentRow;
 pub use api_keys::{ApiKeyRow, MAX_REVOKED_KEYS};
+pub use approval_hooks::{APPROVAL_PENDING_EVENT, APPROVAL_SETTLED_EVENT};
 pub use approvals::{ApprovalRow, ApprovalState, MAX_APPROVALS_PER_RUN, NewApproval};
 pub use audit::{AUDIT_EVENT_KINDS, AuditCursor, AuditEntry, AuditPage};
 pub use budgets::{

@@ -124,6 +124,7 @@ on_both!(
     past_budget_spend_is_swept_and_the_current_periods_kept,
     racing_reservations_never_pass_a_budget_that_fits_fewer,
     a_runs_budget_crosses_each_threshold_once_with_its_deliveries,
+    an_approvals_deliveries_are_queued_once_per_webhook_and_event,
     racing_settlements_cross_an_org_threshold_once,
     artifacts_are_stored_within_the_run_and_organization_caps_even_at_once,
     queued_runs_and_connections_are_bounded_per_organization_even_at_once,
@@ -1629,6 +1630,83 @@ async fn a_runs_approvals_are_bounded_exactly_even_when_asked_for_at_once(s: &St
         .unwrap();
     assert_eq!(rows.len(), usize::try_from(MAX_APPROVALS_PER_RUN).unwrap());
     s.insert_approval(&a("apr_other", "ry")).await.unwrap();
+}
+
+/// An approval's webhook deliveries: one per subscribed webhook of its
+/// organization per event (none to another organization's, none to one
+/// not subscribed), however often queued; each finds its approval, and
+/// another organization's delivery id finds nothing.
+async fn an_approvals_deliveries_are_queued_once_per_webhook_and_event(s: &Store) {
+    use airlock_store::{APPROVAL_PENDING_EVENT, APPROVAL_SETTLED_EVENT};
+    new_run(s, "rh").await;
+    let org = airlock_store::LOCAL_ORG;
+    for (id, o, events) in [
+        ("wh_p", org, &[APPROVAL_PENDING_EVENT][..]),
+        (
+            "wh_both",
+            org,
+            &[APPROVAL_PENDING_EVENT, APPROVAL_SETTLED_EVENT][..],
+        ),
+        ("wh_r", org, &["run.failed"][..]),
+        ("wh_x", "other", &[APPROVAL_PENDING_EVENT][..]),
+    ] {
+        s.create_webhook(&hook(id, o, events), None).await.unwrap();
+    }
+    let a = NewApproval {
+        id: "ah",
+        run_id: "rh",
+        org_id: org,
+        method: "POST",
+        host: "api.test",
+        path: "/x",
+        integration: None,
+        rule: "ask",
+        expires_at: 9,
+    };
+    s.insert_approval(&a).await.unwrap();
+    let which = (org, "rh", "ah");
+    for _ in 0..2 {
+        s.queue_approval_deliveries(which, APPROVAL_PENDING_EVENT, 5)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        s.queue_approval_deliveries(which, APPROVAL_SETTLED_EVENT, 6)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.queue_approval_deliveries(which, APPROVAL_SETTLED_EVENT, 6)
+            .await
+            .unwrap(),
+        0,
+        "queued again: nothing new"
+    );
+    for (hook, want) in [
+        ("wh_p", &[APPROVAL_PENDING_EVENT][..]),
+        (
+            "wh_both",
+            &[APPROVAL_PENDING_EVENT, APPROVAL_SETTLED_EVENT][..],
+        ),
+        ("wh_r", &[][..]),
+    ] {
+        let d = s.list_deliveries(org, hook, 10, None).await.unwrap();
+        let mut got: Vec<&str> = d.iter().map(|x| x.event.as_str()).collect();
+        got.sort_unstable();
+        assert_eq!(got, want, "{hook}");
+        for x in &d {
+            let found = s.delivery_approval(org, &x.id).await.unwrap().unwrap();
+            assert_eq!((found.id.as_str(), found.run_id.as_str()), ("ah", "rh"));
+            assert_eq!(s.delivery_approval("other", &x.id).await.unwrap(), None);
+        }
+    }
+    assert!(
+        s.list_deliveries("other", "wh_x", 10, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 async fn new_run(s: &Store, id: &str) {

@@ -1129,7 +1129,7 @@ export interface components {
         };
         /** @description `POST /v1/webhooks`. */
         NewWebhook: {
-            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold")[];
+            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold" | "approval.pending" | "approval.settled")[];
             /**
              * Format: uri
              * @description Judged by the egress guard now and at every delivery.
@@ -1140,7 +1140,7 @@ export interface components {
         NewWebhookAnswer: {
             /** Format: int64 */
             created_at: number;
-            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold")[];
+            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold" | "approval.pending" | "approval.settled")[];
             id: string;
             /** @description `whsec_…`: the signing secret, in this answer only. */
             secret: string;
@@ -1464,7 +1464,7 @@ export interface components {
         Webhook: {
             /** Format: int64 */
             created_at: number;
-            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold")[];
+            events: ("run.started" | "run.succeeded" | "run.failed" | "run.cancelled" | "run.timed_out" | "budget.threshold" | "approval.pending" | "approval.settled")[];
             id: string;
             url: string;
         };
@@ -1479,6 +1479,7 @@ export interface components {
             type: string;
         };
         WebhookEventData: {
+            approval?: null | components["schemas"]["Approval"];
             budget?: null | components["schemas"]["BudgetThreshold"];
             /**
              * @description The run as the event left it (`budget.threshold`: the run whose

@@ -1,5 +1,6 @@
 //! `/console/data`: the `/v1` handlers the pages' scripts read (the runs
-//! list, a run, its logs and events live over SSE, its egress and cost),
+//! list, a run, its logs and events live over SSE, its egress, cost and
+//! approvals),
 //! the very same functions, behind the session cookie instead of a bearer
 //! key. Only reads: a browser's cookie is sent with cross-site requests of
 //! no kind (`SameSite=Strict`), and every change is a form with a CSRF
@@ -12,7 +13,7 @@ use axum::routing::get;
 
 use super::operator::Operator;
 use crate::error::ApiError;
-use crate::routes::{connections, runs};
+use crate::routes::{approvals, connections, runs};
 use crate::state::AppState;
 
 pub fn router(app: &AppState) -> axum::Router<AppState> {
@@ -23,6 +24,7 @@ pub fn router(app: &AppState) -> axum::Router<AppState> {
         .route("/runs/{id}/logs", get(runs::logs))
         .route("/runs/{id}/egress", get(runs::egress))
         .route("/runs/{id}/cost", get(runs::cost))
+        .route("/runs/{id}/approvals", get(approvals::list))
         .route("/connections", get(connections::list))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),

@@ -3,8 +3,9 @@
 //! and renders that answer; a page never queries the store itself.
 //!
 //! Without a live session a page redirects to the sign-in form. Every
-//! form that changes something (sign-in, sign-out, cancelling a run)
-//! carries a CSRF token that is checked before anything else.
+//! form that changes something (sign-in, sign-out, cancelling a run,
+//! answering a held request) carries a CSRF token that is checked before
+//! anything else.
 
 use airlock_api::v1;
 use axum::extract::{Form, State};
@@ -19,7 +20,7 @@ use super::session::{self, COOKIE, COOKIE_PATH, SIGN_IN_COOKIE};
 use super::{assets, preview, render};
 use crate::error::ApiError;
 use crate::extract::{Path, Query};
-use crate::routes::{connections, keys, runs};
+use crate::routes::{approvals, connections, keys, runs};
 use crate::state::AppState;
 
 pub const SIGN_IN: &str = "/console/sign-in";
@@ -33,6 +34,7 @@ pub fn router() -> axum::Router<AppState> {
         .route("/console/runs", get(runs_page))
         .route("/console/runs/{id}", get(run_page))
         .route("/console/runs/{id}/cancel", post(cancel))
+        .route("/console/runs/{id}/approvals/{approval_id}", post(answer))
         .route("/console/connections", get(connections_page))
         .route("/console/usage", get(usage_page))
         .route("/console/assets/console.js", get(assets::script))
@@ -294,6 +296,16 @@ async fn run_page(State(app): State<AppState>, headers: HeaderMap, Path(id): Pat
         .as_ref()
         .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
     let terminal = airlock_store::RunStatus::parse(&run.status).is_some_and(|s| s.is_terminal());
+    let approvals = approvals::list(State(app.clone()), t.clone(), Path(id.clone()))
+        .await
+        .map_err(fail)?
+        .0
+        .approvals;
+    let pending: Vec<&str> = approvals
+        .iter()
+        .filter(|a| a.state == v1::ApprovalState::Pending)
+        .map(|a| a.id.as_str())
+        .collect();
     render::page(
         "run.html",
         context! {
@@ -303,6 +315,8 @@ async fn run_page(State(app): State<AppState>, headers: HeaderMap, Path(id): Pat
             terminal,
             run,
             egress => egress.egress,
+            pending => pending.join(" "),
+            approvals,
             cost,
             result => result_text,
             preview,
@@ -321,6 +335,47 @@ async fn cancel(
     match runs::cancel(State(app.clone()), op.tenant, Path(id.clone())).await {
         // The run exists (its id is one the platform made): back to its
         // page, which says how it ended.
+        Ok(_) => {}
+        Err(e) if e.status == StatusCode::CONFLICT => {}
+        Err(e) => return Err(fail(e)),
+    }
+    Ok(Redirect::to(&format!("/console/runs/{id}")).into_response())
+}
+
+/// A person's answer to a held request, from the run's page.
+#[derive(Deserialize)]
+struct Answer {
+    csrf: String,
+    /// `allow_once`, `allow_run` or `deny` (the button pressed).
+    decision: String,
+}
+
+/// Answers a held request as the signed-in operator (its key is who
+/// answered, in the approval and the audit), through the `/v1` handler;
+/// back to the run's page, which shows how it stands (an approval answered
+/// meanwhile, or whose run ended, is no error: the page says so).
+async fn answer(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path((id, approval_id)): Path<(String, String)>,
+    Form(f): Form<Answer>,
+) -> Page {
+    let op = form_operator(&app, &headers, &f.csrf).await?;
+    let decision =
+        serde_json::from_value::<v1::ApprovalDecision>(f.decision.into()).map_err(|_| {
+            fail(ApiError::bad_request(
+                "decision: allow_once, allow_run or deny",
+            ))
+        })?;
+    let body = crate::extract::Json(v1::AnswerApproval { decision });
+    match approvals::answer(
+        State(app.clone()),
+        op.tenant,
+        Path((id.clone(), approval_id)),
+        body,
+    )
+    .await
+    {
         Ok(_) => {}
         Err(e) if e.status == StatusCode::CONFLICT => {}
         Err(e) => return Err(fail(e)),

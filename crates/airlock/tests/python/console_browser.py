@@ -4,14 +4,18 @@ Debian's chromium (executable_path, never Playwright's own download).
 Run by the suite's serve_console::console_in_a_browser against an
 `airlock serve` it started: CONSOLE_URL (the console's origin),
 PREVIEW_ORIGIN (USERCONTENT_URL), API_KEY, CANARY (a secret of the runs'
-that no page may show), CHROMIUM, SCREENSHOTS (a directory).
+that no page may show), CHROMIUM, SCREENSHOTS (a directory), HELD_AGENT and
+HELD_PROMPT (an agent whose one request an `ask` rule holds, and its
+prompt), HELD_CANARY (in that request's query, header and body).
 
 Checks: sign in; a run, created while its page is open, goes to succeeded
 live (its log streamed); its egress audit shows the refusal with its code;
 its preview renders in the sandboxed frame and every attack it tries on the
 console fails (cookies, DOM, storage, fetch with the session, top-frame
 navigation, a form to the console); a top-level visit to the preview shows
-its source as text; the usage chart is drawn; no page holds the canary;
+its source as text; the usage chart is drawn; a request an `ask` rule
+holds is allowed from its run's page by a click, and the run then
+succeeds; no page holds the canary;
 nothing is requested outside the server (every other request is aborted
 and counted: none may be).
 """
@@ -176,6 +180,23 @@ def main():
         assert page.locator(f'tr[data-run="{rid}"] .status').text_content() == "succeeded"
         no_secret(page, "runs")
         shot(page, "runs")
+
+        # A request held by an `ask` rule: its run's page renders itself
+        # again once it is held, with its answers; "allow once" lets it go on.
+        held = api("POST", "/v1/runs", {"agent": os.environ["HELD_AGENT"], "prompt": os.environ["HELD_PROMPT"]})
+        hid = held["id"]
+        page.goto(CONSOLE + "/console/runs/" + hid)
+        allow = page.locator('#approvals tr.pending button[value="allow_once"]')
+        allow.wait_for(timeout=60_000)
+        row = page.locator("#approvals tr.pending").text_content()
+        assert "POST" in row and "/items/7" in row and "write" in row, row
+        assert os.environ["HELD_CANARY"] not in page.content(), "the held request's secret is in the page"
+        no_secret(page, "approval")
+        shot(page, "approval")
+        allow.click()
+        expect(page.locator("#run-status")).to_have_text("succeeded", timeout=90_000)
+        page.wait_for_selector('body[data-terminal="true"] #approvals tr.allowed_once', timeout=30_000)
+        assert page.locator("#approvals tr.pending").count() == 0
 
         # The console's own pages broke no rule of their policy (the
         # preview's refused attacks are reported in the same console: they

@@ -416,3 +416,22 @@ fn code_comments_cite_the_docs_not_a_file_outside_the_repository() {
         assert!(root().join(format!("docs/{d}.md")).exists());
     }
 }
+
+/// docs/egress.md's `approval.pending` webhook body: its `data.approval`
+/// is an approval as the API answers it, every field and no other.
+#[test]
+fn the_approval_webhook_example_is_an_approval() {
+    let text = doc("egress.md");
+    let at = text.find("### Human approval").unwrap();
+    let start = at + text[at..].find("```json\n").unwrap() + "```json\n".len();
+    let end = start + text[start..].find("```").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text[start..end]).unwrap();
+    assert_eq!(v["type"], airlock_store::APPROVAL_PENDING_EVENT);
+    let shown = &v["data"]["approval"];
+    let a: airlock_api::v1::Approval = serde_json::from_value(shown.clone()).unwrap();
+    assert_eq!(a.state, airlock_api::v1::ApprovalState::Pending);
+    let keys = |v: &serde_json::Value| -> BTreeSet<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    };
+    assert_eq!(keys(shown), keys(&serde_json::to_value(&a).unwrap()));
+}

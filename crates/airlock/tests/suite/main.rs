@@ -32,6 +32,7 @@ mod run_record;
 mod sandbox_escape;
 mod sandbox_host;
 mod serve_api;
+mod serve_approval_hooks;
 mod serve_approvals;
 mod serve_audit;
 mod serve_console;

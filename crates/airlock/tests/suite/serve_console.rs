@@ -20,6 +20,7 @@ use std::time::Duration;
 use airlock_test_support::fake_provider;
 use serde_json::{Value, json};
 
+use crate::serve_approval_hooks::CANARY as CANARY_HELD;
 use crate::support::python_has;
 use crate::support::serve::{Server, base_env, create_org, wait_for};
 
@@ -580,6 +581,8 @@ fn console_in_a_browser() {
     let s = Server::start(&env, "namespace", home.path().join("serve.log"));
     let (_, key) = create_org(&env, "Acme", &[]);
     register(&s, &key, fake.port());
+    // An agent whose one request an `ask` rule holds: the browser answers it.
+    let held = crate::serve_approval_hooks::held_agent(&s, &key, "held");
     // One run already over, so the usage chart has a day to draw.
     let first = start_run(&s, &key, "model");
     wait_for(&s, &format!("/v1/runs/{first}"), &key, 120, |v| {
@@ -602,6 +605,9 @@ fn console_in_a_browser() {
         .env("API_KEY", &key)
         .env("CANARY", CANARY)
         .env("CHROMIUM", CHROMIUM)
+        .env("HELD_AGENT", "held")
+        .env("HELD_PROMPT", format!("http://{}", held.addr))
+        .env("HELD_CANARY", CANARY_HELD)
         .env("SCREENSHOTS", &shots)
         .output()
         .unwrap();
@@ -613,10 +619,13 @@ fn console_in_a_browser() {
         s.log_text()
     );
     eprintln!("{stdout}");
+    // The request the browser allowed went on, once.
+    assert_eq!(held.seen().len(), 1, "{:?}", held.seen());
     for shot in [
         "sign-in",
         "runs",
         "run",
+        "approval",
         "preview-top-level",
         "connections",
         "usage",
@@ -628,4 +637,130 @@ fn console_in_a_browser() {
             p.display()
         );
     }
+}
+
+/// A held request answered from its run's page: the page lists it with
+/// its three answers; a form without the session's CSRF token (none, a
+/// wrong one, another session's) is refused and it stays pending; another
+/// organization's session sees nothing of it (its run page, its data and
+/// its form are 404); the console's answer is recorded as given by the
+/// session's key, and the request then goes on, once.
+#[test]
+fn console_answers_a_held_request_with_its_csrf_token_only() {
+    use crate::serve_approval_hooks::{first_pending, held_run};
+    if !crate::support::namespace_available() {
+        return;
+    }
+    let home = tempfile::Builder::new()
+        .prefix("airlock-console-approvals-")
+        .tempdir()
+        .unwrap();
+    let env = base_env(home.path(), None);
+    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
+    let (_, a) = create_org(&env, "A", &[]);
+    let (_, b) = create_org(&env, "B", &[]);
+    // The console's user: a key of its own, whose id the answer must name.
+    let (st, console_key) = s.call(
+        "POST",
+        "/v1/api-keys",
+        Some(&a),
+        Some(&json!({"name": "console"})),
+    );
+    assert_eq!(st, 201, "{console_key}");
+    let mut jar = sign_in(&s, console_key["key"].as_str().unwrap());
+    let mut other = sign_in(&s, &b);
+    let (up, run) = held_run(&s, &a, "console-held");
+    let held = first_pending(&s, &a, &run);
+    let aid = held["id"].as_str().unwrap();
+    let page = format!("/console/runs/{run}");
+    let form = format!("/console/runs/{run}/approvals/{aid}");
+    let still_pending = || {
+        let (_, v) = s.call("GET", &format!("/v1/runs/{run}/approvals"), Some(&a), None);
+        assert_eq!(v["approvals"][0]["state"], "pending", "{v}");
+    };
+
+    // Its run's page: the request described, its three answers.
+    let (st, _, html) = visit(&s, &mut jar, "GET", &page, &[], "");
+    assert_eq!(st, 200, "{html}");
+    assert!(html.contains(&format!("data-approval=\"{aid}\"")), "{html}");
+    assert!(html.contains(&format!("action=\"{form}\"")), "{html}");
+    for d in ["allow_once", "allow_run", "deny"] {
+        assert!(html.contains(&format!("value=\"{d}\"")), "{d}: {html}");
+    }
+    // (minijinja's HTML escaping writes `/` as `&#x2f;`.)
+    let text = html.replace("&#x2f;", "/");
+    assert!(
+        text.contains("/items/7") && !text.contains(CANARY_HELD),
+        "{html}"
+    );
+    let token = csrf(&html);
+
+    // Another organization's session: nothing of it.
+    let (_, _, b_runs) = visit(&s, &mut other, "GET", "/console/runs", &[], "");
+    let b_token = csrf(&b_runs);
+    assert_eq!(visit(&s, &mut other, "GET", &page, &[], "").0, 404);
+    let data = format!("/console/data/runs/{run}/approvals");
+    assert_eq!(visit(&s, &mut other, "GET", &data, &[], "").0, 404);
+    let (st, _, body) = visit(
+        &s,
+        &mut other,
+        "POST",
+        &form,
+        &[],
+        &format!("csrf={b_token}&decision=allow_once"),
+    );
+    assert_eq!(st, 404, "{body}");
+    assert!(!body.replace("&#x2f;", "/").contains("/items/7"), "{body}");
+    still_pending();
+
+    // Forged forms: no token, a wrong one, another session's.
+    let (st, _, _) = visit(&s, &mut jar, "POST", &form, &[], "decision=allow_once");
+    assert!(st == 400 || st == 422, "no token: {st}");
+    for bad in ["0000", b_token.as_str()] {
+        let (st, _, _) = visit(
+            &s,
+            &mut jar,
+            "POST",
+            &form,
+            &[],
+            &format!("csrf={bad}&decision=allow_once"),
+        );
+        assert_eq!(st, 403, "token {bad}");
+    }
+    still_pending();
+    assert!(up.seen().is_empty(), "nothing left before the answer");
+
+    // The console's answer, as its session's key.
+    let (st, h, _) = visit(
+        &s,
+        &mut jar,
+        "POST",
+        &form,
+        &[],
+        &format!("csrf={token}&decision=allow_once"),
+    );
+    assert_eq!((st, header(&h, "location")), (303, Some(page.as_str())));
+    let (_, v) = s.call("GET", &format!("/v1/runs/{run}/approvals"), Some(&a), None);
+    assert_eq!(v["approvals"][0]["state"], "allowed_once", "{v}");
+    assert_eq!(v["approvals"][0]["answered_by"], console_key["id"], "{v}");
+    let done = wait_for(&s, &format!("/v1/runs/{run}"), &a, 60, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
+    assert_eq!(up.seen().len(), 1, "{:?}", up.seen());
+    let audit_path = format!("/v1/runs/{run}/audit.jsonl");
+    let (st, _, audit) = s.raw("GET", &audit_path, Some(&a), None, "");
+    assert_eq!(st, 200);
+    let audit = String::from_utf8(audit).unwrap();
+    assert!(
+        audit.lines().any(|l| {
+            let r: Value = serde_json::from_str(l).unwrap();
+            r["kind"] == "approval" && r["answered_by"] == console_key["id"]
+        }),
+        "{audit}"
+    );
+    // Answered: the page shows who answered, and no form.
+    let (_, _, html) = visit(&s, &mut jar, "GET", &page, &[], "");
+    assert!(!html.contains(&format!("action=\"{form}\"")), "{html}");
+    assert!(html.contains(console_key["id"].as_str().unwrap()), "{html}");
 }

@@ -104,9 +104,20 @@ function runPage() {
     // status is read again; a live run's page keeps following it.
     if (src.readyState === EventSource.CLOSED) refreshStatus();
   });
+  // A request held for an answer (or one no longer pending): the page is
+  // rendered again, with its answer buttons.
+  const approvals = document.getElementById("approvals");
+  async function refreshApprovals() {
+    try {
+      const list = await getJson(base + "/approvals");
+      const pending = list.approvals.filter((a) => a.state === "pending").map((a) => a.id).join(" ");
+      if (pending !== approvals.dataset.pending) location.reload();
+    } catch (e) { /* next poll */ }
+  }
   if (wasLive) {
     const poll = async () => {
       await refreshStatus();
+      await refreshApprovals();
       if (!TERMINAL.includes(status.textContent)) setTimeout(poll, 1000);
     };
     setTimeout(poll, 500);

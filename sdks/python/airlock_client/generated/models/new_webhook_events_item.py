@@ -2,6 +2,8 @@ from enum import StrEnum
 
 
 class NewWebhookEventsItem(StrEnum):
+    APPROVAL_PENDING = "approval.pending"
+    APPROVAL_SETTLED = "approval.settled"
     BUDGET_THRESHOLD = "budget.threshold"
     RUN_CANCELLED = "run.cancelled"
     RUN_FAILED = "run.failed"

@@ -9,6 +9,7 @@ from attrs import field as _attrs_field
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
+    from ..models.approval import Approval
     from ..models.budget_threshold import BudgetThreshold
     from ..models.run import Run
 
@@ -21,17 +22,28 @@ class WebhookEventData:
     """
     Attributes:
         run (Run): A run. Also the `end` event of an event stream, and a webhook's `data.run`.
+        approval (Approval | None | Unset):
         budget (BudgetThreshold | None | Unset):
     """
 
     run: Run
+    approval: Approval | None | Unset = UNSET
     budget: BudgetThreshold | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.approval import Approval
         from ..models.budget_threshold import BudgetThreshold
 
         run = self.run.to_dict()
+
+        approval: dict[str, Any] | None | Unset
+        if isinstance(self.approval, Unset):
+            approval = UNSET
+        elif isinstance(self.approval, Approval):
+            approval = self.approval.to_dict()
+        else:
+            approval = self.approval
 
         budget: dict[str, Any] | None | Unset
         if isinstance(self.budget, Unset):
@@ -48,6 +60,8 @@ class WebhookEventData:
                 "run": run,
             }
         )
+        if approval is not UNSET:
+            field_dict["approval"] = approval
         if budget is not UNSET:
             field_dict["budget"] = budget
 
@@ -55,11 +69,29 @@ class WebhookEventData:
 
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.approval import Approval
         from ..models.budget_threshold import BudgetThreshold
         from ..models.run import Run
 
         d = dict(src_dict)
         run = Run.from_dict(d.pop("run"))
+
+        def _parse_approval(data: object) -> Approval | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                approval_type_1 = Approval.from_dict(data)
+
+                return approval_type_1
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(Approval | None | Unset, data)
+
+        approval = _parse_approval(d.pop("approval", UNSET))
 
         def _parse_budget(data: object) -> BudgetThreshold | None | Unset:
             if data is None:
@@ -80,6 +112,7 @@ class WebhookEventData:
 
         webhook_event_data = cls(
             run=run,
+            approval=approval,
             budget=budget,
         )
 
