@@ -132,21 +132,7 @@ async fn serve() -> Result<i32, HostError> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| HostError::Config("no VMM command".into()))?;
-    let mut vmm = tokio::process::Command::new(program);
-    vmm.args(args)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::io::stderr())
-        .kill_on_drop(true);
-    crate::namespace::sys::confine_vmm_on_spawn(
-        &mut vmm,
-        crate::namespace::sys::VmmConfinement {
-            switch: cfg.vmm_switch,
-            uid: cfg.vmm_uid,
-            gid: cfg.vmm_gid,
-            parent: rustix::process::getpid().as_raw_nonzero().get(),
-        },
-    );
+    let mut vmm = super::vmm_command(program, args, cfg.vmm_switch, cfg.vmm_uid, cfg.vmm_gid);
     let mut vmm = vmm.spawn().map_err(|source| HostError::Vmm {
         program: program.clone(),
         source,

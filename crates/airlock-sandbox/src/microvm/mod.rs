@@ -196,6 +196,36 @@ pub(crate) fn on_path(bin: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The VMM's command (either driver's): no environment, no stdin, its
+/// output to the helper's stderr, killed with the helper's handle, and
+/// confined as it is spawned ([`crate::namespace::sys::confine_vmm_on_spawn`]:
+/// with `switch`, its own namespaces and the run's `uid`/`gid`; always no
+/// new privileges and death with the helper, race-free).
+pub(crate) fn vmm_command(
+    program: &str,
+    args: &[String],
+    switch: bool,
+    uid: u32,
+    gid: u32,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(std::io::stderr())
+        .kill_on_drop(true);
+    crate::namespace::sys::confine_vmm_on_spawn(
+        &mut cmd,
+        crate::namespace::sys::VmmConfinement {
+            switch,
+            uid,
+            gid,
+            parent: rustix::process::getpid().as_raw_nonzero().get(),
+        },
+    );
+    cmd
+}
+
 /// The agent's directory as a read-only ext4 image at `out` (`mkfs.ext4
 /// -d`: a copy, in the run's own directory, gone with it).
 fn agent_disk(dir: &Path, out: &Path) -> Result<(), SandboxError> {

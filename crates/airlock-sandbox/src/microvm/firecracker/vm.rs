@@ -41,23 +41,8 @@ impl Vm {
             program: String::new(),
             source: std::io::ErrorKind::InvalidInput.into(),
         })?;
-        let mut jailer = tokio::process::Command::new(program);
-        jailer
-            .args(args)
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .stdout(std::io::stderr())
-            .kill_on_drop(true);
         // The jailer switches to the run's ids itself, after its chroot.
-        crate::namespace::sys::confine_vmm_on_spawn(
-            &mut jailer,
-            crate::namespace::sys::VmmConfinement {
-                switch: false,
-                uid: plan.uid,
-                gid: plan.gid,
-                parent: rustix::process::getpid().as_raw_nonzero().get(),
-            },
-        );
+        let mut jailer = super::super::vmm_command(program, args, false, plan.uid, plan.gid);
         let vmm = jailer.spawn().map_err(|source| FirecrackerError::Jailer {
             program: program.clone(),
             source,
