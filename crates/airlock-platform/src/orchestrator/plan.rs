@@ -77,9 +77,16 @@ pub fn needs_proxy_ca(m: &Manifest) -> bool {
     m.integrations
         .iter()
         .any(|i| i.inject == Some(Inject::Proxy) || i.local_command().is_some())
-        || m.network
-            .as_ref()
-            .is_some_and(|n| n.rules.compiled().any_sees_inside())
+        || network_sees_inside(m)
+}
+
+/// Whether a rule of `[network]` must see inside the agent's HTTPS
+/// requests: the agent's proxy then intercepts them, and the agent trusts
+/// the run's CA.
+fn network_sees_inside(m: &Manifest) -> bool {
+    m.network
+        .as_ref()
+        .is_some_and(|n| n.rules.compiled().any_sees_inside())
 }
 
 /// The integrations of `m` with a local runner: their index in the
@@ -326,7 +333,7 @@ fn agent_secrets(
             })
             .collect(),
         proxy_ca_pem: proxy_ca_pem
-            .filter(|_| !intercepted.is_empty())
+            .filter(|_| !intercepted.is_empty() || network_sees_inside(&req.manifest))
             .map(str::to_owned),
         inputs: req.inputs_dir.clone(),
         outputs: req.manifest.agent.outputs.clone(),
@@ -565,17 +572,30 @@ mod tests {
     fn only_a_network_rule_that_must_see_inside_makes_a_ca() {
         let net = |rule: &str| {
             request(
-                &format!("[network]\negress = \"public\"\n[[network.rules]]\nhost = \"https://pypi.org\"\n{rule}\n"),
+                &format!(
+                    "[network]\negress = \"public\"\n[[network.rules]]\nhost = \"https://pypi.org\"\n{rule}\n"
+                ),
                 Echo::LiveView,
             )
-            .manifest
         };
-        assert!(needs_proxy_ca(&net("access = \"read-only\"")));
-        assert!(needs_proxy_ca(&net(
-            "access = \"full\"\npaths = [\"/simple/**\"]"
-        )));
-        assert!(needs_proxy_ca(&net("access = \"full\"\nquery = \"none\"")));
-        assert!(!needs_proxy_ca(&net("access = \"full\"")));
+        assert!(needs_proxy_ca(&net("access = \"read-only\"").manifest));
+        assert!(needs_proxy_ca(
+            &net("access = \"full\"\npaths = [\"/simple/**\"]").manifest
+        ));
+        assert!(needs_proxy_ca(
+            &net("access = \"full\"\nquery = \"none\"").manifest
+        ));
+        // The agent's HTTPS is intercepted under such a rule: it trusts the CA.
+        let p = plan(&net("access = \"read-only\""), &settings(&[]));
+        let ca = config(&p)
+            .proxy_ca
+            .expect("the run's CA goes to the sidecar");
+        assert_eq!(
+            secrets(&p.sandbox).proxy_ca_pem.as_deref(),
+            Some(ca.cert_pem.as_str()),
+            "the agent trusts the CA its proxy presents"
+        );
+        assert!(!needs_proxy_ca(&net("access = \"full\"").manifest));
         assert!(!needs_proxy_ca(
             &request("[network]\negress = \"public\"\n", Echo::LiveView).manifest
         ));

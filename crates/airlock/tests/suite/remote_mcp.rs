@@ -23,13 +23,13 @@ const CANARY: &str = "canary-remote-7Hq2Lw9Xp4Zt";
 const HOST: &str = "mcp.internal.test";
 
 /// A test MCP server (`tests/python/mcp_server.py`), killed on drop.
-struct McpServer {
+pub(crate) struct McpServer {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl McpServer {
-    fn start(mode: &str, token: &str) -> McpServer {
+    pub(crate) fn start(mode: &str, token: &str) -> McpServer {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/mcp_server.py");
         let mut child = Command::new("python3")
             .arg(script)
@@ -60,7 +60,7 @@ impl McpServer {
     }
 
     /// Every request the server received (method, path, Authorization…).
-    fn seen(&self) -> Vec<Value> {
+    pub(crate) fn seen(&self) -> Vec<Value> {
         let (status, _, body) = http(self.addr(), "GET", "/seen", &[], b"");
         assert_eq!(status, 200);
         serde_json::from_slice(&body).unwrap()

@@ -292,14 +292,14 @@ fn twenty_runs_queue_behind_four_slots_are_followed_cancelled_and_reported_by_we
 }
 
 /// A fresh PostgreSQL schema for one test, dropped at the end.
-struct Schema {
-    url: String,
+pub(crate) struct Schema {
+    pub(crate) url: String,
     admin: String,
     name: String,
 }
 
 impl Schema {
-    fn new() -> Option<Schema> {
+    pub(crate) fn new() -> Option<Schema> {
         let admin = airlock_test_support::require_peer(
             "PostgreSQL",
             std::env::var("AIRLOCK_TEST_DATABASE_URL")
