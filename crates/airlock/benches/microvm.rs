@@ -134,7 +134,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
-    let base = MicrovmBackend::from_env("microvm").unwrap();
+    // The guest's root is this build's `airlock`'s, which also runs the
+    // helper (`microvm-host`): not the bench's own executable.
+    let airlock = PathBuf::from(env!("CARGO_BIN_EXE_airlock"));
+    let mut base = MicrovmBackend::from_env("microvm").unwrap();
+    base.exe = airlock.clone();
     base.check().unwrap();
     // Each kernel that is built, the default first.
     let backends: Vec<(MicrovmBackend, image::GuestImage)> =
@@ -144,6 +148,7 @@ fn main() {
                 let choice = kernel::KernelChoice::Only(kind);
                 let image = image::GuestImage::find_with(&base.images, &base.exe, choice).ok()?;
                 let mut b = MicrovmBackend::from_env("microvm").unwrap();
+                b.exe = airlock.clone();
                 b.kernel = choice;
                 Some((b, image))
             })

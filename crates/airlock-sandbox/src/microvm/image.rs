@@ -139,19 +139,20 @@ pub fn images_dir() -> Result<PathBuf, GuestImageError> {
     Ok(PathBuf::from(home).join(".cache/airlock/microvm"))
 }
 
-/// The kernel's release `apt` would fetch (`6.1.0-57-cloud-amd64`): the
-/// package [`KERNEL_PACKAGE`] depends on, without its `linux-image-` prefix.
-fn kernel_package() -> Result<String, GuestImageError> {
+/// The package `apt` would fetch for the metapackage `meta`: the one it
+/// depends on whose name starts with `prefix` (`linux-image-6.1.0-57-cloud-amd64`
+/// for [`KERNEL_PACKAGE`], `linux-source-6.1` for `linux-source`).
+pub(crate) fn apt_dependency(meta: &str, prefix: &str) -> Result<String, GuestImageError> {
     let out = run_output(
-        Command::new("apt-cache").args(["depends", KERNEL_PACKAGE]),
+        Command::new("apt-cache").args(["depends", meta]),
         "apt-cache",
         "apt",
     )?;
     out.lines()
         .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .find(|p| p.starts_with("linux-image-") && !p.contains('<'))
+        .find(|p| p.starts_with(prefix) && !p.contains('<'))
         .map(str::to_owned)
-        .ok_or_else(|| GuestImageError::NoPackage(KERNEL_PACKAGE.to_owned()))
+        .ok_or_else(|| GuestImageError::NoPackage(meta.to_owned()))
 }
 
 impl GuestImage {
@@ -231,7 +232,7 @@ impl GuestImage {
             move |source| GuestImageError::File { path, source }
         };
         std::fs::create_dir_all(dir).map_err(file(dir))?;
-        let package = kernel_package()?;
+        let package = apt_dependency(KERNEL_PACKAGE, "linux-image-")?;
         let release = package.trim_start_matches("linux-image-").to_owned();
         let image = GuestImage::at(dir, &release, exe);
         let stage = Stage::new(dir)?;

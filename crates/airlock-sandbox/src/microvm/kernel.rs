@@ -19,7 +19,7 @@ use std::process::Command;
 
 use sha2::Digest;
 
-use super::image::{GuestImageError, Stage, run, run_output};
+use super::image::{GuestImageError, Stage, apt_dependency, run, run_output};
 
 /// Which kernel the backend boots: `minimal` or `debian`; unset, the
 /// minimal kernel where it is built, else Debian's.
@@ -120,17 +120,7 @@ pub fn is_current_minimal(release: &str) -> bool {
 /// The source package `apt` would fetch (`linux-source-6.1`) and its
 /// candidate version (`6.1.192-3`).
 pub fn source_package() -> Result<(String, String), GuestImageError> {
-    let deps = run_output(
-        Command::new("apt-cache").args(["depends", SOURCE_PACKAGE]),
-        "apt-cache",
-        "apt",
-    )?;
-    let package = deps
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Depends: "))
-        .find(|p| p.starts_with("linux-source-") && !p.contains('<'))
-        .map(str::to_owned)
-        .ok_or_else(|| GuestImageError::NoPackage(SOURCE_PACKAGE.to_owned()))?;
+    let package = apt_dependency(SOURCE_PACKAGE, "linux-source-")?;
     let policy = run_output(
         Command::new("apt-cache").args(["policy", &package]),
         "apt-cache",
