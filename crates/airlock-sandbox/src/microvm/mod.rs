@@ -20,7 +20,12 @@
 //! unprivileged host uid (the namespace backend's), in new network, IPC,
 //! UTS and mount namespaces, with no new privileges, QEMU's seccomp filter
 //! (`-sandbox on`), inside the run's cgroups, and dies with its helper,
-//! which dies with the platform.
+//! which dies with the platform. Under Firecracker the jailer makes the
+//! confinement instead (a chroot in the run's directory, a mount namespace,
+//! the run's uid and gid) and Firecracker applies its own seccomp filters;
+//! it stays in the run's cgroups, killed with them at the run's end or by
+//! the next boot's reclaim (the jailer's uid switch clears the death
+//! signal, so it does not die with its helper).
 
 pub mod config;
 pub mod driver;
