@@ -101,7 +101,13 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(line) = text.lines().find(|l| l.contains("listening on http://")) {
+            // Only a whole line: the server may be writing it as it is read.
+            let listening = text
+                .split_inclusive('\n')
+                .filter(|l| l.ends_with('\n'))
+                .map(str::trim_end)
+                .find(|l| l.contains("listening on http://"));
+            if let Some(line) = listening {
                 let addr = line
                     .split("http://")
                     .nth(1)
