@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{
+    Recorder, Server, base_env, create_org, mcp_agent, start_agent, wait_for,
+};
 
 const CANARY: &str = "canary-approval-7Qx2";
 
@@ -115,18 +117,8 @@ fn start(
             "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
         );
     });
-    let body = json!({"manifest": manifest(up.addr), "files": {"agent.py": script(&s)}});
-    let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
-    assert!(st == 201 || st == 200, "{st} {v}");
     let prompt = format!("http://{}", up.addr);
-    let (st, run) = s.call(
-        "POST",
-        "/v1/runs",
-        Some(&a),
-        Some(&json!({"agent": name, "prompt": prompt})),
-    );
-    assert_eq!(st, 202, "{run}");
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = start_agent(&s, &a, (name, &manifest(up.addr)), &script(&s), &prompt);
     Some(Started {
         _home: home,
         env,

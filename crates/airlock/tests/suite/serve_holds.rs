@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{
+    Recorder, Server, base_env, create_org, mcp_agent, start_agent, wait_for,
+};
 
 /// A server on the namespace backend with its environment's extra
 /// variables, organization A's key, and a run of `manifest`'s agent
@@ -37,17 +39,7 @@ fn start(
     env.extend(extra_env.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     let s = Server::start(&env, "namespace", home.path().join("serve.log"));
     let (_, a) = create_org(&env, "A", &[]);
-    let body = json!({"manifest": manifest, "files": {"agent.py": script}});
-    let (st, v) = s.call("POST", "/v1/agents", Some(&a), Some(&body));
-    assert!(st == 201 || st == 200, "{st} {v}");
-    let (st, run) = s.call(
-        "POST",
-        "/v1/runs",
-        Some(&a),
-        Some(&json!({"agent": name, "prompt": prompt})),
-    );
-    assert_eq!(st, 202, "{run}");
-    let run = run["id"].as_str().unwrap().to_owned();
+    let run = start_agent(&s, &a, (name, &manifest), script, prompt);
     Some(Started {
         _home: home,
         s,

@@ -493,15 +493,15 @@ impl Recorder {
     }
 }
 
-/// Registers an agent (its manifest and `agent.py`), runs it once with
-/// `prompt`, and waits until it succeeded: the run, and its logs' text.
-pub fn run_agent_once(
+/// Registers an agent (its manifest and `agent.py`) and starts a run of it
+/// with `prompt`: the run's id (accepted, not yet ended).
+pub fn start_agent(
     s: &Server,
     key: &str,
     (name, manifest): (&str, &str),
     agent_py: &str,
     prompt: &str,
-) -> (Value, String) {
+) -> String {
     let k = Some(key);
     let body = json!({"manifest": manifest, "files": {"agent.py": agent_py}});
     let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
@@ -513,7 +513,20 @@ pub fn run_agent_once(
         Some(&json!({"agent": name, "prompt": prompt})),
     );
     assert_eq!(st, 202, "{run}");
-    let id = run["id"].as_str().unwrap().to_owned();
+    run["id"].as_str().unwrap().to_owned()
+}
+
+/// Registers an agent (its manifest and `agent.py`), runs it once with
+/// `prompt`, and waits until it succeeded: the run, and its logs' text.
+pub fn run_agent_once(
+    s: &Server,
+    key: &str,
+    agent: (&str, &str),
+    agent_py: &str,
+    prompt: &str,
+) -> (Value, String) {
+    let k = Some(key);
+    let id = start_agent(s, key, agent, agent_py, prompt);
     let run = wait_for(s, &format!("/v1/runs/{id}"), key, 60, |v| {
         v["status"] != "queued" && v["status"] != "running"
     });
