@@ -148,17 +148,20 @@ impl Approvals {
         // Registered before it is stored: no answer can come before.
         let registered = self.register(&id, run_id);
         store
-            .insert_approval(&NewApproval {
-                id: &id,
-                run_id,
-                org_id,
-                method: &d.method,
-                host: &d.host,
-                path: &d.path,
-                integration: d.integration.as_deref(),
-                rule: &d.rule,
-                expires_at,
-            })
+            .insert_approval(
+                &NewApproval {
+                    id: &id,
+                    run_id,
+                    org_id,
+                    method: &d.method,
+                    host: &d.host,
+                    path: &d.path,
+                    integration: d.integration.as_deref(),
+                    rule: &d.rule,
+                    expires_at,
+                },
+                Some(now_ms()),
+            )
             .await
             .map_err(|e| match e {
                 StoreError::ApprovalsExhausted { limit, .. } => ApprovalError::Exhausted { limit },
@@ -174,13 +177,6 @@ impl Approvals {
             },
         };
         append(store, run_id, &pending).await?;
-        store
-            .queue_approval_deliveries(
-                (org_id, run_id, &id),
-                airlock_store::APPROVAL_PENDING_EVENT,
-                pending.at(),
-            )
-            .await?;
         let state = loop {
             if let Some(row) = store.approval_state(&id).await?
                 && let Some(o) = outcome(row.state)
@@ -285,7 +281,9 @@ async fn settle(
     state: ApprovalState,
     by: Option<&str>,
 ) -> Result<bool, StoreError> {
-    if !store.settle_approval(id, state, by).await? {
+    // The settled deliveries are queued with the settlement itself.
+    let announce = outcome(state).map(|_| (org_id, run_id, now_ms()));
+    if !store.settle_approval(id, state, by, announce).await? {
         return Ok(false);
     }
     if let Some(o) = outcome(state) {
@@ -297,13 +295,6 @@ async fn settle(
             answered_by: by.map(str::to_owned),
         };
         append(store, run_id, &e).await?;
-        store
-            .queue_approval_deliveries(
-                (org_id, run_id, id),
-                airlock_store::APPROVAL_SETTLED_EVENT,
-                e.at(),
-            )
-            .await?;
     }
     Ok(true)
 }

@@ -28,6 +28,71 @@ fn approval_key(event: &str, id: &str) -> String {
     format!("{event}:{id}")
 }
 
+/// One delivery's row (`ON CONFLICT DO NOTHING`: queueing is idempotent).
+pub(crate) const INSERT_DELIVERY: &str = "INSERT INTO webhook_deliveries (id, webhook_id, \
+     org_id, run_id, event, payload, state, attempts, next_attempt_at, created_at, event_key) \
+     VALUES ($1, $2, $3, $4, $5, '', 'pending', 0, $6, $6, $7) ON CONFLICT DO NOTHING";
+
+/// Queues what an [`Owed`] holds within the transaction `$tx` (its caller's
+/// error type is `sqlx::Error`), for organization `$org`'s run `$run` at `$at`.
+macro_rules! queue_owed {
+    ($tx:expr, $owed:expr, $org:expr, $run:expr, $at:expr) => {
+        for (dlv, hook) in &$owed.hooks {
+            sqlx::query($crate::approval_hooks::INSERT_DELIVERY)
+                .bind(dlv)
+                .bind(hook)
+                .bind($org)
+                .bind($run)
+                .bind($owed.event)
+                .bind($at)
+                .bind(&$owed.key)
+                .execute(&mut *$tx)
+                .await?;
+        }
+    };
+}
+pub(crate) use queue_owed;
+
+/// The deliveries an approval's `event` owes, drawn before the write that
+/// queues them: a fresh delivery id for each of the organization's
+/// webhooks subscribed to it, and the key that makes each one of its kind.
+pub(crate) struct Owed {
+    pub event: &'static str,
+    pub key: String,
+    /// (delivery id, webhook id)
+    pub hooks: Vec<(String, String)>,
+}
+
+impl Store {
+    /// What approval `approval_id`'s `event` owes organization `org_id`'s
+    /// webhooks (read before the transaction that queues it, so that
+    /// transaction's first statement is its write).
+    pub(crate) async fn owed_approval_deliveries(
+        &self,
+        org_id: &str,
+        approval_id: &str,
+        event: &'static str,
+    ) -> Result<Owed, StoreError> {
+        let hooks: Vec<(String, String)> = on_pool!(self, p => sqlx::query_as(
+            "SELECT id, events FROM webhooks WHERE org_id = $1",
+        )
+        .bind(org_id)
+        .fetch_all(p)
+        .await
+        .map_err(|e| self.err(e))?);
+        let hooks = hooks
+            .into_iter()
+            .filter(|(_, events)| subscribes(events, event))
+            .map(|(hook, _)| Ok((new_delivery_id()?, hook)))
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Owed {
+            event,
+            key: approval_key(event, approval_id),
+            hooks,
+        })
+    }
+}
+
 impl Store {
     /// Queues a delivery of `event` (one of the approval events) about
     /// approval `approval_id` of run `run_id` for each of organization
@@ -54,12 +119,7 @@ impl Store {
                 if !subscribes(&events, event) {
                     continue;
                 }
-                let n = sqlx::query(
-                    "INSERT INTO webhook_deliveries (id, webhook_id, org_id, run_id, event, \
-                     payload, state, attempts, next_attempt_at, created_at, event_key) \
-                     VALUES ($1, $2, $3, $4, $5, '', 'pending', 0, $6, $6, $7) \
-                     ON CONFLICT DO NOTHING",
-                )
+                let n = sqlx::query(INSERT_DELIVERY)
                 .bind(new_delivery_id()?)
                 .bind(&hook)
                 .bind(org_id)

@@ -13,6 +13,7 @@
 //! run asking more often is refused, [`StoreError::ApprovalsExhausted`]);
 //! removed with its run.
 
+use crate::approval_hooks::{APPROVAL_PENDING_EVENT, APPROVAL_SETTLED_EVENT, queue_owed};
 use crate::{Store, StoreError, now_ms};
 
 /// Most approvals one run may ask for.
@@ -138,7 +139,22 @@ impl Store {
     /// writer), inside a transaction that on PostgreSQL holds the run's
     /// advisory lock, so that two inserts at once cannot both count one
     /// below the bound: the bound is exact on both backends.
-    pub async fn insert_approval(&self, a: &NewApproval<'_>) -> Result<(), StoreError> {
+    ///
+    /// With `announce_at`, the `approval.pending` deliveries it owes its
+    /// organization's webhooks are queued in the same transaction: a crash
+    /// cannot store the hold and lose its announcement.
+    pub async fn insert_approval(
+        &self,
+        a: &NewApproval<'_>,
+        announce_at: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let owed = match announce_at {
+            Some(_) => Some(
+                self.owed_approval_deliveries(a.org_id, a.id, APPROVAL_PENDING_EVENT)
+                    .await?,
+            ),
+            None => None,
+        };
         let res = on_pool!(self, p => {
             async {
                 let mut tx = locked_tx!(self, p, format!("approvals:{}", a.run_id)).await?;
@@ -162,6 +178,9 @@ impl Store {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
+                if let (true, Some(owed), Some(at)) = (n > 0, &owed, announce_at) {
+                    queue_owed!(tx, owed, a.org_id, a.run_id, at);
+                }
                 tx.commit().await?;
                 Ok::<u64, sqlx::Error>(n)
             }
@@ -223,26 +242,48 @@ impl Store {
 
     /// Moves a pending approval to `state` (answered by `by`, if a person
     /// did); `false` when it was no longer pending.
+    ///
+    /// With `announce` (its organization, run and time), the
+    /// `approval.settled` deliveries it owes are queued in the same
+    /// transaction as the settlement.
     pub async fn settle_approval(
         &self,
         id: &str,
         state: ApprovalState,
         by: Option<&str>,
+        announce: Option<(&str, &str, i64)>,
     ) -> Result<bool, StoreError> {
-        on_pool!(self, p => {
-            let done = sqlx::query(
-                "UPDATE approvals SET state = $1, answered_by = $2, settled_at = $3 \
-                 WHERE id = $4 AND state = 'pending'",
-            )
-            .bind(state.as_str())
-            .bind(by)
-            .bind(now_ms())
-            .bind(id)
-            .execute(p)
+        let owed = match announce {
+            Some((org_id, _, _)) => Some(
+                self.owed_approval_deliveries(org_id, id, APPROVAL_SETTLED_EVENT)
+                    .await?,
+            ),
+            None => None,
+        };
+        let res = on_pool!(self, p => {
+            async {
+                let mut tx = p.begin().await?;
+                let done = sqlx::query(
+                    "UPDATE approvals SET state = $1, answered_by = $2, settled_at = $3 \
+                     WHERE id = $4 AND state = 'pending'",
+                )
+                .bind(state.as_str())
+                .bind(by)
+                .bind(now_ms())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                    == 1;
+                if let (true, Some(owed), Some((org_id, run_id, at))) = (done, &owed, announce) {
+                    queue_owed!(tx, owed, org_id, run_id, at);
+                }
+                tx.commit().await?;
+                Ok::<bool, sqlx::Error>(done)
+            }
             .await
-            .map_err(|e| self.err(e))?;
-            Ok(done.rows_affected() == 1)
-        })
+        });
+        res.map_err(|e| self.err(e))
     }
 
     /// A run's approvals still pending (at most [`MAX_APPROVALS_PER_RUN`]).

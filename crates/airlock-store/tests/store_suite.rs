@@ -1533,8 +1533,8 @@ async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store
         rule: "ask",
         expires_at: 9,
     };
-    s.insert_approval(&a("a1")).await.unwrap();
-    s.insert_approval(&a("a2")).await.unwrap();
+    s.insert_approval(&a("a1"), None).await.unwrap();
+    s.insert_approval(&a("a2"), None).await.unwrap();
     let got = s.get_approval(org, "ra", "a1").await.unwrap().unwrap();
     assert_eq!(got.state, ApprovalState::Pending);
     assert_eq!((got.method.as_str(), got.path.as_str()), ("POST", "/x"));
@@ -1546,12 +1546,12 @@ async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store
             .is_empty()
     );
     assert!(
-        s.settle_approval("a1", ApprovalState::AllowedRun, Some("key1"))
+        s.settle_approval("a1", ApprovalState::AllowedRun, Some("key1"), None)
             .await
             .unwrap()
     );
     assert!(
-        !s.settle_approval("a1", ApprovalState::Denied, Some("key2"))
+        !s.settle_approval("a1", ApprovalState::Denied, Some("key2"), None)
             .await
             .unwrap(),
         "answered once"
@@ -1564,7 +1564,7 @@ async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].id, "a2");
     assert!(
-        s.settle_approval("a2", ApprovalState::Dropped, None)
+        s.settle_approval("a2", ApprovalState::Dropped, None, None)
             .await
             .unwrap()
     );
@@ -1603,11 +1603,11 @@ async fn a_runs_approvals_are_bounded_exactly_even_when_asked_for_at_once(s: &St
     // Most of the bound one by one, the last 30 places raced by 70.
     let before = usize::try_from(MAX_APPROVALS_PER_RUN - 30).unwrap();
     for id in &ids[..before] {
-        s.insert_approval(&a(id, "rx")).await.unwrap();
+        s.insert_approval(&a(id, "rx"), None).await.unwrap();
     }
     let raced = ids[before..].iter().map(|id| {
         let n = a(id, "rx");
-        async move { s.insert_approval(&n).await }
+        async move { s.insert_approval(&n, None).await }
     });
     let results = futures_util::future::join_all(raced).await;
     let stored = results.iter().filter(|r| r.is_ok()).count();
@@ -1629,7 +1629,9 @@ async fn a_runs_approvals_are_bounded_exactly_even_when_asked_for_at_once(s: &St
         .await
         .unwrap();
     assert_eq!(rows.len(), usize::try_from(MAX_APPROVALS_PER_RUN).unwrap());
-    s.insert_approval(&a("apr_other", "ry")).await.unwrap();
+    s.insert_approval(&a("apr_other", "ry"), None)
+        .await
+        .unwrap();
 }
 
 /// An approval's webhook deliveries: one per subscribed webhook of its
@@ -1663,18 +1665,27 @@ async fn an_approvals_deliveries_are_queued_once_per_webhook_and_event(s: &Store
         rule: "ask",
         expires_at: 9,
     };
-    s.insert_approval(&a).await.unwrap();
+    // The pending deliveries are queued with the hold itself, the settled
+    // ones with its settlement (one transaction each): queueing again adds
+    // nothing.
+    s.insert_approval(&a, Some(5)).await.unwrap();
     let which = (org, "rh", "ah");
-    for _ in 0..2 {
+    assert_eq!(
         s.queue_approval_deliveries(which, APPROVAL_PENDING_EVENT, 5)
             .await
-            .unwrap();
-    }
-    assert_eq!(
-        s.queue_approval_deliveries(which, APPROVAL_SETTLED_EVENT, 6)
-            .await
             .unwrap(),
-        1
+        0,
+        "the hold's deliveries were queued with it"
+    );
+    assert!(
+        s.settle_approval(
+            "ah",
+            ApprovalState::AllowedOnce,
+            Some("key1"),
+            Some((org, "rh", 6))
+        )
+        .await
+        .unwrap()
     );
     assert_eq!(
         s.queue_approval_deliveries(which, APPROVAL_SETTLED_EVENT, 6)
