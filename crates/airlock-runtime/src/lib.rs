@@ -91,6 +91,7 @@ pub const PLACEHOLDER_KEY: &str = "airlock-placeholder-key";
 
 /// Runs the agent to completion; returns its exit code (128+signal if killed).
 pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, RuntimeError> {
+    let mut stop = listen_for_stop();
     let (program, args) = harden_and_split(&command)?;
     let token = secrets.sidecar_token.clone();
     let heartbeat_every = Duration::from_secs(secrets.heartbeat_interval_secs.max(1));
@@ -128,6 +129,14 @@ pub async fn run(secrets: RuntimeSecrets, command: Vec<String>) -> Result<i32, R
     let pumps = report_output(&mut child, &reporter);
     let status = tokio::select! {
         status = child.wait() => status.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?,
+        () = stop_asked(&mut stop) => {
+            // The platform ends the run (a cancel, its timeout): the agent
+            // goes now, and what it wrote before is reported below, as at
+            // its own end, within the platform's grace.
+            tracing::debug!(target: "airlock::phase", "runtime: stop asked");
+            kill_group();
+            child.wait().await.map_err(|source| RuntimeError::Spawn { cmd: program.clone(), source })?
+        }
         _ = parent_gone() => {
             // The platform died (SIGKILL, crash): take the agent down with us.
             kill_group();
@@ -410,6 +419,27 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Listens for the platform's stop (`SIGTERM`: the sandbox's init passes
+/// it on) from the runtime's start, so that a stop that comes before the
+/// agent's is not lost; `None` (said) if it cannot be listened for: the
+/// sandbox is then killed at the end of the platform's grace.
+fn listen_for_stop() -> Option<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{SignalKind, signal};
+    signal(SignalKind::terminate())
+        .map_err(|e| eprintln!("airlock runtime warning: a stop cannot be listened for: {e}"))
+        .ok()
+}
+
+/// Resolves when the stop came (never without a listener).
+async fn stop_asked(stop: &mut Option<tokio::signal::unix::Signal>) {
+    match stop {
+        Some(term) => {
+            term.recv().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// Resolves when our parent is gone (we were re-parented). As PID 1 of a

@@ -11,10 +11,11 @@ use airlock_store::{NewRun, RunStatus};
 
 use super::end::{Judged, Verdict, judge};
 use super::error::RunError;
-use super::parts::Orchestrator;
+use super::parts::{AGENT_STOP_GRACE, Orchestrator};
 use super::removal::Leftovers;
 use super::request::{Cancel, Progress, ProgressFn, RunOutcome, RunRequest};
 use super::rundir::{create_private_dir, write_owner};
+use super::watch::Ended;
 
 /// How often a run waiting for a slot asks the store again.
 const SLOT_POLL: Duration = Duration::from_millis(200);
@@ -354,7 +355,9 @@ impl Orchestrator {
                 "the run's pending approvals could not be dropped: {e}"
             );
         }
-        let remains = run.teardown().await;
+        // A run the platform stops while it lives is asked to stop first.
+        let grace = matches!(ended, Ended::Stopped(..)).then_some(AGENT_STOP_GRACE);
+        let remains = run.teardown(grace).await;
         drop(tearing_down);
         Ok((judge(ended, &remains), remains.leftovers))
     }

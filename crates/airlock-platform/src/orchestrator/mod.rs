@@ -37,7 +37,9 @@ pub use airlock_sandbox::{PROXY_SOCKET, SIDECAR_SOCKET};
 pub use end::{END_FILE, PendingEnd, cancel_run, fail_run, fail_runs_of_gone_replicas};
 pub use error::{NotReady, Refusal, RunError};
 pub use output::{KEPT_RUNNER_LINES, RUNNER_STREAM, runner_stream};
-pub use parts::{EPHEMERAL_KID, Orchestrator, SIDECAR_STOP_GRACE, SharedOrchestrator};
+pub use parts::{
+    AGENT_STOP_GRACE, EPHEMERAL_KID, Orchestrator, SIDECAR_STOP_GRACE, SharedOrchestrator,
+};
 pub use reclaim::{
     own_platform_socket, platform_socket_name, reclaim, reclaim_cgroups_of, reclaim_standby_cgroups,
 };

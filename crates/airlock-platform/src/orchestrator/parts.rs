@@ -72,6 +72,13 @@ pub type SharedOrchestrator = Arc<Orchestrator>;
 /// records, model streams), or its last records are lost.
 pub const SIDECAR_STOP_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a sandbox the platform stops (a cancel, the run's timeout, the
+/// watchdog) has after SIGTERM before it is killed: its runtime ends the
+/// agent at once and reports the lines it read and its count of what it
+/// shed, then exits ([`Sandbox::terminate`](airlock_sandbox::Sandbox::terminate)).
+/// The platform waits for the sandbox's exit, not for this time.
+pub const AGENT_STOP_GRACE: Duration = Duration::from_secs(3);
+
 /// The key id of the throwaway key an embedded platform uses when no
 /// `CONNECTION_ENCRYPTION_KEY` is set (it decrypts nothing stored).
 pub const EPHEMERAL_KID: &str = "ephemeral";

@@ -150,7 +150,7 @@ impl Orchestrator {
         {
             Ok(()) => Ok(run),
             Err(e) => {
-                let mut remains = run.teardown().await;
+                let mut remains = run.teardown(None).await;
                 self.removals
                     .spawn(run_id, std::mem::take(&mut remains.leftovers));
                 Err(match e {
@@ -233,14 +233,16 @@ impl Orchestrator {
 
 impl StartedRun {
     /// Stops every process of the run, whatever ended it: the sandboxes
-    /// first (killed, and waited for), then the sidecar, asked to stop and
+    /// first (killed, and waited for; the agent's sandbox given `grace`
+    /// first, when the platform stops a live run, so that its runtime
+    /// reports what the agent wrote before the stop), then the sidecar, asked to stop and
     /// waited for until it has flushed ([`SidecarLog::flushed`]) or exited,
     /// so every request it let out and every event the runtime handed it
     /// (the agent's end among them) is recorded and nothing more can be;
     /// the runners' last lines are in the run's log before this returns.
     /// What the backends made for them is left for [`Remains::leftovers`]'
     /// removal, once the run's end is recorded.
-    pub(super) async fn teardown(self) -> Remains {
+    pub(super) async fn teardown(self, grace: Option<Duration>) -> Remains {
         let StartedRun {
             mut sandbox,
             mut runners,
@@ -249,6 +251,11 @@ impl StartedRun {
             sidecar,
             mut sidecar_log,
         } = self;
+        if let Some(grace) = grace
+            && !sandbox.terminate(grace, std::future::pending()).await
+        {
+            tracing::warn!("the sandbox did not stop within {grace:?} of being asked: killed");
+        }
         sandbox.halt().await;
         for sb in &mut runners {
             sb.halt().await;
@@ -376,7 +383,7 @@ mod tests {
                 sidecar,
                 sidecar_log: SidecarLog::default(),
             };
-            let remains = run.teardown().await;
+            let remains = run.teardown(None).await;
             assert!(remains.output.is_none());
             for p in &pids {
                 assert!(!Path::new(&format!("/proc/{p}")).exists(), "{p} is gone");

@@ -5,9 +5,8 @@
 //! open its `/proc/1/mem` nor read its environment or descriptors; it
 //! installs the seccomp filters every sandbox gets ([`crate::seccomp`]:
 //! the same allow list and argument checks as the namespace sandbox's,
-//! inside the daemon's profile), then starts the command (with an empty
-//! signal mask), forwards the signals a container's PID 1 is sent (stop,
-//! interrupt) to it, reaps every orphan, and exits with the command's code
+//! inside the daemon's profile), then starts the command, forwards the signals a container's PID 1 is sent (stop,
+//! interrupt: [`sys::FORWARDED`]) to it, reaps every orphan, and exits with the command's code
 //! (128+signal when it was killed). Single-threaded: no runtime, no threads.
 //!
 //! A container started before its run (a warm pool's, [`super::pool`]) is
@@ -19,7 +18,7 @@
 use std::io::Write;
 use std::process::Command;
 
-use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::process::Pid;
 
 use crate::namespace::sys;
 use crate::seccomp::{Filters, SeccompError};
@@ -28,16 +27,6 @@ use crate::seccomp::{Filters, SeccompError};
 pub const SUBCOMMAND: &str = "container-init";
 /// Exit code of a setup failure (before the command ran).
 pub const SETUP_FAILED: i32 = 125;
-
-/// Signals passed on to the command.
-const FORWARDED: &[i32] = &[
-    libc::SIGTERM,
-    libc::SIGINT,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-];
 
 /// The longest command header read from stdin ([`command_header`]).
 pub const MAX_COMMAND_HEADER: usize = 64 * 1024;
@@ -109,8 +98,6 @@ enum ContainerInitError {
     HeaderRead(#[source] std::io::Error),
     #[error("the command header is not a JSON array of strings: {0}")]
     HeaderParse(#[source] serde_json::Error),
-    #[error("signal mask: {0}")]
-    SignalMask(#[source] std::io::Error),
     #[error(transparent)]
     Seccomp(#[from] SeccompError),
     #[error("no_new_privs: {0}")]
@@ -120,12 +107,9 @@ enum ContainerInitError {
         program: String,
         source: std::io::Error,
     },
-    #[error("{program}: pid: {source}")]
-    Pid {
-        program: String,
-        source: std::num::TryFromIntError,
-    },
-    #[error("sigwaitinfo: {0}")]
+    #[error("{program}: no pid")]
+    Pid { program: String },
+    #[error("waiting for the command: {0}")]
     Wait(#[source] std::io::Error),
 }
 
@@ -134,9 +118,6 @@ fn run(command: &[String]) -> Result<i32, ContainerInitError> {
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(|e| E::NonDumpable(e.into()))?;
     let (prog, args) = command.split_first().ok_or(E::NoCommand)?;
-    let mut waited: Vec<i32> = FORWARDED.to_vec();
-    waited.push(libc::SIGCHLD);
-    sys::block_signals(&waited).map_err(E::SignalMask)?;
     let filters = Filters::compile()?;
     rustix::thread::set_no_new_privs(true).map_err(|e| E::NoNewPrivs(e.into()))?;
     filters.install()?;
@@ -148,28 +129,14 @@ fn run(command: &[String]) -> Result<i32, ContainerInitError> {
             source,
         })?;
     // A pid fits an i32 (pid_max is at most 2^22).
-    let main = i32::try_from(child.id()).map_err(|source| E::Pid {
-        program: prog.clone(),
-        source,
-    })?;
+    let main = i32::try_from(child.id())
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| E::Pid {
+            program: prog.clone(),
+        })?;
     drop(child);
-    loop {
-        let sig = sys::wait_signal(&waited).map_err(E::Wait)?;
-        if sig != libc::SIGCHLD {
-            if let (Some(pid), Some(sig)) = (Pid::from_raw(main), Signal::from_named_raw(sig)) {
-                let _ = rustix::process::kill_process(pid, sig);
-            }
-            continue;
-        }
-        // Every child that ended (orphans included); the command's end is ours.
-        loop {
-            match rustix::process::wait(WaitOptions::NOHANG) {
-                Ok(Some((pid, st))) if pid.as_raw_nonzero().get() == main => {
-                    return Ok(sys::exit_code(st));
-                }
-                Ok(Some(_)) | Err(rustix::io::Errno::INTR) => continue,
-                Ok(None) | Err(_) => break,
-            }
-        }
-    }
+    // The signals are blocked only now that the command runs: it would
+    // inherit the mask, and never see the stop it is passed.
+    sys::wait_forwarding(main, sys::Reap::All).map_err(E::Wait)
 }

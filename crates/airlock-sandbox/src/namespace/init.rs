@@ -16,15 +16,17 @@
 //! PID, network, IPC, UTS and cgroup namespaces (so the user namespace is
 //! owned by that uid and its kernel quotas are the run's, not root's), maps
 //! [`SANDBOX_UID`]/[`SANDBOX_GID`] to it, and forks stage B; it then only
-//! waits and passes B's exit code on.
+//! waits, passing a stop (`SIGTERM`, [`sys::FORWARDED`]) on to B, and
+//! passes B's exit code on.
 //!
 //! Stage B (PID 1 of the new namespace, not dumpable): builds the
 //! filesystem ([`super::plan`]), brings up loopback, names the host, caps
 //! its open files ([`crate::pools::OPEN_FILES`]), then drops every
 //! capability, sets `no_new_privs`, applies Landlock and seccomp, and starts the command with the rest of stdin (the secrets),
-//! the given environment only, in the workspace. It reaps orphans and exits
-//! with the command's code (128+signal when killed); its death kills the
-//! namespace.
+//! the given environment only, in the workspace. It passes a stop on to the
+//! command (the runtime, which ends its agent and reports what it holds),
+//! reaps orphans and exits with the command's code (128+signal when
+//! killed); its death kills the namespace.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;

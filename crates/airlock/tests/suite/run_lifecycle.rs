@@ -295,3 +295,107 @@ fn ctrl_c_cancels_cleanly() {
     );
     no_leftovers(home.path());
 }
+
+/// A run the platform stops (here Ctrl-C's cancel, on the process,
+/// namespace and docker backends) loses no line its agent wrote before the stop: each is in
+/// the run's log or counted there as shed. The runtime is asked to stop and
+/// reports what it read; killed at once, as it was, the lines it still
+/// held (and the count of what it shed) were lost without a trace.
+#[test]
+fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
+    const LINES: u64 = 100_000;
+    let mut backends = vec!["process"];
+    if crate::support::namespace_available() {
+        backends.push("namespace");
+    }
+    if crate::support::docker_available() {
+        backends.push("docker");
+    }
+    for backend in backends {
+        let home = tempfile::tempdir().unwrap();
+        // The agent's directory, readable by an isolated sandbox's uid and
+        // outside the home.
+        let agent = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            agent.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        // Once every line is written (to its pipe: the runtime has read
+        // all but what the pipe holds), the agent waits under a name of its
+        // own: that is when the test stops the run.
+        let waiting = format!("sleep 59.{}{}", std::process::id(), backend.len());
+        let m = manifest(agent.path(), &format!("seq 1 {LINES}; exec {waiting}"), 120);
+        // Its terminal output (every line again) goes to a file: a pipe no
+        // one reads until the end would stop the run when it is full.
+        let stderr = home.path().join("stderr");
+        let mut child = Command::new(AIRLOCK)
+            .args(["run", "--backend", backend, "--json", "-f"])
+            .arg(&m)
+            .env("AIRLOCK_HOME", home.path())
+            .env_remove("DATABASE_URL")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !process_running(&waiting) {
+            assert!(
+                std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+                "{backend}: the agent never finished writing: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert_eq!(
+            report["status"],
+            "cancelled",
+            "{backend}: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        let logs = Command::new(AIRLOCK)
+            .args(["runs", "logs", "--json"])
+            .arg(report["id"].as_str().unwrap())
+            .env("AIRLOCK_HOME", home.path())
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        assert!(logs.status.success(), "{logs:?}");
+        let (mut kept, mut shed) = (std::collections::BTreeSet::new(), 0u64);
+        for line in String::from_utf8_lossy(&logs.stdout).lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            let text = v["line"].as_str().unwrap();
+            if v["stream"] == "stdout" {
+                let n: u64 = text.trim().parse().unwrap();
+                assert!(
+                    (1..=LINES).contains(&n) && kept.insert(n),
+                    "{backend}: {text}"
+                );
+            } else if let Some(rest) = text.strip_prefix("[airlock: ") {
+                shed += rest.split(' ').next().unwrap().parse::<u64>().unwrap();
+            }
+        }
+        assert_eq!(
+            kept.len() as u64 + shed,
+            LINES,
+            "{backend}: {} lines kept and {shed} counted as shed of the {LINES} written",
+            kept.len()
+        );
+        no_leftovers(home.path());
+    }
+}
+
+/// Whether a process runs whose command line is `cmdline` (its arguments
+/// joined by spaces).
+fn process_running(cmdline: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").trim_end() == cmdline)
+    })
+}

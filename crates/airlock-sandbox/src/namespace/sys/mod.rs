@@ -86,7 +86,8 @@ pub trait Sys {
     fn write(&mut self, path: &Path, data: &str) -> io::Result<()>;
     /// `fork(2)` of the single-threaded init.
     fn fork(&mut self) -> io::Result<Forked>;
-    /// Waits for `child` and returns its exit code (128+signal when killed).
+    /// Waits for `child`, passing a stop on to it ([`FORWARDED`]), and
+    /// returns its exit code (128+signal when killed).
     fn wait_child(&mut self, child: rustix::process::Pid) -> io::Result<i32>;
     /// `sethostname(2)`.
     fn set_hostname(&mut self, name: &str) -> io::Result<()>;
@@ -105,7 +106,8 @@ pub trait Sys {
     fn install_seccomp(&mut self, filters: &Filters) -> Result<(), SeccompError>;
     /// Starts the command; its PID.
     fn spawn(&mut self, command: &Command<'_>) -> io::Result<i32>;
-    /// As PID 1: reaps every child until `main` exits; its exit code.
+    /// As PID 1: reaps every child until `main` exits, passing a stop on to
+    /// it ([`FORWARDED`]); its exit code.
     fn reap_until(&mut self, main: i32) -> io::Result<i32>;
 
     // --- the filesystem ([`super::plan`]) ---
@@ -228,13 +230,7 @@ impl Sys for Real {
     }
 
     fn wait_child(&mut self, child: rustix::process::Pid) -> io::Result<i32> {
-        loop {
-            match rustix::process::waitpid(Some(child), WaitOptions::empty()) {
-                Ok(Some((_, st))) => return Ok(exit_code(st)),
-                Ok(None) | Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        wait_forwarding(child, Reap::Only)
     }
 
     fn set_hostname(&mut self, name: &str) -> io::Result<()> {
@@ -291,15 +287,8 @@ impl Sys for Real {
     }
 
     fn reap_until(&mut self, main: i32) -> io::Result<i32> {
-        loop {
-            match rustix::process::wait(WaitOptions::empty()) {
-                Ok(Some((pid, st))) if pid.as_raw_nonzero().get() == main => {
-                    return Ok(exit_code(st));
-                }
-                Ok(_) | Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let main = rustix::process::Pid::from_raw(main).ok_or_else(|| io::Error::other("pid 0"))?;
+        wait_forwarding(main, Reap::All)
     }
 
     fn make_private(&mut self, target: &Path) -> io::Result<()> {
@@ -842,10 +831,10 @@ fn sigset(signals: &[i32]) -> io::Result<libc::sigset_t> {
     }
 }
 
-/// Blocks `signals` in the calling thread (the container init, which is
-/// single-threaded): they stay pending until [`wait_signal`] takes them.
-/// A command spawned afterwards starts with an empty mask (std resets it).
-pub fn block_signals(signals: &[i32]) -> io::Result<()> {
+/// Blocks `signals` in the calling thread (a single-threaded init): they
+/// stay pending until [`wait_signal`] takes them. A command spawned
+/// afterwards inherits the mask.
+fn block_signals(signals: &[i32]) -> io::Result<()> {
     let set = sigset(signals)?;
     // SAFETY: `set` is an initialised sigset_t; the old mask is not asked for.
     let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
@@ -856,8 +845,69 @@ pub fn block_signals(signals: &[i32]) -> io::Result<()> {
     }
 }
 
+/// The signals an init passes on to the process it waits for: how a stop
+/// (`SIGTERM`: the platform's cancel or timeout, `docker stop`) or an
+/// interrupt reaches the runtime, which then ends its agent and reports
+/// what it still holds before it exits.
+pub const FORWARDED: &[i32] = &[
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// Which children [`wait_forwarding`] reaps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reap {
+    /// `main` only (an init that is not a namespace's PID 1).
+    Only,
+    /// Every child that ends: orphans are re-parented to a PID 1.
+    All,
+}
+
+/// Waits until `main`, a child of the caller, exits, passing each
+/// [`FORWARDED`] signal the caller is sent on to it; its exit code
+/// (128+signal when it was killed). For a single-threaded init.
+///
+/// The signals are blocked and taken with `sigwaitinfo`: blocked, they are
+/// queued even for a namespace's PID 1, which the kernel otherwise spares
+/// every signal it has no handler for. They are blocked only here, once
+/// `main` runs: a child inherits its parent's mask (a command started
+/// after would never see its stop). A stop sent in between is lost; the
+/// platform kills the sandbox at the end of its grace. A child that ended
+/// before they were blocked (its `SIGCHLD` was then discarded) is found by
+/// the reaping pass that comes before every wait.
+pub fn wait_forwarding(main: rustix::process::Pid, reap: Reap) -> io::Result<i32> {
+    let mut waited = FORWARDED.to_vec();
+    waited.push(libc::SIGCHLD);
+    block_signals(&waited)?;
+    loop {
+        loop {
+            let ended = match reap {
+                Reap::Only => rustix::process::waitpid(Some(main), WaitOptions::NOHANG),
+                Reap::All => rustix::process::wait(WaitOptions::NOHANG),
+            };
+            match ended {
+                Ok(Some((pid, st))) if pid == main => return Ok(exit_code(st)),
+                Ok(Some(_)) | Err(rustix::io::Errno::INTR) => continue,
+                Ok(None) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let sig = wait_signal(&waited)?;
+        if sig != libc::SIGCHLD
+            && let Some(sig) = Signal::from_named_raw(sig)
+        {
+            // It may have ended meanwhile: the next pass reaps it.
+            let _ = rustix::process::kill_process(main, sig);
+        }
+    }
+}
+
 /// Waits for one of `signals` (blocked beforehand) and returns it.
-pub fn wait_signal(signals: &[i32]) -> io::Result<i32> {
+fn wait_signal(signals: &[i32]) -> io::Result<i32> {
     let set = sigset(signals)?;
     loop {
         // SAFETY: `set` is an initialised sigset_t; no siginfo is asked for.
