@@ -568,6 +568,63 @@ impl Cpio {
     }
 }
 
+/// What [`prune`] removed from a guest images directory.
+#[derive(Debug, Default)]
+pub struct PrunedGuests {
+    pub removed: Vec<PathBuf>,
+    pub bytes: u64,
+}
+
+/// Removes from `dir` what no guest of `exe`'s build can boot, so that the
+/// directory does not grow with every build: the roots of other builds
+/// (`root-<tag>.ext4` of another tag, ~350 MB each), the minimal kernels of
+/// other fragments, and Debian's kernels older than its newest (each with
+/// its initramfs and floor). This build's root, the kernels
+/// [`GuestImage::find_with`] would choose, the base root and the kernel
+/// build trees stay. A guest that runs keeps booting from what it opened:
+/// an unlinked file lives until its VMM closes it.
+pub fn prune(dir: &Path, exe: &Path) -> std::io::Result<PrunedGuests> {
+    let own_root = format!("root-{}.ext4", default_tag(exe));
+    let names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    let newest_debian = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("kernel-"))
+        .filter(|r| KernelKind::of_release(r) == KernelKind::Debian)
+        .max()
+        .map(str::to_owned);
+    let stale_kernel = |release: &str| match KernelKind::of_release(release) {
+        KernelKind::Minimal => !kernel::is_current_minimal(release),
+        KernelKind::Debian => newest_debian.as_deref() != Some(release),
+    };
+    let mut out = PrunedGuests::default();
+    for name in names {
+        let release = name
+            .strip_prefix("kernel-")
+            .or_else(|| name.strip_prefix("initrd-true-")?.strip_suffix(".cpio"))
+            .or_else(|| name.strip_prefix("initrd-")?.strip_suffix(".cpio"));
+        let stale = match release {
+            Some(r) => stale_kernel(r),
+            None => name.starts_with("root-") && name.ends_with(".ext4") && name != own_root,
+        };
+        if !stale {
+            continue;
+        }
+        let path = dir.join(&name);
+        // Files only: a directory of that name is nobody's guest.
+        let meta = std::fs::symlink_metadata(&path)?;
+        if !meta.is_file() {
+            continue;
+        }
+        std::fs::remove_file(&path)?;
+        out.bytes += meta.len();
+        out.removed.push(path);
+    }
+    out.removed.sort();
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,5 +667,57 @@ mod tests {
         assert!(GuestImage::find(dir.path(), &exe).is_err());
         std::fs::write(&g.root, b"x").unwrap();
         assert_eq!(GuestImage::find(dir.path(), &exe).unwrap(), g);
+    }
+
+    /// A prune leaves exactly what this build's guest boots (with either
+    /// kernel) and removes other builds' roots, other fragments' minimal
+    /// kernels and Debian's older kernels, each with its initramfs.
+    #[test]
+    fn a_prune_keeps_this_builds_guest_and_removes_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("airlock");
+        std::fs::write(&exe, b"not an elf").unwrap();
+        let min = kernel::minimal_release("6.1.192-3");
+        let old_min = "min-6.1.192-3-000000000000";
+        let (deb, old_deb) = ("6.1.0-41-cloud-amd64", "6.1.0-40-cloud-amd64");
+        let own_root = format!("root-{}.ext4", default_tag(&exe));
+        let kept = [
+            format!("kernel-{min}"),
+            format!("initrd-{min}.cpio"),
+            format!("initrd-true-{min}.cpio"),
+            format!("kernel-{deb}"),
+            format!("initrd-{deb}.cpio"),
+            own_root.clone(),
+        ];
+        let removed = [
+            format!("kernel-{old_min}"),
+            format!("initrd-{old_min}.cpio"),
+            format!("initrd-true-{old_min}.cpio"),
+            format!("kernel-{old_deb}"),
+            format!("initrd-{old_deb}.cpio"),
+            "root-0.1.0-0123456789ab.ext4".into(),
+        ];
+        for n in kept.iter().chain(&removed) {
+            std::fs::write(dir.path().join(n), b"1234").unwrap();
+        }
+        // Directories are nobody's guest: the base root, a kernel's tree.
+        for d in ["base-bookworm-1", "linux-6.1.192-3", "root-dir.ext4"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        let g = GuestImage::find(dir.path(), &exe).unwrap();
+        let p = prune(dir.path(), &exe).unwrap();
+        let mut want: Vec<_> = removed.iter().map(|n| dir.path().join(n)).collect();
+        want.sort();
+        assert_eq!(p.removed, want);
+        assert_eq!(p.bytes, 4 * removed.len() as u64);
+        for n in &kept {
+            assert!(dir.path().join(n).is_file(), "{n} kept");
+        }
+        assert_eq!(
+            GuestImage::find(dir.path(), &exe).unwrap(),
+            g,
+            "the same guest boots"
+        );
+        assert!(prune(dir.path(), &exe).unwrap().removed.is_empty());
     }
 }

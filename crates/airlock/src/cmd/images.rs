@@ -19,7 +19,12 @@ pub enum ImagesCommand {
     /// Say whether both images are present and keep the tag contract.
     Check,
     /// Remove the images other builds of Airlock made (unless a container uses them).
-    Prune,
+    Prune {
+        /// Prune the microVM guests instead (MICROVM_IMAGES_DIR): other builds'
+        /// roots and kernels no guest of this build boots; no docker needed.
+        #[arg(long)]
+        microvm: bool,
+    },
 }
 
 pub fn run(c: ImagesCommand) -> ExitCode {
@@ -42,8 +47,10 @@ pub fn run(c: ImagesCommand) -> ExitCode {
 }
 
 async fn images_async(c: ImagesCommand) -> Result<bool> {
-    if let ImagesCommand::Build { microvm: true } = c {
-        return build_guest();
+    match c {
+        ImagesCommand::Build { microvm: true } => return build_guest(),
+        ImagesCommand::Prune { microvm: true } => return prune_guests(),
+        _ => {}
     }
     let cfg = DockerConfig::from_env()?;
     let d = docker::connect(&cfg.host).await?;
@@ -66,7 +73,7 @@ async fn images_async(c: ImagesCommand) -> Result<bool> {
             }
             Ok(all)
         }
-        ImagesCommand::Prune => {
+        ImagesCommand::Prune { .. } => {
             let p = images::prune(&d, &cfg.images).await?;
             for tag in &p.removed {
                 super::out::outln!("removed {tag}");
@@ -84,6 +91,25 @@ async fn images_async(c: ImagesCommand) -> Result<bool> {
             Ok(true)
         }
     }
+}
+
+/// `airlock images prune --microvm`: what no guest of this build boots,
+/// each file removed printed.
+fn prune_guests() -> Result<bool> {
+    use airlock_sandbox::microvm::image;
+    let dir = image::images_dir()?;
+    let p = image::prune(&dir, &std::env::current_exe()?)
+        .map_err(|e| anyhow::anyhow!("pruning {}: {e}", dir.display()))?;
+    for path in &p.removed {
+        super::out::outln!("removed {}", path.display());
+    }
+    eprintln!(
+        "▸ {} removed ({} MB) from {}",
+        p.removed.len(),
+        p.bytes >> 20,
+        dir.display()
+    );
+    Ok(true)
 }
 
 /// `airlock images build --microvm`: the guest of this build (what is
