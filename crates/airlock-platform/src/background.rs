@@ -132,6 +132,12 @@ pub(crate) mod tests {
 
     pub(crate) const SCHED_IDLE: u32 = 5;
 
+    /// Held by every test that reads the priorities of this process's
+    /// threads ([`threads`]): the control below opens pooled connections at
+    /// idle priority on purpose, which another such test running at the
+    /// same moment would see as its own (as CI's did).
+    pub(crate) static THREAD_PRIORITIES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// (policy, nice value) of a thread at the priority this test process
     /// was started with: the normal policy, and whatever nice value the
     /// test runner was given (`nice cargo test` must not fail these tests).
@@ -207,6 +213,7 @@ pub(crate) mod tests {
                 assert!(r.unwrap().is_none());
             }
         }
+        let _alone = THREAD_PRIORITIES.lock().await;
         let normal = normal();
         let dir = tempfile::tempdir().unwrap();
         let opts = StoreOptions::default();

@@ -865,7 +865,8 @@ pub(crate) mod tests {
     /// the shared pool, whose connections all stay at normal priority.
     #[tokio::test]
     async fn a_live_read_is_stored_at_idle_priority_and_the_pool_keeps_its_own() {
-        use crate::background::tests::{SCHED_IDLE, normal, threads};
+        use crate::background::tests::{SCHED_IDLE, THREAD_PRIORITIES, normal, threads};
+        let _alone = THREAD_PRIORITIES.lock().await;
         let normal = normal();
         let dir = tempfile::tempdir().unwrap();
         let (store, follower) = following_three_records(dir.path()).await;

@@ -597,20 +597,23 @@ fn boot_reclaim_spares_a_live_platforms_run_and_takes_a_dead_ones() {
     ]);
     assert_eq!(String::from_utf8_lossy(&running.stdout).trim(), "true");
 
-    // A dies without cleaning up (SIGKILL): its containers outlive it.
+    // A dies without cleaning up (SIGKILL): its containers outlive it,
+    // until a platform boots. (Any platform's boot reclaims a dead one's
+    // objects: in a suite whose tests run at once, another test's may come
+    // first, as it did under CI's load; so C's boot is the latest.)
     a_proc.kill().unwrap();
     a_proc.wait().unwrap();
-    assert_eq!(docker_leftovers(&a_run), a_objects, "the daemon keeps them");
+    let outlived = docker_leftovers(&a_run);
+    assert!(
+        outlived.iter().all(|o| a_objects.contains(o)),
+        "{outlived:?}"
+    );
 
     // The next platform to boot (another home) reclaims them.
     let c = RealRun::python("print('c ran')\n", 60);
     let (out, report) = c.run("docker");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(report["status"], "succeeded", "{stderr}");
-    assert!(
-        stderr.contains("reclaimed the docker leftovers"),
-        "{stderr}"
-    );
     assert_eq!(docker_leftovers(&a_run), Vec::<String>::new(), "{stderr}");
 
     // And A's own store learns the run's end at its next boot.
