@@ -52,6 +52,10 @@ pub enum Frame {
     Stdin(Bytes),
     /// Host → guest: the runtime's stdin is complete.
     StdinEnd,
+    /// Host → guest: the platform stops the run (a cancel, its timeout):
+    /// the guest's init passes it on to the runtime as `SIGTERM`, which ends
+    /// the agent and reports what it holds before its end frame.
+    Stop,
     /// Guest → host: the runtime's stdout, stderr.
     Stdout(Bytes),
     Stderr(Bytes),
@@ -118,6 +122,9 @@ const K_OPEN: u8 = 8;
 const K_DATA: u8 = 9;
 const K_EOF: u8 = 10;
 const K_RESET: u8 = 11;
+const K_STOP: u8 = 12;
+/// The highest kind: one past it is unknown.
+const K_LAST: u8 = K_STOP;
 
 impl Frame {
     /// The frame's name, for errors.
@@ -127,6 +134,7 @@ impl Frame {
             Frame::Header(_) => "header",
             Frame::Stdin(_) => "stdin",
             Frame::StdinEnd => "stdin-end",
+            Frame::Stop => "stop",
             Frame::Stdout(_) => "stdout",
             Frame::Stderr(_) => "stderr",
             Frame::Exit { .. } => "exit",
@@ -145,6 +153,7 @@ impl Frame {
             Frame::Header(b) => (K_HEADER, 0, b),
             Frame::Stdin(b) => (K_STDIN, 0, b),
             Frame::StdinEnd => (K_STDIN_END, 0, &[]),
+            Frame::Stop => (K_STOP, 0, &[]),
             Frame::Stdout(b) => (K_STDOUT, 0, b),
             Frame::Stderr(b) => (K_STDERR, 0, b),
             Frame::Exit { nonce, code } => {
@@ -230,7 +239,7 @@ impl Decoder {
         if len as usize > MAX_PAYLOAD {
             return Err(ChannelError::Oversized { len });
         }
-        if !(K_READY..=K_RESET).contains(&kind) {
+        if !(K_READY..=K_LAST).contains(&kind) {
             return Err(ChannelError::UnknownKind(kind));
         }
         if self.buf.len() < HEAD_LEN + len as usize {
@@ -269,6 +278,7 @@ fn parse(kind: u8, stream: u32, p: Bytes) -> Result<Frame, ChannelError> {
         K_HEADER => control(Frame::Header(p)),
         K_STDIN => control(Frame::Stdin(p)),
         K_STDIN_END => control(empty(Frame::StdinEnd)?),
+        K_STOP => control(empty(Frame::Stop)?),
         K_STDOUT => control(Frame::Stdout(p)),
         K_STDERR => control(Frame::Stderr(p)),
         K_EXIT => {
@@ -333,7 +343,7 @@ impl GuestStreams {
             return Err(ChannelError::Repeated("frame after the exit"));
         }
         match f {
-            Frame::Header(_) | Frame::Stdin(_) | Frame::StdinEnd => {
+            Frame::Header(_) | Frame::Stdin(_) | Frame::StdinEnd | Frame::Stop => {
                 Err(ChannelError::WrongDirection(f.name()))
             }
             Frame::Ready if self.ready => Err(ChannelError::Repeated("ready")),
@@ -408,6 +418,7 @@ mod tests {
             Frame::Header(Bytes::from_static(b"{\"x\":1}")),
             Frame::Stdin(Bytes::from_static(b"secret")),
             Frame::StdinEnd,
+            Frame::Stop,
             Frame::Stdout(Bytes::from_static(b"line\n")),
             Frame::Stderr(Bytes::new()),
             Frame::Exit {
@@ -526,6 +537,7 @@ mod tests {
             Frame::Header(Bytes::new()),
             Frame::Stdin(Bytes::new()),
             Frame::StdinEnd,
+            Frame::Stop,
         ] {
             let name = f.name();
             assert_eq!(g.accept(f), Err(ChannelError::WrongDirection(name)));

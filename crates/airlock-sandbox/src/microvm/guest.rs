@@ -173,6 +173,13 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
                     }
                 }
                 Some(Frame::StdinEnd) => stdin = None,
+                // The platform stops the run: the runtime ends its agent
+                // and reports what it holds, then exits (its end follows).
+                Some(Frame::Stop) => {
+                    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(i32::try_from(p).ok()?)) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    }
+                }
                 Some(Frame::Data { stream, data }) => streams.route(stream, Inbound::Data(data)).await,
                 Some(Frame::Eof { stream }) => streams.route(stream, Inbound::Eof).await,
                 Some(Frame::Reset { stream }) => streams.remove(stream),

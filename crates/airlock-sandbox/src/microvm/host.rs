@@ -185,11 +185,28 @@ async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, Ho
     let mut buf = vec![0u8; 64 * 1024];
     let mut stdout = tokio::io::stdout();
     let mut stderr = tokio::io::stderr();
+    // The platform's stop (SIGTERM) is passed on to the guest, once; its
+    // end frame follows as at any end (the platform kills this helper, and
+    // with it the VMM, at the end of its grace).
+    let mut stop = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     loop {
         let frame = match decoder.next_frame()? {
             Some(f) => f,
             None => {
-                let n = r.read(&mut buf).await.map_err(HostError::Io)?;
+                let stop_asked = async {
+                    match stop.as_mut() {
+                        Some(term) => term.recv().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let n = tokio::select! {
+                    n = r.read(&mut buf) => n.map_err(HostError::Io)?,
+                    Some(()) = stop_asked => {
+                        stop = None;
+                        let _ = tx.send(Frame::Stop).await;
+                        continue;
+                    }
+                };
                 if n == 0 {
                     return Err(if decoder.partial() {
                         ChannelError::Truncated.into()
@@ -240,7 +257,7 @@ async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, Ho
                 streams.remove(&stream);
             }
             // The host's own kinds: refused by the judge.
-            Frame::Header(_) | Frame::Stdin(_) | Frame::StdinEnd => {}
+            Frame::Header(_) | Frame::Stdin(_) | Frame::StdinEnd | Frame::Stop => {}
         }
     }
 }

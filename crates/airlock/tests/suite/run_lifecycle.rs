@@ -297,19 +297,26 @@ fn ctrl_c_cancels_cleanly() {
 }
 
 /// A run the platform stops (here Ctrl-C's cancel, on the process,
-/// namespace and docker backends) loses no line its agent wrote before the stop: each is in
-/// the run's log or counted there as shed. The runtime is asked to stop and
-/// reports what it read; killed at once, as it was, the lines it still
-/// held (and the count of what it shed) were lost without a trace.
+/// namespace, docker and microvm backends) loses no line its agent wrote
+/// before the stop: each is in the run's log or counted there as shed. The
+/// runtime is asked to stop and reports what it read and its count of what
+/// it shed; killed at once, as it was, the lines it still held and that
+/// count were lost without a trace (96,001 of 100,000 on the process
+/// backend).
 #[test]
 fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
-    const LINES: u64 = 100_000;
+    // 48,894 bytes: within a pipe's 64 KiB, so all written at once, long
+    // before the first of them can be in the store.
+    const LINES: u64 = 10_000;
     let mut backends = vec!["process"];
     if crate::support::namespace_available() {
         backends.push("namespace");
     }
     if crate::support::docker_available() {
         backends.push("docker");
+    }
+    if crate::microvm::guest().is_some() {
+        backends.push("microvm");
     }
     for backend in backends {
         let home = tempfile::tempdir().unwrap();
@@ -321,11 +328,7 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
-        // Once every line is written (to its pipe: the runtime has read
-        // all but what the pipe holds), the agent waits under a name of its
-        // own: that is when the test stops the run.
-        let waiting = format!("sleep 59.{}{}", std::process::id(), backend.len());
-        let m = manifest(agent.path(), &format!("seq 1 {LINES}; exec {waiting}"), 120);
+        let m = manifest(agent.path(), &format!("seq 1 {LINES}; exec sleep 100"), 120);
         // Its terminal output (every line again) goes to a file: a pipe no
         // one reads until the end would stop the run when it is full.
         let stderr = home.path().join("stderr");
@@ -338,15 +341,43 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !process_running(&waiting) {
+        // The stop comes as soon as the run's first line is in its store:
+        // the agent has written them all, most are still on their way.
+        let try_cli = |args: &[&str]| {
+            let out = Command::new(AIRLOCK)
+                .args(args)
+                .env("AIRLOCK_HOME", home.path())
+                .env_remove("DATABASE_URL")
+                .output()
+                .unwrap();
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+                .ok_or(out)
+        };
+        let cli = |args: &[&str]| {
+            try_cli(args).unwrap_or_else(|out| panic!("{backend}: {args:?}: {out:?}"))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let id = loop {
             assert!(
                 std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
-                "{backend}: the agent never finished writing: {}",
+                "{backend}: no line of the agent's reached the store: {}",
                 std::fs::read_to_string(&stderr).unwrap_or_default()
             );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+            // (A read of the store may find it locked while the run writes
+            // to it: it is tried again.)
+            let runs: Value = try_cli(&["runs", "list", "--json"])
+                .ok()
+                .and_then(|l| serde_json::from_str(&l).ok())
+                .unwrap_or_default();
+            if let Some(id) = runs["runs"][0]["id"].as_str()
+                && try_cli(&["runs", "logs", "--json", id]).is_ok_and(|l| !l.is_empty())
+            {
+                break id.to_owned();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
         Command::new("kill")
             .args(["-INT", &child.id().to_string()])
             .status()
@@ -354,21 +385,13 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
         let out = child.wait_with_output().unwrap();
         let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         assert_eq!(
-            report["status"],
-            "cancelled",
+            (report["status"].as_str(), report["id"].as_str()),
+            (Some("cancelled"), Some(id.as_str())),
             "{backend}: {}",
             std::fs::read_to_string(&stderr).unwrap_or_default()
         );
-        let logs = Command::new(AIRLOCK)
-            .args(["runs", "logs", "--json"])
-            .arg(report["id"].as_str().unwrap())
-            .env("AIRLOCK_HOME", home.path())
-            .env_remove("DATABASE_URL")
-            .output()
-            .unwrap();
-        assert!(logs.status.success(), "{logs:?}");
         let (mut kept, mut shed) = (std::collections::BTreeSet::new(), 0u64);
-        for line in String::from_utf8_lossy(&logs.stdout).lines() {
+        for line in cli(&["runs", "logs", "--json", &id]).lines() {
             let v: Value = serde_json::from_str(line).unwrap();
             let text = v["line"].as_str().unwrap();
             if v["stream"] == "stdout" {
@@ -389,13 +412,4 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
         );
         no_leftovers(home.path());
     }
-}
-
-/// Whether a process runs whose command line is `cmdline` (its arguments
-/// joined by spaces).
-fn process_running(cmdline: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-        std::fs::read(e.path().join("cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").trim_end() == cmdline)
-    })
 }
