@@ -365,6 +365,9 @@ impl Backend for MicrovmBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // Out of the operator's session and away from its terminal, with
+        // the VMM it starts; and gone with the platform.
+        crate::namespace::sys::new_session_on_spawn(&mut helper);
         crate::namespace::sys::die_with_spawner_on_spawn(&mut helper);
         let child = helper.spawn();
         let child = match child {

@@ -88,6 +88,22 @@ fn run(home: &Path, manifest: &Path) -> (Output, Value) {
 }
 
 /// PIDs of the VMMs of run `id` (QEMU's `-name airlock-<id>`).
+/// The session and controlling terminal (`tty_nr`, 0 for none) of `pid`.
+fn session_and_tty(pid: u32) -> (i64, i64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After "(comm) ": state, ppid, pgrp, session, tty_nr.
+    let f: Vec<i64> = stat
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split(' ')
+        .skip(1)
+        .take(4)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    (f[2], f[3])
+}
+
 fn vmms(id: &str) -> Vec<u32> {
     let name = format!("airlock-{id}");
     std::fs::read_dir("/proc")
@@ -310,6 +326,18 @@ fn a_killed_platform_leaves_no_vm_behind() {
         assert!(std::time::Instant::now() < deadline, "no VMM started");
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
+    // The VMM is out of the platform's session (an operator's, with its
+    // terminal: a Ctrl-C there reached QEMU itself, and a VMM the guest
+    // took over could have typed into it): its helper leads its own.
+    let (platform_session, _) = session_and_tty(child.id());
+    for vmm in vmms(&id) {
+        let (session, tty) = session_and_tty(vmm);
+        assert_ne!(
+            session, platform_session,
+            "the VMM {vmm} is in the platform's session"
+        );
+        assert_eq!(tty, 0, "the VMM {vmm} has a controlling terminal");
+    }
     child.kill().unwrap();
     child.wait().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

@@ -729,8 +729,8 @@ fn read_full(fd: &OwnedFd, buf: &mut [u8]) -> usize {
 }
 
 /// Makes the spawned command the leader of a new session, with no
-/// controlling terminal (the process backend; `sandbox-init` calls
-/// `setsid` itself).
+/// controlling terminal (the process backend, the microVM helper and its
+/// VMM; `sandbox-init` calls `setsid` itself).
 pub fn new_session_on_spawn(cmd: &mut tokio::process::Command) {
     // SAFETY: the closure runs in the forked child before exec and calls only
     // setsid(2), which is async-signal-safe, allocates nothing and takes no lock.
