@@ -1758,6 +1758,10 @@ impl Backend for DockerBackend {
         self.net_maker().refill();
     }
 
+    fn run_ended(&self) {
+        self.refill_pool();
+    }
+
     fn drop_prepared(&self) {
         self.drain_pool();
         self.drain_networks();

@@ -1,7 +1,10 @@
 //! The docker backend's warm pool: pairs (an agent container and its
 //! sidecar's, on a network of their own) started before any run, kept up
 //! to `DOCKER_WARM_POOL` per [`PoolKey`], each claimed by one run and
-//! removed with it.
+//! removed with it. The pair that replaces a claimed one is started once
+//! the run that claimed it has ended ([`crate::Backend::run_ended`]), so
+//! the daemon's work for it does not slow that run; at the claim when it
+//! took the last idle pair of its key.
 //!
 //! A pooled pair holds nothing of any run until claimed. Its agent
 //! container runs `airlock container-init --command-on-stdin -- airlock
@@ -410,6 +413,11 @@ impl Pool {
         drop(extra);
     }
 
+    /// The idle pairs of `key`.
+    fn idle_of(&self, key: &PoolKey) -> usize {
+        self.shelf.lock().idle.get(key).map_or(0, Vec::len)
+    }
+
     /// How many pairs of `key` to start now to keep [`Pool::size`] idle;
     /// counted as filling.
     fn to_fill(&self, key: &PoolKey) -> usize {
@@ -580,7 +588,8 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut (u64, usize)) -> std::io::Resu
 impl DockerBackend {
     /// Sets aside an idle pair for the run of `sandbox` and `sidecar`
     /// (tenant `tenant`), made ready for it: its agent directory copied in,
-    /// its journal linked in. Refills the pool of its key either way.
+    /// its journal linked in. Refills the pool of its key: at once when it
+    /// finds none idle or takes the last, else once the run has ended.
     pub(crate) fn claim_pair(
         &self,
         tenant: &str,
@@ -630,7 +639,12 @@ impl DockerBackend {
             }
             return false;
         }
-        self.refill(&key);
+        // The pair that replaces this one starts once the run's end is
+        // recorded ([`DockerBackend::refill_pool`]), off the run's path;
+        // at once when none is left idle (the next run would start cold).
+        if self.pool.idle_of(&key) == 0 {
+            self.refill(&key);
+        }
         let Pair {
             agent, sidecar: sc, ..
         } = pair;
@@ -757,6 +771,15 @@ impl DockerBackend {
             let _ = input.shutdown().await;
         });
         Some(sandbox)
+    }
+
+    /// Starts the pairs every key lacks, in the background (a run's end
+    /// is recorded).
+    pub(crate) fn refill_pool(&self) {
+        let keys = self.pool.shelf.lock().keys.clone();
+        for key in &keys {
+            self.refill(key);
+        }
     }
 
     /// Starts the pairs `key` lacks, in the background.
