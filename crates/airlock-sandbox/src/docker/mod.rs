@@ -329,9 +329,20 @@ impl RunNet {
 
 type Nets = Arc<Mutex<HashMap<String, Arc<RunNet>>>>;
 
+/// The backend's client of the daemon, once connected.
+pub(crate) type Daemon = Arc<tokio::sync::OnceCell<Docker>>;
+
+/// The client in `daemon`, connected to `host` first if it is not yet (an
+/// API version negotiated once, not per container).
+pub(crate) async fn client_of(daemon: &Daemon, host: &str) -> Result<Docker, DockerError> {
+    daemon.get_or_try_init(|| connect(host)).await.cloned()
+}
+
 pub struct DockerBackend {
     pub cfg: DockerConfig,
-    docker: tokio::sync::OnceCell<Docker>,
+    /// Connected once, in the runtime of the first caller (a container's
+    /// start task among them), then shared by every call of this backend.
+    docker: Daemon,
     nets: Nets,
     /// The platform that owns what this backend creates ([`LABEL_OWNER`]).
     owner: String,
@@ -350,7 +361,7 @@ impl DockerBackend {
         DockerBackend {
             pool: pool::Pool::new(cfg.warm_pool),
             cfg,
-            docker: tokio::sync::OnceCell::new(),
+            docker: Daemon::default(),
             nets: Arc::default(),
             owner: reclaim::owner_label(),
             nets_shelf: Arc::default(),
@@ -416,14 +427,9 @@ impl DockerBackend {
             nets.retain(|_, n| !Arc::ptr_eq(n, &net));
         }
         if net.created.get().is_some() {
-            let host = self.cfg.host.clone();
-            let client = self.docker.get().cloned();
+            let (host, daemon) = (self.cfg.host.clone(), self.docker.clone());
             handle.spawn(async move {
-                let d = match client {
-                    Some(d) => Some(d),
-                    None => connect(&host).await.ok(),
-                };
-                if let Some(d) = d {
+                if let Ok(d) = client_of(&daemon, &host).await {
                     remove_network(&d, &net.name).await;
                 }
             });
@@ -479,6 +485,7 @@ impl DockerBackend {
         };
         let task = StartTask {
             host: self.cfg.host.clone(),
+            daemon: self.docker.clone(),
             net_labels: self.labels(run_id, "network"),
             name: name.clone(),
             net: net.clone(),
@@ -577,6 +584,7 @@ struct Shared {
 /// The task that starts one container, owning what its start needs.
 struct StartTask {
     host: String,
+    daemon: Daemon,
     net_labels: HashMap<String, String>,
     name: String,
     net: Option<Arc<RunNet>>,
@@ -615,7 +623,7 @@ impl StartTask {
 
     async fn start(&mut self) -> Result<(), DockerError> {
         if self.shared.client.get().is_none() {
-            let d = connect(&self.host).await?;
+            let d = client_of(&self.daemon, &self.host).await?;
             let _ = self.shared.client.set(d);
         }
         let Some(d) = self.shared.client.get().cloned() else {

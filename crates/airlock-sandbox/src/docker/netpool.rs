@@ -119,7 +119,7 @@ pub(crate) struct NetMaker {
     /// `DOCKER_NETWORK_POOL`.
     size: usize,
     host: String,
-    client: Option<bollard::Docker>,
+    daemon: super::Daemon,
     owner: String,
 }
 
@@ -147,15 +147,12 @@ impl NetMaker {
             (super::LABEL_OWNER.into(), self.owner.clone()),
             (super::pool::LABEL_POOL.into(), "true".into()),
         ]);
-        let d = match self.client.clone() {
-            Some(d) => d,
-            None => match super::connect(&self.host).await {
-                Ok(d) => d,
-                Err(e) => {
-                    self.shelf.settle(None);
-                    return Err(e.into());
-                }
-            },
+        let d = match super::client_of(&self.daemon, &self.host).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.shelf.settle(None);
+                return Err(e.into());
+            }
         };
         match super::create_run_network(&d, &net.name, labels).await {
             Ok(()) => {
@@ -180,7 +177,7 @@ impl DockerBackend {
             shelf: self.nets_shelf.clone(),
             size: self.cfg.network_pool,
             host: self.cfg.host.clone(),
-            client: self.docker.get().cloned(),
+            daemon: self.docker.clone(),
             owner: self.owner.clone(),
         }
     }
@@ -190,10 +187,7 @@ impl DockerBackend {
     /// the first refusal to make one is returned.
     pub async fn fill_networks(&self) -> Result<(), SandboxError> {
         let size = self.cfg.network_pool;
-        let maker = NetMaker {
-            client: Some(self.docker().await?),
-            ..self.net_maker()
-        };
+        let maker = self.net_maker();
         let mine: Vec<_> = (0..self.nets_shelf.to_make(size))
             .map(|_| maker.clone().make())
             .collect();

@@ -719,14 +719,9 @@ impl DockerBackend {
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (done, renamed) = tokio::sync::oneshot::channel();
         let run = run.to_owned();
-        let client = self.docker.get().cloned();
-        let host = self.cfg.host.clone();
+        let (host, daemon) = (self.cfg.host.clone(), self.docker.clone());
         handle.spawn(async move {
-            let d = match client {
-                Some(d) => Some(d),
-                None => super::connect(&host).await.ok(),
-            };
-            if let Some(d) = d {
+            if let Ok(d) = super::client_of(&daemon, &host).await {
                 let [agent, sidecar] = ids;
                 let rename = |id: String, role: &'static str| {
                     let d = d.clone();

@@ -453,8 +453,7 @@ fn a_network_made_ahead_holds_nothing_serves_one_run_and_goes_with_it() {
         assert!(
             routes.contains(&[subnet.0, subnet.1, unspecified])
                 && routes.iter().all(|&[dest, mask, gw]| {
-                    (dest, mask) == subnet
-                        || ((dest, mask) == (unspecified, unspecified) && on(gw))
+                    (dest, mask) == subnet || ((dest, mask) == (unspecified, unspecified) && on(gw))
                 }),
             "run {id} was not on {net} ({subnet:?}) alone:\n{text}"
         );
