@@ -441,7 +441,6 @@ impl DockerBackend {
     /// it may be one made ahead; else none), create, attach, start, stdin
     /// as `feed` says. `body` makes the container's from its network's
     /// name. `egress`: the sidecar's, also on [`EGRESS_NETWORK`].
-    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         run_id: &str,
