@@ -713,6 +713,11 @@ pub trait Backend: Send + Sync {
         let _ = (tenant, sandbox, sidecar);
         false
     }
+    /// A run's end is recorded: what the backend held back so as not to
+    /// slow that run starts now (docker's warm pool starts the pair that
+    /// replaces the one the run took, [`Backend::claim_prepared`]). From
+    /// the same kind of thread as [`Backend::spawn`]. Nothing by default.
+    fn run_ended(&self) {}
     /// The platform stops: what the backend started ahead and no run
     /// claimed is removed now (what a platform killed leaves is its
     /// backend's boot reclaim's). Blocks until done.

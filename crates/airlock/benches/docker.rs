@@ -19,9 +19,18 @@
 //!    concurrent `docker run --rm --network none IMG true` (20 sidecars on
 //!    `airlock-egress` at once: the daemon's address pools must hold them).
 //!
+//! Then, not in the figures above, **where a warm run's time goes**: as
+//! many warm runs again on a third server whose platform, sidecars and
+//! runtimes log their `airlock::phase` milestones
+//! (`warn,airlock::phase=debug`), each milestone's median time since the
+//! POST, in order, and the median step from the one before (a milestone
+//! is logged by the process named before its colon, the platform's own
+//! unnamed; every process reads the host's clock).
+//!
 //! `cargo bench -p airlock --bench docker`; `AIRLOCK_BENCH_N` samples per
-//! side in loop 1 (default 20), loop 2 uses half. Needs a Docker daemon
-//! (the images are built first if missing).
+//! side in loop 1 (default 20), loops 2 and 3 use half;
+//! `AIRLOCK_BENCH_PARTS` (default `1,2,3,phases,4`) the parts run. Needs a
+//! Docker daemon (the images are built first if missing).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
 
 mod peers;
@@ -117,11 +126,47 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // The same backend with a run network made ahead (`DOCKER_NETWORK_POOL=1`).
+    let ahead = DockerBackend::new(DockerConfig {
+        network_pool: 1,
+        ..cfg.clone()
+    });
     let backend = DockerBackend::new(cfg);
     rt.block_on(backend.ensure_egress_network()).unwrap();
+    let parts = std::env::var("AIRLOCK_BENCH_PARTS").unwrap_or_else(|_| "1,2,3,phases,4".into());
+    let part = |p: &str| parts.split(',').any(|x| x.trim() == p);
+    let cli = match part("1") {
+        true => container_start(&rt, [&backend, &ahead], &image, n),
+        false => vec![],
+    };
+    let home = tempfile::tempdir().unwrap();
+    let manifest = trivial_manifest(home.path());
+    if part("2") {
+        trivial_runs(home.path(), &manifest, n);
+    }
+    if part("3") {
+        cold_and_warm(n.div_ceil(2), &cli);
+    }
+    if part("phases") {
+        warm_phases(n.div_ceil(2));
+    }
+    if part("4") {
+        concurrent(home.path(), &manifest, &image);
+    }
+}
 
+/// Part 1: the backend's start, creating its run's network and with one
+/// made ahead, beside the CLI's, alternating; the CLI's samples (`docker
+/// run --rm --network none IMG true`).
+fn container_start(
+    rt: &tokio::runtime::Runtime,
+    [backend, ahead]: [&DockerBackend; 2],
+    image: &str,
+    n: usize,
+) -> Vec<Duration> {
     println!("docker: container start ({image})");
     let (mut exited, mut removed, mut cli, mut cli_net) = (vec![], vec![], vec![], vec![]);
+    let (mut a_exited, mut a_removed) = (vec![], vec![]);
     // For scale: the CLI on an internal network like a run's (made once here).
     let bench_net = format!("airlock-bench-{}", std::process::id());
     assert!(
@@ -139,33 +184,47 @@ fn main() {
             .status
             .success()
     );
-    // One of each first: warm the daemon's caches, not counted.
-    rt.block_on(async {
-        let mut sb = backend.spawn(&spec(usize::MAX)).unwrap();
-        sb.wait().await.unwrap();
-        sb.cleanup().await;
-    });
-    docker_run_true(&image);
-    for i in 0..n {
-        let (e, r) = rt.block_on(async {
+    // One sample of `b`'s: spawn → exited, → removed. A network made
+    // ahead is made before the clock starts, the next one after it stops
+    // (as a platform's is, off the run's start; untimed here, so the
+    // daemon is idle again for the next sample of either side).
+    let sample = |b: &DockerBackend, i: usize| {
+        rt.block_on(async {
+            b.fill_networks().await.unwrap();
             let t = Instant::now();
-            let mut sb = backend.spawn(&spec(i)).unwrap();
+            let mut sb = b.spawn(&spec(i)).unwrap();
             let st = sb.wait().await.unwrap();
             assert!(st.success());
             let e = t.elapsed();
             sb.cleanup().await;
-            (e, t.elapsed())
-        });
+            let r = t.elapsed();
+            b.fill_networks().await.unwrap();
+            (e, r)
+        })
+    };
+    // One of each first: warm the daemon's caches, not counted.
+    sample(backend, usize::MAX);
+    sample(ahead, usize::MAX - 1);
+    docker_run_true(image);
+    for i in 0..n {
+        let (e, r) = sample(backend, i);
         exited.push(e);
         removed.push(r);
-        cli.push(docker_run_true(&image));
-        cli_net.push(docker_run_true_on(&image, &bench_net));
+        let (e, r) = sample(ahead, n + i);
+        a_exited.push(e);
+        a_removed.push(r);
+        cli.push(docker_run_true(image));
+        cli_net.push(docker_run_true_on(image, &bench_net));
     }
     let _ = Command::new("docker")
         .args(["network", "rm", &bench_net])
         .output();
+    // The network made ahead and not taken goes as at a platform's stop.
+    airlock_sandbox::Backend::drop_prepared(ahead);
     line("backend spawn → exited (network, create, start)", &exited);
     line("backend spawn → removed (container and network)", &removed);
+    line("with a network made ahead: spawn → exited", &a_exited);
+    line("with a network made ahead: spawn → removed", &a_removed);
     line("peer: docker run --rm --network none IMG true", &cli);
     line("scale: the same on an existing internal network", &cli_net);
     let ratio = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli)[0]);
@@ -174,6 +233,11 @@ fn main() {
         ratio(&exited),
         ratio(&removed)
     );
+    println!(
+        "  ratio p50 with a network made ahead: exited {:.2}×, removed {:.2}× the CLI (goal ≤ 1.2×)",
+        ratio(&a_exited),
+        ratio(&a_removed)
+    );
     // The shape of a run has a network; the CLI with one is the floor of that shape.
     let ratio_net = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli_net)[0]);
     println!(
@@ -181,13 +245,15 @@ fn main() {
         ratio_net(&exited),
         ratio_net(&removed)
     );
+    cli
+}
 
-    println!("docker: a trivial run end to end (`airlock run`, one line of python)");
-    let home = tempfile::tempdir().unwrap();
-    let agent = home.path().join("agent");
+/// The trivial agent's manifest, in a directory of `home` others may read.
+fn trivial_manifest(home: &Path) -> PathBuf {
+    let agent = home.join("agent");
     std::fs::create_dir(&agent).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
     let manifest = agent.join("airlock.toml");
     std::fs::write(
@@ -195,17 +261,23 @@ fn main() {
         "[agent]\nname = \"bench\"\ncommand = [\"/usr/bin/python3\", \"-c\", \"print('hi')\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n",
     )
     .unwrap();
+    manifest
+}
+
+/// Part 2: `airlock run` on the docker backend beside the namespace one.
+fn trivial_runs(home: &Path, manifest: &Path, n: usize) {
+    println!("docker: a trivial run end to end (`airlock run`, one line of python)");
     let ns = airlock_sandbox::namespace::NamespaceBackend::with_exe(PathBuf::from(AIRLOCK))
         .check()
         .is_ok();
-    trivial_run(home.path(), &manifest, "docker");
+    trivial_run(home, manifest, "docker");
     let (mut dk, mut nsv) = (vec![], vec![]);
     for _ in 0..n.div_ceil(2) {
-        let (d, ok) = trivial_run(home.path(), &manifest, "docker");
+        let (d, ok) = trivial_run(home, manifest, "docker");
         assert!(ok);
         dk.push(d);
         if ns {
-            let (d, ok) = trivial_run(home.path(), &manifest, "namespace");
+            let (d, ok) = trivial_run(home, manifest, "namespace");
             assert!(ok);
             nsv.push(d);
         }
@@ -216,14 +288,15 @@ fn main() {
     } else {
         println!("  (peer: the namespace backend is not available here)");
     }
+}
 
-    cold_and_warm(n.div_ceil(2), &cli);
-
+/// Part 4: 20 concurrent runs beside 20 concurrent `docker run`.
+fn concurrent(home: &Path, manifest: &Path, image: &str) {
     println!("docker: 20 concurrent runs");
     let t = Instant::now();
     let handles: Vec<_> = (0..20)
         .map(|_| {
-            let (h, m) = (home.path().to_owned(), manifest.clone());
+            let (h, m) = (home.to_owned(), manifest.to_owned());
             std::thread::spawn(move || trivial_run(&h, &m, "docker").1)
         })
         .collect();
@@ -247,7 +320,7 @@ fn main() {
     let t = Instant::now();
     let peers: Vec<_> = (0..20)
         .map(|_| {
-            let image = image.clone();
+            let image = image.to_owned();
             std::thread::spawn(move || docker_run_true(&image))
         })
         .collect();
@@ -321,16 +394,18 @@ fn cold_and_warm(n: usize, cli: &[Duration]) {
     line("cold: POST → seen ended (client, 10 ms polls)", &seen[0]);
     line("warm: POST → ended (the server's record)", &recorded[1]);
     line("warm: POST → seen ended (client, 10 ms polls)", &seen[1]);
-    line(
-        "peer: docker run --rm --network none IMG true (part 1)",
-        cli,
-    );
     let warm = ms(pcts(&recorded[1])[0]);
     println!(
-        "  ratio p50 warm/cold (recorded): {:.2}×; warm ÷ docker run: {:.2}× (goal: warm ≤ 150 ms)",
+        "  ratio p50 warm/cold (recorded): {:.2}× (goal: warm ≤ 150 ms)",
         warm / ms(pcts(&recorded[0])[0]),
-        warm / ms(pcts(cli)[0])
     );
+    if !cli.is_empty() {
+        line(
+            "peer: docker run --rm --network none IMG true (part 1)",
+            cli,
+        );
+        println!("  warm ÷ docker run: {:.2}×", warm / ms(pcts(cli)[0]));
+    }
     // Stopped as an operator stops them: the idle pairs go with the server.
     for mut s in servers {
         let pid = rustix::process::Pid::from_raw(i32::try_from(s.child.id()).unwrap()).unwrap();
@@ -395,4 +470,110 @@ fn wait_pool_full(pid: u32, n: usize) {
         assert!(Instant::now() < deadline, "the pool never filled");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The phases of `n` warm runs, on a server of their own whose processes
+/// log their `airlock::phase` milestones (not in part 3's figures).
+fn warm_phases(n: usize) {
+    use peers::serve::{Conn, agent, base_env, org, start_env};
+    println!("docker: where a warm run's time goes (its own server, milestones logged)");
+    let home = tempfile::Builder::new()
+        .prefix("airlock-bench-phases-")
+        .tempdir()
+        .unwrap();
+    let mut env = base_env(home.path(), None);
+    env.push(("DOCKER_WARM_POOL".into(), "2".into()));
+    for v in ["AIRLOCK_LOG", "AIRLOCK_SIDECAR_LOG", "AIRLOCK_RUNTIME_LOG"] {
+        env.push((v.into(), "warn,airlock::phase=debug".into()));
+    }
+    let mut server = start_env(home.path(), "docker", env);
+    let key = org(&server);
+    let mut c = Conn::open(server.addr);
+    assert_eq!(
+        c.json("POST", "/v1/agents", &key, Some(&agent("trivial")))
+            .0,
+        201
+    );
+    timed_run(&mut c, &key, 0);
+    // Per run: when it was posted (time of day, s) and when it ended as
+    // recorded (ms after its POST).
+    let mut runs = Vec::new();
+    for round in 0..n {
+        wait_pool_full(server.child.id(), 2);
+        let posted = time_of_day(std::time::SystemTime::now());
+        let (recorded, seen) = timed_run(&mut c, &key, round);
+        runs.push((posted, ms(recorded), ms(seen)));
+    }
+    let pid = rustix::process::Pid::from_raw(i32::try_from(server.child.id()).unwrap()).unwrap();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let _ = server.child.wait();
+    let log = std::fs::read_to_string(home.path().join("serve.log")).unwrap();
+    let mut lines: Vec<(f64, String)> = log.lines().filter_map(phase_line).collect();
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Milestone → its ms after each run's POST (the first of each name in
+    // a run's window: from its POST to the next run's).
+    let mut at: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for (i, (posted, recorded, seen)) in runs.iter().enumerate() {
+        let until = runs.get(i + 1).map_or(f64::MAX, |r| r.0);
+        let mut seen_names = std::collections::BTreeSet::new();
+        for (t, name) in lines.iter().filter(|(t, _)| *t >= *posted && *t < until) {
+            if seen_names.insert(name.clone()) {
+                at.entry(name.clone())
+                    .or_default()
+                    .push((t - posted) * 1000.0);
+            }
+        }
+        at.entry("(end, as recorded)".into())
+            .or_default()
+            .push(*recorded);
+        at.entry("(end, as the client saw it)".into())
+            .or_default()
+            .push(*seen);
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut order: Vec<(f64, &String, usize)> =
+        at.iter().map(|(k, v)| (median(v), k, v.len())).collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut before = 0.0;
+    for (t, name, count) in order {
+        println!(
+            "  {name:<46} {t:8.1} ms after the POST (step {:+7.1} ms, n={count})",
+            t - before
+        );
+        before = t;
+    }
+}
+
+/// Seconds since midnight UTC (what the log lines' timestamps say).
+fn time_of_day(t: std::time::SystemTime) -> f64 {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+    (d.as_secs() % 86_400) as f64 + f64::from(d.subsec_nanos()) * 1e-9
+}
+
+/// A log line's time of day (its `THH:MM:SS.ffffff` timestamp, the last
+/// before the milestone: a process's line echoed by the platform carries
+/// the process's own) and the milestone after `airlock::phase: `.
+fn phase_line(line: &str) -> Option<(f64, String)> {
+    let (head, name) = line.split_once("airlock::phase: ")?;
+    let b = head.as_bytes();
+    let t = (0..b.len().saturating_sub(8))
+        .rev()
+        .find(|&i| b[i] == b'T' && b[i + 3] == b':' && b[i + 6] == b':')?;
+    let hms = head[t + 1..].split(['Z', ' ']).next()?;
+    let mut it = hms.split(':');
+    let (h, m, s): (f64, f64, f64) = (
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+    );
+    // Fields follow the milestone (`run=…`): the name alone.
+    let name: Vec<&str> = name
+        .split_whitespace()
+        .filter(|w| !w.contains('='))
+        .collect();
+    Some((h * 3600.0 + m * 60.0 + s, name.join(" ")))
 }

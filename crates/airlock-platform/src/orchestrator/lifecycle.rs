@@ -214,8 +214,10 @@ impl Orchestrator {
         let outcome = self
             .record_end(run_id.clone(), &run_dir, started, verdict, kept.stored)
             .await;
-        // Its end is visible: what the backends made for it goes now.
+        // Its end is visible: what the backends made for it goes now, and
+        // what they held back for runs to come starts.
         self.removals.spawn(&run_id, leftovers);
+        self.backend.run_ended();
         drop(running);
         if let Ok(o) = &outcome {
             self.metrics

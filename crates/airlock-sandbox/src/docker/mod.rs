@@ -52,6 +52,7 @@ pub mod egress;
 mod error;
 pub mod images;
 pub mod init;
+pub mod netpool;
 pub mod plane;
 pub mod pool;
 pub mod profile;
@@ -138,6 +139,9 @@ pub struct DockerConfig {
     /// `DOCKER_EGRESS_SUBNET`: the range [`EGRESS_NETWORK`] is created with
     /// ([`egress::DEFAULT_EGRESS_SUBNET`] when unset).
     pub egress_subnet: ipnet::Ipv4Net,
+    /// `DOCKER_NETWORK_POOL`: empty run networks kept made ahead for cold
+    /// starts ([`netpool`]; 0, the default: each run creates its own).
+    pub network_pool: usize,
 }
 
 /// The largest `DOCKER_WARM_POOL`.
@@ -194,6 +198,20 @@ impl DockerConfig {
                     message: format!("{v:?} is not a number of pairs from 0 to {MAX_WARM_POOL}"),
                 })?,
         };
+        let network_pool = match get("DOCKER_NETWORK_POOL") {
+            None => 0,
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= netpool::MAX_NETWORK_POOL)
+                .ok_or_else(|| SandboxError::Config {
+                    var: "DOCKER_NETWORK_POOL",
+                    message: format!(
+                        "{v:?} is not a number of networks from 0 to {}",
+                        netpool::MAX_NETWORK_POOL
+                    ),
+                })?,
+        };
         let egress_subnet = egress::parse_subnet(
             get(egress::ENV_EGRESS_SUBNET).unwrap_or(egress::DEFAULT_EGRESS_SUBNET),
         )
@@ -208,6 +226,7 @@ impl DockerConfig {
             runtime,
             warm_pool,
             egress_subnet,
+            network_pool,
         })
     }
 }
@@ -278,7 +297,7 @@ fn conflict(e: &bollard::errors::Error) -> bool {
 
 /// A run's network, shared by its two containers: created by whichever
 /// starts first, removed when the last is removed.
-struct RunNet {
+pub(crate) struct RunNet {
     name: String,
     created: tokio::sync::OnceCell<Result<(), Arc<DockerError>>>,
     users: AtomicUsize,
@@ -291,18 +310,46 @@ struct RunNet {
     /// ([`crate::SandboxSpec::hold_stdin`]): its runtime looks nothing up
     /// before its secrets come, once the sidecar is ready.
     sidecar_started: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
+    /// A network made ahead ([`netpool`]): what makes the next one, once
+    /// the first container of the run that took this one has started.
+    refill: Mutex<Option<netpool::NetMaker>>,
+}
+
+impl RunNet {
+    fn new(name: String) -> RunNet {
+        RunNet {
+            name,
+            created: tokio::sync::OnceCell::new(),
+            users: AtomicUsize::new(0),
+            sidecar_started: Mutex::new(None),
+            refill: Mutex::new(None),
+        }
+    }
 }
 
 type Nets = Arc<Mutex<HashMap<String, Arc<RunNet>>>>;
 
+/// The backend's client of the daemon, once connected.
+pub(crate) type Daemon = Arc<tokio::sync::OnceCell<Docker>>;
+
+/// The client in `daemon`, connected to `host` first if it is not yet (an
+/// API version negotiated once, not per container).
+pub(crate) async fn client_of(daemon: &Daemon, host: &str) -> Result<Docker, DockerError> {
+    daemon.get_or_try_init(|| connect(host)).await.cloned()
+}
+
 pub struct DockerBackend {
     pub cfg: DockerConfig,
-    docker: tokio::sync::OnceCell<Docker>,
+    /// Connected once, in the runtime of the first caller (a container's
+    /// start task among them), then shared by every call of this backend.
+    docker: Daemon,
     nets: Nets,
     /// The platform that owns what this backend creates ([`LABEL_OWNER`]).
     owner: String,
     /// Pairs started before their runs ([`pool`]).
     pool: pool::Pool,
+    /// Run networks made ahead ([`netpool`]).
+    nets_shelf: Arc<netpool::NetShelf>,
 }
 
 impl DockerBackend {
@@ -314,9 +361,10 @@ impl DockerBackend {
         DockerBackend {
             pool: pool::Pool::new(cfg.warm_pool),
             cfg,
-            docker: tokio::sync::OnceCell::new(),
+            docker: Daemon::default(),
             nets: Arc::default(),
             owner: reclaim::owner_label(),
+            nets_shelf: Arc::default(),
         }
     }
 
@@ -346,38 +394,74 @@ impl DockerBackend {
         ])
     }
 
-    fn run_net(&self, run_id: &str) -> Arc<RunNet> {
+    /// Run `run_id`'s network, one more container of the run on it: the
+    /// one its first container took or made; for a run's first, one made
+    /// ahead when `ahead` allows and the shelf holds one ([`netpool`]),
+    /// else `airlock-exec-<run_id>`, created by whichever container starts
+    /// first.
+    fn run_net(&self, run_id: &str, ahead: bool) -> Arc<RunNet> {
         let mut nets = self.nets.lock().unwrap_or_else(|p| p.into_inner());
         let net = nets
             .entry(run_id.to_owned())
-            .or_insert_with(|| {
-                Arc::new(RunNet {
-                    name: network_name(run_id),
-                    created: tokio::sync::OnceCell::new(),
-                    users: AtomicUsize::new(0),
-                    sidecar_started: Mutex::new(None),
-                })
+            .or_insert_with(|| match ahead.then(|| self.nets_shelf.take()).flatten() {
+                Some(made) => {
+                    if let Ok(mut r) = made.refill.lock() {
+                        *r = Some(self.net_maker());
+                    }
+                    made
+                }
+                None => Arc::new(RunNet::new(network_name(run_id))),
             })
             .clone();
         net.users.fetch_add(1, Ordering::SeqCst);
         net
     }
 
-    /// Starts container `name` of run `run_id` in a task: network (`on_net`:
-    /// the run's; else none), create, attach, start, stdin as `feed` says.
-    /// `egress`: the sidecar's, also on [`EGRESS_NETWORK`].
+    /// One container fewer on `net`, which never started: with the last,
+    /// the network goes (removed in the background if it was made).
+    fn release_net(&self, net: Arc<RunNet>, handle: &tokio::runtime::Handle) {
+        if net.users.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return;
+        }
+        if let Ok(mut nets) = self.nets.lock() {
+            nets.retain(|_, n| !Arc::ptr_eq(n, &net));
+        }
+        if net.created.get().is_some() {
+            let (host, daemon) = (self.cfg.host.clone(), self.docker.clone());
+            handle.spawn(async move {
+                if let Ok(d) = client_of(&daemon, &host).await {
+                    remove_network(&d, &net.name).await;
+                }
+            });
+        }
+    }
+
+    /// Starts container `name` of run `run_id` in a task: network (`net`:
+    /// on the run's, [`DockerBackend::run_net`], `ahead` saying whether
+    /// it may be one made ahead; else none), create, attach, start, stdin
+    /// as `feed` says. `body` makes the container's from its network's
+    /// name. `egress`: the sidecar's, also on [`EGRESS_NETWORK`].
     fn launch(
         &self,
         run_id: &str,
         name: String,
-        body: ContainerCreateBody,
+        body: impl FnOnce(Option<&str>) -> Result<ContainerCreateBody, SandboxError>,
         feed: Feed,
-        on_net: bool,
+        net: Option<bool>,
         egress: bool,
     ) -> Result<Sandbox, SandboxError> {
         crate::namespace::config::check_run_id(run_id)?;
         let handle = tokio::runtime::Handle::try_current().map_err(|_| DockerError::NoRuntime)?;
-        let net = on_net.then(|| self.run_net(run_id));
+        let net = net.map(|ahead| self.run_net(run_id, ahead));
+        let body = match body(net.as_ref().map(|n| n.name.as_str())) {
+            Ok(b) => b,
+            Err(e) => {
+                if let Some(net) = net {
+                    self.release_net(net, &handle);
+                }
+                return Err(e);
+            }
+        };
         let (started_tx, after) = sidecar_first(net.as_deref(), egress);
         let (out_r, out_w) = tokio::io::simplex(64 * 1024);
         let (err_r, err_tx) = stderr_of(&handle);
@@ -400,6 +484,7 @@ impl DockerBackend {
         };
         let task = StartTask {
             host: self.cfg.host.clone(),
+            daemon: self.docker.clone(),
             net_labels: self.labels(run_id, "network"),
             name: name.clone(),
             net: net.clone(),
@@ -498,6 +583,7 @@ struct Shared {
 /// The task that starts one container, owning what its start needs.
 struct StartTask {
     host: String,
+    daemon: Daemon,
     net_labels: HashMap<String, String>,
     name: String,
     net: Option<Arc<RunNet>>,
@@ -536,7 +622,7 @@ impl StartTask {
 
     async fn start(&mut self) -> Result<(), DockerError> {
         if self.shared.client.get().is_none() {
-            let d = connect(&self.host).await?;
+            let d = client_of(&self.daemon, &self.host).await?;
             let _ = self.shared.client.set(d);
         }
         let Some(d) = self.shared.client.get().cloned() else {
@@ -607,6 +693,14 @@ impl Start<'_> {
             .await;
         if let Some(tx) = self.started {
             let _ = tx.send(true);
+        }
+        // A network made ahead was taken: the next is made now, off this
+        // run's start (its first container's is over).
+        if let Some(maker) = self
+            .net
+            .and_then(|n| n.refill.lock().ok().and_then(|mut r| r.take()))
+        {
+            maker.refill();
         }
         started.map_err(|e| ApiError::new(format!("starting {}", self.name), e))?;
         if self.sandbox {
@@ -1306,10 +1400,14 @@ fn tmpfs_opts(size_mb: u64, uid: u32, gid: u32) -> String {
 }
 
 impl DockerBackend {
-    /// The container of `spec`: the agent's, on the run's network, or a
-    /// runner's, with no network and its sockets' directory bound read-only
-    /// at [`RunPaths::sockets`].
-    fn sandbox_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
+    /// The container of `spec`: the agent's, on the run's network (`net`,
+    /// `airlock-exec-<run>` when `None`), or a runner's, with no network and
+    /// its sockets' directory bound read-only at [`RunPaths::sockets`].
+    fn sandbox_body(
+        &self,
+        spec: &SandboxSpec,
+        net: Option<&str>,
+    ) -> Result<ContainerCreateBody, SandboxError> {
         // Each sandbox its own uid: a runner's is not its agent's.
         let ids = agent_ids(&spec.run_id);
         let mut binds = Vec::new();
@@ -1327,7 +1425,7 @@ impl DockerBackend {
         }
         let (labels, network_mode, networking_config) = match &spec.kind {
             SandboxKind::Agent => {
-                let net = network_name(&spec.run_id);
+                let net = net.map_or_else(|| network_name(&spec.run_id), str::to_owned);
                 (
                     self.labels(&spec.run_id, "agent"),
                     net.clone(),
@@ -1440,8 +1538,14 @@ impl DockerBackend {
         }
     }
 
-    fn sidecar_body(&self, spec: &SidecarSpec) -> Result<ContainerCreateBody, SandboxError> {
-        let net = network_name(&spec.run_id);
+    /// The sidecar's container, on the run's network `net`
+    /// (`airlock-exec-<run>` when `None`).
+    fn sidecar_body(
+        &self,
+        spec: &SidecarSpec,
+        net: Option<&str>,
+    ) -> Result<ContainerCreateBody, SandboxError> {
+        let net = net.map_or_else(|| network_name(&spec.run_id), str::to_owned);
         let sock = spec
             .platform_socket
             .to_str()
@@ -1623,16 +1727,22 @@ impl Backend for DockerBackend {
         {
             return Ok(claimed);
         }
-        let body = self.sandbox_body(spec)?;
-        let (run, name, on_net) = match &spec.kind {
-            SandboxKind::Agent => (&spec.run_id, container_name(&spec.run_id, "agent"), true),
-            SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner"), false),
+        let body = |net: Option<&str>| self.sandbox_body(spec, net);
+        // The agent on its run's network (one made ahead, if any); a
+        // runner on none.
+        let (run, name, net) = match &spec.kind {
+            SandboxKind::Agent => (
+                &spec.run_id,
+                container_name(&spec.run_id, "agent"),
+                Some(true),
+            ),
+            SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner"), None),
         };
         let feed = match spec.hold_stdin {
             true => Feed::Held(spec.stdin.clone()),
             false => Feed::Now(spec.stdin.clone()),
         };
-        self.launch(run, name, body, feed, on_net, false)
+        self.launch(run, name, body, feed, net, false)
     }
 
     /// Under runc: [`plane`]'s resolver file and low ports, in the
@@ -1649,8 +1759,19 @@ impl Backend for DockerBackend {
         self.claim_pair(tenant, sandbox, sidecar)
     }
 
+    /// The run networks made ahead ([`netpool`]) the shelf lacks, in the
+    /// background (at boot, and before each run).
+    fn prepare(&self) {
+        self.net_maker().refill();
+    }
+
+    fn run_ended(&self) {
+        self.refill_pool();
+    }
+
     fn drop_prepared(&self) {
         self.drain_pool();
+        self.drain_networks();
     }
 
     fn local_runners(&self) -> Result<(), NoLocalRunners> {
@@ -1666,13 +1787,12 @@ impl Backend for DockerBackend {
         if let Some(claimed) = self.take_claimed_sidecar(spec) {
             return Ok(claimed);
         }
-        let body = self.sidecar_body(spec)?;
         self.launch(
             &spec.run_id,
             container_name(&spec.run_id, "sidecar"),
-            body,
+            |net: Option<&str>| self.sidecar_body(spec, net),
             Feed::Now(spec.config.clone()),
-            true,
+            Some(true),
             true,
         )
     }

@@ -1,7 +1,10 @@
 //! The docker backend's warm pool: pairs (an agent container and its
 //! sidecar's, on a network of their own) started before any run, kept up
 //! to `DOCKER_WARM_POOL` per [`PoolKey`], each claimed by one run and
-//! removed with it.
+//! removed with it. The pair that replaces a claimed one is started once
+//! the run that claimed it has ended ([`crate::Backend::run_ended`]), so
+//! the daemon's work for it does not slow that run; at the claim when it
+//! took the last idle pair of its key.
 //!
 //! A pooled pair holds nothing of any run until claimed. Its agent
 //! container runs `airlock container-init --command-on-stdin -- airlock
@@ -277,8 +280,9 @@ struct Pair {
 struct Claimed {
     agent: Option<(Half, Vec<String>)>,
     sidecar: Option<Half>,
-    /// The pair's containers' ids (the sidecar's claim renames both).
-    ids: [String; 2],
+    /// Told once both containers bear the run's names (renamed from the
+    /// claim on): the agent gets its secrets only then.
+    renamed: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 #[derive(Default)]
@@ -407,6 +411,11 @@ impl Pool {
             }
         };
         drop(extra);
+    }
+
+    /// The idle pairs of `key`.
+    fn idle_of(&self, key: &PoolKey) -> usize {
+        self.shelf.lock().idle.get(key).map_or(0, Vec::len)
     }
 
     /// How many pairs of `key` to start now to keep [`Pool::size`] idle;
@@ -579,7 +588,8 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut (u64, usize)) -> std::io::Resu
 impl DockerBackend {
     /// Sets aside an idle pair for the run of `sandbox` and `sidecar`
     /// (tenant `tenant`), made ready for it: its agent directory copied in,
-    /// its journal linked in. Refills the pool of its key either way.
+    /// its journal linked in. Refills the pool of its key: at once when it
+    /// finds none idle or takes the last, else once the run has ended.
     pub(crate) fn claim_pair(
         &self,
         tenant: &str,
@@ -629,7 +639,12 @@ impl DockerBackend {
             }
             return false;
         }
-        self.refill(&key);
+        // The pair that replaces this one starts once the run's end is
+        // recorded ([`DockerBackend::refill_pool`]), off the run's path;
+        // at once when none is left idle (the next run would start cold).
+        if self.pool.idle_of(&key) == 0 {
+            self.refill(&key);
+        }
         let Pair {
             agent, sidecar: sc, ..
         } = pair;
@@ -637,7 +652,7 @@ impl DockerBackend {
         let claimed = Claimed {
             agent: Some((agent, command)),
             sidecar: Some(sc),
-            ids,
+            renamed: self.rename_claimed(&sandbox.run_id, ids),
         };
         self.pool
             .shelf
@@ -650,9 +665,11 @@ impl DockerBackend {
     /// The claimed agent container of run `spec.run_id`, if it has one: its
     /// command written to its stdin now, its secrets once released.
     pub(crate) fn take_claimed_agent(&self, spec: &SandboxSpec) -> Option<Sandbox> {
-        let (half, command) = {
+        let (half, command, renamed) = {
             let mut st = self.pool.shelf.lock();
-            st.claimed.get_mut(&spec.run_id)?.agent.take()?
+            let c = st.claimed.get_mut(&spec.run_id)?;
+            let (half, command) = c.agent.take()?;
+            (half, command, c.renamed.take())
         };
         let Half {
             mut sandbox,
@@ -678,38 +695,33 @@ impl DockerBackend {
                 let _ = input.shutdown().await;
                 return;
             }
+            // The pair bears the run's names before its agent runs (a
+            // rename that failed was said; the run goes on by ids).
+            if let Some(renamed) = renamed {
+                let _ = renamed.await;
+            }
             let _ = input.write_all(&secrets).await;
             let _ = input.shutdown().await;
         });
         Some(sandbox)
     }
 
-    /// The claimed sidecar container of run `spec.run_id`, if it has one:
-    /// both containers renamed to the run's names, then its configuration
-    /// written to its stdin.
-    pub(crate) fn take_claimed_sidecar(&self, spec: &SidecarSpec) -> Option<Sandbox> {
-        let Claimed { sidecar, ids, .. } = {
-            let mut st = self.pool.shelf.lock();
-            st.claimed.remove(&spec.run_id)?
-        };
-        let Half {
-            mut sandbox,
-            parked,
-        } = sidecar?;
-        if let Some(c) = sandbox.container_mut() {
-            c.name_by_id(parked.id.clone());
-        }
-        let config = spec.config.clone();
-        let run = spec.run_id.clone();
-        let client = self.docker.get().cloned();
-        let host = self.cfg.host.clone();
-        let mut input = parked.input;
-        tokio::spawn(async move {
-            let d = match client {
-                Some(d) => Some(d),
-                None => super::connect(&host).await.ok(),
-            };
-            if let Some(d) = d {
+    /// Renames the claimed pair's containers (`ids`: agent, sidecar) to
+    /// run `run`'s names, in the background from the claim on, beside the
+    /// sidecar's start; what tells once both are done (or given up: said
+    /// as a warning). The agent's secrets wait for it, so nothing of the
+    /// run runs under the pair's names.
+    fn rename_claimed(
+        &self,
+        run: &str,
+        ids: [String; 2],
+    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let (done, renamed) = tokio::sync::oneshot::channel();
+        let run = run.to_owned();
+        let (host, daemon) = (self.cfg.host.clone(), self.docker.clone());
+        handle.spawn(async move {
+            if let Ok(d) = super::client_of(&daemon, &host).await {
                 let [agent, sidecar] = ids;
                 let rename = |id: String, role: &'static str| {
                     let d = d.clone();
@@ -727,10 +739,42 @@ impl DockerBackend {
                 futures_util::future::join(rename(agent, "agent"), rename(sidecar, "sidecar"))
                     .await;
             }
+            let _ = done.send(());
+        });
+        Some(renamed)
+    }
+
+    /// The claimed sidecar container of run `spec.run_id`, if it has one:
+    /// its configuration written to its stdin at once (the pair's renames
+    /// go on beside it, [`DockerBackend::rename_claimed`]).
+    pub(crate) fn take_claimed_sidecar(&self, spec: &SidecarSpec) -> Option<Sandbox> {
+        let Claimed { sidecar, .. } = {
+            let mut st = self.pool.shelf.lock();
+            st.claimed.remove(&spec.run_id)?
+        };
+        let Half {
+            mut sandbox,
+            parked,
+        } = sidecar?;
+        if let Some(c) = sandbox.container_mut() {
+            c.name_by_id(parked.id.clone());
+        }
+        let config = spec.config.clone();
+        let mut input = parked.input;
+        tokio::spawn(async move {
             let _ = input.write_all(&config).await;
             let _ = input.shutdown().await;
         });
         Some(sandbox)
+    }
+
+    /// Starts the pairs every key lacks, in the background (a run's end
+    /// is recorded).
+    pub(crate) fn refill_pool(&self) {
+        let keys = self.pool.shelf.lock().keys.clone();
+        for key in &keys {
+            self.refill(key);
+        }
     }
 
     /// Starts the pairs `key` lacks, in the background.
@@ -767,12 +811,13 @@ impl DockerBackend {
         for (role, body) in bodies {
             let (tx, rx) = tokio::sync::oneshot::channel::<Parked>();
             let feed = Feed::Parked(tx);
+            // On the pair's own network, never one made ahead for cold starts.
             let mut sb = self.launch(
                 &id,
                 container_name(&id, role),
-                body,
+                |_| Ok(body),
                 feed,
-                true,
+                Some(false),
                 role == "sidecar",
             )?;
             if let Some(c) = sb.container_mut() {
@@ -822,22 +867,25 @@ impl DockerBackend {
     ) -> Result<[(&'static str, bollard::models::ContainerCreateBody); 2], crate::SandboxError>
     {
         let (view, run) = (dir.join("view"), dir.join("run"));
-        let mut agent = self.sandbox_body(&SandboxSpec {
-            run_id: id.to_owned(),
-            command: key.launcher.clone(),
-            env: key.env.clone(),
-            stdin: Vec::new(),
-            hold_stdin: false,
-            // The pair's own directory: its resolver file ([`super::plane`]).
-            sockets_dir: dir.to_owned(),
-            ro_paths: Vec::new(),
-            workspace: key.workspace.clone(),
-            workspace_size_mb: key.workspace_size_mb,
-            memory_mb: key.memory_mb,
-            cpus: key.millicpus as f64 / 1000.0,
-            pids_max: key.pids_max,
-            kind: SandboxKind::Agent,
-        })?;
+        let mut agent = self.sandbox_body(
+            &SandboxSpec {
+                run_id: id.to_owned(),
+                command: key.launcher.clone(),
+                env: key.env.clone(),
+                stdin: Vec::new(),
+                hold_stdin: false,
+                // The pair's own directory: its resolver file ([`super::plane`]).
+                sockets_dir: dir.to_owned(),
+                ro_paths: Vec::new(),
+                workspace: key.workspace.clone(),
+                workspace_size_mb: key.workspace_size_mb,
+                memory_mb: key.memory_mb,
+                cpus: key.millicpus as f64 / 1000.0,
+                pids_max: key.pids_max,
+                kind: SandboxKind::Agent,
+            },
+            None,
+        )?;
         if let Some(cmd) = agent.cmd.as_mut() {
             // `airlock container-init --command-on-stdin -- LAUNCHER…`
             cmd.insert(2, "--command-on-stdin".into());
@@ -850,16 +898,19 @@ impl DockerBackend {
         if let Some(hc) = agent.host_config.as_mut() {
             hc.binds.get_or_insert_with(Vec::new).push(view_bind);
         }
-        let mut sidecar = self.sidecar_body(&SidecarSpec {
-            run_id: id.to_owned(),
-            exe: PathBuf::from(AIRLOCK_IN_IMAGE),
-            own_binary: None,
-            log: key.sidecar_log.clone(),
-            config: Vec::new(),
-            platform_socket: key.platform_socket.clone(),
-            egress_journal: run.join("egress.journal"),
-            runner_dirs: Vec::new(),
-        })?;
+        let mut sidecar = self.sidecar_body(
+            &SidecarSpec {
+                run_id: id.to_owned(),
+                exe: PathBuf::from(AIRLOCK_IN_IMAGE),
+                own_binary: None,
+                log: key.sidecar_log.clone(),
+                config: Vec::new(),
+                platform_socket: key.platform_socket.clone(),
+                egress_journal: run.join("egress.journal"),
+                runner_dirs: Vec::new(),
+            },
+            None,
+        )?;
         let binds = vec![
             format!("{}:{SOCKETS_INSIDE}:rw", super::bindable(&run)?),
             format!(
