@@ -13,10 +13,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+pub(crate) const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 
 /// The guest of this build, or why the tests cannot run.
-fn guest() -> Option<()> {
+pub(crate) fn guest() -> Option<()> {
     let found = (|| -> Result<(), String> {
         let dir = airlock_sandbox::microvm::image::images_dir().map_err(|e| e.to_string())?;
         // A guest of any build: the platform's boot builds this build's root.
