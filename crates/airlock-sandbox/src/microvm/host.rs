@@ -70,13 +70,17 @@ pub fn main() -> i32 {
             return 125;
         }
     };
-    match rt.block_on(serve()) {
+    let code = match rt.block_on(serve()) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sandbox setup failed: {e}");
             125
         }
-    }
+    };
+    // A read of stdin may still be pending (secrets never released, a
+    // pooled guest never claimed): the helper's end does not wait for it.
+    rt.shutdown_background();
+    code
 }
 
 /// Reads the first line (the rest of stdin is the run's part of a pooled
@@ -96,21 +100,28 @@ fn read_config() -> Result<HostLine, HostError> {
     serde_json::from_slice(&line).map_err(|e| HostError::Config(e.to_string()))
 }
 
-/// A pooled guest's run: the line that follows on stdin at its claim
-/// (read a byte at a time: what follows it is the guest's stdin).
-async fn read_claim(stdin: &mut tokio::io::Stdin) -> Result<HostRun, HostError> {
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while line.len() as u64 <= MAX_CONFIG_BYTES {
-        match stdin.read(&mut byte).await {
+/// A pooled guest's run: the line that follows on stdin at its claim, and
+/// what was read after it (the start of the guest's stdin).
+async fn read_claim(stdin: &mut tokio::io::Stdin) -> Result<(HostRun, Vec<u8>), HostError> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let end = loop {
+        if let Some(i) = got.iter().position(|b| *b == b'\n') {
+            break i;
+        }
+        if got.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(HostError::Config("the run's line is too long".into()));
+        }
+        match stdin.read(&mut buf).await {
             // Closed before a claim: the pool let this guest go.
             Ok(0) => return Err(HostError::Unclaimed),
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) => line.push(byte[0]),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e) => return Err(HostError::Config(e.to_string())),
         }
-    }
-    serde_json::from_slice(&line).map_err(|e| HostError::Config(e.to_string()))
+    };
+    let rest = got.split_off(end + 1);
+    let run = serde_json::from_slice(&got[..end]).map_err(|e| HostError::Config(e.to_string()))?;
+    Ok((run, rest))
 }
 
 fn nonce() -> Result<[u8; NONCE_LEN], HostError> {
@@ -227,7 +238,7 @@ async fn guest(
     out.write_all(POOLED_READY).await.map_err(HostError::Io)?;
     out.flush().await.map_err(HostError::Io)?;
     let mut stdin = tokio::io::stdin();
-    let run = read_claim(&mut stdin).await?;
+    let (run, rest) = read_claim(&mut stdin).await?;
     let cfg = HostConfig {
         plan: p.plan,
         vmm_uid: p.vmm_uid,
@@ -239,7 +250,7 @@ async fn guest(
             ..run.guest
         },
     };
-    demux(chan, &cfg, decoder, Some(stdin)).await
+    demux(chan, &cfg, decoder, Some((stdin, rest))).await
 }
 
 /// The guest under Firecracker: booted, its channel served until its end
@@ -263,12 +274,13 @@ pub async fn serve_firecracker(
 
 /// Serves the guest's frames until its end (or the first refusal), from
 /// what `decoder` holds on. `claimed`: a pooled guest's, whose ready frame
-/// was read already (its header and stdin go at once, from this stdin).
+/// was read already (its header and stdin go at once: what was read of the
+/// stdin already, then the rest of it).
 async fn demux(
     chan: tokio::net::UnixStream,
     cfg: &HostConfig,
     mut decoder: Decoder,
-    claimed: Option<tokio::io::Stdin>,
+    claimed: Option<(tokio::io::Stdin, Vec<u8>)>,
 ) -> Result<i32, HostError> {
     let (mut r, w) = chan.into_split();
     let (tx, writer) = mux::writer(w);
@@ -365,7 +377,7 @@ async fn deliver(
 fn hand_over(
     tx: &FrameTx,
     cfg: &HostConfig,
-    stdin: Option<tokio::io::Stdin>,
+    stdin: Option<(tokio::io::Stdin, Vec<u8>)>,
 ) -> Result<(), HostError> {
     let header = serde_json::to_vec(&cfg.guest).map_err(|e| HostError::Config(e.to_string()))?;
     let tx = tx.clone();
@@ -373,7 +385,10 @@ fn hand_over(
         if tx.send(Frame::Header(Bytes::from(header))).await.is_err() {
             return;
         }
-        let mut stdin = stdin.unwrap_or_else(tokio::io::stdin);
+        let (mut stdin, read) = stdin.unwrap_or_else(|| (tokio::io::stdin(), Vec::new()));
+        if !read.is_empty() && !mux::send_chunked(&tx, Bytes::from(read), Frame::Stdin).await {
+            return;
+        }
         let mut buf = vec![0u8; airlock_platform_api::channel::MAX_PAYLOAD];
         loop {
             match stdin.read(&mut buf).await {

@@ -696,3 +696,131 @@ impl MicrovmBackend {
         self.pool.publish();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs(dir: &Path, home: &Path, id: &str) -> (SandboxSpec, SidecarSpec) {
+        let sandbox = SandboxSpec {
+            run_id: id.into(),
+            command: vec!["/.airlock/airlock".into(), "runtime".into(), "--".into()],
+            env: vec![("MARK".into(), format!("env-of-{id}"))],
+            stdin: format!("secret-of-{id}").into_bytes(),
+            hold_stdin: true,
+            sockets_dir: home.join("runs").join(id).join("sock"),
+            ro_paths: vec![dir.to_owned()],
+            workspace: "/workspace".into(),
+            workspace_size_mb: 16,
+            memory_mb: 256,
+            cpus: 1.0,
+            pids_max: 64,
+            kind: SandboxKind::Agent,
+        };
+        let sidecar = SidecarSpec {
+            run_id: id.into(),
+            exe: "/usr/local/bin/airlock".into(),
+            own_binary: None,
+            log: "warn".into(),
+            config: b"{}".to_vec(),
+            platform_socket: home.join("sockets/p.sock"),
+            egress_journal: home.join("runs").join(id).join("egress.journal"),
+            runner_dirs: vec![],
+        };
+        (sandbox, sidecar)
+    }
+
+    fn image() -> super::super::image::GuestImage {
+        super::super::image::GuestImage {
+            kind: super::super::kernel::KernelKind::Minimal,
+            kernel: "/i/kernel-min".into(),
+            initrd: "/i/initrd-min.cpio".into(),
+            root: "/i/root-t.ext4".into(),
+        }
+    }
+
+    /// The key holds nothing of a run: two runs with other ids, commands,
+    /// environments, secrets and agent directories share it; runs a guest
+    /// cannot serve start cold.
+    #[test]
+    fn the_key_holds_nothing_of_a_run() {
+        let home = tempfile::tempdir().unwrap();
+        let (a, b) = (home.path().join("bundles/a"), home.path().join("bundles/b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let (s1, c1) = specs(&a, home.path(), "run_one");
+        let (s2, c2) = specs(&b, home.path(), "run_two");
+        let (k1, d1) = PoolKey::of(&s1, &c1, &image()).unwrap();
+        let (k2, d2) = PoolKey::of(&s2, &c2, &image()).unwrap();
+        assert_eq!(k1, k2);
+        assert_eq!((d1, d2), (a.clone(), b));
+        let k = format!("{k1:?}");
+        for run_thing in ["run_one", "env-of", "secret-of", "bundles"] {
+            assert!(!k.contains(run_thing), "{run_thing} in {k}");
+        }
+        let mut two = s1.clone();
+        two.ro_paths.push(a.clone());
+        assert_eq!(
+            PoolKey::of(&two, &c1, &image()).unwrap_err(),
+            Cold::NotOneDirectory
+        );
+        let mut elsewhere = c1.clone();
+        elsewhere.egress_journal = "/elsewhere/egress.journal".into();
+        assert_eq!(
+            PoolKey::of(&s1, &elsewhere, &image()).unwrap_err(),
+            Cold::JournalOutsideRuns
+        );
+        assert!(size_from(Some("65")).is_err());
+        assert_eq!(size_from(Some("")).unwrap(), 0);
+        assert_eq!(size_from(Some("2")).unwrap(), 2);
+    }
+
+    /// The archive a claimed guest unpacks is the agent's directory: files
+    /// with their modes, subdirectories, links as links; its view counts
+    /// what the guest's tmpfs must hold.
+    #[test]
+    fn the_archive_is_the_agent_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let from = t.path().join("agent");
+        std::fs::create_dir_all(from.join("sub")).unwrap();
+        std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
+        std::fs::set_permissions(from.join("sub/a.py"), std::fs::Permissions::from_mode(0o640))
+            .unwrap();
+        std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
+        let (archive, view) = pack_view(&from).unwrap();
+        assert_eq!(view.path, from);
+        assert_eq!(view.bytes, archive.len() as u64);
+        assert_eq!((view.file_bytes, view.entries), (8, 4));
+        let to = t.path().join("unpacked");
+        std::fs::create_dir_all(&to).unwrap();
+        tar::Archive::new(&archive[..]).unpack(&to).unwrap();
+        assert_eq!(std::fs::read_to_string(to.join("sub/a.py")).unwrap(), "print(1)");
+        let mode = std::fs::metadata(to.join("sub/a.py")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+        assert_eq!(std::fs::read_link(to.join("link")).unwrap(), Path::new("sub/a.py"));
+        let _l = std::os::unix::net::UnixListener::bind(from.join("s.sock")).unwrap();
+        assert!(pack_view(&from).is_err(), "a socket was packed");
+    }
+
+    /// The pool never boots more than its size per key, counts a failed
+    /// boot out, and boots nothing once closing.
+    #[test]
+    fn the_pool_is_bounded_by_its_size() {
+        let home = tempfile::tempdir().unwrap();
+        let a = home.path().join("bundles/a");
+        std::fs::create_dir_all(&a).unwrap();
+        let (s, c) = specs(&a, home.path(), "run_one");
+        let (key, _) = PoolKey::of(&s, &c, &image()).unwrap();
+        let pool = Pool::new(2);
+        assert_eq!(pool.to_fill(&key), 0, "a key no run has asked for");
+        assert!(pool.take(&key, "org_a").is_none(), "nothing idle yet");
+        assert_eq!(pool.to_fill(&key), 2);
+        assert_eq!(pool.to_fill(&key), 0, "two are booting");
+        pool.settle(&key, None);
+        assert_eq!(pool.to_fill(&key), 1, "one failed: one more");
+        assert!(pool.drain().is_empty());
+        assert_eq!(pool.to_fill(&key), 0, "closing");
+        assert!(pool.take(&key, "org_a").is_none());
+    }
+}

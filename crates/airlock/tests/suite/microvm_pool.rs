@@ -306,10 +306,10 @@ fn a_warm_run_sees_its_files_and_a_pooled_guest_holds_nothing_of_any_run() {
 
     // Stopped as an operator stops it: its idle guest goes with it.
     let pid = s.child.id();
-    wait_idle(&s, home.path(), 1);
+    let idle = wait_idle(&s, home.path(), 1);
     assert!(s.terminate().success());
     assert!(
-        pooled_vmms(pid).is_empty(),
+        gone_within(&idle, Duration::from_secs(10)),
         "guests outlived their platform: {:?}",
         pooled_vmms(pid)
     );
@@ -391,7 +391,9 @@ fn a_too_large_agent_directory_starts_cold_and_still_runs() {
         return;
     }
     use airlock_sandbox::{Backend, SandboxKind, SandboxSpec, SidecarSpec};
-    let home = tempfile::tempdir_in("/var/tmp").unwrap();
+    // Under /tmp: the guest makes an agent directory's path on its own
+    // /tmp (its /var, /usr… are the image's, read-only).
+    let home = tempfile::tempdir().unwrap();
     let big = home.path().join("bundles/big");
     std::fs::create_dir_all(&big).unwrap();
     let f = std::fs::File::create(big.join("blob")).unwrap();
@@ -406,12 +408,15 @@ fn a_too_large_agent_directory_starts_cold_and_still_runs() {
     let specs = |id: &str, dir: &Path, script: &str| {
         let sock = home.path().join("runs").join(id).join("sock");
         std::fs::create_dir_all(&sock).unwrap();
+        // The command says it started, then waits for its stdin (held
+        // until the test has looked at the VMMs) before its work.
+        let script = format!("echo started; head -c 1 >/dev/null; {script}");
         let sandbox = SandboxSpec {
             run_id: id.into(),
-            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            command: vec!["/bin/sh".into(), "-c".into(), script],
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-            stdin: vec![],
-            hold_stdin: false,
+            stdin: b"x".to_vec(),
+            hold_stdin: true,
             sockets_dir: sock,
             ro_paths: vec![dir.to_owned()],
             workspace: "/workspace".into(),
@@ -440,17 +445,43 @@ fn a_too_large_agent_directory_starts_cold_and_still_runs() {
     // Runs `id` to its end: whether it was claimed warm, its output, its code.
     let run = |id: &str, dir: &Path, script: &str| {
         let (sandbox, sidecar) = specs(id, dir, script);
+        eprintln!("run {id}");
         rt.block_on(async {
             let warm = b.claim_prepared("org_a", &sandbox, &sidecar);
             let mut sb = b.spawn(&sandbox).unwrap();
-            let own_vmm = !processes(&format!("airlock-{id}")).is_empty();
-            let (out, _) = sb.take_output();
-            let mut text = String::new();
-            if let Some(mut o) = out {
+            let (out, err) = sb.take_output();
+            let err = tokio::spawn(async move {
                 use tokio::io::AsyncReadExt;
-                o.read_to_string(&mut text).await.unwrap();
+                let mut e = String::new();
+                if let Some(mut err) = err {
+                    let _ = err.read_to_string(&mut e).await;
+                }
+                e
+            });
+            // Whether a VMM of the run's own name serves it, looked at
+            // while its guest's command waits for its stdin.
+            let mut own_vmm = false;
+            let mut text = String::new();
+            if let Some(o) = out {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(o).lines();
+                let mut first = true;
+                while let Some(l) = lines.next_line().await.unwrap() {
+                    if first {
+                        own_vmm = !processes(&format!("airlock-{id}")).is_empty();
+                        first = false;
+                        sb.release_stdin();
+                        continue;
+                    }
+                    text.push_str(&l);
+                    text.push('\n');
+                }
             }
             let code = sb.wait().await.unwrap().code();
+            let err = err.await.unwrap();
+            if code != Some(0) {
+                eprintln!("{id}: exit {code:?}, stderr: {err}");
+            }
             sb.cleanup().await;
             (warm, own_vmm, text, code)
         })
