@@ -179,7 +179,10 @@ mod tests {
         .unwrap();
         assert_eq!(seen[0], Path::new(""));
         let sub = seen.iter().position(|p| p == Path::new("sub")).unwrap();
-        let file = seen.iter().position(|p| p == Path::new("sub/a.py")).unwrap();
+        let file = seen
+            .iter()
+            .position(|p| p == Path::new("sub/a.py"))
+            .unwrap();
         assert!(sub < file, "{seen:?}");
         assert!(seen.contains(&Path::new("link").to_owned()));
         let mut budget = (4, 10);

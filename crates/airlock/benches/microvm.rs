@@ -190,8 +190,14 @@ fn cold_and_warm_pool(n: usize) {
         }
     }
     report(&[
-        ("cold (no pool): POST → ended, recorded (baseline)", &recorded[0]),
-        ("warm (MICROVM_WARM_POOL=1): POST → ended, recorded", &recorded[1]),
+        (
+            "cold (no pool): POST → ended, recorded (baseline)",
+            &recorded[0],
+        ),
+        (
+            "warm (MICROVM_WARM_POOL=1): POST → ended, recorded",
+            &recorded[1],
+        ),
     ]);
     println!(
         "  ratio p50 warm/cold: {:.2}×",
@@ -222,7 +228,10 @@ fn run_through(c: &mut peers::serve::Conn, key: &str, round: usize) -> Duration 
             let start = r["created_at"].as_u64().unwrap();
             return Duration::from_millis(end - start);
         }
-        assert!(t.elapsed() < Duration::from_secs(300), "run {id} never ended");
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "run {id} never ended"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

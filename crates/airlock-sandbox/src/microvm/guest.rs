@@ -331,7 +331,10 @@ async fn read_view(
                 return Err(io_err("agent directory", "its archive was cut short"));
             }
             Some(other) => {
-                return Err(io_err("agent directory", format!("{other:?} in its archive")));
+                return Err(io_err(
+                    "agent directory",
+                    format!("{other:?} in its archive"),
+                ));
             }
         }
     }

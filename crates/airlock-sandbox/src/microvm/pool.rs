@@ -629,8 +629,7 @@ impl MicrovmBackend {
         let key = key.clone();
         tokio::spawn(async move {
             let mut said = vec![0u8; POOLED_READY.len()];
-            let booted =
-                tokio::time::timeout(FILL_WITHIN, stdout.read_exact(&mut said)).await;
+            let booted = tokio::time::timeout(FILL_WITHIN, stdout.read_exact(&mut said)).await;
             let guest = match booted {
                 Ok(Ok(_)) if said == POOLED_READY => {
                     sandbox.set_stdout(Box::new(stdout));
@@ -785,8 +784,11 @@ mod tests {
         let from = t.path().join("agent");
         std::fs::create_dir_all(from.join("sub")).unwrap();
         std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
-        std::fs::set_permissions(from.join("sub/a.py"), std::fs::Permissions::from_mode(0o640))
-            .unwrap();
+        std::fs::set_permissions(
+            from.join("sub/a.py"),
+            std::fs::Permissions::from_mode(0o640),
+        )
+        .unwrap();
         std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
         let (archive, view) = pack_view(&from).unwrap();
         assert_eq!(view.path, from);
@@ -795,10 +797,19 @@ mod tests {
         let to = t.path().join("unpacked");
         std::fs::create_dir_all(&to).unwrap();
         tar::Archive::new(&archive[..]).unpack(&to).unwrap();
-        assert_eq!(std::fs::read_to_string(to.join("sub/a.py")).unwrap(), "print(1)");
-        let mode = std::fs::metadata(to.join("sub/a.py")).unwrap().permissions().mode();
+        assert_eq!(
+            std::fs::read_to_string(to.join("sub/a.py")).unwrap(),
+            "print(1)"
+        );
+        let mode = std::fs::metadata(to.join("sub/a.py"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o640);
-        assert_eq!(std::fs::read_link(to.join("link")).unwrap(), Path::new("sub/a.py"));
+        assert_eq!(
+            std::fs::read_link(to.join("link")).unwrap(),
+            Path::new("sub/a.py")
+        );
         let _l = std::os::unix::net::UnixListener::bind(from.join("s.sock")).unwrap();
         assert!(pack_view(&from).is_err(), "a socket was packed");
     }

@@ -146,7 +146,13 @@ fn processes(prefix: &str) -> Vec<(u32, u32, String)> {
                 .any(|a| a.starts_with(prefix.as_bytes()))
                 .then_some(())?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            let ppid = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
             Some((pid, ppid, String::from_utf8_lossy(&c).replace('\0', " ")))
         })
         .collect()
@@ -298,7 +304,10 @@ fn a_warm_run_sees_its_files_and_a_pooled_guest_holds_nothing_of_any_run() {
     assert_eq!(traces, "[]", "traces of earlier runs in a pooled guest");
     assert_eq!(said(&lines, "data"), "plain");
     boots.push(said(&lines, "bootid").to_owned());
-    assert!(gone_within(&[next], REMOVAL_WITHIN), "{next} outlived {third}");
+    assert!(
+        gone_within(&[next], REMOVAL_WITHIN),
+        "{next} outlived {third}"
+    );
     let mut unique = boots.clone();
     unique.sort();
     unique.dedup();
@@ -375,7 +384,10 @@ fn after_a_sigkill_the_next_boot_leaves_no_pooled_guest() {
     let _next = Server::start(&env, "microvm", home.path().join("serve2.log"));
     assert!(pooled_vmms(pid).is_empty());
     let left: Vec<&PathBuf> = cgroups.iter().filter(|c| c.exists()).collect();
-    assert!(left.is_empty(), "cgroups left after the next boot: {left:?}");
+    assert!(
+        left.is_empty(),
+        "cgroups left after the next boot: {left:?}"
+    );
     let line = doctor(&env);
     assert_eq!(line["works"], true, "{line}");
     assert!(line.to_string().contains("no idle guest"), "{line}");
@@ -494,7 +506,10 @@ fn a_too_large_agent_directory_starts_cold_and_still_runs() {
     assert_eq!(code, Some(0), "{text}");
     let script = format!("cat {}/sub/note.txt", small.display());
     let (warm, ..) = run("run_small1", &small, &script);
-    assert!(!warm, "the first run of a key starts cold (the pool learns it)");
+    assert!(
+        !warm,
+        "the first run of a key starts cold (the pool learns it)"
+    );
     let deadline = Instant::now() + Duration::from_secs(240);
     while b.pool_status().idle < 1 {
         assert!(Instant::now() < deadline, "the pool never filled");
