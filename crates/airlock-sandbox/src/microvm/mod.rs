@@ -209,6 +209,13 @@ impl MicrovmBackend {
     }
 }
 
+/// A started helper, its cgroups, and its first line (to be written).
+type Started = (
+    tokio::process::Child,
+    Option<Arc<cgroup::RunCgroups>>,
+    Vec<u8>,
+);
+
 impl MicrovmBackend {
     /// The guest of this build.
     fn image(&self) -> Result<image::GuestImage, SandboxError> {
@@ -222,18 +229,7 @@ impl MicrovmBackend {
 
     /// Starts the helper of `spec`'s guest in its cgroups, its first line
     /// `line` (returned to be written to its stdin).
-    fn start_helper(
-        &self,
-        spec: &SandboxSpec,
-        line: &HostLine,
-    ) -> Result<
-        (
-            tokio::process::Child,
-            Option<Arc<cgroup::RunCgroups>>,
-            Vec<u8>,
-        ),
-        SandboxError,
-    > {
+    fn start_helper(&self, spec: &SandboxSpec, line: &HostLine) -> Result<Started, SandboxError> {
         let mut head = serde_json::to_vec(line).map_err(|e| SandboxError::Io(e.into()))?;
         head.push(b'\n');
         let cgroups = self.cgroups(spec)?.map(Arc::new);

@@ -184,7 +184,10 @@ fn pool_file(home: &Path, pid: u32) -> Option<(usize, usize)> {
         .iter()
         .filter_map(|k| k[1].as_u64())
         .sum::<u64>();
-    Some((usize::try_from(idle).ok()?, v["filling"].as_u64()? as usize))
+    Some((
+        usize::try_from(idle).ok()?,
+        usize::try_from(v["filling"].as_u64()?).ok()?,
+    ))
 }
 
 /// The pooled VMMs of `s` once its pool holds `n` idle booted guests and
