@@ -598,6 +598,7 @@ impl MicrovmBackend {
                 self.pool.settle(key, None);
             }
         }
+        self.pool.publish();
     }
 
     /// Starts one guest of `key`; it joins the pool once booted.

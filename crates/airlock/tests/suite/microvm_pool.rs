@@ -4,8 +4,9 @@
 //! workspace; a pooled guest holds nothing of any run before its claim (a
 //! run on one searches it from inside for the previous run's file, id and
 //! prompt, and finds none); each guest serves one run (two runs never
-//! share a VMM, nor a guest's boot); SIGKILL of the platform with an idle
-//! guest leaves no VMM, helper, cgroup or pool file after the next boot.
+//! share a VMM, nor a guest's boot); a guest that dies while idle is
+//! replaced; SIGKILL of the platform with an idle guest leaves no VMM,
+//! helper, cgroup or pool file after the next boot.
 //! Through the backend itself: an agent directory beyond the pool's bound
 //! starts cold and still runs, while a small one runs warm.
 //!
@@ -351,7 +352,14 @@ fn after_a_sigkill_the_next_boot_leaves_no_pooled_guest() {
     let (home, env, mut s, key) = pooled_server(1, "note");
     run_once(&s, &key, "warm-a", "learn");
     let pid = s.child.id();
+    // A guest that dies while idle (its VMM killed from outside) is
+    // replaced by another.
+    let [dying] = wait_idle(&s, home.path(), 1).try_into().unwrap();
+    let p = rustix::process::Pid::from_raw(i32::try_from(dying).unwrap()).unwrap();
+    rustix::process::kill_process(p, rustix::process::Signal::KILL).unwrap();
+    assert!(gone_within(&[dying], Duration::from_secs(10)));
     let [vmm] = wait_idle(&s, home.path(), 1).try_into().unwrap();
+    assert_ne!(vmm, dying, "the dead guest was not replaced");
     let helpers: Vec<u32> = pooled_vmms(pid).iter().map(|v| v.1).collect();
     // `airlock doctor` shows it.
     let doctor = |env: &[(String, String)]| -> Value {
