@@ -490,6 +490,26 @@ impl Sandbox {
         });
     }
 
+    /// The stream read as the command's stdout, in place of the child's
+    /// own (a pooled microVM guest's, whose first line its pool read).
+    pub(crate) fn set_stdout(&mut self, s: OutputStream) {
+        self.stdout = Some(s);
+    }
+
+    /// Runs `f` once the sandbox is gone, after what the backend cleans
+    /// (a pooled guest's tenant share is given back so).
+    pub(crate) fn also_clean(&mut self, f: Box<dyn FnOnce() + Send>) {
+        if let Inner::Child { cleaner, .. } = &mut self.inner {
+            let before = cleaner.take();
+            *cleaner = Some(Box::new(move || {
+                if let Some(b) = before {
+                    b();
+                }
+                f();
+            }));
+        }
+    }
+
     /// The container a docker sandbox is ([`docker::pool`] renames it).
     pub(crate) fn container_mut(&mut self) -> Option<&mut docker::Container> {
         match &mut self.inner {
@@ -768,6 +788,7 @@ pub mod pools;
 pub mod process;
 pub mod seccomp;
 pub mod syscalls;
+pub mod warm;
 
 /// Kept at their old paths for the platform and the CLI: they live in
 /// `airlock-untrusted`, which the in-sandbox runtime links instead of this crate.

@@ -284,6 +284,7 @@ fn host_config(plan: FirecrackerPlan, sockets: &Path) -> HostConfig {
             workspace_mb: 64,
             disks: vec![],
             uid: 65_534,
+            view: None,
         },
     }
 }

@@ -14,6 +14,13 @@
 //! The image's load into the page cache is not measured: one untimed boot
 //! of each kernel comes first.
 //!
+//! Then **a trivial run end to end through `airlock serve`, cold and warm**
+//! ([`cold_and_warm_pool`]): a python agent that prints one line, on two
+//! servers of this build on the microvm backend, one without a warm pool
+//! (the baseline) and one with `MICROVM_WARM_POOL=1`, a run on each in turn
+//! (the warm one posted once its guest has booted again): from the POST to
+//! the run's end as the server records them (`ended_at - created_at`).
+//!
 //! `cargo bench -p airlock --bench microvm`; `AIRLOCK_BENCH_N` samples per
 //! side (default 5). Needs QEMU and the guest (`airlock images build --microvm`).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
@@ -129,6 +136,132 @@ struct Figures {
     floor: Vec<Duration>,
 }
 
+/// A trivial run through `airlock serve` on the microvm backend, `n` times
+/// each on a server without a pool and one with `MICROVM_WARM_POOL=1`,
+/// alternating: POST → ended as recorded.
+fn cold_and_warm_pool(n: usize) {
+    use peers::serve::{Conn, agent, base_env, org, start_env};
+    println!("microvm: a trivial run end to end through airlock serve, cold and warm pool");
+    let homes: Vec<tempfile::TempDir> = (0..2)
+        .map(|_| {
+            tempfile::Builder::new()
+                .prefix("airlock-bench-vmpool-")
+                .tempdir()
+                .unwrap()
+        })
+        .collect();
+    // 512 MiB guests, as above.
+    let limits = r#"{"agent_memory_ceiling_mb":512}"#;
+    let mut warm_env = base_env(homes[1].path(), Some(limits));
+    warm_env.push(("MICROVM_WARM_POOL".into(), "1".into()));
+    let servers = [
+        start_env(
+            homes[0].path(),
+            "microvm",
+            base_env(homes[0].path(), Some(limits)),
+        ),
+        start_env(homes[1].path(), "microvm", warm_env),
+    ];
+    let mut sides: Vec<(Conn, String)> = servers
+        .iter()
+        .map(|s| {
+            let key = org(s);
+            let mut c = Conn::open(s.addr);
+            assert_eq!(
+                c.json("POST", "/v1/agents", &key, Some(&agent("trivial")))
+                    .0,
+                201
+            );
+            (c, key)
+        })
+        .collect();
+    // One run each first: the warm server's pool learns what this agent's
+    // runs need (that run starts cold), not counted.
+    for (c, key) in &mut sides {
+        run_through(c, key, 0);
+    }
+    let mut recorded = [vec![], vec![]];
+    for round in 1..=n {
+        for (i, (c, key)) in sides.iter_mut().enumerate() {
+            if i == 1 {
+                wait_guest_idle(homes[1].path(), servers[1].child.id());
+            }
+            recorded[i].push(run_through(c, key, round));
+        }
+    }
+    report(&[
+        (
+            "cold (no pool): POST → ended, recorded (baseline)",
+            &recorded[0],
+        ),
+        (
+            "warm (MICROVM_WARM_POOL=1): POST → ended, recorded",
+            &recorded[1],
+        ),
+    ]);
+    println!(
+        "  ratio p50 warm/cold: {:.2}×",
+        ms(pcts(&recorded[1])[0]) / ms(pcts(&recorded[0])[0])
+    );
+    for mut s in servers {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(s.child.id()).unwrap()).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = s.child.wait();
+    }
+}
+
+/// One run of `trivial` to its end: its span as the server records it.
+fn run_through(c: &mut peers::serve::Conn, key: &str, round: usize) -> Duration {
+    let (st, v) = c.json(
+        "POST",
+        "/v1/runs",
+        key,
+        Some(&serde_json::json!({"agent": "trivial", "prompt": format!("p{round}")})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let t = Instant::now();
+    loop {
+        let (_, r) = c.json("GET", &format!("/v1/runs/{id}"), key, None);
+        if let Some(end) = r["ended_at"].as_u64() {
+            assert_eq!(r["status"], "succeeded", "{r}");
+            let start = r["created_at"].as_u64().unwrap();
+            return Duration::from_millis(end - start);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "run {id} never ended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Until the pool of the platform `pid` on `home` has a booted guest idle
+/// and none booting (its pool file, as `airlock doctor` reads it).
+fn wait_guest_idle(home: &Path, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let idle = std::fs::read_dir(home.join("pool"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().split('_').nth(1) == Some(&pid.to_string()))
+            .filter_map(|e| std::fs::read(e.path().join("microvm.json")).ok())
+            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .any(|v| {
+                v["filling"] == 0
+                    && v["idle"]
+                        .as_array()
+                        .is_some_and(|k| k.iter().any(|k| k[1].as_u64() >= Some(1)))
+            });
+        if idle {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the warm pool never filled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn main() {
     let n: usize = std::env::var("AIRLOCK_BENCH_N")
         .ok()
@@ -193,4 +326,5 @@ fn main() {
             ("QEMU, same kernel, /bin/true as init (floor)", &f.floor),
         ]);
     }
+    cold_and_warm_pool(n);
 }

@@ -138,10 +138,19 @@ fn reclaim_leftovers(home: &Path, reclaimed: &[String], live: &[String]) {
     if cgroups > 0 {
         tracing::info!("reclaimed {cgroups} cgroup(s) of crashed runs");
     }
-    // And those made ahead for the next run of a platform that is gone.
+    // And those made ahead for the next run of a platform that is gone
+    // (a pooled microVM guest's among them).
     let standby = reclaim_standby_cgroups();
     if standby > 0 {
         tracing::info!("removed {standby} standby cgroup(s) of stopped platforms");
+    }
+    // The warm pools' directories of platforms that are gone (what `airlock
+    // doctor` reads of a microVM pool, a docker pool's pair directories):
+    // their sandboxes went with them, or go at the backend's boot.
+    use airlock_sandbox::docker::pool::{POOL_DIR, reclaim_dirs};
+    let pools = reclaim_dirs(&home.join(POOL_DIR));
+    if pools > 0 {
+        tracing::info!("removed the warm pool directories of {pools} stopped platform(s)");
     }
 }
 

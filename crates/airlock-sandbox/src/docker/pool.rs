@@ -44,6 +44,7 @@ use super::{
     AIRLOCK_IN_IMAGE, DockerBackend, EGRESS_JOURNAL_INSIDE, Feed, Parked, SOCKETS_INSIDE,
     container_name, init,
 };
+use crate::warm::{Share, Shares};
 use crate::{Sandbox, SandboxKind, SandboxSpec, SidecarSpec};
 
 /// Labels a pooled pair's containers (and network): `true`.
@@ -57,10 +58,6 @@ pub const POOL_DIR: &str = "pool";
 const MAX_KEYS: usize = 4;
 /// How long a pair has to start before it is given up.
 const FILL_WITHIN: Duration = Duration::from_secs(60);
-/// The largest agent directory copied into a pair at its claim (bytes,
-/// entries); a larger one starts cold.
-const MAX_VIEW_BYTES: u64 = 64 << 20;
-const MAX_VIEW_ENTRIES: usize = 4096;
 /// First components of an agent directory's parent that a pair cannot bind
 /// over or under: the image's own directories.
 const IMAGE_DIRS: &[&str] = &[
@@ -71,11 +68,9 @@ const IMAGE_DIRS: &[&str] = &[
 /// start's agent directory may), not over them.
 const OWN_MOUNTS: &[&str] = &["/tmp"];
 
-/// How many claimed pairs one tenant may hold at once in a pool of `size`
-/// per key: half, at least one.
-pub fn share_of(size: usize) -> usize {
-    (size / 2).max(1)
-}
+/// How many claimed pairs one tenant may hold at once: the decision every
+/// pool shares ([`crate::warm`]).
+pub use crate::warm::share_of;
 
 /// What a pooled pair is made for: everything of its two containers that
 /// is fixed when they are created. Two runs with the same key can take
@@ -143,13 +138,7 @@ impl PoolKey {
             return Err(Cold::NoLauncher);
         }
         // `$AIRLOCK_HOME/runs/<id>/egress.journal`.
-        let home = sidecar
-            .egress_journal
-            .parent()
-            .and_then(Path::parent)
-            .filter(|runs| runs.file_name().is_some_and(|n| n == "runs"))
-            .and_then(Path::parent)
-            .ok_or(Cold::JournalOutsideRuns)?;
+        let home = crate::warm::home_of(sidecar).ok_or(Cold::JournalOutsideRuns)?;
         let key = PoolKey {
             launcher: launcher.to_vec(),
             env: sandbox.env.clone(),
@@ -207,58 +196,6 @@ impl SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The claimed pairs each tenant holds, within its share.
-#[derive(Clone)]
-struct Shares {
-    per_tenant: usize,
-    claims: Arc<Mutex<HashMap<String, usize>>>,
-}
-
-impl Shares {
-    /// One more claimed pair for `tenant`, unless it holds its share
-    /// already; given back when the [`Share`] is dropped.
-    fn claim(&self, tenant: &str) -> Option<Share> {
-        let mut c = self.claims.lock().unwrap_or_else(|p| p.into_inner());
-        let held = c.entry(tenant.to_owned()).or_default();
-        if *held >= self.per_tenant {
-            return None;
-        }
-        *held += 1;
-        Some(Share {
-            claims: self.claims.clone(),
-            tenant: tenant.to_owned(),
-        })
-    }
-
-    fn held(&self) -> HashMap<String, usize> {
-        let mut c = self
-            .claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        c.retain(|_, n| *n > 0);
-        c
-    }
-}
-
-/// One claimed pair counted against its tenant ([`Pool::share`]).
-struct Share {
-    claims: Arc<Mutex<HashMap<String, usize>>>,
-    tenant: String,
-}
-
-impl Drop for Share {
-    fn drop(&mut self) {
-        let mut c = self.claims.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = c.get_mut(&self.tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                c.remove(&self.tenant);
-            }
-        }
     }
 }
 
@@ -339,10 +276,7 @@ impl Pool {
         Pool {
             size,
             shelf: Arc::default(),
-            shares: Shares {
-                per_tenant: share_of(size),
-                claims: Arc::default(),
-            },
+            shares: Shares::of_pool(size),
         }
     }
 
@@ -505,7 +439,7 @@ fn settle(shelf: &Shelf, size: usize, key: &PoolKey, pair: Option<Pair>) {
 
 /// This platform's directory of pairs under `pool_dir`, named for its
 /// owner label (`:` is not bindable).
-fn own_dir(pool_dir: &Path, owner: &str) -> PathBuf {
+pub(crate) fn own_dir(pool_dir: &Path, owner: &str) -> PathBuf {
     pool_dir.join(owner.replace(':', "_"))
 }
 
@@ -551,36 +485,27 @@ fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
 }
 
 /// Copies the agent's directory `from` to `to` (modes kept, symbolic links
-/// as links), within [`MAX_VIEW_BYTES`] and [`MAX_VIEW_ENTRIES`]; anything
-/// else (a device, a socket, too much) is refused.
+/// as links), within [`crate::warm::walk_view`]'s bounds; anything else (a
+/// device, a socket, too much) is refused.
 fn copy_view(from: &Path, to: &Path) -> std::io::Result<()> {
-    let mut budget = (MAX_VIEW_BYTES, MAX_VIEW_ENTRIES);
-    copy_tree(from, to, &mut budget)
-}
-
-fn copy_tree(from: &Path, to: &Path, budget: &mut (u64, usize)) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let too_big = || std::io::Error::other("the agent's directory is too large for a warm start");
-    let meta = std::fs::symlink_metadata(from)?;
-    budget.1 = budget.1.checked_sub(1).ok_or_else(too_big)?;
-    let ft = meta.file_type();
-    if ft.is_symlink() {
-        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)?;
-    } else if ft.is_dir() {
-        std::fs::create_dir(to)?;
-        for e in std::fs::read_dir(from)? {
-            let e = e?;
-            copy_tree(&e.path(), &to.join(e.file_name()), budget)?;
+    // Each directory's mode once what it holds is in (it may be read-only).
+    let mut dirs = vec![];
+    crate::warm::walk_view(from, &mut |path, rel, meta| {
+        let at = to.join(rel);
+        let ft = meta.file_type();
+        if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(path)?, &at)
+        } else if ft.is_dir() {
+            std::fs::create_dir(&at)?;
+            dirs.push((at, meta.mode() & 0o7777));
+            Ok(())
+        } else {
+            std::fs::copy(path, &at).map(drop)
         }
-        std::fs::set_permissions(to, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
-    } else if ft.is_file() {
-        budget.0 = budget.0.checked_sub(meta.len()).ok_or_else(too_big)?;
-        std::fs::copy(from, to)?;
-    } else {
-        return Err(std::io::Error::other(format!(
-            "{}: not a file, directory or link",
-            from.display()
-        )));
+    })?;
+    for (dir, mode) in dirs.into_iter().rev() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }

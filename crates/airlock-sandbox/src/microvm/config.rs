@@ -26,6 +26,28 @@ pub struct GuestHeader {
     pub disks: Vec<PathBuf>,
     /// The uid and gid the runtime and the agent run as in the guest.
     pub uid: u32,
+    /// A pooled guest's agent directory, which reaches it at its claim in
+    /// place of a disk ([`GuestView`]); none for a cold start's guest.
+    #[serde(default)]
+    pub view: Option<GuestView>,
+}
+
+/// The agent's directory of a run on a pooled guest, which booted before
+/// the run and so without its disk: a tar archive of `bytes` bytes that
+/// leads the guest's stdin (the runtime's secrets follow it), unpacked by
+/// the guest's init at `path` on a tmpfs of its own that is then made
+/// read-only (as a cold start's disk is mounted). Bounded by
+/// [`crate::warm::MAX_VIEW_BYTES`] and [`crate::warm::MAX_VIEW_ENTRIES`]
+/// on both sides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestView {
+    pub path: PathBuf,
+    /// The archive's length.
+    pub bytes: u64,
+    /// The bytes of its files and its entries (the tmpfs is sized for them).
+    pub file_bytes: u64,
+    pub entries: u64,
 }
 
 /// The helper's (`airlock microvm-host`) first line on stdin; the
@@ -44,6 +66,39 @@ pub struct HostConfig {
     pub sockets_dir: PathBuf,
     pub guest: GuestHeader,
 }
+
+/// The helper's first line: a cold start's whole configuration, or a
+/// pooled guest's machine alone, which boots holding nothing of any run
+/// and waits; its run's part ([`HostRun`]) is the next line, at its claim.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum HostLine {
+    Cold(HostConfig),
+    Pooled(PooledConfig),
+}
+
+/// A pooled guest's machine: a [`HostConfig`] without its run's part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PooledConfig {
+    pub plan: VmmPlan,
+    pub vmm_uid: u32,
+    pub vmm_gid: u32,
+    pub vmm_switch: bool,
+}
+
+/// A pooled guest's run, given to its helper at the claim: the run's
+/// sockets and the guest's header (its nonce drawn by the helper then).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostRun {
+    pub sockets_dir: PathBuf,
+    pub guest: GuestHeader,
+}
+
+/// What a pooled guest's helper writes on its stdout once its guest has
+/// booted and waits for its header, before anything of a run.
+pub const POOLED_READY: &[u8] = b"airlock-microvm-ready\n";
 
 /// The guest's machine: what the helper starts it with.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -121,6 +176,7 @@ mod tests {
                     workspace_mb: 64,
                     disks: vec![],
                     uid: GUEST_UID,
+                    view: None,
                 },
             };
             let line = serde_json::to_string(&cfg).unwrap();

@@ -3,7 +3,9 @@
 //! says it booted, and waits for the run's header; then builds the agent's
 //! view (a small read-only tmpfs root binding the image's directories
 //! read-only and nosuid, the workspace a capped tmpfs, the agent's disks at
-//! their paths), listens where the runtime reaches the sidecar
+//! their paths, or, on a pooled guest, the agent's directory unpacked from
+//! the archive that leads its stdin onto a read-only tmpfs at its path:
+//! [`super::config::GuestView`]), listens where the runtime reaches the sidecar
 //! ([`SOCKETS_IN_GUEST`]: each connection becomes a stream), starts the
 //! runtime as an unprivileged uid with the secrets as its stdin, and at its
 //! exit sends the one end frame, carrying the run's nonce. Only this
@@ -20,7 +22,7 @@ use rustix::mount::{MountFlags, UnmountFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::config::{GuestHeader, SOCKETS_IN_GUEST};
+use super::config::{GuestHeader, GuestView, SOCKETS_IN_GUEST};
 use super::mux::{self, FrameTx, Inbound};
 use crate::{PROXY_SOCKET, SIDECAR_SOCKET};
 
@@ -128,7 +130,15 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
         Some(Frame::Header(h)) => serde_json::from_slice(&h).map_err(|e| io_err("header", e))?,
         other => return Err(io_err("expected the header", format!("{other:?}"))),
     };
-    build_root(&header)?;
+    // A pooled guest's agent directory leads its stdin: what follows it
+    // is the runtime's, kept for it.
+    let mut early = Vec::new();
+    let view = match &header.view {
+        Some(v) => Some(read_view(reader, v, &mut early).await?),
+        None => None,
+    };
+    build_root(&header, view.as_deref())?;
+    drop(view);
     // The guest has no network device: loopback alone, for the runtime's
     // local relays.
     crate::namespace::sys::loopback_up().map_err(|e| io_err("loopback", e))?;
@@ -153,6 +163,11 @@ async fn run(tx: &FrameTx, reader: &mut Reader) -> std::io::Result<()> {
         .spawn()
         .map_err(|e| io_err(&format!("cannot start {program}"), e))?;
     let mut stdin = child.stdin.take();
+    if let Some(w) = stdin.as_mut() {
+        for b in early {
+            let _ = w.write_all(&b).await;
+        }
+    }
     let pumps = [
         child
             .stdout
@@ -287,8 +302,73 @@ fn listen(relay: Relay, name: &str, tx: &FrameTx, streams: &Streams) -> std::io:
     Ok(())
 }
 
+/// The longest archive of an agent directory within the bounds of
+/// [`crate::warm`]: its files, a header (and a long name's) per entry,
+/// each file's padding, the end.
+fn max_view_archive() -> u64 {
+    crate::warm::MAX_VIEW_BYTES + crate::warm::MAX_VIEW_ENTRIES as u64 * 2048 + (1 << 20)
+}
+
+/// Reads a pooled guest's agent directory (a tar archive of `v.bytes`
+/// bytes) from the first stdin frames; the rest of the last frame goes to
+/// `early`, ahead of the stdin frames that follow (read by the run's loop).
+async fn read_view(
+    reader: &mut Reader,
+    v: &GuestView,
+    early: &mut Vec<Bytes>,
+) -> std::io::Result<Vec<u8>> {
+    if v.bytes > max_view_archive()
+        || v.file_bytes > crate::warm::MAX_VIEW_BYTES
+        || v.entries > crate::warm::MAX_VIEW_ENTRIES as u64
+    {
+        return Err(io_err("agent directory", "beyond the warm start's bounds"));
+    }
+    let want = usize::try_from(v.bytes).map_err(|e| io_err("agent directory", e))?;
+    let mut archive = Vec::with_capacity(want);
+    while archive.len() < want {
+        match reader.next().await? {
+            Some(Frame::Stdin(b)) => {
+                let take = (want - archive.len()).min(b.len());
+                archive.extend_from_slice(&b[..take]);
+                if take < b.len() {
+                    early.push(b.slice(take..));
+                }
+            }
+            Some(Frame::StdinEnd) | None => {
+                return Err(io_err("agent directory", "its archive was cut short"));
+            }
+            Some(other) => {
+                return Err(io_err(
+                    "agent directory",
+                    format!("{other:?} in its archive"),
+                ));
+            }
+        }
+    }
+    Ok(archive)
+}
+
+/// The agent's directory of a pooled guest at `path` under `new`: a tmpfs
+/// sized for it, the archive unpacked in it (its entries kept inside it,
+/// their owners and modes as on the host, as a cold start's disk keeps
+/// them), then read-only.
+fn mount_view(new: &Path, v: &GuestView, archive: &[u8]) -> std::io::Result<()> {
+    let at = new.join(v.path.strip_prefix("/").unwrap_or(&v.path));
+    std::fs::create_dir_all(&at)?;
+    let nosuid = MountFlags::NOSUID | MountFlags::NODEV;
+    let size = v.file_bytes + v.entries * 4096 + (1 << 20);
+    let opts = format!("size={size},nr_inodes={},mode=0755", v.entries + 16);
+    mount("tmpfs", &at, "tmpfs", nosuid, opts.as_str()).map_err(|e| io_err("agent view", e))?;
+    let mut a = tar::Archive::new(archive);
+    a.set_preserve_ownerships(true);
+    a.set_overwrite(false);
+    a.unpack(&at).map_err(|e| io_err("agent view", e))?;
+    rustix::mount::mount_remount(&at, MountFlags::RDONLY | nosuid, c"")
+        .map_err(|e| io_err("agent view read-only", e))
+}
+
 /// The agent's view, made the root: see the module's comment.
-fn build_root(h: &GuestHeader) -> std::io::Result<()> {
+fn build_root(h: &GuestHeader, view: Option<&[u8]>) -> std::io::Result<()> {
     let m = |what: &str, r: rustix::io::Result<()>| r.map_err(|e| io_err(what, e));
     let nosuid = MountFlags::NOSUID | MountFlags::NODEV;
     m(
@@ -371,6 +451,9 @@ fn build_root(h: &GuestHeader) -> std::io::Result<()> {
             "agent disk",
             mount(&dev, &at, "ext4", MountFlags::RDONLY | nosuid, "noload"),
         )?;
+    }
+    if let (Some(v), Some(archive)) = (&h.view, view) {
+        mount_view(new, v, archive)?;
     }
     m("dev", rustix::mount::mount_move("/dev", new.join("dev")))?;
     std::env::set_current_dir(new)?;

@@ -16,7 +16,9 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::config::{HostConfig, MAX_CONFIG_BYTES, VmmPlan};
+use super::config::{
+    HostConfig, HostLine, HostRun, MAX_CONFIG_BYTES, POOLED_READY, PooledConfig, VmmPlan,
+};
 use super::mux::{self, FrameTx, Inbound};
 use crate::{PROXY_SOCKET, SIDECAR_SOCKET};
 
@@ -47,6 +49,12 @@ pub enum HostError {
     Io(std::io::Error),
     #[error("firecracker: {0}")]
     Firecracker(#[from] super::firecracker::FirecrackerError),
+    #[error("a pooled guest's first frame was {0}, not ready")]
+    NotReady(&'static str),
+    #[error("the pooled guest was let go before any run claimed it")]
+    Unclaimed,
+    #[error("the firecracker driver keeps no pooled guests")]
+    PooledFirecracker,
 }
 
 /// The helper's whole life; its exit code.
@@ -62,17 +70,22 @@ pub fn main() -> i32 {
             return 125;
         }
     };
-    match rt.block_on(serve()) {
+    let code = match rt.block_on(serve()) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sandbox setup failed: {e}");
             125
         }
-    }
+    };
+    // A read of stdin may still be pending (secrets never released, a
+    // pooled guest never claimed): the helper's end does not wait for it.
+    rt.shutdown_background();
+    code
 }
 
-/// Reads the configuration line (the rest of stdin is the secrets).
-fn read_config() -> Result<HostConfig, HostError> {
+/// Reads the first line (the rest of stdin is the run's part of a pooled
+/// guest, then the secrets).
+fn read_config() -> Result<HostLine, HostError> {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     let mut stdin = std::io::stdin().lock();
@@ -85,6 +98,30 @@ fn read_config() -> Result<HostConfig, HostError> {
         }
     }
     serde_json::from_slice(&line).map_err(|e| HostError::Config(e.to_string()))
+}
+
+/// A pooled guest's run: the line that follows on stdin at its claim, and
+/// what was read after it (the start of the guest's stdin).
+async fn read_claim(stdin: &mut tokio::io::Stdin) -> Result<(HostRun, Vec<u8>), HostError> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let end = loop {
+        if let Some(i) = got.iter().position(|b| *b == b'\n') {
+            break i;
+        }
+        if got.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(HostError::Config("the run's line is too long".into()));
+        }
+        match stdin.read(&mut buf).await {
+            // Closed before a claim: the pool let this guest go.
+            Ok(0) => return Err(HostError::Unclaimed),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return Err(HostError::Config(e.to_string())),
+        }
+    };
+    let rest = got.split_off(end + 1);
+    let run = serde_json::from_slice(&got[..end]).map_err(|e| HostError::Config(e.to_string()))?;
+    Ok((run, rest))
 }
 
 fn nonce() -> Result<[u8; NONCE_LEN], HostError> {
@@ -104,11 +141,22 @@ fn inheritable(fd: &impl std::os::fd::AsFd) -> Result<i32, HostError> {
 }
 
 async fn serve() -> Result<i32, HostError> {
-    let mut cfg = read_config()?;
-    cfg.guest.nonce = nonce()?;
-    let plan = match &cfg.plan {
-        VmmPlan::Qemu(plan) => plan.clone(),
-        VmmPlan::Firecracker(plan) => return serve_firecracker(&cfg, plan).await,
+    let (pooled, plan) = match read_config()? {
+        HostLine::Cold(mut cfg) => {
+            cfg.guest.nonce = nonce()?;
+            let plan = match &cfg.plan {
+                VmmPlan::Qemu(plan) => plan.clone(),
+                VmmPlan::Firecracker(plan) => return serve_firecracker(&cfg, plan).await,
+            };
+            (Err(cfg), plan)
+        }
+        HostLine::Pooled(p) => match &p.plan {
+            VmmPlan::Qemu(plan) => {
+                let plan = plan.clone();
+                (Ok(p), plan)
+            }
+            VmmPlan::Firecracker(_) => return Err(HostError::PooledFirecracker),
+        },
     };
     // The channel is a socket pair, the disks open files: the VMM gets
     // descriptors, no path, so nothing of the run's directory need be open
@@ -132,7 +180,11 @@ async fn serve() -> Result<i32, HostError> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| HostError::Config("no VMM command".into()))?;
-    let mut vmm = super::vmm_command(program, args, cfg.vmm_switch, cfg.vmm_uid, cfg.vmm_gid);
+    let (switch, uid, gid) = match &pooled {
+        Ok(p) => (p.vmm_switch, p.vmm_uid, p.vmm_gid),
+        Err(c) => (c.vmm_switch, c.vmm_uid, c.vmm_gid),
+    };
+    let mut vmm = super::vmm_command(program, args, switch, uid, gid);
     let mut vmm = vmm.spawn().map_err(|source| HostError::Vmm {
         program: program.clone(),
         source,
@@ -141,7 +193,7 @@ async fn serve() -> Result<i32, HostError> {
     ours.set_nonblocking(true).map_err(HostError::Listen)?;
     let chan = tokio::net::UnixStream::from_std(ours).map_err(HostError::Listen)?;
     let ended = tokio::select! {
-        r = demux(chan, &cfg) => r,
+        r = guest(chan, pooled) => r,
         s = vmm.wait() => Err(HostError::Stopped(match s {
             Ok(s) => s.to_string(),
             Err(e) => e.to_string(),
@@ -156,6 +208,51 @@ async fn serve() -> Result<i32, HostError> {
     ended
 }
 
+/// Serves a cold start's guest (`Err`: its whole configuration) or a pooled
+/// one (`Ok`): booted, it says so on stdout and waits for its run's line
+/// on stdin, which holds nothing before; the run's nonce is drawn then.
+async fn guest(
+    mut chan: tokio::net::UnixStream,
+    cfg: Result<PooledConfig, HostConfig>,
+) -> Result<i32, HostError> {
+    let p = match cfg {
+        Err(cfg) => return demux(chan, &cfg, Decoder::default(), None).await,
+        Ok(p) => p,
+    };
+    let mut decoder = Decoder::default();
+    let mut buf = vec![0u8; 4096];
+    let first = loop {
+        if let Some(f) = decoder.next_frame()? {
+            break f;
+        }
+        let n = chan.read(&mut buf).await.map_err(HostError::Io)?;
+        if n == 0 {
+            return Err(HostError::Stopped("its channel closed".into()));
+        }
+        decoder.push(&buf[..n]);
+    };
+    if first != Frame::Ready {
+        return Err(HostError::NotReady(first.name()));
+    }
+    let mut out = tokio::io::stdout();
+    out.write_all(POOLED_READY).await.map_err(HostError::Io)?;
+    out.flush().await.map_err(HostError::Io)?;
+    let mut stdin = tokio::io::stdin();
+    let (run, rest) = read_claim(&mut stdin).await?;
+    let cfg = HostConfig {
+        plan: p.plan,
+        vmm_uid: p.vmm_uid,
+        vmm_gid: p.vmm_gid,
+        vmm_switch: p.vmm_switch,
+        sockets_dir: run.sockets_dir,
+        guest: super::config::GuestHeader {
+            nonce: nonce()?,
+            ..run.guest
+        },
+    };
+    demux(chan, &cfg, decoder, Some((stdin, rest))).await
+}
+
 /// The guest under Firecracker: booted, its channel served until its end
 /// (or the VMM's), then stopped and its jail removed, whatever the outcome.
 pub async fn serve_firecracker(
@@ -166,7 +263,7 @@ pub async fn serve_firecracker(
     let ended: Result<i32, HostError> = async {
         let chan = vm.channel().await?;
         tokio::select! {
-            r = demux(chan, cfg) => r,
+            r = demux(chan, cfg, Decoder::default(), None) => r,
             s = vm.exited() => Err(HostError::Stopped(s)),
         }
     }
@@ -175,13 +272,25 @@ pub async fn serve_firecracker(
     ended
 }
 
-/// Serves the guest's frames until its end (or the first refusal).
-async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, HostError> {
+/// Serves the guest's frames until its end (or the first refusal), from
+/// what `decoder` holds on. `claimed`: a pooled guest's, whose ready frame
+/// was read already (its header and stdin go at once: what was read of the
+/// stdin already, then the rest of it).
+async fn demux(
+    chan: tokio::net::UnixStream,
+    cfg: &HostConfig,
+    mut decoder: Decoder,
+    claimed: Option<(tokio::io::Stdin, Vec<u8>)>,
+) -> Result<i32, HostError> {
     let (mut r, w) = chan.into_split();
     let (tx, writer) = mux::writer(w);
     let mut judge = GuestStreams::new(cfg.guest.nonce);
     let mut streams: HashMap<u32, mpsc::Sender<Inbound>> = HashMap::new();
-    let mut decoder = Decoder::default();
+    let mut stdin = claimed;
+    if stdin.is_some() {
+        judge.accept(Frame::Ready)?;
+        hand_over(&tx, cfg, stdin.take())?;
+    }
     let mut buf = vec![0u8; 64 * 1024];
     let mut stdout = tokio::io::stdout();
     let mut stderr = tokio::io::stderr();
@@ -222,7 +331,7 @@ async fn demux(chan: tokio::net::UnixStream, cfg: &HostConfig) -> Result<i32, Ho
             continue;
         };
         match frame {
-            Frame::Ready => hand_over(&tx, cfg)?,
+            Frame::Ready => hand_over(&tx, cfg, stdin.take())?,
             Frame::Stdout(b) => {
                 let _ = stdout.write_all(&b).await;
                 let _ = stdout.flush().await;
@@ -282,14 +391,21 @@ async fn deliver(
 
 /// The header, then the runtime's secrets (this process's stdin, to its
 /// end: the platform releases them once the sidecar is ready).
-fn hand_over(tx: &FrameTx, cfg: &HostConfig) -> Result<(), HostError> {
+fn hand_over(
+    tx: &FrameTx,
+    cfg: &HostConfig,
+    stdin: Option<(tokio::io::Stdin, Vec<u8>)>,
+) -> Result<(), HostError> {
     let header = serde_json::to_vec(&cfg.guest).map_err(|e| HostError::Config(e.to_string()))?;
     let tx = tx.clone();
     tokio::spawn(async move {
         if tx.send(Frame::Header(Bytes::from(header))).await.is_err() {
             return;
         }
-        let mut stdin = tokio::io::stdin();
+        let (mut stdin, read) = stdin.unwrap_or_else(|| (tokio::io::stdin(), Vec::new()));
+        if !read.is_empty() && !mux::send_chunked(&tx, Bytes::from(read), Frame::Stdin).await {
+            return;
+        }
         let mut buf = vec![0u8; airlock_platform_api::channel::MAX_PAYLOAD];
         loop {
             match stdin.read(&mut buf).await {

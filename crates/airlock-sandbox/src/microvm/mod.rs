@@ -13,6 +13,8 @@
 //!   channel's end, the VMM's parent), which the backend starts in the
 //!   run's cgroups as the sandbox's first process;
 //! - [`guest`]: `airlock vm-init`, PID 1 in the guest;
+//! - [`pool`]: the warm pool (`MICROVM_WARM_POOL`): guests booted before
+//!   any run, each claimed by one;
 //! - [`mux`]: the channel's streams, the same on both sides; the frames
 //!   themselves are the contract crate's (`airlock_platform_api::channel`).
 //!
@@ -35,6 +37,7 @@ pub mod host;
 pub mod image;
 pub mod kernel;
 pub mod mux;
+pub mod pool;
 pub mod qemu;
 
 use std::path::{Path, PathBuf};
@@ -44,12 +47,16 @@ use std::time::Duration;
 
 use crate::namespace::{cgroup, config as ns_config};
 use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxKind, SandboxSpec, Unavailable};
-use config::{GUEST_UID, GuestHeader, HostConfig, SOCKETS_IN_GUEST, VmmPlan, WORKSPACE_IN_GUEST};
+use config::{
+    GUEST_UID, GuestHeader, HostConfig, HostLine, SOCKETS_IN_GUEST, VmmPlan, WORKSPACE_IN_GUEST,
+};
 
 /// What the VMM process may use beyond the guest's memory (QEMU itself,
 /// its emulator's code cache under TCG).
 pub const VMM_OVERHEAD_MB: u64 = 512;
 
+/// Its clones share its warm pool.
+#[derive(Clone)]
 pub struct MicrovmBackend {
     /// The `airlock` binary (it runs `microvm-host`).
     pub exe: PathBuf,
@@ -64,6 +71,8 @@ pub struct MicrovmBackend {
     /// Fail a spawn when cgroups cannot be made (default: when root).
     pub require_limits: bool,
     layout: std::sync::OnceLock<Option<cgroup::Layout>>,
+    /// Booted guests waiting for runs ([`pool`], `MICROVM_WARM_POOL`).
+    pool: Arc<pool::Pool>,
 }
 
 impl MicrovmBackend {
@@ -91,6 +100,8 @@ impl MicrovmBackend {
             var: kernel::ENV_MICROVM_KERNEL,
             message: e.to_string(),
         })?;
+        let pool_size =
+            pool::size_from(std::env::var(pool::ENV_MICROVM_WARM_POOL).ok().as_deref())?;
         Ok(MicrovmBackend {
             exe,
             driver,
@@ -101,7 +112,20 @@ impl MicrovmBackend {
             accel: qemu::accel(),
             require_limits: rustix::process::geteuid().is_root(),
             layout: std::sync::OnceLock::new(),
+            pool: Arc::new(pool::Pool::new(pool_size)),
         })
+    }
+
+    /// The same backend with a warm pool of `size` guests per key (its
+    /// own, whatever `MICROVM_WARM_POOL` says).
+    pub fn with_warm_pool(mut self, size: usize) -> MicrovmBackend {
+        self.pool = Arc::new(pool::Pool::new(size));
+        self
+    }
+
+    /// This process's pool as it stands.
+    pub fn pool_status(&self) -> pool::PoolStatus {
+        self.pool.status()
     }
 
     fn layout(&self) -> Option<&cgroup::Layout> {
@@ -182,6 +206,91 @@ impl MicrovmBackend {
                 Ok(None)
             }
         }
+    }
+}
+
+/// A started helper, its cgroups, and its first line (to be written).
+type Started = (
+    tokio::process::Child,
+    Option<Arc<cgroup::RunCgroups>>,
+    Vec<u8>,
+);
+
+impl MicrovmBackend {
+    /// The guest of this build.
+    fn image(&self) -> Result<image::GuestImage, SandboxError> {
+        image::GuestImage::find_with(&self.images, &self.exe, self.kernel).map_err(|e| {
+            SandboxError::Unavailable {
+                backend: self.name(),
+                reason: e.to_string(),
+            }
+        })
+    }
+
+    /// Starts the helper of `spec`'s guest in its cgroups, its first line
+    /// `line` (returned to be written to its stdin).
+    fn start_helper(&self, spec: &SandboxSpec, line: &HostLine) -> Result<Started, SandboxError> {
+        let mut head = serde_json::to_vec(line).map_err(|e| SandboxError::Io(e.into()))?;
+        head.push(b'\n');
+        let cgroups = self.cgroups(spec)?.map(Arc::new);
+        let mut helper = tokio::process::Command::new(&self.exe);
+        helper
+            .arg(host::HOST_SUBCOMMAND)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // Out of the operator's session and away from its terminal, with
+        // the VMM it starts; and gone with the platform.
+        crate::namespace::sys::new_session_on_spawn(&mut helper);
+        crate::namespace::sys::die_with_spawner_on_spawn(&mut helper);
+        let child = match helper.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &cgroups {
+                    c.remove(Duration::from_millis(100));
+                }
+                return Err(e.into());
+            }
+        };
+        if let (Some(c), Some(pid)) = (&cgroups, child.id()) {
+            c.enter(pid).map_err(SandboxError::Limits)?;
+        }
+        Ok((child, cgroups, head))
+    }
+
+    /// A pooled guest's helper for `spec` (its machine alone): started,
+    /// its first line written.
+    pub(crate) fn start_pooled(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<(tokio::process::Child, Option<Arc<cgroup::RunCgroups>>), SandboxError> {
+        ns_config::check_run_id(&spec.run_id)?;
+        let ids = ns_config::HostIds::for_run(&spec.run_id);
+        let image = self.image()?;
+        // The QEMU driver's plan: no directory of its own.
+        let plan = self.plan(spec, &ids, image, vec![], Path::new("/"))?;
+        let line = HostLine::Pooled(config::PooledConfig {
+            plan,
+            vmm_uid: ids.uid,
+            vmm_gid: ids.gid,
+            vmm_switch: ids.switch,
+        });
+        let (child, cgroups, head) = self.start_helper(spec, &line)?;
+        // A line of a few hundred bytes: the pipe takes it whole.
+        if let Some(stdin) = child.stdin.as_ref() {
+            use std::os::fd::AsFd;
+            let mut sent = 0;
+            while sent < head.len() {
+                match rustix::io::write(stdin.as_fd(), &head[sent..]) {
+                    Ok(n) => sent += n,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(SandboxError::Io(e.into())),
+                }
+            }
+        }
+        Ok((child, cgroups))
     }
 }
 
@@ -319,14 +428,11 @@ impl Backend for MicrovmBackend {
             });
         }
         ns_config::check_run_id(&spec.run_id)?;
+        if let Some(claimed) = self.take_claimed(spec) {
+            return claimed;
+        }
         let ids = ns_config::HostIds::for_run(&spec.run_id);
-        let image =
-            image::GuestImage::find_with(&self.images, &self.exe, self.kernel).map_err(|e| {
-                SandboxError::Unavailable {
-                    backend: self.name(),
-                    reason: e.to_string(),
-                }
-            })?;
+        let image = self.image()?;
         let run_dir = spec.sockets_dir.parent().unwrap_or(&spec.sockets_dir);
         let vm = run_dir.join("vm");
         std::fs::create_dir_all(&vm)?;
@@ -338,7 +444,7 @@ impl Backend for MicrovmBackend {
             disks.push(out);
         }
         let plan = self.plan(spec, &ids, image, disks, &vm)?;
-        let host = HostConfig {
+        let host = HostLine::Cold(HostConfig {
             plan,
             vmm_uid: ids.uid,
             vmm_gid: ids.gid,
@@ -352,38 +458,25 @@ impl Backend for MicrovmBackend {
                 workspace_mb: spec.workspace_size_mb,
                 disks: spec.ro_paths.clone(),
                 uid: GUEST_UID,
+                view: None,
             },
-        };
-        let mut head = serde_json::to_vec(&host).map_err(|e| SandboxError::Io(e.into()))?;
-        head.push(b'\n');
-        let cgroups = self.cgroups(spec)?.map(Arc::new);
-        let mut helper = tokio::process::Command::new(&self.exe);
-        helper
-            .arg(host::HOST_SUBCOMMAND)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // Out of the operator's session and away from its terminal, with
-        // the VMM it starts; and gone with the platform.
-        crate::namespace::sys::new_session_on_spawn(&mut helper);
-        crate::namespace::sys::die_with_spawner_on_spawn(&mut helper);
-        let child = helper.spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                if let Some(c) = &cgroups {
-                    c.remove(Duration::from_millis(100));
-                }
-                return Err(e.into());
-            }
-        };
-        if let (Some(c), Some(pid)) = (&cgroups, child.id()) {
-            c.enter(pid).map_err(SandboxError::Limits)?;
-        }
+        });
+        let (child, cgroups, head) = self.start_helper(spec, &host)?;
         let mut sandbox = Sandbox::in_cgroups(child, cgroups)?;
         sandbox.feed_stdin(head, spec.stdin.clone(), spec.hold_stdin);
         Ok(sandbox)
+    }
+
+    fn claim_prepared(
+        &self,
+        tenant: &str,
+        sandbox: &SandboxSpec,
+        sidecar: &crate::SidecarSpec,
+    ) -> bool {
+        self.claim_guest(tenant, sandbox, sidecar)
+    }
+
+    fn drop_prepared(&self) {
+        self.drain_pool();
     }
 }

@@ -82,6 +82,8 @@ struct Findings {
     chosen_works: bool,
     backends: Vec<verdict::Verdict>,
     docker: Vec<Line>,
+    /// The microVM backend's warm pool on this home.
+    microvm: Vec<Line>,
     isolation: Vec<Line>,
     pools: Vec<Pool>,
     inside: Vec<Line>,
@@ -116,6 +118,7 @@ pub fn run(args: DoctorArgs) -> ExitCode {
         chosen,
         backends,
         docker,
+        microvm: vec![microvm_pool()],
         isolation: airlock_sandbox::diagnose()
             .into_iter()
             .map(Line::from)
@@ -178,6 +181,8 @@ fn print_text(f: &Findings) {
     );
     outln!("Docker");
     lines(&f.docker);
+    outln!("microVM");
+    lines(&f.microvm);
     outln!("Isolation features");
     lines(&f.isolation);
     outln!("The host's kernel-wide pools (what each sandbox may take)");
@@ -186,6 +191,20 @@ fn print_text(f: &Findings) {
     }
     outln!("A namespace sandbox, seen from inside");
     lines(&f.inside);
+}
+
+/// The microVM warm pool's line: `MICROVM_WARM_POOL` here, and the idle
+/// guests per key of the platforms running on this home.
+fn microvm_pool() -> Line {
+    use airlock_sandbox::microvm::pool;
+    let size = match pool::size_from(std::env::var(pool::ENV_MICROVM_WARM_POOL).ok().as_deref()) {
+        Ok(n) => n,
+        Err(e) => return Line::new(false, "microVM warm pool", &e.to_string()),
+    };
+    match airlock_store::airlock_home() {
+        Ok(home) => Line::from(pool::diagnose(&home, size)),
+        Err(e) => Line::new(false, "microVM warm pool", &e.to_string()),
+    }
 }
 
 fn lines(ls: &[Line]) {

@@ -23,6 +23,7 @@ mod keys_reencrypt;
 mod l7_rules;
 mod local_runner;
 mod microvm;
+mod microvm_pool;
 mod platform_api;
 mod provider_keys;
 mod proxy_inject;

@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
+pub(crate) const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 
 /// The guest of this build, or why the tests cannot run.
 pub(crate) fn guest() -> Option<()> {

@@ -754,6 +754,20 @@ pub struct VmmConfinement {
     pub parent: i32,
 }
 
+/// Waits until the process of the pidfd `fd` has exited (a pidfd polls
+/// readable then); an error if the runtime cannot watch it.
+pub async fn pidfd_exited(fd: OwnedFd) -> io::Result<()> {
+    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd: it stays open and
+    // names the same pidfd for the AsyncFd's whole life, and its
+    // `as_raw_fd` always returns that descriptor.
+    let watched = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    }
+    .map_err(|e| io::Error::other(e.to_string()))?;
+    let _ready = watched.readable().await?;
+    Ok(())
+}
+
 /// Confines the spawned VMM in the forked child, before its exec: when
 /// `switch`, its own network, IPC, UTS and mount namespaces (mounts
 /// private) and the run's uid and gid with no supplementary group; always
