@@ -33,7 +33,8 @@
 //!
 //! `cargo bench -p airlock --bench microvm`; `AIRLOCK_BENCH_N` samples per
 //! side in part 1 (default 10), part 2 uses half; `AIRLOCK_BENCH_PARTS`
-//! (`1,2,4`, the default all) picks the parts. Needs QEMU and the guest
+//! (`1,2,4`, the default all) picks the parts; `MICROVM_KERNEL` (`minimal`
+//! or `debian`) boots only that kernel in part 1. Needs QEMU and the guest
 //! (`airlock images build --microvm`, which is run first: it builds only
 //! this build's root when the kernels are there).
 #![allow(clippy::unwrap_used)] // a bench may unwrap: a panic is its failure
@@ -48,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use airlock_platform_api::channel::{Decoder, Frame};
 use airlock_sandbox::microvm::{MicrovmBackend, image, kernel, qemu};
-use airlock_sandbox::namespace::{config::HostIds, sys};
+use airlock_sandbox::namespace::{cgroup, config::HostIds, sys};
 use airlock_sandbox::{Backend, SandboxSpec};
 use peers::runs::{Trivial, concurrent, line, namespace_available};
 use peers::{ms, pcts};
@@ -128,52 +129,95 @@ fn on_path(bin: &Path) -> PathBuf {
         .unwrap_or_else(|| panic!("{} is not on PATH", bin.display()))
 }
 
-/// QEMU with `plan`, confined as the helper confines it (the run's uid, its
-/// own namespaces, no new privileges), the channel one end of a socket pair
-/// (the other, ours, returned); its console discarded.
-fn spawn_vmm(plan: &qemu::QemuPlan, i: usize) -> (tokio::process::Child, tokio::net::UnixStream) {
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).unwrap();
-    let argv = plan.argv(qemu::Fds {
-        channel: theirs.as_raw_fd(),
-        disks: &[],
-    });
-    let ids = HostIds::for_run(&format!("bench{}-floor{i}", std::process::id()));
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
-    sys::confine_vmm_on_spawn(
-        &mut cmd,
-        sys::VmmConfinement {
-            switch: ids.switch,
-            uid: ids.uid,
-            gid: ids.gid,
-            parent: rustix::process::getpid().as_raw_nonzero().get(),
-        },
-    );
-    let child = cmd.spawn().unwrap();
-    drop(theirs);
-    ours.set_nonblocking(true).unwrap();
-    (child, tokio::net::UnixStream::from_std(ours).unwrap())
+/// A QEMU of the bench's own, in cgroups of its own as a run's VMM is.
+struct Vmm {
+    child: tokio::process::Child,
+    /// Ours of the channel's socket pair.
+    chan: tokio::net::UnixStream,
+    cgroups: Option<cgroup::RunCgroups>,
+}
+
+impl Vmm {
+    /// QEMU with `plan`, confined as the helper confines it (the run's uid,
+    /// its own namespaces, no new privileges) and in cgroups made as the
+    /// backend makes a run's (same limits: under load the scheduler shares
+    /// the CPU between cgroups first, so a floor outside them would see
+    /// another machine), the channel one end of a socket pair; its console
+    /// discarded.
+    fn spawn(plan: &qemu::QemuPlan) -> Vmm {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("bench{}-vmm{i}", std::process::id());
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty()).unwrap();
+        let argv = plan.argv(qemu::Fds {
+            channel: theirs.as_raw_fd(),
+            disks: &[],
+        });
+        let ids = HostIds::for_run(&id);
+        let cgroups = cgroup::layout().and_then(|layout| {
+            let limits = cgroup::Limits {
+                memory_mb: MEMORY_MB + airlock_sandbox::microvm::VMM_OVERHEAD_MB,
+                cpus: 1.0,
+                pids_max: 256,
+            };
+            cgroup::RunCgroups::create(&layout, &id, limits).ok()
+        });
+        assert!(
+            cgroups.is_some() || !rustix::process::geteuid().is_root(),
+            "no cgroups for the bench's VMM (the backend's runs have theirs)"
+        );
+        let mut cmd = tokio::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        sys::confine_vmm_on_spawn(
+            &mut cmd,
+            sys::VmmConfinement {
+                switch: ids.switch,
+                uid: ids.uid,
+                gid: ids.gid,
+                parent: rustix::process::getpid().as_raw_nonzero().get(),
+            },
+        );
+        let child = cmd.spawn().unwrap();
+        if let (Some(c), Some(pid)) = (&cgroups, child.id()) {
+            c.enter(pid).unwrap();
+        }
+        drop(theirs);
+        ours.set_nonblocking(true).unwrap();
+        Vmm {
+            child,
+            chan: tokio::net::UnixStream::from_std(ours).unwrap(),
+            cgroups,
+        }
+    }
+
+    fn remove_cgroups(&self) {
+        if let Some(c) = &self.cgroups {
+            c.remove(Duration::from_secs(5));
+        }
+    }
 }
 
 /// The floor: QEMU spawned until it exits (the guest powered itself off).
-async fn floor(plan: &qemu::QemuPlan, i: usize) -> Duration {
+async fn floor(plan: &qemu::QemuPlan) -> Duration {
     let t = Instant::now();
-    let (mut vmm, _chan) = spawn_vmm(plan, i);
-    let st = vmm.wait().await.unwrap();
+    let mut vmm = Vmm::spawn(plan);
+    let st = vmm.child.wait().await.unwrap();
+    let took = t.elapsed();
+    vmm.remove_cgroups();
     assert!(st.success(), "the floor's QEMU: {st}");
-    t.elapsed()
+    took
 }
 
 /// QEMU spawned until the guest's `vm-init` says `Ready` on the channel;
 /// the guest is killed after.
-async fn to_ready(plan: &qemu::QemuPlan, i: usize) -> Duration {
+async fn to_ready(plan: &qemu::QemuPlan) -> Duration {
     let t = Instant::now();
-    let (mut vmm, mut chan) = spawn_vmm(plan, i);
+    let mut vmm = Vmm::spawn(plan);
     let mut decoder = Decoder::default();
     let mut buf = vec![0u8; 4096];
     let ready = loop {
@@ -181,11 +225,12 @@ async fn to_ready(plan: &qemu::QemuPlan, i: usize) -> Duration {
             assert!(matches!(f, Frame::Ready), "vm-init's first frame: {f:?}");
             break t.elapsed();
         }
-        let n = chan.read(&mut buf).await.unwrap();
+        let n = vmm.chan.read(&mut buf).await.unwrap();
         assert!(n > 0, "the guest closed its channel before it was ready");
         decoder.push(&buf[..n]);
     };
-    vmm.kill().await.unwrap();
+    vmm.child.kill().await.unwrap();
+    vmm.remove_cgroups();
     ready
 }
 
@@ -259,19 +304,25 @@ fn boots(rt: &tokio::runtime::Runtime, n: usize) {
     let mut base = MicrovmBackend::from_env("microvm").unwrap();
     base.exe = airlock.clone();
     base.check().unwrap();
-    // Each kernel that is built, the default first.
-    let backends: Vec<(MicrovmBackend, image::GuestImage)> =
-        [kernel::KernelKind::Minimal, kernel::KernelKind::Debian]
-            .into_iter()
-            .filter_map(|kind| {
-                let choice = kernel::KernelChoice::Only(kind);
-                let image = image::GuestImage::find_with(&base.images, &base.exe, choice).ok()?;
-                let mut b = MicrovmBackend::from_env("microvm").unwrap();
-                b.exe = airlock.clone();
-                b.kernel = choice;
-                Some((b, image))
-            })
-            .collect();
+    // Each kernel that is built, the default first (only the one
+    // `MICROVM_KERNEL` names, when it names one).
+    let kinds = match kernel::KernelChoice::from_env().unwrap() {
+        kernel::KernelChoice::Only(kind) => vec![kind],
+        kernel::KernelChoice::Default => {
+            vec![kernel::KernelKind::Minimal, kernel::KernelKind::Debian]
+        }
+    };
+    let backends: Vec<(MicrovmBackend, image::GuestImage)> = kinds
+        .into_iter()
+        .filter_map(|kind| {
+            let choice = kernel::KernelChoice::Only(kind);
+            let image = image::GuestImage::find_with(&base.images, &base.exe, choice).ok()?;
+            let mut b = MicrovmBackend::from_env("microvm").unwrap();
+            b.exe = airlock.clone();
+            b.kernel = choice;
+            Some((b, image))
+        })
+        .collect();
     assert!(
         !backends.is_empty(),
         "no guest: airlock images build --microvm"
@@ -291,8 +342,8 @@ fn boots(rt: &tokio::runtime::Runtime, n: usize) {
         for (k, (backend, _)) in backends.iter().enumerate() {
             let s = spec(dir.path(), i * backends.len() + k);
             let (up, end) = rt.block_on(boot(backend, &s));
-            let ready = rt.block_on(to_ready(&plans[k][0], i));
-            let fl = rt.block_on(floor(&plans[k][1], i));
+            let ready = rt.block_on(to_ready(&plans[k][0]));
+            let fl = rt.block_on(floor(&plans[k][1]));
             if i > 0 {
                 let f = &mut figures[k];
                 f.to_agent.push(up);
@@ -392,7 +443,7 @@ fn twenty(rt: &tokio::runtime::Runtime, agent: &Arc<Trivial>, ns: bool) {
     let p = plan(&backend, &image, image.floor_initrd());
     let t = Instant::now();
     let each: Vec<Duration> = rt.block_on(async {
-        let all = (0..20).map(|i| floor(&p, 1000 + i));
+        let all = (0..20).map(|_| floor(&p));
         futures_util::future::join_all(all).await
     });
     peers::runs::Concurrent {

@@ -83,12 +83,14 @@ pub fn machine(kernel: KernelKind) -> String {
 ///   (`tsc_early_khz`, no calibration against timers a microvm machine does
 ///   not have), and trusted (`tsc=reliable`: the watchdog, measuring it
 ///   against emulated timer ticks that run late on a loaded host, would
-///   switch the guest's clock to jiffies mid-boot); the local APIC timer
-///   neither calibrated nor used (`noapictimer`: its calibration spins for
-///   25 ticks, ~0.1 s; the PIT drives the tick instead, the same HZ) and the
-///   IO-APIC timer not re-checked (`no_timer_check`). Under KVM (`-cpu
-///   host`) the TSC-deadline timer needs no calibration and none of these
-///   is given.
+///   switch the guest's clock to jiffies mid-boot) and the IO-APIC timer
+///   not re-checked (`no_timer_check`); for the minimal kernel (a periodic
+///   tick, no tickless idle) the local APIC timer neither calibrated nor
+///   used (`noapictimer`: its calibration spins for 25 ticks, ~0.1 s; the
+///   PIT drives the tick instead, at the same HZ). Debian's kernel (tickless
+///   idle) hangs at its first idle without the local APIC timer, so it keeps
+///   it. Under KVM (`-cpu host`) the TSC-deadline timer needs no
+///   calibration and none of these is given.
 pub fn kernel_args(accel: Accel, kernel: KernelKind, tsc_khz: u64) -> String {
     let mut append = String::from("console=ttyS0 rdinit=/init quiet reboot=t panic=-1");
     if kernel == KernelKind::Minimal {
@@ -96,8 +98,11 @@ pub fn kernel_args(accel: Accel, kernel: KernelKind, tsc_khz: u64) -> String {
     }
     if accel == Accel::Tcg {
         append.push_str(&format!(
-            " tsc_early_khz={tsc_khz} tsc=reliable noapictimer no_timer_check"
+            " tsc_early_khz={tsc_khz} tsc=reliable no_timer_check"
         ));
+        if kernel == KernelKind::Minimal {
+            append.push_str(" noapictimer");
+        }
     }
     append
 }
@@ -261,9 +266,9 @@ mod tests {
         );
         assert!(joined.contains("-m 1024M -smp 2"));
         assert!(joined.contains("-accel tcg") && joined.contains("tsc_early_khz=2500000"));
-        assert!(joined.contains(" tsc=reliable noapictimer no_timer_check"));
+        assert!(joined.contains(" tsc=reliable no_timer_check"));
         assert!(
-            !joined.contains("pty.legacy_count"),
+            !joined.contains("pty.legacy_count") && !joined.contains("noapictimer"),
             "Debian's kernel is not given the minimal one's arguments"
         );
         assert!(joined.contains("virtio-serial-device,max_ports=2"));
@@ -285,6 +290,9 @@ mod tests {
             m.contains(",acpi=off "),
             "the minimal kernel has no ACPI: {m}"
         );
-        assert!(m.contains(" pty.legacy_count=0"), "{m}");
+        assert!(
+            m.contains(" pty.legacy_count=0") && m.contains(" noapictimer"),
+            "{m}"
+        );
     }
 }

@@ -69,9 +69,12 @@ pub fn trivial_run(home: &Path, manifest: &Path, backend: &str) -> (Duration, bo
         .output()
         .unwrap();
     if !out.status.success() {
+        // The report (its status and why), then what the command said.
+        let report = String::from_utf8_lossy(&out.stdout);
         eprintln!(
-            "run on {backend} failed ({}): {}",
+            "run on {backend} failed ({}): report {}; stderr: {}",
             out.status,
+            report.chars().take(1500).collect::<String>(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
