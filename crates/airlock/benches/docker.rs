@@ -188,7 +188,7 @@ fn main() {
     let agent = std::sync::Arc::new(agent);
     let runs = {
         let agent = agent.clone();
-        concurrent(20, move || agent.run("docker"))
+        concurrent(20, move |_| agent.run("docker"))
     };
     let left = Command::new("docker")
         .args([
@@ -201,7 +201,7 @@ fn main() {
         ])
         .output()
         .unwrap();
-    let peers = concurrent(20, move || (docker_run_true(&image), true));
+    let peers = concurrent(20, move |_| (docker_run_true(&image), true));
     runs.print("20 × airlock run --backend docker", 20);
     println!(
         "  agent containers left: {}",

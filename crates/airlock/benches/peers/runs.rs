@@ -114,19 +114,20 @@ impl Concurrent {
     }
 }
 
-/// Runs `f` `n` times at once (threads released together by a barrier).
+/// Runs `f(i)` for each `i` in `0..n` at once (threads released together
+/// by a barrier).
 pub fn concurrent<F>(n: usize, f: F) -> Concurrent
 where
-    F: Fn() -> (Duration, bool) + Send + Sync + 'static,
+    F: Fn(usize) -> (Duration, bool) + Send + Sync + 'static,
 {
     let f = std::sync::Arc::new(f);
     let go = std::sync::Arc::new(std::sync::Barrier::new(n + 1));
     let handles: Vec<_> = (0..n)
-        .map(|_| {
+        .map(|i| {
             let (f, go) = (f.clone(), go.clone());
             std::thread::spawn(move || {
                 go.wait();
-                f()
+                f(i)
             })
         })
         .collect();
