@@ -24,9 +24,10 @@
 //!    namespace backend.
 //! 3. **warm**: a run on a warm pool's guest — the microVM warm pool is not
 //!    built yet (issue 48); its figure goes here, beside part 2's cold one.
-//! 4. **20 concurrent runs** on microvm: all must succeed and leave no VMM
-//!    and no run directory — beside 20 concurrent namespace runs, and 20
-//!    concurrent floors (part 1's `/bin/true` guests).
+//! 4. **20 concurrent runs** on microvm, each in a home (store) of its own:
+//!    all must succeed and leave no VMM and no run directory — beside 20
+//!    concurrent namespace runs, and 20 concurrent floors (part 1's
+//!    `/bin/true` guests).
 //!
 //! The image's load into the page cache is not measured: one untimed boot
 //! of each kernel and one untimed run of each backend come first.
