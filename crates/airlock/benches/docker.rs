@@ -41,20 +41,10 @@ use std::time::{Duration, Instant};
 
 use airlock_sandbox::docker::{DockerBackend, DockerConfig};
 use airlock_sandbox::{Backend, SandboxSpec};
+use peers::runs::{Trivial, concurrent, line, namespace_available};
 use peers::{ms, pcts};
 
 const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
-
-fn line(name: &str, v: &[Duration]) {
-    let [p50, p90, p99] = pcts(v);
-    println!(
-        "  {name:<52} p50 {:8.1} ms  p90 {:8.1} ms  p99 {:8.1} ms  (n={})",
-        ms(p50),
-        ms(p90),
-        ms(p99),
-        v.len()
-    );
-}
 
 fn spec(i: usize) -> SandboxSpec {
     SandboxSpec {
@@ -86,18 +76,6 @@ fn docker_run_true_on(image: &str, network: &str) -> Duration {
         .unwrap();
     assert!(st.success());
     t.elapsed()
-}
-
-fn trivial_run(home: &Path, manifest: &Path, backend: &str) -> (Duration, bool) {
-    let t = Instant::now();
-    let out = Command::new(AIRLOCK)
-        .args(["run", "--json", "--backend", backend, "-f"])
-        .arg(manifest)
-        .env("AIRLOCK_HOME", home)
-        .env_remove("DATABASE_URL")
-        .output()
-        .unwrap();
-    (t.elapsed(), out.status.success())
 }
 
 fn main() {
@@ -139,10 +117,9 @@ fn main() {
         true => container_start(&rt, [&backend, &ahead], &image, n),
         false => vec![],
     };
-    let home = tempfile::tempdir().unwrap();
-    let manifest = trivial_manifest(home.path());
+    let agent = Trivial::new(60, "");
     if part("2") {
-        trivial_runs(home.path(), &manifest, n);
+        trivial_runs(&agent, n);
     }
     if part("3") {
         cold_and_warm(n.div_ceil(2), &cli);
@@ -151,7 +128,7 @@ fn main() {
         warm_phases(n.div_ceil(2));
     }
     if part("4") {
-        concurrent(home.path(), &manifest, &image);
+        concurrent_runs(agent, &image);
     }
 }
 
@@ -248,36 +225,18 @@ fn container_start(
     cli
 }
 
-/// The trivial agent's manifest, in a directory of `home` others may read.
-fn trivial_manifest(home: &Path) -> PathBuf {
-    let agent = home.join("agent");
-    std::fs::create_dir(&agent).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest = agent.join("airlock.toml");
-    std::fs::write(
-        &manifest,
-        "[agent]\nname = \"bench\"\ncommand = [\"/usr/bin/python3\", \"-c\", \"print('hi')\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n",
-    )
-    .unwrap();
-    manifest
-}
-
 /// Part 2: `airlock run` on the docker backend beside the namespace one.
-fn trivial_runs(home: &Path, manifest: &Path, n: usize) {
+fn trivial_runs(agent: &Trivial, n: usize) {
     println!("docker: a trivial run end to end (`airlock run`, one line of python)");
-    let ns = airlock_sandbox::namespace::NamespaceBackend::with_exe(PathBuf::from(AIRLOCK))
-        .check()
-        .is_ok();
-    trivial_run(home, manifest, "docker");
+    let ns = namespace_available();
+    agent.run("docker");
     let (mut dk, mut nsv) = (vec![], vec![]);
     for _ in 0..n.div_ceil(2) {
-        let (d, ok) = trivial_run(home, manifest, "docker");
+        let (d, ok) = agent.run("docker");
         assert!(ok);
         dk.push(d);
         if ns {
-            let (d, ok) = trivial_run(home, manifest, "namespace");
+            let (d, ok) = agent.run("namespace");
             assert!(ok);
             nsv.push(d);
         }
@@ -291,21 +250,13 @@ fn trivial_runs(home: &Path, manifest: &Path, n: usize) {
 }
 
 /// Part 4: 20 concurrent runs beside 20 concurrent `docker run`.
-fn concurrent(home: &Path, manifest: &Path, image: &str) {
+fn concurrent_runs(agent: Trivial, image: &str) {
     println!("docker: 20 concurrent runs");
-    let t = Instant::now();
-    let handles: Vec<_> = (0..20)
-        .map(|_| {
-            let (h, m) = (home.to_owned(), manifest.to_owned());
-            std::thread::spawn(move || trivial_run(&h, &m, "docker").1)
-        })
-        .collect();
-    let ok = handles
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .filter(|ok| *ok)
-        .count();
-    let runs_wall = t.elapsed();
+    let agent = std::sync::Arc::new(agent);
+    let runs = {
+        let agent = agent.clone();
+        concurrent(20, move |_| agent.run("docker"))
+    };
     let left = Command::new("docker")
         .args([
             "ps",
@@ -317,27 +268,15 @@ fn concurrent(home: &Path, manifest: &Path, image: &str) {
         ])
         .output()
         .unwrap();
-    let t = Instant::now();
-    let peers: Vec<_> = (0..20)
-        .map(|_| {
-            let image = image.to_owned();
-            std::thread::spawn(move || docker_run_true(&image))
-        })
-        .collect();
-    for p in peers {
-        p.join().unwrap();
-    }
-    let cli_wall = t.elapsed();
+    let image = image.to_owned();
+    let peers = concurrent(20, move |_| (docker_run_true(&image), true));
+    runs.print("20 × airlock run --backend docker", 20);
     println!(
-        "  20 × airlock run --backend docker: {ok}/20 succeeded in {:.1} s; agent containers left: {}",
-        runs_wall.as_secs_f64(),
+        "  agent containers left: {}",
         String::from_utf8_lossy(&left.stdout).lines().count()
     );
-    println!(
-        "  peer: 20 × docker run --rm --network none IMG true: {:.1} s",
-        cli_wall.as_secs_f64()
-    );
-    assert_eq!(ok, 20);
+    peers.print("peer: 20 × docker run --rm --network none IMG true", 20);
+    assert_eq!(runs.ok, 20);
 }
 
 /// Part 3: `n` trivial runs on a server without a pool and on one with

@@ -71,6 +71,42 @@ pub fn machine(kernel: KernelKind) -> String {
     format!("microvm,x-option-roms=off,pit=on,pic=on,rtc=on,acpi={acpi}")
 }
 
+/// The guest kernel's command line (QEMU appends the virtio-mmio devices
+/// to it for the minimal kernel). Beyond the console, the initramfs's
+/// `/init`, and a panic or a restart ending the VM (`reboot=t`, QEMU's
+/// `-no-reboot`), only what shortens the boot and changes no confinement
+/// (`docs/performance.md`, "where the boot goes"):
+/// - the minimal kernel: no legacy BSD ptys (`pty.legacy_count=0`; its
+///   fragment keeps `CONFIG_LEGACY_PTYS`, whose 256 devices took ~0.1 s of
+///   TCG to register; Unix98 ptys, `/dev/ptmx`, are untouched);
+/// - under TCG, whose TSC is the host's: its rate given
+///   (`tsc_early_khz`, no calibration against timers a microvm machine does
+///   not have), and trusted (`tsc=reliable`: the watchdog, measuring it
+///   against emulated timer ticks that run late on a loaded host, would
+///   switch the guest's clock to jiffies mid-boot) and the IO-APIC timer
+///   not re-checked (`no_timer_check`); for the minimal kernel (a periodic
+///   tick, no tickless idle) the local APIC timer neither calibrated nor
+///   used (`noapictimer`: its calibration spins for 25 ticks, ~0.1 s; the
+///   PIT drives the tick instead, at the same HZ). Debian's kernel (tickless
+///   idle) hangs at its first idle without the local APIC timer, so it keeps
+///   it. Under KVM (`-cpu host`) the TSC-deadline timer needs no
+///   calibration and none of these is given.
+pub fn kernel_args(accel: Accel, kernel: KernelKind, tsc_khz: u64) -> String {
+    let mut append = String::from("console=ttyS0 rdinit=/init quiet reboot=t panic=-1");
+    if kernel == KernelKind::Minimal {
+        append.push_str(" pty.legacy_count=0");
+    }
+    if accel == Accel::Tcg {
+        append.push_str(&format!(
+            " tsc_early_khz={tsc_khz} tsc=reliable no_timer_check"
+        ));
+        if kernel == KernelKind::Minimal {
+            append.push_str(" noapictimer");
+        }
+    }
+    append
+}
+
 /// The root disk's virtio serial, which the guest's stage 1 looks for.
 pub const ROOT_SERIAL: &str = "airlock-root";
 
@@ -105,13 +141,10 @@ impl QemuPlan {
     /// seccomp filter on, the root and the agent's disks read-only, the
     /// channel one virtio-serial port, the serial console on stdout.
     pub fn argv(&self, fds: Fds<'_>) -> Vec<String> {
-        let mut append = String::from("console=ttyS0 rdinit=/init quiet reboot=t panic=-1");
+        let append = kernel_args(self.accel, self.image.kind, self.tsc_khz);
         let (accel, cpu) = match self.accel {
             Accel::Kvm => ("kvm", "host"),
-            Accel::Tcg => {
-                append.push_str(&format!(" tsc_early_khz={}", self.tsc_khz));
-                ("tcg", "max")
-            }
+            Accel::Tcg => ("tcg", "max"),
         };
         let mut a: Vec<String> = vec![
             self.qemu.display().to_string(),
@@ -173,7 +206,9 @@ impl QemuPlan {
         }
         a.extend([
             "-device".into(),
-            "virtio-serial-device".into(),
+            // Port 0 is the console's (unused), port 1 the channel: the
+            // guest's driver sets up two ports' queues, not the default 31's.
+            "virtio-serial-device,max_ports=2".into(),
             "-chardev".into(),
             format!("socket,id=c0,fd={}", fds.channel),
             "-device".into(),
@@ -231,12 +266,19 @@ mod tests {
         );
         assert!(joined.contains("-m 1024M -smp 2"));
         assert!(joined.contains("-accel tcg") && joined.contains("tsc_early_khz=2500000"));
+        assert!(joined.contains(" tsc=reliable no_timer_check"));
+        assert!(
+            !joined.contains("pty.legacy_count") && !joined.contains("noapictimer"),
+            "Debian's kernel is not given the minimal one's arguments"
+        );
+        assert!(joined.contains("virtio-serial-device,max_ports=2"));
         assert!(joined.contains("-add-fd fd=4,set=1"));
         assert!(joined.contains("file=/dev/fdset/1,") && joined.contains("serial=agent0"));
         assert!(joined.contains("socket,id=c0,fd=3"));
         assert!(joined.contains("virtserialport,chardev=c0,name=airlock.0"));
         let k = plan(Accel::Kvm).argv(fds).join(" ");
         assert!(k.contains("-accel kvm -cpu host") && !k.contains("tsc_early_khz"));
+        assert!(!k.contains("noapictimer") && !k.contains("tsc=reliable"));
         assert!(
             joined.contains(",acpi=on "),
             "Debian's kernel finds its devices by ACPI"
@@ -247,6 +289,10 @@ mod tests {
         assert!(
             m.contains(",acpi=off "),
             "the minimal kernel has no ACPI: {m}"
+        );
+        assert!(
+            m.contains(" pty.legacy_count=0") && m.contains(" noapictimer"),
+            "{m}"
         );
     }
 }

@@ -10,6 +10,7 @@ use airlock_test_support::sidecar::SidecarReady;
 pub use airlock_test_support::sidecar_config::{Provider, SidecarConfigBuilder, integration};
 use airlock_test_support::sidecar_config::{SidecarConfig, document};
 
+pub mod runs;
 pub mod serve;
 
 use std::net::SocketAddr;
