@@ -32,6 +32,28 @@ pub struct GuestHeader {
     pub view: Option<GuestView>,
 }
 
+impl GuestHeader {
+    /// The header of `spec`'s run: its agent's directory as the disks
+    /// `disks` (a cold start) or as `view` (a pooled guest's claim); the
+    /// nonce left zero for the helper to draw.
+    pub fn of(
+        spec: &crate::SandboxSpec,
+        disks: Vec<PathBuf>,
+        view: Option<GuestView>,
+    ) -> GuestHeader {
+        GuestHeader {
+            nonce: [0; NONCE_LEN],
+            command: spec.command.clone(),
+            env: spec.env.clone(),
+            workspace: spec.workspace.clone(),
+            workspace_mb: spec.workspace_size_mb,
+            disks,
+            uid: GUEST_UID,
+            view,
+        }
+    }
+}
+
 /// The agent's directory of a run on a pooled guest, which booted before
 /// the run and so without its disk: a tar archive of `bytes` bytes that
 /// leads the guest's stdin (the runtime's secrets follow it), unpacked by

@@ -47,9 +47,7 @@ use std::time::Duration;
 
 use crate::namespace::{cgroup, config as ns_config};
 use crate::{Backend, RunPaths, Sandbox, SandboxError, SandboxKind, SandboxSpec, Unavailable};
-use config::{
-    GUEST_UID, GuestHeader, HostConfig, HostLine, SOCKETS_IN_GUEST, VmmPlan, WORKSPACE_IN_GUEST,
-};
+use config::{GuestHeader, HostConfig, HostLine, SOCKETS_IN_GUEST, VmmPlan, WORKSPACE_IN_GUEST};
 
 /// What the VMM process may use beyond the guest's memory (QEMU itself,
 /// its emulator's code cache under TCG).
@@ -450,16 +448,7 @@ impl Backend for MicrovmBackend {
             vmm_gid: ids.gid,
             vmm_switch: ids.switch,
             sockets_dir: spec.sockets_dir.clone(),
-            guest: GuestHeader {
-                nonce: [0; airlock_platform_api::channel::NONCE_LEN],
-                command: spec.command.clone(),
-                env: spec.env.clone(),
-                workspace: spec.workspace.clone(),
-                workspace_mb: spec.workspace_size_mb,
-                disks: spec.ro_paths.clone(),
-                uid: GUEST_UID,
-                view: None,
-            },
+            guest: GuestHeader::of(spec, spec.ro_paths.clone(), None),
         });
         let (child, cgroups, head) = self.start_helper(spec, &host)?;
         let mut sandbox = Sandbox::in_cgroups(child, cgroups)?;

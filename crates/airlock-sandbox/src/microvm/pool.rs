@@ -549,16 +549,7 @@ impl MicrovmBackend {
         drop(watch);
         let run = HostRun {
             sockets_dir: spec.sockets_dir.clone(),
-            guest: GuestHeader {
-                nonce: [0; airlock_platform_api::channel::NONCE_LEN],
-                command: spec.command.clone(),
-                env: spec.env.clone(),
-                workspace: spec.workspace.clone(),
-                workspace_mb: spec.workspace_size_mb,
-                disks: vec![],
-                uid: super::config::GUEST_UID,
-                view: Some(view),
-            },
+            guest: GuestHeader::of(spec, vec![], Some(view)),
         };
         let mut line = serde_json::to_vec(&run).map_err(|e| SandboxError::Io(e.into()))?;
         line.push(b'\n');
