@@ -436,3 +436,55 @@ fn a_nested_escape_inside_random_base64_is_found() {
         }
     }
 }
+
+/// Found by the fuzzer (`redact_encodings`): a value JavaScript-escaped
+/// (`\uXXXX` for every UTF-16 unit, a surrogate pair included), then
+/// base64-encoded, right after another base64 run whose decoded bytes end
+/// in a backslash. A view holds both runs' bytes one after the other, and
+/// the JSON decoder read that backslash and the value's first one as `\\`,
+/// so none of the value's escapes was decoded. Every backslash-ended byte
+/// of a previous run at each offset, in both alphabets, is tried.
+#[test]
+fn a_run_after_a_backslash_ended_run_is_read_on_its_own_too() {
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let secret = "<x> a\\;&_bM?-}😀Ma😀};%😀aM~<x> a";
+    let r = Redactor::new([secret]);
+    let js: String = format!("{secret}ssssss")
+        .encode_utf16()
+        .map(|u| format!("\\u{u:04x}"))
+        .collect();
+    // The fuzzer's answer, as it was.
+    let found = format!(
+        "AsJFb8mHW2LAsJFx1THcYX3sEaN-Gs0JbbH8mHW2LAsJFx1THcYX3sEade/RH8B8ttt5AAAAy1w\"{}\"6DRFdqTdzbuaJmfooooaL4Ql0Zz66=QQQ45DnA0,oQQQdaWWHEaN-Gs0JbbH8mHW2LAsJFx1THcY",
+        STANDARD.encode(&js)
+    );
+    let out = r.str(&found);
+    assert!(out.contains(REDACTED), "not redacted: {out}");
+    // A previous run that decodes to random bytes and a backslash, at each
+    // length mod 3 (each offset of the view).
+    let mut rng = differential::Rng::new(5104);
+    for lead in 60..66 {
+        let mut before: Vec<u8> = (0..lead)
+            .map(|_| u8::try_from(rng.next() & 0x7f).unwrap_or(0))
+            .collect();
+        before.push(b'\\');
+        for (alphabet, a, b) in [
+            ("standard", STANDARD.encode(&before), STANDARD.encode(&js)),
+            (
+                "url-safe",
+                URL_SAFE_NO_PAD.encode(&before),
+                URL_SAFE_NO_PAD.encode(&js),
+            ),
+        ] {
+            let answer = format!("{a}\"{b}\"");
+            let spans = r.spans(answer.as_bytes());
+            // The characters that hold only the escaped value's bytes.
+            let from = a.len() + 1 + 1;
+            let to = a.len() + 1 + secret.encode_utf16().count() * 6 * 4 / 3 - 1;
+            assert!(
+                covered(&spans, (from, to)),
+                "{alphabet}, lead {lead}: {spans:?}"
+            );
+        }
+    }
+}

@@ -392,7 +392,8 @@ impl Chars<'_> {
 /// Pushes onto `out` the four views (one per character offset) of the
 /// base64 runs of `input` at least `min_run` characters long, each view
 /// the runs' decoded bytes one after the other (a value split between two
-/// runs, each padded, is found whole); nothing when there is no such run
+/// runs, each padded, is found whole; a run that follows a backslash also
+/// on its own); nothing when there is no such run
 /// (most answers: one pass, no copy).
 ///
 /// A value's own base64 inside a run is found by the search for its cores
@@ -444,22 +445,37 @@ fn base64(
                 continue;
             }
             let from = chars.slice(offset, chars.len());
-            match holds {
-                Nested::Run => decode_run(input, from, v, &span),
-                Nested::Nothing => {
-                    // Both ends start on a quantum of this offset.
-                    decode_run(input, from.slice(0, edge), v, &span);
+            // A run's bytes follow the previous run's in the view, so that a
+            // value split between two runs is read whole. But after a
+            // backslash, the JSON decoder would read that backslash and
+            // this run's first byte as one escape (`\\` takes the run's
+            // own first backslash, which then opens none of its escapes):
+            // the run is then read once more on its own, past a separator.
+            let alone = v.bytes.last() == Some(&b'\\');
+            for again in [false, true] {
+                if again {
+                    if !alone {
+                        break;
+                    }
                     v.push(SEPARATOR, (0, 0));
-                    let tail = (from.len() - edge) / 4 * 4;
-                    decode_run(input, from.slice(tail, from.len()), v, &span);
                 }
-                Nested::Escapes => {
-                    let segments = escape_segments(input, from, reach, edge, &mut plain);
-                    for (i, &(start, end)) in segments.iter().enumerate() {
-                        if i > 0 {
-                            v.push(SEPARATOR, (0, 0));
+                match holds {
+                    Nested::Run => decode_run(input, from, v, &span),
+                    Nested::Nothing => {
+                        // Both ends start on a quantum of this offset.
+                        decode_run(input, from.slice(0, edge), v, &span);
+                        v.push(SEPARATOR, (0, 0));
+                        let tail = (from.len() - edge) / 4 * 4;
+                        decode_run(input, from.slice(tail, from.len()), v, &span);
+                    }
+                    Nested::Escapes => {
+                        let segments = escape_segments(input, from, reach, edge, &mut plain);
+                        for (i, &(start, end)) in segments.iter().enumerate() {
+                            if i > 0 {
+                                v.push(SEPARATOR, (0, 0));
+                            }
+                            decode_run(input, from.slice(start, end), v, &span);
                         }
-                        decode_run(input, from.slice(start, end), v, &span);
                     }
                 }
             }
