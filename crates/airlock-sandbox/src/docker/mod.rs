@@ -359,7 +359,7 @@ impl DockerBackend {
 
     pub fn new(cfg: DockerConfig) -> DockerBackend {
         DockerBackend {
-            pool: pool::Pool::new(cfg.warm_pool),
+            pool: pool::new_pool(cfg.warm_pool),
             cfg,
             docker: Daemon::default(),
             nets: Arc::default(),
@@ -1236,7 +1236,7 @@ impl Container {
         let _ = self.shared.slot.set(slot);
     }
 
-    /// The pool removed it itself ([`pool::Pool::drain`]): nothing is left
+    /// The pool removed it itself ([`crate::warm::Shelf::drain`]): nothing is left
     /// to do when it is dropped.
     pub(crate) fn disown(&mut self) {
         self.shared.killed.store(true, Ordering::SeqCst);
