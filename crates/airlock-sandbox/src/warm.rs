@@ -466,8 +466,11 @@ mod tests {
         assert!(shares.held().is_empty());
     }
 
+    /// The numbers of the items dropped.
+    type Gone = Arc<Mutex<Vec<usize>>>;
+
     /// A sandbox standing for any backend's: its drop counted.
-    struct Item(u32, Arc<Mutex<Vec<u32>>>);
+    struct Item(usize, Gone);
 
     impl Drop for Item {
         fn drop(&mut self) {
@@ -476,13 +479,13 @@ mod tests {
     }
 
     /// A shelf of `size` for key `k`, learned, filled with `size` items.
-    fn filled(size: usize, late: Late) -> (Shelf<&'static str, Item, ()>, Arc<Mutex<Vec<u32>>>) {
-        let gone: Arc<Mutex<Vec<u32>>> = Arc::default();
+    fn filled(size: usize, late: Late) -> (Shelf<&'static str, Item, ()>, Gone) {
+        let gone: Gone = Arc::default();
         let shelf = Shelf::new(size, late);
         assert!(shelf.take(&"k", "org_a").is_none(), "the key is learned");
         assert_eq!(shelf.to_fill(&"k"), size);
         for i in 0..size {
-            shelf.settle(&"k", Some(Item(i as u32, gone.clone())));
+            shelf.settle(&"k", Some(Item(i, gone.clone())));
         }
         (shelf, gone)
     }
