@@ -546,13 +546,13 @@ impl DockerBackend {
         for (role, body) in bodies {
             let (tx, rx) = tokio::sync::oneshot::channel::<Parked>();
             let feed = Feed::Parked(tx);
-            // On the pair's own network, never one made ahead for cold starts.
+            // On the pair's own network.
             let mut sb = self.launch(
                 &id,
                 container_name(&id, role),
                 |_| Ok(body),
                 feed,
-                Some(false),
+                true,
                 role == "sidecar",
             )?;
             if let Some(c) = sb.container_mut() {
