@@ -442,6 +442,23 @@ fn walk(
     Ok(())
 }
 
+/// An agent's directory `agent` under `t` as the pools' tests give it:
+/// `sub/a.py` (`print(1)`, mode 0640) and `link`, a symbolic link to it.
+#[cfg(test)]
+pub(crate) fn agent_dir_fixture(t: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let from = t.join("agent");
+    std::fs::create_dir_all(from.join("sub")).unwrap();
+    std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
+    std::fs::set_permissions(
+        from.join("sub/a.py"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
+    from
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,10 +573,7 @@ mod tests {
     #[test]
     fn the_walk_is_bounded_and_takes_only_files_directories_and_links() {
         let t = tempfile::tempdir().unwrap();
-        let root = t.path().join("agent");
-        std::fs::create_dir_all(root.join("sub")).unwrap();
-        std::fs::write(root.join("sub/a.py"), "print(1)").unwrap();
-        std::os::unix::fs::symlink("sub/a.py", root.join("link")).unwrap();
+        let root = agent_dir_fixture(t.path());
         let mut seen = vec![];
         walk_view(&root, &mut |_, rel, _| {
             seen.push(rel.to_owned());

@@ -909,17 +909,9 @@ mod tests {
     /// else is refused.
     #[test]
     fn the_view_is_a_copy_of_the_agent_directory() {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::os::unix::fs::MetadataExt;
         let t = tempfile::tempdir().unwrap();
-        let from = t.path().join("agent");
-        std::fs::create_dir_all(from.join("sub")).unwrap();
-        std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
-        std::fs::set_permissions(
-            from.join("sub/a.py"),
-            std::fs::Permissions::from_mode(0o640),
-        )
-        .unwrap();
-        std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
+        let from = crate::warm::agent_dir_fixture(t.path());
         let to = t.path().join("view/agent");
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         copy_view(&from, &to).unwrap();

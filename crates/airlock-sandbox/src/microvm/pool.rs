@@ -641,15 +641,7 @@ mod tests {
     fn the_archive_is_the_agent_directory() {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
-        let from = t.path().join("agent");
-        std::fs::create_dir_all(from.join("sub")).unwrap();
-        std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
-        std::fs::set_permissions(
-            from.join("sub/a.py"),
-            std::fs::Permissions::from_mode(0o640),
-        )
-        .unwrap();
-        std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
+        let from = crate::warm::agent_dir_fixture(t.path());
         let (archive, view) = pack_view(&from).unwrap();
         assert_eq!(view.path, from);
         assert_eq!(view.bytes, archive.len() as u64);
