@@ -10,7 +10,8 @@
 //! (feature `sidecar-config`) builds sidecar configurations from the launch
 //! contract's types and [`sidecar`] (feature `sidecar`) starts a real
 //! sidecar with one. [`otlp_receiver`] (feature `otlp`) receives OTLP/HTTP
-//! traces on loopback. [`firecracker_api`] (feature `firecracker-api`) is a
+//! traces on loopback. [`serve`] (feature `serve`) starts `airlock serve`
+//! for the suite and the benches. [`firecracker_api`] (feature `firecracker-api`) is a
 //! scripted Firecracker API server and a stand-in jailer.
 
 #[cfg(feature = "bench")]
@@ -22,6 +23,8 @@ pub mod firecracker_api;
 #[cfg(feature = "otlp")]
 pub mod otlp_receiver;
 mod peer;
+#[cfg(feature = "serve")]
+pub mod serve;
 #[cfg(feature = "sidecar")]
 pub mod sidecar;
 #[cfg(feature = "sidecar-config")]

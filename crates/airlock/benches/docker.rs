@@ -104,17 +104,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    // The same backend with a run network made ahead (`DOCKER_NETWORK_POOL=1`).
-    let ahead = DockerBackend::new(DockerConfig {
-        network_pool: 1,
-        ..cfg.clone()
-    });
     let backend = DockerBackend::new(cfg);
     rt.block_on(backend.ensure_egress_network()).unwrap();
     let parts = std::env::var("AIRLOCK_BENCH_PARTS").unwrap_or_else(|_| "1,2,3,phases,4".into());
     let part = |p: &str| parts.split(',').any(|x| x.trim() == p);
     let cli = match part("1") {
-        true => container_start(&rt, [&backend, &ahead], &image, n),
+        true => container_start(&rt, &backend, &image, n),
         false => vec![],
     };
     let agent = Trivial::new(60, "");
@@ -132,18 +127,17 @@ fn main() {
     }
 }
 
-/// Part 1: the backend's start, creating its run's network and with one
-/// made ahead, beside the CLI's, alternating; the CLI's samples (`docker
-/// run --rm --network none IMG true`).
+/// Part 1: the backend's start, creating its run's network, beside the
+/// CLI's, alternating; the CLI's samples (`docker run --rm --network none
+/// IMG true`).
 fn container_start(
     rt: &tokio::runtime::Runtime,
-    [backend, ahead]: [&DockerBackend; 2],
+    backend: &DockerBackend,
     image: &str,
     n: usize,
 ) -> Vec<Duration> {
     println!("docker: container start ({image})");
     let (mut exited, mut removed, mut cli, mut cli_net) = (vec![], vec![], vec![], vec![]);
-    let (mut a_exited, mut a_removed) = (vec![], vec![]);
     // For scale: the CLI on an internal network like a run's (made once here).
     let bench_net = format!("airlock-bench-{}", std::process::id());
     assert!(
@@ -161,47 +155,33 @@ fn container_start(
             .status
             .success()
     );
-    // One sample of `b`'s: spawn → exited, → removed. A network made
-    // ahead is made before the clock starts, the next one after it stops
-    // (as a platform's is, off the run's start; untimed here, so the
-    // daemon is idle again for the next sample of either side).
-    let sample = |b: &DockerBackend, i: usize| {
+    // One sample of the backend's: spawn → exited, → removed.
+    let sample = |i: usize| {
         rt.block_on(async {
-            b.fill_networks().await.unwrap();
             let t = Instant::now();
-            let mut sb = b.spawn(&spec(i)).unwrap();
+            let mut sb = backend.spawn(&spec(i)).unwrap();
             let st = sb.wait().await.unwrap();
             assert!(st.success());
             let e = t.elapsed();
             sb.cleanup().await;
-            let r = t.elapsed();
-            b.fill_networks().await.unwrap();
-            (e, r)
+            (e, t.elapsed())
         })
     };
     // One of each first: warm the daemon's caches, not counted.
-    sample(backend, usize::MAX);
-    sample(ahead, usize::MAX - 1);
+    sample(usize::MAX);
     docker_run_true(image);
     for i in 0..n {
-        let (e, r) = sample(backend, i);
+        let (e, r) = sample(i);
         exited.push(e);
         removed.push(r);
-        let (e, r) = sample(ahead, n + i);
-        a_exited.push(e);
-        a_removed.push(r);
         cli.push(docker_run_true(image));
         cli_net.push(docker_run_true_on(image, &bench_net));
     }
     let _ = Command::new("docker")
         .args(["network", "rm", &bench_net])
         .output();
-    // The network made ahead and not taken goes as at a platform's stop.
-    airlock_sandbox::Backend::drop_prepared(ahead);
     line("backend spawn → exited (network, create, start)", &exited);
     line("backend spawn → removed (container and network)", &removed);
-    line("with a network made ahead: spawn → exited", &a_exited);
-    line("with a network made ahead: spawn → removed", &a_removed);
     line("peer: docker run --rm --network none IMG true", &cli);
     line("scale: the same on an existing internal network", &cli_net);
     let ratio = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli)[0]);
@@ -209,11 +189,6 @@ fn container_start(
         "  ratio p50: exited {:.2}×, removed {:.2}× the CLI (goal ≤ 1.2×)",
         ratio(&exited),
         ratio(&removed)
-    );
-    println!(
-        "  ratio p50 with a network made ahead: exited {:.2}×, removed {:.2}× the CLI (goal ≤ 1.2×)",
-        ratio(&a_exited),
-        ratio(&a_removed)
     );
     // The shape of a run has a network; the CLI with one is the floor of that shape.
     let ratio_net = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli_net)[0]);
@@ -283,46 +258,24 @@ fn concurrent_runs(agent: Trivial, image: &str) {
 /// `DOCKER_WARM_POOL=2`, alternating; the warm one also beside `cli`, part
 /// 1's `docker run --rm --network none IMG true`.
 fn cold_and_warm(n: usize, cli: &[Duration]) {
-    use peers::serve::{Conn, agent, base_env, org, start_env};
     println!("docker: a trivial run end to end through airlock serve, cold and warm pool");
-    let homes: Vec<tempfile::TempDir> = (0..2)
-        .map(|_| {
-            tempfile::Builder::new()
-                .prefix("airlock-bench-pool-")
-                .tempdir()
-                .unwrap()
-        })
-        .collect();
-    let mut warm_env = base_env(homes[1].path(), None);
-    warm_env.push(("DOCKER_WARM_POOL".into(), "2".into()));
-    let servers = [
-        start_env(homes[0].path(), "docker", base_env(homes[0].path(), None)),
-        start_env(homes[1].path(), "docker", warm_env),
-    ];
-    let mut sides: Vec<(Conn, String)> = servers
-        .iter()
-        .map(|s| {
-            let key = org(s);
-            let mut c = Conn::open(s.addr);
-            assert_eq!(
-                c.json("POST", "/v1/agents", &key, Some(&agent("trivial")))
-                    .0,
-                201
-            );
-            (c, key)
-        })
-        .collect();
+    let mut cw = peers::serve::ColdAndWarm::start(
+        "docker",
+        "airlock-bench-pool-",
+        None,
+        ("DOCKER_WARM_POOL", 2),
+    );
     let mut recorded = [vec![], vec![]];
     let mut seen = [vec![], vec![]];
     // One run each first: the warm server's pool learns what this agent's
     // runs need (that run starts cold), not counted.
-    for (i, (c, key)) in sides.iter_mut().enumerate() {
-        timed_run(c, key, i);
+    for (c, key) in &mut cw.sides {
+        timed_run(c, key, 0);
     }
     for round in 0..n {
-        for (i, (c, key)) in sides.iter_mut().enumerate() {
+        for (i, (c, key)) in cw.sides.iter_mut().enumerate() {
             if i == 1 {
-                wait_pool_full(servers[1].child.id(), 2);
+                wait_pool_full(cw.servers[1].child.id(), 2);
             }
             let (r, w) = timed_run(c, key, round);
             recorded[i].push(r);
@@ -345,39 +298,19 @@ fn cold_and_warm(n: usize, cli: &[Duration]) {
         );
         println!("  warm ÷ docker run: {:.2}×", warm / ms(pcts(cli)[0]));
     }
-    // Stopped as an operator stops them: the idle pairs go with the server.
-    for mut s in servers {
-        let pid = rustix::process::Pid::from_raw(i32::try_from(s.child.id()).unwrap()).unwrap();
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let _ = s.child.wait();
-    }
+    cw.stop();
 }
 
-/// One run of `trivial`: its span as recorded, and as seen by the client.
+/// One run of `trivial`: its span as recorded, and as seen by the client
+/// (10 ms polls).
 fn timed_run(c: &mut peers::serve::Conn, key: &str, round: usize) -> (Duration, Duration) {
-    let t = Instant::now();
-    let (st, v) = c.json(
-        "POST",
-        "/v1/runs",
+    peers::serve::timed_run(
+        c,
         key,
-        Some(&serde_json::json!({"agent": "trivial", "prompt": format!("p{round}")})),
-    );
-    assert_eq!(st, 202, "{v}");
-    let id = v["id"].as_str().unwrap().to_owned();
-    loop {
-        let (_, r) = c.json("GET", &format!("/v1/runs/{id}"), key, None);
-        if let Some(end) = r["ended_at"].as_u64() {
-            let seen = t.elapsed();
-            assert_eq!(r["status"], "succeeded", "{r}");
-            let start = r["created_at"].as_u64().unwrap();
-            return (Duration::from_millis(end - start), seen);
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "run {id} never ended"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        round,
+        Duration::from_secs(120),
+        Duration::from_millis(10),
+    )
 }
 
 /// Until the platform of PID `pid` has `n` idle pairs.
@@ -443,9 +376,7 @@ fn warm_phases(n: usize) {
         let (recorded, seen) = timed_run(&mut c, &key, round);
         runs.push((posted, ms(recorded), ms(seen)));
     }
-    let pid = rustix::process::Pid::from_raw(i32::try_from(server.child.id()).unwrap()).unwrap();
-    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    let _ = server.child.wait();
+    peers::serve::terminate(&mut server);
     let log = std::fs::read_to_string(home.path().join("serve.log")).unwrap();
     let mut lines: Vec<(f64, String)> = log.lines().filter_map(phase_line).collect();
     lines.sort_by(|a, b| a.0.total_cmp(&b.0));

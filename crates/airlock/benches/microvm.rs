@@ -252,51 +252,25 @@ struct Figures {
 /// each on a server without a pool and one with `MICROVM_WARM_POOL=1`,
 /// alternating: POST → ended as recorded.
 fn cold_and_warm_pool(n: usize) {
-    use peers::serve::{Conn, agent, base_env, org, start_env};
     println!("microvm: a trivial run end to end through airlock serve, cold and warm pool");
-    let homes: Vec<tempfile::TempDir> = (0..2)
-        .map(|_| {
-            tempfile::Builder::new()
-                .prefix("airlock-bench-vmpool-")
-                .tempdir()
-                .unwrap()
-        })
-        .collect();
     // 512 MiB guests, as above.
     let limits = r#"{"agent_memory_ceiling_mb":512}"#;
-    let mut warm_env = base_env(homes[1].path(), Some(limits));
-    warm_env.push(("MICROVM_WARM_POOL".into(), "1".into()));
-    let servers = [
-        start_env(
-            homes[0].path(),
-            "microvm",
-            base_env(homes[0].path(), Some(limits)),
-        ),
-        start_env(homes[1].path(), "microvm", warm_env),
-    ];
-    let mut sides: Vec<(Conn, String)> = servers
-        .iter()
-        .map(|s| {
-            let key = org(s);
-            let mut c = Conn::open(s.addr);
-            assert_eq!(
-                c.json("POST", "/v1/agents", &key, Some(&agent("trivial")))
-                    .0,
-                201
-            );
-            (c, key)
-        })
-        .collect();
+    let mut cw = peers::serve::ColdAndWarm::start(
+        "microvm",
+        "airlock-bench-vmpool-",
+        Some(limits),
+        ("MICROVM_WARM_POOL", 1),
+    );
     // One run each first: the warm server's pool learns what this agent's
     // runs need (that run starts cold), not counted.
-    for (c, key) in &mut sides {
+    for (c, key) in &mut cw.sides {
         run_through(c, key, 0);
     }
     let mut recorded = [vec![], vec![]];
     for round in 1..=n {
-        for (i, (c, key)) in sides.iter_mut().enumerate() {
+        for (i, (c, key)) in cw.sides.iter_mut().enumerate() {
             if i == 1 {
-                wait_guest_idle(homes[1].path(), servers[1].child.id());
+                wait_guest_idle(cw.homes[1].path(), cw.servers[1].child.id());
             }
             recorded[i].push(run_through(c, key, round));
         }
@@ -313,37 +287,19 @@ fn cold_and_warm_pool(n: usize) {
         "  ratio p50 warm/cold: {:.2}×",
         ms(pcts(&recorded[1])[0]) / ms(pcts(&recorded[0])[0])
     );
-    for mut s in servers {
-        let pid = rustix::process::Pid::from_raw(i32::try_from(s.child.id()).unwrap()).unwrap();
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let _ = s.child.wait();
-    }
+    cw.stop();
 }
 
 /// One run of `trivial` to its end: its span as the server records it.
 fn run_through(c: &mut peers::serve::Conn, key: &str, round: usize) -> Duration {
-    let (st, v) = c.json(
-        "POST",
-        "/v1/runs",
+    peers::serve::timed_run(
+        c,
         key,
-        Some(&serde_json::json!({"agent": "trivial", "prompt": format!("p{round}")})),
-    );
-    assert_eq!(st, 202, "{v}");
-    let id = v["id"].as_str().unwrap().to_owned();
-    let t = Instant::now();
-    loop {
-        let (_, r) = c.json("GET", &format!("/v1/runs/{id}"), key, None);
-        if let Some(end) = r["ended_at"].as_u64() {
-            assert_eq!(r["status"], "succeeded", "{r}");
-            let start = r["created_at"].as_u64().unwrap();
-            return Duration::from_millis(end - start);
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(300),
-            "run {id} never ended"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        round,
+        Duration::from_secs(300),
+        Duration::from_millis(20),
+    )
+    .0
 }
 
 /// Until the pool of the platform `pid` on `home` has a booted guest idle

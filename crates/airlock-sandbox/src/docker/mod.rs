@@ -52,7 +52,6 @@ pub mod egress;
 mod error;
 pub mod images;
 pub mod init;
-pub mod netpool;
 pub mod plane;
 pub mod pool;
 pub mod profile;
@@ -139,9 +138,6 @@ pub struct DockerConfig {
     /// `DOCKER_EGRESS_SUBNET`: the range [`EGRESS_NETWORK`] is created with
     /// ([`egress::DEFAULT_EGRESS_SUBNET`] when unset).
     pub egress_subnet: ipnet::Ipv4Net,
-    /// `DOCKER_NETWORK_POOL`: empty run networks kept made ahead for cold
-    /// starts ([`netpool`]; 0, the default: each run creates its own).
-    pub network_pool: usize,
 }
 
 /// The largest `DOCKER_WARM_POOL`.
@@ -198,20 +194,6 @@ impl DockerConfig {
                     message: format!("{v:?} is not a number of pairs from 0 to {MAX_WARM_POOL}"),
                 })?,
         };
-        let network_pool = match get("DOCKER_NETWORK_POOL") {
-            None => 0,
-            Some(v) => v
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n <= netpool::MAX_NETWORK_POOL)
-                .ok_or_else(|| SandboxError::Config {
-                    var: "DOCKER_NETWORK_POOL",
-                    message: format!(
-                        "{v:?} is not a number of networks from 0 to {}",
-                        netpool::MAX_NETWORK_POOL
-                    ),
-                })?,
-        };
         let egress_subnet = egress::parse_subnet(
             get(egress::ENV_EGRESS_SUBNET).unwrap_or(egress::DEFAULT_EGRESS_SUBNET),
         )
@@ -226,7 +208,6 @@ impl DockerConfig {
             runtime,
             warm_pool,
             egress_subnet,
-            network_pool,
         })
     }
 }
@@ -310,9 +291,6 @@ pub(crate) struct RunNet {
     /// ([`crate::SandboxSpec::hold_stdin`]): its runtime looks nothing up
     /// before its secrets come, once the sidecar is ready.
     sidecar_started: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
-    /// A network made ahead ([`netpool`]): what makes the next one, once
-    /// the first container of the run that took this one has started.
-    refill: Mutex<Option<netpool::NetMaker>>,
 }
 
 impl RunNet {
@@ -322,7 +300,6 @@ impl RunNet {
             created: tokio::sync::OnceCell::new(),
             users: AtomicUsize::new(0),
             sidecar_started: Mutex::new(None),
-            refill: Mutex::new(None),
         }
     }
 }
@@ -348,8 +325,6 @@ pub struct DockerBackend {
     owner: String,
     /// Pairs started before their runs ([`pool`]).
     pool: pool::Pool,
-    /// Run networks made ahead ([`netpool`]).
-    nets_shelf: Arc<netpool::NetShelf>,
 }
 
 impl DockerBackend {
@@ -359,12 +334,11 @@ impl DockerBackend {
 
     pub fn new(cfg: DockerConfig) -> DockerBackend {
         DockerBackend {
-            pool: pool::Pool::new(cfg.warm_pool),
+            pool: pool::new_pool(cfg.warm_pool),
             cfg,
             docker: Daemon::default(),
             nets: Arc::default(),
             owner: reclaim::owner_label(),
-            nets_shelf: Arc::default(),
         }
     }
 
@@ -394,24 +368,13 @@ impl DockerBackend {
         ])
     }
 
-    /// Run `run_id`'s network, one more container of the run on it: the
-    /// one its first container took or made; for a run's first, one made
-    /// ahead when `ahead` allows and the shelf holds one ([`netpool`]),
-    /// else `airlock-exec-<run_id>`, created by whichever container starts
-    /// first.
-    fn run_net(&self, run_id: &str, ahead: bool) -> Arc<RunNet> {
+    /// Run `run_id`'s network, one more container of the run on it:
+    /// `airlock-exec-<run_id>`, created by whichever container starts first.
+    fn run_net(&self, run_id: &str) -> Arc<RunNet> {
         let mut nets = self.nets.lock().unwrap_or_else(|p| p.into_inner());
         let net = nets
             .entry(run_id.to_owned())
-            .or_insert_with(|| match ahead.then(|| self.nets_shelf.take()).flatten() {
-                Some(made) => {
-                    if let Ok(mut r) = made.refill.lock() {
-                        *r = Some(self.net_maker());
-                    }
-                    made
-                }
-                None => Arc::new(RunNet::new(network_name(run_id))),
-            })
+            .or_insert_with(|| Arc::new(RunNet::new(network_name(run_id))))
             .clone();
         net.users.fetch_add(1, Ordering::SeqCst);
         net
@@ -437,8 +400,7 @@ impl DockerBackend {
     }
 
     /// Starts container `name` of run `run_id` in a task: network (`net`:
-    /// on the run's, [`DockerBackend::run_net`], `ahead` saying whether
-    /// it may be one made ahead; else none), create, attach, start, stdin
+    /// on the run's, [`DockerBackend::run_net`]; else none), create, attach, start, stdin
     /// as `feed` says. `body` makes the container's from its network's
     /// name. `egress`: the sidecar's, also on [`EGRESS_NETWORK`].
     fn launch(
@@ -447,12 +409,12 @@ impl DockerBackend {
         name: String,
         body: impl FnOnce(Option<&str>) -> Result<ContainerCreateBody, SandboxError>,
         feed: Feed,
-        net: Option<bool>,
+        net: bool,
         egress: bool,
     ) -> Result<Sandbox, SandboxError> {
         crate::namespace::config::check_run_id(run_id)?;
         let handle = tokio::runtime::Handle::try_current().map_err(|_| DockerError::NoRuntime)?;
-        let net = net.map(|ahead| self.run_net(run_id, ahead));
+        let net = net.then(|| self.run_net(run_id));
         let body = match body(net.as_ref().map(|n| n.name.as_str())) {
             Ok(b) => b,
             Err(e) => {
@@ -693,14 +655,6 @@ impl Start<'_> {
             .await;
         if let Some(tx) = self.started {
             let _ = tx.send(true);
-        }
-        // A network made ahead was taken: the next is made now, off this
-        // run's start (its first container's is over).
-        if let Some(maker) = self
-            .net
-            .and_then(|n| n.refill.lock().ok().and_then(|mut r| r.take()))
-        {
-            maker.refill();
         }
         started.map_err(|e| ApiError::new(format!("starting {}", self.name), e))?;
         if self.sandbox {
@@ -1236,7 +1190,7 @@ impl Container {
         let _ = self.shared.slot.set(slot);
     }
 
-    /// The pool removed it itself ([`pool::Pool::drain`]): nothing is left
+    /// The pool removed it itself ([`crate::warm::Shelf::drain`]): nothing is left
     /// to do when it is dropped.
     pub(crate) fn disown(&mut self) {
         self.shared.killed.store(true, Ordering::SeqCst);
@@ -1728,15 +1682,10 @@ impl Backend for DockerBackend {
             return Ok(claimed);
         }
         let body = |net: Option<&str>| self.sandbox_body(spec, net);
-        // The agent on its run's network (one made ahead, if any); a
-        // runner on none.
+        // The agent on its run's network; a runner on none.
         let (run, name, net) = match &spec.kind {
-            SandboxKind::Agent => (
-                &spec.run_id,
-                container_name(&spec.run_id, "agent"),
-                Some(true),
-            ),
-            SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner"), None),
+            SandboxKind::Agent => (&spec.run_id, container_name(&spec.run_id, "agent"), true),
+            SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner"), false),
         };
         let feed = match spec.hold_stdin {
             true => Feed::Held(spec.stdin.clone()),
@@ -1759,19 +1708,12 @@ impl Backend for DockerBackend {
         self.claim_pair(tenant, sandbox, sidecar)
     }
 
-    /// The run networks made ahead ([`netpool`]) the shelf lacks, in the
-    /// background (at boot, and before each run).
-    fn prepare(&self) {
-        self.net_maker().refill();
-    }
-
     fn run_ended(&self) {
         self.refill_pool();
     }
 
     fn drop_prepared(&self) {
         self.drain_pool();
-        self.drain_networks();
     }
 
     fn local_runners(&self) -> Result<(), NoLocalRunners> {
@@ -1792,7 +1734,7 @@ impl Backend for DockerBackend {
             container_name(&spec.run_id, "sidecar"),
             |net: Option<&str>| self.sidecar_body(spec, net),
             Feed::Now(spec.config.clone()),
-            Some(true),
+            true,
             true,
         )
     }

@@ -24,7 +24,7 @@
 //! the image or of the container's own mounts, small enough to copy.
 //! Every other run starts cold, as does a run that finds no idle pair.
 //!
-//! Per-tenant share: one tenant holds at most [`Pool::share`] claimed
+//! Per-tenant share: one tenant holds at most [`crate::warm::share_of`] claimed
 //! pairs at once (half the pool, at least one); its runs beyond start
 //! cold, so one organization cannot drain the pool for the others.
 //!
@@ -44,7 +44,8 @@ use super::{
     AIRLOCK_IN_IMAGE, DockerBackend, EGRESS_JOURNAL_INSIDE, Feed, Parked, SOCKETS_INSIDE,
     container_name, init,
 };
-use crate::warm::{Share, Shares};
+pub use crate::warm::PoolStatus;
+use crate::warm::{Late, Share, Shelf};
 use crate::{Sandbox, SandboxKind, SandboxSpec, SidecarSpec};
 
 /// Labels a pooled pair's containers (and network): `true`.
@@ -54,8 +55,6 @@ pub const LABEL_POOL: &str = "airlock.pool";
 pub const PAIR_PREFIX: &str = "pool_";
 /// The directory of `$AIRLOCK_HOME` that holds the pairs' directories.
 pub const POOL_DIR: &str = "pool";
-/// Most keys pooled at once: the oldest learned goes (its idle pairs too).
-const MAX_KEYS: usize = 4;
 /// How long a pair has to start before it is given up.
 const FILL_WITHIN: Duration = Duration::from_secs(60);
 /// First components of an agent directory's parent that a pair cannot bind
@@ -206,7 +205,7 @@ struct Half {
 }
 
 /// A started pair, idle.
-struct Pair {
+pub(crate) struct Pair {
     id: String,
     guard: Arc<SlotGuard>,
     agent: Half,
@@ -214,7 +213,7 @@ struct Pair {
 }
 
 /// A pair claimed by a run, until its two spawns take it.
-struct Claimed {
+pub(crate) struct Claimed {
     agent: Option<(Half, Vec<String>)>,
     sidecar: Option<Half>,
     /// Told once both containers bear the run's names (renamed from the
@@ -222,175 +221,34 @@ struct Claimed {
     renamed: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
-#[derive(Default)]
-struct State {
-    idle: HashMap<PoolKey, Vec<Pair>>,
-    filling: HashMap<PoolKey, usize>,
-    /// Keys learned from runs, oldest first.
-    keys: Vec<PoolKey>,
-    claimed: HashMap<String, Claimed>,
-    /// The home directories whose dead platforms' pair directories were
-    /// removed already.
-    swept: Vec<PathBuf>,
-    /// The platform stops: nothing is claimed or started any more, and a
-    /// pair that finishes starting is kept for [`Pool::drain`] to remove.
-    closing: bool,
+/// The pool of one backend: idle pairs per key on the shared shelf
+/// ([`crate::warm::Shelf`]). A pair that finishes starting once the
+/// platform stops is kept for [`DockerBackend::drain_pool`], which waits
+/// for those starting (at most [`FILL_WITHIN`]) and removes them all with
+/// a client of its own.
+pub(crate) type Pool = Shelf<PoolKey, Pair, Claimed>;
+
+/// The pool of `size` pairs per key (0: none).
+pub(crate) fn new_pool(size: usize) -> Pool {
+    Shelf::new(size, Late::Keep)
 }
 
-/// The pool's state, and word of each pair whose start is over.
-#[derive(Default)]
-struct Shelf {
-    state: Mutex<State>,
-    settled: std::sync::Condvar,
+/// An idle pair of `key`, taken for `tenant` within its share: its share
+/// held by its slot until the run's agent has stopped.
+fn take(pool: &Pool, key: &PoolKey, tenant: &str) -> Option<Pair> {
+    let (pair, share) = pool.take(key, tenant)?;
+    if let Ok(mut s) = pair.guard.share.lock() {
+        *s = Some(share);
+    }
+    Some(pair)
 }
 
-impl Shelf {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// The pool of one backend.
-pub struct Pool {
-    /// Pairs kept idle per key (`DOCKER_WARM_POOL`; 0: no pool).
-    size: usize,
-    shelf: Arc<Shelf>,
-    /// Claimed pairs per tenant, while their runs last.
-    shares: Shares,
-}
-
-/// What `airlock doctor` and the tests see of this process's pool.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolStatus {
-    pub size: usize,
-    /// Idle pairs, all keys.
-    pub idle: usize,
-    /// Pairs starting.
-    pub filling: usize,
-    /// Claimed pairs per tenant.
-    pub claimed: HashMap<String, usize>,
-}
-
-impl Pool {
-    pub fn new(size: usize) -> Pool {
-        Pool {
-            size,
-            shelf: Arc::default(),
-            shares: Shares::of_pool(size),
-        }
-    }
-
-    /// How many claimed pairs one tenant may hold at once: half the pool,
-    /// at least one.
-    pub fn share(&self) -> usize {
-        self.shares.per_tenant
-    }
-
-    pub fn status(&self) -> PoolStatus {
-        let st = self.shelf.lock();
-        PoolStatus {
-            size: self.size,
-            idle: st.idle.values().map(Vec::len).sum(),
-            filling: st.filling.values().sum(),
-            claimed: self.shares.held(),
-        }
-    }
-
-    /// Learns `key` (the oldest key beyond [`MAX_KEYS`] goes, with its idle
-    /// pairs) and takes an idle pair of it for `tenant` within its share.
-    fn take(&self, key: &PoolKey, tenant: &str) -> Option<Pair> {
-        let mut dropped = Vec::new();
-        let pair = {
-            let mut st = self.shelf.lock();
-            if st.closing {
-                return None;
-            }
-            st.keys.retain(|k| k != key);
-            st.keys.push(key.clone());
-            while st.keys.len() > MAX_KEYS {
-                let old = st.keys.remove(0);
-                dropped.extend(st.idle.remove(&old).unwrap_or_default());
-            }
-            match st.idle.get(key).is_some_and(|v| !v.is_empty()) {
-                true => self
-                    .shares
-                    .claim(tenant)
-                    .and_then(|share| Some((st.idle.get_mut(key)?.pop()?, share))),
-                false => None,
-            }
-        };
-        drop(dropped);
-        let (pair, share) = pair?;
-        if let Ok(mut s) = pair.guard.share.lock() {
-            *s = Some(share);
-        }
-        Some(pair)
-    }
-
-    /// A pair taken for a run that could not take it (nothing of the run
-    /// left in it): idle again, its tenant's share given back; or gone,
-    /// when the pool is full or closing.
-    fn put_back(&self, key: &PoolKey, pair: Pair) {
-        pair.guard.release_share();
-        let extra = {
-            let mut st = self.shelf.lock();
-            let closing = st.closing;
-            let idle = st.idle.entry(key.clone()).or_default();
-            match !closing && idle.len() < self.size {
-                true => {
-                    idle.push(pair);
-                    None
-                }
-                false => Some(pair),
-            }
-        };
-        drop(extra);
-    }
-
-    /// The idle pairs of `key`.
-    fn idle_of(&self, key: &PoolKey) -> usize {
-        self.shelf.lock().idle.get(key).map_or(0, Vec::len)
-    }
-
-    /// How many pairs of `key` to start now to keep [`Pool::size`] idle;
-    /// counted as filling.
-    fn to_fill(&self, key: &PoolKey) -> usize {
-        let mut st = self.shelf.lock();
-        if !st.keys.contains(key) {
-            return 0;
-        }
-        let have = st.idle.get(key).map_or(0, Vec::len) + st.filling.get(key).copied().unwrap_or(0);
-        let need = self.size.saturating_sub(have);
-        *st.filling.entry(key.clone()).or_default() += need;
-        need
-    }
-
-    /// Whether the pair directories of dead platforms under `pool_dir` are
-    /// still to be removed (once per home).
-    fn first_in(&self, pool_dir: &Path) -> bool {
-        let mut st = self.shelf.lock();
-        if st.swept.iter().any(|p| p == pool_dir) {
-            return false;
-        }
-        st.swept.push(pool_dir.to_owned());
-        true
-    }
-
-    /// Every idle pair, out of the pool (the platform stops), once those
-    /// still starting are over (at most [`FILL_WITHIN`]).
-    fn drain(&self) -> Vec<Pair> {
-        let mut st = self.shelf.lock();
-        st.keys.clear();
-        st.closing = true;
-        let (mut st, _) = self
-            .shelf
-            .settled
-            .wait_timeout_while(st, FILL_WITHIN, |st| st.filling.values().sum::<usize>() > 0)
-            .unwrap_or_else(|p| p.into_inner());
-        let claimed: Vec<Claimed> = st.claimed.drain().map(|(_, c)| c).collect();
-        drop(claimed);
-        st.idle.drain().flat_map(|(_, v)| v).collect()
-    }
+/// A pair taken for a run that could not take it (nothing of the run left
+/// in it): its tenant's share given back, idle again or gone
+/// ([`Shelf::put_back`]).
+fn put_back(pool: &Pool, key: &PoolKey, pair: Pair) {
+    pair.guard.release_share();
+    pool.put_back(key, pair);
 }
 
 /// Removes `path` (a directory with all it holds, or a file); gone
@@ -406,35 +264,6 @@ fn remove_any(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
-}
-
-/// A started pair joins the pool of `key`, or goes (its key forgotten, or
-/// the pool full).
-fn settle(shelf: &Shelf, size: usize, key: &PoolKey, pair: Option<Pair>) {
-    let extra = {
-        let mut st = shelf.lock();
-        if let Some(n) = st.filling.get_mut(key) {
-            *n = n.saturating_sub(1);
-        }
-        match pair {
-            Some(pair) if st.closing => {
-                st.idle.entry(key.clone()).or_default().push(pair);
-                None
-            }
-            Some(pair) if st.keys.contains(key) => {
-                let idle = st.idle.entry(key.clone()).or_default();
-                if idle.len() < size {
-                    idle.push(pair);
-                    None
-                } else {
-                    Some(pair)
-                }
-            }
-            other => other,
-        }
-    };
-    shelf.settled.notify_all();
-    drop(extra);
 }
 
 /// This platform's directory of pairs under `pool_dir`, named for its
@@ -521,7 +350,7 @@ impl DockerBackend {
         sandbox: &SandboxSpec,
         sidecar: &SidecarSpec,
     ) -> bool {
-        if self.pool.size == 0 {
+        if self.pool.size() == 0 {
             return false;
         }
         let (key, command, dir) = match PoolKey::of(sandbox, sidecar) {
@@ -531,7 +360,7 @@ impl DockerBackend {
                 return false;
             }
         };
-        let Some(pair) = self.pool.take(&key, tenant) else {
+        let Some(pair) = take(&self.pool, &key, tenant) else {
             self.refill(&key);
             return false;
         };
@@ -539,7 +368,7 @@ impl DockerBackend {
         // that cannot take the run goes back, holding nothing of it.
         if let Err(e) = crate::namespace::readable_by(&dir, super::agent_ids(&pair.id)) {
             tracing::debug!(run = %sandbox.run_id, "cold start: {e}");
-            self.pool.put_back(&key, pair);
+            put_back(&self.pool, &key, pair);
             return false;
         }
         let view = pair
@@ -560,7 +389,7 @@ impl DockerBackend {
                 .iter()
                 .all(|p| remove_any(p).is_ok());
             if emptied {
-                self.pool.put_back(&key, pair);
+                put_back(&self.pool, &key, pair);
             }
             return false;
         }
@@ -580,22 +409,18 @@ impl DockerBackend {
             renamed: self.rename_claimed(&sandbox.run_id, ids),
         };
         self.pool
-            .shelf
-            .lock()
-            .claimed
-            .insert(sandbox.run_id.clone(), claimed);
+            .claimed(|c| c.insert(sandbox.run_id.clone(), claimed));
         true
     }
 
     /// The claimed agent container of run `spec.run_id`, if it has one: its
     /// command written to its stdin now, its secrets once released.
     pub(crate) fn take_claimed_agent(&self, spec: &SandboxSpec) -> Option<Sandbox> {
-        let (half, command, renamed) = {
-            let mut st = self.pool.shelf.lock();
-            let c = st.claimed.get_mut(&spec.run_id)?;
+        let (half, command, renamed) = self.pool.claimed(|claimed| {
+            let c = claimed.get_mut(&spec.run_id)?;
             let (half, command) = c.agent.take()?;
-            (half, command, c.renamed.take())
-        };
+            Some((half, command, c.renamed.take()))
+        })?;
         let Half {
             mut sandbox,
             parked,
@@ -673,10 +498,7 @@ impl DockerBackend {
     /// its configuration written to its stdin at once (the pair's renames
     /// go on beside it, [`DockerBackend::rename_claimed`]).
     pub(crate) fn take_claimed_sidecar(&self, spec: &SidecarSpec) -> Option<Sandbox> {
-        let Claimed { sidecar, .. } = {
-            let mut st = self.pool.shelf.lock();
-            st.claimed.remove(&spec.run_id)?
-        };
+        let Claimed { sidecar, .. } = self.pool.claimed(|c| c.remove(&spec.run_id))?;
         let Half {
             mut sandbox,
             parked,
@@ -696,27 +518,15 @@ impl DockerBackend {
     /// Starts the pairs every key lacks, in the background (a run's end
     /// is recorded).
     pub(crate) fn refill_pool(&self) {
-        let keys = self.pool.shelf.lock().keys.clone();
-        for key in &keys {
+        for key in &self.pool.keys() {
             self.refill(key);
         }
     }
 
     /// Starts the pairs `key` lacks, in the background.
     fn refill(&self, key: &PoolKey) {
-        let need = self.pool.to_fill(key);
-        if need > 0 && self.pool.first_in(&key.pool_dir) {
-            let n = reclaim_dirs(&key.pool_dir);
-            if n > 0 {
-                tracing::info!("removed the warm pool directories of {n} stopped platform(s)");
-            }
-        }
-        for _ in 0..need {
-            if let Err(e) = self.fill_one(key) {
-                tracing::warn!("cannot start a warm pair: {e}");
-                settle(&self.pool.shelf, self.pool.size, key, None);
-            }
-        }
+        self.pool
+            .refill(key, &key.pool_dir, "a warm pair", |k| self.fill_one(k));
     }
 
     /// Starts one pair of `key`; it joins the pool once both have started.
@@ -736,13 +546,13 @@ impl DockerBackend {
         for (role, body) in bodies {
             let (tx, rx) = tokio::sync::oneshot::channel::<Parked>();
             let feed = Feed::Parked(tx);
-            // On the pair's own network, never one made ahead for cold starts.
+            // On the pair's own network.
             let mut sb = self.launch(
                 &id,
                 container_name(&id, role),
                 |_| Ok(body),
                 feed,
-                Some(false),
+                true,
                 role == "sidecar",
             )?;
             if let Some(c) = sb.container_mut() {
@@ -752,10 +562,10 @@ impl DockerBackend {
         }
         let (Some((sidecar, sidecar_rx)), Some((agent, agent_rx))) = (started.pop(), started.pop())
         else {
-            settle(&self.pool.shelf, self.pool.size, key, None);
+            self.pool.settle(key, None);
             return Ok(());
         };
-        let (shelf, size, key) = (self.pool.shelf.clone(), self.pool.size, key.clone());
+        let (shelf, key) = (self.pool.clone(), key.clone());
         tokio::spawn(async move {
             let both = futures_util::future::join(agent_rx, sidecar_rx);
             let pair = match tokio::time::timeout(FILL_WITHIN, both).await {
@@ -773,7 +583,7 @@ impl DockerBackend {
                 }),
                 _ => None,
             };
-            settle(&shelf, size, &key, pair);
+            shelf.settle(&key, pair);
         });
         Ok(())
     }
@@ -863,7 +673,8 @@ impl DockerBackend {
     /// Removes every idle pair now (the platform stops), with a client of
     /// its own: the caller's runtime may be about to end.
     pub(crate) fn drain_pool(&self) {
-        let mut pairs = self.pool.drain();
+        let (mut pairs, claimed) = self.pool.drain(FILL_WITHIN);
+        drop(claimed);
         if pairs.is_empty() {
             return;
         }
@@ -1018,26 +829,6 @@ mod tests {
         }
     }
 
-    /// The share: half the pool, at least one; a tenant at its share
-    /// claims nothing more (its runs start cold) while another still can,
-    /// and a claimed pair let go gives its share back.
-    #[test]
-    fn a_tenant_holds_at_most_half_the_pool() {
-        assert_eq!(Pool::new(1).share(), 1);
-        assert_eq!(Pool::new(5).share(), 2);
-        let pool = Pool::new(4);
-        assert_eq!(pool.share(), 2);
-        let a1 = pool.shares.claim("org_a").expect("first");
-        let a2 = pool.shares.claim("org_a").expect("second");
-        assert!(pool.shares.claim("org_a").is_none(), "beyond its share");
-        let b1 = pool.shares.claim("org_b").expect("another tenant");
-        assert_eq!(pool.status().claimed.get("org_a"), Some(&2));
-        drop(a1);
-        let a3 = pool.shares.claim("org_a").expect("a share given back");
-        drop((a2, a3, b1));
-        assert!(pool.status().claimed.is_empty());
-    }
-
     /// An idle pair of pair directory `dir` (its two halves: processes
     /// that sleep, standing for its containers).
     fn idle_pair(id: &str, dir: &Path) -> Pair {
@@ -1072,26 +863,26 @@ mod tests {
     async fn a_pair_that_cannot_take_its_run_goes_back() {
         let (home, _dir, a, s) = fixture();
         let (key, ..) = PoolKey::of(&a, &s).unwrap();
-        let pool = Pool::new(1);
-        assert!(pool.take(&key, "org_a").is_none(), "the key is learned");
+        let pool = new_pool(1);
+        assert!(take(&pool, &key, "org_a").is_none(), "the key is learned");
         assert_eq!(pool.to_fill(&key), 1);
         let dir = home.path().join("pool/p1");
         std::fs::create_dir_all(&dir).unwrap();
-        settle(&pool.shelf, pool.size, &key, Some(idle_pair("p1", &dir)));
-        let p = pool.take(&key, "org_a").expect("idle");
+        pool.settle(&key, Some(idle_pair("p1", &dir)));
+        let p = take(&pool, &key, "org_a").expect("idle");
         assert_eq!(pool.status().claimed.get("org_a"), Some(&1));
-        pool.put_back(&key, p);
+        put_back(&pool, &key, p);
         assert_eq!(pool.status().idle, 1);
         assert!(pool.status().claimed.is_empty(), "its share is back");
         assert!(dir.exists(), "kept for the next run");
-        let p = pool.take(&key, "org_a").expect("the same pair, again");
+        let p = take(&pool, &key, "org_a").expect("the same pair, again");
         assert_eq!(p.id, "p1");
         // The pool refilled meanwhile: the pair taken is one too many.
         let other = home.path().join("pool/p2");
         std::fs::create_dir_all(&other).unwrap();
         assert_eq!(pool.to_fill(&key), 1);
-        settle(&pool.shelf, pool.size, &key, Some(idle_pair("p2", &other)));
-        pool.put_back(&key, p);
+        pool.settle(&key, Some(idle_pair("p2", &other)));
+        put_back(&pool, &key, p);
         assert_eq!(pool.status().idle, 1);
         assert!(!dir.exists(), "the extra pair went");
         assert!(other.exists());
@@ -1103,13 +894,13 @@ mod tests {
     fn the_pool_is_bounded_by_its_size() {
         let (_home, _dir, a, s) = fixture();
         let (key, ..) = PoolKey::of(&a, &s).unwrap();
-        let pool = Pool::new(2);
+        let pool = new_pool(2);
         assert_eq!(pool.to_fill(&key), 0, "a key no run has asked for");
-        assert!(pool.take(&key, "org_a").is_none(), "nothing idle yet");
+        assert!(take(&pool, &key, "org_a").is_none(), "nothing idle yet");
         assert_eq!(pool.to_fill(&key), 2);
         assert_eq!(pool.to_fill(&key), 0, "two are starting");
         assert_eq!(pool.status().filling, 2);
-        settle(&pool.shelf, pool.size, &key, None);
+        pool.settle(&key, None);
         assert_eq!(pool.to_fill(&key), 1, "one failed: one more");
         assert_eq!(pool.status().filling, 2);
     }
@@ -1118,17 +909,9 @@ mod tests {
     /// else is refused.
     #[test]
     fn the_view_is_a_copy_of_the_agent_directory() {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::os::unix::fs::MetadataExt;
         let t = tempfile::tempdir().unwrap();
-        let from = t.path().join("agent");
-        std::fs::create_dir_all(from.join("sub")).unwrap();
-        std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
-        std::fs::set_permissions(
-            from.join("sub/a.py"),
-            std::fs::Permissions::from_mode(0o640),
-        )
-        .unwrap();
-        std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
+        let from = crate::warm::agent_dir_fixture(t.path());
         let to = t.path().join("view/agent");
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         copy_view(&from, &to).unwrap();

@@ -42,22 +42,20 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::MicrovmBackend;
 use super::config::{GuestHeader, GuestView, HostRun, POOLED_READY};
-use crate::warm::{Share, Shares};
+pub use crate::warm::PoolStatus;
+use crate::warm::{Late, Share, Shelf};
 use crate::{Sandbox, SandboxError, SandboxKind, SandboxSpec, SidecarSpec};
 
 /// Idle guests kept per key (0, the default: no pool).
 pub const ENV_MICROVM_WARM_POOL: &str = "MICROVM_WARM_POOL";
 /// The largest `MICROVM_WARM_POOL`.
 pub const MAX_WARM_POOL: usize = 64;
-/// Most keys pooled at once: the oldest learned goes (its idle guests too).
-const MAX_KEYS: usize = 4;
 /// How long a guest has to boot before it is given up (TCG boots are slow,
 /// the more so several at once).
 const FILL_WITHIN: Duration = Duration::from_secs(180);
@@ -206,36 +204,13 @@ struct Claimed {
     share: Share,
 }
 
-#[derive(Default)]
-struct State {
-    idle: HashMap<PoolKey, Vec<Guest>>,
-    filling: HashMap<PoolKey, usize>,
-    /// Keys learned from runs, oldest first.
-    keys: Vec<PoolKey>,
-    claimed: HashMap<String, Claimed>,
-    /// The homes whose dead platforms' pool directories were removed.
-    swept: Vec<PathBuf>,
-    /// The platform stops: nothing is claimed or started any more.
-    closing: bool,
-}
-
-/// The pool of one backend (its clones share it).
+/// The pool of one backend (its clones share it): idle guests per key on
+/// the shared shelf ([`crate::warm::Shelf`]); a guest finishing its boot
+/// once the platform stops is destroyed at once.
 pub struct Pool {
-    /// Guests kept idle per key (`MICROVM_WARM_POOL`; 0: no pool).
-    pub(crate) size: usize,
-    state: Mutex<State>,
-    shares: Shares,
+    shelf: Shelf<PoolKey, Guest, Claimed>,
     /// This platform, as the owner of its pool's directory.
     owner: String,
-}
-
-/// What the tests see of this process's pool.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolStatus {
-    pub size: usize,
-    pub idle: usize,
-    pub filling: usize,
-    pub claimed: HashMap<String, usize>,
 }
 
 /// What a platform's pool file says (`airlock doctor` reads it).
@@ -250,46 +225,35 @@ pub struct PoolFile {
 impl Pool {
     pub fn new(size: usize) -> Pool {
         Pool {
-            size,
-            state: Mutex::default(),
-            shares: Shares::of_pool(size),
+            shelf: Shelf::new(size, Late::Drop),
             owner: crate::docker::reclaim::owner_label(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// Guests kept idle per key (`MICROVM_WARM_POOL`; 0: no pool).
+    pub(crate) fn size(&self) -> usize {
+        self.shelf.size()
     }
 
     pub fn status(&self) -> PoolStatus {
-        let st = self.lock();
-        PoolStatus {
-            size: self.size,
-            idle: st.idle.values().map(Vec::len).sum(),
-            filling: st.filling.values().sum(),
-            claimed: self.shares.held(),
-        }
+        self.shelf.status()
     }
 
     /// Rewrites this platform's pool file in each home it pools for
-    /// (bounded: a line per key, [`MAX_KEYS`] keys).
+    /// (bounded: a line per key, [`crate::warm::MAX_KEYS`] keys).
     fn publish(&self) {
-        let (files, dirs) = {
-            let st = self.lock();
-            let mut per_dir: HashMap<PathBuf, PoolFile> = HashMap::new();
-            for k in &st.keys {
-                let f = per_dir.entry(k.pool_dir.clone()).or_default();
-                f.size = self.size;
-                f.idle
-                    .push((k.describe(), st.idle.get(k).map_or(0, Vec::len)));
-                f.filling += st.filling.get(k).copied().unwrap_or(0);
-            }
-            let dirs: Vec<PathBuf> = st.swept.clone();
-            (per_dir, dirs)
-        };
+        let size = self.shelf.size();
+        let (keys, dirs) = self.shelf.snapshot();
+        let mut files: HashMap<PathBuf, PoolFile> = HashMap::new();
+        for (k, idle, filling) in &keys {
+            let f = files.entry(k.pool_dir.clone()).or_default();
+            f.size = size;
+            f.idle.push((k.describe(), *idle));
+            f.filling += filling;
+        }
         for dir in dirs {
             let f = files.get(&dir).cloned().unwrap_or(PoolFile {
-                size: self.size,
+                size,
                 ..PoolFile::default()
             });
             let own = crate::docker::pool::own_dir(&dir, &self.owner);
@@ -297,99 +261,11 @@ impl Pool {
         }
     }
 
-    /// Learns `key` and takes an idle guest of it for `tenant` within its
-    /// share.
-    fn take(&self, key: &PoolKey, tenant: &str) -> Option<(Guest, Share)> {
-        let mut dropped = Vec::new();
-        let got = {
-            let mut st = self.lock();
-            if st.closing {
-                return None;
-            }
-            st.keys.retain(|k| k != key);
-            st.keys.push(key.clone());
-            while st.keys.len() > MAX_KEYS {
-                let old = st.keys.remove(0);
-                dropped.extend(st.idle.remove(&old).unwrap_or_default());
-            }
-            match st.idle.get(key).is_some_and(|v| !v.is_empty()) {
-                true => self
-                    .shares
-                    .claim(tenant)
-                    .and_then(|share| Some((st.idle.get_mut(key)?.pop()?, share))),
-                false => None,
-            }
-        };
-        drop(dropped);
-        got
-    }
-
-    /// How many guests of `key` to boot now to keep [`Pool::size`] idle;
-    /// counted as filling.
-    fn to_fill(&self, key: &PoolKey) -> usize {
-        let mut st = self.lock();
-        if st.closing || !st.keys.contains(key) {
-            return 0;
-        }
-        let have = st.idle.get(key).map_or(0, Vec::len) + st.filling.get(key).copied().unwrap_or(0);
-        let need = self.size.saturating_sub(have);
-        *st.filling.entry(key.clone()).or_default() += need;
-        need
-    }
-
-    /// A booted guest joins the pool of `key`, or goes (its key forgotten,
-    /// the pool full or closing).
+    /// A boot of `key` is over: the guest joins the pool or goes
+    /// ([`Shelf::settle`]); the pool file says so.
     fn settle(&self, key: &PoolKey, guest: Option<Guest>) {
-        let extra = {
-            let mut st = self.lock();
-            if let Some(n) = st.filling.get_mut(key) {
-                *n = n.saturating_sub(1);
-            }
-            match guest {
-                Some(g) if !st.closing && st.keys.contains(key) => {
-                    let idle = st.idle.entry(key.clone()).or_default();
-                    if idle.len() < self.size {
-                        idle.push(g);
-                        None
-                    } else {
-                        Some(g)
-                    }
-                }
-                other => other,
-            }
-        };
-        drop(extra);
+        self.shelf.settle(key, guest);
         self.publish();
-    }
-
-    /// The idle guest `id` of `key`, out of the pool (it died).
-    fn remove(&self, key: &PoolKey, id: &str) -> Option<Guest> {
-        let mut st = self.lock();
-        let idle = st.idle.get_mut(key)?;
-        let i = idle.iter().position(|g| g.id == id)?;
-        Some(idle.swap_remove(i))
-    }
-
-    /// Whether the pool directories of dead platforms under `pool_dir` are
-    /// still to be removed (once per home).
-    fn first_in(&self, pool_dir: &Path) -> bool {
-        let mut st = self.lock();
-        if st.swept.iter().any(|p| p == pool_dir) {
-            return false;
-        }
-        st.swept.push(pool_dir.to_owned());
-        true
-    }
-
-    /// Every idle and claimed-but-unspawned guest, out of the pool (the
-    /// platform stops); nothing is started or claimed any more.
-    fn drain(&self) -> Vec<Guest> {
-        let mut st = self.lock();
-        st.keys.clear();
-        st.closing = true;
-        let mut out: Vec<Guest> = st.claimed.drain().map(|(_, c)| c.guest).collect();
-        out.extend(st.idle.drain().flat_map(|(_, v)| v));
-        out
     }
 }
 
@@ -484,7 +360,7 @@ impl MicrovmBackend {
         sandbox: &SandboxSpec,
         sidecar: &SidecarSpec,
     ) -> bool {
-        if self.pool.size == 0 {
+        if self.pool.size() == 0 {
             return false;
         }
         let cold = |why: &dyn std::fmt::Debug| {
@@ -508,20 +384,20 @@ impl MicrovmBackend {
             Ok(p) => p,
             Err(e) => return cold(&format_args!("{:?}: {e}", Cold::DirectoryNotCopied)),
         };
-        let Some((guest, share)) = self.pool.take(&key, tenant) else {
+        let Some((guest, share)) = self.pool.shelf.take(&key, tenant) else {
             self.refill(&key);
             return false;
         };
         self.refill(&key);
-        self.pool.lock().claimed.insert(
-            sandbox.run_id.clone(),
-            Claimed {
-                guest,
-                archive,
-                view,
-                share,
-            },
-        );
+        let claimed = Claimed {
+            guest,
+            archive,
+            view,
+            share,
+        };
+        self.pool
+            .shelf
+            .claimed(|c| c.insert(sandbox.run_id.clone(), claimed));
         self.pool.publish();
         true
     }
@@ -529,7 +405,7 @@ impl MicrovmBackend {
     /// The guest claimed for run `spec.run_id`, if any: its run's line and
     /// agent directory written to its helper now, the secrets once released.
     pub(crate) fn take_claimed(&self, spec: &SandboxSpec) -> Option<Result<Sandbox, SandboxError>> {
-        let c = self.pool.lock().claimed.remove(&spec.run_id)?;
+        let c = self.pool.shelf.claimed(|c| c.remove(&spec.run_id))?;
         Some(self.hand_claimed(spec, c))
     }
 
@@ -576,19 +452,11 @@ impl MicrovmBackend {
 
     /// Boots the guests `key` lacks, in the background.
     fn refill(&self, key: &PoolKey) {
-        let need = self.pool.to_fill(key);
-        if need > 0 && self.pool.first_in(&key.pool_dir) {
-            let n = crate::docker::pool::reclaim_dirs(&key.pool_dir);
-            if n > 0 {
-                tracing::info!("removed the warm pool files of {n} stopped platform(s)");
-            }
-        }
-        for _ in 0..need {
-            if let Err(e) = self.fill_one(key) {
-                tracing::warn!("cannot boot a pooled microVM guest: {e}");
-                self.pool.settle(key, None);
-            }
-        }
+        self.pool
+            .shelf
+            .refill(key, &key.pool_dir, "a pooled microVM guest", |k| {
+                self.fill_one(k)
+            });
         self.pool.publish();
     }
 
@@ -670,7 +538,7 @@ impl MicrovmBackend {
             if crate::namespace::sys::pidfd_exited(fd).await.is_err() {
                 return;
             }
-            if let Some(mut g) = backend.pool.remove(&key, &id) {
+            if let Some(mut g) = backend.pool.shelf.remove_idle(&key, |g| g.id == id) {
                 // This task is the guest's watch: not aborted by its drop.
                 g.watch.0 = None;
                 tracing::warn!("a pooled microVM guest died while idle: replaced");
@@ -682,8 +550,8 @@ impl MicrovmBackend {
 
     /// Destroys every guest of the pool now (the platform stops).
     pub(crate) fn drain_pool(&self) {
-        let guests = self.pool.drain();
-        drop(guests);
+        let (idle, claimed) = self.pool.shelf.drain(Duration::ZERO);
+        drop((idle, claimed));
         self.pool.publish();
     }
 }
@@ -773,15 +641,7 @@ mod tests {
     fn the_archive_is_the_agent_directory() {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
-        let from = t.path().join("agent");
-        std::fs::create_dir_all(from.join("sub")).unwrap();
-        std::fs::write(from.join("sub/a.py"), "print(1)").unwrap();
-        std::fs::set_permissions(
-            from.join("sub/a.py"),
-            std::fs::Permissions::from_mode(0o640),
-        )
-        .unwrap();
-        std::os::unix::fs::symlink("sub/a.py", from.join("link")).unwrap();
+        let from = crate::warm::agent_dir_fixture(t.path());
         let (archive, view) = pack_view(&from).unwrap();
         assert_eq!(view.path, from);
         assert_eq!(view.bytes, archive.len() as u64);
@@ -815,14 +675,15 @@ mod tests {
         std::fs::create_dir_all(&a).unwrap();
         let (s, c) = specs(&a, home.path(), "run_one");
         let (key, _) = PoolKey::of(&s, &c, &image()).unwrap();
-        let pool = Pool::new(2);
+        let pool = Pool::new(2).shelf;
         assert_eq!(pool.to_fill(&key), 0, "a key no run has asked for");
         assert!(pool.take(&key, "org_a").is_none(), "nothing idle yet");
         assert_eq!(pool.to_fill(&key), 2);
         assert_eq!(pool.to_fill(&key), 0, "two are booting");
         pool.settle(&key, None);
         assert_eq!(pool.to_fill(&key), 1, "one failed: one more");
-        assert!(pool.drain().is_empty());
+        let (idle, claimed) = pool.drain(Duration::ZERO);
+        assert!(idle.is_empty() && claimed.is_empty());
         assert_eq!(pool.to_fill(&key), 0, "closing");
         assert!(pool.take(&key, "org_a").is_none());
     }

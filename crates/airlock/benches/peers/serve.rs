@@ -1,11 +1,12 @@
-//! `airlock serve` for the benches: started on a home of its own, reached
-//! over keep-alive HTTP/1.1 on loopback; an organization, a trivial agent,
-//! runs posted and waited for.
+//! `airlock serve` for the benches: started on a home of its own (as the
+//! suite starts it, test-support's [`airlock_test_support::serve`]),
+//! reached over keep-alive HTTP/1.1 on loopback; an organization, a trivial
+//! agent, runs posted and waited for; a cold server beside a warm one.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -119,79 +120,123 @@ pub fn base_env(home: &Path, limits: Option<&str>) -> Vec<(String, String)> {
 }
 
 pub fn cmd(env: &[(String, String)]) -> Command {
-    let mut c = Command::new(AIRLOCK);
-    c.env_remove("DATABASE_URL")
-        .env_remove("RUN_ADAPTER")
-        .env_remove("PLATFORM_RUN_LIMITS");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c
+    airlock_test_support::serve::command(Path::new(AIRLOCK), env)
 }
 
 pub fn start(home: &Path, backend: &str, limits: Option<&str>) -> Server {
     start_env(home, backend, base_env(home, limits))
 }
 
-/// `airlock serve` on `home` with `env` (its [`base_env`] and more).
-#[allow(clippy::zombie_processes)] // the Server's Drop kills it and waits for it
+/// `airlock serve` on `home` with `env` (its [`base_env`] and more), once
+/// it has said it takes work (it answers 503 until then).
 pub fn start_env(home: &Path, backend: &str, env: Vec<(String, String)>) -> Server {
     let log = home.join("serve.log");
-    let mut child = cmd(&env)
-        .args(["serve", "--listen", "127.0.0.1:0", "--backend", backend])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        // The address is printed when the listener is bound, before the replica takes work
-        // (it answers 503 until then): wait for the ready line too.
-        let ready = text.lines().any(|l| l == "airlock serve: ready");
-        if let Some(a) = ready
-            .then(|| text.lines())
-            .into_iter()
-            .flatten()
-            .find_map(|l| l.split("listening on http://").nth(1))
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|a| a.parse().ok())
-        {
-            return Server {
-                child,
-                addr: a,
-                env,
-            };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("airlock serve did not start:\n{text}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let started = airlock_test_support::serve::spawn(Path::new(AIRLOCK), &env, backend, &log, true);
+    Server {
+        child: started.child,
+        addr: started.addr,
+        env,
     }
 }
 
 pub fn org(s: &Server) -> String {
-    let out = cmd(&s.env)
-        .args(["orgs", "create", "bench"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["api_key"].as_str().unwrap().to_owned()
+    airlock_test_support::serve::create_org(Path::new(AIRLOCK), &s.env, "bench", &[]).1
 }
 
+/// The agent `name`: [`TRIVIAL`], its timeout 60 s.
 pub fn agent(name: &str) -> Value {
-    json!({
-        "manifest": format!("[agent]\nname = \"{name}\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 60\n\n[network]\negress = \"none\"\n"),
-        "files": { "agent.py": TRIVIAL },
-    })
+    airlock_test_support::serve::agent_body(name, TRIVIAL, 60)
+}
+
+/// Two servers of this build on `backend`, each on a home of its own
+/// (prefixed `prefix`), `limits` their run limits: the first without a
+/// warm pool (the baseline), the second with `pool` (its variable and
+/// size); on each an organization and the agent `trivial`, and a
+/// connection with its key.
+pub struct ColdAndWarm {
+    pub homes: Vec<tempfile::TempDir>,
+    pub servers: [Server; 2],
+    pub sides: Vec<(Conn, String)>,
+}
+
+impl ColdAndWarm {
+    pub fn start(backend: &str, prefix: &str, limits: Option<&str>, pool: (&str, usize)) -> Self {
+        let homes: Vec<tempfile::TempDir> = (0..2)
+            .map(|_| tempfile::Builder::new().prefix(prefix).tempdir().unwrap())
+            .collect();
+        let mut warm_env = base_env(homes[1].path(), limits);
+        warm_env.push((pool.0.into(), pool.1.to_string()));
+        let servers = [
+            start_env(homes[0].path(), backend, base_env(homes[0].path(), limits)),
+            start_env(homes[1].path(), backend, warm_env),
+        ];
+        let sides = servers
+            .iter()
+            .map(|s| {
+                let key = org(s);
+                let mut c = Conn::open(s.addr);
+                assert_eq!(
+                    c.json("POST", "/v1/agents", &key, Some(&agent("trivial")))
+                        .0,
+                    201
+                );
+                (c, key)
+            })
+            .collect();
+        ColdAndWarm {
+            homes,
+            servers,
+            sides,
+        }
+    }
+
+    /// Stops both as an operator stops them (SIGTERM): the idle warm
+    /// sandboxes go with their server.
+    pub fn stop(self) {
+        for mut s in self.servers {
+            terminate(&mut s);
+        }
+    }
+}
+
+/// SIGTERM to `s`, then waits for it to exit.
+pub fn terminate(s: &mut Server) {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(s.child.id()).unwrap()).unwrap();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let _ = s.child.wait();
+}
+
+/// One run of `trivial` (prompt `p<round>`) to its success, polled every
+/// `poll` for up to `within`: its span as the server records it
+/// (`ended_at - created_at`), and from the POST until the client saw it
+/// ended.
+pub fn timed_run(
+    c: &mut Conn,
+    key: &str,
+    round: usize,
+    within: Duration,
+    poll: Duration,
+) -> (Duration, Duration) {
+    let t = Instant::now();
+    let (st, v) = c.json(
+        "POST",
+        "/v1/runs",
+        key,
+        Some(&json!({"agent": "trivial", "prompt": format!("p{round}")})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    loop {
+        let (_, r) = c.json("GET", &format!("/v1/runs/{id}"), key, None);
+        if let Some(end) = r["ended_at"].as_u64() {
+            let seen = t.elapsed();
+            assert_eq!(r["status"], "succeeded", "{r}");
+            let start = r["created_at"].as_u64().unwrap();
+            return (Duration::from_millis(end - start), seen);
+        }
+        assert!(t.elapsed() < within, "run {id} never ended");
+        std::thread::sleep(poll);
+    }
 }
 
 pub fn wait_all_ended(c: &mut Conn, key: &str, ids: &[String], secs: u64) -> Vec<Value> {

@@ -9,13 +9,13 @@
 //! the tests print SKIPPED.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use airlock_platform::orchestrator::REMOVAL_WITHIN;
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Server, agent_body, base_env, create_org, wait_for};
+use crate::support::serve::{Server, agent_body, holds_within, pooled_server, run_to_end};
 use crate::support::{docker, docker_available, docker_inspect, docker_leftovers};
 
 /// The pairs of the platform whose PID is `pid`: (pair id, idle).
@@ -110,66 +110,28 @@ fn holds_nothing(home: &Path, pair: &str, marks: &[String]) {
 /// Whether every container and network labelled with one of `runs` (run
 /// or pair ids) is gone within `bound`.
 fn removed_within(runs: &[&str], bound: Duration) -> bool {
-    let deadline = Instant::now() + bound;
-    loop {
-        if runs.iter().all(|r| docker_leftovers(r).is_empty()) {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    holds_within(bound, || {
+        runs.iter().all(|r| docker_leftovers(r).is_empty())
+    })
 }
 
-/// Starts a run of `agent` with `prompt`; its id once it has succeeded,
-/// and the uid its agent printed.
+/// Runs `agent` with `prompt` to its success: its id, and the uid its
+/// agent printed.
 fn run_once(s: &Server, key: &str, agent: &str, prompt: &str) -> (String, u32) {
-    let (st, v) = s.call(
-        "POST",
-        "/v1/runs",
-        Some(key),
-        Some(&json!({"agent": agent, "prompt": prompt})),
-    );
-    assert_eq!(st, 202, "{v}");
-    let id = v["id"].as_str().unwrap().to_owned();
-    let done = wait_for(s, &format!("/v1/runs/{id}"), key, 120, |v| {
-        v["ended_at"].is_number()
-    });
-    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
-    let logs = s
-        .call("GET", &format!("/v1/runs/{id}/logs"), Some(key), None)
-        .1;
-    let uid = logs["events"]
-        .as_array()
-        .unwrap()
+    let (id, lines) = run_to_end(s, key, agent, prompt, 120);
+    let uid = lines
         .iter()
-        .filter_map(|e| e["payload"]["line"].as_str())
         .find_map(|l| l.strip_prefix("uid "))
         .and_then(|u| u.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no uid line: {logs}"));
+        .unwrap_or_else(|| panic!("no uid line: {lines:?}"));
     (id, uid)
 }
 
-/// `airlock serve` with a pool of `size` on a home of its own, an
-/// organization, and the agent `pooled` running `script`.
-fn pooled_server(
-    size: usize,
-    script: &str,
-) -> (tempfile::TempDir, Vec<(String, String)>, Server, String) {
-    let home = tempfile::tempdir().unwrap();
-    let mut env = base_env(home.path(), None);
-    env.push(("DOCKER_WARM_POOL".into(), size.to_string()));
-    let s = Server::start(&env, "docker", home.path().join("serve.log"));
-    let (_, key) = create_org(&env, "Acme", &[]);
-    let (st, v) = s.call(
-        "POST",
-        "/v1/agents",
-        Some(&key),
-        Some(&agent_body("pooled", script, 60)),
-    );
-    assert_eq!(st, 201, "{v}");
-    (home, env, s, key)
+/// `airlock serve` with a pool of `size`, and the agent `pooled` running
+/// `script`.
+fn pooled(size: usize, script: &str) -> (tempfile::TempDir, Vec<(String, String)>, Server, String) {
+    let agents = [agent_body("pooled", script, 60)];
+    pooled_server("docker", ("DOCKER_WARM_POOL", size), &agents)
 }
 
 const AGENT: &str = "import os\nprint('uid', os.getuid(), flush=True)\n";
@@ -181,7 +143,7 @@ fn a_pooled_pair_holds_nothing_of_a_run_and_serves_exactly_one() {
     }
     let marker = format!("pooled-file-marker-{}", std::process::id());
     let script = format!("{AGENT}MARK = '{marker}'\n");
-    let (home, _env, mut s, key) = pooled_server(2, &script);
+    let (home, _env, mut s, key) = pooled(2, &script);
     let mut marks = vec![marker.clone()];
     // The first run starts cold: the pool learns what its runs need.
     let prompt = |n: usize| format!("pooled-prompt-{n}-{}", std::process::id());
@@ -234,7 +196,7 @@ fn after_a_sigkill_the_next_boot_leaves_no_pooled_container() {
     if !docker_available() {
         return;
     }
-    let (home, env, mut s, key) = pooled_server(1, AGENT);
+    let (home, env, mut s, key) = pooled(1, AGENT);
     run_once(&s, &key, "pooled", "learn");
     let [pair] = wait_idle(&s, 1).try_into().unwrap();
     // `airlock doctor` shows it.
@@ -275,7 +237,7 @@ fn a_platform_killed_between_a_runs_end_and_its_removal_leaves_nothing_after_the
     if !docker_available() {
         return;
     }
-    let (home, env, mut s, key) = pooled_server(0, AGENT);
+    let (home, env, mut s, key) = pooled(0, AGENT);
     drop(s);
     let mut dying = env.clone();
     dying.push(("AIRLOCK_TEST_FAIL_POINT".into(), "after-run-end".into()));
@@ -312,169 +274,5 @@ fn a_platform_killed_between_a_runs_end_and_its_removal_leaves_nothing_after_the
     assert!(
         logs.to_string().contains("uid "),
         "its output is kept: {logs}"
-    );
-}
-
-/// The run networks made ahead of the platform whose PID is `pid`
-/// (`DOCKER_NETWORK_POOL`), by name.
-fn networks_ahead_of(pid: u32) -> Vec<String> {
-    let out = docker(&[
-        "network",
-        "ls",
-        "--filter",
-        "label=airlock.pool=true",
-        "--filter",
-        "label=airlock.role=network",
-        "--format",
-        "{{.Name}} {{.Label \"airlock.owner\"}}",
-    ]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let (name, owner) = l.split_once(' ')?;
-            (owner.split(':').nth(1) == Some(&pid.to_string())).then(|| name.to_owned())
-        })
-        .filter(|n| n.starts_with("airlock-exec-net_"))
-        .collect()
-}
-
-/// The one network made ahead by `s`, once there is one that is not
-/// `other`, within two minutes (never more than one: the pool's size).
-fn wait_network_ahead(s: &Server, other: Option<&str>) -> String {
-    for _ in 0..1200 {
-        let nets = networks_ahead_of(s.child.id());
-        assert!(
-            nets.len() <= 1,
-            "more networks than the pool's size: {nets:?}"
-        );
-        if let Some(n) = nets.into_iter().find(|n| Some(n.as_str()) != other) {
-            return n;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("no network was made ahead:\n{}", s.log_text());
-}
-
-/// The IPv4 routes a sandbox's `/proc/net/route` lists: (destination,
-/// mask, gateway).
-fn routes(text: &str) -> Vec<[std::net::Ipv4Addr; 3]> {
-    let hex = |h: &str| {
-        u32::from_str_radix(h, 16)
-            .ok()
-            .map(|x| x.to_le_bytes().into())
-    };
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            Some([hex(f.get(1)?)?, hex(f.get(7)?)?, hex(f.get(2)?)?])
-        })
-        .collect()
-}
-
-/// `DOCKER_NETWORK_POOL=1`: a cold run's start takes the network made
-/// before it, which held nothing (no container, nothing of a run in its
-/// configuration), is internal with no address on the host's side like
-/// a run's own, serves that run only (its agent's one route is that
-/// network's), and goes with it; another is made in its place, and the
-/// platform's stop leaves none.
-#[test]
-fn a_network_made_ahead_holds_nothing_serves_one_run_and_goes_with_it() {
-    if !docker_available() {
-        return;
-    }
-    let home = tempfile::tempdir().unwrap();
-    let mut env = base_env(home.path(), None);
-    env.push(("DOCKER_NETWORK_POOL".into(), "1".into()));
-    let mut s = Server::start(&env, "docker", home.path().join("serve.log"));
-    let (_, key) = create_org(&env, "Acme", &[]);
-    let script = "print(open('/proc/net/route').read(), flush=True)\n";
-    let (st, v) = s.call(
-        "POST",
-        "/v1/agents",
-        Some(&key),
-        Some(&agent_body("routes", script, 60)),
-    );
-    assert_eq!(st, 201, "{v}");
-    let mut served: Vec<String> = vec![];
-    for round in 0..2 {
-        let net = wait_network_ahead(&s, served.last().map(String::as_str));
-        let n = docker_inspect("network", &net).expect("the network made ahead");
-        assert_eq!(n["Internal"], true, "{n}");
-        assert_eq!(
-            n["Options"]["com.docker.network.bridge.inhibit_ipv4"], "true",
-            "{n}"
-        );
-        assert!(
-            n["Containers"].as_object().is_none_or(|c| c.is_empty()),
-            "a container on {net} before any run: {n}"
-        );
-        assert!(!n.to_string().contains("run_"), "{net} names a run: {n}");
-        let (addr, mask) = n["IPAM"]["Config"][0]["Subnet"]
-            .as_str()
-            .and_then(|s| s.split_once('/'))
-            .and_then(|(a, p)| {
-                let bits: u32 = p.parse().ok().filter(|b| *b <= 32)?;
-                let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
-                Some((a.parse::<std::net::Ipv4Addr>().ok()?, mask))
-            })
-            .unwrap_or_else(|| panic!("no IPv4 subnet: {n}"));
-        let subnet = (
-            std::net::Ipv4Addr::from(u32::from(addr) & mask),
-            std::net::Ipv4Addr::from(mask),
-        );
-        let (st, v) = s.call(
-            "POST",
-            "/v1/runs",
-            Some(&key),
-            Some(&json!({"agent": "routes", "prompt": format!("r{round}")})),
-        );
-        assert_eq!(st, 202, "{v}");
-        let id = v["id"].as_str().unwrap().to_owned();
-        let done = wait_for(&s, &format!("/v1/runs/{id}"), &key, 120, |v| {
-            v["ended_at"].is_number()
-        });
-        assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
-        let logs = s
-            .call("GET", &format!("/v1/runs/{id}/logs"), Some(&key), None)
-            .1;
-        let text: String = logs["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|e| e["payload"]["line"].as_str())
-            .map(|l| format!("{l}\n"))
-            .collect();
-        // Its subnet, and the default route through the gateway the
-        // daemon names on it (an address the bridge does not hold, as on a
-        // run's own network: no next hop).
-        let on = |a: std::net::Ipv4Addr| u32::from(a) & u32::from(subnet.1) == u32::from(subnet.0);
-        let unspecified = std::net::Ipv4Addr::UNSPECIFIED;
-        let routes = routes(&text);
-        assert!(
-            routes.contains(&[subnet.0, subnet.1, unspecified])
-                && routes.iter().all(|&[dest, mask, gw]| {
-                    (dest, mask) == subnet || ((dest, mask) == (unspecified, unspecified) && on(gw))
-                }),
-            "run {id} was not on {net} ({subnet:?}) alone:\n{text}"
-        );
-        // It served this run only: gone with it, another made instead.
-        assert!(
-            removed_within(
-                &[net.trim_start_matches("airlock-exec-"), &id],
-                REMOVAL_WITHIN
-            ),
-            "{net} of run {id} outlived it: {:?}",
-            docker_leftovers(&id)
-        );
-        assert!(!served.contains(&net));
-        served.push(net);
-    }
-    wait_network_ahead(&s, served.last().map(String::as_str));
-    let pid = s.child.id();
-    assert!(s.terminate().success());
-    assert!(
-        networks_ahead_of(pid).is_empty(),
-        "networks outlived their platform: {:?}",
-        networks_ahead_of(pid)
     );
 }

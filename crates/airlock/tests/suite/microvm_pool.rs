@@ -20,7 +20,7 @@ use airlock_platform::orchestrator::REMOVAL_WITHIN;
 use serde_json::{Value, json};
 
 use crate::microvm::guest;
-use crate::support::serve::{Server, base_env, create_org, wait_for};
+use crate::support::serve::{Server, holds_within, pooled_server, run_to_end};
 
 /// The agent: prints its guest's boot id, its data file, a workspace write
 /// read back, whether its own directory is writable; and, given a prompt
@@ -81,48 +81,16 @@ fn agent(name: &str, note: &str) -> Value {
     })
 }
 
-/// `airlock serve` on the microvm backend with a pool of `size`, an
-/// organization, and the agents `warm-a` (its note `note_a`) and `warm-b`.
-fn pooled_server(
-    size: usize,
-    note_a: &str,
-) -> (tempfile::TempDir, Vec<(String, String)>, Server, String) {
-    let home = tempfile::tempdir().unwrap();
-    let mut env = base_env(home.path(), None);
-    env.push(("MICROVM_WARM_POOL".into(), size.to_string()));
-    let s = Server::start(&env, "microvm", home.path().join("serve.log"));
-    let (_, key) = create_org(&env, "Acme", &[]);
-    for (name, note) in [("warm-a", note_a), ("warm-b", "plain")] {
-        let (st, v) = s.call("POST", "/v1/agents", Some(&key), Some(&agent(name, note)));
-        assert_eq!(st, 201, "{v}");
-    }
-    (home, env, s, key)
+/// `airlock serve` on the microvm backend with a pool of `size`, and the
+/// agents `warm-a` (its note `note_a`) and `warm-b`.
+fn pooled(size: usize, note_a: &str) -> (tempfile::TempDir, Vec<(String, String)>, Server, String) {
+    let agents = [agent("warm-a", note_a), agent("warm-b", "plain")];
+    pooled_server("microvm", ("MICROVM_WARM_POOL", size), &agents)
 }
 
-/// Runs `agent` with `prompt` to its end; its id and its output lines.
+/// Runs `agent` with `prompt` to its success; its id and its output lines.
 fn run_once(s: &Server, key: &str, agent: &str, prompt: &str) -> (String, Vec<String>) {
-    let (st, v) = s.call(
-        "POST",
-        "/v1/runs",
-        Some(key),
-        Some(&json!({"agent": agent, "prompt": prompt})),
-    );
-    assert_eq!(st, 202, "{v}");
-    let id = v["id"].as_str().unwrap().to_owned();
-    let done = wait_for(s, &format!("/v1/runs/{id}"), key, 240, |v| {
-        v["ended_at"].is_number()
-    });
-    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
-    let logs = s
-        .call("GET", &format!("/v1/runs/{id}/logs"), Some(key), None)
-        .1;
-    let lines = logs["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["payload"]["line"].as_str().map(str::to_owned))
-        .collect();
-    (id, lines)
+    run_to_end(s, key, agent, prompt, 240)
 }
 
 /// The value after `tag ` on the line that starts with it.
@@ -217,19 +185,10 @@ fn wait_idle(s: &Server, home: &Path, n: usize) -> Vec<u32> {
 
 /// Whether every process of `pids` is gone within `bound`.
 fn gone_within(pids: &[u32], bound: Duration) -> bool {
-    let deadline = Instant::now() + bound;
-    loop {
-        if pids
-            .iter()
+    holds_within(bound, || {
+        pids.iter()
             .all(|p| !Path::new(&format!("/proc/{p}")).exists())
-        {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 /// An idle guest seen from the host holds nothing of any run: neither its
@@ -260,7 +219,7 @@ fn a_warm_run_sees_its_files_and_a_pooled_guest_holds_nothing_of_any_run() {
         return;
     }
     let mark = format!("pooled-file-marker-{}", std::process::id());
-    let (home, _env, mut s, key) = pooled_server(1, &mark);
+    let (home, _env, mut s, key) = pooled(1, &mark);
     // The first run starts cold: the pool learns what its runs need.
     let (first, lines) = run_once(&s, &key, "warm-a", "learn");
     assert_eq!(said(&lines, "data"), mark);
@@ -349,7 +308,7 @@ fn after_a_sigkill_the_next_boot_leaves_no_pooled_guest() {
     if guest().is_none() {
         return;
     }
-    let (home, env, mut s, key) = pooled_server(1, "note");
+    let (home, env, mut s, key) = pooled(1, "note");
     run_once(&s, &key, "warm-a", "learn");
     let pid = s.child.id();
     // A guest that dies while idle (its VMM killed from outside) is

@@ -5,7 +5,7 @@
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,15 +36,9 @@ pub fn base_env(home: &Path, database_url: Option<&str>) -> Vec<(String, String)
     env
 }
 
+/// This build's `airlock` with `env` ([`airlock_test_support::serve::command`]).
 pub fn command(env: &[(String, String)]) -> Command {
-    let mut c = Command::new(AIRLOCK);
-    c.env_remove("DATABASE_URL")
-        .env_remove("RUN_ADAPTER")
-        .env_remove("PLATFORM_RUN_LIMITS");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c
+    airlock_test_support::serve::command(Path::new(AIRLOCK), env)
 }
 
 /// A running `airlock serve`; SIGKILLed on drop.
@@ -90,51 +84,13 @@ impl Server {
     /// Starts one on `127.0.0.1:0` and returns once it listens (it answers
     /// `/healthz`; it may not be ready).
     pub fn spawn(env: &[(String, String)], backend: &str, log: PathBuf) -> Server {
-        let file = std::fs::File::create(&log).unwrap();
-        let mut child = command(env)
-            .args(["serve", "--listen", "127.0.0.1:0", "--backend", backend])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("airlock serve");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            // Only a whole line: the server may be writing it as it is read.
-            let listening = text
-                .split_inclusive('\n')
-                .filter(|l| l.ends_with('\n'))
-                .map(str::trim_end)
-                .find(|l| l.contains("listening on http://"));
-            if let Some(line) = listening {
-                let addr = line
-                    .split("http://")
-                    .nth(1)
-                    .and_then(|r| r.split_whitespace().next())
-                    .and_then(|a| a.parse().ok())
-                    .expect("address in the listening line");
-                let replica = line
-                    .split("(replica ")
-                    .nth(1)
-                    .and_then(|r| r.split(',').next())
-                    .unwrap_or_default()
-                    .to_owned();
-                return Server {
-                    child,
-                    addr,
-                    log,
-                    replica,
-                };
-            }
-            if let Ok(Some(st)) = child.try_wait() {
-                panic!("airlock serve exited ({st}) before listening:\n{text}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "airlock serve did not start:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let started =
+            airlock_test_support::serve::spawn(Path::new(AIRLOCK), env, backend, &log, false);
+        Server {
+            child: started.child,
+            addr: started.addr,
+            log,
+            replica: started.replica,
         }
     }
 
@@ -263,30 +219,10 @@ impl Drop for Server {
 
 /// `airlock orgs create NAME …`: the org id and its first API key.
 pub fn create_org(env: &[(String, String)], name: &str, extra: &[&str]) -> (String, String) {
-    let out = command(env)
-        .args(["orgs", "create", name])
-        .args(extra)
-        .output()
-        .expect("airlock orgs create");
-    assert!(
-        out.status.success(),
-        "airlock orgs create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON from airlock orgs create");
-    (
-        v["org"].as_str().unwrap().to_owned(),
-        v["api_key"].as_str().unwrap().to_owned(),
-    )
+    airlock_test_support::serve::create_org(Path::new(AIRLOCK), env, name, extra)
 }
 
-/// A registered agent: `script` as `agent.py`, run by Debian's python3.
-pub fn agent_body(name: &str, script: &str, timeout: u64) -> Value {
-    json!({
-        "manifest": format!("[agent]\nname = \"{name}\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = {timeout}\n\n[network]\negress = \"none\"\n"),
-        "files": { "agent.py": script },
-    })
-}
+pub use airlock_test_support::serve::agent_body;
 
 /// Polls `GET path` until `pred` holds of the JSON, for up to `secs`.
 pub fn wait_for(
@@ -535,4 +471,72 @@ pub fn run_agent_once(
         .call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None)
         .1;
     (run, logs.to_string())
+}
+
+/// What the warm pool tests of every backend start from: `airlock serve`
+/// on `backend` with its pool of `size` (`pool_var`) on a home of its own,
+/// the organization `Acme`, and `agents` registered ([`agent_body`]'s
+/// shape): the home, the environment, the server and the API key.
+pub fn pooled_server(
+    backend: &str,
+    (pool_var, size): (&str, usize),
+    agents: &[Value],
+) -> (tempfile::TempDir, Vec<(String, String)>, Server, String) {
+    let home = tempfile::tempdir().unwrap();
+    let mut env = base_env(home.path(), None);
+    env.push((pool_var.into(), size.to_string()));
+    let s = Server::start(&env, backend, home.path().join("serve.log"));
+    let (_, key) = create_org(&env, "Acme", &[]);
+    for a in agents {
+        let (st, v) = s.call("POST", "/v1/agents", Some(&key), Some(a));
+        assert_eq!(st, 201, "{v}");
+    }
+    (home, env, s, key)
+}
+
+/// Runs `agent` with `prompt` to its end (within `secs`), which must be a
+/// success: its id and its output lines.
+pub fn run_to_end(
+    s: &Server,
+    key: &str,
+    agent: &str,
+    prompt: &str,
+    secs: u64,
+) -> (String, Vec<String>) {
+    let (st, v) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(key),
+        Some(&json!({"agent": agent, "prompt": prompt})),
+    );
+    assert_eq!(st, 202, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    let done = wait_for(s, &format!("/v1/runs/{id}"), key, secs, |v| {
+        v["ended_at"].is_number()
+    });
+    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
+    let logs = s
+        .call("GET", &format!("/v1/runs/{id}/logs"), Some(key), None)
+        .1;
+    let lines = logs["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["payload"]["line"].as_str().map(str::to_owned))
+        .collect();
+    (id, lines)
+}
+
+/// Whether `done` holds within `bound` (looked at every 50 ms).
+pub fn holds_within(bound: Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
