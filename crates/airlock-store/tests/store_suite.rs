@@ -2412,7 +2412,10 @@ async fn sqlite_a_reader_opens_and_reads_while_another_process_writes() {
         ..Default::default()
     };
     let reader = Store::open_sqlite(&path, &opts).await.unwrap();
-    assert_eq!(reader.list_runs(&RunQuery::default()).await.unwrap().len(), 1);
+    assert_eq!(
+        reader.list_runs(&RunQuery::default()).await.unwrap().len(),
+        1
+    );
     assert!(reader.get_run("r1").await.unwrap().is_some());
     assert_eq!(reader.list_events("r1", 0, 100).await.unwrap().len(), 1);
     let own = reader.own_connection().await.unwrap();

@@ -462,7 +462,8 @@ fn an_agent_directory_under_var_tmp_runs_on_every_backend() {
         let out = cmd.output().unwrap();
         let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         assert_eq!(
-            json["status"], "succeeded",
+            json["status"],
+            "succeeded",
             "{backend}: {json}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
