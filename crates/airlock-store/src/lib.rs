@@ -310,16 +310,35 @@ impl Store {
             path: display.clone(),
             source,
         })?;
+        // Every connection's settings: none of them writes to a store that
+        // exists (WAL is recorded in the file once; saying it again only
+        // reads it), so a reader never waits for a busy writer.
         let connect = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(false)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(opts.busy_timeout)
-            .foreign_keys(true)
-            // Space a sweep frees goes back to the file system (a store
-            // created before this setting keeps its mode until VACUUM).
-            .auto_vacuum(sqlx::sqlite::SqliteAutoVacuum::Incremental);
+            .foreign_keys(true);
+        // Space a sweep frees goes back to the file system: a new (empty)
+        // file is made `auto_vacuum = INCREMENTAL` by one connection, before
+        // its first page (a store created before this setting keeps its
+        // mode until VACUUM). Not a setting of every connection: saying it
+        // to a store that has pages is a write transaction (SQLite records
+        // the mode again), which made every reader that opened the store —
+        // `airlock runs logs` beside a run printing fast — wait for the
+        // writer's lock and fail after the busy timeout.
+        if std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) == 0 {
+            let first = connect
+                .clone()
+                .auto_vacuum(sqlx::sqlite::SqliteAutoVacuum::Incremental);
+            let c = sqlx::SqliteConnection::connect_with(&first)
+                .await
+                .map_err(|e| StoreError::from_sqlx(&display, e))?;
+            c.close()
+                .await
+                .map_err(|e| StoreError::from_sqlx(&display, e))?;
+        }
         let pool = SqlitePoolOptions::new()
             .max_connections(opts.max_connections.max(1))
             .acquire_timeout(opts.acquire_timeout)

@@ -2372,6 +2372,70 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
     assert_eq!(s.list_egress("r1", 2000).await.unwrap().len(), 1280);
 }
 
+/// A reader never waits for a writer (WAL): with another process holding
+/// the store's write lock for longer than the reader's busy timeout (an
+/// `airlock run` writing its agent's lines), the store opens and its runs
+/// and events are read, by the pool and by a connection of its own. Each
+/// open said `auto_vacuum = INCREMENTAL` again, a write transaction, and
+/// failed as locked. A new store is still made incremental.
+#[tokio::test]
+async fn sqlite_a_reader_opens_and_reads_while_another_process_writes() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("airlock.db");
+    let s = Store::open_sqlite(&path, &StoreOptions::default())
+        .await
+        .unwrap();
+    new_run(&s, "r1").await;
+    s.append_event(&NewEvent {
+        run_id: "r1",
+        at: 5,
+        kind: "log",
+        payload: r#"{"kind":"log"}"#,
+    })
+    .await
+    .unwrap();
+    let mut writer = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let mode: i64 = sqlx::query_scalar("PRAGMA auto_vacuum")
+        .fetch_one(&mut writer)
+        .await
+        .unwrap();
+    assert_eq!(mode, 2, "a new store is not auto_vacuum = INCREMENTAL");
+    sqlx::raw_sql("BEGIN IMMEDIATE; INSERT INTO run_events (run_id, at, kind, payload) VALUES ('r1', 6, 'log', '{}')")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    let opts = StoreOptions {
+        busy_timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let reader = Store::open_sqlite(&path, &opts).await.unwrap();
+    assert_eq!(
+        reader.list_runs(&RunQuery::default()).await.unwrap().len(),
+        1
+    );
+    assert!(reader.get_run("r1").await.unwrap().is_some());
+    assert_eq!(reader.list_events("r1", 0, 100).await.unwrap().len(), 1);
+    let own = reader.own_connection().await.unwrap();
+    assert_eq!(own.list_events("r1", 0, 100).await.unwrap().len(), 1);
+    // The writer held its lock throughout: a write of the reader's waits
+    // for it and is refused, as ever.
+    let err = reader
+        .append_event(&NewEvent {
+            run_id: "r1",
+            at: 7,
+            kind: "log",
+            payload: "{}",
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
+    sqlx::raw_sql("COMMIT").execute(&mut writer).await.unwrap();
+    assert_eq!(reader.list_events("r1", 0, 100).await.unwrap().len(), 2);
+}
+
 #[tokio::test]
 async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
     use sqlx::Connection as _;

@@ -354,26 +354,40 @@ async fn read_view(
     Ok(archive)
 }
 
-/// The agent's directory of a pooled guest at `path` under `new`: a tmpfs
-/// sized for it, the archive unpacked in it (its entries kept inside it,
-/// their owners and modes as on the host, as a cold start's disk keeps
+/// The agent's directory of a pooled guest at the mount point `at`: a
+/// tmpfs sized for it, the archive unpacked in it (its entries kept inside
+/// it, their owners and modes as on the host, as a cold start's disk keeps
 /// them), then read-only.
-fn mount_view(new: &Path, v: &GuestView, archive: &[u8]) -> std::io::Result<()> {
-    let at = new.join(v.path.strip_prefix("/").unwrap_or(&v.path));
-    std::fs::create_dir_all(&at)?;
+fn mount_view(at: &Path, v: &GuestView, archive: &[u8]) -> std::io::Result<()> {
     let nosuid = MountFlags::NOSUID | MountFlags::NODEV;
     let size = v.file_bytes + v.entries * 4096 + (1 << 20);
     let opts = format!("size={size},nr_inodes={},mode=0755", v.entries + 16);
-    mount("tmpfs", &at, "tmpfs", nosuid, opts.as_str()).map_err(|e| io_err("agent view", e))?;
+    mount("tmpfs", at, "tmpfs", nosuid, opts.as_str()).map_err(|e| io_err("agent view", e))?;
     let mut a = tar::Archive::new(archive);
     a.set_preserve_ownerships(true);
     a.set_overwrite(false);
-    a.unpack(&at).map_err(|e| io_err("agent view", e))?;
-    rustix::mount::mount_remount(&at, MountFlags::RDONLY | nosuid, c"")
+    a.unpack(at).map_err(|e| io_err("agent view", e))?;
+    rustix::mount::mount_remount(at, MountFlags::RDONLY | nosuid, c"")
         .map_err(|e| io_err("agent view read-only", e))
 }
 
+/// What is mounted at one of the run's own paths.
+enum Point<'a> {
+    Workspace,
+    /// The agent disk of this index (serial `agent<i>`).
+    Disk(usize),
+    /// A pooled guest's agent directory, with its archive.
+    View(&'a GuestView, &'a [u8]),
+}
+
 /// The agent's view, made the root: see the module's comment.
+///
+/// The run's own paths (the workspace, the agent's directory) are mounted
+/// at the paths the host gave, as the other backends show them, wherever
+/// they lie: one under a directory the image has (`/var/tmp/…`, `/opt/…`,
+/// `/usr/local/…`), read-only in the view, gets its mount point on a
+/// [`mirror_dir`] of that directory, which shows the image's entries as
+/// before.
 fn build_root(h: &GuestHeader, view: Option<&[u8]>) -> std::io::Result<()> {
     let m = |what: &str, r: rustix::io::Result<()>| r.map_err(|e| io_err(what, e));
     let nosuid = MountFlags::NOSUID | MountFlags::NODEV;
@@ -387,31 +401,11 @@ fn build_root(h: &GuestHeader, view: Option<&[u8]>) -> std::io::Result<()> {
         "root",
         mount("tmpfs", new, "tmpfs", nosuid, "size=4m,mode=0755"),
     )?;
-    for e in std::fs::read_dir("/")?.flatten() {
-        let name = e.file_name();
-        if ["dev", "proc", "sys", "run", "tmp", "lost+found"]
-            .iter()
-            .any(|s| name == *s)
-        {
-            continue;
-        }
-        let to = new.join(&name);
-        let t = e.file_type()?;
-        if t.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &to)?;
-        } else if t.is_dir() {
-            std::fs::create_dir(&to)?;
-            m("bind", rustix::mount::mount_bind_recursive(e.path(), &to))?;
-            m(
-                "bind ro",
-                rustix::mount::mount_remount(
-                    &to,
-                    MountFlags::BIND | MountFlags::RDONLY | nosuid,
-                    c"",
-                ),
-            )?;
-        }
-    }
+    mirror_entries(
+        Path::new("/"),
+        new,
+        &["dev", "proc", "sys", "run", "tmp", "lost+found"],
+    )?;
     for d in ["dev", "proc", "tmp", "run", "workspace"] {
         std::fs::create_dir_all(new.join(d))?;
     }
@@ -437,29 +431,63 @@ fn build_root(h: &GuestHeader, view: Option<&[u8]>) -> std::io::Result<()> {
         ),
     )?;
     std::fs::create_dir_all(new.join(SOCKETS_IN_GUEST.trim_start_matches('/')))?;
-    let ws = new.join(h.workspace.strip_prefix("/").unwrap_or(&h.workspace));
-    std::fs::create_dir_all(&ws)?;
-    let opts = format!(
-        "size={}m,mode=0700,uid={},gid={}",
-        h.workspace_mb.max(1),
-        h.uid,
-        h.uid
+    // The run's own paths, parents first (one may lie inside another).
+    let mut points: Vec<(&Path, Point<'_>)> = vec![(h.workspace.as_path(), Point::Workspace)];
+    points.extend(
+        h.disks
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.as_path(), Point::Disk(i))),
     );
-    m(
-        "workspace",
-        mount("tmpfs", &ws, "tmpfs", nosuid, opts.as_str()),
-    )?;
-    for (i, path) in h.disks.iter().enumerate() {
-        let dev = disk_with_serial(&format!("agent{i}"))?;
-        let at = new.join(path.strip_prefix("/").unwrap_or(path));
-        std::fs::create_dir_all(&at)?;
-        m(
-            "agent disk",
-            mount(&dev, &at, "ext4", MountFlags::RDONLY | nosuid, "noload"),
-        )?;
-    }
     if let (Some(v), Some(archive)) = (&h.view, view) {
-        mount_view(new, v, archive)?;
+        points.push((v.path.as_path(), Point::View(v, archive)));
+    }
+    points.sort_by_key(|(p, _)| p.components().count());
+    // The image's directories that lack a point they must hold, mirrored
+    // outermost first (an inner one is then a bind inside the outer's
+    // mirror, and its own mirror hides nothing made before).
+    let mut mirrored: Vec<PathBuf> = Vec::new();
+    for (path, _) in &points {
+        let (at, missing) = resolve(new, path)?;
+        if !missing.is_empty() && !mirrored.contains(&at) && read_only(&under(new, &at))? {
+            mirrored.push(at);
+        }
+    }
+    mirrored.sort_by_key(|p| p.components().count());
+    for at in &mirrored {
+        mirror_dir(new, at)?;
+    }
+    for (path, what) in points {
+        let at = make_point(new, path)?;
+        match what {
+            Point::Workspace => {
+                let opts = format!(
+                    "size={}m,mode=0700,uid={},gid={}",
+                    h.workspace_mb.max(1),
+                    h.uid,
+                    h.uid
+                );
+                m(
+                    "workspace",
+                    mount("tmpfs", &at, "tmpfs", nosuid, opts.as_str()),
+                )?;
+            }
+            Point::Disk(i) => {
+                let dev = disk_with_serial(&format!("agent{i}"))?;
+                m(
+                    "agent disk",
+                    mount(&dev, &at, "ext4", MountFlags::RDONLY | nosuid, "noload"),
+                )?;
+            }
+            Point::View(v, archive) => mount_view(&at, v, archive)?,
+        }
+    }
+    // Each mirror read-only again, as the image's directory it shows.
+    for at in &mirrored {
+        m(
+            "mirror read-only",
+            rustix::mount::mount_remount(under(new, at), MountFlags::RDONLY | nosuid, c""),
+        )?;
     }
     m("dev", rustix::mount::mount_move("/dev", new.join("dev")))?;
     std::env::set_current_dir(new)?;
@@ -475,6 +503,166 @@ fn build_root(h: &GuestHeader, view: Option<&[u8]>) -> std::io::Result<()> {
         "ro root",
         rustix::mount::mount_remount("/", MountFlags::RDONLY | nosuid, c""),
     )
+}
+
+/// The view's path `p` (absolute, as the agent names it) under `new`, the
+/// view's root while it is built.
+fn under(new: &Path, p: &Path) -> PathBuf {
+    new.join(p.strip_prefix("/").unwrap_or(p))
+}
+
+/// Whether the directory `dir` lies on a read-only mount.
+fn read_only(dir: &Path) -> std::io::Result<bool> {
+    let s = rustix::fs::statvfs(dir).map_err(|e| io_err(&dir.display().to_string(), e))?;
+    Ok(s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+}
+
+/// `dst`, an empty directory on a writable tmpfs, given the entries of the
+/// image's directory `src` but those named in `skip`: each directory and
+/// regular file bound at its name, read-only, nosuid and nodev; each
+/// symbolic link copied. (Nothing else is in an image's directories.)
+fn mirror_entries(src: &Path, dst: &Path, skip: &[&str]) -> std::io::Result<()> {
+    let nosuid = MountFlags::NOSUID | MountFlags::NODEV;
+    for e in std::fs::read_dir(src)?.flatten() {
+        let name = e.file_name();
+        if skip.iter().any(|s| name == *s) {
+            continue;
+        }
+        let to = dst.join(&name);
+        let t = e.file_type()?;
+        if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &to)?;
+            continue;
+        }
+        if t.is_dir() {
+            std::fs::create_dir(&to)?;
+        } else if t.is_file() {
+            std::fs::File::create(&to)?;
+        } else {
+            continue;
+        }
+        rustix::mount::mount_bind_recursive(e.path(), &to).map_err(|e| io_err("bind", e))?;
+        rustix::mount::mount_remount(&to, MountFlags::BIND | MountFlags::RDONLY | nosuid, c"")
+            .map_err(|e| io_err("bind ro", e))?;
+    }
+    Ok(())
+}
+
+/// The image's directory `at` (a read-only bind in the view under `new`)
+/// made able to take new mount points, its contents as the agent sees
+/// them unchanged: a small tmpfs over it, with its owner and mode, holding
+/// its entries ([`mirror_entries`]). Made read-only again once the run's
+/// points are mounted.
+fn mirror_dir(new: &Path, at: &Path) -> std::io::Result<()> {
+    // The view shows the image's own directory at the same path (the
+    // image is this init's root until the pivot).
+    let src = Path::new("/").join(at.strip_prefix("/").unwrap_or(at));
+    let dst = under(new, at);
+    let meta = std::fs::metadata(&src)?;
+    let opts = format!(
+        "size=1m,mode={:o},uid={},gid={}",
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        std::os::unix::fs::MetadataExt::gid(&meta),
+    );
+    mount(
+        "tmpfs",
+        &dst,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        opts.as_str(),
+    )
+    .map_err(|e| io_err(&format!("mirror of {}", at.display()), e))?;
+    mirror_entries(&src, &dst, &[])
+}
+
+/// A step of a path being resolved.
+enum Step {
+    Root,
+    Up,
+    Name(std::ffi::OsString),
+}
+
+fn steps(p: &Path) -> impl DoubleEndedIterator<Item = Step> + '_ {
+    use std::path::Component;
+    p.components().filter_map(|c| match c {
+        Component::RootDir => Some(Step::Root),
+        Component::ParentDir => Some(Step::Up),
+        Component::Normal(n) => Some(Step::Name(n.to_owned())),
+        Component::CurDir | Component::Prefix(_) => None,
+    })
+}
+
+/// As many symbolic links as a resolution follows (Linux's `MAXSYMLINKS`).
+const MAX_LINKS: usize = 40;
+
+/// The view's path `path` resolved as the agent will resolve it once `new`
+/// is its root: a symbolic link of the image (`/var/run` → `/run`) is
+/// followed inside `new`, an absolute target from `new`, never from this
+/// init's root. Returns the longest part that exists, resolved (a path of
+/// the view, a directory), and the names after it that do not exist.
+fn resolve(new: &Path, path: &Path) -> std::io::Result<(PathBuf, Vec<std::ffi::OsString>)> {
+    let what = path.display().to_string();
+    let mut todo: std::collections::VecDeque<Step> = steps(path).collect();
+    let mut at = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(step) = todo.pop_front() {
+        let name = match step {
+            Step::Root => {
+                at = PathBuf::from("/");
+                continue;
+            }
+            Step::Up => {
+                at.pop();
+                continue;
+            }
+            Step::Name(n) => n,
+        };
+        let next = at.join(&name);
+        match std::fs::symlink_metadata(under(new, &next)) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(io_err(&what, "too many symbolic links in the guest"));
+                }
+                let target = std::fs::read_link(under(new, &next))?;
+                for s in steps(&target).rev() {
+                    todo.push_front(s);
+                }
+            }
+            Ok(meta) if meta.is_dir() => at = next,
+            Ok(_) => return Err(io_err(&what, "not a directory in the guest")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut missing = vec![name];
+                for s in todo {
+                    match s {
+                        Step::Name(n) => missing.push(n),
+                        // Nothing here exists to go back up through.
+                        Step::Root | Step::Up => {
+                            return Err(io_err(&what, "not a plain path"));
+                        }
+                    }
+                }
+                return Ok((at, missing));
+            }
+            Err(e) => return Err(io_err(&what, e)),
+        }
+    }
+    Ok((at, vec![]))
+}
+
+/// The mount point of the view's path `path` under `new`, made: its
+/// missing directories created where it resolves ([`resolve`]), which
+/// must be writable (the root's tmpfs, a mirror, the workspace).
+fn make_point(new: &Path, path: &Path) -> std::io::Result<PathBuf> {
+    let (at, missing) = resolve(new, path)?;
+    let mut point = under(new, &at);
+    for name in missing {
+        point.push(name);
+        std::fs::create_dir(&point)
+            .map_err(|e| io_err(&format!("mount point {}", path.display()), e))?;
+    }
+    Ok(point)
 }
 
 /// mount(2) with `data` as the filesystem's options.
@@ -531,5 +719,58 @@ mod tests {
         let (tx2, _rx2) = mpsc::channel(mux::STREAM_QUEUE);
         streams.open(2, tx2);
         assert_eq!(streams.map().len(), 1, "an ended stream was kept");
+    }
+
+    /// A run's path is resolved as the agent will see it once the view is
+    /// its root: the image's links followed inside the view (an absolute
+    /// one too, never out to this init's own root), the part that exists
+    /// told from what must be made; a loop of links and a file on the way
+    /// are errors, not a hang or a point made elsewhere.
+    #[test]
+    fn a_path_resolves_inside_the_view_and_its_point_is_made_there() {
+        let outside = tempfile::tempdir().unwrap();
+        let view = tempfile::tempdir().unwrap();
+        let new = view.path();
+        for d in ["usr/lib", "var", "run"] {
+            std::fs::create_dir_all(new.join(d)).unwrap();
+        }
+        std::os::unix::fs::symlink("usr/lib", new.join("lib")).unwrap();
+        // An absolute link: "/run" is the view's, not this process's.
+        std::os::unix::fs::symlink("/run", new.join("var/run")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), new.join("var/out")).unwrap();
+        std::os::unix::fs::symlink("../var/b", new.join("var/a")).unwrap();
+        std::os::unix::fs::symlink("/var/a", new.join("var/b")).unwrap();
+        std::fs::write(new.join("var/file"), "x").unwrap();
+        let names = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(Into::into).collect() };
+
+        let (at, missing) = resolve(new, Path::new("/lib/x/y")).unwrap();
+        assert_eq!(
+            (at, missing),
+            (PathBuf::from("/usr/lib"), names(&["x", "y"]))
+        );
+        let (at, missing) = resolve(new, Path::new("/var/run/agent")).unwrap();
+        assert_eq!((at, missing), (PathBuf::from("/run"), names(&["agent"])));
+        let (at, missing) = resolve(new, Path::new("/usr/lib")).unwrap();
+        assert_eq!((at, missing), (PathBuf::from("/usr/lib"), vec![]));
+        // A link to a host path names the view's path of that name: the
+        // point is made inside the view, nothing in the host's directory.
+        let point = make_point(new, Path::new("/var/out/z")).unwrap();
+        assert!(
+            point.starts_with(new) && point.is_dir(),
+            "{}",
+            point.display()
+        );
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        assert!(resolve(new, Path::new("/var/a/x")).is_err(), "a loop");
+        assert!(resolve(new, Path::new("/var/file/x")).is_err(), "a file");
+        assert!(resolve(new, Path::new("/nope/../x")).is_err());
+
+        let point = make_point(new, Path::new("/var/run/agent/dir")).unwrap();
+        assert_eq!(point, new.join("run/agent/dir"));
+        assert!(point.is_dir());
+        assert_eq!(
+            make_point(new, Path::new("/lib/x")).unwrap(),
+            new.join("usr/lib/x")
+        );
     }
 }

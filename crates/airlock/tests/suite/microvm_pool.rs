@@ -373,9 +373,13 @@ fn a_too_large_agent_directory_starts_cold_and_still_runs() {
         return;
     }
     use airlock_sandbox::{Backend, SandboxKind, SandboxSpec, SidecarSpec};
-    // Under /tmp: the guest makes an agent directory's path on its own
-    // /tmp (its /var, /usr… are the image's, read-only).
-    let home = tempfile::tempdir().unwrap();
+    // Under a fresh directory in /var/tmp, a directory the guest's image
+    // has (read-only): the agent's directory is seen at its path there,
+    // cold (a disk) and warm (the view unpacked at the claim) alike.
+    let home = tempfile::Builder::new()
+        .prefix("airlock-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
     let big = home.path().join("bundles/big");
     std::fs::create_dir_all(&big).unwrap();
     let f = std::fs::File::create(big.join("blob")).unwrap();
@@ -483,7 +487,8 @@ fn a_too_large_agent_directory_starts_cold_and_still_runs() {
     let deadline = Instant::now() + Duration::from_secs(240);
     while b.pool_status().idle < 1 {
         assert!(Instant::now() < deadline, "the pool never filled");
-        rt.block_on(tokio::time::sleep(Duration::from_millis(100)));
+        // (The sleep is made inside the runtime: made outside, it panics.)
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
     }
     let (warm, own_vmm, text, code) = run("run_small2", &small, &script);
     assert!(warm, "a booted guest was idle");
