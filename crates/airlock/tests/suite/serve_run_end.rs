@@ -5,6 +5,12 @@
 //! The sandboxes' removal comes after; the flush point is the backends'
 //! common one (the sidecar's flushed line), so the process backend shows
 //! it wherever the test runs. Every upstream is this test's, on 127.0.0.1.
+//!
+//! The watch ends when the sidecar tells the platform the agent's end is
+//! kept (`/internal/v1/ended`), before the sandbox's exit is reported: the
+//! agent cannot send that word nor the end it follows (the attack below),
+//! and a word sent early (as a lying runtime would make the sidecar send
+//! it) ends the run without losing a record.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
@@ -291,10 +297,14 @@ fn an_end_word_sent_early_ends_the_run_without_losing_a_record() {
     let manifest = integration_manifest("looper", up, 300);
     let script = mcp_agent(
         r#"
+import time
 n = 0
 while True:
     mcp("tools/call", {"name": "up__api_call", "arguments": {"target": UPSTREAM + "/tick/%d" % n}})
     n += 1
+    # Paced (not waiting for anything): the run's egress log, as the API
+    # lists it, holds its first 1000 records.
+    time.sleep(0.02)
     if n == 3:
         print("looping", flush=True)
 "#,
@@ -351,10 +361,9 @@ while True:
         ticks.iter().all(|r| r["outcome"].is_string()),
         "every record is final once the run reads as ended: {egress}"
     );
-    let answered = ticks.iter().filter(|r| r["status"] == 200).count();
-    assert_eq!(
-        answered, got,
-        "each request the upstream got is recorded as answered: {egress}"
+    assert!(
+        ticks.len() >= got,
+        "each request the upstream got is in the egress log ({got} got): {egress}"
     );
     // Nothing of the agent is left to send: a whole run later, the
     // upstream has had no more.
