@@ -1304,12 +1304,10 @@ impl Container {
         match s.next().await {
             Some(Ok(r)) => Ok(r.status_code),
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => Ok(code),
-            Some(Err(e)) => {
-                return Err(std::io::Error::other(ApiError::new(
-                    format!("waiting for {}", self.name),
-                    e,
-                )));
-            }
+            Some(Err(e)) => Err(std::io::Error::other(ApiError::new(
+                format!("waiting for {}", self.name),
+                e,
+            ))),
             None => Err(std::io::Error::other(format!(
                 "waiting for {}: no answer",
                 self.name
