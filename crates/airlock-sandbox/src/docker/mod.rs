@@ -1408,7 +1408,9 @@ const DIE_LOOKBACK: Duration = Duration::from_secs(300);
 
 /// The exit code in `name`'s `die` event (see [`Container::wait`]); never
 /// answers when the events stream ends or fails first, or the event has
-/// no readable code (the wait's answer decides then).
+/// no readable code (the wait's answer decides then). `name` is the
+/// container's name or id, matched here: Docker 20.10's `container` filter
+/// did not match a container's events by name (seen: none came).
 async fn died(d: &Docker, name: &str) -> Option<i64> {
     let since = std::time::SystemTime::now()
         .checked_sub(DIE_LOOKBACK)
@@ -1416,7 +1418,6 @@ async fn died(d: &Docker, name: &str) -> Option<i64> {
         .map_or(0, |t| t.as_secs());
     let filters = HashMap::from([
         ("type".to_owned(), vec!["container".to_owned()]),
-        ("container".to_owned(), vec![name.to_owned()]),
         ("event".to_owned(), vec!["die".to_owned()]),
     ]);
     let mut events = d.events(Some(
@@ -1425,14 +1426,22 @@ async fn died(d: &Docker, name: &str) -> Option<i64> {
             .filters(&filters)
             .build(),
     ));
-    while let Some(Ok(e)) = events.next().await {
-        if e.action.as_deref() != Some("die") {
+    while let Some(item) = events.next().await {
+        // An event this client cannot read (another container's) is
+        // skipped; a failed stream ends after its error.
+        let Ok(e) = item else { continue };
+        let Some(actor) = e.actor.filter(|_| e.action.as_deref() == Some("die")) else {
+            continue;
+        };
+        let attributes = actor.attributes.unwrap_or_default();
+        let ours = actor.id.as_deref() == Some(name)
+            || attributes.get("name").map(String::as_str) == Some(name);
+        if !ours {
             continue;
         }
-        let code = e
-            .actor
-            .and_then(|a| a.attributes)
-            .and_then(|a| a.get("exitCode").and_then(|c| c.parse::<i64>().ok()));
+        let code = attributes
+            .get("exitCode")
+            .and_then(|c| c.parse::<i64>().ok());
         if code.is_some() {
             return code;
         }
