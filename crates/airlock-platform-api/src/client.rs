@@ -422,6 +422,13 @@ impl PlatformClient {
         serde_json::from_slice(&answer).map_err(|e| PlatformError::BadAnswer(e.to_string()))
     }
 
+    /// Tells the platform the agent's end is kept in the run's journal
+    /// ([`crate::wire::ENDED_PATH`]).
+    pub async fn ended(&self) -> Result<Accepted, PlatformError> {
+        self.post_json(crate::wire::ENDED_PATH, &serde_json::json!({}))
+            .await
+    }
+
     /// `POST path` with `body` as JSON, and its JSON answer.
     async fn post_json<T: DeserializeOwned>(
         &self,

@@ -13,6 +13,7 @@
 //! | GET  | `/internal/v1/history?limit=N&fields=checkpoint,result` | – | [`HistoryResponse`] |
 //! | GET  | `/internal/v1/memories?q=TEXT&limit=N` | – | [`MemoriesResponse`] |
 //! | POST | `/internal/v1/events` | [`EventBatch`] | [`Accepted`] |
+//! | POST | `/internal/v1/ended` | – | [`Accepted`] (see [`ENDED_PATH`]) |
 //! | POST | `/internal/v1/results` | raw bytes, `content-type` kept | [`StoredResultRef`] |
 //! | GET  | `/internal/v1/results/{id}` | – | the raw bytes, with their `content-type` |
 //! | POST | `/internal/v1/artifacts` | the file's raw bytes; its path in `x-airlock-artifact-path`, or empty with `x-airlock-artifact-refused` | [`ArtifactAnswer`] |
@@ -23,6 +24,15 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 pub const PREFIX: &str = "/internal/v1";
+
+/// The sidecar's word that the agent's end ([`RunEvent::Result`], as the
+/// runtime reported it) is kept in the run's journal: the platform stops
+/// watching the run and tears it down at once, instead of waiting for the
+/// sandbox's exit to be reported. It carries nothing: what the run's end
+/// is, is read from the journal, never from this request. Only the
+/// sidecar sends it (the run token is the sidecar's; the sandbox never
+/// holds it).
+pub const ENDED_PATH: &str = "/internal/v1/ended";
 
 /// The integration name of the model's connection: what the model relay
 /// asks `/credentials/{integration}` for, and the key of the run's grant

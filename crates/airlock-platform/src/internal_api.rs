@@ -13,11 +13,11 @@ use std::sync::{Arc, RwLock};
 use airlock_platform_api::budget;
 use airlock_platform_api::launch::IDENTITY_CREDENTIAL_FIELD;
 use airlock_platform_api::read_interest::ReadInterestListener;
-use airlock_platform_api::wire::EgressRecord;
 use airlock_platform_api::wire::{
     Accepted, ArtifactAnswer, CredentialResponse, ErrorBody, EventBatch, HistoryEntry,
     HistoryResponse, MemoriesResponse, MemoryEntry, RunEvent, StoredResultRef,
 };
+use airlock_platform_api::wire::{ENDED_PATH, EgressRecord};
 use airlock_store::{
     BatchWrite, ConnectionRecord, NewEgress, NewEvent, RunQuery, RunStatus, Store, Usage,
 };
@@ -90,6 +90,9 @@ struct Inner {
     payers: std::sync::Mutex<HashMap<String, String>>,
     /// The held requests this replica's sidecars wait on.
     approvals: crate::approvals::Approvals,
+    /// Per running run, told when its sidecar says the agent's end is kept
+    /// ([`ENDED_PATH`]): the run's watch waits on it.
+    end_reports: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
 
 /// Stored connections as read from the store, envelopes still encrypted.
@@ -238,6 +241,7 @@ impl InternalApi {
                 minter: Minter::default(),
                 payers: std::sync::Mutex::default(),
                 approvals: crate::approvals::Approvals::default(),
+                end_reports: std::sync::Mutex::default(),
             }),
         }
     }
@@ -272,6 +276,25 @@ impl InternalApi {
         }
         self.inner.minter.revoked(run_id);
         self.inner.approvals.run_ended(run_id);
+        if let Ok(mut r) = self.inner.end_reports.lock() {
+            r.remove(run_id);
+        }
+    }
+
+    /// Told (one permit, kept until taken) when `run_id`'s sidecar says the
+    /// agent's end is kept in the run's journal ([`ENDED_PATH`]); the same
+    /// one for the run until it is revoked. Only the run's own sidecar can
+    /// tell it: the request is authenticated by the run's token, which the
+    /// sandbox never holds. It says nothing of what the end is (that is read
+    /// from the journal), so a word sent early costs the run its remaining
+    /// time, never a record: the run is torn down as at any other end.
+    pub fn end_reports(&self, run_id: &str) -> Arc<tokio::sync::Notify> {
+        match self.inner.end_reports.lock() {
+            Ok(mut r) => r.entry(run_id.to_owned()).or_default().clone(),
+            // Poisoned (a panic elsewhere): a notify nobody tells; the run
+            // ends at its sandbox's exit.
+            Err(_) => Arc::default(),
+        }
     }
 
     /// The held requests of this replica's runs ([`crate::approvals`]).
@@ -294,6 +317,7 @@ impl InternalApi {
             .route("/internal/v1/history", get(history))
             .route("/internal/v1/memories", get(memories))
             .route("/internal/v1/events", post(events))
+            .route(ENDED_PATH, post(ended))
             .route("/internal/v1/results", post(put_result))
             .route("/internal/v1/results/{id}", get(get_result))
             .route(budget::RESERVE_PATH, post(reserve_budget))
@@ -997,6 +1021,23 @@ async fn read_json<T: serde::de::DeserializeOwned>(req: Request) -> Result<T, Re
         .map_err(|e| error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
     serde_json::from_slice(&body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))
+}
+
+/// `POST /internal/v1/ended`: the run's sidecar kept the agent's end
+/// ([`InternalApi::end_reports`]).
+async fn ended(State(api): State<InternalApi>, req: Request) -> Response {
+    let Some(run_id) = run_of(req.extensions()) else {
+        return internal("no run id");
+    };
+    tracing::debug!(target: "airlock::phase", "event: end kept");
+    let told = match api.inner.end_reports.lock() {
+        Ok(r) => r.get(&run_id).cloned(),
+        Err(_) => None,
+    };
+    if let Some(n) = told {
+        n.notify_one();
+    }
+    (StatusCode::ACCEPTED, axum::Json(Accepted { accepted: 1 })).into_response()
 }
 
 async fn events(State(api): State<InternalApi>, req: Request) -> Response {

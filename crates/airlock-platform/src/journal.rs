@@ -474,17 +474,21 @@ async fn store_parsed(
     Ok(records.len() + events.len())
 }
 
+/// The tail a [`Follower`] reads through: held by a read while it runs,
+/// taken (`None`) once the follower is stopped or finished.
+type SharedTail = Arc<tokio::sync::Mutex<Option<Tail>>>;
+
 /// Follows `path` into the store until `stop` fires (or its sender is
-/// dropped), on the background thread: every [`FOLLOW_BUSY`] while records
-/// come, backing off to [`FOLLOW_QUIET`] while none do. Returns how many
-/// records it stored, and the tail for the last read.
+/// dropped) or the tail is taken, on the background thread: every
+/// [`FOLLOW_BUSY`] while records come, backing off to [`FOLLOW_QUIET`]
+/// while none do; counts what it stored in `stored`.
 async fn follow_live(
     store: Store,
     run_id: String,
-    mut tail: Tail,
+    tail: SharedTail,
+    stored: Arc<std::sync::atomic::AtomicUsize>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
-) -> (usize, Tail) {
-    let mut stored = 0;
+) {
     let mut wait = FOLLOW_BUSY;
     loop {
         tokio::select! {
@@ -494,15 +498,20 @@ async fn follow_live(
             _ = &mut stop => break,
             () = tokio::time::sleep(wait) => {}
         }
-        let read = tail.catch_up(&store, &run_id).await;
+        let mut held = tail.lock().await;
+        // Taken: the follower is stopped or finished, no read starts now.
+        let Some(t) = held.as_mut() else { break };
+        let read = t.catch_up(&store, &run_id).await;
+        drop(held);
         wait = next_wait(wait, read.as_ref().ok().copied());
         match read {
-            Ok(n) => stored += n,
+            Ok(n) => {
+                stored.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            }
             // Tried again later, and read whole at the end.
             Err(e) => tracing::warn!(run_id, "{e}"),
         }
     }
-    (stored, tail)
 }
 
 /// The wait before the next read of a followed journal, given the last wait
@@ -521,9 +530,15 @@ fn next_wait(wait: std::time::Duration, stored: Option<usize>) -> std::time::Dur
 /// caller. Dropped unfinished (its run's future was dropped), it stops
 /// following: the run's directory stays, and the boot reclaim reads its
 /// journal whole.
+///
+/// Its stop and finish take the tail from the background task rather than
+/// wait for that task to return: it runs at idle priority, and on a busy
+/// host it may not be scheduled for a while; they wait only for a read in
+/// progress (which holds the tail) to end.
 pub struct Follower {
     stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<(usize, Tail)>,
+    tail: SharedTail,
+    stored: Arc<std::sync::atomic::AtomicUsize>,
     store: Store,
     run_id: String,
     run_dir: PathBuf,
@@ -534,12 +549,23 @@ impl Follower {
     /// observing what it stores as `observe` asks.
     pub fn start(store: &Store, run_id: &str, run_dir: &Path, observe: Observe) -> Follower {
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let tail = Tail::new(path_in(run_dir)).observed(observe);
-        let task =
-            crate::background::spawn(follow_live(store.clone(), run_id.to_owned(), tail, stopped));
+        let tail: SharedTail = Arc::new(tokio::sync::Mutex::new(Some(
+            Tail::new(path_in(run_dir)).observed(observe),
+        )));
+        let stored = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // Not joined: it ends at its next wake-up once stopped (or the tail
+        // is taken).
+        drop(crate::background::spawn(follow_live(
+            store.clone(),
+            run_id.to_owned(),
+            tail.clone(),
+            stored.clone(),
+            stopped,
+        )));
         Follower {
             stop,
-            task,
+            tail,
+            stored,
             store: store.clone(),
             run_id: run_id.to_owned(),
             run_dir: run_dir.to_owned(),
@@ -551,7 +577,7 @@ impl Follower {
     /// in progress has ended).
     pub async fn stop(self) {
         let _ = self.stop.send(());
-        let _ = self.task.await;
+        drop(self.tail.lock().await.take());
     }
 
     /// Once the sidecar has stopped: the rest of the journal goes into the
@@ -561,8 +587,10 @@ impl Follower {
     /// down: the journal stays on disk, and [`ingest_whole`] reads it again).
     pub async fn finish(self) -> JournalEnd {
         let _ = self.stop.send(());
-        match self.task.await {
-            Ok((live, mut tail)) => match tail.finish(&self.store, &self.run_id).await {
+        let taken = self.tail.lock().await.take();
+        let live = self.stored.load(std::sync::atomic::Ordering::Relaxed);
+        match taken {
+            Some(mut tail) => match tail.finish(&self.store, &self.run_id).await {
                 Ok(last) => {
                     tracing::debug!(
                         run_id = self.run_id,
@@ -581,10 +609,10 @@ impl Follower {
                     Self::read_whole(&self.store, &self.run_id, &self.run_dir, seen, count).await
                 }
             },
-            Err(e) => {
+            None => {
                 tracing::error!(
                     run_id = self.run_id,
-                    "following the run journal failed: {e}"
+                    "the run journal's follower lost its tail"
                 );
                 Self::read_whole(&self.store, &self.run_id, &self.run_dir, None, None).await
             }

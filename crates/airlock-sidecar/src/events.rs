@@ -4,7 +4,8 @@
 //! agent side: it could forge them.
 //!
 //! The agent's end is answered `202` only once it is kept (in the run's
-//! journal): a `503` tells the runtime to send it again.
+//! journal): a `503` tells the runtime to send it again. Once kept, the
+//! platform is told ([`airlock_platform_api::wire::ENDED_PATH`]).
 
 use std::sync::Arc;
 
@@ -62,6 +63,16 @@ pub async fn ingest(State(sidecar): State<Arc<Sidecar>>, body: Bytes) -> Respons
                     )
                         .into_response();
                 }
+                // Kept: the platform may end the run now, without waiting
+                // for the sandbox's exit to be reported. Off the answer's
+                // path; should the word not arrive, the platform ends the
+                // run at the sandbox's exit, as it would without it.
+                let platform = sidecar.platform.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = platform.ended().await {
+                        tracing::warn!("the platform was not told the agent's end is kept: {e}");
+                    }
+                });
             }
             other => sidecar.events.send(other),
         }

@@ -68,6 +68,13 @@ pub(super) fn judge(ended: Ended, remains: &Remains) -> Judged {
             status,
             diagnostic: remains.output.as_ref().and_then(|o| o.last_diagnostic()),
         },
+        // Judged by the agent's end in the journal, as a sandbox's own exit
+        // is: the exit code is the one the runtime reported, never the
+        // sandbox's (which the stop may have made).
+        Ended::Reported => Judged::BySandbox {
+            status: None,
+            diagnostic: remains.output.as_ref().and_then(|o| o.last_diagnostic()),
+        },
     }
 }
 

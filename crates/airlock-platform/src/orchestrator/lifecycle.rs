@@ -333,6 +333,7 @@ impl Orchestrator {
         self.record_budget(run_id, req).await;
         self.record_policy_ceiling(run_id, req).await?;
         self.api.grant(run_id, std::mem::take(&mut plan.grant));
+        let reported = self.api.end_reports(run_id);
         let mut run = self
             .start(run_id, &req.org, &plan, progress, started)
             .await?;
@@ -345,6 +346,7 @@ impl Orchestrator {
                 cancel,
                 progress,
                 started,
+                &reported,
             )
             .await;
         let tearing_down = trace.map(|t| t.phase("teardown"));
@@ -357,8 +359,15 @@ impl Orchestrator {
                 "the run's pending approvals could not be dropped: {e}"
             );
         }
-        // A run the platform stops while it lives is asked to stop first.
-        let grace = matches!(ended, Ended::Stopped(..)).then_some(AGENT_STOP_GRACE);
+        // A run the platform stops while it lives is asked to stop first;
+        // so is one whose end is kept while its sandbox has not exited yet
+        // (its runtime is on its way out: this waits for its exit, not for
+        // the grace). Either way the sandbox is halted — everything in it
+        // gone — before the sidecar is drained, and the end is recorded
+        // only after both: nothing the agent or a child it left could send
+        // is let out once the run reads as ended.
+        let grace =
+            matches!(ended, Ended::Stopped(..) | Ended::Reported).then_some(AGENT_STOP_GRACE);
         let remains = run.teardown(grace).await;
         drop(tearing_down);
         Ok((judge(ended, &remains), remains.leftovers))

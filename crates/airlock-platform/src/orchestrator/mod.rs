@@ -7,7 +7,8 @@
 //!   the sidecar in parallel; a started run holds them, and its one
 //!   teardown stops them on every path (the sandboxes, then the sidecar
 //!   until it has flushed);
-//! - [`watch`]: until the sandbox or the sidecar exits, the timeout, a
+//! - [`watch`]: until the sidecar says the agent's end is kept (the
+//!   runtime reported it), the sandbox or the sidecar exits, the timeout, a
 //!   cancel, or the watchdog;
 //! - [`end`]: the end judged and stored with its true reason, and the
 //!   ways a run is ended outside its own end ([`fail_run`], [`cancel_run`],

@@ -1,12 +1,13 @@
-//! Watching a started run until something ends it: its sandbox exits, its
-//! sidecar dies, its timeout, a cancel, or the watchdog (a boot deadline,
-//! then heartbeats).
+//! Watching a started run until something ends it: its sidecar says the
+//! agent's end is kept, its sandbox exits, its sidecar dies, its timeout, a
+//! cancel, or the watchdog (a boot deadline, then heartbeats).
 
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use airlock_sandbox::Sandbox;
 use airlock_store::RunStatus;
+use tokio::sync::Notify;
 
 use super::parts::Orchestrator;
 use super::request::{Cancel, Progress, ProgressFn};
@@ -14,6 +15,10 @@ use super::start::StartedRun;
 
 /// Why the watch stopped.
 pub(super) enum Ended {
+    /// The sidecar kept the agent's end, as the runtime reported it: the
+    /// sandbox is about to exit by itself (it is stopped, then judged as
+    /// [`Ended::Sandbox`] is, by the end in the run's journal).
+    Reported,
     /// The sandbox exited by itself.
     Sandbox(Option<ExitStatus>),
     /// The sidecar did (the sandbox is stopped for it).
@@ -23,7 +28,10 @@ pub(super) enum Ended {
 }
 
 impl Orchestrator {
-    /// Watches `run` until it ends; `timeout_secs` counts from now.
+    /// Watches `run` until it ends; `timeout_secs` counts from now;
+    /// `reported` is told when the sidecar kept the agent's end
+    /// ([`crate::internal_api::InternalApi::end_reports`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn watch(
         &self,
         run: &mut StartedRun,
@@ -32,6 +40,7 @@ impl Orchestrator {
         cancel: &mut Cancel,
         progress: ProgressFn<'_>,
         started: Instant,
+        reported: &Notify,
     ) -> Ended {
         let deadline = tokio::time::sleep(Duration::from_secs(timeout_secs));
         tokio::pin!(deadline);
@@ -39,10 +48,22 @@ impl Orchestrator {
         let watchdog_every = Duration::from_secs(self.settings.watchdog_interval_secs);
         let mut last_sweep = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // Each exit is one future for the whole watch (a docker sandbox's
+        // wait is a request to the daemon: one, not one per tick).
+        let sandbox_exit = run.sandbox.wait();
+        tokio::pin!(sandbox_exit);
+        let sidecar_exit = exit_of(&mut run.sidecar);
+        tokio::pin!(sidecar_exit);
+        let end_kept = reported.notified();
+        tokio::pin!(end_kept);
         let ended = loop {
             tokio::select! {
-                status = run.sandbox.wait() => break Ended::Sandbox(status.ok()),
-                status = exit_of(&mut run.sidecar) => break Ended::Sidecar(status),
+                // First: a sandbox that exited after its end was kept ends
+                // the run the same way either way.
+                biased;
+                () = &mut end_kept => break Ended::Reported,
+                status = &mut sandbox_exit => break Ended::Sandbox(status.ok()),
+                status = &mut sidecar_exit => break Ended::Sidecar(status),
                 _ = &mut deadline => break Ended::Stopped(RunStatus::TimedOut, format!("the run hit its {timeout_secs} s timeout")),
                 _ = cancel.changed() => {
                     let why = cancel.borrow().clone();
@@ -61,7 +82,10 @@ impl Orchestrator {
                 }
             }
         };
-        tracing::debug!(target: "airlock::phase", "sandbox exited");
+        match &ended {
+            Ended::Reported => tracing::debug!(target: "airlock::phase", "agent's end kept"),
+            _ => tracing::debug!(target: "airlock::phase", "sandbox exited"),
+        }
         ended
     }
 

@@ -473,6 +473,7 @@ impl DockerBackend {
             shared,
             handle,
             removed: false,
+            exited: None,
         };
         Ok(Sandbox::container(
             c,
@@ -1165,6 +1166,8 @@ pub(crate) struct Container {
     shared: Arc<Shared>,
     handle: tokio::runtime::Handle,
     removed: bool,
+    /// Its end, once a wait saw it (it ends once).
+    exited: Option<ExitStatus>,
 }
 
 /// The status a container that never ran reports (as `docker run` does).
@@ -1216,10 +1219,34 @@ impl Container {
         }
     }
 
+    /// Waits for the container's end: its `die` event or the daemon's
+    /// answer to a wait, whichever comes first (the same exit code). The
+    /// daemon sends `die` once the container's task is deleted — its init
+    /// gone, and with it (the kernel kills and reaps the rest of a pid
+    /// namespace before its init's exit completes) every process of the
+    /// container: nothing of it runs any more. It answers a wait only once
+    /// it has also taken down the container's network endpoint and mounts,
+    /// 100–350 ms later on a loaded host: a run's end need not wait for
+    /// that. The end is kept: a later wait answers at once.
     pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        if let Some(s) = self.exited {
+            return Ok(s);
+        }
         let Some(d) = self.started().await else {
             return Ok(ExitStatus::from_raw(NOT_STARTED << 8));
         };
+        let code = tokio::select! {
+            Some(code) = died(&d, &self.name) => code,
+            waited = self.waited(&d) => waited?,
+        };
+        let status = ExitStatus::from_raw(((code & 0xff) as i32) << 8);
+        self.exited = Some(status);
+        Ok(status)
+    }
+
+    /// The daemon's answer to a wait for the container to be not running:
+    /// its exit code.
+    async fn waited(&self, d: &Docker) -> std::io::Result<i64> {
         let mut s = d.wait_container(
             &self.name,
             Some(
@@ -1228,23 +1255,18 @@ impl Container {
                     .build(),
             ),
         );
-        let code = match s.next().await {
-            Some(Ok(r)) => r.status_code,
-            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
-            Some(Err(e)) => {
-                return Err(std::io::Error::other(ApiError::new(
-                    format!("waiting for {}", self.name),
-                    e,
-                )));
-            }
-            None => {
-                return Err(std::io::Error::other(format!(
-                    "waiting for {}: no answer",
-                    self.name
-                )));
-            }
-        };
-        Ok(ExitStatus::from_raw(((code & 0xff) as i32) << 8))
+        match s.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(std::io::Error::other(ApiError::new(
+                format!("waiting for {}", self.name),
+                e,
+            ))),
+            None => Err(std::io::Error::other(format!(
+                "waiting for {}: no answer",
+                self.name
+            ))),
+        }
     }
 
     pub(crate) fn kill(&self) {
@@ -1326,9 +1348,59 @@ impl Container {
             shared: self.shared.clone(),
             handle: self.handle.clone(),
             removed: false,
+            exited: self.exited,
         };
         self.handle.spawn(async move { me.remove().await });
     }
+}
+
+/// How far back a container's `die` event is looked for: it may have died
+/// before the subscription reached the daemon, which replays what it still
+/// holds of its recent events (a wide margin: the daemon's clock may not be
+/// this host's; only this container's `die` is asked for, and it dies once).
+const DIE_LOOKBACK: Duration = Duration::from_secs(300);
+
+/// The exit code in `name`'s `die` event (see [`Container::wait`]); never
+/// answers when the events stream ends or fails first, or the event has
+/// no readable code (the wait's answer decides then). `name` is the
+/// container's name or id, matched here: Docker 20.10's `container` filter
+/// did not match a container's events by name (seen: none came).
+async fn died(d: &Docker, name: &str) -> Option<i64> {
+    let since = std::time::SystemTime::now()
+        .checked_sub(DIE_LOOKBACK)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |t| t.as_secs());
+    let filters = HashMap::from([
+        ("type".to_owned(), vec!["container".to_owned()]),
+        ("event".to_owned(), vec!["die".to_owned()]),
+    ]);
+    let mut events = d.events(Some(
+        q::EventsOptionsBuilder::default()
+            .since(&since.to_string())
+            .filters(&filters)
+            .build(),
+    ));
+    while let Some(item) = events.next().await {
+        // An event this client cannot read (another container's) is
+        // skipped; a failed stream ends after its error.
+        let Ok(e) = item else { continue };
+        let Some(actor) = e.actor.filter(|_| e.action.as_deref() == Some("die")) else {
+            continue;
+        };
+        let attributes = actor.attributes.unwrap_or_default();
+        let ours = actor.id.as_deref() == Some(name)
+            || attributes.get("name").map(String::as_str) == Some(name);
+        if !ours {
+            continue;
+        }
+        let code = attributes
+            .get("exitCode")
+            .and_then(|c| c.parse::<i64>().ok());
+        if code.is_some() {
+            return code;
+        }
+    }
+    std::future::pending().await
 }
 
 /// Removes a network; a container the daemon is still tearing down holds

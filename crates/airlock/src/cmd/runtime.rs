@@ -49,6 +49,10 @@ pub fn run(command: Vec<String>, role: Role) -> ExitCode {
         Role::Agent => rt.block_on(airlock_runtime::run(secrets, command)),
         Role::Runner => rt.block_on(airlock_runtime::runner::run(secrets, command)),
     };
+    // Its work is over (the agent's end is kept by the sidecar, or it
+    // failed and says so below): its relays and listeners are not waited
+    // for, so the sandbox exits now and the platform's halt is not held.
+    rt.shutdown_background();
     match ran {
         Ok(code) => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(u8::MAX)),
         Err(e) => {
