@@ -437,54 +437,83 @@ fn a_nested_escape_inside_random_base64_is_found() {
     }
 }
 
-/// Found by the fuzzer (`redact_encodings`): a value JavaScript-escaped
-/// (`\uXXXX` for every UTF-16 unit, a surrogate pair included), then
-/// base64-encoded, right after another base64 run whose decoded bytes end
-/// in a backslash. A view holds both runs' bytes one after the other, and
-/// the JSON decoder read that backslash and the value's first one as `\\`,
-/// so none of the value's escapes was decoded. Every backslash-ended byte
-/// of a previous run at each offset, in both alphabets, is tried.
+/// Found by the fuzzer (`redact_encodings`), twice: a value escaped (as
+/// JavaScript writes it, `\uXXXX` for every UTF-16 unit; as PHP writes it,
+/// `\"`), then base64-encoded, right after another base64 run whose decoded
+/// bytes end in the start of an escape (a backslash; `\u`). A view holds
+/// both runs' bytes one after the other, and the JSON decoder read that
+/// start and the value's first bytes as one escape (`\\`; `\uaaaa`), so the
+/// value was not decoded. Each start of an escape, at each offset, in both
+/// alphabets, is tried.
 #[test]
-fn a_run_after_a_backslash_ended_run_is_read_on_its_own_too() {
+fn a_run_after_a_run_ending_in_an_escapes_start_is_read_on_its_own_too() {
     use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-    let secret = "<x> a\\;&_bM?-}😀Ma😀};%😀aM~<x> a";
-    let r = Redactor::new([secret]);
-    let js: String = format!("{secret}ssssss")
+    let js_secret = "<x> a\\;&_bM?-}😀Ma😀};%😀aM~<x> a";
+    let js: String = js_secret
         .encode_utf16()
         .map(|u| format!("\\u{u:04x}"))
         .collect();
-    // The fuzzer's answer, as it was.
+    let php_secret = "aaaaaaaaaaaaaaa é!:70&€€\"> %bak  ";
+    let php = serde_json::to_string(php_secret).unwrap();
+    let php = php[1..php.len() - 1].replace('/', "\\/");
+    // The fuzzer's answers, as they were.
+    let r = Redactor::new([js_secret]);
     let found = format!(
         "AsJFb8mHW2LAsJFx1THcYX3sEaN-Gs0JbbH8mHW2LAsJFx1THcYX3sEade/RH8B8ttt5AAAAy1w\"{}\"6DRFdqTdzbuaJmfooooaL4Ql0Zz66=QQQ45DnA0,oQQQdaWWHEaN-Gs0JbbH8mHW2LAsJFx1THcY",
-        STANDARD.encode(&js)
+        STANDARD.encode(format!("{js}\\u0073\\u0073"))
     );
-    let out = r.str(&found);
-    assert!(out.contains(REDACTED), "not redacted: {out}");
-    // A previous run that decodes to random bytes and a backslash, at each
+    assert!(r.str(&found).contains(REDACTED), "javascript: {found}");
+    let r = Redactor::new([php_secret]);
+    let found = format!(
+        "vFx1RQT/QQPFMcH=PNpBCCCCCCkppppppppppppppppppQQQQpppppppppppppppppppppppEaAsJvvvvvvvnvvaaaAsJFx1QvvvvvvvvFx1Rc\"{}\"aaaaaaacJFx1QvvvvvvvvFx1RQT/QQPFMcH=PN",
+        URL_SAFE_NO_PAD.encode(&php)
+    );
+    assert!(r.str(&found).contains(REDACTED), "php: {found}");
+    // A previous run of random bytes and the start of an escape, at each
     // length mod 3 (each offset of the view).
     let mut rng = differential::Rng::new(5104);
-    for lead in 60..66 {
-        let mut before: Vec<u8> = (0..lead)
-            .map(|_| u8::try_from(rng.next() & 0x7f).unwrap_or(0))
-            .collect();
-        before.push(b'\\');
-        for (alphabet, a, b) in [
-            ("standard", STANDARD.encode(&before), STANDARD.encode(&js)),
-            (
-                "url-safe",
-                URL_SAFE_NO_PAD.encode(&before),
-                URL_SAFE_NO_PAD.encode(&js),
-            ),
-        ] {
-            let answer = format!("{a}\"{b}\"");
-            let spans = r.spans(answer.as_bytes());
-            // The characters that hold only the escaped value's bytes.
-            let from = a.len() + 1 + 1;
-            let to = a.len() + 1 + secret.encode_utf16().count() * 6 * 4 / 3 - 1;
-            assert!(
-                covered(&spans, (from, to)),
-                "{alphabet}, lead {lead}: {spans:?}"
-            );
+    for (secret, escaped) in [(js_secret, &js), (php_secret, &php)] {
+        let r = Redactor::new([secret]);
+        for lead in 60..66 {
+            for start in [
+                &b"\\"[..],
+                b"\\u",
+                b"\\ua",
+                b"\\x",
+                b"%",
+                b"%a",
+                b"&#x",
+                b"&am",
+            ] {
+                let mut before: Vec<u8> = (0..lead)
+                    .map(|_| u8::try_from(rng.next() & 0x7f).unwrap_or(0))
+                    .filter(|b| !b"\\%&".contains(b))
+                    .collect();
+                before.extend_from_slice(start);
+                for (alphabet, a, b) in [
+                    (
+                        "standard",
+                        STANDARD.encode(&before),
+                        STANDARD.encode(escaped),
+                    ),
+                    (
+                        "url-safe",
+                        URL_SAFE_NO_PAD.encode(&before),
+                        URL_SAFE_NO_PAD.encode(escaped),
+                    ),
+                ] {
+                    let answer = format!("{a}\"{b}\"");
+                    let spans = r.spans(answer.as_bytes());
+                    // The characters that hold only the escaped value's
+                    // bytes.
+                    let (from, to) = (a.len() + 2, a.len() + b.len());
+                    assert!(
+                        covered(&spans, (from, to)),
+                        "{secret:?}, {alphabet}, lead {lead}, {:?}: {spans:?}",
+                        String::from_utf8_lossy(start)
+                    );
+                }
+            }
         }
     }
 }

@@ -392,8 +392,9 @@ impl Chars<'_> {
 /// Pushes onto `out` the four views (one per character offset) of the
 /// base64 runs of `input` at least `min_run` characters long, each view
 /// the runs' decoded bytes one after the other (a value split between two
-/// runs, each padded, is found whole; a run that follows a backslash also
-/// on its own); nothing when there is no such run
+/// runs, each padded, is found whole; a run that follows bytes that may
+/// open an escape also on its own: [`may_open_escape`]); nothing when there
+/// is no such run
 /// (most answers: one pass, no copy).
 ///
 /// A value's own base64 inside a run is found by the search for its cores
@@ -446,12 +447,13 @@ fn base64(
             }
             let from = chars.slice(offset, chars.len());
             // A run's bytes follow the previous run's in the view, so that a
-            // value split between two runs is read whole. But after a
-            // backslash, the JSON decoder would read that backslash and
-            // this run's first byte as one escape (`\\` takes the run's
-            // own first backslash, which then opens none of its escapes):
-            // the run is then read once more on its own, past a separator.
-            let alone = v.bytes.last() == Some(&b'\\');
+            // value split between two runs is read whole. But an escape a
+            // nested decoder reads may begin in the previous run's last
+            // bytes and take this run's first ones (`\\` its backslash,
+            // `\u` or `%` its first hex digits): the value they begin is
+            // then not decoded. So the run is also read on its own, past a
+            // separator.
+            let alone = may_open_escape(&v.bytes);
             for again in [false, true] {
                 if again {
                     if !alone {
@@ -505,6 +507,21 @@ fn base64(
     if let Some(vs) = views {
         out.extend(vs.into_iter().filter(|v| !v.bytes.is_empty()));
     }
+}
+
+/// The most bytes one escape of a nested decoder takes: an HTML named
+/// reference (`&`, the name, `;`); JSON's longest (a surrogate pair) is 12.
+const LONGEST_ESCAPE: usize = forms::MAX_ENTITY_LEN + 2;
+
+/// Whether an escape a nested decoder reads (`\`, `%`, `&`) may begin in
+/// the last bytes of `view` (since its last separator) and so take bytes
+/// pushed after them.
+fn may_open_escape(view: &[u8]) -> bool {
+    view.iter()
+        .rev()
+        .take(LONGEST_ESCAPE - 1)
+        .take_while(|&&b| b != SEPARATOR)
+        .any(|b| matches!(b, b'\\' | b'%' | b'&'))
 }
 
 /// The value of each base64 character (either alphabet; 0 for others).
