@@ -34,6 +34,43 @@ fn run(home: &Path, manifest: &Path, env: &[(&str, &str)]) -> (Output, Value) {
     (out, json)
 }
 
+/// A local `airlock run --json -f` of `manifest` on `backend` with its
+/// store in `home`, its report on the child's stdout. Its terminal output
+/// (every line again) goes to the file returned: a pipe no one reads until
+/// the end would stop the run when it is full.
+fn local_run(
+    home: &Path,
+    backend: &str,
+    manifest: &Path,
+) -> (std::process::Child, std::path::PathBuf) {
+    let stderr = home.join("stderr");
+    let child = Command::new(AIRLOCK)
+        .args(["run", "--backend", backend, "--json", "-f"])
+        .arg(manifest)
+        .env("AIRLOCK_HOME", home)
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    (child, stderr)
+}
+
+/// `airlock ARGS` on the store in `home`: its stdout, or its whole output
+/// when it failed.
+fn cli_in(home: &Path, args: &[&str]) -> Result<String, Output> {
+    let out = Command::new(AIRLOCK)
+        .args(args)
+        .env("AIRLOCK_HOME", home)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        .ok_or(out)
+}
+
 fn no_leftovers(home: &Path) {
     let runs: Vec<_> = std::fs::read_dir(home.join("runs"))
         .map(|r| r.flatten().map(|e| e.path()).collect())
@@ -329,34 +366,11 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
         )
         .unwrap();
         let m = manifest(agent.path(), &format!("seq 1 {LINES}; exec sleep 100"), 120);
-        // Its terminal output (every line again) goes to a file: a pipe no
-        // one reads until the end would stop the run when it is full.
-        let stderr = home.path().join("stderr");
-        let mut child = Command::new(AIRLOCK)
-            .args(["run", "--backend", backend, "--json", "-f"])
-            .arg(&m)
-            .env("AIRLOCK_HOME", home.path())
-            .env_remove("DATABASE_URL")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
+        let (mut child, stderr) = local_run(home.path(), backend, &m);
         // The stop comes as soon as the run's first line is in its store:
         // the agent has written them all, most are still on their way.
-        let try_cli = |args: &[&str]| {
-            let out = Command::new(AIRLOCK)
-                .args(args)
-                .env("AIRLOCK_HOME", home.path())
-                .env_remove("DATABASE_URL")
-                .output()
-                .unwrap();
-            out.status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-                .ok_or(out)
-        };
         let cli = |args: &[&str]| {
-            try_cli(args).unwrap_or_else(|out| panic!("{backend}: {args:?}: {out:?}"))
+            cli_in(home.path(), args).unwrap_or_else(|out| panic!("{backend}: {args:?}: {out:?}"))
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         let id = loop {
@@ -504,31 +518,14 @@ fn readers_of_the_store_never_fail_while_a_busy_run_writes_it() {
     const LINES: u64 = 100_000;
     let home = tempfile::tempdir().unwrap();
     let m = manifest(home.path(), &format!("seq 1 {LINES}"), 120);
-    // Its terminal output (every line again) goes to a file: a pipe no one
-    // reads until the end would stop the run when it is full.
-    let stderr = home.path().join("stderr");
-    let mut child = Command::new(AIRLOCK)
-        .args(["run", "--backend", "process", "--json", "-f"])
-        .arg(&m)
-        .env("AIRLOCK_HOME", home.path())
-        .env_remove("DATABASE_URL")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut child, stderr) = local_run(home.path(), "process", &m);
     let cli = |args: &[&str]| {
-        let out = Command::new(AIRLOCK)
-            .args(args)
-            .env("AIRLOCK_HOME", home.path())
-            .env_remove("DATABASE_URL")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?} failed while the run writes: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        cli_in(home.path(), args).unwrap_or_else(|out| {
+            panic!(
+                "{args:?} failed while the run writes: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
     };
     // Reads while the run is running (its lines reach the store as the
     // platform takes them; here most are shed and counted).
