@@ -647,8 +647,18 @@ fn error_body(code: &str, message: &str) -> String {
     serde_json::json!({"error": code, "message": message}).to_string()
 }
 
-/// Writes a complete response and closes the write side.
-async fn respond<W: AsyncWrite + Unpin>(
+/// How much of what the client still sends after its answer is read, and
+/// for how long, before the connection is dropped ([`respond`]).
+const LINGER_BYTES: usize = 256 * 1024;
+const LINGER_FOR: Duration = Duration::from_secs(2);
+
+/// Writes a complete response and closes the write side, then reads what
+/// the client still sends (a refused request's body), up to
+/// [`LINGER_BYTES`] for at most [`LINGER_FOR`]: a socket closed with
+/// unread bytes is reset, and a reset can reach the client before it has
+/// read the answer, which it then never sees (a refusal seen as "closed
+/// without response").
+async fn respond<W: AsyncRead + AsyncWrite + Unpin>(
     w: &mut W,
     status: StatusCode,
     extra: &[(&str, &str)],
@@ -668,10 +678,22 @@ async fn respond<W: AsyncWrite + Unpin>(
     ));
     w.write_all(out.as_bytes()).await?;
     w.flush().await?;
-    w.shutdown().await
+    w.shutdown().await?;
+    let mut sink = [0u8; 8192];
+    let mut read = 0;
+    let _ = tokio::time::timeout(LINGER_FOR, async {
+        while read < LINGER_BYTES {
+            match w.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    })
+    .await;
+    Ok(())
 }
 
-async fn refuse<W: AsyncWrite + Unpin>(
+async fn refuse<W: AsyncRead + AsyncWrite + Unpin>(
     w: &mut W,
     sidecar: &Sidecar,
     caller: &Caller,

@@ -92,14 +92,18 @@ fn read_only(host: &str) -> Value {
     }})
 }
 
-/// Waits until the upstream saw a request whose first line holds `what`.
-fn wait_seen(up: &Recorder, what: &str, s: &Server) {
+/// Waits until the upstream saw a request whose first line holds `what`;
+/// on failure says where the run `id` (of the organization of `key`) is
+/// and what its agent printed.
+fn wait_seen(up: &Recorder, what: &str, s: &Server, id: &str, key: Option<&str>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !up.seen().iter().any(|(l, _)| l.contains(what)) {
         assert!(
             Instant::now() < deadline,
-            "the upstream never saw {what}; saw {:?}\n{}",
+            "the upstream never saw {what}; saw {:?}\nthe run: {}\nits logs: {}\n{}",
             up.seen(),
+            s.call("GET", &format!("/v1/runs/{id}"), key, None).1,
+            s.call("GET", &format!("/v1/runs/{id}/logs"), key, None).1,
             s.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -132,7 +136,7 @@ fn a_running_runs_policy_narrows_and_widens_within_its_manifest_for_its_organiza
     let id = run["id"].as_str().unwrap().to_owned();
     let path = format!("/v1/runs/{id}/policy");
     // The agent's first request is held by the upstream: the run is live.
-    wait_seen(&up, "POST /data/slow", &s);
+    wait_seen(&up, "POST /data/slow", &s, &id, a);
 
     let (st, p) = s.call("GET", &path, a, None);
     assert_eq!(st, 200, "{p}");
@@ -203,7 +207,7 @@ fn a_running_runs_policy_narrows_and_widens_within_its_manifest_for_its_organiza
     // The request admitted before it completes under the old rules.
     SLOW_RELEASED.store(true, Ordering::Release);
     // The agent reaches the gate once its refused requests were tried.
-    wait_seen(&up, "GET /gate", &s);
+    wait_seen(&up, "GET /gate", &s, &id, a);
     // Widened back by the CLI, which returns once the sidecar applied it.
     let cli = |key: &str, extra: &[&str]| {
         let mut args = vec!["runs", "policy", id.as_str()];
