@@ -34,6 +34,23 @@ fn run(home: &Path, manifest: &Path, env: &[(&str, &str)]) -> (Output, Value) {
     (out, json)
 }
 
+/// The backends this machine runs: the process backend, and each
+/// isolating one whose peer is here (under CI each must be: the support
+/// module's checks fail there when one is missing).
+fn backends_here() -> Vec<&'static str> {
+    let mut backends = vec!["process"];
+    if crate::support::namespace_available() {
+        backends.push("namespace");
+    }
+    if crate::support::docker_available() {
+        backends.push("docker");
+    }
+    if crate::microvm::guest().is_some() {
+        backends.push("microvm");
+    }
+    backends
+}
+
 /// A local `airlock run --json -f` of `manifest` on `backend` with its
 /// store in `home`, its report on the child's stdout. Its terminal output
 /// (every line again) goes to the file returned: a pipe no one reads until
@@ -345,17 +362,7 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
     // 48,894 bytes: within a pipe's 64 KiB, so all written at once, long
     // before the first of them can be in the store.
     const LINES: u64 = 10_000;
-    let mut backends = vec!["process"];
-    if crate::support::namespace_available() {
-        backends.push("namespace");
-    }
-    if crate::support::docker_available() {
-        backends.push("docker");
-    }
-    if crate::microvm::guest().is_some() {
-        backends.push("microvm");
-    }
-    for backend in backends {
+    for backend in backends_here() {
         let home = tempfile::tempdir().unwrap();
         // The agent's directory, readable by an isolated sandbox's uid and
         // outside the home.
@@ -434,17 +441,7 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
 #[test]
 fn an_agent_directory_under_var_tmp_runs_on_every_backend() {
     use std::os::unix::fs::PermissionsExt;
-    let mut backends = vec!["process"];
-    if crate::support::namespace_available() {
-        backends.push("namespace");
-    }
-    if crate::support::docker_available() {
-        backends.push("docker");
-    }
-    if crate::microvm::guest().is_some() {
-        backends.push("microvm");
-    }
-    for backend in backends {
+    for backend in backends_here() {
         let home = tempfile::tempdir().unwrap();
         let fresh = tempfile::Builder::new()
             .prefix("airlock-test-")
