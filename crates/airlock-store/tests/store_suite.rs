@@ -8,12 +8,18 @@ use airlock_store::*;
 use airlock_vault::{ExposeSecret as _, Keyring, VaultError};
 use std::time::Duration;
 
+/// A new SQLite store in a directory of its own (its file: [`db_file`]).
 async fn sqlite() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite(&dir.path().join("airlock.db"), &StoreOptions::default())
+    let store = Store::open_sqlite(&db_file(&dir), &StoreOptions::default())
         .await
         .unwrap();
     (dir, store)
+}
+
+/// The database file of a store [`sqlite`] made in `dir`.
+fn db_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("airlock.db")
 }
 
 fn pg_url() -> Option<String> {
@@ -698,7 +704,7 @@ async fn sqlite_an_end_is_never_stored_without_its_deliveries() {
     s.enqueue_run(&queued("o", "r1")).await.unwrap();
     s.claim_next_run("rep", None).await.unwrap().unwrap();
     let raw = |sql: &'static str| {
-        let path = dir.path().join("airlock.db");
+        let path = db_file(&dir);
         async move {
             let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
                 .await
@@ -898,7 +904,7 @@ async fn a_damaged_sqlite_file_is_refused_at_open() {
         .unwrap();
     }
     s.close().await;
-    let path = dir.path().join("airlock.db");
+    let path = db_file(&dir);
     let len = std::fs::metadata(&path).unwrap().len();
     assert!(len > 16 * 4096, "several pages: {len}");
     // Flip bytes in the page headers of a few pages in the middle.
@@ -2317,7 +2323,7 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
             rule: None,
         })
         .collect();
-    let url = format!("sqlite://{}", dir.path().join("airlock.db").display());
+    let url = format!("sqlite://{}", db_file(&dir).display());
     let mut other = sqlx::SqliteConnection::connect(&url).await.unwrap();
     sqlx::raw_sql("PRAGMA busy_timeout = 100")
         .execute(&mut other)
@@ -2381,11 +2387,8 @@ async fn sqlite_a_batch_by_statement_holds_no_lock_while_its_caller_waits() {
 #[tokio::test]
 async fn sqlite_a_reader_opens_and_reads_while_another_process_writes() {
     use sqlx::Connection as _;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("airlock.db");
-    let s = Store::open_sqlite(&path, &StoreOptions::default())
-        .await
-        .unwrap();
+    let (dir, s) = sqlite().await;
+    let path = db_file(&dir);
     new_run(&s, "r1").await;
     s.append_event(&NewEvent {
         run_id: "r1",
@@ -2440,7 +2443,7 @@ async fn sqlite_a_reader_opens_and_reads_while_another_process_writes() {
 async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
     use sqlx::Connection as _;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("airlock.db");
+    let path = db_file(&dir);
     let opts = StoreOptions {
         busy_timeout: Duration::from_millis(200),
         ..Default::default()
@@ -2504,11 +2507,8 @@ async fn sqlite_locked_is_a_typed_error_and_writes_nothing() {
 #[tokio::test]
 async fn a_version_1_database_is_upgraded_and_keeps_its_rows() {
     use sqlx::Connection as _;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("airlock.db");
-    let s = Store::open_sqlite(&path, &StoreOptions::default())
-        .await
-        .unwrap();
+    let (dir, s) = sqlite().await;
+    let path = db_file(&dir);
     new_run(&s, "r1").await;
     s.close().await;
     // Turn it back into what version 1 wrote.
@@ -2715,11 +2715,8 @@ async fn check_upgraded_to_3(s: &Store) {
 #[tokio::test]
 async fn a_version_2_database_is_upgraded_on_sqlite() {
     use sqlx::Connection as _;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("airlock.db");
-    let s = Store::open_sqlite(&path, &StoreOptions::default())
-        .await
-        .unwrap();
+    let (dir, s) = sqlite().await;
+    let path = db_file(&dir);
     new_run(&s, "r1").await;
     s.close().await;
     let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
