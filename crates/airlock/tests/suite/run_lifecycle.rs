@@ -380,14 +380,21 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
             cli_in(home.path(), args).unwrap_or_else(|out| panic!("{backend}: {args:?}: {out:?}"))
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let said = || std::fs::read_to_string(&stderr).unwrap_or_default();
         let id = loop {
-            assert!(
-                std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
-                "{backend}: no line of the agent's reached the store: {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            );
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!(
+                    "{backend}: the run ended ({status}) before a line of its agent's was in the store: {}",
+                    said()
+                );
+            }
             // (A read of the store never fails while the run writes to it.)
             let runs: Value = serde_json::from_str(&cli(&["runs", "list", "--json"])).unwrap();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backend}: no line of the agent's reached the store in 120 s; runs: {runs}; stderr: {}",
+                said()
+            );
             if let Some(id) = runs["runs"][0]["id"].as_str()
                 && !cli(&["runs", "logs", "--json", id]).is_empty()
             {
@@ -405,7 +412,7 @@ fn a_cancel_keeps_or_counts_every_line_the_agent_wrote_before_it() {
             (report["status"].as_str(), report["id"].as_str()),
             (Some("cancelled"), Some(id.as_str())),
             "{backend}: {}",
-            std::fs::read_to_string(&stderr).unwrap_or_default()
+            said()
         );
         let (mut kept, mut shed) = (std::collections::BTreeSet::new(), 0u64);
         for line in cli(&["runs", "logs", "--json", &id]).lines() {
