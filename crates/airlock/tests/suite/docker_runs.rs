@@ -85,13 +85,19 @@ fn the_run_directory_is_out_of_reach_and_every_write_lands_on_a_capped_tmpfs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
     let r = result_of(&report);
-    // No socket of the platform's is in a docker agent's view at all: the
-    // sidecar is a container of its own, reached over the run's network.
-    assert_eq!(r["sockets_present"], json!([false, false]), "{r}");
+    // The sidecar's two sockets are the agent's one way out: there, in a
+    // directory it may cross but not list, and neither they nor it changed.
+    assert_eq!(r["sockets_present"], json!([true, true]), "{r}");
+    assert_eq!(r["sockets_listing"], json!(EACCES), "{r}");
+    assert_eq!(r["sock_dirs"], json!(["/run/airlock"]), "{r}");
     for d in r["sock_dirs"].as_array().unwrap() {
         let d = d.as_str().unwrap();
         for k in ["create", "chmod"] {
             assert_ne!(r[format!("{k}:{d}")], json!("ok"), "{k}:{d} worked: {r}");
+        }
+        for k in ["rename", "unlink", "bind"] {
+            let key = format!("{k}:{d}/sidecar.sock");
+            assert!(r[&key].is_number(), "{key} worked: {r}");
         }
     }
     assert_eq!(r["runs_visible"], json!(false), "{r}");
@@ -830,6 +836,7 @@ fn boot_reclaim_spares_a_live_platforms_run_and_takes_a_dead_ones() {
 const GVISOR_AGENT: &str = r#"
 import json, os, socket, urllib.request
 r = {"release": os.uname().release, "version": open("/proc/version").read()[:80]}
+r["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
 targets = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().split()
 for l in open("/proc/net/route").read().splitlines()[1:]:
     f = l.split()
@@ -905,6 +912,11 @@ fn under_gvisor_the_agent_sees_gvisors_kernel_and_still_reaches_only_its_sidecar
         "the host's kernel answered: {r}"
     );
     assert_eq!(r["mcp"], 200, "the sidecar is reached: {r}");
+    assert_eq!(
+        r["interfaces"],
+        json!(["lo"]),
+        "no network under gVisor either: {r}"
+    );
     for (t, v) in r["connect"].as_object().unwrap() {
         assert_ne!(v, "CONNECTED", "{t} was reached under gVisor: {r}");
     }
