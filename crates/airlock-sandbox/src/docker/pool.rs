@@ -798,6 +798,40 @@ mod tests {
         assert_eq!(key.pool_dir, home.path().join("pool"));
     }
 
+    /// A pooled sidecar, its pair's `run/` at `/run/airlock`, listens for
+    /// the agent where a cold one does: the placement is the same for both.
+    #[test]
+    fn a_pooled_sidecar_sees_its_agents_sockets_where_a_cold_one_does() {
+        let inside = Path::new(SOCKETS_INSIDE).join(
+            Path::new(AGENT_SOCKETS)
+                .strip_prefix("run")
+                .expect("in the pair's run/"),
+        );
+        assert_eq!(inside, Path::new(super::super::AGENT_SOCKETS_IN_SIDECAR));
+    }
+
+    /// The run's sockets' directory becomes a link to the pair's; a link
+    /// that cannot be made leaves it as it was.
+    #[test]
+    fn the_runs_sockets_directory_links_to_the_pairs() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let (run, pair) = (t.path().join("sock"), t.path().join("pair"));
+        std::fs::create_dir(&run).unwrap();
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::create_dir(&pair).unwrap();
+        link_sockets(&run, &pair).unwrap();
+        assert_eq!(std::fs::read_link(&run).unwrap(), pair);
+        std::fs::write(pair.join("sidecar.sock"), "").unwrap();
+        assert!(run.join("sidecar.sock").exists());
+        // Not an empty directory: refused, left as it was.
+        let full = t.path().join("full");
+        std::fs::create_dir(&full).unwrap();
+        std::fs::write(full.join("x"), "").unwrap();
+        assert!(link_sockets(&full, &pair).is_err());
+        assert!(full.join("x").exists());
+    }
+
     /// Runs a pair cannot serve start cold.
     #[test]
     fn runs_a_pair_cannot_serve_start_cold() {
