@@ -329,7 +329,7 @@ async fn runtimes(
 }
 
 /// A registered runtime tried: a container without a network (what an
-/// agent's is), then (once that works) one on a bridge.
+/// agent's is: the verdict), then (once that works) one on a bridge (said).
 async fn trial(
     dk: &Docker,
     image: &str,
@@ -353,10 +353,11 @@ async fn trial(
                     }
                 ),
             ),
-            Err(e) => Diagnosis::fails(
+            // An agent's container has no network: this runtime can carry it.
+            Err(e) => Diagnosis::works(
                 feature,
-                format_args!(
-                    "starts containers with --network=none (what an agent needs) but not on a bridge network: {e}"
+                format!(
+                    "starts containers without a network (what an agent's is), not on a bridge network: {e}"
                 ),
             ),
         },
