@@ -43,19 +43,6 @@ pub fn resolv_conf() -> String {
     format!("nameserver {}\noptions ndots:1\n", RESPONDER.ip())
 }
 
-/// The `/etc/resolv.conf` of a sandbox that has the plane and whose runtime
-/// finds its own sidecar by name through another resolver, `peers` (a
-/// docker container's embedded one): the responder first, `peers` second.
-/// Resolvers move on to `peers` only while nothing listens on the responder
-/// (the runtime resolves its sidecar before it starts the plane) or when it
-/// refuses (its book is full); `peers` resolves nothing outside the run.
-pub fn resolv_conf_then(peers: Ipv4Addr) -> String {
-    format!(
-        "nameserver {}\nnameserver {peers}\noptions ndots:1\n",
-        RESPONDER.ip()
-    )
-}
-
 /// The plane as the runtime is told of it: the ports it carries (a
 /// connection to another port of a synthetic address is refused by the
 /// sandbox's kernel, as any closed port).

@@ -9,7 +9,8 @@
 //! lands on a capped tmpfs. [`Backend::paths`] says where the sandbox sees
 //! the sockets and its workspace; [`Backend::sidecar_placement`] where the
 //! run's sidecar runs (a host process on unix sockets, or — docker — a
-//! container of its own on the run's network, reached over TCP).
+//! container of its own that listens on those same unix sockets, the
+//! sockets' directory bound into it).
 #![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -31,9 +32,10 @@ pub struct SandboxSpec {
     /// runtime's first connection to it succeeds (nothing polls), and a run
     /// whose sidecar never came up never hands its secrets over.
     pub hold_stdin: bool,
-    /// Host directory holding the sidecar's sockets (and, in the docker
-    /// backend, the sandbox's resolver file; nothing else). The sandbox
-    /// sees it read-only at [`RunPaths::sockets`].
+    /// Host directory holding the sidecar's sockets (nothing else). The
+    /// sandbox sees it read-only at [`RunPaths::sockets`]; the docker
+    /// backend writes the sandbox's resolver file beside it
+    /// ([`docker::plane::resolver_file`]), never in it.
     pub sockets_dir: PathBuf,
     /// Extra host paths visible read-only at the same path (the agent's
     /// directory). The `airlock` binary is the backend's to provide
@@ -57,9 +59,9 @@ pub enum SandboxKind {
     Agent,
     /// A local MCP runner of run `run` (`airlock runner -- SERVER…`), in a
     /// sandbox of its own: it reaches its sidecar through `sockets_dir`
-    /// only, and has no network at all (the namespace backend's sandboxes
-    /// never have one; a docker runner's container gets `--network none`,
-    /// not the run's network, where the agent is).
+    /// only, and has no network at all (no sandbox of the namespace or
+    /// docker backends has one: a docker container of either kind gets
+    /// `--network none`).
     Runner { run: String },
 }
 
@@ -96,6 +98,10 @@ pub struct SidecarPlacement {
     /// their host paths (a sidecar in a container: each bound under this
     /// directory by its name).
     pub runner_dirs_inside: Option<PathBuf>,
+    /// The unix sockets of `listen` as the host names them: the platform
+    /// opens them to the sandbox's uid once the sidecar is ready (a sidecar
+    /// in a container names them by its own mount of their directory).
+    pub host_sockets: Vec<PathBuf>,
 }
 
 impl SidecarPlacement {
@@ -106,15 +112,6 @@ impl SidecarPlacement {
             (Some(inside), Some(name)) => inside.join(name),
             _ => host_dir.to_owned(),
         }
-    }
-
-    /// The unix sockets the sidecar creates on the host (the platform opens
-    /// them to the sandbox's uid once they exist).
-    pub fn host_sockets(&self) -> Vec<&Path> {
-        [&self.listen.0, &self.listen.1]
-            .into_iter()
-            .filter_map(Endpoint::unix_path)
-            .collect()
     }
 }
 
@@ -136,6 +133,11 @@ pub struct SidecarSpec {
     /// The run's egress journal on the host (the platform's file, which
     /// the sidecar appends to).
     pub egress_journal: PathBuf,
+    /// The run's sockets' directory on the host ([`RunPaths::sockets_host`]):
+    /// where the sidecar listens for the agent. A host sidecar is told its
+    /// sockets' paths in its configuration; a sidecar in a container
+    /// (docker) has this directory bound into it.
+    pub sockets_dir: PathBuf,
     /// The sockets' directory of each of the run's local runners, where
     /// the sidecar listens for it: on the host, and as the sidecar sees it
     /// ([`SidecarPlacement::runner_dir`]).
@@ -145,11 +147,13 @@ pub struct SidecarSpec {
 /// The unix-socket placement of the process and namespace backends: the
 /// sidecar is a host process listening in the run's sockets directory.
 pub fn host_sidecar_placement(paths: &RunPaths, platform_socket: &Path) -> SidecarPlacement {
+    let (api, proxy) = (
+        paths.sockets_host.join(SIDECAR_SOCKET),
+        paths.sockets_host.join(PROXY_SOCKET),
+    );
     SidecarPlacement {
-        listen: (
-            Endpoint::Unix(paths.sockets_host.join(SIDECAR_SOCKET)),
-            Endpoint::Unix(paths.sockets_host.join(PROXY_SOCKET)),
-        ),
+        host_sockets: vec![api.clone(), proxy.clone()],
+        listen: (Endpoint::Unix(api), Endpoint::Unix(proxy)),
         reach: (
             Endpoint::Unix(paths.sockets.join(SIDECAR_SOCKET)),
             Endpoint::Unix(paths.sockets.join(PROXY_SOCKET)),

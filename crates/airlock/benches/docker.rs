@@ -2,9 +2,11 @@
 //! and the same loop (alternating, so both see the same load):
 //!
 //! 1. **container start**: the backend's `spawn` of `/bin/true` in the agent
-//!    image (its run network created first, as for every run) until it has
-//!    exited, and until everything is removed — beside `docker run --rm
-//!    --network none IMG true` (the CLI: create, attach, start, wait, remove).
+//!    image (on `--network none`, its sockets' directory bound in, as for
+//!    every run) until it has exited, and until it is removed — beside
+//!    `docker run --rm --network none IMG true` (the CLI: create, attach,
+//!    start, wait, remove); for scale, the CLI on an existing internal
+//!    network (the floor of the earlier shape, a run network per run).
 //! 2. **a trivial run end to end**: `airlock run --backend docker` of a
 //!    python agent that prints one line — beside the same run on the
 //!    namespace backend.
@@ -46,14 +48,20 @@ use peers::{ms, pcts};
 
 const AIRLOCK: &str = env!("CARGO_BIN_EXE_airlock");
 
-fn spec(i: usize) -> SandboxSpec {
+/// Sample `i`'s spec; its sockets' directory made in `dir` as the
+/// platform makes a run's (0711).
+fn spec(i: usize, dir: &Path) -> SandboxSpec {
+    use std::os::unix::fs::PermissionsExt;
+    let sockets_dir = dir.join(format!("sock-{i}"));
+    std::fs::create_dir_all(&sockets_dir).unwrap();
+    std::fs::set_permissions(&sockets_dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     SandboxSpec {
         run_id: format!("bench{}-{i}", std::process::id()),
         command: vec!["/bin/true".into()],
         env: vec![],
         stdin: vec![],
         hold_stdin: false,
-        sockets_dir: PathBuf::from("/nonexistent"),
+        sockets_dir,
         ro_paths: vec![],
         workspace: PathBuf::from("/workspace"),
         workspace_size_mb: 16,
@@ -127,9 +135,8 @@ fn main() {
     }
 }
 
-/// Part 1: the backend's start, creating its run's network, beside the
-/// CLI's, alternating; the CLI's samples (`docker run --rm --network none
-/// IMG true`).
+/// Part 1: the backend's start beside the CLI's, alternating; the CLI's
+/// samples (`docker run --rm --network none IMG true`).
 fn container_start(
     rt: &tokio::runtime::Runtime,
     backend: &DockerBackend,
@@ -156,10 +163,15 @@ fn container_start(
             .success()
     );
     // One sample of the backend's: spawn → exited, → removed.
+    let dirs = tempfile::Builder::new()
+        .prefix("airlock-bench-docker-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
     let sample = |i: usize| {
+        let spec = spec(i, dirs.path());
         rt.block_on(async {
             let t = Instant::now();
-            let mut sb = backend.spawn(&spec(i)).unwrap();
+            let mut sb = backend.spawn(&spec).unwrap();
             let st = sb.wait().await.unwrap();
             assert!(st.success());
             let e = t.elapsed();
@@ -180,8 +192,11 @@ fn container_start(
     let _ = Command::new("docker")
         .args(["network", "rm", &bench_net])
         .output();
-    line("backend spawn → exited (network, create, start)", &exited);
-    line("backend spawn → removed (container and network)", &removed);
+    line(
+        "backend spawn → exited (create, start; --network none)",
+        &exited,
+    );
+    line("backend spawn → removed", &removed);
     line("peer: docker run --rm --network none IMG true", &cli);
     line("scale: the same on an existing internal network", &cli_net);
     let ratio = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli)[0]);
@@ -190,7 +205,7 @@ fn container_start(
         ratio(&exited),
         ratio(&removed)
     );
-    // The shape of a run has a network; the CLI with one is the floor of that shape.
+    // The earlier shape's floor (a run network per run): for scale.
     let ratio_net = |a: &[Duration]| ms(pcts(a)[0]) / ms(pcts(&cli_net)[0]);
     println!(
         "  ratio p50 to the CLI on an internal network: exited {:.2}×, removed {:.2}×",

@@ -207,9 +207,9 @@ impl RunPlan {
         let config = sidecar_config(m, settings, site, keys, &runners)?;
         let sockets = site
             .placement
-            .host_sockets()
-            .into_iter()
-            .map(Path::to_path_buf)
+            .host_sockets
+            .iter()
+            .cloned()
             .chain(
                 runners
                     .iter()
@@ -226,6 +226,7 @@ impl RunPlan {
                 config: config.to_json(),
                 platform_socket: site.api_socket.to_owned(),
                 egress_journal: crate::journal::path_in(site.run_dir),
+                sockets_dir: site.paths.sockets_host.clone(),
                 runner_dirs: runners
                     .iter()
                     .map(|r| (r.dir.clone(), r.inside.clone()))

@@ -152,17 +152,6 @@ pub async fn diagnose(cfg: &DockerConfig) -> Vec<Diagnosis> {
     };
     let version = dk.version().await.ok();
     let mut out = vec![daemon(&dk, cfg, version.as_ref())];
-    if let Some(ver) = version.as_ref().and_then(|v| v.version.as_deref()) {
-        // The daemon reads the resolvers of its own host: judged only when
-        // that host is this one.
-        let feature = "internal networks' DNS";
-        out.push(
-            match internal_dns_verdict(ver, host_resolv_conf(&cfg.host).as_deref()) {
-                Ok(fine) => Diagnosis::works(feature, fine.to_string()),
-                Err(risk) => Diagnosis::fails(feature, risk),
-            },
-        );
-    }
     out.extend(socket(cfg));
     let info = dk.info().await.ok();
     out.extend(runtimes(&dk, cfg, info.as_ref()).await);
@@ -322,7 +311,13 @@ async fn runtimes(
     }
     if let Some(r) = &cfg.runtime {
         out.push(if registered.contains(r) {
-            Diagnosis::works("DOCKER_RUNTIME", format!("{r}: agents run under it"))
+            match host_sockets_verdict(info, r) {
+                Ok(()) => Diagnosis::works(
+                    "DOCKER_RUNTIME",
+                    format!("{r}: agents run under it, reaching their sidecar's unix sockets"),
+                ),
+                Err(e) => Diagnosis::fails("DOCKER_RUNTIME", e),
+            }
         } else {
             Diagnosis::fails(
                 "DOCKER_RUNTIME",
@@ -333,8 +328,8 @@ async fn runtimes(
     out
 }
 
-/// A registered runtime tried: a container without a network, then (once
-/// that works) one on a bridge, what a run needs.
+/// A registered runtime tried: a container without a network (what an
+/// agent's is: the verdict), then (once that works) one on a bridge (said).
 async fn trial(
     dk: &Docker,
     image: &str,
@@ -358,10 +353,11 @@ async fn trial(
                     }
                 ),
             ),
-            Err(e) => Diagnosis::fails(
+            // An agent's container has no network: this runtime can carry it.
+            Err(e) => Diagnosis::works(
                 feature,
-                format_args!(
-                    "starts containers with --network=none only; on a bridge network (what a run needs: the agent reaches its sidecar over it) it fails: {e}"
+                format!(
+                    "starts containers without a network (what an agent's is), not on a bridge network: {e}"
                 ),
             ),
         },
@@ -498,97 +494,60 @@ async fn run_networks(dk: &Docker) -> Option<Diagnosis> {
     })
 }
 
-/// The resolvers of the daemon's host, when that host is this one.
-pub(crate) fn host_resolv_conf(docker_host: &str) -> Option<String> {
-    docker_host
-        .starts_with("unix://")
-        .then(|| std::fs::read_to_string("/etc/resolv.conf").ok())
-        .flatten()
-}
-
-/// Whether an agent on a run's internal network can resolve external names
-/// through the daemon's embedded DNS (CVE-2024-29018, a DNS exfiltration
-/// channel): daemons before 26.0.0, 25.0.5 and 23.0.11 forward such a query
-/// from the host's own network namespace when the host's resolver is on a
-/// loopback address; otherwise from the container's, where an internal
-/// network has no route. Distributions may have backported the fix: an old
-/// version with a loopback resolver is reported as a risk, not a proof.
-pub(crate) fn internal_dns_verdict(
-    version: &str,
-    resolv_conf: Option<&str>,
-) -> Result<NoDnsChannel, DnsChannel> {
-    let nums: Vec<u32> = version
-        .split(|c: char| !c.is_ascii_digit())
-        .take(3)
-        .map(|n| n.parse().unwrap_or(0))
-        .collect();
-    let v = (
-        nums.first().copied().unwrap_or(0),
-        nums.get(1).copied().unwrap_or(0),
-        nums.get(2).copied().unwrap_or(0),
-    );
-    let version = version.to_owned();
-    let fixed =
-        v >= (26, 0, 0) || (v.0 == 25 && v >= (25, 0, 5)) || (v.0 == 23 && v >= (23, 0, 11));
-    if fixed {
-        return Ok(NoDnsChannel::Fixed { version });
-    }
-    let Some(conf) = resolv_conf else {
-        return Err(DnsChannel::UnknownResolvers { version });
+/// Whether agents under runtime `rt` can connect to their sidecar's unix
+/// sockets, bound into their container: a gVisor runtime (told by its
+/// binary, [`gvisor_binary`]) must be registered with `--host-uds=open`
+/// (or `all`); any other runtime is taken to run on this host's kernel, as
+/// runc does. A runtime the daemon does not list is not judged here (its
+/// runs fail to start, naming it).
+pub(crate) fn host_sockets_verdict(
+    info: Option<&bollard::models::SystemInfo>,
+    rt: &str,
+) -> Result<(), super::DockerError> {
+    let Some(path) = gvisor_binary(info, rt) else {
+        return Ok(());
     };
-    let loopback: Vec<&str> = conf
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("nameserver"))
-        .map(str::trim)
-        .filter(|a| {
-            a.parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
-        })
-        .collect();
-    if loopback.is_empty() {
-        Ok(NoDnsChannel::NoLoopbackResolver { version })
-    } else {
-        Err(DnsChannel::LoopbackResolver {
-            version,
-            resolvers: loopback.join(", "),
-        })
+    let args = info
+        .and_then(|i| i.runtimes.as_ref())
+        .and_then(|r| r.get(rt))
+        .and_then(|r| r.runtime_args.clone())
+        .unwrap_or_default();
+    match gvisor_host_uds(&args).as_deref() {
+        Some("open" | "all") => Ok(()),
+        _ => Err(super::DockerError::GvisorWithoutHostSockets {
+            runtime: rt.to_owned(),
+            path: path.to_owned(),
+        }),
     }
 }
 
-/// Why an internal network's queries are no channel out.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum NoDnsChannel {
-    #[error(
-        "Docker {version} does not forward an internal network's queries (CVE-2024-29018 fixed)"
-    )]
-    Fixed { version: String },
-    #[error(
-        "Docker {version} predates the CVE-2024-29018 fix, but no resolver of this host is on loopback: \
-         an internal network's queries go out of the run's own namespace, where they have no route"
-    )]
-    NoLoopbackResolver { version: String },
-}
-
-/// Why an agent may send data out in DNS names through the daemon.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum DnsChannel {
-    #[error(
-        "Docker {version} predates the CVE-2024-29018 fix and its host's resolvers are unknown here: \
-         if they are on a loopback address, agents can send data out in DNS names"
-    )]
-    UnknownResolvers { version: String },
-    #[error(
-        "Docker {version} predates the CVE-2024-29018 fix and this host resolves through {resolvers}: \
-         the daemon may forward an agent's queries there from the host's namespace, so agents can \
-         send data out in DNS names. Upgrade Docker (26.0.0, 25.0.5, 23.0.11 or later) or point \
-         /etc/resolv.conf at a resolver that is not on loopback"
-    )]
-    LoopbackResolver { version: String, resolvers: String },
+/// The value of runsc's `--host-uds` among `args`, as runsc's flag parser
+/// reads it (`-`/`--`, `=v` or a separate value; the last one counts;
+/// the deprecated `--fsgofer-host-uds` means `all`).
+fn gvisor_host_uds(args: &[String]) -> Option<String> {
+    let mut found = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let flag = a.trim_start_matches('-');
+        if a == flag {
+            continue;
+        }
+        match flag.split_once('=') {
+            Some(("host-uds", v)) => found = Some(v.to_owned()),
+            Some(("fsgofer-host-uds", v)) => {
+                found = (v == "true").then(|| "all".to_owned()).or(found);
+            }
+            None if flag == "host-uds" => found = it.next().cloned(),
+            None if flag == "fsgofer-host-uds" => found = Some("all".to_owned()),
+            _ => {}
+        }
+    }
+    found
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{gvisor_binary, internal_dns_verdict};
+    use super::{gvisor_binary, host_sockets_verdict};
 
     #[test]
     fn gvisor_is_told_by_the_runtimes_binary_not_its_name() {
@@ -610,27 +569,33 @@ mod tests {
     }
 
     #[test]
-    fn an_old_daemon_with_a_loopback_resolver_is_a_dns_channel() {
-        let local = "# managed\nnameserver 127.0.0.1\noptions edns0\n";
-        let remote = "nameserver 10.255.255.53\n";
-        let e = internal_dns_verdict("20.10.24+dfsg1", Some(local))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("127.0.0.1") && e.contains("CVE-2024-29018"),
-            "{e}"
-        );
-        assert!(internal_dns_verdict("20.10.24+dfsg1", Some("nameserver ::1\n")).is_err());
-        let ok = internal_dns_verdict("20.10.24+dfsg1", Some(remote))
-            .unwrap()
-            .to_string();
-        assert!(ok.contains("no route"), "{ok}");
-        assert!(internal_dns_verdict("20.10.24", None).is_err());
-        for fixed in ["26.0.0", "27.3.1", "25.0.5", "23.0.11", "28.0.0-rc1"] {
-            assert!(internal_dns_verdict(fixed, Some(local)).is_ok(), "{fixed}");
+    fn a_gvisor_runtime_needs_host_sockets_open() {
+        let info: bollard::models::SystemInfo = serde_json::from_value(serde_json::json!({
+            "Runtimes": {
+                "runc": {"path": "runc"},
+                "runsc": {"path": "/usr/bin/runsc"},
+                "runsc-host": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host"]},
+                "open": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host", "--host-uds=open"]},
+                "spaced": {"path": "/usr/bin/runsc", "runtimeArgs": ["-host-uds", "all"]},
+                "old": {"path": "/usr/bin/runsc", "runtimeArgs": ["--fsgofer-host-uds"]},
+                "undone": {"path": "/usr/bin/runsc", "runtimeArgs": ["--host-uds=open", "--host-uds=none"]},
+                "create": {"path": "/usr/bin/runsc", "runtimeArgs": ["--host-uds=create"]},
+                "crun": {"path": "/usr/bin/crun"}
+            }
+        }))
+        .unwrap();
+        for ok in ["runc", "crun", "open", "spaced", "old", "unregistered"] {
+            assert!(host_sockets_verdict(Some(&info), ok).is_ok(), "{ok}");
         }
-        for old in ["25.0.4", "23.0.10", "24.0.9"] {
-            assert!(internal_dns_verdict(old, Some(local)).is_err(), "{old}");
+        for refused in ["runsc", "runsc-host", "undone", "create"] {
+            let e = host_sockets_verdict(Some(&info), refused)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("DOCKER_RUNTIME={refused} is gVisor"))
+                    && e.contains("--host-uds=open"),
+                "{e}"
+            );
         }
     }
 }

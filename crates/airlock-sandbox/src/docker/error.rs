@@ -2,7 +2,6 @@
 //! API refusal keeps the daemon's own words ([`ApiError`]).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use super::egress::{ENV_EGRESS_SUBNET, HOST_ROUTES, MAX_EGRESS_PREFIX};
 use super::{EGRESS_NETWORK, MIN_API_VERSION};
@@ -64,21 +63,15 @@ pub enum DockerError {
     NoRuntime,
     #[error("cannot start a thread to reach the daemon")]
     NoThread,
+    /// `DOCKER_RUNTIME` is gVisor registered without `--host-uds=open`:
+    /// its agents could not connect to their sidecar's unix sockets.
     #[error(
-        "creating network {name}: the Docker daemon has no free address pool left for another \
-         network (each run has one; with Docker's defaults about 30 networks fit in all). \
-         Remove stale networks (`airlock run` reclaims those of stopped platforms at boot) or give \
-         the daemon smaller pools in /etc/docker/daemon.json, e.g. \
-         \"default-address-pools\": [{{\"base\": \"10.200.0.0/16\", \"size\": 28}}] (4096 networks)"
+        "DOCKER_RUNTIME={runtime} is gVisor ({path}) registered without --host-uds=open: an agent \
+         reaches its sidecar only through unix sockets bound into its container, which gVisor \
+         refuses by default. Add \"--host-uds=open\" to its \"runtimeArgs\" in \
+         /etc/docker/daemon.json and reload dockerd (SIGHUP), or unset DOCKER_RUNTIME (runc)"
     )]
-    NoAddressPool {
-        name: String,
-        source: bollard::errors::Error,
-    },
-    /// The run's network, which the first of its containers creates and the
-    /// others wait for, could not be created.
-    #[error(transparent)]
-    RunNetwork(Arc<DockerError>),
+    GvisorWithoutHostSockets { runtime: String, path: String },
     #[error(
         "{EGRESS_NETWORK}'s range {subnet} ({ENV_EGRESS_SUBNET}) overlaps {taken} of {by}: set \
          {ENV_EGRESS_SUBNET} to a free IPv4 range of prefix /{MAX_EGRESS_PREFIX} or wider"

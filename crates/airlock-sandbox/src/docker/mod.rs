@@ -1,28 +1,40 @@
-//! The `docker` backend: each run is two containers on a network of its own.
+//! The `docker` backend: each run is an agent container with no network
+//! and a sidecar container on the shared egress network; they meet only
+//! through unix sockets on a bind mount.
 //!
 //! ```text
-//!  airlock-exec-<run>  (internal bridge, no IPv4 address on the host side)
+//!  (no network: `--network none`, `lo` alone)
 //!    agent    airlock-<run>-agent    `airlock runtime -- AGENT…`, AGENT_IMAGE
-//!    sidecar  airlock-<run>-sidecar  `airlock sidecar`, SIDECAR_IMAGE, :8080 :8081
-//!               └── also on airlock-egress (shared, created once, never deleted)
-//!  (no network)
+//!               /run/airlock (ro) = runs/<id>/sock/{sidecar.sock,proxy.sock}
 //!    runner   airlock-<run>-r<N>-runner  `airlock runner -- SERVER…`, AGENT_IMAGE
+//!               /run/airlock (ro) = runs/<id>/runner-<N>/{mcp.sock,proxy.sock}
+//!  airlock-egress  (shared, created once, never deleted; no traffic between
+//!                   its containers)
+//!    sidecar  airlock-<run>-sidecar  `airlock sidecar`, SIDECAR_IMAGE
+//!               listens in /run/airlock/agent (rw) = runs/<id>/sock
+//!               and /run/airlock/runners/runner-<N> (rw) = runs/<id>/runner-<N>
 //! ```
 //!
-//! A local MCP runner's container has no network at all (`--network none`,
-//! not the run's, where the agent is): it reaches its sidecar only through
-//! the two unix sockets of its own directory (`runs/<id>/runner-<N>/`),
-//! bound read-only at `/run/airlock`; the sidecar's container has each
-//! runner's directory bound at `/run/airlock/runners/runner-<N>`, where it
-//! listens. Unix sockets on a bind mount need both containers on this
-//! host's kernel (runc): a gVisor runner is refused before anything starts.
+//! The agent's container, like a local MCP runner's, has a network
+//! namespace of its own with nothing in it but `lo`: no interface, no
+//! route, no resolver but its own runtime's. Its runtime reaches its
+//! sidecar only through the two unix sockets of the run's sockets'
+//! directory (`runs/<id>/sock/`), bound read-only at `/run/airlock`
+//! (`connect(2)` works on a read-only mount, nothing else does), and relays
+//! the agent's loopback to them, as the namespace backend's does. The
+//! sidecar's container has that directory bound at
+//! [`AGENT_SOCKETS_IN_SIDECAR`], where it listens, and each runner's at
+//! `/run/airlock/runners/runner-<N>`; the platform opens the sockets to
+//! the sandboxes' uids once the sidecar is ready. No network is made per
+//! run (boot reclaim still removes the `airlock-exec-<run>` networks an
+//! earlier version left, [`reclaim`]).
 //!
-//! The agent's only peer is its sidecar (`sidecar:8080`, `sidecar:8081`).
-//! The run network is `--internal` and its bridge has no IPv4 address on the
-//! host (`com.docker.network.bridge.inhibit_ipv4`), so the host is not
-//! reachable through the bridge gateway either: every address off the run's
-//! subnet has no next hop. The sidecar reaches the platform through the
-//! platform's unix socket, bound read-only into its container.
+//! Unix sockets on a bind mount need the sandbox's kernel to reach the
+//! host's: runc's is the host's; gVisor's refuses host sockets unless
+//! registered with `--host-uds=open`, and a gVisor `DOCKER_RUNTIME`
+//! without it is refused at boot ([`diagnose::host_sockets_verdict`]).
+//! The sidecar reaches the platform through the platform's unix socket,
+//! bound read-only into its container.
 //!
 //! The agent container: `CapDrop: ALL`, `no-new-privileges`, the namespace
 //! backend's seccomp deny list as a Docker profile ([`profile`]), the
@@ -42,8 +54,10 @@
 //! `spawn_sidecar` return at once and the containers are created and started
 //! in a task; a failure shows on the handle's stderr as
 //! `airlock sandbox-init: docker: …` and as exit status 125.
-//! A run's two containers start concurrently (each its own task; the
-//! platform awaits the sidecar's readiness once), or not at all: with
+//! A run's two containers start concurrently (each its own task, neither
+//! waits for the other: the agent's runtime waits on its stdin for its
+//! secrets, which the platform hands over once the sidecar is ready), or
+//! not at all: with
 //! `DOCKER_WARM_POOL`, a pair started before the run and holding nothing of
 //! it is claimed instead ([`pool`]).
 
@@ -61,15 +75,12 @@ use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, HostConfigLogConfig, NetworkConnectRequest,
-    NetworkCreateRequest, NetworkingConfig,
-};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest};
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
@@ -87,16 +98,16 @@ pub const MIN_API_VERSION: &str = "1.41";
 /// The shared egress network: created once, never deleted (several platforms
 /// may share one daemon).
 pub const EGRESS_NETWORK: &str = "airlock-egress";
-/// Where the sidecar listens inside its container, and how the agent names it.
-pub const SIDECAR_HOST: &str = "sidecar";
-pub const SIDECAR_API_PORT: u16 = 8080;
-pub const SIDECAR_PROXY_PORT: u16 = 8081;
+/// Where the sidecar's container sees the run's sockets' directory
+/// ([`RunPaths::sockets_host`]), where it listens for the agent.
+pub const AGENT_SOCKETS_IN_SIDECAR: &str = "/run/airlock/agent";
 /// The platform's socket inside the sidecar's container.
 pub const PLATFORM_SOCKET_INSIDE: &str = "/run/airlock/platform.sock";
 /// The run's egress journal in the sidecar's container (a bind mount of
 /// the platform's file; nothing else of the run directory is mounted).
 pub const EGRESS_JOURNAL_INSIDE: &str = "/run/airlock/egress.journal";
-/// Where a runner's container sees its sockets' directory ([`RunPaths::sockets`]).
+/// Where an agent's or a runner's container sees its sockets' directory
+/// ([`RunPaths::sockets`]).
 pub const SOCKETS_INSIDE: &str = "/run/airlock";
 /// Where the sidecar's container sees the runners' sockets' directories.
 pub const RUNNERS_INSIDE: &str = "/run/airlock/runners";
@@ -112,7 +123,9 @@ pub const LABEL_ROLE: &str = "airlock.role";
 /// Who owns a run's objects: `<boot id>:<pid>:<start time>` of the platform.
 pub const LABEL_OWNER: &str = "airlock.owner";
 
-/// The name of a run's network.
+/// The name of a run's network: none is made any more (every sandbox
+/// container is on `--network none`); boot reclaim still removes those a
+/// platform of an earlier version left ([`reclaim`]).
 pub fn network_name(run_id: &str) -> String {
     format!("airlock-exec-{run_id}")
 }
@@ -276,36 +289,6 @@ fn conflict(e: &bollard::errors::Error) -> bool {
     )
 }
 
-/// A run's network, shared by its two containers: created by whichever
-/// starts first, removed when the last is removed.
-pub(crate) struct RunNet {
-    name: String,
-    created: tokio::sync::OnceCell<Result<(), Arc<DockerError>>>,
-    users: AtomicUsize,
-    /// Set when the run's sidecar is launched; turns true once its start is
-    /// over (either way). An agent launched after it starts after it:
-    /// `sidecar` is then in the network's DNS from the agent's first lookup
-    /// (a lookup before it is forwarded outside, where it has no route, and
-    /// costs a timeout). An agent launched before it (the orchestrator's,
-    /// which starts the sandbox first) holds its stdin instead
-    /// ([`crate::SandboxSpec::hold_stdin`]): its runtime looks nothing up
-    /// before its secrets come, once the sidecar is ready.
-    sidecar_started: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
-}
-
-impl RunNet {
-    fn new(name: String) -> RunNet {
-        RunNet {
-            name,
-            created: tokio::sync::OnceCell::new(),
-            users: AtomicUsize::new(0),
-            sidecar_started: Mutex::new(None),
-        }
-    }
-}
-
-type Nets = Arc<Mutex<HashMap<String, Arc<RunNet>>>>;
-
 /// The backend's client of the daemon, once connected.
 pub(crate) type Daemon = Arc<tokio::sync::OnceCell<Docker>>;
 
@@ -320,7 +303,6 @@ pub struct DockerBackend {
     /// Connected once, in the runtime of the first caller (a container's
     /// start task among them), then shared by every call of this backend.
     docker: Daemon,
-    nets: Nets,
     /// The platform that owns what this backend creates ([`LABEL_OWNER`]).
     owner: String,
     /// Pairs started before their runs ([`pool`]).
@@ -337,7 +319,6 @@ impl DockerBackend {
             pool: pool::new_pool(cfg.warm_pool),
             cfg,
             docker: Daemon::default(),
-            nets: Arc::default(),
             owner: reclaim::owner_label(),
         }
     }
@@ -368,63 +349,20 @@ impl DockerBackend {
         ])
     }
 
-    /// Run `run_id`'s network, one more container of the run on it:
-    /// `airlock-exec-<run_id>`, created by whichever container starts first.
-    fn run_net(&self, run_id: &str) -> Arc<RunNet> {
-        let mut nets = self.nets.lock().unwrap_or_else(|p| p.into_inner());
-        let net = nets
-            .entry(run_id.to_owned())
-            .or_insert_with(|| Arc::new(RunNet::new(network_name(run_id))))
-            .clone();
-        net.users.fetch_add(1, Ordering::SeqCst);
-        net
-    }
-
-    /// One container fewer on `net`, which never started: with the last,
-    /// the network goes (removed in the background if it was made).
-    fn release_net(&self, net: Arc<RunNet>, handle: &tokio::runtime::Handle) {
-        if net.users.fetch_sub(1, Ordering::SeqCst) != 1 {
-            return;
-        }
-        if let Ok(mut nets) = self.nets.lock() {
-            nets.retain(|_, n| !Arc::ptr_eq(n, &net));
-        }
-        if net.created.get().is_some() {
-            let (host, daemon) = (self.cfg.host.clone(), self.docker.clone());
-            handle.spawn(async move {
-                if let Ok(d) = client_of(&daemon, &host).await {
-                    remove_network(&d, &net.name).await;
-                }
-            });
-        }
-    }
-
-    /// Starts container `name` of run `run_id` in a task: network (`net`:
-    /// on the run's, [`DockerBackend::run_net`]; else none), create, attach, start, stdin
-    /// as `feed` says. `body` makes the container's from its network's
-    /// name. `egress`: the sidecar's, also on [`EGRESS_NETWORK`].
+    /// Starts container `name` of run `run_id` in a task: create, attach,
+    /// start, stdin as `feed` says. `egress`: the sidecar's, whose one
+    /// network is [`EGRESS_NETWORK`] (made first if missing); every other
+    /// container has none.
     fn launch(
         &self,
         run_id: &str,
         name: String,
-        body: impl FnOnce(Option<&str>) -> Result<ContainerCreateBody, SandboxError>,
+        body: ContainerCreateBody,
         feed: Feed,
-        net: bool,
         egress: bool,
     ) -> Result<Sandbox, SandboxError> {
         crate::namespace::config::check_run_id(run_id)?;
         let handle = tokio::runtime::Handle::try_current().map_err(|_| DockerError::NoRuntime)?;
-        let net = net.then(|| self.run_net(run_id));
-        let body = match body(net.as_ref().map(|n| n.name.as_str())) {
-            Ok(b) => b,
-            Err(e) => {
-                if let Some(net) = net {
-                    self.release_net(net, &handle);
-                }
-                return Err(e);
-            }
-        };
-        let (started_tx, after) = sidecar_first(net.as_deref(), egress);
         let (out_r, out_w) = tokio::io::simplex(64 * 1024);
         let (err_r, err_tx) = stderr_of(&handle);
         let shared = Arc::new(Shared {
@@ -447,14 +385,10 @@ impl DockerBackend {
         let task = StartTask {
             host: self.cfg.host.clone(),
             daemon: self.docker.clone(),
-            net_labels: self.labels(run_id, "network"),
             name: name.clone(),
-            net: net.clone(),
             shared: shared.clone(),
             egress,
             egress_subnet: self.cfg.egress_subnet,
-            after,
-            started: started_tx,
             feed: Some(feed),
             body,
             out_w: Some(out_w),
@@ -468,8 +402,6 @@ impl DockerBackend {
             name,
             host: self.cfg.host.clone(),
             started,
-            net,
-            nets: self.nets.clone(),
             shared,
             handle,
             removed: false,
@@ -481,33 +413,6 @@ impl DockerBackend {
             Box::new(err_r),
             gate_tx,
         ))
-    }
-}
-
-/// The order of a run's two containers on its network: the sidecar (the
-/// one also on the egress network) says when its start is over; an agent
-/// launched after it waits for that. Returns what this container tells,
-/// and what it waits for.
-fn sidecar_first(
-    net: Option<&RunNet>,
-    egress: bool,
-) -> (
-    Option<tokio::sync::watch::Sender<bool>>,
-    Option<tokio::sync::watch::Receiver<bool>>,
-) {
-    match net {
-        Some(net) if egress => {
-            let (tx, rx) = tokio::sync::watch::channel(false);
-            if let Ok(mut s) = net.sidecar_started.lock() {
-                *s = Some(rx);
-            }
-            (Some(tx), None)
-        }
-        Some(net) => {
-            let rx = net.sidecar_started.lock().ok().and_then(|s| s.clone());
-            (None, rx)
-        }
-        None => (None, None),
     }
 }
 
@@ -547,14 +452,10 @@ struct Shared {
 struct StartTask {
     host: String,
     daemon: Daemon,
-    net_labels: HashMap<String, String>,
     name: String,
-    net: Option<Arc<RunNet>>,
     shared: Arc<Shared>,
     egress: bool,
     egress_subnet: ipnet::Ipv4Net,
-    after: Option<tokio::sync::watch::Receiver<bool>>,
-    started: Option<tokio::sync::watch::Sender<bool>>,
     feed: Option<StartFeed>,
     body: ContainerCreateBody,
     /// Stdout's writer, until the start hands it to its pump.
@@ -592,14 +493,10 @@ impl StartTask {
             return Err(DockerError::NoClient);
         };
         let start = Start {
-            net: self.net.as_deref(),
-            net_labels: std::mem::take(&mut self.net_labels),
             name: &self.name,
             egress: self.egress,
             egress_subnet: self.egress_subnet,
             killed: &self.shared.killed,
-            after: self.after.take(),
-            started: self.started.as_ref(),
             feed: self.feed.take(),
             // Everything but the sidecar (the one on the egress network).
             sandbox: !self.egress,
@@ -611,21 +508,14 @@ impl StartTask {
     }
 }
 
-/// One container's start: the network, the container, its streams, its
-/// start and its stdin.
+/// One container's start: the egress network (the sidecar's), the
+/// container, its streams, its start and its stdin.
 struct Start<'a> {
-    /// The run's network (`None`: the container has none).
-    net: Option<&'a RunNet>,
-    net_labels: HashMap<String, String>,
     name: &'a str,
     egress: bool,
     /// The range [`EGRESS_NETWORK`] is created with, if missing.
     egress_subnet: ipnet::Ipv4Net,
     killed: &'a AtomicBool,
-    /// Start only once this turns true (the agent after its sidecar).
-    after: Option<tokio::sync::watch::Receiver<bool>>,
-    /// Turned true once this start is over (the sidecar's).
-    started: Option<&'a tokio::sync::watch::Sender<bool>>,
     /// What becomes of stdin once the container has started.
     feed: Option<StartFeed>,
     /// A sandbox's container (an agent's, a runner's): its socket buffers
@@ -643,21 +533,15 @@ impl Start<'_> {
         out_w: &mut Option<tokio::io::WriteHalf<tokio::io::SimplexStream>>,
         err_tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
     ) -> Result<(), DockerError> {
-        self.networks(d).await?;
+        if self.egress {
+            ensure_egress_network(d, self.egress_subnet).await?;
+        }
         self.stopped()?;
         let (id, attached) = self.create_and_attach(d, body).await?;
-        if let Some(mut after) = self.after.clone() {
-            // A sidecar that never starts fails the run anyway: bounded.
-            let _ = tokio::time::timeout(Duration::from_secs(30), after.wait_for(|s| *s)).await;
-        }
         self.stopped()?;
-        let started = d
-            .start_container(self.name, None::<q::StartContainerOptions>)
-            .await;
-        if let Some(tx) = self.started {
-            let _ = tx.send(true);
-        }
-        started.map_err(|e| ApiError::new(format!("starting {}", self.name), e))?;
+        d.start_container(self.name, None::<q::StartContainerOptions>)
+            .await
+            .map_err(|e| ApiError::new(format!("starting {}", self.name), e))?;
         if self.sandbox {
             cap_socket_buffers(d, self.name).await;
         }
@@ -690,36 +574,7 @@ impl Start<'_> {
         Ok(())
     }
 
-    /// The run's network (made by the first of its containers) and, for
-    /// the sidecar, the egress network: the two at once (neither waits
-    /// for the other).
-    async fn networks(&self, d: &Docker) -> Result<(), DockerError> {
-        let run_net = async {
-            match self.net {
-                Some(net) => net
-                    .created
-                    .get_or_init(|| async {
-                        create_run_network(d, &net.name, self.net_labels.clone())
-                            .await
-                            .map_err(Arc::new)
-                    })
-                    .await
-                    .clone()
-                    .map_err(DockerError::RunNetwork),
-                None => Ok(()),
-            }
-        };
-        let egress = async {
-            match self.egress {
-                true => ensure_egress_network(d, self.egress_subnet).await,
-                false => Ok(()),
-            }
-        };
-        let (run_net, egress) = futures_util::future::join(run_net, egress).await;
-        run_net.and(egress)
-    }
-
-    /// Creates the container (the sidecar also on [`EGRESS_NETWORK`]) and
+    /// Creates the container (its network, if any, is in `body`) and
     /// attaches to its three streams.
     async fn create_and_attach(
         &self,
@@ -738,17 +593,6 @@ impl Start<'_> {
             )
             .await
             .map_err(|e| ApiError::new(format!("creating {name}"), e))?;
-        if self.egress {
-            d.connect_network(
-                EGRESS_NETWORK,
-                NetworkConnectRequest {
-                    container: name.to_owned(),
-                    endpoint_config: None,
-                },
-            )
-            .await
-            .map_err(|e| ApiError::new(format!("connecting {name} to {EGRESS_NETWORK}"), e))?;
-        }
         let attached = d
             .attach_container(
                 name,
@@ -917,48 +761,6 @@ async fn kill_now(d: &Docker, name: &str) {
             ),
         )
         .await;
-}
-
-async fn create_run_network(
-    d: &Docker,
-    name: &str,
-    labels: HashMap<String, String>,
-) -> Result<(), DockerError> {
-    let req = NetworkCreateRequest {
-        name: name.to_owned(),
-        driver: Some("bridge".into()),
-        internal: Some(true),
-        options: Some(HashMap::from([
-            // No IPv4 address on the host's side of the bridge: the host is
-            // not reachable through the gateway of an internal network.
-            (
-                "com.docker.network.bridge.inhibit_ipv4".into(),
-                "true".into(),
-            ),
-            ("com.docker.network.bridge.enable_icc".into(), "true".into()),
-        ])),
-        labels: Some(labels),
-        ..Default::default()
-    };
-    match d.create_network(req).await {
-        Ok(_) => Ok(()),
-        Err(e) if conflict(&e) => Ok(()),
-        Err(source) if out_of_address_pools(&source) => Err(DockerError::NoAddressPool {
-            name: name.to_owned(),
-            source,
-        }),
-        Err(e) => Err(ApiError::new(format!("creating network {name}"), e).into()),
-    }
-}
-
-/// The daemon's answer when every address pool it may carve networks from
-/// is taken.
-fn out_of_address_pools(e: &bollard::errors::Error) -> bool {
-    matches!(
-        e,
-        bollard::errors::Error::DockerResponseServerError { message, .. }
-            if message.contains("non-overlapping IPv4 address pool")
-    )
 }
 
 /// The networks named [`EGRESS_NETWORK`] (two or more after a race).
@@ -1161,8 +963,6 @@ pub(crate) struct Container {
     host: String,
     /// Whether the container started, once its start is over.
     started: tokio::sync::watch::Receiver<Option<bool>>,
-    net: Option<Arc<RunNet>>,
-    nets: Nets,
     shared: Arc<Shared>,
     handle: tokio::runtime::Handle,
     removed: bool,
@@ -1198,12 +998,6 @@ impl Container {
     pub(crate) fn disown(&mut self) {
         self.shared.killed.store(true, Ordering::SeqCst);
         self.removed = true;
-        if let Some(net) = self.net.take()
-            && net.users.fetch_sub(1, Ordering::SeqCst) == 1
-            && let Ok(mut nets) = self.nets.lock()
-        {
-            nets.retain(|_, n| !Arc::ptr_eq(n, &net));
-        }
     }
 
     /// The daemon, once the container has started; `None` if it never will.
@@ -1296,8 +1090,7 @@ impl Container {
         }
     }
 
-    /// Removes the container (killed first) and, with the run's last
-    /// container, its network.
+    /// Removes the container (killed first).
     pub(crate) async fn remove(&mut self) {
         self.shared.killed.store(true, Ordering::SeqCst);
         // Whatever the start became, it is over before anything is removed.
@@ -1320,16 +1113,6 @@ impl Container {
             )
             .await;
         self.removed = true;
-        if let Some(net) = self.net.take()
-            && net.users.fetch_sub(1, Ordering::SeqCst) == 1
-        {
-            if let Ok(mut nets) = self.nets.lock() {
-                nets.retain(|_, n| !Arc::ptr_eq(n, &net));
-            }
-            if net.created.get().is_some() {
-                remove_network(&d, &net.name).await;
-            }
-        }
     }
 
     /// Dropped without `cleanup`: killed and removed in the background.
@@ -1343,8 +1126,6 @@ impl Container {
             name: self.name.clone(),
             host: self.host.clone(),
             started: self.started.clone(),
-            net: self.net.take(),
-            nets: self.nets.clone(),
             shared: self.shared.clone(),
             handle: self.handle.clone(),
             removed: false,
@@ -1426,14 +1207,11 @@ fn tmpfs_opts(size_mb: u64, uid: u32, gid: u32) -> String {
 }
 
 impl DockerBackend {
-    /// The container of `spec`: the agent's, on the run's network (`net`,
-    /// `airlock-exec-<run>` when `None`), or a runner's, with no network and
-    /// its sockets' directory bound read-only at [`RunPaths::sockets`].
-    fn sandbox_body(
-        &self,
-        spec: &SandboxSpec,
-        net: Option<&str>,
-    ) -> Result<ContainerCreateBody, SandboxError> {
+    /// The container of `spec`, an agent's or a runner's: no network
+    /// (`--network none`: its own network namespace, `lo` alone), its
+    /// sockets' directory bound read-only at [`RunPaths::sockets`], where
+    /// its sidecar's two unix sockets are its one way out.
+    fn sandbox_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
         // Each sandbox its own uid: a runner's is not its agent's.
         let ids = agent_ids(&spec.run_id);
         let mut binds = Vec::new();
@@ -1443,36 +1221,15 @@ impl DockerBackend {
         }
         let plane = plane::available(self.cfg.runtime.as_deref());
         if plane {
-            let peers = match spec.kind {
-                SandboxKind::Agent => plane::Peers::ByName,
-                SandboxKind::Runner { .. } => plane::Peers::None,
-            };
-            binds.push(plane::resolver_bind(&spec.sockets_dir, peers)?);
+            binds.push(plane::resolver_bind(&spec.sockets_dir)?);
         }
-        let (labels, network_mode, networking_config) = match &spec.kind {
-            SandboxKind::Agent => {
-                let net = net.map_or_else(|| network_name(&spec.run_id), str::to_owned);
-                (
-                    self.labels(&spec.run_id, "agent"),
-                    net.clone(),
-                    Some(NetworkingConfig {
-                        endpoints_config: Some(HashMap::from([(
-                            net,
-                            EndpointSettings {
-                                aliases: Some(vec!["agent".into()]),
-                                ..Default::default()
-                            },
-                        )])),
-                    }),
-                )
-            }
-            SandboxKind::Runner { run } => {
-                binds.push(format!(
-                    "{}:{SOCKETS_INSIDE}:ro",
-                    bindable(&spec.sockets_dir)?
-                ));
-                (self.labels(run, "runner"), "none".to_owned(), None)
-            }
+        binds.push(format!(
+            "{}:{SOCKETS_INSIDE}:ro",
+            bindable(&spec.sockets_dir)?
+        ));
+        let labels = match &spec.kind {
+            SandboxKind::Agent => self.labels(&spec.run_id, "agent"),
+            SandboxKind::Runner { run } => self.labels(run, "runner"),
         };
         // PID 1 is Airlock's own init (not dumpable, the sandbox's seccomp
         // filters), not docker-init.
@@ -1482,7 +1239,7 @@ impl DockerBackend {
             "--".into(),
         ];
         cmd.extend(spec.command.iter().cloned());
-        let mut host_config = self.sandbox_host_config(spec, ids, binds, network_mode);
+        let mut host_config = self.sandbox_host_config(spec, ids, binds);
         host_config.sysctls = plane.then(plane::sysctls);
         Ok(ContainerCreateBody {
             image: Some(self.cfg.images.agent.to_string()),
@@ -1498,7 +1255,6 @@ impl DockerBackend {
             open_stdin: Some(true),
             stdin_once: Some(true),
             tty: Some(false),
-            networking_config,
             host_config: Some(host_config),
             ..Default::default()
         })
@@ -1513,13 +1269,12 @@ impl DockerBackend {
         spec: &SandboxSpec,
         ids: crate::namespace::config::HostIds,
         binds: Vec<String>,
-        network_mode: String,
     ) -> HostConfig {
         let cap = spec.workspace_size_mb;
         let memory_bytes =
             i64::try_from(spec.memory_mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX);
         HostConfig {
-            network_mode: Some(network_mode),
+            network_mode: Some("none".into()),
             binds: Some(binds),
             readonly_rootfs: Some(true),
             tmpfs: Some(HashMap::from([
@@ -1564,14 +1319,10 @@ impl DockerBackend {
         }
     }
 
-    /// The sidecar's container, on the run's network `net`
-    /// (`airlock-exec-<run>` when `None`).
-    fn sidecar_body(
-        &self,
-        spec: &SidecarSpec,
-        net: Option<&str>,
-    ) -> Result<ContainerCreateBody, SandboxError> {
-        let net = net.map_or_else(|| network_name(&spec.run_id), str::to_owned);
+    /// The sidecar's container: on [`EGRESS_NETWORK`] only, listening for
+    /// the agent in the run's sockets' directory (bound at
+    /// [`AGENT_SOCKETS_IN_SIDECAR`]) and for each runner in its own.
+    fn sidecar_body(&self, spec: &SidecarSpec) -> Result<ContainerCreateBody, SandboxError> {
         let sock = spec
             .platform_socket
             .to_str()
@@ -1585,6 +1336,10 @@ impl DockerBackend {
         let mut binds = vec![
             format!("{sock}:{PLATFORM_SOCKET_INSIDE}:ro"),
             format!("{journal}:{EGRESS_JOURNAL_INSIDE}:rw"),
+            format!(
+                "{}:{AGENT_SOCKETS_IN_SIDECAR}:rw",
+                bindable(&spec.sockets_dir)?
+            ),
         ];
         // Each runner's sockets' directory, where the sidecar listens for it.
         for (host, inside) in &spec.runner_dirs {
@@ -1607,17 +1362,8 @@ impl DockerBackend {
             open_stdin: Some(true),
             stdin_once: Some(true),
             tty: Some(false),
-            networking_config: Some(NetworkingConfig {
-                endpoints_config: Some(HashMap::from([(
-                    net.clone(),
-                    EndpointSettings {
-                        aliases: Some(vec![SIDECAR_HOST.into()]),
-                        ..Default::default()
-                    },
-                )])),
-            }),
             host_config: Some(HostConfig {
-                network_mode: Some(net),
+                network_mode: Some(EGRESS_NETWORK.into()),
                 binds: Some(binds),
                 readonly_rootfs: Some(true),
                 tmpfs: Some(HashMap::from([(
@@ -1641,6 +1387,20 @@ impl DockerBackend {
             ..Default::default()
         })
     }
+}
+
+/// Refuses a `DOCKER_RUNTIME` whose agents could not reach their sidecar's
+/// unix sockets ([`diagnose::host_sockets_verdict`]: gVisor without
+/// `--host-uds=open`), before any run starts.
+async fn check_runtime(d: &Docker, runtime: Option<&str>) -> Result<(), DockerError> {
+    let Some(rt) = runtime else {
+        return Ok(());
+    };
+    let info = d
+        .info()
+        .await
+        .map_err(|e| ApiError::new("reading the daemon's runtimes", e))?;
+    diagnose::host_sockets_verdict(Some(&info), rt)
 }
 
 /// `p` as a bind mount's source (a path with `:` cannot be one).
@@ -1688,8 +1448,6 @@ impl Backend for DockerBackend {
 
     fn paths(&self, run_dir: &Path) -> RunPaths {
         RunPaths {
-            // Unused by this backend (the sidecar is reached over TCP); kept
-            // so the run directory has the same shape in every backend.
             sockets_host: run_dir.join("sock"),
             sockets: PathBuf::from(SOCKETS_INSIDE),
             workspace: PathBuf::from(WORKSPACE),
@@ -1700,17 +1458,25 @@ impl Backend for DockerBackend {
         PathBuf::from(AIRLOCK_IN_IMAGE)
     }
 
+    /// The namespace backend's unix sockets, the sidecar in its container:
+    /// it listens in the run's sockets' directory as its container sees it
+    /// ([`AGENT_SOCKETS_IN_SIDECAR`]), the agent connects in the same
+    /// directory as its own sees it ([`RunPaths::sockets`]).
     fn sidecar_placement(
         &self,
         run_id: &str,
-        _paths: &RunPaths,
-        _platform_socket: &Path,
+        paths: &RunPaths,
+        platform_socket: &Path,
     ) -> SidecarPlacement {
-        let any = |port| Endpoint::Tcp(HostPort::any(port));
-        let named = |port| Endpoint::Tcp(HostPort::fixed(SIDECAR_HOST, port));
+        let host = crate::host_sidecar_placement(paths, platform_socket);
+        let inside = Path::new(AGENT_SOCKETS_IN_SIDECAR);
         SidecarPlacement {
-            listen: (any(SIDECAR_API_PORT), any(SIDECAR_PROXY_PORT)),
-            reach: (named(SIDECAR_API_PORT), named(SIDECAR_PROXY_PORT)),
+            listen: (
+                Endpoint::Unix(inside.join(crate::SIDECAR_SOCKET)),
+                Endpoint::Unix(inside.join(crate::PROXY_SOCKET)),
+            ),
+            reach: host.reach,
+            host_sockets: host.host_sockets,
             platform_socket: PathBuf::from(PLATFORM_SOCKET_INSIDE),
             blocked_names: run_container_names(run_id),
             egress_journal_inside: Some(PathBuf::from(EGRESS_JOURNAL_INSIDE)),
@@ -1732,16 +1498,7 @@ impl Backend for DockerBackend {
                 ));
             }
             images::ensure(&d, &cfg.images, say).await?;
-            // Said at every boot, not only by `airlock doctor`: a channel
-            // out of every run that Airlock cannot close from here.
-            if let Some(v) = d.version().await.ok().and_then(|v| v.version)
-                && let Err(risk) = diagnose::internal_dns_verdict(
-                    &v,
-                    diagnose::host_resolv_conf(&cfg.host).as_deref(),
-                )
-            {
-                say(&format!("warning: {risk}"));
-            }
+            check_runtime(&d, cfg.runtime.as_deref()).await?;
             Ok::<(), SandboxError>(ensure_egress_network(&d, cfg.egress_subnet).await?)
         });
         r.unwrap_or_else(|| Err(DockerError::NoThread.into()))
@@ -1753,17 +1510,16 @@ impl Backend for DockerBackend {
         {
             return Ok(claimed);
         }
-        let body = |net: Option<&str>| self.sandbox_body(spec, net);
-        // The agent on its run's network; a runner on none.
-        let (run, name, net) = match &spec.kind {
-            SandboxKind::Agent => (&spec.run_id, container_name(&spec.run_id, "agent"), true),
-            SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner"), false),
+        let body = self.sandbox_body(spec)?;
+        let (run, name) = match &spec.kind {
+            SandboxKind::Agent => (&spec.run_id, container_name(&spec.run_id, "agent")),
+            SandboxKind::Runner { run } => (run, container_name(&spec.run_id, "runner")),
         };
         let feed = match spec.hold_stdin {
             true => Feed::Held(spec.stdin.clone()),
             false => Feed::Now(spec.stdin.clone()),
         };
-        self.launch(run, name, body, feed, net, false)
+        self.launch(run, name, body, feed, false)
     }
 
     /// Under runc: [`plane`]'s resolver file and low ports, in the
@@ -1804,9 +1560,8 @@ impl Backend for DockerBackend {
         self.launch(
             &spec.run_id,
             container_name(&spec.run_id, "sidecar"),
-            |net: Option<&str>| self.sidecar_body(spec, net),
+            self.sidecar_body(spec)?,
             Feed::Now(spec.config.clone()),
-            true,
             true,
         )
     }

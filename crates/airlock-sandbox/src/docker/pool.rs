@@ -1,5 +1,5 @@
 //! The docker backend's warm pool: pairs (an agent container and its
-//! sidecar's, on a network of their own) started before any run, kept up
+//! sidecar's, shaped as a cold run's) started before any run, kept up
 //! to `DOCKER_WARM_POOL` per [`PoolKey`], each claimed by one run and
 //! removed with it. The pair that replaces a claimed one is started once
 //! the run that claimed it has ended ([`crate::Backend::run_ended`]), so
@@ -11,13 +11,18 @@
 //! runtime --` and its sidecar `airlock sidecar`, both waiting on stdin;
 //! their only host directories are the pair's own, empty: `view/` (bound
 //! read-only where the agent's directory's parent is) and `run/` (bound at
-//! `/run/airlock` in the sidecar, beside the platform's socket), and the
-//! agent's resolver file (`resolv.conf`, [`super::plane`]). At the
-//! claim ([`DockerBackend::claim_pair`]) the run's agent directory is
-//! copied into `view/`, its egress journal hard-linked into `run/`, the
-//! containers renamed to the run's names, the agent's command written to
-//! its stdin, the sidecar's configuration to the sidecar's, and the
-//! runtime's secrets once the sidecar is ready, as for a cold start.
+//! `/run/airlock` in the sidecar, beside the platform's socket), whose
+//! `agent/` is the agent's sockets' directory (bound read-only at
+//! `/run/airlock` in the agent, and so at
+//! [`super::AGENT_SOCKETS_IN_SIDECAR`] in the sidecar, where a cold run's
+//! is), and the agent's resolver file (`run/agent.resolv.conf`,
+//! [`super::plane`]). At the claim ([`DockerBackend::claim_pair`]) the
+//! run's agent directory is copied into `view/`, its egress journal
+//! hard-linked into `run/`, the run's sockets' directory made a link to
+//! `run/agent/` (where the platform opens the sidecar's sockets to the
+//! agent), the containers renamed to the run's names, the agent's command
+//! written to its stdin, the sidecar's configuration to the sidecar's, and
+//! the runtime's secrets once the sidecar is ready, as for a cold start.
 //!
 //! Which runs can take a pair is [`PoolKey::of`]'s decision: an agent with
 //! no local runner, one agent directory whose parent is not a directory of
@@ -48,7 +53,7 @@ pub use crate::warm::PoolStatus;
 use crate::warm::{Late, Share, Shelf};
 use crate::{Sandbox, SandboxKind, SandboxSpec, SidecarSpec};
 
-/// Labels a pooled pair's containers (and network): `true`.
+/// Labels a pooled pair's containers: `true`.
 pub const LABEL_POOL: &str = "airlock.pool";
 /// The prefix of a pair's id: its containers' names until claimed are
 /// `airlock-pool_…-agent` and `airlock-pool_…-sidecar`.
@@ -251,6 +256,23 @@ fn put_back(pool: &Pool, key: &PoolKey, pair: Pair) {
     pool.put_back(key, pair);
 }
 
+/// The pair's agent sockets' directory, in its `run/`.
+const AGENT_SOCKETS: &str = "run/agent";
+
+/// Makes the run's sockets' directory `run_sockets` (empty, the
+/// platform's) a link to the claimed pair's, `pair_sockets`: the platform
+/// opens the sidecar's sockets to the agent where it made the directory.
+/// A link that cannot be made leaves the directory as it was.
+fn link_sockets(run_sockets: &Path, pair_sockets: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let mode = std::fs::metadata(run_sockets)?.permissions().mode();
+    std::fs::remove_dir(run_sockets)?;
+    std::os::unix::fs::symlink(pair_sockets, run_sockets).inspect_err(|_| {
+        let _ = std::fs::DirBuilder::new().mode(mode).create(run_sockets);
+        let _ = std::fs::set_permissions(run_sockets, std::fs::Permissions::from_mode(mode));
+    })
+}
+
 /// Removes `path` (a directory with all it holds, or a file); gone
 /// already is fine.
 fn remove_any(path: &Path) -> std::io::Result<()> {
@@ -382,7 +404,8 @@ impl DockerBackend {
                 .unwrap_or_default(),
         );
         let ready = copy_view(&dir, &view)
-            .and_then(|()| std::fs::hard_link(&sidecar.egress_journal, &journal));
+            .and_then(|()| std::fs::hard_link(&sidecar.egress_journal, &journal))
+            .and_then(|()| link_sockets(&sandbox.sockets_dir, &pair.guard.dir.join(AGENT_SOCKETS)));
         if let Err(e) = ready {
             tracing::debug!(run = %sandbox.run_id, "cold start: the pair cannot take the run: {e}");
             let emptied = [view.as_path(), journal.as_path()]
@@ -535,6 +558,8 @@ impl DockerBackend {
         let dir = own_dir(&key.pool_dir, &self.owner).join(&id);
         make_dir(&dir.join("view"), 0o755)?;
         make_dir(&dir.join("run"), 0o700)?;
+        // The platform's sockets' directory's mode (its `create_sockets_dir`).
+        make_dir(&dir.join(AGENT_SOCKETS), 0o711)?;
         let guard = Arc::new(SlotGuard {
             dir: dir.clone(),
             share: Mutex::new(None),
@@ -546,13 +571,11 @@ impl DockerBackend {
         for (role, body) in bodies {
             let (tx, rx) = tokio::sync::oneshot::channel::<Parked>();
             let feed = Feed::Parked(tx);
-            // On the pair's own network.
             let mut sb = self.launch(
                 &id,
                 container_name(&id, role),
-                |_| Ok(body),
+                body,
                 feed,
-                true,
                 role == "sidecar",
             )?;
             if let Some(c) = sb.container_mut() {
@@ -602,25 +625,22 @@ impl DockerBackend {
     ) -> Result<[(&'static str, bollard::models::ContainerCreateBody); 2], crate::SandboxError>
     {
         let (view, run) = (dir.join("view"), dir.join("run"));
-        let mut agent = self.sandbox_body(
-            &SandboxSpec {
-                run_id: id.to_owned(),
-                command: key.launcher.clone(),
-                env: key.env.clone(),
-                stdin: Vec::new(),
-                hold_stdin: false,
-                // The pair's own directory: its resolver file ([`super::plane`]).
-                sockets_dir: dir.to_owned(),
-                ro_paths: Vec::new(),
-                workspace: key.workspace.clone(),
-                workspace_size_mb: key.workspace_size_mb,
-                memory_mb: key.memory_mb,
-                cpus: key.millicpus as f64 / 1000.0,
-                pids_max: key.pids_max,
-                kind: SandboxKind::Agent,
-            },
-            None,
-        )?;
+        let sockets = dir.join(AGENT_SOCKETS);
+        let mut agent = self.sandbox_body(&SandboxSpec {
+            run_id: id.to_owned(),
+            command: key.launcher.clone(),
+            env: key.env.clone(),
+            stdin: Vec::new(),
+            hold_stdin: false,
+            sockets_dir: sockets.clone(),
+            ro_paths: Vec::new(),
+            workspace: key.workspace.clone(),
+            workspace_size_mb: key.workspace_size_mb,
+            memory_mb: key.memory_mb,
+            cpus: key.millicpus as f64 / 1000.0,
+            pids_max: key.pids_max,
+            kind: SandboxKind::Agent,
+        })?;
         if let Some(cmd) = agent.cmd.as_mut() {
             // `airlock container-init --command-on-stdin -- LAUNCHER…`
             cmd.insert(2, "--command-on-stdin".into());
@@ -633,19 +653,17 @@ impl DockerBackend {
         if let Some(hc) = agent.host_config.as_mut() {
             hc.binds.get_or_insert_with(Vec::new).push(view_bind);
         }
-        let mut sidecar = self.sidecar_body(
-            &SidecarSpec {
-                run_id: id.to_owned(),
-                exe: PathBuf::from(AIRLOCK_IN_IMAGE),
-                own_binary: None,
-                log: key.sidecar_log.clone(),
-                config: Vec::new(),
-                platform_socket: key.platform_socket.clone(),
-                egress_journal: run.join("egress.journal"),
-                runner_dirs: Vec::new(),
-            },
-            None,
-        )?;
+        let mut sidecar = self.sidecar_body(&SidecarSpec {
+            run_id: id.to_owned(),
+            exe: PathBuf::from(AIRLOCK_IN_IMAGE),
+            own_binary: None,
+            log: key.sidecar_log.clone(),
+            config: Vec::new(),
+            platform_socket: key.platform_socket.clone(),
+            egress_journal: run.join("egress.journal"),
+            sockets_dir: sockets,
+            runner_dirs: Vec::new(),
+        })?;
         let binds = vec![
             format!("{}:{SOCKETS_INSIDE}:rw", super::bindable(&run)?),
             format!(
@@ -682,7 +700,6 @@ impl DockerBackend {
             .iter()
             .flat_map(|p| [p.agent.parked.id.clone(), p.sidecar.parked.id.clone()])
             .collect();
-        let nets: Vec<String> = pairs.iter().map(|p| super::network_name(&p.id)).collect();
         let host = self.cfg.host.clone();
         super::block_on(async move {
             let Ok(d) = super::connect(&host).await else {
@@ -697,9 +714,6 @@ impl DockerBackend {
             };
             futures_util::future::join_all(ids.iter().map(|id| d.remove_container(id, opts())))
                 .await;
-            for n in &nets {
-                super::remove_network(&d, n).await;
-            }
         });
         for p in &mut pairs {
             for sb in [&mut p.agent.sandbox, &mut p.sidecar.sandbox] {
@@ -745,6 +759,7 @@ mod tests {
             config: b"{}".to_vec(),
             platform_socket: home.join("sockets/p.sock"),
             egress_journal: home.join("runs/run_x/egress.journal"),
+            sockets_dir: home.join("runs/run_x/sock"),
             runner_dirs: vec![],
         };
         (sandbox, sidecar)
@@ -781,6 +796,40 @@ mod tests {
             assert!(!k.contains(run_thing), "{run_thing} in {k}");
         }
         assert_eq!(key.pool_dir, home.path().join("pool"));
+    }
+
+    /// A pooled sidecar, its pair's `run/` at `/run/airlock`, listens for
+    /// the agent where a cold one does: the placement is the same for both.
+    #[test]
+    fn a_pooled_sidecar_sees_its_agents_sockets_where_a_cold_one_does() {
+        let inside = Path::new(SOCKETS_INSIDE).join(
+            Path::new(AGENT_SOCKETS)
+                .strip_prefix("run")
+                .expect("in the pair's run/"),
+        );
+        assert_eq!(inside, Path::new(super::super::AGENT_SOCKETS_IN_SIDECAR));
+    }
+
+    /// The run's sockets' directory becomes a link to the pair's; a link
+    /// that cannot be made leaves it as it was.
+    #[test]
+    fn the_runs_sockets_directory_links_to_the_pairs() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let (run, pair) = (t.path().join("sock"), t.path().join("pair"));
+        std::fs::create_dir(&run).unwrap();
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::create_dir(&pair).unwrap();
+        link_sockets(&run, &pair).unwrap();
+        assert_eq!(std::fs::read_link(&run).unwrap(), pair);
+        std::fs::write(pair.join("sidecar.sock"), "").unwrap();
+        assert!(run.join("sidecar.sock").exists());
+        // Not an empty directory: refused, left as it was.
+        let full = t.path().join("full");
+        std::fs::create_dir(&full).unwrap();
+        std::fs::write(full.join("x"), "").unwrap();
+        assert!(link_sockets(&full, &pair).is_err());
+        assert!(full.join("x").exists());
     }
 
     /// Runs a pair cannot serve start cold.

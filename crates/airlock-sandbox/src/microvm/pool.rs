@@ -584,6 +584,7 @@ mod tests {
             config: b"{}".to_vec(),
             platform_socket: home.join("sockets/p.sock"),
             egress_journal: home.join("runs").join(id).join("egress.journal"),
+            sockets_dir: home.join("runs").join(id).join("sock"),
             runner_dirs: vec![],
         };
         (sandbox, sidecar)

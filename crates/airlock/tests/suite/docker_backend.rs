@@ -2,14 +2,14 @@
 //! the backend level: the real backend starts an agent container (the
 //! isolation probe, bound read-only, or the image's python3) that tries to
 //! get out; each test asserts the attempt FAILED and that the legitimate
-//! path still works (a peer on the run's own network is reached, so a test
-//! that reaches nothing cannot pass by accident).
+//! path still works (the sidecar's unix socket, where the test listens in
+//! its place, is reached, so a test that reaches nothing cannot pass by
+//! accident).
 //!
 //! Network rule: packets go only to loopback, to containers these tests
 //! start, and to this host's own addresses (its Docker bridges among them),
-//! where the tests' own listeners wait. The cloud metadata address is never
-//! dialled: the test shows it has no next hop (its route goes through a
-//! gateway that no host or container holds, and that gateway refuses).
+//! where the tests' own listeners wait. The agent has no route at all: its
+//! kernel refuses every address off its loopback before a packet leaves.
 //!
 //! Needs a Docker daemon: under `CI` a missing one fails loudly, elsewhere
 //! the tests print SKIPPED.
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use airlock_sandbox::docker::DockerBackend;
 use airlock_sandbox::{Backend, SandboxSpec};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::AsyncReadExt;
 
 use crate::support::{
     Outcome, docker, docker_available, docker_inspect, docker_leftovers, finish_sandbox, probe_exe,
@@ -58,6 +58,10 @@ fn spec(command: Vec<String>) -> Run {
         .tempdir()
         .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The sidecar's sockets' directory, as the platform makes it.
+    let sock = dir.path().join("sock");
+    std::fs::create_dir(&sock).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o711)).unwrap();
     Run {
         spec: SandboxSpec {
             run_id: run_id(),
@@ -68,7 +72,7 @@ fn spec(command: Vec<String>) -> Run {
             ],
             stdin: vec![],
             hold_stdin: false,
-            sockets_dir: dir.path().join("unused"),
+            sockets_dir: sock,
             ro_paths: vec![probe_exe(), dir.path().to_owned()],
             workspace: PathBuf::from("/workspace"),
             workspace_size_mb: 16,
@@ -217,7 +221,8 @@ fn host_addresses() -> Vec<IpAddr> {
 const LISTENER: &str = "import socket,sys\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',7777))\ns.listen(16)\nprint('listening',flush=True)\nwhile True:\n    c,a=s.accept()\n    print('ACCEPTED',a,flush=True)\n    c.close()\n";
 
 /// The hostile agent of the network test: waits for its targets, tries each,
-/// and reports, with its routing table and IPv6 state.
+/// and reports, with its interfaces, routing tables and IPv6 state; then
+/// its one legitimate peer, the sidecar's socket.
 const ATTACKER: &str = r#"
 import json, os, socket, sys, time
 go = sys.argv[1]
@@ -243,16 +248,16 @@ import threading
 threads = [threading.Thread(target=attempt, args=(t,)) for t in targets]
 for t in threads: t.start()
 for t in threads: t.join()
-routes = []
-for l in open("/proc/net/route").read().splitlines()[1:]:
-    f = l.split()
-    h = lambda x: socket.inet_ntoa(int(x, 16).to_bytes(4, "little"))
-    routes.append({"dest": h(f[1]), "gateway": h(f[2]), "mask": h(f[7])})
-r["routes"] = routes
-r["if_inet6"] = open("/proc/net/if_inet6").read().split()
-r["disable_ipv6"] = open("/proc/sys/net/ipv6/conf/all/disable_ipv6").read().strip()
+r["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
+r["routes"] = open("/proc/net/route").read().splitlines()[1:]
+r["routes6"] = [l.split()[-1] for l in open("/proc/net/ipv6_route").read().splitlines()]
+r["if_inet6"] = [l.split()[-1] for l in open("/proc/net/if_inet6").read().splitlines()]
 r["docker_sock"] = [p for p in ("/var/run/docker.sock", "/run/docker.sock", "/var/run/docker", "/run/containerd/containerd.sock") if os.path.exists(p)]
 r["mounts_docker"] = [l.split()[4] for l in open("/proc/self/mountinfo") if "docker.sock" in l or "containerd.sock" in l]
+u = socket.socket(socket.AF_UNIX)
+u.settimeout(10)
+u.connect("/run/airlock/sidecar.sock")
+r["sidecar"] = u.recv(64).decode()
 print(json.dumps(r), flush=True)
 "#;
 
@@ -321,17 +326,6 @@ impl Drop for Removed {
     }
 }
 
-async fn wait_for_network(name: &str) {
-    let t = Instant::now();
-    while docker_inspect("network", name).is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "{name} never appeared"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The egress network has the configured range, not one of the daemon's
 /// pools (which `.ci/docker.sh` makes /28s: 13 sidecars at most).
 #[tokio::test]
@@ -350,8 +344,18 @@ async fn the_egress_network_has_the_configured_range() {
     assert!(matches!(gateway, IpAddr::V4(g) if b.cfg.egress_subnet.contains(&g)));
 }
 
+/// The agent's container has `lo` alone and no route: every address off
+/// its loopback (another run's sidecar on the egress network, the egress
+/// network's gateway, every address of the host) is refused by its own
+/// kernel before a packet leaves (ENETUNREACH), and nothing reaches any
+/// listener; its loopback is its own (the host's listeners are not there).
+/// Its sidecar's unix socket, bound read-only at `/run/airlock`, is
+/// reached. No network is made for the run.
 #[tokio::test]
-async fn the_agent_reaches_its_own_network_and_nothing_else() {
+async fn the_agent_has_loopback_alone_and_reaches_only_its_sidecars_socket() {
+    const EADDRNOTAVAIL: i64 = 99;
+    const ENETUNREACH: i64 = 101;
+    const ECONNREFUSED: i64 = 111;
     let Some(b) = backend() else { return };
     b.ensure_egress_network().await.unwrap();
     // The host: a listener on every address, and one on the wildcard.
@@ -366,43 +370,26 @@ async fn the_agent_reaches_its_own_network_and_nothing_else() {
     wildcard.set_nonblocking(true).unwrap();
     let wport = wildcard.local_addr().unwrap().port();
 
-    // Another run: its agent listens on its own network.
-    let other = spec(python(LISTENER));
-    let mut victim = b.spawn(&other.spec).unwrap();
-    let (vout, _) = victim.take_output();
-    let mut vout = tokio::io::BufReader::new(vout.unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), vout.next_line())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(first.as_deref(), Some("listening"));
-    let other_net = airlock_sandbox::docker::network_name(&other.spec.run_id);
-    let other_ip = ip_of(
-        &airlock_sandbox::docker::container_name(&other.spec.run_id, "agent"),
-        &other_net,
-    );
-
-    // The attacker's run, and on its own network a peer (the control).
+    // The attacker's run; the test stands in for its sidecar.
     let attacker = spec(vec![]);
     let go = attacker.dir.path().join("go");
     let mut a = attacker;
     a.spec.command = python(ATTACKER);
     a.spec.command.push(go.display().to_string());
+    let sidecar_sock = a.spec.sockets_dir.join(airlock_sandbox::SIDECAR_SOCKET);
+    let sidecar = std::os::unix::net::UnixListener::bind(&sidecar_sock).unwrap();
+    std::fs::set_permissions(&sidecar_sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let answered = std::thread::spawn(move || {
+        let (mut c, _) = sidecar.accept().unwrap();
+        std::io::Write::write_all(&mut c, b"sidecar here").unwrap();
+    });
     let sb = b.spawn(&a.spec).unwrap();
-    let net = airlock_sandbox::docker::network_name(&a.spec.run_id);
-    wait_for_network(&net).await;
+    // Another run's sidecar, on the shared egress network.
     let tag = std::process::id();
-    let (peer, egress_victim) = (
-        format!("airlock-test-peer-{tag}"),
-        format!("airlock-test-egress-{tag}"),
-    );
-    let _removed = Removed(vec![peer.clone(), egress_victim.clone()]);
-    listener_container(&peer, &net);
-    // A sidecar-like container on the shared egress network.
+    let egress_victim = format!("airlock-test-egress-{tag}");
+    let _removed = Removed(vec![egress_victim.clone()]);
     listener_container(&egress_victim, airlock_sandbox::docker::EGRESS_NETWORK);
-    let peer_ip = ip_of(&peer, &net);
     let egress_ip = ip_of(&egress_victim, airlock_sandbox::docker::EGRESS_NETWORK);
-    let own_gw = gateway_of(&net);
     let egress_gw = gateway_of(airlock_sandbox::docker::EGRESS_NETWORK);
 
     let fmt = |ip: IpAddr, port: u16| match ip {
@@ -410,10 +397,7 @@ async fn the_agent_reaches_its_own_network_and_nothing_else() {
         IpAddr::V6(_) => format!("[{ip}]:{port}"),
     };
     let mut targets = vec![
-        fmt(peer_ip, 7777),
-        fmt(other_ip, 7777),
         fmt(egress_ip, 7777),
-        fmt(own_gw, wport),
         fmt(egress_gw, wport),
         format!("0.0.0.0:{wport}"),
         format!("127.0.0.1:{wport}"),
@@ -434,25 +418,41 @@ async fn the_agent_reaches_its_own_network_and_nothing_else() {
     .await
     .unwrap()
     .unwrap();
-    // The test's own containers leave the run's network before it goes.
-    // The host's addresses while the run's network exists.
-    let host = host_addresses();
-    let peer_reached = accepted(&peer);
+    // While the run lives: no network of its own.
+    let nets = docker(&[
+        "network",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=airlock.run={}", a.spec.run_id),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&nets.stdout).trim(), "");
     let egress_reached = accepted(&egress_victim);
-    let _ = docker(&["rm", "-f", &peer]);
     let o = finish_sandbox(sb, Duration::from_secs(30)).await;
     let o = Outcome { stdout: text, ..o };
     let j = o.json();
     let c = &j["connect"];
-    // The control: the run's own network works.
-    assert_eq!(
-        c[fmt(peer_ip, 7777)],
-        "CONNECTED",
-        "the peer on the run network: {j}"
-    );
-    assert!(peer_reached);
-    for t in &targets[1..] {
-        assert_ne!(c[t], "CONNECTED", "{t} was reached from the agent: {c}");
+    // The control: its sidecar's socket.
+    answered.join().unwrap();
+    assert_eq!(j["sidecar"], "sidecar here", "{j}");
+    assert_eq!(j["interfaces"], json!(["lo"]), "{j}");
+    assert_eq!(j["routes"], json!([]), "no IPv4 route: {j}");
+    // No IPv6 at all: not even loopback's address.
+    assert_eq!(j["if_inet6"], json!([]), "{j}");
+    for dev in j["routes6"].as_array().unwrap() {
+        assert_eq!(dev, "lo", "an IPv6 route off loopback: {j}");
+    }
+    for t in &targets {
+        // Its own loopback refuses (nothing listens there); IPv6 has no
+        // address to send from; every other address has no route.
+        let want = if t.starts_with('[') {
+            EADDRNOTAVAIL
+        } else if t.starts_with("127.") || t.starts_with("0.0.0.0") {
+            ECONNREFUSED
+        } else {
+            ENETUNREACH
+        };
+        assert_eq!(c[t], json!(want), "{t} from the agent: {c}");
     }
     // Nothing of it arrived anywhere.
     assert!(!egress_reached, "the egress network was reached");
@@ -462,51 +462,10 @@ async fn the_agent_reaches_its_own_network_and_nothing_else() {
             other => panic!("a host listener saw a connection: {other:?}"),
         }
     }
-    victim.kill();
-    let mut rest = String::new();
-    while let Ok(Ok(Some(l))) =
-        tokio::time::timeout(Duration::from_secs(10), vout.next_line()).await
-    {
-        rest.push_str(&l);
-    }
-    assert!(
-        !rest.contains("ACCEPTED"),
-        "the other run's agent was reached: {rest}"
-    );
-    victim.cleanup().await;
-
-    // The host's side of the run network has no address: the gateway of the
-    // agent's default route belongs to nobody, so a packet for any address
-    // off the subnet (the cloud metadata address among them) has no next hop.
-    assert!(
-        !host.contains(&own_gw),
-        "the host holds the run network's gateway {own_gw}: {host:?}"
-    );
-    let routes = j["routes"].as_array().unwrap();
-    for r in routes {
-        let gw = r["gateway"].as_str().unwrap();
-        assert!(
-            gw == "0.0.0.0" || gw == own_gw.to_string(),
-            "a route through {gw}: {routes:?}"
-        );
-    }
-    assert!(
-        !routes.iter().any(|r| r["dest"] == "169.254.0.0"),
-        "a route to the metadata range: {routes:?}"
-    );
-    assert_eq!(
-        c[fmt(own_gw, wport)],
-        json!(113),
-        "EHOSTUNREACH: nobody answers for the gateway: {c}"
-    );
-    // No IPv6 at all (no link-local path to the host's bridge).
-    assert_eq!(j["disable_ipv6"], "1", "{j}");
-    assert_eq!(j["if_inet6"], json!([]), "{j}");
     // The Docker socket is nowhere in the agent's view.
     assert_eq!(j["docker_sock"], json!([]), "{j}");
     assert_eq!(j["mounts_docker"], json!([]), "{j}");
     assert_gone(&a.spec.run_id);
-    assert_gone(&other.spec.run_id);
 }
 
 #[tokio::test]
@@ -643,18 +602,23 @@ async fn the_containers_are_hardened_as_configured() {
             "{m}"
         );
     }
+    assert!(
+        mounts.iter().any(|m| m["Destination"] == "/run/airlock"),
+        "the sidecar's sockets' directory: {mounts:?}"
+    );
     let labels = &c["Config"]["Labels"];
     assert_eq!(labels["airlock.managed"], "true");
     assert_eq!(labels["airlock.run"], r.spec.run_id.as_str());
     assert_eq!(labels["airlock.role"], "agent");
-    let net = airlock_sandbox::docker::network_name(&r.spec.run_id);
-    let n = docker_inspect("network", &net).unwrap();
-    assert_eq!(n["Internal"], true, "{n}");
-    assert_eq!(
-        n["Options"]["com.docker.network.bridge.inhibit_ipv4"], "true",
-        "{n}"
+    assert_eq!(h["NetworkMode"], "none", "no network: {h}");
+    assert!(
+        docker_inspect(
+            "network",
+            &airlock_sandbox::docker::network_name(&r.spec.run_id)
+        )
+        .is_none(),
+        "no run network"
     );
-    assert_eq!(n["EnableIPv6"], false, "{n}");
     sb.kill();
     let o = finish_sandbox(sb, Duration::from_secs(30)).await;
     assert!(!o.status.success());

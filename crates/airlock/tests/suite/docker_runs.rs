@@ -85,13 +85,19 @@ fn the_run_directory_is_out_of_reach_and_every_write_lands_on_a_capped_tmpfs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(report["status"], "succeeded", "{report}\n{stderr}");
     let r = result_of(&report);
-    // No socket of the platform's is in a docker agent's view at all: the
-    // sidecar is a container of its own, reached over the run's network.
-    assert_eq!(r["sockets_present"], json!([false, false]), "{r}");
+    // The sidecar's two sockets are the agent's one way out: there, in a
+    // directory it may cross but not list, and neither they nor it changed.
+    assert_eq!(r["sockets_present"], json!([true, true]), "{r}");
+    assert_eq!(r["sockets_listing"], json!(EACCES), "{r}");
+    assert_eq!(r["sock_dirs"], json!(["/run/airlock"]), "{r}");
     for d in r["sock_dirs"].as_array().unwrap() {
         let d = d.as_str().unwrap();
         for k in ["create", "chmod"] {
             assert_ne!(r[format!("{k}:{d}")], json!("ok"), "{k}:{d} worked: {r}");
+        }
+        for k in ["rename", "unlink", "bind"] {
+            let key = format!("{k}:{d}/sidecar.sock");
+            assert!(r[&key].is_number(), "{key} worked: {r}");
         }
     }
     assert_eq!(r["runs_visible"], json!(false), "{r}");
@@ -366,6 +372,201 @@ fn the_sidecar_is_the_only_way_out_and_no_way_back_to_itself() {
     assert_clean(&run, &report);
 }
 
+/// The hostile agent of the no-network test: what its container has of a
+/// network, every address of the egress network (its sidecar's among them)
+/// and the host's there, its sockets' directory attacked; then its
+/// legitimate way out, an MCP tool call and a proxied request to the
+/// test's server. Says `probed`, then waits for the test's `release`.
+const NO_NETWORK: &str = r#"
+import ipaddress, json, os, socket, stat, time, urllib.request
+target, subnet = open("target.txt").read().split()
+host, port = target.split(":")
+r = {}
+r["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
+r["routes"] = open("/proc/net/route").read().splitlines()[1:]
+r["routes6"] = [l.split()[-1] for l in open("/proc/net/ipv6_route").read().splitlines()]
+def dial(h, p):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect((h, p))
+        return "CONNECTED"
+    except OSError as e:
+        return e.errno if e.errno is not None else "timeout"
+    finally:
+        s.close()
+seen = {}
+for a in [ipaddress.ip_address(host)] + list(ipaddress.ip_network(subnet).hosts()):
+    for p in (int(port), 8080, 8081):
+        o = str(dial(str(a), p))
+        seen[o] = seen.get(o, 0) + 1
+r["egress_network"] = seen
+d = "/run/airlock"
+r["sockets"] = {n: stat.S_ISSOCK(os.stat(os.path.join(d, n)).st_mode) for n in ("sidecar.sock", "proxy.sock")}
+def attempt(f):
+    try:
+        f()
+        return "DONE"
+    except OSError as e:
+        return e.errno
+r["list"] = attempt(lambda: os.listdir(d))
+r["create"] = attempt(lambda: open(d + "/planted", "w"))
+r["unlink"] = attempt(lambda: os.unlink(d + "/sidecar.sock"))
+r["bind"] = attempt(lambda: socket.socket(socket.AF_UNIX).bind(d + "/evil.sock"))
+r["chmod"] = attempt(lambda: os.chmod(d + "/proxy.sock", 0o777))
+r["mount"] = [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == d]
+meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+    "name": "open__api_call", "arguments": {"target": "http://%s/tool" % target}, "_meta": meta}}
+req = urllib.request.Request(os.environ["AIRLOCK_MCP_URL"], data=json.dumps(call).encode(), headers={
+    "content-type": "application/json", "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "open__api_call"})
+with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=30) as resp:
+    r["tool"] = [resp.status, resp.read().decode()]
+with urllib.request.urlopen("http://%s/proxied" % target, timeout=30) as resp:
+    r["proxied"] = [resp.status, resp.read().decode()]
+print("probed", flush=True)
+while not os.path.exists("release"):
+    time.sleep(0.05)
+json.dump(r, open(os.environ["AIRLOCK_RESULT_FILE"], "w"))
+"#;
+
+/// The agent's container has no network at all: `lo` alone, no route, so
+/// every address (the egress network's, its sidecar's there, the host's)
+/// is refused by its own kernel before any packet leaves; no network is
+/// made for the run. Its one way out is its sidecar's two unix sockets, in
+/// a directory it sees read-only and can neither list nor change, which
+/// holds those two and nothing else; through them an MCP tool call and a
+/// proxied request reach the test's server.
+#[test]
+fn the_agent_has_no_network_and_its_sidecar_is_behind_two_read_only_sockets() {
+    if !docker_available() {
+        return;
+    }
+    const ENETUNREACH: &str = "101";
+    const EROFS: i64 = 30;
+    let (addr, hits) = egress_server();
+    let subnet = support::docker_backend().unwrap().cfg.egress_subnet;
+    let run = RealRun::with_manifest(
+        NO_NETWORK,
+        &format!(
+            "[agent]\nname = \"nonet\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 300\n\n\
+             [network]\negress = [\"http://{addr}/**\"]\n\n\
+             [[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"http://{addr}/**\"]\n"
+        ),
+    )
+    .env("EGRESS_ALLOW_INTERNAL_HOSTS", &addr.ip().to_string());
+    std::fs::write(run.agent_dir.join("target.txt"), format!("{addr} {subnet}")).unwrap();
+    let (child, id, seen) = start_docker_until(&run, "probed");
+
+    // While it runs: its sockets' directory holds the sidecar's two
+    // sockets and nothing else (the resolver file is beside it).
+    let sock_dir = run.home.path().join("runs").join(&id).join("sock");
+    let mut names: Vec<String> = std::fs::read_dir(&sock_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}; {seen}", sock_dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["proxy.sock", "sidecar.sock"],
+        "{}",
+        sock_dir.display()
+    );
+    let mode = std::fs::metadata(&sock_dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o711, "the sandbox may cross it, not list it");
+    // No network of the run's; the agent on none, the sidecar on the
+    // egress network alone.
+    let nets = docker(&[
+        "network",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=airlock.run={id}"),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&nets.stdout).trim(),
+        "",
+        "a run network"
+    );
+    let agent = docker_inspect(
+        "container",
+        &airlock_sandbox::docker::container_name(&id, "agent"),
+    )
+    .unwrap();
+    assert_eq!(agent["HostConfig"]["NetworkMode"], "none", "{agent}");
+    let agent_nets: Vec<&String> = agent["NetworkSettings"]["Networks"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(agent_nets, ["none"]);
+    let mounts = agent["Mounts"].as_array().unwrap();
+    let sockets_mount = mounts
+        .iter()
+        .find(|m| m["Destination"] == "/run/airlock")
+        .unwrap_or_else(|| panic!("{mounts:?}"));
+    assert_eq!(sockets_mount["RW"], false, "{sockets_mount}");
+    let sidecar = docker_inspect(
+        "container",
+        &airlock_sandbox::docker::container_name(&id, "sidecar"),
+    )
+    .unwrap();
+    let sidecar_nets: Vec<&String> = sidecar["NetworkSettings"]["Networks"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(sidecar_nets, [airlock_sandbox::docker::EGRESS_NETWORK]);
+
+    std::fs::write(run.agent_dir.join("release"), "").unwrap();
+    let report = support::finish_run(child);
+    assert_eq!(report["status"], "succeeded", "{report}");
+    let r = result_of(&report);
+    assert_eq!(r["interfaces"], json!(["lo"]), "{r}");
+    assert_eq!(r["routes"], json!([]), "no IPv4 route at all: {r}");
+    for dev in r["routes6"].as_array().unwrap() {
+        assert_eq!(dev, "lo", "an IPv6 route off loopback: {r}");
+    }
+    // Every address of the egress network and the server's: no route, so
+    // the kernel refused each at once.
+    let seen = r["egress_network"].as_object().unwrap();
+    assert_eq!(
+        seen.keys().collect::<Vec<_>>(),
+        [ENETUNREACH],
+        "only ENETUNREACH: {seen:?}"
+    );
+    let hosts = u64::try_from(subnet.hosts().count()).unwrap();
+    assert_eq!(seen[ENETUNREACH], json!((hosts + 1) * 3));
+    // The sockets' directory: two sockets, not listed, not changed.
+    assert_eq!(
+        r["sockets"],
+        json!({"sidecar.sock": true, "proxy.sock": true}),
+        "{r}"
+    );
+    assert_eq!(r["list"], json!(EACCES), "{r}");
+    for what in ["create", "unlink", "bind", "chmod"] {
+        assert_eq!(r[what], json!(EROFS), "{what}: {r}");
+    }
+    assert!(
+        r["mount"].as_array().unwrap().iter().all(|o| o
+            .as_str()
+            .unwrap()
+            .split(',')
+            .any(|f| f == "ro")),
+        "{r}"
+    );
+    // The legitimate way: both reached the server, through the sidecar.
+    assert_eq!(r["proxied"], json!([200, "hello agent"]), "{r}");
+    assert_eq!(r["tool"][0], 200, "{r}");
+    assert!(
+        r["tool"][1].as_str().unwrap().contains("hello agent"),
+        "{r}"
+    );
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2, "{r}");
+    assert_clean(&run, &report);
+}
+
 #[test]
 fn runs_end_with_their_real_reason_and_leave_nothing() {
     if !docker_available() {
@@ -571,8 +772,8 @@ fn boot_reclaim_spares_a_live_platforms_run_and_takes_a_dead_ones() {
     let a_objects = docker_leftovers(&a_run);
     assert_eq!(
         a_objects.len(),
-        3,
-        "two containers and a network: {a_objects:?}"
+        2,
+        "two containers and no network: {a_objects:?}"
     );
 
     // Platform B boots (and reclaims) while A lives: A's run is untouched.
@@ -635,6 +836,7 @@ fn boot_reclaim_spares_a_live_platforms_run_and_takes_a_dead_ones() {
 const GVISOR_AGENT: &str = r#"
 import json, os, socket, urllib.request
 r = {"release": os.uname().release, "version": open("/proc/version").read()[:80]}
+r["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
 targets = open(os.environ["AIRLOCK_PROMPT_FILE"]).read().split()
 for l in open("/proc/net/route").read().splitlines()[1:]:
     f = l.split()
@@ -710,6 +912,11 @@ fn under_gvisor_the_agent_sees_gvisors_kernel_and_still_reaches_only_its_sidecar
         "the host's kernel answered: {r}"
     );
     assert_eq!(r["mcp"], 200, "the sidecar is reached: {r}");
+    assert_eq!(
+        r["interfaces"],
+        json!(["lo"]),
+        "no network under gVisor either: {r}"
+    );
     for (t, v) in r["connect"].as_object().unwrap() {
         assert_ne!(v, "CONNECTED", "{t} was reached under gVisor: {r}");
     }
@@ -861,14 +1068,14 @@ async fn a_client_that_ignores_the_proxy_gets_out_through_the_transparent_plane_
     .unwrap();
     let report = succeeded(&out);
     let r = result_of(&report);
-    // The runtime's responder first, Docker's own resolver after it.
+    // The runtime's responder alone: the container has nothing else to ask.
     let servers: Vec<&str> = r["resolv"]
         .as_str()
         .unwrap()
         .lines()
         .filter_map(|l| l.strip_prefix("nameserver "))
         .collect();
-    assert_eq!(servers, ["127.0.0.53", "127.0.0.11"], "{r}");
+    assert_eq!(servers, ["127.0.0.53"], "{r}");
     assert!(
         r["api_addr"].as_str().unwrap().starts_with("127.18."),
         "a synthetic answer: {r}"

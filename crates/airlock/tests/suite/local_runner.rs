@@ -445,15 +445,12 @@ async fn runners_attacked(
         "{}",
         r["peer_fetch_main"]
     );
-    // The agent sees none of the runners' sockets (a docker agent has no
-    // socket of the platform's in its view at all: its sidecar is a peer
-    // on its network).
-    let agent_sockets = if docker {
-        json!({"mcp.sock": false, "proxy.sock": false, "sidecar.sock": false})
-    } else {
+    // The agent sees its own sidecar's two sockets and none of the
+    // runners' (on every backend).
+    assert_eq!(
+        r["agent_sockets"],
         json!({"mcp.sock": false, "proxy.sock": true, "sidecar.sock": true})
-    };
-    assert_eq!(r["agent_sockets"], agent_sockets);
+    );
     assert_eq!(host_conns.load(Ordering::SeqCst), 0, "the host was reached");
     assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
 

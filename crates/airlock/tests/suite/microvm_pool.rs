@@ -420,6 +420,7 @@ fn a_too_large_agent_directory_starts_cold_and_still_runs() {
             config: vec![],
             platform_socket: home.path().join("sockets/p.sock"),
             egress_journal: home.path().join("runs").join(id).join("egress.journal"),
+            sockets_dir: home.path().join("runs").join(id).join("sock"),
             runner_dirs: vec![],
         };
         (sandbox, sidecar)

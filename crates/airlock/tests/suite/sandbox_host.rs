@@ -118,6 +118,8 @@ fn the_agent_sees_only_the_documented_host_paths(backend: &str) {
                 "/etc/hosts",
                 "/etc/hostname",
                 "/etc/resolv.conf",
+                // The sidecar's two sockets, read-only (docs/security.md).
+                "/run/airlock",
             ],
             // Docker's cgroup mounts lie under /sys, hidden by its empty tmpfs.
             vec!["/dev/", "/proc/", "/sys/fs/cgroup"],
