@@ -6,9 +6,9 @@
 # container's own network namespace), both with `--host-uds=open` (an agent
 # reaches its sidecar through unix sockets bound into its container, which
 # gVisor refuses otherwise; the platform refuses a gVisor runtime without
-# it). Then the backend's images, built from the workspace's `airlock`
-# binary. Needs root and Debian's docker.io, runsc and mmdebstrap. Source it
-# or run it.
+# it). The backend's images are built by `.ci/run` after it (`airlock images
+# build`, from the workspace's binary). Needs root and Debian's docker.io and
+# runsc. Source it or run it.
 set -euo pipefail
 
 daemon_json=/etc/docker/daemon.json

@@ -109,7 +109,7 @@ pub(crate) fn report(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", super::out::error_line(&e));
             ExitCode::FAILURE
         }
     }

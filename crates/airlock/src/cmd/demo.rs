@@ -39,7 +39,7 @@ pub fn run(backend: Option<String>) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", super::out::error_line(&e));
             ExitCode::from(2)
         }
     }

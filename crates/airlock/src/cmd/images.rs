@@ -40,7 +40,7 @@ pub fn run(c: ImagesCommand) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", super::out::error_line(&e));
             ExitCode::from(2)
         }
     }

@@ -45,3 +45,55 @@ macro_rules! outln {
     };
 }
 pub(crate) use outln;
+
+/// An error and its causes in one line, each said once: a cause whose
+/// words its error already carries (a library error that names its source
+/// in its own message and also returns it as its `source()`) is not said
+/// again, where `{:#}` said it twice ("setup failed: X: X").
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut said = e.to_string();
+    for cause in e.chain().skip(1) {
+        let words = cause.to_string();
+        if !said.contains(&words) {
+            said.push_str(": ");
+            said.push_str(&words);
+        }
+    }
+    said
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the daemon is gone")]
+    struct Gone;
+
+    /// Names its source in its message, and returns it as its source.
+    #[derive(Debug, thiserror::Error)]
+    #[error("sandbox setup failed: {0}")]
+    struct Setup(#[source] Gone);
+
+    /// Names no source in its message.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot start the run")]
+    struct Start(#[source] Setup);
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let e = anyhow::Error::new(Setup(Gone));
+        assert_eq!(
+            format!("{e:#}"),
+            "sandbox setup failed: the daemon is gone: the daemon is gone"
+        );
+        assert_eq!(error_line(&e), "sandbox setup failed: the daemon is gone");
+        let e = anyhow::Error::new(Start(Setup(Gone))).context("airlock run");
+        assert_eq!(
+            error_line(&e),
+            "airlock run: cannot start the run: sandbox setup failed: the daemon is gone"
+        );
+        let e = anyhow::anyhow!("plain");
+        assert_eq!(error_line(&e), "plain");
+    }
+}

@@ -137,7 +137,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             super::exit::run_exit(&report.run.status, report.run.exit_code)
         }
         Err(e) => {
-            say(format_args!("error: {e:#}"));
+            say(format_args!("error: {}", super::out::error_line(&e)));
             ExitCode::from(super::exit::USAGE)
         }
     }

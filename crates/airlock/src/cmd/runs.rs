@@ -213,7 +213,7 @@ pub fn run(args: RunsArgs) -> ExitCode {
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", super::out::error_line(&e));
             ExitCode::from(super::exit::FAILED)
         }
     }

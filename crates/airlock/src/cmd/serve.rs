@@ -43,7 +43,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
     match rt.block_on(serve(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", super::out::error_line(&e));
             ExitCode::FAILURE
         }
     }

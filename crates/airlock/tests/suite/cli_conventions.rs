@@ -138,6 +138,25 @@ fn a_missing_manifest_says_pass_f_once() {
     assert_eq!(err.matches("pass -f PATH").count(), 1, "{err}");
 }
 
+/// An error whose cause is also in its own words says that cause once
+/// ("docker at …: Socket not found: X" was followed by ": X" again). A
+/// daemon socket that does not exist: nothing is reached.
+#[test]
+fn an_error_says_each_cause_once() {
+    let home = tempfile::tempdir().unwrap();
+    let sock = home.path().join("no-daemon.sock");
+    let out = Command::new(AIRLOCK)
+        .args(["images", "build"])
+        .env("AIRLOCK_HOME", home.path())
+        .env("DOCKER_HOST", format!("unix://{}", sock.display()))
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let cause = format!("Socket not found: {}", sock.display());
+    assert_eq!(err.matches(&cause).count(), 1, "{err}");
+}
+
 /// Runs `args` with its stdout a pipe whose reader is already gone.
 fn with_closed_stdout(home: &Path, args: &[&str]) -> Output {
     let mut child = Command::new(AIRLOCK)
