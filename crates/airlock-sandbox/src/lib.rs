@@ -759,12 +759,6 @@ pub enum NoLocalRunners {
     )]
     IsolatesNothing { backend: &'static str },
     #[error(
-        "a runner reaches its sidecar through a unix socket on a bind mount, which a \
-         container of DOCKER_RUNTIME={runtime} may not connect to (gVisor refuses host sockets \
-         by default); unset DOCKER_RUNTIME (runc) for this run, or use RUN_ADAPTER=namespace"
-    )]
-    ForeignRuntime { runtime: String },
-    #[error(
         "the microvm backend runs no local MCP runner (a runner would need a guest of its own); \
          run it with RUN_ADAPTER=namespace"
     )]

@@ -276,19 +276,16 @@ mod tests {
         };
         assert!(refuse_local_runner(&docker(None), "gh").is_ok());
         assert!(refuse_local_runner(&docker(Some("runc")), "gh").is_ok());
+        // gVisor too: one that may not connect to a bound socket is refused
+        // at the backend's boot, for the agent as for a runner.
+        assert!(refuse_local_runner(&docker(Some("runsc")), "gh").is_ok());
         let process = airlock_sandbox::process::ProcessBackend;
-        let gvisor = docker(Some("runsc"));
-        for (backend, must) in [
-            (
-                &process as &dyn Backend,
-                "the process backend isolates nothing",
-            ),
-            (&gvisor, "DOCKER_RUNTIME=runsc"),
-        ] {
-            let e = refuse_local_runner(backend, "gh").unwrap_err().to_string();
-            assert!(e.contains("integration gh: ") && e.contains(must), "{e}");
-            assert!(e.contains("RUN_ADAPTER=namespace"), "{e}");
-        }
+        let e = refuse_local_runner(&process, "gh").unwrap_err().to_string();
+        assert!(
+            e.contains("integration gh: ") && e.contains("the process backend isolates nothing"),
+            "{e}"
+        );
+        assert!(e.contains("RUN_ADAPTER=namespace"), "{e}");
     }
 
     #[test]

@@ -1544,13 +1544,12 @@ impl Backend for DockerBackend {
         self.drain_pool();
     }
 
+    /// Under any runtime the backend starts: a runner reaches its sidecar
+    /// through unix sockets bound into its container, as the agent does,
+    /// and a gVisor runtime that may not connect to them is refused at boot
+    /// ([`DockerError::GvisorWithoutHostSockets`]).
     fn local_runners(&self) -> Result<(), NoLocalRunners> {
-        match self.cfg.runtime.as_deref() {
-            None | Some("runc") => Ok(()),
-            Some(r) => Err(NoLocalRunners::ForeignRuntime {
-                runtime: r.to_owned(),
-            }),
-        }
+        Ok(())
     }
 
     fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
