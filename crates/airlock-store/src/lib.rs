@@ -310,6 +310,7 @@ impl Store {
             path: display.clone(),
             source,
         })?;
+        let opening = OpenLock::take(path, opts.busy_timeout, &display).await?;
         // Every connection's settings: none of them writes to a store that
         // exists (WAL is recorded in the file once; saying it again only
         // reads it), so a reader never waits for a busy writer.
@@ -370,6 +371,7 @@ impl Store {
         }
         tracing::debug!(target: "airlock::phase", "store checked");
         store.migrate().await?;
+        drop(opening);
         Ok(store)
     }
 
@@ -628,6 +630,66 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     #[cfg(not(unix))]
     std::fs::create_dir_all(dir)
 }
+
+/// Held while a process opens a SQLite store (its first connection's
+/// settings, its check, its migrations), so that the first opens of a new
+/// file are one process's after another's. Without it, processes that
+/// opened one new store at once (`airlock run` started four times in one
+/// shell line) failed now and then with "locked": SQLite answers BUSY at
+/// once, without its busy wait, to a change of journal mode and to a
+/// migration that read before it wrote. An advisory lock (`flock`) on a
+/// file of its own beside the database, never on the database (closing any
+/// descriptor of that drops this process's POSIX locks on it, SQLite's);
+/// released when dropped, or when the process dies.
+struct OpenLock(#[allow(dead_code)] std::fs::File);
+
+impl OpenLock {
+    /// The lock file of the database at `path`.
+    fn path_of(path: &Path) -> PathBuf {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".open-lock");
+        PathBuf::from(name)
+    }
+
+    /// Takes the lock of the database at `path`, waiting for another
+    /// process's open up to `wait` (the store's busy timeout): past it,
+    /// [`StoreError::Locked`].
+    async fn take(path: &Path, wait: Duration, display: &str) -> Result<OpenLock, StoreError> {
+        let lock_path = Self::path_of(path);
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            o.mode(0o600);
+        }
+        let io = |source| StoreError::Io {
+            path: lock_path.display().to_string(),
+            source,
+        };
+        let file = o.open(&lock_path).map_err(io)?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(OpenLock(file)),
+                Err(std::fs::TryLockError::WouldBlock)
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    // Another process's open takes milliseconds: polled,
+                    // as SQLite's own busy wait polls its locks.
+                    tokio::time::sleep(OPEN_LOCK_POLL).await;
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(StoreError::Locked(display.to_owned()));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+            }
+        }
+    }
+}
+
+/// How often a process waiting for another's open of the store looks again.
+const OPEN_LOCK_POLL: Duration = Duration::from_millis(5);
 
 fn create_private_file(path: &Path) -> std::io::Result<()> {
     // Never open an existing database file here: closing any descriptor of a file drops every
