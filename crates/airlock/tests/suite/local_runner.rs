@@ -236,16 +236,7 @@ async fn a_local_runner_reaches_only_its_allowlist_and_never_holds_the_credentia
 /// hosts are this test's own, on this host's address on the egress network.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_docker_runner_has_no_network_and_reaches_only_its_allowlist() {
-    if !python_has(&["mcp", "httpx2", "uvicorn"]) || !docker_available() {
-        return;
-    }
-    let gw = tokio::task::spawn_blocking(docker_egress_gateway)
-        .await
-        .unwrap()
-        .to_string();
-    let ca = test_ca();
-    let hosts = crate::support::tls::two_hosts_on(&gw, &gw, &ca).await;
-    runners_attacked("docker", None, &gw, hosts, &ca).await;
+    docker_runners_attacked(None).await;
 }
 
 /// The same under gVisor (`runsc-host`, registered with `--host-uds=open`
@@ -253,6 +244,12 @@ async fn a_docker_runner_has_no_network_and_reaches_only_its_allowlist() {
 /// its sidecar through the sockets bound into it and nothing else.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_docker_runner_under_gvisor_has_no_network_and_reaches_only_its_allowlist() {
+    docker_runners_attacked(Some("runsc-host")).await;
+}
+
+/// [`runners_attacked`] on the docker backend under `runtime` (the
+/// daemon's default if none), its hosts on this host's egress address.
+async fn docker_runners_attacked(runtime: Option<&str>) {
     if !python_has(&["mcp", "httpx2", "uvicorn"]) || !docker_available() {
         return;
     }
@@ -262,7 +259,7 @@ async fn a_docker_runner_under_gvisor_has_no_network_and_reaches_only_its_allowl
         .to_string();
     let ca = test_ca();
     let hosts = crate::support::tls::two_hosts_on(&gw, &gw, &ca).await;
-    runners_attacked("docker", Some("runsc-host"), &gw, hosts, &ca).await;
+    runners_attacked("docker", runtime, &gw, hosts, &ca).await;
 }
 
 /// One run with three runners (`svc` with a connection, `peer` without,
