@@ -145,38 +145,44 @@ impl Approvals {
         let deadline = tokio::time::Instant::now() + wait;
         let expires_at = now_ms().saturating_add(i64::try_from(wait.as_millis()).unwrap_or(0));
         let d = ask.request.bounded();
-        // Registered before it is stored: no answer can come before.
+        // Registered before it is stored: no answer can come before. The
+        // run's `approval.pending` is stored with the hold (one
+        // transaction), and so are the webhook deliveries it owes.
         let registered = self.register(&id, run_id);
+        let rule = d.rule.clone();
+        let new = NewApproval {
+            id: &id,
+            run_id,
+            org_id,
+            method: &d.method,
+            host: &d.host,
+            path: &d.path,
+            integration: d.integration.as_deref(),
+            rule: &d.rule,
+            expires_at,
+        };
+        let pending = RunEvent::ApprovalPending {
+            at: now_ms(),
+            approval: Pending {
+                id: id.clone(),
+                request: d.clone(),
+                expires_at,
+            },
+        };
+        let payload = serde_json::to_string(&pending).unwrap_or_else(|_| "{}".into());
+        let event = NewEvent {
+            run_id,
+            at: pending.at(),
+            kind: pending.kind(),
+            payload: &payload,
+        };
         store
-            .insert_approval(
-                &NewApproval {
-                    id: &id,
-                    run_id,
-                    org_id,
-                    method: &d.method,
-                    host: &d.host,
-                    path: &d.path,
-                    integration: d.integration.as_deref(),
-                    rule: &d.rule,
-                    expires_at,
-                },
-                Some(now_ms()),
-            )
+            .insert_approval(&new, Some(&event))
             .await
             .map_err(|e| match e {
                 StoreError::ApprovalsExhausted { limit, .. } => ApprovalError::Exhausted { limit },
                 e => ApprovalError::Store(e),
             })?;
-        let rule = d.rule.clone();
-        let pending = RunEvent::ApprovalPending {
-            at: now_ms(),
-            approval: Pending {
-                id: id.clone(),
-                request: d,
-                expires_at,
-            },
-        };
-        append(store, run_id, &pending).await?;
         let state = loop {
             if let Some(row) = store.approval_state(&id).await?
                 && let Some(o) = outcome(row.state)

@@ -140,15 +140,17 @@ impl Store {
     /// advisory lock, so that two inserts at once cannot both count one
     /// below the bound: the bound is exact on both backends.
     ///
-    /// With `announce_at`, the `approval.pending` deliveries it owes its
-    /// organization's webhooks are queued in the same transaction: a crash
-    /// cannot store the hold and lose its announcement.
+    /// With `announce` (the run's `approval.pending` event), the event is
+    /// appended to the run's events and the deliveries the hold owes its
+    /// organization's webhooks are queued (at the event's time), in the same
+    /// transaction: a crash cannot store the hold and lose its
+    /// announcement, and a hold refused stores neither.
     pub async fn insert_approval(
         &self,
         a: &NewApproval<'_>,
-        announce_at: Option<i64>,
+        announce: Option<&crate::NewEvent<'_>>,
     ) -> Result<(), StoreError> {
-        let owed = match announce_at {
+        let owed = match announce {
             Some(_) => Some(
                 self.owed_approval_deliveries(a.org_id, a.id, APPROVAL_PENDING_EVENT)
                     .await?,
@@ -178,8 +180,17 @@ impl Store {
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-                if let (true, Some(owed), Some(at)) = (n > 0, &owed, announce_at) {
-                    queue_owed!(tx, owed, a.org_id, a.run_id, at);
+                if let (true, Some(owed), Some(event)) = (n > 0, &owed, announce) {
+                    sqlx::query(
+                        "INSERT INTO run_events (run_id, at, kind, payload) VALUES ($1, $2, $3, $4)",
+                    )
+                    .bind(event.run_id)
+                    .bind(event.at)
+                    .bind(event.kind)
+                    .bind(event.payload)
+                    .execute(&mut *tx)
+                    .await?;
+                    queue_owed!(tx, owed, a.org_id, a.run_id, event.at);
                 }
                 tx.commit().await?;
                 Ok::<u64, sqlx::Error>(n)

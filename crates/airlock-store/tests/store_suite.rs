@@ -1671,10 +1671,44 @@ async fn an_approvals_deliveries_are_queued_once_per_webhook_and_event(s: &Store
         rule: "ask",
         expires_at: 9,
     };
-    // The pending deliveries are queued with the hold itself, the settled
-    // ones with its settlement (one transaction each): queueing again adds
-    // nothing.
-    s.insert_approval(&a, Some(5)).await.unwrap();
+    // The pending deliveries are queued with the hold itself, and the run's
+    // `approval.pending` event stored, the settled ones with its settlement
+    // (one transaction each): queueing again adds nothing.
+    let pending = NewEvent {
+        run_id: "rh",
+        at: 5,
+        kind: APPROVAL_PENDING_EVENT,
+        payload: r#"{"type":"approval.pending","approval":{"id":"ah"}}"#,
+    };
+    s.insert_approval(&a, Some(&pending)).await.unwrap();
+    let stored = s
+        .events_of_kind("rh", APPROVAL_PENDING_EVENT, 10)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(
+        (stored[0].at, stored[0].payload.as_str()),
+        (5, pending.payload)
+    );
+    // A hold its run may no longer ask for stores neither its event nor
+    // its deliveries.
+    for i in 1..MAX_APPROVALS_PER_RUN {
+        let id = format!("ah{i}");
+        let more = NewApproval { id: &id, ..a };
+        s.insert_approval(&more, None).await.unwrap();
+    }
+    let over = NewApproval { id: "ah_over", ..a };
+    assert!(matches!(
+        s.insert_approval(&over, Some(&pending)).await,
+        Err(StoreError::ApprovalsExhausted { .. })
+    ));
+    assert_eq!(
+        s.events_of_kind("rh", APPROVAL_PENDING_EVENT, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let which = (org, "rh", "ah");
     assert_eq!(
         s.queue_approval_deliveries(which, APPROVAL_PENDING_EVENT, 5)
