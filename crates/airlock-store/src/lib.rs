@@ -641,7 +641,9 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 /// file of its own beside the database, never on the database (closing any
 /// descriptor of that drops this process's POSIX locks on it, SQLite's);
 /// released when dropped, or when the process dies.
-struct OpenLock(#[allow(dead_code)] std::fs::File);
+struct OpenLock {
+    _held: std::fs::File,
+}
 
 impl OpenLock {
     /// The lock file of the database at `path`.
@@ -671,7 +673,7 @@ impl OpenLock {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             match file.try_lock() {
-                Ok(()) => return Ok(OpenLock(file)),
+                Ok(()) => return Ok(OpenLock { _held: file }),
                 Err(std::fs::TryLockError::WouldBlock)
                     if tokio::time::Instant::now() < deadline =>
                 {

@@ -86,8 +86,8 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::{
-    Backend, Endpoint, HostPort, NoLocalRunners, RunPaths, Sandbox, SandboxError, SandboxKind,
-    SandboxSpec, SidecarPlacement, SidecarSpec, Unavailable,
+    Backend, Endpoint, HostPort, RunPaths, Sandbox, SandboxError, SandboxKind, SandboxSpec,
+    SidecarPlacement, SidecarSpec, Unavailable,
 };
 
 pub use error::{ApiError, DockerError};
@@ -1542,14 +1542,6 @@ impl Backend for DockerBackend {
 
     fn drop_prepared(&self) {
         self.drain_pool();
-    }
-
-    /// Under any runtime the backend starts: a runner reaches its sidecar
-    /// through unix sockets bound into its container, as the agent does,
-    /// and a gVisor runtime that may not connect to them is refused at boot
-    /// ([`DockerError::GvisorWithoutHostSockets`]).
-    fn local_runners(&self) -> Result<(), NoLocalRunners> {
-        Ok(())
     }
 
     fn spawn_sidecar(&self, spec: &SidecarSpec) -> Result<Sandbox, SandboxError> {
