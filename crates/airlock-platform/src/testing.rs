@@ -182,6 +182,34 @@ impl TestPlatform {
         self.api.store()
     }
 
+    /// Changes the main run's live policy as `PATCH /v1/runs/{id}/policy`
+    /// stores it (`rules`: `{"network": [...], "integrations": {...}}`, on
+    /// the latest version), then waits until the run's sidecar reports the
+    /// new version applied (at most 30 s); returns that version.
+    pub async fn change_policy(&self, rules: Value) -> i64 {
+        let store = self.store();
+        let latest = store.policy_version(&self.run_id).await.expect("version");
+        let version = store
+            .change_policy(&self.run_id, latest, &rules.to_string(), "key test")
+            .await
+            .expect("change policy");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut writes = store.policy_watch();
+        loop {
+            writes.borrow_and_update();
+            if store.policy_applied(&self.run_id).await.expect("applied") >= version {
+                return version;
+            }
+            // The sidecar's report is a write through this store: it wakes us.
+            assert!(
+                tokio::time::timeout_at(deadline, writes.changed())
+                    .await
+                    .is_ok(),
+                "the sidecar did not apply policy version {version} within 30 s"
+            );
+        }
+    }
+
     /// A second run of the same platform (for cross-run checks): its id and run token.
     pub async fn another_run(&self, agent: &str) -> (String, SecretString) {
         let id = format!("run_{}", airlock_vault::random_hex::<6>().expect("id"));

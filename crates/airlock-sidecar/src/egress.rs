@@ -138,6 +138,9 @@ pub struct Outcome {
     /// turned out to loop back into the sidecar: the record's decision
     /// becomes this refusal.
     pub refused: Option<RefusalCode>,
+    /// The rule behind `refused`, when a rule decided it (a tunnel a live
+    /// policy change refuses: withdrawn, or to be seen inside).
+    pub rule: Option<airlock_egress::RuleRefusal>,
     /// The address a failure or a later refusal is about: the operator's
     /// log line names it, the record (which tenants read) does not.
     pub address: Option<String>,
@@ -154,6 +157,7 @@ impl Outcome {
             bytes_in: None,
             metering: None,
             refused: None,
+            rule: None,
             address: None,
             steps: None,
         }
@@ -665,6 +669,7 @@ impl Recorder {
         if let Some(code) = outcome.refused {
             rec.decision = EgressDecision::Refused;
             rec.code = Some(code);
+            rec.rule = outcome.rule.or(rec.rule);
             log_refusal(&rec, address);
         } else {
             log_completion(&rec, address);

@@ -64,8 +64,8 @@ pub enum InterceptError {
 impl Interceptor {
     /// The interceptor of a run whose configuration has a CA and at least
     /// one integration with `inject = "proxy"` or a local runner, with a
-    /// connection and a delivery, or a `[network]` rule that must see
-    /// inside requests.
+    /// connection and a delivery, or `[network]` rules (one may have to see
+    /// inside requests now, or after a live change).
     pub fn new(
         ca: &ProxyCa,
         integrations: &foldhash::HashMap<String, Integration>,
@@ -85,7 +85,7 @@ impl Interceptor {
                 carries: i.has_connection && i.delivery.is_some(),
             })
             .collect();
-        if injectable.is_empty() && !network_rules.load().any_sees_inside() {
+        if injectable.is_empty() && network_rules.load().is_empty() {
             return Ok(None);
         }
         injectable.sort_by(|a, b| a.namespace.cmp(&b.namespace));

@@ -9,7 +9,9 @@
 //! interception, the transparent plane, remote MCP, the runners' proxies)
 //! reads the new. A change is applied only within the manifest's rules,
 //! checked here again; one that is not is refused and the old rules stay.
-//! The version applied is what the next long-poll reports (`after`).
+//! The version applied is what the next long-poll reports (`after`), and
+//! what [`LivePolicy::changes`] announces to connections that outlive one
+//! decision (a plain tunnel is closed once the rules would refuse it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +36,8 @@ pub struct LivePolicy {
     /// The manifest's lists: the ceiling of every change.
     ceiling: PolicyRules,
     applied: AtomicU64,
+    /// The version applied, announced after each swap.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl LivePolicy {
@@ -48,6 +52,7 @@ impl LivePolicy {
             set: LiveRuleSet::new(lists),
             ceiling: PolicyRules::of_launch(network, integrations),
             applied: AtomicU64::new(0),
+            changed: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -70,7 +75,15 @@ impl LivePolicy {
         let lists = rules.compile(&self.ceiling)?;
         self.set.swap(lists);
         self.applied.store(version, Ordering::Release);
+        self.changed.send_replace(version);
         Ok(())
+    }
+
+    /// Announces every change applied after this call: a change applied
+    /// between a decision and the call is announced too when the
+    /// subscription is taken before the decision.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 }
 

@@ -71,22 +71,24 @@ impl Keys {
 
 /// Whether a run of `m` has its own CA: an integration injects through
 /// the intercepting proxy, or has a local runner (whose proxy is one), or
-/// a rule of `[network]` must see inside the agent's HTTPS requests (a run
-/// without one keeps its plain tunnels and has no CA).
+/// `[network]` has rules (a run without any has no CA).
 pub fn needs_proxy_ca(m: &Manifest) -> bool {
     m.integrations
         .iter()
         .any(|i| i.inject == Some(Inject::Proxy) || i.local_command().is_some())
-        || network_sees_inside(m)
+        || network_has_rules(m)
 }
 
-/// Whether a rule of `[network]` must see inside the agent's HTTPS
-/// requests: the agent's proxy then intercepts them, and the agent trusts
-/// the run's CA.
-fn network_sees_inside(m: &Manifest) -> bool {
+/// Whether `[network]` has L7 rules: the agent then trusts the run's CA,
+/// whether a rule must see inside its HTTPS requests from the start or
+/// only after a person narrows one live (docs/egress.md, "Live policy").
+/// Which CONNECTs are intercepted is the sidecar's decision, per host,
+/// under the rules live at the time: a host whose rules need not see
+/// inside keeps its plain tunnel.
+fn network_has_rules(m: &Manifest) -> bool {
     m.network
         .as_ref()
-        .is_some_and(|n| n.rules.compiled().any_sees_inside())
+        .is_some_and(|n| !n.rules.compiled().is_empty())
 }
 
 /// The integrations of `m` with a local runner: their index in the
@@ -334,7 +336,7 @@ fn agent_secrets(
             })
             .collect(),
         proxy_ca_pem: proxy_ca_pem
-            .filter(|_| !intercepted.is_empty() || network_sees_inside(&req.manifest))
+            .filter(|_| !intercepted.is_empty() || network_has_rules(&req.manifest))
             .map(str::to_owned),
         inputs: req.inputs_dir.clone(),
         outputs: req.manifest.agent.outputs.clone(),
@@ -566,11 +568,11 @@ mod tests {
     const RUNNERS: &str = "[[integrations]]\nnamespace = \"open\"\nauthorized_uris = [\"https://example.com/**\"]\n\
         [[integrations]]\nnamespace = \"local\"\nsource = { kind = \"local\", command = [\"srv\", \"--stdio\"] }\n";
 
-    /// A run has its own CA only where something must see inside HTTPS: a
-    /// `[network]` rule that judges methods, paths or the query does; one
-    /// that allows everything (`full` on `/**`) keeps the plain tunnels.
+    /// A run whose `[network]` has rules has its own CA, the agent trusting
+    /// it: a rule that must see inside now needs it, and so does a `full`
+    /// rule a person may narrow live. A run without rules has none.
     #[test]
-    fn only_a_network_rule_that_must_see_inside_makes_a_ca() {
+    fn network_rules_make_a_ca_and_no_rules_none() {
         let net = |rule: &str| {
             request(
                 &format!(
@@ -596,7 +598,15 @@ mod tests {
             Some(ca.cert_pem.as_str()),
             "the agent trusts the CA its proxy presents"
         );
-        assert!(!needs_proxy_ca(&net("access = \"full\"").manifest));
+        let p = plan(&net("access = \"full\""), &settings(&[]));
+        let ca = config(&p)
+            .proxy_ca
+            .expect("a rule that may be narrowed live: the run's CA goes to the sidecar");
+        assert_eq!(
+            secrets(&p.sandbox).proxy_ca_pem.as_deref(),
+            Some(ca.cert_pem.as_str()),
+            "the agent trusts the CA before any rule needs it"
+        );
         assert!(!needs_proxy_ca(
             &request("[network]\negress = \"public\"\n", Echo::LiveView).manifest
         ));

@@ -138,12 +138,14 @@ async fn plain_tunnel<S: ProxyStream>(
     caller: Caller,
 ) {
     // Already answered 200: a refusal (recorded) can only close it.
+    let changes = sidecar.policy.changes();
     let Ok((_, flight, upstream)) =
         super::admit_uncredentialed(&sidecar, &caller, &authority, &method, &settings).await
     else {
         return;
     };
-    super::tunnel(client, upstream, prefix, flight, &settings, true).await;
+    let revoked = super::revoked(&sidecar, &caller.scope, &authority, changes);
+    super::tunnel(client, upstream, prefix, flight, &settings, true, revoked).await;
 }
 
 fn refusal(e: &EgressError) -> Response<ProxyBody> {

@@ -450,6 +450,9 @@ async fn serve_request<S: ProxyStream>(
         intercept::serve(stream, rest, target, method, sidecar, settings, caller).await;
         return;
     }
+    // Taken before the decision: a live change applied after it is judged
+    // against the tunnel it admitted.
+    let changes = sidecar.policy.changes();
     let (admitted, flight, upstream) =
         match admit_uncredentialed(&sidecar, &caller, &target, &method, &settings).await {
             Ok(v) => v,
@@ -466,7 +469,8 @@ async fn serve_request<S: ProxyStream>(
     match head.target {
         RequestTarget::Authority(_) => {
             tokio::select! {
-                _ = tunnel(stream, upstream, rest, flight, &settings, false) => {}
+                _ = tunnel(stream, upstream, rest, flight, &settings, false,
+                    revoked(&sidecar, &caller.scope, &target, changes)) => {}
                 _ = stop => {}
             }
         }
@@ -707,8 +711,32 @@ async fn refuse<W: AsyncRead + AsyncWrite + Unpin>(
     let _ = respond(w, status, &[], &error_body(e.code.as_str(), &e.to_string())).await;
 }
 
-/// A CONNECT: answer 200, then relay bytes until both sides close or the
-/// tunnel is idle for `idle_timeout`.
+/// Resolves once a live policy change would refuse a plain tunnel to
+/// `target` that the listener's rules admitted: a rule covering it must now
+/// see inside, or its host was withdrawn. `changes` was taken before the
+/// admission, so a change applied between the decision and this wait is
+/// judged too. A change that leaves the tunnel admitted leaves it open.
+pub(super) async fn revoked(
+    sidecar: &Sidecar,
+    scope: &Scope,
+    target: &Target,
+    mut changes: tokio::sync::watch::Receiver<u64>,
+) -> airlock_egress::RuleRefusal {
+    loop {
+        if changes.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let rules = scope.rules(sidecar).authorized.rules();
+        if let Err(refusal) = rules.judge(target, Intent::Tunnel) {
+            return refusal;
+        }
+    }
+}
+
+/// A CONNECT: answer 200, then relay bytes until both sides close, the
+/// tunnel is idle for `idle_timeout`, or `revoked` resolves (a live policy
+/// change refuses it now: the tunnel is closed, its record says
+/// `aborted`, refused by `rule_refused`).
 async fn tunnel<S: ProxyStream>(
     mut client: S,
     mut upstream: TcpStream,
@@ -716,6 +744,7 @@ async fn tunnel<S: ProxyStream>(
     flight: InFlight,
     settings: &ProxySettings,
     answered: bool,
+    revoked: impl std::future::Future<Output = airlock_egress::RuleRefusal>,
 ) {
     if !answered && client.write_all(CONNECTED).await.is_err() {
         flight.complete(Outcome::new(EgressOutcome::Aborted).status(Some(200)));
@@ -735,19 +764,33 @@ async fn tunnel<S: ProxyStream>(
             .bytes_out
             .store(early_out, Ordering::Relaxed);
     }
-    let spliced = match client.splice_socket() {
-        Some(c) => relay::relay_spliced(
-            c,
-            relay::SpliceSocket::Tcp(&upstream),
-            settings.idle_timeout,
-        )
-        .await
-        .ok(),
-        None => None,
+    let idle_timeout = settings.idle_timeout;
+    let relayed = async move {
+        let spliced = match client.splice_socket() {
+            Some(c) => relay::relay_spliced(c, relay::SpliceSocket::Tcp(&upstream), idle_timeout)
+                .await
+                .ok(),
+            None => None,
+        };
+        match spliced {
+            Some(stats) => stats,
+            None => relay::relay(client, upstream, idle_timeout, RELAY_BUF).await,
+        }
     };
-    let stats = match spliced {
-        Some(stats) => stats,
-        None => relay::relay(client, upstream, settings.idle_timeout, RELAY_BUF).await,
+    // Revocation first: once a change is applied (before the sidecar
+    // reports it), no later poll relays another byte of a refused tunnel.
+    let stats = tokio::select! {
+        biased;
+        refusal = revoked => {
+            tracing::info!(rule = %refusal.rule, "proxy tunnel closed: the live policy refuses it now ({refusal})");
+            flight.complete(Outcome {
+                refused: Some(EgressCode::RuleRefused),
+                rule: Some(refusal),
+                ..Outcome::new(EgressOutcome::Aborted).status(Some(200))
+            });
+            return;
+        }
+        stats = relayed => stats,
     };
     if stats.idle {
         tracing::info!(

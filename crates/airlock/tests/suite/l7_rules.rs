@@ -16,6 +16,8 @@ use crate::support::*;
 use airlock_platform::testing::TestPlatform;
 use airlock_store::{AuthType, EgressDecision};
 use airlock_vault::ExposeSecret;
+use bytes::Bytes;
+use http_body_util::Full;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -530,18 +532,34 @@ async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
     assert_eq!(refused, 8, "{log:?}");
 }
 
-/// One HTTPS request through a proxy listener on a unix socket: CONNECT
-/// (with the listener's token), TLS trusting only `ca_pem`, the request;
-/// the response's status.
-async fn through_unix_proxy(
-    socket: &std::path::Path,
+/// A TLS connector trusting only the certificates of `ca_pem`.
+fn trusting(ca_pem: &str) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+/// `CONNECT 127.0.0.1:port` on `s` with the listener's `token`, then TLS
+/// to `127.0.0.1` trusting only `ca_pem`: `None` if the TLS handshake
+/// fails (the proxy's 200 is asserted).
+async fn tls_through<S>(
+    mut s: S,
     token: &str,
     port: u16,
     ca_pem: &str,
-    request_line: &str,
-) -> u16 {
-    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+) -> Option<tokio_rustls::client::TlsStream<S>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     s.write_all(
         format!(
             "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
@@ -555,7 +573,7 @@ async fn through_unix_proxy(
     while !head.ends_with(b"\r\n\r\n") {
         let mut b = [0u8; 1];
         if s.read(&mut b).await.unwrap() == 0 {
-            return 0;
+            return None;
         }
         head.push(b[0]);
     }
@@ -564,21 +582,22 @@ async fn through_unix_proxy(
         "{}",
         String::from_utf8_lossy(&head)
     );
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = ServerName::try_from("127.0.0.1").unwrap();
-    let Ok(mut tls) = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, s)
-        .await
-    else {
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    trusting(ca_pem).connect(name, s).await.ok()
+}
+
+/// One HTTPS request through a proxy listener on a unix socket: CONNECT
+/// (with the listener's token), TLS trusting only `ca_pem`, the request;
+/// the response's status.
+async fn through_unix_proxy(
+    socket: &std::path::Path,
+    token: &str,
+    port: u16,
+    ca_pem: &str,
+    request_line: &str,
+) -> u16 {
+    let s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let Some(mut tls) = tls_through(s, token, port, ca_pem).await else {
         return 0;
     };
     tls.write_all(
@@ -594,6 +613,139 @@ async fn through_unix_proxy(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
+}
+
+/// A keep-alive HTTPS session through the agent's TCP proxy: one CONNECT,
+/// then any number of requests on it (`None`: the tunnel is gone).
+struct Session(hyper::client::conn::http1::SendRequest<Full<Bytes>>);
+
+impl Session {
+    async fn open(proxy: SocketAddr, token: &str, port: u16, ca_pem: &str) -> Session {
+        let s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+        let tls = tls_through(s, token, port, ca_pem)
+            .await
+            .expect("TLS through the tunnel");
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Session(send)
+    }
+
+    async fn request(&mut self, method: &str, path: &str) -> Option<u16> {
+        self.0.ready().await.ok()?;
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "127.0.0.1")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = self.0.send_request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .ok()?;
+        Some(status)
+    }
+}
+
+/// A plain tunnel does not outlive the rules that admitted it. The
+/// attacker opens HTTPS tunnels while `full` rules need not see inside
+/// (plain: it sees the upstreams' own certificates) and writes through
+/// them; a person narrows one host to reading, live. That host's open
+/// tunnel is closed: the attacker's next write on it never reaches the
+/// upstream, and its record says `rule_refused` by the new rule. The other
+/// host's tunnel, still admitted, stays open. The legitimate path: a new
+/// CONNECT to the narrowed host is intercepted with the run's CA (which the
+/// run has from the start, though no rule needed it then), a read passes
+/// and a write is refused naming the rule.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_tunnel_is_closed_once_a_live_change_must_see_inside_it() {
+    use crate::support::tls::{TwoHosts, test_ca, two_hosts_on};
+    let upstream_ca = test_ca();
+    let TwoHosts {
+        main,
+        main_port,
+        main_log,
+        other,
+        other_port,
+        other_log,
+    } = two_hosts_on("127.0.0.1", "127.0.0.1", &upstream_ca).await;
+    let p = TestPlatform::start("l7-live-tunnel").await;
+    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let full = |id: &str, host: &str| json!({"id": id, "host": host, "access": "full"});
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .network_allow([format!("{main}/**"), format!("{other}/**")])
+        .network_rules(json!([
+            full("main-full", &main),
+            full("other-full", &other)
+        ]))
+        .allow_internal_hosts(["127.0.0.1"])
+        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
+        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
+        .build();
+    let sc = spawn_sidecar(&cfg);
+    let token = p.sidecar_token.expose_secret().to_owned();
+    let upstream_pem = upstream_ca.issuer.pem();
+    let mut to_main = Session::open(sc.proxy_tcp(), &token, main_port, &upstream_pem).await;
+    let mut to_other = Session::open(sc.proxy_tcp(), &token, other_port, &upstream_pem).await;
+    assert_eq!(to_main.request("POST", "/api/before").await, Some(200));
+    assert_eq!(to_other.request("POST", "/before").await, Some(200));
+
+    p.change_policy(json!({"network": [
+        {"id": "main-read", "host": main, "access": "read-only", "paths": ["/api/**"]},
+        full("other-full", &other),
+    ]}))
+    .await;
+    assert_eq!(
+        to_main.request("POST", "/api/after").await,
+        None,
+        "a tunnel the new rules must see inside is closed"
+    );
+    assert_eq!(
+        to_other.request("POST", "/after").await,
+        Some(200),
+        "a tunnel the new rules still admit stays open"
+    );
+
+    let proxy = format!("http://{}", sc.proxy_tcp());
+    let dir = tempfile::tempdir().unwrap();
+    let run_pem = dir.path().join("run.pem");
+    std::fs::write(&run_pem, &run_ca.cert_pem).unwrap();
+    let m = |path: &str| format!("{main}{path}");
+    assert_eq!(curl_tls(&proxy, &token, &run_pem, &[&m("/api/read")]), 200);
+    assert_eq!(
+        curl_tls(&proxy, &token, &run_pem, &["-X", "POST", &m("/api/write")]),
+        403
+    );
+
+    let paths = |log: &crate::support::tls::Log| -> Vec<String> {
+        log.lock().unwrap().iter().map(|(p, _)| p.clone()).collect()
+    };
+    assert_eq!(paths(&main_log), ["/api/before", "/api/read"]);
+    assert_eq!(paths(&other_log), ["/before", "/after"]);
+    let log = p.egress_log().await;
+    let closed: Vec<_> = log
+        .iter()
+        .filter(|e| e.method == "CONNECT" && e.url.contains(&format!(":{main_port}")))
+        .filter(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused"))
+        .collect();
+    assert_eq!(closed.len(), 1, "{log:#?}");
+    assert_eq!(
+        closed[0].rule.as_deref(),
+        Some("main-read"),
+        "{:#?}",
+        closed[0]
+    );
+    assert_eq!(
+        closed[0].outcome.map(|o| o.as_str()),
+        Some("aborted"),
+        "{:#?}",
+        closed[0]
+    );
 }
 
 /// A local runner's proxy judges its requests by its integration's rules:
