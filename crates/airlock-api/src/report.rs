@@ -196,6 +196,7 @@ mod tests {
             exit_code: Some(0),
             id: "run_x".into(),
             model: None,
+            pending_approvals: None,
             proxy: None,
             queue_position: None,
             replica: None,

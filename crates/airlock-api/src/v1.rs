@@ -712,6 +712,11 @@ pub struct Run {
     pub id: String,
     /// The model provider its manifest names.
     pub model: Option<String>,
+    /// While running: how many of its requests an `ask` rule holds for a
+    /// person's answer (`0` included; omitted otherwise). Answered at
+    /// `/v1/runs/{id}/approvals`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_approvals: Option<i64>,
     /// The upstream proxy its guarded connections went through: an
     /// operator proxy's name, `PROXY_URL`, or `null` (direct, or not
     /// started). Never a URL.
@@ -732,6 +737,16 @@ pub struct Run {
 }
 
 impl Run {
+    /// The run with `pending_approvals` set from `counts` (the store's
+    /// [`airlock_store::Store::pending_approval_counts`]: a running run it
+    /// leaves out holds none) while it is running.
+    pub fn with_pending(mut self, counts: &std::collections::HashMap<String, i64>) -> Self {
+        if self.status == airlock_store::RunStatus::Running.as_str() {
+            self.pending_approvals = Some(counts.get(&self.id).copied().unwrap_or(0));
+        }
+        self
+    }
+
     /// A stored run as the API shows it; `queue_position` while it is queued.
     pub fn of(r: &airlock_store::Run, queue_position: Option<i64>) -> Self {
         Run {
@@ -745,6 +760,7 @@ impl Run {
             exit_code: r.exit_code,
             id: r.id.clone(),
             model: r.model.clone(),
+            pending_approvals: None,
             proxy: r.proxy.clone(),
             queue_position,
             replica: r.owner.clone(),
@@ -1404,6 +1420,7 @@ mod tests {
             exit_code: None,
             id: "run_1".into(),
             model: None,
+            pending_approvals: None,
             proxy: Some("eu".into()),
             queue_position: None,
             replica: None,
@@ -1426,6 +1443,26 @@ mod tests {
             ..run()
         });
         assert_eq!(queued["queue_position"], 2);
+        assert!(v.get("pending_approvals").is_none());
+        let counts = std::collections::HashMap::from([("run_1".to_owned(), 3)]);
+        let running = Run {
+            status: "running".into(),
+            ..run()
+        };
+        assert_eq!(
+            round_trip(&running.clone().with_pending(&counts))["pending_approvals"],
+            3
+        );
+        let none = std::collections::HashMap::new();
+        assert_eq!(
+            round_trip(&running.with_pending(&none))["pending_approvals"],
+            0
+        );
+        assert!(
+            round_trip(&run().with_pending(&counts))
+                .get("pending_approvals")
+                .is_none()
+        );
         round_trip(&RunList {
             next_cursor: None,
             runs: vec![r.clone()],

@@ -19,6 +19,9 @@ use crate::{Store, StoreError, now_ms};
 /// Most approvals one run may ask for.
 pub const MAX_APPROVALS_PER_RUN: i64 = 1000;
 
+/// Most running runs [`Store::pending_approval_counts`] reports on.
+pub const MAX_PENDING_COUNTS: i64 = 10_000;
+
 /// Where an approval stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ApprovalState {
@@ -314,6 +317,29 @@ impl Store {
             .await
             .map_err(|e| self.err(e))?;
             rows.iter().map(row_of).collect::<Result<_, _>>().map_err(|e| self.err(e))
+        })
+    }
+
+    /// How many requests each running run of `org_id` holds for a
+    /// person's answer: runs with none are left out. Read through the
+    /// running runs (bounded by the platform's concurrency), at most
+    /// [`MAX_PENDING_COUNTS`] of them.
+    pub async fn pending_approval_counts(
+        &self,
+        org_id: &str,
+    ) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+        on_pool!(self, p => {
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT r.id, COUNT(a.id) FROM runs r \
+                 JOIN approvals a ON a.run_id = r.id AND a.state = 'pending' \
+                 WHERE r.status = 'running' AND r.org_id = $1 GROUP BY r.id LIMIT $2",
+            )
+            .bind(org_id)
+            .bind(MAX_PENDING_COUNTS)
+            .fetch_all(p)
+            .await
+            .map_err(|e| self.err(e))?;
+            Ok(rows.into_iter().collect())
         })
     }
 

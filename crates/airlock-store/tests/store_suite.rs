@@ -1569,6 +1569,33 @@ async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store
     let pending = s.list_pending_approvals("ra").await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].id, "a2");
+    // The count per running run: its organization's, pending ones only;
+    // a run that ended holding one (a crash before the drop) is left out.
+    new_run(s, "ra_ended").await;
+    s.insert_approval(
+        &NewApproval {
+            run_id: "ra_ended",
+            ..a("a3")
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    let end = airlock_store::RunEnd {
+        status: RunStatus::Failed,
+        exit_code: None,
+        error: None,
+        at: 1,
+    };
+    assert!(s.finish_run("ra_ended", &end).await.unwrap());
+    let counts = s.pending_approval_counts(org).await.unwrap();
+    assert_eq!(counts, [("ra".to_owned(), 1)].into_iter().collect());
+    assert!(
+        s.pending_approval_counts("other-org")
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(
         s.settle_approval("a2", ApprovalState::Dropped, None, None)
             .await
@@ -1582,6 +1609,7 @@ async fn an_approval_is_settled_once_and_seen_only_by_its_organization(s: &Store
         .map(|r| r.state)
         .collect();
     assert_eq!(states, [ApprovalState::AllowedRun, ApprovalState::Dropped]);
+    assert!(s.pending_approval_counts(org).await.unwrap().is_empty());
 }
 
 /// Of many approvals asked for one run at once across the bound, exactly

@@ -285,7 +285,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** One run (queue_position while queued). */
+        /** One run (queue_position while queued, pending_approvals while running). */
         get: operations["get_run"];
         put?: never;
         post?: never;
@@ -1300,6 +1300,13 @@ export interface components {
             id: string;
             /** @description The model provider its manifest names. */
             model?: string | null;
+            /**
+             * Format: int64
+             * @description While running: how many of its requests an `ask` rule holds for a
+             *     person's answer (`0` included; omitted otherwise). Answered at
+             *     `/v1/runs/{id}/approvals`.
+             */
+            pending_approvals?: number | null;
             /**
              * @description The upstream proxy its guarded connections went through: an
              *     operator proxy's name, `PROXY_URL`, or `null` (direct, or not

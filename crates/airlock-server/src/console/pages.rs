@@ -239,11 +239,13 @@ async fn runs_page(
         .iter()
         .map(|s| s.as_str())
         .collect();
+    let waiting: i64 = list.runs.iter().filter_map(|r| r.pending_approvals).sum();
     render::page(
         "runs.html",
         context! {
             page => "runs",
             layout => layout(&app, &op).await?,
+            waiting,
             runs => list.runs,
             status => q.status,
             agent => q.agent,

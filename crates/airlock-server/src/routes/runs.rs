@@ -245,10 +245,27 @@ pub async fn list(
         })
         .await?;
     let next_cursor = super::next_cursor(&runs, limit, |r| (r.created_at, r.id.as_str()));
+    let pending = pending_approvals(&app, &t, &runs).await?;
     Ok(axum::Json(v1::RunList {
         next_cursor,
-        runs: runs.iter().map(|r| v1::Run::of(r, None)).collect(),
+        runs: runs
+            .iter()
+            .map(|r| v1::Run::of(r, None).with_pending(&pending))
+            .collect(),
     }))
+}
+
+/// How many requests each running run of `runs` holds for a person (read
+/// only when one of them is running).
+async fn pending_approvals(
+    app: &AppState,
+    t: &Tenant,
+    runs: &[Run],
+) -> ApiResult<std::collections::HashMap<String, i64>> {
+    if !runs.iter().any(|r| r.status == RunStatus::Running) {
+        return Ok(Default::default());
+    }
+    Ok(app.store().pending_approval_counts(&t.org_id).await?)
 }
 
 pub(crate) async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<Run> {
@@ -258,7 +275,7 @@ pub(crate) async fn the_run(app: &AppState, t: &Tenant, id: &str) -> ApiResult<R
         .ok_or_else(|| ApiError::not_found("run"))
 }
 
-/// One run (queue_position while queued).
+/// One run (queue_position while queued, pending_approvals while running).
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}",
@@ -284,7 +301,8 @@ pub async fn get(
     } else {
         None
     };
-    Ok(axum::Json(v1::Run::of(&run, pos)))
+    let pending = pending_approvals(&app, &t, std::slice::from_ref(&run)).await?;
+    Ok(axum::Json(v1::Run::of(&run, pos).with_pending(&pending)))
 }
 
 /// Cancels a queued or running run (409 when it has ended).

@@ -185,7 +185,16 @@ def main():
         # again once it is held, with its answers; "allow once" lets it go on.
         held = api("POST", "/v1/runs", {"agent": os.environ["HELD_AGENT"], "prompt": os.environ["HELD_PROMPT"]})
         hid = held["id"]
-        page.goto(CONSOLE + "/console/runs/" + hid)
+        # The runs list (refreshing itself) says a request waits, and on
+        # which run; its count leads to the run's page.
+        page.goto(CONSOLE + "/console/runs")
+        waiting = page.locator(f'tr[data-run="{hid}"] td.waiting a')
+        expect(waiting).to_have_text("1", timeout=60_000)
+        expect(page.locator("#waiting")).to_be_visible()
+        assert "1 held request waits" in page.text_content("#waiting"), page.text_content("#waiting")
+        shot(page, "runs-waiting")
+        waiting.click()
+        page.wait_for_url(CONSOLE + "/console/runs/" + hid + "#approvals")
         allow = page.locator('#approvals tr.pending button[value="allow_once"]')
         allow.wait_for(timeout=60_000)
         row = page.locator("#approvals tr.pending").text_content()
@@ -197,6 +206,10 @@ def main():
         expect(page.locator("#run-status")).to_have_text("succeeded", timeout=90_000)
         page.wait_for_selector('body[data-terminal="true"] #approvals tr.allowed_once', timeout=30_000)
         assert page.locator("#approvals tr.pending").count() == 0
+        # Answered and ended: nothing waits any more.
+        page.goto(CONSOLE + "/console/runs")
+        assert page.locator(f'tr[data-run="{hid}"] td.waiting a').count() == 0
+        assert page.locator("#waiting").is_hidden()
 
         # The console's own pages broke no rule of their policy (the
         # preview's refused attacks are reported in the same console: they

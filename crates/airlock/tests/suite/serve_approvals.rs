@@ -168,6 +168,23 @@ fn a_held_request_waits_for_its_organization_and_no_one_else() {
     );
     let still = pending(&s, &a, &run, 1);
     assert_eq!(still["id"], first["id"]);
+    // The run says one request waits, in its answer and in its
+    // organization's list; another organization's list shows neither.
+    let (_, one) = s.call("GET", &format!("/v1/runs/{run}"), Some(&a), None);
+    assert_eq!(one["pending_approvals"], 1, "{one}");
+    let (_, list) = s.call("GET", "/v1/runs", Some(&a), None);
+    let listed = list["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == run.as_str());
+    assert_eq!(
+        listed.map(|r| r["pending_approvals"].clone()),
+        Some(json!(1)),
+        "{list}"
+    );
+    let (_, theirs) = s.call("GET", "/v1/runs", Some(&b), None);
+    assert_eq!(theirs["runs"], json!([]), "{theirs}");
 
     // The pending event on the run's stream.
     let (_, events) = s.call(
@@ -198,6 +215,10 @@ fn a_held_request_waits_for_its_organization_and_no_one_else() {
     let done = wait_for(&s, &format!("/v1/runs/{run}"), &a, 60, |v| {
         v["status"] != "queued" && v["status"] != "running"
     });
+    assert!(
+        done.get("pending_approvals").is_none(),
+        "an ended run holds nothing: {done}"
+    );
     assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
     let logs = s
         .call(

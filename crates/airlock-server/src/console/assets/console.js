@@ -39,10 +39,14 @@ function runsPage() {
   async function refresh() {
     const list = await getJson("/console/data/runs?" + params.toString());
     tbody.replaceChildren();
+    const waiting = list.runs.reduce((n, r) => n + (r.pending_approvals || 0), 0);
+    const banner = document.getElementById("waiting");
+    banner.textContent = waiting + (waiting === 1 ? " held request waits" : " held requests wait") + " for an answer.";
+    banner.hidden = waiting === 0;
     if (list.runs.length === 0) {
       const tr = el("tr", undefined, "empty");
       const td = el("td", "No runs yet.");
-      td.colSpan = 7;
+      td.colSpan = 8;
       tr.append(td);
       tbody.append(tr);
     }
@@ -55,7 +59,13 @@ function runsPage() {
       id.append(a);
       const st = el("td");
       st.append(el("span", r.status, "status s-" + r.status));
-      tr.append(id, el("td", r.agent), st, el("td", fmtTime(r.created_at)), el("td", fmtTime(r.ended_at)),
+      const wait = el("td", undefined, "waiting");
+      if (r.pending_approvals) {
+        const w = el("a", r.pending_approvals);
+        w.href = "/console/runs/" + encodeURIComponent(r.id) + "#approvals";
+        wait.append(w);
+      }
+      tr.append(id, el("td", r.agent), st, wait, el("td", fmtTime(r.created_at)), el("td", fmtTime(r.ended_at)),
         el("td", r.cost.tokens_in + " / " + r.cost.tokens_out), el("td", r.cost.cost_usd));
       tbody.append(tr);
     }

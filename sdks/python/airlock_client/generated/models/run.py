@@ -35,6 +35,9 @@ class Run:
         error (None | str | Unset):
         exit_code (int | None | Unset):
         model (None | str | Unset): The model provider its manifest names.
+        pending_approvals (int | None | Unset): While running: how many of its requests an `ask` rule holds for a
+            person's answer (`0` included; omitted otherwise). Answered at
+            `/v1/runs/{id}/approvals`.
         proxy (None | str | Unset): The upstream proxy its guarded connections went through: an
             operator proxy's name, `PROXY_URL`, or `null` (direct, or not
             started). Never a URL.
@@ -57,6 +60,7 @@ class Run:
     error: None | str | Unset = UNSET
     exit_code: int | None | Unset = UNSET
     model: None | str | Unset = UNSET
+    pending_approvals: int | None | Unset = UNSET
     proxy: None | str | Unset = UNSET
     queue_position: int | None | Unset = UNSET
     replica: None | str | Unset = UNSET
@@ -105,6 +109,12 @@ class Run:
             model = UNSET
         else:
             model = self.model
+
+        pending_approvals: int | None | Unset
+        if isinstance(self.pending_approvals, Unset):
+            pending_approvals = UNSET
+        else:
+            pending_approvals = self.pending_approvals
 
         proxy: None | str | Unset
         if isinstance(self.proxy, Unset):
@@ -164,6 +174,8 @@ class Run:
             field_dict["exit_code"] = exit_code
         if model is not UNSET:
             field_dict["model"] = model
+        if pending_approvals is not UNSET:
+            field_dict["pending_approvals"] = pending_approvals
         if proxy is not UNSET:
             field_dict["proxy"] = proxy
         if queue_position is not UNSET:
@@ -240,6 +252,15 @@ class Run:
 
         model = _parse_model(d.pop("model", UNSET))
 
+        def _parse_pending_approvals(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        pending_approvals = _parse_pending_approvals(d.pop("pending_approvals", UNSET))
+
         def _parse_proxy(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -306,6 +327,7 @@ class Run:
             error=error,
             exit_code=exit_code,
             model=model,
+            pending_approvals=pending_approvals,
             proxy=proxy,
             queue_position=queue_position,
             replica=replica,

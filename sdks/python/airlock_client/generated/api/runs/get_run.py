@@ -85,7 +85,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient,
 ) -> Response[Error | Run]:
-    """One run (queue_position while queued).
+    """One run (queue_position while queued, pending_approvals while running).
 
     Args:
         id (str):
@@ -114,7 +114,7 @@ def sync(
     *,
     client: AuthenticatedClient,
 ) -> Error | Run | None:
-    """One run (queue_position while queued).
+    """One run (queue_position while queued, pending_approvals while running).
 
     Args:
         id (str):
@@ -138,7 +138,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient,
 ) -> Response[Error | Run]:
-    """One run (queue_position while queued).
+    """One run (queue_position while queued, pending_approvals while running).
 
     Args:
         id (str):
@@ -165,7 +165,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient,
 ) -> Error | Run | None:
-    """One run (queue_position while queued).
+    """One run (queue_position while queued, pending_approvals while running).
 
     Args:
         id (str):
