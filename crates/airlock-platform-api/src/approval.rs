@@ -18,6 +18,12 @@ pub const ASK_PATH: &str = "/internal/v1/approvals";
 /// at once with the same code (`airlock_egress::EgressCode::ApprovalsExhausted`).
 pub const EXHAUSTED: &str = "approvals_exhausted";
 
+/// The code of the platform's refusal (409) of an ask from a run that is
+/// ending (its held requests were dropped for its teardown): no one is
+/// asked and nothing is stored; the sidecar refuses the request at once
+/// (`airlock_egress::EgressCode::ApprovalDenied`).
+pub const RUN_ENDING: &str = "run_ending";
+
 /// Longest a hold waits ([`airlock_egress::rules::ASK_TIMEOUT_BOUNDS`]'s end).
 pub const MAX_WAIT_MS: u64 = *airlock_egress::rules::ASK_TIMEOUT_BOUNDS.end() * 1000;
 

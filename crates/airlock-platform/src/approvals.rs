@@ -16,9 +16,13 @@
 //!   (who answered), written here only: a sidecar cannot report them
 //!   ([`RunEvent::is_platforms`]); each is also queued, after its event,
 //!   as a webhook delivery to the organization's webhooks that subscribed
-//!   to it (the store's outbox sends and retries it).
+//!   to it (the store's outbox sends and retries it);
+//! - once a run's held requests are dropped for its teardown
+//!   ([`Approvals::drop_run`]), it asks no one any more: what its sandbox
+//!   still holds while it is being stopped is refused at once
+//!   ([`ApprovalError::RunEnding`]), neither stored nor announced.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +48,9 @@ pub enum ApprovalError {
     NotFound,
     #[error("the approval is already {0}")]
     Settled(&'static str),
+    /// The run is ending (or its grant is gone): no one is asked.
+    #[error("the run is ending: no one is asked")]
+    RunEnding,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -82,6 +89,9 @@ pub fn outcome(state: ApprovalState) -> Option<Outcome> {
 #[derive(Default)]
 pub struct Approvals {
     waiting: Mutex<HashMap<String, (String, Arc<Notify>)>>,
+    /// The runs of this replica whose held requests were dropped for their
+    /// teardown, until [`Approvals::forget`].
+    ending: Mutex<HashSet<String>>,
 }
 
 /// Removes a wait when it ends, however it ends (the sidecar may hang up).
@@ -137,6 +147,9 @@ impl Approvals {
         ask: AskRequest,
         running: impl Fn() -> bool,
     ) -> Result<AskAnswer, ApprovalError> {
+        if !running() || self.is_ending(run_id) {
+            return Err(ApprovalError::RunEnding);
+        }
         let id = format!(
             "apr_{}",
             airlock_vault::random_hex::<8>().map_err(ApprovalError::Id)?
@@ -257,9 +270,22 @@ impl Approvals {
         Ok(now)
     }
 
+    fn is_ending(&self, run_id: &str) -> bool {
+        self.ending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(run_id)
+    }
+
     /// Drops every pending approval of a run that ended (those whose wait
-    /// is gone; a live wait drops its own), and wakes this replica's waits.
+    /// is gone; a live wait drops its own), and wakes this replica's waits;
+    /// from now on the run asks no one ([`ApprovalError::RunEnding`]) until
+    /// [`Approvals::forget`].
     pub async fn drop_run(&self, store: &Store, run_id: &str) -> Result<(), StoreError> {
+        self.ending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(run_id.to_owned());
         self.run_ended(run_id);
         for row in store.list_pending_approvals(run_id).await? {
             settle(
@@ -273,6 +299,16 @@ impl Approvals {
             .await?;
         }
         Ok(())
+    }
+}
+
+impl Approvals {
+    /// Forgets a run whose grant is gone (nothing of it can ask any more).
+    pub fn forget(&self, run_id: &str) {
+        self.ending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(run_id);
     }
 }
 
@@ -316,4 +352,92 @@ async fn append(store: &Store, run_id: &str, e: &RunEvent) -> Result<(), StoreEr
         })
         .await
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use airlock_platform_api::approval::Description;
+    use airlock_store::{LOCAL_ORG, NewRun, RunStatus, StoreOptions};
+
+    use super::*;
+
+    async fn store_with(runs: &[&str]) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("airlock.db"), &StoreOptions::default())
+            .await
+            .unwrap();
+        for id in runs {
+            store
+                .insert_run(&NewRun {
+                    org: LOCAL_ORG,
+                    owner: None,
+                    id,
+                    agent: "a",
+                    backend: "test",
+                    model: None,
+                    status: RunStatus::Running,
+                    created_at: None,
+                })
+                .await
+                .unwrap();
+        }
+        (dir, store)
+    }
+
+    fn ask() -> AskRequest {
+        AskRequest {
+            request: Description {
+                method: "POST".into(),
+                host: "api.test".into(),
+                path: "/x".into(),
+                integration: None,
+                rule: "ask".into(),
+            },
+            wait_ms: 50,
+        }
+    }
+
+    /// Once a run's held requests are dropped for its teardown, what its
+    /// sandbox still holds asks no one: refused at once, neither stored
+    /// nor announced. Another run asks as before; a run forgotten (its
+    /// grant gone) is no longer remembered.
+    #[tokio::test]
+    async fn a_run_being_torn_down_asks_no_one() {
+        let (_dir, store) = store_with(&["r_end", "r_live"]).await;
+        let a = Approvals::default();
+        a.drop_run(&store, "r_end").await.unwrap();
+        let asked = a.ask(&store, ("r_end", LOCAL_ORG), ask(), || true).await;
+        assert!(matches!(asked, Err(ApprovalError::RunEnding)), "{asked:?}");
+        assert!(
+            store
+                .list_approvals(LOCAL_ORG, "r_end")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let announced = store
+            .events_of_kind("r_end", airlock_store::APPROVAL_PENDING_EVENT, 10)
+            .await
+            .unwrap();
+        assert!(announced.is_empty(), "{announced:?}");
+        // A run whose grant is gone asks no one either.
+        let gone = a.ask(&store, ("r_live", LOCAL_ORG), ask(), || false).await;
+        assert!(matches!(gone, Err(ApprovalError::RunEnding)), "{gone:?}");
+        // A live run's hold is stored and waits (here: out of time).
+        let live = a
+            .ask(&store, ("r_live", LOCAL_ORG), ask(), || true)
+            .await
+            .unwrap();
+        assert_eq!(live.outcome, Outcome::Expired);
+        assert_eq!(
+            store
+                .list_approvals(LOCAL_ORG, "r_live")
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        a.forget("r_end");
+        assert!(!a.is_ending("r_end"));
+    }
 }

@@ -1001,6 +1001,11 @@ async fn ask_approval(State(api): State<InternalApi>, req: Request) -> Response 
             airlock_platform_api::approval::EXHAUSTED,
             e.to_string(),
         ),
+        Err(e @ ApprovalError::RunEnding) => error(
+            StatusCode::CONFLICT,
+            airlock_platform_api::approval::RUN_ENDING,
+            e.to_string(),
+        ),
         Err(e) => internal(e),
     }
 }

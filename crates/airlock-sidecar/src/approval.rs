@@ -108,6 +108,13 @@ impl Approvals {
                     &format!("holds it, and the platform refused to hold it: {message}"),
                 ));
             }
+            Ok(Err(PlatformError::Refused { code, .. })) if code == approval::RUN_ENDING => {
+                return Err(refusal(
+                    EgressCode::ApprovalDenied,
+                    &what,
+                    "holds it, and the run is ending: no one was asked",
+                ));
+            }
             Ok(Err(e)) => {
                 tracing::warn!("approval: the platform could not be asked: {e}");
                 Outcome::Expired
@@ -260,33 +267,61 @@ mod tests {
         }
     }
 
+    /// What a hold of an hour comes to when the platform refuses to hold
+    /// it (`status`, `code`): at once, or the test fails.
+    async fn refused_by_platform(
+        status: http::StatusCode,
+        code: &'static str,
+        message: &'static str,
+    ) -> airlock_egress::EgressError {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("p.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let refuse = move || async move {
+            (
+                status,
+                Json(serde_json::json!({"error": code, "message": message})),
+            )
+        };
+        let app = axum::Router::new().route(ASK_PATH, axum::routing::post(refuse));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let p = PlatformClient::new(&sock, "t".to_owned().into());
+        let (approvals, held) = (Approvals::default(), hold(3600));
+        let asked = approvals.pass(&p, &held, what("POST", "a.test"));
+        tokio::time::timeout(Duration::from_secs(30), asked)
+            .await
+            .expect("refused at once, not after the rule's timeout")
+            .unwrap_err()
+    }
+
     /// A platform that refuses to hold one more request of the run (its
     /// bound of approvals reached) is a refusal that says so, at once: not
     /// `approval_timeout`, and not after the rule's timeout.
     #[tokio::test]
     async fn a_run_past_the_platforms_bound_is_refused_at_once_by_name() {
-        async fn exhausted() -> (http::StatusCode, Json<serde_json::Value>) {
-            (
-                http::StatusCode::TOO_MANY_REQUESTS,
-                Json(serde_json::json!({"error": approval::EXHAUSTED,
-                    "message": "the run asked for as many approvals as it may (1000)"})),
-            )
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("p.sock");
-        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
-        let app = axum::Router::new().route(ASK_PATH, axum::routing::post(exhausted));
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let p = PlatformClient::new(&sock, "t".to_owned().into());
-        let (approvals, held) = (Approvals::default(), hold(3600));
-        let asked = approvals.pass(&p, &held, what("POST", "a.test"));
-        let e = tokio::time::timeout(Duration::from_secs(30), asked)
-            .await
-            .expect("refused at once, not after the rule's timeout")
-            .unwrap_err();
+        let e = refused_by_platform(
+            http::StatusCode::TOO_MANY_REQUESTS,
+            approval::EXHAUSTED,
+            "the run asked for as many approvals as it may (1000)",
+        )
+        .await;
         assert_eq!(e.code, EgressCode::ApprovalsExhausted);
         assert_eq!(e.http_status(), 429);
         assert!(e.to_string().contains("1000"), "says what happened: {e}");
+    }
+
+    /// A run being torn down asks no one: its request is denied at once,
+    /// saying why, not left to the rule's timeout.
+    #[tokio::test]
+    async fn a_run_that_is_ending_is_denied_at_once_without_asking() {
+        let e = refused_by_platform(
+            http::StatusCode::CONFLICT,
+            approval::RUN_ENDING,
+            "the run is ending: no one is asked",
+        )
+        .await;
+        assert_eq!(e.code, EgressCode::ApprovalDenied);
+        assert!(e.to_string().contains("ending"), "says why: {e}");
     }
 
     #[tokio::test]

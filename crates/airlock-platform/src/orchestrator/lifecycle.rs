@@ -198,6 +198,7 @@ impl Orchestrator {
                 "the run's pending approvals could not be dropped: {e}"
             );
         }
+        self.api.approvals().forget(&run_id);
         // The sidecar has flushed: the rest of what it journalled (every
         // request that left and how each ended, the agent's end, its usage
         // and log lines) goes into the store before the run's end is

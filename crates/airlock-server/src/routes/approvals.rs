@@ -102,9 +102,9 @@ pub async fn answer(
             "the approval is already {state}"
         ))),
         Err(ApprovalError::Store(e)) => Err(e.into()),
-        Err(e @ (ApprovalError::Exhausted { .. } | ApprovalError::Id(_))) => {
-            Err(ApiError::internal(e))
-        }
+        Err(
+            e @ (ApprovalError::Exhausted { .. } | ApprovalError::Id(_) | ApprovalError::RunEnding),
+        ) => Err(ApiError::internal(e)),
     }
 }
 
