@@ -532,14 +532,14 @@ async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
 
 /// One HTTPS request through a proxy listener on a unix socket: CONNECT
 /// (with the listener's token), TLS trusting only `ca_pem`, the request;
-/// the response's status.
-async fn through_unix_proxy(
+/// the response's status (0: no TLS, or no answer) and its text.
+pub(crate) async fn through_unix_proxy(
     socket: &std::path::Path,
     token: &str,
     port: u16,
     ca_pem: &str,
     request_line: &str,
-) -> u16 {
+) -> (u16, String) {
     use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
     let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
     s.write_all(
@@ -555,7 +555,7 @@ async fn through_unix_proxy(
     while !head.ends_with(b"\r\n\r\n") {
         let mut b = [0u8; 1];
         if s.read(&mut b).await.unwrap() == 0 {
-            return 0;
+            return (0, String::new());
         }
         head.push(b[0]);
     }
@@ -579,7 +579,7 @@ async fn through_unix_proxy(
         .connect(name, s)
         .await
     else {
-        return 0;
+        return (0, String::new());
     };
     tls.write_all(
         format!("{request_line} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
@@ -589,11 +589,13 @@ async fn through_unix_proxy(
     .unwrap();
     let mut buf = Vec::new();
     let _ = tls.read_to_end(&mut buf).await;
-    let text = String::from_utf8_lossy(&buf);
-    text.split(' ')
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text
+        .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0);
+    (code, text)
 }
 
 /// A local runner's proxy judges its requests by its integration's rules:
@@ -633,7 +635,11 @@ async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
     let _sc = spawn_sidecar(&cfg);
     let ask = |line: &'static str| {
         let (socket, pem) = (proxy_socket.clone(), run_ca.cert_pem.clone());
-        async move { through_unix_proxy(&socket, "runner-token-L7", port, &pem, line).await }
+        async move {
+            through_unix_proxy(&socket, "runner-token-L7", port, &pem, line)
+                .await
+                .0
+        }
     };
     assert_eq!(ask("GET /api/ok").await, 200);
     for line in [
