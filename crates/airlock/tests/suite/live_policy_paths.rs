@@ -366,13 +366,16 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "id": i, "error": {"code": -32601, "message": "no " + str(m)}})
 "#;
 
-/// The agent: plain HTTP by name with no proxy (the transparent plane),
-/// and its runner's `fetch` (the runner's plane); each outcome one line.
+/// The agent: plain HTTP and HTTPS (under the run's CA, which its
+/// environment trusts) by name with no proxy (the transparent plane), and
+/// its runner's `fetch` (the runner's plane); each outcome one line. Its
+/// prompt: the plain upstream's base URL, then the TLS one's.
 const AGENT: &str = r#"
 import urllib.error
+PLAIN, TLS = UPSTREAM.split()
 direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-def plane(m, p):
-    req = urllib.request.Request(UPSTREAM + p, method=m, data=b"" if m != "GET" else None)
+def ask(tag, base, m, p):
+    req = urllib.request.Request(base + p, method=m, data=b"" if m != "GET" else None)
     try:
         with direct.open(req, timeout=90) as r:
             code, body = r.status, r.read().decode()
@@ -380,31 +383,40 @@ def plane(m, p):
         code, body = e.code, e.read().decode()
     except Exception as e:
         code, body = 0, repr(e)
-    print("PLANE %s %s %d %s" % (m, p, code, body[:2000].replace("\n", " ")), flush=True)
+    print("%s %s %s %d %s" % (tag, m, p, code, body[:2000].replace("\n", " ")), flush=True)
+def plane(m, p):
+    ask("PLANE", PLAIN, m, p)
+def tls(m, p):
+    ask("TLS", TLS, m, p)
 def runner(m, p):
-    out = mcp("tools/call", {"name": "svc__fetch", "arguments": {"method": m, "url": UPSTREAM + p}})
+    out = mcp("tools/call", {"name": "svc__fetch", "arguments": {"method": m, "url": PLAIN + p}})
     text = out["result"]["content"][0]["text"] if "result" in out else json.dumps(out)
     print("RUNNER %s %s %s" % (m, p, text), flush=True)
 runner("POST", "/tool/before")
+tls("POST", "/data/tls-before")
 plane("POST", "/data/slow")
 plane("POST", "/data/after")
 plane("PUT", "/data/after-put")
 plane("GET", "/data/read")
+tls("POST", "/data/tls-after")
+tls("GET", "/data/tls-read")
 runner("POST", "/tool/after")
 runner("GET", "/tool/read")
 plane("GET", "/data/gate")
 plane("POST", "/data/again")
+tls("POST", "/data/tls-again")
 runner("POST", "/tool/again")
 "#;
 
-/// The manifest: the agent may write `/data/**` (its `[network]` rule) and
-/// its runner `svc` may write `/tool/**` (its integration's rule), on
-/// `upstream` by name.
-fn manifest(upstream: &str) -> String {
+/// The manifest: the agent may write `/data/**` of `upstream` and of
+/// `tls` (its `[network]` rules) and its runner `svc` may write `/tool/**`
+/// of `upstream` (its integration's rule), each by name.
+fn manifest(upstream: &str, tls: &str) -> String {
     format!(
         "[agent]\nname = \"live-plane\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 180\n\n\
-         [network]\negress = [\"{upstream}/data/**\"]\n\n\
+         [network]\negress = [\"{upstream}/data/**\", \"{tls}/data/**\"]\n\n\
          [[network.rules]]\nid = \"net-data\"\nhost = \"{upstream}\"\naccess = \"read-write\"\npaths = [\"/data/**\"]\n\n\
+         [[network.rules]]\nid = \"net-tls\"\nhost = \"{tls}\"\naccess = \"read-write\"\npaths = [\"/data/**\"]\n\n\
          [[integrations]]\nnamespace = \"svc\"\nauthorized_uris = [\"{upstream}/tool/**\"]\n\
          source = {{ kind = \"local\", command = [\"/usr/bin/python3\", \"runner.py\"] }}\n\n\
          [[integrations.rules]]\nid = \"tool-data\"\nhost = \"{upstream}\"\naccess = \"read-write\"\npaths = [\"/tool/**\"]\n"
@@ -412,13 +424,15 @@ fn manifest(upstream: &str) -> String {
 }
 
 /// A namespace run through a real `airlock serve`: the agent's plain HTTP
-/// by name with no proxy (the transparent plane) and its local runner's
-/// (the runner sandbox's plane) write under the manifest's rules; a write
-/// held at the upstream across `PATCH /v1/runs/{id}/policy` narrowing both
-/// lists to reading completes; every later write on either plane is
+/// and HTTPS by name with no proxy (the transparent plane; HTTPS
+/// intercepted under the run's CA) and its local runner's plain HTTP (the
+/// runner sandbox's plane) write under the manifest's rules; a write held
+/// at the upstream across `PATCH /v1/runs/{id}/policy` narrowing every
+/// list to reading completes; every later write on either plane is
 /// refused `rule_refused` naming the live rule and never reaches the
 /// upstream, a read still passes, each is in the egress log as the
-/// plane's; after a reset the writes pass again.
+/// plane's and in the audit with its rule; after a reset the writes pass
+/// again.
 #[test]
 fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     if !namespace_available() {
@@ -430,6 +444,15 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     // nameserver's, which knows none.
     let dns = crate::egress_check::nameserver_answering(|_| None);
     let upstream = format!("http://api.test:{}", up.addr.port());
+    // The HTTPS upstream, under the test's CA (which the sidecar trusts).
+    let ca = test_ca();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (tls_port, tls_seen) = rt.block_on(crate::support::tls::upstream_named(
+        "127.0.0.1",
+        &["api.test"],
+        &ca,
+    ));
+    let tls = format!("https://api.test:{tls_port}");
     let home = tempfile::Builder::new()
         .prefix("airlock-live-plane-")
         .tempdir()
@@ -442,10 +465,13 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     ));
     env.push(("EGRESS_RESOLVE".into(), "api.test=127.0.0.1".into()));
     env.push(("AIRLOCK_DNS_SERVER".into(), dns.to_string()));
+    let ca_file = home.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
+    env.push(("EGRESS_EXTRA_CA_FILE".into(), ca_file.display().to_string()));
     let s = Server::start(&env, "namespace", home.path().join("serve.log"));
     let (_, key) = create_org(&env, "A", &[]);
     let k = Some(key.as_str());
-    let body = json!({"manifest": manifest(&upstream),
+    let body = json!({"manifest": manifest(&upstream, &tls),
         "files": {"agent.py": mcp_agent(AGENT), "runner.py": PLANE_RUNNER}});
     let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
     assert_eq!(st, 201, "{v}");
@@ -453,7 +479,7 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
         "POST",
         "/v1/runs",
         k,
-        Some(&json!({"agent": "live-plane", "prompt": upstream})),
+        Some(&json!({"agent": "live-plane", "prompt": format!("{upstream} {tls}")})),
     );
     assert_eq!(st, 202, "{run}");
     let id = run["id"].as_str().unwrap().to_owned();
@@ -475,7 +501,10 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     // The agent's write, admitted under the manifest, is held upstream.
     wait_seen("POST /data/slow ");
     let narrowing = json!({"rules": {
-        "network": [{"id": "net-read", "host": upstream, "access": "read-only", "paths": ["/data/**"]}],
+        "network": [
+            {"id": "net-read", "host": upstream, "access": "read-only", "paths": ["/data/**"]},
+            {"id": "net-tls-read", "host": tls, "access": "read-only", "paths": ["/data/**"]},
+        ],
         "integrations": {"svc": [
             {"id": "tool-read", "host": upstream, "access": "read-only", "paths": ["/tool/**"]},
         ]},
@@ -517,7 +546,15 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     let refused_by = |text: &str, rule: &str| text.contains("rule_refused") && text.contains(rule);
 
     // Under the manifest: both planes write.
-    assert_eq!(runner("RUNNER POST /tool/before ")["status"], 200, "{lines:#?}");
+    assert_eq!(
+        runner("RUNNER POST /tool/before ")["status"],
+        200,
+        "{lines:#?}"
+    );
+    assert!(
+        line("TLS POST /data/tls-before ").starts_with("TLS POST /data/tls-before 200 "),
+        "{lines:#?}"
+    );
     assert!(
         line("PLANE POST /data/slow ").starts_with("PLANE POST /data/slow 200 "),
         "admitted before the narrowing: {lines:#?}"
@@ -535,25 +572,57 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
         line("PLANE GET /data/read ").starts_with("PLANE GET /data/read 200 "),
         "{lines:#?}"
     );
+    let l = line("TLS POST /data/tls-after ");
+    assert!(
+        l.starts_with("TLS POST /data/tls-after 403 ") && refused_by(&l, "net-tls-read"),
+        "{l}"
+    );
+    assert!(
+        line("TLS GET /data/tls-read ").starts_with("TLS GET /data/tls-read 200 "),
+        "{lines:#?}"
+    );
     let after = runner("RUNNER POST /tool/after ");
     assert_eq!(after["status"], 403, "{after}");
     assert!(
         refused_by(after["body"].as_str().unwrap(), "tool-read"),
         "{after}"
     );
-    assert_eq!(runner("RUNNER GET /tool/read ")["status"], 200, "{lines:#?}");
+    assert_eq!(
+        runner("RUNNER GET /tool/read ")["status"],
+        200,
+        "{lines:#?}"
+    );
     // After the reset: both planes write again.
     assert!(
         line("PLANE POST /data/again ").starts_with("PLANE POST /data/again 200 "),
         "{lines:#?}"
     );
-    assert_eq!(runner("RUNNER POST /tool/again ")["status"], 200, "{lines:#?}");
+    assert!(
+        line("TLS POST /data/tls-again ").starts_with("TLS POST /data/tls-again 200 "),
+        "{lines:#?}"
+    );
+    assert_eq!(
+        runner("RUNNER POST /tool/again ")["status"],
+        200,
+        "{lines:#?}"
+    );
 
     // The upstream never saw a refused write.
     let seen: Vec<String> = up.seen().into_iter().map(|(l, _)| l).collect();
     assert!(
         !seen.iter().any(|l| l.contains("after")),
         "a refused request reached the upstream: {seen:?}"
+    );
+    let tls_paths: Vec<String> = tls_seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(
+        tls_paths,
+        ["/data/tls-before", "/data/tls-read", "/data/tls-again"],
+        "over TLS"
     );
     for path in [
         "POST /tool/before ",
@@ -574,16 +643,10 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     let (st, egress) = s.call("GET", &format!("/v1/runs/{id}/egress"), k, None);
     assert_eq!(st, 200, "{egress}");
     let entries = egress["egress"].as_array().unwrap();
-    let of = |source: &str, method: &str, path: &str| -> Vec<(String, String, String)> {
+    let of = |source: &str, method: &str, url: &str| -> Vec<(String, String, String)> {
         entries
             .iter()
-            .filter(|e| {
-                e["source"] == source
-                    && e["method"] == method
-                    && e["url"]
-                        .as_str()
-                        .is_some_and(|u| u.ends_with(&format!(":{}{path}", up.addr.port())))
-            })
+            .filter(|e| e["source"] == source && e["method"] == method && e["url"] == url)
             .map(|e| {
                 (
                     e["decision"].as_str().unwrap_or_default().to_owned(),
@@ -601,21 +664,26 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
             "rule_refused".into(),
         )]
     };
-    for (source, method, path, want) in [
-        ("proxy", "POST", "/data/slow", allowed()),
-        ("proxy", "POST", "/data/after", refused()),
-        ("proxy", "PUT", "/data/after-put", refused()),
-        ("proxy", "GET", "/data/read", allowed()),
-        ("proxy", "POST", "/data/again", allowed()),
-        ("runner", "POST", "/tool/before", allowed()),
-        ("runner", "POST", "/tool/after", refused()),
-        ("runner", "GET", "/tool/read", allowed()),
-        ("runner", "POST", "/tool/again", allowed()),
+    for (source, method, base, path, want) in [
+        ("proxy", "POST", &upstream, "/data/slow", allowed()),
+        ("proxy", "POST", &upstream, "/data/after", refused()),
+        ("proxy", "PUT", &upstream, "/data/after-put", refused()),
+        ("proxy", "GET", &upstream, "/data/read", allowed()),
+        ("proxy", "POST", &upstream, "/data/again", allowed()),
+        ("proxy", "POST", &tls, "/data/tls-before", allowed()),
+        ("proxy", "POST", &tls, "/data/tls-after", refused()),
+        ("proxy", "GET", &tls, "/data/tls-read", allowed()),
+        ("proxy", "POST", &tls, "/data/tls-again", allowed()),
+        ("runner", "POST", &upstream, "/tool/before", allowed()),
+        ("runner", "POST", &upstream, "/tool/after", refused()),
+        ("runner", "GET", &upstream, "/tool/read", allowed()),
+        ("runner", "POST", &upstream, "/tool/again", allowed()),
     ] {
+        let url = format!("{base}{path}");
         assert_eq!(
-            of(source, method, path),
+            of(source, method, &url),
             want,
-            "{source} {method} {path}: {entries:#?}"
+            "{source} {method} {url}: {entries:#?}"
         );
     }
 
@@ -629,10 +697,20 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
         .filter(|r| r["decision"] == "refused")
         .map(|r| r["rule"].to_string())
         .collect();
-    let naming = |rule: &str| rules.iter().filter(|r| r.contains(rule)).count();
+    let naming = |rule: &str| {
+        rules
+            .iter()
+            .filter(|r| r.contains(&format!("\"{rule}\"")))
+            .count()
+    };
     assert_eq!(
-        (rules.len(), naming("net-read"), naming("tool-read")),
-        (3, 2, 1),
+        (
+            rules.len(),
+            naming("net-read"),
+            naming("net-tls-read"),
+            naming("tool-read")
+        ),
+        (4, 2, 1, 1),
         "{rules:?}"
     );
 }
