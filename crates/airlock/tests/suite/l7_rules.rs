@@ -530,16 +530,16 @@ async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
     assert_eq!(refused, 8, "{log:?}");
 }
 
-/// One HTTPS request through a proxy listener on a unix socket: CONNECT
-/// (with the listener's token), TLS trusting only `ca_pem`, the request;
-/// the response's status (0: no TLS, or no answer) and its text.
-pub(crate) async fn through_unix_proxy(
+/// A TLS session through a proxy listener on a unix socket: CONNECT to
+/// `127.0.0.1:port` (with the listener's token), then TLS trusting only
+/// `ca_pem`; `None` when the proxy closed before answering or the
+/// handshake failed.
+pub(crate) async fn unix_proxy_tls(
     socket: &std::path::Path,
     token: &str,
     port: u16,
     ca_pem: &str,
-    request_line: &str,
-) -> (u16, String) {
+) -> Option<tokio_rustls::client::TlsStream<tokio::net::UnixStream>> {
     use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
     let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
     s.write_all(
@@ -555,7 +555,7 @@ pub(crate) async fn through_unix_proxy(
     while !head.ends_with(b"\r\n\r\n") {
         let mut b = [0u8; 1];
         if s.read(&mut b).await.unwrap() == 0 {
-            return (0, String::new());
+            return None;
         }
         head.push(b[0]);
     }
@@ -575,10 +575,23 @@ pub(crate) async fn through_unix_proxy(
         .with_root_certificates(roots)
         .with_no_client_auth();
     let name = ServerName::try_from("127.0.0.1").unwrap();
-    let Ok(mut tls) = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect(name, s)
         .await
-    else {
+        .ok()
+}
+
+/// One HTTPS request through a proxy listener on a unix socket
+/// ([`unix_proxy_tls`], then the request): the response's status (0: no
+/// TLS, or no answer) and its text.
+pub(crate) async fn through_unix_proxy(
+    socket: &std::path::Path,
+    token: &str,
+    port: u16,
+    ca_pem: &str,
+    request_line: &str,
+) -> (u16, String) {
+    let Some(mut tls) = unix_proxy_tls(socket, token, port, ca_pem).await else {
         return (0, String::new());
     };
     tls.write_all(

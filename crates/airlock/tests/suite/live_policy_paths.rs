@@ -23,7 +23,7 @@ use http_body_util::Full;
 use hyper::Response;
 use serde_json::{Value, json};
 
-use crate::l7_rules::through_unix_proxy;
+use crate::l7_rules::{through_unix_proxy, unix_proxy_tls};
 use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
 use crate::support::tls::{TestCa, acceptor_for, serve_https, test_ca};
 use crate::support::*;
@@ -83,6 +83,22 @@ impl RunnerProxy {
         .await
     }
 
+    /// A session kept open: one CONNECT, HTTP/1.1 requests in turn on it.
+    async fn session(&self) -> Session {
+        let tls = unix_proxy_tls(&self.socket, self.token, self.port, &self.ca_pem)
+            .await
+            .expect("the runner's proxy let the session open");
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        Session {
+            sender,
+            port: self.port,
+        }
+    }
+
     async fn allowed(&self, request_line: &str) {
         let (code, text) = self.ask(request_line).await;
         assert_eq!(code, 200, "{request_line}: {text}");
@@ -106,6 +122,35 @@ impl RunnerProxy {
                 "{line}: {text}"
             );
         }
+    }
+}
+
+/// A kept-alive HTTPS session through a runner's proxy.
+struct Session {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    port: u16,
+}
+
+impl Session {
+    /// One request on the session: status and body (0 and the error when
+    /// the session could not carry it).
+    async fn send(&mut self, method: &str, path: &str) -> (u16, String) {
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", format!("127.0.0.1:{}", self.port))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = match self.sender.send_request(req).await {
+            Ok(r) => r,
+            Err(e) => return (0, e.to_string()),
+        };
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+            .unwrap_or_else(|e| e.to_string());
+        (status, body)
     }
 }
 
@@ -138,11 +183,13 @@ async fn applied(p: &TestPlatform, sc: &SidecarProcess, version: i64) {
 /// runner's write under the manifest's read-write rule goes through; after
 /// a narrowing to read-only the same write, a method in another case, a
 /// PUT, a DELETE and a path outside the rule are refused `rule_refused`
-/// naming the live rule and never reach the upstream, while the write
-/// admitted before the narrowing completes and a read still works. A
-/// change wider than the manifest (stored past the API's check) is refused
-/// by the sidecar: the narrowing stays in force. A reset allows the write
-/// again.
+/// naming the live rule and never reach the upstream, and so is a write on
+/// a session the runner opened before the narrowing and kept open; the
+/// write admitted before the narrowing completes and a read still works.
+/// A change wider than the manifest (stored past the API's check) is
+/// refused by the sidecar: the narrowing stays in force. A reset allows
+/// the write again; a change that leaves the runner's list out withdraws
+/// its manifest rule (even a read is refused, that rule named).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_local_runners_proxy_follows_a_live_narrowing_and_never_a_widening() {
     use airlock_platform_api::launch::{Endpoint, Integration, Runner};
@@ -189,8 +236,12 @@ async fn a_local_runners_proxy_follows_a_live_narrowing_and_never_a_widening() {
         ca_pem: run_ca.cert_pem.clone(),
     };
 
-    // Under the manifest's rule: the runner writes.
+    // Under the manifest's rule: the runner writes, on a connection of
+    // its own each time and on a session it keeps open across the change.
     proxy.allowed("POST /api/write").await;
+    let mut kept = proxy.session().await;
+    let (code, text) = kept.send("POST", "/api/kept").await;
+    assert_eq!(code, 200, "{text}");
 
     // A write admitted, held at the upstream across the narrowing.
     let held = tokio::spawn({
@@ -229,6 +280,17 @@ async fn a_local_runners_proxy_follows_a_live_narrowing_and_never_a_widening() {
     ];
     proxy.refused(&attacks, "tool-read").await;
     proxy.allowed("GET /api/read").await;
+    // On the session opened under the manifest's rules: the next request
+    // is judged by the live ones.
+    let (code, text) = kept.send("POST", "/api/kept").await;
+    assert_eq!(
+        code, 403,
+        "a write on a session kept across the narrowing: {text}"
+    );
+    assert!(
+        text.contains("rule_refused") && text.contains("tool-read"),
+        "{text}"
+    );
 
     // Wider than the manifest (a DELETE, every path): stored past the
     // API's check, the sidecar refuses it and the narrowing stays.
@@ -260,11 +322,18 @@ async fn a_local_runners_proxy_follows_a_live_narrowing_and_never_a_widening() {
     applied(&p, &sc, reset).await;
     proxy.allowed("POST /api/write").await;
 
+    // A change that leaves the runner's list out withdraws its manifest
+    // rule: its host is refused, that rule named, even a read.
+    let withdrawn = change(&p, &json!({"integrations": {}})).await;
+    applied(&p, &sc, withdrawn).await;
+    proxy.refused(&["GET /api/read"], "tool-rw").await;
+
     // The upstream saw the legitimate requests only.
     assert_eq!(
         seen.lock().unwrap().clone(),
         [
             "POST /api/write",
+            "POST /api/kept",
             "POST /api/slow",
             "GET /api/read",
             "GET /api/read",
@@ -277,19 +346,26 @@ async fn a_local_runners_proxy_follows_a_live_narrowing_and_never_a_widening() {
         .iter()
         .filter(|e| e.source.as_str() == "runner" && e.decision == EgressDecision::Refused)
         .collect();
-    assert_eq!(refusals.len(), attacks.len() + still.len(), "{log:#?}");
+    assert_eq!(
+        refusals.len(),
+        attacks.len() + 1 + still.len() + 1,
+        "{log:#?}"
+    );
     assert!(
         refusals
             .iter()
             .all(|e| e.reason.map(|c| c.as_str()) == Some("rule_refused")),
         "{refusals:#?}"
     );
-    assert_eq!(
+    let by = |rule: &str| {
         refusals
             .iter()
-            .filter(|e| e.rule.as_deref() == Some("tool-read"))
-            .count(),
-        refusals.len(),
+            .filter(|e| e.rule.as_deref() == Some(rule))
+            .count()
+    };
+    assert_eq!(
+        (by("tool-read"), by("tool-rw")),
+        (refusals.len() - 1, 1),
         "{refusals:#?}"
     );
 }
