@@ -790,3 +790,192 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
         "{rules:?}"
     );
 }
+
+/// Opened by the test once the narrowing is applied.
+static TUNNEL_GATE_OPEN: AtomicBool = AtomicBool::new(false);
+
+fn tunnel_gate(mut c: std::net::TcpStream, _: &str, _: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !TUNNEL_GATE_OPEN.load(Ordering::Acquire) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+}
+
+/// The agent: HTTPS by name with no proxy (the plane), trusting the
+/// upstream's CA and whatever its environment gives it; a gate between.
+const TUNNEL_AGENT: &str = r#"
+import ssl, urllib.error
+TLS, GATE = UPSTREAM.split()
+ctx = ssl.create_default_context()
+ctx.load_verify_locations(os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream-ca.pem"))
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
+def ask(m, url):
+    req = urllib.request.Request(url, method=m, data=b"" if m != "GET" else None)
+    try:
+        with direct.open(req, timeout=60) as r:
+            code, body = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        code, body = e.code, e.read().decode()
+    except Exception as e:
+        code, body = 0, repr(e)
+    print("TLS %s %s %d %s" % (m, url, code, body[:2000].replace("\n", " ")), flush=True)
+ask("POST", TLS + "/before")
+ask("GET", GATE + "/gate")
+ask("POST", TLS + "/after")
+"#;
+
+/// A run without a CA of its own (its one `[network]` rule, `access =
+/// "full"` on every path, sees inside nothing: its HTTPS is a plain
+/// tunnel). Once a narrowing makes the rule see inside, the agent's next
+/// HTTPS write through the plane finds its tunnel refused (`rule_refused`,
+/// in the egress log as the plane's) and never reaches the upstream.
+#[test]
+fn a_narrowing_that_must_see_inside_refuses_the_agents_next_tunnel_on_the_plane() {
+    if !namespace_available() {
+        return;
+    }
+    let ca = test_ca();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (port, seen) = rt.block_on(crate::support::tls::upstream_named(
+        "127.0.0.1",
+        &["open.test"],
+        &ca,
+    ));
+    let tls = format!("https://open.test:{port}");
+    let gate = Recorder::start("content-length", tunnel_gate);
+    let gate_url = format!("http://gate.test:{}", gate.addr.port());
+    let dns = crate::egress_check::nameserver_answering(|_| None);
+    let home = tempfile::Builder::new()
+        .prefix("airlock-live-tunnel-")
+        .tempdir()
+        .unwrap();
+    let mut env = base_env(home.path(), None);
+    env.retain(|(k, _)| k != "EGRESS_ALLOW_INTERNAL_HOSTS");
+    env.push((
+        "EGRESS_ALLOW_INTERNAL_HOSTS".into(),
+        "127.0.0.1,open.test,gate.test".into(),
+    ));
+    env.push((
+        "EGRESS_RESOLVE".into(),
+        "open.test=127.0.0.1;gate.test=127.0.0.1".into(),
+    ));
+    env.push(("AIRLOCK_DNS_SERVER".into(), dns.to_string()));
+    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
+    let (_, key) = create_org(&env, "A", &[]);
+    let k = Some(key.as_str());
+    let manifest = format!(
+        "[agent]\nname = \"live-tunnel\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 150\n\n\
+         [network]\negress = [\"{tls}/**\", \"{gate_url}/**\"]\n\n\
+         [[network.rules]]\nid = \"net-open\"\nhost = \"{tls}\"\naccess = \"full\"\npaths = [\"/**\"]\n"
+    );
+    let body = json!({"manifest": manifest, "files": {
+        "agent.py": mcp_agent(TUNNEL_AGENT), "upstream-ca.pem": ca.issuer.pem()}});
+    let (st, v) = s.call("POST", "/v1/agents", k, Some(&body));
+    assert_eq!(st, 201, "{v}");
+    let (st, run) = s.call(
+        "POST",
+        "/v1/runs",
+        k,
+        Some(&json!({"agent": "live-tunnel", "prompt": format!("{tls} {gate_url}")})),
+    );
+    assert_eq!(st, 202, "{run}");
+    let id = run["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while gate.seen().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never reached the gate: {}",
+            s.call("GET", &format!("/v1/runs/{id}/logs"), k, None).1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (st, p) = s.call(
+        "PATCH",
+        &format!("/v1/runs/{id}/policy?wait=true"),
+        k,
+        Some(&json!({"rules": {"network": [
+            {"id": "net-read", "host": tls, "access": "read-only", "paths": ["/**"]},
+        ]}})),
+    );
+    assert_eq!(st, 200, "{p}");
+    assert_eq!(p["applied_version"], 1, "{p}");
+    TUNNEL_GATE_OPEN.store(true, Ordering::Release);
+    let done = wait_for(&s, &format!("/v1/runs/{id}"), &key, 90, |v| {
+        v["status"] != "queued" && v["status"] != "running"
+    });
+    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
+    let (_, logs) = s.call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None);
+    let lines: Vec<String> = logs["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["payload"]["line"].as_str().map(str::to_owned))
+        .collect();
+    let line = |prefix: &str| -> String {
+        lines
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix}: {lines:#?}"))
+            .clone()
+    };
+    // Before: a plain tunnel, the write passes.
+    let before = line(&format!("TLS POST {tls}/before "));
+    assert!(before.contains(" 200 "), "{before}");
+    let paths: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(
+        paths,
+        ["/before"],
+        "the write after the narrowing reached the upstream"
+    );
+    // After: the tunnel is refused (the plane closes the agent's
+    // connection), and the refusal is recorded as the plane's.
+    let (_, egress) = s.call("GET", &format!("/v1/runs/{id}/egress"), k, None);
+    let after = line(&format!("TLS POST {tls}/after "));
+    assert!(
+        after.starts_with(&format!("TLS POST {tls}/after 0 ")),
+        "the agent's write after the narrowing: {after}\negress log: {egress:#}"
+    );
+    let decided: Vec<(String, String, String, String)> = egress["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["host"] == "open.test")
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+            (s("method"), s("decision"), s("reason"), s("plane"))
+        })
+        .collect();
+    let tunnel = |decision: &str, reason: &str| {
+        (
+            "CONNECT".to_owned(),
+            decision.to_owned(),
+            reason.to_owned(),
+            "transparent".to_owned(),
+        )
+    };
+    assert_eq!(
+        decided,
+        [tunnel("allowed", ""), tunnel("refused", "rule_refused")],
+        "{egress:#}"
+    );
+    // The audit names the live rule that refused it.
+    let (st, _, audit) = s.raw("GET", &format!("/v1/runs/{id}/audit.jsonl"), k, None, "");
+    assert_eq!(st, 200);
+    let rules: Vec<String> = String::from_utf8(audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["decision"] == "refused")
+        .map(|r| r["rule"].to_string())
+        .collect();
+    assert!(
+        rules.len() == 1 && rules[0].contains("\"net-read\""),
+        "{rules:?}"
+    );
+}
