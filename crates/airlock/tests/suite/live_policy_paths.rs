@@ -6,8 +6,10 @@
 //! From the attacker's side: once a narrowing is applied, a write the
 //! manifest's rule allowed (and a method or path slipped past the live
 //! rule) is refused `rule_refused` naming the live rule, recorded, and
-//! never reaches the upstream; a change wider than the manifest is refused
-//! by the sidecar itself and the rules in force stay. The legitimate path:
+//! never reaches the upstream, also on a session kept open across the
+//! change and, where the run has no CA, as a tunnel the live rule must now
+//! see inside; a change wider than the manifest is refused by the sidecar
+//! itself and the rules in force stay. The legitimate path:
 //! the write works under the manifest, a request admitted before the
 //! narrowing completes under the rules that admitted it, a read still
 //! works after it, and a reset allows the write again.
