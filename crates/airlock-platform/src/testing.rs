@@ -182,32 +182,47 @@ impl TestPlatform {
         self.api.store()
     }
 
-    /// Changes the main run's live policy as `PATCH /v1/runs/{id}/policy`
-    /// stores it (`rules`: `{"network": [...], "integrations": {...}}`, on
-    /// the latest version), then waits until the run's sidecar reports the
-    /// new version applied (at most 30 s); returns that version.
-    pub async fn change_policy(&self, rules: Value) -> i64 {
+    /// Stores `rules` as the main run's next live policy version, as
+    /// `PATCH /v1/runs/{id}/policy` stores it (`{"network": [...],
+    /// "integrations": {...}}`, on the latest version): the version.
+    pub async fn store_policy(&self, rules: &Value) -> i64 {
         let store = self.store();
         let latest = store.policy_version(&self.run_id).await.expect("version");
-        let version = store
+        store
             .change_policy(&self.run_id, latest, &rules.to_string(), "key test")
             .await
-            .expect("change policy");
+            .expect("change policy")
+    }
+
+    /// Whether the run's sidecar reports `version` applied within 30 s
+    /// (its report is a write through this store: it wakes the wait).
+    pub async fn policy_applied(&self, version: i64) -> bool {
+        let store = self.store();
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
         let mut writes = store.policy_watch();
         loop {
             writes.borrow_and_update();
             if store.policy_applied(&self.run_id).await.expect("applied") >= version {
-                return version;
+                return true;
             }
-            // The sidecar's report is a write through this store: it wakes us.
-            assert!(
-                tokio::time::timeout_at(deadline, writes.changed())
-                    .await
-                    .is_ok(),
-                "the sidecar did not apply policy version {version} within 30 s"
-            );
+            if tokio::time::timeout_at(deadline, writes.changed())
+                .await
+                .is_err()
+            {
+                return false;
+            }
         }
+    }
+
+    /// [`TestPlatform::store_policy`], then waits until the run's sidecar
+    /// applied it (at most 30 s); the version.
+    pub async fn change_policy(&self, rules: Value) -> i64 {
+        let version = self.store_policy(&rules).await;
+        assert!(
+            self.policy_applied(version).await,
+            "the sidecar did not apply policy version {version} within 30 s"
+        );
+        version
     }
 
     /// A second run of the same platform (for cross-run checks): its id and run token.

@@ -586,19 +586,30 @@ where
     trusting(ca_pem).connect(name, s).await.ok()
 }
 
-/// One HTTPS request through a proxy listener on a unix socket: CONNECT
-/// (with the listener's token), TLS trusting only `ca_pem`, the request;
-/// the response's status.
-async fn through_unix_proxy(
+/// [`tls_through`] a proxy listener on a unix socket; `None` when the
+/// proxy closed before answering or the handshake failed.
+pub(crate) async fn unix_proxy_tls(
+    socket: &std::path::Path,
+    token: &str,
+    port: u16,
+    ca_pem: &str,
+) -> Option<tokio_rustls::client::TlsStream<tokio::net::UnixStream>> {
+    let s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    tls_through(s, token, port, ca_pem).await
+}
+
+/// One HTTPS request through a proxy listener on a unix socket
+/// ([`unix_proxy_tls`], then the request): the response's status (0: no
+/// TLS, or no answer) and its text.
+pub(crate) async fn through_unix_proxy(
     socket: &std::path::Path,
     token: &str,
     port: u16,
     ca_pem: &str,
     request_line: &str,
-) -> u16 {
-    let s = tokio::net::UnixStream::connect(socket).await.unwrap();
-    let Some(mut tls) = tls_through(s, token, port, ca_pem).await else {
-        return 0;
+) -> (u16, String) {
+    let Some(mut tls) = unix_proxy_tls(socket, token, port, ca_pem).await else {
+        return (0, String::new());
     };
     tls.write_all(
         format!("{request_line} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")
@@ -608,11 +619,13 @@ async fn through_unix_proxy(
     .unwrap();
     let mut buf = Vec::new();
     let _ = tls.read_to_end(&mut buf).await;
-    let text = String::from_utf8_lossy(&buf);
-    text.split(' ')
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text
+        .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(0);
+    (code, text)
 }
 
 /// A keep-alive HTTPS session through the agent's TCP proxy: one CONNECT,
@@ -785,7 +798,11 @@ async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
     let _sc = spawn_sidecar(&cfg);
     let ask = |line: &'static str| {
         let (socket, pem) = (proxy_socket.clone(), run_ca.cert_pem.clone());
-        async move { through_unix_proxy(&socket, "runner-token-L7", port, &pem, line).await }
+        async move {
+            through_unix_proxy(&socket, "runner-token-L7", port, &pem, line)
+                .await
+                .0
+        }
     };
     assert_eq!(ask("GET /api/ok").await, 200);
     for line in [

@@ -21,6 +21,7 @@ mod egress_check;
 mod integrity;
 mod keys_reencrypt;
 mod l7_rules;
+mod live_policy_paths;
 mod local_runner;
 mod microvm;
 mod microvm_pool;
