@@ -939,6 +939,10 @@ pub struct EgressRecord {
     /// The guard's refusal code.
     #[schema(value_type = Option<String>)]
     pub reason: Option<RefusalCode>,
+    /// The id of the L7 rule that refused it (`rule_refused`; a tunnel a
+    /// live change closed too), else `null`.
+    #[serde(default)]
+    pub rule: Option<String>,
     /// Its number within the run.
     pub seq: Option<i64>,
     /// `api_call`, `proxy`, `llm`, …
@@ -965,6 +969,7 @@ impl From<&airlock_store::EgressEntry> for EgressRecord {
             outcome: e.outcome,
             plane: e.plane,
             reason: e.reason,
+            rule: e.rule.clone(),
             seq: e.seq,
             source: e.source,
             status: e.status,
@@ -1530,6 +1535,7 @@ mod tests {
                 outcome: Some(EgressOutcome::Completed),
                 plane: EgressPlane::Api,
                 reason: None,
+                rule: None,
                 seq: Some(0),
                 source: EgressSource::ApiCall,
                 status: Some(200),

@@ -994,6 +994,11 @@ export interface components {
             /** @description The guard's refusal code. */
             reason?: string | null;
             /**
+             * @description The id of the L7 rule that refused it (`rule_refused`; a tunnel a
+             *     live change closed too), else `null`.
+             */
+            rule?: string | null;
+            /**
              * Format: int64
              * @description Its number within the run.
              */

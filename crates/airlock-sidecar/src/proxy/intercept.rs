@@ -150,7 +150,7 @@ async fn plain_tunnel<S: ProxyStream>(
 
 fn refusal(e: &EgressError) -> Response<ProxyBody> {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
-    json_response(status, e.code.as_str(), &e.to_string())
+    super::body_response(status, super::refusal_body(e))
 }
 
 /// One request inside an intercepted tunnel: its target and body, the

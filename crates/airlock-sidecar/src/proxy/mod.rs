@@ -457,8 +457,8 @@ async fn serve_request<S: ProxyStream>(
         match admit_uncredentialed(&sidecar, &caller, &target, &method, &settings).await {
             Ok(v) => v,
             Err(denied) => {
-                let (status, code, message) = denied.answer();
-                let _ = respond(&mut stream, status, &[], &error_body(code, &message)).await;
+                let (status, body) = denied.answer();
+                let _ = respond(&mut stream, status, &[], &body).await;
                 return;
             }
         };
@@ -495,19 +495,20 @@ enum Denied {
 }
 
 impl Denied {
-    /// The status, code and message a client that can still be answered gets.
-    fn answer(&self) -> (StatusCode, &'static str, String) {
+    /// The status and body a client that can still be answered gets.
+    fn answer(&self) -> (StatusCode, String) {
         match self {
             Denied::Refused(e) => (
                 StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN),
-                e.code.as_str(),
-                e.to_string(),
+                refusal_body(e),
             ),
-            Denied::Unrecorded(e) => (StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string()),
+            Denied::Unrecorded(e) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                error_body(e.code(), &e.to_string()),
+            ),
             Denied::Dial(e) => (
                 StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_GATEWAY),
-                e.code.as_str(),
-                e.to_string(),
+                refusal_body(e),
             ),
         }
     }
@@ -651,6 +652,19 @@ fn error_body(code: &str, message: &str) -> String {
     serde_json::json!({"error": code, "message": message}).to_string()
 }
 
+/// The body of the guard's refusal `e`: its code and message and, for a
+/// refusal by an L7 rule, `"rule": {"rule": id, "missing": …}`, as
+/// `api_call` answers it (the message already says as much in words).
+fn refusal_body(e: &EgressError) -> String {
+    let mut body = serde_json::json!({"error": e.code.as_str(), "message": e.to_string()});
+    if let Some(rule) = &e.rule
+        && let Ok(rule) = serde_json::to_value(rule)
+    {
+        body["rule"] = rule;
+    }
+    body.to_string()
+}
+
 /// How much of what the client still sends after its answer is read, and
 /// for how long, before the connection is dropped ([`respond`]).
 const LINGER_BYTES: usize = 256 * 1024;
@@ -708,7 +722,7 @@ async fn refuse<W: AsyncRead + AsyncWrite + Unpin>(
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::FORBIDDEN);
     let refused = caller.refused(None, method, url);
     sidecar.egress.refused(&refused, e, &Redactor::none());
-    let _ = respond(w, status, &[], &error_body(e.code.as_str(), &e.to_string())).await;
+    let _ = respond(w, status, &[], &refusal_body(e)).await;
 }
 
 /// Resolves once a live policy change would refuse a plain tunnel to
@@ -808,11 +822,12 @@ async fn tunnel<S: ProxyStream>(
 type ProxyBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 fn json_response(status: StatusCode, code: &str, message: &str) -> Response<ProxyBody> {
-    let mut r = Response::new(
-        Full::new(Bytes::from(error_body(code, message)))
-            .map_err(|e| match e {})
-            .boxed(),
-    );
+    body_response(status, error_body(code, message))
+}
+
+/// A JSON answer of the proxy's own.
+fn body_response(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed());
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,

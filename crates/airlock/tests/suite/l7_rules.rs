@@ -394,9 +394,15 @@ async fn the_forward_proxy_cannot_slip_a_method_or_path_past_a_rule() {
     )
     .await;
     assert_eq!(code, 403, "{body}");
-    assert!(
-        body.contains("rule_refused") && body.contains("issues-read"),
-        "{body}"
+    // The refusal names the rule and what it lacks, structured as
+    // `api_call`'s is.
+    let json: Value = serde_json::from_str(body.split("\r\n\r\n").nth(1).unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(json["error"], "rule_refused", "{json}");
+    assert_eq!(
+        json["rule"],
+        json!({"rule": "issues-read", "missing": {"kind": "method", "method": "DELETE"}}),
+        "{json}"
     );
     let (code, body) = raw(
         env.sc.proxy_tcp(),

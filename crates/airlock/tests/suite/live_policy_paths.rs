@@ -961,6 +961,16 @@ fn a_narrowing_that_must_see_inside_intercepts_the_agents_next_tunnel_on_the_pla
         ],
         "{egress:#}"
     );
+    let refused = egress["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["decision"] == "refused");
+    assert_eq!(
+        refused.map(|e| e["rule"].clone()),
+        Some(json!("net-read")),
+        "the egress API names the refusing rule: {egress:#}"
+    );
     // The audit names the live rule that refused it.
     let (st, _, audit) = s.raw("GET", &format!("/v1/runs/{id}/audit.jsonl"), k, None, "");
     assert_eq!(st, 200);

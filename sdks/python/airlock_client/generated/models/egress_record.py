@@ -32,6 +32,8 @@ class EgressRecord:
             never arrived (`null` for other requests).
         outcome (None | str | Unset): What became of an allowed request (`null` for a refusal).
         reason (None | str | Unset): The guard's refusal code.
+        rule (None | str | Unset): The id of the L7 rule that refused it (`rule_refused`; a tunnel a
+            live change closed too), else `null`.
         seq (int | None | Unset): Its number within the run.
         status (int | None | Unset): The upstream's HTTP status.
     """
@@ -50,6 +52,7 @@ class EgressRecord:
     metering: None | str | Unset = UNSET
     outcome: None | str | Unset = UNSET
     reason: None | str | Unset = UNSET
+    rule: None | str | Unset = UNSET
     seq: int | None | Unset = UNSET
     status: int | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
@@ -103,6 +106,12 @@ class EgressRecord:
         else:
             reason = self.reason
 
+        rule: None | str | Unset
+        if isinstance(self.rule, Unset):
+            rule = UNSET
+        else:
+            rule = self.rule
+
         seq: int | None | Unset
         if isinstance(self.seq, Unset):
             seq = UNSET
@@ -140,6 +149,8 @@ class EgressRecord:
             field_dict["outcome"] = outcome
         if reason is not UNSET:
             field_dict["reason"] = reason
+        if rule is not UNSET:
+            field_dict["rule"] = rule
         if seq is not UNSET:
             field_dict["seq"] = seq
         if status is not UNSET:
@@ -213,6 +224,15 @@ class EgressRecord:
 
         reason = _parse_reason(d.pop("reason", UNSET))
 
+        def _parse_rule(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        rule = _parse_rule(d.pop("rule", UNSET))
+
         def _parse_seq(data: object) -> int | None | Unset:
             if data is None:
                 return data
@@ -246,6 +266,7 @@ class EgressRecord:
             metering=metering,
             outcome=outcome,
             reason=reason,
+            rule=rule,
             seq=seq,
             status=status,
         )
