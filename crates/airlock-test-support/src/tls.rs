@@ -16,6 +16,11 @@ use tokio::net::TcpListener;
 /// What an upstream saw: path and Authorization of each request.
 pub type Log = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
+/// The paths an upstream saw, in order.
+pub fn paths(log: &Log) -> Vec<String> {
+    log.lock().unwrap().iter().map(|(p, _)| p.clone()).collect()
+}
+
 /// An HTTPS upstream on `ip` with a certificate from `ca` for that address:
 /// records each request and echoes its Authorization header in the body and
 /// in a response header (an upstream that reflects the credential).

@@ -446,6 +446,29 @@ fn curl_tls(proxy: &str, token: &str, cacert: &std::path::Path, args: &[&str]) -
     curl(proxy, token, &[&["--cacert", cacert], args].concat())
 }
 
+/// The sidecar of `p` whose agent's proxy (on TCP) reaches the two
+/// HTTPS `hosts` (base URLs on 127.0.0.1, under `upstream_ca`) under the
+/// network `rules`, with a CA of the run's own: the sidecar and that CA.
+fn two_hosts_sidecar(
+    p: &TestPlatform,
+    hosts: [&str; 2],
+    rules: Value,
+    upstream_ca: &crate::support::tls::TestCa,
+) -> (SidecarProcess, airlock_platform_api::launch::ProxyCa) {
+    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
+    let cfg = p
+        .sidecar_config()
+        .tcp()
+        .proxy_tcp()
+        .network_allow(hosts.map(|h| format!("{h}/**")))
+        .network_rules(rules)
+        .allow_internal_hosts(["127.0.0.1"])
+        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
+        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
+        .build();
+    (spawn_sidecar(&cfg), run_ca)
+}
+
 /// HTTPS through the forward proxy: a CONNECT to a host a `[network]` rule
 /// must see inside is intercepted under the run's CA and each request in it
 /// judged (the same attacks as on plain HTTP); a CONNECT to a host no rule
@@ -465,20 +488,12 @@ async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
         ..
     } = two_hosts_on("127.0.0.1", "127.0.0.1", &upstream_ca).await;
     let p = TestPlatform::start("l7-rules-tls").await;
-    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
-    let cfg = p
-        .sidecar_config()
-        .tcp()
-        .proxy_tcp()
-        .network_allow([format!("{main}/**"), format!("{other}/**")])
-        .network_rules(
-            json!([{"id": "api-read", "host": main, "access": "read-only", "paths": ["/api/**"]}]),
-        )
-        .allow_internal_hosts(["127.0.0.1"])
-        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
-        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
-        .build();
-    let sc = spawn_sidecar(&cfg);
+    let (sc, run_ca) = two_hosts_sidecar(
+        &p,
+        [&main, &other],
+        json!([{"id": "api-read", "host": main, "access": "read-only", "paths": ["/api/**"]}]),
+        &upstream_ca,
+    );
     let token = p.sidecar_token.expose_secret().to_owned();
     let proxy = format!("http://{}", sc.proxy_tcp());
     let dir = tempfile::tempdir().unwrap();
@@ -516,19 +531,9 @@ async fn https_is_intercepted_only_where_a_rule_must_see_inside() {
     .await;
     assert!(!got.contains("\"path\""), "{got}");
 
-    let main_seen: Vec<String> = main_log
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let main_seen: Vec<String> = crate::support::tls::paths(&main_log);
     assert_eq!(main_seen, ["/api/ok"]);
-    let other_seen: Vec<String> = other_log
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let other_seen: Vec<String> = crate::support::tls::paths(&other_log);
     assert_eq!(other_seen, ["/free"]);
     let log = p.egress_log().await;
     let refused = log
@@ -691,22 +696,13 @@ async fn an_open_tunnel_is_closed_once_a_live_change_must_see_inside_it() {
         other_log,
     } = two_hosts_on("127.0.0.1", "127.0.0.1", &upstream_ca).await;
     let p = TestPlatform::start("l7-live-tunnel").await;
-    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
     let full = |id: &str, host: &str| json!({"id": id, "host": host, "access": "full"});
-    let cfg = p
-        .sidecar_config()
-        .tcp()
-        .proxy_tcp()
-        .network_allow([format!("{main}/**"), format!("{other}/**")])
-        .network_rules(json!([
-            full("main-full", &main),
-            full("other-full", &other)
-        ]))
-        .allow_internal_hosts(["127.0.0.1"])
-        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
-        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
-        .build();
-    let sc = spawn_sidecar(&cfg);
+    let (sc, run_ca) = two_hosts_sidecar(
+        &p,
+        [&main, &other],
+        json!([full("main-full", &main), full("other-full", &other)]),
+        &upstream_ca,
+    );
     let token = p.sidecar_token.expose_secret().to_owned();
     let upstream_pem = upstream_ca.issuer.pem();
     let mut to_main = Session::open(sc.proxy_tcp(), &token, main_port, &upstream_pem).await;
@@ -741,9 +737,7 @@ async fn an_open_tunnel_is_closed_once_a_live_change_must_see_inside_it() {
         403
     );
 
-    let paths = |log: &crate::support::tls::Log| -> Vec<String> {
-        log.lock().unwrap().iter().map(|(p, _)| p.clone()).collect()
-    };
+    use crate::support::tls::paths;
     assert_eq!(paths(&main_log), ["/api/before", "/api/read"]);
     assert_eq!(paths(&other_log), ["/before", "/after"]);
     let log = p.egress_log().await;
@@ -767,31 +761,38 @@ async fn an_open_tunnel_is_closed_once_a_live_change_must_see_inside_it() {
     );
 }
 
-/// A local runner's proxy judges its requests by its integration's rules:
-/// the legitimate read goes through; a method, a path or an encoded
-/// separator the rule lacks is refused and never reaches the upstream.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
-    use crate::support::tls::{test_ca, upstream};
+/// A sidecar configuration of `p` whose one integration, `tool`, is a
+/// local runner without a connection: `rules` its L7 rules,
+/// `https://127.0.0.1:{port}/**` its `authorized_uris` (the sidecar
+/// trusting `upstream_ca` there), its proxy on a unix socket taking `token`.
+pub(crate) struct RunnerSidecar {
+    pub cfg: airlock_platform_api::launch::SidecarConfig,
+    pub run_ca: airlock_platform_api::launch::ProxyCa,
+    pub proxy_socket: std::path::PathBuf,
+    /// Holds the runner's sockets.
+    pub _dir: tempfile::TempDir,
+}
+
+pub(crate) fn runner_sidecar(
+    p: &TestPlatform,
+    port: u16,
+    rules: Value,
+    token: &str,
+    upstream_ca: &crate::support::tls::TestCa,
+) -> RunnerSidecar {
     use airlock_platform_api::launch::{Endpoint, Integration, Runner};
-    let upstream_ca = test_ca();
-    let (port, seen) = upstream("127.0.0.1", &upstream_ca).await;
-    let p = TestPlatform::start("l7-rules-runner").await;
     let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let proxy_socket = dir.path().join("runner-proxy.sock");
-    let base = format!("https://127.0.0.1:{port}");
     let mut runner: Integration = integration("tool")
-        .authorized([format!("{base}/**")])
-        .rules(
-            json!([{"id": "tool-read", "host": base, "access": "read-only", "paths": ["/api/**"]}]),
-        )
+        .authorized([format!("https://127.0.0.1:{port}/**")])
+        .rules(rules)
         .without_connection()
         .into();
     runner.runner = Some(Runner {
         mcp: Endpoint::Unix(dir.path().join("runner-mcp.sock")),
         proxy: Endpoint::Unix(proxy_socket.clone()),
-        token: "runner-token-L7".to_owned().into(),
+        token: token.to_owned().into(),
     });
     let cfg = p
         .sidecar_config()
@@ -801,6 +802,36 @@ async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
         .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
         .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
         .build();
+    RunnerSidecar {
+        cfg,
+        run_ca,
+        proxy_socket,
+        _dir: dir,
+    }
+}
+
+/// A local runner's proxy judges its requests by its integration's rules:
+/// the legitimate read goes through; a method, a path or an encoded
+/// separator the rule lacks is refused and never reaches the upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
+    use crate::support::tls::{test_ca, upstream};
+    let upstream_ca = test_ca();
+    let (port, seen) = upstream("127.0.0.1", &upstream_ca).await;
+    let p = TestPlatform::start("l7-rules-runner").await;
+    let base = format!("https://127.0.0.1:{port}");
+    let RunnerSidecar {
+        cfg,
+        run_ca,
+        proxy_socket,
+        _dir,
+    } = runner_sidecar(
+        &p,
+        port,
+        json!([{"id": "tool-read", "host": base, "access": "read-only", "paths": ["/api/**"]}]),
+        "runner-token-L7",
+        &upstream_ca,
+    );
     let _sc = spawn_sidecar(&cfg);
     let ask = |line: &'static str| {
         let (socket, pem) = (proxy_socket.clone(), run_ca.cert_pem.clone());
@@ -822,12 +853,7 @@ async fn a_local_runners_proxy_cannot_slip_a_method_or_path_past_a_rule() {
     ] {
         assert_eq!(ask(line).await, 403, "{line}");
     }
-    let paths: Vec<String> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let paths: Vec<String> = crate::support::tls::paths(&seen);
     assert_eq!(paths, ["/api/ok"]);
     let log = p.egress_log().await;
     let refused: Vec<_> = log

@@ -15,7 +15,6 @@
 //! works after it, and a reset allows the write again.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,8 +24,11 @@ use http_body_util::Full;
 use hyper::Response;
 use serde_json::{Value, json};
 
-use crate::l7_rules::{through_unix_proxy, unix_proxy_tls};
-use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
+use crate::l7_rules::{RunnerSidecar, runner_sidecar, through_unix_proxy, unix_proxy_tls};
+use crate::support::serve::{
+    Recorder, Server, answer_when_released, base_env, create_org, line_starting, mcp_agent,
+    succeeded_lines,
+};
 use crate::support::tls::{TestCa, acceptor_for, serve_https, test_ca};
 use crate::support::*;
 use airlock_platform::testing::TestPlatform;
@@ -178,35 +180,25 @@ async fn applied(p: &TestPlatform, sc: &SidecarProcess, version: i64) {
 /// its manifest rule (even a read is refused, that rule named).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_local_runners_proxy_follows_a_live_narrowing_and_never_a_widening() {
-    use airlock_platform_api::launch::{Endpoint, Integration, Runner};
     let upstream_ca = test_ca();
     let release = Arc::new(AtomicBool::new(false));
     let (port, seen) = holding_upstream(&upstream_ca, release.clone()).await;
     let p = TestPlatform::start("live-policy-runner").await;
-    let run_ca = airlock_platform::proxy_ca::generate(&p.run_id).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let proxy_socket = dir.path().join("runner-proxy.sock");
     let base = format!("https://127.0.0.1:{port}");
     let manifest_rules =
         json!([{"id": "tool-rw", "host": base, "access": "read-write", "paths": ["/api/**"]}]);
-    let mut runner: Integration = integration("tool")
-        .authorized([format!("{base}/**")])
-        .rules(manifest_rules.clone())
-        .without_connection()
-        .into();
-    runner.runner = Some(Runner {
-        mcp: Endpoint::Unix(dir.path().join("runner-mcp.sock")),
-        proxy: Endpoint::Unix(proxy_socket.clone()),
-        token: "runner-token-live".to_owned().into(),
-    });
-    let cfg = p
-        .sidecar_config()
-        .tcp()
-        .integration(runner)
-        .allow_internal_hosts(["127.0.0.1"])
-        .egress_with(|e| e.extra_ca_pem = Some(upstream_ca.issuer.pem()))
-        .proxy_ca(&run_ca.cert_pem, &run_ca.key_pem)
-        .build();
+    let RunnerSidecar {
+        cfg,
+        run_ca,
+        proxy_socket,
+        _dir,
+    } = runner_sidecar(
+        &p,
+        port,
+        manifest_rules.clone(),
+        "runner-token-live",
+        &upstream_ca,
+    );
     // What the orchestrator records at start: the manifest's rules, the
     // ceiling of every change.
     let ceiling = json!({"integrations": {"tool": manifest_rules}});
@@ -358,23 +350,63 @@ static SLOW_RELEASED: AtomicBool = AtomicBool::new(false);
 static GATE_OPEN: AtomicBool = AtomicBool::new(false);
 
 /// Answers 200 to anything; holds `/data/slow` and `/data/gate` until released.
-fn answer(mut c: std::net::TcpStream, first: &str, _: &str) {
-    let held = if first.contains(" /data/slow ") {
-        Some(&SLOW_RELEASED)
-    } else if first.contains(" /data/gate ") {
-        Some(&GATE_OPEN)
-    } else {
-        None
-    };
-    if let Some(flag) = held {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !flag.load(Ordering::Acquire) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    let _ = c.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+fn answer(c: std::net::TcpStream, first: &str, _: &str) {
+    answer_when_released(
+        c,
+        first,
+        &[
+            (" /data/slow ", &SLOW_RELEASED),
+            (" /data/gate ", &GATE_OPEN),
+        ],
     );
+}
+
+/// `airlock serve` on the namespace backend (the transparent plane) for
+/// the test's upstreams on 127.0.0.1: each of `names` an operator-allowed
+/// internal host fixed there by `EGRESS_RESOLVE`, any other name the
+/// test's nameserver `dns`'s; the sidecar trusts `ca`. Its home, the
+/// server, and a key of its organization `A`.
+fn plane_server(
+    prefix: &str,
+    names: &[&str],
+    dns: std::net::SocketAddr,
+    ca: &TestCa,
+) -> (tempfile::TempDir, Server, String) {
+    let home = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let mut env = base_env(home.path(), None);
+    env.retain(|(k, _)| k != "EGRESS_ALLOW_INTERNAL_HOSTS");
+    env.push((
+        "EGRESS_ALLOW_INTERNAL_HOSTS".into(),
+        format!("127.0.0.1,{}", names.join(",")),
+    ));
+    let resolve: Vec<String> = names.iter().map(|n| format!("{n}=127.0.0.1")).collect();
+    env.push(("EGRESS_RESOLVE".into(), resolve.join(";")));
+    env.push(("AIRLOCK_DNS_SERVER".into(), dns.to_string()));
+    let ca_file = home.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
+    env.push(("EGRESS_EXTRA_CA_FILE".into(), ca_file.display().to_string()));
+    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
+    let (_, key) = create_org(&env, "A", &[]);
+    (home, s, key)
+}
+
+/// The rule of each refusal in run `id`'s audit, as JSON text.
+fn refused_rules(s: &Server, key: &str, id: &str) -> Vec<String> {
+    let (st, _, audit) = s.raw(
+        "GET",
+        &format!("/v1/runs/{id}/audit.jsonl"),
+        Some(key),
+        None,
+        "",
+    );
+    assert_eq!(st, 200);
+    String::from_utf8(audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["decision"] == "refused")
+        .map(|r| r["rule"].to_string())
+        .collect()
 }
 
 /// A local MCP runner on raw stdio (no SDK) whose `fetch` ignores proxy
@@ -511,23 +543,7 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
         &ca,
     ));
     let tls = format!("https://api.test:{tls_port}");
-    let home = tempfile::Builder::new()
-        .prefix("airlock-live-plane-")
-        .tempdir()
-        .unwrap();
-    let mut env = base_env(home.path(), None);
-    env.retain(|(k, _)| k != "EGRESS_ALLOW_INTERNAL_HOSTS");
-    env.push((
-        "EGRESS_ALLOW_INTERNAL_HOSTS".into(),
-        "127.0.0.1,api.test".into(),
-    ));
-    env.push(("EGRESS_RESOLVE".into(), "api.test=127.0.0.1".into()));
-    env.push(("AIRLOCK_DNS_SERVER".into(), dns.to_string()));
-    let ca_file = home.path().join("upstream-ca.pem");
-    std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
-    env.push(("EGRESS_EXTRA_CA_FILE".into(), ca_file.display().to_string()));
-    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
-    let (_, key) = create_org(&env, "A", &[]);
+    let (_home, s, key) = plane_server("airlock-live-plane-", &["api.test"], dns, &ca);
     let k = Some(key.as_str());
     let body = json!({"manifest": manifest(&upstream, &tls),
         "files": {"agent.py": mcp_agent(AGENT), "runner.py": PLANE_RUNNER}});
@@ -577,25 +593,9 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     assert_eq!(st, 200, "{p}");
     assert_eq!(p["applied_version"], 2, "{p}");
     GATE_OPEN.store(true, Ordering::Release);
-    let done = wait_for(&s, &format!("/v1/runs/{id}"), &key, 90, |v| {
-        v["status"] != "queued" && v["status"] != "running"
-    });
-    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
 
-    let (_, logs) = s.call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None);
-    let lines: Vec<String> = logs["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["payload"]["line"].as_str().map(str::to_owned))
-        .collect();
-    let line = |prefix: &str| -> String {
-        lines
-            .iter()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no line {prefix}: {lines:#?}"))
-            .clone()
-    };
+    let lines = succeeded_lines(&s, &key, &id, 90);
+    let line = |prefix: &str| line_starting(&lines, prefix).to_owned();
     // The runner's answers: `{"status": …, "body": …}`.
     let runner = |prefix: &str| -> Value {
         let l = line(prefix);
@@ -671,12 +671,7 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
         !seen.iter().any(|l| l.contains("after")),
         "a refused request reached the upstream: {seen:?}"
     );
-    let tls_paths: Vec<String> = tls_seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let tls_paths: Vec<String> = crate::support::tls::paths(&tls_seen);
     assert_eq!(
         tls_paths,
         ["/data/tls-before", "/data/tls-read", "/data/tls-again"],
@@ -746,15 +741,7 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
     }
 
     // The audit names the live rule that refused each.
-    let (st, _, audit) = s.raw("GET", &format!("/v1/runs/{id}/audit.jsonl"), k, None, "");
-    assert_eq!(st, 200);
-    let rules: Vec<String> = String::from_utf8(audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|r| r["decision"] == "refused")
-        .map(|r| r["rule"].to_string())
-        .collect();
+    let rules = refused_rules(&s, &key, &id);
     let naming = |rule: &str| {
         rules
             .iter()
@@ -776,12 +763,8 @@ fn a_live_narrowing_holds_on_the_transparent_plane_and_a_runners_plane() {
 /// Opened by the test once the narrowing is applied.
 static TUNNEL_GATE_OPEN: AtomicBool = AtomicBool::new(false);
 
-fn tunnel_gate(mut c: std::net::TcpStream, _: &str, _: &str) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !TUNNEL_GATE_OPEN.load(Ordering::Acquire) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+fn tunnel_gate(c: std::net::TcpStream, first: &str, _: &str) {
+    answer_when_released(c, first, &[("", &TUNNEL_GATE_OPEN)]);
 }
 
 /// The agent: HTTPS by name with no proxy (the plane), trusting the
@@ -831,27 +814,12 @@ fn a_narrowing_that_must_see_inside_intercepts_the_agents_next_tunnel_on_the_pla
     let gate = Recorder::start("content-length", tunnel_gate);
     let gate_url = format!("http://gate.test:{}", gate.addr.port());
     let dns = crate::egress_check::nameserver_answering(|_| None);
-    let home = tempfile::Builder::new()
-        .prefix("airlock-live-tunnel-")
-        .tempdir()
-        .unwrap();
-    let mut env = base_env(home.path(), None);
-    env.retain(|(k, _)| k != "EGRESS_ALLOW_INTERNAL_HOSTS");
-    env.push((
-        "EGRESS_ALLOW_INTERNAL_HOSTS".into(),
-        "127.0.0.1,open.test,gate.test".into(),
-    ));
-    env.push((
-        "EGRESS_RESOLVE".into(),
-        "open.test=127.0.0.1;gate.test=127.0.0.1".into(),
-    ));
-    env.push(("AIRLOCK_DNS_SERVER".into(), dns.to_string()));
-    // The sidecar trusts the upstream's CA once it intercepts.
-    let ca_file = home.path().join("upstream-ca.pem");
-    std::fs::write(&ca_file, ca.issuer.pem()).unwrap();
-    env.push(("EGRESS_EXTRA_CA_FILE".into(), ca_file.display().to_string()));
-    let s = Server::start(&env, "namespace", home.path().join("serve.log"));
-    let (_, key) = create_org(&env, "A", &[]);
+    let (_home, s, key) = plane_server(
+        "airlock-live-tunnel-",
+        &["open.test", "gate.test"],
+        dns,
+        &ca,
+    );
     let k = Some(key.as_str());
     let manifest = format!(
         "[agent]\nname = \"live-tunnel\"\ncommand = [\"/usr/bin/python3\", \"agent.py\"]\ntimeout = 150\n\n\
@@ -890,33 +858,12 @@ fn a_narrowing_that_must_see_inside_intercepts_the_agents_next_tunnel_on_the_pla
     assert_eq!(st, 200, "{p}");
     assert_eq!(p["applied_version"], 1, "{p}");
     TUNNEL_GATE_OPEN.store(true, Ordering::Release);
-    let done = wait_for(&s, &format!("/v1/runs/{id}"), &key, 90, |v| {
-        v["status"] != "queued" && v["status"] != "running"
-    });
-    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
-    let (_, logs) = s.call("GET", &format!("/v1/runs/{id}/logs?after=0"), k, None);
-    let lines: Vec<String> = logs["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e["payload"]["line"].as_str().map(str::to_owned))
-        .collect();
-    let line = |prefix: &str| -> String {
-        lines
-            .iter()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no line {prefix}: {lines:#?}"))
-            .clone()
-    };
+    let lines = succeeded_lines(&s, &key, &id, 90);
+    let line = |prefix: &str| line_starting(&lines, prefix).to_owned();
     // Before: a plain tunnel, the write passes.
     let before = line(&format!("TLS POST {tls}/before "));
     assert!(before.contains(" 200 "), "{before}");
-    let paths: Vec<String> = seen
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let paths: Vec<String> = crate::support::tls::paths(&seen);
     assert_eq!(
         paths,
         ["/before", "/read"],
@@ -972,15 +919,7 @@ fn a_narrowing_that_must_see_inside_intercepts_the_agents_next_tunnel_on_the_pla
         "the egress API names the refusing rule: {egress:#}"
     );
     // The audit names the live rule that refused it.
-    let (st, _, audit) = s.raw("GET", &format!("/v1/runs/{id}/audit.jsonl"), k, None, "");
-    assert_eq!(st, 200);
-    let rules: Vec<String> = String::from_utf8(audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|r| r["decision"] == "refused")
-        .map(|r| r["rule"].to_string())
-        .collect();
+    let rules = refused_rules(&s, &key, &id);
     assert!(
         rules.len() == 1 && rules[0].contains("\"net-read\""),
         "{rules:?}"

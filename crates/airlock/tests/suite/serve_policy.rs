@@ -9,13 +9,15 @@
 //! change is on the run's stream and in its audit with its key, and an
 //! ended run refuses a change.
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{
+    Recorder, Server, answer_when_released, base_env, create_org, line_starting, mcp_agent,
+    succeeded_lines,
+};
 
 /// Released by the test: the request held across the narrowing, and the
 /// gate the agent waits at until the rules are reset.
@@ -23,22 +25,11 @@ static SLOW_RELEASED: AtomicBool = AtomicBool::new(false);
 static GATE_OPEN: AtomicBool = AtomicBool::new(false);
 
 /// Answers 200 to anything; holds `/data/slow` and `/gate` until released.
-fn answer(mut c: std::net::TcpStream, first: &str, _: &str) {
-    let held = if first.contains(" /data/slow ") {
-        Some(&SLOW_RELEASED)
-    } else if first.contains(" /gate") {
-        Some(&GATE_OPEN)
-    } else {
-        None
-    };
-    if let Some(flag) = held {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !flag.load(Ordering::Acquire) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    let _ = c.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+fn answer(c: std::net::TcpStream, first: &str, _: &str) {
+    answer_when_released(
+        c,
+        first,
+        &[(" /data/slow ", &SLOW_RELEASED), (" /gate", &GATE_OPEN)],
     );
 }
 
@@ -237,30 +228,8 @@ fn a_running_runs_policy_narrows_and_widens_within_its_manifest_for_its_organiza
     );
     assert_eq!(p["rules"], p["manifest"]);
     GATE_OPEN.store(true, Ordering::Release);
-    let done = wait_for(&s, &format!("/v1/runs/{id}"), &a_key, 90, |v| {
-        v["status"] != "queued" && v["status"] != "running"
-    });
-    assert_eq!(done["status"], "succeeded", "{done}\n{}", s.log_text());
-
-    let (_, logs) = s.call("GET", &format!("/v1/runs/{id}/logs?after=0"), a, None);
-    let lines: Vec<String> = logs["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| {
-            e["line"]
-                .as_str()
-                .or(e["payload"]["line"].as_str())
-                .map(str::to_owned)
-        })
-        .collect();
-    let line = |prefix: &str| -> String {
-        lines
-            .iter()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no line {prefix}: {lines:#?}"))
-            .clone()
-    };
+    let lines = succeeded_lines(&s, &a_key, &id, 90);
+    let line = |prefix: &str| line_starting(&lines, prefix).to_owned();
     let ok = |l: &str| !l.contains("\"isError\": true");
     assert!(
         ok(&line("API POST /data/slow ")),

@@ -4,14 +4,15 @@
 //! remote server's rule to reading, the agent's next call is refused with
 //! the rule named, and the server never sees it.
 
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::remote_mcp::McpServer;
-use crate::support::serve::{Recorder, Server, base_env, create_org, mcp_agent, wait_for};
+use crate::support::serve::{
+    Recorder, Server, answer_when_released, base_env, create_org, mcp_agent, wait_for,
+};
 
 const TOKEN: &str = "canary-live-remote-4Rt8";
 
@@ -19,12 +20,8 @@ const TOKEN: &str = "canary-live-remote-4Rt8";
 /// between its two tool calls.
 static GATE_OPEN: AtomicBool = AtomicBool::new(false);
 
-fn gate(mut c: std::net::TcpStream, _: &str, _: &str) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !GATE_OPEN.load(Ordering::Acquire) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+fn gate(c: std::net::TcpStream, first: &str, _: &str) {
+    answer_when_released(c, first, &[("", &GATE_OPEN)]);
 }
 
 const AGENT: &str = r#"

@@ -429,6 +429,26 @@ impl Recorder {
     }
 }
 
+/// A [`Recorder`]'s answer: `200 {}` (and the connection closed), once the
+/// flag of the first of `held` whose text the request line `first` holds is
+/// set by the test (90 s at most); a request none of them names is
+/// answered at once.
+pub fn answer_when_released(
+    mut c: std::net::TcpStream,
+    first: &str,
+    held: &[(&str, &std::sync::atomic::AtomicBool)],
+) {
+    if let Some((_, flag)) = held.iter().find(|(text, _)| first.contains(text)) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !flag.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = c.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    );
+}
+
 /// Registers an agent (its manifest and `agent.py`) and starts a run of it
 /// with `prompt`: the run's id (accepted, not yet ended).
 pub fn start_agent(
@@ -511,6 +531,13 @@ pub fn run_to_end(
     );
     assert_eq!(st, 202, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
+    let lines = succeeded_lines(s, key, &id, secs);
+    (id, lines)
+}
+
+/// Waits (within `secs`) for run `id` to end, which must be a success:
+/// its output lines.
+pub fn succeeded_lines(s: &Server, key: &str, id: &str, secs: u64) -> Vec<String> {
     let done = wait_for(s, &format!("/v1/runs/{id}"), key, secs, |v| {
         v["ended_at"].is_number()
     });
@@ -518,13 +545,21 @@ pub fn run_to_end(
     let logs = s
         .call("GET", &format!("/v1/runs/{id}/logs"), Some(key), None)
         .1;
-    let lines = logs["events"]
+    logs["events"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|e| e["payload"]["line"].as_str().map(str::to_owned))
-        .collect();
-    (id, lines)
+        .collect()
+}
+
+/// The first of `lines` that starts with `prefix` (a panic naming them
+/// all if none does).
+pub fn line_starting<'a>(lines: &'a [String], prefix: &str) -> &'a str {
+    lines
+        .iter()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix}: {lines:#?}"))
 }
 
 /// Whether `done` holds within `bound` (looked at every 50 ms).
