@@ -270,6 +270,14 @@ impl Approvals {
         Ok(now)
     }
 
+    /// Forgets a run whose grant is gone (nothing of it can ask any more).
+    pub fn forget(&self, run_id: &str) {
+        self.ending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(run_id);
+    }
+
     fn is_ending(&self, run_id: &str) -> bool {
         self.ending
             .lock()
@@ -299,16 +307,6 @@ impl Approvals {
             .await?;
         }
         Ok(())
-    }
-}
-
-impl Approvals {
-    /// Forgets a run whose grant is gone (nothing of it can ask any more).
-    pub fn forget(&self, run_id: &str) {
-        self.ending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(run_id);
     }
 }
 
