@@ -18,9 +18,11 @@
 //!   as a webhook delivery to the organization's webhooks that subscribed
 //!   to it (the store's outbox sends and retries it);
 //! - once a run's held requests are dropped for its teardown
-//!   ([`Approvals::drop_run`]), it asks no one any more: what its sandbox
+//!   ([`Approvals::run_ending`]), it asks no one any more: what its sandbox
 //!   still holds while it is being stopped is refused at once
-//!   ([`ApprovalError::RunEnding`]), neither stored nor announced.
+//!   ([`ApprovalError::RunEnding`]), neither stored nor announced. The
+//!   runs so marked are the ones this replica is tearing down: each is
+//!   forgotten when its grant goes ([`Approvals::forget`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -89,8 +91,8 @@ pub fn outcome(state: ApprovalState) -> Option<Outcome> {
 #[derive(Default)]
 pub struct Approvals {
     waiting: Mutex<HashMap<String, (String, Arc<Notify>)>>,
-    /// The runs of this replica whose held requests were dropped for their
-    /// teardown, until [`Approvals::forget`].
+    /// The runs this replica is tearing down ([`Approvals::run_ending`]),
+    /// until [`Approvals::forget`].
     ending: Mutex<HashSet<String>>,
 }
 
@@ -285,15 +287,20 @@ impl Approvals {
             .contains(run_id)
     }
 
-    /// Drops every pending approval of a run that ended (those whose wait
-    /// is gone; a live wait drops its own), and wakes this replica's waits;
-    /// from now on the run asks no one ([`ApprovalError::RunEnding`]) until
-    /// [`Approvals::forget`].
-    pub async fn drop_run(&self, store: &Store, run_id: &str) -> Result<(), StoreError> {
+    /// The run is being torn down (by this replica): from now on it asks
+    /// no one ([`ApprovalError::RunEnding`]) until [`Approvals::forget`],
+    /// and what it holds is dropped ([`Approvals::drop_run`]).
+    pub async fn run_ending(&self, store: &Store, run_id: &str) -> Result<(), StoreError> {
         self.ending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(run_id.to_owned());
+        self.drop_run(store, run_id).await
+    }
+
+    /// Drops every pending approval of a run that ended (those whose wait
+    /// is gone; a live wait drops its own), and wakes this replica's waits.
+    pub async fn drop_run(&self, store: &Store, run_id: &str) -> Result<(), StoreError> {
         self.run_ended(run_id);
         for row in store.list_pending_approvals(run_id).await? {
             settle(
@@ -403,7 +410,7 @@ mod tests {
     async fn a_run_being_torn_down_asks_no_one() {
         let (_dir, store) = store_with(&["r_end", "r_live"]).await;
         let a = Approvals::default();
-        a.drop_run(&store, "r_end").await.unwrap();
+        a.run_ending(&store, "r_end").await.unwrap();
         let asked = a.ask(&store, ("r_end", LOCAL_ORG), ask(), || true).await;
         assert!(matches!(asked, Err(ApprovalError::RunEnding)), "{asked:?}");
         assert!(
@@ -437,5 +444,11 @@ mod tests {
         );
         a.forget("r_end");
         assert!(!a.is_ending("r_end"));
+        // Dropping what an ended run still holds (the API does, for a run
+        // whose replica died) marks nothing: the marks stay bounded by the
+        // runs this replica is tearing down.
+        a.drop_run(&store, "r_live").await.unwrap();
+        assert!(!a.is_ending("r_live"));
+        assert!(a.ending.lock().unwrap().is_empty());
     }
 }

@@ -353,8 +353,9 @@ impl Orchestrator {
         let tearing_down = trace.map(|t| t.phase("teardown"));
         // The run is over: a request its sidecar still holds is dropped
         // first, so the sidecar's drain (and its flush) does not wait on
-        // an answer that can no longer matter.
-        if let Err(e) = self.api.approvals().drop_run(&self.store, run_id).await {
+        // an answer that can no longer matter, and nothing its sandbox does
+        // while it is stopped asks anyone.
+        if let Err(e) = self.api.approvals().run_ending(&self.store, run_id).await {
             tracing::warn!(
                 run_id,
                 "the run's pending approvals could not be dropped: {e}"
