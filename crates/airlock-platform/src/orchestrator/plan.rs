@@ -581,32 +581,27 @@ mod tests {
                 Echo::LiveView,
             )
         };
-        assert!(needs_proxy_ca(&net("access = \"read-only\"").manifest));
-        assert!(needs_proxy_ca(
-            &net("access = \"full\"\npaths = [\"/simple/**\"]").manifest
-        ));
-        assert!(needs_proxy_ca(
-            &net("access = \"full\"\nquery = \"none\"").manifest
-        ));
-        // The agent's HTTPS is intercepted under such a rule: it trusts the CA.
-        let p = plan(&net("access = \"read-only\""), &settings(&[]));
-        let ca = config(&p)
-            .proxy_ca
-            .expect("the run's CA goes to the sidecar");
-        assert_eq!(
-            secrets(&p.sandbox).proxy_ca_pem.as_deref(),
-            Some(ca.cert_pem.as_str()),
-            "the agent trusts the CA its proxy presents"
-        );
-        let p = plan(&net("access = \"full\""), &settings(&[]));
-        let ca = config(&p)
-            .proxy_ca
-            .expect("a rule that may be narrowed live: the run's CA goes to the sidecar");
-        assert_eq!(
-            secrets(&p.sandbox).proxy_ca_pem.as_deref(),
-            Some(ca.cert_pem.as_str()),
-            "the agent trusts the CA before any rule needs it"
-        );
+        // Each rule: one that sees inside now, and `full` on every path,
+        // which a person may narrow live. The agent trusts the CA its proxy
+        // presents.
+        for rule in [
+            "access = \"read-only\"",
+            "access = \"full\"\npaths = [\"/simple/**\"]",
+            "access = \"full\"\nquery = \"none\"",
+            "access = \"full\"",
+        ] {
+            let req = net(rule);
+            assert!(needs_proxy_ca(&req.manifest), "{rule}");
+            let p = plan(&req, &settings(&[]));
+            let ca = config(&p)
+                .proxy_ca
+                .unwrap_or_else(|| panic!("{rule}: the run's CA goes to the sidecar"));
+            assert_eq!(
+                secrets(&p.sandbox).proxy_ca_pem.as_deref(),
+                Some(ca.cert_pem.as_str()),
+                "{rule}: the agent trusts the CA its proxy presents"
+            );
+        }
         assert!(!needs_proxy_ca(
             &request("[network]\negress = \"public\"\n", Echo::LiveView).manifest
         ));
